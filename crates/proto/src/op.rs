@@ -1,0 +1,108 @@
+//! Operation and status codes.
+
+/// What a frame asks for. Unless stated, `volume` names the replica and `epoch` is the writer's
+/// epoch, checked by the node (fencing, DESIGN.md guarantee 4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(u8)]
+pub enum Op {
+    /// Liveness probe; no fields. Response payload: the node's id as ASCII.
+    #[default]
+    Ping = 1,
+    /// Take ownership of a replica for `epoch`. Refused if the replica has seen a newer epoch.
+    Attach = 2,
+    /// Read `length` bytes at `offset`. Response payload: the data.
+    Read = 3,
+    /// Write the payload at `offset`. `FLAG_FUA`: durable before the response.
+    Write = 4,
+    /// Make every completed write durable.
+    Flush = 5,
+    /// Zero `length` bytes at `offset`; `FLAG_MAY_TRIM` lets the node deallocate them.
+    WriteZeroes = 6,
+    /// Allocation map of `[offset, offset+length)`. Response payload: an extent list.
+    BlockStatus = 7,
+    /// crc32c of `[offset, offset+length)` (zeros for holes) in the response's `length` field.
+    Checksum = 8,
+    /// Create a replica of `length` bytes. No epoch check.
+    CreateReplica = 9,
+    /// Delete a replica. No epoch check.
+    DeleteReplica = 10,
+    /// Describe a replica: response `length` = size, `offset` = allocated bytes, `epoch` = epoch.
+    ReplicaInfo = 11,
+}
+
+impl Op {
+    pub fn from_u8(v: u8) -> Option<Op> {
+        Some(match v {
+            1 => Op::Ping,
+            2 => Op::Attach,
+            3 => Op::Read,
+            4 => Op::Write,
+            5 => Op::Flush,
+            6 => Op::WriteZeroes,
+            7 => Op::BlockStatus,
+            8 => Op::Checksum,
+            9 => Op::CreateReplica,
+            10 => Op::DeleteReplica,
+            11 => Op::ReplicaInfo,
+            _ => return None,
+        })
+    }
+}
+
+/// Outcome carried in a response header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(u32)]
+pub enum Status {
+    #[default]
+    Ok = 0,
+    /// The store failed the operation (EIO).
+    Io = 1,
+    /// The request's epoch is older than the replica's: another writer has attached.
+    Fenced = 2,
+    /// No such replica on this node.
+    NoReplica = 3,
+    /// The range falls outside the replica.
+    OutOfRange = 4,
+    /// The request is malformed for its op.
+    Invalid = 5,
+    /// The replica already exists.
+    Exists = 6,
+    /// The node has no room.
+    NoSpace = 7,
+    /// The node does not support the op.
+    Unsupported = 8,
+    /// A status code this build does not know (sent by a newer peer).
+    Unknown = 255,
+}
+
+impl Status {
+    pub fn from_u32(v: u32) -> Status {
+        match v {
+            0 => Status::Ok,
+            1 => Status::Io,
+            2 => Status::Fenced,
+            3 => Status::NoReplica,
+            4 => Status::OutOfRange,
+            5 => Status::Invalid,
+            6 => Status::Exists,
+            7 => Status::NoSpace,
+            8 => Status::Unsupported,
+            _ => Status::Unknown,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::Io => "I/O error",
+            Status::Fenced => "fenced by a newer epoch",
+            Status::NoReplica => "no such replica",
+            Status::OutOfRange => "range out of bounds",
+            Status::Invalid => "invalid request",
+            Status::Exists => "replica exists",
+            Status::NoSpace => "no space",
+            Status::Unsupported => "unsupported",
+            Status::Unknown => "unknown status",
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! The replication core: the decisions of the volume write/read path, with no I/O in it.
+//!
+//! Nothing here touches a socket, a disk, a clock or a random number generator; callers pass in
+//! what happened (a reply, a node list) and get back what to do. The volume client drives it
+//! today; the seeded simulator of the failure work drives the very same code.
+//!
+//! * [`place`] — which nodes hold a new volume's replicas.
+//! * [`fence`] — what a replica does with a request's epoch (DESIGN.md guarantee 4).
+//! * [`WriteQuorum`] — when a mirrored write may be acknowledged (guarantee 1).
+//! * [`ReplicaSet`] — which replicas take writes and which may serve reads (guarantee 3).
+
+mod quorum;
+mod set;
+
+pub use quorum::{ReplicaOutcome, WriteFailure, WriteQuorum};
+pub use set::{ReplicaSet, ReplicaState};
+
+/// Why placement failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlacementError {
+    #[error("{replicas} replicas need {replicas} nodes, but only {nodes} are available")]
+    NotEnoughNodes { replicas: usize, nodes: usize },
+    #[error("replica count must be 1..=3, got {0}")]
+    BadReplicaCount(usize),
+}
+
+/// A candidate node: its id and how many replicas it already holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeLoad {
+    pub node: u32,
+    pub replicas: usize,
+}
+
+/// Chooses `replicas` distinct nodes, least loaded first (ties by lowest id), so volumes spread
+/// evenly. Deterministic for the same input.
+pub fn place(nodes: &[NodeLoad], replicas: usize) -> Result<Vec<u32>, PlacementError> {
+    if !(1..=3).contains(&replicas) {
+        return Err(PlacementError::BadReplicaCount(replicas));
+    }
+    let mut c: Vec<NodeLoad> = nodes.to_vec();
+    // A node listed twice is one node: keep its highest load, then order by load.
+    c.sort_by_key(|n| (n.node, std::cmp::Reverse(n.replicas)));
+    c.dedup_by_key(|n| n.node);
+    c.sort_by_key(|n| (n.replicas, n.node));
+    if c.len() < replicas {
+        return Err(PlacementError::NotEnoughNodes {
+            replicas,
+            nodes: c.len(),
+        });
+    }
+    let mut out: Vec<u32> = c[..replicas].iter().map(|n| n.node).collect();
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// What a replica decides about a request's epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FenceDecision {
+    /// Serve the request.
+    Accept,
+    /// An attach with a newer epoch: record `new_epoch` durably, then serve.
+    Advance { new_epoch: u64 },
+    /// A newer writer holds the replica: refuse.
+    Fenced { current: u64 },
+    /// An I/O request from an epoch that never attached: refuse.
+    NotAttached { current: u64 },
+}
+
+/// The fencing rule. `attach` is true for an attach request, false for I/O.
+///
+/// Attach with a newer epoch advances the replica; with the current epoch it is accepted (a
+/// writer re-connecting); with an older one it is fenced. I/O must carry exactly the current
+/// epoch: older is fenced, newer means the writer skipped attaching this replica.
+pub fn fence(request_epoch: u64, replica_epoch: u64, attach: bool) -> FenceDecision {
+    use std::cmp::Ordering::*;
+    match (request_epoch.cmp(&replica_epoch), attach) {
+        (Less, _) => FenceDecision::Fenced {
+            current: replica_epoch,
+        },
+        (Equal, _) => FenceDecision::Accept,
+        (Greater, true) => FenceDecision::Advance {
+            new_epoch: request_epoch,
+        },
+        (Greater, false) => FenceDecision::NotAttached {
+            current: replica_epoch,
+        },
+    }
+}
+
+/// Why an I/O range is refused before it is sent anywhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RangeError {
+    #[error("range {offset}+{len} is beyond the end of the {size}-byte volume")]
+    OutOfRange { offset: u64, len: u64, size: u64 },
+    #[error("request of {len} bytes exceeds the {max}-byte limit")]
+    TooLarge { len: u64, max: u64 },
+}
+
+/// Checks an I/O range against the volume size and the per-request limit, without overflow.
+pub fn check_io(offset: u64, len: u64, size: u64, max: u64) -> Result<(), RangeError> {
+    if len > max {
+        return Err(RangeError::TooLarge { len, max });
+    }
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(RangeError::OutOfRange { offset, len, size }),
+    }
+}
+
+#[cfg(test)]
+mod tests;

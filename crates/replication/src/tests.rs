@@ -1,0 +1,85 @@
+use super::*;
+use proptest::prelude::*;
+
+#[test]
+fn placement_spreads_and_refuses_too_few_nodes() {
+    let nodes: Vec<NodeLoad> = (1..=4).map(|n| NodeLoad { node: n, replicas: 0 }).collect();
+    assert_eq!(place(&nodes, 3).unwrap(), vec![1, 2, 3]);
+    let loaded = vec![
+        NodeLoad { node: 1, replicas: 2 },
+        NodeLoad { node: 2, replicas: 0 },
+        NodeLoad { node: 3, replicas: 1 },
+        NodeLoad { node: 4, replicas: 0 },
+    ];
+    assert_eq!(place(&loaded, 2).unwrap(), vec![2, 4]);
+    assert_eq!(
+        place(&nodes[..2], 3),
+        Err(PlacementError::NotEnoughNodes { replicas: 3, nodes: 2 })
+    );
+    assert_eq!(place(&nodes, 0), Err(PlacementError::BadReplicaCount(0)));
+}
+
+#[test]
+fn fencing_rules() {
+    assert_eq!(fence(5, 5, false), FenceDecision::Accept);
+    assert_eq!(fence(4, 5, false), FenceDecision::Fenced { current: 5 });
+    assert_eq!(fence(4, 5, true), FenceDecision::Fenced { current: 5 });
+    assert_eq!(fence(6, 5, true), FenceDecision::Advance { new_epoch: 6 });
+    assert_eq!(fence(6, 5, false), FenceDecision::NotAttached { current: 5 });
+}
+
+#[test]
+fn write_is_acked_only_when_every_target_holds_it() {
+    let mut q = WriteQuorum::new(vec![0, 1, 2]);
+    assert_eq!(q.record(2, ReplicaOutcome::Done), None);
+    assert_eq!(q.record(0, ReplicaOutcome::Done), None);
+    assert_eq!(q.record(1, ReplicaOutcome::Done), Some(Ok(())));
+
+    let mut q = WriteQuorum::new(vec![0, 1, 2]);
+    q.record(0, ReplicaOutcome::Failed);
+    q.record(1, ReplicaOutcome::Done);
+    assert_eq!(q.record(2, ReplicaOutcome::Fenced), Some(Err(WriteFailure::Fenced)));
+
+    let mut q = WriteQuorum::new(vec![0, 2]);
+    q.record(0, ReplicaOutcome::Done);
+    assert_eq!(
+        q.record(1, ReplicaOutcome::Failed),
+        Some(Err(WriteFailure::ReplicaFailed { replica: 2 }))
+    );
+    assert_eq!(WriteQuorum::new(vec![]).finish_empty(), Some(Err(WriteFailure::NoReplicas)));
+}
+
+#[test]
+fn reads_never_go_to_outdated_replicas_and_prefer_local() {
+    use ReplicaState::*;
+    let s = ReplicaSet::new(vec![InSync, Outdated, InSync], Some(2));
+    for spread in 0..10 {
+        let o = s.read_order(spread);
+        assert_eq!(o[0], 2);
+        assert!(!o.contains(&1));
+        assert_eq!(o.len(), 2);
+    }
+    let s = ReplicaSet::new(vec![InSync, InSync, InSync], None);
+    let firsts: std::collections::BTreeSet<usize> = (0..3).map(|k| s.read_order(k)[0]).collect();
+    assert_eq!(firsts.len(), 3, "reads spread over all copies");
+    assert_eq!(s.write_targets(), vec![0, 1, 2]);
+}
+
+proptest! {
+    #[test]
+    fn check_io_never_overflows(offset: u64, len: u64, size: u64) {
+        if check_io(offset, len, size, u64::MAX).is_ok() {
+            prop_assert!(offset.checked_add(len).is_some_and(|e| e <= size));
+        }
+    }
+
+    #[test]
+    fn placement_is_distinct(loads in proptest::collection::vec((0u32..10, 0usize..5), 3..10), r in 1usize..=3) {
+        let nodes: Vec<NodeLoad> = loads.iter().map(|&(node, replicas)| NodeLoad { node, replicas }).collect();
+        if let Ok(p) = place(&nodes, r) {
+            let mut d = p.clone();
+            d.dedup();
+            prop_assert_eq!(d.len(), r);
+        }
+    }
+}

@@ -1,0 +1,62 @@
+//! Heap buffers aligned for `O_DIRECT`.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::ptr::NonNull;
+
+/// Alignment of `O_DIRECT` buffers, offsets and lengths.
+pub const ALIGN: usize = 4096;
+
+/// A zeroed, `ALIGN`-aligned byte buffer.
+#[derive(Debug)]
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: AlignedBuf uniquely owns its allocation, like a Box<[u8]>.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: shared access only hands out &[u8]; mutation needs &mut self.
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    /// Allocates `len` zeroed bytes (`len` is rounded up to `ALIGN`, minimum one block).
+    pub fn new(len: usize) -> AlignedBuf {
+        let len = len.max(ALIGN).div_ceil(ALIGN) * ALIGN;
+        let layout = Layout::from_size_align(len, ALIGN).expect("valid layout");
+        // SAFETY: layout has a non-zero size.
+        let raw = unsafe { alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        AlignedBuf { ptr, len }
+    }
+}
+
+impl std::ops::Deref for AlignedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: ptr is valid for len initialised (zeroed) bytes for the life of self.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for AlignedBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in deref, and &mut self guarantees unique access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        let layout = Layout::from_size_align(self.len, ALIGN).expect("valid layout");
+        // SAFETY: allocated in new() with exactly this layout.
+        unsafe { dealloc(self.ptr.as_ptr(), layout) }
+    }
+}
+
+pub fn align_down(v: u64) -> u64 {
+    v & !(ALIGN as u64 - 1)
+}
+
+pub fn align_up(v: u64) -> u64 {
+    v.div_ceil(ALIGN as u64) * ALIGN as u64
+}

@@ -1,0 +1,445 @@
+//! The file store: one preallocated data file per replica, opened with `O_DIRECT`, and a
+//! checksummed metadata file holding the replica's size, epoch and allocation map.
+//!
+//! Files in the store's directory:
+//! * `LOCK` — held with `flock` while a node uses the directory (two nodes never share one).
+//! * `replica-<volume>.data` — the bytes, preallocated with `fallocate`. Regions never written
+//!   or trimmed read as zeros (fresh extents or punched holes).
+//! * `replica-<volume>.meta` — [`crate::file::meta`] format, replaced atomically (write a temp
+//!   file, fsync, rename, fsync the directory).
+
+pub mod meta;
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::aligned::{align_down, align_up, AlignedBuf, ALIGN};
+use crate::map::{whole_grains, AllocMap};
+use crate::{check_range, Extent, Replica, Store, StoreError, StoreKind, GRAIN};
+use meta::ReplicaMeta;
+
+const STRIPES: usize = 64;
+const ZERO_CHUNK: usize = 1 << 20;
+
+#[derive(Debug)]
+pub struct FileStore {
+    dir: PathBuf,
+    _lock: File,
+    replicas: Mutex<HashMap<u64, Arc<FileReplica>>>,
+}
+
+#[derive(Debug)]
+struct FileReplica {
+    volume: u64,
+    size: u64,
+    data: File,
+    meta_path: PathBuf,
+    dir: PathBuf,
+    epoch: AtomicU64,
+    map: AllocMap,
+    map_dirty: AtomicBool,
+    persist_lock: Mutex<()>,
+    stripes: Vec<Mutex<()>>,
+}
+
+fn io(volume: u64, op: &'static str) -> impl FnOnce(std::io::Error) -> StoreError {
+    move |source| StoreError::Io { volume, op, source }
+}
+
+impl FileStore {
+    /// Opens (creating if needed) the store directory and locks it for this process.
+    pub fn open(dir: &Path) -> Result<FileStore, StoreError> {
+        std::fs::create_dir_all(dir).map_err(io(0, "create store directory"))?;
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join("LOCK"))
+            .map_err(io(0, "open LOCK"))?;
+        // SAFETY: flock on a file descriptor we own; no memory is involved.
+        let rc = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc != 0 {
+            return Err(StoreError::Invalid(format!(
+                "store directory {} is in use by another process",
+                dir.display()
+            )));
+        }
+        Ok(FileStore {
+            dir: dir.to_path_buf(),
+            _lock: lock,
+            replicas: Mutex::default(),
+        })
+    }
+
+    fn paths(&self, volume: u64) -> (PathBuf, PathBuf) {
+        (
+            self.dir.join(format!("replica-{volume:016x}.data")),
+            self.dir.join(format!("replica-{volume:016x}.meta")),
+        )
+    }
+
+    fn open_replica(&self, meta_path: &Path) -> Result<Arc<FileReplica>, StoreError> {
+        let corrupt = |what: String| StoreError::Corrupt {
+            path: meta_path.display().to_string(),
+            what,
+        };
+        let bytes = std::fs::read(meta_path).map_err(|e| corrupt(e.to_string()))?;
+        let m = meta::decode(&bytes).map_err(|e| corrupt(e.to_string()))?;
+        let (data_path, expect_meta) = self.paths(m.volume);
+        if expect_meta != meta_path {
+            return Err(corrupt(format!("names volume {} in another file", m.volume)));
+        }
+        let data = open_data(&data_path, false).map_err(io(m.volume, "open data file"))?;
+        let len = data.metadata().map_err(io(m.volume, "stat data file"))?.len();
+        if len != m.size {
+            return Err(corrupt(format!(
+                "data file is {len} bytes, metadata says {}",
+                m.size
+            )));
+        }
+        let map = AllocMap::from_bytes(m.size, m.grain, &m.map)
+            .ok_or_else(|| corrupt("allocation map has the wrong length".into()))?;
+        Ok(Arc::new(FileReplica::new(m.volume, m.size, m.epoch, data, meta_path, &self.dir, map)))
+    }
+}
+
+fn open_data(path: &Path, create: bool) -> std::io::Result<File> {
+    let mut o = OpenOptions::new();
+    o.read(true).write(true).create_new(create);
+    match o.clone().custom_flags(libc::O_DIRECT).open(path) {
+        Ok(f) => Ok(f),
+        // Filesystems without O_DIRECT (tmpfs on old kernels) still work, through the cache.
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            tracing::warn!(path = %path.display(), "O_DIRECT not supported; using buffered I/O");
+            o.open(path)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+impl FileReplica {
+    fn new(
+        volume: u64,
+        size: u64,
+        epoch: u64,
+        data: File,
+        meta_path: &Path,
+        dir: &Path,
+        map: AllocMap,
+    ) -> FileReplica {
+        FileReplica {
+            volume,
+            size,
+            data,
+            meta_path: meta_path.to_path_buf(),
+            dir: dir.to_path_buf(),
+            epoch: AtomicU64::new(epoch),
+            map,
+            map_dirty: AtomicBool::new(false),
+            persist_lock: Mutex::new(()),
+            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+        }
+    }
+
+    fn persist(&self) -> Result<(), StoreError> {
+        let _g = self.persist_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let m = ReplicaMeta {
+            volume: self.volume,
+            size: self.size,
+            grain: self.map.grain(),
+            epoch: self.epoch.load(Ordering::Acquire),
+            map: self.map.to_bytes(),
+        };
+        write_atomically(&self.meta_path, &self.dir, &meta::encode(&m))
+            .map_err(io(self.volume, "persist metadata"))
+    }
+
+    fn stripe(&self, block: u64) -> usize {
+        (block / ALIGN as u64) as usize % STRIPES
+    }
+
+    /// Locks the stripes of a write's partial edge blocks, in a fixed order (no deadlock).
+    fn lock_edges(&self, a: Option<u64>, b: Option<u64>) -> [Option<MutexGuard<'_, ()>>; 2] {
+        let mut s: Vec<usize> = [a, b].into_iter().flatten().map(|x| self.stripe(x)).collect();
+        s.sort_unstable();
+        s.dedup();
+        let mut it = s.into_iter().map(|i| self.stripes[i].lock().unwrap_or_else(|e| e.into_inner()));
+        [it.next(), it.next()]
+    }
+
+    fn punch(&self, offset: u64, len: u64) -> Result<(), StoreError> {
+        // SAFETY: fallocate on a file descriptor we own; no memory is passed.
+        let rc = unsafe {
+            libc::fallocate(
+                self.data.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                offset as libc::off_t,
+                len as libc::off_t,
+            )
+        };
+        if rc == 0 {
+            return Ok(());
+        }
+        // No hole punching here: write real zeros so the bytes still read as zeros.
+        let zeros = AlignedBuf::new(ZERO_CHUNK.min(len as usize));
+        let mut pos = offset;
+        while pos < offset + len {
+            let n = (offset + len - pos).min(zeros.len() as u64) as usize;
+            self.data
+                .write_all_at(&zeros[..n], pos)
+                .map_err(io(self.volume, "write zeros"))?;
+            pos += n as u64;
+        }
+        Ok(())
+    }
+
+    /// Writes zeros over the allocated grains of `[offset, offset+len)`; holes already read zero.
+    fn zero_allocated(&self, offset: u64, len: u64) -> Result<(), StoreError> {
+        let zeros = vec![0u8; ZERO_CHUNK.min(len as usize)];
+        let end = offset + len;
+        let mut pos = offset;
+        while pos < end {
+            let g = pos / GRAIN;
+            let next = ((g + 1) * GRAIN).min(end).min(pos + zeros.len() as u64);
+            if self.map.is_set(g) {
+                self.write(pos, &zeros[..(next - pos) as usize], false)?;
+            }
+            pos = next;
+        }
+        Ok(())
+    }
+}
+
+fn write_atomically(path: &Path, dir: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension("meta.tmp");
+    {
+        let f = File::create(&tmp)?;
+        f.write_all_at(bytes, 0)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    File::open(dir)?.sync_all()
+}
+
+impl Store for FileStore {
+    fn kind(&self) -> StoreKind {
+        StoreKind::File
+    }
+    fn blocking(&self) -> bool {
+        true
+    }
+    fn create(&self, volume: u64, size: u64) -> Result<Arc<dyn Replica>, StoreError> {
+        if size == 0 || size % ALIGN as u64 != 0 {
+            return Err(StoreError::Invalid(format!(
+                "replica size {size} must be a non-zero multiple of {ALIGN}"
+            )));
+        }
+        let mut reps = self.replicas.lock().unwrap_or_else(|e| e.into_inner());
+        let (data_path, meta_path) = self.paths(volume);
+        if reps.contains_key(&volume) || meta_path.exists() {
+            return Err(StoreError::Exists { volume });
+        }
+        let data = open_data(&data_path, true).map_err(io(volume, "create data file"))?;
+        // SAFETY: fallocate on a file descriptor we own; no memory is passed.
+        let rc = unsafe { libc::fallocate(data.as_raw_fd(), 0, 0, size as libc::off_t) };
+        if rc != 0 {
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::ENOSPC) {
+                let _ = std::fs::remove_file(&data_path);
+                return Err(StoreError::NoSpace {
+                    size,
+                    what: err.to_string(),
+                });
+            }
+            data.set_len(size).map_err(io(volume, "size data file"))?;
+        }
+        data.sync_all().map_err(io(volume, "sync data file"))?;
+        let r = Arc::new(FileReplica::new(
+            volume,
+            size,
+            0,
+            data,
+            &meta_path,
+            &self.dir,
+            AllocMap::new(size, GRAIN),
+        ));
+        r.persist()?;
+        reps.insert(volume, r.clone());
+        Ok(r)
+    }
+
+    fn open_all(&self) -> Vec<Result<Arc<dyn Replica>, StoreError>> {
+        let mut out = Vec::new();
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return out;
+        };
+        let mut metas: Vec<PathBuf> = entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.extension().is_some_and(|x| x == "meta")
+                    && p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("replica-"))
+            })
+            .collect();
+        metas.sort();
+        let mut reps = self.replicas.lock().unwrap_or_else(|e| e.into_inner());
+        for p in metas {
+            out.push(self.open_replica(&p).map(|r| {
+                reps.insert(r.volume, r.clone());
+                r as Arc<dyn Replica>
+            }));
+        }
+        out
+    }
+
+    fn delete(&self, volume: u64) -> Result<(), StoreError> {
+        let mut reps = self.replicas.lock().unwrap_or_else(|e| e.into_inner());
+        let (data_path, meta_path) = self.paths(volume);
+        if reps.remove(&volume).is_none() && !meta_path.exists() {
+            return Err(StoreError::NoReplica { volume });
+        }
+        // Metadata first: a crash in between leaves an orphan data file, never a replica
+        // without its bytes.
+        std::fs::remove_file(&meta_path).map_err(io(volume, "delete metadata"))?;
+        let _ = std::fs::remove_file(&data_path);
+        Ok(())
+    }
+}
+
+impl Replica for FileReplica {
+    fn volume(&self) -> u64 {
+        self.volume
+    }
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+    fn set_epoch(&self, epoch: u64) -> Result<(), StoreError> {
+        self.epoch.store(epoch, Ordering::Release);
+        self.persist()
+    }
+    fn allocated_bytes(&self) -> u64 {
+        self.map.allocated_grains() * self.map.grain()
+    }
+
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        let len = buf.len() as u64;
+        check_range(offset, len, self.size)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let any_data = (offset / GRAIN..=(offset + len - 1) / GRAIN).any(|g| self.map.is_set(g));
+        if !any_data {
+            buf.fill(0);
+            return Ok(());
+        }
+        // Holes inside the range read as zeros from the file itself (fresh or punched extents).
+        let (a0, a1) = (align_down(offset), align_up(offset + len));
+        let mut tmp = AlignedBuf::new((a1 - a0) as usize);
+        self.data
+            .read_exact_at(&mut tmp[..(a1 - a0) as usize], a0)
+            .map_err(io(self.volume, "read"))?;
+        let at = (offset - a0) as usize;
+        buf.copy_from_slice(&tmp[at..at + buf.len()]);
+        Ok(())
+    }
+
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), StoreError> {
+        let len = data.len() as u64;
+        check_range(offset, len, self.size)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let (a0, a1) = (align_down(offset), align_up(offset + len));
+        let span = (a1 - a0) as usize;
+        let last = a1 - ALIGN as u64;
+        let head = offset != a0;
+        let tail = offset + len != a1;
+        let mut tmp = AlignedBuf::new(span);
+        {
+            // Partial blocks are read-modify-written under their stripe lock, so two writes to
+            // different sectors of one block never lose each other's bytes.
+            let _g = self.lock_edges(head.then_some(a0), tail.then_some(last));
+            if head {
+                self.data
+                    .read_exact_at(&mut tmp[..ALIGN], a0)
+                    .map_err(io(self.volume, "read for partial write"))?;
+            }
+            if tail && (last != a0 || !head) {
+                self.data
+                    .read_exact_at(&mut tmp[span - ALIGN..span], last)
+                    .map_err(io(self.volume, "read for partial write"))?;
+            }
+            let at = (offset - a0) as usize;
+            tmp[at..at + data.len()].copy_from_slice(data);
+            self.data
+                .write_all_at(&tmp[..span], a0)
+                .map_err(io(self.volume, "write"))?;
+        }
+        if self.map.set_range(offset, len) {
+            self.map_dirty.store(true, Ordering::Release);
+        }
+        if fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u64,
+        may_trim: bool,
+        fua: bool,
+    ) -> Result<(), StoreError> {
+        check_range(offset, len, self.size)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let whole = if may_trim {
+            whole_grains(offset, len, GRAIN)
+        } else {
+            0..0
+        };
+        if !whole.is_empty() {
+            for g in whole.clone() {
+                if self.map.clear(g) {
+                    self.map_dirty.store(true, Ordering::Release);
+                }
+            }
+            let (s, e) = (whole.start * GRAIN, (whole.end * GRAIN).min(self.size));
+            self.punch(s, e - s)?;
+            self.zero_allocated(offset, s - offset)?;
+            self.zero_allocated(e, offset + len - e)?;
+        } else {
+            self.zero_allocated(offset, len)?;
+        }
+        if fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        self.data.sync_data().map_err(io(self.volume, "flush"))?;
+        if self.map_dirty.swap(false, Ordering::AcqRel) {
+            if let Err(e) = self.persist() {
+                self.map_dirty.store(true, Ordering::Release);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, StoreError> {
+        check_range(offset, len, self.size)?;
+        Ok(self.map.extents(offset, len))
+    }
+}

@@ -1,0 +1,199 @@
+//! Conformance tests every backend runs, plus file-store persistence and format checks.
+
+use super::*;
+use proptest::prelude::*;
+
+const SIZE: u64 = 4 << 20;
+
+fn stores() -> Vec<(Arc<dyn Store>, Option<tempfile::TempDir>)> {
+    let d = tempfile::tempdir().unwrap();
+    vec![
+        (Arc::new(MemoryStore::default()), None),
+        (Arc::new(FileStore::open(d.path()).unwrap()), Some(d)),
+    ]
+}
+
+fn read(r: &dyn Replica, off: u64, len: usize) -> Vec<u8> {
+    let mut b = vec![0xEE; len];
+    r.read(off, &mut b).unwrap();
+    b
+}
+
+#[test]
+fn fresh_replica_is_zero_and_all_hole() {
+    for (s, _d) in stores() {
+        let r = s.create(1, SIZE).unwrap();
+        assert_eq!(read(&*r, 12345, 7000), vec![0; 7000], "{:?}", s.kind());
+        assert_eq!(
+            r.block_status(0, SIZE).unwrap(),
+            vec![Extent { length: SIZE, flags: Extent::HOLE | Extent::ZERO }]
+        );
+        assert_eq!(r.allocated_bytes(), 0);
+    }
+}
+
+#[test]
+fn unaligned_writes_read_back_and_allocate_grains() {
+    for (s, _d) in stores() {
+        let r = s.create(1, SIZE).unwrap();
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 + 3) as u8).collect();
+        r.write(GRAIN - 100, &data, false).unwrap();
+        assert_eq!(read(&*r, GRAIN - 100, data.len()), data);
+        assert_eq!(read(&*r, GRAIN - 200, 100), vec![0; 100], "bytes before stay zero");
+        let ext = r.block_status(0, 4 * GRAIN).unwrap();
+        assert_eq!(
+            ext,
+            vec![
+                Extent { length: 2 * GRAIN, flags: 0 },
+                Extent { length: 2 * GRAIN, flags: Extent::HOLE | Extent::ZERO },
+            ]
+        );
+    }
+}
+
+#[test]
+fn trim_makes_holes_and_zeros_partials() {
+    for (s, _d) in stores() {
+        let r = s.create(1, SIZE).unwrap();
+        r.write(0, &vec![0xAB; (4 * GRAIN) as usize], false).unwrap();
+        r.write_zeroes(100, 3 * GRAIN, true, false).unwrap();
+        let b = read(&*r, 0, (4 * GRAIN) as usize);
+        assert!(b[..100].iter().all(|&x| x == 0xAB));
+        assert!(b[100..(3 * GRAIN + 100) as usize].iter().all(|&x| x == 0));
+        assert!(b[(3 * GRAIN + 100) as usize..].iter().all(|&x| x == 0xAB));
+        let ext = r.block_status(0, 4 * GRAIN).unwrap();
+        assert_eq!(ext[1], Extent { length: 2 * GRAIN, flags: Extent::HOLE | Extent::ZERO });
+        // Rewriting part of a trimmed grain must not resurrect the old bytes around it.
+        r.write(GRAIN + 10, b"x", false).unwrap();
+        let b = read(&*r, GRAIN, GRAIN as usize);
+        assert_eq!(b[10], b'x');
+        assert_eq!(b.iter().filter(|&&x| x != 0).count(), 1);
+        // Without may_trim the range is zeroed but stays allocated.
+        r.write_zeroes(0, 50, false, true).unwrap();
+        assert_eq!(read(&*r, 0, 50), vec![0; 50]);
+    }
+}
+
+#[test]
+fn out_of_range_is_refused_without_overflow() {
+    for (s, _d) in stores() {
+        let r = s.create(1, SIZE).unwrap();
+        assert!(matches!(r.write(SIZE - 1, b"ab", false), Err(StoreError::OutOfRange { .. })));
+        let mut b = [0u8; 4];
+        assert!(matches!(r.read(u64::MAX - 1, &mut b), Err(StoreError::OutOfRange { .. })));
+        assert!(r.write_zeroes(u64::MAX, 2, true, false).is_err());
+        assert!(r.block_status(SIZE, 1).is_err());
+        assert!(matches!(s.create(1, SIZE), Err(StoreError::Exists { .. })));
+        assert!(matches!(s.delete(9), Err(StoreError::NoReplica { .. })));
+    }
+}
+
+#[test]
+fn concurrent_sector_writes_in_one_block_do_not_lose_each_other() {
+    for (s, _d) in stores() {
+        let r = s.create(1, SIZE).unwrap();
+        std::thread::scope(|sc| {
+            for t in 0..8u8 {
+                let r = r.clone();
+                sc.spawn(move || {
+                    for round in 0..50u64 {
+                        let off = round * 4096 + u64::from(t) * 512;
+                        r.write(off, &[t + 1; 512], false).unwrap();
+                    }
+                });
+            }
+        });
+        for round in 0..50u64 {
+            let b = read(&*r, round * 4096, 4096);
+            for t in 0..8usize {
+                assert!(b[t * 512..(t + 1) * 512].iter().all(|&x| x == t as u8 + 1), "{:?}", s.kind());
+            }
+        }
+    }
+}
+
+#[test]
+fn file_store_survives_reopen_with_epoch_and_map() {
+    let d = tempfile::tempdir().unwrap();
+    {
+        let s = FileStore::open(d.path()).unwrap();
+        let r = s.create(7, SIZE).unwrap();
+        r.write(3 * GRAIN + 5, b"persist me", false).unwrap();
+        r.set_epoch(42).unwrap();
+        r.flush().unwrap();
+        assert!(FileStore::open(d.path()).is_err(), "directory is locked while in use");
+    }
+    let s = FileStore::open(d.path()).unwrap();
+    let all = s.open_all();
+    assert_eq!(all.len(), 1);
+    let r = all.into_iter().next().unwrap().unwrap();
+    assert_eq!((r.volume(), r.size(), r.epoch()), (7, SIZE, 42));
+    assert_eq!(read(&*r, 3 * GRAIN + 5, 10), b"persist me");
+    assert_eq!(r.allocated_bytes(), GRAIN);
+    s.delete(7).unwrap();
+    assert!(s.open_all().is_empty());
+}
+
+#[test]
+fn corrupt_metadata_is_refused_and_named() {
+    let d = tempfile::tempdir().unwrap();
+    {
+        let s = FileStore::open(d.path()).unwrap();
+        s.create(1, SIZE).unwrap();
+        s.create(2, SIZE).unwrap();
+    }
+    let p = d.path().join(format!("replica-{:016x}.meta", 1));
+    let mut b = std::fs::read(&p).unwrap();
+    b[30] ^= 1;
+    std::fs::write(&p, b).unwrap();
+    let s = FileStore::open(d.path()).unwrap();
+    let all = s.open_all();
+    assert_eq!(all.len(), 2);
+    let errs: Vec<String> = all.iter().filter_map(|r| r.as_ref().err()).map(|e| e.to_string()).collect();
+    assert_eq!(errs.len(), 1, "the intact replica still opens");
+    assert!(errs[0].contains("replica-0000000000000001.meta"), "{}", errs[0]);
+}
+
+#[test]
+fn null_store_discards_and_reads_zero() {
+    let s = NullStore::default();
+    let r = s.create(1, SIZE).unwrap();
+    r.write(0, b"gone", true).unwrap();
+    assert_eq!(read(&*r, 0, 4), vec![0; 4]);
+    assert!(r.write(SIZE, b"x", false).is_err());
+}
+
+proptest! {
+    #[test]
+    fn meta_decoder_never_panics(b in proptest::collection::vec(any::<u8>(), 0..200)) {
+        let _ = file::meta::decode(&b);
+    }
+
+    #[test]
+    fn meta_round_trips(volume: u64, grains in 1u64..2000, epoch: u64) {
+        let size = grains * GRAIN;
+        let map = AllocMap::new(size, GRAIN);
+        map.set_range(0, GRAIN * (grains / 2 + 1));
+        let m = file::meta::ReplicaMeta { volume, size, grain: GRAIN, epoch, map: map.to_bytes() };
+        prop_assert_eq!(file::meta::decode(&file::meta::encode(&m)).unwrap(), m);
+    }
+
+    /// The memory store matches a plain byte array under any sequence of writes and trims.
+    #[test]
+    fn memory_store_matches_model(ops in proptest::collection::vec((0u64..SIZE, 1u64..200_000, any::<u8>(), any::<bool>()), 1..20)) {
+        let s = MemoryStore::default();
+        let r = s.create(1, SIZE).unwrap();
+        let mut model = vec![0u8; SIZE as usize];
+        for (off, len, byte, trim) in ops {
+            let len = len.min(SIZE - off);
+            if trim {
+                r.write_zeroes(off, len, true, false).unwrap();
+                model[off as usize..(off + len) as usize].fill(0);
+            } else {
+                r.write(off, &vec![byte; len as usize], false).unwrap();
+                model[off as usize..(off + len) as usize].fill(byte);
+            }
+        }
+        prop_assert!(read(&*r, 0, SIZE as usize) == model);
+    }
+}

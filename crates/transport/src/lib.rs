@@ -1,0 +1,105 @@
+//! The transport seam: how frames travel between a volume client and a storage node.
+//!
+//! Everything above this crate (the volume client, the node, the NBD frontend) speaks only the
+//! two traits here, so a new transport slots in without touching replication code:
+//!
+//! * [`Connection`] — the client end. `call` sends one request frame and resolves with its
+//!   response. Many calls may be in flight on one connection at once; responses can complete in
+//!   any order (they are matched by `request_id`, which the connection assigns). A connection is
+//!   shared (`Arc<dyn Connection>`) by every task of a volume; it is `Send + Sync`.
+//! * [`Handler`] — the server end. A transport's `serve` function calls `handle` once per
+//!   request, concurrently, and sends back whatever frame it returns. The handler never sees the
+//!   byte stream.
+//!
+//! Lifecycle: a connection is usable until [`Connection::is_closed`] turns true (peer gone, a
+//! malformed frame, an I/O error). From then on every pending and future `call` fails with
+//! [`TransportError::Closed`]; the caller decides whether to reconnect. Nothing is retried here,
+//! because only the replication layer knows whether a retry is safe.
+//!
+//! Adding a transport (UCX is next): implement `Connection` for the client end and a `serve`
+//! loop that drives a `Handler`, then teach [`connect`] to pick it. API version:
+//! [`TRANSPORT_API_VERSION`]; bump it when the traits change.
+
+pub mod tcp;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use trireme_proto::{DecodeError, Header};
+
+/// Version of the traits in this crate (DRBD's `DRBD_TRANSPORT_API_VERSION` habit).
+pub const TRANSPORT_API_VERSION: u32 = 1;
+
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// One frame: a decoded header and its payload (already checksum-verified when received).
+#[derive(Debug, Clone, Default)]
+pub struct Frame {
+    pub header: Header,
+    pub payload: Bytes,
+}
+
+/// Errors of a transport. A failed `call` means the request may or may not have been applied by
+/// the peer; only the caller can tell whether repeating it is safe.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    /// Could not reach the peer.
+    #[error("connect to {addr}: {source}")]
+    Connect {
+        addr: String,
+        source: std::io::Error,
+    },
+    /// The connection is closed (peer gone, I/O error or a protocol violation).
+    #[error("connection to {peer} closed: {reason}")]
+    Closed { peer: String, reason: String },
+    /// The peer sent a frame that failed to decode.
+    #[error("bad frame from {peer}: {source}")]
+    Decode { peer: String, source: DecodeError },
+    /// The request did not get a response in time.
+    #[error("request to {peer} timed out")]
+    Timeout { peer: String },
+}
+
+/// What a connection is, for `trireme status` and the benchmark reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectionInfo {
+    /// `"tcp"` today; `"ucx"` with its lanes later.
+    pub transport: String,
+    pub peer: String,
+    /// How many underlying streams carry this connection.
+    pub streams: usize,
+}
+
+/// The client end of a connection to a node. See the crate docs for the contract.
+pub trait Connection: Send + Sync + std::fmt::Debug {
+    /// Sends `header` (its `request_id` is overwritten) with `payload`; resolves with the
+    /// response frame.
+    fn call(&self, header: Header, payload: Bytes) -> BoxFuture<'_, Result<Frame, TransportError>>;
+    fn info(&self) -> ConnectionInfo;
+    fn is_closed(&self) -> bool;
+}
+
+/// The server end: what a node plugs into a transport.
+pub trait Handler: Send + Sync + 'static {
+    /// Handles one request and returns its response frame. Called concurrently.
+    fn handle(self: Arc<Self>, request: Frame) -> impl Future<Output = Frame> + Send;
+}
+
+/// Which transport to use for a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportKind {
+    Tcp,
+}
+
+/// Connects to a node at `addr` over `kind`, with `streams` parallel streams.
+pub async fn connect(
+    kind: TransportKind,
+    addr: &str,
+    streams: usize,
+) -> Result<Arc<dyn Connection>, TransportError> {
+    match kind {
+        TransportKind::Tcp => Ok(Arc::new(tcp::TcpConnection::connect(addr, streams).await?)),
+    }
+}

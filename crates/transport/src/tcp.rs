@@ -1,0 +1,309 @@
+//! TCP transport: tokio, TCP_NODELAY, length-prefixed frames, several streams per peer.
+//!
+//! Each stream has one writer task (it batches whatever frames are queued into one `write`
+//! syscall where it can) and one reader task (it matches responses to waiting calls by id).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+use trireme_proto::{check_payload, decode_header, Header, HEADER_LEN};
+
+use crate::{BoxFuture, Connection, ConnectionInfo, Frame, Handler, TransportError};
+
+/// Requests a server runs at once per stream; a client that sends more waits in TCP's buffers.
+const MAX_IN_FLIGHT_PER_STREAM: usize = 256;
+/// Frames written per syscall batch at most.
+const WRITE_BATCH: usize = 64;
+
+type Pending = Arc<Mutex<PendingMap>>;
+
+#[derive(Default)]
+struct PendingMap {
+    closed: Option<String>,
+    waiters: HashMap<u64, oneshot::Sender<Result<Frame, TransportError>>>,
+}
+
+#[derive(Debug)]
+struct Stream {
+    tx: mpsc::UnboundedSender<(Header, Bytes)>,
+    pending: Pending,
+    closed: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for PendingMap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingMap")
+            .field("closed", &self.closed)
+            .field("waiters", &self.waiters.len())
+            .finish()
+    }
+}
+
+/// A TCP connection to one node: `streams` sockets used round-robin.
+#[derive(Debug)]
+pub struct TcpConnection {
+    peer: String,
+    streams: Vec<Stream>,
+    next_stream: AtomicUsize,
+    next_id: AtomicU64,
+}
+
+impl TcpConnection {
+    pub async fn connect(addr: &str, streams: usize) -> Result<Self, TransportError> {
+        let mut out = Vec::with_capacity(streams.max(1));
+        for _ in 0..streams.max(1) {
+            let sock = TcpStream::connect(addr)
+                .await
+                .map_err(|source| TransportError::Connect {
+                    addr: addr.to_string(),
+                    source,
+                })?;
+            let _ = sock.set_nodelay(true);
+            out.push(Stream::start(sock, addr.to_string()));
+        }
+        Ok(TcpConnection {
+            peer: addr.to_string(),
+            streams: out,
+            next_stream: AtomicUsize::new(0),
+            next_id: AtomicU64::new(1),
+        })
+    }
+}
+
+impl Stream {
+    fn start(sock: TcpStream, peer: String) -> Stream {
+        let (rd, wr) = sock.into_split();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let pending: Pending = Arc::default();
+        let closed = Arc::new(AtomicBool::new(false));
+        let (p, c, pr) = (pending.clone(), closed.clone(), peer.clone());
+        tokio::spawn(async move {
+            let reason = match write_frames(wr, rx).await {
+                Ok(()) => "connection dropped".to_string(),
+                Err(e) => format!("write: {e}"),
+            };
+            fail_all(&p, &c, &pr, reason);
+        });
+        let (p, c) = (pending.clone(), closed.clone());
+        tokio::spawn(async move {
+            let reason = read_responses(rd, &p, &peer).await;
+            fail_all(&p, &c, &peer, reason);
+        });
+        Stream {
+            tx,
+            pending,
+            closed,
+        }
+    }
+}
+
+fn fail_all(pending: &Pending, closed: &AtomicBool, peer: &str, reason: String) {
+    closed.store(true, Ordering::Release);
+    let waiters = {
+        let mut p = pending.lock().unwrap_or_else(|e| e.into_inner());
+        if p.closed.is_none() {
+            p.closed = Some(reason.clone());
+        }
+        std::mem::take(&mut p.waiters)
+    };
+    for (_, w) in waiters {
+        let _ = w.send(Err(TransportError::Closed {
+            peer: peer.to_string(),
+            reason: reason.clone(),
+        }));
+    }
+}
+
+async fn read_responses<R: AsyncRead + Unpin>(mut rd: R, pending: &Pending, peer: &str) -> String {
+    loop {
+        let frame = match read_frame(&mut rd).await {
+            Ok(Some(f)) => f,
+            Ok(None) => return "peer closed the connection".into(),
+            Err(e) => return e.to_string(),
+        };
+        if !frame.header.is_response() {
+            return format!("{peer} sent a request on a client connection");
+        }
+        let waiter = pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .waiters
+            .remove(&frame.header.request_id);
+        match waiter {
+            Some(w) => {
+                let _ = w.send(Ok(frame));
+            }
+            None => return format!("response to unknown request {}", frame.header.request_id),
+        }
+    }
+}
+
+/// Reads one frame. `Ok(None)` on a clean end of stream between frames.
+pub async fn read_frame<R: AsyncRead + Unpin>(rd: &mut R) -> Result<Option<Frame>, ReadError> {
+    let mut hb = [0u8; HEADER_LEN];
+    match rd.read_exact(&mut hb).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(ReadError::Io(e)),
+    }
+    let header = decode_header(&hb).map_err(ReadError::Decode)?;
+    // The length was bounded by decode_header, so this allocation is bounded too.
+    let mut payload = BytesMut::zeroed(header.payload_len as usize);
+    rd.read_exact(&mut payload).await.map_err(ReadError::Io)?;
+    check_payload(&header, &payload).map_err(ReadError::Decode)?;
+    Ok(Some(Frame {
+        header,
+        payload: payload.freeze(),
+    }))
+}
+
+/// Why reading a frame failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("read: {0}")]
+    Io(std::io::Error),
+    #[error("decode: {0}")]
+    Decode(trireme_proto::DecodeError),
+}
+
+async fn write_frames<W: AsyncWrite + Unpin>(
+    wr: W,
+    mut rx: mpsc::UnboundedReceiver<(Header, Bytes)>,
+) -> std::io::Result<()> {
+    let mut w = BufWriter::with_capacity(256 * 1024, wr);
+    while let Some((h, payload)) = rx.recv().await {
+        write_one(&mut w, &h, &payload).await?;
+        // Batch whatever else is already queued into the same flush.
+        let mut n = 1;
+        while n < WRITE_BATCH {
+            match rx.try_recv() {
+                Ok((h, p)) => write_one(&mut w, &h, &p).await?,
+                Err(_) => break,
+            }
+            n += 1;
+        }
+        w.flush().await?;
+    }
+    Ok(())
+}
+
+async fn write_one<W: AsyncWrite + Unpin>(
+    w: &mut BufWriter<W>,
+    h: &Header,
+    payload: &[u8],
+) -> std::io::Result<()> {
+    w.write_all(&h.encode(payload)).await?;
+    w.write_all(payload).await
+}
+
+impl Connection for TcpConnection {
+    fn call(
+        &self,
+        mut header: Header,
+        payload: Bytes,
+    ) -> BoxFuture<'_, Result<Frame, TransportError>> {
+        Box::pin(async move {
+            let i = self.next_stream.fetch_add(1, Ordering::Relaxed) % self.streams.len();
+            let s = &self.streams[i];
+            header.request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            header.flags &= !trireme_proto::FLAG_RESPONSE;
+            let (tx, rx) = oneshot::channel();
+            {
+                let mut p = s.pending.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(reason) = &p.closed {
+                    return Err(TransportError::Closed {
+                        peer: self.peer.clone(),
+                        reason: reason.clone(),
+                    });
+                }
+                p.waiters.insert(header.request_id, tx);
+            }
+            if s.tx.send((header, payload)).is_err() {
+                s.pending
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .waiters
+                    .remove(&header.request_id);
+                return Err(TransportError::Closed {
+                    peer: self.peer.clone(),
+                    reason: "writer stopped".into(),
+                });
+            }
+            match rx.await {
+                Ok(r) => r,
+                Err(_) => Err(TransportError::Closed {
+                    peer: self.peer.clone(),
+                    reason: "dropped".into(),
+                }),
+            }
+        })
+    }
+
+    fn info(&self) -> ConnectionInfo {
+        ConnectionInfo {
+            transport: "tcp".into(),
+            peer: self.peer.clone(),
+            streams: self.streams.len(),
+        }
+    }
+
+    fn is_closed(&self) -> bool {
+        self.streams
+            .iter()
+            .any(|s| s.closed.load(Ordering::Acquire))
+    }
+}
+
+/// Serves `handler` on `listener` until the listener fails. Each accepted socket gets its own
+/// reader and writer task; each request runs as its own task, at most
+/// `MAX_IN_FLIGHT_PER_STREAM` at once per socket. A malformed frame closes that socket only.
+pub async fn serve<H: Handler>(listener: TcpListener, handler: Arc<H>) -> std::io::Result<()> {
+    loop {
+        let (sock, peer) = listener.accept().await?;
+        let _ = sock.set_nodelay(true);
+        let h = handler.clone();
+        tokio::spawn(async move {
+            if let Err(e) = serve_stream(sock, h).await {
+                tracing::warn!(%peer, "closing connection: {e}");
+            }
+        });
+    }
+}
+
+async fn serve_stream<H: Handler>(sock: TcpStream, handler: Arc<H>) -> Result<(), ReadError> {
+    let (mut rd, wr) = sock.into_split();
+    let (tx, rx) = mpsc::unbounded_channel::<(Header, Bytes)>();
+    let writer = tokio::spawn(write_frames(wr, rx));
+    let limit = Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_STREAM));
+    let result = loop {
+        let frame = match read_frame(&mut rd).await {
+            Ok(Some(f)) => f,
+            Ok(None) => break Ok(()),
+            Err(e) => break Err(e),
+        };
+        if frame.header.is_response() {
+            break Err(ReadError::Decode(
+                trireme_proto::DecodeError::MalformedPayload {
+                    what: "response frame sent to a server",
+                },
+            ));
+        }
+        let Ok(permit) = limit.clone().acquire_owned().await else {
+            break Ok(());
+        };
+        let (h, tx) = (handler.clone(), tx.clone());
+        tokio::spawn(async move {
+            let resp = h.handle(frame).await;
+            let _ = tx.send((resp.header, resp.payload));
+            drop(permit);
+        });
+    };
+    drop(tx);
+    let _ = writer.await;
+    result
+}
