@@ -1,0 +1,250 @@
+//! The storage daemon: one process per node, serving that node's replicas to volume clients.
+//!
+//! [`Node`] implements the transport [`Handler`]: it decodes nothing itself (the transport
+//! hands it checked frames), applies the fencing rule from the replication core to every I/O
+//! request, and runs store calls inline for in-memory stores or on the blocking pool for
+//! device-backed ones, so the async threads never wait on a disk.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, RwLock};
+
+use bytes::{Bytes, BytesMut};
+use trireme_proto::{encode_extents, Header, Op, Status, FLAG_FUA, FLAG_MAY_TRIM, MAX_PAYLOAD};
+use trireme_replication::{fence, FenceDecision};
+use trireme_store::{Replica, Store, StoreError};
+use trireme_transport::{Frame, Handler};
+
+/// Largest range one `Checksum` request may cover.
+pub const MAX_CHECKSUM_RANGE: u64 = 1 << 30;
+
+/// A storage node serving the replicas of one store.
+#[derive(Debug)]
+pub struct Node {
+    id: u32,
+    store: Arc<dyn Store>,
+    replicas: RwLock<HashMap<u64, Arc<dyn Replica>>>,
+    /// Serialises epoch changes so two attaches cannot interleave their check and update.
+    attach_lock: Mutex<()>,
+}
+
+/// Why serving a request failed: a status for the client and a message for the log.
+struct Refusal(Status, String);
+
+impl From<StoreError> for Refusal {
+    fn from(e: StoreError) -> Self {
+        let s = match &e {
+            StoreError::NoReplica { .. } => Status::NoReplica,
+            StoreError::Exists { .. } => Status::Exists,
+            StoreError::OutOfRange { .. } => Status::OutOfRange,
+            StoreError::NoSpace { .. } => Status::NoSpace,
+            StoreError::Invalid(_) => Status::Invalid,
+            StoreError::Io { .. } | StoreError::Corrupt { .. } => Status::Io,
+        };
+        Refusal(s, e.to_string())
+    }
+}
+
+impl Node {
+    /// Opens every replica in `store`. Replicas that fail their checks are logged and not served.
+    pub fn new(id: u32, store: Arc<dyn Store>) -> Node {
+        let mut replicas = HashMap::new();
+        for r in store.open_all() {
+            match r {
+                Ok(r) => {
+                    replicas.insert(r.volume(), r);
+                }
+                Err(e) => tracing::error!(node = id, "not serving a replica: {e}"),
+            }
+        }
+        Node {
+            id,
+            store,
+            replicas: RwLock::new(replicas),
+            attach_lock: Mutex::new(()),
+        }
+    }
+
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    pub fn replica_count(&self) -> usize {
+        self.replicas.read().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    fn replica(&self, volume: u64) -> Result<Arc<dyn Replica>, Refusal> {
+        self.replicas
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&volume)
+            .cloned()
+            .ok_or_else(|| Refusal(Status::NoReplica, format!("no replica of volume {volume}")))
+    }
+
+    /// Flushes every replica; used on shutdown.
+    pub fn flush_all(&self) {
+        let reps: Vec<_> = self.replicas.read().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+        for r in reps {
+            if let Err(e) = r.flush() {
+                tracing::error!(node = self.id, "flush on shutdown: {e}");
+            }
+        }
+    }
+
+    fn check_epoch(r: &dyn Replica, h: &Header) -> Result<(), Refusal> {
+        match fence(h.epoch, r.epoch(), false) {
+            FenceDecision::Accept => Ok(()),
+            FenceDecision::Fenced { current } | FenceDecision::NotAttached { current } => Err(
+                Refusal(Status::Fenced, format!("epoch {} refused, replica is at {current}", h.epoch)),
+            ),
+            FenceDecision::Advance { .. } => unreachable!("I/O never advances an epoch"),
+        }
+    }
+
+    /// Serves one request synchronously (the caller picks the thread).
+    fn serve(&self, req: &Frame) -> Result<(Header, Bytes), Refusal> {
+        let h = &req.header;
+        let mut resp = h.response(Status::Ok);
+        let len_usize = || -> Result<usize, Refusal> {
+            if h.length > u64::from(MAX_PAYLOAD) {
+                return Err(Refusal(Status::Invalid, format!("length {} over the frame limit", h.length)));
+            }
+            Ok(h.length as usize)
+        };
+        let payload = match h.op {
+            Op::Ping => Bytes::from(self.id.to_string()),
+            Op::Attach => {
+                let r = self.replica(h.volume)?;
+                let _g = self.attach_lock.lock().unwrap_or_else(|e| e.into_inner());
+                match fence(h.epoch, r.epoch(), true) {
+                    FenceDecision::Accept => {}
+                    FenceDecision::Advance { new_epoch } => r.set_epoch(new_epoch)?,
+                    FenceDecision::Fenced { current } | FenceDecision::NotAttached { current } => {
+                        return Err(Refusal(Status::Fenced, format!("attach with epoch {} refused, replica is at {current}", h.epoch)));
+                    }
+                }
+                Bytes::new()
+            }
+            Op::Read => {
+                let r = self.replica(h.volume)?;
+                Self::check_epoch(&*r, h)?;
+                let mut buf = BytesMut::zeroed(len_usize()?);
+                r.read(h.offset, &mut buf)?;
+                buf.freeze()
+            }
+            Op::Write => {
+                let r = self.replica(h.volume)?;
+                Self::check_epoch(&*r, h)?;
+                r.write(h.offset, &req.payload, h.has_flag(FLAG_FUA))?;
+                Bytes::new()
+            }
+            Op::Flush => {
+                let r = self.replica(h.volume)?;
+                Self::check_epoch(&*r, h)?;
+                r.flush()?;
+                Bytes::new()
+            }
+            Op::WriteZeroes => {
+                let r = self.replica(h.volume)?;
+                Self::check_epoch(&*r, h)?;
+                r.write_zeroes(h.offset, h.length, h.has_flag(FLAG_MAY_TRIM), h.has_flag(FLAG_FUA))?;
+                Bytes::new()
+            }
+            Op::BlockStatus => {
+                let r = self.replica(h.volume)?;
+                Self::check_epoch(&*r, h)?;
+                Bytes::from(encode_extents(&r.block_status(h.offset, h.length)?))
+            }
+            Op::Checksum => {
+                let r = self.replica(h.volume)?;
+                if h.length > MAX_CHECKSUM_RANGE {
+                    return Err(Refusal(Status::Invalid, format!("checksum range {} too large", h.length)));
+                }
+                resp.length = u64::from(checksum(&*r, h.offset, h.length)?);
+                Bytes::new()
+            }
+            Op::CreateReplica => {
+                let r = self.store.create(h.volume, h.length)?;
+                self.replicas.write().unwrap_or_else(|e| e.into_inner()).insert(h.volume, r);
+                tracing::info!(node = self.id, volume = h.volume, size = h.length, "created replica");
+                Bytes::new()
+            }
+            Op::DeleteReplica => {
+                self.replicas.write().unwrap_or_else(|e| e.into_inner()).remove(&h.volume);
+                self.store.delete(h.volume)?;
+                tracing::info!(node = self.id, volume = h.volume, "deleted replica");
+                Bytes::new()
+            }
+            Op::ReplicaInfo => {
+                let r = self.replica(h.volume)?;
+                resp.length = r.size();
+                resp.offset = r.allocated_bytes();
+                resp.epoch = r.epoch();
+                Bytes::new()
+            }
+        };
+        Ok((resp, payload))
+    }
+}
+
+/// crc32c of `[offset, offset+len)`, read in 1 MiB pieces.
+fn checksum(r: &dyn Replica, offset: u64, len: u64) -> Result<u32, StoreError> {
+    trireme_store::check_range(offset, len, r.size())?;
+    let mut buf = vec![0u8; (1 << 20).min(len as usize)];
+    let mut crc = 0u32;
+    let mut pos = offset;
+    while pos < offset + len {
+        let n = (offset + len - pos).min(buf.len() as u64) as usize;
+        r.read(pos, &mut buf[..n])?;
+        crc = crc32c::crc32c_append(crc, &buf[..n]);
+        pos += n as u64;
+    }
+    Ok(crc)
+}
+
+impl Handler for Node {
+    async fn handle(self: Arc<Self>, req: Frame) -> Frame {
+        let blocking = self.store.blocking() && !matches!(req.header.op, Op::Ping | Op::ReplicaInfo);
+        let h = req.header;
+        let result = if blocking {
+            let me = self.clone();
+            match tokio::task::spawn_blocking(move || me.serve(&req)).await {
+                Ok(r) => r,
+                Err(e) => Err(Refusal(Status::Io, format!("store task failed: {e}"))),
+            }
+        } else {
+            self.serve(&req)
+        };
+        match result {
+            Ok((header, payload)) => Frame { header, payload },
+            Err(Refusal(status, msg)) => {
+                if status == Status::Io {
+                    tracing::error!(node = self.id, op = ?h.op, volume = h.volume, "{msg}");
+                } else {
+                    tracing::debug!(node = self.id, op = ?h.op, volume = h.volume, "{msg}");
+                }
+                let mut header = h.response(status);
+                if status == Status::Fenced {
+                    header.epoch = self.replica(h.volume).map(|r| r.epoch()).unwrap_or(0);
+                }
+                Frame { header, payload: Bytes::from(msg) }
+            }
+        }
+    }
+}
+
+/// Binds the data-path listener, reports the bound address through `on_bound`, and serves
+/// until the listener fails.
+pub async fn run(
+    node: Arc<Node>,
+    listen: SocketAddr,
+    on_bound: impl FnOnce(SocketAddr),
+) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    on_bound(listener.local_addr()?);
+    trireme_transport::tcp::serve(listener, node).await
+}
+
+#[cfg(test)]
+mod tests;
