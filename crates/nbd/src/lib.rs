@@ -1,0 +1,121 @@
+//! The NBD server frontend.
+//!
+//! Speaks the fixed-newstyle handshake (with `NO_ZEROES`), the options `EXPORT_NAME`, `ABORT`,
+//! `LIST`, `INFO`, `GO`, `STRUCTURED_REPLY`, `LIST_META_CONTEXT` and `SET_META_CONTEXT`
+//! (`base:allocation`), and answers every other option with `NBD_REP_ERR_UNSUP`. In transmission
+//! it serves `READ`, `WRITE`, `FLUSH`, `TRIM`, `WRITE_ZEROES` (with `NO_HOLE` and `FAST_ZERO`),
+//! `BLOCK_STATUS` and `DISC`, with `FUA`; requests run concurrently and are answered as they
+//! complete, out of order.
+//!
+//! The server knows nothing of replication: an export is anything implementing [`Backend`].
+//! `CAN_MULTI_CONN` is advertised only when the backend says a flush on one connection covers
+//! writes completed on every other ([`Backend::can_multi_conn`]).
+//!
+//! Bad input never panics: option payloads and request headers go through the pure decoders in
+//! [`codec`] (fuzzed), lengths are checked before any allocation, and a protocol violation
+//! closes that one connection after answering what it can.
+
+pub mod codec;
+pub mod consts;
+mod server;
+
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+pub use server::serve_connection;
+pub use trireme_proto::Extent;
+
+/// Largest READ or WRITE payload accepted; advertised as the maximum block size.
+pub const MAX_REQUEST: u32 = 32 * 1024 * 1024;
+/// Preferred block size advertised to clients.
+pub const PREFERRED_BLOCK: u32 = 4096;
+
+/// An I/O error to report to the client: an errno value from [`consts`] and a message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message} (errno {errno})")]
+pub struct BackendError {
+    pub errno: u32,
+    pub message: String,
+}
+
+/// What an export serves. Methods are called concurrently from many requests and connections.
+/// Ranges are checked against [`Backend::size`] before any call.
+pub trait Backend: Send + Sync + 'static {
+    fn size(&self) -> u64;
+    /// True if a flush on any connection makes every write completed on any connection durable.
+    fn can_multi_conn(&self) -> bool;
+    fn read(&self, offset: u64, len: u32) -> impl Future<Output = Result<Bytes, BackendError>> + Send;
+    fn write(&self, offset: u64, data: Bytes, fua: bool) -> impl Future<Output = Result<(), BackendError>> + Send;
+    fn flush(&self) -> impl Future<Output = Result<(), BackendError>> + Send;
+    /// Zeroes a range; `may_trim` allows deallocating it.
+    fn write_zeroes(&self, offset: u64, len: u32, may_trim: bool, fua: bool) -> impl Future<Output = Result<(), BackendError>> + Send;
+    /// Allocation extents covering exactly `[offset, offset+len)`.
+    fn block_status(&self, offset: u64, len: u32) -> impl Future<Output = Result<Vec<Extent>, BackendError>> + Send;
+}
+
+/// The exports a server offers, by name. The first one is also the default export (the empty
+/// name), as qemu's `nbd://host` without a path asks for.
+#[derive(Debug)]
+pub struct Exports<B> {
+    list: Vec<(String, String, Arc<B>)>,
+}
+
+impl<B: Backend> Exports<B> {
+    pub fn new() -> Exports<B> {
+        Exports { list: Vec::new() }
+    }
+
+    pub fn add(&mut self, name: &str, description: &str, backend: Arc<B>) {
+        self.list.push((name.to_string(), description.to_string(), backend));
+    }
+
+    pub fn get(&self, name: &str) -> Option<(&str, &str, &Arc<B>)> {
+        let e = if name.is_empty() { self.list.first() } else { self.list.iter().find(|e| e.0 == name) };
+        e.map(|(n, d, b)| (n.as_str(), d.as_str(), b))
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.list.iter().map(|(n, d, _)| (n.as_str(), d.as_str()))
+    }
+}
+
+impl<B: Backend> Default for Exports<B> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Serves `exports` on a unix socket at `path` (replacing a stale socket file) until the
+/// listener fails.
+pub async fn serve_unix<B: Backend>(path: &Path, exports: Arc<Exports<B>>) -> std::io::Result<()> {
+    let _ = std::fs::remove_file(path);
+    let listener = tokio::net::UnixListener::bind(path)?;
+    loop {
+        let (sock, _) = listener.accept().await?;
+        let ex = exports.clone();
+        tokio::spawn(async move {
+            if let Err(e) = serve_connection(sock, ex).await {
+                tracing::info!("nbd connection (unix) ended: {e}");
+            }
+        });
+    }
+}
+
+/// Serves `exports` on an already bound TCP listener.
+pub async fn serve_tcp<B: Backend>(listener: tokio::net::TcpListener, exports: Arc<Exports<B>>) -> std::io::Result<()> {
+    loop {
+        let (sock, peer) = listener.accept().await?;
+        let _ = sock.set_nodelay(true);
+        let ex = exports.clone();
+        tokio::spawn(async move {
+            if let Err(e) = serve_connection(sock, ex).await {
+                tracing::info!(%peer, "nbd connection ended: {e}");
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests;

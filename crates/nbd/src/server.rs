@@ -1,0 +1,418 @@
+//! One NBD connection: handshake, then transmission.
+
+use std::sync::Arc;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::sync::{mpsc, Semaphore};
+
+use crate::codec::{decode_go, decode_meta, decode_request, Request, REQUEST_LEN};
+use crate::consts::*;
+use crate::{Backend, BackendError, Exports, MAX_REQUEST, PREFERRED_BLOCK};
+
+/// Option payloads above this are refused with `NBD_REP_ERR_TOO_BIG`.
+const MAX_OPTION: u32 = 64 * 1024;
+/// Option payloads above this close the connection instead of being skipped.
+const MAX_OPTION_SKIP: u32 = 16 * 1024 * 1024;
+/// In-flight request budget per connection, in 64 KiB units (128 MiB).
+const INFLIGHT_UNITS: u32 = 2048;
+
+/// Why a connection ended abnormally.
+#[derive(Debug, thiserror::Error)]
+pub enum NbdError {
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("protocol violation: {0}")]
+    Protocol(String),
+}
+
+/// What the handshake agreed on.
+struct Session<B> {
+    backend: Arc<B>,
+    structured: bool,
+    meta_base_allocation: bool,
+}
+
+/// Serves one client connection to the end.
+pub async fn serve_connection<S, B>(stream: S, exports: Arc<Exports<B>>) -> Result<(), NbdError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    B: Backend,
+{
+    let (mut rd, mut wr) = tokio::io::split(stream);
+    let Some(session) = handshake(&mut rd, &mut wr, &exports).await? else {
+        return Ok(());
+    };
+    transmission(rd, wr, session).await
+}
+
+async fn opt_reply<W: AsyncWrite + Unpin>(w: &mut W, opt: u32, kind: u32, data: &[u8]) -> std::io::Result<()> {
+    let mut b = Vec::with_capacity(20 + data.len());
+    b.extend_from_slice(&REPLY_MAGIC.to_be_bytes());
+    b.extend_from_slice(&opt.to_be_bytes());
+    b.extend_from_slice(&kind.to_be_bytes());
+    b.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    b.extend_from_slice(data);
+    w.write_all(&b).await
+}
+
+async fn opt_error<W: AsyncWrite + Unpin>(w: &mut W, opt: u32, kind: u32, msg: &str) -> std::io::Result<()> {
+    tracing::debug!(opt, kind, "option refused: {msg}");
+    opt_reply(w, opt, kind, msg.as_bytes()).await
+}
+
+fn transmission_flags<B: Backend>(b: &B, structured: bool) -> u16 {
+    let mut f = TF_HAS_FLAGS | TF_SEND_FLUSH | TF_SEND_FUA | TF_SEND_TRIM | TF_SEND_WRITE_ZEROES | TF_SEND_FAST_ZERO;
+    if structured {
+        f |= TF_SEND_DF;
+    }
+    if b.can_multi_conn() {
+        f |= TF_CAN_MULTI_CONN;
+    }
+    f
+}
+
+/// Runs the option haggling. `Ok(None)` if the client aborted or went away cleanly.
+async fn handshake<R, W, B>(rd: &mut R, wr: &mut W, exports: &Exports<B>) -> Result<Option<Session<B>>, NbdError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+    B: Backend,
+{
+    let mut greet = Vec::with_capacity(18);
+    greet.extend_from_slice(&NBDMAGIC.to_be_bytes());
+    greet.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    greet.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+    wr.write_all(&greet).await?;
+    wr.flush().await?;
+    let client_flags = rd.read_u32().await?;
+    if client_flags & !(CLIENT_FIXED_NEWSTYLE | CLIENT_NO_ZEROES) != 0 {
+        return Err(NbdError::Protocol(format!("unknown client flags {client_flags:#x}")));
+    }
+    let no_zeroes = client_flags & CLIENT_NO_ZEROES != 0;
+    let mut structured = false;
+    let mut meta_base_allocation = false;
+    loop {
+        wr.flush().await?;
+        let magic = match rd.read_u64().await {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        if magic != IHAVEOPT {
+            return Err(NbdError::Protocol(format!("expected an option, got magic {magic:#018x}")));
+        }
+        let opt = rd.read_u32().await?;
+        let len = rd.read_u32().await?;
+        if len > MAX_OPTION {
+            if len > MAX_OPTION_SKIP {
+                return Err(NbdError::Protocol(format!("option {opt} with a {len}-byte payload")));
+            }
+            tokio::io::copy(&mut (&mut *rd).take(u64::from(len)), &mut tokio::io::sink()).await?;
+            opt_error(wr, opt, REP_ERR_TOO_BIG, "option payload too large").await?;
+            continue;
+        }
+        let mut data = vec![0u8; len as usize];
+        rd.read_exact(&mut data).await?;
+        match opt {
+            OPT_EXPORT_NAME => {
+                let name = String::from_utf8_lossy(&data);
+                let Some((_, _, b)) = exports.get(&name) else {
+                    // The protocol has no error reply here: closing is the answer.
+                    return Err(NbdError::Protocol(format!("unknown export {name:?}")));
+                };
+                let mut out = Vec::with_capacity(134);
+                out.extend_from_slice(&b.size().to_be_bytes());
+                out.extend_from_slice(&transmission_flags(&**b, structured).to_be_bytes());
+                if !no_zeroes {
+                    out.extend_from_slice(&[0u8; 124]);
+                }
+                wr.write_all(&out).await?;
+                wr.flush().await?;
+                return Ok(Some(Session { backend: b.clone(), structured, meta_base_allocation }));
+            }
+            OPT_ABORT => {
+                opt_reply(wr, opt, REP_ACK, &[]).await?;
+                wr.flush().await?;
+                return Ok(None);
+            }
+            OPT_LIST => {
+                if !data.is_empty() {
+                    opt_error(wr, opt, REP_ERR_INVALID, "NBD_OPT_LIST takes no data").await?;
+                    continue;
+                }
+                for (name, _) in exports.names() {
+                    let mut d = Vec::with_capacity(4 + name.len());
+                    d.extend_from_slice(&(name.len() as u32).to_be_bytes());
+                    d.extend_from_slice(name.as_bytes());
+                    opt_reply(wr, opt, REP_SERVER, &d).await?;
+                }
+                opt_reply(wr, opt, REP_ACK, &[]).await?;
+            }
+            OPT_INFO | OPT_GO => {
+                let req = match decode_go(&data) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        opt_error(wr, opt, REP_ERR_INVALID, &e.to_string()).await?;
+                        continue;
+                    }
+                };
+                let Some((name, desc, b)) = exports.get(&req.name) else {
+                    opt_error(wr, opt, REP_ERR_UNKNOWN, &format!("no export named {:?}", req.name)).await?;
+                    continue;
+                };
+                let mut d = Vec::with_capacity(12);
+                d.extend_from_slice(&INFO_EXPORT.to_be_bytes());
+                d.extend_from_slice(&b.size().to_be_bytes());
+                d.extend_from_slice(&transmission_flags(&**b, structured).to_be_bytes());
+                opt_reply(wr, opt, REP_INFO, &d).await?;
+                for &i in &req.info {
+                    let mut d = Vec::new();
+                    d.extend_from_slice(&i.to_be_bytes());
+                    match i {
+                        INFO_NAME => d.extend_from_slice(name.as_bytes()),
+                        INFO_DESCRIPTION => d.extend_from_slice(desc.as_bytes()),
+                        INFO_BLOCK_SIZE => {
+                            d.extend_from_slice(&1u32.to_be_bytes());
+                            d.extend_from_slice(&PREFERRED_BLOCK.to_be_bytes());
+                            d.extend_from_slice(&MAX_REQUEST.to_be_bytes());
+                        }
+                        _ => continue,
+                    }
+                    opt_reply(wr, opt, REP_INFO, &d).await?;
+                }
+                opt_reply(wr, opt, REP_ACK, &[]).await?;
+                if opt == OPT_GO {
+                    wr.flush().await?;
+                    return Ok(Some(Session { backend: b.clone(), structured, meta_base_allocation }));
+                }
+            }
+            OPT_STRUCTURED_REPLY => {
+                if !data.is_empty() {
+                    opt_error(wr, opt, REP_ERR_INVALID, "NBD_OPT_STRUCTURED_REPLY takes no data").await?;
+                    continue;
+                }
+                structured = true;
+                opt_reply(wr, opt, REP_ACK, &[]).await?;
+            }
+            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
+                if !structured {
+                    opt_error(wr, opt, REP_ERR_INVALID, "negotiate structured replies first").await?;
+                    continue;
+                }
+                let req = match decode_meta(&data) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        opt_error(wr, opt, REP_ERR_INVALID, &e.to_string()).await?;
+                        continue;
+                    }
+                };
+                if exports.get(&req.name).is_none() {
+                    opt_error(wr, opt, REP_ERR_UNKNOWN, &format!("no export named {:?}", req.name)).await?;
+                    continue;
+                }
+                let listing = opt == OPT_LIST_META_CONTEXT;
+                let matches = |q: &str| q == BASE_ALLOCATION || (listing && (q == "base:" || q.is_empty()));
+                let selected = if listing && req.queries.is_empty() {
+                    true
+                } else {
+                    req.queries.iter().any(|q| matches(q))
+                };
+                if !listing {
+                    meta_base_allocation = selected;
+                }
+                if selected {
+                    let mut d = Vec::new();
+                    d.extend_from_slice(&(if listing { 0 } else { BASE_ALLOCATION_ID }).to_be_bytes());
+                    d.extend_from_slice(BASE_ALLOCATION.as_bytes());
+                    opt_reply(wr, opt, REP_META_CONTEXT, &d).await?;
+                }
+                opt_reply(wr, opt, REP_ACK, &[]).await?;
+            }
+            OPT_STARTTLS => opt_error(wr, opt, REP_ERR_UNSUP, "TLS is not supported yet").await?,
+            _ => opt_error(wr, opt, REP_ERR_UNSUP, "unsupported option").await?,
+        }
+    }
+}
+
+/// A reply ready to be written: header bytes and optional data.
+type Reply = (BytesMut, Bytes);
+
+fn simple_reply(cookie: u64, error: u32) -> BytesMut {
+    let mut b = BytesMut::with_capacity(16);
+    b.put_u32(SIMPLE_REPLY_MAGIC);
+    b.put_u32(error);
+    b.put_u64(cookie);
+    b
+}
+
+fn chunk_header(cookie: u64, flags: u16, kind: u16, len: u32) -> BytesMut {
+    let mut b = BytesMut::with_capacity(20 + 8);
+    b.put_u32(STRUCTURED_REPLY_MAGIC);
+    b.put_u16(flags);
+    b.put_u16(kind);
+    b.put_u64(cookie);
+    b.put_u32(len);
+    b
+}
+
+fn error_reply(structured: bool, cookie: u64, e: &BackendError) -> Reply {
+    if !structured {
+        return (simple_reply(cookie, e.errno), Bytes::new());
+    }
+    let msg = &e.message.as_bytes()[..e.message.len().min(1024)];
+    let mut b = chunk_header(cookie, REPLY_FLAG_DONE, REPLY_TYPE_ERROR, 6 + msg.len() as u32);
+    b.put_u32(e.errno);
+    b.put_u16(msg.len() as u16);
+    b.put_slice(msg);
+    (b, Bytes::new())
+}
+
+fn invalid(errno: u32, message: impl Into<String>) -> BackendError {
+    BackendError { errno, message: message.into() }
+}
+
+async fn write_replies<W: AsyncWrite + Unpin>(wr: W, mut rx: mpsc::UnboundedReceiver<Reply>) -> std::io::Result<()> {
+    let mut w = BufWriter::with_capacity(256 * 1024, wr);
+    while let Some((h, d)) = rx.recv().await {
+        w.write_all(&h).await?;
+        w.write_all(&d).await?;
+        while let Ok((h, d)) = rx.try_recv() {
+            w.write_all(&h).await?;
+            w.write_all(&d).await?;
+        }
+        w.flush().await?;
+    }
+    w.shutdown().await
+}
+
+async fn transmission<R, W, B>(mut rd: R, wr: W, s: Session<B>) -> Result<(), NbdError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin + Send + 'static,
+    B: Backend,
+{
+    let (tx, rx) = mpsc::unbounded_channel::<Reply>();
+    let writer = tokio::spawn(write_replies(wr, rx));
+    let budget = Arc::new(Semaphore::new(INFLIGHT_UNITS as usize));
+    let s = Arc::new(s);
+    let size = s.backend.size();
+    let result = loop {
+        let mut hb = [0u8; REQUEST_LEN];
+        match rd.read_exact(&mut hb).await {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break Ok(()),
+            Err(e) => break Err(e.into()),
+        }
+        let req = match decode_request(&hb) {
+            Ok(r) => r,
+            Err(e) => break Err(NbdError::Protocol(e.to_string())),
+        };
+        if req.command == CMD_DISC {
+            break Ok(());
+        }
+        let reply_err = |e: BackendError| {
+            let _ = tx.send(error_reply(s.structured && req.command == CMD_READ, req.cookie, &e));
+        };
+        // A write's payload follows its header: read it now, before the next request.
+        let mut payload = Bytes::new();
+        if req.command == CMD_WRITE {
+            if req.length > MAX_REQUEST {
+                reply_err(invalid(EOVERFLOW, format!("write of {} bytes over the {MAX_REQUEST}-byte limit", req.length)));
+                break Err(NbdError::Protocol("oversized write; cannot skip its payload safely".into()));
+            }
+            let mut buf = BytesMut::zeroed(req.length as usize);
+            if let Err(e) = rd.read_exact(&mut buf).await {
+                break Err(e.into());
+            }
+            payload = buf.freeze();
+        }
+        if req.flags & !KNOWN_CMD_FLAGS != 0 {
+            reply_err(invalid(EINVAL, format!("unknown command flags {:#x}", req.flags)));
+            continue;
+        }
+        let end = req.offset.checked_add(u64::from(req.length));
+        if !matches!(req.command, CMD_FLUSH) && end.is_none_or(|e| e > size) {
+            let errno = if req.command == CMD_WRITE || req.command == CMD_WRITE_ZEROES { ENOSPC } else { EINVAL };
+            reply_err(invalid(errno, format!("range {}+{} beyond the {size}-byte export", req.offset, req.length)));
+            continue;
+        }
+        if req.command == CMD_READ && req.length > MAX_REQUEST {
+            reply_err(invalid(EINVAL, format!("read of {} bytes over the {MAX_REQUEST}-byte limit", req.length)));
+            continue;
+        }
+        let units = (1 + req.length / (64 * 1024)).min(INFLIGHT_UNITS);
+        let Ok(permit) = budget.clone().acquire_many_owned(units).await else {
+            break Ok(());
+        };
+        let (s2, tx2) = (s.clone(), tx.clone());
+        tokio::spawn(async move {
+            let reply = execute(&s2, req, payload).await;
+            let _ = tx2.send(reply);
+            drop(permit);
+        });
+    };
+    drop(tx);
+    // Wait for in-flight requests to be answered before closing (a clean DISC completes them).
+    let _ = writer.await;
+    result
+}
+
+async fn execute<B: Backend>(s: &Session<B>, req: Request, payload: Bytes) -> Reply {
+    let b = &*s.backend;
+    let fua = req.flags & CMD_FLAG_FUA != 0;
+    let cookie = req.cookie;
+    let done = |r: Result<(), BackendError>| match r {
+        Ok(()) => (simple_reply(cookie, 0), Bytes::new()),
+        Err(e) => error_reply(false, cookie, &e),
+    };
+    match req.command {
+        CMD_READ => match b.read(req.offset, req.length).await {
+            Ok(data) if s.structured => {
+                if data.is_empty() {
+                    return (chunk_header(cookie, REPLY_FLAG_DONE, REPLY_TYPE_NONE, 0), Bytes::new());
+                }
+                let mut h = chunk_header(cookie, REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, 8 + data.len() as u32);
+                h.put_u64(req.offset);
+                (h, data)
+            }
+            Ok(data) => (simple_reply(cookie, 0), data),
+            Err(e) => error_reply(s.structured, cookie, &e),
+        },
+        CMD_WRITE => done(b.write(req.offset, payload, fua).await),
+        CMD_FLUSH => done(b.flush().await),
+        CMD_TRIM => done(b.write_zeroes(req.offset, req.length, true, fua).await),
+        CMD_WRITE_ZEROES => {
+            let no_hole = req.flags & CMD_FLAG_NO_HOLE != 0;
+            if req.flags & CMD_FLAG_FAST_ZERO != 0 && no_hole {
+                // Writing real zeros is not fast; say so, as FAST_ZERO asks.
+                return done(Err(invalid(ENOTSUP, "fast zero needs hole punching")));
+            }
+            done(b.write_zeroes(req.offset, req.length, !no_hole, fua).await)
+        }
+        CMD_BLOCK_STATUS => {
+            if req.length == 0 {
+                return error_reply(s.structured, cookie, &invalid(EINVAL, "zero-length block status"));
+            }
+            if !s.meta_base_allocation {
+                return error_reply(s.structured, cookie, &invalid(EINVAL, "no metadata context negotiated"));
+            }
+            match b.block_status(req.offset, req.length).await {
+                Ok(ext) => {
+                    let take = if req.flags & CMD_FLAG_REQ_ONE != 0 { 1 } else { ext.len() };
+                    let ext: Vec<_> = ext.into_iter().filter(|e| e.length > 0).take(take.max(1)).collect();
+                    let mut h = chunk_header(cookie, REPLY_FLAG_DONE, REPLY_TYPE_BLOCK_STATUS, 4 + 8 * ext.len() as u32);
+                    h.put_u32(BASE_ALLOCATION_ID);
+                    for e in ext {
+                        h.put_u32(e.length.min(u64::from(u32::MAX)) as u32);
+                        h.put_u32(e.flags & (STATE_HOLE | STATE_ZERO));
+                    }
+                    (h, Bytes::new())
+                }
+                Err(e) => error_reply(true, cookie, &e),
+            }
+        }
+        other => error_reply(false, cookie, &invalid(EINVAL, format!("unknown command {other}"))),
+    }
+}
+

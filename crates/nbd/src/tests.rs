@@ -1,0 +1,245 @@
+//! Protocol tests with a raw client over an in-process pipe. Interop with real clients (qemu,
+//! nbdinfo, nbdcopy, fio) is tested against a running cluster in the CLI's integration tests.
+
+use super::*;
+use crate::codec::*;
+use crate::consts::*;
+use std::sync::Mutex;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+
+struct Mem(Mutex<Vec<u8>>);
+
+impl Backend for Mem {
+    fn size(&self) -> u64 {
+        self.0.lock().unwrap().len() as u64
+    }
+    fn can_multi_conn(&self) -> bool {
+        true
+    }
+    async fn read(&self, offset: u64, len: u32) -> Result<Bytes, BackendError> {
+        let v = self.0.lock().unwrap();
+        Ok(Bytes::copy_from_slice(&v[offset as usize..offset as usize + len as usize]))
+    }
+    async fn write(&self, offset: u64, data: Bytes, _fua: bool) -> Result<(), BackendError> {
+        self.0.lock().unwrap()[offset as usize..offset as usize + data.len()].copy_from_slice(&data);
+        Ok(())
+    }
+    async fn flush(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+    async fn write_zeroes(&self, offset: u64, len: u32, _: bool, _: bool) -> Result<(), BackendError> {
+        self.0.lock().unwrap()[offset as usize..(offset + u64::from(len)) as usize].fill(0);
+        Ok(())
+    }
+    async fn block_status(&self, _offset: u64, len: u32) -> Result<Vec<Extent>, BackendError> {
+        Ok(vec![Extent { length: u64::from(len), flags: 0 }])
+    }
+}
+
+fn server() -> DuplexStream {
+    let (a, b) = tokio::io::duplex(1 << 20);
+    let mut ex = Exports::new();
+    ex.add("vol0", "test volume", Arc::new(Mem(Mutex::new(vec![0; 1 << 20]))));
+    tokio::spawn(serve_connection(b, Arc::new(ex)));
+    a
+}
+
+async fn send_opt(c: &mut DuplexStream, opt: u32, data: &[u8]) {
+    c.write_u64(IHAVEOPT).await.unwrap();
+    c.write_u32(opt).await.unwrap();
+    c.write_u32(data.len() as u32).await.unwrap();
+    c.write_all(data).await.unwrap();
+}
+
+/// Reads one option reply: (option, reply type, data).
+async fn read_opt(c: &mut DuplexStream) -> (u32, u32, Vec<u8>) {
+    assert_eq!(c.read_u64().await.unwrap(), REPLY_MAGIC);
+    let opt = c.read_u32().await.unwrap();
+    let kind = c.read_u32().await.unwrap();
+    let len = c.read_u32().await.unwrap();
+    let mut d = vec![0; len as usize];
+    c.read_exact(&mut d).await.unwrap();
+    (opt, kind, d)
+}
+
+async fn greet(c: &mut DuplexStream) {
+    assert_eq!(c.read_u64().await.unwrap(), NBDMAGIC);
+    assert_eq!(c.read_u64().await.unwrap(), IHAVEOPT);
+    assert_eq!(c.read_u16().await.unwrap(), FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES);
+    c.write_u32(CLIENT_FIXED_NEWSTYLE | CLIENT_NO_ZEROES).await.unwrap();
+}
+
+fn go_payload(name: &str, infos: &[u16]) -> Vec<u8> {
+    let mut d = (name.len() as u32).to_be_bytes().to_vec();
+    d.extend_from_slice(name.as_bytes());
+    d.extend_from_slice(&(infos.len() as u16).to_be_bytes());
+    for i in infos {
+        d.extend_from_slice(&i.to_be_bytes());
+    }
+    d
+}
+
+/// Handshake with structured replies and base:allocation, then GO. Returns the export flags.
+async fn connect() -> (DuplexStream, u16) {
+    let mut c = server();
+    greet(&mut c).await;
+    send_opt(&mut c, OPT_STRUCTURED_REPLY, &[]).await;
+    assert_eq!(read_opt(&mut c).await.1, REP_ACK);
+    let mut m = go_payload("vol0", &[]);
+    m.truncate(8); // name length + name
+    m.extend_from_slice(&1u32.to_be_bytes());
+    m.extend_from_slice(&(BASE_ALLOCATION.len() as u32).to_be_bytes());
+    m.extend_from_slice(BASE_ALLOCATION.as_bytes());
+    send_opt(&mut c, OPT_SET_META_CONTEXT, &m).await;
+    let (_, kind, d) = read_opt(&mut c).await;
+    assert_eq!(kind, REP_META_CONTEXT);
+    assert_eq!(&d[4..], BASE_ALLOCATION.as_bytes());
+    assert_eq!(read_opt(&mut c).await.1, REP_ACK);
+    send_opt(&mut c, OPT_GO, &go_payload("vol0", &[INFO_BLOCK_SIZE])).await;
+    let (_, kind, d) = read_opt(&mut c).await;
+    assert_eq!(kind, REP_INFO);
+    let size = u64::from_be_bytes(d[2..10].try_into().unwrap());
+    assert_eq!(size, 1 << 20);
+    let flags = u16::from_be_bytes([d[10], d[11]]);
+    let (_, kind, d) = read_opt(&mut c).await;
+    assert_eq!((kind, u16::from_be_bytes([d[0], d[1]])), (REP_INFO, INFO_BLOCK_SIZE));
+    assert_eq!(read_opt(&mut c).await.1, REP_ACK);
+    (c, flags)
+}
+
+async fn request(c: &mut DuplexStream, command: u16, flags: u16, cookie: u64, offset: u64, length: u32) {
+    let r = Request { flags, command, cookie, offset, length };
+    c.write_all(&encode_request(&r)).await.unwrap();
+}
+
+/// Reads a simple reply: (error, cookie).
+async fn simple(c: &mut DuplexStream) -> (u32, u64) {
+    assert_eq!(c.read_u32().await.unwrap(), SIMPLE_REPLY_MAGIC);
+    (c.read_u32().await.unwrap(), c.read_u64().await.unwrap())
+}
+
+/// Reads a structured chunk: (flags, type, cookie, payload).
+async fn chunk(c: &mut DuplexStream) -> (u16, u16, u64, Vec<u8>) {
+    assert_eq!(c.read_u32().await.unwrap(), STRUCTURED_REPLY_MAGIC);
+    let flags = c.read_u16().await.unwrap();
+    let kind = c.read_u16().await.unwrap();
+    let cookie = c.read_u64().await.unwrap();
+    let len = c.read_u32().await.unwrap();
+    let mut d = vec![0; len as usize];
+    c.read_exact(&mut d).await.unwrap();
+    (flags, kind, cookie, d)
+}
+
+#[tokio::test]
+async fn write_read_and_block_status() {
+    let (mut c, flags) = connect().await;
+    assert_ne!(flags & TF_CAN_MULTI_CONN, 0);
+    assert_ne!(flags & TF_SEND_DF, 0);
+    request(&mut c, CMD_WRITE, CMD_FLAG_FUA, 1, 4096, 5).await;
+    c.write_all(b"hello").await.unwrap();
+    assert_eq!(simple(&mut c).await, (0, 1));
+    request(&mut c, CMD_READ, 0, 2, 4096, 5).await;
+    let (f, kind, cookie, d) = chunk(&mut c).await;
+    assert_eq!((f, kind, cookie), (REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, 2));
+    assert_eq!(&d[8..], b"hello");
+    request(&mut c, CMD_BLOCK_STATUS, 0, 3, 0, 8192).await;
+    let (_, kind, _, d) = chunk(&mut c).await;
+    assert_eq!(kind, REPLY_TYPE_BLOCK_STATUS);
+    assert_eq!(u32::from_be_bytes(d[0..4].try_into().unwrap()), BASE_ALLOCATION_ID);
+    request(&mut c, CMD_DISC, 0, 4, 0, 0).await;
+    let mut rest = Vec::new();
+    c.read_to_end(&mut rest).await.unwrap();
+    assert!(rest.is_empty(), "disconnect closes cleanly");
+}
+
+#[tokio::test]
+async fn bad_requests_get_errors_and_the_connection_keeps_serving() {
+    let (mut c, _) = connect().await;
+    // Out of range read: structured error chunk with EINVAL.
+    request(&mut c, CMD_READ, 0, 10, (1 << 20) - 2, 5).await;
+    let (_, kind, cookie, d) = chunk(&mut c).await;
+    assert_eq!((kind, cookie), (REPLY_TYPE_ERROR, 10));
+    assert_eq!(u32::from_be_bytes(d[0..4].try_into().unwrap()), EINVAL);
+    // Offset overflow on a write: ENOSPC, payload consumed, stream stays in step.
+    request(&mut c, CMD_WRITE, 0, 11, u64::MAX - 1, 3).await;
+    c.write_all(b"abc").await.unwrap();
+    assert_eq!(simple(&mut c).await, (ENOSPC, 11));
+    // Unknown command and unknown flags: EINVAL.
+    request(&mut c, 77, 0, 12, 0, 0).await;
+    assert_eq!(simple(&mut c).await, (EINVAL, 12));
+    request(&mut c, CMD_FLUSH, 0x8000, 13, 0, 0).await;
+    assert_eq!(simple(&mut c).await, (EINVAL, 13));
+    // Oversized read: EINVAL, no allocation.
+    request(&mut c, CMD_READ, 0, 14, 0, u32::MAX).await;
+    assert_eq!(chunk(&mut c).await.1, REPLY_TYPE_ERROR);
+    // Still serving.
+    request(&mut c, CMD_FLUSH, 0, 15, 0, 0).await;
+    assert_eq!(simple(&mut c).await, (0, 15));
+    // Bad magic: the server closes.
+    c.write_all(&[0xAB; 28]).await.unwrap();
+    let mut rest = Vec::new();
+    c.read_to_end(&mut rest).await.unwrap();
+}
+
+#[tokio::test]
+async fn options_unknown_export_list_and_garbage() {
+    let mut c = server();
+    greet(&mut c).await;
+    send_opt(&mut c, 99, b"xyz").await;
+    assert_eq!(read_opt(&mut c).await.1, REP_ERR_UNSUP);
+    send_opt(&mut c, OPT_GO, &go_payload("nope", &[])).await;
+    assert_eq!(read_opt(&mut c).await.1, REP_ERR_UNKNOWN);
+    send_opt(&mut c, OPT_GO, &[0, 0, 0, 50, 1]).await;
+    assert_eq!(read_opt(&mut c).await.1, REP_ERR_INVALID);
+    send_opt(&mut c, OPT_SET_META_CONTEXT, &[]).await;
+    assert_eq!(read_opt(&mut c).await.1, REP_ERR_INVALID, "meta context needs structured replies");
+    send_opt(&mut c, OPT_LIST, &[]).await;
+    let (_, kind, d) = read_opt(&mut c).await;
+    assert_eq!((kind, &d[4..]), (REP_SERVER, &b"vol0"[..]));
+    assert_eq!(read_opt(&mut c).await.1, REP_ACK);
+    send_opt(&mut c, OPT_STARTTLS, &[]).await;
+    assert_eq!(read_opt(&mut c).await.1, REP_ERR_UNSUP);
+    send_opt(&mut c, OPT_INFO, &go_payload("", &[INFO_NAME])).await;
+    assert_eq!(read_opt(&mut c).await.1, REP_INFO);
+    let (_, _, d) = read_opt(&mut c).await;
+    assert_eq!(&d[2..], b"vol0", "the empty name is the default export");
+    assert_eq!(read_opt(&mut c).await.1, REP_ACK);
+    // A transmission request before the handshake ends: the server closes.
+    request(&mut c, CMD_READ, 0, 1, 0, 512).await;
+    let mut rest = Vec::new();
+    c.read_to_end(&mut rest).await.unwrap();
+    assert!(rest.is_empty());
+}
+
+#[tokio::test]
+async fn huge_option_is_refused_without_reading_it_all() {
+    let mut c = server();
+    greet(&mut c).await;
+    c.write_u64(IHAVEOPT).await.unwrap();
+    c.write_u32(OPT_GO).await.unwrap();
+    c.write_u32(u32::MAX).await.unwrap();
+    let mut rest = Vec::new();
+    c.read_to_end(&mut rest).await.unwrap();
+    assert!(rest.is_empty(), "closed without a reply");
+}
+
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+    proptest! {
+        #[test]
+        fn decoders_never_panic(b in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let _ = decode_go(&b);
+            let _ = decode_meta(&b);
+            if b.len() >= REQUEST_LEN {
+                let _ = decode_request(b[..REQUEST_LEN].try_into().unwrap());
+            }
+        }
+
+        #[test]
+        fn request_round_trips(flags: u16, command: u16, cookie: u64, offset: u64, length: u32) {
+            let r = Request { flags, command, cookie, offset, length };
+            prop_assert_eq!(decode_request(&encode_request(&r)).unwrap(), r);
+        }
+    }
+}
