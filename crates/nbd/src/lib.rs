@@ -20,7 +20,6 @@ pub mod consts;
 mod server;
 
 use std::future::Future;
-use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -87,11 +86,8 @@ impl<B: Backend> Default for Exports<B> {
     }
 }
 
-/// Serves `exports` on a unix socket at `path` (replacing a stale socket file) until the
-/// listener fails.
-pub async fn serve_unix<B: Backend>(path: &Path, exports: Arc<Exports<B>>) -> std::io::Result<()> {
-    let _ = std::fs::remove_file(path);
-    let listener = tokio::net::UnixListener::bind(path)?;
+/// Serves `exports` on an already bound unix socket listener until it fails.
+pub async fn serve_unix<B: Backend>(listener: tokio::net::UnixListener, exports: Arc<Exports<B>>) -> std::io::Result<()> {
     loop {
         let (sock, _) = listener.accept().await?;
         let ex = exports.clone();

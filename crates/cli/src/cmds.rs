@@ -1,0 +1,200 @@
+//! Commands that talk to a running cluster, and the node daemon.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Serialize;
+use trireme_control::{ControlClient, NodeStatus, Request, StatusReport};
+use trireme_meta::VolumeRecord;
+
+use crate::units::human;
+use crate::{Cli, CliError, Cmd, NodeCmd, NodeServeArgs, Output, VolumeCmd};
+
+pub fn control_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("control.sock")
+}
+
+fn runtime(threads: usize) -> Result<tokio::runtime::Runtime, CliError> {
+    let rt = if threads <= 1 {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread().worker_threads(threads).enable_all().build()
+    };
+    rt.map_err(|e| CliError::Runtime(format!("tokio runtime: {e}")))
+}
+
+pub fn run(cli: Cli) -> Result<(), CliError> {
+    match cli.cmd {
+        Cmd::Up(ref a) => runtime(2)?.block_on(crate::up::run(&cli, a)),
+        Cmd::Node(NodeCmd::Serve(ref a)) => runtime(1)?.block_on(node_serve(a)),
+        Cmd::Nbd(ref a) => runtime(2)?.block_on(nbd(&cli, a)),
+        _ => runtime(1)?.block_on(client_cmd(&cli)),
+    }
+}
+
+fn print<T: Serialize>(out: Output, v: &T, text: impl FnOnce(&T) -> String) {
+    match out {
+        Output::Json => println!("{}", serde_json::to_string_pretty(v).expect("serializable")),
+        Output::Text => print!("{}", text(v)),
+    }
+}
+
+async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
+    let mut cc = ControlClient::connect(&control_path(&cli.data_dir)).await?;
+    let out = cli.output;
+    match &cli.cmd {
+        Cmd::Node(NodeCmd::List) => {
+            let nodes: Vec<NodeStatus> = cc.call(&Request::NodeList).await?;
+            print(out, &nodes, |n| nodes_table(n));
+        }
+        Cmd::Status => {
+            let s: StatusReport = cc.call(&Request::Status).await?;
+            print(out, &s, status_text);
+        }
+        Cmd::Volume(VolumeCmd::Create { name, size, replicas }) => {
+            let v: VolumeRecord = cc
+                .call(&Request::VolumeCreate { name: name.clone(), size: *size, replicas: *replicas as usize })
+                .await
+                .map_err(usage_if_remote)?;
+            print(out, &v, |v| format!("created {} ({}), replicas on nodes {:?}\n", v.name, human(v.size), nodes_of(v)));
+        }
+        Cmd::Volume(VolumeCmd::List) => {
+            let vs: Vec<VolumeRecord> = cc.call(&Request::VolumeList).await?;
+            print(out, &vs, |vs| volumes_table(vs));
+        }
+        Cmd::Volume(VolumeCmd::Info { name }) => {
+            let v: VolumeRecord = cc.call(&Request::VolumeInfo { name: name.clone() }).await.map_err(usage_if_remote)?;
+            print(out, &v, |v| volumes_table(std::slice::from_ref(v)));
+        }
+        Cmd::Volume(VolumeCmd::Delete { name }) => {
+            let v: VolumeRecord = cc.call(&Request::VolumeDelete { name: name.clone() }).await.map_err(usage_if_remote)?;
+            print(out, &v, |v| format!("deleted {}\n", v.name));
+        }
+        Cmd::Volume(VolumeCmd::Verify { name, region }) => {
+            let info: trireme_client::AttachInfo = cc.call(&Request::Locate { name: name.clone() }).await.map_err(usage_if_remote)?;
+            let vol = trireme_client::Volume::connect(info, trireme_transport::TransportKind::Tcp, 1).await?;
+            let r = trireme_client::verify_replicas(&vol, *region).await?;
+            print(out, &r, |r| {
+                let mut s = format!(
+                    "volume {}: compared {} across replicas on nodes {:?}: {} mismatching region(s)\n",
+                    r.volume,
+                    human(r.bytes_compared),
+                    r.replicas,
+                    r.mismatches.len()
+                );
+                for m in &r.mismatches {
+                    s += &format!("  offset {} length {}: {:?}\n", m.offset, m.length, m.checksums);
+                }
+                s
+            });
+            if !r.mismatches.is_empty() {
+                return Err(CliError::Runtime(format!("{} region(s) differ between replicas", r.mismatches.len())));
+            }
+        }
+        Cmd::Up(_) | Cmd::Nbd(_) | Cmd::Node(NodeCmd::Serve(_)) => unreachable!("dispatched in run()"),
+    }
+    Ok(())
+}
+
+/// A refusal from the manager about the request itself (unknown volume, bad size) is a usage
+/// error; anything else is a runtime failure.
+fn usage_if_remote(e: trireme_control::ControlError) -> CliError {
+    match e {
+        trireme_control::ControlError::Remote(m) => CliError::Usage(m),
+        e => CliError::Runtime(e.to_string()),
+    }
+}
+
+fn nodes_of(v: &VolumeRecord) -> Vec<u32> {
+    v.replicas.iter().map(|r| r.node).collect()
+}
+
+fn nodes_table(nodes: &[NodeStatus]) -> String {
+    let mut s = format!("{:<5} {:<22} {:<7} {:<5} {:<9} {:<9} {}\n", "NODE", "ADDRESS", "STORE", "STATE", "TRANSPORT", "PING", "REPLICAS");
+    for n in nodes {
+        let ping = n.ping_us.map_or("-".into(), |p| format!("{p} us"));
+        let state = if n.up { "up" } else { "down" };
+        s += &format!("{:<5} {:<22} {:<7} {:<5} {:<9} {:<9} {}\n", n.id, n.addr, n.store, state, n.transport, ping, n.replicas);
+    }
+    s
+}
+
+fn volumes_table(vs: &[VolumeRecord]) -> String {
+    let mut s = format!("{:<16} {:<6} {:<10} {:<6} {}\n", "VOLUME", "ID", "SIZE", "EPOCH", "REPLICAS (node: state)");
+    for v in vs {
+        let reps: Vec<String> = v.replicas.iter().map(|r| format!("{}: {}", r.node, r.state)).collect();
+        s += &format!("{:<16} {:<6} {:<10} {:<6} {}\n", v.name, v.id, human(v.size), v.epoch, reps.join(", "));
+    }
+    s
+}
+
+fn status_text(s: &StatusReport) -> String {
+    let up = s.nodes.iter().filter(|n| n.up).count();
+    let mut out = format!("nodes: {up} of {} up\n", s.nodes.len());
+    out += &nodes_table(&s.nodes);
+    out += &format!("\nvolumes: {}\n", s.volumes.len());
+    out += &format!("{:<16} {:<10} {:<6} {}\n", "VOLUME", "SIZE", "EPOCH", "REPLICAS");
+    for v in &s.volumes {
+        let reps: Vec<String> = v
+            .replicas
+            .iter()
+            .map(|r| match r.allocated_bytes {
+                Some(a) => format!("node {} {} ({} allocated, epoch {})", r.node, r.state, human(a), r.epoch.unwrap_or(0)),
+                None => format!("node {} {}", r.node, r.state),
+            })
+            .collect();
+        out += &format!("{:<16} {:<10} {:<6} {}\n", v.name, human(v.size), v.epoch, reps.join("; "));
+    }
+    out
+}
+
+async fn node_serve(a: &NodeServeArgs) -> Result<(), CliError> {
+    let store = trireme_store::open_store(a.store.kind(), &a.dir)?;
+    let node = Arc::new(trireme_node::Node::new(a.id, store));
+    tracing::info!(node = a.id, store = a.store.kind().as_str(), replicas = node.replica_count(), "node starting");
+    let serve = trireme_node::run(node.clone(), a.listen, |addr| {
+        use std::io::Write;
+        let mut o = std::io::stdout();
+        let _ = writeln!(o, "listening {addr}");
+        let _ = o.flush();
+    });
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = serve => r.map_err(|e| CliError::Runtime(format!("node {}: listen on {}: {e}", a.id, a.listen)))?,
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    let n = node.clone();
+    let _ = tokio::task::spawn_blocking(move || n.flush_all()).await;
+    tracing::info!(node = a.id, "node stopped");
+    Ok(())
+}
+
+async fn nbd(cli: &Cli, a: &crate::NbdArgs) -> Result<(), CliError> {
+    let tcp = match a.listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr).await.map_err(|e| CliError::Runtime(format!("bind {addr}: {e}")))?,
+        ),
+        None => None,
+    };
+    let tcp_addr = tcp.as_ref().and_then(|l| l.local_addr().ok());
+    let (vol, tasks) = crate::frontend::export(&control_path(&cli.data_dir), &a.volume, a.socket.as_deref(), tcp, a.streams as usize)
+        .await
+        .map_err(CliError::Runtime)?;
+    for u in crate::frontend::uris(&a.volume, a.socket.as_deref(), tcp_addr) {
+        println!("{u}");
+    }
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    for t in tasks {
+        t.abort();
+    }
+    let _ = vol.flush().await;
+    if let Some(p) = &a.socket {
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(())
+}

@@ -1,0 +1,95 @@
+//! The NBD export of a volume: adapts the volume client to the NBD server's `Backend`.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use trireme_client::{Volume, VolumeError};
+use trireme_nbd::consts::{EINVAL, EIO, ENOSPC};
+use trireme_nbd::{Backend, BackendError, Extent};
+
+/// A volume served over NBD.
+#[derive(Debug)]
+pub struct VolumeExport(pub Arc<Volume>);
+
+fn to_nbd(e: VolumeError) -> BackendError {
+    let errno = match &e {
+        VolumeError::Range(trireme_replication::RangeError::OutOfRange { .. }) => ENOSPC,
+        e if e.is_invalid_request() => EINVAL,
+        _ => EIO,
+    };
+    BackendError { errno, message: e.to_string() }
+}
+
+impl Backend for VolumeExport {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    /// Every connection of this process shares one volume client, and a flush reaches every
+    /// replica and syncs the whole replica there, so a flush covers all connections' writes.
+    fn can_multi_conn(&self) -> bool {
+        true
+    }
+    async fn read(&self, offset: u64, len: u32) -> Result<Bytes, BackendError> {
+        self.0.read(offset, u64::from(len)).await.map_err(to_nbd)
+    }
+    async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), BackendError> {
+        self.0.write(offset, data, fua).await.map_err(to_nbd)
+    }
+    async fn flush(&self) -> Result<(), BackendError> {
+        self.0.flush().await.map_err(to_nbd)
+    }
+    async fn write_zeroes(&self, offset: u64, len: u32, may_trim: bool, fua: bool) -> Result<(), BackendError> {
+        self.0.write_zeroes(offset, u64::from(len), may_trim, fua).await.map_err(to_nbd)
+    }
+    async fn block_status(&self, offset: u64, len: u32) -> Result<Vec<Extent>, BackendError> {
+        self.0.block_status(offset, u64::from(len)).await.map_err(to_nbd)
+    }
+}
+
+/// NBD URIs for an export on a unix socket and on TCP.
+pub fn uris(volume: &str, socket: Option<&std::path::Path>, tcp: Option<std::net::SocketAddr>) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(p) = socket {
+        out.push(format!("nbd+unix:///{volume}?socket={}", p.display()));
+    }
+    if let Some(a) = tcp {
+        out.push(format!("nbd://{a}/{volume}"));
+    }
+    out
+}
+
+/// Attaches `volume` through the control socket and serves it over NBD on the given listeners.
+/// Returns once the listeners are bound, with the tasks serving them.
+pub async fn export(
+    control: &std::path::Path,
+    volume: &str,
+    socket: Option<&std::path::Path>,
+    tcp: Option<tokio::net::TcpListener>,
+    streams: usize,
+) -> Result<(Arc<Volume>, Vec<tokio::task::JoinHandle<std::io::Result<()>>>), String> {
+    let mut cc = trireme_control::ControlClient::connect(control).await.map_err(|e| e.to_string())?;
+    let info: trireme_client::AttachInfo = cc
+        .call(&trireme_control::Request::Attach { name: volume.to_string() })
+        .await
+        .map_err(|e| e.to_string())?;
+    let vol = Arc::new(
+        Volume::attach(info, trireme_transport::TransportKind::Tcp, streams)
+            .await
+            .map_err(|e| e.to_string())?,
+    );
+    let mut ex = trireme_nbd::Exports::new();
+    ex.add(volume, &format!("trireme volume {volume}"), Arc::new(VolumeExport(vol.clone())));
+    let ex = Arc::new(ex);
+    let mut tasks = Vec::new();
+    if let Some(p) = socket {
+        let _ = std::fs::remove_file(p);
+        let listener = tokio::net::UnixListener::bind(p).map_err(|e| format!("bind {}: {e}", p.display()))?;
+        let ex = ex.clone();
+        tasks.push(tokio::spawn(async move { trireme_nbd::serve_unix(listener, ex).await }));
+    }
+    if let Some(l) = tcp {
+        let ex = ex.clone();
+        tasks.push(tokio::spawn(async move { trireme_nbd::serve_tcp(l, ex).await }));
+    }
+    Ok((vol, tasks))
+}

@@ -1,0 +1,213 @@
+//! `trireme`: the one binary. Subcommands run a local cluster (`up`), a storage node
+//! (`node serve`), an NBD export (`nbd`), and talk to a running cluster (`volume`, `node list`,
+//! `status`).
+//!
+//! Exit codes: 0 success, 1 a runtime failure (cluster unreachable, I/O error, replicas that
+//! differ), 2 bad usage or configuration (one `error:` line on stderr).
+
+mod cmds;
+mod frontend;
+mod up;
+mod units;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(name = "trireme", version, about = "Software-defined block storage: synchronously mirrored volumes served over NBD")]
+pub struct Cli {
+    /// Cluster directory: metadata, node stores, control and NBD sockets, logs.
+    #[arg(long, global = true, default_value = "./trireme-data", env = "TRIREME_DATA_DIR")]
+    pub data_dir: PathBuf,
+    /// Output format for commands that report.
+    #[arg(long, global = true, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+    /// Log filter (error, warn, info, debug, or a tracing filter).
+    #[arg(long, global = true, default_value = "info", env = "TRIREME_LOG")]
+    pub log: String,
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StoreArg {
+    /// Discard writes, read zeros (measures the network path alone).
+    Null,
+    /// In RAM; lost when the node stops.
+    Memory,
+    /// Preallocated files with O_DIRECT; survive restarts.
+    File,
+}
+
+impl StoreArg {
+    pub fn kind(self) -> trireme_store::StoreKind {
+        match self {
+            StoreArg::Null => trireme_store::StoreKind::Null,
+            StoreArg::Memory => trireme_store::StoreKind::Memory,
+            StoreArg::File => trireme_store::StoreKind::File,
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Cmd {
+    /// Run a local cluster in the foreground: N node processes, one mirrored volume, NBD exports.
+    Up(UpArgs),
+    /// Storage nodes.
+    #[command(subcommand)]
+    Node(NodeCmd),
+    /// Volumes.
+    #[command(subcommand)]
+    Volume(VolumeCmd),
+    /// Nodes up or down, volumes and the state of every replica.
+    Status,
+    /// Attach a volume (new epoch: older writers are fenced) and serve it over NBD.
+    Nbd(NbdArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    /// Number of storage node processes.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=7))]
+    pub nodes: u32,
+    /// Copies of the volume, each on a different node.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=3))]
+    pub replicas: u32,
+    /// Size of the volume (e.g. 1G, 512M).
+    #[arg(long, default_value = "1G", value_parser = units::parse_size)]
+    pub size: u64,
+    /// Where nodes keep replicas.
+    #[arg(long, value_enum, default_value_t = StoreArg::File)]
+    pub store: StoreArg,
+    /// NBD TCP port on 127.0.0.1 (0 picks a free one).
+    #[arg(long, default_value_t = 10809)]
+    pub port: u16,
+    /// Name of the volume to create and export.
+    #[arg(long, default_value = "vol0")]
+    pub volume: String,
+    /// TCP streams from the volume client to each node.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub streams: u32,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum NodeCmd {
+    /// List registered nodes and whether they answer.
+    List,
+    /// Run one storage node in the foreground (`trireme up` starts these itself).
+    Serve(NodeServeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct NodeServeArgs {
+    #[arg(long)]
+    pub id: u32,
+    /// Directory of the node's store.
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// Data-path address; port 0 picks a free one, printed as `listening ADDR` on stdout.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: std::net::SocketAddr,
+    #[arg(long, value_enum, default_value_t = StoreArg::File)]
+    pub store: StoreArg,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum VolumeCmd {
+    /// Create a volume mirrored on REPLICAS nodes.
+    Create {
+        name: String,
+        #[arg(long, value_parser = units::parse_size)]
+        size: u64,
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=3))]
+        replicas: u32,
+    },
+    /// List volumes.
+    List,
+    /// Show one volume.
+    Info { name: String },
+    /// Delete a volume and its replicas.
+    Delete { name: String },
+    /// Compare the replicas of a volume by checksum; exit 1 if any region differs.
+    Verify {
+        name: String,
+        /// Bytes per compared region.
+        #[arg(long, default_value = "4M", value_parser = units::parse_size)]
+        region: u64,
+    },
+}
+
+#[derive(Debug, Args)]
+#[group(required = true, multiple = true, id = "where")]
+pub struct NbdArgs {
+    pub volume: String,
+    /// Serve on a unix socket at PATH.
+    #[arg(long, group = "where")]
+    pub socket: Option<PathBuf>,
+    /// Serve on a TCP address (e.g. 127.0.0.1:10810).
+    #[arg(long, group = "where")]
+    pub listen: Option<std::net::SocketAddr>,
+    /// TCP streams from the volume client to each node.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub streams: u32,
+}
+
+/// A failure, and whether it was the user's input (exit 2) or the system (exit 1).
+#[derive(Debug)]
+pub enum CliError {
+    Usage(String),
+    Runtime(String),
+}
+
+impl<E: std::fmt::Display> From<E> for CliError {
+    fn from(e: E) -> Self {
+        CliError::Runtime(e.to_string())
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind::*;
+            if matches!(e.kind(), DisplayHelp | DisplayVersion | DisplayHelpOnMissingArgumentOrSubcommand) {
+                let _ = e.print();
+                return if e.kind() == DisplayHelpOnMissingArgumentOrSubcommand { ExitCode::from(2) } else { ExitCode::SUCCESS };
+            }
+            // One clear line, not a page of usage.
+            // The first paragraph of clap's message, folded onto one line.
+            let msg = e.to_string();
+            let first: Vec<&str> = msg.lines().map(str::trim).skip_while(|l| l.is_empty()).take_while(|l| !l.is_empty()).collect();
+            eprintln!("{} (see trireme --help)", first.join(" "));
+            return ExitCode::from(2);
+        }
+    };
+    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log);
+    let Ok(filter) = filter else {
+        eprintln!("error: invalid --log filter {:?}", cli.log);
+        return ExitCode::from(2);
+    };
+    use std::io::IsTerminal;
+    tracing_subscriber::fmt()
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+    match cmds::run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(CliError::Usage(m)) => {
+            eprintln!("error: {m}");
+            ExitCode::from(2)
+        }
+        Err(CliError::Runtime(m)) => {
+            eprintln!("error: {m}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,55 @@
+//! Sizes as people write them ("1G", "512MiB", "4096") and as people read them.
+
+/// Parses a size with an optional binary suffix (K, M, G, T, with optional "i"/"iB"/"B").
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, suffix) = t.split_at(split);
+    if num.is_empty() {
+        return Err(format!("invalid size {s:?}: expected a number with an optional K/M/G/T suffix"));
+    }
+    let n: u64 = num.parse().map_err(|_| format!("invalid size {s:?}: number too large"))?;
+    let shift = match suffix.to_ascii_uppercase().trim_end_matches('B').trim_end_matches('I') {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        "P" => 50,
+        _ => return Err(format!("invalid size {s:?}: unknown suffix {suffix:?}")),
+    };
+    n.checked_mul(1u64 << shift).ok_or_else(|| format!("invalid size {s:?}: too large"))
+}
+
+/// Formats bytes with a binary unit, e.g. "1.0 GiB".
+pub fn human(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("64k"), Ok(64 << 10));
+        assert!(parse_size("1X").is_err());
+        assert!(parse_size("").is_err());
+        assert!(parse_size("-1").is_err());
+        assert!(parse_size("99999999999T").is_err());
+        assert_eq!(human(1 << 30), "1.0 GiB");
+    }
+}

@@ -1,0 +1,118 @@
+//! Request and response types of the control API, and its client.
+
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+
+/// Longest request or response line.
+pub const MAX_LINE: u64 = 1 << 20;
+
+/// A control request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    NodeList,
+    VolumeCreate { name: String, size: u64, replicas: usize },
+    VolumeList,
+    VolumeInfo { name: String },
+    VolumeDelete { name: String },
+    /// Take a new epoch for a writer: fences every older writer of the volume.
+    Attach { name: String },
+    /// Where a volume lives, without a new epoch (for verification).
+    Locate { name: String },
+    Status,
+}
+
+/// A node as `status` and `node list` show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeStatus {
+    pub id: u32,
+    pub addr: String,
+    pub store: String,
+    pub up: bool,
+    /// Ping round trip over the data path, if up.
+    pub ping_us: Option<u64>,
+    /// The transport the manager reached it with.
+    pub transport: String,
+    pub replicas: usize,
+}
+
+/// One replica as `status` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaStatus {
+    pub node: u32,
+    /// `in-sync`, `outdated`, `failed` (from the metadata), or `unreachable` / `missing` (seen now).
+    pub state: String,
+    pub allocated_bytes: Option<u64>,
+    pub epoch: Option<u64>,
+}
+
+/// A volume as `status` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeStatus {
+    pub name: String,
+    pub id: u64,
+    pub size: u64,
+    pub epoch: u64,
+    pub replicas: Vec<ReplicaStatus>,
+}
+
+/// The answer to `status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusReport {
+    pub nodes: Vec<NodeStatus>,
+    pub volumes: Vec<VolumeStatus>,
+}
+
+/// Errors seen by a control client.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("cannot reach the cluster at {path}: {source} (is `trireme up` running with this --data-dir?)")]
+    Connect { path: PathBuf, source: std::io::Error },
+    #[error("control connection: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Remote(String),
+    #[error("malformed control response: {0}")]
+    Malformed(String),
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Reply {
+    Ok(serde_json::Value),
+    Error(String),
+}
+
+/// A connection to the control socket.
+#[derive(Debug)]
+pub struct ControlClient {
+    stream: BufReader<UnixStream>,
+}
+
+impl ControlClient {
+    pub async fn connect(path: &Path) -> Result<ControlClient, ControlError> {
+        let s = UnixStream::connect(path)
+            .await
+            .map_err(|source| ControlError::Connect { path: path.to_path_buf(), source })?;
+        Ok(ControlClient { stream: BufReader::new(s) })
+    }
+
+    pub async fn call<T: DeserializeOwned>(&mut self, req: &Request) -> Result<T, ControlError> {
+        let mut line = serde_json::to_vec(req).expect("requests serialize");
+        line.push(b'\n');
+        self.stream.get_mut().write_all(&line).await?;
+        let mut buf = Vec::new();
+        let n = (&mut self.stream).take(MAX_LINE).read_until(b'\n', &mut buf).await?;
+        if n == 0 {
+            return Err(ControlError::Malformed("connection closed".into()));
+        }
+        match serde_json::from_slice::<Reply>(&buf).map_err(|e| ControlError::Malformed(e.to_string()))? {
+            Reply::Ok(v) => serde_json::from_value(v).map_err(|e| ControlError::Malformed(e.to_string())),
+            Reply::Error(e) => Err(ControlError::Remote(e)),
+        }
+    }
+}

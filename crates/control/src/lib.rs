@@ -1,0 +1,16 @@
+//! The control plane: the cluster manager and the API the CLI talks to.
+//!
+//! The manager owns the metadata store ([`trireme_meta::MetaStore`]) and is the only component
+//! that changes it: it registers nodes, places and creates volumes, hands out epochs on attach,
+//! and reports status. It never sits on the data path: a volume client gets its epoch and the
+//! replicas' addresses once, at attach, then talks to the nodes directly.
+//!
+//! The API is one JSON object per line over a unix socket (`<data-dir>/control.sock`): a
+//! [`Request`] in, a `{"ok": ...}` or `{"error": "..."}` line out. Lines over 1 MiB and
+//! malformed JSON get an error line; the connection stays usable.
+
+mod api;
+mod manager;
+
+pub use api::{ControlClient, ControlError, NodeStatus, ReplicaStatus, Request, StatusReport, VolumeStatus};
+pub use manager::{serve, Manager};
