@@ -1,0 +1,145 @@
+//! A real cluster for tests: `trireme up` in a temporary directory, stopped on drop.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_trireme");
+
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub child: Option<Child>,
+    pub unix: String,
+    pub tcp: String,
+}
+
+/// Fails the test with a clear message if a required client tool is missing.
+pub fn need(tool: &str) {
+    let ok = Command::new("sh").arg("-c").arg(format!("command -v {tool}")).output().map(|o| o.status.success()).unwrap_or(false);
+    assert!(ok, "{tool} is not installed: run scripts/setup.sh (make test does)");
+}
+
+impl Cluster {
+    pub fn start(args: &[&str]) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        Self::start_in(dir, args)
+    }
+
+    pub fn start_in(dir: tempfile::TempDir, args: &[&str]) -> Cluster {
+        let log = std::fs::File::create(dir.path().join("up.log")).unwrap();
+        let child = Command::new(BIN)
+            .arg("--data-dir")
+            .arg(dir.path())
+            .arg("up")
+            .args(["--port", "0"])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let exports = dir.path().join("exports");
+        let t0 = Instant::now();
+        let mut c = Cluster { dir, child: Some(child), unix: String::new(), tcp: String::new() };
+        while !exports.exists() {
+            if let Some(st) = c.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("trireme up exited early ({st}):\n{}", c.log());
+            }
+            assert!(t0.elapsed() < Duration::from_secs(60), "cluster did not start:\n{}", c.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let text = std::fs::read_to_string(&exports).unwrap();
+        let mut lines = text.lines();
+        c.unix = lines.next().unwrap().to_string();
+        c.tcp = lines.next().unwrap().to_string();
+        c
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("up.log")).unwrap_or_default()
+    }
+
+    /// Runs `trireme --data-dir DIR ARGS...`.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        Command::new(BIN).arg("--data-dir").arg(self.dir.path()).args(args).output().unwrap()
+    }
+
+    /// Stops the cluster with SIGTERM and waits for a clean exit.
+    pub fn stop(&mut self) -> tempfile::TempDir {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: kill(2) on the pid of a child we spawned.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let t0 = Instant::now();
+            loop {
+                if let Some(st) = child.try_wait().unwrap() {
+                    assert!(st.success(), "trireme up exited with {st}:\n{}", self.log());
+                    break;
+                }
+                if t0.elapsed() > Duration::from_secs(30) {
+                    let _ = child.kill();
+                    panic!("trireme up did not stop on SIGTERM:\n{}", self.log());
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap())
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: kill(2) on the pid of a child we spawned.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let t0 = Instant::now();
+            while c.try_wait().ok().flatten().is_none() && t0.elapsed() < Duration::from_secs(15) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Runs a command and asserts it succeeded, returning stdout.
+pub fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Asserts `trireme volume verify` finds the replicas identical.
+pub fn assert_replicas_identical(c: &Cluster, volume: &str) {
+    let out = c.cli(&["--output", "json", "volume", "verify", volume]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "verify failed: {text} {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["mismatches"].as_array().unwrap().len(), 0, "{text}");
+    assert!(v["bytes_compared"].as_u64().unwrap() > 0);
+}
+
+pub fn random_file(path: &PathBuf, len: usize, seed: u64) {
+    // xorshift: deterministic, seeded, no dependency.
+    let mut x = seed | 1;
+    let mut b = Vec::with_capacity(len);
+    while b.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        b.extend_from_slice(&x.to_le_bytes());
+    }
+    b.truncate(len);
+    std::fs::write(path, b).unwrap();
+}
