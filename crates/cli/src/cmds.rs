@@ -16,9 +16,14 @@ pub fn control_path(data_dir: &Path) -> PathBuf {
 
 fn runtime(threads: usize) -> Result<tokio::runtime::Runtime, CliError> {
     let rt = if threads <= 1 {
-        tokio::runtime::Builder::new_current_thread().enable_all().build()
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
     } else {
-        tokio::runtime::Builder::new_multi_thread().worker_threads(threads).enable_all().build()
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()
     };
     rt.map_err(|e| CliError::Runtime(format!("tokio runtime: {e}")))
 }
@@ -51,28 +56,54 @@ async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
             let s: StatusReport = cc.call(&Request::Status).await?;
             print(out, &s, status_text);
         }
-        Cmd::Volume(VolumeCmd::Create { name, size, replicas }) => {
+        Cmd::Volume(VolumeCmd::Create {
+            name,
+            size,
+            replicas,
+        }) => {
             let v: VolumeRecord = cc
-                .call(&Request::VolumeCreate { name: name.clone(), size: *size, replicas: *replicas as usize })
+                .call(&Request::VolumeCreate {
+                    name: name.clone(),
+                    size: *size,
+                    replicas: *replicas as usize,
+                })
                 .await
                 .map_err(usage_if_remote)?;
-            print(out, &v, |v| format!("created {} ({}), replicas on nodes {:?}\n", v.name, human(v.size), nodes_of(v)));
+            print(out, &v, |v| {
+                format!(
+                    "created {} ({}), replicas on nodes {:?}\n",
+                    v.name,
+                    human(v.size),
+                    nodes_of(v)
+                )
+            });
         }
         Cmd::Volume(VolumeCmd::List) => {
             let vs: Vec<VolumeRecord> = cc.call(&Request::VolumeList).await?;
             print(out, &vs, |vs| volumes_table(vs));
         }
         Cmd::Volume(VolumeCmd::Info { name }) => {
-            let v: VolumeRecord = cc.call(&Request::VolumeInfo { name: name.clone() }).await.map_err(usage_if_remote)?;
+            let v: VolumeRecord = cc
+                .call(&Request::VolumeInfo { name: name.clone() })
+                .await
+                .map_err(usage_if_remote)?;
             print(out, &v, |v| volumes_table(std::slice::from_ref(v)));
         }
         Cmd::Volume(VolumeCmd::Delete { name }) => {
-            let v: VolumeRecord = cc.call(&Request::VolumeDelete { name: name.clone() }).await.map_err(usage_if_remote)?;
+            let v: VolumeRecord = cc
+                .call(&Request::VolumeDelete { name: name.clone() })
+                .await
+                .map_err(usage_if_remote)?;
             print(out, &v, |v| format!("deleted {}\n", v.name));
         }
         Cmd::Volume(VolumeCmd::Verify { name, region }) => {
-            let info: trireme_client::AttachInfo = cc.call(&Request::Locate { name: name.clone() }).await.map_err(usage_if_remote)?;
-            let vol = trireme_client::Volume::connect(info, trireme_transport::TransportKind::Tcp, 1).await?;
+            let info: trireme_client::AttachInfo = cc
+                .call(&Request::Locate { name: name.clone() })
+                .await
+                .map_err(usage_if_remote)?;
+            let vol =
+                trireme_client::Volume::connect(info, trireme_transport::TransportKind::Tcp, 1)
+                    .await?;
             let r = trireme_client::verify_replicas(&vol, *region).await?;
             print(out, &r, |r| {
                 let mut s = format!(
@@ -83,15 +114,23 @@ async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                     r.mismatches.len()
                 );
                 for m in &r.mismatches {
-                    s += &format!("  offset {} length {}: {:?}\n", m.offset, m.length, m.checksums);
+                    s += &format!(
+                        "  offset {} length {}: {:?}\n",
+                        m.offset, m.length, m.checksums
+                    );
                 }
                 s
             });
             if !r.mismatches.is_empty() {
-                return Err(CliError::Runtime(format!("{} region(s) differ between replicas", r.mismatches.len())));
+                return Err(CliError::Runtime(format!(
+                    "{} region(s) differ between replicas",
+                    r.mismatches.len()
+                )));
             }
         }
-        Cmd::Up(_) | Cmd::Nbd(_) | Cmd::Node(NodeCmd::Serve(_)) => unreachable!("dispatched in run()"),
+        Cmd::Up(_) | Cmd::Nbd(_) | Cmd::Node(NodeCmd::Serve(_)) => {
+            unreachable!("dispatched in run()")
+        }
     }
     Ok(())
 }
@@ -110,20 +149,40 @@ fn nodes_of(v: &VolumeRecord) -> Vec<u32> {
 }
 
 fn nodes_table(nodes: &[NodeStatus]) -> String {
-    let mut s = format!("{:<5} {:<22} {:<7} {:<5} {:<9} {:<9} {}\n", "NODE", "ADDRESS", "STORE", "STATE", "TRANSPORT", "PING", "REPLICAS");
+    let mut s = format!(
+        "{:<5} {:<22} {:<7} {:<5} {:<9} {:<9} {}\n",
+        "NODE", "ADDRESS", "STORE", "STATE", "TRANSPORT", "PING", "REPLICAS"
+    );
     for n in nodes {
         let ping = n.ping_us.map_or("-".into(), |p| format!("{p} us"));
         let state = if n.up { "up" } else { "down" };
-        s += &format!("{:<5} {:<22} {:<7} {:<5} {:<9} {:<9} {}\n", n.id, n.addr, n.store, state, n.transport, ping, n.replicas);
+        s += &format!(
+            "{:<5} {:<22} {:<7} {:<5} {:<9} {:<9} {}\n",
+            n.id, n.addr, n.store, state, n.transport, ping, n.replicas
+        );
     }
     s
 }
 
 fn volumes_table(vs: &[VolumeRecord]) -> String {
-    let mut s = format!("{:<16} {:<6} {:<10} {:<6} {}\n", "VOLUME", "ID", "SIZE", "EPOCH", "REPLICAS (node: state)");
+    let mut s = format!(
+        "{:<16} {:<6} {:<10} {:<6} {}\n",
+        "VOLUME", "ID", "SIZE", "EPOCH", "REPLICAS (node: state)"
+    );
     for v in vs {
-        let reps: Vec<String> = v.replicas.iter().map(|r| format!("{}: {}", r.node, r.state)).collect();
-        s += &format!("{:<16} {:<6} {:<10} {:<6} {}\n", v.name, v.id, human(v.size), v.epoch, reps.join(", "));
+        let reps: Vec<String> = v
+            .replicas
+            .iter()
+            .map(|r| format!("{}: {}", r.node, r.state))
+            .collect();
+        s += &format!(
+            "{:<16} {:<6} {:<10} {:<6} {}\n",
+            v.name,
+            v.id,
+            human(v.size),
+            v.epoch,
+            reps.join(", ")
+        );
     }
     s
 }
@@ -133,17 +192,32 @@ fn status_text(s: &StatusReport) -> String {
     let mut out = format!("nodes: {up} of {} up\n", s.nodes.len());
     out += &nodes_table(&s.nodes);
     out += &format!("\nvolumes: {}\n", s.volumes.len());
-    out += &format!("{:<16} {:<10} {:<6} {}\n", "VOLUME", "SIZE", "EPOCH", "REPLICAS");
+    out += &format!(
+        "{:<16} {:<10} {:<6} {}\n",
+        "VOLUME", "SIZE", "EPOCH", "REPLICAS"
+    );
     for v in &s.volumes {
         let reps: Vec<String> = v
             .replicas
             .iter()
             .map(|r| match r.allocated_bytes {
-                Some(a) => format!("node {} {} ({} allocated, epoch {})", r.node, r.state, human(a), r.epoch.unwrap_or(0)),
+                Some(a) => format!(
+                    "node {} {} ({} allocated, epoch {})",
+                    r.node,
+                    r.state,
+                    human(a),
+                    r.epoch.unwrap_or(0)
+                ),
                 None => format!("node {} {}", r.node, r.state),
             })
             .collect();
-        out += &format!("{:<16} {:<10} {:<6} {}\n", v.name, human(v.size), v.epoch, reps.join("; "));
+        out += &format!(
+            "{:<16} {:<10} {:<6} {}\n",
+            v.name,
+            human(v.size),
+            v.epoch,
+            reps.join("; ")
+        );
     }
     out
 }
@@ -151,7 +225,12 @@ fn status_text(s: &StatusReport) -> String {
 async fn node_serve(a: &NodeServeArgs) -> Result<(), CliError> {
     let store = trireme_store::open_store(a.store.kind(), &a.dir)?;
     let node = Arc::new(trireme_node::Node::new(a.id, store));
-    tracing::info!(node = a.id, store = a.store.kind().as_str(), replicas = node.replica_count(), "node starting");
+    tracing::info!(
+        node = a.id,
+        store = a.store.kind().as_str(),
+        replicas = node.replica_count(),
+        "node starting"
+    );
     let serve = trireme_node::run(node.clone(), a.listen, |addr| {
         use std::io::Write;
         let mut o = std::io::stdout();
@@ -173,14 +252,22 @@ async fn node_serve(a: &NodeServeArgs) -> Result<(), CliError> {
 async fn nbd(cli: &Cli, a: &crate::NbdArgs) -> Result<(), CliError> {
     let tcp = match a.listen {
         Some(addr) => Some(
-            tokio::net::TcpListener::bind(addr).await.map_err(|e| CliError::Runtime(format!("bind {addr}: {e}")))?,
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| CliError::Runtime(format!("bind {addr}: {e}")))?,
         ),
         None => None,
     };
     let tcp_addr = tcp.as_ref().and_then(|l| l.local_addr().ok());
-    let (vol, tasks) = crate::frontend::export(&control_path(&cli.data_dir), &a.volume, a.socket.as_deref(), tcp, a.streams as usize)
-        .await
-        .map_err(CliError::Runtime)?;
+    let (vol, tasks) = crate::frontend::export(
+        &control_path(&cli.data_dir),
+        &a.volume,
+        a.socket.as_deref(),
+        tcp,
+        a.streams as usize,
+    )
+    .await
+    .map_err(CliError::Runtime)?;
     for u in crate::frontend::uris(&a.volume, a.socket.as_deref(), tcp_addr) {
         println!("{u}");
     }

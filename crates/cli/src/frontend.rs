@@ -17,7 +17,10 @@ fn to_nbd(e: VolumeError) -> BackendError {
         e if e.is_invalid_request() => EINVAL,
         _ => EIO,
     };
-    BackendError { errno, message: e.to_string() }
+    BackendError {
+        errno,
+        message: e.to_string(),
+    }
 }
 
 impl Backend for VolumeExport {
@@ -38,16 +41,32 @@ impl Backend for VolumeExport {
     async fn flush(&self) -> Result<(), BackendError> {
         self.0.flush().await.map_err(to_nbd)
     }
-    async fn write_zeroes(&self, offset: u64, len: u32, may_trim: bool, fua: bool) -> Result<(), BackendError> {
-        self.0.write_zeroes(offset, u64::from(len), may_trim, fua).await.map_err(to_nbd)
+    async fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u32,
+        may_trim: bool,
+        fua: bool,
+    ) -> Result<(), BackendError> {
+        self.0
+            .write_zeroes(offset, u64::from(len), may_trim, fua)
+            .await
+            .map_err(to_nbd)
     }
     async fn block_status(&self, offset: u64, len: u32) -> Result<Vec<Extent>, BackendError> {
-        self.0.block_status(offset, u64::from(len)).await.map_err(to_nbd)
+        self.0
+            .block_status(offset, u64::from(len))
+            .await
+            .map_err(to_nbd)
     }
 }
 
 /// NBD URIs for an export on a unix socket and on TCP.
-pub fn uris(volume: &str, socket: Option<&std::path::Path>, tcp: Option<std::net::SocketAddr>) -> Vec<String> {
+pub fn uris(
+    volume: &str,
+    socket: Option<&std::path::Path>,
+    tcp: Option<std::net::SocketAddr>,
+) -> Vec<String> {
     let mut out = Vec::new();
     if let Some(p) = socket {
         out.push(format!("nbd+unix:///{volume}?socket={}", p.display()));
@@ -66,10 +85,20 @@ pub async fn export(
     socket: Option<&std::path::Path>,
     tcp: Option<tokio::net::TcpListener>,
     streams: usize,
-) -> Result<(Arc<Volume>, Vec<tokio::task::JoinHandle<std::io::Result<()>>>), String> {
-    let mut cc = trireme_control::ControlClient::connect(control).await.map_err(|e| e.to_string())?;
+) -> Result<
+    (
+        Arc<Volume>,
+        Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
+    ),
+    String,
+> {
+    let mut cc = trireme_control::ControlClient::connect(control)
+        .await
+        .map_err(|e| e.to_string())?;
     let info: trireme_client::AttachInfo = cc
-        .call(&trireme_control::Request::Attach { name: volume.to_string() })
+        .call(&trireme_control::Request::Attach {
+            name: volume.to_string(),
+        })
         .await
         .map_err(|e| e.to_string())?;
     let vol = Arc::new(
@@ -78,18 +107,27 @@ pub async fn export(
             .map_err(|e| e.to_string())?,
     );
     let mut ex = trireme_nbd::Exports::new();
-    ex.add(volume, &format!("trireme volume {volume}"), Arc::new(VolumeExport(vol.clone())));
+    ex.add(
+        volume,
+        &format!("trireme volume {volume}"),
+        Arc::new(VolumeExport(vol.clone())),
+    );
     let ex = Arc::new(ex);
     let mut tasks = Vec::new();
     if let Some(p) = socket {
         let _ = std::fs::remove_file(p);
-        let listener = tokio::net::UnixListener::bind(p).map_err(|e| format!("bind {}: {e}", p.display()))?;
+        let listener =
+            tokio::net::UnixListener::bind(p).map_err(|e| format!("bind {}: {e}", p.display()))?;
         let ex = ex.clone();
-        tasks.push(tokio::spawn(async move { trireme_nbd::serve_unix(listener, ex).await }));
+        tasks.push(tokio::spawn(async move {
+            trireme_nbd::serve_unix(listener, ex).await
+        }));
     }
     if let Some(l) = tcp {
         let ex = ex.clone();
-        tasks.push(tokio::spawn(async move { trireme_nbd::serve_tcp(l, ex).await }));
+        tasks.push(tokio::spawn(
+            async move { trireme_nbd::serve_tcp(l, ex).await },
+        ));
     }
     Ok((vol, tasks))
 }

@@ -7,8 +7,8 @@
 
 mod cmds;
 mod frontend;
-mod up;
 mod units;
+mod up;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -16,10 +16,19 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 #[derive(Debug, Parser)]
-#[command(name = "trireme", version, about = "Software-defined block storage: synchronously mirrored volumes served over NBD")]
+#[command(
+    name = "trireme",
+    version,
+    about = "Software-defined block storage: synchronously mirrored volumes served over NBD"
+)]
 pub struct Cli {
     /// Cluster directory: metadata, node stores, control and NBD sockets, logs.
-    #[arg(long, global = true, default_value = "./trireme-data", env = "TRIREME_DATA_DIR")]
+    #[arg(
+        long,
+        global = true,
+        default_value = "./trireme-data",
+        env = "TRIREME_DATA_DIR"
+    )]
     pub data_dir: PathBuf,
     /// Output format for commands that report.
     #[arg(long, global = true, value_enum, default_value_t = Output::Text)]
@@ -178,14 +187,26 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             use clap::error::ErrorKind::*;
-            if matches!(e.kind(), DisplayHelp | DisplayVersion | DisplayHelpOnMissingArgumentOrSubcommand) {
+            if matches!(
+                e.kind(),
+                DisplayHelp | DisplayVersion | DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
                 let _ = e.print();
-                return if e.kind() == DisplayHelpOnMissingArgumentOrSubcommand { ExitCode::from(2) } else { ExitCode::SUCCESS };
+                return if e.kind() == DisplayHelpOnMissingArgumentOrSubcommand {
+                    ExitCode::from(2)
+                } else {
+                    ExitCode::SUCCESS
+                };
             }
             // One clear line, not a page of usage.
             // The first paragraph of clap's message, folded onto one line.
             let msg = e.to_string();
-            let first: Vec<&str> = msg.lines().map(str::trim).skip_while(|l| l.is_empty()).take_while(|l| !l.is_empty()).collect();
+            let first: Vec<&str> = msg
+                .lines()
+                .map(str::trim)
+                .skip_while(|l| l.is_empty())
+                .take_while(|l| !l.is_empty())
+                .collect();
             eprintln!("{} (see trireme --help)", first.join(" "));
             return ExitCode::from(2);
         }
@@ -198,7 +219,10 @@ fn main() -> ExitCode {
     use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_ansi(std::io::stderr().is_terminal())
-        .with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
     match cmds::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(CliError::Usage(m)) => {

@@ -6,10 +6,18 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, suffix) = t.split_at(split);
     if num.is_empty() {
-        return Err(format!("invalid size {s:?}: expected a number with an optional K/M/G/T suffix"));
+        return Err(format!(
+            "invalid size {s:?}: expected a number with an optional K/M/G/T suffix"
+        ));
     }
-    let n: u64 = num.parse().map_err(|_| format!("invalid size {s:?}: number too large"))?;
-    let shift = match suffix.to_ascii_uppercase().trim_end_matches('B').trim_end_matches('I') {
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("invalid size {s:?}: number too large"))?;
+    let shift = match suffix
+        .to_ascii_uppercase()
+        .trim_end_matches('B')
+        .trim_end_matches('I')
+    {
         "" => 0,
         "K" => 10,
         "M" => 20,
@@ -18,7 +26,8 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "P" => 50,
         _ => return Err(format!("invalid size {s:?}: unknown suffix {suffix:?}")),
     };
-    n.checked_mul(1u64 << shift).ok_or_else(|| format!("invalid size {s:?}: too large"))
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("invalid size {s:?}: too large"))
 }
 
 /// Formats bytes with a binary unit, e.g. "1.0 GiB".

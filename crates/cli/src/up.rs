@@ -36,18 +36,36 @@ fn lock_dir(dir: &Path) -> Result<std::fs::File, CliError> {
         .open(dir.join("up.lock"))?;
     // SAFETY: flock on a file descriptor we own; no memory is involved.
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(CliError::Usage(format!("another `trireme up` is running on {}", dir.display())));
+        return Err(CliError::Usage(format!(
+            "another `trireme up` is running on {}",
+            dir.display()
+        )));
     }
     Ok(f)
 }
 
-async fn spawn_node(cli: &Cli, dir: &Path, id: u32, store: &str) -> Result<(Child, NodeProc), CliError> {
+async fn spawn_node(
+    cli: &Cli,
+    dir: &Path,
+    id: u32,
+    store: &str,
+) -> Result<(Child, NodeProc), CliError> {
     let exe = std::env::current_exe()?;
     let log = std::fs::File::create(dir.join(format!("node-{id}.log")))?;
     let mut cmd = Command::new(exe);
     cmd.arg("--log")
         .arg(&cli.log)
-        .args(["node", "serve", "--id", &id.to_string(), "--listen", "127.0.0.1:0", "--store", store, "--dir"])
+        .args([
+            "node",
+            "serve",
+            "--id",
+            &id.to_string(),
+            "--listen",
+            "127.0.0.1:0",
+            "--store",
+            store,
+            "--dir",
+        ])
         .arg(dir.join(format!("node-{id}")))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -68,7 +86,11 @@ async fn spawn_node(cli: &Cli, dir: &Path, id: u32, store: &str) -> Result<(Chil
     let mut child = cmd.spawn()?;
     let stdout = child.stdout.take().expect("piped");
     let mut line = String::new();
-    let read = tokio::time::timeout(Duration::from_secs(20), BufReader::new(stdout).read_line(&mut line)).await;
+    let read = tokio::time::timeout(
+        Duration::from_secs(20),
+        BufReader::new(stdout).read_line(&mut line),
+    )
+    .await;
     let addr = match read {
         Ok(Ok(n)) if n > 0 => line.trim().strip_prefix("listening ").map(str::to_string),
         _ => None,
@@ -92,14 +114,24 @@ fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
 
 pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
     if a.replicas > a.nodes {
-        return Err(CliError::Usage(format!("--replicas {} needs at least {} nodes, but --nodes is {}", a.replicas, a.replicas, a.nodes)));
+        return Err(CliError::Usage(format!(
+            "--replicas {} needs at least {} nodes, but --nodes is {}",
+            a.replicas, a.replicas, a.nodes
+        )));
     }
-    if a.size == 0 || a.size % 4096 != 0 {
-        return Err(CliError::Usage(format!("--size {} must be a non-zero multiple of 4096", a.size)));
+    if a.size == 0 || !a.size.is_multiple_of(4096) {
+        return Err(CliError::Usage(format!(
+            "--size {} must be a non-zero multiple of 4096",
+            a.size
+        )));
     }
     trireme_meta::check_name(&a.volume).map_err(|e| CliError::Usage(e.to_string()))?;
-    std::fs::create_dir_all(&cli.data_dir)
-        .map_err(|e| CliError::Usage(format!("cannot create --data-dir {}: {e}", cli.data_dir.display())))?;
+    std::fs::create_dir_all(&cli.data_dir).map_err(|e| {
+        CliError::Usage(format!(
+            "cannot create --data-dir {}: {e}",
+            cli.data_dir.display()
+        ))
+    })?;
     let dir: PathBuf = std::fs::canonicalize(&cli.data_dir)?;
     let _lock = lock_dir(&dir)?;
     let meta = Arc::new(EmbeddedMeta::open(&dir.join("meta.redb"))?);
@@ -123,7 +155,12 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
     }
     let tcp = tokio::net::TcpListener::bind(("127.0.0.1", a.port))
         .await
-        .map_err(|e| CliError::Runtime(format!("NBD port 127.0.0.1:{}: {e} (pick another with --port)", a.port)))?;
+        .map_err(|e| {
+            CliError::Runtime(format!(
+                "NBD port 127.0.0.1:{}: {e} (pick another with --port)",
+                a.port
+            ))
+        })?;
     let tcp_addr = tcp.local_addr()?;
 
     // Nodes.
@@ -131,15 +168,27 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
     let (died_tx, mut died_rx) = tokio::sync::mpsc::unbounded_channel();
     for id in 1..=a.nodes {
         let (mut child, p) = spawn_node(cli, &dir, id, store).await?;
-        meta.put_node(&NodeRecord { id, addr: p.addr.clone(), store: store.to_string() })?;
+        meta.put_node(&NodeRecord {
+            id,
+            addr: p.addr.clone(),
+            store: store.to_string(),
+        })?;
         let tx = died_tx.clone();
         tokio::spawn(async move {
             let status = child.wait().await;
-            let _ = tx.send((id, status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string())));
+            let _ = tx.send((
+                id,
+                status
+                    .map(|s| s.to_string())
+                    .unwrap_or_else(|e| e.to_string()),
+            ));
         });
         procs.push(p);
     }
-    let mut pids: String = procs.iter().map(|p| format!("node-{} {}\n", p.id, p.pid)).collect();
+    let mut pids: String = procs
+        .iter()
+        .map(|p| format!("node-{} {}\n", p.id, p.pid))
+        .collect();
     pids += &format!("up {}\n", std::process::id());
     write_atomically(&dir.join("pids"), &pids)?;
 
@@ -172,16 +221,20 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
             }
         }
         Err(trireme_meta::MetaError::NoVolume(_)) => {
-            manager.create_volume(&a.volume, a.size, a.replicas as usize).await.map_err(CliError::Runtime)?;
+            manager
+                .create_volume(&a.volume, a.size, a.replicas as usize)
+                .await
+                .map_err(CliError::Runtime)?;
         }
         Err(e) => return Err(e.into()),
     }
 
     // NBD.
     let sock = dir.join("nbd.sock");
-    let (vol, nbd_tasks) = crate::frontend::export(&ctl, &a.volume, Some(&sock), Some(tcp), a.streams as usize)
-        .await
-        .map_err(CliError::Runtime)?;
+    let (vol, nbd_tasks) =
+        crate::frontend::export(&ctl, &a.volume, Some(&sock), Some(tcp), a.streams as usize)
+            .await
+            .map_err(CliError::Runtime)?;
     let uris = crate::frontend::uris(&a.volume, Some(&sock), Some(tcp_addr));
     write_atomically(&dir.join("exports"), &(uris.join("\n") + "\n"))?;
 
@@ -217,7 +270,10 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
     for t in nbd_tasks {
         t.abort();
     }
-    if let Err(e) = tokio::time::timeout(Duration::from_secs(10), vol.flush()).await.unwrap_or(Ok(())) {
+    if let Err(e) = tokio::time::timeout(Duration::from_secs(10), vol.flush())
+        .await
+        .unwrap_or(Ok(()))
+    {
         tracing::error!("final flush: {e}");
     }
     control_task.abort();

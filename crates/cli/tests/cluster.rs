@@ -14,50 +14,113 @@ fn restart_on_the_same_data_dir_keeps_every_byte() {
     let src = c.path().join("src.img");
     random_file(&src, 8 << 20, 7);
     run(Command::new("nbdcopy").arg(&src).arg(&c.unix));
-    run(Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 0x77 40M 3M", "-c", "write -P 0x33 63M 1M", &c.tcp]));
+    run(Command::new("qemu-io").args([
+        "-f",
+        "raw",
+        "-c",
+        "write -P 0x77 40M 3M",
+        "-c",
+        "write -P 0x33 63M 1M",
+        &c.tcp,
+    ]));
     let dir = c.stop();
-    assert!(!dir.path().join("exports").exists(), "exports file removed on stop");
+    assert!(
+        !dir.path().join("exports").exists(),
+        "exports file removed on stop"
+    );
 
     let c = Cluster::start_in(dir, &["--store", "file", "--size", "64M"]);
     let copy = c.path().join("copy.img");
     run(Command::new("nbdcopy").arg(&c.unix).arg(&copy));
     let a = std::fs::read(&copy).unwrap();
-    assert!(a[..8 << 20] == std::fs::read(&src).unwrap()[..], "data changed across restart");
+    assert!(
+        a[..8 << 20] == std::fs::read(&src).unwrap()[..],
+        "data changed across restart"
+    );
     assert!(a[40 << 20..43 << 20].iter().all(|&x| x == 0x77));
     assert!(a[63 << 20..].iter().all(|&x| x == 0x33));
     assert!(a[43 << 20..63 << 20].iter().all(|&x| x == 0));
     // The restart attached with a new epoch.
-    let s: serde_json::Value = serde_json::from_slice(&c.cli(&["--output", "json", "status"]).stdout).unwrap();
+    let s: serde_json::Value =
+        serde_json::from_slice(&c.cli(&["--output", "json", "status"]).stdout).unwrap();
     assert_eq!(s["volumes"][0]["epoch"], 2, "{s}");
     assert_replicas_identical(&c, "vol0");
 }
 
 #[test]
 fn cli_manages_volumes_and_reports_status() {
-    let c = Cluster::start(&["--store", "memory", "--nodes", "4", "--replicas", "2", "--size", "16M"]);
-    let out = c.cli(&["volume", "create", "data1", "--size", "32M", "--replicas", "3"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&c.cli(&["--output", "json", "volume", "info", "data1"]).stdout).unwrap();
+    let c = Cluster::start(&[
+        "--store",
+        "memory",
+        "--nodes",
+        "4",
+        "--replicas",
+        "2",
+        "--size",
+        "16M",
+    ]);
+    let out = c.cli(&[
+        "volume",
+        "create",
+        "data1",
+        "--size",
+        "32M",
+        "--replicas",
+        "3",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(
+        &c.cli(&["--output", "json", "volume", "info", "data1"])
+            .stdout,
+    )
+    .unwrap();
     assert_eq!(v["size"], 32 << 20);
-    let nodes: Vec<u64> = v["replicas"].as_array().unwrap().iter().map(|r| r["node"].as_u64().unwrap()).collect();
+    let nodes: Vec<u64> = v["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["node"].as_u64().unwrap())
+        .collect();
     assert_eq!(nodes.len(), 3);
     let list = String::from_utf8(c.cli(&["volume", "list"]).stdout).unwrap();
     assert!(list.contains("vol0") && list.contains("data1"), "{list}");
 
-    let s: serde_json::Value = serde_json::from_slice(&c.cli(&["--output", "json", "status"]).stdout).unwrap();
+    let s: serde_json::Value =
+        serde_json::from_slice(&c.cli(&["--output", "json", "status"]).stdout).unwrap();
     assert_eq!(s["nodes"].as_array().unwrap().len(), 4);
-    assert!(s["nodes"].as_array().unwrap().iter().all(|n| n["up"] == true), "{s}");
+    assert!(
+        s["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|n| n["up"] == true),
+        "{s}"
+    );
     for v in s["volumes"].as_array().unwrap() {
-        assert!(v["replicas"].as_array().unwrap().iter().all(|r| r["state"] == "in-sync"), "{s}");
+        assert!(
+            v["replicas"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|r| r["state"] == "in-sync"),
+            "{s}"
+        );
     }
-    let nl: serde_json::Value = serde_json::from_slice(&c.cli(&["--output", "json", "node", "list"]).stdout).unwrap();
+    let nl: serde_json::Value =
+        serde_json::from_slice(&c.cli(&["--output", "json", "node", "list"]).stdout).unwrap();
     assert_eq!(nl.as_array().unwrap().len(), 4);
 
     // A second NBD export of the new volume, as a separate process.
     let sock = c.path().join("data1.sock");
     let mut nbd = Command::new(BIN)
-        .arg("--data-dir").arg(c.path())
-        .args(["nbd", "data1", "--socket"]).arg(&sock)
+        .arg("--data-dir")
+        .arg(c.path())
+        .args(["nbd", "data1", "--socket"])
+        .arg(&sock)
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -70,7 +133,15 @@ fn cli_manages_volumes_and_reports_status() {
     }
     assert!(line.starts_with("nbd+unix:///data1"), "{line}");
     need("qemu-io");
-    run(Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 0x42 1M 1M", "-c", "read -P 0x42 1M 1M", line.trim()]));
+    run(Command::new("qemu-io").args([
+        "-f",
+        "raw",
+        "-c",
+        "write -P 0x42 1M 1M",
+        "-c",
+        "read -P 0x42 1M 1M",
+        line.trim(),
+    ]));
     // SAFETY: kill(2) on our child.
     unsafe { libc::kill(nbd.id() as i32, libc::SIGTERM) };
     assert!(nbd.wait().unwrap().success());
@@ -87,8 +158,17 @@ fn cli_manages_volumes_and_reports_status() {
         &["volume", "create", "bad/name", "--size", "1M"],
     ] {
         let out = c.cli(args);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        assert_eq!(String::from_utf8_lossy(&out.stderr).trim().lines().count(), 1, "{args:?}");
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr).trim().lines().count(),
+            1,
+            "{args:?}"
+        );
     }
 }
 
@@ -96,7 +176,13 @@ fn cli_manages_volumes_and_reports_status() {
 fn bad_input_gets_an_error_and_the_servers_keep_serving() {
     need("nbdinfo");
     let c = Cluster::start(&["--store", "memory", "--size", "16M"]);
-    let tcp_addr = c.tcp.trim_start_matches("nbd://").split('/').next().unwrap().to_string();
+    let tcp_addr = c
+        .tcp
+        .trim_start_matches("nbd://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
 
     // NBD: garbage instead of client flags / options.
     let mut s = std::net::TcpStream::connect(&tcp_addr).unwrap();
@@ -114,13 +200,18 @@ fn bad_input_gets_an_error_and_the_servers_keep_serving() {
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s.read_exact(&mut greeting).unwrap();
     s.write_all(&[0, 0, 0, 3]).unwrap();
-    s.write_all(&[0x25, 0x60, 0x95, 0x13, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0]).unwrap();
+    s.write_all(&[
+        0x25, 0x60, 0x95, 0x13, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        2, 0,
+    ])
+    .unwrap();
     let mut rest = Vec::new();
     let _ = s.read_to_end(&mut rest);
     assert!(rest.is_empty());
 
     // Node data path: garbage frames, and a header claiming a 4 GiB payload.
-    let nl: serde_json::Value = serde_json::from_slice(&c.cli(&["--output", "json", "node", "list"]).stdout).unwrap();
+    let nl: serde_json::Value =
+        serde_json::from_slice(&c.cli(&["--output", "json", "node", "list"]).stdout).unwrap();
     let node_addr = nl[0]["addr"].as_str().unwrap().to_string();
     let mut s = std::net::TcpStream::connect(&node_addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -128,17 +219,18 @@ fn bad_input_gets_an_error_and_the_servers_keep_serving() {
     let mut rest = Vec::new();
     let _ = s.read_to_end(&mut rest);
     assert!(rest.is_empty(), "node closed the connection");
-    let mut h = trireme_proto_header_with_payload_len(u32::MAX);
+    let h = trireme_proto_header_with_payload_len(u32::MAX);
     let mut s = std::net::TcpStream::connect(&node_addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(&mut h).unwrap();
+    s.write_all(&h).unwrap();
     let mut rest = Vec::new();
     let _ = s.read_to_end(&mut rest);
     assert!(rest.is_empty());
 
     // Control socket: not JSON, unknown command.
     let mut s = std::os::unix::net::UnixStream::connect(c.path().join("control.sock")).unwrap();
-    s.write_all(b"{not json\n{\"cmd\":\"format_all_disks\"}\n").unwrap();
+    s.write_all(b"{not json\n{\"cmd\":\"format_all_disks\"}\n")
+        .unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut buf = vec![0u8; 4096];
     let mut got = String::new();
@@ -151,8 +243,16 @@ fn bad_input_gets_an_error_and_the_servers_keep_serving() {
 
     // Everything still serves.
     run(Command::new("nbdinfo").arg(&c.unix));
-    let st: serde_json::Value = serde_json::from_slice(&c.cli(&["--output", "json", "status"]).stdout).unwrap();
-    assert!(st["nodes"].as_array().unwrap().iter().all(|n| n["up"] == true), "{st}");
+    let st: serde_json::Value =
+        serde_json::from_slice(&c.cli(&["--output", "json", "status"]).stdout).unwrap();
+    assert!(
+        st["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|n| n["up"] == true),
+        "{st}"
+    );
 }
 
 /// A valid trireme frame header whose payload length field is `len`.
@@ -172,7 +272,11 @@ fn crc32c(data: &[u8]) -> u32 {
     for &byte in data {
         crc ^= u32::from(byte);
         for _ in 0..8 {
-            crc = if crc & 1 != 0 { (crc >> 1) ^ 0x82F6_3B78 } else { crc >> 1 };
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0x82F6_3B78
+            } else {
+                crc >> 1
+            };
         }
     }
     !crc
@@ -193,7 +297,12 @@ fn bad_flags_and_config_give_one_line_and_exit_2() {
     ];
     let d = tempfile::tempdir().unwrap();
     for args in cases {
-        let out = Command::new(BIN).arg("--data-dir").arg(d.path()).args(*args).output().unwrap();
+        let out = Command::new(BIN)
+            .arg("--data-dir")
+            .arg(d.path())
+            .args(*args)
+            .output()
+            .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
@@ -202,9 +311,24 @@ fn bad_flags_and_config_give_one_line_and_exit_2() {
     // A cluster on a data dir made with another store is refused, not reinterpreted.
     let mut c = Cluster::start(&["--store", "memory", "--size", "4M"]);
     let dir = c.stop();
-    let out = Command::new(BIN).arg("--data-dir").arg(dir.path()).args(["up", "--store", "file", "--port", "0"]).output().unwrap();
-    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(BIN)
+        .arg("--data-dir")
+        .arg(dir.path())
+        .args(["up", "--store", "file", "--port", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // No cluster running: a runtime error, exit 1.
-    let out = Command::new(BIN).arg("--data-dir").arg(dir.path()).arg("status").output().unwrap();
+    let out = Command::new(BIN)
+        .arg("--data-dir")
+        .arg(dir.path())
+        .arg("status")
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
 }

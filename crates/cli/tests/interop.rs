@@ -55,29 +55,53 @@ fn qemu_and_libnbd_tools_round_trip() {
     random_file(&src, 64 << 20, 42);
 
     // qemu-img convert in and out, then compare.
-    run(Command::new("qemu-img").args(["convert", "-n", "-f", "raw", "-O", "raw"]).arg(&src).arg(&c.unix));
-    run(Command::new("qemu-img").args(["convert", "-f", "raw", "-O", "raw"]).arg(&c.tcp).arg(&back));
+    run(Command::new("qemu-img")
+        .args(["convert", "-n", "-f", "raw", "-O", "raw"])
+        .arg(&src)
+        .arg(&c.unix));
+    run(Command::new("qemu-img")
+        .args(["convert", "-f", "raw", "-O", "raw"])
+        .arg(&c.tcp)
+        .arg(&back));
     run(Command::new("truncate").args(["-s", "64M"]).arg(&back));
-    let out = run(Command::new("qemu-img").args(["compare", "-f", "raw", "-F", "raw"]).arg(&src).arg(&back));
+    let out = run(Command::new("qemu-img")
+        .args(["compare", "-f", "raw", "-F", "raw"])
+        .arg(&src)
+        .arg(&back));
     assert!(out.contains("identical"), "{out}");
 
     // qemu-io: patterns, write-zeroes, discard, flush, FUA.
     let out = run(Command::new("qemu-io").args([
-        "-f", "raw",
-        "-c", "write -P 0xab 100M 1M",
-        "-c", "read -P 0xab 100M 1M",
-        "-c", "write -z 100M 64k",
-        "-c", "read -P 0 100M 64k",
-        "-c", "read -P 0xab 104923136 64k",
-        "-c", "write -P 0x5a 200M 2M",
-        "-c", "discard 200M 1M",
-        "-c", "read -P 0 200M 1M",
-        "-c", "read -P 0x5a 201M 1M",
-        "-c", "flush",
-        "-c", "write -f -P 0xcd 210M 4k",
-        "-c", "read -P 0xcd 210M 4k",
-        "-c", "write -P 0x11 250M 512",
-        "-c", "read -P 0x11 250M 512",
+        "-f",
+        "raw",
+        "-c",
+        "write -P 0xab 100M 1M",
+        "-c",
+        "read -P 0xab 100M 1M",
+        "-c",
+        "write -z 100M 64k",
+        "-c",
+        "read -P 0 100M 64k",
+        "-c",
+        "read -P 0xab 104923136 64k",
+        "-c",
+        "write -P 0x5a 200M 2M",
+        "-c",
+        "discard 200M 1M",
+        "-c",
+        "read -P 0 200M 1M",
+        "-c",
+        "read -P 0x5a 201M 1M",
+        "-c",
+        "flush",
+        "-c",
+        "write -f -P 0xcd 210M 4k",
+        "-c",
+        "read -P 0xcd 210M 4k",
+        "-c",
+        "write -P 0x11 250M 512",
+        "-c",
+        "read -P 0x11 250M 512",
         &c.unix,
     ]));
     assert!(!out.contains("Pattern verification failed"), "{out}");
@@ -89,10 +113,19 @@ fn qemu_and_libnbd_tools_round_trip() {
         .lines()
         .map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            (f[0].parse().unwrap(), f[1].parse().unwrap(), f[2].parse().unwrap())
+            (
+                f[0].parse().unwrap(),
+                f[1].parse().unwrap(),
+                f[2].parse().unwrap(),
+            )
         })
         .collect();
-    let state_at = |off: u64| rows.iter().find(|r| r.0 <= off && off < r.0 + r.1).map(|r| r.2).unwrap();
+    let state_at = |off: u64| {
+        rows.iter()
+            .find(|r| r.0 <= off && off < r.0 + r.1)
+            .map(|r| r.2)
+            .unwrap()
+    };
     assert_eq!(state_at(0), 0, "written data is allocated:\n{map}");
     assert_eq!(state_at(80 << 20), 3, "never written is a hole:\n{map}");
     assert_eq!(state_at(200 << 20), 3, "discarded is a hole:\n{map}");
@@ -105,7 +138,10 @@ fn qemu_and_libnbd_tools_round_trip() {
     let b = std::fs::read(&src).unwrap();
     assert_eq!(a.len(), 256 << 20);
     assert!(a[..b.len()] == b[..], "nbdcopy read back different bytes");
-    run(Command::new("nbdcopy").arg(&src).arg(&c.unix).arg("--destination-is-zero"));
+    run(Command::new("nbdcopy")
+        .arg(&src)
+        .arg(&c.unix)
+        .arg("--destination-is-zero"));
 
     assert_replicas_identical(&c, "vol0");
 }

@@ -23,8 +23,12 @@ use std::task::Poll;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-use trireme_proto::{decode_extents, Extent, Header, Op, Status, FLAG_FUA, FLAG_MAY_TRIM, MAX_PAYLOAD};
-use trireme_replication::{check_io, RangeError, ReplicaOutcome, ReplicaSet, ReplicaState, WriteFailure, WriteQuorum};
+use trireme_proto::{
+    decode_extents, Extent, Header, Op, Status, FLAG_FUA, FLAG_MAY_TRIM, MAX_PAYLOAD,
+};
+use trireme_replication::{
+    check_io, RangeError, ReplicaOutcome, ReplicaSet, ReplicaState, WriteFailure, WriteQuorum,
+};
 use trireme_transport::{Connection, ConnectionInfo, Frame, TransportError, TransportKind};
 
 /// Largest read or write the client sends in one frame.
@@ -53,12 +57,25 @@ pub struct ReplicaTarget {
 pub enum VolumeError {
     #[error(transparent)]
     Range(#[from] RangeError),
-    #[error("volume {volume}: fenced, another writer attached with epoch {newer} (ours is {ours})")]
-    Fenced { volume: String, ours: u64, newer: u64 },
+    #[error(
+        "volume {volume}: fenced, another writer attached with epoch {newer} (ours is {ours})"
+    )]
+    Fenced {
+        volume: String,
+        ours: u64,
+        newer: u64,
+    },
     #[error("volume {volume}: {failure}")]
-    Write { volume: String, failure: WriteFailure },
+    Write {
+        volume: String,
+        failure: WriteFailure,
+    },
     #[error("node {node}: {status}: {message}")]
-    Replica { node: u32, status: &'static str, message: String },
+    Replica {
+        node: u32,
+        status: &'static str,
+        message: String,
+    },
     #[error("node {node}: {source}")]
     Transport { node: u32, source: TransportError },
     #[error("volume {0}: no in-sync replica can serve the request")]
@@ -74,7 +91,14 @@ impl VolumeError {
         matches!(self, VolumeError::Range(_))
     }
     pub fn is_fenced(&self) -> bool {
-        matches!(self, VolumeError::Fenced { .. } | VolumeError::Write { failure: WriteFailure::Fenced, .. })
+        matches!(
+            self,
+            VolumeError::Fenced { .. }
+                | VolumeError::Write {
+                    failure: WriteFailure::Fenced,
+                    ..
+                }
+        )
     }
 }
 
@@ -107,12 +131,18 @@ async fn join_all<T>(mut futs: Vec<Pin<Box<dyn Future<Output = T> + Send + '_>>>
         }
     })
     .await;
-    out.into_iter().map(|v| v.expect("every future completed")).collect()
+    out.into_iter()
+        .map(|v| v.expect("every future completed"))
+        .collect()
 }
 
 impl Volume {
     /// Connects to every in-sync replica without attaching (for verification and status).
-    pub async fn connect(info: AttachInfo, kind: TransportKind, streams: usize) -> Result<Volume, VolumeError> {
+    pub async fn connect(
+        info: AttachInfo,
+        kind: TransportKind,
+        streams: usize,
+    ) -> Result<Volume, VolumeError> {
         let mut conns = Vec::with_capacity(info.replicas.len());
         for r in &info.replicas {
             if r.state != ReplicaState::InSync {
@@ -121,7 +151,10 @@ impl Volume {
             }
             let c = trireme_transport::connect(kind, &r.addr, streams)
                 .await
-                .map_err(|source| VolumeError::Transport { node: r.node, source })?;
+                .map_err(|source| VolumeError::Transport {
+                    node: r.node,
+                    source,
+                })?;
             conns.push(Some(c));
         }
         let states = info.replicas.iter().map(|r| r.state).collect();
@@ -134,11 +167,21 @@ impl Volume {
     }
 
     /// Connects and attaches every in-sync replica with this writer's epoch.
-    pub async fn attach(info: AttachInfo, kind: TransportKind, streams: usize) -> Result<Volume, VolumeError> {
+    pub async fn attach(
+        info: AttachInfo,
+        kind: TransportKind,
+        streams: usize,
+    ) -> Result<Volume, VolumeError> {
         let v = Volume::connect(info, kind, streams).await?;
         let targets = v.set().write_targets();
         let h = v.header(Op::Attach, 0, 0);
-        let replies = join_all(targets.iter().map(|&i| v.call(i, h, Bytes::new())).collect()).await;
+        let replies = join_all(
+            targets
+                .iter()
+                .map(|&i| v.call(i, h, Bytes::new()))
+                .collect(),
+        )
+        .await;
         for (k, r) in replies.into_iter().enumerate() {
             v.expect_ok(targets[k], r?)?;
         }
@@ -153,7 +196,10 @@ impl Volume {
         self.info.size
     }
     pub fn connections(&self) -> Vec<Option<ConnectionInfo>> {
-        self.conns.iter().map(|c| c.as_ref().map(|c| c.info())).collect()
+        self.conns
+            .iter()
+            .map(|c| c.as_ref().map(|c| c.info()))
+            .collect()
     }
 
     fn set(&self) -> ReplicaSet {
@@ -174,11 +220,20 @@ impl Volume {
         self.info.replicas[i].node
     }
 
-    fn call(&self, i: usize, h: Header, payload: Bytes) -> Pin<Box<dyn Future<Output = Result<Frame, VolumeError>> + Send + '_>> {
+    fn call(
+        &self,
+        i: usize,
+        h: Header,
+        payload: Bytes,
+    ) -> Pin<Box<dyn Future<Output = Result<Frame, VolumeError>> + Send + '_>> {
         let node = self.node(i);
         Box::pin(async move {
-            let c = self.conns[i].as_ref().ok_or_else(|| VolumeError::NoReplicas(self.info.name.clone()))?;
-            c.call(h, payload).await.map_err(|source| VolumeError::Transport { node, source })
+            let c = self.conns[i]
+                .as_ref()
+                .ok_or_else(|| VolumeError::NoReplicas(self.info.name.clone()))?;
+            c.call(h, payload)
+                .await
+                .map_err(|source| VolumeError::Transport { node, source })
         })
     }
 
@@ -203,9 +258,18 @@ impl Volume {
         let targets = self.set().write_targets();
         let mut q = WriteQuorum::new(targets.clone());
         if let Some(r) = q.finish_empty() {
-            return r.map_err(|failure| VolumeError::Write { volume: self.info.name.clone(), failure });
+            return r.map_err(|failure| VolumeError::Write {
+                volume: self.info.name.clone(),
+                failure,
+            });
         }
-        let replies = join_all(targets.iter().map(|&i| self.call(i, h, payload.clone())).collect()).await;
+        let replies = join_all(
+            targets
+                .iter()
+                .map(|&i| self.call(i, h, payload.clone()))
+                .collect(),
+        )
+        .await;
         let mut result = None;
         for (k, r) in replies.into_iter().enumerate() {
             let i = targets[k];
@@ -215,7 +279,12 @@ impl Volume {
                     tracing::warn!(volume = %self.info.name, node = self.node(i), op = ?h.op, "replica failed: {e}");
                     match e {
                         VolumeError::Fenced { .. } => ReplicaOutcome::Fenced,
-                        VolumeError::Replica { status, .. } if status == Status::OutOfRange.as_str() || status == Status::Invalid.as_str() => ReplicaOutcome::Refused,
+                        VolumeError::Replica { status, .. }
+                            if status == Status::OutOfRange.as_str()
+                                || status == Status::Invalid.as_str() =>
+                        {
+                            ReplicaOutcome::Refused
+                        }
                         _ => ReplicaOutcome::Failed,
                     }
                 }
@@ -224,16 +293,25 @@ impl Volume {
         }
         match result.expect("every target replied") {
             Ok(()) => Ok(()),
-            Err(failure) => Err(VolumeError::Write { volume: self.info.name.clone(), failure }),
+            Err(failure) => Err(VolumeError::Write {
+                volume: self.info.name.clone(),
+                failure,
+            }),
         }
     }
 
     /// Sends a read-like request to one in-sync replica, falling over to the next on failure.
     async fn read_one(&self, h: Header) -> Result<Frame, VolumeError> {
-        let order = self.set().read_order(self.spread.fetch_add(1, Ordering::Relaxed));
+        let order = self
+            .set()
+            .read_order(self.spread.fetch_add(1, Ordering::Relaxed));
         let mut last = VolumeError::NoReplicas(self.info.name.clone());
         for i in order {
-            match self.call(i, h, Bytes::new()).await.and_then(|f| self.expect_ok(i, f)) {
+            match self
+                .call(i, h, Bytes::new())
+                .await
+                .and_then(|f| self.expect_ok(i, f))
+            {
                 Ok(f) => return Ok(f),
                 Err(e @ VolumeError::Fenced { .. }) => return Err(e),
                 Err(e) => {
@@ -252,7 +330,10 @@ impl Volume {
         }
         let f = self.read_one(self.header(Op::Read, offset, len)).await?;
         if f.payload.len() as u64 != len {
-            return Err(VolumeError::Protocol { node: 0, what: format!("read returned {} of {len} bytes", f.payload.len()) });
+            return Err(VolumeError::Protocol {
+                node: 0,
+                what: format!("read returned {} of {len} bytes", f.payload.len()),
+            });
         }
         Ok(f.payload)
     }
@@ -269,7 +350,13 @@ impl Volume {
         self.mirror(h, data).await
     }
 
-    pub async fn write_zeroes(&self, offset: u64, len: u64, may_trim: bool, fua: bool) -> Result<(), VolumeError> {
+    pub async fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u64,
+        may_trim: bool,
+        fua: bool,
+    ) -> Result<(), VolumeError> {
         check_io(offset, len, self.info.size, u64::MAX)?;
         if len == 0 {
             return Ok(());
@@ -285,7 +372,8 @@ impl Volume {
     }
 
     pub async fn flush(&self) -> Result<(), VolumeError> {
-        self.mirror(self.header(Op::Flush, 0, 0), Bytes::new()).await
+        self.mirror(self.header(Op::Flush, 0, 0), Bytes::new())
+            .await
     }
 
     /// Allocation extents of `[offset, offset+len)`, from one in-sync replica.
@@ -294,24 +382,42 @@ impl Volume {
         if len == 0 {
             return Ok(Vec::new());
         }
-        let f = self.read_one(self.header(Op::BlockStatus, offset, len)).await?;
-        let ext = decode_extents(&f.payload).map_err(|e| VolumeError::Protocol { node: 0, what: e.to_string() })?;
+        let f = self
+            .read_one(self.header(Op::BlockStatus, offset, len))
+            .await?;
+        let ext = decode_extents(&f.payload).map_err(|e| VolumeError::Protocol {
+            node: 0,
+            what: e.to_string(),
+        })?;
         let total: u64 = ext.iter().map(|e| e.length).sum();
         if total != len {
-            return Err(VolumeError::Protocol { node: 0, what: format!("extents cover {total} of {len} bytes") });
+            return Err(VolumeError::Protocol {
+                node: 0,
+                what: format!("extents cover {total} of {len} bytes"),
+            });
         }
         Ok(ext)
     }
 
     /// crc32c of a range on every connected replica (index order), for verification.
-    pub async fn replica_checksums(&self, offset: u64, len: u64) -> Vec<Option<Result<u32, VolumeError>>> {
+    pub async fn replica_checksums(
+        &self,
+        offset: u64,
+        len: u64,
+    ) -> Vec<Option<Result<u32, VolumeError>>> {
         let h = self.header(Op::Checksum, offset, len);
-        let idx: Vec<usize> = (0..self.conns.len()).filter(|&i| self.conns[i].is_some()).collect();
+        let idx: Vec<usize> = (0..self.conns.len())
+            .filter(|&i| self.conns[i].is_some())
+            .collect();
         let replies = join_all(idx.iter().map(|&i| self.call(i, h, Bytes::new())).collect()).await;
-        let mut out: Vec<Option<Result<u32, VolumeError>>> = (0..self.conns.len()).map(|_| None).collect();
+        let mut out: Vec<Option<Result<u32, VolumeError>>> =
+            (0..self.conns.len()).map(|_| None).collect();
         for (k, r) in replies.into_iter().enumerate() {
             let i = idx[k];
-            out[i] = Some(r.and_then(|f| self.expect_ok(i, f)).map(|f| f.header.length as u32));
+            out[i] = Some(
+                r.and_then(|f| self.expect_ok(i, f))
+                    .map(|f| f.header.length as u32),
+            );
         }
         out
     }

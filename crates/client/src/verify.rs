@@ -43,7 +43,11 @@ pub async fn verify_replicas(vol: &Volume, region: u64) -> Result<VerifyReport, 
         if !all_equal(&sums) {
             sums = collect(vol, offset, len).await?;
             if !all_equal(&sums) {
-                report.mismatches.push(Mismatch { offset, length: len, checksums: sums });
+                report.mismatches.push(Mismatch {
+                    offset,
+                    length: len,
+                    checksums: sums,
+                });
             }
         }
         report.bytes_compared += len;
@@ -54,7 +58,12 @@ pub async fn verify_replicas(vol: &Volume, region: u64) -> Result<VerifyReport, 
 
 async fn collect(vol: &Volume, offset: u64, len: u64) -> Result<Vec<(u32, u32)>, VolumeError> {
     let mut out = Vec::new();
-    for (i, r) in vol.replica_checksums(offset, len).await.into_iter().enumerate() {
+    for (i, r) in vol
+        .replica_checksums(offset, len)
+        .await
+        .into_iter()
+        .enumerate()
+    {
         if let Some(r) = r {
             out.push((vol.info().replicas[i].node, r?));
         }

@@ -15,14 +15,26 @@ pub const MAX_LINE: u64 = 1 << 20;
 #[serde(tag = "cmd", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Request {
     NodeList,
-    VolumeCreate { name: String, size: u64, replicas: usize },
+    VolumeCreate {
+        name: String,
+        size: u64,
+        replicas: usize,
+    },
     VolumeList,
-    VolumeInfo { name: String },
-    VolumeDelete { name: String },
+    VolumeInfo {
+        name: String,
+    },
+    VolumeDelete {
+        name: String,
+    },
     /// Take a new epoch for a writer: fences every older writer of the volume.
-    Attach { name: String },
+    Attach {
+        name: String,
+    },
     /// Where a volume lives, without a new epoch (for verification).
-    Locate { name: String },
+    Locate {
+        name: String,
+    },
     Status,
 }
 
@@ -71,7 +83,10 @@ pub struct StatusReport {
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
     #[error("cannot reach the cluster at {path}: {source} (is `trireme up` running with this --data-dir?)")]
-    Connect { path: PathBuf, source: std::io::Error },
+    Connect {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("control connection: {0}")]
     Io(#[from] std::io::Error),
     #[error("{0}")]
@@ -97,8 +112,13 @@ impl ControlClient {
     pub async fn connect(path: &Path) -> Result<ControlClient, ControlError> {
         let s = UnixStream::connect(path)
             .await
-            .map_err(|source| ControlError::Connect { path: path.to_path_buf(), source })?;
-        Ok(ControlClient { stream: BufReader::new(s) })
+            .map_err(|source| ControlError::Connect {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        Ok(ControlClient {
+            stream: BufReader::new(s),
+        })
     }
 
     pub async fn call<T: DeserializeOwned>(&mut self, req: &Request) -> Result<T, ControlError> {
@@ -106,12 +126,19 @@ impl ControlClient {
         line.push(b'\n');
         self.stream.get_mut().write_all(&line).await?;
         let mut buf = Vec::new();
-        let n = (&mut self.stream).take(MAX_LINE).read_until(b'\n', &mut buf).await?;
+        let n = (&mut self.stream)
+            .take(MAX_LINE)
+            .read_until(b'\n', &mut buf)
+            .await?;
         if n == 0 {
             return Err(ControlError::Malformed("connection closed".into()));
         }
-        match serde_json::from_slice::<Reply>(&buf).map_err(|e| ControlError::Malformed(e.to_string()))? {
-            Reply::Ok(v) => serde_json::from_value(v).map_err(|e| ControlError::Malformed(e.to_string())),
+        match serde_json::from_slice::<Reply>(&buf)
+            .map_err(|e| ControlError::Malformed(e.to_string()))?
+        {
+            Reply::Ok(v) => {
+                serde_json::from_value(v).map_err(|e| ControlError::Malformed(e.to_string()))
+            }
             Reply::Error(e) => Err(ControlError::Remote(e)),
         }
     }

@@ -12,5 +12,7 @@
 mod api;
 mod manager;
 
-pub use api::{ControlClient, ControlError, NodeStatus, ReplicaStatus, Request, StatusReport, VolumeStatus};
+pub use api::{
+    ControlClient, ControlError, NodeStatus, ReplicaStatus, Request, StatusReport, VolumeStatus,
+};
 pub use manager::{serve, Manager};

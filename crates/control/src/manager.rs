@@ -13,7 +13,7 @@ use trireme_proto::{Header, Op, Status};
 use trireme_replication::{place, NodeLoad};
 use trireme_transport::TransportKind;
 
-use crate::api::{NodeStatus, Reply, ReplicaStatus, Request, StatusReport, VolumeStatus, MAX_LINE};
+use crate::api::{NodeStatus, ReplicaStatus, Reply, Request, StatusReport, VolumeStatus, MAX_LINE};
 
 /// How long the manager waits for a node on the control path.
 const NODE_TIMEOUT: Duration = Duration::from_secs(3);
@@ -32,7 +32,10 @@ type Result<T> = std::result::Result<T, String>;
 
 impl Manager {
     pub fn new(meta: Arc<dyn MetaStore>) -> Manager {
-        Manager { meta, volume_lock: tokio::sync::Mutex::new(()) }
+        Manager {
+            meta,
+            volume_lock: tokio::sync::Mutex::new(()),
+        }
     }
 
     pub fn meta(&self) -> &Arc<dyn MetaStore> {
@@ -48,7 +51,12 @@ impl Manager {
         };
         tokio::time::timeout(NODE_TIMEOUT, fut)
             .await
-            .map_err(|_| format!("node {} at {} did not answer in {NODE_TIMEOUT:?}", node.id, node.addr))?
+            .map_err(|_| {
+                format!(
+                    "node {} at {} did not answer in {NODE_TIMEOUT:?}",
+                    node.id, node.addr
+                )
+            })?
             .map_err(|e| format!("node {}: {e}", node.id))
     }
 
@@ -62,14 +70,25 @@ impl Manager {
     }
 
     async fn replica_op(&self, node: &NodeRecord, op: Op, v: &VolumeRecord) -> Result<Status> {
-        let h = Header { volume: v.id, length: v.size, ..Header::request(op, 0) };
+        let h = Header {
+            volume: v.id,
+            length: v.size,
+            ..Header::request(op, 0)
+        };
         let f = self.node_call(node, h).await?;
         Ok(f.header.status)
     }
 
-    pub async fn create_volume(&self, name: &str, size: u64, replicas: usize) -> Result<VolumeRecord> {
-        if size == 0 || size % 4096 != 0 || size > MAX_VOLUME {
-            return Err(format!("volume size {size} must be a non-zero multiple of 4096 up to {MAX_VOLUME}"));
+    pub async fn create_volume(
+        &self,
+        name: &str,
+        size: u64,
+        replicas: usize,
+    ) -> Result<VolumeRecord> {
+        if size == 0 || !size.is_multiple_of(4096) || size > MAX_VOLUME {
+            return Err(format!(
+                "volume size {size} must be a non-zero multiple of 4096 up to {MAX_VOLUME}"
+            ));
         }
         let _g = self.volume_lock.lock().await;
         let nodes = self.meta.nodes().map_err(|e| e.to_string())?;
@@ -78,11 +97,17 @@ impl Manager {
             .iter()
             .map(|n| NodeLoad {
                 node: n.id,
-                replicas: vols.iter().filter(|v| v.replicas.iter().any(|r| r.node == n.id)).count(),
+                replicas: vols
+                    .iter()
+                    .filter(|v| v.replicas.iter().any(|r| r.node == n.id))
+                    .count(),
             })
             .collect();
         let chosen = place(&loads, replicas).map_err(|e| e.to_string())?;
-        let v = self.meta.create_volume(name, size, &chosen).map_err(|e| e.to_string())?;
+        let v = self
+            .meta
+            .create_volume(name, size, &chosen)
+            .map_err(|e| e.to_string())?;
         let mut created = Vec::new();
         for &id in &chosen {
             let node = self.node(id)?;
@@ -98,7 +123,9 @@ impl Manager {
                         Ok(s) => s.as_str().to_string(),
                         Err(e) => e,
                     };
-                    return Err(format!("creating the replica of {name:?} on node {id} failed: {why}"));
+                    return Err(format!(
+                        "creating the replica of {name:?} on node {id} failed: {why}"
+                    ));
                 }
             }
         }
@@ -113,7 +140,13 @@ impl Manager {
             let node = self.node(r.node)?;
             match self.replica_op(&node, Op::DeleteReplica, &v).await? {
                 Status::Ok | Status::NoReplica => {}
-                s => return Err(format!("deleting the replica on node {}: {}", r.node, s.as_str())),
+                s => {
+                    return Err(format!(
+                        "deleting the replica on node {}: {}",
+                        r.node,
+                        s.as_str()
+                    ))
+                }
             }
         }
         self.meta.delete_volume(name).map_err(|e| e.to_string())
@@ -123,10 +156,23 @@ impl Manager {
         let nodes = self.meta.nodes().map_err(|e| e.to_string())?;
         let mut replicas = Vec::new();
         for r in &v.replicas {
-            let n = nodes.iter().find(|n| n.id == r.node).ok_or_else(|| format!("node {} is not registered", r.node))?;
-            replicas.push(ReplicaTarget { node: n.id, addr: n.addr.clone(), state: r.state });
+            let n = nodes
+                .iter()
+                .find(|n| n.id == r.node)
+                .ok_or_else(|| format!("node {} is not registered", r.node))?;
+            replicas.push(ReplicaTarget {
+                node: n.id,
+                addr: n.addr.clone(),
+                state: r.state,
+            });
         }
-        Ok(AttachInfo { name: v.name.clone(), id: v.id, size: v.size, epoch: v.epoch, replicas })
+        Ok(AttachInfo {
+            name: v.name.clone(),
+            id: v.id,
+            size: v.size,
+            epoch: v.epoch,
+            replicas,
+        })
     }
 
     /// A new writer: bumps the epoch durably, then says where the replicas are.
@@ -142,7 +188,10 @@ impl Manager {
 
     async fn node_status(&self, n: &NodeRecord, vols: &[VolumeRecord]) -> NodeStatus {
         let t0 = Instant::now();
-        let up = self.node_call(n, Header::request(Op::Ping, 0)).await.is_ok();
+        let up = self
+            .node_call(n, Header::request(Op::Ping, 0))
+            .await
+            .is_ok();
         NodeStatus {
             id: n.id,
             addr: n.addr.clone(),
@@ -150,7 +199,10 @@ impl Manager {
             up,
             ping_us: up.then(|| t0.elapsed().as_micros() as u64),
             transport: "tcp".into(),
-            replicas: vols.iter().filter(|v| v.replicas.iter().any(|r| r.node == n.id)).count(),
+            replicas: vols
+                .iter()
+                .filter(|v| v.replicas.iter().any(|r| r.node == n.id))
+                .count(),
         }
     }
 
@@ -165,26 +217,45 @@ impl Manager {
         for v in &vols {
             let mut reps = Vec::new();
             for r in &v.replicas {
-                let mut st = ReplicaStatus { node: r.node, state: r.state.to_string(), allocated_bytes: None, epoch: None };
+                let mut st = ReplicaStatus {
+                    node: r.node,
+                    state: r.state.to_string(),
+                    allocated_bytes: None,
+                    epoch: None,
+                };
                 match nodes.iter().find(|n| n.id == r.node) {
                     None => st.state = "unreachable".into(),
                     Some(n) => {
-                        let h = Header { volume: v.id, ..Header::request(Op::ReplicaInfo, 0) };
+                        let h = Header {
+                            volume: v.id,
+                            ..Header::request(Op::ReplicaInfo, 0)
+                        };
                         match self.node_call(n, h).await {
                             Ok(f) if f.header.status == Status::Ok => {
                                 st.allocated_bytes = Some(f.header.offset);
                                 st.epoch = Some(f.header.epoch);
                             }
-                            Ok(f) if f.header.status == Status::NoReplica => st.state = "missing".into(),
+                            Ok(f) if f.header.status == Status::NoReplica => {
+                                st.state = "missing".into()
+                            }
                             _ => st.state = "unreachable".into(),
                         }
                     }
                 }
                 reps.push(st);
             }
-            vs.push(VolumeStatus { name: v.name.clone(), id: v.id, size: v.size, epoch: v.epoch, replicas: reps });
+            vs.push(VolumeStatus {
+                name: v.name.clone(),
+                id: v.id,
+                size: v.size,
+                epoch: v.epoch,
+                replicas: reps,
+            });
         }
-        Ok(StatusReport { nodes: ns, volumes: vs })
+        Ok(StatusReport {
+            nodes: ns,
+            volumes: vs,
+        })
     }
 
     /// After a restart: replicas on volatile stores come back empty, so they are re-created.
@@ -193,8 +264,13 @@ impl Manager {
         let nodes = self.meta.nodes().map_err(|e| e.to_string())?;
         for v in self.meta.volumes().map_err(|e| e.to_string())? {
             for r in &v.replicas {
-                let Some(n) = nodes.iter().find(|n| n.id == r.node) else { continue };
-                let h = Header { volume: v.id, ..Header::request(Op::ReplicaInfo, 0) };
+                let Some(n) = nodes.iter().find(|n| n.id == r.node) else {
+                    continue;
+                };
+                let h = Header {
+                    volume: v.id,
+                    ..Header::request(Op::ReplicaInfo, 0)
+                };
                 let f = self.node_call(n, h).await?;
                 if f.header.status != Status::NoReplica {
                     continue;
@@ -223,7 +299,11 @@ impl Manager {
                 }
                 to(Ok(out))
             }
-            Request::VolumeCreate { name, size, replicas } => to(self.create_volume(&name, size, replicas).await),
+            Request::VolumeCreate {
+                name,
+                size,
+                replicas,
+            } => to(self.create_volume(&name, size, replicas).await),
             Request::VolumeList => to(self.meta.volumes().map_err(|e| e.to_string())),
             Request::VolumeInfo { name } => to(self.meta.volume(&name).map_err(|e| e.to_string())),
             Request::VolumeDelete { name } => to(self.delete_volume(&name).await),

@@ -21,7 +21,9 @@ pub struct EmbeddedMeta {
 
 impl std::fmt::Debug for EmbeddedMeta {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EmbeddedMeta").field("path", &self.path).finish()
+        f.debug_struct("EmbeddedMeta")
+            .field("path", &self.path)
+            .finish()
     }
 }
 
@@ -65,7 +67,10 @@ impl EmbeddedMeta {
         Ok(out)
     }
 
-    fn read_volume(t: &impl ReadableTable<&'static str, &'static str>, name: &str) -> Result<VolumeRecord, Failure> {
+    fn read_volume(
+        t: &impl ReadableTable<&'static str, &'static str>,
+        name: &str,
+    ) -> Result<VolumeRecord, Failure> {
         match t.get(name)? {
             Some(v) => Ok(decode(name, v.value())?),
             None => Err(Failure::Meta(MetaError::NoVolume(name.to_string()))),
@@ -104,7 +109,8 @@ fn encode<T: serde::Serialize>(v: &T) -> String {
 impl MetaStore for EmbeddedMeta {
     fn put_node(&self, node: &NodeRecord) -> Result<(), MetaError> {
         self.write(|tx| {
-            tx.open_table(NODES)?.insert(node.id, encode(node).as_str())?;
+            tx.open_table(NODES)?
+                .insert(node.id, encode(node).as_str())?;
             Ok(())
         })
     }
@@ -120,7 +126,12 @@ impl MetaStore for EmbeddedMeta {
         Ok(out)
     }
 
-    fn create_volume(&self, name: &str, size: u64, nodes: &[u32]) -> Result<VolumeRecord, MetaError> {
+    fn create_volume(
+        &self,
+        name: &str,
+        size: u64,
+        nodes: &[u32],
+    ) -> Result<VolumeRecord, MetaError> {
         check_name(name)?;
         self.write(|tx| {
             let mut vols = tx.open_table(VOLUMES)?;
@@ -197,7 +208,9 @@ impl MetaStore for EmbeddedMeta {
     fn setting(&self, key: &str) -> Result<Option<String>, MetaError> {
         let tx = self.db.begin_read().map_err(|e| self.err(e))?;
         let t = tx.open_table(SETTINGS).map_err(|e| self.err(e))?;
-        Ok(t.get(key).map_err(|e| self.err(e))?.map(|v| v.value().to_string()))
+        Ok(t.get(key)
+            .map_err(|e| self.err(e))?
+            .map(|v| v.value().to_string()))
     }
 
     fn set_setting(&self, key: &str, value: &str) -> Result<(), MetaError> {
@@ -218,14 +231,25 @@ mod tests {
         let p = d.path().join("meta.redb");
         {
             let m = EmbeddedMeta::open(&p).unwrap();
-            m.put_node(&NodeRecord { id: 1, addr: "127.0.0.1:1".into(), store: "file".into() }).unwrap();
+            m.put_node(&NodeRecord {
+                id: 1,
+                addr: "127.0.0.1:1".into(),
+                store: "file".into(),
+            })
+            .unwrap();
             let v = m.create_volume("vol0", 1 << 20, &[1, 2, 3]).unwrap();
             assert_eq!(v.id, 1);
-            assert!(matches!(m.create_volume("vol0", 1, &[1]), Err(MetaError::VolumeExists(_))));
+            assert!(matches!(
+                m.create_volume("vol0", 1, &[1]),
+                Err(MetaError::VolumeExists(_))
+            ));
             assert_eq!(m.next_epoch("vol0").unwrap().epoch, 1);
             assert_eq!(m.next_epoch("vol0").unwrap().epoch, 2);
             assert!(matches!(m.next_epoch("nope"), Err(MetaError::NoVolume(_))));
-            assert!(matches!(m.create_volume("bad name", 1, &[1]), Err(MetaError::BadName(_))));
+            assert!(matches!(
+                m.create_volume("bad name", 1, &[1]),
+                Err(MetaError::BadName(_))
+            ));
             m.set_setting("store", "file").unwrap();
         }
         let m = EmbeddedMeta::open(&p).unwrap();

@@ -78,7 +78,12 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug {
     fn put_node(&self, node: &NodeRecord) -> Result<(), MetaError>;
     fn nodes(&self) -> Result<Vec<NodeRecord>, MetaError>;
     /// Creates a volume with a fresh id; fails if the name is taken.
-    fn create_volume(&self, name: &str, size: u64, nodes: &[u32]) -> Result<VolumeRecord, MetaError>;
+    fn create_volume(
+        &self,
+        name: &str,
+        size: u64,
+        nodes: &[u32],
+    ) -> Result<VolumeRecord, MetaError>;
     fn volume(&self, name: &str) -> Result<VolumeRecord, MetaError>;
     fn volumes(&self) -> Result<Vec<VolumeRecord>, MetaError>;
     fn delete_volume(&self, name: &str) -> Result<VolumeRecord, MetaError>;

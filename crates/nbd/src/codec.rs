@@ -77,7 +77,10 @@ pub struct GoRequest {
 }
 
 pub fn decode_go(b: &[u8]) -> Result<GoRequest, CodecError> {
-    let mut c = Cursor { b, what: "NBD_OPT_GO" };
+    let mut c = Cursor {
+        b,
+        what: "NBD_OPT_GO",
+    };
     let name = c.string()?;
     let n = c.u16()? as usize;
     if n > MAX_ITEMS {
@@ -99,7 +102,10 @@ pub struct MetaRequest {
 }
 
 pub fn decode_meta(b: &[u8]) -> Result<MetaRequest, CodecError> {
-    let mut c = Cursor { b, what: "NBD_OPT_*_META_CONTEXT" };
+    let mut c = Cursor {
+        b,
+        what: "NBD_OPT_*_META_CONTEXT",
+    };
     let name = c.string()?;
     let n = c.u32()? as usize;
     if n > MAX_ITEMS {

@@ -45,13 +45,32 @@ pub trait Backend: Send + Sync + 'static {
     fn size(&self) -> u64;
     /// True if a flush on any connection makes every write completed on any connection durable.
     fn can_multi_conn(&self) -> bool;
-    fn read(&self, offset: u64, len: u32) -> impl Future<Output = Result<Bytes, BackendError>> + Send;
-    fn write(&self, offset: u64, data: Bytes, fua: bool) -> impl Future<Output = Result<(), BackendError>> + Send;
+    fn read(
+        &self,
+        offset: u64,
+        len: u32,
+    ) -> impl Future<Output = Result<Bytes, BackendError>> + Send;
+    fn write(
+        &self,
+        offset: u64,
+        data: Bytes,
+        fua: bool,
+    ) -> impl Future<Output = Result<(), BackendError>> + Send;
     fn flush(&self) -> impl Future<Output = Result<(), BackendError>> + Send;
     /// Zeroes a range; `may_trim` allows deallocating it.
-    fn write_zeroes(&self, offset: u64, len: u32, may_trim: bool, fua: bool) -> impl Future<Output = Result<(), BackendError>> + Send;
+    fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u32,
+        may_trim: bool,
+        fua: bool,
+    ) -> impl Future<Output = Result<(), BackendError>> + Send;
     /// Allocation extents covering exactly `[offset, offset+len)`.
-    fn block_status(&self, offset: u64, len: u32) -> impl Future<Output = Result<Vec<Extent>, BackendError>> + Send;
+    fn block_status(
+        &self,
+        offset: u64,
+        len: u32,
+    ) -> impl Future<Output = Result<Vec<Extent>, BackendError>> + Send;
 }
 
 /// The exports a server offers, by name. The first one is also the default export (the empty
@@ -67,11 +86,16 @@ impl<B: Backend> Exports<B> {
     }
 
     pub fn add(&mut self, name: &str, description: &str, backend: Arc<B>) {
-        self.list.push((name.to_string(), description.to_string(), backend));
+        self.list
+            .push((name.to_string(), description.to_string(), backend));
     }
 
     pub fn get(&self, name: &str) -> Option<(&str, &str, &Arc<B>)> {
-        let e = if name.is_empty() { self.list.first() } else { self.list.iter().find(|e| e.0 == name) };
+        let e = if name.is_empty() {
+            self.list.first()
+        } else {
+            self.list.iter().find(|e| e.0 == name)
+        };
         e.map(|(n, d, b)| (n.as_str(), d.as_str(), b))
     }
 
@@ -87,7 +111,10 @@ impl<B: Backend> Default for Exports<B> {
 }
 
 /// Serves `exports` on an already bound unix socket listener until it fails.
-pub async fn serve_unix<B: Backend>(listener: tokio::net::UnixListener, exports: Arc<Exports<B>>) -> std::io::Result<()> {
+pub async fn serve_unix<B: Backend>(
+    listener: tokio::net::UnixListener,
+    exports: Arc<Exports<B>>,
+) -> std::io::Result<()> {
     loop {
         let (sock, _) = listener.accept().await?;
         let ex = exports.clone();
@@ -100,7 +127,10 @@ pub async fn serve_unix<B: Backend>(listener: tokio::net::UnixListener, exports:
 }
 
 /// Serves `exports` on an already bound TCP listener.
-pub async fn serve_tcp<B: Backend>(listener: tokio::net::TcpListener, exports: Arc<Exports<B>>) -> std::io::Result<()> {
+pub async fn serve_tcp<B: Backend>(
+    listener: tokio::net::TcpListener,
+    exports: Arc<Exports<B>>,
+) -> std::io::Result<()> {
     loop {
         let (sock, peer) = listener.accept().await?;
         let _ = sock.set_nodelay(true);

@@ -46,7 +46,12 @@ where
     transmission(rd, wr, session).await
 }
 
-async fn opt_reply<W: AsyncWrite + Unpin>(w: &mut W, opt: u32, kind: u32, data: &[u8]) -> std::io::Result<()> {
+async fn opt_reply<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    opt: u32,
+    kind: u32,
+    data: &[u8],
+) -> std::io::Result<()> {
     let mut b = Vec::with_capacity(20 + data.len());
     b.extend_from_slice(&REPLY_MAGIC.to_be_bytes());
     b.extend_from_slice(&opt.to_be_bytes());
@@ -56,13 +61,23 @@ async fn opt_reply<W: AsyncWrite + Unpin>(w: &mut W, opt: u32, kind: u32, data: 
     w.write_all(&b).await
 }
 
-async fn opt_error<W: AsyncWrite + Unpin>(w: &mut W, opt: u32, kind: u32, msg: &str) -> std::io::Result<()> {
+async fn opt_error<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    opt: u32,
+    kind: u32,
+    msg: &str,
+) -> std::io::Result<()> {
     tracing::debug!(opt, kind, "option refused: {msg}");
     opt_reply(w, opt, kind, msg.as_bytes()).await
 }
 
 fn transmission_flags<B: Backend>(b: &B, structured: bool) -> u16 {
-    let mut f = TF_HAS_FLAGS | TF_SEND_FLUSH | TF_SEND_FUA | TF_SEND_TRIM | TF_SEND_WRITE_ZEROES | TF_SEND_FAST_ZERO;
+    let mut f = TF_HAS_FLAGS
+        | TF_SEND_FLUSH
+        | TF_SEND_FUA
+        | TF_SEND_TRIM
+        | TF_SEND_WRITE_ZEROES
+        | TF_SEND_FAST_ZERO;
     if structured {
         f |= TF_SEND_DF;
     }
@@ -73,7 +88,11 @@ fn transmission_flags<B: Backend>(b: &B, structured: bool) -> u16 {
 }
 
 /// Runs the option haggling. `Ok(None)` if the client aborted or went away cleanly.
-async fn handshake<R, W, B>(rd: &mut R, wr: &mut W, exports: &Exports<B>) -> Result<Option<Session<B>>, NbdError>
+async fn handshake<R, W, B>(
+    rd: &mut R,
+    wr: &mut W,
+    exports: &Exports<B>,
+) -> Result<Option<Session<B>>, NbdError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -87,7 +106,9 @@ where
     wr.flush().await?;
     let client_flags = rd.read_u32().await?;
     if client_flags & !(CLIENT_FIXED_NEWSTYLE | CLIENT_NO_ZEROES) != 0 {
-        return Err(NbdError::Protocol(format!("unknown client flags {client_flags:#x}")));
+        return Err(NbdError::Protocol(format!(
+            "unknown client flags {client_flags:#x}"
+        )));
     }
     let no_zeroes = client_flags & CLIENT_NO_ZEROES != 0;
     let mut structured = false;
@@ -100,13 +121,17 @@ where
             Err(e) => return Err(e.into()),
         };
         if magic != IHAVEOPT {
-            return Err(NbdError::Protocol(format!("expected an option, got magic {magic:#018x}")));
+            return Err(NbdError::Protocol(format!(
+                "expected an option, got magic {magic:#018x}"
+            )));
         }
         let opt = rd.read_u32().await?;
         let len = rd.read_u32().await?;
         if len > MAX_OPTION {
             if len > MAX_OPTION_SKIP {
-                return Err(NbdError::Protocol(format!("option {opt} with a {len}-byte payload")));
+                return Err(NbdError::Protocol(format!(
+                    "option {opt} with a {len}-byte payload"
+                )));
             }
             tokio::io::copy(&mut (&mut *rd).take(u64::from(len)), &mut tokio::io::sink()).await?;
             opt_error(wr, opt, REP_ERR_TOO_BIG, "option payload too large").await?;
@@ -129,7 +154,11 @@ where
                 }
                 wr.write_all(&out).await?;
                 wr.flush().await?;
-                return Ok(Some(Session { backend: b.clone(), structured, meta_base_allocation }));
+                return Ok(Some(Session {
+                    backend: b.clone(),
+                    structured,
+                    meta_base_allocation,
+                }));
             }
             OPT_ABORT => {
                 opt_reply(wr, opt, REP_ACK, &[]).await?;
@@ -158,7 +187,13 @@ where
                     }
                 };
                 let Some((name, desc, b)) = exports.get(&req.name) else {
-                    opt_error(wr, opt, REP_ERR_UNKNOWN, &format!("no export named {:?}", req.name)).await?;
+                    opt_error(
+                        wr,
+                        opt,
+                        REP_ERR_UNKNOWN,
+                        &format!("no export named {:?}", req.name),
+                    )
+                    .await?;
                     continue;
                 };
                 let mut d = Vec::with_capacity(12);
@@ -184,12 +219,22 @@ where
                 opt_reply(wr, opt, REP_ACK, &[]).await?;
                 if opt == OPT_GO {
                     wr.flush().await?;
-                    return Ok(Some(Session { backend: b.clone(), structured, meta_base_allocation }));
+                    return Ok(Some(Session {
+                        backend: b.clone(),
+                        structured,
+                        meta_base_allocation,
+                    }));
                 }
             }
             OPT_STRUCTURED_REPLY => {
                 if !data.is_empty() {
-                    opt_error(wr, opt, REP_ERR_INVALID, "NBD_OPT_STRUCTURED_REPLY takes no data").await?;
+                    opt_error(
+                        wr,
+                        opt,
+                        REP_ERR_INVALID,
+                        "NBD_OPT_STRUCTURED_REPLY takes no data",
+                    )
+                    .await?;
                     continue;
                 }
                 structured = true;
@@ -197,7 +242,13 @@ where
             }
             OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
                 if !structured {
-                    opt_error(wr, opt, REP_ERR_INVALID, "negotiate structured replies first").await?;
+                    opt_error(
+                        wr,
+                        opt,
+                        REP_ERR_INVALID,
+                        "negotiate structured replies first",
+                    )
+                    .await?;
                     continue;
                 }
                 let req = match decode_meta(&data) {
@@ -208,11 +259,18 @@ where
                     }
                 };
                 if exports.get(&req.name).is_none() {
-                    opt_error(wr, opt, REP_ERR_UNKNOWN, &format!("no export named {:?}", req.name)).await?;
+                    opt_error(
+                        wr,
+                        opt,
+                        REP_ERR_UNKNOWN,
+                        &format!("no export named {:?}", req.name),
+                    )
+                    .await?;
                     continue;
                 }
                 let listing = opt == OPT_LIST_META_CONTEXT;
-                let matches = |q: &str| q == BASE_ALLOCATION || (listing && (q == "base:" || q.is_empty()));
+                let matches =
+                    |q: &str| q == BASE_ALLOCATION || (listing && (q == "base:" || q.is_empty()));
                 let selected = if listing && req.queries.is_empty() {
                     true
                 } else {
@@ -223,7 +281,9 @@ where
                 }
                 if selected {
                     let mut d = Vec::new();
-                    d.extend_from_slice(&(if listing { 0 } else { BASE_ALLOCATION_ID }).to_be_bytes());
+                    d.extend_from_slice(
+                        &(if listing { 0 } else { BASE_ALLOCATION_ID }).to_be_bytes(),
+                    );
                     d.extend_from_slice(BASE_ALLOCATION.as_bytes());
                     opt_reply(wr, opt, REP_META_CONTEXT, &d).await?;
                 }
@@ -261,7 +321,12 @@ fn error_reply(structured: bool, cookie: u64, e: &BackendError) -> Reply {
         return (simple_reply(cookie, e.errno), Bytes::new());
     }
     let msg = &e.message.as_bytes()[..e.message.len().min(1024)];
-    let mut b = chunk_header(cookie, REPLY_FLAG_DONE, REPLY_TYPE_ERROR, 6 + msg.len() as u32);
+    let mut b = chunk_header(
+        cookie,
+        REPLY_FLAG_DONE,
+        REPLY_TYPE_ERROR,
+        6 + msg.len() as u32,
+    );
     b.put_u32(e.errno);
     b.put_u16(msg.len() as u16);
     b.put_slice(msg);
@@ -269,10 +334,16 @@ fn error_reply(structured: bool, cookie: u64, e: &BackendError) -> Reply {
 }
 
 fn invalid(errno: u32, message: impl Into<String>) -> BackendError {
-    BackendError { errno, message: message.into() }
+    BackendError {
+        errno,
+        message: message.into(),
+    }
 }
 
-async fn write_replies<W: AsyncWrite + Unpin>(wr: W, mut rx: mpsc::UnboundedReceiver<Reply>) -> std::io::Result<()> {
+async fn write_replies<W: AsyncWrite + Unpin>(
+    wr: W,
+    mut rx: mpsc::UnboundedReceiver<Reply>,
+) -> std::io::Result<()> {
     let mut w = BufWriter::with_capacity(256 * 1024, wr);
     while let Some((h, d)) = rx.recv().await {
         w.write_all(&h).await?;
@@ -312,14 +383,26 @@ where
             break Ok(());
         }
         let reply_err = |e: BackendError| {
-            let _ = tx.send(error_reply(s.structured && req.command == CMD_READ, req.cookie, &e));
+            let _ = tx.send(error_reply(
+                s.structured && req.command == CMD_READ,
+                req.cookie,
+                &e,
+            ));
         };
         // A write's payload follows its header: read it now, before the next request.
         let mut payload = Bytes::new();
         if req.command == CMD_WRITE {
             if req.length > MAX_REQUEST {
-                reply_err(invalid(EOVERFLOW, format!("write of {} bytes over the {MAX_REQUEST}-byte limit", req.length)));
-                break Err(NbdError::Protocol("oversized write; cannot skip its payload safely".into()));
+                reply_err(invalid(
+                    EOVERFLOW,
+                    format!(
+                        "write of {} bytes over the {MAX_REQUEST}-byte limit",
+                        req.length
+                    ),
+                ));
+                break Err(NbdError::Protocol(
+                    "oversized write; cannot skip its payload safely".into(),
+                ));
             }
             let mut buf = BytesMut::zeroed(req.length as usize);
             if let Err(e) = rd.read_exact(&mut buf).await {
@@ -328,17 +411,36 @@ where
             payload = buf.freeze();
         }
         if req.flags & !KNOWN_CMD_FLAGS != 0 {
-            reply_err(invalid(EINVAL, format!("unknown command flags {:#x}", req.flags)));
+            reply_err(invalid(
+                EINVAL,
+                format!("unknown command flags {:#x}", req.flags),
+            ));
             continue;
         }
         let end = req.offset.checked_add(u64::from(req.length));
         if !matches!(req.command, CMD_FLUSH) && end.is_none_or(|e| e > size) {
-            let errno = if req.command == CMD_WRITE || req.command == CMD_WRITE_ZEROES { ENOSPC } else { EINVAL };
-            reply_err(invalid(errno, format!("range {}+{} beyond the {size}-byte export", req.offset, req.length)));
+            let errno = if req.command == CMD_WRITE || req.command == CMD_WRITE_ZEROES {
+                ENOSPC
+            } else {
+                EINVAL
+            };
+            reply_err(invalid(
+                errno,
+                format!(
+                    "range {}+{} beyond the {size}-byte export",
+                    req.offset, req.length
+                ),
+            ));
             continue;
         }
         if req.command == CMD_READ && req.length > MAX_REQUEST {
-            reply_err(invalid(EINVAL, format!("read of {} bytes over the {MAX_REQUEST}-byte limit", req.length)));
+            reply_err(invalid(
+                EINVAL,
+                format!(
+                    "read of {} bytes over the {MAX_REQUEST}-byte limit",
+                    req.length
+                ),
+            ));
             continue;
         }
         let units = (1 + req.length / (64 * 1024)).min(INFLIGHT_UNITS);
@@ -370,9 +472,17 @@ async fn execute<B: Backend>(s: &Session<B>, req: Request, payload: Bytes) -> Re
         CMD_READ => match b.read(req.offset, req.length).await {
             Ok(data) if s.structured => {
                 if data.is_empty() {
-                    return (chunk_header(cookie, REPLY_FLAG_DONE, REPLY_TYPE_NONE, 0), Bytes::new());
+                    return (
+                        chunk_header(cookie, REPLY_FLAG_DONE, REPLY_TYPE_NONE, 0),
+                        Bytes::new(),
+                    );
                 }
-                let mut h = chunk_header(cookie, REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, 8 + data.len() as u32);
+                let mut h = chunk_header(
+                    cookie,
+                    REPLY_FLAG_DONE,
+                    REPLY_TYPE_OFFSET_DATA,
+                    8 + data.len() as u32,
+                );
                 h.put_u64(req.offset);
                 (h, data)
             }
@@ -392,16 +502,37 @@ async fn execute<B: Backend>(s: &Session<B>, req: Request, payload: Bytes) -> Re
         }
         CMD_BLOCK_STATUS => {
             if req.length == 0 {
-                return error_reply(s.structured, cookie, &invalid(EINVAL, "zero-length block status"));
+                return error_reply(
+                    s.structured,
+                    cookie,
+                    &invalid(EINVAL, "zero-length block status"),
+                );
             }
             if !s.meta_base_allocation {
-                return error_reply(s.structured, cookie, &invalid(EINVAL, "no metadata context negotiated"));
+                return error_reply(
+                    s.structured,
+                    cookie,
+                    &invalid(EINVAL, "no metadata context negotiated"),
+                );
             }
             match b.block_status(req.offset, req.length).await {
                 Ok(ext) => {
-                    let take = if req.flags & CMD_FLAG_REQ_ONE != 0 { 1 } else { ext.len() };
-                    let ext: Vec<_> = ext.into_iter().filter(|e| e.length > 0).take(take.max(1)).collect();
-                    let mut h = chunk_header(cookie, REPLY_FLAG_DONE, REPLY_TYPE_BLOCK_STATUS, 4 + 8 * ext.len() as u32);
+                    let take = if req.flags & CMD_FLAG_REQ_ONE != 0 {
+                        1
+                    } else {
+                        ext.len()
+                    };
+                    let ext: Vec<_> = ext
+                        .into_iter()
+                        .filter(|e| e.length > 0)
+                        .take(take.max(1))
+                        .collect();
+                    let mut h = chunk_header(
+                        cookie,
+                        REPLY_FLAG_DONE,
+                        REPLY_TYPE_BLOCK_STATUS,
+                        4 + 8 * ext.len() as u32,
+                    );
                     h.put_u32(BASE_ALLOCATION_ID);
                     for e in ext {
                         h.put_u32(e.length.min(u64::from(u32::MAX)) as u32);
@@ -412,7 +543,10 @@ async fn execute<B: Backend>(s: &Session<B>, req: Request, payload: Bytes) -> Re
                 Err(e) => error_reply(true, cookie, &e),
             }
         }
-        other => error_reply(false, cookie, &invalid(EINVAL, format!("unknown command {other}"))),
+        other => error_reply(
+            false,
+            cookie,
+            &invalid(EINVAL, format!("unknown command {other}")),
+        ),
     }
 }
-

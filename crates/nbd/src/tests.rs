@@ -18,28 +18,44 @@ impl Backend for Mem {
     }
     async fn read(&self, offset: u64, len: u32) -> Result<Bytes, BackendError> {
         let v = self.0.lock().unwrap();
-        Ok(Bytes::copy_from_slice(&v[offset as usize..offset as usize + len as usize]))
+        Ok(Bytes::copy_from_slice(
+            &v[offset as usize..offset as usize + len as usize],
+        ))
     }
     async fn write(&self, offset: u64, data: Bytes, _fua: bool) -> Result<(), BackendError> {
-        self.0.lock().unwrap()[offset as usize..offset as usize + data.len()].copy_from_slice(&data);
+        self.0.lock().unwrap()[offset as usize..offset as usize + data.len()]
+            .copy_from_slice(&data);
         Ok(())
     }
     async fn flush(&self) -> Result<(), BackendError> {
         Ok(())
     }
-    async fn write_zeroes(&self, offset: u64, len: u32, _: bool, _: bool) -> Result<(), BackendError> {
+    async fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u32,
+        _: bool,
+        _: bool,
+    ) -> Result<(), BackendError> {
         self.0.lock().unwrap()[offset as usize..(offset + u64::from(len)) as usize].fill(0);
         Ok(())
     }
     async fn block_status(&self, _offset: u64, len: u32) -> Result<Vec<Extent>, BackendError> {
-        Ok(vec![Extent { length: u64::from(len), flags: 0 }])
+        Ok(vec![Extent {
+            length: u64::from(len),
+            flags: 0,
+        }])
     }
 }
 
 fn server() -> DuplexStream {
     let (a, b) = tokio::io::duplex(1 << 20);
     let mut ex = Exports::new();
-    ex.add("vol0", "test volume", Arc::new(Mem(Mutex::new(vec![0; 1 << 20]))));
+    ex.add(
+        "vol0",
+        "test volume",
+        Arc::new(Mem(Mutex::new(vec![0; 1 << 20]))),
+    );
     tokio::spawn(serve_connection(b, Arc::new(ex)));
     a
 }
@@ -65,8 +81,13 @@ async fn read_opt(c: &mut DuplexStream) -> (u32, u32, Vec<u8>) {
 async fn greet(c: &mut DuplexStream) {
     assert_eq!(c.read_u64().await.unwrap(), NBDMAGIC);
     assert_eq!(c.read_u64().await.unwrap(), IHAVEOPT);
-    assert_eq!(c.read_u16().await.unwrap(), FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES);
-    c.write_u32(CLIENT_FIXED_NEWSTYLE | CLIENT_NO_ZEROES).await.unwrap();
+    assert_eq!(
+        c.read_u16().await.unwrap(),
+        FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES
+    );
+    c.write_u32(CLIENT_FIXED_NEWSTYLE | CLIENT_NO_ZEROES)
+        .await
+        .unwrap();
 }
 
 fn go_payload(name: &str, infos: &[u16]) -> Vec<u8> {
@@ -102,13 +123,29 @@ async fn connect() -> (DuplexStream, u16) {
     assert_eq!(size, 1 << 20);
     let flags = u16::from_be_bytes([d[10], d[11]]);
     let (_, kind, d) = read_opt(&mut c).await;
-    assert_eq!((kind, u16::from_be_bytes([d[0], d[1]])), (REP_INFO, INFO_BLOCK_SIZE));
+    assert_eq!(
+        (kind, u16::from_be_bytes([d[0], d[1]])),
+        (REP_INFO, INFO_BLOCK_SIZE)
+    );
     assert_eq!(read_opt(&mut c).await.1, REP_ACK);
     (c, flags)
 }
 
-async fn request(c: &mut DuplexStream, command: u16, flags: u16, cookie: u64, offset: u64, length: u32) {
-    let r = Request { flags, command, cookie, offset, length };
+async fn request(
+    c: &mut DuplexStream,
+    command: u16,
+    flags: u16,
+    cookie: u64,
+    offset: u64,
+    length: u32,
+) {
+    let r = Request {
+        flags,
+        command,
+        cookie,
+        offset,
+        length,
+    };
     c.write_all(&encode_request(&r)).await.unwrap();
 }
 
@@ -140,12 +177,18 @@ async fn write_read_and_block_status() {
     assert_eq!(simple(&mut c).await, (0, 1));
     request(&mut c, CMD_READ, 0, 2, 4096, 5).await;
     let (f, kind, cookie, d) = chunk(&mut c).await;
-    assert_eq!((f, kind, cookie), (REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, 2));
+    assert_eq!(
+        (f, kind, cookie),
+        (REPLY_FLAG_DONE, REPLY_TYPE_OFFSET_DATA, 2)
+    );
     assert_eq!(&d[8..], b"hello");
     request(&mut c, CMD_BLOCK_STATUS, 0, 3, 0, 8192).await;
     let (_, kind, _, d) = chunk(&mut c).await;
     assert_eq!(kind, REPLY_TYPE_BLOCK_STATUS);
-    assert_eq!(u32::from_be_bytes(d[0..4].try_into().unwrap()), BASE_ALLOCATION_ID);
+    assert_eq!(
+        u32::from_be_bytes(d[0..4].try_into().unwrap()),
+        BASE_ALLOCATION_ID
+    );
     request(&mut c, CMD_DISC, 0, 4, 0, 0).await;
     let mut rest = Vec::new();
     c.read_to_end(&mut rest).await.unwrap();
@@ -192,7 +235,11 @@ async fn options_unknown_export_list_and_garbage() {
     send_opt(&mut c, OPT_GO, &[0, 0, 0, 50, 1]).await;
     assert_eq!(read_opt(&mut c).await.1, REP_ERR_INVALID);
     send_opt(&mut c, OPT_SET_META_CONTEXT, &[]).await;
-    assert_eq!(read_opt(&mut c).await.1, REP_ERR_INVALID, "meta context needs structured replies");
+    assert_eq!(
+        read_opt(&mut c).await.1,
+        REP_ERR_INVALID,
+        "meta context needs structured replies"
+    );
     send_opt(&mut c, OPT_LIST, &[]).await;
     let (_, kind, d) = read_opt(&mut c).await;
     assert_eq!((kind, &d[4..]), (REP_SERVER, &b"vol0"[..]));

@@ -70,7 +70,10 @@ impl Node {
     }
 
     pub fn replica_count(&self) -> usize {
-        self.replicas.read().unwrap_or_else(|e| e.into_inner()).len()
+        self.replicas
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
     }
 
     fn replica(&self, volume: u64) -> Result<Arc<dyn Replica>, Refusal> {
@@ -84,7 +87,13 @@ impl Node {
 
     /// Flushes every replica; used on shutdown.
     pub fn flush_all(&self) {
-        let reps: Vec<_> = self.replicas.read().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+        let reps: Vec<_> = self
+            .replicas
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
         for r in reps {
             if let Err(e) = r.flush() {
                 tracing::error!(node = self.id, "flush on shutdown: {e}");
@@ -95,9 +104,12 @@ impl Node {
     fn check_epoch(r: &dyn Replica, h: &Header) -> Result<(), Refusal> {
         match fence(h.epoch, r.epoch(), false) {
             FenceDecision::Accept => Ok(()),
-            FenceDecision::Fenced { current } | FenceDecision::NotAttached { current } => Err(
-                Refusal(Status::Fenced, format!("epoch {} refused, replica is at {current}", h.epoch)),
-            ),
+            FenceDecision::Fenced { current } | FenceDecision::NotAttached { current } => {
+                Err(Refusal(
+                    Status::Fenced,
+                    format!("epoch {} refused, replica is at {current}", h.epoch),
+                ))
+            }
             FenceDecision::Advance { .. } => unreachable!("I/O never advances an epoch"),
         }
     }
@@ -108,7 +120,10 @@ impl Node {
         let mut resp = h.response(Status::Ok);
         let len_usize = || -> Result<usize, Refusal> {
             if h.length > u64::from(MAX_PAYLOAD) {
-                return Err(Refusal(Status::Invalid, format!("length {} over the frame limit", h.length)));
+                return Err(Refusal(
+                    Status::Invalid,
+                    format!("length {} over the frame limit", h.length),
+                ));
             }
             Ok(h.length as usize)
         };
@@ -121,7 +136,13 @@ impl Node {
                     FenceDecision::Accept => {}
                     FenceDecision::Advance { new_epoch } => r.set_epoch(new_epoch)?,
                     FenceDecision::Fenced { current } | FenceDecision::NotAttached { current } => {
-                        return Err(Refusal(Status::Fenced, format!("attach with epoch {} refused, replica is at {current}", h.epoch)));
+                        return Err(Refusal(
+                            Status::Fenced,
+                            format!(
+                                "attach with epoch {} refused, replica is at {current}",
+                                h.epoch
+                            ),
+                        ));
                     }
                 }
                 Bytes::new()
@@ -148,7 +169,12 @@ impl Node {
             Op::WriteZeroes => {
                 let r = self.replica(h.volume)?;
                 Self::check_epoch(&*r, h)?;
-                r.write_zeroes(h.offset, h.length, h.has_flag(FLAG_MAY_TRIM), h.has_flag(FLAG_FUA))?;
+                r.write_zeroes(
+                    h.offset,
+                    h.length,
+                    h.has_flag(FLAG_MAY_TRIM),
+                    h.has_flag(FLAG_FUA),
+                )?;
                 Bytes::new()
             }
             Op::BlockStatus => {
@@ -159,19 +185,33 @@ impl Node {
             Op::Checksum => {
                 let r = self.replica(h.volume)?;
                 if h.length > MAX_CHECKSUM_RANGE {
-                    return Err(Refusal(Status::Invalid, format!("checksum range {} too large", h.length)));
+                    return Err(Refusal(
+                        Status::Invalid,
+                        format!("checksum range {} too large", h.length),
+                    ));
                 }
                 resp.length = u64::from(checksum(&*r, h.offset, h.length)?);
                 Bytes::new()
             }
             Op::CreateReplica => {
                 let r = self.store.create(h.volume, h.length)?;
-                self.replicas.write().unwrap_or_else(|e| e.into_inner()).insert(h.volume, r);
-                tracing::info!(node = self.id, volume = h.volume, size = h.length, "created replica");
+                self.replicas
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(h.volume, r);
+                tracing::info!(
+                    node = self.id,
+                    volume = h.volume,
+                    size = h.length,
+                    "created replica"
+                );
                 Bytes::new()
             }
             Op::DeleteReplica => {
-                self.replicas.write().unwrap_or_else(|e| e.into_inner()).remove(&h.volume);
+                self.replicas
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&h.volume);
                 self.store.delete(h.volume)?;
                 tracing::info!(node = self.id, volume = h.volume, "deleted replica");
                 Bytes::new()
@@ -205,7 +245,8 @@ fn checksum(r: &dyn Replica, offset: u64, len: u64) -> Result<u32, StoreError> {
 
 impl Handler for Node {
     async fn handle(self: Arc<Self>, req: Frame) -> Frame {
-        let blocking = self.store.blocking() && !matches!(req.header.op, Op::Ping | Op::ReplicaInfo);
+        let blocking =
+            self.store.blocking() && !matches!(req.header.op, Op::Ping | Op::ReplicaInfo);
         let h = req.header;
         let result = if blocking {
             let me = self.clone();
@@ -228,7 +269,10 @@ impl Handler for Node {
                 if status == Status::Fenced {
                     header.epoch = self.replica(h.volume).map(|r| r.epoch()).unwrap_or(0);
                 }
-                Frame { header, payload: Bytes::from(msg) }
+                Frame {
+                    header,
+                    payload: Bytes::from(msg),
+                }
             }
         }
     }

@@ -11,11 +11,20 @@ async fn start(store: Arc<dyn Store>) -> (Arc<Node>, TcpConnection) {
         let _ = tx.send(a);
     }));
     let addr = rx.await.unwrap();
-    (node, TcpConnection::connect(&addr.to_string(), 2).await.unwrap())
+    (
+        node,
+        TcpConnection::connect(&addr.to_string(), 2).await.unwrap(),
+    )
 }
 
 fn req(op: Op, volume: u64, epoch: u64, offset: u64, length: u64) -> Header {
-    Header { volume, epoch, offset, length, ..Header::request(op, 0) }
+    Header {
+        volume,
+        epoch,
+        offset,
+        length,
+        ..Header::request(op, 0)
+    }
 }
 
 #[tokio::test]
@@ -23,33 +32,83 @@ async fn write_read_and_fencing_over_tcp() {
     let d = tempfile::tempdir().unwrap();
     let store = trireme_store::open_store(trireme_store::StoreKind::File, d.path()).unwrap();
     let (_node, c) = start(store).await;
-    let ok = |f: &Frame| assert_eq!(f.header.status, Status::Ok, "{:?}", String::from_utf8_lossy(&f.payload));
-    ok(&c.call(req(Op::CreateReplica, 1, 0, 0, 1 << 20), Bytes::new()).await.unwrap());
-    ok(&c.call(req(Op::Attach, 1, 3, 0, 0), Bytes::new()).await.unwrap());
-    ok(&c.call(req(Op::Write, 1, 3, 512, 0), Bytes::from_static(b"hello")).await.unwrap());
-    let r = c.call(req(Op::Read, 1, 3, 512, 5), Bytes::new()).await.unwrap();
+    let ok = |f: &Frame| {
+        assert_eq!(
+            f.header.status,
+            Status::Ok,
+            "{:?}",
+            String::from_utf8_lossy(&f.payload)
+        )
+    };
+    ok(&c
+        .call(req(Op::CreateReplica, 1, 0, 0, 1 << 20), Bytes::new())
+        .await
+        .unwrap());
+    ok(&c
+        .call(req(Op::Attach, 1, 3, 0, 0), Bytes::new())
+        .await
+        .unwrap());
+    ok(&c
+        .call(req(Op::Write, 1, 3, 512, 0), Bytes::from_static(b"hello"))
+        .await
+        .unwrap());
+    let r = c
+        .call(req(Op::Read, 1, 3, 512, 5), Bytes::new())
+        .await
+        .unwrap();
     ok(&r);
     assert_eq!(&r.payload[..], b"hello");
 
     // A newer writer attaches: the old epoch is refused from now on, for I/O and for attach.
-    ok(&c.call(req(Op::Attach, 1, 4, 0, 0), Bytes::new()).await.unwrap());
-    let r = c.call(req(Op::Write, 1, 3, 0, 0), Bytes::from_static(b"zombie")).await.unwrap();
+    ok(&c
+        .call(req(Op::Attach, 1, 4, 0, 0), Bytes::new())
+        .await
+        .unwrap());
+    let r = c
+        .call(req(Op::Write, 1, 3, 0, 0), Bytes::from_static(b"zombie"))
+        .await
+        .unwrap();
     assert_eq!((r.header.status, r.header.epoch), (Status::Fenced, 4));
-    let r = c.call(req(Op::Attach, 1, 3, 0, 0), Bytes::new()).await.unwrap();
+    let r = c
+        .call(req(Op::Attach, 1, 3, 0, 0), Bytes::new())
+        .await
+        .unwrap();
     assert_eq!(r.header.status, Status::Fenced);
-    let r = c.call(req(Op::Read, 1, 4, 0, 6), Bytes::new()).await.unwrap();
-    assert_eq!(&r.payload[..], &[0u8; 6], "the zombie write changed nothing");
+    let r = c
+        .call(req(Op::Read, 1, 4, 0, 6), Bytes::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        &r.payload[..],
+        &[0u8; 6],
+        "the zombie write changed nothing"
+    );
 
     // Bad requests get a status, and the connection keeps serving.
-    let r = c.call(req(Op::Read, 1, 4, (1 << 20) - 2, 5), Bytes::new()).await.unwrap();
+    let r = c
+        .call(req(Op::Read, 1, 4, (1 << 20) - 2, 5), Bytes::new())
+        .await
+        .unwrap();
     assert_eq!(r.header.status, Status::OutOfRange);
-    let r = c.call(req(Op::Read, 1, 4, 0, u64::MAX), Bytes::new()).await.unwrap();
+    let r = c
+        .call(req(Op::Read, 1, 4, 0, u64::MAX), Bytes::new())
+        .await
+        .unwrap();
     assert_eq!(r.header.status, Status::Invalid);
-    let r = c.call(req(Op::Write, 99, 4, 0, 0), Bytes::new()).await.unwrap();
+    let r = c
+        .call(req(Op::Write, 99, 4, 0, 0), Bytes::new())
+        .await
+        .unwrap();
     assert_eq!(r.header.status, Status::NoReplica);
-    let r = c.call(req(Op::Checksum, 1, 0, 0, 1 << 20), Bytes::new()).await.unwrap();
+    let r = c
+        .call(req(Op::Checksum, 1, 0, 0, 1 << 20), Bytes::new())
+        .await
+        .unwrap();
     ok(&r);
-    let r = c.call(req(Op::ReplicaInfo, 1, 0, 0, 0), Bytes::new()).await.unwrap();
+    let r = c
+        .call(req(Op::ReplicaInfo, 1, 0, 0, 0), Bytes::new())
+        .await
+        .unwrap();
     assert_eq!((r.header.length, r.header.epoch), (1 << 20, 4));
     assert!(!c.is_closed());
 }
@@ -62,15 +121,26 @@ async fn garbage_bytes_close_only_that_connection() {
     let mut raw = tokio::net::TcpStream::connect(&addr).await.unwrap();
     raw.write_all(&[0xFFu8; 200]).await.unwrap();
     let mut b = [0u8; 16];
-    let n = tokio::time::timeout(std::time::Duration::from_secs(5), raw.read(&mut b)).await.unwrap();
-    assert_eq!(n.unwrap(), 0, "server closes a connection that sends garbage");
+    let n = tokio::time::timeout(std::time::Duration::from_secs(5), raw.read(&mut b))
+        .await
+        .unwrap();
+    assert_eq!(
+        n.unwrap(),
+        0,
+        "server closes a connection that sends garbage"
+    );
     // A header announcing a huge payload is refused before any allocation.
     let mut raw = tokio::net::TcpStream::connect(&addr).await.unwrap();
     let mut hb = Header::request(Op::Write, 1).encode(&[]);
     hb[52..56].copy_from_slice(&u32::MAX.to_le_bytes());
     raw.write_all(&hb).await.unwrap();
-    let n = tokio::time::timeout(std::time::Duration::from_secs(5), raw.read(&mut b)).await.unwrap();
+    let n = tokio::time::timeout(std::time::Duration::from_secs(5), raw.read(&mut b))
+        .await
+        .unwrap();
     assert_eq!(n.unwrap(), 0);
-    let r = c.call(Header::request(Op::Ping, 0), Bytes::new()).await.unwrap();
+    let r = c
+        .call(Header::request(Op::Ping, 0), Bytes::new())
+        .await
+        .unwrap();
     assert_eq!(&r.payload[..], node.id().to_string().as_bytes());
 }

@@ -33,7 +33,7 @@ pub fn encode_extents(extents: &[Extent]) -> Vec<u8> {
 
 /// Decodes an extent list. Rejects a ragged payload and zero-length extents.
 pub fn decode_extents(b: &[u8]) -> Result<Vec<Extent>, DecodeError> {
-    if b.len() % EXTENT_LEN != 0 {
+    if !b.len().is_multiple_of(EXTENT_LEN) {
         return Err(DecodeError::MalformedPayload {
             what: "extent list length is not a multiple of 12",
         });

@@ -61,7 +61,9 @@ fn oversize_payload_is_refused_before_allocation() {
     bytes[60..64].copy_from_slice(&crc.to_le_bytes());
     assert_eq!(
         decode_header(&bytes),
-        Err(DecodeError::PayloadTooLarge { len: MAX_PAYLOAD + 1 })
+        Err(DecodeError::PayloadTooLarge {
+            len: MAX_PAYLOAD + 1
+        })
     );
 }
 
@@ -69,8 +71,17 @@ fn oversize_payload_is_refused_before_allocation() {
 fn wrong_version_and_magic_are_named() {
     let mut bytes = Header::request(Op::Ping, 1).encode(&[]);
     bytes[4] = 9;
-    assert_eq!(decode_header(&bytes), Err(DecodeError::BadVersion { found: 9 }));
+    assert_eq!(
+        decode_header(&bytes),
+        Err(DecodeError::BadVersion { found: 9 })
+    );
     bytes[0] = b'X';
-    assert!(matches!(decode_header(&bytes), Err(DecodeError::BadMagic { .. })));
-    assert_eq!(decode_header(&bytes[..10]), Err(DecodeError::ShortHeader { got: 10 }));
+    assert!(matches!(
+        decode_header(&bytes),
+        Err(DecodeError::BadMagic { .. })
+    ));
+    assert_eq!(
+        decode_header(&bytes[..10]),
+        Err(DecodeError::ShortHeader { got: 10 })
+    );
 }

@@ -49,7 +49,11 @@ impl WriteQuorum {
     }
 
     /// Records the reply of the `k`-th target. Returns the write's result once it is known.
-    pub fn record(&mut self, k: usize, outcome: ReplicaOutcome) -> Option<Result<(), WriteFailure>> {
+    pub fn record(
+        &mut self,
+        k: usize,
+        outcome: ReplicaOutcome,
+    ) -> Option<Result<(), WriteFailure>> {
         assert!(self.replies[k].is_none(), "target {k} answered twice");
         self.replies[k] = Some(outcome);
         if self.replies.iter().any(Option::is_none) {

@@ -3,18 +3,38 @@ use proptest::prelude::*;
 
 #[test]
 fn placement_spreads_and_refuses_too_few_nodes() {
-    let nodes: Vec<NodeLoad> = (1..=4).map(|n| NodeLoad { node: n, replicas: 0 }).collect();
+    let nodes: Vec<NodeLoad> = (1..=4)
+        .map(|n| NodeLoad {
+            node: n,
+            replicas: 0,
+        })
+        .collect();
     assert_eq!(place(&nodes, 3).unwrap(), vec![1, 2, 3]);
     let loaded = vec![
-        NodeLoad { node: 1, replicas: 2 },
-        NodeLoad { node: 2, replicas: 0 },
-        NodeLoad { node: 3, replicas: 1 },
-        NodeLoad { node: 4, replicas: 0 },
+        NodeLoad {
+            node: 1,
+            replicas: 2,
+        },
+        NodeLoad {
+            node: 2,
+            replicas: 0,
+        },
+        NodeLoad {
+            node: 3,
+            replicas: 1,
+        },
+        NodeLoad {
+            node: 4,
+            replicas: 0,
+        },
     ];
     assert_eq!(place(&loaded, 2).unwrap(), vec![2, 4]);
     assert_eq!(
         place(&nodes[..2], 3),
-        Err(PlacementError::NotEnoughNodes { replicas: 3, nodes: 2 })
+        Err(PlacementError::NotEnoughNodes {
+            replicas: 3,
+            nodes: 2
+        })
     );
     assert_eq!(place(&nodes, 0), Err(PlacementError::BadReplicaCount(0)));
 }
@@ -25,7 +45,10 @@ fn fencing_rules() {
     assert_eq!(fence(4, 5, false), FenceDecision::Fenced { current: 5 });
     assert_eq!(fence(4, 5, true), FenceDecision::Fenced { current: 5 });
     assert_eq!(fence(6, 5, true), FenceDecision::Advance { new_epoch: 6 });
-    assert_eq!(fence(6, 5, false), FenceDecision::NotAttached { current: 5 });
+    assert_eq!(
+        fence(6, 5, false),
+        FenceDecision::NotAttached { current: 5 }
+    );
 }
 
 #[test]
@@ -38,7 +61,10 @@ fn write_is_acked_only_when_every_target_holds_it() {
     let mut q = WriteQuorum::new(vec![0, 1, 2]);
     q.record(0, ReplicaOutcome::Failed);
     q.record(1, ReplicaOutcome::Done);
-    assert_eq!(q.record(2, ReplicaOutcome::Fenced), Some(Err(WriteFailure::Fenced)));
+    assert_eq!(
+        q.record(2, ReplicaOutcome::Fenced),
+        Some(Err(WriteFailure::Fenced))
+    );
 
     let mut q = WriteQuorum::new(vec![0, 2]);
     q.record(0, ReplicaOutcome::Done);
@@ -46,7 +72,10 @@ fn write_is_acked_only_when_every_target_holds_it() {
         q.record(1, ReplicaOutcome::Failed),
         Some(Err(WriteFailure::ReplicaFailed { replica: 2 }))
     );
-    assert_eq!(WriteQuorum::new(vec![]).finish_empty(), Some(Err(WriteFailure::NoReplicas)));
+    assert_eq!(
+        WriteQuorum::new(vec![]).finish_empty(),
+        Some(Err(WriteFailure::NoReplicas))
+    );
 }
 
 #[test]

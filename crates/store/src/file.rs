@@ -92,10 +92,16 @@ impl FileStore {
         let m = meta::decode(&bytes).map_err(|e| corrupt(e.to_string()))?;
         let (data_path, expect_meta) = self.paths(m.volume);
         if expect_meta != meta_path {
-            return Err(corrupt(format!("names volume {} in another file", m.volume)));
+            return Err(corrupt(format!(
+                "names volume {} in another file",
+                m.volume
+            )));
         }
         let data = open_data(&data_path, false).map_err(io(m.volume, "open data file"))?;
-        let len = data.metadata().map_err(io(m.volume, "stat data file"))?.len();
+        let len = data
+            .metadata()
+            .map_err(io(m.volume, "stat data file"))?
+            .len();
         if len != m.size {
             return Err(corrupt(format!(
                 "data file is {len} bytes, metadata says {}",
@@ -104,7 +110,9 @@ impl FileStore {
         }
         let map = AllocMap::from_bytes(m.size, m.grain, &m.map)
             .ok_or_else(|| corrupt("allocation map has the wrong length".into()))?;
-        Ok(Arc::new(FileReplica::new(m.volume, m.size, m.epoch, data, meta_path, &self.dir, map)))
+        Ok(Arc::new(FileReplica::new(
+            m.volume, m.size, m.epoch, data, meta_path, &self.dir, map,
+        )))
     }
 }
 
@@ -165,10 +173,16 @@ impl FileReplica {
 
     /// Locks the stripes of a write's partial edge blocks, in a fixed order (no deadlock).
     fn lock_edges(&self, a: Option<u64>, b: Option<u64>) -> [Option<MutexGuard<'_, ()>>; 2] {
-        let mut s: Vec<usize> = [a, b].into_iter().flatten().map(|x| self.stripe(x)).collect();
+        let mut s: Vec<usize> = [a, b]
+            .into_iter()
+            .flatten()
+            .map(|x| self.stripe(x))
+            .collect();
         s.sort_unstable();
         s.dedup();
-        let mut it = s.into_iter().map(|i| self.stripes[i].lock().unwrap_or_else(|e| e.into_inner()));
+        let mut it = s
+            .into_iter()
+            .map(|i| self.stripes[i].lock().unwrap_or_else(|e| e.into_inner()));
         [it.next(), it.next()]
     }
 
@@ -234,7 +248,7 @@ impl Store for FileStore {
         true
     }
     fn create(&self, volume: u64, size: u64) -> Result<Arc<dyn Replica>, StoreError> {
-        if size == 0 || size % ALIGN as u64 != 0 {
+        if size == 0 || !size.is_multiple_of(ALIGN as u64) {
             return Err(StoreError::Invalid(format!(
                 "replica size {size} must be a non-zero multiple of {ALIGN}"
             )));
@@ -283,7 +297,8 @@ impl Store for FileStore {
             .map(|e| e.path())
             .filter(|p| {
                 p.extension().is_some_and(|x| x == "meta")
-                    && p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("replica-"))
+                    && p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with("replica-"))
             })
             .collect();
         metas.sort();

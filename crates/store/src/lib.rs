@@ -130,8 +130,13 @@ pub trait Replica: Send + Sync + std::fmt::Debug {
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError>;
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), StoreError>;
     /// Zeros `[offset, offset+len)`. With `may_trim`, whole grains are deallocated (holes).
-    fn write_zeroes(&self, offset: u64, len: u64, may_trim: bool, fua: bool)
-        -> Result<(), StoreError>;
+    fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u64,
+        may_trim: bool,
+        fua: bool,
+    ) -> Result<(), StoreError>;
     fn flush(&self) -> Result<(), StoreError>;
     /// Allocation extents covering exactly `[offset, offset+len)`.
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, StoreError>;

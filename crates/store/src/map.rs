@@ -15,7 +15,9 @@ pub struct AllocMap {
 impl AllocMap {
     pub fn new(size: u64, grain: u64) -> AllocMap {
         let grains = size.div_ceil(grain);
-        let words = (0..grains.div_ceil(64)).map(|_| AtomicU64::new(0)).collect();
+        let words = (0..grains.div_ceil(64))
+            .map(|_| AtomicU64::new(0))
+            .collect();
         AllocMap {
             grain,
             grains,
@@ -50,7 +52,8 @@ impl AllocMap {
     }
 
     pub fn is_set(&self, g: u64) -> bool {
-        g < self.grains && self.words[(g / 64) as usize].load(Ordering::Acquire) & (1 << (g % 64)) != 0
+        g < self.grains
+            && self.words[(g / 64) as usize].load(Ordering::Acquire) & (1 << (g % 64)) != 0
     }
 
     /// Marks every grain touching `[offset, offset+len)` allocated; true if any bit changed.
@@ -86,14 +89,23 @@ impl AllocMap {
 
 /// Builds the extent list of `[offset, offset+len)` from a per-grain allocation predicate,
 /// merging neighbours with the same state.
-pub fn extents_from(offset: u64, len: u64, grain: u64, allocated: impl Fn(u64) -> bool) -> Vec<Extent> {
+pub fn extents_from(
+    offset: u64,
+    len: u64,
+    grain: u64,
+    allocated: impl Fn(u64) -> bool,
+) -> Vec<Extent> {
     let mut out: Vec<Extent> = Vec::new();
     let end = offset + len;
     let mut pos = offset;
     while pos < end {
         let g = pos / grain;
         let next = ((g + 1) * grain).min(end);
-        let flags = if allocated(g) { 0 } else { Extent::HOLE | Extent::ZERO };
+        let flags = if allocated(g) {
+            0
+        } else {
+            Extent::HOLE | Extent::ZERO
+        };
         match out.last_mut() {
             Some(last) if last.flags == flags => last.length += next - pos,
             _ => out.push(Extent {

@@ -41,11 +41,15 @@ impl Store for NullStore {
     }
     fn open_all(&self) -> Vec<Result<Arc<dyn Replica>, StoreError>> {
         let m = self.replicas.lock().unwrap_or_else(|e| e.into_inner());
-        m.values().map(|r| Ok(r.clone() as Arc<dyn Replica>)).collect()
+        m.values()
+            .map(|r| Ok(r.clone() as Arc<dyn Replica>))
+            .collect()
     }
     fn delete(&self, volume: u64) -> Result<(), StoreError> {
         let mut m = self.replicas.lock().unwrap_or_else(|e| e.into_inner());
-        m.remove(&volume).map(|_| ()).ok_or(StoreError::NoReplica { volume })
+        m.remove(&volume)
+            .map(|_| ())
+            .ok_or(StoreError::NoReplica { volume })
     }
 }
 

@@ -26,7 +26,10 @@ fn fresh_replica_is_zero_and_all_hole() {
         assert_eq!(read(&*r, 12345, 7000), vec![0; 7000], "{:?}", s.kind());
         assert_eq!(
             r.block_status(0, SIZE).unwrap(),
-            vec![Extent { length: SIZE, flags: Extent::HOLE | Extent::ZERO }]
+            vec![Extent {
+                length: SIZE,
+                flags: Extent::HOLE | Extent::ZERO
+            }]
         );
         assert_eq!(r.allocated_bytes(), 0);
     }
@@ -39,13 +42,23 @@ fn unaligned_writes_read_back_and_allocate_grains() {
         let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 + 3) as u8).collect();
         r.write(GRAIN - 100, &data, false).unwrap();
         assert_eq!(read(&*r, GRAIN - 100, data.len()), data);
-        assert_eq!(read(&*r, GRAIN - 200, 100), vec![0; 100], "bytes before stay zero");
+        assert_eq!(
+            read(&*r, GRAIN - 200, 100),
+            vec![0; 100],
+            "bytes before stay zero"
+        );
         let ext = r.block_status(0, 4 * GRAIN).unwrap();
         assert_eq!(
             ext,
             vec![
-                Extent { length: 2 * GRAIN, flags: 0 },
-                Extent { length: 2 * GRAIN, flags: Extent::HOLE | Extent::ZERO },
+                Extent {
+                    length: 2 * GRAIN,
+                    flags: 0
+                },
+                Extent {
+                    length: 2 * GRAIN,
+                    flags: Extent::HOLE | Extent::ZERO
+                },
             ]
         );
     }
@@ -55,14 +68,21 @@ fn unaligned_writes_read_back_and_allocate_grains() {
 fn trim_makes_holes_and_zeros_partials() {
     for (s, _d) in stores() {
         let r = s.create(1, SIZE).unwrap();
-        r.write(0, &vec![0xAB; (4 * GRAIN) as usize], false).unwrap();
+        r.write(0, &vec![0xAB; (4 * GRAIN) as usize], false)
+            .unwrap();
         r.write_zeroes(100, 3 * GRAIN, true, false).unwrap();
         let b = read(&*r, 0, (4 * GRAIN) as usize);
         assert!(b[..100].iter().all(|&x| x == 0xAB));
         assert!(b[100..(3 * GRAIN + 100) as usize].iter().all(|&x| x == 0));
         assert!(b[(3 * GRAIN + 100) as usize..].iter().all(|&x| x == 0xAB));
         let ext = r.block_status(0, 4 * GRAIN).unwrap();
-        assert_eq!(ext[1], Extent { length: 2 * GRAIN, flags: Extent::HOLE | Extent::ZERO });
+        assert_eq!(
+            ext[1],
+            Extent {
+                length: 2 * GRAIN,
+                flags: Extent::HOLE | Extent::ZERO
+            }
+        );
         // Rewriting part of a trimmed grain must not resurrect the old bytes around it.
         r.write(GRAIN + 10, b"x", false).unwrap();
         let b = read(&*r, GRAIN, GRAIN as usize);
@@ -78,9 +98,15 @@ fn trim_makes_holes_and_zeros_partials() {
 fn out_of_range_is_refused_without_overflow() {
     for (s, _d) in stores() {
         let r = s.create(1, SIZE).unwrap();
-        assert!(matches!(r.write(SIZE - 1, b"ab", false), Err(StoreError::OutOfRange { .. })));
+        assert!(matches!(
+            r.write(SIZE - 1, b"ab", false),
+            Err(StoreError::OutOfRange { .. })
+        ));
         let mut b = [0u8; 4];
-        assert!(matches!(r.read(u64::MAX - 1, &mut b), Err(StoreError::OutOfRange { .. })));
+        assert!(matches!(
+            r.read(u64::MAX - 1, &mut b),
+            Err(StoreError::OutOfRange { .. })
+        ));
         assert!(r.write_zeroes(u64::MAX, 2, true, false).is_err());
         assert!(r.block_status(SIZE, 1).is_err());
         assert!(matches!(s.create(1, SIZE), Err(StoreError::Exists { .. })));
@@ -106,7 +132,11 @@ fn concurrent_sector_writes_in_one_block_do_not_lose_each_other() {
         for round in 0..50u64 {
             let b = read(&*r, round * 4096, 4096);
             for t in 0..8usize {
-                assert!(b[t * 512..(t + 1) * 512].iter().all(|&x| x == t as u8 + 1), "{:?}", s.kind());
+                assert!(
+                    b[t * 512..(t + 1) * 512].iter().all(|&x| x == t as u8 + 1),
+                    "{:?}",
+                    s.kind()
+                );
             }
         }
     }
@@ -121,7 +151,10 @@ fn file_store_survives_reopen_with_epoch_and_map() {
         r.write(3 * GRAIN + 5, b"persist me", false).unwrap();
         r.set_epoch(42).unwrap();
         r.flush().unwrap();
-        assert!(FileStore::open(d.path()).is_err(), "directory is locked while in use");
+        assert!(
+            FileStore::open(d.path()).is_err(),
+            "directory is locked while in use"
+        );
     }
     let s = FileStore::open(d.path()).unwrap();
     let all = s.open_all();
@@ -149,9 +182,17 @@ fn corrupt_metadata_is_refused_and_named() {
     let s = FileStore::open(d.path()).unwrap();
     let all = s.open_all();
     assert_eq!(all.len(), 2);
-    let errs: Vec<String> = all.iter().filter_map(|r| r.as_ref().err()).map(|e| e.to_string()).collect();
+    let errs: Vec<String> = all
+        .iter()
+        .filter_map(|r| r.as_ref().err())
+        .map(|e| e.to_string())
+        .collect();
     assert_eq!(errs.len(), 1, "the intact replica still opens");
-    assert!(errs[0].contains("replica-0000000000000001.meta"), "{}", errs[0]);
+    assert!(
+        errs[0].contains("replica-0000000000000001.meta"),
+        "{}",
+        errs[0]
+    );
 }
 
 #[test]

@@ -57,12 +57,13 @@ impl TcpConnection {
     pub async fn connect(addr: &str, streams: usize) -> Result<Self, TransportError> {
         let mut out = Vec::with_capacity(streams.max(1));
         for _ in 0..streams.max(1) {
-            let sock = TcpStream::connect(addr)
-                .await
-                .map_err(|source| TransportError::Connect {
-                    addr: addr.to_string(),
-                    source,
-                })?;
+            let sock =
+                TcpStream::connect(addr)
+                    .await
+                    .map_err(|source| TransportError::Connect {
+                        addr: addr.to_string(),
+                        source,
+                    })?;
             let _ = sock.set_nodelay(true);
             out.push(Stream::start(sock, addr.to_string()));
         }

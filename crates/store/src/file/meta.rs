@@ -94,7 +94,10 @@ pub fn decode(b: &[u8]) -> Result<ReplicaMeta, MetaError> {
         return Err(MetaError::BadVersion(version));
     }
     let (size, grain) = (u64_at(b, 24), u64_at(b, 32));
-    if size == 0 || size > MAX_SIZE || !grain.is_power_of_two() || !(4096..=1 << 26).contains(&grain)
+    if size == 0
+        || size > MAX_SIZE
+        || !grain.is_power_of_two()
+        || !(4096..=1 << 26).contains(&grain)
     {
         return Err(MetaError::Geometry { size, grain });
     }

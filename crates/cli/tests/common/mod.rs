@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_trireme");
 
+#[derive(Debug)]
 pub struct Cluster {
     pub dir: tempfile::TempDir,
     pub child: Option<Child>,
@@ -17,8 +18,16 @@ pub struct Cluster {
 
 /// Fails the test with a clear message if a required client tool is missing.
 pub fn need(tool: &str) {
-    let ok = Command::new("sh").arg("-c").arg(format!("command -v {tool}")).output().map(|o| o.status.success()).unwrap_or(false);
-    assert!(ok, "{tool} is not installed: run scripts/setup.sh (make test does)");
+    let ok = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool}"))
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    assert!(
+        ok,
+        "{tool} is not installed: run scripts/setup.sh (make test does)"
+    );
 }
 
 impl Cluster {
@@ -42,12 +51,21 @@ impl Cluster {
             .unwrap();
         let exports = dir.path().join("exports");
         let t0 = Instant::now();
-        let mut c = Cluster { dir, child: Some(child), unix: String::new(), tcp: String::new() };
+        let mut c = Cluster {
+            dir,
+            child: Some(child),
+            unix: String::new(),
+            tcp: String::new(),
+        };
         while !exports.exists() {
             if let Some(st) = c.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("trireme up exited early ({st}):\n{}", c.log());
             }
-            assert!(t0.elapsed() < Duration::from_secs(60), "cluster did not start:\n{}", c.log());
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "cluster did not start:\n{}",
+                c.log()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         let text = std::fs::read_to_string(&exports).unwrap();
@@ -67,7 +85,12 @@ impl Cluster {
 
     /// Runs `trireme --data-dir DIR ARGS...`.
     pub fn cli(&self, args: &[&str]) -> Output {
-        Command::new(BIN).arg("--data-dir").arg(self.dir.path()).args(args).output().unwrap()
+        Command::new(BIN)
+            .arg("--data-dir")
+            .arg(self.dir.path())
+            .args(args)
+            .output()
+            .unwrap()
     }
 
     /// Stops the cluster with SIGTERM and waits for a clean exit.
@@ -124,7 +147,11 @@ pub fn run(cmd: &mut Command) -> String {
 pub fn assert_replicas_identical(c: &Cluster, volume: &str) {
     let out = c.cli(&["--output", "json", "volume", "verify", volume]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "verify failed: {text} {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "verify failed: {text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["mismatches"].as_array().unwrap().len(), 0, "{text}");
     assert!(v["bytes_compared"].as_u64().unwrap() > 0);

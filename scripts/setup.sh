@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs what trireme needs on Debian 12 and checks the Rust toolchain.
+# The NBD clients are what the tests and the benchmark drive: fio (nbd engine), nbdkit (the
+# benchmark's baseline), libnbd tools (nbdinfo, nbdcopy, nbdfuse), qemu-img/qemu-io.
+set -euo pipefail
+pkgs=(fio nbdkit libnbd-bin nbdfuse python3-libnbd qemu-utils iproute2 procps)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "setup: installing ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+  [ -x "$HOME/.cargo/bin/cargo" ] || { echo "setup: cargo not found; install Rust with rustup (rust-version 1.85+)" >&2; exit 1; }
+fi
