@@ -30,9 +30,9 @@ fn runtime(threads: usize) -> Result<tokio::runtime::Runtime, CliError> {
 
 pub fn run(cli: Cli) -> Result<(), CliError> {
     match cli.cmd {
-        Cmd::Up(ref a) => runtime(2)?.block_on(crate::up::run(&cli, a)),
+        Cmd::Up(ref a) => runtime(a.threads as usize)?.block_on(crate::up::run(&cli, a)),
         Cmd::Node(NodeCmd::Serve(ref a)) => runtime(1)?.block_on(node_serve(a)),
-        Cmd::Nbd(ref a) => runtime(2)?.block_on(nbd(&cli, a)),
+        Cmd::Nbd(ref a) => runtime(a.threads as usize)?.block_on(nbd(&cli, a)),
         _ => runtime(1)?.block_on(client_cmd(&cli)),
     }
 }
@@ -218,6 +218,12 @@ fn status_text(s: &StatusReport) -> String {
             v.epoch,
             reps.join("; ")
         );
+        for l in &v.client_links {
+            out += &format!(
+                "{:<16} writer link to node {}: {} {} ({} streams)\n",
+                "", l.node, l.transport, l.peer, l.streams
+            );
+        }
     }
     out
 }
@@ -231,10 +237,13 @@ async fn node_serve(a: &NodeServeArgs) -> Result<(), CliError> {
         replicas = node.replica_count(),
         "node starting"
     );
-    let serve = trireme_node::run(node.clone(), a.listen, |addr| {
+    let serve = trireme_node::run(node.clone(), a.listen, a.socket.as_deref(), |addr, unix| {
         use std::io::Write;
         let mut o = std::io::stdout();
-        let _ = writeln!(o, "listening {addr}");
+        let _ = match (&a.socket, unix) {
+            (Some(p), true) => writeln!(o, "listening {addr} unix:{}", p.display()),
+            _ => writeln!(o, "listening {addr}"),
+        };
         let _ = o.flush();
     });
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

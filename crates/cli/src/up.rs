@@ -26,6 +26,7 @@ struct NodeProc {
     id: u32,
     pid: u32,
     addr: String,
+    local_addr: Option<String>,
 }
 
 fn lock_dir(dir: &Path) -> Result<std::fs::File, CliError> {
@@ -67,6 +68,8 @@ async fn spawn_node(
             "--dir",
         ])
         .arg(dir.join(format!("node-{id}")))
+        .arg("--socket")
+        .arg(dir.join(format!("node-{id}.sock")))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(log)
@@ -91,11 +94,18 @@ async fn spawn_node(
         BufReader::new(stdout).read_line(&mut line),
     )
     .await;
-    let addr = match read {
-        Ok(Ok(n)) if n > 0 => line.trim().strip_prefix("listening ").map(str::to_string),
-        _ => None,
+    // "listening HOST:PORT [unix:PATH]"
+    let words: Vec<String> = match read {
+        Ok(Ok(n)) if n > 0 => line
+            .trim()
+            .strip_prefix("listening ")
+            .unwrap_or("")
+            .split_whitespace()
+            .map(str::to_string)
+            .collect(),
+        _ => Vec::new(),
     };
-    let Some(addr) = addr else {
+    let Some(addr) = words.first().cloned() else {
         let _ = child.kill().await;
         return Err(CliError::Runtime(format!(
             "node {id} failed to start; see {}",
@@ -103,7 +113,16 @@ async fn spawn_node(
         )));
     };
     let pid = child.id().unwrap_or(0);
-    Ok((child, NodeProc { id, pid, addr }))
+    let local_addr = words.get(1).cloned();
+    Ok((
+        child,
+        NodeProc {
+            id,
+            pid,
+            addr,
+            local_addr,
+        },
+    ))
 }
 
 fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
@@ -171,6 +190,7 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
         meta.put_node(&NodeRecord {
             id,
             addr: p.addr.clone(),
+            local_addr: p.local_addr.clone(),
             store: store.to_string(),
         })?;
         let tx = died_tx.clone();
@@ -235,6 +255,7 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
         crate::frontend::export(&ctl, &a.volume, Some(&sock), Some(tcp), a.streams as usize)
             .await
             .map_err(CliError::Runtime)?;
+    manager.register_client(vol.clone());
     let uris = crate::frontend::uris(&a.volume, Some(&sock), Some(tcp_addr));
     write_atomically(&dir.join("exports"), &(uris.join("\n") + "\n"))?;
 
@@ -291,6 +312,9 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
     }
     for f in ["exports", "nbd.sock", "control.sock", "pids"] {
         let _ = std::fs::remove_file(dir.join(f));
+    }
+    for p in &procs {
+        let _ = std::fs::remove_file(dir.join(format!("node-{}.sock", p.id)));
     }
     Ok(())
 }

@@ -114,7 +114,33 @@ fn cli_manages_volumes_and_reports_status() {
         serde_json::from_slice(&c.cli(&["--output", "json", "node", "list"]).stdout).unwrap();
     assert_eq!(nl.as_array().unwrap().len(), 4);
 
-    // A second NBD export of the new volume, as a separate process.
+    // The writer reaches nodes on this host through their unix sockets.
+    let links = s["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "vol0")
+        .unwrap()["client_links"]
+        .clone();
+    assert_eq!(links.as_array().unwrap().len(), 2, "{links}");
+    assert!(
+        links
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|l| l["transport"] == "unix"),
+        "{links}"
+    );
+
+    // A second NBD export of the new volume, as a separate process. One node's same-host socket
+    // is gone, so that replica must be reached over TCP instead.
+    let v1: serde_json::Value = serde_json::from_slice(
+        &c.cli(&["--output", "json", "volume", "info", "data1"])
+            .stdout,
+    )
+    .unwrap();
+    let first = v1["replicas"][0]["node"].as_u64().unwrap();
+    std::fs::remove_file(c.path().join(format!("node-{first}.sock"))).unwrap();
     let sock = c.path().join("data1.sock");
     let mut nbd = Command::new(BIN)
         .arg("--data-dir")

@@ -49,6 +49,9 @@ pub struct AttachInfo {
 pub struct ReplicaTarget {
     pub node: u32,
     pub addr: String,
+    /// The node's same-host socket (`unix:/path`), tried first when it exists on this host.
+    #[serde(default)]
+    pub local_addr: Option<String>,
     pub state: ReplicaState,
 }
 
@@ -136,6 +139,34 @@ async fn join_all<T>(mut futs: Vec<Pin<Box<dyn Future<Output = T> + Send + '_>>>
         .collect()
 }
 
+/// Connects to a replica's node: through its same-host socket when that socket exists here,
+/// else over the network address.
+async fn connect_replica(
+    r: &ReplicaTarget,
+    kind: TransportKind,
+    streams: usize,
+) -> Result<Arc<dyn Connection>, VolumeError> {
+    if let Some(local) = &r.local_addr {
+        let path = local.strip_prefix("unix:").unwrap_or(local);
+        if std::path::Path::new(path).exists() {
+            match trireme_transport::connect(kind, local, streams).await {
+                Ok(c) => return Ok(c),
+                Err(e) => tracing::warn!(
+                    node = r.node,
+                    "same-host socket failed, using {}: {e}",
+                    r.addr
+                ),
+            }
+        }
+    }
+    trireme_transport::connect(kind, &r.addr, streams)
+        .await
+        .map_err(|source| VolumeError::Transport {
+            node: r.node,
+            source,
+        })
+}
+
 impl Volume {
     /// Connects to every in-sync replica without attaching (for verification and status).
     pub async fn connect(
@@ -149,13 +180,7 @@ impl Volume {
                 conns.push(None);
                 continue;
             }
-            let c = trireme_transport::connect(kind, &r.addr, streams)
-                .await
-                .map_err(|source| VolumeError::Transport {
-                    node: r.node,
-                    source,
-                })?;
-            conns.push(Some(c));
+            conns.push(Some(connect_replica(r, kind, streams).await?));
         }
         let states = info.replicas.iter().map(|r| r.state).collect();
         Ok(Volume {

@@ -70,6 +70,19 @@ pub struct VolumeStatus {
     pub size: u64,
     pub epoch: u64,
     pub replicas: Vec<ReplicaStatus>,
+    /// The data-path links of the writer attached in this cluster process, if any.
+    #[serde(default)]
+    pub client_links: Vec<LinkStatus>,
+}
+
+/// One data-path link of a volume client to a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkStatus {
+    pub node: u32,
+    /// `unix` (same host) or `tcp`.
+    pub transport: String,
+    pub peer: String,
+    pub streams: usize,
 }
 
 /// The answer to `status`.

@@ -13,6 +13,7 @@ mod api;
 mod manager;
 
 pub use api::{
-    ControlClient, ControlError, NodeStatus, ReplicaStatus, Request, StatusReport, VolumeStatus,
+    ControlClient, ControlError, LinkStatus, NodeStatus, ReplicaStatus, Request, StatusReport,
+    VolumeStatus,
 };
 pub use manager::{serve, Manager};

@@ -13,7 +13,9 @@ use trireme_proto::{Header, Op, Status};
 use trireme_replication::{place, NodeLoad};
 use trireme_transport::TransportKind;
 
-use crate::api::{NodeStatus, ReplicaStatus, Reply, Request, StatusReport, VolumeStatus, MAX_LINE};
+use crate::api::{
+    LinkStatus, NodeStatus, ReplicaStatus, Reply, Request, StatusReport, VolumeStatus, MAX_LINE,
+};
 
 /// How long the manager waits for a node on the control path.
 const NODE_TIMEOUT: Duration = Duration::from_secs(3);
@@ -26,6 +28,8 @@ pub struct Manager {
     meta: Arc<dyn MetaStore>,
     /// Serialises volume creation and deletion (placement reads then writes the metadata).
     volume_lock: tokio::sync::Mutex<()>,
+    /// Volume clients running in this process (the `up` NBD export), shown by `status`.
+    clients: std::sync::Mutex<Vec<Arc<trireme_client::Volume>>>,
 }
 
 type Result<T> = std::result::Result<T, String>;
@@ -35,7 +39,34 @@ impl Manager {
         Manager {
             meta,
             volume_lock: tokio::sync::Mutex::new(()),
+            clients: std::sync::Mutex::default(),
         }
+    }
+
+    /// Lets `status` report the links of a volume client running in this process.
+    pub fn register_client(&self, v: Arc<trireme_client::Volume>) {
+        self.clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(v);
+    }
+
+    fn client_links(&self, volume: &str) -> Vec<LinkStatus> {
+        let clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = Vec::new();
+        for c in clients.iter().filter(|c| c.info().name == volume) {
+            for (i, link) in c.connections().into_iter().enumerate() {
+                if let Some(l) = link {
+                    out.push(LinkStatus {
+                        node: c.info().replicas[i].node,
+                        transport: l.transport,
+                        peer: l.peer,
+                        streams: l.streams,
+                    });
+                }
+            }
+        }
+        out
     }
 
     pub fn meta(&self) -> &Arc<dyn MetaStore> {
@@ -163,6 +194,7 @@ impl Manager {
             replicas.push(ReplicaTarget {
                 node: n.id,
                 addr: n.addr.clone(),
+                local_addr: n.local_addr.clone(),
                 state: r.state,
             });
         }
@@ -250,6 +282,7 @@ impl Manager {
                 size: v.size,
                 epoch: v.epoch,
                 replicas: reps,
+                client_links: self.client_links(&v.name),
             });
         }
         Ok(StatusReport {

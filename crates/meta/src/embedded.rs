@@ -234,6 +234,7 @@ mod tests {
             m.put_node(&NodeRecord {
                 id: 1,
                 addr: "127.0.0.1:1".into(),
+                local_addr: None,
                 store: "file".into(),
             })
             .unwrap();

@@ -36,6 +36,9 @@ pub struct NodeRecord {
     pub id: u32,
     /// Where its data path listens (`host:port`).
     pub addr: String,
+    /// Its same-host socket (`unix:/path`), for clients on its host; TCP is the fallback.
+    #[serde(default)]
+    pub local_addr: Option<String>,
     /// Store backend (`null`, `memory`, `file`).
     pub store: String,
 }

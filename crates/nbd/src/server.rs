@@ -357,12 +357,13 @@ async fn write_replies<W: AsyncWrite + Unpin>(
     w.shutdown().await
 }
 
-async fn transmission<R, W, B>(mut rd: R, wr: W, s: Session<B>) -> Result<(), NbdError>
+async fn transmission<R, W, B>(rd: R, wr: W, s: Session<B>) -> Result<(), NbdError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin + Send + 'static,
     B: Backend,
 {
+    let mut rd = tokio::io::BufReader::with_capacity(256 * 1024, rd);
     let (tx, rx) = mpsc::unbounded_channel::<Reply>();
     let writer = tokio::spawn(write_replies(wr, rx));
     let budget = Arc::new(Semaphore::new(INFLIGHT_UNITS as usize));

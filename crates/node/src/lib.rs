@@ -244,6 +244,10 @@ fn checksum(r: &dyn Replica, offset: u64, len: u64) -> Result<u32, StoreError> {
 }
 
 impl Handler for Node {
+    fn inline(&self, req: &Frame) -> bool {
+        !self.store.blocking() || matches!(req.header.op, Op::Ping | Op::ReplicaInfo)
+    }
+
     async fn handle(self: Arc<Self>, req: Frame) -> Frame {
         let blocking =
             self.store.blocking() && !matches!(req.header.op, Op::Ping | Op::ReplicaInfo);
@@ -278,16 +282,33 @@ impl Handler for Node {
     }
 }
 
-/// Binds the data-path listener, reports the bound address through `on_bound`, and serves
-/// until the listener fails.
+/// Binds the data-path listeners — TCP on `listen`, and a unix socket at `socket` for clients
+/// on this host — reports the bound TCP address and whether the unix socket is up through
+/// `on_bound`, and serves until a listener fails.
 pub async fn run(
     node: Arc<Node>,
     listen: SocketAddr,
-    on_bound: impl FnOnce(SocketAddr),
+    socket: Option<&std::path::Path>,
+    on_bound: impl FnOnce(SocketAddr, bool),
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(listen).await?;
-    on_bound(listener.local_addr()?);
-    trireme_transport::tcp::serve(listener, node).await
+    let unix = socket.and_then(|p| {
+        let _ = std::fs::remove_file(p);
+        tokio::net::UnixListener::bind(p)
+            .map_err(|e| tracing::warn!(path = %p.display(), "no same-host socket, TCP only: {e}"))
+            .ok()
+    });
+    on_bound(listener.local_addr()?, unix.is_some());
+    let tcp = trireme_transport::tcp::serve(listener, node.clone());
+    match unix {
+        Some(u) => {
+            tokio::select! {
+                r = tcp => r,
+                r = trireme_transport::tcp::serve_unix(u, node) => r,
+            }
+        }
+        None => tcp.await,
+    }
 }
 
 #[cfg(test)]

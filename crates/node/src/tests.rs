@@ -7,7 +7,7 @@ async fn start(store: Arc<dyn Store>) -> (Arc<Node>, TcpConnection) {
     let node = Arc::new(Node::new(7, store));
     let (tx, rx) = tokio::sync::oneshot::channel();
     let n = node.clone();
-    tokio::spawn(run(n, "127.0.0.1:0".parse().unwrap(), move |a| {
+    tokio::spawn(run(n, "127.0.0.1:0".parse().unwrap(), None, move |a, _| {
         let _ = tx.send(a);
     }));
     let addr = rx.await.unwrap();

@@ -85,6 +85,14 @@ pub trait Connection: Send + Sync + std::fmt::Debug {
 pub trait Handler: Send + Sync + 'static {
     /// Handles one request and returns its response frame. Called concurrently.
     fn handle(self: Arc<Self>, request: Frame) -> impl Future<Output = Frame> + Send;
+
+    /// True if `request` completes without waiting (an in-memory store): the transport then
+    /// runs it on the connection's own reader, in order, with no task hand-off. Requests that
+    /// wait on a device must return false so they run concurrently.
+    fn inline(&self, request: &Frame) -> bool {
+        let _ = request;
+        false
+    }
 }
 
 /// Which transport to use for a connection.

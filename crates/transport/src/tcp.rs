@@ -1,4 +1,5 @@
-//! TCP transport: tokio, TCP_NODELAY, length-prefixed frames, several streams per peer.
+//! Stream transport: length-prefixed frames over TCP (TCP_NODELAY) or, for a peer on the same
+//! host, a unix stream socket (`unix:/path` addresses), with several streams per peer.
 //!
 //! Each stream has one writer task (it batches whatever frames are queued into one `write`
 //! syscall where it can) and one reader task (it matches responses to waiting calls by id).
@@ -8,8 +9,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use trireme_proto::{check_payload, decode_header, Header, HEADER_LEN};
 
@@ -19,6 +20,9 @@ use crate::{BoxFuture, Connection, ConnectionInfo, Frame, Handler, TransportErro
 const MAX_IN_FLIGHT_PER_STREAM: usize = 256;
 /// Frames written per syscall batch at most.
 const WRITE_BATCH: usize = 64;
+/// Socket buffer sizes in user space: many small frames per read or write syscall.
+const READ_BUFFER: usize = 256 * 1024;
+const WRITE_BUFFER: usize = 256 * 1024;
 
 type Pending = Arc<Mutex<PendingMap>>;
 
@@ -44,30 +48,42 @@ impl std::fmt::Debug for PendingMap {
     }
 }
 
-/// A TCP connection to one node: `streams` sockets used round-robin.
+/// A connection to one node: `streams` sockets (TCP, or unix for `unix:` addresses) used
+/// round-robin.
 #[derive(Debug)]
 pub struct TcpConnection {
     peer: String,
+    kind: &'static str,
     streams: Vec<Stream>,
     next_stream: AtomicUsize,
     next_id: AtomicU64,
 }
 
 impl TcpConnection {
+    /// Connects to `addr`: `host:port` for TCP, `unix:/path` for a unix socket.
     pub async fn connect(addr: &str, streams: usize) -> Result<Self, TransportError> {
         let mut out = Vec::with_capacity(streams.max(1));
+        let err = |source| TransportError::Connect {
+            addr: addr.to_string(),
+            source,
+        };
         for _ in 0..streams.max(1) {
-            let sock =
-                TcpStream::connect(addr)
-                    .await
-                    .map_err(|source| TransportError::Connect {
-                        addr: addr.to_string(),
-                        source,
-                    })?;
-            let _ = sock.set_nodelay(true);
-            out.push(Stream::start(sock, addr.to_string()));
+            if let Some(path) = addr.strip_prefix("unix:") {
+                let (rd, wr) = UnixStream::connect(path).await.map_err(err)?.into_split();
+                out.push(Stream::start(rd, wr, addr.to_string()));
+            } else {
+                let sock = TcpStream::connect(addr).await.map_err(err)?;
+                let _ = sock.set_nodelay(true);
+                let (rd, wr) = sock.into_split();
+                out.push(Stream::start(rd, wr, addr.to_string()));
+            }
         }
         Ok(TcpConnection {
+            kind: if addr.starts_with("unix:") {
+                "unix"
+            } else {
+                "tcp"
+            },
             peer: addr.to_string(),
             streams: out,
             next_stream: AtomicUsize::new(0),
@@ -77,8 +93,11 @@ impl TcpConnection {
 }
 
 impl Stream {
-    fn start(sock: TcpStream, peer: String) -> Stream {
-        let (rd, wr) = sock.into_split();
+    fn start<R, W>(rd: R, wr: W, peer: String) -> Stream
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
         let (tx, rx) = mpsc::unbounded_channel();
         let pending: Pending = Arc::default();
         let closed = Arc::new(AtomicBool::new(false));
@@ -92,7 +111,7 @@ impl Stream {
         });
         let (p, c) = (pending.clone(), closed.clone());
         tokio::spawn(async move {
-            let reason = read_responses(rd, &p, &peer).await;
+            let reason = read_responses(BufReader::with_capacity(READ_BUFFER, rd), &p, &peer).await;
             fail_all(&p, &c, &peer, reason);
         });
         Stream {
@@ -176,7 +195,7 @@ async fn write_frames<W: AsyncWrite + Unpin>(
     wr: W,
     mut rx: mpsc::UnboundedReceiver<(Header, Bytes)>,
 ) -> std::io::Result<()> {
-    let mut w = BufWriter::with_capacity(256 * 1024, wr);
+    let mut w = BufWriter::with_capacity(WRITE_BUFFER, wr);
     while let Some((h, payload)) = rx.recv().await {
         write_one(&mut w, &h, &payload).await?;
         // Batch whatever else is already queued into the same flush.
@@ -247,7 +266,7 @@ impl Connection for TcpConnection {
 
     fn info(&self) -> ConnectionInfo {
         ConnectionInfo {
-            transport: "tcp".into(),
+            transport: self.kind.into(),
             peer: self.peer.clone(),
             streams: self.streams.len(),
         }
@@ -269,42 +288,81 @@ pub async fn serve<H: Handler>(listener: TcpListener, handler: Arc<H>) -> std::i
         let _ = sock.set_nodelay(true);
         let h = handler.clone();
         tokio::spawn(async move {
-            if let Err(e) = serve_stream(sock, h).await {
+            let (rd, wr) = sock.into_split();
+            if let Err(e) = serve_stream(rd, wr, h).await {
                 tracing::warn!(%peer, "closing connection: {e}");
             }
         });
     }
 }
 
-async fn serve_stream<H: Handler>(sock: TcpStream, handler: Arc<H>) -> Result<(), ReadError> {
-    let (mut rd, wr) = sock.into_split();
-    let (tx, rx) = mpsc::unbounded_channel::<(Header, Bytes)>();
-    let writer = tokio::spawn(write_frames(wr, rx));
+/// Serves `handler` on a unix socket listener (peers on the same host), like [`serve`].
+pub async fn serve_unix<H: Handler>(
+    listener: UnixListener,
+    handler: Arc<H>,
+) -> std::io::Result<()> {
+    loop {
+        let (sock, _) = listener.accept().await?;
+        let h = handler.clone();
+        tokio::spawn(async move {
+            let (rd, wr) = sock.into_split();
+            if let Err(e) = serve_stream(rd, wr, h).await {
+                tracing::warn!("closing unix connection: {e}");
+            }
+        });
+    }
+}
+
+async fn serve_stream<H, R, W>(rd: R, wr: W, handler: Arc<H>) -> Result<(), ReadError>
+where
+    H: Handler,
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let mut rd = BufReader::with_capacity(READ_BUFFER, rd);
+    // Inline requests are answered by this reader; concurrent ones by their own tasks. Both
+    // write through one buffered writer; the reader flushes once it has drained its input, so
+    // a burst of requests is answered with one write.
+    let wr = Arc::new(tokio::sync::Mutex::new(BufWriter::with_capacity(
+        WRITE_BUFFER,
+        wr,
+    )));
     let limit = Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_STREAM));
-    let result = loop {
+    loop {
         let frame = match read_frame(&mut rd).await {
             Ok(Some(f)) => f,
-            Ok(None) => break Ok(()),
-            Err(e) => break Err(e),
+            Ok(None) => return Ok(()),
+            Err(e) => return Err(e),
         };
         if frame.header.is_response() {
-            break Err(ReadError::Decode(
+            return Err(ReadError::Decode(
                 trireme_proto::DecodeError::MalformedPayload {
                     what: "response frame sent to a server",
                 },
             ));
         }
+        if handler.inline(&frame) {
+            let resp = handler.clone().handle(frame).await;
+            let mut w = wr.lock().await;
+            write_one(&mut w, &resp.header, &resp.payload)
+                .await
+                .map_err(ReadError::Io)?;
+            if rd.buffer().len() < HEADER_LEN {
+                w.flush().await.map_err(ReadError::Io)?;
+            }
+            continue;
+        }
         let Ok(permit) = limit.clone().acquire_owned().await else {
-            break Ok(());
+            return Ok(());
         };
-        let (h, tx) = (handler.clone(), tx.clone());
+        let (h, wr) = (handler.clone(), wr.clone());
         tokio::spawn(async move {
             let resp = h.handle(frame).await;
-            let _ = tx.send((resp.header, resp.payload));
+            let mut w = wr.lock().await;
+            if write_one(&mut w, &resp.header, &resp.payload).await.is_ok() {
+                let _ = w.flush().await;
+            }
             drop(permit);
         });
-    };
-    drop(tx);
-    let _ = writer.await;
-    result
+    }
 }
