@@ -4,7 +4,7 @@
 Both targets get the same fio job, run interleaved (A B A B ...) for several rounds; the table
 shows medians and trireme/nbdkit ratios. CPU per IO is measured from /proc/<pid>/stat of the
 storage processes (trireme: `up` + every node; nbdkit: its one process) and from the rusage of
-fio itself (the load generator). Transport: TCP/unix sockets on loopback; this host has no RDMA.
+fio itself (the load generator). Links: unix sockets between processes on this host; no RDMA here.
 
 Usage: python3 bench/nbd_vs_nbdkit.py [--runtime 10] [--rounds 3] [--size 512M] [--json out.json]
 """
@@ -91,14 +91,14 @@ def measure(uri, pids, numjobs, iodepth, runtime, size):
     }
 
 
-def start_trireme(tmp, size):
+def start_trireme(tmp, size, extra=()):
     exe = os.path.join(ROOT, "target", "release", "trireme")
     if not os.path.exists(exe):
         sys.exit("build first: cargo build --release (make bench does)")
     d = os.path.join(tmp, "trireme")
     log = open(os.path.join(tmp, "trireme.log"), "w")
     p = subprocess.Popen([exe, "--data-dir", d, "--log", "warn", "up", "--store", "memory", "--size", size,
-                          "--nodes", "3", "--replicas", "3", "--port", "0"], stdout=log, stderr=log)
+                          "--nodes", "3", "--replicas", "3", "--port", "0", *extra], stdout=log, stderr=log)
     for _ in range(600):
         if os.path.exists(os.path.join(d, "exports")):
             break
@@ -132,6 +132,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per profile (median)")
     ap.add_argument("--size", default="512M", help="volume size and fio working set")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--trireme-args", default="", help="extra `trireme up` flags, e.g. '--threads 2'")
     a = ap.parse_args()
     for tool in ("fio", "nbdkit"):
         if not shutil.which(tool):
@@ -140,7 +141,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="trireme-bench-")
     procs = []
     try:
-        tp, turi, tpids = start_trireme(tmp, a.size)
+        tp, turi, tpids = start_trireme(tmp, a.size, a.trireme_args.split())
         procs.append(tp)
         kp, kuri, kpids = start_nbdkit(tmp, a.size)
         procs.append(kp)
@@ -153,7 +154,8 @@ def main():
               f"{os.cpu_count()} CPUs, kernel {platform.release()}, {fio_version}")
         print("# trireme: 3 node processes, 3-way mirror, memory store, volume client + NBD in `trireme up`;"
               " nbdkit: memory plugin, one copy.")
-        print("# Both over nbd+unix; node links are TCP on 127.0.0.1 (no RDMA on this host).")
+        print("# Both over nbd+unix. trireme's node links: unix sockets between processes on this host"
+              " (TCP when the peer is elsewhere); no RDMA device on this machine.")
         print(f"# 4K random 70:30 read/write, fio nbd engine, {a.runtime}s runs + 2s ramp, "
               f"{a.rounds} interleaved rounds, medians.\n")
 

@@ -27,6 +27,7 @@ mod map;
 mod memory;
 mod null;
 
+pub use file::meta as file_meta;
 pub use file::FileStore;
 pub use map::{extents_from, AllocMap};
 pub use memory::MemoryStore;
