@@ -131,6 +131,7 @@ fn fail_all(pending: &Pending, closed: &AtomicBool, peer: &str, reason: String) 
         }
         std::mem::take(&mut p.waiters)
     };
+    IN_FLIGHT.fetch_sub(waiters.len(), Ordering::Relaxed);
     for (_, w) in waiters {
         let _ = w.send(Err(TransportError::Closed {
             peer: peer.to_string(),
@@ -139,8 +140,56 @@ fn fail_all(pending: &Pending, closed: &AtomicBool, peer: &str, reason: String) 
     }
 }
 
-async fn read_responses<R: AsyncRead + Unpin>(mut rd: R, pending: &Pending, peer: &str) -> String {
+/// Requests in flight over every stream of this process.
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+/// Whether some reader is spinning now (one at a time).
+static SPINNING: AtomicBool = AtomicBool::new(false);
+/// Longest a reader waits by polling before it parks.
+const SPIN: std::time::Duration = std::time::Duration::from_micros(50);
+/// Spin only at queue depths this low: deeper queues always have other work for the CPU.
+const SPIN_MAX_IN_FLIGHT: usize = 2;
+
+/// At low queue depth, waits for the next response by turning the runtime's I/O driver
+/// (`yield_now` lets it poll with a zero timeout) for up to [`SPIN`] rather than sleeping: a
+/// sleeping process pays a full wake-up (an IPI on a VM) for every response. Never spins when
+/// more than [`SPIN_MAX_IN_FLIGHT`] requests are in flight or another reader is spinning, so it
+/// costs nothing under load.
+async fn spin_for_data<R: AsyncRead + Unpin>(rd: &mut BufReader<R>, pending: &Pending) {
+    use tokio::io::AsyncBufRead;
+    let waiting = !pending
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .waiters
+        .is_empty();
+    if !rd.buffer().is_empty()
+        || !waiting
+        || IN_FLIGHT.load(Ordering::Relaxed) > SPIN_MAX_IN_FLIGHT
+        || SPINNING.swap(true, Ordering::Acquire)
+    {
+        return;
+    }
+    let start = std::time::Instant::now();
+    while start.elapsed() < SPIN {
+        tokio::task::yield_now().await;
+        // Polled with a no-op waker: this only looks at readiness the driver just refreshed.
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        if std::pin::Pin::new(&mut *rd)
+            .poll_fill_buf(&mut cx)
+            .is_ready()
+        {
+            break;
+        }
+    }
+    SPINNING.store(false, Ordering::Release);
+}
+
+async fn read_responses<R: AsyncRead + Unpin>(
+    mut rd: BufReader<R>,
+    pending: &Pending,
+    peer: &str,
+) -> String {
     loop {
+        spin_for_data(&mut rd, pending).await;
         let frame = match read_frame(&mut rd).await {
             Ok(Some(f)) => f,
             Ok(None) => return "peer closed the connection".into(),
@@ -156,6 +205,7 @@ async fn read_responses<R: AsyncRead + Unpin>(mut rd: R, pending: &Pending, peer
             .remove(&frame.header.request_id);
         match waiter {
             Some(w) => {
+                IN_FLIGHT.fetch_sub(1, Ordering::Relaxed);
                 let _ = w.send(Ok(frame));
             }
             None => return format!("response to unknown request {}", frame.header.request_id),
@@ -242,13 +292,18 @@ impl Connection for TcpConnection {
                     });
                 }
                 p.waiters.insert(header.request_id, tx);
+                IN_FLIGHT.fetch_add(1, Ordering::Relaxed);
             }
             if s.tx.send((header, payload)).is_err() {
-                s.pending
+                let removed = s
+                    .pending
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .waiters
                     .remove(&header.request_id);
+                if removed.is_some() {
+                    IN_FLIGHT.fetch_sub(1, Ordering::Relaxed);
+                }
                 return Err(TransportError::Closed {
                     peer: self.peer.clone(),
                     reason: "writer stopped".into(),
