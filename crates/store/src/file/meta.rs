@@ -43,6 +43,8 @@ pub enum MetaError {
     MapLength { found: u64, expected: u64 },
     #[error("checksum mismatch")]
     Checksum,
+    #[error("reserved header bytes are not zero")]
+    Reserved,
 }
 
 fn map_len(size: u64, grain: u64) -> u64 {
@@ -92,6 +94,10 @@ pub fn decode(b: &[u8]) -> Result<ReplicaMeta, MetaError> {
     let version = u32_at(b, 8);
     if version != VERSION {
         return Err(MetaError::BadVersion(version));
+    }
+    // Reserved fields must be zero: 56..64 lies outside the checksum, so this is its only check.
+    if b[12..16] != [0; 4] || b[56..64] != [0; 8] {
+        return Err(MetaError::Reserved);
     }
     let (size, grain) = (u64_at(b, 24), u64_at(b, 32));
     if size == 0
