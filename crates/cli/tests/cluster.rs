@@ -358,3 +358,66 @@ fn bad_flags_and_config_give_one_line_and_exit_2() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
 }
+
+#[test]
+fn a_new_attach_fences_the_old_writer() {
+    need("qemu-io");
+    let c = Cluster::start(&["--store", "memory", "--size", "16M"]);
+    run(Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 0x01 0 64k", &c.unix]));
+
+    // Another process attaches vol0: it takes epoch 2, and the replicas refuse epoch 1 from now on.
+    let sock = c.path().join("new.sock");
+    let mut nbd = Command::new(BIN)
+        .arg("--data-dir")
+        .arg(c.path())
+        .args(["nbd", "vol0", "--socket"])
+        .arg(&sock)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = nbd.stdout.take().unwrap();
+    let mut b = [0u8; 1];
+    let mut line = String::new();
+    while !line.ends_with('\n') {
+        assert_eq!(out.read(&mut b).unwrap(), 1, "trireme nbd exited");
+        line.push(b[0] as char);
+    }
+    let new_uri = line.trim().to_string();
+
+    // The old writer (trireme up's export) can no longer write: its write fails, and changes nothing.
+    let old = Command::new("qemu-io")
+        .args(["-f", "raw", "-c", "write -P 0x02 0 64k", &c.unix])
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&old.stdout).to_string() + &String::from_utf8_lossy(&old.stderr);
+    assert!(
+        text.contains("error") || !old.status.success(),
+        "a fenced writer's write must fail: {text}"
+    );
+    run(Command::new("qemu-io").args(["-f", "raw", "-c", "read -P 0x01 0 64k", &new_uri]));
+    run(Command::new("qemu-io").args([
+        "-f",
+        "raw",
+        "-c",
+        "write -P 0x03 0 64k",
+        "-c",
+        "read -P 0x03 0 64k",
+        &new_uri,
+    ]));
+
+    let s: serde_json::Value =
+        serde_json::from_slice(&c.cli(&["--output", "json", "status"]).stdout).unwrap();
+    assert_eq!(s["volumes"][0]["epoch"], 2, "{s}");
+    assert!(
+        s["volumes"][0]["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["epoch"] == 2),
+        "{s}"
+    );
+    // SAFETY: kill(2) on our child.
+    unsafe { libc::kill(nbd.id() as i32, libc::SIGTERM) };
+    assert!(nbd.wait().unwrap().success());
+}
