@@ -33,6 +33,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Cmd::Up(ref a) => runtime(a.threads as usize)?.block_on(crate::up::run(&cli, a)),
         Cmd::Node(NodeCmd::Serve(ref a)) => runtime(1)?.block_on(node_serve(a)),
         Cmd::Nbd(ref a) => runtime(a.threads as usize)?.block_on(nbd(&cli, a)),
+        Cmd::Bench(ref a) => crate::bench::run(&cli, a),
         _ => runtime(1)?.block_on(client_cmd(&cli)),
     }
 }
@@ -128,7 +129,7 @@ async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 )));
             }
         }
-        Cmd::Up(_) | Cmd::Nbd(_) | Cmd::Node(NodeCmd::Serve(_)) => {
+        Cmd::Up(_) | Cmd::Nbd(_) | Cmd::Bench(_) | Cmd::Node(NodeCmd::Serve(_)) => {
             unreachable!("dispatched in run()")
         }
     }

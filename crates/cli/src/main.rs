@@ -5,6 +5,7 @@
 //! Exit codes: 0 success, 1 a runtime failure (cluster unreachable, I/O error, replicas that
 //! differ), 2 bad usage or configuration (one `error:` line on stderr).
 
+mod bench;
 mod cmds;
 mod frontend;
 mod units;
@@ -80,6 +81,8 @@ pub enum Cmd {
     Status,
     /// Attach a volume (new epoch: older writers are fenced) and serve it over NBD.
     Nbd(NbdArgs),
+    /// Measure a target with DISKSPD's flags: IOPS, latency percentiles, CPU per IO.
+    Bench(bench::BenchArgs),
 }
 
 #[derive(Debug, Args)]

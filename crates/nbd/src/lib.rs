@@ -15,6 +15,7 @@
 //! [`codec`] (fuzzed), lengths are checked before any allocation, and a protocol violation
 //! closes that one connection after answering what it can.
 
+pub mod client;
 pub mod codec;
 pub mod consts;
 mod server;

@@ -21,7 +21,7 @@
 //! line to [`open_store`], and run the shared conformance tests in `tests.rs` against it.
 //! API version: [`STORE_API_VERSION`].
 
-mod aligned;
+pub mod aligned;
 mod file;
 mod map;
 mod memory;

@@ -1,0 +1,384 @@
+//! The closed-loop load engine.
+//!
+//! `threads x outstanding` loops run on a tokio runtime with `threads` workers (capped at the
+//! CPU count: async loops need no more). Each loop issues its next I/O the moment the previous
+//! one completes. Latency is taken around each I/O with the monotonic clock and recorded, in
+//! nanoseconds, into the loop's own HDR histogram, only for I/Os that complete inside the
+//! measured window (after warm-up, before cool-down), the way DISKSPD counts. The first I/O
+//! error stops the run: numbers from a failing target mean nothing.
+
+use std::io::IsTerminal;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::{Bytes, BytesMut};
+use hdrhistogram::Histogram;
+
+use crate::cpu::{self, CpuReport};
+use crate::profile::{Buffers, Pattern, Profile};
+use crate::target::Target;
+
+/// Largest latency the histograms hold (longer ones are clamped), in nanoseconds.
+const MAX_LATENCY_NS: u64 = 60_000_000_000;
+/// Inline targets yield to the other loops every this many I/Os.
+const INLINE_YIELD: u32 = 64;
+
+/// Counters and latencies of one kind of I/O.
+#[derive(Debug, Clone)]
+pub struct OpStats {
+    pub ios: u64,
+    pub bytes: u64,
+    /// Latency in nanoseconds.
+    pub hist: Histogram<u64>,
+}
+
+impl OpStats {
+    fn new() -> OpStats {
+        OpStats {
+            ios: 0,
+            bytes: 0,
+            hist: Histogram::new_with_bounds(1, MAX_LATENCY_NS, 3).expect("valid bounds"),
+        }
+    }
+    fn add(&mut self, o: &OpStats) {
+        self.ios += o.ios;
+        self.bytes += o.bytes;
+        self.hist.add(&o.hist).expect("same bounds");
+    }
+}
+
+/// Per-thread results.
+#[derive(Debug, Clone)]
+pub struct ThreadStats {
+    pub read: OpStats,
+    pub write: OpStats,
+}
+
+impl ThreadStats {
+    fn new() -> ThreadStats {
+        ThreadStats {
+            read: OpStats::new(),
+            write: OpStats::new(),
+        }
+    }
+}
+
+/// Everything a run measured.
+#[derive(Debug, Clone)]
+pub struct RunResult {
+    pub profile: Profile,
+    pub target: String,
+    pub target_size: u64,
+    pub threads: Vec<ThreadStats>,
+    /// Length of the measured window in seconds.
+    pub elapsed_s: f64,
+    pub cpu: CpuReport,
+    pub started: SystemTime,
+    pub error: Option<String>,
+}
+
+impl RunResult {
+    pub fn total(&self) -> (OpStats, OpStats) {
+        let (mut r, mut w) = (OpStats::new(), OpStats::new());
+        for t in &self.threads {
+            r.add(&t.read);
+            w.add(&t.write);
+        }
+        (r, w)
+    }
+}
+
+struct Ctx {
+    target: Arc<Target>,
+    profile: Profile,
+    span: u64,
+    window_start: Instant,
+    window_end: Instant,
+    run_end: Instant,
+    stop: AtomicBool,
+    error: Mutex<Option<String>>,
+    progress: Option<Progress>,
+}
+
+/// Live counters for the progress line.
+struct Progress {
+    ios: AtomicU64,
+    bytes: AtomicU64,
+    hist: Mutex<Histogram<u64>>,
+}
+
+/// A small seeded generator (splitmix64): every random choice of a run replays from its seed.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in `0..n` (n > 0), without modulo bias worth measuring at these ranges.
+    pub fn below(&mut self, n: u64) -> u64 {
+        ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u64
+    }
+}
+
+fn fill_random(rng: &mut Rng, b: &mut [u8]) {
+    for c in b.chunks_mut(8) {
+        let v = rng.next_u64().to_le_bytes();
+        c.copy_from_slice(&v[..c.len()]);
+    }
+}
+
+async fn io_loop(ctx: Arc<Ctx>, thread: usize, slot: usize) -> ThreadStats {
+    let p = &ctx.profile;
+    let bs = p.block_size;
+    let mut rng = Rng::new(
+        p.seed ^ ((thread as u64) << 32 | slot as u64).wrapping_mul(0x2545_F491_4F6C_DD1D),
+    );
+    let mut stats = ThreadStats::new();
+    let pattern_buf: Bytes = match p.buffers {
+        Buffers::Zero => Bytes::from(vec![0u8; bs as usize]),
+        _ => {
+            let mut b = vec![0u8; bs as usize];
+            for (i, x) in b.iter_mut().enumerate() {
+                *x = (i % 251) as u8 ^ 0x5A;
+            }
+            Bytes::from(b)
+        }
+    };
+    // Sequential: each thread owns an equal region; its loops interleave block by block.
+    let region = (ctx.span / u64::from(p.threads)).max(bs);
+    let region_start = (thread as u64 * region).min(ctx.span - bs);
+    let mut seq_pos = slot as u64 * bs;
+    let blocks = match p.pattern {
+        Pattern::Random { align } => (ctx.span - bs) / align + 1,
+        Pattern::Sequential => 0,
+    };
+    let inline = ctx.target.completes_inline();
+    let mut since_yield = 0u32;
+    let (mut batch_ios, mut batch_bytes) = (0u64, 0u64);
+    let mut batch_hist = ctx
+        .progress
+        .as_ref()
+        .map(|_| Histogram::<u64>::new_with_bounds(1, MAX_LATENCY_NS, 2).expect("bounds"));
+    let mut now = Instant::now();
+    while now < ctx.run_end && !ctx.stop.load(Ordering::Relaxed) {
+        let offset = match p.pattern {
+            Pattern::Random { align } => rng.below(blocks) * align,
+            Pattern::Sequential => {
+                if seq_pos + bs > region.min(ctx.span - region_start) {
+                    seq_pos = slot as u64 * bs % region.max(1);
+                }
+                let o = region_start + seq_pos;
+                seq_pos += u64::from(p.outstanding) * bs;
+                o
+            }
+        };
+        let is_write = p.write_pct > 0 && rng.below(100) < u64::from(p.write_pct);
+        let t0 = Instant::now();
+        let res = if is_write {
+            let data = if p.buffers == Buffers::Random {
+                let mut b = BytesMut::zeroed(bs as usize);
+                fill_random(&mut rng, &mut b);
+                b.freeze()
+            } else {
+                pattern_buf.clone()
+            };
+            ctx.target.write(thread, offset, data).await
+        } else {
+            ctx.target.read(thread, offset, bs).await.map(|_| ())
+        };
+        now = Instant::now();
+        if let Err(e) = res {
+            ctx.stop.store(true, Ordering::Relaxed);
+            let mut g = ctx.error.lock().unwrap_or_else(|e| e.into_inner());
+            g.get_or_insert_with(|| {
+                format!(
+                    "{} at offset {offset}: {e}",
+                    if is_write { "write" } else { "read" }
+                )
+            });
+            break;
+        }
+        let ns = (now - t0).as_nanos().clamp(1, u128::from(MAX_LATENCY_NS)) as u64;
+        if now >= ctx.window_start && now < ctx.window_end {
+            let s = if is_write {
+                &mut stats.write
+            } else {
+                &mut stats.read
+            };
+            s.ios += 1;
+            s.bytes += bs;
+            s.hist.saturating_record(ns);
+        }
+        if let (Some(pr), Some(h)) = (&ctx.progress, batch_hist.as_mut()) {
+            batch_ios += 1;
+            batch_bytes += bs;
+            h.saturating_record(ns);
+            if batch_ios >= 256 {
+                pr.ios.fetch_add(batch_ios, Ordering::Relaxed);
+                pr.bytes.fetch_add(batch_bytes, Ordering::Relaxed);
+                let _ = pr.hist.lock().unwrap_or_else(|e| e.into_inner()).add(&*h);
+                h.reset();
+                (batch_ios, batch_bytes) = (0, 0);
+            }
+        }
+        if inline {
+            since_yield += 1;
+            if since_yield >= INLINE_YIELD {
+                since_yield = 0;
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+    stats
+}
+
+fn us(ns: u64) -> f64 {
+    ns as f64 / 1000.0
+}
+
+async fn show_progress(ctx: Arc<Ctx>, started: Instant) {
+    let Some(pr) = &ctx.progress else { return };
+    let mut last = (Instant::now(), 0u64, 0u64);
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (ios, bytes) = (
+            pr.ios.load(Ordering::Relaxed),
+            pr.bytes.load(Ordering::Relaxed),
+        );
+        let dt = last.0.elapsed().as_secs_f64();
+        let (p50, p99) = {
+            let h = pr.hist.lock().unwrap_or_else(|e| e.into_inner());
+            (h.value_at_quantile(0.5), h.value_at_quantile(0.99))
+        };
+        let phase = if Instant::now() < ctx.window_start {
+            "warm-up"
+        } else if Instant::now() < ctx.window_end {
+            "measuring"
+        } else {
+            "cool-down"
+        };
+        eprint!(
+            "\r{:>5.0}s {:<9} {:>10.0} IOPS {:>9.1} MiB/s  p50 {:>8.1} us  p99 {:>8.1} us   ",
+            started.elapsed().as_secs_f64(),
+            phase,
+            (ios - last.1) as f64 / dt,
+            (bytes - last.2) as f64 / dt / 1048576.0,
+            us(p50),
+            us(p99)
+        );
+        last = (Instant::now(), ios, bytes);
+        if Instant::now() >= ctx.run_end || ctx.stop.load(Ordering::Relaxed) {
+            eprintln!();
+            return;
+        }
+    }
+}
+
+/// Runs `profile` against `target` and returns what it measured. `storage_pids` are the
+/// processes whose CPU counts as the storage system's. Call from outside any async runtime.
+pub fn run<F>(
+    profile: &Profile,
+    open: F,
+    storage_pids: &[u32],
+    progress: bool,
+) -> Result<RunResult, String>
+where
+    F: std::future::Future<Output = Result<Target, String>>,
+{
+    let workers = (profile.threads as usize)
+        .min(std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("runtime: {e}"))?;
+    // Opened inside the runtime that drives it: connections spawn their tasks here.
+    let target = Arc::new(rt.block_on(open)?);
+    profile.validate(target.size())?;
+    let align = target.alignment();
+    if !profile.block_size.is_multiple_of(align)
+        || matches!(profile.pattern, Pattern::Random { align: a } if a % align != 0)
+    {
+        return Err(format!(
+            "{} needs block size and alignment in multiples of {align} bytes",
+            target.describe()
+        ));
+    }
+    let started = SystemTime::now();
+    let t0 = Instant::now();
+    let window_start = t0 + Duration::from_secs(profile.warmup_s);
+    let window_end = window_start + Duration::from_secs(profile.duration_s);
+    let ctx = Arc::new(Ctx {
+        span: profile.span_for(target.size()),
+        target,
+        profile: profile.clone(),
+        window_start,
+        window_end,
+        run_end: window_end + Duration::from_secs(profile.cooldown_s),
+        stop: AtomicBool::new(false),
+        error: Mutex::new(None),
+        progress: (progress && std::io::stderr().is_terminal()).then(|| Progress {
+            ios: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            hist: Mutex::new(Histogram::new_with_bounds(1, MAX_LATENCY_NS, 2).expect("bounds")),
+        }),
+    });
+    let pids = storage_pids.to_vec();
+    let (threads, cpu_pair) = rt.block_on(async {
+        let c = ctx.clone();
+        let monitor = tokio::spawn(async move {
+            tokio::time::sleep_until(c.window_start.into()).await;
+            let a = cpu::sample(&pids);
+            tokio::time::sleep_until(c.window_end.into()).await;
+            let b = cpu::sample(&pids);
+            (a, b, pids)
+        });
+        let prog = tokio::spawn(show_progress(ctx.clone(), t0));
+        let mut handles = Vec::new();
+        for t in 0..profile.threads as usize {
+            for k in 0..profile.outstanding as usize {
+                handles.push((t, tokio::spawn(io_loop(ctx.clone(), t, k))));
+            }
+        }
+        let mut threads: Vec<ThreadStats> =
+            (0..profile.threads).map(|_| ThreadStats::new()).collect();
+        for (t, h) in handles {
+            if let Ok(s) = h.await {
+                threads[t].read.add(&s.read);
+                threads[t].write.add(&s.write);
+            }
+        }
+        prog.abort();
+        let cpu_pair = if ctx.stop.load(Ordering::Relaxed) {
+            None
+        } else {
+            monitor.await.ok()
+        };
+        (threads, cpu_pair)
+    });
+    let error = ctx.error.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    if let Some(e) = error {
+        return Err(e);
+    }
+    let (a, b, pids) = cpu_pair.ok_or("the run stopped before its window ended")?;
+    Ok(RunResult {
+        profile: profile.clone(),
+        target: ctx.target.describe(),
+        target_size: ctx.target.size(),
+        threads,
+        elapsed_s: (b.at - a.at).as_secs_f64(),
+        cpu: cpu::report(&a, &b, &pids),
+        started,
+        error: None,
+    })
+}

@@ -1,0 +1,108 @@
+//! What load to offer.
+
+use serde::Serialize;
+
+/// Access pattern.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pattern {
+    /// Uniform random offsets aligned to `align` bytes (DISKSPD `-r[align]`).
+    Random { align: u64 },
+    /// Each thread walks its own region in order (DISKSPD `-s`).
+    Sequential,
+}
+
+/// Write buffer contents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Buffers {
+    /// A fixed non-zero pattern, the same for every write (DISKSPD's default).
+    Pattern,
+    /// Zeros (`-Z`).
+    Zero,
+    /// Fresh random bytes for every write (`-Zr`).
+    Random,
+}
+
+/// A benchmark profile. Times are in whole seconds, like DISKSPD's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Profile {
+    pub block_size: u64,
+    /// Percentage of I/Os that are writes (0..=100).
+    pub write_pct: u32,
+    pub threads: u32,
+    /// Outstanding I/Os per thread.
+    pub outstanding: u32,
+    pub pattern: Pattern,
+    pub duration_s: u64,
+    pub warmup_s: u64,
+    pub cooldown_s: u64,
+    pub buffers: Buffers,
+    pub seed: u64,
+    /// Bytes of the target to use (0: all of it).
+    pub span: u64,
+}
+
+impl Profile {
+    /// The workload of the Storage Spaces Direct RDMA-vs-TCP table: 4K, 70:30 read/write,
+    /// random, 10 threads x 4 outstanding.
+    pub fn s2d() -> Profile {
+        Profile {
+            block_size: 4096,
+            write_pct: 30,
+            threads: 10,
+            outstanding: 4,
+            pattern: Pattern::Random { align: 4096 },
+            duration_s: 30,
+            warmup_s: 5,
+            cooldown_s: 0,
+            buffers: Buffers::Pattern,
+            seed: 0,
+            span: 0,
+        }
+    }
+
+    /// Checks the profile against a target of `target_size` bytes; the message is one line.
+    pub fn validate(&self, target_size: u64) -> Result<(), String> {
+        if self.block_size == 0 || self.block_size > 32 << 20 {
+            return Err(format!(
+                "block size {} must be 1 byte to 32 MiB",
+                self.block_size
+            ));
+        }
+        if self.write_pct > 100 {
+            return Err(format!("write percentage {} is over 100", self.write_pct));
+        }
+        if self.threads == 0 || self.outstanding == 0 {
+            return Err("threads and outstanding I/Os must be at least 1".into());
+        }
+        if self.threads as u64 * self.outstanding as u64 > 4096 {
+            return Err("more than 4096 I/Os in flight".into());
+        }
+        if self.duration_s == 0 {
+            return Err("duration must be at least 1 second".into());
+        }
+        if let Pattern::Random { align } = self.pattern {
+            if align == 0 {
+                return Err("random alignment must be at least 1 byte".into());
+            }
+        }
+        let span = self.span_for(target_size);
+        if span < self.block_size {
+            return Err(format!(
+                "target of {span} bytes is smaller than one {}-byte block",
+                self.block_size
+            ));
+        }
+        Ok(())
+    }
+
+    /// Bytes of a target of `target_size` bytes the load covers.
+    pub fn span_for(&self, target_size: u64) -> u64 {
+        if self.span == 0 {
+            target_size
+        } else {
+            self.span.min(target_size)
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! What the benchmark drives. Every target is opened once and shared by all I/O loops; `slot`
+//! says which thread's loop is calling, so targets with one connection per thread (NBD) can
+//! spread the load the way fio jobs or DISKSPD threads do.
+
+mod file;
+mod nbd;
+mod null;
+mod volume;
+
+use std::path::Path;
+
+use bytes::Bytes;
+
+pub use file::FileTarget;
+pub use nbd::NbdTarget;
+pub use null::NullTarget;
+pub use volume::VolumeTarget;
+
+/// A failed I/O or an unusable target.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct TargetError(pub String);
+
+/// A benchmark target.
+#[derive(Debug)]
+pub enum Target {
+    Null(NullTarget),
+    File(FileTarget),
+    Volume(VolumeTarget),
+    Nbd(NbdTarget),
+}
+
+impl Target {
+    /// Opens `spec`: `null`, `volume:NAME`, an `nbd://` or `nbd+unix://` URI, or a path.
+    /// `create` is DISKSPD's `-c`: create (or extend) a file target of that size first.
+    /// `connections` is how many NBD connections to open (one per thread).
+    pub async fn open(
+        spec: &str,
+        data_dir: &Path,
+        create: Option<u64>,
+        connections: usize,
+    ) -> Result<Target, TargetError> {
+        if spec == "null" {
+            return Ok(Target::Null(NullTarget::new(create.unwrap_or(1 << 40))));
+        }
+        if let Some(name) = spec.strip_prefix("volume:") {
+            return Ok(Target::Volume(VolumeTarget::attach(name, data_dir).await?));
+        }
+        if spec.starts_with("nbd://") || spec.starts_with("nbd+unix://") {
+            return Ok(Target::Nbd(NbdTarget::connect(spec, connections).await?));
+        }
+        Ok(Target::File(FileTarget::open(Path::new(spec), create)?))
+    }
+
+    pub fn size(&self) -> u64 {
+        match self {
+            Target::Null(t) => t.size(),
+            Target::File(t) => t.size(),
+            Target::Volume(t) => t.size(),
+            Target::Nbd(t) => t.size(),
+        }
+    }
+
+    /// What the report calls it.
+    pub fn describe(&self) -> String {
+        match self {
+            Target::Null(_) => "null (the harness alone)".into(),
+            Target::File(t) => t.describe(),
+            Target::Volume(t) => t.describe(),
+            Target::Nbd(t) => t.describe(),
+        }
+    }
+
+    /// Alignment the target needs for offsets and lengths (O_DIRECT files: 4096).
+    pub fn alignment(&self) -> u64 {
+        match self {
+            Target::File(t) => t.alignment(),
+            _ => 1,
+        }
+    }
+
+    /// Reads `len` bytes at `offset` and returns them.
+    pub async fn read(&self, slot: usize, offset: u64, len: u64) -> Result<Bytes, TargetError> {
+        match self {
+            Target::Null(_) => Ok(Bytes::new()),
+            Target::File(t) => t.read(offset, len).await,
+            Target::Volume(t) => t.read(offset, len).await,
+            Target::Nbd(t) => t.read(slot, offset, len).await,
+        }
+    }
+
+    pub async fn write(&self, slot: usize, offset: u64, data: Bytes) -> Result<(), TargetError> {
+        match self {
+            Target::Null(_) => Ok(()),
+            Target::File(t) => t.write(offset, data).await,
+            Target::Volume(t) => t.write(offset, data).await,
+            Target::Nbd(t) => t.write(slot, offset, data).await,
+        }
+    }
+
+    /// Returns true for targets whose I/O completes without waiting (the engine then yields
+    /// now and then so every loop gets its turn).
+    pub fn completes_inline(&self) -> bool {
+        matches!(self, Target::Null(_))
+    }
+}

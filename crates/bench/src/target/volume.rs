@@ -1,0 +1,71 @@
+//! A trireme volume through the native client: no NBD hop. Attaching takes a new epoch, so any
+//! other writer of the volume (an NBD export of it, say) is fenced for the rest of the run.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use trireme_client::{AttachInfo, Volume};
+use trireme_control::{ControlClient, Request};
+
+use super::TargetError;
+
+#[derive(Debug)]
+pub struct VolumeTarget {
+    vol: Arc<Volume>,
+}
+
+impl VolumeTarget {
+    pub async fn attach(name: &str, data_dir: &Path) -> Result<VolumeTarget, TargetError> {
+        let e = |x: String| TargetError(format!("volume:{name}: {x}"));
+        let mut cc = ControlClient::connect(&data_dir.join("control.sock"))
+            .await
+            .map_err(|x| e(x.to_string()))?;
+        let info: AttachInfo = cc
+            .call(&Request::Attach {
+                name: name.to_string(),
+            })
+            .await
+            .map_err(|x| e(x.to_string()))?;
+        let vol = Volume::attach(info, trireme_transport::TransportKind::Tcp, 2)
+            .await
+            .map_err(|x| e(x.to_string()))?;
+        Ok(VolumeTarget { vol: Arc::new(vol) })
+    }
+
+    pub fn size(&self) -> u64 {
+        self.vol.size()
+    }
+
+    pub fn describe(&self) -> String {
+        let i = self.vol.info();
+        let links: Vec<String> = self
+            .vol
+            .connections()
+            .into_iter()
+            .flatten()
+            .map(|c| c.transport)
+            .collect();
+        format!(
+            "volume {} (native client, {} replicas, epoch {}, links {})",
+            i.name,
+            i.replicas.len(),
+            i.epoch,
+            links.join("/")
+        )
+    }
+
+    pub async fn read(&self, offset: u64, len: u64) -> Result<Bytes, TargetError> {
+        self.vol
+            .read(offset, len)
+            .await
+            .map_err(|e| TargetError(e.to_string()))
+    }
+
+    pub async fn write(&self, offset: u64, data: Bytes) -> Result<(), TargetError> {
+        self.vol
+            .write(offset, data, false)
+            .await
+            .map_err(|e| TargetError(e.to_string()))
+    }
+}

@@ -1,0 +1,175 @@
+//! `trireme bench`: DISKSPD's flags over the bench engine.
+
+use std::path::Path;
+
+use clap::{Args, ValueEnum};
+use trireme_bench::profile::{Buffers, Pattern, Profile};
+use trireme_bench::target::Target;
+
+use crate::units::parse_size;
+use crate::{Cli, CliError, Output};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ProfileName {
+    /// The Storage Spaces Direct table's workload: -b4K -r -w30 -t10 -o4.
+    S2d,
+}
+
+/// Short options take their value attached, as in DISKSPD: `-b4K -w30 -t10 -o4 -d30 -W5 -Zr`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// What to drive: `null`, `volume:NAME` (native client), `nbd://HOST[:PORT]/NAME`,
+    /// `nbd+unix:///NAME?socket=PATH`, or a file or block device path.
+    pub target: String,
+    /// Start from a preset; other flags override it.
+    #[arg(long, value_enum)]
+    pub profile: Option<ProfileName>,
+    /// Block size (default 64K, or the preset's).
+    #[arg(short = 'b', long = "block-size", value_parser = parse_size)]
+    pub block_size: Option<u64>,
+    /// Random I/O, aligned to ALIGN bytes (default: the block size).
+    #[arg(short = 'r', long = "random", num_args = 0..=1, default_missing_value = "0", value_parser = parse_size, value_name = "ALIGN")]
+    pub random: Option<u64>,
+    /// Sequential I/O (the default without a preset).
+    #[arg(short = 's', long = "sequential", conflicts_with = "random")]
+    pub sequential: bool,
+    /// Percentage of writes.
+    #[arg(short = 'w', long = "write", value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub write_pct: Option<u32>,
+    /// Threads.
+    #[arg(short = 't', long = "threads", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub threads: Option<u32>,
+    /// Outstanding I/Os per thread.
+    #[arg(short = 'o', long = "outstanding", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub outstanding: Option<u32>,
+    /// Measured seconds (default 10).
+    #[arg(short = 'd', long = "duration", value_parser = clap::value_parser!(u64).range(1..=86400))]
+    pub duration: Option<u64>,
+    /// Warm-up seconds, not measured (default 5 with a preset, else 0).
+    #[arg(short = 'W', long = "warmup", value_parser = clap::value_parser!(u64).range(0..=3600))]
+    pub warmup: Option<u64>,
+    /// Cool-down seconds, not measured.
+    #[arg(short = 'C', long = "cooldown", value_parser = clap::value_parser!(u64).range(0..=3600))]
+    pub cooldown: Option<u64>,
+    /// Create the file target with this size if it is missing or smaller; for `null`, its size.
+    #[arg(short = 'c', long = "create", value_parser = parse_size)]
+    pub create: Option<u64>,
+    /// Latency statistics (always on; accepted for DISKSPD compatibility).
+    #[arg(short = 'L', long = "latency")]
+    pub latency: bool,
+    /// Write buffers: `-Z` zeros, `-Zr` random bytes for every write (default: a fixed pattern).
+    #[arg(short = 'Z', long = "buffers", num_args = 0..=1, default_missing_value = "zero", value_name = "r")]
+    pub buffers: Option<String>,
+    /// Seed of every random choice (offsets, read/write mix, random buffers).
+    #[arg(short = 'z', long = "seed", num_args = 0..=1, default_missing_value = "0")]
+    pub seed: Option<u64>,
+    /// Use only the first SIZE bytes of the target.
+    #[arg(long, value_parser = parse_size)]
+    pub span: Option<u64>,
+    /// Processes whose CPU counts as storage (default for volume:/NBD targets of a local
+    /// cluster: the pids in <data-dir>/pids).
+    #[arg(long = "storage-pid")]
+    pub storage_pids: Vec<u32>,
+}
+
+impl BenchArgs {
+    pub fn to_profile(&self) -> Result<Profile, String> {
+        let preset = self.profile.is_some();
+        let mut p = match self.profile {
+            Some(ProfileName::S2d) => Profile::s2d(),
+            None => Profile {
+                block_size: 64 * 1024,
+                write_pct: 0,
+                threads: 1,
+                outstanding: 2,
+                pattern: Pattern::Sequential,
+                duration_s: 10,
+                warmup_s: 0,
+                cooldown_s: 0,
+                buffers: Buffers::Pattern,
+                seed: 0,
+                span: 0,
+            },
+        };
+        if let Some(b) = self.block_size {
+            p.block_size = b;
+        }
+        if let Some(a) = self.random {
+            p.pattern = Pattern::Random {
+                align: if a == 0 { p.block_size } else { a },
+            };
+        } else if let Pattern::Random { .. } = p.pattern {
+            p.pattern = Pattern::Random {
+                align: p.block_size,
+            };
+        }
+        if self.sequential {
+            p.pattern = Pattern::Sequential;
+        }
+        p.write_pct = self.write_pct.unwrap_or(p.write_pct);
+        p.threads = self.threads.unwrap_or(p.threads);
+        p.outstanding = self.outstanding.unwrap_or(p.outstanding);
+        p.duration_s = self
+            .duration
+            .unwrap_or(if preset { p.duration_s } else { 10 });
+        p.warmup_s = self.warmup.unwrap_or(p.warmup_s);
+        p.cooldown_s = self.cooldown.unwrap_or(p.cooldown_s);
+        p.seed = self.seed.unwrap_or(p.seed);
+        p.span = self.span.unwrap_or(0);
+        p.buffers = match self.buffers.as_deref() {
+            None => p.buffers,
+            Some("zero") => Buffers::Zero,
+            Some("r") => Buffers::Random,
+            Some(other) => {
+                return Err(format!(
+                    "-Z takes no value (zeros) or r (random), not {other:?}"
+                ))
+            }
+        };
+        if p.threads as u64 * p.outstanding as u64 > 4096 {
+            return Err("threads x outstanding must be at most 4096".into());
+        }
+        Ok(p)
+    }
+}
+
+fn storage_pids(a: &BenchArgs, data_dir: &Path) -> Vec<u32> {
+    if !a.storage_pids.is_empty() {
+        return a.storage_pids.clone();
+    }
+    let cluster_target = a.target.starts_with("volume:") || a.target.starts_with("nbd");
+    if !cluster_target {
+        return Vec::new();
+    }
+    std::fs::read_to_string(data_dir.join("pids"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .collect()
+}
+
+pub fn run(cli: &Cli, a: &BenchArgs) -> Result<(), CliError> {
+    let profile = a.to_profile().map_err(CliError::Usage)?;
+    let pids = storage_pids(a, &cli.data_dir);
+    let connections = profile.threads as usize;
+    let (spec, data_dir, create) = (a.target.clone(), cli.data_dir.clone(), a.create);
+    let open = async move {
+        Target::open(&spec, &data_dir, create, connections)
+            .await
+            .map_err(|e| e.to_string())
+    };
+    let result = trireme_bench::run(&profile, open, &pids, cli.output == Output::Text)
+        .map_err(CliError::Usage)?;
+    let command: Vec<String> = std::env::args().collect();
+    match cli.output {
+        Output::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&trireme_bench::report::json(&result)).expect("json")
+        ),
+        Output::Text => print!(
+            "{}",
+            trireme_bench::report::text(&result, &command.join(" "))
+        ),
+    }
+    Ok(())
+}
