@@ -11,6 +11,7 @@
 //!
 //! The decisions live in `trireme-replication`; this crate only moves frames.
 
+mod conflict;
 mod verify;
 
 pub use verify::{verify_replicas, Mismatch, VerifyReport};
@@ -112,6 +113,8 @@ pub struct Volume {
     conns: Vec<Option<Arc<dyn Connection>>>,
     set: RwLock<ReplicaSet>,
     spread: AtomicUsize,
+    /// Keeps overlapping writes in one order on every replica.
+    write_order: conflict::WriteOrder,
 }
 
 /// Joins futures without spawning them: the writer's fan-out stays on its own task.
@@ -188,6 +191,7 @@ impl Volume {
             info,
             conns,
             spread: AtomicUsize::new(0),
+            write_order: conflict::WriteOrder::default(),
         })
     }
 
@@ -278,8 +282,17 @@ impl Volume {
         }
     }
 
-    /// Sends `h` to every write target; succeeds only if all succeed.
+    /// Sends `h` to every write target; succeeds only if all succeed. `h`'s range is held
+    /// against overlapping writes until every replica has answered.
     async fn mirror(&self, h: Header, payload: Bytes) -> Result<(), VolumeError> {
+        let _range = match h.op {
+            Op::Write | Op::WriteZeroes => Some(
+                self.write_order
+                    .acquire(h.offset, h.offset + h.length)
+                    .await,
+            ),
+            _ => None,
+        };
         let targets = self.set().write_targets();
         let mut q = WriteQuorum::new(targets.clone());
         if let Some(r) = q.finish_empty() {
