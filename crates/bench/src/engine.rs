@@ -18,6 +18,7 @@ use hdrhistogram::Histogram;
 use crate::cpu::{self, CpuReport};
 use crate::profile::{Buffers, Pattern, Profile};
 use crate::target::Target;
+use crate::verify::{Oracle, Stamp, VerifyReport};
 
 /// Largest latency the histograms hold (longer ones are clamped), in nanoseconds.
 const MAX_LATENCY_NS: u64 = 60_000_000_000;
@@ -76,6 +77,8 @@ pub struct RunResult {
     pub cpu: CpuReport,
     pub started: SystemTime,
     pub error: Option<String>,
+    /// With `--verify`: what the reads during the run and the final re-read found.
+    pub verify: Option<VerifyReport>,
 }
 
 impl RunResult {
@@ -99,6 +102,7 @@ struct Ctx {
     stop: AtomicBool,
     error: Mutex<Option<String>>,
     progress: Option<Progress>,
+    oracle: Option<Oracle>,
 }
 
 /// Live counters for the progress line.
@@ -183,7 +187,21 @@ async fn io_loop(ctx: Arc<Ctx>, thread: usize, slot: usize) -> ThreadStats {
         };
         let is_write = p.write_pct > 0 && rng.below(100) < u64::from(p.write_pct);
         let t0 = Instant::now();
-        let res = if is_write {
+        let res = if let Some(o) = &ctx.oracle {
+            if is_write {
+                let (data, seq) = o.prepare_write(offset, bs);
+                let r = ctx.target.write(thread, offset, data).await;
+                if r.is_ok() {
+                    o.write_acked(offset, bs, seq);
+                }
+                r
+            } else {
+                let floor = o.read_floor(offset, bs);
+                ctx.target.read(thread, offset, bs).await.map(|d| {
+                    o.check_read(offset, &d, &floor);
+                })
+            }
+        } else if is_write {
             let data = if p.buffers == Buffers::Random {
                 let mut b = BytesMut::zeroed(bs as usize);
                 fill_random(&mut rng, &mut b);
@@ -305,6 +323,23 @@ where
     // Opened inside the runtime that drives it: connections spawn their tasks here.
     let target = Arc::new(rt.block_on(open)?);
     profile.validate(target.size())?;
+    if profile.verify && target.completes_inline() {
+        return Err("--verify needs a target that stores data (not null)".into());
+    }
+    let oracle = if profile.verify {
+        let writer = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ u64::from(std::process::id());
+        let stamp = Stamp {
+            target: crate::verify::target_id(&target.describe()),
+            writer,
+            epoch: target.epoch(),
+        };
+        Some(Oracle::new(profile.span_for(target.size()), stamp)?)
+    } else {
+        None
+    };
     let align = target.alignment();
     if !profile.block_size.is_multiple_of(align)
         || matches!(profile.pattern, Pattern::Random { align: a } if a % align != 0)
@@ -332,6 +367,7 @@ where
             bytes: AtomicU64::new(0),
             hist: Mutex::new(Histogram::new_with_bounds(1, MAX_LATENCY_NS, 2).expect("bounds")),
         }),
+        oracle,
     });
     let pids = storage_pids.to_vec();
     let (threads, cpu_pair) = rt.block_on(async {
@@ -364,6 +400,9 @@ where
         } else {
             monitor.await.ok()
         };
+        if let (Some(o), false) = (&ctx.oracle, ctx.stop.load(Ordering::Relaxed)) {
+            final_pass(&ctx.target, o).await;
+        }
         (threads, cpu_pair)
     });
     let error = ctx.error.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -380,5 +419,33 @@ where
         cpu: cpu::report(&a, &b, &pids),
         started,
         error: None,
+        verify: ctx.oracle.as_ref().map(Oracle::report),
     })
+}
+
+/// After the load stops: re-reads every block the run saw acknowledged, in runs of up to
+/// 1 MiB, and checks each against the oracle (nothing is in flight now, so each block must hold
+/// one of its issued writes, no older than the last acknowledged).
+async fn final_pass(target: &Target, o: &Oracle) {
+    const RUN: u64 = 1 << 20;
+    let mut blocks = o.written_blocks().peekable();
+    while let Some(start) = blocks.next() {
+        let mut end = start + crate::verify::BLOCK;
+        while end - start < RUN && blocks.peek() == Some(&end) {
+            end += crate::verify::BLOCK;
+            blocks.next();
+        }
+        let floor = o.read_floor(start, end - start);
+        match target.read(0, start, end - start).await {
+            Ok(d) => {
+                o.check_read(start, &d, &floor);
+            }
+            Err(e) => {
+                // An unreadable acknowledged block is lost data: count it through the oracle.
+                let zeros = vec![0u8; (end - start) as usize];
+                o.check_read(start, &zeros, &floor);
+                eprintln!("verify: re-read at {start} failed: {e}");
+            }
+        }
+    }
 }

@@ -16,6 +16,7 @@ pub mod engine;
 pub mod profile;
 pub mod report;
 pub mod target;
+pub mod verify;
 
 pub use engine::{run, RunResult};
 pub use profile::{Pattern, Profile};

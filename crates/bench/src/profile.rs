@@ -41,6 +41,8 @@ pub struct Profile {
     pub seed: u64,
     /// Bytes of the target to use (0: all of it).
     pub span: u64,
+    /// Write self-describing blocks and check every read (see `verify`).
+    pub verify: bool,
 }
 
 impl Profile {
@@ -59,6 +61,7 @@ impl Profile {
             buffers: Buffers::Pattern,
             seed: 0,
             span: 0,
+            verify: false,
         }
     }
 
@@ -86,6 +89,12 @@ impl Profile {
             if align == 0 {
                 return Err("random alignment must be at least 1 byte".into());
             }
+        }
+        if self.verify
+            && (!self.block_size.is_multiple_of(4096)
+                || matches!(self.pattern, Pattern::Random { align } if align % 4096 != 0))
+        {
+            return Err("--verify needs block size and alignment in multiples of 4 KiB".into());
         }
         let span = self.span_for(target_size);
         if span < self.block_size {

@@ -116,6 +116,7 @@ pub fn json(r: &RunResult) -> Value {
         },
         "iops_per_kernel_pct": if h.iops_per_kernel_pct.is_finite() { json!(h.iops_per_kernel_pct) } else { Value::Null },
         "cpu_us_per_io": { "generator": h.generator_us_per_io, "storage": h.storage_us_per_io },
+        "verify": r.verify,
     })
 }
 
@@ -289,6 +290,19 @@ pub fn text(r: &RunResult, command: &str) -> String {
         o.push_str(&lat_row(name, &|h| h.value_at_quantile(q)));
     }
     o.push_str(&lat_row("max", &|h| h.max()));
+    if let Some(v) = &r.verify {
+        o.push_str(&format!(
+            "\nVerification: {} blocks checked: {} lost, {} stale, {} corrupt{}\n",
+            v.blocks_checked,
+            v.lost,
+            v.stale,
+            v.corrupt,
+            if v.is_clean() { " (clean)" } else { "" }
+        ));
+        for f in &v.findings {
+            o.push_str(&format!("  LBA {}: {:?}: {}\n", f.lba, f.verdict, f.detail));
+        }
+    }
     o.push_str(&format!(
         "\nSummary: {:.0} IOPS, {:.2} MiB/s, {:.0} IOPS per % kernel CPU, CPU us per IO: generator {:.2}, storage {}\n",
         h.iops,

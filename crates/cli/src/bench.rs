@@ -66,6 +66,10 @@ pub struct BenchArgs {
     /// Use only the first SIZE bytes of the target.
     #[arg(long, value_parser = parse_size)]
     pub span: Option<u64>,
+    /// Write self-describing blocks, check every read, and re-read everything written at the
+    /// end; exit 1 if any block is lost, stale or corrupt.
+    #[arg(long)]
+    pub verify: bool,
     /// Processes whose CPU counts as storage (default for volume:/NBD targets of a local
     /// cluster: the pids in <data-dir>/pids).
     #[arg(long = "storage-pid")]
@@ -89,6 +93,7 @@ impl BenchArgs {
                 buffers: Buffers::Pattern,
                 seed: 0,
                 span: 0,
+                verify: false,
             },
         };
         if let Some(b) = self.block_size {
@@ -116,6 +121,7 @@ impl BenchArgs {
         p.cooldown_s = self.cooldown.unwrap_or(p.cooldown_s);
         p.seed = self.seed.unwrap_or(p.seed);
         p.span = self.span.unwrap_or(0);
+        p.verify = self.verify;
         p.buffers = match self.buffers.as_deref() {
             None => p.buffers,
             Some("zero") => Buffers::Zero,
@@ -171,5 +177,11 @@ pub fn run(cli: &Cli, a: &BenchArgs) -> Result<(), CliError> {
             trireme_bench::report::text(&result, &command.join(" "))
         ),
     }
-    Ok(())
+    match &result.verify {
+        Some(v) if !v.is_clean() => Err(CliError::Runtime(format!(
+            "verification failed: {} lost, {} stale, {} corrupt block(s)",
+            v.lost, v.stale, v.corrupt
+        ))),
+        _ => Ok(()),
+    }
 }

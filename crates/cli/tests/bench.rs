@@ -128,3 +128,85 @@ fn refusals_are_one_line_with_exit_2() {
         assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
     }
 }
+
+#[test]
+fn verify_is_clean_on_a_healthy_volume_and_file() {
+    let c = Cluster::start(&["--store", "file", "--size", "32M"]);
+    for target in [c.unix.as_str(), "volume:vol0"] {
+        let v = bench_json(
+            c.path(),
+            &[
+                "-b8K", "-r4K", "-w50", "-t2", "-o4", "-d2", "--verify", target,
+            ],
+        );
+        let ver = &v["verify"];
+        assert!(
+            ver["blocks_checked"].as_u64().unwrap() > 1000,
+            "{target}: {ver}"
+        );
+        assert_eq!(
+            (
+                ver["lost"].as_u64(),
+                ver["stale"].as_u64(),
+                ver["corrupt"].as_u64()
+            ),
+            (Some(0), Some(0), Some(0)),
+            "{target}: {ver}"
+        );
+    }
+    assert_replicas_identical(&c, "vol0");
+}
+
+#[test]
+fn verify_catches_blocks_changed_behind_its_back() {
+    use std::os::unix::fs::FileExt;
+    let d = tempfile::tempdir().unwrap();
+    let f = d.path().join("victim.img");
+    let child = Command::new(BIN)
+        .arg("--data-dir")
+        .arg(d.path())
+        .args([
+            "--output", "json", "bench", "-b4K", "-r", "-w50", "-t1", "-o4", "-d2", "-c1M",
+            "--verify",
+        ])
+        .arg(&f)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Scribble on the file until the bench is done: a disk returning wrong contents.
+    while !f.exists() {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let file = std::fs::OpenOptions::new().write(true).open(&f).unwrap();
+    let pid = child.id();
+    let mut k = 0u64;
+    while std::path::Path::new(&format!("/proc/{pid}")).exists() && k < 100_000 {
+        let lba = (k * 7919) % 256;
+        file.write_all_at(&[0xEEu8; 4096], lba * 4096).unwrap();
+        let _ = file.sync_data();
+        k += 1;
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        if k.is_multiple_of(50) && child_exited(pid) {
+            break;
+        }
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "verification must fail: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        v["verify"]["corrupt"].as_u64().unwrap() > 0,
+        "{}",
+        v["verify"]
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("verification failed"));
+}
+
+fn child_exited(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z "))
+}

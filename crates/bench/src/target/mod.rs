@@ -98,6 +98,15 @@ impl Target {
         }
     }
 
+    /// The writer epoch this target holds (volumes: the attach epoch), stamped into verified
+    /// blocks.
+    pub fn epoch(&self) -> u64 {
+        match self {
+            Target::Volume(t) => t.epoch(),
+            _ => 0,
+        }
+    }
+
     /// Returns true for targets whose I/O completes without waiting (the engine then yields
     /// now and then so every loop gets its turn).
     pub fn completes_inline(&self) -> bool {

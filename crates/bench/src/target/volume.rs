@@ -33,6 +33,10 @@ impl VolumeTarget {
         Ok(VolumeTarget { vol: Arc::new(vol) })
     }
 
+    pub fn epoch(&self) -> u64 {
+        self.vol.info().epoch
+    }
+
     pub fn size(&self) -> u64 {
         self.vol.size()
     }
