@@ -380,18 +380,98 @@ where
             (a, b, pids)
         });
         let prog = tokio::spawn(show_progress(ctx.clone(), t0));
-        let mut handles = Vec::new();
-        for t in 0..profile.threads as usize {
-            for k in 0..profile.outstanding as usize {
-                handles.push((t, tokio::spawn(io_loop(ctx.clone(), t, k))));
-            }
-        }
         let mut threads: Vec<ThreadStats> =
             (0..profile.threads).map(|_| ThreadStats::new()).collect();
-        for (t, h) in handles {
-            if let Ok(s) = h.await {
+        if ctx.target.per_thread() {
+            // One OS thread per benchmark thread, each with its own runtime and connection:
+            // like one fio job per thread, replies wake the thread as they would any client.
+            let mut handles = Vec::new();
+            for t in 0..profile.threads as usize {
+                let (c, outstanding) = (ctx.clone(), profile.outstanding as usize);
+                handles.push((
+                    t,
+                    std::thread::spawn(move || {
+                        let rt = tokio::runtime::Builder::new_current_thread()
+                            .enable_all()
+                            .build()
+                            .ok()?;
+                        rt.block_on(async {
+                            if let Err(e) = c.target.open_slot(t).await {
+                                c.stop.store(true, Ordering::Relaxed);
+                                c.error
+                                    .lock()
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .get_or_insert(e.to_string());
+                                return None;
+                            }
+                            let loops: Vec<_> = (0..outstanding)
+                                .map(|k| tokio::spawn(io_loop(c.clone(), t, k)))
+                                .collect();
+                            let mut s = ThreadStats::new();
+                            for l in loops {
+                                if let Ok(x) = l.await {
+                                    s.read.add(&x.read);
+                                    s.write.add(&x.write);
+                                }
+                            }
+                            Some(s)
+                        })
+                    }),
+                ));
+            }
+            let joined = tokio::task::spawn_blocking(move || {
+                handles
+                    .into_iter()
+                    .filter_map(|(t, h)| Some((t, h.join().ok()??)))
+                    .collect::<Vec<_>>()
+            })
+            .await
+            .unwrap_or_default();
+            for (t, s) in joined {
                 threads[t].read.add(&s.read);
                 threads[t].write.add(&s.write);
+            }
+        } else if ctx.target.blocks() {
+            // Blocking targets: one OS thread per loop, each I/O a plain syscall on it (fio's
+            // psync with one job per loop), rather than a hand-off to a thread pool per I/O.
+            let mut handles = Vec::new();
+            for t in 0..profile.threads as usize {
+                for k in 0..profile.outstanding as usize {
+                    let c = ctx.clone();
+                    handles.push((
+                        t,
+                        std::thread::spawn(move || {
+                            tokio::runtime::Builder::new_current_thread()
+                                .build()
+                                .map(|rt| rt.block_on(io_loop(c, t, k)))
+                        }),
+                    ));
+                }
+            }
+            let joined = tokio::task::spawn_blocking(move || {
+                handles
+                    .into_iter()
+                    .filter_map(|(t, h)| Some((t, h.join().ok()?.ok()?)))
+                    .collect::<Vec<_>>()
+            })
+            .await
+            .unwrap_or_default();
+            for (t, s) in joined {
+                threads[t].read.add(&s.read);
+                threads[t].write.add(&s.write);
+            }
+        } else {
+            let mut handles = Vec::new();
+            for t in 0..profile.threads as usize {
+                for k in 0..profile.outstanding as usize {
+                    handles.push((t, tokio::spawn(io_loop(ctx.clone(), t, k))));
+                }
+            }
+            for (t, h) in handles {
+                if let Ok(s) = h.await {
+                    threads[t].read.add(&s.read);
+                    threads[t].write.add(&s.write);
+                }
             }
         }
         prog.abort();
@@ -428,6 +508,12 @@ where
 /// one of its issued writes, no older than the last acknowledged).
 async fn final_pass(target: &Target, o: &Oracle) {
     const RUN: u64 = 1 << 20;
+    // Per-thread connections died with their threads' runtimes: open one here.
+    if target.per_thread() {
+        if let Err(e) = target.open_slot(0).await {
+            eprintln!("verify: cannot reconnect for the final re-read: {e}");
+        }
+    }
     let mut blocks = o.written_blocks().peekable();
     while let Some(start) = blocks.next() {
         let mut end = start + crate::verify::BLOCK;

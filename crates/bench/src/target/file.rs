@@ -84,27 +84,21 @@ impl FileTarget {
         )
     }
 
+    /// Reads on the calling thread: the engine runs file loops on threads of their own.
     pub async fn read(&self, offset: u64, len: u64) -> Result<Bytes, TargetError> {
-        let f = self.file.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut buf = AlignedBuf::new(len as usize);
-            f.read_exact_at(&mut buf[..len as usize], offset)
-                .map_err(|e| TargetError(format!("read at {offset}: {e}")))?;
-            Ok(Bytes::copy_from_slice(&buf[..len as usize]))
-        })
-        .await
-        .map_err(|e| TargetError(e.to_string()))?
+        let mut buf = AlignedBuf::new(len as usize);
+        self.file
+            .read_exact_at(&mut buf[..len as usize], offset)
+            .map_err(|e| TargetError(format!("read at {offset}: {e}")))?;
+        Ok(Bytes::copy_from_slice(&buf[..len as usize]))
     }
 
+    /// Writes on the calling thread (see `read`).
     pub async fn write(&self, offset: u64, data: Bytes) -> Result<(), TargetError> {
-        let f = self.file.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut buf = AlignedBuf::new(data.len());
-            buf[..data.len()].copy_from_slice(&data);
-            f.write_all_at(&buf[..data.len()], offset)
-                .map_err(|e| TargetError(format!("write at {offset}: {e}")))
-        })
-        .await
-        .map_err(|e| TargetError(e.to_string()))?
+        let mut buf = AlignedBuf::new(data.len());
+        buf[..data.len()].copy_from_slice(&data);
+        self.file
+            .write_all_at(&buf[..data.len()], offset)
+            .map_err(|e| TargetError(format!("write at {offset}: {e}")))
     }
 }

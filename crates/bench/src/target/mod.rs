@@ -107,6 +107,26 @@ impl Target {
         }
     }
 
+    /// True for targets whose I/O blocks the calling thread (files): the engine gives each
+    /// loop its own thread.
+    pub fn blocks(&self) -> bool {
+        matches!(self, Target::File(_))
+    }
+
+    /// True for targets with one connection per thread (NBD): the engine gives each thread its
+    /// own single-threaded runtime, which opens that connection.
+    pub fn per_thread(&self) -> bool {
+        matches!(self, Target::Nbd(_))
+    }
+
+    /// Opens what thread `slot` needs, from the runtime that will drive it.
+    pub async fn open_slot(&self, slot: usize) -> Result<(), TargetError> {
+        match self {
+            Target::Nbd(t) => t.connect_slot(slot).await,
+            _ => Ok(()),
+        }
+    }
+
     /// Returns true for targets whose I/O completes without waiting (the engine then yields
     /// now and then so every loop gets its turn).
     pub fn completes_inline(&self) -> bool {
