@@ -20,7 +20,8 @@ pub enum ProfileName {
 pub struct BenchArgs {
     /// What to drive: `null`, `volume:NAME` (native client), `nbd://HOST[:PORT]/NAME`,
     /// `nbd+unix:///NAME?socket=PATH`, or a file or block device path.
-    pub target: String,
+    #[arg(required_unless_present = "compare")]
+    pub target: Option<String>,
     /// Start from a preset; other flags override it.
     #[arg(long, value_enum)]
     pub profile: Option<ProfileName>,
@@ -66,6 +67,13 @@ pub struct BenchArgs {
     /// Use only the first SIZE bytes of the target.
     #[arg(long, value_parser = parse_size)]
     pub span: Option<u64>,
+    /// Run the profile once per value of one axis and print the seed's table:
+    /// `target=A,B`, `replicas=1,2,3`, `store=null,memory,file` (or `transport=...`).
+    #[arg(long, value_name = "AXIS=V1,V2")]
+    pub compare: Option<String>,
+    /// Interleaved rounds for --compare; the table shows medians.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=50))]
+    pub rounds: u32,
     /// Write self-describing blocks, check every read, and re-read everything written at the
     /// end; exit 1 if any block is lost, stale or corrupt.
     #[arg(long)]
@@ -143,7 +151,8 @@ fn storage_pids(a: &BenchArgs, data_dir: &Path) -> Vec<u32> {
     if !a.storage_pids.is_empty() {
         return a.storage_pids.clone();
     }
-    let cluster_target = a.target.starts_with("volume:") || a.target.starts_with("nbd");
+    let t = a.target.as_deref().unwrap_or("");
+    let cluster_target = t.starts_with("volume:") || t.starts_with("nbd");
     if !cluster_target {
         return Vec::new();
     }
@@ -156,9 +165,22 @@ fn storage_pids(a: &BenchArgs, data_dir: &Path) -> Vec<u32> {
 
 pub fn run(cli: &Cli, a: &BenchArgs) -> Result<(), CliError> {
     let profile = a.to_profile().map_err(CliError::Usage)?;
+    if let Some(c) = &a.compare {
+        let cmp = crate::compare::parse(c).map_err(CliError::Usage)?;
+        return crate::compare::run(
+            &cmp,
+            &profile,
+            a.create,
+            &cli.data_dir,
+            a.rounds,
+            cli.output == Output::Json,
+            &a.storage_pids,
+        );
+    }
     let pids = storage_pids(a, &cli.data_dir);
     let connections = profile.threads as usize;
-    let (spec, data_dir, create) = (a.target.clone(), cli.data_dir.clone(), a.create);
+    let spec = a.target.clone().unwrap_or_default();
+    let (data_dir, create) = (cli.data_dir.clone(), a.create);
     let open = async move {
         Target::open(&spec, &data_dir, create, connections)
             .await

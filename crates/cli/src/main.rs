@@ -7,6 +7,7 @@
 
 mod bench;
 mod cmds;
+mod compare;
 mod frontend;
 mod units;
 mod up;

@@ -210,3 +210,77 @@ fn verify_catches_blocks_changed_behind_its_back() {
 fn child_exited(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z "))
 }
+
+#[test]
+fn compare_prints_medians_per_value() {
+    let c = Cluster::start(&["--store", "memory", "--size", "32M"]);
+    let out = c.cli(&[
+        "--output",
+        "json",
+        "bench",
+        "--compare",
+        "replicas=1,2",
+        "--rounds",
+        "1",
+        "-b4K",
+        "-r",
+        "-w30",
+        "-t2",
+        "-o2",
+        "-d1",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["axis"], "replicas");
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    for (r, want) in runs.iter().zip(["1", "2"]) {
+        assert_eq!(r["value"], want);
+        assert!(r["iops"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["write"]["latency_us"]["p90"].is_number(), "{r}");
+    }
+    // The temporary volumes are gone again.
+    let list: serde_json::Value =
+        serde_json::from_slice(&c.cli(&["--output", "json", "volume", "list"]).stdout).unwrap();
+    assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
+    // Text output is the seed's table.
+    let d = tempfile::tempdir().unwrap();
+    let f = d.path().join("f.img");
+    let spec = format!("target=null,{}", f.display());
+    let out = Command::new(BIN)
+        .args([
+            "bench",
+            "--compare",
+            &spec,
+            "--rounds",
+            "1",
+            "-b4K",
+            "-r",
+            "-d1",
+            "-c4M",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("IOPS per % kernel CPU") && text.contains("90th percentile read latency"),
+        "{text}"
+    );
+    assert!(text.contains("IOPS with the same workload"), "{text}");
+    // One transport in this build: said plainly, not pretended.
+    let out = Command::new(BIN)
+        .args(["bench", "--compare", "transport=tcp,ucx", "null"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not available in this build"));
+}
