@@ -11,6 +11,7 @@
 //! Targets: `null` (the harness alone), a file or block device (`O_DIRECT`), `volume:NAME` (the
 //! native volume client, no NBD hop) and `nbd://` / `nbd+unix://` URIs (a built-in NBD client).
 
+pub mod chart;
 pub mod cpu;
 pub mod engine;
 pub mod profile;

@@ -71,6 +71,13 @@ pub struct BenchArgs {
     /// `target=A,B`, `replicas=1,2,3`, `store=null,memory,file` (or `transport=...`).
     #[arg(long, value_name = "AXIS=V1,V2")]
     pub compare: Option<String>,
+    /// Run the profile for every combination of `qd=1,2,4,...` and `bs=4K,64K,...` and draw
+    /// IOPS vs io-depth, bandwidth vs block size and a latency CDF (SVG and PNG).
+    #[arg(long, num_args = 1..=2, value_name = "qd=..|bs=..", conflicts_with = "compare")]
+    pub sweep: Vec<String>,
+    /// Where --sweep writes its charts.
+    #[arg(long, default_value = "bench-charts")]
+    pub chart_dir: std::path::PathBuf,
     /// Interleaved rounds for --compare; the table shows medians.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=50))]
     pub rounds: u32,
@@ -178,6 +185,20 @@ pub fn run(cli: &Cli, a: &BenchArgs) -> Result<(), CliError> {
         );
     }
     let pids = storage_pids(a, &cli.data_dir);
+    if !a.sweep.is_empty() {
+        let sw = crate::sweep::parse(&a.sweep).map_err(CliError::Usage)?;
+        let t = a.target.clone().unwrap_or_default();
+        return crate::sweep::run(
+            &sw,
+            &profile,
+            &t,
+            &cli.data_dir,
+            a.create,
+            &a.chart_dir,
+            cli.output == Output::Json,
+            &pids,
+        );
+    }
     let connections = profile.threads as usize;
     let spec = a.target.clone().unwrap_or_default();
     let (data_dir, create) = (cli.data_dir.clone(), a.create);

@@ -9,6 +9,7 @@ mod bench;
 mod cmds;
 mod compare;
 mod frontend;
+mod sweep;
 mod units;
 mod up;
 
@@ -83,7 +84,7 @@ pub enum Cmd {
     /// Attach a volume (new epoch: older writers are fenced) and serve it over NBD.
     Nbd(NbdArgs),
     /// Measure a target with DISKSPD's flags: IOPS, latency percentiles, CPU per IO.
-    Bench(bench::BenchArgs),
+    Bench(Box<bench::BenchArgs>),
 }
 
 #[derive(Debug, Args)]

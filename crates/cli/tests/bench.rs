@@ -284,3 +284,45 @@ fn compare_prints_medians_per_value() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not available in this build"));
 }
+
+#[test]
+fn sweep_draws_the_three_charts() {
+    need("rsvg-convert");
+    let d = tempfile::tempdir().unwrap();
+    let charts = d.path().join("charts");
+    let f = d.path().join("sweep.img");
+    let out = Command::new(BIN)
+        .args([
+            "--output",
+            "json",
+            "bench",
+            "--sweep",
+            "qd=1,2",
+            "bs=4K,8K",
+            "-r",
+            "-w30",
+            "-d1",
+            "-c4M",
+            "--chart-dir",
+        ])
+        .arg(&charts)
+        .arg(&f)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["runs"].as_array().unwrap().len(), 4);
+    for name in ["iops_vs_iodepth", "bandwidth_vs_blocksize", "latency_cdf"] {
+        let svg = std::fs::read_to_string(charts.join(format!("{name}.svg"))).unwrap();
+        assert!(
+            svg.contains("<polyline") && svg.contains("no RDMA device"),
+            "{name}"
+        );
+        let png = std::fs::read(charts.join(format!("{name}.png"))).unwrap();
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "{name}.png is a PNG");
+    }
+}
