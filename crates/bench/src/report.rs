@@ -313,3 +313,74 @@ pub fn text(r: &RunResult, command: &str) -> String {
     ));
     o
 }
+
+/// A Markdown summary of a run: the headline numbers and the latency percentiles, ready to
+/// paste into an issue or a wiki page.
+pub fn markdown(r: &RunResult) -> String {
+    let h = headline(r);
+    let (rd, wr) = r.total();
+    let p = &r.profile;
+    let mut o = format!(
+        "**trireme bench** `{}`: {} B blocks, {}, {}% writes, {} threads x {} outstanding, {} s (warm-up {} s)\n\n",
+        r.target,
+        p.block_size,
+        match p.pattern {
+            Pattern::Random { .. } => "random",
+            Pattern::Sequential => "sequential",
+        },
+        p.write_pct,
+        p.threads,
+        p.outstanding,
+        p.duration_s,
+        p.warmup_s
+    );
+    o += "| metric | value |\n|---|---:|\n";
+    let secs = r.elapsed_s.max(1e-9);
+    let mut row = |k: &str, v: String| o.push_str(&format!("| {k} | {v} |\n"));
+    row("IOPS", format!("{:.0}", h.iops));
+    row("MiB/s", format!("{:.1}", h.mib_per_s));
+    row(
+        "read / write IOPS",
+        format!("{:.0} / {:.0}", rd.ios as f64 / secs, wr.ios as f64 / secs),
+    );
+    for (name, q) in [("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p99.9", 0.999)] {
+        let v = |s: &OpStats| {
+            if s.hist.is_empty() {
+                "n/a".to_string()
+            } else {
+                format!("{:.1}", s.hist.value_at_quantile(q) as f64 / 1000.0)
+            }
+        };
+        row(
+            &format!("{name} latency read / write (us)"),
+            format!("{} / {}", v(&rd), v(&wr)),
+        );
+    }
+    row(
+        "CPU user / kernel %",
+        format!("{:.1} / {:.1}", r.cpu.avg.user_pct, r.cpu.avg.kernel_pct),
+    );
+    row(
+        "IOPS per % kernel CPU",
+        format!("{:.0}", h.iops_per_kernel_pct),
+    );
+    row(
+        "CPU us per IO: generator / storage",
+        format!(
+            "{:.2} / {}",
+            h.generator_us_per_io,
+            h.storage_us_per_io
+                .map_or("n/a".into(), |v| format!("{v:.2}"))
+        ),
+    );
+    if let Some(v) = &r.verify {
+        row(
+            "verify: checked / lost / stale / corrupt",
+            format!(
+                "{} / {} / {} / {}",
+                v.blocks_checked, v.lost, v.stale, v.corrupt
+            ),
+        );
+    }
+    o
+}

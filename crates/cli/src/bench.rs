@@ -180,7 +180,7 @@ pub fn run(cli: &Cli, a: &BenchArgs) -> Result<(), CliError> {
             a.create,
             &cli.data_dir,
             a.rounds,
-            cli.output == Output::Json,
+            cli.output,
             &a.storage_pids,
         );
     }
@@ -215,6 +215,7 @@ pub fn run(cli: &Cli, a: &BenchArgs) -> Result<(), CliError> {
             "{}",
             serde_json::to_string_pretty(&trireme_bench::report::json(&result)).expect("json")
         ),
+        Output::Markdown => print!("{}", trireme_bench::report::markdown(&result)),
         Output::Text => print!(
             "{}",
             trireme_bench::report::text(&result, &command.join(" "))

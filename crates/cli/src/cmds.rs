@@ -41,7 +41,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
 fn print<T: Serialize>(out: Output, v: &T, text: impl FnOnce(&T) -> String) {
     match out {
         Output::Json => println!("{}", serde_json::to_string_pretty(v).expect("serializable")),
-        Output::Text => print!("{}", text(v)),
+        Output::Text | Output::Markdown => print!("{}", text(v)),
     }
 }
 

@@ -195,7 +195,7 @@ pub fn run(
     create: Option<u64>,
     data_dir: &Path,
     rounds: u32,
-    json_out: bool,
+    output: crate::Output,
     explicit_pids: &[u32],
 ) -> Result<(), CliError> {
     let mut clusters = Vec::new();
@@ -260,7 +260,7 @@ pub fn run(
                 };
                 let r = trireme_bench::run(profile, open, &p, false).map_err(CliError::Usage)?;
                 let j = trireme_bench::report::json(&r);
-                if !json_out {
+                if output != crate::Output::Json {
                     eprintln!(
                         "round {}/{rounds} {}={}: {:.0} IOPS, p90 read {:.1} us, p90 write {:.1} us",
                         round + 1,
@@ -286,7 +286,9 @@ pub fn run(
         .zip(&runs)
         .map(|(s, r)| median_doc(&s.value, r))
         .collect();
-    if json_out {
+    if output == crate::Output::Markdown {
+        print!("{}", markdown(cmp, &medians));
+    } else if output == crate::Output::Json {
         let doc =
             json!({ "axis": cmp.axis, "rounds": rounds, "profile": profile, "runs": medians });
         println!("{}", serde_json::to_string_pretty(&doc).expect("json"));
@@ -407,6 +409,43 @@ fn table(cmp: &Compare, profile: &Profile, rounds: u32, runs: &[Value]) -> Strin
             o += &format!("  {}", delta(label, *a, *b, more_is_better));
         }
         o += "\n";
+    }
+    o
+}
+
+/// The comparison as a Markdown table.
+fn markdown(cmp: &Compare, runs: &[Value]) -> String {
+    let mut o = String::from("| metric |");
+    for r in runs {
+        o += &format!(" {}={} |", cmp.axis, r["value"].as_str().unwrap_or("?"));
+    }
+    o += " delta |\n|---|";
+    o += &"---:|".repeat(runs.len() + 1);
+    o += "\n";
+    for (label, ptr, more_is_better) in METRICS {
+        o += &format!("| {label} |");
+        let vals: Vec<Option<f64>> = runs
+            .iter()
+            .map(|r| r.pointer(ptr).and_then(Value::as_f64))
+            .collect();
+        for v in &vals {
+            o += &v.map_or(" n/a |".to_string(), |x| {
+                format!(
+                    " {} |",
+                    if x >= 100.0 {
+                        group(x)
+                    } else {
+                        format!("{x:.1}")
+                    }
+                )
+            });
+        }
+        o += &match (vals.first(), vals.last()) {
+            (Some(Some(a)), Some(Some(b))) => {
+                format!(" {} |\n", delta(label, *a, *b, more_is_better))
+            }
+            _ => " |\n".to_string(),
+        };
     }
     o
 }

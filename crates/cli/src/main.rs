@@ -47,6 +47,8 @@ pub struct Cli {
 pub enum Output {
     Text,
     Json,
+    /// Markdown tables (bench); other commands print text.
+    Markdown,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
