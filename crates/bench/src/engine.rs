@@ -475,6 +475,9 @@ where
             }
         }
         prog.abort();
+        if ctx.progress.is_some() {
+            eprintln!();
+        }
         let cpu_pair = if ctx.stop.load(Ordering::Relaxed) {
             None
         } else {
