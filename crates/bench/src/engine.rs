@@ -419,18 +419,7 @@ where
                     }),
                 ));
             }
-            let joined = tokio::task::spawn_blocking(move || {
-                handles
-                    .into_iter()
-                    .filter_map(|(t, h)| Some((t, h.join().ok()??)))
-                    .collect::<Vec<_>>()
-            })
-            .await
-            .unwrap_or_default();
-            for (t, s) in joined {
-                threads[t].read.add(&s.read);
-                threads[t].write.add(&s.write);
-            }
+            join_os_threads(handles, &mut threads).await;
         } else if ctx.target.blocks() {
             // Blocking targets: one OS thread per loop, each I/O a plain syscall on it (fio's
             // psync with one job per loop), rather than a hand-off to a thread pool per I/O.
@@ -443,23 +432,13 @@ where
                         std::thread::spawn(move || {
                             tokio::runtime::Builder::new_current_thread()
                                 .build()
+                                .ok()
                                 .map(|rt| rt.block_on(io_loop(c, t, k)))
                         }),
                     ));
                 }
             }
-            let joined = tokio::task::spawn_blocking(move || {
-                handles
-                    .into_iter()
-                    .filter_map(|(t, h)| Some((t, h.join().ok()?.ok()?)))
-                    .collect::<Vec<_>>()
-            })
-            .await
-            .unwrap_or_default();
-            for (t, s) in joined {
-                threads[t].read.add(&s.read);
-                threads[t].write.add(&s.write);
-            }
+            join_os_threads(handles, &mut threads).await;
         } else {
             let mut handles = Vec::new();
             for t in 0..profile.threads as usize {
@@ -504,6 +483,26 @@ where
         error: None,
         verify: ctx.oracle.as_ref().map(Oracle::report),
     })
+}
+
+/// Waits (off the async threads) for loop threads and adds what each measured to its bench
+/// thread's totals.
+async fn join_os_threads(
+    handles: Vec<(usize, std::thread::JoinHandle<Option<ThreadStats>>)>,
+    threads: &mut [ThreadStats],
+) {
+    let joined = tokio::task::spawn_blocking(move || {
+        handles
+            .into_iter()
+            .filter_map(|(t, h)| Some((t, h.join().ok()??)))
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap_or_default();
+    for (t, s) in joined {
+        threads[t].read.add(&s.read);
+        threads[t].write.add(&s.write);
+    }
 }
 
 /// After the load stops: re-reads every block the run saw acknowledged, in runs of up to

@@ -142,21 +142,7 @@ fn cli_manages_volumes_and_reports_status() {
     let first = v1["replicas"][0]["node"].as_u64().unwrap();
     std::fs::remove_file(c.path().join(format!("node-{first}.sock"))).unwrap();
     let sock = c.path().join("data1.sock");
-    let mut nbd = Command::new(BIN)
-        .arg("--data-dir")
-        .arg(c.path())
-        .args(["nbd", "data1", "--socket"])
-        .arg(&sock)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    let mut out = nbd.stdout.take().unwrap();
-    let mut b = [0u8; 1];
-    while !line.ends_with('\n') {
-        assert_eq!(out.read(&mut b).unwrap(), 1, "trireme nbd exited");
-        line.push(b[0] as char);
-    }
+    let (mut nbd, line) = spawn_nbd(&c, "data1", &sock);
     assert!(line.starts_with("nbd+unix:///data1"), "{line}");
     need("qemu-io");
     run(Command::new("qemu-io").args([
@@ -367,22 +353,7 @@ fn a_new_attach_fences_the_old_writer() {
 
     // Another process attaches vol0: it takes epoch 2, and the replicas refuse epoch 1 from now on.
     let sock = c.path().join("new.sock");
-    let mut nbd = Command::new(BIN)
-        .arg("--data-dir")
-        .arg(c.path())
-        .args(["nbd", "vol0", "--socket"])
-        .arg(&sock)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = nbd.stdout.take().unwrap();
-    let mut b = [0u8; 1];
-    let mut line = String::new();
-    while !line.ends_with('\n') {
-        assert_eq!(out.read(&mut b).unwrap(), 1, "trireme nbd exited");
-        line.push(b[0] as char);
-    }
-    let new_uri = line.trim().to_string();
+    let (mut nbd, new_uri) = spawn_nbd(&c, "vol0", &sock);
 
     // The old writer (trireme up's export) can no longer write: its write fails, and changes nothing.
     let old = Command::new("qemu-io")

@@ -170,3 +170,23 @@ pub fn random_file(path: &PathBuf, len: usize, seed: u64) {
     b.truncate(len);
     std::fs::write(path, b).unwrap();
 }
+
+/// Starts `trireme nbd VOLUME --socket SOCK` against `c` and returns it with the URI it prints.
+pub fn spawn_nbd(c: &Cluster, volume: &str, sock: &Path) -> (Child, String) {
+    use std::io::Read;
+    let mut nbd = Command::new(BIN)
+        .arg("--data-dir")
+        .arg(c.path())
+        .args(["nbd", volume, "--socket"])
+        .arg(sock)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = nbd.stdout.take().unwrap();
+    let (mut line, mut b) = (String::new(), [0u8; 1]);
+    while !line.ends_with('\n') {
+        assert_eq!(out.read(&mut b).unwrap(), 1, "trireme nbd exited");
+        line.push(b[0] as char);
+    }
+    (nbd, line.trim().to_string())
+}
