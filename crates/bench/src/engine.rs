@@ -76,7 +76,6 @@ pub struct RunResult {
     pub elapsed_s: f64,
     pub cpu: CpuReport,
     pub started: SystemTime,
-    pub error: Option<String>,
     /// With `--verify`: what the reads during the run and the final re-read found.
     pub verify: Option<VerifyReport>,
 }
@@ -189,10 +188,10 @@ async fn io_loop(ctx: Arc<Ctx>, thread: usize, slot: usize) -> ThreadStats {
         let t0 = Instant::now();
         let res = if let Some(o) = &ctx.oracle {
             if is_write {
-                let (data, seq) = o.prepare_write(offset, bs);
+                let (data, _) = o.prepare_write(offset, bs);
                 let r = ctx.target.write(thread, offset, data).await;
                 if r.is_ok() {
-                    o.write_acked(offset, bs, seq);
+                    o.write_acked(offset, bs);
                 }
                 r
             } else {
@@ -480,7 +479,6 @@ where
         elapsed_s: (b.at - a.at).as_secs_f64(),
         cpu: cpu::report(&a, &b, &pids),
         started,
-        error: None,
         verify: ctx.oracle.as_ref().map(Oracle::report),
     })
 }

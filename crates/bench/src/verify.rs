@@ -263,7 +263,7 @@ impl Oracle {
 
     /// Records that a write of `[offset, offset+len)` was acknowledged. A write that failed is
     /// not acknowledged: its blocks stay in flight and their floor does not rise.
-    pub fn write_acked(&self, offset: u64, len: u64, _seq: u64) {
+    pub fn write_acked(&self, offset: u64, len: u64) {
         for lba in offset / BLOCK..(offset + len) / BLOCK {
             let mut b = self.block(lba);
             b.inflight -= 1;
@@ -374,8 +374,8 @@ mod tests {
     fn oracle_tracks_acks_and_reads() {
         let o = Oracle::new(1 << 20, S).unwrap();
         let floor = o.read_floor(8192, 8192);
-        let (data, seq) = o.prepare_write(8192, 8192);
-        o.write_acked(8192, 8192, seq);
+        let (data, _) = o.prepare_write(8192, 8192);
+        o.write_acked(8192, 8192);
         assert_eq!(o.check_read(8192, &data, &floor), 0);
         // A read issued after the ack must not see the old (zero) contents.
         let floor = o.read_floor(8192, 8192);
@@ -389,11 +389,11 @@ mod tests {
     #[test]
     fn overlapping_writes_may_land_in_either_order() {
         let o = Oracle::new(1 << 20, S).unwrap();
-        let (a, sa) = o.prepare_write(0, 8192);
-        let (b, sb) = o.prepare_write(4096, 8192);
+        let (a, _) = o.prepare_write(0, 8192);
+        let (b, _) = o.prepare_write(4096, 8192);
         // B is acknowledged first, then A lands on block 1 after it: both are legitimate.
-        o.write_acked(4096, 8192, sb);
-        o.write_acked(0, 8192, sa);
+        o.write_acked(4096, 8192);
+        o.write_acked(0, 8192);
         let floor = o.read_floor(4096, 4096);
         assert_eq!(
             o.check_read(4096, &a[4096..], &floor),
@@ -406,8 +406,8 @@ mod tests {
             "B last is allowed"
         );
         // A later write that did not overlap in time supersedes both.
-        let (c, sc) = o.prepare_write(4096, 4096);
-        o.write_acked(4096, 4096, sc);
+        let (c, _) = o.prepare_write(4096, 4096);
+        o.write_acked(4096, 4096);
         let floor = o.read_floor(4096, 4096);
         assert_eq!(
             o.check_read(4096, &b[..4096], &floor),
