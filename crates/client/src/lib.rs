@@ -231,8 +231,10 @@ impl Volume {
             .collect()
     }
 
-    fn set(&self) -> ReplicaSet {
-        self.set.read().unwrap_or_else(|e| e.into_inner()).clone()
+    /// The replica set, read-locked. Callers use it within one statement, never across an
+    /// `.await`.
+    fn set(&self) -> std::sync::RwLockReadGuard<'_, ReplicaSet> {
+        self.set.read().unwrap_or_else(|e| e.into_inner())
     }
 
     fn header(&self, op: Op, offset: u64, length: u64) -> Header {
@@ -293,8 +295,7 @@ impl Volume {
             ),
             _ => None,
         };
-        let targets = self.set().write_targets();
-        let mut q = WriteQuorum::new(targets.clone());
+        let mut q = WriteQuorum::new(self.set().write_targets());
         if let Some(r) = q.finish_empty() {
             return r.map_err(|failure| VolumeError::Write {
                 volume: self.info.name.clone(),
@@ -302,7 +303,7 @@ impl Volume {
             });
         }
         let replies = join_all(
-            targets
+            q.targets()
                 .iter()
                 .map(|&i| self.call(i, h, payload.clone()))
                 .collect(),
@@ -310,7 +311,7 @@ impl Volume {
         .await;
         let mut result = None;
         for (k, r) in replies.into_iter().enumerate() {
-            let i = targets[k];
+            let i = q.targets()[k];
             let outcome = match r.and_then(|f| self.expect_ok(i, f)) {
                 Ok(_) => ReplicaOutcome::Done,
                 Err(e) => {
