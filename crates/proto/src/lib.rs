@@ -27,9 +27,13 @@
 //! | 56     | 4    | payload_crc   |
 //! | 60     | 4    | header_crc    |
 
+mod dirty;
 mod extent;
 mod op;
 
+pub use dirty::{
+    decode_peer, encode_peer, DirtyPeer, DIRTY_AUTO, DIRTY_DROP, DIRTY_MANUAL, DIRTY_PEER_LEN,
+};
 pub use extent::{decode_extents, encode_extents, Extent, EXTENT_LEN};
 pub use op::{Op, Status};
 

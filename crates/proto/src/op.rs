@@ -26,8 +26,25 @@ pub enum Op {
     CreateReplica = 9,
     /// Delete a replica. No epoch check.
     DeleteReplica = 10,
-    /// Describe a replica: response `length` = size, `offset` = allocated bytes, `epoch` = epoch.
+    /// Describe a replica: response `length` = size, `offset` = allocated bytes, `epoch` = epoch,
+    /// payload = the replica's incarnation (u64 LE; it changes when the replica's history is lost).
     ReplicaInfo = 11,
+    /// Dirty-region tracking for a peer replica that is out of the in-sync set. Payload:
+    /// [`DirtyPeer`](crate::DirtyPeer). Marks `[offset, offset+length)` dirty for the peer and,
+    /// if the peer was not tracked, starts tracking it in auto mode (every later write is marked
+    /// too). Epoch-checked like I/O.
+    DirtyMark = 12,
+    /// The peer's dirty regions inside `[offset, offset+length)`. Payload: the peer id (u32 LE).
+    /// Response: `epoch` = the epoch tracking started in (0: not tracked), `length` = the peer
+    /// incarnation it was started for, payload = extent list of the dirty ranges.
+    DirtyQuery = 13,
+    /// Clears the peer's dirty regions wholly inside `[offset, offset+length)` (they were copied).
+    /// Payload: the peer id (u32 LE). Epoch-checked.
+    DirtyClear = 14,
+    /// Sets how the peer is tracked. Payload: [`DirtyPeer`](crate::DirtyPeer) whose `mode` is
+    /// [`DIRTY_DROP`](crate::DIRTY_DROP), [`DIRTY_AUTO`](crate::DIRTY_AUTO) or
+    /// [`DIRTY_MANUAL`](crate::DIRTY_MANUAL). Epoch-checked.
+    DirtyTrack = 15,
 }
 
 impl Op {
@@ -44,6 +61,10 @@ impl Op {
             9 => Op::CreateReplica,
             10 => Op::DeleteReplica,
             11 => Op::ReplicaInfo,
+            12 => Op::DirtyMark,
+            13 => Op::DirtyQuery,
+            14 => Op::DirtyClear,
+            15 => Op::DirtyTrack,
             _ => return None,
         })
     }

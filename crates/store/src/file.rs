@@ -43,6 +43,9 @@ struct FileReplica {
     epoch: AtomicU64,
     map: AllocMap,
     map_dirty: AtomicBool,
+    incarnation: u64,
+    /// Set by `close`: the next persist records a clean shutdown.
+    closed: AtomicBool,
     persist_lock: Mutex<()>,
     stripes: Vec<Mutex<()>>,
 }
@@ -110,9 +113,34 @@ impl FileStore {
         }
         let map = AllocMap::from_bytes(m.size, m.grain, &m.map)
             .ok_or_else(|| corrupt("allocation map has the wrong length".into()))?;
-        Ok(Arc::new(FileReplica::new(
-            m.volume, m.size, m.epoch, data, meta_path, &self.dir, map,
-        )))
+        if m.flags & meta::FLAG_OPEN != 0 {
+            // The last process died without persisting the map: writes since its last flush may
+            // be on disk but not in the map. Holes in the data file read as zeros, so treating
+            // every grain as allocated is always correct; only sparseness is lost.
+            tracing::warn!(
+                volume = m.volume,
+                "replica was not shut down cleanly; marking every grain allocated"
+            );
+            map.set_range(0, m.size);
+        }
+        let incarnation = if m.incarnation == 0 {
+            crate::new_incarnation()
+        } else {
+            m.incarnation
+        };
+        let r = Arc::new(FileReplica::new(
+            m.volume,
+            m.size,
+            m.epoch,
+            incarnation,
+            data,
+            meta_path,
+            &self.dir,
+            map,
+        ));
+        // Record "open" before serving anything, so a crash from here on is noticed.
+        r.persist()?;
+        Ok(r)
     }
 }
 
@@ -135,6 +163,7 @@ impl FileReplica {
         volume: u64,
         size: u64,
         epoch: u64,
+        incarnation: u64,
         data: File,
         meta_path: &Path,
         dir: &Path,
@@ -149,6 +178,8 @@ impl FileReplica {
             epoch: AtomicU64::new(epoch),
             map,
             map_dirty: AtomicBool::new(false),
+            incarnation,
+            closed: AtomicBool::new(false),
             persist_lock: Mutex::new(()),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
         }
@@ -161,6 +192,12 @@ impl FileReplica {
             size: self.size,
             grain: self.map.grain(),
             epoch: self.epoch.load(Ordering::Acquire),
+            flags: if self.closed.load(Ordering::Acquire) {
+                0
+            } else {
+                meta::FLAG_OPEN
+            },
+            incarnation: self.incarnation,
             map: self.map.to_bytes(),
         };
         write_atomically(&self.meta_path, &self.dir, &meta::encode(&m))
@@ -277,6 +314,7 @@ impl Store for FileStore {
             volume,
             size,
             0,
+            crate::new_incarnation(),
             data,
             &meta_path,
             &self.dir,
@@ -456,5 +494,14 @@ impl Replica for FileReplica {
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, StoreError> {
         check_range(offset, len, self.size)?;
         Ok(self.map.extents(offset, len))
+    }
+    fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+    fn close(&self) -> Result<(), StoreError> {
+        self.data.sync_data().map_err(io(self.volume, "flush"))?;
+        self.closed.store(true, Ordering::Release);
+        self.map_dirty.store(false, Ordering::Release);
+        self.persist()
     }
 }

@@ -141,6 +141,33 @@ pub trait Replica: Send + Sync + std::fmt::Debug {
     fn flush(&self) -> Result<(), StoreError>;
     /// Allocation extents covering exactly `[offset, offset+len)`.
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, StoreError>;
+    /// Names this replica's history: fixed for the replica's life, different for a replica
+    /// re-created (or wiped) since. Peers compare it before trusting their record of what this
+    /// replica missed.
+    fn incarnation(&self) -> u64;
+    /// Flushes and records a clean shutdown (the process is about to exit).
+    fn close(&self) -> Result<(), StoreError> {
+        self.flush()
+    }
+}
+
+/// A fresh random incarnation (never 0, which means "unknown").
+pub fn new_incarnation() -> u64 {
+    use std::io::Read;
+    let mut b = [0u8; 8];
+    let random = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b));
+    let v = match random {
+        Ok(()) => u64::from_le_bytes(b),
+        // No /dev/urandom: time and pid still differ between two creations.
+        Err(_) => {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0);
+            t ^ (u64::from(std::process::id()) << 32)
+        }
+    };
+    v.max(1)
 }
 
 /// Checks `[offset, offset+len)` lies inside `size`, without overflow.

@@ -20,6 +20,7 @@ struct MemoryReplica {
     volume: u64,
     size: u64,
     epoch: AtomicU64,
+    incarnation: u64,
     grains: Vec<RwLock<Option<Box<[u8]>>>>,
 }
 
@@ -47,6 +48,7 @@ impl Store for MemoryStore {
             size,
             epoch: AtomicU64::new(0),
             grains: (0..n).map(|_| RwLock::new(None)).collect(),
+            incarnation: crate::new_incarnation(),
         });
         m.insert(volume, r.clone());
         Ok(r)
@@ -160,5 +162,8 @@ impl Replica for MemoryReplica {
                 .get(g as usize)
                 .is_some_and(|s| s.read().unwrap_or_else(|e| e.into_inner()).is_some())
         }))
+    }
+    fn incarnation(&self) -> u64 {
+        self.incarnation
     }
 }

@@ -17,6 +17,7 @@ struct NullReplica {
     volume: u64,
     size: u64,
     epoch: AtomicU64,
+    incarnation: u64,
 }
 
 impl Store for NullStore {
@@ -35,6 +36,7 @@ impl Store for NullStore {
             volume,
             size,
             epoch: AtomicU64::new(0),
+            incarnation: crate::new_incarnation(),
         });
         m.insert(volume, r.clone());
         Ok(r)
@@ -93,5 +95,8 @@ impl Replica for NullReplica {
             length: len,
             flags: Extent::HOLE | Extent::ZERO,
         }])
+    }
+    fn incarnation(&self) -> u64 {
+        self.incarnation
     }
 }

@@ -151,6 +151,7 @@ fn file_store_survives_reopen_with_epoch_and_map() {
         r.write(3 * GRAIN + 5, b"persist me", false).unwrap();
         r.set_epoch(42).unwrap();
         r.flush().unwrap();
+        r.close().unwrap();
         assert!(
             FileStore::open(d.path()).is_err(),
             "directory is locked while in use"
@@ -162,9 +163,70 @@ fn file_store_survives_reopen_with_epoch_and_map() {
     let r = all.into_iter().next().unwrap().unwrap();
     assert_eq!((r.volume(), r.size(), r.epoch()), (7, SIZE, 42));
     assert_eq!(read(&*r, 3 * GRAIN + 5, 10), b"persist me");
-    assert_eq!(r.allocated_bytes(), GRAIN);
+    assert_eq!(
+        r.allocated_bytes(),
+        GRAIN,
+        "a clean shutdown keeps the map sparse"
+    );
     s.delete(7).unwrap();
     assert!(s.open_all().is_empty());
+}
+
+/// A process killed without flushing: the data written with O_DIRECT is on disk but the map is
+/// not. The replica must still return it (the map turns conservative), keep its incarnation,
+/// and stay the same history.
+#[test]
+fn file_store_after_a_crash_keeps_unflushed_writes_and_incarnation() {
+    let d = tempfile::tempdir().unwrap();
+    let incarnation;
+    {
+        let s = FileStore::open(d.path()).unwrap();
+        let r = s.create(7, SIZE).unwrap();
+        r.flush().unwrap();
+        incarnation = r.incarnation();
+        r.write(5 * GRAIN, b"not flushed", false).unwrap();
+        // Dropped without close(): what kill -9 leaves behind.
+    }
+    let s = FileStore::open(d.path()).unwrap();
+    let r = s.open_all().into_iter().next().unwrap().unwrap();
+    assert_eq!(read(&*r, 5 * GRAIN, 11), b"not flushed");
+    assert_eq!(
+        r.allocated_bytes(),
+        SIZE,
+        "unknown map: every grain counts as data"
+    );
+    assert_eq!(r.incarnation(), incarnation);
+    let fresh = s.create(8, SIZE).unwrap();
+    assert_ne!(
+        fresh.incarnation(),
+        incarnation,
+        "a new replica is a new history"
+    );
+}
+
+/// Files written by format version 1 (reserved bytes where flags and incarnation now live)
+/// still open, and get an incarnation.
+#[test]
+fn file_meta_version_1_still_decodes() {
+    let m = file::meta::ReplicaMeta {
+        volume: 3,
+        size: SIZE,
+        grain: GRAIN,
+        epoch: 9,
+        flags: 0,
+        incarnation: 0,
+        map: AllocMap::new(SIZE, GRAIN).to_bytes(),
+    };
+    let mut b = file::meta::encode(&m);
+    b[8..12].copy_from_slice(&1u32.to_le_bytes());
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&b[0..52]), &b[64..]);
+    b[52..56].copy_from_slice(&crc.to_le_bytes());
+    assert_eq!(file::meta::decode(&b).unwrap(), m);
+    b[60] = 1;
+    assert!(
+        file::meta::decode(&b).is_err(),
+        "v1 reserved bytes must be zero"
+    );
 }
 
 #[test]
@@ -211,11 +273,11 @@ proptest! {
     }
 
     #[test]
-    fn meta_round_trips(volume: u64, grains in 1u64..2000, epoch: u64) {
+    fn meta_round_trips(volume: u64, grains in 1u64..2000, epoch: u64, flags in 0u32..=1, incarnation: u64) {
         let size = grains * GRAIN;
         let map = AllocMap::new(size, GRAIN);
         map.set_range(0, GRAIN * (grains / 2 + 1));
-        let m = file::meta::ReplicaMeta { volume, size, grain: GRAIN, epoch, map: map.to_bytes() };
+        let m = file::meta::ReplicaMeta { volume, size, grain: GRAIN, epoch, flags, incarnation, map: map.to_bytes() };
         prop_assert_eq!(file::meta::decode(&file::meta::encode(&m)).unwrap(), m);
     }
 
