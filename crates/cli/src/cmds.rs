@@ -231,7 +231,11 @@ fn status_text(s: &StatusReport) -> String {
 
 async fn node_serve(a: &NodeServeArgs) -> Result<(), CliError> {
     let store = trireme_store::open_store(a.store.kind(), &a.dir)?;
-    let node = Arc::new(trireme_node::Node::new(a.id, store));
+    let node = Arc::new(trireme_node::Node::with_dirty_grain(
+        a.id,
+        store,
+        a.dirty_grain,
+    ));
     tracing::info!(
         node = a.id,
         store = a.store.kind().as_str(),
@@ -254,7 +258,7 @@ async fn node_serve(a: &NodeServeArgs) -> Result<(), CliError> {
         _ = tokio::signal::ctrl_c() => {}
     }
     let n = node.clone();
-    let _ = tokio::task::spawn_blocking(move || n.flush_all()).await;
+    let _ = tokio::task::spawn_blocking(move || n.close_all()).await;
     tracing::info!(node = a.id, "node stopped");
     Ok(())
 }

@@ -140,6 +140,10 @@ pub struct NodeServeArgs {
     pub socket: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = StoreArg::File)]
     pub store: StoreArg,
+    /// Granularity of the regions a replica tracks for a peer that is out (what an incremental
+    /// resync copies): a power of two from 4K to 64M.
+    #[arg(long, default_value = "64K", value_parser = units::parse_dirty_grain)]
+    pub dirty_grain: u64,
 }
 
 #[derive(Debug, Subcommand)]

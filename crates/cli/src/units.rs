@@ -1,6 +1,18 @@
 //! Sizes as people write them ("1G", "512MiB", "4096") and as people read them.
 
 /// Parses a size with an optional binary suffix (K, M, G, T, with optional "i"/"iB"/"B").
+/// A dirty-tracking granularity: a size that is a power of two from 4 KiB to 64 MiB.
+pub fn parse_dirty_grain(s: &str) -> Result<u64, String> {
+    let v = parse_size(s)?;
+    if v.is_power_of_two() && (4096..=64 << 20).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!(
+            "invalid granularity {s:?}: a power of two from 4K to 64M"
+        ))
+    }
+}
+
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());

@@ -10,10 +10,20 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, RwLock};
 
 use bytes::{Bytes, BytesMut};
-use trireme_proto::{encode_extents, Header, Op, Status, FLAG_FUA, FLAG_MAY_TRIM, MAX_PAYLOAD};
+use trireme_proto::{
+    decode_peer, encode_extents, DirtyPeer, Header, Op, Status, FLAG_FUA, FLAG_MAY_TRIM,
+    MAX_PAYLOAD,
+};
 use trireme_replication::{fence, FenceDecision};
 use trireme_store::{Replica, Store, StoreError};
 use trireme_transport::{Frame, Handler};
+
+mod dirty;
+
+pub use dirty::{DirtyTracker, DirtyView, DEFAULT_GRAIN as DEFAULT_DIRTY_GRAIN};
+
+/// Most tracking regions one `DirtyQuery` may cover (its answer stays under 12 MiB).
+pub const MAX_DIRTY_QUERY_REGIONS: u64 = 1 << 20;
 
 /// Largest range one `Checksum` request may cover.
 pub const MAX_CHECKSUM_RANGE: u64 = 1 << 30;
@@ -26,6 +36,8 @@ pub struct Node {
     replicas: RwLock<HashMap<u64, Arc<dyn Replica>>>,
     /// Serialises epoch changes so two attaches cannot interleave their check and update.
     attach_lock: Mutex<()>,
+    /// What peers of our replicas missed while they were out.
+    dirty: DirtyTracker,
 }
 
 /// Why serving a request failed: a status for the client and a message for the log.
@@ -48,6 +60,12 @@ impl From<StoreError> for Refusal {
 impl Node {
     /// Opens every replica in `store`. Replicas that fail their checks are logged and not served.
     pub fn new(id: u32, store: Arc<dyn Store>) -> Node {
+        Node::with_dirty_grain(id, store, dirty::DEFAULT_GRAIN)
+    }
+
+    /// Like [`Node::new`], tracking peers' dirty regions at `grain` bytes (a power of two,
+    /// 4 KiB or more).
+    pub fn with_dirty_grain(id: u32, store: Arc<dyn Store>, grain: u64) -> Node {
         let mut replicas = HashMap::new();
         for r in store.open_all() {
             match r {
@@ -62,6 +80,7 @@ impl Node {
             store,
             replicas: RwLock::new(replicas),
             attach_lock: Mutex::new(()),
+            dirty: DirtyTracker::new(grain),
         }
     }
 
@@ -85,8 +104,13 @@ impl Node {
             .ok_or_else(|| Refusal(Status::NoReplica, format!("no replica of volume {volume}")))
     }
 
-    /// Flushes every replica; used on shutdown.
-    pub fn flush_all(&self) {
+    /// The dirty-region tracker (for tests and status).
+    pub fn dirty(&self) -> &DirtyTracker {
+        &self.dirty
+    }
+
+    /// Flushes every replica and records a clean shutdown; used when the process exits.
+    pub fn close_all(&self) {
         let reps: Vec<_> = self
             .replicas
             .read()
@@ -95,8 +119,8 @@ impl Node {
             .cloned()
             .collect();
         for r in reps {
-            if let Err(e) = r.flush() {
-                tracing::error!(node = self.id, "flush on shutdown: {e}");
+            if let Err(e) = r.close() {
+                tracing::error!(node = self.id, "close on shutdown: {e}");
             }
         }
     }
@@ -145,6 +169,7 @@ impl Node {
                         ));
                     }
                 }
+                resp.length = r.incarnation();
                 Bytes::new()
             }
             Op::Read => {
@@ -157,6 +182,8 @@ impl Node {
             Op::Write => {
                 let r = self.replica(h.volume)?;
                 Self::check_epoch(&*r, h)?;
+                self.dirty
+                    .on_write(h.volume, h.offset, req.payload.len() as u64);
                 r.write(h.offset, &req.payload, h.has_flag(FLAG_FUA))?;
                 Bytes::new()
             }
@@ -169,6 +196,7 @@ impl Node {
             Op::WriteZeroes => {
                 let r = self.replica(h.volume)?;
                 Self::check_epoch(&*r, h)?;
+                self.dirty.on_write(h.volume, h.offset, h.length);
                 r.write_zeroes(
                     h.offset,
                     h.length,
@@ -212,6 +240,7 @@ impl Node {
                     .write()
                     .unwrap_or_else(|e| e.into_inner())
                     .remove(&h.volume);
+                self.dirty.forget_volume(h.volume);
                 self.store.delete(h.volume)?;
                 tracing::info!(node = self.id, volume = h.volume, "deleted replica");
                 Bytes::new()
@@ -221,7 +250,44 @@ impl Node {
                 resp.length = r.size();
                 resp.offset = r.allocated_bytes();
                 resp.epoch = r.epoch();
-                Bytes::new()
+                Bytes::copy_from_slice(&r.incarnation().to_le_bytes())
+            }
+            Op::DirtyMark | Op::DirtyTrack | Op::DirtyClear | Op::DirtyQuery => {
+                let r = self.replica(h.volume)?;
+                Self::check_epoch(&*r, h)?;
+                trireme_store::check_range(h.offset, h.length, r.size())?;
+                let bad = |e: trireme_proto::DecodeError| Refusal(Status::Invalid, e.to_string());
+                match h.op {
+                    Op::DirtyMark => {
+                        let p = DirtyPeer::decode(&req.payload).map_err(bad)?;
+                        self.dirty.mark(h.volume, h.epoch, &p, h.offset, h.length);
+                        Bytes::new()
+                    }
+                    Op::DirtyTrack => {
+                        let p = DirtyPeer::decode(&req.payload).map_err(bad)?;
+                        self.dirty.track(h.volume, h.epoch, &p);
+                        Bytes::new()
+                    }
+                    Op::DirtyClear => {
+                        let peer = decode_peer(&req.payload).map_err(bad)?;
+                        self.dirty.clear(h.volume, peer, h.offset, h.length);
+                        Bytes::new()
+                    }
+                    _ => {
+                        let peer = decode_peer(&req.payload).map_err(bad)?;
+                        // Bounded answer: at most one extent per region, and the range is capped.
+                        if h.length / self.dirty.grain() > MAX_DIRTY_QUERY_REGIONS {
+                            return Err(Refusal(
+                                Status::Invalid,
+                                format!("dirty query over {} bytes is too large", h.length),
+                            ));
+                        }
+                        let v = self.dirty.query(h.volume, peer, h.offset, h.length);
+                        resp.epoch = v.epoch;
+                        resp.length = v.incarnation;
+                        Bytes::from(encode_extents(&v.extents))
+                    }
+                }
             }
         };
         Ok((resp, payload))

@@ -1,0 +1,229 @@
+//! Dirty-region tracking for peer replicas that are out of the in-sync set.
+//!
+//! When the writer takes a replica out (its node stopped answering), it tells the surviving
+//! replicas to remember which regions that peer missed. Each survivor keeps one set of dirty
+//! regions per (volume, peer), at `grain` granularity. In auto mode every write the survivor
+//! receives is marked; in manual mode (the peer is being resynced and receives writes itself)
+//! only explicit marks add regions, and copied regions are cleared. When the peer is back in
+//! sync the writer drops the set.
+//!
+//! The sets live in this process's memory. A survivor that restarts loses them and then answers
+//! "not tracked", which makes the next resync compare whole replicas instead of copying a
+//! partial list: slower, never wrong.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use trireme_proto::{DirtyPeer, Extent, DIRTY_AUTO, DIRTY_DROP};
+
+/// Default tracking granularity.
+pub const DEFAULT_GRAIN: u64 = 64 * 1024;
+
+#[derive(Debug)]
+struct PeerDirty {
+    /// Epoch of the writer that started tracking.
+    epoch: u64,
+    incarnation: u64,
+    mode: u8,
+    regions: BTreeSet<u64>,
+}
+
+/// What a query returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirtyView {
+    /// 0 when the peer is not tracked.
+    pub epoch: u64,
+    pub incarnation: u64,
+    /// Dirty ranges as data extents, clean ones as holes, covering the queried range.
+    pub extents: Vec<Extent>,
+}
+
+/// Every tracked peer of every volume on this node.
+#[derive(Debug)]
+pub struct DirtyTracker {
+    grain: u64,
+    peers: Mutex<HashMap<(u64, u32), PeerDirty>>,
+    /// Peers in auto mode, so the write path skips the lock when nothing is tracked.
+    auto: AtomicUsize,
+}
+
+impl DirtyTracker {
+    pub fn new(grain: u64) -> DirtyTracker {
+        assert!(grain.is_power_of_two() && grain >= 4096, "checked by the caller");
+        DirtyTracker {
+            grain,
+            peers: Mutex::default(),
+            auto: AtomicUsize::new(0),
+        }
+    }
+
+    pub fn grain(&self) -> u64 {
+        self.grain
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(u64, u32), PeerDirty>> {
+        self.peers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn regions(&self, offset: u64, len: u64) -> std::ops::RangeInclusive<u64> {
+        offset / self.grain..=(offset + len.max(1) - 1) / self.grain
+    }
+
+    fn recount(&self, m: &HashMap<(u64, u32), PeerDirty>) {
+        let n = m.values().filter(|p| p.mode == DIRTY_AUTO).count();
+        self.auto.store(n, Ordering::Release);
+    }
+
+    /// A write of `[offset, offset+len)` arrived: mark it for every auto-mode peer of `volume`.
+    /// Called before the write is applied, so a peer never misses a region this replica holds.
+    pub fn on_write(&self, volume: u64, offset: u64, len: u64) {
+        if self.auto.load(Ordering::Acquire) == 0 || len == 0 {
+            return;
+        }
+        let mut m = self.lock();
+        for ((v, _), p) in m.iter_mut() {
+            if *v == volume && p.mode == DIRTY_AUTO {
+                p.regions.extend(self.regions(offset, len));
+            }
+        }
+    }
+
+    /// Marks a range for `peer`, starting to track it (auto mode) if it was not tracked.
+    pub fn mark(&self, volume: u64, epoch: u64, peer: &DirtyPeer, offset: u64, len: u64) {
+        let mut m = self.lock();
+        let p = m.entry((volume, peer.peer)).or_insert_with(|| PeerDirty {
+            epoch,
+            incarnation: peer.incarnation,
+            mode: DIRTY_AUTO,
+            regions: BTreeSet::new(),
+        });
+        if len > 0 {
+            p.regions.extend(self.regions(offset, len));
+        }
+        self.recount(&m);
+    }
+
+    /// Sets a peer's mode; `DIRTY_DROP` forgets it.
+    pub fn track(&self, volume: u64, epoch: u64, peer: &DirtyPeer) {
+        let mut m = self.lock();
+        if peer.mode == DIRTY_DROP {
+            m.remove(&(volume, peer.peer));
+        } else {
+            m.entry((volume, peer.peer))
+                .or_insert_with(|| PeerDirty {
+                    epoch,
+                    incarnation: peer.incarnation,
+                    mode: peer.mode,
+                    regions: BTreeSet::new(),
+                })
+                .mode = peer.mode;
+        }
+        self.recount(&m);
+    }
+
+    /// Clears the regions of `peer` lying wholly inside `[offset, offset+len)`.
+    pub fn clear(&self, volume: u64, peer: u32, offset: u64, len: u64) {
+        let mut m = self.lock();
+        if let Some(p) = m.get_mut(&(volume, peer)) {
+            let first = offset.div_ceil(self.grain);
+            let end = (offset + len) / self.grain;
+            if first < end {
+                let keep_after = p.regions.split_off(&end);
+                let _cleared = p.regions.split_off(&first);
+                p.regions.extend(keep_after);
+            }
+        }
+    }
+
+    pub fn query(&self, volume: u64, peer: u32, offset: u64, len: u64) -> DirtyView {
+        let m = self.lock();
+        match m.get(&(volume, peer)) {
+            None => DirtyView {
+                epoch: 0,
+                incarnation: 0,
+                extents: trireme_store::extents_from(offset, len, self.grain, |_| false),
+            },
+            Some(p) => DirtyView {
+                epoch: p.epoch,
+                incarnation: p.incarnation,
+                extents: trireme_store::extents_from(offset, len, self.grain, |g| {
+                    p.regions.contains(&g)
+                }),
+            },
+        }
+    }
+
+    /// Number of dirty regions tracked for `peer` (for logs and tests).
+    pub fn count(&self, volume: u64, peer: u32) -> usize {
+        self.lock()
+            .get(&(volume, peer))
+            .map_or(0, |p| p.regions.len())
+    }
+
+    /// Forgets every peer of a deleted volume.
+    pub fn forget_volume(&self, volume: u64) {
+        let mut m = self.lock();
+        m.retain(|(v, _), _| *v != volume);
+        self.recount(&m);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use trireme_proto::DIRTY_MANUAL;
+
+    const G: u64 = 64 * 1024;
+
+    fn peer(mode: u8) -> DirtyPeer {
+        DirtyPeer {
+            peer: 2,
+            incarnation: 77,
+            mode,
+        }
+    }
+
+    fn dirty(t: &DirtyTracker, len: u64) -> Vec<(u64, u64)> {
+        let v = t.query(1, 2, 0, len);
+        let mut out = Vec::new();
+        let mut pos = 0;
+        for e in v.extents {
+            if e.flags == 0 {
+                out.push((pos, e.length));
+            }
+            pos += e.length;
+        }
+        out
+    }
+
+    #[test]
+    fn auto_mode_marks_writes_manual_mode_does_not() {
+        let t = DirtyTracker::new(G);
+        t.on_write(1, 0, 4096);
+        assert_eq!(t.count(1, 2), 0, "nothing tracked yet");
+        t.mark(1, 5, &peer(DIRTY_AUTO), 10 * G + 1, 10);
+        t.on_write(1, 3 * G - 1, 2); // straddles regions 2 and 3
+        t.on_write(9, 0, G); // another volume
+        assert_eq!(dirty(&t, 16 * G), vec![(2 * G, 2 * G), (10 * G, G)]);
+        let v = t.query(1, 2, 0, G);
+        assert_eq!((v.epoch, v.incarnation), (5, 77));
+        t.track(1, 5, &peer(DIRTY_MANUAL));
+        t.on_write(1, 0, G);
+        assert_eq!(dirty(&t, 16 * G).len(), 2, "manual mode ignores writes");
+        t.mark(1, 5, &peer(DIRTY_AUTO), 0, 1);
+        assert_eq!(dirty(&t, 16 * G)[0], (0, G), "explicit marks still count");
+    }
+
+    #[test]
+    fn clear_removes_only_whole_regions_and_drop_forgets() {
+        let t = DirtyTracker::new(G);
+        t.mark(1, 5, &peer(DIRTY_AUTO), 0, 4 * G);
+        t.clear(1, 2, G / 2, 2 * G); // wholly covers region 1 only
+        assert_eq!(dirty(&t, 4 * G), vec![(0, G), (2 * G, 2 * G)]);
+        t.track(1, 5, &peer(DIRTY_DROP));
+        assert_eq!(t.query(1, 2, 0, G).epoch, 0);
+        t.on_write(1, 0, G);
+        assert_eq!(t.count(1, 2), 0);
+    }
+}
