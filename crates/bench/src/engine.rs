@@ -464,6 +464,7 @@ where
         if let (Some(o), false) = (&ctx.oracle, ctx.stop.load(Ordering::Relaxed)) {
             final_pass(&ctx.target, o).await;
         }
+        ctx.target.close().await;
         (threads, cpu_pair)
     });
     let error = ctx.error.lock().unwrap_or_else(|e| e.into_inner()).clone();

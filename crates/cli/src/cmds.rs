@@ -53,6 +53,14 @@ async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
             let nodes: Vec<NodeStatus> = cc.call(&Request::NodeList).await?;
             print(out, &nodes, |n| nodes_table(n));
         }
+        Cmd::Node(NodeCmd::Stop { id }) | Cmd::Node(NodeCmd::Start { id }) => {
+            let req = match &cli.cmd {
+                Cmd::Node(NodeCmd::Stop { .. }) => Request::NodeStop { id: *id },
+                _ => Request::NodeStart { id: *id },
+            };
+            let msg: String = cc.call(&req).await.map_err(usage_if_remote)?;
+            print(out, &msg, |m| format!("{m}\n"));
+        }
         Cmd::Status => {
             let s: StatusReport = cc.call(&Request::Status).await?;
             print(out, &s, status_text);
@@ -225,6 +233,27 @@ fn status_text(s: &StatusReport) -> String {
                 "", l.node, l.transport, l.peer, l.streams
             );
         }
+        for r in &v.replicas {
+            if let Some(p) = &r.resync {
+                let pct = p.done_bytes as f64 * 100.0 / p.total_bytes.max(1) as f64;
+                out += &format!(
+                    "{:<16} resync to node {}: {} {:.1}% ({} of {}, {} copied, {}/s, ETA {})\n",
+                    "",
+                    r.node,
+                    if p.full {
+                        "full compare"
+                    } else {
+                        "incremental"
+                    },
+                    pct,
+                    human(p.done_bytes),
+                    human(p.total_bytes),
+                    human(p.copied_bytes),
+                    human(p.rate()),
+                    p.eta_secs().map_or("-".to_string(), |s| format!("{s}s")),
+                );
+            }
+        }
     }
     out
 }
@@ -279,6 +308,7 @@ async fn nbd(cli: &Cli, a: &crate::NbdArgs) -> Result<(), CliError> {
         a.socket.as_deref(),
         tcp,
         a.streams as usize,
+        &a.failure,
     )
     .await
     .map_err(CliError::Runtime)?;
@@ -293,7 +323,9 @@ async fn nbd(cli: &Cli, a: &crate::NbdArgs) -> Result<(), CliError> {
     for t in tasks {
         t.abort();
     }
-    let _ = vol.flush().await;
+    if let Err(e) = vol.detach().await {
+        tracing::error!("final flush and detach: {e}");
+    }
     if let Some(p) = &a.socket {
         let _ = std::fs::remove_file(p);
     }

@@ -85,6 +85,7 @@ pub async fn export(
     socket: Option<&std::path::Path>,
     tcp: Option<tokio::net::TcpListener>,
     streams: usize,
+    failure: &crate::FailureArgs,
 ) -> Result<
     (
         Arc<Volume>,
@@ -101,11 +102,18 @@ pub async fn export(
         })
         .await
         .map_err(|e| e.to_string())?;
-    let vol = Arc::new(
-        Volume::attach(info, trireme_transport::TransportKind::Tcp, streams)
-            .await
-            .map_err(|e| e.to_string())?,
-    );
+    let opts = trireme_client::VolumeOptions {
+        replica_timeout: failure.replica_timeout,
+        resync_rate: failure.resync_rate,
+        streams,
+        ..Default::default()
+    };
+    let membership = Arc::new(trireme_control::ControlMembership {
+        path: control.to_path_buf(),
+    });
+    let vol = Volume::attach_managed(info, opts, membership)
+        .await
+        .map_err(|e| e.to_string())?;
     let mut ex = trireme_nbd::Exports::new();
     ex.add(
         volume,

@@ -115,6 +115,27 @@ pub struct UpArgs {
     /// Threads for the NBD frontend and volume client (1 is cheapest per IO on small hosts).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub threads: u32,
+    #[command(flatten)]
+    pub failure: FailureArgs,
+    /// Granularity of the regions replicas track for a peer that is out.
+    #[arg(long, default_value = "64K", value_parser = units::parse_dirty_grain)]
+    pub dirty_grain: u64,
+    /// Wait before restarting a node process that died (doubles on quick repeated deaths, up
+    /// to 30s).
+    #[arg(long, default_value = "500ms", value_parser = units::parse_duration)]
+    pub restart_backoff: std::time::Duration,
+}
+
+/// How a writer handles replica failures.
+#[derive(Debug, Clone, Args)]
+pub struct FailureArgs {
+    /// A replica that does not answer a request within this time is taken out of the in-sync
+    /// set (writes go on with the others) and resynced when it is back.
+    #[arg(long, default_value = "1s", value_parser = units::parse_duration)]
+    pub replica_timeout: std::time::Duration,
+    /// Resync copy rate limit per second (e.g. 200M); unlimited if not given.
+    #[arg(long, value_parser = units::parse_size)]
+    pub resync_rate: Option<u64>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -123,6 +144,11 @@ pub enum NodeCmd {
     List,
     /// Run one storage node in the foreground (`trireme up` starts these itself).
     Serve(NodeServeArgs),
+    /// Stop a node of the running `trireme up` for planned maintenance (it is not restarted
+    /// until `node start`); its replicas go out of sync and resync when it is back.
+    Stop { id: u32 },
+    /// Start a node stopped with `node stop`.
+    Start { id: u32 },
 }
 
 #[derive(Debug, Args)]
@@ -187,6 +213,8 @@ pub struct NbdArgs {
     /// Threads for the NBD frontend and volume client.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub threads: u32,
+    #[command(flatten)]
+    pub failure: FailureArgs,
 }
 
 /// A failure, and whether it was the user's input (exit 2) or the system (exit 1).

@@ -1,6 +1,25 @@
 //! Sizes as people write them ("1G", "512MiB", "4096") and as people read them.
 
 /// Parses a size with an optional binary suffix (K, M, G, T, with optional "i"/"iB"/"B").
+/// A duration: a number with `ms` or `s` (e.g. `500ms`, `2s`); a bare number is seconds.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let t = s.trim();
+    let (num, ms) = if let Some(n) = t.strip_suffix("ms") {
+        (n, true)
+    } else {
+        (t.strip_suffix('s').unwrap_or(t), false)
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 500ms or 2s"))?;
+    let secs = if ms { v / 1000.0 } else { v };
+    if !(0.001..=3600.0).contains(&secs) {
+        return Err(format!("duration {s:?} must be between 1ms and 1h"));
+    }
+    Ok(std::time::Duration::from_secs_f64(secs))
+}
+
 /// A dirty-tracking granularity: a size that is a power of two from 4 KiB to 64 MiB.
 pub fn parse_dirty_grain(s: &str) -> Result<u64, String> {
     let v = parse_size(s)?;

@@ -23,7 +23,6 @@ use crate::units::human;
 use crate::{Cli, CliError, UpArgs};
 
 struct NodeProc {
-    id: u32,
     pid: u32,
     addr: String,
     local_addr: Option<String>,
@@ -50,9 +49,9 @@ async fn spawn_node(
     dir: &Path,
     id: u32,
     store: &str,
+    dirty_grain: u64,
 ) -> Result<(Child, NodeProc), CliError> {
     let exe = std::env::current_exe()?;
-    let log = std::fs::File::create(dir.join(format!("node-{id}.log")))?;
     let mut cmd = Command::new(exe);
     cmd.arg("--log")
         .arg(&cli.log)
@@ -65,6 +64,8 @@ async fn spawn_node(
             "127.0.0.1:0",
             "--store",
             store,
+            "--dirty-grain",
+            &dirty_grain.to_string(),
             "--dir",
         ])
         .arg(dir.join(format!("node-{id}")))
@@ -72,10 +73,15 @@ async fn spawn_node(
         .arg(dir.join(format!("node-{id}.sock")))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(log)
         // Own process group: Ctrl-C reaches `up`, which stops the nodes in order.
         .process_group(0)
         .kill_on_drop(true);
+    // Appended, so a restarted node's log follows the one that died.
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("node-{id}.log")))?;
+    cmd.stderr(log);
     // SAFETY: prctl is async-signal-safe and touches no memory of the parent; it makes the
     // kernel send SIGTERM to the node if `up` dies without cleaning up (kill -9).
     unsafe {
@@ -117,7 +123,6 @@ async fn spawn_node(
     Ok((
         child,
         NodeProc {
-            id,
             pid,
             addr,
             local_addr,
@@ -182,39 +187,29 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
         })?;
     let tcp_addr = tcp.local_addr()?;
 
-    // Nodes.
-    let mut procs = Vec::new();
-    let (died_tx, mut died_rx) = tokio::sync::mpsc::unbounded_channel();
+    // Nodes. The log files start fresh with each `up`; restarts append.
     for id in 1..=a.nodes {
-        let (mut child, p) = spawn_node(cli, &dir, id, store).await?;
-        meta.put_node(&NodeRecord {
-            id,
-            addr: p.addr.clone(),
-            local_addr: p.local_addr.clone(),
-            store: store.to_string(),
-        })?;
-        let tx = died_tx.clone();
-        tokio::spawn(async move {
-            let status = child.wait().await;
-            let _ = tx.send((
-                id,
-                status
-                    .map(|s| s.to_string())
-                    .unwrap_or_else(|e| e.to_string()),
-            ));
-        });
-        procs.push(p);
+        std::fs::File::create(dir.join(format!("node-{id}.log")))?;
     }
-    let mut pids: String = procs
-        .iter()
-        .map(|p| format!("node-{} {}\n", p.id, p.pid))
-        .collect();
-    pids += &format!("up {}\n", std::process::id());
-    write_atomically(&dir.join("pids"), &pids)?;
+    let mut sup = Supervisor {
+        nodes: std::collections::BTreeMap::new(),
+        died: tokio::sync::mpsc::unbounded_channel(),
+        dir: dir.clone(),
+        store: store.to_string(),
+        dirty_grain: a.dirty_grain,
+        backoff: a.restart_backoff,
+    };
+    for id in 1..=a.nodes {
+        sup.spawn(cli, id, &*meta).await?;
+    }
+    sup.write_pids()?;
 
     // Control plane.
     let manager = Arc::new(Manager::new(meta.clone()));
     manager.ensure_replicas().await.map_err(CliError::Runtime)?;
+    manager.start_heartbeats(Duration::from_millis(500), Duration::from_secs(3));
+    let (ctl_tx, mut ctl_rx) = tokio::sync::mpsc::unbounded_channel();
+    manager.set_supervisor(ctl_tx);
     let ctl = control_path(&dir);
     let _ = std::fs::remove_file(&ctl);
     let control_task = {
@@ -251,10 +246,16 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
 
     // NBD.
     let sock = dir.join("nbd.sock");
-    let (vol, nbd_tasks) =
-        crate::frontend::export(&ctl, &a.volume, Some(&sock), Some(tcp), a.streams as usize)
-            .await
-            .map_err(CliError::Runtime)?;
+    let (vol, nbd_tasks) = crate::frontend::export(
+        &ctl,
+        &a.volume,
+        Some(&sock),
+        Some(tcp),
+        a.streams as usize,
+        &a.failure,
+    )
+    .await
+    .map_err(CliError::Runtime)?;
     manager.register_client(vol.clone());
     let uris = crate::frontend::uris(&a.volume, Some(&sock), Some(tcp_addr));
     write_atomically(&dir.join("exports"), &(uris.join("\n") + "\n"))?;
@@ -277,13 +278,44 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
     println!("Press Ctrl-C to stop.");
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let (respawn_tx, mut respawn_rx) = tokio::sync::mpsc::unbounded_channel::<(u32, u64)>();
     loop {
         tokio::select! {
             _ = term.recv() => break,
             _ = tokio::signal::ctrl_c() => break,
-            Some((id, status)) = died_rx.recv() => {
-                tracing::error!(node = id, "node process exited ({status}); its replicas are unreachable until `trireme up` is restarted");
+            Some((id, generation, status)) = sup.died.1.recv() => {
+                if let Some(wait) = sup.on_death(id, generation, &status) {
+                    let tx = respawn_tx.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(wait).await;
+                        let _ = tx.send((id, generation));
+                    });
+                }
             }
+            Some((id, generation)) = respawn_rx.recv() => {
+                if sup.wants_respawn(id, generation) {
+                    sup.respawn(cli, id, &*meta, &manager).await;
+                }
+            }
+            Some(cmd) = ctl_rx.recv() => match cmd {
+                trireme_control::NodeControl::Stop(id, reply) => {
+                    let _ = reply.send(sup.stop(id));
+                }
+                trireme_control::NodeControl::Start(id, reply) => {
+                    let r = match sup.nodes.get(&id) {
+                        None => Err(format!("no node {id}")),
+                        Some(n) if n.pid.is_some() => Err(format!("node {id} is already running")),
+                        Some(_) => {
+                            sup.respawn(cli, id, &*meta, &manager).await;
+                            match sup.nodes.get(&id).and_then(|n| n.pid) {
+                                Some(pid) => Ok(format!("node {id} started (pid {pid})")),
+                                None => Err(format!("node {id} failed to start; see node-{id}.log")),
+                            }
+                        }
+                    };
+                    let _ = reply.send(r);
+                }
+            },
         }
     }
 
@@ -291,21 +323,21 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
     for t in nbd_tasks {
         t.abort();
     }
-    if let Err(e) = tokio::time::timeout(Duration::from_secs(10), vol.flush())
-        .await
-        .unwrap_or(Ok(()))
-    {
-        tracing::error!("final flush: {e}");
+    match tokio::time::timeout(Duration::from_secs(10), vol.detach()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!("final flush and detach: {e}"),
+        Err(_) => tracing::error!("final flush and detach did not finish in 10s"),
     }
     control_task.abort();
-    for p in &procs {
+    let running: Vec<u32> = sup.nodes.values().filter_map(|n| n.pid).collect();
+    for pid in &running {
         // SAFETY: kill(2) with a pid we spawned; no memory is involved.
-        unsafe { libc::kill(p.pid as libc::pid_t, libc::SIGTERM) };
+        unsafe { libc::kill(*pid as libc::pid_t, libc::SIGTERM) };
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let mut stopped = 0;
-    while stopped < procs.len() {
-        match tokio::time::timeout_at(deadline, died_rx.recv()).await {
+    while stopped < running.len() {
+        match tokio::time::timeout_at(deadline, sup.died.1.recv()).await {
             Ok(Some(_)) => stopped += 1,
             _ => break,
         }
@@ -313,8 +345,156 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
     for f in ["exports", "nbd.sock", "control.sock", "pids"] {
         let _ = std::fs::remove_file(dir.join(f));
     }
-    for p in &procs {
-        let _ = std::fs::remove_file(dir.join(format!("node-{}.sock", p.id)));
+    for id in sup.nodes.keys() {
+        let _ = std::fs::remove_file(dir.join(format!("node-{id}.sock")));
     }
     Ok(())
+}
+
+/// One supervised node process.
+struct Supervised {
+    /// Running process, if any.
+    pid: Option<u32>,
+    /// Bumped at every spawn, so a death report of an older process is recognised.
+    generation: u64,
+    /// Stopped on purpose (`node stop`): not restarted.
+    held: bool,
+    started: std::time::Instant,
+    /// Wait before the next restart.
+    backoff: Duration,
+}
+
+type Died = (u32, u64, String);
+
+/// Restarts node processes that die, as systemd would restart a unit: after a back-off that
+/// doubles while a node keeps dying quickly (up to 30 s) and resets once it has run a while.
+struct Supervisor {
+    nodes: std::collections::BTreeMap<u32, Supervised>,
+    died: (
+        tokio::sync::mpsc::UnboundedSender<Died>,
+        tokio::sync::mpsc::UnboundedReceiver<Died>,
+    ),
+    dir: PathBuf,
+    store: String,
+    dirty_grain: u64,
+    backoff: Duration,
+}
+
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// A node that ran this long before dying gets the base back-off again.
+const STABLE: Duration = Duration::from_secs(10);
+
+impl Supervisor {
+    async fn spawn(&mut self, cli: &Cli, id: u32, meta: &dyn MetaStore) -> Result<(), CliError> {
+        let (mut child, p) = spawn_node(cli, &self.dir, id, &self.store, self.dirty_grain).await?;
+        meta.put_node(&NodeRecord {
+            id,
+            addr: p.addr.clone(),
+            local_addr: p.local_addr.clone(),
+            store: self.store.clone(),
+        })?;
+        let base = self.backoff;
+        let n = self.nodes.entry(id).or_insert(Supervised {
+            pid: None,
+            generation: 0,
+            held: false,
+            started: std::time::Instant::now(),
+            backoff: base,
+        });
+        n.generation += 1;
+        n.pid = Some(p.pid);
+        n.started = std::time::Instant::now();
+        let generation = n.generation;
+        let tx = self.died.0.clone();
+        tokio::spawn(async move {
+            let status = child.wait().await;
+            let _ = tx.send((
+                id,
+                generation,
+                status
+                    .map(|s| s.to_string())
+                    .unwrap_or_else(|e| e.to_string()),
+            ));
+        });
+        Ok(())
+    }
+
+    fn write_pids(&self) -> std::io::Result<()> {
+        let mut pids: String = self
+            .nodes
+            .iter()
+            .filter_map(|(id, n)| n.pid.map(|p| format!("node-{id} {p}\n")))
+            .collect();
+        pids += &format!("up {}\n", std::process::id());
+        write_atomically(&self.dir.join("pids"), &pids)
+    }
+
+    /// A node process exited; returns how long to wait before restarting it, if it should be.
+    fn on_death(&mut self, id: u32, generation: u64, status: &str) -> Option<Duration> {
+        let n = self.nodes.get_mut(&id)?;
+        if n.generation != generation {
+            return None;
+        }
+        n.pid = None;
+        if n.held {
+            tracing::info!(node = id, "node stopped ({status})");
+            return None;
+        }
+        if n.started.elapsed() >= STABLE {
+            n.backoff = self.backoff;
+        }
+        let wait = n.backoff;
+        n.backoff = (n.backoff * 2).min(MAX_BACKOFF);
+        tracing::error!(
+            node = id,
+            "node process exited ({status}); restarting in {wait:?}"
+        );
+        Some(wait)
+    }
+
+    fn wants_respawn(&self, id: u32, generation: u64) -> bool {
+        self.nodes
+            .get(&id)
+            .is_some_and(|n| n.generation == generation && n.pid.is_none() && !n.held)
+    }
+
+    async fn respawn(&mut self, cli: &Cli, id: u32, meta: &dyn MetaStore, manager: &Manager) {
+        if let Some(n) = self.nodes.get_mut(&id) {
+            n.held = false;
+        }
+        match self.spawn(cli, id, meta).await {
+            Ok(()) => {
+                tracing::info!(node = id, "node restarted");
+                if let Err(e) = self.write_pids() {
+                    tracing::warn!("writing pids: {e}");
+                }
+                // A volatile store comes back empty: re-create its replicas (marked failed
+                // where the volume has data elsewhere, so they get a full resync).
+                if let Err(e) = manager.ensure_replicas().await {
+                    tracing::error!(node = id, "re-creating replicas: {e}");
+                }
+            }
+            Err(e) => {
+                // Counts as a quick death: retried after the back-off.
+                tracing::error!(node = id, "restart failed: {e:?}");
+                let generation = self.nodes.get(&id).map_or(0, |n| n.generation);
+                let _ = self.died.0.send((id, generation, "did not start".into()));
+            }
+        }
+    }
+
+    fn stop(&mut self, id: u32) -> Result<String, String> {
+        let n = self.nodes.get_mut(&id).ok_or(format!("no node {id}"))?;
+        n.held = true;
+        match n.pid {
+            Some(pid) => {
+                // SAFETY: kill(2) with a pid we spawned; no memory is involved.
+                unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+                Ok(format!(
+                    "node {id} stopping (pid {pid}); `trireme node start {id}` brings it back"
+                ))
+            }
+            None => Ok(format!("node {id} is not running; it stays stopped")),
+        }
+    }
 }

@@ -9,18 +9,27 @@
 //! * a read goes to one in-sync replica, chosen by `ReplicaSet::read_order`, and falls over to
 //!   the next one if that replica fails.
 //!
+//! With a [`Membership`] (the control plane), a replica that fails or stops answering within
+//! [`VolumeOptions::replica_timeout`] is taken out instead of failing the write: it is recorded
+//! as outdated in the metadata, the surviving replicas start tracking what it misses, and only
+//! then is the write acknowledged (see `failover.rs`). A background task brings it back with an
+//! incremental resync.
+//!
 //! The decisions live in `trireme-replication`; this crate only moves frames.
 
 mod conflict;
+mod failover;
 mod verify;
 
+pub use failover::{BoxFut, Membership, ReplicaView, ResyncProgress};
 pub use verify::{verify_replicas, Mismatch, VerifyReport};
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::task::Poll;
+use std::time::Duration;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -43,6 +52,10 @@ pub struct AttachInfo {
     pub size: u64,
     pub epoch: u64,
     pub replicas: Vec<ReplicaTarget>,
+    /// The previous writer did not detach cleanly: writes it had in flight may have reached
+    /// some replicas and not others, so the new writer reconciles the replicas.
+    #[serde(default)]
+    pub reconcile: bool,
 }
 
 /// One replica as the client reaches it.
@@ -82,6 +95,14 @@ pub enum VolumeError {
     },
     #[error("node {node}: {source}")]
     Transport { node: u32, source: TransportError },
+    #[error("node {node} did not answer within {timeout:?}")]
+    Timeout { node: u32, timeout: Duration },
+    #[error("volume {volume}: cannot take the replica on node {node} out: {why}")]
+    Degrade {
+        volume: String,
+        node: u32,
+        why: String,
+    },
     #[error("volume {0}: no in-sync replica can serve the request")]
     NoReplicas(String),
     #[error("node {node} sent a malformed response: {what}")]
@@ -106,15 +127,56 @@ impl VolumeError {
     }
 }
 
+/// Tuning of failure handling.
+#[derive(Debug, Clone)]
+pub struct VolumeOptions {
+    /// How long a replica may take to answer one request before it is taken out (writes) or
+    /// another replica is tried (reads).
+    pub replica_timeout: Duration,
+    /// How often the background task looks for replicas to bring back.
+    pub resync_interval: Duration,
+    /// Resync copy rate limit in bytes per second; `None` copies as fast as the replicas go.
+    pub resync_rate: Option<u64>,
+    pub kind: TransportKind,
+    pub streams: usize,
+}
+
+impl Default for VolumeOptions {
+    fn default() -> Self {
+        VolumeOptions {
+            replica_timeout: Duration::from_secs(1),
+            resync_interval: Duration::from_millis(500),
+            resync_rate: None,
+            kind: TransportKind::Tcp,
+            streams: 2,
+        }
+    }
+}
+
+/// One replica slot: its current connection and what the writer knows about its history.
+#[derive(Debug)]
+struct Slot {
+    conn: RwLock<Option<Arc<dyn Connection>>>,
+    /// The incarnation of the copy that was last in sync. Survivors track what this copy
+    /// missed; a replica that comes back with another incarnation needs a full resync.
+    incarnation: AtomicU64,
+}
+
 /// An attached (or merely connected) volume.
 #[derive(Debug)]
 pub struct Volume {
     info: AttachInfo,
-    conns: Vec<Option<Arc<dyn Connection>>>,
+    slots: Vec<Slot>,
     set: RwLock<ReplicaSet>,
     spread: AtomicUsize,
     /// Keeps overlapping writes in one order on every replica.
     write_order: conflict::WriteOrder,
+    opts: VolumeOptions,
+    membership: Option<Arc<dyn Membership>>,
+    /// Serialises taking replicas out and bringing them back.
+    membership_lock: tokio::sync::Mutex<()>,
+    /// Progress of the resync in flight, per replica index.
+    progress: Mutex<Vec<Option<ResyncProgress>>>,
 }
 
 /// Joins futures without spawning them: the writer's fan-out stays on its own task.
@@ -177,45 +239,120 @@ impl Volume {
         kind: TransportKind,
         streams: usize,
     ) -> Result<Volume, VolumeError> {
-        let mut conns = Vec::with_capacity(info.replicas.len());
+        let opts = VolumeOptions {
+            kind,
+            streams,
+            ..VolumeOptions::default()
+        };
+        Volume::open(info, opts, None, true).await
+    }
+
+    async fn open(
+        info: AttachInfo,
+        opts: VolumeOptions,
+        membership: Option<Arc<dyn Membership>>,
+        all_in_sync_needed: bool,
+    ) -> Result<Volume, VolumeError> {
+        let mut slots = Vec::with_capacity(info.replicas.len());
+        let mut states = Vec::with_capacity(info.replicas.len());
         for r in &info.replicas {
-            if r.state != ReplicaState::InSync {
-                conns.push(None);
-                continue;
-            }
-            conns.push(Some(connect_replica(r, kind, streams).await?));
+            let state = r.state;
+            let conn = if r.state == ReplicaState::InSync {
+                match connect_replica(r, opts.kind, opts.streams).await {
+                    Ok(c) => Some(c),
+                    Err(e) if all_in_sync_needed => return Err(e),
+                    Err(e) => {
+                        // Its attach fails below and it is taken out before any write.
+                        tracing::warn!(volume = %info.name, node = r.node, "replica unreachable at attach: {e}");
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            slots.push(Slot {
+                conn: RwLock::new(conn),
+                incarnation: AtomicU64::new(0),
+            });
+            states.push(state);
         }
-        let states = info.replicas.iter().map(|r| r.state).collect();
+        let n = slots.len();
         Ok(Volume {
             set: RwLock::new(ReplicaSet::new(states, None)),
             info,
-            conns,
+            slots,
             spread: AtomicUsize::new(0),
             write_order: conflict::WriteOrder::default(),
+            opts,
+            membership,
+            membership_lock: tokio::sync::Mutex::new(()),
+            progress: Mutex::new(vec![None; n]),
         })
     }
 
-    /// Connects and attaches every in-sync replica with this writer's epoch.
+    /// Connects and attaches every in-sync replica with this writer's epoch. Any replica
+    /// failure fails I/O (no control plane to record it as out).
     pub async fn attach(
         info: AttachInfo,
         kind: TransportKind,
         streams: usize,
     ) -> Result<Volume, VolumeError> {
-        let v = Volume::connect(info, kind, streams).await?;
-        let targets = v.set().write_targets();
-        let h = v.header(Op::Attach, 0, 0);
+        let opts = VolumeOptions {
+            kind,
+            streams,
+            ..VolumeOptions::default()
+        };
+        let v = Volume::open(info, opts, None, true).await?;
+        v.attach_all().await?;
+        Ok(v)
+    }
+
+    /// Attaches with a control plane: replicas that fail are taken out (recorded through
+    /// `membership`) and brought back by a background resync task, which runs until the
+    /// returned volume is dropped by everyone else.
+    pub async fn attach_managed(
+        info: AttachInfo,
+        opts: VolumeOptions,
+        membership: Arc<dyn Membership>,
+    ) -> Result<Arc<Volume>, VolumeError> {
+        let v = Arc::new(Volume::open(info, opts, Some(membership), false).await?);
+        v.attach_all().await?;
+        failover::start(&v).await?;
+        Ok(v)
+    }
+
+    /// Attaches every in-sync replica; with a control plane, one that refuses or fails is
+    /// taken out instead of failing the attach (as long as one stays in sync).
+    async fn attach_all(&self) -> Result<(), VolumeError> {
+        let targets = self.set().in_sync();
+        let h = self.header(Op::Attach, 0, 0);
         let replies = join_all(
             targets
                 .iter()
-                .map(|&i| v.call(i, h, Bytes::new()))
+                .map(|&i| self.call(i, h, Bytes::new()))
                 .collect(),
         )
         .await;
+        let mut failed = Vec::new();
         for (k, r) in replies.into_iter().enumerate() {
-            v.expect_ok(targets[k], r?)?;
+            let i = targets[k];
+            match r.and_then(|f| self.expect_ok(i, f)) {
+                Ok(f) => self.slots[i]
+                    .incarnation
+                    .store(f.header.length, Ordering::Release),
+                Err(e @ VolumeError::Fenced { .. }) => return Err(e),
+                Err(e) if self.membership.is_none() => return Err(e),
+                Err(e) => {
+                    tracing::warn!(volume = %self.info.name, node = self.node(i), "attach failed: {e}");
+                    failed.push(i);
+                }
+            }
         }
-        tracing::info!(volume = %v.info.name, epoch = v.info.epoch, replicas = targets.len(), "attached");
-        Ok(v)
+        if !failed.is_empty() {
+            self.take_out_with(&failed, None, false).await?;
+        }
+        tracing::info!(volume = %self.info.name, epoch = self.info.epoch, replicas = self.set().in_sync().len(), "attached");
+        Ok(())
     }
 
     pub fn info(&self) -> &AttachInfo {
@@ -225,10 +362,21 @@ impl Volume {
         self.info.size
     }
     pub fn connections(&self) -> Vec<Option<ConnectionInfo>> {
-        self.conns
+        self.slots
             .iter()
-            .map(|c| c.as_ref().map(|c| c.info()))
+            .map(|s| self.conn(s).map(|c| c.info()))
             .collect()
+    }
+
+    fn conn(&self, s: &Slot) -> Option<Arc<dyn Connection>> {
+        s.conn.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn set_conn(&self, i: usize, c: Option<Arc<dyn Connection>>) {
+        *self.slots[i]
+            .conn
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = c;
     }
 
     /// The replica set, read-locked. Callers use it within one statement, never across an
@@ -259,12 +407,14 @@ impl Volume {
     ) -> Pin<Box<dyn Future<Output = Result<Frame, VolumeError>> + Send + '_>> {
         let node = self.node(i);
         Box::pin(async move {
-            let c = self.conns[i]
-                .as_ref()
+            let c = self
+                .conn(&self.slots[i])
                 .ok_or_else(|| VolumeError::NoReplicas(self.info.name.clone()))?;
-            c.call(h, payload)
-                .await
-                .map_err(|source| VolumeError::Transport { node, source })
+            let timeout = self.opts.replica_timeout;
+            match tokio::time::timeout(timeout, c.call(h, payload)).await {
+                Ok(r) => r.map_err(|source| VolumeError::Transport { node, source }),
+                Err(_) => Err(VolumeError::Timeout { node, timeout }),
+            }
         })
     }
 
@@ -284,8 +434,9 @@ impl Volume {
         }
     }
 
-    /// Sends `h` to every write target; succeeds only if all succeed. `h`'s range is held
-    /// against overlapping writes until every replica has answered.
+    /// Sends `h` to every write target and acknowledges when every one holds it — or, with a
+    /// control plane, when the ones that failed have been durably taken out and the survivors
+    /// track what they missed. `h`'s range is held against overlapping writes until then.
     async fn mirror(&self, h: Header, payload: Bytes) -> Result<(), VolumeError> {
         let _range = match h.op {
             Op::Write | Op::WriteZeroes => Some(
@@ -295,6 +446,11 @@ impl Volume {
             ),
             _ => None,
         };
+        self.mirror_held(h, payload).await
+    }
+
+    /// [`Volume::mirror`] for a caller that already holds the range.
+    async fn mirror_held(&self, h: Header, payload: Bytes) -> Result<(), VolumeError> {
         let mut q = WriteQuorum::new(self.set().write_targets());
         if let Some(r) = q.finish_empty() {
             return r.map_err(|failure| VolumeError::Write {
@@ -310,6 +466,8 @@ impl Volume {
         )
         .await;
         let mut result = None;
+        let mut failed = Vec::new();
+        let mut store_error = false;
         for (k, r) in replies.into_iter().enumerate() {
             let i = q.targets()[k];
             let outcome = match r.and_then(|f| self.expect_ok(i, f)) {
@@ -324,19 +482,43 @@ impl Volume {
                         {
                             ReplicaOutcome::Refused
                         }
-                        _ => ReplicaOutcome::Failed,
+                        e => {
+                            store_error |= matches!(e, VolumeError::Replica { .. });
+                            failed.push(i);
+                            ReplicaOutcome::Failed
+                        }
                     }
                 }
             };
             result = q.record(k, outcome);
         }
-        match result.expect("every target replied") {
-            Ok(()) => Ok(()),
-            Err(failure) => Err(VolumeError::Write {
+        let failure = match result.expect("every target replied") {
+            Ok(()) => return Ok(()),
+            Err(failure) => failure,
+        };
+        let fail = || {
+            Err(VolumeError::Write {
                 volume: self.info.name.clone(),
                 failure,
-            }),
+            })
+        };
+        // Only plain replica failures can be absorbed, and only if an in-sync replica holds
+        // the write.
+        let absorbable = matches!(failure, WriteFailure::ReplicaFailed { .. })
+            && self.membership.is_some()
+            && q.targets()
+                .iter()
+                .any(|i| !failed.contains(i) && self.set().state(*i) == ReplicaState::InSync);
+        if !absorbable {
+            return fail();
         }
+        // A flush that failed with a store error leaves unknown data behind: full resync.
+        let range = match h.op {
+            Op::Write | Op::WriteZeroes => Some((h.offset, h.length)),
+            _ => None,
+        };
+        let lost_history = h.op == Op::Flush && store_error;
+        self.take_out_with(&failed, range, lost_history).await
     }
 
     /// Sends a read-like request to one in-sync replica, falling over to the next on failure.
@@ -445,12 +627,12 @@ impl Volume {
         len: u64,
     ) -> Vec<Option<Result<u32, VolumeError>>> {
         let h = self.header(Op::Checksum, offset, len);
-        let idx: Vec<usize> = (0..self.conns.len())
-            .filter(|&i| self.conns[i].is_some())
+        let idx: Vec<usize> = (0..self.slots.len())
+            .filter(|&i| self.conn(&self.slots[i]).is_some())
             .collect();
         let replies = join_all(idx.iter().map(|&i| self.call(i, h, Bytes::new())).collect()).await;
         let mut out: Vec<Option<Result<u32, VolumeError>>> =
-            (0..self.conns.len()).map(|_| None).collect();
+            (0..self.slots.len()).map(|_| None).collect();
         for (k, r) in replies.into_iter().enumerate() {
             let i = idx[k];
             out[i] = Some(

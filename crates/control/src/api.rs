@@ -35,6 +35,26 @@ pub enum Request {
     Locate {
         name: String,
     },
+    /// The writer of `epoch` records a replica's state (taking it out, or back in after a
+    /// resync). Refused for a stale epoch and for taking out the last in-sync replica.
+    SetReplicaState {
+        name: String,
+        epoch: u64,
+        node: u32,
+        state: trireme_replication::ReplicaState,
+    },
+    /// The writer of `epoch` detached cleanly.
+    Detach {
+        name: String,
+        epoch: u64,
+    },
+    /// Planned stop of a node process (not restarted until `NodeStart`).
+    NodeStop {
+        id: u32,
+    },
+    NodeStart {
+        id: u32,
+    },
     Status,
 }
 
@@ -50,16 +70,23 @@ pub struct NodeStatus {
     /// The transport the manager reached it with.
     pub transport: String,
     pub replicas: usize,
+    /// Milliseconds since the node last answered a heartbeat (None: never).
+    #[serde(default)]
+    pub last_seen_ms: Option<u64>,
 }
 
 /// One replica as `status` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplicaStatus {
     pub node: u32,
-    /// `in-sync`, `outdated`, `failed` (from the metadata), or `unreachable` / `missing` (seen now).
+    /// `in-sync`, `outdated`, `failed` (from the metadata), `resyncing` (the writer in this
+    /// process is copying to it), or `unreachable` / `missing` (seen now).
     pub state: String,
     pub allocated_bytes: Option<u64>,
     pub epoch: Option<u64>,
+    /// Progress when `state` is `resyncing`.
+    #[serde(default)]
+    pub resync: Option<trireme_client::ResyncProgress>,
 }
 
 /// A volume as `status` shows it.

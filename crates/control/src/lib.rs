@@ -11,9 +11,11 @@
 
 mod api;
 mod manager;
+mod membership;
 
 pub use api::{
     ControlClient, ControlError, LinkStatus, NodeStatus, ReplicaStatus, Request, StatusReport,
     VolumeStatus,
 };
-pub use manager::{serve, Manager};
+pub use manager::{serve, Manager, NodeControl};
+pub use membership::ControlMembership;

@@ -30,6 +30,17 @@ pub struct Manager {
     volume_lock: tokio::sync::Mutex<()>,
     /// Volume clients running in this process (the `up` NBD export), shown by `status`.
     clients: std::sync::Mutex<Vec<Arc<trireme_client::Volume>>>,
+    /// When each node last answered a heartbeat.
+    last_seen: std::sync::Mutex<std::collections::HashMap<u32, Instant>>,
+    /// The process supervisor of `trireme up`, for `node stop` / `node start`.
+    supervisor: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedSender<NodeControl>>>,
+}
+
+/// A planned node operation for the process supervisor, with where to send its outcome.
+#[derive(Debug)]
+pub enum NodeControl {
+    Stop(u32, tokio::sync::oneshot::Sender<Result<String>>),
+    Start(u32, tokio::sync::oneshot::Sender<Result<String>>),
 }
 
 type Result<T> = std::result::Result<T, String>;
@@ -40,7 +51,88 @@ impl Manager {
             meta,
             volume_lock: tokio::sync::Mutex::new(()),
             clients: std::sync::Mutex::default(),
+            last_seen: std::sync::Mutex::default(),
+            supervisor: std::sync::Mutex::default(),
         }
+    }
+
+    /// Lets `node stop` / `node start` reach the process supervisor.
+    pub fn set_supervisor(&self, tx: tokio::sync::mpsc::UnboundedSender<NodeControl>) {
+        *self.supervisor.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+    }
+
+    async fn node_control(&self, start: bool, id: u32) -> Result<String> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let cmd = if start {
+            NodeControl::Start(id, tx)
+        } else {
+            NodeControl::Stop(id, tx)
+        };
+        let sent = self
+            .supervisor
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|s| s.send(cmd).is_ok());
+        if sent != Some(true) {
+            return Err("this cluster has no process supervisor (nodes run on their own)".into());
+        }
+        rx.await.map_err(|_| "the supervisor stopped".to_string())?
+    }
+
+    /// Pings every node every `every`; a node silent for `down_after` is declared down (logged
+    /// once, and shown by `status`), and declared up again when it answers.
+    pub fn start_heartbeats(self: &Arc<Self>, every: Duration, down_after: Duration) {
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut down: std::collections::HashSet<u32> = Default::default();
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(m) = me.upgrade() else { return };
+                let Ok(nodes) = m.meta.nodes() else { continue };
+                for n in nodes {
+                    let ok = m
+                        .node_call_within(&n, Header::request(Op::Ping, 0), down_after)
+                        .await
+                        .is_ok();
+                    let now = Instant::now();
+                    let seen = {
+                        let mut ls = m.last_seen.lock().unwrap_or_else(|e| e.into_inner());
+                        if ok {
+                            ls.insert(n.id, now);
+                        }
+                        ls.get(&n.id).copied()
+                    };
+                    let silent = seen.is_none_or(|t| now - t >= down_after);
+                    if silent && down.insert(n.id) {
+                        tracing::warn!(
+                            node = n.id,
+                            "node declared down: no heartbeat for {down_after:?}"
+                        );
+                    } else if ok && down.remove(&n.id) {
+                        tracing::info!(node = n.id, "node answers heartbeats again");
+                    }
+                }
+            }
+        });
+    }
+
+    fn last_seen_ms(&self, node: u32) -> Option<u64> {
+        self.last_seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&node)
+            .map(|t| t.elapsed().as_millis() as u64)
+    }
+
+    /// Live replica views of a writer attached in this process, if any.
+    fn writer_views(&self, volume: &str) -> Option<Vec<trireme_client::ReplicaView>> {
+        let clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        clients
+            .iter()
+            .rev()
+            .find(|c| c.info().name == volume)
+            .map(|c| c.replica_views())
     }
 
     /// Lets `status` report the links of a volume client running in this process.
@@ -74,17 +166,26 @@ impl Manager {
     }
 
     async fn node_call(&self, node: &NodeRecord, h: Header) -> Result<trireme_transport::Frame> {
+        self.node_call_within(node, h, NODE_TIMEOUT).await
+    }
+
+    async fn node_call_within(
+        &self,
+        node: &NodeRecord,
+        h: Header,
+        limit: Duration,
+    ) -> Result<trireme_transport::Frame> {
         let fut = async {
             let c = trireme_transport::connect(TransportKind::Tcp, &node.addr, 1)
                 .await
                 .map_err(|e| e.to_string())?;
             c.call(h, Bytes::new()).await.map_err(|e| e.to_string())
         };
-        tokio::time::timeout(NODE_TIMEOUT, fut)
+        tokio::time::timeout(limit, fut)
             .await
             .map_err(|_| {
                 format!(
-                    "node {} at {} did not answer in {NODE_TIMEOUT:?}",
+                    "node {} at {} did not answer in {limit:?}",
                     node.id, node.addr
                 )
             })?
@@ -204,13 +305,61 @@ impl Manager {
             size: v.size,
             epoch: v.epoch,
             replicas,
+            reconcile: false,
         })
     }
 
-    /// A new writer: bumps the epoch durably, then says where the replicas are.
+    /// A new writer: bumps the epoch durably, then says where the replicas are, and whether the
+    /// previous writer left without detaching (then the new one reconciles the replicas).
     pub fn attach(&self, name: &str) -> Result<AttachInfo> {
-        let v = self.meta.next_epoch(name).map_err(|e| e.to_string())?;
-        self.attach_info(&v)
+        let mut unclean = false;
+        let v = self
+            .meta
+            .update_volume(name, &mut |v| {
+                unclean = v.writer_open;
+                v.epoch += 1;
+                v.writer_open = true;
+                Ok(())
+            })
+            .map_err(|e| e.to_string())?;
+        let mut info = self.attach_info(&v)?;
+        info.reconcile = unclean;
+        Ok(info)
+    }
+
+    /// Records a replica state for the writer of `epoch` (see `replication::transition`).
+    pub fn set_replica_state(
+        &self,
+        name: &str,
+        epoch: u64,
+        node: u32,
+        state: trireme_replication::ReplicaState,
+    ) -> Result<VolumeRecord> {
+        let v = self
+            .meta
+            .update_volume(name, &mut |v| {
+                let states: Vec<(u32, trireme_replication::ReplicaState)> =
+                    v.replicas.iter().map(|r| (r.node, r.state)).collect();
+                let i = trireme_replication::transition(&states, v.epoch, epoch, node, state)
+                    .map_err(|e| e.to_string())?;
+                v.replicas[i].state = state;
+                Ok(())
+            })
+            .map_err(|e| e.to_string())?;
+        tracing::info!(volume = name, node, %state, epoch, "replica state recorded");
+        Ok(v)
+    }
+
+    /// The writer of `epoch` left cleanly. A stale epoch changes nothing.
+    pub fn detach(&self, name: &str, epoch: u64) -> Result<VolumeRecord> {
+        self.meta
+            .update_volume(name, &mut |v| {
+                if v.epoch == epoch {
+                    v.writer_open = false;
+                }
+                Ok(())
+            })
+            .map_err(|e| e.to_string())
     }
 
     pub fn locate(&self, name: &str) -> Result<AttachInfo> {
@@ -235,6 +384,7 @@ impl Manager {
                 .iter()
                 .filter(|v| v.replicas.iter().any(|r| r.node == n.id))
                 .count(),
+            last_seen_ms: self.last_seen_ms(n.id),
         }
     }
 
@@ -247,13 +397,19 @@ impl Manager {
         }
         let mut vs = Vec::new();
         for v in &vols {
+            let views = self.writer_views(&v.name);
             let mut reps = Vec::new();
             for r in &v.replicas {
+                // The writer in this process knows better than the record (resyncing, progress).
+                let live = views
+                    .as_ref()
+                    .and_then(|vs| vs.iter().find(|x| x.node == r.node));
                 let mut st = ReplicaStatus {
                     node: r.node,
-                    state: r.state.to_string(),
+                    state: live.map_or(r.state, |l| l.state).to_string(),
                     allocated_bytes: None,
                     epoch: None,
+                    resync: live.and_then(|l| l.resync.clone()),
                 };
                 match nodes.iter().find(|n| n.id == r.node) {
                     None => st.state = "unreachable".into(),
@@ -292,10 +448,16 @@ impl Manager {
     }
 
     /// After a restart: replicas on volatile stores come back empty, so they are re-created.
+    /// A re-created replica whose volume still has data elsewhere is recorded as failed (it
+    /// needs a full resync and must never serve a read before); if every replica came back
+    /// empty, the volume simply starts empty, as a volatile store promises.
     /// A replica missing from a persistent store is reported, never silently re-created empty.
+    /// Nodes that do not answer are skipped (they are handled when they come back).
     pub async fn ensure_replicas(&self) -> Result<()> {
         let nodes = self.meta.nodes().map_err(|e| e.to_string())?;
         for v in self.meta.volumes().map_err(|e| e.to_string())? {
+            let mut missing = Vec::new();
+            let mut present = 0;
             for r in &v.replicas {
                 let Some(n) = nodes.iter().find(|n| n.id == r.node) else {
                     continue;
@@ -304,16 +466,32 @@ impl Manager {
                     volume: v.id,
                     ..Header::request(Op::ReplicaInfo, 0)
                 };
-                let f = self.node_call(n, h).await?;
-                if f.header.status != Status::NoReplica {
+                match self.node_call(n, h).await {
+                    Ok(f) if f.header.status == Status::NoReplica => missing.push(n.clone()),
+                    Ok(_) => present += 1,
+                    Err(e) => {
+                        tracing::warn!(volume = %v.name, node = n.id, "cannot check replica: {e}")
+                    }
+                }
+            }
+            for n in missing {
+                if !trireme_store_kind_is_volatile(&n.store) {
+                    tracing::error!(volume = %v.name, node = n.id, "replica is missing from a persistent store; not re-creating it empty");
                     continue;
                 }
-                let volatile = trireme_store_kind_is_volatile(&n.store);
-                if volatile {
-                    self.replica_op(n, Op::CreateReplica, &v).await?;
-                } else {
-                    tracing::error!(volume = %v.name, node = n.id, "replica is missing from a persistent store; not re-creating it empty");
+                if present > 0 {
+                    // Record first: a crash between the two leaves it failed, never falsely in sync.
+                    self.meta
+                        .update_volume(&v.name, &mut |rec| {
+                            if let Some(r) = rec.replicas.iter_mut().find(|r| r.node == n.id) {
+                                r.state = trireme_replication::ReplicaState::Failed;
+                            }
+                            Ok(())
+                        })
+                        .map_err(|e| e.to_string())?;
+                    tracing::warn!(volume = %v.name, node = n.id, "replica lost with its volatile store; re-created empty and marked failed until resynced");
                 }
+                self.replica_op(&n, Op::CreateReplica, &v).await?;
             }
         }
         Ok(())
@@ -342,6 +520,15 @@ impl Manager {
             Request::VolumeDelete { name } => to(self.delete_volume(&name).await),
             Request::Attach { name } => to(self.attach(&name)),
             Request::Locate { name } => to(self.locate(&name)),
+            Request::SetReplicaState {
+                name,
+                epoch,
+                node,
+                state,
+            } => to(self.set_replica_state(&name, epoch, node, state)),
+            Request::Detach { name, epoch } => to(self.detach(&name, epoch)),
+            Request::NodeStop { id } => to(self.node_control(false, id).await),
+            Request::NodeStart { id } => to(self.node_control(true, id).await),
             Request::Status => to(self.status().await),
         }
     }

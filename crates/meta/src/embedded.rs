@@ -159,6 +159,7 @@ impl MetaStore for EmbeddedMeta {
                     })
                     .collect(),
                 epoch: 0,
+                writer_open: false,
             };
             vols.insert(name, encode(&v).as_str())?;
             Ok(v)
@@ -200,6 +201,20 @@ impl MetaStore for EmbeddedMeta {
             let mut t = tx.open_table(VOLUMES)?;
             let mut v = Self::read_volume(&t, name)?;
             v.epoch += 1;
+            t.insert(name, encode(&v).as_str())?;
+            Ok(v)
+        })
+    }
+
+    fn update_volume(
+        &self,
+        name: &str,
+        f: &mut dyn FnMut(&mut VolumeRecord) -> Result<(), String>,
+    ) -> Result<VolumeRecord, MetaError> {
+        self.write(|tx| {
+            let mut t = tx.open_table(VOLUMES)?;
+            let mut v = Self::read_volume(&t, name)?;
+            f(&mut v).map_err(|e| Failure::Meta(MetaError::Refused(e)))?;
             t.insert(name, encode(&v).as_str())?;
             Ok(v)
         })
@@ -257,6 +272,27 @@ mod tests {
         assert_eq!(m.volume("vol0").unwrap().epoch, 2);
         assert_eq!(m.nodes().unwrap().len(), 1);
         assert_eq!(m.setting("store").unwrap().as_deref(), Some("file"));
+        let v = m
+            .update_volume("vol0", &mut |v| {
+                v.replicas[1].state = trireme_replication::ReplicaState::Outdated;
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(
+            v.replicas[1].state,
+            trireme_replication::ReplicaState::Outdated
+        );
+        let refused = m.update_volume("vol0", &mut |v| {
+            v.epoch = 99;
+            Err("no".into())
+        });
+        assert!(matches!(refused, Err(MetaError::Refused(_))));
+        let v = m.volume("vol0").unwrap();
+        assert_eq!(v.epoch, 2, "a refused update writes nothing");
+        assert_eq!(
+            v.replicas[1].state,
+            trireme_replication::ReplicaState::Outdated
+        );
         let v2 = m.create_volume("vol1", 4096, &[2]).unwrap();
         assert_eq!(v2.id, 2, "ids are never reused");
         m.delete_volume("vol0").unwrap();

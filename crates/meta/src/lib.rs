@@ -26,6 +26,8 @@ pub enum MetaError {
     BadName(String),
     #[error("metadata file {path}: {what}")]
     Storage { path: String, what: String },
+    #[error("{0}")]
+    Refused(String),
     #[error("metadata record {key:?} is corrupt: {what}")]
     Corrupt { key: String, what: String },
 }
@@ -60,6 +62,10 @@ pub struct VolumeRecord {
     pub replicas: Vec<ReplicaRecord>,
     /// The epoch of the newest attach; 0 if never attached.
     pub epoch: u64,
+    /// True while the writer of `epoch` is attached: set by attach, cleared by a clean detach.
+    /// Found set by the next attach, it means the old writer died with writes in flight.
+    #[serde(default)]
+    pub writer_open: bool,
 }
 
 /// Checks a volume name: what NBD export names and file names can both carry.
@@ -92,6 +98,13 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug {
     fn delete_volume(&self, name: &str) -> Result<VolumeRecord, MetaError>;
     /// Atomically increments and returns the volume's epoch: the attach of a new writer.
     fn next_epoch(&self, name: &str) -> Result<VolumeRecord, MetaError>;
+    /// Atomically reads, changes and writes back one volume. `f` may refuse the change with a
+    /// message (returned as [`MetaError::Refused`]), and then nothing is written.
+    fn update_volume(
+        &self,
+        name: &str,
+        f: &mut dyn FnMut(&mut VolumeRecord) -> Result<(), String>,
+    ) -> Result<VolumeRecord, MetaError>;
     /// A cluster-wide setting (e.g. the store backend the cluster was created with).
     fn setting(&self, key: &str) -> Result<Option<String>, MetaError>;
     fn set_setting(&self, key: &str, value: &str) -> Result<(), MetaError>;

@@ -50,7 +50,10 @@ pub struct DirtyTracker {
 
 impl DirtyTracker {
     pub fn new(grain: u64) -> DirtyTracker {
-        assert!(grain.is_power_of_two() && grain >= 4096, "checked by the caller");
+        assert!(
+            grain.is_power_of_two() && grain >= 4096,
+            "checked by the caller"
+        );
         DirtyTracker {
             grain,
             peers: Mutex::default(),
@@ -89,7 +92,8 @@ impl DirtyTracker {
         }
     }
 
-    /// Marks a range for `peer`, starting to track it (auto mode) if it was not tracked.
+    /// Marks a range for `peer` and puts it in auto mode: a mark means the peer is out (again),
+    /// so every later write counts too. Starts tracking it if it was not tracked.
     pub fn mark(&self, volume: u64, epoch: u64, peer: &DirtyPeer, offset: u64, len: u64) {
         let mut m = self.lock();
         let p = m.entry((volume, peer.peer)).or_insert_with(|| PeerDirty {
@@ -98,6 +102,7 @@ impl DirtyTracker {
             mode: DIRTY_AUTO,
             regions: BTreeSet::new(),
         });
+        p.mode = DIRTY_AUTO;
         if len > 0 {
             p.regions.extend(self.regions(offset, len));
         }
@@ -213,6 +218,12 @@ mod tests {
         assert_eq!(dirty(&t, 16 * G).len(), 2, "manual mode ignores writes");
         t.mark(1, 5, &peer(DIRTY_AUTO), 0, 1);
         assert_eq!(dirty(&t, 16 * G)[0], (0, G), "explicit marks still count");
+        t.on_write(1, 5 * G, 1);
+        assert_eq!(
+            dirty(&t, 16 * G).len(),
+            4,
+            "a mark means the peer is out: auto again"
+        );
     }
 
     #[test]

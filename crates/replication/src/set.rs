@@ -10,6 +10,9 @@ pub enum ReplicaState {
     InSync,
     /// Missed writes: takes no reads and is no resync source until resynced.
     Outdated,
+    /// Being resynced by the writer: takes every new write, serves no reads, and is still
+    /// outdated in the metadata until the copy completes.
+    Resyncing,
     /// Unusable (its node is gone or its store failed).
     Failed,
 }
@@ -19,6 +22,7 @@ impl fmt::Display for ReplicaState {
         f.write_str(match self {
             ReplicaState::InSync => "in-sync",
             ReplicaState::Outdated => "outdated",
+            ReplicaState::Resyncing => "resyncing",
             ReplicaState::Failed => "failed",
         })
     }
@@ -49,10 +53,30 @@ impl ReplicaSet {
         self.states[i]
     }
 
-    /// Replicas every write must reach before it is acknowledged.
-    pub fn write_targets(&self) -> Vec<usize> {
+    pub fn set_state(&mut self, i: usize, s: ReplicaState) {
+        self.states[i] = s;
+    }
+
+    pub fn states(&self) -> &[ReplicaState] {
+        &self.states
+    }
+
+    /// In-sync replicas: the ones that may serve reads and be resync sources.
+    pub fn in_sync(&self) -> Vec<usize> {
         (0..self.states.len())
             .filter(|&i| self.states[i] == ReplicaState::InSync)
+            .collect()
+    }
+
+    /// Replicas every write is sent to: the in-sync ones and any being resynced.
+    pub fn write_targets(&self) -> Vec<usize> {
+        (0..self.states.len())
+            .filter(|&i| {
+                matches!(
+                    self.states[i],
+                    ReplicaState::InSync | ReplicaState::Resyncing
+                )
+            })
             .collect()
     }
 
@@ -60,7 +84,7 @@ impl ReplicaSet {
     /// in-sync replicas rotated by `spread` (a counter the caller advances per read), so reads
     /// spread over all copies. Only in-sync replicas appear (guarantee 3).
     pub fn read_order(&self, spread: usize) -> Vec<usize> {
-        let in_sync = self.write_targets();
+        let in_sync = self.in_sync();
         if in_sync.is_empty() {
             return in_sync;
         }
@@ -77,4 +101,61 @@ impl ReplicaSet {
         }
         order
     }
+}
+
+/// Why a replica state change is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransitionError {
+    #[error(
+        "epoch {request} is not the volume's current epoch {current}: a newer writer holds it"
+    )]
+    StaleEpoch { request: u64, current: u64 },
+    #[error("node {0} holds no replica of this volume")]
+    NoSuchReplica(u32),
+    #[error("replica on node {0} is the last in-sync copy; it cannot be taken out")]
+    LastInSync(u32),
+    #[error("a replica cannot be recorded as {0}")]
+    NotStorable(ReplicaState),
+}
+
+/// The rule for changing a replica's recorded state, applied by the metadata owner inside the
+/// same transaction as the change:
+///
+/// * only the current writer (its epoch equals the volume's) changes states — a fenced writer
+///   must never take good replicas out;
+/// * the last in-sync replica is never taken out: with nothing in sync there would be no copy
+///   that holds every acknowledged write;
+/// * `Resyncing` is the writer's view, never recorded (the replica stays outdated on record
+///   until the copy completes).
+pub fn transition(
+    states: &[(u32, ReplicaState)],
+    volume_epoch: u64,
+    request_epoch: u64,
+    node: u32,
+    to: ReplicaState,
+) -> Result<usize, TransitionError> {
+    if request_epoch != volume_epoch {
+        return Err(TransitionError::StaleEpoch {
+            request: request_epoch,
+            current: volume_epoch,
+        });
+    }
+    if to == ReplicaState::Resyncing {
+        return Err(TransitionError::NotStorable(to));
+    }
+    let i = states
+        .iter()
+        .position(|(n, _)| *n == node)
+        .ok_or(TransitionError::NoSuchReplica(node))?;
+    if to != ReplicaState::InSync && states[i].1 == ReplicaState::InSync {
+        let others = states
+            .iter()
+            .enumerate()
+            .filter(|(k, (_, s))| *k != i && *s == ReplicaState::InSync)
+            .count();
+        if others == 0 {
+            return Err(TransitionError::LastInSync(node));
+        }
+    }
+    Ok(i)
 }

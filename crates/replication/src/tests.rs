@@ -112,3 +112,41 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn resyncing_replicas_take_writes_but_never_reads() {
+    use ReplicaState::*;
+    let s = ReplicaSet::new(vec![InSync, Resyncing, Outdated], None);
+    assert_eq!(s.write_targets(), vec![0, 1]);
+    for spread in 0..4 {
+        assert_eq!(s.read_order(spread), vec![0]);
+    }
+    assert_eq!(s.in_sync(), vec![0]);
+}
+
+#[test]
+fn state_changes_need_the_current_epoch_and_keep_one_copy_in_sync() {
+    use ReplicaState::*;
+    let two = [(1, InSync), (2, InSync)];
+    assert_eq!(transition(&two, 5, 5, 2, Outdated), Ok(1));
+    assert_eq!(
+        transition(&two, 5, 4, 2, Outdated),
+        Err(TransitionError::StaleEpoch {
+            request: 4,
+            current: 5
+        }),
+        "a fenced writer cannot take replicas out"
+    );
+    let one_left = [(1, InSync), (2, Outdated)];
+    assert_eq!(
+        transition(&one_left, 5, 5, 1, Outdated),
+        Err(TransitionError::LastInSync(1))
+    );
+    assert_eq!(transition(&one_left, 5, 5, 2, InSync), Ok(1));
+    assert_eq!(transition(&one_left, 5, 5, 2, Failed), Ok(1), "already out");
+    assert_eq!(
+        transition(&one_left, 5, 5, 3, Outdated),
+        Err(TransitionError::NoSuchReplica(3))
+    );
+    assert!(transition(&one_left, 5, 5, 2, Resyncing).is_err());
+}

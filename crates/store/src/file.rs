@@ -135,7 +135,6 @@ impl FileStore {
             incarnation,
             data,
             meta_path,
-            &self.dir,
             map,
         ));
         // Record "open" before serving anything, so a crash from here on is noticed.
@@ -166,7 +165,6 @@ impl FileReplica {
         incarnation: u64,
         data: File,
         meta_path: &Path,
-        dir: &Path,
         map: AllocMap,
     ) -> FileReplica {
         FileReplica {
@@ -174,7 +172,9 @@ impl FileReplica {
             size,
             data,
             meta_path: meta_path.to_path_buf(),
-            dir: dir.to_path_buf(),
+            dir: meta_path
+                .parent()
+                .map_or_else(|| PathBuf::from("."), Path::to_path_buf),
             epoch: AtomicU64::new(epoch),
             map,
             map_dirty: AtomicBool::new(false),
@@ -317,7 +317,6 @@ impl Store for FileStore {
             crate::new_incarnation(),
             data,
             &meta_path,
-            &self.dir,
             AllocMap::new(size, GRAIN),
         ));
         r.persist()?;

@@ -100,6 +100,13 @@ impl Target {
 
     /// The writer epoch this target holds (volumes: the attach epoch), stamped into verified
     /// blocks.
+    /// Ends the run cleanly (a volume writer flushes and detaches).
+    pub async fn close(&self) {
+        if let Target::Volume(t) = self {
+            t.close().await;
+        }
+    }
+
     pub fn epoch(&self) -> u64 {
         match self {
             Target::Volume(t) => t.epoch(),

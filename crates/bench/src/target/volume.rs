@@ -5,8 +5,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use trireme_client::{AttachInfo, Volume};
-use trireme_control::{ControlClient, Request};
+use trireme_client::{AttachInfo, Volume, VolumeOptions};
+use trireme_control::{ControlClient, ControlMembership, Request};
 
 use super::TargetError;
 
@@ -27,10 +27,20 @@ impl VolumeTarget {
             })
             .await
             .map_err(|x| e(x.to_string()))?;
-        let vol = Volume::attach(info, trireme_transport::TransportKind::Tcp, 2)
+        let membership = Arc::new(ControlMembership {
+            path: data_dir.join("control.sock"),
+        });
+        let vol = Volume::attach_managed(info, VolumeOptions::default(), membership)
             .await
             .map_err(|x| e(x.to_string()))?;
-        Ok(VolumeTarget { vol: Arc::new(vol) })
+        Ok(VolumeTarget { vol })
+    }
+
+    /// Flushes and detaches, so the next writer need not reconcile.
+    pub async fn close(&self) {
+        if let Err(e) = self.vol.detach().await {
+            eprintln!("volume: detach: {e}");
+        }
     }
 
     pub fn epoch(&self) -> u64 {

@@ -1,0 +1,733 @@
+//! Taking failed replicas out and bringing them back: degraded writes and incremental resync.
+//!
+//! **Taking out** (`take_out_with`), when a write fails on a replica R but reached an in-sync
+//! one, in this order, before the write is acknowledged:
+//! 1. R is recorded as outdated in the metadata (durable; refused for the last in-sync copy or
+//!    for a writer whose epoch is no longer current);
+//! 2. every surviving in-sync replica marks the write's range dirty for R and starts marking
+//!    every later write it receives (auto mode) — before R leaves the write set, so no write
+//!    can reach the survivors unmarked;
+//! 3. R leaves the write set.
+//!
+//! Concurrent writes that also fail on R each mark their own range, so every write R missed is
+//! either marked explicitly or arrives at a survivor already in auto mode.
+//!
+//! **Bringing back** (`resync`), from a background task while I/O goes on:
+//! 1. with every write paused for a moment (the whole range held), R is attached with the
+//!    writer's epoch, the survivors switch to manual mode (keep the regions, stop marking), their
+//!    dirty regions are collected, and R joins the write set as *resyncing*: it takes every new
+//!    write and serves no reads;
+//! 2. each dirty region is copied from an in-sync replica under the region's write lock (so a
+//!    copy never overwrites a newer write) and then cleared on the survivors;
+//! 3. with writes paused again, R is recorded in sync, joins the read set, and the survivors drop
+//!    their record.
+//!
+//! Incremental only when it is provably enough: R must come back with the incarnation it had when
+//! it went out, and some survivor must have tracked it since then under this writer's epoch.
+//! Otherwise (R re-created or wiped, survivors restarted, or the writer changed meanwhile) the
+//! resync compares every region by checksum and copies those that differ — full, never a guess.
+//! If R fails again midway, it goes back to outdated with its remaining regions still recorded.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use trireme_proto::{
+    decode_extents, encode_peer, DirtyPeer, Header, Op, DIRTY_AUTO, DIRTY_DROP, DIRTY_MANUAL,
+    FLAG_MAY_TRIM,
+};
+use trireme_replication::ReplicaState;
+use trireme_transport::Connection;
+
+use crate::{connect_replica, join_all, AttachInfo, Volume, VolumeError};
+
+/// Largest piece one resync step copies.
+const CHUNK: u64 = 1 << 20;
+/// Range covered by one dirty-region query (at 4 KiB granularity: 1 Mi regions, the node's cap).
+const QUERY_WINDOW: u64 = 4 << 30;
+
+/// A boxed future borrowing its arguments.
+pub type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The control plane as the writer needs it: the owner of the metadata.
+pub trait Membership: Send + Sync + std::fmt::Debug {
+    /// Records a replica's state durably. Refused unless `epoch` is the volume's current epoch,
+    /// and refused for taking out the last in-sync replica.
+    fn set_state<'a>(
+        &'a self,
+        volume: &'a str,
+        epoch: u64,
+        node: u32,
+        state: ReplicaState,
+    ) -> BoxFut<'a, Result<(), String>>;
+    /// Where the volume's replicas are now (nodes may have restarted on new addresses).
+    fn locate<'a>(&'a self, volume: &'a str) -> BoxFut<'a, Result<AttachInfo, String>>;
+    /// The writer of `epoch` detached cleanly: nothing of it is in flight.
+    fn detach<'a>(&'a self, volume: &'a str, epoch: u64) -> BoxFut<'a, Result<(), String>>;
+}
+
+/// A resync in progress.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResyncProgress {
+    /// True when every region is compared (the replica's history was not known).
+    pub full: bool,
+    /// Bytes to go through.
+    pub total_bytes: u64,
+    /// Bytes gone through so far.
+    pub done_bytes: u64,
+    /// Bytes actually copied (a full resync skips regions that already match).
+    pub copied_bytes: u64,
+    pub elapsed_ms: u64,
+}
+
+impl ResyncProgress {
+    /// Bytes per second so far.
+    pub fn rate(&self) -> u64 {
+        self.done_bytes * 1000 / self.elapsed_ms.max(1)
+    }
+    /// Seconds left at the current rate.
+    pub fn eta_secs(&self) -> Option<u64> {
+        let r = self.rate();
+        (r > 0).then(|| (self.total_bytes - self.done_bytes.min(self.total_bytes)) / r)
+    }
+}
+
+/// One replica as the writer sees it now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaView {
+    pub node: u32,
+    pub state: ReplicaState,
+    pub resync: Option<ResyncProgress>,
+}
+
+/// Starts failure handling for a freshly attached volume: reconciles the replicas if the previous
+/// writer died with writes in flight, then spawns the resync task.
+pub(crate) async fn start(v: &Arc<Volume>) -> Result<(), VolumeError> {
+    if v.info.reconcile {
+        v.reconcile().await?;
+    }
+    let weak = Arc::downgrade(v);
+    tokio::spawn(async move {
+        let mut last_error: Vec<Option<String>> = Vec::new();
+        loop {
+            let Some(interval) = weak.upgrade().map(|v| v.opts.resync_interval) else {
+                return;
+            };
+            tokio::time::sleep(interval).await;
+            let Some(v) = weak.upgrade() else { return };
+            last_error.resize(v.slots.len(), None);
+            for (i, last) in last_error.iter_mut().enumerate() {
+                if !matches!(
+                    v.set().state(i),
+                    ReplicaState::Outdated | ReplicaState::Failed
+                ) {
+                    continue;
+                }
+                match v.resync(i).await {
+                    Ok(()) => *last = None,
+                    Err(VolumeError::Fenced { .. }) => {
+                        tracing::info!(volume = %v.info.name, "fenced by a newer writer; resync stops");
+                        return;
+                    }
+                    Err(e) => {
+                        // The node is usually just not back yet: say so once, not every tick.
+                        let msg = e.to_string();
+                        if last.as_deref() != Some(&msg) {
+                            tracing::info!(volume = %v.info.name, node = v.node(i), "replica not resynced yet: {msg}");
+                            *last = Some(msg);
+                        }
+                    }
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
+/// The dirty byte ranges in an extent list answering a query at `base`.
+fn dirty_ranges(extents: &[trireme_proto::Extent], base: u64) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut pos = base;
+    for e in extents {
+        if e.flags == 0 {
+            out.push((pos, e.length));
+        }
+        pos += e.length;
+    }
+    out
+}
+
+/// Union of sorted range lists, split into pieces of at most `CHUNK` bytes.
+fn union_chunks(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    ranges.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::new();
+    for (o, l) in ranges {
+        match merged.last_mut() {
+            Some((mo, ml)) if o <= *mo + *ml => *ml = (*ml).max(o + l - *mo),
+            _ => merged.push((o, l)),
+        }
+    }
+    let mut out = Vec::new();
+    for (o, l) in merged {
+        let mut p = o;
+        while p < o + l {
+            let n = CHUNK.min(o + l - p);
+            out.push((p, n));
+            p += n;
+        }
+    }
+    out
+}
+
+impl Volume {
+    fn membership(&self) -> Result<&Arc<dyn Membership>, VolumeError> {
+        self.membership
+            .as_ref()
+            .ok_or_else(|| VolumeError::NoReplicas(self.info.name.clone()))
+    }
+
+    /// Every replica with its current state and resync progress.
+    pub fn replica_views(&self) -> Vec<ReplicaView> {
+        let progress = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        let set = self.set();
+        (0..self.slots.len())
+            .map(|i| ReplicaView {
+                node: self.node(i),
+                state: set.state(i),
+                resync: progress[i].clone(),
+            })
+            .collect()
+    }
+
+    /// Flushes and tells the control plane this writer is gone cleanly, so the next attach
+    /// need not reconcile.
+    pub async fn detach(&self) -> Result<(), VolumeError> {
+        self.flush().await?;
+        if let Some(m) = &self.membership {
+            m.detach(&self.info.name, self.info.epoch)
+                .await
+                .map_err(|why| VolumeError::Degrade {
+                    volume: self.info.name.clone(),
+                    node: 0,
+                    why,
+                })?;
+        }
+        Ok(())
+    }
+
+    fn dirty_peer(&self, i: usize, mode: u8) -> Bytes {
+        Bytes::from(
+            DirtyPeer {
+                peer: self.node(i),
+                incarnation: self.slots[i].incarnation.load(Ordering::Acquire),
+                mode,
+            }
+            .encode(),
+        )
+    }
+
+    /// Sends one request to each of `targets`; fails if any fails.
+    async fn to_all(
+        &self,
+        targets: &[usize],
+        h: Header,
+        payload: Bytes,
+    ) -> Result<(), VolumeError> {
+        let replies = join_all(
+            targets
+                .iter()
+                .map(|&i| self.call(i, h, payload.clone()))
+                .collect(),
+        )
+        .await;
+        for (k, r) in replies.into_iter().enumerate() {
+            self.expect_ok(targets[k], r?)?;
+        }
+        Ok(())
+    }
+
+    /// Takes `failed` replicas out (see the module docs). `range` is the write they missed;
+    /// `lost_history` records them as failed, which forces a full resync.
+    pub(crate) async fn take_out_with(
+        &self,
+        failed: &[usize],
+        range: Option<(u64, u64)>,
+        lost_history: bool,
+    ) -> Result<(), VolumeError> {
+        let m = self.membership()?;
+        let _g = self.membership_lock.lock().await;
+        let degrade = |node: u32, why: String| VolumeError::Degrade {
+            volume: self.info.name.clone(),
+            node,
+            why,
+        };
+        let to = if lost_history {
+            ReplicaState::Failed
+        } else {
+            ReplicaState::Outdated
+        };
+        for &i in failed {
+            if self.set().state(i) == ReplicaState::InSync || lost_history {
+                m.set_state(&self.info.name, self.info.epoch, self.node(i), to)
+                    .await
+                    .map_err(|why| degrade(self.node(i), why))?;
+                tracing::warn!(volume = %self.info.name, node = self.node(i), state = %to, "replica taken out; writes continue on the others");
+            }
+        }
+        let survivors: Vec<usize> = self
+            .set()
+            .in_sync()
+            .into_iter()
+            .filter(|i| !failed.contains(i))
+            .collect();
+        if survivors.is_empty() {
+            return Err(degrade(
+                self.node(failed[0]),
+                "no in-sync replica left".into(),
+            ));
+        }
+        let (offset, length) = range.unwrap_or((0, 0));
+        for &i in failed {
+            let h = self.header(Op::DirtyMark, offset, length);
+            self.to_all(&survivors, h, self.dirty_peer(i, DIRTY_AUTO))
+                .await
+                .map_err(|e| degrade(self.node(i), format!("survivors cannot track it: {e}")))?;
+        }
+        let mut set = self.set.write().unwrap_or_else(|e| e.into_inner());
+        for &i in failed {
+            set.set_state(i, to);
+            if lost_history {
+                self.slots[i].incarnation.store(0, Ordering::Release);
+            }
+        }
+        drop(set);
+        for &i in failed {
+            self.set_conn(i, None);
+        }
+        Ok(())
+    }
+
+    /// Attaches a returning replica: its connection and incarnation.
+    async fn reattach(&self, i: usize) -> Result<(Arc<dyn Connection>, u64), VolumeError> {
+        let m = self.membership()?;
+        let node = self.node(i);
+        let info = m
+            .locate(&self.info.name)
+            .await
+            .map_err(|why| VolumeError::Degrade {
+                volume: self.info.name.clone(),
+                node,
+                why,
+            })?;
+        if info.epoch != self.info.epoch {
+            return Err(VolumeError::Fenced {
+                volume: self.info.name.clone(),
+                ours: self.info.epoch,
+                newer: info.epoch,
+            });
+        }
+        let target = info
+            .replicas
+            .iter()
+            .find(|r| r.node == node)
+            .ok_or_else(|| VolumeError::NoReplicas(self.info.name.clone()))?;
+        let conn = tokio::time::timeout(
+            self.opts.replica_timeout,
+            connect_replica(target, self.opts.kind, self.opts.streams),
+        )
+        .await
+        .map_err(|_| VolumeError::Timeout {
+            node,
+            timeout: self.opts.replica_timeout,
+        })??;
+        let h = self.header(Op::Attach, 0, 0);
+        let f = tokio::time::timeout(self.opts.replica_timeout, conn.call(h, Bytes::new()))
+            .await
+            .map_err(|_| VolumeError::Timeout {
+                node,
+                timeout: self.opts.replica_timeout,
+            })?
+            .map_err(|source| VolumeError::Transport { node, source })?;
+        let f = self.expect_ok(i, f)?;
+        Ok((conn, f.header.length))
+    }
+
+    /// The union of the survivors' dirty regions for replica `i`, or `None` if no survivor
+    /// has a record that provably covers everything it missed.
+    async fn dirty_regions(
+        &self,
+        i: usize,
+        survivors: &[usize],
+    ) -> Result<Option<Vec<(u64, u64)>>, VolumeError> {
+        let incarnation = self.slots[i].incarnation.load(Ordering::Acquire);
+        let mut ranges = Vec::new();
+        let mut usable = 0;
+        for &s in survivors {
+            let mut trusted = true;
+            let mut mine = Vec::new();
+            let mut off = 0;
+            while off < self.info.size && trusted {
+                let len = QUERY_WINDOW.min(self.info.size - off);
+                let h = self.header(Op::DirtyQuery, off, len);
+                let f = self
+                    .call(s, h, Bytes::from(encode_peer(self.node(i))))
+                    .await?;
+                let f = self.expect_ok(s, f)?;
+                if f.header.epoch != self.info.epoch || f.header.length != incarnation {
+                    trusted = false;
+                    break;
+                }
+                let ext = decode_extents(&f.payload).map_err(|e| VolumeError::Protocol {
+                    node: self.node(s),
+                    what: e.to_string(),
+                })?;
+                mine.extend(dirty_ranges(&ext, off));
+                off += len;
+            }
+            if trusted {
+                usable += 1;
+                ranges.extend(mine);
+            }
+        }
+        Ok((usable > 0).then(|| union_chunks(ranges)))
+    }
+
+    fn set_progress(&self, i: usize, p: Option<ResyncProgress>) {
+        self.progress.lock().unwrap_or_else(|e| e.into_inner())[i] = p;
+    }
+
+    /// Brings replica `i` back (see the module docs).
+    pub(crate) async fn resync(&self, i: usize) -> Result<(), VolumeError> {
+        let (conn, incarnation) = self.reattach(i).await?;
+        let node = self.node(i);
+        let started = Instant::now();
+        // 1. Pause writes, switch the survivors to manual mode, collect the regions, and let
+        //    the replica take new writes.
+        let (full, chunks, survivors) = {
+            let _all = self.write_order.acquire(0, self.info.size).await;
+            let _g = self.membership_lock.lock().await;
+            let state = self.set().state(i);
+            if !matches!(state, ReplicaState::Outdated | ReplicaState::Failed) {
+                return Ok(());
+            }
+            let survivors = self.set().in_sync();
+            if survivors.is_empty() {
+                return Err(VolumeError::NoReplicas(self.info.name.clone()));
+            }
+            let known = self.slots[i].incarnation.load(Ordering::Acquire);
+            let h = self.header(Op::DirtyTrack, 0, 0);
+            self.to_all(&survivors, h, self.dirty_peer(i, DIRTY_MANUAL))
+                .await?;
+            let regions = if state == ReplicaState::Failed || known == 0 || known != incarnation {
+                None
+            } else {
+                self.dirty_regions(i, &survivors).await?
+            };
+            self.set_conn(i, Some(conn));
+            self.set
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .set_state(i, ReplicaState::Resyncing);
+            match regions {
+                Some(r) => (false, r, survivors),
+                None => {
+                    let mut all = Vec::new();
+                    let mut p = 0;
+                    while p < self.info.size {
+                        all.push((p, CHUNK.min(self.info.size - p)));
+                        p += CHUNK;
+                    }
+                    (true, all, survivors)
+                }
+            }
+        };
+        let total: u64 = chunks.iter().map(|c| c.1).sum();
+        tracing::info!(volume = %self.info.name, node, full, bytes = total, "resync started");
+        let mut progress = ResyncProgress {
+            full,
+            total_bytes: total,
+            done_bytes: 0,
+            copied_bytes: 0,
+            elapsed_ms: 0,
+        };
+        self.set_progress(i, Some(progress.clone()));
+        let result = self
+            .copy_chunks(i, &chunks, full, &survivors, &mut progress, started)
+            .await;
+        self.set_progress(i, None);
+        if let Err(e) = result {
+            // A failure of the replica itself already took it out again (regions kept).
+            if self.set().state(i) == ReplicaState::Resyncing {
+                let _ = self.take_out_with(&[i], None, false).await;
+            }
+            return Err(e);
+        }
+        // 3. Pause writes again and make it in sync: on record first, then for reads.
+        let _all = self.write_order.acquire(0, self.info.size).await;
+        let _g = self.membership_lock.lock().await;
+        if self.set().state(i) != ReplicaState::Resyncing {
+            return Err(VolumeError::NoReplicas(self.info.name.clone()));
+        }
+        let m = self.membership()?;
+        m.set_state(&self.info.name, self.info.epoch, node, ReplicaState::InSync)
+            .await
+            .map_err(|why| VolumeError::Degrade {
+                volume: self.info.name.clone(),
+                node,
+                why,
+            })?;
+        self.slots[i]
+            .incarnation
+            .store(incarnation, Ordering::Release);
+        self.set
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .set_state(i, ReplicaState::InSync);
+        let survivors = self.set().in_sync();
+        let h = self.header(Op::DirtyTrack, 0, 0);
+        let drop_record = self.dirty_peer(i, DIRTY_DROP);
+        for s in survivors.into_iter().filter(|&s| s != i) {
+            if let Err(e) = self.to_all(&[s], h, drop_record.clone()).await {
+                tracing::warn!(volume = %self.info.name, node = self.node(s), "could not drop a finished dirty record: {e}");
+            }
+        }
+        tracing::info!(
+            volume = %self.info.name,
+            node,
+            full,
+            copied_bytes = progress.copied_bytes,
+            scanned_bytes = progress.done_bytes,
+            ms = started.elapsed().as_millis() as u64,
+            "resync done; replica in sync"
+        );
+        Ok(())
+    }
+
+    /// Copies (or, for a full resync, compares then copies) each chunk to replica `i`.
+    async fn copy_chunks(
+        &self,
+        i: usize,
+        chunks: &[(u64, u64)],
+        full: bool,
+        survivors: &[usize],
+        progress: &mut ResyncProgress,
+        started: Instant,
+    ) -> Result<(), VolumeError> {
+        let peer = Bytes::from(encode_peer(self.node(i)));
+        for &(off, len) in chunks {
+            if self.set().state(i) != ReplicaState::Resyncing {
+                return Err(VolumeError::NoReplicas(self.info.name.clone()));
+            }
+            {
+                let _r = self.write_order.acquire(off, off + len).await;
+                let copied = self.copy_one(i, off, len, full).await?;
+                progress.copied_bytes += copied;
+                if !full {
+                    let h = self.header(Op::DirtyClear, off, len);
+                    let live: Vec<usize> = survivors
+                        .iter()
+                        .copied()
+                        .filter(|&s| self.set().state(s) == ReplicaState::InSync)
+                        .collect();
+                    // A clear that fails leaves the region to be copied again: harmless.
+                    let _ = self.to_all(&live, h, peer.clone()).await;
+                }
+            }
+            progress.done_bytes += len;
+            progress.elapsed_ms = started.elapsed().as_millis() as u64;
+            self.set_progress(i, Some(progress.clone()));
+            if let Some(rate) = self.opts.resync_rate.filter(|r| *r > 0) {
+                let due =
+                    std::time::Duration::from_secs_f64(progress.done_bytes as f64 / rate as f64);
+                let spent = started.elapsed();
+                if due > spent {
+                    tokio::time::sleep(due - spent).await;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies one range from an in-sync replica to replica `i`, the caller holding the range.
+    /// With `compare`, skips it when the checksums already match. Returns the bytes copied.
+    async fn copy_one(
+        &self,
+        i: usize,
+        off: u64,
+        len: u64,
+        compare: bool,
+    ) -> Result<u64, VolumeError> {
+        let src = *self
+            .set()
+            .read_order(self.spread.fetch_add(1, Ordering::Relaxed))
+            .first()
+            .ok_or_else(|| VolumeError::NoReplicas(self.info.name.clone()))?;
+        if compare {
+            let h = self.header(Op::Checksum, off, len);
+            let (a, b) = tokio::join!(
+                self.call(src, h, Bytes::new()),
+                self.call(i, h, Bytes::new())
+            );
+            let a = self.expect_ok(src, a?)?.header.length;
+            let b = match b.and_then(|f| self.expect_ok(i, f)) {
+                Ok(f) => f.header.length,
+                Err(e) => return Err(self.replica_failed(i, off, len, e).await),
+            };
+            if a == b {
+                return Ok(0);
+            }
+        }
+        let data = self
+            .expect_ok(
+                src,
+                self.call(src, self.header(Op::Read, off, len), Bytes::new())
+                    .await?,
+            )?
+            .payload;
+        let h = if data.iter().all(|&b| b == 0) {
+            let mut h = self.header(Op::WriteZeroes, off, len);
+            h.flags |= FLAG_MAY_TRIM;
+            (h, Bytes::new())
+        } else {
+            (self.header(Op::Write, off, len), data)
+        };
+        match self
+            .call(i, h.0, h.1)
+            .await
+            .and_then(|f| self.expect_ok(i, f))
+        {
+            Ok(_) => Ok(len),
+            Err(e) => Err(self.replica_failed(i, off, len, e).await),
+        }
+    }
+
+    /// The resyncing replica failed: back to outdated, with the range kept dirty.
+    async fn replica_failed(&self, i: usize, off: u64, len: u64, e: VolumeError) -> VolumeError {
+        if matches!(e, VolumeError::Fenced { .. }) {
+            return e;
+        }
+        if let Err(e2) = self.take_out_with(&[i], Some((off, len)), false).await {
+            tracing::warn!(volume = %self.info.name, "taking a failed resync target out: {e2}");
+        }
+        e
+    }
+
+    /// After a writer died with writes in flight, replicas may differ where those writes went:
+    /// before any new I/O, every region is compared across the in-sync replicas and copied from
+    /// one of them where they differ. (Without an activity log this covers the whole volume;
+    /// only checksums cross the network for regions that agree.)
+    async fn reconcile(&self) -> Result<(), VolumeError> {
+        let in_sync = self.set().in_sync();
+        if in_sync.len() < 2 {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let src = in_sync[0];
+        let mut copied = 0;
+        let mut off = 0;
+        while off < self.info.size {
+            let len = CHUNK.min(self.info.size - off);
+            let h = self.header(Op::Checksum, off, len);
+            let targets = self.set().in_sync();
+            let sums = join_all(
+                targets
+                    .iter()
+                    .map(|&t| self.call(t, h, Bytes::new()))
+                    .collect(),
+            )
+            .await;
+            let mut want = None;
+            let mut differ = Vec::new();
+            for (k, r) in sums.into_iter().enumerate() {
+                let t = targets[k];
+                match r.and_then(|f| self.expect_ok(t, f)) {
+                    Ok(f) if t == src => want = Some(f.header.length),
+                    Ok(f) => differ.push((t, f.header.length)),
+                    Err(e) if t == src => return Err(e),
+                    Err(e) => {
+                        tracing::warn!(volume = %self.info.name, node = self.node(t), "reconcile: {e}");
+                        self.take_out_with(&[t], None, true).await?;
+                    }
+                }
+            }
+            let want = want.expect("source answered");
+            let to_copy: Vec<usize> = differ
+                .into_iter()
+                .filter(|(_, c)| *c != want)
+                .map(|(t, _)| t)
+                .collect();
+            if !to_copy.is_empty() {
+                let data = self
+                    .expect_ok(
+                        src,
+                        self.call(src, self.header(Op::Read, off, len), Bytes::new())
+                            .await?,
+                    )?
+                    .payload;
+                let h = self.header(Op::Write, off, len);
+                for t in to_copy {
+                    if let Err(e) = self.to_all(&[t], h, data.clone()).await {
+                        self.take_out_with(&[t], None, true).await?;
+                        tracing::warn!(volume = %self.info.name, node = self.node(t), "reconcile: {e}");
+                    }
+                    copied += len;
+                }
+            }
+            off += len;
+        }
+        tracing::info!(
+            volume = %self.info.name,
+            copied_bytes = copied,
+            ms = started.elapsed().as_millis() as u64,
+            "reconciled replicas after an unclean writer change"
+        );
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_merge_overlaps_and_split_at_the_chunk_size() {
+        let r = union_chunks(vec![
+            (5 << 20, 4096),
+            (0, 65536),
+            (32768, 65536),
+            (CHUNK - 10, 30),
+        ]);
+        assert_eq!(r, vec![(0, 98304), (CHUNK - 10, 30), (5 << 20, 4096)]);
+        let big = union_chunks(vec![(0, 3 * CHUNK + 1)]);
+        assert_eq!(big.len(), 4);
+        assert_eq!(big[3], (3 * CHUNK, 1));
+    }
+
+    #[test]
+    fn dirty_ranges_follow_the_extent_list() {
+        use trireme_proto::Extent;
+        let ext = [
+            Extent {
+                length: 10,
+                flags: Extent::HOLE | Extent::ZERO,
+            },
+            Extent {
+                length: 5,
+                flags: 0,
+            },
+            Extent {
+                length: 7,
+                flags: Extent::HOLE,
+            },
+            Extent {
+                length: 1,
+                flags: 0,
+            },
+        ];
+        assert_eq!(dirty_ranges(&ext, 100), vec![(110, 5), (122, 1)]);
+    }
+}
