@@ -118,7 +118,7 @@ pub struct UpArgs {
     #[command(flatten)]
     pub failure: FailureArgs,
     /// Granularity of the regions replicas track for a peer that is out.
-    #[arg(long, default_value = "64K", value_parser = units::parse_dirty_grain)]
+    #[arg(long, default_value = "4K", value_parser = units::parse_dirty_grain)]
     pub dirty_grain: u64,
     /// Wait before restarting a node process that died (doubles on quick repeated deaths, up
     /// to 30s).
@@ -168,7 +168,7 @@ pub struct NodeServeArgs {
     pub store: StoreArg,
     /// Granularity of the regions a replica tracks for a peer that is out (what an incremental
     /// resync copies): a power of two from 4K to 64M.
-    #[arg(long, default_value = "64K", value_parser = units::parse_dirty_grain)]
+    #[arg(long, default_value = "4K", value_parser = units::parse_dirty_grain)]
     pub dirty_grain: u64,
 }
 

@@ -47,6 +47,10 @@ use crate::{connect_replica, join_all, AttachInfo, Volume, VolumeError};
 
 /// Largest piece one resync step copies.
 const CHUNK: u64 = 1 << 20;
+/// Chunks copied at once.
+const PARALLEL: usize = 32;
+/// Copied regions cleared on the survivors per batch.
+const CLEAR_BATCH: usize = 256;
 /// Range covered by one dirty-region query (at 4 KiB granularity: 1 Mi regions, the node's cap).
 const QUERY_WINDOW: u64 = 4 << 30;
 
@@ -507,7 +511,9 @@ impl Volume {
         Ok(())
     }
 
-    /// Copies (or, for a full resync, compares then copies) each chunk to replica `i`.
+    /// Copies (or, for a full resync, compares then copies) each chunk to replica `i`, a few
+    /// chunks at a time, and clears copied regions on the survivors in batches (a clear that is
+    /// lost only means a region is copied again after an interruption).
     async fn copy_chunks(
         &self,
         i: usize,
@@ -518,26 +524,47 @@ impl Volume {
         started: Instant,
     ) -> Result<(), VolumeError> {
         let peer = Bytes::from(encode_peer(self.node(i)));
-        for &(off, len) in chunks {
+        let mut to_clear: Vec<(u64, u64)> = Vec::new();
+        for (n, group) in chunks.chunks(PARALLEL).enumerate() {
             if self.set().state(i) != ReplicaState::Resyncing {
                 return Err(VolumeError::NoReplicas(self.info.name.clone()));
             }
-            {
-                let _r = self.write_order.acquire(off, off + len).await;
-                let copied = self.copy_one(i, off, len, full).await?;
-                progress.copied_bytes += copied;
-                if !full {
-                    let h = self.header(Op::DirtyClear, off, len);
+            let copies = join_all(
+                group
+                    .iter()
+                    .map(|&(off, len)| {
+                        Box::pin(async move {
+                            let _r = self.write_order.acquire(off, off + len).await;
+                            self.copy_one(i, off, len, full).await
+                        }) as BoxFut<'_, Result<u64, VolumeError>>
+                    })
+                    .collect(),
+            )
+            .await;
+            for c in copies {
+                progress.copied_bytes += c?;
+            }
+            let last = (n + 1) * PARALLEL >= chunks.len();
+            if !full {
+                to_clear.extend_from_slice(group);
+                if to_clear.len() >= CLEAR_BATCH || last {
                     let live: Vec<usize> = survivors
                         .iter()
                         .copied()
                         .filter(|&s| self.set().state(s) == ReplicaState::InSync)
                         .collect();
-                    // A clear that fails leaves the region to be copied again: harmless.
-                    let _ = self.to_all(&live, h, peer.clone()).await;
+                    let clears = live
+                        .iter()
+                        .flat_map(|&s| to_clear.iter().map(move |&(o, l)| (s, o, l)))
+                        .map(|(s, o, l)| {
+                            self.call(s, self.header(Op::DirtyClear, o, l), peer.clone())
+                        })
+                        .collect();
+                    let _ = join_all(clears).await;
+                    to_clear.clear();
                 }
             }
-            progress.done_bytes += len;
+            progress.done_bytes += group.iter().map(|c| c.1).sum::<u64>();
             progress.elapsed_ms = started.elapsed().as_millis() as u64;
             self.set_progress(i, Some(progress.clone()));
             if let Some(rate) = self.opts.resync_rate.filter(|r| *r > 0) {

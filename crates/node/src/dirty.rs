@@ -18,7 +18,7 @@ use std::sync::Mutex;
 use trireme_proto::{DirtyPeer, Extent, DIRTY_AUTO, DIRTY_DROP};
 
 /// Default tracking granularity.
-pub const DEFAULT_GRAIN: u64 = 64 * 1024;
+pub const DEFAULT_GRAIN: u64 = 4096;
 
 #[derive(Debug)]
 struct PeerDirty {
@@ -134,9 +134,11 @@ impl DirtyTracker {
             let first = offset.div_ceil(self.grain);
             let end = (offset + len) / self.grain;
             if first < end {
-                let keep_after = p.regions.split_off(&end);
-                let _cleared = p.regions.split_off(&first);
-                p.regions.extend(keep_after);
+                // Only the cleared keys are touched: O(k log n), not a rebuild of the set.
+                let doomed: Vec<u64> = p.regions.range(first..end).copied().collect();
+                for k in doomed {
+                    p.regions.remove(&k);
+                }
             }
         }
     }
