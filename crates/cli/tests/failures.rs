@@ -235,3 +235,116 @@ fn planned_stop_of_a_two_way_volume_and_a_lost_memory_replica() {
         c.log()
     );
 }
+
+fn replica_state(c: &Cluster, node: u32) -> String {
+    let s = status(c);
+    s["volumes"][0]["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["node"] == node)
+        .map(|r| r["state"].as_str().unwrap().to_string())
+        .unwrap()
+}
+
+fn wait_state(c: &Cluster, node: u32, want: &str) {
+    let t0 = Instant::now();
+    while replica_state(c, node) != want {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "node {node} never became {want}:\n{}",
+            c.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The resync target crashes midway, then (on the next attempt) a resync source does: each
+/// time the copy resumes from what is still recorded, and everything converges.
+#[test]
+fn crashes_during_resync_of_target_and_source() {
+    let c = Cluster::start(&[
+        "--store",
+        "file",
+        "--size",
+        "64M",
+        "--resync-rate",
+        "4M",
+    ]);
+    let bench = start_bench(&c, 18);
+    std::thread::sleep(Duration::from_millis(500));
+    let p3 = node_pid(&c, 3);
+    signal(p3, libc::SIGSTOP);
+    std::thread::sleep(Duration::from_secs(3));
+    signal(p3, libc::SIGCONT);
+    wait_state(&c, 3, "resyncing");
+    std::thread::sleep(Duration::from_millis(500));
+    signal(p3, libc::SIGKILL);
+    wait_restarted(&c, 3, p3);
+    wait_state(&c, 3, "resyncing");
+    std::thread::sleep(Duration::from_millis(500));
+    let p1 = node_pid(&c, 1);
+    signal(p1, libc::SIGKILL);
+    finish_bench(&c, bench);
+    wait_all_in_sync(&c);
+    assert_replicas_identical(&c, "vol0");
+    let r = resyncs(&c);
+    assert!(r.iter().all(|(full, _)| !full), "{r:?}");
+}
+
+/// A writer frozen while another host attaches: the new writer reconciles (the old one left
+/// writes in flight), and when the old one wakes up every request it sends is refused — the
+/// volume's bytes do not change.
+#[test]
+fn a_zombie_writer_resumed_after_a_new_attach_changes_nothing() {
+    common::need("nbdcopy");
+    let c = Cluster::start(&["--store", "memory", "--size", "32M"]);
+    let bench_on_volume = |secs: u32| {
+        Command::new(BIN)
+            .arg("--data-dir")
+            .arg(c.path())
+            .args(["--log", "info"])
+            .args(["bench", "--verify", "-b4K", "-w50", "-r", "-t1", "-o8", "-W0"])
+            .arg(format!("-d{secs}"))
+            .arg("volume:vol0")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let zombie = bench_on_volume(30);
+    std::thread::sleep(Duration::from_secs(2));
+    signal(zombie.id() as i32, libc::SIGSTOP);
+    // The new writer: its verified run must be clean.
+    let b = bench_on_volume(2).wait_with_output().unwrap();
+    assert!(
+        b.status.success(),
+        "new writer: {}",
+        String::from_utf8_lossy(&b.stderr)
+    );
+    let log = String::from_utf8_lossy(&b.stderr);
+    assert!(
+        log.contains("reconciled replicas after an unclean writer change"),
+        "the new writer must reconcile: {log}"
+    );
+    // Snapshot the volume through a third writer, wake the zombie, snapshot again.
+    let sock = c.path().join("reader.sock");
+    let (mut reader, uri) = common::spawn_nbd(&c, "vol0", &sock);
+    let snap = |name: &str| {
+        let p = c.path().join(name);
+        common::run(Command::new("nbdcopy").arg(&uri).arg(&p));
+        std::fs::read(p).unwrap()
+    };
+    let before = snap("before.img");
+    signal(zombie.id() as i32, libc::SIGCONT);
+    let z = zombie.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&z.stderr);
+    assert!(!z.status.success(), "the zombie must fail, not write: {err}");
+    assert!(err.contains("fenced"), "{err}");
+    let after = snap("after.img");
+    assert!(before == after, "the zombie changed the volume");
+    // SAFETY: kill(2) on our child.
+    unsafe { libc::kill(reader.id() as i32, libc::SIGTERM) };
+    reader.wait().unwrap();
+    assert_replicas_identical(&c, "vol0");
+}
