@@ -263,14 +263,7 @@ fn wait_state(c: &Cluster, node: u32, want: &str) {
 /// time the copy resumes from what is still recorded, and everything converges.
 #[test]
 fn crashes_during_resync_of_target_and_source() {
-    let c = Cluster::start(&[
-        "--store",
-        "file",
-        "--size",
-        "64M",
-        "--resync-rate",
-        "4M",
-    ]);
+    let c = Cluster::start(&["--store", "file", "--size", "64M", "--resync-rate", "4M"]);
     let bench = start_bench(&c, 18);
     std::thread::sleep(Duration::from_millis(500));
     let p3 = node_pid(&c, 3);
@@ -304,7 +297,9 @@ fn a_zombie_writer_resumed_after_a_new_attach_changes_nothing() {
             .arg("--data-dir")
             .arg(c.path())
             .args(["--log", "info"])
-            .args(["bench", "--verify", "-b4K", "-w50", "-r", "-t1", "-o8", "-W0"])
+            .args([
+                "bench", "--verify", "-b4K", "-w50", "-r", "-t1", "-o8", "-W0",
+            ])
             .arg(format!("-d{secs}"))
             .arg("volume:vol0")
             .stdout(Stdio::piped())
@@ -339,7 +334,10 @@ fn a_zombie_writer_resumed_after_a_new_attach_changes_nothing() {
     signal(zombie.id() as i32, libc::SIGCONT);
     let z = zombie.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&z.stderr);
-    assert!(!z.status.success(), "the zombie must fail, not write: {err}");
+    assert!(
+        !z.status.success(),
+        "the zombie must fail, not write: {err}"
+    );
     assert!(err.contains("fenced"), "{err}");
     let after = snap("after.img");
     assert!(before == after, "the zombie changed the volume");

@@ -41,7 +41,7 @@ use trireme_proto::{
     FLAG_MAY_TRIM,
 };
 use trireme_replication::ReplicaState;
-use trireme_transport::Connection;
+use trireme_transport::{Connection, Frame};
 
 use crate::{connect_replica, join_all, AttachInfo, Volume, VolumeError};
 
@@ -123,6 +123,19 @@ pub(crate) async fn start(v: &Arc<Volume>) -> Result<(), VolumeError> {
             };
             tokio::time::sleep(interval).await;
             let Some(v) = weak.upgrade() else { return };
+            // A node that died while the volume was idle: its link is closed. Take it out now
+            // rather than at the next write, so it is resynced (and shown) without delay.
+            let dead: Vec<usize> = v
+                .set()
+                .in_sync()
+                .into_iter()
+                .filter(|&i| v.conn(&v.slots[i]).is_none_or(|c| c.is_closed()))
+                .collect();
+            if !dead.is_empty() && v.set().in_sync().len() > dead.len() {
+                if let Err(e) = v.take_out_with(&dead, None, false).await {
+                    tracing::warn!(volume = %v.info.name, "taking out replicas with closed links: {e}");
+                }
+            }
             last_error.resize(v.slots.len(), None);
             for (i, last) in last_error.iter_mut().enumerate() {
                 if !matches!(
@@ -274,42 +287,83 @@ impl Volume {
         } else {
             ReplicaState::Outdated
         };
-        for &i in failed {
-            if self.set().state(i) == ReplicaState::InSync || lost_history {
-                m.set_state(&self.info.name, self.info.epoch, self.node(i), to)
-                    .await
-                    .map_err(|why| degrade(self.node(i), why))?;
-                tracing::warn!(volume = %self.info.name, node = self.node(i), state = %to, "replica taken out; writes continue on the others");
-            }
-        }
-        let survivors: Vec<usize> = self
-            .set()
-            .in_sync()
-            .into_iter()
-            .filter(|i| !failed.contains(i))
-            .collect();
-        if survivors.is_empty() {
-            return Err(degrade(
-                self.node(failed[0]),
-                "no in-sync replica left".into(),
-            ));
-        }
+        // Replicas taken out, with the state each gets. A survivor that cannot record the
+        // regions (it stopped answering too) joins them, as long as one survivor remains.
+        let mut out: Vec<(usize, ReplicaState)> = failed.iter().map(|&i| (i, to)).collect();
+        let mut recorded: Vec<usize> = Vec::new();
         let (offset, length) = range.unwrap_or((0, 0));
-        for &i in failed {
+        loop {
+            for &(i, to) in &out {
+                if recorded.contains(&i) {
+                    continue;
+                }
+                if self.set().state(i) == ReplicaState::InSync || to == ReplicaState::Failed {
+                    m.set_state(&self.info.name, self.info.epoch, self.node(i), to)
+                        .await
+                        .map_err(|why| degrade(self.node(i), why))?;
+                    tracing::warn!(volume = %self.info.name, node = self.node(i), state = %to, "replica taken out; writes continue on the others");
+                }
+                recorded.push(i);
+            }
+            let survivors: Vec<usize> = self
+                .set()
+                .in_sync()
+                .into_iter()
+                .filter(|i| !out.iter().any(|(o, _)| o == i))
+                .collect();
+            if survivors.is_empty() {
+                return Err(degrade(
+                    self.node(failed[0]),
+                    "no in-sync replica left".into(),
+                ));
+            }
             let h = self.header(Op::DirtyMark, offset, length);
-            self.to_all(&survivors, h, self.dirty_peer(i, DIRTY_AUTO))
-                .await
-                .map_err(|e| degrade(self.node(i), format!("survivors cannot track it: {e}")))?;
+            let marks = join_all(
+                survivors
+                    .iter()
+                    .flat_map(|&s| out.iter().map(move |&(i, _)| (s, i)))
+                    .map(|(s, i)| {
+                        let payload = self.dirty_peer(i, DIRTY_AUTO);
+                        Box::pin(async move {
+                            (
+                                s,
+                                self.call(s, h, payload)
+                                    .await
+                                    .and_then(|f| self.expect_ok(s, f)),
+                            )
+                        })
+                            as BoxFut<'_, (usize, Result<Frame, VolumeError>)>
+                    })
+                    .collect(),
+            )
+            .await;
+            let mut silent = Vec::new();
+            for (s, r) in marks {
+                match r {
+                    Ok(_) => {}
+                    Err(e @ VolumeError::Fenced { .. }) => return Err(e),
+                    Err(e) => {
+                        tracing::warn!(volume = %self.info.name, node = self.node(s), "survivor cannot track a replica that is out: {e}");
+                        if !silent.contains(&s) {
+                            silent.push(s);
+                        }
+                    }
+                }
+            }
+            if silent.is_empty() {
+                break;
+            }
+            out.extend(silent.into_iter().map(|s| (s, ReplicaState::Outdated)));
         }
         let mut set = self.set.write().unwrap_or_else(|e| e.into_inner());
-        for &i in failed {
+        for &(i, to) in &out {
             set.set_state(i, to);
-            if lost_history {
+            if to == ReplicaState::Failed {
                 self.slots[i].incarnation.store(0, Ordering::Release);
             }
         }
         drop(set);
-        for &i in failed {
+        for &(i, _) in &out {
             self.set_conn(i, None);
         }
         Ok(())
