@@ -113,21 +113,33 @@ impl FileStore {
         }
         let map = AllocMap::from_bytes(m.size, m.grain, &m.map)
             .ok_or_else(|| corrupt("allocation map has the wrong length".into()))?;
+        let boot_path = meta_path.with_extension("boot");
+        let boot_now = boot_id();
+        let mut incarnation = m.incarnation;
         if m.flags & meta::FLAG_OPEN != 0 {
             // The last process died without persisting the map: writes since its last flush may
             // be on disk but not in the map. Holes in the data file read as zeros, so treating
             // every grain as allocated is always correct; only sparseness is lost.
+            map.set_range(0, m.size);
+            // A process crash loses nothing written with O_DIRECT (the kernel and device have
+            // it); a power loss or reboot may lose whatever was not flushed. So a replica that
+            // was open in another boot is a new history: peers must not trust their record of
+            // what it missed, and it gets a full (compare) resync.
+            let same_boot = boot_now != "unknown"
+                && std::fs::read_to_string(&boot_path).ok().as_deref() == Some(&boot_now);
+            if !same_boot {
+                incarnation = 0;
+            }
             tracing::warn!(
                 volume = m.volume,
+                same_boot,
                 "replica was not shut down cleanly; marking every grain allocated"
             );
-            map.set_range(0, m.size);
         }
-        let incarnation = if m.incarnation == 0 {
-            crate::new_incarnation()
-        } else {
-            m.incarnation
-        };
+        if incarnation == 0 {
+            incarnation = crate::new_incarnation();
+        }
+        std::fs::write(&boot_path, &boot_now).map_err(io(m.volume, "record boot id"))?;
         let r = Arc::new(FileReplica::new(
             m.volume,
             m.size,
@@ -141,6 +153,13 @@ impl FileStore {
         r.persist()?;
         Ok(r)
     }
+}
+
+/// This boot of the kernel (a reboot, or a power loss, changes it).
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
 }
 
 fn open_data(path: &Path, create: bool) -> std::io::Result<File> {
@@ -319,6 +338,8 @@ impl Store for FileStore {
             &meta_path,
             AllocMap::new(size, GRAIN),
         ));
+        std::fs::write(meta_path.with_extension("boot"), boot_id())
+            .map_err(io(volume, "record boot id"))?;
         r.persist()?;
         reps.insert(volume, r.clone());
         Ok(r)
@@ -359,6 +380,7 @@ impl Store for FileStore {
         // without its bytes.
         std::fs::remove_file(&meta_path).map_err(io(volume, "delete metadata"))?;
         let _ = std::fs::remove_file(&data_path);
+        let _ = std::fs::remove_file(meta_path.with_extension("boot"));
         Ok(())
     }
 }
