@@ -308,6 +308,7 @@ fn a_zombie_writer_resumed_after_a_new_attach_changes_nothing() {
             .unwrap()
     };
     let zombie = bench_on_volume(30);
+    let _zombie_guard = PidGuard(zombie.id() as i32);
     std::thread::sleep(Duration::from_secs(2));
     signal(zombie.id() as i32, libc::SIGSTOP);
     // The new writer: its verified run must be clean.
@@ -324,7 +325,9 @@ fn a_zombie_writer_resumed_after_a_new_attach_changes_nothing() {
     );
     // Snapshot the volume through a third writer, wake the zombie, snapshot again.
     let sock = c.path().join("reader.sock");
-    let (mut reader, uri) = common::spawn_nbd(&c, "vol0", &sock);
+    let (reader, uri) = common::spawn_nbd(&c, "vol0", &sock);
+    // Stopped even if an assertion fails below.
+    let mut reader = KillOnDrop(reader);
     let snap = |name: &str| {
         let p = c.path().join(name);
         common::run(Command::new("nbdcopy").arg(&uri).arg(&p));
@@ -342,7 +345,29 @@ fn a_zombie_writer_resumed_after_a_new_attach_changes_nothing() {
     let after = snap("after.img");
     assert!(before == after, "the zombie changed the volume");
     // SAFETY: kill(2) on our child.
-    unsafe { libc::kill(reader.id() as i32, libc::SIGTERM) };
-    reader.wait().unwrap();
+    unsafe { libc::kill(reader.0.id() as i32, libc::SIGTERM) };
+    reader.0.wait().unwrap();
     assert_replicas_identical(&c, "vol0");
+}
+
+/// Kills a process by pid when the test ends, however it ends (even if it is stopped).
+struct PidGuard(i32);
+
+impl Drop for PidGuard {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on a child of this test; harmless if it already exited and was reaped
+        // (the pid is not reused while the test process runs this quickly).
+        unsafe {
+            libc::kill(self.0, libc::SIGKILL);
+        }
+    }
+}
+
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

@@ -483,7 +483,8 @@ impl Volume {
                             ReplicaOutcome::Refused
                         }
                         e => {
-                            store_error |= matches!(e, VolumeError::Replica { .. });
+                            store_error |= matches!(e, VolumeError::Replica { status, .. }
+                                if status != Status::Superseded.as_str());
                             failed.push(i);
                             ReplicaOutcome::Failed
                         }

@@ -38,6 +38,9 @@ pub struct Node {
     attach_lock: Mutex<()>,
     /// What peers of our replicas missed while they were out.
     dirty: DirtyTracker,
+    /// Per volume: the client connection that attached it last. I/O from any other connection
+    /// is refused, so late frames of an abandoned connection cannot land after a resync.
+    owners: RwLock<HashMap<u64, u64>>,
 }
 
 /// Why serving a request failed: a status for the client and a message for the log.
@@ -81,6 +84,7 @@ impl Node {
             replicas: RwLock::new(replicas),
             attach_lock: Mutex::new(()),
             dirty: DirtyTracker::new(grain),
+            owners: RwLock::default(),
         }
     }
 
@@ -138,9 +142,43 @@ impl Node {
         }
     }
 
+    /// Refuses I/O arriving on a connection other than the one that attached the replica.
+    /// A request of another epoch is left to the epoch check (fencing says more than this).
+    fn check_owner(&self, req: &Frame) -> Result<(), Refusal> {
+        match self.replica(req.header.volume) {
+            Ok(r) if r.epoch() == req.header.epoch => {}
+            _ => return Ok(()),
+        }
+        let owners = self.owners.read().unwrap_or_else(|e| e.into_inner());
+        match owners.get(&req.header.volume) {
+            Some(&o) if o != req.origin => Err(Refusal(
+                Status::Superseded,
+                format!(
+                    "connection {:#x} was superseded by {o:#x} for volume {}",
+                    req.origin, req.header.volume
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// Serves one request synchronously (the caller picks the thread).
     fn serve(&self, req: &Frame) -> Result<(Header, Bytes), Refusal> {
         let h = &req.header;
+        if matches!(
+            h.op,
+            Op::Read
+                | Op::Write
+                | Op::Flush
+                | Op::WriteZeroes
+                | Op::BlockStatus
+                | Op::DirtyMark
+                | Op::DirtyTrack
+                | Op::DirtyClear
+                | Op::DirtyQuery
+        ) {
+            self.check_owner(req)?;
+        }
         let mut resp = h.response(Status::Ok);
         let len_usize = || -> Result<usize, Refusal> {
             if h.length > u64::from(MAX_PAYLOAD) {
@@ -169,9 +207,15 @@ impl Node {
                         ));
                     }
                 }
+                // Same epoch, new connection: the writer reconnected; the old one is abandoned.
+                self.owners
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(h.volume, req.origin);
                 resp.length = r.incarnation();
                 Bytes::new()
             }
+            Op::Hello => return Err(Refusal(Status::Invalid, "hello is not a request".into())),
             Op::Read => {
                 let r = self.replica(h.volume)?;
                 Self::check_epoch(&*r, h)?;
@@ -241,6 +285,10 @@ impl Node {
                     .unwrap_or_else(|e| e.into_inner())
                     .remove(&h.volume);
                 self.dirty.forget_volume(h.volume);
+                self.owners
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&h.volume);
                 self.store.delete(h.volume)?;
                 tracing::info!(node = self.id, volume = h.volume, "deleted replica");
                 Bytes::new()
@@ -328,7 +376,7 @@ impl Handler for Node {
             self.serve(&req)
         };
         match result {
-            Ok((header, payload)) => Frame { header, payload },
+            Ok((header, payload)) => Frame::new(header, payload),
             Err(Refusal(status, msg)) => {
                 if status == Status::Io {
                     tracing::error!(node = self.id, op = ?h.op, volume = h.volume, "{msg}");
@@ -339,10 +387,7 @@ impl Handler for Node {
                 if status == Status::Fenced {
                     header.epoch = self.replica(h.volume).map(|r| r.epoch()).unwrap_or(0);
                 }
-                Frame {
-                    header,
-                    payload: Bytes::from(msg),
-                }
+                Frame::new(header, Bytes::from(msg))
             }
         }
     }

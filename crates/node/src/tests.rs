@@ -144,3 +144,60 @@ async fn garbage_bytes_close_only_that_connection() {
         .unwrap();
     assert_eq!(&r.payload[..], node.id().to_string().as_bytes());
 }
+
+/// A writer that re-attaches through a new connection (same epoch) abandons the old one: frames
+/// still arriving on it are refused, so they cannot overwrite what a resync copied since.
+#[tokio::test]
+async fn a_reattach_supersedes_the_old_connection() {
+    let (node, old) = start(Arc::new(trireme_store::MemoryStore::default())).await;
+    let status = |f: Frame| f.header.status;
+    assert_eq!(
+        status(
+            old.call(req(Op::CreateReplica, 1, 0, 0, 1 << 20), Bytes::new())
+                .await
+                .unwrap()
+        ),
+        Status::Ok
+    );
+    assert_eq!(
+        status(
+            old.call(req(Op::Attach, 1, 4, 0, 0), Bytes::new())
+                .await
+                .unwrap()
+        ),
+        Status::Ok
+    );
+    let addr = old.info().peer.to_string();
+    let new = TcpConnection::connect(&addr, 1).await.unwrap();
+    assert_eq!(
+        status(
+            new.call(req(Op::Attach, 1, 4, 0, 0), Bytes::new())
+                .await
+                .unwrap()
+        ),
+        Status::Ok
+    );
+    let late = old
+        .call(req(Op::Write, 1, 4, 0, 0), Bytes::from_static(b"late"))
+        .await
+        .unwrap();
+    assert_eq!(late.header.status, Status::Superseded);
+    assert_eq!(
+        status(
+            new.call(req(Op::Write, 1, 4, 0, 0), Bytes::from_static(b"new!"))
+                .await
+                .unwrap()
+        ),
+        Status::Ok
+    );
+    let r = node.replica(1).unwrap_or_else(|_| panic!("replica"));
+    let mut b = [0u8; 4];
+    r.read(0, &mut b).unwrap();
+    assert_eq!(&b, b"new!");
+    // Checksums (verification, status) are not tied to a connection.
+    let c = old
+        .call(req(Op::Checksum, 1, 0, 0, 4096), Bytes::new())
+        .await
+        .unwrap();
+    assert_eq!(c.header.status, Status::Ok);
+}

@@ -45,6 +45,11 @@ pub enum Op {
     /// [`DIRTY_DROP`](crate::DIRTY_DROP), [`DIRTY_AUTO`](crate::DIRTY_AUTO) or
     /// [`DIRTY_MANUAL`](crate::DIRTY_MANUAL). Epoch-checked.
     DirtyTrack = 15,
+    /// The first frame a client sends on each stream: `offset` names the client connection (all
+    /// streams of one connection share it). No response. A replica attached through one
+    /// connection refuses I/O arriving on another (`Status::Superseded`), so frames of an
+    /// abandoned connection that arrive late can never land after a resync.
+    Hello = 16,
 }
 
 impl Op {
@@ -65,6 +70,7 @@ impl Op {
             13 => Op::DirtyQuery,
             14 => Op::DirtyClear,
             15 => Op::DirtyTrack,
+            16 => Op::Hello,
             _ => return None,
         })
     }
@@ -92,6 +98,9 @@ pub enum Status {
     NoSpace = 7,
     /// The node does not support the op.
     Unsupported = 8,
+    /// The replica was attached again through another connection of the same writer; this
+    /// connection is abandoned and its requests are refused.
+    Superseded = 9,
     /// A status code this build does not know (sent by a newer peer).
     Unknown = 255,
 }
@@ -108,6 +117,7 @@ impl Status {
             6 => Status::Exists,
             7 => Status::NoSpace,
             8 => Status::Unsupported,
+            9 => Status::Superseded,
             _ => Status::Unknown,
         }
     }
@@ -123,6 +133,7 @@ impl Status {
             Status::Exists => "replica exists",
             Status::NoSpace => "no space",
             Status::Unsupported => "unsupported",
+            Status::Superseded => "superseded by a newer connection of the writer",
             Status::Unknown => "unknown status",
         }
     }

@@ -39,6 +39,36 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub struct Frame {
     pub header: Header,
     pub payload: Bytes,
+    /// On a server: the token of the client connection the frame arrived on (its `Hello`), or
+    /// 0 if the client sent none. Not on the wire; 0 elsewhere.
+    pub origin: u64,
+}
+
+impl Frame {
+    pub fn new(header: Header, payload: Bytes) -> Frame {
+        Frame {
+            header,
+            payload,
+            origin: 0,
+        }
+    }
+}
+
+/// A fresh connection token (never 0).
+pub fn new_token() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    // Time, pid and a counter: distinct across connections, processes and restarts.
+    (t ^ (u64::from(std::process::id()) << 40))
+        .wrapping_add(
+            NEXT.fetch_add(1, Ordering::Relaxed)
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        )
+        .max(1)
 }
 
 /// Errors of a transport. A failed `call` means the request may or may not have been applied by

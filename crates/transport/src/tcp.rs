@@ -63,6 +63,7 @@ impl TcpConnection {
     /// Connects to `addr`: `host:port` for TCP, `unix:/path` for a unix socket.
     pub async fn connect(addr: &str, streams: usize) -> Result<Self, TransportError> {
         let mut out = Vec::with_capacity(streams.max(1));
+        let token = crate::new_token();
         let err = |source| TransportError::Connect {
             addr: addr.to_string(),
             source,
@@ -77,6 +78,13 @@ impl TcpConnection {
                 let (rd, wr) = sock.into_split();
                 out.push(Stream::start(rd, wr, addr.to_string()));
             }
+        }
+        for s in &out {
+            let hello = Header {
+                offset: token,
+                ..Header::request(trireme_proto::Op::Hello, 0)
+            };
+            let _ = s.tx.send((hello, Bytes::new()));
         }
         Ok(TcpConnection {
             kind: if addr.starts_with("unix:") {
@@ -226,10 +234,7 @@ pub async fn read_frame<R: AsyncRead + Unpin>(rd: &mut R) -> Result<Option<Frame
     let mut payload = BytesMut::zeroed(header.payload_len as usize);
     rd.read_exact(&mut payload).await.map_err(ReadError::Io)?;
     check_payload(&header, &payload).map_err(ReadError::Decode)?;
-    Ok(Some(Frame {
-        header,
-        payload: payload.freeze(),
-    }))
+    Ok(Some(Frame::new(header, payload.freeze())))
 }
 
 /// Why reading a frame failed.
@@ -383,12 +388,18 @@ where
         wr,
     )));
     let limit = Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_STREAM));
+    let mut origin = 0;
     loop {
-        let frame = match read_frame(&mut rd).await {
+        let mut frame = match read_frame(&mut rd).await {
             Ok(Some(f)) => f,
             Ok(None) => return Ok(()),
             Err(e) => return Err(e),
         };
+        if frame.header.op == trireme_proto::Op::Hello {
+            origin = frame.header.offset;
+            continue;
+        }
+        frame.origin = origin;
         if frame.header.is_response() {
             return Err(ReadError::Decode(
                 trireme_proto::DecodeError::MalformedPayload {
