@@ -14,11 +14,13 @@
 //!
 //! **Bringing back** (`resync`), from a background task while I/O goes on:
 //! 1. with every write paused for a moment (the whole range held), R is attached with the
-//!    writer's epoch, the survivors switch to manual mode (keep the regions, stop marking), their
-//!    dirty regions are collected, and R joins the write set as *resyncing*: it takes every new
-//!    write and serves no reads;
+//!    writer's epoch, the survivors' dirty regions are collected, and R joins the write set as
+//!    *resyncing*: it takes every new write and serves no reads. The survivors keep marking
+//!    every write for R (more than needed while R takes them too, but a resync that stops
+//!    halfway then leaves a record that still covers everything);
 //! 2. each dirty region is copied from an in-sync replica under the region's write lock (so a
-//!    copy never overwrites a newer write) and then cleared on the survivors;
+//!    copy never overwrites a newer write) and then cleared on the survivors — unless R failed
+//!    a write meanwhile, whose mark must stay;
 //! 3. with writes paused again, R is recorded in sync, joins the read set, and the survivors drop
 //!    their record.
 //!
@@ -37,7 +39,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use trireme_proto::{
-    decode_extents, encode_peer, DirtyPeer, Header, Op, DIRTY_AUTO, DIRTY_DROP, DIRTY_MANUAL,
+    decode_extents, encode_peer, DirtyPeer, Header, Op, DIRTY_AUTO, DIRTY_DROP, DIRTY_START,
     FLAG_MAY_TRIM,
 };
 use trireme_replication::ReplicaState;
@@ -291,6 +293,13 @@ impl Volume {
         // regions (it stopped answering too) joins them, as long as one survivor remains.
         let mut out: Vec<(usize, ReplicaState)> = failed.iter().map(|&i| (i, to)).collect();
         let mut recorded: Vec<usize> = Vec::new();
+        // Replicas going out now (rather than failing again while out): the survivors start
+        // a complete record for them.
+        let mut newly_out: Vec<usize> = failed
+            .iter()
+            .copied()
+            .filter(|&i| self.set().state(i) == ReplicaState::InSync)
+            .collect();
         let (offset, length) = range.unwrap_or((0, 0));
         loop {
             for &(i, to) in &out {
@@ -323,7 +332,12 @@ impl Volume {
                     .iter()
                     .flat_map(|&s| out.iter().map(move |&(i, _)| (s, i)))
                     .map(|(s, i)| {
-                        let payload = self.dirty_peer(i, DIRTY_AUTO);
+                        let mode = if newly_out.contains(&i) {
+                            DIRTY_START
+                        } else {
+                            DIRTY_AUTO
+                        };
+                        let payload = self.dirty_peer(i, mode);
                         Box::pin(async move {
                             (
                                 s,
@@ -353,6 +367,7 @@ impl Volume {
             if silent.is_empty() {
                 break;
             }
+            newly_out.extend(silent.iter().copied());
             out.extend(silent.into_iter().map(|s| (s, ReplicaState::Outdated)));
         }
         let mut set = self.set.write().unwrap_or_else(|e| e.into_inner());
@@ -395,7 +410,7 @@ impl Volume {
             .ok_or_else(|| VolumeError::NoReplicas(self.info.name.clone()))?;
         let conn = tokio::time::timeout(
             self.opts.replica_timeout,
-            connect_replica(target, self.opts.kind, self.opts.streams),
+            connect_replica(target, &self.opts),
         )
         .await
         .map_err(|_| VolumeError::Timeout {
@@ -477,9 +492,6 @@ impl Volume {
                 return Err(VolumeError::NoReplicas(self.info.name.clone()));
             }
             let known = self.slots[i].incarnation.load(Ordering::Acquire);
-            let h = self.header(Op::DirtyTrack, 0, 0);
-            self.to_all(&survivors, h, self.dirty_peer(i, DIRTY_MANUAL))
-                .await?;
             let regions = if state == ReplicaState::Failed || known == 0 || known != incarnation {
                 None
             } else {
@@ -602,6 +614,13 @@ impl Volume {
             if !full {
                 to_clear.extend_from_slice(group);
                 if to_clear.len() >= CLEAR_BATCH || last {
+                    // Under the membership lock, and only while the replica is still being
+                    // resynced: a write it failed meanwhile has marked its range again, and
+                    // that mark must not be cleared.
+                    let _g = self.membership_lock.lock().await;
+                    if self.set().state(i) != ReplicaState::Resyncing {
+                        return Err(VolumeError::NoReplicas(self.info.name.clone()));
+                    }
                     let live: Vec<usize> = survivors
                         .iter()
                         .copied()

@@ -139,6 +139,17 @@ pub struct VolumeOptions {
     pub resync_rate: Option<u64>,
     pub kind: TransportKind,
     pub streams: usize,
+    /// How to reach a replica; `None` uses the transports (same-host socket first, then the
+    /// network address). The seeded simulator plugs in its in-memory network here.
+    pub connector: Option<Arc<dyn Connector>>,
+}
+
+/// Opens a connection to a replica's node.
+pub trait Connector: Send + Sync + std::fmt::Debug {
+    fn connect<'a>(
+        &'a self,
+        target: &'a ReplicaTarget,
+    ) -> BoxFut<'a, Result<Arc<dyn Connection>, VolumeError>>;
 }
 
 impl Default for VolumeOptions {
@@ -149,6 +160,7 @@ impl Default for VolumeOptions {
             resync_rate: None,
             kind: TransportKind::Tcp,
             streams: 2,
+            connector: None,
         }
     }
 }
@@ -208,9 +220,12 @@ async fn join_all<T>(mut futs: Vec<Pin<Box<dyn Future<Output = T> + Send + '_>>>
 /// else over the network address.
 async fn connect_replica(
     r: &ReplicaTarget,
-    kind: TransportKind,
-    streams: usize,
+    opts: &VolumeOptions,
 ) -> Result<Arc<dyn Connection>, VolumeError> {
+    if let Some(c) = &opts.connector {
+        return c.connect(r).await;
+    }
+    let (kind, streams) = (opts.kind, opts.streams);
     if let Some(local) = &r.local_addr {
         let path = local.strip_prefix("unix:").unwrap_or(local);
         if std::path::Path::new(path).exists() {
@@ -258,7 +273,7 @@ impl Volume {
         for r in &info.replicas {
             let state = r.state;
             let conn = if r.state == ReplicaState::InSync {
-                match connect_replica(r, opts.kind, opts.streams).await {
+                match connect_replica(r, &opts).await {
                     Ok(c) => Some(c),
                     Err(e) if all_in_sync_needed => return Err(e),
                     Err(e) => {
@@ -524,11 +539,21 @@ impl Volume {
 
     /// Sends a read-like request to one in-sync replica, falling over to the next on failure.
     async fn read_one(&self, h: Header) -> Result<Frame, VolumeError> {
-        let order = self
-            .set()
-            .read_order(self.spread.fetch_add(1, Ordering::Relaxed));
+        let spread = self.spread.fetch_add(1, Ordering::Relaxed);
         let mut last = VolumeError::NoReplicas(self.info.name.clone());
-        for i in order {
+        let mut tried: Vec<usize> = Vec::new();
+        // The in-sync set may change while a read waits on a replica that stopped answering
+        // (another may finish its resync meanwhile), so it is looked at again each time.
+        loop {
+            let Some(i) = self
+                .set()
+                .read_order(spread)
+                .into_iter()
+                .find(|i| !tried.contains(i))
+            else {
+                return Err(last);
+            };
+            tried.push(i);
             match self
                 .call(i, h, Bytes::new())
                 .await
@@ -542,7 +567,6 @@ impl Volume {
                 }
             }
         }
-        Err(last)
     }
 
     pub async fn read(&self, offset: u64, len: u64) -> Result<Bytes, VolumeError> {

@@ -15,7 +15,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use trireme_proto::{DirtyPeer, Extent, DIRTY_AUTO, DIRTY_DROP};
+use trireme_proto::{DirtyPeer, Extent, DIRTY_AUTO, DIRTY_DROP, DIRTY_START};
 
 /// Default tracking granularity.
 pub const DEFAULT_GRAIN: u64 = 4096;
@@ -27,6 +27,10 @@ struct PeerDirty {
     incarnation: u64,
     mode: u8,
     regions: BTreeSet<u64>,
+    /// Started when the peer went out, so it holds everything the peer missed through this
+    /// replica. A record started later (this process restarted meanwhile) is kept up to date
+    /// but reported as not tracked.
+    complete: bool,
 }
 
 /// What a query returns.
@@ -93,7 +97,8 @@ impl DirtyTracker {
     }
 
     /// Marks a range for `peer` and puts it in auto mode: a mark means the peer is out (again),
-    /// so every later write counts too. Starts tracking it if it was not tracked.
+    /// so every later write counts too. Starts tracking it if it was not tracked — a complete
+    /// record only with `DIRTY_START` (the peer has just gone out).
     pub fn mark(&self, volume: u64, epoch: u64, peer: &DirtyPeer, offset: u64, len: u64) {
         let mut m = self.lock();
         let p = m.entry((volume, peer.peer)).or_insert_with(|| PeerDirty {
@@ -101,6 +106,7 @@ impl DirtyTracker {
             incarnation: peer.incarnation,
             mode: DIRTY_AUTO,
             regions: BTreeSet::new(),
+            complete: peer.mode == DIRTY_START,
         });
         p.mode = DIRTY_AUTO;
         if len > 0 {
@@ -121,8 +127,13 @@ impl DirtyTracker {
                     incarnation: peer.incarnation,
                     mode: peer.mode,
                     regions: BTreeSet::new(),
+                    complete: false,
                 })
-                .mode = peer.mode;
+                .mode = if peer.mode == DIRTY_START {
+                DIRTY_AUTO
+            } else {
+                peer.mode
+            };
         }
         self.recount(&m);
     }
@@ -145,7 +156,7 @@ impl DirtyTracker {
 
     pub fn query(&self, volume: u64, peer: u32, offset: u64, len: u64) -> DirtyView {
         let m = self.lock();
-        match m.get(&(volume, peer)) {
+        match m.get(&(volume, peer)).filter(|p| p.complete) {
             None => DirtyView {
                 epoch: 0,
                 incarnation: 0,
@@ -181,6 +192,25 @@ mod tests {
     use super::*;
     use trireme_proto::DIRTY_MANUAL;
 
+    /// A replica that joins the tracking late (its process restarted while the peer was out)
+    /// keeps a record but never claims it is complete.
+    #[test]
+    fn a_record_started_late_is_not_trusted() {
+        let t = DirtyTracker::new(G);
+        t.mark(1, 5, &peer(DIRTY_AUTO), 0, G);
+        assert_eq!(t.query(1, 2, 0, G).epoch, 0);
+        assert_eq!(t.count(1, 2), 1);
+        t.track(1, 5, &peer(DIRTY_MANUAL));
+        assert_eq!(t.query(1, 2, 0, G).epoch, 0);
+        let u = DirtyTracker::new(G);
+        u.track(1, 5, &peer(DIRTY_MANUAL));
+        assert_eq!(
+            u.query(1, 2, 0, G).epoch,
+            0,
+            "a mode change starts nothing trusted"
+        );
+    }
+
     const G: u64 = 64 * 1024;
 
     fn peer(mode: u8) -> DirtyPeer {
@@ -209,7 +239,7 @@ mod tests {
         let t = DirtyTracker::new(G);
         t.on_write(1, 0, 4096);
         assert_eq!(t.count(1, 2), 0, "nothing tracked yet");
-        t.mark(1, 5, &peer(DIRTY_AUTO), 10 * G + 1, 10);
+        t.mark(1, 5, &peer(DIRTY_START), 10 * G + 1, 10);
         t.on_write(1, 3 * G - 1, 2); // straddles regions 2 and 3
         t.on_write(9, 0, G); // another volume
         assert_eq!(dirty(&t, 16 * G), vec![(2 * G, 2 * G), (10 * G, G)]);
@@ -231,7 +261,7 @@ mod tests {
     #[test]
     fn clear_removes_only_whole_regions_and_drop_forgets() {
         let t = DirtyTracker::new(G);
-        t.mark(1, 5, &peer(DIRTY_AUTO), 0, 4 * G);
+        t.mark(1, 5, &peer(DIRTY_START), 0, 4 * G);
         t.clear(1, 2, G / 2, 2 * G); // wholly covers region 1 only
         assert_eq!(dirty(&t, 4 * G), vec![(0, G), (2 * G, 2 * G)]);
         t.track(1, 5, &peer(DIRTY_DROP));

@@ -11,6 +11,11 @@ pub const DIRTY_AUTO: u8 = 1;
 /// receives every new write; only explicit `DirtyMark`s add regions.
 pub const DIRTY_MANUAL: u8 = 2;
 
+/// `DirtyMark` only: the peer has just gone out of sync, so a record started now is complete.
+/// A mark with [`DIRTY_AUTO`] for a peer this replica has no record of starts an *untrusted*
+/// one (it would miss what happened before): a resync never relies on it.
+pub const DIRTY_START: u8 = 3;
+
 /// Encoded size of [`DirtyPeer`].
 pub const DIRTY_PEER_LEN: usize = 13;
 
@@ -22,7 +27,7 @@ pub struct DirtyPeer {
     /// The peer replica's incarnation when it went out: a resync may use the regions only if the
     /// peer still has this incarnation.
     pub incarnation: u64,
-    /// One of [`DIRTY_DROP`], [`DIRTY_AUTO`], [`DIRTY_MANUAL`].
+    /// One of [`DIRTY_DROP`], [`DIRTY_AUTO`], [`DIRTY_MANUAL`], [`DIRTY_START`].
     pub mode: u8,
 }
 
@@ -42,7 +47,7 @@ impl DirtyPeer {
             });
         }
         let mode = b[12];
-        if mode > DIRTY_MANUAL {
+        if mode > DIRTY_START {
             return Err(DecodeError::MalformedPayload {
                 what: "unknown dirty tracking mode",
             });
@@ -74,7 +79,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn dirty_peer_round_trips(peer: u32, incarnation: u64, mode in 0u8..=2) {
+        fn dirty_peer_round_trips(peer: u32, incarnation: u64, mode in 0u8..=3) {
             let p = DirtyPeer { peer, incarnation, mode };
             prop_assert_eq!(DirtyPeer::decode(&p.encode()), Ok(p));
         }

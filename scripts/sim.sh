@@ -1,0 +1,9 @@
+#!/bin/sh
+# Runs the seeded simulator over a range of seeds in release mode (fast: virtual time).
+#   scripts/sim.sh 0 100000          # seeds 0..100000
+#   TRIREME_SIM_TRACE=1 scripts/sim.sh 4711 4712   # replay one seed with the full event log
+set -e
+from=${1:-0}
+to=${2:-10000}
+cd "$(dirname "$0")/.."
+TRIREME_SIM_SEEDS="$from..$to" exec cargo test --release -p trireme-sim --test seeds -- --nocapture
