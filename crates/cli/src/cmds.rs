@@ -259,7 +259,11 @@ fn status_text(s: &StatusReport) -> String {
 }
 
 async fn node_serve(a: &NodeServeArgs) -> Result<(), CliError> {
-    let store = trireme_store::open_store(a.store.kind(), &a.dir)?;
+    let mut store = trireme_store::open_store(a.store.kind(), &a.dir)?;
+    if let Some(spec) = &a.inject_faults {
+        tracing::warn!(spec = %spec.display(), "store errors will be injected (fault testing)");
+        store = Arc::new(trireme_store::FaultyStore::new(store, spec));
+    }
     let node = Arc::new(trireme_node::Node::with_dirty_grain(
         a.id,
         store,

@@ -120,6 +120,10 @@ pub struct UpArgs {
     /// Granularity of the regions replicas track for a peer that is out.
     #[arg(long, default_value = "4K", value_parser = units::parse_dirty_grain)]
     pub dirty_grain: u64,
+    /// Fault tests: every node injects store errors at the rates in `<data-dir>/node-N.faults`
+    /// (see `node serve --inject-faults`).
+    #[arg(long)]
+    pub inject_faults: bool,
     /// Wait before restarting a node process that died (doubles on quick repeated deaths, up
     /// to 30s).
     #[arg(long, default_value = "500ms", value_parser = units::parse_duration)]
@@ -170,6 +174,10 @@ pub struct NodeServeArgs {
     /// resync copies): a power of two from 4K to 64M.
     #[arg(long, default_value = "4K", value_parser = units::parse_dirty_grain)]
     pub dirty_grain: u64,
+    /// Fault tests: fail store reads/writes/flushes with EIO at the rates written in FILE
+    /// (`read=0.01 write=0.01 flush=0.1`), re-read when it changes.
+    #[arg(long, value_name = "FILE")]
+    pub inject_faults: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -50,6 +50,7 @@ async fn spawn_node(
     id: u32,
     store: &str,
     dirty_grain: u64,
+    inject_faults: bool,
 ) -> Result<(Child, NodeProc), CliError> {
     let exe = std::env::current_exe()?;
     let mut cmd = Command::new(exe);
@@ -70,8 +71,12 @@ async fn spawn_node(
         ])
         .arg(dir.join(format!("node-{id}")))
         .arg("--socket")
-        .arg(dir.join(format!("node-{id}.sock")))
-        .stdin(Stdio::null())
+        .arg(dir.join(format!("node-{id}.sock")));
+    if inject_faults {
+        cmd.arg("--inject-faults")
+            .arg(dir.join(format!("node-{id}.faults")));
+    }
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         // Own process group: Ctrl-C reaches `up`, which stops the nodes in order.
         .process_group(0)
@@ -197,6 +202,7 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
         dir: dir.clone(),
         store: store.to_string(),
         dirty_grain: a.dirty_grain,
+        inject_faults: a.inject_faults,
         backoff: a.restart_backoff,
     };
     for id in 1..=a.nodes {
@@ -377,6 +383,7 @@ struct Supervisor {
     dir: PathBuf,
     store: String,
     dirty_grain: u64,
+    inject_faults: bool,
     backoff: Duration,
 }
 
@@ -386,7 +393,15 @@ const STABLE: Duration = Duration::from_secs(10);
 
 impl Supervisor {
     async fn spawn(&mut self, cli: &Cli, id: u32, meta: &dyn MetaStore) -> Result<(), CliError> {
-        let (mut child, p) = spawn_node(cli, &self.dir, id, &self.store, self.dirty_grain).await?;
+        let (mut child, p) = spawn_node(
+            cli,
+            &self.dir,
+            id,
+            &self.store,
+            self.dirty_grain,
+            self.inject_faults,
+        )
+        .await?;
         meta.put_node(&NodeRecord {
             id,
             addr: p.addr.clone(),

@@ -371,3 +371,23 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// A node whose store fails reads, writes and flushes with EIO now and then (an error-injecting
+/// wrapper): the client sees no error, that replica is taken out and resynced, and once the
+/// disk behaves, everything converges.
+#[test]
+fn store_errors_on_one_node_cost_no_error_and_converge() {
+    let c = Cluster::start(&["--store", "file", "--size", "64M", "--inject-faults"]);
+    let spec = c.path().join("node-2.faults");
+    std::fs::write(&spec, "read=0.02 write=0.02 flush=0.2 seed=3").unwrap();
+    let bench = start_bench(&c, 6);
+    finish_bench(&c, bench);
+    std::fs::write(&spec, "").unwrap();
+    wait_all_in_sync(&c);
+    assert_replicas_identical(&c, "vol0");
+    let log = c.log();
+    assert!(
+        log.contains("node=2 state=outdated") || log.contains("node=2 state=failed"),
+        "the failing disk's replica was taken out:\n{log}"
+    );
+}

@@ -22,11 +22,13 @@
 //! API version: [`STORE_API_VERSION`].
 
 pub mod aligned;
+pub mod faulty;
 mod file;
 mod map;
 mod memory;
 mod null;
 
+pub use faulty::FaultyStore;
 pub use file::meta as file_meta;
 pub use file::FileStore;
 pub use map::{extents_from, AllocMap};
