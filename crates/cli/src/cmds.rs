@@ -105,6 +105,39 @@ async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 .map_err(usage_if_remote)?;
             print(out, &v, |v| format!("deleted {}\n", v.name));
         }
+        Cmd::Volume(VolumeCmd::Scrub { name, region }) => {
+            let r: trireme_client::ScrubReport = cc
+                .call(&Request::VolumeScrub {
+                    name: name.clone(),
+                    region: *region,
+                })
+                .await
+                .map_err(usage_if_remote)?;
+            print(out, &r, |r| {
+                let mut s = format!(
+                    "volume {}: scrubbed {} on nodes {:?}: {} region(s) differed, {} copy(ies) repaired, {} without a majority\n",
+                    r.volume,
+                    human(r.bytes_compared),
+                    r.replicas,
+                    r.mismatched_regions,
+                    r.repaired.len(),
+                    r.unresolved.len()
+                );
+                for (off, node) in &r.repaired {
+                    s += &format!("  repaired offset {off} on node {node}\n");
+                }
+                for off in &r.unresolved {
+                    s += &format!("  no majority at offset {off}: left alone\n");
+                }
+                s
+            });
+            if !r.unresolved.is_empty() {
+                return Err(CliError::Runtime(format!(
+                    "{} region(s) differ with no majority copy",
+                    r.unresolved.len()
+                )));
+            }
+        }
         Cmd::Volume(VolumeCmd::Verify { name, region }) => {
             let info: trireme_client::AttachInfo = cc
                 .call(&Request::Locate { name: name.clone() })

@@ -196,6 +196,15 @@ pub enum VolumeCmd {
     Info { name: String },
     /// Delete a volume and its replicas.
     Delete { name: String },
+    /// Compare the replicas of the volume `trireme up` serves and repair regions that differ
+    /// from the copy a majority holds (online, region by region). Exit 1 if a region has no
+    /// majority (two copies that differ).
+    Scrub {
+        name: String,
+        /// Bytes per compared region.
+        #[arg(long, default_value = "1M", value_parser = units::parse_size)]
+        region: u64,
+    },
     /// Compare the replicas of a volume by checksum; exit 1 if any region differs.
     Verify {
         name: String,

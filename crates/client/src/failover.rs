@@ -831,3 +831,85 @@ mod tests {
         assert_eq!(dirty_ranges(&ext, 100), vec![(110, 5), (122, 1)]);
     }
 }
+
+/// What a scrub found and did.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ScrubReport {
+    pub volume: String,
+    pub bytes_compared: u64,
+    pub region_bytes: u64,
+    /// In-sync replicas compared.
+    pub replicas: Vec<u32>,
+    /// Regions where the replicas disagreed.
+    pub mismatched_regions: u64,
+    /// Of those, repaired from the copy the majority holds: `(offset, node repaired)`.
+    pub repaired: Vec<(u64, u32)>,
+    /// Regions with no majority (two copies that differ): reported, left alone.
+    pub unresolved: Vec<u64>,
+}
+
+impl Volume {
+    /// Compares every region across the in-sync replicas (crc32c computed on each node) while
+    /// I/O goes on, each region under its write lock. Where they differ, the copy held by a
+    /// majority is written over the others; with no majority (two copies) nothing is guessed:
+    /// the region is reported.
+    pub async fn scrub(&self, region: u64) -> Result<ScrubReport, VolumeError> {
+        let region = region.clamp(4096, CHUNK);
+        let mut report = ScrubReport {
+            volume: self.info.name.clone(),
+            region_bytes: region,
+            replicas: self.set().in_sync().iter().map(|&i| self.node(i)).collect(),
+            ..ScrubReport::default()
+        };
+        let mut off = 0;
+        while off < self.info.size {
+            let len = region.min(self.info.size - off);
+            let _r = self.write_order.acquire(off, off + len).await;
+            let targets = self.set().in_sync();
+            let h = self.header(Op::Checksum, off, len);
+            let sums = join_all(
+                targets
+                    .iter()
+                    .map(|&t| self.call(t, h, Bytes::new()))
+                    .collect(),
+            )
+            .await;
+            let mut got: Vec<(usize, u64)> = Vec::new();
+            for (k, r) in sums.into_iter().enumerate() {
+                let f = self.expect_ok(targets[k], r?)?;
+                got.push((targets[k], f.header.length));
+            }
+            report.bytes_compared += len;
+            if got.windows(2).any(|w| w[0].1 != w[1].1) {
+                report.mismatched_regions += 1;
+                let majority = got
+                    .iter()
+                    .map(|g| g.1)
+                    .find(|c| got.iter().filter(|g| g.1 == *c).count() * 2 > got.len());
+                match majority {
+                    None => report.unresolved.push(off),
+                    Some(good) => {
+                        let src = got.iter().find(|g| g.1 == good).expect("majority").0;
+                        let data = self
+                            .expect_ok(
+                                src,
+                                self.call(src, self.header(Op::Read, off, len), Bytes::new())
+                                    .await?,
+                            )?
+                            .payload;
+                        for &(t, c) in &got {
+                            if c != good {
+                                let w = self.header(Op::Write, off, len);
+                                self.expect_ok(t, self.call(t, w, data.clone()).await?)?;
+                                report.repaired.push((off, self.node(t)));
+                                tracing::warn!(volume = %self.info.name, node = self.node(t), offset = off, "scrub repaired a region from the majority copy");
+                            }
+                        }
+                    }
+                }
+            }
+            off += len;
+        }
+        Ok(report)
+    }
+}

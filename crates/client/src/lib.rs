@@ -21,7 +21,7 @@ mod conflict;
 mod failover;
 mod verify;
 
-pub use failover::{BoxFut, Membership, ReplicaView, ResyncProgress};
+pub use failover::{BoxFut, Membership, ReplicaView, ResyncProgress, ScrubReport};
 pub use verify::{verify_replicas, Mismatch, VerifyReport};
 
 use std::future::Future;

@@ -48,6 +48,12 @@ pub enum Request {
         name: String,
         epoch: u64,
     },
+    /// Compare the replicas and repair from the majority, through the writer attached in the
+    /// cluster process.
+    VolumeScrub {
+        name: String,
+        region: u64,
+    },
     /// Planned stop of a node process (not restarted until `NodeStart`).
     NodeStop {
         id: u32,

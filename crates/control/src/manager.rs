@@ -527,6 +527,20 @@ impl Manager {
                 state,
             } => to(self.set_replica_state(&name, epoch, node, state)),
             Request::Detach { name, epoch } => to(self.detach(&name, epoch)),
+            Request::VolumeScrub { name, region } => {
+                let writer = {
+                    let clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+                    clients
+                        .iter()
+                        .rev()
+                        .find(|c| c.info().name == name)
+                        .cloned()
+                };
+                let v = writer.ok_or_else(|| {
+                    format!("no writer of {name:?} runs in the cluster process; a scrub repairs through it")
+                })?;
+                to(v.scrub(region).await.map_err(|e| e.to_string()))
+            }
             Request::NodeStop { id } => to(self.node_control(false, id).await),
             Request::NodeStart { id } => to(self.node_control(true, id).await),
             Request::Status => to(self.status().await),
