@@ -681,13 +681,7 @@ impl Volume {
                 return Ok(0);
             }
         }
-        let data = self
-            .expect_ok(
-                src,
-                self.call(src, self.header(Op::Read, off, len), Bytes::new())
-                    .await?,
-            )?
-            .payload;
+        let data = self.read_from(src, off, len).await?;
         let h = if data.iter().all(|&b| b == 0) {
             let mut h = self.header(Op::WriteZeroes, off, len);
             h.flags |= FLAG_MAY_TRIM;
@@ -703,6 +697,14 @@ impl Volume {
             Ok(_) => Ok(len),
             Err(e) => Err(self.replica_failed(i, off, len, e).await),
         }
+    }
+
+    /// `[off, off+len)` as replica `src` holds it.
+    async fn read_from(&self, src: usize, off: u64, len: u64) -> Result<Bytes, VolumeError> {
+        let h = self.header(Op::Read, off, len);
+        Ok(self
+            .expect_ok(src, self.call(src, h, Bytes::new()).await?)?
+            .payload)
     }
 
     /// The resyncing replica failed: back to outdated, with the range kept dirty.
@@ -761,13 +763,7 @@ impl Volume {
                 .map(|(t, _)| t)
                 .collect();
             if !to_copy.is_empty() {
-                let data = self
-                    .expect_ok(
-                        src,
-                        self.call(src, self.header(Op::Read, off, len), Bytes::new())
-                            .await?,
-                    )?
-                    .payload;
+                let data = self.read_from(src, off, len).await?;
                 let h = self.header(Op::Write, off, len);
                 for t in to_copy {
                     if let Err(e) = self.to_all(&[t], h, data.clone()).await {
@@ -890,13 +886,7 @@ impl Volume {
                     None => report.unresolved.push(off),
                     Some(good) => {
                         let src = got.iter().find(|g| g.1 == good).expect("majority").0;
-                        let data = self
-                            .expect_ok(
-                                src,
-                                self.call(src, self.header(Op::Read, off, len), Bytes::new())
-                                    .await?,
-                            )?
-                            .payload;
+                        let data = self.read_from(src, off, len).await?;
                         for &(t, c) in &got {
                             if c != good {
                                 let w = self.header(Op::Write, off, len);

@@ -152,6 +152,17 @@ pub trait Connector: Send + Sync + std::fmt::Debug {
     ) -> BoxFut<'a, Result<Arc<dyn Connection>, VolumeError>>;
 }
 
+impl VolumeOptions {
+    /// The defaults, over a given transport and stream count.
+    pub fn over(kind: TransportKind, streams: usize) -> VolumeOptions {
+        VolumeOptions {
+            kind,
+            streams,
+            ..VolumeOptions::default()
+        }
+    }
+}
+
 impl Default for VolumeOptions {
     fn default() -> Self {
         VolumeOptions {
@@ -254,11 +265,7 @@ impl Volume {
         kind: TransportKind,
         streams: usize,
     ) -> Result<Volume, VolumeError> {
-        let opts = VolumeOptions {
-            kind,
-            streams,
-            ..VolumeOptions::default()
-        };
+        let opts = VolumeOptions::over(kind, streams);
         Volume::open(info, opts, None, true).await
     }
 
@@ -312,11 +319,7 @@ impl Volume {
         kind: TransportKind,
         streams: usize,
     ) -> Result<Volume, VolumeError> {
-        let opts = VolumeOptions {
-            kind,
-            streams,
-            ..VolumeOptions::default()
-        };
+        let opts = VolumeOptions::over(kind, streams);
         let v = Volume::open(info, opts, None, true).await?;
         v.attach_all().await?;
         Ok(v)
