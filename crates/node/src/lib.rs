@@ -142,43 +142,29 @@ impl Node {
         }
     }
 
-    /// Refuses I/O arriving on a connection other than the one that attached the replica.
-    /// A request of another epoch is left to the epoch check (fencing says more than this).
-    fn check_owner(&self, req: &Frame) -> Result<(), Refusal> {
-        match self.replica(req.header.volume) {
-            Ok(r) if r.epoch() == req.header.epoch => {}
-            _ => return Ok(()),
-        }
+    /// The replica an I/O request addresses, once it passed the epoch check and came on the
+    /// connection that attached the replica (I/O from any other connection of the same epoch is
+    /// refused: late frames of an abandoned connection). One lookup per request.
+    fn io_replica(&self, req: &Frame) -> Result<Arc<dyn Replica>, Refusal> {
+        let h = &req.header;
+        let r = self.replica(h.volume)?;
+        Self::check_epoch(&*r, h)?;
         let owners = self.owners.read().unwrap_or_else(|e| e.into_inner());
-        match owners.get(&req.header.volume) {
+        match owners.get(&h.volume) {
             Some(&o) if o != req.origin => Err(Refusal(
                 Status::Superseded,
                 format!(
                     "connection {:#x} was superseded by {o:#x} for volume {}",
-                    req.origin, req.header.volume
+                    req.origin, h.volume
                 ),
             )),
-            _ => Ok(()),
+            _ => Ok(r),
         }
     }
 
     /// Serves one request synchronously (the caller picks the thread).
     fn serve(&self, req: &Frame) -> Result<(Header, Bytes), Refusal> {
         let h = &req.header;
-        if matches!(
-            h.op,
-            Op::Read
-                | Op::Write
-                | Op::Flush
-                | Op::WriteZeroes
-                | Op::BlockStatus
-                | Op::DirtyMark
-                | Op::DirtyTrack
-                | Op::DirtyClear
-                | Op::DirtyQuery
-        ) {
-            self.check_owner(req)?;
-        }
         let mut resp = h.response(Status::Ok);
         let len_usize = || -> Result<usize, Refusal> {
             if h.length > u64::from(MAX_PAYLOAD) {
@@ -217,29 +203,25 @@ impl Node {
             }
             Op::Hello => return Err(Refusal(Status::Invalid, "hello is not a request".into())),
             Op::Read => {
-                let r = self.replica(h.volume)?;
-                Self::check_epoch(&*r, h)?;
+                let r = self.io_replica(req)?;
                 let mut buf = BytesMut::zeroed(len_usize()?);
                 r.read(h.offset, &mut buf)?;
                 buf.freeze()
             }
             Op::Write => {
-                let r = self.replica(h.volume)?;
-                Self::check_epoch(&*r, h)?;
+                let r = self.io_replica(req)?;
                 self.dirty
                     .on_write(h.volume, h.offset, req.payload.len() as u64);
                 r.write(h.offset, &req.payload, h.has_flag(FLAG_FUA))?;
                 Bytes::new()
             }
             Op::Flush => {
-                let r = self.replica(h.volume)?;
-                Self::check_epoch(&*r, h)?;
+                let r = self.io_replica(req)?;
                 r.flush()?;
                 Bytes::new()
             }
             Op::WriteZeroes => {
-                let r = self.replica(h.volume)?;
-                Self::check_epoch(&*r, h)?;
+                let r = self.io_replica(req)?;
                 self.dirty.on_write(h.volume, h.offset, h.length);
                 r.write_zeroes(
                     h.offset,
@@ -250,8 +232,7 @@ impl Node {
                 Bytes::new()
             }
             Op::BlockStatus => {
-                let r = self.replica(h.volume)?;
-                Self::check_epoch(&*r, h)?;
+                let r = self.io_replica(req)?;
                 Bytes::from(encode_extents(&r.block_status(h.offset, h.length)?))
             }
             Op::Checksum => {
@@ -301,8 +282,7 @@ impl Node {
                 Bytes::copy_from_slice(&r.incarnation().to_le_bytes())
             }
             Op::DirtyMark | Op::DirtyTrack | Op::DirtyClear | Op::DirtyQuery => {
-                let r = self.replica(h.volume)?;
-                Self::check_epoch(&*r, h)?;
+                let r = self.io_replica(req)?;
                 trireme_store::check_range(h.offset, h.length, r.size())?;
                 let bad = |e: trireme_proto::DecodeError| Refusal(Status::Invalid, e.to_string());
                 match h.op {
