@@ -478,8 +478,7 @@ impl Volume {
         let (conn, incarnation) = self.reattach(i).await?;
         let node = self.node(i);
         let started = Instant::now();
-        // 1. Pause writes, switch the survivors to manual mode, collect the regions, and let
-        //    the replica take new writes.
+        // 1. Pause writes, collect the survivors' regions, and let the replica take new writes.
         let (full, chunks, survivors) = {
             let _all = self.write_order.acquire(0, self.info.size).await;
             let _g = self.membership_lock.lock().await;
@@ -667,14 +666,11 @@ impl Volume {
             .first()
             .ok_or_else(|| VolumeError::NoReplicas(self.info.name.clone()))?;
         if compare {
-            let h = self.header(Op::Checksum, off, len);
-            let (a, b) = tokio::join!(
-                self.call(src, h, Bytes::new()),
-                self.call(i, h, Bytes::new())
-            );
-            let a = self.expect_ok(src, a?)?.header.length;
-            let b = match b.and_then(|f| self.expect_ok(i, f)) {
-                Ok(f) => f.header.length,
+            let mut sums = self.checksums(&[src, i], off, len).await.into_iter();
+            let (a, b) = (sums.next().expect("two"), sums.next().expect("two"));
+            let a = a?;
+            let b = match b {
+                Ok(c) => c,
                 Err(e) => return Err(self.replica_failed(i, off, len, e).await),
             };
             if a == b {
@@ -733,22 +729,15 @@ impl Volume {
         let mut off = 0;
         while off < self.info.size {
             let len = CHUNK.min(self.info.size - off);
-            let h = self.header(Op::Checksum, off, len);
             let targets = self.set().in_sync();
-            let sums = join_all(
-                targets
-                    .iter()
-                    .map(|&t| self.call(t, h, Bytes::new()))
-                    .collect(),
-            )
-            .await;
+            let sums = self.checksums(&targets, off, len).await;
             let mut want = None;
             let mut differ = Vec::new();
             for (k, r) in sums.into_iter().enumerate() {
                 let t = targets[k];
-                match r.and_then(|f| self.expect_ok(t, f)) {
-                    Ok(f) if t == src => want = Some(f.header.length),
-                    Ok(f) => differ.push((t, f.header.length)),
+                match r {
+                    Ok(c) if t == src => want = Some(c),
+                    Ok(c) => differ.push((t, c)),
                     Err(e) if t == src => return Err(e),
                     Err(e) => {
                         tracing::warn!(volume = %self.info.name, node = self.node(t), "reconcile: {e}");
@@ -862,18 +851,10 @@ impl Volume {
             let len = region.min(self.info.size - off);
             let _r = self.write_order.acquire(off, off + len).await;
             let targets = self.set().in_sync();
-            let h = self.header(Op::Checksum, off, len);
-            let sums = join_all(
-                targets
-                    .iter()
-                    .map(|&t| self.call(t, h, Bytes::new()))
-                    .collect(),
-            )
-            .await;
+            let sums = self.checksums(&targets, off, len).await;
             let mut got: Vec<(usize, u64)> = Vec::new();
             for (k, r) in sums.into_iter().enumerate() {
-                let f = self.expect_ok(targets[k], r?)?;
-                got.push((targets[k], f.header.length));
+                got.push((targets[k], r?));
             }
             report.bytes_compared += len;
             if got.windows(2).any(|w| w[0].1 != w[1].1) {

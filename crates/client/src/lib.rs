@@ -654,20 +654,40 @@ impl Volume {
         offset: u64,
         len: u64,
     ) -> Vec<Option<Result<u32, VolumeError>>> {
-        let h = self.header(Op::Checksum, offset, len);
         let idx: Vec<usize> = (0..self.slots.len())
             .filter(|&i| self.conn(&self.slots[i]).is_some())
             .collect();
-        let replies = join_all(idx.iter().map(|&i| self.call(i, h, Bytes::new())).collect()).await;
+        let sums = self.checksums(&idx, offset, len).await;
         let mut out: Vec<Option<Result<u32, VolumeError>>> =
             (0..self.slots.len()).map(|_| None).collect();
-        for (k, r) in replies.into_iter().enumerate() {
-            let i = idx[k];
-            out[i] = Some(
-                r.and_then(|f| self.expect_ok(i, f))
-                    .map(|f| f.header.length as u32),
-            );
+        for (k, r) in sums.into_iter().enumerate() {
+            out[idx[k]] = Some(r.map(|c| c as u32));
         }
         out
+    }
+
+    /// crc32c of a range on each of `targets`, computed on the nodes, in `targets` order.
+    pub(crate) async fn checksums(
+        &self,
+        targets: &[usize],
+        offset: u64,
+        len: u64,
+    ) -> Vec<Result<u64, VolumeError>> {
+        let h = self.header(Op::Checksum, offset, len);
+        let replies = join_all(
+            targets
+                .iter()
+                .map(|&i| self.call(i, h, Bytes::new()))
+                .collect(),
+        )
+        .await;
+        replies
+            .into_iter()
+            .zip(targets)
+            .map(|(r, &i)| {
+                r.and_then(|f| self.expect_ok(i, f))
+                    .map(|f| f.header.length)
+            })
+            .collect()
     }
 }

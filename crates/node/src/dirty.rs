@@ -3,9 +3,9 @@
 //! When the writer takes a replica out (its node stopped answering), it tells the surviving
 //! replicas to remember which regions that peer missed. Each survivor keeps one set of dirty
 //! regions per (volume, peer), at `grain` granularity. In auto mode every write the survivor
-//! receives is marked; in manual mode (the peer is being resynced and receives writes itself)
-//! only explicit marks add regions, and copied regions are cleared. When the peer is back in
-//! sync the writer drops the set.
+//! receives is marked (also while the peer resyncs); in manual mode only explicit marks add
+//! regions. Copied regions are cleared, and when the peer is back in sync the writer drops the
+//! set.
 //!
 //! The sets live in this process's memory. A survivor that restarts loses them and then answers
 //! "not tracked", which makes the next resync compare whole replicas instead of copying a

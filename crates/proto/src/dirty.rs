@@ -7,8 +7,9 @@ use crate::DecodeError;
 pub const DIRTY_DROP: u8 = 0;
 /// Mark every write this replica receives dirty for the peer (the peer is out).
 pub const DIRTY_AUTO: u8 = 1;
-/// Keep the peer's dirty regions but mark nothing new by itself: the peer is being resynced and
-/// receives every new write; only explicit `DirtyMark`s add regions.
+/// Keep the peer's dirty regions but mark nothing new by itself; only explicit `DirtyMark`s add
+/// regions. (The volume client does not use it: it keeps survivors in auto mode while a peer
+/// resyncs, so a resync that stops halfway still leaves a record covering everything.)
 pub const DIRTY_MANUAL: u8 = 2;
 
 /// `DirtyMark` only: the peer has just gone out of sync, so a record started now is complete.
