@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::Serialize;
-use trireme_control::{ControlClient, NodeStatus, Request, StatusReport};
+use trireme_control::{ControlClient, MoveStatus, NodeStatus, Request, StatusReport};
 use trireme_meta::VolumeRecord;
 
 use crate::units::human;
@@ -53,13 +53,46 @@ async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
             let nodes: Vec<NodeStatus> = cc.call(&Request::NodeList).await?;
             print(out, &nodes, |n| nodes_table(n));
         }
-        Cmd::Node(NodeCmd::Stop { id }) | Cmd::Node(NodeCmd::Start { id }) => {
+        Cmd::Node(NodeCmd::Stop { id })
+        | Cmd::Node(NodeCmd::Start { id })
+        | Cmd::Node(NodeCmd::Undrain { id }) => {
             let req = match &cli.cmd {
                 Cmd::Node(NodeCmd::Stop { .. }) => Request::NodeStop { id: *id },
-                _ => Request::NodeStart { id: *id },
+                Cmd::Node(NodeCmd::Start { .. }) => Request::NodeStart { id: *id },
+                _ => Request::NodeUndrain { id: *id },
             };
             let msg: String = cc.call(&req).await.map_err(usage_if_remote)?;
             print(out, &msg, |m| format!("{m}\n"));
+        }
+        Cmd::Node(NodeCmd::Drain(a)) | Cmd::Node(NodeCmd::Remove(a)) => {
+            let remove = matches!(&cli.cmd, Cmd::Node(NodeCmd::Remove(_)));
+            let req = if remove {
+                Request::NodeRemove {
+                    id: a.id,
+                    rate: a.rate,
+                }
+            } else {
+                Request::NodeDrain {
+                    id: a.id,
+                    rate: a.rate,
+                }
+            };
+            let job: MoveStatus = cc.call(&req).await.map_err(usage_if_remote)?;
+            let job = if a.no_wait {
+                job
+            } else {
+                wait_move(&mut cc, out, job).await?
+            };
+            if job.state != "failed" {
+                print(out, &job, move_text);
+            } else {
+                return Err(CliError::Runtime(format!(
+                    "node {} {}: {}",
+                    job.node,
+                    job.kind,
+                    job.error.as_deref().unwrap_or("failed")
+                )));
+            }
         }
         Cmd::Status => {
             let s: StatusReport = cc.call(&Request::Status).await?;
@@ -192,14 +225,19 @@ fn nodes_of(v: &VolumeRecord) -> Vec<u32> {
 
 fn nodes_table(nodes: &[NodeStatus]) -> String {
     let mut s = format!(
-        "{:<5} {:<22} {:<7} {:<5} {:<9} {:<9} {}\n",
+        "{:<5} {:<22} {:<7} {:<13} {:<9} {:<9} {}\n",
         "NODE", "ADDRESS", "STORE", "STATE", "TRANSPORT", "PING", "REPLICAS"
     );
     for n in nodes {
         let ping = n.ping_us.map_or("-".into(), |p| format!("{p} us"));
-        let state = if n.up { "up" } else { "down" };
+        let state = match (n.up, n.state.as_str()) {
+            (_, "removed") => "removed".to_string(),
+            (up, "draining") => format!("{}/draining", if up { "up" } else { "down" }),
+            (true, _) => "up".to_string(),
+            (false, _) => "down".to_string(),
+        };
         s += &format!(
-            "{:<5} {:<22} {:<7} {:<5} {:<9} {:<9} {}\n",
+            "{:<5} {:<22} {:<7} {:<13} {:<9} {:<9} {}\n",
             n.id, n.addr, n.store, state, n.transport, ping, n.replicas
         );
     }
@@ -233,6 +271,9 @@ fn status_text(s: &StatusReport) -> String {
     let up = s.nodes.iter().filter(|n| n.up).count();
     let mut out = format!("nodes: {up} of {} up\n", s.nodes.len());
     out += &nodes_table(&s.nodes);
+    for m in &s.moves {
+        out += &move_text(m);
+    }
     out += &format!("\nvolumes: {}\n", s.volumes.len());
     out += &format!(
         "{:<16} {:<10} {:<6} {}\n",
@@ -289,6 +330,62 @@ fn status_text(s: &StatusReport) -> String {
         }
     }
     out
+}
+
+/// Polls `status` until the move job of `job.node` ends, printing its progress (text output)
+/// once a second.
+async fn wait_move(
+    cc: &mut ControlClient,
+    out: Output,
+    job: MoveStatus,
+) -> Result<MoveStatus, CliError> {
+    let mut last = String::new();
+    loop {
+        let s: StatusReport = cc.call(&Request::Status).await?;
+        let Some(now) = s.moves.into_iter().find(|m| m.node == job.node) else {
+            return Err(CliError::Runtime(format!(
+                "the cluster lost track of the {} of node {} (restarted?)",
+                job.kind, job.node
+            )));
+        };
+        if now.state != "running" {
+            return Ok(now);
+        }
+        let line = move_text(&now);
+        if matches!(out, Output::Text) && line != last {
+            eprint!("{line}");
+            last = line;
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+}
+
+fn move_text(m: &MoveStatus) -> String {
+    let mut s = format!(
+        "node {} {}: {} ({} of {} volumes moved",
+        m.node, m.kind, m.state, m.volumes_done, m.volumes_total
+    );
+    if let Some(r) = m.rate {
+        s += &format!(", rate limit {}/s", human(r));
+    }
+    s += ")";
+    if let (Some(v), Some(to)) = (&m.volume, m.to) {
+        s += &format!("; {v} -> node {to}");
+        if let Some(p) = &m.progress {
+            s += &format!(
+                ": {} of {} ({:.1}%), {}/s, ETA {}",
+                human(p.done_bytes),
+                human(p.total_bytes),
+                p.done_bytes as f64 * 100.0 / p.total_bytes.max(1) as f64,
+                human(p.rate()),
+                p.eta_secs().map_or("-".to_string(), |s| format!("{s}s"))
+            );
+        }
+    }
+    if let Some(e) = &m.error {
+        s += &format!(": {e}");
+    }
+    s + "\n"
 }
 
 async fn node_serve(a: &NodeServeArgs) -> Result<(), CliError> {

@@ -153,6 +153,26 @@ pub enum NodeCmd {
     Stop { id: u32 },
     /// Start a node stopped with `node stop`.
     Start { id: u32 },
+    /// Move every replica off a node while volumes stay online (each volume's writer copies
+    /// it to another node, then drops the old copy). The node stays, empty, and takes no new
+    /// replicas. Prints progress until done.
+    Drain(MoveArgs),
+    /// Take a node out of the cluster, dead or alive: its replicas are re-created on other
+    /// nodes from the remaining copies, then it is stopped and forgotten.
+    Remove(MoveArgs),
+    /// Let a drained (or draining) node take new replicas again.
+    Undrain { id: u32 },
+}
+
+#[derive(Debug, Args)]
+pub struct MoveArgs {
+    pub id: u32,
+    /// Copy rate limit per second for each volume moved (e.g. 100M); unlimited if not given.
+    #[arg(long, value_parser = units::parse_size)]
+    pub rate: Option<u64>,
+    /// Start the job and return; `trireme status` shows its progress.
+    #[arg(long)]
+    pub no_wait: bool,
 }
 
 #[derive(Debug, Args)]

@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use trireme_control::Manager;
-use trireme_meta::{EmbeddedMeta, MetaStore, NodeRecord};
+use trireme_meta::{EmbeddedMeta, MetaStore, NodeRecord, NodeState};
 
 use crate::cmds::control_path;
 use crate::units::human;
@@ -205,7 +205,13 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
         inject_faults: a.inject_faults,
         backoff: a.restart_backoff,
     };
-    for id in 1..=a.nodes {
+    let removed: Vec<u32> = meta
+        .nodes()?
+        .into_iter()
+        .filter(|n| n.state == NodeState::Removed)
+        .map(|n| n.id)
+        .collect();
+    for id in (1..=a.nodes).filter(|id| !removed.contains(id)) {
         sup.spawn(cli, id, &*meta).await?;
     }
     sup.write_pids()?;
@@ -402,11 +408,18 @@ impl Supervisor {
             self.inject_faults,
         )
         .await?;
+        // A restart keeps what the cluster decided about the node (draining, say).
+        let state = meta
+            .nodes()?
+            .into_iter()
+            .find(|n| n.id == id)
+            .map_or(NodeState::Active, |n| n.state);
         meta.put_node(&NodeRecord {
             id,
             addr: p.addr.clone(),
             local_addr: p.local_addr.clone(),
             store: self.store.clone(),
+            state,
         })?;
         let base = self.backoff;
         let n = self.nodes.entry(id).or_insert(Supervised {

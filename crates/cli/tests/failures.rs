@@ -439,3 +439,130 @@ fn scrub_repairs_a_corrupted_replica_from_the_majority() {
         ]));
     }
 }
+
+fn volume_nodes(c: &Cluster, name: &str) -> Vec<u32> {
+    let out = c.cli(&["--output", "json", "volume", "info", name]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["node"].as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn cli_ok(c: &Cluster, args: &[&str]) -> String {
+    let out = c.cli(args);
+    assert!(
+        out.status.success(),
+        "trireme {args:?} failed: {}{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        c.log()
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `node drain` moves the replica of a live node while the workload writes through the export's
+/// writer; `node remove` re-creates the replica of a dead node elsewhere, through a writer the
+/// manager attaches itself (the volume has none). Nothing is lost and every copy matches.
+#[test]
+fn drain_and_remove_move_replicas_while_io_goes_on() {
+    let c = Cluster::start(&[
+        "--store",
+        "memory",
+        "--size",
+        "64M",
+        "--nodes",
+        "4",
+        "--replicas",
+        "2",
+    ]);
+    cli_ok(
+        &c,
+        &[
+            "volume",
+            "create",
+            "data1",
+            "--size",
+            "32M",
+            "--replicas",
+            "2",
+        ],
+    );
+    cli_ok(
+        &c,
+        &[
+            "bench",
+            "-b64K",
+            "-w100",
+            "-s",
+            "-t1",
+            "-o4",
+            "-d1",
+            "-W0",
+            "volume:data1",
+        ],
+    );
+    let vol0 = volume_nodes(&c, "vol0");
+    let data1 = volume_nodes(&c, "data1");
+    assert!(
+        vol0.iter().all(|n| !data1.contains(n)),
+        "{vol0:?} {data1:?}"
+    );
+
+    let bench = start_bench(&c, 10);
+    std::thread::sleep(Duration::from_secs(2));
+    // Drain, rate-limited, while the workload runs.
+    let drained = vol0[0];
+    let out = cli_ok(
+        &c,
+        &["node", "drain", &drained.to_string(), "--rate", "32M"],
+    );
+    assert!(out.contains("done"), "{out}");
+    let now = volume_nodes(&c, "vol0");
+    assert_eq!(now.len(), 2, "{now:?}");
+    assert!(!now.contains(&drained), "{now:?}");
+    // A dead node of the idle volume: removed, its replica re-created from the other copy.
+    let dead = data1[1];
+    cli_ok(&c, &["node", "stop", &dead.to_string()]);
+    let out = cli_ok(&c, &["node", "remove", &dead.to_string()]);
+    assert!(out.contains("done"), "{out}");
+    let now1 = volume_nodes(&c, "data1");
+    assert_eq!(now1.len(), 2, "{now1:?}");
+    assert!(
+        !now1.contains(&dead) && !now1.contains(&drained),
+        "{now1:?}"
+    );
+
+    finish_bench(&c, bench);
+    wait_all_in_sync(&c);
+    assert_replicas_identical(&c, "vol0");
+    assert_replicas_identical(&c, "data1");
+    assert_eq!(c.log().matches("replica moved").count(), 2, "{}", c.log());
+    let s = status(&c);
+    let nodes = s["nodes"].as_array().unwrap();
+    assert!(
+        nodes.iter().all(|n| n["id"].as_u64() != Some(dead as u64)),
+        "{s}"
+    );
+    let d = nodes
+        .iter()
+        .find(|n| n["id"].as_u64() == Some(drained as u64))
+        .unwrap();
+    assert_eq!(d["state"], "draining", "{s}");
+    assert_eq!(d["replicas"], 0, "{s}");
+    // A removed node stays removed; a bad node id is a clear error.
+    let out = c.cli(&["node", "start", &dead.to_string()]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("removed"));
+    let out = c.cli(&["node", "drain", "9"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("node 9"));
+    cli_ok(&c, &["node", "undrain", &drained.to_string()]);
+}

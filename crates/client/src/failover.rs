@@ -138,7 +138,7 @@ pub(crate) async fn start(v: &Arc<Volume>) -> Result<(), VolumeError> {
                     tracing::warn!(volume = %v.info.name, "taking out replicas with closed links: {e}");
                 }
             }
-            last_error.resize(v.slots.len(), None);
+            last_error.resize(v.set().len(), None);
             for (i, last) in last_error.iter_mut().enumerate() {
                 if !matches!(
                     v.set().state(i),
@@ -210,16 +210,106 @@ impl Volume {
     }
 
     /// Every replica with its current state and resync progress.
+    /// Replicas moved off are left out.
     pub fn replica_views(&self) -> Vec<ReplicaView> {
         let progress = self.progress.lock().unwrap_or_else(|e| e.into_inner());
         let set = self.set();
-        (0..self.slots.len())
+        (0..set.len())
+            .filter(|&i| set.state(i) != ReplicaState::Removed)
             .map(|i| ReplicaView {
                 node: self.node(i),
                 state: set.state(i),
-                resync: progress[i].clone(),
+                resync: progress.get(i).cloned().flatten(),
             })
             .collect()
+    }
+
+    /// The slot of the replica on `node`, unless it was moved off.
+    fn slot_of(&self, node: u32) -> Option<usize> {
+        let set = self.set();
+        (0..set.len()).find(|&i| self.node(i) == node && set.state(i) != ReplicaState::Removed)
+    }
+
+    /// Adds a replica on `node` (the new copy of a move, already created there and recorded as
+    /// failed in the metadata). It starts failed: the resync task copies the volume to it with
+    /// a full compare, at most `rate` bytes per second, and records it in sync when done.
+    pub async fn add_replica(&self, node: u32, rate: Option<u64>) -> Result<(), VolumeError> {
+        let _g = self.membership_lock.lock().await;
+        if let Some(i) = self.slot_of(node) {
+            self.slots[i]
+                .rate
+                .store(rate.unwrap_or(0), Ordering::Relaxed);
+            return Ok(());
+        }
+        // Lock order as in `replica_views`: progress, then the set.
+        let mut progress = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        let mut set = self.set.write().unwrap_or_else(|e| e.into_inner());
+        let i = set.len();
+        if i == self.slots.len() {
+            return Err(VolumeError::Degrade {
+                volume: self.info.name.clone(),
+                node,
+                why: format!(
+                    "this writer has had {i} replicas; attach the volume again before moving more"
+                ),
+            });
+        }
+        let slot = &self.slots[i];
+        slot.node.store(node, Ordering::Relaxed);
+        slot.incarnation.store(0, Ordering::Release);
+        slot.rate.store(rate.unwrap_or(0), Ordering::Relaxed);
+        *slot.conn.write().unwrap_or_else(|e| e.into_inner()) = None;
+        progress.resize(i + 1, None);
+        set.push(ReplicaState::Failed);
+        tracing::info!(volume = %self.info.name, node, "replica added; a full resync follows");
+        Ok(())
+    }
+
+    /// Stops using the replica on `node` (the old copy of a move): with writes paused, it is
+    /// recorded outdated (from now on it misses writes) and leaves the set for good. Refused
+    /// for the last in-sync replica.
+    pub async fn retire_replica(&self, node: u32) -> Result<(), VolumeError> {
+        let m = self.membership()?;
+        let _all = self.write_order.acquire(0, self.info.size).await;
+        let _g = self.membership_lock.lock().await;
+        let Some(i) = self.slot_of(node) else {
+            return Ok(());
+        };
+        let degrade = |why: String| VolumeError::Degrade {
+            volume: self.info.name.clone(),
+            node,
+            why,
+        };
+        if self.set().state(i) == ReplicaState::InSync {
+            if self.set().in_sync().len() < 2 {
+                return Err(degrade("it is the last in-sync replica".into()));
+            }
+            m.set_state(
+                &self.info.name,
+                self.info.epoch,
+                node,
+                ReplicaState::Outdated,
+            )
+            .await
+            .map_err(degrade)?;
+        }
+        self.set
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .set_state(i, ReplicaState::Removed);
+        self.set_conn(i, None);
+        self.set_progress(i, None);
+        // Survivors that track it for a resync can forget it.
+        let h = self.header(Op::DirtyTrack, 0, 0);
+        let drop_record = self.dirty_peer(i, DIRTY_DROP);
+        let survivors = self.set().in_sync();
+        for s in survivors {
+            if let Err(e) = self.to_all(&[s], h, drop_record.clone()).await {
+                tracing::warn!(volume = %self.info.name, node = self.node(s), "could not drop the record of a retired replica: {e}");
+            }
+        }
+        tracing::info!(volume = %self.info.name, node, "replica retired");
+        Ok(())
     }
 
     /// Flushes and tells the control plane this writer is gone cleanly, so the next attach
@@ -470,7 +560,11 @@ impl Volume {
     }
 
     fn set_progress(&self, i: usize, p: Option<ResyncProgress>) {
-        self.progress.lock().unwrap_or_else(|e| e.into_inner())[i] = p;
+        let mut progress = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        if progress.len() <= i {
+            progress.resize(i + 1, None);
+        }
+        progress[i] = p;
     }
 
     /// Brings replica `i` back (see the module docs).
@@ -639,7 +733,11 @@ impl Volume {
             progress.done_bytes += group.iter().map(|c| c.1).sum::<u64>();
             progress.elapsed_ms = started.elapsed().as_millis() as u64;
             self.set_progress(i, Some(progress.clone()));
-            if let Some(rate) = self.opts.resync_rate.filter(|r| *r > 0) {
+            let slot_rate = self.slots[i].rate.load(Ordering::Relaxed);
+            let rate = (slot_rate > 0)
+                .then_some(slot_rate)
+                .or(self.opts.resync_rate);
+            if let Some(rate) = rate.filter(|r| *r > 0) {
                 let due =
                     std::time::Duration::from_secs_f64(progress.done_bytes as f64 / rate as f64);
                 let spent = started.elapsed();

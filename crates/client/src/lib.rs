@@ -26,7 +26,7 @@ pub use verify::{verify_replicas, Mismatch, VerifyReport};
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::task::Poll;
 use std::time::Duration;
@@ -176,19 +176,39 @@ impl Default for VolumeOptions {
     }
 }
 
-/// One replica slot: its current connection and what the writer knows about its history.
+/// One replica slot: its node, current connection and what the writer knows about its history.
 #[derive(Debug)]
 struct Slot {
+    node: AtomicU32,
     conn: RwLock<Option<Arc<dyn Connection>>>,
     /// The incarnation of the copy that was last in sync. Survivors track what this copy
     /// missed; a replica that comes back with another incarnation needs a full resync.
     incarnation: AtomicU64,
+    /// Copy rate limit of this replica's resync in bytes per second (a move sets it); 0 uses
+    /// [`VolumeOptions::resync_rate`].
+    rate: AtomicU64,
 }
+
+impl Slot {
+    fn new(node: u32, conn: Option<Arc<dyn Connection>>) -> Slot {
+        Slot {
+            node: AtomicU32::new(node),
+            conn: RwLock::new(conn),
+            incarnation: AtomicU64::new(0),
+            rate: AtomicU64::new(0),
+        }
+    }
+}
+
+/// Replica slots per attached volume: the replicas at attach plus those added by moves (a slot
+/// is never reused, so an index always names the same replica).
+const MAX_SLOTS: usize = 32;
 
 /// An attached (or merely connected) volume.
 #[derive(Debug)]
 pub struct Volume {
     info: AttachInfo,
+    /// `MAX_SLOTS` slots; the first `set.len()` are in use.
     slots: Vec<Slot>,
     set: RwLock<ReplicaSet>,
     spread: AtomicUsize,
@@ -275,7 +295,7 @@ impl Volume {
         membership: Option<Arc<dyn Membership>>,
         all_in_sync_needed: bool,
     ) -> Result<Volume, VolumeError> {
-        let mut slots = Vec::with_capacity(info.replicas.len());
+        let mut slots = Vec::with_capacity(MAX_SLOTS);
         let mut states = Vec::with_capacity(info.replicas.len());
         for r in &info.replicas {
             let state = r.state;
@@ -292,13 +312,17 @@ impl Volume {
             } else {
                 None
             };
-            slots.push(Slot {
-                conn: RwLock::new(conn),
-                incarnation: AtomicU64::new(0),
-            });
+            slots.push(Slot::new(r.node, conn));
             states.push(state);
         }
         let n = slots.len();
+        if n > MAX_SLOTS {
+            return Err(VolumeError::Protocol {
+                node: 0,
+                what: format!("{n} replicas, more than the {MAX_SLOTS} a volume may have"),
+            });
+        }
+        slots.resize_with(MAX_SLOTS, || Slot::new(0, None));
         Ok(Volume {
             set: RwLock::new(ReplicaSet::new(states, None)),
             info,
@@ -379,10 +403,10 @@ impl Volume {
     pub fn size(&self) -> u64 {
         self.info.size
     }
-    pub fn connections(&self) -> Vec<Option<ConnectionInfo>> {
-        self.slots
-            .iter()
-            .map(|s| self.conn(s).map(|c| c.info()))
+    /// Each replica's node and current data-path link (none while it is out).
+    pub fn connections(&self) -> Vec<(u32, Option<ConnectionInfo>)> {
+        (0..self.set().len())
+            .map(|i| (self.node(i), self.conn(&self.slots[i]).map(|c| c.info())))
             .collect()
     }
 
@@ -414,7 +438,7 @@ impl Volume {
     }
 
     fn node(&self, i: usize) -> u32 {
-        self.info.replicas[i].node
+        self.slots[i].node.load(Ordering::Relaxed)
     }
 
     fn call(
@@ -654,12 +678,12 @@ impl Volume {
         offset: u64,
         len: u64,
     ) -> Vec<Option<Result<u32, VolumeError>>> {
-        let idx: Vec<usize> = (0..self.slots.len())
+        let n = self.set().len();
+        let idx: Vec<usize> = (0..n)
             .filter(|&i| self.conn(&self.slots[i]).is_some())
             .collect();
         let sums = self.checksums(&idx, offset, len).await;
-        let mut out: Vec<Option<Result<u32, VolumeError>>> =
-            (0..self.slots.len()).map(|_| None).collect();
+        let mut out: Vec<Option<Result<u32, VolumeError>>> = (0..n).map(|_| None).collect();
         for (k, r) in sums.into_iter().enumerate() {
             out[idx[k]] = Some(r.map(|c| c as u32));
         }

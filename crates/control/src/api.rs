@@ -61,6 +61,24 @@ pub enum Request {
     NodeStart {
         id: u32,
     },
+    /// Move every replica off a node while volumes stay online (background job; `status`
+    /// shows its progress). `rate` limits each copy, in bytes per second.
+    NodeDrain {
+        id: u32,
+        #[serde(default)]
+        rate: Option<u64>,
+    },
+    /// Like `NodeDrain`, then the node leaves the cluster (it may be dead already: its
+    /// replicas are re-created elsewhere from the other copies).
+    NodeRemove {
+        id: u32,
+        #[serde(default)]
+        rate: Option<u64>,
+    },
+    /// A drained node takes new replicas again.
+    NodeUndrain {
+        id: u32,
+    },
     Status,
 }
 
@@ -75,6 +93,9 @@ pub struct NodeStatus {
     pub ping_us: Option<u64>,
     /// The transport the manager reached it with.
     pub transport: String,
+    /// `active`, `draining` (takes no new replicas) or `removed`.
+    #[serde(default)]
+    pub state: String,
     pub replicas: usize,
     /// Milliseconds since the node last answered a heartbeat (None: never).
     #[serde(default)]
@@ -123,6 +144,9 @@ pub struct LinkStatus {
 pub struct StatusReport {
     pub nodes: Vec<NodeStatus>,
     pub volumes: Vec<VolumeStatus>,
+    /// `node drain` / `node remove` jobs (the latest per node).
+    #[serde(default)]
+    pub moves: Vec<crate::MoveStatus>,
 }
 
 /// Errors seen by a control client.

@@ -12,6 +12,7 @@
 mod api;
 mod manager;
 mod membership;
+mod moves;
 
 pub use api::{
     ControlClient, ControlError, LinkStatus, NodeStatus, ReplicaStatus, Request, StatusReport,
@@ -19,3 +20,4 @@ pub use api::{
 };
 pub use manager::{serve, Manager, NodeControl};
 pub use membership::ControlMembership;
+pub use moves::MoveStatus;

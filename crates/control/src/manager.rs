@@ -8,7 +8,7 @@ use bytes::Bytes;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixListener;
 use trireme_client::{AttachInfo, ReplicaTarget};
-use trireme_meta::{MetaStore, NodeRecord, VolumeRecord};
+use trireme_meta::{MetaStore, NodeRecord, NodeState, VolumeRecord};
 use trireme_proto::{Header, Op, Status};
 use trireme_replication::{place, NodeLoad};
 use trireme_transport::TransportKind;
@@ -34,6 +34,8 @@ pub struct Manager {
     last_seen: std::sync::Mutex<std::collections::HashMap<u32, Instant>>,
     /// The process supervisor of `trireme up`, for `node stop` / `node start`.
     supervisor: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedSender<NodeControl>>>,
+    /// `node drain` / `node remove` jobs, the latest per node.
+    pub(crate) moves: std::sync::Mutex<Vec<crate::moves::MoveStatus>>,
 }
 
 /// A planned node operation for the process supervisor, with where to send its outcome.
@@ -43,7 +45,7 @@ pub enum NodeControl {
     Start(u32, tokio::sync::oneshot::Sender<Result<String>>),
 }
 
-type Result<T> = std::result::Result<T, String>;
+pub(crate) type Result<T> = std::result::Result<T, String>;
 
 impl Manager {
     pub fn new(meta: Arc<dyn MetaStore>) -> Manager {
@@ -53,6 +55,7 @@ impl Manager {
             clients: std::sync::Mutex::default(),
             last_seen: std::sync::Mutex::default(),
             supervisor: std::sync::Mutex::default(),
+            moves: std::sync::Mutex::default(),
         }
     }
 
@@ -61,7 +64,15 @@ impl Manager {
         *self.supervisor.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
     }
 
+    /// Stops a node's process for good (a removed node), if the supervisor runs it.
+    pub(crate) async fn stop_node_process(&self, id: u32) -> Result<String> {
+        self.node_control(false, id).await
+    }
+
     async fn node_control(&self, start: bool, id: u32) -> Result<String> {
+        if start && self.node(id)?.state == NodeState::Removed {
+            return Err(format!("node {id} was removed from the cluster"));
+        }
         let (tx, rx) = tokio::sync::oneshot::channel();
         let cmd = if start {
             NodeControl::Start(id, tx)
@@ -90,7 +101,7 @@ impl Manager {
                 tokio::time::sleep(every).await;
                 let Some(m) = me.upgrade() else { return };
                 let Ok(nodes) = m.meta.nodes() else { continue };
-                for n in nodes {
+                for n in nodes.into_iter().filter(|n| n.state != NodeState::Removed) {
                     let ok = m
                         .node_call_within(&n, Header::request(Op::Ping, 0), down_after)
                         .await
@@ -125,14 +136,26 @@ impl Manager {
             .map(|t| t.elapsed().as_millis() as u64)
     }
 
-    /// Live replica views of a writer attached in this process, if any.
-    fn writer_views(&self, volume: &str) -> Option<Vec<trireme_client::ReplicaView>> {
+    /// The writer of `volume` attached in this process, if any.
+    pub(crate) fn writer(&self, volume: &str) -> Option<Arc<trireme_client::Volume>> {
         let clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
         clients
             .iter()
             .rev()
             .find(|c| c.info().name == volume)
-            .map(|c| c.replica_views())
+            .cloned()
+    }
+
+    /// Live replica views of a writer attached in this process, if any.
+    fn writer_views(&self, volume: &str) -> Option<Vec<trireme_client::ReplicaView>> {
+        self.writer(volume).map(|c| c.replica_views())
+    }
+
+    pub(crate) fn unregister_client(&self, v: &Arc<trireme_client::Volume>) {
+        self.clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|c| !Arc::ptr_eq(c, v));
     }
 
     /// Lets `status` report the links of a volume client running in this process.
@@ -147,10 +170,10 @@ impl Manager {
         let clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
         let mut out = Vec::new();
         for c in clients.iter().filter(|c| c.info().name == volume) {
-            for (i, link) in c.connections().into_iter().enumerate() {
+            for (node, link) in c.connections() {
                 if let Some(l) = link {
                     out.push(LinkStatus {
-                        node: c.info().replicas[i].node,
+                        node,
                         transport: l.transport,
                         peer: l.peer,
                         streams: l.streams,
@@ -165,7 +188,11 @@ impl Manager {
         &self.meta
     }
 
-    async fn node_call(&self, node: &NodeRecord, h: Header) -> Result<trireme_transport::Frame> {
+    pub(crate) async fn node_call(
+        &self,
+        node: &NodeRecord,
+        h: Header,
+    ) -> Result<trireme_transport::Frame> {
         self.node_call_within(node, h, NODE_TIMEOUT).await
     }
 
@@ -192,7 +219,7 @@ impl Manager {
             .map_err(|e| format!("node {}: {e}", node.id))
     }
 
-    fn node(&self, id: u32) -> Result<NodeRecord> {
+    pub(crate) fn node(&self, id: u32) -> Result<NodeRecord> {
         self.meta
             .nodes()
             .map_err(|e| e.to_string())?
@@ -201,7 +228,12 @@ impl Manager {
             .ok_or_else(|| format!("node {id} is not registered"))
     }
 
-    async fn replica_op(&self, node: &NodeRecord, op: Op, v: &VolumeRecord) -> Result<Status> {
+    pub(crate) async fn replica_op(
+        &self,
+        node: &NodeRecord,
+        op: Op,
+        v: &VolumeRecord,
+    ) -> Result<Status> {
         let h = Header {
             volume: v.id,
             length: v.size,
@@ -227,6 +259,7 @@ impl Manager {
         let vols = self.meta.volumes().map_err(|e| e.to_string())?;
         let loads: Vec<NodeLoad> = nodes
             .iter()
+            .filter(|n| n.state == NodeState::Active)
             .map(|n| NodeLoad {
                 node: n.id,
                 replicas: vols
@@ -380,6 +413,7 @@ impl Manager {
             up,
             ping_us: up.then(|| t0.elapsed().as_micros() as u64),
             transport: "tcp".into(),
+            state: n.state.to_string(),
             replicas: vols
                 .iter()
                 .filter(|v| v.replicas.iter().any(|r| r.node == n.id))
@@ -389,7 +423,13 @@ impl Manager {
     }
 
     pub async fn status(&self) -> Result<StatusReport> {
-        let nodes = self.meta.nodes().map_err(|e| e.to_string())?;
+        let nodes: Vec<NodeRecord> = self
+            .meta
+            .nodes()
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .filter(|n| n.state != NodeState::Removed)
+            .collect();
         let vols = self.meta.volumes().map_err(|e| e.to_string())?;
         let mut ns = Vec::new();
         for n in &nodes {
@@ -444,6 +484,7 @@ impl Manager {
         Ok(StatusReport {
             nodes: ns,
             volumes: vs,
+            moves: self.moves(),
         })
     }
 
@@ -454,7 +495,13 @@ impl Manager {
     /// A replica missing from a persistent store is reported, never silently re-created empty.
     /// Nodes that do not answer are skipped (they are handled when they come back).
     pub async fn ensure_replicas(&self) -> Result<()> {
-        let nodes = self.meta.nodes().map_err(|e| e.to_string())?;
+        let nodes: Vec<NodeRecord> = self
+            .meta
+            .nodes()
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .filter(|n| n.state != NodeState::Removed)
+            .collect();
         for v in self.meta.volumes().map_err(|e| e.to_string())? {
             let mut missing = Vec::new();
             let mut present = 0;
@@ -497,7 +544,7 @@ impl Manager {
         Ok(())
     }
 
-    async fn handle(&self, req: Request) -> Result<serde_json::Value> {
+    async fn handle(self: &Arc<Self>, req: Request) -> Result<serde_json::Value> {
         fn to<T: serde::Serialize>(v: Result<T>) -> Result<serde_json::Value> {
             v.map(|x| serde_json::to_value(x).expect("serializable"))
         }
@@ -528,21 +575,16 @@ impl Manager {
             } => to(self.set_replica_state(&name, epoch, node, state)),
             Request::Detach { name, epoch } => to(self.detach(&name, epoch)),
             Request::VolumeScrub { name, region } => {
-                let writer = {
-                    let clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
-                    clients
-                        .iter()
-                        .rev()
-                        .find(|c| c.info().name == name)
-                        .cloned()
-                };
-                let v = writer.ok_or_else(|| {
+                let v = self.writer(&name).ok_or_else(|| {
                     format!("no writer of {name:?} runs in the cluster process; a scrub repairs through it")
                 })?;
                 to(v.scrub(region).await.map_err(|e| e.to_string()))
             }
             Request::NodeStop { id } => to(self.node_control(false, id).await),
             Request::NodeStart { id } => to(self.node_control(true, id).await),
+            Request::NodeUndrain { id } => to(self.undrain(id)),
+            Request::NodeDrain { id, rate } => to(self.start_move(id, false, rate).await),
+            Request::NodeRemove { id, rate } => to(self.start_move(id, true, rate).await),
             Request::Status => to(self.status().await),
         }
     }

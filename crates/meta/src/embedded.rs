@@ -251,6 +251,7 @@ mod tests {
                 addr: "127.0.0.1:1".into(),
                 local_addr: None,
                 store: "file".into(),
+                state: Default::default(),
             })
             .unwrap();
             let v = m.create_volume("vol0", 1 << 20, &[1, 2, 3]).unwrap();

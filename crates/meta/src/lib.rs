@@ -43,6 +43,32 @@ pub struct NodeRecord {
     pub local_addr: Option<String>,
     /// Store backend (`null`, `memory`, `file`).
     pub store: String,
+    /// Whether new replicas may be placed on it.
+    #[serde(default)]
+    pub state: NodeState,
+}
+
+/// A node's place in the cluster.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodeState {
+    /// Takes new replicas.
+    #[default]
+    Active,
+    /// Its replicas are being (or have been) moved off (`node drain`); takes no new ones.
+    Draining,
+    /// Gone from the cluster (`node remove`): holds nothing, is not started, not pinged.
+    Removed,
+}
+
+impl std::fmt::Display for NodeState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            NodeState::Active => "active",
+            NodeState::Draining => "draining",
+            NodeState::Removed => "removed",
+        })
+    }
 }
 
 /// One replica of a volume.

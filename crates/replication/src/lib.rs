@@ -13,7 +13,7 @@ mod quorum;
 mod set;
 
 pub use quorum::{ReplicaOutcome, WriteFailure, WriteQuorum};
-pub use set::{transition, ReplicaSet, ReplicaState, TransitionError};
+pub use set::{removal, transition, ReplicaSet, ReplicaState, TransitionError};
 
 /// Why placement failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -15,6 +15,9 @@ pub enum ReplicaState {
     Resyncing,
     /// Unusable (its node is gone or its store failed).
     Failed,
+    /// Moved off (drained or removed): takes nothing and is never resynced. The writer's view
+    /// only; the metadata drops the replica instead.
+    Removed,
 }
 
 impl fmt::Display for ReplicaState {
@@ -24,6 +27,7 @@ impl fmt::Display for ReplicaState {
             ReplicaState::Outdated => "outdated",
             ReplicaState::Resyncing => "resyncing",
             ReplicaState::Failed => "failed",
+            ReplicaState::Removed => "removed",
         })
     }
 }
@@ -55,6 +59,12 @@ impl ReplicaSet {
 
     pub fn set_state(&mut self, i: usize, s: ReplicaState) {
         self.states[i] = s;
+    }
+
+    /// Adds a replica (a move's new copy) and returns its index. Indices never change.
+    pub fn push(&mut self, s: ReplicaState) -> usize {
+        self.states.push(s);
+        self.states.len() - 1
     }
 
     pub fn states(&self) -> &[ReplicaState] {
@@ -126,7 +136,7 @@ pub enum TransitionError {
 /// * the last in-sync replica is never taken out: with nothing in sync there would be no copy
 ///   that holds every acknowledged write;
 /// * `Resyncing` is the writer's view, never recorded (the replica stays outdated on record
-///   until the copy completes).
+///   until the copy completes), and so is `Removed` (the record drops the replica).
 pub fn transition(
     states: &[(u32, ReplicaState)],
     volume_epoch: u64,
@@ -140,7 +150,7 @@ pub fn transition(
             current: volume_epoch,
         });
     }
-    if to == ReplicaState::Resyncing {
+    if matches!(to, ReplicaState::Resyncing | ReplicaState::Removed) {
         return Err(TransitionError::NotStorable(to));
     }
     let i = states
@@ -156,6 +166,24 @@ pub fn transition(
         if others == 0 {
             return Err(TransitionError::LastInSync(node));
         }
+    }
+    Ok(i)
+}
+
+/// The rule for dropping a replica from a volume's record (the end of a move): the last
+/// in-sync copy is never dropped, and a volume keeps at least one replica. Returns its index.
+pub fn removal(states: &[(u32, ReplicaState)], node: u32) -> Result<usize, TransitionError> {
+    let i = states
+        .iter()
+        .position(|(n, _)| *n == node)
+        .ok_or(TransitionError::NoSuchReplica(node))?;
+    let others_in_sync = states
+        .iter()
+        .enumerate()
+        .filter(|(k, (_, s))| *k != i && *s == ReplicaState::InSync)
+        .count();
+    if others_in_sync == 0 {
+        return Err(TransitionError::LastInSync(node));
     }
     Ok(i)
 }

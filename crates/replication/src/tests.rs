@@ -150,3 +150,29 @@ fn state_changes_need_the_current_epoch_and_keep_one_copy_in_sync() {
     );
     assert!(transition(&one_left, 5, 5, 2, Resyncing).is_err());
 }
+
+#[test]
+fn a_move_adds_a_replica_and_drops_one_only_while_another_is_in_sync() {
+    use ReplicaState::*;
+    let mut s = ReplicaSet::new(vec![InSync, InSync], None);
+    let new = s.push(Failed);
+    assert_eq!(new, 2);
+    assert_eq!(s.write_targets(), vec![0, 1]);
+    s.set_state(new, Resyncing);
+    assert_eq!(s.write_targets(), vec![0, 1, 2]);
+    s.set_state(new, InSync);
+    s.set_state(1, Removed);
+    assert_eq!(s.write_targets(), vec![0, 2]);
+    assert_eq!(s.in_sync(), vec![0, 2]);
+    assert!((0..4).all(|k| !s.read_order(k).contains(&1)));
+
+    let rec = [(1, InSync), (2, Outdated), (4, InSync)];
+    assert_eq!(removal(&rec, 2), Ok(1));
+    assert_eq!(removal(&rec, 4), Ok(2));
+    assert_eq!(
+        removal(&[(1, InSync), (2, Outdated)], 1),
+        Err(TransitionError::LastInSync(1))
+    );
+    assert_eq!(removal(&rec, 9), Err(TransitionError::NoSuchReplica(9)));
+    assert!(transition(&rec, 1, 1, 2, Removed).is_err(), "not storable");
+}

@@ -615,6 +615,7 @@ async fn run_async(cfg: Config) -> Result<Outcome, String> {
             addr: format!("sim:{id}"),
             local_addr: None,
             store: "memory".into(),
+            state: Default::default(),
         })
         .map_err(|e| e.to_string())?;
     }

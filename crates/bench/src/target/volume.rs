@@ -57,8 +57,7 @@ impl VolumeTarget {
             .vol
             .connections()
             .into_iter()
-            .flatten()
-            .map(|c| c.transport)
+            .filter_map(|(_, c)| c.map(|c| c.transport))
             .collect();
         format!(
             "volume {} (native client, {} replicas, epoch {}, links {})",
