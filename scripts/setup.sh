@@ -3,7 +3,7 @@
 # The NBD clients are what the tests and the benchmark drive: fio (nbd engine), nbdkit (the
 # benchmark's baseline), libnbd tools (nbdinfo, nbdcopy, nbdfuse), qemu-img/qemu-io.
 set -euo pipefail
-pkgs=(fio nbdkit libnbd-bin nbdfuse python3-libnbd qemu-utils iproute2 procps librsvg2-bin fonts-dejavu-core)
+pkgs=(fio nbdkit libnbd-bin nbdfuse python3-libnbd qemu-utils iproute2 iptables procps librsvg2-bin fonts-dejavu-core)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

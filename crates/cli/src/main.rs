@@ -128,6 +128,11 @@ pub struct UpArgs {
     /// to 30s).
     #[arg(long, default_value = "500ms", value_parser = units::parse_duration)]
     pub restart_backoff: std::time::Duration,
+    /// Run node N (the N-th time this is given) inside network namespace NS, listening on
+    /// ADDR (an address NS holds), with no same-host socket: every link to it crosses that
+    /// namespace's network. For fault tests with partitions (`ip netns`, veth, iptables).
+    #[arg(long = "node-netns", value_name = "NS@ADDR", value_parser = parse_netns)]
+    pub node_netns: Vec<NodeNetns>,
 }
 
 /// How a writer handles replica failures.
@@ -162,6 +167,35 @@ pub enum NodeCmd {
     Remove(MoveArgs),
     /// Let a drained (or draining) node take new replicas again.
     Undrain { id: u32 },
+}
+
+/// A node's network namespace and address (`--node-netns NS@ADDR`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeNetns {
+    pub name: String,
+    pub addr: std::net::IpAddr,
+}
+
+fn parse_netns(s: &str) -> Result<NodeNetns, String> {
+    let (name, addr) = s
+        .split_once('@')
+        .ok_or_else(|| format!("{s:?}: expected NS@ADDR, e.g. trireme-n1@10.201.1.2"))?;
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if !ok {
+        return Err(format!("{name:?} is not a network namespace name"));
+    }
+    let addr = addr
+        .parse()
+        .map_err(|e| format!("{addr:?} is not an IP address: {e}"))?;
+    Ok(NodeNetns {
+        name: name.to_string(),
+        addr,
+    })
 }
 
 #[derive(Debug, Args)]

@@ -20,6 +20,7 @@ use trireme_meta::{EmbeddedMeta, MetaStore, NodeRecord, NodeState};
 
 use crate::cmds::control_path;
 use crate::units::human;
+use crate::NodeNetns;
 use crate::{Cli, CliError, UpArgs};
 
 struct NodeProc {
@@ -51,9 +52,14 @@ async fn spawn_node(
     store: &str,
     dirty_grain: u64,
     inject_faults: bool,
+    netns: Option<&NodeNetns>,
 ) -> Result<(Child, NodeProc), CliError> {
     let exe = std::env::current_exe()?;
     let mut cmd = Command::new(exe);
+    let listen = match netns {
+        Some(n) => std::net::SocketAddr::new(n.addr, 0).to_string(),
+        None => "127.0.0.1:0".to_string(),
+    };
     cmd.arg("--log")
         .arg(&cli.log)
         .args([
@@ -62,16 +68,17 @@ async fn spawn_node(
             "--id",
             &id.to_string(),
             "--listen",
-            "127.0.0.1:0",
+            &listen,
             "--store",
             store,
             "--dirty-grain",
             &dirty_grain.to_string(),
             "--dir",
         ])
-        .arg(dir.join(format!("node-{id}")))
-        .arg("--socket")
-        .arg(dir.join(format!("node-{id}.sock")));
+        .arg(dir.join(format!("node-{id}")));
+    if netns.is_none() {
+        cmd.arg("--socket").arg(dir.join(format!("node-{id}.sock")));
+    }
     if inject_faults {
         cmd.arg("--inject-faults")
             .arg(dir.join(format!("node-{id}.faults")));
@@ -87,17 +94,38 @@ async fn spawn_node(
         .append(true)
         .open(dir.join(format!("node-{id}.log")))?;
     cmd.stderr(log);
-    // SAFETY: prctl is async-signal-safe and touches no memory of the parent; it makes the
-    // kernel send SIGTERM to the node if `up` dies without cleaning up (kill -9).
+    // The namespace is opened here (close-on-exec) and entered in the child before exec.
+    let ns_file = match netns {
+        Some(n) => Some(
+            std::fs::File::open(Path::new("/var/run/netns").join(&n.name)).map_err(|e| {
+                CliError::Usage(format!(
+                    "network namespace {:?} (for node {id}): {e}; create it with `ip netns add`",
+                    n.name
+                ))
+            })?,
+        ),
+        None => None,
+    };
+    let ns_fd = ns_file.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
+    // SAFETY: prctl and setns are async-signal-safe system calls that touch no memory of the
+    // parent. PR_SET_PDEATHSIG makes the kernel send SIGTERM to the node if `up` dies without
+    // cleaning up (kill -9); setns moves the child into the node's network namespace, through
+    // a descriptor that stays open in the parent until after spawn returns.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
                 return Err(std::io::Error::last_os_error());
+            }
+            if let Some(fd) = ns_fd {
+                if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
             }
             Ok(())
         });
     }
     let mut child = cmd.spawn()?;
+    drop(ns_file);
     let stdout = child.stdout.take().expect("piped");
     let mut line = String::new();
     let read = tokio::time::timeout(
@@ -175,6 +203,13 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
         Some(_) => {}
         None => meta.set_setting("store", store)?,
     }
+    if !a.node_netns.is_empty() && a.node_netns.len() != a.nodes as usize {
+        return Err(CliError::Usage(format!(
+            "--node-netns is given {} time(s); give it once per node ({})",
+            a.node_netns.len(),
+            a.nodes
+        )));
+    }
     let known = meta.nodes()?.len() as u32;
     if known != 0 && known != a.nodes {
         return Err(CliError::Usage(format!(
@@ -204,6 +239,7 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
         dirty_grain: a.dirty_grain,
         inject_faults: a.inject_faults,
         backoff: a.restart_backoff,
+        netns: a.node_netns.clone(),
     };
     let removed: Vec<u32> = meta
         .nodes()?
@@ -391,6 +427,8 @@ struct Supervisor {
     dirty_grain: u64,
     inject_faults: bool,
     backoff: Duration,
+    /// Per node (index id-1): the network namespace it runs in, if any.
+    netns: Vec<NodeNetns>,
 }
 
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -406,6 +444,7 @@ impl Supervisor {
             &self.store,
             self.dirty_grain,
             self.inject_faults,
+            self.netns.get(id as usize - 1),
         )
         .await?;
         // A restart keeps what the cluster decided about the node (draining, say).

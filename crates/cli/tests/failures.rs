@@ -566,3 +566,176 @@ fn drain_and_remove_move_replicas_while_io_goes_on() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("node 9"));
     cli_ok(&c, &["node", "undrain", &drained.to_string()]);
 }
+
+/// Network namespaces for nodes, one per node, each joined to this namespace by a veth pair
+/// (`10.201.N.1` here, `10.201.N.2` inside), with iptables rules that cut one off. Everything
+/// is undone on drop.
+struct Netns {
+    names: Vec<String>,
+    veths: Vec<String>,
+    rules: Vec<Vec<String>>,
+}
+
+fn sh(args: &[&str]) -> Result<(), String> {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .map_err(|e| format!("{args:?}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+impl Netns {
+    fn create(n: u32) -> Netns {
+        let tag = std::process::id() % 100_000;
+        let mut ns = Netns {
+            names: Vec::new(),
+            veths: Vec::new(),
+            rules: Vec::new(),
+        };
+        for i in 1..=n {
+            let name = format!("trireme-t{tag}-n{i}");
+            let veth = format!("trt{tag}v{i}");
+            let host = format!("10.201.{i}.1/24");
+            let inner = format!("10.201.{i}.2/24");
+            let steps: Vec<Vec<&str>> = vec![
+                vec!["ip", "netns", "add", &name],
+                vec![
+                    "ip", "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns",
+                    &name,
+                ],
+                vec!["ip", "addr", "add", &host, "dev", &veth],
+                vec!["ip", "link", "set", &veth, "up"],
+                vec!["ip", "-n", &name, "addr", "add", &inner, "dev", "eth0"],
+                vec!["ip", "-n", &name, "link", "set", "eth0", "up"],
+                vec!["ip", "-n", &name, "link", "set", "lo", "up"],
+            ];
+            for (k, s) in steps.iter().enumerate() {
+                if let Err(e) = sh(s) {
+                    panic!("creating network namespaces needs root and iproute2 (set TRIREME_SKIP_NETNS=1 to skip this test): {e}");
+                }
+                if k == 0 {
+                    ns.names.push(name.clone());
+                }
+                if k == 1 {
+                    ns.veths.push(veth.clone());
+                }
+            }
+        }
+        ns
+    }
+
+    fn addr(i: u32) -> String {
+        format!("10.201.{i}.2")
+    }
+
+    /// Drops every packet to and from node `i`'s namespace.
+    fn partition(&mut self, i: u32) {
+        let a = Netns::addr(i);
+        for rule in [
+            vec!["OUTPUT", "-d", &a, "-j", "DROP"],
+            vec!["INPUT", "-s", &a, "-j", "DROP"],
+        ] {
+            let mut args = vec!["iptables", "-I"];
+            args.extend(rule.iter().copied());
+            sh(&args).unwrap_or_else(|e| panic!("iptables is needed: {e}"));
+            self.rules
+                .push(rule.iter().map(|s| s.to_string()).collect());
+        }
+    }
+
+    fn heal(&mut self) {
+        for rule in self.rules.drain(..) {
+            let mut args = vec!["iptables", "-D"];
+            args.extend(rule.iter().map(String::as_str));
+            let _ = sh(&args);
+        }
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        self.heal();
+        for v in &self.veths {
+            let _ = sh(&["ip", "link", "del", v]);
+        }
+        for n in &self.names {
+            let _ = sh(&["ip", "netns", "del", n]);
+        }
+    }
+}
+
+/// Nodes in their own network namespaces, reached over veth and TCP only: a node cut off by
+/// iptables (both directions) and a node killed, under the workload. The cut-off node is taken
+/// out by the writer's timeout and declared down by the heartbeats, and both come back with an
+/// incremental resync.
+#[test]
+fn partitioned_and_killed_nodes_in_network_namespaces() {
+    if std::env::var_os("TRIREME_SKIP_NETNS").is_some() {
+        eprintln!("TRIREME_SKIP_NETNS is set: skipping the network-namespace test");
+        return;
+    }
+    let mut ns = Netns::create(3);
+    let mut args: Vec<String> = ["--store", "file", "--size", "64M"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    for (k, name) in ns.names.iter().enumerate() {
+        args.push("--node-netns".into());
+        args.push(format!("{name}@{}", Netns::addr(k as u32 + 1)));
+    }
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let c = Cluster::start(&argv);
+    let s = status(&c);
+    let links = &s["volumes"][0]["client_links"];
+    for l in links.as_array().unwrap() {
+        assert_eq!(l["transport"], "tcp", "{s}");
+        assert!(l["peer"].as_str().unwrap().starts_with("10.201."), "{s}");
+    }
+    let bench = start_bench(&c, 14);
+    std::thread::sleep(Duration::from_secs(2));
+    // A partition longer than the replica timeout and the heartbeat limit.
+    ns.partition(2);
+    std::thread::sleep(Duration::from_millis(4000));
+    let s = status(&c);
+    let n2 = s["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["id"] == 2)
+        .unwrap()
+        .clone();
+    assert_eq!(n2["up"], false, "{s}");
+    let out = c.cli(&["--output", "json", "volume", "info", "vol0"]);
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let r2 = info["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["node"] == 2)
+        .unwrap()
+        .clone();
+    assert_eq!(r2["state"], "outdated", "recorded out: {info}");
+    ns.heal();
+    wait_all_in_sync(&c);
+    // A crash inside a namespace: restarted there.
+    let p3 = node_pid(&c, 3);
+    signal(p3, libc::SIGKILL);
+    wait_restarted(&c, 3, p3);
+    let v = finish_bench(&c, bench);
+    wait_all_in_sync(&c);
+    assert_replicas_identical(&c, "vol0");
+    let written = v["write"]["bytes"].as_u64().unwrap();
+    let r = resyncs(&c);
+    assert!(r.len() >= 2, "{r:?}\n{}", c.log());
+    for (full, copied) in &r {
+        assert!(!full && *copied <= written, "{r:?}");
+    }
+    drop(c);
+}
