@@ -6,6 +6,7 @@ use std::sync::Arc;
 use serde::Serialize;
 use trireme_control::{ControlClient, MoveStatus, NodeStatus, Request, StatusReport};
 use trireme_meta::VolumeRecord;
+use trireme_store::StoreKind;
 
 use crate::units::human;
 use crate::{Cli, CliError, Cmd, NodeCmd, NodeServeArgs, Output, VolumeCmd};
@@ -148,11 +149,12 @@ async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 .map_err(usage_if_remote)?;
             print(out, &r, |r| {
                 let mut s = format!(
-                    "volume {}: scrubbed {} on nodes {:?}: {} region(s) differed, {} copy(ies) repaired, {} without a majority\n",
+                    "volume {}: scrubbed {} on nodes {:?}: {} region(s) differed ({} bad copies by checksum), {} copy(ies) repaired, {} without a majority\n",
                     r.volume,
                     human(r.bytes_compared),
                     r.replicas,
                     r.mismatched_regions,
+                    r.bad_copies,
                     r.repaired.len(),
                     r.unresolved.len()
                 );
@@ -190,9 +192,16 @@ async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 );
                 for m in &r.mismatches {
                     s += &format!(
-                        "  offset {} length {}: {:?}\n",
+                        "  offset {} length {}: (node, crc32c) {:?}",
                         m.offset, m.length, m.checksums
                     );
+                    if !m.bad_copies.is_empty() {
+                        s += &format!(
+                            ", bad copy (fails block checksums) on nodes {:?}",
+                            m.bad_copies
+                        );
+                    }
+                    s += "\n";
                 }
                 s
             });
@@ -390,6 +399,13 @@ fn move_text(m: &MoveStatus) -> String {
 
 async fn node_serve(a: &NodeServeArgs) -> Result<(), CliError> {
     let mut store = trireme_store::open_store(a.store.kind(), &a.dir)?;
+    // Every block written is sealed (crc32c over LBA, generation and bytes) and checked on
+    // read; the file store keeps the seals beside its replicas. The null store holds nothing.
+    match a.store.kind() {
+        StoreKind::Null => {}
+        StoreKind::Memory => store = Arc::new(trireme_store::SealedStore::new(store, None)),
+        StoreKind::File => store = Arc::new(trireme_store::SealedStore::new(store, Some(&a.dir))),
+    }
     if let Some(spec) = &a.inject_faults {
         tracing::warn!(spec = %spec.display(), "store errors will be injected (fault testing)");
         store = Arc::new(trireme_store::FaultyStore::new(store, spec));

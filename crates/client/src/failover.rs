@@ -793,6 +793,46 @@ impl Volume {
         }
     }
 
+    /// Rewrites the blocks around `[off, off+len)` on the `bad` replicas (their copy failed its
+    /// block checksums) from replica `good`, under the range's write lock so no write is
+    /// undone. A replica the rewrite fails on is taken out.
+    pub(crate) async fn repair(&self, bad: &[usize], good: usize, off: u64, len: u64) {
+        let a = off / 4096 * 4096;
+        let e = (off + len).div_ceil(4096) * 4096;
+        let e = e.min(self.info.size);
+        let _r = self.write_order.acquire(a, e).await;
+        let data = match self.read_from(good, a, e - a).await {
+            Ok(d) => d,
+            Err(err) => {
+                tracing::warn!(volume = %self.info.name, "cannot repair a bad copy: {err}");
+                return;
+            }
+        };
+        for &b in bad {
+            if self.set().state(b) != ReplicaState::InSync {
+                continue;
+            }
+            let h = self.header(Op::Write, a, e - a);
+            match self
+                .call(b, h, data.clone())
+                .await
+                .and_then(|f| self.expect_ok(b, f))
+            {
+                Ok(_) => {
+                    tracing::warn!(volume = %self.info.name, node = self.node(b), offset = a, bytes = e - a, from = self.node(good), "repaired a bad copy from a good one")
+                }
+                Err(err) => {
+                    tracing::warn!(volume = %self.info.name, node = self.node(b), "repairing a bad copy failed: {err}");
+                    if self.membership.is_some() {
+                        if let Err(e2) = self.take_out_with(&[b], Some((a, e - a)), false).await {
+                            tracing::warn!(volume = %self.info.name, "{e2}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// `[off, off+len)` as replica `src` holds it.
     async fn read_from(&self, src: usize, off: u64, len: u64) -> Result<Bytes, VolumeError> {
         let h = self.header(Op::Read, off, len);
@@ -929,13 +969,18 @@ pub struct ScrubReport {
     pub repaired: Vec<(u64, u32)>,
     /// Regions with no majority (two copies that differ): reported, left alone.
     pub unresolved: Vec<u64>,
+    /// Copies whose blocks failed their checksums (known bad, repaired from a good one even
+    /// when only one good copy is left).
+    #[serde(default)]
+    pub bad_copies: u64,
 }
 
 impl Volume {
     /// Compares every region across the in-sync replicas (crc32c computed on each node) while
-    /// I/O goes on, each region under its write lock. Where they differ, the copy held by a
-    /// majority is written over the others; with no majority (two copies) nothing is guessed:
-    /// the region is reported.
+    /// I/O goes on, each region under its write lock. A copy whose blocks fail their checksums
+    /// (sealed stores) is known bad and rewritten from a good one. Where good copies differ,
+    /// the copy held by a majority is written over the others; with no majority (two copies
+    /// that both pass their checksums) nothing is guessed: the region is reported.
     pub async fn scrub(&self, region: u64) -> Result<ScrubReport, VolumeError> {
         let region = region.clamp(4096, CHUNK);
         let mut report = ScrubReport {
@@ -950,24 +995,37 @@ impl Volume {
             let _r = self.write_order.acquire(off, off + len).await;
             let targets = self.set().in_sync();
             let sums = self.checksums(&targets, off, len).await;
+            // A copy whose blocks fail their checksums is known bad: it gets no vote.
             let mut got: Vec<(usize, u64)> = Vec::new();
+            let mut bad: Vec<usize> = Vec::new();
             for (k, r) in sums.into_iter().enumerate() {
-                got.push((targets[k], r?));
+                match r {
+                    Ok(c) => got.push((targets[k], c)),
+                    Err(e) if e.is_bad_copy() => bad.push(targets[k]),
+                    Err(e) => return Err(e),
+                }
             }
             report.bytes_compared += len;
-            if got.windows(2).any(|w| w[0].1 != w[1].1) {
+            if !bad.is_empty() || got.windows(2).any(|w| w[0].1 != w[1].1) {
                 report.mismatched_regions += 1;
+                report.bad_copies += bad.len() as u64;
+                let voters = got.len();
                 let majority = got
                     .iter()
                     .map(|g| g.1)
-                    .find(|c| got.iter().filter(|g| g.1 == *c).count() * 2 > got.len());
+                    .find(|c| voters > 0 && got.iter().filter(|g| g.1 == *c).count() * 2 > voters);
                 match majority {
                     None => report.unresolved.push(off),
                     Some(good) => {
                         let src = got.iter().find(|g| g.1 == good).expect("majority").0;
                         let data = self.read_from(src, off, len).await?;
-                        for &(t, c) in &got {
-                            if c != good {
+                        let wrong = got
+                            .iter()
+                            .filter(|g| g.1 != good)
+                            .map(|g| g.0)
+                            .chain(bad.iter().copied());
+                        for t in wrong.collect::<Vec<usize>>() {
+                            {
                                 let w = self.header(Op::Write, off, len);
                                 self.expect_ok(t, self.call(t, w, data.clone()).await?)?;
                                 report.repaired.push((off, self.node(t)));

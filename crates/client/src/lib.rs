@@ -115,6 +115,10 @@ impl VolumeError {
     pub fn is_invalid_request(&self) -> bool {
         matches!(self, VolumeError::Range(_))
     }
+    /// The replica's copy failed its block checksums (the node keeps serving other ranges).
+    pub fn is_bad_copy(&self) -> bool {
+        matches!(self, VolumeError::Replica { status, .. } if *status == Status::Corrupt.as_str())
+    }
     pub fn is_fenced(&self) -> bool {
         matches!(
             self,
@@ -569,6 +573,8 @@ impl Volume {
         let spread = self.spread.fetch_add(1, Ordering::Relaxed);
         let mut last = VolumeError::NoReplicas(self.info.name.clone());
         let mut tried: Vec<usize> = Vec::new();
+        // Replicas whose copy failed its block checksums: repaired from the one that answers.
+        let mut bad: Vec<usize> = Vec::new();
         // The in-sync set may change while a read waits on a replica that stopped answering
         // (another may finish its resync meanwhile), so it is looked at again each time.
         loop {
@@ -586,10 +592,18 @@ impl Volume {
                 .await
                 .and_then(|f| self.expect_ok(i, f))
             {
-                Ok(f) => return Ok(f),
+                Ok(f) => {
+                    if !bad.is_empty() && h.op == Op::Read {
+                        self.repair(&bad, i, h.offset, h.length).await;
+                    }
+                    return Ok(f);
+                }
                 Err(e @ VolumeError::Fenced { .. }) => return Err(e),
                 Err(e) => {
                     tracing::warn!(volume = %self.info.name, node = self.node(i), "read failed, trying another replica: {e}");
+                    if e.is_bad_copy() {
+                        bad.push(i);
+                    }
                     last = e;
                 }
             }

@@ -9,8 +9,10 @@ use crate::{Volume, VolumeError};
 pub struct Mismatch {
     pub offset: u64,
     pub length: u64,
-    /// `(node, crc32c)` per replica.
+    /// `(node, crc32c)` per replica whose copy passed its block checksums.
     pub checksums: Vec<(u32, u32)>,
+    /// Nodes whose copy failed its block checksums (known bad).
+    pub bad_copies: Vec<u32>,
 }
 
 /// What `verify_replicas` found.
@@ -46,7 +48,8 @@ pub async fn verify_replicas(vol: &Volume, region: u64) -> Result<VerifyReport, 
                 report.mismatches.push(Mismatch {
                     offset,
                     length: len,
-                    checksums: sums,
+                    checksums: sums.0,
+                    bad_copies: sums.1,
                 });
             }
         }
@@ -56,21 +59,29 @@ pub async fn verify_replicas(vol: &Volume, region: u64) -> Result<VerifyReport, 
     Ok(report)
 }
 
-async fn collect(vol: &Volume, offset: u64, len: u64) -> Result<Vec<(u32, u32)>, VolumeError> {
+/// Each replica's checksum, and the nodes whose copy failed its block checksums.
+type Sums = (Vec<(u32, u32)>, Vec<u32>);
+
+async fn collect(vol: &Volume, offset: u64, len: u64) -> Result<Sums, VolumeError> {
     let mut out = Vec::new();
+    let mut bad = Vec::new();
     for (i, r) in vol
         .replica_checksums(offset, len)
         .await
         .into_iter()
         .enumerate()
     {
-        if let Some(r) = r {
-            out.push((vol.info().replicas[i].node, r?));
+        let node = vol.info().replicas[i].node;
+        match r {
+            Some(Ok(c)) => out.push((node, c)),
+            Some(Err(e)) if e.is_bad_copy() => bad.push(node),
+            Some(Err(e)) => return Err(e),
+            None => {}
         }
     }
-    Ok(out)
+    Ok((out, bad))
 }
 
-fn all_equal(s: &[(u32, u32)]) -> bool {
-    s.windows(2).all(|w| w[0].1 == w[1].1)
+fn all_equal(s: &Sums) -> bool {
+    s.1.is_empty() && s.0.windows(2).all(|w| w[0].1 == w[1].1)
 }

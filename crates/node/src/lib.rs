@@ -54,6 +54,7 @@ impl From<StoreError> for Refusal {
             StoreError::OutOfRange { .. } => Status::OutOfRange,
             StoreError::NoSpace { .. } => Status::NoSpace,
             StoreError::Invalid(_) => Status::Invalid,
+            StoreError::BadBlock { .. } => Status::Corrupt,
             StoreError::Io { .. } | StoreError::Corrupt { .. } => Status::Io,
         };
         Refusal(s, e.to_string())

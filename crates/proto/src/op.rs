@@ -101,6 +101,8 @@ pub enum Status {
     /// The replica was attached again through another connection of the same writer; this
     /// connection is abandoned and its requests are refused.
     Superseded = 9,
+    /// The replica's copy of the range is bad (a block failed its checksum); read another.
+    Corrupt = 10,
     /// A status code this build does not know (sent by a newer peer).
     Unknown = 255,
 }
@@ -118,6 +120,7 @@ impl Status {
             7 => Status::NoSpace,
             8 => Status::Unsupported,
             9 => Status::Superseded,
+            10 => Status::Corrupt,
             _ => Status::Unknown,
         }
     }
@@ -134,6 +137,7 @@ impl Status {
             Status::NoSpace => "no space",
             Status::Unsupported => "unsupported",
             Status::Superseded => "superseded by a newer connection of the writer",
+            Status::Corrupt => "bad copy: a block failed its checksum",
             Status::Unknown => "unknown status",
         }
     }

@@ -27,6 +27,7 @@ mod file;
 mod map;
 mod memory;
 mod null;
+pub mod sealed;
 
 pub use faulty::FaultyStore;
 pub use file::meta as file_meta;
@@ -34,6 +35,7 @@ pub use file::FileStore;
 pub use map::{extents_from, AllocMap};
 pub use memory::MemoryStore;
 pub use null::NullStore;
+pub use sealed::SealedStore;
 pub use trireme_proto::Extent;
 
 use std::path::Path;
@@ -74,6 +76,9 @@ pub enum StoreError {
     /// The request is invalid (e.g. a zero-size replica).
     #[error("invalid: {0}")]
     Invalid(String),
+    /// A block's bytes do not match its checksum: this copy is bad there.
+    #[error("replica {volume}: block at {offset} fails its checksum")]
+    BadBlock { volume: u64, offset: u64 },
 }
 
 /// Which backend a store is.

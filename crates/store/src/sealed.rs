@@ -1,0 +1,437 @@
+//! Per-block checksums ("seals") over any store: every 4 KiB block written gets a crc32c over
+//! its LBA, a generation (how many times the block was written) and its bytes, and every read
+//! checks the blocks it returns. A block whose bytes do not match its seal — bit rot, a write
+//! the device lost (stale bytes), a write that landed at another LBA, bytes changed behind the
+//! node's back — fails the read with [`StoreError::BadBlock`] instead of returning wrong data,
+//! so the writer reads another copy and repairs this one.
+//!
+//! Seals live in memory, one `u64` per block (`generation << 32 | crc`; 0 means "not sealed":
+//! never written, trimmed, or not known after a crash). With a directory, they are persisted
+//! to `replica-<volume>.seals` on every flush and at close, with a header whose *open* flag is
+//! set while the replica is served. Found set at open (the process died), the seals on disk
+//! may be older or newer than the data, so they are dropped: the replica is unsealed until
+//! its blocks are written again, and scrub still compares it with the other copies.
+//!
+//! A read that races a write of the same block can see new bytes and an old seal; so a
+//! mismatch is checked again under the block's lock (writes hold it while they write the bytes
+//! and the seal) before it is reported.
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::{Extent, Replica, Store, StoreError, StoreKind};
+
+/// The sealed unit.
+pub const BLOCK: u64 = 4096;
+const STRIPES: usize = 256;
+const MAGIC: &[u8; 8] = b"TRMSEALS";
+const VERSION: u32 = 1;
+const HEADER: u64 = 64;
+const FLAG_OPEN: u32 = 1;
+/// Seals per persisted page (4 KiB of seals).
+const PAGE: usize = 512;
+
+/// The seal of one block's bytes at `lba` and `generation`.
+pub fn seal(lba: u64, generation: u32, block: &[u8]) -> u64 {
+    let mut c = crc32c::crc32c(&lba.to_le_bytes());
+    c = crc32c::crc32c_append(c, &generation.to_le_bytes());
+    c = crc32c::crc32c_append(c, block);
+    (u64::from(generation) << 32) | u64::from(c)
+}
+
+/// A store whose replicas seal every block (see the module docs).
+#[derive(Debug)]
+pub struct SealedStore {
+    inner: Arc<dyn Store>,
+    /// Where seals persist; `None` keeps them in memory (a volatile store).
+    dir: Option<PathBuf>,
+}
+
+impl SealedStore {
+    pub fn new(inner: Arc<dyn Store>, dir: Option<&Path>) -> SealedStore {
+        SealedStore {
+            inner,
+            dir: dir.map(Path::to_path_buf),
+        }
+    }
+
+    fn path(&self, volume: u64) -> Option<PathBuf> {
+        self.dir
+            .as_ref()
+            .map(|d| d.join(format!("replica-{volume:016x}.seals")))
+    }
+
+    fn wrap(&self, r: Arc<dyn Replica>, fresh: bool) -> Result<Arc<dyn Replica>, StoreError> {
+        let blocks = r.size().div_ceil(BLOCK) as usize;
+        let seals: Vec<AtomicU64> = (0..blocks).map(|_| AtomicU64::new(0)).collect();
+        let pages = blocks.div_ceil(PAGE);
+        let sealed = SealedReplica {
+            seals,
+            dirty: (0..pages).map(|_| AtomicBool::new(false)).collect(),
+            locks: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            file: None,
+            inner: r,
+        };
+        let sealed = match self.path(sealed.volume()) {
+            None => sealed,
+            Some(p) => sealed.attach_file(&p, fresh)?,
+        };
+        Ok(Arc::new(sealed))
+    }
+}
+
+impl Store for SealedStore {
+    fn kind(&self) -> StoreKind {
+        self.inner.kind()
+    }
+    fn blocking(&self) -> bool {
+        self.inner.blocking()
+    }
+    fn create(&self, volume: u64, size: u64) -> Result<Arc<dyn Replica>, StoreError> {
+        let r = self.inner.create(volume, size)?;
+        self.wrap(r, true)
+    }
+    fn open_all(&self) -> Vec<Result<Arc<dyn Replica>, StoreError>> {
+        self.inner
+            .open_all()
+            .into_iter()
+            .map(|r| r.and_then(|r| self.wrap(r, false)))
+            .collect()
+    }
+    fn delete(&self, volume: u64) -> Result<(), StoreError> {
+        self.inner.delete(volume)?;
+        if let Some(p) = self.path(volume) {
+            let _ = std::fs::remove_file(p);
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug)]
+struct SealedReplica {
+    inner: Arc<dyn Replica>,
+    seals: Vec<AtomicU64>,
+    /// Pages of `seals` changed since they were last persisted.
+    dirty: Vec<AtomicBool>,
+    locks: Vec<Mutex<()>>,
+    file: Option<Mutex<std::fs::File>>,
+}
+
+fn header(volume: u64, blocks: u64, flags: u32) -> [u8; HEADER as usize] {
+    let mut h = [0u8; HEADER as usize];
+    h[0..8].copy_from_slice(MAGIC);
+    h[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    h[12..16].copy_from_slice(&flags.to_le_bytes());
+    h[16..24].copy_from_slice(&volume.to_le_bytes());
+    h[24..32].copy_from_slice(&blocks.to_le_bytes());
+    let c = crc32c::crc32c(&h[..60]);
+    h[60..64].copy_from_slice(&c.to_le_bytes());
+    h
+}
+
+/// Checks a seal file's header; returns its flags.
+pub fn check_header(h: &[u8], volume: u64, blocks: u64) -> Result<u32, String> {
+    if h.len() < HEADER as usize {
+        return Err(format!("header is {} bytes, not {HEADER}", h.len()));
+    }
+    if &h[0..8] != MAGIC {
+        return Err("bad magic".into());
+    }
+    let c = u32::from_le_bytes(h[60..64].try_into().expect("4 bytes"));
+    if crc32c::crc32c(&h[..60]) != c {
+        return Err("header checksum mismatch".into());
+    }
+    let version = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes"));
+    if version != VERSION {
+        return Err(format!("version {version}, expected {VERSION}"));
+    }
+    let v = u64::from_le_bytes(h[16..24].try_into().expect("8 bytes"));
+    let b = u64::from_le_bytes(h[24..32].try_into().expect("8 bytes"));
+    if v != volume || b != blocks {
+        return Err(format!(
+            "for volume {v:x} with {b} blocks, expected {volume:x} with {blocks}"
+        ));
+    }
+    Ok(u32::from_le_bytes(h[12..16].try_into().expect("4 bytes")))
+}
+
+impl SealedReplica {
+    fn io(&self, op: &'static str) -> impl Fn(std::io::Error) -> StoreError + '_ {
+        move |source| StoreError::Io {
+            volume: self.inner.volume(),
+            op,
+            source,
+        }
+    }
+
+    /// Loads the seals from `path` if the replica was closed cleanly, then marks the file open.
+    fn attach_file(mut self, path: &Path, fresh: bool) -> Result<SealedReplica, StoreError> {
+        let volume = self.inner.volume();
+        let blocks = self.seals.len() as u64;
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(self.io("open seals"))?;
+        let mut bytes = Vec::new();
+        f.read_to_end(&mut bytes).map_err(self.io("read seals"))?;
+        let want = (HEADER + blocks * 8) as usize;
+        let loaded = if fresh || bytes.is_empty() {
+            false
+        } else {
+            match check_header(&bytes, volume, blocks) {
+                Ok(flags) if flags & FLAG_OPEN == 0 && bytes.len() == want => true,
+                Ok(_) => {
+                    tracing::warn!(volume, path = %path.display(), "replica was not closed cleanly: its block seals are dropped until blocks are written again");
+                    false
+                }
+                Err(what) => {
+                    tracing::warn!(volume, path = %path.display(), "block seals unusable ({what}); dropped");
+                    false
+                }
+            }
+        };
+        if loaded {
+            for (i, s) in self.seals.iter().enumerate() {
+                let o = HEADER as usize + i * 8;
+                s.store(
+                    u64::from_le_bytes(bytes[o..o + 8].try_into().expect("8 bytes")),
+                    Ordering::Relaxed,
+                );
+            }
+        } else {
+            // Every page is written out at the next flush: the file then matches memory.
+            f.set_len(want as u64).map_err(self.io("size seals"))?;
+            for d in &self.dirty {
+                d.store(true, Ordering::Relaxed);
+            }
+        }
+        f.seek(SeekFrom::Start(0)).map_err(self.io("seek seals"))?;
+        f.write_all(&header(volume, blocks, FLAG_OPEN))
+            .map_err(self.io("write seals"))?;
+        f.sync_all().map_err(self.io("sync seals"))?;
+        self.file = Some(Mutex::new(f));
+        if !loaded {
+            self.persist(false)?;
+        }
+        Ok(self)
+    }
+
+    /// Writes the changed pages of seals (and, with `clean`, a header without the open flag).
+    fn persist(&self, clean: bool) -> Result<(), StoreError> {
+        let Some(f) = &self.file else { return Ok(()) };
+        let f = f.lock().unwrap_or_else(|e| e.into_inner());
+        let mut buf = Vec::with_capacity(PAGE * 8);
+        let mut wrote = false;
+        for (p, d) in self.dirty.iter().enumerate() {
+            if !d.swap(false, Ordering::AcqRel) {
+                continue;
+            }
+            buf.clear();
+            let end = ((p + 1) * PAGE).min(self.seals.len());
+            for s in &self.seals[p * PAGE..end] {
+                buf.extend_from_slice(&s.load(Ordering::Acquire).to_le_bytes());
+            }
+            if let Err(e) = f.write_all_at(&buf, HEADER + (p * PAGE * 8) as u64) {
+                d.store(true, Ordering::Release);
+                return Err(self.io("write seals")(e));
+            }
+            wrote = true;
+        }
+        if wrote {
+            f.sync_data().map_err(self.io("sync seals"))?;
+        }
+        if clean {
+            // Only after the seals are on disk may the header say they are complete.
+            let h = header(self.inner.volume(), self.seals.len() as u64, 0);
+            f.write_all_at(&h, 0).map_err(self.io("write seals"))?;
+            f.sync_data().map_err(self.io("sync seals"))?;
+        }
+        Ok(())
+    }
+
+    /// Locks the stripes of blocks `[first, last]`, in order, each once.
+    fn lock(&self, first: u64, last: u64) -> Vec<MutexGuard<'_, ()>> {
+        let mut stripes: Vec<usize> = if last - first + 1 >= STRIPES as u64 {
+            (0..STRIPES).collect()
+        } else {
+            (first..=last)
+                .map(|b| (b % STRIPES as u64) as usize)
+                .collect()
+        };
+        stripes.sort_unstable();
+        stripes.dedup();
+        stripes
+            .into_iter()
+            .map(|s| self.locks[s].lock().unwrap_or_else(|e| e.into_inner()))
+            .collect()
+    }
+
+    fn set_seal(&self, b: u64, v: u64) {
+        self.seals[b as usize].store(v, Ordering::Release);
+        self.dirty[b as usize / PAGE].store(true, Ordering::Release);
+    }
+
+    fn next_generation(&self, b: u64) -> u32 {
+        let g = (self.seals[b as usize].load(Ordering::Acquire) >> 32) as u32;
+        g.wrapping_add(1).max(1)
+    }
+
+    /// Reads whole blocks `[a, a+buf.len())` and checks them; the first bad block's offset on
+    /// a mismatch.
+    fn read_checked(&self, a: u64, buf: &mut [u8]) -> Result<Option<u64>, StoreError> {
+        self.inner.read(a, buf)?;
+        for (k, block) in buf.chunks(BLOCK as usize).enumerate() {
+            let b = a / BLOCK + k as u64;
+            let s = self.seals[b as usize].load(Ordering::Acquire);
+            if s != 0 && seal(b, (s >> 32) as u32, block) != s {
+                return Ok(Some(b * BLOCK));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Reads whole blocks at `a` and checks them (see the module docs for the second look).
+    fn read_blocks(&self, a: u64, whole: &mut [u8]) -> Result<(), StoreError> {
+        let mut bad = self.read_checked(a, whole)?;
+        if bad.is_some() {
+            // Perhaps a write of the same block was between its bytes and its seal: again,
+            // with writes of these blocks held off.
+            let end = a + whole.len() as u64;
+            let _held = self.lock(a / BLOCK, (end - 1) / BLOCK);
+            bad = self.read_checked(a, whole)?;
+        }
+        match bad {
+            None => Ok(()),
+            Some(at) => {
+                tracing::error!(
+                    volume = self.volume(),
+                    offset = at,
+                    "block fails its checksum: this copy is bad"
+                );
+                Err(StoreError::BadBlock {
+                    volume: self.volume(),
+                    offset: at,
+                })
+            }
+        }
+    }
+
+    /// Seals block `b` from what the store now holds (the edge of a partial write).
+    fn reseal_from_store(&self, b: u64) -> Result<(), StoreError> {
+        let off = b * BLOCK;
+        let n = BLOCK.min(self.inner.size() - off) as usize;
+        let mut block = vec![0u8; n];
+        self.inner.read(off, &mut block)?;
+        self.set_seal(b, seal(b, self.next_generation(b), &block));
+        Ok(())
+    }
+}
+
+impl Replica for SealedReplica {
+    fn volume(&self) -> u64 {
+        self.inner.volume()
+    }
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn epoch(&self) -> u64 {
+        self.inner.epoch()
+    }
+    fn set_epoch(&self, epoch: u64) -> Result<(), StoreError> {
+        self.inner.set_epoch(epoch)
+    }
+    fn allocated_bytes(&self) -> u64 {
+        self.inner.allocated_bytes()
+    }
+
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        let len = buf.len() as u64;
+        crate::check_range(offset, len, self.size())?;
+        if len == 0 {
+            return Ok(());
+        }
+        let a = offset / BLOCK * BLOCK;
+        let end = (offset + len).div_ceil(BLOCK) * BLOCK;
+        let end = end.min(self.size());
+        if a == offset && end == offset + len {
+            return self.read_blocks(a, buf);
+        }
+        let mut whole = vec![0u8; (end - a) as usize];
+        self.read_blocks(a, &mut whole)?;
+        let s = (offset - a) as usize;
+        buf.copy_from_slice(&whole[s..s + len as usize]);
+        Ok(())
+    }
+
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), StoreError> {
+        let len = data.len() as u64;
+        crate::check_range(offset, len, self.size())?;
+        if len == 0 {
+            return self.inner.write(offset, data, fua);
+        }
+        let (first, last) = (offset / BLOCK, (offset + len - 1) / BLOCK);
+        let _held = self.lock(first, last);
+        self.inner.write(offset, data, fua)?;
+        for b in first..=last {
+            let bs = b * BLOCK;
+            let be = (bs + BLOCK).min(self.size());
+            if bs >= offset && be <= offset + len {
+                let block = &data[(bs - offset) as usize..(be - offset) as usize];
+                self.set_seal(b, seal(b, self.next_generation(b), block));
+            } else {
+                self.reseal_from_store(b)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u64,
+        may_trim: bool,
+        fua: bool,
+    ) -> Result<(), StoreError> {
+        crate::check_range(offset, len, self.size())?;
+        if len == 0 {
+            return self.inner.write_zeroes(offset, len, may_trim, fua);
+        }
+        let (first, last) = (offset / BLOCK, (offset + len - 1) / BLOCK);
+        let _held = self.lock(first, last);
+        self.inner.write_zeroes(offset, len, may_trim, fua)?;
+        for b in first..=last {
+            let bs = b * BLOCK;
+            let be = (bs + BLOCK).min(self.size());
+            if bs >= offset && be <= offset + len {
+                // Zeroed whole blocks are left unsealed (a trim of gigabytes stays cheap).
+                if self.seals[b as usize].load(Ordering::Acquire) != 0 {
+                    self.set_seal(b, 0);
+                }
+            } else {
+                self.reseal_from_store(b)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        self.inner.flush()?;
+        self.persist(false)
+    }
+    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, StoreError> {
+        self.inner.block_status(offset, len)
+    }
+    fn incarnation(&self) -> u64 {
+        self.inner.incarnation()
+    }
+    fn close(&self) -> Result<(), StoreError> {
+        self.inner.close()?;
+        self.persist(true)
+    }
+}
