@@ -402,6 +402,11 @@ async fn node_serve(a: &NodeServeArgs) -> Result<(), CliError> {
     // Every block written is sealed (crc32c over LBA, generation and bytes) and checked on
     // read; the file store keeps the seals beside its replicas. The null store holds nothing.
     match a.store.kind() {
+        _ if a.no_block_checksums => {
+            tracing::warn!("block checksums are off: reads are not checked");
+            // Seals from a sealed run would not match what this run writes.
+            trireme_store::sealed::forget_all(&a.dir)?;
+        }
         StoreKind::Null => {}
         StoreKind::Memory => store = Arc::new(trireme_store::SealedStore::new(store, None)),
         StoreKind::File => store = Arc::new(trireme_store::SealedStore::new(store, Some(&a.dir))),

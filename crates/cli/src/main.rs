@@ -133,6 +133,9 @@ pub struct UpArgs {
     /// namespace's network. For fault tests with partitions (`ip netns`, veth, iptables).
     #[arg(long = "node-netns", value_name = "NS@ADDR", value_parser = parse_netns)]
     pub node_netns: Vec<NodeNetns>,
+    /// Nodes do not seal blocks with checksums (to measure their cost; see `node serve`).
+    #[arg(long)]
+    pub no_block_checksums: bool,
 }
 
 /// How a writer handles replica failures.
@@ -232,6 +235,10 @@ pub struct NodeServeArgs {
     /// (`read=0.01 write=0.01 flush=0.1`), re-read when it changes.
     #[arg(long, value_name = "FILE")]
     pub inject_faults: Option<PathBuf>,
+    /// Do not seal blocks with checksums (for measuring what they cost; reads are then not
+    /// checked). Seals kept from earlier runs are dropped at the next sealed open.
+    #[arg(long)]
+    pub no_block_checksums: bool,
 }
 
 #[derive(Debug, Subcommand)]

@@ -45,15 +45,9 @@ fn lock_dir(dir: &Path) -> Result<std::fs::File, CliError> {
     Ok(f)
 }
 
-async fn spawn_node(
-    cli: &Cli,
-    dir: &Path,
-    id: u32,
-    store: &str,
-    dirty_grain: u64,
-    inject_faults: bool,
-    netns: Option<&NodeNetns>,
-) -> Result<(Child, NodeProc), CliError> {
+async fn spawn_node(cli: &Cli, sup: &Supervisor, id: u32) -> Result<(Child, NodeProc), CliError> {
+    let (dir, store) = (sup.dir.as_path(), sup.store.as_str());
+    let netns = sup.netns.get(id as usize - 1);
     let exe = std::env::current_exe()?;
     let mut cmd = Command::new(exe);
     let listen = match netns {
@@ -72,14 +66,17 @@ async fn spawn_node(
             "--store",
             store,
             "--dirty-grain",
-            &dirty_grain.to_string(),
+            &sup.dirty_grain.to_string(),
             "--dir",
         ])
         .arg(dir.join(format!("node-{id}")));
+    if sup.no_block_checksums {
+        cmd.arg("--no-block-checksums");
+    }
     if netns.is_none() {
         cmd.arg("--socket").arg(dir.join(format!("node-{id}.sock")));
     }
-    if inject_faults {
+    if sup.inject_faults {
         cmd.arg("--inject-faults")
             .arg(dir.join(format!("node-{id}.faults")));
     }
@@ -240,6 +237,7 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
         inject_faults: a.inject_faults,
         backoff: a.restart_backoff,
         netns: a.node_netns.clone(),
+        no_block_checksums: a.no_block_checksums,
     };
     let removed: Vec<u32> = meta
         .nodes()?
@@ -429,6 +427,7 @@ struct Supervisor {
     backoff: Duration,
     /// Per node (index id-1): the network namespace it runs in, if any.
     netns: Vec<NodeNetns>,
+    no_block_checksums: bool,
 }
 
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -437,16 +436,7 @@ const STABLE: Duration = Duration::from_secs(10);
 
 impl Supervisor {
     async fn spawn(&mut self, cli: &Cli, id: u32, meta: &dyn MetaStore) -> Result<(), CliError> {
-        let (mut child, p) = spawn_node(
-            cli,
-            &self.dir,
-            id,
-            &self.store,
-            self.dirty_grain,
-            self.inject_faults,
-            self.netns.get(id as usize - 1),
-        )
-        .await?;
+        let (mut child, p) = spawn_node(cli, self, id).await?;
         // A restart keeps what the cluster decided about the node (draining, say).
         let state = meta
             .nodes()?

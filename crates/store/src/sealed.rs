@@ -42,6 +42,25 @@ pub fn seal(lba: u64, generation: u32, block: &[u8]) -> u64 {
     (u64::from(generation) << 32) | u64::from(c)
 }
 
+/// Deletes every seal file in `dir`: a node about to run unsealed there (its writes would
+/// leave them stale).
+pub fn forget_all(dir: &Path) -> Result<(), StoreError> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.extension().is_some_and(|x| x == "seals") {
+            std::fs::remove_file(&p).map_err(|source| StoreError::Io {
+                volume: 0,
+                op: "delete seals",
+                source,
+            })?;
+        }
+    }
+    Ok(())
+}
+
 /// A store whose replicas seal every block (see the module docs).
 #[derive(Debug)]
 pub struct SealedStore {
