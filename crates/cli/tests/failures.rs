@@ -570,9 +570,12 @@ fn drain_and_remove_move_replicas_while_io_goes_on() {
 }
 
 /// Network namespaces for nodes, one per node, each joined to this namespace by a veth pair
-/// (`10.201.N.1` here, `10.201.N.2` inside), with iptables rules that cut one off. Everything
+/// (`10.NET.N.1` here, `10.NET.N.2` inside), with iptables rules that cut one off. Everything
 /// is undone on drop.
 struct Netns {
+    /// Second octet of this set's addresses (`10.NET.N.x`): distinct for each set a test
+    /// binary creates, and likely distinct between binaries running at once.
+    net: u32,
     names: Vec<String>,
     veths: Vec<String>,
     rules: Vec<Vec<String>>,
@@ -595,8 +598,13 @@ fn sh(args: &[&str]) -> Result<(), String> {
 
 impl Netns {
     fn create(n: u32) -> Netns {
-        let tag = std::process::id() % 100_000;
+        static SETS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let k = SETS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let pid = std::process::id();
+        let tag = format!("{}{k}", pid % 10_000);
+        let net = 200 + (pid % 25) * 2 + k % 2;
         let mut ns = Netns {
+            net,
             names: Vec::new(),
             veths: Vec::new(),
             rules: Vec::new(),
@@ -604,8 +612,8 @@ impl Netns {
         for i in 1..=n {
             let name = format!("trireme-t{tag}-n{i}");
             let veth = format!("trt{tag}v{i}");
-            let host = format!("10.201.{i}.1/24");
-            let inner = format!("10.201.{i}.2/24");
+            let host = format!("10.{net}.{i}.1/24");
+            let inner = format!("10.{net}.{i}.2/24");
             let steps: Vec<Vec<&str>> = vec![
                 vec!["ip", "netns", "add", &name],
                 vec![
@@ -633,13 +641,13 @@ impl Netns {
         ns
     }
 
-    fn addr(i: u32) -> String {
-        format!("10.201.{i}.2")
+    fn addr(&self, i: u32) -> String {
+        format!("10.{}.{i}.2", self.net)
     }
 
     /// Drops every packet to and from node `i`'s namespace.
     fn partition(&mut self, i: u32) {
-        let a = Netns::addr(i);
+        let a = self.addr(i);
         for rule in [
             vec!["OUTPUT", "-d", &a, "-j", "DROP"],
             vec!["INPUT", "-s", &a, "-j", "DROP"],
@@ -690,7 +698,7 @@ fn partitioned_and_killed_nodes_in_network_namespaces() {
         .collect();
     for (k, name) in ns.names.iter().enumerate() {
         args.push("--node-netns".into());
-        args.push(format!("{name}@{}", Netns::addr(k as u32 + 1)));
+        args.push(format!("{name}@{}", ns.addr(k as u32 + 1)));
     }
     let argv: Vec<&str> = args.iter().map(String::as_str).collect();
     let c = Cluster::start(&argv);
@@ -698,7 +706,8 @@ fn partitioned_and_killed_nodes_in_network_namespaces() {
     let links = &s["volumes"][0]["client_links"];
     for l in links.as_array().unwrap() {
         assert_eq!(l["transport"], "tcp", "{s}");
-        assert!(l["peer"].as_str().unwrap().starts_with("10.201."), "{s}");
+        let net = format!("10.{}.", ns.net);
+        assert!(l["peer"].as_str().unwrap().starts_with(&net), "{s}");
     }
     let bench = start_bench(&c, 14);
     std::thread::sleep(Duration::from_secs(2));
@@ -802,7 +811,7 @@ fn soak_random_faults_under_load() {
     .collect();
     for (k, name) in ns.names.iter().enumerate() {
         args.push("--node-netns".into());
-        args.push(format!("{name}@{}", Netns::addr(k as u32 + 1)));
+        args.push(format!("{name}@{}", ns.addr(k as u32 + 1)));
     }
     let argv: Vec<&str> = args.iter().map(String::as_str).collect();
     let c = Cluster::start(&argv);
