@@ -645,6 +645,17 @@ impl Netns {
         format!("10.{}.{i}.2", self.net)
     }
 
+    /// `trireme up ARGS` with node N in namespace N.
+    fn cluster(&self, args: &[&str]) -> Cluster {
+        let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        for (k, name) in self.names.iter().enumerate() {
+            all.push("--node-netns".into());
+            all.push(format!("{name}@{}", self.addr(k as u32 + 1)));
+        }
+        let argv: Vec<&str> = all.iter().map(String::as_str).collect();
+        Cluster::start(&argv)
+    }
+
     /// Drops every packet to and from node `i`'s namespace.
     fn partition(&mut self, i: u32) {
         let a = self.addr(i);
@@ -692,16 +703,7 @@ fn partitioned_and_killed_nodes_in_network_namespaces() {
         return;
     }
     let mut ns = Netns::create(3);
-    let mut args: Vec<String> = ["--store", "file", "--size", "64M"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    for (k, name) in ns.names.iter().enumerate() {
-        args.push("--node-netns".into());
-        args.push(format!("{name}@{}", ns.addr(k as u32 + 1)));
-    }
-    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-    let c = Cluster::start(&argv);
+    let c = ns.cluster(&["--store", "file", "--size", "64M"]);
     let s = status(&c);
     let links = &s["volumes"][0]["client_links"];
     for l in links.as_array().unwrap() {
@@ -797,7 +799,7 @@ fn soak_random_faults_under_load() {
     eprintln!("soak: {faults} faults, TRIREME_SOAK_SEED={seed}");
     let mut rng = Rng(seed);
     let mut ns = Netns::create(3);
-    let mut args: Vec<String> = [
+    let c = ns.cluster(&[
         "--store",
         "file",
         "--size",
@@ -805,16 +807,7 @@ fn soak_random_faults_under_load() {
         "--inject-faults",
         "--restart-backoff",
         "200ms",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    for (k, name) in ns.names.iter().enumerate() {
-        args.push("--node-netns".into());
-        args.push(format!("{name}@{}", ns.addr(k as u32 + 1)));
-    }
-    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-    let c = Cluster::start(&argv);
+    ]);
     let kinds = ["kill", "freeze", "stop", "partition", "disk"];
     let mut written = 0;
     let mut disk_faults = false;

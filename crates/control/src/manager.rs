@@ -422,14 +422,19 @@ impl Manager {
         }
     }
 
-    pub async fn status(&self) -> Result<StatusReport> {
-        let nodes: Vec<NodeRecord> = self
+    /// Every node still in the cluster (not removed).
+    fn member_nodes(&self) -> Result<Vec<NodeRecord>> {
+        Ok(self
             .meta
             .nodes()
             .map_err(|e| e.to_string())?
             .into_iter()
             .filter(|n| n.state != NodeState::Removed)
-            .collect();
+            .collect())
+    }
+
+    pub async fn status(&self) -> Result<StatusReport> {
+        let nodes = self.member_nodes()?;
         let vols = self.meta.volumes().map_err(|e| e.to_string())?;
         let mut ns = Vec::new();
         for n in &nodes {
@@ -495,13 +500,7 @@ impl Manager {
     /// A replica missing from a persistent store is reported, never silently re-created empty.
     /// Nodes that do not answer are skipped (they are handled when they come back).
     pub async fn ensure_replicas(&self) -> Result<()> {
-        let nodes: Vec<NodeRecord> = self
-            .meta
-            .nodes()
-            .map_err(|e| e.to_string())?
-            .into_iter()
-            .filter(|n| n.state != NodeState::Removed)
-            .collect();
+        let nodes = self.member_nodes()?;
         for v in self.meta.volumes().map_err(|e| e.to_string())? {
             let mut missing = Vec::new();
             let mut present = 0;
