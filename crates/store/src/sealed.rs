@@ -274,21 +274,23 @@ impl SealedReplica {
         Ok(())
     }
 
-    /// Locks the stripes of blocks `[first, last]`, in order, each once.
+    /// Locks the stripes of blocks `[first, last]`, each once, in ascending stripe order (the
+    /// one order every caller uses, so two ranges never wait on each other in a cycle).
     fn lock(&self, first: u64, last: u64) -> Vec<MutexGuard<'_, ()>> {
-        let mut stripes: Vec<usize> = if last - first + 1 >= STRIPES as u64 {
-            (0..STRIPES).collect()
+        let n = (last - first + 1).min(STRIPES as u64) as usize;
+        let start = (first % STRIPES as u64) as usize;
+        // Consecutive blocks take consecutive stripes: `start..start+n`, wrapping past the end.
+        let wrapped = (start + n).saturating_sub(STRIPES);
+        let (low, high) = if n == STRIPES {
+            (0..0, 0..STRIPES)
         } else {
-            (first..=last)
-                .map(|b| (b % STRIPES as u64) as usize)
-                .collect()
+            (0..wrapped, start..(start + n).min(STRIPES))
         };
-        stripes.sort_unstable();
-        stripes.dedup();
-        stripes
-            .into_iter()
-            .map(|s| self.locks[s].lock().unwrap_or_else(|e| e.into_inner()))
-            .collect()
+        let mut held = Vec::with_capacity(n);
+        for s in low.chain(high) {
+            held.push(self.locks[s].lock().unwrap_or_else(|e| e.into_inner()));
+        }
+        held
     }
 
     fn set_seal(&self, b: u64, v: u64) {

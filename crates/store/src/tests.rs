@@ -432,3 +432,23 @@ proptest! {
         let _ = sealed::check_header(&b, v, n);
     }
 }
+
+#[test]
+fn writes_across_the_stripe_wrap_do_not_deadlock() {
+    // Block 255 and block 256 take the last and the first stripe: ranges over the wrap and
+    // ranges inside it, from many threads, must all finish.
+    let s = SealedStore::new(Arc::new(MemoryStore::default()), None);
+    let r = s.create(6, SIZE).unwrap();
+    std::thread::scope(|sc| {
+        for t in 0..4u64 {
+            let r = r.clone();
+            sc.spawn(move || {
+                for i in 0..500u64 {
+                    let first = [254, 255, 0, 511][((t + i) % 4) as usize];
+                    r.write(first * 4096, &[t as u8; 3 * 4096], false).unwrap();
+                }
+            });
+        }
+    });
+    let _ = read(&*r, 255 * 4096, 2 * 4096);
+}
