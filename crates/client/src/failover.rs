@@ -300,14 +300,7 @@ impl Volume {
         self.set_conn(i, None);
         self.set_progress(i, None);
         // Survivors that track it for a resync can forget it.
-        let h = self.header(Op::DirtyTrack, 0, 0);
-        let drop_record = self.dirty_peer(i, DIRTY_DROP);
-        let survivors = self.set().in_sync();
-        for s in survivors {
-            if let Err(e) = self.to_all(&[s], h, drop_record.clone()).await {
-                tracing::warn!(volume = %self.info.name, node = self.node(s), "could not drop the record of a retired replica: {e}");
-            }
-        }
+        self.drop_records(i).await;
         tracing::info!(volume = %self.info.name, node, "replica retired");
         Ok(())
     }
@@ -337,6 +330,19 @@ impl Volume {
             }
             .encode(),
         )
+    }
+
+    /// The in-sync replicas other than `i` drop their dirty record for it (it is back in sync,
+    /// or gone). A record left behind only costs memory until the next take-out replaces it.
+    async fn drop_records(&self, i: usize) {
+        let h = self.header(Op::DirtyTrack, 0, 0);
+        let drop_record = self.dirty_peer(i, DIRTY_DROP);
+        let survivors = self.set().in_sync();
+        for s in survivors.into_iter().filter(|&s| s != i) {
+            if let Err(e) = self.to_all(&[s], h, drop_record.clone()).await {
+                tracing::warn!(volume = %self.info.name, node = self.node(s), peer = self.node(i), "could not drop a dirty record: {e}");
+            }
+        }
     }
 
     /// Sends one request to each of `targets`; fails if any fails.
@@ -650,14 +656,7 @@ impl Volume {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .set_state(i, ReplicaState::InSync);
-        let survivors = self.set().in_sync();
-        let h = self.header(Op::DirtyTrack, 0, 0);
-        let drop_record = self.dirty_peer(i, DIRTY_DROP);
-        for s in survivors.into_iter().filter(|&s| s != i) {
-            if let Err(e) = self.to_all(&[s], h, drop_record.clone()).await {
-                tracing::warn!(volume = %self.info.name, node = self.node(s), "could not drop a finished dirty record: {e}");
-            }
-        }
+        self.drop_records(i).await;
         tracing::info!(
             volume = %self.info.name,
             node,
