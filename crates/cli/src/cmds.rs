@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::Serialize;
-use trireme_control::{ControlClient, MoveStatus, NodeStatus, Request, StatusReport};
+use trireme_control::{ControlClient, MoveState, MoveStatus, NodeStatus, Request, StatusReport};
 use trireme_meta::VolumeRecord;
 use trireme_store::StoreKind;
 
@@ -84,7 +84,7 @@ async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
             } else {
                 wait_move(&mut cc, out, job).await?
             };
-            if job.state != "failed" {
+            if job.state != MoveState::Failed {
                 print(out, &job, move_text);
             } else {
                 return Err(CliError::Runtime(format!(
@@ -357,7 +357,7 @@ async fn wait_move(
                 job.kind, job.node
             )));
         };
-        if now.state != "running" {
+        if now.state != MoveState::Running {
             return Ok(now);
         }
         let line = move_text(&now);

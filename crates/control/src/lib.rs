@@ -20,4 +20,4 @@ pub use api::{
 };
 pub use manager::{serve, Manager, NodeControl};
 pub use membership::ControlMembership;
-pub use moves::MoveStatus;
+pub use moves::{MoveState, MoveStatus};

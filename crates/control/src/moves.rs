@@ -32,8 +32,7 @@ pub struct MoveStatus {
     /// `drain` or `remove`.
     pub kind: String,
     pub node: u32,
-    /// `running`, `done` or `failed`.
-    pub state: String,
+    pub state: MoveState,
     pub error: Option<String>,
     /// Copy rate limit in bytes per second, if any.
     pub rate: Option<u64>,
@@ -44,6 +43,25 @@ pub struct MoveStatus {
     pub volume: Option<String>,
     pub to: Option<u32>,
     pub progress: Option<ResyncProgress>,
+}
+
+/// Where a move job is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MoveState {
+    Running,
+    Done,
+    Failed,
+}
+
+impl std::fmt::Display for MoveState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            MoveState::Running => "running",
+            MoveState::Done => "done",
+            MoveState::Failed => "failed",
+        })
+    }
 }
 
 /// How often a move looks at its copy's progress.
@@ -114,20 +132,17 @@ impl Manager {
             let mut moves = self.moves.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(m) = moves
                 .iter()
-                .find(|m| m.node == node && m.state == "running")
+                .find(|m| m.node == node && m.state == MoveState::Running)
             {
                 if m.kind == kind {
                     return Ok(m.clone());
                 }
-                return Err(format!(
-                    "node {node} is already being {}ed",
-                    m.kind.trim_end_matches('e')
-                ));
+                return Err(format!("a {} of node {node} is already running", m.kind));
             }
             let job = MoveStatus {
                 kind: kind.into(),
                 node,
-                state: "running".into(),
+                state: MoveState::Running,
                 error: None,
                 rate,
                 volumes_total: volumes.len(),
@@ -151,9 +166,9 @@ impl Manager {
                 m.to = None;
                 m.progress = None;
                 match &r {
-                    Ok(()) => m.state = "done".into(),
+                    Ok(()) => m.state = MoveState::Done,
                     Err(e) => {
-                        m.state = "failed".into();
+                        m.state = MoveState::Failed;
                         m.error = Some(e.clone());
                     }
                 }
@@ -177,7 +192,7 @@ impl Manager {
         if self
             .moves()
             .iter()
-            .any(|m| m.node == node && m.state == "running")
+            .any(|m| m.node == node && m.state == MoveState::Running)
         {
             return Err(format!(
                 "a move off node {node} is running; wait for it to end"
