@@ -430,8 +430,14 @@ fn scrub_repairs_a_corrupted_replica_from_the_majority() {
     assert_eq!(r["mismatched_regions"], 1, "{r}");
     assert_eq!(r["repaired"][0][1], 3, "{r}");
     common::assert_replicas_identical(&c, "vol0");
-    for _ in 0..3 {
-        // Reads spread over the replicas: all of them must return the pattern.
+    // Reads spread over the replicas: all of them must return the pattern.
+    read_pattern(&c, 3);
+}
+
+/// Reads the first MiB `times` times through the export; qemu-io fails unless every byte is
+/// 0x5a.
+fn read_pattern(c: &Cluster, times: usize) {
+    for _ in 0..times {
         common::run(Command::new("qemu-io").args([
             "-f",
             "raw",
@@ -898,15 +904,7 @@ fn block_checksums_find_and_repair_a_bad_copy_of_a_two_way_volume() {
     assert_replicas_identical(&c, "vol0");
     // Reads: every one returns the good bytes; the one that meets the bad copy repairs it.
     corrupt(4096 * 100);
-    for _ in 0..4 {
-        common::run(Command::new("qemu-io").args([
-            "-f",
-            "raw",
-            "-c",
-            "read -P 0x5a 0 1M",
-            &c.unix,
-        ]));
-    }
+    read_pattern(&c, 4);
     assert!(
         c.log().contains("repaired a bad copy from a good one"),
         "{}",

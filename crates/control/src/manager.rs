@@ -100,8 +100,10 @@ impl Manager {
             loop {
                 tokio::time::sleep(every).await;
                 let Some(m) = me.upgrade() else { return };
-                let Ok(nodes) = m.meta.nodes() else { continue };
-                for n in nodes.into_iter().filter(|n| n.state != NodeState::Removed) {
+                let Ok(nodes) = m.member_nodes() else {
+                    continue;
+                };
+                for n in nodes {
                     let ok = m
                         .node_call_within(&n, Header::request(Op::Ping, 0), down_after)
                         .await
