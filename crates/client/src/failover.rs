@@ -55,6 +55,8 @@ const PARALLEL: usize = 32;
 const CLEAR_BATCH: usize = 256;
 /// Range covered by one dirty-region query (at 4 KiB granularity: 1 Mi regions, the node's cap).
 const QUERY_WINDOW: u64 = 4 << 30;
+/// Range covered by one activity-log query (at the smallest extent, 64 KiB: the node's cap).
+const ACTIVITY_WINDOW: u64 = 64 << 30;
 
 /// A boxed future borrowing its arguments.
 pub type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -116,6 +118,19 @@ pub(crate) async fn start(v: &Arc<Volume>) -> Result<(), VolumeError> {
     if v.info.reconcile {
         v.reconcile().await?;
     }
+    // The replicas agree now: each starts this writer's activity log (one that cannot is taken
+    // out, like one that fails its attach).
+    let in_sync = v.set().in_sync();
+    for t in in_sync {
+        if let Err(e) = v.start_activity(&[t]).await {
+            if e.is_fenced() {
+                return Err(e);
+            }
+            tracing::warn!(volume = %v.info.name, node = v.node(t), "cannot start the activity log: {e}");
+            v.take_out_with(&[t], None, false).await?;
+        }
+    }
+    crate::activity::spawn_cleaner(v);
     let weak = Arc::downgrade(v);
     tokio::spawn(async move {
         let mut last_error: Vec<Option<String>> = Vec::new();
@@ -346,7 +361,7 @@ impl Volume {
     }
 
     /// Sends one request to each of `targets`; fails if any fails.
-    async fn to_all(
+    pub(crate) async fn to_all(
         &self,
         targets: &[usize],
         h: Header,
@@ -597,6 +612,11 @@ impl Volume {
                 self.dirty_regions(i, &survivors).await?
             };
             self.set_conn(i, Some(conn));
+            // Its log starts now, before it takes any write of this writer.
+            if let Err(e) = self.start_activity(&[i]).await {
+                self.set_conn(i, None);
+                return Err(e);
+            }
             self.set
                 .write()
                 .unwrap_or_else(|e| e.into_inner())
@@ -693,6 +713,7 @@ impl Volume {
                     .map(|&(off, len)| {
                         Box::pin(async move {
                             let _r = self.write_order.acquire(off, off + len).await;
+                            self.activity.touch(off, len);
                             self.copy_one(i, off, len, full).await
                         }) as BoxFut<'_, Result<u64, VolumeError>>
                     })
@@ -800,6 +821,7 @@ impl Volume {
         let e = (off + len).div_ceil(4096) * 4096;
         let e = e.min(self.info.size);
         let _r = self.write_order.acquire(a, e).await;
+        self.activity.touch(a, e - a);
         let data = match self.read_from(good, a, e - a).await {
             Ok(d) => d,
             Err(err) => {
@@ -851,21 +873,65 @@ impl Volume {
         e
     }
 
+    /// The union of the in-sync replicas' activity-log extents, or `None` if one of them has no
+    /// log from before this attach (its node restarted): then nothing bounds where the dead
+    /// writer's writes went. A replica that cannot answer is taken out for a full resync.
+    async fn activity_ranges(&self) -> Result<Option<Vec<(u64, u64)>>, VolumeError> {
+        let mut ranges = Vec::new();
+        let in_sync = self.set().in_sync();
+        for t in in_sync {
+            let mut off = 0;
+            while off < self.info.size {
+                let len = ACTIVITY_WINDOW.min(self.info.size - off);
+                let h = self.header(Op::ActivityQuery, off, len);
+                let f = match self
+                    .call(t, h, Bytes::new())
+                    .await
+                    .and_then(|f| self.expect_ok(t, f))
+                {
+                    Ok(f) => f,
+                    Err(e) => {
+                        tracing::warn!(volume = %self.info.name, node = self.node(t), "reconcile: {e}");
+                        self.take_out_with(&[t], None, true).await?;
+                        break;
+                    }
+                };
+                if f.header.epoch == 0 {
+                    tracing::info!(volume = %self.info.name, node = self.node(t), "replica has no activity log (its node restarted): reconciling the whole volume");
+                    return Ok(None);
+                }
+                let ext = decode_extents(&f.payload).map_err(|e| VolumeError::Protocol {
+                    node: self.node(t),
+                    what: e.to_string(),
+                })?;
+                ranges.extend(dirty_ranges(&ext, off));
+                off += len;
+            }
+        }
+        Ok(Some(union_chunks(ranges)))
+    }
+
     /// After a writer died with writes in flight, replicas may differ where those writes went:
-    /// before any new I/O, every region is compared across the in-sync replicas and copied from
-    /// one of them where they differ. (Without an activity log this covers the whole volume;
-    /// only checksums cross the network for regions that agree.)
+    /// before any new I/O, every extent the replicas' activity logs show (the whole volume if a
+    /// log is missing) is compared across the in-sync replicas and copied from one of them where
+    /// they differ. Only checksums cross the network for ranges that agree.
     async fn reconcile(&self) -> Result<(), VolumeError> {
+        if self.set().in_sync().len() < 2 {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let (whole, chunks) = match self.activity_ranges().await? {
+            Some(r) => (false, r),
+            None => (true, union_chunks(vec![(0, self.info.size)])),
+        };
         let in_sync = self.set().in_sync();
         if in_sync.len() < 2 {
             return Ok(());
         }
-        let started = Instant::now();
         let src = in_sync[0];
         let mut copied = 0;
-        let mut off = 0;
-        while off < self.info.size {
-            let len = CHUNK.min(self.info.size - off);
+        let mut compared = 0;
+        for &(off, len) in &chunks {
             let targets = self.set().in_sync();
             let sums = self.checksums(&targets, off, len).await;
             let mut want = None;
@@ -899,16 +965,43 @@ impl Volume {
                     copied += len;
                 }
             }
-            off += len;
+            compared += len;
         }
+        let report = ReconcileReport {
+            whole,
+            compared_bytes: compared,
+            copied_bytes: copied,
+            ms: started.elapsed().as_millis() as u64,
+        };
         tracing::info!(
             volume = %self.info.name,
+            whole,
+            compared_bytes = compared,
             copied_bytes = copied,
-            ms = started.elapsed().as_millis() as u64,
+            ms = report.ms,
             "reconciled replicas after an unclean writer change"
         );
+        *self.reconciled.lock().unwrap_or_else(|e| e.into_inner()) = Some(report);
         Ok(())
     }
+
+    /// What the reconciliation at attach did (none after a clean detach).
+    pub fn last_reconcile(&self) -> Option<ReconcileReport> {
+        self.reconciled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+/// What reconciling the replicas after an unclean writer change did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReconcileReport {
+    /// The whole volume was compared (some replica had no activity log).
+    pub whole: bool,
+    pub compared_bytes: u64,
+    pub copied_bytes: u64,
+    pub ms: u64,
 }
 
 #[cfg(test)]

@@ -17,11 +17,12 @@
 //!
 //! The decisions live in `trireme-replication`; this crate only moves frames.
 
+mod activity;
 mod conflict;
 mod failover;
 mod verify;
 
-pub use failover::{BoxFut, Membership, ReplicaView, ResyncProgress, ScrubReport};
+pub use failover::{BoxFut, Membership, ReconcileReport, ReplicaView, ResyncProgress, ScrubReport};
 pub use verify::{verify_replicas, Mismatch, VerifyReport};
 
 use std::future::Future;
@@ -146,6 +147,15 @@ pub struct VolumeOptions {
     /// How to reach a replica; `None` uses the transports (same-host socket first, then the
     /// network address). The seeded simulator plugs in its in-memory network here.
     pub connector: Option<Arc<dyn Connector>>,
+    /// Activity-log extent in bytes: what a new writer compares per extent the dead one may
+    /// have had writes in flight in.
+    pub activity_extent: u64,
+    /// Most extents left marked in the activity log; beyond it the least recently written are
+    /// cleared. Bounds the reconciliation after a writer dies to this many extents plus those
+    /// written in the last two periods.
+    pub activity_extents: usize,
+    /// How often quiet extents are cleared from the activity log.
+    pub activity_period: Duration,
 }
 
 /// Opens a connection to a replica's node.
@@ -176,6 +186,9 @@ impl Default for VolumeOptions {
             kind: TransportKind::Tcp,
             streams: 2,
             connector: None,
+            activity_extent: 4 << 20,
+            activity_extents: 1024,
+            activity_period: Duration::from_millis(500),
         }
     }
 }
@@ -224,6 +237,10 @@ pub struct Volume {
     membership_lock: tokio::sync::Mutex<()>,
     /// Progress of the resync in flight, per replica index.
     progress: Mutex<Vec<Option<ResyncProgress>>>,
+    /// Which extents this writer may have writes in flight in (see `activity.rs`).
+    activity: activity::Activity,
+    /// What the reconciliation at attach did, if there was one.
+    reconciled: Mutex<Option<ReconcileReport>>,
 }
 
 /// Joins futures without spawning them: the writer's fan-out stays on its own task.
@@ -327,7 +344,10 @@ impl Volume {
             });
         }
         slots.resize_with(MAX_SLOTS, || Slot::new(0, None));
+        let activity = activity::Activity::new(info.size, opts.activity_extent);
         Ok(Volume {
+            activity,
+            reconciled: Mutex::new(None),
             set: RwLock::new(ReplicaSet::new(states, None)),
             info,
             slots,
@@ -350,6 +370,8 @@ impl Volume {
         let opts = VolumeOptions::over(kind, streams);
         let v = Volume::open(info, opts, None, true).await?;
         v.attach_all().await?;
+        let in_sync = v.set().in_sync();
+        v.start_activity(&in_sync).await?;
         Ok(v)
     }
 
@@ -395,7 +417,11 @@ impl Volume {
             }
         }
         if !failed.is_empty() {
-            self.take_out_with(&failed, None, false).await?;
+            // After an unclean writer change, a replica that cannot be reached may hold a write
+            // the dead writer had in flight that the others never got: what it missed is not
+            // just what comes after now, so it gets a full (compare) resync.
+            self.take_out_with(&failed, None, self.info.reconcile)
+                .await?;
         }
         tracing::info!(volume = %self.info.name, epoch = self.info.epoch, replicas = self.set().in_sync().len(), "attached");
         Ok(())
@@ -485,11 +511,14 @@ impl Volume {
     /// track what they missed. `h`'s range is held against overlapping writes until then.
     async fn mirror(&self, h: Header, payload: Bytes) -> Result<(), VolumeError> {
         let _range = match h.op {
-            Op::Write | Op::WriteZeroes => Some(
-                self.write_order
+            Op::Write | Op::WriteZeroes => {
+                let r = self
+                    .write_order
                     .acquire(h.offset, h.offset + h.length)
-                    .await,
-            ),
+                    .await;
+                self.activity.touch(h.offset, h.length);
+                Some(r)
+            }
             _ => None,
         };
         self.mirror_held(h, payload).await

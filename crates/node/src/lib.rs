@@ -18,8 +18,10 @@ use trireme_replication::{fence, FenceDecision};
 use trireme_store::{Replica, Store, StoreError};
 use trireme_transport::{Frame, Handler};
 
+mod activity;
 mod dirty;
 
+pub use activity::{ActivityLogs, ActivityView};
 pub use dirty::{DirtyTracker, DirtyView, DEFAULT_GRAIN as DEFAULT_DIRTY_GRAIN};
 
 /// Most tracking regions one `DirtyQuery` may cover (its answer stays under 12 MiB).
@@ -38,6 +40,8 @@ pub struct Node {
     attach_lock: Mutex<()>,
     /// What peers of our replicas missed while they were out.
     dirty: DirtyTracker,
+    /// Which extents may have writes in flight, per volume (see `activity.rs`).
+    activity: ActivityLogs,
     /// Per volume: the client connection that attached it last. I/O from any other connection
     /// is refused, so late frames of an abandoned connection cannot land after a resync.
     owners: RwLock<HashMap<u64, u64>>,
@@ -85,6 +89,7 @@ impl Node {
             replicas: RwLock::new(replicas),
             attach_lock: Mutex::new(()),
             dirty: DirtyTracker::new(grain),
+            activity: ActivityLogs::default(),
             owners: RwLock::default(),
         }
     }
@@ -211,8 +216,9 @@ impl Node {
             }
             Op::Write => {
                 let r = self.io_replica(req)?;
-                self.dirty
-                    .on_write(h.volume, h.offset, req.payload.len() as u64);
+                let len = req.payload.len() as u64;
+                self.activity.on_write(h.volume, h.offset, len);
+                self.dirty.on_write(h.volume, h.offset, len);
                 r.write(h.offset, &req.payload, h.has_flag(FLAG_FUA))?;
                 Bytes::new()
             }
@@ -223,6 +229,7 @@ impl Node {
             }
             Op::WriteZeroes => {
                 let r = self.io_replica(req)?;
+                self.activity.on_write(h.volume, h.offset, h.length);
                 self.dirty.on_write(h.volume, h.offset, h.length);
                 r.write_zeroes(
                     h.offset,
@@ -253,6 +260,7 @@ impl Node {
                     .write()
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(h.volume, r);
+                self.activity.forget(h.volume);
                 tracing::info!(
                     node = self.id,
                     volume = h.volume,
@@ -267,6 +275,7 @@ impl Node {
                     .unwrap_or_else(|e| e.into_inner())
                     .remove(&h.volume);
                 self.dirty.forget_volume(h.volume);
+                self.activity.forget(h.volume);
                 self.owners
                     .write()
                     .unwrap_or_else(|e| e.into_inner())
@@ -281,6 +290,34 @@ impl Node {
                 resp.offset = r.allocated_bytes();
                 resp.epoch = r.epoch();
                 Bytes::copy_from_slice(&r.incarnation().to_le_bytes())
+            }
+            Op::ActivityStart => {
+                let r = self.io_replica(req)?;
+                self.activity
+                    .start(h.volume, h.epoch, h.length, r.size())
+                    .map_err(|e| Refusal(Status::Invalid, e))?;
+                Bytes::new()
+            }
+            Op::ActivityClear => {
+                let r = self.io_replica(req)?;
+                trireme_store::check_range(h.offset, h.length, r.size())?;
+                self.activity.clear(h.volume, h.offset, h.length);
+                Bytes::new()
+            }
+            Op::ActivityQuery => {
+                let r = self.replica(h.volume)?;
+                trireme_store::check_range(h.offset, h.length, r.size())?;
+                let span = h.length / activity::MIN_EXTENT;
+                if span > MAX_DIRTY_QUERY_REGIONS {
+                    return Err(Refusal(
+                        Status::Invalid,
+                        format!("activity query over {} bytes is too large", h.length),
+                    ));
+                }
+                let v = self.activity.query(h.volume, h.offset, h.length);
+                resp.epoch = v.epoch;
+                resp.length = v.extent;
+                Bytes::from(encode_extents(&v.extents))
             }
             Op::DirtyMark | Op::DirtyTrack | Op::DirtyClear | Op::DirtyQuery => {
                 let r = self.io_replica(req)?;

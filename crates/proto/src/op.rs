@@ -50,6 +50,17 @@ pub enum Op {
     /// connection refuses I/O arriving on another (`Status::Superseded`), so frames of an
     /// abandoned connection that arrive late can never land after a resync.
     Hello = 16,
+    /// Starts the replica's activity log for the writer of `epoch`, empty, at `length` bytes per
+    /// extent (a power of two, 64 KiB..1 GiB). From then on every write the node receives marks
+    /// its extents before it is applied. Epoch-checked.
+    ActivityStart = 17,
+    /// Clears the activity-log extents wholly inside `[offset, offset+length)`: the writer has
+    /// no write in flight there, so the replicas agree on it. Epoch-checked.
+    ActivityClear = 18,
+    /// The activity log's marked extents inside `[offset, offset+length)`. Response: `epoch` = the
+    /// epoch the log was started in (0: no log, e.g. the node restarted since), `length` = the
+    /// extent size, payload = extent list (marked extents as data, the rest as holes).
+    ActivityQuery = 19,
 }
 
 impl Op {
@@ -71,6 +82,9 @@ impl Op {
             14 => Op::DirtyClear,
             15 => Op::DirtyTrack,
             16 => Op::Hello,
+            17 => Op::ActivityStart,
+            18 => Op::ActivityClear,
+            19 => Op::ActivityQuery,
             _ => return None,
         })
     }

@@ -8,8 +8,10 @@
 //! real time, so a 10-second run takes milliseconds and the same seed replays the same run.
 //!
 //! Faults: network delay and reordering (each request sleeps a random time); node crashes
-//! that keep the data (a process crash on a file store) or lose it (a memory store or a new
-//! disk), where a request in flight may be applied without its answer ever arriving; restarts; freezes (requests wait, then land late, as on SIGSTOP), partitions
+//! that keep the data (a process crash on a file store), lose what was not flushed (a power
+//! loss: each unflushed write survives, vanishes or is torn, sector by sector; see `disk.rs`)
+//! or lose it all (a memory store or a new disk), where a request in flight may be applied
+//! without its answer ever arriving; restarts; freezes (requests wait, then land late, as on SIGSTOP), partitions
 //! (requests hang until healed, then land late, as TCP retransmits), and writer crashes (the
 //! writer vanishes with writes in flight; a new one attaches). Faults stay within the contract:
 //! one replica always stays in sync and healthy, so the workload must see no error at all.
@@ -27,17 +29,24 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 use trireme_client::{
-    AttachInfo, BoxFut, Connector, Membership, ReplicaTarget, Volume, VolumeError, VolumeOptions,
+    AttachInfo, BoxFut, Connector, Membership, ReconcileReport, ReplicaTarget, Volume, VolumeError,
+    VolumeOptions,
 };
 use trireme_control::Manager;
 use trireme_meta::{EmbeddedMeta, MetaStore, NodeRecord};
 use trireme_node::Node;
 use trireme_proto::Header;
 use trireme_replication::ReplicaState;
-use trireme_store::{MemoryStore, Store};
+use trireme_store::Store;
+
+mod disk;
+use disk::SimDisk;
 use trireme_transport::{BoxFuture, Connection, ConnectionInfo, Frame, Handler, TransportError};
 
 const BLOCK: u64 = 4096;
+/// How long after a freeze or partition a node is not counted on (the replica timeout, 1 s, and
+/// the take-out that may follow it).
+const CALM: Duration = Duration::from_secs(3);
 const VOLUME: &str = "sim";
 
 /// What one run does.
@@ -48,6 +57,10 @@ pub struct Config {
     pub secs: u64,
     /// Volume size in 4 KiB blocks (small, so writes collide).
     pub blocks: u64,
+    /// Writes go to the first this many blocks (reads anywhere).
+    pub hot: u64,
+    /// The only fault is the writer crashing (to measure what the activity log saves).
+    pub only_writer_crashes: bool,
     /// Concurrent I/O tasks of the writer.
     pub tasks: usize,
     pub replicas: usize,
@@ -56,6 +69,9 @@ pub struct Config {
     /// disk that lies about what it kept). Nothing in the product can know; the checks must
     /// catch the damage.
     pub sabotage: bool,
+    /// For the checker's own test: a node that loses power does not notice (it keeps its
+    /// replica's incarnation), so its torn and lost writes are not resynced.
+    pub sabotage_power_loss: bool,
 }
 
 impl Config {
@@ -64,10 +80,13 @@ impl Config {
             seed,
             secs: 8,
             blocks: 64,
+            hot: 64,
+            only_writer_crashes: false,
             tasks: 3,
             replicas: 3,
             faults: true,
             sabotage: false,
+            sabotage_power_loss: false,
         }
     }
 }
@@ -78,6 +97,7 @@ pub struct Outcome {
     pub writes: u64,
     pub reads: u64,
     pub faults: Vec<String>,
+    pub reconciles: Vec<ReconcileReport>,
 }
 
 /// xorshift64*: small, seeded, and the same everywhere.
@@ -110,7 +130,7 @@ fn rand(r: &SharedRng) -> std::sync::MutexGuard<'_, Rng> {
 #[derive(Debug)]
 struct NodeState {
     node: Arc<Node>,
-    store: Arc<dyn Store>,
+    store: Arc<SimDisk>,
     /// Bumped by every restart: connections to an older process are dead.
     generation: u64,
     down: bool,
@@ -118,6 +138,9 @@ struct NodeState {
     lose_on_restart: Option<bool>,
     frozen_until: Option<Instant>,
     partitioned: bool,
+    /// After a freeze or partition ends, requests that timed out meanwhile may still take the
+    /// node out: until then it does not count as the healthy copy a fault must leave.
+    calm_after: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -132,7 +155,15 @@ impl SimNode {
     }
     fn healthy(&self) -> bool {
         let s = self.st();
-        !s.down && !s.partitioned && s.frozen_until.is_none_or(|t| t <= Instant::now())
+        let now = Instant::now();
+        !s.down
+            && !s.partitioned
+            && s.frozen_until.is_none_or(|t| t <= now)
+            && s.calm_after.is_none_or(|t| t <= now)
+    }
+    /// The node is troubled until `until`, and not to be counted on for a while after.
+    fn troubled_until(&self, until: Instant) {
+        self.st().calm_after = Some(until + CALM);
     }
 }
 
@@ -323,6 +354,8 @@ struct Model {
     acked: HashMap<u64, u64>,
     writes: u64,
     reads: u64,
+    /// What each new writer's reconciliation did.
+    reconciles: Vec<ReconcileReport>,
     violation: Option<String>,
 }
 
@@ -371,23 +404,52 @@ impl World {
             "writer attaches, epoch {} (reconcile {})",
             info.epoch, info.reconcile
         ));
+        // Small activity-log extents and a small cap, so the log is cleared all the time and a
+        // clear racing a write would show as replicas that differ after a writer crash.
+        let (cap, period) = {
+            let mut r = rand(&self.rng);
+            (r.below(3) as usize, 50 + r.below(500))
+        };
         let opts = VolumeOptions {
             connector: Some(self.connector.clone()),
+            activity_extent: 64 << 10,
+            activity_extents: cap,
+            activity_period: Duration::from_millis(period),
             ..VolumeOptions::default()
         };
-        Volume::attach_managed(info, opts, Arc::new(SimMembership(self.manager.clone())))
+        let v = Volume::attach_managed(info, opts, Arc::new(SimMembership(self.manager.clone())))
             .await
-            .map_err(|e| format!("attach: {e}"))
+            .map_err(|e| format!("attach: {e}"))?;
+        if let Some(r) = v.last_reconcile() {
+            self.note(format!(
+                "reconciled {} bytes ({}), copied {}",
+                r.compared_bytes,
+                if r.whole {
+                    "whole volume"
+                } else {
+                    "activity log"
+                },
+                r.copied_bytes
+            ));
+            self.model().reconciles.push(r);
+        }
+        Ok(v)
     }
 
-    /// One I/O task: random 4 KiB writes and reads until `until`.
+    /// One I/O task: random 4 KiB writes and reads, and now and then a flush, until `until`.
     async fn io_task(self: Arc<Self>, vol: Arc<Volume>, until: Instant) {
         while Instant::now() < until {
-            let (block, write, pause) = {
+            let (block, write, flush, pause) = {
                 let mut r = rand(&self.rng);
-                (r.below(self.cfg.blocks), r.chance(0.6), r.below(20_000))
+                let write = r.chance(0.6);
+                let span = if write { self.cfg.hot } else { self.cfg.blocks };
+                (r.below(span), write, r.chance(0.05), r.below(20_000))
             };
-            if write {
+            if flush {
+                if let Err(e) = vol.flush().await {
+                    self.violate(format!("flush failed: {e}"));
+                }
+            } else if write {
                 let seq = {
                     let mut m = self.model();
                     m.next_seq += 1;
@@ -467,14 +529,14 @@ impl World {
             "node {id} restarts{}",
             if lose { " empty" } else { "" }
         ));
-        let store: Arc<dyn Store> = if lose {
+        let store: Arc<SimDisk> = if lose {
             let _ = self.manager.meta().update_volume(VOLUME, &mut |v| {
                 if let Some(r) = v.replicas.iter_mut().find(|r| r.node == id) {
                     r.state = ReplicaState::Failed;
                 }
                 Ok(())
             });
-            let s: Arc<dyn Store> = Arc::new(MemoryStore::default());
+            let s = Arc::new(SimDisk::default());
             s.create(self.volume_id, self.size).expect("create replica");
             s
         } else {
@@ -487,7 +549,11 @@ impl World {
             store
         };
         let mut s = n.st();
-        s.node = Arc::new(Node::with_dirty_grain(id, store.clone(), BLOCK));
+        s.node = Arc::new(Node::with_dirty_grain(
+            id,
+            store.clone() as Arc<dyn Store>,
+            BLOCK,
+        ));
         s.store = store;
         s.generation += 1;
         s.down = false;
@@ -514,7 +580,7 @@ impl World {
                     r.below(3_000) + 200,
                 )
             };
-            if kind == 5 {
+            if kind == 5 || self.cfg.only_writer_crashes {
                 // The writer vanishes with writes in flight; a new one attaches.
                 self.note("writer crashes".into());
                 return Err("writer-crash".into());
@@ -533,18 +599,30 @@ impl World {
             match kind {
                 0 | 1 => {
                     let lose = kind == 1;
-                    {
+                    let power = !lose && rand(&self.rng).chance(0.5);
+                    let disk = {
                         let mut s = n.st();
                         if s.down {
                             continue;
                         }
                         s.down = true;
                         s.lose_on_restart = Some(lose);
+                        s.store.clone()
+                    };
+                    if power {
+                        // Nothing is applied after `down`, so the cache is final now.
+                        let rng = self.rng.clone();
+                        let lost = disk
+                            .lose_power(&mut |n| rand(&rng).below(n), self.cfg.sabotage_power_loss);
+                        self.note(format!(
+                            "node {id} loses power ({lost} sectors lose their last write)"
+                        ));
+                    } else {
+                        self.note(format!(
+                            "node {id} crashes ({})",
+                            if lose { "data lost" } else { "data kept" }
+                        ));
                     }
-                    self.note(format!(
-                        "node {id} crashes ({})",
-                        if lose { "data lost" } else { "data kept" }
-                    ));
                     let me = self.clone();
                     tokio::spawn(async move {
                         tokio::time::sleep(dur).await;
@@ -554,10 +632,12 @@ impl World {
                 2 => {
                     self.note(format!("node {id} freezes for {dur:?}"));
                     n.st().frozen_until = Some(Instant::now() + dur);
+                    n.troubled_until(Instant::now() + dur);
                 }
                 3 => {
                     self.note(format!("node {id} partitioned for {dur:?}"));
                     n.st().partitioned = true;
+                    n.troubled_until(Instant::now() + dur);
                     tokio::spawn(async move {
                         tokio::time::sleep(dur).await;
                         n.st().partitioned = false;
@@ -568,6 +648,7 @@ impl World {
                     let d = Duration::from_millis(dur.as_millis() as u64 % 900);
                     self.note(format!("node {id} stalls for {d:?}"));
                     n.st().frozen_until = Some(Instant::now() + d);
+                    n.troubled_until(Instant::now() + d);
                 }
             }
             self.model()
@@ -625,18 +706,23 @@ async fn run_async(cfg: Config) -> Result<Outcome, String> {
     let nodes: Vec<Arc<SimNode>> = ids
         .iter()
         .map(|&id| {
-            let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
+            let store = Arc::new(SimDisk::default());
             store.create(rec.id, size).expect("create replica");
             Arc::new(SimNode {
                 id,
                 state: Mutex::new(NodeState {
-                    node: Arc::new(Node::with_dirty_grain(id, store.clone(), BLOCK)),
+                    node: Arc::new(Node::with_dirty_grain(
+                        id,
+                        store.clone() as Arc<dyn Store>,
+                        BLOCK,
+                    )),
                     store,
                     generation: 0,
                     down: false,
                     lose_on_restart: None,
                     frozen_until: None,
                     partitioned: false,
+                    calm_after: None,
                 }),
             })
         })
@@ -779,6 +865,7 @@ async fn run_async(cfg: Config) -> Result<Outcome, String> {
     let m = w.model();
     outcome.writes = m.writes;
     outcome.reads = m.reads;
+    outcome.reconciles = m.reconciles.clone();
     outcome.faults.extend(
         w.log
             .lock()
@@ -813,6 +900,26 @@ mod tests {
         assert!(!a.faults.is_empty());
     }
 
+    /// After a writer crash, the new writer compares only what the activity log shows: the
+    /// extents of the hot region (4 of 64 KiB), not the 16 MiB volume.
+    #[test]
+    fn reconciliation_is_bounded_by_the_activity_log() {
+        let mut n = 0;
+        for seed in 0..6 {
+            let mut c = Config::new(seed);
+            c.blocks = 4096;
+            c.hot = 64;
+            c.only_writer_crashes = true;
+            let o = run(&c).unwrap();
+            for r in &o.reconciles {
+                assert!(!r.whole, "seed {seed}: {r:?}");
+                assert!(r.compared_bytes <= 64 * BLOCK, "seed {seed}: {r:?}");
+                n += 1;
+            }
+        }
+        assert!(n > 5, "only {n} writer crashes");
+    }
+
     /// The checker is not blind: when restarted nodes silently lose their data (see
     /// `Config::sabotage`), some seed must fail.
     #[test]
@@ -826,5 +933,17 @@ mod tests {
             caught,
             "forty sabotaged runs passed: the checker sees nothing"
         );
+    }
+
+    /// Nor is it blind to torn and lost writes: when a node cannot tell a power loss from a
+    /// process crash, some seed must fail.
+    #[test]
+    fn the_checker_sees_unnoticed_power_losses() {
+        let caught = (0..40).any(|seed| {
+            let mut c = Config::new(seed);
+            c.sabotage_power_loss = true;
+            run(&c).is_err()
+        });
+        assert!(caught, "forty runs with unnoticed power losses passed");
     }
 }

@@ -1,0 +1,261 @@
+//! A simulated disk with a volatile write cache, so a node can lose power.
+//!
+//! Writes land in memory at once (reads see them), but until a flush (or a FUA write) the
+//! disk remembers what each one overwrote. A power loss then decides, for every 512-byte
+//! sector touched since the last flush, which version the platter kept: the one before, or
+//! the one after any of the writes to it. So a write may survive, vanish, or be torn (some
+//! sectors new, some old) — what real disks do. The replica then reports a new incarnation, as
+//! the file store does when it finds it was not shut down cleanly in another boot: its history
+//! is unknown and it gets a full (compare) resync.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use trireme_store::{Extent, MemoryStore, Replica, Store, StoreError, StoreKind};
+
+/// The smallest unit a disk writes atomically.
+const SECTOR: u64 = 512;
+/// Bytes the cache holds before the oldest write is destaged (made durable) by itself.
+const CACHE: usize = 8 << 20;
+
+#[derive(Debug)]
+struct Unflushed {
+    offset: u64,
+    old: Vec<u8>,
+    new: Vec<u8>,
+}
+
+#[derive(Debug)]
+pub(crate) struct SimReplica {
+    inner: Arc<dyn Replica>,
+    cache: Mutex<VecDeque<Unflushed>>,
+    incarnation: AtomicU64,
+}
+
+impl SimReplica {
+    /// Applies a write, remembering what it overwrote until the next flush.
+    fn cached(
+        &self,
+        offset: u64,
+        len: u64,
+        apply: impl FnOnce() -> Result<(), StoreError>,
+        new: impl FnOnce() -> Vec<u8>,
+    ) -> Result<(), StoreError> {
+        let mut c = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let mut old = vec![0u8; len as usize];
+        self.inner.read(offset, &mut old)?;
+        apply()?;
+        c.push_back(Unflushed {
+            offset,
+            old,
+            new: new(),
+        });
+        while c.iter().map(|w| w.new.len()).sum::<usize>() > CACHE {
+            c.pop_front();
+        }
+        Ok(())
+    }
+
+    /// Power loss: every sector written since the last flush keeps a version chosen by `pick`
+    /// (given the number of versions, returns one below it: 0 is the one before the first
+    /// unflushed write). Returns how many sectors lost their newest version.
+    fn lose_power(&self, pick: &mut dyn FnMut(u64) -> u64, unnoticed: bool) -> u64 {
+        let mut c = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        // Per sector, its versions in write order, the first being what was there before.
+        let mut versions: BTreeMap<u64, Vec<Vec<u8>>> = BTreeMap::new();
+        for w in c.iter() {
+            let mut pos = w.offset;
+            while pos < w.offset + w.new.len() as u64 {
+                let s = pos / SECTOR;
+                let end = ((s + 1) * SECTOR).min(w.offset + w.new.len() as u64);
+                let (a, b) = ((pos - w.offset) as usize, (end - w.offset) as usize);
+                // A write covering part of a sector changes only that part; the sim writes
+                // whole 4 KiB blocks, so sectors are whole here and the part is the sector.
+                let v = versions
+                    .entry(pos)
+                    .or_insert_with(|| vec![w.old[a..b].to_vec()]);
+                v.push(w.new[a..b].to_vec());
+                pos = end;
+            }
+        }
+        let mut lost = 0;
+        for (pos, v) in versions {
+            let k = pick(v.len() as u64) as usize;
+            if k + 1 != v.len() {
+                lost += 1;
+            }
+            // The memory store cannot fail a write in range.
+            let _ = self.inner.write(pos, &v[k], false);
+        }
+        c.clear();
+        if !unnoticed {
+            self.incarnation
+                .store(trireme_store::new_incarnation(), Ordering::Release);
+        }
+        lost
+    }
+}
+
+impl Replica for SimReplica {
+    fn volume(&self) -> u64 {
+        self.inner.volume()
+    }
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn epoch(&self) -> u64 {
+        self.inner.epoch()
+    }
+    fn set_epoch(&self, epoch: u64) -> Result<(), StoreError> {
+        self.inner.set_epoch(epoch)
+    }
+    fn allocated_bytes(&self) -> u64 {
+        self.inner.allocated_bytes()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.inner.read(offset, buf)
+    }
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), StoreError> {
+        if fua {
+            return self.inner.write(offset, data, true);
+        }
+        self.cached(
+            offset,
+            data.len() as u64,
+            || self.inner.write(offset, data, false),
+            || data.to_vec(),
+        )
+    }
+    fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u64,
+        may_trim: bool,
+        fua: bool,
+    ) -> Result<(), StoreError> {
+        if fua {
+            return self.inner.write_zeroes(offset, len, may_trim, true);
+        }
+        self.cached(
+            offset,
+            len,
+            || self.inner.write_zeroes(offset, len, may_trim, false),
+            || vec![0u8; len as usize],
+        )
+    }
+    fn flush(&self) -> Result<(), StoreError> {
+        self.cache.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.inner.flush()
+    }
+    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, StoreError> {
+        self.inner.block_status(offset, len)
+    }
+    fn incarnation(&self) -> u64 {
+        self.incarnation.load(Ordering::Acquire)
+    }
+}
+
+/// A node's disk: memory replicas behind a volatile cache.
+#[derive(Debug, Default)]
+pub(crate) struct SimDisk {
+    inner: MemoryStore,
+    replicas: Mutex<HashMap<u64, Arc<SimReplica>>>,
+}
+
+impl SimDisk {
+    /// The power goes out; see the module docs. Returns the sectors that lost their newest write.
+    /// With `unnoticed` (the checker's own test), the replicas keep their incarnation, as if the
+    /// node could not tell a power loss from a process crash.
+    pub(crate) fn lose_power(&self, pick: &mut dyn FnMut(u64) -> u64, unnoticed: bool) -> u64 {
+        let reps: Vec<_> = self
+            .replicas
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        reps.iter().map(|r| r.lose_power(pick, unnoticed)).sum()
+    }
+}
+
+impl Store for SimDisk {
+    fn kind(&self) -> StoreKind {
+        StoreKind::Memory
+    }
+    fn blocking(&self) -> bool {
+        false
+    }
+    fn create(&self, volume: u64, size: u64) -> Result<Arc<dyn Replica>, StoreError> {
+        let inner = self.inner.create(volume, size)?;
+        let r = Arc::new(SimReplica {
+            incarnation: AtomicU64::new(inner.incarnation()),
+            inner,
+            cache: Mutex::default(),
+        });
+        self.replicas
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(volume, r.clone());
+        Ok(r)
+    }
+    fn open_all(&self) -> Vec<Result<Arc<dyn Replica>, StoreError>> {
+        self.replicas
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .map(|r| Ok(r.clone() as Arc<dyn Replica>))
+            .collect()
+    }
+    fn delete(&self, volume: u64) -> Result<(), StoreError> {
+        self.replicas
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&volume);
+        self.inner.delete(volume)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(r: &dyn Replica, off: u64, len: usize) -> Vec<u8> {
+        let mut b = vec![0u8; len];
+        r.read(off, &mut b).unwrap();
+        b
+    }
+
+    #[test]
+    fn power_loss_keeps_flushed_writes_and_picks_a_version_per_sector() {
+        let d = SimDisk::default();
+        let r = d.create(1, 1 << 20).unwrap();
+        let inc = r.incarnation();
+        r.write(0, &[1u8; 1024], false).unwrap();
+        r.flush().unwrap();
+        r.write(0, &[2u8; 1024], false).unwrap();
+        r.write(512, &[3u8; 512], false).unwrap();
+        r.write(4096, &[4u8; 512], true).unwrap(); // FUA: durable
+                                                   // Sector 0 has versions [1, 2]; sector 1 has [1, 2, 3]. Keep the oldest of sector 0
+                                                   // and the middle one of sector 1.
+        let mut calls = Vec::new();
+        let lost = d.lose_power(
+            &mut |n| {
+                calls.push(n);
+                if n == 2 {
+                    0
+                } else {
+                    1
+                }
+            },
+            false,
+        );
+        assert_eq!(calls, vec![2, 3]);
+        assert_eq!(lost, 2);
+        assert_eq!(read(&*r, 0, 512), vec![1u8; 512], "flushed version");
+        assert_eq!(read(&*r, 512, 512), vec![2u8; 512], "torn: an older write");
+        assert_eq!(read(&*r, 4096, 512), vec![4u8; 512]);
+        assert_ne!(r.incarnation(), inc, "history lost");
+        assert_eq!(d.lose_power(&mut |_| 0, false), 0, "nothing unflushed");
+    }
+}
