@@ -16,8 +16,12 @@ this host; there is no RDMA device here.
    rebuild, next to the native client's 1 MiB sequential read and write bandwidth measured on a
    second volume of the same cluster just before (the transport floor).
 
+4. Drain: memory store, 4 nodes, a --rebuild-size volume filled as above; `trireme node drain`
+   of a node holding a replica, timed. Reported: GiB/s of the copy to the new node and of the
+   whole command, next to the same floor measured on that cluster.
+
 Usage: python3 bench/failover.py [--stall-secs 20] [--outage-secs 30] [--rebuild-size 4G]
-       [--only stall,outage,rebuild] [--json out.json]
+       [--only stall,outage,rebuild,drain] [--json out.json]
 """
 
 import argparse
@@ -184,22 +188,33 @@ def outage(secs):
     return row
 
 
+def floor_and_fill(c, size_b):
+    """The transport floor (native client, 1 MiB QD16 reads and writes on a second volume of the
+    cluster), then every byte of the exported volume written once."""
+    c.cli("volume", "create", "floor", "--size", "1G")
+    floor = {}
+    for name, w in [("read", "-w0"), ("write", "-w100")]:
+        r = result(bench("volume:floor", "-b1M", "-s", "-t1", "-o16", "-d5", "-W1", w,
+                         data_dir=c.dir))
+        floor[name] = r["mib_per_s"] / 1024
+    c.cli("volume", "delete", "floor")
+    # Sequential 1 MiB writes wrap around the volume.
+    fill = result(bench(c.uri, "-b1M", "-s", "-w100", "-t1", "-o16",
+                        f"-d{max(10, size_b // (100 << 20))}", "-W0"))
+    if fill["write"]["bytes"] < size_b:
+        sys.exit(f"fill wrote only {fill['write']['bytes']} of {size_b} bytes")
+    return floor
+
+
+def size_bytes(size):
+    return int(size[:-1]) << {"G": 30, "M": 20}[size[-1]]
+
+
 def rebuild(size):
-    size_b = int(size[:-1]) << {"G": 30, "M": 20}[size[-1]]
+    size_b = size_bytes(size)
     c = Cluster(["--store", "memory", "--size", size, "--nodes", "3"])
     try:
-        c.cli("volume", "create", "floor", "--size", "1G")
-        floor = {}
-        for name, w in [("read", "-w0"), ("write", "-w100")]:
-            r = result(bench("volume:floor", "-b1M", "-s", "-t1", "-o16", "-d5", "-W1", w,
-                             data_dir=c.dir))
-            floor[name] = r["mib_per_s"] / 1024
-        c.cli("volume", "delete", "floor")
-        # Fill every byte once (sequential 1 MiB writes wrap around the volume).
-        fill = result(bench(c.uri, "-b1M", "-s", "-w100", "-t1", "-o16",
-                            f"-d{max(10, size_b // (100 << 20))}", "-W0"))
-        if fill["write"]["bytes"] < size_b:
-            sys.exit(f"fill wrote only {fill['write']['bytes']} of {size_b} bytes")
+        floor = floor_and_fill(c, size_b)
         t_kill = time.time()
         os.kill(c.pid(3), signal.SIGKILL)
         c.wait_in_sync(limit=1200)
@@ -217,12 +232,42 @@ def rebuild(size):
     return row
 
 
+def drain(size):
+    """`trireme node drain` of a node holding a filled volume's replica, on a 4-node cluster:
+    the copy goes to the fourth node while the volume stays attached."""
+    size_b = size_bytes(size)
+    c = Cluster(["--store", "memory", "--size", size, "--nodes", "4"])
+    try:
+        floor = floor_and_fill(c, size_b)
+        src = next(r["node"] for v in json.loads(c.cli("--output", "json", "status"))["volumes"]
+                   for r in v["replicas"])
+        t0 = time.time()
+        c.cli("node", "drain", str(src))
+        wall = time.time() - t0
+        done = [r for r in resyncs(c.text()) if r[0] >= t0]
+        if not done:
+            sys.exit("no resync logged for the drain")
+        _, full, copied, ms = done[-1]
+        row = {"size": size_b, "node": src, "copied_bytes": copied, "resync_ms": ms,
+               "drain_wall_s": wall, "gib_per_s": gib(copied) / (ms / 1000),
+               "wall_gib_per_s": gib(size_b) / wall, "floor_read_gib_s": floor["read"],
+               "floor_write_gib_s": floor["write"]}
+    finally:
+        c.stop()
+    print(f"\n## 4. Drain of node {src}: its replica of a {size} memory volume moves to node 4")
+    print(f"copy: {gib(copied):.2f} GiB in {ms / 1000:.1f}s = {row['gib_per_s']:.2f} GiB/s; "
+          f"whole `node drain` command: {wall:.1f}s = {row['wall_gib_per_s']:.2f} GiB/s of volume")
+    print(f"transport floor, native client 1 MiB QD16 on the same cluster: read "
+          f"{floor['read']:.2f} GiB/s, write {floor['write']:.2f} GiB/s (3-way)")
+    return row
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--stall-secs", type=int, default=20)
     ap.add_argument("--outage-secs", type=int, default=30)
     ap.add_argument("--rebuild-size", default="4G")
-    ap.add_argument("--only", default="stall,outage,rebuild")
+    ap.add_argument("--only", default="stall,outage,rebuild,drain")
     ap.add_argument("--json")
     a = ap.parse_args()
     if not os.path.exists(BIN):
@@ -237,6 +282,8 @@ def main():
         out["outage"] = outage(a.outage_secs)
     if "rebuild" in only:
         out["rebuild"] = rebuild(a.rebuild_size)
+    if "drain" in only:
+        out["drain"] = drain(a.rebuild_size)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=2)

@@ -45,6 +45,10 @@ pub struct Node {
     /// Per volume: the client connection that attached it last. I/O from any other connection
     /// is refused, so late frames of an abandoned connection cannot land after a resync.
     owners: RwLock<HashMap<u64, u64>>,
+    /// Held (shared) by every request being served; `close_all` takes it exclusively and sets
+    /// it, so no request runs during or after the close (a write landing after the replicas
+    /// recorded a clean shutdown would not match what they recorded).
+    closed: RwLock<bool>,
 }
 
 /// Why serving a request failed: a status for the client and a message for the log.
@@ -91,6 +95,7 @@ impl Node {
             dirty: DirtyTracker::new(grain),
             activity: ActivityLogs::default(),
             owners: RwLock::default(),
+            closed: RwLock::new(false),
         }
     }
 
@@ -119,8 +124,11 @@ impl Node {
         &self.dirty
     }
 
-    /// Flushes every replica and records a clean shutdown; used when the process exits.
+    /// Waits for the requests being served, refuses every later one, then flushes every
+    /// replica and records a clean shutdown; used when the process exits.
     pub fn close_all(&self) {
+        let mut closed = self.closed.write().unwrap_or_else(|e| e.into_inner());
+        *closed = true;
         let reps: Vec<_> = self
             .replicas
             .read()
@@ -170,6 +178,10 @@ impl Node {
 
     /// Serves one request synchronously (the caller picks the thread).
     fn serve(&self, req: &Frame) -> Result<(Header, Bytes), Refusal> {
+        let closed = self.closed.read().unwrap_or_else(|e| e.into_inner());
+        if *closed {
+            return Err(Refusal(Status::Io, "the node is shutting down".into()));
+        }
         let h = &req.header;
         let mut resp = h.response(Status::Ok);
         let len_usize = || -> Result<usize, Refusal> {

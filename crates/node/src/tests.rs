@@ -201,3 +201,30 @@ async fn a_reattach_supersedes_the_old_connection() {
         .unwrap();
     assert_eq!(c.header.status, Status::Ok);
 }
+
+/// After `close_all` (the process is exiting), nothing lands: a write that arrived late would
+/// not match the seals the file store recorded at close.
+#[tokio::test]
+async fn a_closed_node_refuses_every_request() {
+    let store: Arc<dyn Store> = Arc::new(trireme_store::MemoryStore::default());
+    let (node, c) = start(store).await;
+    for h in [
+        req(Op::CreateReplica, 1, 0, 0, 1 << 20),
+        req(Op::Attach, 1, 3, 0, 0),
+    ] {
+        assert_eq!(
+            c.call(h, Bytes::new()).await.unwrap().header.status,
+            Status::Ok
+        );
+    }
+    node.close_all();
+    let f = c
+        .call(req(Op::Write, 1, 3, 0, 0), Bytes::from_static(b"late"))
+        .await
+        .unwrap();
+    assert_eq!(f.header.status, Status::Io);
+    assert!(String::from_utf8_lossy(&f.payload).contains("shutting down"));
+    let mut buf = [0u8; 4];
+    node.replica(1).ok().unwrap().read(0, &mut buf).unwrap();
+    assert_eq!(buf, [0; 4], "the late write did not land");
+}
