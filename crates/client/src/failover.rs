@@ -778,24 +778,57 @@ impl Volume {
         len: u64,
         compare: bool,
     ) -> Result<u64, VolumeError> {
-        let src = *self
+        // A source whose copy fails its block checksums is passed over for the next in-sync
+        // replica, and repaired from the one that serves.
+        let sources = self
             .set()
-            .read_order(self.spread.fetch_add(1, Ordering::Relaxed))
-            .first()
-            .ok_or_else(|| VolumeError::NoReplicas(self.info.name.clone()))?;
-        if compare {
-            let mut sums = self.checksums(&[src, i], off, len).await.into_iter();
-            let (a, b) = (sums.next().expect("two"), sums.next().expect("two"));
-            let a = a?;
-            let b = match b {
-                Ok(c) => c,
-                Err(e) => return Err(self.replica_failed(i, off, len, e).await),
-            };
-            if a == b {
-                return Ok(0);
+            .read_order(self.spread.fetch_add(1, Ordering::Relaxed));
+        let mut bad = Vec::new();
+        let mut last = VolumeError::NoReplicas(self.info.name.clone());
+        let mut copy = None;
+        for src in sources {
+            if compare {
+                let mut sums = self.checksums(&[src, i], off, len).await.into_iter();
+                let (a, b) = (sums.next().expect("two"), sums.next().expect("two"));
+                let a = match a {
+                    Ok(c) => c,
+                    Err(e) if e.is_bad_copy() => {
+                        bad.push(src);
+                        last = e;
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+                // The target's own copy may be bad too: then it differs, and is overwritten.
+                let b = match b {
+                    Ok(c) => Some(c),
+                    Err(e) if e.is_bad_copy() => None,
+                    Err(e) => return Err(self.replica_failed(i, off, len, e).await),
+                };
+                if b == Some(a) {
+                    copy = Some((src, None));
+                    break;
+                }
+            }
+            match self.read_from(src, off, len).await {
+                Ok(d) => {
+                    copy = Some((src, Some(d)));
+                    break;
+                }
+                Err(e) if e.is_bad_copy() => {
+                    bad.push(src);
+                    last = e;
+                }
+                Err(e) => return Err(e),
             }
         }
-        let data = self.read_from(src, off, len).await?;
+        let Some((good, data)) = copy else {
+            return Err(last);
+        };
+        if !bad.is_empty() {
+            self.repair_held(&bad, good, off, len).await;
+        }
+        let Some(data) = data else { return Ok(0) };
         let h = if data.iter().all(|&b| b == 0) {
             let mut h = self.header(Op::WriteZeroes, off, len);
             h.flags |= FLAG_MAY_TRIM;
@@ -817,10 +850,21 @@ impl Volume {
     /// block checksums) from replica `good`, under the range's write lock so no write is
     /// undone. A replica the rewrite fails on is taken out.
     pub(crate) async fn repair(&self, bad: &[usize], good: usize, off: u64, len: u64) {
+        let (a, e) = self.block_span(off, len);
+        let _r = self.write_order.acquire(a, e).await;
+        self.repair_held(bad, good, off, len).await
+    }
+
+    /// Whole 4 KiB blocks around `[off, off+len)`.
+    fn block_span(&self, off: u64, len: u64) -> (u64, u64) {
         let a = off / 4096 * 4096;
         let e = (off + len).div_ceil(4096) * 4096;
-        let e = e.min(self.info.size);
-        let _r = self.write_order.acquire(a, e).await;
+        (a, e.min(self.info.size))
+    }
+
+    /// [`Volume::repair`] for a caller that holds the blocks' range already.
+    async fn repair_held(&self, bad: &[usize], good: usize, off: u64, len: u64) {
+        let (a, e) = self.block_span(off, len);
         self.activity.touch(a, e - a);
         let data = match self.read_from(good, a, e - a).await {
             Ok(d) => d,
