@@ -2,8 +2,11 @@
 # Installs what trireme needs on Debian 12 and checks the Rust toolchain.
 # The NBD clients are what the tests and the benchmark drive: fio (nbd engine), nbdkit (the
 # benchmark's baseline), libnbd tools (nbdinfo, nbdcopy, nbdfuse), qemu-img/qemu-io.
+# UCX (libucx-dev, ucx-utils for ucx_perftest) with clang/libclang for the bindgen step of
+# crates/ucx-sys, and pkg-config to find it.
 set -euo pipefail
-pkgs=(fio nbdkit libnbd-bin nbdfuse python3-libnbd qemu-utils iproute2 iptables procps librsvg2-bin fonts-dejavu-core)
+pkgs=(fio nbdkit libnbd-bin nbdfuse python3-libnbd qemu-utils iproute2 iptables procps librsvg2-bin fonts-dejavu-core
+      libucx-dev ucx-utils libclang-dev clang pkg-config)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

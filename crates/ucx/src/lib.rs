@@ -1,0 +1,701 @@
+//! A safe wrapper over the system UCX (`trireme-ucx-sys`): what trireme's UCX transport needs
+//! and nothing more.
+//!
+//! * [`Context`]: one per process, configured through `ucp_config_modify` (not only the
+//!   environment), with active messages as the only feature.
+//! * [`Worker`]: one per thread that drives it. UCX workers are created single-threaded here,
+//!   so a `Worker` is `Send` (it may move to its thread) but not `Sync`; every endpoint and
+//!   request it makes is driven by the same thread. Progress is event driven: [`Worker::wait`]
+//!   arms the worker's event fd and sleeps in `poll` — never a busy loop.
+//! * [`Endpoint`]: a connection to a peer worker's address. [`Endpoint::am_send`] sends an
+//!   active message (a header and a payload, each one contiguous buffer: vectored sends over
+//!   UCX's tcp lanes are several times slower); UCX picks eager for small payloads and
+//!   rendezvous (zero-copy, RDMA read where the hardware has it) for large ones.
+//! * Active-message handlers ([`Worker::set_am_handler`]) see each message's header and either
+//!   its bytes (eager) or a [`RndvData`] to fetch into a buffer of the handler's choosing.
+//!
+//! Completion is by callback: each send or rendezvous receive takes a closure that runs, on
+//! the worker's thread, when UCX is done with the buffers (which the wrapper owns until then).
+//!
+//! UCX 1.13 traits handled by the caller's configuration, see [`Config`]: the peer-failure
+//! error mode turns the shared-memory transports off, so endpoints use no error handling and
+//! peer death is learned elsewhere (trireme's TCP control connection); UCX adds a lane for every
+//! network device unless `NET_DEVICES` names them; and registering memory before a `fork` is
+//! unsafe, so a process creates its context only after it is done forking.
+
+use std::cell::RefCell;
+use std::ffi::{c_void, CStr, CString};
+use std::os::fd::RawFd;
+use std::ptr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use trireme_ucx_sys as sys;
+
+/// A UCX failure: what was being done and UCX's status.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("UCX {what}: {message}")]
+pub struct Error {
+    pub what: &'static str,
+    pub status: i32,
+    pub message: String,
+}
+
+impl Error {
+    fn new(what: &'static str, status: sys::ucs_status_t) -> Error {
+        // SAFETY: ucs_status_string returns a pointer to a static C string for any status.
+        let message = unsafe { CStr::from_ptr(sys::ucs_status_string(status)) }
+            .to_string_lossy()
+            .into_owned();
+        Error {
+            what,
+            status: status as i32,
+            message,
+        }
+    }
+
+    /// True when the peer or the link is gone (rather than a local misuse).
+    pub fn is_peer_failure(&self) -> bool {
+        let s = self.status;
+        s == sys::UCS_ERR_CONNECTION_RESET as i32
+            || s == sys::UCS_ERR_ENDPOINT_TIMEOUT as i32
+            || s == sys::UCS_ERR_UNREACHABLE as i32
+            || s == sys::UCS_ERR_CANCELED as i32
+            || (sys::UCS_ERR_LAST_ENDPOINT_FAILURE as i32..=sys::UCS_ERR_FIRST_LINK_FAILURE as i32)
+                .contains(&s)
+    }
+}
+
+fn check(what: &'static str, s: sys::ucs_status_t) -> Result<(), Error> {
+    if s == sys::UCS_OK {
+        Ok(())
+    } else {
+        Err(Error::new(what, s))
+    }
+}
+
+/// How the context is configured. Each field is a UCX configuration variable set with
+/// `ucp_config_modify`; `None` leaves UCX's default (and its `UCX_*` environment variable).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Config {
+    /// `TLS`: the transports UCX may use, e.g. `"shm,cma,tcp"` or `"rc,ud,sm,self"`.
+    pub tls: Option<String>,
+    /// `NET_DEVICES`: network devices to use, e.g. `"veth1"` or `"mlx5_0:1"`.
+    pub net_devices: Option<String>,
+}
+
+/// The process's UCX context (`ucp_context_h`).
+#[derive(Debug)]
+pub struct Context {
+    h: sys::ucp_context_h,
+}
+
+// SAFETY: the context is created with `mt_workers_shared`, which makes UCX lock what workers
+// on different threads share; nothing else touches the handle after creation but cleanup.
+unsafe impl Send for Context {}
+// SAFETY: as above; `&Context` only creates workers, which UCX allows from any thread.
+unsafe impl Sync for Context {}
+
+impl Context {
+    pub fn new(cfg: &Config) -> Result<Arc<Context>, Error> {
+        let mut conf: *mut sys::ucp_config_t = ptr::null_mut();
+        // SAFETY: NULL prefix and file mean the defaults; `conf` receives a new descriptor.
+        check("config read", unsafe {
+            sys::ucp_config_read(ptr::null(), ptr::null(), &mut conf)
+        })?;
+        let set = |name: &str, value: &str| -> Result<(), Error> {
+            let (n, v) = (
+                CString::new(name).expect("no NUL in a UCX variable name"),
+                CString::new(value).map_err(|_| Error {
+                    what: "config",
+                    status: sys::UCS_ERR_INVALID_PARAM as i32,
+                    message: format!("{name} value {value:?} holds a NUL byte"),
+                })?,
+            );
+            // SAFETY: `conf` is the live descriptor read above; both strings outlive the call.
+            check("config modify", unsafe {
+                sys::ucp_config_modify(conf, n.as_ptr(), v.as_ptr())
+            })
+        };
+        let applied = (|| {
+            if let Some(t) = &cfg.tls {
+                set("TLS", t)?;
+            }
+            if let Some(d) = &cfg.net_devices {
+                set("NET_DEVICES", d)?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = applied {
+            // SAFETY: `conf` came from ucp_config_read and is released once.
+            unsafe { sys::ucp_config_release(conf) };
+            return Err(e);
+        }
+        let params = sys::ucp_params_t {
+            field_mask: (sys::UCP_PARAM_FIELD_FEATURES | sys::UCP_PARAM_FIELD_MT_WORKERS_SHARED)
+                as u64,
+            // WAKEUP: the event fd that lets a worker thread sleep instead of spinning.
+            features: (sys::UCP_FEATURE_AM | sys::UCP_FEATURE_WAKEUP) as u64,
+            mt_workers_shared: 1,
+            ..Default::default()
+        };
+        let mut h: sys::ucp_context_h = ptr::null_mut();
+        // SAFETY: `params` and `conf` are valid for the call; `h` receives the context. This is
+        // what the `ucp_init` inline function of the header does.
+        let s = unsafe {
+            sys::ucp_init_version(
+                sys::UCP_API_MAJOR,
+                sys::UCP_API_MINOR,
+                &params,
+                conf,
+                &mut h,
+            )
+        };
+        // SAFETY: `conf` is no longer needed once the context is created (or not).
+        unsafe { sys::ucp_config_release(conf) };
+        check("init", s)?;
+        Ok(Arc::new(Context { h }))
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: every worker holds an `Arc<Context>`, so none is left when this runs.
+        unsafe { sys::ucp_cleanup(self.h) };
+    }
+}
+
+/// What a handler is given for a message whose payload comes by rendezvous.
+#[derive(Debug)]
+pub struct RndvData {
+    desc: *mut c_void,
+    pub length: usize,
+}
+
+/// An active message as its handler sees it.
+#[derive(Debug)]
+pub enum AmData<'a> {
+    /// The payload is here (eager); copy what you keep.
+    Eager(&'a [u8]),
+    /// The payload waits on the sender; fetch it with [`Worker::recv_rndv`] or drop it.
+    Rndv(RndvData),
+}
+
+/// The endpoint a reply to a message can go out on (the sender asked for one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplyEp(sys::ucp_ep_h);
+
+// SAFETY: a reply endpoint is a plain handle; it is only used through the worker that received
+// the message, on that worker's thread (`Worker::reply`).
+unsafe impl Send for ReplyEp {}
+
+type AmHandler = dyn FnMut(&Worker, &[u8], AmData<'_>, Option<ReplyEp>);
+
+/// Completion callback of a send: runs on the worker's thread.
+pub type SendDone = Box<dyn FnOnce(Result<(), Error>)>;
+/// Completion callback of a rendezvous receive: the buffer, filled.
+pub type RecvDone = Box<dyn FnOnce(Result<Vec<u8>, Error>)>;
+
+struct HandlerSlot {
+    worker: *const Worker,
+    f: RefCell<Box<AmHandler>>,
+}
+
+/// A UCX worker, driven by the one thread that owns it.
+pub struct Worker {
+    h: sys::ucp_worker_h,
+    efd: RawFd,
+    /// Boxed: UCX holds each slot's address, which must not move when the vector grows.
+    #[allow(clippy::vec_box)]
+    handlers: RefCell<Vec<Box<HandlerSlot>>>,
+    // Keeps the context alive while the worker is.
+    _ctx: Arc<Context>,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker").field("efd", &self.efd).finish()
+    }
+}
+
+// SAFETY: the worker is single-threaded (UCS_THREAD_MODE_SINGLE) and not `Sync`: moving it to
+// another thread before use hands the whole worker over, which UCX allows.
+unsafe impl Send for Worker {}
+
+struct SendCtx {
+    done: Option<SendDone>,
+    _header: Vec<u8>,
+    _data: bytes_keep::Keep,
+}
+
+struct RecvCtx {
+    done: Option<RecvDone>,
+    buf: Vec<u8>,
+}
+
+mod bytes_keep {
+    /// Owns a payload until UCX no longer reads it.
+    pub enum Keep {
+        Vec(Vec<u8>),
+        Boxed(Box<dyn AsRef<[u8]>>),
+    }
+    impl std::fmt::Debug for Keep {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "Payload({} bytes)", self.slice().len())
+        }
+    }
+    impl Keep {
+        pub fn slice(&self) -> &[u8] {
+            match self {
+                Keep::Vec(v) => v,
+                Keep::Boxed(b) => (**b).as_ref(),
+            }
+        }
+    }
+}
+
+pub use bytes_keep::Keep as Payload;
+
+unsafe extern "C" fn send_cb(request: *mut c_void, status: sys::ucs_status_t, user: *mut c_void) {
+    // SAFETY: `user` is the `Box<SendCtx>` leaked by `am_send` for this request; UCX calls this
+    // once, so the box is taken back once.
+    let mut ctx = unsafe { Box::from_raw(user as *mut SendCtx) };
+    if let Some(done) = ctx.done.take() {
+        done(check("send", status));
+    }
+    // SAFETY: the request came from ucp_am_send_nbx and is released once, here.
+    unsafe { sys::ucp_request_free(request) };
+}
+
+unsafe extern "C" fn recv_cb(
+    request: *mut c_void,
+    status: sys::ucs_status_t,
+    length: usize,
+    user: *mut c_void,
+) {
+    // SAFETY: `user` is the `Box<RecvCtx>` leaked by `recv_rndv` for this request.
+    let mut ctx = unsafe { Box::from_raw(user as *mut RecvCtx) };
+    let mut buf = std::mem::take(&mut ctx.buf);
+    buf.truncate(length);
+    if let Some(done) = ctx.done.take() {
+        done(check("receive", status).map(|()| buf));
+    }
+    // SAFETY: the request came from ucp_am_recv_data_nbx and is released once, here.
+    unsafe { sys::ucp_request_free(request) };
+}
+
+unsafe extern "C" fn am_cb(
+    arg: *mut c_void,
+    header: *const c_void,
+    header_length: usize,
+    data: *mut c_void,
+    length: usize,
+    param: *const sys::ucp_am_recv_param_t,
+) -> sys::ucs_status_t {
+    // SAFETY: `arg` is the `HandlerSlot` registered in `set_am_handler`, boxed and owned by
+    // the worker, which outlives its handlers; the worker pointer in it is the worker that is
+    // progressing now (handlers run inside `progress`, on its thread).
+    let slot = unsafe { &*(arg as *const HandlerSlot) };
+    // SAFETY: as above.
+    let worker = unsafe { &*slot.worker };
+    // SAFETY: UCX passes a valid parameter block for the duration of the callback.
+    let p = unsafe { &*param };
+    let hdr: &[u8] = if header_length == 0 {
+        &[]
+    } else {
+        // SAFETY: UCX guarantees `header_length` readable bytes at `header` during the call.
+        unsafe { std::slice::from_raw_parts(header as *const u8, header_length) }
+    };
+    let reply = (p.recv_attr & sys::UCP_AM_RECV_ATTR_FIELD_REPLY_EP as u64 != 0
+        && !p.reply_ep.is_null())
+    .then_some(ReplyEp(p.reply_ep));
+    let msg = if p.recv_attr & sys::UCP_AM_RECV_ATTR_FLAG_RNDV as u64 != 0 {
+        AmData::Rndv(RndvData { desc: data, length })
+    } else if length == 0 {
+        AmData::Eager(&[])
+    } else {
+        // SAFETY: an eager message's `length` bytes are readable at `data` during the call.
+        AmData::Eager(unsafe { std::slice::from_raw_parts(data as *const u8, length) })
+    };
+    let was_rndv = matches!(msg, AmData::Rndv(_));
+    match slot.f.try_borrow_mut() {
+        Ok(mut f) => f(worker, hdr, msg, reply),
+        // A handler re-entered through progress from inside itself: not something the wrapper
+        // lets handlers do (they get no progress call), so this cannot happen.
+        Err(_) => return sys::UCS_ERR_NO_RESOURCE,
+    }
+    // Eager data was copied by the handler if it wanted it; a rendezvous descriptor was handed
+    // to `recv_rndv` (which owns it from then on) or dropped — both fine with UCS_OK.
+    let _ = was_rndv;
+    sys::UCS_OK
+}
+
+impl Worker {
+    /// A worker for the calling thread.
+    pub fn new(ctx: &Arc<Context>) -> Result<Worker, Error> {
+        let params = sys::ucp_worker_params_t {
+            field_mask: sys::UCP_WORKER_PARAM_FIELD_THREAD_MODE as u64,
+            thread_mode: sys::UCS_THREAD_MODE_SINGLE,
+            ..Default::default()
+        };
+        let mut h: sys::ucp_worker_h = ptr::null_mut();
+        // SAFETY: the context is live (we hold an Arc); `h` receives the worker.
+        check("worker create", unsafe {
+            sys::ucp_worker_create(ctx.h, &params, &mut h)
+        })?;
+        let mut efd: i32 = -1;
+        // SAFETY: `h` is the live worker; `efd` receives its event fd, owned by the worker.
+        let s = unsafe { sys::ucp_worker_get_efd(h, &mut efd) };
+        if let Err(e) = check("worker event fd", s) {
+            // SAFETY: `h` was created above and is destroyed once.
+            unsafe { sys::ucp_worker_destroy(h) };
+            return Err(e);
+        }
+        Ok(Worker {
+            h,
+            efd,
+            handlers: RefCell::default(),
+            _ctx: ctx.clone(),
+        })
+    }
+
+    /// This worker's address, for a peer's [`Worker::connect`].
+    pub fn address(&self) -> Result<Vec<u8>, Error> {
+        let mut a: *mut sys::ucp_address_t = ptr::null_mut();
+        let mut len: usize = 0;
+        // SAFETY: the worker is live; `a`/`len` receive a buffer UCX allocates.
+        check("worker address", unsafe {
+            sys::ucp_worker_get_address(self.h, &mut a, &mut len)
+        })?;
+        // SAFETY: UCX returned `len` readable bytes at `a`.
+        let v = unsafe { std::slice::from_raw_parts(a as *const u8, len) }.to_vec();
+        // SAFETY: the buffer came from ucp_worker_get_address on this worker; released once.
+        unsafe { sys::ucp_worker_release_address(self.h, a) };
+        Ok(v)
+    }
+
+    /// Runs UCX's progress engine once; true if anything happened (handlers and completion
+    /// callbacks run inside it).
+    pub fn progress(&self) -> bool {
+        // SAFETY: the worker is live and used from its own thread only (not Sync).
+        unsafe { sys::ucp_worker_progress(self.h) != 0 }
+    }
+
+    /// The event fd that becomes readable when the worker has work (after [`Worker::arm`]).
+    pub fn event_fd(&self) -> RawFd {
+        self.efd
+    }
+
+    /// Arms the event fd. `false`: events are pending, progress first.
+    pub fn arm(&self) -> Result<bool, Error> {
+        // SAFETY: the worker is live.
+        match unsafe { sys::ucp_worker_arm(self.h) } {
+            s if s == sys::UCS_OK => Ok(true),
+            s if s == sys::UCS_ERR_BUSY => Ok(false),
+            s => Err(Error::new("worker arm", s)),
+        }
+    }
+
+    /// Progresses until idle, then sleeps until the worker has work, `extra` (another fd, such
+    /// as a command queue's eventfd) is readable, or `timeout` passes. Returns whether `extra`
+    /// was readable.
+    pub fn wait(&self, extra: Option<RawFd>, timeout: Duration) -> Result<bool, Error> {
+        while self.progress() {}
+        if !self.arm()? {
+            return Ok(false);
+        }
+        let mut fds = [
+            libc::pollfd {
+                fd: self.efd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: extra.unwrap_or(-1),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        let n = if extra.is_some() { 2 } else { 1 };
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: `fds` holds `n` valid pollfd entries for the call.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), n, ms) };
+        if r < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            return Err(Error {
+                what: "poll",
+                status: sys::UCS_ERR_IO_ERROR as i32,
+                message: std::io::Error::last_os_error().to_string(),
+            });
+        }
+        Ok(n == 2 && fds[1].revents & libc::POLLIN != 0)
+    }
+
+    /// Calls `f` for every active message `id` that arrives, inside [`Worker::progress`].
+    pub fn set_am_handler(
+        &self,
+        id: u32,
+        f: impl FnMut(&Worker, &[u8], AmData<'_>, Option<ReplyEp>) + 'static,
+    ) -> Result<(), Error> {
+        let slot = Box::new(HandlerSlot {
+            worker: self as *const Worker,
+            f: RefCell::new(Box::new(f)),
+        });
+        let param = sys::ucp_am_handler_param_t {
+            field_mask: (sys::UCP_AM_HANDLER_PARAM_FIELD_ID
+                | sys::UCP_AM_HANDLER_PARAM_FIELD_CB
+                | sys::UCP_AM_HANDLER_PARAM_FIELD_ARG
+                | sys::UCP_AM_HANDLER_PARAM_FIELD_FLAGS) as u64,
+            id,
+            flags: sys::UCP_AM_FLAG_WHOLE_MSG,
+            cb: Some(am_cb),
+            arg: &*slot as *const HandlerSlot as *mut c_void,
+        };
+        // SAFETY: the worker is live; `slot` is kept in `handlers` (boxed: its address is
+        // stable) until the worker is destroyed, so `arg` stays valid for every callback.
+        check("set handler", unsafe {
+            sys::ucp_worker_set_am_recv_handler(self.h, &param)
+        })?;
+        self.handlers.borrow_mut().push(slot);
+        Ok(())
+    }
+
+    /// Fetches a rendezvous payload into a new buffer; `done` gets it when it has arrived.
+    /// Call it from the handler that was given `data`.
+    pub fn recv_rndv(&self, data: RndvData, done: RecvDone) {
+        let ctx = Box::new(RecvCtx {
+            done: Some(done),
+            buf: vec![0u8; data.length],
+        });
+        let ctx = Box::into_raw(ctx);
+        let mut length: usize = 0;
+        let mut param = sys::ucp_request_param_t {
+            op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK
+                | sys::UCP_OP_ATTR_FIELD_USER_DATA
+                | sys::UCP_OP_ATTR_FIELD_RECV_INFO,
+            user_data: ctx as *mut c_void,
+            ..Default::default()
+        };
+        param.cb.recv_am = Some(recv_cb);
+        param.recv_info.length = &mut length;
+        // SAFETY: `ctx` was just leaked and is valid; its buffer has `data.length` bytes and
+        // lives in the box until `recv_cb` (or the immediate path below) frees it.
+        let buf = unsafe { (*ctx).buf.as_mut_ptr() };
+        // SAFETY: `data.desc` is the descriptor UCX gave the handler; UCX owns it from now on.
+        let r = unsafe {
+            sys::ucp_am_recv_data_nbx(self.h, data.desc, buf as *mut c_void, data.length, &param)
+        };
+        if sys::ucs_ptr_is_ptr(r) {
+            return; // `recv_cb` finishes it.
+        }
+        // SAFETY: no request was created, so the callback will not run: the box is ours again.
+        let mut ctx = unsafe { Box::from_raw(ctx) };
+        let status = sys::ucs_ptr_status(r);
+        let mut buf = std::mem::take(&mut ctx.buf);
+        if let Some(d) = ctx.done.take() {
+            d(check("receive", status).map(|()| {
+                // UCX fills in the length when it completes at once; keep all if it did not.
+                if length != 0 {
+                    buf.truncate(length);
+                }
+                buf
+            }));
+        }
+    }
+
+    /// Connects to a peer worker by its address.
+    pub fn connect(&self, address: &[u8]) -> Result<Endpoint, Error> {
+        let params = sys::ucp_ep_params_t {
+            field_mask: (sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS
+                | sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE) as u64,
+            address: address.as_ptr() as *const sys::ucp_address_t,
+            // The peer-failure mode would turn off the shared-memory transports in UCX 1.13.
+            err_mode: sys::UCP_ERR_HANDLING_MODE_NONE,
+            ..Default::default()
+        };
+        let mut ep: sys::ucp_ep_h = ptr::null_mut();
+        // SAFETY: the worker is live; `address` is readable for the call (UCX copies what it
+        // needs); `ep` receives the endpoint.
+        check("connect", unsafe {
+            sys::ucp_ep_create(self.h, &params, &mut ep)
+        })?;
+        Ok(Endpoint {
+            h: ep,
+            worker: self.h,
+        })
+    }
+
+    /// Sends an active message on a reply endpoint (see [`Endpoint::am_send`]).
+    pub fn reply(&self, ep: ReplyEp, id: u32, header: Vec<u8>, data: Payload, done: SendDone) {
+        am_send(ep.0, id, header, data, 0, done)
+    }
+
+    /// What UCX says about this worker's resources, as text.
+    pub fn info(&self) -> String {
+        // SAFETY: the worker is live; `f` is a FILE the closure may write to.
+        memstream(|f| unsafe { sys::ucp_worker_print_info(self.h, f) })
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        // SAFETY: every endpoint borrows the worker's handle only while the worker lives (they
+        // are closed first by their owners), and the handlers' slots are dropped after this.
+        unsafe { sys::ucp_worker_destroy(self.h) };
+    }
+}
+
+/// `transport/device` of every `lane[i]:  k:tl/dev.n ...` line of `ucp_ep_print_info`, joined
+/// with `+` (`?` if there is none).
+pub fn lane_summary(info: &str) -> String {
+    let lanes: Vec<&str> = info
+        .lines()
+        .filter_map(|l| {
+            let rest = l.split("lane[").nth(1)?;
+            let field = rest.split_whitespace().nth(1)?; // "1:sysv/memory.0"
+            let tl_dev = field.split_once(':')?.1;
+            Some(tl_dev.rsplit_once('.').map_or(tl_dev, |(a, _)| a))
+        })
+        .collect();
+    if lanes.is_empty() {
+        "?".into()
+    } else {
+        lanes.join("+")
+    }
+}
+
+/// Runs `f` with a FILE that writes into memory and returns what it wrote.
+fn memstream(f: impl FnOnce(*mut sys::FILE)) -> String {
+    let mut buf: *mut libc::c_char = ptr::null_mut();
+    let mut len: libc::size_t = 0;
+    // SAFETY: `buf`/`len` receive the stream's buffer, valid after fclose.
+    let file = unsafe { libc::open_memstream(&mut buf, &mut len) };
+    if file.is_null() {
+        return String::new();
+    }
+    f(file as *mut sys::FILE);
+    // SAFETY: `file` is the stream opened above, closed once; afterwards `buf` holds `len`
+    // bytes that we copy and free.
+    unsafe {
+        libc::fclose(file);
+        let s =
+            String::from_utf8_lossy(std::slice::from_raw_parts(buf as *const u8, len)).into_owned();
+        libc::free(buf as *mut c_void);
+        s
+    }
+}
+
+fn am_send(ep: sys::ucp_ep_h, id: u32, header: Vec<u8>, data: Payload, flags: u32, done: SendDone) {
+    let ctx = Box::into_raw(Box::new(SendCtx {
+        done: Some(done),
+        _header: header,
+        _data: data,
+    }));
+    let mut param = sys::ucp_request_param_t {
+        op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK
+            | sys::UCP_OP_ATTR_FIELD_USER_DATA
+            | sys::UCP_OP_ATTR_FIELD_FLAGS
+            | sys::UCP_OP_ATTR_FIELD_DATATYPE,
+        flags,
+        user_data: ctx as *mut c_void,
+        datatype: sys::DT_BYTES,
+        ..Default::default()
+    };
+    param.cb.send = Some(send_cb);
+    // SAFETY: `ctx` is live; the header and payload it owns stay put (their heap buffers do not
+    // move when the box is read) until the callback or the immediate path frees the box.
+    let (h, d) = unsafe { ((*ctx)._header.as_slice(), (*ctx)._data.slice()) };
+    // SAFETY: the endpoint belongs to the worker driven by this thread; buffers as above.
+    let r = unsafe {
+        sys::ucp_am_send_nbx(
+            ep,
+            id,
+            h.as_ptr() as *const c_void,
+            h.len(),
+            d.as_ptr() as *const c_void,
+            d.len(),
+            &param,
+        )
+    };
+    if sys::ucs_ptr_is_ptr(r) {
+        return; // `send_cb` finishes it.
+    }
+    // SAFETY: no request was created, so the callback will not run: the box is ours again.
+    let mut ctx = unsafe { Box::from_raw(ctx) };
+    if let Some(d) = ctx.done.take() {
+        d(check("send", sys::ucs_ptr_status(r)));
+    }
+}
+
+/// A connection to a peer worker; used only on its worker's thread.
+#[derive(Debug)]
+pub struct Endpoint {
+    h: sys::ucp_ep_h,
+    worker: sys::ucp_worker_h,
+}
+
+// SAFETY: an endpoint moves with its worker to the worker's thread and is used only there.
+unsafe impl Send for Endpoint {}
+
+impl Endpoint {
+    /// Sends active message `id`: `header` (small: it always goes eagerly) and `data`. With
+    /// `reply`, the receiver's handler gets a [`ReplyEp`] to answer on. `done` runs when the
+    /// buffers are no longer needed (eager: copied out; rendezvous: fetched by the peer).
+    pub fn am_send(&self, id: u32, header: Vec<u8>, data: Payload, reply: bool, done: SendDone) {
+        let flags = if reply {
+            sys::UCP_AM_SEND_FLAG_REPLY
+        } else {
+            0
+        };
+        am_send(self.h, id, header, data, flags, done)
+    }
+
+    /// The lanes UCX chose for this endpoint (transport/device per lane), as UCX prints them.
+    pub fn lanes(&self) -> String {
+        // SAFETY: the endpoint is live; `f` is a FILE the closure may write to.
+        memstream(|f| unsafe { sys::ucp_ep_print_info(self.h, f) })
+    }
+
+    /// The lanes in short: each lane's `transport/device`, e.g. `sysv/memory+cma/memory`.
+    pub fn lane_summary(&self) -> String {
+        lane_summary(&self.lanes())
+    }
+
+    /// Closes the endpoint, flushing what was sent (or dropping it with `force`), and
+    /// progresses the worker until UCX is done with it.
+    pub fn close(self, force: bool) {
+        let param = sys::ucp_request_param_t {
+            op_attr_mask: sys::UCP_OP_ATTR_FIELD_FLAGS,
+            flags: if force {
+                sys::UCP_EP_CLOSE_FLAG_FORCE
+            } else {
+                0
+            },
+            ..Default::default()
+        };
+        // SAFETY: the endpoint is live and closed once (this consumes it).
+        let r = unsafe { sys::ucp_ep_close_nbx(self.h, &param) };
+        if sys::ucs_ptr_is_ptr(r) {
+            let deadline = std::time::Instant::now() + Duration::from_secs(2);
+            loop {
+                // SAFETY: the worker outlives its endpoints; `r` is the live close request.
+                let s = unsafe {
+                    sys::ucp_worker_progress(self.worker);
+                    sys::ucp_request_check_status(r)
+                };
+                if s != sys::UCS_INPROGRESS || std::time::Instant::now() > deadline {
+                    if s == sys::UCS_INPROGRESS {
+                        // SAFETY: cancelling a live request is allowed; it completes shortly.
+                        unsafe { sys::ucp_request_cancel(self.worker, r) };
+                    }
+                    // SAFETY: the request is released once, here.
+                    unsafe { sys::ucp_request_free(r) };
+                    break;
+                }
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,194 @@
+//! Two workers of this process talking over real UCX transports: shared memory (posix/sysv
+//! with CMA for rendezvous) and UCX's own tcp lanes on the loopback device. There is no RDMA
+//! device on the machines these run on.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use super::*;
+
+const REQ: u32 = 1;
+const RESP: u32 = 2;
+
+fn pair(cfg: &Config) -> (Worker, Worker) {
+    let ctx = Context::new(cfg).expect("context");
+    (Worker::new(&ctx).unwrap(), Worker::new(&ctx).unwrap())
+}
+
+/// Progresses both workers until `done` or a deadline.
+fn drive(a: &Worker, b: &Worker, done: impl Fn() -> bool) {
+    let t = Instant::now();
+    while !done() {
+        a.progress();
+        b.progress();
+        assert!(t.elapsed() < Duration::from_secs(10), "no progress in 10s");
+    }
+}
+
+/// B answers every request with its header reversed and the payload's length and sum; A sends
+/// a small and a large (rendezvous) payload and checks both answers.
+fn round_trips(cfg: Config) -> String {
+    let (a, b) = pair(&cfg);
+    b.set_am_handler(REQ, |w, hdr, data, reply| {
+        let reply = reply.expect("the sender asked for a reply endpoint");
+        let mut h = hdr.to_vec();
+        h.reverse();
+        let answer = move |w: &Worker, bytes: &[u8]| {
+            let sum: u64 = bytes.iter().map(|&x| u64::from(x)).sum();
+            let mut body = (bytes.len() as u64).to_le_bytes().to_vec();
+            body.extend_from_slice(&sum.to_le_bytes());
+            w.reply(reply, RESP, h, Payload::Vec(body), Box::new(|r| r.unwrap()));
+        };
+        match data {
+            AmData::Eager(bytes) => answer(w, bytes),
+            AmData::Rndv(r) => {
+                // The payload is fetched into our buffer; answer once it is here. The worker
+                // pointer stays valid: the callback runs inside this worker's progress.
+                let wp = w as *const Worker;
+                w.recv_rndv(
+                    r,
+                    Box::new(move |got| {
+                        // SAFETY: completion callbacks run inside `progress` of the worker
+                        // that started the receive, which is alive and on this thread.
+                        let w = unsafe { &*wp };
+                        answer(w, &got.unwrap())
+                    }),
+                )
+            }
+        }
+    })
+    .unwrap();
+    // (header, payload length, payload byte sum) of each answer.
+    type Answers = Rc<RefCell<Vec<(Vec<u8>, u64, u64)>>>;
+    let answers: Answers = Rc::default();
+    let ans = answers.clone();
+    a.set_am_handler(RESP, move |_, hdr, data, _| {
+        let AmData::Eager(b) = data else {
+            panic!("a 16-byte answer came by rendezvous")
+        };
+        let len = u64::from_le_bytes(b[..8].try_into().unwrap());
+        let sum = u64::from_le_bytes(b[8..16].try_into().unwrap());
+        ans.borrow_mut().push((hdr.to_vec(), len, sum));
+    })
+    .unwrap();
+    let ep = a.connect(&b.address().unwrap()).unwrap();
+    let big: Vec<u8> = (0..(4u32 << 20)).map(|i| (i % 251) as u8).collect();
+    let big_sum: u64 = big.iter().map(|&x| u64::from(x)).sum();
+    let sent = Rc::new(RefCell::new(0));
+    for (hdr, payload) in [(vec![1u8, 2, 3], vec![7u8; 100]), (vec![9u8, 8], big)] {
+        let s = sent.clone();
+        ep.am_send(
+            REQ,
+            hdr,
+            Payload::Vec(payload),
+            true,
+            Box::new(move |r| {
+                r.unwrap();
+                *s.borrow_mut() += 1;
+            }),
+        );
+    }
+    drive(&a, &b, || {
+        answers.borrow().len() == 2 && *sent.borrow() == 2
+    });
+    let mut got = answers.borrow().clone();
+    got.sort();
+    assert_eq!(got[0], (vec![3, 2, 1], 100, 700), "small payload");
+    assert_eq!(got[1], (vec![8, 9], 4 << 20, big_sum), "large payload");
+    let lanes = ep.lanes();
+    ep.close(false);
+    lane_summary(&lanes)
+}
+
+#[test]
+fn active_messages_over_shared_memory() {
+    let lanes = round_trips(Config {
+        tls: Some("sm,self".into()),
+        net_devices: None,
+    });
+    assert!(
+        lanes.starts_with("posix/memory") || lanes.starts_with("sysv/memory"),
+        "{lanes}"
+    );
+}
+
+#[test]
+fn active_messages_over_ucx_tcp_on_loopback() {
+    let lanes = round_trips(Config {
+        tls: Some("tcp".into()),
+        net_devices: Some("lo".into()),
+    });
+    assert_eq!(lanes, "tcp/lo");
+}
+
+#[test]
+fn bad_configuration_is_an_error_not_a_crash() {
+    let e = Context::new(&Config {
+        tls: Some("no-such-transport-at-all".into()),
+        net_devices: None,
+    })
+    .and_then(|c| {
+        let (a, b) = (Worker::new(&c)?, Worker::new(&c)?);
+        a.connect(&b.address()?).map(|_| ())
+    });
+    assert!(
+        e.is_err(),
+        "a context with no usable transport must fail somewhere"
+    );
+    let e = Context::new(&Config {
+        tls: Some("sm\0".into()),
+        net_devices: None,
+    })
+    .unwrap_err();
+    assert!(e.message.contains("NUL"), "{e}");
+}
+
+#[test]
+fn waiting_sleeps_until_a_message_arrives() {
+    let (a, b) = pair(&Config {
+        tls: Some("sm,self".into()),
+        net_devices: None,
+    });
+    let got = Rc::new(RefCell::new(false));
+    let g = got.clone();
+    b.set_am_handler(REQ, move |_, _, _, _| *g.borrow_mut() = true)
+        .unwrap();
+    // Nothing to do: the wait returns after its timeout, having slept.
+    let t = Instant::now();
+    assert!(!b.wait(None, Duration::from_millis(100)).unwrap());
+    assert!(
+        t.elapsed() >= Duration::from_millis(50),
+        "{:?}",
+        t.elapsed()
+    );
+    let ep = a.connect(&b.address().unwrap()).unwrap();
+    ep.am_send(
+        REQ,
+        vec![],
+        Payload::Vec(vec![1]),
+        false,
+        Box::new(|r| r.unwrap()),
+    );
+    let t = Instant::now();
+    while !*got.borrow() {
+        a.progress();
+        b.wait(None, Duration::from_millis(20)).unwrap();
+        assert!(t.elapsed() < Duration::from_secs(5));
+    }
+    ep.close(false);
+}
+
+#[test]
+fn lane_summaries_name_transport_and_device() {
+    let info =
+        "#\n# UCP endpoint\n#                 lane[0]:  1:sysv/memory.0 md[1]  -> md[1]/sysv am\n\
+                #                 lane[1]:  3:cma/memory.0 md[3]   -> md[3]/cma rma_bw#0\n\
+                #                 am_send: 0..<egr/short>..93\n";
+    assert_eq!(lane_summary(info), "sysv/memory+cma/memory");
+    assert_eq!(
+        lane_summary("#  lane[0]:  2:rc_mlx5/mlx5_0:1.0 md[2] -> am"),
+        "rc_mlx5/mlx5_0:1"
+    );
+    assert_eq!(lane_summary("nothing here"), "?");
+}
