@@ -174,15 +174,7 @@ pub fn run(cli: &Cli, a: &BenchArgs) -> Result<(), CliError> {
     let profile = a.to_profile().map_err(CliError::Usage)?;
     if let Some(c) = &a.compare {
         let cmp = crate::compare::parse(c).map_err(CliError::Usage)?;
-        return crate::compare::run(
-            &cmp,
-            &profile,
-            a.create,
-            &cli.data_dir,
-            a.rounds,
-            cli.output,
-            &a.storage_pids,
-        );
+        return crate::compare::run(&cmp, &profile, a, &cli.data_dir, cli.output);
     }
     let pids = storage_pids(a, &cli.data_dir);
     if !a.sweep.is_empty() {

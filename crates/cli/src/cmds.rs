@@ -32,7 +32,7 @@ fn runtime(threads: usize) -> Result<tokio::runtime::Runtime, CliError> {
 pub fn run(cli: Cli) -> Result<(), CliError> {
     match cli.cmd {
         Cmd::Up(ref a) => runtime(a.threads as usize)?.block_on(crate::up::run(&cli, a)),
-        Cmd::Node(NodeCmd::Serve(ref a)) => runtime(1)?.block_on(node_serve(a)),
+        Cmd::Node(NodeCmd::Serve(ref a)) => runtime(1)?.block_on(node_serve(&cli, a)),
         Cmd::Nbd(ref a) => runtime(a.threads as usize)?.block_on(nbd(&cli, a)),
         Cmd::Bench(ref a) => crate::bench::run(&cli, a),
         _ => runtime(1)?.block_on(client_cmd(&cli)),
@@ -311,8 +311,13 @@ fn status_text(s: &StatusReport) -> String {
             reps.join("; ")
         );
         for l in &v.client_links {
+            let how = match (&l.lanes, &l.fallback) {
+                (Some(lanes), _) => format!(" over {lanes}"),
+                (None, Some(why)) => format!(" (UCX not used: {why})"),
+                (None, None) => String::new(),
+            };
             out += &format!(
-                "{:<16} writer link to node {}: {} {} ({} streams)\n",
+                "{:<16} writer link to node {}: {} {} ({} streams){how}\n",
                 "", l.node, l.transport, l.peer, l.streams
             );
         }
@@ -397,7 +402,7 @@ fn move_text(m: &MoveStatus) -> String {
     s + "\n"
 }
 
-async fn node_serve(a: &NodeServeArgs) -> Result<(), CliError> {
+async fn node_serve(cli: &Cli, a: &NodeServeArgs) -> Result<(), CliError> {
     let mut store = trireme_store::open_store(a.store.kind(), &a.dir)?;
     // Every block written is sealed (crc32c over LBA, generation and bytes) and checked on
     // read; the file store keeps the seals beside its replicas. The null store holds nothing.
@@ -426,6 +431,7 @@ async fn node_serve(a: &NodeServeArgs) -> Result<(), CliError> {
         replicas = node.replica_count(),
         "node starting"
     );
+    offer_ucx(cli, &node, a.listen.ip())?;
     let serve = trireme_node::run(node.clone(), a.listen, a.socket.as_deref(), |addr, unix| {
         use std::io::Write;
         let mut o = std::io::stdout();
@@ -447,6 +453,42 @@ async fn node_serve(a: &NodeServeArgs) -> Result<(), CliError> {
     Ok(())
 }
 
+/// Starts UCX for the node unless `--transport tcp`, and offers its worker address to clients.
+/// UCX's network lanes are kept to the device that holds the listen address.
+fn offer_ucx(
+    cli: &Cli,
+    node: &Arc<trireme_node::Node>,
+    ip: std::net::IpAddr,
+) -> Result<(), CliError> {
+    if cli.transport == crate::TransportArg::Tcp {
+        node.set_ucx(Err("the node runs with --transport tcp".into()));
+        return Ok(());
+    }
+    let net_devices = std::env::var("TRIREME_UCX_NET_DEVICES")
+        .ok()
+        .or_else(|| trireme_transport::ucx::device_of(ip));
+    trireme_transport::ucx::configure(trireme_transport::ucx::Config {
+        tls: std::env::var("TRIREME_UCX_TLS").ok(),
+        net_devices,
+    });
+    match trireme_transport::ucx::Hub::get() {
+        Ok(hub) => {
+            node.set_ucx(Ok(hub.address().to_vec()));
+            hub.serve(node.clone());
+            tracing::info!(node = node.id(), config = ?hub.config(), "UCX offered");
+            Ok(())
+        }
+        Err(e) if cli.transport == crate::TransportArg::Ucx => Err(CliError::Runtime(format!(
+            "--transport ucx, but UCX cannot start: {e}"
+        ))),
+        Err(e) => {
+            tracing::warn!(node = node.id(), "UCX cannot start, TCP only: {e}");
+            node.set_ucx(Err(format!("UCX cannot start on the node: {e}")));
+            Ok(())
+        }
+    }
+}
+
 async fn nbd(cli: &Cli, a: &crate::NbdArgs) -> Result<(), CliError> {
     let tcp = match a.listen {
         Some(addr) => Some(
@@ -463,6 +505,7 @@ async fn nbd(cli: &Cli, a: &crate::NbdArgs) -> Result<(), CliError> {
         a.socket.as_deref(),
         tcp,
         a.streams as usize,
+        cli.transport.kind(),
         &a.failure,
     )
     .await

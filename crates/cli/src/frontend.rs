@@ -85,6 +85,7 @@ pub async fn export(
     socket: Option<&std::path::Path>,
     tcp: Option<tokio::net::TcpListener>,
     streams: usize,
+    kind: trireme_transport::TransportKind,
     failure: &crate::FailureArgs,
 ) -> Result<
     (
@@ -106,6 +107,7 @@ pub async fn export(
         replica_timeout: failure.replica_timeout,
         resync_rate: failure.resync_rate,
         streams,
+        kind,
         ..Default::default()
     };
     let membership = Arc::new(trireme_control::ControlMembership {

@@ -39,8 +39,45 @@ pub struct Cli {
     /// Log filter (error, warn, info, debug, or a tracing filter).
     #[arg(long, global = true, default_value = "info", env = "TRIREME_LOG")]
     pub log: String,
+    /// Data-path transport: `auto` uses UCX (RDMA where the hardware has it, else shared
+    /// memory or UCX's tcp) on every connection where a probe works and TCP on the rest; `tcp`
+    /// never uses UCX (nodes do not offer it); `ucx` fails a connection that cannot use it.
+    #[arg(long, global = true, value_enum, default_value_t = TransportArg::Auto, env = "TRIREME_TRANSPORT")]
+    pub transport: TransportArg,
     #[command(subcommand)]
     pub cmd: Cmd,
+}
+
+fn parse_node_transport(s: &str) -> Result<(u32, TransportArg), String> {
+    let (n, t) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not N=TRANSPORT (e.g. 2=tcp)"))?;
+    let n: u32 = n
+        .parse()
+        .map_err(|_| format!("{n:?} is not a node number"))?;
+    let t = <TransportArg as ValueEnum>::from_str(t, true)
+        .map_err(|_| format!("{t:?} is not a transport (auto, tcp, ucx)"))?;
+    Ok((n, t))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TransportArg {
+    Auto,
+    Tcp,
+    Ucx,
+}
+
+impl TransportArg {
+    pub fn as_str(self) -> &'static str {
+        self.kind().as_str()
+    }
+    pub fn kind(self) -> trireme_transport::TransportKind {
+        match self {
+            TransportArg::Auto => trireme_transport::TransportKind::Auto,
+            TransportArg::Tcp => trireme_transport::TransportKind::Tcp,
+            TransportArg::Ucx => trireme_transport::TransportKind::Ucx,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -133,6 +170,10 @@ pub struct UpArgs {
     /// namespace's network. For fault tests with partitions (`ip netns`, veth, iptables).
     #[arg(long = "node-netns", value_name = "NS@ADDR", value_parser = parse_netns)]
     pub node_netns: Vec<NodeNetns>,
+    /// Run node N with another `--transport` than the cluster's (e.g. `2=tcp`: node 2 offers
+    /// no UCX, so links to it use TCP while the others use UCX).
+    #[arg(long = "node-transport", value_name = "N=TRANSPORT", value_parser = parse_node_transport)]
+    pub node_transport: Vec<(u32, TransportArg)>,
     /// Nodes do not seal blocks with checksums (to measure their cost; see `node serve`).
     #[arg(long)]
     pub no_block_checksums: bool,

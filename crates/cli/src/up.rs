@@ -54,8 +54,16 @@ async fn spawn_node(cli: &Cli, sup: &Supervisor, id: u32) -> Result<(Child, Node
         Some(n) => std::net::SocketAddr::new(n.addr, 0).to_string(),
         None => "127.0.0.1:0".to_string(),
     };
+    let transport = sup
+        .node_transport
+        .iter()
+        .rev()
+        .find(|(n, _)| *n == id)
+        .map_or(cli.transport, |(_, t)| *t);
     cmd.arg("--log")
         .arg(&cli.log)
+        .arg("--transport")
+        .arg(transport.as_str())
         .args([
             "node",
             "serve",
@@ -75,6 +83,11 @@ async fn spawn_node(cli: &Cli, sup: &Supervisor, id: u32) -> Result<(Child, Node
     }
     if netns.is_none() {
         cmd.arg("--socket").arg(dir.join(format!("node-{id}.sock")));
+    } else if std::env::var_os("TRIREME_UCX_TLS").is_none() {
+        // A node in its own namespace stands for another host: UCX must reach it over the
+        // network (its veth), not through this host's shared memory, or a partition of the
+        // namespace would not cut UCX off.
+        cmd.env("TRIREME_UCX_TLS", "tcp");
     }
     if sup.inject_faults {
         cmd.arg("--inject-faults")
@@ -207,6 +220,16 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
             a.nodes
         )));
     }
+    if let Some((n, _)) = a
+        .node_transport
+        .iter()
+        .find(|(n, _)| *n == 0 || *n > a.nodes)
+    {
+        return Err(CliError::Usage(format!(
+            "--node-transport names node {n}; nodes are 1 to {}",
+            a.nodes
+        )));
+    }
     let known = meta.nodes()?.len() as u32;
     if known != 0 && known != a.nodes {
         return Err(CliError::Usage(format!(
@@ -238,6 +261,7 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
         backoff: a.restart_backoff,
         netns: a.node_netns.clone(),
         no_block_checksums: a.no_block_checksums,
+        node_transport: a.node_transport.clone(),
     };
     let removed: Vec<u32> = meta
         .nodes()?
@@ -298,6 +322,7 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
         Some(&sock),
         Some(tcp),
         a.streams as usize,
+        cli.transport.kind(),
         &a.failure,
     )
     .await
@@ -324,11 +349,24 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
     println!("Press Ctrl-C to stop.");
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    // Fault tests: SIGUSR2 tears down the writer's UCX path to the node named in
+    // `<data-dir>/ucx-teardown` (calls in flight go on over TCP).
+    let mut usr2 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined2())?;
     let (respawn_tx, mut respawn_rx) = tokio::sync::mpsc::unbounded_channel::<(u32, u64)>();
     loop {
         tokio::select! {
             _ = term.recv() => break,
             _ = tokio::signal::ctrl_c() => break,
+            _ = usr2.recv() => {
+                let file = dir.join("ucx-teardown");
+                match std::fs::read_to_string(&file).map(|s| s.trim().parse::<u32>()) {
+                    Ok(Ok(node)) => {
+                        let done = vol.drop_fast_path(node, "torn down on request (SIGUSR2)");
+                        tracing::warn!(node, done, "UCX teardown requested");
+                    }
+                    _ => tracing::warn!(file = %file.display(), "SIGUSR2 without a node number in the file"),
+                }
+            }
             Some((id, generation, status)) = sup.died.1.recv() => {
                 if let Some(wait) = sup.on_death(id, generation, &status) {
                     let tx = respawn_tx.clone();
@@ -428,6 +466,8 @@ struct Supervisor {
     /// Per node (index id-1): the network namespace it runs in, if any.
     netns: Vec<NodeNetns>,
     no_block_checksums: bool,
+    /// Nodes that run another transport than the cluster's.
+    node_transport: Vec<(u32, crate::TransportArg)>,
 }
 
 const MAX_BACKOFF: Duration = Duration::from_secs(30);

@@ -114,7 +114,8 @@ fn cli_manages_volumes_and_reports_status() {
         serde_json::from_slice(&c.cli(&["--output", "json", "node", "list"]).stdout).unwrap();
     assert_eq!(nl.as_array().unwrap().len(), 4);
 
-    // The writer reaches nodes on this host through their unix sockets.
+    // The writer reaches nodes on this host through their unix sockets, and moves the data path
+    // to UCX (shared memory here) after the probe.
     let links = s["volumes"]
         .as_array()
         .unwrap()
@@ -128,7 +129,9 @@ fn cli_manages_volumes_and_reports_status() {
             .as_array()
             .unwrap()
             .iter()
-            .all(|l| l["transport"] == "unix"),
+            .all(|l| l["transport"] == "ucx"
+                && l["peer"].as_str().unwrap().starts_with("unix:")
+                && l["lanes"].as_str().unwrap().contains("/memory")),
         "{links}"
     );
 

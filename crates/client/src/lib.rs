@@ -183,7 +183,7 @@ impl Default for VolumeOptions {
             replica_timeout: Duration::from_secs(1),
             resync_interval: Duration::from_millis(500),
             resync_rate: None,
-            kind: TransportKind::Tcp,
+            kind: TransportKind::Auto,
             streams: 2,
             connector: None,
             activity_extent: 4 << 20,
@@ -438,6 +438,16 @@ impl Volume {
         (0..self.set().len())
             .map(|i| (self.node(i), self.conn(&self.slots[i]).map(|c| c.info())))
             .collect()
+    }
+
+    /// Stops the link to `node` using its negotiated fast path (UCX); see
+    /// [`Connection::fall_back`]. For fault tests.
+    pub fn drop_fast_path(&self, node: u32, why: &str) -> bool {
+        let set_len = self.set().len();
+        (0..set_len)
+            .filter(|&i| self.node(i) == node)
+            .filter_map(|i| self.conn(&self.slots[i]))
+            .any(|c| c.fall_back(why))
     }
 
     fn conn(&self, s: &Slot) -> Option<Arc<dyn Connection>> {

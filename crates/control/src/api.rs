@@ -133,10 +133,16 @@ pub struct VolumeStatus {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LinkStatus {
     pub node: u32,
-    /// `unix` (same host) or `tcp`.
+    /// `ucx`, `unix` (same host) or `tcp`.
     pub transport: String,
     pub peer: String,
     pub streams: usize,
+    /// For UCX: the lanes UCX chose (`transport/device`, joined by `+`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lanes: Option<String>,
+    /// Why a link that could have used UCX runs over TCP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<String>,
 }
 
 /// The answer to `status`.

@@ -179,6 +179,8 @@ impl Manager {
                         transport: l.transport,
                         peer: l.peer,
                         streams: l.streams,
+                        lanes: l.lanes,
+                        fallback: l.fallback,
                     });
                 }
             }

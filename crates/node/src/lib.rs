@@ -49,6 +49,8 @@ pub struct Node {
     /// it, so no request runs during or after the close (a write landing after the replicas
     /// recorded a clean shutdown would not match what they recorded).
     closed: RwLock<bool>,
+    /// The UCX worker address this node offers clients, or why it offers none.
+    ucx: RwLock<Result<Bytes, String>>,
 }
 
 /// Why serving a request failed: a status for the client and a message for the log.
@@ -96,6 +98,7 @@ impl Node {
             activity: ActivityLogs::default(),
             owners: RwLock::default(),
             closed: RwLock::new(false),
+            ucx: RwLock::new(Err("the node runs without UCX".into())),
         }
     }
 
@@ -117,6 +120,11 @@ impl Node {
             .get(&volume)
             .cloned()
             .ok_or_else(|| Refusal(Status::NoReplica, format!("no replica of volume {volume}")))
+    }
+
+    /// Sets what the node answers `UcxAddress` with: its worker address, or why there is none.
+    pub fn set_ucx(&self, offer: Result<Vec<u8>, String>) {
+        *self.ucx.write().unwrap_or_else(|e| e.into_inner()) = offer.map(Bytes::from);
     }
 
     /// The dirty-region tracker (for tests and status).
@@ -195,6 +203,10 @@ impl Node {
         };
         let payload = match h.op {
             Op::Ping => Bytes::from(self.id.to_string()),
+            Op::UcxAddress => match &*self.ucx.read().unwrap_or_else(|e| e.into_inner()) {
+                Ok(a) => a.clone(),
+                Err(why) => return Err(Refusal(Status::Unsupported, why.clone())),
+            },
             Op::Attach => {
                 let r = self.replica(h.volume)?;
                 let _g = self.attach_lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -389,12 +401,12 @@ fn checksum(r: &dyn Replica, offset: u64, len: u64) -> Result<u32, StoreError> {
 
 impl Handler for Node {
     fn inline(&self, req: &Frame) -> bool {
-        !self.store.blocking() || matches!(req.header.op, Op::Ping | Op::ReplicaInfo)
+        !self.store.blocking()
+            || matches!(req.header.op, Op::Ping | Op::ReplicaInfo | Op::UcxAddress)
     }
 
     async fn handle(self: Arc<Self>, req: Frame) -> Frame {
-        let blocking =
-            self.store.blocking() && !matches!(req.header.op, Op::Ping | Op::ReplicaInfo);
+        let blocking = !self.inline(&req);
         let h = req.header;
         let result = if blocking {
             let me = self.clone();

@@ -61,6 +61,9 @@ pub enum Op {
     /// epoch the log was started in (0: no log, e.g. the node restarted since), `length` = the
     /// extent size, payload = extent list (marked extents as data, the rest as holes).
     ActivityQuery = 19,
+    /// The node's UCX worker address (payload), for a client to move the connection's data path
+    /// to UCX; `Unsupported` with the reason when the node does not offer UCX. No volume.
+    UcxAddress = 20,
 }
 
 impl Op {
@@ -85,6 +88,7 @@ impl Op {
             17 => Op::ActivityStart,
             18 => Op::ActivityClear,
             19 => Op::ActivityQuery,
+            20 => Op::UcxAddress,
             _ => return None,
         })
     }

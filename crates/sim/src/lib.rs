@@ -238,6 +238,8 @@ impl Connection for SimConn {
             transport: "sim".into(),
             peer: format!("sim:{}", self.node.id),
             streams: 1,
+            lanes: None,
+            fallback: None,
         }
     }
 

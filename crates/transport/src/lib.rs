@@ -16,11 +16,14 @@
 //! [`TransportError::Closed`]; the caller decides whether to reconnect. Nothing is retried here,
 //! because only the replication layer knows whether a retry is safe.
 //!
-//! Adding a transport (UCX is next): implement `Connection` for the client end and a `serve`
-//! loop that drives a `Handler`, then teach [`connect`] to pick it. API version:
+//! Transports: [`tcp`] (TCP, or unix sockets on one host) and [`ucx`] (UCX active messages,
+//! negotiated over a TCP connection, with TCP as the fallback). A new one implements
+//! `Connection` for the client end and a `serve` loop that drives a `Handler`, and [`connect`]
+//! learns to pick it. API version:
 //! [`TRANSPORT_API_VERSION`]; bump it when the traits change.
 
 pub mod tcp;
+pub mod ucx;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -30,7 +33,7 @@ use bytes::Bytes;
 use trireme_proto::{DecodeError, Header};
 
 /// Version of the traits in this crate (DRBD's `DRBD_TRANSPORT_API_VERSION` habit).
-pub const TRANSPORT_API_VERSION: u32 = 1;
+pub const TRANSPORT_API_VERSION: u32 = 2;
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -95,11 +98,15 @@ pub enum TransportError {
 /// What a connection is, for `trireme status` and the benchmark reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectionInfo {
-    /// `"tcp"` today; `"ucx"` with its lanes later.
+    /// `"tcp"`, `"unix"` or `"ucx"`.
     pub transport: String,
     pub peer: String,
-    /// How many underlying streams carry this connection.
+    /// How many underlying streams carry this connection (its TCP side, for UCX).
     pub streams: usize,
+    /// For UCX: the lanes UCX chose, `transport/device` joined by `+`.
+    pub lanes: Option<String>,
+    /// Why a connection that could have used UCX runs over TCP.
+    pub fallback: Option<String>,
 }
 
 /// The client end of a connection to a node. See the crate docs for the contract.
@@ -109,6 +116,13 @@ pub trait Connection: Send + Sync + std::fmt::Debug {
     fn call(&self, header: Header, payload: Bytes) -> BoxFuture<'_, Result<Frame, TransportError>>;
     fn info(&self) -> ConnectionInfo;
     fn is_closed(&self) -> bool;
+    /// Stops using a faster path this connection negotiated (UCX), for fault tests and when
+    /// that path misbehaves: calls in flight on it are sent again on the base path. True if
+    /// there was such a path to stop.
+    fn fall_back(&self, why: &str) -> bool {
+        let _ = why;
+        false
+    }
 }
 
 /// The server end: what a node plugs into a transport.
@@ -128,16 +142,43 @@ pub trait Handler: Send + Sync + 'static {
 /// Which transport to use for a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TransportKind {
+    /// TCP (or a unix socket) only.
     Tcp,
+    /// UCX where the node offers it and a probe works, else TCP (the default).
+    Auto,
+    /// UCX or nothing: a connection that cannot use it fails.
+    Ucx,
 }
 
-/// Connects to a node at `addr` over `kind`, with `streams` parallel streams.
+impl TransportKind {
+    pub fn parse(s: &str) -> Option<TransportKind> {
+        match s {
+            "tcp" => Some(TransportKind::Tcp),
+            "auto" => Some(TransportKind::Auto),
+            "ucx" => Some(TransportKind::Ucx),
+            _ => None,
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TransportKind::Tcp => "tcp",
+            TransportKind::Auto => "auto",
+            TransportKind::Ucx => "ucx",
+        }
+    }
+}
+
+/// Connects to a node at `addr` over `kind`, with `streams` parallel streams (of TCP).
 pub async fn connect(
     kind: TransportKind,
     addr: &str,
     streams: usize,
 ) -> Result<Arc<dyn Connection>, TransportError> {
-    match kind {
-        TransportKind::Tcp => Ok(Arc::new(tcp::TcpConnection::connect(addr, streams).await?)),
-    }
+    let tcp = tcp::TcpConnection::connect(addr, streams).await?;
+    let fallback = match kind {
+        TransportKind::Tcp => return Ok(Arc::new(tcp)),
+        TransportKind::Auto => ucx::Fallback::Allowed,
+        TransportKind::Ucx => ucx::Fallback::Refused,
+    };
+    Ok(Arc::new(ucx::negotiate(tcp, fallback).await?))
 }

@@ -57,13 +57,39 @@ pub struct TcpConnection {
     streams: Vec<Stream>,
     next_stream: AtomicUsize,
     next_id: AtomicU64,
+    /// Names this connection to the node (its `Hello`); UCX calls carry it too.
+    token: u64,
+    /// Woken when a stream closes.
+    gone: Arc<tokio::sync::Notify>,
 }
 
 impl TcpConnection {
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    pub fn peer(&self) -> &str {
+        &self.peer
+    }
+
+    /// Resolves once the connection is closed (a stream failed: the peer is gone).
+    pub async fn closed(&self) {
+        loop {
+            let n = self.gone.notified();
+            tokio::pin!(n);
+            n.as_mut().enable();
+            if self.is_closed() {
+                return;
+            }
+            n.await;
+        }
+    }
+
     /// Connects to `addr`: `host:port` for TCP, `unix:/path` for a unix socket.
     pub async fn connect(addr: &str, streams: usize) -> Result<Self, TransportError> {
         let mut out = Vec::with_capacity(streams.max(1));
         let token = crate::new_token();
+        let gone = Arc::new(tokio::sync::Notify::new());
         let err = |source| TransportError::Connect {
             addr: addr.to_string(),
             source,
@@ -71,12 +97,12 @@ impl TcpConnection {
         for _ in 0..streams.max(1) {
             if let Some(path) = addr.strip_prefix("unix:") {
                 let (rd, wr) = UnixStream::connect(path).await.map_err(err)?.into_split();
-                out.push(Stream::start(rd, wr, addr.to_string()));
+                out.push(Stream::start(rd, wr, addr.to_string(), gone.clone()));
             } else {
                 let sock = TcpStream::connect(addr).await.map_err(err)?;
                 let _ = sock.set_nodelay(true);
                 let (rd, wr) = sock.into_split();
-                out.push(Stream::start(rd, wr, addr.to_string()));
+                out.push(Stream::start(rd, wr, addr.to_string(), gone.clone()));
             }
         }
         for s in &out {
@@ -96,12 +122,14 @@ impl TcpConnection {
             streams: out,
             next_stream: AtomicUsize::new(0),
             next_id: AtomicU64::new(1),
+            token,
+            gone,
         })
     }
 }
 
 impl Stream {
-    fn start<R, W>(rd: R, wr: W, peer: String) -> Stream
+    fn start<R, W>(rd: R, wr: W, peer: String, gone: Arc<tokio::sync::Notify>) -> Stream
     where
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
@@ -109,18 +137,20 @@ impl Stream {
         let (tx, rx) = mpsc::unbounded_channel();
         let pending: Pending = Arc::default();
         let closed = Arc::new(AtomicBool::new(false));
-        let (p, c, pr) = (pending.clone(), closed.clone(), peer.clone());
+        let (p, c, pr, g) = (pending.clone(), closed.clone(), peer.clone(), gone.clone());
         tokio::spawn(async move {
             let reason = match write_frames(wr, rx).await {
                 Ok(()) => "connection dropped".to_string(),
                 Err(e) => format!("write: {e}"),
             };
             fail_all(&p, &c, &pr, reason);
+            g.notify_waiters();
         });
         let (p, c) = (pending.clone(), closed.clone());
         tokio::spawn(async move {
             let reason = read_responses(BufReader::with_capacity(READ_BUFFER, rd), &p, &peer).await;
             fail_all(&p, &c, &peer, reason);
+            gone.notify_waiters();
         });
         Stream {
             tx,
@@ -329,6 +359,8 @@ impl Connection for TcpConnection {
             transport: self.kind.into(),
             peer: self.peer.clone(),
             streams: self.streams.len(),
+            lanes: None,
+            fallback: None,
         }
     }
 

@@ -188,6 +188,8 @@ pub struct ReplyEp(sys::ucp_ep_h);
 // SAFETY: a reply endpoint is a plain handle; it is only used through the worker that received
 // the message, on that worker's thread (`Worker::reply`).
 unsafe impl Send for ReplyEp {}
+// SAFETY: as above: sharing the handle lets other threads hold it, never use it.
+unsafe impl Sync for ReplyEp {}
 
 type AmHandler = dyn FnMut(&Worker, &[u8], AmData<'_>, Option<ReplyEp>);
 

@@ -16,8 +16,18 @@ pub struct VolumeTarget {
 }
 
 impl VolumeTarget {
-    pub async fn attach(name: &str, data_dir: &Path) -> Result<VolumeTarget, TargetError> {
-        let e = |x: String| TargetError(format!("volume:{name}: {x}"));
+    /// Attaches volume `name`; `NAME?transport=tcp|ucx|auto` picks the transport (default
+    /// auto: UCX where it works).
+    pub async fn attach(spec: &str, data_dir: &Path) -> Result<VolumeTarget, TargetError> {
+        let e = |x: String| TargetError(format!("volume:{spec}: {x}"));
+        let (name, kind) = match spec.split_once("?transport=") {
+            Some((n, t)) => (
+                n,
+                trireme_transport::TransportKind::parse(t)
+                    .ok_or_else(|| e(format!("unknown transport {t:?}: use tcp, ucx or auto")))?,
+            ),
+            None => (spec, trireme_transport::TransportKind::Auto),
+        };
         let mut cc = ControlClient::connect(&data_dir.join("control.sock"))
             .await
             .map_err(|x| e(x.to_string()))?;
@@ -30,7 +40,11 @@ impl VolumeTarget {
         let membership = Arc::new(ControlMembership {
             path: data_dir.join("control.sock"),
         });
-        let vol = Volume::attach_managed(info, VolumeOptions::default(), membership)
+        let opts = VolumeOptions {
+            kind,
+            ..VolumeOptions::default()
+        };
+        let vol = Volume::attach_managed(info, opts, membership)
             .await
             .map_err(|x| e(x.to_string()))?;
         Ok(VolumeTarget { vol })
@@ -57,7 +71,12 @@ impl VolumeTarget {
             .vol
             .connections()
             .into_iter()
-            .filter_map(|(_, c)| c.map(|c| c.transport))
+            .filter_map(|(_, c)| {
+                c.map(|c| match c.lanes {
+                    Some(l) => format!("{} over {l}", c.transport),
+                    None => c.transport,
+                })
+            })
             .collect();
         format!(
             "volume {} (native client, {} replicas, epoch {}, links {})",

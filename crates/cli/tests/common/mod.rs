@@ -37,8 +37,14 @@ impl Cluster {
     }
 
     pub fn start_in(dir: tempfile::TempDir, args: &[&str]) -> Cluster {
+        Self::start_env(dir, args, &[])
+    }
+
+    /// Like [`Cluster::start_in`], with environment variables for `up` and its nodes.
+    pub fn start_env(dir: tempfile::TempDir, args: &[&str], env: &[(&str, &str)]) -> Cluster {
         let log = std::fs::File::create(dir.path().join("up.log")).unwrap();
         let child = Command::new(BIN)
+            .envs(env.iter().copied())
             .arg("--data-dir")
             .arg(dir.path())
             .arg("up")
@@ -189,4 +195,110 @@ pub fn spawn_nbd(c: &Cluster, volume: &str, sock: &Path) -> (Child, String) {
         line.push(b[0] as char);
     }
     (nbd, line.trim().to_string())
+}
+
+pub fn node_pid(c: &Cluster, id: u32) -> i32 {
+    try_node_pid(c, id).unwrap_or_else(|| panic!("node {id} is not running:\n{}", c.log()))
+}
+
+/// The node's pid, if it runs (a node waiting to be restarted is not in `pids`).
+pub fn try_node_pid(c: &Cluster, id: u32) -> Option<i32> {
+    let pids = std::fs::read_to_string(c.path().join("pids")).unwrap();
+    pids.lines()
+        .find_map(|l| l.strip_prefix(&format!("node-{id} ")))
+        .map(|p| p.trim().parse().unwrap())
+}
+
+pub fn signal(pid: i32, sig: i32) {
+    // SAFETY: kill(2) on a pid of a process this test's cluster spawned.
+    assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "kill({pid}, {sig})");
+}
+
+/// Waits until the node has been restarted under a new pid.
+pub fn wait_restarted(c: &Cluster, id: u32, old: i32) -> i32 {
+    let t0 = Instant::now();
+    loop {
+        match try_node_pid(c, id) {
+            Some(pid) if pid != old => return pid,
+            _ => {}
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(40),
+            "node {id} was not restarted:\n{}",
+            c.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+pub fn status(c: &Cluster) -> serde_json::Value {
+    let out = c.cli(&["--output", "json", "status"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Waits until every replica of every volume is in sync (the writer's live view).
+pub fn wait_all_in_sync(c: &Cluster) {
+    let t0 = Instant::now();
+    loop {
+        let s = status(c);
+        let states: Vec<String> = s["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|v| v["replicas"].as_array().unwrap().clone())
+            .map(|r| r["state"].as_str().unwrap().to_string())
+            .collect();
+        if states.iter().all(|s| s == "in-sync") {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "replicas not back in sync: {states:?}\n{}",
+            c.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+pub fn start_bench(c: &Cluster, secs: u32) -> Child {
+    Command::new(BIN)
+        .arg("--data-dir")
+        .arg(c.path())
+        .args([
+            "--output", "json", "bench", "--verify", "-b4K", "-w30", "-r", "-t2", "-o4",
+        ])
+        .arg(format!("-d{secs}"))
+        .arg("-W0")
+        .arg(&c.unix)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for the bench and checks it saw no error and the oracle found nothing.
+pub fn finish_bench(c: &Cluster, b: Child) -> serde_json::Value {
+    let out = b.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "workload failed ({}): {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        c.log()
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let verify = &v["verify"];
+    for k in ["lost", "stale", "corrupt"] {
+        assert_eq!(verify[k].as_u64(), Some(0), "{k}: {verify}");
+    }
+    assert!(
+        verify["blocks_checked"].as_u64().unwrap() > 1000,
+        "{verify}"
+    );
+    v
 }
