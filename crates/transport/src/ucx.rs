@@ -23,7 +23,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -47,9 +47,6 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 type Reply = oneshot::Sender<Result<Frame, TransportError>>;
 
-/// A server's view of one request: the frame and where its answer goes.
-type Incoming = (Frame, ReplyEp);
-
 enum Cmd {
     Connect {
         address: Vec<u8>,
@@ -71,7 +68,7 @@ enum Cmd {
         link: u64,
         reason: String,
     },
-    Serve(tokio::sync::mpsc::UnboundedSender<Incoming>),
+    Serve(Arc<dyn Server>),
 }
 
 /// The process's UCX worker and the thread that drives it.
@@ -79,6 +76,9 @@ enum Cmd {
 pub struct Hub {
     cmds: Mutex<mpsc::Sender<Cmd>>,
     wake: Arc<OwnedFd>,
+    /// Set by the UCX thread while it sleeps (or is about to): only then does a command need
+    /// the eventfd written, which saves a syscall per command under load.
+    sleeping: Arc<AtomicBool>,
     address: Vec<u8>,
     config: Config,
 }
@@ -165,9 +165,11 @@ impl Hub {
         let (ready_tx, ready_rx) = mpsc::channel();
         let w = wake.clone();
         let cfg = config.clone();
+        let sleeping = Arc::new(AtomicBool::new(false));
+        let sl = sleeping.clone();
         std::thread::Builder::new()
             .name("trireme-ucx".into())
-            .spawn(move || run(cfg, rx, w, ready_tx))
+            .spawn(move || run(cfg, rx, w, sl, ready_tx))
             .map_err(|e| format!("UCX thread: {e}"))?;
         let address = ready_rx
             .recv()
@@ -175,6 +177,7 @@ impl Hub {
         Ok(Hub {
             cmds: Mutex::new(tx),
             wake,
+            sleeping,
             address,
             config,
         })
@@ -196,6 +199,11 @@ impl Hub {
             .unwrap_or_else(|e| e.into_inner())
             .send(c)
             .is_ok();
+        // Pairs with the thread's store-then-check in `run` (both sequentially consistent):
+        // either it sees the command before sleeping, or we see it asleep and wake it.
+        if !self.sleeping.load(Ordering::SeqCst) {
+            return ok;
+        }
         let one: u64 = 1;
         // SAFETY: writing 8 bytes from a live u64 to our eventfd; failure (counter full) only
         // means the thread is already due to wake.
@@ -209,30 +217,58 @@ impl Hub {
         ok
     }
 
-    /// Serves `handler` for every UCX request this process receives (on the current tokio
-    /// runtime).
+    /// Serves `handler` for every UCX request this process receives. Requests the handler
+    /// answers without waiting (an in-memory store) are answered on the UCX thread itself; the
+    /// rest run on the current tokio runtime.
     pub fn serve<H: Handler>(self: &Arc<Self>, handler: Arc<H>) {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Incoming>();
-        self.send(Cmd::Serve(tx));
-        let hub = self.clone();
-        tokio::spawn(async move {
-            while let Some((frame, ep)) = rx.recv().await {
-                let (h, hub) = (handler.clone(), hub.clone());
-                let answer = move |resp: Frame| {
-                    let header = resp.header.encode(&resp.payload).to_vec();
-                    hub.send(Cmd::Answer {
-                        ep,
-                        header,
-                        payload: resp.payload,
-                    });
-                };
-                if h.inline(&frame) {
-                    answer(h.handle(frame).await);
-                } else {
-                    tokio::spawn(async move { answer(h.handle(frame).await) });
-                }
+        self.send(Cmd::Serve(Arc::new(Served {
+            handler,
+            rt: tokio::runtime::Handle::current(),
+            hub: self.clone(),
+        })));
+    }
+}
+
+/// What the UCX thread serves requests with (a [`Handler`], type-erased).
+trait Server: Send + Sync {
+    /// Handles a request: the answer now, or `None` when it was handed to tokio (which sends
+    /// the answer through the hub).
+    fn take(&self, f: Frame, ep: ReplyEp) -> Option<Frame>;
+}
+
+struct Served<H: Handler> {
+    handler: Arc<H>,
+    rt: tokio::runtime::Handle,
+    hub: Arc<Hub>,
+}
+
+impl<H: Handler> Server for Served<H> {
+    fn take(&self, f: Frame, ep: ReplyEp) -> Option<Frame> {
+        let hub = self.hub.clone();
+        let answer = move |resp: Frame| {
+            let header = resp.header.encode(&resp.payload).to_vec();
+            hub.send(Cmd::Answer {
+                ep,
+                header,
+                payload: resp.payload,
+            });
+        };
+        let h = self.handler.clone();
+        if !h.inline(&f) {
+            self.rt.spawn(async move { answer(h.handle(f).await) });
+            return None;
+        }
+        // An inline request completes at its first poll; one that does not is finished on
+        // tokio (its waker is a no-op here, so it must move to a runtime that will poll it).
+        let mut fut = Box::pin(h.handle(f));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match std::future::Future::poll(fut.as_mut(), &mut cx) {
+            std::task::Poll::Ready(resp) => Some(resp),
+            std::task::Poll::Pending => {
+                self.rt.spawn(async move { answer(fut.await) });
+                None
             }
-        });
+        }
     }
 }
 
@@ -246,7 +282,9 @@ struct State {
     links: HashMap<u64, Endpoint>,
     waiting: Waiting,
     next_link: u64,
-    server: Option<tokio::sync::mpsc::UnboundedSender<Incoming>>,
+    server: Option<Arc<dyn Server>>,
+    /// Answers ready to go out, sent by the loop before it sleeps (handlers cannot send).
+    outbox: Vec<(ReplyEp, Frame)>,
 }
 
 fn closed(reason: &str) -> TransportError {
@@ -288,6 +326,7 @@ fn run(
     cfg: Config,
     rx: mpsc::Receiver<Cmd>,
     wake: Arc<OwnedFd>,
+    sleeping: Arc<AtomicBool>,
     ready: mpsc::Sender<Result<Vec<u8>, String>>,
 ) {
     let setup = (|| {
@@ -311,6 +350,7 @@ fn run(
         waiting: Waiting::default(),
         next_link: 1,
         server: None,
+        outbox: Vec::new(),
     }));
     // Requests from clients: decoded here, served on tokio.
     let st = state.clone();
@@ -333,7 +373,9 @@ fn run(
             {
                 Ok(mut f) if !f.header.is_response() => {
                     f.origin = origin;
-                    let _ = server.send((f, ep));
+                    if let Some(resp) = server.take(f, ep) {
+                        st.borrow_mut().outbox.push((ep, resp));
+                    }
                 }
                 Ok(_) => tracing::warn!("UCX response sent as a request, dropped"),
                 Err(e) => tracing::warn!("bad UCX request dropped: {e}"),
@@ -362,9 +404,11 @@ fn run(
         });
     });
     let mut drain = [0u8; 8];
+    let mut next: Option<Cmd> = None;
     loop {
+        // Commands, then UCX's own work, then the answers handlers produced, until idle.
         loop {
-            let cmd = match rx.try_recv() {
+            let cmd = match next.take().map_or_else(|| rx.try_recv(), Ok) {
                 Ok(c) => c,
                 Err(mpsc::TryRecvError::Empty) => break,
                 // Every sender is gone: the hub is dropped with the process.
@@ -372,7 +416,28 @@ fn run(
             };
             handle(&worker, &state, cmd);
         }
-        match worker.wait(Some(wake.as_raw_fd()), Duration::from_millis(200)) {
+        while worker.progress() {}
+        let out = std::mem::take(&mut state.borrow_mut().outbox);
+        if !out.is_empty() {
+            for (ep, resp) in out {
+                send_answer(&worker, ep, resp);
+            }
+            continue;
+        }
+        // About to sleep: say so, then look once more for a command sent meanwhile.
+        sleeping.store(true, Ordering::SeqCst);
+        match rx.try_recv() {
+            Ok(c) => {
+                sleeping.store(false, Ordering::SeqCst);
+                next = Some(c);
+                continue;
+            }
+            Err(mpsc::TryRecvError::Disconnected) => return,
+            Err(mpsc::TryRecvError::Empty) => {}
+        }
+        let woke = worker.wait(Some(wake.as_raw_fd()), Duration::from_millis(200));
+        sleeping.store(false, Ordering::SeqCst);
+        match woke {
             // SAFETY: reading 8 bytes into a live buffer from our eventfd (non-blocking).
             Ok(true) => unsafe {
                 libc::read(wake.as_raw_fd(), drain.as_mut_ptr() as *mut libc::c_void, 8);
@@ -384,6 +449,22 @@ fn run(
             }
         }
     }
+}
+
+/// Sends a node's answer on the reply endpoint of its request.
+fn send_answer(worker: &Worker, ep: ReplyEp, resp: Frame) {
+    let header = resp.header.encode(&resp.payload).to_vec();
+    worker.reply(
+        ep,
+        AM_RESPONSE,
+        header,
+        Payload::Boxed(Box::new(resp.payload)),
+        Box::new(|r| {
+            if let Err(e) = r {
+                tracing::debug!("UCX answer not delivered: {e}");
+            }
+        }),
+    );
 }
 
 fn handle(worker: &Worker, state: &std::rc::Rc<std::cell::RefCell<State>>, cmd: Cmd) {
@@ -464,7 +545,7 @@ fn handle(worker: &Worker, state: &std::rc::Rc<std::cell::RefCell<State>>, cmd: 
                 ep.close(true);
             }
         }
-        Cmd::Serve(tx) => state.borrow_mut().server = Some(tx),
+        Cmd::Serve(s) => state.borrow_mut().server = Some(s),
     }
 }
 
