@@ -39,8 +39,8 @@ use std::time::Instant;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use trireme_proto::{
-    decode_extents, encode_peer, DirtyPeer, Header, Op, DIRTY_AUTO, DIRTY_DROP, DIRTY_START,
-    FLAG_MAY_TRIM,
+    data_ranges, decode_extents, encode_peer, DirtyPeer, Header, Op, DIRTY_AUTO, DIRTY_DROP,
+    DIRTY_START, FLAG_MAY_TRIM,
 };
 use trireme_replication::ReplicaState;
 use trireme_transport::{Connection, Frame};
@@ -180,19 +180,6 @@ pub(crate) async fn start(v: &Arc<Volume>) -> Result<(), VolumeError> {
         }
     });
     Ok(())
-}
-
-/// The dirty byte ranges in an extent list answering a query at `base`.
-fn dirty_ranges(extents: &[trireme_proto::Extent], base: u64) -> Vec<(u64, u64)> {
-    let mut out = Vec::new();
-    let mut pos = base;
-    for e in extents {
-        if e.flags == 0 {
-            out.push((pos, e.length));
-        }
-        pos += e.length;
-    }
-    out
 }
 
 /// Union of sorted range lists, split into pieces of at most `CHUNK` bytes.
@@ -569,7 +556,7 @@ impl Volume {
                     node: self.node(s),
                     what: e.to_string(),
                 })?;
-                mine.extend(dirty_ranges(&ext, off));
+                mine.extend(data_ranges(&ext, off));
                 off += len;
             }
             if trusted {
@@ -948,7 +935,7 @@ impl Volume {
                     node: self.node(t),
                     what: e.to_string(),
                 })?;
-                ranges.extend(dirty_ranges(&ext, off));
+                ranges.extend(data_ranges(&ext, off));
                 off += len;
             }
         }
@@ -1087,7 +1074,7 @@ mod tests {
                 flags: 0,
             },
         ];
-        assert_eq!(dirty_ranges(&ext, 100), vec![(110, 5), (122, 1)]);
+        assert_eq!(data_ranges(&ext, 100), vec![(110, 5), (122, 1)]);
     }
 }
 

@@ -167,16 +167,7 @@ mod tests {
     const E: u64 = MIN_EXTENT;
 
     fn marked(l: &ActivityLogs, len: u64) -> Vec<(u64, u64)> {
-        let v = l.query(1, 0, len);
-        let mut out = Vec::new();
-        let mut pos = 0;
-        for e in v.extents {
-            if e.flags == 0 {
-                out.push((pos, e.length));
-            }
-            pos += e.length;
-        }
-        out
+        trireme_proto::data_ranges(&l.query(1, 0, len).extents, 0)
     }
 
     #[test]

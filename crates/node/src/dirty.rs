@@ -222,16 +222,7 @@ mod tests {
     }
 
     fn dirty(t: &DirtyTracker, len: u64) -> Vec<(u64, u64)> {
-        let v = t.query(1, 2, 0, len);
-        let mut out = Vec::new();
-        let mut pos = 0;
-        for e in v.extents {
-            if e.flags == 0 {
-                out.push((pos, e.length));
-            }
-            pos += e.length;
-        }
-        out
+        trireme_proto::data_ranges(&t.query(1, 2, 0, len).extents, 0)
     }
 
     #[test]

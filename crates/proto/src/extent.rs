@@ -22,6 +22,20 @@ impl Extent {
     pub const ZERO: u32 = EXTENT_ZERO;
 }
 
+/// The byte ranges of the data extents (flags 0) in a list that starts at `base`: what a dirty
+/// or activity query marks.
+pub fn data_ranges(extents: &[Extent], base: u64) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut pos = base;
+    for e in extents {
+        if e.flags == 0 {
+            out.push((pos, e.length));
+        }
+        pos += e.length;
+    }
+    out
+}
+
 pub fn encode_extents(extents: &[Extent]) -> Vec<u8> {
     let mut out = Vec::with_capacity(extents.len() * EXTENT_LEN);
     for e in extents {

@@ -35,7 +35,7 @@ pub use dirty::{
     decode_peer, encode_peer, DirtyPeer, DIRTY_AUTO, DIRTY_DROP, DIRTY_MANUAL, DIRTY_PEER_LEN,
     DIRTY_START,
 };
-pub use extent::{decode_extents, encode_extents, Extent, EXTENT_LEN};
+pub use extent::{data_ranges, decode_extents, encode_extents, Extent, EXTENT_LEN};
 pub use op::{Op, Status};
 
 /// `TRIR` read as a little-endian u32.
