@@ -74,7 +74,8 @@ enum Cmd {
 /// The process's UCX worker and the thread that drives it.
 #[derive(Debug)]
 pub struct Hub {
-    cmds: Mutex<mpsc::Sender<Cmd>>,
+    /// `mpsc::Sender` is `Sync`: every task sends without a lock.
+    cmds: mpsc::Sender<Cmd>,
     wake: Arc<OwnedFd>,
     /// Set by the UCX thread while it sleeps (or is about to): only then does a command need
     /// the eventfd written, which saves a syscall per command under load.
@@ -175,7 +176,7 @@ impl Hub {
             .recv()
             .map_err(|_| "UCX thread stopped while starting".to_string())??;
         Ok(Hub {
-            cmds: Mutex::new(tx),
+            cmds: tx,
             wake,
             sleeping,
             address,
@@ -193,12 +194,7 @@ impl Hub {
     }
 
     fn send(&self, c: Cmd) -> bool {
-        let ok = self
-            .cmds
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .send(c)
-            .is_ok();
+        let ok = self.cmds.send(c).is_ok();
         // Pairs with the thread's store-then-check in `run` (both sequentially consistent):
         // either it sees the command before sleeping, or we see it asleep and wake it.
         if !self.sleeping.load(Ordering::SeqCst) {
