@@ -61,8 +61,7 @@ enum Cmd {
     },
     Answer {
         ep: ReplyEp,
-        header: Vec<u8>,
-        payload: Bytes,
+        resp: Frame,
     },
     Close {
         link: u64,
@@ -242,12 +241,7 @@ impl<H: Handler> Server for Served<H> {
     fn take(&self, f: Frame, ep: ReplyEp) -> Option<Frame> {
         let hub = self.hub.clone();
         let answer = move |resp: Frame| {
-            let header = resp.header.encode(&resp.payload).to_vec();
-            hub.send(Cmd::Answer {
-                ep,
-                header,
-                payload: resp.payload,
-            });
+            hub.send(Cmd::Answer { ep, resp });
         };
         let h = self.handler.clone();
         if !h.inline(&f) {
@@ -505,21 +499,7 @@ fn handle(worker: &Worker, state: &std::rc::Rc<std::cell::RefCell<State>>, cmd: 
                 }),
             );
         }
-        Cmd::Answer {
-            ep,
-            header,
-            payload,
-        } => worker.reply(
-            ep,
-            AM_RESPONSE,
-            header,
-            Payload::Boxed(Box::new(payload)),
-            Box::new(|r| {
-                if let Err(e) = r {
-                    tracing::debug!("UCX answer not delivered: {e}");
-                }
-            }),
-        ),
+        Cmd::Answer { ep, resp } => send_answer(worker, ep, resp),
         Cmd::Close { link, reason } => {
             let ep = {
                 let mut s = state.borrow_mut();

@@ -53,17 +53,6 @@ impl Error {
             message,
         }
     }
-
-    /// True when the peer or the link is gone (rather than a local misuse).
-    pub fn is_peer_failure(&self) -> bool {
-        let s = self.status;
-        s == sys::UCS_ERR_CONNECTION_RESET as i32
-            || s == sys::UCS_ERR_ENDPOINT_TIMEOUT as i32
-            || s == sys::UCS_ERR_UNREACHABLE as i32
-            || s == sys::UCS_ERR_CANCELED as i32
-            || (sys::UCS_ERR_LAST_ENDPOINT_FAILURE as i32..=sys::UCS_ERR_FIRST_LINK_FAILURE as i32)
-                .contains(&s)
-    }
 }
 
 fn check(what: &'static str, s: sys::ucs_status_t) -> Result<(), Error> {
@@ -319,7 +308,6 @@ unsafe extern "C" fn am_cb(
         // SAFETY: an eager message's `length` bytes are readable at `data` during the call.
         AmData::Eager(unsafe { std::slice::from_raw_parts(data as *const u8, length) })
     };
-    let was_rndv = matches!(msg, AmData::Rndv(_));
     match slot.f.try_borrow_mut() {
         Ok(mut f) => f(worker, hdr, msg, reply),
         // A handler re-entered through progress from inside itself: not something the wrapper
@@ -328,7 +316,6 @@ unsafe extern "C" fn am_cb(
     }
     // Eager data was copied by the handler if it wanted it; a rendezvous descriptor was handed
     // to `recv_rndv` (which owns it from then on) or dropped — both fine with UCS_OK.
-    let _ = was_rndv;
     sys::UCS_OK
 }
 
@@ -529,12 +516,6 @@ impl Worker {
     /// Sends an active message on a reply endpoint (see [`Endpoint::am_send`]).
     pub fn reply(&self, ep: ReplyEp, id: u32, header: Vec<u8>, data: Payload, done: SendDone) {
         am_send(ep.0, id, header, data, 0, done)
-    }
-
-    /// What UCX says about this worker's resources, as text.
-    pub fn info(&self) -> String {
-        // SAFETY: the worker is live; `f` is a FILE the closure may write to.
-        memstream(|f| unsafe { sys::ucp_worker_print_info(self.h, f) })
     }
 }
 
