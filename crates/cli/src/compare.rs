@@ -396,7 +396,7 @@ fn table(cmp: &Compare, profile: &Profile, rounds: u32, runs: &[Value]) -> Strin
                 r["target"].as_str().unwrap_or("?")
             );
         }
-        o += "This machine has no RDMA device: UCX ran over the lanes shown (shared memory and CMA between processes here), not RDMA.\n\n";
+        o += "This machine has no RDMA device: UCX ran over the lanes shown (shared memory between processes here), not RDMA.\n\n";
     } else {
         o += "Transport: as each link negotiated (UCX where a probe works, else TCP; unix sockets between processes on one host); this machine has no RDMA device.\n\n";
     }

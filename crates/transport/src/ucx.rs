@@ -42,6 +42,8 @@ pub const AM_REQUEST: u32 = 10;
 pub const AM_RESPONSE: u32 = 11;
 /// UCX header of a request: frame header and the client's connection token.
 const REQUEST_HEADER: usize = HEADER_LEN + 8;
+/// UCX transports when none are configured: everything but CMA (see [`Hub::start`]).
+pub const DEFAULT_TLS: &str = "^cma";
 /// How long the probe over a new UCX endpoint may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -153,7 +155,13 @@ impl Hub {
         .clone()
     }
 
-    fn start(config: Config) -> Result<Hub, String> {
+    fn start(mut config: Config) -> Result<Hub, String> {
+        // CMA reads the peer's memory with process_vm_readv; if the peer dies mid-transfer,
+        // UCX 1.13 (without the peer-failure mode, see the module docs) treats the error as
+        // fatal and aborts this process. A node crash must never take its writer down, so CMA
+        // is off unless TRIREME_UCX_TLS asks for it; large payloads then go through the
+        // shared-memory transports in pieces.
+        config.tls.get_or_insert_with(|| DEFAULT_TLS.to_string());
         // SAFETY: eventfd has no memory-safety preconditions; the result is checked.
         let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if fd < 0 {

@@ -638,7 +638,7 @@ impl Endpoint {
         memstream(|f| unsafe { sys::ucp_ep_print_info(self.h, f) })
     }
 
-    /// The lanes in short: each lane's `transport/device`, e.g. `sysv/memory+cma/memory`.
+    /// The lanes in short: each lane's `transport/device`, e.g. `sysv/memory+tcp/lo`.
     pub fn lane_summary(&self) -> String {
         lane_summary(&self.lanes())
     }
