@@ -1,10 +1,12 @@
 //! The UCX transport: frames as UCX active messages, negotiated over a TCP connection.
 //!
-//! **Hub.** A process has one UCX worker, driven by one thread of its own (`trireme-ucx`), the
-//! only thread that touches UCX. Tokio tasks talk to it through a command queue whose eventfd
-//! wakes the thread from its sleep on the worker's event fd (no busy loop). The same worker
-//! serves both ends: requests from remote clients (handed to the node's [`Handler`] on tokio,
-//! answered on the reply endpoint) and responses to this process's own calls.
+//! **Hub.** A process has one UCX worker ([`Hub`]), in UCX's multi-thread mode: a tokio task
+//! sends its call on the worker from the thread it runs on, with no hand-off. One task of the
+//! runtime, the driver, progresses the worker; it sleeps on the worker's event fd in tokio's
+//! reactor, like any socket, so an answer costs one wake-up on each side, as on TCP (no busy
+//! loop, no UCX thread). The same worker serves both ends: requests from remote clients
+//! (answered by the driver itself when the node's [`Handler`] needs no wait, else by a task)
+//! and responses to this process's own calls.
 //!
 //! **Frames.** A request is active message [`AM_REQUEST`]: the UCX header is the 64-byte frame
 //! header followed by the client's connection token (what `Hello` carries on TCP), the UCX
@@ -22,16 +24,18 @@
 //! the two attempts.
 
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::oneshot;
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+use tokio::sync::{oneshot, Notify};
 use trireme_proto::{check_payload, decode_header, Header, Op, Status, HEADER_LEN};
 pub use trireme_ucx::Config;
-use trireme_ucx::{AmData, Context, Endpoint, Payload, ReplyEp, Worker};
+use trireme_ucx::{AmData, Context, Endpoint, MemPool, Payload, ReplyEp, Worker};
 
 use crate::tcp::TcpConnection;
 use crate::{BoxFuture, Connection, ConnectionInfo, Frame, Handler, TransportError};
@@ -46,46 +50,49 @@ const REQUEST_HEADER: usize = HEADER_LEN + 8;
 pub const DEFAULT_TLS: &str = "^cma";
 /// How long the probe over a new UCX endpoint may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Progress calls the driver makes before it lets the runtime's other tasks run.
+const PROGRESS_BATCH: usize = 64;
+/// The registered receive pool: chunks of 1 MiB (a resync chunk or a large NBD write), 32 of
+/// them. Larger payloads, or any while all chunks are in use, get a buffer of their own.
+const POOL_CHUNK: usize = 1 << 20;
+const POOL_CHUNKS: usize = 32;
+/// How often the driver yields the CPU to a receiver while its sends are under way, before
+/// it sleeps (see [`drive`]), and how long it then sleeps at most.
+const SEND_YIELDS: u32 = 8;
+const SEND_RETRY: Duration = Duration::from_millis(1);
 
 type Reply = oneshot::Sender<Result<Frame, TransportError>>;
 
-enum Cmd {
-    Connect {
-        address: Vec<u8>,
-        reply: oneshot::Sender<Result<(u64, String), String>>,
-    },
-    Call {
-        link: u64,
-        header: Vec<u8>,
-        request_id: u64,
-        payload: Bytes,
-        reply: Reply,
-    },
-    Answer {
-        ep: ReplyEp,
-        resp: Frame,
-    },
-    Close {
-        link: u64,
-        reason: String,
-    },
-    Serve(Arc<dyn Server>),
-}
-
-/// The process's UCX worker and the thread that drives it.
-#[derive(Debug)]
+/// The process's UCX worker, what it serves, and the calls waiting on it.
 pub struct Hub {
-    /// `mpsc::Sender` is `Sync`: every task sends without a lock.
-    cmds: mpsc::Sender<Cmd>,
-    wake: Arc<OwnedFd>,
-    /// Set by the UCX thread while it sleeps (or is about to): only then does a command need
-    /// the eventfd written, which saves a syscall per command under load.
-    sleeping: Arc<AtomicBool>,
+    worker: Arc<Worker>,
+    /// Where rendezvous payloads land (`None` if UCX could not register it).
+    pool: Option<Arc<MemPool>>,
     address: Vec<u8>,
     config: Config,
+    /// Calls waiting for their answer: request id -> (link, reply).
+    waiting: Mutex<HashMap<u64, (u64, Reply)>>,
+    server: OnceLock<Arc<dyn Server>>,
+    /// Answers handlers produced inside progress (where they cannot send), sent by the
+    /// driver right after.
+    outbox: Mutex<Vec<(ReplyEp, Frame)>>,
+    /// Wakes the driver: a send is under way and needs progress to finish.
+    kick: Notify,
+    /// Sends started and not yet completed.
+    sending: AtomicUsize,
+    /// Cleared when the driver task ends (its runtime shut down): the next user starts one.
+    driver: Mutex<Option<Arc<AtomicBool>>>,
+    /// Whether a driver runs, read without the lock on every call (see [`Hub::drive_here`]).
+    driven: AtomicBool,
 }
 
-static HUB: OnceLock<Result<Arc<Hub>, String>> = OnceLock::new();
+impl std::fmt::Debug for Hub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hub").field("config", &self.config).finish()
+    }
+}
+
+static HUB: OnceLock<Result<&'static Hub, String>> = OnceLock::new();
 static CONFIG: OnceLock<Config> = OnceLock::new();
 
 /// Sets how the process's UCX context is configured; call before the first UCX connection or
@@ -143,52 +150,48 @@ pub fn device_of(ip: std::net::IpAddr) -> Option<String> {
 }
 
 impl Hub {
-    /// The process's hub, started on first use. An error says why UCX cannot be used here.
-    pub fn get() -> Result<Arc<Hub>, String> {
+    /// The process's hub, created on first use. An error says why UCX cannot be used here.
+    /// A runtime that uses it must call [`Hub::drive_here`] (negotiation and serving do).
+    pub fn get() -> Result<&'static Hub, String> {
         HUB.get_or_init(|| {
             let cfg = CONFIG.get().cloned().unwrap_or_else(|| Config {
                 tls: std::env::var("TRIREME_UCX_TLS").ok(),
                 net_devices: std::env::var("TRIREME_UCX_NET_DEVICES").ok(),
             });
-            Hub::start(cfg).map(Arc::new)
+            Hub::start(cfg)
         })
         .clone()
     }
 
-    fn start(mut config: Config) -> Result<Hub, String> {
+    fn start(mut config: Config) -> Result<&'static Hub, String> {
         // CMA reads the peer's memory with process_vm_readv; if the peer dies mid-transfer,
         // UCX 1.13 (without the peer-failure mode, see the module docs) treats the error as
         // fatal and aborts this process. A node crash must never take its writer down, so CMA
         // is off unless TRIREME_UCX_TLS asks for it; large payloads then go through the
         // shared-memory transports in pieces.
         config.tls.get_or_insert_with(|| DEFAULT_TLS.to_string());
-        // SAFETY: eventfd has no memory-safety preconditions; the result is checked.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(format!("eventfd: {}", std::io::Error::last_os_error()));
-        }
-        // SAFETY: `fd` is a fresh descriptor that nothing else owns.
-        let wake = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
-        let (tx, rx) = mpsc::channel();
-        let (ready_tx, ready_rx) = mpsc::channel();
-        let w = wake.clone();
-        let cfg = config.clone();
-        let sleeping = Arc::new(AtomicBool::new(false));
-        let sl = sleeping.clone();
-        std::thread::Builder::new()
-            .name("trireme-ucx".into())
-            .spawn(move || run(cfg, rx, w, sl, ready_tx))
-            .map_err(|e| format!("UCX thread: {e}"))?;
-        let address = ready_rx
-            .recv()
-            .map_err(|_| "UCX thread stopped while starting".to_string())??;
-        Ok(Hub {
-            cmds: tx,
-            wake,
-            sleeping,
+        let ctx = Context::new(&config).map_err(|e| e.to_string())?;
+        let worker = Worker::new(&ctx).map_err(|e| e.to_string())?;
+        let address = worker.address().map_err(|e| e.to_string())?;
+        let pool = MemPool::new(&ctx, POOL_CHUNK, POOL_CHUNKS)
+            .map_err(|e| tracing::warn!("UCX receive pool not registered, receiving without: {e}"))
+            .ok();
+        // The hub lives as long as the process: its worker's handlers refer to it.
+        let hub: &'static Hub = Box::leak(Box::new(Hub {
+            worker,
+            pool,
             address,
             config,
-        })
+            waiting: Mutex::default(),
+            server: OnceLock::new(),
+            outbox: Mutex::default(),
+            kick: Notify::new(),
+            sending: AtomicUsize::new(0),
+            driver: Mutex::default(),
+            driven: AtomicBool::new(false),
+        }));
+        hub.install().map_err(|e| e.to_string())?;
+        Ok(hub)
     }
 
     /// This process's worker address (what a node advertises).
@@ -200,64 +203,339 @@ impl Hub {
         &self.config
     }
 
-    fn send(&self, c: Cmd) -> bool {
-        let ok = self.cmds.send(c).is_ok();
-        // Pairs with the thread's store-then-check in `run` (both sequentially consistent):
-        // either it sees the command before sleeping, or we see it asleep and wake it.
-        if !self.sleeping.load(Ordering::SeqCst) {
-            return ok;
+    /// Makes sure a task of some tokio runtime progresses the worker, starting one on the
+    /// current runtime if none does. The task ends with its runtime; the next call after
+    /// that (every UCX call makes one) starts another.
+    pub fn drive_here(&'static self) {
+        if self.driven.load(Ordering::Acquire) {
+            return;
         }
-        let one: u64 = 1;
-        // SAFETY: writing 8 bytes from a live u64 to our eventfd; failure (counter full) only
-        // means the thread is already due to wake.
-        unsafe {
-            libc::write(
-                self.wake.as_raw_fd(),
-                &one as *const u64 as *const libc::c_void,
-                8,
-            )
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
         };
-        ok
+        let mut d = lock(&self.driver);
+        if !d
+            .as_ref()
+            .is_some_and(|alive| alive.load(Ordering::Acquire))
+        {
+            let alive = Arc::new(AtomicBool::new(true));
+            *d = Some(alive.clone());
+            rt.spawn(drive(self, alive));
+        }
+        self.driven.store(true, Ordering::Release);
     }
 
     /// Serves `handler` for every UCX request this process receives. Requests the handler
-    /// answers without waiting (an in-memory store) are answered on the UCX thread itself; the
-    /// rest run on the current tokio runtime.
-    pub fn serve<H: Handler>(self: &Arc<Self>, handler: Arc<H>) {
-        self.send(Cmd::Serve(Arc::new(Served {
+    /// answers without waiting (an in-memory store) are answered by the driver itself; the
+    /// rest run as tasks of the current tokio runtime.
+    pub fn serve<H: Handler>(&'static self, handler: Arc<H>) {
+        let _ = self.server.set(Arc::new(Served {
             handler,
             rt: tokio::runtime::Handle::current(),
-            hub: self.clone(),
-        })));
+            hub: self,
+        }));
+        self.drive_here();
+    }
+
+    /// The handlers of requests and responses.
+    fn install(&'static self) -> Result<(), trireme_ucx::Error> {
+        self.worker
+            .set_am_handler(AM_REQUEST, move |w, hdr, data, reply| {
+                let Some(ep) = reply else { return };
+                if hdr.len() != REQUEST_HEADER {
+                    tracing::warn!("UCX request with a {}-byte header dropped", hdr.len());
+                    return;
+                }
+                let (fh, token) = (hdr[..HEADER_LEN].to_vec(), &hdr[HEADER_LEN..]);
+                let origin = u64::from_le_bytes(token.try_into().expect("8 bytes"));
+                self.with_payload(w, data, move |payload| {
+                    self.on_request(fh, origin, payload, ep)
+                });
+            })?;
+        self.worker
+            .set_am_handler(AM_RESPONSE, move |w, hdr, data, _| {
+                let hdr = hdr.to_vec();
+                self.with_payload(w, data, move |payload| self.on_response(&hdr, payload));
+            })
+    }
+
+    /// Gets an active message's payload: now (eager) or when the rendezvous completes (into
+    /// a chunk of the registered pool when one fits, handed on without a copy).
+    fn with_payload(
+        &self,
+        w: &Worker,
+        data: AmData<'_>,
+        then: impl FnOnce(Result<Bytes, String>) + Send + 'static,
+    ) {
+        match data {
+            AmData::Eager(b) => then(Ok(Bytes::copy_from_slice(b))),
+            AmData::Rndv(r) => w.recv_rndv(
+                r,
+                self.pool.as_ref(),
+                Box::new(move |got| then(got.map(Bytes::from_owner).map_err(|e| e.to_string()))),
+            ),
+        }
+    }
+
+    fn on_request(&self, fh: Vec<u8>, origin: u64, payload: Result<Bytes, String>, ep: ReplyEp) {
+        let Some(server) = self.server.get() else {
+            return;
+        };
+        match payload
+            .map_err(|e| closed(&e))
+            .and_then(|p| frame_of(&fh, p))
+        {
+            Ok(mut f) if !f.header.is_response() => {
+                f.origin = origin;
+                if let Some(resp) = server.take(f, ep) {
+                    lock(&self.outbox).push((ep, resp));
+                }
+            }
+            Ok(_) => tracing::warn!("UCX response sent as a request, dropped"),
+            Err(e) => tracing::warn!("bad UCX request dropped: {e}"),
+        }
+    }
+
+    fn on_response(&self, hdr: &[u8], payload: Result<Bytes, String>) {
+        let r = payload
+            .map_err(|e| closed(&e))
+            .and_then(|p| frame_of(hdr, p));
+        let id = match &r {
+            Ok(f) => f.header.request_id,
+            Err(e) => {
+                tracing::warn!("bad UCX response dropped: {e}");
+                return;
+            }
+        };
+        if let Some((_, reply)) = lock(&self.waiting).remove(&id) {
+            let _ = reply.send(r);
+        }
+    }
+
+    /// Sends a node's answer on the reply endpoint of its request (from any thread).
+    fn send_answer(&'static self, ep: ReplyEp, resp: Frame) {
+        let header = resp.header.encode(&resp.payload).to_vec();
+        self.sending.fetch_add(1, Ordering::AcqRel);
+        let pending = self.worker.reply(
+            ep,
+            AM_RESPONSE,
+            header,
+            Payload::Boxed(Box::new(resp.payload)),
+            Box::new(move |r| {
+                self.sending.fetch_sub(1, Ordering::AcqRel);
+                if let Err(e) = r {
+                    tracing::debug!("UCX answer not delivered: {e}");
+                }
+            }),
+        );
+        if pending {
+            self.kick.notify_one();
+        }
+    }
+
+    /// Sends a call on `ep` and returns where its answer will come.
+    fn start_call(
+        &'static self,
+        ep: &Endpoint,
+        link: u64,
+        token: u64,
+        request_id: u64,
+        mut header: Header,
+        payload: Bytes,
+    ) -> Waiting {
+        header.request_id = request_id;
+        header.flags &= !trireme_proto::FLAG_RESPONSE;
+        let mut h = header.encode(&payload).to_vec();
+        h.extend_from_slice(&token.to_le_bytes());
+        let (tx, rx) = oneshot::channel();
+        lock(&self.waiting).insert(request_id, (link, tx));
+        self.sending.fetch_add(1, Ordering::AcqRel);
+        let pending = ep.am_send(
+            AM_REQUEST,
+            h,
+            Payload::Boxed(Box::new(payload)),
+            true,
+            Box::new(move |r| {
+                self.sending.fetch_sub(1, Ordering::AcqRel);
+                if let Err(e) = r {
+                    if let Some((_, reply)) = lock(&self.waiting).remove(&request_id) {
+                        let _ = reply.send(Err(closed(&e.to_string())));
+                    }
+                }
+            }),
+        );
+        if pending {
+            self.kick.notify_one();
+        }
+        Waiting {
+            hub: self,
+            request_id,
+            rx,
+            answered: false,
+        }
+    }
+
+    /// Fails every call waiting on `link` with `reason`.
+    fn fail_link(&self, link: u64, reason: &str) {
+        let failed: Vec<Reply> = {
+            let mut w = lock(&self.waiting);
+            let ids: Vec<u64> = w
+                .iter()
+                .filter(|(_, (l, _))| *l == link)
+                .map(|(id, _)| *id)
+                .collect();
+            ids.into_iter()
+                .filter_map(|id| w.remove(&id).map(|(_, r)| r))
+                .collect()
+        };
+        for reply in failed {
+            let _ = reply.send(Err(closed(reason)));
+        }
     }
 }
 
-/// What the UCX thread serves requests with (a [`Handler`], type-erased).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A call's answer to come. Dropping it (the caller gave up) forgets the call, so a late
+/// answer finds nobody and is dropped.
+struct Waiting {
+    hub: &'static Hub,
+    request_id: u64,
+    rx: oneshot::Receiver<Result<Frame, TransportError>>,
+    answered: bool,
+}
+
+impl Waiting {
+    async fn answer(mut self) -> Result<Frame, TransportError> {
+        let r = (&mut self.rx).await;
+        self.answered = true;
+        r.unwrap_or_else(|_| Err(closed("UCX call forgotten")))
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if !self.answered {
+            lock(&self.hub.waiting).remove(&self.request_id);
+        }
+    }
+}
+
+/// The worker's event fd, as tokio's reactor watches it (the worker owns and closes it).
+struct EventFd(RawFd);
+
+impl AsRawFd for EventFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
+}
+
+/// Clears the driver's flags when its task ends.
+struct Alive(&'static Hub, Arc<AtomicBool>);
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        self.1.store(false, Ordering::Release);
+        // A driver started meanwhile sets it again on the next call's slow path.
+        self.0.driven.store(false, Ordering::Release);
+    }
+}
+
+/// The task that progresses the worker: until idle (a batch at a time, so other tasks of a
+/// single-threaded runtime get their turn), then the answers handlers produced, then asleep
+/// on the worker's event fd (armed) or a kick. No busy loop and no thread of its own: an
+/// answer wakes the runtime that waits for it, as a TCP socket would.
+async fn drive(hub: &'static Hub, alive: Arc<AtomicBool>) {
+    let _alive = Alive(hub, alive);
+    let efd = EventFd(hub.worker.event_fd());
+    // SAFETY: the event fd is the worker's, open for as long as the worker, which lives as
+    // long as the process (the hub is never dropped); `EventFd` always returns the same fd.
+    let fd = match unsafe { AsyncFd::register_with_interest(efd, Interest::READABLE) } {
+        Ok(fd) => fd,
+        Err(e) => {
+            tracing::error!("UCX worker's event fd cannot be watched: {e}");
+            return;
+        }
+    };
+    let mut yields = 0;
+    loop {
+        let mut n = 0;
+        while n < PROGRESS_BATCH && hub.worker.progress() {
+            n += 1;
+        }
+        let out = std::mem::take(&mut *lock(&hub.outbox));
+        for (ep, resp) in out {
+            hub.send_answer(ep, resp);
+        }
+        if n == PROGRESS_BATCH {
+            tokio::task::yield_now().await;
+            continue;
+        }
+        // Sends still under way: with a shared-memory FIFO full, only progress after the
+        // receiver drains it completes them, and nothing will wake us for that. Give the CPU
+        // to the receiver a few times, then sleep with a short timeout rather than for good.
+        let sending = hub.sending.load(Ordering::Acquire) > 0;
+        if sending && yields < SEND_YIELDS {
+            yields += 1;
+            std::thread::yield_now();
+            continue;
+        }
+        yields = 0;
+        match hub.worker.arm() {
+            Ok(true) => {}
+            // Events came in meanwhile: progress again.
+            Ok(false) => continue,
+            Err(e) => {
+                tracing::error!("UCX worker: {e}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        }
+        let retry = async {
+            if sending {
+                tokio::time::sleep(SEND_RETRY).await
+            } else {
+                std::future::pending().await
+            }
+        };
+        tokio::select! {
+            r = fd.readable() => {
+                if let Ok(mut g) = r {
+                    g.clear_ready();
+                }
+            }
+            _ = hub.kick.notified() => {}
+            _ = retry => {}
+        }
+    }
+}
+
+/// What the hub serves requests with (a [`Handler`], type-erased).
 trait Server: Send + Sync {
-    /// Handles a request: the answer now, or `None` when it was handed to tokio (which sends
-    /// the answer through the hub).
+    /// Handles a request: the answer now, or `None` when it was handed to a task (which sends
+    /// the answer itself).
     fn take(&self, f: Frame, ep: ReplyEp) -> Option<Frame>;
 }
 
 struct Served<H: Handler> {
     handler: Arc<H>,
     rt: tokio::runtime::Handle,
-    hub: Arc<Hub>,
+    hub: &'static Hub,
 }
 
 impl<H: Handler> Server for Served<H> {
     fn take(&self, f: Frame, ep: ReplyEp) -> Option<Frame> {
-        let hub = self.hub.clone();
-        let answer = move |resp: Frame| {
-            hub.send(Cmd::Answer { ep, resp });
-        };
+        let hub = self.hub;
+        let answer = move |resp: Frame| hub.send_answer(ep, resp);
         let h = self.handler.clone();
         if !h.inline(&f) {
             self.rt.spawn(async move { answer(h.handle(f).await) });
             return None;
         }
-        // An inline request completes at its first poll; one that does not is finished on
-        // tokio (its waker is a no-op here, so it must move to a runtime that will poll it).
+        // An inline request completes at its first poll; one that does not is finished as a
+        // task (its waker is a no-op here, so it must move to a runtime that will poll it).
         let mut fut = Box::pin(h.handle(f));
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         match std::future::Future::poll(fut.as_mut(), &mut cx) {
@@ -270,21 +548,6 @@ impl<H: Handler> Server for Served<H> {
     }
 }
 
-/// Per-link calls waiting for their answer.
-#[derive(Default)]
-struct Waiting {
-    calls: HashMap<u64, (u64, Reply)>,
-}
-
-struct State {
-    links: HashMap<u64, Endpoint>,
-    waiting: Waiting,
-    next_link: u64,
-    server: Option<Arc<dyn Server>>,
-    /// Answers ready to go out, sent by the loop before it sleeps (handlers cannot send).
-    outbox: Vec<(ReplyEp, Frame)>,
-}
-
 fn closed(reason: &str) -> TransportError {
     TransportError::Closed {
         peer: "ucx".into(),
@@ -293,7 +556,7 @@ fn closed(reason: &str) -> TransportError {
 }
 
 /// Decodes a frame that came as an active message.
-fn frame_of(hdr: &[u8], payload: Vec<u8>) -> Result<Frame, TransportError> {
+fn frame_of(hdr: &[u8], payload: Bytes) -> Result<Frame, TransportError> {
     let header = decode_header(hdr).map_err(|source| TransportError::Decode {
         peer: "ucx".into(),
         source,
@@ -302,235 +565,7 @@ fn frame_of(hdr: &[u8], payload: Vec<u8>) -> Result<Frame, TransportError> {
         peer: "ucx".into(),
         source,
     })?;
-    Ok(Frame::new(header, Bytes::from(payload)))
-}
-
-/// Gets an active message's payload: now (eager) or when the rendezvous completes.
-fn with_payload(
-    w: &Worker,
-    data: AmData<'_>,
-    then: impl FnOnce(Result<Vec<u8>, String>) + 'static,
-) {
-    match data {
-        AmData::Eager(b) => then(Ok(b.to_vec())),
-        AmData::Rndv(r) => {
-            w.recv_rndv(r, Box::new(move |got| then(got.map_err(|e| e.to_string()))))
-        }
-    }
-}
-
-/// The UCX thread.
-fn run(
-    cfg: Config,
-    rx: mpsc::Receiver<Cmd>,
-    wake: Arc<OwnedFd>,
-    sleeping: Arc<AtomicBool>,
-    ready: mpsc::Sender<Result<Vec<u8>, String>>,
-) {
-    let setup = (|| {
-        let ctx = Context::new(&cfg).map_err(|e| e.to_string())?;
-        let w = Worker::new(&ctx).map_err(|e| e.to_string())?;
-        let a = w.address().map_err(|e| e.to_string())?;
-        Ok::<_, String>((w, a))
-    })();
-    let worker = match setup {
-        Ok((w, a)) => {
-            let _ = ready.send(Ok(a));
-            w
-        }
-        Err(e) => {
-            let _ = ready.send(Err(e));
-            return;
-        }
-    };
-    let state = std::rc::Rc::new(std::cell::RefCell::new(State {
-        links: HashMap::new(),
-        waiting: Waiting::default(),
-        next_link: 1,
-        server: None,
-        outbox: Vec::new(),
-    }));
-    // Requests from clients: decoded here, served on tokio.
-    let st = state.clone();
-    let _ = worker.set_am_handler(AM_REQUEST, move |w, hdr, data, reply| {
-        let Some(ep) = reply else { return };
-        if hdr.len() != REQUEST_HEADER {
-            tracing::warn!("UCX request with a {}-byte header dropped", hdr.len());
-            return;
-        }
-        let (fh, token) = (hdr[..HEADER_LEN].to_vec(), &hdr[HEADER_LEN..]);
-        let origin = u64::from_le_bytes(token.try_into().expect("8 bytes"));
-        let st = st.clone();
-        with_payload(w, data, move |payload| {
-            let Some(server) = st.borrow().server.clone() else {
-                return;
-            };
-            match payload
-                .map_err(|e| closed(&e))
-                .and_then(|p| frame_of(&fh, p))
-            {
-                Ok(mut f) if !f.header.is_response() => {
-                    f.origin = origin;
-                    if let Some(resp) = server.take(f, ep) {
-                        st.borrow_mut().outbox.push((ep, resp));
-                    }
-                }
-                Ok(_) => tracing::warn!("UCX response sent as a request, dropped"),
-                Err(e) => tracing::warn!("bad UCX request dropped: {e}"),
-            }
-        });
-    });
-    // Answers to our calls.
-    let st = state.clone();
-    let _ = worker.set_am_handler(AM_RESPONSE, move |w, hdr, data, _| {
-        let hdr = hdr.to_vec();
-        let st = st.clone();
-        with_payload(w, data, move |payload| {
-            let r = payload
-                .map_err(|e| closed(&e))
-                .and_then(|p| frame_of(&hdr, p));
-            let id = match &r {
-                Ok(f) => f.header.request_id,
-                Err(e) => {
-                    tracing::warn!("bad UCX response dropped: {e}");
-                    return;
-                }
-            };
-            if let Some((_, reply)) = st.borrow_mut().waiting.calls.remove(&id) {
-                let _ = reply.send(r);
-            }
-        });
-    });
-    let mut drain = [0u8; 8];
-    let mut next: Option<Cmd> = None;
-    loop {
-        // Commands, then UCX's own work, then the answers handlers produced, until idle.
-        loop {
-            let cmd = match next.take().map_or_else(|| rx.try_recv(), Ok) {
-                Ok(c) => c,
-                Err(mpsc::TryRecvError::Empty) => break,
-                // Every sender is gone: the hub is dropped with the process.
-                Err(mpsc::TryRecvError::Disconnected) => return,
-            };
-            handle(&worker, &state, cmd);
-        }
-        while worker.progress() {}
-        let out = std::mem::take(&mut state.borrow_mut().outbox);
-        if !out.is_empty() {
-            for (ep, resp) in out {
-                send_answer(&worker, ep, resp);
-            }
-            continue;
-        }
-        // About to sleep: say so, then look once more for a command sent meanwhile.
-        sleeping.store(true, Ordering::SeqCst);
-        match rx.try_recv() {
-            Ok(c) => {
-                sleeping.store(false, Ordering::SeqCst);
-                next = Some(c);
-                continue;
-            }
-            Err(mpsc::TryRecvError::Disconnected) => return,
-            Err(mpsc::TryRecvError::Empty) => {}
-        }
-        let woke = worker.wait(Some(wake.as_raw_fd()), Duration::from_millis(200));
-        sleeping.store(false, Ordering::SeqCst);
-        match woke {
-            // SAFETY: reading 8 bytes into a live buffer from our eventfd (non-blocking).
-            Ok(true) => unsafe {
-                libc::read(wake.as_raw_fd(), drain.as_mut_ptr() as *mut libc::c_void, 8);
-            },
-            Ok(false) => {}
-            Err(e) => {
-                tracing::error!("UCX worker: {e}");
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        }
-    }
-}
-
-/// Sends a node's answer on the reply endpoint of its request.
-fn send_answer(worker: &Worker, ep: ReplyEp, resp: Frame) {
-    let header = resp.header.encode(&resp.payload).to_vec();
-    worker.reply(
-        ep,
-        AM_RESPONSE,
-        header,
-        Payload::Boxed(Box::new(resp.payload)),
-        Box::new(|r| {
-            if let Err(e) = r {
-                tracing::debug!("UCX answer not delivered: {e}");
-            }
-        }),
-    );
-}
-
-fn handle(worker: &Worker, state: &std::rc::Rc<std::cell::RefCell<State>>, cmd: Cmd) {
-    match cmd {
-        Cmd::Connect { address, reply } => {
-            let r = worker.connect(&address).map(|ep| {
-                let mut s = state.borrow_mut();
-                let id = s.next_link;
-                s.next_link += 1;
-                let lanes = ep.lane_summary();
-                s.links.insert(id, ep);
-                (id, lanes)
-            });
-            let _ = reply.send(r.map_err(|e| e.to_string()));
-        }
-        Cmd::Call {
-            link,
-            header,
-            request_id,
-            payload,
-            reply,
-        } => {
-            let s = &mut *state.borrow_mut();
-            let Some(ep) = s.links.get(&link) else {
-                let _ = reply.send(Err(closed("UCX link closed")));
-                return;
-            };
-            s.waiting.calls.insert(request_id, (link, reply));
-            let st = state.clone();
-            ep.am_send(
-                AM_REQUEST,
-                header,
-                Payload::Boxed(Box::new(payload)),
-                true,
-                Box::new(move |r| {
-                    if let Err(e) = r {
-                        if let Some((_, reply)) = st.borrow_mut().waiting.calls.remove(&request_id)
-                        {
-                            let _ = reply.send(Err(closed(&e.to_string())));
-                        }
-                    }
-                }),
-            );
-        }
-        Cmd::Answer { ep, resp } => send_answer(worker, ep, resp),
-        Cmd::Close { link, reason } => {
-            let ep = {
-                let mut s = state.borrow_mut();
-                let failed: Vec<u64> = s
-                    .waiting
-                    .calls
-                    .iter()
-                    .filter(|(_, (l, _))| *l == link)
-                    .map(|(id, _)| *id)
-                    .collect();
-                for id in failed {
-                    if let Some((_, reply)) = s.waiting.calls.remove(&id) {
-                        let _ = reply.send(Err(closed(&reason)));
-                    }
-                }
-                s.links.remove(&link)
-            };
-            if let Some(ep) = ep {
-                ep.close(true);
-            }
-        }
-        Cmd::Serve(s) => state.borrow_mut().server = Some(s),
-    }
+    Ok(Frame::new(header, payload))
 }
 
 /// A connection that carries its calls over UCX when it can, and over its TCP connection
@@ -538,7 +573,11 @@ fn handle(worker: &Worker, state: &std::rc::Rc<std::cell::RefCell<State>>, cmd: 
 #[derive(Debug)]
 pub struct UcxConnection {
     tcp: TcpConnection,
-    hub: Option<Arc<Hub>>,
+    hub: Option<&'static Hub>,
+    /// The UCX endpoint while UCX carries the calls. Sends hold it shared; stopping the UCX
+    /// path takes it, so no send can use a closed endpoint.
+    ep: RwLock<Option<Endpoint>>,
+    /// Names this connection's calls in the hub's waiting list.
     link: u64,
     lanes: String,
     /// Why calls go over TCP (`None` while UCX carries them).
@@ -566,12 +605,13 @@ pub async fn negotiate(
     tcp: TcpConnection,
     fallback: Fallback,
 ) -> Result<UcxConnection, TransportError> {
-    let tried = try_ucx(&tcp).await;
-    let (hub, link, lanes, why) = match tried {
-        Ok((hub, link, lanes)) => (Some(hub), link, lanes, None),
+    let link = next_id();
+    let tried = try_ucx(&tcp, link).await;
+    let (hub, ep, lanes, why) = match tried {
+        Ok((hub, ep, lanes)) => (Some(hub), Some(ep), lanes, None),
         Err(why) if fallback == Fallback::Allowed => {
             tracing::info!(peer = %tcp.peer(), "UCX not used, staying on TCP: {why}");
-            (None, 0, String::new(), Some(why))
+            (None, None, String::new(), Some(why))
         }
         Err(why) => {
             return Err(TransportError::Connect {
@@ -583,13 +623,17 @@ pub async fn negotiate(
     Ok(UcxConnection {
         tcp,
         hub,
+        ep: RwLock::new(ep),
         link,
         lanes,
         fallback: Mutex::new(why),
     })
 }
 
-async fn try_ucx(tcp: &TcpConnection) -> Result<(Arc<Hub>, u64, String), String> {
+async fn try_ucx(
+    tcp: &TcpConnection,
+    link: u64,
+) -> Result<(&'static Hub, Endpoint, String), String> {
     let offer = tcp
         .call(Header::request(Op::UcxAddress, 0), Bytes::new())
         .await
@@ -601,23 +645,22 @@ async fn try_ucx(tcp: &TcpConnection) -> Result<(Arc<Hub>, u64, String), String>
         ));
     }
     let hub = Hub::get().map_err(|e| format!("UCX cannot start here: {e}"))?;
-    let (tx, rx) = oneshot::channel();
-    hub.send(Cmd::Connect {
-        address: offer.payload.to_vec(),
-        reply: tx,
-    });
-    let (link, lanes) = rx
-        .await
-        .map_err(|_| "UCX thread stopped".to_string())?
+    hub.drive_here();
+    let ep = hub
+        .worker
+        .connect(&offer.payload)
         .map_err(|e| format!("UCX endpoint: {e}"))?;
-    let probe = call_ucx(
-        &hub,
-        link,
-        tcp.token(),
-        next_id(),
-        Header::request(Op::Ping, 0),
-        Bytes::new(),
-    );
+    let lanes = ep.lane_summary();
+    let probe = hub
+        .start_call(
+            &ep,
+            link,
+            tcp.token(),
+            next_id(),
+            Header::request(Op::Ping, 0),
+            Bytes::new(),
+        )
+        .answer();
     let ok = match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
         Ok(Ok(f)) if f.header.status == Status::Ok => Ok(()),
         Ok(Ok(f)) => Err(format!("probe answered {}", f.header.status.as_str())),
@@ -625,76 +668,56 @@ async fn try_ucx(tcp: &TcpConnection) -> Result<(Arc<Hub>, u64, String), String>
         Err(_) => Err(format!("probe not answered within {PROBE_TIMEOUT:?}")),
     };
     if let Err(e) = ok {
-        hub.send(Cmd::Close {
-            link,
-            reason: e.clone(),
-        });
+        ep.close(true);
         return Err(e);
     }
-    Ok((hub, link, lanes))
-}
-
-async fn call_ucx(
-    hub: &Hub,
-    link: u64,
-    token: u64,
-    request_id: u64,
-    mut header: Header,
-    payload: Bytes,
-) -> Result<Frame, TransportError> {
-    header.request_id = request_id;
-    header.flags &= !trireme_proto::FLAG_RESPONSE;
-    let mut h = header.encode(&payload).to_vec();
-    h.extend_from_slice(&token.to_le_bytes());
-    let (tx, rx) = oneshot::channel();
-    if !hub.send(Cmd::Call {
-        link,
-        header: h,
-        request_id,
-        payload,
-        reply: tx,
-    }) {
-        return Err(closed("UCX thread stopped"));
-    }
-    rx.await
-        .unwrap_or_else(|_| Err(closed("UCX thread stopped")))
+    Ok((hub, ep, lanes))
 }
 
 impl UcxConnection {
-    fn on_ucx(&self) -> Option<&Arc<Hub>> {
-        let f = self.fallback.lock().unwrap_or_else(|e| e.into_inner());
-        f.is_none().then_some(self.hub.as_ref()).flatten()
+    /// Sends a call over UCX if UCX carries this connection's calls.
+    fn start_ucx(&self, header: Header, payload: &Bytes) -> Option<Waiting> {
+        let hub = self.hub?;
+        hub.drive_here();
+        let ep = self.ep.read().unwrap_or_else(|e| e.into_inner());
+        let ep = ep.as_ref()?;
+        Some(hub.start_call(
+            ep,
+            self.link,
+            self.tcp.token(),
+            next_id(),
+            header,
+            payload.clone(),
+        ))
+    }
+
+    /// Stops the UCX path: closes the endpoint (sends under way fail) and fails the calls
+    /// waiting on it with `why`.
+    fn stop_ucx(&self, why: &str) {
+        let ep = self.ep.write().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(ep) = ep {
+            ep.close(true);
+        }
+        if let Some(hub) = self.hub {
+            hub.fail_link(self.link, why);
+        }
     }
 }
 
 impl Drop for UcxConnection {
     fn drop(&mut self) {
-        if let Some(hub) = &self.hub {
-            hub.send(Cmd::Close {
-                link: self.link,
-                reason: "connection dropped".into(),
-            });
-        }
+        self.stop_ucx("connection dropped");
     }
 }
 
 impl Connection for UcxConnection {
     fn call(&self, header: Header, payload: Bytes) -> BoxFuture<'_, Result<Frame, TransportError>> {
         Box::pin(async move {
-            if let Some(hub) = self.on_ucx() {
-                let id = next_id();
-                let ucx = call_ucx(
-                    hub,
-                    self.link,
-                    self.tcp.token(),
-                    id,
-                    header,
-                    payload.clone(),
-                );
+            if let Some(waiting) = self.start_ucx(header, &payload) {
                 // A dead node does not fail UCX calls (no peer-failure mode): its TCP
                 // connection closing does.
                 let r = tokio::select! {
-                    r = ucx => r,
+                    r = waiting.answer() => r,
                     _ = self.tcp.closed() => Err(closed("the node's TCP connection closed")),
                 };
                 match r {
@@ -712,7 +735,7 @@ impl Connection for UcxConnection {
 
     fn info(&self) -> ConnectionInfo {
         let mut i = self.tcp.info();
-        match &*self.fallback.lock().unwrap_or_else(|e| e.into_inner()) {
+        match &*lock(&self.fallback) {
             None => {
                 i.transport = "ucx".into();
                 i.lanes = Some(self.lanes.clone());
@@ -727,19 +750,16 @@ impl Connection for UcxConnection {
     }
 
     fn fall_back(&self, why: &str) -> bool {
-        let mut f = self.fallback.lock().unwrap_or_else(|e| e.into_inner());
-        if f.is_some() {
-            return false;
+        {
+            let mut f = lock(&self.fallback);
+            if f.is_some() {
+                return false;
+            }
+            tracing::warn!(peer = %self.tcp.peer(), "UCX path stopped, going on over TCP: {why}");
+            *f = Some(why.to_string());
         }
-        tracing::warn!(peer = %self.tcp.peer(), "UCX path stopped, going on over TCP: {why}");
-        *f = Some(why.to_string());
-        if let Some(hub) = &self.hub {
-            // Calls in flight on the link fail now and are sent again over TCP.
-            hub.send(Cmd::Close {
-                link: self.link,
-                reason: why.to_string(),
-            });
-        }
+        // Calls in flight on the link fail now and are sent again over TCP.
+        self.stop_ucx(why);
         true
     }
 }

@@ -3,10 +3,11 @@
 //!
 //! * [`Context`]: one per process, configured through `ucp_config_modify` (not only the
 //!   environment), with active messages as the only feature.
-//! * [`Worker`]: one per thread that drives it. UCX workers are created single-threaded here,
-//!   so a `Worker` is `Send` (it may move to its thread) but not `Sync`; every endpoint and
-//!   request it makes is driven by the same thread. Progress is event driven: [`Worker::wait`]
-//!   arms the worker's event fd and sleeps in `poll` — never a busy loop.
+//! * [`Worker`]: created in UCX's multi-thread mode (`UCS_THREAD_MODE_MULTI`, with a mutex
+//!   rather than a spinlock, see [`Context::new`]), so any thread may send on its endpoints
+//!   while one thread progresses it: an async runtime's tasks send where they run, with no
+//!   hand-off to a UCX thread. Progress is event driven: [`Worker::arm`] and the event fd let a
+//!   runtime (or [`Worker::wait`]) sleep until there is work — never a busy loop.
 //! * [`Endpoint`]: a connection to a peer worker's address. [`Endpoint::am_send`] sends an
 //!   active message (a header and a payload, each one contiguous buffer: vectored sends over
 //!   UCX's tcp lanes are several times slower); UCX picks eager for small payloads and
@@ -14,8 +15,9 @@
 //! * Active-message handlers ([`Worker::set_am_handler`]) see each message's header and either
 //!   its bytes (eager) or a [`RndvData`] to fetch into a buffer of the handler's choosing.
 //!
-//! Completion is by callback: each send or rendezvous receive takes a closure that runs, on
-//! the worker's thread, when UCX is done with the buffers (which the wrapper owns until then).
+//! Completion is by callback: each send or rendezvous receive takes a closure that runs, inside
+//! [`Worker::progress`] on whichever thread calls it, when UCX is done with the buffers (which
+//! the wrapper owns until then).
 //!
 //! UCX 1.13 traits handled by the caller's configuration, see [`Config`]: the peer-failure
 //! error mode turns the shared-memory transports off, so endpoints use no error handling and
@@ -23,11 +25,10 @@
 //! network device unless `NET_DEVICES` names them; and registering memory before a `fork` is
 //! unsafe, so a process creates its context only after it is done forking.
 
-use std::cell::RefCell;
 use std::ffi::{c_void, CStr, CString};
 use std::os::fd::RawFd;
 use std::ptr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use trireme_ucx_sys as sys;
@@ -107,6 +108,9 @@ impl Context {
             })
         };
         let applied = (|| {
+            // Workers are shared between threads; UCX's default lock is a spinlock, which on
+            // an oversubscribed host spins for a whole time slice when its holder is preempted.
+            set("USE_MT_MUTEX", "y")?;
             if let Some(t) = &cfg.tls {
                 set("TLS", t)?;
             }
@@ -154,6 +158,174 @@ impl Drop for Context {
     }
 }
 
+/// A long-lived buffer region registered with UCX once (`ucp_mem_map`) and cut into equal
+/// chunks that rendezvous receives land in: with RDMA, the peer's data is read straight into
+/// it, and no message pays for a registration of its own. Chunks go back to the pool when the
+/// [`PoolBuf`] holding one is dropped.
+pub struct MemPool {
+    ctx: Arc<Context>,
+    memh: sys::ucp_mem_h,
+    base: *mut u8,
+    chunk: usize,
+    count: usize,
+    free: Mutex<Vec<usize>>,
+}
+
+impl std::fmt::Debug for MemPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemPool")
+            .field("chunk", &self.chunk)
+            .field("count", &self.count)
+            .finish()
+    }
+}
+
+// SAFETY: the region is only reached through chunks, each owned by one `PoolBuf` at a time
+// (the free list hands an index out once); the handle is used only to unmap on drop.
+unsafe impl Send for MemPool {}
+// SAFETY: as above; the free list is behind a Mutex.
+unsafe impl Sync for MemPool {}
+
+impl MemPool {
+    /// `count` chunks of `chunk` bytes, mapped and registered now.
+    pub fn new(ctx: &Arc<Context>, chunk: usize, count: usize) -> Result<Arc<MemPool>, Error> {
+        let len = chunk.checked_mul(count).filter(|&l| l > 0).ok_or(Error {
+            what: "memory pool",
+            status: sys::UCS_ERR_INVALID_PARAM as i32,
+            message: format!("{count} chunks of {chunk} bytes"),
+        })?;
+        // SAFETY: an anonymous private mapping of `len` bytes; the result is checked.
+        let base = unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(Error {
+                what: "memory pool",
+                status: sys::UCS_ERR_NO_MEMORY as i32,
+                message: std::io::Error::last_os_error().to_string(),
+            });
+        }
+        let params = sys::ucp_mem_map_params_t {
+            field_mask: (sys::UCP_MEM_MAP_PARAM_FIELD_ADDRESS | sys::UCP_MEM_MAP_PARAM_FIELD_LENGTH)
+                as u64,
+            address: base,
+            length: len,
+            ..Default::default()
+        };
+        let mut memh: sys::ucp_mem_h = ptr::null_mut();
+        // SAFETY: the context is live; `base..base+len` is our mapping, which stays mapped
+        // until after ucp_mem_unmap (in drop).
+        let s = unsafe { sys::ucp_mem_map(ctx.h, &params, &mut memh) };
+        if let Err(e) = check("memory registration", s) {
+            // SAFETY: the mapping made above, unmapped once.
+            unsafe { libc::munmap(base, len) };
+            return Err(e);
+        }
+        Ok(Arc::new(MemPool {
+            ctx: ctx.clone(),
+            memh,
+            base: base as *mut u8,
+            chunk,
+            count,
+            free: Mutex::new((0..count).rev().collect()),
+        }))
+    }
+
+    /// The size of each chunk.
+    pub fn chunk_size(&self) -> usize {
+        self.chunk
+    }
+
+    /// A free chunk holding `len` bytes (`len` <= the chunk size), if one is free.
+    pub fn take(self: &Arc<Self>, len: usize) -> Option<PoolBuf> {
+        if len > self.chunk {
+            return None;
+        }
+        let idx = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop()?;
+        Some(PoolBuf {
+            pool: self.clone(),
+            idx,
+            len,
+        })
+    }
+
+    /// How many chunks are free now.
+    pub fn free_chunks(&self) -> usize {
+        self.free.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+impl Drop for MemPool {
+    fn drop(&mut self) {
+        // SAFETY: every chunk holds an `Arc` of the pool, so none is in use; the registration
+        // and the mapping are released once, in this order.
+        unsafe {
+            sys::ucp_mem_unmap(self.ctx.h, self.memh);
+            libc::munmap(self.base as *mut c_void, self.chunk * self.count);
+        }
+    }
+}
+
+/// One chunk of a [`MemPool`], holding `len` bytes; back to the pool on drop.
+#[derive(Debug)]
+pub struct PoolBuf {
+    pool: Arc<MemPool>,
+    idx: usize,
+    len: usize,
+}
+
+impl PoolBuf {
+    fn ptr(&self) -> *mut u8 {
+        // SAFETY: `idx < count`, so the chunk lies inside the pool's mapping.
+        unsafe { self.pool.base.add(self.idx * self.pool.chunk) }
+    }
+
+    fn set_len(&mut self, len: usize) {
+        self.len = len.min(self.pool.chunk);
+    }
+}
+
+impl AsRef<[u8]> for PoolBuf {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: the chunk is this buffer's alone (taken from the free list once) and
+        // `len <= chunk`; the mapping lives as long as the pool, which we hold.
+        unsafe { std::slice::from_raw_parts(self.ptr(), self.len) }
+    }
+}
+
+impl Drop for PoolBuf {
+    fn drop(&mut self) {
+        self.pool
+            .free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(self.idx);
+    }
+}
+
+/// A received payload: in a pool chunk, or in a buffer of its own.
+#[derive(Debug)]
+pub enum Received {
+    Pool(PoolBuf),
+    Vec(Vec<u8>),
+}
+
+impl AsRef<[u8]> for Received {
+    fn as_ref(&self) -> &[u8] {
+        match self {
+            Received::Pool(b) => b.as_ref(),
+            Received::Vec(v) => v,
+        }
+    }
+}
+
 /// What a handler is given for a message whose payload comes by rendezvous.
 #[derive(Debug)]
 pub struct RndvData {
@@ -180,25 +352,26 @@ unsafe impl Send for ReplyEp {}
 // SAFETY: as above: sharing the handle lets other threads hold it, never use it.
 unsafe impl Sync for ReplyEp {}
 
-type AmHandler = dyn FnMut(&Worker, &[u8], AmData<'_>, Option<ReplyEp>);
+type AmHandler = dyn FnMut(&Worker, &[u8], AmData<'_>, Option<ReplyEp>) + Send;
 
-/// Completion callback of a send: runs on the worker's thread.
-pub type SendDone = Box<dyn FnOnce(Result<(), Error>)>;
+/// Completion callback of a send: runs inside the progress that completes it.
+pub type SendDone = Box<dyn FnOnce(Result<(), Error>) + Send>;
 /// Completion callback of a rendezvous receive: the buffer, filled.
-pub type RecvDone = Box<dyn FnOnce(Result<Vec<u8>, Error>)>;
+pub type RecvDone = Box<dyn FnOnce(Result<Received, Error>) + Send>;
 
 struct HandlerSlot {
     worker: *const Worker,
-    f: RefCell<Box<AmHandler>>,
+    f: Mutex<Box<AmHandler>>,
 }
 
-/// A UCX worker, driven by the one thread that owns it.
+/// A UCX worker in multi-thread mode (see the crate docs); always behind an `Arc`, since its
+/// handlers hold its address.
 pub struct Worker {
     h: sys::ucp_worker_h,
     efd: RawFd,
     /// Boxed: UCX holds each slot's address, which must not move when the vector grows.
     #[allow(clippy::vec_box)]
-    handlers: RefCell<Vec<Box<HandlerSlot>>>,
+    handlers: Mutex<Vec<Box<HandlerSlot>>>,
     // Keeps the context alive while the worker is.
     _ctx: Arc<Context>,
 }
@@ -209,9 +382,12 @@ impl std::fmt::Debug for Worker {
     }
 }
 
-// SAFETY: the worker is single-threaded (UCS_THREAD_MODE_SINGLE) and not `Sync`: moving it to
-// another thread before use hands the whole worker over, which UCX allows.
+// SAFETY: the worker is created with UCS_THREAD_MODE_MULTI: UCX serializes every call on it
+// with its own lock, so the handle may be used from any thread. Our handler slots are behind
+// a Mutex and hold `Send` closures.
 unsafe impl Send for Worker {}
+// SAFETY: as above: every method takes `&self` and goes through UCX's worker lock or ours.
+unsafe impl Sync for Worker {}
 
 struct SendCtx {
     done: Option<SendDone>,
@@ -221,14 +397,28 @@ struct SendCtx {
 
 struct RecvCtx {
     done: Option<RecvDone>,
-    buf: Vec<u8>,
+    buf: Received,
+}
+
+impl RecvCtx {
+    /// Hands the buffer, cut to `length` bytes, to the callback.
+    fn finish(&mut self, status: sys::ucs_status_t, length: usize) {
+        let mut buf = std::mem::replace(&mut self.buf, Received::Vec(Vec::new()));
+        match &mut buf {
+            Received::Vec(v) => v.truncate(length),
+            Received::Pool(b) => b.set_len(length),
+        }
+        if let Some(done) = self.done.take() {
+            done(check("receive", status).map(|()| buf));
+        }
+    }
 }
 
 mod bytes_keep {
     /// Owns a payload until UCX no longer reads it.
     pub enum Keep {
         Vec(Vec<u8>),
-        Boxed(Box<dyn AsRef<[u8]>>),
+        Boxed(Box<dyn AsRef<[u8]> + Send>),
     }
     impl std::fmt::Debug for Keep {
         fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -266,11 +456,7 @@ unsafe extern "C" fn recv_cb(
 ) {
     // SAFETY: `user` is the `Box<RecvCtx>` leaked by `recv_rndv` for this request.
     let mut ctx = unsafe { Box::from_raw(user as *mut RecvCtx) };
-    let mut buf = std::mem::take(&mut ctx.buf);
-    buf.truncate(length);
-    if let Some(done) = ctx.done.take() {
-        done(check("receive", status).map(|()| buf));
-    }
+    ctx.finish(status, length);
     // SAFETY: the request came from ucp_am_recv_data_nbx and is released once, here.
     unsafe { sys::ucp_request_free(request) };
 }
@@ -308,10 +494,10 @@ unsafe extern "C" fn am_cb(
         // SAFETY: an eager message's `length` bytes are readable at `data` during the call.
         AmData::Eager(unsafe { std::slice::from_raw_parts(data as *const u8, length) })
     };
-    match slot.f.try_borrow_mut() {
+    match slot.f.try_lock() {
         Ok(mut f) => f(worker, hdr, msg, reply),
-        // A handler re-entered through progress from inside itself: not something the wrapper
-        // lets handlers do (they get no progress call), so this cannot happen.
+        // Handlers run inside progress, which UCX's worker lock serializes, and they get no
+        // progress call of their own: the slot is never held here. Refuse rather than block.
         Err(_) => return sys::UCS_ERR_NO_RESOURCE,
     }
     // Eager data was copied by the handler if it wanted it; a rendezvous descriptor was handed
@@ -320,11 +506,11 @@ unsafe extern "C" fn am_cb(
 }
 
 impl Worker {
-    /// A worker for the calling thread.
-    pub fn new(ctx: &Arc<Context>) -> Result<Worker, Error> {
+    /// A worker that any thread may use.
+    pub fn new(ctx: &Arc<Context>) -> Result<Arc<Worker>, Error> {
         let params = sys::ucp_worker_params_t {
             field_mask: sys::UCP_WORKER_PARAM_FIELD_THREAD_MODE as u64,
-            thread_mode: sys::UCS_THREAD_MODE_SINGLE,
+            thread_mode: sys::UCS_THREAD_MODE_MULTI,
             ..Default::default()
         };
         let mut h: sys::ucp_worker_h = ptr::null_mut();
@@ -340,12 +526,12 @@ impl Worker {
             unsafe { sys::ucp_worker_destroy(h) };
             return Err(e);
         }
-        Ok(Worker {
+        Ok(Arc::new(Worker {
             h,
             efd,
-            handlers: RefCell::default(),
+            handlers: Mutex::default(),
             _ctx: ctx.clone(),
-        })
+        }))
     }
 
     /// This worker's address, for a peer's [`Worker::connect`].
@@ -366,7 +552,7 @@ impl Worker {
     /// Runs UCX's progress engine once; true if anything happened (handlers and completion
     /// callbacks run inside it).
     pub fn progress(&self) -> bool {
-        // SAFETY: the worker is live and used from its own thread only (not Sync).
+        // SAFETY: the worker is live; UCX's lock serializes progress with every other call.
         unsafe { sys::ucp_worker_progress(self.h) != 0 }
     }
 
@@ -423,11 +609,11 @@ impl Worker {
     pub fn set_am_handler(
         &self,
         id: u32,
-        f: impl FnMut(&Worker, &[u8], AmData<'_>, Option<ReplyEp>) + 'static,
+        f: impl FnMut(&Worker, &[u8], AmData<'_>, Option<ReplyEp>) + Send + 'static,
     ) -> Result<(), Error> {
         let slot = Box::new(HandlerSlot {
             worker: self as *const Worker,
-            f: RefCell::new(Box::new(f)),
+            f: Mutex::new(Box::new(f)),
         });
         let param = sys::ucp_am_handler_param_t {
             field_mask: (sys::UCP_AM_HANDLER_PARAM_FIELD_ID
@@ -439,23 +625,34 @@ impl Worker {
             cb: Some(am_cb),
             arg: &*slot as *const HandlerSlot as *mut c_void,
         };
-        // SAFETY: the worker is live; `slot` is kept in `handlers` (boxed: its address is
-        // stable) until the worker is destroyed, so `arg` stays valid for every callback.
+        // SAFETY: the worker is live and lives in an `Arc` (its address is stable); `slot` is
+        // kept in `handlers` (boxed: its address is stable) until the worker is destroyed, so
+        // `arg` stays valid for every callback.
         check("set handler", unsafe {
             sys::ucp_worker_set_am_recv_handler(self.h, &param)
         })?;
-        self.handlers.borrow_mut().push(slot);
+        self.handlers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(slot);
         Ok(())
     }
 
-    /// Fetches a rendezvous payload into a new buffer; `done` gets it when it has arrived.
-    /// Call it from the handler that was given `data`.
-    pub fn recv_rndv(&self, data: RndvData, done: RecvDone) {
-        let ctx = Box::new(RecvCtx {
+    /// Fetches a rendezvous payload into a chunk of `pool` (when it fits and one is free) or
+    /// a new buffer; `done` gets it when it has arrived. Call it from the handler that was
+    /// given `data`. The pool must belong to this worker's context.
+    pub fn recv_rndv(&self, data: RndvData, pool: Option<&Arc<MemPool>>, done: RecvDone) {
+        let (buf, memh) = match pool.and_then(|p| p.take(data.length)) {
+            Some(b) => {
+                let memh = b.pool.memh;
+                (Received::Pool(b), Some(memh))
+            }
+            None => (Received::Vec(vec![0u8; data.length]), None),
+        };
+        let ctx = Box::into_raw(Box::new(RecvCtx {
             done: Some(done),
-            buf: vec![0u8; data.length],
-        });
-        let ctx = Box::into_raw(ctx);
+            buf,
+        }));
         let mut length: usize = 0;
         let mut param = sys::ucp_request_param_t {
             op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK
@@ -464,11 +661,21 @@ impl Worker {
             user_data: ctx as *mut c_void,
             ..Default::default()
         };
+        if let Some(m) = memh {
+            param.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_MEMH;
+            param.memh = m;
+        }
         param.cb.recv_am = Some(recv_cb);
         param.recv_info.length = &mut length;
-        // SAFETY: `ctx` was just leaked and is valid; its buffer has `data.length` bytes and
-        // lives in the box until `recv_cb` (or the immediate path below) frees it.
-        let buf = unsafe { (*ctx).buf.as_mut_ptr() };
+        // SAFETY: `ctx` was just leaked and is valid; its buffer has room for `data.length`
+        // bytes (a Vec of that length, or a pool chunk at least that large, registered under
+        // `memh`) and lives in the box until `recv_cb` (or the immediate path below) frees it.
+        let buf = unsafe {
+            match &(*ctx).buf {
+                Received::Vec(v) => v.as_ptr() as *mut u8,
+                Received::Pool(b) => b.ptr(),
+            }
+        };
         // SAFETY: `data.desc` is the descriptor UCX gave the handler; UCX owns it from now on.
         let r = unsafe {
             sys::ucp_am_recv_data_nbx(self.h, data.desc, buf as *mut c_void, data.length, &param)
@@ -478,17 +685,9 @@ impl Worker {
         }
         // SAFETY: no request was created, so the callback will not run: the box is ours again.
         let mut ctx = unsafe { Box::from_raw(ctx) };
-        let status = sys::ucs_ptr_status(r);
-        let mut buf = std::mem::take(&mut ctx.buf);
-        if let Some(d) = ctx.done.take() {
-            d(check("receive", status).map(|()| {
-                // UCX fills in the length when it completes at once; keep all if it did not.
-                if length != 0 {
-                    buf.truncate(length);
-                }
-                buf
-            }));
-        }
+        // UCX fills in the length when it completes at once; keep all if it did not.
+        let length = if length != 0 { length } else { data.length };
+        ctx.finish(sys::ucs_ptr_status(r), length);
     }
 
     /// Connects to a peer worker by its address.
@@ -507,14 +706,18 @@ impl Worker {
         check("connect", unsafe {
             sys::ucp_ep_create(self.h, &params, &mut ep)
         })?;
-        Ok(Endpoint {
-            h: ep,
-            worker: self.h,
-        })
+        Ok(Endpoint { h: ep })
     }
 
     /// Sends an active message on a reply endpoint (see [`Endpoint::am_send`]).
-    pub fn reply(&self, ep: ReplyEp, id: u32, header: Vec<u8>, data: Payload, done: SendDone) {
+    pub fn reply(
+        &self,
+        ep: ReplyEp,
+        id: u32,
+        header: Vec<u8>,
+        data: Payload,
+        done: SendDone,
+    ) -> bool {
         am_send(ep.0, id, header, data, 0, done)
     }
 }
@@ -567,7 +770,15 @@ fn memstream(f: impl FnOnce(*mut sys::FILE)) -> String {
     }
 }
 
-fn am_send(ep: sys::ucp_ep_h, id: u32, header: Vec<u8>, data: Payload, flags: u32, done: SendDone) {
+/// Returns true if the send is still under way (it needs progress to finish).
+fn am_send(
+    ep: sys::ucp_ep_h,
+    id: u32,
+    header: Vec<u8>,
+    data: Payload,
+    flags: u32,
+    done: SendDone,
+) -> bool {
     let ctx = Box::into_raw(Box::new(SendCtx {
         done: Some(done),
         _header: header,
@@ -587,7 +798,8 @@ fn am_send(ep: sys::ucp_ep_h, id: u32, header: Vec<u8>, data: Payload, flags: u3
     // SAFETY: `ctx` is live; the header and payload it owns stay put (their heap buffers do not
     // move when the box is read) until the callback or the immediate path frees the box.
     let (h, d) = unsafe { ((*ctx)._header.as_slice(), (*ctx)._data.slice()) };
-    // SAFETY: the endpoint belongs to the worker driven by this thread; buffers as above.
+    // SAFETY: the endpoint is live (its owner closes it only after its last send) and its
+    // worker takes any thread (multi-thread mode); buffers as above.
     let r = unsafe {
         sys::ucp_am_send_nbx(
             ep,
@@ -600,30 +812,40 @@ fn am_send(ep: sys::ucp_ep_h, id: u32, header: Vec<u8>, data: Payload, flags: u3
         )
     };
     if sys::ucs_ptr_is_ptr(r) {
-        return; // `send_cb` finishes it.
+        return true; // `send_cb` finishes it.
     }
     // SAFETY: no request was created, so the callback will not run: the box is ours again.
     let mut ctx = unsafe { Box::from_raw(ctx) };
     if let Some(d) = ctx.done.take() {
         d(check("send", sys::ucs_ptr_status(r)));
     }
+    false
 }
 
-/// A connection to a peer worker; used only on its worker's thread.
+/// A connection to a peer worker.
 #[derive(Debug)]
 pub struct Endpoint {
     h: sys::ucp_ep_h,
-    worker: sys::ucp_worker_h,
 }
 
-// SAFETY: an endpoint moves with its worker to the worker's thread and is used only there.
+// SAFETY: the endpoint's worker is in multi-thread mode: UCX serializes calls on it.
 unsafe impl Send for Endpoint {}
+// SAFETY: as above; closing takes the endpoint by value, so no `&Endpoint` outlives it.
+unsafe impl Sync for Endpoint {}
 
 impl Endpoint {
     /// Sends active message `id`: `header` (small: it always goes eagerly) and `data`. With
     /// `reply`, the receiver's handler gets a [`ReplyEp`] to answer on. `done` runs when the
     /// buffers are no longer needed (eager: copied out; rendezvous: fetched by the peer).
-    pub fn am_send(&self, id: u32, header: Vec<u8>, data: Payload, reply: bool, done: SendDone) {
+    /// Returns true if the send is still under way: the worker must be progressed to finish it.
+    pub fn am_send(
+        &self,
+        id: u32,
+        header: Vec<u8>,
+        data: Payload,
+        reply: bool,
+        done: SendDone,
+    ) -> bool {
         let flags = if reply {
             sys::UCP_AM_SEND_FLAG_REPLY
         } else {
@@ -643,8 +865,8 @@ impl Endpoint {
         lane_summary(&self.lanes())
     }
 
-    /// Closes the endpoint, flushing what was sent (or dropping it with `force`), and
-    /// progresses the worker until UCX is done with it.
+    /// Closes the endpoint, flushing what was sent (or cancelling it with `force`: the sends
+    /// complete with an error). Does not wait: the worker's progress finishes the close.
     pub fn close(self, force: bool) {
         let param = sys::ucp_request_param_t {
             op_attr_mask: sys::UCP_OP_ATTR_FIELD_FLAGS,
@@ -658,24 +880,9 @@ impl Endpoint {
         // SAFETY: the endpoint is live and closed once (this consumes it).
         let r = unsafe { sys::ucp_ep_close_nbx(self.h, &param) };
         if sys::ucs_ptr_is_ptr(r) {
-            let deadline = std::time::Instant::now() + Duration::from_secs(2);
-            loop {
-                // SAFETY: the worker outlives its endpoints; `r` is the live close request.
-                let s = unsafe {
-                    sys::ucp_worker_progress(self.worker);
-                    sys::ucp_request_check_status(r)
-                };
-                if s != sys::UCS_INPROGRESS || std::time::Instant::now() > deadline {
-                    if s == sys::UCS_INPROGRESS {
-                        // SAFETY: cancelling a live request is allowed; it completes shortly.
-                        unsafe { sys::ucp_request_cancel(self.worker, r) };
-                    }
-                    // SAFETY: the request is released once, here.
-                    unsafe { sys::ucp_request_free(r) };
-                    break;
-                }
-                std::thread::yield_now();
-            }
+            // SAFETY: `r` is the live close request, released once: UCX frees a request
+            // released before it completes when it completes (we need no callback).
+            unsafe { sys::ucp_request_free(r) };
         }
     }
 }

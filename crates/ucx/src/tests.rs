@@ -2,8 +2,7 @@
 //! with CMA for rendezvous) and UCX's own tcp lanes on the loopback device. There is no RDMA
 //! device on the machines these run on.
 
-use std::cell::RefCell;
-use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::time::{Duration, Instant};
 
 use super::*;
@@ -11,7 +10,7 @@ use super::*;
 const REQ: u32 = 1;
 const RESP: u32 = 2;
 
-fn pair(cfg: &Config) -> (Worker, Worker) {
+fn pair(cfg: &Config) -> (Arc<Worker>, Arc<Worker>) {
     let ctx = Context::new(cfg).expect("context");
     (Worker::new(&ctx).unwrap(), Worker::new(&ctx).unwrap())
 }
@@ -38,21 +37,22 @@ fn round_trips(cfg: Config) -> String {
             let sum: u64 = bytes.iter().map(|&x| u64::from(x)).sum();
             let mut body = (bytes.len() as u64).to_le_bytes().to_vec();
             body.extend_from_slice(&sum.to_le_bytes());
-            w.reply(reply, RESP, h, Payload::Vec(body), Box::new(|r| r.unwrap()));
+            let _ = w.reply(reply, RESP, h, Payload::Vec(body), Box::new(|r| r.unwrap()));
         };
         match data {
             AmData::Eager(bytes) => answer(w, bytes),
             AmData::Rndv(r) => {
                 // The payload is fetched into our buffer; answer once it is here. The worker
                 // pointer stays valid: the callback runs inside this worker's progress.
-                let wp = w as *const Worker;
+                let wp = w as *const Worker as usize;
                 w.recv_rndv(
                     r,
+                    None,
                     Box::new(move |got| {
                         // SAFETY: completion callbacks run inside `progress` of the worker
                         // that started the receive, which is alive and on this thread.
-                        let w = unsafe { &*wp };
-                        answer(w, &got.unwrap())
+                        let w = unsafe { &*(wp as *const Worker) };
+                        answer(w, got.unwrap().as_ref())
                     }),
                 )
             }
@@ -60,8 +60,8 @@ fn round_trips(cfg: Config) -> String {
     })
     .unwrap();
     // (header, payload length, payload byte sum) of each answer.
-    type Answers = Rc<RefCell<Vec<(Vec<u8>, u64, u64)>>>;
-    let answers: Answers = Rc::default();
+    type Answers = Arc<Mutex<Vec<(Vec<u8>, u64, u64)>>>;
+    let answers: Answers = Arc::default();
     let ans = answers.clone();
     a.set_am_handler(RESP, move |_, hdr, data, _| {
         let AmData::Eager(b) = data else {
@@ -69,13 +69,13 @@ fn round_trips(cfg: Config) -> String {
         };
         let len = u64::from_le_bytes(b[..8].try_into().unwrap());
         let sum = u64::from_le_bytes(b[8..16].try_into().unwrap());
-        ans.borrow_mut().push((hdr.to_vec(), len, sum));
+        ans.lock().unwrap().push((hdr.to_vec(), len, sum));
     })
     .unwrap();
     let ep = a.connect(&b.address().unwrap()).unwrap();
     let big: Vec<u8> = (0..(4u32 << 20)).map(|i| (i % 251) as u8).collect();
     let big_sum: u64 = big.iter().map(|&x| u64::from(x)).sum();
-    let sent = Rc::new(RefCell::new(0));
+    let sent = Arc::new(AtomicUsize::new(0));
     for (hdr, payload) in [(vec![1u8, 2, 3], vec![7u8; 100]), (vec![9u8, 8], big)] {
         let s = sent.clone();
         ep.am_send(
@@ -85,14 +85,14 @@ fn round_trips(cfg: Config) -> String {
             true,
             Box::new(move |r| {
                 r.unwrap();
-                *s.borrow_mut() += 1;
+                s.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             }),
         );
     }
     drive(&a, &b, || {
-        answers.borrow().len() == 2 && *sent.borrow() == 2
+        answers.lock().unwrap().len() == 2 && sent.load(std::sync::atomic::Ordering::SeqCst) == 2
     });
-    let mut got = answers.borrow().clone();
+    let mut got = answers.lock().unwrap().clone();
     got.sort();
     assert_eq!(got[0], (vec![3, 2, 1], 100, 700), "small payload");
     assert_eq!(got[1], (vec![8, 9], 4 << 20, big_sum), "large payload");
@@ -150,10 +150,12 @@ fn waiting_sleeps_until_a_message_arrives() {
         tls: Some("sm,self".into()),
         net_devices: None,
     });
-    let got = Rc::new(RefCell::new(false));
+    let got = Arc::new(AtomicBool::new(false));
     let g = got.clone();
-    b.set_am_handler(REQ, move |_, _, _, _| *g.borrow_mut() = true)
-        .unwrap();
+    b.set_am_handler(REQ, move |_, _, _, _| {
+        g.store(true, std::sync::atomic::Ordering::SeqCst)
+    })
+    .unwrap();
     // Nothing to do: the wait returns after its timeout, having slept.
     let t = Instant::now();
     assert!(!b.wait(None, Duration::from_millis(100)).unwrap());
@@ -171,11 +173,87 @@ fn waiting_sleeps_until_a_message_arrives() {
         Box::new(|r| r.unwrap()),
     );
     let t = Instant::now();
-    while !*got.borrow() {
+    while !got.load(std::sync::atomic::Ordering::SeqCst) {
         a.progress();
         b.wait(None, Duration::from_millis(20)).unwrap();
         assert!(t.elapsed() < Duration::from_secs(5));
     }
+    ep.close(false);
+}
+
+/// A rendezvous payload that fits a chunk of the registered pool lands in it; one that does
+/// not (or when no chunk is free) gets a buffer of its own; chunks go back when dropped.
+#[test]
+fn rendezvous_lands_in_the_registered_pool() {
+    let ctx = Context::new(&Config {
+        tls: Some("sm,self".into()),
+        net_devices: None,
+    })
+    .unwrap();
+    let (a, b) = (Worker::new(&ctx).unwrap(), Worker::new(&ctx).unwrap());
+    let pool = MemPool::new(&ctx, 1 << 20, 1).unwrap();
+    // (came in the pool, length, byte sum) of each payload, kept alive until checked.
+    type Got = Arc<Mutex<Vec<(bool, usize, u64, Received)>>>;
+    let got: Got = Arc::default();
+    let (g, p) = (got.clone(), pool.clone());
+    b.set_am_handler(REQ, move |w, _, data, _| {
+        let AmData::Rndv(r) = data else {
+            panic!("a payload of 256 KiB or more came eagerly")
+        };
+        let g = g.clone();
+        w.recv_rndv(
+            r,
+            Some(&p),
+            Box::new(move |x| {
+                let x = x.unwrap();
+                let sum = x.as_ref().iter().map(|&v| u64::from(v)).sum();
+                let pooled = matches!(x, Received::Pool(_));
+                g.lock().unwrap().push((pooled, x.as_ref().len(), sum, x));
+            }),
+        );
+    })
+    .unwrap();
+    let ep = a.connect(&b.address().unwrap()).unwrap();
+    let payload = |n: usize| (0..n).map(|i| (i % 253) as u8).collect::<Vec<u8>>();
+    let sum = |n: usize| payload(n).iter().map(|&v| u64::from(v)).sum::<u64>();
+    // One that fits the chunk, one too large, then one that finds the only chunk taken.
+    for n in [512 << 10, 3 << 20, 256 << 10] {
+        let sent = Arc::new(AtomicBool::new(false));
+        let s = sent.clone();
+        ep.am_send(
+            REQ,
+            vec![],
+            Payload::Vec(payload(n)),
+            false,
+            Box::new(move |r| {
+                r.unwrap();
+                s.store(true, std::sync::atomic::Ordering::SeqCst)
+            }),
+        );
+        let want = got.lock().unwrap().len() + 1;
+        drive(&a, &b, || {
+            got.lock().unwrap().len() == want && sent.load(std::sync::atomic::Ordering::SeqCst)
+        });
+    }
+    {
+        let g = got.lock().unwrap();
+        let seen: Vec<(bool, usize, u64)> = g.iter().map(|x| (x.0, x.1, x.2)).collect();
+        assert_eq!(
+            seen,
+            vec![
+                (true, 512 << 10, sum(512 << 10)),
+                (false, 3 << 20, sum(3 << 20)),
+                (false, 256 << 10, sum(256 << 10)),
+            ]
+        );
+    }
+    assert_eq!(pool.free_chunks(), 0);
+    got.lock().unwrap().clear();
+    assert_eq!(
+        pool.free_chunks(),
+        1,
+        "a dropped chunk goes back to the pool"
+    );
     ep.close(false);
 }
 
