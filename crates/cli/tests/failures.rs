@@ -550,13 +550,18 @@ impl Netns {
 
     /// `trireme up ARGS` with node N in namespace N.
     fn cluster(&self, args: &[&str]) -> Cluster {
+        self.cluster_env(args, &[])
+    }
+
+    /// As [`Netns::cluster`], with `env` set for `trireme up` and its nodes.
+    fn cluster_env(&self, args: &[&str], env: &[(&str, &str)]) -> Cluster {
         let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         for (k, name) in self.names.iter().enumerate() {
             all.push("--node-netns".into());
             all.push(format!("{name}@{}", self.addr(k as u32 + 1)));
         }
         let argv: Vec<&str> = all.iter().map(String::as_str).collect();
-        Cluster::start(&argv)
+        Cluster::start_env(tempfile::tempdir().unwrap(), &argv, env)
     }
 
     /// Drops every packet to and from node `i`'s namespace.
@@ -656,6 +661,34 @@ fn partitioned_and_killed_nodes_in_network_namespaces() {
     for (full, copied) in &r {
         assert!(!full && *copied <= written, "{r:?}");
     }
+    drop(c);
+}
+
+/// The same namespaces with `--transport tcp` (through its environment variable, which the
+/// nodes inherit): every writer link is plain TCP over a veth, and the verify workload is clean.
+#[test]
+fn tcp_only_between_network_namespaces() {
+    if std::env::var_os("TRIREME_SKIP_NETNS").is_some() {
+        eprintln!("TRIREME_SKIP_NETNS is set: skipping the network-namespace test");
+        return;
+    }
+    let ns = Netns::create(3);
+    let c = ns.cluster_env(
+        &["--store", "memory", "--size", "64M"],
+        &[("TRIREME_TRANSPORT", "tcp")],
+    );
+    let s = status(&c);
+    let links = s["volumes"][0]["client_links"].as_array().unwrap();
+    assert_eq!(links.len(), 3, "{s}");
+    for l in links {
+        assert_eq!(l["transport"], "tcp", "{s}");
+        let net = format!("10.{}.", ns.net);
+        assert!(l["peer"].as_str().unwrap().starts_with(&net), "{s}");
+    }
+    let bench = start_bench(&c, 4);
+    finish_bench(&c, bench);
+    wait_all_in_sync(&c);
+    assert_replicas_identical(&c, "vol0");
     drop(c);
 }
 

@@ -90,6 +90,47 @@ fn ucx_over_its_tcp_lanes_and_a_teardown_mid_run() {
     wait_all_in_sync(&c);
     assert_replicas_identical(&c, "vol0");
     assert!(c.log().contains("UCX path stopped"), "{}", c.log());
+    // The comparison runs each round on a runtime of its own in one process: the second UCX
+    // round must start its own UCX driver, the first one having ended with its runtime.
+    let out = c.cli(&[
+        "--log",
+        "info",
+        "--output",
+        "json",
+        "bench",
+        "--compare",
+        "transport=tcp,ucx",
+        "--rounds",
+        "2",
+        "-b4K",
+        "-w50",
+        "-t2",
+        "-o2",
+        "-d1",
+        "volume:vol0",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2, "{v}");
+    for r in runs {
+        assert!(r["iops"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    let ucx = runs.iter().find(|r| r["value"] == "ucx").unwrap();
+    assert!(
+        ucx["target"].as_str().unwrap().contains("ucx over"),
+        "{ucx}"
+    );
+    // `transport=ucx` refuses TCP: a round whose links could not use UCX would say so.
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !log.contains("not usable") && !log.contains("unreachable"),
+        "{log}"
+    );
 }
 
 /// `--transport ucx` fails loudly where UCX cannot be used.
