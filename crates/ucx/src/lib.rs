@@ -14,6 +14,9 @@
 //!   rendezvous (zero-copy, RDMA read where the hardware has it) for large ones.
 //! * Active-message handlers ([`Worker::set_am_handler`]) see each message's header and either
 //!   its bytes (eager) or a [`RndvData`] to fetch into a buffer of the handler's choosing.
+//! * [`MemPool`]: a region registered once (`ucp_mem_map`) and cut into chunks that
+//!   rendezvous receives land in ([`Worker::recv_rndv`]), handed on as [`Received`] buffers that
+//!   return their chunk when dropped.
 //!
 //! Completion is by callback: each send or rendezvous receive takes a closure that runs, inside
 //! [`Worker::progress`] on whichever thread calls it, when UCX is done with the buffers (which
