@@ -1,6 +1,6 @@
-//! The UCX transport through the whole stack: `trireme up` with no transport setting, a
-//! `trireme bench --verify` workload through the NBD export on a 3-way volume, and what
-//! `trireme status` says about each writer link. There is no RDMA device on the machines these
+//! The UCX transport through the whole stack: `trireme up` with no transport setting, fio's
+//! verify workload and `trireme bench --verify` through the NBD export on a 3-way volume, and
+//! what `trireme status` says about each writer link. There is no RDMA device on the machines these
 //! run on: UCX runs over shared memory (sysv/posix with CMA) or over its own tcp lanes.
 
 mod common;
@@ -8,8 +8,31 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    assert_replicas_identical, finish_bench, start_bench, status, wait_all_in_sync, Cluster,
+    assert_replicas_identical, finish_bench, need, run, start_bench, status, wait_all_in_sync,
+    Cluster,
 };
+
+/// fio's verify workload through the NBD export: random 4K writes from two jobs, each block
+/// checked when read back.
+fn fio_verify(c: &Cluster) {
+    need("fio");
+    let out = run(std::process::Command::new("fio").args([
+        "--name=verify",
+        "--ioengine=nbd",
+        &format!("--uri={}", c.unix),
+        "--rw=randwrite",
+        "--bs=4k",
+        "--iodepth=8",
+        "--numjobs=2",
+        "--size=8M",
+        "--offset_increment=16M",
+        "--verify=crc32c",
+        "--verify_fatal=1",
+        "--do_verify=1",
+        "--group_reporting",
+    ]));
+    assert!(out.contains("err= 0"), "{out}");
+}
 
 /// `(node, transport, lanes, fallback)` of each writer link of vol0.
 fn links(c: &Cluster) -> Vec<(u64, String, String, String)> {
@@ -58,6 +81,7 @@ fn ucx_over_shared_memory_with_one_node_on_tcp() {
             );
         }
     }
+    fio_verify(&c);
     let b = start_bench(&c, 4);
     finish_bench(&c, b);
     assert_replicas_identical(&c, "vol0");
@@ -75,6 +99,7 @@ fn ucx_over_its_tcp_lanes_and_a_teardown_mid_run() {
     for (_, transport, lanes, _) in &links(&c) {
         assert_eq!((transport.as_str(), lanes.as_str()), ("ucx", "tcp/lo"));
     }
+    fio_verify(&c);
     let b = start_bench(&c, 6);
     std::thread::sleep(Duration::from_secs(2));
     std::fs::write(c.path().join("ucx-teardown"), "3").unwrap();

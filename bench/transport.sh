@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# UCX against TCP on this host, as issue 4 asks: the seeds' table (s2d profile, 3-way memory
+# volume, native client, interleaved rounds, medians), then QD1 4K write latency through the
+# native client next to the ucx_perftest round-trip floor, all in one run on one cluster.
+#
+#   bench/transport.sh [ROUNDS] [SECONDS]      (defaults: 3 rounds of 10 s)
+#
+# Needs a release build (cargo build --release) and ucx_perftest (ucx-utils). Without an RDMA
+# device UCX runs over shared memory here, and the output says so.
+set -euo pipefail
+rounds=${1:-3}
+secs=${2:-10}
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin=${TRIREME_BIN:-$root/target/release/trireme}
+dir=$(mktemp -d /tmp/trireme-transport.XXXXXX)
+up_pid=
+perf_pid=
+cleanup() {
+    [ -n "$perf_pid" ] && kill "$perf_pid" 2>/dev/null || true
+    [ -n "$up_pid" ] && kill -INT "$up_pid" 2>/dev/null && wait "$up_pid" 2>/dev/null || true
+    rm -rf "$dir"
+}
+trap cleanup EXIT
+
+echo "\$ trireme up --store memory --size 1G   # 3 nodes, 3-way"
+"$bin" --data-dir "$dir" up --port 0 --store memory --size 1G >"$dir/up.log" 2>&1 &
+up_pid=$!
+for _ in $(seq 100); do [ -e "$dir/exports" ] && break; sleep 0.1; done
+[ -e "$dir/exports" ] || { cat "$dir/up.log"; exit 1; }
+
+echo "\$ trireme bench --compare transport=tcp,ucx --profile s2d --rounds $rounds -d$secs volume:vol0"
+"$bin" --data-dir "$dir" bench --compare transport=tcp,ucx --profile s2d \
+    --rounds "$rounds" -d"$secs" volume:vol0 2>&1 | grep -v " INFO "
+
+echo
+echo "QD1 4K writes through the native client, alternating (p50 / p90 / p99, ms):"
+for t in ucx tcp ucx tcp; do
+    out=$("$bin" --data-dir "$dir" bench -b4K -w100 -t1 -o1 -d5 -W1 "volume:vol0?transport=$t" 2>&1)
+    p() { echo "$out" | awk -v k="$1" '$1 == k { print $5 }'; }
+    printf '  %-4s %s / %s / %s\n' "$t" "$(p 50th)" "$(p 90th)" "$(p 99th)"
+done
+
+echo
+echo "Transport floor: ucx_perftest -t tag_lat -s 4096 -n 20000 (server and client on this host)"
+ucx_perftest -t tag_lat -s 4096 -n 20000 -p 13337 >/dev/null 2>&1 &
+perf_pid=$!
+sleep 1
+floor=$(ucx_perftest 127.0.0.1 -p 13337 -t tag_lat -s 4096 -n 20000 2>&1 | awk '/Final:/ { print $3 }')
+wait "$perf_pid" 2>/dev/null || true
+perf_pid=
+echo "  one-way latency p50: ${floor:-?} us; round trip floor: $(awk -v f="${floor:-0}" 'BEGIN { printf "%.2f", 2 * f }') us"
+echo "  (ucx_perftest busy-polls; trireme sleeps on the worker's event fd between messages)"
