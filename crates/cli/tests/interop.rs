@@ -21,6 +21,7 @@ fn fio_verify_with_several_jobs_on_a_3_way_volume() {
             "--offset_increment=32M",
             "--verify=crc32c",
             "--verify_fatal=1",
+            "--verify_state_save=0",
             "--do_verify=1",
             "--group_reporting",
         ]));
@@ -39,6 +40,7 @@ fn fio_verify_with_several_jobs_on_a_3_way_volume() {
         "--verify=crc32c",
         "--verify_only",
         "--verify_fatal=1",
+        "--verify_state_save=0",
     ]));
     assert!(out.contains("err= 0"), "{out}");
     assert_replicas_identical(&c, "vol0");

@@ -28,6 +28,7 @@ fn fio_verify(c: &Cluster) {
         "--offset_increment=16M",
         "--verify=crc32c",
         "--verify_fatal=1",
+        "--verify_state_save=0",
         "--do_verify=1",
         "--group_reporting",
     ]));
