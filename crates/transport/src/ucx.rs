@@ -59,6 +59,8 @@ const POOL_CHUNKS: usize = 32;
 /// How often the driver yields the CPU to a receiver while its sends are under way, before
 /// it sleeps (see [`drive`]), and how long it then sleeps at most.
 const SEND_YIELDS: u32 = 8;
+/// Rounds of "busy" from `ucp_worker_arm` with no progress before the driver sleeps instead.
+const BUSY_ROUNDS: u32 = 8;
 const SEND_RETRY: Duration = Duration::from_millis(1);
 
 type Reply = oneshot::Sender<Result<Frame, TransportError>>;
@@ -459,7 +461,7 @@ async fn drive(hub: &'static Hub, alive: Arc<AtomicBool>) {
             return;
         }
     };
-    let mut yields = 0;
+    let (mut yields, mut busy) = (0, 0);
     loop {
         let mut n = 0;
         while n < PROGRESS_BATCH && hub.worker.progress() {
@@ -483,10 +485,24 @@ async fn drive(hub: &'static Hub, alive: Arc<AtomicBool>) {
             continue;
         }
         yields = 0;
+        if n > 0 {
+            busy = 0;
+        }
         match hub.worker.arm() {
-            Ok(true) => {}
-            // Events came in meanwhile: progress again.
-            Ok(false) => continue,
+            Ok(true) => busy = 0,
+            // Events came in meanwhile: progress again. UCX also says busy while it holds
+            // work progress cannot finish (a send to a peer that died with its FIFO full):
+            // never loop without letting the runtime run, and after a few rounds with nothing
+            // done, wait a little instead of spinning.
+            Ok(false) => {
+                busy += 1;
+                if busy > BUSY_ROUNDS {
+                    tokio::time::sleep(SEND_RETRY).await;
+                } else {
+                    tokio::task::yield_now().await;
+                }
+                continue;
+            }
             Err(e) => {
                 tracing::error!("UCX worker: {e}");
                 tokio::time::sleep(Duration::from_millis(10)).await;
@@ -722,8 +738,13 @@ impl Connection for UcxConnection {
                 };
                 match r {
                     Ok(f) => return Ok(f),
-                    // The node is gone: TCP will say so too; no point retrying.
-                    Err(e) if self.tcp.is_closed() => return Err(e),
+                    // The node is gone: TCP will say so too; no point retrying. Close the
+                    // endpoint now: sends stuck on it (its FIFO full, its reader dead) would
+                    // keep the worker busy for good.
+                    Err(e) if self.tcp.is_closed() => {
+                        self.stop_ucx("the node's TCP connection closed");
+                        return Err(e);
+                    }
                     Err(e) => {
                         self.fall_back(&e.to_string());
                     }
