@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # UCX against TCP on this host, as issue 4 asks: the seeds' table (s2d profile, 3-way memory
-# volume, native client, interleaved rounds, medians), then QD1 4K write latency through the
+# volume, native client, interleaved rounds, medians; tcp is TCP through the kernel's network
+# stack over loopback, unix the same-host sockets trireme uses without UCX), then QD1 4K write latency through the
 # native client next to the ucx_perftest round-trip floor, all in one run on one cluster.
 #
 #   bench/transport.sh [ROUNDS] [SECONDS]      (defaults: 3 rounds of 10 s)
@@ -28,13 +29,13 @@ up_pid=$!
 for _ in $(seq 100); do [ -e "$dir/exports" ] && break; sleep 0.1; done
 [ -e "$dir/exports" ] || { cat "$dir/up.log"; exit 1; }
 
-echo "\$ trireme bench --compare transport=tcp,ucx --profile s2d --rounds $rounds -d$secs volume:vol0"
-"$bin" --data-dir "$dir" bench --compare transport=tcp,ucx --profile s2d \
+echo "\$ trireme bench --compare transport=tcp,unix,ucx --profile s2d --rounds $rounds -d$secs volume:vol0"
+"$bin" --data-dir "$dir" bench --compare transport=tcp,unix,ucx --profile s2d \
     --rounds "$rounds" -d"$secs" volume:vol0 2>&1 | grep -v " INFO "
 
 echo
 echo "QD1 4K writes through the native client, alternating (p50 / p90 / p99, ms):"
-for t in ucx tcp ucx tcp; do
+for t in ucx tcp unix ucx tcp unix; do
     out=$("$bin" --data-dir "$dir" bench -b4K -w100 -t1 -o1 -d5 -W1 "volume:vol0?transport=$t" 2>&1)
     p() { echo "$out" | awk -v k="$1" '$1 == k { print $5 }'; }
     printf '  %-4s %s / %s / %s\n' "$t" "$(p 50th)" "$(p 90th)" "$(p 99th)"

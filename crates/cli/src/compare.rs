@@ -7,9 +7,10 @@
 //! * `replicas=1,2,3`: temporary volumes with that many copies in the running cluster (removed
 //!   afterwards), driven through the native client.
 //! * `store=null,memory,file`: a temporary local cluster per store, each with one 3-way volume.
-//! * `transport=tcp,ucx` (or `auto`): the native-client target (`volume:NAME`) attached over
-//!   each transport in turn; the table says which lanes UCX ran on (shared memory here: these
-//!   machines have no RDMA device).
+//! * `transport=tcp,unix,ucx` (or `auto`): the native-client target (`volume:NAME`) attached
+//!   over each transport in turn. `tcp` is TCP through the kernel's network stack even on one
+//!   host, `unix` the same-host sockets trireme uses without UCX. The table says which lanes UCX
+//!   ran on (shared memory here: these machines have no RDMA device).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -46,9 +47,11 @@ pub fn parse(s: &str) -> Result<Compare, String> {
         "transport" => {
             if let Some(v) = values
                 .iter()
-                .find(|v| trireme_transport::TransportKind::parse(v).is_none())
+                .find(|v| trireme_bench::target::volume::transport(v).is_none())
             {
-                return Err(format!("unknown transport {v:?}: use tcp, ucx or auto"));
+                return Err(format!(
+                    "unknown transport {v:?}: use tcp, unix, ucx or auto"
+                ));
             }
         }
         _ => {
@@ -396,11 +399,18 @@ fn table(cmp: &Compare, profile: &Profile, rounds: u32, runs: &[Value]) -> Strin
                 r["target"].as_str().unwrap_or("?")
             );
         }
+        o += "tcp is TCP through the kernel's network stack (loopback on one host), unix the same-host sockets trireme uses without UCX.\n";
         o += "This machine has no RDMA device: UCX ran over the lanes shown (shared memory between processes here), not RDMA.\n\n";
     } else {
         o += "Transport: as each link negotiated (UCX where a probe works, else TCP; unix sockets between processes on one host); this machine has no RDMA device.\n\n";
     }
-    let w = 14;
+    // Wide enough for every column's heading, with two spaces between columns.
+    let w = runs
+        .iter()
+        .map(|r| cmp.axis.len() + r["value"].as_str().unwrap_or("?").len() + 3)
+        .max()
+        .unwrap_or(0)
+        .max(14);
     o += &format!("{:<38}", "");
     for r in runs {
         o += &format!(
@@ -514,6 +524,10 @@ mod tests {
         assert!(parse("replicas=2").is_err());
         assert!(parse("colour=red,blue").is_err());
         assert_eq!(parse("transport=tcp,ucx").unwrap().values, ["tcp", "ucx"]);
+        assert_eq!(
+            parse("transport=tcp,unix,ucx").unwrap().values,
+            ["tcp", "unix", "ucx"]
+        );
         let e = parse("transport=tcp,rdma").unwrap_err();
         assert!(e.contains("unknown transport \"rdma\""), "{e}");
         assert_eq!(group(185500.0), "185,500");

@@ -151,6 +151,11 @@ fn ucx_over_its_tcp_lanes_and_a_teardown_mid_run() {
         ucx["target"].as_str().unwrap().contains("ucx over"),
         "{ucx}"
     );
+    // The TCP baseline goes through the network stack, not the same-host sockets.
+    let tcp = runs.iter().find(|r| r["value"] == "tcp").unwrap()["target"]
+        .as_str()
+        .unwrap();
+    assert!(tcp.contains("links tcp") && !tcp.contains("unix"), "{tcp}");
     // `transport=ucx` refuses TCP: a round whose links could not use UCX would say so.
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(

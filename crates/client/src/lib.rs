@@ -147,6 +147,9 @@ pub struct VolumeOptions {
     /// How to reach a replica; `None` uses the transports (same-host socket first, then the
     /// network address). The seeded simulator plugs in its in-memory network here.
     pub connector: Option<Arc<dyn Connector>>,
+    /// Reach a node on this host through its same-host socket (unix) when it has one. Off,
+    /// every connection goes over the network address: the benchmark's TCP baseline.
+    pub same_host_socket: bool,
     /// Activity-log extent in bytes: what a new writer compares per extent the dead one may
     /// have had writes in flight in.
     pub activity_extent: u64,
@@ -186,6 +189,7 @@ impl Default for VolumeOptions {
             kind: TransportKind::Auto,
             streams: 2,
             connector: None,
+            same_host_socket: true,
             activity_extent: 4 << 20,
             activity_extents: 1024,
             activity_period: Duration::from_millis(500),
@@ -278,7 +282,7 @@ async fn connect_replica(
         return c.connect(r).await;
     }
     let (kind, streams) = (opts.kind, opts.streams);
-    if let Some(local) = &r.local_addr {
+    if let Some(local) = r.local_addr.as_ref().filter(|_| opts.same_host_socket) {
         let path = local.strip_prefix("unix:").unwrap_or(local);
         if std::path::Path::new(path).exists() {
             match trireme_transport::connect(kind, local, streams).await {

@@ -5,7 +5,7 @@
 mod file;
 mod nbd;
 mod null;
-mod volume;
+pub mod volume;
 
 use std::path::Path;
 

@@ -7,8 +7,26 @@ use std::sync::Arc;
 use bytes::Bytes;
 use trireme_client::{AttachInfo, Volume, VolumeOptions};
 use trireme_control::{ControlClient, ControlMembership, Request};
+use trireme_transport::TransportKind;
 
 use super::TargetError;
+
+/// A benchmark transport name: the transport kind, and whether nodes on this host are reached
+/// through their same-host (unix) socket.
+/// * `tcp`: TCP through the kernel's network stack, even to a node on this host (loopback), as
+///   the seeds' tables measure it.
+/// * `unix`: no UCX; unix sockets to nodes on this host, TCP to the others (what `--transport
+///   tcp` does outside the benchmark).
+/// * `ucx`: UCX or nothing. `auto`: UCX where a probe works, else as `unix`.
+pub fn transport(name: &str) -> Option<(TransportKind, bool)> {
+    match name {
+        "tcp" => Some((TransportKind::Tcp, false)),
+        "unix" => Some((TransportKind::Tcp, true)),
+        "ucx" => Some((TransportKind::Ucx, true)),
+        "auto" => Some((TransportKind::Auto, true)),
+        _ => None,
+    }
+}
 
 #[derive(Debug)]
 pub struct VolumeTarget {
@@ -16,17 +34,20 @@ pub struct VolumeTarget {
 }
 
 impl VolumeTarget {
-    /// Attaches volume `name`; `NAME?transport=tcp|ucx|auto` picks the transport (default
-    /// auto: UCX where it works).
+    /// Attaches volume `name`; `NAME?transport=T` picks the transport (see [`transport`];
+    /// default auto: UCX where it works).
     pub async fn attach(spec: &str, data_dir: &Path) -> Result<VolumeTarget, TargetError> {
         let e = |x: String| TargetError(format!("volume:{spec}: {x}"));
-        let (name, kind) = match spec.split_once("?transport=") {
+        let (name, (kind, same_host_socket)) = match spec.split_once("?transport=") {
             Some((n, t)) => (
                 n,
-                trireme_transport::TransportKind::parse(t)
-                    .ok_or_else(|| e(format!("unknown transport {t:?}: use tcp, ucx or auto")))?,
+                transport(t).ok_or_else(|| {
+                    e(format!(
+                        "unknown transport {t:?}: use tcp, unix, ucx or auto"
+                    ))
+                })?,
             ),
-            None => (spec, trireme_transport::TransportKind::Auto),
+            None => (spec, (TransportKind::Auto, true)),
         };
         let mut cc = ControlClient::connect(&data_dir.join("control.sock"))
             .await
@@ -42,6 +63,7 @@ impl VolumeTarget {
         });
         let opts = VolumeOptions {
             kind,
+            same_host_socket,
             ..VolumeOptions::default()
         };
         let vol = Volume::attach_managed(info, opts, membership)
