@@ -470,6 +470,7 @@ fn offer_ucx(
     trireme_transport::ucx::configure(trireme_transport::ucx::Config {
         tls: std::env::var("TRIREME_UCX_TLS").ok(),
         net_devices,
+        ..Default::default()
     });
     match trireme_transport::ucx::Hub::get() {
         Ok(hub) => {

@@ -25,7 +25,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
@@ -56,11 +56,17 @@ const PROGRESS_BATCH: usize = 64;
 /// them. Larger payloads, or any while all chunks are in use, get a buffer of their own.
 const POOL_CHUNK: usize = 1 << 20;
 const POOL_CHUNKS: usize = 32;
+/// Entries of the shared-memory receive FIFO (see [`Hub::start`]).
+const MM_FIFO_SIZE: u32 = 256;
 /// How often the driver yields the CPU to a receiver while its sends are under way, before
 /// it sleeps (see [`drive`]), and how long it then sleeps at most.
 const SEND_YIELDS: u32 = 8;
-/// Rounds of "busy" from `ucp_worker_arm` with no progress before the driver sleeps instead.
-const BUSY_ROUNDS: u32 = 8;
+/// How long, and for at least how many rounds, `ucp_worker_arm` may answer "busy" with no
+/// progress before the driver waits up to [`SEND_RETRY`] between tries instead of yielding.
+/// Both: on a 2-core host one preemption can outlast a millisecond, and a quick run of busy
+/// answers is normal while a peer drains a full FIFO.
+const BUSY_SPIN: Duration = Duration::from_millis(10);
+const BUSY_ROUNDS: u32 = 64;
 const SEND_RETRY: Duration = Duration::from_millis(1);
 
 type Reply = oneshot::Sender<Result<Frame, TransportError>>;
@@ -80,8 +86,6 @@ pub struct Hub {
     outbox: Mutex<Vec<(ReplyEp, Frame)>>,
     /// Wakes the driver: a send is under way and needs progress to finish.
     kick: Notify,
-    /// Sends started and not yet completed.
-    sending: AtomicUsize,
     /// Cleared when the driver task ends (its runtime shut down): the next user starts one.
     driver: Mutex<Option<Arc<AtomicBool>>>,
     /// Whether a driver runs, read without the lock on every call (see [`Hub::drive_here`]).
@@ -159,6 +163,7 @@ impl Hub {
             let cfg = CONFIG.get().cloned().unwrap_or_else(|| Config {
                 tls: std::env::var("TRIREME_UCX_TLS").ok(),
                 net_devices: std::env::var("TRIREME_UCX_NET_DEVICES").ok(),
+                ..Default::default()
             });
             Hub::start(cfg)
         })
@@ -172,6 +177,13 @@ impl Hub {
         // is off unless TRIREME_UCX_TLS asks for it; large payloads then go through the
         // shared-memory transports in pieces.
         config.tls.get_or_insert_with(|| DEFAULT_TLS.to_string());
+        // Each process's shared-memory FIFO takes the messages of all its peers. UCX's 64
+        // entries (freed to senders in halves) fill under a few dozen requests in flight to
+        // a 3-way volume; a sender that finds it full must poll until the receiver drains
+        // it, since nothing signals that. UCX_MM_FIFO_SIZE, when set, still wins.
+        if config.mm_fifo_size.is_none() && std::env::var_os("UCX_MM_FIFO_SIZE").is_none() {
+            config.mm_fifo_size = Some(MM_FIFO_SIZE);
+        }
         let ctx = Context::new(&config).map_err(|e| e.to_string())?;
         let worker = Worker::new(&ctx).map_err(|e| e.to_string())?;
         let address = worker.address().map_err(|e| e.to_string())?;
@@ -188,7 +200,6 @@ impl Hub {
             server: OnceLock::new(),
             outbox: Mutex::default(),
             kick: Notify::new(),
-            sending: AtomicUsize::new(0),
             driver: Mutex::default(),
             driven: AtomicBool::new(false),
         }));
@@ -317,14 +328,12 @@ impl Hub {
     /// Sends a node's answer on the reply endpoint of its request (from any thread).
     fn send_answer(&'static self, ep: ReplyEp, resp: Frame) {
         let header = resp.header.encode(&resp.payload).to_vec();
-        self.sending.fetch_add(1, Ordering::AcqRel);
         let pending = self.worker.reply(
             ep,
             AM_RESPONSE,
             header,
             Payload::Boxed(Box::new(resp.payload)),
             Box::new(move |r| {
-                self.sending.fetch_sub(1, Ordering::AcqRel);
                 if let Err(e) = r {
                     tracing::debug!("UCX answer not delivered: {e}");
                 }
@@ -351,14 +360,12 @@ impl Hub {
         h.extend_from_slice(&token.to_le_bytes());
         let (tx, rx) = oneshot::channel();
         lock(&self.waiting).insert(request_id, (link, tx));
-        self.sending.fetch_add(1, Ordering::AcqRel);
         let pending = ep.am_send(
             AM_REQUEST,
             h,
             Payload::Boxed(Box::new(payload)),
             true,
             Box::new(move |r| {
-                self.sending.fetch_sub(1, Ordering::AcqRel);
                 if let Err(e) = r {
                     if let Some((_, reply)) = lock(&self.waiting).remove(&request_id) {
                         let _ = reply.send(Err(closed(&e.to_string())));
@@ -461,11 +468,14 @@ async fn drive(hub: &'static Hub, alive: Arc<AtomicBool>) {
             return;
         }
     };
-    let (mut yields, mut busy) = (0, 0);
+    let (mut yields, mut busy) = (0, None);
     loop {
         let mut n = 0;
         while n < PROGRESS_BATCH && hub.worker.progress() {
             n += 1;
+        }
+        if n > 0 {
+            busy = None;
         }
         let out = std::mem::take(&mut *lock(&hub.outbox));
         for (ep, resp) in out {
@@ -478,26 +488,28 @@ async fn drive(hub: &'static Hub, alive: Arc<AtomicBool>) {
         // Sends still under way: with a shared-memory FIFO full, only progress after the
         // receiver drains it completes them, and nothing will wake us for that. Give the CPU
         // to the receiver a few times, then sleep with a short timeout rather than for good.
-        let sending = hub.sending.load(Ordering::Acquire) > 0;
+        let sending = hub.worker.sends_pending();
         if sending && yields < SEND_YIELDS {
             yields += 1;
             std::thread::yield_now();
             continue;
         }
         yields = 0;
-        if n > 0 {
-            busy = 0;
-        }
         match hub.worker.arm() {
-            Ok(true) => busy = 0,
-            // Events came in meanwhile: progress again. UCX also says busy while it holds
-            // work progress cannot finish (a send to a peer that died with its FIFO full):
-            // never loop without letting the runtime run, and after a few rounds with nothing
-            // done, wait a little instead of spinning.
+            Ok(true) => busy = None,
+            // Events came in meanwhile: progress again. UCX also says busy while a send waits
+            // for room in a peer's FIFO, which a dead peer never makes: never loop without
+            // letting the runtime run, and once busy has lasted both BUSY_ROUNDS rounds and
+            // BUSY_SPIN with nothing done, wait for an event or a short timeout between tries.
             Ok(false) => {
-                busy += 1;
-                if busy > BUSY_ROUNDS {
-                    tokio::time::sleep(SEND_RETRY).await;
+                let (since, rounds) = busy.get_or_insert_with(|| (std::time::Instant::now(), 0));
+                *rounds += 1;
+                if *rounds > BUSY_ROUNDS && since.elapsed() > BUSY_SPIN {
+                    tokio::select! {
+                        r = fd.readable() => { if let Ok(mut g) = r { g.clear_ready(); } }
+                        _ = hub.kick.notified() => {}
+                        _ = tokio::time::sleep(SEND_RETRY) => {}
+                    }
                 } else {
                     tokio::task::yield_now().await;
                 }

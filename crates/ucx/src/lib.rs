@@ -31,6 +31,7 @@
 use std::ffi::{c_void, CStr, CString};
 use std::os::fd::RawFd;
 use std::ptr;
+use std::sync::atomic::{AtomicIsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -75,6 +76,8 @@ pub struct Config {
     pub tls: Option<String>,
     /// `NET_DEVICES`: network devices to use, e.g. `"veth1"` or `"mlx5_0:1"`.
     pub net_devices: Option<String>,
+    /// `MM_FIFO_SIZE`: entries in each shared-memory receive FIFO (UCX's default is 64).
+    pub mm_fifo_size: Option<u32>,
 }
 
 /// The process's UCX context (`ucp_context_h`).
@@ -119,6 +122,9 @@ impl Context {
             }
             if let Some(d) = &cfg.net_devices {
                 set("NET_DEVICES", d)?;
+            }
+            if let Some(n) = cfg.mm_fifo_size {
+                set("MM_FIFO_SIZE", &n.to_string())?;
             }
             Ok(())
         })();
@@ -375,6 +381,8 @@ pub struct Worker {
     /// Boxed: UCX holds each slot's address, which must not move when the vector grows.
     #[allow(clippy::vec_box)]
     handlers: Mutex<Vec<Box<HandlerSlot>>>,
+    /// Sends UCX could not finish at once (see [`Worker::sends_pending`]).
+    pending: Arc<AtomicIsize>,
     // Keeps the context alive while the worker is.
     _ctx: Arc<Context>,
 }
@@ -394,6 +402,8 @@ unsafe impl Sync for Worker {}
 
 struct SendCtx {
     done: Option<SendDone>,
+    /// The worker's count of pending sends, which this one is in once UCX made a request.
+    pending: Arc<AtomicIsize>,
     _header: Vec<u8>,
     _data: bytes_keep::Keep,
 }
@@ -444,6 +454,9 @@ unsafe extern "C" fn send_cb(request: *mut c_void, status: sys::ucs_status_t, us
     // SAFETY: `user` is the `Box<SendCtx>` leaked by `am_send` for this request; UCX calls this
     // once, so the box is taken back once.
     let mut ctx = unsafe { Box::from_raw(user as *mut SendCtx) };
+    // May run before `am_send` counted the request (progress on another thread): the count
+    // is signed, and dips below zero for that moment.
+    ctx.pending.fetch_sub(1, Ordering::AcqRel);
     if let Some(done) = ctx.done.take() {
         done(check("send", status));
     }
@@ -533,6 +546,7 @@ impl Worker {
             h,
             efd,
             handlers: Mutex::default(),
+            pending: Arc::default(),
             _ctx: ctx.clone(),
         }))
     }
@@ -709,7 +723,10 @@ impl Worker {
         check("connect", unsafe {
             sys::ucp_ep_create(self.h, &params, &mut ep)
         })?;
-        Ok(Endpoint { h: ep })
+        Ok(Endpoint {
+            h: ep,
+            pending: self.pending.clone(),
+        })
     }
 
     /// Sends an active message on a reply endpoint (see [`Endpoint::am_send`]).
@@ -721,7 +738,14 @@ impl Worker {
         data: Payload,
         done: SendDone,
     ) -> bool {
-        am_send(ep.0, id, header, data, 0, done)
+        am_send(ep.0, &self.pending, id, header, data, 0, done)
+    }
+
+    /// True while a send UCX could not finish at once is under way: its completion needs
+    /// progress, and with a full shared-memory FIFO nothing signals when it can go on. Sends
+    /// that finished inside their call (the usual case) are never counted.
+    pub fn sends_pending(&self) -> bool {
+        self.pending.load(Ordering::Acquire) > 0
     }
 }
 
@@ -776,6 +800,7 @@ fn memstream(f: impl FnOnce(*mut sys::FILE)) -> String {
 /// Returns true if the send is still under way (it needs progress to finish).
 fn am_send(
     ep: sys::ucp_ep_h,
+    pending: &Arc<AtomicIsize>,
     id: u32,
     header: Vec<u8>,
     data: Payload,
@@ -784,6 +809,7 @@ fn am_send(
 ) -> bool {
     let ctx = Box::into_raw(Box::new(SendCtx {
         done: Some(done),
+        pending: pending.clone(),
         _header: header,
         _data: data,
     }));
@@ -815,6 +841,7 @@ fn am_send(
         )
     };
     if sys::ucs_ptr_is_ptr(r) {
+        pending.fetch_add(1, Ordering::AcqRel);
         return true; // `send_cb` finishes it.
     }
     // SAFETY: no request was created, so the callback will not run: the box is ours again.
@@ -829,6 +856,8 @@ fn am_send(
 #[derive(Debug)]
 pub struct Endpoint {
     h: sys::ucp_ep_h,
+    /// Its worker's count of pending sends.
+    pending: Arc<AtomicIsize>,
 }
 
 // SAFETY: the endpoint's worker is in multi-thread mode: UCX serializes calls on it.
@@ -854,7 +883,7 @@ impl Endpoint {
         } else {
             0
         };
-        am_send(self.h, id, header, data, flags, done)
+        am_send(self.h, &self.pending, id, header, data, flags, done)
     }
 
     /// The lanes UCX chose for this endpoint (transport/device per lane), as UCX prints them.

@@ -106,6 +106,7 @@ fn active_messages_over_shared_memory() {
     let lanes = round_trips(Config {
         tls: Some("sm,self".into()),
         net_devices: None,
+        ..Default::default()
     });
     assert!(
         lanes.starts_with("posix/memory") || lanes.starts_with("sysv/memory"),
@@ -118,6 +119,7 @@ fn active_messages_over_ucx_tcp_on_loopback() {
     let lanes = round_trips(Config {
         tls: Some("tcp".into()),
         net_devices: Some("lo".into()),
+        ..Default::default()
     });
     assert_eq!(lanes, "tcp/lo");
 }
@@ -127,6 +129,7 @@ fn bad_configuration_is_an_error_not_a_crash() {
     let e = Context::new(&Config {
         tls: Some("no-such-transport-at-all".into()),
         net_devices: None,
+        ..Default::default()
     })
     .and_then(|c| {
         let (a, b) = (Worker::new(&c)?, Worker::new(&c)?);
@@ -139,6 +142,7 @@ fn bad_configuration_is_an_error_not_a_crash() {
     let e = Context::new(&Config {
         tls: Some("sm\0".into()),
         net_devices: None,
+        ..Default::default()
     })
     .unwrap_err();
     assert!(e.message.contains("NUL"), "{e}");
@@ -149,6 +153,7 @@ fn waiting_sleeps_until_a_message_arrives() {
     let (a, b) = pair(&Config {
         tls: Some("sm,self".into()),
         net_devices: None,
+        ..Default::default()
     });
     let got = Arc::new(AtomicBool::new(false));
     let g = got.clone();
@@ -188,6 +193,7 @@ fn rendezvous_lands_in_the_registered_pool() {
     let ctx = Context::new(&Config {
         tls: Some("sm,self".into()),
         net_devices: None,
+        ..Default::default()
     })
     .unwrap();
     let (a, b) = (Worker::new(&ctx).unwrap(), Worker::new(&ctx).unwrap());
@@ -269,4 +275,71 @@ fn lane_summaries_name_transport_and_device() {
         "rc_mlx5/mlx5_0:1"
     );
     assert_eq!(lane_summary("nothing here"), "?");
+}
+
+/// A receiver that does not progress fills its shared-memory FIFO: the sends past its size
+/// stay pending and are counted; once it drains, they finish and the count is back to zero.
+/// Sends that finish inside their call are never counted.
+#[test]
+fn sends_left_pending_by_a_full_fifo_are_counted() {
+    let fifo = 16;
+    let (a, b) = pair(&Config {
+        tls: Some("sysv,posix,self".into()),
+        mm_fifo_size: Some(fifo),
+        ..Default::default()
+    });
+    let got = Arc::new(AtomicUsize::new(0));
+    let g = got.clone();
+    b.set_am_handler(REQ, move |_, _, _, _| {
+        g.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    })
+    .unwrap();
+    let ep = a.connect(&b.address().unwrap()).unwrap();
+    let done = Arc::new(AtomicUsize::new(0));
+    // Let the connection's wire-up finish, so that every later send goes to the FIFO.
+    let d = done.clone();
+    ep.am_send(
+        REQ,
+        vec![],
+        Payload::Vec(vec![0; 64]),
+        false,
+        Box::new(move |r| {
+            r.unwrap();
+            d.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }),
+    );
+    drive(&a, &b, || {
+        got.load(std::sync::atomic::Ordering::SeqCst) == 1
+    });
+    assert!(!a.sends_pending());
+    let total = 4 * fifo as usize;
+    let mut pending = 0;
+    for _ in 0..total {
+        let d = done.clone();
+        if ep.am_send(
+            REQ,
+            vec![],
+            Payload::Vec(vec![0; 64]),
+            false,
+            Box::new(move |r| {
+                r.unwrap();
+                d.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }),
+        ) {
+            pending += 1;
+        }
+    }
+    // The FIFO took at most its size; the rest wait for room.
+    let went = total - pending;
+    assert!(
+        went > 0 && went <= fifo as usize,
+        "a FIFO of {fifo} took {went} of {total} sends"
+    );
+    assert!(a.sends_pending());
+    drive(&a, &b, || {
+        done.load(std::sync::atomic::Ordering::SeqCst) == total + 1
+            && got.load(std::sync::atomic::Ordering::SeqCst) == total + 1
+    });
+    assert!(!a.sends_pending());
+    ep.close(false);
 }
