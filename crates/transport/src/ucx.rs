@@ -58,16 +58,16 @@ const POOL_CHUNK: usize = 1 << 20;
 const POOL_CHUNKS: usize = 32;
 /// Entries of the shared-memory receive FIFO (see [`Hub::start`]).
 const MM_FIFO_SIZE: u32 = 256;
-/// How often the driver yields the CPU to a receiver while its sends are under way, before
+/// How often the driver yields the CPU to a receiver while UCX holds a pending send, before
 /// it sleeps (see [`drive`]), and how long it then sleeps at most.
 const SEND_YIELDS: u32 = 8;
+const SEND_RETRY: Duration = Duration::from_millis(1);
 /// How long, and for at least how many rounds, `ucp_worker_arm` may answer "busy" with no
 /// progress before the driver waits up to [`SEND_RETRY`] between tries instead of yielding.
 /// Both: on a 2-core host one preemption can outlast a millisecond, and a quick run of busy
 /// answers is normal while a peer drains a full FIFO.
 const BUSY_SPIN: Duration = Duration::from_millis(10);
 const BUSY_ROUNDS: u32 = 64;
-const SEND_RETRY: Duration = Duration::from_millis(1);
 
 type Reply = oneshot::Sender<Result<Frame, TransportError>>;
 
@@ -485,7 +485,7 @@ async fn drive(hub: &'static Hub, alive: Arc<AtomicBool>) {
             tokio::task::yield_now().await;
             continue;
         }
-        // Sends still under way: with a shared-memory FIFO full, only progress after the
+        // Sends UCX left pending: with a shared-memory FIFO full, only progress after the
         // receiver drains it completes them, and nothing will wake us for that. Give the CPU
         // to the receiver a few times, then sleep with a short timeout rather than for good.
         let sending = hub.worker.sends_pending();
