@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # UCX against TCP on this host, as issue 4 asks: the seeds' table (s2d profile, 3-way memory
 # volume, native client, interleaved rounds, medians; tcp is TCP through the kernel's network
-# stack over loopback, unix the same-host sockets trireme uses without UCX), then QD1 4K write latency through the
-# native client next to the ucx_perftest round-trip floor, all in one run on one cluster.
+# stack over loopback, unix the same-host sockets trireme uses without UCX), then QD1 4K write
+# latency through the native client (3-way and 1-way volumes) next to the ucx_perftest
+# round-trip floor, all in one run on one cluster.
 #
 #   bench/transport.sh [ROUNDS] [SECONDS]      (defaults: 3 rounds of 10 s)
 #
@@ -39,13 +40,22 @@ echo "\$ trireme bench --compare transport=tcp,unix,ucx --profile s2d --rounds $
 "$bin" --data-dir "$dir" bench --compare transport=tcp,unix,ucx --profile s2d \
     --rounds "$rounds" -d"$secs" volume:vol0 2>&1 | grep -v " INFO "
 
+# QD1 4K writes: on the 3-way volume (three nodes answer each write), then on a 1-way one, whose
+# write is one round trip between two processes, as ucx_perftest's is.
+qd1() {
+    for t in ucx tcp unix ucx tcp unix; do
+        out=$("$bin" --data-dir "$dir" bench -b4K -w100 -t1 -o1 -d5 -W1 "volume:$1?transport=$t" 2>&1)
+        p() { echo "$out" | awk -v k="$1" '$1 == k { print $5 }'; }
+        printf '  %-4s %s / %s / %s\n' "$t" "$(p 50th)" "$(p 90th)" "$(p 99th)"
+    done
+}
 echo
-echo "QD1 4K writes through the native client, alternating (p50 / p90 / p99, ms):"
-for t in ucx tcp unix ucx tcp unix; do
-    out=$("$bin" --data-dir "$dir" bench -b4K -w100 -t1 -o1 -d5 -W1 "volume:vol0?transport=$t" 2>&1)
-    p() { echo "$out" | awk -v k="$1" '$1 == k { print $5 }'; }
-    printf '  %-4s %s / %s / %s\n' "$t" "$(p 50th)" "$(p 90th)" "$(p 99th)"
-done
+echo "QD1 4K writes through the native client, 3-way volume, alternating (p50 / p90 / p99, ms):"
+qd1 vol0
+"$bin" --data-dir "$dir" volume create --size 256M --replicas 1 vol1 >/dev/null 2>&1
+"$bin" --data-dir "$dir" bench -s -b1M -w100 -t1 -o4 -W0 -d3 volume:vol1 >/dev/null 2>&1
+echo "QD1 4K writes through the native client, 1-way volume (one round trip), alternating:"
+qd1 vol1
 
 echo
 echo "Transport floor: ucx_perftest -t tag_lat -s 4096 -n 20000 (server and client on this host)"
