@@ -6,7 +6,8 @@
 # crates/ucx-sys, and pkg-config to find it.
 set -euo pipefail
 pkgs=(fio nbdkit libnbd-bin nbdfuse python3-libnbd qemu-utils iproute2 iptables procps librsvg2-bin fonts-dejavu-core
-      libucx-dev ucx-utils libclang-dev clang pkg-config)
+      libucx-dev ucx-utils libclang-dev clang pkg-config
+      etcd-server etcd-client protobuf-compiler libprotobuf-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use trireme_control::Manager;
-use trireme_meta::{EmbeddedMeta, MetaStore, NodeRecord, NodeState};
+use trireme_meta::{ClusterMeta, EmbeddedMeta, NodeRecord, NodeState};
 
 use crate::cmds::control_path;
 use crate::units::human;
@@ -201,9 +201,9 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
     })?;
     let dir: PathBuf = std::fs::canonicalize(&cli.data_dir)?;
     let _lock = lock_dir(&dir)?;
-    let meta = Arc::new(EmbeddedMeta::open(&dir.join("meta.redb"))?);
+    let meta = ClusterMeta::new(Arc::new(EmbeddedMeta::open(&dir.join("meta.redb"))?));
     let store = a.store.kind().as_str();
-    match meta.setting("store")? {
+    match meta.setting("store").await? {
         Some(s) if s != store => {
             return Err(CliError::Usage(format!(
                 "{} holds a cluster created with --store {s}; start it with --store {s} or use another --data-dir",
@@ -211,7 +211,7 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
             )))
         }
         Some(_) => {}
-        None => meta.set_setting("store", store)?,
+        None => meta.set_setting("store", store).await?,
     }
     if !a.node_netns.is_empty() && a.node_netns.len() != a.nodes as usize {
         return Err(CliError::Usage(format!(
@@ -230,7 +230,7 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
             a.nodes
         )));
     }
-    let known = meta.nodes()?.len() as u32;
+    let known = meta.nodes().await?.len() as u32;
     if known != 0 && known != a.nodes {
         return Err(CliError::Usage(format!(
             "{} holds a cluster of {known} nodes; start it with --nodes {known} or use another --data-dir",
@@ -264,13 +264,14 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
         node_transport: a.node_transport.clone(),
     };
     let removed: Vec<u32> = meta
-        .nodes()?
+        .nodes()
+        .await?
         .into_iter()
         .filter(|n| n.state == NodeState::Removed)
         .map(|n| n.id)
         .collect();
     for id in (1..=a.nodes).filter(|id| !removed.contains(id)) {
-        sup.spawn(cli, id, &*meta).await?;
+        sup.spawn(cli, id, &meta).await?;
     }
     sup.write_pids()?;
 
@@ -294,7 +295,7 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
     }
 
     // The volume.
-    match meta.volume(&a.volume) {
+    match meta.volume(&a.volume).await {
         Ok(v) => {
             if v.size != a.size || v.replicas.len() != a.replicas as usize {
                 tracing::warn!(
@@ -378,7 +379,7 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
             }
             Some((id, generation)) = respawn_rx.recv() => {
                 if sup.wants_respawn(id, generation) {
-                    sup.respawn(cli, id, &*meta, &manager).await;
+                    sup.respawn(cli, id, &meta, &manager).await;
                 }
             }
             Some(cmd) = ctl_rx.recv() => match cmd {
@@ -390,7 +391,7 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
                         None => Err(format!("no node {id}")),
                         Some(n) if n.pid.is_some() => Err(format!("node {id} is already running")),
                         Some(_) => {
-                            sup.respawn(cli, id, &*meta, &manager).await;
+                            sup.respawn(cli, id, &meta, &manager).await;
                             match sup.nodes.get(&id).and_then(|n| n.pid) {
                                 Some(pid) => Ok(format!("node {id} started (pid {pid})")),
                                 None => Err(format!("node {id} failed to start; see node-{id}.log")),
@@ -475,11 +476,12 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 const STABLE: Duration = Duration::from_secs(10);
 
 impl Supervisor {
-    async fn spawn(&mut self, cli: &Cli, id: u32, meta: &dyn MetaStore) -> Result<(), CliError> {
+    async fn spawn(&mut self, cli: &Cli, id: u32, meta: &ClusterMeta) -> Result<(), CliError> {
         let (mut child, p) = spawn_node(cli, self, id).await?;
         // A restart keeps what the cluster decided about the node (draining, say).
         let state = meta
-            .nodes()?
+            .nodes()
+            .await?
             .into_iter()
             .find(|n| n.id == id)
             .map_or(NodeState::Active, |n| n.state);
@@ -489,7 +491,9 @@ impl Supervisor {
             local_addr: p.local_addr.clone(),
             store: self.store.clone(),
             state,
-        })?;
+            zone: None,
+        })
+        .await?;
         let base = self.backoff;
         let n = self.nodes.entry(id).or_insert(Supervised {
             pid: None,
@@ -555,7 +559,7 @@ impl Supervisor {
             .is_some_and(|n| n.generation == generation && n.pid.is_none() && !n.held)
     }
 
-    async fn respawn(&mut self, cli: &Cli, id: u32, meta: &dyn MetaStore, manager: &Manager) {
+    async fn respawn(&mut self, cli: &Cli, id: u32, meta: &ClusterMeta, manager: &Manager) {
         if let Some(n) = self.nodes.get_mut(&id) {
             n.held = false;
         }

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixListener;
 use trireme_client::{AttachInfo, ReplicaTarget};
-use trireme_meta::{MetaStore, NodeRecord, NodeState, VolumeRecord};
+use trireme_meta::{ClusterMeta, NodeRecord, NodeState, VolumeRecord};
 use trireme_proto::{Header, Op, Status};
 use trireme_replication::{place, NodeLoad};
 use trireme_transport::TransportKind;
@@ -25,7 +25,7 @@ const MAX_VOLUME: u64 = 1 << 50;
 /// The cluster manager. Cheap to share (`Arc`); every method is safe to call concurrently.
 #[derive(Debug)]
 pub struct Manager {
-    meta: Arc<dyn MetaStore>,
+    meta: ClusterMeta,
     /// Serialises volume creation and deletion (placement reads then writes the metadata).
     volume_lock: tokio::sync::Mutex<()>,
     /// Volume clients running in this process (the `up` NBD export), shown by `status`.
@@ -48,7 +48,7 @@ pub enum NodeControl {
 pub(crate) type Result<T> = std::result::Result<T, String>;
 
 impl Manager {
-    pub fn new(meta: Arc<dyn MetaStore>) -> Manager {
+    pub fn new(meta: ClusterMeta) -> Manager {
         Manager {
             meta,
             volume_lock: tokio::sync::Mutex::new(()),
@@ -70,7 +70,7 @@ impl Manager {
     }
 
     async fn node_control(&self, start: bool, id: u32) -> Result<String> {
-        if start && self.node(id)?.state == NodeState::Removed {
+        if start && self.node(id).await?.state == NodeState::Removed {
             return Err(format!("node {id} was removed from the cluster"));
         }
         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -100,7 +100,7 @@ impl Manager {
             loop {
                 tokio::time::sleep(every).await;
                 let Some(m) = me.upgrade() else { return };
-                let Ok(nodes) = m.member_nodes() else {
+                let Ok(nodes) = m.member_nodes().await else {
                     continue;
                 };
                 for n in nodes {
@@ -188,7 +188,7 @@ impl Manager {
         out
     }
 
-    pub fn meta(&self) -> &Arc<dyn MetaStore> {
+    pub fn meta(&self) -> &ClusterMeta {
         &self.meta
     }
 
@@ -223,9 +223,10 @@ impl Manager {
             .map_err(|e| format!("node {}: {e}", node.id))
     }
 
-    pub(crate) fn node(&self, id: u32) -> Result<NodeRecord> {
+    pub(crate) async fn node(&self, id: u32) -> Result<NodeRecord> {
         self.meta
             .nodes()
+            .await
             .map_err(|e| e.to_string())?
             .into_iter()
             .find(|n| n.id == id)
@@ -259,8 +260,8 @@ impl Manager {
             ));
         }
         let _g = self.volume_lock.lock().await;
-        let nodes = self.meta.nodes().map_err(|e| e.to_string())?;
-        let vols = self.meta.volumes().map_err(|e| e.to_string())?;
+        let nodes = self.meta.nodes().await.map_err(|e| e.to_string())?;
+        let vols = self.meta.volumes().await.map_err(|e| e.to_string())?;
         let loads: Vec<NodeLoad> = nodes
             .iter()
             .filter(|n| n.state == NodeState::Active)
@@ -276,10 +277,11 @@ impl Manager {
         let v = self
             .meta
             .create_volume(name, size, &chosen)
+            .await
             .map_err(|e| e.to_string())?;
         let mut created = Vec::new();
         for &id in &chosen {
-            let node = self.node(id)?;
+            let node = self.node(id).await?;
             match self.replica_op(&node, Op::CreateReplica, &v).await {
                 Ok(Status::Ok) => created.push(node),
                 outcome => {
@@ -287,7 +289,7 @@ impl Manager {
                     for n in &created {
                         let _ = self.replica_op(n, Op::DeleteReplica, &v).await;
                     }
-                    let _ = self.meta.delete_volume(name);
+                    let _ = self.meta.delete_volume(name).await;
                     let why = match outcome {
                         Ok(s) => s.as_str().to_string(),
                         Err(e) => e,
@@ -304,9 +306,9 @@ impl Manager {
 
     pub async fn delete_volume(&self, name: &str) -> Result<VolumeRecord> {
         let _g = self.volume_lock.lock().await;
-        let v = self.meta.volume(name).map_err(|e| e.to_string())?;
+        let v = self.meta.volume(name).await.map_err(|e| e.to_string())?;
         for r in &v.replicas {
-            let node = self.node(r.node)?;
+            let node = self.node(r.node).await?;
             match self.replica_op(&node, Op::DeleteReplica, &v).await? {
                 Status::Ok | Status::NoReplica => {}
                 s => {
@@ -318,11 +320,14 @@ impl Manager {
                 }
             }
         }
-        self.meta.delete_volume(name).map_err(|e| e.to_string())
+        self.meta
+            .delete_volume(name)
+            .await
+            .map_err(|e| e.to_string())
     }
 
-    fn attach_info(&self, v: &VolumeRecord) -> Result<AttachInfo> {
-        let nodes = self.meta.nodes().map_err(|e| e.to_string())?;
+    async fn attach_info(&self, v: &VolumeRecord) -> Result<AttachInfo> {
+        let nodes = self.meta.nodes().await.map_err(|e| e.to_string())?;
         let mut replicas = Vec::new();
         for r in &v.replicas {
             let n = nodes
@@ -348,7 +353,7 @@ impl Manager {
 
     /// A new writer: bumps the epoch durably, then says where the replicas are, and whether the
     /// previous writer left without detaching (then the new one reconciles the replicas).
-    pub fn attach(&self, name: &str) -> Result<AttachInfo> {
+    pub async fn attach(&self, name: &str) -> Result<AttachInfo> {
         let mut unclean = false;
         let v = self
             .meta
@@ -358,14 +363,15 @@ impl Manager {
                 v.writer_open = true;
                 Ok(())
             })
+            .await
             .map_err(|e| e.to_string())?;
-        let mut info = self.attach_info(&v)?;
+        let mut info = self.attach_info(&v).await?;
         info.reconcile = unclean;
         Ok(info)
     }
 
     /// Records a replica state for the writer of `epoch` (see `replication::transition`).
-    pub fn set_replica_state(
+    pub async fn set_replica_state(
         &self,
         name: &str,
         epoch: u64,
@@ -382,13 +388,14 @@ impl Manager {
                 v.replicas[i].state = state;
                 Ok(())
             })
+            .await
             .map_err(|e| e.to_string())?;
         tracing::info!(volume = name, node, %state, epoch, "replica state recorded");
         Ok(v)
     }
 
     /// The writer of `epoch` left cleanly. A stale epoch changes nothing.
-    pub fn detach(&self, name: &str, epoch: u64) -> Result<VolumeRecord> {
+    pub async fn detach(&self, name: &str, epoch: u64) -> Result<VolumeRecord> {
         self.meta
             .update_volume(name, &mut |v| {
                 if v.epoch == epoch {
@@ -396,12 +403,13 @@ impl Manager {
                 }
                 Ok(())
             })
+            .await
             .map_err(|e| e.to_string())
     }
 
-    pub fn locate(&self, name: &str) -> Result<AttachInfo> {
-        let v = self.meta.volume(name).map_err(|e| e.to_string())?;
-        self.attach_info(&v)
+    pub async fn locate(&self, name: &str) -> Result<AttachInfo> {
+        let v = self.meta.volume(name).await.map_err(|e| e.to_string())?;
+        self.attach_info(&v).await
     }
 
     async fn node_status(&self, n: &NodeRecord, vols: &[VolumeRecord]) -> NodeStatus {
@@ -427,10 +435,11 @@ impl Manager {
     }
 
     /// Every node still in the cluster (not removed).
-    fn member_nodes(&self) -> Result<Vec<NodeRecord>> {
+    async fn member_nodes(&self) -> Result<Vec<NodeRecord>> {
         Ok(self
             .meta
             .nodes()
+            .await
             .map_err(|e| e.to_string())?
             .into_iter()
             .filter(|n| n.state != NodeState::Removed)
@@ -438,8 +447,8 @@ impl Manager {
     }
 
     pub async fn status(&self) -> Result<StatusReport> {
-        let nodes = self.member_nodes()?;
-        let vols = self.meta.volumes().map_err(|e| e.to_string())?;
+        let nodes = self.member_nodes().await?;
+        let vols = self.meta.volumes().await.map_err(|e| e.to_string())?;
         let mut ns = Vec::new();
         for n in &nodes {
             ns.push(self.node_status(n, &vols).await);
@@ -504,8 +513,8 @@ impl Manager {
     /// A replica missing from a persistent store is reported, never silently re-created empty.
     /// Nodes that do not answer are skipped (they are handled when they come back).
     pub async fn ensure_replicas(&self) -> Result<()> {
-        let nodes = self.member_nodes()?;
-        for v in self.meta.volumes().map_err(|e| e.to_string())? {
+        let nodes = self.member_nodes().await?;
+        for v in self.meta.volumes().await.map_err(|e| e.to_string())? {
             let mut missing = Vec::new();
             let mut present = 0;
             for r in &v.replicas {
@@ -538,6 +547,7 @@ impl Manager {
                             }
                             Ok(())
                         })
+                        .await
                         .map_err(|e| e.to_string())?;
                     tracing::warn!(volume = %v.name, node = n.id, "replica lost with its volatile store; re-created empty and marked failed until resynced");
                 }
@@ -553,9 +563,9 @@ impl Manager {
         }
         match req {
             Request::NodeList => {
-                let vols = self.meta.volumes().map_err(|e| e.to_string())?;
+                let vols = self.meta.volumes().await.map_err(|e| e.to_string())?;
                 let mut out = Vec::new();
-                for n in self.meta.nodes().map_err(|e| e.to_string())? {
+                for n in self.meta.nodes().await.map_err(|e| e.to_string())? {
                     out.push(self.node_status(&n, &vols).await);
                 }
                 to(Ok(out))
@@ -565,18 +575,20 @@ impl Manager {
                 size,
                 replicas,
             } => to(self.create_volume(&name, size, replicas).await),
-            Request::VolumeList => to(self.meta.volumes().map_err(|e| e.to_string())),
-            Request::VolumeInfo { name } => to(self.meta.volume(&name).map_err(|e| e.to_string())),
+            Request::VolumeList => to(self.meta.volumes().await.map_err(|e| e.to_string())),
+            Request::VolumeInfo { name } => {
+                to(self.meta.volume(&name).await.map_err(|e| e.to_string()))
+            }
             Request::VolumeDelete { name } => to(self.delete_volume(&name).await),
-            Request::Attach { name } => to(self.attach(&name)),
-            Request::Locate { name } => to(self.locate(&name)),
+            Request::Attach { name } => to(self.attach(&name).await),
+            Request::Locate { name } => to(self.locate(&name).await),
             Request::SetReplicaState {
                 name,
                 epoch,
                 node,
                 state,
-            } => to(self.set_replica_state(&name, epoch, node, state)),
-            Request::Detach { name, epoch } => to(self.detach(&name, epoch)),
+            } => to(self.set_replica_state(&name, epoch, node, state).await),
+            Request::Detach { name, epoch } => to(self.detach(&name, epoch).await),
             Request::VolumeScrub { name, region } => {
                 let v = self.writer(&name).ok_or_else(|| {
                     format!("no writer of {name:?} runs in the cluster process; a scrub repairs through it")
@@ -585,7 +597,7 @@ impl Manager {
             }
             Request::NodeStop { id } => to(self.node_control(false, id).await),
             Request::NodeStart { id } => to(self.node_control(true, id).await),
-            Request::NodeUndrain { id } => to(self.undrain(id)),
+            Request::NodeUndrain { id } => to(self.undrain(id).await),
             Request::NodeDrain { id, rate } => to(self.start_move(id, false, rate).await),
             Request::NodeRemove { id, rate } => to(self.start_move(id, true, rate).await),
             Request::Status => to(self.status().await),

@@ -88,6 +88,7 @@ impl Membership for ManagerMembership {
         Box::pin(async move {
             self.get()?
                 .set_replica_state(volume, epoch, node, state)
+                .await
                 .map(|_| ())
         })
     }
@@ -95,14 +96,14 @@ impl Membership for ManagerMembership {
         &'a self,
         volume: &'a str,
     ) -> BoxFut<'a, std::result::Result<AttachInfo, String>> {
-        Box::pin(async move { self.get()?.locate(volume) })
+        Box::pin(async move { self.get()?.locate(volume).await })
     }
     fn detach<'a>(
         &'a self,
         volume: &'a str,
         epoch: u64,
     ) -> BoxFut<'a, std::result::Result<(), String>> {
-        Box::pin(async move { self.get()?.detach(volume, epoch).map(|_| ()) })
+        Box::pin(async move { self.get()?.detach(volume, epoch).await.map(|_| ()) })
     }
 }
 
@@ -115,7 +116,7 @@ impl Manager {
         remove: bool,
         rate: Option<u64>,
     ) -> Result<MoveStatus> {
-        let rec = self.node(node)?;
+        let rec = self.node(node).await?;
         if rec.state == NodeState::Removed {
             return Err(format!("node {node} was removed from the cluster"));
         }
@@ -123,6 +124,7 @@ impl Manager {
         let volumes: Vec<String> = self
             .meta()
             .volumes()
+            .await
             .map_err(|e| e.to_string())?
             .into_iter()
             .filter(|v| v.replicas.iter().any(|r| r.node == node))
@@ -156,7 +158,7 @@ impl Manager {
             job
         };
         // No new replicas go to it from now on.
-        self.set_node_state(node, NodeState::Draining)?;
+        self.set_node_state(node, NodeState::Draining).await?;
         tracing::info!(node, kind, volumes = ?volumes, rate, "moving replicas off a node");
         let me = self.clone();
         tokio::spawn(async move {
@@ -182,8 +184,8 @@ impl Manager {
     }
 
     /// A drained node takes new replicas again (refused while a move off it runs).
-    pub fn undrain(&self, node: u32) -> Result<String> {
-        let rec = self.node(node)?;
+    pub async fn undrain(&self, node: u32) -> Result<String> {
+        let rec = self.node(node).await?;
         match rec.state {
             NodeState::Removed => return Err(format!("node {node} was removed from the cluster")),
             NodeState::Active => return Ok(format!("node {node} is active")),
@@ -198,14 +200,15 @@ impl Manager {
                 "a move off node {node} is running; wait for it to end"
             ));
         }
-        self.set_node_state(node, NodeState::Active)?;
+        self.set_node_state(node, NodeState::Active).await?;
         Ok(format!("node {node} takes new replicas again"))
     }
 
-    fn set_node_state(&self, node: u32, state: NodeState) -> Result<()> {
-        let rec = self.node(node)?;
+    async fn set_node_state(&self, node: u32, state: NodeState) -> Result<()> {
+        let rec = self.node(node).await?;
         self.meta()
             .put_node(&trireme_meta::NodeRecord { state, ..rec })
+            .await
             .map_err(|e| e.to_string())
     }
 
@@ -228,7 +231,7 @@ impl Manager {
         volumes: &[String],
     ) -> Result<()> {
         for name in volumes {
-            let v = match self.meta().volume(name) {
+            let v = match self.meta().volume(name).await {
                 Ok(v) => v,
                 Err(trireme_meta::MetaError::NoVolume(_)) => continue, // deleted meanwhile
                 Err(e) => return Err(e.to_string()),
@@ -242,7 +245,7 @@ impl Manager {
             self.update_move(node, |m| m.volumes_done += 1);
         }
         if remove {
-            self.set_node_state(node, NodeState::Removed)?;
+            self.set_node_state(node, NodeState::Removed).await?;
             // Its process, if one runs under the supervisor, is stopped for good.
             if let Err(e) = self.stop_node_process(node).await {
                 tracing::info!(node, "removed node not stopped: {e}");
@@ -263,7 +266,7 @@ impl Manager {
                 v.name
             ));
         }
-        let info = self.attach(&v.name)?;
+        let info = self.attach(&v.name).await?;
         let membership: Arc<dyn Membership> = Arc::new(ManagerMembership(Arc::downgrade(self)));
         let w = Volume::attach_managed(info, VolumeOptions::default(), membership)
             .await
@@ -291,9 +294,9 @@ impl Manager {
 
     /// The node a new replica of `v` goes to.
     async fn pick_target(&self, v: &VolumeRecord) -> Result<u32> {
-        let vols = self.meta().volumes().map_err(|e| e.to_string())?;
+        let vols = self.meta().volumes().await.map_err(|e| e.to_string())?;
         let mut candidates: Vec<(usize, u32)> = Vec::new();
-        for n in self.meta().nodes().map_err(|e| e.to_string())? {
+        for n in self.meta().nodes().await.map_err(|e| e.to_string())? {
             if n.state != NodeState::Active || v.replicas.iter().any(|r| r.node == n.id) {
                 continue;
             }
@@ -341,15 +344,19 @@ impl Manager {
                 });
                 Ok(())
             })
+            .await
             .map_err(|e| e.to_string())?;
-        let target = self.node(to)?;
+        let target = self.node(to).await?;
         match self.replica_op(&target, Op::CreateReplica, &v).await {
             Ok(Status::Ok) => {}
             outcome => {
-                let _ = self.meta().update_volume(&v.name, &mut |rec| {
-                    rec.replicas.retain(|r| r.node != to);
-                    Ok(())
-                });
+                let _ = self
+                    .meta()
+                    .update_volume(&v.name, &mut |rec| {
+                        rec.replicas.retain(|r| r.node != to);
+                        Ok(())
+                    })
+                    .await;
                 return Err(format!(
                     "creating the new replica on node {to}: {outcome:?}"
                 ));
@@ -365,6 +372,7 @@ impl Manager {
             let epoch = self
                 .meta()
                 .volume(&v.name)
+                .await
                 .map_err(|e| e.to_string())?
                 .epoch;
             if epoch != writer.info().epoch {
@@ -394,8 +402,9 @@ impl Manager {
                 rec.replicas.remove(i);
                 Ok(())
             })
+            .await
             .map_err(|e| e.to_string())?;
-        match self.node(from) {
+        match self.node(from).await {
             Ok(n) => match self.replica_op(&n, Op::DeleteReplica, &v).await {
                 Ok(Status::Ok | Status::NoReplica) => {}
                 other => {

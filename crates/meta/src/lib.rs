@@ -1,16 +1,30 @@
 //! Cluster metadata: which nodes exist, which volumes, where their replicas live, and each
 //! volume's writer epoch.
 //!
-//! [`MetaStore`] is the seam. The embedded default, [`EmbeddedMeta`], keeps everything in one
-//! local redb file (crash-safe, checksummed) so a whole cluster runs on one host with no external
-//! service. A multi-host cluster will put the same records in etcd behind the same trait.
+//! Two layers. [`MetaStore`] (`kv.rs`) is the seam: a key-value store with etcd's semantics
+//! (revisions, compare-and-put transactions, leases, prefix watches) and three backends: the
+//! embedded default ([`EmbeddedMeta::open`], one local redb file, so a whole cluster runs on one
+//! host with no external service), the same engine in memory ([`EmbeddedMeta::in_memory`], for
+//! the simulator and tests) and etcd ([`EtcdMeta`], for clusters of several servers). One
+//! conformance suite (`tests.rs`) runs against all three.
 //!
-//! Every method is atomic and durable when it returns. Epochs only ever grow: [`MetaStore::next_epoch`]
-//! is what makes fencing (DESIGN.md guarantee 4) sound.
+//! [`ClusterMeta`] (`cluster.rs`) keeps trireme's records in it: one small key per object under
+//! a versioned prefix, every change a transaction that compares what it read (so concurrent
+//! writers on different hosts never lose an update), and optionally fenced by a lease (a
+//! deposed manager can never write). Epochs only ever grow: that is what makes fencing
+//! (DESIGN.md guarantee 4) sound.
 
-mod embedded;
+mod cluster;
+mod etcd;
+pub mod kv;
+mod local;
+#[cfg(test)]
+mod tests;
 
-pub use embedded::EmbeddedMeta;
+pub use cluster::{AliveRecord, AttachRecord, ClusterMeta, ManagerRecord, PREFIX};
+pub use etcd::{parse_endpoints, EtcdMeta};
+pub use kv::MetaStore;
+pub use local::EmbeddedMeta;
 
 use serde::{Deserialize, Serialize};
 use trireme_replication::ReplicaState;
@@ -28,6 +42,18 @@ pub enum MetaError {
     Storage { path: String, what: String },
     #[error("{0}")]
     Refused(String),
+    #[error("lease {0} has expired or never existed")]
+    NoLease(i64),
+    #[error("watch from revision {asked}: the store keeps history from revision {oldest} only")]
+    Compacted { asked: i64, oldest: i64 },
+    #[error("metadata store unreachable: {0}")]
+    Unavailable(String),
+    #[error("bad etcd endpoints {0}")]
+    BadEndpoints(String),
+    #[error("this process no longer holds {0}: another has taken it over")]
+    Deposed(String),
+    #[error("{what}: gave up after {tries} conflicting updates")]
+    Contended { what: String, tries: u32 },
     #[error("metadata record {key:?} is corrupt: {what}")]
     Corrupt { key: String, what: String },
 }
@@ -46,6 +72,10 @@ pub struct NodeRecord {
     /// Whether new replicas may be placed on it.
     #[serde(default)]
     pub state: NodeState,
+    /// Failure domain (rack, room): a volume's copies go to distinct zones when there are
+    /// enough of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
 }
 
 /// A node's place in the cluster.
@@ -106,32 +136,4 @@ pub fn check_name(name: &str) -> Result<(), MetaError> {
     } else {
         Err(MetaError::BadName(name.to_string()))
     }
-}
-
-/// The metadata seam. Implementations must make each call atomic and durable.
-pub trait MetaStore: Send + Sync + std::fmt::Debug {
-    fn put_node(&self, node: &NodeRecord) -> Result<(), MetaError>;
-    fn nodes(&self) -> Result<Vec<NodeRecord>, MetaError>;
-    /// Creates a volume with a fresh id; fails if the name is taken.
-    fn create_volume(
-        &self,
-        name: &str,
-        size: u64,
-        nodes: &[u32],
-    ) -> Result<VolumeRecord, MetaError>;
-    fn volume(&self, name: &str) -> Result<VolumeRecord, MetaError>;
-    fn volumes(&self) -> Result<Vec<VolumeRecord>, MetaError>;
-    fn delete_volume(&self, name: &str) -> Result<VolumeRecord, MetaError>;
-    /// Atomically increments and returns the volume's epoch: the attach of a new writer.
-    fn next_epoch(&self, name: &str) -> Result<VolumeRecord, MetaError>;
-    /// Atomically reads, changes and writes back one volume. `f` may refuse the change with a
-    /// message (returned as [`MetaError::Refused`]), and then nothing is written.
-    fn update_volume(
-        &self,
-        name: &str,
-        f: &mut dyn FnMut(&mut VolumeRecord) -> Result<(), String>,
-    ) -> Result<VolumeRecord, MetaError>;
-    /// A cluster-wide setting (e.g. the store backend the cluster was created with).
-    fn setting(&self, key: &str) -> Result<Option<String>, MetaError>;
-    fn set_setting(&self, key: &str, value: &str) -> Result<(), MetaError>;
 }

@@ -33,7 +33,7 @@ use trireme_client::{
     VolumeOptions,
 };
 use trireme_control::Manager;
-use trireme_meta::{EmbeddedMeta, MetaStore, NodeRecord};
+use trireme_meta::{ClusterMeta, EmbeddedMeta, NodeRecord};
 use trireme_node::Node;
 use trireme_proto::Header;
 use trireme_replication::ReplicaState;
@@ -310,14 +310,15 @@ impl Membership for SimMembership {
         Box::pin(async move {
             self.0
                 .set_replica_state(volume, epoch, node, state)
+                .await
                 .map(|_| ())
         })
     }
     fn locate<'a>(&'a self, volume: &'a str) -> BoxFut<'a, Result<AttachInfo, String>> {
-        Box::pin(async move { self.0.locate(volume) })
+        Box::pin(async move { self.0.locate(volume).await })
     }
     fn detach<'a>(&'a self, volume: &'a str, epoch: u64) -> BoxFut<'a, Result<(), String>> {
-        Box::pin(async move { self.0.detach(volume, epoch).map(|_| ()) })
+        Box::pin(async move { self.0.detach(volume, epoch).await.map(|_| ()) })
     }
 }
 
@@ -401,7 +402,7 @@ impl World {
     }
 
     async fn attach(&self) -> Result<Arc<Volume>, String> {
-        let info = self.manager.attach(VOLUME)?;
+        let info = self.manager.attach(VOLUME).await?;
         self.note(format!(
             "writer attaches, epoch {} (reconcile {})",
             info.epoch, info.reconcile
@@ -496,10 +497,7 @@ impl World {
     /// The replicas in sync both as the writer sees them and on record (a take-out in progress
     /// shows on record first), on healthy nodes.
     fn healthy_in_sync(&self, vol: &Volume) -> Vec<u32> {
-        let recorded = self
-            .manager
-            .meta()
-            .volume(VOLUME)
+        let recorded = ready(self.manager.meta().volume(VOLUME))
             .map(|v| v.replicas)
             .unwrap_or_default();
         vol.replica_views()
@@ -532,12 +530,12 @@ impl World {
             if lose { " empty" } else { "" }
         ));
         let store: Arc<SimDisk> = if lose {
-            let _ = self.manager.meta().update_volume(VOLUME, &mut |v| {
+            let _ = ready(self.manager.meta().update_volume(VOLUME, &mut |v| {
                 if let Some(r) = v.replicas.iter_mut().find(|r| r.node == id) {
                     r.state = ReplicaState::Failed;
                 }
                 Ok(())
-            });
+            }));
             let s = Arc::new(SimDisk::default());
             s.create(self.volume_id, self.size).expect("create replica");
             s
@@ -680,16 +678,7 @@ pub fn run(cfg: &Config) -> Result<Outcome, String> {
 }
 
 async fn run_async(cfg: Config) -> Result<Outcome, String> {
-    let dir = tempfile::Builder::new()
-        .prefix("trireme-sim-")
-        .tempdir_in(if std::path::Path::new("/dev/shm").is_dir() {
-            "/dev/shm"
-        } else {
-            "/tmp"
-        })
-        .map_err(|e| e.to_string())?;
-    let meta =
-        Arc::new(EmbeddedMeta::open(&dir.path().join("meta.redb")).map_err(|e| e.to_string())?);
+    let meta = ClusterMeta::new(Arc::new(EmbeddedMeta::in_memory()));
     let size = cfg.blocks * BLOCK;
     let ids: Vec<u32> = (1..=cfg.replicas as u32).collect();
     for &id in &ids {
@@ -699,11 +688,14 @@ async fn run_async(cfg: Config) -> Result<Outcome, String> {
             local_addr: None,
             store: "memory".into(),
             state: Default::default(),
+            zone: None,
         })
+        .await
         .map_err(|e| e.to_string())?;
     }
     let rec = meta
         .create_volume(VOLUME, size, &ids)
+        .await
         .map_err(|e| e.to_string())?;
     let nodes: Vec<Arc<SimNode>> = ids
         .iter()
@@ -857,7 +849,12 @@ async fn run_async(cfg: Config) -> Result<Outcome, String> {
             ));
         }
     }
-    let rec = w.manager.meta().volume(VOLUME).map_err(|e| e.to_string())?;
+    let rec = w
+        .manager
+        .meta()
+        .volume(VOLUME)
+        .await
+        .map_err(|e| e.to_string())?;
     if rec.replicas.iter().any(|r| r.state != ReplicaState::InSync) {
         w.violate(format!("metadata not all in sync: {:?}", rec.replicas));
     }
@@ -947,5 +944,16 @@ mod tests {
             run(&c).is_err()
         });
         assert!(caught, "forty runs with unnoticed power losses passed");
+    }
+}
+
+/// Runs a call of the in-memory metadata store from code that cannot await: that store
+/// answers on the first poll (it never waits on I/O).
+fn ready<T>(f: impl std::future::Future<Output = T>) -> T {
+    let mut f = std::pin::pin!(f);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match f.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(v) => v,
+        std::task::Poll::Pending => unreachable!("the in-memory metadata store never waits"),
     }
 }

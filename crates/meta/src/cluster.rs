@@ -1,0 +1,539 @@
+//! trireme's records in a [`MetaStore`]: one small key per object under [`PREFIX`].
+//!
+//! | key (under `/trireme/v1/`) | holds | lease-bound |
+//! |---|---|---|
+//! | `nodes/<id>` | [`NodeRecord`]: address, store, state, zone | no |
+//! | `alive/<id>` | [`AliveRecord`]: the running daemon of node `id` | yes: gone when it dies |
+//! | `volumes/<name>` | the volume's spec: id, name, size (never changes) | no |
+//! | `layouts/<name>` | replicas and their states, epoch, writer-open flag | no |
+//! | `attach/<name>` | [`AttachRecord`]: who writes the volume now | yes |
+//! | `manager` | [`ManagerRecord`]: who holds the manager role, where its API listens | yes |
+//! | `settings/<key>` | cluster settings | no |
+//! | `next-volume-id` | the next volume id (ids are never reused) | no |
+//!
+//! Values are JSON. Every read-modify-write compares the `mod_revision` it read and retries on
+//! a conflict, so two writers on two hosts never lose each other's update. A [`ClusterMeta`]
+//! made with [`ClusterMeta::fenced`] adds one more compare to every write: the manager key
+//! still carries this process's lease. A manager that lost its lease (a partition, a pause)
+//! then gets [`MetaError::Deposed`] and writes nothing.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use trireme_replication::ReplicaState;
+
+use crate::kv::{Compare, KeyValue, LeaseId, MetaStore, Op, Txn, TxnResult};
+use crate::{check_name, MetaError, NodeRecord, ReplicaRecord, VolumeRecord};
+
+/// Where every trireme key lives; the version changes if the layout ever does.
+pub const PREFIX: &str = "/trireme/v1/";
+
+/// How often a read-modify-write retries on conflicting writers before it gives up.
+const MAX_TRIES: u32 = 64;
+
+/// The running daemon of a node (lease-bound: it disappears when the daemon dies).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AliveRecord {
+    pub id: u32,
+    pub addr: String,
+    pub host: String,
+    pub pid: u32,
+}
+
+/// The holder of the manager role.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManagerRecord {
+    /// The node daemon that holds it (0: a process that is no node, e.g. `trireme up`).
+    pub node: u32,
+    /// Where its control API listens (TCP `host:port`).
+    pub control: String,
+    pub host: String,
+    pub pid: u32,
+}
+
+/// The writer of a volume (lease-bound).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttachRecord {
+    pub epoch: u64,
+    pub host: String,
+    pub pid: u32,
+    /// Where it serves the volume (NBD URIs).
+    pub exports: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Spec {
+    id: u64,
+    name: String,
+    size: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Layout {
+    replicas: Vec<ReplicaRecord>,
+    epoch: u64,
+    #[serde(default)]
+    writer_open: bool,
+}
+
+fn record(spec: Spec, layout: Layout) -> VolumeRecord {
+    VolumeRecord {
+        id: spec.id,
+        name: spec.name,
+        size: spec.size,
+        replicas: layout.replicas,
+        epoch: layout.epoch,
+        writer_open: layout.writer_open,
+    }
+}
+
+fn decode<T: DeserializeOwned>(kv: &KeyValue) -> Result<T, MetaError> {
+    serde_json::from_slice(&kv.value).map_err(|e| MetaError::Corrupt {
+        key: kv.key.clone(),
+        what: e.to_string(),
+    })
+}
+
+fn encode<T: Serialize>(v: &T) -> Vec<u8> {
+    serde_json::to_vec(v).expect("metadata records always serialize")
+}
+
+/// trireme's metadata over any [`MetaStore`]. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct ClusterMeta {
+    store: Arc<dyn MetaStore>,
+    /// Compared by every write (see the module doc).
+    fence: Option<Compare>,
+}
+
+impl ClusterMeta {
+    pub fn new(store: Arc<dyn MetaStore>) -> ClusterMeta {
+        ClusterMeta { store, fence: None }
+    }
+
+    /// The same records, every write fenced by the manager lease `lease`.
+    pub fn fenced(&self, lease: LeaseId) -> ClusterMeta {
+        ClusterMeta {
+            store: self.store.clone(),
+            fence: Some(Compare::lease(key("manager"), lease)),
+        }
+    }
+
+    pub fn store(&self) -> &Arc<dyn MetaStore> {
+        &self.store
+    }
+
+    /// Runs a write transaction with the fence added; `Ok(None)` when a compare of the caller
+    /// failed (a conflict: read again and retry), `Deposed` when the fence did.
+    async fn write(
+        &self,
+        mut compare: Vec<Compare>,
+        ops: Vec<Op>,
+    ) -> Result<Option<TxnResult>, MetaError> {
+        let fence = self.fence.clone();
+        let mut failure = Vec::new();
+        if let Some(f) = &fence {
+            compare.push(f.clone());
+            failure.push(Op::get(f.key.clone()));
+        }
+        let r = self
+            .store
+            .txn(Txn::when(compare).then(ops).otherwise(failure))
+            .await?;
+        if r.succeeded {
+            return Ok(Some(r));
+        }
+        if let Some(f) = fence {
+            if !f.holds(r.gets.first().and_then(|g| g.as_ref())) {
+                return Err(MetaError::Deposed("the manager role".into()));
+            }
+        }
+        Ok(None)
+    }
+
+    async fn get<T: DeserializeOwned>(&self, k: &str) -> Result<Option<(T, KeyValue)>, MetaError> {
+        match self.store.get(k).await? {
+            Some(kv) => Ok(Some((decode(&kv)?, kv))),
+            None => Ok(None),
+        }
+    }
+
+    async fn list<T: DeserializeOwned>(&self, dir: &str) -> Result<Vec<T>, MetaError> {
+        let (kvs, _) = self.store.range(&key(dir)).await?;
+        kvs.iter().map(decode).collect()
+    }
+
+    pub async fn put_node(&self, node: &NodeRecord) -> Result<(), MetaError> {
+        let k = key(&format!("nodes/{}", node.id));
+        self.write(vec![], vec![Op::put(k, encode(node))])
+            .await?
+            .ok_or_else(|| MetaError::Refused("node record: conflicting write".into()))?;
+        Ok(())
+    }
+
+    /// Every registered node, by id.
+    pub async fn nodes(&self) -> Result<Vec<NodeRecord>, MetaError> {
+        let mut v: Vec<NodeRecord> = self.list("nodes/").await?;
+        v.sort_by_key(|n| n.id);
+        Ok(v)
+    }
+
+    /// The daemons running now, by node id.
+    pub async fn alive(&self) -> Result<BTreeMap<u32, AliveRecord>, MetaError> {
+        let v: Vec<AliveRecord> = self.list("alive/").await?;
+        Ok(v.into_iter().map(|a| (a.id, a)).collect())
+    }
+
+    /// Registers the daemon of node `rec.id` under `lease`, and its node record, in one step,
+    /// only if no other daemon holds the id. On refusal, says who holds it.
+    pub async fn register_alive(
+        &self,
+        rec: &AliveRecord,
+        node: &NodeRecord,
+        lease: LeaseId,
+    ) -> Result<(), MetaError> {
+        let k = key(&format!("alive/{}", rec.id));
+        let r = self
+            .store
+            .txn(
+                Txn::when(vec![Compare::absent(k.clone())])
+                    .then(vec![
+                        Op::put_leased(k.clone(), encode(rec), lease),
+                        Op::put(key(&format!("nodes/{}", node.id)), encode(node)),
+                    ])
+                    .otherwise(vec![Op::get(k)]),
+            )
+            .await?;
+        if r.succeeded {
+            return Ok(());
+        }
+        let holder = match r.gets.first().and_then(|g| g.as_ref()) {
+            Some(kv) => match decode::<AliveRecord>(kv) {
+                Ok(a) => format!("pid {} on {} at {}", a.pid, a.host, a.addr),
+                Err(_) => "another process".into(),
+            },
+            None => "another process (it has just gone; try again)".into(),
+        };
+        Err(MetaError::Refused(format!(
+            "node id {} is already held by a running daemon: {holder}",
+            rec.id
+        )))
+    }
+
+    /// Takes the manager role under `lease` if nobody holds it. `Ok(false)`: someone does.
+    pub async fn campaign(&self, rec: &ManagerRecord, lease: LeaseId) -> Result<bool, MetaError> {
+        let k = key("manager");
+        let r = self
+            .store
+            .txn(
+                Txn::when(vec![Compare::absent(k.clone())]).then(vec![Op::put_leased(
+                    k,
+                    encode(rec),
+                    lease,
+                )]),
+            )
+            .await?;
+        Ok(r.succeeded)
+    }
+
+    /// Who holds the manager role, and the revision of its record.
+    pub async fn manager(&self) -> Result<Option<(ManagerRecord, KeyValue)>, MetaError> {
+        self.get(&key("manager")).await
+    }
+
+    /// The manager key (for watches).
+    pub fn manager_key() -> String {
+        key("manager")
+    }
+
+    pub async fn create_volume(
+        &self,
+        name: &str,
+        size: u64,
+        nodes: &[u32],
+    ) -> Result<VolumeRecord, MetaError> {
+        check_name(name)?;
+        let spec_key = key(&format!("volumes/{name}"));
+        let counter = key("next-volume-id");
+        for _ in 0..MAX_TRIES {
+            let c = self.store.get(&counter).await?;
+            let id = match &c {
+                Some(kv) => std::str::from_utf8(&kv.value)
+                    .ok()
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .ok_or_else(|| MetaError::Corrupt {
+                        key: counter.clone(),
+                        what: "not a number".into(),
+                    })?,
+                None => 1,
+            };
+            let spec = Spec {
+                id,
+                name: name.to_string(),
+                size,
+            };
+            let layout = Layout {
+                replicas: nodes
+                    .iter()
+                    .map(|&node| ReplicaRecord {
+                        node,
+                        state: ReplicaState::InSync,
+                    })
+                    .collect(),
+                epoch: 0,
+                writer_open: false,
+            };
+            let done = self
+                .write(
+                    vec![
+                        Compare::absent(spec_key.clone()),
+                        Compare::mod_revision(
+                            counter.clone(),
+                            c.as_ref().map_or(0, |k| k.mod_revision),
+                        ),
+                    ],
+                    vec![
+                        Op::put(spec_key.clone(), encode(&spec)),
+                        Op::put(key(&format!("layouts/{name}")), encode(&layout)),
+                        Op::put(counter.clone(), (id + 1).to_string()),
+                    ],
+                )
+                .await?;
+            if done.is_some() {
+                return Ok(record(spec, layout));
+            }
+            if self.store.get(&spec_key).await?.is_some() {
+                return Err(MetaError::VolumeExists(name.to_string()));
+            }
+        }
+        Err(MetaError::Contended {
+            what: format!("creating volume {name:?}"),
+            tries: MAX_TRIES,
+        })
+    }
+
+    /// The volume and the `mod_revision` of its layout key.
+    async fn read_volume(&self, name: &str) -> Result<(VolumeRecord, i64), MetaError> {
+        let r = self
+            .store
+            .txn(Txn::when(vec![]).then(vec![
+                Op::get(key(&format!("volumes/{name}"))),
+                Op::get(key(&format!("layouts/{name}"))),
+            ]))
+            .await?;
+        match (&r.gets[0], &r.gets[1]) {
+            (Some(s), Some(l)) => Ok((record(decode(s)?, decode(l)?), l.mod_revision)),
+            (Some(s), None) => Err(MetaError::Corrupt {
+                key: s.key.clone(),
+                what: "the volume has no layout record".into(),
+            }),
+            _ => Err(MetaError::NoVolume(name.to_string())),
+        }
+    }
+
+    pub async fn volume(&self, name: &str) -> Result<VolumeRecord, MetaError> {
+        Ok(self.read_volume(name).await?.0)
+    }
+
+    /// Every volume, by name.
+    pub async fn volumes(&self) -> Result<Vec<VolumeRecord>, MetaError> {
+        let (specs, _) = self.store.range(&key("volumes/")).await?;
+        let (layouts, _) = self.store.range(&key("layouts/")).await?;
+        let layouts: BTreeMap<&str, &KeyValue> = layouts
+            .iter()
+            .map(|kv| (&kv.key[key("layouts/").len()..], kv))
+            .collect();
+        let mut out = Vec::with_capacity(specs.len());
+        for s in &specs {
+            let spec: Spec = decode(s)?;
+            // A volume created between the two reads has no layout yet: not shown.
+            if let Some(l) = layouts.get(spec.name.as_str()) {
+                out.push(record(spec, decode(l)?));
+            }
+        }
+        Ok(out)
+    }
+
+    pub async fn delete_volume(&self, name: &str) -> Result<VolumeRecord, MetaError> {
+        let (v, rev) = self.read_volume(name).await?;
+        let done = self
+            .write(
+                vec![Compare::mod_revision(key(&format!("layouts/{name}")), rev)],
+                vec![
+                    Op::delete(key(&format!("volumes/{name}"))),
+                    Op::delete(key(&format!("layouts/{name}"))),
+                ],
+            )
+            .await?;
+        match done {
+            Some(_) => Ok(v),
+            None => Err(MetaError::Refused(format!(
+                "volume {name:?} changed while it was being deleted; try again"
+            ))),
+        }
+    }
+
+    /// Atomically reads, changes and writes back one volume's layout (compare-and-put on its
+    /// revision, retried on conflicts). `f` may refuse with a message ([`MetaError::Refused`]),
+    /// and then nothing is written. The spec (id, name, size) cannot change.
+    pub async fn update_volume(
+        &self,
+        name: &str,
+        f: &mut (dyn FnMut(&mut VolumeRecord) -> Result<(), String> + Send),
+    ) -> Result<VolumeRecord, MetaError> {
+        self.update_volume_with(name, vec![], vec![], f).await
+    }
+
+    /// [`ClusterMeta::update_volume`], with more compares and operations in the same
+    /// transaction.
+    pub async fn update_volume_with(
+        &self,
+        name: &str,
+        compare: Vec<Compare>,
+        ops: Vec<Op>,
+        f: &mut (dyn FnMut(&mut VolumeRecord) -> Result<(), String> + Send),
+    ) -> Result<VolumeRecord, MetaError> {
+        let lk = key(&format!("layouts/{name}"));
+        for _ in 0..MAX_TRIES {
+            let (mut v, rev) = self.read_volume(name).await?;
+            let (id, size) = (v.id, v.size);
+            f(&mut v).map_err(MetaError::Refused)?;
+            if (v.id, v.size, v.name.as_str()) != (id, size, name) {
+                return Err(MetaError::Refused(
+                    "a volume's id, name and size never change".into(),
+                ));
+            }
+            let layout = Layout {
+                replicas: v.replicas.clone(),
+                epoch: v.epoch,
+                writer_open: v.writer_open,
+            };
+            let mut cmp = vec![Compare::mod_revision(lk.clone(), rev)];
+            cmp.extend(compare.iter().cloned());
+            let mut all = vec![Op::put(lk.clone(), encode(&layout))];
+            all.extend(ops.iter().cloned());
+            if self.write(cmp, all).await?.is_some() {
+                return Ok(v);
+            }
+            // Someone else changed it (or one of the extra compares failed): read again.
+            if !compare.is_empty() {
+                let r = self.store.txn(Txn::when(compare.clone())).await?;
+                if !r.succeeded {
+                    return Err(MetaError::Refused(format!(
+                        "volume {name:?}: the state this change depends on has changed"
+                    )));
+                }
+            }
+        }
+        Err(MetaError::Contended {
+            what: format!("updating volume {name:?}"),
+            tries: MAX_TRIES,
+        })
+    }
+
+    /// Who writes `name` now (its lease-bound attach record) and the record's revision.
+    pub async fn attachment(
+        &self,
+        name: &str,
+    ) -> Result<Option<(AttachRecord, KeyValue)>, MetaError> {
+        self.get(&key(&format!("attach/{name}"))).await
+    }
+
+    /// Becomes the writer of `name`: in one transaction, bumps the epoch, marks the writer
+    /// open and puts `rec` (its epoch filled in) under `lease` — only if no attach record
+    /// exists, unless `force` (which fences the holder: its epoch is now stale). Returns the
+    /// volume and whether the previous writer left without detaching.
+    pub async fn attach(
+        &self,
+        name: &str,
+        rec: &AttachRecord,
+        lease: LeaseId,
+        force: bool,
+    ) -> Result<(VolumeRecord, bool), MetaError> {
+        let ak = key(&format!("attach/{name}"));
+        for _ in 0..MAX_TRIES {
+            let held = self.attachment(name).await?;
+            if let (Some((a, _)), false) = (&held, force) {
+                return Err(MetaError::Refused(format!(
+                    "volume {name:?} is attached by pid {} on {} (epoch {}); --force fences it",
+                    a.pid, a.host, a.epoch
+                )));
+            }
+            let ak_rev = held.as_ref().map_or(0, |(_, kv)| kv.mod_revision);
+            let mut unclean = false;
+            let mut mine = rec.clone();
+            let r = self
+                .update_volume_with(
+                    name,
+                    vec![Compare::mod_revision(ak.clone(), ak_rev)],
+                    vec![],
+                    &mut |v| {
+                        unclean = v.writer_open;
+                        v.epoch += 1;
+                        v.writer_open = true;
+                        Ok(())
+                    },
+                )
+                .await;
+            let v = match r {
+                Ok(v) => v,
+                // The attach record changed between the two reads: look again.
+                Err(MetaError::Refused(m)) if m.contains("depends on") => continue,
+                Err(e) => return Err(e),
+            };
+            mine.epoch = v.epoch;
+            // The epoch is taken; now the record (a crash in between leaves writer_open set,
+            // which the next attach treats as a writer that died: it reconciles).
+            let put = self
+                .store
+                .txn(Txn::when(vec![]).then(vec![Op::put_leased(ak.clone(), encode(&mine), lease)]))
+                .await;
+            return match put {
+                Ok(_) => Ok((v, unclean)),
+                Err(e) => Err(e),
+            };
+        }
+        Err(MetaError::Contended {
+            what: format!("attaching volume {name:?}"),
+            tries: MAX_TRIES,
+        })
+    }
+
+    /// Drops the attach record of `name` if it is still the one of `epoch`.
+    pub async fn release_attachment(&self, name: &str, epoch: u64) -> Result<(), MetaError> {
+        if let Some((a, kv)) = self.attachment(name).await? {
+            if a.epoch == epoch {
+                let ak = key(&format!("attach/{name}"));
+                self.store
+                    .txn(
+                        Txn::when(vec![Compare::mod_revision(ak.clone(), kv.mod_revision)])
+                            .then(vec![Op::delete(ak)]),
+                    )
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    pub async fn setting(&self, k: &str) -> Result<Option<String>, MetaError> {
+        Ok(self
+            .store
+            .get(&key(&format!("settings/{k}")))
+            .await?
+            .map(|kv| String::from_utf8_lossy(&kv.value).into_owned()))
+    }
+
+    pub async fn set_setting(&self, k: &str, value: &str) -> Result<(), MetaError> {
+        self.write(vec![], vec![Op::put(key(&format!("settings/{k}")), value)])
+            .await?
+            .ok_or_else(|| MetaError::Refused("setting: conflicting write".into()))?;
+        Ok(())
+    }
+}
+
+/// The full key of `rel`.
+pub fn key(rel: &str) -> String {
+    format!("{PREFIX}{rel}")
+}

@@ -1,0 +1,606 @@
+//! One conformance suite for every backend: memory, embedded (redb) and a real etcd server
+//! started by the test on 127.0.0.1 (`etcd` from Debian's `etcd-server`; set
+//! `TRIREME_SKIP_ETCD=1` to skip where it is not installed).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::kv::{CmpOp, Compare, MetaStore, Op, Target, Txn};
+use crate::{
+    AliveRecord, AttachRecord, ClusterMeta, EmbeddedMeta, EtcdMeta, ManagerRecord, MetaError,
+    NodeRecord,
+};
+use trireme_replication::ReplicaState;
+
+/// A throwaway etcd server: one member on free 127.0.0.1 ports, killed on drop.
+pub(crate) struct EtcdServer {
+    child: std::process::Child,
+    _dir: tempfile::TempDir,
+    pub url: String,
+}
+
+impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl EtcdServer {
+    pub(crate) fn start() -> Option<EtcdServer> {
+        if std::env::var_os("TRIREME_SKIP_ETCD").is_some() {
+            eprintln!("TRIREME_SKIP_ETCD set: etcd conformance skipped");
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (c, p) = (free_port(), free_port());
+        let url = format!("http://127.0.0.1:{c}");
+        let child = std::process::Command::new("etcd")
+            .args([
+                "--name=t",
+                &format!("--data-dir={}", dir.path().join("etcd").display()),
+                &format!("--listen-client-urls={url}"),
+                &format!("--advertise-client-urls={url}"),
+                &format!("--listen-peer-urls=http://127.0.0.1:{p}"),
+                &format!("--initial-advertise-peer-urls=http://127.0.0.1:{p}"),
+                &format!("--initial-cluster=t=http://127.0.0.1:{p}"),
+                "--log-level=error",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("etcd must be installed (apt-get install etcd-server) or TRIREME_SKIP_ETCD=1");
+        Some(EtcdServer {
+            child,
+            _dir: dir,
+            url,
+        })
+    }
+
+    pub(crate) async fn connect(&self) -> EtcdMeta {
+        let t0 = std::time::Instant::now();
+        loop {
+            if let Ok(m) = EtcdMeta::connect(std::slice::from_ref(&self.url)).await {
+                if m.range("/").await.is_ok() {
+                    return m;
+                }
+            }
+            assert!(t0.elapsed() < Duration::from_secs(20), "etcd did not start");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Runs the whole suite on one store.
+async fn conformance(s: Arc<dyn MetaStore>) {
+    keys_and_revisions(&*s).await;
+    transactions(&*s).await;
+    leases(&*s).await;
+    watches(&*s).await;
+    cluster_records(s.clone()).await;
+    concurrent_updates(s).await;
+}
+
+async fn keys_and_revisions(s: &dyn MetaStore) {
+    let k = "/t/kr/a";
+    assert_eq!(s.get(k).await.unwrap(), None);
+    let r1 = s
+        .txn(Txn::when(vec![]).then(vec![Op::put(k, "1")]))
+        .await
+        .unwrap();
+    let a = s.get(k).await.unwrap().unwrap();
+    assert_eq!((a.value.as_slice(), a.version), (&b"1"[..], 1));
+    assert_eq!(a.create_revision, r1.revision);
+    assert_eq!(a.mod_revision, r1.revision);
+    let r2 = s
+        .txn(Txn::when(vec![]).then(vec![Op::put(k, "2")]))
+        .await
+        .unwrap();
+    assert!(r2.revision > r1.revision);
+    let b = s.get(k).await.unwrap().unwrap();
+    assert_eq!(
+        (b.version, b.create_revision, b.mod_revision),
+        (2, r1.revision, r2.revision)
+    );
+    // Reads take no revision.
+    let r3 = s
+        .txn(Txn::when(vec![]).then(vec![Op::get(k)]))
+        .await
+        .unwrap();
+    assert_eq!(
+        r3.revision, r2.revision,
+        "a read-only transaction takes no revision"
+    );
+    // Delete then put starts the key over.
+    s.txn(Txn::when(vec![]).then(vec![Op::delete(k)]))
+        .await
+        .unwrap();
+    assert_eq!(s.get(k).await.unwrap(), None);
+    let r4 = s
+        .txn(Txn::when(vec![]).then(vec![Op::put(k, "3")]))
+        .await
+        .unwrap();
+    let c = s.get(k).await.unwrap().unwrap();
+    assert_eq!((c.version, c.create_revision), (1, r4.revision));
+    // Range by prefix, in key order, not beyond it.
+    s.txn(Txn::when(vec![]).then(vec![Op::put("/t/kr/b", "x"), Op::put("/t/kr0", "y")]))
+        .await
+        .unwrap();
+    let (kvs, rev) = s.range("/t/kr/").await.unwrap();
+    let keys: Vec<&str> = kvs.iter().map(|k| k.key.as_str()).collect();
+    assert_eq!(keys, ["/t/kr/a", "/t/kr/b"]);
+    assert!(rev >= r4.revision);
+}
+
+async fn transactions(s: &dyn MetaStore) {
+    let k = "/t/tx/k";
+    // Create only if absent: the first wins, the second sees the winner.
+    let t = || {
+        Txn::when(vec![Compare::absent(k)])
+            .then(vec![Op::put(k, "first")])
+            .otherwise(vec![Op::get(k)])
+    };
+    assert!(s.txn(t()).await.unwrap().succeeded);
+    let lost = s.txn(t()).await.unwrap();
+    assert!(!lost.succeeded);
+    assert_eq!(lost.gets[0].as_ref().unwrap().value, b"first");
+    // Compare-and-put on mod_revision: a stale revision changes nothing.
+    let cur = s.get(k).await.unwrap().unwrap();
+    let stale = s
+        .txn(
+            Txn::when(vec![Compare::mod_revision(k, cur.mod_revision - 1)])
+                .then(vec![Op::put(k, "x")]),
+        )
+        .await
+        .unwrap();
+    assert!(!stale.succeeded);
+    let ok = s
+        .txn(
+            Txn::when(vec![Compare::mod_revision(k, cur.mod_revision)])
+                .then(vec![Op::put(k, "second")]),
+        )
+        .await
+        .unwrap();
+    assert!(ok.succeeded);
+    // Value and version compares, and the operators.
+    let v = |op, t| Compare {
+        key: k.into(),
+        op,
+        target: t,
+    };
+    for (c, want) in [
+        (v(CmpOp::Equal, Target::Value(b"second".to_vec())), true),
+        (v(CmpOp::NotEqual, Target::Value(b"second".to_vec())), false),
+        (v(CmpOp::Greater, Target::Version(1)), true),
+        (v(CmpOp::Less, Target::Version(1)), false),
+        (v(CmpOp::Equal, Target::Lease(0)), true),
+        (
+            Compare {
+                key: "/t/tx/absent".into(),
+                op: CmpOp::NotEqual,
+                target: Target::Value(b"z".to_vec()),
+            },
+            false,
+        ),
+    ] {
+        let r = s.txn(Txn::when(vec![c.clone()])).await.unwrap();
+        assert_eq!(r.succeeded, want, "{c:?}");
+    }
+    // All ops of a branch land together.
+    let r = s
+        .txn(Txn::when(vec![]).then(vec![Op::put("/t/tx/a", "1"), Op::put("/t/tx/b", "2")]))
+        .await
+        .unwrap();
+    let a = s.get("/t/tx/a").await.unwrap().unwrap();
+    let b = s.get("/t/tx/b").await.unwrap().unwrap();
+    assert_eq!((a.mod_revision, b.mod_revision), (r.revision, r.revision));
+}
+
+async fn leases(s: &dyn MetaStore) {
+    let l = s.grant(Duration::from_secs(2)).await.unwrap();
+    assert_ne!(l, 0);
+    s.txn(Txn::when(vec![]).then(vec![Op::put_leased("/t/l/a", "x", l)]))
+        .await
+        .unwrap();
+    assert_eq!(s.get("/t/l/a").await.unwrap().unwrap().lease, l);
+    assert!(
+        s.txn(Txn::when(vec![Compare::lease("/t/l/a", l)]))
+            .await
+            .unwrap()
+            .succeeded
+    );
+    assert!(s.keep_alive(l).await.unwrap());
+    // Revoke deletes the key.
+    s.revoke(l).await.unwrap();
+    assert_eq!(s.get("/t/l/a").await.unwrap(), None);
+    assert!(!s.keep_alive(l).await.unwrap());
+    // A put bound to a dead lease fails whole, changing nothing.
+    let r = s
+        .txn(Txn::when(vec![]).then(vec![
+            Op::put("/t/l/b", "y"),
+            Op::put_leased("/t/l/c", "z", l),
+        ]))
+        .await;
+    assert!(matches!(r, Err(MetaError::NoLease(_))), "{r:?}");
+    assert_eq!(s.get("/t/l/b").await.unwrap(), None);
+    // Expiry without refresh (etcd may round a short TTL up to its minimum).
+    let l2 = s.grant(Duration::from_secs(1)).await.unwrap();
+    s.txn(Txn::when(vec![]).then(vec![Op::put_leased("/t/l/d", "x", l2)]))
+        .await
+        .unwrap();
+    let t0 = tokio::time::Instant::now();
+    while s.get("/t/l/d").await.unwrap().is_some() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "lease never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Refreshed, it outlives its TTL.
+    let l3 = s.grant(Duration::from_secs(2)).await.unwrap();
+    s.txn(Txn::when(vec![]).then(vec![Op::put_leased("/t/l/e", "x", l3)]))
+        .await
+        .unwrap();
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(s.keep_alive(l3).await.unwrap());
+    }
+    assert!(
+        s.get("/t/l/e").await.unwrap().is_some(),
+        "a refreshed lease expired"
+    );
+    s.revoke(l3).await.unwrap();
+}
+
+async fn watches(s: &dyn MetaStore) {
+    let (_, rev0) = s.range("/t/w/").await.unwrap();
+    let mut w = s.watch("/t/w/", 0).await.unwrap();
+    s.txn(Txn::when(vec![]).then(vec![Op::put("/t/w/a", "1")]))
+        .await
+        .unwrap();
+    s.txn(Txn::when(vec![]).then(vec![Op::put("/t/other", "1")]))
+        .await
+        .unwrap();
+    s.txn(Txn::when(vec![]).then(vec![Op::put("/t/w/b", "2"), Op::put("/t/w/a", "3")]))
+        .await
+        .unwrap();
+    let d = s
+        .txn(Txn::when(vec![]).then(vec![Op::delete("/t/w/a")]))
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let e = tokio::time::timeout(Duration::from_secs(5), w.recv())
+            .await
+            .expect("watch event in time")
+            .expect("watch open");
+        seen.push((
+            e.kv.key.clone(),
+            e.kv.value.clone(),
+            e.deleted,
+            e.kv.mod_revision,
+        ));
+    }
+    let names: Vec<(&str, bool)> = seen.iter().map(|(k, _, d, _)| (k.as_str(), *d)).collect();
+    assert_eq!(names[0], ("/t/w/a", false));
+    assert!(names[1..3].contains(&("/t/w/b", false)) && names[1..3].contains(&("/t/w/a", false)));
+    assert_eq!(names[3], ("/t/w/a", true));
+    assert_eq!(seen[3].3, d.revision, "a delete carries its revision");
+    assert!(
+        seen.windows(2).all(|p| p[0].3 <= p[1].3),
+        "in revision order"
+    );
+    // From a past revision: the same history again.
+    let mut again = s.watch("/t/w/", rev0 + 1).await.unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(5), again.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (first.kv.key.as_str(), first.kv.value.as_slice()),
+        ("/t/w/a", &b"1"[..])
+    );
+    // Lease expiry is seen as a delete.
+    let l = s.grant(Duration::from_secs(1)).await.unwrap();
+    s.txn(Txn::when(vec![]).then(vec![Op::put_leased("/t/w/l", "x", l)]))
+        .await
+        .unwrap();
+    s.revoke(l).await.unwrap();
+    let mut got = false;
+    for _ in 0..4 {
+        match tokio::time::timeout(Duration::from_secs(5), w.recv()).await {
+            Ok(Some(e)) if e.kv.key == "/t/w/l" && e.deleted => {
+                got = true;
+                break;
+            }
+            Ok(Some(_)) => continue,
+            _ => break,
+        }
+    }
+    assert!(got, "a revoked lease's key is seen deleted");
+}
+
+fn node(id: u32) -> NodeRecord {
+    NodeRecord {
+        id,
+        addr: format!("127.0.0.1:{}", 7000 + id),
+        local_addr: None,
+        store: "memory".into(),
+        state: Default::default(),
+        zone: None,
+    }
+}
+
+async fn cluster_records(s: Arc<dyn MetaStore>) {
+    let m = ClusterMeta::new(s.clone());
+    for id in [3, 1, 2] {
+        m.put_node(&node(id)).await.unwrap();
+    }
+    assert_eq!(
+        m.nodes()
+            .await
+            .unwrap()
+            .iter()
+            .map(|n| n.id)
+            .collect::<Vec<_>>(),
+        [1, 2, 3]
+    );
+    let v = m.create_volume("vol0", 1 << 20, &[1, 2, 3]).await.unwrap();
+    assert!(matches!(
+        m.create_volume("vol0", 1, &[1]).await,
+        Err(MetaError::VolumeExists(_))
+    ));
+    assert!(matches!(
+        m.create_volume("bad name", 1, &[1]).await,
+        Err(MetaError::BadName(_))
+    ));
+    let v2 = m.create_volume("vol1", 4096, &[2]).await.unwrap();
+    assert_eq!(v2.id, v.id + 1);
+    let u = m
+        .update_volume("vol0", &mut |v| {
+            v.replicas[1].state = ReplicaState::Outdated;
+            v.epoch += 1;
+            Ok(())
+        })
+        .await
+        .unwrap();
+    assert_eq!((u.epoch, u.replicas[1].state), (1, ReplicaState::Outdated));
+    let refused = m
+        .update_volume("vol0", &mut |v| {
+            v.epoch = 99;
+            Err("no".into())
+        })
+        .await;
+    assert!(matches!(refused, Err(MetaError::Refused(_))));
+    assert_eq!(
+        m.volume("vol0").await.unwrap().epoch,
+        1,
+        "a refused update writes nothing"
+    );
+    assert!(matches!(
+        m.volume("nope").await,
+        Err(MetaError::NoVolume(_))
+    ));
+    m.delete_volume("vol1").await.unwrap();
+    let v3 = m.create_volume("vol1", 4096, &[2]).await.unwrap();
+    assert!(v3.id > v2.id, "ids are never reused");
+    assert_eq!(m.volumes().await.unwrap().len(), 2);
+    m.set_setting("store", "memory").await.unwrap();
+    assert_eq!(m.setting("store").await.unwrap().as_deref(), Some("memory"));
+
+    // One daemon per node id.
+    let l1 = s.grant(Duration::from_secs(5)).await.unwrap();
+    let l2 = s.grant(Duration::from_secs(5)).await.unwrap();
+    let alive = |pid| AliveRecord {
+        id: 7,
+        addr: "127.0.0.1:1".into(),
+        host: "h".into(),
+        pid,
+    };
+    m.register_alive(&alive(1), &node(7), l1).await.unwrap();
+    let twice = m.register_alive(&alive(2), &node(7), l2).await;
+    assert!(
+        matches!(&twice, Err(MetaError::Refused(m)) if m.contains("pid 1")),
+        "{twice:?}"
+    );
+    assert_eq!(m.alive().await.unwrap()[&7].pid, 1);
+    s.revoke(l1).await.unwrap();
+    assert!(!m.alive().await.unwrap().contains_key(&7));
+    m.register_alive(&alive(2), &node(7), l2).await.unwrap();
+
+    // The manager role: one holder; a deposed one writes nothing.
+    let rec = |node| ManagerRecord {
+        node,
+        control: "127.0.0.1:1".into(),
+        host: "h".into(),
+        pid: 1,
+    };
+    let la = s.grant(Duration::from_secs(5)).await.unwrap();
+    let lb = s.grant(Duration::from_secs(5)).await.unwrap();
+    assert!(m.campaign(&rec(1), la).await.unwrap());
+    assert!(!m.campaign(&rec(2), lb).await.unwrap());
+    let ma = m.fenced(la);
+    let mb = m.fenced(lb);
+    ma.put_node(&node(8)).await.unwrap();
+    assert!(matches!(
+        mb.put_node(&node(9)).await,
+        Err(MetaError::Deposed(_))
+    ));
+    assert!(matches!(
+        mb.update_volume("vol0", &mut |v| {
+            v.epoch += 1;
+            Ok(())
+        })
+        .await,
+        Err(MetaError::Deposed(_))
+    ));
+    s.revoke(la).await.unwrap();
+    assert!(matches!(
+        ma.put_node(&node(8)).await,
+        Err(MetaError::Deposed(_))
+    ));
+    assert!(m.campaign(&rec(2), lb).await.unwrap());
+    mb.put_node(&node(9)).await.unwrap();
+    assert_eq!(m.manager().await.unwrap().unwrap().0.node, 2);
+
+    // Attach: a new epoch, one holder unless forced, unclean when not detached.
+    let w1 = s.grant(Duration::from_secs(5)).await.unwrap();
+    let w2 = s.grant(Duration::from_secs(5)).await.unwrap();
+    let arec = AttachRecord {
+        epoch: 0,
+        host: "h".into(),
+        pid: 1,
+        exports: vec![],
+    };
+    let (a1, unclean) = m.attach("vol0", &arec, w1, false).await.unwrap();
+    assert_eq!((a1.epoch, unclean, a1.writer_open), (2, false, true));
+    assert!(matches!(
+        m.attach("vol0", &arec, w2, false).await,
+        Err(MetaError::Refused(_))
+    ));
+    let (a2, unclean) = m.attach("vol0", &arec, w2, true).await.unwrap();
+    assert_eq!(
+        (a2.epoch, unclean),
+        (3, true),
+        "forced: the first writer never detached"
+    );
+    assert_eq!(m.attachment("vol0").await.unwrap().unwrap().0.epoch, 3);
+    m.release_attachment("vol0", 2).await.unwrap();
+    assert!(
+        m.attachment("vol0").await.unwrap().is_some(),
+        "a stale epoch releases nothing"
+    );
+    m.release_attachment("vol0", 3).await.unwrap();
+    assert!(m.attachment("vol0").await.unwrap().is_none());
+    for l in [l2, lb, w1, w2] {
+        s.revoke(l).await.unwrap();
+    }
+}
+
+/// Two writers changing one volume at once never lose an update.
+async fn concurrent_updates(s: Arc<dyn MetaStore>) {
+    let m = ClusterMeta::new(s);
+    m.create_volume("race", 4096, &[1]).await.unwrap();
+    let bump = |m: ClusterMeta| async move {
+        for _ in 0..20 {
+            m.update_volume("race", &mut |v| {
+                v.epoch += 1;
+                Ok(())
+            })
+            .await
+            .unwrap();
+        }
+    };
+    let (a, b) = (tokio::spawn(bump(m.clone())), tokio::spawn(bump(m.clone())));
+    a.await.unwrap();
+    b.await.unwrap();
+    assert_eq!(m.volume("race").await.unwrap().epoch, 40);
+}
+
+#[test]
+fn memory_backend_conforms() {
+    rt().block_on(conformance(Arc::new(EmbeddedMeta::in_memory())));
+}
+
+#[test]
+fn embedded_backend_conforms_and_persists() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("meta.redb");
+    rt().block_on(async {
+        let s = Arc::new(EmbeddedMeta::open(&p).unwrap());
+        conformance(s.clone()).await;
+        let l = s.grant(Duration::from_secs(60)).await.unwrap();
+        s.txn(Txn::when(vec![]).then(vec![Op::put_leased("/t/p/leased", "x", l)]))
+            .await
+            .unwrap();
+    });
+    rt().block_on(async {
+        let s = Arc::new(EmbeddedMeta::open(&p).unwrap());
+        let m = ClusterMeta::new(s.clone());
+        assert_eq!(m.volume("vol0").await.unwrap().epoch, 3);
+        assert_eq!(m.setting("store").await.unwrap().as_deref(), Some("memory"));
+        assert_eq!(
+            s.get("/t/p/leased").await.unwrap(),
+            None,
+            "leases end with the process"
+        );
+        // Revisions go on from where they were.
+        let before = s.get("/t/kr/a").await.unwrap().unwrap().mod_revision;
+        let r = s
+            .txn(Txn::when(vec![]).then(vec![Op::put("/t/kr/a", "4")]))
+            .await
+            .unwrap();
+        assert!(r.revision > before);
+    });
+}
+
+#[test]
+fn etcd_backend_conforms() {
+    let Some(server) = EtcdServer::start() else {
+        return;
+    };
+    rt().block_on(async {
+        let s = Arc::new(server.connect().await);
+        conformance(s).await;
+    });
+}
+
+#[test]
+fn etcd_unreachable_is_an_error_not_a_hang() {
+    rt().block_on(async {
+        let port = free_port();
+        let t0 = std::time::Instant::now();
+        let r = match EtcdMeta::connect(&[format!("http://127.0.0.1:{port}")]).await {
+            Ok(m) => m.range("/").await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        assert!(matches!(r, Err(MetaError::Unavailable(_))), "{r:?}");
+        assert!(t0.elapsed() < Duration::from_secs(10));
+    });
+}
+
+#[test]
+fn bad_endpoints_are_refused() {
+    assert!(crate::parse_endpoints("").is_err());
+    assert!(crate::parse_endpoints("https://a:1").is_err());
+    assert!(crate::parse_endpoints("a:notaport").is_err());
+    assert_eq!(
+        crate::parse_endpoints("a:1, http://b:2").unwrap(),
+        ["http://a:1", "http://b:2"]
+    );
+}
+
+#[test]
+fn corrupt_embedded_records_are_reported() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("meta.redb");
+    rt().block_on(async {
+        let s = Arc::new(EmbeddedMeta::open(&p).unwrap());
+        s.txn(Txn::when(vec![]).then(vec![Op::put(crate::cluster::key("volumes/v"), "{not json")]))
+            .await
+            .unwrap();
+        s.txn(Txn::when(vec![]).then(vec![Op::put(crate::cluster::key("layouts/v"), "{}")]))
+            .await
+            .unwrap();
+        let m = ClusterMeta::new(s);
+        assert!(matches!(
+            m.volume("v").await,
+            Err(MetaError::Corrupt { .. })
+        ));
+    });
+}
