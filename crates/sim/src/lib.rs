@@ -875,6 +875,17 @@ async fn run_async(cfg: Config) -> Result<Outcome, String> {
     Ok(outcome)
 }
 
+/// Runs a call of the in-memory metadata store from code that cannot await: that store
+/// answers on the first poll (it never waits on I/O).
+fn ready<T>(f: impl std::future::Future<Output = T>) -> T {
+    let mut f = std::pin::pin!(f);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match f.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(v) => v,
+        std::task::Poll::Pending => unreachable!("the in-memory metadata store never waits"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -944,16 +955,5 @@ mod tests {
             run(&c).is_err()
         });
         assert!(caught, "forty runs with unnoticed power losses passed");
-    }
-}
-
-/// Runs a call of the in-memory metadata store from code that cannot await: that store
-/// answers on the first poll (it never waits on I/O).
-fn ready<T>(f: impl std::future::Future<Output = T>) -> T {
-    let mut f = std::pin::pin!(f);
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    match f.as_mut().poll(&mut cx) {
-        std::task::Poll::Ready(v) => v,
-        std::task::Poll::Pending => unreachable!("the in-memory metadata store never waits"),
     }
 }
