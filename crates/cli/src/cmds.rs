@@ -6,7 +6,6 @@ use std::sync::Arc;
 use serde::Serialize;
 use trireme_control::{ControlClient, MoveState, MoveStatus, NodeStatus, Request, StatusReport};
 use trireme_meta::VolumeRecord;
-use trireme_store::StoreKind;
 
 use crate::units::human;
 use crate::{Cli, CliError, Cmd, NodeCmd, NodeServeArgs, Output, VolumeCmd};
@@ -34,6 +33,8 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Cmd::Up(ref a) => runtime(a.threads as usize)?.block_on(crate::up::run(&cli, a)),
         Cmd::Node(NodeCmd::Serve(ref a)) => runtime(1)?.block_on(node_serve(&cli, a)),
         Cmd::Nbd(ref a) => runtime(a.threads as usize)?.block_on(nbd(&cli, a)),
+        Cmd::Node(NodeCmd::Run(ref a)) => runtime(2)?.block_on(node_run(&cli, a)),
+        Cmd::Attach(ref a) => runtime(a.threads as usize)?.block_on(attach(&cli, a)),
         Cmd::Bench(ref a) => crate::bench::run(&cli, a),
         _ => runtime(1)?.block_on(client_cmd(&cli)),
     }
@@ -46,8 +47,32 @@ fn print<T: Serialize>(out: Output, v: &T, text: impl FnOnce(&T) -> String) {
     }
 }
 
+/// The control API: the elected manager's (found in etcd) with `--etcd`, else `trireme up`'s
+/// socket in `--data-dir`.
+async fn control_client(cli: &Cli) -> Result<ControlClient, CliError> {
+    if cli.etcd.is_none() {
+        return Ok(ControlClient::connect(&control_path(&cli.data_dir)).await?);
+    }
+    let meta = etcd_meta(cli).await?;
+    // Right after a manager dies the role may be vacant for up to a lease TTL: wait for it.
+    let t0 = std::time::Instant::now();
+    loop {
+        let found = match meta.manager().await? {
+            Some((m, _)) => match ControlClient::connect_tcp(&m.control).await {
+                Ok(c) => return Ok(c),
+                Err(e) => e.to_string(),
+            },
+            None => "no daemon holds the manager role (is any `trireme node run` up?)".into(),
+        };
+        if t0.elapsed() > std::time::Duration::from_secs(15) {
+            return Err(CliError::Runtime(found));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
 async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
-    let mut cc = ControlClient::connect(&control_path(&cli.data_dir)).await?;
+    let mut cc = control_client(cli).await?;
     let out = cli.output;
     match &cli.cmd {
         Cmd::Node(NodeCmd::List) => {
@@ -212,7 +237,12 @@ async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 )));
             }
         }
-        Cmd::Up(_) | Cmd::Nbd(_) | Cmd::Bench(_) | Cmd::Node(NodeCmd::Serve(_)) => {
+        Cmd::Up(_)
+        | Cmd::Nbd(_)
+        | Cmd::Attach(_)
+        | Cmd::Bench(_)
+        | Cmd::Node(NodeCmd::Serve(_))
+        | Cmd::Node(NodeCmd::Run(_)) => {
             unreachable!("dispatched in run()")
         }
     }
@@ -310,6 +340,9 @@ fn status_text(s: &StatusReport) -> String {
             v.epoch,
             reps.join("; ")
         );
+        if let Some(w) = &v.writer {
+            out += &format!("{:<16} attached by {w}\n", "");
+        }
         for l in &v.client_links {
             let how = match (&l.lanes, &l.fallback) {
                 (Some(lanes), _) => format!(" over {lanes}"),
@@ -402,36 +435,29 @@ fn move_text(m: &MoveStatus) -> String {
     s + "\n"
 }
 
+fn daemon_err(e: trireme_daemon::DaemonError) -> CliError {
+    match e {
+        trireme_daemon::DaemonError::Usage(m) => CliError::Usage(m),
+        trireme_daemon::DaemonError::Runtime(m) => CliError::Runtime(m),
+    }
+}
+
+fn node_config(cli: &Cli, a: &NodeServeArgs) -> trireme_daemon::node::NodeConfig {
+    trireme_daemon::node::NodeConfig {
+        id: a.id,
+        dir: a.dir.clone(),
+        listen: a.listen,
+        socket: a.socket.clone(),
+        store: a.store.kind(),
+        dirty_grain: a.dirty_grain,
+        inject_faults: a.inject_faults.clone(),
+        block_checksums: !a.no_block_checksums,
+        transport: cli.transport.kind(),
+    }
+}
+
 async fn node_serve(cli: &Cli, a: &NodeServeArgs) -> Result<(), CliError> {
-    let mut store = trireme_store::open_store(a.store.kind(), &a.dir)?;
-    // Every block written is sealed (crc32c over LBA, generation and bytes) and checked on
-    // read; the file store keeps the seals beside its replicas. The null store holds nothing.
-    match a.store.kind() {
-        _ if a.no_block_checksums => {
-            tracing::warn!("block checksums are off: reads are not checked");
-            // Seals from a sealed run would not match what this run writes.
-            trireme_store::sealed::forget_all(&a.dir)?;
-        }
-        StoreKind::Null => {}
-        StoreKind::Memory => store = Arc::new(trireme_store::SealedStore::new(store, None)),
-        StoreKind::File => store = Arc::new(trireme_store::SealedStore::new(store, Some(&a.dir))),
-    }
-    if let Some(spec) = &a.inject_faults {
-        tracing::warn!(spec = %spec.display(), "store errors will be injected (fault testing)");
-        store = Arc::new(trireme_store::FaultyStore::new(store, spec));
-    }
-    let node = Arc::new(trireme_node::Node::with_dirty_grain(
-        a.id,
-        store,
-        a.dirty_grain,
-    ));
-    tracing::info!(
-        node = a.id,
-        store = a.store.kind().as_str(),
-        replicas = node.replica_count(),
-        "node starting"
-    );
-    offer_ucx(cli, &node, a.listen.ip())?;
+    let node = trireme_daemon::node::build_node(&node_config(cli, a)).map_err(daemon_err)?;
     let serve = trireme_node::run(node.clone(), a.listen, a.socket.as_deref(), |addr, unix| {
         use std::io::Write;
         let mut o = std::io::stdout();
@@ -453,41 +479,87 @@ async fn node_serve(cli: &Cli, a: &NodeServeArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Starts UCX for the node unless `--transport tcp`, and offers its worker address to clients.
-/// UCX's network lanes are kept to the device that holds the listen address.
-fn offer_ucx(
-    cli: &Cli,
-    node: &Arc<trireme_node::Node>,
-    ip: std::net::IpAddr,
-) -> Result<(), CliError> {
-    if cli.transport == crate::TransportArg::Tcp {
-        node.set_ucx(Err("the node runs with --transport tcp".into()));
-        return Ok(());
+/// The cluster metadata in etcd, for commands given `--etcd`.
+async fn etcd_meta(cli: &Cli) -> Result<trireme_meta::ClusterMeta, CliError> {
+    let urls = cli.etcd.as_deref().ok_or_else(|| {
+        CliError::Usage("this command needs --etcd URLS (or TRIREME_ETCD)".into())
+    })?;
+    let eps = trireme_meta::parse_endpoints(urls).map_err(|e| CliError::Usage(e.to_string()))?;
+    let store = trireme_meta::EtcdMeta::connect(&eps).await?;
+    Ok(trireme_meta::ClusterMeta::new(Arc::new(store)))
+}
+
+async fn node_run(cli: &Cli, a: &crate::NodeRunArgs) -> Result<(), CliError> {
+    let meta = etcd_meta(cli).await?;
+    let cfg = trireme_daemon::node::NodeConfig {
+        id: a.id,
+        dir: a.dir.clone(),
+        listen: a.listen,
+        socket: None,
+        store: a.store.kind(),
+        dirty_grain: a.dirty_grain,
+        inject_faults: a.inject_faults.clone(),
+        block_checksums: !a.no_block_checksums,
+        transport: cli.transport.kind(),
+    };
+    let member = trireme_daemon::node::MemberConfig {
+        zone: a.zone.clone(),
+        lease_ttl: a.lease_ttl,
+        control: a
+            .control
+            .unwrap_or_else(|| std::net::SocketAddr::new(a.listen.ip(), 0)),
+        manager: trireme_daemon::manager_role::ManagerOptions {
+            down_out: (!a.down_out_interval.is_zero()).then_some(a.down_out_interval),
+            rate: a.recovery_rate,
+            ..Default::default()
+        },
+    };
+    trireme_daemon::node::run_member(cfg, member, meta)
+        .await
+        .map_err(daemon_err)
+}
+
+async fn attach(cli: &Cli, a: &crate::AttachArgs) -> Result<(), CliError> {
+    let meta = etcd_meta(cli).await?;
+    let tcp = match a.listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| CliError::Runtime(format!("bind {addr}: {e}")))?,
+        ),
+        None => None,
+    };
+    let tcp_addr = tcp.as_ref().and_then(|l| l.local_addr().ok());
+    let uris = trireme_daemon::export::uris(&a.volume, a.socket.as_deref(), tcp_addr);
+    let cfg = trireme_daemon::attach::AttachConfig {
+        volume: a.volume.clone(),
+        force: a.force,
+        lease_ttl: a.lease_ttl,
+        opts: a.failure.volume_options(a.streams, cli.transport.kind()),
+    };
+    let att = trireme_daemon::attach::attach(meta, &cfg, uris.clone())
+        .await
+        .map_err(daemon_err)?;
+    let tasks = trireme_daemon::export::serve(&att.volume, a.socket.as_deref(), tcp)
+        .map_err(CliError::Runtime)?;
+    for u in &uris {
+        println!("{u}");
     }
-    let net_devices = std::env::var("TRIREME_UCX_NET_DEVICES")
-        .ok()
-        .or_else(|| trireme_transport::ucx::device_of(ip));
-    trireme_transport::ucx::configure(trireme_transport::ucx::Config {
-        tls: std::env::var("TRIREME_UCX_TLS").ok(),
-        net_devices,
-        ..Default::default()
-    });
-    match trireme_transport::ucx::Hub::get() {
-        Ok(hub) => {
-            node.set_ucx(Ok(hub.address().to_vec()));
-            hub.serve(node.clone());
-            tracing::info!(node = node.id(), config = ?hub.config(), "UCX offered");
-            Ok(())
-        }
-        Err(e) if cli.transport == crate::TransportArg::Ucx => Err(CliError::Runtime(format!(
-            "--transport ucx, but UCX cannot start: {e}"
-        ))),
-        Err(e) => {
-            tracing::warn!(node = node.id(), "UCX cannot start, TCP only: {e}");
-            node.set_ucx(Err(format!("UCX cannot start on the node: {e}")));
-            Ok(())
-        }
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
     }
+    for t in tasks {
+        t.abort();
+    }
+    let r = att.detach().await.map_err(daemon_err);
+    if let Some(p) = &a.socket {
+        let _ = std::fs::remove_file(p);
+    }
+    r
 }
 
 async fn nbd(cli: &Cli, a: &crate::NbdArgs) -> Result<(), CliError> {
@@ -500,18 +572,16 @@ async fn nbd(cli: &Cli, a: &crate::NbdArgs) -> Result<(), CliError> {
         None => None,
     };
     let tcp_addr = tcp.as_ref().and_then(|l| l.local_addr().ok());
-    let (vol, tasks) = crate::frontend::export(
+    let (vol, tasks) = trireme_daemon::export::export_local(
         &control_path(&cli.data_dir),
         &a.volume,
         a.socket.as_deref(),
         tcp,
-        a.streams as usize,
-        cli.transport.kind(),
-        &a.failure,
+        a.failure.volume_options(a.streams, cli.transport.kind()),
     )
     .await
     .map_err(CliError::Runtime)?;
-    for u in crate::frontend::uris(&a.volume, a.socket.as_deref(), tcp_addr) {
+    for u in trireme_daemon::export::uris(&a.volume, a.socket.as_deref(), tcp_addr) {
         println!("{u}");
     }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

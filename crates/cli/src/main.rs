@@ -8,7 +8,6 @@
 mod bench;
 mod cmds;
 mod compare;
-mod frontend;
 mod sweep;
 mod units;
 mod up;
@@ -44,6 +43,10 @@ pub struct Cli {
     /// never uses UCX (nodes do not offer it); `ucx` fails a connection that cannot use it.
     #[arg(long, global = true, value_enum, default_value_t = TransportArg::Auto, env = "TRIREME_TRANSPORT")]
     pub transport: TransportArg,
+    /// The cluster's etcd endpoints (`HOST:PORT,...`): commands then reach the cluster of
+    /// several servers through etcd (and its elected manager) instead of `--data-dir`.
+    #[arg(long, global = true, env = "TRIREME_ETCD", value_name = "URLS")]
+    pub etcd: Option<String>,
     #[command(subcommand)]
     pub cmd: Cmd,
 }
@@ -122,6 +125,9 @@ pub enum Cmd {
     Status,
     /// Attach a volume (new epoch: older writers are fenced) and serve it over NBD.
     Nbd(NbdArgs),
+    /// On a client host of a cluster on etcd: become the volume's writer (a new epoch; refused
+    /// while another host holds it, unless --force) and serve it over NBD to local clients.
+    Attach(AttachArgs),
     /// Measure a target with DISKSPD's flags: IOPS, latency percentiles, CPU per IO.
     Bench(Box<bench::BenchArgs>),
 }
@@ -191,12 +197,33 @@ pub struct FailureArgs {
     pub resync_rate: Option<u64>,
 }
 
+impl FailureArgs {
+    /// The volume client's options for these flags.
+    pub fn volume_options(
+        &self,
+        streams: u32,
+        kind: trireme_transport::TransportKind,
+    ) -> trireme_client::VolumeOptions {
+        trireme_client::VolumeOptions {
+            replica_timeout: self.replica_timeout,
+            resync_rate: self.resync_rate,
+            streams: streams as usize,
+            kind,
+            ..Default::default()
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum NodeCmd {
     /// List registered nodes and whether they answer.
     List,
     /// Run one storage node in the foreground (`trireme up` starts these itself).
     Serve(NodeServeArgs),
+    /// Run this server's node daemon in a cluster on etcd (needs --etcd): registers under a
+    /// lease (one daemon per id), serves its replicas, and takes the manager role when none
+    /// holds it.
+    Run(NodeRunArgs),
     /// Stop a node of the running `trireme up` for planned maintenance (it is not restarted
     /// until `node start`); its replicas go out of sync and resync when it is back.
     Stop { id: u32 },
@@ -280,6 +307,74 @@ pub struct NodeServeArgs {
     /// checked). Seals kept from earlier runs are dropped at the next sealed open.
     #[arg(long)]
     pub no_block_checksums: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct NodeRunArgs {
+    /// This node's id in the cluster (unique; a second daemon with it is refused).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub id: u32,
+    /// Directory of the node's store.
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// Data-path address other servers and clients reach this node at (port 0 picks a free
+    /// one; the bound address is registered).
+    #[arg(long)]
+    pub listen: std::net::SocketAddr,
+    /// Control API address while this daemon holds the manager role (default: the --listen
+    /// host, a free port).
+    #[arg(long)]
+    pub control: Option<std::net::SocketAddr>,
+    /// Failure domain (rack, room): a volume's copies go to distinct zones when there are enough.
+    #[arg(long)]
+    pub zone: Option<String>,
+    #[arg(long, value_enum, default_value_t = StoreArg::File)]
+    pub store: StoreArg,
+    /// How long after this daemon dies (or loses etcd) it is shown down, and the manager role
+    /// it held passes on.
+    #[arg(long, default_value = "5s", value_parser = units::parse_duration)]
+    pub lease_ttl: std::time::Duration,
+    /// While this daemon is the manager: a node down this long has its replicas re-created on
+    /// other nodes (like Ceph's mon_osd_down_out_interval); `0` never.
+    #[arg(long, default_value = "10m", value_parser = units::parse_interval)]
+    pub down_out_interval: std::time::Duration,
+    /// Copy rate limit for those re-creations, per second (e.g. 100M).
+    #[arg(long, value_parser = units::parse_size)]
+    pub recovery_rate: Option<u64>,
+    #[arg(long, default_value = "4K", value_parser = units::parse_dirty_grain)]
+    pub dirty_grain: u64,
+    /// Do not seal blocks with checksums.
+    #[arg(long)]
+    pub no_block_checksums: bool,
+    /// Fault tests: fail store I/O at the rates in FILE (see `node serve --inject-faults`).
+    #[arg(long, value_name = "FILE")]
+    pub inject_faults: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+#[group(required = true, multiple = true, id = "where")]
+pub struct AttachArgs {
+    pub volume: String,
+    /// Serve on a unix socket at PATH.
+    #[arg(long, group = "where")]
+    pub socket: Option<PathBuf>,
+    /// Serve on a TCP address (e.g. 127.0.0.1:10810).
+    #[arg(long, group = "where")]
+    pub listen: Option<std::net::SocketAddr>,
+    /// Fence the current writer (its host may be cut off, not dead) instead of refusing.
+    #[arg(long)]
+    pub force: bool,
+    /// How long after this process dies another host may attach without --force.
+    #[arg(long, default_value = "5s", value_parser = units::parse_duration)]
+    pub lease_ttl: std::time::Duration,
+    /// Streams from the volume client to each node.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub streams: u32,
+    /// Threads for the NBD frontend and volume client.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub threads: u32,
+    #[command(flatten)]
+    pub failure: FailureArgs,
 }
 
 #[derive(Debug, Subcommand)]

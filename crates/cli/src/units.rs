@@ -4,20 +4,34 @@
 /// A duration: a number with `ms` or `s` (e.g. `500ms`, `2s`); a bare number is seconds.
 pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     let t = s.trim();
-    let (num, ms) = if let Some(n) = t.strip_suffix("ms") {
-        (n, true)
+    let (num, scale) = if let Some(n) = t.strip_suffix("ms") {
+        (n, 0.001)
+    } else if let Some(n) = t.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = t.strip_suffix('m') {
+        (n, 60.0)
+    } else if let Some(n) = t.strip_suffix('h') {
+        (n, 3600.0)
     } else {
-        (t.strip_suffix('s').unwrap_or(t), false)
+        (t, 1.0)
     };
     let v: f64 = num
         .trim()
         .parse()
-        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 500ms or 2s"))?;
-    let secs = if ms { v / 1000.0 } else { v };
-    if !(0.001..=3600.0).contains(&secs) {
-        return Err(format!("duration {s:?} must be between 1ms and 1h"));
+        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 500ms, 2s or 10m"))?;
+    let secs = v * scale;
+    if !(0.001..=86400.0).contains(&secs) {
+        return Err(format!("duration {s:?} must be between 1ms and 24h"));
     }
     Ok(std::time::Duration::from_secs_f64(secs))
+}
+
+/// A duration, or `0` for "never".
+pub fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
+    if s.trim() == "0" {
+        return Ok(std::time::Duration::ZERO);
+    }
+    parse_duration(s)
 }
 
 /// A dirty-tracking granularity: a size that is a power of two from 4 KiB to 64 MiB.

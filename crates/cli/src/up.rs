@@ -317,19 +317,17 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
 
     // NBD.
     let sock = dir.join("nbd.sock");
-    let (vol, nbd_tasks) = crate::frontend::export(
+    let (vol, nbd_tasks) = trireme_daemon::export::export_local(
         &ctl,
         &a.volume,
         Some(&sock),
         Some(tcp),
-        a.streams as usize,
-        cli.transport.kind(),
-        &a.failure,
+        a.failure.volume_options(a.streams, cli.transport.kind()),
     )
     .await
     .map_err(CliError::Runtime)?;
     manager.register_client(vol.clone());
-    let uris = crate::frontend::uris(&a.volume, Some(&sock), Some(tcp_addr));
+    let uris = trireme_daemon::export::uris(&a.volume, Some(&sock), Some(tcp_addr));
     write_atomically(&dir.join("exports"), &(uris.join("\n") + "\n"))?;
 
     let v = &vol.info();

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 
 /// Longest request or response line.
@@ -100,6 +100,12 @@ pub struct NodeStatus {
     /// Milliseconds since the node last answered a heartbeat (None: never).
     #[serde(default)]
     pub last_seen_ms: Option<u64>,
+    /// Whether its daemon holds its lease in the cluster metadata (a cluster on etcd; `None`
+    /// for `trireme up`, whose supervisor watches its nodes itself).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registered: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
 }
 
 /// One replica as `status` shows it.
@@ -127,6 +133,9 @@ pub struct VolumeStatus {
     /// The data-path links of the writer attached in this cluster process, if any.
     #[serde(default)]
     pub client_links: Vec<LinkStatus>,
+    /// Who writes the volume, from its attach record (a cluster on etcd).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writer: Option<String>,
 }
 
 /// One data-path link of a volume client to a node.
@@ -163,6 +172,11 @@ pub enum ControlError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("cannot reach the manager at {addr}: {source}")]
+    ConnectTcp {
+        addr: String,
+        source: std::io::Error,
+    },
     #[error("control connection: {0}")]
     Io(#[from] std::io::Error),
     #[error("{0}")]
@@ -178,10 +192,15 @@ pub(crate) enum Reply {
     Error(String),
 }
 
-/// A connection to the control socket.
+/// A byte stream the control API runs over (a unix socket on one host, TCP to the manager of
+/// a cluster of several servers).
+pub trait ControlStream: AsyncRead + AsyncWrite + Unpin + Send + std::fmt::Debug {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + std::fmt::Debug> ControlStream for T {}
+
+/// A connection to the control API.
 #[derive(Debug)]
 pub struct ControlClient {
-    stream: BufReader<UnixStream>,
+    stream: BufReader<Box<dyn ControlStream>>,
 }
 
 impl ControlClient {
@@ -193,7 +212,21 @@ impl ControlClient {
                 source,
             })?;
         Ok(ControlClient {
-            stream: BufReader::new(s),
+            stream: BufReader::new(Box::new(s)),
+        })
+    }
+
+    /// Connects to a manager's control API over TCP (`host:port`).
+    pub async fn connect_tcp(addr: &str) -> Result<ControlClient, ControlError> {
+        let s = tokio::net::TcpStream::connect(addr)
+            .await
+            .map_err(|source| ControlError::ConnectTcp {
+                addr: addr.to_string(),
+                source,
+            })?;
+        let _ = s.set_nodelay(true);
+        Ok(ControlClient {
+            stream: BufReader::new(Box::new(s)),
         })
     }
 

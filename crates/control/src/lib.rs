@@ -15,9 +15,11 @@ mod membership;
 mod moves;
 
 pub use api::{
-    ControlClient, ControlError, LinkStatus, NodeStatus, ReplicaStatus, Request, StatusReport,
-    VolumeStatus,
+    ControlClient, ControlError, ControlStream, LinkStatus, NodeStatus, ReplicaStatus, Request,
+    StatusReport, VolumeStatus,
 };
-pub use manager::{serve, Manager, NodeControl};
+pub use manager::{
+    attach_info, record_replica_state, serve, serve_conn, serve_tcp, Manager, NodeControl,
+};
 pub use membership::ControlMembership;
 pub use moves::{MoveState, MoveStatus};

@@ -36,6 +36,9 @@ pub struct Manager {
     supervisor: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedSender<NodeControl>>>,
     /// `node drain` / `node remove` jobs, the latest per node.
     pub(crate) moves: std::sync::Mutex<Vec<crate::moves::MoveStatus>>,
+    /// Node daemons register a lease-bound key while they run (a cluster on etcd): a node
+    /// without one is down at once, without waiting for pings to time out.
+    leases: std::sync::atomic::AtomicBool,
 }
 
 /// A planned node operation for the process supervisor, with where to send its outcome.
@@ -56,6 +59,28 @@ impl Manager {
             last_seen: std::sync::Mutex::default(),
             supervisor: std::sync::Mutex::default(),
             moves: std::sync::Mutex::default(),
+            leases: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Takes node liveness from the daemons' lease-bound keys (see the field's doc).
+    pub fn set_liveness_from_leases(&self, on: bool) {
+        self.leases.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The nodes whose daemon holds its lease, if liveness comes from leases.
+    async fn registered(
+        &self,
+    ) -> Option<std::collections::BTreeMap<u32, trireme_meta::AliveRecord>> {
+        if !self.leases.load(std::sync::atomic::Ordering::Relaxed) {
+            return None;
+        }
+        match self.meta.alive().await {
+            Ok(a) => Some(a),
+            Err(e) => {
+                tracing::warn!("reading node liveness: {e}");
+                None
+            }
         }
     }
 
@@ -327,28 +352,7 @@ impl Manager {
     }
 
     async fn attach_info(&self, v: &VolumeRecord) -> Result<AttachInfo> {
-        let nodes = self.meta.nodes().await.map_err(|e| e.to_string())?;
-        let mut replicas = Vec::new();
-        for r in &v.replicas {
-            let n = nodes
-                .iter()
-                .find(|n| n.id == r.node)
-                .ok_or_else(|| format!("node {} is not registered", r.node))?;
-            replicas.push(ReplicaTarget {
-                node: n.id,
-                addr: n.addr.clone(),
-                local_addr: n.local_addr.clone(),
-                state: r.state,
-            });
-        }
-        Ok(AttachInfo {
-            name: v.name.clone(),
-            id: v.id,
-            size: v.size,
-            epoch: v.epoch,
-            replicas,
-            reconcile: false,
-        })
+        attach_info(&self.meta, v).await
     }
 
     /// A new writer: bumps the epoch durably, then says where the replicas are, and whether the
@@ -378,20 +382,9 @@ impl Manager {
         node: u32,
         state: trireme_replication::ReplicaState,
     ) -> Result<VolumeRecord> {
-        let v = self
-            .meta
-            .update_volume(name, &mut |v| {
-                let states: Vec<(u32, trireme_replication::ReplicaState)> =
-                    v.replicas.iter().map(|r| (r.node, r.state)).collect();
-                let i = trireme_replication::transition(&states, v.epoch, epoch, node, state)
-                    .map_err(|e| e.to_string())?;
-                v.replicas[i].state = state;
-                Ok(())
-            })
+        record_replica_state(&self.meta, name, epoch, node, state)
             .await
-            .map_err(|e| e.to_string())?;
-        tracing::info!(volume = name, node, %state, epoch, "replica state recorded");
-        Ok(v)
+            .map_err(|e| e.to_string())
     }
 
     /// The writer of `epoch` left cleanly. A stale epoch changes nothing.
@@ -412,12 +405,20 @@ impl Manager {
         self.attach_info(&v).await
     }
 
-    async fn node_status(&self, n: &NodeRecord, vols: &[VolumeRecord]) -> NodeStatus {
+    async fn node_status(
+        &self,
+        n: &NodeRecord,
+        vols: &[VolumeRecord],
+        alive: Option<&std::collections::BTreeMap<u32, trireme_meta::AliveRecord>>,
+    ) -> NodeStatus {
         let t0 = Instant::now();
-        let up = self
-            .node_call(n, Header::request(Op::Ping, 0))
-            .await
-            .is_ok();
+        let registered = alive.map(|a| a.contains_key(&n.id));
+        // A node whose lease expired is down at once; no ping to wait out.
+        let up = registered != Some(false)
+            && self
+                .node_call(n, Header::request(Op::Ping, 0))
+                .await
+                .is_ok();
         NodeStatus {
             id: n.id,
             addr: n.addr.clone(),
@@ -431,6 +432,8 @@ impl Manager {
                 .filter(|v| v.replicas.iter().any(|r| r.node == n.id))
                 .count(),
             last_seen_ms: self.last_seen_ms(n.id),
+            registered,
+            zone: n.zone.clone(),
         }
     }
 
@@ -449,9 +452,10 @@ impl Manager {
     pub async fn status(&self) -> Result<StatusReport> {
         let nodes = self.member_nodes().await?;
         let vols = self.meta.volumes().await.map_err(|e| e.to_string())?;
+        let alive = self.registered().await;
         let mut ns = Vec::new();
         for n in &nodes {
-            ns.push(self.node_status(n, &vols).await);
+            ns.push(self.node_status(n, &vols, alive.as_ref()).await);
         }
         let mut vs = Vec::new();
         for v in &vols {
@@ -469,8 +473,11 @@ impl Manager {
                     epoch: None,
                     resync: live.and_then(|l| l.resync.clone()),
                 };
+                let down = ns.iter().any(|x| x.id == r.node && !x.up);
                 match nodes.iter().find(|n| n.id == r.node) {
                     None => st.state = "unreachable".into(),
+                    // Down (no lease, or no answer to the ping just now): not asked again.
+                    Some(_) if down => st.state = "unreachable".into(),
                     Some(n) => {
                         let h = Header {
                             volume: v.id,
@@ -497,6 +504,20 @@ impl Manager {
                 epoch: v.epoch,
                 replicas: reps,
                 client_links: self.client_links(&v.name),
+                writer: match self.meta.attachment(&v.name).await {
+                    Ok(Some((a, _))) => Some(format!(
+                        "pid {} on {} (epoch {}){}",
+                        a.pid,
+                        a.host,
+                        a.epoch,
+                        if a.exports.is_empty() {
+                            String::new()
+                        } else {
+                            format!(": {}", a.exports.join(" "))
+                        }
+                    )),
+                    _ => None,
+                },
             });
         }
         Ok(StatusReport {
@@ -565,8 +586,9 @@ impl Manager {
             Request::NodeList => {
                 let vols = self.meta.volumes().await.map_err(|e| e.to_string())?;
                 let mut out = Vec::new();
+                let alive = self.registered().await;
                 for n in self.meta.nodes().await.map_err(|e| e.to_string())? {
-                    out.push(self.node_status(&n, &vols).await);
+                    out.push(self.node_status(&n, &vols, alive.as_ref()).await);
                 }
                 to(Ok(out))
             }
@@ -605,6 +627,55 @@ impl Manager {
     }
 }
 
+/// Where a volume's replicas are, for a writer (`reconcile` false: the caller decides).
+pub async fn attach_info(meta: &ClusterMeta, v: &VolumeRecord) -> Result<AttachInfo> {
+    let nodes = meta.nodes().await.map_err(|e| e.to_string())?;
+    let mut replicas = Vec::new();
+    for r in &v.replicas {
+        let n = nodes
+            .iter()
+            .find(|n| n.id == r.node)
+            .ok_or_else(|| format!("node {} is not registered", r.node))?;
+        replicas.push(ReplicaTarget {
+            node: n.id,
+            addr: n.addr.clone(),
+            local_addr: n.local_addr.clone(),
+            state: r.state,
+        });
+    }
+    Ok(AttachInfo {
+        name: v.name.clone(),
+        id: v.id,
+        size: v.size,
+        epoch: v.epoch,
+        replicas,
+        reconcile: false,
+    })
+}
+
+/// Records a replica state for the writer of `epoch` (see `replication::transition`): what
+/// the manager does for a writer in its process, and a writer on another host does itself.
+pub async fn record_replica_state(
+    meta: &ClusterMeta,
+    name: &str,
+    epoch: u64,
+    node: u32,
+    state: trireme_replication::ReplicaState,
+) -> std::result::Result<VolumeRecord, trireme_meta::MetaError> {
+    let v = meta
+        .update_volume(name, &mut |v| {
+            let states: Vec<(u32, trireme_replication::ReplicaState)> =
+                v.replicas.iter().map(|r| (r.node, r.state)).collect();
+            let i = trireme_replication::transition(&states, v.epoch, epoch, node, state)
+                .map_err(|e| e.to_string())?;
+            v.replicas[i].state = state;
+            Ok(())
+        })
+        .await?;
+    tracing::info!(volume = name, node, %state, epoch, "replica state recorded");
+    Ok(v)
+}
+
 fn trireme_store_kind_is_volatile(store: &str) -> bool {
     store != "file"
 }
@@ -615,37 +686,55 @@ pub async fn serve(path: &Path, manager: Arc<Manager>) -> std::io::Result<()> {
     let listener = UnixListener::bind(path)?;
     loop {
         let (sock, _) = listener.accept().await?;
-        let m = manager.clone();
-        tokio::spawn(async move {
-            let mut s = BufReader::new(sock);
-            loop {
-                let mut buf = Vec::new();
-                let n = match (&mut s).take(MAX_LINE).read_until(b'\n', &mut buf).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => n,
-                };
-                let reply = if n as u64 >= MAX_LINE && buf.last() != Some(&b'\n') {
-                    let r = Reply::Error(format!("request line over {MAX_LINE} bytes"));
-                    let _ = write_reply(&mut s, &r).await;
-                    return;
-                } else {
-                    match serde_json::from_slice::<Request>(&buf) {
-                        Ok(req) => match m.handle(req).await {
-                            Ok(v) => Reply::Ok(v),
-                            Err(e) => Reply::Error(e),
-                        },
-                        Err(e) => Reply::Error(format!("bad request: {e}")),
-                    }
-                };
-                if write_reply(&mut s, &reply).await.is_err() {
-                    return;
-                }
-            }
-        });
+        tokio::spawn(serve_conn(sock, manager.clone()));
     }
 }
 
-async fn write_reply(s: &mut BufReader<tokio::net::UnixStream>, r: &Reply) -> std::io::Result<()> {
+/// Serves the control API on TCP until the listener fails (the manager of a cluster of
+/// several servers, for `trireme --etcd ...` on any host).
+pub async fn serve_tcp(
+    listener: tokio::net::TcpListener,
+    manager: Arc<Manager>,
+) -> std::io::Result<()> {
+    loop {
+        let (sock, _) = listener.accept().await?;
+        let _ = sock.set_nodelay(true);
+        tokio::spawn(serve_conn(sock, manager.clone()));
+    }
+}
+
+/// One control connection: a request line in, a reply line out, until it closes.
+pub async fn serve_conn<S: crate::api::ControlStream>(sock: S, m: Arc<Manager>) {
+    let mut s = BufReader::new(sock);
+    loop {
+        let mut buf = Vec::new();
+        let n = match (&mut s).take(MAX_LINE).read_until(b'\n', &mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let reply = if n as u64 >= MAX_LINE && buf.last() != Some(&b'\n') {
+            let r = Reply::Error(format!("request line over {MAX_LINE} bytes"));
+            let _ = write_reply(&mut s, &r).await;
+            return;
+        } else {
+            match serde_json::from_slice::<Request>(&buf) {
+                Ok(req) => match m.handle(req).await {
+                    Ok(v) => Reply::Ok(v),
+                    Err(e) => Reply::Error(e),
+                },
+                Err(e) => Reply::Error(format!("bad request: {e}")),
+            }
+        };
+        if write_reply(&mut s, &reply).await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn write_reply<S: crate::api::ControlStream>(
+    s: &mut BufReader<S>,
+    r: &Reply,
+) -> std::io::Result<()> {
     let mut line = serde_json::to_vec(r).expect("replies serialize");
     line.push(b'\n');
     s.get_mut().write_all(&line).await

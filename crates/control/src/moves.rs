@@ -183,6 +183,51 @@ impl Manager {
         Ok(job)
     }
 
+    /// Re-creates elsewhere the replicas of a node whose daemon has been down (no lease) for
+    /// `after`, like Ceph marking an OSD out: the node is drained (its copies re-created from
+    /// the others, at `rate`) and stays, empty, until `node undrain`. Checks every 2 s.
+    pub fn start_down_out(self: &Arc<Self>, after: Duration, rate: Option<u64>) {
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut down_since: std::collections::HashMap<u32, tokio::time::Instant> =
+                Default::default();
+            loop {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                let Some(m) = me.upgrade() else { return };
+                let (Ok(alive), Ok(nodes), Ok(vols)) = (
+                    m.meta().alive().await,
+                    m.meta().nodes().await,
+                    m.meta().volumes().await,
+                ) else {
+                    continue;
+                };
+                let now = tokio::time::Instant::now();
+                down_since.retain(|id, _| !alive.contains_key(id));
+                for n in nodes.iter().filter(|n| n.state == NodeState::Active) {
+                    if alive.contains_key(&n.id) {
+                        continue;
+                    }
+                    let since = *down_since.entry(n.id).or_insert(now);
+                    let holds = vols
+                        .iter()
+                        .any(|v| v.replicas.iter().any(|r| r.node == n.id));
+                    if holds && now - since >= after {
+                        tracing::warn!(
+                            node = n.id,
+                            "node down for {after:?}: re-creating its replicas on other nodes"
+                        );
+                        if let Err(e) = m.start_move(n.id, false, rate).await {
+                            tracing::error!(
+                                node = n.id,
+                                "re-creating the replicas of a down node: {e}"
+                            );
+                        }
+                    }
+                }
+            }
+        });
+    }
+
     /// A drained node takes new replicas again (refused while a move off it runs).
     pub async fn undrain(&self, node: u32) -> Result<String> {
         let rec = self.node(node).await?;

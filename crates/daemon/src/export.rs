@@ -77,49 +77,17 @@ pub fn uris(
     out
 }
 
-/// Attaches `volume` through the control socket and serves it over NBD on the given listeners.
-/// Returns once the listeners are bound, with the tasks serving them.
-pub async fn export(
-    control: &std::path::Path,
-    volume: &str,
+/// Serves an attached volume over NBD on the given listeners. Returns the tasks serving them.
+pub fn serve(
+    vol: &Arc<Volume>,
     socket: Option<&std::path::Path>,
     tcp: Option<tokio::net::TcpListener>,
-    streams: usize,
-    kind: trireme_transport::TransportKind,
-    failure: &crate::FailureArgs,
-) -> Result<
-    (
-        Arc<Volume>,
-        Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
-    ),
-    String,
-> {
-    let mut cc = trireme_control::ControlClient::connect(control)
-        .await
-        .map_err(|e| e.to_string())?;
-    let info: trireme_client::AttachInfo = cc
-        .call(&trireme_control::Request::Attach {
-            name: volume.to_string(),
-        })
-        .await
-        .map_err(|e| e.to_string())?;
-    let opts = trireme_client::VolumeOptions {
-        replica_timeout: failure.replica_timeout,
-        resync_rate: failure.resync_rate,
-        streams,
-        kind,
-        ..Default::default()
-    };
-    let membership = Arc::new(trireme_control::ControlMembership {
-        path: control.to_path_buf(),
-    });
-    let vol = Volume::attach_managed(info, opts, membership)
-        .await
-        .map_err(|e| e.to_string())?;
+) -> Result<Vec<tokio::task::JoinHandle<std::io::Result<()>>>, String> {
+    let name = vol.info().name.clone();
     let mut ex = trireme_nbd::Exports::new();
     ex.add(
-        volume,
-        &format!("trireme volume {volume}"),
+        &name,
+        &format!("trireme volume {name}"),
         Arc::new(VolumeExport(vol.clone())),
     );
     let ex = Arc::new(ex);
@@ -139,5 +107,39 @@ pub async fn export(
             async move { trireme_nbd::serve_tcp(l, ex).await },
         ));
     }
+    Ok(tasks)
+}
+
+/// Attaches `volume` through the control socket of `trireme up` and serves it over NBD.
+/// Returns once the listeners are bound, with the tasks serving them.
+pub async fn export_local(
+    control: &std::path::Path,
+    volume: &str,
+    socket: Option<&std::path::Path>,
+    tcp: Option<tokio::net::TcpListener>,
+    opts: trireme_client::VolumeOptions,
+) -> Result<
+    (
+        Arc<Volume>,
+        Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
+    ),
+    String,
+> {
+    let mut cc = trireme_control::ControlClient::connect(control)
+        .await
+        .map_err(|e| e.to_string())?;
+    let info: trireme_client::AttachInfo = cc
+        .call(&trireme_control::Request::Attach {
+            name: volume.to_string(),
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    let membership = Arc::new(trireme_control::ControlMembership {
+        path: control.to_path_buf(),
+    });
+    let vol = Volume::attach_managed(info, opts, membership)
+        .await
+        .map_err(|e| e.to_string())?;
+    let tasks = serve(&vol, socket, tcp)?;
     Ok((vol, tasks))
 }

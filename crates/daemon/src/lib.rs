@@ -1,0 +1,53 @@
+//! The roles a trireme process plays in a cluster of several servers, each in its own module:
+//!
+//! * [`node`] — the storage daemon of one server (`trireme node run`): serves its store over
+//!   TCP/UCX, registers itself in the cluster metadata under a lease (one daemon per node id),
+//!   and keeps that lease while the data path runs on regardless of the metadata store.
+//! * [`manager_role`] — every node daemon campaigns for the manager role (placement, replica
+//!   re-creation, drain/remove jobs, health, the control API); exactly one holds it, through a
+//!   lease-bound key, and every metadata write it makes compares that lease.
+//! * [`attach`] — the writer of a volume on a client host (`trireme attach`): takes the next
+//!   epoch in one metadata transaction, holds a lease-bound attach record, records replica
+//!   states itself, and serves NBD locally through [`export`].
+//!
+//! `cli` turns arguments into the configurations here; `trireme up` (one host, the embedded
+//! store) uses [`node::build_node`] and [`export`] too.
+//!
+//! Liveness rule for every lease holder: a lease is refreshed every third of its TTL; a holder
+//! that has not had a refresh confirmed within one TTL of *sending* it treats the lease as
+//! lost (etcd's own deadline is later than that), so a manager steps down before another can
+//! take over.
+
+pub mod attach;
+pub mod export;
+pub mod lease;
+pub mod manager_role;
+pub mod node;
+
+/// A failure of a role, and whether it is the user's input (exit 2) or the system (exit 1).
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("{0}")]
+    Usage(String),
+    #[error("{0}")]
+    Runtime(String),
+}
+
+impl From<trireme_meta::MetaError> for DaemonError {
+    fn from(e: trireme_meta::MetaError) -> Self {
+        DaemonError::Runtime(e.to_string())
+    }
+}
+
+impl From<std::io::Error> for DaemonError {
+    fn from(e: std::io::Error) -> Self {
+        DaemonError::Runtime(e.to_string())
+    }
+}
+
+/// This host's name, for the records that say who holds what.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown-host".into())
+}

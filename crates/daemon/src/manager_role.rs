@@ -1,0 +1,193 @@
+//! The manager role, held by one node daemon at a time.
+//!
+//! Every daemon runs [`run`]: while it holds its lease it campaigns (create the lease-bound
+//! `manager` key if absent). The winner runs a [`Manager`] whose metadata handle is fenced by
+//! that lease (every write compares it: a deposed manager writes nothing) and answers the
+//! control API on its control port; the others watch the key and campaign again the moment it
+//! is deleted (the holder stopped, or its lease expired). A holder gives the role up when its
+//! lease is lost or the key is no longer its own. The control port stays bound on every
+//! daemon; one that is not the manager answers with where the manager is.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use trireme_control::Manager;
+use trireme_meta::kv::LeaseId;
+use trireme_meta::{ClusterMeta, ManagerRecord};
+
+/// How the manager watches nodes.
+#[derive(Debug, Clone)]
+pub struct ManagerOptions {
+    /// How often every node is pinged.
+    pub heartbeat_every: Duration,
+    /// A node silent this long is logged down (a node without its lease is down at once).
+    pub down_after: Duration,
+    /// A node down this long has its replicas re-created on other nodes (`None`: never).
+    pub down_out: Option<Duration>,
+    /// Copy rate limit for those re-creations (bytes per second).
+    pub rate: Option<u64>,
+}
+
+impl Default for ManagerOptions {
+    fn default() -> Self {
+        ManagerOptions {
+            heartbeat_every: Duration::from_millis(500),
+            down_after: Duration::from_secs(3),
+            down_out: Some(Duration::from_secs(600)),
+            rate: None,
+        }
+    }
+}
+
+/// Campaigns for the role while `lease` holds one, runs it when won, until aborted.
+pub async fn run(
+    meta: ClusterMeta,
+    mut lease: watch::Receiver<Option<LeaseId>>,
+    rec: ManagerRecord,
+    control: tokio::net::TcpListener,
+    opts: ManagerOptions,
+) {
+    let (current_tx, current) = watch::channel::<Option<Arc<Manager>>>(None);
+    let api = tokio::spawn(serve_control(control, current, meta.clone()));
+    loop {
+        let Some(l) = *lease.borrow_and_update() else {
+            if lease.changed().await.is_err() {
+                break;
+            }
+            continue;
+        };
+        match meta.campaign(&rec, l).await {
+            Ok(true) => {
+                tracing::info!(node = rec.node, control = %rec.control, "took the manager role");
+                let m = Arc::new(Manager::new(meta.fenced(l)));
+                m.set_liveness_from_leases(true);
+                m.start_heartbeats(opts.heartbeat_every, opts.down_after);
+                if let Some(after) = opts.down_out {
+                    crate::manager_role::start_down_out(&m, after, opts.rate);
+                }
+                let _ = current_tx.send(Some(m));
+                hold(&meta, &mut lease, l).await;
+                let _ = current_tx.send(None);
+                tracing::warn!(node = rec.node, "gave up the manager role");
+            }
+            Ok(false) => wait_for_vacancy(&meta, &mut lease).await,
+            Err(e) => {
+                tracing::debug!("campaign: {e}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+    api.abort();
+}
+
+/// Returns when the role is no longer ours: the lease is lost, or the key is gone or changed.
+async fn hold(meta: &ClusterMeta, lease: &mut watch::Receiver<Option<LeaseId>>, l: LeaseId) {
+    loop {
+        let start = match meta.manager().await {
+            Ok(Some((_, kv))) if kv.lease == l => kv.mod_revision + 1,
+            Ok(_) => return,
+            Err(e) => {
+                tracing::debug!("reading the manager key: {e}");
+                0
+            }
+        };
+        let w = if start > 0 {
+            meta.store()
+                .watch(&ClusterMeta::manager_key(), start)
+                .await
+                .ok()
+        } else {
+            None
+        };
+        let Some(mut w) = w else {
+            // The store is unreachable: the lease keeper decides when the lease is lost.
+            tokio::select! {
+                _ = lease.changed() => if *lease.borrow() != Some(l) { return },
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            }
+            continue;
+        };
+        loop {
+            tokio::select! {
+                r = lease.changed() => {
+                    if r.is_err() || *lease.borrow() != Some(l) {
+                        return;
+                    }
+                }
+                ev = w.recv() => match ev {
+                    Some(e) if e.deleted || e.kv.lease != l => return,
+                    Some(_) => {}
+                    // The watch broke: read the key again.
+                    None => break,
+                },
+            }
+        }
+    }
+}
+
+/// Returns when the manager key is gone (or after a while, to campaign again anyway), or the
+/// lease changes.
+async fn wait_for_vacancy(meta: &ClusterMeta, lease: &mut watch::Receiver<Option<LeaseId>>) {
+    let start = match meta.manager().await {
+        Ok(Some((_, kv))) => kv.mod_revision + 1,
+        _ => return,
+    };
+    let Ok(mut w) = meta.store().watch(&ClusterMeta::manager_key(), start).await else {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        return;
+    };
+    let deadline = tokio::time::sleep(Duration::from_secs(5));
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            _ = &mut deadline => return,
+            _ = lease.changed() => return,
+            ev = w.recv() => match ev {
+                Some(e) if e.deleted => return,
+                Some(_) => {}
+                None => return,
+            },
+        }
+    }
+}
+
+/// The control port: served by the current manager, or answered with where it is.
+async fn serve_control(
+    listener: tokio::net::TcpListener,
+    current: watch::Receiver<Option<Arc<Manager>>>,
+    meta: ClusterMeta,
+) {
+    loop {
+        let Ok((mut sock, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let _ = sock.set_nodelay(true);
+        let m = current.borrow().clone();
+        match m {
+            Some(m) => {
+                tokio::spawn(trireme_control::serve_conn(sock, m));
+            }
+            None => {
+                let meta = meta.clone();
+                tokio::spawn(async move {
+                    use tokio::io::AsyncWriteExt;
+                    let where_ = match meta.manager().await {
+                        Ok(Some((r, _))) => {
+                            format!("the manager is node {} at {}", r.node, r.control)
+                        }
+                        _ => "no manager is elected right now; try again in a moment".into(),
+                    };
+                    let line = serde_json::json!({ "error": format!("this daemon is not the manager: {where_}") });
+                    let _ = sock.write_all(format!("{line}\n").as_bytes()).await;
+                });
+            }
+        }
+    }
+}
+
+/// Re-creates the replicas of nodes down longer than `after` (see `Manager::start_down_out`).
+pub fn start_down_out(m: &Arc<Manager>, after: Duration, rate: Option<u64>) {
+    m.start_down_out(after, rate);
+}

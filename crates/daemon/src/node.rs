@@ -1,0 +1,325 @@
+//! The storage daemon of one server.
+//!
+//! [`build_node`] opens the store and wraps it (seals, fault injection) — what both `trireme
+//! node serve` (a node of `trireme up`) and `trireme node run` (a cluster member) serve.
+//! [`run_member`] is the cluster member: it binds its data-path port first, registers under a
+//! lease only if no other daemon holds its id (and only then opens its store, so a second
+//! daemon of the same id never touches the first one's files), serves, keeps its lease, and
+//! campaigns for the manager role. Losing the lease (etcd unreachable for a TTL) does not stop
+//! the data path: the daemon re-registers when it can.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use trireme_meta::{AliveRecord, ClusterMeta, MetaError, NodeRecord, NodeState};
+use trireme_store::StoreKind;
+use trireme_transport::TransportKind;
+
+use crate::DaemonError;
+
+/// What a node serves and how.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    pub id: u32,
+    /// Directory of its store.
+    pub dir: PathBuf,
+    pub listen: SocketAddr,
+    /// A same-host unix socket too (`trireme up`).
+    pub socket: Option<PathBuf>,
+    pub store: StoreKind,
+    pub dirty_grain: u64,
+    /// Inject store errors at the rates in this file (fault tests).
+    pub inject_faults: Option<PathBuf>,
+    pub block_checksums: bool,
+    pub transport: TransportKind,
+}
+
+/// Opens the node's store with its wrappers.
+pub fn build_node(cfg: &NodeConfig) -> Result<Arc<trireme_node::Node>, DaemonError> {
+    let mut store = trireme_store::open_store(cfg.store, &cfg.dir)
+        .map_err(|e| DaemonError::Runtime(e.to_string()))?;
+    // Every block written is sealed (crc32c over LBA, generation and bytes) and checked on
+    // read; the file store keeps the seals beside its replicas. The null store holds nothing.
+    match cfg.store {
+        _ if !cfg.block_checksums => {
+            tracing::warn!("block checksums are off: reads are not checked");
+            // Seals from a sealed run would not match what this run writes.
+            trireme_store::sealed::forget_all(&cfg.dir)
+                .map_err(|e| DaemonError::Runtime(e.to_string()))?;
+        }
+        StoreKind::Null => {}
+        StoreKind::Memory => store = Arc::new(trireme_store::SealedStore::new(store, None)),
+        StoreKind::File => store = Arc::new(trireme_store::SealedStore::new(store, Some(&cfg.dir))),
+    }
+    if let Some(spec) = &cfg.inject_faults {
+        tracing::warn!(spec = %spec.display(), "store errors will be injected (fault testing)");
+        store = Arc::new(trireme_store::FaultyStore::new(store, spec));
+    }
+    let node = Arc::new(trireme_node::Node::with_dirty_grain(
+        cfg.id,
+        store,
+        cfg.dirty_grain,
+    ));
+    tracing::info!(
+        node = cfg.id,
+        store = cfg.store.as_str(),
+        replicas = node.replica_count(),
+        "node starting"
+    );
+    offer_ucx(&node, cfg.transport, cfg.listen.ip())?;
+    Ok(node)
+}
+
+/// Starts UCX for the node unless `--transport tcp`, and offers its worker address to clients.
+/// UCX's network lanes are kept to the device that holds the listen address.
+fn offer_ucx(
+    node: &Arc<trireme_node::Node>,
+    kind: TransportKind,
+    ip: std::net::IpAddr,
+) -> Result<(), DaemonError> {
+    if kind == TransportKind::Tcp {
+        node.set_ucx(Err("the node runs with --transport tcp".into()));
+        return Ok(());
+    }
+    let net_devices = std::env::var("TRIREME_UCX_NET_DEVICES")
+        .ok()
+        .or_else(|| trireme_transport::ucx::device_of(ip));
+    trireme_transport::ucx::configure(trireme_transport::ucx::Config {
+        tls: std::env::var("TRIREME_UCX_TLS").ok(),
+        net_devices,
+        ..Default::default()
+    });
+    match trireme_transport::ucx::Hub::get() {
+        Ok(hub) => {
+            node.set_ucx(Ok(hub.address().to_vec()));
+            hub.serve(node.clone());
+            tracing::info!(node = node.id(), config = ?hub.config(), "UCX offered");
+            Ok(())
+        }
+        Err(e) if kind == TransportKind::Ucx => Err(DaemonError::Runtime(format!(
+            "--transport ucx, but UCX cannot start: {e}"
+        ))),
+        Err(e) => {
+            tracing::warn!(node = node.id(), "UCX cannot start, TCP only: {e}");
+            node.set_ucx(Err(format!("UCX cannot start on the node: {e}")));
+            Ok(())
+        }
+    }
+}
+
+/// How a node daemon takes part in the cluster.
+#[derive(Debug, Clone)]
+pub struct MemberConfig {
+    /// Failure domain; a volume's copies go to distinct zones when there are enough.
+    pub zone: Option<String>,
+    /// TTL of the daemon's lease: how long after it dies (or loses etcd) it is shown down and
+    /// another daemon may take over the manager role.
+    pub lease_ttl: Duration,
+    /// Where the control API listens while this daemon holds the manager role.
+    pub control: SocketAddr,
+    pub manager: crate::manager_role::ManagerOptions,
+}
+
+/// Holds `<dir>/node.lock` for the life of the process: two daemons never share a store
+/// directory, whatever ids they were given.
+fn lock_dir(dir: &std::path::Path) -> Result<std::fs::File, DaemonError> {
+    use std::os::fd::AsRawFd;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| DaemonError::Usage(format!("cannot create --dir {}: {e}", dir.display())))?;
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("node.lock"))?;
+    // SAFETY: flock on a descriptor this function owns; no memory is involved.
+    let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if r != 0 {
+        return Err(DaemonError::Usage(format!(
+            "{} is in use by another node daemon",
+            dir.display()
+        )));
+    }
+    Ok(f)
+}
+
+/// Runs a cluster member until SIGTERM or Ctrl-C. Prints `listening ADDR` once registered.
+pub async fn run_member(
+    cfg: NodeConfig,
+    member: MemberConfig,
+    meta: ClusterMeta,
+) -> Result<(), DaemonError> {
+    if cfg.listen.ip().is_unspecified() {
+        return Err(DaemonError::Usage(format!(
+            "--listen {}: name the address other servers reach this one at (it is registered)",
+            cfg.listen
+        )));
+    }
+    let _lock = lock_dir(&cfg.dir)?;
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .map_err(|e| DaemonError::Runtime(format!("listen on {}: {e}", cfg.listen)))?;
+    let addr = listener.local_addr()?;
+    let control = tokio::net::TcpListener::bind(member.control)
+        .await
+        .map_err(|e| DaemonError::Runtime(format!("control listen on {}: {e}", member.control)))?;
+    let control_addr = control.local_addr()?;
+
+    let ttl = member.lease_ttl.max(crate::lease::MIN_TTL);
+    let alive = AliveRecord {
+        id: cfg.id,
+        addr: addr.to_string(),
+        host: crate::hostname(),
+        pid: std::process::id(),
+    };
+    let lease = register(&meta, &cfg, &member, &alive, ttl).await?;
+    tracing::info!(node = cfg.id, %addr, lease, "registered");
+
+    let node = build_node(&cfg)?;
+    {
+        use std::io::Write;
+        let mut o = std::io::stdout();
+        let _ = writeln!(o, "listening {addr}");
+        let _ = o.flush();
+    }
+    let serve = trireme_transport::tcp::serve(listener, node.clone());
+
+    // The lease, kept (and re-taken after a loss) in the background; the manager role follows it.
+    let (lease_tx, lease_rx) = tokio::sync::watch::channel(Some(lease));
+    let keeper = {
+        let (meta, cfg, member, alive) = (meta.clone(), cfg.clone(), member.clone(), alive.clone());
+        tokio::spawn(async move {
+            let mut lease = lease;
+            loop {
+                let (held_tx, _held_rx) = tokio::sync::watch::channel(true);
+                crate::lease::keep(&**meta.store(), lease, ttl, &held_tx).await;
+                let _ = lease_tx.send(None);
+                // Taken as lost here may still be alive in etcd: end it, so the key frees.
+                while let Err(e) = meta.store().revoke(lease).await {
+                    tracing::debug!("revoking the lost lease: {e}");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                match register(&meta, &cfg, &member, &alive, ttl).await {
+                    Ok(l) => {
+                        tracing::info!(node = cfg.id, lease = l, "registered again");
+                        lease = l;
+                        let _ = lease_tx.send(Some(l));
+                    }
+                    Err(e) => {
+                        // Another daemon holds this id now: this one must not serve.
+                        tracing::error!(node = cfg.id, "cannot register again: {e}");
+                        return e;
+                    }
+                }
+            }
+        })
+    };
+    let role = tokio::spawn(crate::manager_role::run(
+        meta.clone(),
+        lease_rx.clone(),
+        trireme_meta::ManagerRecord {
+            node: cfg.id,
+            control: control_addr.to_string(),
+            host: alive.host.clone(),
+            pid: alive.pid,
+        },
+        control,
+        member.manager.clone(),
+    ));
+
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let outcome = tokio::select! {
+        r = serve => r.map_err(|e| DaemonError::Runtime(format!("node {}: serving {addr}: {e}", cfg.id))),
+        r = keeper => Err(match r {
+            Ok(e) => e,
+            Err(e) => DaemonError::Runtime(format!("lease keeper: {e}")),
+        }),
+        _ = term.recv() => Ok(()),
+        _ = tokio::signal::ctrl_c() => Ok(()),
+    };
+    role.abort();
+    // Give the lease back at once: the node is shown down and the manager role (if this
+    // daemon held it) passes on without waiting for the TTL.
+    if let Some(l) = *lease_rx.borrow() {
+        let _ = tokio::time::timeout(Duration::from_secs(2), meta.store().revoke(l)).await;
+    }
+    let n = node.clone();
+    let _ = tokio::task::spawn_blocking(move || n.close_all()).await;
+    tracing::info!(node = cfg.id, "node stopped");
+    outcome
+}
+
+/// Registers the daemon under a new lease (retrying while the store is unreachable), keeping
+/// what the cluster decided about the node (draining) and refusing a removed one.
+async fn register(
+    meta: &ClusterMeta,
+    cfg: &NodeConfig,
+    member: &MemberConfig,
+    alive: &AliveRecord,
+    ttl: Duration,
+) -> Result<trireme_meta::kv::LeaseId, DaemonError> {
+    loop {
+        let lease = crate::lease::grant(&**meta.store(), ttl).await?;
+        let known = match meta.nodes().await {
+            Ok(ns) => ns.into_iter().find(|n| n.id == cfg.id),
+            Err(MetaError::Unavailable(_)) => {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let state = known.as_ref().map_or(NodeState::Active, |n| n.state);
+        if state == NodeState::Removed {
+            return Err(DaemonError::Usage(format!(
+                "node {} was removed from the cluster; give this server a new --id",
+                cfg.id
+            )));
+        }
+        let rec = NodeRecord {
+            id: cfg.id,
+            addr: alive.addr.clone(),
+            local_addr: None,
+            store: cfg.store.as_str().to_string(),
+            state,
+            zone: member.zone.clone(),
+        };
+        match meta.register_alive(alive, &rec, lease).await {
+            Ok(()) => return Ok(lease),
+            Err(MetaError::Unavailable(m)) => {
+                tracing::warn!("registering: {m}; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(MetaError::Refused(m)) => {
+                let _ = meta.store().revoke(lease).await;
+                // A daemon of this id that died on this host (kill -9, then a restart by
+                // systemd) leaves its key until its lease expires: wait for that.
+                let holder = meta
+                    .alive()
+                    .await
+                    .ok()
+                    .and_then(|a| a.get(&cfg.id).cloned());
+                match holder {
+                    Some(h) if h.host == alive.host && !pid_alive(h.pid) => {
+                        tracing::info!(
+                            node = cfg.id,
+                            pid = h.pid,
+                            "the previous daemon of this node died; waiting for its lease to expire"
+                        );
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                    None => tokio::time::sleep(Duration::from_millis(100)).await,
+                    Some(_) => return Err(DaemonError::Usage(m)),
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Whether a process of this host with this pid exists.
+pub(crate) fn pid_alive(pid: u32) -> bool {
+    // SAFETY: kill with signal 0 only checks that the process exists; nothing is sent.
+    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
