@@ -313,6 +313,12 @@ fn status_text(s: &StatusReport) -> String {
     for m in &s.moves {
         out += &move_text(m);
     }
+    if let Some(m) = &s.manager {
+        out += &format!(
+            "\nmanager: node {} (pid {} on {}), control API at {}\n",
+            m.node, m.pid, m.host, m.control
+        );
+    }
     out += &format!("\nvolumes: {}\n", s.volumes.len());
     out += &format!(
         "{:<16} {:<10} {:<6} {}\n",

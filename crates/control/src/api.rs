@@ -162,6 +162,9 @@ pub struct StatusReport {
     /// `node drain` / `node remove` jobs (the latest per node).
     #[serde(default)]
     pub moves: Vec<crate::MoveStatus>,
+    /// Who holds the manager role (a cluster on etcd).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manager: Option<trireme_meta::ManagerRecord>,
 }
 
 /// Errors seen by a control client.

@@ -524,6 +524,7 @@ impl Manager {
             nodes: ns,
             volumes: vs,
             moves: self.moves(),
+            manager: self.meta.manager().await.ok().flatten().map(|(m, _)| m),
         })
     }
 
