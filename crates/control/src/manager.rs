@@ -287,15 +287,19 @@ impl Manager {
         let _g = self.volume_lock.lock().await;
         let nodes = self.meta.nodes().await.map_err(|e| e.to_string())?;
         let vols = self.meta.volumes().await.map_err(|e| e.to_string())?;
+        // On etcd, only nodes whose daemon runs now (holds its lease) take new replicas.
+        let alive = self.registered().await;
         let loads: Vec<NodeLoad> = nodes
             .iter()
             .filter(|n| n.state == NodeState::Active)
+            .filter(|n| alive.as_ref().is_none_or(|a| a.contains_key(&n.id)))
             .map(|n| NodeLoad {
                 node: n.id,
                 replicas: vols
                     .iter()
                     .filter(|v| v.replicas.iter().any(|r| r.node == n.id))
                     .count(),
+                zone: n.zone.clone(),
             })
             .collect();
         let chosen = place(&loads, replicas).map_err(|e| e.to_string())?;

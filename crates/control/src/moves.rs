@@ -191,6 +191,8 @@ impl Manager {
         tokio::spawn(async move {
             let mut down_since: std::collections::HashMap<u32, tokio::time::Instant> =
                 Default::default();
+            // Tried once per time down: a failed job shows in `status`, not in a retry loop.
+            let mut tried: std::collections::HashSet<u32> = Default::default();
             loop {
                 tokio::time::sleep(Duration::from_secs(2)).await;
                 let Some(m) = me.upgrade() else { return };
@@ -203,6 +205,7 @@ impl Manager {
                 };
                 let now = tokio::time::Instant::now();
                 down_since.retain(|id, _| !alive.contains_key(id));
+                tried.retain(|id| down_since.contains_key(id));
                 for n in nodes.iter().filter(|n| n.state == NodeState::Active) {
                     if alive.contains_key(&n.id) {
                         continue;
@@ -211,7 +214,7 @@ impl Manager {
                     let holds = vols
                         .iter()
                         .any(|v| v.replicas.iter().any(|r| r.node == n.id));
-                    if holds && now - since >= after {
+                    if holds && now - since >= after && tried.insert(n.id) {
                         tracing::warn!(
                             node = n.id,
                             "node down for {after:?}: re-creating its replicas on other nodes"

@@ -89,6 +89,14 @@ fn record(spec: Spec, layout: Layout) -> VolumeRecord {
     }
 }
 
+fn layout_of(v: &VolumeRecord) -> Layout {
+    Layout {
+        replicas: v.replicas.clone(),
+        epoch: v.epoch,
+        writer_open: v.writer_open,
+    }
+}
+
 fn decode<T: DeserializeOwned>(kv: &KeyValue) -> Result<T, MetaError> {
     serde_json::from_slice(&kv.value).map_err(|e| MetaError::Corrupt {
         key: kv.key.clone(),
@@ -383,18 +391,6 @@ impl ClusterMeta {
         name: &str,
         f: &mut (dyn FnMut(&mut VolumeRecord) -> Result<(), String> + Send),
     ) -> Result<VolumeRecord, MetaError> {
-        self.update_volume_with(name, vec![], vec![], f).await
-    }
-
-    /// [`ClusterMeta::update_volume`], with more compares and operations in the same
-    /// transaction.
-    pub async fn update_volume_with(
-        &self,
-        name: &str,
-        compare: Vec<Compare>,
-        ops: Vec<Op>,
-        f: &mut (dyn FnMut(&mut VolumeRecord) -> Result<(), String> + Send),
-    ) -> Result<VolumeRecord, MetaError> {
         let lk = key(&format!("layouts/{name}"));
         for _ in 0..MAX_TRIES {
             let (mut v, rev) = self.read_volume(name).await?;
@@ -405,26 +401,14 @@ impl ClusterMeta {
                     "a volume's id, name and size never change".into(),
                 ));
             }
-            let layout = Layout {
-                replicas: v.replicas.clone(),
-                epoch: v.epoch,
-                writer_open: v.writer_open,
-            };
-            let mut cmp = vec![Compare::mod_revision(lk.clone(), rev)];
-            cmp.extend(compare.iter().cloned());
-            let mut all = vec![Op::put(lk.clone(), encode(&layout))];
-            all.extend(ops.iter().cloned());
-            if self.write(cmp, all).await?.is_some() {
+            let done = self
+                .write(
+                    vec![Compare::mod_revision(lk.clone(), rev)],
+                    vec![Op::put(lk.clone(), encode(&layout_of(&v)))],
+                )
+                .await?;
+            if done.is_some() {
                 return Ok(v);
-            }
-            // Someone else changed it (or one of the extra compares failed): read again.
-            if !compare.is_empty() {
-                let r = self.store.txn(Txn::when(compare.clone())).await?;
-                if !r.succeeded {
-                    return Err(MetaError::Refused(format!(
-                        "volume {name:?}: the state this change depends on has changed"
-                    )));
-                }
             }
         }
         Err(MetaError::Contended {
@@ -442,8 +426,9 @@ impl ClusterMeta {
     }
 
     /// Becomes the writer of `name`: in one transaction, bumps the epoch, marks the writer
-    /// open and puts `rec` (its epoch filled in) under `lease` — only if no attach record
-    /// exists, unless `force` (which fences the holder: its epoch is now stale). Returns the
+    /// open and puts `rec` (its epoch filled in) under `lease`, comparing the revisions of the
+    /// layout and of the attach record it read — refused if an attach record exists, unless
+    /// `force` (which fences the holder: its epoch is now stale). Returns the
     /// volume and whether the previous writer left without detaching.
     pub async fn attach(
         &self,
@@ -452,7 +437,10 @@ impl ClusterMeta {
         lease: LeaseId,
         force: bool,
     ) -> Result<(VolumeRecord, bool), MetaError> {
-        let ak = key(&format!("attach/{name}"));
+        let (ak, lk) = (
+            key(&format!("attach/{name}")),
+            key(&format!("layouts/{name}")),
+        );
         for _ in 0..MAX_TRIES {
             let held = self.attachment(name).await?;
             if let (Some((a, _)), false) = (&held, force) {
@@ -461,39 +449,33 @@ impl ClusterMeta {
                     a.pid, a.host, a.epoch
                 )));
             }
-            let ak_rev = held.as_ref().map_or(0, |(_, kv)| kv.mod_revision);
-            let mut unclean = false;
-            let mut mine = rec.clone();
-            let r = self
-                .update_volume_with(
-                    name,
-                    vec![Compare::mod_revision(ak.clone(), ak_rev)],
-                    vec![],
-                    &mut |v| {
-                        unclean = v.writer_open;
-                        v.epoch += 1;
-                        v.writer_open = true;
-                        Ok(())
-                    },
+            let (mut v, rev) = self.read_volume(name).await?;
+            let unclean = v.writer_open;
+            v.epoch += 1;
+            v.writer_open = true;
+            let mine = AttachRecord {
+                epoch: v.epoch,
+                ..rec.clone()
+            };
+            // Both or neither: the new epoch and the record that says who holds it.
+            let done = self
+                .write(
+                    vec![
+                        Compare::mod_revision(lk.clone(), rev),
+                        Compare::mod_revision(
+                            ak.clone(),
+                            held.as_ref().map_or(0, |(_, kv)| kv.mod_revision),
+                        ),
+                    ],
+                    vec![
+                        Op::put(lk.clone(), encode(&layout_of(&v))),
+                        Op::put_leased(ak.clone(), encode(&mine), lease),
+                    ],
                 )
-                .await;
-            let v = match r {
-                Ok(v) => v,
-                // The attach record changed between the two reads: look again.
-                Err(MetaError::Refused(m)) if m.contains("depends on") => continue,
-                Err(e) => return Err(e),
-            };
-            mine.epoch = v.epoch;
-            // The epoch is taken; now the record (a crash in between leaves writer_open set,
-            // which the next attach treats as a writer that died: it reconciles).
-            let put = self
-                .store
-                .txn(Txn::when(vec![]).then(vec![Op::put_leased(ak.clone(), encode(&mine), lease)]))
-                .await;
-            return match put {
-                Ok(_) => Ok((v, unclean)),
-                Err(e) => Err(e),
-            };
+                .await?;
+            if done.is_some() {
+                return Ok((v, unclean));
+            }
         }
         Err(MetaError::Contended {
             what: format!("attaching volume {name:?}"),

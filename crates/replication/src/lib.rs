@@ -25,14 +25,17 @@ pub enum PlacementError {
 }
 
 /// A candidate node: its id and how many replicas it already holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeLoad {
     pub node: u32,
     pub replicas: usize,
+    /// Failure domain; `None` is a zone of its own.
+    pub zone: Option<String>,
 }
 
 /// Chooses `replicas` distinct nodes, least loaded first (ties by lowest id), so volumes spread
-/// evenly. Deterministic for the same input.
+/// evenly, and in distinct zones while there are zones left (then the least loaded of the
+/// rest). Deterministic for the same input.
 pub fn place(nodes: &[NodeLoad], replicas: usize) -> Result<Vec<u32>, PlacementError> {
     if !(1..=3).contains(&replicas) {
         return Err(PlacementError::BadReplicaCount(replicas));
@@ -48,7 +51,27 @@ pub fn place(nodes: &[NodeLoad], replicas: usize) -> Result<Vec<u32>, PlacementE
             nodes: c.len(),
         });
     }
-    let mut out: Vec<u32> = c[..replicas].iter().map(|n| n.node).collect();
+    let mut out: Vec<u32> = Vec::with_capacity(replicas);
+    let mut zones: Vec<&str> = Vec::new();
+    for n in &c {
+        if out.len() == replicas {
+            break;
+        }
+        match n.zone.as_deref() {
+            Some(z) if zones.contains(&z) => continue,
+            Some(z) => zones.push(z),
+            None => {}
+        }
+        out.push(n.node);
+    }
+    for n in &c {
+        if out.len() == replicas {
+            break;
+        }
+        if !out.contains(&n.node) {
+            out.push(n.node);
+        }
+    }
     out.sort_unstable();
     Ok(out)
 }

@@ -7,6 +7,7 @@ fn placement_spreads_and_refuses_too_few_nodes() {
         .map(|n| NodeLoad {
             node: n,
             replicas: 0,
+            zone: None,
         })
         .collect();
     assert_eq!(place(&nodes, 3).unwrap(), vec![1, 2, 3]);
@@ -14,18 +15,22 @@ fn placement_spreads_and_refuses_too_few_nodes() {
         NodeLoad {
             node: 1,
             replicas: 2,
+            zone: None,
         },
         NodeLoad {
             node: 2,
             replicas: 0,
+            zone: None,
         },
         NodeLoad {
             node: 3,
             replicas: 1,
+            zone: None,
         },
         NodeLoad {
             node: 4,
             replicas: 0,
+            zone: None,
         },
     ];
     assert_eq!(place(&loaded, 2).unwrap(), vec![2, 4]);
@@ -104,7 +109,7 @@ proptest! {
 
     #[test]
     fn placement_is_distinct(loads in proptest::collection::vec((0u32..10, 0usize..5), 3..10), r in 1usize..=3) {
-        let nodes: Vec<NodeLoad> = loads.iter().map(|&(node, replicas)| NodeLoad { node, replicas }).collect();
+        let nodes: Vec<NodeLoad> = loads.iter().map(|&(node, replicas)| NodeLoad { node, replicas, zone: None }).collect();
         if let Ok(p) = place(&nodes, r) {
             let mut d = p.clone();
             d.dedup();
@@ -175,4 +180,20 @@ fn a_move_adds_a_replica_and_drops_one_only_while_another_is_in_sync() {
     );
     assert_eq!(removal(&rec, 9), Err(TransitionError::NoSuchReplica(9)));
     assert!(transition(&rec, 1, 1, 2, Removed).is_err(), "not storable");
+}
+
+#[test]
+fn placement_spreads_copies_over_zones() {
+    let n = |node, replicas, zone: &str| NodeLoad {
+        node,
+        replicas,
+        zone: Some(zone.to_string()),
+    };
+    // Nodes 1 and 2 share rack a and are the least loaded: one of them, then b and c.
+    let nodes = [n(1, 0, "a"), n(2, 0, "a"), n(3, 5, "b"), n(4, 6, "c")];
+    assert_eq!(place(&nodes, 3).unwrap(), vec![1, 3, 4]);
+    // Fewer zones than copies: distinct zones first, then the least loaded of the rest.
+    let nodes = [n(1, 0, "a"), n(2, 1, "a"), n(3, 9, "b")];
+    assert_eq!(place(&nodes, 3).unwrap(), vec![1, 2, 3]);
+    assert_eq!(place(&nodes, 2).unwrap(), vec![1, 3]);
 }

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# A cluster of several "servers" on one machine, each in its own network namespace, the way it
+# runs on real servers: etcd, one `trireme node run` per server namespace, and `trireme attach`
+# in a client namespace serving the volume over NBD.
+#
+#   sudo scripts/netns-cluster.sh up [SERVERS]   # default 3 servers; prints what to try next
+#   sudo scripts/netns-cluster.sh down           # stops everything, removes the namespaces
+#
+# Layout: namespace trireme-sN holds server N at 10.77.N.2 (its host end 10.77.N.1); the client
+# namespace trireme-c holds 10.77.99.2, and etcd runs in trireme-e at 10.77.0.2 (one member:
+# enough to try it; use 3 or 5 in production). The host routes between them. Partition a server with: iptables -I FORWARD -s 10.77.N.2 -j DROP (and -d).
+# State and logs go to ${TRIREME_NETNS_DIR:-/tmp/trireme-netns}.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+T=${TRIREME_BIN:-$PWD/target/release/trireme}
+D=${TRIREME_NETNS_DIR:-/tmp/trireme-netns}
+ETCD=10.77.0.2:2379
+
+need_root() { [ "$(id -u)" -eq 0 ] || { echo "run as root (network namespaces)" >&2; exit 2; }; }
+
+down() {
+  need_root
+  for p in "$D"/*.pid; do [ -f "$p" ] && kill "$(cat "$p")" 2>/dev/null || true; done
+  sleep 1
+  for ns in $(ip netns list | awk '/^trireme-(s[0-9]+|c|e)( |$)/{print $1}'); do
+    ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+    ip netns del "$ns"
+  done
+  for v in $(ip -o link show | awk -F': ' '/trv[0-9ce]+@/{split($2,a,"@"); print a[1]}'); do ip link del "$v" 2>/dev/null || true; done
+  [ -f "$D/ip_forward" ] && cat "$D/ip_forward" > /proc/sys/net/ipv4/ip_forward
+  rm -f "$D"/*.pid "$D/ip_forward"
+  echo "stopped; logs stay in $D"
+}
+
+# Namespace NAME at 10.77.K.2, its veth's host end at 10.77.K.1.
+mkns() {
+  local name=$1 k=$2 veth=trv$3
+  ip netns add "$name"
+  ip link add "$veth" type veth peer name eth0 netns "$name"
+  ip addr add "10.77.$k.1/24" dev "$veth"
+  ip link set "$veth" up
+  ip -n "$name" addr add "10.77.$k.2/24" dev eth0
+  ip -n "$name" link set eth0 up
+  ip -n "$name" link set lo up
+  ip -n "$name" route add default via "10.77.$k.1"
+}
+
+up() {
+  need_root
+  local n=${1:-3}
+  [ -x "$T" ] || { echo "build first: make build (or set TRIREME_BIN)" >&2; exit 2; }
+  command -v etcd >/dev/null || { echo "install etcd-server (scripts/setup.sh does)" >&2; exit 2; }
+  mkdir -p "$D"
+  cat /proc/sys/net/ipv4/ip_forward > "$D/ip_forward"
+  echo 1 > /proc/sys/net/ipv4/ip_forward
+  mkns trireme-e 0 e
+  rm -rf "$D/etcd" "$D"/server-*  # a new cluster each time
+  ip netns exec trireme-e etcd --name e1 --data-dir "$D/etcd" --listen-client-urls "http://$ETCD" \
+    --advertise-client-urls "http://$ETCD" --listen-peer-urls http://10.77.0.2:2380 \
+    --initial-advertise-peer-urls http://10.77.0.2:2380 --initial-cluster e1=http://10.77.0.2:2380 \
+    --log-level warn >"$D/etcd.log" 2>&1 &
+  echo $! > "$D/etcd.pid"
+  for i in $(seq 1 "$n"); do
+    mkns "trireme-s$i" "$i" "$i"
+    # One server = one namespace; TRIREME_UCX_TLS=tcp as between real hosts without RDMA.
+    ip netns exec "trireme-s$i" env TRIREME_UCX_TLS=tcp "$T" --etcd "$ETCD" node run --id "$i" \
+      --listen "10.77.$i.2:7000" --dir "$D/server-$i" --zone "zone-$i" >"$D/server-$i.out" 2>"$D/server-$i.log" &
+    echo $! > "$D/server-$i.pid"
+  done
+  mkns trireme-c 99 c
+  for _ in $(seq 1 100); do
+    [ "$("$T" --etcd "$ETCD" --output json node list 2>/dev/null | grep -c '"up": true')" -ge "$n" ] && break
+    sleep 0.2
+  done
+  local reps=$(( n < 3 ? n : 3 ))
+  "$T" --etcd "$ETCD" volume create vol0 --size 1G --replicas "$reps" >/dev/null 2>&1 || true
+  ip netns exec trireme-c env TRIREME_UCX_TLS=tcp "$T" --etcd "$ETCD" attach vol0 \
+    --listen 10.77.99.2:10809 --socket "$D/vol0.sock" >"$D/attach.out" 2>"$D/attach.log" &
+  echo $! > "$D/attach.pid"
+  for _ in $(seq 1 100); do [ -S "$D/vol0.sock" ] && break; sleep 0.2; done
+  "$T" --etcd "$ETCD" status
+  cat <<EOF
+
+$n servers (namespaces trireme-s1..s$n), etcd at $ETCD, vol0 attached in namespace trireme-c.
+Try:
+  T=$T
+  \$T --etcd $ETCD status
+  ip netns exec trireme-c \$T bench --verify -b4K -r -w30 -t2 -o4 -d30 'nbd+unix:///vol0?socket=$D/vol0.sock'
+  kill -9 \$(cat $D/server-2.pid)          # a server dies: I/O goes on, status shows it down
+  ip netns exec trireme-s2 \$T --etcd $ETCD node run --id 2 --listen 10.77.2.2:7000 --dir $D/server-2 &
+  sudo $0 down
+EOF
+}
+
+case "${1:-}" in
+  up) shift; up "$@" ;;
+  down) down ;;
+  *) echo "usage: $0 up [SERVERS] | down" >&2; exit 2 ;;
+esac
