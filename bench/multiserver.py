@@ -108,7 +108,7 @@ class EtcdCluster:
     def attach(self, vol, sock):
         if os.path.exists(sock):
             os.unlink(sock)
-        p = subprocess.Popen([T, "attach", vol, "--socket", sock, "--lease-ttl", "3s"], env=self.env,
+        p = subprocess.Popen([T, "attach", vol, "--socket", sock, "--lease-ttl", "3s", *TIMEOUT], env=self.env,
                              stdout=subprocess.PIPE, stderr=open(f"{self.d}/attach.log", "a"), text=True)
         p.stdout.readline()
         return p
@@ -126,10 +126,33 @@ def detach(p):
 
 
 def bench(uri, *flags):
-    out = subprocess.run([T, "--output", "json", "bench", *flags, uri], capture_output=True, text=True, check=True)
+    out = subprocess.run([T, "--output", "json", "bench", *flags, uri], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"trireme bench {' '.join(flags)} {uri}: {out.stderr.strip()}")
     return json.loads(out.stdout)
 
 
+def make_source(d, size):
+    """The fill's source, written and synced before any cluster starts (its writeback would
+    otherwise stall the nodes' disk writes)."""
+    src = f"{d}/fill.img"
+    if not os.path.exists(src):
+        with open(src, "wb") as f:
+            f.write(os.urandom(size))
+        subprocess.run(["sync"], check=True)
+    return src
+
+
+def fill(d, uri, size):
+    """Writes the whole volume with random bytes, two 256 KiB requests in flight: deeper queues
+    of large writes outlast the 1 s replica timeout on this machine's shared disk."""
+    src = make_source(d, size)
+    subprocess.run(["nbdcopy", "--requests=2", "--request-size=262144", src, uri], check=True)
+
+
+# Both writers alike: a large fill on this machine's shared disk can stall every node past the
+# default 1 s, and with no copy left a write fails (what issue 17's minimum copies is about).
+TIMEOUT = ("--replica-timeout", "5s")
 S2D = ("--profile", "s2d", "-d10", "-W2")
 QD1 = ("-b4K", "-r", "-w100", "-t1", "-o1", "-d5", "-W1")
 
@@ -137,7 +160,8 @@ QD1 = ("-b4K", "-r", "-w100", "-t1", "-o1", "-d5", "-W1")
 def datapath(rounds):
     rows = []
     with tempfile.TemporaryDirectory() as d:
-        up = subprocess.Popen([T, "--data-dir", f"{d}/up", "up", "--size", "1G", "--port", "0"],
+        make_source(d, 1 << 30)
+        up = subprocess.Popen([T, "--data-dir", f"{d}/up", "up", "--size", "1G", "--port", "0", *TIMEOUT],
                               stdout=subprocess.DEVNULL, stderr=open(f"{d}/up.log", "w"))
         for _ in range(200):
             if os.path.exists(f"{d}/up/exports"):
@@ -150,7 +174,10 @@ def datapath(rounds):
         et_uri = f"nbd+unix:///vol0?socket={d}/e.sock"
         # Fill both, so reads hit data.
         for u in (up_uri, et_uri):
-            bench(u, "-b1M", "-s", "-w100", "-t1", "-o8", "-d8")
+            fill(d, u, 1 << 30)
+        links = [json.loads(subprocess.run([T, "--data-dir", f"{d}/up", "--output", "json", "status"],
+                                           capture_output=True, text=True).stdout)["volumes"][0]["client_links"]]
+        print("links of up's writer: " + ", ".join(f"node {l['node']} {l['transport']}" for l in links[0]))
         for r in range(rounds):
             for name, uri in (("embedded (up)", up_uri), ("etcd (node run + attach)", et_uri)):
                 s = bench(uri, *S2D)
@@ -190,10 +217,15 @@ def attach_times(n):
         c.stop()
     print(f"\n## Attach ({n} attaches of a 3-way volume; process start to NBD serving)\n")
     print(f"p50 {pct(ts, 50):.0f} ms, p99 {pct(ts, 99):.0f} ms, max {max(ts):.0f} ms")
+    print("each: " + " ".join(f"{t:.0f}" for t in ts))
 
 
 def failover():
-    import nbd  # python3-libnbd
+    try:
+        import nbd  # python3-libnbd
+    except ImportError:  # a Python of its own (pyenv) does not see Debian's packages
+        sys.path.append("/usr/lib/python3/dist-packages")
+        import nbd
     with tempfile.TemporaryDirectory() as d:
         c = EtcdCluster(d, 3)
         c.cli("volume", "create", "v", "--size", "256M", "--replicas", "3")
@@ -231,10 +263,11 @@ def failover():
 
 def recreate():
     with tempfile.TemporaryDirectory() as d:
+        make_source(d, 1 << 30)
         c = EtcdCluster(d, 4, extra=("--down-out-interval", "1s"))
         c.cli("volume", "create", "v", "--size", "1G", "--replicas", "3")
         a = c.attach("v", f"{d}/a.sock")
-        bench(f"nbd+unix:///v?socket={d}/a.sock", "-b1M", "-s", "-w100", "-t1", "-o8", "-d1000", "-c1G")
+        fill(d, f"nbd+unix:///v?socket={d}/a.sock", 1 << 30)
         detach(a)  # a move needs the volume free of outside writers
         manager = c.status()["manager"]["node"]
         vol = c.status()["volumes"][0]

@@ -33,7 +33,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Cmd::Up(ref a) => runtime(a.threads as usize)?.block_on(crate::up::run(&cli, a)),
         Cmd::Node(NodeCmd::Serve(ref a)) => runtime(1)?.block_on(node_serve(&cli, a)),
         Cmd::Nbd(ref a) => runtime(a.threads as usize)?.block_on(nbd(&cli, a)),
-        Cmd::Node(NodeCmd::Run(ref a)) => runtime(2)?.block_on(node_run(&cli, a)),
+        Cmd::Node(NodeCmd::Run(ref a)) => runtime(1)?.block_on(node_run(&cli, a)),
         Cmd::Attach(ref a) => runtime(a.threads as usize)?.block_on(attach(&cli, a)),
         Cmd::Bench(ref a) => crate::bench::run(&cli, a),
         _ => runtime(1)?.block_on(client_cmd(&cli)),
@@ -525,16 +525,33 @@ async fn node_run(cli: &Cli, a: &crate::NodeRunArgs) -> Result<(), CliError> {
         .map_err(daemon_err)
 }
 
+/// The NBD TCP listener, if `--listen` was given.
+async fn bind_nbd(
+    listen: Option<std::net::SocketAddr>,
+) -> Result<Option<tokio::net::TcpListener>, CliError> {
+    match listen {
+        Some(addr) => {
+            Ok(Some(tokio::net::TcpListener::bind(addr).await.map_err(
+                |e| CliError::Runtime(format!("bind {addr}: {e}")),
+            )?))
+        }
+        None => Ok(None),
+    }
+}
+
+/// Returns on SIGTERM or Ctrl-C.
+async fn until_stopped() -> Result<(), CliError> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    Ok(())
+}
+
 async fn attach(cli: &Cli, a: &crate::AttachArgs) -> Result<(), CliError> {
     let meta = etcd_meta(cli).await?;
-    let tcp = match a.listen {
-        Some(addr) => Some(
-            tokio::net::TcpListener::bind(addr)
-                .await
-                .map_err(|e| CliError::Runtime(format!("bind {addr}: {e}")))?,
-        ),
-        None => None,
-    };
+    let tcp = bind_nbd(a.listen).await?;
     let tcp_addr = tcp.as_ref().and_then(|l| l.local_addr().ok());
     let uris = trireme_daemon::export::uris(&a.volume, a.socket.as_deref(), tcp_addr);
     let cfg = trireme_daemon::attach::AttachConfig {
@@ -553,11 +570,7 @@ async fn attach(cli: &Cli, a: &crate::AttachArgs) -> Result<(), CliError> {
     }
     use std::io::Write;
     let _ = std::io::stdout().flush();
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
+    until_stopped().await?;
     for t in tasks {
         t.abort();
     }
@@ -569,14 +582,7 @@ async fn attach(cli: &Cli, a: &crate::AttachArgs) -> Result<(), CliError> {
 }
 
 async fn nbd(cli: &Cli, a: &crate::NbdArgs) -> Result<(), CliError> {
-    let tcp = match a.listen {
-        Some(addr) => Some(
-            tokio::net::TcpListener::bind(addr)
-                .await
-                .map_err(|e| CliError::Runtime(format!("bind {addr}: {e}")))?,
-        ),
-        None => None,
-    };
+    let tcp = bind_nbd(a.listen).await?;
     let tcp_addr = tcp.as_ref().and_then(|l| l.local_addr().ok());
     let (vol, tasks) = trireme_daemon::export::export_local(
         &control_path(&cli.data_dir),
@@ -590,11 +596,7 @@ async fn nbd(cli: &Cli, a: &crate::NbdArgs) -> Result<(), CliError> {
     for u in trireme_daemon::export::uris(&a.volume, a.socket.as_deref(), tcp_addr) {
         println!("{u}");
     }
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
+    until_stopped().await?;
     for t in tasks {
         t.abort();
     }
