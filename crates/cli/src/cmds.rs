@@ -539,17 +539,34 @@ async fn bind_nbd(
     }
 }
 
-/// Returns on SIGTERM or Ctrl-C.
-async fn until_stopped() -> Result<(), CliError> {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
+/// A stop request (SIGTERM or Ctrl-C), caught from the moment this is made: made before a
+/// process says it serves, so a stop that follows at once still detaches cleanly (the
+/// default action would kill it with its attach record held until the lease expires).
+struct Stop {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Stop {
+    fn catch() -> Result<Stop, CliError> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let err = |e: std::io::Error| CliError::Runtime(format!("signal handler: {e}"));
+        Ok(Stop {
+            term: signal(SignalKind::terminate()).map_err(err)?,
+            int: signal(SignalKind::interrupt()).map_err(err)?,
+        })
     }
-    Ok(())
+
+    async fn wait(mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+    }
 }
 
 async fn attach(cli: &Cli, a: &crate::AttachArgs) -> Result<(), CliError> {
+    let stop = Stop::catch()?;
     let meta = etcd_meta(cli).await?;
     let tcp = bind_nbd(a.listen).await?;
     let tcp_addr = tcp.as_ref().and_then(|l| l.local_addr().ok());
@@ -570,7 +587,7 @@ async fn attach(cli: &Cli, a: &crate::AttachArgs) -> Result<(), CliError> {
     }
     use std::io::Write;
     let _ = std::io::stdout().flush();
-    until_stopped().await?;
+    stop.wait().await;
     for t in tasks {
         t.abort();
     }
@@ -582,6 +599,7 @@ async fn attach(cli: &Cli, a: &crate::AttachArgs) -> Result<(), CliError> {
 }
 
 async fn nbd(cli: &Cli, a: &crate::NbdArgs) -> Result<(), CliError> {
+    let stop = Stop::catch()?;
     let tcp = bind_nbd(a.listen).await?;
     let tcp_addr = tcp.as_ref().and_then(|l| l.local_addr().ok());
     let (vol, tasks) = trireme_daemon::export::export_local(
@@ -596,7 +614,7 @@ async fn nbd(cli: &Cli, a: &crate::NbdArgs) -> Result<(), CliError> {
     for u in trireme_daemon::export::uris(&a.volume, a.socket.as_deref(), tcp_addr) {
         println!("{u}");
     }
-    until_stopped().await?;
+    stop.wait().await;
     for t in tasks {
         t.abort();
     }

@@ -126,8 +126,9 @@ async fn hold(meta: &ClusterMeta, lease: &mut watch::Receiver<Option<LeaseId>>, 
     }
 }
 
-/// Returns when the manager key is gone (or after a while, to campaign again anyway), or the
-/// lease changes.
+/// Returns when the manager key is gone, the lease changes, or the watch breaks (a dead
+/// connection to etcd ends the stream: the client keeps HTTP/2 keep-alives on it). No timer: an
+/// idle cluster sends etcd nothing for the election.
 async fn wait_for_vacancy(meta: &ClusterMeta, lease: &mut watch::Receiver<Option<LeaseId>>) {
     let start = match meta.manager().await {
         Ok(Some((_, kv))) => kv.mod_revision + 1,
@@ -137,11 +138,8 @@ async fn wait_for_vacancy(meta: &ClusterMeta, lease: &mut watch::Receiver<Option
         tokio::time::sleep(Duration::from_millis(500)).await;
         return;
     };
-    let deadline = tokio::time::sleep(Duration::from_secs(5));
-    tokio::pin!(deadline);
     loop {
         tokio::select! {
-            _ = &mut deadline => return,
             _ = lease.changed() => return,
             ev = w.recv() => match ev {
                 Some(e) if e.deleted => return,
