@@ -322,6 +322,16 @@ def scale(nodes, volumes):
 
 
 def main():
+    # A section that fails leaves no process behind: this process group is ended on exit.
+    os.setpgrp()
+    try:
+        run()
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        os.killpg(0, signal.SIGTERM)
+
+
+def run():
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="datapath,attach,failover,recreate,scale")
     ap.add_argument("--rounds", type=int, default=2)
