@@ -23,6 +23,9 @@ use trireme_replication::ReplicaState;
 
 use crate::DaemonError;
 
+/// How long a stopping writer tries to flush and detach.
+pub const DETACH_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// How to attach.
 #[derive(Debug, Clone)]
 pub struct AttachConfig {
@@ -211,10 +214,15 @@ pub async fn attach(
 
 impl Attached {
     /// Flushes, detaches cleanly (the next writer need not reconcile) and gives the lease back.
+    /// A flush that cannot finish (no replica answers) is given up after [`DETACH_TIMEOUT`]:
+    /// the writer-open flag then stays set, so the next writer reconciles.
     pub async fn detach(self) -> Result<(), DaemonError> {
         let epoch = self.volume.info().epoch;
         let name = self.volume.info().name.clone();
-        let r = self.volume.detach().await;
+        let r = match tokio::time::timeout(DETACH_TIMEOUT, self.volume.detach()).await {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(_) => Err(format!("no replica answered within {DETACH_TIMEOUT:?}")),
+        };
         let _ = self.meta.release_attachment(&name, epoch).await;
         self.keeper.abort();
         let _ = self.meta.store().revoke(self.lease).await;
