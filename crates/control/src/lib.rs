@@ -19,7 +19,7 @@ pub use api::{
     StatusReport, VolumeStatus,
 };
 pub use manager::{
-    attach_info, record_replica_state, serve, serve_conn, serve_tcp, Manager, NodeControl,
+    attach_info, record_detach, record_replica_state, serve, serve_conn, Manager, NodeControl,
 };
 pub use membership::ControlMembership;
 pub use moves::{MoveState, MoveStatus};

@@ -393,13 +393,7 @@ impl Manager {
 
     /// The writer of `epoch` left cleanly. A stale epoch changes nothing.
     pub async fn detach(&self, name: &str, epoch: u64) -> Result<VolumeRecord> {
-        self.meta
-            .update_volume(name, &mut |v| {
-                if v.epoch == epoch {
-                    v.writer_open = false;
-                }
-                Ok(())
-            })
+        record_detach(&self.meta, name, epoch)
             .await
             .map_err(|e| e.to_string())
     }
@@ -681,6 +675,22 @@ pub async fn record_replica_state(
     Ok(v)
 }
 
+/// The writer of `epoch` left cleanly: the next one need not reconcile. A stale epoch changes
+/// nothing.
+pub async fn record_detach(
+    meta: &ClusterMeta,
+    name: &str,
+    epoch: u64,
+) -> std::result::Result<VolumeRecord, trireme_meta::MetaError> {
+    meta.update_volume(name, &mut |v| {
+        if v.epoch == epoch {
+            v.writer_open = false;
+        }
+        Ok(())
+    })
+    .await
+}
+
 fn trireme_store_kind_is_volatile(store: &str) -> bool {
     store != "file"
 }
@@ -691,19 +701,6 @@ pub async fn serve(path: &Path, manager: Arc<Manager>) -> std::io::Result<()> {
     let listener = UnixListener::bind(path)?;
     loop {
         let (sock, _) = listener.accept().await?;
-        tokio::spawn(serve_conn(sock, manager.clone()));
-    }
-}
-
-/// Serves the control API on TCP until the listener fails (the manager of a cluster of
-/// several servers, for `trireme --etcd ...` on any host).
-pub async fn serve_tcp(
-    listener: tokio::net::TcpListener,
-    manager: Arc<Manager>,
-) -> std::io::Result<()> {
-    loop {
-        let (sock, _) = listener.accept().await?;
-        let _ = sock.set_nodelay(true);
         tokio::spawn(serve_conn(sock, manager.clone()));
     }
 }

@@ -15,7 +15,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
 use trireme_client::{AttachInfo, BoxFut, Membership, Volume, VolumeOptions};
 use trireme_meta::kv::LeaseId;
 use trireme_meta::{AttachRecord, ClusterMeta, MetaError};
@@ -99,13 +98,7 @@ impl Membership for MetaMembership {
 
     fn detach<'a>(&'a self, volume: &'a str, epoch: u64) -> BoxFut<'a, Result<(), String>> {
         Box::pin(async move {
-            self.meta
-                .update_volume(volume, &mut |v| {
-                    if v.epoch == epoch {
-                        v.writer_open = false;
-                    }
-                    Ok(())
-                })
+            trireme_control::record_detach(&self.meta, volume, epoch)
                 .await
                 .map(|_| ())
                 .map_err(|e| e.to_string())
@@ -119,8 +112,6 @@ pub struct Attached {
     pub volume: Arc<Volume>,
     pub meta: ClusterMeta,
     pub lease: LeaseId,
-    /// False once the lease is lost (another host may attach and fence this writer).
-    pub held: watch::Receiver<bool>,
     keeper: tokio::task::JoinHandle<()>,
 }
 
@@ -171,11 +162,10 @@ pub async fn attach(
             });
         }
     };
-    let (held_tx, held) = watch::channel(true);
     let keeper = {
         let store = meta.store().clone();
         tokio::spawn(async move {
-            crate::lease::keep(&*store, lease, ttl, &held_tx).await;
+            crate::lease::keep(&*store, lease, ttl).await;
             tracing::error!(
                 "the attach lease is lost: another host may attach now and fence this writer"
             );
@@ -207,7 +197,6 @@ pub async fn attach(
         volume,
         meta,
         lease,
-        held,
         keeper,
     })
 }

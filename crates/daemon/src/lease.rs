@@ -2,7 +2,6 @@
 
 use std::time::Duration;
 
-use tokio::sync::watch;
 use tokio::time::Instant;
 use trireme_meta::kv::LeaseId;
 use trireme_meta::{MetaError, MetaStore};
@@ -31,14 +30,9 @@ pub async fn grant(store: &dyn MetaStore, ttl: Duration) -> Result<LeaseId, Meta
 
 /// Refreshes `lease` every third of `ttl` until it is lost, then returns. While the store is
 /// unreachable it keeps trying; once a whole `ttl` has passed since the last refresh that was
-/// confirmed (counted from when it was sent), the lease is taken as lost: `held` turns false
+/// confirmed (counted from when it was sent), the lease is taken as lost and this returns
 /// before etcd can expire it, so dependants stop before anyone else can take over.
-pub async fn keep(
-    store: &dyn MetaStore,
-    lease: LeaseId,
-    ttl: Duration,
-    held: &watch::Sender<bool>,
-) {
+pub async fn keep(store: &dyn MetaStore, lease: LeaseId, ttl: Duration) {
     let mut confirmed = Instant::now();
     let mut warned = false;
     loop {
@@ -54,7 +48,6 @@ pub async fn keep(
             }
             Ok(Ok(false)) => {
                 tracing::warn!(lease, "lease expired");
-                let _ = held.send(false);
                 return;
             }
             Ok(Err(e)) => {
@@ -75,7 +68,6 @@ pub async fn keep(
                 lease,
                 "no lease refresh confirmed for {ttl:?}: taken as lost"
             );
-            let _ = held.send(false);
             return;
         }
     }

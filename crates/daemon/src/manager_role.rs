@@ -64,7 +64,7 @@ pub async fn run(
                 m.set_liveness_from_leases(true);
                 m.start_heartbeats(opts.heartbeat_every, opts.down_after);
                 if let Some(after) = opts.down_out {
-                    crate::manager_role::start_down_out(&m, after, opts.rate);
+                    m.start_down_out(after, opts.rate);
                 }
                 let _ = current_tx.send(Some(m));
                 hold(&meta, &mut lease, l).await;
@@ -183,9 +183,4 @@ async fn serve_control(
             }
         }
     }
-}
-
-/// Re-creates the replicas of nodes down longer than `after` (see `Manager::start_down_out`).
-pub fn start_down_out(m: &Arc<Manager>, after: Duration, rate: Option<u64>) {
-    m.start_down_out(after, rate);
 }

@@ -192,8 +192,7 @@ pub async fn run_member(
         tokio::spawn(async move {
             let mut lease = lease;
             loop {
-                let (held_tx, _held_rx) = tokio::sync::watch::channel(true);
-                crate::lease::keep(&**meta.store(), lease, ttl, &held_tx).await;
+                crate::lease::keep(&**meta.store(), lease, ttl).await;
                 let _ = lease_tx.send(None);
                 // Taken as lost here may still be alive in etcd: end it, so the key frees.
                 while let Err(e) = meta.store().revoke(lease).await {
