@@ -32,9 +32,9 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
     match cli.cmd {
         Cmd::Up(ref a) => runtime(a.threads as usize)?.block_on(crate::up::run(&cli, a)),
         Cmd::Node(NodeCmd::Serve(ref a)) => runtime(1)?.block_on(node_serve(&cli, a)),
-        Cmd::Nbd(ref a) => runtime(a.threads as usize)?.block_on(nbd(&cli, a)),
+        Cmd::Nbd(ref a) => runtime(a.export.threads as usize)?.block_on(nbd(&cli, a)),
         Cmd::Node(NodeCmd::Run(ref a)) => runtime(1)?.block_on(node_run(&cli, a)),
-        Cmd::Attach(ref a) => runtime(a.threads as usize)?.block_on(attach(&cli, a)),
+        Cmd::Attach(ref a) => runtime(a.export.threads as usize)?.block_on(attach(&cli, a)),
         Cmd::Bench(ref a) => crate::bench::run(&cli, a),
         _ => runtime(1)?.block_on(client_cmd(&cli)),
     }
@@ -568,19 +568,22 @@ impl Stop {
 async fn attach(cli: &Cli, a: &crate::AttachArgs) -> Result<(), CliError> {
     let stop = Stop::catch()?;
     let meta = etcd_meta(cli).await?;
-    let tcp = bind_nbd(a.listen).await?;
+    let tcp = bind_nbd(a.export.listen).await?;
     let tcp_addr = tcp.as_ref().and_then(|l| l.local_addr().ok());
-    let uris = trireme_daemon::export::uris(&a.volume, a.socket.as_deref(), tcp_addr);
+    let uris = trireme_daemon::export::uris(&a.volume, a.export.socket.as_deref(), tcp_addr);
     let cfg = trireme_daemon::attach::AttachConfig {
         volume: a.volume.clone(),
         force: a.force,
         lease_ttl: a.lease_ttl,
-        opts: a.failure.volume_options(a.streams, cli.transport.kind()),
+        opts: a
+            .export
+            .failure
+            .volume_options(a.export.streams, cli.transport.kind()),
     };
     let att = trireme_daemon::attach::attach(meta, &cfg, uris.clone())
         .await
         .map_err(daemon_err)?;
-    let tasks = trireme_daemon::export::serve(&att.volume, a.socket.as_deref(), tcp)
+    let tasks = trireme_daemon::export::serve(&att.volume, a.export.socket.as_deref(), tcp)
         .map_err(CliError::Runtime)?;
     for u in &uris {
         println!("{u}");
@@ -592,7 +595,7 @@ async fn attach(cli: &Cli, a: &crate::AttachArgs) -> Result<(), CliError> {
         t.abort();
     }
     let r = att.detach().await.map_err(daemon_err);
-    if let Some(p) = &a.socket {
+    if let Some(p) = &a.export.socket {
         let _ = std::fs::remove_file(p);
     }
     r
@@ -600,18 +603,20 @@ async fn attach(cli: &Cli, a: &crate::AttachArgs) -> Result<(), CliError> {
 
 async fn nbd(cli: &Cli, a: &crate::NbdArgs) -> Result<(), CliError> {
     let stop = Stop::catch()?;
-    let tcp = bind_nbd(a.listen).await?;
+    let tcp = bind_nbd(a.export.listen).await?;
     let tcp_addr = tcp.as_ref().and_then(|l| l.local_addr().ok());
     let (vol, tasks) = trireme_daemon::export::export_local(
         &control_path(&cli.data_dir),
         &a.volume,
-        a.socket.as_deref(),
+        a.export.socket.as_deref(),
         tcp,
-        a.failure.volume_options(a.streams, cli.transport.kind()),
+        a.export
+            .failure
+            .volume_options(a.export.streams, cli.transport.kind()),
     )
     .await
     .map_err(CliError::Runtime)?;
-    for u in trireme_daemon::export::uris(&a.volume, a.socket.as_deref(), tcp_addr) {
+    for u in trireme_daemon::export::uris(&a.volume, a.export.socket.as_deref(), tcp_addr) {
         println!("{u}");
     }
     stop.wait().await;
@@ -621,7 +626,7 @@ async fn nbd(cli: &Cli, a: &crate::NbdArgs) -> Result<(), CliError> {
     if let Err(e) = vol.detach().await {
         tracing::error!("final flush and detach: {e}");
     }
-    if let Some(p) = &a.socket {
+    if let Some(p) = &a.export.socket {
         let _ = std::fs::remove_file(p);
     }
     Ok(())

@@ -352,29 +352,16 @@ pub struct NodeRunArgs {
 }
 
 #[derive(Debug, Args)]
-#[group(required = true, multiple = true, id = "where")]
 pub struct AttachArgs {
     pub volume: String,
-    /// Serve on a unix socket at PATH.
-    #[arg(long, group = "where")]
-    pub socket: Option<PathBuf>,
-    /// Serve on a TCP address (e.g. 127.0.0.1:10810).
-    #[arg(long, group = "where")]
-    pub listen: Option<std::net::SocketAddr>,
     /// Fence the current writer (its host may be cut off, not dead) instead of refusing.
     #[arg(long)]
     pub force: bool,
     /// How long after this process dies another host may attach without --force.
     #[arg(long, default_value = "5s", value_parser = units::parse_duration)]
     pub lease_ttl: std::time::Duration,
-    /// Streams from the volume client to each node.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=16))]
-    pub streams: u32,
-    /// Threads for the NBD frontend and volume client.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
-    pub threads: u32,
     #[command(flatten)]
-    pub failure: FailureArgs,
+    pub export: ExportArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -412,9 +399,16 @@ pub enum VolumeCmd {
 }
 
 #[derive(Debug, Args)]
-#[group(required = true, multiple = true, id = "where")]
 pub struct NbdArgs {
     pub volume: String,
+    #[command(flatten)]
+    pub export: ExportArgs,
+}
+
+/// Where and how a volume is served over NBD (`nbd`, `attach`).
+#[derive(Debug, Args)]
+#[group(required = true, multiple = true, id = "where")]
+pub struct ExportArgs {
     /// Serve on a unix socket at PATH.
     #[arg(long, group = "where")]
     pub socket: Option<PathBuf>,

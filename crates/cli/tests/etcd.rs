@@ -262,30 +262,7 @@ impl World {
     }
 
     fn finish_bench(&self, b: Child) -> serde_json::Value {
-        let out = b.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "workload failed ({}): {}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr),
-            self.log()
-        );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        for k in ["lost", "stale", "corrupt"] {
-            assert_eq!(
-                v["verify"][k].as_u64(),
-                Some(0),
-                "{k}: {}\n{}",
-                v["verify"],
-                self.log()
-            );
-        }
-        assert!(
-            v["verify"]["blocks_checked"].as_u64().unwrap() > 500,
-            "{}",
-            v["verify"]
-        );
-        v
+        common::check_workload(b, 500, &|| self.log())
     }
 
     fn manager_node(&self) -> u32 {

@@ -283,21 +283,28 @@ pub fn start_bench(c: &Cluster, secs: u32) -> Child {
 
 /// Waits for the bench and checks it saw no error and the oracle found nothing.
 pub fn finish_bench(c: &Cluster, b: Child) -> serde_json::Value {
+    check_workload(b, 1000, &|| c.log())
+}
+
+/// Waits for a `bench --verify --output json` workload: it must succeed, its oracle must find
+/// no lost, stale or corrupt block, and it must have checked more than `min_blocks`. `log`
+/// says what the cluster logged, for a failure's message.
+pub fn check_workload(b: Child, min_blocks: u64, log: &dyn Fn() -> String) -> serde_json::Value {
     let out = b.wait_with_output().unwrap();
     assert!(
         out.status.success(),
         "workload failed ({}): {}\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr),
-        c.log()
+        log()
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let verify = &v["verify"];
     for k in ["lost", "stale", "corrupt"] {
-        assert_eq!(verify[k].as_u64(), Some(0), "{k}: {verify}");
+        assert_eq!(verify[k].as_u64(), Some(0), "{k}: {verify}\n{}", log());
     }
     assert!(
-        verify["blocks_checked"].as_u64().unwrap() > 1000,
+        verify["blocks_checked"].as_u64().unwrap() > min_blocks,
         "{verify}"
     );
     v
