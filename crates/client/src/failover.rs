@@ -43,6 +43,7 @@ use trireme_proto::{
     DIRTY_START, FLAG_MAY_TRIM,
 };
 use trireme_replication::ReplicaState;
+pub use trireme_replication::ResyncProgress;
 use trireme_transport::{Connection, Frame};
 
 use crate::{connect_replica, join_all, AttachInfo, Volume, VolumeError};
@@ -76,32 +77,6 @@ pub trait Membership: Send + Sync + std::fmt::Debug {
     fn locate<'a>(&'a self, volume: &'a str) -> BoxFut<'a, Result<AttachInfo, String>>;
     /// The writer of `epoch` detached cleanly: nothing of it is in flight.
     fn detach<'a>(&'a self, volume: &'a str, epoch: u64) -> BoxFut<'a, Result<(), String>>;
-}
-
-/// A resync in progress.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ResyncProgress {
-    /// True when every region is compared (the replica's history was not known).
-    pub full: bool,
-    /// Bytes to go through.
-    pub total_bytes: u64,
-    /// Bytes gone through so far.
-    pub done_bytes: u64,
-    /// Bytes actually copied (a full resync skips regions that already match).
-    pub copied_bytes: u64,
-    pub elapsed_ms: u64,
-}
-
-impl ResyncProgress {
-    /// Bytes per second so far.
-    pub fn rate(&self) -> u64 {
-        self.done_bytes * 1000 / self.elapsed_ms.max(1)
-    }
-    /// Seconds left at the current rate.
-    pub fn eta_secs(&self) -> Option<u64> {
-        let r = self.rate();
-        (r > 0).then(|| (self.total_bytes - self.done_bytes.min(self.total_bytes)) / r)
-    }
 }
 
 /// One replica as the writer sees it now.

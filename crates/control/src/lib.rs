@@ -22,4 +22,11 @@ pub use manager::{
     attach_info, record_detach, record_replica_state, serve, serve_conn, Manager, NodeControl,
 };
 pub use membership::ControlMembership;
-pub use moves::{MoveState, MoveStatus};
+pub use moves::{copy_then_retire, MoveState, MoveStatus};
+
+/// This host's name, for the records that say who holds what.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown-host".into())
+}

@@ -68,6 +68,11 @@ impl Manager {
         self.leases.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Whether node liveness comes from leases (a cluster on etcd).
+    pub(crate) fn leases_on(&self) -> bool {
+        self.leases.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// The nodes whose daemon holds its lease, if liveness comes from leases.
     async fn registered(
         &self,

@@ -11,16 +11,30 @@
 //!    of the write set), the metadata drops it (never the last in-sync copy:
 //!    `replication::removal`), and the node deletes it (skipped if the node is dead).
 //!
-//! The writer is the one in the cluster process (`up`'s export) when there is one; otherwise the
-//! manager attaches the volume itself for the move and detaches after. A volume held by a writer
-//! elsewhere (`trireme nbd`) is refused: a move must not fence it.
+//! Who does steps 2 and 3 is the volume's writer:
+//! * the one in the manager's process (`up`'s export), called directly;
+//! * a writer on another host (`trireme attach`, holding the volume's attach record): the
+//!   manager writes a [`MoveRequest`] under `moves/<volume>`, the writer (watching that key)
+//!   does steps 2 and 3 and reports progress and outcome there, and the manager finishes;
+//! * none: the manager attaches the volume itself for the move (on etcd under its own attach
+//!   record, so a client's attach meanwhile is refused rather than fenced) and detaches after.
+//!   A volume whose writer died without detaching is reconciled first.
+//!
+//! A volume held by a writer that cannot take requests (`trireme nbd` beside `up`) is refused:
+//! a move must not fence it.
+//!
+//! Jobs are recorded under `jobs/<node>`, so a manager that takes over resumes the running ones
+//! ([`Manager::resume_jobs`]): a request its predecessor made is waited for; a copy its
+//! predecessor's own writer had begun is discarded and started again.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use trireme_client::{AttachInfo, BoxFut, Membership, ResyncProgress, Volume, VolumeOptions};
-use trireme_meta::{NodeState, ReplicaRecord, VolumeRecord};
+use trireme_meta::{
+    AttachRecord, MoveRequest, MoveRequestState, NodeState, ReplicaRecord, VolumeRecord,
+};
 use trireme_proto::{Header, Op, Status};
 use trireme_replication::ReplicaState;
 
@@ -66,6 +80,21 @@ impl std::fmt::Display for MoveState {
 
 /// How often a move looks at its copy's progress.
 const POLL: Duration = Duration::from_millis(200);
+/// How often a remote writer's progress is read from, and written to, the metadata.
+const REMOTE_POLL: Duration = Duration::from_secs(1);
+
+/// Who carries out a volume's move.
+enum Mover {
+    /// A writer in this process; `ours` if attached for the move (detach after), with the
+    /// epoch of the attach record it holds on etcd.
+    Here {
+        writer: Arc<Volume>,
+        ours: bool,
+        record: Option<u64>,
+    },
+    /// The writer of `epoch` on another host, asked through a [`MoveRequest`].
+    Remote { epoch: u64, host: String },
+}
 
 /// The metadata, as a writer attached by the manager itself needs it.
 #[derive(Debug)]
@@ -159,7 +188,21 @@ impl Manager {
         };
         // No new replicas go to it from now on.
         self.set_node_state(node, NodeState::Draining).await?;
+        self.save_job(node).await;
         tracing::info!(node, kind, volumes = ?volumes, rate, "moving replicas off a node");
+        self.spawn_job(node, remove, rate, volumes);
+        Ok(job)
+    }
+
+    /// Runs a job in the background, recording how it ends.
+    fn spawn_job(
+        self: &Arc<Self>,
+        node: u32,
+        remove: bool,
+        rate: Option<u64>,
+        volumes: Vec<String>,
+    ) {
+        let kind = if remove { "remove" } else { "drain" };
         let me = self.clone();
         tokio::spawn(async move {
             let r = me.run_move(node, remove, rate, &volumes).await;
@@ -175,12 +218,53 @@ impl Manager {
                     }
                 }
             });
+            me.save_job(node).await;
             match r {
                 Ok(()) => tracing::info!(node, kind, "node {kind} done"),
                 Err(e) => tracing::error!(node, kind, "node {kind} failed: {e}"),
             }
         });
-        Ok(job)
+    }
+
+    /// Records job `node` in the metadata (best effort: a deposed manager writes nothing, and
+    /// its successor goes on from the last record).
+    async fn save_job(&self, node: u32) {
+        let job = self.moves().into_iter().find(|m| m.node == node);
+        if let Some(job) = job {
+            if let Err(e) = self.meta().put_job(node, &job).await {
+                tracing::warn!(node, "recording the job: {e}");
+            }
+        }
+    }
+
+    /// Takes over the jobs a previous manager recorded: finished ones are shown by `status`,
+    /// running ones go on (the volumes that still have a replica on the node).
+    pub async fn resume_jobs(self: &Arc<Self>) -> Result<()> {
+        let jobs: Vec<MoveStatus> = self.meta().jobs().await.map_err(|e| e.to_string())?;
+        let vols = self.meta().volumes().await.map_err(|e| e.to_string())?;
+        for job in jobs {
+            let running = job.state == MoveState::Running;
+            {
+                let mut moves = self.moves.lock().unwrap_or_else(|e| e.into_inner());
+                if moves.iter().any(|m| m.node == job.node) {
+                    continue;
+                }
+                moves.push(MoveStatus {
+                    progress: None,
+                    ..job.clone()
+                });
+            }
+            if running {
+                let volumes: Vec<String> = vols
+                    .iter()
+                    .filter(|v| v.replicas.iter().any(|r| r.node == job.node))
+                    .map(|v| v.name.clone())
+                    .collect();
+                tracing::info!(node = job.node, kind = %job.kind, volumes = ?volumes, "resuming the job of the previous manager");
+                self.spawn_job(job.node, job.kind == "remove", job.rate, volumes);
+            }
+        }
+        Ok(())
     }
 
     /// Re-creates elsewhere the replicas of a node whose daemon has been down (no lease) for
@@ -291,6 +375,7 @@ impl Manager {
                     .map_err(|e| format!("volume {name}: {e}"))?;
             }
             self.update_move(node, |m| m.volumes_done += 1);
+            self.save_job(node).await;
         }
         if remove {
             self.set_node_state(node, NodeState::Removed).await?;
@@ -302,25 +387,64 @@ impl Manager {
         Ok(())
     }
 
-    /// The writer of `name` in this process, or a new one attached for the move (and whether
-    /// it is ours to detach).
-    async fn mover(self: &Arc<Self>, v: &VolumeRecord) -> Result<(Arc<Volume>, bool)> {
+    /// Who moves `v`'s replica: its writer here, its writer on another host, or a writer
+    /// attached here for the move.
+    async fn mover(self: &Arc<Self>, v: &VolumeRecord) -> Result<Mover> {
         if let Some(w) = self.writer(&v.name) {
-            return Ok((w, false));
+            return Ok(Mover::Here {
+                writer: w,
+                ours: false,
+                record: None,
+            });
         }
-        if v.writer_open {
+        let held = self
+            .meta()
+            .attachment(&v.name)
+            .await
+            .map_err(|e| e.to_string())?;
+        if let Some((a, _)) = held {
+            return Ok(Mover::Remote {
+                epoch: a.epoch,
+                host: a.host,
+            });
+        }
+        // On etcd every writer holds an attach record: writer-open without one is a writer
+        // that died, and attaching reconciles first. Beside `up`, it may be `trireme nbd`.
+        if v.writer_open && !self.leases_on() {
             return Err(format!(
                 "volume {} is attached by a writer outside the cluster process; detach it first (a move through another writer would fence it)",
                 v.name
             ));
         }
-        let info = self.attach(&v.name).await?;
+        let (info, record) = match self.meta().fence_lease() {
+            Some(lease) => {
+                let rec = AttachRecord {
+                    epoch: 0,
+                    host: crate::hostname(),
+                    pid: std::process::id(),
+                    exports: vec![],
+                };
+                let (v, unclean) = self
+                    .meta()
+                    .attach(&v.name, &rec, lease, false)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let mut info = crate::attach_info(self.meta(), &v).await?;
+                info.reconcile = unclean;
+                (info, Some(v.epoch))
+            }
+            None => (self.attach(&v.name).await?, None),
+        };
         let membership: Arc<dyn Membership> = Arc::new(ManagerMembership(Arc::downgrade(self)));
         let w = Volume::attach_managed(info, VolumeOptions::default(), membership)
             .await
             .map_err(|e| e.to_string())?;
         self.register_client(w.clone());
-        Ok((w, true))
+        Ok(Mover::Here {
+            writer: w,
+            ours: true,
+            record,
+        })
     }
 
     async fn move_volume(
@@ -329,15 +453,26 @@ impl Manager {
         from: u32,
         rate: Option<u64>,
     ) -> Result<()> {
-        let (writer, ours) = self.mover(v).await?;
-        let r = self.move_with(&writer, v, from, rate).await;
-        if ours {
-            self.unregister_client(&writer);
-            if let Err(e) = writer.detach().await {
-                tracing::warn!(volume = %v.name, "detaching the move's writer: {e}");
+        match self.mover(v).await? {
+            Mover::Here {
+                writer,
+                ours,
+                record,
+            } => {
+                let r = self.move_with(&writer, v, from, rate).await;
+                if ours {
+                    self.unregister_client(&writer);
+                    if let Err(e) = writer.detach().await {
+                        tracing::warn!(volume = %v.name, "detaching the move's writer: {e}");
+                    }
+                    if let Some(epoch) = record {
+                        let _ = self.meta().release_attachment(&v.name, epoch).await;
+                    }
+                }
+                r
             }
+            Mover::Remote { epoch, host } => self.move_remote(v, from, rate, epoch, &host).await,
         }
-        r
     }
 
     /// The node a new replica of `v` goes to.
@@ -370,16 +505,28 @@ impl Manager {
         })
     }
 
-    async fn move_with(
-        &self,
-        writer: &Arc<Volume>,
-        v: &VolumeRecord,
-        from: u32,
-        rate: Option<u64>,
-    ) -> Result<()> {
-        let to = self.pick_target(v).await?;
+    /// Step 1: picks a target, records the new replica failed and creates it there. A copy
+    /// left unfinished by an earlier attempt (the job's `to`, not in sync) is discarded first.
+    async fn add_target(&self, v: &VolumeRecord, from: u32) -> Result<(u32, VolumeRecord)> {
+        let stale = self
+            .moves()
+            .into_iter()
+            .find(|m| m.node == from && m.volume.as_deref() == Some(&v.name))
+            .and_then(|m| m.to);
+        let mut v = v.clone();
+        if let Some(to) = stale {
+            if v.replicas
+                .iter()
+                .any(|r| r.node == to && r.state != ReplicaState::InSync)
+            {
+                tracing::info!(volume = %v.name, node = to, "discarding an unfinished copy of an earlier attempt");
+                v = self.discard_replica(&v, to).await?;
+            }
+        }
+        let to = self.pick_target(&v).await?;
         self.update_move(from, |m| m.to = Some(to));
-        // 1. Recorded failed first: a crash from here on leaves a copy that is never read.
+        self.save_job(from).await;
+        // Recorded failed first: a crash from here on leaves a copy that is never read.
         let v = self
             .meta()
             .update_volume(&v.name, &mut |rec| {
@@ -395,8 +542,20 @@ impl Manager {
             .await
             .map_err(|e| e.to_string())?;
         let target = self.node(to).await?;
-        match self.replica_op(&target, Op::CreateReplica, &v).await {
-            Ok(Status::Ok) => {}
+        let mut created = self.replica_op(&target, Op::CreateReplica, &v).await;
+        if let Ok(Status::Exists) = created {
+            // Not in the layout until the update above: a copy left behind while the node
+            // was down (its replica re-created elsewhere then). Stale; replaced.
+            tracing::info!(volume = %v.name, node = to, "deleting a stale replica the node kept");
+            created = match self.replica_op(&target, Op::DeleteReplica, &v).await {
+                Ok(Status::Ok | Status::NoReplica) => {
+                    self.replica_op(&target, Op::CreateReplica, &v).await
+                }
+                other => other,
+            };
+        }
+        match created {
+            Ok(Status::Ok) => Ok((to, v)),
             outcome => {
                 let _ = self
                     .meta()
@@ -405,42 +564,36 @@ impl Manager {
                         Ok(())
                     })
                     .await;
-                return Err(format!(
+                Err(format!(
                     "creating the new replica on node {to}: {outcome:?}"
-                ));
+                ))
             }
         }
-        tracing::info!(volume = %v.name, from, to, "moving a replica");
-        // 2. The writer copies the volume to it.
-        writer
-            .add_replica(to, rate)
+    }
+
+    /// Drops replica `node` (never an in-sync one) from the layout and deletes it there.
+    async fn discard_replica(&self, v: &VolumeRecord, node: u32) -> Result<VolumeRecord> {
+        let v = self
+            .meta()
+            .update_volume(&v.name, &mut |rec| {
+                if rec
+                    .replicas
+                    .iter()
+                    .any(|r| r.node == node && r.state == ReplicaState::InSync)
+                {
+                    return Err(format!("the replica on node {node} is in sync"));
+                }
+                rec.replicas.retain(|r| r.node != node);
+                Ok(())
+            })
             .await
             .map_err(|e| e.to_string())?;
-        loop {
-            let epoch = self
-                .meta()
-                .volume(&v.name)
-                .await
-                .map_err(|e| e.to_string())?
-                .epoch;
-            if epoch != writer.info().epoch {
-                return Err(
-                    "the writer was fenced by a newer attach; run the command again".into(),
-                );
-            }
-            let view = writer.replica_views().into_iter().find(|r| r.node == to);
-            match view {
-                Some(r) if r.state == ReplicaState::InSync => break,
-                Some(r) => self.update_move(from, |m| m.progress = r.resync.clone()),
-                None => return Err(format!("the writer dropped the new replica on node {to}")),
-            }
-            tokio::time::sleep(POLL).await;
-        }
-        // 3. The old copy goes.
-        writer
-            .retire_replica(from)
-            .await
-            .map_err(|e| e.to_string())?;
+        self.delete_old(&v, node).await;
+        Ok(v)
+    }
+
+    /// Step 3, after the writer retired `from`: the layout drops it, its node deletes it.
+    async fn finish_move(&self, v: &VolumeRecord, from: u32) -> Result<()> {
         let v = self
             .meta()
             .update_volume(&v.name, &mut |rec| {
@@ -452,16 +605,180 @@ impl Manager {
             })
             .await
             .map_err(|e| e.to_string())?;
-        match self.node(from).await {
-            Ok(n) => match self.replica_op(&n, Op::DeleteReplica, &v).await {
+        self.delete_old(&v, from).await;
+        Ok(())
+    }
+
+    async fn delete_old(&self, v: &VolumeRecord, node: u32) {
+        match self.node(node).await {
+            Ok(n) => match self.replica_op(&n, Op::DeleteReplica, v).await {
                 Ok(Status::Ok | Status::NoReplica) => {}
                 other => {
-                    tracing::warn!(volume = %v.name, node = from, "old replica not deleted (the node may be down): {other:?}")
+                    tracing::warn!(volume = %v.name, node, "old replica not deleted (the node may be down): {other:?}")
                 }
             },
-            Err(e) => tracing::warn!(volume = %v.name, node = from, "{e}"),
+            Err(e) => tracing::warn!(volume = %v.name, node, "{e}"),
         }
+    }
+
+    async fn move_with(
+        &self,
+        writer: &Arc<Volume>,
+        v: &VolumeRecord,
+        from: u32,
+        rate: Option<u64>,
+    ) -> Result<()> {
+        let (to, v) = self.add_target(v, from).await?;
+        tracing::info!(volume = %v.name, from, to, "moving a replica");
+        copy_then_retire(self.meta(), writer, from, to, rate, &mut |p| {
+            self.update_move(from, |m| m.progress = p.cloned())
+        })
+        .await?;
+        self.finish_move(&v, from).await?;
         tracing::info!(volume = %v.name, from, to, "replica moved");
         Ok(())
     }
+
+    /// Steps 2 and 3 by the writer of `epoch` on `host`, through a [`MoveRequest`]. A request
+    /// of this move already under way (a previous manager made it) is waited for, not made
+    /// again.
+    async fn move_remote(
+        &self,
+        v: &VolumeRecord,
+        from: u32,
+        rate: Option<u64>,
+        epoch: u64,
+        host: &str,
+    ) -> Result<()> {
+        let name = v.name.as_str();
+        let meta = self.meta();
+        let pending = meta.move_request(name).await.map_err(|e| e.to_string())?;
+        let to = match pending {
+            Some((r, _))
+                if r.from == from && r.epoch == epoch && r.state != MoveRequestState::Failed =>
+            {
+                tracing::info!(
+                    volume = name,
+                    from,
+                    to = r.to,
+                    "waiting for the move its writer is making"
+                );
+                self.update_move(from, |m| m.to = Some(r.to));
+                r.to
+            }
+            _ => {
+                let (to, _) = self.add_target(v, from).await?;
+                let req = MoveRequest {
+                    from,
+                    to,
+                    rate,
+                    epoch,
+                    state: MoveRequestState::Asked,
+                    progress: None,
+                    error: None,
+                };
+                meta.delete_move_request(name)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if meta
+                    .put_move_request(name, &req, 0)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .is_none()
+                {
+                    return Err("another move request was made meanwhile".into());
+                }
+                tracing::info!(
+                    volume = name,
+                    from,
+                    to,
+                    host,
+                    "asked the volume's writer to move a replica"
+                );
+                to
+            }
+        };
+        let outcome = loop {
+            tokio::time::sleep(REMOTE_POLL).await;
+            let req = meta.move_request(name).await;
+            match req {
+                Ok(Some((r, _))) if r.from == from && r.to == to => match r.state {
+                    MoveRequestState::Done => break Ok(()),
+                    MoveRequestState::Failed => {
+                        break Err(format!(
+                            "the writer on {host}: {}",
+                            r.error.unwrap_or_default()
+                        ))
+                    }
+                    MoveRequestState::Asked | MoveRequestState::Copying => {
+                        self.update_move(from, |m| m.progress = r.progress.clone())
+                    }
+                },
+                Ok(_) => break Err("the move request was replaced or deleted".into()),
+                Err(e) => {
+                    tracing::debug!(volume = name, "reading the move request: {e}");
+                    continue;
+                }
+            }
+            match meta.attachment(name).await {
+                Ok(Some((a, _))) if a.epoch == epoch => {}
+                Ok(_) => {
+                    break Err(format!(
+                        "the writer on {host} detached or was replaced during the move; run the command again"
+                    ))
+                }
+                Err(_) => {}
+            }
+        };
+        if let Err(e) = outcome {
+            let _ = meta.delete_move_request(name).await;
+            return Err(e);
+        }
+        let v = meta.volume(name).await.map_err(|e| e.to_string())?;
+        self.finish_move(&v, from).await?;
+        meta.delete_move_request(name)
+            .await
+            .map_err(|e| e.to_string())?;
+        tracing::info!(
+            volume = name,
+            from,
+            to,
+            host,
+            "replica moved by the volume's writer"
+        );
+        Ok(())
+    }
+}
+
+/// Steps 2 and 3 as the writer does them: adds the replica on `to` (it takes new writes at
+/// once), waits while the resync fills it (`progress` sees each look), then retires `from`.
+/// Fails if the writer is fenced by a newer attach meanwhile.
+pub async fn copy_then_retire(
+    meta: &trireme_meta::ClusterMeta,
+    writer: &Volume,
+    from: u32,
+    to: u32,
+    rate: Option<u64>,
+    progress: &mut (dyn FnMut(Option<&ResyncProgress>) + Send),
+) -> Result<()> {
+    let name = writer.info().name.clone();
+    writer
+        .add_replica(to, rate)
+        .await
+        .map_err(|e| e.to_string())?;
+    loop {
+        let epoch = meta.volume(&name).await.map_err(|e| e.to_string())?.epoch;
+        if epoch != writer.info().epoch {
+            return Err("the writer was fenced by a newer attach; run the command again".into());
+        }
+        let view = writer.replica_views().into_iter().find(|r| r.node == to);
+        match view {
+            Some(r) if r.state == ReplicaState::InSync => break,
+            Some(r) => progress(r.resync.as_ref()),
+            None => return Err(format!("the writer dropped the new replica on node {to}")),
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    progress(None);
+    writer.retire_replica(from).await.map_err(|e| e.to_string())
 }

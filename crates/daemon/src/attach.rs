@@ -11,13 +11,16 @@
 //! metadata write that must be durable before the write that caused it is acknowledged, so
 //! while the store is unreachable that write waits — it is never acknowledged without the
 //! record — and goes on when the store is back. I/O to in-sync replicas never waits on it.
+//!
+//! The writer also carries out the manager's requests to move a replica of its volume (a
+//! drain, a down node's re-creation): it watches `moves/<volume>` ([`serve_moves`]).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use trireme_client::{AttachInfo, BoxFut, Membership, Volume, VolumeOptions};
 use trireme_meta::kv::LeaseId;
-use trireme_meta::{AttachRecord, ClusterMeta, MetaError};
+use trireme_meta::{AttachRecord, ClusterMeta, MetaError, MoveRequest, MoveRequestState};
 use trireme_replication::ReplicaState;
 
 use crate::DaemonError;
@@ -113,6 +116,7 @@ pub struct Attached {
     pub meta: ClusterMeta,
     pub lease: LeaseId,
     keeper: tokio::task::JoinHandle<()>,
+    mover: tokio::task::JoinHandle<()>,
 }
 
 /// Attaches `cfg.volume` as its writer. `exports` (the NBD URIs it will be served at) go in
@@ -193,11 +197,13 @@ pub async fn attach(
         }
     };
     tracing::info!(volume = %cfg.volume, epoch = v.epoch, "attached");
+    let mover = tokio::spawn(serve_moves(meta.clone(), volume.clone()));
     Ok(Attached {
         volume,
         meta,
         lease,
         keeper,
+        mover,
     })
 }
 
@@ -208,6 +214,7 @@ impl Attached {
     pub async fn detach(self) -> Result<(), DaemonError> {
         let epoch = self.volume.info().epoch;
         let name = self.volume.info().name.clone();
+        self.mover.abort();
         let r = match tokio::time::timeout(DETACH_TIMEOUT, self.volume.detach()).await {
             Ok(r) => r.map_err(|e| e.to_string()),
             Err(_) => Err(format!("no replica answered within {DETACH_TIMEOUT:?}")),
@@ -216,5 +223,108 @@ impl Attached {
         self.keeper.abort();
         let _ = self.meta.store().revoke(self.lease).await;
         r.map_err(|e| DaemonError::Runtime(format!("final flush and detach: {e}")))
+    }
+}
+
+/// Carries out the manager's move requests for `volume` (see [`MoveRequest`]): waits on the
+/// request key with a watch, takes a request made for this writer's epoch, and does the copy
+/// and the retirement, writing progress (every second) and the outcome back into the key.
+pub async fn serve_moves(meta: ClusterMeta, volume: Arc<Volume>) {
+    let name = volume.info().name.clone();
+    let epoch = volume.info().epoch;
+    let key = ClusterMeta::move_request_key(&name);
+    loop {
+        // The request as it is now, and the revision to watch from.
+        let now = match meta.store().range(&key).await {
+            Ok((kvs, rev)) => (kvs.into_iter().find(|kv| kv.key == key), rev),
+            Err(e) => {
+                tracing::debug!("reading move requests: {e}");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        if let Some(kv) = &now.0 {
+            match serde_json::from_slice::<MoveRequest>(&kv.value) {
+                Ok(req) if req.epoch == epoch && req.state == MoveRequestState::Asked => {
+                    carry_out(&meta, &volume, req, kv.mod_revision).await;
+                    continue;
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!("ignoring a move request that does not decode: {e}"),
+            }
+        }
+        let Ok(mut w) = meta.store().watch(&key, now.1 + 1).await else {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            continue;
+        };
+        // Any change of the key: read it again (a broken watch too).
+        loop {
+            match w.recv().await {
+                Some(ev) if ev.kv.key != key || ev.deleted => continue,
+                _ => break,
+            }
+        }
+    }
+}
+
+async fn carry_out(meta: &ClusterMeta, volume: &Volume, mut req: MoveRequest, mut rev: i64) {
+    let name = volume.info().name.clone();
+    // Taken: no one else will do it.
+    req.state = MoveRequestState::Copying;
+    match until_reachable("taking a move request", || {
+        meta.put_move_request(&name, &req, rev)
+    })
+    .await
+    {
+        Ok(Some(r)) => rev = r,
+        Ok(None) => return, // changed meanwhile: read it again
+        Err(e) => {
+            tracing::warn!("taking a move request: {e}");
+            return;
+        }
+    }
+    tracing::info!(volume = %name, from = req.from, to = req.to, "moving a replica at the manager's request");
+    let seen = std::sync::Mutex::new(None);
+    let mut note = |p: Option<&trireme_replication::ResyncProgress>| {
+        *seen.lock().unwrap_or_else(|e| e.into_inner()) = p.cloned();
+    };
+    let copy =
+        trireme_control::copy_then_retire(meta, volume, req.from, req.to, req.rate, &mut note);
+    tokio::pin!(copy);
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let outcome = loop {
+        tokio::select! {
+            r = &mut copy => break r,
+            _ = tick.tick() => {
+                req.progress = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                // Best effort: progress is for `status`; the outcome is written below.
+                if let Ok(Some(r)) = meta.put_move_request(&name, &req, rev).await {
+                    rev = r;
+                }
+            }
+        }
+    };
+    req.progress = None;
+    match &outcome {
+        Ok(()) => {
+            req.state = MoveRequestState::Done;
+            tracing::info!(volume = %name, from = req.from, to = req.to, "replica moved");
+        }
+        Err(e) => {
+            req.state = MoveRequestState::Failed;
+            req.error = Some(e.clone());
+            tracing::error!(volume = %name, from = req.from, to = req.to, "moving a replica: {e}");
+        }
+    }
+    match until_reachable("reporting a move", || {
+        meta.put_move_request(&name, &req, rev)
+    })
+    .await
+    {
+        Ok(Some(_)) => {}
+        Ok(None) => {
+            tracing::warn!(volume = %name, "the move request changed while it ran; outcome not reported")
+        }
+        Err(e) => tracing::warn!(volume = %name, "reporting a move: {e}"),
     }
 }

@@ -45,9 +45,4 @@ impl From<std::io::Error> for DaemonError {
     }
 }
 
-/// This host's name, for the records that say who holds what.
-pub fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "unknown-host".into())
-}
+pub use trireme_control::hostname;

@@ -66,6 +66,9 @@ pub async fn run(
                 if let Some(after) = opts.down_out {
                     m.start_down_out(after, opts.rate);
                 }
+                if let Err(e) = m.resume_jobs().await {
+                    tracing::warn!("reading the jobs of the previous manager: {e}");
+                }
                 let _ = current_tx.send(Some(m));
                 hold(&meta, &mut lease, l).await;
                 let _ = current_tx.send(None);

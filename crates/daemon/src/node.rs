@@ -318,6 +318,15 @@ async fn register(
 
 /// Whether a process of this host with this pid exists.
 pub(crate) fn pid_alive(pid: u32) -> bool {
+    // A zombie (killed, not yet reaped by its parent) holds nothing any more.
+    if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next());
+        if state == Some("Z") {
+            return false;
+        }
+    }
     // SAFETY: kill with signal 0 only checks that the process exists; nothing is sent.
     let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
     r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)

@@ -8,6 +8,8 @@
 //! | `layouts/<name>` | replicas and their states, epoch, writer-open flag | no |
 //! | `attach/<name>` | [`AttachRecord`]: who writes the volume now | yes |
 //! | `manager` | [`ManagerRecord`]: who holds the manager role, where its API listens | yes |
+//! | `moves/<name>` | [`MoveRequest`]: the manager asks the volume's writer to move a replica | no |
+//! | `jobs/<node>` | a drain/remove job of the manager, so its successor resumes it | no |
 //! | `settings/<key>` | cluster settings | no |
 //! | `next-volume-id` | the next volume id (ids are never reused) | no |
 //!
@@ -61,6 +63,36 @@ pub struct AttachRecord {
     pub pid: u32,
     /// Where it serves the volume (NBD URIs).
     pub exports: Vec<String>,
+}
+
+/// A request of the manager to the writer of a volume attached on another host (`moves/<name>`):
+/// add the replica on `to` (already created, recorded failed), copy the volume to it, then
+/// retire the one on `from`. The writer reports its progress and outcome in the same key; the
+/// manager then drops `from` from the layout, deletes its copy and the key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoveRequest {
+    pub from: u32,
+    pub to: u32,
+    /// Copy rate limit, bytes per second.
+    pub rate: Option<u64>,
+    /// The writer it is for: a writer of another epoch leaves it alone.
+    pub epoch: u64,
+    pub state: MoveRequestState,
+    pub progress: Option<trireme_replication::ResyncProgress>,
+    pub error: Option<String>,
+}
+
+/// Where a [`MoveRequest`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MoveRequestState {
+    /// Written by the manager, not yet taken by the writer.
+    Asked,
+    /// The writer is copying the volume to the new replica.
+    Copying,
+    /// The new replica is in sync and the old one retired from the write set.
+    Done,
+    Failed,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -497,6 +529,67 @@ impl ClusterMeta {
             }
         }
         Ok(())
+    }
+
+    /// The move request for `name`'s writer, if any, and its revision.
+    pub async fn move_request(&self, name: &str) -> Result<Option<(MoveRequest, i64)>, MetaError> {
+        Ok(self
+            .get::<MoveRequest>(&Self::move_request_key(name))
+            .await?
+            .map(|(r, kv)| (r, kv.mod_revision)))
+    }
+
+    /// The key of `name`'s move request (for watches).
+    pub fn move_request_key(name: &str) -> String {
+        key(&format!("moves/{name}"))
+    }
+
+    /// Puts a move request for `name`: a new one (`rev` 0: only if there is none) or an update
+    /// of the one at revision `rev`. Its new revision, or `None`: it changed meanwhile (or is
+    /// gone).
+    pub async fn put_move_request(
+        &self,
+        name: &str,
+        req: &MoveRequest,
+        rev: i64,
+    ) -> Result<Option<i64>, MetaError> {
+        let k = Self::move_request_key(name);
+        Ok(self
+            .write(
+                vec![Compare::mod_revision(k.clone(), rev)],
+                vec![Op::put(k, encode(req))],
+            )
+            .await?
+            .map(|r| r.revision))
+    }
+
+    pub async fn delete_move_request(&self, name: &str) -> Result<(), MetaError> {
+        self.write(vec![], vec![Op::delete(Self::move_request_key(name))])
+            .await?;
+        Ok(())
+    }
+
+    /// The manager's persisted jobs (`jobs/<node>`), for its successor.
+    pub async fn jobs<T: DeserializeOwned>(&self) -> Result<Vec<T>, MetaError> {
+        self.list("jobs/").await
+    }
+
+    pub async fn put_job<T: Serialize>(&self, node: u32, job: &T) -> Result<(), MetaError> {
+        self.write(
+            vec![],
+            vec![Op::put(key(&format!("jobs/{node}")), encode(job))],
+        )
+        .await?
+        .ok_or_else(|| MetaError::Refused("job record: conflicting write".into()))?;
+        Ok(())
+    }
+
+    /// The lease every write of this handle compares, if it is fenced (the manager's).
+    pub fn fence_lease(&self) -> Option<LeaseId> {
+        self.fence.as_ref().and_then(|c| match c.target {
+            crate::kv::Target::Lease(l) => Some(l),
+            _ => None,
+        })
     }
 
     pub async fn setting(&self, k: &str) -> Result<Option<String>, MetaError> {

@@ -21,7 +21,9 @@ mod local;
 #[cfg(test)]
 mod tests;
 
-pub use cluster::{AliveRecord, AttachRecord, ClusterMeta, ManagerRecord, PREFIX};
+pub use cluster::{
+    AliveRecord, AttachRecord, ClusterMeta, ManagerRecord, MoveRequest, MoveRequestState, PREFIX,
+};
 pub use etcd::{parse_endpoints, EtcdMeta};
 pub use kv::MetaStore;
 pub use local::EmbeddedMeta;

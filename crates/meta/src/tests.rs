@@ -487,6 +487,28 @@ async fn cluster_records(s: Arc<dyn MetaStore>) {
     );
     m.release_attachment("vol0", 3).await.unwrap();
     assert!(m.attachment("vol0").await.unwrap().is_none());
+
+    // Move requests: created only if absent, updated only at the revision read.
+    let req = crate::MoveRequest {
+        from: 1,
+        to: 4,
+        rate: None,
+        epoch: 3,
+        state: crate::MoveRequestState::Asked,
+        progress: None,
+        error: None,
+    };
+    let r1 = m.put_move_request("vol0", &req, 0).await.unwrap().unwrap();
+    assert!(m.put_move_request("vol0", &req, 0).await.unwrap().is_none());
+    let taken = crate::MoveRequest {
+        state: crate::MoveRequestState::Copying,
+        ..req.clone()
+    };
+    let r2 = m.put_move_request("vol0", &taken, r1).await.unwrap().unwrap();
+    assert!(m.put_move_request("vol0", &req, r1).await.unwrap().is_none());
+    assert_eq!(m.move_request("vol0").await.unwrap(), Some((taken, r2)));
+    m.delete_move_request("vol0").await.unwrap();
+    assert_eq!(m.move_request("vol0").await.unwrap(), None);
     for l in [l2, lb, w1, w2] {
         s.revoke(l).await.unwrap();
     }

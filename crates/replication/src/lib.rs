@@ -15,6 +15,34 @@ mod set;
 pub use quorum::{ReplicaOutcome, WriteFailure, WriteQuorum};
 pub use set::{removal, transition, ReplicaSet, ReplicaState, TransitionError};
 
+use serde::{Deserialize, Serialize};
+
+/// A resync in progress.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResyncProgress {
+    /// True when every region is compared (the replica's history was not known).
+    pub full: bool,
+    /// Bytes to go through.
+    pub total_bytes: u64,
+    /// Bytes gone through so far.
+    pub done_bytes: u64,
+    /// Bytes actually copied (a full resync skips regions that already match).
+    pub copied_bytes: u64,
+    pub elapsed_ms: u64,
+}
+
+impl ResyncProgress {
+    /// Bytes per second so far.
+    pub fn rate(&self) -> u64 {
+        self.done_bytes * 1000 / self.elapsed_ms.max(1)
+    }
+    /// Seconds left at the current rate.
+    pub fn eta_secs(&self) -> Option<u64> {
+        let r = self.rate();
+        (r > 0).then(|| (self.total_bytes - self.done_bytes.min(self.total_bytes)) / r)
+    }
+}
+
 /// Why placement failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlacementError {
