@@ -80,6 +80,9 @@ impl std::fmt::Display for MoveState {
 
 /// How often a move looks at its copy's progress.
 const POLL: Duration = Duration::from_millis(200);
+/// How long a volume open for writing without an attach record is given for its writer to put
+/// the record back, before the manager attaches it itself.
+const REATTACH_GRACE: Duration = Duration::from_secs(5);
 /// How often a remote writer's progress is read from, and written to, the metadata.
 const REMOTE_POLL: Duration = Duration::from_secs(1);
 
@@ -397,11 +400,22 @@ impl Manager {
                 record: None,
             });
         }
-        let held = self
+        let mut held = self
             .meta()
             .attachment(&v.name)
             .await
             .map_err(|e| e.to_string())?;
+        if held.is_none() && v.writer_open && self.leases_on() {
+            // A live writer whose lease expired (etcd was out for longer than its TTL) puts
+            // its record back as soon as etcd answers: give it that time before taking the
+            // volume for a dead writer's.
+            tokio::time::sleep(REATTACH_GRACE).await;
+            held = self
+                .meta()
+                .attachment(&v.name)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
         if let Some((a, _)) = held {
             return Ok(Mover::Remote {
                 epoch: a.epoch,

@@ -19,7 +19,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use trireme_client::{AttachInfo, BoxFut, Membership, Volume, VolumeOptions};
-use trireme_meta::kv::LeaseId;
 use trireme_meta::{AttachRecord, ClusterMeta, MetaError, MoveRequest, MoveRequestState};
 use trireme_replication::ReplicaState;
 
@@ -114,7 +113,8 @@ impl Membership for MetaMembership {
 pub struct Attached {
     pub volume: Arc<Volume>,
     pub meta: ClusterMeta,
-    pub lease: LeaseId,
+    /// The lease the attach record is bound to now (a new one after a loss).
+    lease: Arc<std::sync::atomic::AtomicI64>,
     keeper: tokio::task::JoinHandle<()>,
     mover: tokio::task::JoinHandle<()>,
 }
@@ -150,6 +150,8 @@ pub async fn attach(
                         "the previous writer on this host died; waiting for its lease to expire"
                     );
                     tokio::time::sleep(Duration::from_millis(250)).await;
+                    // Ours must outlive the wait.
+                    let _ = meta.store().keep_alive(lease).await;
                     continue;
                 }
             }
@@ -166,15 +168,17 @@ pub async fn attach(
             });
         }
     };
-    let keeper = {
-        let store = meta.store().clone();
-        tokio::spawn(async move {
-            crate::lease::keep(&*store, lease, ttl).await;
-            tracing::error!(
-                "the attach lease is lost: another host may attach now and fence this writer"
-            );
-        })
-    };
+    let lease_now = Arc::new(std::sync::atomic::AtomicI64::new(lease));
+    let keeper = tokio::spawn(keep_attached(
+        meta.clone(),
+        cfg.volume.clone(),
+        AttachRecord {
+            epoch: v.epoch,
+            ..rec.clone()
+        },
+        lease_now.clone(),
+        ttl,
+    ));
     let mut info = match trireme_control::attach_info(&meta, &v).await {
         Ok(i) => i,
         Err(e) => {
@@ -201,7 +205,7 @@ pub async fn attach(
     Ok(Attached {
         volume,
         meta,
-        lease,
+        lease: lease_now,
         keeper,
         mover,
     })
@@ -219,10 +223,57 @@ impl Attached {
             Ok(r) => r.map_err(|e| e.to_string()),
             Err(_) => Err(format!("no replica answered within {DETACH_TIMEOUT:?}")),
         };
-        let _ = self.meta.release_attachment(&name, epoch).await;
         self.keeper.abort();
-        let _ = self.meta.store().revoke(self.lease).await;
+        let _ = self.meta.release_attachment(&name, epoch).await;
+        let lease = self.lease.load(std::sync::atomic::Ordering::Relaxed);
+        let _ = self.meta.store().revoke(lease).await;
         r.map_err(|e| DaemonError::Runtime(format!("final flush and detach: {e}")))
+    }
+}
+
+/// Keeps the attach record alive. When its lease is lost (etcd unreachable for longer than the
+/// TTL) the writer goes on serving, takes a new lease and puts the record back
+/// ([`ClusterMeta::reattach`]) as soon as etcd answers, unless another writer attached
+/// meanwhile: then this one is fenced at every replica, and says so.
+async fn keep_attached(
+    meta: ClusterMeta,
+    name: String,
+    rec: AttachRecord,
+    lease: Arc<std::sync::atomic::AtomicI64>,
+    ttl: Duration,
+) {
+    use std::sync::atomic::Ordering;
+    let store = meta.store().clone();
+    loop {
+        let old = lease.load(Ordering::Relaxed);
+        crate::lease::keep(&*store, old, ttl).await;
+        tracing::warn!(
+            volume = %name,
+            "the attach lease is lost: taking a new one and putting the attach record back"
+        );
+        let new = match crate::lease::grant(&*store, ttl).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(volume = %name, "no new lease: {e}");
+                return;
+            }
+        };
+        match until_reachable("putting the attach record back", || {
+            meta.reattach(&name, &rec, new)
+        })
+        .await
+        {
+            Ok(()) => {
+                lease.store(new, Ordering::Relaxed);
+                let _ = store.revoke(old).await;
+                tracing::info!(volume = %name, epoch = rec.epoch, "attach record back");
+            }
+            Err(e) => {
+                let _ = store.revoke(new).await;
+                tracing::error!(volume = %name, "this writer is fenced: {e}");
+                return;
+            }
+        }
     }
 }
 

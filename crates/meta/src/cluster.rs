@@ -515,6 +515,61 @@ impl ClusterMeta {
         })
     }
 
+    /// Puts the attach record `rec` of the writer of epoch `rec.epoch` back, under `lease`,
+    /// after its lease was lost (etcd unreachable for longer than the TTL): re-bound if it is
+    /// still there, re-created if it expired — but only while no other writer attached since
+    /// (the layout's epoch is still `rec.epoch`). Refused when one did: this writer is fenced.
+    pub async fn reattach(
+        &self,
+        name: &str,
+        rec: &AttachRecord,
+        lease: LeaseId,
+    ) -> Result<(), MetaError> {
+        let (ak, lk) = (
+            key(&format!("attach/{name}")),
+            key(&format!("layouts/{name}")),
+        );
+        for _ in 0..MAX_TRIES {
+            let compare = match self.attachment(name).await? {
+                Some((a, kv)) if a.epoch == rec.epoch => {
+                    vec![Compare::mod_revision(ak.clone(), kv.mod_revision)]
+                }
+                Some((a, _)) => {
+                    return Err(MetaError::Refused(format!(
+                        "volume {name:?} is attached by pid {} on {} (epoch {})",
+                        a.pid, a.host, a.epoch
+                    )))
+                }
+                None => {
+                    let (v, rev) = self.read_volume(name).await?;
+                    if v.epoch != rec.epoch {
+                        return Err(MetaError::Refused(format!(
+                            "volume {name:?} has a newer writer (epoch {})",
+                            v.epoch
+                        )));
+                    }
+                    vec![
+                        Compare::mod_revision(lk.clone(), rev),
+                        Compare::mod_revision(ak.clone(), 0),
+                    ]
+                }
+            };
+            let done = self
+                .write(
+                    compare,
+                    vec![Op::put_leased(ak.clone(), encode(rec), lease)],
+                )
+                .await?;
+            if done.is_some() {
+                return Ok(());
+            }
+        }
+        Err(MetaError::Contended {
+            what: format!("putting back the attach record of {name:?}"),
+            tries: MAX_TRIES,
+        })
+    }
+
     /// Drops the attach record of `name` if it is still the one of `epoch`.
     pub async fn release_attachment(&self, name: &str, epoch: u64) -> Result<(), MetaError> {
         if let Some((a, kv)) = self.attachment(name).await? {

@@ -480,6 +480,30 @@ async fn cluster_records(s: Arc<dyn MetaStore>) {
         "forced: the first writer never detached"
     );
     assert_eq!(m.attachment("vol0").await.unwrap().unwrap().0.epoch, 3);
+    // A writer whose lease was lost puts its record back, unless a newer writer attached.
+    let w3 = s.grant(Duration::from_secs(5)).await.unwrap();
+    let mine = AttachRecord {
+        epoch: 3,
+        ..arec.clone()
+    };
+    m.reattach("vol0", &mine, w3).await.unwrap();
+    assert_eq!(m.attachment("vol0").await.unwrap().unwrap().1.lease, w3);
+    s.revoke(w3).await.unwrap();
+    assert!(
+        m.attachment("vol0").await.unwrap().is_none(),
+        "gone with its lease"
+    );
+    let w4 = s.grant(Duration::from_secs(5)).await.unwrap();
+    m.reattach("vol0", &mine, w4).await.unwrap();
+    assert_eq!(m.attachment("vol0").await.unwrap().unwrap().1.lease, w4);
+    let stale = AttachRecord {
+        epoch: 2,
+        ..arec.clone()
+    };
+    assert!(matches!(
+        m.reattach("vol0", &stale, w4).await,
+        Err(MetaError::Refused(_))
+    ));
     m.release_attachment("vol0", 2).await.unwrap();
     assert!(
         m.attachment("vol0").await.unwrap().is_some(),
@@ -504,12 +528,20 @@ async fn cluster_records(s: Arc<dyn MetaStore>) {
         state: crate::MoveRequestState::Copying,
         ..req.clone()
     };
-    let r2 = m.put_move_request("vol0", &taken, r1).await.unwrap().unwrap();
-    assert!(m.put_move_request("vol0", &req, r1).await.unwrap().is_none());
+    let r2 = m
+        .put_move_request("vol0", &taken, r1)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(m
+        .put_move_request("vol0", &req, r1)
+        .await
+        .unwrap()
+        .is_none());
     assert_eq!(m.move_request("vol0").await.unwrap(), Some((taken, r2)));
     m.delete_move_request("vol0").await.unwrap();
     assert_eq!(m.move_request("vol0").await.unwrap(), None);
-    for l in [l2, lb, w1, w2] {
+    for l in [l2, lb, w1, w2, w4] {
         s.revoke(l).await.unwrap();
     }
 }
