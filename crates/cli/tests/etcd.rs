@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{signal, BIN};
+use common::{sh, signal, BIN};
 
 /// Down-out grace of the test's daemons: longer than any outage before the down-out step.
 const DOWN_OUT: &str = "12s";
@@ -31,21 +31,6 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
-}
-
-fn sh(args: &[&str]) -> Result<(), String> {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .map_err(|e| format!("{args:?}: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ))
-    }
 }
 
 /// One host of the test: a network namespace and its address, or 127.0.0.1.

@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{
-    assert_replicas_identical, finish_bench, node_pid, signal, start_bench, status,
+    assert_replicas_identical, finish_bench, node_pid, sh, signal, start_bench, status,
     wait_all_in_sync, wait_restarted, Cluster, BIN,
 };
 
@@ -482,21 +482,6 @@ struct Netns {
     names: Vec<String>,
     veths: Vec<String>,
     rules: Vec<Vec<String>>,
-}
-
-fn sh(args: &[&str]) -> Result<(), String> {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .map_err(|e| format!("{args:?}: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ))
-    }
 }
 
 impl Netns {

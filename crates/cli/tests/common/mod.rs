@@ -309,3 +309,19 @@ pub fn check_workload(b: Child, min_blocks: u64, log: &dyn Fn() -> String) -> se
     );
     v
 }
+
+/// Runs a command to completion; its stderr on failure.
+pub fn sh(args: &[&str]) -> Result<(), String> {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .map_err(|e| format!("{args:?}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
