@@ -15,7 +15,8 @@ etcd-server) and `target/release/trireme` (run `make build` first):
 * failover: the longest write stall of a QD1 writer when a node daemon is killed (SIGKILL); the
   time until `status` names a new manager after the manager's daemon is killed.
 * recreate: the time from a node's loss to its replicas fully re-created on the others (a
-  1 GiB volume written full, `--down-out-interval 1s`, four daemons).
+  1 GiB volume written full and left attached, so its writer on the client host makes the copy;
+  `--down-out-interval 1s`, four daemons).
 * scale: 16 node daemons on memory stores and 1000 volumes: time to create them through the
   manager's API, `status` latency, and etcd requests per second at idle (from etcd's metrics).
 """
@@ -269,7 +270,7 @@ def recreate():
         c.cli("volume", "create", "v", "--size", "1G", "--replicas", "3")
         a = c.attach("v", f"{d}/a.sock")
         fill(d, f"nbd+unix:///v?socket={d}/a.sock", 1 << 30)
-        detach(a)  # a move needs the volume free of outside writers
+        # The volume stays attached: the copy is made by its writer on the client host.
         manager = c.status()["manager"]["node"]
         vol = c.status()["volumes"][0]
         victim = next(r["node"] for r in vol["replicas"] if r["node"] != manager)
@@ -282,8 +283,9 @@ def recreate():
             return len(reps) == 3 and all(r["state"] == "in-sync" and r["node"] != victim for r in reps)
         c.wait(done, 600)
         took = time.time() - t0
+        detach(a)
         c.stop()
-    print("\n## Re-creating a lost node's replicas (1 GiB volume written full, down-out after 1 s)\n")
+    print("\n## Re-creating a lost node's replicas (1 GiB volume written full and attached, down-out after 1 s)\n")
     print(f"node killed -> all 3 copies in sync on other nodes: {took:.1f} s ({1024 / took:.0f} MiB/s over the whole)")
 
 
