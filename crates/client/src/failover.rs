@@ -65,13 +65,15 @@ pub type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// The control plane as the writer needs it: the owner of the metadata.
 pub trait Membership: Send + Sync + std::fmt::Debug {
     /// Records a replica's state durably. Refused unless `epoch` is the volume's current epoch,
-    /// and refused for taking out the last in-sync replica.
+    /// and refused for taking out the last in-sync replica. With `InSync`, a nonzero
+    /// `incarnation` is recorded too: the copy's identity while its history is known.
     fn set_state<'a>(
         &'a self,
         volume: &'a str,
         epoch: u64,
         node: u32,
         state: ReplicaState,
+        incarnation: u64,
     ) -> BoxFut<'a, Result<(), String>>;
     /// Where the volume's replicas are now (nodes may have restarted on new addresses).
     fn locate<'a>(&'a self, volume: &'a str) -> BoxFut<'a, Result<AttachInfo, String>>;
@@ -266,6 +268,7 @@ impl Volume {
                 self.info.epoch,
                 node,
                 ReplicaState::Outdated,
+                0,
             )
             .await
             .map_err(degrade)?;
@@ -380,7 +383,7 @@ impl Volume {
                     continue;
                 }
                 if self.set().state(i) == ReplicaState::InSync || to == ReplicaState::Failed {
-                    m.set_state(&self.info.name, self.info.epoch, self.node(i), to)
+                    m.set_state(&self.info.name, self.info.epoch, self.node(i), to, 0)
                         .await
                         .map_err(|why| degrade(self.node(i), why))?;
                     tracing::warn!(volume = %self.info.name, node = self.node(i), state = %to, "replica taken out; writes continue on the others");
@@ -624,13 +627,19 @@ impl Volume {
             return Err(VolumeError::NoReplicas(self.info.name.clone()));
         }
         let m = self.membership()?;
-        m.set_state(&self.info.name, self.info.epoch, node, ReplicaState::InSync)
-            .await
-            .map_err(|why| VolumeError::Degrade {
-                volume: self.info.name.clone(),
-                node,
-                why,
-            })?;
+        m.set_state(
+            &self.info.name,
+            self.info.epoch,
+            node,
+            ReplicaState::InSync,
+            incarnation,
+        )
+        .await
+        .map_err(|why| VolumeError::Degrade {
+            volume: self.info.name.clone(),
+            node,
+            why,
+        })?;
         self.slots[i]
             .incarnation
             .store(incarnation, Ordering::Release);

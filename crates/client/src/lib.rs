@@ -68,6 +68,9 @@ pub struct ReplicaTarget {
     #[serde(default)]
     pub local_addr: Option<String>,
     pub state: ReplicaState,
+    /// The incarnation recorded when it was last in sync (0: unknown).
+    #[serde(default)]
+    pub incarnation: u64,
 }
 
 /// Errors of the volume client.
@@ -406,12 +409,22 @@ impl Volume {
         )
         .await;
         let mut failed = Vec::new();
+        // In sync on record but with another incarnation than recorded: its history is lost.
+        let mut lost = Vec::new();
+        // In sync, with no incarnation on record yet.
+        let mut unrecorded = Vec::new();
         for (k, r) in replies.into_iter().enumerate() {
             let i = targets[k];
             match r.and_then(|f| self.expect_ok(i, f)) {
-                Ok(f) => self.slots[i]
-                    .incarnation
-                    .store(f.header.length, Ordering::Release),
+                Ok(f) => {
+                    let now = f.header.length;
+                    self.slots[i].incarnation.store(now, Ordering::Release);
+                    match self.info.replicas[i].incarnation {
+                        0 => unrecorded.push((i, now)),
+                        was if was != now => lost.push(i),
+                        _ => {}
+                    }
+                }
                 Err(e @ VolumeError::Fenced { .. }) => return Err(e),
                 Err(e) if self.membership.is_none() => return Err(e),
                 Err(e) => {
@@ -427,7 +440,58 @@ impl Volume {
             self.take_out_with(&failed, None, self.info.reconcile)
                 .await?;
         }
+        self.check_incarnations(&lost, &unrecorded).await?;
         tracing::info!(volume = %self.info.name, epoch = self.info.epoch, replicas = self.set().in_sync().len(), "attached");
+        Ok(())
+    }
+
+    /// A replica in sync on record that comes back with another incarnation than the one
+    /// recorded lost what it held since (a power loss, a wiped or re-created store) — say, while
+    /// its take-out could not be recorded and the writer then died. It must neither serve
+    /// reads nor be a reconciliation's source: it is taken out with its history lost (a full
+    /// compare resync), unless no in-sync replica kept its history, when none can be preferred
+    /// and all stay. In-sync replicas with no incarnation on record get theirs recorded.
+    async fn check_incarnations(
+        &self,
+        lost: &[usize],
+        unrecorded: &[(usize, u64)],
+    ) -> Result<(), VolumeError> {
+        let Some(m) = self.membership.clone() else {
+            return Ok(());
+        };
+        let in_sync = self.set().in_sync();
+        let lost: Vec<usize> = lost
+            .iter()
+            .copied()
+            .filter(|i| in_sync.contains(i))
+            .collect();
+        if !lost.is_empty() {
+            if lost.len() < in_sync.len() {
+                for &i in &lost {
+                    tracing::warn!(volume = %self.info.name, node = self.node(i), "replica lost its history since it was last in sync (another incarnation): it gets a full resync");
+                }
+                self.take_out_with(&lost, None, true).await?;
+            } else {
+                tracing::error!(volume = %self.info.name, "every in-sync replica has another incarnation than recorded: none kept its history, so none is preferred");
+            }
+        }
+        for &(i, inc) in unrecorded {
+            if self.set().state(i) != ReplicaState::InSync {
+                continue;
+            }
+            if let Err(e) = m
+                .set_state(
+                    &self.info.name,
+                    self.info.epoch,
+                    self.node(i),
+                    ReplicaState::InSync,
+                    inc,
+                )
+                .await
+            {
+                tracing::warn!(volume = %self.info.name, node = self.node(i), "recording the replica's incarnation: {e}");
+            }
+        }
         Ok(())
     }
 

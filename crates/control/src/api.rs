@@ -42,6 +42,9 @@ pub enum Request {
         epoch: u64,
         node: u32,
         state: trireme_replication::ReplicaState,
+        /// With `in-sync`: the replica's incarnation, recorded (0: keep what is recorded).
+        #[serde(default)]
+        incarnation: u64,
     },
     /// The writer of `epoch` detached cleanly.
     Detach {

@@ -390,8 +390,9 @@ impl Manager {
         epoch: u64,
         node: u32,
         state: trireme_replication::ReplicaState,
+        incarnation: u64,
     ) -> Result<VolumeRecord> {
-        record_replica_state(&self.meta, name, epoch, node, state)
+        record_replica_state(&self.meta, name, epoch, node, state, incarnation)
             .await
             .map_err(|e| e.to_string())
     }
@@ -613,7 +614,10 @@ impl Manager {
                 epoch,
                 node,
                 state,
-            } => to(self.set_replica_state(&name, epoch, node, state).await),
+                incarnation,
+            } => to(self
+                .set_replica_state(&name, epoch, node, state, incarnation)
+                .await),
             Request::Detach { name, epoch } => to(self.detach(&name, epoch).await),
             Request::VolumeScrub { name, region } => {
                 let v = self.writer(&name).ok_or_else(|| {
@@ -645,6 +649,7 @@ pub async fn attach_info(meta: &ClusterMeta, v: &VolumeRecord) -> Result<AttachI
             addr: n.addr.clone(),
             local_addr: n.local_addr.clone(),
             state: r.state,
+            incarnation: r.incarnation,
         });
     }
     Ok(AttachInfo {
@@ -665,6 +670,7 @@ pub async fn record_replica_state(
     epoch: u64,
     node: u32,
     state: trireme_replication::ReplicaState,
+    incarnation: u64,
 ) -> std::result::Result<VolumeRecord, trireme_meta::MetaError> {
     let v = meta
         .update_volume(name, &mut |v| {
@@ -673,6 +679,9 @@ pub async fn record_replica_state(
             let i = trireme_replication::transition(&states, v.epoch, epoch, node, state)
                 .map_err(|e| e.to_string())?;
             v.replicas[i].state = state;
+            if state == trireme_replication::ReplicaState::InSync && incarnation != 0 {
+                v.replicas[i].incarnation = incarnation;
+            }
             Ok(())
         })
         .await?;

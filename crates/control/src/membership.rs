@@ -31,6 +31,7 @@ impl Membership for ControlMembership {
         epoch: u64,
         node: u32,
         state: ReplicaState,
+        incarnation: u64,
     ) -> BoxFut<'a, Result<(), String>> {
         Box::pin(async move {
             self.call::<serde_json::Value>(Request::SetReplicaState {
@@ -38,6 +39,7 @@ impl Membership for ControlMembership {
                 epoch,
                 node,
                 state,
+                incarnation,
             })
             .await
             .map(|_| ())

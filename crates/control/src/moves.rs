@@ -116,10 +116,11 @@ impl Membership for ManagerMembership {
         epoch: u64,
         node: u32,
         state: ReplicaState,
+        incarnation: u64,
     ) -> BoxFut<'a, std::result::Result<(), String>> {
         Box::pin(async move {
             self.get()?
-                .set_replica_state(volume, epoch, node, state)
+                .set_replica_state(volume, epoch, node, state, incarnation)
                 .await
                 .map(|_| ())
         })
@@ -548,6 +549,7 @@ impl Manager {
                     return Err(format!("node {to} already holds a replica"));
                 }
                 rec.replicas.push(ReplicaRecord {
+                    incarnation: 0,
                     node: to,
                     state: ReplicaState::Failed,
                 });

@@ -78,10 +78,18 @@ impl Membership for MetaMembership {
         epoch: u64,
         node: u32,
         state: ReplicaState,
+        incarnation: u64,
     ) -> BoxFut<'a, Result<(), String>> {
         Box::pin(async move {
             until_reachable("recording a replica state", || {
-                trireme_control::record_replica_state(&self.meta, volume, epoch, node, state)
+                trireme_control::record_replica_state(
+                    &self.meta,
+                    volume,
+                    epoch,
+                    node,
+                    state,
+                    incarnation,
+                )
             })
             .await
             .map(|_| ())

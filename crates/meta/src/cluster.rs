@@ -318,6 +318,7 @@ impl ClusterMeta {
                 replicas: nodes
                     .iter()
                     .map(|&node| ReplicaRecord {
+                        incarnation: 0,
                         node,
                         state: ReplicaState::InSync,
                     })

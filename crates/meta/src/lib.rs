@@ -108,6 +108,15 @@ impl std::fmt::Display for NodeState {
 pub struct ReplicaRecord {
     pub node: u32,
     pub state: ReplicaState,
+    /// The incarnation of the copy when it was last recorded in sync (0: not known yet). A
+    /// replica that answers with another one has lost its history since (a power loss, a
+    /// wiped store): the next writer does not count it in sync.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub incarnation: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A volume.
