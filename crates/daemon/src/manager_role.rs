@@ -40,16 +40,31 @@ impl Default for ManagerOptions {
     }
 }
 
-/// Campaigns for the role while `lease` holds one, runs it when won, until aborted.
+/// Campaigns for the role while `lease` holds one, runs it when won, and serves the control
+/// API on `control`, until aborted.
 pub async fn run(
     meta: ClusterMeta,
-    mut lease: watch::Receiver<Option<LeaseId>>,
+    lease: watch::Receiver<Option<LeaseId>>,
     rec: ManagerRecord,
     control: tokio::net::TcpListener,
     opts: ManagerOptions,
 ) {
     let (current_tx, current) = watch::channel::<Option<Arc<Manager>>>(None);
     let api = tokio::spawn(serve_control(control, current, meta.clone()));
+    campaign(meta, lease, rec, opts, current_tx).await;
+    api.abort();
+}
+
+/// The election alone: campaigns while `lease` holds one; while this process holds the role,
+/// `current` carries its [`Manager`] (and `None` otherwise). Returns when the lease sender is
+/// gone.
+pub async fn campaign(
+    meta: ClusterMeta,
+    mut lease: watch::Receiver<Option<LeaseId>>,
+    rec: ManagerRecord,
+    opts: ManagerOptions,
+    current: watch::Sender<Option<Arc<Manager>>>,
+) {
     loop {
         let Some(l) = *lease.borrow_and_update() else {
             if lease.changed().await.is_err() {
@@ -69,9 +84,9 @@ pub async fn run(
                 if let Err(e) = m.resume_jobs().await {
                     tracing::warn!("reading the jobs of the previous manager: {e}");
                 }
-                let _ = current_tx.send(Some(m));
+                let _ = current.send(Some(m));
                 hold(&meta, &mut lease, l).await;
-                let _ = current_tx.send(None);
+                let _ = current.send(None);
                 tracing::warn!(node = rec.node, "gave up the manager role");
             }
             Ok(false) => wait_for_vacancy(&meta, &mut lease).await,
@@ -81,7 +96,6 @@ pub async fn run(
             }
         }
     }
-    api.abort();
 }
 
 /// Returns when the role is no longer ours: the lease is lost, or the key is gone or changed.

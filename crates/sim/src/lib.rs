@@ -2,24 +2,36 @@
 //!
 //! What runs is the production code — the volume client (`trireme-client`: degraded writes,
 //! dirty tracking, resync, reconciliation), real storage nodes (`trireme-node` over memory
-//! stores) and the real control plane (`trireme-control`'s manager over an embedded metadata
-//! file) — wired together by an in-memory network instead of sockets. A seeded PRNG decides
-//! every delay and every fault, and tokio's paused clock makes timeouts and back-offs cost no
-//! real time, so a 10-second run takes milliseconds and the same seed replays the same run.
+//! stores), the writer's attach path and the manager election of a cluster on etcd
+//! (`trireme-daemon`: the lease-bound attach record, replica states recorded by the writer,
+//! candidates campaigning for the manager role over leases) — over an in-memory metadata store
+//! with etcd's semantics (revisions, transactions, leases, watches) and an in-memory network.
+//! A seeded PRNG decides every delay and every fault, and tokio's paused clock makes timeouts,
+//! back-offs and lease TTLs cost no real time, so a 10-second run takes milliseconds and the
+//! same seed replays the same run.
 //!
 //! Faults: network delay and reordering (each request sleeps a random time); node crashes
 //! that keep the data (a process crash on a file store), lose what was not flushed (a power
 //! loss: each unflushed write survives, vanishes or is torn, sector by sector; see `disk.rs`)
 //! or lose it all (a memory store or a new disk), where a request in flight may be applied
-//! without its answer ever arriving; restarts; freezes (requests wait, then land late, as on SIGSTOP), partitions
-//! (requests hang until healed, then land late, as TCP retransmits), and writer crashes (the
-//! writer vanishes with writes in flight; a new one attaches). Faults stay within the contract:
-//! one replica always stays in sync and healthy, so the workload must see no error at all.
+//! without its answer ever arriving; restarts; freezes (requests wait, then land late, as on
+//! SIGSTOP), partitions (requests hang until healed, then land late, as TCP retransmits);
+//! writer crashes (the process dies with writes in flight: its links close, its metadata calls
+//! never return; a new writer is refused until the dead one's lease lapses, or fences it with
+//! `--force`); the metadata store unreachable from every process, sometimes for longer than a
+//! lease TTL (take-outs wait and are never acknowledged without their record, leases lapse,
+//! the attach record is put back, the manager role changes hands); a second host attaching
+//! without `--force` (must be refused); and the manager's process dying (another candidate
+//! must take over within a TTL). Faults stay within the contract: one replica always stays in
+//! sync and healthy, so the workload must see no error at all.
 //!
 //! Checked: every read returns a block written to that block no older than the last write
 //! acknowledged before the read began, intact (each 4 KiB block is self-describing); after the
 //! faults heal, every replica is back in sync, the replicas are byte-identical, and every block
-//! reads back at or past its last acknowledged write.
+//! reads back at or past its last acknowledged write; the writer holds its attach record at
+//! its epoch; exactly one live process holds the manager role, the one the store names; a
+//! vacant role was filled within a lease TTL of the store answering again, and no two live
+//! processes held it for longer than a TTL.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -29,18 +41,21 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 use trireme_client::{
-    AttachInfo, BoxFut, Connector, Membership, ReconcileReport, ReplicaTarget, Volume, VolumeError,
-    VolumeOptions,
+    BoxFut, Connector, ReconcileReport, ReplicaTarget, Volume, VolumeError, VolumeOptions,
 };
 use trireme_control::Manager;
-use trireme_meta::{ClusterMeta, EmbeddedMeta, NodeRecord};
+use trireme_daemon::attach::AttachConfig;
+use trireme_daemon::manager_role::ManagerOptions;
+use trireme_meta::{ClusterMeta, EmbeddedMeta, ManagerRecord, NodeRecord};
 use trireme_node::Node;
 use trireme_proto::Header;
 use trireme_replication::ReplicaState;
 use trireme_store::Store;
 
 mod disk;
+mod procs;
 use disk::SimDisk;
+use procs::{MetaNet, Proc, SimMeta};
 use trireme_transport::{BoxFuture, Connection, ConnectionInfo, Frame, Handler, TransportError};
 
 const BLOCK: u64 = 4096;
@@ -48,6 +63,11 @@ const BLOCK: u64 = 4096;
 /// the take-out that may follow it).
 const CALM: Duration = Duration::from_secs(3);
 const VOLUME: &str = "sim";
+/// TTL of every lease (writers' attach records, manager candidates): the shortest allowed.
+const LEASE_TTL: Duration = trireme_daemon::lease::MIN_TTL;
+/// How long past a lease's lapse a new writer or manager may take to appear (retry periods,
+/// the campaign's round trip).
+const TAKEOVER_SLACK: Duration = Duration::from_secs(1);
 
 /// What one run does.
 #[derive(Debug, Clone)]
@@ -98,6 +118,10 @@ pub struct Outcome {
     pub reads: u64,
     pub faults: Vec<String>,
     pub reconciles: Vec<ReconcileReport>,
+    /// How long each new writer waited for the dead one's attach record to lapse.
+    pub attach_waits: Vec<Duration>,
+    /// From a manager's death (or the end of the outage that cost it the role) to a new one.
+    pub takeovers: Vec<Duration>,
 }
 
 /// xorshift64*: small, seeded, and the same everywhere.
@@ -163,7 +187,8 @@ impl SimNode {
     }
     /// The node is troubled until `until`, and not to be counted on for a while after.
     fn troubled_until(&self, until: Instant) {
-        self.st().calm_after = Some(until + CALM);
+        let mut s = self.st();
+        s.calm_after = s.calm_after.max(Some(until + CALM));
     }
 }
 
@@ -171,6 +196,8 @@ impl SimNode {
 #[derive(Debug)]
 struct SimConn {
     node: Arc<SimNode>,
+    /// The process that opened it: when it dies, so does the connection.
+    proc_: Arc<Proc>,
     generation: u64,
     token: u64,
     rng: SharedRng,
@@ -191,7 +218,7 @@ impl SimConn {
         loop {
             let wait = {
                 let s = self.node.st();
-                if s.down || s.generation != self.generation {
+                if s.down || s.generation != self.generation || self.proc_.dead() {
                     return Err(self.closed("peer gone"));
                 }
                 if s.partitioned {
@@ -222,7 +249,11 @@ impl Connection for SimConn {
             let resp = node.handle(f).await;
             let back = rand(&self.rng).below(300);
             tokio::time::sleep(Duration::from_micros(20 + back)).await;
-            // A process that crashed after applying the request never answers.
+            // A process that crashed after applying the request never answers; a writer that
+            // died meanwhile never reads the answer.
+            if self.proc_.dead() {
+                std::future::pending::<()>().await;
+            }
             {
                 let s = self.node.st();
                 if s.down || s.generation != self.generation {
@@ -248,7 +279,7 @@ impl Connection for SimConn {
             return true;
         }
         let s = self.node.st();
-        s.down || s.generation != self.generation
+        s.down || s.generation != self.generation || self.proc_.dead()
     }
 }
 
@@ -256,7 +287,9 @@ impl Connection for SimConn {
 struct SimConnector {
     nodes: Vec<Arc<SimNode>>,
     rng: SharedRng,
-    tokens: AtomicU64,
+    tokens: Arc<AtomicU64>,
+    /// The writer process that connects.
+    proc_: Arc<Proc>,
 }
 
 impl Connector for SimConnector {
@@ -286,39 +319,13 @@ impl Connector for SimConnector {
             };
             Ok(Arc::new(SimConn {
                 node: n,
+                proc_: self.proc_.clone(),
                 generation,
                 token: self.tokens.fetch_add(1, Ordering::Relaxed),
                 rng: self.rng.clone(),
                 closed: AtomicBool::new(false),
             }) as Arc<dyn Connection>)
         })
-    }
-}
-
-/// The control plane, called in-process.
-#[derive(Debug)]
-struct SimMembership(Arc<Manager>);
-
-impl Membership for SimMembership {
-    fn set_state<'a>(
-        &'a self,
-        volume: &'a str,
-        epoch: u64,
-        node: u32,
-        state: ReplicaState,
-    ) -> BoxFut<'a, Result<(), String>> {
-        Box::pin(async move {
-            self.0
-                .set_replica_state(volume, epoch, node, state)
-                .await
-                .map(|_| ())
-        })
-    }
-    fn locate<'a>(&'a self, volume: &'a str) -> BoxFut<'a, Result<AttachInfo, String>> {
-        Box::pin(async move { self.0.locate(volume).await })
-    }
-    fn detach<'a>(&'a self, volume: &'a str, epoch: u64) -> BoxFut<'a, Result<(), String>> {
-        Box::pin(async move { self.0.detach(volume, epoch).await.map(|_| ()) })
     }
 }
 
@@ -359,15 +366,46 @@ struct Model {
     reads: u64,
     /// What each new writer's reconciliation did.
     reconciles: Vec<ReconcileReport>,
+    attach_waits: Vec<Duration>,
+    takeovers: Vec<Duration>,
     violation: Option<String>,
+}
+
+/// A process that campaigns for the manager role (a node daemon's, in production).
+struct Candidate {
+    id: u32,
+    proc_: Arc<Proc>,
+    /// Its manager while it holds the role.
+    current: tokio::sync::watch::Receiver<Option<Arc<Manager>>>,
+}
+
+/// The manager role as the simulator watches it.
+#[derive(Default)]
+struct Managers {
+    candidates: Vec<Candidate>,
+    next_id: u32,
+    /// Whether any candidate has held the role yet.
+    seen: bool,
+    /// Since when no live candidate holds the role, if none does.
+    vacant_since: Option<Instant>,
+    /// Since when more than one live candidate believes it holds the role.
+    doubled_since: Option<Instant>,
 }
 
 struct World {
     cfg: Config,
     rng: SharedRng,
     nodes: Vec<Arc<SimNode>>,
-    manager: Arc<Manager>,
-    connector: Arc<SimConnector>,
+    /// The store itself, for the simulator's own reads and writes (never through an outage).
+    meta: ClusterMeta,
+    net: Arc<MetaNet>,
+    /// Until when the metadata store counts as troubled (an outage and the lease lapses it
+    /// may cause).
+    meta_calm_after: Mutex<Instant>,
+    managers: Mutex<Managers>,
+    /// The current writer's process.
+    writer: Mutex<Option<Arc<Proc>>>,
+    tokens: Arc<AtomicU64>,
     model: Arc<Mutex<Model>>,
     log: Mutex<Vec<String>>,
     volume_id: u64,
@@ -401,28 +439,83 @@ impl World {
         }
     }
 
-    async fn attach(&self) -> Result<Arc<Volume>, String> {
-        let info = self.manager.attach(VOLUME).await?;
-        self.note(format!(
-            "writer attaches, epoch {} (reconcile {})",
-            info.epoch, info.reconcile
-        ));
+    /// The metadata store as process `p` reaches it.
+    fn meta_for(&self, p: &Arc<Proc>) -> ClusterMeta {
+        ClusterMeta::new(Arc::new(SimMeta {
+            inner: self.meta.store().clone(),
+            net: self.net.clone(),
+            proc_: p.clone(),
+        }))
+    }
+
+    fn meta_calm_after(&self) -> Instant {
+        *self
+            .meta_calm_after
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn managers(&self) -> std::sync::MutexGuard<'_, Managers> {
+        self.managers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A new writer process attaches the way `trireme attach` does (`trireme_daemon::attach`:
+    /// the lease-bound attach record, the epoch taken in one transaction, replica states
+    /// recorded by the writer itself). After a writer crash (`dead_since`), it is refused while
+    /// the dead writer's record lives and retries until the record lapses with its lease; or,
+    /// by the seed's choice, fences it with `--force`.
+    async fn attach(&self, dead_since: Option<Instant>) -> Result<Arc<Volume>, String> {
+        let p = Arc::new(Proc::default());
         // Small activity-log extents and a small cap, so the log is cleared all the time and a
         // clear racing a write would show as replicas that differ after a writer crash.
-        let (cap, period) = {
+        let (cap, period, force) = {
             let mut r = rand(&self.rng);
-            (r.below(3) as usize, 50 + r.below(500))
+            (r.below(3) as usize, 50 + r.below(500), r.chance(0.3))
         };
-        let opts = VolumeOptions {
-            connector: Some(self.connector.clone()),
-            activity_extent: 64 << 10,
-            activity_extents: cap,
-            activity_period: Duration::from_millis(period),
-            ..VolumeOptions::default()
+        let cfg = AttachConfig {
+            volume: VOLUME.into(),
+            force,
+            lease_ttl: LEASE_TTL,
+            opts: VolumeOptions {
+                connector: Some(Arc::new(SimConnector {
+                    nodes: self.nodes.clone(),
+                    rng: self.rng.clone(),
+                    tokens: self.tokens.clone(),
+                    proc_: p.clone(),
+                })),
+                activity_extent: 64 << 10,
+                activity_extents: cap,
+                activity_period: Duration::from_millis(period),
+                ..VolumeOptions::default()
+            },
         };
-        let v = Volume::attach_managed(info, opts, Arc::new(SimMembership(self.manager.clone())))
-            .await
-            .map_err(|e| format!("attach: {e}"))?;
+        let meta = self.meta_for(&p);
+        let attached = loop {
+            match trireme_daemon::attach::attach(meta.clone(), &cfg, vec![]).await {
+                Ok(a) => break a,
+                Err(e) if e.to_string().contains("is attached by") => {
+                    let since = dead_since.unwrap_or(self.start);
+                    let limit = (since + LEASE_TTL + TAKEOVER_SLACK).max(self.meta_calm_after());
+                    if Instant::now() > limit {
+                        return Err(format!(
+                            "the dead writer's attach record outlived its lease: {e}"
+                        ));
+                    }
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(e) => return Err(format!("attach: {e}")),
+            }
+        };
+        let v = attached.volume.clone();
+        if let Some(t) = dead_since {
+            self.model().attach_waits.push(Instant::now() - t);
+        }
+        *self.writer.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+        self.note(format!(
+            "writer attaches{}, epoch {}",
+            if force { " with --force" } else { "" },
+            v.info().epoch
+        ));
         if let Some(r) = v.last_reconcile() {
             self.note(format!(
                 "reconciled {} bytes ({}), copied {}",
@@ -437,6 +530,133 @@ impl World {
             self.model().reconciles.push(r);
         }
         Ok(v)
+    }
+
+    /// A process that campaigns for the manager role, as every node daemon does
+    /// (`trireme_daemon::manager_role::campaign` over a lease it keeps and takes again when
+    /// lost). Heartbeats and re-creations stay off: they reach nodes over TCP.
+    fn spawn_candidate(self: &Arc<Self>) {
+        let p = Arc::new(Proc::default());
+        let meta = self.meta_for(&p);
+        let id = {
+            let mut m = self.managers();
+            m.next_id += 1;
+            100 + m.next_id
+        };
+        let (lease_tx, lease_rx) = tokio::sync::watch::channel(None);
+        let (current_tx, current) = tokio::sync::watch::channel(None);
+        let store = meta.store().clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok(l) = trireme_daemon::lease::grant(&*store, LEASE_TTL).await else {
+                    return;
+                };
+                if lease_tx.send(Some(l)).is_err() {
+                    return;
+                }
+                trireme_daemon::lease::keep(&*store, l, LEASE_TTL).await;
+                let _ = lease_tx.send(None);
+                let _ = store.revoke(l).await;
+            }
+        });
+        let opts = ManagerOptions {
+            heartbeat_every: Duration::from_secs(3600),
+            down_after: Duration::from_secs(3600),
+            down_out: None,
+            rate: None,
+        };
+        let rec = ManagerRecord {
+            node: id,
+            control: format!("sim:{id}"),
+            host: "sim".into(),
+            pid: id,
+        };
+        tokio::spawn(trireme_daemon::manager_role::campaign(
+            meta, lease_rx, rec, opts, current_tx,
+        ));
+        let mut changes = current.clone();
+        let me = self.clone();
+        tokio::spawn(async move {
+            while changes.changed().await.is_ok() {
+                me.role_changed();
+            }
+        });
+        self.managers().candidates.push(Candidate {
+            id,
+            proc_: p,
+            current,
+        });
+    }
+
+    /// The live candidates that believe they hold the role.
+    fn holders(&self) -> Vec<u32> {
+        self.managers()
+            .candidates
+            .iter()
+            .filter(|c| !c.proc_.dead() && c.current.borrow().is_some())
+            .map(|c| c.id)
+            .collect()
+    }
+
+    /// Called whenever a candidate gains or loses the role, or dies: keeps when the role
+    /// fell vacant (and how long each takeover took) and since when two hold it.
+    fn role_changed(&self) {
+        let now = Instant::now();
+        let holders = self.holders();
+        let mut m = self.managers();
+        if holders.is_empty() {
+            if m.seen {
+                m.vacant_since.get_or_insert(now);
+            }
+        } else {
+            m.seen = true;
+            if let Some(since) = m.vacant_since.take() {
+                drop(m);
+                self.model().takeovers.push(now - since);
+                self.note(format!(
+                    "candidate {} takes the manager role after {:?}",
+                    holders[0],
+                    now - since
+                ));
+                m = self.managers();
+            }
+        }
+        if holders.len() > 1 {
+            m.doubled_since.get_or_insert(now);
+        } else {
+            m.doubled_since = None;
+        }
+    }
+
+    /// Checks the manager role: a vacancy is filled within a lease TTL (plus the time the
+    /// store was unreachable), and no two live processes believe they hold the role for
+    /// longer than it takes a deposed one to notice.
+    async fn watch_managers(self: Arc<Self>) {
+        loop {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let now = Instant::now();
+            let calm = self.meta_calm_after();
+            let (vacant, doubled) = {
+                let m = self.managers();
+                (m.vacant_since, m.doubled_since)
+            };
+            if let Some(since) = vacant {
+                if now > (since + LEASE_TTL + TAKEOVER_SLACK).max(calm) {
+                    self.violate(format!("no manager for {:?}", now - since));
+                    return;
+                }
+            }
+            if let Some(since) = doubled {
+                if now - since > LEASE_TTL {
+                    self.violate(format!(
+                        "candidates {:?} all hold the manager role for {:?}",
+                        self.holders(),
+                        now - since
+                    ));
+                    return;
+                }
+            }
+        }
     }
 
     /// One I/O task: random 4 KiB writes and reads, and now and then a flush, until `until`.
@@ -497,7 +717,7 @@ impl World {
     /// The replicas in sync both as the writer sees them and on record (a take-out in progress
     /// shows on record first), on healthy nodes.
     fn healthy_in_sync(&self, vol: &Volume) -> Vec<u32> {
-        let recorded = ready(self.manager.meta().volume(VOLUME))
+        let recorded = ready(self.meta.volume(VOLUME))
             .map(|v| v.replicas)
             .unwrap_or_default();
         vol.replica_views()
@@ -530,7 +750,7 @@ impl World {
             if lose { " empty" } else { "" }
         ));
         let store: Arc<SimDisk> = if lose {
-            let _ = ready(self.manager.meta().update_volume(VOLUME, &mut |v| {
+            let _ = ready(self.meta.update_volume(VOLUME, &mut |v| {
                 if let Some(r) = v.replicas.iter_mut().find(|r| r.node == id) {
                     r.state = ReplicaState::Failed;
                 }
@@ -557,6 +777,23 @@ impl World {
         s.store = store;
         s.generation += 1;
         s.down = false;
+        drop(s);
+        // Its take-out may still wait on the metadata store.
+        let now = Instant::now();
+        if self.meta_settled(now) > now {
+            n.troubled_until(self.meta_settled(now));
+        }
+    }
+
+    /// When a node's trouble that ends at `until` is settled: a take-out it causes waits for
+    /// the metadata store, so while the store is troubled, not before it is calm again.
+    fn meta_settled(&self, until: Instant) -> Instant {
+        let calm = self.meta_calm_after();
+        if calm > Instant::now() {
+            until.max(calm)
+        } else {
+            until
+        }
     }
 
     /// Injects faults until `until`, never taking the last healthy in-sync replica.
@@ -566,7 +803,7 @@ impl World {
         until: Instant,
     ) -> Result<(), String> {
         while Instant::now() < until {
-            let pause = rand(&self.rng).below(2_000) + 200;
+            let pause = rand(&self.rng).below(900) + 200;
             tokio::time::sleep(Duration::from_millis(pause)).await;
             if Instant::now() >= until {
                 break;
@@ -575,15 +812,103 @@ impl World {
             let (kind, pick, dur) = {
                 let mut r = rand(&self.rng);
                 (
-                    r.below(6),
+                    r.below(9),
                     r.below(self.nodes.len() as u64) as usize,
                     r.below(3_000) + 200,
                 )
             };
             if kind == 5 || self.cfg.only_writer_crashes {
-                // The writer vanishes with writes in flight; a new one attaches.
+                // The writer's process dies with writes in flight; a new one attaches.
                 self.note("writer crashes".into());
+                if let Some(p) = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                    p.kill();
+                }
                 return Err("writer-crash".into());
+            }
+            let dur = Duration::from_millis(dur);
+            match kind {
+                6 => {
+                    // The metadata store is unreachable from every process, sometimes for
+                    // longer than a lease TTL: take-outs wait, leases lapse, the attach
+                    // record and the manager role are taken again.
+                    self.note(format!("metadata store unreachable for {dur:?}"));
+                    self.net.set_out(true);
+                    let end = Instant::now() + dur;
+                    {
+                        let mut c = self
+                            .meta_calm_after
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner());
+                        *c = (*c).max(end + LEASE_TTL + TAKEOVER_SLACK);
+                    }
+                    // A node troubled now, or down, is taken out only once the store answers.
+                    let now = Instant::now();
+                    for n in &self.nodes {
+                        let troubled = {
+                            let s = n.st();
+                            s.down || s.calm_after.is_some_and(|t| t > now)
+                        };
+                        if troubled {
+                            n.troubled_until(self.meta_settled(now));
+                        }
+                    }
+                    let net = self.net.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep_until(end).await;
+                        net.set_out(false);
+                    });
+                    continue;
+                }
+                7 => {
+                    // Another host attaches without --force while the writer holds its
+                    // record: refused, and the writer is untouched.
+                    if Instant::now() < self.meta_calm_after() {
+                        continue;
+                    }
+                    let p = Arc::new(Proc::default());
+                    let cfg = AttachConfig {
+                        volume: VOLUME.into(),
+                        force: false,
+                        lease_ttl: LEASE_TTL,
+                        opts: VolumeOptions::default(),
+                    };
+                    let r = trireme_daemon::attach::attach(self.meta_for(&p), &cfg, vec![]).await;
+                    p.kill();
+                    match r {
+                        Err(e) if e.to_string().contains("is attached by") => {
+                            self.note("a second host's attach is refused".into());
+                        }
+                        Err(e) => self.violate(format!("a second attach failed oddly: {e}")),
+                        Ok(_) => self.violate(
+                            "a second writer attached while the first held its record".into(),
+                        ),
+                    }
+                    continue;
+                }
+                8 => {
+                    // The process holding the manager role dies (while another can take
+                    // over); a new candidate starts later.
+                    let holder = {
+                        let m = self.managers();
+                        let live = m.candidates.iter().filter(|c| !c.proc_.dead()).count();
+                        m.candidates
+                            .iter()
+                            .find(|c| !c.proc_.dead() && c.current.borrow().is_some())
+                            .filter(|_| live > 1)
+                            .map(|c| (c.id, c.proc_.clone()))
+                    };
+                    let Some((cid, p)) = holder else { continue };
+                    self.note(format!("manager (candidate {cid}) crashes"));
+                    p.kill();
+                    self.role_changed();
+                    let me = self.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(dur).await;
+                        me.spawn_candidate();
+                    });
+                    continue;
+                }
+                _ => {}
             }
             let id = self.nodes[pick].id;
             let others = self
@@ -595,7 +920,6 @@ impl World {
                 continue;
             }
             let n = self.node(id).clone();
-            let dur = Duration::from_millis(dur);
             match kind {
                 0 | 1 => {
                     let lose = kind == 1;
@@ -632,12 +956,12 @@ impl World {
                 2 => {
                     self.note(format!("node {id} freezes for {dur:?}"));
                     n.st().frozen_until = Some(Instant::now() + dur);
-                    n.troubled_until(Instant::now() + dur);
+                    n.troubled_until(self.meta_settled(Instant::now() + dur));
                 }
                 3 => {
                     self.note(format!("node {id} partitioned for {dur:?}"));
                     n.st().partitioned = true;
-                    n.troubled_until(Instant::now() + dur);
+                    n.troubled_until(self.meta_settled(Instant::now() + dur));
                     tokio::spawn(async move {
                         tokio::time::sleep(dur).await;
                         n.st().partitioned = false;
@@ -648,7 +972,7 @@ impl World {
                     let d = Duration::from_millis(dur.as_millis() as u64 % 900);
                     self.note(format!("node {id} stalls for {d:?}"));
                     n.st().frozen_until = Some(Instant::now() + d);
-                    n.troubled_until(Instant::now() + d);
+                    n.troubled_until(self.meta_settled(Instant::now() + d));
                 }
             }
             self.model()
@@ -726,12 +1050,12 @@ async fn run_async(cfg: Config) -> Result<Outcome, String> {
         .wrapping_mul(0x9E37_79B9_7F4A_7C15)
         | 1)));
     let w = Arc::new(World {
-        connector: Arc::new(SimConnector {
-            nodes: nodes.clone(),
-            rng: rng.clone(),
-            tokens: AtomicU64::new(1),
-        }),
-        manager: Arc::new(Manager::new(meta.clone())),
+        tokens: Arc::new(AtomicU64::new(1)),
+        meta: meta.clone(),
+        net: Arc::new(MetaNet::new()),
+        meta_calm_after: Mutex::new(Instant::now()),
+        managers: Mutex::default(),
+        writer: Mutex::default(),
         cfg: cfg.clone(),
         rng,
         nodes,
@@ -747,7 +1071,11 @@ async fn run_async(cfg: Config) -> Result<Outcome, String> {
     };
     let end = Instant::now() + Duration::from_secs(cfg.secs);
     let mut outcome = Outcome::default();
-    let vol = Arc::new(Mutex::new(w.attach().await.map_err(|e| fail(&w, e))?));
+    // Two processes campaign for the manager role.
+    w.spawn_candidate();
+    w.spawn_candidate();
+    tokio::spawn(w.clone().watch_managers());
+    let vol = Arc::new(Mutex::new(w.attach(None).await.map_err(|e| fail(&w, e))?));
     loop {
         let v = vol.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let tasks: Vec<_> = (0..cfg.tasks)
@@ -769,7 +1097,10 @@ async fn run_async(cfg: Config) -> Result<Outcome, String> {
                     let _ = t.await;
                 }
                 drop(v);
-                let new = w.attach().await.map_err(|e| fail(&w, e))?;
+                let new = w
+                    .attach(Some(Instant::now()))
+                    .await
+                    .map_err(|e| fail(&w, e))?;
                 *vol.lock().unwrap_or_else(|e| e.into_inner()) = new;
                 if Instant::now() >= end {
                     break;
@@ -788,6 +1119,7 @@ async fn run_async(cfg: Config) -> Result<Outcome, String> {
         return Err(fail(&w, v));
     }
     // Heal everything and let the writer converge.
+    w.net.set_out(false);
     for n in &w.nodes {
         {
             let mut s = n.st();
@@ -849,14 +1181,35 @@ async fn run_async(cfg: Config) -> Result<Outcome, String> {
             ));
         }
     }
-    let rec = w
-        .manager
-        .meta()
-        .volume(VOLUME)
-        .await
-        .map_err(|e| e.to_string())?;
+    let rec = w.meta.volume(VOLUME).await.map_err(|e| e.to_string())?;
     if rec.replicas.iter().any(|r| r.state != ReplicaState::InSync) {
         w.violate(format!("metadata not all in sync: {:?}", rec.replicas));
+    }
+    // The writer holds its attach record (put back after any lapse), at its epoch...
+    match w.meta.attachment(VOLUME).await {
+        Ok(Some((a, _))) if a.epoch == vol.info().epoch && rec.epoch == a.epoch => {}
+        other => w.violate(format!(
+            "the writer (epoch {}, layout epoch {}) does not hold its attach record: {other:?}",
+            vol.info().epoch,
+            rec.epoch
+        )),
+    }
+    // ...and exactly one live process holds the manager role, the one the store names.
+    let deadline = Instant::now() + LEASE_TTL + TAKEOVER_SLACK;
+    loop {
+        let holders = w.holders();
+        let key = w.meta.manager().await.map_err(|e| e.to_string())?;
+        match (&holders[..], key) {
+            ([one], Some((r, _))) if r.node == *one => break,
+            (h, k) if Instant::now() > deadline => {
+                w.violate(format!(
+                    "manager role: live holders {h:?}, the store names {:?}",
+                    k.map(|(r, _)| r.node)
+                ));
+                break;
+            }
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
     }
     if let Some(v) = w.model().violation.clone() {
         return Err(fail(&w, v));
@@ -865,6 +1218,8 @@ async fn run_async(cfg: Config) -> Result<Outcome, String> {
     outcome.writes = m.writes;
     outcome.reads = m.reads;
     outcome.reconciles = m.reconciles.clone();
+    outcome.attach_waits = m.attach_waits.clone();
+    outcome.takeovers = m.takeovers.clone();
     outcome.faults.extend(
         w.log
             .lock()

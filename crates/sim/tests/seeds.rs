@@ -12,11 +12,15 @@ fn seeds() -> std::ops::Range<u64> {
 fn guarantees_hold_for_every_seed() {
     let mut faults = 0;
     let mut writes = 0;
+    let mut takeovers = Vec::new();
+    let mut waits = Vec::new();
     for seed in seeds() {
         match trireme_sim::run(&trireme_sim::Config::new(seed)) {
             Ok(o) => {
                 faults += o.faults.len();
                 writes += o.writes;
+                takeovers.extend(o.takeovers);
+                waits.extend(o.attach_waits);
             }
             Err(e) => panic!(
                 "{e}\nreplay: TRIREME_SIM_SEEDS={seed}..{} cargo test -p trireme-sim",
@@ -24,6 +28,15 @@ fn guarantees_hold_for_every_seed() {
             ),
         }
     }
+    let max = |v: &[std::time::Duration]| v.iter().max().copied().unwrap_or_default();
+    eprintln!(
+        "{writes} writes, {faults} events; {} manager takeovers (longest {:?}); {} writer \
+         re-attaches (longest wait {:?})",
+        takeovers.len(),
+        max(&takeovers),
+        waits.len(),
+        max(&waits)
+    );
     assert!(
         writes > 0 && faults > 0,
         "the runs did something: {writes} writes, {faults} faults"
