@@ -1,6 +1,5 @@
 //! Commands that talk to a running cluster, and the node daemon.
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -10,9 +9,7 @@ use trireme_meta::VolumeRecord;
 use crate::units::human;
 use crate::{Cli, CliError, Cmd, NodeCmd, NodeServeArgs, Output, VolumeCmd};
 
-pub fn control_path(data_dir: &Path) -> PathBuf {
-    data_dir.join("control.sock")
-}
+pub use trireme_daemon::local::control_path;
 
 fn runtime(threads: usize) -> Result<tokio::runtime::Runtime, CliError> {
     let rt = if threads <= 1 {
@@ -28,9 +25,37 @@ fn runtime(threads: usize) -> Result<tokio::runtime::Runtime, CliError> {
     rt.map_err(|e| CliError::Runtime(format!("tokio runtime: {e}")))
 }
 
+/// `trireme up`'s arguments as the supervisor's configuration.
+fn local_config(cli: &Cli, a: &crate::UpArgs) -> trireme_daemon::local::LocalConfig {
+    trireme_daemon::local::LocalConfig {
+        data_dir: cli.data_dir.clone(),
+        nodes: a.nodes,
+        replicas: a.replicas,
+        size: a.size,
+        volume: a.volume.clone(),
+        store: a.store.kind().as_str().to_string(),
+        port: a.port,
+        dirty_grain: a.dirty_grain,
+        inject_faults: a.inject_faults,
+        restart_backoff: a.restart_backoff,
+        node_netns: a.node_netns.clone(),
+        no_block_checksums: a.no_block_checksums,
+        log: cli.log.clone(),
+        transport: cli.transport.as_str().to_string(),
+        node_transport: a
+            .node_transport
+            .iter()
+            .map(|(n, t)| (*n, t.as_str().to_string()))
+            .collect(),
+        volume_opts: a.failure.volume_options(a.streams, cli.transport.kind()),
+    }
+}
+
 pub fn run(cli: Cli) -> Result<(), CliError> {
     match cli.cmd {
-        Cmd::Up(ref a) => runtime(a.threads as usize)?.block_on(crate::up::run(&cli, a)),
+        Cmd::Up(ref a) => runtime(a.threads as usize)?
+            .block_on(trireme_daemon::local::run(&local_config(&cli, a)))
+            .map_err(daemon_err),
         Cmd::Node(NodeCmd::Serve(ref a)) => runtime(1)?.block_on(node_serve(&cli, a)),
         Cmd::Nbd(ref a) => runtime(a.export.threads as usize)?.block_on(nbd(&cli, a)),
         Cmd::Node(NodeCmd::Run(ref a)) => runtime(1)?.block_on(node_run(&cli, a)),

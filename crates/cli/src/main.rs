@@ -10,7 +10,6 @@ mod cmds;
 mod compare;
 mod sweep;
 mod units;
-mod up;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -240,12 +239,7 @@ pub enum NodeCmd {
     Undrain { id: u32 },
 }
 
-/// A node's network namespace and address (`--node-netns NS@ADDR`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeNetns {
-    pub name: String,
-    pub addr: std::net::IpAddr,
-}
+pub use trireme_daemon::local::NodeNetns;
 
 fn parse_netns(s: &str) -> Result<NodeNetns, String> {
     let (name, addr) = s

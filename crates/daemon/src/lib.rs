@@ -10,8 +10,11 @@
 //!   epoch in one metadata transaction, holds a lease-bound attach record, records replica
 //!   states itself, and serves NBD locally through [`export`].
 //!
-//! `cli` turns arguments into the configurations here; `trireme up` (one host, the embedded
-//! store) uses [`node::build_node`] and [`export`] too.
+//! * [`local`] — the supervisor of `trireme up`: a whole cluster on one host on the embedded
+//!   store, its node processes restarted when they die, the manager and the NBD export in the
+//!   supervisor's process.
+//!
+//! `cli` turns arguments into the configurations here.
 //!
 //! Liveness rule for every lease holder: a lease is refreshed every third of its TTL; a holder
 //! that has not had a refresh confirmed within one TTL of *sending* it treats the lease as
@@ -21,6 +24,7 @@
 pub mod attach;
 pub mod export;
 pub mod lease;
+pub mod local;
 pub mod manager_role;
 pub mod node;
 

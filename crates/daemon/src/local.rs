@@ -1,4 +1,7 @@
-//! `trireme up`: a whole cluster on this host, in the foreground.
+//! The local supervisor of `trireme up`: a whole cluster on this host, in the foreground, on
+//! the embedded metadata store. It spawns one `trireme node serve` process per node (in a
+//! network namespace each, if asked), restarts those that die as systemd would, runs the
+//! manager and the control API in this process, and serves the volume over NBD.
 //!
 //! Layout of the data directory:
 //! * `meta.redb` — cluster metadata (nodes, volumes, epochs); `up.lock` — one `up` per directory.
@@ -18,10 +21,62 @@ use tokio::process::{Child, Command};
 use trireme_control::Manager;
 use trireme_meta::{ClusterMeta, EmbeddedMeta, NodeRecord, NodeState};
 
-use crate::cmds::control_path;
-use crate::units::human;
-use crate::NodeNetns;
-use crate::{Cli, CliError, UpArgs};
+use crate::DaemonError;
+
+/// A node's network namespace and address (`--node-netns NS@ADDR`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeNetns {
+    pub name: String,
+    pub addr: std::net::IpAddr,
+}
+
+/// What `trireme up` runs.
+#[derive(Debug, Clone)]
+pub struct LocalConfig {
+    pub data_dir: PathBuf,
+    pub nodes: u32,
+    pub replicas: u32,
+    pub size: u64,
+    pub volume: String,
+    /// The store kind every node uses (`file`, `memory`, ...).
+    pub store: String,
+    /// NBD TCP port on 127.0.0.1.
+    pub port: u16,
+    pub dirty_grain: u64,
+    pub inject_faults: bool,
+    pub restart_backoff: Duration,
+    /// Per node (index id-1): the network namespace it runs in; empty: none.
+    pub node_netns: Vec<NodeNetns>,
+    pub no_block_checksums: bool,
+    /// The `--log` filter handed to node processes.
+    pub log: String,
+    /// The cluster's transport (`--transport` of the node processes), and per-node exceptions.
+    pub transport: String,
+    pub node_transport: Vec<(u32, String)>,
+    /// How the NBD export's volume client runs.
+    pub volume_opts: trireme_client::VolumeOptions,
+}
+
+/// The control API's socket in a data directory.
+pub fn control_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("control.sock")
+}
+
+/// Formats bytes with a binary unit, e.g. "1.0 GiB".
+pub fn human(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
 
 struct NodeProc {
     pid: u32,
@@ -29,7 +84,7 @@ struct NodeProc {
     local_addr: Option<String>,
 }
 
-fn lock_dir(dir: &Path) -> Result<std::fs::File, CliError> {
+fn lock_dir(dir: &Path) -> Result<std::fs::File, DaemonError> {
     let f = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -37,7 +92,7 @@ fn lock_dir(dir: &Path) -> Result<std::fs::File, CliError> {
         .open(dir.join("up.lock"))?;
     // SAFETY: flock on a file descriptor we own; no memory is involved.
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(CliError::Usage(format!(
+        return Err(DaemonError::Usage(format!(
             "another `trireme up` is running on {}",
             dir.display()
         )));
@@ -45,7 +100,7 @@ fn lock_dir(dir: &Path) -> Result<std::fs::File, CliError> {
     Ok(f)
 }
 
-async fn spawn_node(cli: &Cli, sup: &Supervisor, id: u32) -> Result<(Child, NodeProc), CliError> {
+async fn spawn_node(sup: &Supervisor, id: u32) -> Result<(Child, NodeProc), DaemonError> {
     let (dir, store) = (sup.dir.as_path(), sup.store.as_str());
     let netns = sup.netns.get(id as usize - 1);
     let exe = std::env::current_exe()?;
@@ -59,11 +114,11 @@ async fn spawn_node(cli: &Cli, sup: &Supervisor, id: u32) -> Result<(Child, Node
         .iter()
         .rev()
         .find(|(n, _)| *n == id)
-        .map_or(cli.transport, |(_, t)| *t);
+        .map_or(sup.transport.as_str(), |(_, t)| t.as_str());
     cmd.arg("--log")
-        .arg(&cli.log)
+        .arg(&sup.log)
         .arg("--transport")
-        .arg(transport.as_str())
+        .arg(transport)
         .args([
             "node",
             "serve",
@@ -108,7 +163,7 @@ async fn spawn_node(cli: &Cli, sup: &Supervisor, id: u32) -> Result<(Child, Node
     let ns_file = match netns {
         Some(n) => Some(
             std::fs::File::open(Path::new("/var/run/netns").join(&n.name)).map_err(|e| {
-                CliError::Usage(format!(
+                DaemonError::Usage(format!(
                     "network namespace {:?} (for node {id}): {e}; create it with `ip netns add`",
                     n.name
                 ))
@@ -156,7 +211,7 @@ async fn spawn_node(cli: &Cli, sup: &Supervisor, id: u32) -> Result<(Child, Node
     };
     let Some(addr) = words.first().cloned() else {
         let _ = child.kill().await;
-        return Err(CliError::Runtime(format!(
+        return Err(DaemonError::Runtime(format!(
             "node {id} failed to start; see {}",
             dir.join(format!("node-{id}.log")).display()
         )));
@@ -179,33 +234,35 @@ fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
     std::fs::rename(tmp, path)
 }
 
-pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
+/// Runs the cluster until SIGTERM or Ctrl-C, then stops it in order: the NBD export flushes and
+/// detaches, the nodes get SIGTERM.
+pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
     if a.replicas > a.nodes {
-        return Err(CliError::Usage(format!(
+        return Err(DaemonError::Usage(format!(
             "--replicas {} needs at least {} nodes, but --nodes is {}",
             a.replicas, a.replicas, a.nodes
         )));
     }
     if a.size == 0 || !a.size.is_multiple_of(4096) {
-        return Err(CliError::Usage(format!(
+        return Err(DaemonError::Usage(format!(
             "--size {} must be a non-zero multiple of 4096",
             a.size
         )));
     }
-    trireme_meta::check_name(&a.volume).map_err(|e| CliError::Usage(e.to_string()))?;
-    std::fs::create_dir_all(&cli.data_dir).map_err(|e| {
-        CliError::Usage(format!(
+    trireme_meta::check_name(&a.volume).map_err(|e| DaemonError::Usage(e.to_string()))?;
+    std::fs::create_dir_all(&a.data_dir).map_err(|e| {
+        DaemonError::Usage(format!(
             "cannot create --data-dir {}: {e}",
-            cli.data_dir.display()
+            a.data_dir.display()
         ))
     })?;
-    let dir: PathBuf = std::fs::canonicalize(&cli.data_dir)?;
+    let dir: PathBuf = std::fs::canonicalize(&a.data_dir)?;
     let _lock = lock_dir(&dir)?;
     let meta = ClusterMeta::new(Arc::new(EmbeddedMeta::open(&dir.join("meta.redb"))?));
-    let store = a.store.kind().as_str();
+    let store = a.store.as_str();
     match meta.setting("store").await? {
         Some(s) if s != store => {
-            return Err(CliError::Usage(format!(
+            return Err(DaemonError::Usage(format!(
                 "{} holds a cluster created with --store {s}; start it with --store {s} or use another --data-dir",
                 dir.display()
             )))
@@ -214,7 +271,7 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
         None => meta.set_setting("store", store).await?,
     }
     if !a.node_netns.is_empty() && a.node_netns.len() != a.nodes as usize {
-        return Err(CliError::Usage(format!(
+        return Err(DaemonError::Usage(format!(
             "--node-netns is given {} time(s); give it once per node ({})",
             a.node_netns.len(),
             a.nodes
@@ -225,14 +282,14 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
         .iter()
         .find(|(n, _)| *n == 0 || *n > a.nodes)
     {
-        return Err(CliError::Usage(format!(
+        return Err(DaemonError::Usage(format!(
             "--node-transport names node {n}; nodes are 1 to {}",
             a.nodes
         )));
     }
     let known = meta.nodes().await?.len() as u32;
     if known != 0 && known != a.nodes {
-        return Err(CliError::Usage(format!(
+        return Err(DaemonError::Usage(format!(
             "{} holds a cluster of {known} nodes; start it with --nodes {known} or use another --data-dir",
             dir.display()
         )));
@@ -240,7 +297,7 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
     let tcp = tokio::net::TcpListener::bind(("127.0.0.1", a.port))
         .await
         .map_err(|e| {
-            CliError::Runtime(format!(
+            DaemonError::Runtime(format!(
                 "NBD port 127.0.0.1:{}: {e} (pick another with --port)",
                 a.port
             ))
@@ -262,6 +319,8 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
         netns: a.node_netns.clone(),
         no_block_checksums: a.no_block_checksums,
         node_transport: a.node_transport.clone(),
+        log: a.log.clone(),
+        transport: a.transport.clone(),
     };
     let removed: Vec<u32> = meta
         .nodes()
@@ -271,13 +330,16 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
         .map(|n| n.id)
         .collect();
     for id in (1..=a.nodes).filter(|id| !removed.contains(id)) {
-        sup.spawn(cli, id, &meta).await?;
+        sup.spawn(id, &meta).await?;
     }
     sup.write_pids()?;
 
     // Control plane.
     let manager = Arc::new(Manager::new(meta.clone()));
-    manager.ensure_replicas().await.map_err(CliError::Runtime)?;
+    manager
+        .ensure_replicas()
+        .await
+        .map_err(DaemonError::Runtime)?;
     manager.start_heartbeats(Duration::from_millis(500), Duration::from_secs(3));
     let (ctl_tx, mut ctl_rx) = tokio::sync::mpsc::unbounded_channel();
     manager.set_supervisor(ctl_tx);
@@ -310,24 +372,24 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
             manager
                 .create_volume(&a.volume, a.size, a.replicas as usize)
                 .await
-                .map_err(CliError::Runtime)?;
+                .map_err(DaemonError::Runtime)?;
         }
         Err(e) => return Err(e.into()),
     }
 
     // NBD.
     let sock = dir.join("nbd.sock");
-    let (vol, nbd_tasks) = trireme_daemon::export::export_local(
+    let (vol, nbd_tasks) = crate::export::export_local(
         &ctl,
         &a.volume,
         Some(&sock),
         Some(tcp),
-        a.failure.volume_options(a.streams, cli.transport.kind()),
+        a.volume_opts.clone(),
     )
     .await
-    .map_err(CliError::Runtime)?;
+    .map_err(DaemonError::Runtime)?;
     manager.register_client(vol.clone());
-    let uris = trireme_daemon::export::uris(&a.volume, Some(&sock), Some(tcp_addr));
+    let uris = crate::export::uris(&a.volume, Some(&sock), Some(tcp_addr));
     write_atomically(&dir.join("exports"), &(uris.join("\n") + "\n"))?;
 
     let v = &vol.info();
@@ -377,7 +439,7 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
             }
             Some((id, generation)) = respawn_rx.recv() => {
                 if sup.wants_respawn(id, generation) {
-                    sup.respawn(cli, id, &meta, &manager).await;
+                    sup.respawn(id, &meta, &manager).await;
                 }
             }
             Some(cmd) = ctl_rx.recv() => match cmd {
@@ -389,7 +451,7 @@ pub async fn run(cli: &Cli, a: &UpArgs) -> Result<(), CliError> {
                         None => Err(format!("no node {id}")),
                         Some(n) if n.pid.is_some() => Err(format!("node {id} is already running")),
                         Some(_) => {
-                            sup.respawn(cli, id, &meta, &manager).await;
+                            sup.respawn(id, &meta, &manager).await;
                             match sup.nodes.get(&id).and_then(|n| n.pid) {
                                 Some(pid) => Ok(format!("node {id} started (pid {pid})")),
                                 None => Err(format!("node {id} failed to start; see node-{id}.log")),
@@ -466,7 +528,9 @@ struct Supervisor {
     netns: Vec<NodeNetns>,
     no_block_checksums: bool,
     /// Nodes that run another transport than the cluster's.
-    node_transport: Vec<(u32, crate::TransportArg)>,
+    node_transport: Vec<(u32, String)>,
+    log: String,
+    transport: String,
 }
 
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -474,8 +538,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 const STABLE: Duration = Duration::from_secs(10);
 
 impl Supervisor {
-    async fn spawn(&mut self, cli: &Cli, id: u32, meta: &ClusterMeta) -> Result<(), CliError> {
-        let (mut child, p) = spawn_node(cli, self, id).await?;
+    async fn spawn(&mut self, id: u32, meta: &ClusterMeta) -> Result<(), DaemonError> {
+        let (mut child, p) = spawn_node(self, id).await?;
         // A restart keeps what the cluster decided about the node (draining, say).
         let state = meta
             .nodes()
@@ -557,11 +621,11 @@ impl Supervisor {
             .is_some_and(|n| n.generation == generation && n.pid.is_none() && !n.held)
     }
 
-    async fn respawn(&mut self, cli: &Cli, id: u32, meta: &ClusterMeta, manager: &Manager) {
+    async fn respawn(&mut self, id: u32, meta: &ClusterMeta, manager: &Manager) {
         if let Some(n) = self.nodes.get_mut(&id) {
             n.held = false;
         }
-        match self.spawn(cli, id, meta).await {
+        match self.spawn(id, meta).await {
             Ok(()) => {
                 tracing::info!(node = id, "node restarted");
                 if let Err(e) = self.write_pids() {
