@@ -778,11 +778,9 @@ impl World {
         s.generation += 1;
         s.down = false;
         drop(s);
-        // Its take-out may still wait on the metadata store.
-        let now = Instant::now();
-        if self.meta_settled(now) > now {
-            n.troubled_until(self.meta_settled(now));
-        }
+        // Requests still in flight on links to the dead process fail for a while yet, and each
+        // such failure may take the replica out again (then after the metadata store answers).
+        n.troubled_until(self.meta_settled(Instant::now()));
     }
 
     /// When a node's trouble that ends at `until` is settled: a take-out it causes waits for
@@ -803,7 +801,7 @@ impl World {
         until: Instant,
     ) -> Result<(), String> {
         while Instant::now() < until {
-            let pause = rand(&self.rng).below(900) + 200;
+            let pause = rand(&self.rng).below(820) + 200;
             tokio::time::sleep(Duration::from_millis(pause)).await;
             if Instant::now() >= until {
                 break;
