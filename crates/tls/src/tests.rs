@@ -1,0 +1,166 @@
+use std::os::unix::fs::PermissionsExt;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::*;
+
+fn mode(p: &Path) -> u32 {
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+}
+
+#[test]
+fn roles_round_trip_through_their_uri() {
+    for r in [
+        Role::Node(3),
+        Role::Client("vm-host.1".into()),
+        Role::Server,
+    ] {
+        assert_eq!(Role::from_uri(&r.uri()), Some(r));
+    }
+    for bad in [
+        "urn:trireme:node:0",
+        "urn:trireme:node:x",
+        "urn:trireme:client:",
+        "urn:trireme:client:a/b",
+        "urn:other:node:1",
+        "",
+    ] {
+        assert_eq!(Role::from_uri(bad), None, "{bad:?}");
+    }
+}
+
+#[test]
+fn a_ca_issues_certificates_that_name_their_role_and_keeps_keys_private() {
+    let d = tempfile::tempdir().unwrap();
+    let ca_dir = d.path().join("ca");
+    let ca = Ca::init(&ca_dir).unwrap();
+    assert_eq!(mode(&ca_dir.join(CA_KEY)), 0o600);
+    assert!(
+        Ca::init(&ca_dir).is_err(),
+        "an existing CA is never replaced"
+    );
+    let ca = {
+        drop(ca);
+        Ca::open(&ca_dir).unwrap()
+    };
+    let out = d.path().join("client");
+    ca.issue(&Role::Client("alice".into()), &[])
+        .unwrap()
+        .write(&out)
+        .unwrap();
+    assert_eq!(mode(&out.join("client-key.pem")), 0o600);
+    assert_eq!(mode(&out), 0o700);
+    let id = Identity::load(&out, "client").unwrap();
+    assert_eq!(id.role, Role::Client("alice".into()));
+    assert!(Identity::load(&out, "server").is_err(), "no such files");
+    // A key that does not parse is reported with its path.
+    std::fs::write(out.join("client-key.pem"), "garbage").unwrap();
+    let e = Identity::load(&out, "client").unwrap_err().to_string();
+    assert!(e.contains("client-key.pem"), "{e}");
+}
+
+#[test]
+fn names_parse_as_ip_or_dns() {
+    assert_eq!(
+        "127.0.0.1".parse::<San>().unwrap(),
+        San::Ip("127.0.0.1".parse().unwrap())
+    );
+    assert_eq!(
+        "node-1.example".parse::<San>().unwrap(),
+        San::Dns("node-1.example".into())
+    );
+    assert!("bad name!".parse::<San>().is_err());
+    assert!("".parse::<San>().is_err());
+}
+
+/// Runs one handshake over an in-memory pipe; returns what the server saw of the client, or
+/// why it failed.
+async fn handshake(server: &Identity, client: Arc<rustls::ClientConfig>) -> Result<Role, String> {
+    let (a, b) = tokio::io::duplex(64 << 10);
+    let acceptor = tokio_rustls::TlsAcceptor::from(server.server_config().unwrap());
+    let connector = tokio_rustls::TlsConnector::from(client);
+    let srv = tokio::spawn(async move {
+        let mut s = acceptor.accept(a).await.map_err(|e| e.to_string())?;
+        let role = peer_role(s.get_ref().1).ok_or("no role")?;
+        let mut buf = [0u8; 5];
+        s.read_exact(&mut buf).await.map_err(|e| e.to_string())?;
+        s.write_all(&buf).await.map_err(|e| e.to_string())?;
+        s.flush().await.map_err(|e| e.to_string())?;
+        Ok::<Role, String>(role)
+    });
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let cli = async {
+        let mut c = connector
+            .connect(name, b)
+            .await
+            .map_err(|e| e.to_string())?;
+        c.write_all(b"hello").await.map_err(|e| e.to_string())?;
+        c.flush().await.map_err(|e| e.to_string())?;
+        let mut buf = [0u8; 5];
+        c.read_exact(&mut buf).await.map_err(|e| e.to_string())?;
+        Ok::<(), String>(())
+    };
+    let c = cli.await;
+    let s = srv.await.unwrap();
+    c?;
+    s
+}
+
+#[tokio::test]
+async fn only_clients_of_the_same_ca_get_in() {
+    let d = tempfile::tempdir().unwrap();
+    let ca = Ca::init(&d.path().join("ca")).unwrap();
+    let ip: San = "127.0.0.1".parse().unwrap();
+    ca.issue(&Role::Server, &[ip])
+        .unwrap()
+        .write(&d.path().join("srv"))
+        .unwrap();
+    ca.issue(&Role::Client("alice".into()), &[])
+        .unwrap()
+        .write(&d.path().join("alice"))
+        .unwrap();
+    let server = Identity::load(&d.path().join("srv"), "server").unwrap();
+    let alice = Identity::load(&d.path().join("alice"), "client").unwrap();
+    assert_eq!(
+        handshake(&server, alice.client_config().unwrap()).await,
+        Ok(Role::Client("alice".into()))
+    );
+
+    // A client of another CA.
+    let other = Ca::init(&d.path().join("other-ca")).unwrap();
+    other
+        .issue(&Role::Client("mallory".into()), &[])
+        .unwrap()
+        .write(&d.path().join("mallory"))
+        .unwrap();
+    let mallory = Identity::load(&d.path().join("mallory"), "client").unwrap();
+    // Mallory trusts our CA (she copied its certificate), but her own is not from it.
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(load_certs(&d.path().join("ca").join(CA_CERT)).unwrap()[0].clone())
+        .unwrap();
+    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots.clone())
+    .with_client_auth_cert(mallory.certs.clone(), mallory.key.clone_key())
+    .unwrap();
+    assert!(handshake(&server, Arc::new(cfg)).await.is_err());
+
+    // No client certificate at all.
+    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    assert!(handshake(&server, Arc::new(cfg)).await.is_err());
+
+    // A client that trusts another CA refuses our server.
+    assert!(handshake(&server, mallory.client_config().unwrap())
+        .await
+        .is_err());
+}
