@@ -74,8 +74,14 @@ up() {
   done
   local reps=$(( n < 3 ? n : 3 ))
   "$T" --etcd "$ETCD" volume create vol0 --size 1G --replicas "$reps" >/dev/null 2>&1 || true
+  # The NBD export on TCP speaks TLS only: a CA, a server certificate for the client host's
+  # address, and credentials for its NBD clients (nbdinfo/qemu read $D/nbd/client).
+  [ -f "$D/ca/ca-key.pem" ] || "$T" ca init --dir "$D/ca" >/dev/null
+  "$T" ca issue server --san 10.77.99.2 --ca "$D/ca" --out "$D/nbd/server" >/dev/null
+  "$T" ca issue client admin --ca "$D/ca" --out "$D/nbd/client" >/dev/null
   ip netns exec trireme-c env TRIREME_UCX_TLS=tcp "$T" --etcd "$ETCD" attach vol0 \
-    --listen 10.77.99.2:10809 --socket "$D/vol0.sock" >"$D/attach.out" 2>"$D/attach.log" &
+    --listen 10.77.99.2:10809 --tls-dir "$D/nbd/server" --socket "$D/vol0.sock" \
+    >"$D/attach.out" 2>"$D/attach.log" &
   echo $! > "$D/attach.pid"
   for _ in $(seq 1 100); do [ -S "$D/vol0.sock" ] && break; sleep 0.2; done
   "$T" --etcd "$ETCD" status
@@ -86,6 +92,7 @@ Try:
   T=$T
   \$T --etcd $ETCD status
   ip netns exec trireme-c \$T bench --verify -b4K -r -w30 -t2 -o4 -d30 'nbd+unix:///vol0?socket=$D/vol0.sock'
+  ip netns exec trireme-c nbdinfo "\$(sed -n 2p $D/attach.out)"   # over TCP with TLS
   kill -9 \$(cat $D/server-2.pid)          # a server dies: I/O goes on, status shows it down
   ip netns exec trireme-s2 \$T --etcd $ETCD node run --id 2 --listen 10.77.2.2:7000 --dir $D/server-2 &
   sudo $0 down

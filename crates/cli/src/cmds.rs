@@ -1,5 +1,6 @@
 //! Commands that talk to a running cluster, and the node daemon.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -48,7 +49,38 @@ fn local_config(cli: &Cli, a: &crate::UpArgs) -> trireme_daemon::local::LocalCon
             .map(|(n, t)| (*n, t.as_str().to_string()))
             .collect(),
         volume_opts: a.failure.volume_options(a.streams, cli.transport.kind()),
+        insecure: a.insecure,
     }
+}
+
+/// The TCP export's TLS: `--tls-dir`, else `default` if it holds a server identity; none with
+/// `--insecure`. A TCP export without either is refused: NBD over TCP is TLS unless asked.
+fn export_tls(
+    e: &crate::ExportArgs,
+    default: Option<&Path>,
+) -> Result<Option<trireme_daemon::export::ExportTls>, CliError> {
+    if e.listen.is_none() || e.insecure {
+        return Ok(None);
+    }
+    let dir = match (&e.tls_dir, default) {
+        (Some(d), _) => d.clone(),
+        (None, Some(d)) if d.join("server-cert.pem").exists() => d.to_path_buf(),
+        _ => {
+            return Err(CliError::Usage(
+                "NBD on TCP is served over TLS: give --tls-dir DIR (a server certificate from \
+                 `trireme ca issue server`), or --insecure for plain text"
+                    .into(),
+            ))
+        }
+    };
+    // Client credentials beside the server's (as `trireme up` lays them out), for the URI.
+    let client = dir
+        .parent()
+        .map(|p| p.join("client"))
+        .filter(|c| c.join("client-cert.pem").exists());
+    trireme_daemon::export::ExportTls::load(&dir, client)
+        .map(Some)
+        .map_err(|e| CliError::Usage(format!("--tls-dir {}: {e}", dir.display())))
 }
 
 pub fn run(cli: Cli) -> Result<(), CliError> {
@@ -61,8 +93,86 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Cmd::Node(NodeCmd::Run(ref a)) => runtime(1)?.block_on(node_run(&cli, a)),
         Cmd::Attach(ref a) => runtime(a.export.threads as usize)?.block_on(attach(&cli, a)),
         Cmd::Bench(ref a) => crate::bench::run(&cli, a),
+        Cmd::Ca(ref c) => ca(&cli, c),
         _ => runtime(1)?.block_on(client_cmd(&cli)),
     }
+}
+
+/// `trireme ca init | issue`.
+fn ca(cli: &Cli, c: &crate::CaCmd) -> Result<(), CliError> {
+    use trireme_tls::{Ca, Role, San};
+    let default_ca = cli.data_dir.join("tls").join("ca");
+    let usage = |e: trireme_tls::TlsError| match e {
+        trireme_tls::TlsError::Usage(m) => CliError::Usage(m),
+        e => CliError::Runtime(e.to_string()),
+    };
+    #[derive(Serialize)]
+    struct Written {
+        role: Option<String>,
+        dir: String,
+        files: Vec<String>,
+    }
+    let (w, what) = match c {
+        crate::CaCmd::Init { dir } => {
+            let dir = dir.clone().unwrap_or(default_ca);
+            Ca::init(&dir).map_err(usage)?;
+            let w = Written {
+                role: None,
+                dir: dir.display().to_string(),
+                files: vec![trireme_tls::CA_CERT.into(), trireme_tls::CA_KEY.into()],
+            };
+            (w, "a new cluster CA".to_string())
+        }
+        crate::CaCmd::Issue(a) => {
+            let role = match &a.role {
+                crate::CaRole::Node { id } => Role::Node(*id),
+                crate::CaRole::Client { name } => {
+                    trireme_tls::check_client_name(name).map_err(usage)?;
+                    Role::Client(name.clone())
+                }
+                crate::CaRole::Server => Role::Server,
+            };
+            let sans: Vec<San> = a
+                .sans
+                .iter()
+                .map(|s| s.parse())
+                .collect::<Result<_, _>>()
+                .map_err(usage)?;
+            if matches!(role, Role::Server) && sans.is_empty() {
+                return Err(CliError::Usage(
+                    "a server certificate needs the names clients reach it by: --san HOST (repeat for several)".into(),
+                ));
+            }
+            let out = a.out.clone().ok_or_else(|| {
+                CliError::Usage("--out DIR: where to write the certificate and key".into())
+            })?;
+            let ca_dir = a.ca.clone().unwrap_or(default_ca);
+            let ca = Ca::open(&ca_dir).map_err(|e| {
+                CliError::Usage(format!(
+                    "no usable CA in {} ({e}); create one with `trireme ca init`",
+                    ca_dir.display()
+                ))
+            })?;
+            ca.issue(&role, &sans)
+                .and_then(|i| i.write(&out))
+                .map_err(usage)?;
+            let stem = role.stem();
+            let w = Written {
+                role: Some(role.to_string()),
+                dir: out.display().to_string(),
+                files: vec![
+                    trireme_tls::CA_CERT.into(),
+                    format!("{stem}-cert.pem"),
+                    format!("{stem}-key.pem"),
+                ],
+            };
+            (w, format!("a certificate for {role}"))
+        }
+    };
+    print(cli.output, &w, |w| {
+        format!("{what} in {}: {}\n", w.dir, w.files.join(", "))
+    });
+    Ok(())
 }
 
 fn print<T: Serialize>(out: Output, v: &T, text: impl FnOnce(&T) -> String) {
@@ -266,6 +376,7 @@ async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
         | Cmd::Nbd(_)
         | Cmd::Attach(_)
         | Cmd::Bench(_)
+        | Cmd::Ca(_)
         | Cmd::Node(NodeCmd::Serve(_))
         | Cmd::Node(NodeCmd::Run(_)) => {
             unreachable!("dispatched in run()")
@@ -593,9 +704,15 @@ impl Stop {
 async fn attach(cli: &Cli, a: &crate::AttachArgs) -> Result<(), CliError> {
     let stop = Stop::catch()?;
     let meta = etcd_meta(cli).await?;
+    let tls = export_tls(&a.export, None)?;
     let tcp = bind_nbd(a.export.listen).await?;
     let tcp_addr = tcp.as_ref().and_then(|l| l.local_addr().ok());
-    let uris = trireme_daemon::export::uris(&a.volume, a.export.socket.as_deref(), tcp_addr);
+    let uris = trireme_daemon::export::uris(
+        &a.volume,
+        a.export.socket.as_deref(),
+        tcp_addr,
+        tls.as_ref(),
+    );
     let cfg = trireme_daemon::attach::AttachConfig {
         volume: a.volume.clone(),
         force: a.force,
@@ -608,8 +725,9 @@ async fn attach(cli: &Cli, a: &crate::AttachArgs) -> Result<(), CliError> {
     let att = trireme_daemon::attach::attach(meta, &cfg, uris.clone())
         .await
         .map_err(daemon_err)?;
-    let tasks = trireme_daemon::export::serve(&att.volume, a.export.socket.as_deref(), tcp)
-        .map_err(CliError::Runtime)?;
+    let tasks =
+        trireme_daemon::export::serve(&att.volume, a.export.socket.as_deref(), tcp, tls.as_ref())
+            .map_err(CliError::Runtime)?;
     for u in &uris {
         println!("{u}");
     }
@@ -628,6 +746,7 @@ async fn attach(cli: &Cli, a: &crate::AttachArgs) -> Result<(), CliError> {
 
 async fn nbd(cli: &Cli, a: &crate::NbdArgs) -> Result<(), CliError> {
     let stop = Stop::catch()?;
+    let tls = export_tls(&a.export, Some(&cli.data_dir.join("tls").join("server")))?;
     let tcp = bind_nbd(a.export.listen).await?;
     let tcp_addr = tcp.as_ref().and_then(|l| l.local_addr().ok());
     let (vol, tasks) = trireme_daemon::export::export_local(
@@ -635,13 +754,19 @@ async fn nbd(cli: &Cli, a: &crate::NbdArgs) -> Result<(), CliError> {
         &a.volume,
         a.export.socket.as_deref(),
         tcp,
+        tls.as_ref(),
         a.export
             .failure
             .volume_options(a.export.streams, cli.transport.kind()),
     )
     .await
     .map_err(CliError::Runtime)?;
-    for u in trireme_daemon::export::uris(&a.volume, a.export.socket.as_deref(), tcp_addr) {
+    for u in trireme_daemon::export::uris(
+        &a.volume,
+        a.export.socket.as_deref(),
+        tcp_addr,
+        tls.as_ref(),
+    ) {
         println!("{u}");
     }
     stop.wait().await;

@@ -129,6 +129,51 @@ pub enum Cmd {
     Attach(AttachArgs),
     /// Measure a target with DISKSPD's flags: IOPS, latency percentiles, CPU per IO.
     Bench(Box<bench::BenchArgs>),
+    /// The cluster's certificate authority: create it, issue certificates for nodes, clients
+    /// and servers (`trireme up` makes its own in `<data-dir>/tls/`).
+    #[command(subcommand)]
+    Ca(CaCmd),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CaCmd {
+    /// Create a new CA (refused where one exists).
+    Init {
+        /// Where (default: `<data-dir>/tls/ca`).
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
+    /// Issue a certificate: writes `ca-cert.pem`, `<role>-cert.pem` and `<role>-key.pem` into
+    /// `--out` (the layout qemu's tls-creds-x509 and libnbd's tls-certificates read).
+    Issue(CaIssueArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CaIssueArgs {
+    #[command(subcommand)]
+    pub role: CaRole,
+    /// The CA's directory (default: `<data-dir>/tls/ca`).
+    #[arg(long, value_name = "DIR", global = true)]
+    pub ca: Option<PathBuf>,
+    /// Where to write the certificate and key.
+    #[arg(long, value_name = "DIR", global = true)]
+    pub out: Option<PathBuf>,
+    /// A DNS name or IP address the holder serves at (repeat for several).
+    #[arg(long = "san", value_name = "NAME", global = true)]
+    pub sans: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CaRole {
+    /// For node N's daemon (serves writers, connects to other nodes).
+    Node {
+        #[arg(value_parser = clap::value_parser!(u32).range(1..))]
+        id: u32,
+    },
+    /// For a client host, a remote CLI or an NBD client, named NAME (what access lists hold).
+    Client { name: String },
+    /// For a TLS server that is not a node (an NBD export on a client host).
+    Server,
 }
 
 #[derive(Debug, Args)]
@@ -182,6 +227,10 @@ pub struct UpArgs {
     /// Nodes do not seal blocks with checksums (to measure their cost; see `node serve`).
     #[arg(long)]
     pub no_block_checksums: bool,
+    /// Serve NBD on TCP in plain text. Without it the TCP export speaks TLS only (NBD
+    /// STARTTLS, client certificates of the cluster's CA; credentials in `<data-dir>/tls/`).
+    #[arg(long)]
+    pub insecure: bool,
 }
 
 /// How a writer handles replica failures.
@@ -406,9 +455,16 @@ pub struct ExportArgs {
     /// Serve on a unix socket at PATH.
     #[arg(long, group = "where")]
     pub socket: Option<PathBuf>,
-    /// Serve on a TCP address (e.g. 127.0.0.1:10810).
+    /// Serve on a TCP address (e.g. 127.0.0.1:10810); TLS only unless `--insecure`.
     #[arg(long, group = "where")]
     pub listen: Option<std::net::SocketAddr>,
+    /// The TCP export's TLS identity: a directory with `server-cert.pem`, `server-key.pem` and
+    /// `ca-cert.pem` (`trireme ca issue server`). Default for `nbd`: `<data-dir>/tls/server`.
+    #[arg(long, value_name = "DIR")]
+    pub tls_dir: Option<PathBuf>,
+    /// Serve NBD on TCP in plain text.
+    #[arg(long, conflicts_with = "tls_dir")]
+    pub insecure: bool,
     /// Streams from the volume client to each node.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=16))]
     pub streams: u32,

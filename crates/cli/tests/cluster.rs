@@ -14,15 +14,12 @@ fn restart_on_the_same_data_dir_keeps_every_byte() {
     let src = c.path().join("src.img");
     random_file(&src, 8 << 20, 7);
     run(Command::new("nbdcopy").arg(&src).arg(&c.unix));
-    run(Command::new("qemu-io").args([
-        "-f",
-        "raw",
-        "-c",
-        "write -P 0x77 40M 3M",
-        "-c",
-        "write -P 0x33 63M 1M",
-        &c.tcp,
-    ]));
+    // Over TCP, TLS with the credentials `up` wrote.
+    let tls = c.qemu_tls("vol0");
+    run(Command::new("qemu-io")
+        .args(&tls[..3])
+        .args(["-c", "write -P 0x77 40M 3M", "-c", "write -P 0x33 63M 1M"])
+        .arg(&tls[3]));
     let dir = c.stop();
     assert!(
         !dir.path().join("exports").exists(),
@@ -191,13 +188,7 @@ fn cli_manages_volumes_and_reports_status() {
 fn bad_input_gets_an_error_and_the_servers_keep_serving() {
     need("nbdinfo");
     let c = Cluster::start(&["--store", "memory", "--size", "16M"]);
-    let tcp_addr = c
-        .tcp
-        .trim_start_matches("nbd://")
-        .split('/')
-        .next()
-        .unwrap()
-        .to_string();
+    let tcp_addr = c.tcp_addr();
 
     // NBD: garbage instead of client flags / options.
     let mut s = std::net::TcpStream::connect(&tcp_addr).unwrap();

@@ -61,18 +61,50 @@ impl Backend for VolumeExport {
     }
 }
 
-/// NBD URIs for an export on a unix socket and on TCP.
+/// TLS for an NBD TCP listener.
+#[derive(Debug, Clone)]
+pub struct ExportTls {
+    pub nbd: trireme_nbd::NbdTls,
+    /// Where a client's credentials are (`ca-cert.pem`, `client-cert.pem`, `client-key.pem`),
+    /// if known here: named in the URI, as libnbd's `tls-certificates=DIR` reads it.
+    pub client_dir: Option<std::path::PathBuf>,
+}
+
+impl ExportTls {
+    /// The server identity in `dir` (`server-cert.pem`, `server-key.pem`, `ca-cert.pem`).
+    pub fn load(
+        dir: &std::path::Path,
+        client_dir: Option<std::path::PathBuf>,
+    ) -> Result<ExportTls, String> {
+        let id = trireme_tls::Identity::load(dir, "server").map_err(|e| e.to_string())?;
+        let cfg = id.server_config().map_err(|e| e.to_string())?;
+        Ok(ExportTls {
+            nbd: trireme_nbd::NbdTls {
+                acceptor: trireme_tls::tokio_rustls::TlsAcceptor::from(cfg),
+            },
+            client_dir,
+        })
+    }
+}
+
+/// NBD URIs for an export on a unix socket and on TCP (`nbds://` with TLS).
 pub fn uris(
     volume: &str,
     socket: Option<&std::path::Path>,
     tcp: Option<std::net::SocketAddr>,
+    tls: Option<&ExportTls>,
 ) -> Vec<String> {
     let mut out = Vec::new();
     if let Some(p) = socket {
         out.push(format!("nbd+unix:///{volume}?socket={}", p.display()));
     }
-    if let Some(a) = tcp {
-        out.push(format!("nbd://{a}/{volume}"));
+    match (tcp, tls) {
+        (Some(a), None) => out.push(format!("nbd://{a}/{volume}")),
+        (Some(a), Some(t)) => out.push(match &t.client_dir {
+            Some(d) => format!("nbds://{a}/{volume}?tls-certificates={}", d.display()),
+            None => format!("nbds://{a}/{volume}"),
+        }),
+        (None, _) => {}
     }
     out
 }
@@ -82,6 +114,7 @@ pub fn serve(
     vol: &Arc<Volume>,
     socket: Option<&std::path::Path>,
     tcp: Option<tokio::net::TcpListener>,
+    tls: Option<&ExportTls>,
 ) -> Result<Vec<tokio::task::JoinHandle<std::io::Result<()>>>, String> {
     let name = vol.info().name.clone();
     let mut ex = trireme_nbd::Exports::new();
@@ -103,9 +136,10 @@ pub fn serve(
     }
     if let Some(l) = tcp {
         let ex = ex.clone();
-        tasks.push(tokio::spawn(
-            async move { trireme_nbd::serve_tcp(l, ex).await },
-        ));
+        let tls = tls.map(|t| t.nbd.clone());
+        tasks.push(tokio::spawn(async move {
+            trireme_nbd::serve_tcp(l, ex, tls).await
+        }));
     }
     Ok(tasks)
 }
@@ -117,6 +151,7 @@ pub async fn export_local(
     volume: &str,
     socket: Option<&std::path::Path>,
     tcp: Option<tokio::net::TcpListener>,
+    tls: Option<&ExportTls>,
     opts: trireme_client::VolumeOptions,
 ) -> Result<
     (
@@ -140,6 +175,6 @@ pub async fn export_local(
     let vol = Volume::attach_managed(info, opts, membership)
         .await
         .map_err(|e| e.to_string())?;
-    let tasks = serve(&vol, socket, tcp)?;
+    let tasks = serve(&vol, socket, tcp, tls)?;
     Ok((vol, tasks))
 }

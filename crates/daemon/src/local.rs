@@ -55,6 +55,41 @@ pub struct LocalConfig {
     pub node_transport: Vec<(u32, String)>,
     /// How the NBD export's volume client runs.
     pub volume_opts: trireme_client::VolumeOptions,
+    /// Serve NBD on TCP in plain text (otherwise TLS only, with the credentials in
+    /// `<data-dir>/tls/`).
+    pub insecure: bool,
+}
+
+/// The cluster CA of `trireme up` in `<data-dir>/tls/ca` (created at the first start), a server
+/// certificate for this host's names (issued at every start) in `tls/server`, and client
+/// credentials for this host's NBD clients in `tls/client` (kept once issued).
+fn local_tls(dir: &Path) -> Result<crate::export::ExportTls, DaemonError> {
+    use trireme_tls::{Ca, Identity, Role, San};
+    let tls = dir.join("tls");
+    let err = |e: trireme_tls::TlsError| DaemonError::Runtime(e.to_string());
+    let (ca, new) = Ca::open_or_init(&tls.join("ca")).map_err(err)?;
+    if new {
+        tracing::info!(dir = %tls.join("ca").display(), "created the cluster CA");
+    }
+    let mut names = vec![
+        San::Ip(std::net::Ipv4Addr::LOCALHOST.into()),
+        San::Dns("localhost".into()),
+    ];
+    if let Ok(h) = crate::hostname().parse::<San>() {
+        if !names.contains(&h) {
+            names.push(h);
+        }
+    }
+    ca.issue(&Role::Server, &names)
+        .and_then(|i| i.write(&tls.join("server")))
+        .map_err(err)?;
+    let client = tls.join("client");
+    if Identity::load(&client, "client").is_err() {
+        ca.issue(&Role::Client("local".into()), &[])
+            .and_then(|i| i.write(&client))
+            .map_err(err)?;
+    }
+    crate::export::ExportTls::load(&tls.join("server"), Some(client)).map_err(DaemonError::Runtime)
 }
 
 /// The control API's socket in a data directory.
@@ -379,17 +414,23 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
 
     // NBD.
     let sock = dir.join("nbd.sock");
+    let tls = if a.insecure {
+        None
+    } else {
+        Some(local_tls(&dir)?)
+    };
     let (vol, nbd_tasks) = crate::export::export_local(
         &ctl,
         &a.volume,
         Some(&sock),
         Some(tcp),
+        tls.as_ref(),
         a.volume_opts.clone(),
     )
     .await
     .map_err(DaemonError::Runtime)?;
     manager.register_client(vol.clone());
-    let uris = crate::export::uris(&a.volume, Some(&sock), Some(tcp_addr));
+    let uris = crate::export::uris(&a.volume, Some(&sock), Some(tcp_addr), tls.as_ref());
     write_atomically(&dir.join("exports"), &(uris.join("\n") + "\n"))?;
 
     let v = &vol.info();

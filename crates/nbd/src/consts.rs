@@ -33,6 +33,7 @@ const REP_ERR: u32 = 1 << 31;
 pub const REP_ERR_UNSUP: u32 = REP_ERR | 1;
 pub const REP_ERR_INVALID: u32 = REP_ERR | 3;
 pub const REP_ERR_UNKNOWN: u32 = REP_ERR | 6;
+pub const REP_ERR_TLS_REQD: u32 = REP_ERR | 5;
 pub const REP_ERR_TOO_BIG: u32 = REP_ERR | 9;
 
 // Info types.

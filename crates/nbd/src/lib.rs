@@ -24,7 +24,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use bytes::Bytes;
-pub use server::serve_connection;
+pub use server::{serve_connection, serve_connection_tls, NbdError, NbdTls};
 pub use trireme_proto::Extent;
 
 /// Largest READ or WRITE payload accepted; advertised as the maximum block size.
@@ -127,18 +127,29 @@ pub async fn serve_unix<B: Backend>(
     }
 }
 
-/// Serves `exports` on an already bound TCP listener.
+/// Serves `exports` on an already bound TCP listener, over TLS when `tls` is given (see
+/// [`NbdTls`]; a client refused is logged with its address and why).
 pub async fn serve_tcp<B: Backend>(
     listener: tokio::net::TcpListener,
     exports: Arc<Exports<B>>,
+    tls: Option<NbdTls>,
 ) -> std::io::Result<()> {
     loop {
         let (sock, peer) = listener.accept().await?;
         let _ = sock.set_nodelay(true);
         let ex = exports.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            if let Err(e) = serve_connection(sock, ex).await {
-                tracing::info!(%peer, "nbd connection ended: {e}");
+            let r = match &tls {
+                Some(t) => serve_connection_tls(sock, ex, t).await,
+                None => serve_connection(sock, ex).await,
+            };
+            match r {
+                Ok(()) => {}
+                Err(e @ NbdError::Refused(_)) => {
+                    tracing::warn!(%peer, "NBD client {e}");
+                }
+                Err(e) => tracing::info!(%peer, "nbd connection ended: {e}"),
             }
         });
     }

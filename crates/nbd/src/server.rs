@@ -24,6 +24,42 @@ pub enum NbdError {
     Io(#[from] std::io::Error),
     #[error("protocol violation: {0}")]
     Protocol(String),
+    /// The client is not allowed in (no TLS where it is required, a failed TLS handshake, a
+    /// certificate that names no client).
+    #[error("refused: {0}")]
+    Refused(String),
+}
+
+/// TLS on an NBD listener: nothing but `NBD_OPT_STARTTLS` (and abort) is served before TLS is
+/// on (the protocol's FORCEDTLS mode), and the client must present a certificate of the
+/// cluster's CA that names a client.
+#[derive(Clone)]
+pub struct NbdTls {
+    pub acceptor: tokio_rustls::TlsAcceptor,
+}
+
+impl std::fmt::Debug for NbdTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NbdTls")
+    }
+}
+
+/// Where the option haggling stands with TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tls {
+    /// A plain listener: STARTTLS is not offered.
+    Off,
+    /// TLS is required and not on yet: only STARTTLS and abort are served.
+    Required,
+    /// TLS is on.
+    On,
+}
+
+/// How the option haggling ended.
+enum Outcome<B> {
+    Go(Session<B>),
+    StartTls,
+    Quit,
 }
 
 /// What the handshake agreed on.
@@ -33,17 +69,60 @@ struct Session<B> {
     meta_base_allocation: bool,
 }
 
-/// Serves one client connection to the end.
-pub async fn serve_connection<S, B>(stream: S, exports: Arc<Exports<B>>) -> Result<(), NbdError>
+/// Serves one client connection to the end, in plain text.
+pub async fn serve_connection<S, B>(mut stream: S, exports: Arc<Exports<B>>) -> Result<(), NbdError>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     B: Backend,
 {
-    let (mut rd, mut wr) = tokio::io::split(stream);
-    let Some(session) = handshake(&mut rd, &mut wr, &exports).await? else {
-        return Ok(());
-    };
-    transmission(rd, wr, session).await
+    let no_zeroes = greet(&mut stream).await?;
+    match options(&mut stream, &exports, no_zeroes, Tls::Off).await? {
+        Outcome::Go(session) => {
+            let (rd, wr) = tokio::io::split(stream);
+            transmission(rd, wr, session).await
+        }
+        Outcome::StartTls | Outcome::Quit => Ok(()),
+    }
+}
+
+/// Serves one client connection to the end over TLS (see [`NbdTls`]).
+pub async fn serve_connection_tls<S, B>(
+    mut stream: S,
+    exports: Arc<Exports<B>>,
+    tls: &NbdTls,
+) -> Result<(), NbdError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    B: Backend,
+{
+    let no_zeroes = greet(&mut stream).await?;
+    match options(&mut stream, &exports, no_zeroes, Tls::Required).await? {
+        Outcome::StartTls => {}
+        Outcome::Go(_) | Outcome::Quit => return Ok(()),
+    }
+    let mut stream = tls
+        .acceptor
+        .accept(stream)
+        .await
+        .map_err(|e| NbdError::Refused(format!("TLS handshake failed: {e}")))?;
+    match trireme_tls::peer_role(stream.get_ref().1) {
+        Some(trireme_tls::Role::Client(name)) => {
+            tracing::debug!(client = %name, "NBD client on TLS");
+        }
+        other => {
+            return Err(NbdError::Refused(format!(
+                "the certificate names {}, not a client",
+                other.map_or_else(|| "no trireme role".to_string(), |r| r.to_string())
+            )))
+        }
+    }
+    match options(&mut stream, &exports, no_zeroes, Tls::On).await? {
+        Outcome::Go(session) => {
+            let (rd, wr) = tokio::io::split(stream);
+            transmission(rd, wr, session).await
+        }
+        Outcome::StartTls | Outcome::Quit => Ok(()),
+    }
 }
 
 async fn opt_reply<W: AsyncWrite + Unpin>(
@@ -87,37 +166,42 @@ fn transmission_flags<B: Backend>(b: &B, structured: bool) -> u16 {
     f
 }
 
-/// Runs the option haggling. `Ok(None)` if the client aborted or went away cleanly.
-async fn handshake<R, W, B>(
-    rd: &mut R,
-    wr: &mut W,
-    exports: &Exports<B>,
-) -> Result<Option<Session<B>>, NbdError>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-    B: Backend,
-{
+/// Sends the greeting and reads the client's flags; returns whether it wants no zeroes.
+async fn greet<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S) -> Result<bool, NbdError> {
     let mut greet = Vec::with_capacity(18);
     greet.extend_from_slice(&NBDMAGIC.to_be_bytes());
     greet.extend_from_slice(&IHAVEOPT.to_be_bytes());
     greet.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
-    wr.write_all(&greet).await?;
-    wr.flush().await?;
-    let client_flags = rd.read_u32().await?;
+    s.write_all(&greet).await?;
+    s.flush().await?;
+    let client_flags = s.read_u32().await?;
     if client_flags & !(CLIENT_FIXED_NEWSTYLE | CLIENT_NO_ZEROES) != 0 {
         return Err(NbdError::Protocol(format!(
             "unknown client flags {client_flags:#x}"
         )));
     }
-    let no_zeroes = client_flags & CLIENT_NO_ZEROES != 0;
+    Ok(client_flags & CLIENT_NO_ZEROES != 0)
+}
+
+/// Runs the option haggling on `s` (everything negotiated before TLS is forgotten after it).
+async fn options<S, B>(
+    s: &mut S,
+    exports: &Exports<B>,
+    no_zeroes: bool,
+    tls: Tls,
+) -> Result<Outcome<B>, NbdError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    B: Backend,
+{
     let mut structured = false;
     let mut meta_base_allocation = false;
+    let mut warned = false;
     loop {
-        wr.flush().await?;
-        let magic = match rd.read_u64().await {
+        s.flush().await?;
+        let magic = match s.read_u64().await {
             Ok(m) => m,
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(Outcome::Quit),
             Err(e) => return Err(e.into()),
         };
         if magic != IHAVEOPT {
@@ -125,20 +209,43 @@ where
                 "expected an option, got magic {magic:#018x}"
             )));
         }
-        let opt = rd.read_u32().await?;
-        let len = rd.read_u32().await?;
+        let opt = s.read_u32().await?;
+        let len = s.read_u32().await?;
         if len > MAX_OPTION {
             if len > MAX_OPTION_SKIP {
                 return Err(NbdError::Protocol(format!(
                     "option {opt} with a {len}-byte payload"
                 )));
             }
-            tokio::io::copy(&mut (&mut *rd).take(u64::from(len)), &mut tokio::io::sink()).await?;
-            opt_error(wr, opt, REP_ERR_TOO_BIG, "option payload too large").await?;
+            tokio::io::copy(&mut (&mut *s).take(u64::from(len)), &mut tokio::io::sink()).await?;
+            opt_error(s, opt, REP_ERR_TOO_BIG, "option payload too large").await?;
             continue;
         }
         let mut data = vec![0u8; len as usize];
-        rd.read_exact(&mut data).await?;
+        s.read_exact(&mut data).await?;
+        if tls == Tls::Required && opt != OPT_STARTTLS && opt != OPT_ABORT {
+            if opt == OPT_EXPORT_NAME {
+                // No error reply exists for this option: closing is the answer.
+                return Err(NbdError::Refused(
+                    "a plaintext client asked for an export; this listener requires TLS".into(),
+                ));
+            }
+            if !warned {
+                tracing::warn!(
+                    opt,
+                    "NBD client sent an option before STARTTLS: refused, this listener requires TLS"
+                );
+                warned = true;
+            }
+            opt_error(
+                s,
+                opt,
+                REP_ERR_TLS_REQD,
+                "TLS is required: send NBD_OPT_STARTTLS first",
+            )
+            .await?;
+            continue;
+        }
         match opt {
             OPT_EXPORT_NAME => {
                 let name = String::from_utf8_lossy(&data);
@@ -152,43 +259,43 @@ where
                 if !no_zeroes {
                     out.extend_from_slice(&[0u8; 124]);
                 }
-                wr.write_all(&out).await?;
-                wr.flush().await?;
-                return Ok(Some(Session {
+                s.write_all(&out).await?;
+                s.flush().await?;
+                return Ok(Outcome::Go(Session {
                     backend: b.clone(),
                     structured,
                     meta_base_allocation,
                 }));
             }
             OPT_ABORT => {
-                opt_reply(wr, opt, REP_ACK, &[]).await?;
-                wr.flush().await?;
-                return Ok(None);
+                opt_reply(s, opt, REP_ACK, &[]).await?;
+                s.flush().await?;
+                return Ok(Outcome::Quit);
             }
             OPT_LIST => {
                 if !data.is_empty() {
-                    opt_error(wr, opt, REP_ERR_INVALID, "NBD_OPT_LIST takes no data").await?;
+                    opt_error(s, opt, REP_ERR_INVALID, "NBD_OPT_LIST takes no data").await?;
                     continue;
                 }
                 for (name, _) in exports.names() {
                     let mut d = Vec::with_capacity(4 + name.len());
                     d.extend_from_slice(&(name.len() as u32).to_be_bytes());
                     d.extend_from_slice(name.as_bytes());
-                    opt_reply(wr, opt, REP_SERVER, &d).await?;
+                    opt_reply(s, opt, REP_SERVER, &d).await?;
                 }
-                opt_reply(wr, opt, REP_ACK, &[]).await?;
+                opt_reply(s, opt, REP_ACK, &[]).await?;
             }
             OPT_INFO | OPT_GO => {
                 let req = match decode_go(&data) {
                     Ok(r) => r,
                     Err(e) => {
-                        opt_error(wr, opt, REP_ERR_INVALID, &e.to_string()).await?;
+                        opt_error(s, opt, REP_ERR_INVALID, &e.to_string()).await?;
                         continue;
                     }
                 };
                 let Some((name, desc, b)) = exports.get(&req.name) else {
                     opt_error(
-                        wr,
+                        s,
                         opt,
                         REP_ERR_UNKNOWN,
                         &format!("no export named {:?}", req.name),
@@ -200,7 +307,7 @@ where
                 d.extend_from_slice(&INFO_EXPORT.to_be_bytes());
                 d.extend_from_slice(&b.size().to_be_bytes());
                 d.extend_from_slice(&transmission_flags(&**b, structured).to_be_bytes());
-                opt_reply(wr, opt, REP_INFO, &d).await?;
+                opt_reply(s, opt, REP_INFO, &d).await?;
                 for &i in &req.info {
                     let mut d = Vec::new();
                     d.extend_from_slice(&i.to_be_bytes());
@@ -214,12 +321,12 @@ where
                         }
                         _ => continue,
                     }
-                    opt_reply(wr, opt, REP_INFO, &d).await?;
+                    opt_reply(s, opt, REP_INFO, &d).await?;
                 }
-                opt_reply(wr, opt, REP_ACK, &[]).await?;
+                opt_reply(s, opt, REP_ACK, &[]).await?;
                 if opt == OPT_GO {
-                    wr.flush().await?;
-                    return Ok(Some(Session {
+                    s.flush().await?;
+                    return Ok(Outcome::Go(Session {
                         backend: b.clone(),
                         structured,
                         meta_base_allocation,
@@ -229,7 +336,7 @@ where
             OPT_STRUCTURED_REPLY => {
                 if !data.is_empty() {
                     opt_error(
-                        wr,
+                        s,
                         opt,
                         REP_ERR_INVALID,
                         "NBD_OPT_STRUCTURED_REPLY takes no data",
@@ -238,12 +345,12 @@ where
                     continue;
                 }
                 structured = true;
-                opt_reply(wr, opt, REP_ACK, &[]).await?;
+                opt_reply(s, opt, REP_ACK, &[]).await?;
             }
             OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
                 if !structured {
                     opt_error(
-                        wr,
+                        s,
                         opt,
                         REP_ERR_INVALID,
                         "negotiate structured replies first",
@@ -254,13 +361,13 @@ where
                 let req = match decode_meta(&data) {
                     Ok(r) => r,
                     Err(e) => {
-                        opt_error(wr, opt, REP_ERR_INVALID, &e.to_string()).await?;
+                        opt_error(s, opt, REP_ERR_INVALID, &e.to_string()).await?;
                         continue;
                     }
                 };
                 if exports.get(&req.name).is_none() {
                     opt_error(
-                        wr,
+                        s,
                         opt,
                         REP_ERR_UNKNOWN,
                         &format!("no export named {:?}", req.name),
@@ -285,12 +392,31 @@ where
                         &(if listing { 0 } else { BASE_ALLOCATION_ID }).to_be_bytes(),
                     );
                     d.extend_from_slice(BASE_ALLOCATION.as_bytes());
-                    opt_reply(wr, opt, REP_META_CONTEXT, &d).await?;
+                    opt_reply(s, opt, REP_META_CONTEXT, &d).await?;
                 }
-                opt_reply(wr, opt, REP_ACK, &[]).await?;
+                opt_reply(s, opt, REP_ACK, &[]).await?;
             }
-            OPT_STARTTLS => opt_error(wr, opt, REP_ERR_UNSUP, "TLS is not supported yet").await?,
-            _ => opt_error(wr, opt, REP_ERR_UNSUP, "unsupported option").await?,
+            OPT_STARTTLS => match tls {
+                Tls::Off => {
+                    opt_error(
+                        s,
+                        opt,
+                        REP_ERR_UNSUP,
+                        "no TLS on this listener (a unix socket, or a TCP export started with --insecure)",
+                    )
+                    .await?
+                }
+                Tls::On => opt_error(s, opt, REP_ERR_INVALID, "TLS is already on").await?,
+                Tls::Required if !data.is_empty() => {
+                    opt_error(s, opt, REP_ERR_INVALID, "NBD_OPT_STARTTLS takes no data").await?
+                }
+                Tls::Required => {
+                    opt_reply(s, opt, REP_ACK, &[]).await?;
+                    s.flush().await?;
+                    return Ok(Outcome::StartTls);
+                }
+            },
+            _ => opt_error(s, opt, REP_ERR_UNSUP, "unsupported option").await?,
         }
     }
 }

@@ -212,6 +212,11 @@ impl Ca {
             )));
         }
         std::fs::create_dir_all(dir).map_err(io(dir))?;
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                .map_err(io(dir))?;
+        }
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::default();
         params
@@ -305,7 +310,11 @@ impl Ca {
                 ),
             });
         }
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        // Key encipherment too: GnuTLS (qemu, libnbd) checks for it whatever the key type.
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
         // Nodes are servers to writers and clients of each other; a client only connects; a
         // server (an NBD export) only serves.
         params.extended_key_usages = match role {

@@ -85,6 +85,31 @@ impl Cluster {
         self.dir.path()
     }
 
+    /// `host:port` of the TCP export (`nbds://` unless started with `--insecure`).
+    pub fn tcp_addr(&self) -> String {
+        let rest = self.tcp.split_once("://").unwrap().1;
+        rest.split('/').next().unwrap().to_string()
+    }
+
+    /// qemu's arguments for the TCP export over TLS, with the client credentials `up` wrote:
+    /// `--object tls-creds-x509,... --image-opts`, then the image spec.
+    pub fn qemu_tls(&self, volume: &str) -> Vec<String> {
+        let (host, port) = self
+            .tcp_addr()
+            .rsplit_once(':')
+            .map(|(h, p)| (h.to_string(), p.to_string()))
+            .unwrap();
+        vec![
+            "--object".into(),
+            format!(
+                "tls-creds-x509,id=tls0,dir={},endpoint=client",
+                self.path().join("tls/client").display()
+            ),
+            "--image-opts".into(),
+            format!("driver=nbd,host={host},port={port},export={volume},tls-creds=tls0"),
+        ]
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("up.log")).unwrap_or_default()
     }
