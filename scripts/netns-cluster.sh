@@ -60,11 +60,16 @@ up() {
     --initial-advertise-peer-urls http://10.77.0.2:2380 --initial-cluster e1=http://10.77.0.2:2380 \
     --log-level warn >"$D/etcd.log" 2>&1 &
   echo $! > "$D/etcd.pid"
+  # One CA for the cluster: each server gets a certificate for its address, the client host
+  # one for its NBD export and one for its links to the servers (all mutual TLS).
+  [ -f "$D/ca/ca-key.pem" ] || "$T" ca init --dir "$D/ca" >/dev/null
   for i in $(seq 1 "$n"); do
     mkns "trireme-s$i" "$i" "$i"
+    "$T" ca issue node "$i" --san "10.77.$i.2" --ca "$D/ca" --out "$D/tls-s$i" >/dev/null
     # One server = one namespace; TRIREME_UCX_TLS=tcp as between real hosts without RDMA.
     ip netns exec "trireme-s$i" env TRIREME_UCX_TLS=tcp "$T" --etcd "$ETCD" node run --id "$i" \
-      --listen "10.77.$i.2:7000" --dir "$D/server-$i" --zone "zone-$i" >"$D/server-$i.out" 2>"$D/server-$i.log" &
+      --listen "10.77.$i.2:7000" --dir "$D/server-$i" --zone "zone-$i" --tls-dir "$D/tls-s$i" \
+      >"$D/server-$i.out" 2>"$D/server-$i.log" &
     echo $! > "$D/server-$i.pid"
   done
   mkns trireme-c 99 c
@@ -74,12 +79,12 @@ up() {
   done
   local reps=$(( n < 3 ? n : 3 ))
   "$T" --etcd "$ETCD" volume create vol0 --size 1G --replicas "$reps" >/dev/null 2>&1 || true
-  # The NBD export on TCP speaks TLS only: a CA, a server certificate for the client host's
-  # address, and credentials for its NBD clients (nbdinfo/qemu read $D/nbd/client).
-  [ -f "$D/ca/ca-key.pem" ] || "$T" ca init --dir "$D/ca" >/dev/null
+  # The NBD export on TCP speaks TLS only: a server certificate for the client host's address,
+  # and credentials for its NBD clients (nbdinfo/qemu read $D/nbd/client).
   "$T" ca issue server --san 10.77.99.2 --ca "$D/ca" --out "$D/nbd/server" >/dev/null
   "$T" ca issue client admin --ca "$D/ca" --out "$D/nbd/client" >/dev/null
-  ip netns exec trireme-c env TRIREME_UCX_TLS=tcp "$T" --etcd "$ETCD" attach vol0 \
+  "$T" ca issue client client-host --ca "$D/ca" --out "$D/tls-c" >/dev/null
+  ip netns exec trireme-c env TRIREME_UCX_TLS=tcp "$T" --etcd "$ETCD" --tls-identity "$D/tls-c" attach vol0 \
     --listen 10.77.99.2:10809 --tls-dir "$D/nbd/server" --socket "$D/vol0.sock" \
     >"$D/attach.out" 2>"$D/attach.log" &
   echo $! > "$D/attach.pid"
@@ -94,7 +99,7 @@ Try:
   ip netns exec trireme-c \$T bench --verify -b4K -r -w30 -t2 -o4 -d30 'nbd+unix:///vol0?socket=$D/vol0.sock'
   ip netns exec trireme-c nbdinfo "\$(sed -n 2p $D/attach.out)"   # over TCP with TLS
   kill -9 \$(cat $D/server-2.pid)          # a server dies: I/O goes on, status shows it down
-  ip netns exec trireme-s2 \$T --etcd $ETCD node run --id 2 --listen 10.77.2.2:7000 --dir $D/server-2 &
+  ip netns exec trireme-s2 \$T --etcd $ETCD node run --id 2 --listen 10.77.2.2:7000 --dir $D/server-2 --tls-dir $D/tls-s2 &
   sudo $0 down
 EOF
 }

@@ -84,6 +84,16 @@ fn export_tls(
 }
 
 pub fn run(cli: Cli) -> Result<(), CliError> {
+    // A process beside a local cluster that reaches its nodes (a `trireme nbd` export, a bench
+    // on `volume:NAME`) does so as `up` does: with `up`'s client identity, over mutual TLS.
+    let local_id = cli.data_dir.join("tls").join("up");
+    if matches!(cli.cmd, Cmd::Up(_) | Cmd::Node(_) | Cmd::Ca(_)) {
+        // Their own identities.
+    } else if let Some(d) = &cli.tls_identity {
+        trireme_daemon::use_tls(d, "client", false).map_err(daemon_err)?;
+    } else if cli.etcd.is_none() && local_id.join("client-cert.pem").exists() {
+        trireme_daemon::use_tls(&local_id, "client", false).map_err(daemon_err)?;
+    }
     match cli.cmd {
         Cmd::Up(ref a) => runtime(a.threads as usize)?
             .block_on(trireme_daemon::local::run(&local_config(&cli, a)))
@@ -599,6 +609,9 @@ fn node_config(cli: &Cli, a: &NodeServeArgs) -> trireme_daemon::node::NodeConfig
 }
 
 async fn node_serve(cli: &Cli, a: &NodeServeArgs) -> Result<(), CliError> {
+    if let Some(d) = &a.tls_dir {
+        trireme_daemon::use_tls(d, "node", true).map_err(daemon_err)?;
+    }
     let node = trireme_daemon::node::build_node(&node_config(cli, a)).map_err(daemon_err)?;
     let serve = trireme_node::run(node.clone(), a.listen, a.socket.as_deref(), |addr, unix| {
         use std::io::Write;
@@ -632,6 +645,9 @@ async fn etcd_meta(cli: &Cli) -> Result<trireme_meta::ClusterMeta, CliError> {
 }
 
 async fn node_run(cli: &Cli, a: &crate::NodeRunArgs) -> Result<(), CliError> {
+    if let Some(d) = &a.tls_dir {
+        trireme_daemon::use_tls(d, "node", true).map_err(daemon_err)?;
+    }
     let meta = etcd_meta(cli).await?;
     let cfg = trireme_daemon::node::NodeConfig {
         id: a.id,

@@ -46,6 +46,11 @@ pub struct Cli {
     /// several servers through etcd (and its elected manager) instead of `--data-dir`.
     #[arg(long, global = true, env = "TRIREME_ETCD", value_name = "URLS")]
     pub etcd: Option<String>,
+    /// This process's identity for links to nodes that serve over mutual TLS: a directory with
+    /// `client-cert.pem`, `client-key.pem` and `ca-cert.pem` (`trireme ca issue client NAME`).
+    /// Beside a local cluster, `<data-dir>/tls/up` is used without asking.
+    #[arg(long, global = true, env = "TRIREME_TLS_IDENTITY", value_name = "DIR")]
+    pub tls_identity: Option<PathBuf>,
     #[command(subcommand)]
     pub cmd: Cmd,
 }
@@ -227,8 +232,9 @@ pub struct UpArgs {
     /// Nodes do not seal blocks with checksums (to measure their cost; see `node serve`).
     #[arg(long)]
     pub no_block_checksums: bool,
-    /// Serve NBD on TCP in plain text. Without it the TCP export speaks TLS only (NBD
-    /// STARTTLS, client certificates of the cluster's CA; credentials in `<data-dir>/tls/`).
+    /// Plain text on every TCP link. Without it the NBD export on TCP speaks TLS only (NBD
+    /// STARTTLS, client certificates of the cluster's CA) and the links to the nodes are mutual
+    /// TLS; the credentials are in `<data-dir>/tls/`.
     #[arg(long)]
     pub insecure: bool,
 }
@@ -350,10 +356,18 @@ pub struct NodeServeArgs {
     /// checked). Seals kept from earlier runs are dropped at the next sealed open.
     #[arg(long)]
     pub no_block_checksums: bool,
+    /// Serve TCP peers over mutual TLS with the identity in DIR (`node-cert.pem`,
+    /// `node-key.pem`, `ca-cert.pem`; `trireme ca issue node N`): only peers with a certificate
+    /// of that CA get in.
+    #[arg(long, value_name = "DIR")]
+    pub tls_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
 pub struct NodeRunArgs {
+    /// Serve and reach peers over mutual TLS with the identity in DIR (as `node serve`).
+    #[arg(long, value_name = "DIR")]
+    pub tls_dir: Option<PathBuf>,
     /// This node's id in the cluster (unique; a second daemon with it is refused).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub id: u32,

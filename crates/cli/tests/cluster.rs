@@ -187,7 +187,8 @@ fn cli_manages_volumes_and_reports_status() {
 #[test]
 fn bad_input_gets_an_error_and_the_servers_keep_serving() {
     need("nbdinfo");
-    let c = Cluster::start(&["--store", "memory", "--size", "16M"]);
+    // Plain text, so the garbage reaches the decoders (TLS refusals: tests/tls.rs).
+    let c = Cluster::start(&["--store", "memory", "--size", "16M", "--insecure"]);
     let tcp_addr = c.tcp_addr();
 
     // NBD: garbage instead of client flags / options.

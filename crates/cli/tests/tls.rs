@@ -119,3 +119,115 @@ fn the_tcp_export_serves_only_this_clusters_clients_over_tls() {
     assert!(c.tcp.starts_with("nbd://"), "{}", c.tcp);
     run(Command::new("nbdinfo").arg(&c.tcp));
 }
+
+/// Waits for `what` in node `id`'s log.
+fn node_logged(c: &Cluster, id: u32, what: &str) {
+    let path = c.path().join(format!("node-{id}.log"));
+    let t0 = Instant::now();
+    loop {
+        let log = std::fs::read_to_string(&path).unwrap_or_default();
+        if log.contains(what) {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "node {id} did not log {what:?}:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `openssl s_client` to `addr` with `args`; returns whether the handshake was completed
+/// (the server then waits for data, so stdin is closed right away).
+fn s_client(addr: &str, args: &[&str]) -> String {
+    let out = Command::new("openssl")
+        .args(["s_client", "-connect", addr, "-brief"])
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn nodes_take_only_peers_with_a_certificate_of_the_cluster_ca() {
+    need("openssl");
+    let c = Cluster::start(&["--store", "memory", "--size", "16M"]);
+    let nl: serde_json::Value =
+        serde_json::from_slice(&c.cli(&["--output", "json", "node", "list"]).stdout).unwrap();
+    let addr = nl[0]["addr"].as_str().unwrap().to_string();
+
+    // Plain TCP: a trireme frame header is not a TLS hello.
+    {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut h = vec![0u8; 64];
+        h[0..4].copy_from_slice(b"TRIR");
+        s.write_all(&h).unwrap();
+        let mut got = Vec::new();
+        let _ = s.read_to_end(&mut got);
+        assert!(
+            !got.starts_with(b"TRIR"),
+            "a plaintext peer got a frame back"
+        );
+    }
+    node_logged(&c, 1, "refused a connection: TLS handshake failed");
+
+    // TLS with no client certificate; with one from another CA.
+    let ca = c.path().join("tls/ca/ca-cert.pem");
+    let ca = ca.to_str().unwrap();
+    let out = s_client(&addr, &["-CAfile", ca]);
+    assert!(
+        !out.contains("Verification: OK") || out.contains("alert"),
+        "{out}"
+    );
+    let other = c.path().join("other");
+    let o = other.display().to_string();
+    trireme(&c, &["ca", "init", "--dir", &format!("{o}/ca")]);
+    trireme(
+        &c,
+        &[
+            "ca",
+            "issue",
+            "client",
+            "mallory",
+            "--ca",
+            &format!("{o}/ca"),
+            "--out",
+            &o,
+        ],
+    );
+    let out = s_client(
+        &addr,
+        &[
+            "-CAfile",
+            ca,
+            "-cert",
+            &format!("{o}/client-cert.pem"),
+            "-key",
+            &format!("{o}/client-key.pem"),
+        ],
+    );
+    assert!(out.contains("alert"), "{out}");
+    node_logged(&c, 1, "peer sent no certificates");
+    node_logged(&c, 1, "invalid peer certificate");
+
+    // The cluster's own links carry on: status reaches every node, the replicas agree.
+    let st: serde_json::Value =
+        serde_json::from_slice(&c.cli(&["--output", "json", "status"]).stdout).unwrap();
+    assert!(
+        st["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|n| n["up"] == true),
+        "{st}"
+    );
+    run(Command::new("nbdinfo").arg(&c.unix));
+    assert_replicas_identical(&c, "vol0");
+}

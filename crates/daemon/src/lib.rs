@@ -50,3 +50,23 @@ impl From<std::io::Error> for DaemonError {
 }
 
 pub use trireme_control::hostname;
+
+/// Puts this process's TCP data-path links on mutual TLS with the identity in `dir`
+/// (`<stem>-cert.pem`, `<stem>-key.pem`, `ca-cert.pem`): connections to nodes present it and
+/// check the node against the CA; a node (`serve`) also accepts only peers of that CA.
+pub fn use_tls(dir: &std::path::Path, stem: &str, serve: bool) -> Result<(), DaemonError> {
+    let id = trireme_tls::Identity::load(dir, stem)
+        .map_err(|e| DaemonError::Usage(format!("TLS identity: {e}")))?;
+    let err = |e: trireme_tls::TlsError| DaemonError::Usage(format!("TLS identity: {e}"));
+    let server = if serve {
+        Some(id.server_config().map_err(err)?)
+    } else {
+        None
+    };
+    trireme_transport::tcp::set_tls(trireme_transport::tcp::TlsSetup {
+        client: Some(id.client_config().map_err(err)?),
+        server,
+    });
+    tracing::debug!(role = %id.role, "data-path links use mutual TLS");
+    Ok(())
+}

@@ -55,15 +55,21 @@ pub struct LocalConfig {
     pub node_transport: Vec<(u32, String)>,
     /// How the NBD export's volume client runs.
     pub volume_opts: trireme_client::VolumeOptions,
-    /// Serve NBD on TCP in plain text (otherwise TLS only, with the credentials in
-    /// `<data-dir>/tls/`).
+    /// Plain text on every TCP link: the NBD export and the data path to the nodes (otherwise
+    /// TLS only, with the credentials in `<data-dir>/tls/`).
     pub insecure: bool,
 }
 
 /// The cluster CA of `trireme up` in `<data-dir>/tls/ca` (created at the first start), a server
-/// certificate for this host's names (issued at every start) in `tls/server`, and client
-/// credentials for this host's NBD clients in `tls/client` (kept once issued).
-fn local_tls(dir: &Path) -> Result<crate::export::ExportTls, DaemonError> {
+/// certificate for this host's names (issued at every start) in `tls/server`, client
+/// credentials for this host's NBD clients in `tls/client` (kept once issued), a certificate
+/// per node for the addresses it listens on (`tls/node-N`, every start), and this process's own
+/// (`tls/up`: the manager's and the writer's links to the nodes), put to use at once.
+fn local_tls(
+    dir: &Path,
+    nodes: u32,
+    netns: &[NodeNetns],
+) -> Result<crate::export::ExportTls, DaemonError> {
     use trireme_tls::{Ca, Identity, Role, San};
     let tls = dir.join("tls");
     let err = |e: trireme_tls::TlsError| DaemonError::Runtime(e.to_string());
@@ -89,6 +95,19 @@ fn local_tls(dir: &Path) -> Result<crate::export::ExportTls, DaemonError> {
             .and_then(|i| i.write(&client))
             .map_err(err)?;
     }
+    for id in 1..=nodes {
+        let mut names = vec![San::Ip(std::net::Ipv4Addr::LOCALHOST.into())];
+        if let Some(n) = netns.get(id as usize - 1) {
+            names.push(San::Ip(n.addr));
+        }
+        ca.issue(&Role::Node(id), &names)
+            .and_then(|i| i.write(&tls.join(format!("node-{id}"))))
+            .map_err(err)?;
+    }
+    ca.issue(&Role::Client("trireme-up".into()), &[])
+        .and_then(|i| i.write(&tls.join("up")))
+        .map_err(err)?;
+    crate::use_tls(&tls.join("up"), "client", false)?;
     crate::export::ExportTls::load(&tls.join("server"), Some(client)).map_err(DaemonError::Runtime)
 }
 
@@ -170,6 +189,10 @@ async fn spawn_node(sup: &Supervisor, id: u32) -> Result<(Child, NodeProc), Daem
         .arg(dir.join(format!("node-{id}")));
     if sup.no_block_checksums {
         cmd.arg("--no-block-checksums");
+    }
+    if sup.tls {
+        cmd.arg("--tls-dir")
+            .arg(dir.join("tls").join(format!("node-{id}")));
     }
     if netns.is_none() {
         cmd.arg("--socket").arg(dir.join(format!("node-{id}.sock")));
@@ -339,6 +362,13 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
         })?;
     let tcp_addr = tcp.local_addr()?;
 
+    // Identities, before any link to a node is made.
+    let tls = if a.insecure {
+        None
+    } else {
+        Some(local_tls(&dir, a.nodes, &a.node_netns)?)
+    };
+
     // Nodes. The log files start fresh with each `up`; restarts append.
     for id in 1..=a.nodes {
         std::fs::File::create(dir.join(format!("node-{id}.log")))?;
@@ -356,6 +386,7 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
         node_transport: a.node_transport.clone(),
         log: a.log.clone(),
         transport: a.transport.clone(),
+        tls: tls.is_some(),
     };
     let removed: Vec<u32> = meta
         .nodes()
@@ -414,11 +445,6 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
 
     // NBD.
     let sock = dir.join("nbd.sock");
-    let tls = if a.insecure {
-        None
-    } else {
-        Some(local_tls(&dir)?)
-    };
     let (vol, nbd_tasks) = crate::export::export_local(
         &ctl,
         &a.volume,
@@ -572,6 +598,8 @@ struct Supervisor {
     node_transport: Vec<(u32, String)>,
     log: String,
     transport: String,
+    /// Nodes serve over mutual TLS (`<data-dir>/tls/node-N`).
+    tls: bool,
 }
 
 const MAX_BACKOFF: Duration = Duration::from_secs(30);

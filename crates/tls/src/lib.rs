@@ -219,9 +219,15 @@ impl Ca {
         }
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::default();
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "trireme cluster CA");
+        // A name of its own, so two clusters' CAs are told apart (in logs and by verifiers).
+        let tag = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ u64::from(std::process::id()).rotate_left(32);
+        params.distinguished_name.push(
+            DnType::CommonName,
+            format!("trireme cluster CA {:08x}", tag as u32),
+        );
         params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
         params.key_usages = vec![
             KeyUsagePurpose::KeyCertSign,

@@ -3,6 +3,11 @@
 //!
 //! Each stream has one writer task (it batches whatever frames are queued into one `write`
 //! syscall where it can) and one reader task (it matches responses to waiting calls by id).
+//!
+//! TCP streams are mutual TLS once the process has its identity ([`set_tls`]): a client checks
+//! the node's certificate against the cluster's CA and the address it dialed, and presents its
+//! own; a node accepts only peers whose certificate its CA issued, before it decodes a single
+//! frame. Unix sockets stay plain (same host; the socket's mode guards them).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -15,6 +20,26 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use trireme_proto::{check_payload, decode_header, Header, HEADER_LEN};
 
 use crate::{BoxFuture, Connection, ConnectionInfo, Frame, Handler, TransportError};
+
+/// This process's TLS configurations for the data path, set once at start.
+#[derive(Clone, Debug)]
+pub struct TlsSetup {
+    /// For connections to nodes.
+    pub client: Option<Arc<rustls::ClientConfig>>,
+    /// For a node's listener (requires client certificates).
+    pub server: Option<Arc<rustls::ServerConfig>>,
+}
+
+static TLS: std::sync::OnceLock<TlsSetup> = std::sync::OnceLock::new();
+
+/// Sets this process's TLS for TCP links (once; later calls are ignored and return false).
+pub fn set_tls(t: TlsSetup) -> bool {
+    TLS.set(t).is_ok()
+}
+
+fn tls() -> Option<&'static TlsSetup> {
+    TLS.get()
+}
 
 /// Requests a server runs at once per stream; a client that sends more waits in TCP's buffers.
 const MAX_IN_FLIGHT_PER_STREAM: usize = 256;
@@ -101,8 +126,28 @@ impl TcpConnection {
             } else {
                 let sock = TcpStream::connect(addr).await.map_err(err)?;
                 let _ = sock.set_nodelay(true);
-                let (rd, wr) = sock.into_split();
-                out.push(Stream::start(rd, wr, addr.to_string(), gone.clone()));
+                match tls().and_then(|t| t.client.clone()) {
+                    Some(cfg) => {
+                        let tls_err = |what: String| TransportError::Connect {
+                            addr: addr.to_string(),
+                            source: std::io::Error::new(std::io::ErrorKind::PermissionDenied, what),
+                        };
+                        let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+                        let host = host.trim_start_matches('[').trim_end_matches(']');
+                        let name = rustls::pki_types::ServerName::try_from(host.to_string())
+                            .map_err(|e| tls_err(format!("{host:?} as a TLS name: {e}")))?;
+                        let s = tokio_rustls::TlsConnector::from(cfg)
+                            .connect(name, sock)
+                            .await
+                            .map_err(|e| tls_err(format!("TLS: {e}")))?;
+                        let (rd, wr) = tokio::io::split(s);
+                        out.push(Stream::start(rd, wr, addr.to_string(), gone.clone()));
+                    }
+                    None => {
+                        let (rd, wr) = sock.into_split();
+                        out.push(Stream::start(rd, wr, addr.to_string(), gone.clone()));
+                    }
+                }
             }
         }
         for s in &out {
@@ -375,18 +420,46 @@ impl Connection for TcpConnection {
 /// reader and writer task; each request runs as its own task, at most
 /// `MAX_IN_FLIGHT_PER_STREAM` at once per socket. A malformed frame closes that socket only.
 pub async fn serve<H: Handler>(listener: TcpListener, handler: Arc<H>) -> std::io::Result<()> {
+    let acceptor = tls()
+        .and_then(|t| t.server.clone())
+        .map(tokio_rustls::TlsAcceptor::from);
     loop {
         let (sock, peer) = listener.accept().await?;
         let _ = sock.set_nodelay(true);
         let h = handler.clone();
+        let acceptor = acceptor.clone();
         tokio::spawn(async move {
-            let (rd, wr) = sock.into_split();
-            if let Err(e) = serve_stream(rd, wr, h).await {
+            let r = match acceptor {
+                None => {
+                    let (rd, wr) = sock.into_split();
+                    serve_stream(rd, wr, h).await
+                }
+                Some(a) => {
+                    // Bounded: a peer that connects and says nothing holds nothing for long.
+                    let s = match tokio::time::timeout(TLS_HANDSHAKE, a.accept(sock)).await {
+                        Ok(Ok(s)) => s,
+                        Ok(Err(e)) => {
+                            tracing::warn!(%peer, "refused a connection: TLS handshake failed: {e}");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::warn!(%peer, "refused a connection: no TLS handshake within {TLS_HANDSHAKE:?}");
+                            return;
+                        }
+                    };
+                    let (rd, wr) = tokio::io::split(s);
+                    serve_stream(rd, wr, h).await
+                }
+            };
+            if let Err(e) = r {
                 tracing::warn!(%peer, "closing connection: {e}");
             }
         });
     }
 }
+
+/// How long a TLS peer may take to finish its handshake.
+const TLS_HANDSHAKE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Serves `handler` on a unix socket listener (peers on the same host), like [`serve`].
 pub async fn serve_unix<H: Handler>(
