@@ -231,3 +231,59 @@ fn nodes_take_only_peers_with_a_certificate_of_the_cluster_ca() {
     run(Command::new("nbdinfo").arg(&c.unix));
     assert_replicas_identical(&c, "vol0");
 }
+
+/// Runs `cmd` as user nobody; whether it succeeded.
+fn as_nobody(args: &[&str]) -> bool {
+    Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap()
+        .status
+        .success()
+}
+
+#[test]
+fn same_host_sockets_take_only_their_owner() {
+    need("nbdinfo");
+    need("setpriv");
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root to run a client as another user");
+        return;
+    }
+    let c = Cluster::start(&["--store", "memory", "--size", "4M"]);
+    use std::os::unix::fs::PermissionsExt;
+    let socks = ["nbd.sock", "control.sock", "node-1.sock"];
+    for s in socks {
+        let mode = std::fs::metadata(c.path().join(s))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{s}");
+    }
+    // Another user cannot even open them...
+    assert!(!as_nobody(&["nbdinfo", &c.unix]));
+    // ...and when the modes are opened up by mistake, the peer check still refuses it.
+    std::fs::set_permissions(c.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    for s in socks {
+        std::fs::set_permissions(c.path().join(s), std::fs::Permissions::from_mode(0o666)).unwrap();
+    }
+    assert!(!as_nobody(&["nbdinfo", &c.unix]));
+    logged(&c, "refused an NBD client on the unix socket: uid 65534");
+    let bin = env!("CARGO_BIN_EXE_trireme");
+    assert!(!as_nobody(&[
+        bin,
+        "--data-dir",
+        c.path().to_str().unwrap(),
+        "volume",
+        "delete",
+        "vol0"
+    ]));
+    logged(&c, "refused a control connection: uid 65534");
+    // The owner still gets in, and the volume is still there.
+    run(Command::new("nbdinfo").arg(&c.unix));
+    let out = c.cli(&["volume", "list"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("vol0"));
+}

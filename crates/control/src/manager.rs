@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::UnixListener;
 use trireme_client::{AttachInfo, ReplicaTarget};
 use trireme_meta::{ClusterMeta, NodeRecord, NodeState, VolumeRecord};
 use trireme_proto::{Header, Op, Status};
@@ -711,10 +710,13 @@ fn trireme_store_kind_is_volatile(store: &str) -> bool {
 
 /// Serves the control API on a unix socket at `path` until the listener fails.
 pub async fn serve(path: &Path, manager: Arc<Manager>) -> std::io::Result<()> {
-    let _ = std::fs::remove_file(path);
-    let listener = UnixListener::bind(path)?;
+    let listener = trireme_tls::local::bind_private(path)?;
     loop {
         let (sock, _) = listener.accept().await?;
+        if let Err(why) = trireme_tls::local::check_peer(&sock) {
+            tracing::warn!("refused a control connection: {why}");
+            continue;
+        }
         tokio::spawn(serve_conn(sock, manager.clone()));
     }
 }

@@ -126,9 +126,8 @@ pub fn serve(
     let ex = Arc::new(ex);
     let mut tasks = Vec::new();
     if let Some(p) = socket {
-        let _ = std::fs::remove_file(p);
-        let listener =
-            tokio::net::UnixListener::bind(p).map_err(|e| format!("bind {}: {e}", p.display()))?;
+        let listener = trireme_tls::local::bind_private(p)
+            .map_err(|e| format!("bind {}: {e}", p.display()))?;
         let ex = ex.clone();
         tasks.push(tokio::spawn(async move {
             trireme_nbd::serve_unix(listener, ex).await

@@ -118,6 +118,10 @@ pub async fn serve_unix<B: Backend>(
 ) -> std::io::Result<()> {
     loop {
         let (sock, _) = listener.accept().await?;
+        if let Err(why) = trireme_tls::local::check_peer(&sock) {
+            tracing::warn!("refused an NBD client on the unix socket: {why}");
+            continue;
+        }
         let ex = exports.clone();
         tokio::spawn(async move {
             if let Err(e) = serve_connection(sock, ex).await {

@@ -446,8 +446,7 @@ pub async fn run(
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(listen).await?;
     let unix = socket.and_then(|p| {
-        let _ = std::fs::remove_file(p);
-        tokio::net::UnixListener::bind(p)
+        trireme_tls::local::bind_private(p)
             .map_err(|e| tracing::warn!(path = %p.display(), "no same-host socket, TCP only: {e}"))
             .ok()
     });

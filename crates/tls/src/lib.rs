@@ -23,6 +23,8 @@ use rcgen::{
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
+pub mod local;
+
 pub use rustls;
 pub use tokio_rustls;
 

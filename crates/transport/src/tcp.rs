@@ -468,6 +468,10 @@ pub async fn serve_unix<H: Handler>(
 ) -> std::io::Result<()> {
     loop {
         let (sock, _) = listener.accept().await?;
+        if let Err(why) = trireme_tls::local::check_peer(&sock) {
+            tracing::warn!("refused a same-host connection: {why}");
+            continue;
+        }
         let h = handler.clone();
         tokio::spawn(async move {
             let (rd, wr) = sock.into_split();
