@@ -14,8 +14,13 @@ use crate::{Backend, BackendError, Exports, MAX_REQUEST, PREFERRED_BLOCK};
 const MAX_OPTION: u32 = 64 * 1024;
 /// Option payloads above this close the connection instead of being skipped.
 const MAX_OPTION_SKIP: u32 = 16 * 1024 * 1024;
-/// In-flight request budget per connection, in 64 KiB units (128 MiB).
+/// In-flight budget per connection, in 64 KiB units (128 MiB): requests being served and
+/// replies not yet written to the socket both hold theirs, so a client that stops reading its
+/// replies stops this connection, and pins at most this much memory.
 const INFLIGHT_UNITS: u32 = 2048;
+
+/// A reply on its way to the writer, with the budget it holds until it is written.
+type Queued = (Reply, Option<tokio::sync::OwnedSemaphorePermit>);
 
 /// Why a connection ended abnormally.
 #[derive(Debug, thiserror::Error)]
@@ -468,15 +473,17 @@ fn invalid(errno: u32, message: impl Into<String>) -> BackendError {
 
 async fn write_replies<W: AsyncWrite + Unpin>(
     wr: W,
-    mut rx: mpsc::UnboundedReceiver<Reply>,
+    mut rx: mpsc::UnboundedReceiver<Queued>,
 ) -> std::io::Result<()> {
     let mut w = BufWriter::with_capacity(256 * 1024, wr);
-    while let Some((h, d)) = rx.recv().await {
+    while let Some(((h, d), permit)) = rx.recv().await {
         w.write_all(&h).await?;
         w.write_all(&d).await?;
-        while let Ok((h, d)) = rx.try_recv() {
+        drop(permit);
+        while let Ok(((h, d), permit)) = rx.try_recv() {
             w.write_all(&h).await?;
             w.write_all(&d).await?;
+            drop(permit);
         }
         w.flush().await?;
     }
@@ -490,7 +497,8 @@ where
     B: Backend,
 {
     let mut rd = tokio::io::BufReader::with_capacity(256 * 1024, rd);
-    let (tx, rx) = mpsc::unbounded_channel::<Reply>();
+    // Unbounded as a channel, bounded by the budget every queued reply holds.
+    let (tx, rx) = mpsc::unbounded_channel::<Queued>();
     let writer = tokio::spawn(write_replies(wr, rx));
     let budget = Arc::new(Semaphore::new(INFLIGHT_UNITS as usize));
     let s = Arc::new(s);
@@ -509,24 +517,20 @@ where
         if req.command == CMD_DISC {
             break Ok(());
         }
-        let reply_err = |e: BackendError| {
-            let _ = tx.send(error_reply(
-                s.structured && req.command == CMD_READ,
-                req.cookie,
-                &e,
-            ));
-        };
+        let structured_read = s.structured && req.command == CMD_READ;
         // A write's payload follows its header: read it now, before the next request.
         let mut payload = Bytes::new();
         if req.command == CMD_WRITE {
             if req.length > MAX_REQUEST {
-                reply_err(invalid(
+                let e = invalid(
                     EOVERFLOW,
                     format!(
                         "write of {} bytes over the {MAX_REQUEST}-byte limit",
                         req.length
                     ),
-                ));
+                );
+                // The last reply: the connection ends.
+                let _ = tx.send((error_reply(false, req.cookie, &e), None));
                 break Err(NbdError::Protocol(
                     "oversized write; cannot skip its payload safely".into(),
                 ));
@@ -537,37 +541,43 @@ where
             }
             payload = buf.freeze();
         }
-        if req.flags & !KNOWN_CMD_FLAGS != 0 {
-            reply_err(invalid(
+        let end = req.offset.checked_add(u64::from(req.length));
+        let refused = if req.flags & !KNOWN_CMD_FLAGS != 0 {
+            Some(invalid(
                 EINVAL,
                 format!("unknown command flags {:#x}", req.flags),
-            ));
-            continue;
-        }
-        let end = req.offset.checked_add(u64::from(req.length));
-        if !matches!(req.command, CMD_FLUSH) && end.is_none_or(|e| e > size) {
+            ))
+        } else if !matches!(req.command, CMD_FLUSH) && end.is_none_or(|e| e > size) {
             let errno = if req.command == CMD_WRITE || req.command == CMD_WRITE_ZEROES {
                 ENOSPC
             } else {
                 EINVAL
             };
-            reply_err(invalid(
+            Some(invalid(
                 errno,
                 format!(
                     "range {}+{} beyond the {size}-byte export",
                     req.offset, req.length
                 ),
-            ));
-            continue;
-        }
-        if req.command == CMD_READ && req.length > MAX_REQUEST {
-            reply_err(invalid(
+            ))
+        } else if req.command == CMD_READ && req.length > MAX_REQUEST {
+            Some(invalid(
                 EINVAL,
                 format!(
                     "read of {} bytes over the {MAX_REQUEST}-byte limit",
                     req.length
                 ),
-            ));
+            ))
+        } else {
+            None
+        };
+        if let Some(e) = refused {
+            // Error replies are small, but a client that never reads them must not pile up
+            // an unbounded queue either: each holds one unit.
+            let Ok(permit) = budget.clone().acquire_owned().await else {
+                break Ok(());
+            };
+            let _ = tx.send((error_reply(structured_read, req.cookie, &e), Some(permit)));
             continue;
         }
         let units = (1 + req.length / (64 * 1024)).min(INFLIGHT_UNITS);
@@ -577,8 +587,8 @@ where
         let (s2, tx2) = (s.clone(), tx.clone());
         tokio::spawn(async move {
             let reply = execute(&s2, req, payload).await;
-            let _ = tx2.send(reply);
-            drop(permit);
+            // The budget goes with the reply: released once it is written.
+            let _ = tx2.send((reply, Some(permit)));
         });
     };
     drop(tx);

@@ -290,3 +290,73 @@ mod props {
         }
     }
 }
+
+/// Zeros, counting the reads it served.
+struct Zeros(std::sync::atomic::AtomicUsize);
+
+impl Backend for Zeros {
+    fn size(&self) -> u64 {
+        64 << 20
+    }
+    fn can_multi_conn(&self) -> bool {
+        true
+    }
+    async fn read(&self, _offset: u64, len: u32) -> Result<Bytes, BackendError> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(Bytes::from(vec![0u8; len as usize]))
+    }
+    async fn write(&self, _: u64, _: Bytes, _: bool) -> Result<(), BackendError> {
+        Ok(())
+    }
+    async fn flush(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+    async fn write_zeroes(&self, _: u64, _: u32, _: bool, _: bool) -> Result<(), BackendError> {
+        Ok(())
+    }
+    async fn block_status(&self, _: u64, len: u32) -> Result<Vec<Extent>, BackendError> {
+        Ok(vec![Extent {
+            length: u64::from(len),
+            flags: 0,
+        }])
+    }
+}
+
+/// A client that sends 100 reads of 32 MiB and reads no reply stalls its own connection: the
+/// server holds at most the in-flight budget (128 MiB) of replies, then reads no more requests
+/// until replies are taken. Then every reply arrives.
+#[tokio::test]
+async fn a_client_that_stops_reading_replies_pins_only_the_budget() {
+    let (mut c, b) = tokio::io::duplex(64 << 10);
+    let zeros = Arc::new(Zeros(Default::default()));
+    let mut ex = Exports::new();
+    ex.add("vol0", "zeros", zeros.clone());
+    tokio::spawn(serve_connection(b, Arc::new(ex)));
+    greet(&mut c).await;
+    send_opt(&mut c, OPT_GO, &go_payload("vol0", &[])).await;
+    loop {
+        if read_opt(&mut c).await.1 == REP_ACK {
+            break;
+        }
+    }
+    const N: u64 = 100;
+    for i in 0..N {
+        request(&mut c, CMD_READ, 0, i, 0, MAX_REQUEST).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let served = zeros.0.load(std::sync::atomic::Ordering::SeqCst);
+    // 2048 units of 64 KiB; a 32 MiB read takes 513: three at a time.
+    assert!(
+        served <= 3,
+        "{served} reads of 32 MiB served while none was read"
+    );
+    let mut buf = vec![0u8; MAX_REQUEST as usize];
+    for i in 0..N {
+        assert_eq!(simple(&mut c).await, (0, i));
+        c.read_exact(&mut buf).await.unwrap();
+    }
+    assert_eq!(
+        zeros.0.load(std::sync::atomic::Ordering::SeqCst),
+        N as usize
+    );
+}
