@@ -293,7 +293,20 @@ impl Hub {
         then: impl FnOnce(Result<Bytes, String>) + Send + 'static,
     ) {
         match data {
+            AmData::Eager(b) if b.len() > trireme_proto::MAX_PAYLOAD as usize => then(Err(
+                format!("a {}-byte payload, over the frame limit", b.len()),
+            )),
             AmData::Eager(b) => then(Ok(Bytes::copy_from_slice(b))),
+            // The length is the sender's word: checked before anything is allocated for it.
+            // Dropping the descriptor (returning from the handler without receiving) is how
+            // UCX is told the data is not wanted.
+            AmData::Rndv(r) if r.length > trireme_proto::MAX_PAYLOAD as usize => {
+                then(Err(format!(
+                    "a {}-byte rendezvous, over the {}-byte frame limit: dropped unread",
+                    r.length,
+                    trireme_proto::MAX_PAYLOAD
+                )))
+            }
             AmData::Rndv(r) => w.recv_rndv(
                 r,
                 self.pool.as_ref(),
