@@ -163,7 +163,9 @@ def datapath(rounds):
     rows = []
     with tempfile.TemporaryDirectory() as d:
         make_source(d, 1 << 30)
-        up = subprocess.Popen([T, "--data-dir", f"{d}/up", "up", "--size", "1G", "--port", "0", *TIMEOUT],
+        # --insecure: the node daemons here serve plain TCP, so the embedded cluster does too.
+        up = subprocess.Popen([T, "--data-dir", f"{d}/up", "up", "--size", "1G", "--port", "0", "--insecure",
+                               *TIMEOUT],
                               stdout=subprocess.DEVNULL, stderr=open(f"{d}/up.log", "w"))
         for _ in range(200):
             if os.path.exists(f"{d}/up/exports"):

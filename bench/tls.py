@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""What TLS costs, side by side in one run (issue 16).
+
+Two local clusters run at once, each 3 nodes with a 3-way memory volume: one as `trireme up`
+starts by default (mutual TLS on the node links, NBD over TLS on TCP) and one started with
+`--insecure` (plain text). Rounds alternate between them and the medians are compared:
+
+1. s2d (the seeds' profile) through the native client over TCP (`volume:vol0?transport=tcp`:
+   TCP through the kernel, not the same-host sockets), so every request crosses a TLS link in
+   the first cluster: IOPS, CPU us per IO (generator + storage processes), p90 read and write.
+2. NBD over TCP, TLS against plain: the whole volume read with 4K requests at QD1 and QD40
+   (`nbdcopy --request-size=4096 --requests=QD --connections=1 --no-extents URI null:`;
+   nbdcopy speaks NBD over TLS, qemu-img bench cannot take TLS credentials).
+
+UCX is not involved (TCP only); this host has no RDMA, so UCX's per-message secret (not built
+yet) is not measured here.
+
+    python3 bench/tls.py [ROUNDS] [SECONDS]      (defaults: 3 rounds of 8 s)
+
+Needs a release build (cargo build --release) and libnbd-bin (nbdcopy).
+"""
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+T = os.environ.get("TRIREME_BIN", os.path.join(ROOT, "target/release/trireme"))
+ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+SECS = int(sys.argv[2]) if len(sys.argv) > 2 else 8
+
+
+class Cluster:
+    def __init__(self, name, extra):
+        self.name = name
+        self.dir = tempfile.mkdtemp(prefix=f"trireme-tls-{name}-")
+        self.log = open(os.path.join(self.dir, "up.log"), "w")
+        self.proc = subprocess.Popen(
+            [T, "--data-dir", self.dir, "--log", "warn", "up", "--port", "0", "--store", "memory",
+             "--size", "256M", *extra],
+            stdout=self.log, stderr=self.log)
+        exports = os.path.join(self.dir, "exports")
+        for _ in range(300):
+            if os.path.exists(exports):
+                break
+            if self.proc.poll() is not None:
+                raise SystemExit(f"{name}: trireme up exited; see {self.dir}/up.log")
+            time.sleep(0.1)
+        lines = open(exports).read().split()
+        self.unix, self.tcp = lines[0], lines[1]
+        hostport = self.tcp.split("://", 1)[1].split("/", 1)[0]
+        self.host, self.port = hostport.rsplit(":", 1)
+        self.tls = self.tcp.startswith("nbds://")
+
+    def bench(self, *args):
+        out = subprocess.run([T, "--data-dir", self.dir, "--output", "json", "bench", *args],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            raise SystemExit(f"{self.name}: bench {args} failed:\n{out.stderr}")
+        return json.loads(out.stdout)
+
+    def nbd_read(self, depth):
+        """IOPS of reading the whole volume in 4K requests at queue depth `depth`."""
+        t0 = time.monotonic()
+        out = subprocess.run(["nbdcopy", "--request-size=4096", f"--requests={depth}",
+                              "--connections=1", "--no-extents", self.tcp, "null:"],
+                             capture_output=True, text=True)
+        secs = time.monotonic() - t0
+        if out.returncode != 0:
+            raise SystemExit(f"{self.name}: nbdcopy failed:\n{out.stderr}")
+        return (256 << 20) / 4096 / secs
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        subprocess.run(["rm", "-rf", self.dir])
+
+
+def cpu(j):
+    """CPU us per IO: the generator's and the storage processes' (the `up` process and nodes)."""
+    c = j["cpu_us_per_io"]
+    return c["generator"] + c["storage"]
+
+
+def main():
+    clusters = []
+    try:
+        clusters = [Cluster("tls", []), Cluster("plain", ["--insecure"])]
+        assert clusters[0].tls and not clusters[1].tls
+        for c in clusters:
+            # s2d runs on its own volume: its native client takes a new epoch, which would
+            # fence the NBD export's writer of vol0.
+            subprocess.run([T, "--data-dir", c.dir, "volume", "create", "s2d", "--size", "256M",
+                            "--replicas", "3"], check=True, capture_output=True)
+            # The memory store allocates at a page's first write: fill once, untimed.
+            c.bench("-s", "-b1M", "-w100", "-t1", "-o4", "-W0", "-d6", "volume:s2d")
+            c.bench("-s", "-b1M", "-w100", "-t1", "-o4", "-W0", "-d6", c.unix)
+        print(f"$ trireme bench --profile s2d -d{SECS} 'volume:s2d?transport=tcp'   "
+              f"# {ROUNDS} rounds, alternating: TLS cluster, plain cluster")
+        s2d = {c.name: [] for c in clusters}
+        for r in range(ROUNDS):
+            for c in clusters:
+                j = c.bench("--profile", "s2d", f"-d{SECS}", "volume:s2d?transport=tcp")
+                s2d[c.name].append(j)
+                print(f"  round {r + 1} {c.name:5}: {j['iops']:8.0f} IOPS, {cpu(j):6.1f} CPU us/IO")
+
+        def med(name, f):
+            return statistics.median(f(j) for j in s2d[name])
+        rows = [
+            ("IOPS", lambda j: j["iops"]),
+            ("CPU us per IO", cpu),
+            ("p90 read (us)", lambda j: j["read"]["latency_us"]["p90"]),
+            ("p90 write (us)", lambda j: j["write"]["latency_us"]["p90"]),
+        ]
+        print()
+        print(f"{'s2d, 3-way, native client over TCP':38} {'TLS':>10} {'plain':>10} {'TLS/plain':>10}")
+        for label, f in rows:
+            a, b = med("tls", f), med("plain", f)
+            print(f"{label:38} {a:10.1f} {b:10.1f} {a / b:10.3f}")
+
+        print()
+        print("$ nbdcopy --request-size=4096 --requests=QD --connections=1 --no-extents URI null:"
+              "   # 256 MiB, alternating")
+        nbd = {(c.name, d): [] for c in clusters for d in (1, 40)}
+        for r in range(ROUNDS):
+            for d in (1, 40):
+                for c in clusters:
+                    nbd[(c.name, d)].append(c.nbd_read(d))
+        print(f"{'NBD 4K reads, IOPS':38} {'TLS':>10} {'plain':>10} {'TLS/plain':>10}")
+        for d in (1, 40):
+            a = statistics.median(nbd[("tls", d)])
+            b = statistics.median(nbd[("plain", d)])
+            print(f"{'QD' + str(d):38} {a:10.0f} {b:10.0f} {a / b:10.3f}")
+    finally:
+        for c in clusters:
+            c.stop()
+
+
+if __name__ == "__main__":
+    main()
