@@ -212,6 +212,21 @@ impl Node {
                 let _g = self.attach_lock.lock().unwrap_or_else(|e| e.into_inner());
                 match fence(h.epoch, r.epoch(), true) {
                     FenceDecision::Accept => {}
+                    // Epochs grow by one per attach the metadata records; a leap past any
+                    // number of those is not one of them, and would fence every real writer
+                    // for good (the epoch is persisted).
+                    FenceDecision::Advance { new_epoch }
+                        if new_epoch - r.epoch() > MAX_EPOCH_LEAP =>
+                    {
+                        return Err(Refusal(
+                            Status::Invalid,
+                            format!(
+                                "attach with epoch {new_epoch} refused: {} past the replica's {}",
+                                new_epoch - r.epoch(),
+                                r.epoch()
+                            ),
+                        ));
+                    }
                     FenceDecision::Advance { new_epoch } => r.set_epoch(new_epoch)?,
                     FenceDecision::Fenced { current } | FenceDecision::NotAttached { current } => {
                         return Err(Refusal(
@@ -268,7 +283,11 @@ impl Node {
                 Bytes::from(encode_extents(&r.block_status(h.offset, h.length)?))
             }
             Op::Checksum => {
+                // A checksum of a short range reveals the bytes in it: the epoch fence holds
+                // here too. Not tied to the attaching connection: `volume verify` asks from
+                // its own, at the current epoch.
                 let r = self.replica(h.volume)?;
+                Self::check_epoch(&*r, h)?;
                 if h.length > MAX_CHECKSUM_RANGE {
                     return Err(Refusal(
                         Status::Invalid,
@@ -398,6 +417,9 @@ fn checksum(r: &dyn Replica, offset: u64, len: u64) -> Result<u32, StoreError> {
     }
     Ok(crc)
 }
+
+/// The largest step an attach may move a replica's epoch forward (see `Op::Attach`).
+const MAX_EPOCH_LEAP: u64 = 1 << 32;
 
 impl Handler for Node {
     fn inline(&self, req: &Frame) -> bool {

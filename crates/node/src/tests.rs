@@ -100,16 +100,37 @@ async fn write_read_and_fencing_over_tcp() {
         .await
         .unwrap();
     assert_eq!(r.header.status, Status::NoReplica);
+    // Checksums obey the epoch fence: a short range's checksum would reveal its bytes.
     let r = c
-        .call(req(Op::Checksum, 1, 0, 0, 1 << 20), Bytes::new())
+        .call(req(Op::Checksum, 1, 0, 0, 1), Bytes::new())
+        .await
+        .unwrap();
+    assert_ne!(r.header.status, Status::Ok, "checksum without the epoch");
+    let r = c
+        .call(req(Op::Checksum, 1, 4, 0, 1 << 20), Bytes::new())
         .await
         .unwrap();
     ok(&r);
+    // An attach that leaps the epoch to the end of its range (which would fence every real
+    // writer for good) is refused, and the next real one still works.
+    let r = c
+        .call(req(Op::Attach, 1, u64::MAX, 0, 0), Bytes::new())
+        .await
+        .unwrap();
+    assert_eq!(r.header.status, Status::Invalid);
+    ok(&c
+        .call(req(Op::Attach, 1, 5, 0, 0), Bytes::new())
+        .await
+        .unwrap());
+    ok(&c
+        .call(req(Op::Checksum, 1, 5, 0, 4096), Bytes::new())
+        .await
+        .unwrap());
     let r = c
         .call(req(Op::ReplicaInfo, 1, 0, 0, 0), Bytes::new())
         .await
         .unwrap();
-    assert_eq!((r.header.length, r.header.epoch), (1 << 20, 4));
+    assert_eq!((r.header.length, r.header.epoch), (1 << 20, 5));
     assert!(!c.is_closed());
 }
 
@@ -196,7 +217,7 @@ async fn a_reattach_supersedes_the_old_connection() {
     assert_eq!(&b, b"new!");
     // Checksums (verification, status) are not tied to a connection.
     let c = old
-        .call(req(Op::Checksum, 1, 0, 0, 4096), Bytes::new())
+        .call(req(Op::Checksum, 1, 4, 0, 4096), Bytes::new())
         .await
         .unwrap();
     assert_eq!(c.header.status, Status::Ok);
