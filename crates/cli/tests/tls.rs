@@ -137,20 +137,15 @@ fn node_logged(c: &Cluster, id: u32, what: &str) {
     }
 }
 
-/// `openssl s_client` to `addr` with `args`; returns whether the handshake was completed
-/// (the server then waits for data, so stdin is closed right away).
-fn s_client(addr: &str, args: &[&str]) -> String {
-    let out = Command::new("openssl")
+/// `openssl s_client` to `addr` with `args`: a TLS peer that is not ours (stdin closed at once,
+/// so it sends nothing after the handshake).
+fn s_client(addr: &str, args: &[&str]) {
+    Command::new("openssl")
         .args(["s_client", "-connect", addr, "-brief"])
         .args(args)
         .stdin(std::process::Stdio::null())
         .output()
         .unwrap();
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 #[test]
@@ -181,11 +176,9 @@ fn nodes_take_only_peers_with_a_certificate_of_the_cluster_ca() {
     // TLS with no client certificate; with one from another CA.
     let ca = c.path().join("tls/ca/ca-cert.pem");
     let ca = ca.to_str().unwrap();
-    let out = s_client(&addr, &["-CAfile", ca]);
-    assert!(
-        !out.contains("Verification: OK") || out.contains("alert"),
-        "{out}"
-    );
+    // With TLS 1.3 the client may finish its side before the node's alert arrives, so what
+    // s_client prints depends on timing: the node's own log line is the proof of refusal.
+    s_client(&addr, &["-CAfile", ca]);
     let other = c.path().join("other");
     let o = other.display().to_string();
     trireme(&c, &["ca", "init", "--dir", &format!("{o}/ca")]);
@@ -202,7 +195,7 @@ fn nodes_take_only_peers_with_a_certificate_of_the_cluster_ca() {
             &o,
         ],
     );
-    let out = s_client(
+    s_client(
         &addr,
         &[
             "-CAfile",
@@ -213,7 +206,6 @@ fn nodes_take_only_peers_with_a_certificate_of_the_cluster_ca() {
             &format!("{o}/client-key.pem"),
         ],
     );
-    assert!(out.contains("alert"), "{out}");
     node_logged(&c, 1, "peer sent no certificates");
     node_logged(&c, 1, "invalid peer certificate");
 
