@@ -179,25 +179,30 @@ async fn serve_control(
             continue;
         };
         let _ = sock.set_nodelay(true);
-        let m = current.borrow().clone();
-        match m {
-            Some(m) => {
-                tokio::spawn(trireme_control::serve_conn(sock, m));
+        let mut current = current.clone();
+        let meta = meta.clone();
+        tokio::spawn(async move {
+            // A daemon that has just won the election is named in etcd a moment before its
+            // manager is ready (it reads the previous manager's jobs first): a client sent here
+            // in that moment waits for it rather than being told to go elsewhere.
+            let m = tokio::time::timeout(READY_WAIT, current.wait_for(Option::is_some))
+                .await
+                .ok()
+                .and_then(|r| r.ok().and_then(|m| m.clone()));
+            if let Some(m) = m {
+                return trireme_control::serve_conn(sock, m).await;
             }
-            None => {
-                let meta = meta.clone();
-                tokio::spawn(async move {
-                    use tokio::io::AsyncWriteExt;
-                    let where_ = match meta.manager().await {
-                        Ok(Some((r, _))) => {
-                            format!("the manager is node {} at {}", r.node, r.control)
-                        }
-                        _ => "no manager is elected right now; try again in a moment".into(),
-                    };
-                    let line = serde_json::json!({ "error": format!("this daemon is not the manager: {where_}") });
-                    let _ = sock.write_all(format!("{line}\n").as_bytes()).await;
-                });
-            }
-        }
+            use tokio::io::AsyncWriteExt;
+            let where_ = match meta.manager().await {
+                Ok(Some((r, _))) => format!("the manager is node {} at {}", r.node, r.control),
+                _ => "no manager is elected right now; try again in a moment".into(),
+            };
+            let line =
+                serde_json::json!({ "error": format!("this daemon is not the manager: {where_}") });
+            let _ = sock.write_all(format!("{line}\n").as_bytes()).await;
+        });
     }
 }
+
+/// How long a control connection waits for this daemon's manager to be ready.
+const READY_WAIT: Duration = Duration::from_secs(3);
