@@ -250,16 +250,7 @@ fn bad_input_gets_an_error_and_the_servers_keep_serving() {
 
     // Everything still serves.
     run(Command::new("nbdinfo").arg(&c.unix));
-    let st: serde_json::Value =
-        serde_json::from_slice(&c.cli(&["--output", "json", "status"]).stdout).unwrap();
-    assert!(
-        st["nodes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|n| n["up"] == true),
-        "{st}"
-    );
+    assert_all_nodes_up(&c);
 }
 
 /// A valid trireme frame header whose payload length field is `len`.

@@ -28,6 +28,20 @@ fn logged(c: &Cluster, what: &str) {
     }
 }
 
+/// Client credentials from a CA of its own (not this cluster's): their directory.
+fn foreign_client(c: &Cluster) -> String {
+    let o = c.path().join("other").display().to_string();
+    trireme(c, &["ca", "init", "--dir", &format!("{o}/ca")]);
+    let (ca, out) = (format!("{o}/ca"), format!("{o}/client"));
+    trireme(
+        c,
+        &[
+            "ca", "issue", "client", "mallory", "--ca", &ca, "--out", &out,
+        ],
+    );
+    out
+}
+
 fn refused(uri: &str) {
     let out = Command::new("nbdinfo").arg(uri).output().unwrap();
     assert!(
@@ -75,23 +89,8 @@ fn the_tcp_export_serves_only_this_clusters_clients_over_tls() {
     logged(&c, "this listener requires TLS");
 
     // A client of another CA.
-    let other = c.path().join("other");
-    let o = other.display().to_string();
-    trireme(&c, &["ca", "init", "--dir", &format!("{o}/ca")]);
-    trireme(
-        &c,
-        &[
-            "ca",
-            "issue",
-            "client",
-            "mallory",
-            "--ca",
-            &format!("{o}/ca"),
-            "--out",
-            &format!("{o}/client"),
-        ],
-    );
-    refused(&format!("nbds://{addr}/vol0?tls-certificates={o}/client"));
+    let o = foreign_client(&c);
+    refused(&format!("nbds://{addr}/vol0?tls-certificates={o}"));
     logged(&c, "TLS handshake failed");
 
     // A certificate of this CA that names a node, not a client.
@@ -179,22 +178,7 @@ fn nodes_take_only_peers_with_a_certificate_of_the_cluster_ca() {
     // With TLS 1.3 the client may finish its side before the node's alert arrives, so what
     // s_client prints depends on timing: the node's own log line is the proof of refusal.
     s_client(&addr, &["-CAfile", ca]);
-    let other = c.path().join("other");
-    let o = other.display().to_string();
-    trireme(&c, &["ca", "init", "--dir", &format!("{o}/ca")]);
-    trireme(
-        &c,
-        &[
-            "ca",
-            "issue",
-            "client",
-            "mallory",
-            "--ca",
-            &format!("{o}/ca"),
-            "--out",
-            &o,
-        ],
-    );
+    let o = foreign_client(&c);
     s_client(
         &addr,
         &[
@@ -210,16 +194,7 @@ fn nodes_take_only_peers_with_a_certificate_of_the_cluster_ca() {
     node_logged(&c, 1, "invalid peer certificate");
 
     // The cluster's own links carry on: status reaches every node, the replicas agree.
-    let st: serde_json::Value =
-        serde_json::from_slice(&c.cli(&["--output", "json", "status"]).stdout).unwrap();
-    assert!(
-        st["nodes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|n| n["up"] == true),
-        "{st}"
-    );
+    assert_all_nodes_up(&c);
     run(Command::new("nbdinfo").arg(&c.unix));
     assert_replicas_identical(&c, "vol0");
 }

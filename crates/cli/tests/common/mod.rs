@@ -174,6 +174,20 @@ pub fn run(cmd: &mut Command) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `status` reaches every node and shows it up.
+pub fn assert_all_nodes_up(c: &Cluster) {
+    let st: serde_json::Value =
+        serde_json::from_slice(&c.cli(&["--output", "json", "status"]).stdout).unwrap();
+    assert!(
+        st["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|n| n["up"] == true),
+        "{st}"
+    );
+}
+
 /// Asserts `trireme volume verify` finds the replicas identical.
 pub fn assert_replicas_identical(c: &Cluster, volume: &str) {
     let out = c.cli(&["--output", "json", "volume", "verify", volume]);
