@@ -136,10 +136,15 @@ impl TcpConnection {
                         let host = host.trim_start_matches('[').trim_end_matches(']');
                         let name = rustls::pki_types::ServerName::try_from(host.to_string())
                             .map_err(|e| tls_err(format!("{host:?} as a TLS name: {e}")))?;
-                        let s = tokio_rustls::TlsConnector::from(cfg)
-                            .connect(name, sock)
-                            .await
-                            .map_err(|e| tls_err(format!("TLS: {e}")))?;
+                        // Bounded: a node that accepted but is frozen (SIGSTOP) would
+                        // otherwise hold an attach or a resync here for as long as it sleeps.
+                        let s = tokio::time::timeout(
+                            TLS_HANDSHAKE,
+                            tokio_rustls::TlsConnector::from(cfg).connect(name, sock),
+                        )
+                        .await
+                        .map_err(|_| tls_err(format!("no TLS handshake within {TLS_HANDSHAKE:?}")))?
+                        .map_err(|e| tls_err(format!("TLS: {e}")))?;
                         let (rd, wr) = tokio::io::split(s);
                         out.push(Stream::start(rd, wr, addr.to_string(), gone.clone()));
                     }
@@ -458,8 +463,8 @@ pub async fn serve<H: Handler>(listener: TcpListener, handler: Arc<H>) -> std::i
     }
 }
 
-/// How long a TLS peer may take to finish its handshake.
-const TLS_HANDSHAKE: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long a TLS peer may take to finish its handshake (either side).
+const TLS_HANDSHAKE: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Serves `handler` on a unix socket listener (peers on the same host), like [`serve`].
 pub async fn serve_unix<H: Handler>(
