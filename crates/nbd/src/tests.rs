@@ -288,6 +288,54 @@ mod props {
             let r = Request { flags, command, cookie, offset, length };
             prop_assert_eq!(decode_request(&encode_request(&r)).unwrap(), r);
         }
+
+        /// A whole session with arbitrary client bytes (after a valid greeting and GO, half
+        /// the time, so transmission is reached too) ends once the client hangs up: no panic,
+        /// no hang. `fuzz/fuzz_targets/nbd_session.rs` searches the same deeper.
+        #[test]
+        fn any_client_bytes_end_the_session(
+            go: bool,
+            b in proptest::collection::vec(any::<u8>(), 0..600),
+        ) {
+            let mut input = Vec::new();
+            if go {
+                input.extend_from_slice(&(CLIENT_FIXED_NEWSTYLE | CLIENT_NO_ZEROES).to_be_bytes());
+                let d = go_payload("vol0", &[]);
+                input.extend_from_slice(&IHAVEOPT.to_be_bytes());
+                input.extend_from_slice(&OPT_GO.to_be_bytes());
+                input.extend_from_slice(&(d.len() as u32).to_be_bytes());
+                input.extend_from_slice(&d);
+            }
+            input.extend_from_slice(&b);
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .unwrap();
+            let ended = rt.block_on(async move {
+                let (client, server) = tokio::io::duplex(1 << 16);
+                let mut ex = Exports::new();
+                ex.add("vol0", "t", Arc::new(Mem(Mutex::new(vec![0; 1 << 16]))));
+                let srv = tokio::spawn(serve_connection(server, Arc::new(ex)));
+                let (mut rd, mut wr) = tokio::io::split(client);
+                tokio::spawn(async move {
+                    let _ = wr.write_all(&input).await;
+                    let _ = wr.shutdown().await;
+                });
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 1 << 16];
+                    while let Ok(n) = rd.read(&mut buf).await {
+                        if n == 0 {
+                            break;
+                        }
+                    }
+                });
+                // Ok(Ok(_)): it ended (cleanly or with an error); Ok(Err(_)): it panicked.
+                let r = tokio::time::timeout(std::time::Duration::from_secs(3600), srv).await;
+                matches!(r, Ok(Ok(_)))
+            });
+            prop_assert!(ended, "the session panicked or did not end after the client hung up");
+        }
     }
 }
 
