@@ -159,5 +159,7 @@ pub async fn serve_tcp<B: Backend>(
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 #[cfg(test)]
 mod tests;
