@@ -14,6 +14,19 @@ fn guarantees_hold_for_every_seed() {
     let mut writes = 0;
     let mut takeovers = Vec::new();
     let mut waits = Vec::new();
+    // Faults by kind, as the event log words them (to keep their counts in view).
+    let kinds = [
+        ("crashes", "crashes ("),
+        ("power losses", "loses power"),
+        ("freezes", "freezes"),
+        ("partitions", "partitioned"),
+        ("stalls", "stalls"),
+        ("writer crashes", "writer crashes"),
+        ("store outages", "unreachable"),
+        ("refused attaches", "attach is refused"),
+        ("manager crashes", "manager (candidate"),
+    ];
+    let mut by_kind = vec![0usize; kinds.len()];
     for seed in seeds() {
         match trireme_sim::run(&trireme_sim::Config::new(seed)) {
             Ok(o) => {
@@ -21,6 +34,11 @@ fn guarantees_hold_for_every_seed() {
                 writes += o.writes;
                 takeovers.extend(o.takeovers);
                 waits.extend(o.attach_waits);
+                for e in &o.faults {
+                    for (k, (_, words)) in kinds.iter().enumerate() {
+                        by_kind[k] += usize::from(e.contains(words));
+                    }
+                }
             }
             Err(e) => panic!(
                 "{e}\nreplay: TRIREME_SIM_SEEDS={seed}..{} cargo test -p trireme-sim",
@@ -37,6 +55,12 @@ fn guarantees_hold_for_every_seed() {
         waits.len(),
         max(&waits)
     );
+    let counts: Vec<String> = kinds
+        .iter()
+        .zip(&by_kind)
+        .map(|((name, _), n)| format!("{n} {name}"))
+        .collect();
+    eprintln!("faults: {}", counts.join(", "));
     assert!(
         writes > 0 && faults > 0,
         "the runs did something: {writes} writes, {faults} faults"
