@@ -37,6 +37,7 @@ fn local_config(cli: &Cli, a: &crate::UpArgs) -> trireme_daemon::local::LocalCon
         store: a.store.kind().as_str().to_string(),
         port: a.port,
         dirty_grain: a.dirty_grain,
+        node_capacity: a.node_capacity,
         inject_faults: a.inject_faults,
         restart_backoff: a.restart_backoff,
         node_netns: a.node_netns.clone(),
@@ -90,9 +91,9 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
     if matches!(cli.cmd, Cmd::Up(_) | Cmd::Node(_) | Cmd::Ca(_)) {
         // Their own identities.
     } else if let Some(d) = &cli.tls_identity {
-        trireme_daemon::use_tls(d, "client", false).map_err(daemon_err)?;
-    } else if cli.etcd.is_none() && local_id.join("client-cert.pem").exists() {
-        trireme_daemon::use_tls(&local_id, "client", false).map_err(daemon_err)?;
+        trireme_daemon::use_tls(d, None, false).map_err(daemon_err)?;
+    } else if cli.etcd.is_none() && local_id.join("admin-cert.pem").exists() {
+        trireme_daemon::use_tls(&local_id, None, false).map_err(daemon_err)?;
     }
     match cli.cmd {
         Cmd::Up(ref a) => runtime(a.threads as usize)?
@@ -141,6 +142,7 @@ fn ca(cli: &Cli, c: &crate::CaCmd) -> Result<(), CliError> {
                     Role::Client(name.clone())
                 }
                 crate::CaRole::Server => Role::Server,
+                crate::CaRole::Admin => Role::Admin,
             };
             let sans: Vec<San> = a
                 .sans
@@ -269,16 +271,36 @@ async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
             let s: StatusReport = cc.call(&Request::Status).await?;
             print(out, &s, status_text);
         }
+        Cmd::Volume(VolumeCmd::Access { name, allow, deny }) => {
+            if allow.is_empty() && deny.is_empty() {
+                return Err(CliError::Usage(
+                    "volume access: give --allow NAME or --deny NAME".into(),
+                ));
+            }
+            let v: VolumeRecord = cc
+                .call(&Request::VolumeAccess {
+                    name: name.clone(),
+                    allow: allow.clone(),
+                    deny: deny.clone(),
+                })
+                .await
+                .map_err(usage_if_remote)?;
+            print(out, &v, |v| {
+                format!("volume {}: access {}\n", v.name, access_text(&v.access))
+            });
+        }
         Cmd::Volume(VolumeCmd::Create {
             name,
             size,
             replicas,
+            allow,
         }) => {
             let v: VolumeRecord = cc
                 .call(&Request::VolumeCreate {
                     name: name.clone(),
                     size: *size,
                     replicas: *replicas as usize,
+                    access: (!allow.is_empty()).then(|| allow.clone()),
                 })
                 .await
                 .map_err(usage_if_remote)?;
@@ -429,10 +451,21 @@ fn nodes_table(nodes: &[NodeStatus]) -> String {
     s
 }
 
+/// An access list as `status` and `volume info` print it.
+fn access_text(a: &[String]) -> String {
+    if a.is_empty() {
+        "nodes and operators only".to_string()
+    } else if a.iter().any(|c| c == trireme_meta::ANY_CLIENT) {
+        "every client".to_string()
+    } else {
+        a.join(", ")
+    }
+}
+
 fn volumes_table(vs: &[VolumeRecord]) -> String {
     let mut s = format!(
-        "{:<16} {:<6} {:<10} {:<6} {}\n",
-        "VOLUME", "ID", "SIZE", "EPOCH", "REPLICAS (node: state)"
+        "{:<16} {:<6} {:<10} {:<6} {:<24} {}\n",
+        "VOLUME", "ID", "SIZE", "EPOCH", "REPLICAS (node: state)", "ACCESS"
     );
     for v in vs {
         let reps: Vec<String> = v
@@ -441,12 +474,13 @@ fn volumes_table(vs: &[VolumeRecord]) -> String {
             .map(|r| format!("{}: {}", r.node, r.state))
             .collect();
         s += &format!(
-            "{:<16} {:<6} {:<10} {:<6} {}\n",
+            "{:<16} {:<6} {:<10} {:<6} {:<24} {}\n",
             v.name,
             v.id,
             human(v.size),
             v.epoch,
-            reps.join(", ")
+            reps.join(", "),
+            access_text(&v.access)
         );
     }
     s
@@ -495,6 +529,7 @@ fn status_text(s: &StatusReport) -> String {
         if let Some(w) = &v.writer {
             out += &format!("{:<16} attached by {w}\n", "");
         }
+        out += &format!("{:<16} access: {}\n", "", access_text(&v.access));
         for l in &v.client_links {
             let how = match (&l.lanes, &l.fallback) {
                 (Some(lanes), _) => format!(" over {lanes}"),
@@ -605,12 +640,13 @@ fn node_config(cli: &Cli, a: &NodeServeArgs) -> trireme_daemon::node::NodeConfig
         inject_faults: a.inject_faults.clone(),
         block_checksums: !a.no_block_checksums,
         transport: cli.transport.kind(),
+        capacity: a.capacity,
     }
 }
 
 async fn node_serve(cli: &Cli, a: &NodeServeArgs) -> Result<(), CliError> {
     if let Some(d) = &a.tls_dir {
-        trireme_daemon::use_tls(d, "node", true).map_err(daemon_err)?;
+        trireme_daemon::use_tls(d, Some("node"), true).map_err(daemon_err)?;
     }
     let node = trireme_daemon::node::build_node(&node_config(cli, a)).map_err(daemon_err)?;
     let serve = trireme_node::run(node.clone(), a.listen, a.socket.as_deref(), |addr, unix| {
@@ -646,7 +682,7 @@ async fn etcd_meta(cli: &Cli) -> Result<trireme_meta::ClusterMeta, CliError> {
 
 async fn node_run(cli: &Cli, a: &crate::NodeRunArgs) -> Result<(), CliError> {
     if let Some(d) = &a.tls_dir {
-        trireme_daemon::use_tls(d, "node", true).map_err(daemon_err)?;
+        trireme_daemon::use_tls(d, Some("node"), true).map_err(daemon_err)?;
     }
     let meta = etcd_meta(cli).await?;
     let cfg = trireme_daemon::node::NodeConfig {
@@ -659,6 +695,7 @@ async fn node_run(cli: &Cli, a: &crate::NodeRunArgs) -> Result<(), CliError> {
         inject_faults: a.inject_faults.clone(),
         block_checksums: !a.no_block_checksums,
         transport: cli.transport.kind(),
+        capacity: a.capacity,
     };
     let member = trireme_daemon::node::MemberConfig {
         zone: a.zone.clone(),
@@ -720,7 +757,15 @@ impl Stop {
 async fn attach(cli: &Cli, a: &crate::AttachArgs) -> Result<(), CliError> {
     let stop = Stop::catch()?;
     let meta = etcd_meta(cli).await?;
-    let tls = export_tls(&a.export, None)?;
+    // TLS clients open the volume only if its access list names them.
+    let access = trireme_daemon::access::AccessView::default();
+    let follow = {
+        let view = access.clone();
+        tokio::spawn(trireme_daemon::access::follow(meta.clone(), move |vs| {
+            view.set(&vs)
+        }))
+    };
+    let tls = export_tls(&a.export, None)?.map(|t| t.gated(&access));
     let tcp = bind_nbd(a.export.listen).await?;
     let tcp_addr = tcp.as_ref().and_then(|l| l.local_addr().ok());
     let uris = trireme_daemon::export::uris(
@@ -753,6 +798,7 @@ async fn attach(cli: &Cli, a: &crate::AttachArgs) -> Result<(), CliError> {
     for t in tasks {
         t.abort();
     }
+    follow.abort();
     let r = att.detach().await.map_err(daemon_err);
     if let Some(p) = &a.export.socket {
         let _ = std::fs::remove_file(p);
@@ -762,7 +808,14 @@ async fn attach(cli: &Cli, a: &crate::AttachArgs) -> Result<(), CliError> {
 
 async fn nbd(cli: &Cli, a: &crate::NbdArgs) -> Result<(), CliError> {
     let stop = Stop::catch()?;
-    let tls = export_tls(&a.export, Some(&cli.data_dir.join("tls").join("server")))?;
+    // TLS clients open the volume only if its access list names them.
+    let access = trireme_daemon::access::AccessView::default();
+    let follow = tokio::spawn(trireme_daemon::access::follow_control(
+        control_path(&cli.data_dir),
+        access.clone(),
+    ));
+    let tls = export_tls(&a.export, Some(&cli.data_dir.join("tls").join("server")))?
+        .map(|t| t.gated(&access));
     let tcp = bind_nbd(a.export.listen).await?;
     let tcp_addr = tcp.as_ref().and_then(|l| l.local_addr().ok());
     let (vol, tasks) = trireme_daemon::export::export_local(
@@ -786,6 +839,7 @@ async fn nbd(cli: &Cli, a: &crate::NbdArgs) -> Result<(), CliError> {
         println!("{u}");
     }
     stop.wait().await;
+    follow.abort();
     for t in tasks {
         t.abort();
     }

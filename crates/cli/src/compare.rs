@@ -215,6 +215,7 @@ pub fn run(
                 control(
                     data_dir,
                     trireme_control::Request::VolumeCreate {
+                        access: None,
                         name: name.clone(),
                         size,
                         replicas: v.parse().unwrap_or(1),

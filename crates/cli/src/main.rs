@@ -179,6 +179,9 @@ pub enum CaRole {
     Client { name: String },
     /// For a TLS server that is not a node (an NBD export on a client host).
     Server,
+    /// For an operator: every node operation on every volume (what `trireme up`'s manager
+    /// holds). Keep it off client hosts.
+    Admin,
 }
 
 #[derive(Debug, Args)]
@@ -212,6 +215,9 @@ pub struct UpArgs {
     /// Granularity of the regions replicas track for a peer that is out.
     #[arg(long, default_value = "4K", value_parser = units::parse_dirty_grain)]
     pub dirty_grain: u64,
+    /// Most bytes each node's replicas may hold together (see `node serve --capacity`).
+    #[arg(long, value_parser = units::parse_size)]
+    pub node_capacity: Option<u64>,
     /// Fault tests: every node injects store errors at the rates in `<data-dir>/node-N.faults`
     /// (see `node serve --inject-faults`).
     #[arg(long)]
@@ -361,10 +367,18 @@ pub struct NodeServeArgs {
     /// of that CA get in.
     #[arg(long, value_name = "DIR")]
     pub tls_dir: Option<PathBuf>,
+    /// Most bytes this node's replicas may hold together (sizes summed); creating one past it
+    /// is refused. Default: half the host's memory for `--store memory`, the file system's
+    /// size for `--store file`.
+    #[arg(long, value_parser = units::parse_size)]
+    pub capacity: Option<u64>,
 }
 
 #[derive(Debug, Args)]
 pub struct NodeRunArgs {
+    /// Most bytes this node's replicas may hold together (as `node serve --capacity`).
+    #[arg(long, value_parser = units::parse_size)]
+    pub capacity: Option<u64>,
     /// Serve and reach peers over mutual TLS with the identity in DIR (as `node serve`).
     #[arg(long, value_name = "DIR")]
     pub tls_dir: Option<PathBuf>,
@@ -430,6 +444,22 @@ pub enum VolumeCmd {
         size: u64,
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=3))]
         replicas: u32,
+        /// A client identity (the NAME of `trireme ca issue client NAME`) that may attach the
+        /// volume and reach its replicas; repeat for several. Default: every client of the
+        /// cluster (`*`). Nodes and operators always may.
+        #[arg(long, value_name = "NAME")]
+        allow: Vec<String>,
+    },
+    /// Change who may use a volume: add client identities to its access list, take others
+    /// off. Links a removed client already has stay up until they close.
+    Access {
+        name: String,
+        /// Add NAME (`*`: every client of the cluster); repeat for several.
+        #[arg(long, value_name = "NAME")]
+        allow: Vec<String>,
+        /// Take NAME off; repeat for several.
+        #[arg(long, value_name = "NAME")]
+        deny: Vec<String>,
     },
     /// List volumes.
     List,

@@ -19,6 +19,17 @@ pub enum Request {
         name: String,
         size: u64,
         replicas: usize,
+        /// Client identities that may use it (`*`: all); default: all.
+        #[serde(default)]
+        access: Option<Vec<String>>,
+    },
+    /// Changes who may use a volume: `allow` added to its access list, `deny` taken off.
+    VolumeAccess {
+        name: String,
+        #[serde(default)]
+        allow: Vec<String>,
+        #[serde(default)]
+        deny: Vec<String>,
     },
     VolumeList,
     VolumeInfo {
@@ -132,6 +143,9 @@ pub struct VolumeStatus {
     pub id: u64,
     pub size: u64,
     pub epoch: u64,
+    /// Client identities that may use it (`*`: every client of the cluster).
+    #[serde(default)]
+    pub access: Vec<String>,
     pub replicas: Vec<ReplicaStatus>,
     /// The data-path links of the writer attached in this cluster process, if any.
     #[serde(default)]

@@ -282,7 +282,9 @@ impl Manager {
         name: &str,
         size: u64,
         replicas: usize,
+        access: Option<Vec<String>>,
     ) -> Result<VolumeRecord> {
+        let access = access.unwrap_or_else(trireme_meta::any_client);
         if size == 0 || !size.is_multiple_of(4096) || size > MAX_VOLUME {
             return Err(format!(
                 "volume size {size} must be a non-zero multiple of 4096 up to {MAX_VOLUME}"
@@ -309,7 +311,7 @@ impl Manager {
         let chosen = place(&loads, replicas).map_err(|e| e.to_string())?;
         let v = self
             .meta
-            .create_volume(name, size, &chosen)
+            .create_volume_for(name, size, &chosen, &access)
             .await
             .map_err(|e| e.to_string())?;
         let mut created = Vec::new();
@@ -334,6 +336,34 @@ impl Manager {
             }
         }
         tracing::info!(volume = name, size, nodes = ?chosen, "volume created");
+        Ok(v)
+    }
+
+    /// Adds `allow` to a volume's access list and takes `deny` off it. Nodes on etcd apply it
+    /// within a second; links a denied client already has stay up until they close.
+    pub async fn set_access(
+        &self,
+        name: &str,
+        allow: &[String],
+        deny: &[String],
+    ) -> Result<VolumeRecord> {
+        for a in allow.iter().chain(deny) {
+            trireme_meta::check_access_entry(a).map_err(|e| e.to_string())?;
+        }
+        let v = self
+            .meta
+            .update_volume(name, &mut |v| {
+                v.access.retain(|a| !deny.contains(a));
+                for a in allow {
+                    if !v.access.contains(a) {
+                        v.access.push(a.clone());
+                    }
+                }
+                Ok(())
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        tracing::info!(volume = name, access = ?v.access, "access list changed");
         Ok(v)
     }
 
@@ -505,13 +535,17 @@ impl Manager {
                 id: v.id,
                 size: v.size,
                 epoch: v.epoch,
+                access: v.access.clone(),
                 replicas: reps,
                 client_links: self.client_links(&v.name),
                 writer: match self.meta.attachment(&v.name).await {
                     Ok(Some((a, _))) => Some(format!(
-                        "pid {} on {} (epoch {}){}",
+                        "pid {} on {}{} (epoch {}){}",
                         a.pid,
                         a.host,
+                        a.identity
+                            .as_ref()
+                            .map_or_else(String::new, |i| format!(" as {i}")),
                         a.epoch,
                         if a.exports.is_empty() {
                             String::new()
@@ -600,7 +634,11 @@ impl Manager {
                 name,
                 size,
                 replicas,
-            } => to(self.create_volume(&name, size, replicas).await),
+                access,
+            } => to(self.create_volume(&name, size, replicas, access).await),
+            Request::VolumeAccess { name, allow, deny } => {
+                to(self.set_access(&name, &allow, &deny).await)
+            }
             Request::VolumeList => to(self.meta.volumes().await.map_err(|e| e.to_string())),
             Request::VolumeInfo { name } => {
                 to(self.meta.volume(&name).await.map_err(|e| e.to_string()))

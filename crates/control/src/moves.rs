@@ -438,6 +438,7 @@ impl Manager {
                     host: crate::hostname(),
                     pid: std::process::id(),
                     exports: vec![],
+                    identity: None,
                 };
                 let (v, unclean) = self
                     .meta()

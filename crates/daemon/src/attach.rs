@@ -142,6 +142,7 @@ pub async fn attach(
         host: crate::hostname(),
         pid: std::process::id(),
         exports,
+        identity: crate::tls_role().map(|r| r.to_string()),
     };
     let attached = loop {
         let r = until_reachable("attaching", || {

@@ -81,9 +81,16 @@ impl ExportTls {
         Ok(ExportTls {
             nbd: trireme_nbd::NbdTls {
                 acceptor: trireme_tls::tokio_rustls::TlsAcceptor::from(cfg),
+                allow: None,
             },
             client_dir,
         })
+    }
+
+    /// Opens each export only to the clients on its volume's access list in `view`.
+    pub fn gated(mut self, view: &crate::access::AccessView) -> ExportTls {
+        self.nbd.allow = Some(view.nbd_gate());
+        self
     }
 }
 

@@ -21,6 +21,7 @@
 //! lost (etcd's own deadline is later than that), so a manager steps down before another can
 //! take over.
 
+pub mod access;
 pub mod attach;
 pub mod export;
 pub mod lease;
@@ -54,9 +55,21 @@ pub use trireme_control::hostname;
 /// Puts this process's TCP data-path links on mutual TLS with the identity in `dir`
 /// (`<stem>-cert.pem`, `<stem>-key.pem`, `ca-cert.pem`): connections to nodes present it and
 /// check the node against the CA; a node (`serve`) also accepts only peers of that CA.
-pub fn use_tls(dir: &std::path::Path, stem: &str, serve: bool) -> Result<(), DaemonError> {
-    let id = trireme_tls::Identity::load(dir, stem)
-        .map_err(|e| DaemonError::Usage(format!("TLS identity: {e}")))?;
+static TLS_ROLE: std::sync::OnceLock<trireme_tls::Role> = std::sync::OnceLock::new();
+
+/// The identity this process reaches nodes with, once [`use_tls`] set one.
+pub fn tls_role() -> Option<&'static trireme_tls::Role> {
+    TLS_ROLE.get()
+}
+
+/// `stem` names the certificate (`node`); `None` picks a client process's (see
+/// `Identity::load_client`).
+pub fn use_tls(dir: &std::path::Path, stem: Option<&str>, serve: bool) -> Result<(), DaemonError> {
+    let id = match stem {
+        Some(stem) => trireme_tls::Identity::load(dir, stem),
+        None => trireme_tls::Identity::load_client(dir),
+    }
+    .map_err(|e| DaemonError::Usage(format!("TLS identity: {e}")))?;
     let err = |e: trireme_tls::TlsError| DaemonError::Usage(format!("TLS identity: {e}"));
     let server = if serve {
         Some(id.server_config().map_err(err)?)
@@ -68,5 +81,6 @@ pub fn use_tls(dir: &std::path::Path, stem: &str, serve: bool) -> Result<(), Dae
         server,
     });
     tracing::debug!(role = %id.role, "data-path links use mutual TLS");
+    let _ = TLS_ROLE.set(id.role.clone());
     Ok(())
 }

@@ -43,6 +43,8 @@ pub struct LocalConfig {
     /// NBD TCP port on 127.0.0.1.
     pub port: u16,
     pub dirty_grain: u64,
+    /// Each node's `--capacity`.
+    pub node_capacity: Option<u64>,
     pub inject_faults: bool,
     pub restart_backoff: Duration,
     /// Per node (index id-1): the network namespace it runs in; empty: none.
@@ -104,10 +106,11 @@ fn local_tls(
             .and_then(|i| i.write(&tls.join(format!("node-{id}"))))
             .map_err(err)?;
     }
-    ca.issue(&Role::Client("trireme-up".into()), &[])
+    // The manager's and operators' identity: every node operation, every volume.
+    ca.issue(&Role::Admin, &[])
         .and_then(|i| i.write(&tls.join("up")))
         .map_err(err)?;
-    crate::use_tls(&tls.join("up"), "client", false)?;
+    crate::use_tls(&tls.join("up"), Some("admin"), false)?;
     crate::export::ExportTls::load(&tls.join("server"), Some(client)).map_err(DaemonError::Runtime)
 }
 
@@ -189,6 +192,9 @@ async fn spawn_node(sup: &Supervisor, id: u32) -> Result<(Child, NodeProc), Daem
         .arg(dir.join(format!("node-{id}")));
     if sup.no_block_checksums {
         cmd.arg("--no-block-checksums");
+    }
+    if let Some(c) = sup.capacity {
+        cmd.arg("--capacity").arg(c.to_string());
     }
     if sup.tls {
         cmd.arg("--tls-dir")
@@ -379,6 +385,7 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
         dir: dir.clone(),
         store: store.to_string(),
         dirty_grain: a.dirty_grain,
+        capacity: a.node_capacity,
         inject_faults: a.inject_faults,
         backoff: a.restart_backoff,
         netns: a.node_netns.clone(),
@@ -436,14 +443,20 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
         }
         Err(trireme_meta::MetaError::NoVolume(_)) => {
             manager
-                .create_volume(&a.volume, a.size, a.replicas as usize)
+                .create_volume(&a.volume, a.size, a.replicas as usize, None)
                 .await
                 .map_err(DaemonError::Runtime)?;
         }
         Err(e) => return Err(e.into()),
     }
 
-    // NBD.
+    // NBD. TLS clients open the volume only if its access list names them.
+    let access = crate::access::AccessView::default();
+    let follow = {
+        let view = access.clone();
+        tokio::spawn(crate::access::follow(meta.clone(), move |vs| view.set(&vs)))
+    };
+    let tls = tls.map(|t| t.gated(&access));
     let sock = dir.join("nbd.sock");
     let (vol, nbd_tasks) = crate::export::export_local(
         &ctl,
@@ -532,6 +545,7 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
     }
 
     println!("trireme: stopping");
+    follow.abort();
     for t in nbd_tasks {
         t.abort();
     }
@@ -589,6 +603,7 @@ struct Supervisor {
     dir: PathBuf,
     store: String,
     dirty_grain: u64,
+    capacity: Option<u64>,
     inject_faults: bool,
     backoff: Duration,
     /// Per node (index id-1): the network namespace it runs in, if any.

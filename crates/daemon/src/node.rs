@@ -34,6 +34,9 @@ pub struct NodeConfig {
     pub inject_faults: Option<PathBuf>,
     pub block_checksums: bool,
     pub transport: TransportKind,
+    /// Most bytes the node's replicas may hold together; `None`: half the host's memory for a
+    /// memory store, the file system's size for a file store, no limit for the null store.
+    pub capacity: Option<u64>,
 }
 
 /// Opens the node's store with its wrappers.
@@ -62,14 +65,61 @@ pub fn build_node(cfg: &NodeConfig) -> Result<Arc<trireme_node::Node>, DaemonErr
         store,
         cfg.dirty_grain,
     ));
+    let capacity = match cfg.capacity {
+        Some(c) => Some(c),
+        None => default_capacity(cfg.store, &cfg.dir)?,
+    };
+    if let Some(c) = capacity {
+        node.set_capacity(c);
+    }
     tracing::info!(
         node = cfg.id,
         store = cfg.store.as_str(),
         replicas = node.replica_count(),
+        capacity = capacity.map_or_else(|| "unlimited".to_string(), crate::local::human),
         "node starting"
     );
     offer_ucx(&node, cfg.transport, cfg.listen.ip())?;
     Ok(node)
+}
+
+/// What a node may hold when no `--capacity` is given: half the host's memory for replicas in
+/// memory (the rest is the system's), the file system's size for files (their space is also
+/// reserved when they are created), nothing to bound for the null store.
+fn default_capacity(kind: StoreKind, dir: &std::path::Path) -> Result<Option<u64>, DaemonError> {
+    Ok(match kind {
+        StoreKind::Null => None,
+        StoreKind::Memory => {
+            // SAFETY: sysconf takes no pointers.
+            let (pages, page) = unsafe {
+                (
+                    libc::sysconf(libc::_SC_PHYS_PAGES),
+                    libc::sysconf(libc::_SC_PAGESIZE),
+                )
+            };
+            if pages <= 0 || page <= 0 {
+                return Err(DaemonError::Runtime(
+                    "cannot tell the host's memory size; give --capacity".into(),
+                ));
+            }
+            Some(pages as u64 * page as u64 / 2)
+        }
+        StoreKind::File => {
+            let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
+                .map_err(|_| DaemonError::Usage(format!("{}: not a path", dir.display())))?;
+            // SAFETY: a plain C struct of integers, for which all zeroes is a valid value.
+            let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+            // SAFETY: statvfs fills the struct we pass; `c` is a valid C string.
+            if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+                return Err(DaemonError::Runtime(format!(
+                    "{}: statvfs: {}",
+                    dir.display(),
+                    std::io::Error::last_os_error()
+                )));
+            }
+            Some(st.f_blocks * st.f_frsize)
+        }
+    })
 }
 
 /// Starts UCX for the node unless `--transport tcp`, and offers its worker address to clients.
@@ -183,6 +233,14 @@ pub async fn run_member(
         let _ = writeln!(o, "listening {addr}");
         let _ = o.flush();
     }
+    // Every volume's access list, kept current: until it is first read, clients reach nothing
+    // (nodes and operators still do).
+    let access = {
+        let n = node.clone();
+        tokio::spawn(crate::access::follow(meta.clone(), move |vs| {
+            n.set_access(vs.into_iter().map(|v| (v.id, v.access)).collect())
+        }))
+    };
     let serve = trireme_transport::tcp::serve(listener, node.clone());
 
     // The lease, kept (and re-taken after a loss) in the background; the manager role follows it.
@@ -238,6 +296,7 @@ pub async fn run_member(
         _ = tokio::signal::ctrl_c() => Ok(()),
     };
     role.abort();
+    access.abort();
     // Give the lease back at once: the node is shown down and the manager role (if this
     // daemon held it) passes on without waiting for the TTL.
     if let Some(l) = *lease_rx.borrow() {

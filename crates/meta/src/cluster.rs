@@ -63,6 +63,9 @@ pub struct AttachRecord {
     pub pid: u32,
     /// Where it serves the volume (NBD URIs).
     pub exports: Vec<String>,
+    /// The identity it reaches the nodes with (its certificate's role), if it uses TLS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<String>,
 }
 
 /// A request of the manager to the writer of a volume attached on another host (`moves/<name>`):
@@ -108,6 +111,8 @@ struct Layout {
     epoch: u64,
     #[serde(default)]
     writer_open: bool,
+    #[serde(default = "crate::any_client")]
+    access: Vec<String>,
 }
 
 fn record(spec: Spec, layout: Layout) -> VolumeRecord {
@@ -118,6 +123,7 @@ fn record(spec: Spec, layout: Layout) -> VolumeRecord {
         replicas: layout.replicas,
         epoch: layout.epoch,
         writer_open: layout.writer_open,
+        access: layout.access,
     }
 }
 
@@ -126,6 +132,7 @@ fn layout_of(v: &VolumeRecord) -> Layout {
         replicas: v.replicas.clone(),
         epoch: v.epoch,
         writer_open: v.writer_open,
+        access: v.access.clone(),
     }
 }
 
@@ -283,18 +290,39 @@ impl ClusterMeta {
         self.get(&key("manager")).await
     }
 
+    /// The prefix of the volumes' layouts (replica states, epochs, access lists), for watches.
+    pub fn layouts_prefix() -> String {
+        key("layouts/")
+    }
+
     /// The manager key (for watches).
     pub fn manager_key() -> String {
         key("manager")
     }
 
+    /// Creates a volume open to every client of the cluster (see [`Self::create_volume_for`]).
     pub async fn create_volume(
         &self,
         name: &str,
         size: u64,
         nodes: &[u32],
     ) -> Result<VolumeRecord, MetaError> {
+        self.create_volume_for(name, size, nodes, &crate::any_client())
+            .await
+    }
+
+    /// Creates a volume whose replicas go on `nodes`, which the clients in `access` may use.
+    pub async fn create_volume_for(
+        &self,
+        name: &str,
+        size: u64,
+        nodes: &[u32],
+        access: &[String],
+    ) -> Result<VolumeRecord, MetaError> {
         check_name(name)?;
+        for a in access {
+            crate::check_access_entry(a)?;
+        }
         let spec_key = key(&format!("volumes/{name}"));
         let counter = key("next-volume-id");
         for _ in 0..MAX_TRIES {
@@ -323,6 +351,7 @@ impl ClusterMeta {
                         state: ReplicaState::InSync,
                     })
                     .collect(),
+                access: access.to_vec(),
                 epoch: 0,
                 writer_open: false,
             };

@@ -133,6 +133,34 @@ pub struct VolumeRecord {
     /// Found set by the next attach, it means the old writer died with writes in flight.
     #[serde(default)]
     pub writer_open: bool,
+    /// The client identities (certificate names) that may attach the volume and reach its
+    /// replicas; `*` stands for every client of the cluster. Nodes and operators always may.
+    #[serde(default = "any_client")]
+    pub access: Vec<String>,
+}
+
+/// The access list of a volume made without one: every client of the cluster.
+pub fn any_client() -> Vec<String> {
+    vec![ANY_CLIENT.to_string()]
+}
+
+/// The access-list entry that stands for every client of the cluster.
+pub const ANY_CLIENT: &str = "*";
+
+/// Checks an access-list entry: a client name, or `*`.
+pub fn check_access_entry(name: &str) -> Result<(), MetaError> {
+    let ok = name == ANY_CLIENT
+        || ((1..=64).contains(&name.len())
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-')));
+    if ok {
+        Ok(())
+    } else {
+        Err(MetaError::Refused(format!(
+            "access entry {name:?}: a client name (1 to 64 letters, digits, '.', '_' or '-') or '*'"
+        )))
+    }
 }
 
 /// Checks a volume name: what NBD export names and file names can both carry.

@@ -466,6 +466,7 @@ async fn cluster_records(s: Arc<dyn MetaStore>) {
         host: "h".into(),
         pid: 1,
         exports: vec![],
+        identity: None,
     };
     let (a1, unclean) = m.attach("vol0", &arec, w1, false).await.unwrap();
     assert_eq!((a1.epoch, unclean, a1.writer_open), (2, false, true));

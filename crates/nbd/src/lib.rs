@@ -24,7 +24,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use bytes::Bytes;
-pub use server::{serve_connection, serve_connection_tls, NbdError, NbdTls};
+pub use server::{serve_connection, serve_connection_tls, Allow, NbdError, NbdTls};
 pub use trireme_proto::Extent;
 
 /// Largest READ or WRITE payload accepted; advertised as the maximum block size.

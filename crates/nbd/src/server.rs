@@ -41,6 +41,34 @@ pub enum NbdError {
 #[derive(Clone)]
 pub struct NbdTls {
     pub acceptor: tokio_rustls::TlsAcceptor,
+    /// Which client (by its certificate's name) may open which export; `None`: every client
+    /// of the CA may open every export.
+    pub allow: Option<Allow>,
+}
+
+/// `allow(export, client)`: true if that client may open that export.
+pub type Allow = Arc<dyn Fn(&str, &str) -> bool + Send + Sync>;
+
+/// The client on a TLS connection, and what it may open.
+struct Gate<'a> {
+    client: &'a str,
+    allow: &'a Allow,
+}
+
+impl Gate<'_> {
+    fn denies(gate: Option<&Self>, export: &str) -> bool {
+        match gate {
+            Some(g) if !(g.allow)(export, g.client) => {
+                tracing::warn!(
+                    client = g.client,
+                    export,
+                    "refused: the client is not on the volume's access list"
+                );
+                true
+            }
+            _ => false,
+        }
+    }
 }
 
 impl std::fmt::Debug for NbdTls {
@@ -81,7 +109,7 @@ where
     B: Backend,
 {
     let no_zeroes = greet(&mut stream).await?;
-    match options(&mut stream, &exports, no_zeroes, Tls::Off).await? {
+    match options(&mut stream, &exports, no_zeroes, Tls::Off, None).await? {
         Outcome::Go(session) => {
             let (rd, wr) = tokio::io::split(stream);
             transmission(rd, wr, session).await
@@ -101,7 +129,7 @@ where
     B: Backend,
 {
     let no_zeroes = greet(&mut stream).await?;
-    match options(&mut stream, &exports, no_zeroes, Tls::Required).await? {
+    match options(&mut stream, &exports, no_zeroes, Tls::Required, None).await? {
         Outcome::StartTls => {}
         Outcome::Go(_) | Outcome::Quit => return Ok(()),
     }
@@ -110,9 +138,10 @@ where
         .accept(stream)
         .await
         .map_err(|e| NbdError::Refused(format!("TLS handshake failed: {e}")))?;
-    match trireme_tls::peer_role(stream.get_ref().1) {
+    let client = match trireme_tls::peer_role(stream.get_ref().1) {
         Some(trireme_tls::Role::Client(name)) => {
             tracing::debug!(client = %name, "NBD client on TLS");
+            name
         }
         other => {
             return Err(NbdError::Refused(format!(
@@ -120,8 +149,12 @@ where
                 other.map_or_else(|| "no trireme role".to_string(), |r| r.to_string())
             )))
         }
-    }
-    match options(&mut stream, &exports, no_zeroes, Tls::On).await? {
+    };
+    let gate = tls.allow.as_ref().map(|allow| Gate {
+        client: &client,
+        allow,
+    });
+    match options(&mut stream, &exports, no_zeroes, Tls::On, gate.as_ref()).await? {
         Outcome::Go(session) => {
             let (rd, wr) = tokio::io::split(stream);
             transmission(rd, wr, session).await
@@ -194,6 +227,7 @@ async fn options<S, B>(
     exports: &Exports<B>,
     no_zeroes: bool,
     tls: Tls,
+    gate: Option<&Gate<'_>>,
 ) -> Result<Outcome<B>, NbdError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
@@ -254,6 +288,12 @@ where
         match opt {
             OPT_EXPORT_NAME => {
                 let name = String::from_utf8_lossy(&data);
+                if Gate::denies(gate, &name) {
+                    // No error reply exists for this option: closing is the answer.
+                    return Err(NbdError::Refused(format!(
+                        "export {name:?} is not open to this client"
+                    )));
+                }
                 let Some((_, _, b)) = exports.get(&name) else {
                     // The protocol has no error reply here: closing is the answer.
                     return Err(NbdError::Protocol(format!("unknown export {name:?}")));
@@ -283,6 +323,9 @@ where
                     continue;
                 }
                 for (name, _) in exports.names() {
+                    if gate.is_some_and(|g| !(g.allow)(name, g.client)) {
+                        continue;
+                    }
                     let mut d = Vec::with_capacity(4 + name.len());
                     d.extend_from_slice(&(name.len() as u32).to_be_bytes());
                     d.extend_from_slice(name.as_bytes());
@@ -298,6 +341,16 @@ where
                         continue;
                     }
                 };
+                if Gate::denies(gate, &req.name) {
+                    opt_error(
+                        s,
+                        opt,
+                        REP_ERR_POLICY,
+                        &format!("export {:?} is not open to this client", req.name),
+                    )
+                    .await?;
+                    continue;
+                }
                 let Some((name, desc, b)) = exports.get(&req.name) else {
                     opt_error(
                         s,

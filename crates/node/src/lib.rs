@@ -16,7 +16,7 @@ use trireme_proto::{
 };
 use trireme_replication::{fence, FenceDecision};
 use trireme_store::{Replica, Store, StoreError};
-use trireme_transport::{Frame, Handler};
+use trireme_transport::{Frame, Handler, Peer};
 
 mod activity;
 mod dirty;
@@ -29,6 +29,10 @@ pub const MAX_DIRTY_QUERY_REGIONS: u64 = 1 << 20;
 
 /// Largest range one `Checksum` request may cover.
 pub const MAX_CHECKSUM_RANGE: u64 = 1 << 30;
+
+/// Largest range one `BlockStatus` request may cover: at most 65,536 extents of the stores'
+/// 64 KiB grain (a 1 MiB answer). NBD's own requests are no larger.
+pub const MAX_BLOCK_STATUS_RANGE: u64 = 1 << 32;
 
 /// A storage node serving the replicas of one store.
 #[derive(Debug)]
@@ -51,6 +55,12 @@ pub struct Node {
     closed: RwLock<bool>,
     /// The UCX worker address this node offers clients, or why it offers none.
     ucx: RwLock<Result<Bytes, String>>,
+    /// Which client identities may use each volume, by volume id (its access list; `*` is
+    /// any client of the cluster). `None` until the node is told: clients get nothing then.
+    access: RwLock<Option<HashMap<u64, Vec<String>>>>,
+    /// Most bytes the replicas of this node may hold together (their sizes); CreateReplica
+    /// past it is refused.
+    capacity: std::sync::atomic::AtomicU64,
 }
 
 /// Why serving a request failed: a status for the client and a message for the log.
@@ -99,7 +109,62 @@ impl Node {
             owners: RwLock::default(),
             closed: RwLock::new(false),
             ucx: RwLock::new(Err("the node runs without UCX".into())),
+            access: RwLock::new(None),
+            capacity: std::sync::atomic::AtomicU64::new(u64::MAX),
         }
+    }
+
+    /// Sets the most bytes this node's replicas may hold together (their sizes summed).
+    pub fn set_capacity(&self, bytes: u64) {
+        self.capacity
+            .store(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Sets which client identities may use each volume (by id), replacing what was known.
+    pub fn set_access(&self, access: HashMap<u64, Vec<String>>) {
+        *self.access.write().unwrap_or_else(|e| e.into_inner()) = Some(access);
+    }
+
+    /// Refuses a request its sender's identity may not make: clients only reach volumes whose
+    /// access list names them (or `*`), and never create or delete replicas. Nodes, operators
+    /// and trusted links may do everything.
+    fn authorize(&self, req: &Frame) -> Result<(), Refusal> {
+        let role = match &req.peer {
+            Peer::Trusted => return Ok(()),
+            Peer::Cert(r) if r.is_cluster() => return Ok(()),
+            Peer::Cert(r) => r,
+        };
+        let h = &req.header;
+        if matches!(h.op, Op::Ping | Op::UcxAddress) {
+            return Ok(());
+        }
+        let allowed = match &**role {
+            trireme_tls::Role::Client(name)
+                if !matches!(h.op, Op::CreateReplica | Op::DeleteReplica) =>
+            {
+                let access = self.access.read().unwrap_or_else(|e| e.into_inner());
+                access
+                    .as_ref()
+                    .and_then(|a| a.get(&h.volume))
+                    .is_some_and(|l| l.iter().any(|c| c == "*" || c == name))
+            }
+            _ => false,
+        };
+        if allowed {
+            return Ok(());
+        }
+        let msg = format!(
+            "{role} may not {:?} volume {}: {}",
+            h.op,
+            h.volume,
+            if matches!(h.op, Op::CreateReplica | Op::DeleteReplica) {
+                "only nodes and operators create or delete replicas"
+            } else {
+                "not on the volume's access list"
+            }
+        );
+        tracing::warn!(node = self.id, "refused: {msg}");
+        Err(Refusal(Status::Denied, msg))
     }
 
     pub fn id(&self) -> u32 {
@@ -190,6 +255,7 @@ impl Node {
         if *closed {
             return Err(Refusal(Status::Io, "the node is shutting down".into()));
         }
+        self.authorize(req)?;
         let h = &req.header;
         let mut resp = h.response(Status::Ok);
         let len_usize = || -> Result<usize, Refusal> {
@@ -249,6 +315,7 @@ impl Node {
             Op::Hello => return Err(Refusal(Status::Invalid, "hello is not a request".into())),
             Op::Read => {
                 let r = self.io_replica(req)?;
+                trireme_store::check_range(h.offset, h.length, r.size())?;
                 let mut buf = BytesMut::zeroed(len_usize()?);
                 r.read(h.offset, &mut buf)?;
                 buf.freeze()
@@ -256,6 +323,8 @@ impl Node {
             Op::Write => {
                 let r = self.io_replica(req)?;
                 let len = req.payload.len() as u64;
+                // Checked before anything is marked: a bad range marks nothing.
+                trireme_store::check_range(h.offset, len, r.size())?;
                 self.activity.on_write(h.volume, h.offset, len);
                 self.dirty.on_write(h.volume, h.offset, len);
                 r.write(h.offset, &req.payload, h.has_flag(FLAG_FUA))?;
@@ -268,6 +337,7 @@ impl Node {
             }
             Op::WriteZeroes => {
                 let r = self.io_replica(req)?;
+                trireme_store::check_range(h.offset, h.length, r.size())?;
                 self.activity.on_write(h.volume, h.offset, h.length);
                 self.dirty.on_write(h.volume, h.offset, h.length);
                 r.write_zeroes(
@@ -280,6 +350,12 @@ impl Node {
             }
             Op::BlockStatus => {
                 let r = self.io_replica(req)?;
+                if h.length > MAX_BLOCK_STATUS_RANGE {
+                    return Err(Refusal(
+                        Status::Invalid,
+                        format!("block status over {} bytes is too large", h.length),
+                    ));
+                }
                 Bytes::from(encode_extents(&r.block_status(h.offset, h.length)?))
             }
             Op::Checksum => {
@@ -298,11 +374,22 @@ impl Node {
                 Bytes::new()
             }
             Op::CreateReplica => {
+                // Under the map's lock: two creates cannot both fit in the room for one.
+                let mut reps = self.replicas.write().unwrap_or_else(|e| e.into_inner());
+                let used: u64 = reps.values().map(|r| r.size()).sum();
+                let cap = self.capacity.load(std::sync::atomic::Ordering::Relaxed);
+                if used.checked_add(h.length).is_none_or(|t| t > cap) {
+                    return Err(Refusal(
+                        Status::NoSpace,
+                        format!(
+                            "a {}-byte replica does not fit: {used} of the node's {cap} bytes are taken",
+                            h.length
+                        ),
+                    ));
+                }
                 let r = self.store.create(h.volume, h.length)?;
-                self.replicas
-                    .write()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(h.volume, r);
+                reps.insert(h.volume, r);
+                drop(reps);
                 self.activity.forget(h.volume);
                 tracing::info!(
                     node = self.id,

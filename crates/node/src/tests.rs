@@ -94,7 +94,7 @@ async fn write_read_and_fencing_over_tcp() {
         .call(req(Op::Read, 1, 4, 0, u64::MAX), Bytes::new())
         .await
         .unwrap();
-    assert_eq!(r.header.status, Status::Invalid);
+    assert_eq!(r.header.status, Status::OutOfRange);
     let r = c
         .call(req(Op::Write, 99, 4, 0, 0), Bytes::new())
         .await
@@ -248,4 +248,150 @@ async fn a_closed_node_refuses_every_request() {
     let mut buf = [0u8; 4];
     node.replica(1).ok().unwrap().read(0, &mut buf).unwrap();
     assert_eq!(buf, [0; 4], "the late write did not land");
+}
+
+/// What each identity may do: a client only on volumes whose access list names it, and never
+/// create or delete a replica; nodes and operators everything. Refusals mark nothing.
+#[tokio::test]
+async fn identities_reach_only_what_they_may() {
+    use trireme_tls::Role;
+    let node = Arc::new(Node::new(
+        7,
+        Arc::new(trireme_store::MemoryStore::default()),
+    ));
+    let as_peer = |role: Role, h: Header, p: &'static [u8]| {
+        let mut f = Frame::new(h, Bytes::from_static(p));
+        f.peer = Peer::Cert(Arc::new(role));
+        let n = node.clone();
+        async move { n.handle(f).await.header.status }
+    };
+    let alice = || Role::Client("alice".into());
+    let bob = || Role::Client("bob".into());
+    // A client may not create or delete replicas, an operator may.
+    let create = req(Op::CreateReplica, 1, 0, 0, 1 << 20);
+    assert_eq!(as_peer(alice(), create, b"").await, Status::Denied);
+    assert_eq!(as_peer(Role::Server, create, b"").await, Status::Denied);
+    assert_eq!(as_peer(Role::Admin, create, b"").await, Status::Ok);
+    // Until the node knows the access lists, clients reach nothing.
+    assert_eq!(
+        as_peer(alice(), req(Op::Attach, 1, 1, 0, 0), b"").await,
+        Status::Denied
+    );
+    node.set_access(HashMap::from([(1, vec!["alice".to_string()])]));
+    assert_eq!(
+        as_peer(alice(), req(Op::Attach, 1, 1, 0, 0), b"").await,
+        Status::Ok
+    );
+    for op in [Op::Attach, Op::Read, Op::Checksum, Op::ReplicaInfo] {
+        assert_eq!(
+            as_peer(bob(), req(op, 1, 1, 0, 4), b"").await,
+            Status::Denied,
+            "{op:?}"
+        );
+    }
+    assert_eq!(
+        as_peer(bob(), req(Op::Write, 1, 1, 0, 0), b"evil").await,
+        Status::Denied
+    );
+    assert_eq!(
+        as_peer(alice(), req(Op::DeleteReplica, 1, 0, 0, 0), b"").await,
+        Status::Denied
+    );
+    assert_eq!(
+        as_peer(bob(), req(Op::Ping, 0, 0, 0, 0), b"").await,
+        Status::Ok
+    );
+    // `*` opens it to every client.
+    node.set_access(HashMap::from([(1, vec!["*".to_string()])]));
+    assert_eq!(
+        as_peer(bob(), req(Op::ReplicaInfo, 1, 1, 0, 0), b"").await,
+        Status::Ok
+    );
+    assert_eq!(node.replica_count(), 1);
+}
+
+/// Replicas count against the node's capacity; ranges are checked before anything is marked.
+#[tokio::test]
+async fn capacity_and_ranges_are_checked_first() {
+    let store: Arc<dyn Store> = Arc::new(trireme_store::MemoryStore::default());
+    let (node, c) = start(store).await;
+    node.set_capacity(3 << 20);
+    let st = |f: Frame| f.header.status;
+    assert_eq!(
+        st(
+            c.call(req(Op::CreateReplica, 1, 0, 0, 2 << 20), Bytes::new())
+                .await
+                .unwrap()
+        ),
+        Status::Ok
+    );
+    let f = c
+        .call(req(Op::CreateReplica, 2, 0, 0, 2 << 20), Bytes::new())
+        .await
+        .unwrap();
+    assert_eq!(f.header.status, Status::NoSpace);
+    assert!(String::from_utf8_lossy(&f.payload).contains("does not fit"));
+    let f = c
+        .call(req(Op::CreateReplica, 3, 0, 0, u64::MAX), Bytes::new())
+        .await
+        .unwrap();
+    assert_eq!(f.header.status, Status::NoSpace);
+    assert_eq!(node.replica_count(), 1);
+    assert_eq!(
+        st(
+            c.call(req(Op::CreateReplica, 2, 0, 0, 1 << 20), Bytes::new())
+                .await
+                .unwrap()
+        ),
+        Status::Ok
+    );
+    assert_eq!(
+        st(c.call(req(Op::Attach, 1, 1, 0, 0), Bytes::new())
+            .await
+            .unwrap()),
+        Status::Ok
+    );
+    assert_eq!(
+        st(c.call(
+            req(Op::ActivityStart, 1, 1, 0, activity::MIN_EXTENT),
+            Bytes::new()
+        )
+        .await
+        .unwrap()),
+        Status::Ok
+    );
+    // A huge WriteZeroes and a write past the end: refused, nothing marked for the activity log.
+    for (op, off, len) in [
+        (Op::WriteZeroes, 4096, u64::MAX - 1),
+        (Op::WriteZeroes, 0, 4 << 20),
+        (Op::BlockStatus, 0, 1 << 40),
+    ] {
+        let s = st(c.call(req(op, 1, 1, off, len), Bytes::new()).await.unwrap());
+        assert!(
+            matches!(s, Status::OutOfRange | Status::Invalid),
+            "{op:?}: {s:?}"
+        );
+    }
+    let s = st(c
+        .call(
+            req(Op::Write, 1, 1, (2 << 20) - 2, 0),
+            Bytes::from_static(b"past"),
+        )
+        .await
+        .unwrap());
+    assert_eq!(s, Status::OutOfRange);
+    let v = node.activity.query(1, 0, 2 << 20);
+    assert_eq!(v.epoch, 1);
+    assert!(
+        v.extents.iter().all(|e| e.flags != 0),
+        "nothing marked active: {v:?}"
+    );
+    // The same write inside the range is marked.
+    let s = st(c
+        .call(req(Op::Write, 1, 1, 0, 0), Bytes::from_static(b"in"))
+        .await
+        .unwrap());
+    assert_eq!(s, Status::Ok);
+    let v = node.activity.query(1, 0, 2 << 20);
+    assert!(v.extents.iter().any(|e| e.flags == 0), "{v:?}");
 }

@@ -121,6 +121,9 @@ pub enum Status {
     Superseded = 9,
     /// The replica's copy of the range is bad (a block failed its checksum); read another.
     Corrupt = 10,
+    /// The peer's identity may not do this (a client not on the volume's access list, or a
+    /// client asking to create or delete a replica).
+    Denied = 11,
     /// A status code this build does not know (sent by a newer peer).
     Unknown = 255,
 }
@@ -139,6 +142,7 @@ impl Status {
             8 => Status::Unsupported,
             9 => Status::Superseded,
             10 => Status::Corrupt,
+            11 => Status::Denied,
             _ => Status::Unknown,
         }
     }
@@ -156,6 +160,7 @@ impl Status {
             Status::Unsupported => "unsupported",
             Status::Superseded => "superseded by a newer connection of the writer",
             Status::Corrupt => "bad copy: a block failed its checksum",
+            Status::Denied => "not allowed for this identity",
             Status::Unknown => "unknown status",
         }
     }

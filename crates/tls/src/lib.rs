@@ -47,6 +47,9 @@ pub enum Role {
     Client(String),
     /// A TLS server that is not a node: an NBD export, a control port.
     Server,
+    /// An operator, or the manager of `trireme up`: may do anything a node may (create and
+    /// delete replicas, attach any volume).
+    Admin,
 }
 
 impl Role {
@@ -57,6 +60,7 @@ impl Role {
             Role::Node(n) => format!("{}node:{n}", Self::PREFIX),
             Role::Client(name) => format!("{}client:{name}", Self::PREFIX),
             Role::Server => format!("{}server", Self::PREFIX),
+            Role::Admin => format!("{}admin", Self::PREFIX),
         }
     }
 
@@ -65,6 +69,9 @@ impl Role {
         let rest = uri.strip_prefix(Self::PREFIX)?;
         if rest == "server" {
             return Some(Role::Server);
+        }
+        if rest == "admin" {
+            return Some(Role::Admin);
         }
         if let Some(n) = rest.strip_prefix("node:") {
             return n.parse().ok().filter(|&n| n > 0).map(Role::Node);
@@ -80,7 +87,14 @@ impl Role {
             Role::Node(_) => "node",
             Role::Client(_) => "client",
             Role::Server => "server",
+            Role::Admin => "admin",
         }
+    }
+
+    /// True for the roles trusted with every node operation: nodes (which run the manager)
+    /// and operators.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, Role::Node(_) | Role::Admin)
     }
 }
 
@@ -90,6 +104,7 @@ impl std::fmt::Display for Role {
             Role::Node(n) => write!(f, "node {n}"),
             Role::Client(name) => write!(f, "client {name}"),
             Role::Server => f.write_str("server"),
+            Role::Admin => f.write_str("admin"),
         }
     }
 }
@@ -301,6 +316,7 @@ impl Ca {
                 Role::Node(n) => format!("trireme node {n}"),
                 Role::Client(c) => format!("trireme client {c}"),
                 Role::Server => "trireme server".to_string(),
+                Role::Admin => "trireme admin".to_string(),
             },
         );
         params.subject_alt_names.push(SanType::URI(
@@ -330,7 +346,7 @@ impl Ca {
                 ExtendedKeyUsagePurpose::ServerAuth,
                 ExtendedKeyUsagePurpose::ClientAuth,
             ],
-            Role::Client(_) => vec![ExtendedKeyUsagePurpose::ClientAuth],
+            Role::Client(_) | Role::Admin => vec![ExtendedKeyUsagePurpose::ClientAuth],
             Role::Server => vec![ExtendedKeyUsagePurpose::ServerAuth],
         };
         params.use_authority_key_identifier_extension = true;
@@ -409,6 +425,16 @@ pub fn load_roots(path: &Path) -> Result<Arc<rustls::RootCertStore>, TlsError> {
 }
 
 impl Identity {
+    /// The identity a client process uses from `dir`: an operator's (`admin-*.pem`) if the
+    /// directory holds one, else a client's (`client-*.pem`).
+    pub fn load_client(dir: &Path) -> Result<Identity, TlsError> {
+        if dir.join("admin-cert.pem").exists() {
+            Identity::load(dir, "admin")
+        } else {
+            Identity::load(dir, "client")
+        }
+    }
+
     /// Loads `<stem>-cert.pem`, `<stem>-key.pem` and `ca-cert.pem` from `dir`; the role is read
     /// from the certificate.
     pub fn load(dir: &Path, stem: &str) -> Result<Identity, TlsError> {

@@ -45,6 +45,39 @@ pub struct Frame {
     /// On a server: the token of the client connection the frame arrived on (its `Hello`), or
     /// 0 if the client sent none. Not on the wire; 0 elsewhere.
     pub origin: u64,
+    /// On a server: who sent it (see [`Peer`]). Not on the wire.
+    pub peer: Peer,
+}
+
+/// Who sent a request, as the server end of a link knows it. Set by the transport on every
+/// frame it hands a [`Handler`]; the handler decides what each kind of peer may do.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Peer {
+    /// A link the cluster trusts as its own: a same-host socket of the same user (checked by
+    /// peer credentials), or TCP when the cluster runs without TLS (`--insecure`).
+    #[default]
+    Trusted,
+    /// A mutual-TLS peer, by the role its certificate names.
+    Cert(Arc<trireme_tls::Role>),
+}
+
+impl Peer {
+    /// True if the peer may do every node operation (create, delete or attach any replica).
+    pub fn is_cluster(&self) -> bool {
+        match self {
+            Peer::Trusted => true,
+            Peer::Cert(r) => r.is_cluster(),
+        }
+    }
+}
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Peer::Trusted => f.write_str("a trusted link"),
+            Peer::Cert(r) => write!(f, "{r}"),
+        }
+    }
 }
 
 impl Frame {
@@ -53,6 +86,7 @@ impl Frame {
             header,
             payload,
             origin: 0,
+            peer: Peer::Trusted,
         }
     }
 }

@@ -303,6 +303,15 @@ async fn read_responses<R: AsyncRead + Unpin>(
 
 /// Reads one frame. `Ok(None)` on a clean end of stream between frames.
 pub async fn read_frame<R: AsyncRead + Unpin>(rd: &mut R) -> Result<Option<Frame>, ReadError> {
+    read_frame_within(rd, None).await
+}
+
+/// Like [`read_frame`]; once a header has arrived, its payload must follow within `deadline`
+/// (a peer that announces a payload and stalls is dropped, not waited for).
+pub async fn read_frame_within<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    deadline: Option<std::time::Duration>,
+) -> Result<Option<Frame>, ReadError> {
     let mut hb = [0u8; HEADER_LEN];
     match rd.read_exact(&mut hb).await {
         Ok(_) => {}
@@ -310,11 +319,39 @@ pub async fn read_frame<R: AsyncRead + Unpin>(rd: &mut R) -> Result<Option<Frame
         Err(e) => return Err(ReadError::Io(e)),
     }
     let header = decode_header(&hb).map_err(ReadError::Decode)?;
-    // The length was bounded by decode_header, so this allocation is bounded too.
-    let mut payload = BytesMut::zeroed(header.payload_len as usize);
-    rd.read_exact(&mut payload).await.map_err(ReadError::Io)?;
+    let len = header.payload_len as usize;
+    let payload = match deadline {
+        _ if len == 0 => BytesMut::new(),
+        None => read_payload(rd, len).await?,
+        Some(d) => tokio::time::timeout(d, read_payload(rd, len))
+            .await
+            .map_err(|_| ReadError::Stalled { len, within: d })??,
+    };
     check_payload(&header, &payload).map_err(ReadError::Decode)?;
     Ok(Some(Frame::new(header, payload.freeze())))
+}
+
+/// Reads a payload of `len` bytes (bounded by `decode_header`). Memory follows the bytes that
+/// arrived, a megabyte ahead at most, not the length the peer announced; and nothing is
+/// zero-filled before the data overwrites it.
+async fn read_payload<R: AsyncRead + Unpin>(rd: &mut R, len: usize) -> Result<BytesMut, ReadError> {
+    const AHEAD: usize = 1 << 20;
+    let mut payload = BytesMut::with_capacity(len.min(AHEAD));
+    while payload.len() < len {
+        let left = len - payload.len();
+        if payload.capacity() == payload.len() {
+            payload.reserve(left.min(payload.len().max(AHEAD)));
+        }
+        let n = (&mut *rd)
+            .take(left as u64)
+            .read_buf(&mut payload)
+            .await
+            .map_err(ReadError::Io)?;
+        if n == 0 {
+            return Err(ReadError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+        }
+    }
+    Ok(payload)
 }
 
 /// Why reading a frame failed.
@@ -324,6 +361,11 @@ pub enum ReadError {
     Io(std::io::Error),
     #[error("decode: {0}")]
     Decode(trireme_proto::DecodeError),
+    #[error("a {len}-byte payload did not arrive within {within:?}")]
+    Stalled {
+        len: usize,
+        within: std::time::Duration,
+    },
 }
 
 async fn write_frames<W: AsyncWrite + Unpin>(
@@ -424,12 +466,17 @@ impl Connection for TcpConnection {
 /// Serves `handler` on `listener` until the listener fails. Each accepted socket gets its own
 /// reader and writer task; each request runs as its own task, at most
 /// `MAX_IN_FLIGHT_PER_STREAM` at once per socket. A malformed frame closes that socket only.
+/// At most [`MAX_CONNECTIONS`] sockets are served at once (TCP and same-host together); one
+/// over that is closed at once, with a log line.
 pub async fn serve<H: Handler>(listener: TcpListener, handler: Arc<H>) -> std::io::Result<()> {
     let acceptor = tls()
         .and_then(|t| t.server.clone())
         .map(tokio_rustls::TlsAcceptor::from);
     loop {
         let (sock, peer) = listener.accept().await?;
+        let Some(slot) = connection_slot(&peer.to_string()) else {
+            continue;
+        };
         let _ = sock.set_nodelay(true);
         let h = handler.clone();
         let acceptor = acceptor.clone();
@@ -437,7 +484,7 @@ pub async fn serve<H: Handler>(listener: TcpListener, handler: Arc<H>) -> std::i
             let r = match acceptor {
                 None => {
                     let (rd, wr) = sock.into_split();
-                    serve_stream(rd, wr, h).await
+                    serve_stream(rd, wr, h, crate::Peer::Trusted).await
                 }
                 Some(a) => {
                     // Bounded: a peer that connects and says nothing holds nothing for long.
@@ -452,19 +499,42 @@ pub async fn serve<H: Handler>(listener: TcpListener, handler: Arc<H>) -> std::i
                             return;
                         }
                     };
+                    let Some(role) = trireme_tls::peer_role(s.get_ref().1) else {
+                        tracing::warn!(%peer, "refused a connection: its certificate names no trireme role");
+                        return;
+                    };
+                    tracing::debug!(%peer, %role, "TLS peer");
                     let (rd, wr) = tokio::io::split(s);
-                    serve_stream(rd, wr, h).await
+                    serve_stream(rd, wr, h, crate::Peer::Cert(Arc::new(role))).await
                 }
             };
             if let Err(e) = r {
                 tracing::warn!(%peer, "closing connection: {e}");
             }
+            drop(slot);
         });
     }
 }
 
 /// How long a TLS peer may take to finish its handshake (either side).
 const TLS_HANDSHAKE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Most connections a process serves at once; the rest are closed as they arrive.
+pub const MAX_CONNECTIONS: usize = 1024;
+
+/// How long a request's payload may take to arrive once its header has.
+pub const PAYLOAD_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A place among the [`MAX_CONNECTIONS`] served, or `None` (logged) when they are all taken.
+fn connection_slot(peer: &str) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    static SLOTS: std::sync::OnceLock<Arc<Semaphore>> = std::sync::OnceLock::new();
+    let slots = SLOTS.get_or_init(|| Arc::new(Semaphore::new(MAX_CONNECTIONS)));
+    let slot = slots.clone().try_acquire_owned().ok();
+    if slot.is_none() {
+        tracing::warn!(%peer, "refused a connection: {MAX_CONNECTIONS} already served");
+    }
+    slot
+}
 
 /// Serves `handler` on a unix socket listener (peers on the same host), like [`serve`].
 pub async fn serve_unix<H: Handler>(
@@ -477,17 +547,26 @@ pub async fn serve_unix<H: Handler>(
             tracing::warn!("refused a same-host connection: {why}");
             continue;
         }
+        let Some(slot) = connection_slot("a same-host peer") else {
+            continue;
+        };
         let h = handler.clone();
         tokio::spawn(async move {
             let (rd, wr) = sock.into_split();
-            if let Err(e) = serve_stream(rd, wr, h).await {
+            if let Err(e) = serve_stream(rd, wr, h, crate::Peer::Trusted).await {
                 tracing::warn!("closing unix connection: {e}");
             }
+            drop(slot);
         });
     }
 }
 
-async fn serve_stream<H, R, W>(rd: R, wr: W, handler: Arc<H>) -> Result<(), ReadError>
+async fn serve_stream<H, R, W>(
+    rd: R,
+    wr: W,
+    handler: Arc<H>,
+    peer: crate::Peer,
+) -> Result<(), ReadError>
 where
     H: Handler,
     R: AsyncRead + Unpin + Send + 'static,
@@ -503,8 +582,10 @@ where
     )));
     let limit = Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_STREAM));
     let mut origin = 0;
+    // The UCX secrets handed out on this link; they die with it.
+    let mut grants = crate::ucx::Grants::default();
     loop {
-        let mut frame = match read_frame(&mut rd).await {
+        let mut frame = match read_frame_within(&mut rd, Some(PAYLOAD_DEADLINE)).await {
             Ok(Some(f)) => f,
             Ok(None) => return Ok(()),
             Err(e) => return Err(e),
@@ -514,6 +595,25 @@ where
             continue;
         }
         frame.origin = origin;
+        frame.peer = peer.clone();
+        if frame.header.op == trireme_proto::Op::UcxAddress {
+            // The node's worker address goes out with a secret for this link: UCX requests
+            // that do not carry it are dropped before anything is received.
+            let mut resp = handler.clone().handle(frame).await;
+            if resp.header.status == trireme_proto::Status::Ok {
+                let secret = grants.grant(origin, peer.clone());
+                let mut p = BytesMut::with_capacity(resp.payload.len() + secret.len());
+                p.extend_from_slice(&resp.payload);
+                p.extend_from_slice(&secret);
+                resp.payload = p.freeze();
+            }
+            let mut w = wr.lock().await;
+            write_one(&mut w, &resp.header, &resp.payload)
+                .await
+                .map_err(ReadError::Io)?;
+            w.flush().await.map_err(ReadError::Io)?;
+            continue;
+        }
         if frame.header.is_response() {
             return Err(ReadError::Decode(
                 trireme_proto::DecodeError::MalformedPayload {

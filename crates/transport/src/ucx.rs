@@ -45,7 +45,9 @@ pub const AM_REQUEST: u32 = 10;
 /// Active-message id of a response.
 pub const AM_RESPONSE: u32 = 11;
 /// UCX header of a request: frame header and the client's connection token.
-const REQUEST_HEADER: usize = HEADER_LEN + 8;
+const REQUEST_HEADER: usize = HEADER_LEN + SECRET_LEN;
+/// Length of the per-link secret every UCX request carries (see [`Grants`]).
+pub const SECRET_LEN: usize = 16;
 /// UCX transports when none are configured: everything but CMA (see [`Hub::start`]).
 pub const DEFAULT_TLS: &str = "^cma";
 /// How long the probe over a new UCX endpoint may take.
@@ -271,10 +273,17 @@ impl Hub {
                     tracing::warn!("UCX request with a {}-byte header dropped", hdr.len());
                     return;
                 }
-                let (fh, token) = (hdr[..HEADER_LEN].to_vec(), &hdr[HEADER_LEN..]);
-                let origin = u64::from_le_bytes(token.try_into().expect("8 bytes"));
+                let secret: [u8; SECRET_LEN] =
+                    hdr[HEADER_LEN..].try_into().expect("checked length");
+                // Unknown secret: dropped before anything is received or allocated (a
+                // rendezvous is declined by not receiving it).
+                let Some((origin, peer)) = granted(&secret) else {
+                    note_unknown_secret();
+                    return;
+                };
+                let fh = hdr[..HEADER_LEN].to_vec();
                 self.with_payload(w, data, move |payload| {
-                    self.on_request(fh, origin, payload, ep)
+                    self.on_request(fh, origin, peer, payload, ep)
                 });
             })?;
         self.worker
@@ -315,7 +324,14 @@ impl Hub {
         }
     }
 
-    fn on_request(&self, fh: Vec<u8>, origin: u64, payload: Result<Bytes, String>, ep: ReplyEp) {
+    fn on_request(
+        &self,
+        fh: Vec<u8>,
+        origin: u64,
+        peer: crate::Peer,
+        payload: Result<Bytes, String>,
+        ep: ReplyEp,
+    ) {
         let Some(server) = self.server.get() else {
             return;
         };
@@ -325,6 +341,7 @@ impl Hub {
         {
             Ok(mut f) if !f.header.is_response() => {
                 f.origin = origin;
+                f.peer = peer;
                 if let Some(resp) = server.take(f, ep) {
                     lock(&self.outbox).push((ep, resp));
                 }
@@ -374,7 +391,7 @@ impl Hub {
         &'static self,
         ep: &Endpoint,
         link: u64,
-        token: u64,
+        secret: &[u8; SECRET_LEN],
         request_id: u64,
         mut header: Header,
         payload: Bytes,
@@ -382,7 +399,7 @@ impl Hub {
         header.request_id = request_id;
         header.flags &= !trireme_proto::FLAG_RESPONSE;
         let mut h = header.encode(&payload).to_vec();
-        h.extend_from_slice(&token.to_le_bytes());
+        h.extend_from_slice(secret);
         let (tx, rx) = oneshot::channel();
         lock(&self.waiting).insert(request_id, (link, tx));
         let pending = ep.am_send(
@@ -661,6 +678,90 @@ pub struct UcxConnection {
     lanes: String,
     /// Why calls go over TCP (`None` while UCX carries them).
     fallback: Mutex<Option<String>>,
+    /// The secret the node handed out with its address over the TCP link; every request
+    /// carries it.
+    secret: [u8; SECRET_LEN],
+}
+
+/// The UCX secrets a server handed out, each with the link it went out on (its `Hello`
+/// token and its peer): a UCX request is served as if it came on that link.
+static GRANTED: RwLock<Option<GrantMap>> = RwLock::new(None);
+
+/// Secret → (the link's `Hello` token, its peer).
+type GrantMap = HashMap<[u8; SECRET_LEN], (u64, crate::Peer)>;
+
+/// The link a secret was handed out on, if it still is open.
+fn granted(secret: &[u8; SECRET_LEN]) -> Option<(u64, crate::Peer)> {
+    GRANTED
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()?
+        .get(secret)
+        .cloned()
+}
+
+/// Logs UCX requests with an unknown secret, at most once a second.
+fn note_unknown_secret() {
+    static DROPPED: AtomicU64 = AtomicU64::new(0);
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let n = DROPPED.fetch_add(1, Ordering::Relaxed) + 1;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    if LAST.swap(now, Ordering::Relaxed) != now {
+        tracing::warn!(
+            dropped = n,
+            "UCX request without a valid secret dropped unread"
+        );
+    }
+}
+
+/// The UCX secrets handed out on one server link: revoked when the link closes (dropped).
+#[derive(Debug, Default)]
+pub struct Grants(Vec<[u8; SECRET_LEN]>);
+
+impl Grants {
+    /// A fresh secret for UCX requests of the link `origin` from `peer`.
+    pub fn grant(&mut self, origin: u64, peer: crate::Peer) -> [u8; SECRET_LEN] {
+        let mut secret = [0u8; SECRET_LEN];
+        fill_random(&mut secret);
+        GRANTED
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(HashMap::new)
+            .insert(secret, (origin, peer));
+        self.0.push(secret);
+        secret
+    }
+}
+
+impl Drop for Grants {
+    fn drop(&mut self) {
+        if self.0.is_empty() {
+            return;
+        }
+        let mut g = GRANTED.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = g.as_mut() {
+            for s in &self.0 {
+                m.remove(s);
+            }
+        }
+    }
+}
+
+/// Fills `buf` from the kernel's random source.
+fn fill_random(buf: &mut [u8]) {
+    let mut done = 0;
+    while done < buf.len() {
+        // SAFETY: writes at most `buf.len() - done` bytes into the rest of `buf`, which we own.
+        let n = unsafe { libc::getrandom(buf[done..].as_mut_ptr().cast(), buf.len() - done, 0) };
+        if n > 0 {
+            done += n as usize;
+        } else if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            // getrandom(2) does not fail on Linux 3.17+ once the pool is initialised.
+            panic!("getrandom failed: {}", std::io::Error::last_os_error());
+        }
+    }
 }
 
 /// Request ids of UCX calls: unique in the process, since one worker matches every answer.
@@ -686,11 +787,11 @@ pub async fn negotiate(
 ) -> Result<UcxConnection, TransportError> {
     let link = next_id();
     let tried = try_ucx(&tcp, link).await;
-    let (hub, ep, lanes, why) = match tried {
-        Ok((hub, ep, lanes)) => (Some(hub), Some(ep), lanes, None),
+    let (hub, ep, lanes, why, secret) = match tried {
+        Ok((hub, ep, lanes, secret)) => (Some(hub), Some(ep), lanes, None, secret),
         Err(why) if fallback == Fallback::Allowed => {
             tracing::info!(peer = %tcp.peer(), "UCX not used, staying on TCP: {why}");
-            (None, None, String::new(), Some(why))
+            (None, None, String::new(), Some(why), [0; SECRET_LEN])
         }
         Err(why) => {
             return Err(TransportError::Connect {
@@ -706,13 +807,14 @@ pub async fn negotiate(
         link,
         lanes,
         fallback: Mutex::new(why),
+        secret,
     })
 }
 
 async fn try_ucx(
     tcp: &TcpConnection,
     link: u64,
-) -> Result<(&'static Hub, Endpoint, String), String> {
+) -> Result<(&'static Hub, Endpoint, String, [u8; SECRET_LEN]), String> {
     let offer = tcp
         .call(Header::request(Op::UcxAddress, 0), Bytes::new())
         .await
@@ -723,18 +825,24 @@ async fn try_ucx(
             String::from_utf8_lossy(&offer.payload)
         ));
     }
+    // The worker address, then this link's secret (see [`Grants`]).
+    let Some(cut) = offer.payload.len().checked_sub(SECRET_LEN) else {
+        return Err("the node's UCX offer is too short to hold a secret".into());
+    };
+    let (address, secret) = offer.payload.split_at(cut);
+    let secret: [u8; SECRET_LEN] = secret.try_into().expect("split at the secret's length");
     let hub = Hub::get().map_err(|e| format!("UCX cannot start here: {e}"))?;
     hub.drive_here();
     let ep = hub
         .worker
-        .connect(&offer.payload)
+        .connect(address)
         .map_err(|e| format!("UCX endpoint: {e}"))?;
     let lanes = ep.lane_summary();
     let probe = hub
         .start_call(
             &ep,
             link,
-            tcp.token(),
+            &secret,
             next_id(),
             Header::request(Op::Ping, 0),
             Bytes::new(),
@@ -750,7 +858,7 @@ async fn try_ucx(
         ep.close(true);
         return Err(e);
     }
-    Ok((hub, ep, lanes))
+    Ok((hub, ep, lanes, secret))
 }
 
 impl UcxConnection {
@@ -763,7 +871,7 @@ impl UcxConnection {
         Some(hub.start_call(
             ep,
             self.link,
-            self.tcp.token(),
+            &self.secret,
             next_id(),
             header,
             payload.clone(),
