@@ -272,3 +272,41 @@ impl ControlClient {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Request;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// What the fuzz target `control_request` checks, on every test run: any line decodes
+        /// to an error or to a request that encodes back to itself.
+        #[test]
+        fn any_line_decodes_to_an_error_or_a_request_that_round_trips(
+            line in prop_oneof![
+                proptest::collection::vec(any::<u8>(), 0..200),
+                "\\{\"cmd\":\"(volume_create|volume_access|attach|node_drain|set_replica_state)\"(,\"[a-z_]{1,8}\":(\"[a-z*]{0,6}\"|[0-9]{1,20}|\\[\\]|\\[\"[a-z*]{0,4}\"\\]|null)){0,4}\\}"
+                    .prop_map(String::into_bytes),
+            ]
+        ) {
+            if let Ok(r) = serde_json::from_slice::<Request>(&line) {
+                let again = serde_json::to_vec(&r).unwrap();
+                prop_assert_eq!(serde_json::from_slice::<Request>(&again).ok(), Some(r));
+            }
+        }
+    }
+
+    #[test]
+    fn an_access_request_decodes() {
+        let r: Request =
+            serde_json::from_str(r#"{"cmd":"volume_access","name":"v","allow":["a"]}"#).unwrap();
+        assert_eq!(
+            r,
+            Request::VolumeAccess {
+                name: "v".into(),
+                allow: vec!["a".into()],
+                deny: vec![]
+            }
+        );
+    }
+}
