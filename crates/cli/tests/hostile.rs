@@ -105,7 +105,7 @@ fn the_access_list_decides_which_clients_reach_a_volume() {
     };
     let mut frames = frame(trireme_proto::Op::DeleteReplica, 1).to_vec();
     frames.extend_from_slice(&frame(trireme_proto::Op::Checksum, 2));
-    let answers = tls_exchange(&node, &bob, &frames);
+    let answers = common::tls_exchange(&node, &bob, &frames);
     let mut statuses = Vec::new();
     let mut rest = &answers[..];
     while let Ok(h) = trireme_proto::decode_header(rest.get(..64).unwrap_or_default()) {
@@ -123,38 +123,38 @@ fn the_access_list_decides_which_clients_reach_a_volume() {
     );
     wait_logged(&c.path().join("node-1.log"), "client bob may not Checksum");
 
+    // The manager's heartbeats reuse their links: no connection piles up at a node (each
+    // ping used to leave a TLS connection open on both ends).
+    let port: u16 = node.rsplit(':').next().unwrap().parse().unwrap();
+    let before = established_at(port);
+    std::thread::sleep(Duration::from_secs(3));
+    let after = established_at(port);
+    assert!(
+        after <= before + 1,
+        "node 1's connections grew from {before} to {after}"
+    );
+
     // Nothing of that touched the volume.
     assert_all_nodes_up(&c);
     assert_replicas_identical(&c, "vol0");
 }
 
-/// Sends `bytes` to `addr` over TLS with the client identity in `dir` (`openssl s_client`),
-/// and returns what came back within two seconds.
-fn tls_exchange(addr: &str, dir: &std::path::Path, bytes: &[u8]) -> Vec<u8> {
-    let mut child = Command::new("openssl")
-        .args(["s_client", "-quiet", "-ign_eof", "-connect", addr])
-        .arg("-CAfile")
-        .arg(dir.join("ca-cert.pem"))
-        .arg("-cert")
-        .arg(dir.join("client-cert.pem"))
-        .arg("-key")
-        .arg(dir.join("client-key.pem"))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(bytes).unwrap();
-    let mut out = child.stdout.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut got = Vec::new();
-        let _ = out.read_to_end(&mut got);
-        got
-    });
-    std::thread::sleep(Duration::from_secs(2));
-    let _ = child.kill();
-    let _ = child.wait();
-    reader.join().unwrap()
+/// Established TCP connections whose local port is `port` (the server ends at a listener).
+fn established_at(port: u16) -> usize {
+    let tcp = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    tcp.lines()
+        .skip(1)
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() > 3
+                && f[3] == "01"
+                && f[1]
+                    .rsplit(':')
+                    .next()
+                    .and_then(|p| u16::from_str_radix(p, 16).ok())
+                    == Some(port)
+        })
+        .count()
 }
 
 /// Resident memory of a process, in bytes.

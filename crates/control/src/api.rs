@@ -236,17 +236,36 @@ impl ControlClient {
         })
     }
 
-    /// Connects to a manager's control API over TCP (`host:port`).
+    /// Connects to a manager's control API over TCP (`host:port`): over mutual TLS when this
+    /// process has a TLS identity (the manager's certificate checked against the address).
     pub async fn connect_tcp(addr: &str) -> Result<ControlClient, ControlError> {
-        let s = tokio::net::TcpStream::connect(addr)
-            .await
-            .map_err(|source| ControlError::ConnectTcp {
-                addr: addr.to_string(),
-                source,
-            })?;
+        let err = |source| ControlError::ConnectTcp {
+            addr: addr.to_string(),
+            source,
+        };
+        let s = tokio::net::TcpStream::connect(addr).await.map_err(err)?;
         let _ = s.set_nodelay(true);
+        let Some(cfg) = trireme_transport::tcp::tls_setup().and_then(|t| t.client.clone()) else {
+            return Ok(ControlClient {
+                stream: BufReader::new(Box::new(s)),
+            });
+        };
+        let host = addr
+            .rsplit_once(':')
+            .map_or(addr, |(h, _)| h)
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        let name = rustls::pki_types::ServerName::try_from(host.to_string())
+            .map_err(|e| err(std::io::Error::other(format!("{host}: {e}"))))?;
+        let tls = tokio::time::timeout(
+            std::time::Duration::from_secs(3),
+            tokio_rustls::TlsConnector::from(cfg).connect(name, s),
+        )
+        .await
+        .map_err(|_| err(std::io::Error::other("no TLS handshake within 3s")))?
+        .map_err(err)?;
         Ok(ControlClient {
-            stream: BufReader::new(Box::new(s)),
+            stream: BufReader::new(Box::new(tls)),
         })
     }
 

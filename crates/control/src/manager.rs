@@ -10,7 +10,7 @@ use trireme_client::{AttachInfo, ReplicaTarget};
 use trireme_meta::{ClusterMeta, NodeRecord, NodeState, VolumeRecord};
 use trireme_proto::{Header, Op, Status};
 use trireme_replication::{place, NodeLoad};
-use trireme_transport::TransportKind;
+use trireme_transport::{Peer, TransportKind};
 
 use crate::api::{
     LinkStatus, NodeStatus, ReplicaStatus, Reply, Request, StatusReport, VolumeStatus, MAX_LINE,
@@ -31,6 +31,9 @@ pub struct Manager {
     clients: std::sync::Mutex<Vec<Arc<trireme_client::Volume>>>,
     /// When each node last answered a heartbeat.
     last_seen: std::sync::Mutex<std::collections::HashMap<u32, Instant>>,
+    /// One link per node address, kept for the heartbeats and node operations (a new TCP and
+    /// TLS handshake every half second per node would cost more than the ping).
+    links: std::sync::Mutex<std::collections::HashMap<String, Link>>,
     /// The process supervisor of `trireme up`, for `node stop` / `node start`.
     supervisor: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedSender<NodeControl>>>,
     /// `node drain` / `node remove` jobs, the latest per node.
@@ -49,6 +52,8 @@ pub enum NodeControl {
 
 pub(crate) type Result<T> = std::result::Result<T, String>;
 
+type Link = Arc<dyn trireme_transport::Connection>;
+
 impl Manager {
     pub fn new(meta: ClusterMeta) -> Manager {
         Manager {
@@ -56,6 +61,7 @@ impl Manager {
             volume_lock: tokio::sync::Mutex::new(()),
             clients: std::sync::Mutex::default(),
             last_seen: std::sync::Mutex::default(),
+            links: std::sync::Mutex::default(),
             supervisor: std::sync::Mutex::default(),
             moves: std::sync::Mutex::default(),
             leases: std::sync::atomic::AtomicBool::new(false),
@@ -236,20 +242,55 @@ impl Manager {
         limit: Duration,
     ) -> Result<trireme_transport::Frame> {
         let fut = async {
-            let c = trireme_transport::connect(TransportKind::Tcp, &node.addr, 1)
-                .await
-                .map_err(|e| e.to_string())?;
-            c.call(h, Bytes::new()).await.map_err(|e| e.to_string())
+            let cached = {
+                let links = self.links.lock().unwrap_or_else(|e| e.into_inner());
+                links.get(&node.addr).filter(|c| !c.is_closed()).cloned()
+            };
+            let c = match cached {
+                Some(c) => c,
+                None => {
+                    let c = trireme_transport::connect(TransportKind::Tcp, &node.addr, 1)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    self.links
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(node.addr.clone(), c.clone());
+                    c
+                }
+            };
+            let r = c.call(h, Bytes::new()).await.map_err(|e| e.to_string());
+            if r.is_err() {
+                self.forget_link(&node.addr, &c);
+            }
+            r
         };
         tokio::time::timeout(limit, fut)
             .await
             .map_err(|_| {
+                // A node that does not answer may be frozen: the next call starts afresh.
+                if let Some(c) = self
+                    .links
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&node.addr)
+                    .cloned()
+                {
+                    self.forget_link(&node.addr, &c);
+                }
                 format!(
                     "node {} at {} did not answer in {limit:?}",
                     node.id, node.addr
                 )
             })?
             .map_err(|e| format!("node {}: {e}", node.id))
+    }
+
+    fn forget_link(&self, addr: &str, c: &Link) {
+        let mut links = self.links.lock().unwrap_or_else(|e| e.into_inner());
+        if links.get(addr).is_some_and(|k| Arc::ptr_eq(k, c)) {
+            links.remove(addr);
+        }
     }
 
     pub(crate) async fn node(&self, id: u32) -> Result<NodeRecord> {
@@ -755,12 +796,42 @@ pub async fn serve(path: &Path, manager: Arc<Manager>) -> std::io::Result<()> {
             tracing::warn!("refused a control connection: {why}");
             continue;
         }
-        tokio::spawn(serve_conn(sock, manager.clone()));
+        tokio::spawn(serve_conn(sock, manager.clone(), Peer::Trusted));
     }
 }
 
-/// One control connection: a request line in, a reply line out, until it closes.
-pub async fn serve_conn<S: crate::api::ControlStream>(sock: S, m: Arc<Manager>) {
+/// Refuses a request `peer` may not make: a client's certificate reads the cluster's state
+/// only; nodes, operators (`admin`) and trusted links may do everything.
+fn authorize(peer: &Peer, req: &Request) -> Result<()> {
+    if peer.is_cluster() {
+        return Ok(());
+    }
+    let read_only = matches!(
+        req,
+        Request::NodeList
+            | Request::VolumeList
+            | Request::VolumeInfo { .. }
+            | Request::Locate { .. }
+            | Request::Status
+    );
+    match peer {
+        Peer::Cert(r) if read_only && matches!(**r, trireme_tls::Role::Client(_)) => Ok(()),
+        _ => {
+            let cmd = serde_json::to_value(req)
+                .ok()
+                .and_then(|v| v.get("cmd").and_then(|c| c.as_str()).map(String::from))
+                .unwrap_or_default();
+            tracing::warn!(%peer, cmd, "refused a control request: only operators and nodes may");
+            Err(format!(
+                "{peer} may not {cmd}: only an operator (`trireme ca issue admin`) or a node may"
+            ))
+        }
+    }
+}
+
+/// One control connection: a request line in, a reply line out, until it closes. `peer` is
+/// who is on the other end (see [`authorize`]).
+pub async fn serve_conn<S: crate::api::ControlStream>(sock: S, m: Arc<Manager>, peer: Peer) {
     let mut s = BufReader::new(sock);
     loop {
         let mut buf = Vec::new();
@@ -774,9 +845,12 @@ pub async fn serve_conn<S: crate::api::ControlStream>(sock: S, m: Arc<Manager>) 
             return;
         } else {
             match serde_json::from_slice::<Request>(&buf) {
-                Ok(req) => match m.handle(req).await {
-                    Ok(v) => Reply::Ok(v),
+                Ok(req) => match authorize(&peer, &req) {
                     Err(e) => Reply::Error(e),
+                    Ok(()) => match m.handle(req).await {
+                        Ok(v) => Reply::Ok(v),
+                        Err(e) => Reply::Error(e),
+                    },
                 },
                 Err(e) => Reply::Error(format!("bad request: {e}")),
             }

@@ -173,15 +173,42 @@ async fn serve_control(
     current: watch::Receiver<Option<Arc<Manager>>>,
     meta: ClusterMeta,
 ) {
+    // Mutual TLS when the daemon has an identity: only certificates of the cluster's CA get in,
+    // and what they may ask depends on their role (`trireme_control::serve_conn`).
+    let acceptor = trireme_transport::tcp::tls_setup()
+        .and_then(|t| t.server.clone())
+        .map(trireme_tls::tokio_rustls::TlsAcceptor::from);
     loop {
-        let Ok((mut sock, _)) = listener.accept().await else {
+        let Ok((sock, addr)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
         let _ = sock.set_nodelay(true);
         let mut current = current.clone();
         let meta = meta.clone();
+        let acceptor = acceptor.clone();
         tokio::spawn(async move {
+            let (mut sock, peer): (Box<dyn trireme_control::ControlStream>, _) = match acceptor {
+                None => (Box::new(sock), trireme_transport::Peer::Trusted),
+                Some(a) => match tokio::time::timeout(Duration::from_secs(3), a.accept(sock)).await
+                {
+                    Ok(Ok(s)) => match trireme_tls::peer_role(s.get_ref().1) {
+                        Some(role) => (Box::new(s), trireme_transport::Peer::Cert(Arc::new(role))),
+                        None => {
+                            tracing::warn!(%addr, "refused a control connection: its certificate names no trireme role");
+                            return;
+                        }
+                    },
+                    Ok(Err(e)) => {
+                        tracing::warn!(%addr, "refused a control connection: TLS handshake failed: {e}");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::warn!(%addr, "refused a control connection: no TLS handshake within 3s");
+                        return;
+                    }
+                },
+            };
             // A daemon that has just won the election is named in etcd a moment before its
             // manager is ready (it reads the previous manager's jobs first): a client sent here
             // in that moment waits for it rather than being told to go elsewhere.
@@ -190,7 +217,7 @@ async fn serve_control(
                 .ok()
                 .and_then(|r| r.ok().and_then(|m| m.clone()));
             if let Some(m) = m {
-                return trireme_control::serve_conn(sock, m).await;
+                return trireme_control::serve_conn(sock, m, peer).await;
             }
             use tokio::io::AsyncWriteExt;
             let where_ = match meta.manager().await {

@@ -41,6 +41,11 @@ fn tls() -> Option<&'static TlsSetup> {
     TLS.get()
 }
 
+/// This process's TLS for TCP links, if set: the control API's TCP links use it too.
+pub fn tls_setup() -> Option<&'static TlsSetup> {
+    tls()
+}
+
 /// Requests a server runs at once per stream; a client that sends more waits in TCP's buffers.
 const MAX_IN_FLIGHT_PER_STREAM: usize = 256;
 /// Frames written per syscall batch at most.
@@ -386,6 +391,10 @@ async fn write_frames<W: AsyncWrite + Unpin>(
         }
         w.flush().await?;
     }
+    // Every handle is gone: close our side, so the peer ends the link (and our reader with
+    // it). Dropping a split TLS stream's write half would not: the read half still holds the
+    // socket, and both ends would keep it open for good.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), w.shutdown()).await;
     Ok(())
 }
 

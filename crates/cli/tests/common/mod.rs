@@ -364,3 +364,33 @@ pub fn sh(args: &[&str]) -> Result<(), String> {
         ))
     }
 }
+
+/// Sends `bytes` to `addr` over TLS with the client identity in `dir` (`openssl s_client`),
+/// and returns what came back within two seconds.
+pub fn tls_exchange(addr: &str, dir: &Path, bytes: &[u8]) -> Vec<u8> {
+    use std::io::{Read, Write};
+    let mut child = Command::new("openssl")
+        .args(["s_client", "-quiet", "-ign_eof", "-connect", addr])
+        .arg("-CAfile")
+        .arg(dir.join("ca-cert.pem"))
+        .arg("-cert")
+        .arg(dir.join("client-cert.pem"))
+        .arg("-key")
+        .arg(dir.join("client-key.pem"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(bytes).unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut got = Vec::new();
+        let _ = out.read_to_end(&mut got);
+        got
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let _ = child.kill();
+    let _ = child.wait();
+    reader.join().unwrap()
+}
