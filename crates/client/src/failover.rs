@@ -140,8 +140,8 @@ pub(crate) async fn start(v: &Arc<Volume>) -> Result<(), VolumeError> {
                 }
                 match v.resync(i).await {
                     Ok(()) => *last = None,
-                    Err(VolumeError::Fenced { .. }) => {
-                        tracing::info!(volume = %v.info.name, "fenced by a newer writer; resync stops");
+                    Err(e) if e.stops_writer() => {
+                        tracing::info!(volume = %v.info.name, "resync stops: {e}");
                         return;
                     }
                     Err(e) => {
@@ -431,7 +431,7 @@ impl Volume {
             for (s, r) in marks {
                 match r {
                     Ok(_) => {}
-                    Err(e @ VolumeError::Fenced { .. }) => return Err(e),
+                    Err(e) if e.stops_writer() => return Err(e),
                     Err(e) => {
                         tracing::warn!(volume = %self.info.name, node = self.node(s), "survivor cannot track a replica that is out: {e}");
                         if !silent.contains(&s) {
@@ -879,7 +879,7 @@ impl Volume {
 
     /// The resyncing replica failed: back to outdated, with the range kept dirty.
     async fn replica_failed(&self, i: usize, off: u64, len: u64, e: VolumeError) -> VolumeError {
-        if matches!(e, VolumeError::Fenced { .. }) {
+        if e.stops_writer() {
             return e;
         }
         if let Err(e2) = self.take_out_with(&[i], Some((off, len)), false).await {

@@ -107,6 +107,10 @@ pub enum VolumeError {
         node: u32,
         why: String,
     },
+    /// The node refused this writer's identity (not on the volume's access list): no replica
+    /// is at fault, so none is taken out; the writer stops as if fenced.
+    #[error("node {node} refused this identity: {why}")]
+    Denied { node: u32, why: String },
     #[error("volume {0}: no in-sync replica can serve the request")]
     NoReplicas(String),
     #[error("node {node} sent a malformed response: {what}")]
@@ -123,6 +127,12 @@ impl VolumeError {
     pub fn is_bad_copy(&self) -> bool {
         matches!(self, VolumeError::Replica { status, .. } if *status == Status::Corrupt.as_str())
     }
+    /// True if the writer may not go on at all (fenced by a newer epoch, or refused by a node
+    /// for its identity): no replica is taken out for it.
+    pub fn stops_writer(&self) -> bool {
+        self.is_fenced() || matches!(self, VolumeError::Denied { .. })
+    }
+
     pub fn is_fenced(&self) -> bool {
         matches!(
             self,
@@ -425,7 +435,7 @@ impl Volume {
                         _ => {}
                     }
                 }
-                Err(e @ VolumeError::Fenced { .. }) => return Err(e),
+                Err(e) if e.stops_writer() => return Err(e),
                 Err(e) if self.membership.is_none() => return Err(e),
                 Err(e) => {
                     tracing::warn!(volume = %self.info.name, node = self.node(i), "attach failed: {e}");
@@ -576,6 +586,10 @@ impl Volume {
                 ours: self.info.epoch,
                 newer: f.header.epoch,
             }),
+            Status::Denied => Err(VolumeError::Denied {
+                node: self.node(i),
+                why: String::from_utf8_lossy(&f.payload).into_owned(),
+            }),
             s => Err(VolumeError::Replica {
                 node: self.node(i),
                 status: s.as_str(),
@@ -628,7 +642,9 @@ impl Volume {
                 Err(e) => {
                     tracing::warn!(volume = %self.info.name, node = self.node(i), op = ?h.op, "replica failed: {e}");
                     match e {
-                        VolumeError::Fenced { .. } => ReplicaOutcome::Fenced,
+                        VolumeError::Fenced { .. } | VolumeError::Denied { .. } => {
+                            ReplicaOutcome::Fenced
+                        }
                         VolumeError::Replica { status, .. }
                             if status == Status::OutOfRange.as_str()
                                 || status == Status::Invalid.as_str() =>
@@ -705,7 +721,7 @@ impl Volume {
                     }
                     return Ok(f);
                 }
-                Err(e @ VolumeError::Fenced { .. }) => return Err(e),
+                Err(e) if e.stops_writer() => return Err(e),
                 Err(e) => {
                     tracing::warn!(volume = %self.info.name, node = self.node(i), "read failed, trying another replica: {e}");
                     if e.is_bad_copy() {

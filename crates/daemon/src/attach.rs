@@ -27,6 +27,10 @@ use crate::DaemonError;
 /// How long a stopping writer tries to flush and detach.
 pub const DETACH_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long an attach refused by the nodes for its identity is tried again: nodes follow a
+/// changed access list within a moment, and re-read it every 5 s whatever happens.
+const ACCESS_PROPAGATION: Duration = Duration::from_secs(6);
+
 /// How to attach.
 #[derive(Debug, Clone)]
 pub struct AttachConfig {
@@ -135,6 +139,22 @@ pub async fn attach(
     exports: Vec<String>,
 ) -> Result<Attached, DaemonError> {
     trireme_meta::check_name(&cfg.volume).map_err(|e| DaemonError::Usage(e.to_string()))?;
+    // Said up front, before an epoch is taken: the nodes would refuse this identity anyway.
+    if let Some(trireme_tls::Role::Client(me)) = crate::tls_role() {
+        let v = until_reachable("reading the volume", || meta.volume(&cfg.volume)).await?;
+        if !v
+            .access
+            .iter()
+            .any(|a| a == trireme_meta::ANY_CLIENT || a == me)
+        {
+            return Err(DaemonError::Usage(format!(
+                "client {me} is not on volume {}'s access list ({}): an operator can add it with `trireme volume access {} --allow {me}`",
+                cfg.volume,
+                v.access.join(", "),
+                cfg.volume
+            )));
+        }
+    }
     let ttl = cfg.lease_ttl.max(crate::lease::MIN_TTL);
     let lease = crate::lease::grant(&**meta.store(), ttl).await?;
     let rec = AttachRecord {
@@ -201,7 +221,20 @@ pub async fn attach(
         tracing::warn!(volume = %cfg.volume, epoch = v.epoch, "the previous writer did not detach: reconciling the replicas first");
     }
     let membership = Arc::new(MetaMembership { meta: meta.clone() });
-    let volume = match Volume::attach_managed(info, cfg.opts.clone(), membership).await {
+    // Nodes learn a changed access list within a moment (a watch): a refusal right after the
+    // list changed is tried again for a few seconds.
+    let t0 = std::time::Instant::now();
+    let attached = loop {
+        match Volume::attach_managed(info.clone(), cfg.opts.clone(), membership.clone()).await {
+            Err(trireme_client::VolumeError::Denied { .. })
+                if t0.elapsed() < ACCESS_PROPAGATION =>
+            {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            r => break r,
+        }
+    };
+    let volume = match attached {
         Ok(v) => v,
         Err(e) => {
             keeper.abort();
