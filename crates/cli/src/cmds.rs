@@ -1,6 +1,6 @@
 //! Commands that talk to a running cluster, and the node daemon.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -670,13 +670,40 @@ async fn node_serve(cli: &Cli, a: &NodeServeArgs) -> Result<(), CliError> {
     Ok(())
 }
 
+/// The client identity for `https://` etcd endpoints: a node daemon's (`--tls-dir`), else the
+/// process's `--tls-identity`.
+fn etcd_tls(cli: &Cli) -> Result<Option<trireme_meta::EtcdTls>, CliError> {
+    let (dir, stem) = match (&cli.cmd, &cli.tls_identity) {
+        (Cmd::Node(NodeCmd::Run(a)), _) if a.tls_dir.is_some() => {
+            (a.tls_dir.clone().unwrap_or_default(), "node")
+        }
+        (_, Some(d)) if d.join("admin-cert.pem").exists() => (d.clone(), "admin"),
+        (_, Some(d)) => (d.clone(), "client"),
+        _ => return Ok(None),
+    };
+    let read = |p: PathBuf| {
+        std::fs::read(&p)
+            .map_err(|e| CliError::Usage(format!("etcd TLS identity: {}: {e}", p.display())))
+    };
+    Ok(Some(trireme_meta::EtcdTls {
+        ca_pem: read(
+            cli.etcd_ca
+                .clone()
+                .unwrap_or_else(|| dir.join("ca-cert.pem")),
+        )?,
+        cert_pem: read(dir.join(format!("{stem}-cert.pem")))?,
+        key_pem: read(dir.join(format!("{stem}-key.pem")))?,
+    }))
+}
+
 /// The cluster metadata in etcd, for commands given `--etcd`.
 async fn etcd_meta(cli: &Cli) -> Result<trireme_meta::ClusterMeta, CliError> {
     let urls = cli.etcd.as_deref().ok_or_else(|| {
         CliError::Usage("this command needs --etcd URLS (or TRIREME_ETCD)".into())
     })?;
     let eps = trireme_meta::parse_endpoints(urls).map_err(|e| CliError::Usage(e.to_string()))?;
-    let store = trireme_meta::EtcdMeta::connect(&eps).await?;
+    let tls = etcd_tls(cli)?;
+    let store = trireme_meta::EtcdMeta::connect(&eps, tls.as_ref()).await?;
     Ok(trireme_meta::ClusterMeta::new(Arc::new(store)))
 }
 

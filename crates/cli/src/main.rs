@@ -44,8 +44,14 @@ pub struct Cli {
     pub transport: TransportArg,
     /// The cluster's etcd endpoints (`HOST:PORT,...`): commands then reach the cluster of
     /// several servers through etcd (and its elected manager) instead of `--data-dir`.
+    /// `https://HOST:PORT` endpoints are reached over TLS with this process's identity
+    /// (`--tls-identity`, or a node's `--tls-dir`) as the client certificate.
     #[arg(long, global = true, env = "TRIREME_ETCD", value_name = "URLS")]
     pub etcd: Option<String>,
+    /// The CA that issued etcd's server certificate, if not the cluster's (`ca-cert.pem` of the
+    /// identity directory).
+    #[arg(long, global = true, env = "TRIREME_ETCD_CA", value_name = "FILE")]
+    pub etcd_ca: Option<PathBuf>,
     /// This process's identity for links to nodes that serve over mutual TLS: a directory with
     /// `client-cert.pem`, `client-key.pem` and `ca-cert.pem` (`trireme ca issue client NAME`).
     /// Beside a local cluster, `<data-dir>/tls/up` is used without asking.

@@ -57,13 +57,13 @@ pub fn parse_endpoints(s: &str) -> Result<Vec<String>, MetaError> {
     }
     for e in &eps {
         let rest = e.split_once("://").map_or("", |(_, r)| r);
-        let ok = e.starts_with("http://")
+        let ok = (e.starts_with("http://") || e.starts_with("https://"))
             && rest
                 .rsplit_once(':')
                 .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
         if !ok {
             return Err(MetaError::BadEndpoints(format!(
-                "{e:?} (expected HOST:PORT or http://HOST:PORT)"
+                "{e:?} (expected HOST:PORT, http://HOST:PORT or https://HOST:PORT)"
             )));
         }
     }
@@ -99,14 +99,59 @@ fn from_etcd(kv: &etcd_client::KeyValue) -> Result<KeyValue, MetaError> {
     })
 }
 
+/// How to reach etcd over TLS: PEM bytes of the CA that issued etcd's certificate, and of the
+/// client certificate and key this process presents.
+#[derive(Clone)]
+pub struct EtcdTls {
+    pub ca_pem: Vec<u8>,
+    pub cert_pem: Vec<u8>,
+    pub key_pem: Vec<u8>,
+}
+
+impl std::fmt::Debug for EtcdTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EtcdTls")
+    }
+}
+
 impl EtcdMeta {
     /// Connects to etcd at `endpoints` (any member; calls go to whichever answers).
-    pub async fn connect(endpoints: &[String]) -> Result<EtcdMeta, MetaError> {
-        let opts = ConnectOptions::new()
+    /// `https://` endpoints need `tls`: the CA that issued etcd's certificate and the client
+    /// certificate etcd checks (`--client-cert-auth`).
+    pub async fn connect(
+        endpoints: &[String],
+        tls: Option<&EtcdTls>,
+    ) -> Result<EtcdMeta, MetaError> {
+        let mut opts = ConnectOptions::new()
             .with_connect_timeout(CALL_TIMEOUT)
             .with_timeout(CALL_TIMEOUT)
             .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
             .with_keep_alive_while_idle(true);
+        let secure = endpoints
+            .iter()
+            .filter(|e| e.starts_with("https://"))
+            .count();
+        match (secure, tls) {
+            (0, _) => {}
+            (n, Some(t)) if n == endpoints.len() => {
+                opts = opts.with_tls(
+                    etcd_client::TlsOptions::new()
+                        .ca_certificate(etcd_client::Certificate::from_pem(&t.ca_pem))
+                        .identity(etcd_client::Identity::from_pem(&t.cert_pem, &t.key_pem)),
+                );
+            }
+            (n, Some(_)) if n < endpoints.len() => {
+                return Err(MetaError::BadEndpoints(
+                    "mixed http:// and https:// etcd endpoints".into(),
+                ))
+            }
+            _ => {
+                return Err(MetaError::BadEndpoints(
+                    "https:// etcd endpoints need a TLS identity (--tls-identity DIR, or --tls-dir for a node)"
+                        .into(),
+                ))
+            }
+        }
         let client = timed(Client::connect(endpoints, Some(opts))).await?;
         Ok(EtcdMeta {
             client,

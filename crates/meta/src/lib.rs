@@ -24,7 +24,7 @@ mod tests;
 pub use cluster::{
     AliveRecord, AttachRecord, ClusterMeta, ManagerRecord, MoveRequest, MoveRequestState, PREFIX,
 };
-pub use etcd::{parse_endpoints, EtcdMeta};
+pub use etcd::{parse_endpoints, EtcdMeta, EtcdTls};
 pub use kv::MetaStore;
 pub use local::EmbeddedMeta;
 

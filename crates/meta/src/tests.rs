@@ -68,7 +68,7 @@ impl EtcdServer {
     pub(crate) async fn connect(&self) -> EtcdMeta {
         let t0 = std::time::Instant::now();
         loop {
-            if let Ok(m) = EtcdMeta::connect(std::slice::from_ref(&self.url)).await {
+            if let Ok(m) = EtcdMeta::connect(std::slice::from_ref(&self.url), None).await {
                 if m.range("/").await.is_ok() {
                     return m;
                 }
@@ -620,7 +620,7 @@ fn etcd_unreachable_is_an_error_not_a_hang() {
     rt().block_on(async {
         let port = free_port();
         let t0 = std::time::Instant::now();
-        let r = match EtcdMeta::connect(&[format!("http://127.0.0.1:{port}")]).await {
+        let r = match EtcdMeta::connect(&[format!("http://127.0.0.1:{port}")], None).await {
             Ok(m) => m.range("/").await.map(|_| ()),
             Err(e) => Err(e),
         };
