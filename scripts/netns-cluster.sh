@@ -14,7 +14,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 T=${TRIREME_BIN:-$PWD/target/release/trireme}
 D=${TRIREME_NETNS_DIR:-/tmp/trireme-netns}
-ETCD=10.77.0.2:2379
+ETCD=https://10.77.0.2:2379
+# Commands from this host run as the cluster's operator (an admin certificate).
+ADMIN=(--etcd "$ETCD" --tls-identity "$D/tls-admin")
 
 need_root() { [ "$(id -u)" -eq 0 ] || { echo "run as root (network namespaces)" >&2; exit 2; }; }
 
@@ -55,14 +57,19 @@ up() {
   echo 1 > /proc/sys/net/ipv4/ip_forward
   mkns trireme-e 0 e
   rm -rf "$D/etcd" "$D"/server-*  # a new cluster each time
-  ip netns exec trireme-e etcd --name e1 --data-dir "$D/etcd" --listen-client-urls "http://$ETCD" \
-    --advertise-client-urls "http://$ETCD" --listen-peer-urls http://10.77.0.2:2380 \
+  # One CA for the cluster, and every link on TLS: etcd takes only clients with a certificate
+  # of it; each server gets a certificate for its address, the operator an admin one, the
+  # client host one for its NBD export and one for its links to the servers.
+  [ -f "$D/ca/ca-key.pem" ] || "$T" ca init --dir "$D/ca" >/dev/null
+  "$T" ca issue server --san 10.77.0.2 --ca "$D/ca" --out "$D/tls-etcd" >/dev/null
+  "$T" ca issue admin --ca "$D/ca" --out "$D/tls-admin" >/dev/null
+  ip netns exec trireme-e etcd --name e1 --data-dir "$D/etcd" --listen-client-urls "$ETCD" \
+    --advertise-client-urls "$ETCD" --listen-peer-urls http://10.77.0.2:2380 \
     --initial-advertise-peer-urls http://10.77.0.2:2380 --initial-cluster e1=http://10.77.0.2:2380 \
+    --cert-file "$D/tls-etcd/server-cert.pem" --key-file "$D/tls-etcd/server-key.pem" \
+    --trusted-ca-file "$D/tls-etcd/ca-cert.pem" --client-cert-auth \
     --log-level warn >"$D/etcd.log" 2>&1 &
   echo $! > "$D/etcd.pid"
-  # One CA for the cluster: each server gets a certificate for its address, the client host
-  # one for its NBD export and one for its links to the servers (all mutual TLS).
-  [ -f "$D/ca/ca-key.pem" ] || "$T" ca init --dir "$D/ca" >/dev/null
   for i in $(seq 1 "$n"); do
     mkns "trireme-s$i" "$i" "$i"
     "$T" ca issue node "$i" --san "10.77.$i.2" --ca "$D/ca" --out "$D/tls-s$i" >/dev/null
@@ -74,28 +81,30 @@ up() {
   done
   mkns trireme-c 99 c
   for _ in $(seq 1 100); do
-    [ "$("$T" --etcd "$ETCD" --output json node list 2>/dev/null | grep -c '"up": true')" -ge "$n" ] && break
+    [ "$("$T" "${ADMIN[@]}" --output json node list 2>/dev/null | grep -c '"up": true')" -ge "$n" ] && break
     sleep 0.2
   done
   local reps=$(( n < 3 ? n : 3 ))
-  "$T" --etcd "$ETCD" volume create vol0 --size 1G --replicas "$reps" >/dev/null 2>&1 || true
+  # Only the client host (its links) and its NBD clients may use vol0.
+  "$T" "${ADMIN[@]}" volume create vol0 --size 1G --replicas "$reps" \
+    --allow client-host --allow nbd-user >/dev/null 2>&1 || true
   # The NBD export on TCP speaks TLS only: a server certificate for the client host's address,
   # and credentials for its NBD clients (nbdinfo/qemu read $D/nbd/client).
   "$T" ca issue server --san 10.77.99.2 --ca "$D/ca" --out "$D/nbd/server" >/dev/null
-  "$T" ca issue client admin --ca "$D/ca" --out "$D/nbd/client" >/dev/null
+  "$T" ca issue client nbd-user --ca "$D/ca" --out "$D/nbd/client" >/dev/null
   "$T" ca issue client client-host --ca "$D/ca" --out "$D/tls-c" >/dev/null
   ip netns exec trireme-c env TRIREME_UCX_TLS=tcp "$T" --etcd "$ETCD" --tls-identity "$D/tls-c" attach vol0 \
     --listen 10.77.99.2:10809 --tls-dir "$D/nbd/server" --socket "$D/vol0.sock" \
     >"$D/attach.out" 2>"$D/attach.log" &
   echo $! > "$D/attach.pid"
   for _ in $(seq 1 100); do [ -S "$D/vol0.sock" ] && break; sleep 0.2; done
-  "$T" --etcd "$ETCD" status
+  "$T" "${ADMIN[@]}" status
   cat <<EOF
 
 $n servers (namespaces trireme-s1..s$n), etcd at $ETCD, vol0 attached in namespace trireme-c.
 Try:
   T=$T
-  \$T --etcd $ETCD status
+  \$T --etcd $ETCD --tls-identity $D/tls-admin status
   ip netns exec trireme-c \$T bench --verify -b4K -r -w30 -t2 -o4 -d30 'nbd+unix:///vol0?socket=$D/vol0.sock'
   ip netns exec trireme-c nbdinfo "\$(sed -n 2p $D/attach.out)"   # over TCP with TLS
   kill -9 \$(cat $D/server-2.pid)          # a server dies: I/O goes on, status shows it down

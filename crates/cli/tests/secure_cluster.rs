@@ -217,7 +217,7 @@ fn every_link_of_a_cluster_on_etcd_can_be_tls() {
     let mut w = start();
 
     // etcd over https needs an identity; the control port refuses what a role may not do.
-    w.refused(None, &["status"], "need a TLS identity");
+    w.refused(None, &["status"], "needs a TLS identity");
     w.ok(
         Some("admin"),
         &[

@@ -141,13 +141,11 @@ impl EtcdMeta {
                 );
             }
             (n, Some(_)) if n < endpoints.len() => {
-                return Err(MetaError::BadEndpoints(
-                    "mixed http:// and https:// etcd endpoints".into(),
-                ))
+                return Err(MetaError::BadEndpoints("mixed http:// and https://".into()))
             }
             _ => {
                 return Err(MetaError::BadEndpoints(
-                    "https:// etcd endpoints need a TLS identity (--tls-identity DIR, or --tls-dir for a node)"
+                    "https:// needs a TLS identity (--tls-identity DIR, or --tls-dir for a node)"
                         .into(),
                 ))
             }

@@ -50,7 +50,7 @@ pub enum MetaError {
     Compacted { asked: i64, oldest: i64 },
     #[error("metadata store unreachable: {0}")]
     Unavailable(String),
-    #[error("bad etcd endpoints {0}")]
+    #[error("bad etcd endpoints: {0}")]
     BadEndpoints(String),
     #[error("this process no longer holds {0}: another has taken it over")]
     Deposed(String),
