@@ -458,7 +458,7 @@ unsafe extern "C" fn send_cb(request: *mut c_void, status: sys::ucs_status_t, us
     // is signed, and dips below zero for that moment.
     ctx.pending.fetch_sub(1, Ordering::AcqRel);
     if let Some(done) = ctx.done.take() {
-        done(check("send", status));
+        guarded("send completion", || done(check("send", status)));
     }
     // SAFETY: the request came from ucp_am_send_nbx and is released once, here.
     unsafe { sys::ucp_request_free(request) };
@@ -472,7 +472,7 @@ unsafe extern "C" fn recv_cb(
 ) {
     // SAFETY: `user` is the `Box<RecvCtx>` leaked by `recv_rndv` for this request.
     let mut ctx = unsafe { Box::from_raw(user as *mut RecvCtx) };
-    ctx.finish(status, length);
+    guarded("receive completion", || ctx.finish(status, length));
     // SAFETY: the request came from ucp_am_recv_data_nbx and is released once, here.
     unsafe { sys::ucp_request_free(request) };
 }
@@ -510,15 +510,40 @@ unsafe extern "C" fn am_cb(
         // SAFETY: an eager message's `length` bytes are readable at `data` during the call.
         AmData::Eager(unsafe { std::slice::from_raw_parts(data as *const u8, length) })
     };
-    match slot.f.try_lock() {
-        Ok(mut f) => f(worker, hdr, msg, reply),
+    let rndv = matches!(msg, AmData::Rndv(_));
+    let mut f = match slot.f.try_lock() {
+        Ok(f) => f,
+        // A handler that panicked once is still the handler.
+        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
         // Handlers run inside progress, which UCX's worker lock serializes, and they get no
-        // progress call of their own: the slot is never held here. Refuse rather than block.
-        Err(_) => return sys::UCS_ERR_NO_RESOURCE,
-    }
+        // progress call of their own: the slot is never held here. Drop rather than block —
+        // with the only status UCX allows for the kind of message: an error fails a
+        // rendezvous at its sender; an eager message can only be taken (UCS_OK).
+        Err(std::sync::TryLockError::WouldBlock) => {
+            return if rndv {
+                sys::UCS_ERR_NO_RESOURCE
+            } else {
+                sys::UCS_OK
+            };
+        }
+    };
+    guarded("active-message handler", || f(worker, hdr, msg, reply));
     // Eager data was copied by the handler if it wanted it; a rendezvous descriptor was handed
     // to `recv_rndv` (which owns it from then on) or dropped — both fine with UCS_OK.
     sys::UCS_OK
+}
+
+/// Runs user code called back from UCX: a panic must not unwind into C (that aborts the
+/// process); it is logged and the callback returns.
+fn guarded(what: &str, f: impl FnOnce()) {
+    if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        let why = p
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        tracing::error!("UCX {what} panicked: {why}");
+    }
 }
 
 impl Worker {
@@ -708,7 +733,8 @@ impl Worker {
     }
 
     /// Connects to a peer worker by its address.
-    pub fn connect(&self, address: &[u8]) -> Result<Endpoint, Error> {
+    /// The endpoint holds the worker: it cannot outlive it.
+    pub fn connect(self: &Arc<Self>, address: &[u8]) -> Result<Endpoint, Error> {
         let params = sys::ucp_ep_params_t {
             field_mask: (sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS
                 | sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE) as u64,
@@ -726,6 +752,7 @@ impl Worker {
         Ok(Endpoint {
             h: ep,
             pending: self.pending.clone(),
+            _worker: self.clone(),
         })
     }
 
@@ -855,9 +882,12 @@ fn am_send(
 /// A connection to a peer worker.
 #[derive(Debug)]
 pub struct Endpoint {
+    /// Null once closed.
     h: sys::ucp_ep_h,
     /// Its worker's count of pending sends.
     pending: Arc<AtomicIsize>,
+    /// Keeps the worker (and its context) alive while the endpoint is.
+    _worker: Arc<Worker>,
 }
 
 // SAFETY: the endpoint's worker is in multi-thread mode: UCX serializes calls on it.
@@ -899,7 +929,14 @@ impl Endpoint {
 
     /// Closes the endpoint, flushing what was sent (or cancelling it with `force`: the sends
     /// complete with an error). Does not wait: the worker's progress finishes the close.
-    pub fn close(self, force: bool) {
+    pub fn close(mut self, force: bool) {
+        self.close_now(force);
+    }
+
+    fn close_now(&mut self, force: bool) {
+        if self.h.is_null() {
+            return;
+        }
         let param = sys::ucp_request_param_t {
             op_attr_mask: sys::UCP_OP_ATTR_FIELD_FLAGS,
             flags: if force {
@@ -909,13 +946,21 @@ impl Endpoint {
             },
             ..Default::default()
         };
-        // SAFETY: the endpoint is live and closed once (this consumes it).
+        // SAFETY: the endpoint is live (not null) and closed once: the handle is cleared below.
         let r = unsafe { sys::ucp_ep_close_nbx(self.h, &param) };
+        self.h = ptr::null_mut();
         if sys::ucs_ptr_is_ptr(r) {
             // SAFETY: `r` is the live close request, released once: UCX frees a request
             // released before it completes when it completes (we need no callback).
             unsafe { sys::ucp_request_free(r) };
         }
+    }
+}
+
+/// An endpoint dropped without [`Endpoint::close`] is closed, cancelling what it still sends.
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        self.close_now(true);
     }
 }
 

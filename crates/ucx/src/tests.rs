@@ -337,3 +337,41 @@ fn sends_left_pending_by_a_full_fifo_are_counted() {
     assert!(!a.sends_pending());
     ep.close(false);
 }
+
+/// A handler that panics neither aborts the process nor stops the worker: the next message is
+/// handled. An endpoint dropped without a close is closed, and it keeps its worker alive.
+#[test]
+fn a_panicking_handler_is_contained_and_endpoints_hold_their_worker() {
+    let (a, b) = pair(&Config {
+        tls: Some("sm,self".into()),
+        net_devices: None,
+        ..Default::default()
+    });
+    let seen = Arc::new(AtomicUsize::new(0));
+    let s = seen.clone();
+    b.set_am_handler(REQ, move |_, _, _, _| {
+        if s.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+            panic!("the first message makes the handler panic");
+        }
+    })
+    .unwrap();
+    let ep = a.connect(&b.address().unwrap()).unwrap();
+    // The worker is dropped by its last other owner; the endpoint still holds it.
+    let a_weak = Arc::downgrade(&a);
+    drop(a);
+    let a = a_weak.upgrade().expect("the endpoint keeps its worker");
+    for _ in 0..2 {
+        ep.am_send(
+            REQ,
+            vec![1],
+            Payload::Vec(vec![2; 64]),
+            false,
+            Box::new(|r| r.unwrap()),
+        );
+    }
+    drive(&a, &b, || {
+        seen.load(std::sync::atomic::Ordering::SeqCst) == 2
+    });
+    drop(ep);
+    drive(&a, &b, || true);
+}
