@@ -292,3 +292,113 @@ fn hostile_peers_stay_within_bounds() {
     assert!(std::fs::read(&back).unwrap()[..8 << 20] == std::fs::read(&src).unwrap()[..]);
     assert_replicas_identical(&c, "vol0");
 }
+
+/// Sends one UCX request to `address` with `secret` after the frame header and `payload`
+/// (rendezvous when large), from a worker of this process; returns once the send completed
+/// (a receiver that declines a rendezvous completes it too).
+fn ucx_send(address: &[u8], secret: &[u8], payload: Vec<u8>) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let ctx = trireme_ucx::Context::new(&trireme_ucx::Config {
+        tls: Some(trireme_transport::ucx::DEFAULT_TLS.into()),
+        net_devices: Some("lo".into()),
+        ..Default::default()
+    })
+    .unwrap();
+    let w = trireme_ucx::Worker::new(&ctx).unwrap();
+    let ep = w.connect(address).unwrap();
+    let mut hdr = trireme_proto::Header {
+        volume: 1,
+        epoch: 1,
+        ..trireme_proto::Header::request(trireme_proto::Op::Write, 7)
+    }
+    .encode(&[])
+    .to_vec();
+    hdr.extend_from_slice(secret);
+    let done = std::sync::Arc::new(AtomicBool::new(false));
+    let d = done.clone();
+    ep.am_send(
+        trireme_transport::ucx::AM_REQUEST,
+        hdr,
+        trireme_ucx::Payload::Vec(payload),
+        true,
+        Box::new(move |_| d.store(true, Ordering::SeqCst)),
+    );
+    let t0 = Instant::now();
+    while !done.load(Ordering::SeqCst) && t0.elapsed() < Duration::from_secs(10) {
+        w.progress();
+    }
+    ep.close(true);
+    for _ in 0..100 {
+        w.progress();
+    }
+}
+
+/// A UCX peer that knows a node's worker address but not a secret the node handed out is
+/// dropped unread; one with a secret that declares a rendezvous past the frame limit is
+/// dropped unread too. The node allocates nothing for either and serves on.
+#[test]
+fn ucx_requests_without_a_secret_or_over_the_limit_are_dropped_unread() {
+    need("nbdcopy");
+    let mb = 1u64 << 20;
+    let c = Cluster::start(&["--store", "memory", "--size", "16M", "--insecure"]);
+    let src = c.path().join("src.img");
+    random_file(&src, 4 << 20, 11);
+    run(Command::new("nbdcopy").arg(&src).arg(&c.unix));
+    let nl: serde_json::Value =
+        serde_json::from_slice(&c.cli(&["--output", "json", "node", "list"]).stdout).unwrap();
+    let addr = nl[0]["addr"].as_str().unwrap().to_string();
+    // The offer, as a client gets it over the node's TCP link: address, then secret. The
+    // secret is good while that link is open: it stays open until the end.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (link, offer) = rt.block_on(async {
+        use trireme_transport::Connection;
+        let c = trireme_transport::tcp::TcpConnection::connect(&addr, 1)
+            .await
+            .unwrap();
+        let f = c
+            .call(
+                trireme_proto::Header::request(trireme_proto::Op::UcxAddress, 0),
+                bytes::Bytes::new(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(f.header.status, trireme_proto::Status::Ok);
+        (c, f.payload.to_vec())
+    });
+    let cut = offer.len() - trireme_transport::ucx::SECRET_LEN;
+    let (address, secret) = offer.split_at(cut);
+    let n1 = node_pid(&c, 1);
+    let before = rss(n1);
+
+    // A guessed secret, with a 48 MiB rendezvous behind it.
+    let guessed = vec![0x5a; trireme_transport::ucx::SECRET_LEN];
+    ucx_send(address, &guessed, vec![7u8; 48 << 20]);
+    wait_logged(
+        &c.path().join("node-1.log"),
+        "UCX request without a valid secret dropped unread",
+    );
+    // The right secret, but a rendezvous past the 32 MiB frame limit.
+    ucx_send(address, secret, vec![7u8; 40 << 20]);
+    wait_logged(
+        &c.path().join("node-1.log"),
+        "over the 33554432-byte frame limit",
+    );
+    let after = rss(n1);
+    drop(link);
+    println!("node 1 RSS: {} -> {} MiB", before / mb, after / mb);
+    assert!(
+        after < before + 32 * mb,
+        "node 1 grew to {} MiB",
+        after / mb
+    );
+
+    // The node serves on; nothing was written.
+    assert_all_nodes_up(&c);
+    let back = c.path().join("back.img");
+    run(Command::new("nbdcopy").arg(&c.unix).arg(&back));
+    assert!(std::fs::read(&back).unwrap()[..4 << 20] == std::fs::read(&src).unwrap()[..]);
+    assert_replicas_identical(&c, "vol0");
+}
