@@ -294,9 +294,10 @@ fn hostile_peers_stay_within_bounds() {
 }
 
 /// Sends one UCX request to `address` with `secret` after the frame header and `payload`
-/// (rendezvous when large), from a worker of this process; returns once the send completed
-/// (a receiver that declines a rendezvous completes it too).
-fn ucx_send(address: &[u8], secret: &[u8], payload: Vec<u8>) {
+/// (rendezvous when large), from a worker of this process; the header declares the payload
+/// if `declared`, else none. Returns once the send completed (a receiver that declines a
+/// rendezvous completes it too).
+fn ucx_send(address: &[u8], secret: &[u8], payload: Vec<u8>, declared: bool) {
     use std::sync::atomic::{AtomicBool, Ordering};
     let ctx = trireme_ucx::Context::new(&trireme_ucx::Config {
         tls: Some(trireme_transport::ucx::DEFAULT_TLS.into()),
@@ -311,7 +312,7 @@ fn ucx_send(address: &[u8], secret: &[u8], payload: Vec<u8>) {
         epoch: 1,
         ..trireme_proto::Header::request(trireme_proto::Op::Write, 7)
     }
-    .encode(&[])
+    .encode(if declared { &payload[..] } else { &[] })
     .to_vec();
     hdr.extend_from_slice(secret);
     let done = std::sync::Arc::new(AtomicBool::new(false));
@@ -334,8 +335,8 @@ fn ucx_send(address: &[u8], secret: &[u8], payload: Vec<u8>) {
 }
 
 /// A UCX peer that knows a node's worker address but not a secret the node handed out is
-/// dropped unread; one with a secret that declares a rendezvous past the frame limit is
-/// dropped unread too. The node allocates nothing for either and serves on.
+/// dropped unread; one with the secret whose rendezvous (past the frame limit) is not what
+/// its header declares is dropped unread too. The node allocates nothing for either and serves on.
 #[test]
 fn ucx_requests_without_a_secret_or_over_the_limit_are_dropped_unread() {
     need("nbdcopy");
@@ -373,18 +374,19 @@ fn ucx_requests_without_a_secret_or_over_the_limit_are_dropped_unread() {
     let n1 = node_pid(&c, 1);
     let before = rss(n1);
 
-    // A guessed secret, with a 48 MiB rendezvous behind it.
+    // A guessed secret, with a well-formed 24 MiB write behind it (a rendezvous).
     let guessed = vec![0x5a; trireme_transport::ucx::SECRET_LEN];
-    ucx_send(address, &guessed, vec![7u8; 48 << 20]);
+    ucx_send(address, &guessed, vec![7u8; 24 << 20], true);
     wait_logged(
         &c.path().join("node-1.log"),
         "UCX request without a valid secret dropped unread",
     );
-    // The right secret, but a rendezvous past the 32 MiB frame limit.
-    ucx_send(address, secret, vec![7u8; 40 << 20]);
+    // The right secret, but a 40 MiB rendezvous (past the 32 MiB frame limit) that its
+    // header does not declare.
+    ucx_send(address, secret, vec![7u8; 40 << 20], false);
     wait_logged(
         &c.path().join("node-1.log"),
-        "over the 33554432-byte frame limit",
+        "UCX request announcing 0 payload bytes with 41943040 dropped unread",
     );
     let after = rss(n1);
     drop(link);

@@ -123,7 +123,7 @@ impl NbdClient {
         }
     }
 
-    async fn handshake<R: AsyncRead + Unpin + Send + 'static>(
+    pub(crate) async fn handshake<R: AsyncRead + Unpin + Send + 'static>(
         mut r: R,
         mut w: Box<dyn AsyncWrite + Send + Unpin>,
         export: &str,

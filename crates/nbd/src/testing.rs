@@ -87,3 +87,42 @@ pub fn session_ends(input: Vec<u8>) -> bool {
         matches!(r, Ok(Ok(_)))
     })
 }
+
+/// Runs the NBD client against a "server" that sends `input` and then hangs up: the
+/// handshake, then a read, a write and a flush, in virtual time. `false` if the client
+/// panicked or never ended. Whatever the bytes, it must end with a result or an error.
+pub fn client_ends(input: Vec<u8>) -> bool {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a current-thread runtime");
+    rt.block_on(async move {
+        let (client, server) = tokio::io::duplex(1 << 16);
+        let (mut srd, mut swr) = tokio::io::split(server);
+        tokio::spawn(async move {
+            let _ = swr.write_all(&input).await;
+            let _ = swr.shutdown().await;
+        });
+        // What the client sends is read and dropped.
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 1 << 16];
+            while let Ok(n) = srd.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+            }
+        });
+        let run = tokio::spawn(async move {
+            let (r, w) = tokio::io::split(client);
+            let Ok(c) = crate::client::NbdClient::handshake(r, Box::new(w), "vol0").await else {
+                return;
+            };
+            let _ = c.read(0, 4096).await;
+            let _ = c.write(0, &[1u8; 512], false).await;
+            let _ = c.flush().await;
+        });
+        let r = tokio::time::timeout(std::time::Duration::from_secs(3600), run).await;
+        matches!(r, Ok(Ok(())))
+    })
+}

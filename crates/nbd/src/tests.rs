@@ -271,6 +271,34 @@ mod props {
             let ended = crate::testing::session_ends(input);
             prop_assert!(ended, "the session panicked or did not end after the client hung up");
         }
+
+        /// The client against arbitrary server bytes — after a valid greeting and an export
+        /// (size, then ACK) half the time, so its reply reader is reached too: it ends, with
+        /// results or errors. `fuzz/fuzz_targets/nbd_client_replies.rs` searches deeper.
+        #[test]
+        fn any_server_bytes_end_the_client(
+            greet: bool,
+            b in proptest::collection::vec(any::<u8>(), 0..600),
+        ) {
+            let mut input = Vec::new();
+            if greet {
+                input.extend_from_slice(&NBDMAGIC.to_be_bytes());
+                input.extend_from_slice(&IHAVEOPT.to_be_bytes());
+                input.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+                for (kind, d) in [
+                    (REP_INFO, [&INFO_EXPORT.to_be_bytes()[..], &(1u64 << 20).to_be_bytes(), &1u16.to_be_bytes()].concat()),
+                    (REP_ACK, vec![]),
+                ] {
+                    input.extend_from_slice(&REPLY_MAGIC.to_be_bytes());
+                    input.extend_from_slice(&OPT_GO.to_be_bytes());
+                    input.extend_from_slice(&kind.to_be_bytes());
+                    input.extend_from_slice(&(d.len() as u32).to_be_bytes());
+                    input.extend_from_slice(&d);
+                }
+            }
+            input.extend_from_slice(&b);
+            prop_assert!(crate::testing::client_ends(input), "the client panicked or hung");
+        }
     }
 }
 

@@ -351,6 +351,20 @@ pub enum AmData<'a> {
     Rndv(RndvData),
 }
 
+impl AmData<'_> {
+    /// The payload's length (for a rendezvous: what the sender declares).
+    pub fn len(&self) -> usize {
+        match self {
+            AmData::Eager(b) => b.len(),
+            AmData::Rndv(r) => r.length,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// The endpoint a reply to a message can go out on (the sender asked for one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReplyEp(sys::ucp_ep_h);

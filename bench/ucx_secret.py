@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""What the UCX per-link secret costs, side by side in one run (issue 16).
+
+Every UCX request carries a 16-byte secret that the node looks up before it receives the
+payload (`transport/src/ucx.rs`: `granted`). The baseline is the same tree with that lookup
+taken out (`bench/ucx_secret_baseline.patch`: the old protocol, a connection token and no
+check), built into its own binary. Two local clusters run at once, one per binary, each 3
+nodes with a 3-way memory volume, and rounds alternate between them:
+
+1. s2d (the seeds' profile) through the native client, whose links go over UCX (shared
+   memory on this host: no RDMA device here): IOPS, CPU us per IO, p90 read and write.
+2. 4K random reads at QD1: mean latency, where a per-message cost shows most.
+
+    python3 bench/ucx_secret.py [ROUNDS] [SECONDS]     (defaults: 3 rounds of 8 s)
+
+Needs a release build (cargo build --release). The baseline is built on first use into
+target/ucx-baseline (a git worktree of HEAD with the patch applied).
+"""
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+T = os.environ.get("TRIREME_BIN", os.path.join(ROOT, "target/release/trireme"))
+BASE_TREE = os.path.join(ROOT, "target/ucx-baseline")
+BASE = os.environ.get("TRIREME_BASELINE_BIN", os.path.join(BASE_TREE, "target/release/trireme"))
+ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+SECS = int(sys.argv[2]) if len(sys.argv) > 2 else 8
+
+
+def build_baseline():
+    if os.path.exists(BASE):
+        return
+    if not os.path.exists(BASE_TREE):
+        subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", BASE_TREE, "HEAD"],
+                       check=True)
+        subprocess.run(["git", "-C", BASE_TREE, "apply",
+                        os.path.join(ROOT, "bench/ucx_secret_baseline.patch")], check=True)
+    print("building the baseline (no UCX secret) in", BASE_TREE, flush=True)
+    subprocess.run(["cargo", "build", "--release", "-p", "trireme"], cwd=BASE_TREE, check=True)
+
+
+class Cluster:
+    def __init__(self, name, binary):
+        self.name, self.bin = name, binary
+        self.dir = tempfile.mkdtemp(prefix=f"trireme-ucx-{name}-")
+        self.log = open(os.path.join(self.dir, "up.log"), "w")
+        self.proc = subprocess.Popen(
+            [binary, "--data-dir", self.dir, "--log", "warn", "up", "--port", "0",
+             "--store", "memory", "--size", "64M"],
+            stdout=self.log, stderr=self.log)
+        for _ in range(300):
+            if os.path.exists(os.path.join(self.dir, "exports")):
+                break
+            if self.proc.poll() is not None:
+                raise SystemExit(f"{name}: trireme up exited; see {self.dir}/up.log")
+            time.sleep(0.1)
+        subprocess.run([binary, "--data-dir", self.dir, "volume", "create", "b", "--size", "256M",
+                        "--replicas", "3"], check=True, capture_output=True)
+
+    def bench(self, *args):
+        out = subprocess.run([self.bin, "--data-dir", self.dir, "--output", "json", "bench", *args],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            raise SystemExit(f"{self.name}: bench {args} failed:\n{out.stderr}")
+        return json.loads(out.stdout)
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        subprocess.run(["rm", "-rf", self.dir])
+
+
+def cpu(j):
+    c = j["cpu_us_per_io"]
+    return c["generator"] + c["storage"]
+
+
+def main():
+    build_baseline()
+    clusters = []
+    try:
+        clusters = [Cluster("secret", T), Cluster("baseline", BASE)]
+        for c in clusters:
+            # The memory store allocates at a page's first write: fill once, untimed.
+            c.bench("-s", "-b1M", "-w100", "-t1", "-o4", "-W0", "-d6", "volume:b")
+            links = c.bench("-b4K", "-r", "-t1", "-o1", "-W0", "-d1", "volume:b")["target"]
+            print(f"{c.name}: {links}")
+        runs = {(c.name, k): [] for c in clusters for k in ("s2d", "qd1")}
+        print(f"$ trireme bench --profile s2d -d{SECS} volume:b; "
+              f"trireme bench -b4K -r -t1 -o1 -d{SECS} volume:b   # {ROUNDS} rounds, alternating")
+        for r in range(ROUNDS):
+            for c in clusters:
+                j = c.bench("--profile", "s2d", f"-d{SECS}", "volume:b")
+                runs[(c.name, "s2d")].append(j)
+                q = c.bench("-b4K", "-r", "-t1", "-o1", "-W0", f"-d{SECS}", "volume:b")
+                runs[(c.name, "qd1")].append(q)
+                print(f"  round {r + 1} {c.name:8}: s2d {j['iops']:8.0f} IOPS, "
+                      f"{cpu(j):6.1f} CPU us/IO; QD1 read {q['read']['latency_us']['mean']:6.1f} us")
+
+        def med(name, kind, f):
+            return statistics.median(f(j) for j in runs[(name, kind)])
+        rows = [
+            ("s2d IOPS", "s2d", lambda j: j["iops"]),
+            ("s2d CPU us per IO", "s2d", cpu),
+            ("s2d p90 read (us)", "s2d", lambda j: j["read"]["latency_us"]["p90"]),
+            ("s2d p90 write (us)", "s2d", lambda j: j["write"]["latency_us"]["p90"]),
+            ("QD1 4K read mean (us)", "qd1", lambda j: j["read"]["latency_us"]["mean"]),
+            ("QD1 4K read IOPS", "qd1", lambda j: j["iops"]),
+        ]
+        print()
+        # Medians of each side, and the median of the ratios of rounds run back to back (the
+        # machine's load drifts between rounds more than within one pair).
+        print(f"{'3-way volume, native client over UCX':38} {'secret':>10} {'baseline':>10} "
+              f"{'ratio':>8} {'paired':>8}")
+        for label, kind, f in rows:
+            a, b = med("secret", kind, f), med("baseline", kind, f)
+            pairs = statistics.median(
+                f(x) / f(y) for x, y in zip(runs[("secret", kind)], runs[("baseline", kind)]))
+            print(f"{label:38} {a:10.1f} {b:10.1f} {a / b:8.3f} {pairs:8.3f}")
+    finally:
+        for c in clusters:
+            c.stop()
+
+
+if __name__ == "__main__":
+    main()
