@@ -97,9 +97,12 @@ def main():
             print(f"{c.name}: {links}")
         runs = {(c.name, k): [] for c in clusters for k in ("s2d", "qd1")}
         print(f"$ trireme bench --profile s2d -d{SECS} volume:b; "
-              f"trireme bench -b4K -r -t1 -o1 -d{SECS} volume:b   # {ROUNDS} rounds, alternating")
+              f"trireme bench -b4K -r -t1 -o1 -d{SECS} volume:b   # {ROUNDS} rounds, "
+              "alternating sides and which goes first")
         for r in range(ROUNDS):
-            for c in clusters:
+            # Which side runs first alternates: the first of a pair runs on a machine the
+            # other just left (an A/A run of one binary on both sides shows a few % for that).
+            for c in (clusters if r % 2 == 0 else clusters[::-1]):
                 j = c.bench("--profile", "s2d", f"-d{SECS}", "volume:b")
                 runs[(c.name, "s2d")].append(j)
                 q = c.bench("-b4K", "-r", "-t1", "-o1", "-W0", f"-d{SECS}", "volume:b")
