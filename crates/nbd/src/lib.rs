@@ -145,7 +145,16 @@ pub async fn serve_tcp<B: Backend>(
         let tls = tls.clone();
         tokio::spawn(async move {
             let r = match &tls {
-                Some(t) => serve_connection_tls(sock, ex, t).await,
+                // rustls reads 4 KiB per call from what is beneath it: a buffer makes
+                // that a copy, not a syscall.
+                Some(t) => {
+                    serve_connection_tls(
+                        tokio::io::BufReader::with_capacity(256 << 10, sock),
+                        ex,
+                        t,
+                    )
+                    .await
+                }
                 None => serve_connection(sock, ex).await,
             };
             match r {

@@ -145,7 +145,7 @@ impl TcpConnection {
                         // otherwise hold an attach or a resync here for as long as it sleeps.
                         let s = tokio::time::timeout(
                             TLS_HANDSHAKE,
-                            tokio_rustls::TlsConnector::from(cfg).connect(name, sock),
+                            tokio_rustls::TlsConnector::from(cfg).connect(name, under_tls(sock)),
                         )
                         .await
                         .map_err(|_| tls_err(format!("no TLS handshake within {TLS_HANDSHAKE:?}")))?
@@ -497,7 +497,9 @@ pub async fn serve<H: Handler>(listener: TcpListener, handler: Arc<H>) -> std::i
                 }
                 Some(a) => {
                     // Bounded: a peer that connects and says nothing holds nothing for long.
-                    let s = match tokio::time::timeout(TLS_HANDSHAKE, a.accept(sock)).await {
+                    let s = match tokio::time::timeout(TLS_HANDSHAKE, a.accept(under_tls(sock)))
+                        .await
+                    {
                         Ok(Ok(s)) => s,
                         Ok(Err(e)) => {
                             tracing::warn!(%peer, "refused a connection: TLS handshake failed: {e}");
@@ -523,6 +525,13 @@ pub async fn serve<H: Handler>(listener: TcpListener, handler: Arc<H>) -> std::i
             drop(slot);
         });
     }
+}
+
+/// A socket as TLS runs over it: with a large read buffer beneath. rustls reads at most 4 KiB
+/// from its transport per call, so a TLS link straight on a socket makes a syscall per 4 KiB
+/// received (two per 4K write frame), where a plain link drains many frames per read.
+pub fn under_tls<S: AsyncRead + AsyncWrite>(sock: S) -> BufReader<S> {
+    BufReader::with_capacity(READ_BUFFER, sock)
 }
 
 /// How long a TLS peer may take to finish its handshake (either side).
