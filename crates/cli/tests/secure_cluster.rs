@@ -250,6 +250,47 @@ fn every_link_of_a_cluster_on_etcd_can_be_tls() {
         "may not volume_access",
     );
 
+    // The control port itself: no certificate, or one of another CA, is refused before a
+    // request is read.
+    let s: serde_json::Value =
+        serde_json::from_str(&w.ok(Some("admin"), &["--output", "json", "status"])).unwrap();
+    let (m, control) = (
+        s["manager"]["node"].as_u64().unwrap(),
+        s["manager"]["control"].as_str().unwrap().to_string(),
+    );
+    trireme(&["ca", "init", "--dir", w.p("other/ca").to_str().unwrap()]);
+    trireme(&[
+        "ca",
+        "issue",
+        "client",
+        "mallory",
+        "--ca",
+        w.p("other/ca").to_str().unwrap(),
+        "--out",
+        w.p("mallory").to_str().unwrap(),
+    ]);
+    let status = format!("{}\n", serde_json::json!({"cmd": "status"}));
+    let got = common::tls_exchange(&control, &w.p("mallory"), status.as_bytes());
+    assert!(
+        !String::from_utf8_lossy(&got).contains("nodes"),
+        "mallory read the status"
+    );
+    let out = Command::new("openssl")
+        .args(["s_client", "-quiet", "-connect", &control])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("nodes"));
+    let mlog = w.p(&format!("node-{m}.log"));
+    wait_for("the manager logs both refusals", || {
+        log_says(&mlog, "refused a control connection: TLS handshake failed")
+            && std::fs::read_to_string(&mlog)
+                .unwrap_or_default()
+                .matches("refused a control connection")
+                .count()
+                >= 2
+    });
+
     // Alice is on the access list: she attaches and writes through the nodes' TLS links.
     let sock = attach(&mut w, "alice", "v").expect("alice attaches");
     let src = w.p("src.img");
