@@ -20,14 +20,13 @@ yet) is not measured here.
 Needs a release build (cargo build --release) and libnbd-bin (nbdcopy).
 """
 
-import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
+
+from localcluster import Cluster, cpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T = os.environ.get("TRIREME_BIN", os.path.join(ROOT, "target/release/trireme"))
@@ -35,71 +34,27 @@ ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 3
 SECS = int(sys.argv[2]) if len(sys.argv) > 2 else 8
 
 
-class Cluster:
-    def __init__(self, name, extra):
-        self.name = name
-        self.dir = tempfile.mkdtemp(prefix=f"trireme-tls-{name}-")
-        self.log = open(os.path.join(self.dir, "up.log"), "w")
-        self.proc = subprocess.Popen(
-            [T, "--data-dir", self.dir, "--log", "warn", "up", "--port", "0", "--store", "memory",
-             "--size", "256M", *extra],
-            stdout=self.log, stderr=self.log)
-        exports = os.path.join(self.dir, "exports")
-        for _ in range(300):
-            if os.path.exists(exports):
-                break
-            if self.proc.poll() is not None:
-                raise SystemExit(f"{name}: trireme up exited; see {self.dir}/up.log")
-            time.sleep(0.1)
-        lines = open(exports).read().split()
-        self.unix, self.tcp = lines[0], lines[1]
-        hostport = self.tcp.split("://", 1)[1].split("/", 1)[0]
-        self.host, self.port = hostport.rsplit(":", 1)
-        self.tls = self.tcp.startswith("nbds://")
-
-    def bench(self, *args):
-        out = subprocess.run([T, "--data-dir", self.dir, "--output", "json", "bench", *args],
-                             capture_output=True, text=True)
-        if out.returncode != 0:
-            raise SystemExit(f"{self.name}: bench {args} failed:\n{out.stderr}")
-        return json.loads(out.stdout)
-
-    def nbd_read(self, depth):
-        """IOPS of reading the whole volume in 4K requests at queue depth `depth`."""
-        t0 = time.monotonic()
-        out = subprocess.run(["nbdcopy", "--request-size=4096", f"--requests={depth}",
-                              "--connections=1", "--no-extents", self.tcp, "null:"],
-                             capture_output=True, text=True)
-        secs = time.monotonic() - t0
-        if out.returncode != 0:
-            raise SystemExit(f"{self.name}: nbdcopy failed:\n{out.stderr}")
-        return (256 << 20) / 4096 / secs
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        subprocess.run(["rm", "-rf", self.dir])
-
-
-def cpu(j):
-    """CPU us per IO: the generator's and the storage processes' (the `up` process and nodes)."""
-    c = j["cpu_us_per_io"]
-    return c["generator"] + c["storage"]
+def nbd_read(c, depth):
+    """IOPS of reading the whole volume in 4K requests at queue depth `depth`."""
+    t0 = time.monotonic()
+    out = subprocess.run(["nbdcopy", "--request-size=4096", f"--requests={depth}",
+                          "--connections=1", "--no-extents", c.tcp, "null:"],
+                         capture_output=True, text=True)
+    secs = time.monotonic() - t0
+    if out.returncode != 0:
+        raise SystemExit(f"{c.name}: nbdcopy failed:\n{out.stderr}")
+    return (256 << 20) / 4096 / secs
 
 
 def main():
     clusters = []
     try:
-        clusters = [Cluster("tls", []), Cluster("plain", ["--insecure"])]
+        clusters = [Cluster("tls", T), Cluster("plain", T, ["--insecure"])]
         assert clusters[0].tls and not clusters[1].tls
         for c in clusters:
             # s2d runs on its own volume: its native client takes a new epoch, which would
             # fence the NBD export's writer of vol0.
-            subprocess.run([T, "--data-dir", c.dir, "volume", "create", "s2d", "--size", "256M",
-                            "--replicas", "3"], check=True, capture_output=True)
+            c.cli("volume", "create", "s2d", "--size", "256M", "--replicas", "3")
             # The memory store allocates at a page's first write: fill once, untimed.
             c.bench("-s", "-b1M", "-w100", "-t1", "-o4", "-W0", "-d6", "volume:s2d")
             c.bench("-s", "-b1M", "-w100", "-t1", "-o4", "-W0", "-d6", c.unix)
@@ -133,7 +88,7 @@ def main():
         for r in range(ROUNDS):
             for d in (1, 40):
                 for c in clusters:
-                    nbd[(c.name, d)].append(c.nbd_read(d))
+                    nbd[(c.name, d)].append(nbd_read(c, d))
         print(f"{'NBD 4K reads, IOPS':38} {'TLS':>10} {'plain':>10} {'TLS/plain':>10}")
         for d in (1, 40):
             a = statistics.median(nbd[("tls", d)])

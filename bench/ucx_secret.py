@@ -17,14 +17,12 @@ Needs a release build (cargo build --release). The baseline is built on first us
 target/ucx-baseline (a git worktree of HEAD with the patch applied).
 """
 
-import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
-import time
+
+from localcluster import Cluster, cpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T = os.environ.get("TRIREME_BIN", os.path.join(ROOT, "target/release/trireme"))
@@ -46,51 +44,13 @@ def build_baseline():
     subprocess.run(["cargo", "build", "--release", "-p", "trireme"], cwd=BASE_TREE, check=True)
 
 
-class Cluster:
-    def __init__(self, name, binary):
-        self.name, self.bin = name, binary
-        self.dir = tempfile.mkdtemp(prefix=f"trireme-ucx-{name}-")
-        self.log = open(os.path.join(self.dir, "up.log"), "w")
-        self.proc = subprocess.Popen(
-            [binary, "--data-dir", self.dir, "--log", "warn", "up", "--port", "0",
-             "--store", "memory", "--size", "64M"],
-            stdout=self.log, stderr=self.log)
-        for _ in range(300):
-            if os.path.exists(os.path.join(self.dir, "exports")):
-                break
-            if self.proc.poll() is not None:
-                raise SystemExit(f"{name}: trireme up exited; see {self.dir}/up.log")
-            time.sleep(0.1)
-        subprocess.run([binary, "--data-dir", self.dir, "volume", "create", "b", "--size", "256M",
-                        "--replicas", "3"], check=True, capture_output=True)
-
-    def bench(self, *args):
-        out = subprocess.run([self.bin, "--data-dir", self.dir, "--output", "json", "bench", *args],
-                             capture_output=True, text=True)
-        if out.returncode != 0:
-            raise SystemExit(f"{self.name}: bench {args} failed:\n{out.stderr}")
-        return json.loads(out.stdout)
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        subprocess.run(["rm", "-rf", self.dir])
-
-
-def cpu(j):
-    c = j["cpu_us_per_io"]
-    return c["generator"] + c["storage"]
-
-
 def main():
     build_baseline()
     clusters = []
     try:
-        clusters = [Cluster("secret", T), Cluster("baseline", BASE)]
+        clusters = [Cluster("secret", T, size="64M"), Cluster("baseline", BASE, size="64M")]
         for c in clusters:
+            c.cli("volume", "create", "b", "--size", "256M", "--replicas", "3")
             # The memory store allocates at a page's first write: fill once, untimed.
             c.bench("-s", "-b1M", "-w100", "-t1", "-o4", "-W0", "-d6", "volume:b")
             links = c.bench("-b4K", "-r", "-t1", "-o1", "-W0", "-d1", "volume:b")["target"]

@@ -20,18 +20,10 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{sh, signal, BIN};
+use common::{free_port, sh, signal, BIN};
 
 /// Down-out grace of the test's daemons: longer than any outage before the down-out step.
 const DOWN_OUT: &str = "12s";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// One host of the test: a network namespace and its address, or 127.0.0.1.
 #[derive(Debug, Clone)]

@@ -69,19 +69,8 @@ pub fn session_ends(input: Vec<u8>) -> bool {
             Arc::new(MemBackend(Mutex::new(vec![0; 1 << 16]))),
         );
         let srv = tokio::spawn(serve_connection(server, Arc::new(ex)));
-        let (mut rd, mut wr) = tokio::io::split(client);
-        tokio::spawn(async move {
-            let _ = wr.write_all(&input).await;
-            let _ = wr.shutdown().await;
-        });
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; 1 << 16];
-            while let Ok(n) = rd.read(&mut buf).await {
-                if n == 0 {
-                    break;
-                }
-            }
-        });
+        let (rd, wr) = tokio::io::split(client);
+        talk(rd, wr, input);
         // Ok(Ok(_)): it ended (cleanly or with an error); Ok(Err(_)): it panicked.
         let r = tokio::time::timeout(std::time::Duration::from_secs(3600), srv).await;
         matches!(r, Ok(Ok(_)))
@@ -99,20 +88,8 @@ pub fn client_ends(input: Vec<u8>) -> bool {
         .expect("a current-thread runtime");
     rt.block_on(async move {
         let (client, server) = tokio::io::duplex(1 << 16);
-        let (mut srd, mut swr) = tokio::io::split(server);
-        tokio::spawn(async move {
-            let _ = swr.write_all(&input).await;
-            let _ = swr.shutdown().await;
-        });
-        // What the client sends is read and dropped.
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; 1 << 16];
-            while let Ok(n) = srd.read(&mut buf).await {
-                if n == 0 {
-                    break;
-                }
-            }
-        });
+        let (srd, swr) = tokio::io::split(server);
+        talk(srd, swr, input);
         let run = tokio::spawn(async move {
             let (r, w) = tokio::io::split(client);
             let Ok(c) = crate::client::NbdClient::handshake(r, Box::new(w), "vol0").await else {
@@ -125,4 +102,25 @@ pub fn client_ends(input: Vec<u8>) -> bool {
         let r = tokio::time::timeout(std::time::Duration::from_secs(3600), run).await;
         matches!(r, Ok(Ok(())))
     })
+}
+
+/// One end of an in-memory session: sends `input` and hangs up, and reads and drops whatever
+/// the other end sends.
+fn talk(
+    mut rd: impl tokio::io::AsyncRead + Unpin + Send + 'static,
+    mut wr: impl tokio::io::AsyncWrite + Unpin + Send + 'static,
+    input: Vec<u8>,
+) {
+    tokio::spawn(async move {
+        let _ = wr.write_all(&input).await;
+        let _ = wr.shutdown().await;
+    });
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 1 << 16];
+        while let Ok(n) = rd.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+        }
+    });
 }

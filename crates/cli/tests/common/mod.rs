@@ -394,3 +394,12 @@ pub fn tls_exchange(addr: &str, dir: &Path, bytes: &[u8]) -> Vec<u8> {
     let _ = child.wait();
     reader.join().unwrap()
 }
+
+/// A TCP port on 127.0.0.1 free a moment ago (for servers that take a port number, as etcd).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
