@@ -318,11 +318,23 @@ async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
             print(out, &vs, |vs| volumes_table(vs));
         }
         Cmd::Volume(VolumeCmd::Info { name }) => {
-            let v: VolumeRecord = cc
+            let v: trireme_control::VolumeInfo = cc
                 .call(&Request::VolumeInfo { name: name.clone() })
                 .await
                 .map_err(usage_if_remote)?;
-            print(out, &v, |v| volumes_table(std::slice::from_ref(v)));
+            print(out, &v, |v| {
+                let mut s = volumes_table(std::slice::from_ref(&v.record));
+                if let Some(w) = &v.writer {
+                    s += &format!("attached by {w}\n");
+                }
+                for l in &v.client_links {
+                    s += &format!(
+                        "attached by this cluster's process: link to node {} over {} ({})\n",
+                        l.node, l.transport, l.peer
+                    );
+                }
+                s
+            });
         }
         Cmd::Volume(VolumeCmd::Delete { name }) => {
             let v: VolumeRecord = cc

@@ -87,6 +87,11 @@ fn the_access_list_decides_which_clients_reach_a_volume() {
         serde_json::json!(["local"])
     );
     assert!(ok(&c, &["status"]).contains("access: local"));
+    let info = ok(&c, &["volume", "info", "vol0"]);
+    assert!(
+        info.contains("attached by this cluster's process"),
+        "{info}"
+    );
 
     // Bob's certificate at a node's TCP port: a client may not delete a replica, nor read one
     // it is not allowed (nodes of `up` know no client: only the cluster's own identities).

@@ -292,6 +292,17 @@ fn every_link_of_a_cluster_on_etcd_can_be_tls() {
     let status = w.ok(Some("admin"), &["status"]);
     assert!(status.contains("as client alice"), "{status}");
     assert!(status.contains("access: alice"), "{status}");
+    let info: serde_json::Value =
+        serde_json::from_str(&w.ok(Some("admin"), &["--output", "json", "volume", "info", "v"]))
+            .unwrap();
+    assert!(
+        info["writer"]
+            .as_str()
+            .unwrap_or("")
+            .contains("as client alice"),
+        "{info}"
+    );
+    assert_eq!(info["access"], serde_json::json!(["alice"]));
     // Detach (SIGTERM: a clean detach releases the record).
     let a = w.procs.0.pop().unwrap();
     common::signal(a.id() as i32, libc::SIGTERM);

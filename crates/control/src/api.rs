@@ -155,6 +155,20 @@ pub struct VolumeStatus {
     pub writer: Option<String>,
 }
 
+/// The answer to `volume info`: the volume's record (its fields at the top level of the JSON),
+/// and who is attached.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeInfo {
+    #[serde(flatten)]
+    pub record: trireme_meta::VolumeRecord,
+    /// Who writes it, from its attach record (a cluster on etcd).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub writer: Option<String>,
+    /// The data-path links of the writer attached in the cluster process (`trireme up`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub client_links: Vec<LinkStatus>,
+}
+
 /// One data-path link of a volume client to a node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LinkStatus {

@@ -16,7 +16,7 @@ mod moves;
 
 pub use api::{
     ControlClient, ControlError, ControlStream, LinkStatus, NodeStatus, ReplicaStatus, Request,
-    StatusReport, VolumeStatus,
+    StatusReport, VolumeInfo, VolumeStatus,
 };
 pub use manager::{
     attach_info, record_detach, record_replica_state, serve, serve_conn, Manager, NodeControl,

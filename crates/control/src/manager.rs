@@ -286,6 +286,36 @@ impl Manager {
             .map_err(|e| format!("node {}: {e}", node.id))
     }
 
+    /// A volume's record, with who is attached to it.
+    async fn volume_info(&self, name: &str) -> Result<crate::api::VolumeInfo> {
+        let record = self.meta.volume(name).await.map_err(|e| e.to_string())?;
+        Ok(crate::api::VolumeInfo {
+            writer: self.writer_text(name).await,
+            client_links: self.client_links(name),
+            record,
+        })
+    }
+
+    /// Who writes `volume`, from its attach record (a cluster on etcd): process, host,
+    /// identity, epoch and where it serves the volume.
+    async fn writer_text(&self, volume: &str) -> Option<String> {
+        let (a, _) = self.meta.attachment(volume).await.ok()??;
+        Some(format!(
+            "pid {} on {}{} (epoch {}){}",
+            a.pid,
+            a.host,
+            a.identity
+                .as_ref()
+                .map_or_else(String::new, |i| format!(" as {i}")),
+            a.epoch,
+            if a.exports.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", a.exports.join(" "))
+            }
+        ))
+    }
+
     fn forget_link(&self, addr: &str, c: &Link) {
         let mut links = self.links.lock().unwrap_or_else(|e| e.into_inner());
         if links.get(addr).is_some_and(|k| Arc::ptr_eq(k, c)) {
@@ -579,23 +609,7 @@ impl Manager {
                 access: v.access.clone(),
                 replicas: reps,
                 client_links: self.client_links(&v.name),
-                writer: match self.meta.attachment(&v.name).await {
-                    Ok(Some((a, _))) => Some(format!(
-                        "pid {} on {}{} (epoch {}){}",
-                        a.pid,
-                        a.host,
-                        a.identity
-                            .as_ref()
-                            .map_or_else(String::new, |i| format!(" as {i}")),
-                        a.epoch,
-                        if a.exports.is_empty() {
-                            String::new()
-                        } else {
-                            format!(": {}", a.exports.join(" "))
-                        }
-                    )),
-                    _ => None,
-                },
+                writer: self.writer_text(&v.name).await,
             });
         }
         Ok(StatusReport {
@@ -681,9 +695,7 @@ impl Manager {
                 to(self.set_access(&name, &allow, &deny).await)
             }
             Request::VolumeList => to(self.meta.volumes().await.map_err(|e| e.to_string())),
-            Request::VolumeInfo { name } => {
-                to(self.meta.volume(&name).await.map_err(|e| e.to_string()))
-            }
+            Request::VolumeInfo { name } => to(self.volume_info(&name).await),
             Request::VolumeDelete { name } => to(self.delete_volume(&name).await),
             Request::Attach { name } => to(self.attach(&name).await),
             Request::Locate { name } => to(self.locate(&name).await),
