@@ -269,13 +269,15 @@ impl Manager {
             .await
             .map_err(|_| {
                 // A node that does not answer may be frozen: the next call starts afresh.
-                if let Some(c) = self
+                // (The lock is released before `forget_link` takes it again: a guard in an
+                // `if let` scrutinee would live through the block, and deadlock.)
+                let stale = self
                     .links
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .get(&node.addr)
-                    .cloned()
-                {
+                    .cloned();
+                if let Some(c) = stale {
                     self.forget_link(&node.addr, &c);
                 }
                 format!(

@@ -299,7 +299,8 @@ pub async fn run_member(
     access.abort();
     // Give the lease back at once: the node is shown down and the manager role (if this
     // daemon held it) passes on without waiting for the TTL.
-    if let Some(l) = *lease_rx.borrow() {
+    let held = *lease_rx.borrow();
+    if let Some(l) = held {
         let _ = tokio::time::timeout(Duration::from_secs(2), meta.store().revoke(l)).await;
     }
     let n = node.clone();

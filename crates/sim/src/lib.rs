@@ -818,7 +818,8 @@ impl World {
             if kind == 5 || self.cfg.only_writer_crashes {
                 // The writer's process dies with writes in flight; a new one attaches.
                 self.note("writer crashes".into());
-                if let Some(p) = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
+                if let Some(p) = writer {
                     p.kill();
                 }
                 return Err("writer-crash".into());
@@ -1113,7 +1114,8 @@ async fn run_async(cfg: Config) -> Result<Outcome, String> {
             }
         }
     }
-    if let Some(v) = w.model().violation.clone() {
+    let violation = w.model().violation.clone();
+    if let Some(v) = violation {
         return Err(fail(&w, v));
     }
     // Heal everything and let the writer converge.
@@ -1209,7 +1211,8 @@ async fn run_async(cfg: Config) -> Result<Outcome, String> {
             _ => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
-    if let Some(v) = w.model().violation.clone() {
+    let violation = w.model().violation.clone();
+    if let Some(v) = violation {
         return Err(fail(&w, v));
     }
     let m = w.model();

@@ -371,7 +371,8 @@ impl Hub {
                 return;
             }
         };
-        if let Some((_, reply)) = lock(&self.waiting).remove(&id) {
+        let waiting = lock(&self.waiting).remove(&id);
+        if let Some((_, reply)) = waiting {
             let _ = reply.send(r);
         }
     }
@@ -418,7 +419,8 @@ impl Hub {
             true,
             Box::new(move |r| {
                 if let Err(e) = r {
-                    if let Some((_, reply)) = lock(&self.waiting).remove(&request_id) {
+                    let waiting = lock(&self.waiting).remove(&request_id);
+                    if let Some((_, reply)) = waiting {
                         let _ = reply.send(Err(closed(&e.to_string())));
                     }
                 }
