@@ -632,12 +632,39 @@ fn etcd_unreachable_is_an_error_not_a_hang() {
 #[test]
 fn bad_endpoints_are_refused() {
     assert!(crate::parse_endpoints("").is_err());
-    assert!(crate::parse_endpoints("https://a:1").is_err());
+    assert!(crate::parse_endpoints("ftp://a:1").is_err());
     assert!(crate::parse_endpoints("a:notaport").is_err());
     assert_eq!(
         crate::parse_endpoints("a:1, http://b:2").unwrap(),
         ["http://a:1", "http://b:2"]
     );
+    assert_eq!(
+        crate::parse_endpoints("https://a:1").unwrap(),
+        ["https://a:1"]
+    );
+    // TLS endpoints need an identity; plain and TLS ones do not mix.
+    rt().block_on(async {
+        let e = |eps: &[&str]| eps.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let r = EtcdMeta::connect(&e(&["https://127.0.0.1:1"]), None).await;
+        assert!(
+            matches!(r, Err(MetaError::BadEndpoints(ref w)) if w.contains("TLS identity")),
+            "{r:?}"
+        );
+        let tls = crate::EtcdTls {
+            ca_pem: vec![],
+            cert_pem: vec![],
+            key_pem: vec![],
+        };
+        let r = EtcdMeta::connect(
+            &e(&["https://127.0.0.1:1", "http://127.0.0.1:2"]),
+            Some(&tls),
+        )
+        .await;
+        assert!(
+            matches!(r, Err(MetaError::BadEndpoints(ref w)) if w.contains("mixed")),
+            "{r:?}"
+        );
+    });
 }
 
 #[test]
