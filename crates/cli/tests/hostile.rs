@@ -19,23 +19,6 @@ fn ok(c: &Cluster, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Waits for `what` in `path`.
-fn wait_logged(path: &std::path::Path, what: &str) {
-    let t0 = Instant::now();
-    loop {
-        let log = std::fs::read_to_string(path).unwrap_or_default();
-        if log.contains(what) {
-            return;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(15),
-            "{} does not say {what:?}:\n{log}",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn nbdinfo_ok(uri: &str) -> bool {
     Command::new("nbdinfo")
         .arg(uri)

@@ -121,19 +121,7 @@ fn the_tcp_export_serves_only_this_clusters_clients_over_tls() {
 
 /// Waits for `what` in node `id`'s log.
 fn node_logged(c: &Cluster, id: u32, what: &str) {
-    let path = c.path().join(format!("node-{id}.log"));
-    let t0 = Instant::now();
-    loop {
-        let log = std::fs::read_to_string(&path).unwrap_or_default();
-        if log.contains(what) {
-            return;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "node {id} did not log {what:?}:\n{log}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_logged(&c.path().join(format!("node-{id}.log")), what);
 }
 
 /// `openssl s_client` to `addr` with `args`: a TLS peer that is not ours (stdin closed at once,

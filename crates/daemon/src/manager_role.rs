@@ -190,21 +190,10 @@ async fn serve_control(
         tokio::spawn(async move {
             let (mut sock, peer): (Box<dyn trireme_control::ControlStream>, _) = match acceptor {
                 None => (Box::new(sock), trireme_transport::Peer::Trusted),
-                Some(a) => match tokio::time::timeout(Duration::from_secs(3), a.accept(sock)).await
-                {
-                    Ok(Ok(s)) => match trireme_tls::peer_role(s.get_ref().1) {
-                        Some(role) => (Box::new(s), trireme_transport::Peer::Cert(Arc::new(role))),
-                        None => {
-                            tracing::warn!(%addr, "refused a control connection: its certificate names no trireme role");
-                            return;
-                        }
-                    },
-                    Ok(Err(e)) => {
-                        tracing::warn!(%addr, "refused a control connection: TLS handshake failed: {e}");
-                        return;
-                    }
-                    Err(_) => {
-                        tracing::warn!(%addr, "refused a control connection: no TLS handshake within 3s");
+                Some(a) => match trireme_transport::tcp::accept_tls(&a, sock).await {
+                    Ok((s, role)) => (Box::new(s), trireme_transport::Peer::Cert(Arc::new(role))),
+                    Err(why) => {
+                        tracing::warn!(%addr, "refused a control connection: {why}");
                         return;
                     }
                 },

@@ -55,12 +55,7 @@ impl Backend for MemBackend {
 /// then hangs up, replies drained, in virtual time. Whether it ended (cleanly or with an
 /// error): `false` if it panicked or never ended.
 pub fn session_ends(input: Vec<u8>) -> bool {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("a current-thread runtime");
-    rt.block_on(async move {
+    paused_runtime().block_on(async move {
         let (client, server) = tokio::io::duplex(1 << 16);
         let mut ex = Exports::new();
         ex.add(
@@ -81,12 +76,7 @@ pub fn session_ends(input: Vec<u8>) -> bool {
 /// handshake, then a read, a write and a flush, in virtual time. `false` if the client
 /// panicked or never ended. Whatever the bytes, it must end with a result or an error.
 pub fn client_ends(input: Vec<u8>) -> bool {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("a current-thread runtime");
-    rt.block_on(async move {
+    paused_runtime().block_on(async move {
         let (client, server) = tokio::io::duplex(1 << 16);
         let (srd, swr) = tokio::io::split(server);
         talk(srd, swr, input);
@@ -123,4 +113,13 @@ fn talk(
             }
         }
     });
+}
+
+/// A current-thread runtime in virtual time: a session that waits only sleeps in it.
+fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a current-thread runtime")
 }

@@ -496,23 +496,12 @@ pub async fn serve<H: Handler>(listener: TcpListener, handler: Arc<H>) -> std::i
                     serve_stream(rd, wr, h, crate::Peer::Trusted).await
                 }
                 Some(a) => {
-                    // Bounded: a peer that connects and says nothing holds nothing for long.
-                    let s = match tokio::time::timeout(TLS_HANDSHAKE, a.accept(under_tls(sock)))
-                        .await
-                    {
-                        Ok(Ok(s)) => s,
-                        Ok(Err(e)) => {
-                            tracing::warn!(%peer, "refused a connection: TLS handshake failed: {e}");
+                    let (s, role) = match accept_tls(&a, under_tls(sock)).await {
+                        Ok(r) => r,
+                        Err(why) => {
+                            tracing::warn!(%peer, "refused a connection: {why}");
                             return;
                         }
-                        Err(_) => {
-                            tracing::warn!(%peer, "refused a connection: no TLS handshake within {TLS_HANDSHAKE:?}");
-                            return;
-                        }
-                    };
-                    let Some(role) = trireme_tls::peer_role(s.get_ref().1) else {
-                        tracing::warn!(%peer, "refused a connection: its certificate names no trireme role");
-                        return;
                     };
                     tracing::debug!(%peer, %role, "TLS peer");
                     let (rd, wr) = tokio::io::split(s);
@@ -534,8 +523,26 @@ pub fn under_tls<S: AsyncRead + AsyncWrite>(sock: S) -> BufReader<S> {
     BufReader::with_capacity(READ_BUFFER, sock)
 }
 
+/// A TLS server's side of a new connection: the handshake, within [`TLS_HANDSHAKE`] (a peer
+/// that connects and says nothing holds nothing for long), and the role the client's
+/// certificate names. `Err` says why the peer is refused.
+pub async fn accept_tls<S: AsyncRead + AsyncWrite + Unpin>(
+    acceptor: &tokio_rustls::TlsAcceptor,
+    sock: S,
+) -> Result<(tokio_rustls::server::TlsStream<S>, trireme_tls::Role), String> {
+    let s = match tokio::time::timeout(TLS_HANDSHAKE, acceptor.accept(sock)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return Err(format!("TLS handshake failed: {e}")),
+        Err(_) => return Err(format!("no TLS handshake within {TLS_HANDSHAKE:?}")),
+    };
+    match trireme_tls::peer_role(s.get_ref().1) {
+        Some(role) => Ok((s, role)),
+        None => Err("its certificate names no trireme role".into()),
+    }
+}
+
 /// How long a TLS peer may take to finish its handshake (either side).
-const TLS_HANDSHAKE: std::time::Duration = std::time::Duration::from_secs(3);
+pub const TLS_HANDSHAKE: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Most connections a process serves at once; the rest are closed as they arrive.
 pub const MAX_CONNECTIONS: usize = 1024;

@@ -403,3 +403,20 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// Waits for `what` in `path`.
+pub fn wait_logged(path: &std::path::Path, what: &str) {
+    let t0 = Instant::now();
+    loop {
+        let log = std::fs::read_to_string(path).unwrap_or_default();
+        if log.contains(what) {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "{} does not say {what:?}:\n{log}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
