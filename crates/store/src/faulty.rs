@@ -149,6 +149,7 @@ impl FaultyStore {
         Arc::new(FaultyReplica {
             inner: r,
             injector: self.injector.clone(),
+            lost: std::sync::atomic::AtomicU64::new(0),
         })
     }
 }
@@ -179,6 +180,10 @@ impl Store for FaultyStore {
 struct FaultyReplica {
     inner: Arc<dyn Replica>,
     injector: Arc<Injector>,
+    /// Set by an injected flush failure: as a real store does (`file.rs`), the copy's history
+    /// is unknown from then on, so it answers a new incarnation (for this process's life: the
+    /// wrapped store's own record is not changed).
+    lost: std::sync::atomic::AtomicU64,
 }
 
 impl FaultyReplica {
@@ -237,6 +242,10 @@ impl Replica for FaultyReplica {
     }
     fn flush(&self) -> Result<(), StoreError> {
         if self.injector.fail("flush") {
+            self.lost.store(
+                crate::new_incarnation(),
+                std::sync::atomic::Ordering::Release,
+            );
             return Err(self.eio("flush"));
         }
         self.inner.flush()
@@ -245,7 +254,13 @@ impl Replica for FaultyReplica {
         self.inner.block_status(offset, len)
     }
     fn incarnation(&self) -> u64 {
-        self.inner.incarnation()
+        match self.lost.load(std::sync::atomic::Ordering::Acquire) {
+            0 => self.inner.incarnation(),
+            lost => lost,
+        }
+    }
+    fn ledger(&self) -> Option<Arc<dyn crate::Ledger>> {
+        self.inner.ledger()
     }
     fn close(&self) -> Result<(), StoreError> {
         self.inner.close()

@@ -43,11 +43,13 @@ struct FileReplica {
     epoch: AtomicU64,
     map: AllocMap,
     map_dirty: AtomicBool,
-    incarnation: u64,
+    /// Replaced when a sync fails: the copy's history is unknown from then on.
+    incarnation: AtomicU64,
     /// Set by `close`: the next persist records a clean shutdown.
     closed: AtomicBool,
     persist_lock: Mutex<()>,
     stripes: Vec<Mutex<()>>,
+    ledger: Arc<crate::FileLedger>,
 }
 
 fn io(volume: u64, op: &'static str) -> impl FnOnce(std::io::Error) -> StoreError {
@@ -197,10 +199,14 @@ impl FileReplica {
             epoch: AtomicU64::new(epoch),
             map,
             map_dirty: AtomicBool::new(false),
-            incarnation,
+            incarnation: AtomicU64::new(incarnation),
             closed: AtomicBool::new(false),
             persist_lock: Mutex::new(()),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            ledger: Arc::new(crate::FileLedger::new(
+                meta_path.parent().unwrap_or_else(|| Path::new(".")),
+                volume,
+            )),
         }
     }
 
@@ -216,11 +222,30 @@ impl FileReplica {
             } else {
                 meta::FLAG_OPEN
             },
-            incarnation: self.incarnation,
+            incarnation: self.incarnation.load(Ordering::Acquire),
             map: self.map.to_bytes(),
         };
         write_atomically(&self.meta_path, &self.dir, &meta::encode(&m))
             .map_err(io(self.volume, "persist metadata"))
+    }
+
+    /// A sync failed: which of the writes since the last good one reached the device is
+    /// unknown, whatever the kernel says next (a failed `fdatasync` may drop dirty pages and
+    /// report success the next time). The copy takes a new incarnation, so no peer's record of
+    /// what it missed is trusted again: its next resync compares everything.
+    fn lose_history(&self, e: StoreError) -> StoreError {
+        let new = crate::new_incarnation();
+        let old = self.incarnation.swap(new, Ordering::AcqRel);
+        tracing::error!(
+            volume = self.volume,
+            old,
+            new,
+            "{e}: the replica's history is now unknown"
+        );
+        if let Err(p) = self.persist() {
+            tracing::error!(volume = self.volume, "recording the new incarnation: {p}");
+        }
+        e
     }
 
     fn stripe(&self, block: u64) -> usize {
@@ -329,6 +354,8 @@ impl Store for FileStore {
             data.set_len(size).map_err(io(volume, "size data file"))?;
         }
         data.sync_all().map_err(io(volume, "sync data file"))?;
+        // A new history: bookkeeping left by an earlier replica of this volume id is not its.
+        crate::FileLedger::remove(&self.dir, volume);
         let r = Arc::new(FileReplica::new(
             volume,
             size,
@@ -381,7 +408,12 @@ impl Store for FileStore {
         std::fs::remove_file(&meta_path).map_err(io(volume, "delete metadata"))?;
         let _ = std::fs::remove_file(&data_path);
         let _ = std::fs::remove_file(meta_path.with_extension("boot"));
-        Ok(())
+        crate::FileLedger::remove(&self.dir, volume);
+        // Durable before the node answers: a deleted replica must not reappear after a power
+        // loss (its node would serve a copy the metadata no longer lists).
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io(volume, "sync store directory"))
     }
 }
 
@@ -502,11 +534,13 @@ impl Replica for FileReplica {
     }
 
     fn flush(&self) -> Result<(), StoreError> {
-        self.data.sync_data().map_err(io(self.volume, "flush"))?;
+        if let Err(e) = self.data.sync_data() {
+            return Err(self.lose_history(io(self.volume, "flush")(e)));
+        }
         if self.map_dirty.swap(false, Ordering::AcqRel) {
             if let Err(e) = self.persist() {
                 self.map_dirty.store(true, Ordering::Release);
-                return Err(e);
+                return Err(self.lose_history(e));
             }
         }
         Ok(())
@@ -517,7 +551,10 @@ impl Replica for FileReplica {
         Ok(self.map.extents(offset, len))
     }
     fn incarnation(&self) -> u64 {
-        self.incarnation
+        self.incarnation.load(Ordering::Acquire)
+    }
+    fn ledger(&self) -> Option<Arc<dyn crate::Ledger>> {
+        Some(self.ledger.clone())
     }
     fn close(&self) -> Result<(), StoreError> {
         self.data.sync_data().map_err(io(self.volume, "flush"))?;

@@ -24,6 +24,7 @@
 pub mod aligned;
 pub mod faulty;
 mod file;
+pub mod ledger;
 mod map;
 mod memory;
 mod null;
@@ -32,6 +33,7 @@ pub mod sealed;
 pub use faulty::FaultyStore;
 pub use file::meta as file_meta;
 pub use file::FileStore;
+pub use ledger::{FileLedger, Ledger};
 pub use map::{extents_from, AllocMap};
 pub use memory::MemoryStore;
 pub use null::NullStore;
@@ -155,6 +157,11 @@ pub trait Replica: Send + Sync + std::fmt::Debug {
     /// Flushes and records a clean shutdown (the process is about to exit).
     fn close(&self) -> Result<(), StoreError> {
         self.flush()
+    }
+    /// Where the node keeps this replica's bookkeeping durably (`ledger.rs`); `None` for a
+    /// volatile store, whose bookkeeping lives and dies with the process.
+    fn ledger(&self) -> Option<Arc<dyn Ledger>> {
+        None
     }
 }
 

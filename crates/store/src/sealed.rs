@@ -451,6 +451,9 @@ impl Replica for SealedReplica {
     fn incarnation(&self) -> u64 {
         self.inner.incarnation()
     }
+    fn ledger(&self) -> Option<Arc<dyn crate::Ledger>> {
+        self.inner.ledger()
+    }
     fn close(&self) -> Result<(), StoreError> {
         self.inner.close()?;
         self.persist(true)

@@ -1,0 +1,168 @@
+//! Durable bookkeeping beside a replica's bytes: where a node keeps the activity log and the
+//! records of what its peers missed, so that a restart forgets neither (issue 17).
+//!
+//! A store that survives restarts hands out one [`Ledger`] per replica; volatile stores have
+//! none (their replicas come back empty, and with them any history). What the bytes mean is the
+//! node's business (`trireme-node`); the ledger only offers the two kinds of durable write the
+//! node needs, each at its cost:
+//!
+//! * a **paged log** written in place, one 4 KiB page at a time, durable (`fdatasync`) when the
+//!   call returns: the activity log, written on the write path when a write reaches an extent
+//!   not yet marked on disk. A page is written whole; if power fails during the write the page
+//!   may be torn, which the node detects by its checksum (and then assumes the worst).
+//! * a **record blob** replaced atomically (a temporary file, `fsync`, rename, `fsync` of the
+//!   directory): the peers' dirty records, saved lazily.
+//!
+//! File store layout: `replica-<volume>.al` (the paged log) and `replica-<volume>.dirty` (the
+//! records), next to the replica's data and metadata files.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use crate::StoreError;
+
+/// Size of one page of the paged log.
+pub const PAGE: usize = 4096;
+
+/// Durable bookkeeping of one replica (see the module docs).
+pub trait Ledger: Send + Sync + std::fmt::Debug {
+    /// The whole paged log as last written (empty if it was never written).
+    fn read_log(&self) -> Result<Vec<u8>, StoreError>;
+    /// Writes whole pages at page `first`; durable when this returns.
+    fn write_log(&self, first: u64, pages: &[u8]) -> Result<(), StoreError>;
+    /// The record blob as last saved, or `None` if none was ever saved.
+    fn read_records(&self) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Replaces the record blob: after a crash, either the old or the new one is read back.
+    fn save_records(&self, bytes: &[u8]) -> Result<(), StoreError>;
+}
+
+/// The file store's ledger: two files beside the replica.
+#[derive(Debug)]
+pub struct FileLedger {
+    volume: u64,
+    dir: PathBuf,
+    log_path: PathBuf,
+    records_path: PathBuf,
+    /// Opened at the first log access.
+    log: Mutex<Option<File>>,
+}
+
+impl FileLedger {
+    pub fn new(dir: &Path, volume: u64) -> FileLedger {
+        let (log_path, records_path) = FileLedger::paths(dir, volume);
+        FileLedger {
+            volume,
+            dir: dir.to_path_buf(),
+            log_path,
+            records_path,
+            log: Mutex::new(None),
+        }
+    }
+
+    /// The ledger's two files for `volume` in `dir`.
+    pub fn paths(dir: &Path, volume: u64) -> (PathBuf, PathBuf) {
+        (
+            dir.join(format!("replica-{volume:016x}.al")),
+            dir.join(format!("replica-{volume:016x}.dirty")),
+        )
+    }
+
+    /// Removes the ledger files of `volume` (a deleted or re-created replica).
+    pub fn remove(dir: &Path, volume: u64) {
+        let (a, b) = FileLedger::paths(dir, volume);
+        let _ = std::fs::remove_file(a);
+        let _ = std::fs::remove_file(b);
+    }
+
+    fn io(&self, op: &'static str) -> impl FnOnce(std::io::Error) -> StoreError {
+        let volume = self.volume;
+        move |source| StoreError::Io { volume, op, source }
+    }
+
+    fn with_log<T>(&self, f: impl FnOnce(&File) -> Result<T, StoreError>) -> Result<T, StoreError> {
+        let mut g = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        if g.is_none() {
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&self.log_path)
+                .map_err(self.io("open activity log"))?;
+            *g = Some(file);
+        }
+        f(g.as_ref().expect("opened above"))
+    }
+}
+
+impl Ledger for FileLedger {
+    fn read_log(&self) -> Result<Vec<u8>, StoreError> {
+        match std::fs::read(&self.log_path) {
+            Ok(b) => Ok(b),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err(self.io("read activity log")(e)),
+        }
+    }
+
+    fn write_log(&self, first: u64, pages: &[u8]) -> Result<(), StoreError> {
+        if pages.is_empty() || !pages.len().is_multiple_of(PAGE) {
+            return Err(StoreError::Invalid(format!(
+                "activity log writes are whole {PAGE}-byte pages, not {} bytes",
+                pages.len()
+            )));
+        }
+        self.with_log(|f| {
+            f.write_all_at(pages, first * PAGE as u64)
+                .map_err(self.io("write activity log"))?;
+            f.sync_data().map_err(self.io("sync activity log"))
+        })
+    }
+
+    fn read_records(&self) -> Result<Option<Vec<u8>>, StoreError> {
+        match std::fs::read(&self.records_path) {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(self.io("read dirty records")(e)),
+        }
+    }
+
+    fn save_records(&self, bytes: &[u8]) -> Result<(), StoreError> {
+        let tmp = self.records_path.with_extension("dirty.tmp");
+        let write = || -> std::io::Result<()> {
+            {
+                let f = File::create(&tmp)?;
+                f.write_all_at(bytes, 0)?;
+                f.sync_all()?;
+            }
+            std::fs::rename(&tmp, &self.records_path)?;
+            File::open(&self.dir)?.sync_all()
+        };
+        write().map_err(self.io("save dirty records"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pages_and_records_round_trip_and_survive_reopening() {
+        let d = tempfile::tempdir().unwrap();
+        let l = FileLedger::new(d.path(), 7);
+        assert!(l.read_log().unwrap().is_empty());
+        assert_eq!(l.read_records().unwrap(), None);
+        l.write_log(1, &[3u8; PAGE]).unwrap();
+        l.write_log(0, &[1u8; 2 * PAGE]).unwrap();
+        assert!(l.write_log(0, &[1u8; 10]).is_err(), "whole pages only");
+        l.save_records(b"first").unwrap();
+        l.save_records(b"second").unwrap();
+        let again = FileLedger::new(d.path(), 7);
+        assert_eq!(again.read_log().unwrap(), vec![1u8; 2 * PAGE]);
+        assert_eq!(again.read_records().unwrap().unwrap(), b"second");
+        FileLedger::remove(d.path(), 7);
+        assert!(FileLedger::new(d.path(), 7).read_log().unwrap().is_empty());
+        assert_eq!(FileLedger::new(d.path(), 7).read_records().unwrap(), None);
+    }
+}
