@@ -42,6 +42,7 @@ fn local_config(cli: &Cli, a: &crate::UpArgs) -> trireme_daemon::local::LocalCon
         restart_backoff: a.restart_backoff,
         node_netns: a.node_netns.clone(),
         no_block_checksums: a.no_block_checksums,
+        volatile_bookkeeping: a.volatile_bookkeeping,
         log: cli.log.clone(),
         transport: cli.transport.as_str().to_string(),
         node_transport: a
@@ -651,6 +652,7 @@ fn node_config(cli: &Cli, a: &NodeServeArgs) -> trireme_daemon::node::NodeConfig
         dirty_grain: a.dirty_grain,
         inject_faults: a.inject_faults.clone(),
         block_checksums: !a.no_block_checksums,
+        books: !a.volatile_bookkeeping,
         transport: cli.transport.kind(),
         capacity: a.capacity,
     }
@@ -733,6 +735,7 @@ async fn node_run(cli: &Cli, a: &crate::NodeRunArgs) -> Result<(), CliError> {
         dirty_grain: a.dirty_grain,
         inject_faults: a.inject_faults.clone(),
         block_checksums: !a.no_block_checksums,
+        books: !a.volatile_bookkeeping,
         transport: cli.transport.kind(),
         capacity: a.capacity,
     };

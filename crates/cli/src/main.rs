@@ -244,6 +244,10 @@ pub struct UpArgs {
     /// Nodes do not seal blocks with checksums (to measure their cost; see `node serve`).
     #[arg(long)]
     pub no_block_checksums: bool,
+    /// Nodes keep their activity log and dirty records in memory only (to measure what
+    /// keeping them on disk costs; see `node serve`).
+    #[arg(long)]
+    pub volatile_bookkeeping: bool,
     /// Plain text on every TCP link. Without it the NBD export on TCP speaks TLS only (NBD
     /// STARTTLS, client certificates of the cluster's CA) and the links to the nodes are mutual
     /// TLS; the credentials are in `<data-dir>/tls/`.
@@ -368,6 +372,11 @@ pub struct NodeServeArgs {
     /// checked). Seals kept from earlier runs are dropped at the next sealed open.
     #[arg(long)]
     pub no_block_checksums: bool,
+    /// Keep the activity log and the peers' dirty records in memory only (for measuring what
+    /// keeping them on disk costs): after a restart, the next resync or reconcile compares
+    /// whole replicas. File stores keep them on disk by default.
+    #[arg(long)]
+    pub volatile_bookkeeping: bool,
     /// Serve TCP peers over mutual TLS with the identity in DIR (`node-cert.pem`,
     /// `node-key.pem`, `ca-cert.pem`; `trireme ca issue node N`): only peers with a certificate
     /// of that CA get in.
@@ -423,6 +432,9 @@ pub struct NodeRunArgs {
     /// Do not seal blocks with checksums.
     #[arg(long)]
     pub no_block_checksums: bool,
+    /// Keep the activity log and dirty records in memory only (see `node serve`).
+    #[arg(long)]
+    pub volatile_bookkeeping: bool,
     /// Fault tests: fail store I/O at the rates in FILE (see `node serve --inject-faults`).
     #[arg(long, value_name = "FILE")]
     pub inject_faults: Option<PathBuf>,

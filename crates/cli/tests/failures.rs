@@ -830,3 +830,39 @@ fn block_checksums_find_and_repair_a_bad_copy_of_a_two_way_volume() {
     );
     assert_replicas_identical(&c, "vol0");
 }
+
+/// Survivors that crash while a replica is out keep their record of what it missed, on disk
+/// (issue 17): node 3 is stopped, then both other nodes are killed and restarted, one after
+/// the other, under the workload. Node 3's resync is still incremental: each survivor came
+/// back with its saved record plus its activity log's extents. With the records in memory
+/// only (`--volatile-bookkeeping`) the same run ends in a full compare.
+#[test]
+fn survivors_killed_while_a_replica_is_out_keep_its_record() {
+    let c = Cluster::start(&["--store", "file", "--size", "64M"]);
+    let bench = start_bench(&c, 16);
+    std::thread::sleep(Duration::from_secs(1));
+    cli_ok(&c, &["node", "stop", "3"]);
+    std::thread::sleep(Duration::from_secs(2));
+    for n in [1, 2] {
+        let p = node_pid(&c, n);
+        signal(p, libc::SIGKILL);
+        wait_restarted(&c, n, p);
+        wait_state(&c, n, "in-sync");
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    cli_ok(&c, &["node", "start", "3"]);
+    let v = finish_bench(&c, bench);
+    wait_all_in_sync(&c);
+    assert_replicas_identical(&c, "vol0");
+    let r = resyncs(&c);
+    eprintln!(
+        "resyncs (full, copied bytes): {r:?}; written {}",
+        v["write"]["bytes"]
+    );
+    assert!(r.len() >= 3, "a resync per node: {r:?}\n{}", c.log());
+    assert!(
+        r.iter().all(|(full, _)| !full),
+        "every resync incremental: {r:?}\n{}",
+        c.log()
+    );
+}

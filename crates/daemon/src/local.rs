@@ -50,6 +50,7 @@ pub struct LocalConfig {
     /// Per node (index id-1): the network namespace it runs in; empty: none.
     pub node_netns: Vec<NodeNetns>,
     pub no_block_checksums: bool,
+    pub volatile_bookkeeping: bool,
     /// The `--log` filter handed to node processes.
     pub log: String,
     /// The cluster's transport (`--transport` of the node processes), and per-node exceptions.
@@ -192,6 +193,9 @@ async fn spawn_node(sup: &Supervisor, id: u32) -> Result<(Child, NodeProc), Daem
         .arg(dir.join(format!("node-{id}")));
     if sup.no_block_checksums {
         cmd.arg("--no-block-checksums");
+    }
+    if sup.volatile_bookkeeping {
+        cmd.arg("--volatile-bookkeeping");
     }
     if let Some(c) = sup.capacity {
         cmd.arg("--capacity").arg(c.to_string());
@@ -390,6 +394,7 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
         backoff: a.restart_backoff,
         netns: a.node_netns.clone(),
         no_block_checksums: a.no_block_checksums,
+        volatile_bookkeeping: a.volatile_bookkeeping,
         node_transport: a.node_transport.clone(),
         log: a.log.clone(),
         transport: a.transport.clone(),
@@ -609,6 +614,7 @@ struct Supervisor {
     /// Per node (index id-1): the network namespace it runs in, if any.
     netns: Vec<NodeNetns>,
     no_block_checksums: bool,
+    volatile_bookkeeping: bool,
     /// Nodes that run another transport than the cluster's.
     node_transport: Vec<(u32, String)>,
     log: String,

@@ -33,6 +33,8 @@ pub struct NodeConfig {
     /// Inject store errors at the rates in this file (fault tests).
     pub inject_faults: Option<PathBuf>,
     pub block_checksums: bool,
+    /// Keep the activity log and dirty records on disk (stores that can: the file store).
+    pub books: bool,
     pub transport: TransportKind,
     /// Most bytes the node's replicas may hold together; `None`: half the host's memory for a
     /// memory store, the file system's size for a file store, no limit for the null store.
@@ -71,6 +73,13 @@ pub fn build_node(cfg: &NodeConfig) -> Result<Arc<trireme_node::Node>, DaemonErr
     };
     if let Some(c) = capacity {
         node.set_capacity(c);
+    }
+    if cfg.books {
+        node.keep_books();
+    } else if !cfg.store.volatile() {
+        tracing::warn!(
+            "bookkeeping in memory only: a restart makes the next resync compare everything"
+        );
     }
     tracing::info!(
         node = cfg.id,

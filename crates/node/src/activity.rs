@@ -9,14 +9,30 @@
 //! only the union of the replicas' marked extents.
 //!
 //! A write marks the log with one atomic OR, so the log costs the write path a map lookup and
-//! no lock. The log lives in the process's memory: a node that restarts answers "no log", and
+//! no lock.
+//!
+//! **On disk** (a store with a [`Ledger`]: the file store), the log survives the node, as
+//! DRBD's on-disk activity log does. The disk copy is a superset of the memory one:
+//! * a write to an extent not marked on disk marks it there first (one 4 KiB page written and
+//!   made durable) and only then is applied; extents already marked on disk cost nothing more,
+//!   so a warm working set writes no log at all;
+//! * clears reach the disk lazily, in [`ActivityLogs::sync`] (every second, by the node's
+//!   bookkeeping task), and only after the replica's data and the peers' dirty records were
+//!   made durable, and only for extents no write touched meanwhile. So whatever a crash loses
+//!   from memory — unflushed writes, dirty marks not yet saved — lies inside an extent the
+//!   disk log still shows, and a restarted node answers with that log.
+//!
+//! A volatile store keeps the log in memory only: a node that restarts answers "no log", and
 //! the next writer then compares everything — slower, never wrong.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use trireme_proto::Extent;
+use trireme_store::{Ledger, StoreError};
+
+use crate::books::{self, LogHeader, WORDS_PER_PAGE};
 
 /// Smallest extent a writer may ask for.
 pub const MIN_EXTENT: u64 = 64 << 10;
@@ -33,9 +49,58 @@ struct Log {
     /// The volume's size (its last extent may be short).
     size: u64,
     bits: Vec<AtomicU64>,
+    /// Extents written since the current sync began (see [`ActivityLogs::sync`]).
+    touched: Vec<AtomicU64>,
+    disk: Option<Disk>,
+}
+
+/// The log's copy on disk.
+#[derive(Debug)]
+struct Disk {
+    ledger: Arc<dyn Ledger>,
+    /// What the pages on disk say (or are being made to say, under `lock`).
+    bits: Vec<AtomicU64>,
+    /// Held while pages are written, so two writers never interleave a page.
+    lock: Mutex<()>,
+    /// One sync at a time.
+    sync: Mutex<()>,
+}
+
+impl Disk {
+    fn header(log: &Log) -> LogHeader {
+        LogHeader {
+            volume: 0,
+            size: log.size,
+            shift: log.shift,
+            epoch: log.epoch,
+        }
+    }
+
+    /// Writes bitmap page `n` (1-based) from `bits`; the caller holds `lock`.
+    fn write_page(&self, epoch: u64, n: usize) -> Result<(), StoreError> {
+        let first = (n - 1) * WORDS_PER_PAGE;
+        let last = (first + WORDS_PER_PAGE).min(self.bits.len());
+        let words: Vec<u64> = self.bits[first..last]
+            .iter()
+            .map(|w| w.load(Ordering::SeqCst))
+            .collect();
+        self.ledger
+            .write_log(n as u64, &books::encode_log_page(epoch, n as u32, &words))
+    }
 }
 
 impl Log {
+    fn new(epoch: u64, shift: u32, size: u64, words: &[u64]) -> Log {
+        Log {
+            epoch,
+            shift,
+            size,
+            bits: words.iter().map(|w| AtomicU64::new(*w)).collect(),
+            touched: words.iter().map(|_| AtomicU64::new(0)).collect(),
+            disk: None,
+        }
+    }
+
     fn extents(&self) -> u64 {
         self.size.div_ceil(1 << self.shift)
     }
@@ -44,6 +109,15 @@ impl Log {
         self.bits
             .get((k / 64) as usize)
             .is_some_and(|w| w.load(Ordering::Acquire) & (1 << (k % 64)) != 0)
+    }
+
+    /// The marked extents as byte ranges.
+    fn marked(&self) -> Vec<(u64, u64)> {
+        let e = 1u64 << self.shift;
+        (0..self.extents())
+            .filter(|k| self.is_set(*k))
+            .map(|k| (k * e, e.min(self.size - k * e)))
+            .collect()
     }
 }
 
@@ -72,8 +146,17 @@ impl ActivityLogs {
             .cloned()
     }
 
-    /// Starts an empty log for the writer of `epoch`, replacing any older one.
-    pub fn start(&self, volume: u64, epoch: u64, extent: u64, size: u64) -> Result<(), String> {
+    /// Starts an empty log for the writer of `epoch`, replacing any older one. With a ledger
+    /// the empty log is on disk when this returns; the caller has made everything the old log
+    /// covered durable first (the replica's data, the peers' dirty records).
+    pub fn start(
+        &self,
+        volume: u64,
+        epoch: u64,
+        extent: u64,
+        size: u64,
+        ledger: Option<Arc<dyn Ledger>>,
+    ) -> Result<(), String> {
         if !extent.is_power_of_two() || !(MIN_EXTENT..=MAX_EXTENT).contains(&extent) {
             return Err(format!(
                 "activity-log extent {extent} is not a power of two from {MIN_EXTENT} to {MAX_EXTENT}"
@@ -85,12 +168,29 @@ impl ActivityLogs {
                 "activity log of {n} extents is too large (at most {MAX_EXTENTS}); use larger extents"
             ));
         }
-        let log = Log {
-            epoch,
-            shift: extent.trailing_zeros(),
-            size,
-            bits: (0..n.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
-        };
+        let words = vec![0u64; n.div_ceil(64) as usize];
+        let mut log = Log::new(epoch, extent.trailing_zeros(), size, &words);
+        if let Some(ledger) = ledger {
+            let header = LogHeader {
+                volume,
+                ..Disk::header(&log)
+            };
+            // Header and zeroed pages in one durable write: a crash midway leaves pages that
+            // do not match the header, which read back as fully marked.
+            let mut b = books::encode_log_header(&header);
+            for (k, c) in words.chunks(WORDS_PER_PAGE).enumerate() {
+                b.extend(books::encode_log_page(epoch, k as u32 + 1, c));
+            }
+            ledger
+                .write_log(0, &b)
+                .map_err(|e| format!("starting the activity log on disk: {e}"))?;
+            log.disk = Some(Disk {
+                ledger,
+                bits: words.iter().map(|_| AtomicU64::new(0)).collect(),
+                lock: Mutex::new(()),
+                sync: Mutex::new(()),
+            });
+        }
         self.logs
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -98,23 +198,105 @@ impl ActivityLogs {
         Ok(())
     }
 
+    /// Loads the log `ledger` kept for `volume` (at the node's start) and returns its marked
+    /// extents as byte ranges: `None` when there is no usable log (then nothing bounds where
+    /// writes went before the restart).
+    pub fn load(
+        &self,
+        volume: u64,
+        size: u64,
+        ledger: Arc<dyn Ledger>,
+    ) -> Result<Option<Vec<(u64, u64)>>, String> {
+        let bytes = ledger.read_log().map_err(|e| e.to_string())?;
+        let Some(d) = books::decode_log(&bytes, volume).map_err(|e| e.to_string())? else {
+            return Ok(None);
+        };
+        if d.header.size != size {
+            return Err(format!(
+                "the log describes {} bytes, the replica has {size}",
+                d.header.size
+            ));
+        }
+        if d.assumed_pages > 0 {
+            tracing::warn!(
+                volume,
+                pages = d.assumed_pages,
+                "activity log pages unreadable (torn or stale): their extents count as written"
+            );
+        }
+        let mut log = Log::new(d.header.epoch, d.header.shift, size, &d.words);
+        log.disk = Some(Disk {
+            ledger,
+            bits: d.words.iter().map(|w| AtomicU64::new(*w)).collect(),
+            lock: Mutex::new(()),
+            sync: Mutex::new(()),
+        });
+        let marked = log.marked();
+        self.logs
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(volume, Arc::new(log));
+        Ok(Some(marked))
+    }
+
     /// A write of `[offset, offset+len)` arrived: marks its extents. Called before the write is
-    /// applied, so a replica never holds a write its log does not show.
-    pub fn on_write(&self, volume: u64, offset: u64, len: u64) {
-        let Some(log) = self.get(volume) else { return };
+    /// applied, so a replica never holds a write its log does not show — on disk too: an
+    /// extent not yet marked there is written first. An error means the write must not be
+    /// applied.
+    pub fn on_write(&self, volume: u64, offset: u64, len: u64) -> Result<(), StoreError> {
+        let Some(log) = self.get(volume) else {
+            return Ok(());
+        };
         if len == 0 {
-            return;
+            return Ok(());
         }
         let first = offset >> log.shift;
         let last = ((offset + len - 1) >> log.shift).min(log.extents().saturating_sub(1));
+        let mut cold = false;
         for k in first..=last {
-            if let Some(w) = log.bits.get((k / 64) as usize) {
-                w.fetch_or(1 << (k % 64), Ordering::AcqRel);
+            let (w, bit) = ((k / 64) as usize, 1u64 << (k % 64));
+            let Some(word) = log.bits.get(w) else {
+                continue;
+            };
+            word.fetch_or(bit, Ordering::AcqRel);
+            if let Some(d) = &log.disk {
+                // Touched before the disk bit is looked at: a sync that clears this extent
+                // on disk meanwhile sees the touch and puts it back before writing the page.
+                log.touched[w].fetch_or(bit, Ordering::SeqCst);
+                cold |= d.bits[w].load(Ordering::SeqCst) & bit == 0;
             }
+        }
+        match &log.disk {
+            Some(d) if cold => {
+                let _g = d.lock.lock().unwrap_or_else(|e| e.into_inner());
+                let mut pages = Vec::new();
+                for k in first..=last {
+                    let (w, bit) = ((k / 64) as usize, 1u64 << (k % 64));
+                    if w < d.bits.len() && d.bits[w].fetch_or(bit, Ordering::SeqCst) & bit == 0 {
+                        pages.push(w / WORDS_PER_PAGE + 1);
+                    }
+                }
+                pages.dedup();
+                for n in pages {
+                    if let Err(e) = d.write_page(log.epoch, n) {
+                        // Not on disk after all: the next write here tries again.
+                        for k in first..=last {
+                            let (w, bit) = ((k / 64) as usize, 1u64 << (k % 64));
+                            if w / WORDS_PER_PAGE + 1 == n {
+                                d.bits[w].fetch_and(!bit, Ordering::SeqCst);
+                            }
+                        }
+                        return Err(e);
+                    }
+                }
+                Ok(())
+            }
+            _ => Ok(()),
         }
     }
 
-    /// Clears the extents lying wholly inside `[offset, offset+len)`.
+    /// Clears the extents lying wholly inside `[offset, offset+len)` (in memory; the disk
+    /// follows at the next [`ActivityLogs::sync`]).
     pub fn clear(&self, volume: u64, offset: u64, len: u64) {
         let Some(log) = self.get(volume) else { return };
         let extent = 1u64 << log.shift;
@@ -131,6 +313,74 @@ impl ActivityLogs {
                 w.fetch_and(!(1 << (k % 64)), Ordering::AcqRel);
             }
         }
+    }
+
+    /// Brings the disk copy of `volume`'s log down to the memory one: extents cleared in
+    /// memory and not written since the previous sync are cleared on disk — once
+    /// `make_durable` (the replica's flush and the dirty records' save) has succeeded, so no
+    /// crash can lose a write the disk log no longer shows. Returns whether there was anything
+    /// to clear (and so `make_durable` ran).
+    pub fn sync(
+        &self,
+        volume: u64,
+        make_durable: impl FnOnce() -> Result<(), StoreError>,
+    ) -> Result<bool, StoreError> {
+        let Some(log) = self.get(volume) else {
+            return Ok(false);
+        };
+        let Some(d) = &log.disk else {
+            return Ok(false);
+        };
+        let _s = d.sync.lock().unwrap_or_else(|e| e.into_inner());
+        // Writes from here on are in `touched`.
+        for t in &log.touched {
+            t.store(0, Ordering::SeqCst);
+        }
+        // An extent is a candidate when it is marked on disk and cleared in memory. The writer
+        // clears an extent only once no write of its is in flight there, and a write sets the
+        // memory bit before anything else: so every write to a candidate that arrived before
+        // this point has completed, and its data and dirty marks are in what `make_durable`
+        // saves. Those that arrive later are in `touched`, and stay.
+        let candidates: Vec<u64> = (0..d.bits.len())
+            .map(|w| d.bits[w].load(Ordering::SeqCst) & !log.bits[w].load(Ordering::SeqCst))
+            .collect();
+        if candidates.iter().all(|c| *c == 0) {
+            return Ok(false);
+        }
+        make_durable()?;
+        let _g = d.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut pages = Vec::new();
+        for (w, c) in candidates.iter().enumerate() {
+            // Written again meanwhile: those stay.
+            let clear = c & !log.touched[w].load(Ordering::SeqCst);
+            if clear == 0 {
+                continue;
+            }
+            d.bits[w].fetch_and(!clear, Ordering::SeqCst);
+            // A write that touched one of these after we looked, and saw its disk bit still
+            // set, skipped the disk: keep its extent.
+            let again = log.touched[w].load(Ordering::SeqCst) & clear;
+            d.bits[w].fetch_or(again, Ordering::SeqCst);
+            if clear & !again != 0 && pages.last() != Some(&(w / WORDS_PER_PAGE + 1)) {
+                pages.push(w / WORDS_PER_PAGE + 1);
+            }
+        }
+        for n in pages {
+            d.write_page(log.epoch, n)?;
+        }
+        Ok(true)
+    }
+
+    /// Extents marked on disk for `volume` (for tests and status).
+    pub fn marked_on_disk(&self, volume: u64) -> Option<usize> {
+        let log = self.get(volume)?;
+        let d = log.disk.as_ref()?;
+        Some(
+            d.bits
+                .iter()
+                .map(|w| w.load(Ordering::Acquire).count_ones() as usize)
+                .sum(),
+        )
     }
 
     pub fn query(&self, volume: u64, offset: u64, len: u64) -> ActivityView {
@@ -173,18 +423,18 @@ mod tests {
     #[test]
     fn writes_mark_their_extents_and_clears_take_whole_ones() {
         let l = ActivityLogs::default();
-        l.on_write(1, 0, 4096);
+        l.on_write(1, 0, 4096).unwrap();
         assert_eq!(l.query(1, 0, E).epoch, 0, "no log yet");
-        l.start(1, 7, E, 100 * E).unwrap();
-        l.on_write(1, 3 * E - 1, 2); // straddles extents 2 and 3
-        l.on_write(1, 70 * E, 1); // in the second bitmap word
-        l.on_write(2, 0, E); // another volume
+        l.start(1, 7, E, 100 * E, None).unwrap();
+        l.on_write(1, 3 * E - 1, 2).unwrap(); // straddles extents 2 and 3
+        l.on_write(1, 70 * E, 1).unwrap(); // in the second bitmap word
+        l.on_write(2, 0, E).unwrap(); // another volume
         assert_eq!(marked(&l, 100 * E), vec![(2 * E, 2 * E), (70 * E, E)]);
         let v = l.query(1, 0, E);
         assert_eq!((v.epoch, v.extent), (7, E));
         l.clear(1, E / 2, 3 * E); // wholly covers extents 1 and 2 only
         assert_eq!(marked(&l, 100 * E), vec![(3 * E, E), (70 * E, E)]);
-        l.start(1, 8, E, 100 * E).unwrap();
+        l.start(1, 8, E, 100 * E, None).unwrap();
         assert_eq!(marked(&l, 100 * E), vec![], "a new writer starts empty");
         l.forget(1);
         assert_eq!(l.query(1, 0, E).epoch, 0);
@@ -194,8 +444,8 @@ mod tests {
     fn the_short_last_extent_is_marked_and_cleared() {
         let l = ActivityLogs::default();
         let size = 10 * E + 4096;
-        l.start(1, 1, E, size).unwrap();
-        l.on_write(1, size - 4096, 4096);
+        l.start(1, 1, E, size, None).unwrap();
+        l.on_write(1, size - 4096, 4096).unwrap();
         assert_eq!(marked(&l, 11 * E), vec![(10 * E, E)]);
         l.clear(1, 10 * E + 1, 4095);
         assert_eq!(marked(&l, 11 * E), vec![(10 * E, E)], "not wholly inside");
@@ -206,9 +456,9 @@ mod tests {
     #[test]
     fn bad_extent_sizes_are_refused() {
         let l = ActivityLogs::default();
-        assert!(l.start(1, 1, 3 * E, E).is_err());
-        assert!(l.start(1, 1, E / 2, E).is_err());
-        assert!(l.start(1, 1, E, E * (MAX_EXTENTS + 1)).is_err());
+        assert!(l.start(1, 1, 3 * E, E, None).is_err());
+        assert!(l.start(1, 1, E / 2, E, None).is_err());
+        assert!(l.start(1, 1, E, E * (MAX_EXTENTS + 1), None).is_err());
         assert_eq!(l.query(1, 0, E).epoch, 0, "nothing started");
     }
 }

@@ -7,15 +7,22 @@
 //! regions. Copied regions are cleared, and when the peer is back in sync the writer drops the
 //! set.
 //!
-//! The sets live in this process's memory. A survivor that restarts loses them and then answers
-//! "not tracked", which makes the next resync compare whole replicas instead of copying a
-//! partial list: slower, never wrong.
+//! On a store with a [`Ledger`] (the file store) the records are saved lazily — by the node's
+//! bookkeeping task, and before the activity log drops an extent on disk — and loaded when
+//! the node starts, together with the activity log's extents: a write whose mark was not saved
+//! yet lies in an extent that log still shows (`activity.rs`), so the union is complete and a
+//! restarted survivor still serves an incremental resync. Without a ledger (a volatile store)
+//! the records live in memory: a survivor that restarts answers "not tracked", and the next
+//! resync compares whole replicas — slower, never wrong.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use trireme_proto::{DirtyPeer, Extent, DIRTY_AUTO, DIRTY_DROP, DIRTY_START};
+use trireme_store::{Ledger, StoreError};
+
+use crate::books::{self, StoredRecord};
 
 /// Default tracking granularity.
 pub const DEFAULT_GRAIN: u64 = 4096;
@@ -48,6 +55,8 @@ pub struct DirtyView {
 pub struct DirtyTracker {
     grain: u64,
     peers: Mutex<HashMap<(u64, u32), PeerDirty>>,
+    /// Volumes whose records changed since they were last saved.
+    changed: Mutex<HashSet<u64>>,
     /// Peers in auto mode, so the write path skips the lock when nothing is tracked.
     auto: AtomicUsize,
 }
@@ -61,6 +70,7 @@ impl DirtyTracker {
         DirtyTracker {
             grain,
             peers: Mutex::default(),
+            changed: Mutex::default(),
             auto: AtomicUsize::new(0),
         }
     }
@@ -89,11 +99,24 @@ impl DirtyTracker {
             return;
         }
         let mut m = self.lock();
+        let mut any = false;
         for ((v, _), p) in m.iter_mut() {
             if *v == volume && p.mode == DIRTY_AUTO {
                 p.regions.extend(self.regions(offset, len));
+                any = true;
             }
         }
+        drop(m);
+        if any {
+            self.touch(volume);
+        }
+    }
+
+    fn touch(&self, volume: u64) {
+        self.changed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(volume);
     }
 
     /// Marks a range for `peer` and puts it in auto mode: a mark means the peer is out (again),
@@ -113,6 +136,8 @@ impl DirtyTracker {
             p.regions.extend(self.regions(offset, len));
         }
         self.recount(&m);
+        drop(m);
+        self.touch(volume);
     }
 
     /// Sets a peer's mode; `DIRTY_DROP` forgets it.
@@ -136,6 +161,8 @@ impl DirtyTracker {
             };
         }
         self.recount(&m);
+        drop(m);
+        self.touch(volume);
     }
 
     /// Clears the regions of `peer` lying wholly inside `[offset, offset+len)`.
@@ -152,6 +179,8 @@ impl DirtyTracker {
                 }
             }
         }
+        drop(m);
+        self.touch(volume);
     }
 
     pub fn query(&self, volume: u64, peer: u32, offset: u64, len: u64) -> DirtyView {
@@ -184,7 +213,103 @@ impl DirtyTracker {
         let mut m = self.lock();
         m.retain(|(v, _), _| *v != volume);
         self.recount(&m);
+        drop(m);
+        self.changed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&volume);
     }
+
+    /// Whether `volume`'s records changed since they were last saved.
+    pub fn is_changed(&self, volume: u64) -> bool {
+        self.changed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&volume)
+    }
+
+    /// Saves `volume`'s records through `ledger` (atomically replaced). A change made while
+    /// saving is saved next time.
+    pub fn save(&self, volume: u64, size: u64, ledger: &dyn Ledger) -> Result<(), StoreError> {
+        self.changed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&volume);
+        let records: Vec<StoredRecord> = {
+            let m = self.lock();
+            let mut r: Vec<StoredRecord> = m
+                .iter()
+                .filter(|((v, _), _)| *v == volume)
+                .map(|((_, peer), p)| StoredRecord {
+                    peer: *peer,
+                    mode: p.mode,
+                    complete: p.complete,
+                    epoch: p.epoch,
+                    incarnation: p.incarnation,
+                    ranges: runs(&p.regions, self.grain, size),
+                })
+                .collect();
+            r.sort_by_key(|x| x.peer);
+            r
+        };
+        let saved = ledger.save_records(&books::encode_records(volume, &records));
+        if saved.is_err() {
+            self.touch(volume);
+        }
+        saved
+    }
+
+    /// Loads `volume`'s saved records (at the node's start). `written` is where writes may have
+    /// landed since they were saved — the activity log's extents on disk — and is added to
+    /// every record; `None` (no usable log) keeps the records but no longer trusts them.
+    pub fn load(
+        &self,
+        volume: u64,
+        size: u64,
+        ledger: &dyn Ledger,
+        written: Option<&[(u64, u64)]>,
+    ) -> Result<usize, String> {
+        let Some(bytes) = ledger.read_records().map_err(|e| e.to_string())? else {
+            return Ok(0);
+        };
+        let records = books::decode_records(&bytes, volume, size).map_err(|e| e.to_string())?;
+        let n = records.len();
+        let mut m = self.lock();
+        for r in records {
+            let mut regions = BTreeSet::new();
+            for &(o, l) in r.ranges.iter().chain(written.unwrap_or(&[])) {
+                regions.extend(self.regions(o, l));
+            }
+            m.insert(
+                (volume, r.peer),
+                PeerDirty {
+                    epoch: r.epoch,
+                    incarnation: r.incarnation,
+                    mode: r.mode,
+                    regions,
+                    complete: r.complete && written.is_some(),
+                },
+            );
+        }
+        self.recount(&m);
+        Ok(n)
+    }
+}
+
+/// A set of regions as byte ranges inside `size`, adjacent regions merged.
+fn runs(regions: &BTreeSet<u64>, grain: u64, size: u64) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &g in regions {
+        let (o, stop) = (g * grain, ((g + 1) * grain).min(size));
+        if o >= stop {
+            continue;
+        }
+        match out.last_mut() {
+            Some((lo, ll)) if *lo + *ll == o => *ll = stop - *lo,
+            _ => out.push((o, stop - o)),
+        }
+    }
+    out
 }
 
 #[cfg(test)]

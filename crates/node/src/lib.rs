@@ -19,6 +19,7 @@ use trireme_store::{Replica, Store, StoreError};
 use trireme_transport::{Frame, Handler, Peer};
 
 mod activity;
+pub mod books;
 mod dirty;
 
 pub use activity::{ActivityLogs, ActivityView};
@@ -61,6 +62,9 @@ pub struct Node {
     /// Most bytes the replicas of this node may hold together (their sizes); CreateReplica
     /// past it is refused.
     capacity: std::sync::atomic::AtomicU64,
+    /// The activity log and dirty records are kept on disk for replicas with a ledger
+    /// ([`Node::keep_books`]).
+    books: std::sync::atomic::AtomicBool,
 }
 
 /// Why serving a request failed: a status for the client and a message for the log.
@@ -111,7 +115,94 @@ impl Node {
             ucx: RwLock::new(Err("the node runs without UCX".into())),
             access: RwLock::new(None),
             capacity: std::sync::atomic::AtomicU64::new(u64::MAX),
+            books: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Keeps the activity log and the peers' dirty records on disk from now on, for every
+    /// replica whose store offers a ledger (`activity.rs`, `dirty.rs`), and loads what the last
+    /// process left there. Called once, before serving.
+    pub fn keep_books(&self) {
+        self.books.store(true, std::sync::atomic::Ordering::Release);
+        let reps: Vec<_> = self
+            .replicas
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for r in reps {
+            let Some(ledger) = r.ledger() else { continue };
+            let volume = r.volume();
+            let written = match self.activity.load(volume, r.size(), ledger.clone()) {
+                Ok(w) => w,
+                Err(e) => {
+                    tracing::warn!(node = self.id, volume, "activity log not used: {e}");
+                    None
+                }
+            };
+            match self
+                .dirty
+                .load(volume, r.size(), &*ledger, written.as_deref())
+            {
+                Ok(n) => tracing::info!(
+                    node = self.id,
+                    volume,
+                    records = n,
+                    log_extents = written.as_ref().map(Vec::len),
+                    "bookkeeping loaded"
+                ),
+                Err(e) => tracing::warn!(node = self.id, volume, "dirty records not used: {e}"),
+            }
+        }
+    }
+
+    fn ledger_of(&self, r: &dyn Replica) -> Option<Arc<dyn trireme_store::Ledger>> {
+        self.books
+            .load(std::sync::atomic::Ordering::Acquire)
+            .then(|| r.ledger())
+            .flatten()
+    }
+
+    /// Brings the bookkeeping on disk up to date (every second, from [`run`]): saves changed
+    /// dirty records, and lets the activity log drop on disk the extents the writer cleared,
+    /// after the replica's data and the records are durable. Errors are logged; the next round
+    /// tries again.
+    pub fn sync_books(&self) {
+        let closed = self.closed.read().unwrap_or_else(|e| e.into_inner());
+        if *closed {
+            return;
+        }
+        let reps: Vec<_> = self
+            .replicas
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for r in reps {
+            let Some(ledger) = self.ledger_of(&*r) else {
+                continue;
+            };
+            let (volume, size) = (r.volume(), r.size());
+            let changed = self.dirty.is_changed(volume);
+            let done = self.activity.sync(volume, || {
+                r.flush()?;
+                self.dirty.save(volume, size, &*ledger)
+            });
+            let result = match done {
+                Ok(false) if changed => self.dirty.save(volume, size, &*ledger),
+                other => other.map(|_| ()),
+            };
+            if let Err(e) = result {
+                tracing::warn!(node = self.id, volume, "saving bookkeeping: {e}");
+            }
+        }
+    }
+
+    /// Extents the activity log of `volume` shows on disk (tests and status).
+    pub fn log_extents_on_disk(&self, volume: u64) -> Option<usize> {
+        self.activity.marked_on_disk(volume)
     }
 
     /// Sets the most bytes this node's replicas may hold together (their sizes summed).
@@ -210,6 +301,11 @@ impl Node {
             .cloned()
             .collect();
         for r in reps {
+            if let Some(ledger) = self.ledger_of(&*r) {
+                if let Err(e) = self.dirty.save(r.volume(), r.size(), &*ledger) {
+                    tracing::error!(node = self.id, "saving dirty records on shutdown: {e}");
+                }
+            }
             if let Err(e) = r.close() {
                 tracing::error!(node = self.id, "close on shutdown: {e}");
             }
@@ -325,8 +421,10 @@ impl Node {
                 let len = req.payload.len() as u64;
                 // Checked before anything is marked: a bad range marks nothing.
                 trireme_store::check_range(h.offset, len, r.size())?;
-                self.activity.on_write(h.volume, h.offset, len);
+                // Marked before it is applied: in the dirty records, and in the activity log
+                // (on disk first if its extent is not marked there: `activity.rs`).
                 self.dirty.on_write(h.volume, h.offset, len);
+                self.activity.on_write(h.volume, h.offset, len)?;
                 r.write(h.offset, &req.payload, h.has_flag(FLAG_FUA))?;
                 Bytes::new()
             }
@@ -338,8 +436,8 @@ impl Node {
             Op::WriteZeroes => {
                 let r = self.io_replica(req)?;
                 trireme_store::check_range(h.offset, h.length, r.size())?;
-                self.activity.on_write(h.volume, h.offset, h.length);
                 self.dirty.on_write(h.volume, h.offset, h.length);
+                self.activity.on_write(h.volume, h.offset, h.length)?;
                 r.write_zeroes(
                     h.offset,
                     h.length,
@@ -423,8 +521,15 @@ impl Node {
             }
             Op::ActivityStart => {
                 let r = self.io_replica(req)?;
+                let ledger = self.ledger_of(&*r);
+                if let Some(l) = &ledger {
+                    // The new log starts empty on disk: what the old one covered must be
+                    // durable first (data, and the dirty marks of writes it covered).
+                    r.flush()?;
+                    self.dirty.save(h.volume, r.size(), &**l)?;
+                }
                 self.activity
-                    .start(h.volume, h.epoch, h.length, r.size())
+                    .start(h.volume, h.epoch, h.length, r.size(), ledger)
                     .map_err(|e| Refusal(Status::Invalid, e))?;
                 Bytes::new()
             }
@@ -560,6 +665,8 @@ pub async fn run(
             .ok()
     });
     on_bound(listener.local_addr()?, unix.is_some());
+    let books = tokio::spawn(keep_books(node.clone()));
+    let _books = AbortOnDrop(books);
     let tcp = trireme_transport::tcp::serve(listener, node.clone());
     match unix {
         Some(u) => {
@@ -569,6 +676,25 @@ pub async fn run(
             }
         }
         None => tcp.await,
+    }
+}
+
+/// How often the bookkeeping on disk catches up ([`Node::sync_books`]).
+pub const BOOKS_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
+
+async fn keep_books(node: Arc<Node>) {
+    loop {
+        tokio::time::sleep(BOOKS_PERIOD).await;
+        let n = node.clone();
+        let _ = tokio::task::spawn_blocking(move || n.sync_books()).await;
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -395,3 +395,132 @@ async fn capacity_and_ranges_are_checked_first() {
     let v = node.activity.query(1, 0, 2 << 20);
     assert!(v.extents.iter().any(|e| e.flags == 0), "{v:?}");
 }
+
+/// Serves one request in this thread; panics with the node's message on a refusal.
+fn serve_ok(n: &Node, h: Header, payload: &[u8]) -> Header {
+    match n.serve(&Frame::new(h, Bytes::copy_from_slice(payload))) {
+        Ok((h, _)) => h,
+        Err(Refusal(s, m)) => panic!("{:?} refused: {s:?} {m}", h.op),
+    }
+}
+
+fn dirty_of(n: &Node, peer: u32, size: u64) -> (u64, Vec<(u64, u64)>) {
+    let v = n.dirty.query(1, peer, 0, size);
+    (v.epoch, trireme_proto::data_ranges(&v.extents, 0))
+}
+
+fn log_of(n: &Node, size: u64) -> (u64, Vec<(u64, u64)>) {
+    let v = n.activity.query(1, 0, size);
+    (v.epoch, trireme_proto::data_ranges(&v.extents, 0))
+}
+
+/// A node whose process dies (no close) comes back with its activity log and its record of
+/// what a peer missed: the writes since the record was last saved are covered by the log's
+/// extents, so a restarted survivor still serves an incremental resync and bounds a
+/// reconcile. Without `keep_books` (a volatile node) both are gone, as before.
+#[test]
+fn bookkeeping_survives_a_crashed_node_process() {
+    const MB: u64 = 1 << 20;
+    const SIZE: u64 = 16 * MB;
+    let d = tempfile::tempdir().unwrap();
+    let open = |books: bool| {
+        let store = trireme_store::open_store(trireme_store::StoreKind::File, d.path()).unwrap();
+        let n = Node::new(7, store);
+        if books {
+            n.keep_books();
+        }
+        n
+    };
+    let peer = DirtyPeer {
+        peer: 2,
+        incarnation: 77,
+        mode: trireme_proto::DIRTY_START,
+    };
+    let n = open(true);
+    serve_ok(&n, req(Op::CreateReplica, 1, 0, 0, SIZE), &[]);
+    serve_ok(&n, req(Op::Attach, 1, 3, 0, 0), &[]);
+    serve_ok(&n, req(Op::ActivityStart, 1, 3, 0, MB), &[]);
+    assert_eq!(n.log_extents_on_disk(1), Some(0));
+    serve_ok(&n, req(Op::DirtyMark, 1, 3, 0, 0), &peer.encode());
+    serve_ok(&n, req(Op::Write, 1, 3, 0, 0), &[1; 4096]);
+    serve_ok(&n, req(Op::Write, 1, 3, 5 * MB + 4096, 0), &[2; 4096]);
+    assert_eq!(
+        n.log_extents_on_disk(1),
+        Some(2),
+        "cold extents go to disk first"
+    );
+    // The writer clears extent 0; the next sync saves the records, then drops it on disk.
+    serve_ok(&n, req(Op::ActivityClear, 1, 3, 0, MB), &[]);
+    n.sync_books();
+    assert_eq!(n.log_extents_on_disk(1), Some(1));
+    // A write after the save: only the activity log (on disk, extent 9) knows of it.
+    serve_ok(&n, req(Op::Write, 1, 3, 9 * MB, 0), &[3; 4096]);
+    drop(n); // the process dies: nothing closed, nothing saved
+
+    let n = open(true);
+    let (epoch, extents) = log_of(&n, SIZE);
+    assert_eq!(epoch, 3);
+    assert_eq!(extents, vec![(5 * MB, MB), (9 * MB, MB)]);
+    let (epoch, dirty) = dirty_of(&n, 2, SIZE);
+    assert_eq!(
+        epoch, 3,
+        "the record is complete: trusted for an incremental resync"
+    );
+    assert_eq!(
+        dirty,
+        vec![(0, 4096), (5 * MB, MB), (9 * MB, MB)],
+        "saved regions plus the log's extents"
+    );
+    assert_eq!(n.dirty.query(1, 2, 0, SIZE).incarnation, 77);
+    // Still marking for the peer, and still logging.
+    serve_ok(&n, req(Op::Attach, 1, 3, 0, 0), &[]);
+    serve_ok(&n, req(Op::Write, 1, 3, 12 * MB, 0), &[4; 4096]);
+    assert!(dirty_of(&n, 2, SIZE).1.contains(&(12 * MB, 4096)));
+    n.close_all();
+    drop(n);
+
+    // A torn page of the log on disk: its extents all count as written.
+    let (al, _) = trireme_store::FileLedger::paths(d.path(), 1);
+    let mut b = std::fs::read(&al).unwrap();
+    b[4096 + 100] ^= 0xff;
+    std::fs::write(&al, &b).unwrap();
+    let n = open(true);
+    assert_eq!(log_of(&n, SIZE).1, vec![(0, SIZE)]);
+    drop(n);
+
+    // A node that keeps no books comes back knowing nothing.
+    let n = open(false);
+    assert_eq!(log_of(&n, SIZE).0, 0);
+    assert_eq!(dirty_of(&n, 2, SIZE).0, 0);
+}
+
+/// A new writer's log starts empty on disk only after what the old one covered is durable:
+/// the dirty marks of the old writer's last writes survive a crash right after the start.
+#[test]
+fn a_new_log_saves_the_records_first() {
+    const MB: u64 = 1 << 20;
+    let d = tempfile::tempdir().unwrap();
+    let open = || {
+        let store = trireme_store::open_store(trireme_store::StoreKind::File, d.path()).unwrap();
+        let n = Node::new(7, store);
+        n.keep_books();
+        n
+    };
+    let peer = DirtyPeer {
+        peer: 2,
+        incarnation: 77,
+        mode: trireme_proto::DIRTY_START,
+    };
+    let n = open();
+    serve_ok(&n, req(Op::CreateReplica, 1, 0, 0, 8 * MB), &[]);
+    serve_ok(&n, req(Op::Attach, 1, 3, 0, 0), &[]);
+    serve_ok(&n, req(Op::ActivityStart, 1, 3, 0, MB), &[]);
+    serve_ok(&n, req(Op::DirtyMark, 1, 3, 0, 0), &peer.encode());
+    serve_ok(&n, req(Op::Write, 1, 3, 3 * MB, 0), &[1; 4096]);
+    serve_ok(&n, req(Op::Attach, 1, 4, 0, 0), &[]);
+    serve_ok(&n, req(Op::ActivityStart, 1, 4, 0, MB), &[]);
+    drop(n);
+    let n = open();
+    assert_eq!(log_of(&n, 8 * MB), (4, vec![]));
+    assert_eq!(dirty_of(&n, 2, 8 * MB), (3, vec![(3 * MB, 4096)]));
+}
