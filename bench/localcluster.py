@@ -10,13 +10,13 @@ import time
 
 
 class Cluster:
-    def __init__(self, name, binary, extra=(), size="256M"):
+    def __init__(self, name, binary, extra=(), size="256M", store="memory"):
         self.name, self.bin = name, binary
         self.dir = tempfile.mkdtemp(prefix=f"trireme-{name}-")
         self.log = open(os.path.join(self.dir, "up.log"), "w")
         self.proc = subprocess.Popen(
             [binary, "--data-dir", self.dir, "--log", "warn", "up", "--port", "0",
-             "--store", "memory", "--size", size, *extra],
+             "--store", store, "--size", size, *extra],
             stdout=self.log, stderr=self.log)
         exports = os.path.join(self.dir, "exports")
         for _ in range(300):
