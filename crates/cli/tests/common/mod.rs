@@ -144,6 +144,44 @@ impl Cluster {
         }
         std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap())
     }
+
+    /// Kills `up` and every node at once (SIGKILL), as a crash of the whole cluster would, and
+    /// waits until none of them runs. Returns the data directory, ready for `start_in` (the
+    /// stale `exports` file is removed).
+    pub fn crash(&mut self) -> tempfile::TempDir {
+        let pids = std::fs::read_to_string(self.path().join("pids")).unwrap_or_default();
+        let mut all: Vec<i32> = pids
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(1)?.parse().ok())
+            .collect();
+        if let Some(child) = &self.child {
+            all.push(child.id() as i32);
+        }
+        for &p in &all {
+            // SAFETY: kill(2) on pids of processes this cluster spawned.
+            unsafe { libc::kill(p, libc::SIGKILL) };
+        }
+        if let Some(mut child) = self.child.take() {
+            let _ = child.wait();
+        }
+        let t0 = Instant::now();
+        // Gone, or a zombie waiting for init to reap it: either way it holds no file.
+        let alive = |p: i32| {
+            std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| {
+                s.rsplit_once(')')
+                    .is_some_and(|(_, r)| !r.trim_start().starts_with('Z'))
+            })
+        };
+        while all.iter().any(|&p| alive(p)) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "processes {all:?} outlived SIGKILL"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = std::fs::remove_file(self.path().join("exports"));
+        std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap())
+    }
 }
 
 impl Drop for Cluster {
