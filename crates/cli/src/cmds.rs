@@ -290,11 +290,24 @@ async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 format!("volume {}: access {}\n", v.name, access_text(&v.access))
             });
         }
+        Cmd::Volume(VolumeCmd::Set { name, min_copies }) => {
+            let v: VolumeRecord = cc
+                .call(&Request::VolumeSet {
+                    name: name.clone(),
+                    min_copies: *min_copies,
+                })
+                .await
+                .map_err(usage_if_remote)?;
+            print(out, &v, |v| {
+                format!("volume {}: min copies {}\n", v.name, v.min_copies())
+            });
+        }
         Cmd::Volume(VolumeCmd::Create {
             name,
             size,
             replicas,
             allow,
+            min_copies,
         }) => {
             let v: VolumeRecord = cc
                 .call(&Request::VolumeCreate {
@@ -302,6 +315,7 @@ async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                     size: *size,
                     replicas: *replicas as usize,
                     access: (!allow.is_empty()).then(|| allow.clone()),
+                    min_copies: *min_copies,
                 })
                 .await
                 .map_err(usage_if_remote)?;
@@ -543,6 +557,13 @@ fn status_text(s: &StatusReport) -> String {
             out += &format!("{:<16} attached by {w}\n", "");
         }
         out += &format!("{:<16} access: {}\n", "", access_text(&v.access));
+        if v.writes_suspended {
+            let in_sync = v.replicas.iter().filter(|r| r.state == "in-sync").count();
+            out += &format!(
+                "{:<16} WRITES SUSPENDED: {in_sync} in-sync copies, minimum {} (they resume when a copy is back, or with `trireme volume set {} --min-copies N`)\n",
+                "", v.min_copies, v.name
+            );
+        }
         for l in &v.client_links {
             let how = match (&l.lanes, &l.fallback) {
                 (Some(lanes), _) => format!(" over {lanes}"),

@@ -216,6 +216,7 @@ pub fn run(
                     data_dir,
                     trireme_control::Request::VolumeCreate {
                         access: None,
+                        min_copies: None,
                         name: name.clone(),
                         size,
                         replicas: v.parse().unwrap_or(1),

@@ -467,6 +467,19 @@ pub enum VolumeCmd {
         /// cluster (`*`). Nodes and operators always may.
         #[arg(long, value_name = "NAME")]
         allow: Vec<String>,
+        /// Fewest in-sync copies writes go on with: with fewer, writes wait (not failed, not
+        /// acknowledged) until a copy is back in sync. Default: one fewer than the replicas
+        /// (2 of 3, 1 of 2).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=3))]
+        min_copies: Option<u32>,
+    },
+    /// Change a volume's settings.
+    Set {
+        name: String,
+        /// Fewest in-sync copies writes go on with (1 to the number of replicas). Lowering it
+        /// lets writes suspended for want of copies go on.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=3))]
+        min_copies: u32,
     },
     /// Change who may use a volume: add client identities to its access list, take others
     /// off. Links a removed client already has stay up until they close.

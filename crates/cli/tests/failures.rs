@@ -80,7 +80,8 @@ fn killed_and_frozen_nodes_lose_nothing_and_resync_incrementally() {
         );
         assert!(
             *copied <= written,
-            "resync copied {copied} bytes, more than the {written} written: {r:?}"
+            "resync copied {copied} bytes, more than the {written} written: {r:?}\n{}",
+            c.log()
         );
     }
 }
@@ -952,6 +953,75 @@ fn whole_cluster_crashes_lose_no_completed_write_and_reconcile_only_the_log() {
             ]));
         }
     }
+    wait_all_in_sync(&c);
+    assert_replicas_identical(&c, "vol0");
+}
+
+/// Minimum copies (issue 17): a 3-way volume (minimum 2) with two nodes stopped holds its
+/// writes — no error, no acknowledgement — and `status` says so; they resume when one node is
+/// back in sync, and nothing acknowledged is lost. With the minimum lowered to 1, the same two
+/// stops let writes go on.
+#[test]
+fn writes_wait_below_the_minimum_of_copies() {
+    let c = Cluster::start(&["--store", "file", "--size", "64M"]);
+    let suspended = |c: &Cluster| status(c)["volumes"][0]["writes_suspended"] == true;
+    let bench = start_bench(&c, 14);
+    std::thread::sleep(Duration::from_secs(1));
+    cli_ok(&c, &["node", "stop", "2"]);
+    cli_ok(&c, &["node", "stop", "3"]);
+    let t0 = Instant::now();
+    while !suspended(&c) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "writes never suspended:\n{}",
+            c.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let text = cli_ok(&c, &["status"]);
+    assert!(text.contains("WRITES SUSPENDED"), "{text}");
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(suspended(&c), "still waiting for a copy");
+    cli_ok(&c, &["node", "start", "3"]);
+    let t0 = Instant::now();
+    while suspended(&c) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "writes never resumed:\n{}",
+            c.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let v = finish_bench(&c, bench);
+    assert!(v["write"]["ios"].as_u64().unwrap() > 0);
+    let log = c.log();
+    assert!(
+        log.contains("writes suspended") && log.contains("writes resumed"),
+        "{log}"
+    );
+    cli_ok(&c, &["node", "start", "2"]);
+    wait_all_in_sync(&c);
+    assert_replicas_identical(&c, "vol0");
+
+    // Lowered to 1: two copies out, and writes go on.
+    let out = cli_ok(&c, &["volume", "set", "vol0", "--min-copies", "1"]);
+    assert!(out.contains("min copies 1"), "{out}");
+    let bad = c.cli(&["volume", "set", "vol0", "--min-copies", "3"]);
+    assert!(bad.status.success(), "3 of 3 is allowed");
+    let bad = c.cli(&["volume", "set", "nosuch", "--min-copies", "1"]);
+    assert!(!bad.status.success());
+    cli_ok(&c, &["volume", "set", "vol0", "--min-copies", "1"]);
+    let bench = start_bench(&c, 6);
+    std::thread::sleep(Duration::from_secs(1));
+    cli_ok(&c, &["node", "stop", "2"]);
+    cli_ok(&c, &["node", "stop", "3"]);
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(!suspended(&c), "min copies 1: writes go on");
+    let v = finish_bench(&c, bench);
+    let max_ms = v["total"]["latency_us"]["max"].as_f64().unwrap() / 1000.0;
+    assert!(max_ms < 5000.0, "I/O stalled for {max_ms} ms");
+    cli_ok(&c, &["node", "start", "2"]);
+    cli_ok(&c, &["node", "start", "3"]);
     wait_all_in_sync(&c);
     assert_replicas_identical(&c, "vol0");
 }

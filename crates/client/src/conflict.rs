@@ -25,16 +25,24 @@ pub struct WriteOrder {
     changed: Notify,
 }
 
-/// Holds a range until dropped.
+/// A place in the order, then (after [`RangeGuard::wait`]) the range itself, until dropped.
 #[derive(Debug)]
 pub struct RangeGuard<'a> {
     order: &'a WriteOrder,
     ticket: u64,
+    start: u64,
+    end: u64,
 }
 
 impl WriteOrder {
     /// Waits until no earlier overlapping write is in flight, then holds `[start, end)`.
     pub async fn acquire(&self, start: u64, end: u64) -> RangeGuard<'_> {
+        self.register(start, end).wait().await
+    }
+
+    /// Takes a place in the order for `[start, end)` now, without waiting: writes registered
+    /// in some order get their ranges in that order.
+    pub fn register(&self, start: u64, end: u64) -> RangeGuard<'_> {
         let ticket = {
             let mut g = self.entries.lock().unwrap_or_else(|e| e.into_inner());
             g.0 += 1;
@@ -43,21 +51,30 @@ impl WriteOrder {
             ticket
         };
         // The guard exists from here on, so a cancelled wait still releases its place.
-        let guard = RangeGuard {
+        RangeGuard {
             order: self,
             ticket,
-        };
+            start,
+            end,
+        }
+    }
+}
+
+impl<'a> RangeGuard<'a> {
+    /// Waits until no earlier overlapping write is in flight; the range is held from then on.
+    pub async fn wait(self) -> RangeGuard<'a> {
+        let order = self.order;
         loop {
-            let notified = self.changed.notified();
+            let notified = order.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             let blocked = {
-                let g = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+                let g = order.entries.lock().unwrap_or_else(|e| e.into_inner());
                 g.1.iter()
-                    .any(|e| e.ticket < ticket && e.start < end && start < e.end)
+                    .any(|e| e.ticket < self.ticket && e.start < self.end && self.start < e.end)
             };
             if !blocked {
-                return guard;
+                return self;
             }
             notified.await;
         }

@@ -142,6 +142,7 @@ pub(crate) async fn start(v: &Arc<Volume>) -> Result<(), VolumeError> {
                     Ok(()) => *last = None,
                     Err(e) if e.stops_writer() => {
                         tracing::info!(volume = %v.info.name, "resync stops: {e}");
+                        v.copies.stop();
                         return;
                     }
                     Err(e) => {
@@ -647,6 +648,7 @@ impl Volume {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .set_state(i, ReplicaState::InSync);
+        self.copies.wake();
         self.drop_records(i).await;
         tracing::info!(
             volume = %self.info.name,

@@ -19,6 +19,7 @@
 
 mod activity;
 mod conflict;
+mod copies;
 mod failover;
 mod verify;
 
@@ -57,6 +58,10 @@ pub struct AttachInfo {
     /// some replicas and not others, so the new writer reconciles the replicas.
     #[serde(default)]
     pub reconcile: bool,
+    /// Fewest in-sync copies writes go on with (0: as many as are in sync when attached,
+    /// less one, at least one); below it, writes wait (`copies.rs`).
+    #[serde(default)]
+    pub min_copies: u32,
 }
 
 /// One replica as the client reaches it.
@@ -113,6 +118,8 @@ pub enum VolumeError {
     Denied { node: u32, why: String },
     #[error("volume {0}: no in-sync replica can serve the request")]
     NoReplicas(String),
+    #[error("volume {0}: the writer stopped (fenced or refused) while writes waited for copies")]
+    Stopped(String),
     #[error("node {node} sent a malformed response: {what}")]
     Protocol { node: u32, what: String },
 }
@@ -258,6 +265,10 @@ pub struct Volume {
     activity: activity::Activity,
     /// What the reconciliation at attach did, if there was one.
     reconciled: Mutex<Option<ReconcileReport>>,
+    /// The minimum of in-sync copies, and writes waiting for it (`copies.rs`).
+    copies: copies::Copies,
+    /// Writes pass it one at a time, in arrival order, on their way into the write order.
+    copies_gate: tokio::sync::Mutex<()>,
 }
 
 /// Joins futures without spawning them: the writer's fan-out stays on its own task.
@@ -365,6 +376,8 @@ impl Volume {
         Ok(Volume {
             activity,
             reconciled: Mutex::new(None),
+            copies: copies::Copies::new(info.min_copies, n),
+            copies_gate: tokio::sync::Mutex::new(()),
             set: RwLock::new(ReplicaSet::new(states, None)),
             info,
             slots,
@@ -602,18 +615,29 @@ impl Volume {
     /// control plane, when the ones that failed have been durably taken out and the survivors
     /// track what they missed. `h`'s range is held against overlapping writes until then.
     async fn mirror(&self, h: Header, payload: Bytes) -> Result<(), VolumeError> {
-        let _range = match h.op {
-            Op::Write | Op::WriteZeroes => {
-                let r = self
-                    .write_order
-                    .acquire(h.offset, h.offset + h.length)
-                    .await;
-                self.activity.touch(h.offset, h.length);
-                Some(r)
-            }
-            _ => None,
-        };
-        self.mirror_held(h, payload).await
+        {
+            // Too few copies in sync: new writes wait before they are sent (`copies.rs`), in
+            // the order they came (the gate is a fair lock), and take their places in the
+            // write order in that order too. Nearly always nothing here waits.
+            let place = {
+                let _gate = self.copies_gate.lock().await;
+                self.enough_copies().await?;
+                matches!(h.op, Op::Write | Op::WriteZeroes)
+                    .then(|| self.write_order.register(h.offset, h.offset + h.length))
+            };
+            let _range = match place {
+                Some(p) => {
+                    let r = p.wait().await;
+                    self.activity.touch(h.offset, h.length);
+                    Some(r)
+                }
+                None => None,
+            };
+            self.mirror_held(h, payload).await?;
+        }
+        // One whose failure took a copy out below the minimum is acknowledged only once
+        // enough copies hold it again; it waits without its range, which the resync copies.
+        self.enough_copies().await
     }
 
     /// [`Volume::mirror`] for a caller that already holds the range.

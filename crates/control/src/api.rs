@@ -22,6 +22,15 @@ pub enum Request {
         /// Client identities that may use it (`*`: all); default: all.
         #[serde(default)]
         access: Option<Vec<String>>,
+        /// Fewest in-sync copies writes go on with; default: one fewer than the replicas.
+        #[serde(default)]
+        min_copies: Option<u32>,
+    },
+    /// Changes a volume's settings.
+    VolumeSet {
+        name: String,
+        /// Fewest in-sync copies writes go on with (1 to the number of replicas).
+        min_copies: u32,
     },
     /// Changes who may use a volume: `allow` added to its access list, `deny` taken off.
     VolumeAccess {
@@ -153,6 +162,13 @@ pub struct VolumeStatus {
     /// Who writes the volume, from its attach record (a cluster on etcd).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub writer: Option<String>,
+    /// Fewest in-sync copies writes go on with.
+    #[serde(default)]
+    pub min_copies: u32,
+    /// True while the writer in this cluster process holds writes back for want of in-sync
+    /// copies (fewer than `min_copies`).
+    #[serde(default)]
+    pub writes_suspended: bool,
 }
 
 /// The answer to `volume info`: the volume's record (its fields at the top level of the JSON),
@@ -341,5 +357,25 @@ mod tests {
                 deny: vec![]
             }
         );
+        let r: Request =
+            serde_json::from_str(r#"{"cmd":"volume_set","name":"v","min_copies":1}"#).unwrap();
+        assert_eq!(
+            r,
+            Request::VolumeSet {
+                name: "v".into(),
+                min_copies: 1
+            }
+        );
+        // Older clients send no minimum at creation.
+        let r: Request =
+            serde_json::from_str(r#"{"cmd":"volume_create","name":"v","size":4096,"replicas":3}"#)
+                .unwrap();
+        assert!(matches!(
+            r,
+            Request::VolumeCreate {
+                min_copies: None,
+                ..
+            }
+        ));
     }
 }

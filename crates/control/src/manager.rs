@@ -440,6 +440,31 @@ impl Manager {
         Ok(v)
     }
 
+    /// Sets the fewest in-sync copies the volume's writer goes on writing with. A writer in
+    /// this process hears at once; one elsewhere when it next reads the layout (at least once
+    /// a second while its writes wait).
+    pub async fn set_min_copies(&self, name: &str, n: u32) -> Result<VolumeRecord> {
+        let v = self
+            .meta
+            .update_volume(name, &mut |v| {
+                if n == 0 || n as usize > v.replicas.len() {
+                    return Err(format!(
+                        "min copies {n} must be from 1 to the volume's {} replicas",
+                        v.replicas.len()
+                    ));
+                }
+                v.min_copies = n;
+                Ok(())
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        if let Some(w) = self.writer(name) {
+            w.set_min_copies(n);
+        }
+        tracing::info!(volume = name, min_copies = n, "min copies changed");
+        Ok(v)
+    }
+
     pub async fn delete_volume(&self, name: &str) -> Result<VolumeRecord> {
         let _g = self.volume_lock.lock().await;
         let v = self.meta.volume(name).await.map_err(|e| e.to_string())?;
@@ -612,6 +637,8 @@ impl Manager {
                 replicas: reps,
                 client_links: self.client_links(&v.name),
                 writer: self.writer_text(&v.name).await,
+                min_copies: v.min_copies(),
+                writes_suspended: self.writer(&v.name).is_some_and(|w| w.writes_suspended()),
             });
         }
         Ok(StatusReport {
@@ -692,7 +719,18 @@ impl Manager {
                 size,
                 replicas,
                 access,
-            } => to(self.create_volume(&name, size, replicas, access).await),
+                min_copies,
+            } => to(async {
+                let v = self.create_volume(&name, size, replicas, access).await?;
+                match min_copies {
+                    Some(n) => self.set_min_copies(&name, n).await,
+                    None => Ok(v),
+                }
+            }
+            .await),
+            Request::VolumeSet { name, min_copies } => {
+                to(self.set_min_copies(&name, min_copies).await)
+            }
             Request::VolumeAccess { name, allow, deny } => {
                 to(self.set_access(&name, &allow, &deny).await)
             }
@@ -751,6 +789,7 @@ pub async fn attach_info(meta: &ClusterMeta, v: &VolumeRecord) -> Result<AttachI
         epoch: v.epoch,
         replicas,
         reconcile: false,
+        min_copies: v.min_copies(),
     })
 }
 

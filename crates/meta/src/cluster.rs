@@ -113,6 +113,12 @@ struct Layout {
     writer_open: bool,
     #[serde(default = "crate::any_client")]
     access: Vec<String>,
+    #[serde(default, skip_serializing_if = "is_zero32")]
+    min_copies: u32,
+}
+
+fn is_zero32(n: &u32) -> bool {
+    *n == 0
 }
 
 fn record(spec: Spec, layout: Layout) -> VolumeRecord {
@@ -124,6 +130,7 @@ fn record(spec: Spec, layout: Layout) -> VolumeRecord {
         epoch: layout.epoch,
         writer_open: layout.writer_open,
         access: layout.access,
+        min_copies: layout.min_copies,
     }
 }
 
@@ -133,6 +140,7 @@ fn layout_of(v: &VolumeRecord) -> Layout {
         epoch: v.epoch,
         writer_open: v.writer_open,
         access: v.access.clone(),
+        min_copies: v.min_copies,
     }
 }
 
@@ -354,6 +362,7 @@ impl ClusterMeta {
                 access: access.to_vec(),
                 epoch: 0,
                 writer_open: false,
+                min_copies: 0,
             };
             let done = self
                 .write(

@@ -567,6 +567,14 @@ impl Node {
                     Op::DirtyTrack => {
                         let p = DirtyPeer::decode(&req.payload).map_err(bad)?;
                         self.dirty.track(h.volume, h.epoch, &p);
+                        // A dropped record is saved at once: the peer is back in sync, and a
+                        // crash must not bring its old record back (a superset, so never
+                        // wrong, but it would make the next resync copy it all again).
+                        if p.mode == trireme_proto::DIRTY_DROP {
+                            if let Some(l) = self.ledger_of(&*r) {
+                                self.dirty.save(h.volume, r.size(), &*l)?;
+                            }
+                        }
                         Bytes::new()
                     }
                     Op::DirtyClear => {

@@ -1,0 +1,125 @@
+//! The minimum of in-sync copies: below it, writes wait rather than go on with too few.
+//!
+//! Taking a failed replica out keeps the volume writable (`failover.rs`), but each take-out
+//! leaves fewer copies holding the next writes: after a one-second hiccup on two nodes of a
+//! 3-way volume, a single disk would hold everything written from then on. So a volume has a
+//! minimum (`--min-copies`; default one fewer than its replicas: 2 of 3, 1 of 2). When fewer
+//! in-sync copies remain, every write, write-zeroes and flush *waits*: a new one before it is
+//! sent, and the one whose failure took the copy out after its survivors hold it — not failed,
+//! not acknowledged — until a copy is back in sync (the resync runs meanwhile: waiting writes
+//! hold no range) or an operator lowers the minimum (`trireme volume set VOL --min-copies N`).
+//! Reads go on. `status` shows the volume's writes as suspended; the log says so once when
+//! they stop and once when they resume. This is DRBD's `on-no-quorum suspend-io`.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::{Volume, VolumeError};
+
+/// How often a waiting write looks again (a resync's end also wakes it at once).
+const RECHECK: Duration = Duration::from_millis(100);
+/// How often waiting writes re-read the minimum from the metadata (it may have been lowered
+/// by an operator through another process).
+const REREAD: Duration = Duration::from_secs(1);
+
+#[derive(Debug)]
+pub(crate) struct Copies {
+    /// The minimum in force (never 0).
+    min: AtomicU32,
+    suspended: AtomicBool,
+    /// The writer may not go on (fenced or refused): waiting writes fail.
+    stopped: AtomicBool,
+    changed: tokio::sync::Notify,
+}
+
+impl Copies {
+    /// `set` is the attach's minimum (0: the default rule over `replicas`).
+    pub(crate) fn new(set: u32, replicas: usize) -> Copies {
+        let min = match set {
+            0 => replicas.saturating_sub(1).max(1) as u32,
+            n => n,
+        };
+        Copies {
+            min: AtomicU32::new(min),
+            suspended: AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
+            changed: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Wakes waiting writes to look again (a copy came back, the minimum changed).
+    pub(crate) fn wake(&self) {
+        self.changed.notify_waiters();
+    }
+
+    pub(crate) fn stop(&self) {
+        self.stopped.store(true, Ordering::Release);
+        self.wake();
+    }
+}
+
+impl Volume {
+    /// The minimum of in-sync copies in force.
+    pub fn min_copies(&self) -> u32 {
+        self.copies.min.load(Ordering::Acquire)
+    }
+
+    /// Sets the minimum of in-sync copies (from the manager, or re-read from the metadata).
+    pub fn set_min_copies(&self, n: u32) {
+        let n = n.max(1);
+        if self.copies.min.swap(n, Ordering::AcqRel) != n {
+            tracing::info!(volume = %self.info.name, min_copies = n, "min copies changed");
+            self.copies.wake();
+        }
+    }
+
+    /// True while writes wait for copies (for `status`).
+    pub fn writes_suspended(&self) -> bool {
+        self.copies.suspended.load(Ordering::Acquire)
+    }
+
+    /// Returns once at least the minimum of copies is in sync (at once, nearly always).
+    pub(crate) async fn enough_copies(&self) -> Result<(), VolumeError> {
+        if self.membership.is_none() {
+            // Without a control plane no copy is ever taken out (a failure fails the I/O).
+            return Ok(());
+        }
+        let mut reread = Instant::now();
+        loop {
+            let changed = self.copies.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.copies.stopped.load(Ordering::Acquire) {
+                return Err(VolumeError::Stopped(self.info.name.clone()));
+            }
+            let (have, need) = (self.set().in_sync().len(), self.min_copies());
+            if have >= need as usize {
+                if self.copies.suspended.swap(false, Ordering::AcqRel) {
+                    tracing::warn!(volume = %self.info.name, in_sync = have, min_copies = need, "writes resumed");
+                }
+                return Ok(());
+            }
+            if !self.copies.suspended.swap(true, Ordering::AcqRel) {
+                tracing::warn!(
+                    volume = %self.info.name,
+                    in_sync = have,
+                    min_copies = need,
+                    "writes suspended: fewer in-sync copies than the minimum; they wait for a copy to come back (or `trireme volume set {} --min-copies N`)",
+                    self.info.name
+                );
+            }
+            if reread.elapsed() >= REREAD {
+                reread = Instant::now();
+                if let Some(m) = &self.membership {
+                    if let Ok(info) = m.locate(&self.info.name).await {
+                        if info.min_copies > 0 {
+                            self.set_min_copies(info.min_copies);
+                        }
+                    }
+                    continue;
+                }
+            }
+            let _ = tokio::time::timeout(RECHECK, changed).await;
+        }
+    }
+}
