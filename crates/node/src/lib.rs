@@ -141,6 +141,11 @@ impl Node {
                     None
                 }
             };
+            if let Some(w) = &written {
+                // Writes since the last clean state all lie in these extents: block seals
+                // from before an unclean stop still hold everywhere else.
+                r.recover_seals(w);
+            }
             match self
                 .dirty
                 .load(volume, r.size(), &*ledger, written.as_deref())

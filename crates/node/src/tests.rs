@@ -524,3 +524,50 @@ fn a_new_log_saves_the_records_first() {
     assert_eq!(log_of(&n, 8 * MB), (4, vec![]));
     assert_eq!(dirty_of(&n, 2, 8 * MB), (3, vec![(3 * MB, 4096)]));
 }
+
+/// After a crash, block seals hold outside the extents the activity log kept on disk: a block
+/// there corrupted behind the node's back is still caught (`Corrupt`), while one inside a
+/// logged extent is unsealed (it may have been in flight), as every block was before.
+#[test]
+fn seals_outside_the_log_survive_a_crash() {
+    use std::os::unix::fs::FileExt;
+    const MB: u64 = 1 << 20;
+    let d = tempfile::tempdir().unwrap();
+    let open = || {
+        let file = trireme_store::open_store(trireme_store::StoreKind::File, d.path()).unwrap();
+        let store = Arc::new(trireme_store::SealedStore::new(file, Some(d.path())));
+        let n = Node::new(7, store);
+        n.keep_books();
+        n
+    };
+    let n = open();
+    serve_ok(&n, req(Op::CreateReplica, 1, 0, 0, 8 * MB), &[]);
+    serve_ok(&n, req(Op::Attach, 1, 3, 0, 0), &[]);
+    serve_ok(&n, req(Op::ActivityStart, 1, 3, 0, MB), &[]);
+    serve_ok(&n, req(Op::Write, 1, 3, 0, 0), &[1; 4096]);
+    serve_ok(&n, req(Op::Write, 1, 3, 5 * MB, 0), &[2; 4096]);
+    // Extent 0 goes quiet: the sync flushes (seals persisted) and drops it on disk.
+    serve_ok(&n, req(Op::ActivityClear, 1, 3, 0, MB), &[]);
+    n.sync_books();
+    serve_ok(&n, req(Op::Write, 1, 3, 5 * MB + 4096, 0), &[3; 4096]);
+    drop(n); // crash
+
+    let data = d.path().join("replica-0000000000000001.data");
+    let f = std::fs::OpenOptions::new().write(true).open(&data).unwrap();
+    f.write_all_at(&[0xee; 4096], 0).unwrap();
+    f.write_all_at(&[0xee; 4096], 5 * MB).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+
+    let n = open();
+    serve_ok(&n, req(Op::Attach, 1, 3, 0, 0), &[]);
+    let read = |off: u64| n.serve(&Frame::new(req(Op::Read, 1, 3, off, 4096), Bytes::new()));
+    match read(0) {
+        Err(Refusal(s, _)) => assert_eq!(s, Status::Corrupt, "sealed outside the log"),
+        Ok(_) => panic!("a corrupted block outside the log was served"),
+    }
+    let (_, inside) = read(5 * MB)
+        .map_err(|Refusal(s, m)| format!("{s:?} {m}"))
+        .unwrap();
+    assert_eq!(&inside[..], &[0xee; 4096][..], "inside the log: unsealed");
+}

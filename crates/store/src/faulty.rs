@@ -262,6 +262,9 @@ impl Replica for FaultyReplica {
     fn ledger(&self) -> Option<Arc<dyn crate::Ledger>> {
         self.inner.ledger()
     }
+    fn recover_seals(&self, suspect: &[(u64, u64)]) {
+        self.inner.recover_seals(suspect)
+    }
     fn close(&self) -> Result<(), StoreError> {
         self.inner.close()
     }

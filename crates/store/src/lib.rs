@@ -163,6 +163,12 @@ pub trait Replica: Send + Sync + std::fmt::Debug {
     fn ledger(&self) -> Option<Arc<dyn Ledger>> {
         None
     }
+    /// After an unclean stop, called once before anything is served: every write since the
+    /// last clean state lies in the byte ranges `suspect` (the node's activity log on disk),
+    /// so per-block checksums kept from before the stop still hold everywhere else. A store
+    /// that dropped them may take them back outside `suspect`. Never called: they stay
+    /// dropped.
+    fn recover_seals(&self, _suspect: &[(u64, u64)]) {}
 }
 
 /// A fresh random incarnation (never 0, which means "unknown").

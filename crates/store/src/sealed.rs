@@ -9,8 +9,12 @@
 //! never written, trimmed, or not known after a crash). With a directory, they are persisted
 //! to `replica-<volume>.seals` on every flush and at close, with a header whose *open* flag is
 //! set while the replica is served. Found set at open (the process died), the seals on disk
-//! may be older or newer than the data, so they are dropped: the replica is unsealed until
-//! its blocks are written again, and scrub still compares it with the other copies.
+//! may be older or newer than the data where writes were in flight, so they are dropped: the
+//! replica is unsealed until its blocks are written again, and scrub still compares it with
+//! the other copies — unless the node knows where writes may have been in flight (its
+//! activity log on disk, `Replica::recover_seals`): the seals kept from before the stop are
+//! then taken back everywhere else. The node's log drops an extent on disk only after a flush
+//! (which persists the seals), and marks it on disk again before any later write there.
 //!
 //! A read that races a write of the same block can see new bytes and an old seal; so a
 //! mismatch is checked again under the block's lock (writes hold it while they write the bytes
@@ -92,6 +96,7 @@ impl SealedStore {
             dirty: (0..pages).map(|_| AtomicBool::new(false)).collect(),
             locks: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             file: None,
+            pending: Mutex::new(None),
             inner: r,
         };
         let sealed = match self.path(sealed.volume()) {
@@ -137,6 +142,9 @@ struct SealedReplica {
     dirty: Vec<AtomicBool>,
     locks: Vec<Mutex<()>>,
     file: Option<Mutex<std::fs::File>>,
+    /// Seals read from the file of an unclean stop, held back until `recover_seals` says
+    /// where they still hold.
+    pending: Mutex<Option<Vec<u64>>>,
 }
 
 fn header(volume: u64, blocks: u64, flags: u32) -> [u8; HEADER as usize] {
@@ -200,13 +208,26 @@ impl SealedReplica {
         let mut bytes = Vec::new();
         f.read_to_end(&mut bytes).map_err(self.io("read seals"))?;
         let want = (HEADER + blocks * 8) as usize;
+        let read = |bytes: &[u8]| -> Vec<u64> {
+            (0..blocks as usize)
+                .map(|i| {
+                    let o = HEADER as usize + i * 8;
+                    u64::from_le_bytes(bytes[o..o + 8].try_into().expect("8 bytes"))
+                })
+                .collect()
+        };
         let loaded = if fresh || bytes.is_empty() {
             false
         } else {
             match check_header(&bytes, volume, blocks) {
                 Ok(flags) if flags & FLAG_OPEN == 0 && bytes.len() == want => true,
+                Ok(_) if bytes.len() == want => {
+                    tracing::warn!(volume, path = %path.display(), "replica was not closed cleanly: its block seals are dropped until blocks are written again, or until the node's activity log says where they still hold");
+                    *self.pending.get_mut().unwrap_or_else(|e| e.into_inner()) = Some(read(&bytes));
+                    false
+                }
                 Ok(_) => {
-                    tracing::warn!(volume, path = %path.display(), "replica was not closed cleanly: its block seals are dropped until blocks are written again");
+                    tracing::warn!(volume, path = %path.display(), "replica was not closed cleanly and its seal file is short: block seals dropped");
                     false
                 }
                 Err(what) => {
@@ -216,12 +237,8 @@ impl SealedReplica {
             }
         };
         if loaded {
-            for (i, s) in self.seals.iter().enumerate() {
-                let o = HEADER as usize + i * 8;
-                s.store(
-                    u64::from_le_bytes(bytes[o..o + 8].try_into().expect("8 bytes")),
-                    Ordering::Relaxed,
-                );
+            for (s, v) in self.seals.iter().zip(read(&bytes)) {
+                s.store(v, Ordering::Relaxed);
             }
         } else {
             // Every page is written out at the next flush: the file then matches memory.
@@ -457,5 +474,36 @@ impl Replica for SealedReplica {
     fn close(&self) -> Result<(), StoreError> {
         self.inner.close()?;
         self.persist(true)
+    }
+    fn recover_seals(&self, suspect: &[(u64, u64)]) {
+        let Some(kept) = self
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        else {
+            return;
+        };
+        let mut out = vec![false; self.seals.len()];
+        for &(o, l) in suspect {
+            let first = (o / BLOCK) as usize;
+            let end = (o.saturating_add(l).div_ceil(BLOCK) as usize).min(out.len());
+            for x in out.iter_mut().take(end).skip(first) {
+                *x = true;
+            }
+        }
+        let mut n = 0u64;
+        for (b, v) in kept.into_iter().enumerate() {
+            // Written since the open: its own new seal stands.
+            if v != 0 && !out[b] && self.seals[b].load(Ordering::Acquire) == 0 {
+                self.set_seal(b as u64, v);
+                n += 1;
+            }
+        }
+        tracing::info!(
+            volume = self.inner.volume(),
+            seals = n,
+            "block seals kept after an unclean stop, outside the activity log's extents"
+        );
     }
 }
