@@ -4,11 +4,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::Serialize;
-use trireme_control::{ControlClient, MoveState, MoveStatus, NodeStatus, Request, StatusReport};
+use trireme_control::{
+    ControlClient, MoveState, MoveStatus, NodeRestartReport, NodeStatus, Request, StatusReport,
+};
 use trireme_meta::VolumeRecord;
 
 use crate::units::human;
-use crate::{Cli, CliError, Cmd, NodeCmd, NodeServeArgs, Output, VolumeCmd};
+use crate::{Cli, CliError, Cmd, MaintenanceCmd, NodeCmd, NodeServeArgs, Output, VolumeCmd};
 
 pub use trireme_daemon::local::control_path;
 
@@ -237,6 +239,63 @@ async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
             };
             let msg: String = cc.call(&req).await.map_err(usage_if_remote)?;
             print(out, &msg, |m| format!("{m}\n"));
+        }
+        Cmd::Node(NodeCmd::Restart { id }) => {
+            if matches!(out, Output::Text) {
+                eprintln!("restarting node {id}...");
+            }
+            let r: NodeRestartReport = cc
+                .call(&Request::NodeRestart { id: *id })
+                .await
+                .map_err(usage_if_remote)?;
+            print(out, &r, |r| format!("{}\n", restart_text(r)));
+        }
+        Cmd::Maintenance(MaintenanceCmd::Rolling) => {
+            let t0 = std::time::Instant::now();
+            let nodes: Vec<NodeStatus> = cc.call(&Request::NodeList).await?;
+            let ids: Vec<u32> = nodes
+                .iter()
+                .filter(|n| n.state != "removed")
+                .map(|n| n.id)
+                .collect();
+            let mut done = Vec::new();
+            for (k, id) in ids.iter().enumerate() {
+                wait_in_sync(&mut cc).await?;
+                if matches!(out, Output::Text) {
+                    eprintln!("[{}/{}] restarting node {id}...", k + 1, ids.len());
+                }
+                let r: NodeRestartReport = cc
+                    .call(&Request::NodeRestart { id: *id })
+                    .await
+                    .map_err(|e| CliError::Runtime(format!("node {id}: {e}")))?;
+                if matches!(out, Output::Text) {
+                    eprintln!("[{}/{}] {}", k + 1, ids.len(), restart_text(&r));
+                }
+                done.push(r);
+            }
+            let report = RollingReport {
+                total_ms: t0.elapsed().as_millis() as u64,
+                nodes: done,
+            };
+            print(out, &report, |r| {
+                let mut s = String::from("node  down (s)  back in sync (s)  resynced\n");
+                for n in &r.nodes {
+                    s += &format!(
+                        "{:<5} {:>8.1}  {:>16.1}  {}{}\n",
+                        n.node,
+                        n.down_ms as f64 / 1000.0,
+                        n.total_ms as f64 / 1000.0,
+                        human(n.resynced_bytes),
+                        if n.full { " (full compare)" } else { "" }
+                    );
+                }
+                s += &format!(
+                    "rolling restart of {} nodes done in {:.1} s\n",
+                    r.nodes.len(),
+                    r.total_ms as f64 / 1000.0
+                );
+                s
+            });
         }
         Cmd::Node(NodeCmd::Drain(a)) | Cmd::Node(NodeCmd::Remove(a)) => {
             let remove = matches!(&cli.cmd, Cmd::Node(NodeCmd::Remove(_)));
@@ -602,6 +661,45 @@ fn status_text(s: &StatusReport) -> String {
 
 /// Polls `status` until the move job of `job.node` ends, printing its progress (text output)
 /// once a second.
+/// What `maintenance rolling` did.
+#[derive(Debug, serde::Serialize)]
+struct RollingReport {
+    nodes: Vec<NodeRestartReport>,
+    total_ms: u64,
+}
+
+fn restart_text(r: &NodeRestartReport) -> String {
+    format!(
+        "node {} restarted: down {:.1} s, back in sync after {:.1} s, {} resynced{} ({} volumes)",
+        r.node,
+        r.down_ms as f64 / 1000.0,
+        r.total_ms as f64 / 1000.0,
+        human(r.resynced_bytes),
+        if r.full { ", full compare" } else { "" },
+        r.volumes.len()
+    )
+}
+
+/// Waits until every replica of every volume is in sync (between two restarts).
+async fn wait_in_sync(cc: &mut ControlClient) -> Result<(), CliError> {
+    let t0 = std::time::Instant::now();
+    loop {
+        let s: StatusReport = cc.call(&Request::Status).await?;
+        if s.volumes
+            .iter()
+            .all(|v| v.replicas.iter().all(|r| r.state == "in-sync"))
+        {
+            return Ok(());
+        }
+        if t0.elapsed() > std::time::Duration::from_secs(3600) {
+            return Err(CliError::Runtime(
+                "replicas not all in sync within an hour; rolling restart stopped".into(),
+            ));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
 async fn wait_move(
     cc: &mut ControlClient,
     out: Output,

@@ -131,6 +131,9 @@ pub enum Cmd {
     /// Volumes.
     #[command(subcommand)]
     Volume(VolumeCmd),
+    /// Maintenance of the running `trireme up`.
+    #[command(subcommand)]
+    Maintenance(MaintenanceCmd),
     /// Nodes up or down, volumes and the state of every replica.
     Status,
     /// Attach a volume (new epoch: older writers are fenced) and serve it over NBD.
@@ -299,6 +302,11 @@ pub enum NodeCmd {
     Stop { id: u32 },
     /// Start a node stopped with `node stop`.
     Start { id: u32 },
+    /// Planned restart of a node of the running `trireme up` (patch Tuesday): its replicas are
+    /// taken out cleanly (no write fails on them), the node stops — flushing — and starts
+    /// again, and the command returns once they are back in sync, resynced incrementally.
+    /// Refused when fewer in-sync copies than a volume's minimum would remain.
+    Restart { id: u32 },
     /// Move every replica off a node while volumes stay online (each volume's writer copies
     /// it to another node, then drops the old copy). The node stays, empty, and takes no new
     /// replicas. Prints progress until done.
@@ -308,6 +316,14 @@ pub enum NodeCmd {
     Remove(MoveArgs),
     /// Let a drained (or draining) node take new replicas again.
     Undrain { id: u32 },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum MaintenanceCmd {
+    /// Restart every node in turn (`node restart`), waiting for every copy of every volume
+    /// to be in sync before the next, with the workload running; prints each node's downtime,
+    /// time back to in sync and bytes resynced.
+    Rolling,
 }
 
 pub use trireme_daemon::local::NodeNetns;

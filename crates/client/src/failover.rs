@@ -286,6 +286,45 @@ impl Volume {
         Ok(())
     }
 
+    /// Planned take-out of the replica on `node` (its node is about to restart): with writes
+    /// paused for a moment, it is recorded outdated and the survivors start their record of
+    /// what it misses, so no write fails on it while it is away; the resync task brings it
+    /// back when it answers again. `Ok(false)`: no in-sync replica there. Refused when fewer
+    /// in-sync copies than the volume's minimum would remain.
+    pub async fn take_out_node(&self, node: u32) -> Result<bool, VolumeError> {
+        self.membership()?;
+        let _all = self.write_order.acquire(0, self.info.size).await;
+        let Some(i) = self.slot_of(node) else {
+            return Ok(false);
+        };
+        if self.set().state(i) != ReplicaState::InSync {
+            return Ok(false);
+        }
+        let left = self.set().in_sync().len() - 1;
+        if left < self.min_copies() as usize {
+            return Err(VolumeError::Degrade {
+                volume: self.info.name.clone(),
+                node,
+                why: format!(
+                    "{left} in-sync copies would remain, fewer than the minimum of {} (wait for resyncs, or lower it with `volume set --min-copies`)",
+                    self.min_copies()
+                ),
+            });
+        }
+        self.take_out_with(&[i], None, false).await?;
+        tracing::info!(volume = %self.info.name, node, "replica taken out for a planned restart");
+        Ok(true)
+    }
+
+    /// The last finished resync of the replica on `node`, if any.
+    pub fn last_resync(&self, node: u32) -> Option<ResyncProgress> {
+        self.finished
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&node)
+            .cloned()
+    }
+
     /// Flushes and tells the control plane this writer is gone cleanly, so the next attach
     /// need not reconcile.
     pub async fn detach(&self) -> Result<(), VolumeError> {
@@ -644,6 +683,11 @@ impl Volume {
         self.slots[i]
             .incarnation
             .store(incarnation, Ordering::Release);
+        progress.elapsed_ms = started.elapsed().as_millis() as u64;
+        self.finished
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(node, progress.clone());
         self.set
             .write()
             .unwrap_or_else(|e| e.into_inner())

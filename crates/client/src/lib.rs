@@ -269,6 +269,8 @@ pub struct Volume {
     copies: copies::Copies,
     /// Writes pass it one at a time, in arrival order, on their way into the write order.
     copies_gate: tokio::sync::Mutex<()>,
+    /// The last finished resync per node.
+    finished: Mutex<std::collections::HashMap<u32, ResyncProgress>>,
 }
 
 /// Joins futures without spawning them: the writer's fan-out stays on its own task.
@@ -378,6 +380,7 @@ impl Volume {
             reconciled: Mutex::new(None),
             copies: copies::Copies::new(info.min_copies, n),
             copies_gate: tokio::sync::Mutex::new(()),
+            finished: Mutex::default(),
             set: RwLock::new(ReplicaSet::new(states, None)),
             info,
             slots,

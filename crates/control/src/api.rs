@@ -84,6 +84,12 @@ pub enum Request {
     NodeStart {
         id: u32,
     },
+    /// Planned restart of a node of `trireme up`: its replicas are taken out cleanly, the
+    /// node stops (flushing) and starts again, and the answer comes once every one of its
+    /// replicas is back in sync (a [`NodeRestartReport`]).
+    NodeRestart {
+        id: u32,
+    },
     /// Move every replica off a node while volumes stay online (background job; `status`
     /// shows its progress). `rate` limits each copy, in bytes per second.
     NodeDrain {
@@ -169,6 +175,22 @@ pub struct VolumeStatus {
     /// copies (fewer than `min_copies`).
     #[serde(default)]
     pub writes_suspended: bool,
+}
+
+/// What a planned node restart did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRestartReport {
+    pub node: u32,
+    /// Volumes whose replica there was taken out and resynced.
+    pub volumes: Vec<String>,
+    /// From the stop until the node served again.
+    pub down_ms: u64,
+    /// From the stop until every replica there was back in sync.
+    pub total_ms: u64,
+    /// Bytes the resyncs copied to it.
+    pub resynced_bytes: u64,
+    /// True if a resync had to compare everything (its history was lost).
+    pub full: bool,
 }
 
 /// The answer to `volume info`: the volume's record (its fields at the top level of the JSON),

@@ -15,8 +15,8 @@ mod membership;
 mod moves;
 
 pub use api::{
-    ControlClient, ControlError, ControlStream, LinkStatus, NodeStatus, ReplicaStatus, Request,
-    StatusReport, VolumeInfo, VolumeStatus,
+    ControlClient, ControlError, ControlStream, LinkStatus, NodeRestartReport, NodeStatus,
+    ReplicaStatus, Request, StatusReport, VolumeInfo, VolumeStatus,
 };
 pub use manager::{
     attach_info, record_detach, record_replica_state, serve, serve_conn, Manager, NodeControl,

@@ -48,6 +48,8 @@ pub struct Manager {
 pub enum NodeControl {
     Stop(u32, tokio::sync::oneshot::Sender<Result<String>>),
     Start(u32, tokio::sync::oneshot::Sender<Result<String>>),
+    /// Whether a process of the node runs (a stopped one may take a moment to exit).
+    Running(u32, tokio::sync::oneshot::Sender<bool>),
 }
 
 pub(crate) type Result<T> = std::result::Result<T, String>;
@@ -124,6 +126,79 @@ impl Manager {
             return Err("this cluster has no process supervisor (nodes run on their own)".into());
         }
         rx.await.map_err(|_| "the supervisor stopped".to_string())?
+    }
+
+    /// A planned restart of node `id` (see [`Request::NodeRestart`]). Only where this process
+    /// supervises the nodes (`trireme up`).
+    pub async fn restart_node(&self, id: u32) -> Result<crate::api::NodeRestartReport> {
+        let t0 = Instant::now();
+        let writers: Vec<Arc<trireme_client::Volume>> = self
+            .clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let mut out = Vec::new();
+        for w in writers {
+            if w.take_out_node(id).await.map_err(|e| e.to_string())? {
+                out.push(w);
+            }
+        }
+        let names: Vec<String> = out.iter().map(|w| w.info().name.clone()).collect();
+        tracing::info!(node = id, volumes = ?names, "planned restart: replicas taken out, stopping");
+        self.node_control(false, id).await?;
+        while self.node_running(id).await? {
+            if t0.elapsed() > RESTART_LIMIT {
+                return Err(format!("node {id} did not exit after SIGTERM"));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.node_control(true, id).await?;
+        let down = t0.elapsed();
+        let in_sync = |w: &trireme_client::Volume| {
+            w.replica_views()
+                .iter()
+                .any(|r| r.node == id && r.state == trireme_replication::ReplicaState::InSync)
+        };
+        while !out.iter().all(|w| in_sync(w)) {
+            if t0.elapsed() > RESTART_LIMIT {
+                return Err(format!(
+                    "node {id} restarted, but its replicas were not back in sync within {RESTART_LIMIT:?}"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let resyncs: Vec<_> = out.iter().filter_map(|w| w.last_resync(id)).collect();
+        let report = crate::api::NodeRestartReport {
+            node: id,
+            volumes: names,
+            down_ms: down.as_millis() as u64,
+            total_ms: t0.elapsed().as_millis() as u64,
+            resynced_bytes: resyncs.iter().map(|r| r.copied_bytes).sum(),
+            full: resyncs.iter().any(|r| r.full),
+        };
+        tracing::info!(
+            node = id,
+            down_ms = report.down_ms,
+            total_ms = report.total_ms,
+            resynced_bytes = report.resynced_bytes,
+            full = report.full,
+            "planned restart done; replicas in sync"
+        );
+        Ok(report)
+    }
+
+    async fn node_running(&self, id: u32) -> Result<bool> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let sent = self
+            .supervisor
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|s| s.send(NodeControl::Running(id, tx)).is_ok());
+        if sent != Some(true) {
+            return Err("this cluster has no process supervisor (nodes run on their own)".into());
+        }
+        rx.await.map_err(|_| "the supervisor stopped".to_string())
     }
 
     /// Pings every node every `every`; a node silent for `down_after` is declared down (logged
@@ -757,6 +832,7 @@ impl Manager {
             }
             Request::NodeStop { id } => to(self.node_control(false, id).await),
             Request::NodeStart { id } => to(self.node_control(true, id).await),
+            Request::NodeRestart { id } => to(self.restart_node(id).await),
             Request::NodeUndrain { id } => to(self.undrain(id).await),
             Request::NodeDrain { id, rate } => to(self.start_move(id, false, rate).await),
             Request::NodeRemove { id, rate } => to(self.start_move(id, true, rate).await),
@@ -766,6 +842,9 @@ impl Manager {
 }
 
 /// Where a volume's replicas are, for a writer (`reconcile` false: the caller decides).
+/// Longest a planned node restart waits for its replicas to be back in sync.
+const RESTART_LIMIT: Duration = Duration::from_secs(3600);
+
 pub async fn attach_info(meta: &ClusterMeta, v: &VolumeRecord) -> Result<AttachInfo> {
     let nodes = meta.nodes().await.map_err(|e| e.to_string())?;
     let mut replicas = Vec::new();

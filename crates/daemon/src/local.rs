@@ -531,6 +531,9 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
                 trireme_control::NodeControl::Stop(id, reply) => {
                     let _ = reply.send(sup.stop(id));
                 }
+                trireme_control::NodeControl::Running(id, reply) => {
+                    let _ = reply.send(sup.nodes.get(&id).is_some_and(|n| n.pid.is_some()));
+                }
                 trireme_control::NodeControl::Start(id, reply) => {
                     let r = match sup.nodes.get(&id) {
                         None => Err(format!("no node {id}")),
