@@ -11,7 +11,7 @@
 //! Reads go on. `status` shows the volume's writes as suspended; the log says so once when
 //! they stop and once when they resume. This is DRBD's `on-no-quorum suspend-io`.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::{Volume, VolumeError};
@@ -30,6 +30,9 @@ pub(crate) struct Copies {
     /// The writer may not go on (fenced or refused): waiting writes fail.
     stopped: AtomicBool,
     changed: tokio::sync::Notify,
+    /// Writes at the gate (waiting, or passing it): while there are any, a new write queues
+    /// behind them rather than overtake them.
+    pub(crate) at_gate: AtomicUsize,
 }
 
 impl Copies {
@@ -44,6 +47,7 @@ impl Copies {
             suspended: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
             changed: tokio::sync::Notify::new(),
+            at_gate: AtomicUsize::new(0),
         }
     }
 
@@ -52,9 +56,23 @@ impl Copies {
         self.changed.notify_waiters();
     }
 
+    /// Counts a write at the gate until the guard is dropped.
+    pub(crate) fn at_gate(&self) -> AtGate<'_> {
+        self.at_gate.fetch_add(1, Ordering::AcqRel);
+        AtGate(&self.at_gate)
+    }
+
     pub(crate) fn stop(&self) {
         self.stopped.store(true, Ordering::Release);
         self.wake();
+    }
+}
+
+pub(crate) struct AtGate<'a>(&'a AtomicUsize);
+
+impl Drop for AtGate<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -78,10 +96,24 @@ impl Volume {
         self.copies.suspended.load(Ordering::Acquire)
     }
 
+    /// True if writes may go on now: at least the minimum of copies in sync (no lock, no
+    /// allocation: the write path asks this for every write). Without a control plane no copy
+    /// is ever taken out (a failure fails the I/O), so always.
+    pub(crate) fn enough_now(&self) -> bool {
+        self.membership.is_none() || {
+            let set = self.set();
+            let have = set
+                .states()
+                .iter()
+                .filter(|s| **s == trireme_replication::ReplicaState::InSync)
+                .count();
+            have >= self.min_copies() as usize
+        }
+    }
+
     /// Returns once at least the minimum of copies is in sync (at once, nearly always).
     pub(crate) async fn enough_copies(&self) -> Result<(), VolumeError> {
-        if self.membership.is_none() {
-            // Without a control plane no copy is ever taken out (a failure fails the I/O).
+        if self.enough_now() && !self.copies.suspended.load(Ordering::Acquire) {
             return Ok(());
         }
         let mut reread = Instant::now();

@@ -621,12 +621,17 @@ impl Volume {
         {
             // Too few copies in sync: new writes wait before they are sent (`copies.rs`), in
             // the order they came (the gate is a fair lock), and take their places in the
-            // write order in that order too. Nearly always nothing here waits.
-            let place = {
+            // write order in that order too. Nearly always nothing waits, and a write takes
+            // its place at once.
+            let data = matches!(h.op, Op::Write | Op::WriteZeroes);
+            let place = if self.copies.at_gate.load(Ordering::Acquire) == 0 && self.enough_now() {
+                data.then(|| self.write_order.register(h.offset, h.offset + h.length))
+            } else {
+                // Counted until it has passed, even if the request is dropped while it waits.
+                let _at = self.copies.at_gate();
                 let _gate = self.copies_gate.lock().await;
                 self.enough_copies().await?;
-                matches!(h.op, Op::Write | Op::WriteZeroes)
-                    .then(|| self.write_order.register(h.offset, h.offset + h.length))
+                data.then(|| self.write_order.register(h.offset, h.offset + h.length))
             };
             let _range = match place {
                 Some(p) => {
@@ -640,6 +645,9 @@ impl Volume {
         }
         // One whose failure took a copy out below the minimum is acknowledged only once
         // enough copies hold it again; it waits without its range, which the resync copies.
+        if self.enough_now() {
+            return Ok(());
+        }
         self.enough_copies().await
     }
 
