@@ -985,35 +985,46 @@ impl Volume {
             Some(r) => (false, r),
             None => (true, union_chunks(vec![(0, self.info.size)])),
         };
-        let in_sync = self.set().in_sync();
-        if in_sync.len() < 2 {
+        if self.set().in_sync().len() < 2 {
             return Ok(());
         }
-        let src = in_sync[0];
         let mut copied = 0;
         let mut compared = 0;
+        let mut unreadable = Vec::new();
         for &(off, len) in &chunks {
             let targets = self.set().in_sync();
             let sums = self.checksums(&targets, off, len).await;
-            let mut want = None;
-            let mut differ = Vec::new();
+            // The source is the first copy (in the set's order) whose region passes its block
+            // checksums; one that fails them is rewritten from it, never copied from.
+            let mut good = Vec::new();
+            let mut bad = Vec::new();
             for (k, r) in sums.into_iter().enumerate() {
                 let t = targets[k];
                 match r {
-                    Ok(c) if t == src => want = Some(c),
-                    Ok(c) => differ.push((t, c)),
-                    Err(e) if t == src => return Err(e),
+                    Ok(c) => good.push((t, c)),
+                    Err(e) if e.is_bad_copy() => {
+                        tracing::warn!(volume = %self.info.name, node = self.node(t), off, len, "reconcile: this copy fails its block checksums; rewriting it from a good one");
+                        bad.push(t);
+                    }
+                    Err(e) if e.stops_writer() => return Err(e),
                     Err(e) => {
                         tracing::warn!(volume = %self.info.name, node = self.node(t), "reconcile: {e}");
                         self.take_out_with(&[t], None, true).await?;
                     }
                 }
             }
-            let want = want.expect("source answered");
-            let to_copy: Vec<usize> = differ
-                .into_iter()
+            let Some(&(src, want)) = good.first() else {
+                if !bad.is_empty() {
+                    tracing::error!(volume = %self.info.name, off, len, "reconcile: no copy of this region passes its block checksums; nothing copied (scrub or restore it)");
+                    unreadable.push((off, len));
+                }
+                continue;
+            };
+            let to_copy: Vec<usize> = good
+                .iter()
                 .filter(|(_, c)| *c != want)
-                .map(|(t, _)| t)
+                .map(|(t, _)| *t)
+                .chain(bad)
                 .collect();
             if !to_copy.is_empty() {
                 let data = self.read_from(src, off, len).await?;
@@ -1033,12 +1044,14 @@ impl Volume {
             compared_bytes: compared,
             copied_bytes: copied,
             ms: started.elapsed().as_millis() as u64,
+            unreadable,
         };
         tracing::info!(
             volume = %self.info.name,
             whole,
             compared_bytes = compared,
             copied_bytes = copied,
+            unreadable_regions = report.unreadable.len(),
             ms = report.ms,
             "reconciled replicas after an unclean writer change"
         );
@@ -1063,6 +1076,9 @@ pub struct ReconcileReport {
     pub compared_bytes: u64,
     pub copied_bytes: u64,
     pub ms: u64,
+    /// Regions where no copy passed its block checksums: left as they are, never spread.
+    #[serde(default)]
+    pub unreadable: Vec<(u64, u64)>,
 }
 
 #[cfg(test)]
