@@ -1099,3 +1099,77 @@ fn a_reconcile_never_copies_from_a_bad_block() {
     drop(_second);
     assert_replicas_identical(&c, "vol0");
 }
+
+/// A drain that dies midway — the whole cluster crashes while the new copy is being filled —
+/// leaves no orphan (issue 17): run again, it resumes that copy instead of adding another,
+/// and the volume ends with its three copies, none on the drained node.
+#[test]
+fn a_drain_run_again_after_a_crash_resumes_its_copy() {
+    let args = ["--store", "file", "--size", "32M", "--nodes", "4"];
+    let mut c = Cluster::start(&args);
+    cli_ok(
+        &c,
+        &[
+            "bench",
+            "-b1M",
+            "-w100",
+            "-s",
+            "-t1",
+            "-o4",
+            "-d3",
+            "-W0",
+            "volume:vol0",
+        ],
+    );
+    let before = volume_nodes(&c, "vol0");
+    let from = before[0];
+    cli_ok(
+        &c,
+        &[
+            "node",
+            "drain",
+            &from.to_string(),
+            "--rate",
+            "4M",
+            "--no-wait",
+        ],
+    );
+    let t0 = Instant::now();
+    while volume_nodes(&c, "vol0").len() < 4 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "no copy added:\n{}",
+            c.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let dir = c.crash();
+    c = Cluster::start_in(dir, &args);
+    let mid = volume_nodes(&c, "vol0");
+    assert_eq!(
+        mid.len(),
+        4,
+        "the unfinished copy is still recorded: {mid:?}"
+    );
+    cli_ok(&c, &["node", "drain", &from.to_string()]);
+    let log = c.log();
+    assert!(
+        log.contains("earlier attempt"),
+        "the move saw its earlier copy:\n{log}"
+    );
+    let after = volume_nodes(&c, "vol0");
+    assert_eq!(after.len(), 3, "no orphan copy: {after:?}\n{}", c.log());
+    assert!(!after.contains(&from), "{after:?}");
+    let added: Vec<u32> = mid
+        .iter()
+        .copied()
+        .filter(|n| !before.contains(n))
+        .collect();
+    assert!(
+        after.contains(&added[0]),
+        "the copy was resumed, not replaced: {after:?}"
+    );
+    wait_all_in_sync(&c);
+    assert_replicas_identical(&c, "vol0");
+}

@@ -25,7 +25,9 @@
 //!
 //! Jobs are recorded under `jobs/<node>`, so a manager that takes over resumes the running ones
 //! ([`Manager::resume_jobs`]): a request its predecessor made is waited for; a copy its
-//! predecessor's own writer had begun is discarded and started again.
+//! predecessor's own writer had begun is resumed. Any move run again finds the copy an
+//! earlier attempt left (`ReplicaRecord::moving_from`) and resumes it, or discards it when its
+//! node does not answer: no orphan copy stays in the volume (`add_target`).
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -522,22 +524,34 @@ impl Manager {
     }
 
     /// Step 1: picks a target, records the new replica failed and creates it there. A copy
-    /// left unfinished by an earlier attempt (the job's `to`, not in sync) is discarded first.
+    /// an earlier attempt at this move left unfinished (the job failed, the manager
+    /// restarted) is resumed when its node answers — the resync compares what it holds and
+    /// copies the rest — and discarded when it does not.
     async fn add_target(&self, v: &VolumeRecord, from: u32) -> Result<(u32, VolumeRecord)> {
-        let stale = self
-            .moves()
-            .into_iter()
-            .find(|m| m.node == from && m.volume.as_deref() == Some(&v.name))
-            .and_then(|m| m.to);
+        let earlier = v.replicas.iter().find(|r| r.moving_from == Some(from));
+        if let Some(r) = earlier.filter(|r| r.state == ReplicaState::InSync) {
+            // The writer finished the copy after the attempt ended: only the retirement is left.
+            tracing::info!(volume = %v.name, from, to = r.node, "the copy of an earlier attempt is in sync");
+            return Ok((r.node, v.clone()));
+        }
+        let unfinished = earlier.map(|r| r.node);
         let mut v = v.clone();
-        if let Some(to) = stale {
-            if v.replicas
-                .iter()
-                .any(|r| r.node == to && r.state != ReplicaState::InSync)
-            {
-                tracing::info!(volume = %v.name, node = to, "discarding an unfinished copy of an earlier attempt");
-                v = self.discard_replica(&v, to).await?;
+        if let Some(to) = unfinished {
+            let target = self.node(to).await?;
+            let resumed = match self.replica_op(&target, Op::CreateReplica, &v).await {
+                Ok(Status::Ok | Status::Exists) => true,
+                other => {
+                    tracing::info!(volume = %v.name, node = to, "the unfinished copy of an earlier attempt cannot be resumed ({other:?}); discarding it");
+                    false
+                }
+            };
+            if resumed {
+                tracing::info!(volume = %v.name, from, to, "resuming the unfinished copy of an earlier attempt");
+                self.update_move(from, |m| m.to = Some(to));
+                self.save_job(from).await;
+                return Ok((to, v));
             }
+            v = self.discard_replica(&v, to).await?;
         }
         let to = self.pick_target(&v).await?;
         self.update_move(from, |m| m.to = Some(to));
@@ -553,6 +567,7 @@ impl Manager {
                     incarnation: 0,
                     node: to,
                     state: ReplicaState::Failed,
+                    moving_from: Some(from),
                 });
                 Ok(())
             })
@@ -618,6 +633,11 @@ impl Manager {
                     rec.replicas.iter().map(|r| (r.node, r.state)).collect();
                 let i = trireme_replication::removal(&states, from).map_err(|e| e.to_string())?;
                 rec.replicas.remove(i);
+                for r in &mut rec.replicas {
+                    if r.moving_from == Some(from) {
+                        r.moving_from = None;
+                    }
+                }
                 Ok(())
             })
             .await

@@ -355,6 +355,7 @@ impl ClusterMeta {
                     .iter()
                     .map(|&node| ReplicaRecord {
                         incarnation: 0,
+                        moving_from: None,
                         node,
                         state: ReplicaState::InSync,
                     })

@@ -113,6 +113,11 @@ pub struct ReplicaRecord {
     /// wiped store): the next writer does not count it in sync.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub incarnation: u64,
+    /// Set on the new copy of a move off node N (`node drain` / `node remove`) until the
+    /// move is done: a move run again after one that failed midway resumes this copy rather
+    /// than leave it behind and add another.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moving_from: Option<u32>,
 }
 
 fn is_zero(n: &u64) -> bool {
