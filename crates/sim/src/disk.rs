@@ -7,12 +7,66 @@
 //! sectors new, some old) — what real disks do. The replica then reports a new incarnation, as
 //! the file store does when it finds it was not shut down cleanly in another boot: its history
 //! is unknown and it gets a full (compare) resync.
+//!
+//! Each replica also has a ledger (`trireme_store::Ledger`), where its node keeps the activity
+//! log and the peers' dirty records across restarts, as on the file store. Its writes are
+//! durable when they return (the file ledger syncs each one); a power loss may tear one log
+//! page — a page write the node had in flight — which the node must read as fully marked.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use trireme_store::{Extent, MemoryStore, Replica, Store, StoreError, StoreKind};
+use trireme_store::{Extent, Ledger, MemoryStore, Replica, Store, StoreError, StoreKind};
+
+/// A replica's ledger on the simulated disk.
+#[derive(Debug, Default)]
+pub(crate) struct SimLedger {
+    log: Mutex<Vec<u8>>,
+    records: Mutex<Option<Vec<u8>>>,
+}
+
+impl SimLedger {
+    /// A power loss while a page was being written: one byte of page `page` (if the log
+    /// has it) changes.
+    fn tear(&self, page: u64) -> bool {
+        let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        let at = (page as usize) * trireme_store::ledger::PAGE + 100;
+        match log.get_mut(at) {
+            Some(b) => {
+                *b ^= 0x5a;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl Ledger for SimLedger {
+    fn read_log(&self) -> Result<Vec<u8>, StoreError> {
+        Ok(self.log.lock().unwrap_or_else(|e| e.into_inner()).clone())
+    }
+    fn write_log(&self, first: u64, pages: &[u8]) -> Result<(), StoreError> {
+        let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        let at = first as usize * trireme_store::ledger::PAGE;
+        if log.len() < at + pages.len() {
+            log.resize(at + pages.len(), 0);
+        }
+        log[at..at + pages.len()].copy_from_slice(pages);
+        Ok(())
+    }
+    fn read_records(&self) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self
+            .records
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone())
+    }
+    fn save_records(&self, bytes: &[u8]) -> Result<(), StoreError> {
+        *self.records.lock().unwrap_or_else(|e| e.into_inner()) = Some(bytes.to_vec());
+        Ok(())
+    }
+}
 
 /// The smallest unit a disk writes atomically.
 const SECTOR: u64 = 512;
@@ -31,6 +85,7 @@ pub(crate) struct SimReplica {
     inner: Arc<dyn Replica>,
     cache: Mutex<VecDeque<Unflushed>>,
     incarnation: AtomicU64,
+    ledger: Arc<SimLedger>,
 }
 
 impl SimReplica {
@@ -89,6 +144,12 @@ impl SimReplica {
             let _ = self.inner.write(pos, &v[k], false);
         }
         c.clear();
+        // Now and then a log page was being written when the power went.
+        let pages =
+            (self.ledger.read_log().map_or(0, |l| l.len()) / trireme_store::ledger::PAGE) as u64;
+        if pages > 0 && pick(2) == 1 {
+            self.ledger.tear(pick(pages));
+        }
         if !unnoticed {
             self.incarnation
                 .store(trireme_store::new_incarnation(), Ordering::Release);
@@ -154,6 +215,9 @@ impl Replica for SimReplica {
     fn incarnation(&self) -> u64 {
         self.incarnation.load(Ordering::Acquire)
     }
+    fn ledger(&self) -> Option<Arc<dyn Ledger>> {
+        Some(self.ledger.clone())
+    }
 }
 
 /// A node's disk: memory replicas behind a volatile cache.
@@ -192,6 +256,7 @@ impl Store for SimDisk {
             incarnation: AtomicU64::new(inner.incarnation()),
             inner,
             cache: Mutex::default(),
+            ledger: Arc::default(),
         });
         self.replicas
             .lock()

@@ -774,6 +774,9 @@ impl World {
             store.clone() as Arc<dyn Store>,
             BLOCK,
         ));
+        // Its activity log and dirty records come back from the disk's ledger (gone with the
+        // data on an empty restart).
+        s.node.keep_books();
         s.store = store;
         s.generation += 1;
         s.down = false;
@@ -1028,11 +1031,11 @@ async fn run_async(cfg: Config) -> Result<Outcome, String> {
             Arc::new(SimNode {
                 id,
                 state: Mutex::new(NodeState {
-                    node: Arc::new(Node::with_dirty_grain(
-                        id,
-                        store.clone() as Arc<dyn Store>,
-                        BLOCK,
-                    )),
+                    node: {
+                        let n = Node::with_dirty_grain(id, store.clone() as Arc<dyn Store>, BLOCK);
+                        n.keep_books();
+                        Arc::new(n)
+                    },
                     store,
                     generation: 0,
                     down: false,
@@ -1074,6 +1077,22 @@ async fn run_async(cfg: Config) -> Result<Outcome, String> {
     w.spawn_candidate();
     w.spawn_candidate();
     tokio::spawn(w.clone().watch_managers());
+    // Each node's bookkeeping catches up on its disk every period, as `trireme_node::run` does.
+    for n in &w.nodes {
+        let n = n.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(trireme_node::BOOKS_PERIOD).await;
+                let node = {
+                    let s = n.st();
+                    (!s.down).then(|| s.node.clone())
+                };
+                if let Some(node) = node {
+                    node.sync_books();
+                }
+            }
+        });
+    }
     let vol = Arc::new(Mutex::new(w.attach(None).await.map_err(|e| fail(&w, e))?));
     loop {
         let v = vol.lock().unwrap_or_else(|e| e.into_inner()).clone();
