@@ -299,23 +299,14 @@ fn store_errors_on_one_node_cost_no_error_and_converge() {
 fn scrub_repairs_a_corrupted_replica_from_the_majority() {
     common::need("qemu-io");
     let c = Cluster::start(&["--store", "file", "--size", "16M"]);
-    common::run(Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 0x5a 0 1M", &c.unix]));
+    qemu_io(&c.unix, "write -P 0x5a 0 1M");
     let clean = c.cli(&["volume", "verify", "vol0"]);
     assert!(
         clean.status.success(),
         "{}",
         String::from_utf8_lossy(&clean.stderr)
     );
-    let data = c
-        .path()
-        .join("node-3")
-        .join("replica-0000000000000001.data");
-    {
-        use std::os::unix::fs::FileExt;
-        let f = std::fs::OpenOptions::new().write(true).open(&data).unwrap();
-        f.write_all_at(&[0xff; 4096], 65536).unwrap();
-        f.sync_all().unwrap();
-    }
+    corrupt(&c, 3, 65536, 4096);
     let bad = c.cli(&["volume", "verify", "vol0"]);
     assert_eq!(bad.status.code(), Some(1), "verify must see the corruption");
     let out = c.cli(&["--output", "json", "volume", "scrub", "vol0"]);
@@ -332,17 +323,29 @@ fn scrub_repairs_a_corrupted_replica_from_the_majority() {
     read_pattern(&c, 3);
 }
 
+/// Runs one qemu-io command on an NBD URI (raw format); panics if it fails.
+fn qemu_io(uri: &str, cmd: &str) {
+    common::run(Command::new("qemu-io").args(["-f", "raw", "-c", cmd, uri]));
+}
+
+/// Overwrites `len` bytes at `at` of node `node`'s replica of volume 1 with 0xff, behind the
+/// node's back (bit rot, a misdirected write).
+fn corrupt(c: &Cluster, node: u32, at: u64, len: usize) {
+    use std::os::unix::fs::FileExt;
+    let data = c
+        .path()
+        .join(format!("node-{node}"))
+        .join("replica-0000000000000001.data");
+    let f = std::fs::OpenOptions::new().write(true).open(&data).unwrap();
+    f.write_all_at(&vec![0xff; len], at).unwrap();
+    f.sync_all().unwrap();
+}
+
 /// Reads the first MiB `times` times through the export; qemu-io fails unless every byte is
 /// 0x5a.
 fn read_pattern(c: &Cluster, times: usize) {
     for _ in 0..times {
-        common::run(Command::new("qemu-io").args([
-            "-f",
-            "raw",
-            "-c",
-            "read -P 0x5a 0 1M",
-            &c.unix,
-        ]));
+        qemu_io(&c.unix, "read -P 0x5a 0 1M");
     }
 }
 
@@ -797,20 +800,10 @@ fn soak_random_faults_under_load() {
 fn block_checksums_find_and_repair_a_bad_copy_of_a_two_way_volume() {
     common::need("qemu-io");
     let c = Cluster::start(&["--store", "file", "--size", "16M", "--replicas", "2"]);
-    common::run(Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 0x5a 0 1M", &c.unix]));
+    qemu_io(&c.unix, "write -P 0x5a 0 1M");
     let nodes = volume_nodes(&c, "vol0");
-    let corrupt = |at: u64| {
-        use std::os::unix::fs::FileExt;
-        let data = c
-            .path()
-            .join(format!("node-{}", nodes[1]))
-            .join("replica-0000000000000001.data");
-        let f = std::fs::OpenOptions::new().write(true).open(&data).unwrap();
-        f.write_all_at(&[0xff; 512], at).unwrap();
-        f.sync_all().unwrap();
-    };
     // Scrub: two copies, one fails its checksums: repaired from the other.
-    corrupt(65536);
+    corrupt(&c, nodes[1], 65536, 512);
     let bad = c.cli(&["--output", "json", "volume", "verify", "vol0"]);
     assert_eq!(bad.status.code(), Some(1), "verify must see the bad copy");
     let v: serde_json::Value = serde_json::from_slice(&bad.stdout).unwrap();
@@ -822,7 +815,7 @@ fn block_checksums_find_and_repair_a_bad_copy_of_a_two_way_volume() {
     assert_eq!(r["unresolved"].as_array().unwrap().len(), 0, "{r}");
     assert_replicas_identical(&c, "vol0");
     // Reads: every one returns the good bytes; the one that meets the bad copy repairs it.
-    corrupt(4096 * 100);
+    corrupt(&c, nodes[1], 4096 * 100, 512);
     read_pattern(&c, 4);
     assert!(
         c.log().contains("repaired a bad copy from a good one"),
@@ -884,13 +877,7 @@ fn whole_cluster_crashes_lose_no_completed_write_and_reconcile_only_the_log() {
         // A completed write of its own pattern per round, far from the load.
         let at = 40 + 8 * round;
         let pattern = format!("{:#x}", 0x30 + round);
-        common::run(Command::new("qemu-io").args([
-            "-f",
-            "raw",
-            "-c",
-            &format!("write -P {pattern} {at}M 1M"),
-            &c.unix,
-        ]));
+        qemu_io(&c.unix, &format!("write -P {pattern} {at}M 1M"));
         // Writes in flight at the crash, on the first 16 MiB (four 4 MiB log extents).
         let mut load = Command::new(BIN)
             .arg("--data-dir")
@@ -944,13 +931,10 @@ fn whole_cluster_crashes_lose_no_completed_write_and_reconcile_only_the_log() {
             "reconcile compared {compared} bytes, more than the logged extents: {line}"
         );
         for r in 0..=round {
-            common::run(Command::new("qemu-io").args([
-                "-f",
-                "raw",
-                "-c",
-                &format!("read -P {:#x} {}M 1M", 0x30 + r, 40 + 8 * r),
+            qemu_io(
                 &c.unix,
-            ]));
+                &format!("read -P {:#x} {}M 1M", 0x30 + r, 40 + 8 * r),
+            );
         }
     }
     wait_all_in_sync(&c);
@@ -1076,25 +1060,16 @@ fn a_reconcile_never_copies_from_a_bad_block() {
     let c = Cluster::start(&["--store", "file", "--size", "16M"]);
     let sock = c.path().join("w.sock");
     let (mut first, uri) = common::spawn_nbd(&c, "vol0", &sock);
-    common::run(Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 0x5a 0 1M", &uri]));
+    qemu_io(&uri, "write -P 0x5a 0 1M");
     // The writer dies: the next one reconciles what its activity logs mark.
     first.kill().unwrap();
     first.wait().unwrap();
-    let data = c
-        .path()
-        .join("node-1")
-        .join("replica-0000000000000001.data");
-    {
-        use std::os::unix::fs::FileExt;
-        let f = std::fs::OpenOptions::new().write(true).open(&data).unwrap();
-        f.write_all_at(&[0xff; 4096], 65536).unwrap();
-        f.sync_all().unwrap();
-    }
+    corrupt(&c, 1, 65536, 4096);
     let (second, uri) = common::spawn_nbd(&c, "vol0", &sock);
     let _second = KillOnDrop(second);
     // Every copy serves the pattern (reads rotate over the replicas).
     for _ in 0..3 {
-        common::run(Command::new("qemu-io").args(["-f", "raw", "-c", "read -P 0x5a 0 1M", &uri]));
+        qemu_io(&uri, "read -P 0x5a 0 1M");
     }
     drop(_second);
     assert_replicas_identical(&c, "vol0");

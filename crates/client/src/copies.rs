@@ -39,7 +39,7 @@ impl Copies {
     /// `set` is the attach's minimum (0: the default rule over `replicas`).
     pub(crate) fn new(set: u32, replicas: usize) -> Copies {
         let min = match set {
-            0 => replicas.saturating_sub(1).max(1) as u32,
+            0 => trireme_replication::default_min_copies(replicas),
             n => n,
         };
         Copies {

@@ -113,12 +113,8 @@ struct Layout {
     writer_open: bool,
     #[serde(default = "crate::any_client")]
     access: Vec<String>,
-    #[serde(default, skip_serializing_if = "is_zero32")]
+    #[serde(default, skip_serializing_if = "crate::is_zero32")]
     min_copies: u32,
-}
-
-fn is_zero32(n: &u32) -> bool {
-    *n == 0
 }
 
 fn record(spec: Spec, layout: Layout) -> VolumeRecord {

@@ -143,26 +143,21 @@ pub struct VolumeRecord {
     #[serde(default = "any_client")]
     pub access: Vec<String>,
     /// Fewest in-sync copies the writer goes on writing with (0: the default rule,
-    /// [`default_min_copies`]); below it, writes wait for a copy to return.
+    /// [`trireme_replication::default_min_copies`]); below it, writes wait for a copy to
+    /// return.
     #[serde(default, skip_serializing_if = "is_zero32")]
     pub min_copies: u32,
 }
 
-fn is_zero32(n: &u32) -> bool {
+pub(crate) fn is_zero32(n: &u32) -> bool {
     *n == 0
-}
-
-/// The minimum of in-sync copies when none is set: one fewer than the replicas (2 of 3), and
-/// at least 1.
-pub fn default_min_copies(replicas: usize) -> u32 {
-    (replicas.saturating_sub(1)).max(1) as u32
 }
 
 impl VolumeRecord {
     /// The minimum of in-sync copies in force.
     pub fn min_copies(&self) -> u32 {
         match self.min_copies {
-            0 => default_min_copies(self.replicas.len()),
+            0 => trireme_replication::default_min_copies(self.replicas.len()),
             n => n,
         }
     }

@@ -67,15 +67,6 @@ struct Disk {
 }
 
 impl Disk {
-    fn header(log: &Log) -> LogHeader {
-        LogHeader {
-            volume: 0,
-            size: log.size,
-            shift: log.shift,
-            epoch: log.epoch,
-        }
-    }
-
     /// Writes bitmap page `n` (1-based) from `bits`; the caller holds `lock`.
     fn write_page(&self, epoch: u64, n: usize) -> Result<(), StoreError> {
         let first = (n - 1) * WORDS_PER_PAGE;
@@ -173,7 +164,9 @@ impl ActivityLogs {
         if let Some(ledger) = ledger {
             let header = LogHeader {
                 volume,
-                ..Disk::header(&log)
+                size,
+                shift: log.shift,
+                epoch,
             };
             // Header and zeroed pages in one durable write: a crash midway leaves pages that
             // do not match the header, which read back as fully marked.

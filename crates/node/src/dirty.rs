@@ -50,13 +50,19 @@ pub struct DirtyView {
     pub extents: Vec<Extent>,
 }
 
+/// The records, and which volumes' records changed since they were last saved (one lock: the
+/// write path marks both at once).
+#[derive(Debug, Default)]
+struct Books {
+    peers: HashMap<(u64, u32), PeerDirty>,
+    changed: HashSet<u64>,
+}
+
 /// Every tracked peer of every volume on this node.
 #[derive(Debug)]
 pub struct DirtyTracker {
     grain: u64,
-    peers: Mutex<HashMap<(u64, u32), PeerDirty>>,
-    /// Volumes whose records changed since they were last saved.
-    changed: Mutex<HashSet<u64>>,
+    books: Mutex<Books>,
     /// Peers in auto mode, so the write path skips the lock when nothing is tracked.
     auto: AtomicUsize,
 }
@@ -69,8 +75,7 @@ impl DirtyTracker {
         );
         DirtyTracker {
             grain,
-            peers: Mutex::default(),
-            changed: Mutex::default(),
+            books: Mutex::default(),
             auto: AtomicUsize::new(0),
         }
     }
@@ -79,8 +84,8 @@ impl DirtyTracker {
         self.grain
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(u64, u32), PeerDirty>> {
-        self.peers.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Books> {
+        self.books.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn regions(&self, offset: u64, len: u64) -> std::ops::RangeInclusive<u64> {
@@ -100,23 +105,15 @@ impl DirtyTracker {
         }
         let mut m = self.lock();
         let mut any = false;
-        for ((v, _), p) in m.iter_mut() {
+        for ((v, _), p) in m.peers.iter_mut() {
             if *v == volume && p.mode == DIRTY_AUTO {
                 p.regions.extend(self.regions(offset, len));
                 any = true;
             }
         }
-        drop(m);
         if any {
-            self.touch(volume);
+            m.changed.insert(volume);
         }
-    }
-
-    fn touch(&self, volume: u64) {
-        self.changed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(volume);
     }
 
     /// Marks a range for `peer` and puts it in auto mode: a mark means the peer is out (again),
@@ -124,29 +121,32 @@ impl DirtyTracker {
     /// record only with `DIRTY_START` (the peer has just gone out).
     pub fn mark(&self, volume: u64, epoch: u64, peer: &DirtyPeer, offset: u64, len: u64) {
         let mut m = self.lock();
-        let p = m.entry((volume, peer.peer)).or_insert_with(|| PeerDirty {
-            epoch,
-            incarnation: peer.incarnation,
-            mode: DIRTY_AUTO,
-            regions: BTreeSet::new(),
-            complete: peer.mode == DIRTY_START,
-        });
+        let p = m
+            .peers
+            .entry((volume, peer.peer))
+            .or_insert_with(|| PeerDirty {
+                epoch,
+                incarnation: peer.incarnation,
+                mode: DIRTY_AUTO,
+                regions: BTreeSet::new(),
+                complete: peer.mode == DIRTY_START,
+            });
         p.mode = DIRTY_AUTO;
         if len > 0 {
             p.regions.extend(self.regions(offset, len));
         }
-        self.recount(&m);
-        drop(m);
-        self.touch(volume);
+        self.recount(&m.peers);
+        m.changed.insert(volume);
     }
 
     /// Sets a peer's mode; `DIRTY_DROP` forgets it.
     pub fn track(&self, volume: u64, epoch: u64, peer: &DirtyPeer) {
         let mut m = self.lock();
         if peer.mode == DIRTY_DROP {
-            m.remove(&(volume, peer.peer));
+            m.peers.remove(&(volume, peer.peer));
         } else {
-            m.entry((volume, peer.peer))
+            m.peers
+                .entry((volume, peer.peer))
                 .or_insert_with(|| PeerDirty {
                     epoch,
                     incarnation: peer.incarnation,
@@ -160,15 +160,14 @@ impl DirtyTracker {
                 peer.mode
             };
         }
-        self.recount(&m);
-        drop(m);
-        self.touch(volume);
+        self.recount(&m.peers);
+        m.changed.insert(volume);
     }
 
     /// Clears the regions of `peer` lying wholly inside `[offset, offset+len)`.
     pub fn clear(&self, volume: u64, peer: u32, offset: u64, len: u64) {
         let mut m = self.lock();
-        if let Some(p) = m.get_mut(&(volume, peer)) {
+        if let Some(p) = m.peers.get_mut(&(volume, peer)) {
             let first = offset.div_ceil(self.grain);
             let end = (offset + len) / self.grain;
             if first < end {
@@ -179,13 +178,12 @@ impl DirtyTracker {
                 }
             }
         }
-        drop(m);
-        self.touch(volume);
+        m.changed.insert(volume);
     }
 
     pub fn query(&self, volume: u64, peer: u32, offset: u64, len: u64) -> DirtyView {
         let m = self.lock();
-        match m.get(&(volume, peer)).filter(|p| p.complete) {
+        match m.peers.get(&(volume, peer)).filter(|p| p.complete) {
             None => DirtyView {
                 epoch: 0,
                 incarnation: 0,
@@ -204,6 +202,7 @@ impl DirtyTracker {
     /// Number of dirty regions tracked for `peer` (for logs and tests).
     pub fn count(&self, volume: u64, peer: u32) -> usize {
         self.lock()
+            .peers
             .get(&(volume, peer))
             .map_or(0, |p| p.regions.len())
     }
@@ -211,33 +210,24 @@ impl DirtyTracker {
     /// Forgets every peer of a deleted volume.
     pub fn forget_volume(&self, volume: u64) {
         let mut m = self.lock();
-        m.retain(|(v, _), _| *v != volume);
-        self.recount(&m);
-        drop(m);
-        self.changed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&volume);
+        m.peers.retain(|(v, _), _| *v != volume);
+        self.recount(&m.peers);
+        m.changed.remove(&volume);
     }
 
     /// Whether `volume`'s records changed since they were last saved.
     pub fn is_changed(&self, volume: u64) -> bool {
-        self.changed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(&volume)
+        self.lock().changed.contains(&volume)
     }
 
     /// Saves `volume`'s records through `ledger` (atomically replaced). A change made while
     /// saving is saved next time.
     pub fn save(&self, volume: u64, size: u64, ledger: &dyn Ledger) -> Result<(), StoreError> {
-        self.changed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&volume);
         let records: Vec<StoredRecord> = {
-            let m = self.lock();
+            let mut m = self.lock();
+            m.changed.remove(&volume);
             let mut r: Vec<StoredRecord> = m
+                .peers
                 .iter()
                 .filter(|((v, _), _)| *v == volume)
                 .map(|((_, peer), p)| StoredRecord {
@@ -254,7 +244,7 @@ impl DirtyTracker {
         };
         let saved = ledger.save_records(&books::encode_records(volume, &records));
         if saved.is_err() {
-            self.touch(volume);
+            self.lock().changed.insert(volume);
         }
         saved
     }
@@ -280,7 +270,7 @@ impl DirtyTracker {
             for &(o, l) in r.ranges.iter().chain(written.unwrap_or(&[])) {
                 regions.extend(self.regions(o, l));
             }
-            m.insert(
+            m.peers.insert(
                 (volume, r.peer),
                 PeerDirty {
                     epoch: r.epoch,
@@ -291,7 +281,7 @@ impl DirtyTracker {
                 },
             );
         }
-        self.recount(&m);
+        self.recount(&m.peers);
         Ok(n)
     }
 }

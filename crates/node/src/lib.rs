@@ -124,13 +124,7 @@ impl Node {
     /// process left there. Called once, before serving.
     pub fn keep_books(&self) {
         self.books.store(true, std::sync::atomic::Ordering::Release);
-        let reps: Vec<_> = self
-            .replicas
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .cloned()
-            .collect();
+        let reps = self.all_replicas();
         for r in reps {
             let Some(ledger) = r.ledger() else { continue };
             let volume = r.volume();
@@ -162,6 +156,16 @@ impl Node {
         }
     }
 
+    /// Every replica this node serves, at this moment.
+    fn all_replicas(&self) -> Vec<Arc<dyn Replica>> {
+        self.replicas
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
     fn ledger_of(&self, r: &dyn Replica) -> Option<Arc<dyn trireme_store::Ledger>> {
         self.books
             .load(std::sync::atomic::Ordering::Acquire)
@@ -178,13 +182,7 @@ impl Node {
         if *closed {
             return;
         }
-        let reps: Vec<_> = self
-            .replicas
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .cloned()
-            .collect();
+        let reps = self.all_replicas();
         for r in reps {
             let Some(ledger) = self.ledger_of(&*r) else {
                 continue;
@@ -298,13 +296,7 @@ impl Node {
     pub fn close_all(&self) {
         let mut closed = self.closed.write().unwrap_or_else(|e| e.into_inner());
         *closed = true;
-        let reps: Vec<_> = self
-            .replicas
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .cloned()
-            .collect();
+        let reps = self.all_replicas();
         for r in reps {
             if let Some(ledger) = self.ledger_of(&*r) {
                 if let Err(e) = self.dirty.save(r.volume(), r.size(), &*ledger) {

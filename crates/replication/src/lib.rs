@@ -13,7 +13,7 @@ mod quorum;
 mod set;
 
 pub use quorum::{ReplicaOutcome, WriteFailure, WriteQuorum};
-pub use set::{removal, transition, ReplicaSet, ReplicaState, TransitionError};
+pub use set::{default_min_copies, removal, transition, ReplicaSet, ReplicaState, TransitionError};
 
 use serde::{Deserialize, Serialize};
 

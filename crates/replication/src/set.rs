@@ -128,6 +128,12 @@ pub enum TransitionError {
     NotStorable(ReplicaState),
 }
 
+/// The minimum of in-sync copies writes go on with when a volume sets none: one fewer than
+/// its replicas (2 of 3, 1 of 2), and at least 1.
+pub fn default_min_copies(replicas: usize) -> u32 {
+    replicas.saturating_sub(1).max(1) as u32
+}
+
 /// The rule for changing a replica's recorded state, applied by the metadata owner inside the
 /// same transaction as the change:
 ///
