@@ -9,6 +9,8 @@
 //! | `attach/<name>` | [`AttachRecord`]: who writes the volume now | yes |
 //! | `manager` | [`ManagerRecord`]: who holds the manager role, where its API listens | yes |
 //! | `moves/<name>` | [`MoveRequest`]: the manager asks the volume's writer to move a replica | no |
+//! | `takeouts/<name>` | [`TakeOutRequest`]: a planned restart asks the volume's writer to take a replica out, then back | no |
+//! | `restarts/<node>` | [`RestartOrder`]: the manager asks node `node`'s daemon to restart | no |
 //! | `jobs/<node>` | a drain/remove job of the manager, so its successor resumes it | no |
 //! | `settings/<key>` | cluster settings | no |
 //! | `next-volume-id` | the next volume id (ids are never reused) | no |
@@ -96,6 +98,52 @@ pub enum MoveRequestState {
     /// The new replica is in sync and the old one retired from the write set.
     Done,
     Failed,
+}
+
+/// A planned restart's request to the writer of a volume attached on another host
+/// (`takeouts/<name>`): take the replica on `node` out cleanly before its node restarts, then
+/// bring it back. The manager and the writer take turns on the key; see [`TakeOutState`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TakeOutRequest {
+    pub node: u32,
+    /// The writer it is for: a writer of another epoch leaves it alone.
+    pub epoch: u64,
+    pub state: TakeOutState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// What the resync copied back (state `back`).
+    #[serde(default)]
+    pub resynced_bytes: u64,
+    /// The resync had to compare everything (the replica's history was lost).
+    #[serde(default)]
+    pub full: bool,
+}
+
+/// Where a [`TakeOutRequest`] is. The manager writes `asked` and `return`, the writer the
+/// others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TakeOutState {
+    /// Written by the manager: take the replica out.
+    Asked,
+    /// The replica is out (recorded outdated, the survivors record what it misses); the
+    /// writer does not try to bring it back until `return` (or for a while at most).
+    Out,
+    /// The writer refused (fewer in-sync copies than the volume's minimum would remain).
+    Refused,
+    /// Written by the manager once the node is back: resync it.
+    Return,
+    /// The replica is in sync again.
+    Back,
+}
+
+/// The manager's order to a node daemon to restart itself (`restarts/<node>`): flush, record a
+/// clean shutdown, give its lease back and start again. Only the daemon registered under
+/// `lease` obeys, so the one it starts (a new lease) does not restart again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestartOrder {
+    pub node: u32,
+    pub lease: LeaseId,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -656,6 +704,85 @@ impl ClusterMeta {
 
     pub async fn delete_move_request(&self, name: &str) -> Result<(), MetaError> {
         self.write(vec![], vec![Op::delete(Self::move_request_key(name))])
+            .await?;
+        Ok(())
+    }
+
+    /// The key of `name`'s take-out request (for watches).
+    pub fn takeout_key(name: &str) -> String {
+        key(&format!("takeouts/{name}"))
+    }
+
+    /// Puts a take-out request for `name`: a new one (`rev` 0: only if there is none) or an
+    /// update of the one at revision `rev`. Its new revision, or `None`: it changed meanwhile.
+    pub async fn put_takeout(
+        &self,
+        name: &str,
+        req: &TakeOutRequest,
+        rev: i64,
+    ) -> Result<Option<i64>, MetaError> {
+        let k = Self::takeout_key(name);
+        Ok(self
+            .write(
+                vec![Compare::mod_revision(k.clone(), rev)],
+                vec![Op::put(k, encode(req))],
+            )
+            .await?
+            .map(|r| r.revision))
+    }
+
+    pub async fn takeout(&self, name: &str) -> Result<Option<(TakeOutRequest, i64)>, MetaError> {
+        Ok(self
+            .get::<TakeOutRequest>(&Self::takeout_key(name))
+            .await?
+            .map(|(r, kv)| (r, kv.mod_revision)))
+    }
+
+    pub async fn delete_takeout(&self, name: &str) -> Result<(), MetaError> {
+        self.write(vec![], vec![Op::delete(Self::takeout_key(name))])
+            .await?;
+        Ok(())
+    }
+
+    /// The key of node `id`'s restart order (for watches).
+    pub fn restart_key(id: u32) -> String {
+        key(&format!("restarts/{id}"))
+    }
+
+    pub async fn put_restart_order(&self, order: &RestartOrder) -> Result<(), MetaError> {
+        self.write(
+            vec![],
+            vec![Op::put(Self::restart_key(order.node), encode(order))],
+        )
+        .await?
+        .ok_or_else(|| MetaError::Refused("restart order: conflicting write".into()))?;
+        Ok(())
+    }
+
+    pub async fn restart_order(&self, id: u32) -> Result<Option<RestartOrder>, MetaError> {
+        Ok(self.get(&Self::restart_key(id)).await?.map(|(r, _)| r))
+    }
+
+    pub async fn delete_restart_order(&self, id: u32) -> Result<(), MetaError> {
+        self.write(vec![], vec![Op::delete(Self::restart_key(id))])
+            .await?;
+        Ok(())
+    }
+
+    /// The lease the running daemon of node `id` registered under, if one runs.
+    pub async fn alive_lease(&self, id: u32) -> Result<Option<LeaseId>, MetaError> {
+        Ok(self
+            .store
+            .get(&key(&format!("alive/{id}")))
+            .await?
+            .map(|kv| kv.lease))
+    }
+
+    /// Gives the manager role up: deletes the `manager` key if `lease` still holds it.
+    pub async fn resign(&self, lease: LeaseId) -> Result<(), MetaError> {
+        let k = key("manager");
+        self.store
+            .txn(Txn::when(vec![Compare::lease(k.clone(), lease)]).then(vec![Op::delete(k)]))
             .await?;
         Ok(())
     }

@@ -22,7 +22,8 @@ mod local;
 mod tests;
 
 pub use cluster::{
-    AliveRecord, AttachRecord, ClusterMeta, ManagerRecord, MoveRequest, MoveRequestState, PREFIX,
+    AliveRecord, AttachRecord, ClusterMeta, ManagerRecord, MoveRequest, MoveRequestState,
+    RestartOrder, TakeOutRequest, TakeOutState, PREFIX,
 };
 pub use etcd::{parse_endpoints, EtcdMeta, EtcdTls};
 pub use kv::MetaStore;

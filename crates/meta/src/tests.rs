@@ -542,6 +542,44 @@ async fn cluster_records(s: Arc<dyn MetaStore>) {
     assert_eq!(m.move_request("vol0").await.unwrap(), Some((taken, r2)));
     m.delete_move_request("vol0").await.unwrap();
     assert_eq!(m.move_request("vol0").await.unwrap(), None);
+
+    // Take-out requests (planned restarts) take turns the same way.
+    let ask = crate::TakeOutRequest {
+        node: 2,
+        epoch: 3,
+        state: crate::TakeOutState::Asked,
+        error: None,
+        resynced_bytes: 0,
+        full: false,
+    };
+    let r1 = m.put_takeout("vol0", &ask, 0).await.unwrap().unwrap();
+    assert!(m.put_takeout("vol0", &ask, 0).await.unwrap().is_none());
+    let out = crate::TakeOutRequest {
+        state: crate::TakeOutState::Out,
+        ..ask.clone()
+    };
+    let r2 = m.put_takeout("vol0", &out, r1).await.unwrap().unwrap();
+    assert!(m.put_takeout("vol0", &ask, r1).await.unwrap().is_none());
+    assert_eq!(m.takeout("vol0").await.unwrap(), Some((out, r2)));
+    m.delete_takeout("vol0").await.unwrap();
+    assert_eq!(m.takeout("vol0").await.unwrap(), None);
+
+    // A restart order, and the lease a daemon registered under.
+    assert_eq!(m.alive_lease(7).await.unwrap(), Some(l2));
+    assert_eq!(m.alive_lease(99).await.unwrap(), None);
+    let order = crate::RestartOrder { node: 7, lease: l2 };
+    m.put_restart_order(&order).await.unwrap();
+    assert_eq!(m.restart_order(7).await.unwrap(), Some(order));
+    m.delete_restart_order(7).await.unwrap();
+    assert_eq!(m.restart_order(7).await.unwrap(), None);
+
+    // Resigning gives the manager role up only for the lease that holds it.
+    if let Some((_, kv)) = m.manager().await.unwrap() {
+        m.resign(kv.lease + 1).await.unwrap();
+        assert!(m.manager().await.unwrap().is_some());
+        m.resign(kv.lease).await.unwrap();
+        assert!(m.manager().await.unwrap().is_none());
+    }
     for l in [l2, lb, w1, w2, w4] {
         s.revoke(l).await.unwrap();
     }
