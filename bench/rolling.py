@@ -6,8 +6,12 @@ guest would see), each node's downtime and time back to in sync, and the bytes e
 copied against the bytes written while that node was away.
 
     python3 bench/rolling.py [SECONDS] [SIZE]      (defaults: 40 s of s2d, a 1G volume)
+    sudo python3 bench/rolling.py SECONDS --etcd   (servers on etcd, below)
 
-Needs a release build (cargo build --release).
+With --etcd it runs on `scripts/netns-cluster.sh up 3` instead: three `trireme node run`
+daemons in network namespaces on etcd, every link on TLS, vol0 (1G) attached by a writer in a
+client namespace; each daemon starts itself again in place, the manager's after handing its
+role over. Needs root and a release build (cargo build --release).
 """
 
 import json
@@ -20,21 +24,56 @@ from localcluster import Cluster
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T = os.environ.get("TRIREME_BIN", os.path.join(ROOT, "target/release/trireme"))
-SECS = int(sys.argv[1]) if len(sys.argv) > 1 else 40
-SIZE = sys.argv[2] if len(sys.argv) > 2 else "1G"
+ETCD = "--etcd" in sys.argv
+ARGS = [a for a in sys.argv[1:] if a != "--etcd"]
+SECS = int(ARGS[0]) if ARGS else 40
+SIZE = ARGS[1] if len(ARGS) > 1 and not ETCD else "1G"
+NETNS_DIR = "/tmp/trireme-netns"
+
+
+class NetnsCluster:
+    """scripts/netns-cluster.sh: servers on etcd, each in its own network namespace."""
+
+    def __init__(self):
+        env = dict(os.environ, TRIREME_BIN=T, TRIREME_NETNS_DIR=NETNS_DIR)
+        subprocess.run(["bash", os.path.join(ROOT, "scripts/netns-cluster.sh"), "up", "3"],
+                       check=True, env=env, stdout=subprocess.DEVNULL)
+        self.load = ["ip", "netns", "exec", "trireme-c", T]
+        self.unix = f"nbd+unix:///vol0?socket={NETNS_DIR}/vol0.sock"
+        self.admin = [T, "--etcd", "https://10.77.0.2:2379", "--tls-identity",
+                      f"{NETNS_DIR}/tls-admin"]
+        self.what = ("3 servers on etcd (network namespaces, TLS on every link), file store, "
+                     "1G 3-way volume; UCX not used (TCP)")
+
+    def stop(self):
+        subprocess.run(["bash", os.path.join(ROOT, "scripts/netns-cluster.sh"), "down"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+class UpCluster:
+    def __init__(self):
+        self.c = Cluster("rolling", T, ["--insecure"], size=SIZE, store="file")
+        self.load = [T, "--data-dir", self.c.dir]
+        self.unix = self.c.unix
+        self.admin = [T, "--data-dir", self.c.dir]
+        self.what = (f"3 nodes, file store, {SIZE} 3-way volume; UCX not used "
+                     "(TCP/unix sockets, one host)")
+
+    def stop(self):
+        self.c.stop()
 
 
 def main():
-    c = Cluster("rolling", T, ["--insecure"], size=SIZE, store="file")
+    c = NetnsCluster() if ETCD else UpCluster()
     try:
         load = subprocess.Popen(
-            [T, "--data-dir", c.dir, "--output", "json", "bench", "--profile", "s2d",
-             f"-d{SECS}", "-W0", c.unix],
+            c.load + ["--output", "json", "bench", "--profile", "s2d",
+                      f"-d{SECS}", "-W0", c.unix],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         time.sleep(5)
         t0 = time.monotonic()
-        out = subprocess.run([T, "--data-dir", c.dir, "--output", "json", "maintenance",
-                              "rolling"], capture_output=True, text=True)
+        out = subprocess.run(c.admin + ["--output", "json", "maintenance", "rolling"],
+                             capture_output=True, text=True)
         rolled = time.monotonic() - t0
         if out.returncode != 0:
             raise SystemExit(f"maintenance rolling failed:\n{out.stderr}")
@@ -46,8 +85,8 @@ def main():
         secs = j.get("duration_s") or SECS
         write_rate = j["write"]["bytes"] / secs
         print(f"$ trireme bench --profile s2d -d{SECS} -W0 NBD-export   # while, from 5 s in:")
-        print("$ trireme maintenance rolling")
-        print(f"3 nodes, file store, {SIZE} 3-way volume; UCX not used (TCP/unix sockets, one host)")
+        print("$ trireme maintenance rolling" + (" --etcd ..." if ETCD else ""))
+        print(c.what)
         print()
         print(f"{'node':>4} {'down (s)':>9} {'in sync (s)':>12} {'resynced':>12} "
               f"{'written away':>13} {'ratio':>6}")

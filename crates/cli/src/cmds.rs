@@ -244,8 +244,7 @@ async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
             if matches!(out, Output::Text) {
                 eprintln!("restarting node {id}...");
             }
-            let r: NodeRestartReport = cc
-                .call(&Request::NodeRestart { id: *id })
+            let r = restart_node(cli, &mut cc, *id)
                 .await
                 .map_err(usage_if_remote)?;
             print(out, &r, |r| format!("{}\n", restart_text(r)));
@@ -264,8 +263,7 @@ async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 if matches!(out, Output::Text) {
                     eprintln!("[{}/{}] restarting node {id}...", k + 1, ids.len());
                 }
-                let r: NodeRestartReport = cc
-                    .call(&Request::NodeRestart { id: *id })
+                let r = restart_node(cli, &mut cc, *id)
                     .await
                     .map_err(|e| CliError::Runtime(format!("node {id}: {e}")))?;
                 if matches!(out, Output::Text) {
@@ -678,6 +676,31 @@ fn restart_text(r: &NodeRestartReport) -> String {
         if r.full { ", full compare" } else { "" },
         r.volumes.len()
     )
+}
+
+/// Asks for a planned restart of node `id`. A manager asked to restart its own node hands its
+/// role to another daemon first: the request then goes to the next manager (and `cc` with it).
+async fn restart_node(
+    cli: &Cli,
+    cc: &mut ControlClient,
+    id: u32,
+) -> Result<NodeRestartReport, trireme_control::ControlError> {
+    let t0 = std::time::Instant::now();
+    loop {
+        match cc.call(&Request::NodeRestart { id }).await {
+            Err(trireme_control::ControlError::Elsewhere(why))
+                if t0.elapsed() < std::time::Duration::from_secs(30) =>
+            {
+                tracing::info!("{why}");
+                tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                match control_client(cli).await {
+                    Ok(c) => *cc = c,
+                    Err(e) => tracing::debug!("finding the next manager: {e:?}"),
+                }
+            }
+            r => return r,
+        }
+    }
 }
 
 /// Waits until every replica of every volume is in sync (between two restarts).

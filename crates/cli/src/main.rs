@@ -131,7 +131,7 @@ pub enum Cmd {
     /// Volumes.
     #[command(subcommand)]
     Volume(VolumeCmd),
-    /// Maintenance of the running `trireme up`.
+    /// Maintenance of the cluster (`trireme up`, or on etcd with `--etcd`).
     #[command(subcommand)]
     Maintenance(MaintenanceCmd),
     /// Nodes up or down, volumes and the state of every replica.
@@ -302,10 +302,12 @@ pub enum NodeCmd {
     Stop { id: u32 },
     /// Start a node stopped with `node stop`.
     Start { id: u32 },
-    /// Planned restart of a node of the running `trireme up` (patch Tuesday): its replicas are
-    /// taken out cleanly (no write fails on them), the node stops — flushing — and starts
-    /// again, and the command returns once they are back in sync, resynced incrementally.
-    /// Refused when fewer in-sync copies than a volume's minimum would remain.
+    /// Planned restart of a node (patch Tuesday): its replicas are taken out cleanly by their
+    /// writers (no write fails on them), the node stops — flushing — and starts again, and
+    /// the command returns once they are back in sync, resynced incrementally. In `trireme
+    /// up` the node process restarts; on etcd (`--etcd`) the node's daemon starts its binary
+    /// again in place (an upgraded one, if it was replaced). Refused when fewer in-sync
+    /// copies than a volume's minimum would remain.
     Restart { id: u32 },
     /// Move every replica off a node while volumes stay online (each volume's writer copies
     /// it to another node, then drops the old copy). The node stays, empty, and takes no new

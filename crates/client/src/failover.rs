@@ -34,7 +34,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -135,7 +135,8 @@ pub(crate) async fn start(v: &Arc<Volume>) -> Result<(), VolumeError> {
                 if !matches!(
                     v.set().state(i),
                     ReplicaState::Outdated | ReplicaState::Failed
-                ) {
+                ) || v.is_held(v.node(i))
+                {
                     continue;
                 }
                 match v.resync(i).await {
@@ -288,10 +289,11 @@ impl Volume {
 
     /// Planned take-out of the replica on `node` (its node is about to restart): with writes
     /// paused for a moment, it is recorded outdated and the survivors start their record of
-    /// what it misses, so no write fails on it while it is away; the resync task brings it
-    /// back when it answers again. `Ok(false)`: no in-sync replica there. Refused when fewer
-    /// in-sync copies than the volume's minimum would remain.
-    pub async fn take_out_node(&self, node: u32) -> Result<bool, VolumeError> {
+    /// what it misses, so no write fails on it while it is away. The resync task leaves it
+    /// alone for `hold` (or until [`Volume::release_node`]), so no resync starts on a node
+    /// about to stop, then brings it back when it answers. `Ok(false)`: no in-sync replica
+    /// there. Refused when fewer in-sync copies than the volume's minimum would remain.
+    pub async fn take_out_node(&self, node: u32, hold: Duration) -> Result<bool, VolumeError> {
         self.membership()?;
         let _all = self.write_order.acquire(0, self.info.size).await;
         let Some(i) = self.slot_of(node) else {
@@ -311,9 +313,42 @@ impl Volume {
                 ),
             });
         }
-        self.take_out_with(&[i], None, false).await?;
+        self.held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(node, Instant::now() + hold);
+        if let Err(e) = self.take_out_with(&[i], None, false).await {
+            self.release_node(node);
+            return Err(e);
+        }
         tracing::info!(volume = %self.info.name, node, "replica taken out for a planned restart");
         Ok(true)
+    }
+
+    /// Lets the resync task bring the replica on `node` back (its planned restart is over).
+    pub fn release_node(&self, node: u32) {
+        self.held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&node);
+    }
+
+    fn is_held(&self, node: u32) -> bool {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        match held.get(&node) {
+            Some(&until) if Instant::now() < until => true,
+            Some(_) => {
+                held.remove(&node);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Whether the replica on `node` is in sync in this writer's view.
+    pub fn in_sync_on(&self, node: u32) -> bool {
+        self.slot_of(node)
+            .is_some_and(|i| self.set().state(i) == ReplicaState::InSync)
     }
 
     /// The last finished resync of the replica on `node`, if any.

@@ -271,6 +271,9 @@ pub struct Volume {
     copies_gate: tokio::sync::Mutex<()>,
     /// The last finished resync per node.
     finished: Mutex<std::collections::HashMap<u32, ResyncProgress>>,
+    /// Nodes whose replica was taken out for a planned restart: not resynced before the
+    /// deadline unless released (so a resync does not start just before the node stops).
+    held: Mutex<std::collections::HashMap<u32, std::time::Instant>>,
 }
 
 /// Joins futures without spawning them: the writer's fan-out stays on its own task.
@@ -381,6 +384,7 @@ impl Volume {
             copies: copies::Copies::new(info.min_copies, n),
             copies_gate: tokio::sync::Mutex::new(()),
             finished: Mutex::default(),
+            held: Mutex::default(),
             set: RwLock::new(ReplicaSet::new(states, None)),
             info,
             slots,

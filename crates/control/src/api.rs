@@ -253,6 +253,10 @@ pub enum ControlError {
     Io(#[from] std::io::Error),
     #[error("{0}")]
     Remote(String),
+    /// The manager is handing its role over (to restart its own node): find the next manager
+    /// and ask again.
+    #[error("{0}")]
+    Elsewhere(String),
     #[error("malformed control response: {0}")]
     Malformed(String),
 }
@@ -262,6 +266,8 @@ pub enum ControlError {
 pub(crate) enum Reply {
     Ok(serde_json::Value),
     Error(String),
+    /// This manager hands its role to another daemon: ask the next one again.
+    Elsewhere(String),
 }
 
 /// A byte stream the control API runs over (a unix socket on one host, TCP to the manager of
@@ -340,6 +346,7 @@ impl ControlClient {
                 serde_json::from_value(v).map_err(|e| ControlError::Malformed(e.to_string()))
             }
             Reply::Error(e) => Err(ControlError::Remote(e)),
+            Reply::Elsewhere(e) => Err(ControlError::Elsewhere(e)),
         }
     }
 }

@@ -13,6 +13,7 @@ mod api;
 mod manager;
 mod membership;
 mod moves;
+mod restart;
 
 pub use api::{
     ControlClient, ControlError, ControlStream, LinkStatus, NodeRestartReport, NodeStatus,
@@ -23,6 +24,7 @@ pub use manager::{
 };
 pub use membership::ControlMembership;
 pub use moves::{copy_then_retire, MoveState, MoveStatus};
+pub use restart::HOLD as RESTART_HOLD;
 
 /// This host's name, for the records that say who holds what.
 pub fn hostname() -> String {

@@ -24,11 +24,11 @@ const MAX_VOLUME: u64 = 1 << 50;
 /// The cluster manager. Cheap to share (`Arc`); every method is safe to call concurrently.
 #[derive(Debug)]
 pub struct Manager {
-    meta: ClusterMeta,
+    pub(crate) meta: ClusterMeta,
     /// Serialises volume creation and deletion (placement reads then writes the metadata).
     volume_lock: tokio::sync::Mutex<()>,
     /// Volume clients running in this process (the `up` NBD export), shown by `status`.
-    clients: std::sync::Mutex<Vec<Arc<trireme_client::Volume>>>,
+    pub(crate) clients: std::sync::Mutex<Vec<Arc<trireme_client::Volume>>>,
     /// When each node last answered a heartbeat.
     last_seen: std::sync::Mutex<std::collections::HashMap<u32, Instant>>,
     /// One link per node address, kept for the heartbeats and node operations (a new TCP and
@@ -41,6 +41,10 @@ pub struct Manager {
     /// Node daemons register a lease-bound key while they run (a cluster on etcd): a node
     /// without one is down at once, without waiting for pings to time out.
     leases: std::sync::atomic::AtomicBool,
+    /// The node daemon this manager runs in (0: none, e.g. `trireme up`), and how it is asked
+    /// to hand the role over (a planned restart of its own node).
+    own_node: std::sync::atomic::AtomicU32,
+    pub(crate) resign: tokio::sync::Notify,
 }
 
 /// A planned node operation for the process supervisor, with where to send its outcome.
@@ -67,12 +71,45 @@ impl Manager {
             supervisor: std::sync::Mutex::default(),
             moves: std::sync::Mutex::default(),
             leases: std::sync::atomic::AtomicBool::new(false),
+            own_node: std::sync::atomic::AtomicU32::new(0),
+            resign: tokio::sync::Notify::new(),
         }
     }
 
     /// Takes node liveness from the daemons' lease-bound keys (see the field's doc).
     pub fn set_liveness_from_leases(&self, on: bool) {
         self.leases.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Names the node daemon this manager runs in (see [`Manager::resigned`]).
+    pub fn set_own_node(&self, id: u32) {
+        self.own_node
+            .store(id, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub(crate) fn own_node(&self) -> u32 {
+        self.own_node.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Completes when this manager was asked to hand its role to another daemon (its own node
+    /// is to restart): the role's holder then gives it up.
+    pub async fn resigned(&self) {
+        self.resign.notified().await
+    }
+
+    /// A planned restart of the node this manager runs in is run by the next manager: this
+    /// one hands the role over (see [`Manager::resigned`]).
+    fn hands_over_for(&self, req: &Request) -> bool {
+        let own = self.own_node();
+        let yes = own != 0 && matches!(req, Request::NodeRestart { id } if *id == own);
+        if yes {
+            tracing::info!(
+                node = own,
+                "planned restart of this manager's node: handing the role over"
+            );
+            self.resign.notify_one();
+        }
+        yes
     }
 
     /// Whether node liveness comes from leases (a cluster on etcd).
@@ -106,7 +143,7 @@ impl Manager {
         self.node_control(false, id).await
     }
 
-    async fn node_control(&self, start: bool, id: u32) -> Result<String> {
+    pub(crate) async fn node_control(&self, start: bool, id: u32) -> Result<String> {
         if start && self.node(id).await?.state == NodeState::Removed {
             return Err(format!("node {id} was removed from the cluster"));
         }
@@ -128,66 +165,7 @@ impl Manager {
         rx.await.map_err(|_| "the supervisor stopped".to_string())?
     }
 
-    /// A planned restart of node `id` (see [`Request::NodeRestart`]). Only where this process
-    /// supervises the nodes (`trireme up`).
-    pub async fn restart_node(&self, id: u32) -> Result<crate::api::NodeRestartReport> {
-        let t0 = Instant::now();
-        let writers: Vec<Arc<trireme_client::Volume>> = self
-            .clients
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        let mut out = Vec::new();
-        for w in writers {
-            if w.take_out_node(id).await.map_err(|e| e.to_string())? {
-                out.push(w);
-            }
-        }
-        let names: Vec<String> = out.iter().map(|w| w.info().name.clone()).collect();
-        tracing::info!(node = id, volumes = ?names, "planned restart: replicas taken out, stopping");
-        self.node_control(false, id).await?;
-        while self.node_running(id).await? {
-            if t0.elapsed() > RESTART_LIMIT {
-                return Err(format!("node {id} did not exit after SIGTERM"));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        self.node_control(true, id).await?;
-        let down = t0.elapsed();
-        let in_sync = |w: &trireme_client::Volume| {
-            w.replica_views()
-                .iter()
-                .any(|r| r.node == id && r.state == trireme_replication::ReplicaState::InSync)
-        };
-        while !out.iter().all(|w| in_sync(w)) {
-            if t0.elapsed() > RESTART_LIMIT {
-                return Err(format!(
-                    "node {id} restarted, but its replicas were not back in sync within {RESTART_LIMIT:?}"
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        let resyncs: Vec<_> = out.iter().filter_map(|w| w.last_resync(id)).collect();
-        let report = crate::api::NodeRestartReport {
-            node: id,
-            volumes: names,
-            down_ms: down.as_millis() as u64,
-            total_ms: t0.elapsed().as_millis() as u64,
-            resynced_bytes: resyncs.iter().map(|r| r.copied_bytes).sum(),
-            full: resyncs.iter().any(|r| r.full),
-        };
-        tracing::info!(
-            node = id,
-            down_ms = report.down_ms,
-            total_ms = report.total_ms,
-            resynced_bytes = report.resynced_bytes,
-            full = report.full,
-            "planned restart done; replicas in sync"
-        );
-        Ok(report)
-    }
-
-    async fn node_running(&self, id: u32) -> Result<bool> {
+    pub(crate) async fn node_running(&self, id: u32) -> Result<bool> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let sent = self
             .supervisor
@@ -842,9 +820,6 @@ impl Manager {
 }
 
 /// Where a volume's replicas are, for a writer (`reconcile` false: the caller decides).
-/// Longest a planned node restart waits for its replicas to be back in sync.
-const RESTART_LIMIT: Duration = Duration::from_secs(3600);
-
 pub async fn attach_info(meta: &ClusterMeta, v: &VolumeRecord) -> Result<AttachInfo> {
     let nodes = meta.nodes().await.map_err(|e| e.to_string())?;
     let mut replicas = Vec::new();
@@ -979,6 +954,10 @@ pub async fn serve_conn<S: crate::api::ControlStream>(sock: S, m: Arc<Manager>, 
             match serde_json::from_slice::<Request>(&buf) {
                 Ok(req) => match authorize(&peer, &req) {
                     Err(e) => Reply::Error(e),
+                    Ok(()) if m.hands_over_for(&req) => Reply::Elsewhere(format!(
+                        "node {} holds the manager role: it hands the role to another daemon, which runs the restart",
+                        m.own_node()
+                    )),
                     Ok(()) => match m.handle(req).await {
                         Ok(v) => Reply::Ok(v),
                         Err(e) => Reply::Error(e),

@@ -19,7 +19,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use trireme_client::{AttachInfo, BoxFut, Membership, Volume, VolumeOptions};
-use trireme_meta::{AttachRecord, ClusterMeta, MetaError, MoveRequest, MoveRequestState};
+use trireme_meta::{
+    AttachRecord, ClusterMeta, MetaError, MoveRequest, MoveRequestState, TakeOutRequest,
+    TakeOutState,
+};
 use trireme_replication::ReplicaState;
 
 use crate::DaemonError;
@@ -243,7 +246,17 @@ pub async fn attach(
         }
     };
     tracing::info!(volume = %cfg.volume, epoch = v.epoch, "attached");
-    let mover = tokio::spawn(serve_moves(meta.clone(), volume.clone()));
+    let mover = {
+        let (meta, volume) = (meta.clone(), volume.clone());
+        // The manager's requests: moves of a replica, and take-outs for planned restarts.
+        tokio::spawn(async move {
+            tokio::join!(
+                serve_moves(meta.clone(), volume.clone()),
+                serve_takeouts(meta.clone(), volume.clone()),
+                follow_layout(meta, volume)
+            );
+        })
+    };
     Ok(Attached {
         volume,
         meta,
@@ -327,16 +340,8 @@ pub async fn serve_moves(meta: ClusterMeta, volume: Arc<Volume>) {
     let epoch = volume.info().epoch;
     let key = ClusterMeta::move_request_key(&name);
     loop {
-        // The request as it is now, and the revision to watch from.
-        let now = match meta.store().range(&key).await {
-            Ok((kvs, rev)) => (kvs.into_iter().find(|kv| kv.key == key), rev),
-            Err(e) => {
-                tracing::debug!("reading move requests: {e}");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
-            }
-        };
-        if let Some(kv) = &now.0 {
+        let (now, rev) = crate::keys::read(&meta, &key).await;
+        if let Some(kv) = &now {
             match serde_json::from_slice::<MoveRequest>(&kv.value) {
                 Ok(req) if req.epoch == epoch && req.state == MoveRequestState::Asked => {
                     carry_out(&meta, &volume, req, kv.mod_revision).await;
@@ -346,18 +351,136 @@ pub async fn serve_moves(meta: ClusterMeta, volume: Arc<Volume>) {
                 Err(e) => tracing::warn!("ignoring a move request that does not decode: {e}"),
             }
         }
-        let Ok(mut w) = meta.store().watch(&key, now.1 + 1).await else {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            continue;
+        // Any change of the key (a delete too): read it again.
+        crate::keys::changed(&meta, &key, rev).await;
+    }
+}
+
+/// Keeps the writer's settings from the volume's layout current (`volume set --min-copies`
+/// made through the manager), with a watch on its key.
+async fn follow_layout(meta: ClusterMeta, volume: Arc<Volume>) {
+    let name = volume.info().name.clone();
+    let key = format!("{}{name}", ClusterMeta::layouts_prefix());
+    loop {
+        let (_, rev) = crate::keys::read(&meta, &key).await;
+        match meta.volume(&name).await {
+            Ok(v) if v.min_copies > 0 => volume.set_min_copies(v.min_copies),
+            Ok(_) => {}
+            Err(e) => tracing::debug!(volume = %name, "reading the layout: {e}"),
+        }
+        crate::keys::changed(&meta, &key, rev).await;
+    }
+}
+
+/// Carries out the manager's take-out requests for `volume` (a planned restart of a node,
+/// see [`TakeOutRequest`]): on `asked`, takes the replica on that node out and answers `out`
+/// (or `refused`, below the volume's minimum of copies); on `return`, lets the resync bring it
+/// back and answers `back` with what it copied. A request deleted meanwhile (the restart was
+/// given up) releases the replica too.
+pub async fn serve_takeouts(meta: ClusterMeta, volume: Arc<Volume>) {
+    let name = volume.info().name.clone();
+    let epoch = volume.info().epoch;
+    let key = ClusterMeta::takeout_key(&name);
+    let mut held: Option<u32> = None;
+    loop {
+        let (now, rev) = crate::keys::read(&meta, &key).await;
+        let req = match now
+            .as_ref()
+            .map(|kv| serde_json::from_slice::<TakeOutRequest>(&kv.value))
+        {
+            Some(Ok(r)) if r.epoch == epoch => {
+                Some((r, now.as_ref().map_or(0, |kv| kv.mod_revision)))
+            }
+            Some(Err(e)) => {
+                tracing::warn!("ignoring a take-out request that does not decode: {e}");
+                None
+            }
+            _ => None,
         };
-        // Any change of the key: read it again (a broken watch too).
-        loop {
-            match w.recv().await {
-                Some(ev) if ev.kv.key != key || ev.deleted => continue,
-                _ => break,
+        match req {
+            Some((mut r, at)) if r.state == TakeOutState::Asked => {
+                // The minimum of copies as it is now (the layout follower may not have seen a
+                // change made just before).
+                if let Ok(v) = meta.volume(&name).await {
+                    if v.min_copies > 0 {
+                        volume.set_min_copies(v.min_copies);
+                    }
+                }
+                match volume
+                    .take_out_node(r.node, trireme_control::RESTART_HOLD)
+                    .await
+                {
+                    Ok(_) => {
+                        held = Some(r.node);
+                        r.state = TakeOutState::Out;
+                    }
+                    Err(e) => {
+                        r.state = TakeOutState::Refused;
+                        r.error = Some(e.to_string());
+                        tracing::warn!(volume = %name, node = r.node, "planned restart refused: {e}");
+                    }
+                }
+                answer(&meta, &name, &r, at).await;
+                continue;
+            }
+            Some((mut r, at)) if r.state == TakeOutState::Return => {
+                volume.release_node(r.node);
+                held = None;
+                if wait_back(&meta, &volume, r.node, &key, at).await {
+                    if let Some(p) = volume.last_resync(r.node) {
+                        r.resynced_bytes = p.copied_bytes;
+                        r.full = p.full;
+                    }
+                    r.state = TakeOutState::Back;
+                    answer(&meta, &name, &r, at).await;
+                }
+                continue;
+            }
+            Some(_) => {}
+            None => {
+                if let Some(n) = held.take() {
+                    volume.release_node(n);
+                }
+            }
+        }
+        crate::keys::changed(&meta, &key, rev).await;
+    }
+}
+
+/// Writes the writer's answer to a take-out request read at revision `at`.
+async fn answer(meta: &ClusterMeta, name: &str, r: &TakeOutRequest, at: i64) {
+    match until_reachable("answering a take-out request", || {
+        meta.put_takeout(name, r, at)
+    })
+    .await
+    {
+        Ok(Some(_)) => {}
+        Ok(None) => {
+            tracing::warn!(volume = %name, "the take-out request changed before it was answered")
+        }
+        Err(e) => tracing::warn!(volume = %name, "answering a take-out request: {e}"),
+    }
+}
+
+/// Waits until the replica on `node` is in sync again; `false` if the request (at revision
+/// `at`) changed or went meanwhile (the manager gave up waiting).
+async fn wait_back(meta: &ClusterMeta, volume: &Volume, node: u32, key: &str, at: i64) -> bool {
+    let mut checked = std::time::Instant::now();
+    while !volume.in_sync_on(node) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if checked.elapsed() > Duration::from_secs(1) {
+            checked = std::time::Instant::now();
+            if crate::keys::read(meta, key)
+                .await
+                .0
+                .map(|kv| kv.mod_revision)
+                != Some(at)
+            {
+                return false;
             }
         }
     }
+    true
 }
 
 async fn carry_out(meta: &ClusterMeta, volume: &Volume, mut req: MoveRequest, mut rev: i64) {

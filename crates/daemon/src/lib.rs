@@ -24,6 +24,7 @@
 pub mod access;
 pub mod attach;
 pub mod export;
+mod keys;
 pub mod lease;
 pub mod local;
 pub mod manager_role;

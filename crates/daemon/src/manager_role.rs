@@ -77,6 +77,7 @@ pub async fn campaign(
                 tracing::info!(node = rec.node, control = %rec.control, "took the manager role");
                 let m = Arc::new(Manager::new(meta.fenced(l)));
                 m.set_liveness_from_leases(true);
+                m.set_own_node(rec.node);
                 m.start_heartbeats(opts.heartbeat_every, opts.down_after);
                 if let Some(after) = opts.down_out {
                     m.start_down_out(after, opts.rate);
@@ -84,10 +85,18 @@ pub async fn campaign(
                 if let Err(e) = m.resume_jobs().await {
                     tracing::warn!("reading the jobs of the previous manager: {e}");
                 }
-                let _ = current.send(Some(m));
-                hold(&meta, &mut lease, l).await;
+                let _ = current.send(Some(m.clone()));
+                let resigned = tokio::select! {
+                    _ = hold(&meta, &mut lease, l) => false,
+                    _ = m.resigned() => true,
+                };
                 let _ = current.send(None);
-                tracing::warn!(node = rec.node, "gave up the manager role");
+                drop(m);
+                if resigned {
+                    hand_over(&meta, l).await;
+                } else {
+                    tracing::warn!(node = rec.node, "gave up the manager role");
+                }
             }
             Ok(false) => wait_for_vacancy(&meta, &mut lease).await,
             Err(e) => {
@@ -97,6 +106,28 @@ pub async fn campaign(
         }
     }
 }
+
+/// Gives the role up for another daemon to take (this one's node is about to restart) and
+/// sits out until one has, or for [`HAND_OVER_WAIT`] (no other daemon runs: take it back).
+async fn hand_over(meta: &ClusterMeta, l: LeaseId) {
+    if let Err(e) = meta.resign(l).await {
+        tracing::warn!("handing the manager role over: {e}");
+        return;
+    }
+    tracing::info!("handed the manager role over");
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < HAND_OVER_WAIT {
+        if let Ok(Some((_, kv))) = meta.manager().await {
+            if kv.lease != l {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// How long a manager that handed its role over leaves it to the others.
+const HAND_OVER_WAIT: Duration = Duration::from_secs(5);
 
 /// Returns when the role is no longer ours: the lease is lost, or the key is gone or changed.
 async fn hold(meta: &ClusterMeta, lease: &mut watch::Receiver<Option<LeaseId>>, l: LeaseId) {

@@ -215,6 +215,9 @@ pub async fn run_member(
             cfg.listen
         )));
     }
+    // Where this binary was started from, to start again on a planned restart (a binary
+    // upgraded in place since is the one started).
+    let exe = std::env::current_exe()?;
     let _lock = lock_dir(&cfg.dir)?;
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
@@ -294,7 +297,9 @@ pub async fn run_member(
         member.manager.clone(),
     ));
 
+    let restart = follow_restart_orders(meta.clone(), cfg.id, lease_rx.clone());
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut restarting = false;
     let outcome = tokio::select! {
         r = serve => r.map_err(|e| DaemonError::Runtime(format!("node {}: serving {addr}: {e}", cfg.id))),
         r = keeper => Err(match r {
@@ -303,6 +308,11 @@ pub async fn run_member(
         }),
         _ = term.recv() => Ok(()),
         _ = tokio::signal::ctrl_c() => Ok(()),
+        _ = restart => {
+            tracing::info!(node = cfg.id, "planned restart: stopping, then starting again");
+            restarting = true;
+            Ok(())
+        }
     };
     role.abort();
     access.abort();
@@ -315,7 +325,47 @@ pub async fn run_member(
     let n = node.clone();
     let _ = tokio::task::spawn_blocking(move || n.close_all()).await;
     tracing::info!(node = cfg.id, "node stopped");
+    if restarting {
+        drop(_lock);
+        return Err(start_again(&exe));
+    }
     outcome
+}
+
+/// Returns when the manager orders this daemon (the one registered under the lease `lease`
+/// holds now) to restart: see [`trireme_meta::RestartOrder`].
+async fn follow_restart_orders(
+    meta: ClusterMeta,
+    id: u32,
+    lease: tokio::sync::watch::Receiver<Option<trireme_meta::kv::LeaseId>>,
+) {
+    let key = ClusterMeta::restart_key(id);
+    loop {
+        let (now, rev) = crate::keys::read(&meta, &key).await;
+        if let Some(kv) = now {
+            match serde_json::from_slice::<trireme_meta::RestartOrder>(&kv.value) {
+                Ok(o) if Some(o.lease) == *lease.borrow() => return,
+                Ok(_) => {}
+                Err(e) => tracing::warn!("ignoring a restart order that does not decode: {e}"),
+            }
+        }
+        crate::keys::changed(&meta, &key, rev).await;
+    }
+}
+
+/// Replaces this process with a new run of the same command (same pid, arguments and
+/// environment; sockets and locks close on exec). Returns only if that fails.
+fn start_again(exe: &std::path::Path) -> DaemonError {
+    use std::io::Write;
+    use std::os::unix::process::CommandExt;
+    let _ = std::io::stdout().flush();
+    let e = std::process::Command::new(exe)
+        .args(std::env::args_os().skip(1))
+        .exec();
+    DaemonError::Runtime(format!(
+        "planned restart: cannot start {} again: {e}",
+        exe.display()
+    ))
 }
 
 /// Registers the daemon under a new lease (retrying while the store is unreachable), keeping
