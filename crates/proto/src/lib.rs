@@ -154,6 +154,21 @@ impl Header {
         out
     }
 
+    /// Like [`Header::encode`] for a link that authenticates every byte itself (a TLS record's
+    /// AES-GCM tag covers the payload from the sender's buffer to the receiver's): the payload
+    /// checksum is left 0 and not computed, as Ceph's msgr2 secure mode leaves out its CRCs.
+    /// The header keeps its own checksum.
+    pub fn encode_unchecked_payload(&self, payload_len: usize) -> [u8; HEADER_LEN] {
+        assert!(
+            payload_len <= MAX_PAYLOAD as usize,
+            "payload of {payload_len} bytes exceeds MAX_PAYLOAD"
+        );
+        let mut h = *self;
+        h.payload_len = payload_len as u32;
+        h.payload_crc = 0;
+        h.encode_raw()
+    }
+
     fn encode_raw(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
         b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
@@ -228,13 +243,20 @@ pub fn decode_header(b: &[u8]) -> Result<Header, DecodeError> {
 
 /// Checks a received payload against its header (length and checksum).
 pub fn check_payload(h: &Header, payload: &[u8]) -> Result<(), DecodeError> {
+    check_payload_len(h, payload)?;
+    if crc32c::crc32c(payload) != h.payload_crc {
+        return Err(DecodeError::PayloadChecksum);
+    }
+    Ok(())
+}
+
+/// Checks a received payload's length against its header only: for links that authenticate
+/// the bytes themselves (see [`Header::encode_unchecked_payload`]).
+pub fn check_payload_len(h: &Header, payload: &[u8]) -> Result<(), DecodeError> {
     if payload.len() != h.payload_len as usize {
         return Err(DecodeError::MalformedPayload {
             what: "payload length differs from header",
         });
-    }
-    if crc32c::crc32c(payload) != h.payload_crc {
-        return Err(DecodeError::PayloadChecksum);
     }
     Ok(())
 }

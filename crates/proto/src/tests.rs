@@ -85,3 +85,16 @@ fn wrong_version_and_magic_are_named() {
         Err(DecodeError::ShortHeader { got: 10 })
     );
 }
+
+#[test]
+fn a_header_for_a_sealed_link_carries_no_payload_checksum() {
+    let payload = b"bytes a TLS record authenticates";
+    let bytes = Header::request(Op::Write, 1).encode_unchecked_payload(payload.len());
+    let h = decode_header(&bytes).unwrap();
+    assert_eq!(h.payload_len as usize, payload.len());
+    assert_eq!(h.payload_crc, 0);
+    assert_eq!(check_payload_len(&h, payload), Ok(()));
+    assert!(check_payload_len(&h, &payload[1..]).is_err());
+    // A plain link's check still wants the checksum.
+    assert_eq!(check_payload(&h, payload), Err(DecodeError::PayloadChecksum));
+}

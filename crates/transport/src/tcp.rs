@@ -7,14 +7,17 @@
 //! TCP streams are mutual TLS once the process has its identity ([`set_tls`]): a client checks
 //! the node's certificate against the cluster's CA and the address it dialed, and presents its
 //! own; a node accepts only peers whose certificate its CA issued, before it decodes a single
-//! frame. Unix sockets stay plain (same host; the socket's mode guards them).
+//! frame. rustls does the handshake; the records are sealed and opened by `records.rs`. Unix
+//! sockets stay plain (same host; the socket's mode guards them).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{
+    AsyncBufRead, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter,
+};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use trireme_proto::{check_payload, decode_header, Header, HEADER_LEN};
@@ -31,10 +34,35 @@ pub struct TlsSetup {
 }
 
 static TLS: std::sync::OnceLock<TlsSetup> = std::sync::OnceLock::new();
+/// The data path's variant of [`TLS`]: rustls hands the traffic secrets over after the
+/// handshake (the transport seals records itself: `records.rs`), and servers send no session
+/// tickets (links never resume; a ticket would be one more message to carry).
+static DATA_TLS: std::sync::OnceLock<TlsSetup> = std::sync::OnceLock::new();
 
 /// Sets this process's TLS for TCP links (once; later calls are ignored and return false).
 pub fn set_tls(t: TlsSetup) -> bool {
-    TLS.set(t).is_ok()
+    let data = TlsSetup {
+        client: t.client.as_ref().map(|c| {
+            let mut c = (**c).clone();
+            c.enable_secret_extraction = true;
+            Arc::new(c)
+        }),
+        server: t.server.as_ref().map(|c| {
+            let mut c = (**c).clone();
+            c.enable_secret_extraction = true;
+            c.send_tls13_tickets = 0;
+            Arc::new(c)
+        }),
+    };
+    if TLS.set(t).is_err() {
+        return false;
+    }
+    let _ = DATA_TLS.set(data);
+    true
+}
+
+fn data_tls() -> Option<&'static TlsSetup> {
+    DATA_TLS.get()
 }
 
 fn tls() -> Option<&'static TlsSetup> {
@@ -127,11 +155,17 @@ impl TcpConnection {
         for _ in 0..streams.max(1) {
             if let Some(path) = addr.strip_prefix("unix:") {
                 let (rd, wr) = UnixStream::connect(path).await.map_err(err)?.into_split();
-                out.push(Stream::start(rd, wr, addr.to_string(), gone.clone()));
+                out.push(Stream::start(
+                    BufReader::with_capacity(READ_BUFFER, rd),
+                    wr,
+                    WRITE_BUFFER,
+                    addr.to_string(),
+                    gone.clone(),
+                ));
             } else {
                 let sock = TcpStream::connect(addr).await.map_err(err)?;
                 let _ = sock.set_nodelay(true);
-                match tls().and_then(|t| t.client.clone()) {
+                match data_tls().and_then(|t| t.client.clone()) {
                     Some(cfg) => {
                         let tls_err = |what: String| TransportError::Connect {
                             addr: addr.to_string(),
@@ -143,19 +177,25 @@ impl TcpConnection {
                             .map_err(|e| tls_err(format!("{host:?} as a TLS name: {e}")))?;
                         // Bounded: a node that accepted but is frozen (SIGSTOP) would
                         // otherwise hold an attach or a resync here for as long as it sleeps.
-                        let s = tokio::time::timeout(
+                        let (rd, wr) = tokio::time::timeout(
                             TLS_HANDSHAKE,
-                            tokio_rustls::TlsConnector::from(cfg).connect(name, under_tls(sock)),
+                            crate::records::connect(sock, cfg, name),
                         )
                         .await
                         .map_err(|_| tls_err(format!("no TLS handshake within {TLS_HANDSHAKE:?}")))?
                         .map_err(|e| tls_err(format!("TLS: {e}")))?;
-                        let (rd, wr) = tokio::io::split(s);
-                        out.push(Stream::start(rd, wr, addr.to_string(), gone.clone()));
+                        // The TLS writer is the write buffer itself.
+                        out.push(Stream::start(rd, wr, 0, addr.to_string(), gone.clone()));
                     }
                     None => {
                         let (rd, wr) = sock.into_split();
-                        out.push(Stream::start(rd, wr, addr.to_string(), gone.clone()));
+                        out.push(Stream::start(
+                            BufReader::with_capacity(READ_BUFFER, rd),
+                            wr,
+                            WRITE_BUFFER,
+                            addr.to_string(),
+                            gone.clone(),
+                        ));
                     }
                 }
             }
@@ -184,17 +224,25 @@ impl TcpConnection {
 }
 
 impl Stream {
-    fn start<R, W>(rd: R, wr: W, peer: String, gone: Arc<tokio::sync::Notify>) -> Stream
+    /// Starts the stream's writer and reader tasks; the writer buffers `write_buffer` bytes
+    /// (0: `wr` buffers itself).
+    fn start<R, W>(
+        rd: R,
+        wr: W,
+        write_buffer: usize,
+        peer: String,
+        gone: Arc<tokio::sync::Notify>,
+    ) -> Stream
     where
-        R: AsyncRead + Unpin + Send + 'static,
-        W: AsyncWrite + Unpin + Send + 'static,
+        R: FrameSource + 'static,
+        W: FrameSink + 'static,
     {
         let (tx, rx) = mpsc::unbounded_channel();
         let pending: Pending = Arc::default();
         let closed = Arc::new(AtomicBool::new(false));
         let (p, c, pr, g) = (pending.clone(), closed.clone(), peer.clone(), gone.clone());
         tokio::spawn(async move {
-            let reason = match write_frames(wr, rx).await {
+            let reason = match write_frames(BufWriter::with_capacity(write_buffer, wr), rx).await {
                 Ok(()) => "connection dropped".to_string(),
                 Err(e) => format!("write: {e}"),
             };
@@ -203,7 +251,7 @@ impl Stream {
         });
         let (p, c) = (pending.clone(), closed.clone());
         tokio::spawn(async move {
-            let reason = read_responses(BufReader::with_capacity(READ_BUFFER, rd), &p, &peer).await;
+            let reason = read_responses(rd, &p, &peer).await;
             fail_all(&p, &c, &peer, reason);
             gone.notify_waiters();
         });
@@ -247,16 +295,15 @@ const SPIN_MAX_IN_FLIGHT: usize = 2;
 /// sleeping process pays a full wake-up (an IPI on a VM) for every response. Never spins when
 /// more than [`SPIN_MAX_IN_FLIGHT`] requests are in flight or another reader is spinning, so it
 /// costs nothing under load.
-async fn spin_for_data<R: AsyncRead + Unpin>(rd: &mut BufReader<R>, pending: &Pending) {
-    use tokio::io::AsyncBufRead;
+async fn spin_for_data<R: FrameSource>(rd: &mut R, pending: &Pending) {
     let waiting = !pending
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .waiters
         .is_empty();
-    if !rd.buffer().is_empty()
-        || !waiting
+    if !waiting
         || IN_FLIGHT.load(Ordering::Relaxed) > SPIN_MAX_IN_FLIGHT
+        || rd.ready_len() > 0
         || SPINNING.swap(true, Ordering::Acquire)
     {
         return;
@@ -276,14 +323,10 @@ async fn spin_for_data<R: AsyncRead + Unpin>(rd: &mut BufReader<R>, pending: &Pe
     SPINNING.store(false, Ordering::Release);
 }
 
-async fn read_responses<R: AsyncRead + Unpin>(
-    mut rd: BufReader<R>,
-    pending: &Pending,
-    peer: &str,
-) -> String {
+async fn read_responses<R: FrameSource>(mut rd: R, pending: &Pending, peer: &str) -> String {
     loop {
         spin_for_data(&mut rd, pending).await;
-        let frame = match read_frame(&mut rd).await {
+        let frame = match read_frame_within(&mut rd, None).await {
             Ok(Some(f)) => f,
             Ok(None) => return "peer closed the connection".into(),
             Err(e) => return e.to_string(),
@@ -306,14 +349,12 @@ async fn read_responses<R: AsyncRead + Unpin>(
     }
 }
 
-/// Reads one frame. `Ok(None)` on a clean end of stream between frames.
-pub async fn read_frame<R: AsyncRead + Unpin>(rd: &mut R) -> Result<Option<Frame>, ReadError> {
-    read_frame_within(rd, None).await
-}
-
 /// Like [`read_frame`]; once a header has arrived, its payload must follow within `deadline`
 /// (a peer that announces a payload and stalls is dropped, not waited for).
-pub async fn read_frame_within<R: AsyncRead + Unpin>(
+/// Reads one frame. `Ok(None)` on a clean end of stream between frames. Once a header has
+/// arrived, its payload must follow within `deadline` (a peer that announces a payload and
+/// stalls is dropped, not waited for).
+async fn read_frame_within<R: FrameSource>(
     rd: &mut R,
     deadline: Option<std::time::Duration>,
 ) -> Result<Option<Frame>, ReadError> {
@@ -332,7 +373,12 @@ pub async fn read_frame_within<R: AsyncRead + Unpin>(
             .await
             .map_err(|_| ReadError::Stalled { len, within: d })??,
     };
-    check_payload(&header, &payload).map_err(ReadError::Decode)?;
+    if R::SEALED {
+        trireme_proto::check_payload_len(&header, &payload)
+    } else {
+        check_payload(&header, &payload)
+    }
+    .map_err(ReadError::Decode)?;
     Ok(Some(Frame::new(header, payload.freeze())))
 }
 
@@ -373,11 +419,10 @@ pub enum ReadError {
     },
 }
 
-async fn write_frames<W: AsyncWrite + Unpin>(
-    wr: W,
+async fn write_frames<W: FrameSink>(
+    mut w: BufWriter<W>,
     mut rx: mpsc::UnboundedReceiver<(Header, Bytes)>,
 ) -> std::io::Result<()> {
-    let mut w = BufWriter::with_capacity(WRITE_BUFFER, wr);
     while let Some((h, payload)) = rx.recv().await {
         write_one(&mut w, &h, &payload).await?;
         // Batch whatever else is already queued into the same flush.
@@ -398,12 +443,17 @@ async fn write_frames<W: AsyncWrite + Unpin>(
     Ok(())
 }
 
-async fn write_one<W: AsyncWrite + Unpin>(
+async fn write_one<W: FrameSink>(
     w: &mut BufWriter<W>,
     h: &Header,
     payload: &[u8],
 ) -> std::io::Result<()> {
-    w.write_all(&h.encode(payload)).await?;
+    let header = if W::SEALED {
+        h.encode_unchecked_payload(payload.len())
+    } else {
+        h.encode(payload)
+    };
+    w.write_all(&header).await?;
     w.write_all(payload).await
 }
 
@@ -478,9 +528,7 @@ impl Connection for TcpConnection {
 /// At most [`MAX_CONNECTIONS`] sockets are served at once (TCP and same-host together); one
 /// over that is closed at once, with a log line.
 pub async fn serve<H: Handler>(listener: TcpListener, handler: Arc<H>) -> std::io::Result<()> {
-    let acceptor = tls()
-        .and_then(|t| t.server.clone())
-        .map(tokio_rustls::TlsAcceptor::from);
+    let tls = data_tls().and_then(|t| t.server.clone());
     loop {
         let (sock, peer) = listener.accept().await?;
         let Some(slot) = connection_slot(&peer.to_string()) else {
@@ -488,24 +536,31 @@ pub async fn serve<H: Handler>(listener: TcpListener, handler: Arc<H>) -> std::i
         };
         let _ = sock.set_nodelay(true);
         let h = handler.clone();
-        let acceptor = acceptor.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let r = match acceptor {
+            let r = match tls {
                 None => {
                     let (rd, wr) = sock.into_split();
-                    serve_stream(rd, wr, h, crate::Peer::Trusted).await
+                    let rd = BufReader::with_capacity(READ_BUFFER, rd);
+                    serve_stream(rd, wr, WRITE_BUFFER, h, crate::Peer::Trusted).await
                 }
-                Some(a) => {
-                    let (s, role) = match accept_tls(&a, under_tls(sock)).await {
-                        Ok(r) => r,
-                        Err(why) => {
-                            tracing::warn!(%peer, "refused a connection: {why}");
+                Some(cfg) => {
+                    let accepted =
+                        tokio::time::timeout(TLS_HANDSHAKE, crate::records::accept(sock, cfg))
+                            .await;
+                    let (rd, wr, role) = match accepted {
+                        Ok(Ok(r)) => r,
+                        Ok(Err(why)) => {
+                            tracing::warn!(%peer, "refused a connection: TLS handshake failed: {why}");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::warn!(%peer, "refused a connection: no TLS handshake within {TLS_HANDSHAKE:?}");
                             return;
                         }
                     };
                     tracing::debug!(%peer, %role, "TLS peer");
-                    let (rd, wr) = tokio::io::split(s);
-                    serve_stream(rd, wr, h, crate::Peer::Cert(Arc::new(role))).await
+                    serve_stream(rd, wr, 0, h, crate::Peer::Cert(Arc::new(role))).await
                 }
             };
             if let Err(e) = r {
@@ -516,11 +571,45 @@ pub async fn serve<H: Handler>(listener: TcpListener, handler: Arc<H>) -> std::i
     }
 }
 
-/// A socket as TLS runs over it: with a large read buffer beneath. rustls reads at most 4 KiB
-/// from its transport per call, so a TLS link straight on a socket makes a syscall per 4 KiB
-/// received (two per 4K write frame), where a plain link drains many frames per read.
-pub fn under_tls<S: AsyncRead + AsyncWrite>(sock: S) -> BufReader<S> {
-    BufReader::with_capacity(READ_BUFFER, sock)
+/// Where a stream's frames are read from: a plain socket under a [`BufReader`], or a TLS
+/// link's reader (which is its own buffer).
+pub(crate) trait FrameSource: AsyncBufRead + AsyncRead + Unpin + Send {
+    /// The link authenticates every byte (TLS): payload checksums are neither sent nor
+    /// checked on it, the record's AES-GCM tag covers the same bytes (headers keep theirs).
+    const SEALED: bool;
+    /// Bytes that can be read now without waiting (fewer is fine, never more).
+    fn ready_len(&mut self) -> usize;
+}
+
+impl<R: AsyncRead + Unpin + Send> FrameSource for BufReader<R> {
+    const SEALED: bool = false;
+    fn ready_len(&mut self) -> usize {
+        self.buffer().len()
+    }
+}
+
+impl FrameSource for crate::records::TlsReader {
+    const SEALED: bool = true;
+    fn ready_len(&mut self) -> usize {
+        crate::records::TlsReader::ready_len(self)
+    }
+}
+
+/// Where a stream's frames are written to; see [`FrameSource::SEALED`].
+pub(crate) trait FrameSink: AsyncWrite + Unpin + Send {
+    const SEALED: bool;
+}
+
+impl FrameSink for tokio::net::tcp::OwnedWriteHalf {
+    const SEALED: bool = false;
+}
+
+impl FrameSink for tokio::net::unix::OwnedWriteHalf {
+    const SEALED: bool = false;
+}
+
+impl FrameSink for crate::records::TlsWriter {
+    const SEALED: bool = true;
 }
 
 /// A TLS server's side of a new connection: the handshake, within [`TLS_HANDSHAKE`] (a peer
@@ -578,7 +667,8 @@ pub async fn serve_unix<H: Handler>(
         let h = handler.clone();
         tokio::spawn(async move {
             let (rd, wr) = sock.into_split();
-            if let Err(e) = serve_stream(rd, wr, h, crate::Peer::Trusted).await {
+            let rd = BufReader::with_capacity(READ_BUFFER, rd);
+            if let Err(e) = serve_stream(rd, wr, WRITE_BUFFER, h, crate::Peer::Trusted).await {
                 tracing::warn!("closing unix connection: {e}");
             }
             drop(slot);
@@ -587,22 +677,22 @@ pub async fn serve_unix<H: Handler>(
 }
 
 async fn serve_stream<H, R, W>(
-    rd: R,
+    mut rd: R,
     wr: W,
+    write_buffer: usize,
     handler: Arc<H>,
     peer: crate::Peer,
 ) -> Result<(), ReadError>
 where
     H: Handler,
-    R: AsyncRead + Unpin + Send + 'static,
-    W: AsyncWrite + Unpin + Send + 'static,
+    R: FrameSource + 'static,
+    W: FrameSink + 'static,
 {
-    let mut rd = BufReader::with_capacity(READ_BUFFER, rd);
     // Inline requests are answered by this reader; concurrent ones by their own tasks. Both
     // write through one buffered writer; the reader flushes once it has drained its input, so
     // a burst of requests is answered with one write.
     let wr = Arc::new(tokio::sync::Mutex::new(BufWriter::with_capacity(
-        WRITE_BUFFER,
+        write_buffer,
         wr,
     )));
     let limit = Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_STREAM));
@@ -652,7 +742,7 @@ where
             write_one(&mut w, &resp.header, &resp.payload)
                 .await
                 .map_err(ReadError::Io)?;
-            if rd.buffer().len() < HEADER_LEN {
+            if rd.ready_len() < HEADER_LEN {
                 w.flush().await.map_err(ReadError::Io)?;
             }
             continue;
