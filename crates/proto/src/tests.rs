@@ -96,5 +96,8 @@ fn a_header_for_a_sealed_link_carries_no_payload_checksum() {
     assert_eq!(check_payload_len(&h, payload), Ok(()));
     assert!(check_payload_len(&h, &payload[1..]).is_err());
     // A plain link's check still wants the checksum.
-    assert_eq!(check_payload(&h, payload), Err(DecodeError::PayloadChecksum));
+    assert_eq!(
+        check_payload(&h, payload),
+        Err(DecodeError::PayloadChecksum)
+    );
 }

@@ -43,6 +43,11 @@ const HANDSHAKE: u8 = 22;
 const ALERT: u8 = 21;
 const KEY_UPDATE: u8 = 24;
 const NEW_SESSION_TICKET: u8 = 4;
+/// The ALPN name two trireme processes agree on in the handshake when both leave the frames'
+/// payload checksum out on the link (the record's AES-GCM tag covers those bytes). A peer
+/// that does not offer it (a build from before, during a rolling upgrade) gets checksums.
+pub const SEALED_FRAMES: &[u8] = b"trireme-sealed-frames/1";
+
 /// Records sealed under one key before it is replaced (AES-GCM is good for 2^24.5 full records
 /// per key; rustls replaces its own at 2^23). The tests replace keys all the time.
 pub const REKEY_AFTER: u64 = if cfg!(test) { 8 } else { 1 << 22 };
@@ -214,6 +219,8 @@ pub struct TlsReader {
     done: bool,
     /// A record failed (its sequence number is spent): every later read fails too.
     failed: Option<(io::ErrorKind, String)>,
+    /// Both ends agreed on [`SEALED_FRAMES`].
+    sealed_frames: bool,
 }
 
 impl std::fmt::Debug for TlsReader {
@@ -225,6 +232,11 @@ impl std::fmt::Debug for TlsReader {
 }
 
 impl TlsReader {
+    /// Whether both ends agreed to leave payload checksums out ([`SEALED_FRAMES`]).
+    pub fn frames_sealed(&self) -> bool {
+        self.sealed_frames
+    }
+
     /// Plaintext ready now, opening the next record if it is whole in the buffer (no I/O).
     /// Less than is there when a frame spans records; never more.
     pub fn ready_len(&mut self) -> usize {
@@ -425,6 +437,8 @@ pub struct TlsWriter {
     keys: Keys,
     shared: Arc<Shared>,
     closed: bool,
+    /// Both ends agreed on [`SEALED_FRAMES`].
+    sealed_frames: bool,
 }
 
 impl std::fmt::Debug for TlsWriter {
@@ -436,6 +450,11 @@ impl std::fmt::Debug for TlsWriter {
 }
 
 impl TlsWriter {
+    /// Whether both ends agreed to leave payload checksums out ([`SEALED_FRAMES`]).
+    pub fn frames_sealed(&self) -> bool {
+        self.sealed_frames
+    }
+
     /// Starts a record at the end of the buffer, after a KeyUpdate when the key is due.
     fn start_record(&mut self) -> io::Result<usize> {
         if self.keys.seq >= REKEY_AFTER || self.shared.peer_asks_rekey.swap(false, Ordering::AcqRel)
@@ -563,10 +582,11 @@ pub async fn connect(
     let mut hs = Handshake::new(sock);
     drive!(hs, conn);
     check_version(conn.protocol_version())?;
+    let sealed = conn.alpn_protocol() == Some(SEALED_FRAMES);
     let (secrets, kernel) = conn
         .dangerous_into_kernel_connection()
         .map_err(|e| e.to_string())?;
-    hs.finish(secrets, Kernel::Client(kernel))
+    hs.finish(secrets, Kernel::Client(kernel), sealed)
 }
 
 /// The server's side: the handshake, then the two halves and the role the client's certificate
@@ -581,10 +601,11 @@ pub async fn accept(
     check_version(conn.protocol_version())?;
     let role = trireme_tls::peer_role(&conn)
         .ok_or_else(|| "its certificate names no trireme role".to_string())?;
+    let sealed = conn.alpn_protocol() == Some(SEALED_FRAMES);
     let (secrets, kernel) = conn
         .dangerous_into_kernel_connection()
         .map_err(|e| e.to_string())?;
-    let (r, w) = hs.finish(secrets, Kernel::Server(kernel))?;
+    let (r, w) = hs.finish(secrets, Kernel::Server(kernel), sealed)?;
     Ok((r, w, role))
 }
 
@@ -653,6 +674,7 @@ impl Handshake {
         self,
         secrets: rustls::ExtractedSecrets,
         kernel: Kernel,
+        sealed_frames: bool,
     ) -> Result<(TlsReader, TlsWriter), String> {
         let shared = Arc::new(Shared {
             kernel: Mutex::new(kernel),
@@ -675,6 +697,7 @@ impl Handshake {
                 shared: shared.clone(),
                 done: false,
                 failed: None,
+                sealed_frames,
             },
             TlsWriter {
                 io: wr,
@@ -684,6 +707,7 @@ impl Handshake {
                 keys: Keys::new(secrets.tx).map_err(e)?,
                 shared,
                 closed: false,
+                sealed_frames,
             },
         ))
     }
@@ -717,13 +741,22 @@ mod tests {
         let mut s = (*node.server_config().unwrap()).clone();
         s.enable_secret_extraction = true;
         s.send_tls13_tickets = 0;
+        s.alpn_protocols = vec![SEALED_FRAMES.to_vec()];
         let mut c = (*admin.client_config().unwrap()).clone();
         c.enable_secret_extraction = true;
+        c.alpn_protocols = vec![SEALED_FRAMES.to_vec()];
         (d, Arc::new(c), Arc::new(s))
     }
 
     async fn link() -> (TlsReader, TlsWriter, TlsReader, TlsWriter, Role) {
         let (_d, c, s) = configs();
+        link_with(c, s).await
+    }
+
+    async fn link_with(
+        c: Arc<rustls::ClientConfig>,
+        s: Arc<rustls::ServerConfig>,
+    ) -> (TlsReader, TlsWriter, TlsReader, TlsWriter, Role) {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
         let server = tokio::spawn(async move {
@@ -815,6 +848,25 @@ mod tests {
                 assert!(r.is_err() || (junk.is_empty() && !header), "{r:?}");
             });
         }
+    }
+
+    /// Payload checksums are left out only when both ends offered [`SEALED_FRAMES`]: a peer
+    /// of an older build (no ALPN) keeps getting them.
+    #[tokio::test]
+    async fn sealed_frames_only_when_both_ends_agree() {
+        let (_d, c, s) = configs();
+        let (cr, cw, sr, sw, _) = link_with(c.clone(), s.clone()).await;
+        assert!(
+            cr.frames_sealed() && cw.frames_sealed() && sr.frames_sealed() && sw.frames_sealed()
+        );
+        let mut old_client = (*c).clone();
+        old_client.alpn_protocols.clear();
+        let (cr, _, sr, _, _) = link_with(Arc::new(old_client), s.clone()).await;
+        assert!(!cr.frames_sealed() && !sr.frames_sealed());
+        let mut old_server = (*s).clone();
+        old_server.alpn_protocols.clear();
+        let (cr, _, sr, _, _) = link_with(c, Arc::new(old_server)).await;
+        assert!(!cr.frames_sealed() && !sr.frames_sealed());
     }
 
     /// A record changed on the wire fails its authentication: the reader says so and keeps

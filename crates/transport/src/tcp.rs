@@ -45,12 +45,14 @@ pub fn set_tls(t: TlsSetup) -> bool {
         client: t.client.as_ref().map(|c| {
             let mut c = (**c).clone();
             c.enable_secret_extraction = true;
+            c.alpn_protocols = vec![crate::records::SEALED_FRAMES.to_vec()];
             Arc::new(c)
         }),
         server: t.server.as_ref().map(|c| {
             let mut c = (**c).clone();
             c.enable_secret_extraction = true;
             c.send_tls13_tickets = 0;
+            c.alpn_protocols = vec![crate::records::SEALED_FRAMES.to_vec()];
             Arc::new(c)
         }),
     };
@@ -373,7 +375,7 @@ async fn read_frame_within<R: FrameSource>(
             .await
             .map_err(|_| ReadError::Stalled { len, within: d })??,
     };
-    if R::SEALED {
+    if rd.payload_sealed() {
         trireme_proto::check_payload_len(&header, &payload)
     } else {
         check_payload(&header, &payload)
@@ -448,7 +450,7 @@ async fn write_one<W: FrameSink>(
     h: &Header,
     payload: &[u8],
 ) -> std::io::Result<()> {
-    let header = if W::SEALED {
+    let header = if w.get_ref().payload_sealed() {
         h.encode_unchecked_payload(payload.len())
     } else {
         h.encode(payload)
@@ -559,7 +561,7 @@ pub async fn serve<H: Handler>(listener: TcpListener, handler: Arc<H>) -> std::i
                             return;
                         }
                     };
-                    tracing::debug!(%peer, %role, "TLS peer");
+                    tracing::debug!(%peer, %role, sealed_frames = rd.frames_sealed(), "TLS peer");
                     serve_stream(rd, wr, 0, h, crate::Peer::Cert(Arc::new(role))).await
                 }
             };
@@ -574,42 +576,53 @@ pub async fn serve<H: Handler>(listener: TcpListener, handler: Arc<H>) -> std::i
 /// Where a stream's frames are read from: a plain socket under a [`BufReader`], or a TLS
 /// link's reader (which is its own buffer).
 pub(crate) trait FrameSource: AsyncBufRead + AsyncRead + Unpin + Send {
-    /// The link authenticates every byte (TLS): payload checksums are neither sent nor
-    /// checked on it, the record's AES-GCM tag covers the same bytes (headers keep theirs).
-    const SEALED: bool;
+    /// Payload checksums are neither sent nor checked on this link: it authenticates every
+    /// byte itself (a TLS link whose peer agreed, see `records::SEALED_FRAMES`); headers keep
+    /// theirs.
+    fn payload_sealed(&self) -> bool;
     /// Bytes that can be read now without waiting (fewer is fine, never more).
     fn ready_len(&mut self) -> usize;
 }
 
 impl<R: AsyncRead + Unpin + Send> FrameSource for BufReader<R> {
-    const SEALED: bool = false;
+    fn payload_sealed(&self) -> bool {
+        false
+    }
     fn ready_len(&mut self) -> usize {
         self.buffer().len()
     }
 }
 
 impl FrameSource for crate::records::TlsReader {
-    const SEALED: bool = true;
+    fn payload_sealed(&self) -> bool {
+        self.frames_sealed()
+    }
     fn ready_len(&mut self) -> usize {
         crate::records::TlsReader::ready_len(self)
     }
 }
 
-/// Where a stream's frames are written to; see [`FrameSource::SEALED`].
+/// Where a stream's frames are written to; see [`FrameSource::payload_sealed`].
 pub(crate) trait FrameSink: AsyncWrite + Unpin + Send {
-    const SEALED: bool;
+    fn payload_sealed(&self) -> bool;
 }
 
 impl FrameSink for tokio::net::tcp::OwnedWriteHalf {
-    const SEALED: bool = false;
+    fn payload_sealed(&self) -> bool {
+        false
+    }
 }
 
 impl FrameSink for tokio::net::unix::OwnedWriteHalf {
-    const SEALED: bool = false;
+    fn payload_sealed(&self) -> bool {
+        false
+    }
 }
 
 impl FrameSink for crate::records::TlsWriter {
-    const SEALED: bool = true;
+    fn payload_sealed(&self) -> bool {
+        self.frames_sealed()
+    }
 }
 
 /// A TLS server's side of a new connection: the handshake, within [`TLS_HANDSHAKE`] (a peer
