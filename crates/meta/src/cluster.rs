@@ -692,11 +692,22 @@ impl ClusterMeta {
         req: &MoveRequest,
         rev: i64,
     ) -> Result<Option<i64>, MetaError> {
-        let k = Self::move_request_key(name);
+        self.put_at_revision(Self::move_request_key(name), encode(req), rev)
+            .await
+    }
+
+    /// Puts `value` at `k` if the key's mod revision is still `rev` (0: the key is absent).
+    /// Its new revision, or `None` when it changed meanwhile.
+    async fn put_at_revision(
+        &self,
+        k: String,
+        value: Vec<u8>,
+        rev: i64,
+    ) -> Result<Option<i64>, MetaError> {
         Ok(self
             .write(
                 vec![Compare::mod_revision(k.clone(), rev)],
-                vec![Op::put(k, encode(req))],
+                vec![Op::put(k, value)],
             )
             .await?
             .map(|r| r.revision))
@@ -721,14 +732,8 @@ impl ClusterMeta {
         req: &TakeOutRequest,
         rev: i64,
     ) -> Result<Option<i64>, MetaError> {
-        let k = Self::takeout_key(name);
-        Ok(self
-            .write(
-                vec![Compare::mod_revision(k.clone(), rev)],
-                vec![Op::put(k, encode(req))],
-            )
-            .await?
-            .map(|r| r.revision))
+        self.put_at_revision(Self::takeout_key(name), encode(req), rev)
+            .await
     }
 
     pub async fn takeout(&self, name: &str) -> Result<Option<(TakeOutRequest, i64)>, MetaError> {

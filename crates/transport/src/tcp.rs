@@ -157,13 +157,7 @@ impl TcpConnection {
         for _ in 0..streams.max(1) {
             if let Some(path) = addr.strip_prefix("unix:") {
                 let (rd, wr) = UnixStream::connect(path).await.map_err(err)?.into_split();
-                out.push(Stream::start(
-                    BufReader::with_capacity(READ_BUFFER, rd),
-                    wr,
-                    WRITE_BUFFER,
-                    addr.to_string(),
-                    gone.clone(),
-                ));
+                out.push(Stream::plain(rd, wr, addr.to_string(), gone.clone()));
             } else {
                 let sock = TcpStream::connect(addr).await.map_err(err)?;
                 let _ = sock.set_nodelay(true);
@@ -191,13 +185,7 @@ impl TcpConnection {
                     }
                     None => {
                         let (rd, wr) = sock.into_split();
-                        out.push(Stream::start(
-                            BufReader::with_capacity(READ_BUFFER, rd),
-                            wr,
-                            WRITE_BUFFER,
-                            addr.to_string(),
-                            gone.clone(),
-                        ));
+                        out.push(Stream::plain(rd, wr, addr.to_string(), gone.clone()));
                     }
                 }
             }
@@ -226,6 +214,16 @@ impl TcpConnection {
 }
 
 impl Stream {
+    /// A stream over a plain socket: buffered both ways in user space.
+    fn plain<R, W>(rd: R, wr: W, peer: String, gone: Arc<tokio::sync::Notify>) -> Stream
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: FrameSink + 'static,
+    {
+        let rd = BufReader::with_capacity(READ_BUFFER, rd);
+        Stream::start(rd, wr, WRITE_BUFFER, peer, gone)
+    }
+
     /// Starts the stream's writer and reader tasks; the writer buffers `write_buffer` bytes
     /// (0: `wr` buffers itself).
     fn start<R, W>(
