@@ -45,6 +45,8 @@ pub struct Manager {
     /// to hand the role over (a planned restart of its own node).
     own_node: std::sync::atomic::AtomicU32,
     pub(crate) resign: tokio::sync::Notify,
+    /// Planned restarts run one at a time.
+    pub(crate) restart_lock: tokio::sync::Mutex<()>,
 }
 
 /// A planned node operation for the process supervisor, with where to send its outcome.
@@ -73,6 +75,7 @@ impl Manager {
             leases: std::sync::atomic::AtomicBool::new(false),
             own_node: std::sync::atomic::AtomicU32::new(0),
             resign: tokio::sync::Notify::new(),
+            restart_lock: tokio::sync::Mutex::new(()),
         }
     }
 

@@ -33,6 +33,8 @@ impl Manager {
     /// A planned restart of node `id` (see [`crate::Request::NodeRestart`]): in `trireme up`,
     /// of its process; on etcd, of its daemon, wherever it runs.
     pub async fn restart_node(&self, id: u32) -> Result<NodeRestartReport> {
+        // One at a time: two nodes away at once is what a rolling restart avoids.
+        let _one = self.restart_lock.lock().await;
         if self.leases_on() {
             self.restart_member(id).await
         } else {
@@ -144,15 +146,17 @@ impl Manager {
                     resynced_bytes: 0,
                     full: false,
                 };
+                // A request found there is a previous manager's, left when it died: restarts
+                // run one at a time, under the manager role. It is replaced.
+                let rev = meta.takeout(name).await.map_err(err)?.map_or(0, |(_, r)| r);
                 if meta
-                    .put_takeout(name, &req, 0)
+                    .put_takeout(name, &req, rev)
                     .await
                     .map_err(err)?
                     .is_none()
                 {
                     return Err(format!(
-                        "volume {name}: another planned restart is under way (key {})",
-                        trireme_meta::ClusterMeta::takeout_key(name)
+                        "volume {name}: its take-out request changed while it was being made"
                     ));
                 }
                 asked.push((name.clone(), host.clone()));
