@@ -12,7 +12,8 @@
 //! they stop and once when they resume. This is DRBD's `on-no-quorum suspend-io`.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use crate::{Volume, VolumeError};
 

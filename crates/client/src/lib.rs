@@ -21,9 +21,11 @@ mod activity;
 mod conflict;
 mod copies;
 mod failover;
+mod scrub;
 mod verify;
 
-pub use failover::{BoxFut, Membership, ReconcileReport, ReplicaView, ResyncProgress, ScrubReport};
+pub use failover::{BoxFut, Membership, ReconcileReport, ReplicaView, ResyncProgress};
+pub use scrub::ScrubReport;
 pub use verify::{verify_replicas, Mismatch, VerifyReport};
 
 use std::future::Future;
@@ -273,7 +275,7 @@ pub struct Volume {
     finished: Mutex<std::collections::HashMap<u32, ResyncProgress>>,
     /// Nodes whose replica was taken out for a planned restart: not resynced before the
     /// deadline unless released (so a resync does not start just before the node stops).
-    held: Mutex<std::collections::HashMap<u32, std::time::Instant>>,
+    held: Mutex<std::collections::HashMap<u32, tokio::time::Instant>>,
 }
 
 /// Joins futures without spawning them: the writer's fan-out stays on its own task.

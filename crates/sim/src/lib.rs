@@ -92,6 +92,9 @@ pub struct Config {
     /// For the checker's own test: a node that loses power does not notice (it keeps its
     /// replica's incarnation), so its torn and lost writes are not resynced.
     pub sabotage_power_loss: bool,
+    /// The writer's resync rate limit (bytes per virtual second), if any: its pacing reads
+    /// the clock, which must be tokio's (virtual here) for a seed to replay.
+    pub resync_rate: Option<u64>,
 }
 
 impl Config {
@@ -107,6 +110,7 @@ impl Config {
             faults: true,
             sabotage: false,
             sabotage_power_loss: false,
+            resync_rate: None,
         }
     }
 }
@@ -122,6 +126,8 @@ pub struct Outcome {
     pub attach_waits: Vec<Duration>,
     /// From a manager's death (or the end of the outage that cost it the role) to a new one.
     pub takeovers: Vec<Duration>,
+    /// The last writer's last finished resync of each replica.
+    pub resyncs: Vec<trireme_replication::ResyncProgress>,
 }
 
 /// xorshift64*: small, seeded, and the same everywhere.
@@ -486,6 +492,7 @@ impl World {
                 activity_extent: 64 << 10,
                 activity_extents: cap,
                 activity_period: Duration::from_millis(period),
+                resync_rate: self.cfg.resync_rate,
                 ..VolumeOptions::default()
             },
         };
@@ -1164,6 +1171,11 @@ async fn run_async(cfg: Config) -> Result<Outcome, String> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    outcome.resyncs = w
+        .nodes
+        .iter()
+        .filter_map(|n| vol.last_resync(n.id))
+        .collect();
     // Every block at or past its last acknowledged write, through the client...
     for b in 0..cfg.blocks {
         let floor = w.model().acked.get(&b).copied().unwrap_or(0);
@@ -1283,6 +1295,31 @@ mod tests {
         assert_eq!((a.writes, a.reads), (b.writes, b.reads));
         assert_eq!(a.faults, b.faults, "same faults at the same virtual times");
         assert!(!a.faults.is_empty());
+    }
+
+    /// The same with resyncs paced by a rate limit: the writer paces them by tokio's clock,
+    /// which is virtual here (it read the system's clock once, and such a seed did not replay).
+    #[test]
+    fn a_seed_with_a_resync_rate_replays_the_same_run() {
+        const RATE: u64 = 64 << 10;
+        let mut paced = 0;
+        for seed in [11, 12, 13] {
+            let mut c = Config::new(seed);
+            c.resync_rate = Some(RATE);
+            let a = run(&c).unwrap();
+            let b = run(&c).unwrap();
+            assert_eq!((a.writes, a.reads), (b.writes, b.reads));
+            assert_eq!(a.faults, b.faults, "same faults at the same virtual times");
+            // Paced in virtual time: each resync took as long as its bytes at the rate.
+            for r in &a.resyncs {
+                assert!(
+                    r.elapsed_ms + 1 >= r.done_bytes * 1000 / RATE,
+                    "seed {seed}: {r:?}"
+                );
+                paced += (r.done_bytes > 0) as u32;
+            }
+        }
+        assert!(paced > 0, "no resync ran");
     }
 
     /// After a writer crash, the new writer compares only what the activity log shows: the

@@ -1,0 +1,94 @@
+//! Scrub: every region compared across the in-sync replicas while I/O goes on, and repaired
+//! from a copy that passes its block checksums and that the majority holds.
+
+use serde::{Deserialize, Serialize};
+use trireme_proto::Op;
+
+use crate::failover::CHUNK;
+use crate::{Volume, VolumeError};
+
+/// What a scrub found and did.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ScrubReport {
+    pub volume: String,
+    pub bytes_compared: u64,
+    pub region_bytes: u64,
+    /// In-sync replicas compared.
+    pub replicas: Vec<u32>,
+    /// Regions where the replicas disagreed.
+    pub mismatched_regions: u64,
+    /// Of those, repaired from the copy the majority holds: `(offset, node repaired)`.
+    pub repaired: Vec<(u64, u32)>,
+    /// Regions with no majority (two copies that differ): reported, left alone.
+    pub unresolved: Vec<u64>,
+    /// Copies whose blocks failed their checksums (known bad, repaired from a good one even
+    /// when only one good copy is left).
+    #[serde(default)]
+    pub bad_copies: u64,
+}
+
+impl Volume {
+    /// Compares every region across the in-sync replicas (crc32c computed on each node) while
+    /// I/O goes on, each region under its write lock. A copy whose blocks fail their checksums
+    /// (sealed stores) is known bad and rewritten from a good one. Where good copies differ,
+    /// the copy held by a majority is written over the others; with no majority (two copies
+    /// that both pass their checksums) nothing is guessed: the region is reported.
+    pub async fn scrub(&self, region: u64) -> Result<ScrubReport, VolumeError> {
+        let region = region.clamp(4096, CHUNK);
+        let mut report = ScrubReport {
+            volume: self.info.name.clone(),
+            region_bytes: region,
+            replicas: self.set().in_sync().iter().map(|&i| self.node(i)).collect(),
+            ..ScrubReport::default()
+        };
+        let mut off = 0;
+        while off < self.info.size {
+            let len = region.min(self.info.size - off);
+            let _r = self.write_order.acquire(off, off + len).await;
+            let targets = self.set().in_sync();
+            let sums = self.checksums(&targets, off, len).await;
+            // A copy whose blocks fail their checksums is known bad: it gets no vote.
+            let mut got: Vec<(usize, u64)> = Vec::new();
+            let mut bad: Vec<usize> = Vec::new();
+            for (k, r) in sums.into_iter().enumerate() {
+                match r {
+                    Ok(c) => got.push((targets[k], c)),
+                    Err(e) if e.is_bad_copy() => bad.push(targets[k]),
+                    Err(e) => return Err(e),
+                }
+            }
+            report.bytes_compared += len;
+            if !bad.is_empty() || got.windows(2).any(|w| w[0].1 != w[1].1) {
+                report.mismatched_regions += 1;
+                report.bad_copies += bad.len() as u64;
+                let voters = got.len();
+                let majority = got
+                    .iter()
+                    .map(|g| g.1)
+                    .find(|c| voters > 0 && got.iter().filter(|g| g.1 == *c).count() * 2 > voters);
+                match majority {
+                    None => report.unresolved.push(off),
+                    Some(good) => {
+                        let src = got.iter().find(|g| g.1 == good).expect("majority").0;
+                        let data = self.read_from(src, off, len).await?;
+                        let wrong = got
+                            .iter()
+                            .filter(|g| g.1 != good)
+                            .map(|g| g.0)
+                            .chain(bad.iter().copied());
+                        for t in wrong.collect::<Vec<usize>>() {
+                            {
+                                let w = self.header(Op::Write, off, len);
+                                self.expect_ok(t, self.call(t, w, data.clone()).await?)?;
+                                report.repaired.push((off, self.node(t)));
+                                tracing::warn!(volume = %self.info.name, node = self.node(t), offset = off, "scrub repaired a region from the majority copy");
+                            }
+                        }
+                    }
+                }
+            }
+            off += len;
+        }
+        Ok(report)
+    }
+}
