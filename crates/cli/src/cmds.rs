@@ -254,7 +254,7 @@ async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
             let nodes: Vec<NodeStatus> = cc.call(&Request::NodeList).await?;
             let ids: Vec<u32> = nodes
                 .iter()
-                .filter(|n| n.state != "removed")
+                .filter(|n| n.state != trireme_meta::NodeState::Removed)
                 .map(|n| n.id)
                 .collect();
             let mut done = Vec::new();
@@ -521,9 +521,11 @@ fn nodes_table(nodes: &[NodeStatus]) -> String {
     );
     for n in nodes {
         let ping = n.ping_us.map_or("-".into(), |p| format!("{p} us"));
-        let state = match (n.up, n.state.as_str()) {
-            (_, "removed") => "removed".to_string(),
-            (up, "draining") => format!("{}/draining", if up { "up" } else { "down" }),
+        let state = match (n.up, n.state) {
+            (_, trireme_meta::NodeState::Removed) => "removed".to_string(),
+            (up, trireme_meta::NodeState::Draining) => {
+                format!("{}/draining", if up { "up" } else { "down" })
+            }
             (true, _) => "up".to_string(),
             (false, _) => "down".to_string(),
         };
@@ -615,7 +617,11 @@ fn status_text(s: &StatusReport) -> String {
         }
         out += &format!("{:<16} access: {}\n", "", access_text(&v.access));
         if v.writes_suspended {
-            let in_sync = v.replicas.iter().filter(|r| r.state == "in-sync").count();
+            let in_sync = v
+                .replicas
+                .iter()
+                .filter(|r| r.state == trireme_control::ReplicaStatusState::InSync)
+                .count();
             out += &format!(
                 "{:<16} WRITES SUSPENDED: {in_sync} in-sync copies, minimum {} (they resume when a copy is back, or with `trireme volume set {} --min-copies N`)\n",
                 "", v.min_copies, v.name
@@ -708,10 +714,11 @@ async fn wait_in_sync(cc: &mut ControlClient) -> Result<(), CliError> {
     let t0 = std::time::Instant::now();
     loop {
         let s: StatusReport = cc.call(&Request::Status).await?;
-        if s.volumes
-            .iter()
-            .all(|v| v.replicas.iter().all(|r| r.state == "in-sync"))
-        {
+        if s.volumes.iter().all(|v| {
+            v.replicas
+                .iter()
+                .all(|r| r.state == trireme_control::ReplicaStatusState::InSync)
+        }) {
             return Ok(());
         }
         if t0.elapsed() > std::time::Duration::from_secs(3600) {

@@ -124,7 +124,7 @@ pub struct NodeStatus {
     pub transport: String,
     /// `active`, `draining` (takes no new replicas) or `removed`.
     #[serde(default)]
-    pub state: String,
+    pub state: trireme_meta::NodeState,
     pub replicas: usize,
     /// Milliseconds since the node last answered a heartbeat (None: never).
     #[serde(default)]
@@ -137,13 +137,56 @@ pub struct NodeStatus {
     pub zone: Option<String>,
 }
 
+/// A replica's state as `status` shows it: its record's (or the live writer's), or what was
+/// seen just now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReplicaStatusState {
+    InSync,
+    Outdated,
+    Failed,
+    /// The writer is copying to it.
+    Resyncing,
+    /// Moved off (the live writer's view, before the record drops it).
+    Removed,
+    /// Its node is down or did not answer.
+    Unreachable,
+    /// Its node answers but holds no such replica.
+    Missing,
+}
+
+impl From<trireme_replication::ReplicaState> for ReplicaStatusState {
+    fn from(s: trireme_replication::ReplicaState) -> Self {
+        use trireme_replication::ReplicaState as R;
+        match s {
+            R::InSync => ReplicaStatusState::InSync,
+            R::Outdated => ReplicaStatusState::Outdated,
+            R::Failed => ReplicaStatusState::Failed,
+            R::Resyncing => ReplicaStatusState::Resyncing,
+            R::Removed => ReplicaStatusState::Removed,
+        }
+    }
+}
+
+impl std::fmt::Display for ReplicaStatusState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ReplicaStatusState::InSync => "in-sync",
+            ReplicaStatusState::Outdated => "outdated",
+            ReplicaStatusState::Failed => "failed",
+            ReplicaStatusState::Resyncing => "resyncing",
+            ReplicaStatusState::Removed => "removed",
+            ReplicaStatusState::Unreachable => "unreachable",
+            ReplicaStatusState::Missing => "missing",
+        })
+    }
+}
+
 /// One replica as `status` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplicaStatus {
     pub node: u32,
-    /// `in-sync`, `outdated`, `failed` (from the metadata), `resyncing` (the writer in this
-    /// process is copying to it), or `unreachable` / `missing` (seen now).
-    pub state: String,
+    pub state: ReplicaStatusState,
     pub allocated_bytes: Option<u64>,
     pub epoch: Option<u64>,
     /// Progress when `state` is `resyncing`.

@@ -17,7 +17,7 @@ mod restart;
 
 pub use api::{
     ControlClient, ControlError, ControlStream, LinkStatus, NodeRestartReport, NodeStatus,
-    ReplicaStatus, Request, StatusReport, VolumeInfo, VolumeStatus,
+    ReplicaStatus, ReplicaStatusState, Request, StatusReport, VolumeInfo, VolumeStatus,
 };
 pub use manager::{
     attach_info, record_detach, record_replica_state, serve, serve_conn, Manager, NodeControl,

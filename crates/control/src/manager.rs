@@ -13,7 +13,8 @@ use trireme_replication::{place, NodeLoad};
 use trireme_transport::{Peer, TransportKind};
 
 use crate::api::{
-    LinkStatus, NodeStatus, ReplicaStatus, Reply, Request, StatusReport, VolumeStatus, MAX_LINE,
+    LinkStatus, NodeStatus, ReplicaStatus, ReplicaStatusState, Reply, Request, StatusReport,
+    VolumeStatus, MAX_LINE,
 };
 
 /// How long the manager waits for a node on the control path.
@@ -613,7 +614,7 @@ impl Manager {
             up,
             ping_us: up.then(|| t0.elapsed().as_micros() as u64),
             transport: "tcp".into(),
-            state: n.state.to_string(),
+            state: n.state,
             replicas: vols
                 .iter()
                 .filter(|v| v.replicas.iter().any(|r| r.node == n.id))
@@ -655,16 +656,16 @@ impl Manager {
                     .and_then(|vs| vs.iter().find(|x| x.node == r.node));
                 let mut st = ReplicaStatus {
                     node: r.node,
-                    state: live.map_or(r.state, |l| l.state).to_string(),
+                    state: live.map_or(r.state, |l| l.state).into(),
                     allocated_bytes: None,
                     epoch: None,
                     resync: live.and_then(|l| l.resync.clone()),
                 };
                 let down = ns.iter().any(|x| x.id == r.node && !x.up);
                 match nodes.iter().find(|n| n.id == r.node) {
-                    None => st.state = "unreachable".into(),
+                    None => st.state = ReplicaStatusState::Unreachable,
                     // Down (no lease, or no answer to the ping just now): not asked again.
-                    Some(_) if down => st.state = "unreachable".into(),
+                    Some(_) if down => st.state = ReplicaStatusState::Unreachable,
                     Some(n) => {
                         let h = Header {
                             volume: v.id,
@@ -676,9 +677,9 @@ impl Manager {
                                 st.epoch = Some(f.header.epoch);
                             }
                             Ok(f) if f.header.status == Status::NoReplica => {
-                                st.state = "missing".into()
+                                st.state = ReplicaStatusState::Missing
                             }
-                            _ => st.state = "unreachable".into(),
+                            _ => st.state = ReplicaStatusState::Unreachable,
                         }
                     }
                 }
