@@ -92,7 +92,7 @@ def measure(uri, pids, numjobs, iodepth, runtime, size):
 
 
 def start_trireme(tmp, size, extra=()):
-    exe = os.path.join(ROOT, "target", "release", "trireme")
+    exe = os.environ.get("TRIREME_BIN", os.path.join(ROOT, "target", "release", "trireme"))
     if not os.path.exists(exe):
         sys.exit("build first: cargo build --release (make bench does)")
     d = os.path.join(tmp, "trireme")
