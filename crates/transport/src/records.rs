@@ -244,19 +244,24 @@ impl TlsReader {
             if self.plain.0 < self.plain.1 || self.done || self.failed.is_some() {
                 return self.plain.1 - self.plain.0;
             }
-            match self.whole_record() {
-                Ok(Some(len)) => {
-                    if let Err(e) = self.open(len) {
-                        self.failed = Some((e.kind(), e.to_string()));
-                    }
-                }
-                Ok(None) => return 0,
-                Err(e) => {
-                    self.failed = Some((e.kind(), e.to_string()));
-                    return 0;
-                }
+            if !self.open_next() {
+                return 0;
             }
         }
+    }
+
+    /// Opens the next record if it is whole in the buffer; a record that fails is kept in
+    /// `failed`. False when there was none to open.
+    fn open_next(&mut self) -> bool {
+        let opened = match self.whole_record() {
+            Ok(Some(len)) => self.open(len),
+            Ok(None) => return false,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = opened {
+            self.failed = Some((e.kind(), e.to_string()));
+        }
+        true
     }
 
     /// The length of the record at `next` after its header, if it is whole in the buffer.
@@ -366,18 +371,8 @@ impl AsyncBufRead for TlsReader {
             if let Some((kind, why)) = &me.failed {
                 return Poll::Ready(Err(io::Error::new(*kind, why.clone())));
             }
-            let opened = match me.whole_record() {
-                Ok(Some(len)) => me.open(len).map(|()| true),
-                Ok(None) => Ok(false),
-                Err(e) => Err(e),
-            };
-            match opened {
-                Ok(true) => continue,
-                Ok(false) => {}
-                Err(e) => {
-                    me.failed = Some((e.kind(), e.to_string()));
-                    return Poll::Ready(Err(e));
-                }
+            if me.open_next() {
+                continue;
             }
             // Need more bytes: make room for a whole record first.
             if me.next == me.filled {
