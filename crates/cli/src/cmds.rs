@@ -787,7 +787,8 @@ fn move_text(m: &MoveStatus) -> String {
 fn daemon_err(e: trireme_daemon::DaemonError) -> CliError {
     match e {
         trireme_daemon::DaemonError::Usage(m) => CliError::Usage(m),
-        trireme_daemon::DaemonError::Runtime(m) => CliError::Runtime(m),
+        e if e.is_usage() => CliError::Usage(e.to_string()),
+        e => CliError::Runtime(e.to_string()),
     }
 }
 

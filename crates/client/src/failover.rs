@@ -63,6 +63,33 @@ const ACTIVITY_WINDOW: u64 = 64 << 30;
 /// A boxed future borrowing its arguments.
 pub type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// Why the control plane did not record or answer what the writer asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MembershipError {
+    /// The owner of the metadata said no: a stale epoch, the last in-sync replica, no such
+    /// volume or node. Asking again does not help.
+    #[error("refused: {0}")]
+    Refused(String),
+    /// It could not be reached or gave up (the metadata store or the manager is down).
+    #[error("control plane unreachable: {0}")]
+    Unreachable(String),
+}
+
+/// Why a replica could not be taken out.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DegradeRefusal {
+    #[error("it is the last in-sync replica")]
+    LastInSync,
+    #[error("no in-sync replica left")]
+    NoneLeft,
+    #[error("{left} in-sync copies would remain, fewer than the minimum of {min} (wait for resyncs, or lower it with `volume set --min-copies`)")]
+    BelowMinimum { left: usize, min: u32 },
+    #[error("this writer has had {0} replicas; attach the volume again before moving more")]
+    NoSlotLeft(usize),
+    #[error(transparent)]
+    Membership(#[from] MembershipError),
+}
+
 /// The control plane as the writer needs it: the owner of the metadata.
 pub trait Membership: Send + Sync + std::fmt::Debug {
     /// Records a replica's state durably. Refused unless `epoch` is the volume's current epoch,
@@ -75,11 +102,12 @@ pub trait Membership: Send + Sync + std::fmt::Debug {
         node: u32,
         state: ReplicaState,
         incarnation: u64,
-    ) -> BoxFut<'a, Result<(), String>>;
+    ) -> BoxFut<'a, Result<(), MembershipError>>;
     /// Where the volume's replicas are now (nodes may have restarted on new addresses).
-    fn locate<'a>(&'a self, volume: &'a str) -> BoxFut<'a, Result<AttachInfo, String>>;
+    fn locate<'a>(&'a self, volume: &'a str) -> BoxFut<'a, Result<AttachInfo, MembershipError>>;
     /// The writer of `epoch` detached cleanly: nothing of it is in flight.
-    fn detach<'a>(&'a self, volume: &'a str, epoch: u64) -> BoxFut<'a, Result<(), String>>;
+    fn detach<'a>(&'a self, volume: &'a str, epoch: u64)
+        -> BoxFut<'a, Result<(), MembershipError>>;
 }
 
 /// One replica as the writer sees it now.
@@ -231,9 +259,7 @@ impl Volume {
             return Err(VolumeError::Degrade {
                 volume: self.info.name.clone(),
                 node,
-                why: format!(
-                    "this writer has had {i} replicas; attach the volume again before moving more"
-                ),
+                why: DegradeRefusal::NoSlotLeft(i),
             });
         }
         let slot = &self.slots[i];
@@ -257,14 +283,14 @@ impl Volume {
         let Some(i) = self.slot_of(node) else {
             return Ok(());
         };
-        let degrade = |why: String| VolumeError::Degrade {
+        let degrade = |why: DegradeRefusal| VolumeError::Degrade {
             volume: self.info.name.clone(),
             node,
             why,
         };
         if self.set().state(i) == ReplicaState::InSync {
             if self.set().in_sync().len() < 2 {
-                return Err(degrade("it is the last in-sync replica".into()));
+                return Err(degrade(DegradeRefusal::LastInSync));
             }
             m.set_state(
                 &self.info.name,
@@ -274,7 +300,7 @@ impl Volume {
                 0,
             )
             .await
-            .map_err(degrade)?;
+            .map_err(|e| degrade(e.into()))?;
         }
         self.set
             .write()
@@ -308,10 +334,10 @@ impl Volume {
             return Err(VolumeError::Degrade {
                 volume: self.info.name.clone(),
                 node,
-                why: format!(
-                    "{left} in-sync copies would remain, fewer than the minimum of {} (wait for resyncs, or lower it with `volume set --min-copies`)",
-                    self.min_copies()
-                ),
+                why: DegradeRefusal::BelowMinimum {
+                    left,
+                    min: self.min_copies(),
+                },
             });
         }
         self.held
@@ -368,10 +394,9 @@ impl Volume {
         if let Some(m) = &self.membership {
             m.detach(&self.info.name, self.info.epoch)
                 .await
-                .map_err(|why| VolumeError::Degrade {
+                .map_err(|source| VolumeError::Membership {
                     volume: self.info.name.clone(),
-                    node: 0,
-                    why,
+                    source,
                 })?;
         }
         Ok(())
@@ -431,7 +456,7 @@ impl Volume {
     ) -> Result<(), VolumeError> {
         let m = self.membership()?;
         let _g = self.membership_lock.lock().await;
-        let degrade = |node: u32, why: String| VolumeError::Degrade {
+        let degrade = |node: u32, why: DegradeRefusal| VolumeError::Degrade {
             volume: self.info.name.clone(),
             node,
             why,
@@ -461,7 +486,7 @@ impl Volume {
                 if self.set().state(i) == ReplicaState::InSync || to == ReplicaState::Failed {
                     m.set_state(&self.info.name, self.info.epoch, self.node(i), to, 0)
                         .await
-                        .map_err(|why| degrade(self.node(i), why))?;
+                        .map_err(|e| degrade(self.node(i), e.into()))?;
                     tracing::warn!(volume = %self.info.name, node = self.node(i), state = %to, "replica taken out; writes continue on the others");
                 }
                 recorded.push(i);
@@ -473,10 +498,7 @@ impl Volume {
                 .filter(|i| !out.iter().any(|(o, _)| o == i))
                 .collect();
             if survivors.is_empty() {
-                return Err(degrade(
-                    self.node(failed[0]),
-                    "no in-sync replica left".into(),
-                ));
+                return Err(degrade(self.node(failed[0]), DegradeRefusal::NoneLeft));
             }
             let h = self.header(Op::DirtyMark, offset, length);
             let marks = join_all(
@@ -543,10 +565,10 @@ impl Volume {
         let info = m
             .locate(&self.info.name)
             .await
-            .map_err(|why| VolumeError::Degrade {
+            .map_err(|e| VolumeError::Degrade {
                 volume: self.info.name.clone(),
                 node,
-                why,
+                why: e.into(),
             })?;
         if info.epoch != self.info.epoch {
             return Err(VolumeError::Fenced {
@@ -711,10 +733,10 @@ impl Volume {
             incarnation,
         )
         .await
-        .map_err(|why| VolumeError::Degrade {
+        .map_err(|e| VolumeError::Degrade {
             volume: self.info.name.clone(),
             node,
-            why,
+            why: e.into(),
         })?;
         self.slots[i]
             .incarnation

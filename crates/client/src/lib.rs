@@ -24,7 +24,10 @@ mod failover;
 mod scrub;
 mod verify;
 
-pub use failover::{BoxFut, Membership, ReconcileReport, ReplicaView, ResyncProgress};
+pub use failover::{
+    BoxFut, DegradeRefusal, Membership, MembershipError, ReconcileReport, ReplicaView,
+    ResyncProgress,
+};
 pub use scrub::ScrubReport;
 pub use verify::{verify_replicas, Mismatch, VerifyReport};
 
@@ -98,10 +101,10 @@ pub enum VolumeError {
         volume: String,
         failure: WriteFailure,
     },
-    #[error("node {node}: {status}: {message}")]
+    #[error("node {node}: {}: {message}", status.as_str())]
     Replica {
         node: u32,
-        status: &'static str,
+        status: Status,
         message: String,
     },
     #[error("node {node}: {source}")]
@@ -112,7 +115,13 @@ pub enum VolumeError {
     Degrade {
         volume: String,
         node: u32,
-        why: String,
+        why: DegradeRefusal,
+    },
+    /// The control plane did not answer a request that is not a take-out (locate, detach).
+    #[error("volume {volume}: {source}")]
+    Membership {
+        volume: String,
+        source: MembershipError,
     },
     /// The node refused this writer's identity (not on the volume's access list): no replica
     /// is at fault, so none is taken out; the writer stops as if fenced.
@@ -134,7 +143,13 @@ impl VolumeError {
     }
     /// The replica's copy failed its block checksums (the node keeps serving other ranges).
     pub fn is_bad_copy(&self) -> bool {
-        matches!(self, VolumeError::Replica { status, .. } if *status == Status::Corrupt.as_str())
+        matches!(
+            self,
+            VolumeError::Replica {
+                status: Status::Corrupt,
+                ..
+            }
+        )
     }
     /// True if the writer may not go on at all (fenced by a newer epoch, or refused by a node
     /// for its identity): no replica is taken out for it.
@@ -614,7 +629,7 @@ impl Volume {
             }),
             s => Err(VolumeError::Replica {
                 node: self.node(i),
-                status: s.as_str(),
+                status: s,
                 message: String::from_utf8_lossy(&f.payload).into_owned(),
             }),
         }
@@ -686,15 +701,13 @@ impl Volume {
                         VolumeError::Fenced { .. } | VolumeError::Denied { .. } => {
                             ReplicaOutcome::Fenced
                         }
-                        VolumeError::Replica { status, .. }
-                            if status == Status::OutOfRange.as_str()
-                                || status == Status::Invalid.as_str() =>
-                        {
-                            ReplicaOutcome::Refused
-                        }
+                        VolumeError::Replica {
+                            status: Status::OutOfRange | Status::Invalid,
+                            ..
+                        } => ReplicaOutcome::Refused,
                         e => {
                             store_error |= matches!(e, VolumeError::Replica { status, .. }
-                                if status != Status::Superseded.as_str());
+                                if status != Status::Superseded);
                             failed.push(i);
                             ReplicaOutcome::Failed
                         }

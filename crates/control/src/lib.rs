@@ -10,6 +10,7 @@
 //! malformed JSON get an error line; the connection stays usable.
 
 mod api;
+mod error;
 mod manager;
 mod membership;
 mod moves;
@@ -19,6 +20,7 @@ pub use api::{
     ControlClient, ControlError, ControlStream, LinkStatus, NodeRestartReport, NodeStatus,
     ReplicaStatus, ReplicaStatusState, Request, StatusReport, VolumeInfo, VolumeStatus,
 };
+pub use error::{membership_error, ManagerError};
 pub use manager::{
     attach_info, record_detach, record_replica_state, serve, serve_conn, Manager, NodeControl,
 };

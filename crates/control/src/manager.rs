@@ -1,5 +1,6 @@
 //! The cluster manager: the one writer of the metadata store.
 
+use crate::error::{refused, ManagerError};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -59,7 +60,7 @@ pub enum NodeControl {
     Running(u32, tokio::sync::oneshot::Sender<bool>),
 }
 
-pub(crate) type Result<T> = std::result::Result<T, String>;
+pub(crate) type Result<T> = std::result::Result<T, ManagerError>;
 
 type Link = Arc<dyn trireme_transport::Connection>;
 
@@ -149,7 +150,7 @@ impl Manager {
 
     pub(crate) async fn node_control(&self, start: bool, id: u32) -> Result<String> {
         if start && self.node(id).await?.state == NodeState::Removed {
-            return Err(format!("node {id} was removed from the cluster"));
+            return Err(refused(format!("node {id} was removed from the cluster")));
         }
         let (tx, rx) = tokio::sync::oneshot::channel();
         let cmd = if start {
@@ -164,9 +165,11 @@ impl Manager {
             .as_ref()
             .map(|s| s.send(cmd).is_ok());
         if sent != Some(true) {
-            return Err("this cluster has no process supervisor (nodes run on their own)".into());
+            return Err(refused(
+                "this cluster has no process supervisor (nodes run on their own)",
+            ));
         }
-        rx.await.map_err(|_| "the supervisor stopped".to_string())?
+        rx.await.map_err(|_| ManagerError::SupervisorStopped)?
     }
 
     pub(crate) async fn node_running(&self, id: u32) -> Result<bool> {
@@ -178,9 +181,11 @@ impl Manager {
             .as_ref()
             .map(|s| s.send(NodeControl::Running(id, tx)).is_ok());
         if sent != Some(true) {
-            return Err("this cluster has no process supervisor (nodes run on their own)".into());
+            return Err(refused(
+                "this cluster has no process supervisor (nodes run on their own)",
+            ));
         }
-        rx.await.map_err(|_| "the supervisor stopped".to_string())
+        rx.await.map_err(|_| ManagerError::SupervisorStopped)
     }
 
     /// Pings every node every `every`; a node silent for `down_after` is declared down (logged
@@ -337,17 +342,20 @@ impl Manager {
                 if let Some(c) = stale {
                     self.forget_link(&node.addr, &c);
                 }
-                format!(
-                    "node {} at {} did not answer in {limit:?}",
-                    node.id, node.addr
-                )
+                ManagerError::Node {
+                    node: node.id,
+                    what: format!("at {} did not answer in {limit:?}", node.addr),
+                }
             })?
-            .map_err(|e| format!("node {}: {e}", node.id))
+            .map_err(|what| ManagerError::Node {
+                node: node.id,
+                what,
+            })
     }
 
     /// A volume's record, with who is attached to it.
     async fn volume_info(&self, name: &str) -> Result<crate::api::VolumeInfo> {
-        let record = self.meta.volume(name).await.map_err(|e| e.to_string())?;
+        let record = self.meta.volume(name).await?;
         Ok(crate::api::VolumeInfo {
             writer: self.writer_text(name).await,
             client_links: self.client_links(name),
@@ -385,11 +393,10 @@ impl Manager {
     pub(crate) async fn node(&self, id: u32) -> Result<NodeRecord> {
         self.meta
             .nodes()
-            .await
-            .map_err(|e| e.to_string())?
+            .await?
             .into_iter()
             .find(|n| n.id == id)
-            .ok_or_else(|| format!("node {id} is not registered"))
+            .ok_or_else(|| refused(format!("node {id} is not registered")))
     }
 
     pub(crate) async fn replica_op(
@@ -416,13 +423,13 @@ impl Manager {
     ) -> Result<VolumeRecord> {
         let access = access.unwrap_or_else(trireme_meta::any_client);
         if size == 0 || !size.is_multiple_of(4096) || size > MAX_VOLUME {
-            return Err(format!(
+            return Err(refused(format!(
                 "volume size {size} must be a non-zero multiple of 4096 up to {MAX_VOLUME}"
-            ));
+            )));
         }
         let _g = self.volume_lock.lock().await;
-        let nodes = self.meta.nodes().await.map_err(|e| e.to_string())?;
-        let vols = self.meta.volumes().await.map_err(|e| e.to_string())?;
+        let nodes = self.meta.nodes().await?;
+        let vols = self.meta.volumes().await?;
         // On etcd, only nodes whose daemon runs now (holds its lease) take new replicas.
         let alive = self.registered().await;
         let loads: Vec<NodeLoad> = nodes
@@ -438,12 +445,11 @@ impl Manager {
                 zone: n.zone.clone(),
             })
             .collect();
-        let chosen = place(&loads, replicas).map_err(|e| e.to_string())?;
+        let chosen = place(&loads, replicas)?;
         let v = self
             .meta
             .create_volume_for(name, size, &chosen, &access)
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         let mut created = Vec::new();
         for &id in &chosen {
             let node = self.node(id).await?;
@@ -457,11 +463,11 @@ impl Manager {
                     let _ = self.meta.delete_volume(name).await;
                     let why = match outcome {
                         Ok(s) => s.as_str().to_string(),
-                        Err(e) => e,
+                        Err(e) => e.to_string(),
                     };
-                    return Err(format!(
+                    return Err(refused(format!(
                         "creating the replica of {name:?} on node {id} failed: {why}"
-                    ));
+                    )));
                 }
             }
         }
@@ -478,7 +484,7 @@ impl Manager {
         deny: &[String],
     ) -> Result<VolumeRecord> {
         for a in allow.iter().chain(deny) {
-            trireme_meta::check_access_entry(a).map_err(|e| e.to_string())?;
+            trireme_meta::check_access_entry(a)?;
         }
         let v = self
             .meta
@@ -491,8 +497,7 @@ impl Manager {
                 }
                 Ok(())
             })
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         tracing::info!(volume = name, access = ?v.access, "access list changed");
         Ok(v)
     }
@@ -513,8 +518,7 @@ impl Manager {
                 v.min_copies = n;
                 Ok(())
             })
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         if let Some(w) = self.writer(name) {
             w.set_min_copies(n);
         }
@@ -524,24 +528,24 @@ impl Manager {
 
     pub async fn delete_volume(&self, name: &str) -> Result<VolumeRecord> {
         let _g = self.volume_lock.lock().await;
-        let v = self.meta.volume(name).await.map_err(|e| e.to_string())?;
+        let v = self.meta.volume(name).await?;
         for r in &v.replicas {
             let node = self.node(r.node).await?;
             match self.replica_op(&node, Op::DeleteReplica, &v).await? {
                 Status::Ok | Status::NoReplica => {}
                 s => {
-                    return Err(format!(
+                    return Err(refused(format!(
                         "deleting the replica on node {}: {}",
                         r.node,
                         s.as_str()
-                    ))
+                    )))
                 }
             }
         }
         self.meta
             .delete_volume(name)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(ManagerError::from)
     }
 
     async fn attach_info(&self, v: &VolumeRecord) -> Result<AttachInfo> {
@@ -560,8 +564,7 @@ impl Manager {
                 v.writer_open = true;
                 Ok(())
             })
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         let mut info = self.attach_info(&v).await?;
         info.reconcile = unclean;
         Ok(info)
@@ -578,18 +581,18 @@ impl Manager {
     ) -> Result<VolumeRecord> {
         record_replica_state(&self.meta, name, epoch, node, state, incarnation)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(ManagerError::from)
     }
 
     /// The writer of `epoch` left cleanly. A stale epoch changes nothing.
     pub async fn detach(&self, name: &str, epoch: u64) -> Result<VolumeRecord> {
         record_detach(&self.meta, name, epoch)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(ManagerError::from)
     }
 
     pub async fn locate(&self, name: &str) -> Result<AttachInfo> {
-        let v = self.meta.volume(name).await.map_err(|e| e.to_string())?;
+        let v = self.meta.volume(name).await?;
         self.attach_info(&v).await
     }
 
@@ -630,8 +633,7 @@ impl Manager {
         Ok(self
             .meta
             .nodes()
-            .await
-            .map_err(|e| e.to_string())?
+            .await?
             .into_iter()
             .filter(|n| n.state != NodeState::Removed)
             .collect())
@@ -639,7 +641,7 @@ impl Manager {
 
     pub async fn status(&self) -> Result<StatusReport> {
         let nodes = self.member_nodes().await?;
-        let vols = self.meta.volumes().await.map_err(|e| e.to_string())?;
+        let vols = self.meta.volumes().await?;
         let alive = self.registered().await;
         let mut ns = Vec::new();
         for n in &nodes {
@@ -714,7 +716,7 @@ impl Manager {
     /// Nodes that do not answer are skipped (they are handled when they come back).
     pub async fn ensure_replicas(&self) -> Result<()> {
         let nodes = self.member_nodes().await?;
-        for v in self.meta.volumes().await.map_err(|e| e.to_string())? {
+        for v in self.meta.volumes().await? {
             let mut missing = Vec::new();
             let mut present = 0;
             for r in &v.replicas {
@@ -747,8 +749,7 @@ impl Manager {
                             }
                             Ok(())
                         })
-                        .await
-                        .map_err(|e| e.to_string())?;
+                        .await?;
                     tracing::warn!(volume = %v.name, node = n.id, "replica lost with its volatile store; re-created empty and marked failed until resynced");
                 }
                 self.replica_op(&n, Op::CreateReplica, &v).await?;
@@ -763,10 +764,10 @@ impl Manager {
         }
         match req {
             Request::NodeList => {
-                let vols = self.meta.volumes().await.map_err(|e| e.to_string())?;
+                let vols = self.meta.volumes().await?;
                 let mut out = Vec::new();
                 let alive = self.registered().await;
-                for n in self.meta.nodes().await.map_err(|e| e.to_string())? {
+                for n in self.meta.nodes().await? {
                     out.push(self.node_status(&n, &vols, alive.as_ref()).await);
                 }
                 to(Ok(out))
@@ -791,7 +792,7 @@ impl Manager {
             Request::VolumeAccess { name, allow, deny } => {
                 to(self.set_access(&name, &allow, &deny).await)
             }
-            Request::VolumeList => to(self.meta.volumes().await.map_err(|e| e.to_string())),
+            Request::VolumeList => to(self.meta.volumes().await.map_err(ManagerError::from)),
             Request::VolumeInfo { name } => to(self.volume_info(&name).await),
             Request::VolumeDelete { name } => to(self.delete_volume(&name).await),
             Request::Attach { name } => to(self.attach(&name).await),
@@ -808,9 +809,9 @@ impl Manager {
             Request::Detach { name, epoch } => to(self.detach(&name, epoch).await),
             Request::VolumeScrub { name, region } => {
                 let v = self.writer(&name).ok_or_else(|| {
-                    format!("no writer of {name:?} runs in the cluster process; a scrub repairs through it")
+                    refused(format!("no writer of {name:?} runs in the cluster process; a scrub repairs through it"))
                 })?;
-                to(v.scrub(region).await.map_err(|e| e.to_string()))
+                to(v.scrub(region).await.map_err(ManagerError::from))
             }
             Request::NodeStop { id } => to(self.node_control(false, id).await),
             Request::NodeStart { id } => to(self.node_control(true, id).await),
@@ -825,13 +826,13 @@ impl Manager {
 
 /// Where a volume's replicas are, for a writer (`reconcile` false: the caller decides).
 pub async fn attach_info(meta: &ClusterMeta, v: &VolumeRecord) -> Result<AttachInfo> {
-    let nodes = meta.nodes().await.map_err(|e| e.to_string())?;
+    let nodes = meta.nodes().await?;
     let mut replicas = Vec::new();
     for r in &v.replicas {
         let n = nodes
             .iter()
             .find(|n| n.id == r.node)
-            .ok_or_else(|| format!("node {} is not registered", r.node))?;
+            .ok_or_else(|| refused(format!("node {} is not registered", r.node)))?;
         replicas.push(ReplicaTarget {
             node: n.id,
             addr: n.addr.clone(),
@@ -933,9 +934,9 @@ fn authorize(peer: &Peer, req: &Request) -> Result<()> {
                 .and_then(|v| v.get("cmd").and_then(|c| c.as_str()).map(String::from))
                 .unwrap_or_default();
             tracing::warn!(%peer, cmd, "refused a control request: only operators and nodes may");
-            Err(format!(
+            Err(refused(format!(
                 "{peer} may not {cmd}: only an operator (`trireme ca issue admin`) or a node may"
-            ))
+            )))
         }
     }
 }
@@ -957,14 +958,14 @@ pub async fn serve_conn<S: crate::api::ControlStream>(sock: S, m: Arc<Manager>, 
         } else {
             match serde_json::from_slice::<Request>(&buf) {
                 Ok(req) => match authorize(&peer, &req) {
-                    Err(e) => Reply::Error(e),
+                    Err(e) => Reply::Error(e.to_string()),
                     Ok(()) if m.hands_over_for(&req) => Reply::Elsewhere(format!(
                         "node {} holds the manager role: it hands the role to another daemon, which runs the restart",
                         m.own_node()
                     )),
                     Ok(()) => match m.handle(req).await {
                         Ok(v) => Reply::Ok(v),
-                        Err(e) => Reply::Error(e),
+                        Err(e) => Reply::Error(e.to_string()),
                     },
                 },
                 Err(e) => Reply::Error(format!("bad request: {e}")),

@@ -2,10 +2,10 @@
 
 use std::path::PathBuf;
 
-use trireme_client::{AttachInfo, BoxFut, Membership};
+use trireme_client::{AttachInfo, BoxFut, Membership, MembershipError};
 use trireme_replication::ReplicaState;
 
-use crate::{ControlClient, Request};
+use crate::{ControlClient, ControlError, Request};
 
 /// Records replica states and locates replicas through `<data-dir>/control.sock`. Each call
 /// opens its own connection: calls are rare (a failure, a resync) and must not queue behind
@@ -16,11 +16,18 @@ pub struct ControlMembership {
 }
 
 impl ControlMembership {
-    async fn call<T: serde::de::DeserializeOwned>(&self, req: Request) -> Result<T, String> {
+    async fn call<T: serde::de::DeserializeOwned>(
+        &self,
+        req: Request,
+    ) -> Result<T, MembershipError> {
         let mut c = ControlClient::connect(&self.path)
             .await
-            .map_err(|e| e.to_string())?;
-        c.call(&req).await.map_err(|e| e.to_string())
+            .map_err(|e| MembershipError::Unreachable(e.to_string()))?;
+        c.call(&req).await.map_err(|e| match e {
+            // The manager answered: it refused.
+            ControlError::Remote(m) => MembershipError::Refused(m),
+            e => MembershipError::Unreachable(e.to_string()),
+        })
     }
 }
 
@@ -32,7 +39,7 @@ impl Membership for ControlMembership {
         node: u32,
         state: ReplicaState,
         incarnation: u64,
-    ) -> BoxFut<'a, Result<(), String>> {
+    ) -> BoxFut<'a, Result<(), MembershipError>> {
         Box::pin(async move {
             self.call::<serde_json::Value>(Request::SetReplicaState {
                 name: volume.to_string(),
@@ -46,13 +53,17 @@ impl Membership for ControlMembership {
         })
     }
 
-    fn locate<'a>(&'a self, volume: &'a str) -> BoxFut<'a, Result<AttachInfo, String>> {
+    fn locate<'a>(&'a self, volume: &'a str) -> BoxFut<'a, Result<AttachInfo, MembershipError>> {
         Box::pin(self.call(Request::Locate {
             name: volume.to_string(),
         }))
     }
 
-    fn detach<'a>(&'a self, volume: &'a str, epoch: u64) -> BoxFut<'a, Result<(), String>> {
+    fn detach<'a>(
+        &'a self,
+        volume: &'a str,
+        epoch: u64,
+    ) -> BoxFut<'a, Result<(), MembershipError>> {
         Box::pin(async move {
             self.call::<serde_json::Value>(Request::Detach {
                 name: volume.to_string(),

@@ -29,11 +29,14 @@
 //! earlier attempt left (`ReplicaRecord::moving_from`) and resumes it, or discards it when its
 //! node does not answer: no orphan copy stays in the volume (`add_target`).
 
+use crate::error::{refused, ManagerError};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use trireme_client::{AttachInfo, BoxFut, Membership, ResyncProgress, Volume, VolumeOptions};
+use trireme_client::{
+    AttachInfo, BoxFut, Membership, MembershipError, ResyncProgress, Volume, VolumeOptions,
+};
 use trireme_meta::{
     AttachRecord, MoveRequest, MoveRequestState, NodeState, ReplicaRecord, VolumeRecord,
 };
@@ -106,8 +109,8 @@ enum Mover {
 struct ManagerMembership(Weak<Manager>);
 
 impl ManagerMembership {
-    fn get(&self) -> std::result::Result<Arc<Manager>, String> {
-        self.0.upgrade().ok_or_else(|| "the manager stopped".into())
+    fn get(&self) -> std::result::Result<Arc<Manager>, MembershipError> {
+        self.0.upgrade().ok_or_else(|| ManagerError::Stopped.into())
     }
 }
 
@@ -119,26 +122,30 @@ impl Membership for ManagerMembership {
         node: u32,
         state: ReplicaState,
         incarnation: u64,
-    ) -> BoxFut<'a, std::result::Result<(), String>> {
+    ) -> BoxFut<'a, std::result::Result<(), MembershipError>> {
         Box::pin(async move {
             self.get()?
                 .set_replica_state(volume, epoch, node, state, incarnation)
                 .await
                 .map(|_| ())
+                .map_err(MembershipError::from)
         })
     }
     fn locate<'a>(
         &'a self,
         volume: &'a str,
-    ) -> BoxFut<'a, std::result::Result<AttachInfo, String>> {
-        Box::pin(async move { self.get()?.locate(volume).await })
+    ) -> BoxFut<'a, std::result::Result<AttachInfo, MembershipError>> {
+        Box::pin(async move { Ok(self.get()?.locate(volume).await?) })
     }
     fn detach<'a>(
         &'a self,
         volume: &'a str,
         epoch: u64,
-    ) -> BoxFut<'a, std::result::Result<(), String>> {
-        Box::pin(async move { self.get()?.detach(volume, epoch).await.map(|_| ()) })
+    ) -> BoxFut<'a, std::result::Result<(), MembershipError>> {
+        Box::pin(async move {
+            self.get()?.detach(volume, epoch).await?;
+            Ok(())
+        })
     }
 }
 
@@ -153,14 +160,13 @@ impl Manager {
     ) -> Result<MoveStatus> {
         let rec = self.node(node).await?;
         if rec.state == NodeState::Removed {
-            return Err(format!("node {node} was removed from the cluster"));
+            return Err(refused(format!("node {node} was removed from the cluster")));
         }
         let kind = if remove { "remove" } else { "drain" };
         let volumes: Vec<String> = self
             .meta()
             .volumes()
-            .await
-            .map_err(|e| e.to_string())?
+            .await?
             .into_iter()
             .filter(|v| v.replicas.iter().any(|r| r.node == node))
             .map(|v| v.name)
@@ -174,7 +180,10 @@ impl Manager {
                 if m.kind == kind {
                     return Ok(m.clone());
                 }
-                return Err(format!("a {} of node {node} is already running", m.kind));
+                return Err(refused(format!(
+                    "a {} of node {node} is already running",
+                    m.kind
+                )));
             }
             let job = MoveStatus {
                 kind: kind.into(),
@@ -220,7 +229,7 @@ impl Manager {
                     Ok(()) => m.state = MoveState::Done,
                     Err(e) => {
                         m.state = MoveState::Failed;
-                        m.error = Some(e.clone());
+                        m.error = Some(e.to_string());
                     }
                 }
             });
@@ -246,8 +255,8 @@ impl Manager {
     /// Takes over the jobs a previous manager recorded: finished ones are shown by `status`,
     /// running ones go on (the volumes that still have a replica on the node).
     pub async fn resume_jobs(self: &Arc<Self>) -> Result<()> {
-        let jobs: Vec<MoveStatus> = self.meta().jobs().await.map_err(|e| e.to_string())?;
-        let vols = self.meta().volumes().await.map_err(|e| e.to_string())?;
+        let jobs: Vec<MoveStatus> = self.meta().jobs().await?;
+        let vols = self.meta().volumes().await?;
         for job in jobs {
             let running = job.state == MoveState::Running;
             {
@@ -325,7 +334,9 @@ impl Manager {
     pub async fn undrain(&self, node: u32) -> Result<String> {
         let rec = self.node(node).await?;
         match rec.state {
-            NodeState::Removed => return Err(format!("node {node} was removed from the cluster")),
+            NodeState::Removed => {
+                return Err(refused(format!("node {node} was removed from the cluster")))
+            }
             NodeState::Active => return Ok(format!("node {node} is active")),
             NodeState::Draining => {}
         }
@@ -334,9 +345,9 @@ impl Manager {
             .iter()
             .any(|m| m.node == node && m.state == MoveState::Running)
         {
-            return Err(format!(
+            return Err(refused(format!(
                 "a move off node {node} is running; wait for it to end"
-            ));
+            )));
         }
         self.set_node_state(node, NodeState::Active).await?;
         Ok(format!("node {node} takes new replicas again"))
@@ -347,7 +358,7 @@ impl Manager {
         self.meta()
             .put_node(&trireme_meta::NodeRecord { state, ..rec })
             .await
-            .map_err(|e| e.to_string())
+            .map_err(ManagerError::from)
     }
 
     pub(crate) fn moves(&self) -> Vec<MoveStatus> {
@@ -372,13 +383,13 @@ impl Manager {
             let v = match self.meta().volume(name).await {
                 Ok(v) => v,
                 Err(trireme_meta::MetaError::NoVolume(_)) => continue, // deleted meanwhile
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(e.into()),
             };
             if v.replicas.iter().any(|r| r.node == node) {
                 self.update_move(node, |m| m.volume = Some(name.clone()));
                 self.move_volume(&v, node, rate)
                     .await
-                    .map_err(|e| format!("volume {name}: {e}"))?;
+                    .map_err(|e| refused(format!("volume {name}: {e}")))?;
             }
             self.update_move(node, |m| m.volumes_done += 1);
             self.save_job(node).await;
@@ -403,21 +414,13 @@ impl Manager {
                 record: None,
             });
         }
-        let mut held = self
-            .meta()
-            .attachment(&v.name)
-            .await
-            .map_err(|e| e.to_string())?;
+        let mut held = self.meta().attachment(&v.name).await?;
         if held.is_none() && v.writer_open && self.leases_on() {
             // A live writer whose lease expired (etcd was out for longer than its TTL) puts
             // its record back as soon as etcd answers: give it that time before taking the
             // volume for a dead writer's.
             tokio::time::sleep(REATTACH_GRACE).await;
-            held = self
-                .meta()
-                .attachment(&v.name)
-                .await
-                .map_err(|e| e.to_string())?;
+            held = self.meta().attachment(&v.name).await?;
         }
         if let Some((a, _)) = held {
             return Ok(Mover::Remote {
@@ -428,10 +431,10 @@ impl Manager {
         // On etcd every writer holds an attach record: writer-open without one is a writer
         // that died, and attaching reconciles first. Beside `up`, it may be `trireme nbd`.
         if v.writer_open && !self.leases_on() {
-            return Err(format!(
+            return Err(refused(format!(
                 "volume {} is attached by a writer outside the cluster process; detach it first (a move through another writer would fence it)",
                 v.name
-            ));
+            )));
         }
         let (info, record) = match self.meta().fence_lease() {
             Some(lease) => {
@@ -442,11 +445,7 @@ impl Manager {
                     exports: vec![],
                     identity: None,
                 };
-                let (v, unclean) = self
-                    .meta()
-                    .attach(&v.name, &rec, lease, false)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                let (v, unclean) = self.meta().attach(&v.name, &rec, lease, false).await?;
                 let mut info = crate::attach_info(self.meta(), &v).await?;
                 info.reconcile = unclean;
                 (info, Some(v.epoch))
@@ -454,9 +453,7 @@ impl Manager {
             None => (self.attach(&v.name).await?, None),
         };
         let membership: Arc<dyn Membership> = Arc::new(ManagerMembership(Arc::downgrade(self)));
-        let w = Volume::attach_managed(info, VolumeOptions::default(), membership)
-            .await
-            .map_err(|e| e.to_string())?;
+        let w = Volume::attach_managed(info, VolumeOptions::default(), membership).await?;
         self.register_client(w.clone());
         Ok(Mover::Here {
             writer: w,
@@ -495,9 +492,9 @@ impl Manager {
 
     /// The node a new replica of `v` goes to.
     async fn pick_target(&self, v: &VolumeRecord) -> Result<u32> {
-        let vols = self.meta().volumes().await.map_err(|e| e.to_string())?;
+        let vols = self.meta().volumes().await?;
         let mut candidates: Vec<(usize, u32)> = Vec::new();
-        for n in self.meta().nodes().await.map_err(|e| e.to_string())? {
+        for n in self.meta().nodes().await? {
             if n.state != NodeState::Active || v.replicas.iter().any(|r| r.node == n.id) {
                 continue;
             }
@@ -516,10 +513,10 @@ impl Manager {
         }
         candidates.sort_unstable();
         candidates.first().map(|c| c.1).ok_or_else(|| {
-            format!(
+            refused(format!(
                 "no node can take a replica of {}: every active node that answers holds one already (add a node: `trireme up --nodes N+1`)",
                 v.name
-            )
+            ))
         })
     }
 
@@ -571,8 +568,7 @@ impl Manager {
                 });
                 Ok(())
             })
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         let target = self.node(to).await?;
         let mut created = self.replica_op(&target, Op::CreateReplica, &v).await;
         if let Ok(Status::Exists) = created {
@@ -596,9 +592,9 @@ impl Manager {
                         Ok(())
                     })
                     .await;
-                Err(format!(
+                Err(refused(format!(
                     "creating the new replica on node {to}: {outcome:?}"
-                ))
+                )))
             }
         }
     }
@@ -618,8 +614,7 @@ impl Manager {
                 rec.replicas.retain(|r| r.node != node);
                 Ok(())
             })
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         self.delete_old(&v, node).await;
         Ok(v)
     }
@@ -640,8 +635,7 @@ impl Manager {
                 }
                 Ok(())
             })
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         self.delete_old(&v, from).await;
         Ok(())
     }
@@ -689,7 +683,7 @@ impl Manager {
     ) -> Result<()> {
         let name = v.name.as_str();
         let meta = self.meta();
-        let pending = meta.move_request(name).await.map_err(|e| e.to_string())?;
+        let pending = meta.move_request(name).await?;
         let to = match pending {
             Some((r, _))
                 if r.from == from && r.epoch == epoch && r.state != MoveRequestState::Failed =>
@@ -714,16 +708,9 @@ impl Manager {
                     progress: None,
                     error: None,
                 };
-                meta.delete_move_request(name)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                if meta
-                    .put_move_request(name, &req, 0)
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .is_none()
-                {
-                    return Err("another move request was made meanwhile".into());
+                meta.delete_move_request(name).await?;
+                if meta.put_move_request(name, &req, 0).await?.is_none() {
+                    return Err(refused("another move request was made meanwhile"));
                 }
                 tracing::info!(
                     volume = name,
@@ -742,16 +729,16 @@ impl Manager {
                 Ok(Some((r, _))) if r.from == from && r.to == to => match r.state {
                     MoveRequestState::Done => break Ok(()),
                     MoveRequestState::Failed => {
-                        break Err(format!(
+                        break Err(refused(format!(
                             "the writer on {host}: {}",
                             r.error.unwrap_or_default()
-                        ))
+                        )))
                     }
                     MoveRequestState::Asked | MoveRequestState::Copying => {
                         self.update_move(from, |m| m.progress = r.progress.clone())
                     }
                 },
-                Ok(_) => break Err("the move request was replaced or deleted".into()),
+                Ok(_) => break Err(refused("the move request was replaced or deleted")),
                 Err(e) => {
                     tracing::debug!(volume = name, "reading the move request: {e}");
                     continue;
@@ -760,9 +747,9 @@ impl Manager {
             match meta.attachment(name).await {
                 Ok(Some((a, _))) if a.epoch == epoch => {}
                 Ok(_) => {
-                    break Err(format!(
+                    break Err(refused(format!(
                         "the writer on {host} detached or was replaced during the move; run the command again"
-                    ))
+                    )))
                 }
                 Err(_) => {}
             }
@@ -771,11 +758,9 @@ impl Manager {
             let _ = meta.delete_move_request(name).await;
             return Err(e);
         }
-        let v = meta.volume(name).await.map_err(|e| e.to_string())?;
+        let v = meta.volume(name).await?;
         self.finish_move(&v, from).await?;
-        meta.delete_move_request(name)
-            .await
-            .map_err(|e| e.to_string())?;
+        meta.delete_move_request(name).await?;
         tracing::info!(
             volume = name,
             from,
@@ -799,23 +784,29 @@ pub async fn copy_then_retire(
     progress: &mut (dyn FnMut(Option<&ResyncProgress>) + Send),
 ) -> Result<()> {
     let name = writer.info().name.clone();
-    writer
-        .add_replica(to, rate)
-        .await
-        .map_err(|e| e.to_string())?;
+    writer.add_replica(to, rate).await?;
     loop {
-        let epoch = meta.volume(&name).await.map_err(|e| e.to_string())?.epoch;
+        let epoch = meta.volume(&name).await?.epoch;
         if epoch != writer.info().epoch {
-            return Err("the writer was fenced by a newer attach; run the command again".into());
+            return Err(refused(
+                "the writer was fenced by a newer attach; run the command again",
+            ));
         }
         let view = writer.replica_views().into_iter().find(|r| r.node == to);
         match view {
             Some(r) if r.state == ReplicaState::InSync => break,
             Some(r) => progress(r.resync.as_ref()),
-            None => return Err(format!("the writer dropped the new replica on node {to}")),
+            None => {
+                return Err(refused(format!(
+                    "the writer dropped the new replica on node {to}"
+                )))
+            }
         }
         tokio::time::sleep(POLL).await;
     }
     progress(None);
-    writer.retire_replica(from).await.map_err(|e| e.to_string())
+    writer
+        .retire_replica(from)
+        .await
+        .map_err(ManagerError::from)
 }

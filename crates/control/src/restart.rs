@@ -9,6 +9,7 @@
 //! writer (asked, out, then return, back) and `restarts/<node>` to the daemon, which re-executes
 //! itself (picking up an upgraded binary) under a new lease.
 
+use crate::error::{refused, ManagerError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -59,7 +60,7 @@ impl Manager {
                 Ok(false) => {}
                 Err(e) => {
                     release(&out, id);
-                    return Err(e.to_string());
+                    return Err(e.into());
                 }
             }
         }
@@ -69,7 +70,7 @@ impl Manager {
             self.node_control(false, id).await?;
             while self.node_running(id).await? {
                 if t0.elapsed() > ANSWER_LIMIT {
-                    return Err(format!("node {id} did not exit after SIGTERM"));
+                    return Err(refused(format!("node {id} did not exit after SIGTERM")));
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
@@ -97,17 +98,17 @@ impl Manager {
     async fn restart_member(&self, id: u32) -> Result<NodeRestartReport> {
         let t0 = Instant::now();
         let meta = &self.meta;
-        let err = |e: trireme_meta::MetaError| e.to_string();
+        let err = ManagerError::from;
         if id == self.own_node() {
             // Its own node: another daemon must run the restart. Answered by `serve_conn`
             // before it gets here; this is for callers in the process.
-            return Err(format!("node {id} holds the manager role"));
+            return Err(refused(format!("node {id} holds the manager role")));
         }
-        let lease = meta
-            .alive_lease(id)
-            .await
-            .map_err(err)?
-            .ok_or_else(|| format!("node {id} is not running (no daemon is registered)"))?;
+        let lease = meta.alive_lease(id).await.map_err(err)?.ok_or_else(|| {
+            refused(format!(
+                "node {id} is not running (no daemon is registered)"
+            ))
+        })?;
         // Each volume with an in-sync copy there, and its writer: in this process (a move's),
         // on another host (its attach record), or none (nothing is written, nothing to do).
         let local = self.local_writers();
@@ -133,7 +134,7 @@ impl Manager {
         let mut asked = Vec::new();
         let taken: Result<()> = async {
             for w in &mine {
-                if w.take_out_node(id, HOLD).await.map_err(|e| e.to_string())? {
+                if w.take_out_node(id, HOLD).await? {
                     out.push(w.clone());
                 }
             }
@@ -155,9 +156,9 @@ impl Manager {
                     .map_err(err)?
                     .is_none()
                 {
-                    return Err(format!(
+                    return Err(refused(format!(
                         "volume {name}: its take-out request changed while it was being made"
-                    ));
+                    )));
                 }
                 asked.push((name.clone(), host.clone()));
             }
@@ -165,12 +166,12 @@ impl Manager {
                 let r = self
                     .takeout_reaches(name, |s| s != TakeOutState::Asked, ANSWER_LIMIT)
                     .await
-                    .map_err(|e| format!("volume {name}: its writer on {host}: {e}"))?;
+                    .map_err(|e| refused(format!("volume {name}: its writer on {host}: {e}")))?;
                 if r.state == TakeOutState::Refused {
-                    return Err(format!(
+                    return Err(refused(format!(
                         "volume {name}: its writer on {host} refused: {}",
                         r.error.unwrap_or_default()
-                    ));
+                    )));
                 }
             }
             Ok(())
@@ -198,12 +199,12 @@ impl Manager {
                 match meta.alive_lease(id).await {
                     Ok(Some(l)) if l != lease => return Ok(()),
                     Ok(_) | Err(trireme_meta::MetaError::Unavailable(_)) => {}
-                    Err(e) => return Err(e.to_string()),
+                    Err(e) => return Err(e.into()),
                 }
                 if Instant::now() > deadline {
-                    return Err(format!(
+                    return Err(refused(format!(
                         "node {id}'s daemon did not restart within {ANSWER_LIMIT:?}"
-                    ));
+                    )));
                 }
                 tokio::time::sleep(POLL).await;
             }
@@ -221,13 +222,13 @@ impl Manager {
                     .takeout(name)
                     .await
                     .map_err(err)?
-                    .ok_or("the request is gone")?;
+                    .ok_or_else(|| refused("the request is gone"))?;
                 req.state = TakeOutState::Return;
                 meta.put_takeout(name, &req, rev)
                     .await
                     .map_err(err)?
-                    .ok_or("the request changed meanwhile")?;
-                Ok::<(), String>(())
+                    .ok_or_else(|| refused("the request changed meanwhile"))?;
+                Ok::<(), ManagerError>(())
             };
             if let Err(e) = back.await {
                 tracing::warn!(volume = %name, "asking the writer to bring its replica back: {e}");
@@ -254,11 +255,11 @@ impl Manager {
                 let r = self
                     .takeout_reaches(name, |s| s == TakeOutState::Back, left)
                     .await
-                    .map_err(|e| format!("volume {name}: its writer on {host}: {e}"))?;
+                    .map_err(|e| refused(format!("volume {name}: its writer on {host}: {e}")))?;
                 report.resynced_bytes += r.resynced_bytes;
                 report.full |= r.full;
             }
-            Ok::<(), String>(())
+            Ok::<(), ManagerError>(())
         }
         .await;
         for (name, _) in &asked {
@@ -283,11 +284,11 @@ impl Manager {
             match self.meta.takeout(name).await {
                 Ok(Some((r, _))) if done(r.state) => return Ok(r),
                 Ok(Some(_)) | Err(trireme_meta::MetaError::Unavailable(_)) => {}
-                Ok(None) => return Err("the request is gone".into()),
-                Err(e) => return Err(e.to_string()),
+                Ok(None) => return Err(refused("the request is gone")),
+                Err(e) => return Err(e.into()),
             }
             if Instant::now() > deadline {
-                return Err(format!("no answer within {limit:?}"));
+                return Err(refused(format!("no answer within {limit:?}")));
             }
             tokio::time::sleep(POLL).await;
         }
@@ -303,9 +304,9 @@ fn release(writers: &[Arc<Volume>], node: u32) {
 async fn wait_in_sync(writers: &[Arc<Volume>], node: u32, t0: Instant) -> Result<()> {
     while !writers.iter().all(|w| w.in_sync_on(node)) {
         if t0.elapsed() > RESTART_LIMIT {
-            return Err(format!(
+            return Err(refused(format!(
                 "node {node} restarted, but its replicas were not back in sync within {RESTART_LIMIT:?}"
-            ));
+            )));
         }
         tokio::time::sleep(POLL).await;
     }

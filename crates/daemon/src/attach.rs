@@ -18,7 +18,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use trireme_client::{AttachInfo, BoxFut, Membership, Volume, VolumeOptions};
+use trireme_client::{AttachInfo, BoxFut, Membership, MembershipError, Volume, VolumeOptions};
+use trireme_control::membership_error;
 use trireme_meta::{
     AttachRecord, ClusterMeta, MetaError, MoveRequest, MoveRequestState, TakeOutRequest,
     TakeOutState,
@@ -86,7 +87,7 @@ impl Membership for MetaMembership {
         node: u32,
         state: ReplicaState,
         incarnation: u64,
-    ) -> BoxFut<'a, Result<(), String>> {
+    ) -> BoxFut<'a, Result<(), MembershipError>> {
         Box::pin(async move {
             until_reachable("recording a replica state", || {
                 trireme_control::record_replica_state(
@@ -100,25 +101,29 @@ impl Membership for MetaMembership {
             })
             .await
             .map(|_| ())
-            .map_err(|e| e.to_string())
+            .map_err(membership_error)
         })
     }
 
-    fn locate<'a>(&'a self, volume: &'a str) -> BoxFut<'a, Result<AttachInfo, String>> {
+    fn locate<'a>(&'a self, volume: &'a str) -> BoxFut<'a, Result<AttachInfo, MembershipError>> {
         Box::pin(async move {
             let v = until_reachable("locating replicas", || self.meta.volume(volume))
                 .await
-                .map_err(|e| e.to_string())?;
-            trireme_control::attach_info(&self.meta, &v).await
+                .map_err(membership_error)?;
+            Ok(trireme_control::attach_info(&self.meta, &v).await?)
         })
     }
 
-    fn detach<'a>(&'a self, volume: &'a str, epoch: u64) -> BoxFut<'a, Result<(), String>> {
+    fn detach<'a>(
+        &'a self,
+        volume: &'a str,
+        epoch: u64,
+    ) -> BoxFut<'a, Result<(), MembershipError>> {
         Box::pin(async move {
             trireme_control::record_detach(&self.meta, volume, epoch)
                 .await
                 .map(|_| ())
-                .map_err(|e| e.to_string())
+                .map_err(membership_error)
         })
     }
 }
@@ -174,7 +179,7 @@ pub async fn attach(
         .await;
         // A writer of this host that died (kill -9, then a restart) holds the record until
         // its lease expires: wait for that rather than refuse.
-        if let Err(MetaError::Refused(_)) = &r {
+        if let Err(MetaError::Attached { .. }) = &r {
             if let Ok(Some((h, _))) = meta.attachment(&cfg.volume).await {
                 if h.host == rec.host && !crate::node::pid_alive(h.pid) {
                     tracing::info!(
@@ -194,10 +199,7 @@ pub async fn attach(
         Ok(r) => r,
         Err(e) => {
             let _ = meta.store().revoke(lease).await;
-            return Err(match e {
-                MetaError::NoVolume(_) | MetaError::Refused(_) => DaemonError::Usage(e.to_string()),
-                e => e.into(),
-            });
+            return Err(e.into());
         }
     };
     let lease_now = Arc::new(std::sync::atomic::AtomicI64::new(lease));
@@ -216,7 +218,7 @@ pub async fn attach(
         Err(e) => {
             keeper.abort();
             let _ = meta.store().revoke(lease).await;
-            return Err(DaemonError::Runtime(e));
+            return Err(e.into());
         }
     };
     info.reconcile = unclean;
@@ -528,7 +530,7 @@ async fn carry_out(meta: &ClusterMeta, volume: &Volume, mut req: MoveRequest, mu
         }
         Err(e) => {
             req.state = MoveRequestState::Failed;
-            req.error = Some(e.clone());
+            req.error = Some(e.to_string());
             tracing::error!(volume = %name, from = req.from, to = req.to, "moving a replica: {e}");
         }
     }

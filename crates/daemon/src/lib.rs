@@ -37,11 +37,23 @@ pub enum DaemonError {
     Usage(String),
     #[error("{0}")]
     Runtime(String),
+    #[error(transparent)]
+    Manager(#[from] trireme_control::ManagerError),
+    #[error(transparent)]
+    Meta(#[from] trireme_meta::MetaError),
 }
 
-impl From<trireme_meta::MetaError> for DaemonError {
-    fn from(e: trireme_meta::MetaError) -> Self {
-        DaemonError::Runtime(e.to_string())
+impl DaemonError {
+    /// True if the user's input or the cluster's state refused it (exit 2), not a failure.
+    pub fn is_usage(&self) -> bool {
+        use trireme_meta::MetaError;
+        matches!(
+            self,
+            DaemonError::Usage(_)
+                | DaemonError::Meta(
+                    MetaError::NoVolume(_) | MetaError::Refused(_) | MetaError::Attached { .. }
+                )
+        )
     }
 }
 

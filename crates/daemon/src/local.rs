@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
-use trireme_control::Manager;
+use trireme_control::{Manager, ManagerError};
 use trireme_meta::{ClusterMeta, EmbeddedMeta, NodeRecord, NodeState};
 
 use crate::DaemonError;
@@ -414,10 +414,7 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
 
     // Control plane.
     let manager = Arc::new(Manager::new(meta.clone()));
-    manager
-        .ensure_replicas()
-        .await
-        .map_err(DaemonError::Runtime)?;
+    manager.ensure_replicas().await?;
     manager.start_heartbeats(Duration::from_millis(500), Duration::from_secs(3));
     let (ctl_tx, mut ctl_rx) = tokio::sync::mpsc::unbounded_channel();
     manager.set_supervisor(ctl_tx);
@@ -449,8 +446,7 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
         Err(trireme_meta::MetaError::NoVolume(_)) => {
             manager
                 .create_volume(&a.volume, a.size, a.replicas as usize, None)
-                .await
-                .map_err(DaemonError::Runtime)?;
+                .await?;
         }
         Err(e) => return Err(e.into()),
     }
@@ -529,7 +525,7 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
             }
             Some(cmd) = ctl_rx.recv() => match cmd {
                 trireme_control::NodeControl::Stop(id, reply) => {
-                    let _ = reply.send(sup.stop(id));
+                    let _ = reply.send(sup.stop(id).map_err(ManagerError::Refused));
                 }
                 trireme_control::NodeControl::Running(id, reply) => {
                     let _ = reply.send(sup.nodes.get(&id).is_some_and(|n| n.pid.is_some()));
@@ -546,7 +542,7 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
                             }
                         }
                     };
-                    let _ = reply.send(r);
+                    let _ = reply.send(r.map_err(ManagerError::Refused));
                 }
             },
         }

@@ -560,10 +560,13 @@ impl ClusterMeta {
         for _ in 0..MAX_TRIES {
             let held = self.attachment(name).await?;
             if let (Some((a, _)), false) = (&held, force) {
-                return Err(MetaError::Refused(format!(
-                    "volume {name:?} is attached by pid {} on {} (epoch {}); --force fences it",
-                    a.pid, a.host, a.epoch
-                )));
+                return Err(MetaError::Attached {
+                    volume: name.to_string(),
+                    pid: a.pid,
+                    host: a.host.clone(),
+                    epoch: a.epoch,
+                    force_fences: true,
+                });
             }
             let (mut v, rev) = self.read_volume(name).await?;
             let unclean = v.writer_open;
@@ -619,10 +622,13 @@ impl ClusterMeta {
                     vec![Compare::mod_revision(ak.clone(), kv.mod_revision)]
                 }
                 Some((a, _)) => {
-                    return Err(MetaError::Refused(format!(
-                        "volume {name:?} is attached by pid {} on {} (epoch {})",
-                        a.pid, a.host, a.epoch
-                    )))
+                    return Err(MetaError::Attached {
+                        volume: name.to_string(),
+                        pid: a.pid,
+                        host: a.host,
+                        epoch: a.epoch,
+                        force_fences: false,
+                    })
                 }
                 None => {
                     let (v, rev) = self.read_volume(name).await?;

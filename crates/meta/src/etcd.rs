@@ -74,11 +74,27 @@ fn unavailable(e: impl std::fmt::Display) -> MetaError {
     MetaError::Unavailable(e.to_string())
 }
 
+/// etcd's answer as a [`MetaError`]. The calls made here (key-value, transactions, leases) get
+/// `NOT_FOUND` only for a lease that expired or never existed, and the client's keep-alive
+/// stream says so in the one message it has for it; the caller fills in the lease's id. This
+/// is the one place that reads etcd's wording.
+fn from_etcd_error(e: etcd_client::Error) -> MetaError {
+    match e {
+        etcd_client::Error::GRpcStatus(s) if s.code() == tonic::Code::NotFound => {
+            MetaError::NoLease(0)
+        }
+        etcd_client::Error::LeaseKeepAliveError(m) if m == "lease not found" => {
+            MetaError::NoLease(0)
+        }
+        e => unavailable(e),
+    }
+}
+
 async fn timed<T>(
     f: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
 ) -> Result<T, MetaError> {
     match tokio::time::timeout(CALL_TIMEOUT, f).await {
-        Ok(r) => r.map_err(unavailable),
+        Ok(r) => r.map_err(from_etcd_error),
         Err(_) => Err(MetaError::Unavailable(format!(
             "etcd did not answer within {CALL_TIMEOUT:?}"
         ))),
@@ -210,7 +226,7 @@ impl MetaStore for EtcdMeta {
                 .or_else(txn.failure.iter().map(op).collect::<Vec<_>>());
             let mut c = self.client.clone();
             let r = match timed(c.txn(t)).await {
-                Err(MetaError::Unavailable(m)) if m.contains("requested lease not found") => {
+                Err(MetaError::NoLease(_)) => {
                     let lease = txn
                         .success
                         .iter()
@@ -252,9 +268,7 @@ impl MetaStore for EtcdMeta {
             if let std::collections::hash_map::Entry::Vacant(slot) = keepers.entry(lease) {
                 let mut c = self.client.clone();
                 let k = match timed(c.lease_keep_alive(lease)).await {
-                    Err(MetaError::Unavailable(m)) if m.contains("lease not found") => {
-                        return Ok(false)
-                    }
+                    Err(MetaError::NoLease(_)) => return Ok(false),
                     r => r?,
                 };
                 slot.insert(k);
@@ -274,7 +288,7 @@ impl MetaStore for EtcdMeta {
                     // The stream may be broken: the next call opens a new one.
                     keepers.remove(&lease);
                     match e {
-                        MetaError::Unavailable(m) if m.contains("lease not found") => Ok(false),
+                        MetaError::NoLease(_) => Ok(false),
                         e => Err(e),
                     }
                 }
@@ -288,7 +302,7 @@ impl MetaStore for EtcdMeta {
             let mut c = self.client.clone();
             match timed(c.lease_revoke(lease)).await {
                 Ok(_) => Ok(()),
-                Err(MetaError::Unavailable(m)) if m.contains("lease not found") => Ok(()),
+                Err(MetaError::NoLease(_)) => Ok(()),
                 Err(e) => Err(e),
             }
         })

@@ -45,6 +45,16 @@ pub enum MetaError {
     Storage { path: String, what: String },
     #[error("{0}")]
     Refused(String),
+    /// Another writer holds the volume's attach record.
+    #[error("volume {volume:?} is attached by pid {pid} on {host} (epoch {epoch}){}", if *.force_fences { "; --force fences it" } else { "" })]
+    Attached {
+        volume: String,
+        pid: u32,
+        host: String,
+        epoch: u64,
+        /// Whether `--force` would take it over.
+        force_fences: bool,
+    },
     #[error("lease {0} has expired or never existed")]
     NoLease(i64),
     #[error("watch from revision {asked}: the store keeps history from revision {oldest} only")]

@@ -472,7 +472,11 @@ async fn cluster_records(s: Arc<dyn MetaStore>) {
     assert_eq!((a1.epoch, unclean, a1.writer_open), (2, false, true));
     assert!(matches!(
         m.attach("vol0", &arec, w2, false).await,
-        Err(MetaError::Refused(_))
+        Err(MetaError::Attached {
+            epoch: 2,
+            force_fences: true,
+            ..
+        })
     ));
     let (a2, unclean) = m.attach("vol0", &arec, w2, true).await.unwrap();
     assert_eq!(
@@ -503,7 +507,7 @@ async fn cluster_records(s: Arc<dyn MetaStore>) {
     };
     assert!(matches!(
         m.reattach("vol0", &stale, w4).await,
-        Err(MetaError::Refused(_))
+        Err(MetaError::Attached { epoch: 3, .. })
     ));
     m.release_attachment("vol0", 2).await.unwrap();
     assert!(

@@ -46,7 +46,8 @@ use trireme_client::{
 use trireme_control::Manager;
 use trireme_daemon::attach::AttachConfig;
 use trireme_daemon::manager_role::ManagerOptions;
-use trireme_meta::{ClusterMeta, EmbeddedMeta, ManagerRecord, NodeRecord};
+use trireme_daemon::DaemonError;
+use trireme_meta::{ClusterMeta, EmbeddedMeta, ManagerRecord, MetaError, NodeRecord};
 use trireme_node::Node;
 use trireme_proto::Header;
 use trireme_replication::ReplicaState;
@@ -500,7 +501,7 @@ impl World {
         let attached = loop {
             match trireme_daemon::attach::attach(meta.clone(), &cfg, vec![]).await {
                 Ok(a) => break a,
-                Err(e) if e.to_string().contains("is attached by") => {
+                Err(e @ DaemonError::Meta(MetaError::Attached { .. })) => {
                     let since = dead_since.unwrap_or(self.start);
                     let limit = (since + LEASE_TTL + TAKEOVER_SLACK).max(self.meta_calm_after());
                     if Instant::now() > limit {
@@ -884,7 +885,7 @@ impl World {
                     let r = trireme_daemon::attach::attach(self.meta_for(&p), &cfg, vec![]).await;
                     p.kill();
                     match r {
-                        Err(e) if e.to_string().contains("is attached by") => {
+                        Err(DaemonError::Meta(MetaError::Attached { .. })) => {
                             self.note("a second host's attach is refused".into());
                         }
                         Err(e) => self.violate(format!("a second attach failed oddly: {e}")),

@@ -159,28 +159,53 @@ fn header(volume: u64, blocks: u64, flags: u32) -> [u8; HEADER as usize] {
     h
 }
 
+/// What is wrong with a seal file's header.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SealHeaderError {
+    #[error("header is {0} bytes, not {HEADER}")]
+    Short(usize),
+    #[error("bad magic")]
+    Magic,
+    #[error("header checksum mismatch")]
+    Checksum,
+    #[error("version {0}, expected {VERSION}")]
+    Version(u32),
+    #[error(
+        "for volume {found_volume:x} with {found_blocks} blocks, expected {volume:x} with {blocks}"
+    )]
+    OtherReplica {
+        found_volume: u64,
+        found_blocks: u64,
+        volume: u64,
+        blocks: u64,
+    },
+}
+
 /// Checks a seal file's header; returns its flags.
-pub fn check_header(h: &[u8], volume: u64, blocks: u64) -> Result<u32, String> {
+pub fn check_header(h: &[u8], volume: u64, blocks: u64) -> Result<u32, SealHeaderError> {
     if h.len() < HEADER as usize {
-        return Err(format!("header is {} bytes, not {HEADER}", h.len()));
+        return Err(SealHeaderError::Short(h.len()));
     }
     if &h[0..8] != MAGIC {
-        return Err("bad magic".into());
+        return Err(SealHeaderError::Magic);
     }
     let c = u32::from_le_bytes(h[60..64].try_into().expect("4 bytes"));
     if crc32c::crc32c(&h[..60]) != c {
-        return Err("header checksum mismatch".into());
+        return Err(SealHeaderError::Checksum);
     }
     let version = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes"));
     if version != VERSION {
-        return Err(format!("version {version}, expected {VERSION}"));
+        return Err(SealHeaderError::Version(version));
     }
     let v = u64::from_le_bytes(h[16..24].try_into().expect("8 bytes"));
     let b = u64::from_le_bytes(h[24..32].try_into().expect("8 bytes"));
     if v != volume || b != blocks {
-        return Err(format!(
-            "for volume {v:x} with {b} blocks, expected {volume:x} with {blocks}"
-        ));
+        return Err(SealHeaderError::OtherReplica {
+            found_volume: v,
+            found_blocks: b,
+            volume,
+            blocks,
+        });
     }
     Ok(u32::from_le_bytes(h[12..16].try_into().expect("4 bytes")))
 }

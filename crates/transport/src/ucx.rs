@@ -112,7 +112,7 @@ impl std::fmt::Debug for Hub {
     }
 }
 
-static HUB: OnceLock<Result<&'static Hub, String>> = OnceLock::new();
+static HUB: OnceLock<Result<&'static Hub, trireme_ucx::Error>> = OnceLock::new();
 static CONFIG: OnceLock<Config> = OnceLock::new();
 
 /// Sets how the process's UCX context is configured; call before the first UCX connection or
@@ -172,7 +172,7 @@ pub fn device_of(ip: std::net::IpAddr) -> Option<String> {
 impl Hub {
     /// The process's hub, created on first use. An error says why UCX cannot be used here.
     /// A runtime that uses it must call [`Hub::drive_here`] (negotiation and serving do).
-    pub fn get() -> Result<&'static Hub, String> {
+    pub fn get() -> Result<&'static Hub, trireme_ucx::Error> {
         HUB.get_or_init(|| {
             let cfg = CONFIG.get().cloned().unwrap_or_else(|| Config {
                 tls: std::env::var("TRIREME_UCX_TLS").ok(),
@@ -184,7 +184,7 @@ impl Hub {
         .clone()
     }
 
-    fn start(mut config: Config) -> Result<&'static Hub, String> {
+    fn start(mut config: Config) -> Result<&'static Hub, trireme_ucx::Error> {
         // CMA reads the peer's memory with process_vm_readv; if the peer dies mid-transfer,
         // UCX 1.13 (without the peer-failure mode, see the module docs) treats the error as
         // fatal and aborts this process. A node crash must never take its writer down, so CMA
@@ -198,9 +198,9 @@ impl Hub {
         if config.mm_fifo_size.is_none() && std::env::var_os("UCX_MM_FIFO_SIZE").is_none() {
             config.mm_fifo_size = Some(MM_FIFO_SIZE);
         }
-        let ctx = Context::new(&config).map_err(|e| e.to_string())?;
-        let worker = Worker::new(&ctx).map_err(|e| e.to_string())?;
-        let address = worker.address().map_err(|e| e.to_string())?;
+        let ctx = Context::new(&config)?;
+        let worker = Worker::new(&ctx)?;
+        let address = worker.address()?;
         let pool = MemPool::new(&ctx, POOL_CHUNK, POOL_CHUNKS)
             .map_err(|e| tracing::warn!("UCX receive pool not registered, receiving without: {e}"))
             .ok();
@@ -217,7 +217,7 @@ impl Hub {
             driver: Mutex::default(),
             driven: AtomicBool::new(false),
         }));
-        hub.install().map_err(|e| e.to_string())?;
+        hub.install()?;
         Ok(hub)
     }
 
