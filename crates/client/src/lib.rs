@@ -602,13 +602,29 @@ impl Volume {
         h: Header,
         payload: Bytes,
     ) -> Pin<Box<dyn Future<Output = Result<Frame, VolumeError>> + Send + '_>> {
+        self.call_crc(i, h, payload, None)
+    }
+
+    /// [`Volume::call`] with the payload's checksum computed already (`crc`), for a payload
+    /// sent to several replicas.
+    fn call_crc(
+        &self,
+        i: usize,
+        h: Header,
+        payload: Bytes,
+        crc: Option<u32>,
+    ) -> Pin<Box<dyn Future<Output = Result<Frame, VolumeError>> + Send + '_>> {
         let node = self.node(i);
         Box::pin(async move {
             let c = self
                 .conn(&self.slots[i])
                 .ok_or_else(|| VolumeError::NoReplicas(self.info.name.clone()))?;
             let timeout = self.opts.replica_timeout;
-            match tokio::time::timeout(timeout, c.call(h, payload)).await {
+            let call = match crc {
+                Some(crc) => c.call_with_crc(h, payload, crc),
+                None => c.call(h, payload),
+            };
+            match tokio::time::timeout(timeout, call).await {
                 Ok(r) => r.map_err(|source| VolumeError::Transport { node, source }),
                 Err(_) => Err(VolumeError::Timeout { node, timeout }),
             }
@@ -681,10 +697,17 @@ impl Volume {
                 failure,
             });
         }
+        // The payload's checksum, once for every replica (a TLS link needs none).
+        let crc = (!payload.is_empty()
+            && q.targets().iter().any(|&i| {
+                self.conn(&self.slots[i])
+                    .is_some_and(|c| c.checks_payloads())
+            }))
+        .then(|| trireme_proto::payload_crc(&payload));
         let replies = join_all(
             q.targets()
                 .iter()
-                .map(|&i| self.call(i, h, payload.clone()))
+                .map(|&i| self.call_crc(i, h, payload.clone(), crc))
                 .collect(),
         )
         .await;

@@ -154,6 +154,20 @@ impl Header {
         out
     }
 
+    /// Like [`Header::encode`] with the payload's crc32c already computed (`crc`, from
+    /// [`payload_crc`]): a write
+    /// mirrored to several replicas computes it once, not once per link.
+    pub fn encode_with_crc(&self, payload_len: usize, crc: u32) -> [u8; HEADER_LEN] {
+        assert!(
+            payload_len <= MAX_PAYLOAD as usize,
+            "payload of {payload_len} bytes exceeds MAX_PAYLOAD"
+        );
+        let mut h = *self;
+        h.payload_len = payload_len as u32;
+        h.payload_crc = crc;
+        h.encode_raw()
+    }
+
     /// Like [`Header::encode`] for a link that authenticates every byte itself (a TLS record's
     /// AES-GCM tag covers the payload from the sender's buffer to the receiver's): the payload
     /// checksum is left 0 and not computed, as Ceph's msgr2 secure mode leaves out its CRCs.
@@ -199,6 +213,11 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     let mut a = [0u8; 8];
     a.copy_from_slice(&b[at..at + 8]);
     u64::from_le_bytes(a)
+}
+
+/// The checksum a frame header carries for `payload`.
+pub fn payload_crc(payload: &[u8]) -> u32 {
+    crc32c::crc32c(payload)
 }
 
 /// Decodes and checks a frame header. On success the caller may allocate `payload_len` bytes:

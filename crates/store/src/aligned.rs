@@ -60,3 +60,56 @@ pub fn align_down(v: u64) -> u64 {
 pub fn align_up(v: u64) -> u64 {
     v.div_ceil(ALIGN as u64) * ALIGN as u64
 }
+
+/// Largest scratch buffer a thread keeps between calls.
+const SCRATCH_KEPT: usize = 1 << 20;
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Option<AlignedBuf>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` with an `ALIGN`-aligned buffer of at least `len` bytes whose contents are left
+/// over from earlier calls: callers overwrite what they use (a read from the file, data to
+/// write). The thread keeps one buffer of up to a megabyte, so the I/O path of a file replica
+/// neither allocates nor zero-fills per request; larger spans get a buffer of their own.
+pub fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    if len > SCRATCH_KEPT {
+        return f(&mut AlignedBuf::new(len));
+    }
+    SCRATCH.with(|cell| {
+        // Taken out while in use: a nested call (none today) gets a fresh buffer.
+        let mut buf = match cell.borrow_mut().take() {
+            Some(b) if b.len() >= len => b,
+            _ => AlignedBuf::new(len),
+        };
+        let r = f(&mut buf);
+        *cell.borrow_mut() = Some(buf);
+        r
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scratch_is_aligned_reused_and_large_enough() {
+        let first = with_scratch(8192, |b| {
+            assert!(b.len() >= 8192);
+            assert_eq!(b.as_ptr() as usize % ALIGN, 0);
+            b[..4].copy_from_slice(b"abcd");
+            b.as_ptr() as usize
+        });
+        // The same buffer comes back, with what the last user left in it.
+        let again = with_scratch(4096, |b| {
+            assert_eq!(&b[..4], b"abcd");
+            b.as_ptr() as usize
+        });
+        assert_eq!(first, again);
+        // Over the kept size: a buffer of its own, aligned too.
+        with_scratch(SCRATCH_KEPT + ALIGN, |b| {
+            assert!(b.len() > SCRATCH_KEPT);
+            assert_eq!(b.as_ptr() as usize % ALIGN, 0);
+        });
+    }
+}

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::aligned::{align_down, align_up, AlignedBuf, ALIGN};
+use crate::aligned::{align_down, align_up, with_scratch, AlignedBuf, ALIGN};
 use crate::map::{whole_grains, AllocMap};
 use crate::{check_range, Extent, Replica, Store, StoreError, StoreKind, GRAIN};
 use meta::ReplicaMeta;
@@ -448,13 +448,14 @@ impl Replica for FileReplica {
         }
         // Holes inside the range read as zeros from the file itself (fresh or punched extents).
         let (a0, a1) = (align_down(offset), align_up(offset + len));
-        let mut tmp = AlignedBuf::new((a1 - a0) as usize);
-        self.data
-            .read_exact_at(&mut tmp[..(a1 - a0) as usize], a0)
-            .map_err(io(self.volume, "read"))?;
-        let at = (offset - a0) as usize;
-        buf.copy_from_slice(&tmp[at..at + buf.len()]);
-        Ok(())
+        with_scratch((a1 - a0) as usize, |tmp| {
+            self.data
+                .read_exact_at(&mut tmp[..(a1 - a0) as usize], a0)
+                .map_err(io(self.volume, "read"))?;
+            let at = (offset - a0) as usize;
+            buf.copy_from_slice(&tmp[at..at + buf.len()]);
+            Ok(())
+        })
     }
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), StoreError> {
@@ -468,10 +469,11 @@ impl Replica for FileReplica {
         let last = a1 - ALIGN as u64;
         let head = offset != a0;
         let tail = offset + len != a1;
-        let mut tmp = AlignedBuf::new(span);
-        {
+        with_scratch(span, |tmp| {
             // Partial blocks are read-modify-written under their stripe lock, so two writes to
-            // different sectors of one block never lose each other's bytes.
+            // different sectors of one block never lose each other's bytes. Every byte of the
+            // span is overwritten below (edge blocks by the read, the rest by the data), so
+            // whatever the scratch buffer held never reaches the file.
             let _g = self.lock_edges(head.then_some(a0), tail.then_some(last));
             if head {
                 self.data
@@ -487,8 +489,8 @@ impl Replica for FileReplica {
             tmp[at..at + data.len()].copy_from_slice(data);
             self.data
                 .write_all_at(&tmp[..span], a0)
-                .map_err(io(self.volume, "write"))?;
-        }
+                .map_err(io(self.volume, "write"))
+        })?;
         if self.map.set_range(offset, len) {
             self.map_dirty.store(true, Ordering::Release);
         }

@@ -149,6 +149,22 @@ pub trait Connection: Send + Sync + std::fmt::Debug {
     /// Sends `header` (its `request_id` is overwritten) with `payload`; resolves with the
     /// response frame.
     fn call(&self, header: Header, payload: Bytes) -> BoxFuture<'_, Result<Frame, TransportError>>;
+    /// Like [`Connection::call`], with the payload's crc32c computed by the caller: a write
+    /// mirrored to several replicas computes it once for all of them.
+    fn call_with_crc(
+        &self,
+        header: Header,
+        payload: Bytes,
+        crc: u32,
+    ) -> BoxFuture<'_, Result<Frame, TransportError>> {
+        let _ = crc;
+        self.call(header, payload)
+    }
+    /// Whether frames on this link carry payload checksums. A TLS link whose peer agreed does
+    /// not (its records authenticate every byte), so a caller need not compute one for it.
+    fn checks_payloads(&self) -> bool {
+        true
+    }
     fn info(&self) -> ConnectionInfo;
     fn is_closed(&self) -> bool;
     /// Stops using a faster path this connection negotiated (UCX), for fault tests and when

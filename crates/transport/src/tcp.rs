@@ -86,6 +86,10 @@ const WRITE_BUFFER: usize = 256 * 1024;
 
 type Pending = Arc<Mutex<PendingMap>>;
 
+/// A frame queued to a stream's writer: its header, payload, and the payload's crc32c if the
+/// caller computed it already.
+type Outgoing = (Header, Bytes, Option<u32>);
+
 #[derive(Default)]
 struct PendingMap {
     closed: Option<String>,
@@ -94,7 +98,7 @@ struct PendingMap {
 
 #[derive(Debug)]
 struct Stream {
-    tx: mpsc::UnboundedSender<(Header, Bytes)>,
+    tx: mpsc::UnboundedSender<Outgoing>,
     pending: Pending,
     closed: Arc<AtomicBool>,
 }
@@ -121,6 +125,8 @@ pub struct TcpConnection {
     token: u64,
     /// Woken when a stream closes.
     gone: Arc<tokio::sync::Notify>,
+    /// Every stream is a TLS link that leaves payload checksums out.
+    sealed: bool,
 }
 
 impl TcpConnection {
@@ -148,6 +154,7 @@ impl TcpConnection {
     /// Connects to `addr`: `host:port` for TCP, `unix:/path` for a unix socket.
     pub async fn connect(addr: &str, streams: usize) -> Result<Self, TransportError> {
         let mut out = Vec::with_capacity(streams.max(1));
+        let mut sealed = true;
         let token = crate::new_token();
         let gone = Arc::new(tokio::sync::Notify::new());
         let err = |source| TransportError::Connect {
@@ -157,6 +164,7 @@ impl TcpConnection {
         for _ in 0..streams.max(1) {
             if let Some(path) = addr.strip_prefix("unix:") {
                 let (rd, wr) = UnixStream::connect(path).await.map_err(err)?.into_split();
+                sealed = false;
                 out.push(Stream::plain(rd, wr, addr.to_string(), gone.clone()));
             } else {
                 let sock = TcpStream::connect(addr).await.map_err(err)?;
@@ -181,10 +189,12 @@ impl TcpConnection {
                         .map_err(|_| tls_err(format!("no TLS handshake within {TLS_HANDSHAKE:?}")))?
                         .map_err(|e| tls_err(format!("TLS: {e}")))?;
                         // The TLS writer is the write buffer itself.
+                        sealed &= wr.payload_sealed();
                         out.push(Stream::start(rd, wr, 0, addr.to_string(), gone.clone()));
                     }
                     None => {
                         let (rd, wr) = sock.into_split();
+                        sealed = false;
                         out.push(Stream::plain(rd, wr, addr.to_string(), gone.clone()));
                     }
                 }
@@ -195,7 +205,7 @@ impl TcpConnection {
                 offset: token,
                 ..Header::request(trireme_proto::Op::Hello, 0)
             };
-            let _ = s.tx.send((hello, Bytes::new()));
+            let _ = s.tx.send((hello, Bytes::new(), None));
         }
         Ok(TcpConnection {
             kind: if addr.starts_with("unix:") {
@@ -209,6 +219,7 @@ impl TcpConnection {
             next_id: AtomicU64::new(1),
             token,
             gone,
+            sealed,
         })
     }
 }
@@ -421,15 +432,15 @@ pub enum ReadError {
 
 async fn write_frames<W: FrameSink>(
     mut w: BufWriter<W>,
-    mut rx: mpsc::UnboundedReceiver<(Header, Bytes)>,
+    mut rx: mpsc::UnboundedReceiver<Outgoing>,
 ) -> std::io::Result<()> {
-    while let Some((h, payload)) = rx.recv().await {
-        write_one(&mut w, &h, &payload).await?;
+    while let Some((h, payload, crc)) = rx.recv().await {
+        write_one(&mut w, &h, &payload, crc).await?;
         // Batch whatever else is already queued into the same flush.
         let mut n = 1;
         while n < WRITE_BATCH {
             match rx.try_recv() {
-                Ok((h, p)) => write_one(&mut w, &h, &p).await?,
+                Ok((h, p, crc)) => write_one(&mut w, &h, &p, crc).await?,
                 Err(_) => break,
             }
             n += 1;
@@ -447,9 +458,17 @@ async fn write_one<W: FrameSink>(
     w: &mut BufWriter<W>,
     h: &Header,
     payload: &[u8],
+    crc: Option<u32>,
 ) -> std::io::Result<()> {
     let header = if w.get_ref().payload_sealed() {
         h.encode_unchecked_payload(payload.len())
+    } else if let Some(crc) = crc {
+        debug_assert_eq!(
+            crc,
+            trireme_proto::payload_crc(payload),
+            "the caller's checksum"
+        );
+        h.encode_with_crc(payload.len(), crc)
     } else {
         h.encode(payload)
     };
@@ -457,52 +476,71 @@ async fn write_one<W: FrameSink>(
     w.write_all(payload).await
 }
 
-impl Connection for TcpConnection {
-    fn call(
+impl TcpConnection {
+    /// Queues a request on the next stream and waits for its answer.
+    async fn send(
         &self,
         mut header: Header,
         payload: Bytes,
-    ) -> BoxFuture<'_, Result<Frame, TransportError>> {
-        Box::pin(async move {
-            let i = self.next_stream.fetch_add(1, Ordering::Relaxed) % self.streams.len();
-            let s = &self.streams[i];
-            header.request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            header.flags &= !trireme_proto::FLAG_RESPONSE;
-            let (tx, rx) = oneshot::channel();
-            {
-                let mut p = s.pending.lock().unwrap_or_else(|e| e.into_inner());
-                if let Some(reason) = &p.closed {
-                    return Err(TransportError::Closed {
-                        peer: self.peer.clone(),
-                        reason: reason.clone(),
-                    });
-                }
-                p.waiters.insert(header.request_id, tx);
-                IN_FLIGHT.fetch_add(1, Ordering::Relaxed);
-            }
-            if s.tx.send((header, payload)).is_err() {
-                let removed = s
-                    .pending
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .waiters
-                    .remove(&header.request_id);
-                if removed.is_some() {
-                    IN_FLIGHT.fetch_sub(1, Ordering::Relaxed);
-                }
+        crc: Option<u32>,
+    ) -> Result<Frame, TransportError> {
+        let i = self.next_stream.fetch_add(1, Ordering::Relaxed) % self.streams.len();
+        let s = &self.streams[i];
+        header.request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        header.flags &= !trireme_proto::FLAG_RESPONSE;
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut p = s.pending.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(reason) = &p.closed {
                 return Err(TransportError::Closed {
                     peer: self.peer.clone(),
-                    reason: "writer stopped".into(),
+                    reason: reason.clone(),
                 });
             }
-            match rx.await {
-                Ok(r) => r,
-                Err(_) => Err(TransportError::Closed {
-                    peer: self.peer.clone(),
-                    reason: "dropped".into(),
-                }),
+            p.waiters.insert(header.request_id, tx);
+            IN_FLIGHT.fetch_add(1, Ordering::Relaxed);
+        }
+        if s.tx.send((header, payload, crc)).is_err() {
+            let removed = s
+                .pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .waiters
+                .remove(&header.request_id);
+            if removed.is_some() {
+                IN_FLIGHT.fetch_sub(1, Ordering::Relaxed);
             }
-        })
+            return Err(TransportError::Closed {
+                peer: self.peer.clone(),
+                reason: "writer stopped".into(),
+            });
+        }
+        match rx.await {
+            Ok(r) => r,
+            Err(_) => Err(TransportError::Closed {
+                peer: self.peer.clone(),
+                reason: "dropped".into(),
+            }),
+        }
+    }
+}
+
+impl Connection for TcpConnection {
+    fn call(&self, header: Header, payload: Bytes) -> BoxFuture<'_, Result<Frame, TransportError>> {
+        Box::pin(self.send(header, payload, None))
+    }
+
+    fn call_with_crc(
+        &self,
+        header: Header,
+        payload: Bytes,
+        crc: u32,
+    ) -> BoxFuture<'_, Result<Frame, TransportError>> {
+        Box::pin(self.send(header, payload, Some(crc)))
+    }
+
+    fn checks_payloads(&self) -> bool {
+        !self.sealed
     }
 
     fn info(&self) -> ConnectionInfo {
@@ -734,7 +772,7 @@ where
                 resp.payload = p.freeze();
             }
             let mut w = wr.lock().await;
-            write_one(&mut w, &resp.header, &resp.payload)
+            write_one(&mut w, &resp.header, &resp.payload, None)
                 .await
                 .map_err(ReadError::Io)?;
             w.flush().await.map_err(ReadError::Io)?;
@@ -750,7 +788,7 @@ where
         if handler.inline(&frame) {
             let resp = handler.clone().handle(frame).await;
             let mut w = wr.lock().await;
-            write_one(&mut w, &resp.header, &resp.payload)
+            write_one(&mut w, &resp.header, &resp.payload, None)
                 .await
                 .map_err(ReadError::Io)?;
             if rd.ready_len() < HEADER_LEN {
@@ -765,7 +803,10 @@ where
         tokio::spawn(async move {
             let resp = h.handle(frame).await;
             let mut w = wr.lock().await;
-            if write_one(&mut w, &resp.header, &resp.payload).await.is_ok() {
+            if write_one(&mut w, &resp.header, &resp.payload, None)
+                .await
+                .is_ok()
+            {
                 let _ = w.flush().await;
             }
             drop(permit);
