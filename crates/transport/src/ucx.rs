@@ -402,13 +402,22 @@ impl Hub {
         ep: &Endpoint,
         link: u64,
         secret: &[u8; SECRET_LEN],
-        request_id: u64,
         mut header: Header,
         payload: Bytes,
+        crc: Option<u32>,
     ) -> Waiting {
-        header.request_id = request_id;
+        header.request_id = next_id();
+        let request_id = header.request_id;
         header.flags &= !trireme_proto::FLAG_RESPONSE;
-        let mut h = header.encode(&payload).to_vec();
+        let encoded = match crc {
+            Some(crc) => {
+                debug_assert_eq!(crc, trireme_proto::payload_crc(&payload));
+                header.encode_with_crc(payload.len(), crc)
+            }
+            None => header.encode(&payload),
+        };
+        let mut h = Vec::with_capacity(HEADER_LEN + SECRET_LEN);
+        h.extend_from_slice(&encoded);
         h.extend_from_slice(secret);
         let (tx, rx) = oneshot::channel();
         lock(&self.waiting).insert(request_id, (link, tx));
@@ -523,6 +532,7 @@ async fn drive(hub: &'static Hub, alive: Arc<AtomicBool>) {
     };
     let (mut yields, mut busy) = (0, None);
     let mut worked = std::time::Instant::now();
+    let spin = spin_for(hub);
     loop {
         let mut n = 0;
         while n < PROGRESS_BATCH && hub.worker.progress() {
@@ -552,7 +562,7 @@ async fn drive(hub: &'static Hub, alive: Arc<AtomicBool>) {
         yields = 0;
         // Work came in lately: look again soon, the next message is likely on its way (see
         // SPIN). Each look gives the CPU to whoever can run first.
-        if !sending && worked.elapsed() < SPIN {
+        if !sending && worked.elapsed() < spin {
             std::thread::yield_now();
             tokio::task::yield_now().await;
             continue;
@@ -608,6 +618,21 @@ async fn drive(hub: &'static Hub, alive: Arc<AtomicBool>) {
             _ = retry => {}
         }
     }
+}
+
+/// How long this process's driver keeps looking after its last work (see [`SPIN`]).
+/// Experimental knobs: `TRIREME_UCX_SERVER_SPIN_US` for a process that serves (a node),
+/// `TRIREME_UCX_CLIENT_SPIN_US` for one that only calls (a writer).
+fn spin_for(hub: &Hub) -> Duration {
+    let var = if hub.server.get().is_some() {
+        "TRIREME_UCX_SERVER_SPIN_US"
+    } else {
+        "TRIREME_UCX_CLIENT_SPIN_US"
+    };
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(SPIN, Duration::from_micros)
 }
 
 /// Yields the CPU up to [`IDLE_YIELDS`] times, progressing the worker after each; true as
@@ -871,9 +896,9 @@ async fn try_ucx(
             &ep,
             link,
             &secret,
-            next_id(),
             Header::request(Op::Ping, 0),
             Bytes::new(),
+            None,
         )
         .answer();
     let ok = match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
@@ -891,7 +916,7 @@ async fn try_ucx(
 
 impl UcxConnection {
     /// Sends a call over UCX if UCX carries this connection's calls.
-    fn start_ucx(&self, header: Header, payload: &Bytes) -> Option<Waiting> {
+    fn start_ucx(&self, header: Header, payload: &Bytes, crc: Option<u32>) -> Option<Waiting> {
         let hub = self.hub?;
         hub.drive_here();
         let ep = self.ep.read().unwrap_or_else(|e| e.into_inner());
@@ -900,9 +925,9 @@ impl UcxConnection {
             ep,
             self.link,
             &self.secret,
-            next_id(),
             header,
             payload.clone(),
+            crc,
         ))
     }
 
@@ -927,8 +952,47 @@ impl Drop for UcxConnection {
 
 impl Connection for UcxConnection {
     fn call(&self, header: Header, payload: Bytes) -> BoxFuture<'_, Result<Frame, TransportError>> {
-        Box::pin(async move {
-            if let Some(waiting) = self.start_ucx(header, &payload) {
+        Box::pin(self.send(header, payload, None))
+    }
+
+    fn call_with_crc(
+        &self,
+        header: Header,
+        payload: Bytes,
+        crc: u32,
+    ) -> BoxFuture<'_, Result<Frame, TransportError>> {
+        Box::pin(self.send(header, payload, Some(crc)))
+    }
+
+    fn checks_payloads(&self) -> bool {
+        // UCX frames always carry checksums; a fall-back to TLS might not need them, but a
+        // checksum computed once for a write costs less than asking on every call.
+        true
+    }
+
+    fn info(&self) -> ConnectionInfo {
+        self.info_now()
+    }
+
+    fn is_closed(&self) -> bool {
+        self.tcp.is_closed()
+    }
+
+    fn fall_back(&self, why: &str) -> bool {
+        self.fall_back_now(why)
+    }
+}
+
+impl UcxConnection {
+    /// A call over UCX while that path works, else over the TCP connection.
+    async fn send(
+        &self,
+        header: Header,
+        payload: Bytes,
+        crc: Option<u32>,
+    ) -> Result<Frame, TransportError> {
+        {
+            if let Some(waiting) = self.start_ucx(header, &payload, crc) {
                 // A dead node does not fail UCX calls (no peer-failure mode): its TCP
                 // connection closing does.
                 let r = tokio::select! {
@@ -945,15 +1009,18 @@ impl Connection for UcxConnection {
                         return Err(e);
                     }
                     Err(e) => {
-                        self.fall_back(&e.to_string());
+                        self.fall_back_now(&e.to_string());
                     }
                 }
             }
-            self.tcp.call(header, payload).await
-        })
+        }
+        match crc {
+            Some(crc) => self.tcp.call_with_crc(header, payload, crc).await,
+            None => self.tcp.call(header, payload).await,
+        }
     }
 
-    fn info(&self) -> ConnectionInfo {
+    fn info_now(&self) -> ConnectionInfo {
         let mut i = self.tcp.info();
         match &*lock(&self.fallback) {
             None => {
@@ -965,11 +1032,7 @@ impl Connection for UcxConnection {
         i
     }
 
-    fn is_closed(&self) -> bool {
-        self.tcp.is_closed()
-    }
-
-    fn fall_back(&self, why: &str) -> bool {
+    fn fall_back_now(&self, why: &str) -> bool {
         {
             let mut f = lock(&self.fallback);
             if f.is_some() {
