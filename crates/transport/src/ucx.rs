@@ -532,7 +532,6 @@ async fn drive(hub: &'static Hub, alive: Arc<AtomicBool>) {
     };
     let (mut yields, mut busy) = (0, None);
     let mut worked = std::time::Instant::now();
-    let spin = spin_for(hub);
     loop {
         let mut n = 0;
         while n < PROGRESS_BATCH && hub.worker.progress() {
@@ -562,7 +561,7 @@ async fn drive(hub: &'static Hub, alive: Arc<AtomicBool>) {
         yields = 0;
         // Work came in lately: look again soon, the next message is likely on its way (see
         // SPIN). Each look gives the CPU to whoever can run first.
-        if !sending && worked.elapsed() < spin {
+        if !sending && worked.elapsed() < SPIN {
             std::thread::yield_now();
             tokio::task::yield_now().await;
             continue;
@@ -618,21 +617,6 @@ async fn drive(hub: &'static Hub, alive: Arc<AtomicBool>) {
             _ = retry => {}
         }
     }
-}
-
-/// How long this process's driver keeps looking after its last work (see [`SPIN`]).
-/// Experimental knobs: `TRIREME_UCX_SERVER_SPIN_US` for a process that serves (a node),
-/// `TRIREME_UCX_CLIENT_SPIN_US` for one that only calls (a writer).
-fn spin_for(hub: &Hub) -> Duration {
-    let var = if hub.server.get().is_some() {
-        "TRIREME_UCX_SERVER_SPIN_US"
-    } else {
-        "TRIREME_UCX_CLIENT_SPIN_US"
-    };
-    std::env::var(var)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .map_or(SPIN, Duration::from_micros)
 }
 
 /// Yields the CPU up to [`IDLE_YIELDS`] times, progressing the worker after each; true as
