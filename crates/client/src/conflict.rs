@@ -1,37 +1,32 @@
-//! Ordering of overlapping writes.
-//!
-//! NBD lets a client have two overlapping writes in flight at once and promises nothing about
-//! which lands last. A mirror must still make every replica pick the *same* one, or the copies
-//! diverge (DESIGN.md guarantee 2). So, as DRBD does with conflicting requests, a write waits
-//! while an earlier write overlapping it is in flight: overlapping writes reach every replica one
-//! after the other, in arrival order (first come, first served, so none starves). Writes that do
-//! not overlap never wait.
+//! Ordering of overlapping writes: the waiting for [`RangeOrder`] (the rule itself, I/O-free,
+//! is in the replication crate). A write, resync step or pause registers its range; if an
+//! earlier registered range overlaps it, its task parks until a release names its ticket.
+//! Each release wakes exactly the tickets it freed, not every waiter.
 
+use std::collections::HashMap;
 use std::sync::Mutex;
 
-use tokio::sync::Notify;
+use tokio::sync::oneshot;
+use trireme_replication::{RangeOrder, Ticket};
 
-#[derive(Debug)]
-struct Entry {
-    start: u64,
-    end: u64,
-    ticket: u64,
+#[derive(Debug, Default)]
+struct Book {
+    order: RangeOrder,
+    /// Parked waiters, by ticket.
+    parked: HashMap<Ticket, oneshot::Sender<()>>,
 }
 
 /// The byte ranges of writes in flight (or waiting) on one volume.
 #[derive(Debug, Default)]
 pub struct WriteOrder {
-    entries: Mutex<(u64, Vec<Entry>)>,
-    changed: Notify,
+    book: Mutex<Book>,
 }
 
 /// A place in the order, then (after [`RangeGuard::wait`]) the range itself, until dropped.
 #[derive(Debug)]
 pub struct RangeGuard<'a> {
     order: &'a WriteOrder,
-    ticket: u64,
-    start: u64,
-    end: u64,
+    ticket: Ticket,
 }
 
 impl WriteOrder {
@@ -43,52 +38,46 @@ impl WriteOrder {
     /// Takes a place in the order for `[start, end)` now, without waiting: writes registered
     /// in some order get their ranges in that order.
     pub fn register(&self, start: u64, end: u64) -> RangeGuard<'_> {
-        let ticket = {
-            let mut g = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-            g.0 += 1;
-            let ticket = g.0;
-            g.1.push(Entry { start, end, ticket });
-            ticket
-        };
+        let (ticket, _) = self.book().order.register(start, end);
         // The guard exists from here on, so a cancelled wait still releases its place.
         RangeGuard {
             order: self,
             ticket,
-            start,
-            end,
         }
+    }
+
+    fn book(&self) -> std::sync::MutexGuard<'_, Book> {
+        self.book.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
 impl<'a> RangeGuard<'a> {
     /// Waits until no earlier overlapping write is in flight; the range is held from then on.
     pub async fn wait(self) -> RangeGuard<'a> {
-        let order = self.order;
-        loop {
-            let notified = order.changed.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            let blocked = {
-                let g = order.entries.lock().unwrap_or_else(|e| e.into_inner());
-                g.1.iter()
-                    .any(|e| e.ticket < self.ticket && e.start < self.end && self.start < e.end)
-            };
-            if !blocked {
+        let rx = {
+            let mut book = self.order.book();
+            if book.order.may_hold(self.ticket) {
                 return self;
             }
-            notified.await;
-        }
+            let (tx, rx) = oneshot::channel();
+            book.parked.insert(self.ticket, tx);
+            rx
+        };
+        // Sent by the release that frees this ticket. Never dropped unsent while this guard
+        // lives: only this guard's own drop removes its ticket.
+        let _ = rx.await;
+        self
     }
 }
 
 impl Drop for RangeGuard<'_> {
     fn drop(&mut self) {
-        let mut g = self.order.entries.lock().unwrap_or_else(|e| e.into_inner());
-        g.1.retain(|e| e.ticket != self.ticket);
-        let waiting = !g.1.is_empty();
-        drop(g);
-        if waiting {
-            self.order.changed.notify_waiters();
+        let mut book = self.order.book();
+        book.parked.remove(&self.ticket);
+        for t in book.order.release(self.ticket) {
+            if let Some(tx) = book.parked.remove(&t) {
+                let _ = tx.send(());
+            }
         }
     }
 }
@@ -125,6 +114,7 @@ mod tests {
             .unwrap();
         t.await.unwrap();
         drop(b);
-        assert!(o.entries.lock().unwrap().1.is_empty());
+        let book = o.book();
+        assert!(book.order.is_empty() && book.parked.is_empty());
     }
 }

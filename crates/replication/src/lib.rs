@@ -6,13 +6,16 @@
 //!
 //! * [`place`] — which nodes hold a new volume's replicas.
 //! * [`fence`] — what a replica does with a request's epoch (DESIGN.md guarantee 4).
+//! * [`RangeOrder`] — overlapping writes reach every replica in one order (guarantee 2).
 //! * [`WriteQuorum`] — when a mirrored write may be acknowledged (guarantee 1).
 //! * [`ReplicaSet`] — which replicas take writes and which may serve reads (guarantee 3).
 
+mod order;
 mod quorum;
 mod set;
 
-pub use quorum::{ReplicaOutcome, WriteFailure, WriteQuorum};
+pub use order::{RangeOrder, Ticket};
+pub use quorum::{decide, Decision, Mirrored, ReplicaOutcome, WriteFailure, WriteQuorum};
 pub use set::{default_min_copies, removal, transition, ReplicaSet, ReplicaState, TransitionError};
 
 use serde::{Deserialize, Serialize};
