@@ -44,7 +44,8 @@ use trireme_proto::{
     decode_extents, Extent, Header, Op, Status, FLAG_FUA, FLAG_MAY_TRIM, MAX_PAYLOAD,
 };
 use trireme_replication::{
-    check_io, RangeError, ReplicaOutcome, ReplicaSet, ReplicaState, WriteFailure, WriteQuorum,
+    check_io, Decision, Mirrored, RangeError, ReplicaOutcome, ReplicaSet, ReplicaState,
+    WriteFailure,
 };
 use trireme_transport::{Connection, ConnectionInfo, Frame, TransportError, TransportKind};
 
@@ -133,6 +134,24 @@ pub enum VolumeError {
     Stopped(String),
     #[error("node {node} sent a malformed response: {what}")]
     Protocol { node: u32, what: String },
+}
+
+/// What a replica's failure of a mirrored request means to the write rule
+/// ([`trireme_replication::decide`]).
+fn outcome_of(e: &VolumeError) -> ReplicaOutcome {
+    match e {
+        VolumeError::Fenced { .. } | VolumeError::Denied { .. } => ReplicaOutcome::Fenced,
+        VolumeError::Replica {
+            status: Status::OutOfRange | Status::Invalid,
+            ..
+        } => ReplicaOutcome::Refused,
+        // The node's store answered with an error: what it holds is unknown. A superseded
+        // connection's refusal says nothing about the store.
+        VolumeError::Replica { status, .. } if *status != Status::Superseded => {
+            ReplicaOutcome::StoreFailed
+        }
+        _ => ReplicaOutcome::Failed,
+    }
 }
 
 impl VolumeError {
@@ -690,82 +709,61 @@ impl Volume {
 
     /// [`Volume::mirror`] for a caller that already holds the range.
     async fn mirror_held(&self, h: Header, payload: Bytes) -> Result<(), VolumeError> {
-        let mut q = WriteQuorum::new(self.set().write_targets());
-        if let Some(r) = q.finish_empty() {
-            return r.map_err(|failure| VolumeError::Write {
-                volume: self.info.name.clone(),
-                failure,
-            });
-        }
+        let targets = self.set().write_targets();
         // The payload's checksum, once for every replica (a TLS link needs none).
         let crc = (!payload.is_empty()
-            && q.targets().iter().any(|&i| {
+            && targets.iter().any(|&i| {
                 self.conn(&self.slots[i])
                     .is_some_and(|c| c.checks_payloads())
             }))
         .then(|| trireme_proto::payload_crc(&payload));
         let replies = join_all(
-            q.targets()
+            targets
                 .iter()
                 .map(|&i| self.call_crc(i, h, payload.clone(), crc))
                 .collect(),
         )
         .await;
-        let mut result = None;
-        let mut failed = Vec::new();
-        let mut store_error = false;
-        for (k, r) in replies.into_iter().enumerate() {
-            let i = q.targets()[k];
-            let outcome = match r.and_then(|f| self.expect_ok(i, f)) {
+        let outcomes: Vec<ReplicaOutcome> = replies
+            .into_iter()
+            .zip(&targets)
+            .map(|(r, &i)| match r.and_then(|f| self.expect_ok(i, f)) {
                 Ok(_) => ReplicaOutcome::Done,
                 Err(e) => {
                     tracing::warn!(volume = %self.info.name, node = self.node(i), op = ?h.op, "replica failed: {e}");
-                    match e {
-                        VolumeError::Fenced { .. } | VolumeError::Denied { .. } => {
-                            ReplicaOutcome::Fenced
-                        }
-                        VolumeError::Replica {
-                            status: Status::OutOfRange | Status::Invalid,
-                            ..
-                        } => ReplicaOutcome::Refused,
-                        e => {
-                            store_error |= matches!(e, VolumeError::Replica { status, .. }
-                                if status != Status::Superseded);
-                            failed.push(i);
-                            ReplicaOutcome::Failed
-                        }
-                    }
+                    outcome_of(&e)
                 }
-            };
-            result = q.record(k, outcome);
-        }
-        let failure = match result.expect("every target replied") {
-            Ok(()) => return Ok(()),
-            Err(failure) => failure,
+            })
+            .collect();
+        let request = match h.op {
+            Op::Write | Op::WriteZeroes => Mirrored::Data {
+                offset: h.offset,
+                len: h.length,
+            },
+            op => {
+                debug_assert_eq!(op, Op::Flush, "only data and flushes are mirrored");
+                Mirrored::Flush
+            }
         };
-        let fail = || {
-            Err(VolumeError::Write {
+        let decision = trireme_replication::decide(
+            request,
+            &targets,
+            &outcomes,
+            &self.set(),
+            self.membership.is_some(),
+        );
+        match decision {
+            Decision::Ack => Ok(()),
+            Decision::Fail(failure) => Err(VolumeError::Write {
                 volume: self.info.name.clone(),
                 failure,
-            })
-        };
-        // Only plain replica failures can be absorbed, and only if an in-sync replica holds
-        // the write.
-        let absorbable = matches!(failure, WriteFailure::ReplicaFailed { .. })
-            && self.membership.is_some()
-            && q.targets()
-                .iter()
-                .any(|i| !failed.contains(i) && self.set().state(*i) == ReplicaState::InSync);
-        if !absorbable {
-            return fail();
+            }),
+            Decision::TakeOut {
+                replicas,
+                range,
+                lost_history,
+            } => self.take_out_with(&replicas, range, lost_history).await,
         }
-        // A flush that failed with a store error leaves unknown data behind: full resync.
-        let range = match h.op {
-            Op::Write | Op::WriteZeroes => Some((h.offset, h.length)),
-            _ => None,
-        };
-        let lost_history = h.op == Op::Flush && store_error;
-        self.take_out_with(&failed, range, lost_history).await
     }
 
     /// Sends a read-like request to one in-sync replica, falling over to the next on failure.

@@ -1,4 +1,6 @@
-//! When a mirrored write may be acknowledged.
+//! When a mirrored write may be acknowledged, and what the writer does when it may not.
+
+use crate::{ReplicaSet, ReplicaState};
 
 /// What one replica said about a write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -7,8 +9,11 @@ pub enum ReplicaOutcome {
     Done,
     /// The replica refused: a newer writer holds it. This writer must stop.
     Fenced,
-    /// The replica failed the write, or could not be reached.
+    /// The replica could not be reached, did not answer in time, or dropped the link.
     Failed,
+    /// The replica answered that its store failed the request (an I/O error): what it holds
+    /// of the request's bytes is unknown.
+    StoreFailed,
     /// The replica refused the request itself (out of range, malformed): a client bug.
     Refused,
 }
@@ -28,7 +33,8 @@ pub enum WriteFailure {
 
 /// Collects replies for one write. The write is acknowledged only when every target replica
 /// holds it (synchronous mirroring, guarantee 1); any failure fails the write. A fenced reply
-/// wins over other failures, because it tells the caller to stop writing at all.
+/// wins over other failures, because it tells the caller to stop writing at all; a refused
+/// request wins over a failed replica, because it must not be absorbed by a take-out.
 #[derive(Debug, Clone)]
 pub struct WriteQuorum {
     targets: Vec<usize>,
@@ -66,25 +72,103 @@ impl WriteQuorum {
         if self.targets.is_empty() {
             return Err(WriteFailure::NoReplicas);
         }
-        let mut failure = None;
+        // Fenced wins (the writer must stop), then a refusal of the request itself (no replica
+        // may be taken out for a request it refused: it never wrote it, and would still count
+        // as holding the data), then a plain failure.
+        let mut refused = None;
+        let mut failed = None;
         for (k, r) in self.replies.iter().enumerate() {
             let replica = self.targets[k];
             match r {
                 Some(ReplicaOutcome::Done) => {}
                 Some(ReplicaOutcome::Fenced) => return Err(WriteFailure::Fenced),
-                Some(ReplicaOutcome::Failed) | None => {
-                    failure.get_or_insert(WriteFailure::ReplicaFailed { replica });
-                }
                 Some(ReplicaOutcome::Refused) => {
-                    failure.get_or_insert(WriteFailure::Refused { replica });
+                    refused.get_or_insert(WriteFailure::Refused { replica });
+                }
+                Some(ReplicaOutcome::Failed | ReplicaOutcome::StoreFailed) | None => {
+                    failed.get_or_insert(WriteFailure::ReplicaFailed { replica });
                 }
             }
         }
-        failure.map_or(Ok(()), Err)
+        refused.or(failed).map_or(Ok(()), Err)
     }
 
     /// The result when no replies are pending (used for an empty target list).
     pub fn finish_empty(&self) -> Option<Result<(), WriteFailure>> {
         self.targets.is_empty().then(|| self.result())
+    }
+}
+
+/// A request mirrored to every write target, as [`decide`] needs to know it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mirrored {
+    /// Bytes change in `[offset, offset + len)` (a write, write-zeroes or trim).
+    Data { offset: u64, len: u64 },
+    /// A flush: makes every completed write durable.
+    Flush,
+}
+
+/// What the writer does once every target of a mirrored request has answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Every target holds it: acknowledge.
+    Ack,
+    /// Fail the request.
+    Fail(WriteFailure),
+    /// Take `replicas` out (recorded out of sync, the survivors tracking `range` for them and
+    /// every later write), then acknowledge: an in-sync replica holds the request. With
+    /// `lost_history`, what they hold is unknown (a flush their store failed), so they come
+    /// back through a full resync rather than an incremental one.
+    TakeOut {
+        replicas: Vec<usize>,
+        range: Option<(u64, u64)>,
+        lost_history: bool,
+    },
+}
+
+/// The writer's rule for a mirrored request whose targets (`targets`, replica indexes into
+/// `set`) answered `replies` (in the same order). A replica that failed is taken out rather
+/// than the request failed only if the writer can record that (`can_take_out`: it has a
+/// control plane), every failure is a plain one (no fencing, no refusal of the request
+/// itself), and an in-sync replica holds the request. Otherwise every target must hold it.
+pub fn decide(
+    request: Mirrored,
+    targets: &[usize],
+    replies: &[ReplicaOutcome],
+    set: &ReplicaSet,
+    can_take_out: bool,
+) -> Decision {
+    assert_eq!(targets.len(), replies.len(), "one reply per target");
+    let mut q = WriteQuorum::new(targets.to_vec());
+    let mut result = q.finish_empty();
+    for (k, &r) in replies.iter().enumerate() {
+        result = q.record(k, r);
+    }
+    let failure = match result.expect("every target answered") {
+        Ok(()) => return Decision::Ack,
+        Err(f) => f,
+    };
+    let failed: Vec<usize> = targets
+        .iter()
+        .zip(replies)
+        .filter(|(_, r)| matches!(r, ReplicaOutcome::Failed | ReplicaOutcome::StoreFailed))
+        .map(|(&i, _)| i)
+        .collect();
+    let held_in_sync = targets
+        .iter()
+        .zip(replies)
+        .any(|(&i, &r)| r == ReplicaOutcome::Done && set.state(i) == ReplicaState::InSync);
+    if !can_take_out || !matches!(failure, WriteFailure::ReplicaFailed { .. }) || !held_in_sync {
+        return Decision::Fail(failure);
+    }
+    let store_failed = replies.contains(&ReplicaOutcome::StoreFailed);
+    let (range, lost_history) = match request {
+        Mirrored::Data { offset, len } => (Some((offset, len)), false),
+        Mirrored::Flush => (None, store_failed),
+    };
+    Decision::TakeOut {
+        replicas: failed,
+        range,
+        lost_history,
     }
 }

@@ -197,3 +197,71 @@ fn placement_spreads_copies_over_zones() {
     assert_eq!(place(&nodes, 3).unwrap(), vec![1, 2, 3]);
     assert_eq!(place(&nodes, 2).unwrap(), vec![1, 3]);
 }
+
+fn outcome() -> impl Strategy<Value = ReplicaOutcome> {
+    prop_oneof![
+        4 => Just(ReplicaOutcome::Done),
+        2 => Just(ReplicaOutcome::Failed),
+        1 => Just(ReplicaOutcome::StoreFailed),
+        1 => Just(ReplicaOutcome::Fenced),
+        1 => Just(ReplicaOutcome::Refused),
+    ]
+}
+
+fn state() -> impl Strategy<Value = ReplicaState> {
+    prop_oneof![
+        3 => Just(ReplicaState::InSync),
+        1 => Just(ReplicaState::Resyncing),
+        1 => Just(ReplicaState::Outdated),
+    ]
+}
+
+proptest! {
+    /// The writer's rule after a mirrored request, against the guarantees: an acknowledged
+    /// request is held by every target, or by an in-sync one while every target that failed
+    /// is taken out; a fenced writer never acknowledges; a request the replicas refused is
+    /// never absorbed; nothing is taken out without a control plane to record it.
+    #[test]
+    fn a_mirrored_request_is_acked_only_where_the_guarantees_hold(
+        states in prop::collection::vec(state(), 1..5),
+        replies in prop::collection::vec(outcome(), 5),
+        flush in any::<bool>(),
+        can_take_out in any::<bool>(),
+    ) {
+        let set = ReplicaSet::new(states.clone(), None);
+        let targets = set.write_targets();
+        let replies = &replies[..targets.len()];
+        let request = if flush {
+            Mirrored::Flush
+        } else {
+            Mirrored::Data { offset: 4096, len: 8192 }
+        };
+        let d = decide(request, &targets, replies, &set, can_take_out);
+        let all_done = replies.iter().all(|&r| r == ReplicaOutcome::Done);
+        let fenced = replies.contains(&ReplicaOutcome::Fenced);
+        match &d {
+            Decision::Ack => prop_assert!(all_done && !targets.is_empty()),
+            Decision::Fail(f) => {
+                prop_assert!(!all_done || targets.is_empty());
+                prop_assert_eq!(fenced, *f == WriteFailure::Fenced);
+            }
+            Decision::TakeOut { replicas, range, lost_history } => {
+                prop_assert!(can_take_out && !fenced);
+                prop_assert!(!replies.contains(&ReplicaOutcome::Refused));
+                // Exactly the targets that failed go out; one in sync holds the request.
+                let failed: Vec<usize> = targets.iter().zip(replies)
+                    .filter(|(_, r)| !matches!(r, ReplicaOutcome::Done))
+                    .map(|(&i, _)| i).collect();
+                prop_assert_eq!(replicas, &failed);
+                prop_assert!(!replicas.is_empty());
+                prop_assert!(targets.iter().zip(replies).any(|(&i, &r)|
+                    r == ReplicaOutcome::Done && states[i] == ReplicaState::InSync));
+                // Survivors track the bytes of a data request; a flush their store failed
+                // leaves the copies' history unknown.
+                prop_assert_eq!(range.is_some(), !flush);
+                prop_assert_eq!(*lost_history,
+                    flush && replies.contains(&ReplicaOutcome::StoreFailed));
+            }
+        }
+    }
+}

@@ -905,14 +905,7 @@ impl UcxConnection {
         hub.drive_here();
         let ep = self.ep.read().unwrap_or_else(|e| e.into_inner());
         let ep = ep.as_ref()?;
-        Some(hub.start_call(
-            ep,
-            self.link,
-            &self.secret,
-            header,
-            payload.clone(),
-            crc,
-        ))
+        Some(hub.start_call(ep, self.link, &self.secret, header, payload.clone(), crc))
     }
 
     /// Stops the UCX path: closes the endpoint (sends under way fail) and fails the calls
