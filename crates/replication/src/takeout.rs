@@ -1,0 +1,310 @@
+//! Taking failed replicas out of the write set, as a state machine with no I/O.
+//!
+//! When a write fails on replica R but an in-sync replica holds it, the writer does not fail
+//! the write: it records R out of sync in the metadata store, asks every surviving in-sync
+//! replica to track what R misses (the write's range and every later write), and only then
+//! acknowledges. A survivor that cannot be asked (it stopped answering too) is taken out as
+//! well, as long as one survivor remains. [`TakeOut`] is that procedure's bookkeeping: the
+//! writer asks it for the next [`Step`] ([`TakeOut::step`]), carries the step out over the network and the
+//! metadata store, reports each result, and asks again, until it gets [`Step::Apply`] (the
+//! states its replica set takes now) or [`Step::NoneLeft`].
+
+use crate::ReplicaState;
+
+/// One request to a survivor: track what `replica` misses, from now on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mark {
+    pub survivor: usize,
+    pub replica: usize,
+    /// The replica is going out now: the survivor starts a complete record of it (rather
+    /// than adding to a record it keeps already).
+    pub start: bool,
+}
+
+/// What the writer does next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Record each replica's state in the metadata store, then report
+    /// [`TakeOut::recorded`] for each. A record that fails ends the take-out: the request
+    /// fails (its data is on the survivors, but R would still count as in sync).
+    Record(Vec<(usize, ReplicaState)>),
+    /// Send every mark, then report [`TakeOut::marked`] for each survivor.
+    Mark(Vec<Mark>),
+    /// Done: the replica set takes these states, and the request may be acknowledged.
+    Apply(Vec<(usize, ReplicaState)>),
+    /// No in-sync replica would remain: the request fails.
+    NoneLeft,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Phase {
+    /// Records and marks for the current `out` set are to be sent.
+    Recording,
+    /// Marks were sent; `silent` holds the survivors that failed theirs so far.
+    Marking {
+        silent: Vec<usize>,
+    },
+    Done,
+}
+
+/// The take-out of some replicas of one volume.
+#[derive(Debug, Clone)]
+pub struct TakeOut {
+    /// Each replica's state when the take-out began (the writer holds its membership lock
+    /// throughout, so no other transition interleaves).
+    states: Vec<ReplicaState>,
+    /// Replicas going out, with the state each gets.
+    out: Vec<(usize, ReplicaState)>,
+    /// Replicas of `out` whose state is recorded (or needs no record).
+    recorded: Vec<usize>,
+    /// Replicas going out now, rather than failing again while already out.
+    newly_out: Vec<usize>,
+    phase: Phase,
+}
+
+impl TakeOut {
+    /// Takes `failed` out of a set whose replicas are in `states`. With `lost_history` what
+    /// they hold is unknown: they are recorded failed, which forces a full resync later.
+    pub fn new(states: &[ReplicaState], failed: &[usize], lost_history: bool) -> TakeOut {
+        let to = if lost_history {
+            ReplicaState::Failed
+        } else {
+            ReplicaState::Outdated
+        };
+        TakeOut {
+            states: states.to_vec(),
+            out: failed.iter().map(|&i| (i, to)).collect(),
+            recorded: Vec::new(),
+            newly_out: failed
+                .iter()
+                .copied()
+                .filter(|&i| states[i] == ReplicaState::InSync)
+                .collect(),
+            phase: Phase::Recording,
+        }
+    }
+
+    /// What to do now. Call again after reporting the results of the last step.
+    pub fn step(&mut self) -> Step {
+        if let Phase::Marking { silent } = &mut self.phase {
+            if silent.is_empty() {
+                self.phase = Phase::Done;
+                return Step::Apply(self.out.clone());
+            }
+            // Survivors that could not be asked go out too; another round asks the rest.
+            let silent = std::mem::take(silent);
+            self.newly_out.extend(silent.iter().copied());
+            self.out
+                .extend(silent.into_iter().map(|s| (s, ReplicaState::Outdated)));
+            self.phase = Phase::Recording;
+        }
+        if self.phase == Phase::Done {
+            return Step::Apply(self.out.clone());
+        }
+        // An in-sync replica is recorded out; one already out is recorded again only to
+        // mark it failed (its history is lost).
+        let mut to_record = Vec::new();
+        for &(i, to) in &self.out {
+            if self.recorded.contains(&i) {
+                continue;
+            }
+            if self.states[i] == ReplicaState::InSync || to == ReplicaState::Failed {
+                to_record.push((i, to));
+            } else {
+                self.recorded.push(i);
+            }
+        }
+        if !to_record.is_empty() {
+            return Step::Record(to_record);
+        }
+        let survivors = self.survivors();
+        if survivors.is_empty() {
+            self.phase = Phase::Done;
+            return Step::NoneLeft;
+        }
+        let mut marks = Vec::with_capacity(survivors.len() * self.out.len());
+        for &s in &survivors {
+            for &(i, _) in &self.out {
+                marks.push(Mark {
+                    survivor: s,
+                    replica: i,
+                    start: self.newly_out.contains(&i),
+                });
+            }
+        }
+        self.phase = Phase::Marking { silent: Vec::new() };
+        Step::Mark(marks)
+    }
+
+    /// `replica`'s state is recorded.
+    pub fn recorded(&mut self, replica: usize) {
+        if !self.recorded.contains(&replica) {
+            self.recorded.push(replica);
+        }
+    }
+
+    /// The outcome of one mark sent to `survivor` (false: it failed or did not answer).
+    pub fn marked(&mut self, survivor: usize, ok: bool) {
+        if let Phase::Marking { silent } = &mut self.phase {
+            if !ok && !silent.contains(&survivor) {
+                silent.push(survivor);
+            }
+        }
+    }
+
+    /// In-sync replicas that are not going out.
+    fn survivors(&self) -> Vec<usize> {
+        (0..self.states.len())
+            .filter(|&i| self.states[i] == ReplicaState::InSync)
+            .filter(|i| !self.out.iter().any(|(o, _)| o == i))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use ReplicaState::*;
+
+    #[test]
+    fn a_failed_replica_is_recorded_then_tracked_by_every_survivor() {
+        let mut t = TakeOut::new(&[InSync, InSync, InSync], &[1], false);
+        assert_eq!(t.step(), Step::Record(vec![(1, Outdated)]));
+        t.recorded(1);
+        let Step::Mark(marks) = t.step() else {
+            panic!("marks expected")
+        };
+        assert_eq!(
+            marks,
+            vec![
+                Mark {
+                    survivor: 0,
+                    replica: 1,
+                    start: true
+                },
+                Mark {
+                    survivor: 2,
+                    replica: 1,
+                    start: true
+                },
+            ]
+        );
+        t.marked(0, true);
+        t.marked(2, true);
+        assert_eq!(t.step(), Step::Apply(vec![(1, Outdated)]));
+    }
+
+    #[test]
+    fn a_survivor_that_cannot_track_goes_out_too_but_never_the_last() {
+        let mut t = TakeOut::new(&[InSync, InSync, InSync], &[0], false);
+        assert!(matches!(t.step(), Step::Record(_)));
+        t.recorded(0);
+        assert!(matches!(t.step(), Step::Mark(_)));
+        t.marked(1, false);
+        t.marked(2, true);
+        assert_eq!(t.step(), Step::Record(vec![(1, Outdated)]));
+        t.recorded(1);
+        let Step::Mark(marks) = t.step() else {
+            panic!("marks expected")
+        };
+        assert!(marks.iter().all(|m| m.survivor == 2));
+        t.marked(2, false);
+        assert_eq!(t.step(), Step::Record(vec![(2, Outdated)]));
+        t.recorded(2);
+        assert_eq!(t.step(), Step::NoneLeft);
+    }
+
+    #[test]
+    fn a_replica_already_out_is_recorded_again_only_to_fail_it() {
+        let mut t = TakeOut::new(&[InSync, Resyncing], &[1], false);
+        assert!(matches!(t.step(), Step::Mark(_)), "no record needed");
+        let mut t = TakeOut::new(&[InSync, Resyncing], &[1], true);
+        assert_eq!(t.step(), Step::Record(vec![(1, Failed)]));
+    }
+
+    fn state() -> impl Strategy<Value = ReplicaState> {
+        prop_oneof![
+            4 => Just(InSync),
+            1 => Just(Resyncing),
+            1 => Just(Outdated),
+        ]
+    }
+
+    proptest! {
+        /// Driven with random mark outcomes: the take-out ends; when it applies, every replica
+        /// that goes out from in sync was recorded first, an in-sync replica remains, and in
+        /// the last round every remaining survivor accepted a mark for every replica out;
+        /// when no survivor remains it says so rather than apply.
+        #[test]
+        fn a_take_out_applies_only_what_the_guarantees_allow(
+            states in prop::collection::vec(state(), 1..6),
+            pick in prop::collection::vec(any::<bool>(), 6),
+            lost in any::<bool>(),
+            answers in prop::collection::vec(any::<bool>(), 64),
+        ) {
+            let failed: Vec<usize> = (0..states.len()).filter(|&i| pick[i]).collect();
+            prop_assume!(!failed.is_empty());
+            let mut t = TakeOut::new(&states, &failed, lost);
+            let mut answers = answers.into_iter().cycle();
+            let mut recorded = Vec::new();
+            let mut last_round: Vec<Mark> = Vec::new();
+            let mut ok_in_round: Vec<usize> = Vec::new();
+            let mut silent: Vec<usize> = Vec::new();
+            for _ in 0..100 {
+                match t.step() {
+                    Step::Record(list) => {
+                        for (i, _) in list {
+                            recorded.push(i);
+                            t.recorded(i);
+                        }
+                    }
+                    Step::Mark(marks) => {
+                        ok_in_round.clear();
+                        let mut survivors: Vec<usize> = marks.iter().map(|m| m.survivor).collect();
+                        survivors.dedup();
+                        for s in survivors {
+                            let ok = answers.next().unwrap();
+                            if ok {
+                                ok_in_round.push(s);
+                            } else {
+                                silent.push(s);
+                            }
+                            t.marked(s, ok);
+                        }
+                        last_round = marks;
+                    }
+                    Step::Apply(out) => {
+                        for &(i, to) in &out {
+                            if states[i] == InSync || to == Failed {
+                                prop_assert!(recorded.contains(&i), "{} applied unrecorded", i);
+                            }
+                        }
+                        for &i in &failed {
+                            prop_assert!(out.iter().any(|&(o, _)| o == i));
+                        }
+                        let left: Vec<usize> = (0..states.len())
+                            .filter(|&i| states[i] == InSync && !out.iter().any(|&(o, _)| o == i))
+                            .collect();
+                        prop_assert!(!left.is_empty(), "no in-sync replica left");
+                        for &s in &left {
+                            prop_assert!(ok_in_round.contains(&s));
+                            for &(i, _) in &out {
+                                prop_assert!(last_round.iter().any(|m| m.survivor == s && m.replica == i));
+                            }
+                        }
+                        return Ok(());
+                    }
+                    Step::NoneLeft => {
+                        // Only when every in-sync replica failed the request or a mark.
+                        for i in (0..states.len()).filter(|&i| states[i] == InSync) {
+                            prop_assert!(failed.contains(&i) || silent.contains(&i));
+                        }
+                        return Ok(());
+                    }
+                }
+            }
+            prop_assert!(false, "the take-out did not end");
+        }
+    }
+}
