@@ -43,18 +43,15 @@ use trireme_proto::{
     data_ranges, decode_extents, encode_peer, DirtyPeer, Header, Op, DIRTY_AUTO, DIRTY_DROP,
     DIRTY_START, FLAG_MAY_TRIM,
 };
-use trireme_replication::ReplicaState;
 pub use trireme_replication::ResyncProgress;
+use trireme_replication::{
+    all_chunks, union_chunks, ReplicaState, ResyncPlan, ResyncStep, TakeOut, TakeOutStep,
+};
 use trireme_transport::{Connection, Frame};
 
 use crate::{connect_replica, join_all, AttachInfo, Volume, VolumeError};
 
-/// Largest piece one resync step copies.
-pub(crate) const CHUNK: u64 = 1 << 20;
-/// Chunks copied at once.
-const PARALLEL: usize = 32;
-/// Copied regions cleared on the survivors per batch.
-const CLEAR_BATCH: usize = 256;
+pub(crate) use trireme_replication::CHUNK;
 /// Range covered by one dirty-region query (at 4 KiB granularity: 1 Mi regions, the node's cap).
 const QUERY_WINDOW: u64 = 4 << 30;
 /// Range covered by one activity-log query (at the smallest extent, 64 KiB: the node's cap).
@@ -188,28 +185,6 @@ pub(crate) async fn start(v: &Arc<Volume>) -> Result<(), VolumeError> {
         }
     });
     Ok(())
-}
-
-/// Union of sorted range lists, split into pieces of at most `CHUNK` bytes.
-fn union_chunks(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
-    ranges.sort_unstable();
-    let mut merged: Vec<(u64, u64)> = Vec::new();
-    for (o, l) in ranges {
-        match merged.last_mut() {
-            Some((mo, ml)) if o <= *mo + *ml => *ml = (*ml).max(o + l - *mo),
-            _ => merged.push((o, l)),
-        }
-    }
-    let mut out = Vec::new();
-    for (o, l) in merged {
-        let mut p = o;
-        while p < o + l {
-            let n = CHUNK.min(o + l - p);
-            out.push((p, n));
-            p += n;
-        }
-    }
-    out
 }
 
 impl Volume {
@@ -461,89 +436,57 @@ impl Volume {
             node,
             why,
         };
-        let to = if lost_history {
-            ReplicaState::Failed
-        } else {
-            ReplicaState::Outdated
-        };
-        // Replicas taken out, with the state each gets. A survivor that cannot record the
-        // regions (it stopped answering too) joins them, as long as one survivor remains.
-        let mut out: Vec<(usize, ReplicaState)> = failed.iter().map(|&i| (i, to)).collect();
-        let mut recorded: Vec<usize> = Vec::new();
-        // Replicas going out now (rather than failing again while out): the survivors start
-        // a complete record for them.
-        let mut newly_out: Vec<usize> = failed
-            .iter()
-            .copied()
-            .filter(|&i| self.set().state(i) == ReplicaState::InSync)
-            .collect();
+        // The procedure is `replication::TakeOut`; this carries its steps out.
+        let states = self.set().states().to_vec();
+        let mut plan = TakeOut::new(&states, failed, lost_history);
         let (offset, length) = range.unwrap_or((0, 0));
-        loop {
-            for &(i, to) in &out {
-                if recorded.contains(&i) {
-                    continue;
+        let out = loop {
+            match plan.step() {
+                TakeOutStep::Record(records) => {
+                    for (i, to) in records {
+                        m.set_state(&self.info.name, self.info.epoch, self.node(i), to, 0)
+                            .await
+                            .map_err(|e| degrade(self.node(i), e.into()))?;
+                        tracing::warn!(volume = %self.info.name, node = self.node(i), state = %to, "replica taken out; writes continue on the others");
+                        plan.recorded(i);
+                    }
                 }
-                if self.set().state(i) == ReplicaState::InSync || to == ReplicaState::Failed {
-                    m.set_state(&self.info.name, self.info.epoch, self.node(i), to, 0)
-                        .await
-                        .map_err(|e| degrade(self.node(i), e.into()))?;
-                    tracing::warn!(volume = %self.info.name, node = self.node(i), state = %to, "replica taken out; writes continue on the others");
-                }
-                recorded.push(i);
-            }
-            let survivors: Vec<usize> = self
-                .set()
-                .in_sync()
-                .into_iter()
-                .filter(|i| !out.iter().any(|(o, _)| o == i))
-                .collect();
-            if survivors.is_empty() {
-                return Err(degrade(self.node(failed[0]), DegradeRefusal::NoneLeft));
-            }
-            let h = self.header(Op::DirtyMark, offset, length);
-            let marks = join_all(
-                survivors
-                    .iter()
-                    .flat_map(|&s| out.iter().map(move |&(i, _)| (s, i)))
-                    .map(|(s, i)| {
-                        let mode = if newly_out.contains(&i) {
-                            DIRTY_START
-                        } else {
-                            DIRTY_AUTO
-                        };
-                        let payload = self.dirty_peer(i, mode);
-                        Box::pin(async move {
-                            (
-                                s,
-                                self.call(s, h, payload)
-                                    .await
-                                    .and_then(|f| self.expect_ok(s, f)),
-                            )
-                        })
-                            as BoxFut<'_, (usize, Result<Frame, VolumeError>)>
-                    })
-                    .collect(),
-            )
-            .await;
-            let mut silent = Vec::new();
-            for (s, r) in marks {
-                match r {
-                    Ok(_) => {}
-                    Err(e) if e.stops_writer() => return Err(e),
-                    Err(e) => {
-                        tracing::warn!(volume = %self.info.name, node = self.node(s), "survivor cannot track a replica that is out: {e}");
-                        if !silent.contains(&s) {
-                            silent.push(s);
+                TakeOutStep::Mark(marks) => {
+                    let h = self.header(Op::DirtyMark, offset, length);
+                    let replies = join_all(
+                        marks
+                            .iter()
+                            .map(|mk| {
+                                let mode = if mk.start { DIRTY_START } else { DIRTY_AUTO };
+                                let payload = self.dirty_peer(mk.replica, mode);
+                                let s = mk.survivor;
+                                Box::pin(async move {
+                                    self.call(s, h, payload)
+                                        .await
+                                        .and_then(|f| self.expect_ok(s, f))
+                                })
+                                    as BoxFut<'_, Result<Frame, VolumeError>>
+                            })
+                            .collect(),
+                    )
+                    .await;
+                    for (mk, r) in marks.iter().zip(replies) {
+                        match r {
+                            Ok(_) => plan.marked(mk.survivor, true),
+                            Err(e) if e.stops_writer() => return Err(e),
+                            Err(e) => {
+                                tracing::warn!(volume = %self.info.name, node = self.node(mk.survivor), "survivor cannot track a replica that is out: {e}");
+                                plan.marked(mk.survivor, false);
+                            }
                         }
                     }
                 }
+                TakeOutStep::NoneLeft => {
+                    return Err(degrade(self.node(failed[0]), DegradeRefusal::NoneLeft));
+                }
+                TakeOutStep::Apply(out) => break out,
             }
-            if silent.is_empty() {
-                break;
-            }
-            newly_out.extend(silent.iter().copied());
-            out.extend(silent.into_iter().map(|s| (s, ReplicaState::Outdated)));
-        }
+        };
         let mut set = self.set.write().unwrap_or_else(|e| e.into_inner());
         for &(i, to) in &out {
             set.set_state(i, to);
@@ -669,10 +612,10 @@ impl Volume {
                 return Err(VolumeError::NoReplicas(self.info.name.clone()));
             }
             let known = self.slots[i].incarnation.load(Ordering::Acquire);
-            let regions = if state == ReplicaState::Failed || known == 0 || known != incarnation {
-                None
-            } else {
+            let regions = if trireme_replication::incremental(state, known, incarnation) {
                 self.dirty_regions(i, &survivors).await?
+            } else {
+                None
             };
             self.set_conn(i, Some(conn));
             // Its log starts now, before it takes any write of this writer.
@@ -686,30 +629,15 @@ impl Volume {
                 .set_state(i, ReplicaState::Resyncing);
             match regions {
                 Some(r) => (false, r, survivors),
-                None => {
-                    let mut all = Vec::new();
-                    let mut p = 0;
-                    while p < self.info.size {
-                        all.push((p, CHUNK.min(self.info.size - p)));
-                        p += CHUNK;
-                    }
-                    (true, all, survivors)
-                }
+                None => (true, all_chunks(self.info.size), survivors),
             }
         };
-        let total: u64 = chunks.iter().map(|c| c.1).sum();
+        let mut plan = ResyncPlan::new(chunks, full);
+        let total = plan.progress().total_bytes;
         tracing::info!(volume = %self.info.name, node, full, bytes = total, "resync started");
-        let mut progress = ResyncProgress {
-            full,
-            total_bytes: total,
-            done_bytes: 0,
-            copied_bytes: 0,
-            elapsed_ms: 0,
-        };
-        self.set_progress(i, Some(progress.clone()));
-        let result = self
-            .copy_chunks(i, &chunks, full, &survivors, &mut progress, started)
-            .await;
+        self.set_progress(i, Some(plan.progress().clone()));
+        let result = self.copy_chunks(i, &mut plan, &survivors, started).await;
+        let mut progress = plan.progress().clone();
         self.set_progress(i, None);
         if let Err(e) = result {
             // A failure of the replica itself already took it out again (regions kept).
@@ -764,44 +692,53 @@ impl Volume {
         Ok(())
     }
 
-    /// Copies (or, for a full resync, compares then copies) each chunk to replica `i`, a few
-    /// chunks at a time, and clears copied regions on the survivors in batches (a clear that is
-    /// lost only means a region is copied again after an interruption).
+    /// Carries out `plan` for replica `i`: copies (or, for a full resync, compares then copies)
+    /// its regions a few at a time, clears copied regions on the survivors in batches (a clear
+    /// that is lost only means a region is copied again after an interruption), and keeps to
+    /// the resync rate.
     async fn copy_chunks(
         &self,
         i: usize,
-        chunks: &[(u64, u64)],
-        full: bool,
+        plan: &mut ResyncPlan,
         survivors: &[usize],
-        progress: &mut ResyncProgress,
         started: Instant,
     ) -> Result<(), VolumeError> {
         let peer = Bytes::from(encode_peer(self.node(i)));
-        let mut to_clear: Vec<(u64, u64)> = Vec::new();
-        for (n, group) in chunks.chunks(PARALLEL).enumerate() {
-            if self.set().state(i) != ReplicaState::Resyncing {
-                return Err(VolumeError::NoReplicas(self.info.name.clone()));
-            }
-            let copies = join_all(
-                group
-                    .iter()
-                    .map(|&(off, len)| {
-                        Box::pin(async move {
-                            let _r = self.write_order.acquire(off, off + len).await;
-                            self.activity.touch(off, len);
-                            self.copy_one(i, off, len, full).await
-                        }) as BoxFut<'_, Result<u64, VolumeError>>
-                    })
-                    .collect(),
-            )
-            .await;
-            for c in copies {
-                progress.copied_bytes += c?;
-            }
-            let last = (n + 1) * PARALLEL >= chunks.len();
-            if !full {
-                to_clear.extend_from_slice(group);
-                if to_clear.len() >= CLEAR_BATCH || last {
+        let full = plan.progress().full;
+        loop {
+            let slot_rate = self.slots[i].rate.load(Ordering::Relaxed);
+            let rate = (slot_rate > 0)
+                .then_some(slot_rate)
+                .or(self.opts.resync_rate);
+            match plan.next(started.elapsed(), rate) {
+                ResyncStep::Copy(group) => {
+                    if self.set().state(i) != ReplicaState::Resyncing {
+                        return Err(VolumeError::NoReplicas(self.info.name.clone()));
+                    }
+                    let copies = join_all(
+                        group
+                            .iter()
+                            .map(|&(off, len)| {
+                                Box::pin(async move {
+                                    let _r = self.write_order.acquire(off, off + len).await;
+                                    self.activity.touch(off, len);
+                                    self.copy_one(i, off, len, full).await
+                                })
+                                    as BoxFut<'_, Result<u64, VolumeError>>
+                            })
+                            .collect(),
+                    )
+                    .await;
+                    let mut copied = 0;
+                    for c in copies {
+                        copied += c?;
+                    }
+                    plan.copied(copied);
+                    let mut shown = plan.progress().clone();
+                    shown.elapsed_ms = started.elapsed().as_millis() as u64;
+                    self.set_progress(i, Some(shown));
+                }
+                ResyncStep::Clear(regions) => {
                     // Under the membership lock, and only while the replica is still being
                     // resynced: a write it failed meanwhile has marked its range again, and
                     // that mark must not be cleared.
@@ -816,32 +753,19 @@ impl Volume {
                         .collect();
                     let clears = live
                         .iter()
-                        .flat_map(|&s| to_clear.iter().map(move |&(o, l)| (s, o, l)))
+                        .flat_map(|&s| regions.iter().map(move |&(o, l)| (s, o, l)))
                         .map(|(s, o, l)| {
                             self.call(s, self.header(Op::DirtyClear, o, l), peer.clone())
                         })
                         .collect();
                     let _ = join_all(clears).await;
-                    to_clear.clear();
                 }
-            }
-            progress.done_bytes += group.iter().map(|c| c.1).sum::<u64>();
-            progress.elapsed_ms = started.elapsed().as_millis() as u64;
-            self.set_progress(i, Some(progress.clone()));
-            let slot_rate = self.slots[i].rate.load(Ordering::Relaxed);
-            let rate = (slot_rate > 0)
-                .then_some(slot_rate)
-                .or(self.opts.resync_rate);
-            if let Some(rate) = rate.filter(|r| *r > 0) {
-                let due =
-                    std::time::Duration::from_secs_f64(progress.done_bytes as f64 / rate as f64);
-                let spent = started.elapsed();
-                if due > spent {
-                    tokio::time::sleep(due - spent).await;
+                ResyncStep::WaitUntil(t) => {
+                    tokio::time::sleep(t.saturating_sub(started.elapsed())).await;
                 }
+                ResyncStep::Done => return Ok(()),
             }
         }
-        Ok(())
     }
 
     /// Copies one range from an in-sync replica to replica `i`, the caller holding the range.
@@ -1046,7 +970,7 @@ impl Volume {
         let started = Instant::now();
         let (whole, chunks) = match self.activity_ranges().await? {
             Some(r) => (false, r),
-            None => (true, union_chunks(vec![(0, self.info.size)])),
+            None => (true, all_chunks(self.info.size)),
         };
         if self.set().in_sync().len() < 2 {
             return Ok(());
@@ -1147,20 +1071,6 @@ pub struct ReconcileReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn chunks_merge_overlaps_and_split_at_the_chunk_size() {
-        let r = union_chunks(vec![
-            (5 << 20, 4096),
-            (0, 65536),
-            (32768, 65536),
-            (CHUNK - 10, 30),
-        ]);
-        assert_eq!(r, vec![(0, 98304), (CHUNK - 10, 30), (5 << 20, 4096)]);
-        let big = union_chunks(vec![(0, 3 * CHUNK + 1)]);
-        assert_eq!(big.len(), 4);
-        assert_eq!(big[3], (3 * CHUNK, 1));
-    }
 
     #[test]
     fn dirty_ranges_follow_the_extent_list() {

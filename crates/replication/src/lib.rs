@@ -8,15 +8,23 @@
 //! * [`fence`] — what a replica does with a request's epoch (DESIGN.md guarantee 4).
 //! * [`RangeOrder`] — overlapping writes reach every replica in one order (guarantee 2).
 //! * [`WriteQuorum`] — when a mirrored write may be acknowledged (guarantee 1).
+//! * [`ResyncPlan`] — which regions a returning replica gets, in what order, at what pace.
+//! * [`TakeOut`] — taking failed replicas out while the survivors track what they miss.
 //! * [`ReplicaSet`] — which replicas take writes and which may serve reads (guarantee 3).
 
 mod order;
 mod quorum;
+mod resync;
 mod set;
+mod takeout;
 
 pub use order::{RangeOrder, Ticket};
 pub use quorum::{decide, Decision, Mirrored, ReplicaOutcome, WriteFailure, WriteQuorum};
+pub use resync::{
+    all_chunks, incremental, union_chunks, ResyncPlan, ResyncStep, CHUNK, CLEAR_BATCH, PARALLEL,
+};
 pub use set::{default_min_copies, removal, transition, ReplicaSet, ReplicaState, TransitionError};
+pub use takeout::{Mark, Step as TakeOutStep, TakeOut};
 
 use serde::{Deserialize, Serialize};
 
