@@ -212,6 +212,35 @@ struct SimConn {
 }
 
 impl SimConn {
+    async fn send(
+        &self,
+        header: Header,
+        payload: Bytes,
+        crc: Option<u32>,
+    ) -> Result<Frame, TransportError> {
+        let delay = rand(&self.rng).below(300);
+        tokio::time::sleep(Duration::from_micros(20 + delay)).await;
+        let node = self.deliverable().await?;
+        let mut f = over_the_wire(&header, payload, crc).map_err(|e| self.closed(&e))?;
+        f.origin = self.token;
+        let resp = node.handle(f).await;
+        let resp = over_the_wire(&resp.header, resp.payload, None).map_err(|e| self.closed(&e))?;
+        let back = rand(&self.rng).below(300);
+        tokio::time::sleep(Duration::from_micros(20 + back)).await;
+        // A process that crashed after applying the request never answers; a writer that
+        // died meanwhile never reads the answer.
+        if self.proc_.dead() {
+            std::future::pending::<()>().await;
+        }
+        {
+            let s = self.node.st();
+            if s.down || s.generation != self.generation {
+                return Err(self.closed("peer crashed"));
+            }
+        }
+        Ok(resp)
+    }
+
     fn closed(&self, why: &str) -> TransportError {
         self.closed.store(true, Ordering::Release);
         TransportError::Closed {
@@ -245,30 +274,32 @@ impl SimConn {
     }
 }
 
+/// A frame as it crosses the wire: its header encoded by the real encoder (checksums and all;
+/// `crc` is the payload checksum a writer computed once for several replicas), then decoded and
+/// checked by the real decoder on the other side. A frame the decoder refuses closes the link,
+/// as the stream transport does.
+fn over_the_wire(header: &Header, payload: Bytes, crc: Option<u32>) -> Result<Frame, String> {
+    let bytes = match crc {
+        Some(crc) => header.encode_with_crc(payload.len(), crc),
+        None => header.encode(&payload),
+    };
+    let h = trireme_proto::decode_header(&bytes).map_err(|e| e.to_string())?;
+    trireme_proto::check_payload(&h, &payload).map_err(|e| e.to_string())?;
+    Ok(Frame::new(h, payload))
+}
+
 impl Connection for SimConn {
     fn call(&self, header: Header, payload: Bytes) -> BoxFuture<'_, Result<Frame, TransportError>> {
-        Box::pin(async move {
-            let delay = rand(&self.rng).below(300);
-            tokio::time::sleep(Duration::from_micros(20 + delay)).await;
-            let node = self.deliverable().await?;
-            let mut f = Frame::new(header, payload);
-            f.origin = self.token;
-            let resp = node.handle(f).await;
-            let back = rand(&self.rng).below(300);
-            tokio::time::sleep(Duration::from_micros(20 + back)).await;
-            // A process that crashed after applying the request never answers; a writer that
-            // died meanwhile never reads the answer.
-            if self.proc_.dead() {
-                std::future::pending::<()>().await;
-            }
-            {
-                let s = self.node.st();
-                if s.down || s.generation != self.generation {
-                    return Err(self.closed("peer crashed"));
-                }
-            }
-            Ok(resp)
-        })
+        Box::pin(self.send(header, payload, None))
+    }
+
+    fn call_with_crc(
+        &self,
+        header: Header,
+        payload: Bytes,
+        crc: u32,
+    ) -> BoxFuture<'_, Result<Frame, TransportError>> {
+        Box::pin(self.send(header, payload, Some(crc)))
     }
 
     fn info(&self) -> ConnectionInfo {
