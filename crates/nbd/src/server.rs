@@ -588,11 +588,10 @@ where
                     "oversized write; cannot skip its payload safely".into(),
                 ));
             }
-            let mut buf = BytesMut::zeroed(req.length as usize);
-            if let Err(e) = rd.read_exact(&mut buf).await {
-                break Err(e.into());
-            }
-            payload = buf.freeze();
+            payload = match read_payload(&mut rd, req.length as usize).await {
+                Ok(p) => p,
+                Err(e) => break Err(e.into()),
+            };
         }
         let end = req.offset.checked_add(u64::from(req.length));
         let refused = if req.flags & !KNOWN_CMD_FLAGS != 0 {
@@ -648,6 +647,19 @@ where
     // Wait for in-flight requests to be answered before closing (a clean DISC completes them).
     let _ = writer.await;
     result
+}
+
+/// Reads a write's `len` payload bytes (bounded by `MAX_REQUEST`) into spare capacity: nothing
+/// is zero-filled before the data overwrites it.
+async fn read_payload<R: AsyncRead + Unpin>(rd: &mut R, len: usize) -> std::io::Result<Bytes> {
+    let mut buf = BytesMut::with_capacity(len);
+    while buf.len() < len {
+        let want = (len - buf.len()) as u64;
+        if (&mut *rd).take(want).read_buf(&mut buf).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+    Ok(buf.freeze())
 }
 
 async fn execute<B: Backend>(s: &Session<B>, req: Request, payload: Bytes) -> Reply {

@@ -253,7 +253,12 @@ impl Stream {
         let closed = Arc::new(AtomicBool::new(false));
         let (p, c, pr, g) = (pending.clone(), closed.clone(), peer.clone(), gone.clone());
         tokio::spawn(async move {
-            let reason = match write_frames(BufWriter::with_capacity(write_buffer, wr), rx).await {
+            let written = if write_buffer == 0 {
+                write_frames(BufWriter::with_capacity(0, wr), rx).await
+            } else {
+                write_frames_vectored(wr, rx).await
+            };
+            let reason = match written {
                 Ok(()) => "connection dropped".to_string(),
                 Err(e) => format!("write: {e}"),
             };
@@ -428,6 +433,52 @@ pub enum ReadError {
         len: usize,
         within: std::time::Duration,
     },
+}
+
+/// The writer of a plain stream: each batch of queued frames goes out in one `writev`, headers
+/// from a small array and payloads straight from their shared buffers. A payload sent to three
+/// replicas is never copied into three stream buffers.
+async fn write_frames_vectored<W: FrameSink>(
+    mut w: W,
+    mut rx: mpsc::UnboundedReceiver<Outgoing>,
+) -> std::io::Result<()> {
+    let mut headers: Vec<[u8; HEADER_LEN]> = Vec::with_capacity(WRITE_BATCH);
+    let mut payloads: Vec<Bytes> = Vec::with_capacity(WRITE_BATCH);
+    while let Some(first) = rx.recv().await {
+        headers.clear();
+        payloads.clear();
+        let mut next = Some(first);
+        while let Some((h, payload, crc)) = next.take() {
+            headers.push(match crc {
+                Some(crc) => {
+                    debug_assert_eq!(crc, trireme_proto::payload_crc(&payload));
+                    h.encode_with_crc(payload.len(), crc)
+                }
+                None => h.encode(&payload),
+            });
+            payloads.push(payload);
+            if headers.len() < WRITE_BATCH {
+                next = rx.try_recv().ok();
+            }
+        }
+        let mut slices: Vec<std::io::IoSlice<'_>> = Vec::with_capacity(2 * headers.len());
+        for (h, p) in headers.iter().zip(&payloads) {
+            slices.push(std::io::IoSlice::new(h));
+            if !p.is_empty() {
+                slices.push(std::io::IoSlice::new(p));
+            }
+        }
+        let mut left = &mut slices[..];
+        while !left.is_empty() {
+            let n = w.write_vectored(left).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            std::io::IoSlice::advance_slices(&mut left, n);
+        }
+    }
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), w.shutdown()).await;
+    Ok(())
 }
 
 async fn write_frames<W: FrameSink>(
