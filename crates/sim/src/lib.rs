@@ -199,6 +199,16 @@ impl SimNode {
     }
 }
 
+/// A node's store as production runs it: every block sealed with its checksum (in memory, as
+/// on a store without a seals file: a restarted node is unsealed until blocks are written
+/// again), over the simulated disk.
+fn sealed(disk: &Arc<SimDisk>) -> Arc<dyn Store> {
+    Arc::new(trireme_store::SealedStore::new(
+        disk.clone() as Arc<dyn Store>,
+        None,
+    ))
+}
+
 /// A client connection to a simulated node.
 #[derive(Debug)]
 struct SimConn {
@@ -808,11 +818,7 @@ impl World {
             store
         };
         let mut s = n.st();
-        s.node = Arc::new(Node::with_dirty_grain(
-            id,
-            store.clone() as Arc<dyn Store>,
-            BLOCK,
-        ));
+        s.node = Arc::new(Node::with_dirty_grain(id, sealed(&store), BLOCK));
         // Its activity log and dirty records come back from the disk's ledger (gone with the
         // data on an empty restart).
         s.node.keep_books();
@@ -1071,7 +1077,7 @@ async fn run_async(cfg: Config) -> Result<Outcome, String> {
                 id,
                 state: Mutex::new(NodeState {
                     node: {
-                        let n = Node::with_dirty_grain(id, store.clone() as Arc<dyn Store>, BLOCK);
+                        let n = Node::with_dirty_grain(id, sealed(&store), BLOCK);
                         n.keep_books();
                         Arc::new(n)
                     },
