@@ -20,15 +20,21 @@
 mod activity;
 mod conflict;
 mod copies;
+mod error;
 mod failover;
+mod membership;
+mod reconcile;
+mod repair;
+mod resync;
 mod scrub;
 mod verify;
 
-pub use failover::{
-    BoxFut, DegradeRefusal, Membership, MembershipError, ReconcileReport, ReplicaView,
-    ResyncProgress,
-};
+use error::outcome_of;
+pub use error::VolumeError;
+pub use membership::{BoxFut, DegradeRefusal, Membership, MembershipError, ReplicaView};
+pub use reconcile::ReconcileReport;
 pub use scrub::ScrubReport;
+pub use trireme_replication::ResyncProgress;
 pub use verify::{verify_replicas, Mismatch, VerifyReport};
 
 use std::future::Future;
@@ -43,11 +49,8 @@ use serde::{Deserialize, Serialize};
 use trireme_proto::{
     decode_extents, Extent, Header, Op, Status, FLAG_FUA, FLAG_MAY_TRIM, MAX_PAYLOAD,
 };
-use trireme_replication::{
-    check_io, Decision, Mirrored, RangeError, ReplicaOutcome, ReplicaSet, ReplicaState,
-    WriteFailure,
-};
-use trireme_transport::{Connection, ConnectionInfo, Frame, TransportError, TransportKind};
+use trireme_replication::{check_io, Decision, Mirrored, ReplicaOutcome, ReplicaSet, ReplicaState};
+use trireme_transport::{Connection, ConnectionInfo, Frame, TransportKind};
 
 /// Largest read or write the client sends in one frame.
 pub const MAX_IO: u64 = MAX_PAYLOAD as u64;
@@ -82,110 +85,6 @@ pub struct ReplicaTarget {
     /// The incarnation recorded when it was last in sync (0: unknown).
     #[serde(default)]
     pub incarnation: u64,
-}
-
-/// Errors of the volume client.
-#[derive(Debug, thiserror::Error)]
-pub enum VolumeError {
-    #[error(transparent)]
-    Range(#[from] RangeError),
-    #[error(
-        "volume {volume}: fenced, another writer attached with epoch {newer} (ours is {ours})"
-    )]
-    Fenced {
-        volume: String,
-        ours: u64,
-        newer: u64,
-    },
-    #[error("volume {volume}: {failure}")]
-    Write {
-        volume: String,
-        failure: WriteFailure,
-    },
-    #[error("node {node}: {}: {message}", status.as_str())]
-    Replica {
-        node: u32,
-        status: Status,
-        message: String,
-    },
-    #[error("node {node}: {source}")]
-    Transport { node: u32, source: TransportError },
-    #[error("node {node} did not answer within {timeout:?}")]
-    Timeout { node: u32, timeout: Duration },
-    #[error("volume {volume}: cannot take the replica on node {node} out: {why}")]
-    Degrade {
-        volume: String,
-        node: u32,
-        why: DegradeRefusal,
-    },
-    /// The control plane did not answer a request that is not a take-out (locate, detach).
-    #[error("volume {volume}: {source}")]
-    Membership {
-        volume: String,
-        source: MembershipError,
-    },
-    /// The node refused this writer's identity (not on the volume's access list): no replica
-    /// is at fault, so none is taken out; the writer stops as if fenced.
-    #[error("node {node} refused this identity: {why}")]
-    Denied { node: u32, why: String },
-    #[error("volume {0}: no in-sync replica can serve the request")]
-    NoReplicas(String),
-    #[error("volume {0}: the writer stopped (fenced or refused) while writes waited for copies")]
-    Stopped(String),
-    #[error("node {node} sent a malformed response: {what}")]
-    Protocol { node: u32, what: String },
-}
-
-/// What a replica's failure of a mirrored request means to the write rule
-/// ([`trireme_replication::decide`]).
-fn outcome_of(e: &VolumeError) -> ReplicaOutcome {
-    match e {
-        VolumeError::Fenced { .. } | VolumeError::Denied { .. } => ReplicaOutcome::Fenced,
-        VolumeError::Replica {
-            status: Status::OutOfRange | Status::Invalid,
-            ..
-        } => ReplicaOutcome::Refused,
-        // The node's store answered with an error: what it holds is unknown. A superseded
-        // connection's refusal says nothing about the store.
-        VolumeError::Replica { status, .. } if *status != Status::Superseded => {
-            ReplicaOutcome::StoreFailed
-        }
-        _ => ReplicaOutcome::Failed,
-    }
-}
-
-impl VolumeError {
-    /// True for errors caused by the request itself (an out-of-range offset, say), which the
-    /// frontend reports as EINVAL rather than EIO.
-    pub fn is_invalid_request(&self) -> bool {
-        matches!(self, VolumeError::Range(_))
-    }
-    /// The replica's copy failed its block checksums (the node keeps serving other ranges).
-    pub fn is_bad_copy(&self) -> bool {
-        matches!(
-            self,
-            VolumeError::Replica {
-                status: Status::Corrupt,
-                ..
-            }
-        )
-    }
-    /// True if the writer may not go on at all (fenced by a newer epoch, or refused by a node
-    /// for its identity): no replica is taken out for it.
-    pub fn stops_writer(&self) -> bool {
-        self.is_fenced() || matches!(self, VolumeError::Denied { .. })
-    }
-
-    pub fn is_fenced(&self) -> bool {
-        matches!(
-            self,
-            VolumeError::Fenced { .. }
-                | VolumeError::Write {
-                    failure: WriteFailure::Fenced,
-                    ..
-                }
-        )
-    }
 }
 
 /// Tuning of failure handling.

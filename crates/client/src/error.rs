@@ -1,0 +1,113 @@
+//! What the volume client fails with, and what each failure means to the write rule.
+
+use std::time::Duration;
+
+use trireme_proto::Status;
+use trireme_replication::{RangeError, ReplicaOutcome, WriteFailure};
+use trireme_transport::TransportError;
+
+use crate::membership::{DegradeRefusal, MembershipError};
+
+/// Errors of the volume client.
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    #[error(transparent)]
+    Range(#[from] RangeError),
+    #[error(
+        "volume {volume}: fenced, another writer attached with epoch {newer} (ours is {ours})"
+    )]
+    Fenced {
+        volume: String,
+        ours: u64,
+        newer: u64,
+    },
+    #[error("volume {volume}: {failure}")]
+    Write {
+        volume: String,
+        failure: WriteFailure,
+    },
+    #[error("node {node}: {}: {message}", status.as_str())]
+    Replica {
+        node: u32,
+        status: Status,
+        message: String,
+    },
+    #[error("node {node}: {source}")]
+    Transport { node: u32, source: TransportError },
+    #[error("node {node} did not answer within {timeout:?}")]
+    Timeout { node: u32, timeout: Duration },
+    #[error("volume {volume}: cannot take the replica on node {node} out: {why}")]
+    Degrade {
+        volume: String,
+        node: u32,
+        why: DegradeRefusal,
+    },
+    /// The control plane did not answer a request that is not a take-out (locate, detach).
+    #[error("volume {volume}: {source}")]
+    Membership {
+        volume: String,
+        source: MembershipError,
+    },
+    /// The node refused this writer's identity (not on the volume's access list): no replica
+    /// is at fault, so none is taken out; the writer stops as if fenced.
+    #[error("node {node} refused this identity: {why}")]
+    Denied { node: u32, why: String },
+    #[error("volume {0}: no in-sync replica can serve the request")]
+    NoReplicas(String),
+    #[error("volume {0}: the writer stopped (fenced or refused) while writes waited for copies")]
+    Stopped(String),
+    #[error("node {node} sent a malformed response: {what}")]
+    Protocol { node: u32, what: String },
+}
+
+/// What a replica's failure of a mirrored request means to the write rule
+/// ([`trireme_replication::decide`]).
+pub(crate) fn outcome_of(e: &VolumeError) -> ReplicaOutcome {
+    match e {
+        VolumeError::Fenced { .. } | VolumeError::Denied { .. } => ReplicaOutcome::Fenced,
+        VolumeError::Replica {
+            status: Status::OutOfRange | Status::Invalid,
+            ..
+        } => ReplicaOutcome::Refused,
+        // The node's store answered with an error: what it holds is unknown. A superseded
+        // connection's refusal says nothing about the store.
+        VolumeError::Replica { status, .. } if *status != Status::Superseded => {
+            ReplicaOutcome::StoreFailed
+        }
+        _ => ReplicaOutcome::Failed,
+    }
+}
+
+impl VolumeError {
+    /// True for errors caused by the request itself (an out-of-range offset, say), which the
+    /// frontend reports as EINVAL rather than EIO.
+    pub fn is_invalid_request(&self) -> bool {
+        matches!(self, VolumeError::Range(_))
+    }
+    /// The replica's copy failed its block checksums (the node keeps serving other ranges).
+    pub fn is_bad_copy(&self) -> bool {
+        matches!(
+            self,
+            VolumeError::Replica {
+                status: Status::Corrupt,
+                ..
+            }
+        )
+    }
+    /// True if the writer may not go on at all (fenced by a newer epoch, or refused by a node
+    /// for its identity): no replica is taken out for it.
+    pub fn stops_writer(&self) -> bool {
+        self.is_fenced() || matches!(self, VolumeError::Denied { .. })
+    }
+
+    pub fn is_fenced(&self) -> bool {
+        matches!(
+            self,
+            VolumeError::Fenced { .. }
+                | VolumeError::Write {
+                    failure: WriteFailure::Fenced,
+                    ..
+                }
+        )
+    }
+}

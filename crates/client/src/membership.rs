@@ -1,0 +1,67 @@
+//! The control plane as the writer needs it: who records replica states and locates replicas.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use serde::{Deserialize, Serialize};
+use trireme_replication::{ReplicaState, ResyncProgress};
+
+use crate::AttachInfo;
+
+/// A boxed future borrowing its arguments.
+pub type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Why the control plane did not record or answer what the writer asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MembershipError {
+    /// The owner of the metadata said no: a stale epoch, the last in-sync replica, no such
+    /// volume or node. Asking again does not help.
+    #[error("refused: {0}")]
+    Refused(String),
+    /// It could not be reached or gave up (the metadata store or the manager is down).
+    #[error("control plane unreachable: {0}")]
+    Unreachable(String),
+}
+
+/// Why a replica could not be taken out.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DegradeRefusal {
+    #[error("it is the last in-sync replica")]
+    LastInSync,
+    #[error("no in-sync replica left")]
+    NoneLeft,
+    #[error("{left} in-sync copies would remain, fewer than the minimum of {min} (wait for resyncs, or lower it with `volume set --min-copies`)")]
+    BelowMinimum { left: usize, min: u32 },
+    #[error("this writer has had {0} replicas; attach the volume again before moving more")]
+    NoSlotLeft(usize),
+    #[error(transparent)]
+    Membership(#[from] MembershipError),
+}
+
+/// The control plane as the writer needs it: the owner of the metadata.
+pub trait Membership: Send + Sync + std::fmt::Debug {
+    /// Records a replica's state durably. Refused unless `epoch` is the volume's current epoch,
+    /// and refused for taking out the last in-sync replica. With `InSync`, a nonzero
+    /// `incarnation` is recorded too: the copy's identity while its history is known.
+    fn set_state<'a>(
+        &'a self,
+        volume: &'a str,
+        epoch: u64,
+        node: u32,
+        state: ReplicaState,
+        incarnation: u64,
+    ) -> BoxFut<'a, Result<(), MembershipError>>;
+    /// Where the volume's replicas are now (nodes may have restarted on new addresses).
+    fn locate<'a>(&'a self, volume: &'a str) -> BoxFut<'a, Result<AttachInfo, MembershipError>>;
+    /// The writer of `epoch` detached cleanly: nothing of it is in flight.
+    fn detach<'a>(&'a self, volume: &'a str, epoch: u64)
+        -> BoxFut<'a, Result<(), MembershipError>>;
+}
+
+/// One replica as the writer sees it now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaView {
+    pub node: u32,
+    pub state: ReplicaState,
+    pub resync: Option<ResyncProgress>,
+}

@@ -1,0 +1,161 @@
+//! After a writer died with writes in flight: settling the in-sync replicas before any I/O.
+
+use tokio::time::Instant;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use trireme_proto::{data_ranges, decode_extents, Op};
+use trireme_replication::{all_chunks, union_chunks};
+
+use crate::{Volume, VolumeError};
+
+/// Range covered by one activity-log query (at the smallest extent, 64 KiB: the node's cap).
+const ACTIVITY_WINDOW: u64 = 64 << 30;
+
+impl Volume {
+    /// The union of the in-sync replicas' activity-log extents, or `None` if one of them has no
+    /// log from before this attach (its node restarted): then nothing bounds where the dead
+    /// writer's writes went. A replica that cannot answer is taken out for a full resync.
+    pub(crate) async fn activity_ranges(&self) -> Result<Option<Vec<(u64, u64)>>, VolumeError> {
+        let mut ranges = Vec::new();
+        let in_sync = self.set().in_sync();
+        for t in in_sync {
+            let mut off = 0;
+            while off < self.info.size {
+                let len = ACTIVITY_WINDOW.min(self.info.size - off);
+                let h = self.header(Op::ActivityQuery, off, len);
+                let f = match self
+                    .call(t, h, Bytes::new())
+                    .await
+                    .and_then(|f| self.expect_ok(t, f))
+                {
+                    Ok(f) => f,
+                    Err(e) => {
+                        tracing::warn!(volume = %self.info.name, node = self.node(t), "reconcile: {e}");
+                        self.take_out_with(&[t], None, true).await?;
+                        break;
+                    }
+                };
+                if f.header.epoch == 0 {
+                    tracing::info!(volume = %self.info.name, node = self.node(t), "replica has no activity log (its node restarted): reconciling the whole volume");
+                    return Ok(None);
+                }
+                let ext = decode_extents(&f.payload).map_err(|e| VolumeError::Protocol {
+                    node: self.node(t),
+                    what: e.to_string(),
+                })?;
+                ranges.extend(data_ranges(&ext, off));
+                off += len;
+            }
+        }
+        Ok(Some(union_chunks(ranges)))
+    }
+
+    /// After a writer died with writes in flight, replicas may differ where those writes went:
+    /// before any new I/O, every extent the replicas' activity logs show (the whole volume if a
+    /// log is missing) is compared across the in-sync replicas and copied from one of them where
+    /// they differ. Only checksums cross the network for ranges that agree.
+    pub(crate) async fn reconcile(&self) -> Result<(), VolumeError> {
+        if self.set().in_sync().len() < 2 {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let (whole, chunks) = match self.activity_ranges().await? {
+            Some(r) => (false, r),
+            None => (true, all_chunks(self.info.size)),
+        };
+        if self.set().in_sync().len() < 2 {
+            return Ok(());
+        }
+        let mut copied = 0;
+        let mut compared = 0;
+        let mut unreadable = Vec::new();
+        for &(off, len) in &chunks {
+            let targets = self.set().in_sync();
+            let sums = self.checksums(&targets, off, len).await;
+            // The source is the first copy (in the set's order) whose region passes its block
+            // checksums; one that fails them is rewritten from it, never copied from.
+            let mut good = Vec::new();
+            let mut bad = Vec::new();
+            for (k, r) in sums.into_iter().enumerate() {
+                let t = targets[k];
+                match r {
+                    Ok(c) => good.push((t, c)),
+                    Err(e) if e.is_bad_copy() => {
+                        tracing::warn!(volume = %self.info.name, node = self.node(t), off, len, "reconcile: this copy fails its block checksums; rewriting it from a good one");
+                        bad.push(t);
+                    }
+                    Err(e) if e.stops_writer() => return Err(e),
+                    Err(e) => {
+                        tracing::warn!(volume = %self.info.name, node = self.node(t), "reconcile: {e}");
+                        self.take_out_with(&[t], None, true).await?;
+                    }
+                }
+            }
+            let Some(&(src, want)) = good.first() else {
+                if !bad.is_empty() {
+                    tracing::error!(volume = %self.info.name, off, len, "reconcile: no copy of this region passes its block checksums; nothing copied (scrub or restore it)");
+                    unreadable.push((off, len));
+                }
+                continue;
+            };
+            let to_copy: Vec<usize> = good
+                .iter()
+                .filter(|(_, c)| *c != want)
+                .map(|(t, _)| *t)
+                .chain(bad)
+                .collect();
+            if !to_copy.is_empty() {
+                let data = self.read_from(src, off, len).await?;
+                let h = self.header(Op::Write, off, len);
+                for t in to_copy {
+                    if let Err(e) = self.to_all(&[t], h, data.clone()).await {
+                        self.take_out_with(&[t], None, true).await?;
+                        tracing::warn!(volume = %self.info.name, node = self.node(t), "reconcile: {e}");
+                    }
+                    copied += len;
+                }
+            }
+            compared += len;
+        }
+        let report = ReconcileReport {
+            whole,
+            compared_bytes: compared,
+            copied_bytes: copied,
+            ms: started.elapsed().as_millis() as u64,
+            unreadable,
+        };
+        tracing::info!(
+            volume = %self.info.name,
+            whole,
+            compared_bytes = compared,
+            copied_bytes = copied,
+            unreadable_regions = report.unreadable.len(),
+            ms = report.ms,
+            "reconciled replicas after an unclean writer change"
+        );
+        *self.reconciled.lock().unwrap_or_else(|e| e.into_inner()) = Some(report);
+        Ok(())
+    }
+
+    /// What the reconciliation at attach did (none after a clean detach).
+    pub fn last_reconcile(&self) -> Option<ReconcileReport> {
+        self.reconciled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+/// What reconciling the replicas after an unclean writer change did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReconcileReport {
+    /// The whole volume was compared (some replica had no activity log).
+    pub whole: bool,
+    pub compared_bytes: u64,
+    pub copied_bytes: u64,
+    pub ms: u64,
+    /// Regions where no copy passed its block checksums: left as they are, never spread.
+    #[serde(default)]
+    pub unreadable: Vec<(u64, u64)>,
+}

@@ -1,0 +1,414 @@
+//! Bringing a replica back: incremental resync.
+//!
+//! **Bringing back** (`resync`), from a background task while I/O goes on:
+//! 1. with every write paused for a moment (the whole range held), R is attached with the
+//!    writer's epoch, the survivors' dirty regions are collected, and R joins the write set as
+//!    *resyncing*: it takes every new write and serves no reads. The survivors keep marking
+//!    every write for R (more than needed while R takes them too, but a resync that stops
+//!    halfway then leaves a record that still covers everything);
+//! 2. each dirty region is copied from an in-sync replica under the region's write lock (so a
+//!    copy never overwrites a newer write) and then cleared on the survivors — unless R failed
+//!    a write meanwhile, whose mark must stay;
+//! 3. with writes paused again, R is recorded in sync, joins the read set, and the survivors drop
+//!    their record.
+//!
+//! Incremental only when it is provably enough: R must come back with the incarnation it had when
+//! it went out, and some survivor must have tracked it since then under this writer's epoch.
+//! Otherwise (R re-created or wiped, survivors restarted, or the writer changed meanwhile) the
+//! resync compares every region by checksum and copies those that differ — full, never a guess.
+//! If R fails again midway, it goes back to outdated with its remaining regions still recorded.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use tokio::time::Instant;
+
+use bytes::Bytes;
+use trireme_proto::{data_ranges, decode_extents, encode_peer, Op, FLAG_MAY_TRIM};
+use trireme_replication::{
+    all_chunks, union_chunks, ReplicaState, ResyncPlan, ResyncProgress, ResyncStep,
+};
+use trireme_transport::Connection;
+
+use crate::membership::BoxFut;
+use crate::{connect_replica, join_all, Volume, VolumeError};
+
+/// Range covered by one dirty-region query (at 4 KiB granularity: 1 Mi regions, the node's cap).
+const QUERY_WINDOW: u64 = 4 << 30;
+
+impl Volume {
+    /// Attaches a returning replica: its connection and incarnation.
+    pub(crate) async fn reattach(
+        &self,
+        i: usize,
+    ) -> Result<(Arc<dyn Connection>, u64), VolumeError> {
+        let m = self.membership()?;
+        let node = self.node(i);
+        let info = m
+            .locate(&self.info.name)
+            .await
+            .map_err(|e| VolumeError::Degrade {
+                volume: self.info.name.clone(),
+                node,
+                why: e.into(),
+            })?;
+        if info.epoch != self.info.epoch {
+            return Err(VolumeError::Fenced {
+                volume: self.info.name.clone(),
+                ours: self.info.epoch,
+                newer: info.epoch,
+            });
+        }
+        let target = info
+            .replicas
+            .iter()
+            .find(|r| r.node == node)
+            .ok_or_else(|| VolumeError::NoReplicas(self.info.name.clone()))?;
+        let conn = tokio::time::timeout(
+            self.opts.replica_timeout,
+            connect_replica(target, &self.opts),
+        )
+        .await
+        .map_err(|_| VolumeError::Timeout {
+            node,
+            timeout: self.opts.replica_timeout,
+        })??;
+        let h = self.header(Op::Attach, 0, 0);
+        let f = tokio::time::timeout(self.opts.replica_timeout, conn.call(h, Bytes::new()))
+            .await
+            .map_err(|_| VolumeError::Timeout {
+                node,
+                timeout: self.opts.replica_timeout,
+            })?
+            .map_err(|source| VolumeError::Transport { node, source })?;
+        let f = self.expect_ok(i, f)?;
+        Ok((conn, f.header.length))
+    }
+
+    /// The union of the survivors' dirty regions for replica `i`, or `None` if no survivor
+    /// has a record that provably covers everything it missed.
+    pub(crate) async fn dirty_regions(
+        &self,
+        i: usize,
+        survivors: &[usize],
+    ) -> Result<Option<Vec<(u64, u64)>>, VolumeError> {
+        let incarnation = self.slots[i].incarnation.load(Ordering::Acquire);
+        let mut ranges = Vec::new();
+        let mut usable = 0;
+        for &s in survivors {
+            let mut trusted = true;
+            let mut mine = Vec::new();
+            let mut off = 0;
+            while off < self.info.size && trusted {
+                let len = QUERY_WINDOW.min(self.info.size - off);
+                let h = self.header(Op::DirtyQuery, off, len);
+                let f = self
+                    .call(s, h, Bytes::from(encode_peer(self.node(i))))
+                    .await?;
+                let f = self.expect_ok(s, f)?;
+                if f.header.epoch != self.info.epoch || f.header.length != incarnation {
+                    trusted = false;
+                    break;
+                }
+                let ext = decode_extents(&f.payload).map_err(|e| VolumeError::Protocol {
+                    node: self.node(s),
+                    what: e.to_string(),
+                })?;
+                mine.extend(data_ranges(&ext, off));
+                off += len;
+            }
+            if trusted {
+                usable += 1;
+                ranges.extend(mine);
+            }
+        }
+        Ok((usable > 0).then(|| union_chunks(ranges)))
+    }
+
+    pub(crate) fn set_progress(&self, i: usize, p: Option<ResyncProgress>) {
+        let mut progress = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        if progress.len() <= i {
+            progress.resize(i + 1, None);
+        }
+        progress[i] = p;
+    }
+
+    /// Brings replica `i` back (see the module docs).
+    pub(crate) async fn resync(&self, i: usize) -> Result<(), VolumeError> {
+        let (conn, incarnation) = self.reattach(i).await?;
+        let node = self.node(i);
+        let started = Instant::now();
+        // 1. Pause writes, collect the survivors' regions, and let the replica take new writes.
+        let (full, chunks, survivors) = {
+            let _all = self.write_order.acquire(0, self.info.size).await;
+            let _g = self.membership_lock.lock().await;
+            let state = self.set().state(i);
+            if !matches!(state, ReplicaState::Outdated | ReplicaState::Failed) {
+                return Ok(());
+            }
+            let survivors = self.set().in_sync();
+            if survivors.is_empty() {
+                return Err(VolumeError::NoReplicas(self.info.name.clone()));
+            }
+            let known = self.slots[i].incarnation.load(Ordering::Acquire);
+            let regions = if trireme_replication::incremental(state, known, incarnation) {
+                self.dirty_regions(i, &survivors).await?
+            } else {
+                None
+            };
+            self.set_conn(i, Some(conn));
+            // Its log starts now, before it takes any write of this writer.
+            if let Err(e) = self.start_activity(&[i]).await {
+                self.set_conn(i, None);
+                return Err(e);
+            }
+            self.set
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .set_state(i, ReplicaState::Resyncing);
+            match regions {
+                Some(r) => (false, r, survivors),
+                None => (true, all_chunks(self.info.size), survivors),
+            }
+        };
+        let mut plan = ResyncPlan::new(chunks, full);
+        let total = plan.progress().total_bytes;
+        tracing::info!(volume = %self.info.name, node, full, bytes = total, "resync started");
+        self.set_progress(i, Some(plan.progress().clone()));
+        let result = self.copy_chunks(i, &mut plan, &survivors, started).await;
+        let mut progress = plan.progress().clone();
+        self.set_progress(i, None);
+        if let Err(e) = result {
+            // A failure of the replica itself already took it out again (regions kept).
+            if self.set().state(i) == ReplicaState::Resyncing {
+                let _ = self.take_out_with(&[i], None, false).await;
+            }
+            return Err(e);
+        }
+        // 3. Pause writes again and make it in sync: on record first, then for reads.
+        let _all = self.write_order.acquire(0, self.info.size).await;
+        let _g = self.membership_lock.lock().await;
+        if self.set().state(i) != ReplicaState::Resyncing {
+            return Err(VolumeError::NoReplicas(self.info.name.clone()));
+        }
+        let m = self.membership()?;
+        m.set_state(
+            &self.info.name,
+            self.info.epoch,
+            node,
+            ReplicaState::InSync,
+            incarnation,
+        )
+        .await
+        .map_err(|e| VolumeError::Degrade {
+            volume: self.info.name.clone(),
+            node,
+            why: e.into(),
+        })?;
+        self.slots[i]
+            .incarnation
+            .store(incarnation, Ordering::Release);
+        progress.elapsed_ms = started.elapsed().as_millis() as u64;
+        self.finished
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(node, progress.clone());
+        self.set
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .set_state(i, ReplicaState::InSync);
+        self.copies.wake();
+        self.drop_records(i).await;
+        tracing::info!(
+            volume = %self.info.name,
+            node,
+            full,
+            copied_bytes = progress.copied_bytes,
+            scanned_bytes = progress.done_bytes,
+            ms = started.elapsed().as_millis() as u64,
+            "resync done; replica in sync"
+        );
+        Ok(())
+    }
+
+    /// Carries out `plan` for replica `i`: copies (or, for a full resync, compares then copies)
+    /// its regions a few at a time, clears copied regions on the survivors in batches (a clear
+    /// that is lost only means a region is copied again after an interruption), and keeps to
+    /// the resync rate.
+    pub(crate) async fn copy_chunks(
+        &self,
+        i: usize,
+        plan: &mut ResyncPlan,
+        survivors: &[usize],
+        started: Instant,
+    ) -> Result<(), VolumeError> {
+        let peer = Bytes::from(encode_peer(self.node(i)));
+        let full = plan.progress().full;
+        loop {
+            let slot_rate = self.slots[i].rate.load(Ordering::Relaxed);
+            let rate = (slot_rate > 0)
+                .then_some(slot_rate)
+                .or(self.opts.resync_rate);
+            match plan.next(started.elapsed(), rate) {
+                ResyncStep::Copy(group) => {
+                    if self.set().state(i) != ReplicaState::Resyncing {
+                        return Err(VolumeError::NoReplicas(self.info.name.clone()));
+                    }
+                    let copies = join_all(
+                        group
+                            .iter()
+                            .map(|&(off, len)| {
+                                Box::pin(async move {
+                                    let _r = self.write_order.acquire(off, off + len).await;
+                                    self.activity.touch(off, len);
+                                    self.copy_one(i, off, len, full).await
+                                })
+                                    as BoxFut<'_, Result<u64, VolumeError>>
+                            })
+                            .collect(),
+                    )
+                    .await;
+                    let mut copied = 0;
+                    for c in copies {
+                        copied += c?;
+                    }
+                    plan.copied(copied);
+                    let mut shown = plan.progress().clone();
+                    shown.elapsed_ms = started.elapsed().as_millis() as u64;
+                    self.set_progress(i, Some(shown));
+                }
+                ResyncStep::Clear(regions) => {
+                    // Under the membership lock, and only while the replica is still being
+                    // resynced: a write it failed meanwhile has marked its range again, and
+                    // that mark must not be cleared.
+                    let _g = self.membership_lock.lock().await;
+                    if self.set().state(i) != ReplicaState::Resyncing {
+                        return Err(VolumeError::NoReplicas(self.info.name.clone()));
+                    }
+                    let live: Vec<usize> = survivors
+                        .iter()
+                        .copied()
+                        .filter(|&s| self.set().state(s) == ReplicaState::InSync)
+                        .collect();
+                    let clears = live
+                        .iter()
+                        .flat_map(|&s| regions.iter().map(move |&(o, l)| (s, o, l)))
+                        .map(|(s, o, l)| {
+                            self.call(s, self.header(Op::DirtyClear, o, l), peer.clone())
+                        })
+                        .collect();
+                    let _ = join_all(clears).await;
+                }
+                ResyncStep::WaitUntil(t) => {
+                    tokio::time::sleep(t.saturating_sub(started.elapsed())).await;
+                }
+                ResyncStep::Done => return Ok(()),
+            }
+        }
+    }
+
+    /// Copies one range from an in-sync replica to replica `i`, the caller holding the range.
+    /// With `compare`, skips it when the checksums already match. Returns the bytes copied.
+    pub(crate) async fn copy_one(
+        &self,
+        i: usize,
+        off: u64,
+        len: u64,
+        compare: bool,
+    ) -> Result<u64, VolumeError> {
+        // A source whose copy fails its block checksums is passed over for the next in-sync
+        // replica, and repaired from the one that serves.
+        let sources = self
+            .set()
+            .read_order(self.spread.fetch_add(1, Ordering::Relaxed));
+        let mut bad = Vec::new();
+        let mut last = VolumeError::NoReplicas(self.info.name.clone());
+        let mut copy = None;
+        for src in sources {
+            if compare {
+                let mut sums = self.checksums(&[src, i], off, len).await.into_iter();
+                let (a, b) = (sums.next().expect("two"), sums.next().expect("two"));
+                let a = match a {
+                    Ok(c) => c,
+                    Err(e) if e.is_bad_copy() => {
+                        bad.push(src);
+                        last = e;
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+                // The target's own copy may be bad too: then it differs, and is overwritten.
+                let b = match b {
+                    Ok(c) => Some(c),
+                    Err(e) if e.is_bad_copy() => None,
+                    Err(e) => return Err(self.replica_failed(i, off, len, e).await),
+                };
+                if b == Some(a) {
+                    copy = Some((src, None));
+                    break;
+                }
+            }
+            match self.read_from(src, off, len).await {
+                Ok(d) => {
+                    copy = Some((src, Some(d)));
+                    break;
+                }
+                Err(e) if e.is_bad_copy() => {
+                    bad.push(src);
+                    last = e;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let Some((good, data)) = copy else {
+            return Err(last);
+        };
+        if !bad.is_empty() {
+            self.repair_held(&bad, good, off, len).await;
+        }
+        let Some(data) = data else { return Ok(0) };
+        let h = if data.iter().all(|&b| b == 0) {
+            let mut h = self.header(Op::WriteZeroes, off, len);
+            h.flags |= FLAG_MAY_TRIM;
+            (h, Bytes::new())
+        } else {
+            (self.header(Op::Write, off, len), data)
+        };
+        match self
+            .call(i, h.0, h.1)
+            .await
+            .and_then(|f| self.expect_ok(i, f))
+        {
+            Ok(_) => Ok(len),
+            Err(e) => Err(self.replica_failed(i, off, len, e).await),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dirty_ranges_follow_the_extent_list() {
+        use trireme_proto::Extent;
+        let ext = [
+            Extent {
+                length: 10,
+                flags: Extent::HOLE | Extent::ZERO,
+            },
+            Extent {
+                length: 5,
+                flags: 0,
+            },
+            Extent {
+                length: 7,
+                flags: Extent::HOLE,
+            },
+            Extent {
+                length: 1,
+                flags: 0,
+            },
+        ];
+        assert_eq!(data_ranges(&ext, 100), vec![(110, 5), (122, 1)]);
+    }
+}
