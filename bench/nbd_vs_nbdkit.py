@@ -4,9 +4,14 @@
 Both targets get the same fio job, run interleaved (A B A B ...) for several rounds; the table
 shows medians and trireme/nbdkit ratios. CPU per IO is measured from /proc/<pid>/stat of the
 storage processes (trireme: `up` + every node; nbdkit: its one process) and from the rusage of
-fio itself (the load generator). Links: unix sockets between processes on this host; no RDMA here.
+fio itself (the load generator). Links between trireme's processes: UCX over shared memory (the
+default when UCX starts; unix sockets otherwise); no RDMA here.
+
+With --before BIN, a second trireme cluster runs that binary (the code before a change) in the
+same interleaved rounds, and the table gains its column and the after/before ratio.
 
 Usage: python3 bench/nbd_vs_nbdkit.py [--runtime 10] [--rounds 3] [--size 512M] [--json out.json]
+                                      [--before path/to/old/trireme]
 """
 
 import argparse
@@ -91,12 +96,12 @@ def measure(uri, pids, numjobs, iodepth, runtime, size):
     }
 
 
-def start_trireme(tmp, size, extra=()):
-    exe = os.environ.get("TRIREME_BIN", os.path.join(ROOT, "target", "release", "trireme"))
+def start_trireme(tmp, size, extra=(), exe=None, name="trireme"):
+    exe = exe or os.environ.get("TRIREME_BIN", os.path.join(ROOT, "target", "release", "trireme"))
     if not os.path.exists(exe):
-        sys.exit("build first: cargo build --release (make bench does)")
-    d = os.path.join(tmp, "trireme")
-    log = open(os.path.join(tmp, "trireme.log"), "w")
+        sys.exit(f"{exe} not found: cargo build --release (make bench does)")
+    d = os.path.join(tmp, name)
+    log = open(os.path.join(tmp, f"{name}.log"), "w")
     p = subprocess.Popen([exe, "--data-dir", d, "--log", "warn", "up", "--store", "memory", "--size", size,
                           "--nodes", "3", "--replicas", "3", "--port", "0", *extra], stdout=log, stderr=log)
     for _ in range(600):
@@ -133,6 +138,7 @@ def main():
     ap.add_argument("--size", default="512M", help="volume size and fio working set")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--trireme-args", default="", help="extra `trireme up` flags, e.g. '--threads 2'")
+    ap.add_argument("--before", help="a trireme binary of the code before a change, run side by side")
     a = ap.parse_args()
     for tool in ("fio", "nbdkit"):
         if not shutil.which(tool):
@@ -146,6 +152,10 @@ def main():
         kp, kuri, kpids = start_nbdkit(tmp, a.size)
         procs.append(kp)
         targets = {"trireme": (turi, tpids), "nbdkit": (kuri, kpids)}
+        if a.before:
+            bp, buri, bpids = start_trireme(tmp, a.size, a.trireme_args.split(), a.before, "before")
+            procs.append(bp)
+            targets["before"] = (buri, bpids)
         for uri, _ in targets.values():
             prefill(uri, a.size)
 
@@ -154,8 +164,10 @@ def main():
               f"{os.cpu_count()} CPUs, kernel {platform.release()}, {fio_version}")
         print("# trireme: 3 node processes, 3-way mirror, memory store, volume client + NBD in `trireme up`;"
               " nbdkit: memory plugin, one copy.")
-        print("# Both over nbd+unix. trireme's node links: unix sockets between processes on this host"
-              " (TCP when the peer is elsewhere); no RDMA device on this machine.")
+        print("# Both over nbd+unix. trireme's node links: UCX over shared memory between processes on this"
+              " host (unix sockets if UCX cannot start); no RDMA device on this machine.")
+        if a.before:
+            print(f"# before: the same cluster running {a.before} (the code before the change).")
         print(f"# 4K random 70:30 read/write, fio nbd engine, {a.runtime}s runs + 2s ramp, "
               f"{a.rounds} interleaved rounds, medians.\n")
 
@@ -173,17 +185,18 @@ def main():
             med = {t: {k: statistics.median(x[k] for x in v) for k in v[0]} for t, v in runs.items()}
             results[name] = med
         print()
-        print(f"{'profile':<20} {'metric':<30} {'trireme':>10} {'nbdkit':>10} {'ratio':>7}  target")
+        extra = f" {'before':>10} {'t/before':>8}" if a.before else ""
+        print(f"{'profile':<20} {'metric':<30} {'trireme':>10} {'nbdkit':>10} {'ratio':>7}{extra}  target (issue 18)")
         for name, jobs, depth in PROFILES:
             med = results[name]
             t, k = med["trireme"], med["nbdkit"]
             rows = [
-                ("IOPS", "iops", ">= 0.5x" if jobs * depth > 1 else ""),
-                ("p50 latency (us)", "p50_us", "<= 2x" if jobs * depth == 1 else ""),
+                ("IOPS", "iops", ">= 0.9x" if jobs * depth > 1 else ""),
+                ("p50 latency (us)", "p50_us", "<= 1.5x" if jobs * depth == 1 else ""),
                 ("p99 latency (us)", "p99_us", ""),
                 ("read p50 (us)", "read_p50_us", ""),
                 ("write p50 (us)", "write_p50_us", ""),
-                ("storage CPU us per IO", "storage_cpu_us_per_io", ""),
+                ("storage CPU us per IO", "storage_cpu_us_per_io", "<= 1.5x" if jobs * depth > 1 else ""),
                 ("fio CPU us per IO", "generator_cpu_us_per_io", ""),
             ]
             for label, key, target in rows:
@@ -193,7 +206,11 @@ def main():
                     verdict = "met" if ratio >= float(target[3:-1]) else "NOT met"
                 elif target.startswith("<="):
                     verdict = "met" if ratio <= float(target[3:-1]) else "NOT met"
-                print(f"{name:<20} {label:<30} {t[key]:>10.1f} {k[key]:>10.1f} {ratio:>6.2f}x  {target} {verdict}")
+                cols = ""
+                if a.before:
+                    b = med["before"][key]
+                    cols = f" {b:>10.1f} {(t[key] / b if b else float('nan')):>7.2f}x"
+                print(f"{name:<20} {label:<30} {t[key]:>10.1f} {k[key]:>10.1f} {ratio:>6.2f}x{cols}  {target} {verdict}")
         if a.json:
             with open(a.json, "w") as f:
                 json.dump(results, f, indent=2)
