@@ -217,21 +217,36 @@ pub fn svg(c: &Chart) -> String {
     o
 }
 
+/// Why a chart could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum ChartError {
+    #[error("{path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("rsvg-convert (Debian package librsvg2-bin) is needed for PNG charts: {0}")]
+    NoConverter(std::io::Error),
+    #[error("rsvg-convert failed on {0}")]
+    ConvertFailed(PathBuf),
+}
+
 /// Writes `<stem>.svg` and `<stem>.png`; returns the files written.
-pub fn write(c: &Chart, stem: &Path) -> Result<Vec<PathBuf>, String> {
+pub fn write(c: &Chart, stem: &Path) -> Result<Vec<PathBuf>, ChartError> {
     let svg_path = stem.with_extension("svg");
-    std::fs::write(&svg_path, svg(c)).map_err(|e| format!("{}: {e}", svg_path.display()))?;
+    std::fs::write(&svg_path, svg(c)).map_err(|source| ChartError::Write {
+        path: svg_path.clone(),
+        source,
+    })?;
     let png_path = stem.with_extension("png");
     let st = std::process::Command::new("rsvg-convert")
         .arg("-o")
         .arg(&png_path)
         .arg(&svg_path)
         .status()
-        .map_err(|e| {
-            format!("rsvg-convert (Debian package librsvg2-bin) is needed for PNG charts: {e}")
-        })?;
+        .map_err(ChartError::NoConverter)?;
     if !st.success() {
-        return Err(format!("rsvg-convert failed on {}", svg_path.display()));
+        return Err(ChartError::ConvertFailed(svg_path));
     }
     Ok(vec![svg_path, png_path])
 }

@@ -300,16 +300,40 @@ async fn show_progress(ctx: Arc<Ctx>, started: Instant) {
     }
 }
 
+/// Why a benchmark run could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error(transparent)]
+    Profile(#[from] crate::profile::ProfileError),
+    /// The target could not be opened.
+    #[error("{0}")]
+    Open(Box<dyn std::error::Error + Send + Sync>),
+    #[error("runtime: {0}")]
+    Runtime(std::io::Error),
+    #[error("--verify needs a target that stores data (not null)")]
+    VerifyNull,
+    #[error("--verify covers at most {max} bytes; use --span")]
+    VerifySpan { max: u64 },
+    #[error("{target} needs block size and alignment in multiples of {align} bytes")]
+    Alignment { target: String, align: u64 },
+    /// An I/O of the run failed (the target's error, with the I/O that met it).
+    #[error("{0}")]
+    Io(String),
+    #[error("the run stopped before its window ended")]
+    Stopped,
+}
+
 /// Runs `profile` against `target` and returns what it measured. `storage_pids` are the
 /// processes whose CPU counts as the storage system's. Call from outside any async runtime.
-pub fn run<F>(
+pub fn run<F, E>(
     profile: &Profile,
     open: F,
     storage_pids: &[u32],
     progress: bool,
-) -> Result<RunResult, String>
+) -> Result<RunResult, BenchError>
 where
-    F: std::future::Future<Output = Result<Target, String>>,
+    F: std::future::Future<Output = Result<Target, E>>,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let workers = (profile.threads as usize)
         .min(std::thread::available_parallelism().map_or(1, |n| n.get()))
@@ -318,12 +342,12 @@ where
         .worker_threads(workers)
         .enable_all()
         .build()
-        .map_err(|e| format!("runtime: {e}"))?;
+        .map_err(BenchError::Runtime)?;
     // Opened inside the runtime that drives it: connections spawn their tasks here.
-    let target = Arc::new(rt.block_on(open)?);
+    let target = Arc::new(rt.block_on(open).map_err(|e| BenchError::Open(e.into()))?);
     profile.validate(target.size())?;
     if profile.verify && target.completes_inline() {
-        return Err("--verify needs a target that stores data (not null)".into());
+        return Err(BenchError::VerifyNull);
     }
     let oracle = if profile.verify {
         let writer = SystemTime::now()
@@ -343,10 +367,10 @@ where
     if !profile.block_size.is_multiple_of(align)
         || matches!(profile.pattern, Pattern::Random { align: a } if a % align != 0)
     {
-        return Err(format!(
-            "{} needs block size and alignment in multiples of {align} bytes",
-            target.describe()
-        ));
+        return Err(BenchError::Alignment {
+            target: target.describe(),
+            align,
+        });
     }
     let started = SystemTime::now();
     let t0 = Instant::now();
@@ -469,9 +493,9 @@ where
     });
     let error = ctx.error.lock().unwrap_or_else(|e| e.into_inner()).clone();
     if let Some(e) = error {
-        return Err(e);
+        return Err(BenchError::Io(e));
     }
-    let (a, b, pids) = cpu_pair.ok_or("the run stopped before its window ended")?;
+    let (a, b, pids) = cpu_pair.ok_or(BenchError::Stopped)?;
     Ok(RunResult {
         profile: profile.clone(),
         target: ctx.target.describe(),

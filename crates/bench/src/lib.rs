@@ -19,5 +19,5 @@ pub mod report;
 pub mod target;
 pub mod verify;
 
-pub use engine::{run, RunResult};
-pub use profile::{Pattern, Profile};
+pub use engine::{run, BenchError, RunResult};
+pub use profile::{Pattern, Profile, ProfileError};

@@ -66,42 +66,39 @@ impl Profile {
     }
 
     /// Checks the profile against a target of `target_size` bytes; the message is one line.
-    pub fn validate(&self, target_size: u64) -> Result<(), String> {
+    pub fn validate(&self, target_size: u64) -> Result<(), ProfileError> {
         if self.block_size == 0 || self.block_size > 32 << 20 {
-            return Err(format!(
-                "block size {} must be 1 byte to 32 MiB",
-                self.block_size
-            ));
+            return Err(ProfileError::BlockSize(self.block_size));
         }
         if self.write_pct > 100 {
-            return Err(format!("write percentage {} is over 100", self.write_pct));
+            return Err(ProfileError::WritePct(self.write_pct));
         }
         if self.threads == 0 || self.outstanding == 0 {
-            return Err("threads and outstanding I/Os must be at least 1".into());
+            return Err(ProfileError::NoIo);
         }
         if self.threads as u64 * self.outstanding as u64 > 4096 {
-            return Err("more than 4096 I/Os in flight".into());
+            return Err(ProfileError::TooManyInFlight);
         }
         if self.duration_s == 0 {
-            return Err("duration must be at least 1 second".into());
+            return Err(ProfileError::NoDuration);
         }
         if let Pattern::Random { align } = self.pattern {
             if align == 0 {
-                return Err("random alignment must be at least 1 byte".into());
+                return Err(ProfileError::ZeroAlignment);
             }
         }
         if self.verify
             && (!self.block_size.is_multiple_of(4096)
                 || matches!(self.pattern, Pattern::Random { align } if align % 4096 != 0))
         {
-            return Err("--verify needs block size and alignment in multiples of 4 KiB".into());
+            return Err(ProfileError::VerifyAlignment);
         }
         let span = self.span_for(target_size);
         if span < self.block_size {
-            return Err(format!(
-                "target of {span} bytes is smaller than one {}-byte block",
-                self.block_size
-            ));
+            return Err(ProfileError::TargetTooSmall {
+                span,
+                block: self.block_size,
+            });
         }
         Ok(())
     }
@@ -114,4 +111,25 @@ impl Profile {
             self.span.min(target_size)
         }
     }
+}
+
+/// Why a profile cannot run against a target.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProfileError {
+    #[error("block size {0} must be 1 byte to 32 MiB")]
+    BlockSize(u64),
+    #[error("write percentage {0} is over 100")]
+    WritePct(u32),
+    #[error("threads and outstanding I/Os must be at least 1")]
+    NoIo,
+    #[error("more than 4096 I/Os in flight")]
+    TooManyInFlight,
+    #[error("duration must be at least 1 second")]
+    NoDuration,
+    #[error("random alignment must be at least 1 byte")]
+    ZeroAlignment,
+    #[error("--verify needs block size and alignment in multiples of 4 KiB")]
+    VerifyAlignment,
+    #[error("target of {span} bytes is smaller than one {block}-byte block")]
+    TargetTooSmall { span: u64, block: u64 },
 }

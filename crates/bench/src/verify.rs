@@ -214,11 +214,11 @@ impl std::fmt::Debug for Oracle {
 
 impl Oracle {
     /// An oracle for `span` bytes. Fails for spans over [`MAX_VERIFY_SPAN`].
-    pub fn new(span: u64, stamp: Stamp) -> Result<Oracle, String> {
+    pub fn new(span: u64, stamp: Stamp) -> Result<Oracle, crate::BenchError> {
         if span > MAX_VERIFY_SPAN {
-            return Err(format!(
-                "--verify covers at most {MAX_VERIFY_SPAN} bytes; use --span"
-            ));
+            return Err(crate::BenchError::VerifySpan {
+                max: MAX_VERIFY_SPAN,
+            });
         }
         let n = span / BLOCK;
         Ok(Oracle {

@@ -171,14 +171,14 @@ fn storage_pids(a: &BenchArgs, data_dir: &Path) -> Vec<u32> {
 }
 
 pub fn run(cli: &Cli, a: &BenchArgs) -> Result<(), CliError> {
-    let profile = a.to_profile().map_err(CliError::Usage)?;
+    let profile = a.to_profile().map_err(|e| CliError::Usage(e.to_string()))?;
     if let Some(c) = &a.compare {
-        let cmp = crate::compare::parse(c).map_err(CliError::Usage)?;
+        let cmp = crate::compare::parse(c).map_err(|e| CliError::Usage(e.to_string()))?;
         return crate::compare::run(&cmp, &profile, a, &cli.data_dir, cli.output);
     }
     let pids = storage_pids(a, &cli.data_dir);
     if !a.sweep.is_empty() {
-        let sw = crate::sweep::parse(&a.sweep).map_err(CliError::Usage)?;
+        let sw = crate::sweep::parse(&a.sweep).map_err(|e| CliError::Usage(e.to_string()))?;
         let t = a.target.clone().unwrap_or_default();
         return crate::sweep::run(
             &sw,
@@ -200,7 +200,7 @@ pub fn run(cli: &Cli, a: &BenchArgs) -> Result<(), CliError> {
             .map_err(|e| e.to_string())
     };
     let result = trireme_bench::run(&profile, open, &pids, cli.output == Output::Text)
-        .map_err(CliError::Usage)?;
+        .map_err(|e| CliError::Usage(e.to_string()))?;
     let command: Vec<String> = std::env::args().collect();
     match cli.output {
         Output::Json => println!(

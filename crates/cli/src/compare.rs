@@ -222,7 +222,7 @@ pub fn run(
                         replicas: v.parse().unwrap_or(1),
                     },
                 )
-                .map_err(CliError::Usage)?;
+                .map_err(|e| CliError::Usage(e.to_string()))?;
                 created.push(name.clone());
                 setups.push(Setup {
                     value: v.clone(),
@@ -273,7 +273,8 @@ pub fn run(
                         .await
                         .map_err(|e| e.to_string())
                 };
-                let r = trireme_bench::run(profile, open, &p, false).map_err(CliError::Usage)?;
+                let r = trireme_bench::run(profile, open, &p, false)
+                    .map_err(|e| CliError::Usage(e.to_string()))?;
                 let j = trireme_bench::report::json(&r);
                 if output != crate::Output::Json {
                     eprintln!(

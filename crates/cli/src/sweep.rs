@@ -128,7 +128,8 @@ pub fn run(
                     .await
                     .map_err(|e| e.to_string())
             };
-            let r = trireme_bench::run(&p, open, pids, false).map_err(CliError::Usage)?;
+            let r = trireme_bench::run(&p, open, pids, false)
+                .map_err(|e| CliError::Usage(e.to_string()))?;
             if !json_out {
                 let h = trireme_bench::report::headline(&r);
                 eprintln!(
@@ -250,7 +251,9 @@ pub fn run(
         (&bw, "bandwidth_vs_blocksize"),
         (&cdf, "latency_cdf"),
     ] {
-        files.extend(chart::write(c, &chart_dir.join(name)).map_err(CliError::Runtime)?);
+        files.extend(
+            chart::write(c, &chart_dir.join(name)).map_err(|e| CliError::Runtime(e.to_string()))?,
+        );
     }
     if json_out {
         let runs: Vec<_> = results

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use trireme_meta::{AliveRecord, ClusterMeta, MetaError, NodeRecord, NodeState};
+use trireme_node::UcxOffer;
 use trireme_store::StoreKind;
 use trireme_transport::TransportKind;
 
@@ -139,7 +140,9 @@ fn offer_ucx(
     ip: std::net::IpAddr,
 ) -> Result<(), DaemonError> {
     if kind == TransportKind::Tcp {
-        node.set_ucx(Err("the node runs with --transport tcp".into()));
+        node.set_ucx(UcxOffer::Unavailable(
+            "the node runs with --transport tcp".into(),
+        ));
         return Ok(());
     }
     let net_devices = std::env::var("TRIREME_UCX_NET_DEVICES")
@@ -152,7 +155,7 @@ fn offer_ucx(
     });
     match trireme_transport::ucx::Hub::get() {
         Ok(hub) => {
-            node.set_ucx(Ok(hub.address().to_vec()));
+            node.set_ucx(UcxOffer::Address(hub.address().to_vec()));
             hub.serve(node.clone());
             tracing::info!(node = node.id(), config = ?hub.config(), "UCX offered");
             Ok(())
@@ -162,7 +165,9 @@ fn offer_ucx(
         ))),
         Err(e) => {
             tracing::warn!(node = node.id(), "UCX cannot start, TCP only: {e}");
-            node.set_ucx(Err(format!("UCX cannot start on the node: {e}")));
+            node.set_ucx(UcxOffer::Unavailable(format!(
+                "UCX cannot start on the node: {e}"
+            )));
             Ok(())
         }
     }

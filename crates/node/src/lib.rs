@@ -35,6 +35,15 @@ pub const MAX_CHECKSUM_RANGE: u64 = 1 << 30;
 /// 64 KiB grain (a 1 MiB answer). NBD's own requests are no larger.
 pub const MAX_BLOCK_STATUS_RANGE: u64 = 1 << 32;
 
+/// What a node answers a client's `UcxAddress` request with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UcxOffer {
+    /// Its UCX worker's address (the client connects an endpoint to it).
+    Address(Vec<u8>),
+    /// Why it offers none; the client reads the reason and stays on TCP.
+    Unavailable(String),
+}
+
 /// A storage node serving the replicas of one store.
 #[derive(Debug)]
 pub struct Node {
@@ -282,8 +291,11 @@ impl Node {
     }
 
     /// Sets what the node answers `UcxAddress` with: its worker address, or why there is none.
-    pub fn set_ucx(&self, offer: Result<Vec<u8>, String>) {
-        *self.ucx.write().unwrap_or_else(|e| e.into_inner()) = offer.map(Bytes::from);
+    pub fn set_ucx(&self, offer: UcxOffer) {
+        *self.ucx.write().unwrap_or_else(|e| e.into_inner()) = match offer {
+            UcxOffer::Address(a) => Ok(Bytes::from(a)),
+            UcxOffer::Unavailable(why) => Err(why),
+        };
     }
 
     /// The dirty-region tracker (for tests and status).

@@ -843,11 +843,7 @@ impl World {
     }
 
     /// Injects faults until `until`, never taking the last healthy in-sync replica.
-    async fn faults(
-        self: Arc<Self>,
-        vol: Arc<Mutex<Arc<Volume>>>,
-        until: Instant,
-    ) -> Result<(), String> {
+    async fn faults(self: Arc<Self>, vol: Arc<Mutex<Arc<Volume>>>, until: Instant) -> FaultsEnd {
         while Instant::now() < until {
             let pause = rand(&self.rng).below(820) + 200;
             tokio::time::sleep(Duration::from_millis(pause)).await;
@@ -870,7 +866,7 @@ impl World {
                 if let Some(p) = writer {
                     p.kill();
                 }
-                return Err("writer-crash".into());
+                return FaultsEnd::WriterCrashed;
             }
             let dur = Duration::from_millis(dur);
             match kind {
@@ -1022,17 +1018,17 @@ impl World {
                     n.troubled_until(self.meta_settled(Instant::now() + d));
                 }
             }
-            self.model()
-                .violation
-                .as_ref()
-                .map_or(Ok(()), |v| Err(v.clone()))?;
+            let violation = self.model().violation.clone();
+            if let Some(v) = violation {
+                return FaultsEnd::Violated(v);
+            }
         }
-        Ok(())
+        FaultsEnd::Done
     }
 }
 
 /// Runs one seed. `Err` carries the violation and the run's event log.
-pub fn run(cfg: &Config) -> Result<Outcome, String> {
+pub fn run(cfg: &Config) -> Result<Outcome, SimFailure> {
     if std::env::var_os("TRIREME_SIM_TRACE").is_some() {
         // The client's and nodes' own logs, interleaved with the run (for replaying a seed).
         let _ = tracing_subscriber::fmt()
@@ -1044,11 +1040,39 @@ pub fn run(cfg: &Config) -> Result<Outcome, String> {
         .enable_time()
         .start_paused(true)
         .build()
-        .map_err(|e| e.to_string())?;
+        .map_err(SimFailure::Runtime)?;
     rt.block_on(run_async(cfg.clone()))
 }
 
-async fn run_async(cfg: Config) -> Result<Outcome, String> {
+/// Why a simulated run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SimFailure {
+    /// A guarantee was broken: what, and the run's events up to then (to replay the seed).
+    #[error("seed {seed}: {what}\nevents:\n{}", events.join("\n"))]
+    Guarantee {
+        seed: u64,
+        what: String,
+        events: Vec<String>,
+    },
+    /// The in-memory metadata store failed (setting the cluster up, or reading it at the end).
+    #[error("the metadata store: {0}")]
+    Meta(#[from] MetaError),
+    #[error("the simulator's runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// How the fault schedule ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum FaultsEnd {
+    /// The run's time is up.
+    Done,
+    /// The writer's process was killed: a new one attaches, and the schedule goes on.
+    WriterCrashed,
+    /// A guarantee was broken: the run stops here.
+    Violated(String),
+}
+
+async fn run_async(cfg: Config) -> Result<Outcome, SimFailure> {
     let meta = ClusterMeta::new(Arc::new(EmbeddedMeta::in_memory()));
     let size = cfg.blocks * BLOCK;
     let ids: Vec<u32> = (1..=cfg.replicas as u32).collect();
@@ -1061,13 +1085,9 @@ async fn run_async(cfg: Config) -> Result<Outcome, String> {
             state: Default::default(),
             zone: None,
         })
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     }
-    let rec = meta
-        .create_volume(VOLUME, size, &ids)
-        .await
-        .map_err(|e| e.to_string())?;
+    let rec = meta.create_volume(VOLUME, size, &ids).await?;
     let nodes: Vec<Arc<SimNode>> = ids
         .iter()
         .map(|&id| {
@@ -1112,9 +1132,12 @@ async fn run_async(cfg: Config) -> Result<Outcome, String> {
         size,
         start: Instant::now(),
     });
-    let fail = |w: &World, what: String| -> String {
-        let log = w.log.lock().unwrap_or_else(|e| e.into_inner()).join("\n");
-        format!("seed {}: {what}\nevents:\n{log}", cfg.seed)
+    let fail = |w: &World, what: String| -> SimFailure {
+        SimFailure::Guarantee {
+            seed: cfg.seed,
+            what,
+            events: w.log.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+        }
     };
     let end = Instant::now() + Duration::from_secs(cfg.secs);
     let mut outcome = Outcome::default();
@@ -1148,11 +1171,11 @@ async fn run_async(cfg: Config) -> Result<Outcome, String> {
             w.clone().faults(vol.clone(), end).await
         } else {
             tokio::time::sleep_until(end).await;
-            Ok(())
+            FaultsEnd::Done
         };
         match faults {
-            Err(e) if e == "writer-crash" => {
-                outcome.faults.push(e);
+            FaultsEnd::WriterCrashed => {
+                outcome.faults.push("writer-crash".into());
                 for t in &tasks {
                     t.abort();
                 }
@@ -1169,8 +1192,8 @@ async fn run_async(cfg: Config) -> Result<Outcome, String> {
                     break;
                 }
             }
-            Err(e) => return Err(fail(&w, e)),
-            Ok(()) => {
+            FaultsEnd::Violated(e) => return Err(fail(&w, e)),
+            FaultsEnd::Done => {
                 for t in tasks {
                     let _ = t.await;
                 }
@@ -1250,7 +1273,7 @@ async fn run_async(cfg: Config) -> Result<Outcome, String> {
             ));
         }
     }
-    let rec = w.meta.volume(VOLUME).await.map_err(|e| e.to_string())?;
+    let rec = w.meta.volume(VOLUME).await?;
     if rec.replicas.iter().any(|r| r.state != ReplicaState::InSync) {
         w.violate(format!("metadata not all in sync: {:?}", rec.replicas));
     }
@@ -1267,7 +1290,7 @@ async fn run_async(cfg: Config) -> Result<Outcome, String> {
     let deadline = Instant::now() + LEASE_TTL + TAKEOVER_SLACK;
     loop {
         let holders = w.holders();
-        let key = w.meta.manager().await.map_err(|e| e.to_string())?;
+        let key = w.meta.manager().await?;
         match (&holders[..], key) {
             ([one], Some((r, _))) if r.node == *one => break,
             (h, k) if Instant::now() > deadline => {

@@ -24,40 +24,50 @@ pub struct Rates {
 
 impl Rates {
     /// Parses `key=value` pairs; unknown keys and bad values are errors.
-    pub fn parse(s: &str) -> Result<Rates, String> {
+    pub fn parse(s: &str) -> Result<Rates, FaultSpecError> {
         let mut r = Rates::default();
         for item in s.split([',', ' ', '\n', '\t']).filter(|x| !x.is_empty()) {
             let (k, v) = item
                 .split_once('=')
-                .ok_or_else(|| format!("fault spec item {item:?} is not key=value"))?;
-            let p = || -> Result<f64, String> {
-                let p: f64 = v
-                    .parse()
-                    .map_err(|_| format!("{k}: {v:?} is not a number"))?;
+                .ok_or_else(|| FaultSpecError::NotKeyValue(item.to_string()))?;
+            let not_number = || FaultSpecError::NotNumber {
+                key: k.to_string(),
+                value: v.to_string(),
+            };
+            let p = || -> Result<f64, FaultSpecError> {
+                let p: f64 = v.parse().map_err(|_| not_number())?;
                 if (0.0..=1.0).contains(&p) {
                     Ok(p)
                 } else {
-                    Err(format!("{k}: {p} is not a probability"))
+                    Err(FaultSpecError::NotProbability {
+                        key: k.to_string(),
+                        p,
+                    })
                 }
             };
             match k {
                 "read" => r.read = p()?,
                 "write" => r.write = p()?,
                 "flush" => r.flush = p()?,
-                "seed" => {
-                    r.seed = v
-                        .parse()
-                        .map_err(|_| format!("seed: {v:?} is not a number"))?
-                }
-                _ => {
-                    return Err(format!(
-                        "unknown fault kind {k:?} (read, write, flush, seed)"
-                    ))
-                }
+                "seed" => r.seed = v.parse().map_err(|_| not_number())?,
+                _ => return Err(FaultSpecError::UnknownKind(k.to_string())),
             }
         }
         Ok(r)
     }
+}
+
+/// What is wrong with a fault spec.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum FaultSpecError {
+    #[error("fault spec item {0:?} is not key=value")]
+    NotKeyValue(String),
+    #[error("{key}: {value:?} is not a number")]
+    NotNumber { key: String, value: String },
+    #[error("{key}: {p} is not a probability")]
+    NotProbability { key: String, p: f64 },
+    #[error("unknown fault kind {0:?} (read, write, flush, seed)")]
+    UnknownKind(String),
 }
 
 #[derive(Debug)]

@@ -13,23 +13,29 @@ pub fn bind_private(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
     Ok(l)
 }
 
+/// Why a same-host peer was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerError {
+    #[error("cannot read the peer's credentials: {0}")]
+    Credentials(std::io::Error),
+    #[error("uid {uid} (pid {}) is neither this process's user ({me}) nor root", pid.map_or_else(|| "?".to_string(), |p| p.to_string()))]
+    Stranger { uid: u32, pid: Option<i32>, me: u32 },
+}
+
 /// Whether the peer of `sock` may talk to this process: the same user, or root. `Err` says who
 /// it was, for the log line.
-pub fn check_peer(sock: &tokio::net::UnixStream) -> Result<(), String> {
-    let cred = sock
-        .peer_cred()
-        .map_err(|e| format!("cannot read the peer's credentials: {e}"))?;
+pub fn check_peer(sock: &tokio::net::UnixStream) -> Result<(), PeerError> {
+    let cred = sock.peer_cred().map_err(PeerError::Credentials)?;
     // SAFETY: geteuid has no preconditions and touches no memory.
     let me = unsafe { libc::geteuid() };
     if cred.uid() == me || cred.uid() == 0 {
         Ok(())
     } else {
-        Err(format!(
-            "uid {} (pid {}) is neither this process's user ({me}) nor root",
-            cred.uid(),
-            cred.pid()
-                .map_or_else(|| "?".to_string(), |p| p.to_string())
-        ))
+        Err(PeerError::Stranger {
+            uid: cred.uid(),
+            pid: cred.pid(),
+            me,
+        })
     }
 }
 
@@ -49,7 +55,7 @@ mod tests {
         );
         let c = tokio::net::UnixStream::connect(&p).await.unwrap();
         let (s, _) = l.accept().await.unwrap();
-        assert_eq!(check_peer(&s), Ok(()));
+        assert!(check_peer(&s).is_ok());
         drop(c);
     }
 }
