@@ -538,11 +538,7 @@ impl Volume {
                 .conn(&self.slots[i])
                 .ok_or_else(|| VolumeError::NoReplicas(self.info.name.clone()))?;
             let timeout = self.opts.replica_timeout;
-            let call = match crc {
-                Some(crc) => c.call_with_crc(h, payload, crc),
-                None => c.call(h, payload),
-            };
-            match tokio::time::timeout(timeout, call).await {
+            match tokio::time::timeout(timeout, c.call_crc(h, payload, crc)).await {
                 Ok(r) => r.map_err(|source| VolumeError::Transport { node, source }),
                 Err(_) => Err(VolumeError::Timeout { node, timeout }),
             }

@@ -299,17 +299,13 @@ fn over_the_wire(header: &Header, payload: Bytes, crc: Option<u32>) -> Result<Fr
 }
 
 impl Connection for SimConn {
-    fn call(&self, header: Header, payload: Bytes) -> BoxFuture<'_, Result<Frame, TransportError>> {
-        Box::pin(self.send(header, payload, None))
-    }
-
-    fn call_with_crc(
+    fn call_crc(
         &self,
         header: Header,
         payload: Bytes,
-        crc: u32,
+        crc: Option<u32>,
     ) -> BoxFuture<'_, Result<Frame, TransportError>> {
-        Box::pin(self.send(header, payload, Some(crc)))
+        Box::pin(self.send(header, payload, crc))
     }
 
     fn info(&self) -> ConnectionInfo {

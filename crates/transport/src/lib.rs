@@ -147,18 +147,18 @@ pub struct ConnectionInfo {
 /// The client end of a connection to a node. See the crate docs for the contract.
 pub trait Connection: Send + Sync + std::fmt::Debug {
     /// Sends `header` (its `request_id` is overwritten) with `payload`; resolves with the
-    /// response frame.
-    fn call(&self, header: Header, payload: Bytes) -> BoxFuture<'_, Result<Frame, TransportError>>;
-    /// Like [`Connection::call`], with the payload's crc32c computed by the caller: a write
-    /// mirrored to several replicas computes it once for all of them.
-    fn call_with_crc(
+    /// response frame. `crc` is the payload's crc32c when the caller computed it already (a
+    /// write mirrored to several replicas computes it once for all of them); otherwise the
+    /// transport computes it, if the link carries payload checksums.
+    fn call_crc(
         &self,
         header: Header,
         payload: Bytes,
-        crc: u32,
-    ) -> BoxFuture<'_, Result<Frame, TransportError>> {
-        let _ = crc;
-        self.call(header, payload)
+        crc: Option<u32>,
+    ) -> BoxFuture<'_, Result<Frame, TransportError>>;
+    /// [`Connection::call_crc`] with the checksum left to the transport.
+    fn call(&self, header: Header, payload: Bytes) -> BoxFuture<'_, Result<Frame, TransportError>> {
+        self.call_crc(header, payload, None)
     }
     /// Whether frames on this link carry payload checksums. A TLS link whose peer agreed does
     /// not (its records authenticate every byte), so a caller need not compute one for it.

@@ -577,17 +577,13 @@ impl TcpConnection {
 }
 
 impl Connection for TcpConnection {
-    fn call(&self, header: Header, payload: Bytes) -> BoxFuture<'_, Result<Frame, TransportError>> {
-        Box::pin(self.send(header, payload, None))
-    }
-
-    fn call_with_crc(
+    fn call_crc(
         &self,
         header: Header,
         payload: Bytes,
-        crc: u32,
+        crc: Option<u32>,
     ) -> BoxFuture<'_, Result<Frame, TransportError>> {
-        Box::pin(self.send(header, payload, Some(crc)))
+        Box::pin(self.send(header, payload, crc))
     }
 
     fn checks_payloads(&self) -> bool {

@@ -928,17 +928,13 @@ impl Drop for UcxConnection {
 }
 
 impl Connection for UcxConnection {
-    fn call(&self, header: Header, payload: Bytes) -> BoxFuture<'_, Result<Frame, TransportError>> {
-        Box::pin(self.send(header, payload, None))
-    }
-
-    fn call_with_crc(
+    fn call_crc(
         &self,
         header: Header,
         payload: Bytes,
-        crc: u32,
+        crc: Option<u32>,
     ) -> BoxFuture<'_, Result<Frame, TransportError>> {
-        Box::pin(self.send(header, payload, Some(crc)))
+        Box::pin(self.send(header, payload, crc))
     }
 
     fn checks_payloads(&self) -> bool {
@@ -991,10 +987,7 @@ impl UcxConnection {
                 }
             }
         }
-        match crc {
-            Some(crc) => self.tcp.call_with_crc(header, payload, crc).await,
-            None => self.tcp.call(header, payload).await,
-        }
+        self.tcp.call_crc(header, payload, crc).await
     }
 
     fn info_now(&self) -> ConnectionInfo {
