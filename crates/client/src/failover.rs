@@ -30,8 +30,6 @@ use trireme_transport::Frame;
 use crate::membership::{BoxFut, DegradeRefusal, Membership, ReplicaView};
 use crate::{join_all, Volume, VolumeError};
 
-pub(crate) use trireme_replication::CHUNK;
-
 /// Starts failure handling for a freshly attached volume: reconciles the replicas if the previous
 /// writer died with writes in flight, then spawns the resync task.
 pub(crate) async fn start(v: &Arc<Volume>) -> Result<(), VolumeError> {
@@ -148,11 +146,7 @@ impl Volume {
         let mut set = self.set.write().unwrap_or_else(|e| e.into_inner());
         let i = set.len();
         if i == self.slots.len() {
-            return Err(VolumeError::Degrade {
-                volume: self.info.name.clone(),
-                node,
-                why: DegradeRefusal::NoSlotLeft(i),
-            });
+            return Err(self.degrade(node, DegradeRefusal::NoSlotLeft(i)));
         }
         let slot = &self.slots[i];
         slot.node.store(node, Ordering::Relaxed);
@@ -175,14 +169,9 @@ impl Volume {
         let Some(i) = self.slot_of(node) else {
             return Ok(());
         };
-        let degrade = |why: DegradeRefusal| VolumeError::Degrade {
-            volume: self.info.name.clone(),
-            node,
-            why,
-        };
         if self.set().state(i) == ReplicaState::InSync {
             if self.set().in_sync().len() < 2 {
-                return Err(degrade(DegradeRefusal::LastInSync));
+                return Err(self.degrade(node, DegradeRefusal::LastInSync));
             }
             m.set_state(
                 &self.info.name,
@@ -192,7 +181,7 @@ impl Volume {
                 0,
             )
             .await
-            .map_err(|e| degrade(e.into()))?;
+            .map_err(|e| self.degrade(node, e))?;
         }
         self.set
             .write()
@@ -223,14 +212,13 @@ impl Volume {
         }
         let left = self.set().in_sync().len() - 1;
         if left < self.min_copies() as usize {
-            return Err(VolumeError::Degrade {
-                volume: self.info.name.clone(),
+            return Err(self.degrade(
                 node,
-                why: DegradeRefusal::BelowMinimum {
+                DegradeRefusal::BelowMinimum {
                     left,
                     min: self.min_copies(),
                 },
-            });
+            ));
         }
         self.held
             .lock()
@@ -348,11 +336,6 @@ impl Volume {
     ) -> Result<(), VolumeError> {
         let m = self.membership()?;
         let _g = self.membership_lock.lock().await;
-        let degrade = |node: u32, why: DegradeRefusal| VolumeError::Degrade {
-            volume: self.info.name.clone(),
-            node,
-            why,
-        };
         // The procedure is `replication::TakeOut`; this carries its steps out.
         let states = self.set().states().to_vec();
         let mut plan = TakeOut::new(&states, failed, lost_history);
@@ -363,7 +346,7 @@ impl Volume {
                     for (i, to) in records {
                         m.set_state(&self.info.name, self.info.epoch, self.node(i), to, 0)
                             .await
-                            .map_err(|e| degrade(self.node(i), e.into()))?;
+                            .map_err(|e| self.degrade(self.node(i), e))?;
                         tracing::warn!(volume = %self.info.name, node = self.node(i), state = %to, "replica taken out; writes continue on the others");
                         plan.recorded(i);
                     }
@@ -399,7 +382,7 @@ impl Volume {
                     }
                 }
                 TakeOutStep::NoneLeft => {
-                    return Err(degrade(self.node(failed[0]), DegradeRefusal::NoneLeft));
+                    return Err(self.degrade(self.node(failed[0]), DegradeRefusal::NoneLeft));
                 }
                 TakeOutStep::Apply(out) => break out,
             }

@@ -510,6 +510,15 @@ impl Volume {
         }
     }
 
+    /// The error for a replica on `node` that cannot be taken out, and why.
+    fn degrade(&self, node: u32, why: impl Into<DegradeRefusal>) -> VolumeError {
+        VolumeError::Degrade {
+            volume: self.info.name.clone(),
+            node,
+            why: why.into(),
+        }
+    }
+
     fn node(&self, i: usize) -> u32 {
         self.slots[i].node.load(Ordering::Relaxed)
     }

@@ -46,11 +46,7 @@ impl Volume {
         let info = m
             .locate(&self.info.name)
             .await
-            .map_err(|e| VolumeError::Degrade {
-                volume: self.info.name.clone(),
-                node,
-                why: e.into(),
-            })?;
+            .map_err(|e| self.degrade(node, e))?;
         if info.epoch != self.info.epoch {
             return Err(VolumeError::Fenced {
                 volume: self.info.name.clone(),
@@ -199,11 +195,7 @@ impl Volume {
             incarnation,
         )
         .await
-        .map_err(|e| VolumeError::Degrade {
-            volume: self.info.name.clone(),
-            node,
-            why: e.into(),
-        })?;
+        .map_err(|e| self.degrade(node, e))?;
         self.slots[i]
             .incarnation
             .store(incarnation, Ordering::Release);

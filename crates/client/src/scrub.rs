@@ -4,8 +4,8 @@
 use serde::{Deserialize, Serialize};
 use trireme_proto::Op;
 
-use crate::failover::CHUNK;
 use crate::{Volume, VolumeError};
+use trireme_replication::CHUNK;
 
 /// What a scrub found and did.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]

@@ -69,34 +69,41 @@ impl WriteQuorum {
     }
 
     fn result(&self) -> Result<(), WriteFailure> {
-        if self.targets.is_empty() {
-            return Err(WriteFailure::NoReplicas);
-        }
-        // Fenced wins (the writer must stop), then a refusal of the request itself (no replica
-        // may be taken out for a request it refused: it never wrote it, and would still count
-        // as holding the data), then a plain failure.
-        let mut refused = None;
-        let mut failed = None;
-        for (k, r) in self.replies.iter().enumerate() {
-            let replica = self.targets[k];
-            match r {
-                Some(ReplicaOutcome::Done) => {}
-                Some(ReplicaOutcome::Fenced) => return Err(WriteFailure::Fenced),
-                Some(ReplicaOutcome::Refused) => {
-                    refused.get_or_insert(WriteFailure::Refused { replica });
-                }
-                Some(ReplicaOutcome::Failed | ReplicaOutcome::StoreFailed) | None => {
-                    failed.get_or_insert(WriteFailure::ReplicaFailed { replica });
-                }
-            }
-        }
-        refused.or(failed).map_or(Ok(()), Err)
+        outcome(&self.targets, self.replies.iter().copied())
     }
 
     /// The result when no replies are pending (used for an empty target list).
     pub fn finish_empty(&self) -> Option<Result<(), WriteFailure>> {
         self.targets.is_empty().then(|| self.result())
     }
+}
+
+/// A write's result from its targets' replies (`None`: no answer, counted as failed). Fenced
+/// wins (the writer must stop), then a refusal of the request itself (no replica may be taken
+/// out for a request it refused: it never wrote it, and would still count as holding the data),
+/// then a plain failure.
+fn outcome(
+    targets: &[usize],
+    replies: impl Iterator<Item = Option<ReplicaOutcome>>,
+) -> Result<(), WriteFailure> {
+    if targets.is_empty() {
+        return Err(WriteFailure::NoReplicas);
+    }
+    let mut refused = None;
+    let mut failed = None;
+    for (&replica, r) in targets.iter().zip(replies) {
+        match r {
+            Some(ReplicaOutcome::Done) => {}
+            Some(ReplicaOutcome::Fenced) => return Err(WriteFailure::Fenced),
+            Some(ReplicaOutcome::Refused) => {
+                refused.get_or_insert(WriteFailure::Refused { replica });
+            }
+            Some(ReplicaOutcome::Failed | ReplicaOutcome::StoreFailed) | None => {
+                failed.get_or_insert(WriteFailure::ReplicaFailed { replica });
+            }
+        }
+    }
+    refused.or(failed).map_or(Ok(()), Err)
 }
 
 /// A request mirrored to every write target, as [`decide`] needs to know it.
@@ -139,12 +146,7 @@ pub fn decide(
     can_take_out: bool,
 ) -> Decision {
     assert_eq!(targets.len(), replies.len(), "one reply per target");
-    let mut q = WriteQuorum::new(targets.to_vec());
-    let mut result = q.finish_empty();
-    for (k, &r) in replies.iter().enumerate() {
-        result = q.record(k, r);
-    }
-    let failure = match result.expect("every target answered") {
+    let failure = match outcome(targets, replies.iter().copied().map(Some)) {
         Ok(()) => return Decision::Ack,
         Err(f) => f,
     };
