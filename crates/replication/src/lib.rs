@@ -11,20 +11,31 @@
 //! * [`ResyncPlan`] — which regions a returning replica gets, in what order, at what pace.
 //! * [`TakeOut`] — taking failed replicas out while the survivors track what they miss.
 //! * [`ReplicaSet`] — which replicas take writes and which may serve reads (guarantee 3).
+//! * [`ReadPlan`] — which replica serves a read, falling over, and which copies to repair.
+//! * [`settle`] and [`majority`] — what to do with a region replicas hold differently, after a
+//!   writer died (reconcile) and during a scrub.
+//! * [`VolumeCore`] — one attached volume's state, owning all of the above: the writer's runtime
+//!   keeps one behind a mutex and only moves bytes.
 
+mod compare;
 mod order;
 mod quorum;
+mod read;
 mod resync;
 mod set;
 mod takeout;
+mod volume;
 
+pub use compare::{majority, settle, Sum, Verdict};
 pub use order::{RangeOrder, Ticket};
 pub use quorum::{decide, Decision, Mirrored, ReplicaOutcome, WriteFailure, WriteQuorum};
+pub use read::ReadPlan;
 pub use resync::{
     all_chunks, incremental, union_chunks, ResyncPlan, ResyncStep, CHUNK, CLEAR_BATCH, PARALLEL,
 };
 pub use set::{default_min_copies, removal, transition, ReplicaSet, ReplicaState, TransitionError};
 pub use takeout::{Mark, Step as TakeOutStep, TakeOut};
+pub use volume::{Copies, CopiesChange, Refusal, ResyncStart, VolumeCore};
 
 use serde::{Deserialize, Serialize};
 

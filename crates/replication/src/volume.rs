@@ -1,0 +1,455 @@
+//! One attached volume's replication state, as the writer holds it: a plain state machine.
+//!
+//! [`VolumeCore`] owns what the writer knows and decides about its replicas: their states and
+//! histories (incarnations), the write order of overlapping ranges, the minimum of in-sync
+//! copies writes go on with, the rotation of reads, resyncs in progress and finished, and the
+//! replicas held out for a planned restart. The writer's runtime (the volume client) keeps one
+//! behind a plain mutex, never held across an await: it asks the core what to do, does it over
+//! the transports and the metadata store, and reports back. Procedures that span several
+//! round trips have plans of their own, which the core hands out and takes the results of:
+//! [`TakeOut`], [`ResyncPlan`], [`ReadPlan`](crate::ReadPlan); what to do with a region replicas
+//! hold differently is [`settle`](crate::settle) and [`majority`](crate::majority).
+//!
+//! Nothing here awaits, locks, reads a clock or draws a random number: time comes in as an
+//! argument (time since attach, from the runtime's clock, virtual in the simulator).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::{
+    decide, default_min_copies, incremental, Decision, Mirrored, RangeOrder, ReadPlan,
+    ReplicaOutcome, ReplicaSet, ReplicaState, ResyncProgress, TakeOut, Ticket,
+};
+
+/// Why the core refuses a change of membership.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("it is the last in-sync replica")]
+    LastInSync,
+    #[error("no in-sync replica left")]
+    NoneLeft,
+    #[error("{left} in-sync copies would remain, fewer than the minimum of {min} (wait for resyncs, or lower it with `volume set --min-copies`)")]
+    BelowMinimum { left: usize, min: u32 },
+    #[error("this writer has had {0} replicas; attach the volume again before moving more")]
+    NoSlotLeft(usize),
+}
+
+/// Whether writes may go on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Copies {
+    /// At least the minimum of copies is in sync.
+    Enough,
+    /// Too few: writes wait (the first check that finds this suspends them).
+    Short { have: usize, need: u32 },
+    /// The writer may not go on (fenced or refused): waiting writes fail.
+    Stopped,
+}
+
+/// A change of the suspended state, reported once so the runtime can say so once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopiesChange {
+    Suspended,
+    Resumed,
+}
+
+/// What a returning replica's resync starts from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResyncStart {
+    /// It is not out (another task brought it back, or it was moved off): nothing to do.
+    NotNeeded,
+    /// Bring it back from `survivors`: ask them what it missed if `incremental`, else
+    /// compare every region.
+    From {
+        survivors: Vec<usize>,
+        incremental: bool,
+    },
+}
+
+/// What the writer knows about one replica besides its state.
+#[derive(Debug, Clone, Default)]
+struct Record {
+    node: u32,
+    /// The incarnation of the copy that was last in sync (0: unknown). Survivors track what
+    /// this copy misses; a replica that comes back as another incarnation needs a full resync.
+    incarnation: u64,
+    /// This replica's resync copy rate in bytes per second (a move sets it); 0: the volume's.
+    rate: u64,
+    resync: Option<ResyncProgress>,
+}
+
+/// The replication state of one attached volume (see the module docs).
+#[derive(Debug, Clone)]
+pub struct VolumeCore {
+    managed: bool,
+    max_replicas: usize,
+    set: ReplicaSet,
+    records: Vec<Record>,
+    order: RangeOrder,
+    min_copies: u32,
+    suspended: bool,
+    stopped: bool,
+    spread: usize,
+    finished: BTreeMap<u32, ResyncProgress>,
+    /// Nodes taken out for a planned restart, until when (time since attach).
+    held: BTreeMap<u32, Duration>,
+}
+
+impl VolumeCore {
+    /// A core over `replicas` (node, state at attach). `managed`: a control plane records
+    /// take-outs (without one a failure fails the request). `min_copies` 0 is the default rule.
+    /// At most `max_replicas` replicas ever (indices are never reused).
+    pub fn new(
+        replicas: &[(u32, ReplicaState)],
+        min_copies: u32,
+        managed: bool,
+        max_replicas: usize,
+    ) -> VolumeCore {
+        let min_copies = match min_copies {
+            0 => default_min_copies(replicas.len()),
+            n => n,
+        };
+        VolumeCore {
+            managed,
+            max_replicas,
+            set: ReplicaSet::new(replicas.iter().map(|r| r.1).collect(), None),
+            records: replicas
+                .iter()
+                .map(|r| Record {
+                    node: r.0,
+                    ..Record::default()
+                })
+                .collect(),
+            order: RangeOrder::new(),
+            min_copies,
+            suspended: false,
+            stopped: false,
+            spread: 0,
+            finished: BTreeMap::new(),
+            held: BTreeMap::new(),
+        }
+    }
+
+    pub fn set(&self) -> &ReplicaSet {
+        &self.set
+    }
+
+    pub fn node(&self, i: usize) -> u32 {
+        self.records[i].node
+    }
+
+    /// The replica on `node`, unless it was moved off.
+    pub fn slot_of(&self, node: u32) -> Option<usize> {
+        (0..self.set.len())
+            .find(|&i| self.records[i].node == node && self.set.state(i) != ReplicaState::Removed)
+    }
+
+    pub fn incarnation(&self, i: usize) -> u64 {
+        self.records[i].incarnation
+    }
+
+    /// Replica `i` answered an attach as incarnation `incarnation`.
+    pub fn attached(&mut self, i: usize, incarnation: u64) {
+        self.records[i].incarnation = incarnation;
+    }
+
+    /// Replica `i`'s resync rate in bytes per second, if one was set for it.
+    pub fn rate(&self, i: usize) -> Option<u64> {
+        Some(self.records[i].rate).filter(|&r| r > 0)
+    }
+
+    // ---- the minimum of copies --------------------------------------------------------------
+
+    pub fn min_copies(&self) -> u32 {
+        self.min_copies
+    }
+
+    /// Sets the minimum (at least 1); true if it changed.
+    pub fn set_min_copies(&mut self, n: u32) -> bool {
+        let n = n.max(1);
+        std::mem::replace(&mut self.min_copies, n) != n
+    }
+
+    pub fn suspended(&self) -> bool {
+        self.suspended
+    }
+
+    /// True if writes may go on now (the write path's quick check). Without a control plane
+    /// no copy is ever taken out, so always.
+    pub fn enough(&self) -> bool {
+        !self.managed || self.set.in_sync().len() >= self.min_copies as usize
+    }
+
+    /// Whether writes may go on, and whether that changed since the last check.
+    pub fn check_copies(&mut self) -> (Copies, Option<CopiesChange>) {
+        if self.stopped {
+            return (Copies::Stopped, None);
+        }
+        let have = self.set.in_sync().len();
+        if !self.managed || have >= self.min_copies as usize {
+            let change =
+                std::mem::replace(&mut self.suspended, false).then_some(CopiesChange::Resumed);
+            return (Copies::Enough, change);
+        }
+        let change =
+            (!std::mem::replace(&mut self.suspended, true)).then_some(CopiesChange::Suspended);
+        (
+            Copies::Short {
+                have,
+                need: self.min_copies,
+            },
+            change,
+        )
+    }
+
+    /// The writer may not go on (fenced, or refused by a node).
+    pub fn stop(&mut self) {
+        self.stopped = true;
+    }
+
+    // ---- the write order --------------------------------------------------------------------
+
+    /// Takes a place in the write order for `[start, end)`; true if it may hold the range now.
+    pub fn register(&mut self, start: u64, end: u64) -> (Ticket, bool) {
+        self.order.register(start, end)
+    }
+
+    pub fn may_hold(&self, t: Ticket) -> bool {
+        self.order.may_hold(t)
+    }
+
+    /// Gives up a place (held or not); returns the tickets that may hold their ranges now.
+    pub fn release(&mut self, t: Ticket) -> Vec<Ticket> {
+        self.order.release(t)
+    }
+
+    /// Places in the write order, held or waiting.
+    pub fn places(&self) -> usize {
+        self.order.len()
+    }
+
+    // ---- requests ---------------------------------------------------------------------------
+
+    /// Replicas a mirrored request goes to.
+    pub fn write_targets(&self) -> Vec<usize> {
+        self.set.write_targets()
+    }
+
+    /// What to do once every target of a mirrored request answered.
+    pub fn decide(
+        &self,
+        request: Mirrored,
+        targets: &[usize],
+        outcomes: &[ReplicaOutcome],
+    ) -> Decision {
+        decide(request, targets, outcomes, &self.set, self.managed)
+    }
+
+    /// The plan of one read (or of one resync copy's choice of source).
+    pub fn read_plan(&mut self) -> ReadPlan {
+        self.spread = self.spread.wrapping_add(1);
+        ReadPlan::new(self.spread)
+    }
+
+    // ---- taking out and bringing back -------------------------------------------------------
+
+    /// The take-out of `failed`; see [`TakeOut`]. Its `Apply` goes to [`VolumeCore::apply`].
+    pub fn take_out(&self, failed: &[usize], lost_history: bool) -> TakeOut {
+        TakeOut::new(self.set.states(), failed, lost_history)
+    }
+
+    /// The end of a take-out: the replicas take their new states; one whose history is lost
+    /// forgets its incarnation (it comes back through a full resync).
+    pub fn apply(&mut self, out: &[(usize, ReplicaState)]) {
+        for &(i, to) in out {
+            self.set.set_state(i, to);
+            if to == ReplicaState::Failed {
+                self.records[i].incarnation = 0;
+            }
+        }
+    }
+
+    /// Replicas with their links found closed that can be taken out now (not the last
+    /// in-sync ones): an idle volume notices a dead node without waiting for a write.
+    pub fn closed_to_take_out(&self, closed: &[usize]) -> Vec<usize> {
+        let in_sync = self.set.in_sync();
+        let dead: Vec<usize> = closed
+            .iter()
+            .copied()
+            .filter(|i| in_sync.contains(i))
+            .collect();
+        if in_sync.len() > dead.len() {
+            dead
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// May the in-sync replica on `node` be taken out for a planned restart? `Ok(None)`: there
+    /// is no in-sync replica there.
+    pub fn planned_take_out(&self, node: u32) -> Result<Option<usize>, Refusal> {
+        let Some(i) = self
+            .slot_of(node)
+            .filter(|&i| self.set.state(i) == ReplicaState::InSync)
+        else {
+            return Ok(None);
+        };
+        let left = self.set.in_sync().len() - 1;
+        if left < self.min_copies as usize {
+            return Err(Refusal::BelowMinimum {
+                left,
+                min: self.min_copies,
+            });
+        }
+        Ok(Some(i))
+    }
+
+    /// Holds the replica on `node` out of resyncs until `until` (time since attach).
+    pub fn hold(&mut self, node: u32, until: Duration) {
+        self.held.insert(node, until);
+    }
+
+    pub fn release_hold(&mut self, node: u32) {
+        self.held.remove(&node);
+    }
+
+    /// Whether the replica on `node` is held out of resyncs at `now`.
+    pub fn is_held(&mut self, node: u32, now: Duration) -> bool {
+        match self.held.get(&node) {
+            Some(&until) if now < until => true,
+            Some(_) => {
+                self.held.remove(&node);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Replicas the resync task should try to bring back at `now`: out, and not held.
+    pub fn to_resync(&mut self, now: Duration) -> Vec<usize> {
+        let out: Vec<usize> = (0..self.set.len())
+            .filter(|&i| {
+                matches!(
+                    self.set.state(i),
+                    ReplicaState::Outdated | ReplicaState::Failed
+                )
+            })
+            .collect();
+        out.into_iter()
+            .filter(|&i| !self.is_held(self.records[i].node, now))
+            .collect()
+    }
+
+    /// Replica `i` answered again as incarnation `returned`: how its resync starts.
+    pub fn resync_start(&self, i: usize, returned: u64) -> Result<ResyncStart, Refusal> {
+        let state = self.set.state(i);
+        if !matches!(state, ReplicaState::Outdated | ReplicaState::Failed) {
+            return Ok(ResyncStart::NotNeeded);
+        }
+        let survivors = self.set.in_sync();
+        if survivors.is_empty() {
+            return Err(Refusal::NoneLeft);
+        }
+        Ok(ResyncStart::From {
+            survivors,
+            incremental: incremental(state, self.records[i].incarnation, returned),
+        })
+    }
+
+    /// Replica `i` takes every new write from now on, and serves no reads until it is done.
+    pub fn resync_begun(&mut self, i: usize, progress: ResyncProgress) {
+        self.set.set_state(i, ReplicaState::Resyncing);
+        self.records[i].resync = Some(progress);
+    }
+
+    pub fn resync_progress(&mut self, i: usize, progress: Option<ResyncProgress>) {
+        self.records[i].resync = progress;
+    }
+
+    /// Whether replica `i` is still being resynced (a failure takes it out again midway).
+    pub fn resyncing(&self, i: usize) -> bool {
+        self.set.state(i) == ReplicaState::Resyncing
+    }
+
+    /// Replica `i`'s resync stopped midway. Normally the driver has taken it out again already
+    /// (a take-out marks the range it failed); if that could not be done (no survivor could
+    /// be asked), it still leaves the write set: it is outdated on record throughout a resync
+    /// (resyncing is never recorded), and the survivors' records still cover every region not
+    /// copied yet, so the resync task tries again later. Left resyncing, it would take writes
+    /// with no resync running to finish it.
+    pub fn resync_failed(&mut self, i: usize) {
+        if self.set.state(i) == ReplicaState::Resyncing {
+            self.set.set_state(i, ReplicaState::Outdated);
+        }
+        self.records[i].resync = None;
+    }
+
+    /// Replica `i`'s resync is done and recorded in sync: it serves reads again, as
+    /// `incarnation`.
+    pub fn resync_done(&mut self, i: usize, incarnation: u64, progress: ResyncProgress) {
+        self.set.set_state(i, ReplicaState::InSync);
+        self.records[i].incarnation = incarnation;
+        self.records[i].resync = None;
+        self.finished.insert(self.records[i].node, progress);
+    }
+
+    /// The last finished resync of the replica on `node`.
+    pub fn last_resync(&self, node: u32) -> Option<&ResyncProgress> {
+        self.finished.get(&node)
+    }
+
+    /// Every replica not moved off: node, state, resync progress.
+    pub fn views(&self) -> Vec<(u32, ReplicaState, Option<ResyncProgress>)> {
+        (0..self.set.len())
+            .filter(|&i| self.set.state(i) != ReplicaState::Removed)
+            .map(|i| {
+                let r = &self.records[i];
+                (r.node, self.set.state(i), r.resync.clone())
+            })
+            .collect()
+    }
+
+    // ---- moves ------------------------------------------------------------------------------
+
+    /// Adds a replica on `node` (a move's new copy): it starts failed, for a full resync at
+    /// `rate` bytes per second (0: the volume's rate). `Ok(false)` if it is here already (its
+    /// rate is updated).
+    pub fn add(&mut self, node: u32, rate: u64) -> Result<(usize, bool), Refusal> {
+        if let Some(i) = self.slot_of(node) {
+            self.records[i].rate = rate;
+            return Ok((i, false));
+        }
+        let i = self.set.len();
+        if i == self.max_replicas {
+            return Err(Refusal::NoSlotLeft(i));
+        }
+        self.records.push(Record {
+            node,
+            rate,
+            ..Record::default()
+        });
+        self.set.push(ReplicaState::Failed);
+        Ok((i, true))
+    }
+
+    /// May replica `i` be retired (moved off)? `Ok(true)`: it is in sync, so it must be
+    /// recorded outdated first.
+    pub fn may_retire(&self, i: usize) -> Result<bool, Refusal> {
+        if self.set.state(i) != ReplicaState::InSync {
+            return Ok(false);
+        }
+        if self.set.in_sync().len() < 2 {
+            return Err(Refusal::LastInSync);
+        }
+        Ok(true)
+    }
+
+    /// Replica `i` is moved off for good: it takes nothing and is never resynced.
+    pub fn retire(&mut self, i: usize) {
+        self.set.set_state(i, ReplicaState::Removed);
+        self.records[i].resync = None;
+    }
+}
+
+#[cfg(test)]
+#[path = "volume_tests.rs"]
+mod tests;

@@ -1,0 +1,409 @@
+//! The volume core alone, under random requests, replies, failures, resyncs, moves and time.
+
+use super::*;
+use crate::TakeOutStep;
+use proptest::prelude::*;
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// A write of `len` blocks at block `at`, its targets answering with `replies` (cycled).
+    Write {
+        at: u64,
+        len: u64,
+        replies: Vec<u8>,
+    },
+    /// A flush, its targets answering with `replies`.
+    Flush(Vec<u8>),
+    /// The `k`-th place still in the order is given up.
+    Release(usize),
+    Read(Vec<bool>),
+    /// The resync task looks for replicas to bring back; the `k`-th answers as `returned`.
+    ResyncStart {
+        k: usize,
+        returned: u64,
+    },
+    /// The `k`-th replica being resynced finishes, or fails midway.
+    ResyncEnd {
+        k: usize,
+        ok: bool,
+    },
+    Add(u32),
+    Retire(usize),
+    PlannedTakeOut {
+        node: u32,
+        hold_ms: u64,
+    },
+    SetMin(u32),
+    Tick(u64),
+    /// A take-out's marks fail on these survivors (cycled).
+    MarksFail(Vec<bool>),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let replies = proptest::collection::vec(0u8..10, 1..4);
+    prop_oneof![
+        6 => (0u64..16, 1u64..4, replies.clone()).prop_map(|(at, len, replies)| Op::Write { at, len, replies }),
+        1 => replies.prop_map(Op::Flush),
+        4 => (0usize..8).prop_map(Op::Release),
+        2 => proptest::collection::vec(any::<bool>(), 1..4).prop_map(Op::Read),
+        2 => (0usize..4, 1u64..4).prop_map(|(k, returned)| Op::ResyncStart { k, returned }),
+        2 => (0usize..4, any::<bool>()).prop_map(|(k, ok)| Op::ResyncEnd { k, ok }),
+        1 => (1u32..8).prop_map(Op::Add),
+        1 => (0usize..6).prop_map(Op::Retire),
+        1 => (1u32..8, 0u64..3000).prop_map(|(node, hold_ms)| Op::PlannedTakeOut { node, hold_ms }),
+        1 => (1u32..4).prop_map(Op::SetMin),
+        1 => (0u64..2000).prop_map(Op::Tick),
+        1 => proptest::collection::vec(any::<bool>(), 1..4).prop_map(Op::MarksFail),
+    ]
+}
+
+/// A reply drawn from `r`: mostly done, sometimes a failure or a store failure.
+fn outcome(r: u8) -> ReplicaOutcome {
+    match r {
+        0..=6 => ReplicaOutcome::Done,
+        7 | 8 => ReplicaOutcome::Failed,
+        _ => ReplicaOutcome::StoreFailed,
+    }
+}
+
+/// Runs a take-out plan to its end, records always succeeding, marks failing per `marks`.
+fn run_take_out(core: &mut VolumeCore, failed: &[usize], lost: bool, marks: &[bool]) -> bool {
+    let mut plan = core.take_out(failed, lost);
+    let mut k = 0;
+    loop {
+        match plan.step() {
+            TakeOutStep::Record(rs) => {
+                for (i, _) in rs {
+                    plan.recorded(i);
+                }
+            }
+            TakeOutStep::Mark(ms) => {
+                for m in ms {
+                    let ok = !marks.get(k % marks.len().max(1)).copied().unwrap_or(false);
+                    k += 1;
+                    plan.marked(m.survivor, ok);
+                }
+            }
+            TakeOutStep::Apply(out) => {
+                core.apply(&out);
+                return true;
+            }
+            TakeOutStep::NoneLeft => return false,
+        }
+    }
+}
+
+struct World {
+    core: VolumeCore,
+    now: Duration,
+    /// Places in the order: (ticket, start, end).
+    places: Vec<(Ticket, u64, u64)>,
+    marks: Vec<bool>,
+    suspended: bool,
+    /// The incarnation each replica being resynced came back as.
+    returned: std::collections::HashMap<usize, u64>,
+}
+
+impl World {
+    fn check(&mut self) -> Result<(), TestCaseError> {
+        let set = self.core.set().clone();
+        let in_sync = set.in_sync();
+        prop_assert!(
+            !in_sync.is_empty(),
+            "no in-sync replica left: {:?}",
+            set.states()
+        );
+        for i in 0..set.len() {
+            if set.state(i) == ReplicaState::Failed {
+                prop_assert_eq!(
+                    self.core.incarnation(i),
+                    0,
+                    "a failed replica kept its history"
+                );
+            }
+        }
+        let targets = self.core.write_targets();
+        for &i in &in_sync {
+            prop_assert!(targets.contains(&i), "an in-sync replica misses writes");
+        }
+        for &i in &targets {
+            prop_assert!(matches!(
+                set.state(i),
+                ReplicaState::InSync | ReplicaState::Resyncing
+            ));
+        }
+        // Ranges held at once never overlap (guarantee 2).
+        let held: Vec<_> = self
+            .places
+            .iter()
+            .filter(|p| self.core.may_hold(p.0))
+            .collect();
+        for a in &held {
+            for b in &held {
+                prop_assert!(
+                    a.0 == b.0 || a.2 <= b.1 || b.2 <= a.1,
+                    "overlapping ranges held"
+                );
+            }
+        }
+        // The suspended state follows the count, and each change is reported once.
+        let (copies, change) = self.core.check_copies();
+        let short = in_sync.len() < self.core.min_copies() as usize;
+        prop_assert_eq!(matches!(copies, Copies::Short { .. }), short);
+        prop_assert_eq!(self.core.enough(), !short);
+        match change {
+            Some(CopiesChange::Suspended) => prop_assert!(!self.suspended && short),
+            Some(CopiesChange::Resumed) => prop_assert!(self.suspended && !short),
+            None => prop_assert_eq!(self.suspended, short),
+        }
+        self.suspended = short;
+        // Held nodes are not resynced; removed replicas never are.
+        for i in self.core.clone().to_resync(self.now) {
+            prop_assert!(matches!(
+                set.state(i),
+                ReplicaState::Outdated | ReplicaState::Failed
+            ));
+        }
+        Ok(())
+    }
+
+    fn step(&mut self, op: Op) -> Result<(), TestCaseError> {
+        let c = &mut self.core;
+        match op {
+            Op::Write { at, len, replies } => {
+                let (start, end) = (at * 4096, (at + len) * 4096);
+                let (t, now) = c.register(start, end);
+                self.places.push((t, start, end));
+                if now && c.enough() {
+                    let targets = c.write_targets();
+                    let out: Vec<_> = (0..targets.len())
+                        .map(|k| outcome(replies[k % replies.len()]))
+                        .collect();
+                    let req = Mirrored::Data {
+                        offset: start,
+                        len: end - start,
+                    };
+                    if let Decision::TakeOut {
+                        replicas,
+                        lost_history,
+                        ..
+                    } = c.decide(req, &targets, &out)
+                    {
+                        let done_in_sync = targets.iter().zip(&out).any(|(&i, &o)| {
+                            o == ReplicaOutcome::Done && c.set().state(i) == ReplicaState::InSync
+                        });
+                        prop_assert!(
+                            done_in_sync,
+                            "take-out without an in-sync copy holding the write"
+                        );
+                        let marks = self.marks.clone();
+                        run_take_out(c, &replicas, lost_history, &marks);
+                    }
+                }
+            }
+            Op::Flush(replies) => {
+                let targets = c.write_targets();
+                let out: Vec<_> = (0..targets.len())
+                    .map(|k| outcome(replies[k % replies.len()]))
+                    .collect();
+                if let Decision::TakeOut {
+                    replicas,
+                    lost_history,
+                    ..
+                } = c.decide(Mirrored::Flush, &targets, &out)
+                {
+                    let marks = self.marks.clone();
+                    run_take_out(c, &replicas, lost_history, &marks);
+                }
+            }
+            Op::Release(k) => {
+                if !self.places.is_empty() {
+                    let (t, ..) = self.places.remove(k % self.places.len());
+                    for w in c.release(t) {
+                        prop_assert!(c.may_hold(w), "a woken place may not hold its range");
+                    }
+                }
+            }
+            Op::Read(fails) => {
+                let mut plan = c.read_plan();
+                let mut k = 0;
+                while let Some(i) = plan.next(c.set()) {
+                    prop_assert_eq!(c.set().state(i), ReplicaState::InSync);
+                    if !fails[k % fails.len()] {
+                        break;
+                    }
+                    plan.failed(i, k % 2 == 0);
+                    k += 1;
+                }
+            }
+            Op::ResyncStart { k, returned } => {
+                let out = c.to_resync(self.now);
+                if let Some(&i) = out.get(k % out.len().max(1)) {
+                    let before = (c.set().state(i), c.incarnation(i));
+                    match c.resync_start(i, returned) {
+                        Ok(ResyncStart::From {
+                            survivors,
+                            incremental,
+                        }) => {
+                            prop_assert!(
+                                !incremental
+                                    || (before.0 == ReplicaState::Outdated
+                                        && before.1 == returned
+                                        && returned != 0),
+                                "incremental resync without a known history: {:?} back as {}",
+                                before,
+                                returned
+                            );
+                            for s in &survivors {
+                                prop_assert_eq!(c.set().state(*s), ReplicaState::InSync);
+                            }
+                            c.resync_begun(
+                                i,
+                                ResyncProgress {
+                                    full: !incremental,
+                                    total_bytes: 0,
+                                    done_bytes: 0,
+                                    copied_bytes: 0,
+                                    elapsed_ms: 0,
+                                },
+                            );
+                            self.returned.insert(i, returned);
+                        }
+                        Ok(ResyncStart::NotNeeded) => {
+                            prop_assert!(false, "to_resync offered a replica that is not out")
+                        }
+                        Err(e) => prop_assert!(false, "no survivors: {e}"),
+                    }
+                }
+            }
+            Op::ResyncEnd { k, ok } => {
+                let resyncing: Vec<usize> =
+                    (0..c.set().len()).filter(|&i| c.resyncing(i)).collect();
+                if let Some(&i) = resyncing.get(k % resyncing.len().max(1)) {
+                    if ok {
+                        let inc = self.returned[&i];
+                        c.resync_done(
+                            i,
+                            inc,
+                            ResyncProgress {
+                                full: false,
+                                total_bytes: 1,
+                                done_bytes: 1,
+                                copied_bytes: 1,
+                                elapsed_ms: 1,
+                            },
+                        );
+                        prop_assert!(c.last_resync(c.node(i)).is_some());
+                    } else {
+                        let marks = self.marks.clone();
+                        run_take_out(c, &[i], false, &marks);
+                        c.resync_failed(i);
+                        prop_assert!(
+                            !c.resyncing(i),
+                            "a replica stays resyncing with no resync running"
+                        );
+                    }
+                }
+            }
+            Op::Add(node) => {
+                let before = c.set().len();
+                match c.add(node, 0) {
+                    Ok((i, true)) => {
+                        prop_assert_eq!(i, before, "a replica index was reused");
+                        prop_assert_eq!(c.set().state(i), ReplicaState::Failed);
+                    }
+                    Ok((i, false)) => prop_assert_eq!(c.node(i), node),
+                    Err(Refusal::NoSlotLeft(n)) => prop_assert_eq!(n, before),
+                    Err(e) => prop_assert!(false, "{e}"),
+                }
+            }
+            Op::Retire(k) => {
+                let i = k % c.set().len();
+                if c.set().state(i) != ReplicaState::Removed {
+                    match c.may_retire(i) {
+                        Ok(_) => c.retire(i),
+                        Err(Refusal::LastInSync) => prop_assert_eq!(c.set().in_sync(), vec![i]),
+                        Err(e) => prop_assert!(false, "{e}"),
+                    }
+                    prop_assert!(
+                        c.slot_of(c.node(i)).is_none() || c.set().state(i) != ReplicaState::Removed
+                    );
+                }
+            }
+            Op::PlannedTakeOut { node, hold_ms } => match c.planned_take_out(node) {
+                Ok(Some(i)) => {
+                    prop_assert!(c.set().in_sync().len() > c.min_copies() as usize);
+                    c.hold(node, self.now + Duration::from_millis(hold_ms));
+                    let marks = self.marks.clone();
+                    run_take_out(c, &[i], false, &marks);
+                    if hold_ms > 0 {
+                        prop_assert!(
+                            !c.to_resync(self.now).contains(&i),
+                            "a held replica is resynced"
+                        );
+                    }
+                }
+                Ok(None) => {}
+                Err(Refusal::BelowMinimum { left, min }) => prop_assert!(left < min as usize),
+                Err(e) => prop_assert!(false, "{e}"),
+            },
+            Op::SetMin(n) => {
+                c.set_min_copies(n);
+            }
+            Op::Tick(ms) => self.now += Duration::from_millis(ms),
+            Op::MarksFail(m) => self.marks = m,
+        }
+        Ok(())
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Whatever happens, in whatever order: an in-sync copy remains, in-sync copies take every
+    /// write, only they serve reads, overlapping ranges are never held at once, a replica
+    /// whose history is lost is never resynced incrementally, indices are never reused, and
+    /// writes are suspended exactly while too few copies are in sync.
+    #[test]
+    fn the_volume_core_keeps_the_guarantees(
+        n in 1usize..4,
+        min in 0u32..3,
+        ops in proptest::collection::vec(op(), 1..80),
+    ) {
+        let replicas: Vec<(u32, ReplicaState)> = (0..n).map(|k| (10 + k as u32, ReplicaState::InSync)).collect();
+        let mut core = VolumeCore::new(&replicas, min, true, 6);
+        for i in 0..n {
+            core.attached(i, 1);
+        }
+        let mut w = World { core, now: Duration::ZERO, places: Vec::new(), marks: vec![false], suspended: false, returned: Default::default() };
+        w.check()?;
+        for op in ops {
+            w.step(op)?;
+            w.check()?;
+        }
+        // Every place given up leaves an empty order.
+        for (t, ..) in std::mem::take(&mut w.places) {
+            w.core.release(t);
+        }
+        prop_assert_eq!(w.core.places(), 0);
+    }
+}
+
+#[test]
+fn without_a_control_plane_writes_never_wait_and_failures_fail() {
+    let mut c = VolumeCore::new(
+        &[(1, ReplicaState::InSync), (2, ReplicaState::InSync)],
+        2,
+        false,
+        4,
+    );
+    assert_eq!(c.check_copies(), (Copies::Enough, None));
+    let d = c.decide(
+        Mirrored::Flush,
+        &[0, 1],
+        &[ReplicaOutcome::Done, ReplicaOutcome::Failed],
+    );
+    assert!(matches!(d, Decision::Fail(_)));
+    c.stop();
+    assert_eq!(c.check_copies().0, Copies::Stopped);
+}
