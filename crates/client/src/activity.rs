@@ -125,8 +125,8 @@ impl Volume {
             let start = first * extent;
             let end = ((first + n) * extent).min(self.info.size);
             // No write is in flight in the run while it is held, so the replicas agree on it.
-            let _r = self.write_order.acquire(start, end).await;
-            let targets = self.set().write_targets();
+            let _r = self.core.acquire(start, end).await;
+            let targets = self.write_targets();
             let h = self.header(Op::ActivityClear, start, end - start);
             match self.to_all(&targets, h, Bytes::new()).await {
                 Ok(()) => {

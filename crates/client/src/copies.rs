@@ -11,9 +11,10 @@
 //! Reads go on. `status` shows the volume's writes as suspended; the log says so once when
 //! they stop and once when they resume. This is DRBD's `on-no-quorum suspend-io`.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
+use trireme_replication::{Copies as Check, CopiesChange};
 
 use crate::{Volume, VolumeError};
 
@@ -23,13 +24,10 @@ const RECHECK: Duration = Duration::from_millis(100);
 /// by an operator through another process).
 const REREAD: Duration = Duration::from_secs(1);
 
-#[derive(Debug)]
+/// The waiting side of the rule (the rule itself, the minimum and whether writes are
+/// suspended, is the core's).
+#[derive(Debug, Default)]
 pub(crate) struct Copies {
-    /// The minimum in force (never 0).
-    min: AtomicU32,
-    suspended: AtomicBool,
-    /// The writer may not go on (fenced or refused): waiting writes fail.
-    stopped: AtomicBool,
     changed: tokio::sync::Notify,
     /// Writes at the gate (waiting, or passing it): while there are any, a new write queues
     /// behind them rather than overtake them.
@@ -37,21 +35,6 @@ pub(crate) struct Copies {
 }
 
 impl Copies {
-    /// `set` is the attach's minimum (0: the default rule over `replicas`).
-    pub(crate) fn new(set: u32, replicas: usize) -> Copies {
-        let min = match set {
-            0 => trireme_replication::default_min_copies(replicas),
-            n => n,
-        };
-        Copies {
-            min: AtomicU32::new(min),
-            suspended: AtomicBool::new(false),
-            stopped: AtomicBool::new(false),
-            changed: tokio::sync::Notify::new(),
-            at_gate: AtomicUsize::new(0),
-        }
-    }
-
     /// Wakes waiting writes to look again (a copy came back, the minimum changed).
     pub(crate) fn wake(&self) {
         self.changed.notify_waiters();
@@ -61,11 +44,6 @@ impl Copies {
     pub(crate) fn at_gate(&self) -> AtGate<'_> {
         self.at_gate.fetch_add(1, Ordering::AcqRel);
         AtGate(&self.at_gate)
-    }
-
-    pub(crate) fn stop(&self) {
-        self.stopped.store(true, Ordering::Release);
-        self.wake();
     }
 }
 
@@ -80,66 +58,56 @@ impl Drop for AtGate<'_> {
 impl Volume {
     /// The minimum of in-sync copies in force.
     pub fn min_copies(&self) -> u32 {
-        self.copies.min.load(Ordering::Acquire)
+        self.core().min_copies()
     }
 
     /// Sets the minimum of in-sync copies (from the manager, or re-read from the metadata).
     pub fn set_min_copies(&self, n: u32) {
-        let n = n.max(1);
-        if self.copies.min.swap(n, Ordering::AcqRel) != n {
-            tracing::info!(volume = %self.info.name, min_copies = n, "min copies changed");
+        let changed = self.core().set_min_copies(n);
+        if changed {
+            tracing::info!(volume = %self.info.name, min_copies = n.max(1), "min copies changed");
             self.copies.wake();
         }
     }
 
     /// True while writes wait for copies (for `status`).
     pub fn writes_suspended(&self) -> bool {
-        self.copies.suspended.load(Ordering::Acquire)
+        self.core().suspended()
     }
 
-    /// True if writes may go on now: at least the minimum of copies in sync (no lock, no
-    /// allocation: the write path asks this for every write). Without a control plane no copy
-    /// is ever taken out (a failure fails the I/O), so always.
-    pub(crate) fn enough_now(&self) -> bool {
-        self.membership.is_none() || {
-            let set = self.set();
-            let have = set
-                .states()
-                .iter()
-                .filter(|s| **s == trireme_replication::ReplicaState::InSync)
-                .count();
-            have >= self.min_copies() as usize
-        }
+    /// The writer may not go on (fenced or refused): writes waiting for copies fail.
+    pub(crate) fn stop_writes(&self) {
+        self.core().stop();
+        self.copies.wake();
     }
 
     /// Returns once at least the minimum of copies is in sync (at once, nearly always).
     pub(crate) async fn enough_copies(&self) -> Result<(), VolumeError> {
-        if self.enough_now() && !self.copies.suspended.load(Ordering::Acquire) {
-            return Ok(());
-        }
         let mut reread = Instant::now();
         loop {
             let changed = self.copies.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            if self.copies.stopped.load(Ordering::Acquire) {
-                return Err(VolumeError::Stopped(self.info.name.clone()));
-            }
-            let (have, need) = (self.set().in_sync().len(), self.min_copies());
-            if have >= need as usize {
-                if self.copies.suspended.swap(false, Ordering::AcqRel) {
-                    tracing::warn!(volume = %self.info.name, in_sync = have, min_copies = need, "writes resumed");
+            let (check, change) = self.core().check_copies();
+            match (check, change) {
+                (Check::Stopped, _) => return Err(VolumeError::Stopped(self.info.name.clone())),
+                (Check::Enough, change) => {
+                    if change == Some(CopiesChange::Resumed) {
+                        tracing::warn!(volume = %self.info.name, min_copies = self.min_copies(), "writes resumed");
+                    }
+                    return Ok(());
                 }
-                return Ok(());
-            }
-            if !self.copies.suspended.swap(true, Ordering::AcqRel) {
-                tracing::warn!(
-                    volume = %self.info.name,
-                    in_sync = have,
-                    min_copies = need,
-                    "writes suspended: fewer in-sync copies than the minimum; they wait for a copy to come back (or `trireme volume set {} --min-copies N`)",
-                    self.info.name
-                );
+                (Check::Short { have, need }, change) => {
+                    if change == Some(CopiesChange::Suspended) {
+                        tracing::warn!(
+                            volume = %self.info.name,
+                            in_sync = have,
+                            min_copies = need,
+                            "writes suspended: fewer in-sync copies than the minimum; they wait for a copy to come back (or `trireme volume set {} --min-copies N`)",
+                            self.info.name
+                        );
+                    }
+                }
             }
             if reread.elapsed() >= REREAD {
                 reread = Instant::now();

@@ -19,12 +19,11 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::time::Instant;
 
 use bytes::Bytes;
 use trireme_proto::{DirtyPeer, Header, Op, DIRTY_AUTO, DIRTY_DROP, DIRTY_START};
 pub use trireme_replication::ResyncProgress;
-use trireme_replication::{ReplicaState, TakeOut, TakeOutStep};
+use trireme_replication::{ReplicaState, TakeOutStep};
 use trireme_transport::Frame;
 
 use crate::membership::{BoxFut, DegradeRefusal, Membership, ReplicaView};
@@ -38,7 +37,7 @@ pub(crate) async fn start(v: &Arc<Volume>) -> Result<(), VolumeError> {
     }
     // The replicas agree now: each starts this writer's activity log (one that cannot is taken
     // out, like one that fails its attach).
-    let in_sync = v.set().in_sync();
+    let in_sync = v.in_sync();
     for t in in_sync {
         if let Err(e) = v.start_activity(&[t]).await {
             if e.is_fenced() {
@@ -60,31 +59,27 @@ pub(crate) async fn start(v: &Arc<Volume>) -> Result<(), VolumeError> {
             let Some(v) = weak.upgrade() else { return };
             // A node that died while the volume was idle: its link is closed. Take it out now
             // rather than at the next write, so it is resynced (and shown) without delay.
-            let dead: Vec<usize> = v
-                .set()
-                .in_sync()
-                .into_iter()
+            let closed: Vec<usize> = (0..v.replica_count())
                 .filter(|&i| v.conn(&v.slots[i]).is_none_or(|c| c.is_closed()))
                 .collect();
-            if !dead.is_empty() && v.set().in_sync().len() > dead.len() {
+            let dead = v.core().closed_to_take_out(&closed);
+            if !dead.is_empty() {
                 if let Err(e) = v.take_out_with(&dead, None, false).await {
                     tracing::warn!(volume = %v.info.name, "taking out replicas with closed links: {e}");
                 }
             }
-            last_error.resize(v.set().len(), None);
+            last_error.resize(v.replica_count(), None);
+            let now = v.now();
+            let due = v.core().to_resync(now);
             for (i, last) in last_error.iter_mut().enumerate() {
-                if !matches!(
-                    v.set().state(i),
-                    ReplicaState::Outdated | ReplicaState::Failed
-                ) || v.is_held(v.node(i))
-                {
+                if !due.contains(&i) {
                     continue;
                 }
                 match v.resync(i).await {
                     Ok(()) => *last = None,
                     Err(e) if e.stops_writer() => {
                         tracing::info!(volume = %v.info.name, "resync stops: {e}");
-                        v.copies.stop();
+                        v.stop_writes();
                         return;
                     }
                     Err(e) => {
@@ -112,22 +107,20 @@ impl Volume {
     /// Every replica with its current state and resync progress.
     /// Replicas moved off are left out.
     pub fn replica_views(&self) -> Vec<ReplicaView> {
-        let progress = self.progress.lock().unwrap_or_else(|e| e.into_inner());
-        let set = self.set();
-        (0..set.len())
-            .filter(|&i| set.state(i) != ReplicaState::Removed)
-            .map(|i| ReplicaView {
-                node: self.node(i),
-                state: set.state(i),
-                resync: progress.get(i).cloned().flatten(),
+        let views = self.core().views();
+        views
+            .into_iter()
+            .map(|(node, state, resync)| ReplicaView {
+                node,
+                state,
+                resync,
             })
             .collect()
     }
 
     /// The slot of the replica on `node`, unless it was moved off.
     pub(crate) fn slot_of(&self, node: u32) -> Option<usize> {
-        let set = self.set();
-        (0..set.len()).find(|&i| self.node(i) == node && set.state(i) != ReplicaState::Removed)
+        self.core().slot_of(node)
     }
 
     /// Adds a replica on `node` (the new copy of a move, already created there and recorded as
@@ -135,28 +128,23 @@ impl Volume {
     /// a full compare, at most `rate` bytes per second, and records it in sync when done.
     pub async fn add_replica(&self, node: u32, rate: Option<u64>) -> Result<(), VolumeError> {
         let _g = self.membership_lock.lock().await;
-        if let Some(i) = self.slot_of(node) {
-            self.slots[i]
-                .rate
-                .store(rate.unwrap_or(0), Ordering::Relaxed);
-            return Ok(());
+        let mut core = self.core();
+        let i = core.set().len();
+        if i < self.slots.len() {
+            // The slot's node is set before the core can hand its index out.
+            self.slots[i].node.store(node, Ordering::Relaxed);
         }
-        // Lock order as in `replica_views`: progress, then the set.
-        let mut progress = self.progress.lock().unwrap_or_else(|e| e.into_inner());
-        let mut set = self.set.write().unwrap_or_else(|e| e.into_inner());
-        let i = set.len();
-        if i == self.slots.len() {
-            return Err(self.degrade(node, DegradeRefusal::NoSlotLeft(i)));
+        let added = core.add(node, rate.unwrap_or(0));
+        drop(core);
+        match added {
+            Ok((_, false)) => Ok(()),
+            Ok((i, true)) => {
+                self.set_conn(i, None);
+                tracing::info!(volume = %self.info.name, node, "replica added; a full resync follows");
+                Ok(())
+            }
+            Err(r) => Err(self.degrade(node, r)),
         }
-        let slot = &self.slots[i];
-        slot.node.store(node, Ordering::Relaxed);
-        slot.incarnation.store(0, Ordering::Release);
-        slot.rate.store(rate.unwrap_or(0), Ordering::Relaxed);
-        *slot.conn.write().unwrap_or_else(|e| e.into_inner()) = None;
-        progress.resize(i + 1, None);
-        set.push(ReplicaState::Failed);
-        tracing::info!(volume = %self.info.name, node, "replica added; a full resync follows");
-        Ok(())
     }
 
     /// Stops using the replica on `node` (the old copy of a move): with writes paused, it is
@@ -164,15 +152,13 @@ impl Volume {
     /// for the last in-sync replica.
     pub async fn retire_replica(&self, node: u32) -> Result<(), VolumeError> {
         let m = self.membership()?;
-        let _all = self.write_order.acquire(0, self.info.size).await;
+        let _all = self.core.acquire(0, self.info.size).await;
         let _g = self.membership_lock.lock().await;
         let Some(i) = self.slot_of(node) else {
             return Ok(());
         };
-        if self.set().state(i) == ReplicaState::InSync {
-            if self.set().in_sync().len() < 2 {
-                return Err(self.degrade(node, DegradeRefusal::LastInSync));
-            }
+        let must_record = self.core().may_retire(i);
+        if must_record.map_err(|r| self.degrade(node, r))? {
             m.set_state(
                 &self.info.name,
                 self.info.epoch,
@@ -183,12 +169,8 @@ impl Volume {
             .await
             .map_err(|e| self.degrade(node, e))?;
         }
-        self.set
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .set_state(i, ReplicaState::Removed);
+        self.core().retire(i);
         self.set_conn(i, None);
-        self.set_progress(i, None);
         // Survivors that track it for a resync can forget it.
         self.drop_records(i).await;
         tracing::info!(volume = %self.info.name, node, "replica retired");
@@ -203,27 +185,13 @@ impl Volume {
     /// there. Refused when fewer in-sync copies than the volume's minimum would remain.
     pub async fn take_out_node(&self, node: u32, hold: Duration) -> Result<bool, VolumeError> {
         self.membership()?;
-        let _all = self.write_order.acquire(0, self.info.size).await;
-        let Some(i) = self.slot_of(node) else {
+        let _all = self.core.acquire(0, self.info.size).await;
+        let planned = self.core().planned_take_out(node);
+        let Some(i) = planned.map_err(|r| self.degrade(node, r))? else {
             return Ok(false);
         };
-        if self.set().state(i) != ReplicaState::InSync {
-            return Ok(false);
-        }
-        let left = self.set().in_sync().len() - 1;
-        if left < self.min_copies() as usize {
-            return Err(self.degrade(
-                node,
-                DegradeRefusal::BelowMinimum {
-                    left,
-                    min: self.min_copies(),
-                },
-            ));
-        }
-        self.held
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(node, Instant::now() + hold);
+        let until = self.now() + hold;
+        self.core().hold(node, until);
         if let Err(e) = self.take_out_with(&[i], None, false).await {
             self.release_node(node);
             return Err(e);
@@ -234,37 +202,19 @@ impl Volume {
 
     /// Lets the resync task bring the replica on `node` back (its planned restart is over).
     pub fn release_node(&self, node: u32) {
-        self.held
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&node);
-    }
-
-    pub(crate) fn is_held(&self, node: u32) -> bool {
-        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        match held.get(&node) {
-            Some(&until) if Instant::now() < until => true,
-            Some(_) => {
-                held.remove(&node);
-                false
-            }
-            None => false,
-        }
+        self.core().release_hold(node);
     }
 
     /// Whether the replica on `node` is in sync in this writer's view.
     pub fn in_sync_on(&self, node: u32) -> bool {
-        self.slot_of(node)
-            .is_some_and(|i| self.set().state(i) == ReplicaState::InSync)
+        let core = self.core();
+        core.slot_of(node)
+            .is_some_and(|i| core.set().state(i) == ReplicaState::InSync)
     }
 
     /// The last finished resync of the replica on `node`, if any.
     pub fn last_resync(&self, node: u32) -> Option<ResyncProgress> {
-        self.finished
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&node)
-            .cloned()
+        self.core().last_resync(node).cloned()
     }
 
     /// Flushes and tells the control plane this writer is gone cleanly, so the next attach
@@ -286,7 +236,7 @@ impl Volume {
         Bytes::from(
             DirtyPeer {
                 peer: self.node(i),
-                incarnation: self.slots[i].incarnation.load(Ordering::Acquire),
+                incarnation: self.core().incarnation(i),
                 mode,
             }
             .encode(),
@@ -298,7 +248,7 @@ impl Volume {
     pub(crate) async fn drop_records(&self, i: usize) {
         let h = self.header(Op::DirtyTrack, 0, 0);
         let drop_record = self.dirty_peer(i, DIRTY_DROP);
-        let survivors = self.set().in_sync();
+        let survivors = self.in_sync();
         for s in survivors.into_iter().filter(|&s| s != i) {
             if let Err(e) = self.to_all(&[s], h, drop_record.clone()).await {
                 tracing::warn!(volume = %self.info.name, node = self.node(s), peer = self.node(i), "could not drop a dirty record: {e}");
@@ -337,8 +287,7 @@ impl Volume {
         let m = self.membership()?;
         let _g = self.membership_lock.lock().await;
         // The procedure is `replication::TakeOut`; this carries its steps out.
-        let states = self.set().states().to_vec();
-        let mut plan = TakeOut::new(&states, failed, lost_history);
+        let mut plan = self.core().take_out(failed, lost_history);
         let (offset, length) = range.unwrap_or((0, 0));
         let out = loop {
             match plan.step() {
@@ -387,14 +336,7 @@ impl Volume {
                 TakeOutStep::Apply(out) => break out,
             }
         };
-        let mut set = self.set.write().unwrap_or_else(|e| e.into_inner());
-        for &(i, to) in &out {
-            set.set_state(i, to);
-            if to == ReplicaState::Failed {
-                self.slots[i].incarnation.store(0, Ordering::Release);
-            }
-        }
-        drop(set);
+        self.core().apply(&out);
         for &(i, _) in &out {
             self.set_conn(i, None);
         }

@@ -5,9 +5,9 @@
 //! and attaches them with it (a replica that has seen a newer epoch refuses: fencing). Then:
 //!
 //! * a write (or write-zeroes, or flush) goes to every in-sync replica in parallel and is
-//!   acknowledged only when all hold it, as decided by the replication core's `WriteQuorum`;
-//! * a read goes to one in-sync replica, chosen by `ReplicaSet::read_order`, and falls over to
-//!   the next one if that replica fails.
+//!   acknowledged only when all hold it, as the replication core's `decide` says;
+//! * a read goes to one in-sync replica, as the core's `ReadPlan` says, and falls over to the
+//!   next one if that replica fails.
 //!
 //! With a [`Membership`] (the control plane), a replica that fails or stops answering within
 //! [`VolumeOptions::replica_timeout`] is taken out instead of failing the write: it is recorded
@@ -15,11 +15,13 @@
 //! then is the write acknowledged (see `failover.rs`). A background task brings it back with an
 //! incremental resync.
 //!
-//! The decisions live in `trireme-replication`; this crate only moves frames.
+//! The decisions live in `trireme-replication`: each volume keeps a `VolumeCore` (its replica
+//! states and histories, write order, minimum of copies, resyncs) behind one lock (`core.rs`),
+//! and this crate only moves frames, waits, and logs.
 
 mod activity;
-mod conflict;
 mod copies;
+mod core;
 mod error;
 mod failover;
 mod membership;
@@ -39,7 +41,7 @@ pub use verify::{verify_replicas, Mismatch, VerifyReport};
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::task::Poll;
 use std::time::Duration;
@@ -49,7 +51,7 @@ use serde::{Deserialize, Serialize};
 use trireme_proto::{
     decode_extents, Extent, Header, Op, Status, FLAG_FUA, FLAG_MAY_TRIM, MAX_PAYLOAD,
 };
-use trireme_replication::{check_io, Decision, Mirrored, ReplicaOutcome, ReplicaSet, ReplicaState};
+use trireme_replication::{check_io, Decision, Mirrored, ReplicaOutcome, ReplicaState, VolumeCore};
 use trireme_transport::{Connection, ConnectionInfo, Frame, TransportKind};
 
 /// Largest read or write the client sends in one frame.
@@ -152,17 +154,14 @@ impl Default for VolumeOptions {
     }
 }
 
-/// One replica slot: its node, current connection and what the writer knows about its history.
+/// One replica slot: its node and current connection. What the writer knows about the
+/// replica's history and state is in the volume's core.
 #[derive(Debug)]
 struct Slot {
+    /// Written once, before the slot is used (a slot is never reused): the core's node for
+    /// this index, readable without its lock.
     node: AtomicU32,
     conn: RwLock<Option<Arc<dyn Connection>>>,
-    /// The incarnation of the copy that was last in sync. Survivors track what this copy
-    /// missed; a replica that comes back with another incarnation needs a full resync.
-    incarnation: AtomicU64,
-    /// Copy rate limit of this replica's resync in bytes per second (a move sets it); 0 uses
-    /// [`VolumeOptions::resync_rate`].
-    rate: AtomicU64,
 }
 
 impl Slot {
@@ -170,8 +169,6 @@ impl Slot {
         Slot {
             node: AtomicU32::new(node),
             conn: RwLock::new(conn),
-            incarnation: AtomicU64::new(0),
-            rate: AtomicU64::new(0),
         }
     }
 }
@@ -184,31 +181,25 @@ const MAX_SLOTS: usize = 32;
 #[derive(Debug)]
 pub struct Volume {
     info: AttachInfo,
-    /// `MAX_SLOTS` slots; the first `set.len()` are in use.
+    /// `MAX_SLOTS` slots; the first `replica_count()` are in use.
     slots: Vec<Slot>,
-    set: RwLock<ReplicaSet>,
-    spread: AtomicUsize,
-    /// Keeps overlapping writes in one order on every replica.
-    write_order: conflict::WriteOrder,
+    /// The replication state: replica states and histories, the write order, the minimum of
+    /// copies, resyncs (see `trireme_replication::VolumeCore`).
+    core: core::Core,
+    /// When the volume was opened: the core's clock reads time since then.
+    opened: tokio::time::Instant,
     opts: VolumeOptions,
     membership: Option<Arc<dyn Membership>>,
     /// Serialises taking replicas out and bringing them back.
     membership_lock: tokio::sync::Mutex<()>,
-    /// Progress of the resync in flight, per replica index.
-    progress: Mutex<Vec<Option<ResyncProgress>>>,
     /// Which extents this writer may have writes in flight in (see `activity.rs`).
     activity: activity::Activity,
     /// What the reconciliation at attach did, if there was one.
     reconciled: Mutex<Option<ReconcileReport>>,
-    /// The minimum of in-sync copies, and writes waiting for it (`copies.rs`).
+    /// Writes waiting for enough copies (`copies.rs`).
     copies: copies::Copies,
     /// Writes pass it one at a time, in arrival order, on their way into the write order.
     copies_gate: tokio::sync::Mutex<()>,
-    /// The last finished resync per node.
-    finished: Mutex<std::collections::HashMap<u32, ResyncProgress>>,
-    /// Nodes whose replica was taken out for a planned restart: not resynced before the
-    /// deadline unless released (so a resync does not start just before the node stops).
-    held: Mutex<std::collections::HashMap<u32, tokio::time::Instant>>,
 }
 
 /// Joins futures without spawning them: the writer's fan-out stays on its own task.
@@ -285,7 +276,7 @@ impl Volume {
         all_in_sync_needed: bool,
     ) -> Result<Volume, VolumeError> {
         let mut slots = Vec::with_capacity(MAX_SLOTS);
-        let mut states = Vec::with_capacity(info.replicas.len());
+        let mut replicas = Vec::with_capacity(info.replicas.len());
         for r in &info.replicas {
             let state = r.state;
             let conn = if r.state == ReplicaState::InSync {
@@ -302,7 +293,7 @@ impl Volume {
                 None
             };
             slots.push(Slot::new(r.node, conn));
-            states.push(state);
+            replicas.push((r.node, state));
         }
         let n = slots.len();
         if n > MAX_SLOTS {
@@ -313,22 +304,19 @@ impl Volume {
         }
         slots.resize_with(MAX_SLOTS, || Slot::new(0, None));
         let activity = activity::Activity::new(info.size, opts.activity_extent);
+        let core = VolumeCore::new(&replicas, info.min_copies, membership.is_some(), MAX_SLOTS);
         Ok(Volume {
             activity,
             reconciled: Mutex::new(None),
-            copies: copies::Copies::new(info.min_copies, n),
+            copies: copies::Copies::default(),
             copies_gate: tokio::sync::Mutex::new(()),
-            finished: Mutex::default(),
-            held: Mutex::default(),
-            set: RwLock::new(ReplicaSet::new(states, None)),
+            core: core::Core::new(core),
+            opened: tokio::time::Instant::now(),
             info,
             slots,
-            spread: AtomicUsize::new(0),
-            write_order: conflict::WriteOrder::default(),
             opts,
             membership,
             membership_lock: tokio::sync::Mutex::new(()),
-            progress: Mutex::new(vec![None; n]),
         })
     }
 
@@ -342,7 +330,7 @@ impl Volume {
         let opts = VolumeOptions::over(kind, streams);
         let v = Volume::open(info, opts, None, true).await?;
         v.attach_all().await?;
-        let in_sync = v.set().in_sync();
+        let in_sync = v.in_sync();
         v.start_activity(&in_sync).await?;
         Ok(v)
     }
@@ -364,7 +352,7 @@ impl Volume {
     /// Attaches every in-sync replica; with a control plane, one that refuses or fails is
     /// taken out instead of failing the attach (as long as one stays in sync).
     async fn attach_all(&self) -> Result<(), VolumeError> {
-        let targets = self.set().in_sync();
+        let targets = self.in_sync();
         let h = self.header(Op::Attach, 0, 0);
         let replies = join_all(
             targets
@@ -383,7 +371,7 @@ impl Volume {
             match r.and_then(|f| self.expect_ok(i, f)) {
                 Ok(f) => {
                     let now = f.header.length;
-                    self.slots[i].incarnation.store(now, Ordering::Release);
+                    self.core().attached(i, now);
                     match self.info.replicas[i].incarnation {
                         0 => unrecorded.push((i, now)),
                         was if was != now => lost.push(i),
@@ -406,7 +394,7 @@ impl Volume {
                 .await?;
         }
         self.check_incarnations(&lost, &unrecorded).await?;
-        tracing::info!(volume = %self.info.name, epoch = self.info.epoch, replicas = self.set().in_sync().len(), "attached");
+        tracing::info!(volume = %self.info.name, epoch = self.info.epoch, replicas = self.in_sync().len(), "attached");
         Ok(())
     }
 
@@ -424,7 +412,7 @@ impl Volume {
         let Some(m) = self.membership.clone() else {
             return Ok(());
         };
-        let in_sync = self.set().in_sync();
+        let in_sync = self.in_sync();
         let lost: Vec<usize> = lost
             .iter()
             .copied()
@@ -441,7 +429,7 @@ impl Volume {
             }
         }
         for &(i, inc) in unrecorded {
-            if self.set().state(i) != ReplicaState::InSync {
+            if self.state(i) != ReplicaState::InSync {
                 continue;
             }
             if let Err(e) = m
@@ -468,7 +456,7 @@ impl Volume {
     }
     /// Each replica's node and current data-path link (none while it is out).
     pub fn connections(&self) -> Vec<(u32, Option<ConnectionInfo>)> {
-        (0..self.set().len())
+        (0..self.replica_count())
             .map(|i| (self.node(i), self.conn(&self.slots[i]).map(|c| c.info())))
             .collect()
     }
@@ -476,7 +464,7 @@ impl Volume {
     /// Stops the link to `node` using its negotiated fast path (UCX); see
     /// [`Connection::fall_back`]. For fault tests.
     pub fn drop_fast_path(&self, node: u32, why: &str) -> bool {
-        let set_len = self.set().len();
+        let set_len = self.replica_count();
         (0..set_len)
             .filter(|&i| self.node(i) == node)
             .filter_map(|i| self.conn(&self.slots[i]))
@@ -494,10 +482,31 @@ impl Volume {
             .unwrap_or_else(|e| e.into_inner()) = c;
     }
 
-    /// The replica set, read-locked. Callers use it within one statement, never across an
-    /// `.await`.
-    fn set(&self) -> std::sync::RwLockReadGuard<'_, ReplicaSet> {
-        self.set.read().unwrap_or_else(|e| e.into_inner())
+    /// The core, locked: within one statement, never across an `.await`, and never while
+    /// another call here takes it again (the lock is not re-entrant).
+    fn core(&self) -> core::Locked<'_> {
+        self.core.lock()
+    }
+
+    fn in_sync(&self) -> Vec<usize> {
+        self.core().set().in_sync()
+    }
+
+    fn write_targets(&self) -> Vec<usize> {
+        self.core().write_targets()
+    }
+
+    fn state(&self, i: usize) -> ReplicaState {
+        self.core().set().state(i)
+    }
+
+    fn replica_count(&self) -> usize {
+        self.core().set().len()
+    }
+
+    /// Time since the volume was opened: the core's clock.
+    fn now(&self) -> Duration {
+        self.opened.elapsed()
     }
 
     fn header(&self, op: Op, offset: u64, length: u64) -> Header {
@@ -584,14 +593,21 @@ impl Volume {
             // write order in that order too. Nearly always nothing waits, and a write takes
             // its place at once.
             let data = matches!(h.op, Op::Write | Op::WriteZeroes);
-            let place = if self.copies.at_gate.load(Ordering::Acquire) == 0 && self.enough_now() {
-                data.then(|| self.write_order.register(h.offset, h.offset + h.length))
-            } else {
-                // Counted until it has passed, even if the request is dropped while it waits.
-                let _at = self.copies.at_gate();
-                let _gate = self.copies_gate.lock().await;
-                self.enough_copies().await?;
-                data.then(|| self.write_order.register(h.offset, h.offset + h.length))
+            let (start, end) = (h.offset, h.offset + h.length);
+            let quick = match self.copies.at_gate.load(Ordering::Acquire) {
+                0 if data => self.core.register_if_enough(start, end).map(Some),
+                0 if self.core().enough() => Some(None),
+                _ => None,
+            };
+            let place = match quick {
+                Some(place) => place,
+                None => {
+                    // Counted until it has passed, even if the request is dropped while it waits.
+                    let _at = self.copies.at_gate();
+                    let _gate = self.copies_gate.lock().await;
+                    self.enough_copies().await?;
+                    data.then(|| self.core.register(start, end))
+                }
             };
             let _range = match place {
                 Some(p) => {
@@ -605,7 +621,7 @@ impl Volume {
         }
         // One whose failure took a copy out below the minimum is acknowledged only once
         // enough copies hold it again; it waits without its range, which the resync copies.
-        if self.enough_now() {
+        if self.core().enough() {
             return Ok(());
         }
         self.enough_copies().await
@@ -613,7 +629,7 @@ impl Volume {
 
     /// [`Volume::mirror`] for a caller that already holds the range.
     async fn mirror_held(&self, h: Header, payload: Bytes) -> Result<(), VolumeError> {
-        let targets = self.set().write_targets();
+        let targets = self.write_targets();
         // The payload's checksum, once for every replica (a TLS link needs none).
         let crc = (!payload.is_empty()
             && targets.iter().any(|&i| {
@@ -649,13 +665,7 @@ impl Volume {
                 Mirrored::Flush
             }
         };
-        let decision = trireme_replication::decide(
-            request,
-            &targets,
-            &outcomes,
-            &self.set(),
-            self.membership.is_some(),
-        );
+        let decision = self.core().decide(request, &targets, &outcomes);
         match decision {
             Decision::Ack => Ok(()),
             Decision::Fail(failure) => Err(VolumeError::Write {
@@ -672,40 +682,30 @@ impl Volume {
 
     /// Sends a read-like request to one in-sync replica, falling over to the next on failure.
     async fn read_one(&self, h: Header) -> Result<Frame, VolumeError> {
-        let spread = self.spread.fetch_add(1, Ordering::Relaxed);
+        let mut plan = self.core().read_plan();
         let mut last = VolumeError::NoReplicas(self.info.name.clone());
-        let mut tried: Vec<usize> = Vec::new();
-        // Replicas whose copy failed its block checksums: repaired from the one that answers.
-        let mut bad: Vec<usize> = Vec::new();
         // The in-sync set may change while a read waits on a replica that stopped answering
-        // (another may finish its resync meanwhile), so it is looked at again each time.
+        // (another may finish its resync meanwhile), so the plan looks at it again each time.
         loop {
-            let Some(i) = self
-                .set()
-                .read_order(spread)
-                .into_iter()
-                .find(|i| !tried.contains(i))
-            else {
+            let next = plan.next(self.core().set());
+            let Some(i) = next else {
                 return Err(last);
             };
-            tried.push(i);
             match self
                 .call(i, h, Bytes::new())
                 .await
                 .and_then(|f| self.expect_ok(i, f))
             {
                 Ok(f) => {
-                    if !bad.is_empty() && h.op == Op::Read {
-                        self.repair(&bad, i, h.offset, h.length).await;
+                    if !plan.to_repair().is_empty() && h.op == Op::Read {
+                        self.repair(plan.to_repair(), i, h.offset, h.length).await;
                     }
                     return Ok(f);
                 }
                 Err(e) if e.stops_writer() => return Err(e),
                 Err(e) => {
                     tracing::warn!(volume = %self.info.name, node = self.node(i), "read failed, trying another replica: {e}");
-                    if e.is_bad_copy() {
-                        bad.push(i);
-                    }
+                    plan.failed(i, e.is_bad_copy());
                     last = e;
                 }
             }
@@ -794,7 +794,7 @@ impl Volume {
         offset: u64,
         len: u64,
     ) -> Vec<Option<Result<u32, VolumeError>>> {
-        let n = self.set().len();
+        let n = self.replica_count();
         let idx: Vec<usize> = (0..n)
             .filter(|&i| self.conn(&self.slots[i]).is_some())
             .collect();

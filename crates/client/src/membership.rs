@@ -38,6 +38,18 @@ pub enum DegradeRefusal {
     Membership(#[from] MembershipError),
 }
 
+impl From<trireme_replication::Refusal> for DegradeRefusal {
+    fn from(r: trireme_replication::Refusal) -> DegradeRefusal {
+        use trireme_replication::Refusal;
+        match r {
+            Refusal::LastInSync => DegradeRefusal::LastInSync,
+            Refusal::NoneLeft => DegradeRefusal::NoneLeft,
+            Refusal::BelowMinimum { left, min } => DegradeRefusal::BelowMinimum { left, min },
+            Refusal::NoSlotLeft(n) => DegradeRefusal::NoSlotLeft(n),
+        }
+    }
+}
+
 /// The control plane as the writer needs it: the owner of the metadata.
 pub trait Membership: Send + Sync + std::fmt::Debug {
     /// Records a replica's state durably. Refused unless `epoch` is the volume's current epoch,

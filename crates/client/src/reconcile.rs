@@ -5,7 +5,7 @@ use tokio::time::Instant;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use trireme_proto::{data_ranges, decode_extents, Op};
-use trireme_replication::{all_chunks, union_chunks};
+use trireme_replication::{all_chunks, settle, union_chunks, Sum, Verdict};
 
 use crate::{Volume, VolumeError};
 
@@ -18,7 +18,7 @@ impl Volume {
     /// writer's writes went. A replica that cannot answer is taken out for a full resync.
     pub(crate) async fn activity_ranges(&self) -> Result<Option<Vec<(u64, u64)>>, VolumeError> {
         let mut ranges = Vec::new();
-        let in_sync = self.set().in_sync();
+        let in_sync = self.in_sync();
         for t in in_sync {
             let mut off = 0;
             while off < self.info.size {
@@ -56,7 +56,7 @@ impl Volume {
     /// log is missing) is compared across the in-sync replicas and copied from one of them where
     /// they differ. Only checksums cross the network for ranges that agree.
     pub(crate) async fn reconcile(&self) -> Result<(), VolumeError> {
-        if self.set().in_sync().len() < 2 {
+        if self.in_sync().len() < 2 {
             return Ok(());
         }
         let started = Instant::now();
@@ -64,26 +64,22 @@ impl Volume {
             Some(r) => (false, r),
             None => (true, all_chunks(self.info.size)),
         };
-        if self.set().in_sync().len() < 2 {
+        if self.in_sync().len() < 2 {
             return Ok(());
         }
         let mut copied = 0;
         let mut compared = 0;
         let mut unreadable = Vec::new();
         for &(off, len) in &chunks {
-            let targets = self.set().in_sync();
-            let sums = self.checksums(&targets, off, len).await;
-            // The source is the first copy (in the set's order) whose region passes its block
-            // checksums; one that fails them is rewritten from it, never copied from.
-            let mut good = Vec::new();
-            let mut bad = Vec::new();
-            for (k, r) in sums.into_iter().enumerate() {
-                let t = targets[k];
+            let targets = self.in_sync();
+            let replies = self.checksums(&targets, off, len).await;
+            let mut sums = Vec::with_capacity(targets.len());
+            for (&t, r) in targets.iter().zip(replies) {
                 match r {
-                    Ok(c) => good.push((t, c)),
+                    Ok(c) => sums.push((t, Sum::Good(c))),
                     Err(e) if e.is_bad_copy() => {
                         tracing::warn!(volume = %self.info.name, node = self.node(t), off, len, "reconcile: this copy fails its block checksums; rewriting it from a good one");
-                        bad.push(t);
+                        sums.push((t, Sum::Bad));
                     }
                     Err(e) if e.stops_writer() => return Err(e),
                     Err(e) => {
@@ -92,28 +88,24 @@ impl Volume {
                     }
                 }
             }
-            let Some(&(src, want)) = good.first() else {
-                if !bad.is_empty() {
+            // The rule (`replication::settle`): the first copy in the set's order that passes
+            // its block checksums is the source; one that fails them is never copied from.
+            match settle(&sums) {
+                Verdict::Agree => {}
+                Verdict::Unresolved => {
                     tracing::error!(volume = %self.info.name, off, len, "reconcile: no copy of this region passes its block checksums; nothing copied (scrub or restore it)");
                     unreadable.push((off, len));
                 }
-                continue;
-            };
-            let to_copy: Vec<usize> = good
-                .iter()
-                .filter(|(_, c)| *c != want)
-                .map(|(t, _)| *t)
-                .chain(bad)
-                .collect();
-            if !to_copy.is_empty() {
-                let data = self.read_from(src, off, len).await?;
-                let h = self.header(Op::Write, off, len);
-                for t in to_copy {
-                    if let Err(e) = self.to_all(&[t], h, data.clone()).await {
-                        self.take_out_with(&[t], None, true).await?;
-                        tracing::warn!(volume = %self.info.name, node = self.node(t), "reconcile: {e}");
+                Verdict::Repair { source, rewrite } => {
+                    let data = self.read_from(source, off, len).await?;
+                    let h = self.header(Op::Write, off, len);
+                    for t in rewrite {
+                        if let Err(e) = self.to_all(&[t], h, data.clone()).await {
+                            self.take_out_with(&[t], None, true).await?;
+                            tracing::warn!(volume = %self.info.name, node = self.node(t), "reconcile: {e}");
+                        }
+                        copied += len;
                     }
-                    copied += len;
                 }
             }
             compared += len;

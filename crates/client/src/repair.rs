@@ -12,7 +12,7 @@ impl Volume {
     /// undone. A replica the rewrite fails on is taken out.
     pub(crate) async fn repair(&self, bad: &[usize], good: usize, off: u64, len: u64) {
         let (a, e) = self.block_span(off, len);
-        let _r = self.write_order.acquire(a, e).await;
+        let _r = self.core.acquire(a, e).await;
         self.repair_held(bad, good, off, len).await
     }
 
@@ -35,7 +35,7 @@ impl Volume {
             }
         };
         for &b in bad {
-            if self.set().state(b) != ReplicaState::InSync {
+            if self.state(b) != ReplicaState::InSync {
                 continue;
             }
             let h = self.header(Op::Write, a, e - a);

@@ -18,14 +18,13 @@
 //! resync compares every region by checksum and copies those that differ — full, never a guess.
 //! If R fails again midway, it goes back to outdated with its remaining regions still recorded.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::time::Instant;
 
 use bytes::Bytes;
 use trireme_proto::{data_ranges, decode_extents, encode_peer, Op, FLAG_MAY_TRIM};
 use trireme_replication::{
-    all_chunks, union_chunks, ReplicaState, ResyncPlan, ResyncProgress, ResyncStep,
+    all_chunks, union_chunks, ReplicaState, ResyncPlan, ResyncProgress, ResyncStart, ResyncStep,
 };
 use trireme_transport::Connection;
 
@@ -87,7 +86,7 @@ impl Volume {
         i: usize,
         survivors: &[usize],
     ) -> Result<Option<Vec<(u64, u64)>>, VolumeError> {
-        let incarnation = self.slots[i].incarnation.load(Ordering::Acquire);
+        let incarnation = self.core().incarnation(i);
         let mut ranges = Vec::new();
         let mut usable = 0;
         for &s in survivors {
@@ -121,11 +120,7 @@ impl Volume {
     }
 
     pub(crate) fn set_progress(&self, i: usize, p: Option<ResyncProgress>) {
-        let mut progress = self.progress.lock().unwrap_or_else(|e| e.into_inner());
-        if progress.len() <= i {
-            progress.resize(i + 1, None);
-        }
-        progress[i] = p;
+        self.core().resync_progress(i, p);
     }
 
     /// Brings replica `i` back (see the module docs).
@@ -134,19 +129,18 @@ impl Volume {
         let node = self.node(i);
         let started = Instant::now();
         // 1. Pause writes, collect the survivors' regions, and let the replica take new writes.
-        let (full, chunks, survivors) = {
-            let _all = self.write_order.acquire(0, self.info.size).await;
+        let (mut plan, survivors) = {
+            let _all = self.core.acquire(0, self.info.size).await;
             let _g = self.membership_lock.lock().await;
-            let state = self.set().state(i);
-            if !matches!(state, ReplicaState::Outdated | ReplicaState::Failed) {
-                return Ok(());
-            }
-            let survivors = self.set().in_sync();
-            if survivors.is_empty() {
-                return Err(VolumeError::NoReplicas(self.info.name.clone()));
-            }
-            let known = self.slots[i].incarnation.load(Ordering::Acquire);
-            let regions = if trireme_replication::incremental(state, known, incarnation) {
+            let start = self.core().resync_start(i, incarnation);
+            let (survivors, incremental) = match start.map_err(|r| self.degrade(node, r))? {
+                ResyncStart::NotNeeded => return Ok(()),
+                ResyncStart::From {
+                    survivors,
+                    incremental,
+                } => (survivors, incremental),
+            };
+            let regions = if incremental {
                 self.dirty_regions(i, &survivors).await?
             } else {
                 None
@@ -157,33 +151,33 @@ impl Volume {
                 self.set_conn(i, None);
                 return Err(e);
             }
-            self.set
-                .write()
-                .unwrap_or_else(|e| e.into_inner())
-                .set_state(i, ReplicaState::Resyncing);
-            match regions {
-                Some(r) => (false, r, survivors),
-                None => (true, all_chunks(self.info.size), survivors),
-            }
+            let (full, chunks) = match regions {
+                Some(r) => (false, r),
+                None => (true, all_chunks(self.info.size)),
+            };
+            let plan = ResyncPlan::new(chunks, full);
+            self.core().resync_begun(i, plan.progress().clone());
+            (plan, survivors)
         };
-        let mut plan = ResyncPlan::new(chunks, full);
-        let total = plan.progress().total_bytes;
+        let (full, total) = (plan.progress().full, plan.progress().total_bytes);
         tracing::info!(volume = %self.info.name, node, full, bytes = total, "resync started");
-        self.set_progress(i, Some(plan.progress().clone()));
         let result = self.copy_chunks(i, &mut plan, &survivors, started).await;
         let mut progress = plan.progress().clone();
         self.set_progress(i, None);
         if let Err(e) = result {
             // A failure of the replica itself already took it out again (regions kept).
-            if self.set().state(i) == ReplicaState::Resyncing {
-                let _ = self.take_out_with(&[i], None, false).await;
+            if self.core().resyncing(i) {
+                if let Err(e2) = self.take_out_with(&[i], None, false).await {
+                    tracing::warn!(volume = %self.info.name, node, "taking out a replica whose resync stopped: {e2}");
+                }
             }
+            self.core().resync_failed(i);
             return Err(e);
         }
         // 3. Pause writes again and make it in sync: on record first, then for reads.
-        let _all = self.write_order.acquire(0, self.info.size).await;
+        let _all = self.core.acquire(0, self.info.size).await;
         let _g = self.membership_lock.lock().await;
-        if self.set().state(i) != ReplicaState::Resyncing {
+        if !self.core().resyncing(i) {
             return Err(VolumeError::NoReplicas(self.info.name.clone()));
         }
         let m = self.membership()?;
@@ -196,18 +190,8 @@ impl Volume {
         )
         .await
         .map_err(|e| self.degrade(node, e))?;
-        self.slots[i]
-            .incarnation
-            .store(incarnation, Ordering::Release);
         progress.elapsed_ms = started.elapsed().as_millis() as u64;
-        self.finished
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(node, progress.clone());
-        self.set
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .set_state(i, ReplicaState::InSync);
+        self.core().resync_done(i, incarnation, progress.clone());
         self.copies.wake();
         self.drop_records(i).await;
         tracing::info!(
@@ -236,13 +220,10 @@ impl Volume {
         let peer = Bytes::from(encode_peer(self.node(i)));
         let full = plan.progress().full;
         loop {
-            let slot_rate = self.slots[i].rate.load(Ordering::Relaxed);
-            let rate = (slot_rate > 0)
-                .then_some(slot_rate)
-                .or(self.opts.resync_rate);
+            let rate = self.core().rate(i).or(self.opts.resync_rate);
             match plan.next(started.elapsed(), rate) {
                 ResyncStep::Copy(group) => {
-                    if self.set().state(i) != ReplicaState::Resyncing {
+                    if !self.core().resyncing(i) {
                         return Err(VolumeError::NoReplicas(self.info.name.clone()));
                     }
                     let copies = join_all(
@@ -250,7 +231,7 @@ impl Volume {
                             .iter()
                             .map(|&(off, len)| {
                                 Box::pin(async move {
-                                    let _r = self.write_order.acquire(off, off + len).await;
+                                    let _r = self.core.acquire(off, off + len).await;
                                     self.activity.touch(off, len);
                                     self.copy_one(i, off, len, full).await
                                 })
@@ -273,13 +254,13 @@ impl Volume {
                     // resynced: a write it failed meanwhile has marked its range again, and
                     // that mark must not be cleared.
                     let _g = self.membership_lock.lock().await;
-                    if self.set().state(i) != ReplicaState::Resyncing {
+                    if !self.core().resyncing(i) {
                         return Err(VolumeError::NoReplicas(self.info.name.clone()));
                     }
                     let live: Vec<usize> = survivors
                         .iter()
                         .copied()
-                        .filter(|&s| self.set().state(s) == ReplicaState::InSync)
+                        .filter(|&s| self.state(s) == ReplicaState::InSync)
                         .collect();
                     let clears = live
                         .iter()
@@ -309,20 +290,19 @@ impl Volume {
     ) -> Result<u64, VolumeError> {
         // A source whose copy fails its block checksums is passed over for the next in-sync
         // replica, and repaired from the one that serves.
-        let sources = self
-            .set()
-            .read_order(self.spread.fetch_add(1, Ordering::Relaxed));
-        let mut bad = Vec::new();
+        let mut plan = self.core().read_plan();
         let mut last = VolumeError::NoReplicas(self.info.name.clone());
         let mut copy = None;
-        for src in sources {
+        loop {
+            let next = plan.next(self.core().set());
+            let Some(src) = next else { break };
             if compare {
                 let mut sums = self.checksums(&[src, i], off, len).await.into_iter();
                 let (a, b) = (sums.next().expect("two"), sums.next().expect("two"));
                 let a = match a {
                     Ok(c) => c,
                     Err(e) if e.is_bad_copy() => {
-                        bad.push(src);
+                        plan.failed(src, true);
                         last = e;
                         continue;
                     }
@@ -345,7 +325,7 @@ impl Volume {
                     break;
                 }
                 Err(e) if e.is_bad_copy() => {
-                    bad.push(src);
+                    plan.failed(src, true);
                     last = e;
                 }
                 Err(e) => return Err(e),
@@ -354,8 +334,8 @@ impl Volume {
         let Some((good, data)) = copy else {
             return Err(last);
         };
-        if !bad.is_empty() {
-            self.repair_held(&bad, good, off, len).await;
+        if !plan.to_repair().is_empty() {
+            self.repair_held(plan.to_repair(), good, off, len).await;
         }
         let Some(data) = data else { return Ok(0) };
         let h = if data.iter().all(|&b| b == 0) {

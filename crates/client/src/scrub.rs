@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use trireme_proto::Op;
 
 use crate::{Volume, VolumeError};
-use trireme_replication::CHUNK;
+use trireme_replication::{majority, Sum, Verdict, CHUNK};
 
 /// What a scrub found and did.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -38,52 +38,40 @@ impl Volume {
         let mut report = ScrubReport {
             volume: self.info.name.clone(),
             region_bytes: region,
-            replicas: self.set().in_sync().iter().map(|&i| self.node(i)).collect(),
+            replicas: self.in_sync().iter().map(|&i| self.node(i)).collect(),
             ..ScrubReport::default()
         };
         let mut off = 0;
         while off < self.info.size {
             let len = region.min(self.info.size - off);
-            let _r = self.write_order.acquire(off, off + len).await;
-            let targets = self.set().in_sync();
-            let sums = self.checksums(&targets, off, len).await;
+            let _r = self.core.acquire(off, off + len).await;
+            let targets = self.in_sync();
+            let replies = self.checksums(&targets, off, len).await;
             // A copy whose blocks fail their checksums is known bad: it gets no vote.
-            let mut got: Vec<(usize, u64)> = Vec::new();
-            let mut bad: Vec<usize> = Vec::new();
-            for (k, r) in sums.into_iter().enumerate() {
+            let mut sums = Vec::with_capacity(targets.len());
+            for (&t, r) in targets.iter().zip(replies) {
                 match r {
-                    Ok(c) => got.push((targets[k], c)),
-                    Err(e) if e.is_bad_copy() => bad.push(targets[k]),
+                    Ok(c) => sums.push((t, Sum::Good(c))),
+                    Err(e) if e.is_bad_copy() => sums.push((t, Sum::Bad)),
                     Err(e) => return Err(e),
                 }
             }
             report.bytes_compared += len;
-            if !bad.is_empty() || got.windows(2).any(|w| w[0].1 != w[1].1) {
+            let verdict = majority(&sums);
+            if verdict != Verdict::Agree {
                 report.mismatched_regions += 1;
-                report.bad_copies += bad.len() as u64;
-                let voters = got.len();
-                let majority = got
-                    .iter()
-                    .map(|g| g.1)
-                    .find(|c| voters > 0 && got.iter().filter(|g| g.1 == *c).count() * 2 > voters);
-                match majority {
-                    None => report.unresolved.push(off),
-                    Some(good) => {
-                        let src = got.iter().find(|g| g.1 == good).expect("majority").0;
-                        let data = self.read_from(src, off, len).await?;
-                        let wrong = got
-                            .iter()
-                            .filter(|g| g.1 != good)
-                            .map(|g| g.0)
-                            .chain(bad.iter().copied());
-                        for t in wrong.collect::<Vec<usize>>() {
-                            {
-                                let w = self.header(Op::Write, off, len);
-                                self.expect_ok(t, self.call(t, w, data.clone()).await?)?;
-                                report.repaired.push((off, self.node(t)));
-                                tracing::warn!(volume = %self.info.name, node = self.node(t), offset = off, "scrub repaired a region from the majority copy");
-                            }
-                        }
+                report.bad_copies += sums.iter().filter(|s| s.1 == Sum::Bad).count() as u64;
+            }
+            match verdict {
+                Verdict::Agree => {}
+                Verdict::Unresolved => report.unresolved.push(off),
+                Verdict::Repair { source, rewrite } => {
+                    let data = self.read_from(source, off, len).await?;
+                    for t in rewrite {
+                        let w = self.header(Op::Write, off, len);
+                        self.expect_ok(t, self.call(t, w, data.clone()).await?)?;
+                        report.repaired.push((off, self.node(t)));
+                        tracing::warn!(volume = %self.info.name, node = self.node(t), offset = off, "scrub repaired a region from the majority copy");
                     }
                 }
             }
