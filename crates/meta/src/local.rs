@@ -8,7 +8,7 @@
 //! never written to the file). Time is tokio's clock, so a paused runtime (the simulator)
 //! expires leases in virtual time.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -51,7 +51,7 @@ struct State {
     compacted: i64,
     history: VecDeque<WatchEvent>,
     watchers: Vec<(String, tokio::sync::mpsc::Sender<WatchEvent>)>,
-    leases: HashMap<LeaseId, Lease>,
+    leases: BTreeMap<LeaseId, Lease>,
     next_lease: LeaseId,
 }
 

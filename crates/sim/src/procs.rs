@@ -38,21 +38,24 @@ impl Proc {
 #[derive(Debug)]
 pub(crate) struct MetaNet {
     out: AtomicBool,
-    /// Bumped when an outage starts: watches open then break.
-    breaks: tokio::sync::watch::Sender<u64>,
+    /// Every watch stream subscribes; an outage sends once. A broadcast channel, not a watch
+    /// channel: a watch channel's receivers wait on randomly chosen shards and are woken in a
+    /// random order, so two processes' watches broken by one outage would resume in a
+    /// different order each time and a seed would not replay.
+    breaks: tokio::sync::broadcast::Sender<()>,
 }
 
 impl MetaNet {
     pub(crate) fn new() -> MetaNet {
         MetaNet {
             out: AtomicBool::new(false),
-            breaks: tokio::sync::watch::channel(0).0,
+            breaks: tokio::sync::broadcast::channel(16).0,
         }
     }
     pub(crate) fn set_out(&self, out: bool) {
         self.out.store(out, Ordering::Release);
         if out {
-            self.breaks.send_modify(|n| *n += 1);
+            let _ = self.breaks.send(());
         }
     }
     pub(crate) fn out(&self) -> bool {
@@ -145,11 +148,11 @@ impl MetaStore for SimMeta {
                 .await?;
             let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER);
             let mut breaks = self.net.breaks.subscribe();
-            breaks.borrow_and_update();
             let proc_ = self.proc_.clone();
             tokio::spawn(async move {
                 loop {
                     tokio::select! {
+                        biased;
                         ev = inner.recv() => match ev {
                             Some(e) if !proc_.dead() => {
                                 if tx.send(e).await.is_err() {
@@ -159,7 +162,7 @@ impl MetaStore for SimMeta {
                             _ => return,
                         },
                         // An outage: the stream breaks (the receiver sees `None`).
-                        _ = breaks.changed() => return,
+                        _ = breaks.recv() => return,
                     }
                 }
             });
