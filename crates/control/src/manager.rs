@@ -3,7 +3,10 @@
 use crate::error::{refused, ManagerError};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+// tokio's clock: the real one in production, virtual in the simulator (heartbeats and
+// liveness then follow simulated time).
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -36,6 +39,9 @@ pub struct Manager {
     /// One link per node address, kept for the heartbeats and node operations (a new TCP and
     /// TLS handshake every half second per node would cost more than the ping).
     links: std::sync::Mutex<std::collections::HashMap<String, Link>>,
+    /// How nodes are dialled; `None`: TCP to their address. The simulator plugs its in-memory
+    /// network in here, so its heartbeats and node calls cross the same faults as the writer's.
+    connector: std::sync::Mutex<Option<Arc<dyn trireme_client::Connector>>>,
     /// The process supervisor of `trireme up`, for `node stop` / `node start`.
     supervisor: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedSender<NodeControl>>>,
     /// `node drain` / `node remove` jobs, the latest per node.
@@ -72,6 +78,7 @@ impl Manager {
             clients: std::sync::Mutex::default(),
             last_seen: std::sync::Mutex::default(),
             links: std::sync::Mutex::default(),
+            connector: std::sync::Mutex::default(),
             supervisor: std::sync::Mutex::default(),
             moves: std::sync::Mutex::default(),
             leases: std::sync::atomic::AtomicBool::new(false),
@@ -79,6 +86,11 @@ impl Manager {
             resign: tokio::sync::Notify::new(),
             restart_lock: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// Dials nodes through `c` instead of TCP (see the field's doc).
+    pub fn set_connector(&self, c: Arc<dyn trireme_client::Connector>) {
+        *self.connector.lock().unwrap_or_else(|e| e.into_inner()) = Some(c);
     }
 
     /// Takes node liveness from the daemons' lease-bound keys (see the field's doc).
@@ -311,9 +323,26 @@ impl Manager {
             let c = match cached {
                 Some(c) => c,
                 None => {
-                    let c = trireme_transport::connect(TransportKind::Tcp, &node.addr, 1)
-                        .await
-                        .map_err(|e| e.to_string())?;
+                    let dialer = self
+                        .connector
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .clone();
+                    let c = match dialer {
+                        Some(d) => {
+                            let target = trireme_client::ReplicaTarget {
+                                node: node.id,
+                                addr: node.addr.clone(),
+                                local_addr: None,
+                                state: trireme_replication::ReplicaState::InSync,
+                                incarnation: 0,
+                            };
+                            d.connect(&target).await.map_err(|e| e.to_string())?
+                        }
+                        None => trireme_transport::connect(TransportKind::Tcp, &node.addr, 1)
+                            .await
+                            .map_err(|e| e.to_string())?,
+                    };
                     self.links
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())

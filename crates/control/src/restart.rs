@@ -11,7 +11,10 @@
 
 use crate::error::{refused, ManagerError};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+// tokio's clock: the real one in production, virtual in the simulator (heartbeats and
+// liveness then follow simulated time).
+use tokio::time::Instant;
 
 use trireme_client::Volume;
 use trireme_meta::{RestartOrder, TakeOutRequest, TakeOutState};

@@ -512,6 +512,7 @@ async fn carry_out(meta: &ClusterMeta, volume: &Volume, mut req: MoveRequest, mu
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let outcome = loop {
         tokio::select! {
+            biased;
             r = &mut copy => break r,
             _ = tick.tick() => {
                 req.progress = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();

@@ -27,6 +27,12 @@ pub struct ManagerOptions {
     pub down_out: Option<Duration>,
     /// Copy rate limit for those re-creations (bytes per second).
     pub rate: Option<u64>,
+    /// How the manager dials nodes (`None`: TCP to their address; the simulator's network).
+    pub connector: Option<std::sync::Arc<dyn trireme_client::Connector>>,
+    /// Node daemons hold lease-bound liveness keys, so a node without one is down at once
+    /// (true for every real cluster on a metadata store; the simulator's nodes hold none and
+    /// are judged by heartbeats alone).
+    pub node_leases: bool,
 }
 
 impl Default for ManagerOptions {
@@ -36,6 +42,8 @@ impl Default for ManagerOptions {
             down_after: Duration::from_secs(3),
             down_out: Some(Duration::from_secs(600)),
             rate: None,
+            connector: None,
+            node_leases: true,
         }
     }
 }
@@ -76,7 +84,10 @@ pub async fn campaign(
             Ok(true) => {
                 tracing::info!(node = rec.node, control = %rec.control, "took the manager role");
                 let m = Arc::new(Manager::new(meta.fenced(l)));
-                m.set_liveness_from_leases(true);
+                m.set_liveness_from_leases(opts.node_leases);
+                if let Some(c) = &opts.connector {
+                    m.set_connector(c.clone());
+                }
                 m.set_own_node(rec.node);
                 m.start_heartbeats(opts.heartbeat_every, opts.down_after);
                 if let Some(after) = opts.down_out {
@@ -87,6 +98,7 @@ pub async fn campaign(
                 }
                 let _ = current.send(Some(m.clone()));
                 let resigned = tokio::select! {
+                    biased;
                     _ = hold(&meta, &mut lease, l) => false,
                     _ = m.resigned() => true,
                 };
@@ -151,6 +163,7 @@ async fn hold(meta: &ClusterMeta, lease: &mut watch::Receiver<Option<LeaseId>>, 
         let Some(mut w) = w else {
             // The store is unreachable: the lease keeper decides when the lease is lost.
             tokio::select! {
+                biased;
                 _ = lease.changed() => if *lease.borrow() != Some(l) { return },
                 _ = tokio::time::sleep(Duration::from_millis(500)) => {}
             }
@@ -158,6 +171,7 @@ async fn hold(meta: &ClusterMeta, lease: &mut watch::Receiver<Option<LeaseId>>, 
         };
         loop {
             tokio::select! {
+                biased;
                 r = lease.changed() => {
                     if r.is_err() || *lease.borrow() != Some(l) {
                         return;
@@ -188,6 +202,7 @@ async fn wait_for_vacancy(meta: &ClusterMeta, lease: &mut watch::Receiver<Option
     };
     loop {
         tokio::select! {
+            biased;
             _ = lease.changed() => return,
             ev = w.recv() => match ev {
                 Some(e) if e.deleted => return,
