@@ -610,7 +610,7 @@ impl World {
             down_out: None,
             rate: None,
             // Its node calls cross the simulated network from its own process. Heartbeats stay
-            // off for now: with them on, the replay tests diverge (see ARCHITECTURE.md).
+            // off for now: turning them on, with a check of what the manager sees, is not done.
             connector: Some(Arc::new(SimConnector {
                 nodes: self.nodes.clone(),
                 rng: self.rng.clone(),
