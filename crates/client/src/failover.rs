@@ -26,7 +26,7 @@ pub use trireme_replication::ResyncProgress;
 use trireme_replication::{ReplicaState, TakeOutStep};
 use trireme_transport::Frame;
 
-use crate::membership::{BoxFut, DegradeRefusal, Membership, ReplicaView};
+use crate::membership::{BoxFut, Membership, ReplicaView};
 use crate::{join_all, Volume, VolumeError};
 
 /// Starts failure handling for a freshly attached volume: reconciles the replicas if the previous
@@ -331,7 +331,9 @@ impl Volume {
                     }
                 }
                 TakeOutStep::NoneLeft => {
-                    return Err(self.degrade(self.node(failed[0]), DegradeRefusal::NoneLeft));
+                    return Err(
+                        self.degrade(self.node(failed[0]), trireme_replication::Refusal::NoneLeft)
+                    );
                 }
                 TakeOutStep::Apply(out) => break out,
             }

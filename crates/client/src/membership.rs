@@ -23,31 +23,14 @@ pub enum MembershipError {
     Unreachable(String),
 }
 
-/// Why a replica could not be taken out.
+/// Why a replica could not be taken out: the replication core's rule said no, or the control
+/// plane did not record it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DegradeRefusal {
-    #[error("it is the last in-sync replica")]
-    LastInSync,
-    #[error("no in-sync replica left")]
-    NoneLeft,
-    #[error("{left} in-sync copies would remain, fewer than the minimum of {min} (wait for resyncs, or lower it with `volume set --min-copies`)")]
-    BelowMinimum { left: usize, min: u32 },
-    #[error("this writer has had {0} replicas; attach the volume again before moving more")]
-    NoSlotLeft(usize),
+    #[error(transparent)]
+    Core(#[from] trireme_replication::Refusal),
     #[error(transparent)]
     Membership(#[from] MembershipError),
-}
-
-impl From<trireme_replication::Refusal> for DegradeRefusal {
-    fn from(r: trireme_replication::Refusal) -> DegradeRefusal {
-        use trireme_replication::Refusal;
-        match r {
-            Refusal::LastInSync => DegradeRefusal::LastInSync,
-            Refusal::NoneLeft => DegradeRefusal::NoneLeft,
-            Refusal::BelowMinimum { left, min } => DegradeRefusal::BelowMinimum { left, min },
-            Refusal::NoSlotLeft(n) => DegradeRefusal::NoSlotLeft(n),
-        }
-    }
 }
 
 /// The control plane as the writer needs it: the owner of the metadata.
