@@ -78,6 +78,15 @@ impl ReplicaSet {
             .collect()
     }
 
+    /// How many replicas are in sync, without building the list (the write path asks this for
+    /// every write).
+    pub fn in_sync_count(&self) -> usize {
+        self.states
+            .iter()
+            .filter(|&&s| s == ReplicaState::InSync)
+            .count()
+    }
+
     /// Replicas every write is sent to: the in-sync ones and any being resynced.
     pub fn write_targets(&self) -> Vec<usize> {
         (0..self.states.len())

@@ -176,7 +176,7 @@ impl VolumeCore {
     /// True if writes may go on now (the write path's quick check). Without a control plane
     /// no copy is ever taken out, so always.
     pub fn enough(&self) -> bool {
-        !self.managed || self.set.in_sync().len() >= self.min_copies as usize
+        !self.managed || self.set.in_sync_count() >= self.min_copies as usize
     }
 
     /// Whether writes may go on, and whether that changed since the last check.
@@ -184,7 +184,7 @@ impl VolumeCore {
         if self.stopped {
             return (Copies::Stopped, None);
         }
-        let have = self.set.in_sync().len();
+        let have = self.set.in_sync_count();
         if !self.managed || have >= self.min_copies as usize {
             let change =
                 std::mem::replace(&mut self.suspended, false).then_some(CopiesChange::Resumed);
@@ -293,7 +293,7 @@ impl VolumeCore {
         else {
             return Ok(None);
         };
-        let left = self.set.in_sync().len() - 1;
+        let left = self.set.in_sync_count() - 1;
         if left < self.min_copies as usize {
             return Err(Refusal::BelowMinimum {
                 left,
@@ -437,7 +437,7 @@ impl VolumeCore {
         if self.set.state(i) != ReplicaState::InSync {
             return Ok(false);
         }
-        if self.set.in_sync().len() < 2 {
+        if self.set.in_sync_count() < 2 {
             return Err(Refusal::LastInSync);
         }
         Ok(true)
