@@ -283,6 +283,9 @@ fn store_errors_on_one_node_cost_no_error_and_converge() {
     let bench = start_bench(&c, 6);
     finish_bench(&c, bench);
     std::fs::write(&spec, "").unwrap();
+    // The node rereads its spec at most every 100 ms: until then the faults go on, and
+    // `verify` below would meet one.
+    std::thread::sleep(Duration::from_millis(300));
     wait_all_in_sync(&c);
     assert_replicas_identical(&c, "vol0");
     let log = c.log();

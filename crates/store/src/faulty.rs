@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use crate::{Extent, Replica, Store, StoreError, StoreKind};
 
@@ -74,7 +74,9 @@ pub enum FaultSpecError {
 struct State {
     rates: Rates,
     rng: u64,
-    modified: Option<SystemTime>,
+    /// The spec's text as last read (compared whole: a rewrite within one tick of the file
+    /// system's clock leaves the modification time as it was).
+    text: Option<String>,
     checked: Option<Instant>,
 }
 
@@ -94,12 +96,8 @@ impl Injector {
             .is_none_or(|t| now - t > Duration::from_millis(100))
         {
             s.checked = Some(now);
-            let modified = std::fs::metadata(&self.path)
-                .and_then(|m| m.modified())
-                .ok();
-            if modified != s.modified {
-                s.modified = modified;
-                let text = std::fs::read_to_string(&self.path).unwrap_or_default();
+            let text = std::fs::read_to_string(&self.path).unwrap_or_default();
+            if s.text.as_ref() != Some(&text) {
                 match Rates::parse(&text) {
                     Ok(r) => {
                         if r.seed != s.rates.seed || s.rng == 0 {
@@ -112,6 +110,7 @@ impl Injector {
                         tracing::error!(path = %self.path.display(), "fault spec ignored: {e}")
                     }
                 }
+                s.text = Some(text);
             }
         }
         let p = match op {
@@ -148,7 +147,7 @@ impl FaultyStore {
                 state: Mutex::new(State {
                     rates: Rates::default(),
                     rng: 0,
-                    modified: None,
+                    text: None,
                     checked: None,
                 }),
             }),
