@@ -69,6 +69,11 @@ const LEASE_TTL: Duration = trireme_daemon::lease::MIN_TTL;
 /// How long past a lease's lapse a new writer or manager may take to appear (retry periods,
 /// the campaign's round trip).
 const TAKEOVER_SLACK: Duration = Duration::from_secs(1);
+/// The manager pings every node this often (production: 500 ms)...
+const HEARTBEAT_EVERY: Duration = Duration::from_millis(200);
+/// ...and logs one silent this long down (production: 3 s; shorter here, so that crashes of
+/// up to 3.2 s outlast it and the check of what the manager sees runs on many of them).
+const DOWN_AFTER: Duration = Duration::from_secs(1);
 
 /// What one run does.
 #[derive(Debug, Clone)]
@@ -579,7 +584,8 @@ impl World {
 
     /// A process that campaigns for the manager role, as every node daemon does
     /// (`trireme_daemon::manager_role::campaign` over a lease it keeps and takes again when
-    /// lost). Heartbeats and re-creations stay off.
+    /// lost). Its heartbeats, node pings and status cross the simulated network from its own
+    /// process (a dead candidate's links die with it); re-creations of replicas stay off.
     fn spawn_candidate(self: &Arc<Self>) {
         let p = Arc::new(Proc::default());
         let meta = self.meta_for(&p);
@@ -605,12 +611,10 @@ impl World {
             }
         });
         let opts = ManagerOptions {
-            heartbeat_every: Duration::from_secs(3600),
-            down_after: Duration::from_secs(3600),
+            heartbeat_every: HEARTBEAT_EVERY,
+            down_after: DOWN_AFTER,
             down_out: None,
             rate: None,
-            // Its node calls cross the simulated network from its own process. Heartbeats stay
-            // off for now: turning them on, with a check of what the manager sees, is not done.
             connector: Some(Arc::new(SimConnector {
                 nodes: self.nodes.clone(),
                 rng: self.rng.clone(),
@@ -640,6 +644,50 @@ impl World {
             proc_: p,
             current,
         });
+    }
+
+    /// The manager of the live process holding the role, if one does.
+    fn current_manager(&self) -> Option<Arc<Manager>> {
+        self.managers()
+            .candidates
+            .iter()
+            .filter(|c| !c.proc_.dead())
+            .find_map(|c| c.current.borrow().clone())
+    }
+
+    /// A node crashed at `at` and is still down (generation `generation`): the manager's
+    /// status must show it down, and its heartbeats must not have seen it since the crash.
+    /// Skipped while no manager holds the role or the metadata store cannot be read.
+    async fn check_seen_down(&self, id: u32, at: Instant, generation: u64) {
+        let still_down = || {
+            let s = self.node(id).st();
+            s.down && s.generation == generation
+        };
+        let Some(m) = self.current_manager().filter(|_| still_down()) else {
+            return;
+        };
+        // Taken before the status, which takes a while (it pings every node in turn): its row
+        // for this node is computed later, so a heartbeat from before the crash shows as at
+        // least this long ago.
+        let since = Instant::now() - at;
+        let Ok(st) = m.status().await else { return };
+        // The node may be back meanwhile.
+        if !still_down() {
+            return;
+        }
+        let Some(n) = st.nodes.iter().find(|n| n.id == id) else {
+            self.violate(format!("manager status has no node {id}"));
+            return;
+        };
+        if n.up
+            || n.last_seen_ms
+                .is_some_and(|ms| ms + 100 < since.as_millis() as u64)
+        {
+            self.violate(format!(
+                "node {id}, down for {since:?}: the manager shows up={} last seen {:?} ms ago",
+                n.up, n.last_seen_ms
+            ));
+        }
     }
 
     /// The live candidates that believe they hold the role.
@@ -1000,6 +1048,16 @@ impl World {
                         tokio::time::sleep(dur).await;
                         me.restart(id);
                     });
+                    // Long enough down for the manager's heartbeats to have missed it.
+                    let look = DOWN_AFTER + HEARTBEAT_EVERY * 2;
+                    if dur > look + Duration::from_millis(300) {
+                        let (me, at, generation) =
+                            (self.clone(), Instant::now(), n.st().generation);
+                        tokio::spawn(async move {
+                            tokio::time::sleep(look).await;
+                            me.check_seen_down(id, at, generation).await;
+                        });
+                    }
                 }
                 2 => {
                     self.note(format!("node {id} freezes for {dur:?}"));
@@ -1307,6 +1365,38 @@ async fn run_async(cfg: Config) -> Result<Outcome, SimFailure> {
             }
             _ => tokio::time::sleep(Duration::from_millis(100)).await,
         }
+    }
+    // ...whose heartbeats see every node again, over the simulated network.
+    let deadline = Instant::now() + DOWN_AFTER + TAKEOVER_SLACK;
+    loop {
+        let problem = match w.current_manager() {
+            None => Some("no manager".to_string()),
+            Some(m) => match m.status().await {
+                Err(e) => Some(format!("status: {e}")),
+                Ok(st) => {
+                    let unseen: Vec<_> = st
+                        .nodes
+                        .iter()
+                        .filter(|n| {
+                            !n.up
+                                || n.last_seen_ms
+                                    .is_none_or(|ms| ms > DOWN_AFTER.as_millis() as u64)
+                        })
+                        .map(|n| (n.id, n.up, n.last_seen_ms))
+                        .collect();
+                    (!unseen.is_empty())
+                        .then(|| format!("(node, up, last seen ms ago): {unseen:?}"))
+                }
+            },
+        };
+        let Some(problem) = problem else { break };
+        if Instant::now() > deadline {
+            w.violate(format!(
+                "after the faults healed, the manager does not see every node: {problem}"
+            ));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let violation = w.model().violation.clone();
     if let Some(v) = violation {
