@@ -254,13 +254,22 @@ impl VolumeCore {
 
     /// The take-out of `failed`; see [`TakeOut`]. Its `Apply` goes to [`VolumeCore::apply`].
     pub fn take_out(&self, failed: &[usize], lost_history: bool) -> TakeOut {
-        TakeOut::new(self.set.states(), failed, lost_history)
+        // A replica retired meanwhile is out for good already.
+        let failed: Vec<usize> = failed
+            .iter()
+            .copied()
+            .filter(|&i| self.set.state(i) != ReplicaState::Removed)
+            .collect();
+        TakeOut::new(self.set.states(), &failed, lost_history)
     }
 
     /// The end of a take-out: the replicas take their new states; one whose history is lost
     /// forgets its incarnation (it comes back through a full resync).
     pub fn apply(&mut self, out: &[(usize, ReplicaState)]) {
         for &(i, to) in out {
+            if self.set.state(i) == ReplicaState::Removed {
+                continue;
+            }
             self.set.set_state(i, to);
             if to == ReplicaState::Failed {
                 self.records[i].incarnation = 0;
@@ -357,6 +366,9 @@ impl VolumeCore {
 
     /// Replica `i` takes every new write from now on, and serves no reads until it is done.
     pub fn resync_begun(&mut self, i: usize, progress: ResyncProgress) {
+        if self.set.state(i) == ReplicaState::Removed {
+            return;
+        }
         self.set.set_state(i, ReplicaState::Resyncing);
         self.records[i].resync = Some(progress);
     }
@@ -385,7 +397,12 @@ impl VolumeCore {
 
     /// Replica `i`'s resync is done and recorded in sync: it serves reads again, as
     /// `incarnation`.
+    /// A replica retired while its resync ran stays out: the end of a resync, or of a
+    /// take-out, that was under way when it left the set never brings it back.
     pub fn resync_done(&mut self, i: usize, incarnation: u64, progress: ResyncProgress) {
+        if self.set.state(i) == ReplicaState::Removed {
+            return;
+        }
         self.set.set_state(i, ReplicaState::InSync);
         self.records[i].incarnation = incarnation;
         self.records[i].resync = None;

@@ -102,11 +102,23 @@ struct World {
     suspended: bool,
     /// The incarnation each replica being resynced came back as.
     returned: std::collections::HashMap<usize, u64>,
+    /// Replicas retired so far.
+    removed: std::collections::HashSet<usize>,
 }
 
 impl World {
     fn check(&mut self) -> Result<(), TestCaseError> {
         let set = self.core.set().clone();
+        // A retired replica stays out for good.
+        for &i in &self.removed {
+            prop_assert_eq!(
+                set.state(i),
+                ReplicaState::Removed,
+                "a retired replica is back"
+            );
+        }
+        self.removed
+            .extend((0..set.len()).filter(|&i| set.state(i) == ReplicaState::Removed));
         let in_sync = set.in_sync();
         prop_assert!(
             !in_sync.is_empty(),
@@ -277,8 +289,15 @@ impl World {
                 }
             }
             Op::ResyncEnd { k, ok } => {
-                let resyncing: Vec<usize> =
-                    (0..c.set().len()).filter(|&i| c.resyncing(i)).collect();
+                // A resync's task may end after its replica was retired (a move's old copy,
+                // or one the layout dropped): its end must not bring it back.
+                let resyncing: Vec<usize> = (0..c.set().len())
+                    .filter(|&i| {
+                        c.resyncing(i)
+                            || (c.set().state(i) == ReplicaState::Removed
+                                && self.returned.contains_key(&i))
+                    })
+                    .collect();
                 if let Some(&i) = resyncing.get(k % resyncing.len().max(1)) {
                     if ok {
                         let inc = self.returned[&i];
@@ -293,7 +312,10 @@ impl World {
                                 elapsed_ms: 1,
                             },
                         );
-                        prop_assert!(c.last_resync(c.node(i)).is_some());
+                        prop_assert!(
+                            c.set().state(i) == ReplicaState::Removed
+                                || c.last_resync(c.node(i)).is_some()
+                        );
                     } else {
                         let marks = self.marks.clone();
                         run_take_out(c, &[i], false, &marks);
@@ -375,7 +397,7 @@ proptest! {
         for i in 0..n {
             core.attached(i, 1);
         }
-        let mut w = World { core, now: Duration::ZERO, places: Vec::new(), marks: vec![false], suspended: false, returned: Default::default() };
+        let mut w = World { core, now: Duration::ZERO, places: Vec::new(), marks: vec![false], suspended: false, returned: Default::default(), removed: Default::default() };
         w.check()?;
         for op in ops {
             w.step(op)?;
