@@ -26,7 +26,7 @@ pub use trireme_replication::ResyncProgress;
 use trireme_replication::{ReplicaState, TakeOutStep};
 use trireme_transport::Frame;
 
-use crate::membership::{BoxFut, Membership, ReplicaView};
+use crate::membership::{BoxFut, Membership, MembershipError, ReplicaView};
 use crate::{join_all, Volume, VolumeError};
 
 /// Starts failure handling for a freshly attached volume: reconciles the replicas if the previous
@@ -159,15 +159,20 @@ impl Volume {
         };
         let must_record = self.core().may_retire(i);
         if must_record.map_err(|r| self.degrade(node, r))? {
-            m.set_state(
-                &self.info.name,
-                self.info.epoch,
-                node,
-                ReplicaState::Outdated,
-                0,
-            )
-            .await
-            .map_err(|e| self.degrade(node, e))?;
+            match m
+                .set_state(
+                    &self.info.name,
+                    self.info.epoch,
+                    node,
+                    ReplicaState::Outdated,
+                    0,
+                )
+                .await
+            {
+                // Not on record any more: nothing to record.
+                Ok(()) | Err(MembershipError::NotOnRecord(_)) => {}
+                Err(e) => return Err(self.degrade(node, e)),
+            }
         }
         self.core().retire(i);
         self.set_conn(i, None);
@@ -232,6 +237,20 @@ impl Volume {
         Ok(())
     }
 
+    /// Leaves replica `i` out for good, without recording anything: the volume's layout no
+    /// longer lists it (the manager dropped the old copy of a move its previous writer
+    /// retired, after this writer had attached with it). Refused for the last in-sync copy.
+    fn let_go(&self, i: usize) -> Result<(), VolumeError> {
+        let node = self.node(i);
+        let mut core = self.core();
+        core.may_retire(i).map_err(|r| self.degrade(node, r))?;
+        core.retire(i);
+        drop(core);
+        self.set_conn(i, None);
+        tracing::warn!(volume = %self.info.name, node, "replica no longer on record: the writer lets go of it");
+        Ok(())
+    }
+
     pub(crate) fn dirty_peer(&self, i: usize, mode: u8) -> Bytes {
         Bytes::from(
             DirtyPeer {
@@ -286,17 +305,30 @@ impl Volume {
     ) -> Result<(), VolumeError> {
         let m = self.membership()?;
         let _g = self.membership_lock.lock().await;
-        // The procedure is `replication::TakeOut`; this carries its steps out.
-        let mut plan = self.core().take_out(failed, lost_history);
+        let mut failed = failed.to_vec();
+        // The procedure is `replication::TakeOut`; this carries its steps out. It starts over
+        // without a replica the layout turns out not to list any more (let go of instead).
+        let mut plan = self.core().take_out(&failed, lost_history);
         let (offset, length) = range.unwrap_or((0, 0));
-        let out = loop {
+        let out = 'plan: loop {
             match plan.step() {
                 TakeOutStep::Record(records) => {
                     for (i, to) in records {
-                        m.set_state(&self.info.name, self.info.epoch, self.node(i), to, 0)
+                        let node = self.node(i);
+                        match m
+                            .set_state(&self.info.name, self.info.epoch, node, to, 0)
                             .await
-                            .map_err(|e| self.degrade(self.node(i), e))?;
-                        tracing::warn!(volume = %self.info.name, node = self.node(i), state = %to, "replica taken out; writes continue on the others");
+                        {
+                            Ok(()) => {}
+                            Err(MembershipError::NotOnRecord(_)) => {
+                                self.let_go(i)?;
+                                failed.retain(|&f| f != i);
+                                plan = self.core().take_out(&failed, lost_history);
+                                continue 'plan;
+                            }
+                            Err(e) => return Err(self.degrade(node, e)),
+                        }
+                        tracing::warn!(volume = %self.info.name, node, state = %to, "replica taken out; writes continue on the others");
                         plan.recorded(i);
                     }
                 }

@@ -18,6 +18,10 @@ pub enum MembershipError {
     /// volume or node. Asking again does not help.
     #[error("refused: {0}")]
     Refused(String),
+    /// The volume's layout lists no replica on that node: the manager dropped it (the old
+    /// copy of a move, finished after a writer change). The writer lets go of it.
+    #[error("refused: node {0} holds no replica of this volume on record")]
+    NotOnRecord(u32),
     /// It could not be reached or gave up (the metadata store or the manager is down).
     #[error("control plane unreachable: {0}")]
     Unreachable(String),

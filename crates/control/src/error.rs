@@ -3,6 +3,7 @@
 
 use trireme_client::{MembershipError, VolumeError};
 use trireme_meta::MetaError;
+use trireme_replication::TransitionError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ManagerError {
@@ -44,6 +45,9 @@ impl From<ManagerError> for MembershipError {
                 MetaError::Unavailable(_) | MetaError::Deposed(_) | MetaError::Contended { .. },
             )
             | ManagerError::Stopped => MembershipError::Unreachable(e.to_string()),
+            ManagerError::Meta(MetaError::Transition(TransitionError::NoSuchReplica(node))) => {
+                MembershipError::NotOnRecord(node)
+            }
             e => MembershipError::Refused(e.to_string()),
         }
     }

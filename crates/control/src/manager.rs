@@ -539,10 +539,10 @@ impl Manager {
             .meta
             .update_volume(name, &mut |v| {
                 if n == 0 || n as usize > v.replicas.len() {
-                    return Err(format!(
+                    return Err(trireme_meta::MetaError::Refused(format!(
                         "min copies {n} must be from 1 to the volume's {} replicas",
                         v.replicas.len()
-                    ));
+                    )));
                 }
                 v.min_copies = n;
                 Ok(())
@@ -895,8 +895,7 @@ pub async fn record_replica_state(
         .update_volume(name, &mut |v| {
             let states: Vec<(u32, trireme_replication::ReplicaState)> =
                 v.replicas.iter().map(|r| (r.node, r.state)).collect();
-            let i = trireme_replication::transition(&states, v.epoch, epoch, node, state)
-                .map_err(|e| e.to_string())?;
+            let i = trireme_replication::transition(&states, v.epoch, epoch, node, state)?;
             v.replicas[i].state = state;
             if state == trireme_replication::ReplicaState::InSync && incarnation != 0 {
                 v.replicas[i].incarnation = incarnation;

@@ -558,7 +558,9 @@ impl Manager {
             .meta()
             .update_volume(&v.name, &mut |rec| {
                 if rec.replicas.iter().any(|r| r.node == to) {
-                    return Err(format!("node {to} already holds a replica"));
+                    return Err(trireme_meta::MetaError::Refused(format!(
+                        "node {to} already holds a replica"
+                    )));
                 }
                 rec.replicas.push(ReplicaRecord {
                     incarnation: 0,
@@ -609,7 +611,9 @@ impl Manager {
                     .iter()
                     .any(|r| r.node == node && r.state == ReplicaState::InSync)
                 {
-                    return Err(format!("the replica on node {node} is in sync"));
+                    return Err(trireme_meta::MetaError::Refused(format!(
+                        "the replica on node {node} is in sync"
+                    )));
                 }
                 rec.replicas.retain(|r| r.node != node);
                 Ok(())
@@ -626,7 +630,7 @@ impl Manager {
             .update_volume(&v.name, &mut |rec| {
                 let states: Vec<(u32, ReplicaState)> =
                     rec.replicas.iter().map(|r| (r.node, r.state)).collect();
-                let i = trireme_replication::removal(&states, from).map_err(|e| e.to_string())?;
+                let i = trireme_replication::removal(&states, from)?;
                 rec.replicas.remove(i);
                 for r in &mut rec.replicas {
                     if r.moving_from == Some(from) {

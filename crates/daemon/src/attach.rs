@@ -359,15 +359,36 @@ pub async fn serve_moves(meta: ClusterMeta, volume: Arc<Volume>) {
 }
 
 /// Keeps the writer's settings from the volume's layout current (`volume set --min-copies`
-/// made through the manager), with a watch on its key.
+/// made through the manager), with a watch on its key; and lets go of a replica the layout
+/// dropped while the writer still held it. That happens when a move's old copy was retired
+/// by the previous writer, which died before the manager dropped it: the next writer attached
+/// with the copy on record (outdated, and maybe resynced since), then the manager dropped it
+/// and deleted it on its node. Writes to it would fail, and no resync could bring it back.
 async fn follow_layout(meta: ClusterMeta, volume: Arc<Volume>) {
     let name = volume.info().name.clone();
     let key = format!("{}{name}", ClusterMeta::layouts_prefix());
     loop {
         let (_, rev) = crate::keys::read(&meta, &key).await;
         match meta.volume(&name).await {
-            Ok(v) if v.min_copies > 0 => volume.set_min_copies(v.min_copies),
-            Ok(_) => {}
+            Ok(v) => {
+                if v.min_copies > 0 {
+                    volume.set_min_copies(v.min_copies);
+                }
+                let dropped = volume
+                    .replica_views()
+                    .into_iter()
+                    .filter(|r| !v.replicas.iter().any(|x| x.node == r.node));
+                for r in dropped {
+                    match volume.retire_replica(r.node).await {
+                        Ok(()) => {
+                            tracing::info!(volume = %name, node = r.node, "replica dropped from the layout: the writer lets go of it")
+                        }
+                        Err(e) => {
+                            tracing::warn!(volume = %name, node = r.node, "letting go of a replica the layout dropped: {e}")
+                        }
+                    }
+                }
+            }
             Err(e) => tracing::debug!(volume = %name, "reading the layout: {e}"),
         }
         crate::keys::changed(&meta, &key, rev).await;

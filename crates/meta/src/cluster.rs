@@ -505,13 +505,13 @@ impl ClusterMeta {
     pub async fn update_volume(
         &self,
         name: &str,
-        f: &mut (dyn FnMut(&mut VolumeRecord) -> Result<(), String> + Send),
+        f: &mut (dyn FnMut(&mut VolumeRecord) -> Result<(), MetaError> + Send),
     ) -> Result<VolumeRecord, MetaError> {
         let lk = key(&format!("layouts/{name}"));
         for _ in 0..MAX_TRIES {
             let (mut v, rev) = self.read_volume(name).await?;
             let (id, size) = (v.id, v.size);
-            f(&mut v).map_err(MetaError::Refused)?;
+            f(&mut v)?;
             if (v.id, v.size, v.name.as_str()) != (id, size, name) {
                 return Err(MetaError::Refused(
                     "a volume's id, name and size never change".into(),

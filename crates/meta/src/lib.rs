@@ -45,6 +45,10 @@ pub enum MetaError {
     Storage { path: String, what: String },
     #[error("{0}")]
     Refused(String),
+    /// A replica state change the volume's rules refuse (a stale epoch, no replica on that
+    /// node, the last in-sync copy).
+    #[error(transparent)]
+    Transition(#[from] trireme_replication::TransitionError),
     /// Another writer holds the volume's attach record.
     #[error("volume {volume:?} is attached by pid {pid} on {host} (epoch {epoch}){}", if *.force_fences { "; --force fences it" } else { "" })]
     Attached {

@@ -383,7 +383,7 @@ async fn cluster_records(s: Arc<dyn MetaStore>) {
     let refused = m
         .update_volume("vol0", &mut |v| {
             v.epoch = 99;
-            Err("no".into())
+            Err(MetaError::Refused("no".into()))
         })
         .await;
     assert!(matches!(refused, Err(MetaError::Refused(_))));
