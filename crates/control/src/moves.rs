@@ -88,6 +88,10 @@ const POLL: Duration = Duration::from_millis(200);
 /// How long a volume open for writing without an attach record is given for its writer to put
 /// the record back, before the manager attaches it itself.
 const REATTACH_GRACE: Duration = Duration::from_secs(5);
+/// How often, and how many times, the manager tries to record a job while the metadata store
+/// is unreachable (two minutes).
+const SAVE_JOB_RETRY: Duration = Duration::from_millis(500);
+const SAVE_JOB_TRIES: u32 = 240;
 /// How often a remote writer's progress is read from, and written to, the metadata.
 const REMOTE_POLL: Duration = Duration::from_secs(1);
 
@@ -241,15 +245,35 @@ impl Manager {
         });
     }
 
-    /// Records job `node` in the metadata (best effort: a deposed manager writes nothing, and
-    /// its successor goes on from the last record).
+    /// Records job `node` in the metadata, trying again while the store is unreachable (for
+    /// up to [`SAVE_JOB_TRIES`] rounds): a job whose end is not recorded shows as running to
+    /// every reader of the store, for good. A deposed manager writes nothing, and its
+    /// successor goes on from the last record.
     async fn save_job(&self, node: u32) {
-        let job = self.moves().into_iter().find(|m| m.node == node);
-        if let Some(job) = job {
-            if let Err(e) = self.meta().put_job(node, &job).await {
-                tracing::warn!(node, "recording the job: {e}");
+        for _ in 0..SAVE_JOB_TRIES {
+            // The latest state each time: the job may have moved on while the store was out.
+            let Some(job) = self.moves().into_iter().find(|m| m.node == node) else {
+                return;
+            };
+            match self.meta().put_job(node, &job).await {
+                Ok(()) => return,
+                Err(trireme_meta::MetaError::Unavailable(e)) => {
+                    tracing::warn!(
+                        node,
+                        "recording the job: metadata store unreachable, trying again: {e}"
+                    );
+                    tokio::time::sleep(SAVE_JOB_RETRY).await;
+                }
+                Err(e) => {
+                    tracing::warn!(node, "recording the job: {e}");
+                    return;
+                }
             }
         }
+        tracing::error!(
+            node,
+            "recording the job: metadata store unreachable; giving up"
+        );
     }
 
     /// Takes over the jobs a previous manager recorded: finished ones are shown by `status`,
@@ -414,8 +438,12 @@ impl Manager {
                 record: None,
             });
         }
+        // A manager that holds its role by a lease (on etcd) works beside writers whose
+        // attach records are lease-bound too; `up`'s manager (no lease) beside writers that
+        // may hold none (`trireme nbd`).
+        let on_leases = self.meta().fence_lease().is_some();
         let mut held = self.meta().attachment(&v.name).await?;
-        if held.is_none() && v.writer_open && self.leases_on() {
+        if held.is_none() && v.writer_open && on_leases {
             // A live writer whose lease expired (etcd was out for longer than its TTL) puts
             // its record back as soon as etcd answers: give it that time before taking the
             // volume for a dead writer's.
@@ -430,7 +458,7 @@ impl Manager {
         }
         // On etcd every writer holds an attach record: writer-open without one is a writer
         // that died, and attaching reconciles first. Beside `up`, it may be `trireme nbd`.
-        if v.writer_open && !self.leases_on() {
+        if v.writer_open && !on_leases {
             return Err(refused(format!(
                 "volume {} is attached by a writer outside the cluster process; detach it first (a move through another writer would fence it)",
                 v.name
