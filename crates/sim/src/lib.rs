@@ -43,11 +43,11 @@ use tokio::time::Instant;
 use trireme_client::{
     BoxFut, Connector, ReconcileReport, ReplicaTarget, Volume, VolumeError, VolumeOptions,
 };
-use trireme_control::Manager;
+use trireme_control::{Manager, MoveState, MoveStatus};
 use trireme_daemon::attach::AttachConfig;
 use trireme_daemon::manager_role::ManagerOptions;
 use trireme_daemon::DaemonError;
-use trireme_meta::{ClusterMeta, EmbeddedMeta, ManagerRecord, MetaError, NodeRecord};
+use trireme_meta::{ClusterMeta, EmbeddedMeta, ManagerRecord, MetaError, NodeRecord, VolumeRecord};
 use trireme_node::Node;
 use trireme_proto::Header;
 use trireme_replication::ReplicaState;
@@ -852,14 +852,18 @@ impl World {
             if lose { " empty" } else { "" }
         ));
         let store: Arc<SimDisk> = if lose {
+            let mut holds = false;
             let _ = ready(self.meta.update_volume(VOLUME, &mut |v| {
                 if let Some(r) = v.replicas.iter_mut().find(|r| r.node == id) {
                     r.state = ReplicaState::Failed;
+                    holds = true;
                 }
                 Ok(())
             }));
             let s = Arc::new(SimDisk::default());
-            s.create(self.volume_id, self.size).expect("create replica");
+            if holds {
+                s.create(self.volume_id, self.size).expect("create replica");
+            }
             s
         } else {
             let store = n.st().store.clone();
@@ -895,10 +899,94 @@ impl World {
         }
     }
 
+    /// The manager drains a node that holds a replica, as `trireme node drain` asks it to:
+    /// it creates a copy on the node with room (the spare, or a node an earlier drain
+    /// emptied), the writer adds and resyncs it while I/O goes on, then retires the old one,
+    /// and the manager drops it from the record and deletes it. One drain at a time; a node
+    /// an earlier drain emptied is put back in service first (`node undrain`), after a check
+    /// that the drain left it nothing.
+    async fn drain(&self, v: &Volume, pick: usize) {
+        if Instant::now() < self.meta_calm_after() {
+            return;
+        }
+        let Some(m) = self.current_manager() else {
+            return;
+        };
+        let (Ok(jobs), Ok(rec), Ok(nodes)) = (
+            self.meta.jobs::<MoveStatus>().await,
+            self.meta.volume(VOLUME).await,
+            self.meta.nodes().await,
+        ) else {
+            return;
+        };
+        if jobs.iter().any(|j| j.state == MoveState::Running) {
+            return;
+        }
+        // A drain that failed (its writer was replaced, its target went down) is run again,
+        // as its error tells an operator to: it resumes the copy it left.
+        if let Some(id) = unfinished_drain(&jobs, &nodes, &rec) {
+            match m.start_move(id, false, None).await {
+                Ok(_) => self.note(format!("manager drains node {id} again")),
+                Err(e) => self.note(format!("drain of node {id} refused: {e}")),
+            }
+            return;
+        }
+        self.check_drains(&jobs, &nodes, &rec);
+        for n in nodes
+            .iter()
+            .filter(|n| n.state == trireme_meta::NodeState::Draining)
+        {
+            match m.undrain(n.id).await {
+                Ok(_) => self.note(format!("node {} takes replicas again", n.id)),
+                Err(e) => {
+                    self.note(format!("undrain of node {} refused: {e}", n.id));
+                    return;
+                }
+            }
+        }
+        let id = rec.replicas[pick % rec.replicas.len()].node;
+        if !self.healthy_in_sync(v).iter().any(|&n| n != id) {
+            return;
+        }
+        match m.start_move(id, false, None).await {
+            Ok(_) => self.note(format!("manager drains node {id}")),
+            Err(e) => self.note(format!("drain of node {id} refused: {e}")),
+        }
+    }
+
+    /// Every drain reported done whose node is still out of service (not undrained since):
+    /// the volume keeps its copies, none of them there.
+    fn check_drains(&self, jobs: &[MoveStatus], nodes: &[NodeRecord], rec: &VolumeRecord) {
+        for j in jobs.iter().filter(|j| j.state == MoveState::Done) {
+            let out = nodes
+                .iter()
+                .any(|n| n.id == j.node && n.state == trireme_meta::NodeState::Draining);
+            if out {
+                self.check_drained(j.node, rec);
+            }
+        }
+    }
+
+    fn check_drained(&self, node: u32, rec: &VolumeRecord) {
+        if rec.replicas.iter().any(|r| r.node == node) {
+            self.violate(format!(
+                "the drain of node {node} is done, but the volume keeps a replica there: {:?}",
+                rec.replicas
+            ));
+        }
+        if rec.replicas.len() != self.cfg.replicas {
+            self.violate(format!(
+                "after the drain of node {node} the volume has {} replicas, not {}",
+                rec.replicas.len(),
+                self.cfg.replicas
+            ));
+        }
+    }
+
     /// Injects faults until `until`, never taking the last healthy in-sync replica.
     async fn faults(self: Arc<Self>, vol: Arc<Mutex<Arc<Volume>>>, until: Instant) -> FaultsEnd {
         while Instant::now() < until {
-            let pause = rand(&self.rng).below(820) + 200;
+            let pause = rand(&self.rng).below(740) + 180;
             tokio::time::sleep(Duration::from_millis(pause)).await;
             if Instant::now() >= until {
                 break;
@@ -907,7 +995,7 @@ impl World {
             let (kind, pick, dur) = {
                 let mut r = rand(&self.rng);
                 (
-                    r.below(9),
+                    r.below(10),
                     r.below(self.nodes.len() as u64) as usize,
                     r.below(3_000) + 200,
                 )
@@ -1002,6 +1090,10 @@ impl World {
                         tokio::time::sleep(dur).await;
                         me.spawn_candidate();
                     });
+                    continue;
+                }
+                9 => {
+                    self.drain(&v, pick).await;
                     continue;
                 }
                 _ => {}
@@ -1138,7 +1230,8 @@ enum FaultsEnd {
 async fn run_async(cfg: Config) -> Result<Outcome, SimFailure> {
     let meta = ClusterMeta::new(Arc::new(EmbeddedMeta::in_memory()));
     let size = cfg.blocks * BLOCK;
-    let ids: Vec<u32> = (1..=cfg.replicas as u32).collect();
+    // One node more than the volume has replicas: a spare a drain can move a replica to.
+    let ids: Vec<u32> = (1..=cfg.replicas as u32 + 1).collect();
     for &id in &ids {
         meta.put_node(&NodeRecord {
             id,
@@ -1150,12 +1243,16 @@ async fn run_async(cfg: Config) -> Result<Outcome, SimFailure> {
         })
         .await?;
     }
-    let rec = meta.create_volume(VOLUME, size, &ids).await?;
+    let rec = meta
+        .create_volume(VOLUME, size, &ids[..cfg.replicas])
+        .await?;
     let nodes: Vec<Arc<SimNode>> = ids
         .iter()
         .map(|&id| {
             let store = Arc::new(SimDisk::default());
-            store.create(rec.id, size).expect("create replica");
+            if rec.replicas.iter().any(|r| r.node == id) {
+                store.create(rec.id, size).expect("create replica");
+            }
             Arc::new(SimNode {
                 id,
                 state: Mutex::new(NodeState {
@@ -1279,6 +1376,36 @@ async fn run_async(cfg: Config) -> Result<Outcome, SimFailure> {
         w.restart(n.id);
     }
     let vol = vol.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    // A drain under way ends (its manager may have died: its successor resumes it), and one
+    // that failed is run again until it is done.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let jobs: Vec<MoveStatus> = w.meta.jobs().await?;
+        let (rec, nodes) = (w.meta.volume(VOLUME).await?, w.meta.nodes().await?);
+        let running: Vec<u32> = jobs
+            .iter()
+            .filter(|j| j.state == MoveState::Running)
+            .map(|j| j.node)
+            .collect();
+        let failed = unfinished_drain(&jobs, &nodes, &rec);
+        if running.is_empty() && failed.is_none() {
+            w.check_drains(&jobs, &nodes, &rec);
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(fail(
+                &w,
+                format!("drains never end: running {running:?}, failed {failed:?}"),
+            ));
+        }
+        if let (true, Some(id), Some(m)) = (running.is_empty(), failed, w.current_manager()) {
+            match m.start_move(id, false, None).await {
+                Ok(_) => w.note(format!("manager drains node {id} again")),
+                Err(e) => w.note(format!("drain of node {id} refused: {e}")),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     // The writer notices a node that crashed while it was idle at its next check.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -1309,8 +1436,13 @@ async fn run_async(cfg: Config) -> Result<Outcome, SimFailure> {
         }
     }
     // ...and on every replica, byte for byte.
+    let rec = w.meta.volume(VOLUME).await?;
     let mut copies = Vec::new();
-    for n in &w.nodes {
+    for n in w
+        .nodes
+        .iter()
+        .filter(|n| rec.replicas.iter().any(|r| r.node == n.id))
+    {
         let store = n.st().store.clone();
         let r = store
             .open_all()
@@ -1336,7 +1468,6 @@ async fn run_async(cfg: Config) -> Result<Outcome, SimFailure> {
             ));
         }
     }
-    let rec = w.meta.volume(VOLUME).await?;
     if rec.replicas.iter().any(|r| r.state != ReplicaState::InSync) {
         w.violate(format!("metadata not all in sync: {:?}", rec.replicas));
     }
@@ -1416,6 +1547,20 @@ async fn run_async(cfg: Config) -> Result<Outcome, SimFailure> {
             .cloned(),
     );
     Ok(outcome)
+}
+
+/// The node of a drain that failed with a replica of the volume still on it, if any (and the
+/// node is still out of service: one put back since may have taken a replica again).
+fn unfinished_drain(jobs: &[MoveStatus], nodes: &[NodeRecord], rec: &VolumeRecord) -> Option<u32> {
+    jobs.iter()
+        .filter(|j| j.state == MoveState::Failed)
+        .map(|j| j.node)
+        .filter(|&n| {
+            nodes
+                .iter()
+                .any(|x| x.id == n && x.state == trireme_meta::NodeState::Draining)
+        })
+        .find(|&n| rec.replicas.iter().any(|r| r.node == n))
 }
 
 /// Runs a call of the in-memory metadata store from code that cannot await: that store

@@ -25,6 +25,7 @@ fn guarantees_hold_for_every_seed() {
         ("store outages", "unreachable"),
         ("refused attaches", "attach is refused"),
         ("manager crashes", "manager (candidate"),
+        ("drains", "manager drains node"),
     ];
     let mut by_kind = vec![0usize; kinds.len()];
     for seed in seeds() {
