@@ -21,9 +21,12 @@
 //! `--force`); the metadata store unreachable from every process, sometimes for longer than a
 //! lease TTL (take-outs wait and are never acknowledged without their record, leases lapse,
 //! the attach record is put back, the manager role changes hands); a second host attaching
-//! without `--force` (must be refused); and the manager's process dying (another candidate
-//! must take over within a TTL). Faults stay within the contract: one replica always stays in
-//! sync and healthy, so the workload must see no error at all.
+//! without `--force` (must be refused); the manager's process dying (another candidate
+//! must take over within a TTL); and the manager draining a node onto the spare one (its
+//! writer adds the new copy, resyncs it and retires the old one while I/O goes on; a drain that
+//! fails is run again, as an operator would). Faults stay within the contract: one replica
+//! always stays in sync and healthy, so the workload must see no error at all. The manager
+//! pings every node over the simulated network (heartbeats).
 //!
 //! Checked: every read returns a block written to that block no older than the last write
 //! acknowledged before the read began, intact (each 4 KiB block is self-describing); after the
@@ -31,7 +34,9 @@
 //! reads back at or past its last acknowledged write; the writer holds its attach record at
 //! its epoch; exactly one live process holds the manager role, the one the store names; a
 //! vacant role was filled within a lease TTL of the store answering again, and no two live
-//! processes held it for longer than a TTL.
+//! processes held it for longer than a TTL; a node down longer than the heartbeats' limit
+//! shows down, and after the heal the manager sees every node; a drain reported done left no
+//! replica on its node and the volume its number of copies.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
