@@ -12,12 +12,16 @@
 //! native volume client, no NBD hop) and `nbd://` / `nbd+unix://` URIs (a built-in NBD client).
 
 pub mod chart;
+pub mod compare;
 pub mod cpu;
 pub mod engine;
 pub mod profile;
 pub mod report;
+pub mod suite;
+pub mod sweep;
 pub mod target;
 pub mod verify;
 
 pub use engine::{run, BenchError, RunResult};
 pub use profile::{Pattern, Profile, ProfileError};
+pub use suite::{Format, SuiteError};

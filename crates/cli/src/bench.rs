@@ -3,8 +3,11 @@
 use std::path::Path;
 
 use clap::{Args, ValueEnum};
+use trireme_bench::compare::CompareOptions;
 use trireme_bench::profile::{Buffers, Pattern, Profile};
+use trireme_bench::sweep::Sweep;
 use trireme_bench::target::Target;
+use trireme_bench::{Format, SuiteError};
 
 use crate::units::parse_size;
 use crate::{Cli, CliError, Output};
@@ -170,17 +173,65 @@ fn storage_pids(a: &BenchArgs, data_dir: &Path) -> Vec<u32> {
         .collect()
 }
 
+fn suite_error(e: SuiteError) -> CliError {
+    match e {
+        SuiteError::Usage(m) => CliError::Usage(m),
+        SuiteError::Failed(m) => CliError::Runtime(m),
+    }
+}
+
+/// `--sweep qd=1,2,4 bs=4K,64K`.
+fn parse_sweep(args: &[String]) -> Result<Sweep, String> {
+    let mut s = Sweep {
+        qd: Vec::new(),
+        bs: Vec::new(),
+    };
+    for a in args {
+        let (k, v) = a
+            .split_once('=')
+            .ok_or_else(|| format!("--sweep {a:?}: expected qd=1,2,4 or bs=4K,64K"))?;
+        for item in v.split(',').filter(|x| !x.is_empty()) {
+            match k {
+                "qd" => s.qd.push(
+                    item.parse()
+                        .ok()
+                        .filter(|q| (1..=4096).contains(q))
+                        .ok_or_else(|| format!("bad queue depth {item:?}"))?,
+                ),
+                "bs" => s.bs.push(parse_size(item)?),
+                _ => return Err(format!("--sweep axis {k:?}: use qd or bs")),
+            }
+        }
+    }
+    if s.qd.is_empty() && s.bs.is_empty() {
+        return Err("--sweep needs qd=... and/or bs=...".into());
+    }
+    Ok(s)
+}
+
 pub fn run(cli: &Cli, a: &BenchArgs) -> Result<(), CliError> {
     let profile = a.to_profile().map_err(|e| CliError::Usage(e.to_string()))?;
     if let Some(c) = &a.compare {
-        let cmp = crate::compare::parse(c).map_err(|e| CliError::Usage(e.to_string()))?;
-        return crate::compare::run(&cmp, &profile, a, &cli.data_dir, cli.output);
+        let cmp = trireme_bench::compare::parse(c).map_err(CliError::Usage)?;
+        let format = match cli.output {
+            Output::Text => Format::Text,
+            Output::Json => Format::Json,
+            Output::Markdown => Format::Markdown,
+        };
+        let opts = CompareOptions {
+            create: a.create,
+            rounds: a.rounds,
+            storage_pids: a.storage_pids.clone(),
+            target: a.target.clone(),
+        };
+        return trireme_bench::compare::run(&cmp, &profile, &opts, &cli.data_dir, format)
+            .map_err(suite_error);
     }
     let pids = storage_pids(a, &cli.data_dir);
     if !a.sweep.is_empty() {
-        let sw = crate::sweep::parse(&a.sweep).map_err(|e| CliError::Usage(e.to_string()))?;
+        let sw = parse_sweep(&a.sweep).map_err(CliError::Usage)?;
         let t = a.target.clone().unwrap_or_default();
-        return crate::sweep::run(
+        return trireme_bench::sweep::run(
             &sw,
             &profile,
             &t,
@@ -189,7 +240,8 @@ pub fn run(cli: &Cli, a: &BenchArgs) -> Result<(), CliError> {
             &a.chart_dir,
             cli.output == Output::Json,
             &pids,
-        );
+        )
+        .map_err(suite_error);
     }
     let connections = profile.threads as usize;
     let spec = a.target.clone().unwrap_or_default();
@@ -219,5 +271,18 @@ pub fn run(cli: &Cli, a: &BenchArgs) -> Result<(), CliError> {
             v.lost, v.stale, v.corrupt
         ))),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sweep_axes_parse() {
+        let s = parse_sweep(&["qd=1,2,32".into(), "bs=4K,1M".into()]).unwrap();
+        assert_eq!((s.qd, s.bs), (vec![1, 2, 32], vec![4096, 1 << 20]));
+        assert!(parse_sweep(&["qd=0".into()]).is_err());
+        assert!(parse_sweep(&["depth=1".into()]).is_err());
     }
 }

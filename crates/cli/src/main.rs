@@ -7,8 +7,6 @@
 
 mod bench;
 mod cmds;
-mod compare;
-mod sweep;
 mod units;
 
 use std::path::PathBuf;

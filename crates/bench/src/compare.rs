@@ -17,10 +17,23 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use trireme_bench::profile::Profile;
-use trireme_bench::target::Target;
 
-use crate::CliError;
+use crate::profile::Profile;
+use crate::suite::{Format, SuiteError};
+use crate::target::Target;
+
+/// What a comparison runs besides its axis: `trireme bench`'s own flags.
+#[derive(Debug, Clone, Default)]
+pub struct CompareOptions {
+    /// `-c`: the size to create a file target with, or of a `null` target.
+    pub create: Option<u64>,
+    /// Interleaved rounds per value.
+    pub rounds: u32,
+    /// Processes whose CPU counts as storage (default: the cluster's, from its `pids` file).
+    pub storage_pids: Vec<u32>,
+    /// The target (the native-client target `--compare transport` attaches).
+    pub target: Option<String>,
+}
 
 /// Parsed `--compare` value.
 #[derive(Debug, Clone)]
@@ -47,7 +60,7 @@ pub fn parse(s: &str) -> Result<Compare, String> {
         "transport" => {
             if let Some(v) = values
                 .iter()
-                .find(|v| trireme_bench::target::volume::transport(v).is_none())
+                .find(|v| crate::target::volume::transport(v).is_none())
             {
                 return Err(format!(
                     "unknown transport {v:?}: use tcp, unix, ucx or auto"
@@ -193,10 +206,10 @@ fn control(data_dir: &Path, req: trireme_control::Request) -> Result<Value, Stri
 pub fn run(
     cmp: &Compare,
     profile: &Profile,
-    a: &crate::bench::BenchArgs,
+    a: &CompareOptions,
     data_dir: &Path,
-    output: crate::Output,
-) -> Result<(), CliError> {
+    output: Format,
+) -> Result<(), SuiteError> {
     let (create, rounds, explicit_pids, target) =
         (a.create, a.rounds, &a.storage_pids, a.target.as_deref());
     let mut clusters = Vec::new();
@@ -222,7 +235,7 @@ pub fn run(
                         replicas: v.parse().unwrap_or(1),
                     },
                 )
-                .map_err(|e| CliError::Usage(e.to_string()))?;
+                .map_err(SuiteError::Usage)?;
                 created.push(name.clone());
                 setups.push(Setup {
                     value: v.clone(),
@@ -232,7 +245,7 @@ pub fn run(
             }
             "transport" => {
                 let t = target.filter(|t| t.starts_with("volume:")).ok_or_else(|| {
-                    CliError::Usage(
+                    SuiteError::Usage(
                         "--compare transport needs a native-client target: volume:NAME".into(),
                     )
                 })?;
@@ -243,7 +256,7 @@ pub fn run(
                 });
             }
             "store" => {
-                let c = TempCluster::start(v, size).map_err(CliError::Runtime)?;
+                let c = TempCluster::start(v, size).map_err(SuiteError::Failed)?;
                 setups.push(Setup {
                     value: v.clone(),
                     target: "volume:vol0".into(),
@@ -273,10 +286,10 @@ pub fn run(
                         .await
                         .map_err(|e| e.to_string())
                 };
-                let r = trireme_bench::run(profile, open, &p, false)
-                    .map_err(|e| CliError::Usage(e.to_string()))?;
-                let j = trireme_bench::report::json(&r);
-                if output != crate::Output::Json {
+                let r = crate::run(profile, open, &p, false)
+                    .map_err(|e| SuiteError::Usage(e.to_string()))?;
+                let j = crate::report::json(&r);
+                if output != Format::Json {
                     eprintln!(
                         "round {}/{rounds} {}={}: {:.0} IOPS, p90 read {:.1} us, p90 write {:.1} us",
                         round + 1,
@@ -290,7 +303,7 @@ pub fn run(
                 runs[i].push(j);
             }
         }
-        Ok::<(), CliError>(())
+        Ok::<(), SuiteError>(())
     })();
     for name in created {
         let _ = control(data_dir, trireme_control::Request::VolumeDelete { name });
@@ -302,9 +315,9 @@ pub fn run(
         .zip(&runs)
         .map(|(s, r)| median_doc(&s.value, r))
         .collect();
-    if output == crate::Output::Markdown {
+    if output == Format::Markdown {
         print!("{}", markdown(cmp, &medians));
-    } else if output == crate::Output::Json {
+    } else if output == Format::Json {
         let doc =
             json!({ "axis": cmp.axis, "rounds": rounds, "profile": profile, "runs": medians });
         println!("{}", serde_json::to_string_pretty(&doc).expect("json"));

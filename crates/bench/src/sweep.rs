@@ -8,55 +8,29 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::json;
-use trireme_bench::chart::{self, Chart, Scale, Series};
-use trireme_bench::profile::{Pattern, Profile};
-use trireme_bench::target::Target;
-use trireme_bench::RunResult;
 
-use crate::units::{human, parse_size};
-use crate::CliError;
+use crate::chart::{self, Chart, Scale, Series};
+use crate::profile::{Pattern, Profile};
+use crate::suite::SuiteError;
+use crate::target::Target;
+use crate::RunResult;
 
+/// The axes of a sweep: queue depths and block sizes (either may be empty: the profile's).
 #[derive(Debug, Clone)]
 pub struct Sweep {
     pub qd: Vec<u32>,
     pub bs: Vec<u64>,
 }
 
-pub fn parse(args: &[String]) -> Result<Sweep, String> {
-    let mut s = Sweep {
-        qd: Vec::new(),
-        bs: Vec::new(),
-    };
-    for a in args {
-        let (k, v) = a
-            .split_once('=')
-            .ok_or_else(|| format!("--sweep {a:?}: expected qd=1,2,4 or bs=4K,64K"))?;
-        for item in v.split(',').filter(|x| !x.is_empty()) {
-            match k {
-                "qd" => s.qd.push(
-                    item.parse()
-                        .ok()
-                        .filter(|q| (1..=4096).contains(q))
-                        .ok_or_else(|| format!("bad queue depth {item:?}"))?,
-                ),
-                "bs" => s.bs.push(parse_size(item)?),
-                _ => return Err(format!("--sweep axis {k:?}: use qd or bs")),
-            }
-        }
-    }
-    if s.qd.is_empty() && s.bs.is_empty() {
-        return Err("--sweep needs qd=... and/or bs=...".into());
-    }
-    Ok(s)
-}
-
+/// A block size as the charts label it: 4K, 64K, 1M, 1.5M.
 fn size_label(b: u64) -> String {
-    human(b)
-        .replace(".0 ", "")
-        .replace(" ", "")
-        .replace("KiB", "K")
-        .replace("MiB", "M")
-        .replace("B", "")
+    let (v, unit) = match b {
+        b if b >= 1 << 20 => (b as f64 / (1 << 20) as f64, "M"),
+        b if b >= 1 << 10 => (b as f64 / (1 << 10) as f64, "K"),
+        b => (b as f64, ""),
+    };
+    let v = format!("{v:.1}");
+    format!("{}{unit}", v.trim_end_matches(".0"))
 }
 
 /// A UTC timestamp, `YYYY-MM-DD HH:MM UTC`, from the system clock.
@@ -98,7 +72,7 @@ pub fn run(
     chart_dir: &Path,
     json_out: bool,
     pids: &[u32],
-) -> Result<(), CliError> {
+) -> Result<(), SuiteError> {
     let qds = if sw.qd.is_empty() {
         vec![base.outstanding]
     } else {
@@ -128,10 +102,10 @@ pub fn run(
                     .await
                     .map_err(|e| e.to_string())
             };
-            let r = trireme_bench::run(&p, open, pids, false)
-                .map_err(|e| CliError::Usage(e.to_string()))?;
+            let r =
+                crate::run(&p, open, pids, false).map_err(|e| SuiteError::Usage(e.to_string()))?;
             if !json_out {
-                let h = trireme_bench::report::headline(&r);
+                let h = crate::report::headline(&r);
                 eprintln!(
                     "bs {:>5} qd {:>4}: {:>10.0} IOPS {:>9.1} MiB/s",
                     size_label(bs),
@@ -144,7 +118,7 @@ pub fn run(
         }
     }
     std::fs::create_dir_all(chart_dir)
-        .map_err(|e| CliError::Usage(format!("--chart-dir {}: {e}", chart_dir.display())))?;
+        .map_err(|e| SuiteError::Usage(format!("--chart-dir {}: {e}", chart_dir.display())))?;
     let first = &results[0].2;
     let caption = format!(
         "trireme bench, {}, {} thread(s), {}, {}% writes, {}s per point\nmachine {}, {} CPUs, kernel {}, {}\ntransport: TCP, or unix sockets between processes on one host; this machine has no RDMA device",
@@ -158,7 +132,7 @@ pub fn run(
         read_trim("/proc/sys/kernel/osrelease"),
         utc_now()
     );
-    let headline = |r: &RunResult| trireme_bench::report::headline(r);
+    let headline = |r: &RunResult| crate::report::headline(r);
     let iops = Chart {
         title: "IOPS vs io-depth".into(),
         x_label: "io-depth per thread".into(),
@@ -252,14 +226,15 @@ pub fn run(
         (&cdf, "latency_cdf"),
     ] {
         files.extend(
-            chart::write(c, &chart_dir.join(name)).map_err(|e| CliError::Runtime(e.to_string()))?,
+            chart::write(c, &chart_dir.join(name))
+                .map_err(|e| SuiteError::Failed(e.to_string()))?,
         );
     }
     if json_out {
         let runs: Vec<_> = results
             .iter()
             .map(|(bs, qd, r)| {
-                let mut j = trireme_bench::report::json(r);
+                let mut j = crate::report::json(r);
                 j["bs"] = json!(bs);
                 j["qd"] = json!(qd);
                 j
@@ -305,13 +280,11 @@ fn trim_num(v: f64) -> String {
 mod tests {
     use super::*;
     #[test]
-    fn parse_sweep() {
-        let s = parse(&["qd=1,2,32".into(), "bs=4K,1M".into()]).unwrap();
-        assert_eq!((s.qd, s.bs), (vec![1, 2, 32], vec![4096, 1 << 20]));
-        assert!(parse(&["qd=0".into()]).is_err());
-        assert!(parse(&["depth=1".into()]).is_err());
+    fn labels_and_dates() {
         assert_eq!(size_label(4096), "4K");
         assert_eq!(size_label(1 << 20), "1M");
+        assert_eq!(size_label(1536), "1.5K");
+        assert_eq!(size_label(512), "512");
         assert!(utc_now().ends_with("UTC"));
     }
 }
