@@ -42,7 +42,12 @@ pub struct Compare {
     pub values: Vec<String>,
 }
 
-pub fn parse(s: &str) -> Result<Compare, String> {
+/// Parses `--compare AXIS=V1,V2,...`.
+pub fn parse(s: &str) -> Result<Compare, SuiteError> {
+    parse_spec(s).map_err(SuiteError::Usage)
+}
+
+fn parse_spec(s: &str) -> Result<Compare, String> {
     let (axis, vals) = s
         .split_once('=')
         .ok_or_else(|| format!("--compare {s:?}: expected AXIS=V1,V2"))?;
@@ -545,7 +550,7 @@ mod tests {
             ["tcp", "unix", "ucx"]
         );
         let e = parse("transport=tcp,rdma").unwrap_err();
-        assert!(e.contains("unknown transport \"rdma\""), "{e}");
+        assert!(e.to_string().contains("unknown transport \"rdma\""), "{e}");
         assert_eq!(group(185500.0), "185,500");
         assert_eq!(
             delta("IOPS", 145_500.0, 185_500.0, true),

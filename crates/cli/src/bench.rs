@@ -212,7 +212,7 @@ fn parse_sweep(args: &[String]) -> Result<Sweep, String> {
 pub fn run(cli: &Cli, a: &BenchArgs) -> Result<(), CliError> {
     let profile = a.to_profile().map_err(|e| CliError::Usage(e.to_string()))?;
     if let Some(c) = &a.compare {
-        let cmp = trireme_bench::compare::parse(c).map_err(CliError::Usage)?;
+        let cmp = trireme_bench::compare::parse(c).map_err(suite_error)?;
         let format = match cli.output {
             Output::Text => Format::Text,
             Output::Json => Format::Json,

@@ -25,7 +25,7 @@ pub use manager::{
     attach_info, record_detach, record_replica_state, serve, serve_conn, Manager, NodeControl,
 };
 pub use membership::ControlMembership;
-pub use moves::{copy_then_retire, MoveState, MoveStatus};
+pub use moves::{copy_then_retire, MoveKind, MoveState, MoveStatus};
 pub use restart::HOLD as RESTART_HOLD;
 
 /// This host's name, for the records that say who holds what.

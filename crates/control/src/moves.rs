@@ -48,8 +48,7 @@ use crate::manager::{Manager, Result};
 /// One `node drain` / `node remove` as `status` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MoveStatus {
-    /// `drain` or `remove`.
-    pub kind: String,
+    pub kind: MoveKind,
     pub node: u32,
     pub state: MoveState,
     pub error: Option<String>,
@@ -62,6 +61,35 @@ pub struct MoveStatus {
     pub volume: Option<String>,
     pub to: Option<u32>,
     pub progress: Option<ResyncProgress>,
+}
+
+/// What a move job does with the node once its replicas are off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MoveKind {
+    /// `node drain`: the node stays, empty, until `node undrain`.
+    Drain,
+    /// `node remove`: the node leaves the cluster.
+    Remove,
+}
+
+impl MoveKind {
+    fn of(remove: bool) -> MoveKind {
+        if remove {
+            MoveKind::Remove
+        } else {
+            MoveKind::Drain
+        }
+    }
+}
+
+impl std::fmt::Display for MoveKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            MoveKind::Drain => "drain",
+            MoveKind::Remove => "remove",
+        })
+    }
 }
 
 /// Where a move job is.
@@ -166,7 +194,7 @@ impl Manager {
         if rec.state == NodeState::Removed {
             return Err(refused(format!("node {node} was removed from the cluster")));
         }
-        let kind = if remove { "remove" } else { "drain" };
+        let kind = MoveKind::of(remove);
         let volumes: Vec<String> = self
             .meta()
             .volumes()
@@ -190,7 +218,7 @@ impl Manager {
                 )));
             }
             let job = MoveStatus {
-                kind: kind.into(),
+                kind,
                 node,
                 state: MoveState::Running,
                 error: None,
@@ -208,7 +236,7 @@ impl Manager {
         // No new replicas go to it from now on.
         self.set_node_state(node, NodeState::Draining).await?;
         self.save_job(node).await;
-        tracing::info!(node, kind, volumes = ?volumes, rate, "moving replicas off a node");
+        tracing::info!(node, %kind, volumes = ?volumes, rate, "moving replicas off a node");
         self.spawn_job(node, remove, rate, volumes);
         Ok(job)
     }
@@ -221,7 +249,7 @@ impl Manager {
         rate: Option<u64>,
         volumes: Vec<String>,
     ) {
-        let kind = if remove { "remove" } else { "drain" };
+        let kind = MoveKind::of(remove);
         let me = self.clone();
         tokio::spawn(async move {
             let r = me.run_move(node, remove, rate, &volumes).await;
@@ -239,8 +267,8 @@ impl Manager {
             });
             me.save_job(node).await;
             match r {
-                Ok(()) => tracing::info!(node, kind, "node {kind} done"),
-                Err(e) => tracing::error!(node, kind, "node {kind} failed: {e}"),
+                Ok(()) => tracing::info!(node, %kind, "node {kind} done"),
+                Err(e) => tracing::error!(node, %kind, "node {kind} failed: {e}"),
             }
         });
     }
@@ -300,7 +328,7 @@ impl Manager {
                     .map(|v| v.name.clone())
                     .collect();
                 tracing::info!(node = job.node, kind = %job.kind, volumes = ?volumes, "resuming the job of the previous manager");
-                self.spawn_job(job.node, job.kind == "remove", job.rate, volumes);
+                self.spawn_job(job.node, job.kind == MoveKind::Remove, job.rate, volumes);
             }
         }
         Ok(())
