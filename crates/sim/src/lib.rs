@@ -930,10 +930,7 @@ impl World {
         // A drain that failed (its writer was replaced, its target went down) is run again,
         // as its error tells an operator to: it resumes the copy it left.
         if let Some(id) = unfinished_drain(&jobs, &nodes, &rec) {
-            match m.start_move(id, false, None).await {
-                Ok(_) => self.note(format!("manager drains node {id} again")),
-                Err(e) => self.note(format!("drain of node {id} refused: {e}")),
-            }
+            self.start_drain(&m, id, true).await;
             return;
         }
         self.check_drains(&jobs, &nodes, &rec);
@@ -953,8 +950,16 @@ impl World {
         if !self.healthy_in_sync(v).iter().any(|&n| n != id) {
             return;
         }
+        self.start_drain(&m, id, false).await;
+    }
+
+    /// Asks manager `m` to drain node `id` (`again`: a drain that failed), and logs it.
+    async fn start_drain(&self, m: &Arc<Manager>, id: u32, again: bool) {
         match m.start_move(id, false, None).await {
-            Ok(_) => self.note(format!("manager drains node {id}")),
+            Ok(_) => self.note(format!(
+                "manager drains node {id}{}",
+                if again { " again" } else { "" }
+            )),
             Err(e) => self.note(format!("drain of node {id} refused: {e}")),
         }
     }
@@ -1404,10 +1409,7 @@ async fn run_async(cfg: Config) -> Result<Outcome, SimFailure> {
             ));
         }
         if let (true, Some(id), Some(m)) = (running.is_empty(), failed, w.current_manager()) {
-            match m.start_move(id, false, None).await {
-                Ok(_) => w.note(format!("manager drains node {id} again")),
-                Err(e) => w.note(format!("drain of node {id} refused: {e}")),
-            }
+            w.start_drain(&m, id, true).await;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
