@@ -29,8 +29,20 @@ fn runtime(threads: usize) -> Result<tokio::runtime::Runtime, CliError> {
 }
 
 /// `trireme up`'s arguments as the supervisor's configuration.
-fn local_config(cli: &Cli, a: &crate::UpArgs) -> trireme_daemon::local::LocalConfig {
-    trireme_daemon::local::LocalConfig {
+fn local_config(
+    cli: &Cli,
+    a: &crate::UpArgs,
+) -> Result<trireme_daemon::local::LocalConfig, CliError> {
+    // The fast tier defaults to a tenth of the volume each node holds a copy of.
+    let tiers = a
+        .tiers
+        .config(
+            a.store,
+            Some((a.size / 10).max(trireme_store::tiered::EXTENT)),
+        )
+        .map_err(CliError::Usage)?;
+    Ok(trireme_daemon::local::LocalConfig {
+        tiers,
         data_dir: cli.data_dir.clone(),
         nodes: a.nodes,
         replicas: a.replicas,
@@ -54,7 +66,7 @@ fn local_config(cli: &Cli, a: &crate::UpArgs) -> trireme_daemon::local::LocalCon
             .collect(),
         volume_opts: a.failure.volume_options(a.streams, cli.transport.kind()),
         insecure: a.insecure,
-    }
+    })
 }
 
 /// The TCP export's TLS: `--tls-dir`, else `default` if it holds a server identity; none with
@@ -99,9 +111,12 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         trireme_daemon::use_tls(&local_id, None, false).map_err(daemon_err)?;
     }
     match cli.cmd {
-        Cmd::Up(ref a) => runtime(a.threads as usize)?
-            .block_on(trireme_daemon::local::run(&local_config(&cli, a)))
-            .map_err(daemon_err),
+        Cmd::Up(ref a) => {
+            let cfg = local_config(&cli, a)?;
+            runtime(a.threads as usize)?
+                .block_on(trireme_daemon::local::run(&cfg))
+                .map_err(daemon_err)
+        }
         Cmd::Node(NodeCmd::Serve(ref a)) => runtime(1)?.block_on(node_serve(&cli, a)),
         Cmd::Nbd(ref a) => runtime(a.export.threads as usize)?.block_on(nbd(&cli, a)),
         Cmd::Node(NodeCmd::Run(ref a)) => runtime(1)?.block_on(node_run(&cli, a)),
@@ -792,8 +807,9 @@ fn daemon_err(e: trireme_daemon::DaemonError) -> CliError {
     }
 }
 
-fn node_config(cli: &Cli, a: &NodeServeArgs) -> trireme_daemon::node::NodeConfig {
-    trireme_daemon::node::NodeConfig {
+fn node_config(cli: &Cli, a: &NodeServeArgs) -> Result<trireme_daemon::node::NodeConfig, CliError> {
+    Ok(trireme_daemon::node::NodeConfig {
+        tiers: a.tiers.config(a.store, None).map_err(CliError::Usage)?,
         id: a.id,
         dir: a.dir.clone(),
         listen: a.listen,
@@ -805,14 +821,14 @@ fn node_config(cli: &Cli, a: &NodeServeArgs) -> trireme_daemon::node::NodeConfig
         books: !a.volatile_bookkeeping,
         transport: cli.transport.kind(),
         capacity: a.capacity,
-    }
+    })
 }
 
 async fn node_serve(cli: &Cli, a: &NodeServeArgs) -> Result<(), CliError> {
     if let Some(d) = &a.tls_dir {
         trireme_daemon::use_tls(d, Some("node"), true).map_err(daemon_err)?;
     }
-    let node = trireme_daemon::node::build_node(&node_config(cli, a)).map_err(daemon_err)?;
+    let node = trireme_daemon::node::build_node(&node_config(cli, a)?).map_err(daemon_err)?;
     let serve = trireme_node::run(node.clone(), a.listen, a.socket.as_deref(), |addr, unix| {
         use std::io::Write;
         let mut o = std::io::stdout();
@@ -877,6 +893,7 @@ async fn node_run(cli: &Cli, a: &crate::NodeRunArgs) -> Result<(), CliError> {
     }
     let meta = etcd_meta(cli).await?;
     let cfg = trireme_daemon::node::NodeConfig {
+        tiers: a.tiers.config(a.store, None).map_err(CliError::Usage)?,
         id: a.id,
         dir: a.dir.clone(),
         listen: a.listen,

@@ -107,6 +107,9 @@ pub enum StoreArg {
     Memory,
     /// Preallocated files with O_DIRECT; survive restarts.
     File,
+    /// A fast tier (flash) and a slow tier (disk) of files; extents move between them by heat
+    /// or by pin (`--fast-size`, `--slow-disk`).
+    Tiered,
 }
 
 impl StoreArg {
@@ -115,7 +118,71 @@ impl StoreArg {
             StoreArg::Null => trireme_store::StoreKind::Null,
             StoreArg::Memory => trireme_store::StoreKind::Memory,
             StoreArg::File => trireme_store::StoreKind::File,
+            StoreArg::Tiered => trireme_store::StoreKind::Tiered,
         }
+    }
+}
+
+/// What the slow tier of `--store tiered` is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SlowDisk {
+    /// A file behind a 7200 rpm disk model (8 ms per random I/O, 150 MB/s streaming, 2 in
+    /// flight), for hosts without a spinning disk; every report says so.
+    Model,
+    /// The store directory's own device, unmodeled (put `slow/` on a real disk).
+    Real,
+}
+
+/// The drives of a tiered node.
+#[derive(Debug, Clone, Args)]
+pub struct TierArgs {
+    /// With `--store tiered`: bytes of the node's fast tier, shared by its replicas (`up`:
+    /// default 10% of the volume; `node`: required).
+    #[arg(long, value_parser = units::parse_size)]
+    pub fast_size: Option<u64>,
+    /// With `--store tiered`: most bytes moved between the tiers per second.
+    #[arg(long, default_value = "32M", value_parser = units::parse_size)]
+    pub migrate_rate: u64,
+    /// With `--store tiered`: what the slow tier is.
+    #[arg(long, value_enum, default_value_t = SlowDisk::Model)]
+    pub slow_disk: SlowDisk,
+}
+
+impl TierArgs {
+    /// The tier configuration for `store`; `default_fast` when `--fast-size` is not given.
+    pub fn config(
+        &self,
+        store: StoreArg,
+        default_fast: Option<u64>,
+    ) -> Result<Option<trireme_store::TierConfig>, String> {
+        if store != StoreArg::Tiered {
+            if self.fast_size.is_some() {
+                return Err("--fast-size needs --store tiered".into());
+            }
+            return Ok(None);
+        }
+        let fast = self
+            .fast_size
+            .or(default_fast)
+            .ok_or("--store tiered needs --fast-size (the node's flash tier, e.g. 10G)")?;
+        let extent = trireme_store::tiered::EXTENT;
+        if fast < extent {
+            return Err(format!(
+                "--fast-size {fast} is less than one extent ({extent} bytes)"
+            ));
+        }
+        if self.migrate_rate == 0 {
+            return Err("--migrate-rate must be more than 0".into());
+        }
+        Ok(Some(trireme_store::TierConfig {
+            fast_capacity: fast,
+            disk: match self.slow_disk {
+                SlowDisk::Model => Some(trireme_store::disk_model::DiskParams::HDD),
+                SlowDisk::Real => None,
+            },
+            migrate_rate: self.migrate_rate,
+            extent,
+        }))
     }
 }
 
@@ -205,6 +272,8 @@ pub struct UpArgs {
     /// Where nodes keep replicas.
     #[arg(long, value_enum, default_value_t = StoreArg::File)]
     pub store: StoreArg,
+    #[command(flatten)]
+    pub tiers: TierArgs,
     /// NBD TCP port on 127.0.0.1 (0 picks a free one).
     #[arg(long, default_value_t = 10809)]
     pub port: u16,
@@ -376,6 +445,8 @@ pub struct NodeServeArgs {
     pub socket: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = StoreArg::File)]
     pub store: StoreArg,
+    #[command(flatten)]
+    pub tiers: TierArgs,
     /// Granularity of the regions a replica tracks for a peer that is out (what an incremental
     /// resync copies): a power of two from 4K to 64M.
     #[arg(long, default_value = "4K", value_parser = units::parse_dirty_grain)]
@@ -432,6 +503,8 @@ pub struct NodeRunArgs {
     pub zone: Option<String>,
     #[arg(long, value_enum, default_value_t = StoreArg::File)]
     pub store: StoreArg,
+    #[command(flatten)]
+    pub tiers: TierArgs,
     /// How long after this daemon dies (or loses etcd) it is shown down, and the manager role
     /// it held passes on.
     #[arg(long, default_value = "5s", value_parser = units::parse_duration)]

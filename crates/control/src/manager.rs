@@ -923,8 +923,10 @@ pub async fn record_detach(
     .await
 }
 
+/// True if a node's store keeps nothing across a restart (the node's record names its kind;
+/// the names are `trireme_store::StoreKind`'s).
 fn trireme_store_kind_is_volatile(store: &str) -> bool {
-    store != "file"
+    !matches!(store, "file" | "tiered")
 }
 
 /// Serves the control API on a unix socket at `path` until the listener fails.

@@ -40,6 +40,8 @@ pub struct LocalConfig {
     pub volume: String,
     /// The store kind every node uses (`file`, `memory`, ...).
     pub store: String,
+    /// Every node's tiers, with `--store tiered`.
+    pub tiers: Option<trireme_store::TierConfig>,
     /// NBD TCP port on 127.0.0.1.
     pub port: u16,
     pub dirty_grain: u64,
@@ -199,6 +201,14 @@ async fn spawn_node(sup: &Supervisor, id: u32) -> Result<(Child, NodeProc), Daem
     }
     if let Some(c) = sup.capacity {
         cmd.arg("--capacity").arg(c.to_string());
+    }
+    if let Some(t) = &sup.tiers {
+        cmd.arg("--fast-size")
+            .arg(t.fast_capacity.to_string())
+            .arg("--migrate-rate")
+            .arg(t.migrate_rate.to_string())
+            .arg("--slow-disk")
+            .arg(if t.disk.is_some() { "model" } else { "real" });
     }
     if sup.tls {
         cmd.arg("--tls-dir")
@@ -388,6 +398,7 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
         died: tokio::sync::mpsc::unbounded_channel(),
         dir: dir.clone(),
         store: store.to_string(),
+        tiers: a.tiers,
         dirty_grain: a.dirty_grain,
         capacity: a.node_capacity,
         inject_faults: a.inject_faults,
@@ -606,6 +617,7 @@ struct Supervisor {
     ),
     dir: PathBuf,
     store: String,
+    tiers: Option<trireme_store::TierConfig>,
     dirty_grain: u64,
     capacity: Option<u64>,
     inject_faults: bool,

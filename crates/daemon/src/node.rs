@@ -30,6 +30,8 @@ pub struct NodeConfig {
     /// A same-host unix socket too (`trireme up`).
     pub socket: Option<PathBuf>,
     pub store: StoreKind,
+    /// The tiers of a tiered store.
+    pub tiers: Option<trireme_store::TierConfig>,
     pub dirty_grain: u64,
     /// Inject store errors at the rates in this file (fault tests).
     pub inject_faults: Option<PathBuf>,
@@ -44,8 +46,16 @@ pub struct NodeConfig {
 
 /// Opens the node's store with its wrappers.
 pub fn build_node(cfg: &NodeConfig) -> Result<Arc<trireme_node::Node>, DaemonError> {
-    let mut store = trireme_store::open_store(cfg.store, &cfg.dir)
+    let mut store = trireme_store::open_store(cfg.store, &cfg.dir, cfg.tiers)
         .map_err(|e| DaemonError::Runtime(e.to_string()))?;
+    if let Some(t) = store.tiers() {
+        tracing::info!(
+            fast = crate::local::human(t.fast_capacity),
+            migrate_rate = crate::local::human(t.migrate_rate),
+            slow = t.disk_model.as_deref().unwrap_or("a real disk"),
+            "tiers"
+        );
+    }
     // Every block written is sealed (crc32c over LBA, generation and bytes) and checked on
     // read; the file store keeps the seals beside its replicas. The null store holds nothing.
     match cfg.store {
@@ -57,7 +67,9 @@ pub fn build_node(cfg: &NodeConfig) -> Result<Arc<trireme_node::Node>, DaemonErr
         }
         StoreKind::Null => {}
         StoreKind::Memory => store = Arc::new(trireme_store::SealedStore::new(store, None)),
-        StoreKind::File => store = Arc::new(trireme_store::SealedStore::new(store, Some(&cfg.dir))),
+        StoreKind::File | StoreKind::Tiered => {
+            store = Arc::new(trireme_store::SealedStore::new(store, Some(&cfg.dir)))
+        }
     }
     if let Some(spec) = &cfg.inject_faults {
         tracing::warn!(spec = %spec.display(), "store errors will be injected (fault testing)");
@@ -114,7 +126,7 @@ fn default_capacity(kind: StoreKind, dir: &std::path::Path) -> Result<Option<u64
             }
             Some(pages as u64 * page as u64 / 2)
         }
-        StoreKind::File => {
+        StoreKind::File | StoreKind::Tiered => {
             let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
                 .map_err(|_| DaemonError::Usage(format!("{}: not a path", dir.display())))?;
             // SAFETY: a plain C struct of integers, for which all zeroes is a valid value.

@@ -30,7 +30,7 @@ fn req(op: Op, volume: u64, epoch: u64, offset: u64, length: u64) -> Header {
 #[tokio::test]
 async fn write_read_and_fencing_over_tcp() {
     let d = tempfile::tempdir().unwrap();
-    let store = trireme_store::open_store(trireme_store::StoreKind::File, d.path()).unwrap();
+    let store = trireme_store::open_store(trireme_store::StoreKind::File, d.path(), None).unwrap();
     let (_node, c) = start(store).await;
     let ok = |f: &Frame| {
         assert_eq!(
@@ -424,7 +424,8 @@ fn bookkeeping_survives_a_crashed_node_process() {
     const SIZE: u64 = 16 * MB;
     let d = tempfile::tempdir().unwrap();
     let open = |books: bool| {
-        let store = trireme_store::open_store(trireme_store::StoreKind::File, d.path()).unwrap();
+        let store =
+            trireme_store::open_store(trireme_store::StoreKind::File, d.path(), None).unwrap();
         let n = Node::new(7, store);
         if books {
             n.keep_books();
@@ -501,7 +502,8 @@ fn a_new_log_saves_the_records_first() {
     const MB: u64 = 1 << 20;
     let d = tempfile::tempdir().unwrap();
     let open = || {
-        let store = trireme_store::open_store(trireme_store::StoreKind::File, d.path()).unwrap();
+        let store =
+            trireme_store::open_store(trireme_store::StoreKind::File, d.path(), None).unwrap();
         let n = Node::new(7, store);
         n.keep_books();
         n
@@ -534,7 +536,8 @@ fn seals_outside_the_log_survive_a_crash() {
     const MB: u64 = 1 << 20;
     let d = tempfile::tempdir().unwrap();
     let open = || {
-        let file = trireme_store::open_store(trireme_store::StoreKind::File, d.path()).unwrap();
+        let file =
+            trireme_store::open_store(trireme_store::StoreKind::File, d.path(), None).unwrap();
         let store = Arc::new(trireme_store::SealedStore::new(file, Some(d.path())));
         let n = Node::new(7, store);
         n.keep_books();

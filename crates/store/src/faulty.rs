@@ -183,6 +183,9 @@ impl Store for FaultyStore {
     fn delete(&self, volume: u64) -> Result<(), StoreError> {
         self.inner.delete(volume)
     }
+    fn tiers(&self) -> Option<crate::StoreTiers> {
+        self.inner.tiers()
+    }
 }
 
 #[derive(Debug)]
@@ -276,6 +279,12 @@ impl Replica for FaultyReplica {
     }
     fn close(&self) -> Result<(), StoreError> {
         self.inner.close()
+    }
+    fn tiers(&self) -> Option<crate::ReplicaTiers> {
+        self.inner.tiers()
+    }
+    fn set_pin(&self, pin: crate::Pin) -> Result<(), StoreError> {
+        self.inner.set_pin(pin)
     }
 }
 

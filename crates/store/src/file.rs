@@ -29,6 +29,8 @@ const ZERO_CHUNK: usize = 1 << 20;
 #[derive(Debug)]
 pub struct FileStore {
     dir: PathBuf,
+    /// Space is taken on write, not reserved at create (the fast tier of a tiered store).
+    thin: bool,
     _lock: File,
     replicas: Mutex<HashMap<u64, Arc<FileReplica>>>,
 }
@@ -59,6 +61,15 @@ fn io(volume: u64, op: &'static str) -> impl FnOnce(std::io::Error) -> StoreErro
 impl FileStore {
     /// Opens (creating if needed) the store directory and locks it for this process.
     pub fn open(dir: &Path) -> Result<FileStore, StoreError> {
+        FileStore::open_with(dir, false)
+    }
+
+    /// A store whose data files are sparse: a replica takes space only where it is written.
+    pub fn open_thin(dir: &Path) -> Result<FileStore, StoreError> {
+        FileStore::open_with(dir, true)
+    }
+
+    fn open_with(dir: &Path, thin: bool) -> Result<FileStore, StoreError> {
         std::fs::create_dir_all(dir).map_err(io(0, "create store directory"))?;
         let lock = OpenOptions::new()
             .create(true)
@@ -76,6 +87,7 @@ impl FileStore {
         }
         Ok(FileStore {
             dir: dir.to_path_buf(),
+            thin,
             _lock: lock,
             replicas: Mutex::default(),
         })
@@ -340,18 +352,22 @@ impl Store for FileStore {
             return Err(StoreError::Exists { volume });
         }
         let data = open_data(&data_path, true).map_err(io(volume, "create data file"))?;
-        // SAFETY: fallocate on a file descriptor we own; no memory is passed.
-        let rc = unsafe { libc::fallocate(data.as_raw_fd(), 0, 0, size as libc::off_t) };
-        if rc != 0 {
-            let err = std::io::Error::last_os_error();
-            if err.raw_os_error() == Some(libc::ENOSPC) {
-                let _ = std::fs::remove_file(&data_path);
-                return Err(StoreError::NoSpace {
-                    size,
-                    what: err.to_string(),
-                });
-            }
+        if self.thin {
             data.set_len(size).map_err(io(volume, "size data file"))?;
+        } else {
+            // SAFETY: fallocate on a file descriptor we own; no memory is passed.
+            let rc = unsafe { libc::fallocate(data.as_raw_fd(), 0, 0, size as libc::off_t) };
+            if rc != 0 {
+                let err = std::io::Error::last_os_error();
+                if err.raw_os_error() == Some(libc::ENOSPC) {
+                    let _ = std::fs::remove_file(&data_path);
+                    return Err(StoreError::NoSpace {
+                        size,
+                        what: err.to_string(),
+                    });
+                }
+                data.set_len(size).map_err(io(volume, "size data file"))?;
+            }
         }
         data.sync_all().map_err(io(volume, "sync data file"))?;
         // A new history: bookkeeping left by an earlier replica of this volume id is not its.

@@ -1,6 +1,6 @@
 //! Local replica stores: where a node keeps the bytes of the replicas it holds.
 //!
-//! A [`Store`] owns a node's replicas; a [`Replica`] is one volume's copy on this node. Three
+//! A [`Store`] owns a node's replicas; a [`Replica`] is one volume's copy on this node. Four
 //! backends exist, each behind the same two traits:
 //!
 //! * `null` — discards writes, reads zeros (the dm-zero of the DRBD measurements): it isolates
@@ -8,6 +8,9 @@
 //! * `memory` — bytes in RAM, thin: a grain is allocated on first write. Lost on restart.
 //! * `file` — one preallocated data file per replica opened with `O_DIRECT`, plus a checksummed
 //!   metadata file with the replica's epoch and allocation map. Survives restarts.
+//! * `tiered` — a fast tier (flash) and a slow tier (disk, or the [`disk_model`] of one), each
+//!   a file store; every extent lives in one of them and migrates by heat or by pin
+//!   ([`tiered`]).
 //!
 //! Concurrency: every method may be called from many threads at once. Writes to disjoint byte
 //! ranges never interfere, even inside one 4 KiB block; overlapping in-flight requests land in
@@ -22,6 +25,7 @@
 //! API version: [`STORE_API_VERSION`].
 
 pub mod aligned;
+pub mod disk_model;
 pub mod faulty;
 mod file;
 pub mod ledger;
@@ -29,6 +33,7 @@ mod map;
 mod memory;
 mod null;
 pub mod sealed;
+pub mod tiered;
 
 pub use faulty::FaultyStore;
 pub use file::meta as file_meta;
@@ -38,13 +43,14 @@ pub use map::{extents_from, AllocMap};
 pub use memory::MemoryStore;
 pub use null::NullStore;
 pub use sealed::SealedStore;
+pub use tiered::{Pin, ReplicaTiers, StoreTiers, Tier, TierConfig, TieredStore};
 pub use trireme_proto::Extent;
 
 use std::path::Path;
 use std::sync::Arc;
 
 /// Version of the traits in this crate; bump it when they change.
-pub const STORE_API_VERSION: u32 = 1;
+pub const STORE_API_VERSION: u32 = 2;
 /// Allocation granule: the unit of thin provisioning and of `base:allocation` holes.
 pub const GRAIN: u64 = 64 * 1024;
 /// Largest single read or write a store is asked to do (the wire's payload limit).
@@ -89,6 +95,7 @@ pub enum StoreKind {
     Null,
     Memory,
     File,
+    Tiered,
 }
 
 impl StoreKind {
@@ -97,6 +104,7 @@ impl StoreKind {
             "null" => Some(StoreKind::Null),
             "memory" => Some(StoreKind::Memory),
             "file" => Some(StoreKind::File),
+            "tiered" => Some(StoreKind::Tiered),
             _ => None,
         }
     }
@@ -105,11 +113,12 @@ impl StoreKind {
             StoreKind::Null => "null",
             StoreKind::Memory => "memory",
             StoreKind::File => "file",
+            StoreKind::Tiered => "tiered",
         }
     }
     /// True if the store keeps nothing across a restart.
     pub fn volatile(self) -> bool {
-        !matches!(self, StoreKind::File)
+        !matches!(self, StoreKind::File | StoreKind::Tiered)
     }
 }
 
@@ -125,6 +134,10 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     fn open_all(&self) -> Vec<Result<Arc<dyn Replica>, StoreError>>;
     /// Deletes a replica and its bytes.
     fn delete(&self, volume: u64) -> Result<(), StoreError>;
+    /// The node's tiers, for a store that has them.
+    fn tiers(&self) -> Option<StoreTiers> {
+        None
+    }
 }
 
 /// One volume's copy on this node. See the crate docs for concurrency and durability.
@@ -169,6 +182,16 @@ pub trait Replica: Send + Sync + std::fmt::Debug {
     /// that dropped them may take them back outside `suspect`. Never called: they stay
     /// dropped.
     fn recover_seals(&self, _suspect: &[(u64, u64)]) {}
+    /// Where this replica's extents live, for a store with tiers.
+    fn tiers(&self) -> Option<ReplicaTiers> {
+        None
+    }
+    /// Pins the replica's extents to a tier, or lets heat place them (`Pin::Auto`).
+    fn set_pin(&self, _pin: Pin) -> Result<(), StoreError> {
+        Err(StoreError::Invalid(
+            "this store has no tiers (start the node with --store tiered)".into(),
+        ))
+    }
 }
 
 /// A fresh random incarnation (never 0, which means "unknown").
@@ -198,12 +221,23 @@ pub fn check_range(offset: u64, len: u64, size: u64) -> Result<(), StoreError> {
     }
 }
 
-/// Opens the store of `kind`; `dir` is used by the file store.
-pub fn open_store(kind: StoreKind, dir: &Path) -> Result<Arc<dyn Store>, StoreError> {
+/// Opens the store of `kind`; `dir` is used by the file and tiered stores, `tiers` by the
+/// tiered store (which refuses to open without it).
+pub fn open_store(
+    kind: StoreKind,
+    dir: &Path,
+    tiers: Option<TierConfig>,
+) -> Result<Arc<dyn Store>, StoreError> {
     Ok(match kind {
         StoreKind::Null => Arc::new(NullStore::default()),
         StoreKind::Memory => Arc::new(MemoryStore::default()),
         StoreKind::File => Arc::new(FileStore::open(dir)?),
+        StoreKind::Tiered => {
+            let cfg = tiers.ok_or_else(|| {
+                StoreError::Invalid("a tiered store needs its fast tier's size".into())
+            })?;
+            Arc::new(TieredStore::open(dir, cfg)?)
+        }
     })
 }
 

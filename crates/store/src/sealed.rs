@@ -132,6 +132,9 @@ impl Store for SealedStore {
         }
         Ok(())
     }
+    fn tiers(&self) -> Option<crate::StoreTiers> {
+        self.inner.tiers()
+    }
 }
 
 #[derive(Debug)]
@@ -499,6 +502,12 @@ impl Replica for SealedReplica {
     fn close(&self) -> Result<(), StoreError> {
         self.inner.close()?;
         self.persist(true)
+    }
+    fn tiers(&self) -> Option<crate::ReplicaTiers> {
+        self.inner.tiers()
+    }
+    fn set_pin(&self, pin: crate::Pin) -> Result<(), StoreError> {
+        self.inner.set_pin(pin)
     }
     fn recover_seals(&self, suspect: &[(u64, u64)]) {
         let Some(kept) = self

@@ -1,0 +1,352 @@
+//! Heat per extent, and the migration plan it drives — both without I/O.
+//!
+//! Every small request adds one to the heat of the extents it touches; the heat halves every
+//! second, so it tracks roughly twice the accesses of the last second. Requests that stream do
+//! not heat: a large request (`STREAM_LEN` or more), or one that starts where one of the last
+//! few requests ended (a scan in small pieces: `dd`, a backup, a resync). A full sequential
+//! read of a volume therefore promotes nothing.
+//!
+//! [`plan`] turns the heat and the tiers of every extent on a node into moves, in the order to
+//! run them: first what pins demand (a volume pinned to slow leaves the fast tier; one pinned
+//! to fast gets its room, taken from the coldest unpinned extents), then what heat asks —
+//! the hottest slow extent goes to a free fast place, or replaces the coldest fast extent if
+//! it is clearly hotter (more than twice as hot, so two extents of equal heat never swap back
+//! and forth).
+
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+use super::map::{Pin, Tier};
+
+/// Requests of this size or more are streams: they do not heat.
+pub const STREAM_LEN: u64 = 128 * 1024;
+/// Heat below this never earns a promotion: one access is not a pattern.
+pub const MIN_HEAT: u32 = 2;
+/// Recent request ends remembered to spot scans in small pieces.
+const STREAMS: usize = 8;
+
+/// Heat of one replica's extents.
+#[derive(Debug)]
+pub struct Heat {
+    shift: u32,
+    heat: Vec<AtomicU32>,
+    ends: [AtomicU64; STREAMS],
+    next: AtomicUsize,
+}
+
+impl Heat {
+    /// Heat for `extents` extents of `1 << shift` bytes.
+    pub fn new(extents: u64, shift: u32) -> Heat {
+        Heat {
+            shift,
+            heat: (0..extents).map(|_| AtomicU32::new(0)).collect(),
+            ends: std::array::from_fn(|_| AtomicU64::new(u64::MAX)),
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// Counts one request of `len` bytes at `offset`; true if it heated (was not a stream).
+    pub fn touch(&self, offset: u64, len: u64) -> bool {
+        if len == 0 {
+            return false;
+        }
+        let end = offset + len;
+        // A scan in small pieces: it starts where a recent request ended. Racy by design (two
+        // threads may pick the same slot); a lost end costs one extent one unit of heat.
+        if let Some(slot) = self
+            .ends
+            .iter()
+            .find(|e| e.load(Ordering::Relaxed) == offset)
+        {
+            slot.store(end, Ordering::Relaxed);
+            return false;
+        }
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % STREAMS;
+        self.ends[i].store(end, Ordering::Relaxed);
+        if len >= STREAM_LEN {
+            return false;
+        }
+        for e in offset >> self.shift..=(end - 1) >> self.shift {
+            if let Some(h) = self.heat.get(e as usize) {
+                // Saturating: a counter that wrapped would turn the hottest extent cold.
+                let _ = h.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                    Some(v.saturating_add(1))
+                });
+            }
+        }
+        true
+    }
+
+    /// Halves every extent's heat (called once a second), rounding down.
+    pub fn decay(&self) {
+        for h in &self.heat {
+            let v = h.load(Ordering::Relaxed);
+            if v != 0 {
+                // A concurrent touch between load and store loses one unit: harmless.
+                h.store(v / 2, Ordering::Relaxed);
+            }
+        }
+    }
+
+    pub fn get(&self, extent: u64) -> u32 {
+        self.heat
+            .get(extent as usize)
+            .map_or(0, |h| h.load(Ordering::Relaxed))
+    }
+
+    /// Adds heat learned elsewhere (another copy's reads).
+    pub fn add(&self, extent: u64, heat: u32) {
+        if let Some(h) = self.heat.get(extent as usize) {
+            let _ = h.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_add(heat))
+            });
+        }
+    }
+}
+
+/// One extent as the planner sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct View {
+    pub volume: u64,
+    pub extent: u64,
+    pub heat: u32,
+    pub tier: Tier,
+    pub pin: Pin,
+}
+
+/// A move to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Move {
+    pub volume: u64,
+    pub extent: u64,
+    pub to: Tier,
+}
+
+fn to(v: &View, tier: Tier) -> Move {
+    Move {
+        volume: v.volume,
+        extent: v.extent,
+        to: tier,
+    }
+}
+
+/// The moves that bring a node's extents closer to what pins and heat ask, with `capacity`
+/// fast places, at most `limit` of them, in order (see the module docs).
+pub fn plan(views: &[View], capacity: u64, limit: usize) -> Vec<Move> {
+    let mut moves = Vec::new();
+    let mut used = views.iter().filter(|v| v.tier == Tier::Fast).count() as u64;
+    // Pinned to slow: leave the fast tier.
+    for v in views
+        .iter()
+        .filter(|v| v.pin == Pin::Slow && v.tier == Tier::Fast)
+    {
+        moves.push(to(v, Tier::Slow));
+        used -= 1;
+    }
+    let mut auto_fast: Vec<&View> = views
+        .iter()
+        .filter(|v| v.pin == Pin::Auto && v.tier == Tier::Fast)
+        .collect();
+    auto_fast.sort_by_key(|v| (v.heat, v.volume, v.extent));
+    let mut coldest = auto_fast.into_iter();
+    // Pinned to fast: make room among the unpinned, then move in.
+    let pinned: Vec<&View> = views
+        .iter()
+        .filter(|v| v.pin == Pin::Fast && v.tier == Tier::Slow)
+        .collect();
+    let mut need = pinned.len() as u64;
+    while used + need > capacity {
+        let Some(c) = coldest.next() else { break };
+        moves.push(to(c, Tier::Slow));
+        used -= 1;
+    }
+    for v in pinned {
+        if used >= capacity {
+            break;
+        }
+        moves.push(to(v, Tier::Fast));
+        used += 1;
+        need -= 1;
+    }
+    // Heat: the hottest slow extents, into free places or over clearly colder ones.
+    let mut hot: Vec<&View> = views
+        .iter()
+        .filter(|v| v.pin == Pin::Auto && v.tier == Tier::Slow && v.heat >= MIN_HEAT)
+        .collect();
+    hot.sort_by_key(|v| (std::cmp::Reverse(v.heat), v.volume, v.extent));
+    let mut free = capacity.saturating_sub(used + need);
+    for p in hot {
+        if moves.len() >= limit {
+            break;
+        }
+        if free > 0 {
+            moves.push(to(p, Tier::Fast));
+            free -= 1;
+            continue;
+        }
+        match coldest.next() {
+            Some(c) if p.heat > c.heat.saturating_mul(2) + 1 => {
+                moves.push(to(c, Tier::Slow));
+                moves.push(to(p, Tier::Fast));
+            }
+            _ => break,
+        }
+    }
+    moves.truncate(limit);
+    moves
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn small_random_requests_heat_and_streams_do_not() {
+        let h = Heat::new(16, 20);
+        assert!(h.touch(5 << 20, 4096));
+        assert!(h.touch(9 << 20, 4096));
+        assert_eq!(h.get(5), 1);
+        // A scan in 4 KiB pieces from 2 MiB: only its first piece heats.
+        let heated = (0..256u64)
+            .filter(|i| h.touch((2 << 20) + i * 4096, 4096))
+            .count();
+        assert_eq!(heated, 1);
+        // Large requests never heat.
+        assert!(!h.touch(12 << 20, 1 << 20));
+        assert_eq!(h.get(12), 0);
+        // A request across two extents heats both.
+        assert!(h.touch((7 << 20) - 2048, 4096));
+        assert_eq!((h.get(6), h.get(7)), (1, 1));
+    }
+
+    #[test]
+    fn heat_halves_and_reaches_zero() {
+        let h = Heat::new(2, 20);
+        h.add(1, 9);
+        h.decay();
+        assert_eq!(h.get(1), 4);
+        for _ in 0..3 {
+            h.decay();
+        }
+        assert_eq!(h.get(1), 0);
+        h.add(1, u32::MAX);
+        h.add(1, 5);
+        assert_eq!(h.get(1), u32::MAX, "heat saturates");
+    }
+
+    fn v(extent: u64, heat: u32, tier: Tier, pin: Pin) -> View {
+        View {
+            volume: 1,
+            extent,
+            heat,
+            tier,
+            pin,
+        }
+    }
+
+    #[test]
+    fn hot_extents_fill_free_room_hottest_first() {
+        let views = [
+            v(0, 1, Tier::Slow, Pin::Auto),
+            v(1, 9, Tier::Slow, Pin::Auto),
+            v(2, 5, Tier::Slow, Pin::Auto),
+            v(3, 7, Tier::Slow, Pin::Auto),
+        ];
+        let m = plan(&views, 2, 10);
+        assert_eq!(
+            m,
+            vec![to(&views[1], Tier::Fast), to(&views[3], Tier::Fast)]
+        );
+        assert_eq!(plan(&views, 2, 1).len(), 1);
+    }
+
+    #[test]
+    fn a_hot_extent_replaces_only_a_clearly_colder_one() {
+        let views = [
+            v(0, 4, Tier::Fast, Pin::Auto),
+            v(1, 8, Tier::Slow, Pin::Auto),
+            v(2, 10, Tier::Slow, Pin::Auto),
+        ];
+        // 10 > 2*4+1: swap; 8 is not: stop.
+        assert_eq!(
+            plan(&views, 1, 10),
+            vec![to(&views[0], Tier::Slow), to(&views[2], Tier::Fast)]
+        );
+    }
+
+    #[test]
+    fn pins_come_first_and_take_room_from_the_coldest() {
+        let views = [
+            v(0, 50, Tier::Fast, Pin::Auto),
+            v(1, 3, Tier::Fast, Pin::Auto),
+            View {
+                volume: 2,
+                ..v(0, 0, Tier::Slow, Pin::Fast)
+            },
+            View {
+                volume: 3,
+                ..v(0, 0, Tier::Fast, Pin::Slow)
+            },
+        ];
+        let m = plan(&views, 2, 10);
+        assert_eq!(
+            m,
+            vec![
+                to(&views[3], Tier::Slow),
+                to(&views[1], Tier::Slow),
+                to(&views[2], Tier::Fast)
+            ]
+        );
+    }
+
+    fn view() -> impl Strategy<Value = View> {
+        (0u32..20, any::<bool>(), 0u8..3).prop_map(|(heat, fast, pin)| View {
+            volume: 0,
+            extent: 0,
+            heat,
+            tier: if fast { Tier::Fast } else { Tier::Slow },
+            pin: Pin::from_code(pin).unwrap(),
+        })
+    }
+
+    proptest! {
+        /// Run in order, a plan never holds more than the capacity on the fast tier once it
+        /// starts within it, moves each extent at most once, never against its pin, and
+        /// never promotes a cold unpinned extent.
+        #[test]
+        fn plans_respect_capacity_and_pins(
+            mut views in proptest::collection::vec(view(), 0..60),
+            capacity in 0u64..30,
+            limit in 0usize..80,
+        ) {
+            for (i, v) in views.iter_mut().enumerate() {
+                v.extent = i as u64;
+            }
+            let fast0 = views.iter().filter(|v| v.tier == Tier::Fast).count() as u64;
+            let moves = plan(&views, capacity, limit);
+            prop_assert!(moves.len() <= limit);
+            let mut tiers: Vec<Tier> = views.iter().map(|v| v.tier).collect();
+            let mut used = fast0;
+            for m in &moves {
+                let v = &views[m.extent as usize];
+                prop_assert_ne!(tiers[m.extent as usize], m.to, "moves an extent where it is");
+                prop_assert_eq!(tiers[m.extent as usize], v.tier, "moves an extent twice");
+                tiers[m.extent as usize] = m.to;
+                match m.to {
+                    Tier::Fast => {
+                        prop_assert!(v.pin != Pin::Slow);
+                        prop_assert!(v.pin == Pin::Fast || v.heat >= MIN_HEAT);
+                        used += 1;
+                        if fast0 <= capacity {
+                            prop_assert!(used <= capacity);
+                        }
+                    }
+                    Tier::Slow => {
+                        prop_assert!(v.pin != Pin::Fast);
+                        used -= 1;
+                    }
+                }
+            }
+        }
+    }
+}

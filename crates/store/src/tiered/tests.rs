@@ -1,0 +1,256 @@
+//! The tier map against an in-memory model: random writes, trims, moves and crashes, a crash
+//! at each step of a move included; after each reopen the bytes match the model, every extent
+//! is in exactly one tier, and the fast tier's file holds no more than its extents.
+
+use super::*;
+use proptest::prelude::*;
+use std::os::unix::fs::MetadataExt;
+
+const EXT: u64 = crate::GRAIN;
+const EXTENTS: u64 = 12;
+const SIZE: u64 = EXT * EXTENTS;
+const PLACES: u64 = 5;
+
+fn cfg() -> TierConfig {
+    TierConfig {
+        fast_capacity: PLACES * EXT,
+        disk: None,
+        migrate_rate: 0,
+        extent: EXT,
+    }
+}
+
+fn open(dir: &Path) -> (TieredStore, Arc<TieredReplica>) {
+    let s = TieredStore::open_still(dir, cfg()).unwrap();
+    let all = s.open_all();
+    assert_eq!(all.len(), 1, "one replica: {all:?}");
+    all.into_iter().next().unwrap().unwrap();
+    let r = s.replica(1).unwrap();
+    (s, r)
+}
+
+fn read_all(r: &dyn Replica) -> Vec<u8> {
+    let mut b = vec![0u8; SIZE as usize];
+    r.read(0, &mut b).unwrap();
+    b
+}
+
+/// Every extent's bytes are in its tier only, and the fast file takes no more space than
+/// the extents on the fast tier.
+fn check_placement(dir: &Path, s: &TieredStore, r: &TieredReplica) {
+    for e in 0..r.extents() {
+        let (off, len) = r.range(e);
+        let other = r.on(match r.tier(e) {
+            Tier::Fast => Tier::Slow,
+            Tier::Slow => Tier::Fast,
+        });
+        let ext = other.block_status(off, len).unwrap();
+        assert!(
+            ext.iter().all(|x| x.flags & Extent::HOLE != 0),
+            "extent {e} on {:?} has bytes in the other tier: {ext:?}",
+            r.tier(e)
+        );
+    }
+    let fast = r.count(Tier::Fast);
+    assert!(fast <= PLACES);
+    assert_eq!(
+        s.tiers().unwrap().fast_used,
+        fast * EXT,
+        "fast-tier accounting"
+    );
+    let data = std::fs::metadata(dir.join("fast").join("replica-0000000000000001.data")).unwrap();
+    assert!(
+        data.blocks() * 512 <= fast * EXT,
+        "fast file holds {} bytes for {fast} extents",
+        data.blocks() * 512
+    );
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Write {
+        block: u64,
+        blocks: u64,
+        seed: u8,
+    },
+    Zero {
+        block: u64,
+        blocks: u64,
+        trim: bool,
+    },
+    Move {
+        extent: u64,
+        fast: bool,
+        crash: Option<u8>,
+    },
+    Flush,
+    Reopen {
+        clean: bool,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let blocks = SIZE / 4096;
+    prop_oneof![
+        4 => (0..blocks, 1u64..40, any::<u8>()).prop_map(|(block, n, seed)| Op::Write { block, blocks: n, seed }),
+        1 => (0..blocks, 1u64..40, any::<bool>()).prop_map(|(block, n, trim)| Op::Zero { block, blocks: n, trim }),
+        4 => (0..EXTENTS, any::<bool>(), proptest::option::weighted(0.3, 0u8..3))
+            .prop_map(|(extent, fast, crash)| Op::Move { extent, fast, crash }),
+        1 => Just(Op::Flush),
+        1 => any::<bool>().prop_map(|clean| Op::Reopen { clean }),
+    ]
+}
+
+fn step(c: u8) -> MoveStep {
+    match c {
+        0 => MoveStep::Copied,
+        1 => MoveStep::Durable,
+        _ => MoveStep::Switched,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #[test]
+    fn tier_map_matches_the_model_through_moves_and_crashes(ops in proptest::collection::vec(op(), 1..40)) {
+        let d = tempfile::tempdir().unwrap();
+        let mut model = vec![0u8; SIZE as usize];
+        let mut s = TieredStore::open_still(d.path(), cfg()).unwrap();
+        s.create(1, SIZE).unwrap();
+        let mut r = s.replica(1).unwrap();
+        for op in ops {
+            match op {
+                Op::Write { block, blocks, seed } => {
+                    let off = block * 4096;
+                    let len = (blocks * 4096).min(SIZE - off);
+                    let data: Vec<u8> = (0..len).map(|i| seed.wrapping_add((i / 512) as u8) | 1).collect();
+                    r.write(off, &data, false).unwrap();
+                    model[off as usize..(off + len) as usize].copy_from_slice(&data);
+                }
+                Op::Zero { block, blocks, trim } => {
+                    let off = block * 4096;
+                    let len = (blocks * 4096).min(SIZE - off);
+                    r.write_zeroes(off, len, trim, false).unwrap();
+                    model[off as usize..(off + len) as usize].fill(0);
+                }
+                Op::Flush => r.flush().unwrap(),
+                Op::Move { extent, fast, crash } => {
+                    let to = if fast { Tier::Fast } else { Tier::Slow };
+                    let before = r.tier(extent);
+                    let room = s.tiers().unwrap().fast_used < PLACES * EXT;
+                    let moved = r.move_extent(extent, to, crash.map(step)).unwrap();
+                    let expect = before != to && (to == Tier::Slow || room) && crash.is_none_or(|c| c == 2);
+                    prop_assert_eq!(moved, expect, "move of {} to {:?} from {:?}", extent, to, before);
+                    if let Some(c) = crash {
+                        // The process dies here; the store is opened again.
+                        drop(r);
+                        drop(s);
+                        (s, r) = open(d.path());
+                        let want = if c == 2 && moved { to } else { before };
+                        prop_assert_eq!(r.tier(extent), want, "after a crash at {:?}", step(c));
+                        prop_assert_eq!(read_all(r.as_ref()), model.clone());
+                        check_placement(d.path(), &s, &r);
+                    }
+                }
+                Op::Reopen { clean } => {
+                    if clean {
+                        r.close().unwrap();
+                    }
+                    drop(r);
+                    drop(s);
+                    (s, r) = open(d.path());
+                    check_placement(d.path(), &s, &r);
+                }
+            }
+            prop_assert_eq!(read_all(r.as_ref()), model.clone());
+        }
+        drop(r);
+        drop(s);
+        let (s, r) = open(d.path());
+        prop_assert_eq!(read_all(r.as_ref()), model);
+        check_placement(d.path(), &s, &r);
+    }
+}
+
+#[test]
+fn a_pin_to_fast_that_does_not_fit_is_refused_and_changes_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let s = TieredStore::open_still(d.path(), cfg()).unwrap();
+    s.create(1, SIZE).unwrap();
+    s.create(2, 3 * EXT).unwrap();
+    let big = s.replica(1).unwrap();
+    let small = s.replica(2).unwrap();
+    let e = big.set_pin(Pin::Fast).unwrap_err();
+    assert!(matches!(e, StoreError::NoSpace { .. }), "{e}");
+    assert_eq!(big.pin(), Pin::Auto);
+    small.set_pin(Pin::Fast).unwrap();
+    drop((big, small));
+    drop(s);
+    let s = TieredStore::open_still(d.path(), cfg()).unwrap();
+    assert_eq!(s.open_all().len(), 2);
+    assert_eq!(s.replica(2).unwrap().pin(), Pin::Fast, "the pin is durable");
+    assert_eq!(s.replica(1).unwrap().pin(), Pin::Auto);
+}
+
+#[test]
+fn the_mover_promotes_hot_extents_and_honours_pins() {
+    let d = tempfile::tempdir().unwrap();
+    let s = TieredStore::open(
+        d.path(),
+        TierConfig {
+            migrate_rate: 100 * EXT,
+            ..cfg()
+        },
+    )
+    .unwrap();
+    s.create(1, SIZE).unwrap();
+    let r = s.replica(1).unwrap();
+    r.write(0, &vec![7u8; SIZE as usize], false).unwrap();
+    let mut b = vec![0u8; 4096];
+    // Extents 3 and 8 are hot.
+    let wait = |what: &str, done: &dyn Fn() -> bool| {
+        let t = std::time::Instant::now();
+        while !done() {
+            assert!(t.elapsed() < std::time::Duration::from_secs(10), "{what}");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    for i in 0..20 {
+        r.read(3 * EXT + (i % 4) * 8192, &mut b).unwrap();
+        r.read(8 * EXT + (i % 4) * 8192, &mut b).unwrap();
+    }
+    wait("hot extents promoted", &|| {
+        r.tier(3) == Tier::Fast && r.tier(8) == Tier::Fast
+    });
+    assert_eq!(r.count(Tier::Fast), 2, "only the hot extents move");
+    r.set_pin(Pin::Slow).unwrap();
+    wait("pinned to slow", &|| r.count(Tier::Fast) == 0);
+    assert_eq!(read_all(r.as_ref()), vec![7u8; SIZE as usize]);
+    s.create(2, 4 * EXT).unwrap();
+    let p = s.replica(2).unwrap();
+    p.set_pin(Pin::Fast).unwrap();
+    wait("pinned to fast", &|| p.count(Tier::Fast) == 4);
+    let st = r.tier_stats();
+    assert_eq!((st.promotions, st.demotions), (2, 2));
+}
+
+#[test]
+fn a_full_scan_promotes_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let s = TieredStore::open(
+        d.path(),
+        TierConfig {
+            migrate_rate: 100 * EXT,
+            ..cfg()
+        },
+    )
+    .unwrap();
+    s.create(1, SIZE).unwrap();
+    let r = s.replica(1).unwrap();
+    let mut b = vec![0u8; 4096];
+    for off in (0..SIZE).step_by(4096) {
+        r.read(off, &mut b).unwrap();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    assert_eq!(r.count(Tier::Fast), 0);
+}
