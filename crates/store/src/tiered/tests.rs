@@ -59,8 +59,10 @@ fn check_placement(dir: &Path, s: &TieredStore, r: &TieredReplica) {
         "fast-tier accounting"
     );
     let data = std::fs::metadata(dir.join("fast").join("replica-0000000000000001.data")).unwrap();
+    // The file system counts its own extent-tree blocks too: a few KiB of slack, far less than
+    // the 64 KiB grain a leaked place would take.
     assert!(
-        data.blocks() * 512 <= fast * EXT,
+        data.blocks() * 512 <= fast * EXT + 16 * 1024,
         "fast file holds {} bytes for {fast} extents",
         data.blocks() * 512
     );
