@@ -235,6 +235,7 @@ pub fn run(
                     trireme_control::Request::VolumeCreate {
                         access: None,
                         min_copies: None,
+                        tier: None,
                         name: name.clone(),
                         size,
                         replicas: v.parse().unwrap_or(1),

@@ -78,6 +78,8 @@ pub struct RunResult {
     pub started: SystemTime,
     /// With `--verify`: what the reads during the run and the final re-read found.
     pub verify: Option<VerifyReport>,
+    /// For a volume on tiered nodes: what the tiers did in the measured window.
+    pub tier: Option<crate::tier::TierSection>,
 }
 
 impl RunResult {
@@ -174,7 +176,13 @@ async fn io_loop(ctx: Arc<Ctx>, thread: usize, slot: usize) -> ThreadStats {
     let mut now = Instant::now();
     while now < ctx.run_end && !ctx.stop.load(Ordering::Relaxed) {
         let offset = match p.pattern {
-            Pattern::Random { align } => rng.below(blocks) * align,
+            Pattern::Random { align } => match &p.hot {
+                Some(z) => {
+                    let (start, n) = z.pick(rng.below(100), blocks);
+                    (start + rng.below(n)) * align
+                }
+                None => rng.below(blocks) * align,
+            },
             Pattern::Sequential => {
                 if seq_pos + bs > region.min(ctx.span - region_start) {
                     seq_pos = slot as u64 * bs % region.max(1);
@@ -505,6 +513,7 @@ where
         cpu: cpu::report(&a, &b, &pids),
         started,
         verify: ctx.oracle.as_ref().map(Oracle::report),
+        tier: None,
     })
 }
 

@@ -20,6 +20,7 @@ pub mod report;
 pub mod suite;
 pub mod sweep;
 pub mod target;
+pub mod tier;
 pub mod verify;
 
 pub use engine::{run, BenchError, RunResult};

@@ -12,6 +12,74 @@ pub enum Pattern {
     Sequential,
 }
 
+/// DISKSPD's hot-zone distribution (`-rdpct90/10`: 90% of the I/O to the first 10% of the
+/// target). Zones follow each other from the start of the target; what the listed zones leave
+/// of the I/O goes to what they leave of the target. Each zone is uniform inside (unlike fio's
+/// zipf and pareto, which hash offsets and so scatter the hot blocks over the whole target,
+/// where no extent-based tier can hold them).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HotZones {
+    /// (percent of I/O, percent of the target), in target order, covering all of the I/O.
+    pub zones: Vec<(u32, u32)>,
+}
+
+impl HotZones {
+    /// Parses `90/10` or `80/10:15/20` (I/O percent / target percent, `:` between zones).
+    pub fn parse(s: &str) -> Result<HotZones, String> {
+        let mut zones = Vec::new();
+        for z in s.split(':') {
+            let (io, t) = z
+                .split_once('/')
+                .ok_or_else(|| format!("hot zone {z:?}: expected IO%/TARGET%, e.g. 90/10"))?;
+            let num = |v: &str| {
+                v.trim()
+                    .parse::<u32>()
+                    .map_err(|_| format!("hot zone {z:?}: {v:?} is not a whole percentage"))
+            };
+            let (io, t) = (num(io)?, num(t)?);
+            if t == 0 {
+                return Err(format!(
+                    "hot zone {z:?}: a zone covers at least 1% of the target"
+                ));
+            }
+            zones.push((io, t));
+        }
+        let (io, t): (u32, u32) = zones.iter().fold((0, 0), |(a, b), &(i, t)| {
+            (a.saturating_add(i), b.saturating_add(t))
+        });
+        if io > 100 || t > 100 {
+            return Err(format!(
+                "hot zones add up to {io}% of the I/O and {t}% of the target; at most 100 each"
+            ));
+        }
+        match (io < 100, t < 100) {
+            (true, true) => zones.push((100 - io, 100 - t)),
+            (true, false) => {
+                return Err(format!(
+                    "hot zones cover the whole target with {io}% of the I/O; the I/O must add up to 100"
+                ))
+            }
+            _ => {}
+        }
+        Ok(HotZones { zones })
+    }
+
+    /// The zone an I/O goes to, from `pick` in `0..100`, as (start, length) in `blocks` blocks.
+    pub fn pick(&self, pick: u64, blocks: u64) -> (u64, u64) {
+        let (mut io_acc, mut t_acc) = (0u64, 0u64);
+        for &(io, t) in &self.zones {
+            let start = blocks * t_acc / 100;
+            t_acc += u64::from(t);
+            io_acc += u64::from(io);
+            let end = (blocks * t_acc / 100).max(start + 1).min(blocks);
+            if pick < io_acc {
+                return (start.min(blocks - 1), (end - start.min(blocks - 1)).max(1));
+            }
+        }
+        (0, blocks)
+    }
+}
+
 /// Write buffer contents.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -43,6 +111,9 @@ pub struct Profile {
     pub span: u64,
     /// Write self-describing blocks and check every read (see `verify`).
     pub verify: bool,
+    /// With a random pattern: DISKSPD's `-rdpct` hot zones (default: uniform).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hot: Option<HotZones>,
 }
 
 impl Profile {
@@ -62,6 +133,7 @@ impl Profile {
             seed: 0,
             span: 0,
             verify: false,
+            hot: None,
         }
     }
 
@@ -92,6 +164,9 @@ impl Profile {
                 || matches!(self.pattern, Pattern::Random { align } if align % 4096 != 0))
         {
             return Err(ProfileError::VerifyAlignment);
+        }
+        if self.hot.is_some() && self.pattern == Pattern::Sequential {
+            return Err(ProfileError::HotZonesSequential);
         }
         let span = self.span_for(target_size);
         if span < self.block_size {
@@ -130,6 +205,41 @@ pub enum ProfileError {
     ZeroAlignment,
     #[error("--verify needs block size and alignment in multiples of 4 KiB")]
     VerifyAlignment,
+    #[error("hot zones (-rdpct) need random I/O (-r)")]
+    HotZonesSequential,
     #[error("target of {span} bytes is smaller than one {block}-byte block")]
     TargetTooSmall { span: u64, block: u64 },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hot_zones_parse_like_diskspd() {
+        assert_eq!(
+            HotZones::parse("90/10").unwrap().zones,
+            vec![(90, 10), (10, 90)]
+        );
+        assert_eq!(
+            HotZones::parse("80/10:15/20").unwrap().zones,
+            vec![(80, 10), (15, 20), (5, 70)]
+        );
+        // All of the I/O in the listed zones: the rest of the target is never touched.
+        assert_eq!(HotZones::parse("100/10").unwrap().zones, vec![(100, 10)]);
+        for bad in ["90", "90/0", "60/10:50/10", "90/100", "a/10", "90/10:"] {
+            assert!(HotZones::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn picks_land_in_their_zone() {
+        let z = HotZones::parse("90/10").unwrap();
+        assert_eq!(z.pick(0, 1000), (0, 100));
+        assert_eq!(z.pick(89, 1000), (0, 100));
+        assert_eq!(z.pick(90, 1000), (100, 900));
+        // Tiny targets still give every zone at least one block.
+        let (s, n) = z.pick(95, 3);
+        assert!(s < 3 && n >= 1 && s + n <= 3);
+    }
 }

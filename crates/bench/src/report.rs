@@ -117,6 +117,7 @@ pub fn json(r: &RunResult) -> Value {
         "iops_per_kernel_pct": if h.iops_per_kernel_pct.is_finite() { json!(h.iops_per_kernel_pct) } else { Value::Null },
         "cpu_us_per_io": { "generator": h.generator_us_per_io, "storage": h.storage_us_per_io },
         "verify": r.verify,
+        "tier": r.tier,
     })
 }
 
@@ -170,7 +171,18 @@ pub fn text(r: &RunResult, command: &str) -> String {
     o.push_str(&format!("\tblock size: {} bytes\n", p.block_size));
     match p.pattern {
         Pattern::Random { align } => {
-            o.push_str(&format!("\tusing random I/O (alignment: {align} bytes)\n"))
+            o.push_str(&format!("\tusing random I/O (alignment: {align} bytes)\n"));
+            if let Some(z) = &p.hot {
+                let zones: Vec<String> = z
+                    .zones
+                    .iter()
+                    .map(|(io, t)| format!("{io}% of I/O to {t}% of the target"))
+                    .collect();
+                o.push_str(&format!(
+                    "\thot zones (-rdpct): {}\n",
+                    zones.join(", then ")
+                ));
+            }
         }
         Pattern::Sequential => {
             o.push_str("\tusing sequential I/O, each thread in its own region\n")
@@ -303,6 +315,9 @@ pub fn text(r: &RunResult, command: &str) -> String {
             o.push_str(&format!("  LBA {}: {:?}: {}\n", f.lba, f.verdict, f.detail));
         }
     }
+    if let Some(t) = &r.tier {
+        o.push_str(&tier_text(t));
+    }
     o.push_str(&format!(
         "\nSummary: {:.0} IOPS, {:.2} MiB/s, {:.0} IOPS per % kernel CPU, CPU us per IO: generator {:.2}, storage {}\n",
         h.iops,
@@ -312,6 +327,26 @@ pub fn text(r: &RunResult, command: &str) -> String {
         h.storage_us_per_io.map_or("n/a".to_string(), |v| format!("{v:.2}"))
     ));
     o
+}
+
+fn tier_text(t: &crate::tier::TierSection) -> String {
+    let per_node: Vec<String> = t
+        .fast_extents
+        .iter()
+        .map(|(n, e)| format!("node {n}: {e}"))
+        .collect();
+    format!(
+        "\nTiers (during the measured window): reads {} fast, {} slow, hit ratio {}; {} promotions, {} demotions; extents on fast at the end: {}\n\tslow tier: {}\n",
+        t.reads_fast,
+        t.reads_slow,
+        t.hit_ratio.map_or("-".to_string(), |h| format!("{h:.3}")),
+        t.promotions,
+        t.demotions,
+        per_node.join(", "),
+        t.disk_model
+            .as_deref()
+            .map_or("a real disk".to_string(), |m| format!("{m} (these are the model's numbers)"))
+    )
 }
 
 /// A Markdown summary of a run: the headline numbers and the latency percentiles, ready to

@@ -34,6 +34,14 @@ pub struct BenchArgs {
     /// Random I/O, aligned to ALIGN bytes (default: the block size).
     #[arg(short = 'r', long = "random", num_args = 0..=1, default_missing_value = "0", value_parser = parse_size, value_name = "ALIGN")]
     pub random: Option<u64>,
+    /// DISKSPD's hot zones, `-rdpct90/10` (or `--rdpct 90/10`): 90% of the I/O to the first
+    /// 10% of the target, the rest to the rest; `80/10:15/20` for more zones. Implies `-r`.
+    #[arg(
+        long = "rdpct",
+        value_name = "IO%/TARGET%",
+        conflicts_with = "sequential"
+    )]
+    pub rdpct: Option<String>,
     /// Sequential I/O (the default without a preset).
     #[arg(short = 's', long = "sequential", conflicts_with = "random")]
     pub sequential: bool,
@@ -112,14 +120,22 @@ impl BenchArgs {
                 seed: 0,
                 span: 0,
                 verify: false,
+                hot: None,
             },
         };
         if let Some(b) = self.block_size {
             p.block_size = b;
         }
+        if let Some(z) = &self.rdpct {
+            p.hot = Some(trireme_bench::profile::HotZones::parse(z)?);
+        }
         if let Some(a) = self.random {
             p.pattern = Pattern::Random {
                 align: if a == 0 { p.block_size } else { a },
+            };
+        } else if p.hot.is_some() {
+            p.pattern = Pattern::Random {
+                align: p.block_size,
             };
         } else if let Pattern::Random { .. } = p.pattern {
             p.pattern = Pattern::Random {
@@ -251,8 +267,23 @@ pub fn run(cli: &Cli, a: &BenchArgs) -> Result<(), CliError> {
             .await
             .map_err(|e| e.to_string())
     };
-    let result = trireme_bench::run(&profile, open, &pids, cli.output == Output::Text)
+    // A volume on tiered nodes: its tier counters when the measured window opens and after.
+    let tier_volume = a.target.as_deref().and_then(trireme_bench::tier::volume_of);
+    let tier_before = tier_volume.clone().map(|v| {
+        let (dir, warmup) = (cli.data_dir.clone(), profile.warmup_s);
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_secs(warmup));
+            trireme_bench::tier::snapshot(&dir, &v)
+        })
+    });
+    let mut result = trireme_bench::run(&profile, open, &pids, cli.output == Output::Text)
         .map_err(|e| CliError::Usage(e.to_string()))?;
+    if let (Some(v), Some(before)) = (&tier_volume, tier_before) {
+        let after = trireme_bench::tier::snapshot(&cli.data_dir, v);
+        if let (Ok(Some(b)), Some(a)) = (before.join(), after) {
+            result.tier = Some(trireme_bench::tier::section(&b, &a));
+        }
+    }
     let command: Vec<String> = std::env::args().collect();
     match cli.output {
         Output::Json => println!(

@@ -362,16 +362,31 @@ async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 format!("volume {}: access {}\n", v.name, access_text(&v.access))
             });
         }
-        Cmd::Volume(VolumeCmd::Set { name, min_copies }) => {
+        Cmd::Volume(VolumeCmd::Set {
+            name,
+            min_copies,
+            tier,
+        }) => {
+            if min_copies.is_none() && tier.is_none() {
+                return Err(CliError::Usage(
+                    "volume set: give --min-copies N or --tier auto|fast|slow".into(),
+                ));
+            }
             let v: VolumeRecord = cc
                 .call(&Request::VolumeSet {
                     name: name.clone(),
                     min_copies: *min_copies,
+                    tier: tier.map(|t| t.policy()),
                 })
                 .await
                 .map_err(usage_if_remote)?;
             print(out, &v, |v| {
-                format!("volume {}: min copies {}\n", v.name, v.min_copies())
+                format!(
+                    "volume {}: min copies {}, tier {}\n",
+                    v.name,
+                    v.min_copies(),
+                    v.tier.as_str()
+                )
             });
         }
         Cmd::Volume(VolumeCmd::Create {
@@ -380,6 +395,7 @@ async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
             replicas,
             allow,
             min_copies,
+            tier,
         }) => {
             let v: VolumeRecord = cc
                 .call(&Request::VolumeCreate {
@@ -388,6 +404,7 @@ async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                     replicas: *replicas as usize,
                     access: (!allow.is_empty()).then(|| allow.clone()),
                     min_copies: *min_copies,
+                    tier: Some(tier.policy()),
                 })
                 .await
                 .map_err(usage_if_remote)?;
@@ -419,6 +436,12 @@ async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                         "attached by this cluster's process: link to node {} over {} ({})\n",
                         l.node, l.transport, l.peer
                     );
+                }
+                if !v.record.tier.is_auto() || !v.tiers.is_empty() {
+                    s += &format!("tier: {}\n", v.record.tier.as_str());
+                }
+                for t in &v.tiers {
+                    s += &format!("{}\n", replica_tier_text(t));
                 }
                 s
             });
@@ -548,8 +571,42 @@ fn nodes_table(nodes: &[NodeStatus]) -> String {
             "{:<5} {:<22} {:<7} {:<13} {:<9} {:<9} {}\n",
             n.id, n.addr, n.store, state, n.transport, ping, n.replicas
         );
+        if let Some(t) = &n.tiers {
+            s += &format!("      {}\n", node_tiers_text(t));
+        }
     }
     s
+}
+
+/// A node's tiers in one line.
+fn node_tiers_text(t: &trireme_control::NodeTierStatus) -> String {
+    format!(
+        "tiers: fast {} of {} used, slow {}; {} extents, migration up to {}/s, {} moved",
+        human(t.fast_used),
+        human(t.fast_capacity),
+        t.disk_model
+            .as_deref()
+            .map_or("a real disk".to_string(), |m| format!("behind a {m}")),
+        human(t.extent),
+        human(t.migrate_rate),
+        human(t.migrated_bytes)
+    )
+}
+
+/// A replica's tiers in one line.
+fn replica_tier_text(t: &trireme_control::ReplicaTierStatus) -> String {
+    format!(
+        "tier on node {}: {} extents fast, {} slow (pin {}); reads {} fast, {} slow, hit ratio {}; {} promoted, {} demoted",
+        t.node,
+        t.fast_extents,
+        t.slow_extents,
+        t.pin.as_str(),
+        t.reads_fast,
+        t.reads_slow,
+        t.hit_ratio.map_or("-".to_string(), |h| format!("{h:.3}")),
+        t.promotions,
+        t.demotions
+    )
 }
 
 /// An access list as `status` and `volume info` print it.
@@ -631,6 +688,12 @@ fn status_text(s: &StatusReport) -> String {
             out += &format!("{:<16} attached by {w}\n", "");
         }
         out += &format!("{:<16} access: {}\n", "", access_text(&v.access));
+        if !v.tier.is_auto() {
+            out += &format!("{:<16} pinned to the {} tier\n", "", v.tier.as_str());
+        }
+        for t in v.replicas.iter().filter_map(|r| r.tier.as_ref()) {
+            out += &format!("{:<16} {}\n", "", replica_tier_text(t));
+        }
         if v.writes_suspended {
             let in_sync = v
                 .replicas

@@ -123,6 +123,24 @@ impl StoreArg {
     }
 }
 
+/// Where a volume's extents live on tiered nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TierArg {
+    Auto,
+    Fast,
+    Slow,
+}
+
+impl TierArg {
+    pub fn policy(self) -> trireme_meta::TierPolicy {
+        match self {
+            TierArg::Auto => trireme_meta::TierPolicy::Auto,
+            TierArg::Fast => trireme_meta::TierPolicy::Fast,
+            TierArg::Slow => trireme_meta::TierPolicy::Slow,
+        }
+    }
+}
+
 /// What the slow tier of `--store tiered` is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum SlowDisk {
@@ -561,14 +579,24 @@ pub enum VolumeCmd {
         /// (2 of 3, 1 of 2).
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=3))]
         min_copies: Option<u32>,
+        /// On nodes with `--store tiered`: `auto` (hot extents on the fast tier, by heat),
+        /// `fast` (every extent on flash; refused if a node's fast tier cannot hold it) or
+        /// `slow`.
+        #[arg(long, value_enum, default_value_t = TierArg::Auto)]
+        tier: TierArg,
     },
-    /// Change a volume's settings.
+    /// Change a volume's settings (one or more of them).
     Set {
         name: String,
         /// Fewest in-sync copies writes go on with (1 to the number of replicas). Lowering it
         /// lets writes suspended for want of copies go on.
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=3))]
-        min_copies: u32,
+        min_copies: Option<u32>,
+        /// Move every extent to a tier (`fast`, `slow`; within the migration rate) or let heat
+        /// place them (`auto`). A pin to fast reserves the room, and is refused if it does not
+        /// fit.
+        #[arg(long, value_enum)]
+        tier: Option<TierArg>,
     },
     /// Change who may use a volume: add client identities to its access list, take others
     /// off. Links a removed client already has stay up until they close.
@@ -665,7 +693,12 @@ fn tune_allocator() {
 
 fn main() -> ExitCode {
     tune_allocator();
-    let cli = match Cli::try_parse() {
+    // DISKSPD spells hot zones `-rdpct90/10`, which reads as `-r` with a value: say it long.
+    let args = std::env::args_os().map(|a| match a.to_str() {
+        Some(s) if s.starts_with("-rdpct") => format!("--rdpct={}", &s[6..]).into(),
+        _ => a,
+    });
+    let cli = match Cli::try_parse_from(args) {
         Ok(c) => c,
         Err(e) => {
             use clap::error::ErrorKind::*;

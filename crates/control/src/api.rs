@@ -25,12 +25,19 @@ pub enum Request {
         /// Fewest in-sync copies writes go on with; default: one fewer than the replicas.
         #[serde(default)]
         min_copies: Option<u32>,
+        /// The tier its extents live on (tiered nodes); default: by heat.
+        #[serde(default)]
+        tier: Option<trireme_meta::TierPolicy>,
     },
-    /// Changes a volume's settings.
+    /// Changes a volume's settings: each one given.
     VolumeSet {
         name: String,
         /// Fewest in-sync copies writes go on with (1 to the number of replicas).
-        min_copies: u32,
+        #[serde(default)]
+        min_copies: Option<u32>,
+        /// The tier its extents live on.
+        #[serde(default)]
+        tier: Option<trireme_meta::TierPolicy>,
     },
     /// Changes who may use a volume: `allow` added to its access list, `deny` taken off.
     VolumeAccess {
@@ -135,6 +142,77 @@ pub struct NodeStatus {
     pub registered: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zone: Option<String>,
+    /// The node's tiers (a tiered store), if it answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tiers: Option<NodeTierStatus>,
+}
+
+/// A node's fast and slow tiers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeTierStatus {
+    pub fast_capacity: u64,
+    /// Bytes of the fast tier taken by extents.
+    pub fast_used: u64,
+    /// The unit of heat and of migration.
+    pub extent: u64,
+    /// Most bytes migrated per second.
+    pub migrate_rate: u64,
+    /// Bytes migrated since the node started.
+    pub migrated_bytes: u64,
+    /// The disk model in front of the slow tier; `None`: a real disk. Numbers measured over
+    /// a model are the model's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_model: Option<String>,
+}
+
+impl From<trireme_proto::NodeTiers> for NodeTierStatus {
+    fn from(t: trireme_proto::NodeTiers) -> Self {
+        NodeTierStatus {
+            fast_capacity: t.fast_capacity,
+            fast_used: t.fast_used,
+            extent: t.extent,
+            migrate_rate: t.migrate_rate,
+            migrated_bytes: t.migrated_bytes,
+            disk_model: t.disk_model,
+        }
+    }
+}
+
+/// One replica's tiers on its node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplicaTierStatus {
+    pub node: u32,
+    pub pin: trireme_meta::TierPolicy,
+    pub fast_extents: u64,
+    pub slow_extents: u64,
+    /// Read requests served by each tier since the node started.
+    pub reads_fast: u64,
+    pub reads_slow: u64,
+    /// `reads_fast` over all reads; `None` before the first read.
+    pub hit_ratio: Option<f64>,
+    pub promotions: u64,
+    pub demotions: u64,
+}
+
+impl ReplicaTierStatus {
+    pub fn new(node: u32, r: trireme_proto::ReplicaTierInfo) -> ReplicaTierStatus {
+        let reads = r.reads_fast + r.reads_slow;
+        ReplicaTierStatus {
+            node,
+            pin: match r.pin {
+                1 => trireme_meta::TierPolicy::Fast,
+                2 => trireme_meta::TierPolicy::Slow,
+                _ => trireme_meta::TierPolicy::Auto,
+            },
+            fast_extents: r.fast_extents,
+            slow_extents: r.slow_extents,
+            reads_fast: r.reads_fast,
+            reads_slow: r.reads_slow,
+            hit_ratio: (reads > 0).then(|| r.reads_fast as f64 / reads as f64),
+            promotions: r.promotions,
+            demotions: r.demotions,
+        }
+    }
 }
 
 /// A replica's state as `status` shows it: its record's (or the live writer's), or what was
@@ -183,7 +261,7 @@ impl std::fmt::Display for ReplicaStatusState {
 }
 
 /// One replica as `status` shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReplicaStatus {
     pub node: u32,
     pub state: ReplicaStatusState,
@@ -192,10 +270,13 @@ pub struct ReplicaStatus {
     /// Progress when `state` is `resyncing`.
     #[serde(default)]
     pub resync: Option<trireme_client::ResyncProgress>,
+    /// Where its extents live, on a tiered node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tier: Option<ReplicaTierStatus>,
 }
 
 /// A volume as `status` shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct VolumeStatus {
     pub name: String,
     pub id: u64,
@@ -218,6 +299,9 @@ pub struct VolumeStatus {
     /// copies (fewer than `min_copies`).
     #[serde(default)]
     pub writes_suspended: bool,
+    /// The tier its extents live on, on tiered nodes.
+    #[serde(default)]
+    pub tier: trireme_meta::TierPolicy,
 }
 
 /// What a planned node restart did.
@@ -238,7 +322,7 @@ pub struct NodeRestartReport {
 
 /// The answer to `volume info`: the volume's record (its fields at the top level of the JSON),
 /// and who is attached.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct VolumeInfo {
     #[serde(flatten)]
     pub record: trireme_meta::VolumeRecord,
@@ -248,6 +332,9 @@ pub struct VolumeInfo {
     /// The data-path links of the writer attached in the cluster process (`trireme up`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub client_links: Vec<LinkStatus>,
+    /// Each replica's tiers, from the tiered nodes that answered.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tiers: Vec<ReplicaTierStatus>,
 }
 
 /// One data-path link of a volume client to a node.
@@ -267,7 +354,7 @@ pub struct LinkStatus {
 }
 
 /// The answer to `status`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StatusReport {
     pub nodes: Vec<NodeStatus>,
     pub volumes: Vec<VolumeStatus>,
@@ -435,8 +522,23 @@ mod tests {
             r,
             Request::VolumeSet {
                 name: "v".into(),
-                min_copies: 1
+                min_copies: Some(1),
+                tier: None,
             }
+        );
+        let r: Request =
+            serde_json::from_str(r#"{"cmd":"volume_set","name":"v","tier":"fast"}"#).unwrap();
+        assert!(matches!(
+            r,
+            Request::VolumeSet {
+                min_copies: None,
+                tier: Some(trireme_meta::TierPolicy::Fast),
+                ..
+            }
+        ));
+        assert!(
+            serde_json::from_str::<Request>(r#"{"cmd":"volume_set","name":"v","tier":"ssd"}"#)
+                .is_err()
         );
         // Older clients send no minimum at creation.
         let r: Request =

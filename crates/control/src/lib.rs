@@ -18,7 +18,8 @@ mod restart;
 
 pub use api::{
     ControlClient, ControlError, ControlStream, LinkStatus, NodeRestartReport, NodeStatus,
-    ReplicaStatus, ReplicaStatusState, Request, StatusReport, VolumeInfo, VolumeStatus,
+    NodeTierStatus, ReplicaStatus, ReplicaStatusState, ReplicaTierStatus, Request, StatusReport,
+    VolumeInfo, VolumeStatus,
 };
 pub use error::{membership_error, ManagerError};
 pub use manager::{

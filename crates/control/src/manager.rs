@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use bytes::Bytes;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use trireme_client::{AttachInfo, ReplicaTarget};
-use trireme_meta::{ClusterMeta, NodeRecord, NodeState, VolumeRecord};
+use trireme_meta::{ClusterMeta, NodeRecord, NodeState, TierPolicy, VolumeRecord};
 use trireme_proto::{Header, Op, Status};
 use trireme_replication::{place, NodeLoad};
 use trireme_transport::{Peer, TransportKind};
@@ -385,7 +385,17 @@ impl Manager {
     /// A volume's record, with who is attached to it.
     async fn volume_info(&self, name: &str) -> Result<crate::api::VolumeInfo> {
         let record = self.meta.volume(name).await?;
+        let mut tiers = Vec::new();
+        for r in &record.replicas {
+            let Ok(n) = self.node(r.node).await else {
+                continue;
+            };
+            if let Some(t) = self.tier_info(&n, record.id).await.and_then(|t| t.replica) {
+                tiers.push(crate::api::ReplicaTierStatus::new(n.id, t));
+            }
+        }
         Ok(crate::api::VolumeInfo {
+            tiers,
             writer: self.writer_text(name).await,
             client_links: self.client_links(name),
             record,
@@ -410,6 +420,26 @@ impl Manager {
                 format!(": {}", a.exports.join(" "))
             }
         ))
+    }
+
+    /// A node's tiers and its replica of `volume`'s (`None`: no tiers, or no answer).
+    async fn tier_info(&self, node: &NodeRecord, volume: u64) -> Option<trireme_proto::TierReport> {
+        let h = Header {
+            volume,
+            ..Header::request(Op::TierInfo, 0)
+        };
+        match self.node_call(node, h).await {
+            Ok(f) if f.header.status == Status::Ok => {
+                match trireme_proto::TierReport::decode(&f.payload) {
+                    Ok(t) => Some(t),
+                    Err(e) => {
+                        tracing::warn!(node = node.id, "a tier report that does not decode: {e}");
+                        None
+                    }
+                }
+            }
+            _ => None,
+        }
     }
 
     fn forget_link(&self, addr: &str, c: &Link) {
@@ -441,6 +471,77 @@ impl Manager {
         };
         let f = self.node_call(node, h).await?;
         Ok(f.header.status)
+    }
+
+    /// Pins the volume's replica on `node` to the volume's tier. A volume left to heat on a
+    /// node without tiers is nothing to do; a pin there is refused with the node's reason.
+    pub(crate) async fn apply_tier(
+        &self,
+        node: &NodeRecord,
+        v: &VolumeRecord,
+    ) -> std::result::Result<(), String> {
+        let h = Header {
+            volume: v.id,
+            offset: v.tier.code(),
+            ..Header::request(Op::TierSet, 0)
+        };
+        match self.node_call(node, h).await {
+            Ok(f) if f.header.status == Status::Ok => Ok(()),
+            Ok(f) if f.header.status == Status::Unsupported && v.tier.is_auto() => Ok(()),
+            Ok(f) => Err(format!(
+                "node {}: {}: {}",
+                node.id,
+                f.header.status.as_str(),
+                String::from_utf8_lossy(&f.payload)
+            )),
+            Err(e) => Err(format!("node {}: {e}", node.id)),
+        }
+    }
+
+    /// A new replica of a pinned volume takes the pin; if its node cannot (a full fast tier,
+    /// no tiers), the copy stays where heat puts it and the operator is told.
+    pub(crate) async fn pin_new_replica(&self, node: &NodeRecord, v: &VolumeRecord) {
+        if v.tier.is_auto() {
+            return;
+        }
+        if let Err(why) = self.apply_tier(node, v).await {
+            tracing::warn!(volume = %v.name, node = node.id, tier = v.tier.as_str(), "the new replica is not on its volume's tier: {why}");
+        }
+    }
+
+    /// Puts a volume's extents on a tier (`fast`, `slow`) or lets heat place them (`auto`),
+    /// on every node holding a replica. A pin that one node refuses (its fast tier cannot hold
+    /// the volume) is undone on the others and the record keeps the old setting.
+    pub async fn set_tier(&self, name: &str, tier: TierPolicy) -> Result<VolumeRecord> {
+        let _g = self.volume_lock.lock().await;
+        let old = self.meta.volume(name).await?;
+        let mut v = old.clone();
+        v.tier = tier;
+        let mut done = Vec::new();
+        for r in &v.replicas {
+            let node = self.node(r.node).await?;
+            if let Err(why) = self.apply_tier(&node, &v).await {
+                for n in &done {
+                    if let Err(e) = self.apply_tier(n, &old).await {
+                        tracing::warn!(volume = name, node = n.id, "undoing a tier pin: {e}");
+                    }
+                }
+                return Err(refused(format!(
+                    "volume {name:?} cannot be put on the {} tier: {why}",
+                    tier.as_str()
+                )));
+            }
+            done.push(node);
+        }
+        let v = self
+            .meta
+            .update_volume(name, &mut |rec| {
+                rec.tier = tier;
+                Ok(())
+            })
+            .await?;
+        tracing::info!(volume = name, tier = tier.as_str(), "tier set");
+        Ok(v)
     }
 
     pub async fn create_volume(
@@ -639,7 +740,12 @@ impl Manager {
                 .node_call(n, Header::request(Op::Ping, 0))
                 .await
                 .is_ok();
+        let tiers = match up {
+            true => self.tier_info(n, 0).await.map(|t| t.node.into()),
+            false => None,
+        };
         NodeStatus {
+            tiers,
             id: n.id,
             addr: n.addr.clone(),
             store: n.store.clone(),
@@ -676,6 +782,11 @@ impl Manager {
         for n in &nodes {
             ns.push(self.node_status(n, &vols, alive.as_ref()).await);
         }
+        let tiered: Vec<u32> = ns
+            .iter()
+            .filter(|n| n.tiers.is_some())
+            .map(|n| n.id)
+            .collect();
         let mut vs = Vec::new();
         for v in &vols {
             let views = self.writer_views(&v.name);
@@ -691,6 +802,7 @@ impl Manager {
                     allocated_bytes: None,
                     epoch: None,
                     resync: live.and_then(|l| l.resync.clone()),
+                    tier: None,
                 };
                 let down = ns.iter().any(|x| x.id == r.node && !x.up);
                 match nodes.iter().find(|n| n.id == r.node) {
@@ -706,6 +818,13 @@ impl Manager {
                             Ok(f) if f.header.status == Status::Ok => {
                                 st.allocated_bytes = Some(f.header.offset);
                                 st.epoch = Some(f.header.epoch);
+                                if tiered.contains(&n.id) {
+                                    st.tier = self
+                                        .tier_info(n, v.id)
+                                        .await
+                                        .and_then(|t| t.replica)
+                                        .map(|t| crate::api::ReplicaTierStatus::new(n.id, t));
+                                }
                             }
                             Ok(f) if f.header.status == Status::NoReplica => {
                                 st.state = ReplicaStatusState::Missing
@@ -727,6 +846,7 @@ impl Manager {
                 writer: self.writer_text(&v.name).await,
                 min_copies: v.min_copies(),
                 writes_suspended: self.writer(&v.name).is_some_and(|w| w.writes_suspended()),
+                tier: v.tier,
             });
         }
         Ok(StatusReport {
@@ -782,6 +902,7 @@ impl Manager {
                     tracing::warn!(volume = %v.name, node = n.id, "replica lost with its volatile store; re-created empty and marked failed until resynced");
                 }
                 self.replica_op(&n, Op::CreateReplica, &v).await?;
+                self.pin_new_replica(&n, &v).await;
             }
         }
         Ok(())
@@ -807,17 +928,47 @@ impl Manager {
                 replicas,
                 access,
                 min_copies,
+                tier,
             } => to(async {
-                let v = self.create_volume(&name, size, replicas, access).await?;
-                match min_copies {
-                    Some(n) => self.set_min_copies(&name, n).await,
-                    None => Ok(v),
+                let mut v = self.create_volume(&name, size, replicas, access).await?;
+                if let Some(n) = min_copies {
+                    v = self.set_min_copies(&name, n).await?;
                 }
+                if let Some(t) = tier.filter(|t| !t.is_auto()) {
+                    // A volume is created on its tier or not at all.
+                    if let Err(e) = self.set_tier(&name, t).await {
+                        if let Err(d) = self.delete_volume(&name).await {
+                            tracing::warn!(
+                                volume = name,
+                                "removing a volume whose tier was refused: {d}"
+                            );
+                        }
+                        return Err(e);
+                    }
+                    v = self.meta.volume(&name).await?;
+                }
+                Ok(v)
             }
             .await),
-            Request::VolumeSet { name, min_copies } => {
-                to(self.set_min_copies(&name, min_copies).await)
+            Request::VolumeSet {
+                name,
+                min_copies,
+                tier,
+            } => to(async {
+                if min_copies.is_none() && tier.is_none() {
+                    return Err(refused(
+                        "volume set: nothing to change (give a minimum of copies or a tier)",
+                    ));
+                }
+                if let Some(n) = min_copies {
+                    self.set_min_copies(&name, n).await?;
+                }
+                if let Some(t) = tier {
+                    self.set_tier(&name, t).await?;
+                }
+                Ok(self.meta.volume(&name).await?)
             }
+            .await),
             Request::VolumeAccess { name, allow, deny } => {
                 to(self.set_access(&name, &allow, &deny).await)
             }

@@ -599,6 +599,7 @@ impl Manager {
                 }
             };
             if resumed {
+                self.pin_new_replica(&target, &v).await;
                 tracing::info!(volume = %v.name, from, to, "resuming the unfinished copy of an earlier attempt");
                 self.update_move(from, |m| m.to = Some(to));
                 self.save_job(from).await;
@@ -641,7 +642,10 @@ impl Manager {
             };
         }
         match created {
-            Ok(Status::Ok) => Ok((to, v)),
+            Ok(Status::Ok) => {
+                self.pin_new_replica(&target, &v).await;
+                Ok((to, v))
+            }
             outcome => {
                 let _ = self
                     .meta()

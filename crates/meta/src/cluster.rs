@@ -163,6 +163,8 @@ struct Layout {
     access: Vec<String>,
     #[serde(default, skip_serializing_if = "crate::is_zero32")]
     min_copies: u32,
+    #[serde(default, skip_serializing_if = "crate::TierPolicy::is_auto")]
+    tier: crate::TierPolicy,
 }
 
 fn record(spec: Spec, layout: Layout) -> VolumeRecord {
@@ -175,6 +177,7 @@ fn record(spec: Spec, layout: Layout) -> VolumeRecord {
         writer_open: layout.writer_open,
         access: layout.access,
         min_copies: layout.min_copies,
+        tier: layout.tier,
     }
 }
 
@@ -185,6 +188,7 @@ fn layout_of(v: &VolumeRecord) -> Layout {
         writer_open: v.writer_open,
         access: v.access.clone(),
         min_copies: v.min_copies,
+        tier: v.tier,
     }
 }
 
@@ -408,6 +412,7 @@ impl ClusterMeta {
                 epoch: 0,
                 writer_open: false,
                 min_copies: 0,
+                tier: crate::TierPolicy::Auto,
             };
             let done = self
                 .write(

@@ -162,6 +162,40 @@ pub struct VolumeRecord {
     /// return.
     #[serde(default, skip_serializing_if = "is_zero32")]
     pub min_copies: u32,
+    /// Which tier the volume's extents live on, on nodes with tiered stores.
+    #[serde(default, skip_serializing_if = "TierPolicy::is_auto")]
+    pub tier: TierPolicy,
+}
+
+/// Where a volume's extents live on tiered nodes: by heat (`auto`), or pinned to a tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, Hash)]
+#[serde(rename_all = "kebab-case")]
+pub enum TierPolicy {
+    #[default]
+    Auto,
+    Fast,
+    Slow,
+}
+
+impl TierPolicy {
+    pub fn is_auto(&self) -> bool {
+        *self == TierPolicy::Auto
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TierPolicy::Auto => "auto",
+            TierPolicy::Fast => "fast",
+            TierPolicy::Slow => "slow",
+        }
+    }
+    /// The code of `Op::TierSet`'s `offset`.
+    pub fn code(self) -> u64 {
+        match self {
+            TierPolicy::Auto => 0,
+            TierPolicy::Fast => 1,
+            TierPolicy::Slow => 2,
+        }
+    }
 }
 
 pub(crate) fn is_zero32(n: &u32) -> bool {

@@ -243,7 +243,7 @@ impl Node {
         }
         let allowed = match &**role {
             trireme_tls::Role::Client(name)
-                if !matches!(h.op, Op::CreateReplica | Op::DeleteReplica) =>
+                if !matches!(h.op, Op::CreateReplica | Op::DeleteReplica | Op::TierSet) =>
             {
                 let access = self.access.read().unwrap_or_else(|e| e.into_inner());
                 access
@@ -260,8 +260,8 @@ impl Node {
             "{role} may not {:?} volume {}: {}",
             h.op,
             h.volume,
-            if matches!(h.op, Op::CreateReplica | Op::DeleteReplica) {
-                "only nodes and operators create or delete replicas"
+            if matches!(h.op, Op::CreateReplica | Op::DeleteReplica | Op::TierSet) {
+                "only nodes and operators create, delete or place replicas"
             } else {
                 "not on the volume's access list"
             }
@@ -272,6 +272,16 @@ impl Node {
 
     pub fn id(&self) -> u32 {
         self.id
+    }
+
+    fn no_tiers(&self) -> Refusal {
+        Refusal(
+            Status::Unsupported,
+            format!(
+                "node {}'s store has no tiers (start it with --store tiered)",
+                self.id
+            ),
+        )
     }
 
     pub fn replica_count(&self) -> usize {
@@ -521,6 +531,50 @@ impl Node {
                 tracing::info!(node = self.id, volume = h.volume, "deleted replica");
                 Bytes::new()
             }
+            Op::TierSet => {
+                let pin = u8::try_from(h.offset)
+                    .ok()
+                    .and_then(trireme_store::Pin::from_code)
+                    .ok_or_else(|| {
+                        Refusal(Status::Invalid, format!("unknown tier pin {}", h.offset))
+                    })?;
+                let r = self.replica(h.volume)?;
+                if self.store.tiers().is_none() {
+                    return Err(self.no_tiers());
+                }
+                r.set_pin(pin)?;
+                tracing::info!(
+                    node = self.id,
+                    volume = h.volume,
+                    pin = pin.as_str(),
+                    "tier pin set"
+                );
+                Bytes::new()
+            }
+            Op::TierInfo => {
+                let t = self.store.tiers().ok_or_else(|| self.no_tiers())?;
+                let replica = self.replica(h.volume).ok().and_then(|r| r.tiers());
+                let report = trireme_proto::TierReport {
+                    node: trireme_proto::NodeTiers {
+                        fast_capacity: t.fast_capacity,
+                        fast_used: t.fast_used,
+                        extent: t.extent,
+                        migrate_rate: t.migrate_rate,
+                        migrated_bytes: t.migrated_bytes,
+                        disk_model: t.disk_model,
+                    },
+                    replica: replica.map(|r| trireme_proto::ReplicaTierInfo {
+                        pin: r.pin.code(),
+                        fast_extents: r.fast_extents,
+                        slow_extents: r.slow_extents,
+                        reads_fast: r.reads_fast,
+                        reads_slow: r.reads_slow,
+                        promotions: r.promotions,
+                        demotions: r.demotions,
+                    }),
+                };
+                Bytes::from(report.encode())
+            }
             Op::ReplicaInfo => {
                 let r = self.replica(h.volume)?;
                 resp.length = r.size();
@@ -633,7 +687,10 @@ const MAX_EPOCH_LEAP: u64 = 1 << 32;
 impl Handler for Node {
     fn inline(&self, req: &Frame) -> bool {
         !self.store.blocking()
-            || matches!(req.header.op, Op::Ping | Op::ReplicaInfo | Op::UcxAddress)
+            || matches!(
+                req.header.op,
+                Op::Ping | Op::ReplicaInfo | Op::UcxAddress | Op::TierInfo
+            )
     }
 
     async fn handle(self: Arc<Self>, req: Frame) -> Frame {

@@ -30,6 +30,7 @@
 mod dirty;
 mod extent;
 mod op;
+mod tier;
 
 pub use dirty::{
     decode_peer, encode_peer, DirtyPeer, DIRTY_AUTO, DIRTY_DROP, DIRTY_MANUAL, DIRTY_PEER_LEN,
@@ -37,6 +38,7 @@ pub use dirty::{
 };
 pub use extent::{data_ranges, decode_extents, encode_extents, Extent, EXTENT_LEN};
 pub use op::{Op, Status};
+pub use tier::{NodeTiers, ReplicaTierInfo, TierReport};
 
 /// `TRIR` read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"TRIR");

@@ -64,6 +64,13 @@ pub enum Op {
     /// The node's UCX worker address (payload), for a client to move the connection's data path
     /// to UCX; `Unsupported` with the reason when the node does not offer UCX. No volume.
     UcxAddress = 20,
+    /// Pins the replica's extents to a tier: `offset` 0 auto (by heat), 1 fast, 2 slow.
+    /// `NoSpace` when the fast tier cannot hold a replica pinned there, `Unsupported` on a
+    /// store without tiers. No epoch check (a control op, like `CreateReplica`).
+    TierSet = 21,
+    /// The node's tiers and, if it holds the replica `volume` names, the replica's: payload
+    /// [`TierReport`](crate::TierReport). `Unsupported` on a store without tiers.
+    TierInfo = 22,
 }
 
 impl Op {
@@ -89,6 +96,8 @@ impl Op {
             18 => Op::ActivityClear,
             19 => Op::ActivityQuery,
             20 => Op::UcxAddress,
+            21 => Op::TierSet,
+            22 => Op::TierInfo,
             _ => return None,
         })
     }
