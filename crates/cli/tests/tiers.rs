@@ -1,0 +1,210 @@
+//! Tiered nodes (`--store tiered`): a verifying hot-zone workload while extents migrate and a
+//! node is killed, and pins that move every extent within the migration rate. The slow tier
+//! is the disk model (this host has no spinning disk).
+
+mod common;
+
+use common::*;
+use std::time::{Duration, Instant};
+
+const MIB: u64 = 1 << 20;
+
+fn info(c: &Cluster, volume: &str) -> serde_json::Value {
+    let out = c.cli(&["--output", "json", "volume", "info", volume]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// (node, extents on fast, extents on slow, promotions) of each replica.
+fn tiers(c: &Cluster, volume: &str) -> Vec<(u64, u64, u64, u64)> {
+    info(c, volume)["tiers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|t| {
+            let n = |k: &str| t[k].as_u64().unwrap();
+            (
+                n("node"),
+                n("fast_extents"),
+                n("slow_extents"),
+                n("promotions"),
+            )
+        })
+        .collect()
+}
+
+/// Every node's map covers the volume, its fast-tier accounting matches its map, and its fast
+/// file takes no more space than the extents the map puts there (nothing leaked by a move cut
+/// short).
+fn check_maps(c: &Cluster, extents: u64) {
+    let st = status(c);
+    let t = tiers(c, "vol0");
+    assert_eq!(t.len(), 3, "{t:?}");
+    for (node, fast, slow, _) in t {
+        assert_eq!(fast + slow, extents, "node {node}");
+        let n = st["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["id"].as_u64() == Some(node))
+            .unwrap();
+        assert_eq!(
+            n["tiers"]["fast_used"].as_u64(),
+            Some(fast * MIB),
+            "node {node}: {n}"
+        );
+        let data = c
+            .path()
+            .join(format!("node-{node}/fast/replica-0000000000000001.data"));
+        use std::os::unix::fs::MetadataExt;
+        let used = std::fs::metadata(&data).unwrap().blocks() * 512;
+        assert!(
+            used <= fast * MIB + 64 * 1024,
+            "node {node}: fast file takes {used} bytes for {fast} extents"
+        );
+    }
+}
+
+#[test]
+fn a_hot_zone_workload_loses_nothing_while_extents_migrate_and_a_node_dies() {
+    // A 26-extent hot zone promoted at 4 MiB/s: migration runs for seconds, across the kill.
+    let c = Cluster::start(&[
+        "--store",
+        "tiered",
+        "--size",
+        "128M",
+        "--fast-size",
+        "32M",
+        "--migrate-rate",
+        "4M",
+    ]);
+    let bench = std::process::Command::new(env!("CARGO_BIN_EXE_trireme"))
+        .arg("--data-dir")
+        .arg(c.path())
+        .args([
+            "--output",
+            "json",
+            "bench",
+            "--verify",
+            "-b4K",
+            "-w30",
+            "-rdpct90/20",
+            "-t2",
+            "-o4",
+            "-d16",
+            "-W0",
+        ])
+        .arg(&c.unix)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while tiers(&c, "vol0").iter().all(|t| t.3 == 0) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "nothing promoted: {:?}\n{}",
+            tiers(&c, "vol0"),
+            c.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Mid-migration: some hot extents are up, most are still to come.
+    let p2 = node_pid(&c, 2);
+    signal(p2, libc::SIGKILL);
+    wait_restarted(&c, 2, p2);
+    let v = check_workload(bench, 300, &|| c.log());
+    wait_all_in_sync(&c);
+    assert_replicas_identical(&c, "vol0");
+    check_maps(&c, 128);
+    let t = &v["tier"];
+    assert!(
+        t["reads_fast"].as_u64().unwrap() > 0,
+        "no read served by the fast tier: {t}"
+    );
+    assert!(
+        t["disk_model"].as_str().unwrap().contains("disk model"),
+        "{t}"
+    );
+}
+
+/// Waits until every replica of vol0 has `fast` extents on the fast tier; returns how long.
+fn wait_fast(c: &Cluster, fast: u64, limit: Duration) -> Duration {
+    let t0 = Instant::now();
+    loop {
+        let t = tiers(c, "vol0");
+        if t.len() == 3 && t.iter().all(|x| x.1 == fast) {
+            return t0.elapsed();
+        }
+        assert!(
+            t0.elapsed() < limit,
+            "after {:?}: {t:?}\n{}",
+            t0.elapsed(),
+            c.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn pins_move_every_extent_within_the_rate_and_a_pin_that_does_not_fit_is_refused() {
+    let c = Cluster::start(&[
+        "--store",
+        "tiered",
+        "--size",
+        "16M",
+        "--fast-size",
+        "24M",
+        "--migrate-rate",
+        "8M",
+    ]);
+    let q = |cmd: &str| {
+        let out = std::process::Command::new("qemu-io")
+            .args(["-f", "raw", "-c", cmd, &c.unix])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success() && !String::from_utf8_lossy(&out.stdout).contains("fail"),
+            "qemu-io {cmd}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    need("qemu-io");
+    q("write -P 0x5a 0 16M");
+    // 16 MiB at 8 MiB/s: 2 s, with room for the mover's 100 ms ticks and the polling.
+    let bound = Duration::from_millis(2000 + 1500);
+    let out = c.cli(&["volume", "set", "vol0", "--tier", "fast"]);
+    assert!(out.status.success(), "{out:?}");
+    let took = wait_fast(&c, 16, Duration::from_secs(30));
+    assert!(took <= bound, "pinning to fast took {took:?}");
+    q("read -P 0x5a 0 16M");
+    let out = c.cli(&["volume", "set", "vol0", "--tier", "slow"]);
+    assert!(out.status.success(), "{out:?}");
+    let took = wait_fast(&c, 0, Duration::from_secs(30));
+    assert!(took <= bound, "pinning to slow took {took:?}");
+    q("read -P 0x5a 0 16M");
+    assert_replicas_identical(&c, "vol0");
+    check_maps(&c, 16);
+
+    // A second volume pinned to fast does not fit beside the room the first could take back:
+    // 16 + 16 extents of 24.
+    let out = c.cli(&["volume", "set", "vol0", "--tier", "fast"]);
+    assert!(out.status.success());
+    let out = c.cli(&["volume", "create", "big", "--size", "16M", "--tier", "fast"]);
+    assert!(
+        !out.status.success(),
+        "a pin past the fast tier was accepted"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("fast tier has 24 places"), "{err}");
+    let list = String::from_utf8_lossy(&c.cli(&["volume", "list"]).stdout).to_string();
+    assert!(!list.contains("big"), "the refused volume was kept: {list}");
+    let info = info(&c, "vol0");
+    assert_eq!(info["tier"], "fast", "{info}");
+}
