@@ -8,6 +8,17 @@ const SIZE: u64 = 4 << 20;
 fn stores() -> Vec<(Arc<dyn Store>, Option<tempfile::TempDir>)> {
     let d = tempfile::tempdir().unwrap();
     let d2 = tempfile::tempdir().unwrap();
+    let d3 = tempfile::tempdir().unwrap();
+    let tiered = TieredStore::open(
+        d3.path(),
+        TierConfig {
+            fast_capacity: SIZE,
+            disk: None,
+            migrate_rate: 64 << 20,
+            extent: GRAIN,
+        },
+    )
+    .unwrap();
     let sealed_file = SealedStore::new(
         Arc::new(FileStore::open(d2.path()).unwrap()),
         Some(d2.path()),
@@ -20,6 +31,7 @@ fn stores() -> Vec<(Arc<dyn Store>, Option<tempfile::TempDir>)> {
             None,
         ),
         (Arc::new(sealed_file), Some(d2)),
+        (Arc::new(tiered), Some(d3)),
     ]
 }
 

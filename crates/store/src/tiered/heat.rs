@@ -46,10 +46,9 @@ impl Heat {
 
     /// Counts one request of `len` bytes at `offset`; true if it heated (was not a stream).
     pub fn touch(&self, offset: u64, len: u64) -> bool {
-        if len == 0 {
+        let Some(end) = offset.checked_add(len).filter(|_| len > 0) else {
             return false;
-        }
-        let end = offset + len;
+        };
         // A scan in small pieces: it starts where a recent request ended. Racy by design (two
         // threads may pick the same slot); a lost end costs one extent one unit of heat.
         if let Some(slot) = self

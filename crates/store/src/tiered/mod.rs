@@ -829,6 +829,7 @@ impl Replica for TieredReplica {
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         let len = buf.len() as u64;
+        check_range(offset, len, self.size)?;
         self.heat.touch(offset, len);
         self.each_piece(offset, len, |t, r, off, n, at| {
             match t {
@@ -840,6 +841,7 @@ impl Replica for TieredReplica {
         })
     }
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), StoreError> {
+        check_range(offset, data.len() as u64, self.size)?;
         self.heat.touch(offset, data.len() as u64);
         self.each_piece(offset, data.len() as u64, |_, r, off, n, at| {
             r.write(off, &data[at..at + n as usize], fua)
