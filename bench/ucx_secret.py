@@ -53,7 +53,7 @@ def main():
             c.cli("volume", "create", "b", "--size", "256M", "--replicas", "3")
             # The memory store allocates at a page's first write: fill once, untimed.
             c.bench("-s", "-b1M", "-w100", "-t1", "-o4", "-W0", "-d6", "volume:b")
-            links = c.bench("-b4K", "-r", "-t1", "-o1", "-W0", "-d1", "volume:b")["target"]
+            links = ", ".join(c.bench("-b4K", "-r", "-t1", "-o1", "-W0", "-d1", "volume:b")["links"])
             print(f"{c.name}: {links}")
         runs = {(c.name, k): [] for c in clusters for k in ("s2d", "qd1")}
         print(f"$ trireme bench --profile s2d -d{SECS} volume:b; "

@@ -109,10 +109,13 @@ pub fn svg(c: &Chart) -> String {
     let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM);
     let px = |x: f64| LEFT + (tx(c.x_scale, x) - xmin) / (xmax - xmin) * pw;
     let py = |y: f64| TOP + ph - y / ytop * ph;
+    let caption = wrap(&c.caption, CAPTION_CHARS);
+    // Three caption lines fit under the plot; the picture grows for more.
+    let height = H + caption.len().saturating_sub(3) as f64 * 16.0;
     let mut o = String::new();
     let _ = write!(
         o,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="DejaVu Sans, sans-serif">"#
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height}" viewBox="0 0 {W} {height}" font-family="DejaVu Sans, sans-serif">"#
     );
     let _ = write!(o, r#"<rect width="100%" height="100%" fill="white"/>"#);
     let _ = write!(
@@ -205,7 +208,7 @@ pub fn svg(c: &Chart) -> String {
             esc(&s.label)
         );
     }
-    for (k, line) in c.caption.lines().enumerate() {
+    for (k, line) in caption.iter().enumerate() {
         let _ = write!(
             o,
             r##"<text x="{LEFT}" y="{:.1}" font-size="12" fill="#444">{}</text>"##,
@@ -215,6 +218,29 @@ pub fn svg(c: &Chart) -> String {
     }
     o.push_str("</svg>\n");
     o
+}
+
+/// Longest caption line, in characters, that fits the picture's width at 12 px.
+const CAPTION_CHARS: usize = 125;
+
+/// The caption's lines, each broken at spaces to at most `max` characters (a word longer
+/// than that stands alone).
+fn wrap(text: &str, max: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let mut cur = String::new();
+        for word in line.split(' ') {
+            if !cur.is_empty() && cur.chars().count() + 1 + word.chars().count() > max {
+                out.push(std::mem::take(&mut cur));
+                cur.push_str("    ");
+            } else if !cur.is_empty() {
+                cur.push(' ');
+            }
+            cur.push_str(word);
+        }
+        out.push(cur);
+    }
+    out
 }
 
 /// Why a chart could not be written.
@@ -254,6 +280,30 @@ pub fn write(c: &Chart, stem: &Path) -> Result<Vec<PathBuf>, ChartError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_caption_lines_wrap_and_the_picture_grows() {
+        let long = "links: ".to_string() + &"node 1 ucx over sysv/memory+tcp/lo, ".repeat(8);
+        let lines = wrap(&format!("short\n{long}"), 60);
+        assert!(lines.len() > 3, "{lines:?}");
+        assert!(lines.iter().all(|l| l.chars().count() <= 60), "{lines:?}");
+        assert_eq!(lines[0], "short");
+        let c = Chart {
+            title: "t".into(),
+            x_label: "x".into(),
+            y_label: "y".into(),
+            caption: format!("a\nb\n{long}"),
+            x_scale: Scale::Linear,
+            x_ticks: vec![],
+            series: vec![],
+            y_max: None,
+        };
+        let svg = svg(&c);
+        assert!(
+            !svg.contains(&format!("height=\"{H}\"")),
+            "the picture did not grow"
+        );
+    }
 
     #[test]
     fn svg_has_every_series_and_the_caption() {

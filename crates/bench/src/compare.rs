@@ -415,10 +415,15 @@ fn table(cmp: &Compare, profile: &Profile, rounds: u32, runs: &[Value]) -> Strin
     );
     if cmp.axis == "transport" {
         for r in runs {
+            let links: Vec<&str> = r["links"]
+                .as_array()
+                .map(|l| l.iter().filter_map(|x| x.as_str()).collect())
+                .unwrap_or_default();
             o += &format!(
-                "{}: {}\n",
+                "{}: {}, links {}\n",
                 r["value"].as_str().unwrap_or("?"),
-                r["target"].as_str().unwrap_or("?")
+                r["target"].as_str().unwrap_or("?"),
+                links.join(", ")
             );
         }
         o += "tcp is TCP through the kernel's network stack (loopback on one host), unix the same-host sockets trireme uses without UCX.\n";

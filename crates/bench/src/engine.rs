@@ -80,6 +80,8 @@ pub struct RunResult {
     pub verify: Option<VerifyReport>,
     /// For a volume on tiered nodes: what the tiers did in the measured window.
     pub tier: Option<crate::tier::TierSection>,
+    /// The data-path links of a native-client target (`node N: ucx over ...`).
+    pub links: Vec<String>,
 }
 
 impl RunResult {
@@ -401,7 +403,7 @@ where
         oracle,
     });
     let pids = storage_pids.to_vec();
-    let (threads, cpu_pair) = rt.block_on(async {
+    let (threads, cpu_pair, links) = rt.block_on(async {
         let c = ctx.clone();
         let monitor = tokio::spawn(async move {
             tokio::time::sleep_until(c.window_start.into()).await;
@@ -496,8 +498,9 @@ where
         if let (Some(o), false) = (&ctx.oracle, ctx.stop.load(Ordering::Relaxed)) {
             final_pass(&ctx.target, o).await;
         }
+        let links = ctx.target.links();
         ctx.target.close().await;
-        (threads, cpu_pair)
+        (threads, cpu_pair, links)
     });
     let error = ctx.error.lock().unwrap_or_else(|e| e.into_inner()).clone();
     if let Some(e) = error {
@@ -514,6 +517,7 @@ where
         started,
         verify: ctx.oracle.as_ref().map(Oracle::report),
         tier: None,
+        links,
     })
 }
 

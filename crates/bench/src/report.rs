@@ -12,9 +12,15 @@
 //!   "cpu": { "user_pct", "kernel_pct", "idle_pct", "steal_pct", "per_cpu": [...],
 //!            "generator_s", "storage_s", "other_s", "storage_pids": [...] },
 //!   "iops_per_kernel_pct": f64,
-//!   "cpu_us_per_io": { "generator": f64, "storage": f64 | null } }
+//!   "cpu_us_per_io": { "generator": f64, "storage": f64 | null },
+//!   "verify": { ... } | null,
+//!   "links": [ "node N: TRANSPORT[ over LANES]", ... ],
+//!   "tier": { "hit_ratio": f64 | null, "reads_fast", "reads_slow", "promotions", "demotions",
+//!             "fast_extents": [[node, extents], ...], "disk_model"?: str } | null }
 //! ```
 //! `cpu_us_per_io.storage` is null when no storage processes were named (`null`, a file).
+//! `links` are the native client's (`volume:` targets); `tier` is there for a volume on
+//! tiered nodes, counted over the measured window.
 
 use hdrhistogram::Histogram;
 use serde_json::{json, Value};
@@ -118,6 +124,7 @@ pub fn json(r: &RunResult) -> Value {
         "cpu_us_per_io": { "generator": h.generator_us_per_io, "storage": h.storage_us_per_io },
         "verify": r.verify,
         "tier": r.tier,
+        "links": r.links,
     })
 }
 
@@ -164,6 +171,9 @@ pub fn text(r: &RunResult, command: &str) -> String {
         "\ttarget: {} ({} bytes)\n",
         r.target, r.target_size
     ));
+    if !r.links.is_empty() {
+        o.push_str(&format!("\tlinks: {}\n", r.links.join(", ")));
+    }
     o.push_str(&format!(
         "\tduration: {}s, warm up: {}s, cool down: {}s\n",
         p.duration_s, p.warmup_s, p.cooldown_s

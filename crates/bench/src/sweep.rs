@@ -56,6 +56,54 @@ fn utc_now() -> String {
     )
 }
 
+/// What the links measured ran over: the native client's own, or for an NBD export of a
+/// local cluster the links of the writer behind it (`status`); the same ones grouped.
+fn links_line(own: &[String], target: &str, data_dir: &Path) -> String {
+    let links: Vec<String> = if !own.is_empty() {
+        own.to_vec()
+    } else {
+        crate::tier::volume_of(target)
+            .and_then(|v| {
+                let st: trireme_control::StatusReport =
+                    crate::tier::call(data_dir, trireme_control::Request::Status)?;
+                let vol = st.volumes.into_iter().find(|x| x.name == v)?;
+                Some(
+                    vol.client_links
+                        .iter()
+                        .map(|l| match &l.lanes {
+                            Some(lanes) => format!("node {}: {} over {lanes}", l.node, l.transport),
+                            None => format!("node {}: {}", l.node, l.transport),
+                        })
+                        .collect(),
+                )
+            })
+            .unwrap_or_default()
+    };
+    let rdma = std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some());
+    let host = if rdma {
+        ""
+    } else {
+        "; this host has no RDMA device"
+    };
+    if links.is_empty() {
+        return format!("links: none of the writer's to report for this target{host}");
+    }
+    // "node 1: ucx over X" for every node reads as one line: "ucx over X to nodes 1, 2, 3".
+    let how: Vec<&str> = links
+        .iter()
+        .map(|l| l.split_once(": ").map_or(l.as_str(), |(_, h)| h))
+        .collect();
+    if how.iter().all(|h| *h == how[0]) {
+        let nodes: Vec<&str> = links
+            .iter()
+            .filter_map(|l| l.split_once(": ")?.0.strip_prefix("node "))
+            .collect();
+        format!("links: {} to nodes {}{host}", how[0], nodes.join(", "))
+    } else {
+        format!("links: {}{host}", links.join(", "))
+    }
+}
+
 fn read_trim(p: &str) -> String {
     std::fs::read_to_string(p)
         .map(|s| s.trim().to_string())
@@ -121,7 +169,7 @@ pub fn run(
         .map_err(|e| SuiteError::Usage(format!("--chart-dir {}: {e}", chart_dir.display())))?;
     let first = &results[0].2;
     let caption = format!(
-        "trireme bench, {}, {} thread(s), {}, {}% writes, {}s per point\nmachine {}, {} CPUs, kernel {}, {}\ntransport: TCP, or unix sockets between processes on one host; this machine has no RDMA device",
+        "trireme bench, {}, {} thread(s), {}, {}% writes, {}s per point\nmachine {}, {} CPUs, kernel {}, {}\n{}",
         first.target,
         base.threads,
         if matches!(base.pattern, Pattern::Random { .. }) { "random" } else { "sequential" },
@@ -130,7 +178,8 @@ pub fn run(
         read_trim("/proc/sys/kernel/hostname"),
         std::thread::available_parallelism().map_or(1, |n| n.get()),
         read_trim("/proc/sys/kernel/osrelease"),
-        utc_now()
+        utc_now(),
+        links_line(&first.links, target, data_dir)
     );
     let headline = |r: &RunResult| crate::report::headline(r);
     let iops = Chart {

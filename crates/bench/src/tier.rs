@@ -45,7 +45,8 @@ pub fn volume_of(target: &str) -> Option<String> {
     (!name.is_empty()).then(|| name.to_string())
 }
 
-fn call<T: serde::de::DeserializeOwned>(data_dir: &Path, req: Request) -> Option<T> {
+/// One control request to the cluster at `data_dir`; `None` if nothing answers there.
+pub(crate) fn call<T: serde::de::DeserializeOwned>(data_dir: &Path, req: Request) -> Option<T> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -113,6 +113,9 @@ fn refusals_are_one_line_with_exit_2() {
         vec!["nbd+unix:///x?socket=/nonexistent.sock".into()],
         vec!["volume:nope".into()],
         vec!["nbd://".into()],
+        vec!["-rdpct60/10:50/10".into(), "null".into()],
+        vec!["-rdpct90".into(), "null".into()],
+        vec!["-rdpct90/10".into(), "-s".into(), "null".into()],
     ];
     for args in cases {
         let out = Command::new(BIN)

@@ -146,16 +146,25 @@ fn ucx_over_its_tcp_lanes_and_a_teardown_mid_run() {
     for r in runs {
         assert!(r["iops"].as_f64().unwrap() > 0.0, "{r}");
     }
-    let ucx = runs.iter().find(|r| r["value"] == "ucx").unwrap();
+    let links = |value: &str| -> Vec<String> {
+        runs.iter().find(|r| r["value"] == value).unwrap()["links"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l.as_str().unwrap().to_string())
+            .collect()
+    };
+    let ucx = links("ucx");
     assert!(
-        ucx["target"].as_str().unwrap().contains("ucx over"),
-        "{ucx}"
+        ucx.len() == 3 && ucx.iter().all(|l| l.contains(": ucx over")),
+        "{ucx:?}"
     );
     // The TCP baseline goes through the network stack, not the same-host sockets.
-    let tcp = runs.iter().find(|r| r["value"] == "tcp").unwrap()["target"]
-        .as_str()
-        .unwrap();
-    assert!(tcp.contains("links tcp") && !tcp.contains("unix"), "{tcp}");
+    let tcp = links("tcp");
+    assert!(
+        tcp.len() == 3 && tcp.iter().all(|l| l.ends_with(": tcp")),
+        "{tcp:?}"
+    );
     // `transport=ucx` refuses TCP: a round whose links could not use UCX would say so.
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(

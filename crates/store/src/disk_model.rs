@@ -5,7 +5,8 @@
 //! wrapped store unchanged.
 //!
 //! Defaults ([`DiskParams::HDD`]): 8 ms per random request, 150 MB/s streaming, 2 requests in
-//! flight (a 7200 rpm SATA disk with a short command queue). Flushes, trims and allocation
+//! flight (a 7200 rpm SATA disk with a short command queue). A request that starts up to
+//! 256 KiB after a recent one ended pays for passing over the gap instead of a seek. Flushes, trims and allocation
 //! queries cost nothing: the model has no write cache to drain, and trims only change
 //! metadata.
 //!
@@ -81,6 +82,8 @@ pub fn as_background<R>(f: impl FnOnce() -> R) -> R {
 
 /// Where the recent requests ended: one that starts at any of them streams on.
 const STREAMS: usize = 4;
+/// A request this far past a recent end costs the gap's transfer, not a seek.
+const SKIP: u64 = 256 * 1024;
 
 #[derive(Debug, Default)]
 struct Heads {
@@ -148,19 +151,25 @@ impl DiskModel {
             h.foreground_waiting -= 1;
         }
         h.busy += 1;
-        let sequential = match h.ends.iter().position(|&e| e == (volume, offset)) {
+        // A request at or a little after a recent end streams on: the head passes over the
+        // gap instead of seeking (a copy that serves every second or third piece of a scan).
+        let near = h.ends.iter().position(|&(v, e)| {
+            v == volume && offset.checked_sub(e).is_some_and(|gap| gap <= SKIP)
+        });
+        let (sequential, gap) = match near {
             Some(i) => {
+                let gap = offset - h.ends[i].1;
                 h.ends[..=i].rotate_right(1);
-                true
+                (true, gap)
             }
             None => {
                 h.ends.rotate_right(1);
-                false
+                (false, 0)
             }
         };
         h.ends[0] = (volume, offset + len);
         drop(h);
-        let cost = self.params.cost(len, sequential);
+        let cost = self.params.cost(len + gap, sequential);
         self.stats.requests.fetch_add(1, Ordering::Relaxed);
         self.stats
             .sequential

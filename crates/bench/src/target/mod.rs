@@ -71,6 +71,15 @@ impl Target {
         }
     }
 
+    /// The data-path links the target itself opened (the native client's); empty for the
+    /// others.
+    pub fn links(&self) -> Vec<String> {
+        match self {
+            Target::Volume(t) => t.links(),
+            _ => Vec::new(),
+        }
+    }
+
     /// Alignment the target needs for offsets and lengths (O_DIRECT files: 4096).
     pub fn alignment(&self) -> u64 {
         match self {

@@ -87,25 +87,27 @@ impl VolumeTarget {
         self.vol.size()
     }
 
-    pub fn describe(&self) -> String {
-        let i = self.vol.info();
-        let links: Vec<String> = self
-            .vol
+    /// Each link to a node: `node N: TRANSPORT[ over LANES]`.
+    pub fn links(&self) -> Vec<String> {
+        self.vol
             .connections()
             .into_iter()
-            .filter_map(|(_, c)| {
+            .filter_map(|(n, c)| {
                 c.map(|c| match c.lanes {
-                    Some(l) => format!("{} over {l}", c.transport),
-                    None => c.transport,
+                    Some(l) => format!("node {n}: {} over {l}", c.transport),
+                    None => format!("node {n}: {}", c.transport),
                 })
             })
-            .collect();
+            .collect()
+    }
+
+    pub fn describe(&self) -> String {
+        let i = self.vol.info();
         format!(
-            "volume {} (native client, {} replicas, epoch {}, links {})",
+            "volume {} (native client, {} replicas, epoch {})",
             i.name,
             i.replicas.len(),
-            i.epoch,
-            links.join("/")
+            i.epoch
         )
     }
 

@@ -19,6 +19,9 @@ use super::map::{Pin, Tier};
 
 /// Requests of this size or more are streams: they do not heat.
 pub const STREAM_LEN: u64 = 128 * 1024;
+/// A request that starts at most this far after a recent one ended continues its stream: the
+/// gap a scan in pieces under `STREAM_LEN`, spread over up to three copies, leaves on each.
+pub const STREAM_GAP: u64 = 2 * STREAM_LEN;
 /// Heat below this never earns a promotion: one access is not a pattern.
 pub const MIN_HEAT: u32 = 2;
 /// Recent request ends remembered to spot scans in small pieces.
@@ -49,13 +52,15 @@ impl Heat {
         let Some(end) = offset.checked_add(len).filter(|_| len > 0) else {
             return false;
         };
-        // A scan in small pieces: it starts where a recent request ended. Racy by design (two
-        // threads may pick the same slot); a lost end costs one extent one unit of heat.
-        if let Some(slot) = self
-            .ends
-            .iter()
-            .find(|e| e.load(Ordering::Relaxed) == offset)
-        {
+        // A scan in small pieces: it starts where a recent request ended, or a little after
+        // (reads rotate over the copies, so each copy sees every second or third piece of a
+        // scan). Racy by design (two threads may pick the same slot); a lost end costs one
+        // extent one unit of heat.
+        if let Some(slot) = self.ends.iter().find(|e| {
+            offset
+                .checked_sub(e.load(Ordering::Relaxed))
+                .is_some_and(|gap| gap <= STREAM_GAP)
+        }) {
             slot.store(end, Ordering::Relaxed);
             return false;
         }
@@ -208,6 +213,11 @@ mod tests {
         // A scan in 4 KiB pieces from 2 MiB: only its first piece heats.
         let heated = (0..256u64)
             .filter(|i| h.touch((2 << 20) + i * 4096, 4096))
+            .count();
+        assert_eq!(heated, 1);
+        // So does a scan in 64 KiB pieces of which this copy sees every third.
+        let heated = (0..40u64)
+            .filter(|i| h.touch((10 << 20) + i * 3 * 65536, 65536))
             .count();
         assert_eq!(heated, 1);
         // Large requests never heat.
