@@ -29,6 +29,7 @@ mod reconcile;
 mod repair;
 mod resync;
 mod scrub;
+mod tiers;
 mod verify;
 
 use error::outcome_of;
@@ -200,6 +201,8 @@ pub struct Volume {
     copies: copies::Copies,
     /// Writes pass it one at a time, in arrival order, on their way into the write order.
     copies_gate: tokio::sync::Mutex<()>,
+    /// Which copies hold which extents on their slow tier, and heat owed to each (`tiers.rs`).
+    tiers: tiers::TierView,
 }
 
 /// Joins futures without spawning them: the writer's fan-out stays on its own task.
@@ -310,6 +313,7 @@ impl Volume {
             reconciled: Mutex::new(None),
             copies: copies::Copies::default(),
             copies_gate: tokio::sync::Mutex::new(()),
+            tiers: tiers::TierView::default(),
             core: core::Core::new(core),
             opened: tokio::time::Instant::now(),
             info,
@@ -686,8 +690,18 @@ impl Volume {
         let mut last = VolumeError::NoReplicas(self.info.name.clone());
         // The in-sync set may change while a read waits on a replica that stopped answering
         // (another may finish its resync meanwhile), so the plan looks at it again each time.
+        // On tiered nodes: prefer a copy that holds the extent on flash.
+        let tiered = h.op == Op::Read && self.tiers.active();
+        let extent = h.offset >> tiers::EXTENT_SHIFT;
         loop {
-            let next = plan.next(self.core().set());
+            let next = if tiered {
+                let nodes: Vec<u32> = (0..self.replica_count()).map(|i| self.node(i)).collect();
+                plan.next_preferring(self.core().set(), |i| {
+                    nodes.get(i).is_some_and(|&n| self.tiers.avoid(n, extent))
+                })
+            } else {
+                plan.next(self.core().set())
+            };
             let Some(i) = next else {
                 return Err(last);
             };
@@ -697,6 +711,9 @@ impl Volume {
                 .and_then(|f| self.expect_ok(i, f))
             {
                 Ok(f) => {
+                    if h.op == Op::Read {
+                        self.learn_tiers(i, extent, f.header.flags);
+                    }
                     if !plan.to_repair().is_empty() && h.op == Op::Read {
                         self.repair(plan.to_repair(), i, h.offset, h.length).await;
                     }
@@ -709,6 +726,29 @@ impl Volume {
                     last = e;
                 }
             }
+        }
+    }
+
+    /// Learns from replica `i`'s read reply whether it is tiered and where it served the read
+    /// from, and sends the other in-sync copies the heat they are owed (without waiting).
+    fn learn_tiers(&self, i: usize, extent: u64, flags: u16) {
+        if flags & trireme_proto::FLAG_TIERED == 0 {
+            return;
+        }
+        let others: Vec<u32> = self.in_sync().into_iter().map(|j| self.node(j)).collect();
+        for (node, batch) in self.tiers.learned(self.node(i), extent, flags, &others) {
+            let Some(j) = (0..self.replica_count()).find(|&j| self.node(j) == node) else {
+                continue;
+            };
+            let Some(c) = self.conn(&self.slots[j]) else {
+                continue;
+            };
+            let h = self.header(Op::TierHeat, 0, 0);
+            let payload = Bytes::from(trireme_proto::encode_heat(&batch));
+            // Advisory: a copy that misses a batch is only a little colder.
+            tokio::spawn(async move {
+                let _ = c.call(h, payload).await;
+            });
         }
     }
 

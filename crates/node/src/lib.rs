@@ -432,8 +432,30 @@ impl Node {
                 let r = self.io_replica(req)?;
                 trireme_store::check_range(h.offset, h.length, r.size())?;
                 let mut buf = BytesMut::zeroed(len_usize()?);
+                // Asked before the read heats anything: where it is served from, and whether
+                // the other copies should hear of it (the writer's read preference and heat
+                // sharing, `client/src/tiers.rs`).
+                let hint = r.tier_of(h.offset, h.length);
                 r.read(h.offset, &mut buf)?;
+                if let Some(t) = hint {
+                    resp.flags |= trireme_proto::FLAG_TIERED;
+                    if t.slow {
+                        resp.flags |= trireme_proto::FLAG_SLOW;
+                    }
+                    if t.heated {
+                        resp.flags |= trireme_proto::FLAG_HEATED;
+                    }
+                }
                 buf.freeze()
+            }
+            Op::TierHeat => {
+                let r = self.replica(h.volume)?;
+                let entries = trireme_proto::decode_heat(&req.payload)
+                    .map_err(|e| Refusal(Status::Invalid, e.to_string()))?;
+                for (offset, count) in entries {
+                    r.add_heat(offset, count);
+                }
+                Bytes::new()
             }
             Op::Write => {
                 let r = self.io_replica(req)?;
@@ -689,7 +711,7 @@ impl Handler for Node {
         !self.store.blocking()
             || matches!(
                 req.header.op,
-                Op::Ping | Op::ReplicaInfo | Op::UcxAddress | Op::TierInfo
+                Op::Ping | Op::ReplicaInfo | Op::UcxAddress | Op::TierInfo | Op::TierHeat
             )
     }
 

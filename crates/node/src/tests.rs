@@ -574,3 +574,72 @@ fn seals_outside_the_log_survive_a_crash() {
         .unwrap();
     assert_eq!(&inside[..], &[0xee; 4096][..], "inside the log: unsealed");
 }
+
+/// A tiered node flags its read replies (tiered; served from slow; heated), takes heat other
+/// copies saw (`TierHeat`) and promotes by it, and reports its tiers; an untiered node sets
+/// no flag and refuses tier ops as unsupported.
+#[test]
+fn tiered_reads_are_flagged_and_shared_heat_promotes() {
+    use trireme_proto::{FLAG_HEATED, FLAG_SLOW, FLAG_TIERED};
+    const MB: u64 = 1 << 20;
+    let d = tempfile::tempdir().unwrap();
+    let cfg = trireme_store::TierConfig {
+        fast_capacity: 4 * MB,
+        disk: None,
+        migrate_rate: 64 * MB,
+        extent: MB,
+    };
+    let store =
+        trireme_store::open_store(trireme_store::StoreKind::Tiered, d.path(), Some(cfg)).unwrap();
+    let n = Node::new(1, store);
+    serve_ok(&n, req(Op::CreateReplica, 1, 0, 0, 16 * MB), &[]);
+    serve_ok(&n, req(Op::Attach, 1, 3, 0, 0), &[]);
+    let h = serve_ok(&n, req(Op::Read, 1, 3, 5 * MB, 4096), &[]);
+    assert_eq!(
+        h.flags & (FLAG_TIERED | FLAG_SLOW | FLAG_HEATED),
+        FLAG_TIERED | FLAG_SLOW | FLAG_HEATED
+    );
+    // The next piece of a scan does not heat.
+    let h = serve_ok(&n, req(Op::Read, 1, 3, 5 * MB + 4096, 4096), &[]);
+    assert_eq!(h.flags & FLAG_HEATED, 0);
+    // Another copy's reads of extent 9, told by the writer: promoted here too.
+    let heat = trireme_proto::encode_heat(&[(9 * MB, 40)]);
+    serve_ok(&n, req(Op::TierHeat, 1, 3, 0, 0), &heat);
+    let t0 = std::time::Instant::now();
+    loop {
+        let h = serve_ok(&n, req(Op::Read, 1, 3, 9 * MB, 4096), &[]);
+        if h.flags & FLAG_SLOW == 0 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(10),
+            "extent 9 not promoted"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let info = match n.serve(&Frame::new(req(Op::TierInfo, 1, 0, 0, 0), Bytes::new())) {
+        Ok((_, p)) => trireme_proto::TierReport::decode(&p).unwrap(),
+        Err(Refusal(s, m)) => panic!("{s:?} {m}"),
+    };
+    assert_eq!(info.node.fast_capacity, 4 * MB);
+    assert!(info.replica.unwrap().promotions >= 1);
+    assert!(matches!(
+        n.serve(&Frame::new(
+            req(Op::TierHeat, 1, 3, 0, 0),
+            Bytes::from_static(b"odd")
+        )),
+        Err(Refusal(Status::Invalid, _))
+    ));
+
+    let plain = Node::new(2, Arc::new(trireme_store::MemoryStore::default()));
+    serve_ok(&plain, req(Op::CreateReplica, 1, 0, 0, 16 * MB), &[]);
+    serve_ok(&plain, req(Op::Attach, 1, 3, 0, 0), &[]);
+    let h = serve_ok(&plain, req(Op::Read, 1, 3, 0, 4096), &[]);
+    assert_eq!(h.flags & (FLAG_TIERED | FLAG_SLOW | FLAG_HEATED), 0);
+    assert!(matches!(
+        plain.serve(&Frame::new(req(Op::TierSet, 1, 0, 1, 0), Bytes::new())),
+        Err(Refusal(Status::Unsupported, _))
+    ));
+    // Heat for an untiered copy is harmless.
+    serve_ok(&plain, req(Op::TierHeat, 1, 3, 0, 0), &heat);
+}

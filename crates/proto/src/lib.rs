@@ -38,7 +38,10 @@ pub use dirty::{
 };
 pub use extent::{data_ranges, decode_extents, encode_extents, Extent, EXTENT_LEN};
 pub use op::{Op, Status};
-pub use tier::{NodeTiers, ReplicaTierInfo, TierReport};
+pub use tier::{
+    decode_heat, encode_heat, NodeTiers, ReplicaTierInfo, TierReport, HEAT_ENTRY_LEN,
+    MAX_HEAT_ENTRIES,
+};
 
 /// `TRIR` read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"TRIR");
@@ -55,7 +58,15 @@ pub const FLAG_RESPONSE: u16 = 1 << 0;
 pub const FLAG_FUA: u16 = 1 << 1;
 /// Header flag on write-zeroes: the range may be deallocated rather than written.
 pub const FLAG_MAY_TRIM: u16 = 1 << 2;
-const KNOWN_FLAGS: u16 = FLAG_RESPONSE | FLAG_FUA | FLAG_MAY_TRIM;
+/// Response flag on reads from a tiered node: the replica has a fast and a slow tier.
+pub const FLAG_TIERED: u16 = 1 << 3;
+/// Response flag on reads with `FLAG_TIERED`: the slow tier served (part of) the read.
+pub const FLAG_SLOW: u16 = 1 << 4;
+/// Response flag on reads with `FLAG_TIERED`: the read heated its extents (it was small and
+/// not part of a scan), so the other copies should hear of it (`Op::TierHeat`).
+pub const FLAG_HEATED: u16 = 1 << 5;
+const KNOWN_FLAGS: u16 =
+    FLAG_RESPONSE | FLAG_FUA | FLAG_MAY_TRIM | FLAG_TIERED | FLAG_SLOW | FLAG_HEATED;
 
 /// Why a frame was refused. Every variant means "drop the connection": after a bad header the
 /// byte stream can no longer be trusted to be in step.

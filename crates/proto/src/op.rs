@@ -71,6 +71,11 @@ pub enum Op {
     /// The node's tiers and, if it holds the replica `volume` names, the replica's: payload
     /// [`TierReport`](crate::TierReport). `Unsupported` on a store without tiers.
     TierInfo = 22,
+    /// Heat the writer saw on other copies of the volume (reads they served): payload
+    /// [`encode_heat`](crate::encode_heat) entries (byte offset u64, count u32), which the
+    /// node adds to its extents' heat, so every copy keeps the same hot set. No epoch check
+    /// (advisory); no response payload.
+    TierHeat = 23,
 }
 
 impl Op {
@@ -98,6 +103,7 @@ impl Op {
             20 => Op::UcxAddress,
             21 => Op::TierSet,
             22 => Op::TierInfo,
+            23 => Op::TierHeat,
             _ => return None,
         })
     }

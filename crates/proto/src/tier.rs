@@ -152,6 +152,39 @@ impl TierReport {
     }
 }
 
+/// Encoded size of one `TierHeat` entry.
+pub const HEAT_ENTRY_LEN: usize = 12;
+/// Most entries in one `TierHeat` payload.
+pub const MAX_HEAT_ENTRIES: usize = 4096;
+
+/// Encodes `TierHeat` entries: (byte offset, count).
+pub fn encode_heat(entries: &[(u64, u32)]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(entries.len() * HEAT_ENTRY_LEN);
+    for (off, n) in entries.iter().take(MAX_HEAT_ENTRIES) {
+        b.extend_from_slice(&off.to_le_bytes());
+        b.extend_from_slice(&n.to_le_bytes());
+    }
+    b
+}
+
+/// Decodes a `TierHeat` payload.
+pub fn decode_heat(b: &[u8]) -> Result<Vec<(u64, u32)>, DecodeError> {
+    if !b.len().is_multiple_of(HEAT_ENTRY_LEN) {
+        return Err(malformed("heat payload is not whole 12-byte entries"));
+    }
+    if b.len() / HEAT_ENTRY_LEN > MAX_HEAT_ENTRIES {
+        return Err(malformed("heat payload has too many entries"));
+    }
+    Ok(b.chunks_exact(HEAT_ENTRY_LEN)
+        .map(|c| {
+            (
+                u64::from_le_bytes(c[0..8].try_into().expect("8 bytes")),
+                u32::from_le_bytes(c[8..12].try_into().expect("4 bytes")),
+            )
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,6 +196,18 @@ mod tests {
             if let Ok(r) = TierReport::decode(&b) {
                 prop_assert_eq!(r.encode(), b);
             }
+        }
+
+        #[test]
+        fn heat_decodes_or_refuses(b in proptest::collection::vec(any::<u8>(), 0..100)) {
+            if let Ok(e) = decode_heat(&b) {
+                prop_assert_eq!(encode_heat(&e), b);
+            }
+        }
+
+        #[test]
+        fn heat_round_trips(e in proptest::collection::vec((any::<u64>(), any::<u32>()), 0..50)) {
+            prop_assert_eq!(decode_heat(&encode_heat(&e)), Ok(e));
         }
 
         #[test]

@@ -36,6 +36,28 @@ impl ReadPlan {
         Some(i)
     }
 
+    /// Like [`ReadPlan::next`], but a replica for which `avoid` is true comes only after every
+    /// other candidate (a copy that holds the range on its slow tier, when another holds it on
+    /// flash). The same replicas are tried, each once; only the order changes.
+    pub fn next_preferring(
+        &mut self,
+        set: &ReplicaSet,
+        avoid: impl Fn(usize) -> bool,
+    ) -> Option<usize> {
+        let order: Vec<usize> = set
+            .read_order(self.spread)
+            .into_iter()
+            .filter(|i| !self.tried.contains(i))
+            .collect();
+        let i = order
+            .iter()
+            .copied()
+            .find(|&i| !avoid(i))
+            .or_else(|| order.first().copied())?;
+        self.tried.push(i);
+        Some(i)
+    }
+
     /// Replica `i` failed the read; `bad_copy` if its copy failed its block checksums.
     pub fn failed(&mut self, i: usize, bad_copy: bool) {
         if bad_copy && !self.bad.contains(&i) {
@@ -72,6 +94,29 @@ mod tests {
     }
 
     proptest! {
+        /// With a preference, every in-sync replica is still tried exactly once, a preferred
+        /// one always before an avoided one, and nothing out of sync is tried.
+        #[test]
+        fn preferring_reorders_only(
+            states in proptest::collection::vec(state(), 1..6),
+            avoid in proptest::collection::vec(any::<bool>(), 6),
+            spread in 0usize..10,
+        ) {
+            let set = ReplicaSet::new(states.clone(), None);
+            let mut plan = ReadPlan::new(spread);
+            let mut got = Vec::new();
+            while let Some(i) = plan.next_preferring(&set, |i| avoid[i]) {
+                got.push(i);
+            }
+            let mut want = set.in_sync();
+            want.sort_unstable();
+            let mut sorted = got.clone();
+            sorted.sort_unstable();
+            prop_assert_eq!(sorted, want);
+            let first_avoided = got.iter().position(|&i| avoid[i]).unwrap_or(got.len());
+            prop_assert!(got[first_avoided..].iter().all(|&i| avoid[i]), "{:?}", got);
+        }
+
         /// Every in-sync replica is tried exactly once, and nothing else is (guarantee 3:
         /// only in-sync copies serve reads), even when the set changes between tries.
         #[test]

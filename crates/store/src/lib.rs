@@ -43,7 +43,7 @@ pub use map::{extents_from, AllocMap};
 pub use memory::MemoryStore;
 pub use null::NullStore;
 pub use sealed::SealedStore;
-pub use tiered::{Pin, ReplicaTiers, StoreTiers, Tier, TierConfig, TieredStore};
+pub use tiered::{Pin, ReplicaTiers, StoreTiers, Tier, TierConfig, TierHint, TieredStore};
 pub use trireme_proto::Extent;
 
 use std::path::Path;
@@ -186,6 +186,13 @@ pub trait Replica: Send + Sync + std::fmt::Debug {
     fn tiers(&self) -> Option<ReplicaTiers> {
         None
     }
+    /// For a store with tiers: where a read of `[offset, offset+len)` would be served from,
+    /// and whether it would heat its extents (asked just before the read; a hint).
+    fn tier_of(&self, _offset: u64, _len: u64) -> Option<TierHint> {
+        None
+    }
+    /// Heat another copy saw at `offset` (its reads), for a store with tiers.
+    fn add_heat(&self, _offset: u64, _count: u32) {}
     /// Pins the replica's extents to a tier, or lets heat place them (`Pin::Auto`).
     fn set_pin(&self, _pin: Pin) -> Result<(), StoreError> {
         Err(StoreError::Invalid(

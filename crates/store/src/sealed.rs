@@ -509,6 +509,12 @@ impl Replica for SealedReplica {
     fn set_pin(&self, pin: crate::Pin) -> Result<(), StoreError> {
         self.inner.set_pin(pin)
     }
+    fn tier_of(&self, offset: u64, len: u64) -> Option<crate::TierHint> {
+        self.inner.tier_of(offset, len)
+    }
+    fn add_heat(&self, offset: u64, count: u32) {
+        self.inner.add_heat(offset, count)
+    }
     fn recover_seals(&self, suspect: &[(u64, u64)]) {
         let Some(kept) = self
             .pending

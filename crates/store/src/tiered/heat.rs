@@ -80,6 +80,17 @@ impl Heat {
         true
     }
 
+    /// Whether [`Heat::touch`] would count a request now (it changes nothing).
+    pub fn would_heat(&self, offset: u64, len: u64) -> bool {
+        len > 0
+            && len < STREAM_LEN
+            && !self.ends.iter().any(|e| {
+                offset
+                    .checked_sub(e.load(Ordering::Relaxed))
+                    .is_some_and(|gap| gap <= STREAM_GAP)
+            })
+    }
+
     /// Halves every extent's heat (called once a second), rounding down.
     pub fn decay(&self) {
         for h in &self.heat {
@@ -221,7 +232,13 @@ mod tests {
             .count();
         assert_eq!(heated, 1);
         // Large requests never heat.
+        assert!(!h.would_heat(12 << 20, 1 << 20));
         assert!(!h.touch(12 << 20, 1 << 20));
+        assert!(h.would_heat(14 << 20, 4096));
+        assert!(
+            !h.would_heat((2 << 20) + 256 * 4096, 4096),
+            "the scan's next piece"
+        );
         assert_eq!(h.get(12), 0);
         // A request across two extents heats both.
         assert!(h.touch((7 << 20) - 2048, 4096));

@@ -81,6 +81,15 @@ pub struct StoreTiers {
     pub disk_model: Option<String>,
 }
 
+/// Where a read would be served from, for the writer's read preference and heat sharing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TierHint {
+    /// The slow tier holds (part of) the range.
+    pub slow: bool,
+    /// The read would heat its extents (small, not part of a scan).
+    pub heated: bool,
+}
+
 /// One replica's tiers, for reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ReplicaTiers {
@@ -892,6 +901,22 @@ impl Replica for TieredReplica {
     }
     fn set_pin(&self, pin: Pin) -> Result<(), StoreError> {
         TieredReplica::set_pin(self, pin)
+    }
+    fn tier_of(&self, offset: u64, len: u64) -> Option<TierHint> {
+        let end = offset
+            .checked_add(len)
+            .filter(|&e| e <= self.size && len > 0)?;
+        let slow =
+            (offset >> self.shift..=(end - 1) >> self.shift).any(|e| self.tier(e) == Tier::Slow);
+        Some(TierHint {
+            slow,
+            heated: self.heat.would_heat(offset, len),
+        })
+    }
+    fn add_heat(&self, offset: u64, count: u32) {
+        if offset < self.size {
+            self.heat.add(offset >> self.shift, count);
+        }
     }
 }
 
