@@ -17,7 +17,7 @@ both filled, both driven through NBD by `trireme bench` (4K random reads, QD1, D
    hit ratio of a tick is back to 90% of step 2's, against fast size / migration rate.
 5. Failover: node 1 is SIGKILLed while the hot zone runs; the hit ratio over the next 10 s.
 
-Writes an SVG chart of hit ratio and IOPS over time (steps 1 and 4) next to --json.
+Writes a chart of hit ratio and IOPS over time (steps 1 and 4), SVG and PNG, next to --json.
 
 Usage: python3 bench/tiers.py [--size 1G] [--fast-pct 15] [--warm-secs 60] [--round-secs 15]
        [--rounds 2] [--json bench/results/tiers.json]
@@ -95,7 +95,7 @@ def svg(points, marks, path, title):
     w, h, l, r, t, b = 860, 420, 60, 70, 40, 60
     pw, ph = w - l - r, h - t - b
     tmax = max(p[0] for p in points) or 1
-    imax = max((p[2] for p in points), default=1) * 1.1 or 1
+    imax = -(-max((p[2] for p in points), default=1) * 1.1 // 250) * 250 or 250
     x = lambda s: l + pw * s / tmax  # noqa: E731
     yh = lambda v: t + ph * (1 - v)  # noqa: E731
     yi = lambda v: t + ph * (1 - v / imax)  # noqa: E731
@@ -141,7 +141,7 @@ def main():
     ap.add_argument("--round-secs", type=int, default=15)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--move-secs", type=int, default=40)
-    ap.add_argument("--tick", type=float, default=2.0)
+    ap.add_argument("--tick", type=float, default=1.0)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     size = parse_size(a.size)
@@ -250,6 +250,12 @@ def main():
     chart = os.path.splitext(out)[0] + ".svg"
     if points:
         svg(points, marks, chart, "trireme tiers: warm-up, then the hot zone moves")
+        # PNG as the sweep charts make it (Debian's librsvg2-bin), when it is there.
+        png = os.path.splitext(chart)[0] + ".png"
+        try:
+            subprocess.run(["rsvg-convert", "-o", png, chart], check=True)
+        except (OSError, subprocess.CalledProcessError) as e:
+            print(f"no PNG ({e})")
     sb = res["side_by_side"]
     print(f"""
 hit ratio after warm-up: {sb['hit_ratio']:.3f} (best possible for 1 MiB extents {best:.3f}; {sb['of_best']:.2f} of it; goal 0.9)

@@ -690,9 +690,14 @@ impl Volume {
         let mut last = VolumeError::NoReplicas(self.info.name.clone());
         // The in-sync set may change while a read waits on a replica that stopped answering
         // (another may finish its resync meanwhile), so the plan looks at it again each time.
-        // On tiered nodes: prefer a copy that holds the extent on flash.
+        // On tiered nodes: prefer a copy that holds the extent on flash, and tell the copies
+        // which reads belong to a scan (they see only the pieces they serve).
         let tiered = h.op == Op::Read && self.tiers.active();
         let extent = h.offset >> tiers::EXTENT_SHIFT;
+        let mut h = h;
+        if tiered && self.tiers.streams(h.offset, h.length) {
+            h.flags |= trireme_proto::FLAG_STREAM;
+        }
         loop {
             let next = if tiered {
                 let nodes: Vec<u32> = (0..self.replica_count()).map(|i| self.node(i)).collect();

