@@ -427,5 +427,21 @@ pub fn markdown(r: &RunResult) -> String {
             ),
         );
     }
+    if let Some(t) = &r.tier {
+        row(
+            "tiers: hit ratio / promotions / demotions",
+            format!(
+                "{} / {} / {}",
+                t.hit_ratio.map_or("n/a".into(), |h| format!("{h:.3}")),
+                t.promotions,
+                t.demotions
+            ),
+        );
+        if let Some(m) = &t.disk_model {
+            o.push_str(&format!(
+                "\nSlow tier: {m} (the model's numbers, not a disk's).\n"
+            ));
+        }
+    }
     o
 }

@@ -159,6 +159,9 @@ pub struct NodeTierStatus {
     pub migrate_rate: u64,
     /// Bytes migrated since the node started.
     pub migrated_bytes: u64,
+    /// Bytes the slow tier holds (allocated; its capacity is the file system's).
+    #[serde(default)]
+    pub slow_used: u64,
     /// The disk model in front of the slow tier; `None`: a real disk. Numbers measured over
     /// a model are the model's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -173,6 +176,7 @@ impl From<trireme_proto::NodeTiers> for NodeTierStatus {
             extent: t.extent,
             migrate_rate: t.migrate_rate,
             migrated_bytes: t.migrated_bytes,
+            slow_used: t.slow_used,
             disk_model: t.disk_model,
         }
     }

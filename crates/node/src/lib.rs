@@ -590,6 +590,7 @@ impl Node {
                         extent: t.extent,
                         migrate_rate: t.migrate_rate,
                         migrated_bytes: t.migrated_bytes,
+                        slow_used: t.slow_used,
                         disk_model: t.disk_model,
                     },
                     replica: replica.map(|r| trireme_proto::ReplicaTierInfo {

@@ -8,6 +8,7 @@
 //! | 8    | extent size, bytes                                           |
 //! | 8    | migration rate limit, bytes per second                       |
 //! | 8    | bytes migrated since the node started                        |
+//! | 8    | slow-tier bytes in use (allocated)                           |
 //! | 2    | length of the disk-model text (0: the slow tier is real)     |
 //! | n    | the disk-model text, UTF-8                                   |
 //! | 1    | 1 if a replica part follows, else 0                          |
@@ -27,6 +28,7 @@ pub struct NodeTiers {
     pub extent: u64,
     pub migrate_rate: u64,
     pub migrated_bytes: u64,
+    pub slow_used: u64,
     /// The disk model in front of the slow tier, if any.
     pub disk_model: Option<String>,
 }
@@ -65,6 +67,7 @@ impl TierReport {
             n.extent,
             n.migrate_rate,
             n.migrated_bytes,
+            n.slow_used,
         ] {
             b.extend_from_slice(&x.to_le_bytes());
         }
@@ -102,7 +105,7 @@ impl TierReport {
             Ok(s)
         };
         let u64_of = |s: &[u8]| u64::from_le_bytes(s.try_into().expect("8 bytes"));
-        let mut nums = [0u64; 5];
+        let mut nums = [0u64; 6];
         for x in &mut nums {
             *x = u64_of(take(8)?);
         }
@@ -145,6 +148,7 @@ impl TierReport {
                 extent: nums[2],
                 migrate_rate: nums[3],
                 migrated_bytes: nums[4],
+                slow_used: nums[5],
                 disk_model: (!text.is_empty()).then(|| text.to_string()),
             },
             replica,
@@ -211,7 +215,7 @@ mod tests {
         }
 
         #[test]
-        fn reports_round_trip(nums in proptest::array::uniform5(any::<u64>()),
+        fn reports_round_trip(nums in proptest::array::uniform6(any::<u64>()),
                               text in "[ -~]{0,40}",
                               rep in proptest::option::of((0u8..3, proptest::array::uniform6(any::<u64>())))) {
             let r = TierReport {
@@ -221,6 +225,7 @@ mod tests {
                     extent: nums[2],
                     migrate_rate: nums[3],
                     migrated_bytes: nums[4],
+                    slow_used: nums[5],
                     disk_model: (!text.is_empty()).then(|| text.clone()),
                 },
                 replica: rep.map(|(pin, x)| ReplicaTierInfo {

@@ -77,6 +77,8 @@ pub struct StoreTiers {
     pub migrate_rate: u64,
     /// Bytes moved between the tiers since the node started.
     pub migrated_bytes: u64,
+    /// Bytes the slow tier holds (allocated).
+    pub slow_used: u64,
     /// The disk model in front of the slow tier, if any.
     pub disk_model: Option<String>,
 }
@@ -425,6 +427,13 @@ impl Store for TieredStore {
             extent: s.cfg.extent,
             migrate_rate: s.cfg.migrate_rate,
             migrated_bytes: s.migrated_bytes.load(Ordering::Relaxed),
+            slow_used: s
+                .replicas
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .values()
+                .map(|r| r.slow.allocated_bytes())
+                .sum(),
             disk_model: self.disk.as_ref().map(|d| d.params().describe()),
         })
     }
