@@ -581,14 +581,15 @@ fn nodes_table(nodes: &[NodeStatus]) -> String {
 /// A node's tiers in one line.
 fn node_tiers_text(t: &trireme_control::NodeTierStatus) -> String {
     format!(
-        "tiers: fast {} of {} used, slow {} used {}; {} extents, migration up to {}/s, {} moved",
+        "tiers: fast {} of {} used, slow {} used {}; {} extents; migrating {}/s (up to {}/s), {} moved",
         human(t.fast_used),
         human(t.fast_capacity),
         human(t.slow_used),
         t.disk_model
             .as_deref()
-            .map_or("a real disk".to_string(), |m| format!("behind a {m}")),
+            .map_or("on a real disk".to_string(), |m| format!("behind a {m}")),
         human(t.extent),
+        human(t.migrating_per_s),
         human(t.migrate_rate),
         human(t.migrated_bytes)
     )

@@ -162,6 +162,9 @@ pub struct NodeTierStatus {
     /// Bytes the slow tier holds (allocated; its capacity is the file system's).
     #[serde(default)]
     pub slow_used: u64,
+    /// Bytes migrated in the last second.
+    #[serde(default)]
+    pub migrating_per_s: u64,
     /// The disk model in front of the slow tier; `None`: a real disk. Numbers measured over
     /// a model are the model's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -177,6 +180,7 @@ impl From<trireme_proto::NodeTiers> for NodeTierStatus {
             migrate_rate: t.migrate_rate,
             migrated_bytes: t.migrated_bytes,
             slow_used: t.slow_used,
+            migrating_per_s: t.migrating_per_s,
             disk_model: t.disk_model,
         }
     }

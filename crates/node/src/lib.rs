@@ -591,6 +591,7 @@ impl Node {
                         migrate_rate: t.migrate_rate,
                         migrated_bytes: t.migrated_bytes,
                         slow_used: t.slow_used,
+                        migrating_per_s: t.migrating_per_s,
                         disk_model: t.disk_model,
                     },
                     replica: replica.map(|r| trireme_proto::ReplicaTierInfo {

@@ -9,6 +9,7 @@
 //! | 8    | migration rate limit, bytes per second                       |
 //! | 8    | bytes migrated since the node started                        |
 //! | 8    | slow-tier bytes in use (allocated)                           |
+//! | 8    | bytes migrated in the last second                            |
 //! | 2    | length of the disk-model text (0: the slow tier is real)     |
 //! | n    | the disk-model text, UTF-8                                   |
 //! | 1    | 1 if a replica part follows, else 0                          |
@@ -29,6 +30,7 @@ pub struct NodeTiers {
     pub migrate_rate: u64,
     pub migrated_bytes: u64,
     pub slow_used: u64,
+    pub migrating_per_s: u64,
     /// The disk model in front of the slow tier, if any.
     pub disk_model: Option<String>,
 }
@@ -68,6 +70,7 @@ impl TierReport {
             n.migrate_rate,
             n.migrated_bytes,
             n.slow_used,
+            n.migrating_per_s,
         ] {
             b.extend_from_slice(&x.to_le_bytes());
         }
@@ -105,7 +108,7 @@ impl TierReport {
             Ok(s)
         };
         let u64_of = |s: &[u8]| u64::from_le_bytes(s.try_into().expect("8 bytes"));
-        let mut nums = [0u64; 6];
+        let mut nums = [0u64; 7];
         for x in &mut nums {
             *x = u64_of(take(8)?);
         }
@@ -149,6 +152,7 @@ impl TierReport {
                 migrate_rate: nums[3],
                 migrated_bytes: nums[4],
                 slow_used: nums[5],
+                migrating_per_s: nums[6],
                 disk_model: (!text.is_empty()).then(|| text.to_string()),
             },
             replica,
@@ -215,7 +219,7 @@ mod tests {
         }
 
         #[test]
-        fn reports_round_trip(nums in proptest::array::uniform6(any::<u64>()),
+        fn reports_round_trip(nums in proptest::array::uniform7(any::<u64>()),
                               text in "[ -~]{0,40}",
                               rep in proptest::option::of((0u8..3, proptest::array::uniform6(any::<u64>())))) {
             let r = TierReport {
@@ -226,6 +230,7 @@ mod tests {
                     migrate_rate: nums[3],
                     migrated_bytes: nums[4],
                     slow_used: nums[5],
+                    migrating_per_s: nums[6],
                     disk_model: (!text.is_empty()).then(|| text.clone()),
                 },
                 replica: rep.map(|(pin, x)| ReplicaTierInfo {

@@ -79,6 +79,8 @@ pub struct StoreTiers {
     pub migrated_bytes: u64,
     /// Bytes the slow tier holds (allocated).
     pub slow_used: u64,
+    /// Bytes moved between the tiers in the last second.
+    pub migrating_per_s: u64,
     /// The disk model in front of the slow tier, if any.
     pub disk_model: Option<String>,
 }
@@ -115,6 +117,8 @@ struct Shared {
     /// Extents on the fast tier, counting promotions in flight.
     fast_used: AtomicU64,
     migrated_bytes: AtomicU64,
+    /// Bytes moved in the last whole second (the mover measures it).
+    migrating: AtomicU64,
     stop: AtomicBool,
 }
 
@@ -186,6 +190,7 @@ impl TieredStore {
                 replicas: Mutex::default(),
                 fast_used: AtomicU64::new(0),
                 migrated_bytes: AtomicU64::new(0),
+                migrating: AtomicU64::new(0),
                 stop: AtomicBool::new(false),
             }),
             mover: None,
@@ -427,6 +432,7 @@ impl Store for TieredStore {
             extent: s.cfg.extent,
             migrate_rate: s.cfg.migrate_rate,
             migrated_bytes: s.migrated_bytes.load(Ordering::Relaxed),
+            migrating_per_s: s.migrating.load(Ordering::Relaxed),
             slow_used: s
                 .replicas
                 .lock()

@@ -24,6 +24,7 @@ pub(super) fn run(shared: &Shared) {
     let mut tokens = 0.0f64;
     let mut last = Instant::now();
     let mut last_decay = last;
+    let mut moved_then = shared.migrated_bytes.load(Ordering::Relaxed);
     let mut last_report: Option<Instant> = None;
     while !shared.stop.load(Ordering::Acquire) {
         std::thread::sleep(TICK);
@@ -42,6 +43,10 @@ pub(super) fn run(shared: &Shared) {
             for r in &reps {
                 r.heat.decay();
             }
+            let moved = shared.migrated_bytes.load(Ordering::Relaxed);
+            let per_s = (moved - moved_then) as f64 / (now - last_decay).as_secs_f64();
+            shared.migrating.store(per_s as u64, Ordering::Relaxed);
+            moved_then = moved;
             last_decay = now;
         }
         if tokens < extent {
