@@ -760,8 +760,12 @@ impl TieredReplica {
         }
         self.tiers[e as usize].store(code(to), Ordering::Release);
         if let Err(err) = self.persist() {
-            // Whether the new map reached the disk is unknown: try to record the old one.
             self.tiers[e as usize].store(code(from), Ordering::Release);
+            if self.retired.load(Ordering::Acquire) {
+                // Deleted meanwhile: nothing was written, nothing is left to serve.
+                return Err(err);
+            }
+            // Whether the new map reached the disk is unknown: try to record the old one.
             if let Err(again) = self.persist() {
                 tracing::error!(
                     volume = self.volume,

@@ -257,3 +257,45 @@ fn a_full_scan_promotes_at_most_its_first_extent() {
     // Its first piece is a random access like any other; the rest never heat.
     assert!(r.count(Tier::Fast) <= 1, "{}", r.count(Tier::Fast));
 }
+
+#[test]
+fn a_replica_deleted_while_its_extents_move_leaves_nothing_behind() {
+    let d = tempfile::tempdir().unwrap();
+    let s = TieredStore::open(
+        d.path(),
+        TierConfig {
+            migrate_rate: 1000 * EXT,
+            ..cfg()
+        },
+    )
+    .unwrap();
+    s.create(1, SIZE).unwrap();
+    let r = s.replica(1).unwrap();
+    r.write(0, &vec![3u8; SIZE as usize], false).unwrap();
+    r.set_pin(Pin::Fast).unwrap_err(); // 12 extents do not fit in 5 places
+    let mut b = vec![0u8; 4096];
+    for e in 0..EXTENTS {
+        for _ in 0..5 {
+            r.read(e * EXT, &mut b).unwrap();
+        }
+    }
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    s.delete(1).unwrap();
+    assert!(
+        r.persist().is_err(),
+        "a deleted replica's map is never written again"
+    );
+    drop(r);
+    drop(s);
+    let s = TieredStore::open_still(d.path(), cfg()).unwrap();
+    assert!(s.open_all().is_empty());
+    let left: Vec<String> = ["fast", "slow", "."]
+        .iter()
+        .flat_map(|sub| std::fs::read_dir(d.path().join(sub)).unwrap())
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|n| n.starts_with("replica-"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    assert_eq!(s.tiers().unwrap().fast_used, 0);
+}
