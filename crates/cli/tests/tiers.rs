@@ -208,3 +208,49 @@ fn pins_move_every_extent_within_the_rate_and_a_pin_that_does_not_fit_is_refused
     let info = info(&c, "vol0");
     assert_eq!(info["tier"], "fast", "{info}");
 }
+
+#[test]
+fn a_drained_copy_of_a_pinned_volume_is_pinned_on_its_new_node() {
+    let c = Cluster::start(&[
+        "--nodes",
+        "4",
+        "--store",
+        "tiered",
+        "--size",
+        "16M",
+        "--fast-size",
+        "24M",
+        "--migrate-rate",
+        "16M",
+    ]);
+    let out = c.cli(&["volume", "set", "vol0", "--tier", "fast"]);
+    assert!(out.status.success(), "{out:?}");
+    let before: Vec<u64> = tiers(&c, "vol0").iter().map(|t| t.0).collect();
+    let spare = (1..=4u64).find(|n| !before.contains(n)).unwrap();
+    let out = c.cli(&["node", "drain", &before[0].to_string()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let t0 = Instant::now();
+    loop {
+        let t = tiers(&c, "vol0");
+        let info = info(&c, "vol0");
+        let pinned = info["tiers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["node"].as_u64() == Some(spare) && x["pin"] == "fast");
+        if pinned && t.iter().any(|x| x.0 == spare && x.1 == 16) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the new copy on node {spare} is not on the fast tier: {info}\n{}",
+            c.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_replicas_identical(&c, "vol0");
+}
