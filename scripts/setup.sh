@@ -4,10 +4,11 @@
 # benchmark's baseline), libnbd tools (nbdinfo, nbdcopy, nbdfuse), qemu-img/qemu-io.
 # UCX (libucx-dev, ucx-utils for ucx_perftest) with clang/libclang for the bindgen step of
 # crates/ucx-sys, and pkg-config to find it. openssl: the TLS tests use s_client as a foreign TLS peer.
+# bsdutils: `script`, the pseudo-terminal the progress test runs commands in.
 set -euo pipefail
 pkgs=(fio nbdkit libnbd-bin nbdfuse python3-libnbd qemu-utils iproute2 iptables procps librsvg2-bin fonts-dejavu-core
       libucx-dev ucx-utils libclang-dev clang pkg-config
-      etcd-server etcd-client protobuf-compiler libprotobuf-dev openssl)
+      etcd-server etcd-client protobuf-compiler libprotobuf-dev openssl bsdutils)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

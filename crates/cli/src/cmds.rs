@@ -340,9 +340,41 @@ async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 )));
             }
         }
-        Cmd::Status => {
+        Cmd::Status { watch: None } => {
             let s: StatusReport = cc.call(&Request::Status).await?;
             print(out, &s, status_text);
+        }
+        Cmd::Status { watch: Some(every) } => {
+            use std::io::{IsTerminal, Write};
+            let every = (*every).max(std::time::Duration::from_millis(100));
+            let tty = std::io::stdout().is_terminal();
+            loop {
+                let s: StatusReport = cc.call(&Request::Status).await?;
+                let mut o = std::io::stdout().lock();
+                match out {
+                    // One document per line: a stream a program can follow.
+                    Output::Json => {
+                        let _ = writeln!(o, "{}", serde_json::to_string(&s).expect("json"));
+                    }
+                    _ if tty => {
+                        // Home, draw, then clear what the last, longer frame left below.
+                        let _ = write!(
+                            o,
+                            "\x1b[H{}\x1b[J",
+                            status_text(&s).replace('\n', "\x1b[K\n")
+                        );
+                    }
+                    _ => {
+                        let _ = writeln!(o, "{}", status_text(&s));
+                    }
+                }
+                let _ = o.flush();
+                drop(o);
+                tokio::select! {
+                    _ = tokio::time::sleep(every) => {}
+                    _ = tokio::signal::ctrl_c() => return Ok(()),
+                }
+            }
         }
         Cmd::Volume(VolumeCmd::Access { name, allow, deny }) => {
             if allow.is_empty() && deny.is_empty() {
@@ -495,7 +527,15 @@ async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
             let vol =
                 trireme_client::Volume::connect(info, trireme_transport::TransportKind::Tcp, 1)
                     .await?;
-            let r = trireme_client::verify_replicas(&vol, *region).await?;
+            let mut bar = crate::progress::Progress::new(
+                &format!("verify {name}"),
+                vol.size(),
+                out == Output::Text,
+            );
+            let r =
+                trireme_client::verify_replicas_with(&vol, *region, &mut |done, _| bar.set(done))
+                    .await?;
+            bar.finish();
             print(out, &r, |r| {
                 let mut s = format!(
                     "volume {}: compared {} across replicas on nodes {:?}: {} mismatching region(s)\n",
@@ -743,8 +783,6 @@ fn status_text(s: &StatusReport) -> String {
     out
 }
 
-/// Polls `status` until the move job of `job.node` ends, printing its progress (text output)
-/// once a second.
 /// What `maintenance rolling` did.
 #[derive(Debug, serde::Serialize)]
 struct RollingReport {
@@ -810,6 +848,8 @@ async fn wait_in_sync(cc: &mut ControlClient) -> Result<(), CliError> {
     }
 }
 
+/// Polls `status` until the move job of `job.node` ends, printing its progress (text output)
+/// once a second.
 async fn wait_move(
     cc: &mut ControlClient,
     out: Output,

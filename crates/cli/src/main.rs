@@ -7,6 +7,7 @@
 
 mod bench;
 mod cmds;
+mod progress;
 mod units;
 
 use std::path::PathBuf;
@@ -218,7 +219,12 @@ pub enum Cmd {
     #[command(subcommand)]
     Maintenance(MaintenanceCmd),
     /// Nodes up or down, volumes and the state of every replica.
-    Status,
+    Status {
+        /// Refresh every SECS seconds until interrupted: in place on a terminal, one JSON
+        /// document per line with `--output json`.
+        #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "1", value_parser = units::parse_duration)]
+        watch: Option<std::time::Duration>,
+    },
     /// Attach a volume (new epoch: older writers are fenced) and serve it over NBD.
     Nbd(NbdArgs),
     /// On a client host of a cluster on etcd: become the volume's writer (a new epoch; refused

@@ -378,3 +378,51 @@ fn a_new_attach_fences_the_old_writer() {
     unsafe { libc::kill(nbd.id() as i32, libc::SIGTERM) };
     assert!(nbd.wait().unwrap().success());
 }
+
+/// Long commands show progress on a terminal (a pseudo-terminal from `script`) and nothing
+/// through a pipe; `status --watch` redraws in place on a terminal and streams one JSON
+/// document per line with `--output json`.
+#[test]
+fn progress_on_a_terminal_none_through_a_pipe_and_status_watch() {
+    need("script");
+    let c = Cluster::start(&["--store", "memory", "--size", "2G"]);
+    let on_tty = |cmd: &str| {
+        let out = Command::new("script")
+            .args(["-qec", cmd, "/dev/null"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let bin = format!("{BIN} --data-dir {}", c.path().display());
+    let tty = on_tty(&format!("{bin} volume verify vol0"));
+    assert!(
+        tty.contains("verify vol0: ") && tty.contains("% (") && tty.contains("ETA"),
+        "{tty:?}"
+    );
+    assert!(tty.contains("0 mismatching region(s)"), "{tty:?}");
+    let piped = c.cli(&["volume", "verify", "vol0"]);
+    assert!(piped.status.success());
+    let err = String::from_utf8_lossy(&piped.stderr);
+    assert!(!err.contains('%') && !err.contains('\x1b'), "{err:?}");
+
+    // status --watch: redrawn in place on a terminal.
+    let tty = on_tty(&format!("timeout 2 {bin} status --watch 0.5"));
+    assert!(tty.matches("\x1b[H").count() >= 2, "{tty:?}");
+    assert!(tty.contains("nodes: 3 of 3 up"), "{tty:?}");
+    // ...and a JSON document per line for a program.
+    let mut w = std::process::Command::new(BIN)
+        .arg("--data-dir")
+        .arg(c.path())
+        .args(["--output", "json", "status", "--watch", "0.2"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(w.stdout.take().unwrap()));
+    for _ in 0..3 {
+        let l = lines.next().unwrap().unwrap();
+        let v: serde_json::Value = serde_json::from_str(&l).unwrap();
+        assert_eq!(v["nodes"].as_array().unwrap().len(), 3, "{l}");
+    }
+    w.kill().unwrap();
+    w.wait().unwrap();
+}

@@ -38,7 +38,7 @@ pub use membership::{BoxFut, DegradeRefusal, Membership, MembershipError, Replic
 pub use reconcile::ReconcileReport;
 pub use scrub::ScrubReport;
 pub use trireme_replication::ResyncProgress;
-pub use verify::{verify_replicas, Mismatch, VerifyReport};
+pub use verify::{verify_replicas, verify_replicas_with, Mismatch, VerifyReport};
 
 use std::future::Future;
 use std::pin::Pin;

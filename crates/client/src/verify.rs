@@ -29,6 +29,15 @@ pub struct VerifyReport {
 /// checksums cross the network). A region that differs is checked once more before it is
 /// reported, so a write landing during the scan is not mistaken for divergence.
 pub async fn verify_replicas(vol: &Volume, region: u64) -> Result<VerifyReport, VolumeError> {
+    verify_replicas_with(vol, region, &mut |_, _| {}).await
+}
+
+/// [`verify_replicas`], telling `progress` (bytes compared, bytes in all) after each region.
+pub async fn verify_replicas_with(
+    vol: &Volume,
+    region: u64,
+    progress: &mut (dyn FnMut(u64, u64) + Send),
+) -> Result<VerifyReport, VolumeError> {
     let size = vol.size();
     let region = region.clamp(4096, crate::MAX_IO);
     let mut report = VerifyReport {
@@ -55,6 +64,7 @@ pub async fn verify_replicas(vol: &Volume, region: u64) -> Result<VerifyReport, 
         }
         report.bytes_compared += len;
         offset += len;
+        progress(report.bytes_compared, size);
     }
     Ok(report)
 }
