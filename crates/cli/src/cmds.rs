@@ -848,32 +848,39 @@ async fn wait_in_sync(cc: &mut ControlClient) -> Result<(), CliError> {
     }
 }
 
-/// Polls `status` until the move job of `job.node` ends, printing its progress (text output)
-/// once a second.
+/// Polls `status` until the move job of `job.node` ends, showing its progress once a second
+/// on a terminal (redrawn in place; nothing through a pipe or with `--output json`).
 async fn wait_move(
     cc: &mut ControlClient,
     out: Output,
     job: MoveStatus,
 ) -> Result<MoveStatus, CliError> {
-    let mut last = String::new();
-    loop {
+    use std::io::{IsTerminal, Write};
+    let show = matches!(out, Output::Text) && std::io::stderr().is_terminal();
+    let mut drawn = false;
+    let result = loop {
         let s: StatusReport = cc.call(&Request::Status).await?;
         let Some(now) = s.moves.into_iter().find(|m| m.node == job.node) else {
-            return Err(CliError::Runtime(format!(
+            break Err(CliError::Runtime(format!(
                 "the cluster lost track of the {} of node {} (restarted?)",
                 job.kind, job.node
             )));
         };
         if now.state != MoveState::Running {
-            return Ok(now);
+            break Ok(now);
         }
-        let line = move_text(&now);
-        if matches!(out, Output::Text) && line != last {
-            eprint!("{line}");
-            last = line;
+        if show {
+            let mut e = std::io::stderr();
+            let _ = write!(e, "\r\x1b[2K{}", move_text(&now).trim_end());
+            let _ = e.flush();
+            drawn = true;
         }
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    };
+    if drawn {
+        eprint!("\r\x1b[2K");
     }
+    result
 }
 
 fn move_text(m: &MoveStatus) -> String {
