@@ -322,8 +322,13 @@ impl FileReplica {
     }
 }
 
-fn write_atomically(path: &Path, dir: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension("meta.tmp");
+/// Replaces the file at `path` (in directory `dir`) with `bytes` so that a crash leaves the old
+/// or the new content, never a mix: a temporary file beside it (`<name>.tmp`), fsync, rename,
+/// fsync of the directory.
+pub(crate) fn write_atomically(path: &Path, dir: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
     {
         let f = File::create(&tmp)?;
         f.write_all_at(bytes, 0)?;

@@ -16,6 +16,8 @@
 //! | 52     | 4    | reserved, zero                                     |
 //! | 56     | n    | one byte per extent: 0 slow, 1 fast                |
 
+use crate::file::meta::{u32_at, u64_at};
+
 const MAGIC: &[u8; 8] = b"TRMTIERS";
 const VERSION: u32 = 1;
 pub const HEADER_LEN: usize = 56;
@@ -151,18 +153,6 @@ pub fn encode(m: &TierMapFile) -> Vec<u8> {
     b.extend_from_slice(&body);
     debug_assert_eq!(decode(&b).as_ref(), Ok(m));
     b
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(a)
-}
-
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    let mut a = [0u8; 4];
-    a.copy_from_slice(&b[at..at + 4]);
-    u32::from_le_bytes(a)
 }
 
 pub fn decode(b: &[u8]) -> Result<TierMapFile, TierMapError> {

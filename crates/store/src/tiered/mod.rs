@@ -34,6 +34,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use crate::disk_model::{DiskModel, DiskParams, ModeledStore};
+use crate::file::write_atomically;
 use crate::{check_range, Extent, FileStore, Replica, Store, StoreError, StoreKind};
 use heat::Heat;
 pub use map::{Pin, Tier, TierMapFile};
@@ -826,17 +827,6 @@ impl TieredReplica {
             demotions: self.counters.demotions.load(Ordering::Relaxed),
         }
     }
-}
-
-fn write_atomically(path: &Path, dir: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension("tiers.tmp");
-    {
-        let f = File::create(&tmp)?;
-        f.write_all_at(bytes, 0)?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)?;
-    File::open(dir)?.sync_all()
 }
 
 impl Replica for TieredReplica {

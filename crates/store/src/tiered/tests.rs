@@ -20,6 +20,18 @@ fn cfg() -> TierConfig {
     }
 }
 
+/// The store with its mover running, moving up to `extents` extents a second.
+fn with_mover(dir: &Path, extents: u64) -> TieredStore {
+    TieredStore::open(
+        dir,
+        TierConfig {
+            migrate_rate: extents * EXT,
+            ..cfg()
+        },
+    )
+    .unwrap()
+}
+
 fn open(dir: &Path) -> (TieredStore, Arc<TieredReplica>) {
     let s = TieredStore::open_still(dir, cfg()).unwrap();
     let all = s.open_all();
@@ -197,14 +209,7 @@ fn a_pin_to_fast_that_does_not_fit_is_refused_and_changes_nothing() {
 #[test]
 fn the_mover_promotes_hot_extents_and_honours_pins() {
     let d = tempfile::tempdir().unwrap();
-    let s = TieredStore::open(
-        d.path(),
-        TierConfig {
-            migrate_rate: 100 * EXT,
-            ..cfg()
-        },
-    )
-    .unwrap();
+    let s = with_mover(d.path(), 100);
     s.create(1, SIZE).unwrap();
     let r = s.replica(1).unwrap();
     r.write(0, &vec![7u8; SIZE as usize], false).unwrap();
@@ -239,14 +244,7 @@ fn the_mover_promotes_hot_extents_and_honours_pins() {
 #[test]
 fn a_full_scan_promotes_at_most_its_first_extent() {
     let d = tempfile::tempdir().unwrap();
-    let s = TieredStore::open(
-        d.path(),
-        TierConfig {
-            migrate_rate: 100 * EXT,
-            ..cfg()
-        },
-    )
-    .unwrap();
+    let s = with_mover(d.path(), 100);
     s.create(1, SIZE).unwrap();
     let r = s.replica(1).unwrap();
     let mut b = vec![0u8; 4096];
@@ -261,14 +259,7 @@ fn a_full_scan_promotes_at_most_its_first_extent() {
 #[test]
 fn a_replica_deleted_while_its_extents_move_leaves_nothing_behind() {
     let d = tempfile::tempdir().unwrap();
-    let s = TieredStore::open(
-        d.path(),
-        TierConfig {
-            migrate_rate: 1000 * EXT,
-            ..cfg()
-        },
-    )
-    .unwrap();
+    let s = with_mover(d.path(), 1000);
     s.create(1, SIZE).unwrap();
     let r = s.replica(1).unwrap();
     r.write(0, &vec![3u8; SIZE as usize], false).unwrap();
