@@ -584,16 +584,7 @@ impl Node {
                 let t = self.store.tiers().ok_or_else(|| self.no_tiers())?;
                 let replica = self.replica(h.volume).ok().and_then(|r| r.tiers());
                 let report = trireme_proto::TierReport {
-                    node: trireme_proto::NodeTiers {
-                        fast_capacity: t.fast_capacity,
-                        fast_used: t.fast_used,
-                        extent: t.extent,
-                        migrate_rate: t.migrate_rate,
-                        migrated_bytes: t.migrated_bytes,
-                        slow_used: t.slow_used,
-                        migrating_per_s: t.migrating_per_s,
-                        disk_model: t.disk_model,
-                    },
+                    node: t,
                     replica: replica.map(|r| trireme_proto::ReplicaTierInfo {
                         pin: r.pin.code(),
                         fast_extents: r.fast_extents,

@@ -21,15 +21,21 @@ use crate::DecodeError;
 /// Longest disk-model text accepted.
 pub const MAX_MODEL_TEXT: usize = 512;
 
-/// A node's tiers.
+/// A node's tiers (the tiered store reports them in this form too).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct NodeTiers {
     pub fast_capacity: u64,
+    /// Bytes of extents on the fast tier (whole extents, allocated or not).
     pub fast_used: u64,
+    /// The unit of heat and of migration.
     pub extent: u64,
+    /// Most bytes migrated per second.
     pub migrate_rate: u64,
+    /// Bytes moved between the tiers since the node started.
     pub migrated_bytes: u64,
+    /// Bytes the slow tier holds (allocated).
     pub slow_used: u64,
+    /// Bytes moved between the tiers in the last second.
     pub migrating_per_s: u64,
     /// The disk model in front of the slow tier, if any.
     pub disk_model: Option<String>,

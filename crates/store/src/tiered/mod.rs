@@ -67,23 +67,8 @@ impl TierConfig {
     }
 }
 
-/// A node's tiers, for reports.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoreTiers {
-    pub fast_capacity: u64,
-    /// Bytes of extents on the fast tier (whole extents, allocated or not).
-    pub fast_used: u64,
-    pub extent: u64,
-    pub migrate_rate: u64,
-    /// Bytes moved between the tiers since the node started.
-    pub migrated_bytes: u64,
-    /// Bytes the slow tier holds (allocated).
-    pub slow_used: u64,
-    /// Bytes moved between the tiers in the last second.
-    pub migrating_per_s: u64,
-    /// The disk model in front of the slow tier, if any.
-    pub disk_model: Option<String>,
-}
+/// A node's tiers, for reports: what `Op::TierInfo` carries, field for field.
+pub type StoreTiers = trireme_proto::NodeTiers;
 
 /// Where a read would be served from, for the writer's read preference and heat sharing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
