@@ -117,6 +117,9 @@ pub struct VolumeOptions {
     pub activity_extents: usize,
     /// How often quiet extents are cleared from the activity log.
     pub activity_period: Duration,
+    /// Count requests and their latency in this process's metrics (`trireme_metrics::volume`),
+    /// for the `--http` endpoint. Relaxed atomic adds and two clock reads per request.
+    pub metrics: bool,
 }
 
 /// Opens a connection to a replica's node.
@@ -151,6 +154,7 @@ impl Default for VolumeOptions {
             activity_extent: 4 << 20,
             activity_extents: 1024,
             activity_period: Duration::from_millis(500),
+            metrics: true,
         }
     }
 }
@@ -190,6 +194,8 @@ pub struct Volume {
     /// When the volume was opened: the core's clock reads time since then.
     opened: tokio::time::Instant,
     opts: VolumeOptions,
+    /// Where requests are counted, if `opts.metrics`.
+    metrics: Option<Arc<trireme_metrics::VolumeMetrics>>,
     membership: Option<Arc<dyn Membership>>,
     /// Serialises taking replicas out and bringing them back.
     membership_lock: tokio::sync::Mutex<()>,
@@ -308,6 +314,7 @@ impl Volume {
         slots.resize_with(MAX_SLOTS, || Slot::new(0, None));
         let activity = activity::Activity::new(info.size, opts.activity_extent);
         let core = VolumeCore::new(&replicas, info.min_copies, membership.is_some(), MAX_SLOTS);
+        let metrics = opts.metrics.then(|| trireme_metrics::volume(&info.name));
         Ok(Volume {
             activity,
             reconciled: Mutex::new(None),
@@ -318,6 +325,7 @@ impl Volume {
             opened: tokio::time::Instant::now(),
             info,
             slots,
+            metrics,
             opts,
             membership,
             membership_lock: tokio::sync::Mutex::new(()),
@@ -758,6 +766,18 @@ impl Volume {
     }
 
     pub async fn read(&self, offset: u64, len: u64) -> Result<Bytes, VolumeError> {
+        let t = self
+            .metrics
+            .as_ref()
+            .map(|m| (m, tokio::time::Instant::now()));
+        let r = self.read_uncounted(offset, len).await;
+        if let Some((m, t0)) = t {
+            m.record(trireme_metrics::Op::Read, len, t0.elapsed(), r.is_ok());
+        }
+        r
+    }
+
+    async fn read_uncounted(&self, offset: u64, len: u64) -> Result<Bytes, VolumeError> {
         check_io(offset, len, self.info.size, MAX_IO)?;
         if len == 0 {
             return Ok(Bytes::new());
@@ -781,7 +801,8 @@ impl Volume {
         if fua {
             h.flags |= FLAG_FUA;
         }
-        self.mirror(h, data).await
+        self.mirror_counted(trireme_metrics::Op::Write, h, data)
+            .await
     }
 
     pub async fn write_zeroes(
@@ -802,12 +823,38 @@ impl Volume {
         if fua {
             h.flags |= FLAG_FUA;
         }
-        self.mirror(h, Bytes::new()).await
+        let op = if may_trim {
+            trireme_metrics::Op::Trim
+        } else {
+            trireme_metrics::Op::Zero
+        };
+        self.mirror_counted(op, h, Bytes::new()).await
     }
 
     pub async fn flush(&self) -> Result<(), VolumeError> {
-        self.mirror(self.header(Op::Flush, 0, 0), Bytes::new())
-            .await
+        self.mirror_counted(
+            trireme_metrics::Op::Flush,
+            self.header(Op::Flush, 0, 0),
+            Bytes::new(),
+        )
+        .await
+    }
+
+    /// A mirrored request on behalf of a client: counted in the metrics.
+    async fn mirror_counted(
+        &self,
+        op: trireme_metrics::Op,
+        h: Header,
+        data: Bytes,
+    ) -> Result<(), VolumeError> {
+        let Some(m) = &self.metrics else {
+            return self.mirror(h, data).await;
+        };
+        let t0 = tokio::time::Instant::now();
+        let len = h.length;
+        let r = self.mirror(h, data).await;
+        m.record(op, len, t0.elapsed(), r.is_ok());
+        r
     }
 
     /// Allocation extents of `[offset, offset+len)`, from one in-sync replica.
