@@ -42,6 +42,7 @@ fn local_config(
         )
         .map_err(CliError::Usage)?;
     Ok(trireme_daemon::local::LocalConfig {
+        http: a.http.addr.0,
         tiers,
         data_dir: cli.data_dir.clone(),
         nodes: a.nodes,
@@ -933,6 +934,7 @@ fn node_config(cli: &Cli, a: &NodeServeArgs) -> Result<trireme_daemon::node::Nod
         books: !a.volatile_bookkeeping,
         transport: cli.transport.kind(),
         capacity: a.capacity,
+        http: a.http.addr.0,
     })
 }
 
@@ -941,12 +943,33 @@ async fn node_serve(cli: &Cli, a: &NodeServeArgs) -> Result<(), CliError> {
         trireme_daemon::use_tls(d, Some("node"), true).map_err(daemon_err)?;
     }
     let node = trireme_daemon::node::build_node(&node_config(cli, a)?).map_err(daemon_err)?;
+    let http = match a.http.addr.0 {
+        Some(addr) => {
+            let l = trireme_daemon::http::bind(addr).await.map_err(daemon_err)?;
+            Some(
+                trireme_daemon::http::serve(
+                    l,
+                    trireme_daemon::http::HttpSources {
+                        node: Some((node.clone(), a.dir.clone())),
+                        ..Default::default()
+                    },
+                    Some(&a.dir.join("http")),
+                )
+                .map_err(daemon_err)?,
+            )
+        }
+        None => None,
+    };
+    let http_word = http
+        .as_ref()
+        .map(|h| format!(" http:{}", h.addr))
+        .unwrap_or_default();
     let serve = trireme_node::run(node.clone(), a.listen, a.socket.as_deref(), |addr, unix| {
         use std::io::Write;
         let mut o = std::io::stdout();
         let _ = match (&a.socket, unix) {
-            (Some(p), true) => writeln!(o, "listening {addr} unix:{}", p.display()),
-            _ => writeln!(o, "listening {addr}"),
+            (Some(p), true) => writeln!(o, "listening {addr} unix:{}{http_word}", p.display()),
+            _ => writeln!(o, "listening {addr}{http_word}"),
         };
         let _ = o.flush();
     });
@@ -1017,6 +1040,7 @@ async fn node_run(cli: &Cli, a: &crate::NodeRunArgs) -> Result<(), CliError> {
         books: !a.volatile_bookkeeping,
         transport: cli.transport.kind(),
         capacity: a.capacity,
+        http: a.http.addr.0,
     };
     let member = trireme_daemon::node::MemberConfig {
         zone: a.zone.clone(),
@@ -1110,6 +1134,29 @@ async fn attach(cli: &Cli, a: &crate::AttachArgs) -> Result<(), CliError> {
     let tasks =
         trireme_daemon::export::serve(&att.volume, a.export.socket.as_deref(), tcp, tls.as_ref())
             .map_err(CliError::Runtime)?;
+    // The writer's metrics; the address goes to `<data-dir>/attach-VOLUME.http` when the data
+    // directory exists (a client host may have none), and to stderr.
+    let _http = match a.http.addr.0 {
+        Some(addr) => {
+            let l = trireme_daemon::http::bind(addr).await.map_err(daemon_err)?;
+            let file = cli
+                .data_dir
+                .is_dir()
+                .then(|| cli.data_dir.join(format!("attach-{}.http", a.volume)));
+            let h = trireme_daemon::http::serve(
+                l,
+                trireme_daemon::http::HttpSources {
+                    writers: vec![att.volume.clone()],
+                    ..Default::default()
+                },
+                file.as_deref(),
+            )
+            .map_err(daemon_err)?;
+            eprintln!("metrics: http://{}/metrics", h.addr);
+            Some(h)
+        }
+        None => None,
+    };
     for u in &uris {
         println!("{u}");
     }

@@ -284,6 +284,8 @@ pub enum CaRole {
 
 #[derive(Debug, Args)]
 pub struct UpArgs {
+    #[command(flatten)]
+    pub http: HttpArgs,
     /// Number of storage node processes.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=7))]
     pub nodes: u32,
@@ -454,8 +456,28 @@ pub struct MoveArgs {
     pub no_wait: bool,
 }
 
+/// `--http ADDR|off`.
+#[derive(Debug, Args)]
+pub struct HttpArgs {
+    /// Serve Prometheus metrics at http://ADDR/metrics (and, where the manager runs, the
+    /// dashboard at http://ADDR/); port 0 picks a free one, printed and written to the file
+    /// `http` in the data directory; `off` serves nothing.
+    #[arg(long = "http", value_name = "ADDR|off", default_value = "127.0.0.1:0", value_parser = parse_http)]
+    pub addr: HttpAddr,
+}
+
+/// An `--http` address, or none (`off`).
+#[derive(Debug, Clone, Copy)]
+pub struct HttpAddr(pub Option<std::net::SocketAddr>);
+
+fn parse_http(s: &str) -> Result<HttpAddr, String> {
+    trireme_daemon::http::parse_addr(s).map(HttpAddr)
+}
+
 #[derive(Debug, Args)]
 pub struct NodeServeArgs {
+    #[command(flatten)]
+    pub http: HttpArgs,
     #[arg(long)]
     pub id: u32,
     /// Directory of the node's store.
@@ -502,6 +524,8 @@ pub struct NodeServeArgs {
 
 #[derive(Debug, Args)]
 pub struct NodeRunArgs {
+    #[command(flatten)]
+    pub http: HttpArgs,
     /// Most bytes this node's replicas may hold together (as `node serve --capacity`).
     #[arg(long, value_parser = units::parse_size)]
     pub capacity: Option<u64>,
@@ -564,6 +588,8 @@ pub struct AttachArgs {
     pub lease_ttl: std::time::Duration,
     #[command(flatten)]
     pub export: ExportArgs,
+    #[command(flatten)]
+    pub http: HttpArgs,
 }
 
 #[derive(Debug, Subcommand)]

@@ -24,6 +24,7 @@
 pub mod access;
 pub mod attach;
 pub mod export;
+pub mod http;
 mod keys;
 pub mod lease;
 pub mod local;

@@ -9,6 +9,8 @@
 //! * `control.sock` — the control API; `nbd.sock` — the NBD unix socket.
 //! * `exports` — the NBD URIs, one per line, written once they accept connections.
 //! * `pids` — `node-N PID` lines and `up PID`, so a benchmark can find the storage processes.
+//! * `http` — where this process serves metrics and the dashboard (`--http`); each node's
+//!   endpoint is in `node-N/http` and in its node record.
 
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -63,6 +65,9 @@ pub struct LocalConfig {
     /// Plain text on every TCP link: the NBD export and the data path to the nodes (otherwise
     /// TLS only, with the credentials in `<data-dir>/tls/`).
     pub insecure: bool,
+    /// Where this process serves metrics and the dashboard (`None`: nowhere; the nodes then
+    /// serve no metrics either).
+    pub http: Option<std::net::SocketAddr>,
 }
 
 /// The cluster CA of `trireme up` in `<data-dir>/tls/ca` (created at the first start), a server
@@ -142,6 +147,8 @@ struct NodeProc {
     pid: u32,
     addr: String,
     local_addr: Option<String>,
+    /// Where it serves its metrics (`host:port`).
+    http: Option<String>,
 }
 
 fn lock_dir(dir: &Path) -> Result<std::fs::File, DaemonError> {
@@ -222,6 +229,14 @@ async fn spawn_node(sup: &Supervisor, id: u32) -> Result<(Child, NodeProc), Daem
         // namespace would not cut UCX off.
         cmd.env("TRIREME_UCX_TLS", "tcp");
     }
+    // Its metrics on the address it listens on, any port: where Prometheus can reach it.
+    match sup.http {
+        true => cmd.arg("--http").arg(match netns {
+            Some(n) => std::net::SocketAddr::new(n.addr, 0).to_string(),
+            None => "127.0.0.1:0".to_string(),
+        }),
+        false => cmd.arg("--http").arg("off"),
+    };
     if sup.inject_faults {
         cmd.arg("--inject-faults")
             .arg(dir.join(format!("node-{id}.faults")));
@@ -295,13 +310,18 @@ async fn spawn_node(sup: &Supervisor, id: u32) -> Result<(Child, NodeProc), Daem
         )));
     };
     let pid = child.id().unwrap_or(0);
-    let local_addr = words.get(1).cloned();
+    let local_addr = words.iter().find(|w| w.starts_with("unix:")).cloned();
+    let http = words
+        .iter()
+        .find_map(|w| w.strip_prefix("http:"))
+        .map(str::to_string);
     Ok((
         child,
         NodeProc {
             pid,
             addr,
             local_addr,
+            http,
         },
     ))
 }
@@ -381,6 +401,10 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
             ))
         })?;
     let tcp_addr = tcp.local_addr()?;
+    let http = match a.http {
+        Some(addr) => Some(crate::http::bind(addr).await?),
+        None => None,
+    };
 
     // Identities, before any link to a node is made.
     let tls = if a.insecure {
@@ -410,6 +434,7 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
         log: a.log.clone(),
         transport: a.transport.clone(),
         tls: tls.is_some(),
+        http: a.http.is_some(),
     };
     let removed: Vec<u32> = meta
         .nodes()
@@ -483,6 +508,18 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
     manager.register_client(vol.clone());
     let uris = crate::export::uris(&a.volume, Some(&sock), Some(tcp_addr), tls.as_ref());
     write_atomically(&dir.join("exports"), &(uris.join("\n") + "\n"))?;
+    let http = match http {
+        Some(l) => Some(crate::http::serve(
+            l,
+            crate::http::HttpSources {
+                node: None,
+                manager: Some(crate::http::always(manager.clone())),
+                writers: Vec::new(),
+            },
+            Some(&dir.join("http")),
+        )?),
+        None => None,
+    };
 
     let v = &vol.info();
     println!(
@@ -498,6 +535,12 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
     println!("NBD exports:");
     for u in &uris {
         println!("  {u}");
+    }
+    if let Some(h) = &http {
+        println!(
+            "Dashboard: http://{0}/  metrics: http://{0}/metrics  Prometheus targets: http://{0}/targets",
+            h.addr
+        );
     }
     println!("Press Ctrl-C to stop.");
 
@@ -632,6 +675,8 @@ struct Supervisor {
     transport: String,
     /// Nodes serve over mutual TLS (`<data-dir>/tls/node-N`).
     tls: bool,
+    /// Nodes serve their metrics over HTTP.
+    http: bool,
 }
 
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -655,6 +700,7 @@ impl Supervisor {
             store: self.store.clone(),
             state,
             zone: None,
+            http: p.http.clone(),
         })
         .await?;
         let base = self.backoff;

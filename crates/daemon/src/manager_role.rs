@@ -49,15 +49,17 @@ impl Default for ManagerOptions {
 }
 
 /// Campaigns for the role while `lease` holds one, runs it when won, and serves the control
-/// API on `control`, until aborted.
+/// API on `control`, until aborted. `current_tx` carries the manager while this process holds
+/// the role (the HTTP endpoint serves the dashboard then).
 pub async fn run(
     meta: ClusterMeta,
     lease: watch::Receiver<Option<LeaseId>>,
     rec: ManagerRecord,
     control: tokio::net::TcpListener,
     opts: ManagerOptions,
+    current_tx: watch::Sender<Option<Arc<Manager>>>,
 ) {
-    let (current_tx, current) = watch::channel::<Option<Arc<Manager>>>(None);
+    let current = current_tx.subscribe();
     let api = tokio::spawn(serve_control(control, current, meta.clone()));
     campaign(meta, lease, rec, opts, current_tx).await;
     api.abort();

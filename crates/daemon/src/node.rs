@@ -42,6 +42,9 @@ pub struct NodeConfig {
     /// Most bytes the node's replicas may hold together; `None`: half the host's memory for a
     /// memory store, the file system's size for a file store, no limit for the null store.
     pub capacity: Option<u64>,
+    /// Where it serves its metrics (and, while it is the manager, the dashboard); the bound
+    /// address is written to `<dir>/http`.
+    pub http: Option<SocketAddr>,
 }
 
 /// Opens the node's store with its wrappers.
@@ -244,6 +247,14 @@ pub async fn run_member(
         .await
         .map_err(|e| DaemonError::Runtime(format!("control listen on {}: {e}", member.control)))?;
     let control_addr = control.local_addr()?;
+    let http = match cfg.http {
+        Some(a) => Some(crate::http::bind(a).await?),
+        None => None,
+    };
+    let http_addr = match &http {
+        Some(l) => Some(l.local_addr()?.to_string()),
+        None => None,
+    };
 
     let ttl = member.lease_ttl.max(crate::lease::MIN_TTL);
     let alive = AliveRecord {
@@ -252,7 +263,7 @@ pub async fn run_member(
         host: crate::hostname(),
         pid: std::process::id(),
     };
-    let lease = register(&meta, &cfg, &member, &alive, ttl).await?;
+    let lease = register(&meta, &cfg, &member, &alive, http_addr.clone(), ttl).await?;
     tracing::info!(node = cfg.id, %addr, lease, "registered");
 
     let node = build_node(&cfg)?;
@@ -275,7 +286,13 @@ pub async fn run_member(
     // The lease, kept (and re-taken after a loss) in the background; the manager role follows it.
     let (lease_tx, lease_rx) = tokio::sync::watch::channel(Some(lease));
     let keeper = {
-        let (meta, cfg, member, alive) = (meta.clone(), cfg.clone(), member.clone(), alive.clone());
+        let (meta, cfg, member, alive, http_addr) = (
+            meta.clone(),
+            cfg.clone(),
+            member.clone(),
+            alive.clone(),
+            http_addr.clone(),
+        );
         tokio::spawn(async move {
             let mut lease = lease;
             loop {
@@ -286,7 +303,7 @@ pub async fn run_member(
                     tracing::debug!("revoking the lost lease: {e}");
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
-                match register(&meta, &cfg, &member, &alive, ttl).await {
+                match register(&meta, &cfg, &member, &alive, http_addr.clone(), ttl).await {
                     Ok(l) => {
                         tracing::info!(node = cfg.id, lease = l, "registered again");
                         lease = l;
@@ -301,6 +318,19 @@ pub async fn run_member(
             }
         })
     };
+    let (current_tx, current) = tokio::sync::watch::channel(None);
+    let _http = match http {
+        Some(l) => Some(crate::http::serve(
+            l,
+            crate::http::HttpSources {
+                node: Some((node.clone(), cfg.dir.clone())),
+                manager: Some(current),
+                writers: Vec::new(),
+            },
+            Some(&cfg.dir.join("http")),
+        )?),
+        None => None,
+    };
     let role = tokio::spawn(crate::manager_role::run(
         meta.clone(),
         lease_rx.clone(),
@@ -309,9 +339,11 @@ pub async fn run_member(
             control: control_addr.to_string(),
             host: alive.host.clone(),
             pid: alive.pid,
+            http: http_addr.clone(),
         },
         control,
         member.manager.clone(),
+        current_tx,
     ));
 
     let restart = follow_restart_orders(meta.clone(), cfg.id, lease_rx.clone());
@@ -392,6 +424,7 @@ async fn register(
     cfg: &NodeConfig,
     member: &MemberConfig,
     alive: &AliveRecord,
+    http: Option<String>,
     ttl: Duration,
 ) -> Result<trireme_meta::kv::LeaseId, DaemonError> {
     loop {
@@ -418,6 +451,7 @@ async fn register(
             store: cfg.store.as_str().to_string(),
             state,
             zone: member.zone.clone(),
+            http: http.clone(),
         };
         match meta.register_alive(alive, &rec, lease).await {
             Ok(()) => return Ok(lease),

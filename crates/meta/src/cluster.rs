@@ -55,6 +55,9 @@ pub struct ManagerRecord {
     pub control: String,
     pub host: String,
     pub pid: u32,
+    /// Where it serves metrics and the dashboard over HTTP (`host:port`), if it does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<String>,
 }
 
 /// The writer of a volume (lease-bound).

@@ -93,6 +93,9 @@ pub struct NodeRecord {
     /// enough of them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zone: Option<String>,
+    /// Where its process serves metrics over HTTP (`host:port`), if it does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<String>,
 }
 
 /// A node's place in the cluster.

@@ -343,6 +343,7 @@ fn node(id: u32) -> NodeRecord {
         store: "memory".into(),
         state: Default::default(),
         zone: None,
+        http: None,
     }
 }
 
@@ -429,6 +430,7 @@ async fn cluster_records(s: Arc<dyn MetaStore>) {
         control: "127.0.0.1:1".into(),
         host: "h".into(),
         pid: 1,
+        http: None,
     };
     let la = s.grant(Duration::from_secs(5)).await.unwrap();
     let lb = s.grant(Duration::from_secs(5)).await.unwrap();

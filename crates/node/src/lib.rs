@@ -76,6 +76,23 @@ pub struct Node {
     books: std::sync::atomic::AtomicBool,
 }
 
+/// What a node holds ([`Node::usage`]).
+#[derive(Debug, Clone)]
+pub struct NodeUsage {
+    pub id: u32,
+    pub store: &'static str,
+    pub replicas: usize,
+    /// The replicas' sizes, summed.
+    pub provisioned: u64,
+    /// Bytes in the replicas' allocated grains.
+    pub allocated: u64,
+    /// Most bytes the replicas may hold together (their sizes); 0: no limit set.
+    pub capacity: u64,
+    pub tiers: Option<trireme_store::StoreTiers>,
+    /// Each tiered replica's extents and reads, by volume id.
+    pub replica_tiers: Vec<(u64, trireme_store::ReplicaTiers)>,
+}
+
 /// Why serving a request failed: a status for the client and a message for the log.
 struct Refusal(Status, String);
 
@@ -282,6 +299,30 @@ impl Node {
                 self.id
             ),
         )
+    }
+
+    /// What the node holds, for its metrics: read at a scrape, from the replicas' counters.
+    pub fn usage(&self) -> NodeUsage {
+        let replicas: Vec<Arc<dyn Replica>> = self
+            .replicas
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        NodeUsage {
+            id: self.id,
+            store: self.store.kind().as_str(),
+            replicas: replicas.len(),
+            provisioned: replicas.iter().map(|r| r.size()).sum(),
+            allocated: replicas.iter().map(|r| r.allocated_bytes()).sum(),
+            capacity: self.capacity.load(std::sync::atomic::Ordering::Relaxed),
+            tiers: self.store.tiers(),
+            replica_tiers: replicas
+                .iter()
+                .filter_map(|r| r.tiers().map(|t| (r.volume(), t)))
+                .collect(),
+        }
     }
 
     pub fn replica_count(&self) -> usize {

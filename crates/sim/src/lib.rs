@@ -541,6 +541,8 @@ impl World {
                 activity_extents: cap,
                 activity_period: Duration::from_millis(period),
                 resync_rate: self.cfg.resync_rate,
+                // The seeds' volumes are counted by nobody: no metrics to update.
+                metrics: false,
                 ..VolumeOptions::default()
             },
         };
@@ -633,6 +635,7 @@ impl World {
             control: format!("sim:{id}"),
             host: "sim".into(),
             pid: id,
+            http: None,
         };
         tokio::spawn(trireme_daemon::manager_role::campaign(
             meta, lease_rx, rec, opts, current_tx,
@@ -1250,6 +1253,7 @@ async fn run_async(cfg: Config) -> Result<Outcome, SimFailure> {
             store: "memory".into(),
             state: Default::default(),
             zone: None,
+            http: None,
         })
         .await?;
     }

@@ -1,0 +1,230 @@
+//! The HTTP endpoint of every long-running process (`--http ADDR`).
+//!
+//! * `/metrics` — Prometheus's OpenMetrics text: what this process knows (see [`scrape`]).
+//! * `/targets` — Prometheus HTTP service discovery: this process and every node's endpoint,
+//!   from the cluster metadata, so one `http_sd_configs` entry finds the whole cluster.
+//! * `/` — the dashboard, where this process holds the manager role (`trireme up`, or the node
+//!   daemon that is the manager); `/api/board` is its state as JSON, `/api/events` the same as
+//!   server-sent events, one a second. Read-only: nothing here changes the cluster.
+//!
+//! The endpoint listens on the address given (127.0.0.1 by default: the data on it is the
+//! cluster's, and it has no access control of its own, as the control API on a unix socket
+//! has none), and its address is written to a file beside the process's data.
+
+mod board;
+mod scrape;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use tokio::sync::watch;
+use trireme_control::Manager;
+
+use crate::DaemonError;
+
+pub use board::{Board, BoardEvent, BoardState, VolumeRates};
+
+/// What a process shows on its endpoint.
+#[derive(Debug, Clone, Default)]
+pub struct HttpSources {
+    /// The node this process serves, and the directory of its store.
+    pub node: Option<(Arc<trireme_node::Node>, std::path::PathBuf)>,
+    /// The manager, while this process holds the role (`None` inside: not now).
+    pub manager: Option<watch::Receiver<Option<Arc<Manager>>>>,
+    /// Volumes this process writes whose links no manager here reports (`trireme attach`).
+    pub writers: Vec<Arc<trireme_client::Volume>>,
+}
+
+impl HttpSources {
+    /// The manager, if this process holds the role now.
+    pub fn manager(&self) -> Option<Arc<Manager>> {
+        self.manager.as_ref().and_then(|m| m.borrow().clone())
+    }
+}
+
+/// A fixed manager (`trireme up`: it never hands the role over).
+pub fn always(m: Arc<Manager>) -> watch::Receiver<Option<Arc<Manager>>> {
+    let (tx, rx) = watch::channel(Some(m));
+    // The receiver reads the last value after the sender is gone.
+    drop(tx);
+    rx
+}
+
+#[derive(Debug)]
+struct Shared {
+    sources: HttpSources,
+    board: Board,
+    addr: SocketAddr,
+}
+
+/// A running endpoint; stops when dropped.
+#[derive(Debug)]
+pub struct HttpServer {
+    pub addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Parses `--http`: an address, or `off`.
+pub fn parse_addr(s: &str) -> Result<Option<SocketAddr>, String> {
+    if s == "off" {
+        return Ok(None);
+    }
+    s.parse::<SocketAddr>().map(Some).map_err(|_| {
+        format!(
+            "{s:?} is not an address (HOST:PORT, e.g. 127.0.0.1:9464; port 0 picks one) or `off`"
+        )
+    })
+}
+
+/// Binds the endpoint's address (before the rest of the process starts, so the address can
+/// be registered).
+pub async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, DaemonError> {
+    tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        DaemonError::Runtime(format!(
+            "--http {addr}: {e} (pick another address, or `off`)"
+        ))
+    })
+}
+
+/// Serves on `listener` until the returned server is dropped; the bound address is written to
+/// `addr_file` (replaced atomically) if given.
+pub fn serve(
+    listener: tokio::net::TcpListener,
+    sources: HttpSources,
+    addr_file: Option<&Path>,
+) -> Result<HttpServer, DaemonError> {
+    let bound = listener.local_addr()?;
+    if let Some(f) = addr_file {
+        if let Some(dir) = f.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let tmp = f.with_extension("tmp");
+        std::fs::write(&tmp, format!("{bound}\n"))?;
+        std::fs::rename(&tmp, f)?;
+    }
+    let shared = Arc::new(Shared {
+        board: Board::new(),
+        sources,
+        addr: bound,
+    });
+    let app = axum::Router::new()
+        .route("/metrics", get(metrics))
+        .route("/targets", get(targets))
+        .route("/", get(page))
+        .route("/api/board", get(board_json))
+        .route("/api/events", get(events))
+        .with_state(shared);
+    let task = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::warn!("http endpoint stopped: {e}");
+        }
+    });
+    tracing::info!(%bound, "metrics on http://{bound}/metrics");
+    Ok(HttpServer { addr: bound, task })
+}
+
+async fn metrics(State(s): State<Arc<Shared>>) -> Response {
+    let text = scrape::scrape(&s.sources).await;
+    (
+        [(header::CONTENT_TYPE, trireme_metrics::expo::CONTENT_TYPE)],
+        text,
+    )
+        .into_response()
+}
+
+/// Prometheus HTTP service discovery: one target group per process kind.
+async fn targets(State(s): State<Arc<Shared>>) -> Response {
+    let mut groups = vec![serde_json::json!({
+        "targets": [s.addr.to_string()],
+        "labels": { "trireme_role": if s.sources.manager().is_some() { "manager" } else { "process" } },
+    })];
+    let meta = s.sources.manager().map(|m| m.meta().clone());
+    if let Some(meta) = meta {
+        let nodes: Vec<String> = match meta.nodes().await {
+            Ok(ns) => ns
+                .into_iter()
+                .filter(|n| n.state != trireme_meta::NodeState::Removed)
+                .filter_map(|n| n.http)
+                .filter(|h| *h != s.addr.to_string())
+                .collect(),
+            Err(e) => {
+                return (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("cluster metadata: {e}\n"),
+                )
+                    .into_response()
+            }
+        };
+        if !nodes.is_empty() {
+            groups.push(serde_json::json!({
+                "targets": nodes,
+                "labels": { "trireme_role": "node" },
+            }));
+        }
+    }
+    axum::Json(groups).into_response()
+}
+
+const PAGE: &str = include_str!("dashboard.html");
+
+async fn page(State(s): State<Arc<Shared>>) -> Response {
+    if s.sources.manager().is_some() {
+        return Html(PAGE).into_response();
+    }
+    // Not the manager: say where it is, if the metadata knows.
+    let elsewhere = match &s.sources.node {
+        Some(_) => "the node daemon that holds the manager role (see `trireme status`)",
+        None => "the manager's process (`trireme up`, or the node daemon that holds the role)",
+    };
+    (
+        StatusCode::NOT_FOUND,
+        Html(format!(
+            "<!doctype html><title>trireme</title><p>This process serves metrics at \
+             <a href=\"/metrics\">/metrics</a>. The dashboard is served by {elsewhere}.</p>"
+        )),
+    )
+        .into_response()
+}
+
+async fn board_json(State(s): State<Arc<Shared>>) -> Response {
+    let Some(m) = s.sources.manager() else {
+        return (
+            StatusCode::NOT_FOUND,
+            "this process does not hold the manager role\n",
+        )
+            .into_response();
+    };
+    let state = s.board.sample_now(&m).await;
+    axum::Json(state).into_response()
+}
+
+/// The board, a JSON document per second, as server-sent events (`event: board`).
+async fn events(State(s): State<Arc<Shared>>) -> Response {
+    let Some(m) = s.sources.manager() else {
+        return (
+            StatusCode::NOT_FOUND,
+            "this process does not hold the manager role\n",
+        )
+            .into_response();
+    };
+    let rx = s.board.subscribe(m);
+    let stream = tokio_stream::wrappers::WatchStream::new(rx);
+    let stream = tokio_stream::StreamExt::filter_map(stream, |json: Option<Arc<String>>| {
+        json.map(|j| Ok::<_, std::convert::Infallible>(Event::default().event("board").data(&*j)))
+    });
+    Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}

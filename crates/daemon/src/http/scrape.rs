@@ -1,0 +1,361 @@
+//! One scrape: what this process knows, as metric families.
+//!
+//! Each fact has one source, so sums across processes count it once:
+//! * the writer's own counters (`trireme_volume_*`), from the process that writes the volume;
+//! * the cluster as the manager sees it (`trireme_node_up`, `trireme_replica_state`, resyncs,
+//!   links of the writers in its process, drain and remove jobs), from the manager alone;
+//! * a node's store and tiers (`trireme_store_*`, `trireme_tier_*`), from the node's process;
+//! * `process_*`, from every process.
+
+use trireme_control::{ReplicaStatusState, StatusReport};
+use trireme_metrics::{Exposition, Kind, Labels};
+
+use super::HttpSources;
+
+pub(super) async fn scrape(src: &HttpSources) -> String {
+    let mut e = Exposition::new();
+    trireme_metrics::expose_volumes(&mut e, &trireme_metrics::volumes());
+    if let Some((node, dir)) = &src.node {
+        node_families(&mut e, &node.usage(), dir);
+    }
+    let mut links = Vec::new();
+    if let Some(m) = src.manager() {
+        match m.status().await {
+            Ok(st) => {
+                cluster_families(&mut e, &st);
+                for v in &st.volumes {
+                    links.extend(v.client_links.iter().map(|l| (l.node, l.transport.clone())));
+                }
+            }
+            Err(err) => tracing::warn!("metrics: cluster status: {err}"),
+        }
+    }
+    for v in &src.writers {
+        for (node, info) in v.connections() {
+            if let Some(i) = info {
+                links.push((node, i.transport));
+            }
+        }
+    }
+    links.sort();
+    links.dedup();
+    if !links.is_empty() {
+        e.family(
+            "trireme_link_transport",
+            "1 for each transport a writer in this process reaches a node over (ucx, unix, tcp).",
+            Kind::Gauge,
+            links
+                .into_iter()
+                .map(|(n, t)| (Labels::new().with("node", n).with("transport", t), 1.0))
+                .collect(),
+        );
+    }
+    trireme_metrics::process::expose(&mut e);
+    e.encode()
+}
+
+const REPLICA_STATES: [ReplicaStatusState; 7] = [
+    ReplicaStatusState::InSync,
+    ReplicaStatusState::Outdated,
+    ReplicaStatusState::Failed,
+    ReplicaStatusState::Resyncing,
+    ReplicaStatusState::Removed,
+    ReplicaStatusState::Unreachable,
+    ReplicaStatusState::Missing,
+];
+
+fn cluster_families(e: &mut Exposition, st: &StatusReport) {
+    let node = |id: u32| Labels::new().with("node", id);
+    e.family(
+        "trireme_node_up",
+        "1 if the node answered the manager just now (and holds its lease, on etcd).",
+        Kind::Gauge,
+        st.nodes
+            .iter()
+            .map(|n| (node(n.id), if n.up { 1.0 } else { 0.0 }))
+            .collect(),
+    );
+    e.family(
+        "trireme_node_ping_seconds",
+        "Round trip of the manager's ping to the node over the data path.",
+        Kind::Gauge,
+        st.nodes
+            .iter()
+            .filter_map(|n| n.ping_us.map(|p| (node(n.id), p as f64 / 1e6)))
+            .collect(),
+    );
+    let mut states = Vec::new();
+    for n in &st.nodes {
+        for s in [
+            trireme_meta::NodeState::Active,
+            trireme_meta::NodeState::Draining,
+            trireme_meta::NodeState::Removed,
+        ] {
+            let name = match s {
+                trireme_meta::NodeState::Active => "active",
+                trireme_meta::NodeState::Draining => "draining",
+                trireme_meta::NodeState::Removed => "removed",
+            };
+            states.push((
+                node(n.id).with("state", name),
+                if n.state == s { 1.0 } else { 0.0 },
+            ));
+        }
+    }
+    e.family(
+        "trireme_node_state",
+        "1 for the node's place in the cluster: active, draining (takes no new replicas) or removed.",
+        Kind::Gauge,
+        states,
+    );
+
+    let mut replica_state = Vec::new();
+    let mut remaining = Vec::new();
+    let mut allocated = Vec::new();
+    for v in &st.volumes {
+        for r in &v.replicas {
+            let l = || Labels::new().with("volume", &v.name).with("node", r.node);
+            for s in REPLICA_STATES {
+                replica_state.push((l().with("state", s), if r.state == s { 1.0 } else { 0.0 }));
+            }
+            match (&r.resync, r.state) {
+                (Some(p), _) => {
+                    remaining.push((l(), p.total_bytes.saturating_sub(p.done_bytes) as f64))
+                }
+                (None, ReplicaStatusState::InSync) => remaining.push((l(), 0.0)),
+                _ => {}
+            }
+            if let Some(a) = r.allocated_bytes {
+                allocated.push((l(), a as f64));
+            }
+        }
+    }
+    e.family(
+        "trireme_replica_state",
+        "1 for each replica's state (in-sync, outdated, failed, resyncing, removed, unreachable, missing), 0 for the others.",
+        Kind::Gauge,
+        replica_state,
+    );
+    e.family(
+        "trireme_resync_remaining_bytes",
+        "Bytes a resync still has to go through (0 for an in-sync replica; absent before a resync starts).",
+        Kind::Gauge,
+        remaining,
+    );
+    e.family(
+        "trireme_replica_allocated_bytes",
+        "Bytes the replica holds in allocated grains, as its node reports.",
+        Kind::Gauge,
+        allocated,
+    );
+    let vol = |name: &str| Labels::new().with("volume", name);
+    e.family(
+        "trireme_volume_size_bytes",
+        "The volume's size.",
+        Kind::Gauge,
+        st.volumes
+            .iter()
+            .map(|v| (vol(&v.name), v.size as f64))
+            .collect(),
+    );
+    e.family(
+        "trireme_volume_replicas_in_sync",
+        "The volume's replicas in sync now.",
+        Kind::Gauge,
+        st.volumes
+            .iter()
+            .map(|v| {
+                let n = v
+                    .replicas
+                    .iter()
+                    .filter(|r| r.state == ReplicaStatusState::InSync)
+                    .count();
+                (vol(&v.name), n as f64)
+            })
+            .collect(),
+    );
+    e.family(
+        "trireme_volume_min_copies",
+        "Fewest in-sync copies writes go on with.",
+        Kind::Gauge,
+        st.volumes
+            .iter()
+            .map(|v| (vol(&v.name), v.min_copies as f64))
+            .collect(),
+    );
+    e.family(
+        "trireme_volume_writes_suspended",
+        "1 while the writer in the manager's process holds writes back for want of in-sync copies.",
+        Kind::Gauge,
+        st.volumes
+            .iter()
+            .map(|v| (vol(&v.name), if v.writes_suspended { 1.0 } else { 0.0 }))
+            .collect(),
+    );
+    let running: Vec<_> = st
+        .moves
+        .iter()
+        .filter(|m| m.state == trireme_control::MoveState::Running)
+        .collect();
+    let job = |m: &trireme_control::MoveStatus| {
+        Labels::new().with("node", m.node).with(
+            "kind",
+            match m.kind {
+                trireme_control::MoveKind::Drain => "drain",
+                trireme_control::MoveKind::Remove => "remove",
+            },
+        )
+    };
+    e.family(
+        "trireme_move_volumes_remaining",
+        "Volumes a running drain or remove job has still to move off its node.",
+        Kind::Gauge,
+        running
+            .iter()
+            .map(|m| {
+                (
+                    job(m),
+                    m.volumes_total.saturating_sub(m.volumes_done) as f64,
+                )
+            })
+            .collect(),
+    );
+    e.family(
+        "trireme_move_copy_remaining_bytes",
+        "Bytes the copy of the volume a drain or remove job is moving has still to go through.",
+        Kind::Gauge,
+        running
+            .iter()
+            .filter_map(|m| {
+                m.progress
+                    .as_ref()
+                    .map(|p| (job(m), p.total_bytes.saturating_sub(p.done_bytes) as f64))
+            })
+            .collect(),
+    );
+}
+
+/// Bytes of the file system holding `dir`, or of memory for a memory store.
+fn backing_bytes(store: &str, dir: &std::path::Path) -> Option<u64> {
+    if store == "memory" || store == "null" {
+        let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let kib: u64 = info
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))?
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()?;
+        return Some(kib * 1024);
+    }
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs writes one struct we own, through a pointer valid for the call.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is a NUL-terminated string that outlives the call.
+    let r = unsafe { libc::statvfs(path.as_ptr(), &mut s) };
+    (r == 0).then(|| s.f_blocks as u64 * s.f_frsize as u64)
+}
+
+fn node_families(e: &mut Exposition, u: &trireme_node::NodeUsage, dir: &std::path::Path) {
+    let node = || Labels::new().with("node", u.id);
+    let capacity = match u.capacity {
+        0 => backing_bytes(u.store, dir),
+        c => Some(c),
+    };
+    if let Some(c) = capacity {
+        e.sample(
+            "trireme_store_capacity_bytes",
+            "Bytes the node's replicas may hold: its --capacity, else the size of the file system (memory, for a memory store) under its store.",
+            Kind::Gauge,
+            node(),
+            c as f64,
+        );
+    }
+    e.sample(
+        "trireme_store_used_bytes",
+        "Bytes in the allocated grains of the node's replicas.",
+        Kind::Gauge,
+        node(),
+        u.allocated as f64,
+    );
+    e.sample(
+        "trireme_store_provisioned_bytes",
+        "The sizes of the node's replicas, summed.",
+        Kind::Gauge,
+        node(),
+        u.provisioned as f64,
+    );
+    e.sample(
+        "trireme_store_replicas",
+        "Replicas the node serves.",
+        Kind::Gauge,
+        node(),
+        u.replicas as f64,
+    );
+    let Some(t) = &u.tiers else {
+        return;
+    };
+    let tier = |name: &str| node().with("tier", name);
+    e.sample(
+        "trireme_tier_capacity_bytes",
+        "Bytes of the fast tier (the slow tier's is its file system's).",
+        Kind::Gauge,
+        tier("fast"),
+        t.fast_capacity as f64,
+    );
+    e.family(
+        "trireme_tier_used_bytes",
+        "Bytes each tier holds: whole extents on the fast tier, allocated bytes on the slow.",
+        Kind::Gauge,
+        vec![
+            (tier("fast"), t.fast_used as f64),
+            (tier("slow"), t.slow_used as f64),
+        ],
+    );
+    e.sample(
+        "trireme_tier_migrated_bytes",
+        "Bytes moved between the tiers since the node started.",
+        Kind::Counter,
+        node(),
+        t.migrated_bytes as f64,
+    );
+    e.sample(
+        "trireme_tier_migrate_rate_limit_bytes_per_second",
+        "Most bytes the mover moves per second.",
+        Kind::Gauge,
+        node(),
+        t.migrate_rate as f64,
+    );
+    let rep = |v: u64| node().with("volume_id", v);
+    let mut reads = Vec::new();
+    let mut extents = Vec::new();
+    let mut moves = Vec::new();
+    for (v, r) in &u.replica_tiers {
+        reads.push((rep(*v).with("tier", "fast"), r.reads_fast as f64));
+        reads.push((rep(*v).with("tier", "slow"), r.reads_slow as f64));
+        extents.push((rep(*v).with("tier", "fast"), r.fast_extents as f64));
+        extents.push((rep(*v).with("tier", "slow"), r.slow_extents as f64));
+        moves.push((rep(*v).with("direction", "promote"), r.promotions as f64));
+        moves.push((rep(*v).with("direction", "demote"), r.demotions as f64));
+    }
+    e.family(
+        "trireme_tier_reads",
+        "Read requests each tier served, per replica (by volume id).",
+        Kind::Counter,
+        reads,
+    );
+    e.family(
+        "trireme_tier_extents",
+        "A replica's extents on each tier.",
+        Kind::Gauge,
+        extents,
+    );
+    e.family(
+        "trireme_tier_moves",
+        "Extents a replica promoted to the fast tier or demoted to the slow.",
+        Kind::Counter,
+        moves,
+    );
+}
