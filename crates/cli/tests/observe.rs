@@ -1,0 +1,416 @@
+//! Seeing a running cluster from outside, with the real tools: a Prometheus server scrapes it
+//! (finding every process through `/targets`), and headless Chromium, driven over WebDriver
+//! by chromedriver, watches the dashboard while a node is killed.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// A cluster whose killed nodes stay down for the test (no restart within it), under a
+/// verifying workload.
+fn loaded_cluster(secs: u32) -> (Cluster, std::process::Child, String) {
+    let c = Cluster::start(&[
+        "--store",
+        "memory",
+        "--size",
+        "64M",
+        "--restart-backoff",
+        "120s",
+    ]);
+    let http = addr_in(&c.path().join("http"));
+    let bench = start_bench(&c, secs);
+    (c, bench, http)
+}
+
+/// Runs a PromQL instant query: the result vector.
+fn promql(prom: &str, q: &str) -> Vec<serde_json::Value> {
+    let v = http_json(prom, &format!("/api/v1/query?query={}", urlencode(q)));
+    assert_eq!(v["status"], "success", "{q}: {v}");
+    v["data"]["result"].as_array().cloned().unwrap_or_default()
+}
+
+/// The value of a one-sample result.
+fn value(r: &serde_json::Value) -> f64 {
+    r["value"][1].as_str().unwrap().parse().unwrap()
+}
+
+/// Polls `q` until `ok` holds of its result, for `within`.
+fn wait_promql(
+    prom: &str,
+    q: &str,
+    within: Duration,
+    ok: impl Fn(&[serde_json::Value]) -> bool,
+    log: &dyn Fn() -> String,
+) -> Vec<serde_json::Value> {
+    let t0 = Instant::now();
+    loop {
+        let r = promql(prom, q);
+        if ok(&r) {
+            return r;
+        }
+        assert!(
+            t0.elapsed() < within,
+            "{q} never held in {within:?}: {r:?}\n{}",
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+#[test]
+fn prometheus_scrapes_the_cluster_and_sees_a_killed_node() {
+    need("prometheus");
+    let (c, bench, http) = loaded_cluster(25);
+    let tmp = tempfile::tempdir().unwrap();
+    // One service-discovery entry: `up` lists itself and its nodes.
+    let config = format!(
+        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: trireme\n    http_sd_configs:\n      - url: http://{http}/targets\n        refresh_interval: 5s\n"
+    );
+    std::fs::write(tmp.path().join("prometheus.yml"), config).unwrap();
+    let port = free_port();
+    let prom = format!("127.0.0.1:{port}");
+    let log_path = tmp.path().join("prometheus.log");
+    let _prometheus = Server(
+        Command::new("prometheus")
+            .arg(format!(
+                "--config.file={}",
+                tmp.path().join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                tmp.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address={prom}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log_path).unwrap())
+            .spawn()
+            .expect("prometheus"),
+    );
+    let log = || {
+        format!(
+            "prometheus:\n{}\ncluster:\n{}",
+            std::fs::read_to_string(&log_path).unwrap_or_default(),
+            c.log()
+        )
+    };
+    let within = Duration::from_secs(30);
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(&prom).is_err() {
+        assert!(
+            t0.elapsed() < within,
+            "prometheus did not start:\n{}",
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // Every process is found and scraped: the manager and three nodes.
+    wait_promql(
+        &prom,
+        "up{job=\"trireme\"} == 1",
+        within,
+        |r| r.len() == 4,
+        &log,
+    );
+    // The writer's rate of operations, as Prometheus computes it from the counters.
+    let r = wait_promql(
+        &prom,
+        "sum by (op) (rate(trireme_volume_ops_total{volume=\"vol0\",op=~\"read|write\"}[5s]))",
+        within,
+        |r| r.len() == 2 && r.iter().all(|s| value(s) > 10.0),
+        &log,
+    );
+    eprintln!("ops rate: {r:?}");
+    wait_promql(
+        &prom,
+        "trireme_replica_state{volume=\"vol0\",state=\"in-sync\"} == 1",
+        within,
+        |r| r.len() == 3,
+        &log,
+    );
+    // Latency histogram: a p99 that is a real duration.
+    let p99 = wait_promql(
+        &prom,
+        "histogram_quantile(0.99, sum by (le) (rate(trireme_volume_op_duration_seconds_bucket{volume=\"vol0\",op=\"write\"}[5s])))",
+        within,
+        |r| r.len() == 1 && value(&r[0]) > 0.0,
+        &log,
+    );
+    assert!(value(&p99[0]) < 1.0, "{p99:?}");
+    // Each node reports its store, and each process its CPU and memory.
+    wait_promql(
+        &prom,
+        "trireme_store_capacity_bytes > 0",
+        within,
+        |r| r.len() == 3,
+        &log,
+    );
+    wait_promql(
+        &prom,
+        "process_resident_memory_bytes{job=\"trireme\"} > 0",
+        within,
+        |r| r.len() == 4,
+        &log,
+    );
+
+    // Kill node 2: its replica leaves the in-sync state, and Prometheus sees it.
+    signal(node_pid(&c, 2), libc::SIGKILL);
+    let t0 = Instant::now();
+    wait_promql(
+        &prom,
+        "trireme_replica_state{volume=\"vol0\",node=\"2\",state=\"in-sync\"} == 0",
+        Duration::from_secs(15),
+        |r| r.len() == 1,
+        &log,
+    );
+    wait_promql(
+        &prom,
+        "trireme_node_up{node=\"2\"} == 0",
+        Duration::from_secs(15),
+        |r| r.len() == 1,
+        &log,
+    );
+    eprintln!(
+        "Prometheus saw node 2's replica out after {:?}",
+        t0.elapsed()
+    );
+    // The workload went on, on the two copies left, and lost nothing.
+    let v = check_workload(bench, 1000, &|| c.log());
+    eprintln!("workload: {}", v["verify"]);
+}
+
+/// A WebDriver session on headless Chromium.
+struct Browser {
+    driver: Server,
+    addr: String,
+    session: String,
+    _profile: tempfile::TempDir,
+}
+
+impl Browser {
+    fn start() -> Browser {
+        let port = free_port();
+        let addr = format!("127.0.0.1:{port}");
+        let driver = Server(
+            Command::new("chromedriver")
+                .arg(format!("--port={port}"))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("chromedriver"),
+        );
+        let t0 = Instant::now();
+        while std::net::TcpStream::connect(&addr).is_err() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "chromedriver did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let profile = tempfile::tempdir().unwrap();
+        let caps = serde_json::json!({
+            "capabilities": { "alwaysMatch": {
+                "browserName": "chrome",
+                "goog:chromeOptions": {
+                    "binary": "/usr/bin/chromium",
+                    "args": [
+                        "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                        "--disable-background-networking", "--disable-component-update",
+                        "--disable-sync", "--window-size=1400,1100",
+                        format!("--user-data-dir={}", profile.path().display()),
+                    ],
+                },
+            }},
+        });
+        let (code, body) = http(&addr, "POST", "/session", Some(&caps.to_string()));
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(code, 200, "new session: {v}");
+        let session = v["value"]["sessionId"].as_str().unwrap().to_string();
+        Browser {
+            driver,
+            addr,
+            session,
+            _profile: profile,
+        }
+    }
+
+    fn call(&self, method: &str, what: &str, body: serde_json::Value) -> serde_json::Value {
+        let path = format!("/session/{}/{what}", self.session);
+        let (code, out) = http(&self.addr, method, &path, Some(&body.to_string()));
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(code, 200, "{method} {what}: {v}");
+        v["value"].clone()
+    }
+
+    fn open(&self, url: &str) {
+        self.call("POST", "url", serde_json::json!({ "url": url }));
+    }
+
+    fn eval(&self, script: &str) -> serde_json::Value {
+        self.call(
+            "POST",
+            "execute/sync",
+            serde_json::json!({ "script": script, "args": [] }),
+        )
+    }
+
+    /// Saves a PNG of the page under `target/test-artifacts/` (kept, not committed).
+    fn screenshot(&self, name: &str) -> std::path::PathBuf {
+        use base64::Engine;
+        let png = self.call("GET", "screenshot", serde_json::json!({}));
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(png.as_str().unwrap())
+            .unwrap();
+        assert!(bytes.starts_with(b"\x89PNG"), "not a PNG");
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .parent()
+            .unwrap()
+            .join("test-artifacts");
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        // Ends the session: chromedriver stops its Chromium.
+        let _ = http(
+            &self.addr,
+            "DELETE",
+            &format!("/session/{}", self.session),
+            None,
+        );
+        let _ = &self.driver;
+    }
+}
+
+/// What the page shows now, read from its DOM.
+const PAGE_STATE: &str = r#"
+const q = (s) => document.querySelector(s);
+const chart = q('#iops-chart');
+return {
+  samples: Number(document.body.dataset.samples || 0),
+  marker: window.__marker || null,
+  nodes: [...document.querySelectorAll('#nodes tr[data-node]')].map(r => [r.dataset.node, r.dataset.state]),
+  replicas: [...document.querySelectorAll('#volumes tr[data-replica]')].map(r => [r.dataset.replica, r.dataset.state]),
+  volume: !!q('#volumes td[data-volume="vol0"]'),
+  iops_last: Number(chart.dataset.last || 0),
+  iops_points: Number(chart.dataset.points || 0),
+  chart: chart.toDataURL().length + ':' + chart.toDataURL().slice(-64),
+  events: [...document.querySelectorAll('#events div[data-kind]')].map(e => e.dataset.kind + ' ' + e.textContent),
+};
+"#;
+
+#[test]
+fn the_dashboard_shows_the_cluster_live_in_a_real_browser() {
+    need("chromedriver");
+    need("chromium");
+    let (c, bench, http_addr) = loaded_cluster(25);
+    let b = Browser::start();
+    b.open(&format!("http://{http_addr}/"));
+
+    // The page fills in from the event stream: three nodes up, the volume and its replicas in
+    // sync, and an IOPS chart that moves.
+    let t0 = Instant::now();
+    let first = loop {
+        let s = b.eval(PAGE_STATE);
+        let ready = s["samples"].as_u64().unwrap_or(0) >= 3
+            && s["iops_last"].as_f64().unwrap_or(0.0) > 0.0
+            && s["nodes"].as_array().is_some_and(|n| n.len() == 3);
+        if ready {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the page did not fill in: {s}\n{}",
+            c.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(first["volume"].as_bool().unwrap(), "{first}");
+    for n in first["nodes"].as_array().unwrap() {
+        assert_eq!(n[1], "up", "{first}");
+    }
+    let replicas = first["replicas"].as_array().unwrap();
+    assert_eq!(replicas.len(), 3, "{first}");
+    for r in replicas {
+        assert_eq!(r[1], "in-sync", "{first}");
+    }
+    std::thread::sleep(Duration::from_millis(2100));
+    let later = b.eval(PAGE_STATE);
+    assert!(
+        later["samples"].as_u64() > first["samples"].as_u64(),
+        "no new samples: {first} then {later}"
+    );
+    assert!(
+        later["iops_points"].as_u64() > first["iops_points"].as_u64(),
+        "{later}"
+    );
+    assert_ne!(
+        later["chart"], first["chart"],
+        "the IOPS chart did not change"
+    );
+    let shot = b.screenshot("dashboard-under-load.png");
+    eprintln!("screenshot: {}", shot.display());
+
+    // Kill node 2; the page shows it within 2 s, without a reload (the marker set on this
+    // page survives).
+    b.eval("window.__marker = 'same page'; return null;");
+    signal(node_pid(&c, 2), libc::SIGKILL);
+    let t0 = Instant::now();
+    let seen = loop {
+        let s = b.eval(PAGE_STATE);
+        let node2 = s["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n[0] == "2")
+            .cloned();
+        let replica2 = s["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r[0] == "vol0:2")
+            .cloned();
+        if node2.is_some_and(|n| n[1] == "down") && replica2.is_some_and(|r| r[1] != "in-sync") {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(2),
+            "the page did not show node 2 down within 2 s: {s}\n{}",
+            c.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let took = t0.elapsed();
+    assert_eq!(seen["marker"], "same page", "the page was reloaded: {seen}");
+    eprintln!("node 2 shown down after {took:?}: {seen}");
+    // The events list says so too (it may take one more sample).
+    let t1 = Instant::now();
+    loop {
+        let s = b.eval(PAGE_STATE);
+        let evs = s["events"].as_array().unwrap();
+        if evs
+            .iter()
+            .any(|e| e.as_str().unwrap().starts_with("node-down"))
+        {
+            break;
+        }
+        assert!(
+            t1.elapsed() < Duration::from_secs(5),
+            "no node-down event: {s}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let shot = b.screenshot("dashboard-node-down.png");
+    eprintln!("screenshot: {}", shot.display());
+    drop(b);
+    check_workload(bench, 1000, &|| c.log());
+}
