@@ -157,6 +157,8 @@ fn prometheus_scrapes_the_cluster_and_sees_a_killed_node() {
         &log,
     );
 
+    grafana_board_queries_hold(&prom);
+
     // Kill node 2: its replica leaves the in-sync state, and Prometheus sees it.
     signal(node_pid(&c, 2), libc::SIGKILL);
     let t0 = Instant::now();
@@ -181,6 +183,47 @@ fn prometheus_scrapes_the_cluster_and_sees_a_killed_node() {
     // The workload went on, on the two copies left, and lost nothing.
     let v = check_workload(bench, 1000, &|| c.log());
     eprintln!("workload: {}", v["verify"]);
+}
+
+/// Every query of the Grafana board in `contrib/grafana` is valid PromQL to this Prometheus,
+/// and every metric it names exists (but those of tiers and of drain jobs, which this
+/// cluster has none of).
+fn grafana_board_queries_hold(prom: &str) {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../contrib/grafana/trireme.json");
+    let board: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut exprs = Vec::new();
+    for p in board["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            exprs.push(t["expr"].as_str().unwrap().to_string());
+        }
+    }
+    assert!(exprs.len() > 15, "{exprs:?}");
+    let mut names = std::collections::BTreeSet::new();
+    for e in &exprs {
+        let q = e
+            .replace("$__rate_interval", "5s")
+            .replace("$volume", ".*")
+            .replace("$job", ".*");
+        // Valid PromQL: the query API accepts it.
+        promql(prom, &q);
+        let mut rest = e.as_str();
+        while let Some(i) = rest.find("trireme_").or_else(|| rest.find("process_")) {
+            let name: String = rest[i..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            rest = &rest[i + name.len()..];
+            names.insert(name);
+        }
+    }
+    for n in names {
+        if n.starts_with("trireme_tier_") || n.starts_with("trireme_move_") {
+            continue;
+        }
+        let r = promql(prom, &format!("count({n})"));
+        assert!(!r.is_empty(), "the Grafana board uses {n}, which no process exports");
+    }
 }
 
 /// A WebDriver session on headless Chromium.

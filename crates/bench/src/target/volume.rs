@@ -35,20 +35,29 @@ pub struct VolumeTarget {
 
 impl VolumeTarget {
     /// Attaches volume `name`; `NAME?transport=T` picks the transport (see [`transport`];
-    /// default auto: UCX where it works).
+    /// default auto: UCX where it works), `NAME?metrics=off` leaves the writer's metrics out
+    /// (to measure what they cost); options join with `&`.
     pub async fn attach(spec: &str, data_dir: &Path) -> Result<VolumeTarget, TargetError> {
         let e = |x: String| TargetError(format!("volume:{spec}: {x}"));
-        let (name, (kind, same_host_socket)) = match spec.split_once("?transport=") {
-            Some((n, t)) => (
-                n,
-                transport(t).ok_or_else(|| {
-                    e(format!(
-                        "unknown transport {t:?}: use tcp, unix, ucx or auto"
-                    ))
-                })?,
-            ),
-            None => (spec, (TransportKind::Auto, true)),
-        };
+        let (name, query) = spec.split_once('?').unwrap_or((spec, ""));
+        let (mut kind, mut same_host_socket) = (TransportKind::Auto, true);
+        let mut metrics = true;
+        for kv in query.split('&').filter(|s| !s.is_empty()) {
+            match kv.split_once('=') {
+                Some(("transport", t)) => {
+                    (kind, same_host_socket) = transport(t).ok_or_else(|| {
+                        e(format!("unknown transport {t:?}: use tcp, unix, ucx or auto"))
+                    })?
+                }
+                Some(("metrics", "on")) => metrics = true,
+                Some(("metrics", "off")) => metrics = false,
+                _ => {
+                    return Err(e(format!(
+                        "unknown option {kv:?}: use transport=tcp|unix|ucx|auto, metrics=on|off"
+                    )))
+                }
+            }
+        }
         let mut cc = ControlClient::connect(&data_dir.join("control.sock"))
             .await
             .map_err(|x| e(x.to_string()))?;
@@ -64,6 +73,7 @@ impl VolumeTarget {
         let opts = VolumeOptions {
             kind,
             same_host_socket,
+            metrics,
             ..VolumeOptions::default()
         };
         let vol = Volume::attach_managed(info, opts, membership)
