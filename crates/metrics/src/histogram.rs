@@ -31,10 +31,10 @@ fn bucket(nanos: u64) -> usize {
     ((ceil_log2 - FIRST_SHIFT) as usize).min(FINITE)
 }
 
+/// The count is not kept apart: it is the buckets' sum, one atomic add fewer per sample.
 #[derive(Debug)]
 pub struct Histogram {
     buckets: [AtomicU64; BUCKETS],
-    count: AtomicU64,
     sum_ns: AtomicU64,
 }
 
@@ -42,7 +42,6 @@ impl Default for Histogram {
     fn default() -> Self {
         Histogram {
             buckets: std::array::from_fn(|_| AtomicU64::new(0)),
-            count: AtomicU64::new(0),
             sum_ns: AtomicU64::new(0),
         }
     }
@@ -53,13 +52,12 @@ impl Histogram {
     pub fn record(&self, d: Duration) {
         let ns = d.as_nanos().min(u64::MAX as u128) as u64;
         self.buckets[bucket(ns)].fetch_add(1, Relaxed);
-        self.count.fetch_add(1, Relaxed);
         self.sum_ns.fetch_add(ns, Relaxed);
     }
 
     /// The counts as they are now. Each field is read on its own, so a snapshot taken while
-    /// requests complete may count one in `count` and not yet in its bucket (or the other way
-    /// round): exposition takes the count from the buckets, which keeps it consistent.
+    /// requests complete may count one in its bucket and not yet in the sum: the count is the
+    /// buckets' sum, so it always matches the buckets.
     pub fn snapshot(&self) -> HistSnapshot {
         let buckets: [u64; BUCKETS] = std::array::from_fn(|i| self.buckets[i].load(Relaxed));
         HistSnapshot {
@@ -89,6 +87,15 @@ impl Default for HistSnapshot {
 }
 
 impl HistSnapshot {
+    /// Adds another histogram's counts (a shard's) to these.
+    pub fn add(&mut self, o: &HistSnapshot) {
+        for (a, b) in self.buckets.iter_mut().zip(o.buckets.iter()) {
+            *a += b;
+        }
+        self.count += o.count;
+        self.sum_ns += o.sum_ns;
+    }
+
     /// What happened between `earlier` and `self` (counts only grow; a restart that reset
     /// them gives everything since).
     pub fn since(&self, earlier: &HistSnapshot) -> HistSnapshot {
