@@ -935,6 +935,7 @@ fn node_config(cli: &Cli, a: &NodeServeArgs) -> Result<trireme_daemon::node::Nod
         transport: cli.transport.kind(),
         capacity: a.capacity,
         http: a.http.addr.0,
+        http_token: a.http.token_file.clone(),
     })
 }
 
@@ -953,6 +954,8 @@ async fn node_serve(cli: &Cli, a: &NodeServeArgs) -> Result<(), CliError> {
                         node: Some((node.clone(), a.dir.clone())),
                         ..Default::default()
                     },
+                    trireme_daemon::http::Token::for_dir(a.http.token_file.as_deref(), &a.dir)
+                        .map_err(daemon_err)?,
                     Some(&a.dir.join("http")),
                 )
                 .map_err(daemon_err)?,
@@ -1041,6 +1044,7 @@ async fn node_run(cli: &Cli, a: &crate::NodeRunArgs) -> Result<(), CliError> {
         transport: cli.transport.kind(),
         capacity: a.capacity,
         http: a.http.addr.0,
+        http_token: a.http.token_file.clone(),
     };
     let member = trireme_daemon::node::MemberConfig {
         zone: a.zone.clone(),
@@ -1134,22 +1138,23 @@ async fn attach(cli: &Cli, a: &crate::AttachArgs) -> Result<(), CliError> {
     let tasks =
         trireme_daemon::export::serve(&att.volume, a.export.socket.as_deref(), tcp, tls.as_ref())
             .map_err(CliError::Runtime)?;
-    // The writer's metrics; the address goes to `<data-dir>/attach-VOLUME.http` when the data
-    // directory exists (a client host may have none), and to stderr.
+    // The writer's metrics; the address goes to `<data-dir>/attach-VOLUME.http` and to stderr,
+    // the token is the data directory's `http-token` unless --http-token-file names one.
     let _http = match a.http.addr.0 {
         Some(addr) => {
             let l = trireme_daemon::http::bind(addr).await.map_err(daemon_err)?;
-            let file = cli
-                .data_dir
-                .is_dir()
-                .then(|| cli.data_dir.join(format!("attach-{}.http", a.volume)));
+            let token =
+                trireme_daemon::http::Token::for_dir(a.http.token_file.as_deref(), &cli.data_dir)
+                    .map_err(daemon_err)?;
+            let file = cli.data_dir.join(format!("attach-{}.http", a.volume));
             let h = trireme_daemon::http::serve(
                 l,
                 trireme_daemon::http::HttpSources {
                     writers: vec![att.volume.clone()],
                     ..Default::default()
                 },
-                file.as_deref(),
+                token,
+                Some(&file),
             )
             .map_err(daemon_err)?;
             eprintln!("metrics: http://{}/metrics", h.addr);

@@ -464,6 +464,12 @@ pub struct HttpArgs {
     /// `http` in the data directory; `off` serves nothing.
     #[arg(long = "http", value_name = "ADDR|off", default_value = "127.0.0.1:0", value_parser = parse_http)]
     pub addr: HttpAddr,
+    /// The token requests to the endpoint must carry (`Authorization: Bearer TOKEN`, or
+    /// `/?token=TOKEN` in a browser), read from FILE; default: the file `http-token` in the
+    /// data directory, made (mode 0600) if missing. Give every server of a cluster the same
+    /// file so one Prometheus job scrapes them all.
+    #[arg(long = "http-token-file", value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
 }
 
 /// An `--http` address, or none (`off`).

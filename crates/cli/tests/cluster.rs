@@ -289,6 +289,10 @@ fn bad_flags_and_config_give_one_line_and_exit_2() {
         &["up", "--size", "12X"],
         &["up", "--size", "1000"],
         &["up", "--volume", "no/slash"],
+        &["up", "--http", "localhost"],
+        &[
+            "node", "serve", "--id", "1", "--dir", "x", "--http", "1.2.3.4",
+        ],
         &["volume", "create"],
         &["frobnicate"],
         &["--output", "xml", "status"],

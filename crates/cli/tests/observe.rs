@@ -25,6 +25,14 @@ fn loaded_cluster(secs: u32) -> (Cluster, std::process::Child, String) {
     (c, bench, http)
 }
 
+/// The cluster's HTTP token (`<data-dir>/http-token`).
+fn token(c: &Cluster) -> String {
+    std::fs::read_to_string(c.path().join("http-token"))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
 /// Runs a PromQL instant query: the result vector.
 fn promql(prom: &str, q: &str) -> Vec<serde_json::Value> {
     let v = http_json(prom, &format!("/api/v1/query?query={}", urlencode(q)));
@@ -65,9 +73,33 @@ fn prometheus_scrapes_the_cluster_and_sees_a_killed_node() {
     need("prometheus");
     let (c, bench, http) = loaded_cluster(25);
     let tmp = tempfile::tempdir().unwrap();
-    // One service-discovery entry: `up` lists itself and its nodes.
+    // Without the token, nothing is served; with it in a header, all of it.
+    for path in ["/metrics", "/targets", "/", "/api/board"] {
+        let (code, _) = http(&http, "GET", path, None);
+        assert_eq!(code, 401, "GET {path} without the token");
+    }
+    let t = token(&c);
+    let (code, _) = http_with(
+        &http,
+        "GET",
+        "/metrics",
+        &[("Authorization", &format!("Bearer {t}x"))],
+    );
+    assert_eq!(code, 401, "a wrong token");
+    let (code, body) = http_with(
+        &http,
+        "GET",
+        "/metrics",
+        &[("Authorization", &format!("Bearer {t}"))],
+    );
+    assert_eq!(code, 200);
+    assert!(String::from_utf8_lossy(&body).contains("trireme_node_up"));
+    // One service-discovery entry: `up` lists itself and its nodes; the token file is the
+    // credential of the discovery and of every scrape (the nodes share it).
+    let tf = c.path().join("http-token");
+    let tf = tf.display();
     let config = format!(
-        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: trireme\n    http_sd_configs:\n      - url: http://{http}/targets\n        refresh_interval: 5s\n"
+        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: trireme\n    authorization:\n      credentials_file: {tf}\n    http_sd_configs:\n      - url: http://{http}/targets\n        refresh_interval: 5s\n        authorization:\n          credentials_file: {tf}\n"
     );
     std::fs::write(tmp.path().join("prometheus.yml"), config).unwrap();
     let port = free_port();
@@ -189,7 +221,10 @@ fn prometheus_scrapes_the_cluster_and_sees_a_killed_node() {
 /// and every metric it names exists (but those of tiers and of drain jobs, which this
 /// cluster has none of).
 fn grafana_board_queries_hold(prom: &str) {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../contrib/grafana/trireme.json");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../contrib/grafana/trireme.json"
+    );
     let board: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let mut exprs = Vec::new();
@@ -222,7 +257,10 @@ fn grafana_board_queries_hold(prom: &str) {
             continue;
         }
         let r = promql(prom, &format!("count({n})"));
-        assert!(!r.is_empty(), "the Grafana board uses {n}, which no process exports");
+        assert!(
+            !r.is_empty(),
+            "the Grafana board uses {n}, which no process exports"
+        );
     }
 }
 
@@ -357,7 +395,15 @@ fn the_dashboard_shows_the_cluster_live_in_a_real_browser() {
     need("chromium");
     let (c, bench, http_addr) = loaded_cluster(25);
     let b = Browser::start();
+    // Without the token the page is refused; with it once in the URL, the page and its
+    // event stream work (a cookie carries it).
     b.open(&format!("http://{http_addr}/"));
+    let refused = b.eval("return document.body.innerText");
+    assert!(
+        refused.as_str().unwrap().contains("needs its token"),
+        "{refused}"
+    );
+    b.open(&format!("http://{http_addr}/?token={}", token(&c)));
 
     // The page fills in from the event stream: three nodes up, the volume and its replicas in
     // sync, and an IOPS chart that moves.

@@ -229,12 +229,17 @@ async fn spawn_node(sup: &Supervisor, id: u32) -> Result<(Child, NodeProc), Daem
         // namespace would not cut UCX off.
         cmd.env("TRIREME_UCX_TLS", "tcp");
     }
-    // Its metrics on the address it listens on, any port: where Prometheus can reach it.
+    // Its metrics on the address it listens on, any port: where Prometheus can reach it,
+    // behind the cluster's one token.
     match sup.http {
-        true => cmd.arg("--http").arg(match netns {
-            Some(n) => std::net::SocketAddr::new(n.addr, 0).to_string(),
-            None => "127.0.0.1:0".to_string(),
-        }),
+        true => cmd
+            .arg("--http")
+            .arg(match netns {
+                Some(n) => std::net::SocketAddr::new(n.addr, 0).to_string(),
+                None => "127.0.0.1:0".to_string(),
+            })
+            .arg("--http-token-file")
+            .arg(dir.join("http-token")),
         false => cmd.arg("--http").arg("off"),
     };
     if sup.inject_faults {
@@ -402,7 +407,10 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
         })?;
     let tcp_addr = tcp.local_addr()?;
     let http = match a.http {
-        Some(addr) => Some(crate::http::bind(addr).await?),
+        Some(addr) => Some((
+            crate::http::bind(addr).await?,
+            crate::http::Token::load_or_create(&dir.join("http-token"))?,
+        )),
         None => None,
     };
 
@@ -509,15 +517,19 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
     let uris = crate::export::uris(&a.volume, Some(&sock), Some(tcp_addr), tls.as_ref());
     write_atomically(&dir.join("exports"), &(uris.join("\n") + "\n"))?;
     let http = match http {
-        Some(l) => Some(crate::http::serve(
-            l,
-            crate::http::HttpSources {
-                node: None,
-                manager: Some(crate::http::always(manager.clone())),
-                writers: Vec::new(),
-            },
-            Some(&dir.join("http")),
-        )?),
+        Some((l, token)) => Some((
+            crate::http::serve(
+                l,
+                crate::http::HttpSources {
+                    node: None,
+                    manager: Some(crate::http::always(manager.clone())),
+                    writers: Vec::new(),
+                },
+                token.clone(),
+                Some(&dir.join("http")),
+            )?,
+            token,
+        )),
         None => None,
     };
 
@@ -536,10 +548,12 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
     for u in &uris {
         println!("  {u}");
     }
-    if let Some(h) = &http {
+    if let Some((h, token)) = &http {
         println!(
-            "Dashboard: http://{0}/  metrics: http://{0}/metrics  Prometheus targets: http://{0}/targets",
-            h.addr
+            "Dashboard: http://{0}/?token={1}\nMetrics: http://{0}/metrics and Prometheus targets: http://{0}/targets (Authorization: Bearer, the token in {2})",
+            h.addr,
+            token.as_str(),
+            dir.join("http-token").display()
         );
     }
     println!("Press Ctrl-C to stop.");

@@ -45,6 +45,9 @@ pub struct NodeConfig {
     /// Where it serves its metrics (and, while it is the manager, the dashboard); the bound
     /// address is written to `<dir>/http`.
     pub http: Option<SocketAddr>,
+    /// The file holding the token its HTTP endpoint asks for (`None`: `<dir>/http-token`,
+    /// made if missing).
+    pub http_token: Option<PathBuf>,
 }
 
 /// Opens the node's store with its wrappers.
@@ -327,6 +330,7 @@ pub async fn run_member(
                 manager: Some(current),
                 writers: Vec::new(),
             },
+            crate::http::Token::for_dir(cfg.http_token.as_deref(), &cfg.dir)?,
             Some(&cfg.dir.join("http")),
         )?),
         None => None,

@@ -46,7 +46,9 @@ impl VolumeTarget {
             match kv.split_once('=') {
                 Some(("transport", t)) => {
                     (kind, same_host_socket) = transport(t).ok_or_else(|| {
-                        e(format!("unknown transport {t:?}: use tcp, unix, ucx or auto"))
+                        e(format!(
+                            "unknown transport {t:?}: use tcp, unix, ucx or auto"
+                        ))
                     })?
                 }
                 Some(("metrics", "on")) => metrics = true,

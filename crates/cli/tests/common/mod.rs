@@ -462,13 +462,32 @@ pub fn wait_logged(path: &std::path::Path, what: &str) {
 /// One HTTP/1.1 request to `addr` (`host:port`) on a connection closed after it: the status
 /// and the body (a chunked one put together).
 pub fn http(addr: &str, method: &str, path: &str, body: Option<&str>) -> (u16, Vec<u8>) {
+    http_full(addr, method, path, &[], body)
+}
+
+/// [`http`] with extra headers and no body.
+pub fn http_with(addr: &str, method: &str, path: &str, headers: &[(&str, &str)]) -> (u16, Vec<u8>) {
+    http_full(addr, method, path, headers, None)
+}
+
+fn http_full(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> (u16, Vec<u8>) {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("{addr}: {e}"));
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let body = body.unwrap_or("");
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
     write!(
         s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{extra}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .unwrap();

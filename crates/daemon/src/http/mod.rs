@@ -7,12 +7,13 @@
 //!   daemon that is the manager); `/api/board` is its state as JSON, `/api/events` the same as
 //!   server-sent events, one a second. Read-only: nothing here changes the cluster.
 //!
-//! The endpoint listens on the address given (127.0.0.1 by default: the data on it is the
-//! cluster's, and it has no access control of its own, as the control API on a unix socket
-//! has none), and its address is written to a file beside the process's data.
+//! The endpoint listens on the address given (127.0.0.1 by default) and answers only requests
+//! that carry its token ([`Token`]: a file only its owner reads, as the control socket takes
+//! only its owner's processes). Its address is written to a file beside the process's data.
 
 mod board;
 mod scrape;
+mod token;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -29,6 +30,7 @@ use trireme_control::Manager;
 use crate::DaemonError;
 
 pub use board::{Board, BoardEvent, BoardState, VolumeRates};
+pub use token::Token;
 
 /// What a process shows on its endpoint.
 #[derive(Debug, Clone, Default)]
@@ -61,6 +63,7 @@ struct Shared {
     sources: HttpSources,
     board: Board,
     addr: SocketAddr,
+    token: Token,
 }
 
 /// A running endpoint; stops when dropped.
@@ -103,6 +106,7 @@ pub async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, DaemonErr
 pub fn serve(
     listener: tokio::net::TcpListener,
     sources: HttpSources,
+    token: Token,
     addr_file: Option<&Path>,
 ) -> Result<HttpServer, DaemonError> {
     let bound = listener.local_addr()?;
@@ -118,6 +122,7 @@ pub fn serve(
         board: Board::new(),
         sources,
         addr: bound,
+        token,
     });
     let app = axum::Router::new()
         .route("/metrics", get(metrics))
@@ -125,6 +130,7 @@ pub fn serve(
         .route("/", get(page))
         .route("/api/board", get(board_json))
         .route("/api/events", get(events))
+        .layer(axum::middleware::from_fn_with_state(shared.clone(), gate))
         .with_state(shared);
     let task = tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
@@ -133,6 +139,38 @@ pub fn serve(
     });
     tracing::info!(%bound, "metrics on http://{bound}/metrics");
     Ok(HttpServer { addr: bound, task })
+}
+
+/// Lets through only requests that carry the token; one that brought it in its query gets it
+/// back as a cookie (the page's own requests then carry it).
+async fn gate(
+    State(s): State<Arc<Shared>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match Token::carried(&req) {
+        Some((t, from_query)) if s.token.matches(&t) => {
+            let mut resp = next.run(req).await;
+            if from_query {
+                let cookie = format!(
+                    "{}={}; Path=/; HttpOnly; SameSite=Strict",
+                    token::COOKIE,
+                    s.token.as_str()
+                );
+                if let Ok(v) = axum::http::HeaderValue::from_str(&cookie) {
+                    resp.headers_mut().insert(header::SET_COOKIE, v);
+                }
+            }
+            resp
+        }
+        _ => (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            "this endpoint needs its token (the file http-token beside the process's data): \
+             send `Authorization: Bearer TOKEN`, or open /?token=TOKEN in a browser\n",
+        )
+            .into_response(),
+    }
 }
 
 async fn metrics(State(s): State<Arc<Shared>>) -> Response {
