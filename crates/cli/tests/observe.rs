@@ -75,7 +75,7 @@ fn prometheus_scrapes_the_cluster_and_sees_a_killed_node() {
     let tmp = tempfile::tempdir().unwrap();
     // Without the token, nothing is served; with it in a header, all of it.
     for path in ["/metrics", "/targets", "/", "/api/board"] {
-        let (code, _) = http(&http, "GET", path, None);
+        let (code, _) = common::http(&http, "GET", path, None);
         assert_eq!(code, 401, "GET {path} without the token");
     }
     let t = token(&c);
@@ -99,7 +99,7 @@ fn prometheus_scrapes_the_cluster_and_sees_a_killed_node() {
     let tf = c.path().join("http-token");
     let tf = tf.display();
     let config = format!(
-        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: trireme\n    authorization:\n      credentials_file: {tf}\n    http_sd_configs:\n      - url: http://{http}/targets\n        refresh_interval: 5s\n        authorization:\n          credentials_file: {tf}\n"
+        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: trireme\n    authorization:\n      credentials_file: {tf}\n    http_sd_configs:\n      - url: http://{http}/targets\n        refresh_interval: 5s\n        authorization:\n          type: Bearer\n          credentials_file: {tf}\n"
     );
     std::fs::write(tmp.path().join("prometheus.yml"), config).unwrap();
     let port = free_port();

@@ -87,12 +87,14 @@ impl Token {
     /// (the last says to set the cookie).
     pub fn carried(req: &axum::extract::Request) -> Option<(String, bool)> {
         let headers = req.headers();
+        // `Bearer TOKEN`, or the bare token: Prometheus 2.42's HTTP service discovery sends
+        // its `credentials_file` without the scheme unless `type: Bearer` is spelled out.
         if let Some(v) = headers
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
         {
-            return Some((v.trim().to_string(), false));
+            let v = v.trim();
+            return Some((v.strip_prefix("Bearer ").unwrap_or(v).trim().to_string(), false));
         }
         for v in headers.get_all(axum::http::header::COOKIE) {
             let Ok(v) = v.to_str() else { continue };
@@ -146,6 +148,10 @@ mod tests {
         };
         assert_eq!(
             Token::carried(&req(Some(("authorization", "Bearer abc")), "/metrics")),
+            Some(("abc".into(), false))
+        );
+        assert_eq!(
+            Token::carried(&req(Some(("authorization", "abc")), "/targets")),
             Some(("abc".into(), false))
         );
         assert_eq!(
