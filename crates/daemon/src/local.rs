@@ -524,6 +524,7 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
                     node: None,
                     manager: Some(crate::http::always(manager.clone())),
                     writers: Vec::new(),
+                    meta: None,
                 },
                 token.clone(),
                 Some(&dir.join("http")),

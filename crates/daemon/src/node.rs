@@ -329,6 +329,7 @@ pub async fn run_member(
                 node: Some((node.clone(), cfg.dir.clone())),
                 manager: Some(current),
                 writers: Vec::new(),
+                meta: Some(meta.clone()),
             },
             crate::http::Token::for_dir(cfg.http_token.as_deref(), &cfg.dir)?,
             Some(&cfg.dir.join("http")),

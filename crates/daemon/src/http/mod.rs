@@ -41,6 +41,9 @@ pub struct HttpSources {
     pub manager: Option<watch::Receiver<Option<Arc<Manager>>>>,
     /// Volumes this process writes whose links no manager here reports (`trireme attach`).
     pub writers: Vec<Arc<trireme_client::Volume>>,
+    /// The cluster's metadata, where this process can read it while not the manager (a node
+    /// daemon): `/targets` lists the cluster from it, and `/` sends a browser to the manager.
+    pub meta: Option<trireme_meta::ClusterMeta>,
 }
 
 impl HttpSources {
@@ -186,9 +189,17 @@ async fn metrics(State(s): State<Arc<Shared>>) -> Response {
 async fn targets(State(s): State<Arc<Shared>>) -> Response {
     let mut groups = vec![serde_json::json!({
         "targets": [s.addr.to_string()],
-        "labels": { "trireme_role": if s.sources.manager().is_some() { "manager" } else { "process" } },
+        "labels": { "trireme_role": match (s.sources.manager().is_some(), s.sources.node.is_some()) {
+            (true, _) => "manager",
+            (false, true) => "node",
+            (false, false) => "writer",
+        } },
     })];
-    let meta = s.sources.manager().map(|m| m.meta().clone());
+    let meta = s
+        .sources
+        .manager()
+        .map(|m| m.meta().clone())
+        .or_else(|| s.sources.meta.clone());
     if let Some(meta) = meta {
         let nodes: Vec<String> = match meta.nodes().await {
             Ok(ns) => ns
@@ -217,9 +228,19 @@ async fn targets(State(s): State<Arc<Shared>>) -> Response {
 
 const PAGE: &str = include_str!("dashboard.html");
 
-async fn page(State(s): State<Arc<Shared>>) -> Response {
+async fn page(State(s): State<Arc<Shared>>, uri: axum::http::Uri) -> Response {
     if s.sources.manager().is_some() {
         return Html(PAGE).into_response();
+    }
+    // A node daemon that is not the manager sends the browser to the one that is.
+    if let Some(meta) = &s.sources.meta {
+        if let Ok(Some((m, _))) = meta.manager().await {
+            if let Some(h) = m.http.filter(|h| *h != s.addr.to_string()) {
+                let query = uri.query().map(|q| format!("?{q}")).unwrap_or_default();
+                return axum::response::Redirect::temporary(&format!("http://{h}/{query}"))
+                    .into_response();
+            }
+        }
     }
     // Not the manager: say where it is, if the metadata knows.
     let elsewhere = match &s.sources.node {

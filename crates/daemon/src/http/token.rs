@@ -94,7 +94,10 @@ impl Token {
             .and_then(|v| v.to_str().ok())
         {
             let v = v.trim();
-            return Some((v.strip_prefix("Bearer ").unwrap_or(v).trim().to_string(), false));
+            return Some((
+                v.strip_prefix("Bearer ").unwrap_or(v).trim().to_string(),
+                false,
+            ));
         }
         for v in headers.get_all(axum::http::header::COOKIE) {
             let Ok(v) = v.to_str() else { continue };
