@@ -487,12 +487,44 @@ async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
             print(out, &v, |v| format!("deleted {}\n", v.name));
         }
         Cmd::Volume(VolumeCmd::Scrub { name, region }) => {
-            let r: trireme_client::ScrubReport = cc
-                .call(&Request::VolumeScrub {
-                    name: name.clone(),
-                    region: *region,
-                })
-                .await
+            let req = Request::VolumeScrub {
+                name: name.clone(),
+                region: *region,
+            };
+            let call = cc.call::<trireme_client::ScrubReport>(&req);
+            let r =
+                if out == Output::Text && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+                    // The scrub runs in the writer's process: its progress comes from `status`,
+                    // asked on a second connection while the first waits for the report.
+                    let mut watcher = control_client(cli).await?;
+                    let mut bar = crate::progress::Progress::new(&format!("scrub {name}"), 0, true);
+                    let watch = async {
+                        loop {
+                            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                            let Ok(st) = watcher.call::<StatusReport>(&Request::Status).await
+                            else {
+                                continue;
+                            };
+                            if let Some(p) = st
+                                .volumes
+                                .iter()
+                                .find(|v| v.name == *name)
+                                .and_then(|v| v.scrub.as_ref())
+                            {
+                                bar.set_total(p.total_bytes);
+                                bar.set(p.done_bytes);
+                            }
+                        }
+                    };
+                    let r = tokio::select! {
+                        r = call => r,
+                        _ = watch => unreachable!("the watch loop does not end"),
+                    };
+                    bar.finish();
+                    r
+                } else {
+                    call.await
+                }
                 .map_err(usage_if_remote)?;
             print(out, &r, |r| {
                 let mut s = format!(

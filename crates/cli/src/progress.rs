@@ -30,6 +30,11 @@ impl Progress {
         }
     }
 
+    /// The total, once it is known.
+    pub fn set_total(&mut self, total: u64) {
+        self.total = total;
+    }
+
     /// `done` bytes of the total are done.
     pub fn set(&mut self, done: u64) {
         if !self.on || self.drawn.is_some_and(|t| t.elapsed() < EVERY) {

@@ -408,6 +408,17 @@ fn progress_on_a_terminal_none_through_a_pipe_and_status_watch() {
     assert!(piped.status.success());
     let err = String::from_utf8_lossy(&piped.stderr);
     assert!(!err.contains('%') && !err.contains('\x1b'), "{err:?}");
+    // A scrub runs in the cluster process: its progress comes through `status`.
+    let tty = on_tty(&format!("{bin} volume scrub vol0"));
+    assert!(
+        tty.contains("scrub vol0: ") && tty.contains("% (") && tty.contains("ETA"),
+        "{tty:?}"
+    );
+    assert!(tty.contains("0 region(s) differed"), "{tty:?}");
+    let piped = c.cli(&["volume", "scrub", "vol0"]);
+    assert!(piped.status.success());
+    let err = String::from_utf8_lossy(&piped.stderr);
+    assert!(!err.contains('%') && !err.contains('\x1b'), "{err:?}");
 
     // status --watch: redrawn in place on a terminal.
     let tty = on_tty(&format!("timeout 2 {bin} status --watch 0.5"));

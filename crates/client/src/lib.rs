@@ -196,6 +196,8 @@ pub struct Volume {
     opts: VolumeOptions,
     /// Where requests are counted, if `opts.metrics`.
     metrics: Option<Arc<trireme_metrics::VolumeMetrics>>,
+    /// The progress of the scrub running now, if one is (`scrub.rs`).
+    scrubbing: Mutex<Option<trireme_replication::ResyncProgress>>,
     membership: Option<Arc<dyn Membership>>,
     /// Serialises taking replicas out and bringing them back.
     membership_lock: tokio::sync::Mutex<()>,
@@ -326,6 +328,7 @@ impl Volume {
             info,
             slots,
             metrics,
+            scrubbing: Mutex::new(None),
             opts,
             membership,
             membership_lock: tokio::sync::Mutex::new(()),

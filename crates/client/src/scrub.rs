@@ -34,6 +34,36 @@ impl Volume {
     /// the copy held by a majority is written over the others; with no majority (two copies
     /// that both pass their checksums) nothing is guessed: the region is reported.
     pub async fn scrub(&self, region: u64) -> Result<ScrubReport, VolumeError> {
+        let started = tokio::time::Instant::now();
+        let progress = |done: u64, repaired: u64| {
+            *self.scrubbing.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some(trireme_replication::ResyncProgress {
+                    full: true,
+                    total_bytes: self.info.size,
+                    done_bytes: done,
+                    copied_bytes: repaired,
+                    elapsed_ms: started.elapsed().as_millis() as u64,
+                });
+        };
+        progress(0, 0);
+        let r = self.scrub_regions(region, &progress).await;
+        *self.scrubbing.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        r
+    }
+
+    /// How far the scrub running now has gone (`copied_bytes`: bytes rewritten).
+    pub fn scrub_progress(&self) -> Option<trireme_replication::ResyncProgress> {
+        self.scrubbing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    async fn scrub_regions(
+        &self,
+        region: u64,
+        progress: &(dyn Fn(u64, u64) + Sync),
+    ) -> Result<ScrubReport, VolumeError> {
         let region = region.clamp(4096, CHUNK);
         let mut report = ScrubReport {
             volume: self.info.name.clone(),
@@ -76,6 +106,7 @@ impl Volume {
                 }
             }
             off += len;
+            progress(off, report.repaired.len() as u64 * region);
         }
         Ok(report)
     }

@@ -310,6 +310,10 @@ pub struct VolumeStatus {
     /// The tier its extents live on, on tiered nodes.
     #[serde(default)]
     pub tier: trireme_meta::TierPolicy,
+    /// The progress of a scrub the writer in this cluster process runs now
+    /// (`copied_bytes`: bytes rewritten).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scrub: Option<trireme_client::ResyncProgress>,
 }
 
 /// What a planned node restart did.

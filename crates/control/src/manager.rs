@@ -847,6 +847,7 @@ impl Manager {
                 min_copies: v.min_copies(),
                 writes_suspended: self.writer(&v.name).is_some_and(|w| w.writes_suspended()),
                 tier: v.tier,
+                scrub: self.writer(&v.name).and_then(|w| w.scrub_progress()),
             });
         }
         Ok(StatusReport {

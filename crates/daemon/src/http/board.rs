@@ -331,6 +331,7 @@ mod tests {
                 min_copies: 1,
                 writes_suspended: false,
                 tier: Default::default(),
+                scrub: None,
             }],
             moves: vec![],
             manager: None,

@@ -192,6 +192,22 @@ fn cluster_families(e: &mut Exposition, st: &StatusReport) {
             .map(|v| (vol(&v.name), if v.writes_suspended { 1.0 } else { 0.0 }))
             .collect(),
     );
+    e.family(
+        "trireme_scrub_remaining_bytes",
+        "Bytes a running scrub has still to compare (absent when none runs).",
+        Kind::Gauge,
+        st.volumes
+            .iter()
+            .filter_map(|v| {
+                v.scrub.as_ref().map(|p| {
+                    (
+                        vol(&v.name),
+                        p.total_bytes.saturating_sub(p.done_bytes) as f64,
+                    )
+                })
+            })
+            .collect(),
+    );
     let running: Vec<_> = st
         .moves
         .iter()
