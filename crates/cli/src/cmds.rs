@@ -260,7 +260,8 @@ async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
             if matches!(out, Output::Text) {
                 eprintln!("restarting node {id}...");
             }
-            let r = restart_node(cli, &mut cc, *id)
+            let restart = restart_node(cli, &mut cc, *id);
+            let r = with_progress(cli, &format!("node {id} resync"), restart, resync_to(*id))
                 .await
                 .map_err(usage_if_remote)?;
             print(out, &r, |r| format!("{}\n", restart_text(r)));
@@ -279,7 +280,8 @@ async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 if matches!(out, Output::Text) {
                     eprintln!("[{}/{}] restarting node {id}...", k + 1, ids.len());
                 }
-                let r = restart_node(cli, &mut cc, *id)
+                let restart = restart_node(cli, &mut cc, *id);
+                let r = with_progress(cli, &format!("node {id} resync"), restart, resync_to(*id))
                     .await
                     .map_err(|e| CliError::Runtime(format!("node {id}: {e}")))?;
                 if matches!(out, Output::Text) {
@@ -492,39 +494,16 @@ async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 region: *region,
             };
             let call = cc.call::<trireme_client::ScrubReport>(&req);
-            let r =
-                if out == Output::Text && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-                    // The scrub runs in the writer's process: its progress comes from `status`,
-                    // asked on a second connection while the first waits for the report.
-                    let mut watcher = control_client(cli).await?;
-                    let mut bar = crate::progress::Progress::new(&format!("scrub {name}"), 0, true);
-                    let watch = async {
-                        loop {
-                            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                            let Ok(st) = watcher.call::<StatusReport>(&Request::Status).await
-                            else {
-                                continue;
-                            };
-                            if let Some(p) = st
-                                .volumes
-                                .iter()
-                                .find(|v| v.name == *name)
-                                .and_then(|v| v.scrub.as_ref())
-                            {
-                                bar.set_total(p.total_bytes);
-                                bar.set(p.done_bytes);
-                            }
-                        }
-                    };
-                    let r = tokio::select! {
-                        r = call => r,
-                        _ = watch => unreachable!("the watch loop does not end"),
-                    };
-                    bar.finish();
-                    r
-                } else {
-                    call.await
-                }
+            // The scrub runs in the writer's process: its progress comes through `status`.
+            let pick = |st: &StatusReport| {
+                st.volumes
+                    .iter()
+                    .find(|v| v.name == *name)
+                    .and_then(|v| v.scrub.as_ref())
+                    .map(|p| (p.done_bytes, p.total_bytes))
+            };
+            let r = with_progress(cli, &format!("scrub {name}"), call, pick)
+                .await
                 .map_err(usage_if_remote)?;
             print(out, &r, |r| {
                 let mut s = format!(
@@ -857,6 +836,62 @@ async fn restart_node(
             }
             r => return r,
         }
+    }
+}
+
+/// Runs `work`; meanwhile, with text output on a terminal, draws a progress line from `pick`
+/// (bytes done, bytes in all) applied to `status`, asked every 100 ms on a second
+/// connection. A pipe or `--output json` gets no line.
+async fn with_progress<T>(
+    cli: &Cli,
+    label: &str,
+    work: impl std::future::Future<Output = T>,
+    pick: impl Fn(&StatusReport) -> Option<(u64, u64)>,
+) -> T {
+    use std::io::IsTerminal;
+    if cli.output != Output::Text || !std::io::stderr().is_terminal() {
+        return work.await;
+    }
+    let Ok(mut watcher) = control_client(cli).await else {
+        return work.await;
+    };
+    let mut bar = crate::progress::Progress::new(label, 0, true);
+    let watch = async {
+        loop {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            let Ok(st) = watcher.call::<StatusReport>(&Request::Status).await else {
+                continue;
+            };
+            if let Some((done, total)) = pick(&st) {
+                bar.set_total(total);
+                bar.set(done);
+            }
+        }
+    };
+    let r = tokio::select! {
+        r = work => r,
+        _ = watch => unreachable!("the watch loop does not end"),
+    };
+    bar.finish();
+    r
+}
+
+/// The resyncs to node `id` in a status, summed: (bytes gone through, bytes in all).
+fn resync_to(id: u32) -> impl Fn(&StatusReport) -> Option<(u64, u64)> {
+    move |st| {
+        let ps: Vec<_> = st
+            .volumes
+            .iter()
+            .flat_map(|v| v.replicas.iter())
+            .filter(|r| r.node == id)
+            .filter_map(|r| r.resync.as_ref())
+            .collect();
+        (!ps.is_empty()).then(|| {
+            (
+                ps.iter().map(|p| p.done_bytes).sum(),
+                ps.iter().map(|p| p.total_bytes).sum(),
+            )
+        })
     }
 }
 
