@@ -130,8 +130,11 @@ fn prometheus_scrapes_the_cluster_and_sees_a_killed_node() {
         )
     };
     let within = Duration::from_secs(30);
+    // Ready, not just listening: until its storage is open it answers queries with 503.
     let t0 = Instant::now();
-    while std::net::TcpStream::connect(&prom).is_err() {
+    while std::net::TcpStream::connect(&prom).is_err()
+        || common::http(&prom, "GET", "/-/ready", None).0 != 200
+    {
         assert!(
             t0.elapsed() < within,
             "prometheus did not start:\n{}",

@@ -145,6 +145,9 @@ pub struct NodeStatus {
     /// The node's tiers (a tiered store), if it answered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tiers: Option<NodeTierStatus>,
+    /// Most bytes its replicas may hold together (their sizes), if it answered and has a limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<u64>,
 }
 
 /// A node's fast and slow tiers.

@@ -735,11 +735,13 @@ impl Manager {
         let t0 = Instant::now();
         let registered = alive.map(|a| a.contains_key(&n.id));
         // A node whose lease expired is down at once; no ping to wait out.
-        let up = registered != Some(false)
-            && self
-                .node_call(n, Header::request(Op::Ping, 0))
-                .await
-                .is_ok();
+        let ping = match registered {
+            Some(false) => None,
+            _ => self.node_call(n, Header::request(Op::Ping, 0)).await.ok(),
+        };
+        let up = ping.is_some();
+        // Its reply carries the node's capacity (0 from a node that sets none).
+        let capacity = ping.as_ref().map(|f| f.header.length).filter(|&c| c > 0);
         let tiers = match up {
             true => self.tier_info(n, 0).await.map(|t| t.node.into()),
             false => None,
@@ -760,6 +762,7 @@ impl Manager {
             last_seen_ms: self.last_seen_ms(n.id),
             registered,
             zone: n.zone.clone(),
+            capacity,
         }
     }
 

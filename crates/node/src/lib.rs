@@ -424,7 +424,11 @@ impl Node {
             Ok(h.length as usize)
         };
         let payload = match h.op {
-            Op::Ping => Bytes::from(self.id.to_string()),
+            Op::Ping => {
+                // The most its replicas may hold, for `status` (0: no limit set).
+                resp.length = self.capacity.load(std::sync::atomic::Ordering::Relaxed);
+                Bytes::from(self.id.to_string())
+            }
             Op::UcxAddress => match &*self.ucx.read().unwrap_or_else(|e| e.into_inner()) {
                 Ok(a) => a.clone(),
                 Err(why) => return Err(Refusal(Status::Unsupported, why.clone())),

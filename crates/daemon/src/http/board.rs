@@ -309,6 +309,7 @@ mod tests {
             registered: None,
             zone: None,
             tiers: None,
+            capacity: None,
         };
         StatusReport {
             nodes: vec![node(1, true), node(2, up2)],

@@ -151,13 +151,13 @@ async fn gate(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    match Token::carried(&req) {
+    let cookie = token::cookie(s.addr.port());
+    match Token::carried(&req, &cookie) {
         Some((t, from_query)) if s.token.matches(&t) => {
             let mut resp = next.run(req).await;
             if from_query {
                 let cookie = format!(
-                    "{}={}; Path=/; HttpOnly; SameSite=Strict",
-                    token::COOKIE,
+                    "{cookie}={}; Path=/; HttpOnly; SameSite=Strict",
                     s.token.as_str()
                 );
                 if let Ok(v) = axum::http::HeaderValue::from_str(&cookie) {

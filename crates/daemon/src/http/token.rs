@@ -10,8 +10,11 @@ use std::path::Path;
 
 use crate::DaemonError;
 
-/// The name of the cookie a browser keeps the token in.
-pub const COOKIE: &str = "trireme_token";
+/// The name of the cookie a browser keeps the token of the endpoint on `port` in. Cookies
+/// are kept per host, not per port: two clusters on one host each need their own.
+pub fn cookie(port: u16) -> String {
+    format!("trireme_token_{port}")
+}
 
 #[derive(Clone)]
 pub struct Token(String);
@@ -85,7 +88,7 @@ impl Token {
 
     /// The token a request carries, if any: bearer header, cookie, or `token=` in the query
     /// (the last says to set the cookie).
-    pub fn carried(req: &axum::extract::Request) -> Option<(String, bool)> {
+    pub fn carried(req: &axum::extract::Request, cookie: &str) -> Option<(String, bool)> {
         let headers = req.headers();
         // `Bearer TOKEN`, or the bare token: Prometheus 2.42's HTTP service discovery sends
         // its `credentials_file` without the scheme unless `type: Bearer` is spelled out.
@@ -102,7 +105,7 @@ impl Token {
         for v in headers.get_all(axum::http::header::COOKIE) {
             let Ok(v) = v.to_str() else { continue };
             for kv in v.split(';') {
-                if let Some(t) = kv.trim().strip_prefix(&format!("{COOKIE}=")) {
+                if let Some(t) = kv.trim().strip_prefix(&format!("{cookie}=")) {
                     return Some((t.to_string(), false));
                 }
             }
@@ -149,22 +152,31 @@ mod tests {
             }
             b.body(axum::body::Body::empty()).unwrap()
         };
+        let c = cookie(8080);
         assert_eq!(
-            Token::carried(&req(Some(("authorization", "Bearer abc")), "/metrics")),
+            Token::carried(&req(Some(("authorization", "Bearer abc")), "/metrics"), &c),
             Some(("abc".into(), false))
         );
         assert_eq!(
-            Token::carried(&req(Some(("authorization", "abc")), "/targets")),
+            Token::carried(&req(Some(("authorization", "abc")), "/targets"), &c),
             Some(("abc".into(), false))
         );
         assert_eq!(
-            Token::carried(&req(Some(("cookie", "a=1; trireme_token=xyz")), "/")),
+            Token::carried(
+                &req(Some(("cookie", "a=1; trireme_token_8080=xyz")), "/"),
+                &c
+            ),
             Some(("xyz".into(), false))
         );
+        // Another endpoint's cookie on the same host is not this one's.
         assert_eq!(
-            Token::carried(&req(None, "/?x=1&token=q")),
+            Token::carried(&req(Some(("cookie", "trireme_token_9090=xyz")), "/"), &c),
+            None
+        );
+        assert_eq!(
+            Token::carried(&req(None, "/?x=1&token=q"), &c),
             Some(("q".into(), true))
         );
-        assert_eq!(Token::carried(&req(None, "/")), None);
+        assert_eq!(Token::carried(&req(None, "/"), &c), None);
     }
 }
