@@ -1205,30 +1205,7 @@ async fn attach(cli: &Cli, a: &crate::AttachArgs) -> Result<(), CliError> {
     let tasks =
         trireme_daemon::export::serve(&att.volume, a.export.socket.as_deref(), tcp, tls.as_ref())
             .map_err(CliError::Runtime)?;
-    // The writer's metrics; the address goes to `<data-dir>/attach-VOLUME.http` and to stderr,
-    // the token is the data directory's `http-token` unless --http-token-file names one.
-    let _http = match a.http.addr.0 {
-        Some(addr) => {
-            let l = trireme_daemon::http::bind(addr).await.map_err(daemon_err)?;
-            let token =
-                trireme_daemon::http::Token::for_dir(a.http.token_file.as_deref(), &cli.data_dir)
-                    .map_err(daemon_err)?;
-            let file = cli.data_dir.join(format!("attach-{}.http", a.volume));
-            let h = trireme_daemon::http::serve(
-                l,
-                trireme_daemon::http::HttpSources {
-                    writers: vec![att.volume.clone()],
-                    ..Default::default()
-                },
-                token,
-                Some(&file),
-            )
-            .map_err(daemon_err)?;
-            eprintln!("metrics: http://{}/metrics", h.addr);
-            Some(h)
-        }
-        None => None,
-    };
+    let _http = writer_http(cli, &a.http, &att.volume, "attach").await?;
     for u in &uris {
         println!("{u}");
     }
@@ -1244,6 +1221,36 @@ async fn attach(cli: &Cli, a: &crate::AttachArgs) -> Result<(), CliError> {
         let _ = std::fs::remove_file(p);
     }
     r
+}
+
+/// The HTTP endpoint of a process that writes a volume (`attach`, `nbd`): its metrics, at
+/// the address written to `<data-dir>/ROLE-VOLUME.http` and printed on stderr, behind the data
+/// directory's `http-token` unless `--http-token-file` names one.
+async fn writer_http(
+    cli: &Cli,
+    a: &crate::HttpArgs,
+    vol: &std::sync::Arc<trireme_client::Volume>,
+    role: &str,
+) -> Result<Option<trireme_daemon::http::HttpServer>, CliError> {
+    let Some(addr) = a.addr.0 else {
+        return Ok(None);
+    };
+    let l = trireme_daemon::http::bind(addr).await.map_err(daemon_err)?;
+    let token = trireme_daemon::http::Token::for_dir(a.token_file.as_deref(), &cli.data_dir)
+        .map_err(daemon_err)?;
+    let name = &vol.info().name;
+    let h = trireme_daemon::http::serve(
+        l,
+        trireme_daemon::http::HttpSources {
+            writers: vec![vol.clone()],
+            ..Default::default()
+        },
+        token,
+        Some(&cli.data_dir.join(format!("{role}-{name}.http"))),
+    )
+    .map_err(daemon_err)?;
+    eprintln!("metrics: http://{}/metrics", h.addr);
+    Ok(Some(h))
 }
 
 async fn nbd(cli: &Cli, a: &crate::NbdArgs) -> Result<(), CliError> {
@@ -1270,6 +1277,7 @@ async fn nbd(cli: &Cli, a: &crate::NbdArgs) -> Result<(), CliError> {
     )
     .await
     .map_err(CliError::Runtime)?;
+    let _http = writer_http(cli, &a.http, &vol, "nbd").await?;
     for u in trireme_daemon::export::uris(
         &a.volume,
         a.export.socket.as_deref(),

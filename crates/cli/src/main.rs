@@ -676,6 +676,8 @@ pub struct NbdArgs {
     pub volume: String,
     #[command(flatten)]
     pub export: ExportArgs,
+    #[command(flatten)]
+    pub http: HttpArgs,
 }
 
 /// Where and how a volume is served over NBD (`nbd`, `attach`).
