@@ -32,6 +32,7 @@ import time
 import urllib.request
 
 from localcluster import Cluster, cpu
+from multiserver import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T = os.environ.get("TRIREME_BIN", os.path.join(ROOT, "target/release/trireme"))
@@ -53,14 +54,6 @@ def up_pid(c):
         if k == "up":
             return int(v)
     raise SystemExit("no up pid")
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 class Browser:
