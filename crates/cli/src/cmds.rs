@@ -1018,7 +1018,7 @@ async fn node_serve(cli: &Cli, a: &NodeServeArgs) -> Result<(), CliError> {
                 trireme_daemon::http::serve(
                     l,
                     trireme_daemon::http::HttpSources {
-                        node: Some((node.clone(), a.dir.clone())),
+                        node: Some(node.clone()),
                         ..Default::default()
                     },
                     trireme_daemon::http::Token::for_dir(a.http.token_file.as_deref(), &a.dir)

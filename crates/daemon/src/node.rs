@@ -326,7 +326,7 @@ pub async fn run_member(
         Some(l) => Some(crate::http::serve(
             l,
             crate::http::HttpSources {
-                node: Some((node.clone(), cfg.dir.clone())),
+                node: Some(node.clone()),
                 manager: Some(current),
                 writers: Vec::new(),
                 meta: Some(meta.clone()),

@@ -35,8 +35,8 @@ pub use token::Token;
 /// What a process shows on its endpoint.
 #[derive(Debug, Clone, Default)]
 pub struct HttpSources {
-    /// The node this process serves, and the directory of its store.
-    pub node: Option<(Arc<trireme_node::Node>, std::path::PathBuf)>,
+    /// The node this process serves.
+    pub node: Option<Arc<trireme_node::Node>>,
     /// The manager, while this process holds the role (`None` inside: not now).
     pub manager: Option<watch::Receiver<Option<Arc<Manager>>>>,
     /// Volumes this process writes whose links no manager here reports (`trireme attach`).

@@ -15,8 +15,8 @@ use super::HttpSources;
 pub(super) async fn scrape(src: &HttpSources) -> String {
     let mut e = Exposition::new();
     trireme_metrics::expose_volumes(&mut e, &trireme_metrics::volumes());
-    if let Some((node, dir)) = &src.node {
-        node_families(&mut e, &node.usage(), dir);
+    if let Some(node) = &src.node {
+        node_families(&mut e, &node.usage());
     }
     let mut links = Vec::new();
     if let Some(m) = src.manager() {
@@ -251,42 +251,17 @@ fn cluster_families(e: &mut Exposition, st: &StatusReport) {
     );
 }
 
-/// Bytes of the file system holding `dir`, or of memory for a memory store.
-fn backing_bytes(store: &str, dir: &std::path::Path) -> Option<u64> {
-    if store == "memory" || store == "null" {
-        let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-        let kib: u64 = info
-            .lines()
-            .find_map(|l| l.strip_prefix("MemTotal:"))?
-            .trim()
-            .trim_end_matches("kB")
-            .trim()
-            .parse()
-            .ok()?;
-        return Some(kib * 1024);
-    }
-    use std::os::unix::ffi::OsStrExt;
-    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
-    // SAFETY: statvfs writes one struct we own, through a pointer valid for the call.
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `path` is a NUL-terminated string that outlives the call.
-    let r = unsafe { libc::statvfs(path.as_ptr(), &mut s) };
-    (r == 0).then(|| s.f_blocks as u64 * s.f_frsize as u64)
-}
-
-fn node_families(e: &mut Exposition, u: &trireme_node::NodeUsage, dir: &std::path::Path) {
+fn node_families(e: &mut Exposition, u: &trireme_node::NodeUsage) {
     let node = || Labels::new().with("node", u.id);
-    let capacity = match u.capacity {
-        0 => backing_bytes(u.store, dir),
-        c => Some(c),
-    };
-    if let Some(c) = capacity {
+    // Set at start: its --capacity, or the default `node::build_node` gives its kind of store
+    // (0 only for a store with no limit, the null store).
+    if u.capacity > 0 {
         e.sample(
             "trireme_store_capacity_bytes",
-            "Bytes the node's replicas may hold: its --capacity, else the size of the file system (memory, for a memory store) under its store.",
+            "Most bytes the node's replicas may hold together (their sizes): its --capacity, or the default for its store.",
             Kind::Gauge,
             node(),
-            c as f64,
+            u.capacity as f64,
         );
     }
     e.sample(
