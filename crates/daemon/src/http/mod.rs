@@ -257,13 +257,18 @@ async fn page(State(s): State<Arc<Shared>>, uri: axum::http::Uri) -> Response {
         .into_response()
 }
 
+/// The board's routes where this process is not the manager.
+fn not_manager() -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        "this process does not hold the manager role\n",
+    )
+        .into_response()
+}
+
 async fn board_json(State(s): State<Arc<Shared>>) -> Response {
     let Some(m) = s.sources.manager() else {
-        return (
-            StatusCode::NOT_FOUND,
-            "this process does not hold the manager role\n",
-        )
-            .into_response();
+        return not_manager();
     };
     let state = s.board.sample_now(&m).await;
     axum::Json(state).into_response()
@@ -272,11 +277,7 @@ async fn board_json(State(s): State<Arc<Shared>>) -> Response {
 /// The board, a JSON document per second, as server-sent events (`event: board`).
 async fn events(State(s): State<Arc<Shared>>) -> Response {
     let Some(m) = s.sources.manager() else {
-        return (
-            StatusCode::NOT_FOUND,
-            "this process does not hold the manager role\n",
-        )
-            .into_response();
+        return not_manager();
     };
     let rx = s.board.subscribe(m);
     let stream = tokio_stream::wrappers::WatchStream::new(rx);
