@@ -398,27 +398,23 @@ fn progress_on_a_terminal_none_through_a_pipe_and_status_watch() {
         String::from_utf8_lossy(&out.stdout).to_string()
     };
     let bin = format!("{BIN} --data-dir {}", c.path().display());
-    let tty = on_tty(&format!("{bin} volume verify vol0"));
-    assert!(
-        tty.contains("verify vol0: ") && tty.contains("% (") && tty.contains("ETA"),
-        "{tty:?}"
-    );
-    assert!(tty.contains("0 mismatching region(s)"), "{tty:?}");
-    let piped = c.cli(&["volume", "verify", "vol0"]);
-    assert!(piped.status.success());
-    let err = String::from_utf8_lossy(&piped.stderr);
-    assert!(!err.contains('%') && !err.contains('\x1b'), "{err:?}");
+    // `volume CMD vol0`: a progress line on a terminal, then `result`; through a pipe, no
+    // progress at all.
+    let shown_on_tty_only = |cmd: &str, result: &str| {
+        let tty = on_tty(&format!("{bin} volume {cmd} vol0"));
+        assert!(
+            tty.contains(&format!("{cmd} vol0: ")) && tty.contains("% (") && tty.contains("ETA"),
+            "{tty:?}"
+        );
+        assert!(tty.contains(result), "{tty:?}");
+        let piped = c.cli(&["volume", cmd, "vol0"]);
+        assert!(piped.status.success());
+        let err = String::from_utf8_lossy(&piped.stderr);
+        assert!(!err.contains('%') && !err.contains('\x1b'), "{err:?}");
+    };
+    shown_on_tty_only("verify", "0 mismatching region(s)");
     // A scrub runs in the cluster process: its progress comes through `status`.
-    let tty = on_tty(&format!("{bin} volume scrub vol0"));
-    assert!(
-        tty.contains("scrub vol0: ") && tty.contains("% (") && tty.contains("ETA"),
-        "{tty:?}"
-    );
-    assert!(tty.contains("0 region(s) differed"), "{tty:?}");
-    let piped = c.cli(&["volume", "scrub", "vol0"]);
-    assert!(piped.status.success());
-    let err = String::from_utf8_lossy(&piped.stderr);
-    assert!(!err.contains('%') && !err.contains('\x1b'), "{err:?}");
+    shown_on_tty_only("scrub", "0 region(s) differed");
 
     // status --watch: redrawn in place on a terminal.
     let tty = on_tty(&format!("timeout 2 {bin} status --watch 0.5"));
