@@ -697,7 +697,11 @@ impl Volume {
 
     /// Sends a read-like request to one in-sync replica, falling over to the next on failure.
     async fn read_one(&self, h: Header) -> Result<Frame, VolumeError> {
-        let mut plan = self.core().read_plan();
+        let mut plan = self.core().read_begin();
+        let mut turn = ReadTurn {
+            volume: self,
+            moved: false,
+        };
         let mut last = VolumeError::NoReplicas(self.info.name.clone());
         // The in-sync set may change while a read waits on a replica that stopped answering
         // (another may finish its resync meanwhile), so the plan looks at it again each time.
@@ -738,6 +742,7 @@ impl Volume {
                 Err(e) if e.stops_writer() => return Err(e),
                 Err(e) => {
                     tracing::warn!(volume = %self.info.name, node = self.node(i), "read failed, trying another replica: {e}");
+                    turn.moved = true;
                     plan.failed(i, e.is_bad_copy());
                     last = e;
                 }
@@ -924,5 +929,17 @@ impl Volume {
                     .map(|f| f.header.length)
             })
             .collect()
+    }
+}
+
+/// Ends a foreground read in the core however `read_one` returns (a dropped future too).
+struct ReadTurn<'a> {
+    volume: &'a Volume,
+    moved: bool,
+}
+
+impl Drop for ReadTurn<'_> {
+    fn drop(&mut self) {
+        self.volume.core().read_end(self.moved);
     }
 }

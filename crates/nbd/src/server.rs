@@ -526,6 +526,83 @@ fn invalid(errno: u32, message: impl Into<String>) -> BackendError {
 
 async fn write_replies<W: AsyncWrite + Unpin>(
     wr: W,
+    rx: mpsc::UnboundedReceiver<Queued>,
+) -> std::io::Result<()> {
+    if wr.is_write_vectored() {
+        write_replies_vectored(wr, rx).await
+    } else {
+        write_replies_buffered(wr, rx).await
+    }
+}
+
+/// Writes every reply ready at once in one `writev`: the data goes from the backend's buffer
+/// to the socket with no copy on the way (a 4K read reply was copied into a buffer first).
+async fn write_replies_vectored<W: AsyncWrite + Unpin>(
+    mut w: W,
+    mut rx: mpsc::UnboundedReceiver<Queued>,
+) -> std::io::Result<()> {
+    let mut parts: Vec<Bytes> = Vec::new();
+    let mut permits = Vec::new();
+    while let Some(first) = rx.recv().await {
+        let mut next = Some(first);
+        while let Some(((h, d), permit)) = next {
+            parts.push(h.freeze());
+            if !d.is_empty() {
+                parts.push(d);
+            }
+            permits.push(permit);
+            next = if parts.len() < BATCH_PARTS {
+                rx.try_recv().ok()
+            } else {
+                None
+            };
+        }
+        write_all_parts(&mut w, &mut parts).await?;
+        // Written: the budget the replies held goes back.
+        permits.clear();
+    }
+    w.shutdown().await
+}
+
+/// The most buffers in one `writev` (Linux's `IOV_MAX` is 1024).
+const BATCH_PARTS: usize = 256;
+
+/// Writes `parts` in order, as few `writev` calls as the socket takes, and empties it.
+async fn write_all_parts<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    parts: &mut Vec<Bytes>,
+) -> std::io::Result<()> {
+    let mut done = 0;
+    while done < parts.len() {
+        let n = {
+            let slices: Vec<std::io::IoSlice<'_>> = parts[done..]
+                .iter()
+                .map(|p| std::io::IoSlice::new(p))
+                .collect();
+            w.write_vectored(&slices).await?
+        };
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        let mut n = n;
+        while n > 0 {
+            let len = parts[done].len();
+            if n >= len {
+                n -= len;
+                done += 1;
+            } else {
+                bytes::Buf::advance(&mut parts[done], n);
+                n = 0;
+            }
+        }
+    }
+    parts.clear();
+    w.flush().await
+}
+
+/// For streams without vectored writes (TLS): replies copied into one buffer per batch.
+async fn write_replies_buffered<W: AsyncWrite + Unpin>(
+    wr: W,
     mut rx: mpsc::UnboundedReceiver<Queued>,
 ) -> std::io::Result<()> {
     let mut w = BufWriter::with_capacity(256 * 1024, wr);

@@ -237,7 +237,7 @@ impl World {
                 }
             }
             Op::Read(fails) => {
-                let mut plan = c.read_plan();
+                let mut plan = c.read_begin();
                 let mut k = 0;
                 while let Some(i) = plan.next(c.set()) {
                     prop_assert_eq!(c.set().state(i), ReplicaState::InSync);
@@ -247,6 +247,7 @@ impl World {
                     plan.failed(i, k % 2 == 0);
                     k += 1;
                 }
+                c.read_end(k > 0);
             }
             Op::ResyncStart { k, returned } => {
                 let out = c.to_resync(self.now);
@@ -428,4 +429,47 @@ fn without_a_control_plane_writes_never_wait_and_failures_fail() {
     assert!(matches!(d, Decision::Fail(_)));
     c.stop();
     assert_eq!(c.check_copies().0, Copies::Stopped);
+}
+
+#[test]
+fn reads_one_at_a_time_stay_on_a_copy_and_overlapping_reads_rotate() {
+    let mut c = VolumeCore::new(
+        &[
+            (1, ReplicaState::InSync),
+            (2, ReplicaState::InSync),
+            (3, ReplicaState::InSync),
+        ],
+        0,
+        true,
+        4,
+    );
+    let first = |c: &mut VolumeCore| c.read_begin().next(c.set()).expect("an in-sync copy");
+    // One at a time: the same copy every time.
+    let alone: Vec<usize> = (0..6)
+        .map(|_| {
+            let i = first(&mut c);
+            c.read_end(false);
+            i
+        })
+        .collect();
+    assert!(alone.iter().all(|&i| i == alone[0]), "{alone:?}");
+    // Overlapping: each starts at the next copy, so three in flight use all three.
+    let mut seen: Vec<usize> = (0..3).map(|_| first(&mut c)).collect();
+    (0..3).for_each(|_| c.read_end(false));
+    seen.sort();
+    assert_eq!(seen, vec![0, 1, 2]);
+    // A read whose first choice failed moves the next ones off that copy.
+    let a = first(&mut c);
+    c.read_end(true);
+    let b = first(&mut c);
+    c.read_end(false);
+    assert_ne!(a, b);
+    // Never a copy that is not in sync, sticky or not.
+    assert!(run_take_out(&mut c, &[b], false, &[false]));
+    assert_ne!(c.set().state(b), ReplicaState::InSync);
+    for _ in 0..4 {
+        let i = first(&mut c);
+        c.read_end(false);
+        assert_ne!(i, b);
+    }
 }
