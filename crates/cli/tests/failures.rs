@@ -322,8 +322,8 @@ fn scrub_repairs_a_corrupted_replica_from_the_majority() {
     assert_eq!(r["mismatched_regions"], 1, "{r}");
     assert_eq!(r["repaired"][0][1], 3, "{r}");
     common::assert_replicas_identical(&c, "vol0");
-    // Reads spread over the replicas: all of them must return the pattern.
-    read_pattern(&c, 3);
+    // Overlapping reads spread over the replicas: all of them must return the pattern.
+    read_pattern_overlapping(&c.unix);
 }
 
 /// Runs one qemu-io command on an NBD URI (raw format); panics if it fails.
@@ -344,12 +344,39 @@ fn corrupt(c: &Cluster, node: u32, at: u64, len: usize) {
     f.sync_all().unwrap();
 }
 
-/// Reads the first MiB `times` times through the export; qemu-io fails unless every byte is
-/// 0x5a.
+/// Reads the first MiB `times` times through the export, in 64 KiB reads one after another
+/// (so they stay on one copy, and move to the next after one fails); qemu-io fails unless
+/// every byte is 0x5a.
 fn read_pattern(c: &Cluster, times: usize) {
+    let cmds: Vec<String> = (0..16)
+        .map(|k| format!("read -P 0x5a {} 64K", k * 65536))
+        .collect();
     for _ in 0..times {
-        qemu_io(&c.unix, "read -P 0x5a 0 1M");
+        qemu_io_all(&c.unix, &cmds);
     }
+}
+
+/// Reads the first MiB as 16 reads in flight at once, which rotate over the in-sync copies,
+/// so each copy serves some of it; qemu-io fails unless every byte is 0x5a.
+fn read_pattern_overlapping(uri: &str) {
+    let mut cmds: Vec<String> = (0..16)
+        .map(|k| format!("aio_read -P 0x5a {} 64K", k * 65536))
+        .collect();
+    cmds.push("aio_flush".into());
+    // qemu-io exits 0 when an aio_read's pattern check fails, so its report is read instead.
+    let out = qemu_io_all(uri, &cmds);
+    assert!(!out.contains("failed"), "{out}");
+    assert_eq!(out.matches("read 65536/65536 bytes").count(), 16, "{out}");
+}
+
+/// Runs qemu-io commands on `uri`; their output.
+fn qemu_io_all(uri: &str, cmds: &[String]) -> String {
+    let mut q = Command::new("qemu-io");
+    q.args(["-f", "raw"]);
+    for cmd in cmds {
+        q.args(["-c", cmd]);
+    }
+    common::run(q.arg(uri))
 }
 
 fn volume_nodes(c: &Cluster, name: &str) -> Vec<u32> {
@@ -817,9 +844,12 @@ fn block_checksums_find_and_repair_a_bad_copy_of_a_two_way_volume() {
     assert_eq!(r["repaired"][0][1], nodes[1], "{r}");
     assert_eq!(r["unresolved"].as_array().unwrap().len(), 0, "{r}");
     assert_replicas_identical(&c, "vol0");
-    // Reads: every one returns the good bytes; the one that meets the bad copy repairs it.
+    // Reads: every one returns the good bytes; the one that meets a bad copy repairs it.
+    // Each copy goes bad in a different place. Reads one at a time stay on one copy until one
+    // fails there, then move to the other, so both places are met (within two passes).
     corrupt(&c, nodes[1], 4096 * 100, 512);
-    read_pattern(&c, 4);
+    corrupt(&c, nodes[0], 4096 * 200, 512);
+    read_pattern(&c, 2);
     assert!(
         c.log().contains("repaired a bad copy from a good one"),
         "{}",
@@ -1070,10 +1100,8 @@ fn a_reconcile_never_copies_from_a_bad_block() {
     corrupt(&c, 1, 65536, 4096);
     let (second, uri) = common::spawn_nbd(&c, "vol0", &sock);
     let _second = KillOnDrop(second);
-    // Every copy serves the pattern (reads rotate over the replicas).
-    for _ in 0..3 {
-        qemu_io(&uri, "read -P 0x5a 0 1M");
-    }
+    // Every copy serves the pattern (overlapping reads rotate over the replicas).
+    read_pattern_overlapping(&uri);
     drop(_second);
     assert_replicas_identical(&c, "vol0");
 }

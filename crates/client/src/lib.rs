@@ -42,7 +42,7 @@ pub use verify::{verify_replicas, verify_replicas_with, Mismatch, VerifyReport};
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::task::Poll;
 use std::time::Duration;
@@ -196,6 +196,8 @@ pub struct Volume {
     opts: VolumeOptions,
     /// Where requests are counted, if `opts.metrics`.
     metrics: Option<Arc<trireme_metrics::VolumeMetrics>>,
+    /// Foreground reads in flight: whether the next one overlaps another (`read_one`).
+    reads: AtomicUsize,
     /// The progress of the scrub running now, if one is (`scrub.rs`).
     scrubbing: Mutex<Option<trireme_replication::ResyncProgress>>,
     membership: Option<Arc<dyn Membership>>,
@@ -328,6 +330,7 @@ impl Volume {
             info,
             slots,
             metrics,
+            reads: AtomicUsize::new(0),
             scrubbing: Mutex::new(None),
             opts,
             membership,
@@ -697,11 +700,10 @@ impl Volume {
 
     /// Sends a read-like request to one in-sync replica, falling over to the next on failure.
     async fn read_one(&self, h: Header) -> Result<Frame, VolumeError> {
-        let mut plan = self.core().read_begin();
-        let mut turn = ReadTurn {
-            volume: self,
-            moved: false,
-        };
+        let overlapping = self.reads.fetch_add(1, Ordering::Relaxed) > 0;
+        let _turn = ReadTurn(&self.reads);
+        let mut plan = self.core().read_begin(overlapping);
+        let mut moved = false;
         let mut last = VolumeError::NoReplicas(self.info.name.clone());
         // The in-sync set may change while a read waits on a replica that stopped answering
         // (another may finish its resync meanwhile), so the plan looks at it again each time.
@@ -742,7 +744,9 @@ impl Volume {
                 Err(e) if e.stops_writer() => return Err(e),
                 Err(e) => {
                     tracing::warn!(volume = %self.info.name, node = self.node(i), "read failed, trying another replica: {e}");
-                    turn.moved = true;
+                    if !std::mem::replace(&mut moved, true) {
+                        self.core().read_moved();
+                    }
                     plan.failed(i, e.is_bad_copy());
                     last = e;
                 }
@@ -932,14 +936,11 @@ impl Volume {
     }
 }
 
-/// Ends a foreground read in the core however `read_one` returns (a dropped future too).
-struct ReadTurn<'a> {
-    volume: &'a Volume,
-    moved: bool,
-}
+/// Counts a foreground read out however `read_one` returns (a dropped future too).
+struct ReadTurn<'a>(&'a AtomicUsize);
 
 impl Drop for ReadTurn<'_> {
     fn drop(&mut self) {
-        self.volume.core().read_end(self.moved);
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }

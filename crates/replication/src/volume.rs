@@ -89,8 +89,6 @@ pub struct VolumeCore {
     suspended: bool,
     stopped: bool,
     spread: usize,
-    /// Foreground reads begun and not yet ended (see [`VolumeCore::read_begin`]).
-    reads: usize,
     finished: BTreeMap<u32, ResyncProgress>,
     /// Nodes taken out for a planned restart, until when (time since attach).
     held: BTreeMap<u32, Duration>,
@@ -126,7 +124,6 @@ impl VolumeCore {
             suspended: false,
             stopped: false,
             spread: 0,
-            reads: 0,
             finished: BTreeMap::new(),
             held: BTreeMap::new(),
         }
@@ -254,28 +251,23 @@ impl VolumeCore {
         ReadPlan::new(self.spread)
     }
 
-    /// The plan of one foreground read, which [`VolumeCore::read_end`] must follow. Reads
-    /// that come one at a time stay on the copy that served the last one; reads that
-    /// overlap rotate over the in-sync copies, so a queue of them uses every copy. A copy
-    /// that keeps getting requests finds each by a memory read while it looks for work,
-    /// where one that gets every third has often gone to sleep and needs waking (4K reads at
-    /// queue depth 1 through NBD: read p50 -13%; `bench/nbd_vs_nbdkit.py`).
-    pub fn read_begin(&mut self) -> ReadPlan {
-        if self.reads > 0 {
+    /// The plan of one foreground read. `overlapping`: another read is in flight. Reads
+    /// that come one at a time stay on the copy that served the last one; reads that overlap
+    /// rotate over the in-sync copies, so a queue of them uses every copy. A copy that keeps
+    /// getting requests finds each by a memory read while it looks for work, where one that
+    /// gets every third has often gone to sleep and needs waking (4K reads at queue depth 1
+    /// through NBD: p50 0.87x; `bench/results/2026-11-24-issue18-reads.txt`).
+    pub fn read_begin(&mut self, overlapping: bool) -> ReadPlan {
+        if overlapping {
             self.spread = self.spread.wrapping_add(1);
         }
-        self.reads += 1;
         ReadPlan::new(self.spread)
     }
 
-    /// A read from [`VolumeCore::read_begin`] ended. `moved`: its first choice failed, so
-    /// the next read starts at another copy rather than waiting on that one again.
-    pub fn read_end(&mut self, moved: bool) {
-        debug_assert!(self.reads > 0, "a read ended that did not begin");
-        self.reads = self.reads.saturating_sub(1);
-        if moved {
-            self.spread = self.spread.wrapping_add(1);
-        }
+    /// A read's first choice failed: the reads after it start at another copy rather than
+    /// waiting on that one again.
+    pub fn read_moved(&mut self) {
+        self.spread = self.spread.wrapping_add(1);
     }
 
     // ---- taking out and bringing back -------------------------------------------------------

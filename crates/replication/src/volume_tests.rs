@@ -16,7 +16,10 @@ enum Op {
     Flush(Vec<u8>),
     /// The `k`-th place still in the order is given up.
     Release(usize),
-    Read(Vec<bool>),
+    Read {
+        fails: Vec<bool>,
+        overlapping: bool,
+    },
     /// The resync task looks for replicas to bring back; the `k`-th answers as `returned`.
     ResyncStart {
         k: usize,
@@ -45,7 +48,8 @@ fn op() -> impl Strategy<Value = Op> {
         6 => (0u64..16, 1u64..4, replies.clone()).prop_map(|(at, len, replies)| Op::Write { at, len, replies }),
         1 => replies.prop_map(Op::Flush),
         4 => (0usize..8).prop_map(Op::Release),
-        2 => proptest::collection::vec(any::<bool>(), 1..4).prop_map(Op::Read),
+        2 => (proptest::collection::vec(any::<bool>(), 1..4), any::<bool>())
+            .prop_map(|(fails, overlapping)| Op::Read { fails, overlapping }),
         2 => (0usize..4, 1u64..4).prop_map(|(k, returned)| Op::ResyncStart { k, returned }),
         2 => (0usize..4, any::<bool>()).prop_map(|(k, ok)| Op::ResyncEnd { k, ok }),
         1 => (1u32..8).prop_map(Op::Add),
@@ -236,18 +240,20 @@ impl World {
                     }
                 }
             }
-            Op::Read(fails) => {
-                let mut plan = c.read_begin();
+            Op::Read { fails, overlapping } => {
+                let mut plan = c.read_begin(overlapping);
                 let mut k = 0;
                 while let Some(i) = plan.next(c.set()) {
                     prop_assert_eq!(c.set().state(i), ReplicaState::InSync);
                     if !fails[k % fails.len()] {
                         break;
                     }
+                    if k == 0 {
+                        c.read_moved();
+                    }
                     plan.failed(i, k % 2 == 0);
                     k += 1;
                 }
-                c.read_end(k > 0);
             }
             Op::ResyncStart { k, returned } => {
                 let out = c.to_resync(self.now);
@@ -443,33 +449,27 @@ fn reads_one_at_a_time_stay_on_a_copy_and_overlapping_reads_rotate() {
         true,
         4,
     );
-    let first = |c: &mut VolumeCore| c.read_begin().next(c.set()).expect("an in-sync copy");
+    let first = |c: &mut VolumeCore, overlapping: bool| {
+        c.read_begin(overlapping)
+            .next(c.set())
+            .expect("an in-sync copy")
+    };
     // One at a time: the same copy every time.
-    let alone: Vec<usize> = (0..6)
-        .map(|_| {
-            let i = first(&mut c);
-            c.read_end(false);
-            i
-        })
-        .collect();
+    let alone: Vec<usize> = (0..6).map(|_| first(&mut c, false)).collect();
     assert!(alone.iter().all(|&i| i == alone[0]), "{alone:?}");
     // Overlapping: each starts at the next copy, so three in flight use all three.
-    let mut seen: Vec<usize> = (0..3).map(|_| first(&mut c)).collect();
-    (0..3).for_each(|_| c.read_end(false));
+    let mut seen: Vec<usize> = (0..3).map(|_| first(&mut c, true)).collect();
     seen.sort();
     assert_eq!(seen, vec![0, 1, 2]);
     // A read whose first choice failed moves the next ones off that copy.
-    let a = first(&mut c);
-    c.read_end(true);
-    let b = first(&mut c);
-    c.read_end(false);
+    let a = first(&mut c, false);
+    c.read_moved();
+    let b = first(&mut c, false);
     assert_ne!(a, b);
     // Never a copy that is not in sync, sticky or not.
     assert!(run_take_out(&mut c, &[b], false, &[false]));
     assert_ne!(c.set().state(b), ReplicaState::InSync);
-    for _ in 0..4 {
-        let i = first(&mut c);
-        c.read_end(false);
-        assert_ne!(i, b);
+    for overlapping in [false, true, false, true] {
+        assert_ne!(first(&mut c, overlapping), b);
     }
 }
