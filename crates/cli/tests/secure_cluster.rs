@@ -178,6 +178,9 @@ fn attach(w: &mut World, identity: &str, vol: &str) -> Result<PathBuf, String> {
         .arg(&w.etcd)
         .arg("--tls-identity")
         .arg(w.p(identity))
+        // Its own directory (the HTTP endpoint's address and token), not the test's cwd.
+        .arg("--data-dir")
+        .arg(w.p(&format!("attach-{identity}")))
         .args(["attach", vol, "--lease-ttl", "2s", "--socket"])
         .arg(&sock)
         .stdout(Stdio::piped())
