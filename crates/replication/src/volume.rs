@@ -256,7 +256,7 @@ impl VolumeCore {
     /// rotate over the in-sync copies, so a queue of them uses every copy. A copy that keeps
     /// getting requests finds each by a memory read while it looks for work, where one that
     /// gets every third has often gone to sleep and needs waking (4K reads at queue depth 1
-    /// through NBD: p50 0.87x; `bench/results/2026-11-24-issue18-reads.txt`).
+    /// through NBD: p50 0.87-0.94x; `bench/results/2026-11-24-issue18-reads.txt`).
     pub fn read_begin(&mut self, overlapping: bool) -> ReadPlan {
         if overlapping {
             self.spread = self.spread.wrapping_add(1);
