@@ -595,7 +595,8 @@ async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
 /// error; anything else is a runtime failure.
 fn usage_if_remote(e: trireme_control::ControlError) -> CliError {
     match e {
-        trireme_control::ControlError::Remote(m) => CliError::Usage(m),
+        trireme_control::ControlError::Remote(m)
+        | trireme_control::ControlError::NotOnRecord { message: m, .. } => CliError::Usage(m),
         e => CliError::Runtime(e.to_string()),
     }
 }

@@ -398,6 +398,10 @@ pub enum ControlError {
     Io(#[from] std::io::Error),
     #[error("{0}")]
     Remote(String),
+    /// The manager refused because node `node` holds no replica of the volume on record (a
+    /// writer leaves that copy out: `MembershipError::NotOnRecord`).
+    #[error("{message}")]
+    NotOnRecord { node: u32, message: String },
     /// The manager is handing its role over (to restart its own node): find the next manager
     /// and ask again.
     #[error("{0}")]
@@ -413,6 +417,12 @@ pub(crate) enum Reply {
     Error(String),
     /// This manager hands its role to another daemon: ask the next one again.
     Elsewhere(String),
+    /// Refused: node `node` holds no replica of the volume on record. Its own variant so a
+    /// writer tells it apart by type, not by the message.
+    NotOnRecord {
+        node: u32,
+        message: String,
+    },
 }
 
 /// A byte stream the control API runs over (a unix socket on one host, TCP to the manager of
@@ -492,6 +502,9 @@ impl ControlClient {
             }
             Reply::Error(e) => Err(ControlError::Remote(e)),
             Reply::Elsewhere(e) => Err(ControlError::Elsewhere(e)),
+            Reply::NotOnRecord { node, message } => {
+                Err(ControlError::NotOnRecord { node, message })
+            }
         }
     }
 }

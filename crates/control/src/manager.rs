@@ -11,9 +11,9 @@ use tokio::time::Instant;
 use bytes::Bytes;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use trireme_client::{AttachInfo, ReplicaTarget};
-use trireme_meta::{ClusterMeta, NodeRecord, NodeState, TierPolicy, VolumeRecord};
+use trireme_meta::{ClusterMeta, MetaError, NodeRecord, NodeState, TierPolicy, VolumeRecord};
 use trireme_proto::{Header, Op, Status};
-use trireme_replication::{place, NodeLoad};
+use trireme_replication::{place, NodeLoad, TransitionError};
 use trireme_transport::{Peer, TransportKind};
 
 use crate::api::{
@@ -1150,7 +1150,7 @@ pub async fn serve_conn<S: crate::api::ControlStream>(sock: S, m: Arc<Manager>, 
                     )),
                     Ok(()) => match m.handle(req).await {
                         Ok(v) => Reply::Ok(v),
-                        Err(e) => Reply::Error(e.to_string()),
+                        Err(e) => error_reply(e),
                     },
                 },
                 Err(e) => Reply::Error(format!("bad request: {e}")),
@@ -1159,6 +1159,19 @@ pub async fn serve_conn<S: crate::api::ControlStream>(sock: S, m: Arc<Manager>, 
         if write_reply(&mut s, &reply).await.is_err() {
             return;
         }
+    }
+}
+
+/// A failed request's reply: the message, and for a replica not on record its own variant.
+pub(crate) fn error_reply(e: ManagerError) -> Reply {
+    match e {
+        ManagerError::Meta(MetaError::Transition(TransitionError::NoSuchReplica(node))) => {
+            Reply::NotOnRecord {
+                node,
+                message: e.to_string(),
+            }
+        }
+        e => Reply::Error(e.to_string()),
     }
 }
 

@@ -26,6 +26,7 @@ impl ControlMembership {
         c.call(&req).await.map_err(|e| match e {
             // The manager answered: it refused.
             ControlError::Remote(m) => MembershipError::Refused(m),
+            ControlError::NotOnRecord { node, .. } => MembershipError::NotOnRecord(node),
             e => MembershipError::Unreachable(e.to_string()),
         })
     }
@@ -72,5 +73,57 @@ impl Membership for ControlMembership {
             .await
             .map(|_| ())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::Reply;
+    use crate::error::ManagerError;
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    use trireme_meta::MetaError;
+    use trireme_replication::TransitionError;
+
+    /// Serves one control connection on `path`: reads a request line, answers `reply`.
+    async fn answer_once(listener: tokio::net::UnixListener, reply: Reply) {
+        let (s, _) = listener.accept().await.unwrap();
+        let mut s = BufReader::new(s);
+        let mut line = String::new();
+        s.read_line(&mut line).await.unwrap();
+        let mut out = serde_json::to_vec(&reply).unwrap();
+        out.push(b'\n');
+        s.get_mut().write_all(&out).await.unwrap();
+    }
+
+    /// A writer on the control socket tells "no replica on record" from other refusals by
+    /// type, as one on etcd does: it then leaves that copy out instead of failing.
+    #[tokio::test]
+    async fn a_replica_not_on_record_reaches_the_writer_as_its_own_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("control.sock");
+        let m = ControlMembership { path: path.clone() };
+        let refusals = [
+            ManagerError::Meta(MetaError::Transition(TransitionError::NoSuchReplica(3))),
+            ManagerError::Meta(MetaError::Transition(TransitionError::LastInSync(3))),
+        ];
+        let mut got = Vec::new();
+        for e in refusals {
+            let listener = tokio::net::UnixListener::bind(&path).unwrap();
+            let server = tokio::spawn(answer_once(listener, crate::manager::error_reply(e)));
+            got.push(m.set_state("v", 1, 3, ReplicaState::Outdated, 0).await);
+            server.await.unwrap();
+            std::fs::remove_file(&path).unwrap();
+        }
+        assert!(
+            matches!(got[0], Err(MembershipError::NotOnRecord(3))),
+            "{:?}",
+            got[0]
+        );
+        assert!(
+            matches!(&got[1], Err(MembershipError::Refused(m)) if m.contains("last in-sync")),
+            "{:?}",
+            got[1]
+        );
     }
 }
