@@ -829,3 +829,78 @@ async fn execute<B: Backend>(s: &Session<B>, req: Request, payload: Bytes) -> Re
         ),
     }
 }
+
+#[cfg(test)]
+mod write_tests {
+    use super::*;
+    use std::io::IoSlice;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    /// A socket that takes at most `max` bytes per write, as a full socket buffer does.
+    struct Trickle {
+        got: Vec<u8>,
+        max: usize,
+        calls: usize,
+    }
+
+    impl AsyncWrite for Trickle {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            self.poll_write_vectored(cx, &[IoSlice::new(buf)])
+        }
+        fn poll_write_vectored(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            bufs: &[IoSlice<'_>],
+        ) -> Poll<std::io::Result<usize>> {
+            self.calls += 1;
+            let mut n = 0;
+            for b in bufs {
+                let take = b.len().min(self.max - n);
+                self.got.extend_from_slice(&b[..take]);
+                n += take;
+                if n == self.max {
+                    break;
+                }
+            }
+            Poll::Ready(Ok(n))
+        }
+        fn is_write_vectored(&self) -> bool {
+            true
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// Short writes that end inside a buffer and across buffers still put every byte out once,
+    /// in order; a socket that takes everything gets one call.
+    #[tokio::test]
+    async fn replies_go_out_whole_and_in_order_through_short_writes() {
+        let parts: Vec<Bytes> = (0..40u8)
+            .map(|k| Bytes::from(vec![k; 1 + (k as usize * 37) % 300]))
+            .collect();
+        let want: Vec<u8> = parts.iter().flat_map(|p| p.iter().copied()).collect();
+        for max in [1, 7, 16, 4096, 1 << 20] {
+            let mut w = Trickle {
+                got: Vec::new(),
+                max,
+                calls: 0,
+            };
+            let mut p = parts.clone();
+            write_all_parts(&mut w, &mut p).await.unwrap();
+            assert!(p.is_empty());
+            assert_eq!(w.got, want, "max {max}");
+            if max == 1 << 20 {
+                assert_eq!(w.calls, 1);
+            }
+        }
+    }
+}
