@@ -328,7 +328,7 @@ fn scrub_repairs_a_corrupted_replica_from_the_majority() {
 
 /// Runs one qemu-io command on an NBD URI (raw format); panics if it fails.
 fn qemu_io(uri: &str, cmd: &str) {
-    common::run(Command::new("qemu-io").args(["-f", "raw", "-c", cmd, uri]));
+    qemu_io_all(uri, &[cmd.to_string()]);
 }
 
 /// Overwrites `len` bytes at `at` of node `node`'s replica of volume 1 with 0xff, behind the
@@ -369,7 +369,8 @@ fn read_pattern_overlapping(uri: &str) {
     assert_eq!(out.matches("read 65536/65536 bytes").count(), 16, "{out}");
 }
 
-/// Runs qemu-io commands on `uri`; their output.
+/// Runs qemu-io commands on `uri` in one process (raw format); their output. Panics if
+/// qemu-io fails.
 fn qemu_io_all(uri: &str, cmds: &[String]) -> String {
     let mut q = Command::new("qemu-io");
     q.args(["-f", "raw"]);
