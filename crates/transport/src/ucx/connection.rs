@@ -1,0 +1,240 @@
+//! A client's connection: UCX while a probe over it answers, its TCP connection otherwise.
+
+use std::sync::{Mutex, RwLock};
+
+use bytes::Bytes;
+use trireme_proto::{Header, Op, Status};
+use trireme_ucx::Endpoint;
+
+use super::hub::{next_id, Hub, Waiting};
+use super::{closed, lock, PROBE_TIMEOUT, SECRET_LEN};
+use crate::tcp::TcpConnection;
+use crate::{BoxFuture, Connection, ConnectionInfo, Frame, TransportError};
+
+/// A connection that carries its calls over UCX when it can, and over its TCP connection
+/// otherwise (see the module docs).
+#[derive(Debug)]
+pub struct UcxConnection {
+    tcp: TcpConnection,
+    hub: Option<&'static Hub>,
+    /// The UCX endpoint while UCX carries the calls. Sends hold it shared; stopping the UCX
+    /// path takes it, so no send can use a closed endpoint.
+    ep: RwLock<Option<Endpoint>>,
+    /// Names this connection's calls in the hub's waiting list.
+    link: u64,
+    lanes: String,
+    /// Why calls go over TCP (`None` while UCX carries them).
+    fallback: Mutex<Option<String>>,
+    /// The secret the node handed out with its address over the TCP link; every request
+    /// carries it.
+    secret: [u8; SECRET_LEN],
+}
+
+/// What [`negotiate`] may do when UCX does not work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fallback {
+    /// Use TCP and say why in the connection's info.
+    Allowed,
+    /// Fail the connection.
+    Refused,
+}
+
+/// Moves `tcp`'s data path to UCX if the node offers it and a probe over it answers.
+pub async fn negotiate(
+    tcp: TcpConnection,
+    fallback: Fallback,
+) -> Result<UcxConnection, TransportError> {
+    let link = next_id();
+    let tried = try_ucx(&tcp, link).await;
+    let (hub, ep, lanes, why, secret) = match tried {
+        Ok((hub, ep, lanes, secret)) => (Some(hub), Some(ep), lanes, None, secret),
+        Err(why) if fallback == Fallback::Allowed => {
+            tracing::info!(peer = %tcp.peer(), "UCX not used, staying on TCP: {why}");
+            (None, None, String::new(), Some(why), [0; SECRET_LEN])
+        }
+        Err(why) => {
+            return Err(TransportError::Connect {
+                addr: tcp.peer().to_string(),
+                source: std::io::Error::other(format!("UCX required but not usable: {why}")),
+            })
+        }
+    };
+    Ok(UcxConnection {
+        tcp,
+        hub,
+        ep: RwLock::new(ep),
+        link,
+        lanes,
+        fallback: Mutex::new(why),
+        secret,
+    })
+}
+
+async fn try_ucx(
+    tcp: &TcpConnection,
+    link: u64,
+) -> Result<(&'static Hub, Endpoint, String, [u8; SECRET_LEN]), String> {
+    let offer = tcp
+        .call(Header::request(Op::UcxAddress, 0), Bytes::new())
+        .await
+        .map_err(|e| format!("asking for the node's UCX address: {e}"))?;
+    if offer.header.status != Status::Ok {
+        return Err(format!(
+            "the node offers no UCX: {}",
+            String::from_utf8_lossy(&offer.payload)
+        ));
+    }
+    // The worker address, then this link's secret (see [`Grants`]).
+    let Some(cut) = offer.payload.len().checked_sub(SECRET_LEN) else {
+        return Err("the node's UCX offer is too short to hold a secret".into());
+    };
+    let (address, secret) = offer.payload.split_at(cut);
+    let secret: [u8; SECRET_LEN] = secret.try_into().expect("split at the secret's length");
+    let hub = Hub::get().map_err(|e| format!("UCX cannot start here: {e}"))?;
+    hub.drive_here();
+    let ep = hub
+        .worker
+        .connect(address)
+        .map_err(|e| format!("UCX endpoint: {e}"))?;
+    let lanes = ep.lane_summary();
+    let probe = hub
+        .start_call(
+            &ep,
+            link,
+            &secret,
+            Header::request(Op::Ping, 0),
+            Bytes::new(),
+            None,
+        )
+        .answer();
+    let ok = match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
+        Ok(Ok(f)) if f.header.status == Status::Ok => Ok(()),
+        Ok(Ok(f)) => Err(format!("probe answered {}", f.header.status.as_str())),
+        Ok(Err(e)) => Err(format!("probe failed: {e}")),
+        Err(_) => Err(format!("probe not answered within {PROBE_TIMEOUT:?}")),
+    };
+    if let Err(e) = ok {
+        ep.close(true);
+        return Err(e);
+    }
+    Ok((hub, ep, lanes, secret))
+}
+
+impl UcxConnection {
+    /// Sends a call over UCX if UCX carries this connection's calls.
+    fn start_ucx(&self, header: Header, payload: &Bytes, crc: Option<u32>) -> Option<Waiting> {
+        let hub = self.hub?;
+        hub.drive_here();
+        let ep = self.ep.read().unwrap_or_else(|e| e.into_inner());
+        let ep = ep.as_ref()?;
+        Some(hub.start_call(ep, self.link, &self.secret, header, payload.clone(), crc))
+    }
+
+    /// Stops the UCX path: closes the endpoint (sends under way fail) and fails the calls
+    /// waiting on it with `why`.
+    fn stop_ucx(&self, why: &str) {
+        let ep = self.ep.write().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(ep) = ep {
+            ep.close(true);
+        }
+        if let Some(hub) = self.hub {
+            hub.fail_link(self.link, why);
+        }
+    }
+}
+
+impl Drop for UcxConnection {
+    fn drop(&mut self) {
+        self.stop_ucx("connection dropped");
+    }
+}
+
+impl Connection for UcxConnection {
+    fn call_crc(
+        &self,
+        header: Header,
+        payload: Bytes,
+        crc: Option<u32>,
+    ) -> BoxFuture<'_, Result<Frame, TransportError>> {
+        Box::pin(self.send(header, payload, crc))
+    }
+
+    fn checks_payloads(&self) -> bool {
+        // UCX frames always carry checksums; a fall-back to TLS might not need them, but a
+        // checksum computed once for a write costs less than asking on every call.
+        true
+    }
+
+    fn info(&self) -> ConnectionInfo {
+        self.info_now()
+    }
+
+    fn is_closed(&self) -> bool {
+        self.tcp.is_closed()
+    }
+
+    fn fall_back(&self, why: &str) -> bool {
+        self.fall_back_now(why)
+    }
+}
+
+impl UcxConnection {
+    /// A call over UCX while that path works, else over the TCP connection.
+    async fn send(
+        &self,
+        header: Header,
+        payload: Bytes,
+        crc: Option<u32>,
+    ) -> Result<Frame, TransportError> {
+        {
+            if let Some(waiting) = self.start_ucx(header, &payload, crc) {
+                // A dead node does not fail UCX calls (no peer-failure mode): its TCP
+                // connection closing does.
+                let r = tokio::select! {
+                    r = waiting.answer() => r,
+                    _ = self.tcp.closed() => Err(closed("the node's TCP connection closed")),
+                };
+                match r {
+                    Ok(f) => return Ok(f),
+                    // The node is gone: TCP will say so too; no point retrying. Close the
+                    // endpoint now: sends stuck on it (its FIFO full, its reader dead) would
+                    // keep the worker busy for good.
+                    Err(e) if self.tcp.is_closed() => {
+                        self.stop_ucx("the node's TCP connection closed");
+                        return Err(e);
+                    }
+                    Err(e) => {
+                        self.fall_back_now(&e.to_string());
+                    }
+                }
+            }
+        }
+        self.tcp.call_crc(header, payload, crc).await
+    }
+
+    fn info_now(&self) -> ConnectionInfo {
+        let mut i = self.tcp.info();
+        match &*lock(&self.fallback) {
+            None => {
+                i.transport = "ucx".into();
+                i.lanes = Some(self.lanes.clone());
+            }
+            Some(why) => i.fallback = Some(why.clone()),
+        }
+        i
+    }
+
+    fn fall_back_now(&self, why: &str) -> bool {
+        {
+            let mut f = lock(&self.fallback);
+            if f.is_some() {
+                return false;
+            }
+            tracing::warn!(peer = %self.tcp.peer(), "UCX path stopped, going on over TCP: {why}");
+            *f = Some(why.to_string());
+        }
+        // Calls in flight on the link fail now and are sent again over TCP.
+        self.stop_ucx(why);
+        true
+    }
+}

@@ -1,0 +1,88 @@
+//! The secrets a node hands out with its UCX address, one per TCP link.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::RwLock;
+
+use super::SECRET_LEN;
+
+/// The UCX secrets a server handed out, each with the link it went out on (its `Hello`
+/// token and its peer): a UCX request is served as if it came on that link.
+static GRANTED: RwLock<Option<GrantMap>> = RwLock::new(None);
+
+/// Secret → (the link's `Hello` token, its peer).
+type GrantMap = HashMap<[u8; SECRET_LEN], (u64, crate::Peer)>;
+
+/// The link a secret was handed out on, if it still is open.
+pub(super) fn granted(secret: &[u8; SECRET_LEN]) -> Option<(u64, crate::Peer)> {
+    GRANTED
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()?
+        .get(secret)
+        .cloned()
+}
+
+/// Logs UCX requests with an unknown secret, at most once a second.
+pub(super) fn note_unknown_secret() {
+    static DROPPED: AtomicU64 = AtomicU64::new(0);
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let n = DROPPED.fetch_add(1, Ordering::Relaxed) + 1;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    if LAST.swap(now, Ordering::Relaxed) != now {
+        tracing::warn!(
+            dropped = n,
+            "UCX request without a valid secret dropped unread"
+        );
+    }
+}
+
+/// The UCX secrets handed out on one server link: revoked when the link closes (dropped).
+#[derive(Debug, Default)]
+pub struct Grants(Vec<[u8; SECRET_LEN]>);
+
+impl Grants {
+    /// A fresh secret for UCX requests of the link `origin` from `peer`.
+    pub fn grant(&mut self, origin: u64, peer: crate::Peer) -> [u8; SECRET_LEN] {
+        let mut secret = [0u8; SECRET_LEN];
+        fill_random(&mut secret);
+        GRANTED
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(HashMap::new)
+            .insert(secret, (origin, peer));
+        self.0.push(secret);
+        secret
+    }
+}
+
+impl Drop for Grants {
+    fn drop(&mut self) {
+        if self.0.is_empty() {
+            return;
+        }
+        let mut g = GRANTED.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = g.as_mut() {
+            for s in &self.0 {
+                m.remove(s);
+            }
+        }
+    }
+}
+
+/// Fills `buf` from the kernel's random source.
+fn fill_random(buf: &mut [u8]) {
+    let mut done = 0;
+    while done < buf.len() {
+        // SAFETY: writes at most `buf.len() - done` bytes into the rest of `buf`, which we own.
+        let n = unsafe { libc::getrandom(buf[done..].as_mut_ptr().cast(), buf.len() - done, 0) };
+        if n > 0 {
+            done += n as usize;
+        } else if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            // getrandom(2) does not fail on Linux 3.17+ once the pool is initialised.
+            panic!("getrandom failed: {}", std::io::Error::last_os_error());
+        }
+    }
+}

@@ -1,0 +1,410 @@
+//! The process's UCX worker: the handlers of requests and responses, and the calls waiting
+//! for their answers.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use bytes::Bytes;
+use tokio::sync::{oneshot, Notify};
+use trireme_proto::{Header, HEADER_LEN};
+use trireme_ucx::{AmData, Context, Endpoint, MemPool, Payload, ReplyEp, Worker};
+
+use super::driver::drive;
+use super::grants::{granted, note_unknown_secret};
+use super::wire::{frame_of, parse_request_header};
+use super::*;
+use crate::{Frame, Handler, TransportError};
+
+/// The process's UCX worker, what it serves, and the calls waiting on it.
+pub struct Hub {
+    pub(super) worker: Arc<Worker>,
+    /// Where rendezvous payloads land (`None` if UCX could not register it).
+    pool: Option<Arc<MemPool>>,
+    address: Vec<u8>,
+    config: Config,
+    /// Calls waiting for their answer: request id -> (link, reply).
+    waiting: Mutex<HashMap<u64, (u64, Reply)>>,
+    server: OnceLock<Arc<dyn Server>>,
+    /// Answers handlers produced inside progress (where they cannot send), sent by the
+    /// driver right after.
+    pub(super) outbox: Mutex<Vec<(ReplyEp, Frame)>>,
+    /// Wakes the driver: a send is under way and needs progress to finish.
+    pub(super) kick: Notify,
+    /// Cleared when the driver task ends (its runtime shut down): the next user starts one.
+    driver: Mutex<Option<Arc<AtomicBool>>>,
+    /// Whether a driver runs, read without the lock on every call (see [`Hub::drive_here`]).
+    pub(super) driven: AtomicBool,
+}
+
+impl std::fmt::Debug for Hub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hub").field("config", &self.config).finish()
+    }
+}
+
+static HUB: OnceLock<Result<&'static Hub, trireme_ucx::Error>> = OnceLock::new();
+
+impl Hub {
+    /// The process's hub, created on first use. An error says why UCX cannot be used here.
+    /// A runtime that uses it must call [`Hub::drive_here`] (negotiation and serving do).
+    pub fn get() -> Result<&'static Hub, trireme_ucx::Error> {
+        HUB.get_or_init(|| {
+            let cfg = CONFIG.get().cloned().unwrap_or_else(|| Config {
+                tls: std::env::var("TRIREME_UCX_TLS").ok(),
+                net_devices: std::env::var("TRIREME_UCX_NET_DEVICES").ok(),
+                ..Default::default()
+            });
+            Hub::start(cfg)
+        })
+        .clone()
+    }
+
+    fn start(mut config: Config) -> Result<&'static Hub, trireme_ucx::Error> {
+        // CMA reads the peer's memory with process_vm_readv; if the peer dies mid-transfer,
+        // UCX 1.13 (without the peer-failure mode, see the module docs) treats the error as
+        // fatal and aborts this process. A node crash must never take its writer down, so CMA
+        // is off unless TRIREME_UCX_TLS asks for it; large payloads then go through the
+        // shared-memory transports in pieces.
+        config.tls.get_or_insert_with(|| DEFAULT_TLS.to_string());
+        // Each process's shared-memory FIFO takes the messages of all its peers. UCX's 64
+        // entries (freed to senders in halves) fill under a few dozen requests in flight to
+        // a 3-way volume; a sender that finds it full must poll until the receiver drains
+        // it, since nothing signals that. UCX_MM_FIFO_SIZE, when set, still wins.
+        if config.mm_fifo_size.is_none() && std::env::var_os("UCX_MM_FIFO_SIZE").is_none() {
+            config.mm_fifo_size = Some(MM_FIFO_SIZE);
+        }
+        let ctx = Context::new(&config)?;
+        let worker = Worker::new(&ctx)?;
+        let address = worker.address()?;
+        let pool = MemPool::new(&ctx, POOL_CHUNK, POOL_CHUNKS)
+            .map_err(|e| tracing::warn!("UCX receive pool not registered, receiving without: {e}"))
+            .ok();
+        // The hub lives as long as the process: its worker's handlers refer to it.
+        let hub: &'static Hub = Box::leak(Box::new(Hub {
+            worker,
+            pool,
+            address,
+            config,
+            waiting: Mutex::default(),
+            server: OnceLock::new(),
+            outbox: Mutex::default(),
+            kick: Notify::new(),
+            driver: Mutex::default(),
+            driven: AtomicBool::new(false),
+        }));
+        hub.install()?;
+        Ok(hub)
+    }
+
+    /// This process's worker address (what a node advertises).
+    pub fn address(&self) -> &[u8] {
+        &self.address
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Makes sure a task of some tokio runtime progresses the worker, starting one on the
+    /// current runtime if none does. The task ends with its runtime; the next call after
+    /// that (every UCX call makes one) starts another.
+    pub fn drive_here(&'static self) {
+        if self.driven.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let mut d = lock(&self.driver);
+        if !d
+            .as_ref()
+            .is_some_and(|alive| alive.load(Ordering::Acquire))
+        {
+            let alive = Arc::new(AtomicBool::new(true));
+            *d = Some(alive.clone());
+            rt.spawn(drive(self, alive));
+        }
+        self.driven.store(true, Ordering::Release);
+    }
+
+    /// Serves `handler` for every UCX request this process receives. Requests the handler
+    /// answers without waiting (an in-memory store) are answered by the driver itself; the
+    /// rest run as tasks of the current tokio runtime.
+    pub fn serve<H: Handler>(&'static self, handler: Arc<H>) {
+        let _ = self.server.set(Arc::new(Served {
+            handler,
+            rt: tokio::runtime::Handle::current(),
+            hub: self,
+        }));
+        self.drive_here();
+    }
+
+    /// The handlers of requests and responses.
+    fn install(&'static self) -> Result<(), trireme_ucx::Error> {
+        self.worker
+            .set_am_handler(AM_REQUEST, move |w, hdr, data, reply| {
+                let Some(ep) = reply else { return };
+                let secret = match parse_request_header(hdr) {
+                    Ok((h, secret)) if h.payload_len as usize == data.len() => secret,
+                    Ok((h, _)) => {
+                        tracing::warn!(
+                            "UCX request announcing {} payload bytes with {} dropped unread",
+                            h.payload_len,
+                            data.len()
+                        );
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!("UCX request dropped unread: {e}");
+                        return;
+                    }
+                };
+                // Unknown secret: dropped before anything is received or allocated (a
+                // rendezvous is declined by not receiving it).
+                let Some((origin, peer)) = granted(&secret) else {
+                    note_unknown_secret();
+                    return;
+                };
+                let fh = hdr[..HEADER_LEN].to_vec();
+                self.with_payload(w, data, move |payload| {
+                    self.on_request(fh, origin, peer, payload, ep)
+                });
+            })?;
+        self.worker
+            .set_am_handler(AM_RESPONSE, move |w, hdr, data, _| {
+                let hdr = hdr.to_vec();
+                self.with_payload(w, data, move |payload| self.on_response(&hdr, payload));
+            })
+    }
+
+    /// Gets an active message's payload: now (eager) or when the rendezvous completes (into
+    /// a chunk of the registered pool when one fits, handed on without a copy).
+    pub(super) fn with_payload(
+        &self,
+        w: &Worker,
+        data: AmData<'_>,
+        then: impl FnOnce(Result<Bytes, String>) + Send + 'static,
+    ) {
+        match data {
+            AmData::Eager(b) if b.len() > trireme_proto::MAX_PAYLOAD as usize => then(Err(
+                format!("a {}-byte payload, over the frame limit", b.len()),
+            )),
+            AmData::Eager(b) => then(Ok(Bytes::copy_from_slice(b))),
+            // The length is the sender's word: checked before anything is allocated for it.
+            // Dropping the descriptor (returning from the handler without receiving) is how
+            // UCX is told the data is not wanted.
+            AmData::Rndv(r) if r.length > trireme_proto::MAX_PAYLOAD as usize => {
+                then(Err(format!(
+                    "a {}-byte rendezvous, over the {}-byte frame limit: dropped unread",
+                    r.length,
+                    trireme_proto::MAX_PAYLOAD
+                )))
+            }
+            AmData::Rndv(r) => w.recv_rndv(
+                r,
+                self.pool.as_ref(),
+                Box::new(move |got| then(got.map(Bytes::from_owner).map_err(|e| e.to_string()))),
+            ),
+        }
+    }
+
+    pub(super) fn on_request(
+        &self,
+        fh: Vec<u8>,
+        origin: u64,
+        peer: crate::Peer,
+        payload: Result<Bytes, String>,
+        ep: ReplyEp,
+    ) {
+        let Some(server) = self.server.get() else {
+            return;
+        };
+        match payload
+            .map_err(|e| closed(&e))
+            .and_then(|p| frame_of(&fh, p))
+        {
+            Ok(mut f) if !f.header.is_response() => {
+                f.origin = origin;
+                f.peer = peer;
+                if let Some(resp) = server.take(f, ep) {
+                    lock(&self.outbox).push((ep, resp));
+                }
+            }
+            Ok(_) => tracing::warn!("UCX response sent as a request, dropped"),
+            Err(e) => tracing::warn!("bad UCX request dropped: {e}"),
+        }
+    }
+
+    pub(super) fn on_response(&self, hdr: &[u8], payload: Result<Bytes, String>) {
+        let r = payload
+            .map_err(|e| closed(&e))
+            .and_then(|p| frame_of(hdr, p));
+        let id = match &r {
+            Ok(f) => f.header.request_id,
+            Err(e) => {
+                tracing::warn!("bad UCX response dropped: {e}");
+                return;
+            }
+        };
+        let waiting = lock(&self.waiting).remove(&id);
+        if let Some((_, reply)) = waiting {
+            let _ = reply.send(r);
+        }
+    }
+
+    /// Sends a node's answer on the reply endpoint of its request (from any thread).
+    pub(super) fn send_answer(&'static self, ep: ReplyEp, resp: Frame) {
+        let header = resp.header.encode(&resp.payload).to_vec();
+        let pending = self.worker.reply(
+            ep,
+            AM_RESPONSE,
+            header,
+            Payload::Boxed(Box::new(resp.payload)),
+            Box::new(move |r| {
+                if let Err(e) = r {
+                    tracing::debug!("UCX answer not delivered: {e}");
+                }
+            }),
+        );
+        if pending {
+            self.kick.notify_one();
+        }
+    }
+
+    /// Sends a call on `ep` and returns where its answer will come.
+    pub(super) fn start_call(
+        &'static self,
+        ep: &Endpoint,
+        link: u64,
+        secret: &[u8; SECRET_LEN],
+        mut header: Header,
+        payload: Bytes,
+        crc: Option<u32>,
+    ) -> Waiting {
+        header.request_id = next_id();
+        let request_id = header.request_id;
+        header.flags &= !trireme_proto::FLAG_RESPONSE;
+        let encoded = match crc {
+            Some(crc) => {
+                debug_assert_eq!(crc, trireme_proto::payload_crc(&payload));
+                header.encode_with_crc(payload.len(), crc)
+            }
+            None => header.encode(&payload),
+        };
+        let mut h = Vec::with_capacity(HEADER_LEN + SECRET_LEN);
+        h.extend_from_slice(&encoded);
+        h.extend_from_slice(secret);
+        let (tx, rx) = oneshot::channel();
+        lock(&self.waiting).insert(request_id, (link, tx));
+        let pending = ep.am_send(
+            AM_REQUEST,
+            h,
+            Payload::Boxed(Box::new(payload)),
+            true,
+            Box::new(move |r| {
+                if let Err(e) = r {
+                    let waiting = lock(&self.waiting).remove(&request_id);
+                    if let Some((_, reply)) = waiting {
+                        let _ = reply.send(Err(closed(&e.to_string())));
+                    }
+                }
+            }),
+        );
+        if pending {
+            self.kick.notify_one();
+        }
+        Waiting {
+            hub: self,
+            request_id,
+            rx,
+            answered: false,
+        }
+    }
+
+    /// Fails every call waiting on `link` with `reason`.
+    pub(super) fn fail_link(&self, link: u64, reason: &str) {
+        let failed: Vec<Reply> = {
+            let mut w = lock(&self.waiting);
+            let ids: Vec<u64> = w
+                .iter()
+                .filter(|(_, (l, _))| *l == link)
+                .map(|(id, _)| *id)
+                .collect();
+            ids.into_iter()
+                .filter_map(|id| w.remove(&id).map(|(_, r)| r))
+                .collect()
+        };
+        for reply in failed {
+            let _ = reply.send(Err(closed(reason)));
+        }
+    }
+}
+
+/// A call's answer to come. Dropping it (the caller gave up) forgets the call, so a late
+/// answer finds nobody and is dropped.
+pub(super) struct Waiting {
+    hub: &'static Hub,
+    request_id: u64,
+    rx: oneshot::Receiver<Result<Frame, TransportError>>,
+    answered: bool,
+}
+
+impl Waiting {
+    pub(super) async fn answer(mut self) -> Result<Frame, TransportError> {
+        let r = (&mut self.rx).await;
+        self.answered = true;
+        r.unwrap_or_else(|_| Err(closed("UCX call forgotten")))
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if !self.answered {
+            lock(&self.hub.waiting).remove(&self.request_id);
+        }
+    }
+}
+
+/// What the hub serves requests with (a [`Handler`], type-erased).
+trait Server: Send + Sync {
+    /// Handles a request: the answer now, or `None` when it was handed to a task (which sends
+    /// the answer itself).
+    fn take(&self, f: Frame, ep: ReplyEp) -> Option<Frame>;
+}
+
+struct Served<H: Handler> {
+    handler: Arc<H>,
+    rt: tokio::runtime::Handle,
+    hub: &'static Hub,
+}
+
+impl<H: Handler> Server for Served<H> {
+    fn take(&self, f: Frame, ep: ReplyEp) -> Option<Frame> {
+        let hub = self.hub;
+        let answer = move |resp: Frame| hub.send_answer(ep, resp);
+        let h = self.handler.clone();
+        if !h.inline(&f) {
+            self.rt.spawn(async move { answer(h.handle(f).await) });
+            return None;
+        }
+        // An inline request completes at its first poll; one that does not is finished as a
+        // task (its waker is a no-op here, so it must move to a runtime that will poll it).
+        let mut fut = Box::pin(h.handle(f));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match std::future::Future::poll(fut.as_mut(), &mut cx) {
+            std::task::Poll::Ready(resp) => Some(resp),
+            std::task::Poll::Pending => {
+                self.rt.spawn(async move { answer(fut.await) });
+                None
+            }
+        }
+    }
+}
+
+/// Request ids of UCX calls: unique in the process, since one worker matches every answer.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+pub(super) fn next_id() -> u64 {
+    NEXT_ID.fetch_add(1, Ordering::Relaxed)
+}
