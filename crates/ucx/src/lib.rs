@@ -335,11 +335,31 @@ impl AsRef<[u8]> for Received {
     }
 }
 
-/// What a handler is given for a message whose payload comes by rendezvous.
+/// What a handler is given for a message whose payload comes by rendezvous. A handler that
+/// returns [`Taken::Kept`] keeps it past its return, and must later fetch it
+/// ([`Worker::recv_rndv`]) or let it go ([`Worker::release_rndv`]) on the same worker.
 #[derive(Debug)]
 pub struct RndvData {
     desc: *mut c_void,
     pub length: usize,
+}
+
+// SAFETY: the descriptor is an opaque UCX handle; the worker it came from is in multi-thread
+// mode, so it may be received or released from any thread (through that worker only).
+unsafe impl Send for RndvData {}
+
+/// What an active-message handler did with a message (its return value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Taken {
+    /// Handled: an eager payload copied if wanted, a rendezvous fetched (or dropped, which
+    /// completes the sender's send without an error).
+    Done,
+    /// A rendezvous descriptor kept, to fetch or release later (eager messages cannot be kept:
+    /// this counts as [`Taken::Done`] for them).
+    Kept,
+    /// Refused: a rendezvous is declined unread and the sender's send fails; an eager message
+    /// is dropped.
+    Refused,
 }
 
 /// An active message as its handler sees it.
@@ -365,9 +385,18 @@ impl AmData<'_> {
     }
 }
 
-/// The endpoint a reply to a message can go out on (the sender asked for one).
+/// The endpoint a reply to a message can go out on (the sender asked for one). On the side
+/// that sent the message, it is the endpoint the message went out on: [`ReplyEp::id`] equals
+/// that [`Endpoint::id`] (how a response is tied to the endpoint its request used).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReplyEp(sys::ucp_ep_h);
+
+impl ReplyEp {
+    /// The endpoint's identity (its handle's address), to compare with [`Endpoint::id`].
+    pub fn id(&self) -> usize {
+        self.0 as usize
+    }
+}
 
 // SAFETY: a reply endpoint is a plain handle; it is only used through the worker that received
 // the message, on that worker's thread (`Worker::reply`).
@@ -375,7 +404,7 @@ unsafe impl Send for ReplyEp {}
 // SAFETY: as above: sharing the handle lets other threads hold it, never use it.
 unsafe impl Sync for ReplyEp {}
 
-type AmHandler = dyn FnMut(&Worker, &[u8], AmData<'_>, Option<ReplyEp>) + Send;
+type AmHandler = dyn FnMut(&Worker, &[u8], AmData<'_>, Option<ReplyEp>) -> Taken + Send;
 
 /// Completion callback of a send: runs inside the progress that completes it.
 pub type SendDone = Box<dyn FnOnce(Result<(), Error>) + Send>;
@@ -541,10 +570,17 @@ unsafe extern "C" fn am_cb(
             };
         }
     };
-    guarded("active-message handler", || f(worker, hdr, msg, reply));
+    let mut taken = Taken::Refused;
+    guarded("active-message handler", || {
+        taken = f(worker, hdr, msg, reply)
+    });
     // Eager data was copied by the handler if it wanted it; a rendezvous descriptor was handed
-    // to `recv_rndv` (which owns it from then on) or dropped — both fine with UCS_OK.
-    sys::UCS_OK
+    // to `recv_rndv` (which owns it from then on), kept for later, or declined.
+    match taken {
+        Taken::Kept if rndv => sys::UCS_INPROGRESS,
+        Taken::Refused if rndv => sys::UCS_ERR_REJECTED,
+        _ => sys::UCS_OK,
+    }
 }
 
 /// Runs user code called back from UCX: a panic must not unwind into C (that aborts the
@@ -661,11 +697,13 @@ impl Worker {
         Ok(n == 2 && fds[1].revents & libc::POLLIN != 0)
     }
 
-    /// Calls `f` for every active message `id` that arrives, inside [`Worker::progress`].
+    /// Calls `f` for every active message `id` that arrives, inside [`Worker::progress`]; what
+    /// it returns says what became of the message (see [`Taken`]). A handler that panics has
+    /// refused its message.
     pub fn set_am_handler(
         &self,
         id: u32,
-        f: impl FnMut(&Worker, &[u8], AmData<'_>, Option<ReplyEp>) + Send + 'static,
+        f: impl FnMut(&Worker, &[u8], AmData<'_>, Option<ReplyEp>) -> Taken + Send + 'static,
     ) -> Result<(), Error> {
         let slot = Box::new(HandlerSlot {
             worker: self as *const Worker,
@@ -746,6 +784,14 @@ impl Worker {
         ctx.finish(sys::ucs_ptr_status(r), length);
     }
 
+    /// Lets go of a rendezvous descriptor a handler kept ([`Taken::Kept`]) without fetching
+    /// it: the sender's send completes.
+    pub fn release_rndv(&self, data: RndvData) {
+        // SAFETY: `data.desc` is a descriptor this worker's handler kept (returned
+        // UCS_INPROGRESS for); it is released once, here, since `data` is consumed.
+        unsafe { sys::ucp_am_data_release(self.h, data.desc) };
+    }
+
     /// Connects to a peer worker by its address.
     /// The endpoint holds the worker: it cannot outlive it.
     pub fn connect(self: &Arc<Self>, address: &[u8]) -> Result<Endpoint, Error> {
@@ -770,7 +816,9 @@ impl Worker {
         })
     }
 
-    /// Sends an active message on a reply endpoint (see [`Endpoint::am_send`]).
+    /// Sends an active message on a reply endpoint (see [`Endpoint::am_send`]). It names the
+    /// endpoint it goes out on, so the receiver's handler gets a [`ReplyEp`]: the endpoint its
+    /// own message went out on.
     pub fn reply(
         &self,
         ep: ReplyEp,
@@ -779,7 +827,15 @@ impl Worker {
         data: Payload,
         done: SendDone,
     ) -> bool {
-        am_send(ep.0, &self.pending, id, header, data, 0, done)
+        am_send(
+            ep.0,
+            &self.pending,
+            id,
+            header,
+            data,
+            sys::UCP_AM_SEND_FLAG_REPLY,
+            done,
+        )
     }
 
     /// True while a send UCX could not finish at once is under way: its completion needs
@@ -928,6 +984,11 @@ impl Endpoint {
             0
         };
         am_send(self.h, &self.pending, id, header, data, flags, done)
+    }
+
+    /// The endpoint's identity (its handle's address; see [`ReplyEp::id`]).
+    pub fn id(&self) -> usize {
+        self.h as usize
     }
 
     /// The lanes UCX chose for this endpoint (transport/device per lane), as UCX prints them.

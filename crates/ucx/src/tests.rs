@@ -40,7 +40,10 @@ fn round_trips(cfg: Config) -> String {
             let _ = w.reply(reply, RESP, h, Payload::Vec(body), Box::new(|r| r.unwrap()));
         };
         match data {
-            AmData::Eager(bytes) => answer(w, bytes),
+            AmData::Eager(bytes) => {
+                answer(w, bytes);
+                Taken::Done
+            }
             AmData::Rndv(r) => {
                 // The payload is fetched into our buffer; answer once it is here. The worker
                 // pointer stays valid: the callback runs inside this worker's progress.
@@ -54,7 +57,8 @@ fn round_trips(cfg: Config) -> String {
                         let w = unsafe { &*(wp as *const Worker) };
                         answer(w, got.unwrap().as_ref())
                     }),
-                )
+                );
+                Taken::Done
             }
         }
     })
@@ -63,13 +67,17 @@ fn round_trips(cfg: Config) -> String {
     type Answers = Arc<Mutex<Vec<(Vec<u8>, u64, u64)>>>;
     let answers: Answers = Arc::default();
     let ans = answers.clone();
-    a.set_am_handler(RESP, move |_, hdr, data, _| {
+    let from: Arc<Mutex<Vec<Option<usize>>>> = Arc::default();
+    let f = from.clone();
+    a.set_am_handler(RESP, move |_, hdr, data, reply| {
+        f.lock().unwrap().push(reply.map(|r| r.id()));
         let AmData::Eager(b) = data else {
             panic!("a 16-byte answer came by rendezvous")
         };
         let len = u64::from_le_bytes(b[..8].try_into().unwrap());
         let sum = u64::from_le_bytes(b[8..16].try_into().unwrap());
         ans.lock().unwrap().push((hdr.to_vec(), len, sum));
+        Taken::Done
     })
     .unwrap();
     let ep = a.connect(&b.address().unwrap()).unwrap();
@@ -96,6 +104,11 @@ fn round_trips(cfg: Config) -> String {
     got.sort();
     assert_eq!(got[0], (vec![3, 2, 1], 100, 700), "small payload");
     assert_eq!(got[1], (vec![8, 9], 4 << 20, big_sum), "large payload");
+    assert_eq!(
+        *from.lock().unwrap(),
+        vec![Some(ep.id()); 2],
+        "answers name the endpoint their requests used"
+    );
     let lanes = ep.lanes();
     ep.close(false);
     lane_summary(&lanes)
@@ -158,7 +171,8 @@ fn waiting_sleeps_until_a_message_arrives() {
     let got = Arc::new(AtomicBool::new(false));
     let g = got.clone();
     b.set_am_handler(REQ, move |_, _, _, _| {
-        g.store(true, std::sync::atomic::Ordering::SeqCst)
+        g.store(true, std::sync::atomic::Ordering::SeqCst);
+        Taken::Done
     })
     .unwrap();
     // Nothing to do: the wait returns after its timeout, having slept.
@@ -217,6 +231,7 @@ fn rendezvous_lands_in_the_registered_pool() {
                 g.lock().unwrap().push((pooled, x.as_ref().len(), sum, x));
             }),
         );
+        Taken::Done
     })
     .unwrap();
     let ep = a.connect(&b.address().unwrap()).unwrap();
@@ -292,6 +307,7 @@ fn sends_left_pending_by_a_full_fifo_are_counted() {
     let g = got.clone();
     b.set_am_handler(REQ, move |_, _, _, _| {
         g.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Taken::Done
     })
     .unwrap();
     let ep = a.connect(&b.address().unwrap()).unwrap();
@@ -353,6 +369,7 @@ fn a_panicking_handler_is_contained_and_endpoints_hold_their_worker() {
         if s.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
             panic!("the first message makes the handler panic");
         }
+        Taken::Done
     })
     .unwrap();
     let ep = a.connect(&b.address().unwrap()).unwrap();
@@ -374,4 +391,107 @@ fn a_panicking_handler_is_contained_and_endpoints_hold_their_worker() {
     });
     drop(ep);
     drive(&a, &b, || true);
+}
+
+/// An answer sent on a reply endpoint names the endpoint the request went out on; a rendezvous
+/// kept by its handler is fetched later, from another thread; one refused fails its sender.
+#[test]
+fn replies_name_their_endpoint_and_rendezvous_can_wait_or_be_refused() {
+    let (a, b) = pair(&Config {
+        tls: Some("sm,self".into()),
+        net_devices: None,
+        ..Default::default()
+    });
+    // B keeps every rendezvous, refuses those whose header says so, and answers small ones.
+    let kept: Arc<Mutex<Vec<(RndvData, ReplyEp)>>> = Arc::default();
+    let k = kept.clone();
+    b.set_am_handler(REQ, move |w, hdr, data, reply| {
+        let reply = reply.expect("a reply endpoint");
+        match data {
+            AmData::Eager(_) => {
+                let _ = w.reply(reply, RESP, vec![], Payload::Vec(vec![]), Box::new(|_| {}));
+                Taken::Done
+            }
+            AmData::Rndv(_) if hdr == [0] => Taken::Refused,
+            AmData::Rndv(r) => {
+                k.lock().unwrap().push((r, reply));
+                Taken::Kept
+            }
+        }
+    })
+    .unwrap();
+    let from: Arc<Mutex<Vec<Option<usize>>>> = Arc::default();
+    let f = from.clone();
+    a.set_am_handler(RESP, move |_, _, _, reply| {
+        f.lock().unwrap().push(reply.map(|r| r.id()));
+        Taken::Done
+    })
+    .unwrap();
+    let ep = a.connect(&b.address().unwrap()).unwrap();
+    let other = a.connect(&b.address().unwrap()).unwrap();
+    assert_ne!(ep.id(), other.id());
+    let results: Arc<Mutex<Vec<Result<(), String>>>> = Arc::default();
+    let send = |e: &Endpoint, hdr: Vec<u8>, n: usize| {
+        let r = results.clone();
+        e.am_send(
+            REQ,
+            hdr,
+            Payload::Vec(vec![5; n]),
+            true,
+            Box::new(move |x| r.lock().unwrap().push(x.map_err(|e| e.to_string()))),
+        );
+    };
+    send(&ep, vec![1], 8);
+    send(&other, vec![1], 8);
+    drive(&a, &b, || from.lock().unwrap().len() == 2);
+    let mut seen = from.lock().unwrap().clone();
+    seen.sort();
+    let mut want = vec![Some(ep.id()), Some(other.id())];
+    want.sort();
+    assert_eq!(
+        seen, want,
+        "each answer names the endpoint its request used"
+    );
+
+    // Refused: the sender's send fails, nothing is received.
+    send(&ep, vec![0], 2 << 20);
+    drive(&a, &b, || results.lock().unwrap().len() == 3);
+    assert!(
+        results.lock().unwrap()[2].is_err(),
+        "{:?}",
+        results.lock().unwrap()
+    );
+    // Kept, then fetched from another thread while this one progresses.
+    send(&ep, vec![1], 2 << 20);
+    drive(&a, &b, || kept.lock().unwrap().len() == 1);
+    assert_eq!(
+        results.lock().unwrap().len(),
+        3,
+        "a kept rendezvous is not done"
+    );
+    let (r, _) = kept.lock().unwrap().pop().unwrap();
+    let got: Arc<Mutex<Option<usize>>> = Arc::default();
+    let g = got.clone();
+    let b2 = b.clone();
+    std::thread::spawn(move || {
+        b2.recv_rndv(
+            r,
+            None,
+            Box::new(move |x| *g.lock().unwrap() = Some(x.unwrap().as_ref().len())),
+        )
+    })
+    .join()
+    .unwrap();
+    drive(&a, &b, || {
+        got.lock().unwrap().is_some() && results.lock().unwrap().len() == 4
+    });
+    assert_eq!(*got.lock().unwrap(), Some(2 << 20));
+    // Kept, then let go: the sender's send completes.
+    send(&ep, vec![1], 2 << 20);
+    drive(&a, &b, || kept.lock().unwrap().len() == 1);
+    let (r, _) = kept.lock().unwrap().pop().unwrap();
+    b.release_rndv(r);
+    drive(&a, &b, || results.lock().unwrap().len() == 5);
+    ep.close(false);
+    other.close(false);
 }
