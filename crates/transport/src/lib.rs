@@ -22,6 +22,7 @@
 //! learns to pick it. API version:
 //! [`TRANSPORT_API_VERSION`]; bump it when the traits change.
 
+pub mod budget;
 mod records;
 pub mod tcp;
 pub mod ucx;

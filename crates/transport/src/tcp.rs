@@ -127,6 +127,8 @@ pub struct TcpConnection {
     gone: Arc<tokio::sync::Notify>,
     /// Every stream is a TLS link that leaves payload checksums out.
     sealed: bool,
+    /// This end's address (loopback for a unix socket): which device reaches the node.
+    local: std::net::IpAddr,
 }
 
 impl TcpConnection {
@@ -136,6 +138,11 @@ impl TcpConnection {
 
     pub fn peer(&self) -> &str {
         &self.peer
+    }
+
+    /// The address this end of the connection has (loopback for a unix socket).
+    pub fn local_ip(&self) -> std::net::IpAddr {
+        self.local
     }
 
     /// Resolves once the connection is closed (a stream failed: the peer is gone).
@@ -157,6 +164,7 @@ impl TcpConnection {
         let mut sealed = true;
         let token = crate::new_token();
         let gone = Arc::new(tokio::sync::Notify::new());
+        let mut local = std::net::IpAddr::from([127, 0, 0, 1]);
         let err = |source| TransportError::Connect {
             addr: addr.to_string(),
             source,
@@ -169,6 +177,9 @@ impl TcpConnection {
             } else {
                 let sock = TcpStream::connect(addr).await.map_err(err)?;
                 let _ = sock.set_nodelay(true);
+                if let Ok(a) = sock.local_addr() {
+                    local = a.ip();
+                }
                 match data_tls().and_then(|t| t.client.clone()) {
                     Some(cfg) => {
                         let tls_err = |what: String| TransportError::Connect {
@@ -220,6 +231,7 @@ impl TcpConnection {
             token,
             gone,
             sealed,
+            local,
         })
     }
 }
@@ -813,10 +825,7 @@ where
             let mut resp = handler.clone().handle(frame).await;
             if resp.header.status == trireme_proto::Status::Ok {
                 let secret = grants.grant(origin, peer.clone());
-                let mut p = BytesMut::with_capacity(resp.payload.len() + secret.len());
-                p.extend_from_slice(&resp.payload);
-                p.extend_from_slice(&secret);
-                resp.payload = p.freeze();
+                resp.payload = crate::ucx::encode_offer(&resp.payload, &secret).into();
             }
             let mut w = wr.lock().await;
             write_one(&mut w, &resp.header, &resp.payload, None)

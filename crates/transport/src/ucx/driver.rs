@@ -59,8 +59,8 @@ pub(super) async fn drive(hub: &'static Hub, alive: Arc<AtomicBool>) {
             worked = std::time::Instant::now();
         }
         let out = std::mem::take(&mut *lock(&hub.outbox));
-        for (ep, resp) in out {
-            hub.send_answer(ep, resp);
+        for (ep, resp, secret) in out {
+            hub.send_answer(ep, resp, secret);
         }
         if n == PROGRESS_BATCH {
             tokio::task::yield_now().await;

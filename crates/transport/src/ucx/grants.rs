@@ -1,7 +1,6 @@
 //! The secrets a node hands out with its UCX address, one per TCP link.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
 
 use super::SECRET_LEN;
@@ -25,18 +24,8 @@ pub(super) fn granted(secret: &[u8; SECRET_LEN]) -> Option<(u64, crate::Peer)> {
 
 /// Logs UCX requests with an unknown secret, at most once a second.
 pub(super) fn note_unknown_secret() {
-    static DROPPED: AtomicU64 = AtomicU64::new(0);
-    static LAST: AtomicU64 = AtomicU64::new(0);
-    let n = DROPPED.fetch_add(1, Ordering::Relaxed) + 1;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    if LAST.swap(now, Ordering::Relaxed) != now {
-        tracing::warn!(
-            dropped = n,
-            "UCX request without a valid secret dropped unread"
-        );
-    }
+    static DROPPED: trireme_net::Throttle = trireme_net::Throttle::per_second();
+    trireme_net::warn_throttled!(DROPPED, "UCX request without a valid secret dropped unread");
 }
 
 /// The UCX secrets handed out on one server link: revoked when the link closes (dropped).

@@ -2,17 +2,18 @@
 //! for their answers.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
 use tokio::sync::{oneshot, Notify};
-use trireme_proto::{Header, HEADER_LEN};
-use trireme_ucx::{AmData, Context, Endpoint, MemPool, Payload, ReplyEp, Worker};
+use trireme_net::{warn_throttled, Throttle};
+use trireme_proto::Header;
+use trireme_ucx::{AmData, Context, Endpoint, MemPool, Payload, ReplyEp, RndvData, Taken, Worker};
 
 use super::driver::drive;
 use super::grants::{granted, note_unknown_secret};
-use super::wire::{frame_of, parse_request_header};
+use super::wire::{frame_of, parse_request_header, parse_response_header, same_secret, AM_HEADER};
 use super::*;
 use crate::{Frame, Handler, TransportError};
 
@@ -23,18 +24,20 @@ pub struct Hub {
     pool: Option<Arc<MemPool>>,
     address: Vec<u8>,
     config: Config,
-    /// Calls waiting for their answer: request id -> (link, reply).
-    waiting: Mutex<HashMap<u64, (u64, Reply)>>,
+    /// Calls waiting for their answer, by request id.
+    waiting: Mutex<HashMap<u64, Call>>,
     server: OnceLock<Arc<dyn Server>>,
     /// Answers handlers produced inside progress (where they cannot send), sent by the
     /// driver right after.
-    pub(super) outbox: Mutex<Vec<(ReplyEp, Frame)>>,
+    pub(super) outbox: Mutex<Vec<(ReplyEp, Frame, [u8; SECRET_LEN])>>,
     /// Wakes the driver: a send is under way and needs progress to finish.
     pub(super) kick: Notify,
     /// Cleared when the driver task ends (its runtime shut down): the next user starts one.
     driver: Mutex<Option<Arc<AtomicBool>>>,
     /// Whether a driver runs, read without the lock on every call (see [`Hub::drive_here`]).
     pub(super) driven: AtomicBool,
+    /// Request rendezvous waiting for payload budget (see [`Hub::receive_charged`]).
+    deferred: AtomicUsize,
 }
 
 impl std::fmt::Debug for Hub {
@@ -44,6 +47,13 @@ impl std::fmt::Debug for Hub {
 }
 
 static HUB: OnceLock<Result<&'static Hub, trireme_ucx::Error>> = OnceLock::new();
+
+/// Warnings about requests and responses that were dropped: once a second at most.
+static BAD_REQUEST: Throttle = Throttle::per_second();
+static FORGED: Throttle = Throttle::per_second();
+
+/// Most request rendezvous that wait for payload budget at once (see [`Hub::receive_charged`]).
+const MAX_DEFERRED: usize = 1024;
 
 impl Hub {
     /// The process's hub, created on first use. An error says why UCX cannot be used here.
@@ -92,8 +102,14 @@ impl Hub {
             kick: Notify::new(),
             driver: Mutex::default(),
             driven: AtomicBool::new(false),
+            deferred: AtomicUsize::new(0),
         }));
         hub.install()?;
+        tracing::debug!(
+            address = %hub.address.iter().map(|b| format!("{b:02x}")).collect::<String>(),
+            config = ?hub.config,
+            "UCX worker started"
+        );
         Ok(hub)
     }
 
@@ -140,78 +156,159 @@ impl Hub {
         self.drive_here();
     }
 
-    /// The handlers of requests and responses.
+    /// The handlers of requests and responses. Both check everything their header says
+    /// before any payload is received: a request must carry a secret this process handed out
+    /// (see `grants.rs`); a response must answer a call waiting here, carry the secret that
+    /// call's link was given, and come from the endpoint the call went out on. Anything else
+    /// is declined unread (a rendezvous is never fetched), with a throttled warning.
     fn install(&'static self) -> Result<(), trireme_ucx::Error> {
         self.worker
             .set_am_handler(AM_REQUEST, move |w, hdr, data, reply| {
-                let Some(ep) = reply else { return };
-                let secret = match parse_request_header(hdr) {
-                    Ok((h, secret)) if h.payload_len as usize == data.len() => secret,
+                let Some(ep) = reply else {
+                    warn_throttled!(BAD_REQUEST, "UCX request without a reply endpoint dropped");
+                    return Taken::Refused;
+                };
+                let (h, secret) = match parse_request_header(hdr) {
+                    Ok((h, secret)) if h.payload_len as usize == data.len() => (h, secret),
                     Ok((h, _)) => {
-                        tracing::warn!(
+                        warn_throttled!(
+                            BAD_REQUEST,
                             "UCX request announcing {} payload bytes with {} dropped unread",
                             h.payload_len,
                             data.len()
                         );
-                        return;
+                        return Taken::Refused;
                     }
                     Err(e) => {
-                        tracing::warn!("UCX request dropped unread: {e}");
-                        return;
+                        warn_throttled!(BAD_REQUEST, "UCX request dropped unread: {e}");
+                        return Taken::Refused;
                     }
                 };
-                // Unknown secret: dropped before anything is received or allocated (a
-                // rendezvous is declined by not receiving it).
+                // Unknown secret: dropped before anything is received or allocated.
                 let Some((origin, peer)) = granted(&secret) else {
                     note_unknown_secret();
-                    return;
+                    return Taken::Refused;
                 };
-                let fh = hdr[..HEADER_LEN].to_vec();
-                self.with_payload(w, data, move |payload| {
-                    self.on_request(fh, origin, peer, payload, ep)
-                });
+                let then = move |payload| self.on_request(h, secret, origin, peer, payload, ep);
+                match data {
+                    AmData::Eager(b) => {
+                        then(Ok(Bytes::copy_from_slice(b)));
+                        Taken::Done
+                    }
+                    AmData::Rndv(r) => self.receive_charged(w, r, then),
+                }
             })?;
         self.worker
-            .set_am_handler(AM_RESPONSE, move |w, hdr, data, _| {
-                let hdr = hdr.to_vec();
-                self.with_payload(w, data, move |payload| self.on_response(&hdr, payload));
+            .set_am_handler(AM_RESPONSE, move |w, hdr, data, reply| {
+                let (h, tag) = match parse_response_header(hdr, data.len()) {
+                    Ok(x) => x,
+                    Err(e) => {
+                        warn_throttled!(FORGED, "UCX response dropped unread: {e}");
+                        return Taken::Refused;
+                    }
+                };
+                let from = reply.map(|r| r.id());
+                let call = {
+                    let mut waiting = lock(&self.waiting);
+                    match waiting.get(&h.request_id) {
+                        Some(c) if same_secret(&c.secret, &tag) && from == Some(c.ep) => {
+                            waiting.remove(&h.request_id)
+                        }
+                        Some(_) => {
+                            drop(waiting);
+                            warn_throttled!(
+                                FORGED,
+                                request = h.request_id,
+                                "UCX response with the wrong secret, or from an endpoint its \
+                                 request did not go to, dropped unread"
+                            );
+                            return Taken::Refused;
+                        }
+                        // A late answer to a call given up (or a guess): nobody waits for it.
+                        None => return Taken::Refused,
+                    }
+                };
+                let Some(call) = call else {
+                    return Taken::Refused;
+                };
+                let then = move |payload: Result<Bytes, String>| {
+                    let r = payload.map_err(|e| closed(&e)).and_then(|p| frame_of(h, p));
+                    let _ = call.reply.send(r);
+                };
+                match data {
+                    AmData::Eager(b) => then(Ok(Bytes::copy_from_slice(b))),
+                    AmData::Rndv(r) => w.recv_rndv(
+                        r,
+                        self.pool.as_ref(),
+                        Box::new(move |got| {
+                            then(got.map(Bytes::from_owner).map_err(|e| e.to_string()))
+                        }),
+                    ),
+                }
+                Taken::Done
             })
     }
 
-    /// Gets an active message's payload: now (eager) or when the rendezvous completes (into
-    /// a chunk of the registered pool when one fits, handed on without a copy).
-    pub(super) fn with_payload(
+    /// Fetches a request's rendezvous payload once the process's payload budget
+    /// (`budget.rs`) has room for it: now, or later from a task while UCX keeps the
+    /// descriptor (at most [`MAX_DEFERRED`] wait so; more are declined, and their senders'
+    /// calls fail over to TCP).
+    fn receive_charged(
+        &'static self,
+        w: &Worker,
+        r: RndvData,
+        then: impl FnOnce(Result<Bytes, String>) + Send + 'static,
+    ) -> Taken {
+        if let Some(charge) = crate::budget::try_charge(r.length) {
+            self.receive(w, r, charge, then);
+            return Taken::Done;
+        }
+        let Some(server) = self.server.get() else {
+            return Taken::Refused;
+        };
+        if self.deferred.fetch_add(1, Ordering::AcqRel) >= MAX_DEFERRED {
+            self.deferred.fetch_sub(1, Ordering::AcqRel);
+            warn_throttled!(
+                BAD_REQUEST,
+                "UCX request declined: {MAX_DEFERRED} already wait for payload budget"
+            );
+            return Taken::Refused;
+        }
+        server.runtime().spawn(async move {
+            let charge = crate::budget::charge(r.length).await;
+            self.deferred.fetch_sub(1, Ordering::AcqRel);
+            self.receive(&self.worker, r, charge, then);
+            self.kick.notify_one();
+        });
+        Taken::Kept
+    }
+
+    /// Fetches a rendezvous payload (into a chunk of the registered pool when one fits,
+    /// handed on without a copy), which pays `charge` back when dropped.
+    fn receive(
         &self,
         w: &Worker,
-        data: AmData<'_>,
+        r: RndvData,
+        charge: crate::budget::Charge,
         then: impl FnOnce(Result<Bytes, String>) + Send + 'static,
     ) {
-        match data {
-            AmData::Eager(b) if b.len() > trireme_proto::MAX_PAYLOAD as usize => then(Err(
-                format!("a {}-byte payload, over the frame limit", b.len()),
-            )),
-            AmData::Eager(b) => then(Ok(Bytes::copy_from_slice(b))),
-            // The length is the sender's word: checked before anything is allocated for it.
-            // Dropping the descriptor (returning from the handler without receiving) is how
-            // UCX is told the data is not wanted.
-            AmData::Rndv(r) if r.length > trireme_proto::MAX_PAYLOAD as usize => {
-                then(Err(format!(
-                    "a {}-byte rendezvous, over the {}-byte frame limit: dropped unread",
-                    r.length,
-                    trireme_proto::MAX_PAYLOAD
-                )))
-            }
-            AmData::Rndv(r) => w.recv_rndv(
-                r,
-                self.pool.as_ref(),
-                Box::new(move |got| then(got.map(Bytes::from_owner).map_err(|e| e.to_string()))),
-            ),
-        }
+        use crate::budget::Charged;
+        w.recv_rndv(
+            r,
+            self.pool.as_ref(),
+            Box::new(move |got| {
+                then(
+                    got.map(|b| Bytes::from_owner(Charged(b, Some(charge))))
+                        .map_err(|e| e.to_string()),
+                )
+            }),
+        )
     }
 
     pub(super) fn on_request(
-        &self,
-        fh: Vec<u8>,
+        &'static self,
+        h: Header,
+        secret: [u8; SECRET_LEN],
         origin: u64,
         peer: crate::Peer,
         payload: Result<Bytes, String>,
@@ -220,42 +317,24 @@ impl Hub {
         let Some(server) = self.server.get() else {
             return;
         };
-        match payload
-            .map_err(|e| closed(&e))
-            .and_then(|p| frame_of(&fh, p))
-        {
-            Ok(mut f) if !f.header.is_response() => {
+        match payload.map_err(|e| closed(&e)).and_then(|p| frame_of(h, p)) {
+            Ok(mut f) => {
                 f.origin = origin;
                 f.peer = peer;
-                if let Some(resp) = server.take(f, ep) {
-                    lock(&self.outbox).push((ep, resp));
+                if let Some(resp) = server.take(f, ep, secret) {
+                    lock(&self.outbox).push((ep, resp, secret));
                 }
             }
-            Ok(_) => tracing::warn!("UCX response sent as a request, dropped"),
-            Err(e) => tracing::warn!("bad UCX request dropped: {e}"),
+            Err(e) => warn_throttled!(BAD_REQUEST, "bad UCX request dropped: {e}"),
         }
     }
 
-    pub(super) fn on_response(&self, hdr: &[u8], payload: Result<Bytes, String>) {
-        let r = payload
-            .map_err(|e| closed(&e))
-            .and_then(|p| frame_of(hdr, p));
-        let id = match &r {
-            Ok(f) => f.header.request_id,
-            Err(e) => {
-                tracing::warn!("bad UCX response dropped: {e}");
-                return;
-            }
-        };
-        let waiting = lock(&self.waiting).remove(&id);
-        if let Some((_, reply)) = waiting {
-            let _ = reply.send(r);
-        }
-    }
-
-    /// Sends a node's answer on the reply endpoint of its request (from any thread).
-    pub(super) fn send_answer(&'static self, ep: ReplyEp, resp: Frame) {
-        let header = resp.header.encode(&resp.payload).to_vec();
+    /// Sends a node's answer on the reply endpoint of its request (from any thread), with the
+    /// secret of the link the request came on.
+    pub(super) fn send_answer(&'static self, ep: ReplyEp, resp: Frame, secret: [u8; SECRET_LEN]) {
+        let mut header = Vec::with_capacity(AM_HEADER);
+        header.extend_from_slice(&resp.header.encode(&resp.payload));
+        header.extend_from_slice(&secret);
         let pending = self.worker.reply(
             ep,
             AM_RESPONSE,
@@ -292,11 +371,19 @@ impl Hub {
             }
             None => header.encode(&payload),
         };
-        let mut h = Vec::with_capacity(HEADER_LEN + SECRET_LEN);
+        let mut h = Vec::with_capacity(AM_HEADER);
         h.extend_from_slice(&encoded);
         h.extend_from_slice(secret);
         let (tx, rx) = oneshot::channel();
-        lock(&self.waiting).insert(request_id, (link, tx));
+        lock(&self.waiting).insert(
+            request_id,
+            Call {
+                link,
+                secret: *secret,
+                ep: ep.id(),
+                reply: tx,
+            },
+        );
         let pending = ep.am_send(
             AM_REQUEST,
             h,
@@ -305,8 +392,8 @@ impl Hub {
             Box::new(move |r| {
                 if let Err(e) = r {
                     let waiting = lock(&self.waiting).remove(&request_id);
-                    if let Some((_, reply)) = waiting {
-                        let _ = reply.send(Err(closed(&e.to_string())));
+                    if let Some(c) = waiting {
+                        let _ = c.reply.send(Err(closed(&e.to_string())));
                     }
                 }
             }),
@@ -328,17 +415,28 @@ impl Hub {
             let mut w = lock(&self.waiting);
             let ids: Vec<u64> = w
                 .iter()
-                .filter(|(_, (l, _))| *l == link)
+                .filter(|(_, c)| c.link == link)
                 .map(|(id, _)| *id)
                 .collect();
             ids.into_iter()
-                .filter_map(|id| w.remove(&id).map(|(_, r)| r))
+                .filter_map(|id| w.remove(&id).map(|c| c.reply))
                 .collect()
         };
         for reply in failed {
             let _ = reply.send(Err(closed(reason)));
         }
     }
+}
+
+/// A call waiting for its answer: what the answer must carry and where it must come from.
+struct Call {
+    /// The connection it went out on ([`Hub::fail_link`]).
+    link: u64,
+    /// That link's secret: the answer carries it.
+    secret: [u8; SECRET_LEN],
+    /// The endpoint it went out on: the answer comes from its peer.
+    ep: usize,
+    reply: Reply,
 }
 
 /// A call's answer to come. Dropping it (the caller gave up) forgets the call, so a late
@@ -369,8 +467,10 @@ impl Drop for Waiting {
 /// What the hub serves requests with (a [`Handler`], type-erased).
 trait Server: Send + Sync {
     /// Handles a request: the answer now, or `None` when it was handed to a task (which sends
-    /// the answer itself).
-    fn take(&self, f: Frame, ep: ReplyEp) -> Option<Frame>;
+    /// the answer itself, with `secret`).
+    fn take(&self, f: Frame, ep: ReplyEp, secret: [u8; SECRET_LEN]) -> Option<Frame>;
+    /// The runtime the handler's tasks run on.
+    fn runtime(&self) -> &tokio::runtime::Handle;
 }
 
 struct Served<H: Handler> {
@@ -380,9 +480,9 @@ struct Served<H: Handler> {
 }
 
 impl<H: Handler> Server for Served<H> {
-    fn take(&self, f: Frame, ep: ReplyEp) -> Option<Frame> {
+    fn take(&self, f: Frame, ep: ReplyEp, secret: [u8; SECRET_LEN]) -> Option<Frame> {
         let hub = self.hub;
-        let answer = move |resp: Frame| hub.send_answer(ep, resp);
+        let answer = move |resp: Frame| hub.send_answer(ep, resp, secret);
         let h = self.handler.clone();
         if !h.inline(&f) {
             self.rt.spawn(async move { answer(h.handle(f).await) });
@@ -399,6 +499,10 @@ impl<H: Handler> Server for Served<H> {
                 None
             }
         }
+    }
+
+    fn runtime(&self) -> &tokio::runtime::Handle {
+        &self.rt
     }
 }
 

@@ -38,13 +38,15 @@ use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
-use trireme_proto::HEADER_LEN;
 
 pub use connection::{negotiate, Fallback, UcxConnection};
 pub use grants::Grants;
 pub use hub::Hub;
 pub use trireme_ucx::Config;
-pub use wire::parse_request_header;
+pub use wire::{
+    decode_offer, encode_offer, parse_request_header, parse_response_header, MAX_ADDRESS,
+    OFFER_MAGIC,
+};
 
 use crate::{Frame, TransportError};
 
@@ -52,8 +54,6 @@ use crate::{Frame, TransportError};
 pub const AM_REQUEST: u32 = 10;
 /// Active-message id of a response.
 pub const AM_RESPONSE: u32 = 11;
-/// UCX header of a request: frame header and the link's secret.
-const REQUEST_HEADER: usize = HEADER_LEN + SECRET_LEN;
 /// Length of the per-link secret every UCX request carries (see [`Grants`]).
 pub const SECRET_LEN: usize = 16;
 /// UCX transports when none are configured: everything but CMA (see [`Hub::start`]).
