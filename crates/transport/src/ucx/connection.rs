@@ -1,5 +1,6 @@
 //! A client's connection: UCX while a probe over it answers, its TCP connection otherwise.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, RwLock};
 
 use bytes::Bytes;
@@ -7,7 +8,7 @@ use trireme_proto::{Header, Op, Status};
 use trireme_ucx::Endpoint;
 
 use super::hub::{next_id, Hub, Waiting};
-use super::{closed, lock, PROBE_TIMEOUT, SECRET_LEN};
+use super::{closed, lock, Config, PROBE_TIMEOUT, SECRET_LEN};
 use crate::tcp::TcpConnection;
 use crate::{BoxFuture, Connection, ConnectionInfo, Frame, TransportError};
 
@@ -28,7 +29,13 @@ pub struct UcxConnection {
     /// The secret the node handed out with its address over the TCP link; every request
     /// carries it.
     secret: [u8; SECRET_LEN],
+    /// A call is checking whether UCX still carries the link ([`UcxConnection::ucx_stalled`]).
+    checking: AtomicBool,
 }
+
+/// How long a UCX call goes unanswered before its link's UCX path is checked, and how long
+/// the check's ping over UCX may take (see [`UcxConnection::ucx_stalled`]).
+const STALL_CHECK: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// What [`negotiate`] may do when UCX does not work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,6 +74,7 @@ pub async fn negotiate(
         lanes,
         fallback: Mutex::new(why),
         secret,
+        checking: AtomicBool::new(false),
     })
 }
 
@@ -84,12 +92,17 @@ async fn try_ucx(
             String::from_utf8_lossy(&offer.payload)
         ));
     }
-    // The worker address, then this link's secret (see [`Grants`]).
-    let Some(cut) = offer.payload.len().checked_sub(SECRET_LEN) else {
-        return Err("the node's UCX offer is too short to hold a secret".into());
-    };
-    let (address, secret) = offer.payload.split_at(cut);
-    let secret: [u8; SECRET_LEN] = secret.try_into().expect("split at the secret's length");
+    // The worker address, then this link's secret (see `grants.rs`).
+    let (address, secret) = super::decode_offer(&offer.payload)?;
+    // This process's worker listens on the device that reaches the node, not on every one
+    // (unless configured otherwise before: a node's own, or TRIREME_UCX_NET_DEVICES).
+    super::configure(Config {
+        tls: std::env::var("TRIREME_UCX_TLS").ok(),
+        net_devices: std::env::var("TRIREME_UCX_NET_DEVICES")
+            .ok()
+            .or_else(|| super::device_of(tcp.local_ip())),
+        ..Default::default()
+    });
     let hub = Hub::get().map_err(|e| format!("UCX cannot start here: {e}"))?;
     hub.drive_here();
     let ep = hub
@@ -188,11 +201,21 @@ impl UcxConnection {
     ) -> Result<Frame, TransportError> {
         {
             if let Some(waiting) = self.start_ucx(header, &payload, crc) {
-                // A dead node does not fail UCX calls (no peer-failure mode): its TCP
-                // connection closing does.
-                let r = tokio::select! {
-                    r = waiting.answer() => r,
-                    _ = self.tcp.closed() => Err(closed("the node's TCP connection closed")),
+                let mut answer = std::pin::pin!(waiting.answer());
+                let r = loop {
+                    // A dead node does not fail UCX calls (no peer-failure mode): its TCP
+                    // connection closing does. A UCX path that stopped carrying answers (a
+                    // peer that stopped reading, a flooded queue) is found by the check
+                    // below, and the call goes again over TCP.
+                    tokio::select! {
+                        r = &mut answer => break r,
+                        _ = self.tcp.closed() => break Err(closed("the node's TCP connection closed")),
+                        _ = tokio::time::sleep(STALL_CHECK) => {
+                            if let Some(why) = self.ucx_stalled().await {
+                                break Err(closed(&why));
+                            }
+                        }
+                    }
                 };
                 match r {
                     Ok(f) => return Ok(f),
@@ -210,6 +233,39 @@ impl UcxConnection {
             }
         }
         self.tcp.call_crc(header, payload, crc).await
+    }
+
+    /// Checks the UCX path of a call that has waited [`STALL_CHECK`]: a ping over UCX and
+    /// one over TCP. `Some(why)` when TCP answered and UCX did not within [`STALL_CHECK`]
+    /// more: UCX no longer carries this link, which has fallen back to TCP. `None` when UCX
+    /// answered (the call is just slow), neither did (the node is: its replica timeout
+    /// decides), or another call is checking already.
+    async fn ucx_stalled(&self) -> Option<String> {
+        if self.checking.swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        let ucx = async {
+            match self.start_ucx(Header::request(Op::Ping, 0), &Bytes::new(), None) {
+                Some(w) => tokio::time::timeout(STALL_CHECK, w.answer())
+                    .await
+                    .is_ok_and(|r| r.is_ok()),
+                None => true,
+            }
+        };
+        let tcp = tokio::time::timeout(
+            4 * STALL_CHECK,
+            self.tcp.call(Header::request(Op::Ping, 0), Bytes::new()),
+        );
+        let (ucx_ok, tcp_ok) = tokio::join!(ucx, tcp);
+        self.checking.store(false, Ordering::Release);
+        if ucx_ok || !matches!(tcp_ok, Ok(Ok(_))) {
+            return None;
+        }
+        let why = format!(
+            "a UCX call waited over {STALL_CHECK:?} and a UCX ping went unanswered while TCP answered"
+        );
+        self.fall_back_now(&why);
+        Some(why)
     }
 
     fn info_now(&self) -> ConnectionInfo {
