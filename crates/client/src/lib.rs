@@ -50,7 +50,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use trireme_proto::{
-    decode_extents, Extent, Header, Op, Status, FLAG_FUA, FLAG_MAY_TRIM, MAX_PAYLOAD,
+    decode_extents_within, Extent, Header, Op, Status, FLAG_FUA, FLAG_MAY_TRIM, MAX_PAYLOAD,
 };
 use trireme_replication::{check_io, Decision, Mirrored, ReplicaOutcome, ReplicaState, VolumeCore};
 use trireme_transport::{Connection, ConnectionInfo, Frame, TransportKind};
@@ -878,7 +878,7 @@ impl Volume {
         let f = self
             .read_one(self.header(Op::BlockStatus, offset, len))
             .await?;
-        let ext = decode_extents(&f.payload).map_err(|e| VolumeError::Protocol {
+        let ext = decode_extents_within(&f.payload, len).map_err(|e| VolumeError::Protocol {
             node: 0,
             what: e.to_string(),
         })?;

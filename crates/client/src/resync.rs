@@ -22,7 +22,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use bytes::Bytes;
-use trireme_proto::{data_ranges, decode_extents, encode_peer, Op, FLAG_MAY_TRIM};
+use trireme_proto::{data_ranges, decode_extents_within, encode_peer, Op, FLAG_MAY_TRIM};
 use trireme_replication::{
     all_chunks, union_chunks, ReplicaState, ResyncPlan, ResyncProgress, ResyncStart, ResyncStep,
 };
@@ -104,10 +104,11 @@ impl Volume {
                     trusted = false;
                     break;
                 }
-                let ext = decode_extents(&f.payload).map_err(|e| VolumeError::Protocol {
-                    node: self.node(s),
-                    what: e.to_string(),
-                })?;
+                let ext =
+                    decode_extents_within(&f.payload, len).map_err(|e| VolumeError::Protocol {
+                        node: self.node(s),
+                        what: e.to_string(),
+                    })?;
                 mine.extend(data_ranges(&ext, off));
                 off += len;
             }

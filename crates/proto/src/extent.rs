@@ -31,7 +31,9 @@ pub fn data_ranges(extents: &[Extent], base: u64) -> Vec<(u64, u64)> {
         if e.flags == 0 {
             out.push((pos, e.length));
         }
-        pos += e.length;
+        // Lists from peers are checked first (`decode_extents_within`); this stays sound
+        // for any list: it never wraps.
+        pos = pos.saturating_add(e.length);
     }
     out
 }
@@ -43,6 +45,22 @@ pub fn encode_extents(extents: &[Extent]) -> Vec<u8> {
         out.extend_from_slice(&e.flags.to_le_bytes());
     }
     out
+}
+
+/// Decodes an extent list that answers a request for `span` bytes: like [`decode_extents`],
+/// and the extents may not add up past `span` (nor overflow on the way). What a peer says of
+/// a range is range-checked before anyone adds offsets to it.
+pub fn decode_extents_within(b: &[u8], span: u64) -> Result<Vec<Extent>, DecodeError> {
+    let ext = decode_extents(b)?;
+    let mut total: u64 = 0;
+    for e in &ext {
+        total = total.checked_add(e.length).filter(|&t| t <= span).ok_or(
+            DecodeError::MalformedPayload {
+                what: "extents run past the range asked about",
+            },
+        )?;
+    }
+    Ok(ext)
 }
 
 /// Decodes an extent list. Rejects a ragged payload and zero-length extents.

@@ -36,7 +36,9 @@ pub use dirty::{
     decode_peer, encode_peer, DirtyPeer, DIRTY_AUTO, DIRTY_DROP, DIRTY_MANUAL, DIRTY_PEER_LEN,
     DIRTY_START,
 };
-pub use extent::{data_ranges, decode_extents, encode_extents, Extent, EXTENT_LEN};
+pub use extent::{
+    data_ranges, decode_extents, decode_extents_within, encode_extents, Extent, EXTENT_LEN,
+};
 pub use op::{Op, Status};
 pub use tier::{
     decode_heat, encode_heat, NodeTiers, ReplicaTierInfo, TierReport, HEAT_ENTRY_LEN,

@@ -51,6 +51,38 @@ proptest! {
         let ext: Vec<Extent> = v.into_iter().map(|(length, flags)| Extent { length, flags }).collect();
         prop_assert_eq!(decode_extents(&encode_extents(&ext)).unwrap(), ext);
     }
+
+    /// Whatever a peer sends, what passes `decode_extents_within` adds up to at most the span
+    /// asked about, and data ranges built on it stay inside `[base, base + span)`.
+    #[test]
+    fn extents_from_peers_stay_in_their_range(
+        v in proptest::collection::vec((any::<u64>(), 0u32..4), 0..8),
+        span in any::<u64>(),
+        base in any::<u64>(),
+    ) {
+        let ext: Vec<Extent> = v.into_iter().map(|(length, flags)| Extent { length, flags }).collect();
+        if let Ok(got) = decode_extents_within(&encode_extents(&ext), span) {
+            let total = got.iter().try_fold(0u64, |t, e| t.checked_add(e.length));
+            prop_assert!(total.is_some_and(|t| t <= span));
+            for (off, len) in data_ranges(&got, base) {
+                prop_assert!(off >= base);
+                prop_assert!(off - base <= span && len <= span - (off - base));
+            }
+        }
+    }
+}
+
+#[test]
+fn extents_that_wrap_or_overrun_are_refused() {
+    let e = |length| Extent { length, flags: 0 };
+    // Two extents whose sum wraps to exactly the span asked about.
+    let wrap = encode_extents(&[e(u64::MAX), e(4097)]);
+    assert!(decode_extents_within(&wrap, 4096).is_err());
+    assert!(decode_extents_within(&encode_extents(&[e(4096), e(1)]), 4096).is_err());
+    assert_eq!(
+        decode_extents_within(&encode_extents(&[e(1024), e(3072)]), 4096).unwrap(),
+        vec![e(1024), e(3072)]
+    );
 }
 
 #[test]
