@@ -732,6 +732,10 @@ fn tune_allocator() {
 }
 
 fn main() -> ExitCode {
+    // Everything this process creates is its owner's alone: replicas, their bookkeeping, the
+    // metadata file, logs. The store and the TLS files set their modes themselves too.
+    // SAFETY: umask only sets the process's file-creation mask; it cannot fail.
+    unsafe { libc::umask(0o077) };
     tune_allocator();
     // DISKSPD spells hot zones `-rdpct90/10`, which reads as `-r` with a value: say it long.
     let args = std::env::args_os().map(|a| match a.to_str() {

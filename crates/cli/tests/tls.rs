@@ -242,3 +242,68 @@ fn same_host_sockets_take_only_their_owner() {
     let out = c.cli(&["volume", "list"]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("vol0"));
 }
+
+/// A replica read straight off the disk is the volume: every file and directory of a data
+/// directory is its owner's alone, another user's reads fail with EACCES, and a data
+/// directory that others could enter is closed (0700) at start with a warning.
+#[test]
+fn replica_files_are_their_owners_alone() {
+    use std::os::unix::fs::PermissionsExt;
+    need("setpriv");
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root to read as another user");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let c = Cluster::start_in(dir, &["--store", "file", "--size", "16M"]);
+    run(Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 9 0 1M", &c.unix]));
+    logged(
+        &c,
+        "the data directory was open to other users (mode 755); it is 0700 now",
+    );
+    // Every directory 0700, every file 0600 (sockets included), down the whole tree.
+    let mut files = 0;
+    let mut stack = vec![c.path().to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            let mode = m.permissions().mode() & 0o777;
+            if m.is_dir() {
+                assert_eq!(mode, 0o700, "{}", p.display());
+                stack.push(p);
+            } else if p.file_name().is_some_and(|n| n != "up.log") {
+                // (up.log is this test's: it holds what `up` prints.)
+                assert_eq!(mode & 0o077, 0, "{} is {mode:o}", p.display());
+                files += 1;
+            }
+        }
+    }
+    assert!(files > 20, "only {files} files");
+    // Another user reaches none of them, even by a full path.
+    let node1 = c.path().join("node-1");
+    let replica = std::fs::read_dir(&node1)
+        .unwrap()
+        .filter_map(|e| Some(e.ok()?.path()))
+        .find(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.len() >= 1 << 20))
+        .expect("a replica's data file");
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--",
+            "cat",
+        ])
+        .arg(&replica)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Permission denied"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -353,12 +353,8 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
         )));
     }
     trireme_meta::check_name(&a.volume).map_err(|e| DaemonError::Usage(e.to_string()))?;
-    std::fs::create_dir_all(&a.data_dir).map_err(|e| {
-        DaemonError::Usage(format!(
-            "cannot create --data-dir {}: {e}",
-            a.data_dir.display()
-        ))
-    })?;
+    trireme_tls::local::private_dir(&a.data_dir)
+        .map_err(|e| DaemonError::Usage(format!("--data-dir {}: {e}", a.data_dir.display())))?;
     let dir: PathBuf = std::fs::canonicalize(&a.data_dir)?;
     let _lock = lock_dir(&dir)?;
     let meta = ClusterMeta::new(Arc::new(EmbeddedMeta::open(&dir.join("meta.redb"))?));

@@ -52,6 +52,8 @@ pub struct NodeConfig {
 
 /// Opens the node's store with its wrappers.
 pub fn build_node(cfg: &NodeConfig) -> Result<Arc<trireme_node::Node>, DaemonError> {
+    trireme_tls::local::private_dir(&cfg.dir)
+        .map_err(|e| DaemonError::Usage(format!("--dir {}: {e}", cfg.dir.display())))?;
     let mut store = trireme_store::open_store(cfg.store, &cfg.dir, cfg.tiers)
         .map_err(|e| DaemonError::Runtime(e.to_string()))?;
     if let Some(t) = store.tiers() {
@@ -208,8 +210,8 @@ pub struct MemberConfig {
 /// directory, whatever ids they were given.
 fn lock_dir(dir: &std::path::Path) -> Result<std::fs::File, DaemonError> {
     use std::os::fd::AsRawFd;
-    std::fs::create_dir_all(dir)
-        .map_err(|e| DaemonError::Usage(format!("cannot create --dir {}: {e}", dir.display())))?;
+    trireme_tls::local::private_dir(dir)
+        .map_err(|e| DaemonError::Usage(format!("--dir {}: {e}", dir.display())))?;
     let f = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)

@@ -11,7 +11,7 @@
 pub mod meta;
 
 use std::collections::HashMap;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -70,8 +70,8 @@ impl FileStore {
     }
 
     fn open_with(dir: &Path, thin: bool) -> Result<FileStore, StoreError> {
-        std::fs::create_dir_all(dir).map_err(io(0, "create store directory"))?;
-        let lock = OpenOptions::new()
+        crate::private::create_dir_all(dir).map_err(io(0, "create store directory"))?;
+        let lock = crate::private::options()
             .create(true)
             .truncate(false)
             .write(true)
@@ -153,7 +153,8 @@ impl FileStore {
         if incarnation == 0 {
             incarnation = crate::new_incarnation();
         }
-        std::fs::write(&boot_path, &boot_now).map_err(io(m.volume, "record boot id"))?;
+        crate::private::write(&boot_path, boot_now.as_bytes())
+            .map_err(io(m.volume, "record boot id"))?;
         let r = Arc::new(FileReplica::new(
             m.volume,
             m.size,
@@ -177,7 +178,7 @@ fn boot_id() -> String {
 }
 
 fn open_data(path: &Path, create: bool) -> std::io::Result<File> {
-    let mut o = OpenOptions::new();
+    let mut o = crate::private::options();
     o.read(true).write(true).create_new(create);
     match o.clone().custom_flags(libc::O_DIRECT).open(path) {
         Ok(f) => Ok(f),
@@ -330,7 +331,7 @@ pub(crate) fn write_atomically(path: &Path, dir: &Path, bytes: &[u8]) -> std::io
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
     {
-        let f = File::create(&tmp)?;
+        let f = crate::private::create(&tmp)?;
         f.write_all_at(bytes, 0)?;
         f.sync_all()?;
     }
@@ -386,7 +387,7 @@ impl Store for FileStore {
             &meta_path,
             AllocMap::new(size, GRAIN),
         ));
-        std::fs::write(meta_path.with_extension("boot"), boot_id())
+        crate::private::write(&meta_path.with_extension("boot"), boot_id().as_bytes())
             .map_err(io(volume, "record boot id"))?;
         r.persist()?;
         reps.insert(volume, r.clone());

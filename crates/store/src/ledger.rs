@@ -16,7 +16,7 @@
 //! File store layout: `replica-<volume>.al` (the paged log) and `replica-<volume>.dirty` (the
 //! records), next to the replica's data and metadata files.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -84,7 +84,7 @@ impl FileLedger {
     fn with_log<T>(&self, f: impl FnOnce(&File) -> Result<T, StoreError>) -> Result<T, StoreError> {
         let mut g = self.log.lock().unwrap_or_else(|e| e.into_inner());
         if g.is_none() {
-            let file = OpenOptions::new()
+            let file = crate::private::options()
                 .read(true)
                 .write(true)
                 .create(true)
@@ -132,7 +132,7 @@ impl Ledger for FileLedger {
         let tmp = self.records_path.with_extension("dirty.tmp");
         let write = || -> std::io::Result<()> {
             {
-                let f = File::create(&tmp)?;
+                let f = crate::private::create(&tmp)?;
                 f.write_all_at(bytes, 0)?;
                 f.sync_all()?;
             }

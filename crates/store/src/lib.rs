@@ -32,6 +32,7 @@ pub mod ledger;
 mod map;
 mod memory;
 mod null;
+pub mod private;
 pub mod sealed;
 pub mod tiered;
 

@@ -226,7 +226,7 @@ impl SealedReplica {
     fn attach_file(mut self, path: &Path, fresh: bool) -> Result<SealedReplica, StoreError> {
         let volume = self.inner.volume();
         let blocks = self.seals.len() as u64;
-        let mut f = std::fs::OpenOptions::new()
+        let mut f = crate::private::options()
             .read(true)
             .write(true)
             .create(true)

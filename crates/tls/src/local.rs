@@ -1,6 +1,7 @@
-//! Same-host unix sockets: bound readable and writable by their owner only, and every peer
-//! checked by the kernel's credentials (`SO_PEERCRED`): only this process's user (or root)
-//! gets in. What a certificate does for TCP, the file mode and the peer's uid do here.
+//! Same-host access: unix sockets bound readable and writable by their owner only, every
+//! peer checked by the kernel's credentials (`SO_PEERCRED`): only this process's user (or
+//! root) gets in. What a certificate does for TCP, the file mode and the peer's uid do here.
+//! Data directories likewise: only their owner may enter them ([`private_dir`]).
 
 use std::path::Path;
 
@@ -11,6 +12,50 @@ pub fn bind_private(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
     let l = tokio::net::UnixListener::bind(path)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     Ok(l)
+}
+
+/// Makes `dir` a directory only its owner may enter: created 0700 if it does not exist. One
+/// that exists and that others may enter or list is tightened to 0700 when it belongs to this
+/// process's user, with a warning that says what it was; one of another user is refused (a
+/// directory someone else controls cannot be made private by us). Files inside it are then
+/// out of other users' reach whatever their own modes (an older version made them 0644).
+pub fn private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    match std::fs::metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir),
+        Err(e) => Err(e),
+        Ok(m) if !m.is_dir() => Err(std::io::Error::other(format!(
+            "{} is not a directory",
+            dir.display()
+        ))),
+        Ok(m) if m.mode() & 0o077 == 0 => Ok(()),
+        Ok(m) => {
+            // SAFETY: geteuid has no preconditions and touches no memory.
+            let me = unsafe { libc::geteuid() };
+            if m.uid() != me {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::PermissionDenied,
+                    format!(
+                        "{} belongs to uid {} and other users may enter it (mode {:o}): \
+                         give this process a directory of its own, or chmod 700 it",
+                        dir.display(),
+                        m.uid(),
+                        m.mode() & 0o777
+                    ),
+                ));
+            }
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+            tracing::warn!(
+                dir = %dir.display(),
+                "the data directory was open to other users (mode {:o}); it is 0700 now",
+                m.mode() & 0o777
+            );
+            Ok(())
+        }
+    }
 }
 
 /// Why a same-host peer was refused.
@@ -42,6 +87,24 @@ pub fn check_peer(sock: &tokio::net::UnixStream) -> Result<(), PeerError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn data_directories_are_made_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        let new = d.path().join("a/b");
+        private_dir(&new).unwrap();
+        assert_eq!(mode(&new), 0o700);
+        let open = d.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+        private_dir(&open).unwrap();
+        assert_eq!(mode(&open), 0o700);
+        let file = d.path().join("f");
+        std::fs::write(&file, "").unwrap();
+        assert!(private_dir(&file).is_err());
+    }
 
     #[tokio::test]
     async fn the_socket_is_private_and_its_owner_gets_in() {

@@ -152,7 +152,7 @@ impl TieredStore {
                 cfg.extent
             )));
         }
-        std::fs::create_dir_all(dir).map_err(io(0, "create store directory"))?;
+        crate::private::create_dir_all(dir).map_err(io(0, "create store directory"))?;
         let fast: Arc<dyn Store> = Arc::new(FileStore::open_thin(&dir.join("fast"))?);
         let slow_files: Arc<dyn Store> = Arc::new(FileStore::open(&dir.join("slow"))?);
         let (slow, disk): (Arc<dyn Store>, _) = match cfg.disk {
