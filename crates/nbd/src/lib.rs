@@ -18,7 +18,10 @@
 pub mod client;
 pub mod codec;
 pub mod consts;
+mod options;
+mod replies;
 mod server;
+mod transmission;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -1,0 +1,226 @@
+//! Transmission: requests read in order, served concurrently, answered out of order.
+
+use std::sync::Arc;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio::sync::{mpsc, Semaphore};
+
+use crate::codec::{decode_request, Request, REQUEST_LEN};
+use crate::consts::*;
+use crate::replies::*;
+use crate::server::{Session, INFLIGHT_UNITS};
+use crate::{Backend, BackendError, NbdError, MAX_REQUEST};
+
+pub(crate) async fn transmission<R, W, B>(rd: R, wr: W, s: Session<B>) -> Result<(), NbdError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin + Send + 'static,
+    B: Backend,
+{
+    let mut rd = tokio::io::BufReader::with_capacity(256 * 1024, rd);
+    // Unbounded as a channel, bounded by the budget every queued reply holds.
+    let (tx, rx) = mpsc::unbounded_channel::<Queued>();
+    let writer = tokio::spawn(write_replies(wr, rx));
+    let budget = Arc::new(Semaphore::new(INFLIGHT_UNITS as usize));
+    let s = Arc::new(s);
+    let size = s.backend.size();
+    let result = loop {
+        let mut hb = [0u8; REQUEST_LEN];
+        match rd.read_exact(&mut hb).await {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break Ok(()),
+            Err(e) => break Err(e.into()),
+        }
+        let req = match decode_request(&hb) {
+            Ok(r) => r,
+            Err(e) => break Err(NbdError::Protocol(e.to_string())),
+        };
+        if req.command == CMD_DISC {
+            break Ok(());
+        }
+        let structured_read = s.structured && req.command == CMD_READ;
+        // A write's payload follows its header: read it now, before the next request.
+        let mut payload = Bytes::new();
+        if req.command == CMD_WRITE {
+            if req.length > MAX_REQUEST {
+                let e = invalid(
+                    EOVERFLOW,
+                    format!(
+                        "write of {} bytes over the {MAX_REQUEST}-byte limit",
+                        req.length
+                    ),
+                );
+                // The last reply: the connection ends.
+                let _ = tx.send((error_reply(false, req.cookie, &e), None));
+                break Err(NbdError::Protocol(
+                    "oversized write; cannot skip its payload safely".into(),
+                ));
+            }
+            payload = match read_payload(&mut rd, req.length as usize).await {
+                Ok(p) => p,
+                Err(e) => break Err(e.into()),
+            };
+        }
+        let end = req.offset.checked_add(u64::from(req.length));
+        let refused = if req.flags & !KNOWN_CMD_FLAGS != 0 {
+            Some(invalid(
+                EINVAL,
+                format!("unknown command flags {:#x}", req.flags),
+            ))
+        } else if !matches!(req.command, CMD_FLUSH) && end.is_none_or(|e| e > size) {
+            let errno = if req.command == CMD_WRITE || req.command == CMD_WRITE_ZEROES {
+                ENOSPC
+            } else {
+                EINVAL
+            };
+            Some(invalid(
+                errno,
+                format!(
+                    "range {}+{} beyond the {size}-byte export",
+                    req.offset, req.length
+                ),
+            ))
+        } else if req.command == CMD_READ && req.length > MAX_REQUEST {
+            Some(invalid(
+                EINVAL,
+                format!(
+                    "read of {} bytes over the {MAX_REQUEST}-byte limit",
+                    req.length
+                ),
+            ))
+        } else {
+            None
+        };
+        if let Some(e) = refused {
+            // Error replies are small, but a client that never reads them must not pile up
+            // an unbounded queue either: each holds one unit.
+            let Ok(permit) = budget.clone().acquire_owned().await else {
+                break Ok(());
+            };
+            let _ = tx.send((error_reply(structured_read, req.cookie, &e), Some(permit)));
+            continue;
+        }
+        let units = (1 + req.length / (64 * 1024)).min(INFLIGHT_UNITS);
+        let Ok(permit) = budget.clone().acquire_many_owned(units).await else {
+            break Ok(());
+        };
+        let (s2, tx2) = (s.clone(), tx.clone());
+        tokio::spawn(async move {
+            let reply = execute(&s2, req, payload).await;
+            // The budget goes with the reply: released once it is written.
+            let _ = tx2.send((reply, Some(permit)));
+        });
+    };
+    drop(tx);
+    // Wait for in-flight requests to be answered before closing (a clean DISC completes them).
+    let _ = writer.await;
+    result
+}
+
+/// Reads a write's `len` payload bytes (bounded by `MAX_REQUEST`) into spare capacity: nothing
+/// is zero-filled before the data overwrites it.
+pub(crate) async fn read_payload<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    len: usize,
+) -> std::io::Result<Bytes> {
+    let mut buf = BytesMut::with_capacity(len);
+    while buf.len() < len {
+        let want = (len - buf.len()) as u64;
+        if (&mut *rd).take(want).read_buf(&mut buf).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+    Ok(buf.freeze())
+}
+
+pub(crate) async fn execute<B: Backend>(s: &Session<B>, req: Request, payload: Bytes) -> Reply {
+    let b = &*s.backend;
+    let fua = req.flags & CMD_FLAG_FUA != 0;
+    let cookie = req.cookie;
+    let done = |r: Result<(), BackendError>| match r {
+        Ok(()) => (simple_reply(cookie, 0), Bytes::new()),
+        Err(e) => error_reply(false, cookie, &e),
+    };
+    match req.command {
+        CMD_READ => match b.read(req.offset, req.length).await {
+            Ok(data) if s.structured => {
+                if data.is_empty() {
+                    return (
+                        chunk_header(cookie, REPLY_FLAG_DONE, REPLY_TYPE_NONE, 0),
+                        Bytes::new(),
+                    );
+                }
+                let mut h = chunk_header(
+                    cookie,
+                    REPLY_FLAG_DONE,
+                    REPLY_TYPE_OFFSET_DATA,
+                    8 + data.len() as u32,
+                );
+                h.put_u64(req.offset);
+                (h, data)
+            }
+            Ok(data) => (simple_reply(cookie, 0), data),
+            Err(e) => error_reply(s.structured, cookie, &e),
+        },
+        CMD_WRITE => done(b.write(req.offset, payload, fua).await),
+        CMD_FLUSH => done(b.flush().await),
+        CMD_TRIM => done(b.write_zeroes(req.offset, req.length, true, fua).await),
+        CMD_WRITE_ZEROES => {
+            let no_hole = req.flags & CMD_FLAG_NO_HOLE != 0;
+            if req.flags & CMD_FLAG_FAST_ZERO != 0 && no_hole {
+                // Writing real zeros is not fast; say so, as FAST_ZERO asks.
+                return done(Err(invalid(ENOTSUP, "fast zero needs hole punching")));
+            }
+            done(b.write_zeroes(req.offset, req.length, !no_hole, fua).await)
+        }
+        CMD_BLOCK_STATUS => {
+            if req.length == 0 {
+                return error_reply(
+                    s.structured,
+                    cookie,
+                    &invalid(EINVAL, "zero-length block status"),
+                );
+            }
+            if !s.meta_base_allocation {
+                return error_reply(
+                    s.structured,
+                    cookie,
+                    &invalid(EINVAL, "no metadata context negotiated"),
+                );
+            }
+            match b.block_status(req.offset, req.length).await {
+                Ok(ext) => {
+                    let take = if req.flags & CMD_FLAG_REQ_ONE != 0 {
+                        1
+                    } else {
+                        ext.len()
+                    };
+                    let ext: Vec<_> = ext
+                        .into_iter()
+                        .filter(|e| e.length > 0)
+                        .take(take.max(1))
+                        .collect();
+                    let mut h = chunk_header(
+                        cookie,
+                        REPLY_FLAG_DONE,
+                        REPLY_TYPE_BLOCK_STATUS,
+                        4 + 8 * ext.len() as u32,
+                    );
+                    h.put_u32(BASE_ALLOCATION_ID);
+                    for e in ext {
+                        h.put_u32(e.length.min(u64::from(u32::MAX)) as u32);
+                        h.put_u32(e.flags & (STATE_HOLE | STATE_ZERO));
+                    }
+                    (h, Bytes::new())
+                }
+                Err(e) => error_reply(true, cookie, &e),
+            }
+        }
+        other => error_reply(
+            false,
+            cookie,
+            &invalid(EINVAL, format!("unknown command {other}")),
+        ),
+    }
+}
