@@ -27,7 +27,10 @@ use std::future::Future;
 use std::sync::Arc;
 
 use bytes::Bytes;
-pub use server::{serve_connection, serve_connection_tls, Allow, NbdError, NbdTls};
+pub use server::{
+    serve_admitted, serve_admitted_tls, serve_connection, serve_connection_tls, Admission, Allow,
+    NbdError, NbdTls, NEGOTIATION,
+};
 pub use trireme_proto::Extent;
 
 /// Largest READ or WRITE payload accepted; advertised as the maximum block size.
@@ -114,56 +117,96 @@ impl<B: Backend> Default for Exports<B> {
     }
 }
 
-/// Serves `exports` on an already bound unix socket listener until it fails.
+/// How many NBD connections a process admits: sessions (after the client picked its export)
+/// and negotiations in progress, of which a few per source address (see `trireme_net::Gate`).
+pub const LIMITS: trireme_net::Limits = trireme_net::Limits {
+    established: 256,
+    handshakes: 64,
+    handshakes_per_source: 8,
+};
+
+/// The process's NBD listeners' admission (unix and TCP together).
+fn gate() -> &'static Arc<trireme_net::Gate> {
+    static G: std::sync::OnceLock<Arc<trireme_net::Gate>> = std::sync::OnceLock::new();
+    G.get_or_init(|| trireme_net::Gate::new("nbd", LIMITS))
+}
+
+/// Refused NBD clients: one log line a second at most.
+static REFUSED: trireme_net::Throttle = trireme_net::Throttle::per_second();
+
+/// Serves `exports` on an already bound unix socket listener, for good: a failed accept is
+/// retried (see `trireme_net::accept`).
 pub async fn serve_unix<B: Backend>(
     listener: tokio::net::UnixListener,
     exports: Arc<Exports<B>>,
 ) -> std::io::Result<()> {
     loop {
-        let (sock, _) = listener.accept().await?;
+        let (sock, _) = trireme_net::accept("nbd (unix)", || listener.accept()).await;
         if let Err(why) = trireme_tls::local::check_peer(&sock) {
-            tracing::warn!("refused an NBD client on the unix socket: {why}");
+            trireme_net::warn_throttled!(
+                REFUSED,
+                "refused an NBD client on the unix socket: {why}"
+            );
             continue;
         }
+        let Some(handshake) = gate().handshake(None) else {
+            continue;
+        };
+        let admission = Admission {
+            gate: gate().clone(),
+            handshake,
+        };
         let ex = exports.clone();
         tokio::spawn(async move {
-            if let Err(e) = serve_connection(sock, ex).await {
-                tracing::info!("nbd connection (unix) ended: {e}");
+            match serve_admitted(sock, ex, Some(admission)).await {
+                Ok(()) => {}
+                Err(e @ NbdError::Refused(_)) => {
+                    trireme_net::warn_throttled!(REFUSED, "NBD client (unix) {e}")
+                }
+                Err(e) => tracing::info!("nbd connection (unix) ended: {e}"),
             }
         });
     }
 }
 
 /// Serves `exports` on an already bound TCP listener, over TLS when `tls` is given (see
-/// [`NbdTls`]; a client refused is logged with its address and why).
+/// [`NbdTls`]; a client refused is logged with its address and why), for good.
 pub async fn serve_tcp<B: Backend>(
     listener: tokio::net::TcpListener,
     exports: Arc<Exports<B>>,
     tls: Option<NbdTls>,
 ) -> std::io::Result<()> {
     loop {
-        let (sock, peer) = listener.accept().await?;
+        let (sock, peer) = trireme_net::accept("nbd (tcp)", || listener.accept()).await;
+        let Some(handshake) = gate().handshake(Some(peer.ip())) else {
+            continue;
+        };
+        let admission = Admission {
+            gate: gate().clone(),
+            handshake,
+        };
         let _ = sock.set_nodelay(true);
         let ex = exports.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
             let r = match &tls {
-                // rustls reads 4 KiB per call from what is beneath it: a buffer makes
-                // that a copy, not a syscall.
+                // rustls reads 4 KiB per call from what is beneath it: a buffer makes that a
+                // copy, not a syscall (64 KiB holds several whole records).
                 Some(t) => {
-                    serve_connection_tls(
-                        tokio::io::BufReader::with_capacity(256 << 10, sock),
+                    serve_admitted_tls(
+                        tokio::io::BufReader::with_capacity(64 << 10, sock),
                         ex,
                         t,
+                        Some(admission),
                     )
                     .await
                 }
-                None => serve_connection(sock, ex).await,
+                None => serve_admitted(sock, ex, Some(admission)).await,
             };
             match r {
                 Ok(()) => {}
                 Err(e @ NbdError::Refused(_)) => {
-                    tracing::warn!(%peer, "NBD client {e}");
+                    trireme_net::warn_throttled!(REFUSED, %peer, "NBD client {e}");
                 }
                 Err(e) => tracing::info!(%peer, "nbd connection ended: {e}"),
             }

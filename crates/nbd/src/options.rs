@@ -267,6 +267,18 @@ where
                         continue;
                     }
                 };
+                // Nothing is said of an export this client may not open (not even that it
+                // exists).
+                if Allowed::denies(gate, &req.name) {
+                    opt_error(
+                        s,
+                        opt,
+                        REP_ERR_POLICY,
+                        &format!("export {:?} is not open to this client", req.name),
+                    )
+                    .await?;
+                    continue;
+                }
                 if exports.get(&req.name).is_none() {
                     opt_error(
                         s,

@@ -11,7 +11,7 @@ use crate::BackendError;
 pub(crate) type Reply = (BytesMut, Bytes);
 
 /// A reply on its way to the writer, with the budget it holds until it is written.
-pub(crate) type Queued = (Reply, Option<tokio::sync::OwnedSemaphorePermit>);
+pub(crate) type Queued = (Reply, Option<crate::transmission::Held>);
 
 pub(crate) fn simple_reply(cookie: u64, error: u32) -> BytesMut {
     let mut b = BytesMut::with_capacity(16);

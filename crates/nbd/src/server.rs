@@ -12,10 +12,15 @@ use crate::{Backend, Exports};
 pub(crate) const MAX_OPTION: u32 = 64 * 1024;
 /// Option payloads above this close the connection instead of being skipped.
 pub(crate) const MAX_OPTION_SKIP: u32 = 16 * 1024 * 1024;
-/// In-flight budget per connection, in 64 KiB units (128 MiB): requests being served and
-/// replies not yet written to the socket both hold theirs, so a client that stops reading its
-/// replies stops this connection, and pins at most this much memory.
-pub(crate) const INFLIGHT_UNITS: u32 = 2048;
+/// In-flight budget per connection, in 64 KiB units (64 MiB, two of the largest requests):
+/// requests being served and replies not yet written to the socket both hold theirs, so a
+/// client that stops reading its replies stops this connection, and pins at most this much
+/// memory. Every connection's units come out of the process's budget too
+/// ([`PROCESS_UNITS`]), so what clients pin is bounded per process, not per connection.
+pub(crate) const INFLIGHT_UNITS: u32 = 1024;
+/// In-flight budget of the whole process, in 64 KiB units (256 MiB): four connections whose
+/// clients stop reading take it all, and the others then wait for them.
+pub(crate) const PROCESS_UNITS: u32 = 4096;
 
 /// Why a connection ended abnormally.
 #[derive(Debug, thiserror::Error)]
@@ -52,9 +57,11 @@ pub(crate) struct Allowed<'a> {
 
 impl Allowed<'_> {
     pub(crate) fn denies(gate: Option<&Self>, export: &str) -> bool {
+        static REFUSED: trireme_net::Throttle = trireme_net::Throttle::per_second();
         match gate {
             Some(g) if !(g.allow)(export, g.client) => {
-                tracing::warn!(
+                trireme_net::warn_throttled!(
+                    REFUSED,
                     client = g.client,
                     export,
                     "refused: the client is not on the volume's access list"
@@ -97,15 +104,65 @@ pub(crate) struct Session<B> {
     pub(crate) meta_base_allocation: bool,
 }
 
+/// How long a client has from connecting to picking its export (TLS handshake included): a
+/// client that connects and says nothing, or haggles forever, holds its place no longer.
+pub const NEGOTIATION: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A connection's place at its listener: among the handshakes until the client picks an
+/// export, then among the established sessions (see `trireme_net::Gate`).
+#[derive(Debug)]
+pub struct Admission {
+    pub gate: Arc<trireme_net::Gate>,
+    pub handshake: trireme_net::Handshaking,
+}
+
+impl Admission {
+    fn go(self) -> Result<trireme_net::Admitted, NbdError> {
+        self.gate
+            .establish(self.handshake)
+            .ok_or_else(|| NbdError::Refused("the listener serves all the sessions it may".into()))
+    }
+}
+
+/// Runs `f` (the negotiation) within [`NEGOTIATION`].
+async fn within<T>(
+    f: impl std::future::Future<Output = Result<T, NbdError>>,
+) -> Result<T, NbdError> {
+    tokio::time::timeout(NEGOTIATION, f).await.map_err(|_| {
+        NbdError::Refused(format!(
+            "no export picked within {NEGOTIATION:?} of connecting"
+        ))
+    })?
+}
+
 /// Serves one client connection to the end, in plain text.
-pub async fn serve_connection<S, B>(mut stream: S, exports: Arc<Exports<B>>) -> Result<(), NbdError>
+pub async fn serve_connection<S, B>(stream: S, exports: Arc<Exports<B>>) -> Result<(), NbdError>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     B: Backend,
 {
-    let no_zeroes = greet(&mut stream).await?;
-    match options(&mut stream, &exports, no_zeroes, Tls::Off, None).await? {
+    serve_admitted(stream, exports, None).await
+}
+
+/// [`serve_connection`] for a connection that holds a place at its listener: exchanged for an
+/// established one when the client picks its export.
+pub async fn serve_admitted<S, B>(
+    mut stream: S,
+    exports: Arc<Exports<B>>,
+    admission: Option<Admission>,
+) -> Result<(), NbdError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    B: Backend,
+{
+    let outcome = within(async {
+        let no_zeroes = greet(&mut stream).await?;
+        options(&mut stream, &exports, no_zeroes, Tls::Off, None).await
+    })
+    .await?;
+    match outcome {
         Outcome::Go(session) => {
+            let _place = admission.map(Admission::go).transpose()?;
             let (rd, wr) = tokio::io::split(stream);
             transmission(rd, wr, session).await
         }
@@ -115,7 +172,7 @@ where
 
 /// Serves one client connection to the end over TLS (see [`NbdTls`]).
 pub async fn serve_connection_tls<S, B>(
-    mut stream: S,
+    stream: S,
     exports: Arc<Exports<B>>,
     tls: &NbdTls,
 ) -> Result<(), NbdError>
@@ -123,37 +180,57 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     B: Backend,
 {
-    let no_zeroes = greet(&mut stream).await?;
-    match options(&mut stream, &exports, no_zeroes, Tls::Required, None).await? {
-        Outcome::StartTls => {}
-        Outcome::Go(_) | Outcome::Quit => return Ok(()),
-    }
-    let mut stream = tls
-        .acceptor
-        .accept(stream)
-        .await
-        .map_err(|e| NbdError::Refused(format!("TLS handshake failed: {e}")))?;
-    let client = match trireme_tls::peer_role(stream.get_ref().1) {
-        Some(trireme_tls::Role::Client(name)) => {
-            tracing::debug!(client = %name, "NBD client on TLS");
-            name
+    serve_admitted_tls(stream, exports, tls, None).await
+}
+
+/// [`serve_connection_tls`] for a connection that holds a place at its listener.
+pub async fn serve_admitted_tls<S, B>(
+    mut stream: S,
+    exports: Arc<Exports<B>>,
+    tls: &NbdTls,
+    admission: Option<Admission>,
+) -> Result<(), NbdError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    B: Backend,
+{
+    let negotiated = within(async {
+        let no_zeroes = greet(&mut stream).await?;
+        match options(&mut stream, &exports, no_zeroes, Tls::Required, None).await? {
+            Outcome::StartTls => {}
+            Outcome::Go(_) | Outcome::Quit => return Ok(None),
         }
-        other => {
-            return Err(NbdError::Refused(format!(
-                "the certificate names {}, not a client",
-                other.map_or_else(|| "no trireme role".to_string(), |r| r.to_string())
-            )))
+        let mut stream = tls
+            .acceptor
+            .accept(stream)
+            .await
+            .map_err(|e| NbdError::Refused(format!("TLS handshake failed: {e}")))?;
+        let client = match trireme_tls::peer_role(stream.get_ref().1) {
+            Some(trireme_tls::Role::Client(name)) => {
+                tracing::debug!(client = %name, "NBD client on TLS");
+                name
+            }
+            other => {
+                return Err(NbdError::Refused(format!(
+                    "the certificate names {}, not a client",
+                    other.map_or_else(|| "no trireme role".to_string(), |r| r.to_string())
+                )))
+            }
+        };
+        let gate = tls.allow.as_ref().map(|allow| Allowed {
+            client: &client,
+            allow,
+        });
+        match options(&mut stream, &exports, no_zeroes, Tls::On, gate.as_ref()).await? {
+            Outcome::Go(session) => Ok(Some((stream, session))),
+            Outcome::StartTls | Outcome::Quit => Ok(None),
         }
+    })
+    .await?;
+    let Some((stream, session)) = negotiated else {
+        return Ok(());
     };
-    let gate = tls.allow.as_ref().map(|allow| Allowed {
-        client: &client,
-        allow,
-    });
-    match options(&mut stream, &exports, no_zeroes, Tls::On, gate.as_ref()).await? {
-        Outcome::Go(session) => {
-            let (rd, wr) = tokio::io::split(stream);
-            transmission(rd, wr, session).await
-        }
-        Outcome::StartTls | Outcome::Quit => Ok(()),
-    }
+    let _place = admission.map(Admission::go).transpose()?;
+    let (rd, wr) = tokio::io::split(stream);
+    transmission(rd, wr, session).await
 }

@@ -9,8 +9,46 @@ use tokio::sync::{mpsc, Semaphore};
 use crate::codec::{decode_request, Request, REQUEST_LEN};
 use crate::consts::*;
 use crate::replies::*;
-use crate::server::{Session, INFLIGHT_UNITS};
+use crate::server::{Session, INFLIGHT_UNITS, PROCESS_UNITS};
 use crate::{Backend, BackendError, NbdError, MAX_REQUEST};
+use trireme_net::{warn_throttled, Throttle};
+
+/// How long a request that has begun may take to arrive whole: its header, and a write's
+/// payload once the header is in.
+pub(crate) const REQUEST_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+pub(crate) const PAYLOAD_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
+static OVERSIZE: Throttle = Throttle::per_second();
+
+/// The process's share of every connection's in-flight budget (see [`PROCESS_UNITS`]).
+fn process_budget() -> &'static Arc<Semaphore> {
+    static B: std::sync::OnceLock<Arc<Semaphore>> = std::sync::OnceLock::new();
+    B.get_or_init(|| Arc::new(Semaphore::new(PROCESS_UNITS as usize)))
+}
+
+/// A request's in-flight budget: its connection's units and the process's, taken in that
+/// order (so a connection that waits holds only its own), and given back together when its
+/// reply has been written.
+#[derive(Debug)]
+pub(crate) struct Held {
+    _connection: tokio::sync::OwnedSemaphorePermit,
+    _process: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Held {
+    async fn take(connection: &Arc<Semaphore>, units: u32) -> Option<Held> {
+        let c = connection.clone().acquire_many_owned(units).await.ok()?;
+        let p = process_budget()
+            .clone()
+            .acquire_many_owned(units)
+            .await
+            .ok()?;
+        Some(Held {
+            _connection: c,
+            _process: p,
+        })
+    }
+}
 
 pub(crate) async fn transmission<R, W, B>(rd: R, wr: W, s: Session<B>) -> Result<(), NbdError>
 where
@@ -26,11 +64,19 @@ where
     let s = Arc::new(s);
     let size = s.backend.size();
     let result = loop {
+        // A session may idle as long as its client likes (a VM's disk that nobody uses), but
+        // a request that has begun must arrive whole within REQUEST_DEADLINE.
         let mut hb = [0u8; REQUEST_LEN];
-        match rd.read_exact(&mut hb).await {
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break Ok(()),
-            Err(e) => break Err(e.into()),
+        match trireme_net::io::read_header(&mut rd, &mut hb, None, REQUEST_DEADLINE).await {
+            Ok(true) => {}
+            Ok(false) => break Ok(()),
+            Err(trireme_net::io::HeaderError::Io(e))
+                if e.kind() == std::io::ErrorKind::UnexpectedEof =>
+            {
+                break Ok(())
+            }
+            Err(trireme_net::io::HeaderError::Io(e)) => break Err(e.into()),
+            Err(e) => break Err(NbdError::Protocol(e.to_string())),
         }
         let req = match decode_request(&hb) {
             Ok(r) => r,
@@ -40,28 +86,6 @@ where
             break Ok(());
         }
         let structured_read = s.structured && req.command == CMD_READ;
-        // A write's payload follows its header: read it now, before the next request.
-        let mut payload = Bytes::new();
-        if req.command == CMD_WRITE {
-            if req.length > MAX_REQUEST {
-                let e = invalid(
-                    EOVERFLOW,
-                    format!(
-                        "write of {} bytes over the {MAX_REQUEST}-byte limit",
-                        req.length
-                    ),
-                );
-                // The last reply: the connection ends.
-                let _ = tx.send((error_reply(false, req.cookie, &e), None));
-                break Err(NbdError::Protocol(
-                    "oversized write; cannot skip its payload safely".into(),
-                ));
-            }
-            payload = match read_payload(&mut rd, req.length as usize).await {
-                Ok(p) => p,
-                Err(e) => break Err(e.into()),
-            };
-        }
         let end = req.offset.checked_add(u64::from(req.length));
         let refused = if req.flags & !KNOWN_CMD_FLAGS != 0 {
             Some(invalid(
@@ -82,6 +106,11 @@ where
                 ),
             ))
         } else if req.command == CMD_READ && req.length > MAX_REQUEST {
+            warn_throttled!(
+                OVERSIZE,
+                length = req.length,
+                "NBD read over the {MAX_REQUEST}-byte limit: refused"
+            );
             Some(invalid(
                 EINVAL,
                 format!(
@@ -92,19 +121,53 @@ where
         } else {
             None
         };
-        if let Some(e) = refused {
-            // Error replies are small, but a client that never reads them must not pile up
-            // an unbounded queue either: each holds one unit.
-            let Ok(permit) = budget.clone().acquire_owned().await else {
-                break Ok(());
+        // The budget first, for the payload to come and the reply to go: error replies are
+        // small, but a client that never reads them must not pile up a queue either.
+        let units = match refused {
+            Some(_) if req.command != CMD_WRITE => 1,
+            _ => (1 + req.length / (64 * 1024)).min(INFLIGHT_UNITS),
+        };
+        let Some(permit) = Held::take(&budget, units).await else {
+            break Ok(());
+        };
+        // A write's payload follows its header: read it now, before the next request.
+        let mut payload = Bytes::new();
+        if req.command == CMD_WRITE {
+            if req.length > MAX_REQUEST {
+                warn_throttled!(
+                    OVERSIZE,
+                    length = req.length,
+                    "NBD write over the {MAX_REQUEST}-byte limit: refused, and the connection closed"
+                );
+                let e = invalid(
+                    EOVERFLOW,
+                    format!(
+                        "write of {} bytes over the {MAX_REQUEST}-byte limit",
+                        req.length
+                    ),
+                );
+                // The last reply: the connection ends.
+                let _ = tx.send((error_reply(false, req.cookie, &e), None));
+                break Err(NbdError::Protocol(
+                    "oversized write; cannot skip its payload safely".into(),
+                ));
+            }
+            let read = read_payload(&mut rd, req.length as usize);
+            payload = match tokio::time::timeout(PAYLOAD_DEADLINE, read).await {
+                Ok(Ok(p)) => p,
+                Ok(Err(e)) => break Err(e.into()),
+                Err(_) => {
+                    break Err(NbdError::Protocol(format!(
+                        "a {}-byte write's payload did not arrive within {PAYLOAD_DEADLINE:?}",
+                        req.length
+                    )))
+                }
             };
+        }
+        if let Some(e) = refused {
             let _ = tx.send((error_reply(structured_read, req.cookie, &e), Some(permit)));
             continue;
         }
-        let units = (1 + req.length / (64 * 1024)).min(INFLIGHT_UNITS);
-        let Ok(permit) = budget.clone().acquire_many_owned(units).await else {
-            break Ok(());
-        };
         let (s2, tx2) = (s.clone(), tx.clone());
         tokio::spawn(async move {
             let reply = execute(&s2, req, payload).await;

@@ -135,6 +135,10 @@ pub fn serve(
         .route("/api/events", get(events))
         .layer(axum::middleware::from_fn_with_state(shared.clone(), gate))
         .with_state(shared);
+    let listener = Guarded {
+        listener,
+        gate: trireme_net::Gate::new("http", HTTP_LIMITS),
+    };
     let task = tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::warn!("http endpoint stopped: {e}");
@@ -142,6 +146,51 @@ pub fn serve(
     });
     tracing::info!(%bound, "metrics on http://{bound}/metrics");
     Ok(HttpServer { addr: bound, task })
+}
+
+/// Connections the endpoint serves at once (Prometheus, a few browsers and scripts need a
+/// handful); more are closed as they come.
+const HTTP_LIMITS: trireme_net::Limits = trireme_net::Limits {
+    established: 128,
+    handshakes: 128,
+    handshakes_per_source: 128,
+};
+/// A connection that moves no byte either way for this long is closed: a half-sent request
+/// or an idle keep-alive. The dashboard's event stream sends every second; Prometheus scrapes
+/// every few seconds.
+const HTTP_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The endpoint's listener: accepts through every transient error, admits at most
+/// [`HTTP_LIMITS`], and closes connections idle for [`HTTP_IDLE`].
+struct Guarded {
+    listener: tokio::net::TcpListener,
+    gate: Arc<trireme_net::Gate>,
+}
+
+impl axum::serve::Listener for Guarded {
+    type Io = trireme_net::Guarded<tokio::net::TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let (sock, peer) = trireme_net::accept("http", || self.listener.accept()).await;
+            let Some(place) = self
+                .gate
+                .handshake(Some(peer.ip()))
+                .and_then(|h| self.gate.establish(h))
+            else {
+                continue;
+            };
+            return (
+                trireme_net::Guarded::new(sock, HTTP_IDLE, Some(place)),
+                peer,
+            );
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.listener.local_addr()
+    }
 }
 
 /// Lets through only requests that carry the token; one that brought it in its query gets it
