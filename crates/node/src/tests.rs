@@ -1,7 +1,8 @@
 //! The node against a real TCP connection on 127.0.0.1.
 
 use super::*;
-use trireme_transport::{tcp::TcpConnection, Connection};
+use trireme_proto::{DirtyPeer, Header, Op};
+use trireme_transport::{tcp::TcpConnection, Connection, Frame, Handler, Peer};
 
 async fn start(store: Arc<dyn Store>) -> (Arc<Node>, TcpConnection) {
     let node = Arc::new(Node::new(7, store));
