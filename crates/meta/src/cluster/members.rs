@@ -1,0 +1,127 @@
+//! Nodes, their running daemons, the manager role and its jobs.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::*;
+use crate::kv::{Compare, KeyValue, LeaseId, Op, Txn};
+use crate::{MetaError, NodeRecord};
+
+impl ClusterMeta {
+    pub async fn put_node(&self, node: &NodeRecord) -> Result<(), MetaError> {
+        let k = key(&format!("nodes/{}", node.id));
+        self.write(vec![], vec![Op::put(k, encode(node))])
+            .await?
+            .ok_or_else(|| MetaError::Refused("node record: conflicting write".into()))?;
+        Ok(())
+    }
+
+    /// Every registered node, by id.
+    pub async fn nodes(&self) -> Result<Vec<NodeRecord>, MetaError> {
+        let mut v: Vec<NodeRecord> = self.list("nodes/").await?;
+        v.sort_by_key(|n| n.id);
+        Ok(v)
+    }
+
+    /// The daemons running now, by node id.
+    pub async fn alive(&self) -> Result<BTreeMap<u32, AliveRecord>, MetaError> {
+        let v: Vec<AliveRecord> = self.list("alive/").await?;
+        Ok(v.into_iter().map(|a| (a.id, a)).collect())
+    }
+
+    /// Registers the daemon of node `rec.id` under `lease`, and its node record, in one step,
+    /// only if no other daemon holds the id. On refusal, says who holds it.
+    pub async fn register_alive(
+        &self,
+        rec: &AliveRecord,
+        node: &NodeRecord,
+        lease: LeaseId,
+    ) -> Result<(), MetaError> {
+        let k = key(&format!("alive/{}", rec.id));
+        let r = self
+            .store
+            .txn(
+                Txn::when(vec![Compare::absent(k.clone())])
+                    .then(vec![
+                        Op::put_leased(k.clone(), encode(rec), lease),
+                        Op::put(key(&format!("nodes/{}", node.id)), encode(node)),
+                    ])
+                    .otherwise(vec![Op::get(k)]),
+            )
+            .await?;
+        if r.succeeded {
+            return Ok(());
+        }
+        let holder = match r.gets.first().and_then(|g| g.as_ref()) {
+            Some(kv) => match decode::<AliveRecord>(kv) {
+                Ok(a) => format!("pid {} on {} at {}", a.pid, a.host, a.addr),
+                Err(_) => "another process".into(),
+            },
+            None => "another process (it has just gone; try again)".into(),
+        };
+        Err(MetaError::Refused(format!(
+            "node id {} is already held by a running daemon: {holder}",
+            rec.id
+        )))
+    }
+
+    /// Takes the manager role under `lease` if nobody holds it. `Ok(false)`: someone does.
+    pub async fn campaign(&self, rec: &ManagerRecord, lease: LeaseId) -> Result<bool, MetaError> {
+        let k = key("manager");
+        let r = self
+            .store
+            .txn(
+                Txn::when(vec![Compare::absent(k.clone())]).then(vec![Op::put_leased(
+                    k,
+                    encode(rec),
+                    lease,
+                )]),
+            )
+            .await?;
+        Ok(r.succeeded)
+    }
+
+    /// Who holds the manager role, and the revision of its record.
+    pub async fn manager(&self) -> Result<Option<(ManagerRecord, KeyValue)>, MetaError> {
+        self.get(&key("manager")).await
+    }
+
+    /// The manager key (for watches).
+    pub fn manager_key() -> String {
+        key("manager")
+    }
+
+    /// The lease the running daemon of node `id` registered under, if one runs.
+    pub async fn alive_lease(&self, id: u32) -> Result<Option<LeaseId>, MetaError> {
+        Ok(self
+            .store
+            .get(&key(&format!("alive/{id}")))
+            .await?
+            .map(|kv| kv.lease))
+    }
+
+    /// Gives the manager role up: deletes the `manager` key if `lease` still holds it.
+    pub async fn resign(&self, lease: LeaseId) -> Result<(), MetaError> {
+        let k = key("manager");
+        self.store
+            .txn(Txn::when(vec![Compare::lease(k.clone(), lease)]).then(vec![Op::delete(k)]))
+            .await?;
+        Ok(())
+    }
+
+    /// The manager's persisted jobs (`jobs/<node>`), for its successor.
+    pub async fn jobs<T: DeserializeOwned>(&self) -> Result<Vec<T>, MetaError> {
+        self.list("jobs/").await
+    }
+
+    pub async fn put_job<T: Serialize>(&self, node: u32, job: &T) -> Result<(), MetaError> {
+        self.write(
+            vec![],
+            vec![Op::put(key(&format!("jobs/{node}")), encode(job))],
+        )
+        .await?
+        .ok_or_else(|| MetaError::Refused("job record: conflicting write".into()))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,158 @@
+//! trireme's records in a [`MetaStore`]: one small key per object under [`PREFIX`].
+//!
+//! | key (under `/trireme/v1/`) | holds | lease-bound |
+//! |---|---|---|
+//! | `nodes/<id>` | [`NodeRecord`]: address, store, state, zone | no |
+//! | `alive/<id>` | [`AliveRecord`]: the running daemon of node `id` | yes: gone when it dies |
+//! | `volumes/<name>` | the volume's spec: id, name, size (never changes) | no |
+//! | `layouts/<name>` | replicas and their states, epoch, writer-open flag | no |
+//! | `attach/<name>` | [`AttachRecord`]: who writes the volume now | yes |
+//! | `manager` | [`ManagerRecord`]: who holds the manager role, where its API listens | yes |
+//! | `moves/<name>` | [`MoveRequest`]: the manager asks the volume's writer to move a replica | no |
+//! | `takeouts/<name>` | [`TakeOutRequest`]: a planned restart asks the volume's writer to take a replica out, then back | no |
+//! | `restarts/<node>` | [`RestartOrder`]: the manager asks node `node`'s daemon to restart | no |
+//! | `jobs/<node>` | a drain/remove job of the manager, so its successor resumes it | no |
+//! | `settings/<key>` | cluster settings | no |
+//! | `next-volume-id` | the next volume id (ids are never reused) | no |
+//!
+//! Values are JSON. Every read-modify-write compares the `mod_revision` it read and retries on
+//! a conflict, so two writers on two hosts never lose each other's update. A [`ClusterMeta`]
+//! made with [`ClusterMeta::fenced`] adds one more compare to every write: the manager key
+//! still carries this process's lease. A manager that lost its lease (a partition, a pause)
+//! then gets [`MetaError::Deposed`] and writes nothing.
+
+//!
+//! Files: `records.rs` (the records' types), `members.rs` (nodes, their daemons, the
+//! manager role and its jobs), `volumes.rs` (volumes and their layouts), `attach.rs` (attach
+//! records and epochs), `requests.rs` (the manager's requests to writers and daemons).
+
+mod attach;
+mod members;
+mod records;
+mod requests;
+mod volumes;
+
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::kv::{Compare, KeyValue, LeaseId, MetaStore, Op, Txn, TxnResult};
+use crate::MetaError;
+
+pub use records::*;
+pub(crate) use volumes::layout_of;
+
+/// Where every trireme key lives; the version changes if the layout ever does.
+pub const PREFIX: &str = "/trireme/v1/";
+
+/// How often a read-modify-write retries on conflicting writers before it gives up.
+pub(crate) const MAX_TRIES: u32 = 64;
+
+pub(crate) fn decode<T: DeserializeOwned>(kv: &KeyValue) -> Result<T, MetaError> {
+    serde_json::from_slice(&kv.value).map_err(|e| MetaError::Corrupt {
+        key: kv.key.clone(),
+        what: e.to_string(),
+    })
+}
+
+pub(crate) fn encode<T: Serialize>(v: &T) -> Vec<u8> {
+    serde_json::to_vec(v).expect("metadata records always serialize")
+}
+
+/// trireme's metadata over any [`MetaStore`]. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct ClusterMeta {
+    store: Arc<dyn MetaStore>,
+    /// Compared by every write (see the module doc).
+    fence: Option<Compare>,
+}
+
+impl ClusterMeta {
+    pub fn new(store: Arc<dyn MetaStore>) -> ClusterMeta {
+        ClusterMeta { store, fence: None }
+    }
+
+    /// The same records, every write fenced by the manager lease `lease`.
+    pub fn fenced(&self, lease: LeaseId) -> ClusterMeta {
+        ClusterMeta {
+            store: self.store.clone(),
+            fence: Some(Compare::lease(key("manager"), lease)),
+        }
+    }
+
+    pub fn store(&self) -> &Arc<dyn MetaStore> {
+        &self.store
+    }
+
+    /// Runs a write transaction with the fence added; `Ok(None)` when a compare of the caller
+    /// failed (a conflict: read again and retry), `Deposed` when the fence did.
+    pub(crate) async fn write(
+        &self,
+        mut compare: Vec<Compare>,
+        ops: Vec<Op>,
+    ) -> Result<Option<TxnResult>, MetaError> {
+        let fence = self.fence.clone();
+        let mut failure = Vec::new();
+        if let Some(f) = &fence {
+            compare.push(f.clone());
+            failure.push(Op::get(f.key.clone()));
+        }
+        let r = self
+            .store
+            .txn(Txn::when(compare).then(ops).otherwise(failure))
+            .await?;
+        if r.succeeded {
+            return Ok(Some(r));
+        }
+        if let Some(f) = fence {
+            if !f.holds(r.gets.first().and_then(|g| g.as_ref())) {
+                return Err(MetaError::Deposed("the manager role".into()));
+            }
+        }
+        Ok(None)
+    }
+
+    pub(crate) async fn get<T: DeserializeOwned>(
+        &self,
+        k: &str,
+    ) -> Result<Option<(T, KeyValue)>, MetaError> {
+        match self.store.get(k).await? {
+            Some(kv) => Ok(Some((decode(&kv)?, kv))),
+            None => Ok(None),
+        }
+    }
+
+    pub(crate) async fn list<T: DeserializeOwned>(&self, dir: &str) -> Result<Vec<T>, MetaError> {
+        let (kvs, _) = self.store.range(&key(dir)).await?;
+        kvs.iter().map(decode).collect()
+    }
+
+    /// The lease every write of this handle compares, if it is fenced (the manager's).
+    pub fn fence_lease(&self) -> Option<LeaseId> {
+        self.fence.as_ref().and_then(|c| match c.target {
+            crate::kv::Target::Lease(l) => Some(l),
+            _ => None,
+        })
+    }
+
+    pub async fn setting(&self, k: &str) -> Result<Option<String>, MetaError> {
+        Ok(self
+            .store
+            .get(&key(&format!("settings/{k}")))
+            .await?
+            .map(|kv| String::from_utf8_lossy(&kv.value).into_owned()))
+    }
+
+    pub async fn set_setting(&self, k: &str, value: &str) -> Result<(), MetaError> {
+        self.write(vec![], vec![Op::put(key(&format!("settings/{k}")), value)])
+            .await?
+            .ok_or_else(|| MetaError::Refused("setting: conflicting write".into()))?;
+        Ok(())
+    }
+}
+
+/// The full key of `rel`.
+pub fn key(rel: &str) -> String {
+    format!("{PREFIX}{rel}")
+}

@@ -1,0 +1,245 @@
+//! Volumes: a spec (never changes) and a layout (replicas, states, epoch, access).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use trireme_replication::ReplicaState;
+
+use super::*;
+use crate::kv::{Compare, KeyValue, Op, Txn};
+use crate::{check_name, MetaError, ReplicaRecord, VolumeRecord};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Spec {
+    id: u64,
+    name: String,
+    size: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Layout {
+    replicas: Vec<ReplicaRecord>,
+    epoch: u64,
+    #[serde(default)]
+    writer_open: bool,
+    #[serde(default = "crate::any_client")]
+    access: Vec<String>,
+    #[serde(default, skip_serializing_if = "crate::is_zero32")]
+    min_copies: u32,
+    #[serde(default, skip_serializing_if = "crate::TierPolicy::is_auto")]
+    tier: crate::TierPolicy,
+}
+
+pub(crate) fn record(spec: Spec, layout: Layout) -> VolumeRecord {
+    VolumeRecord {
+        id: spec.id,
+        name: spec.name,
+        size: spec.size,
+        replicas: layout.replicas,
+        epoch: layout.epoch,
+        writer_open: layout.writer_open,
+        access: layout.access,
+        min_copies: layout.min_copies,
+        tier: layout.tier,
+    }
+}
+
+pub(crate) fn layout_of(v: &VolumeRecord) -> Layout {
+    Layout {
+        replicas: v.replicas.clone(),
+        epoch: v.epoch,
+        writer_open: v.writer_open,
+        access: v.access.clone(),
+        min_copies: v.min_copies,
+        tier: v.tier,
+    }
+}
+
+impl ClusterMeta {
+    /// The prefix of the volumes' layouts (replica states, epochs, access lists), for watches.
+    pub fn layouts_prefix() -> String {
+        key("layouts/")
+    }
+
+    /// Creates a volume open to every client of the cluster (see [`Self::create_volume_for`]).
+    pub async fn create_volume(
+        &self,
+        name: &str,
+        size: u64,
+        nodes: &[u32],
+    ) -> Result<VolumeRecord, MetaError> {
+        self.create_volume_for(name, size, nodes, &crate::any_client())
+            .await
+    }
+
+    /// Creates a volume whose replicas go on `nodes`, which the clients in `access` may use.
+    pub async fn create_volume_for(
+        &self,
+        name: &str,
+        size: u64,
+        nodes: &[u32],
+        access: &[String],
+    ) -> Result<VolumeRecord, MetaError> {
+        check_name(name)?;
+        for a in access {
+            crate::check_access_entry(a)?;
+        }
+        let spec_key = key(&format!("volumes/{name}"));
+        let counter = key("next-volume-id");
+        for _ in 0..MAX_TRIES {
+            let c = self.store.get(&counter).await?;
+            let id = match &c {
+                Some(kv) => std::str::from_utf8(&kv.value)
+                    .ok()
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .ok_or_else(|| MetaError::Corrupt {
+                        key: counter.clone(),
+                        what: "not a number".into(),
+                    })?,
+                None => 1,
+            };
+            let spec = Spec {
+                id,
+                name: name.to_string(),
+                size,
+            };
+            let layout = Layout {
+                replicas: nodes
+                    .iter()
+                    .map(|&node| ReplicaRecord {
+                        incarnation: 0,
+                        moving_from: None,
+                        node,
+                        state: ReplicaState::InSync,
+                    })
+                    .collect(),
+                access: access.to_vec(),
+                epoch: 0,
+                writer_open: false,
+                min_copies: 0,
+                tier: crate::TierPolicy::Auto,
+            };
+            let done = self
+                .write(
+                    vec![
+                        Compare::absent(spec_key.clone()),
+                        Compare::mod_revision(
+                            counter.clone(),
+                            c.as_ref().map_or(0, |k| k.mod_revision),
+                        ),
+                    ],
+                    vec![
+                        Op::put(spec_key.clone(), encode(&spec)),
+                        Op::put(key(&format!("layouts/{name}")), encode(&layout)),
+                        Op::put(counter.clone(), (id + 1).to_string()),
+                    ],
+                )
+                .await?;
+            if done.is_some() {
+                return Ok(record(spec, layout));
+            }
+            if self.store.get(&spec_key).await?.is_some() {
+                return Err(MetaError::VolumeExists(name.to_string()));
+            }
+        }
+        Err(MetaError::Contended {
+            what: format!("creating volume {name:?}"),
+            tries: MAX_TRIES,
+        })
+    }
+
+    /// The volume and the `mod_revision` of its layout key.
+    pub(crate) async fn read_volume(&self, name: &str) -> Result<(VolumeRecord, i64), MetaError> {
+        let r = self
+            .store
+            .txn(Txn::when(vec![]).then(vec![
+                Op::get(key(&format!("volumes/{name}"))),
+                Op::get(key(&format!("layouts/{name}"))),
+            ]))
+            .await?;
+        match (&r.gets[0], &r.gets[1]) {
+            (Some(s), Some(l)) => Ok((record(decode(s)?, decode(l)?), l.mod_revision)),
+            (Some(s), None) => Err(MetaError::Corrupt {
+                key: s.key.clone(),
+                what: "the volume has no layout record".into(),
+            }),
+            _ => Err(MetaError::NoVolume(name.to_string())),
+        }
+    }
+
+    pub async fn volume(&self, name: &str) -> Result<VolumeRecord, MetaError> {
+        Ok(self.read_volume(name).await?.0)
+    }
+
+    /// Every volume, by name.
+    pub async fn volumes(&self) -> Result<Vec<VolumeRecord>, MetaError> {
+        let (specs, _) = self.store.range(&key("volumes/")).await?;
+        let (layouts, _) = self.store.range(&key("layouts/")).await?;
+        let layouts: BTreeMap<&str, &KeyValue> = layouts
+            .iter()
+            .map(|kv| (&kv.key[key("layouts/").len()..], kv))
+            .collect();
+        let mut out = Vec::with_capacity(specs.len());
+        for s in &specs {
+            let spec: Spec = decode(s)?;
+            // A volume created between the two reads has no layout yet: not shown.
+            if let Some(l) = layouts.get(spec.name.as_str()) {
+                out.push(record(spec, decode(l)?));
+            }
+        }
+        Ok(out)
+    }
+
+    pub async fn delete_volume(&self, name: &str) -> Result<VolumeRecord, MetaError> {
+        let (v, rev) = self.read_volume(name).await?;
+        let done = self
+            .write(
+                vec![Compare::mod_revision(key(&format!("layouts/{name}")), rev)],
+                vec![
+                    Op::delete(key(&format!("volumes/{name}"))),
+                    Op::delete(key(&format!("layouts/{name}"))),
+                ],
+            )
+            .await?;
+        match done {
+            Some(_) => Ok(v),
+            None => Err(MetaError::Refused(format!(
+                "volume {name:?} changed while it was being deleted; try again"
+            ))),
+        }
+    }
+
+    /// Atomically reads, changes and writes back one volume's layout (compare-and-put on its
+    /// revision, retried on conflicts). `f` may refuse with a message ([`MetaError::Refused`]),
+    /// and then nothing is written. The spec (id, name, size) cannot change.
+    pub async fn update_volume(
+        &self,
+        name: &str,
+        f: &mut (dyn FnMut(&mut VolumeRecord) -> Result<(), MetaError> + Send),
+    ) -> Result<VolumeRecord, MetaError> {
+        let lk = key(&format!("layouts/{name}"));
+        for _ in 0..MAX_TRIES {
+            let (mut v, rev) = self.read_volume(name).await?;
+            let (id, size) = (v.id, v.size);
+            f(&mut v)?;
+            if (v.id, v.size, v.name.as_str()) != (id, size, name) {
+                return Err(MetaError::Refused(
+                    "a volume's id, name and size never change".into(),
+                ));
+            }
+            let done = self
+                .write(
+                    vec![Compare::mod_revision(lk.clone(), rev)],
+                    vec![Op::put(lk.clone(), encode(&layout_of(&v)))],
+                )
+                .await?;
+            if done.is_some() {
+                return Ok(v);
+            }
+        }
+        Err(MetaError::Contended {
+            what: format!("updating volume {name:?}"),
+            tries: MAX_TRIES,
+        })
+    }
+}
