@@ -107,3 +107,154 @@ mod tests {
         assert!(!read_header(&mut b, &mut buf, None, d).await.unwrap());
     }
 }
+
+/// A connection that ends itself when it has been idle too long: a read or write that makes no
+/// progress for the idle time fails with `TimedOut` (every byte moved either way starts the
+/// time again). It also holds the connection's place at its port (an [`crate::Admitted`]),
+/// given back when it is dropped.
+#[derive(Debug)]
+pub struct Guarded<S> {
+    inner: S,
+    idle: Duration,
+    timer: std::pin::Pin<Box<tokio::time::Sleep>>,
+    _place: Option<crate::Admitted>,
+}
+
+impl<S> Guarded<S> {
+    pub fn new(inner: S, idle: Duration, place: Option<crate::Admitted>) -> Guarded<S> {
+        Guarded {
+            inner,
+            idle,
+            timer: Box::pin(tokio::time::sleep(idle)),
+            _place: place,
+        }
+    }
+
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    fn moved(&mut self) {
+        self.timer
+            .as_mut()
+            .reset(tokio::time::Instant::now() + self.idle);
+    }
+
+    /// On a poll that is pending: `Ready(TimedOut)` once the idle time is over.
+    fn expired(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Error> {
+        match self.timer.as_mut().poll(cx) {
+            std::task::Poll::Ready(()) => std::task::Poll::Ready(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("idle for {:?}", self.idle),
+            )),
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        }
+    }
+}
+
+use std::future::Future;
+use std::task::Poll;
+
+impl<S: AsyncRead + Unpin> AsyncRead for Guarded<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        match std::pin::Pin::new(&mut self.inner).poll_read(cx, buf) {
+            Poll::Ready(r) => {
+                if buf.filled().len() > before {
+                    self.moved();
+                }
+                Poll::Ready(r)
+            }
+            Poll::Pending => self.expired(cx).map(Err),
+        }
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Guarded<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match std::pin::Pin::new(&mut self.inner).poll_write(cx, buf) {
+            Poll::Ready(Ok(n)) => {
+                if n > 0 {
+                    self.moved();
+                }
+                Poll::Ready(Ok(n))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => self.expired(cx).map(Err),
+        }
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        match std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs) {
+            Poll::Ready(Ok(n)) => {
+                if n > 0 {
+                    self.moved();
+                }
+                Poll::Ready(Ok(n))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => self.expired(cx).map(Err),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match std::pin::Pin::new(&mut self.inner).poll_flush(cx) {
+            Poll::Pending => self.expired(cx).map(Err),
+            r => r,
+        }
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod guarded_tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test]
+    async fn a_quiet_connection_times_out_and_traffic_keeps_it_open() {
+        let (a, mut b) = tokio::io::duplex(64);
+        let mut g = Guarded::new(a, Duration::from_millis(100), None);
+        // Traffic every 50 ms for 300 ms: never idle for 100 ms.
+        let w = tokio::spawn(async move {
+            for i in 0..6u8 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                b.write_all(&[i]).await.unwrap();
+            }
+            b
+        });
+        let mut got = [0u8; 6];
+        g.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, [0, 1, 2, 3, 4, 5]);
+        let _b = w.await.unwrap();
+        let t = std::time::Instant::now();
+        let e = g.read(&mut got).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+        assert!(t.elapsed() >= Duration::from_millis(90));
+    }
+}

@@ -22,5 +22,6 @@ pub mod io;
 pub mod limits;
 pub mod throttle;
 
-pub use accept::{accept, Admitted, Gate, Handshaking};
-pub use throttle::Throttle;
+pub use accept::{accept, Admitted, Gate, Handshaking, Limits};
+pub use io::Guarded;
+pub use throttle::{Throttle, Throttles};
