@@ -189,6 +189,14 @@ pub trait Handler: Send + Sync + 'static {
         let _ = request;
         false
     }
+
+    /// Refuses a request on its header alone, before its payload is read or received: the
+    /// answer to send instead (a `Denied` response), or `None` to go on. A request its sender
+    /// may not make then costs no memory for its payload.
+    fn refuse(&self, header: &Header, peer: &Peer) -> Option<Frame> {
+        let _ = (header, peer);
+        None
+    }
 }
 
 /// Which transport to use for a connection.

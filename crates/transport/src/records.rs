@@ -53,6 +53,8 @@ pub const SEALED_FRAMES: &[u8] = b"trireme-sealed-frames/1";
 pub const REKEY_AFTER: u64 = if cfg!(test) { 8 } else { 1 << 22 };
 /// The read buffer: many records per `read` syscall.
 const READ_BUFFER: usize = 256 * 1024;
+/// The buffer a handshake is read into (see `Handshake::new`).
+const HANDSHAKE_BUFFER: usize = 64 * 1024;
 /// Sealed bytes the writer holds before it must send them.
 const WRITE_BUFFER: usize = 256 * 1024;
 
@@ -391,7 +393,13 @@ impl AsyncBufRead for TlsReader {
                 if me.filled > me.next {
                     return Poll::Ready(Err(io::ErrorKind::UnexpectedEof.into()));
                 }
-                me.done = true;
+                // A link ends with close_notify (our writer sends it on shutdown): a socket
+                // closed without one may have been cut short by someone else.
+                me.failed = Some((
+                    io::ErrorKind::ConnectionAborted,
+                    "the peer closed the link without close_notify".into(),
+                ));
+                continue;
             }
             me.filled += n;
         }
@@ -577,6 +585,17 @@ pub async fn connect(
     let mut hs = Handshake::new(sock);
     drive!(hs, conn);
     check_version(conn.protocol_version())?;
+    // The data path dials nodes only: a certificate of the CA that names another role (an
+    // NBD export's `server` certificate valid for the same address, a client's) is no node.
+    match trireme_tls::peer_role(&conn) {
+        Some(trireme_tls::Role::Node(_)) => {}
+        other => {
+            return Err(format!(
+                "the peer's certificate names {}, not a node",
+                other.map_or_else(|| "no trireme role".to_string(), |r| r.to_string())
+            ))
+        }
+    }
     let sealed = conn.alpn_protocol() == Some(SEALED_FRAMES);
     let (secrets, kernel) = conn
         .dangerous_into_kernel_connection()
@@ -626,7 +645,9 @@ impl Handshake {
     fn new(sock: TcpStream) -> Handshake {
         Handshake {
             sock,
-            incoming: vec![0; READ_BUFFER],
+            // Enough for any handshake flight of the cluster's certificates, and nothing like
+            // a link's buffers: those are allocated once the peer is authenticated.
+            incoming: vec![0; HANDSHAKE_BUFFER],
             filled: 0,
             outgoing: vec![0; MAX_CIPHER],
             sending: 0,
@@ -808,6 +829,59 @@ mod tests {
         assert_eq!(echo.await.unwrap(), sent.len());
         assert_eq!(back.len(), sent.len());
         assert!(back == sent, "the bytes came back changed");
+    }
+
+    /// A writer dials nodes only: a `server` certificate of the same CA, valid for the
+    /// address (an NBD export's), does not pass for one.
+    #[tokio::test]
+    async fn only_a_node_certificate_passes_for_a_node() {
+        let (d, c, _) = configs();
+        let ca = Ca::open(&d.path().join("ca")).unwrap();
+        ca.issue(&Role::Server, &[San::Ip("127.0.0.1".parse().unwrap())])
+            .unwrap()
+            .write(&d.path().join("server"))
+            .unwrap();
+        let server = Identity::load(&d.path().join("server"), "server").unwrap();
+        let mut s = (*server.server_config().unwrap()).clone();
+        s.enable_secret_extraction = true;
+        s.alpn_protocols = vec![SEALED_FRAMES.to_vec()];
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let s = Arc::new(s);
+        tokio::spawn(async move {
+            let (sock, _) = l.accept().await.unwrap();
+            let _ = accept(sock, s).await;
+        });
+        let sock = TcpStream::connect(addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+        let Err(e) = connect(sock, c, name).await else {
+            panic!("a server passed for a node")
+        };
+        assert!(e.contains("names server, not a node"), "{e}");
+    }
+
+    /// A link that ends with close_notify reads to a clean end; one whose socket is closed
+    /// without it (cut short by someone else, or a peer that died) fails the read instead.
+    #[tokio::test]
+    async fn a_link_must_end_with_close_notify() {
+        let (mut cr, _cw, _sr, mut sw) = {
+            let (cr, cw, sr, sw, _) = link().await;
+            (cr, cw, sr, sw)
+        };
+        sw.write_all(b"bye").await.unwrap();
+        sw.shutdown().await.unwrap();
+        let mut got = Vec::new();
+        cr.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, b"bye");
+
+        let (mut cr, _cw, _sr, mut sw, _) = link().await;
+        sw.write_all(b"cut").await.unwrap();
+        sw.flush().await.unwrap();
+        drop(sw.io);
+        let mut got = Vec::new();
+        let e = cr.read_to_end(&mut got).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionAborted, "{e}");
+        assert_eq!(got, b"cut");
     }
 
     proptest::proptest! {

@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, oneshot};
 use trireme_proto::Header;
 
 use super::frames::{
-    read_frame_within, write_frames, write_frames_vectored, FrameSink, FrameSource,
+    read_frame_within, write_frames, write_frames_vectored, FrameSink, FrameSource, KEEPALIVE_ID,
 };
 use super::{data_tls, READ_BUFFER, TLS_HANDSHAKE, WRITE_BUFFER};
 use crate::{BoxFuture, Connection, ConnectionInfo, Frame, TransportError};
@@ -309,6 +309,8 @@ pub(crate) async fn read_responses<R: FrameSource>(
                 IN_FLIGHT.fetch_sub(1, Ordering::Relaxed);
                 let _ = w.send(Ok(frame));
             }
+            // The answer to a keepalive ping of the stream's writer.
+            None if frame.header.request_id == KEEPALIVE_ID => {}
             None => return format!("response to unknown request {}", frame.header.request_id),
         }
     }

@@ -44,6 +44,87 @@ pub(crate) async fn read_frame_within<R: FrameSource>(
     Ok(Some(Frame::new(header, payload.freeze())))
 }
 
+/// How long a client's stream stays silent before it sends a keepalive ping: well within a
+/// node's idle timeout (`server::IDLE`), so that an idle volume's links stay open.
+pub(crate) const KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The request id of keepalive pings: calls count from 1, so their answers are told apart.
+pub(crate) const KEEPALIVE_ID: u64 = 0;
+
+/// The next frame to send; a keepalive ping when none came for [`KEEPALIVE`]; `None` once
+/// every sender is gone.
+async fn next_or_keepalive(rx: &mut mpsc::UnboundedReceiver<Outgoing>) -> Option<Outgoing> {
+    match tokio::time::timeout(KEEPALIVE, rx.recv()).await {
+        Ok(next) => next,
+        Err(_) => Some((
+            Header::request(trireme_proto::Op::Ping, KEEPALIVE_ID),
+            Bytes::new(),
+            None,
+        )),
+    }
+}
+
+/// Reads the payload `header` announces, charged to the process's payload budget before its
+/// first byte is read (waiting for room: back-pressure on this link), within `deadline`, and
+/// checks it as [`read_frame_within`] does. The charge is paid back when the payload is
+/// dropped.
+pub(crate) async fn read_payload_charged<R: FrameSource>(
+    rd: &mut R,
+    header: Header,
+    deadline: std::time::Duration,
+) -> Result<Frame, ReadError> {
+    let len = header.payload_len as usize;
+    if len == 0 {
+        check_payload(&header, &[]).map_err(ReadError::Decode)?;
+        return Ok(Frame::new(header, Bytes::new()));
+    }
+    let charge = crate::budget::charge(len).await;
+    let payload = tokio::time::timeout(deadline, read_payload(rd, len))
+        .await
+        .map_err(|_| ReadError::Stalled {
+            len,
+            within: deadline,
+        })??;
+    if rd.payload_sealed() {
+        trireme_proto::check_payload_len(&header, &payload)
+    } else {
+        check_payload(&header, &payload)
+    }
+    .map_err(ReadError::Decode)?;
+    let payload = Bytes::from_owner(crate::budget::Charged(payload, Some(charge)));
+    Ok(Frame::new(header, payload))
+}
+
+/// Reads and drops `len` bytes within `deadline`, through a small buffer: a refused request's
+/// payload costs no memory.
+pub(crate) async fn skip_payload<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    len: usize,
+    deadline: std::time::Duration,
+) -> Result<(), ReadError> {
+    let skip = async {
+        let mut left = len as u64;
+        let mut scratch = [0u8; 8192];
+        while left > 0 {
+            let n = rd
+                .read(&mut scratch[..left.min(8192) as usize])
+                .await
+                .map_err(ReadError::Io)?;
+            if n == 0 {
+                return Err(ReadError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+            }
+            left -= n as u64;
+        }
+        Ok(())
+    };
+    tokio::time::timeout(deadline, skip)
+        .await
+        .map_err(|_| ReadError::Stalled {
+            len,
+            within: deadline,
+        })?
+}
+
 /// Reads a payload of `len` bytes (bounded by `decode_header`). Memory follows the bytes that
 /// arrived, a megabyte ahead at most, not the length the peer announced; and nothing is
 /// zero-filled before the data overwrites it.
@@ -77,6 +158,8 @@ pub enum ReadError {
     Io(std::io::Error),
     #[error("decode: {0}")]
     Decode(trireme_proto::DecodeError),
+    #[error("header: {0}")]
+    Header(trireme_net::io::HeaderError),
     #[error("a {len}-byte payload did not arrive within {within:?}")]
     Stalled {
         len: usize,
@@ -93,7 +176,7 @@ pub(crate) async fn write_frames_vectored<W: FrameSink>(
 ) -> std::io::Result<()> {
     let mut headers: Vec<[u8; HEADER_LEN]> = Vec::with_capacity(WRITE_BATCH);
     let mut payloads: Vec<Bytes> = Vec::with_capacity(WRITE_BATCH);
-    while let Some(first) = rx.recv().await {
+    while let Some(first) = next_or_keepalive(&mut rx).await {
         headers.clear();
         payloads.clear();
         let mut next = Some(first);
@@ -134,7 +217,7 @@ pub(crate) async fn write_frames<W: FrameSink>(
     mut w: BufWriter<W>,
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
 ) -> std::io::Result<()> {
-    while let Some((h, payload, crc)) = rx.recv().await {
+    while let Some((h, payload, crc)) = next_or_keepalive(&mut rx).await {
         write_one(&mut w, &h, &payload, crc).await?;
         // Batch whatever else is already queued into the same flush.
         let mut n = 1;

@@ -8,20 +8,50 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::Semaphore;
 use trireme_proto::HEADER_LEN;
 
-use super::frames::{read_frame_within, write_one, FrameSink, FrameSource, ReadError};
+use super::frames::{
+    read_payload_charged, skip_payload, write_one, FrameSink, FrameSource, ReadError,
+};
 use super::{data_tls, MAX_IN_FLIGHT_PER_STREAM, READ_BUFFER, WRITE_BUFFER};
 use crate::Handler;
+use trireme_net::{warn_throttled_by, Throttles};
+use trireme_proto::decode_header;
 
-/// Serves `handler` on `listener` until the listener fails. Each accepted socket gets its own
-/// reader and writer task; each request runs as its own task, at most
-/// `MAX_IN_FLIGHT_PER_STREAM` at once per socket. A malformed frame closes that socket only.
-/// At most [`MAX_CONNECTIONS`] sockets are served at once (TCP and same-host together); one
-/// over that is closed at once, with a log line.
+/// How many connections a node admits: established links (TCP and same-host together), and
+/// TLS handshakes in progress, of which few per source address, so that peers that never
+/// finish (or never start) their handshake cannot take the places of those that do.
+pub const LIMITS: trireme_net::Limits = trireme_net::Limits {
+    established: MAX_CONNECTIONS,
+    handshakes: 128,
+    handshakes_per_source: 16,
+};
+
+/// How long an established link may stay silent: a client's streams send a keepalive ping
+/// after a quarter of it (`client.rs`), so only a peer that went away, or one that keeps
+/// sockets open and sends nothing, reaches it.
+pub const IDLE: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// How long a frame header that has begun may take to arrive whole.
+pub const HEADER_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The process's admission to its node listeners (see [`LIMITS`]).
+fn gate() -> &'static Arc<trireme_net::Gate> {
+    static G: std::sync::OnceLock<Arc<trireme_net::Gate>> = std::sync::OnceLock::new();
+    G.get_or_init(|| trireme_net::Gate::new("node", LIMITS))
+}
+
+/// Peers refused at a node's listeners: one log line a second at most.
+static REFUSED: Throttles = Throttles::per_second();
+
+/// Serves `handler` on `listener`, for good: a failed accept is retried (see
+/// `trireme_net::accept`). Each admitted socket gets its own reader and writer task; each
+/// request runs as its own task, at most `MAX_IN_FLIGHT_PER_STREAM` at once per socket. A
+/// malformed frame closes that socket only. Admission is bounded by [`LIMITS`]; a TLS peer
+/// is authenticated before any buffer of its link is allocated.
 pub async fn serve<H: Handler>(listener: TcpListener, handler: Arc<H>) -> std::io::Result<()> {
     let tls = data_tls().and_then(|t| t.server.clone());
     loop {
-        let (sock, peer) = listener.accept().await?;
-        let Some(slot) = connection_slot(&peer.to_string()) else {
+        let (sock, peer) = trireme_net::accept("node", || listener.accept()).await;
+        let Some(handshake) = gate().handshake(Some(peer.ip())) else {
             continue;
         };
         let _ = sock.set_nodelay(true);
@@ -30,6 +60,9 @@ pub async fn serve<H: Handler>(listener: TcpListener, handler: Arc<H>) -> std::i
         tokio::spawn(async move {
             let r = match tls {
                 None => {
+                    let Some(_place) = gate().establish(handshake) else {
+                        return;
+                    };
                     let (rd, wr) = sock.into_split();
                     let rd = BufReader::with_capacity(READ_BUFFER, rd);
                     serve_stream(rd, wr, WRITE_BUFFER, h, crate::Peer::Trusted).await
@@ -41,25 +74,30 @@ pub async fn serve<H: Handler>(listener: TcpListener, handler: Arc<H>) -> std::i
                     let (rd, wr, role) = match accepted {
                         Ok(Ok(r)) => r,
                         Ok(Err(why)) => {
-                            tracing::warn!(%peer, "refused a connection: TLS handshake failed: {why}");
+                            warn_throttled_by!(REFUSED, &why, %peer, "refused a connection: TLS handshake failed: {why}");
                             return;
                         }
                         Err(_) => {
-                            tracing::warn!(%peer, "refused a connection: no TLS handshake within {TLS_HANDSHAKE:?}");
+                            warn_throttled_by!(REFUSED, "no handshake", %peer, "refused a connection: no TLS handshake within {TLS_HANDSHAKE:?}");
                             return;
                         }
+                    };
+                    let Some(_place) = gate().establish(handshake) else {
+                        return;
                     };
                     tracing::debug!(%peer, %role, sealed_frames = rd.frames_sealed(), "TLS peer");
                     serve_stream(rd, wr, 0, h, crate::Peer::Cert(Arc::new(role))).await
                 }
             };
             if let Err(e) = r {
-                tracing::warn!(%peer, "closing connection: {e}");
+                warn_throttled_by!(CLOSED, &e.to_string(), %peer, "closing connection: {e}");
             }
-            drop(slot);
         });
     }
 }
+
+/// Links closed on an error (a peer that died mid-frame, a malformed frame): throttled too.
+static CLOSED: Throttles = Throttles::per_second();
 
 /// A TLS server's side of a new connection: the handshake, within [`TLS_HANDSHAKE`] (a peer
 /// that connects and says nothing holds nothing for long), and the role the client's
@@ -88,29 +126,23 @@ pub const MAX_CONNECTIONS: usize = 1024;
 /// How long a request's payload may take to arrive once its header has.
 pub const PAYLOAD_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// A place among the [`MAX_CONNECTIONS`] served, or `None` (logged) when they are all taken.
-pub(crate) fn connection_slot(peer: &str) -> Option<tokio::sync::OwnedSemaphorePermit> {
-    static SLOTS: std::sync::OnceLock<Arc<Semaphore>> = std::sync::OnceLock::new();
-    let slots = SLOTS.get_or_init(|| Arc::new(Semaphore::new(MAX_CONNECTIONS)));
-    let slot = slots.clone().try_acquire_owned().ok();
-    if slot.is_none() {
-        tracing::warn!(%peer, "refused a connection: {MAX_CONNECTIONS} already served");
-    }
-    slot
-}
-
-/// Serves `handler` on a unix socket listener (peers on the same host), like [`serve`].
+/// Serves `handler` on a unix socket listener (peers on the same host, of this process's user),
+/// like [`serve`].
 pub async fn serve_unix<H: Handler>(
     listener: UnixListener,
     handler: Arc<H>,
 ) -> std::io::Result<()> {
     loop {
-        let (sock, _) = listener.accept().await?;
+        let (sock, _) = trireme_net::accept("node (unix)", || listener.accept()).await;
         if let Err(why) = trireme_tls::local::check_peer(&sock) {
-            tracing::warn!("refused a same-host connection: {why}");
+            warn_throttled_by!(
+                REFUSED,
+                &why.to_string(),
+                "refused a same-host connection: {why}"
+            );
             continue;
         }
-        let Some(slot) = connection_slot("a same-host peer") else {
+        let Some(place) = gate().admit() else {
             continue;
         };
         let h = handler.clone();
@@ -118,14 +150,14 @@ pub async fn serve_unix<H: Handler>(
             let (rd, wr) = sock.into_split();
             let rd = BufReader::with_capacity(READ_BUFFER, rd);
             if let Err(e) = serve_stream(rd, wr, WRITE_BUFFER, h, crate::Peer::Trusted).await {
-                tracing::warn!("closing unix connection: {e}");
+                warn_throttled_by!(CLOSED, &e.to_string(), "closing unix connection: {e}");
             }
-            drop(slot);
+            drop(place);
         });
     }
 }
 
-pub(crate) async fn serve_stream<H, R, W>(
+async fn serve_stream<H, R, W>(
     mut rd: R,
     wr: W,
     write_buffer: usize,
@@ -149,11 +181,30 @@ where
     // The UCX secrets handed out on this link; they die with it.
     let mut grants = crate::ucx::Grants::default();
     loop {
-        let mut frame = match read_frame_within(&mut rd, Some(PAYLOAD_DEADLINE)).await {
-            Ok(Some(f)) => f,
-            Ok(None) => return Ok(()),
-            Err(e) => return Err(e),
-        };
+        let mut hb = [0u8; HEADER_LEN];
+        match trireme_net::io::read_header(&mut rd, &mut hb, Some(IDLE), HEADER_DEADLINE).await {
+            Ok(true) => {}
+            Ok(false) => return Ok(()),
+            Err(trireme_net::io::HeaderError::Io(e))
+                if e.kind() == std::io::ErrorKind::UnexpectedEof =>
+            {
+                return Ok(())
+            }
+            Err(e) => return Err(ReadError::Header(e)),
+        }
+        let header = decode_header(&hb).map_err(ReadError::Decode)?;
+        // Authorized on its header: a request its sender may not make is answered without
+        // its payload being read into memory (the bytes are skipped).
+        if let Some(refusal) = handler.refuse(&header, &peer) {
+            skip_payload(&mut rd, header.payload_len as usize, PAYLOAD_DEADLINE).await?;
+            let mut w = wr.lock().await;
+            write_one(&mut w, &refusal.header, &refusal.payload, None)
+                .await
+                .map_err(ReadError::Io)?;
+            w.flush().await.map_err(ReadError::Io)?;
+            continue;
+        }
+        let mut frame = read_payload_charged(&mut rd, header, PAYLOAD_DEADLINE).await?;
         if frame.header.op == trireme_proto::Op::Hello {
             origin = frame.header.offset;
             continue;

@@ -189,6 +189,11 @@ impl Hub {
                     note_unknown_secret();
                     return Taken::Refused;
                 };
+                // Authorized on the header: what the peer may not ask costs no payload.
+                if let Some(refusal) = self.server.get().and_then(|s| s.refuse(&h, &peer)) {
+                    lock(&self.outbox).push((ep, refusal, secret));
+                    return Taken::Done;
+                }
                 let then = move |payload| self.on_request(h, secret, origin, peer, payload, ep);
                 match data {
                     AmData::Eager(b) => {
@@ -471,6 +476,8 @@ trait Server: Send + Sync {
     fn take(&self, f: Frame, ep: ReplyEp, secret: [u8; SECRET_LEN]) -> Option<Frame>;
     /// The runtime the handler's tasks run on.
     fn runtime(&self) -> &tokio::runtime::Handle;
+    /// See [`Handler::refuse`].
+    fn refuse(&self, h: &Header, peer: &crate::Peer) -> Option<Frame>;
 }
 
 struct Served<H: Handler> {
@@ -503,6 +510,10 @@ impl<H: Handler> Server for Served<H> {
 
     fn runtime(&self) -> &tokio::runtime::Handle {
         &self.rt
+    }
+
+    fn refuse(&self, h: &Header, peer: &crate::Peer) -> Option<Frame> {
+        self.handler.refuse(h, peer)
     }
 }
 
