@@ -82,3 +82,90 @@ pub async fn follow_control(control: std::path::PathBuf, view: AccessView) {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
+
+/// What a node daemon's access rules need (see `trireme_node`'s `access.rs`): every volume's
+/// access list, newest epoch and writer (its attach record's identity), by volume id, and the
+/// cluster's members (nodes not removed).
+pub async fn node_policies(
+    meta: &ClusterMeta,
+) -> Result<
+    (
+        HashMap<u64, trireme_node::VolumePolicy>,
+        std::collections::HashSet<u32>,
+    ),
+    trireme_meta::MetaError,
+> {
+    let volumes = meta.volumes().await?;
+    let attached = meta.attachments().await?;
+    let members = meta
+        .nodes()
+        .await?
+        .into_iter()
+        .filter(|n| n.state != trireme_meta::NodeState::Removed)
+        .map(|n| n.id)
+        .collect();
+    let policies = volumes
+        .into_iter()
+        .map(|v| {
+            // A record of an older epoch (a writer replaced meanwhile) names nobody current.
+            let writer = attached
+                .get(&v.name)
+                .filter(|a| a.epoch == v.epoch)
+                .and_then(|a| a.identity.clone());
+            (
+                v.id,
+                trireme_node::VolumePolicy {
+                    access: v.access,
+                    epoch: v.epoch,
+                    writer,
+                },
+            )
+        })
+        .collect();
+    Ok((policies, members))
+}
+
+/// Keeps `node`'s access rules current ([`node_policies`]): afresh on each change of a
+/// layout, an attach record or a node record (watches), and every few seconds in case a watch
+/// missed one. Until the first read, clients reach nothing (nodes and operators do). Runs
+/// until dropped.
+pub async fn follow_node(meta: ClusterMeta, node: std::sync::Arc<trireme_node::Node>) {
+    const REREAD: Duration = Duration::from_secs(5);
+    let prefixes = [
+        ClusterMeta::layouts_prefix(),
+        ClusterMeta::attach_prefix(),
+        ClusterMeta::nodes_prefix(),
+    ];
+    loop {
+        let mut watches = Vec::new();
+        for p in &prefixes {
+            watches.push(meta.store().watch(p, 0).await.ok());
+        }
+        match node_policies(&meta).await {
+            Ok((policies, members)) => {
+                node.set_policies(policies);
+                node.set_members(Some(members));
+            }
+            Err(e) => tracing::debug!("reading the access rules: {e}"),
+        }
+        let [a, b, c] = &mut watches[..] else {
+            unreachable!("three prefixes")
+        };
+        tokio::select! {
+            _ = changed(a) => {}
+            _ = changed(b) => {}
+            _ = changed(c) => {}
+            _ = tokio::time::sleep(REREAD) => {}
+        }
+        // A burst of changes (an attach writes several keys) is read once.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Resolves when `w` sees a change (or ends); never, without a watch.
+async fn changed(w: &mut Option<trireme_meta::kv::Watch>) -> bool {
+    match w.as_mut() {
+        Some(w) => w.recv().await.is_some(),
+        None => std::future::pending().await,
+    }
+}

@@ -278,14 +278,9 @@ pub async fn run_member(
         let _ = writeln!(o, "listening {addr}");
         let _ = o.flush();
     }
-    // Every volume's access list, kept current: until it is first read, clients reach nothing
-    // (nodes and operators still do).
-    let access = {
-        let n = node.clone();
-        tokio::spawn(crate::access::follow(meta.clone(), move |vs| {
-            n.set_access(vs.into_iter().map(|v| (v.id, v.access)).collect())
-        }))
-    };
+    // Every volume's access list, writer and epoch, and the cluster's members, kept current:
+    // until they are first read, clients reach nothing (nodes and operators still do).
+    let access = tokio::spawn(crate::access::follow_node(meta.clone(), node.clone()));
     let serve = trireme_transport::tcp::serve(listener, node.clone());
 
     // The lease, kept (and re-taken after a loss) in the background; the manager role follows it.

@@ -19,6 +19,7 @@ pub mod books;
 mod dirty;
 mod serve;
 
+pub use access::VolumePolicy;
 pub use activity::{ActivityLogs, ActivityView};
 pub use dirty::{DirtyTracker, DirtyView, DEFAULT_GRAIN as DEFAULT_DIRTY_GRAIN};
 
@@ -62,9 +63,11 @@ pub struct Node {
     closed: RwLock<bool>,
     /// The UCX worker address this node offers clients, or why it offers none.
     ucx: RwLock<Result<Bytes, String>>,
-    /// Which client identities may use each volume, by volume id (its access list; `*` is
-    /// any client of the cluster). `None` until the node is told: clients get nothing then.
-    access: RwLock<Option<HashMap<u64, Vec<String>>>>,
+    /// What the metadata says of each volume, by id: its access list, newest epoch and
+    /// writer (see `access.rs`). `None` until the node is told: clients get nothing then.
+    policies: RwLock<Option<HashMap<u64, VolumePolicy>>>,
+    /// The cluster's members, for node certificates (see `access.rs`); `None`: not known.
+    members: RwLock<Option<std::collections::HashSet<u32>>>,
     /// Most bytes the replicas of this node may hold together (their sizes); CreateReplica
     /// past it is refused.
     capacity: std::sync::atomic::AtomicU64,
@@ -136,7 +139,8 @@ impl Node {
             owners: RwLock::default(),
             closed: RwLock::new(false),
             ucx: RwLock::new(Err("the node runs without UCX".into())),
-            access: RwLock::new(None),
+            policies: RwLock::new(None),
+            members: RwLock::new(None),
             capacity: std::sync::atomic::AtomicU64::new(u64::MAX),
             books: std::sync::atomic::AtomicBool::new(false),
         }

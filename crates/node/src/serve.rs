@@ -55,7 +55,7 @@ impl Node {
         if *closed {
             return Err(Refusal(Status::Io, "the node is shutting down".into()));
         }
-        self.authorize(req)?;
+        self.authorize(&req.header, &req.peer)?;
         let h = &req.header;
         let mut resp = h.response(Status::Ok);
         let len_usize = || -> Result<usize, Refusal> {
@@ -402,6 +402,11 @@ impl Handler for Node {
                 req.header.op,
                 Op::Ping | Op::ReplicaInfo | Op::UcxAddress | Op::TierInfo | Op::TierHeat
             )
+    }
+
+    fn refuse(&self, header: &Header, peer: &trireme_transport::Peer) -> Option<Frame> {
+        let Refusal(status, msg) = self.authorize(header, peer).err()?;
+        Some(Frame::new(header.response(status), Bytes::from(msg)))
     }
 
     async fn handle(self: Arc<Self>, req: Frame) -> Frame {

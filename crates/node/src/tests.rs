@@ -1,6 +1,7 @@
 //! The node against a real TCP connection on 127.0.0.1.
 
 use super::*;
+use std::collections::HashSet;
 use trireme_proto::{DirtyPeer, Header, Op};
 use trireme_transport::{tcp::TcpConnection, Connection, Frame, Handler, Peer};
 
@@ -251,8 +252,10 @@ async fn a_closed_node_refuses_every_request() {
     assert_eq!(buf, [0; 4], "the late write did not land");
 }
 
-/// What each identity may do: a client only on volumes whose access list names it, and never
-/// create or delete a replica; nodes and operators everything. Refusals mark nothing.
+/// What each identity may do: a client only on volumes whose access list names it, only
+/// while it is the volume's writer, and never create or delete a replica; a node only while it
+/// is a member; operators everything; no attach past the metadata's newest epoch. Refusals
+/// mark nothing, and are decided on the header alone (`Handler::refuse`).
 #[tokio::test]
 async fn identities_reach_only_what_they_may() {
     use trireme_tls::Role;
@@ -268,22 +271,47 @@ async fn identities_reach_only_what_they_may() {
     };
     let alice = || Role::Client("alice".into());
     let bob = || Role::Client("bob".into());
+    let policy = |access: &[&str], epoch, writer: Option<&str>| {
+        HashMap::from([(
+            1,
+            VolumePolicy {
+                access: access.iter().map(|s| s.to_string()).collect(),
+                epoch,
+                writer: writer.map(String::from),
+            },
+        )])
+    };
     // A client may not create or delete replicas, an operator may.
     let create = req(Op::CreateReplica, 1, 0, 0, 1 << 20);
     assert_eq!(as_peer(alice(), create, b"").await, Status::Denied);
     assert_eq!(as_peer(Role::Server, create, b"").await, Status::Denied);
     assert_eq!(as_peer(Role::Admin, create, b"").await, Status::Ok);
-    // Until the node knows the access lists, clients reach nothing.
+    // Until the node knows the volume, clients reach nothing.
     assert_eq!(
         as_peer(alice(), req(Op::Attach, 1, 1, 0, 0), b"").await,
         Status::Denied
     );
-    node.set_access(HashMap::from([(1, vec!["alice".to_string()])]));
+    // On the list but nobody attached, or another writer: still nothing.
+    node.set_policies(policy(&["alice", "bob"], 1, None));
+    assert_eq!(
+        as_peer(alice(), req(Op::Attach, 1, 1, 0, 0), b"").await,
+        Status::Denied
+    );
+    node.set_policies(policy(&["alice", "bob"], 1, Some("client alice")));
     assert_eq!(
         as_peer(alice(), req(Op::Attach, 1, 1, 0, 0), b"").await,
         Status::Ok
     );
-    for op in [Op::Attach, Op::Read, Op::Checksum, Op::ReplicaInfo] {
+    // Bob is listed too, but alice writes: he may not take the replica at her epoch, nor
+    // write, read or query it behind her back.
+    for op in [
+        Op::Attach,
+        Op::Read,
+        Op::Checksum,
+        Op::ReplicaInfo,
+        Op::DirtyQuery,
+        Op::ActivityQuery,
+    ] {
         assert_eq!(
             as_peer(bob(), req(op, 1, 1, 0, 4), b"").await,
             Status::Denied,
@@ -294,6 +322,13 @@ async fn identities_reach_only_what_they_may() {
         as_peer(bob(), req(Op::Write, 1, 1, 0, 0), b"evil").await,
         Status::Denied
     );
+    // The refusal is decided on the header: a transport asks before reading a payload.
+    assert!(node
+        .refuse(&req(Op::Write, 1, 1, 0, 4), &Peer::Cert(Arc::new(bob())))
+        .is_some_and(|f| f.header.status == Status::Denied));
+    assert!(node
+        .refuse(&req(Op::Write, 1, 1, 0, 4), &Peer::Cert(Arc::new(alice())))
+        .is_none());
     assert_eq!(
         as_peer(alice(), req(Op::DeleteReplica, 1, 0, 0, 0), b"").await,
         Status::Denied
@@ -302,8 +337,27 @@ async fn identities_reach_only_what_they_may() {
         as_peer(bob(), req(Op::Ping, 0, 0, 0, 0), b"").await,
         Status::Ok
     );
-    // `*` opens it to every client.
-    node.set_access(HashMap::from([(1, vec!["*".to_string()])]));
+    // No attach past the metadata's newest epoch, whoever asks: a leap would fence the
+    // volume for good.
+    for who in [alice(), Role::Admin] {
+        assert_eq!(
+            as_peer(who, req(Op::Attach, 1, 1 << 31, 0, 0), b"").await,
+            Status::Denied
+        );
+    }
+    assert_eq!(node.replica(1).ok().unwrap().epoch(), 1);
+    // A node certificate counts while its node is a member.
+    node.set_members(Some(HashSet::from([7, 8])));
+    assert_eq!(
+        as_peer(Role::Node(8), req(Op::ReplicaInfo, 1, 1, 0, 0), b"").await,
+        Status::Ok
+    );
+    assert_eq!(
+        as_peer(Role::Node(9), req(Op::ReplicaInfo, 1, 1, 0, 0), b"").await,
+        Status::Denied
+    );
+    // `*` opens it to every client (that writes it).
+    node.set_policies(policy(&["*"], 2, Some("client bob")));
     assert_eq!(
         as_peer(bob(), req(Op::ReplicaInfo, 1, 1, 0, 0), b"").await,
         Status::Ok

@@ -5,6 +5,22 @@ use crate::kv::{Compare, KeyValue, LeaseId, Op, Txn};
 use crate::{MetaError, VolumeRecord};
 
 impl ClusterMeta {
+    /// Every attach record, by volume name.
+    pub async fn attachments(
+        &self,
+    ) -> Result<std::collections::BTreeMap<String, AttachRecord>, MetaError> {
+        let dir = key("attach/");
+        let (kvs, _) = self.store.range(&dir).await?;
+        kvs.iter()
+            .map(|kv| Ok((kv.key[dir.len()..].to_string(), decode(kv)?)))
+            .collect()
+    }
+
+    /// Where the attach records live (for watches).
+    pub fn attach_prefix() -> String {
+        key("attach/")
+    }
+
     /// Who writes `name` now (its lease-bound attach record) and the record's revision.
     pub async fn attachment(
         &self,

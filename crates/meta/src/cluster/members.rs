@@ -17,6 +17,11 @@ impl ClusterMeta {
         Ok(())
     }
 
+    /// Where the node records live (for watches).
+    pub fn nodes_prefix() -> String {
+        key("nodes/")
+    }
+
     /// Every registered node, by id.
     pub async fn nodes(&self) -> Result<Vec<NodeRecord>, MetaError> {
         let mut v: Vec<NodeRecord> = self.list("nodes/").await?;
