@@ -87,7 +87,7 @@ class EtcdCluster:
 
     def start_node(self, i):
         self.nodes[i] = subprocess.Popen(
-            [T, "node", "run", "--id", str(i), "--listen", "127.0.0.1:0", "--dir", f"{self.d}/n{i}",
+            [T, "node", "run", "--id", str(i), "--insecure", "--listen", "127.0.0.1:0", "--dir", f"{self.d}/n{i}",
              "--store", self.store, "--lease-ttl", "3s", *self.extra],
             env=self.env, stdout=subprocess.DEVNULL, stderr=open(f"{self.d}/n{i}.log", "a"))
 

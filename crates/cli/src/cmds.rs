@@ -352,7 +352,15 @@ async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
             let every = (*every).max(std::time::Duration::from_millis(100));
             let tty = std::io::stdout().is_terminal();
             loop {
-                let s: StatusReport = cc.call(&Request::Status).await?;
+                // The control port closes a connection idle for a minute: a slow watch
+                // connects again.
+                let s: StatusReport = match cc.call(&Request::Status).await {
+                    Ok(s) => s,
+                    Err(_) => {
+                        cc = control_client(cli).await?;
+                        cc.call(&Request::Status).await?
+                    }
+                };
                 let mut o = std::io::stdout().lock();
                 match out {
                     // One document per line: a stream a program can follow.
@@ -1007,10 +1015,31 @@ fn node_config(cli: &Cli, a: &NodeServeArgs) -> Result<trireme_daemon::node::Nod
     })
 }
 
-async fn node_serve(cli: &Cli, a: &NodeServeArgs) -> Result<(), CliError> {
-    if let Some(d) = &a.tls_dir {
-        trireme_daemon::use_tls(d, Some("node"), true).map_err(daemon_err)?;
+/// A node serves TCP over mutual TLS, or in plain text only when told: a daemon that would
+/// trust every peer says so at start, and is never that way by accident.
+fn node_tls(tls_dir: Option<&std::path::Path>, insecure: bool) -> Result<(), CliError> {
+    match (tls_dir, insecure) {
+        (Some(d), _) => {
+            trireme_daemon::use_tls(d, Some("node"), true).map_err(daemon_err)?;
+            tracing::info!(dir = %d.display(), "serving TCP over mutual TLS");
+            Ok(())
+        }
+        (None, true) => {
+            tracing::warn!(
+                "serving TCP in plain text (--insecure): every peer that reaches the port is trusted"
+            );
+            Ok(())
+        }
+        (None, false) => Err(CliError::Usage(
+            "a node serves TCP over mutual TLS: give --tls-dir DIR (its certificate: \
+             `trireme ca issue node N --san ADDR --out DIR`), or --insecure for plain text"
+                .into(),
+        )),
     }
+}
+
+async fn node_serve(cli: &Cli, a: &NodeServeArgs) -> Result<(), CliError> {
+    node_tls(a.tls_dir.as_deref(), a.insecure)?;
     let node = trireme_daemon::node::build_node(&node_config(cli, a)?).map_err(daemon_err)?;
     let http = match a.http.addr.0 {
         Some(addr) => {
@@ -1094,9 +1123,7 @@ async fn etcd_meta(cli: &Cli) -> Result<trireme_meta::ClusterMeta, CliError> {
 }
 
 async fn node_run(cli: &Cli, a: &crate::NodeRunArgs) -> Result<(), CliError> {
-    if let Some(d) = &a.tls_dir {
-        trireme_daemon::use_tls(d, Some("node"), true).map_err(daemon_err)?;
-    }
+    node_tls(a.tls_dir.as_deref(), a.insecure)?;
     let meta = etcd_meta(cli).await?;
     let cfg = trireme_daemon::node::NodeConfig {
         tiers: a.tiers.config(a.store, None).map_err(CliError::Usage)?,

@@ -518,9 +518,13 @@ pub struct NodeServeArgs {
     pub volatile_bookkeeping: bool,
     /// Serve TCP peers over mutual TLS with the identity in DIR (`node-cert.pem`,
     /// `node-key.pem`, `ca-cert.pem`; `trireme ca issue node N`): only peers with a certificate
-    /// of that CA get in.
+    /// of that CA get in. Required unless `--insecure`.
     #[arg(long, value_name = "DIR")]
     pub tls_dir: Option<PathBuf>,
+    /// Serve TCP in plain text, trusting every peer that reaches the port (a test cluster on
+    /// a network of its own).
+    #[arg(long, conflicts_with = "tls_dir")]
+    pub insecure: bool,
     /// Most bytes this node's replicas may hold together (sizes summed); creating one past it
     /// is refused. Default: half the host's memory for `--store memory`, the file system's
     /// size for `--store file`.
@@ -536,8 +540,13 @@ pub struct NodeRunArgs {
     #[arg(long, value_parser = units::parse_size)]
     pub capacity: Option<u64>,
     /// Serve and reach peers over mutual TLS with the identity in DIR (as `node serve`).
+    /// Required unless `--insecure`.
     #[arg(long, value_name = "DIR")]
     pub tls_dir: Option<PathBuf>,
+    /// Serve TCP in plain text, trusting every peer that reaches the port, and accept an etcd
+    /// that lets any certificate write every key (a test cluster on a network of its own).
+    #[arg(long, conflicts_with = "tls_dir")]
+    pub insecure: bool,
     /// This node's id in the cluster (unique; a second daemon with it is refused).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub id: u32,
@@ -736,6 +745,9 @@ fn main() -> ExitCode {
     // metadata file, logs. The store and the TLS files set their modes themselves too.
     // SAFETY: umask only sets the process's file-creation mask; it cannot fail.
     unsafe { libc::umask(0o077) };
+    // Connections are bounded by each port's caps, not by systemd's soft limit of 1024
+    // descriptors; what cannot be raised is lived with (accepts back off on EMFILE).
+    let _ = trireme_net::limits::raise_nofile();
     tune_allocator();
     // DISKSPD spells hot zones `-rdpct90/10`, which reads as `-r` with a value: say it long.
     let args = std::env::args_os().map(|a| match a.to_str() {

@@ -308,7 +308,13 @@ impl World {
             .cmd_on(&host)
             .args(["node", "run", "--id", &id.to_string(), "--listen"])
             .arg(format!("{}:0", host.ip))
-            .args(["--lease-ttl", "3s", "--down-out-interval", DOWN_OUT])
+            .args([
+                "--insecure",
+                "--lease-ttl",
+                "3s",
+                "--down-out-interval",
+                DOWN_OUT,
+            ])
             .args(["--store", "file", "--zone", &format!("rack-{id}")])
             .arg("--dir")
             .arg(self.dir.path().join(format!("node-{id}")))
@@ -537,7 +543,7 @@ fn a_cluster_on_etcd_survives_node_manager_etcd_and_writer_failures() {
     let host = w.servers[1].clone();
     let dup = w
         .cmd_on(&host)
-        .args(["node", "run", "--id", "2", "--listen"])
+        .args(["node", "run", "--id", "2", "--insecure", "--listen"])
         .arg(format!("{}:0", host.ip))
         .arg("--dir")
         .arg(w.dir.path().join("dup"))

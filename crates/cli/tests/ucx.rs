@@ -190,6 +190,7 @@ fn transport_ucx_refuses_to_fall_back() {
             "1",
             "--store",
             "memory",
+            "--insecure",
         ])
         .arg("--dir")
         .arg(dir.path().join("n1"))

@@ -477,6 +477,16 @@ impl ControlClient {
         .await
         .map_err(|_| err(std::io::Error::other("no TLS handshake within 3s")))?
         .map_err(err)?;
+        // The manager's control port is a node daemon's: no other role passes for it.
+        match trireme_tls::peer_role(tls.get_ref().1) {
+            Some(trireme_tls::Role::Node(_)) => {}
+            other => {
+                return Err(err(std::io::Error::other(format!(
+                    "its certificate names {}, not a node",
+                    other.map_or_else(|| "no trireme role".to_string(), |r| r.to_string())
+                ))))
+            }
+        }
         Ok(ControlClient {
             stream: BufReader::new(Box::new(tls)),
         })

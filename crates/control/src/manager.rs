@@ -1084,15 +1084,46 @@ fn trireme_store_kind_is_volatile(store: &str) -> bool {
     !matches!(store, "file" | "tiered")
 }
 
-/// Serves the control API on a unix socket at `path` until the listener fails.
+/// How many control connections a process admits (unix and TCP together), of which TLS
+/// handshakes in progress, few per source address.
+pub const CONTROL_LIMITS: trireme_net::Limits = trireme_net::Limits {
+    established: 256,
+    handshakes: 64,
+    handshakes_per_source: 8,
+};
+
+/// A control connection that moves no byte either way for this long is closed: between
+/// requests, or halfway through one. A request the manager takes long to answer (a restart)
+/// is not held to it: nothing is read then.
+pub const CONTROL_IDLE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The process's admission to its control listeners.
+pub fn control_gate() -> &'static Arc<trireme_net::Gate> {
+    static G: std::sync::OnceLock<Arc<trireme_net::Gate>> = std::sync::OnceLock::new();
+    G.get_or_init(|| trireme_net::Gate::new("control", CONTROL_LIMITS))
+}
+
+/// Refused control connections: one log line a second at most.
+pub static REFUSED: trireme_net::Throttles = trireme_net::Throttles::per_second();
+
+/// Serves the control API on a unix socket at `path`, for good: a failed accept is retried
+/// (see `trireme_net::accept`).
 pub async fn serve(path: &Path, manager: Arc<Manager>) -> std::io::Result<()> {
     let listener = trireme_tls::local::bind_private(path)?;
     loop {
-        let (sock, _) = listener.accept().await?;
+        let (sock, _) = trireme_net::accept("control (unix)", || listener.accept()).await;
         if let Err(why) = trireme_tls::local::check_peer(&sock) {
-            tracing::warn!("refused a control connection: {why}");
+            trireme_net::warn_throttled_by!(
+                REFUSED,
+                &why.to_string(),
+                "refused a control connection: {why}"
+            );
             continue;
         }
+        let Some(place) = control_gate().admit() else {
+            continue;
+        };
+        let sock = trireme_net::Guarded::new(sock, CONTROL_IDLE, Some(place));
         tokio::spawn(serve_conn(sock, manager.clone(), Peer::Trusted));
     }
 }
@@ -1118,7 +1149,13 @@ fn authorize(peer: &Peer, req: &Request) -> Result<()> {
                 .ok()
                 .and_then(|v| v.get("cmd").and_then(|c| c.as_str()).map(String::from))
                 .unwrap_or_default();
-            tracing::warn!(%peer, cmd, "refused a control request: only operators and nodes may");
+            trireme_net::warn_throttled_by!(
+                REFUSED,
+                &cmd,
+                %peer,
+                cmd,
+                "refused a control request: only operators and nodes may"
+            );
             Err(refused(format!(
                 "{peer} may not {cmd}: only an operator (`trireme ca issue admin`) or a node may"
             )))

@@ -220,6 +220,8 @@ async fn spawn_node(sup: &Supervisor, id: u32) -> Result<(Child, NodeProc), Daem
     if sup.tls {
         cmd.arg("--tls-dir")
             .arg(dir.join("tls").join(format!("node-{id}")));
+    } else {
+        cmd.arg("--insecure");
     }
     if netns.is_none() {
         cmd.arg("--socket").arg(dir.join(format!("node-{id}.sock")));

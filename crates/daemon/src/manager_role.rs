@@ -226,9 +226,10 @@ async fn serve_control(
     let acceptor = trireme_transport::tcp::tls_setup()
         .and_then(|t| t.server.clone())
         .map(trireme_tls::tokio_rustls::TlsAcceptor::from);
+    let gate = trireme_control::control_gate();
     loop {
-        let Ok((sock, addr)) = listener.accept().await else {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        let (sock, addr) = trireme_net::accept("control", || listener.accept()).await;
+        let Some(handshake) = gate.handshake(Some(addr.ip())) else {
             continue;
         };
         let _ = sock.set_nodelay(true);
@@ -236,16 +237,26 @@ async fn serve_control(
         let meta = meta.clone();
         let acceptor = acceptor.clone();
         tokio::spawn(async move {
-            let (mut sock, peer): (Box<dyn trireme_control::ControlStream>, _) = match acceptor {
+            let (sock, peer): (Box<dyn trireme_control::ControlStream>, _) = match acceptor {
                 None => (Box::new(sock), trireme_transport::Peer::Trusted),
                 Some(a) => match trireme_transport::tcp::accept_tls(&a, sock).await {
                     Ok((s, role)) => (Box::new(s), trireme_transport::Peer::Cert(Arc::new(role))),
                     Err(why) => {
-                        tracing::warn!(%addr, "refused a control connection: {why}");
+                        trireme_net::warn_throttled_by!(
+                            trireme_control::REFUSED,
+                            &why,
+                            %addr,
+                            "refused a control connection: {why}"
+                        );
                         return;
                     }
                 },
             };
+            let Some(place) = gate.establish(handshake) else {
+                return;
+            };
+            let mut sock =
+                trireme_net::Guarded::new(sock, trireme_control::CONTROL_IDLE, Some(place));
             // A daemon that has just won the election is named in etcd a moment before its
             // manager is ready (it reads the previous manager's jobs first): a client sent here
             // in that moment waits for it rather than being told to go elsewhere.

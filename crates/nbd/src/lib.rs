@@ -132,7 +132,7 @@ fn gate() -> &'static Arc<trireme_net::Gate> {
 }
 
 /// Refused NBD clients: one log line a second at most.
-static REFUSED: trireme_net::Throttle = trireme_net::Throttle::per_second();
+static REFUSED: trireme_net::Throttles = trireme_net::Throttles::per_second();
 
 /// Serves `exports` on an already bound unix socket listener, for good: a failed accept is
 /// retried (see `trireme_net::accept`).
@@ -143,8 +143,9 @@ pub async fn serve_unix<B: Backend>(
     loop {
         let (sock, _) = trireme_net::accept("nbd (unix)", || listener.accept()).await;
         if let Err(why) = trireme_tls::local::check_peer(&sock) {
-            trireme_net::warn_throttled!(
+            trireme_net::warn_throttled_by!(
                 REFUSED,
+                &why.to_string(),
                 "refused an NBD client on the unix socket: {why}"
             );
             continue;
@@ -161,7 +162,11 @@ pub async fn serve_unix<B: Backend>(
             match serve_admitted(sock, ex, Some(admission)).await {
                 Ok(()) => {}
                 Err(e @ NbdError::Refused(_)) => {
-                    trireme_net::warn_throttled!(REFUSED, "NBD client (unix) {e}")
+                    trireme_net::warn_throttled_by!(
+                        REFUSED,
+                        &e.to_string(),
+                        "NBD client (unix) {e}"
+                    )
                 }
                 Err(e) => tracing::info!("nbd connection (unix) ended: {e}"),
             }
@@ -206,7 +211,7 @@ pub async fn serve_tcp<B: Backend>(
             match r {
                 Ok(()) => {}
                 Err(e @ NbdError::Refused(_)) => {
-                    trireme_net::warn_throttled!(REFUSED, %peer, "NBD client {e}");
+                    trireme_net::warn_throttled_by!(REFUSED, &e.to_string(), %peer, "NBD client {e}");
                 }
                 Err(e) => tracing::info!(%peer, "nbd connection ended: {e}"),
             }

@@ -57,11 +57,12 @@ pub(crate) struct Allowed<'a> {
 
 impl Allowed<'_> {
     pub(crate) fn denies(gate: Option<&Self>, export: &str) -> bool {
-        static REFUSED: trireme_net::Throttle = trireme_net::Throttle::per_second();
+        static REFUSED: trireme_net::Throttles = trireme_net::Throttles::per_second();
         match gate {
             Some(g) if !(g.allow)(export, g.client) => {
-                trireme_net::warn_throttled!(
+                trireme_net::warn_throttled_by!(
                     REFUSED,
+                    g.client,
                     client = g.client,
                     export,
                     "refused: the client is not on the volume's access list"
