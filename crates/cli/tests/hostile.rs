@@ -46,14 +46,30 @@ fn the_access_list_decides_which_clients_reach_a_volume() {
     );
     let addr = c.tcp_addr();
     let as_bob = format!("nbds://{addr}/vol0?tls-certificates={}", bob.display());
-    // A new volume is open to every client of the cluster.
-    assert!(nbdinfo_ok(&as_bob));
-
-    // Only `local` (the credentials `up` wrote) from now on.
+    // A new volume is open to its creator only: here `local`, the credentials `up` wrote.
+    assert!(
+        !nbdinfo_ok(&as_bob),
+        "bob reached a volume nobody opened to him"
+    );
+    assert!(nbdinfo_ok(&c.tcp), "the creator's client is refused");
+    assert_eq!(
+        status(&c)["volumes"][0]["access"],
+        serde_json::json!(["local"])
+    );
+    // Opened to bob, he gets in; closed again, he is out.
+    ok(&c, &["volume", "access", "vol0", "--allow", "bob"]);
+    let t0 = Instant::now();
+    while !nbdinfo_ok(&as_bob) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "bob is still refused"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let v: serde_json::Value = serde_json::from_str(&ok(
         &c,
         &[
-            "--output", "json", "volume", "access", "vol0", "--deny", "*", "--allow", "local",
+            "--output", "json", "volume", "access", "vol0", "--deny", "bob",
         ],
     ))
     .unwrap();

@@ -55,6 +55,9 @@ pub struct Manager {
     pub(crate) resign: tokio::sync::Notify,
     /// Planned restarts run one at a time.
     pub(crate) restart_lock: tokio::sync::Mutex<()>,
+    /// The access list of a volume created without one: its creator's (see
+    /// [`Manager::set_default_access`]).
+    default_access: std::sync::Mutex<Vec<String>>,
 }
 
 /// A planned node operation for the process supervisor, with where to send its outcome.
@@ -71,6 +74,17 @@ pub(crate) type Result<T> = std::result::Result<T, ManagerError>;
 type Link = Arc<dyn trireme_transport::Connection>;
 
 impl Manager {
+    /// Sets the access list a volume gets when it is created without one: its creator's,
+    /// least privilege. `trireme up` gives its own client credentials (`local`), a cluster
+    /// on etcd none (clients are named with `--allow`, `*` for all), a cluster without TLS
+    /// every client (it has no identities to tell apart). Until set: every client.
+    pub fn set_default_access(&self, access: Vec<String>) {
+        *self
+            .default_access
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = access;
+    }
+
     pub fn new(meta: ClusterMeta) -> Manager {
         Manager {
             meta,
@@ -85,6 +99,7 @@ impl Manager {
             own_node: std::sync::atomic::AtomicU32::new(0),
             resign: tokio::sync::Notify::new(),
             restart_lock: tokio::sync::Mutex::new(()),
+            default_access: std::sync::Mutex::new(trireme_meta::any_client()),
         }
     }
 
@@ -551,7 +566,12 @@ impl Manager {
         replicas: usize,
         access: Option<Vec<String>>,
     ) -> Result<VolumeRecord> {
-        let access = access.unwrap_or_else(trireme_meta::any_client);
+        let access = access.unwrap_or_else(|| {
+            self.default_access
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+        });
         if size == 0 || !size.is_multiple_of(4096) || size > MAX_VOLUME {
             return Err(refused(format!(
                 "volume size {size} must be a non-zero multiple of 4096 up to {MAX_VOLUME}"

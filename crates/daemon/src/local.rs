@@ -25,6 +25,9 @@ use trireme_meta::{ClusterMeta, EmbeddedMeta, NodeRecord, NodeState};
 
 use crate::DaemonError;
 
+/// The client name of the credentials `up` writes for this host's NBD clients (`tls/client`).
+pub const LOCAL_CLIENT: &str = "local";
+
 /// A node's network namespace and address (`--node-netns NS@ADDR`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeNetns {
@@ -101,7 +104,7 @@ fn local_tls(
         .map_err(err)?;
     let client = tls.join("client");
     if Identity::load(&client, "client").is_err() {
-        ca.issue(&Role::Client("local".into()), &[])
+        ca.issue(&Role::Client(LOCAL_CLIENT.into()), &[])
             .and_then(|i| i.write(&client))
             .map_err(err)?;
     }
@@ -456,6 +459,13 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
 
     // Control plane.
     let manager = Arc::new(Manager::new(meta.clone()));
+    // A new volume is open to this host's client credentials (tls/client, named `local`)
+    // until an operator names others.
+    manager.set_default_access(if sup.tls {
+        vec![LOCAL_CLIENT.to_string()]
+    } else {
+        trireme_meta::any_client()
+    });
     manager.ensure_replicas().await?;
     manager.start_heartbeats(Duration::from_millis(500), Duration::from_secs(3));
     let (ctl_tx, mut ctl_rx) = tokio::sync::mpsc::unbounded_channel();

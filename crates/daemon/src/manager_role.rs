@@ -91,6 +91,13 @@ pub async fn campaign(
                     m.set_connector(c.clone());
                 }
                 m.set_own_node(rec.node);
+                // A volume created without an access list is the operators' until they name
+                // its clients; without TLS there are no identities to name.
+                m.set_default_access(if trireme_transport::tcp::tls_setup().is_some() {
+                    Vec::new()
+                } else {
+                    trireme_meta::any_client()
+                });
                 m.start_heartbeats(opts.heartbeat_every, opts.down_after);
                 if let Some(after) = opts.down_out {
                     m.start_down_out(after, opts.rate);
