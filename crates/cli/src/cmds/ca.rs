@@ -1,0 +1,82 @@
+//! `trireme ca`: the cluster's certificate authority.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// `trireme ca init | issue`.
+pub(crate) fn ca(cli: &Cli, c: &crate::CaCmd) -> Result<(), CliError> {
+    use trireme_tls::{Ca, Role, San};
+    let default_ca = cli.data_dir.join("tls").join("ca");
+    let usage = |e: trireme_tls::TlsError| match e {
+        trireme_tls::TlsError::Usage(m) => CliError::Usage(m),
+        e => CliError::Runtime(e.to_string()),
+    };
+    #[derive(Serialize)]
+    struct Written {
+        role: Option<String>,
+        dir: String,
+        files: Vec<String>,
+    }
+    let (w, what) = match c {
+        crate::CaCmd::Init { dir } => {
+            let dir = dir.clone().unwrap_or(default_ca);
+            Ca::init(&dir).map_err(usage)?;
+            let w = Written {
+                role: None,
+                dir: dir.display().to_string(),
+                files: vec![trireme_tls::CA_CERT.into(), trireme_tls::CA_KEY.into()],
+            };
+            (w, "a new cluster CA".to_string())
+        }
+        crate::CaCmd::Issue(a) => {
+            let role = match &a.role {
+                crate::CaRole::Node { id } => Role::Node(*id),
+                crate::CaRole::Client { name } => {
+                    trireme_tls::check_client_name(name).map_err(usage)?;
+                    Role::Client(name.clone())
+                }
+                crate::CaRole::Server => Role::Server,
+                crate::CaRole::Admin => Role::Admin,
+            };
+            let sans: Vec<San> = a
+                .sans
+                .iter()
+                .map(|s| s.parse())
+                .collect::<Result<_, _>>()
+                .map_err(usage)?;
+            if matches!(role, Role::Server) && sans.is_empty() {
+                return Err(CliError::Usage(
+                    "a server certificate needs the names clients reach it by: --san HOST (repeat for several)".into(),
+                ));
+            }
+            let out = a.out.clone().ok_or_else(|| {
+                CliError::Usage("--out DIR: where to write the certificate and key".into())
+            })?;
+            let ca_dir = a.ca.clone().unwrap_or(default_ca);
+            let ca = Ca::open(&ca_dir).map_err(|e| {
+                CliError::Usage(format!(
+                    "no usable CA in {} ({e}); create one with `trireme ca init`",
+                    ca_dir.display()
+                ))
+            })?;
+            ca.issue(&role, &sans)
+                .and_then(|i| i.write(&out))
+                .map_err(usage)?;
+            let stem = role.stem();
+            let w = Written {
+                role: Some(role.to_string()),
+                dir: out.display().to_string(),
+                files: vec![
+                    trireme_tls::CA_CERT.into(),
+                    format!("{stem}-cert.pem"),
+                    format!("{stem}-key.pem"),
+                ],
+            };
+            (w, format!("a certificate for {role}"))
+        }
+    };
+    print(cli.output, &w, |w| {
+        format!("{what} in {}: {}\n", w.dir, w.files.join(", "))
+    });
+    Ok(())
+}

@@ -1,0 +1,366 @@
+//! The commands that talk to a cluster's manager: volumes, nodes, status, maintenance.
+
+#[allow(unused_imports)]
+use super::*;
+
+pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
+    let mut cc = control_client(cli).await?;
+    let out = cli.output;
+    match &cli.cmd {
+        Cmd::Node(NodeCmd::List) => {
+            let nodes: Vec<NodeStatus> = cc.call(&Request::NodeList).await?;
+            print(out, &nodes, |n| nodes_table(n));
+        }
+        Cmd::Node(NodeCmd::Stop { id })
+        | Cmd::Node(NodeCmd::Start { id })
+        | Cmd::Node(NodeCmd::Undrain { id }) => {
+            let req = match &cli.cmd {
+                Cmd::Node(NodeCmd::Stop { .. }) => Request::NodeStop { id: *id },
+                Cmd::Node(NodeCmd::Start { .. }) => Request::NodeStart { id: *id },
+                _ => Request::NodeUndrain { id: *id },
+            };
+            let msg: String = cc.call(&req).await.map_err(usage_if_remote)?;
+            print(out, &msg, |m| format!("{m}\n"));
+        }
+        Cmd::Node(NodeCmd::Restart { id }) => {
+            if matches!(out, Output::Text) {
+                eprintln!("restarting node {id}...");
+            }
+            let restart = restart_node(cli, &mut cc, *id);
+            let r = with_progress(cli, &format!("node {id} resync"), restart, resync_to(*id))
+                .await
+                .map_err(usage_if_remote)?;
+            print(out, &r, |r| format!("{}\n", restart_text(r)));
+        }
+        Cmd::Maintenance(MaintenanceCmd::Rolling) => {
+            let t0 = std::time::Instant::now();
+            let nodes: Vec<NodeStatus> = cc.call(&Request::NodeList).await?;
+            let ids: Vec<u32> = nodes
+                .iter()
+                .filter(|n| n.state != trireme_meta::NodeState::Removed)
+                .map(|n| n.id)
+                .collect();
+            let mut done = Vec::new();
+            for (k, id) in ids.iter().enumerate() {
+                wait_in_sync(&mut cc).await?;
+                if matches!(out, Output::Text) {
+                    eprintln!("[{}/{}] restarting node {id}...", k + 1, ids.len());
+                }
+                let restart = restart_node(cli, &mut cc, *id);
+                let r = with_progress(cli, &format!("node {id} resync"), restart, resync_to(*id))
+                    .await
+                    .map_err(|e| CliError::Runtime(format!("node {id}: {e}")))?;
+                if matches!(out, Output::Text) {
+                    eprintln!("[{}/{}] {}", k + 1, ids.len(), restart_text(&r));
+                }
+                done.push(r);
+            }
+            let report = RollingReport {
+                total_ms: t0.elapsed().as_millis() as u64,
+                nodes: done,
+            };
+            print(out, &report, |r| {
+                let mut s = String::from("node  down (s)  back in sync (s)  resynced\n");
+                for n in &r.nodes {
+                    s += &format!(
+                        "{:<5} {:>8.1}  {:>16.1}  {}{}\n",
+                        n.node,
+                        n.down_ms as f64 / 1000.0,
+                        n.total_ms as f64 / 1000.0,
+                        human(n.resynced_bytes),
+                        if n.full { " (full compare)" } else { "" }
+                    );
+                }
+                s += &format!(
+                    "rolling restart of {} nodes done in {:.1} s\n",
+                    r.nodes.len(),
+                    r.total_ms as f64 / 1000.0
+                );
+                s
+            });
+        }
+        Cmd::Node(NodeCmd::Drain(a)) | Cmd::Node(NodeCmd::Remove(a)) => {
+            let remove = matches!(&cli.cmd, Cmd::Node(NodeCmd::Remove(_)));
+            let req = if remove {
+                Request::NodeRemove {
+                    id: a.id,
+                    rate: a.rate,
+                }
+            } else {
+                Request::NodeDrain {
+                    id: a.id,
+                    rate: a.rate,
+                }
+            };
+            let job: MoveStatus = cc.call(&req).await.map_err(usage_if_remote)?;
+            let job = if a.no_wait {
+                job
+            } else {
+                wait_move(&mut cc, out, job).await?
+            };
+            if job.state != MoveState::Failed {
+                print(out, &job, move_text);
+            } else {
+                return Err(CliError::Runtime(format!(
+                    "node {} {}: {}",
+                    job.node,
+                    job.kind,
+                    job.error.as_deref().unwrap_or("failed")
+                )));
+            }
+        }
+        Cmd::Status { watch: None } => {
+            let s: StatusReport = cc.call(&Request::Status).await?;
+            print(out, &s, status_text);
+        }
+        Cmd::Status { watch: Some(every) } => {
+            use std::io::{IsTerminal, Write};
+            let every = (*every).max(std::time::Duration::from_millis(100));
+            let tty = std::io::stdout().is_terminal();
+            loop {
+                // The control port closes a connection idle for a minute: a slow watch
+                // connects again.
+                let s: StatusReport = match cc.call(&Request::Status).await {
+                    Ok(s) => s,
+                    Err(_) => {
+                        cc = control_client(cli).await?;
+                        cc.call(&Request::Status).await?
+                    }
+                };
+                let mut o = std::io::stdout().lock();
+                match out {
+                    // One document per line: a stream a program can follow.
+                    Output::Json => {
+                        let _ = writeln!(o, "{}", serde_json::to_string(&s).expect("json"));
+                    }
+                    _ if tty => {
+                        // Home, draw, then clear what the last, longer frame left below.
+                        let _ = write!(
+                            o,
+                            "\x1b[H{}\x1b[J",
+                            status_text(&s).replace('\n', "\x1b[K\n")
+                        );
+                    }
+                    _ => {
+                        let _ = writeln!(o, "{}", status_text(&s));
+                    }
+                }
+                let _ = o.flush();
+                drop(o);
+                tokio::select! {
+                    _ = tokio::time::sleep(every) => {}
+                    _ = tokio::signal::ctrl_c() => return Ok(()),
+                }
+            }
+        }
+        Cmd::Volume(VolumeCmd::Access { name, allow, deny }) => {
+            if allow.is_empty() && deny.is_empty() {
+                return Err(CliError::Usage(
+                    "volume access: give --allow NAME or --deny NAME".into(),
+                ));
+            }
+            let v: VolumeRecord = cc
+                .call(&Request::VolumeAccess {
+                    name: name.clone(),
+                    allow: allow.clone(),
+                    deny: deny.clone(),
+                })
+                .await
+                .map_err(usage_if_remote)?;
+            print(out, &v, |v| {
+                format!("volume {}: access {}\n", v.name, access_text(&v.access))
+            });
+        }
+        Cmd::Volume(VolumeCmd::Set {
+            name,
+            min_copies,
+            tier,
+        }) => {
+            if min_copies.is_none() && tier.is_none() {
+                return Err(CliError::Usage(
+                    "volume set: give --min-copies N or --tier auto|fast|slow".into(),
+                ));
+            }
+            let v: VolumeRecord = cc
+                .call(&Request::VolumeSet {
+                    name: name.clone(),
+                    min_copies: *min_copies,
+                    tier: tier.map(|t| t.policy()),
+                })
+                .await
+                .map_err(usage_if_remote)?;
+            print(out, &v, |v| {
+                format!(
+                    "volume {}: min copies {}, tier {}\n",
+                    v.name,
+                    v.min_copies(),
+                    v.tier.as_str()
+                )
+            });
+        }
+        Cmd::Volume(VolumeCmd::Create {
+            name,
+            size,
+            replicas,
+            allow,
+            min_copies,
+            tier,
+        }) => {
+            let v: VolumeRecord = cc
+                .call(&Request::VolumeCreate {
+                    name: name.clone(),
+                    size: *size,
+                    replicas: *replicas as usize,
+                    access: (!allow.is_empty()).then(|| allow.clone()),
+                    min_copies: *min_copies,
+                    tier: Some(tier.policy()),
+                })
+                .await
+                .map_err(usage_if_remote)?;
+            print(out, &v, |v| {
+                format!(
+                    "created {} ({}), replicas on nodes {:?}\n",
+                    v.name,
+                    human(v.size),
+                    nodes_of(v)
+                )
+            });
+        }
+        Cmd::Volume(VolumeCmd::List) => {
+            let vs: Vec<VolumeRecord> = cc.call(&Request::VolumeList).await?;
+            print(out, &vs, |vs| volumes_table(vs));
+        }
+        Cmd::Volume(VolumeCmd::Info { name }) => {
+            let v: trireme_control::VolumeInfo = cc
+                .call(&Request::VolumeInfo { name: name.clone() })
+                .await
+                .map_err(usage_if_remote)?;
+            print(out, &v, |v| {
+                let mut s = volumes_table(std::slice::from_ref(&v.record));
+                if let Some(w) = &v.writer {
+                    s += &format!("attached by {w}\n");
+                }
+                for l in &v.client_links {
+                    s += &format!(
+                        "attached by this cluster's process: link to node {} over {} ({})\n",
+                        l.node, l.transport, l.peer
+                    );
+                }
+                if !v.record.tier.is_auto() || !v.tiers.is_empty() {
+                    s += &format!("tier: {}\n", v.record.tier.as_str());
+                }
+                for t in &v.tiers {
+                    s += &format!("{}\n", replica_tier_text(t));
+                }
+                s
+            });
+        }
+        Cmd::Volume(VolumeCmd::Delete { name }) => {
+            let v: VolumeRecord = cc
+                .call(&Request::VolumeDelete { name: name.clone() })
+                .await
+                .map_err(usage_if_remote)?;
+            print(out, &v, |v| format!("deleted {}\n", v.name));
+        }
+        Cmd::Volume(VolumeCmd::Scrub { name, region }) => {
+            let req = Request::VolumeScrub {
+                name: name.clone(),
+                region: *region,
+            };
+            let call = cc.call::<trireme_client::ScrubReport>(&req);
+            // The scrub runs in the writer's process: its progress comes through `status`.
+            let pick = |st: &StatusReport| {
+                st.volumes
+                    .iter()
+                    .find(|v| v.name == *name)
+                    .and_then(|v| v.scrub.as_ref())
+                    .map(|p| (p.done_bytes, p.total_bytes))
+            };
+            let r = with_progress(cli, &format!("scrub {name}"), call, pick)
+                .await
+                .map_err(usage_if_remote)?;
+            print(out, &r, |r| {
+                let mut s = format!(
+                    "volume {}: scrubbed {} on nodes {:?}: {} region(s) differed ({} bad copies by checksum), {} copy(ies) repaired, {} without a majority\n",
+                    r.volume,
+                    human(r.bytes_compared),
+                    r.replicas,
+                    r.mismatched_regions,
+                    r.bad_copies,
+                    r.repaired.len(),
+                    r.unresolved.len()
+                );
+                for (off, node) in &r.repaired {
+                    s += &format!("  repaired offset {off} on node {node}\n");
+                }
+                for off in &r.unresolved {
+                    s += &format!("  no majority at offset {off}: left alone\n");
+                }
+                s
+            });
+            if !r.unresolved.is_empty() {
+                return Err(CliError::Runtime(format!(
+                    "{} region(s) differ with no majority copy",
+                    r.unresolved.len()
+                )));
+            }
+        }
+        Cmd::Volume(VolumeCmd::Verify { name, region }) => {
+            let info: trireme_client::AttachInfo = cc
+                .call(&Request::Locate { name: name.clone() })
+                .await
+                .map_err(usage_if_remote)?;
+            let vol =
+                trireme_client::Volume::connect(info, trireme_transport::TransportKind::Tcp, 1)
+                    .await?;
+            let mut bar = crate::progress::Progress::new(
+                &format!("verify {name}"),
+                vol.size(),
+                out == Output::Text,
+            );
+            let r =
+                trireme_client::verify_replicas_with(&vol, *region, &mut |done, _| bar.set(done))
+                    .await?;
+            bar.finish();
+            print(out, &r, |r| {
+                let mut s = format!(
+                    "volume {}: compared {} across replicas on nodes {:?}: {} mismatching region(s)\n",
+                    r.volume,
+                    human(r.bytes_compared),
+                    r.replicas,
+                    r.mismatches.len()
+                );
+                for m in &r.mismatches {
+                    s += &format!(
+                        "  offset {} length {}: (node, crc32c) {:?}",
+                        m.offset, m.length, m.checksums
+                    );
+                    if !m.bad_copies.is_empty() {
+                        s += &format!(
+                            ", bad copy (fails block checksums) on nodes {:?}",
+                            m.bad_copies
+                        );
+                    }
+                    s += "\n";
+                }
+                s
+            });
+            if !r.mismatches.is_empty() {
+                return Err(CliError::Runtime(format!(
+                    "{} region(s) differ between replicas",
+                    r.mismatches.len()
+                )));
+            }
+        }
+        Cmd::Up(_)
+        | Cmd::Nbd(_)
+        | Cmd::Attach(_)
+        | Cmd::Bench(_)
+        | Cmd::Ca(_)
+        | Cmd::Node(NodeCmd::Serve(_))
+        | Cmd::Node(NodeCmd::Run(_)) => {
+            unreachable!("dispatched in run()")
+        }
+    }
+    Ok(())
+}

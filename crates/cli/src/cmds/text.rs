@@ -1,0 +1,246 @@
+//! How results read on a terminal: tables and reports.
+
+#[allow(unused_imports)]
+use super::*;
+
+pub(crate) fn nodes_of(v: &VolumeRecord) -> Vec<u32> {
+    v.replicas.iter().map(|r| r.node).collect()
+}
+
+pub(crate) fn nodes_table(nodes: &[NodeStatus]) -> String {
+    let mut s = format!(
+        "{:<5} {:<22} {:<7} {:<13} {:<9} {:<9} {}\n",
+        "NODE", "ADDRESS", "STORE", "STATE", "TRANSPORT", "PING", "REPLICAS"
+    );
+    for n in nodes {
+        let ping = n.ping_us.map_or("-".into(), |p| format!("{p} us"));
+        let state = match (n.up, n.state) {
+            (_, trireme_meta::NodeState::Removed) => "removed".to_string(),
+            (up, trireme_meta::NodeState::Draining) => {
+                format!("{}/draining", if up { "up" } else { "down" })
+            }
+            (true, _) => "up".to_string(),
+            (false, _) => "down".to_string(),
+        };
+        s += &format!(
+            "{:<5} {:<22} {:<7} {:<13} {:<9} {:<9} {}\n",
+            n.id, n.addr, n.store, state, n.transport, ping, n.replicas
+        );
+        if let Some(t) = &n.tiers {
+            s += &format!("      {}\n", node_tiers_text(t));
+        }
+    }
+    s
+}
+
+/// A node's tiers in one line.
+pub(crate) fn node_tiers_text(t: &trireme_control::NodeTierStatus) -> String {
+    format!(
+        "tiers: fast {} of {} used, slow {} used {}; {} extents; migrating {}/s (up to {}/s), {} moved",
+        human(t.fast_used),
+        human(t.fast_capacity),
+        human(t.slow_used),
+        t.disk_model
+            .as_deref()
+            .map_or("on a real disk".to_string(), |m| format!("behind a {m}")),
+        human(t.extent),
+        human(t.migrating_per_s),
+        human(t.migrate_rate),
+        human(t.migrated_bytes)
+    )
+}
+
+/// A replica's tiers in one line.
+pub(crate) fn replica_tier_text(t: &trireme_control::ReplicaTierStatus) -> String {
+    format!(
+        "tier on node {}: {} extents fast, {} slow (pin {}); reads {} fast, {} slow, hit ratio {}; {} promoted, {} demoted",
+        t.node,
+        t.fast_extents,
+        t.slow_extents,
+        t.pin.as_str(),
+        t.reads_fast,
+        t.reads_slow,
+        t.hit_ratio.map_or("-".to_string(), |h| format!("{h:.3}")),
+        t.promotions,
+        t.demotions
+    )
+}
+
+/// An access list as `status` and `volume info` print it.
+pub(crate) fn access_text(a: &[String]) -> String {
+    if a.is_empty() {
+        "nodes and operators only".to_string()
+    } else if a.iter().any(|c| c == trireme_meta::ANY_CLIENT) {
+        "every client".to_string()
+    } else {
+        a.join(", ")
+    }
+}
+
+pub(crate) fn volumes_table(vs: &[VolumeRecord]) -> String {
+    let mut s = format!(
+        "{:<16} {:<6} {:<10} {:<6} {:<24} {}\n",
+        "VOLUME", "ID", "SIZE", "EPOCH", "REPLICAS (node: state)", "ACCESS"
+    );
+    for v in vs {
+        let reps: Vec<String> = v
+            .replicas
+            .iter()
+            .map(|r| format!("{}: {}", r.node, r.state))
+            .collect();
+        s += &format!(
+            "{:<16} {:<6} {:<10} {:<6} {:<24} {}\n",
+            v.name,
+            v.id,
+            human(v.size),
+            v.epoch,
+            reps.join(", "),
+            access_text(&v.access)
+        );
+    }
+    s
+}
+
+pub(crate) fn status_text(s: &StatusReport) -> String {
+    let up = s.nodes.iter().filter(|n| n.up).count();
+    let mut out = format!("nodes: {up} of {} up\n", s.nodes.len());
+    out += &nodes_table(&s.nodes);
+    for m in &s.moves {
+        out += &move_text(m);
+    }
+    if let Some(m) = &s.manager {
+        out += &format!(
+            "\nmanager: node {} (pid {} on {}), control API at {}\n",
+            m.node, m.pid, m.host, m.control
+        );
+    }
+    out += &format!("\nvolumes: {}\n", s.volumes.len());
+    out += &format!(
+        "{:<16} {:<10} {:<6} {}\n",
+        "VOLUME", "SIZE", "EPOCH", "REPLICAS"
+    );
+    for v in &s.volumes {
+        let reps: Vec<String> = v
+            .replicas
+            .iter()
+            .map(|r| match r.allocated_bytes {
+                Some(a) => format!(
+                    "node {} {} ({} allocated, epoch {})",
+                    r.node,
+                    r.state,
+                    human(a),
+                    r.epoch.unwrap_or(0)
+                ),
+                None => format!("node {} {}", r.node, r.state),
+            })
+            .collect();
+        out += &format!(
+            "{:<16} {:<10} {:<6} {}\n",
+            v.name,
+            human(v.size),
+            v.epoch,
+            reps.join("; ")
+        );
+        if let Some(w) = &v.writer {
+            out += &format!("{:<16} attached by {w}\n", "");
+        }
+        out += &format!("{:<16} access: {}\n", "", access_text(&v.access));
+        if !v.tier.is_auto() {
+            out += &format!("{:<16} pinned to the {} tier\n", "", v.tier.as_str());
+        }
+        for t in v.replicas.iter().filter_map(|r| r.tier.as_ref()) {
+            out += &format!("{:<16} {}\n", "", replica_tier_text(t));
+        }
+        if v.writes_suspended {
+            let in_sync = v
+                .replicas
+                .iter()
+                .filter(|r| r.state == trireme_control::ReplicaStatusState::InSync)
+                .count();
+            out += &format!(
+                "{:<16} WRITES SUSPENDED: {in_sync} in-sync copies, minimum {} (they resume when a copy is back, or with `trireme volume set {} --min-copies N`)\n",
+                "", v.min_copies, v.name
+            );
+        }
+        for l in &v.client_links {
+            let how = match (&l.lanes, &l.fallback) {
+                (Some(lanes), _) => format!(" over {lanes}"),
+                (None, Some(why)) => format!(" (UCX not used: {why})"),
+                (None, None) => String::new(),
+            };
+            out += &format!(
+                "{:<16} writer link to node {}: {} {} ({} streams){how}\n",
+                "", l.node, l.transport, l.peer, l.streams
+            );
+        }
+        for r in &v.replicas {
+            if let Some(p) = &r.resync {
+                let pct = p.done_bytes as f64 * 100.0 / p.total_bytes.max(1) as f64;
+                out += &format!(
+                    "{:<16} resync to node {}: {} {:.1}% ({} of {}, {} copied, {}/s, ETA {})\n",
+                    "",
+                    r.node,
+                    if p.full {
+                        "full compare"
+                    } else {
+                        "incremental"
+                    },
+                    pct,
+                    human(p.done_bytes),
+                    human(p.total_bytes),
+                    human(p.copied_bytes),
+                    human(p.rate()),
+                    p.eta_secs().map_or("-".to_string(), |s| format!("{s}s")),
+                );
+            }
+        }
+    }
+    out
+}
+
+/// What `maintenance rolling` did.
+#[derive(Debug, serde::Serialize)]
+pub(crate) struct RollingReport {
+    pub(crate) nodes: Vec<NodeRestartReport>,
+    pub(crate) total_ms: u64,
+}
+
+pub(crate) fn restart_text(r: &NodeRestartReport) -> String {
+    format!(
+        "node {} restarted: down {:.1} s, back in sync after {:.1} s, {} resynced{} ({} volumes)",
+        r.node,
+        r.down_ms as f64 / 1000.0,
+        r.total_ms as f64 / 1000.0,
+        human(r.resynced_bytes),
+        if r.full { ", full compare" } else { "" },
+        r.volumes.len()
+    )
+}
+
+pub(crate) fn move_text(m: &MoveStatus) -> String {
+    let mut s = format!(
+        "node {} {}: {} ({} of {} volumes moved",
+        m.node, m.kind, m.state, m.volumes_done, m.volumes_total
+    );
+    if let Some(r) = m.rate {
+        s += &format!(", rate limit {}/s", human(r));
+    }
+    s += ")";
+    if let (Some(v), Some(to)) = (&m.volume, m.to) {
+        s += &format!("; {v} -> node {to}");
+        if let Some(p) = &m.progress {
+            s += &format!(
+                ": {} of {} ({:.1}%), {}/s, ETA {}",
+                human(p.done_bytes),
+                human(p.total_bytes),
+                p.done_bytes as f64 * 100.0 / p.total_bytes.max(1) as f64,
+                human(p.rate()),
+                p.eta_secs().map_or("-".to_string(), |s| format!("{s}s"))
+            );
+        }
+    }
+    if let Some(e) = &m.error {
+        s += &format!(": {e}");
+    }
+    s + "\n"
+}
