@@ -30,6 +30,19 @@ pub struct EtcdMeta {
     >,
 }
 
+impl EtcdMeta {
+    /// The etcd client, for what the key-value seam does not cover (etcd's access control,
+    /// `rbac.rs`).
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// The endpoints this store was reached at.
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+}
+
 impl std::fmt::Debug for EtcdMeta {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EtcdMeta")
@@ -85,6 +98,20 @@ fn from_etcd_error(e: etcd_client::Error) -> MetaError {
         }
         etcd_client::Error::LeaseKeepAliveError(m) if m == "lease not found" => {
             MetaError::NoLease(0)
+        }
+        // etcd's access control: the certificate's name is no user, or its roles do not
+        // cover the key. Said as it is, never waited out as an outage.
+        etcd_client::Error::GRpcStatus(s)
+            if matches!(
+                s.code(),
+                tonic::Code::PermissionDenied | tonic::Code::Unauthenticated
+            ) || s.message().contains("user name not found")
+                || s.message().contains("permission denied") =>
+        {
+            MetaError::Denied(format!(
+                "{} (a certificate's common name is its etcd user: `trireme etcd rbac` sets the users and roles up)",
+                s.message()
+            ))
         }
         e => unavailable(e),
     }

@@ -18,6 +18,7 @@ mod cluster;
 mod etcd;
 pub mod kv;
 mod local;
+pub mod rbac;
 #[cfg(test)]
 mod tests;
 
@@ -73,6 +74,10 @@ pub enum MetaError {
     Contended { what: String, tries: u32 },
     #[error("metadata record {key:?} is corrupt: {what}")]
     Corrupt { key: String, what: String },
+    /// The metadata store refused this process's identity (etcd's own access control): not
+    /// a fault to wait out.
+    #[error("the metadata store refused this identity: {0}")]
+    Denied(String),
 }
 
 /// A storage node.

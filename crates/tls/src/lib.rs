@@ -310,10 +310,13 @@ impl Ca {
     pub fn issue(&self, role: &Role, names: &[San]) -> Result<Issued, TlsError> {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::default();
+        // The common name is the holder's etcd user (etcd's access control knows a client by
+        // it): one for all nodes, since any node may hold the manager role and etcd could not
+        // tell them apart anyway; one per client name, whose volumes differ.
         params.distinguished_name.push(
             DnType::CommonName,
             match role {
-                Role::Node(n) => format!("trireme node {n}"),
+                Role::Node(_) => "trireme node".to_string(),
                 Role::Client(c) => format!("trireme client {c}"),
                 Role::Server => "trireme server".to_string(),
                 Role::Admin => "trireme admin".to_string(),

@@ -1,0 +1,374 @@
+//! Least privilege inside etcd. etcd knows nothing of trireme's roles: with client
+//! certificates alone, any certificate of the cluster's CA may write every key (a client host
+//! could put itself on another volume's access list, or write a restart order to a node).
+//! etcd's own access control (users and roles, a user being a certificate's common name)
+//! closes that, and this module says what it should hold:
+//!
+//! | etcd user (certificate CN) | etcd role | may |
+//! |---|---|---|
+//! | `trireme node` (and `trireme node N` of older certificates) | `trireme-node` | read and write every trireme key (any node may hold the manager role) |
+//! | `trireme admin` | `root` | everything, etcd's users and roles included |
+//! | `trireme client NAME` | `trireme-clients`, `trireme-client-NAME` | read trireme's keys; write the four keys of each volume it may attach (`attach/`, `layouts/`, `moves/`, `takeouts/` of that volume): what its writer records |
+//! | `root` (no password, no certificate names it) | `root` | nothing: etcd requires it to exist before it turns access control on |
+//!
+//! [`plan`] computes that from the volumes (their access lists), the nodes and any client
+//! names given; [`apply`] makes etcd hold it (adding what is missing, taking back what is no
+//! longer planned for trireme's own roles, never touching other users and roles) and turns
+//! access control on. Run by an operator (`trireme etcd rbac`) once, and again by the CLI each
+//! time an operator changes an access list. [`open_to_all`] is the check a node daemon makes
+//! at start: whether its own identity can write outside trireme's keys.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use etcd_client::{Permission, PermissionType, UserAddOptions};
+
+use crate::cluster::PREFIX;
+use crate::{MetaError, VolumeRecord, ANY_CLIENT};
+
+/// The role of every node daemon.
+pub const NODE_ROLE: &str = "trireme-node";
+/// The role of every client: reading trireme's keys, writing those of volumes open to all.
+pub const CLIENTS_ROLE: &str = "trireme-clients";
+/// etcd's built-in role of its administrators.
+pub const ROOT_ROLE: &str = "root";
+/// The user etcd requires before it turns access control on.
+pub const ROOT_USER: &str = "root";
+/// The etcd user of node certificates (their common name).
+pub const NODE_USER: &str = "trireme node";
+/// The etcd user of operator certificates.
+pub const ADMIN_USER: &str = "trireme admin";
+
+/// The etcd user of client `name`'s certificates (their common name).
+pub fn client_user(name: &str) -> String {
+    format!("trireme client {name}")
+}
+
+/// The etcd user of node `id`'s certificates issued before node certificates shared one
+/// common name.
+pub fn legacy_node_user(id: u32) -> String {
+    format!("trireme node {id}")
+}
+
+/// The role that lets client `name` write the volumes it may attach.
+pub fn client_role(name: &str) -> String {
+    format!("trireme-client-{name}")
+}
+
+/// The keys a volume's writer writes: its attach record, its layout (replica states, the
+/// epoch), and the manager's move and take-out requests it answers.
+pub fn writer_keys(volume: &str) -> [String; 4] {
+    ["attach", "layouts", "moves", "takeouts"].map(|d| format!("{PREFIX}{d}/{volume}"))
+}
+
+/// The end of the key range of everything that starts with `prefix`.
+fn prefix_end(prefix: &str) -> String {
+    let mut b = prefix.as_bytes().to_vec();
+    if let Some(last) = b.last_mut() {
+        *last += 1;
+    }
+    String::from_utf8(b).expect("trireme's prefix is ASCII")
+}
+
+/// One permission of a role: a key, or a range of keys `[key, range_end)`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Grant {
+    pub key: String,
+    pub range_end: Option<String>,
+    pub write: bool,
+}
+
+impl Grant {
+    fn prefix(prefix: &str, write: bool) -> Grant {
+        Grant {
+            key: prefix.to_string(),
+            range_end: Some(prefix_end(prefix)),
+            write,
+        }
+    }
+
+    fn key(key: String) -> Grant {
+        Grant {
+            key,
+            range_end: None,
+            write: true,
+        }
+    }
+}
+
+/// What etcd should hold: roles with their permissions, users with their roles.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub roles: BTreeMap<String, BTreeSet<Grant>>,
+    pub users: BTreeMap<String, BTreeSet<String>>,
+}
+
+/// The plan for `volumes`, nodes `node_ids` (for certificates of the older, per-node common
+/// name) and clients `clients` (besides those the access lists name).
+pub fn plan(volumes: &[VolumeRecord], node_ids: &[u32], clients: &[String]) -> Plan {
+    let mut p = Plan::default();
+    let role = |p: &mut Plan, r: &str| {
+        p.roles.entry(r.to_string()).or_default();
+    };
+    p.roles.insert(
+        NODE_ROLE.into(),
+        BTreeSet::from([Grant::prefix(PREFIX, true)]),
+    );
+    p.roles.insert(
+        CLIENTS_ROLE.into(),
+        BTreeSet::from([Grant::prefix(PREFIX, false)]),
+    );
+    let user = |p: &mut Plan, u: String, r: &str| {
+        p.users.entry(u).or_default().insert(r.to_string());
+    };
+    user(&mut p, NODE_USER.into(), NODE_ROLE);
+    for &id in node_ids {
+        user(&mut p, legacy_node_user(id), NODE_ROLE);
+    }
+    user(&mut p, ADMIN_USER.into(), ROOT_ROLE);
+    user(&mut p, ROOT_USER.into(), ROOT_ROLE);
+    let mut names: BTreeSet<String> = clients.iter().cloned().collect();
+    for v in volumes {
+        for a in &v.access {
+            if a == ANY_CLIENT {
+                let grants = p.roles.entry(CLIENTS_ROLE.into()).or_default();
+                grants.extend(writer_keys(&v.name).into_iter().map(Grant::key));
+            } else {
+                names.insert(a.clone());
+            }
+        }
+    }
+    for name in names {
+        let r = client_role(&name);
+        role(&mut p, &r);
+        for v in volumes.iter().filter(|v| v.access.contains(&name)) {
+            let grants = p.roles.entry(r.clone()).or_default();
+            grants.extend(writer_keys(&v.name).into_iter().map(Grant::key));
+        }
+        user(&mut p, client_user(&name), CLIENTS_ROLE);
+        user(&mut p, client_user(&name), &r);
+    }
+    p
+}
+
+/// What [`apply`] changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Applied {
+    pub users_added: Vec<String>,
+    pub roles_added: Vec<String>,
+    pub granted: usize,
+    pub revoked: usize,
+    /// Access control was off and has been turned on.
+    pub enabled: bool,
+}
+
+/// Whether `role` is one of trireme's own (whose permissions [`apply`] may take back).
+fn ours(role: &str) -> bool {
+    role == NODE_ROLE || role == CLIENTS_ROLE || role.starts_with("trireme-client-")
+}
+
+fn denied(e: etcd_client::Error) -> MetaError {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => MetaError::Denied(s.message().to_string()),
+        e => MetaError::Unavailable(e.to_string()),
+    }
+}
+
+fn exists(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s) if s.message().contains("already exists"))
+}
+
+fn not_found(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s) if s.message().contains("not found"))
+}
+
+fn to_grant(p: &Permission) -> Option<Grant> {
+    Some(Grant {
+        key: p.key_str().ok()?.to_string(),
+        range_end: Some(p.range_end_str().ok()?.to_string()).filter(|e| !e.is_empty()),
+        write: p.get_type() != PermissionType::Read as i32,
+    })
+}
+
+fn to_permission(g: &Grant) -> Permission {
+    let p = if g.write {
+        Permission::read_write(g.key.clone())
+    } else {
+        Permission::read(g.key.clone())
+    };
+    match &g.range_end {
+        Some(e) => p.with_range_end(e.clone()),
+        None => p,
+    }
+}
+
+/// Makes etcd hold `plan` (see the module docs) and, with `enable`, turns its access control
+/// on. Needs an identity with etcd's root role (or etcd's access control still off).
+pub async fn apply(
+    client: &mut etcd_client::Client,
+    plan: &Plan,
+    enable: bool,
+) -> Result<Applied, MetaError> {
+    let mut done = Applied::default();
+    for (role, grants) in &plan.roles {
+        match client.role_add(role.clone()).await {
+            Ok(_) => done.roles_added.push(role.clone()),
+            Err(e) if exists(&e) => {}
+            Err(e) => return Err(denied(e)),
+        }
+        let have: BTreeSet<Grant> = client
+            .role_get(role.clone())
+            .await
+            .map_err(denied)?
+            .permissions()
+            .iter()
+            .filter_map(to_grant)
+            .collect();
+        for g in grants.difference(&have) {
+            client
+                .role_grant_permission(role.clone(), to_permission(g))
+                .await
+                .map_err(denied)?;
+            done.granted += 1;
+        }
+        if ours(role) {
+            for g in have.difference(grants) {
+                client
+                    .role_revoke_permission(
+                        role.clone(),
+                        g.key.clone(),
+                        g.range_end.clone().map(|e| {
+                            etcd_client::RoleRevokePermissionOptions::new().with_range_end(e)
+                        }),
+                    )
+                    .await
+                    .map_err(denied)?;
+                done.revoked += 1;
+            }
+        }
+    }
+    for (user, roles) in &plan.users {
+        match client
+            .user_add(user.clone(), "", Some(UserAddOptions::new().with_no_pwd()))
+            .await
+        {
+            Ok(_) => done.users_added.push(user.clone()),
+            Err(e) if exists(&e) => {}
+            Err(e) => return Err(denied(e)),
+        }
+        let have: BTreeSet<String> = match client.user_get(user.clone()).await {
+            Ok(r) => r.roles().iter().cloned().collect(),
+            Err(e) if not_found(&e) => BTreeSet::new(),
+            Err(e) => return Err(denied(e)),
+        };
+        for r in roles.difference(&have) {
+            client
+                .user_grant_role(user.clone(), r.clone())
+                .await
+                .map_err(denied)?;
+        }
+        for r in have.difference(roles).filter(|r| ours(r)) {
+            client
+                .user_revoke_role(user.clone(), r.clone())
+                .await
+                .map_err(denied)?;
+        }
+    }
+    if enable {
+        match client.auth_enable().await {
+            Ok(_) => done.enabled = true,
+            Err(e) if e.to_string().contains("already enabled") => {}
+            Err(e) => return Err(denied(e)),
+        }
+    }
+    Ok(done)
+}
+
+/// Whether this process's etcd identity may write outside trireme's keys: true when etcd's
+/// access control is off (then every certificate of its CA may write every key) or this
+/// identity holds etcd's root role. A node daemon refuses to start then, unless `--insecure`.
+pub async fn open_to_all(client: &mut etcd_client::Client) -> Result<bool, MetaError> {
+    let probe = format!(
+        "/trireme-access-probe/{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    );
+    let put = tokio::time::timeout(
+        crate::etcd::CALL_TIMEOUT,
+        client.put(probe.clone(), "", None),
+    );
+    match put.await {
+        Err(_) => Err(MetaError::Unavailable("etcd did not answer".into())),
+        Ok(Ok(_)) => {
+            let _ = client.delete(probe, None).await;
+            Ok(true)
+        }
+        Ok(Err(etcd_client::Error::GRpcStatus(s)))
+            if s.code() == tonic::Code::PermissionDenied
+                || s.message().contains("permission denied") =>
+        {
+            Ok(false)
+        }
+        Ok(Err(e)) => Err(denied(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vol(name: &str, access: &[&str]) -> VolumeRecord {
+        VolumeRecord {
+            id: 1,
+            name: name.into(),
+            size: 4096,
+            replicas: vec![],
+            epoch: 0,
+            writer_open: false,
+            access: access.iter().map(|s| s.to_string()).collect(),
+            min_copies: 0,
+            tier: Default::default(),
+        }
+    }
+
+    #[test]
+    fn clients_write_only_the_volumes_they_may_attach() {
+        let p = plan(
+            &[vol("db1", &["alice"]), vol("web", &["*"]), vol("ops", &[])],
+            &[1, 2],
+            &["carol".into()],
+        );
+        let alice = &p.roles[&client_role("alice")];
+        assert_eq!(alice.len(), 4);
+        assert!(alice.iter().all(|g| g.write && g.key.ends_with("/db1")));
+        // Nobody's role names ops; web's keys go to every client.
+        assert!(p.roles.values().flatten().all(|g| !g.key.ends_with("/ops")));
+        let all = &p.roles[CLIENTS_ROLE];
+        assert!(all.contains(&Grant::prefix(PREFIX, false)));
+        assert_eq!(all.iter().filter(|g| g.key.ends_with("/web")).count(), 4);
+        // A client named only on the command line reads, writes nothing of its own.
+        assert!(p.roles[&client_role("carol")].is_empty());
+        assert_eq!(
+            p.users[&client_user("carol")],
+            BTreeSet::from([CLIENTS_ROLE.to_string(), client_role("carol")])
+        );
+        // Nodes: the shared common name and the older per-node ones; operators are root.
+        for u in [
+            NODE_USER.to_string(),
+            legacy_node_user(1),
+            legacy_node_user(2),
+        ] {
+            assert_eq!(p.users[&u], BTreeSet::from([NODE_ROLE.to_string()]));
+        }
+        assert_eq!(p.users[ADMIN_USER], BTreeSet::from([ROOT_ROLE.to_string()]));
+        assert_eq!(
+            p.roles[NODE_ROLE],
+            BTreeSet::from([Grant {
+                key: PREFIX.into(),
+                range_end: Some("/trireme/v10".into()),
+                write: true
+            }])
+        );
+    }
+}
