@@ -236,6 +236,27 @@ pub enum Cmd {
     /// and servers (`trireme up` makes its own in `<data-dir>/tls/`).
     #[command(subcommand)]
     Ca(CaCmd),
+    /// etcd's own access control for the cluster (`--etcd`, with an operator's identity).
+    #[command(subcommand)]
+    Etcd(EtcdCmd),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum EtcdCmd {
+    /// Set up etcd's users and roles so that each certificate writes only what its role
+    /// needs (nodes: trireme's keys; clients: the records of the volumes they may attach;
+    /// operators: everything), then turn etcd's access control on. Run once with an
+    /// operator's identity (`--tls-identity DIR` holding `admin-*.pem`), and again after
+    /// issuing certificates to new clients; changes of access lists made with an operator's
+    /// identity keep it up to date by themselves.
+    Rbac {
+        /// A client to give an etcd user, besides those the access lists name (repeat).
+        #[arg(long = "client", value_name = "NAME")]
+        clients: Vec<String>,
+        /// Set up the users and roles, but leave etcd's access control as it is.
+        #[arg(long)]
+        no_enable: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]

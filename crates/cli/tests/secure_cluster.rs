@@ -105,6 +105,7 @@ fn start() -> World {
     issue(&["admin"], "admin");
     issue(&["client", "alice"], "alice");
     issue(&["client", "bob"], "bob");
+    issue(&["client", "carol"], "carol");
 
     let (cport, pport) = (free_port(), free_port());
     let etcd = Command::new("etcd")
@@ -131,24 +132,18 @@ fn start() -> World {
         procs: Procs(vec![etcd]),
         dir,
     };
+    // As documented, etcd lets any certificate of its CA write every key: a node refuses to
+    // start on it, and says what to do.
+    let out = node_cmd(&w, 1).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("etcd rbac"), "{err}");
+    // The operator sets etcd's users and roles up and turns its access control on.
+    let out = w.ok(Some("admin"), &["etcd", "rbac", "--client", "bob"]);
+    assert!(out.contains("access control is on now"), "{out}");
     for id in 1..=2 {
         let log = std::fs::File::create(w.p(&format!("node-{id}.log"))).unwrap();
-        let child = Command::new(BIN)
-            .arg("--etcd")
-            .arg(&w.etcd)
-            .args(["node", "run", "--id", &id.to_string()])
-            .args([
-                "--listen",
-                "127.0.0.1:0",
-                "--store",
-                "memory",
-                "--lease-ttl",
-                "2s",
-            ])
-            .arg("--dir")
-            .arg(w.p(&format!("n{id}")))
-            .arg("--tls-dir")
-            .arg(w.p(&format!("node-{id}")))
+        let child = node_cmd(&w, id)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -167,6 +162,53 @@ fn start() -> World {
                 .unwrap_or(false)
     });
     w
+}
+
+/// `trireme node run` for node `id` of the test's cluster.
+fn node_cmd(w: &World, id: u32) -> Command {
+    let mut c = Command::new(BIN);
+    c.arg("--etcd")
+        .arg(&w.etcd)
+        .args(["node", "run", "--id", &id.to_string()])
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--store",
+            "memory",
+            "--lease-ttl",
+            "2s",
+        ])
+        .arg("--dir")
+        .arg(w.p(&format!("n{id}")))
+        .arg("--tls-dir")
+        .arg(w.p(&format!("node-{id}")));
+    c
+}
+
+/// `etcdctl put KEY VALUE` as the client in `dir`: whether etcd took it.
+fn etcd_put_as(w: &World, dir: &str, key: &str) -> bool {
+    let d = w.p(dir);
+    let out = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={}", w.etcd))
+        .arg(format!("--cacert={}", d.join("ca-cert.pem").display()))
+        .arg(format!("--cert={}", d.join("client-cert.pem").display()))
+        .arg(format!("--key={}", d.join("client-key.pem").display()))
+        .args(["put", key, "{}"])
+        .output()
+        .unwrap();
+    out.status.success()
+}
+
+/// The statuses of the answers in `bytes` (frames back to back).
+fn statuses(bytes: &[u8]) -> Vec<trireme_proto::Status> {
+    let mut out = Vec::new();
+    let mut rest = bytes;
+    while let Ok(h) = trireme_proto::decode_header(rest.get(..64).unwrap_or_default()) {
+        out.push(h.status);
+        rest = rest.get(64 + h.payload_len as usize..).unwrap_or_default();
+    }
+    out
 }
 
 /// Attaches `vol` as `identity`; the child once it serves its socket, or its stderr.
@@ -225,10 +267,48 @@ fn every_link_of_a_cluster_on_etcd_can_be_tls() {
             "2",
             "--allow",
             "alice",
+            "--allow",
+            "carol",
         ],
     );
+    w.ok(
+        Some("admin"),
+        &[
+            "volume",
+            "create",
+            "w",
+            "--size",
+            "16M",
+            "--replicas",
+            "2",
+            "--allow",
+            "bob",
+        ],
+    );
+    // Inside etcd each client writes only the records of the volumes it may attach: alice
+    // cannot put herself on bob's volume's access list, nor order a node to restart.
+    common::need("etcdctl");
+    assert!(!etcd_put_as(&w, "alice", "/trireme/v1/layouts/w"));
+    assert!(!etcd_put_as(&w, "alice", "/trireme/v1/restarts/1"));
+    assert!(!etcd_put_as(&w, "alice", "/trireme/v1/volumes/v"));
+    assert!(!etcd_put_as(&w, "bob", "/trireme/v1/attach/v"));
     let s = w.ok(Some("bob"), &["--output", "json", "volume", "info", "v"]);
     assert!(s.contains("\"alice\""), "{s}");
+    // A volume created without --allow is the operators' alone.
+    w.ok(
+        Some("admin"),
+        &[
+            "volume",
+            "create",
+            "ops",
+            "--size",
+            "16M",
+            "--replicas",
+            "2",
+        ],
+    );
+    let s = w.ok(Some("admin"), &["volume", "info", "ops"]);
+    assert!(s.contains("nodes and operators only"), "{s}");
     w.refused(
         Some("bob"),
         &["volume", "create", "x", "--size", "16M"],
@@ -294,7 +374,56 @@ fn every_link_of_a_cluster_on_etcd_can_be_tls() {
     common::run(Command::new("nbdcopy").arg(&src).arg(&uri));
     let status = w.ok(Some("admin"), &["status"]);
     assert!(status.contains("as client alice"), "{status}");
-    assert!(status.contains("access: alice"), "{status}");
+    assert!(status.contains("access: alice, carol"), "{status}");
+
+    // Carol is on the list too, but alice writes: straight at a node, with her certificate,
+    // she can neither take the replica over at alice's epoch nor write, read or query it
+    // (before, a same-epoch attach and one write left the copies different while the writer
+    // recorded them in sync). Nor can alice herself move the epoch past the metadata's (a
+    // 2^32 leap fenced a volume for good).
+    let s: serde_json::Value =
+        serde_json::from_str(&w.ok(Some("admin"), &["--output", "json", "status"])).unwrap();
+    let vol = s["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "v")
+        .unwrap()
+        .clone();
+    let (vid, epoch) = (vol["id"].as_u64().unwrap(), vol["epoch"].as_u64().unwrap());
+    let node = s["nodes"][0]["addr"].as_str().unwrap().to_string();
+    let req = |op, epoch, id, payload: &[u8]| {
+        let mut f = trireme_proto::Header {
+            volume: vid,
+            epoch,
+            length: payload.len().max(4096) as u64,
+            ..trireme_proto::Header::request(op, id)
+        }
+        .encode(payload)
+        .to_vec();
+        f.extend_from_slice(payload);
+        f
+    };
+    let mut frames = req(trireme_proto::Op::Attach, epoch, 1, &[]);
+    frames.extend(req(trireme_proto::Op::Write, epoch, 2, &[0xee; 4096]));
+    frames.extend(req(trireme_proto::Op::ReplicaInfo, epoch, 3, &[]));
+    frames.extend(req(trireme_proto::Op::DirtyQuery, epoch, 4, &[]));
+    let got = statuses(&common::tls_exchange(&node, &w.p("carol"), &frames));
+    assert_eq!(
+        got,
+        vec![trireme_proto::Status::Denied; 4],
+        "carol: {got:?}"
+    );
+    let leap = req(trireme_proto::Op::Attach, epoch + (1 << 32), 5, &[]);
+    let got = statuses(&common::tls_exchange(&node, &w.p("alice"), &leap));
+    assert_eq!(
+        got,
+        vec![trireme_proto::Status::Denied],
+        "alice's leap: {got:?}"
+    );
+    // Alice's writes go on; the copies agree.
+    common::run(Command::new("nbdcopy").arg(&src).arg(&uri));
+    w.ok(Some("admin"), &["volume", "verify", "v"]);
     let info: serde_json::Value =
         serde_json::from_str(&w.ok(Some("admin"), &["--output", "json", "volume", "info", "v"]))
             .unwrap();
@@ -305,7 +434,7 @@ fn every_link_of_a_cluster_on_etcd_can_be_tls() {
             .contains("as client alice"),
         "{info}"
     );
-    assert_eq!(info["access"], serde_json::json!(["alice"]));
+    assert_eq!(info["access"], serde_json::json!(["alice", "carol"]));
     // Detach (SIGTERM: a clean detach releases the record).
     let a = w.procs.0.pop().unwrap();
     common::signal(a.id() as i32, libc::SIGTERM);
@@ -320,7 +449,14 @@ fn every_link_of_a_cluster_on_etcd_can_be_tls() {
     let s: serde_json::Value =
         serde_json::from_str(&w.ok(Some("admin"), &["--output", "json", "status"])).unwrap();
     let node = s["nodes"][0]["addr"].as_str().unwrap().to_string();
-    let id = s["volumes"][0]["id"].as_u64().unwrap();
+    let id = s["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "v")
+        .unwrap()["id"]
+        .as_u64()
+        .unwrap();
     let frame = |op, epoch| {
         trireme_proto::Header {
             volume: id,

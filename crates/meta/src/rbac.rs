@@ -166,9 +166,20 @@ fn ours(role: &str) -> bool {
     role == NODE_ROLE || role == CLIENTS_ROLE || role.starts_with("trireme-client-")
 }
 
+/// etcd's refusal of this identity (its access control), or an outage to wait out.
 fn denied(e: etcd_client::Error) -> MetaError {
     match e {
-        etcd_client::Error::GRpcStatus(s) => MetaError::Denied(s.message().to_string()),
+        etcd_client::Error::GRpcStatus(s)
+            if matches!(
+                s.code(),
+                tonic::Code::PermissionDenied
+                    | tonic::Code::Unauthenticated
+                    | tonic::Code::InvalidArgument
+                    | tonic::Code::FailedPrecondition
+            ) =>
+        {
+            MetaError::Denied(s.message().to_string())
+        }
         e => MetaError::Unavailable(e.to_string()),
     }
 }

@@ -167,6 +167,7 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 })
                 .await
                 .map_err(usage_if_remote)?;
+            rbac_follow(cli).await;
             print(out, &v, |v| {
                 format!("volume {}: access {}\n", v.name, access_text(&v.access))
             });
@@ -217,6 +218,7 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 })
                 .await
                 .map_err(usage_if_remote)?;
+            rbac_follow(cli).await;
             print(out, &v, |v| {
                 format!(
                     "created {} ({}), replicas on nodes {:?}\n",
@@ -260,6 +262,7 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 .call(&Request::VolumeDelete { name: name.clone() })
                 .await
                 .map_err(usage_if_remote)?;
+            rbac_follow(cli).await;
             print(out, &v, |v| format!("deleted {}\n", v.name));
         }
         Cmd::Volume(VolumeCmd::Scrub { name, region }) => {
@@ -357,6 +360,7 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
         | Cmd::Attach(_)
         | Cmd::Bench(_)
         | Cmd::Ca(_)
+        | Cmd::Etcd(_)
         | Cmd::Node(NodeCmd::Serve(_))
         | Cmd::Node(NodeCmd::Run(_)) => {
             unreachable!("dispatched in run()")

@@ -132,9 +132,50 @@ pub(crate) async fn etcd_meta(cli: &Cli) -> Result<trireme_meta::ClusterMeta, Cl
     Ok(trireme_meta::ClusterMeta::new(Arc::new(store)))
 }
 
+/// A node daemon trusts what etcd holds (access lists, epochs, its own restart orders): it
+/// refuses an etcd that any certificate may write, unless `--insecure`. That is etcd without
+/// TLS (no identities at all), or etcd whose access control is off — found by whether this
+/// node's own identity may write outside trireme's keys (with `trireme etcd rbac`'s roles it
+/// may not).
+async fn etcd_is_guarded(store: &trireme_meta::EtcdMeta) -> Result<(), CliError> {
+    if let Some(plain) = store.endpoints().iter().find(|e| e.starts_with("http://")) {
+        return Err(CliError::Usage(format!(
+            "etcd at {plain} is plain text: anyone who reaches it may write every key. A node \
+             needs etcd over TLS (https://) with its access control on (`trireme etcd rbac`), \
+             or --insecure"
+        )));
+    }
+    let open = loop {
+        match trireme_meta::rbac::open_to_all(&mut store.client()).await {
+            Ok(open) => break open,
+            Err(trireme_meta::MetaError::Unavailable(e)) => {
+                tracing::warn!("etcd unreachable, retrying: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(CliError::Usage(format!("etcd: {e}"))),
+        }
+    };
+    if open {
+        return Err(CliError::Usage(
+            "etcd lets this node write outside trireme's keys: its access control is off (or \
+             the node holds etcd's root role), so any certificate of its CA may write every key \
+             (a client could put itself on any volume's access list). Set up its users and \
+             roles with `trireme --etcd URLS --tls-identity ADMIN-DIR etcd rbac`, or start with \
+             --insecure"
+                .into(),
+        ));
+    }
+    tracing::info!("etcd's access control is on: this node writes trireme's keys only");
+    Ok(())
+}
+
 pub(crate) async fn node_run(cli: &Cli, a: &crate::NodeRunArgs) -> Result<(), CliError> {
     node_tls(a.tls_dir.as_deref(), a.insecure)?;
-    let meta = etcd_meta(cli).await?;
+    let store = etcd_store(cli).await?;
+    if !a.insecure {
+        etcd_is_guarded(&store).await?;
+    }
+    let meta = trireme_meta::ClusterMeta::new(store);
     let cfg = trireme_daemon::node::NodeConfig {
         tiers: a.tiers.config(a.store, None).map_err(CliError::Usage)?,
         id: a.id,

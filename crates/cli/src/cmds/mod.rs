@@ -17,12 +17,14 @@ pub use trireme_daemon::local::control_path;
 mod ca;
 mod client;
 mod daemons;
+mod etcd;
 mod jobs;
 mod text;
 
 use ca::*;
 use client::*;
 use daemons::*;
+use etcd::*;
 use jobs::*;
 use text::*;
 
@@ -136,6 +138,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Cmd::Attach(ref a) => runtime(a.export.threads as usize)?.block_on(attach(&cli, a)),
         Cmd::Bench(ref a) => crate::bench::run(&cli, a),
         Cmd::Ca(ref c) => ca(&cli, c),
+        Cmd::Etcd(ref c) => runtime(1)?.block_on(etcd_cmd(&cli, c)),
         _ => runtime(1)?.block_on(client_cmd(&cli)),
     }
 }
