@@ -70,6 +70,13 @@ up() {
     --trusted-ca-file "$D/tls-etcd/ca-cert.pem" --client-cert-auth \
     --log-level warn >"$D/etcd.log" 2>&1 &
   echo $! > "$D/etcd.pid"
+  # Least privilege inside etcd too: each certificate's name becomes an etcd user whose role
+  # covers what it needs (nodes: trireme's keys; the client host: its volumes' records), then
+  # etcd's access control goes on. Nodes refuse to start on an etcd any certificate may write.
+  for _ in $(seq 1 50); do
+    "$T" "${ADMIN[@]}" etcd rbac --client client-host >"$D/rbac.out" 2>&1 && break
+    sleep 0.2
+  done
   for i in $(seq 1 "$n"); do
     mkns "trireme-s$i" "$i" "$i"
     "$T" ca issue node "$i" --san "10.77.$i.2" --ca "$D/ca" --out "$D/tls-s$i" >/dev/null

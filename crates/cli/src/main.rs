@@ -268,8 +268,18 @@ pub enum CaCmd {
         dir: Option<PathBuf>,
     },
     /// Issue a certificate: writes `ca-cert.pem`, `<role>-cert.pem` and `<role>-key.pem` into
-    /// `--out` (the layout qemu's tls-creds-x509 and libnbd's tls-certificates read).
+    /// `--out` (the layout qemu's tls-creds-x509 and libnbd's tls-certificates read). Issued
+    /// over the files of a running process, it is picked up within seconds, no restart.
     Issue(CaIssueArgs),
+    /// Put a certificate on the cluster's deny list: every process of the cluster refuses it
+    /// at its next handshake (an operator's identity; `up`'s cluster through its data
+    /// directory).
+    Revoke {
+        /// The certificate's PEM file (`<role>-cert.pem`).
+        cert: PathBuf,
+    },
+    /// The cluster's deny list.
+    Revoked,
 }
 
 #[derive(Debug, Args)]
@@ -285,6 +295,9 @@ pub struct CaIssueArgs {
     /// A DNS name or IP address the holder serves at (repeat for several).
     #[arg(long = "san", value_name = "NAME", global = true)]
     pub sans: Vec<String>,
+    /// How long the certificate is valid, in days (re-issue it in place before then).
+    #[arg(long, default_value_t = trireme_tls::LEAF_DAYS, value_parser = clap::value_parser!(i64).range(1..=3650), global = true)]
+    pub days: i64,
 }
 
 #[derive(Debug, Subcommand)]

@@ -476,6 +476,38 @@ fn every_link_of_a_cluster_on_etcd_can_be_tls() {
 
     // Nothing of that touched the data: the replicas agree, and alice reads her bytes back.
     w.ok(Some("admin"), &["volume", "verify", "v"]);
+
+    // Alice's certificate leaks: the operator revokes it. Her attach is refused before it
+    // takes an epoch, and a node refuses the certificate at the handshake.
+    let alice_cert = w.p("alice/client-cert.pem");
+    let out = w.ok(
+        Some("admin"),
+        &["ca", "revoke", alice_cert.to_str().unwrap()],
+    );
+    assert!(
+        out.contains("revoked the certificate of client alice"),
+        "{out}"
+    );
+    let listed = w.ok(Some("admin"), &["ca", "revoked"]);
+    assert!(listed.contains("client alice"), "{listed}");
+    let err = attach(&mut w, "alice", "v").expect_err("a revoked certificate attached");
+    assert!(err.contains("is revoked"), "{err}");
+    let ping = trireme_proto::Header::request(trireme_proto::Op::Ping, 9).encode(&[]);
+    wait_for("the node refuses the revoked certificate", || {
+        statuses(&common::tls_exchange(&node, &w.p("alice"), &ping)).is_empty()
+            && log_says(&w.p("node-1.log"), "invalid peer certificate: Revoked")
+    });
+    // A new certificate for her, issued in place: she is back.
+    trireme(&[
+        "ca",
+        "issue",
+        "client",
+        "alice",
+        "--ca",
+        w.p("ca").to_str().unwrap(),
+        "--out",
+        w.p("alice").to_str().unwrap(),
+    ]);
     let sock = attach(&mut w, "alice", "v").expect("alice attaches again");
     let back = w.p("back.img");
     common::run(

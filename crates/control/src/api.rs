@@ -54,6 +54,15 @@ pub enum Request {
     VolumeDelete {
         name: String,
     },
+    /// Puts a certificate on the cluster's deny list (operators only).
+    CaRevoke {
+        /// SHA-256 of the certificate, hex.
+        fingerprint: String,
+        /// The role it names, for the record.
+        role: String,
+    },
+    /// The deny list.
+    CaRevoked,
     /// Take a new epoch for a writer: fences every older writer of the volume.
     Attach {
         name: String,

@@ -999,6 +999,24 @@ impl Manager {
             Request::VolumeList => to(self.meta.volumes().await.map_err(ManagerError::from)),
             Request::VolumeInfo { name } => to(self.volume_info(&name).await),
             Request::VolumeDelete { name } => to(self.delete_volume(&name).await),
+            Request::CaRevoke { fingerprint, role } => to(async {
+                let rec = trireme_meta::RevokedCert {
+                    fingerprint: fingerprint.to_ascii_lowercase(),
+                    role,
+                    at: std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_secs()),
+                };
+                self.meta.revoke(&rec).await?;
+                tracing::warn!(
+                    fingerprint = rec.fingerprint,
+                    role = rec.role,
+                    "certificate revoked"
+                );
+                Ok(rec)
+            }
+            .await),
+            Request::CaRevoked => to(self.meta.revoked().await.map_err(Into::into)),
             Request::Attach { name } => to(self.attach(&name).await),
             Request::Locate { name } => to(self.locate(&name).await),
             Request::SetReplicaState {

@@ -39,28 +39,75 @@ impl AccessView {
 }
 
 /// Calls `apply` with every volume, afresh on each change of a layout (a watch) and every few
-/// seconds in case a watch missed one. Runs until dropped.
+/// seconds in case a watch missed one; keeps the process's deny list of certificates
+/// ([`follow_revoked`]) the same way. Runs until dropped.
 pub async fn follow(meta: ClusterMeta, apply: impl Fn(Vec<VolumeRecord>)) {
-    const REREAD: Duration = Duration::from_secs(5);
-    let prefix = ClusterMeta::layouts_prefix();
+    let prefixes = [ClusterMeta::layouts_prefix(), ClusterMeta::revoked_prefix()];
     loop {
-        let mut watch = meta.store().watch(&prefix, 0).await.ok();
+        let mut changes = Changes::watch(&meta, &prefixes).await;
         match meta.volumes().await {
             Ok(vs) => apply(vs),
             Err(e) => tracing::debug!("reading access lists: {e}"),
         }
-        let changed = async {
-            match watch.as_mut() {
-                Some(w) => w.recv().await.is_some(),
-                None => std::future::pending().await,
+        refresh_revoked(&meta).await;
+        changes.next().await;
+    }
+}
+
+/// Reads the cluster's deny list of certificates into this process's TLS (every handshake
+/// checks it: `trireme_tls::revoke`).
+pub async fn refresh_revoked(meta: &ClusterMeta) {
+    match meta.revoked().await {
+        Ok(r) => trireme_tls::revoke::set_revoked(r.into_iter().map(|r| r.fingerprint)),
+        Err(e) => tracing::debug!("reading the revoked certificates: {e}"),
+    }
+}
+
+/// How often the followers read again when no watch said anything (a watch may miss a change
+/// while the store is away).
+const REREAD: Duration = Duration::from_secs(5);
+
+/// Changes under some prefixes of the metadata: a watch on each, forwarded to one channel.
+struct Changes {
+    rx: tokio::sync::mpsc::UnboundedReceiver<()>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Changes {
+    async fn watch(meta: &ClusterMeta, prefixes: &[String]) -> Changes {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut tasks = Vec::new();
+        for p in prefixes {
+            if let Ok(mut w) = meta.store().watch(p, 0).await {
+                let tx = tx.clone();
+                tasks.push(tokio::spawn(async move {
+                    while w.recv().await.is_some() {
+                        if tx.send(()).is_err() {
+                            return;
+                        }
+                    }
+                }));
             }
-        };
+        }
+        Changes { rx, tasks }
+    }
+
+    /// Resolves on the next change, or after [`REREAD`]; then lets a burst of changes (an
+    /// attach writes several keys) settle, to be read once.
+    async fn next(&mut self) {
         tokio::select! {
-            _ = changed => {}
+            _ = self.rx.recv() => {}
             _ = tokio::time::sleep(REREAD) => {}
         }
-        // A burst of changes (an attach writes several) is read once.
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+impl Drop for Changes {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
     }
 }
 
@@ -78,6 +125,17 @@ pub async fn follow_control(control: std::path::PathBuf, view: AccessView) {
         match vs {
             Ok(vs) => view.set(&vs),
             Err(e) => tracing::debug!("reading access lists: {e}"),
+        }
+        let revoked: Result<Vec<trireme_meta::RevokedCert>, _> = async {
+            trireme_control::ControlClient::connect(&control)
+                .await?
+                .call(&trireme_control::Request::CaRevoked)
+                .await
+        }
+        .await;
+        match revoked {
+            Ok(r) => trireme_tls::revoke::set_revoked(r.into_iter().map(|r| r.fingerprint)),
+            Err(e) => tracing::debug!("reading the revoked certificates: {e}"),
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
@@ -125,22 +183,19 @@ pub async fn node_policies(
     Ok((policies, members))
 }
 
-/// Keeps `node`'s access rules current ([`node_policies`]): afresh on each change of a
-/// layout, an attach record or a node record (watches), and every few seconds in case a watch
-/// missed one. Until the first read, clients reach nothing (nodes and operators do). Runs
-/// until dropped.
+/// Keeps `node`'s access rules current ([`node_policies`]) and the process's deny list of
+/// certificates: afresh on each change of a layout, an attach record, a node record or the
+/// deny list (watches), and every few seconds in case a watch missed one. Until the first
+/// read, clients reach nothing (nodes and operators do). Runs until dropped.
 pub async fn follow_node(meta: ClusterMeta, node: std::sync::Arc<trireme_node::Node>) {
-    const REREAD: Duration = Duration::from_secs(5);
     let prefixes = [
         ClusterMeta::layouts_prefix(),
         ClusterMeta::attach_prefix(),
         ClusterMeta::nodes_prefix(),
+        ClusterMeta::revoked_prefix(),
     ];
     loop {
-        let mut watches = Vec::new();
-        for p in &prefixes {
-            watches.push(meta.store().watch(p, 0).await.ok());
-        }
+        let mut changes = Changes::watch(&meta, &prefixes).await;
         match node_policies(&meta).await {
             Ok((policies, members)) => {
                 node.set_policies(policies);
@@ -148,24 +203,7 @@ pub async fn follow_node(meta: ClusterMeta, node: std::sync::Arc<trireme_node::N
             }
             Err(e) => tracing::debug!("reading the access rules: {e}"),
         }
-        let [a, b, c] = &mut watches[..] else {
-            unreachable!("three prefixes")
-        };
-        tokio::select! {
-            _ = changed(a) => {}
-            _ = changed(b) => {}
-            _ = changed(c) => {}
-            _ = tokio::time::sleep(REREAD) => {}
-        }
-        // A burst of changes (an attach writes several keys) is read once.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Resolves when `w` sees a change (or ends); never, without a watch.
-async fn changed(w: &mut Option<trireme_meta::kv::Watch>) -> bool {
-    match w.as_mut() {
-        Some(w) => w.recv().await.is_some(),
-        None => std::future::pending().await,
+        refresh_revoked(&meta).await;
+        changes.next().await;
     }
 }

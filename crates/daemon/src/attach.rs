@@ -148,6 +148,16 @@ pub async fn attach(
 ) -> Result<Attached, DaemonError> {
     trireme_meta::check_name(&cfg.volume).map_err(|e| DaemonError::Usage(e.to_string()))?;
     // Said up front, before an epoch is taken: the nodes would refuse this identity anyway.
+    if let Some(fp) = crate::tls_fingerprint() {
+        let revoked = until_reachable("reading the deny list", || meta.revoked()).await?;
+        if revoked.iter().any(|r| r.fingerprint == fp) {
+            return Err(DaemonError::Usage(format!(
+                "this process's certificate ({}) is revoked: the cluster refuses it at every \
+                 handshake. An operator issues a new one with `trireme ca issue`",
+                crate::tls_role().map_or_else(String::new, |r| r.to_string())
+            )));
+        }
+    }
     if let Some(trireme_tls::Role::Client(me)) = crate::tls_role() {
         let v = until_reachable("reading the volume", || meta.volume(&cfg.volume)).await?;
         if !v

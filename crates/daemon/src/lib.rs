@@ -76,6 +76,13 @@ pub fn tls_role() -> Option<&'static trireme_tls::Role> {
     TLS_ROLE.get()
 }
 
+/// The fingerprint of that identity's certificate (as it was loaded), for the deny list.
+static TLS_FINGERPRINT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+pub fn tls_fingerprint() -> Option<&'static str> {
+    TLS_FINGERPRINT.get().map(String::as_str)
+}
+
 /// `stem` names the certificate (`node`); `None` picks a client process's (see
 /// `Identity::load_client`).
 pub fn use_tls(dir: &std::path::Path, stem: Option<&str>, serve: bool) -> Result<(), DaemonError> {
@@ -96,5 +103,6 @@ pub fn use_tls(dir: &std::path::Path, stem: Option<&str>, serve: bool) -> Result
     });
     tracing::debug!(role = %id.role, "data-path links use mutual TLS");
     let _ = TLS_ROLE.set(id.role.clone());
+    let _ = TLS_FINGERPRINT.set(id.fingerprint());
     Ok(())
 }

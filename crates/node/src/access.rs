@@ -106,7 +106,9 @@ impl Node {
             Peer::Trusted => return Ok(()),
             Peer::Cert(r) => &**r,
         };
-        if matches!(h.op, Op::Ping | Op::UcxAddress) {
+        // What any authenticated peer may send: a ping, the UCX offer, and the hello that
+        // names its link (no request of its own).
+        if matches!(h.op, Op::Ping | Op::UcxAddress | Op::Hello) {
             return Ok(());
         }
         match role {

@@ -24,6 +24,8 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 pub mod local;
+pub mod reload;
+pub mod revoke;
 
 pub use rustls;
 pub use tokio_rustls;
@@ -35,8 +37,10 @@ pub const CA_KEY: &str = "ca-key.pem";
 
 /// How long the CA is valid.
 const CA_DAYS: i64 = 20 * 365;
-/// How long an issued certificate is valid.
-const LEAF_DAYS: i64 = 5 * 365;
+/// How long an issued certificate is valid by default: a year. A certificate is re-issued in
+/// place (`trireme ca issue ... --out` over its files) and picked up with no restart
+/// (`reload.rs`); one that leaks is revoked (`trireme ca revoke`).
+pub const LEAF_DAYS: i64 = 365;
 
 /// Who a certificate's holder is.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -306,8 +310,18 @@ impl Ca {
     }
 
     /// Issues a certificate for `role`, valid as a server for `names` (a node's or server's
-    /// addresses; clients need none).
+    /// addresses; clients need none), for [`LEAF_DAYS`].
     pub fn issue(&self, role: &Role, names: &[San]) -> Result<Issued, TlsError> {
+        self.issue_for(role, names, LEAF_DAYS)
+    }
+
+    /// [`Ca::issue`], valid for `days` (1 to 3650).
+    pub fn issue_for(&self, role: &Role, names: &[San], days: i64) -> Result<Issued, TlsError> {
+        if !(1..=3650).contains(&days) {
+            return Err(TlsError::Usage(format!(
+                "a certificate is valid for 1 to 3650 days, not {days}"
+            )));
+        }
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::default();
         // The common name is the holder's etcd user (etcd's access control knows a client by
@@ -353,7 +367,7 @@ impl Ca {
             Role::Server => vec![ExtendedKeyUsagePurpose::ServerAuth],
         };
         params.use_authority_key_identifier_extension = true;
-        validity(&mut params, LEAF_DAYS);
+        validity(&mut params, days);
         let cert = params.signed_by(&key, &self.issuer()?)?;
         Ok(Issued {
             role: role.clone(),
@@ -399,6 +413,9 @@ pub struct Identity {
     certs: Vec<CertificateDer<'static>>,
     key: Arc<PrivateKeyDer<'static>>,
     roots: Arc<rustls::RootCertStore>,
+    /// Where it was loaded from (`dir`, `stem`): configurations built from it pick up a
+    /// re-issued certificate there (`reload.rs`).
+    from: Option<(PathBuf, String)>,
 }
 
 fn bad(path: &Path, what: impl std::fmt::Display) -> TlsError {
@@ -458,7 +475,31 @@ impl Identity {
             certs,
             key: Arc::new(key),
             roots,
+            from: Some((dir.to_path_buf(), stem.to_string())),
         })
+    }
+
+    /// The certificate's SHA-256 fingerprint (what `trireme ca revoke` puts on the deny list).
+    pub fn fingerprint(&self) -> String {
+        revoke::fingerprint(&self.certs[0])
+    }
+
+    /// What presents this identity's certificate in a handshake: one that follows its files
+    /// when it was loaded from some, else the certificate as it is.
+    fn resolver(
+        &self,
+        provider: &Arc<rustls::crypto::CryptoProvider>,
+    ) -> Result<Arc<reload::Reloading>, TlsError> {
+        let (dir, stem) = self
+            .from
+            .clone()
+            .unwrap_or_else(|| (PathBuf::new(), String::new()));
+        Ok(Arc::new(reload::Reloading::new(
+            self,
+            dir,
+            stem,
+            provider.clone(),
+        )?))
     }
 
     /// A TLS server that requires a client certificate from this identity's CA.
@@ -470,20 +511,29 @@ impl Identity {
         )
         .build()
         .map_err(|e| TlsError::Usage(format!("client verifier: {e}")))?;
+        let resolver = self.resolver(&provider)?;
         let cfg = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()?
-            .with_client_cert_verifier(verifier)
-            .with_single_cert(self.certs.clone(), self.key.clone_key())?;
+            .with_client_cert_verifier(Arc::new(revoke::ClientDeny(verifier)))
+            .with_cert_resolver(resolver);
         Ok(Arc::new(cfg))
     }
 
     /// A TLS client presenting this identity and trusting only this identity's CA.
     pub fn client_config(&self) -> Result<Arc<rustls::ClientConfig>, TlsError> {
         let provider = provider();
+        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            self.roots.clone(),
+            provider.clone(),
+        )
+        .build()
+        .map_err(|e| TlsError::Usage(format!("server verifier: {e}")))?;
+        let resolver = self.resolver(&provider)?;
         let cfg = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()?
-            .with_root_certificates(self.roots.clone())
-            .with_client_auth_cert(self.certs.clone(), self.key.clone_key())?;
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(revoke::ServerDeny(verifier)))
+            .with_client_cert_resolver(resolver);
         Ok(Arc::new(cfg))
     }
 }
@@ -497,6 +547,13 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     p.cipher_suites
         .sort_by_key(|s| s.suite() != rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
     Arc::new(p)
+}
+
+/// The fingerprint (see [`revoke::fingerprint`]) and role of the certificate in the PEM file
+/// `path` (its first one).
+pub fn cert_file(path: &Path) -> Result<(String, Option<Role>), TlsError> {
+    let certs = load_certs(path)?;
+    Ok((revoke::fingerprint(&certs[0]), role_of(&certs[0])))
 }
 
 /// The role a certificate names, if it is a trireme certificate.

@@ -169,3 +169,85 @@ async fn only_clients_of_the_same_ca_get_in() {
         .await
         .is_err());
 }
+
+/// A revoked certificate is refused at the handshake, on either side: a client's at a server,
+/// a server's at a client; off the list, it passes again. (The only test that sets the
+/// process's deny list.)
+#[tokio::test]
+async fn revoked_certificates_are_refused_both_ways() {
+    let d = tempfile::tempdir().unwrap();
+    let ca = Ca::init(&d.path().join("ca")).unwrap();
+    let ip: San = "127.0.0.1".parse().unwrap();
+    ca.issue(&Role::Node(1), &[ip])
+        .unwrap()
+        .write(&d.path().join("node"))
+        .unwrap();
+    ca.issue(&Role::Client("alice".into()), &[])
+        .unwrap()
+        .write(&d.path().join("alice"))
+        .unwrap();
+    let node = Identity::load(&d.path().join("node"), "node").unwrap();
+    let alice = Identity::load(&d.path().join("alice"), "client").unwrap();
+    let (a, n) = (alice.fingerprint(), node.fingerprint());
+    assert_eq!(a.len(), 64);
+    assert_eq!(
+        cert_file(&d.path().join("alice/client-cert.pem"))
+            .unwrap()
+            .0,
+        a
+    );
+    revoke::set_revoked([a.clone()]);
+    let e = handshake(&node, alice.client_config().unwrap())
+        .await
+        .unwrap_err();
+    assert!(e.to_lowercase().contains("revoked"), "{e}");
+    revoke::set_revoked([n]);
+    let e = handshake(&node, alice.client_config().unwrap())
+        .await
+        .unwrap_err();
+    assert!(e.to_lowercase().contains("revoked"), "{e}");
+    revoke::set_revoked([]);
+    assert!(handshake(&node, alice.client_config().unwrap())
+        .await
+        .is_ok());
+}
+
+/// A certificate re-issued over the files of a running process is what its next handshake
+/// presents; a file of another role put there is not taken (the old one stays).
+#[tokio::test]
+async fn a_certificate_reissued_in_place_is_picked_up() {
+    let d = tempfile::tempdir().unwrap();
+    let ca = Ca::init(&d.path().join("ca")).unwrap();
+    let ip: San = "127.0.0.1".parse().unwrap();
+    let dir = d.path().join("node");
+    ca.issue(&Role::Node(1), &[ip.clone()])
+        .unwrap()
+        .write(&dir)
+        .unwrap();
+    let node = Identity::load(&dir, "node").unwrap();
+    let resolver = node.resolver(&provider()).unwrap();
+    let first = resolver.current().cert[0].clone();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    ca.issue_for(&Role::Node(1), &[ip.clone()], 30)
+        .unwrap()
+        .write(&dir)
+        .unwrap();
+    let second = resolver.current().cert[0].clone();
+    assert_ne!(first, second, "the re-issued certificate was not picked up");
+    // Another role's certificate in its place: refused, the last good one stays.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let wrong = ca.issue(&Role::Node(2), &[ip]).unwrap();
+    std::fs::write(dir.join("node-cert.pem"), &wrong.cert_pem).unwrap();
+    std::fs::write(dir.join("node-key.pem"), &wrong.key_pem).unwrap();
+    assert_eq!(resolver.current().cert[0], second);
+    // And a handshake with the configuration built before the re-issue presents it.
+    let alice_dir = d.path().join("alice");
+    ca.issue(&Role::Client("alice".into()), &[])
+        .unwrap()
+        .write(&alice_dir)
+        .unwrap();
+    let alice = Identity::load(&alice_dir, "client").unwrap();
+    assert!(handshake(&node, alice.client_config().unwrap())
+        .await
+        .is_ok());
+}

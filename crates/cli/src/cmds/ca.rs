@@ -18,6 +18,8 @@ pub(crate) fn ca(cli: &Cli, c: &crate::CaCmd) -> Result<(), CliError> {
         files: Vec<String>,
     }
     let (w, what) = match c {
+        crate::CaCmd::Revoke { cert } => return revoke(cli, cert),
+        crate::CaCmd::Revoked => return revoked(cli),
         crate::CaCmd::Init { dir } => {
             let dir = dir.clone().unwrap_or(default_ca);
             Ca::init(&dir).map_err(usage)?;
@@ -59,7 +61,7 @@ pub(crate) fn ca(cli: &Cli, c: &crate::CaCmd) -> Result<(), CliError> {
                     ca_dir.display()
                 ))
             })?;
-            ca.issue(&role, &sans)
+            ca.issue_for(&role, &sans, a.days)
                 .and_then(|i| i.write(&out))
                 .map_err(usage)?;
             let stem = role.stem();
@@ -77,6 +79,50 @@ pub(crate) fn ca(cli: &Cli, c: &crate::CaCmd) -> Result<(), CliError> {
     };
     print(cli.output, &w, |w| {
         format!("{what} in {}: {}\n", w.dir, w.files.join(", "))
+    });
+    Ok(())
+}
+
+/// `trireme ca revoke CERT`: the certificate goes on the cluster's deny list.
+fn revoke(cli: &Cli, cert: &Path) -> Result<(), CliError> {
+    let (fingerprint, role) = trireme_tls::cert_file(cert).map_err(|e| match e {
+        trireme_tls::TlsError::Io { .. } | trireme_tls::TlsError::Bad { .. } => {
+            CliError::Usage(e.to_string())
+        }
+        e => CliError::Runtime(e.to_string()),
+    })?;
+    let role = role.map_or_else(|| "no trireme role".to_string(), |r| r.to_string());
+    let rec: trireme_meta::RevokedCert = runtime(1)?.block_on(async {
+        control_client(cli)
+            .await?
+            .call(&Request::CaRevoke {
+                fingerprint: fingerprint.clone(),
+                role: role.clone(),
+            })
+            .await
+            .map_err(usage_if_remote)
+    })?;
+    print(cli.output, &rec, |r| {
+        format!(
+            "revoked the certificate of {} (sha256 {}): refused at every handshake from now on\n",
+            r.role, r.fingerprint
+        )
+    });
+    Ok(())
+}
+
+/// `trireme ca revoked`: the deny list.
+fn revoked(cli: &Cli) -> Result<(), CliError> {
+    let list: Vec<trireme_meta::RevokedCert> = runtime(1)?.block_on(async {
+        Ok::<_, CliError>(control_client(cli).await?.call(&Request::CaRevoked).await?)
+    })?;
+    print(cli.output, &list, |l| {
+        if l.is_empty() {
+            return "no certificate is revoked\n".to_string();
+        }
+        l.iter()
+            .map(|r| format!("{}  {}\n", r.fingerprint, r.role))
+            .collect()
     });
     Ok(())
 }

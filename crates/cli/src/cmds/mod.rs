@@ -118,7 +118,10 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
     // A process beside a local cluster that reaches its nodes (a `trireme nbd` export, a bench
     // on `volume:NAME`) does so as `up` does: with `up`'s client identity, over mutual TLS.
     let local_id = cli.data_dir.join("tls").join("up");
-    if matches!(cli.cmd, Cmd::Up(_) | Cmd::Node(_) | Cmd::Ca(_)) {
+    if matches!(
+        cli.cmd,
+        Cmd::Up(_) | Cmd::Node(_) | Cmd::Ca(crate::CaCmd::Init { .. } | crate::CaCmd::Issue(_))
+    ) {
         // Their own identities.
     } else if let Some(d) = &cli.tls_identity {
         trireme_daemon::use_tls(d, None, false).map_err(daemon_err)?;

@@ -129,4 +129,29 @@ impl ClusterMeta {
         .ok_or_else(|| MetaError::Refused("job record: conflicting write".into()))?;
         Ok(())
     }
+
+    /// Puts a certificate on the deny list (kept for good: an entry costs a few bytes).
+    pub async fn revoke(&self, rec: &RevokedCert) -> Result<(), MetaError> {
+        if rec.fingerprint.len() != 64 || !rec.fingerprint.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(MetaError::Refused(format!(
+                "{:?} is not a SHA-256 fingerprint (64 hex digits)",
+                rec.fingerprint
+            )));
+        }
+        let k = key(&format!("revoked/{}", rec.fingerprint.to_ascii_lowercase()));
+        self.write(vec![], vec![Op::put(k, encode(rec))])
+            .await?
+            .ok_or_else(|| MetaError::Refused("revocation: conflicting write".into()))?;
+        Ok(())
+    }
+
+    /// The deny list.
+    pub async fn revoked(&self) -> Result<Vec<RevokedCert>, MetaError> {
+        self.list("revoked/").await
+    }
+
+    /// Where the deny list lives (for watches).
+    pub fn revoked_prefix() -> String {
+        key("revoked/")
+    }
 }

@@ -13,6 +13,7 @@
 //! | `restarts/<node>` | [`RestartOrder`]: the manager asks node `node`'s daemon to restart | no |
 //! | `jobs/<node>` | a drain/remove job of the manager, so its successor resumes it | no |
 //! | `settings/<key>` | cluster settings | no |
+//! | `revoked/<fingerprint>` | [`RevokedCert`]: a certificate refused at every handshake | no |
 //! | `next-volume-id` | the next volume id (ids are never reused) | no |
 //!
 //! Values are JSON. Every read-modify-write compares the `mod_revision` it read and retries on

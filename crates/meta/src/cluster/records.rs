@@ -27,6 +27,18 @@ pub struct ManagerRecord {
     pub http: Option<String>,
 }
 
+/// A revoked certificate (`revoked/<fingerprint>`): refused at every handshake of the
+/// cluster's processes from when they read it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RevokedCert {
+    /// SHA-256 of the certificate, lower-case hex.
+    pub fingerprint: String,
+    /// The role it named (`client alice`, `node 3`), for the operator's eyes.
+    pub role: String,
+    /// When, in seconds since the Unix epoch.
+    pub at: u64,
+}
+
 /// The writer of a volume (lease-bound).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttachRecord {
