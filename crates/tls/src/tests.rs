@@ -220,7 +220,7 @@ async fn a_certificate_reissued_in_place_is_picked_up() {
     let ca = Ca::init(&d.path().join("ca")).unwrap();
     let ip: San = "127.0.0.1".parse().unwrap();
     let dir = d.path().join("node");
-    ca.issue(&Role::Node(1), &[ip.clone()])
+    ca.issue(&Role::Node(1), std::slice::from_ref(&ip))
         .unwrap()
         .write(&dir)
         .unwrap();
@@ -228,7 +228,7 @@ async fn a_certificate_reissued_in_place_is_picked_up() {
     let resolver = node.resolver(&provider()).unwrap();
     let first = resolver.current().cert[0].clone();
     std::thread::sleep(std::time::Duration::from_millis(20));
-    ca.issue_for(&Role::Node(1), &[ip.clone()], 30)
+    ca.issue_for(&Role::Node(1), std::slice::from_ref(&ip), 30)
         .unwrap()
         .write(&dir)
         .unwrap();
