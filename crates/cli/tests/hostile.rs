@@ -725,3 +725,145 @@ fn forged_ucx_answers_are_dropped_unread() {
     assert_all_nodes_up(&c);
     assert_replicas_identical(&c, "vol0");
 }
+
+/// Open descriptors of process `pid`.
+fn open_fds(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+/// `n` connections to `to` that say nothing, kept open (as many as the peer keeps: a
+/// listener may close those it has no place for).
+enum Idle {
+    Tcp(Vec<std::net::TcpStream>),
+    Unix(Vec<std::os::unix::net::UnixStream>),
+}
+
+fn idle(to: &str, n: usize) -> Idle {
+    if let Some(path) = to.strip_prefix("unix:") {
+        Idle::Unix(
+            (0..n)
+                .filter_map(|_| std::os::unix::net::UnixStream::connect(path).ok())
+                .collect(),
+        )
+    } else {
+        // From 8 threads: one TCP handshake after another would take seconds.
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let to = to.to_string();
+                std::thread::spawn(move || {
+                    (0..n / 8)
+                        .filter_map(|_| std::net::TcpStream::connect(&to).ok())
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        Idle::Tcp(
+            threads
+                .into_iter()
+                .flat_map(|t| t.join().unwrap())
+                .collect(),
+        )
+    }
+}
+
+/// Every port of `up` — NBD on its unix socket and over TLS, a node's TCP (mutual TLS) and
+/// same-host ports, the control socket, the HTTP endpoint — takes 2,000 connections that say
+/// nothing. Each listener holds (its caps and deadlines, a newcomer evicting the longest
+/// idle), memory stays flat, and a real client of that port is served meanwhile. Then the
+/// process runs out of descriptors for real (its limit lowered under it): accepts fail with
+/// EMFILE, are retried, and once the flood is gone every listener serves again.
+#[test]
+fn idle_connections_and_descriptor_exhaustion_never_stop_a_listener() {
+    need("nbdinfo");
+    need("prlimit");
+    // This process opens thousands of sockets too.
+    let _ = trireme_net::limits::raise_nofile();
+    let mb = 1u64 << 20;
+    let c = Cluster::start(&["--store", "memory", "--size", "16M"]);
+    let up = c.child.as_ref().unwrap().id() as i32;
+    let n1 = node_pid(&c, 1);
+    let nl: serde_json::Value =
+        serde_json::from_slice(&c.cli(&["--output", "json", "node", "list"]).stdout).unwrap();
+    let node_tcp = nl[0]["addr"].as_str().unwrap().to_string();
+    let http = addr_in(&c.path().join("http"));
+    let token = std::fs::read_to_string(c.path().join("http-token")).unwrap();
+    let token = token.trim().to_string();
+    let sock = |name: &str| format!("unix:{}", c.path().join(name).display());
+    let (up0, n10) = (rss(up), rss(n1));
+
+    let served = |port: &str| -> bool {
+        match port {
+            "nbd-unix" => nbdinfo_ok(&c.unix),
+            "nbd-tls" => nbdinfo_ok(&c.tcp),
+            "node-tcp" | "node-unix" => c.cli(&["volume", "verify", "vol0"]).status.success(),
+            "control" => {
+                let o = c.cli(&["status"]);
+                if !o.status.success() {
+                    eprintln!("status: {}", String::from_utf8_lossy(&o.stderr));
+                }
+                o.status.success()
+            }
+            "http" => {
+                let auth = format!("Bearer {token}");
+                http_with(&http, "GET", "/metrics", &[("Authorization", &auth)]).0 == 200
+            }
+            _ => unreachable!(),
+        }
+    };
+    let ports = [
+        ("nbd-unix", sock("nbd.sock")),
+        ("nbd-tls", c.tcp_addr()),
+        ("node-tcp", node_tcp.clone()),
+        ("node-unix", sock("node-1.sock")),
+        ("control", sock("control.sock")),
+        ("http", http.clone()),
+    ];
+    for (port, addr) in &ports {
+        let t = Instant::now();
+        let flood = idle(addr, 2000);
+        println!("{port}: 2000 connections in {:?}", t.elapsed());
+        // (The listener takes a moment to work through the 2,000 in its backlog.)
+        std::thread::sleep(Duration::from_secs(1));
+        let t0 = Instant::now();
+        assert!(
+            served(port),
+            "{port}: a real client was refused under 2,000 idle ones"
+        );
+        let took = t0.elapsed();
+        let (u, n) = (rss(up), rss(n1));
+        println!(
+            "{port}: served in {took:?}; up {} MiB, {} fds; node 1 {} MiB, {} fds",
+            u / mb,
+            open_fds(up),
+            n / mb,
+            open_fds(n1)
+        );
+        assert!(u < up0 + 128 * mb, "{port}: up grew to {} MiB", u / mb);
+        assert!(n < n10 + 128 * mb, "{port}: node 1 grew to {} MiB", n / mb);
+        drop(flood);
+    }
+
+    // Out of descriptors: up's limit lowered to a few more than it holds, then 64
+    // connections at each of its NBD and HTTP ports. Its accepts fail with EMFILE and back off.
+    let limit = open_fds(up) + 16;
+    run(Command::new("prlimit").args([
+        "--pid",
+        &up.to_string(),
+        &format!("--nofile={limit}:{limit}"),
+    ]));
+    let flood = (idle(&sock("nbd.sock"), 64), idle(&http, 64));
+    wait_logged(&c.path().join("up.log"), "accept failed, retrying in");
+    println!("EMFILE seen");
+    drop(flood);
+    // The flood gone, every listener of up serves again without a restart.
+    let t0 = Instant::now();
+    while !(served("nbd-unix") && served("nbd-tls") && served("control") && served("http")) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "a listener did not come back"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_all_nodes_up(&c);
+    assert_replicas_identical(&c, "vol0");
+}

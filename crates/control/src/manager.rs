@@ -1135,6 +1135,9 @@ pub const CONTROL_LIMITS: trireme_net::Limits = trireme_net::Limits {
 /// is not held to it: nothing is read then.
 pub const CONTROL_IDLE: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// How long a new same-host control connection may take to start its first request.
+pub const FIRST_REQUEST: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The process's admission to its control listeners.
 pub fn control_gate() -> &'static Arc<trireme_net::Gate> {
     static G: std::sync::OnceLock<Arc<trireme_net::Gate>> = std::sync::OnceLock::new();
@@ -1158,11 +1161,27 @@ pub async fn serve(path: &Path, manager: Arc<Manager>) -> std::io::Result<()> {
             );
             continue;
         }
-        let Some(place) = control_gate().admit() else {
+        // It holds a handshake's place (evictable) until its first request starts.
+        let Some(handshake) = control_gate().handshake(None) else {
             continue;
         };
-        let sock = trireme_net::Guarded::new(sock, CONTROL_IDLE, Some(place));
-        tokio::spawn(serve_conn(sock, manager.clone(), Peer::Trusted));
+        let m = manager.clone();
+        tokio::spawn(async move {
+            let spoke = handshake
+                .run(tokio::time::timeout(
+                    FIRST_REQUEST,
+                    trireme_net::io::first_bytes(&sock),
+                ))
+                .await;
+            if !matches!(spoke, Some(Ok(Ok(())))) {
+                return;
+            }
+            let Some(place) = control_gate().establish(handshake) else {
+                return;
+            };
+            let sock = trireme_net::Guarded::new(sock, CONTROL_IDLE, Some(place));
+            serve_conn(sock, m, Peer::Trusted).await
+        });
     }
 }
 

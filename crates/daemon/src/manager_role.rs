@@ -246,7 +246,11 @@ async fn serve_control(
         tokio::spawn(async move {
             let (sock, peer): (Box<dyn trireme_control::ControlStream>, _) = match acceptor {
                 None => (Box::new(sock), trireme_transport::Peer::Trusted),
-                Some(a) => match trireme_transport::tcp::accept_tls(&a, sock).await {
+                Some(a) => match handshake
+                    .run(trireme_transport::tcp::accept_tls(&a, sock))
+                    .await
+                    .unwrap_or_else(|| Err("evicted to make room for another handshake".into()))
+                {
                     Ok((s, role)) => (Box::new(s), trireme_transport::Peer::Cert(Arc::new(role))),
                     Err(why) => {
                         trireme_net::warn_throttled_by!(

@@ -125,15 +125,27 @@ impl Admission {
     }
 }
 
-/// Runs `f` (the negotiation) within [`NEGOTIATION`].
+/// Runs `f` (the negotiation) within [`NEGOTIATION`], unless the listener evicts the
+/// connection first to make room for another client's.
 async fn within<T>(
+    admission: Option<&Admission>,
     f: impl std::future::Future<Output = Result<T, NbdError>>,
 ) -> Result<T, NbdError> {
-    tokio::time::timeout(NEGOTIATION, f).await.map_err(|_| {
-        NbdError::Refused(format!(
-            "no export picked within {NEGOTIATION:?} of connecting"
-        ))
-    })?
+    let timed = async {
+        tokio::time::timeout(NEGOTIATION, f).await.map_err(|_| {
+            NbdError::Refused(format!(
+                "no export picked within {NEGOTIATION:?} of connecting"
+            ))
+        })?
+    };
+    match admission {
+        Some(a) => a.handshake.run(timed).await.unwrap_or_else(|| {
+            Err(NbdError::Refused(
+                "still negotiating when the listener needed its place for another client".into(),
+            ))
+        }),
+        None => timed.await,
+    }
 }
 
 /// Serves one client connection to the end, in plain text.
@@ -156,7 +168,7 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     B: Backend,
 {
-    let outcome = within(async {
+    let outcome = within(admission.as_ref(), async {
         let no_zeroes = greet(&mut stream).await?;
         options(&mut stream, &exports, no_zeroes, Tls::Off, None).await
     })
@@ -195,7 +207,7 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     B: Backend,
 {
-    let negotiated = within(async {
+    let negotiated = within(admission.as_ref(), async {
         let no_zeroes = greet(&mut stream).await?;
         match options(&mut stream, &exports, no_zeroes, Tls::Required, None).await? {
             Outcome::StartTls => {}

@@ -7,8 +7,6 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-
 use crate::throttle::Throttle;
 
 /// Shortest and longest pause before accepting again after a resource error.
@@ -78,20 +76,84 @@ pub struct Limits {
     pub handshakes_per_source: usize,
 }
 
+/// A connection's standing at its gate, shared with the connection itself: when it was last
+/// active, and whether the gate evicted it (to make room for a newcomer). An evicted
+/// connection ends at its next poll (see [`crate::Guarded`], and [`Handshaking::evicted`] for
+/// a handshake in progress).
 #[derive(Debug, Default)]
-struct InProgress {
-    total: usize,
-    by_source: HashMap<IpAddr, usize>,
+pub struct Standing {
+    evicted: std::sync::atomic::AtomicBool,
+    /// Milliseconds since the process's first use of a gate, at the last byte moved.
+    active_ms: std::sync::atomic::AtomicU64,
+    wake: Mutex<Option<std::task::Waker>>,
+    notify: tokio::sync::Notify,
+}
+
+impl Standing {
+    pub fn is_evicted(&self) -> bool {
+        self.evicted.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Records activity (a byte moved).
+    pub fn touch(&self) {
+        self.active_ms.store(
+            crate::throttle::now_ms(),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// Registers the task to wake when the connection is evicted.
+    pub fn register(&self, w: &std::task::Waker) {
+        let mut g = self.wake.lock().unwrap_or_else(|e| e.into_inner());
+        match &*g {
+            Some(old) if old.will_wake(w) => {}
+            _ => *g = Some(w.clone()),
+        }
+    }
+
+    fn evict(&self) {
+        self.evicted
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.notify.notify_waiters();
+        self.notify.notify_one();
+        let waker = self.wake.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Entry {
+    id: u64,
+    source: Option<IpAddr>,
+    standing: Arc<Standing>,
+}
+
+#[derive(Debug, Default)]
+struct Places {
+    next: u64,
+    /// Handshakes in progress, oldest first.
+    handshakes: Vec<Entry>,
+    /// Established connections, with their activity (for a port that evicts idle ones).
+    established: Vec<Entry>,
 }
 
 /// Admission to one listening port (see the crate docs). Shared by the port's accept loop
 /// and its connections' tasks.
+///
+/// When its handshakes are all taken, a newcomer evicts the oldest handshake of the source
+/// holding the most (its own, if that source is over its share): a peer that opens
+/// connections and says nothing cannot keep others out for the handshake deadline. When its
+/// established places are all taken, a port made with [`Gate::evicting_idle`] evicts the
+/// connection idle the longest (HTTP: clients reconnect); others refuse the newcomer (an NBD
+/// session of an idle disk is never cut).
 #[derive(Debug)]
 pub struct Gate {
     name: &'static str,
     limits: Limits,
-    established: Arc<Semaphore>,
-    handshakes: Mutex<InProgress>,
+    evict_idle: bool,
+    places: Mutex<Places>,
     refused: Throttle,
 }
 
@@ -100,13 +162,46 @@ pub struct Gate {
 #[derive(Debug)]
 pub struct Handshaking {
     gate: Arc<Gate>,
-    source: Option<IpAddr>,
+    id: u64,
+    standing: Arc<Standing>,
+}
+
+impl Handshaking {
+    /// Resolves when the gate evicted this handshake to make room: the connection should end.
+    pub async fn evicted(&self) {
+        loop {
+            let n = self.standing.notify.notified();
+            tokio::pin!(n);
+            n.as_mut().enable();
+            if self.standing.is_evicted() {
+                return;
+            }
+            n.await;
+        }
+    }
+
+    /// Runs `f` (the handshake) unless the gate evicts this connection first (`None`).
+    pub async fn run<T>(&self, f: impl std::future::Future<Output = T>) -> Option<T> {
+        tokio::select! {
+            r = f => Some(r),
+            _ = self.evicted() => None,
+        }
+    }
 }
 
 /// A connection's place among the established ones, held for its life.
 #[derive(Debug)]
 pub struct Admitted {
-    _slot: OwnedSemaphorePermit,
+    gate: Arc<Gate>,
+    id: u64,
+    standing: Arc<Standing>,
+}
+
+impl Admitted {
+    /// The connection's standing (what [`crate::Guarded`] reports activity to).
+    pub fn standing(&self) -> &Arc<Standing> {
+        &self.standing
+    }
 }
 
 impl Gate {
@@ -114,8 +209,19 @@ impl Gate {
         Arc::new(Gate {
             name,
             limits,
-            established: Arc::new(Semaphore::new(limits.established)),
-            handshakes: Mutex::default(),
+            evict_idle: false,
+            places: Mutex::default(),
+            refused: Throttle::per_second(),
+        })
+    }
+
+    /// A gate that, when full, evicts its connection idle the longest for a newcomer.
+    pub fn evicting_idle(name: &'static str, limits: Limits) -> Arc<Gate> {
+        Arc::new(Gate {
+            name,
+            limits,
+            evict_idle: true,
+            places: Mutex::default(),
             refused: Throttle::per_second(),
         })
     }
@@ -124,57 +230,103 @@ impl Gate {
         self.limits
     }
 
+    fn places(&self) -> std::sync::MutexGuard<'_, Places> {
+        self.places.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// A place among the handshakes in progress for a connection from `source` (`None`: a
-    /// same-host socket, counted in the total only), or `None` when the port or that source
-    /// has all it may have (the refusal is logged, throttled).
+    /// same-host socket, counted in the total only). When they are all taken, or `source`
+    /// has its share, the oldest handshake of the busiest source (or of `source`) is evicted
+    /// for it (logged, throttled).
     pub fn handshake(self: &Arc<Self>, source: Option<IpAddr>) -> Option<Handshaking> {
-        let mut p = self.handshakes.lock().unwrap_or_else(|e| e.into_inner());
-        let from_source = source.map_or(0, |s| p.by_source.get(&s).copied().unwrap_or(0));
-        let why = if p.total >= self.limits.handshakes {
-            Some(format!("{} handshakes in progress", p.total))
-        } else if source.is_some() && from_source >= self.limits.handshakes_per_source {
-            Some(format!(
-                "{from_source} handshakes in progress from that address"
-            ))
-        } else {
-            None
+        let mut p = self.places();
+        let of =
+            |p: &Places, s: IpAddr| p.handshakes.iter().filter(|e| e.source == Some(s)).count();
+        let victim_source = match source {
+            Some(s) if of(&p, s) >= self.limits.handshakes_per_source => Some(Some(s)),
+            _ if p.handshakes.len() >= self.limits.handshakes => {
+                let mut counts: HashMap<Option<IpAddr>, usize> = HashMap::new();
+                for e in &p.handshakes {
+                    *counts.entry(e.source).or_insert(0) += 1;
+                }
+                counts.into_iter().max_by_key(|(_, n)| *n).map(|(s, _)| s)
+            }
+            _ => None,
         };
-        if let Some(why) = why {
-            drop(p);
-            crate::warn_throttled!(
-                self.refused,
-                port = self.name,
-                source = ?source,
-                "refused a connection: {why}"
-            );
+        if let Some(vs) = victim_source {
+            if let Some(i) = p.handshakes.iter().position(|e| e.source == vs) {
+                let e = p.handshakes.remove(i);
+                e.standing.evict();
+                drop(p);
+                crate::warn_throttled!(
+                    self.refused,
+                    port = self.name,
+                    source = ?vs,
+                    "a handshake in progress ended to make room: too many from that source or in all"
+                );
+                p = self.places();
+            }
+        }
+        if p.handshakes.len() >= self.limits.handshakes {
             return None;
         }
-        p.total += 1;
-        if let Some(s) = source {
-            *p.by_source.entry(s).or_insert(0) += 1;
-        }
+        p.next += 1;
+        let standing = Arc::new(Standing::default());
+        standing.touch();
+        let id = p.next;
+        p.handshakes.push(Entry {
+            id,
+            source,
+            standing: standing.clone(),
+        });
         Some(Handshaking {
             gate: self.clone(),
-            source,
+            id,
+            standing,
         })
     }
 
     /// Exchanges a finished handshake's place for an established one, or `None` (logged,
-    /// throttled) when the port serves all it may.
-    pub fn establish(&self, hs: Handshaking) -> Option<Admitted> {
-        drop(hs);
-        match self.established.clone().try_acquire_owned() {
-            Ok(slot) => Some(Admitted { _slot: slot }),
-            Err(_) => {
-                crate::warn_throttled!(
-                    self.refused,
-                    port = self.name,
-                    "refused a connection: {} already served",
-                    self.limits.established
-                );
-                None
+    /// throttled) when the port serves all it may (a port that evicts idle connections makes
+    /// room instead), or when the handshake was evicted meanwhile.
+    pub fn establish(self: &Arc<Self>, hs: Handshaking) -> Option<Admitted> {
+        let mut p = self.places();
+        let i = p.handshakes.iter().position(|e| e.id == hs.id)?;
+        let entry = p.handshakes.remove(i);
+        if p.established.len() >= self.limits.established && self.evict_idle {
+            let idle = p
+                .established
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, e)| {
+                    e.standing
+                        .active_ms
+                        .load(std::sync::atomic::Ordering::Relaxed)
+                })
+                .map(|(i, _)| i);
+            if let Some(i) = idle {
+                let e = p.established.remove(i);
+                e.standing.evict();
             }
         }
+        if p.established.len() >= self.limits.established {
+            drop(p);
+            crate::warn_throttled!(
+                self.refused,
+                port = self.name,
+                "refused a connection: {} already served",
+                self.limits.established
+            );
+            return None;
+        }
+        entry.standing.touch();
+        let admitted = Admitted {
+            gate: self.clone(),
+            id: entry.id,
+            standing: entry.standing.clone(),
+        };
+        p.established.push(entry);
+        Some(admitted)
     }
 
     /// A place among the established connections for a peer with no handshake (a same-host
@@ -186,34 +338,26 @@ impl Gate {
 
     /// Connections established now.
     pub fn established(&self) -> usize {
-        self.limits.established - self.established.available_permits()
+        self.places().established.len()
     }
 
     /// Connections in their handshake now.
     pub fn in_handshake(&self) -> usize {
-        self.handshakes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .total
+        self.places().handshakes.len()
     }
 }
 
 impl Drop for Handshaking {
     fn drop(&mut self) {
-        let mut p = self
-            .gate
-            .handshakes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        p.total -= 1;
-        if let Some(s) = self.source {
-            if let Some(n) = p.by_source.get_mut(&s) {
-                *n -= 1;
-                if *n == 0 {
-                    p.by_source.remove(&s);
-                }
-            }
-        }
+        let mut p = self.gate.places();
+        p.handshakes.retain(|e| e.id != self.id);
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut p = self.gate.places();
+        p.established.retain(|e| e.id != self.id);
     }
 }
 
@@ -226,7 +370,7 @@ mod tests {
     }
 
     #[test]
-    fn handshakes_are_capped_per_source_and_in_total_and_established_apart() {
+    fn handshakes_make_room_by_evicting_the_busiest_source_and_established_places_are_apart() {
         let g = Gate::new(
             "test",
             Limits {
@@ -237,22 +381,47 @@ mod tests {
         );
         let a1 = g.handshake(ip(1)).unwrap();
         let a2 = g.handshake(ip(1)).unwrap();
-        assert!(g.handshake(ip(1)).is_none(), "a third from one source");
+        // A third from one source evicts that source's oldest.
+        let a3 = g.handshake(ip(1)).unwrap();
+        assert!(a1.standing.is_evicted() && !a2.standing.is_evicted());
         let b1 = g.handshake(ip(2)).unwrap();
         let _c1 = g.handshake(None).unwrap();
-        assert!(g.handshake(ip(3)).is_none(), "a fifth in total");
+        // Full: a fifth evicts the oldest of the busiest source (ip 1: a2).
+        let d1 = g.handshake(ip(3)).unwrap();
+        assert!(a2.standing.is_evicted() && !b1.standing.is_evicted());
         assert_eq!(g.in_handshake(), 4);
-        // Established places are apart from handshakes: they free theirs.
-        let e1 = g.establish(a1).unwrap();
-        let e2 = g.establish(a2).unwrap();
-        assert_eq!(g.in_handshake(), 2);
-        let a3 = g.handshake(ip(1)).unwrap();
-        let _e3 = g.establish(b1).unwrap();
-        assert!(g.establish(a3).is_none(), "a fourth established");
-        assert_eq!((g.established(), g.in_handshake()), (3, 1));
+        // An evicted handshake gets no established place; the others do.
+        assert!(g.establish(a1).is_none());
+        let e1 = g.establish(a3).unwrap();
+        let e2 = g.establish(b1).unwrap();
+        let _e3 = g.establish(d1).unwrap();
+        let late = g.handshake(ip(4)).unwrap();
+        assert!(g.establish(late).is_none(), "a fourth established");
+        assert_eq!(g.established(), 3);
         drop((e1, e2));
         assert_eq!(g.established(), 1);
         assert!(g.admit().is_some());
+    }
+
+    #[test]
+    fn a_gate_that_evicts_idle_makes_room_from_the_longest_idle() {
+        let g = Gate::evicting_idle(
+            "test",
+            Limits {
+                established: 2,
+                handshakes: 8,
+                handshakes_per_source: 8,
+            },
+        );
+        let old = g.admit().unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+        let busy = g.admit().unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+        busy.standing().touch();
+        let new = g.admit().unwrap();
+        assert!(old.standing().is_evicted());
+        assert!(!busy.standing().is_evicted() && !new.standing().is_evicted());
+        assert_eq!(g.established(), 2);
     }
 
     #[tokio::test]

@@ -138,10 +138,33 @@ impl<S> Guarded<S> {
         self.timer
             .as_mut()
             .reset(tokio::time::Instant::now() + self.idle);
+        if let Some(p) = &self._place {
+            p.standing().touch();
+        }
     }
 
-    /// On a poll that is pending: `Ready(TimedOut)` once the idle time is over.
+    /// Whether its gate evicted the connection to make room (see `Gate::evicting_idle`).
+    fn evicted(&self) -> Option<std::io::Error> {
+        self._place
+            .as_ref()
+            .filter(|p| p.standing().is_evicted())
+            .map(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::ConnectionAborted,
+                    "closed to make room for another connection",
+                )
+            })
+    }
+
+    /// On a poll that is pending: `Ready(TimedOut)` once the idle time is over (or the
+    /// connection was evicted).
     fn expired(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Error> {
+        if let Some(p) = &self._place {
+            p.standing().register(cx.waker());
+        }
+        if let Some(e) = self.evicted() {
+            return std::task::Poll::Ready(e);
+        }
         match self.timer.as_mut().poll(cx) {
             std::task::Poll::Ready(()) => std::task::Poll::Ready(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
@@ -161,6 +184,9 @@ impl<S: AsyncRead + Unpin> AsyncRead for Guarded<S> {
         cx: &mut std::task::Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
+        if let Some(e) = self.evicted() {
+            return Poll::Ready(Err(e));
+        }
         let before = buf.filled().len();
         match std::pin::Pin::new(&mut self.inner).poll_read(cx, buf) {
             Poll::Ready(r) => {
@@ -256,5 +282,64 @@ mod guarded_tests {
         let e = g.read(&mut got).await.unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
         assert!(t.elapsed() >= Duration::from_millis(90));
+    }
+}
+
+/// Resolves once the peer of `sock` has sent something (or closed): the moment a same-host
+/// connection leaves its handshake stage. tokio's readiness may be a false positive (a new
+/// socket starts out "ready"); this looks at the socket's queue without consuming it.
+pub async fn first_bytes(sock: &tokio::net::UnixStream) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    loop {
+        sock.readable().await?;
+        let peeked = sock.try_io(tokio::io::Interest::READABLE, || {
+            let mut b = [0u8; 1];
+            // SAFETY: recv into a 1-byte buffer we own, on the socket's own descriptor;
+            // MSG_PEEK leaves the byte queued.
+            let n = unsafe {
+                libc::recv(
+                    sock.as_raw_fd(),
+                    b.as_mut_ptr().cast(),
+                    1,
+                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
+                )
+            };
+            if n < 0 {
+                Err(std::io::Error::last_os_error())
+            } else {
+                Ok(())
+            }
+        });
+        match peeked {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod first_bytes_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_silent_peer_has_not_spoken_and_one_that_wrote_has() {
+        use std::io::Write;
+        let d = std::env::temp_dir().join(format!("trireme-net-{}", std::process::id()));
+        let _ = std::fs::remove_file(&d);
+        let l = tokio::net::UnixListener::bind(&d).unwrap();
+        let mut c = std::os::unix::net::UnixStream::connect(&d).unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        let quiet = tokio::time::timeout(Duration::from_millis(200), first_bytes(&s)).await;
+        assert!(quiet.is_err(), "a silent peer counted as having spoken");
+        c.write_all(b"x").unwrap();
+        tokio::time::timeout(Duration::from_secs(2), first_bytes(&s))
+            .await
+            .unwrap()
+            .unwrap();
+        // Nothing was consumed.
+        let mut b = [0u8; 1];
+        assert_eq!(s.try_read(&mut b).unwrap(), 1);
+        let _ = std::fs::remove_file(&d);
     }
 }

@@ -22,6 +22,6 @@ pub mod io;
 pub mod limits;
 pub mod throttle;
 
-pub use accept::{accept, Admitted, Gate, Handshaking, Limits};
+pub use accept::{accept, Admitted, Gate, Handshaking, Limits, Standing};
 pub use io::Guarded;
 pub use throttle::{Throttle, Throttles};

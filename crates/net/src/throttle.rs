@@ -15,7 +15,7 @@ pub struct Throttle {
     held: AtomicU64,
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     static START: OnceLock<Instant> = OnceLock::new();
     START.get_or_init(Instant::now).elapsed().as_millis() as u64
 }

@@ -137,7 +137,7 @@ pub fn serve(
         .with_state(shared);
     let listener = Guarded {
         listener,
-        gate: trireme_net::Gate::new("http", HTTP_LIMITS),
+        gate: trireme_net::Gate::evicting_idle("http", HTTP_LIMITS),
     };
     let task = tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
@@ -149,7 +149,7 @@ pub fn serve(
 }
 
 /// Connections the endpoint serves at once (Prometheus, a few browsers and scripts need a
-/// handful); more are closed as they come.
+/// handful); a newcomer past them closes the one idle the longest.
 const HTTP_LIMITS: trireme_net::Limits = trireme_net::Limits {
     established: 128,
     handshakes: 128,

@@ -68,9 +68,16 @@ pub async fn serve<H: Handler>(listener: TcpListener, handler: Arc<H>) -> std::i
                     serve_stream(rd, wr, WRITE_BUFFER, h, crate::Peer::Trusted).await
                 }
                 Some(cfg) => {
-                    let accepted =
-                        tokio::time::timeout(TLS_HANDSHAKE, crate::records::accept(sock, cfg))
-                            .await;
+                    let accepted = handshake
+                        .run(tokio::time::timeout(
+                            TLS_HANDSHAKE,
+                            crate::records::accept(sock, cfg),
+                        ))
+                        .await;
+                    // Evicted to make room for another peer's handshake: it ends here.
+                    let Some(accepted) = accepted else {
+                        return;
+                    };
                     let (rd, wr, role) = match accepted {
                         Ok(Ok(r)) => r,
                         Ok(Err(why)) => {
@@ -142,11 +149,25 @@ pub async fn serve_unix<H: Handler>(
             );
             continue;
         }
-        let Some(place) = gate().admit() else {
+        // A same-host peer holds a handshake's place (evictable, see `trireme_net::Gate`)
+        // until its first frame starts, within the header deadline.
+        let Some(handshake) = gate().handshake(None) else {
             continue;
         };
         let h = handler.clone();
         tokio::spawn(async move {
+            let spoke = handshake
+                .run(tokio::time::timeout(
+                    HEADER_DEADLINE,
+                    trireme_net::io::first_bytes(&sock),
+                ))
+                .await;
+            if !matches!(spoke, Some(Ok(Ok(())))) {
+                return;
+            }
+            let Some(place) = gate().establish(handshake) else {
+                return;
+            };
             let (rd, wr) = sock.into_split();
             let rd = BufReader::with_capacity(READ_BUFFER, rd);
             if let Err(e) = serve_stream(rd, wr, WRITE_BUFFER, h, crate::Peer::Trusted).await {
