@@ -734,8 +734,8 @@ fn open_fds(pid: i32) -> usize {
 /// `n` connections to `to` that say nothing, kept open (as many as the peer keeps: a
 /// listener may close those it has no place for).
 enum Idle {
-    Tcp(Vec<std::net::TcpStream>),
-    Unix(Vec<std::os::unix::net::UnixStream>),
+    Tcp(#[allow(dead_code)] Vec<std::net::TcpStream>),
+    Unix(#[allow(dead_code)] Vec<std::os::unix::net::UnixStream>),
 }
 
 fn idle(to: &str, n: usize) -> Idle {
