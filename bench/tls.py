@@ -16,6 +16,11 @@ UCX is not involved (TCP only); this host has no RDMA, so UCX's per-message secr
 yet) is not measured here.
 
     python3 bench/tls.py [ROUNDS] [SECONDS]      (defaults: 3 rounds of 8 s)
+    python3 bench/tls.py --before OLD/trireme [ROUNDS] [SECONDS]
+
+With --before, both clusters run TLS, one on this build and one on OLD: what a change costs
+on the TLS links (issue 34: connection caps, deadlines, authorization on the header, the
+payload budget and keepalives, against the build before them).
 
 Needs a release build (cargo build --release) and libnbd-bin (nbdcopy).
 """
@@ -30,8 +35,15 @@ from localcluster import Cluster, cpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T = os.environ.get("TRIREME_BIN", os.path.join(ROOT, "target/release/trireme"))
-ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-SECS = int(sys.argv[2]) if len(sys.argv) > 2 else 8
+ARGS = sys.argv[1:]
+BEFORE = None
+if ARGS[:1] == ["--before"]:
+    BEFORE, ARGS = ARGS[1], ARGS[2:]
+ROUNDS = int(ARGS[0]) if len(ARGS) > 0 else 3
+SECS = int(ARGS[1]) if len(ARGS) > 1 else 8
+# The two sides: (name, binary, extra args of `up`).
+SIDES = ([("new", T, []), ("before", BEFORE, [])] if BEFORE
+         else [("tls", T, []), ("plain", T, ["--insecure"])])
 
 
 def nbd_read(c, depth):
@@ -49,8 +61,9 @@ def nbd_read(c, depth):
 def main():
     clusters = []
     try:
-        clusters = [Cluster("tls", T), Cluster("plain", T, ["--insecure"])]
-        assert clusters[0].tls and not clusters[1].tls
+        clusters = [Cluster(name, binary, extra) for name, binary, extra in SIDES]
+        assert clusters[0].tls and clusters[1].tls == (BEFORE is not None)
+        a_name, b_name = SIDES[0][0], SIDES[1][0]
         for c in clusters:
             # s2d runs on its own volume: its native client takes a new epoch, which would
             # fence the NBD export's writer of vol0.
@@ -59,7 +72,7 @@ def main():
             c.bench("-s", "-b1M", "-w100", "-t1", "-o4", "-W0", "-d6", "volume:s2d")
             c.bench("-s", "-b1M", "-w100", "-t1", "-o4", "-W0", "-d6", c.unix)
         print(f"$ trireme bench --profile s2d -d{SECS} 'volume:s2d?transport=tcp'   "
-              f"# {ROUNDS} rounds, alternating: TLS cluster, plain cluster")
+              f"# {ROUNDS} rounds, alternating: {a_name} cluster, {b_name} cluster")
         s2d = {c.name: [] for c in clusters}
         for r in range(ROUNDS):
             for c in clusters:
@@ -76,9 +89,9 @@ def main():
             ("p90 write (us)", lambda j: j["write"]["latency_us"]["p90"]),
         ]
         print()
-        print(f"{'s2d, 3-way, native client over TCP':38} {'TLS':>10} {'plain':>10} {'TLS/plain':>10}")
+        print(f"{'s2d, 3-way, native client over TCP':38} {a_name:>10} {b_name:>10} {'ratio':>10}")
         for label, f in rows:
-            a, b = med("tls", f), med("plain", f)
+            a, b = med(a_name, f), med(b_name, f)
             print(f"{label:38} {a:10.1f} {b:10.1f} {a / b:10.3f}")
 
         print()
@@ -89,10 +102,10 @@ def main():
             for d in (1, 40):
                 for c in clusters:
                     nbd[(c.name, d)].append(nbd_read(c, d))
-        print(f"{'NBD 4K reads, IOPS':38} {'TLS':>10} {'plain':>10} {'TLS/plain':>10}")
+        print(f"{'NBD 4K reads, IOPS':38} {a_name:>10} {b_name:>10} {'ratio':>10}")
         for d in (1, 40):
-            a = statistics.median(nbd[("tls", d)])
-            b = statistics.median(nbd[("plain", d)])
+            a = statistics.median(nbd[(a_name, d)])
+            b = statistics.median(nbd[(b_name, d)])
             print(f"{'QD' + str(d):38} {a:10.0f} {b:10.0f} {a / b:10.3f}")
     finally:
         for c in clusters:

@@ -513,18 +513,22 @@ impl ControlClient {
         if n == 0 {
             return Err(ControlError::Malformed("connection closed".into()));
         }
-        match serde_json::from_slice::<Reply>(&buf)
-            .map_err(|e| ControlError::Malformed(e.to_string()))?
-        {
-            Reply::Ok(v) => {
-                serde_json::from_value(v).map_err(|e| ControlError::Malformed(e.to_string()))
-            }
-            Reply::Error(e) => Err(ControlError::Remote(e)),
-            Reply::Elsewhere(e) => Err(ControlError::Elsewhere(e)),
-            Reply::NotOnRecord { node, message } => {
-                Err(ControlError::NotOnRecord { node, message })
-            }
+        decode_reply(&buf)
+    }
+}
+
+/// A reply line of the manager, as a client reads it: the value (of the type the request
+/// answers with), or the error the manager sent, or why the line is not a reply.
+pub fn decode_reply<T: DeserializeOwned>(line: &[u8]) -> Result<T, ControlError> {
+    match serde_json::from_slice::<Reply>(line)
+        .map_err(|e| ControlError::Malformed(e.to_string()))?
+    {
+        Reply::Ok(v) => {
+            serde_json::from_value(v).map_err(|e| ControlError::Malformed(e.to_string()))
         }
+        Reply::Error(e) => Err(ControlError::Remote(e)),
+        Reply::Elsewhere(e) => Err(ControlError::Elsewhere(e)),
+        Reply::NotOnRecord { node, message } => Err(ControlError::NotOnRecord { node, message }),
     }
 }
 

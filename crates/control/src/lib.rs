@@ -17,9 +17,9 @@ mod moves;
 mod restart;
 
 pub use api::{
-    ControlClient, ControlError, ControlStream, LinkStatus, NodeRestartReport, NodeStatus,
-    NodeTierStatus, ReplicaStatus, ReplicaStatusState, ReplicaTierStatus, Request, StatusReport,
-    VolumeInfo, VolumeStatus,
+    decode_reply, ControlClient, ControlError, ControlStream, LinkStatus, NodeRestartReport,
+    NodeStatus, NodeTierStatus, ReplicaStatus, ReplicaStatusState, ReplicaTierStatus, Request,
+    StatusReport, VolumeInfo, VolumeStatus,
 };
 pub use error::{membership_error, ManagerError};
 pub use manager::{

@@ -23,6 +23,8 @@
 //! [`TRANSPORT_API_VERSION`]; bump it when the traits change.
 
 pub mod budget;
+#[doc(hidden)]
+pub mod fuzzing;
 mod records;
 pub mod tcp;
 pub mod ucx;

@@ -70,12 +70,15 @@ impl Token {
     pub fn load(path: &Path) -> Result<Token, DaemonError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| DaemonError::Usage(format!("HTTP token file {}: {e}", path.display())))?;
+        Token::parse(&text)
+            .map_err(|e| DaemonError::Usage(format!("HTTP token file {}: {e}", path.display())))
+    }
+
+    /// A token file's text: one line of 16 to 256 visible ASCII characters.
+    pub fn parse(text: &str) -> Result<Token, String> {
         let t = text.trim();
         if !(16..=256).contains(&t.len()) || !t.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(DaemonError::Usage(format!(
-                "HTTP token file {}: expected one line of 16 to 256 visible ASCII characters",
-                path.display()
-            )));
+            return Err("expected one line of 16 to 256 visible ASCII characters".into());
         }
         Ok(Token(t.to_string()))
     }

@@ -1,20 +1,25 @@
 #!/usr/bin/env python3
-"""What the UCX per-link secret costs, side by side in one run (issue 16).
+"""What a check on the UCX path costs, side by side in one run.
 
-Every UCX request carries a 16-byte secret that the node looks up before it receives the
-payload (`transport/src/ucx.rs`: `granted`). The baseline is the same tree with that lookup
-taken out (`bench/ucx_secret_baseline.patch`: the old protocol, a connection token and no
-check), built into its own binary. Two local clusters run at once, one per binary, each 3
-nodes with a 3-way memory volume, and rounds alternate between them:
+The baseline is the same tree with the check taken out by a patch, built into its own binary
+(a git worktree of HEAD with the patch applied, under target/). The patch:
+
+  bench/ucx_answer_baseline.patch (the default; issue 34): a writer takes a UCX answer for its
+    call without checking that it carries the link's secret and comes from the endpoint the
+    call went to, and nodes answer without naming their endpoint.
+
+(Issue 16 measured the per-request secret the same way; its numbers are in bench/results.)
+Two local clusters run at once, one per binary, each 3 nodes with a 3-way memory volume, and
+rounds alternate between them:
 
 1. s2d (the seeds' profile) through the native client, whose links go over UCX (shared
    memory on this host: no RDMA device here): IOPS, CPU us per IO, p90 read and write.
 2. 4K random reads at QD1: mean latency, where a per-message cost shows most.
 
-    python3 bench/ucx_secret.py [ROUNDS] [SECONDS]     (defaults: 3 rounds of 8 s)
+    python3 bench/ucx_checks.py [ROUNDS] [SECONDS]     (defaults: 3 rounds of 8 s)
+    TRIREME_BASELINE_PATCH=bench/OTHER.patch python3 bench/ucx_checks.py
 
-Needs a release build (cargo build --release). The baseline is built on first use into
-target/ucx-baseline (a git worktree of HEAD with the patch applied).
+Needs a release build (cargo build --release). The baseline is built on first use.
 """
 
 import os
@@ -26,7 +31,8 @@ from localcluster import Cluster, cpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T = os.environ.get("TRIREME_BIN", os.path.join(ROOT, "target/release/trireme"))
-BASE_TREE = os.path.join(ROOT, "target/ucx-baseline")
+PATCH = os.environ.get("TRIREME_BASELINE_PATCH", os.path.join(ROOT, "bench/ucx_answer_baseline.patch"))
+BASE_TREE = os.path.join(ROOT, "target", "baseline-" + os.path.basename(PATCH).rsplit(".", 1)[0])
 BASE = os.environ.get("TRIREME_BASELINE_BIN", os.path.join(BASE_TREE, "target/release/trireme"))
 ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 3
 SECS = int(sys.argv[2]) if len(sys.argv) > 2 else 8
@@ -38,9 +44,8 @@ def build_baseline():
     if not os.path.exists(BASE_TREE):
         subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", BASE_TREE, "HEAD"],
                        check=True)
-        subprocess.run(["git", "-C", BASE_TREE, "apply",
-                        os.path.join(ROOT, "bench/ucx_secret_baseline.patch")], check=True)
-    print("building the baseline (no UCX secret) in", BASE_TREE, flush=True)
+        subprocess.run(["git", "-C", BASE_TREE, "apply", PATCH], check=True)
+    print(f"building the baseline ({os.path.basename(PATCH)}) in", BASE_TREE, flush=True)
     subprocess.run(["cargo", "build", "--release", "-p", "trireme"], cwd=BASE_TREE, check=True)
 
 
@@ -48,7 +53,7 @@ def main():
     build_baseline()
     clusters = []
     try:
-        clusters = [Cluster("secret", T, size="64M"), Cluster("baseline", BASE, size="64M")]
+        clusters = [Cluster("checked", T, size="64M"), Cluster("baseline", BASE, size="64M")]
         for c in clusters:
             c.cli("volume", "create", "b", "--size", "256M", "--replicas", "3")
             # The memory store allocates at a page's first write: fill once, untimed.
@@ -83,12 +88,12 @@ def main():
         print()
         # Medians of each side, and the median of the ratios of rounds run back to back (the
         # machine's load drifts between rounds more than within one pair).
-        print(f"{'3-way volume, native client over UCX':38} {'secret':>10} {'baseline':>10} "
+        print(f"{'3-way volume, native client over UCX':38} {'checked':>10} {'baseline':>10} "
               f"{'ratio':>8} {'paired':>8}")
         for label, kind, f in rows:
-            a, b = med("secret", kind, f), med("baseline", kind, f)
+            a, b = med("checked", kind, f), med("baseline", kind, f)
             pairs = statistics.median(
-                f(x) / f(y) for x, y in zip(runs[("secret", kind)], runs[("baseline", kind)]))
+                f(x) / f(y) for x, y in zip(runs[("checked", kind)], runs[("baseline", kind)]))
             print(f"{label:38} {a:10.1f} {b:10.1f} {a / b:8.3f} {pairs:8.3f}")
     finally:
         for c in clusters:
