@@ -325,6 +325,10 @@ fn every_link_of_a_cluster_on_etcd_can_be_tls() {
         "may not volume_access",
     );
 
+    // `node` commands reach the manager's port with the operator's identity too.
+    let nodes = w.ok(Some("admin"), &["node", "list"]);
+    assert!(nodes.contains("127.0.0.1"), "{nodes}");
+
     // The control port itself: no certificate, or one of another CA, is refused before a
     // request is read.
     let s: serde_json::Value =

@@ -120,7 +120,9 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
     let local_id = cli.data_dir.join("tls").join("up");
     if matches!(
         cli.cmd,
-        Cmd::Up(_) | Cmd::Node(_) | Cmd::Ca(crate::CaCmd::Init { .. } | crate::CaCmd::Issue(_))
+        Cmd::Up(_)
+            | Cmd::Node(NodeCmd::Serve(_) | NodeCmd::Run(_))
+            | Cmd::Ca(crate::CaCmd::Init { .. } | crate::CaCmd::Issue(_))
     ) {
         // Their own identities.
     } else if let Some(d) = &cli.tls_identity {

@@ -1,7 +1,7 @@
 //! A client's connection: UCX while a probe over it answers, its TCP connection otherwise.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 
 use bytes::Bytes;
 use trireme_proto::{Header, Op, Status};
@@ -15,7 +15,11 @@ use crate::{BoxFuture, Connection, ConnectionInfo, Frame, TransportError};
 /// A connection that carries its calls over UCX when it can, and over its TCP connection
 /// otherwise (see the module docs).
 #[derive(Debug)]
-pub struct UcxConnection {
+pub struct UcxConnection(Arc<Link>);
+
+/// A connection's state, shared with its watchdog (see [`watch`]).
+#[derive(Debug)]
+struct Link {
     tcp: TcpConnection,
     hub: Option<&'static Hub>,
     /// The UCX endpoint while UCX carries the calls. Sends hold it shared; stopping the UCX
@@ -29,12 +33,14 @@ pub struct UcxConnection {
     /// The secret the node handed out with its address over the TCP link; every request
     /// carries it.
     secret: [u8; SECRET_LEN],
-    /// A call is checking whether UCX still carries the link ([`UcxConnection::ucx_stalled`]).
-    checking: AtomicBool,
+    /// Calls sent over UCX and calls of those done: what the watchdog looks at.
+    started: AtomicU64,
+    finished: AtomicU64,
 }
 
-/// How long a UCX call goes unanswered before its link's UCX path is checked, and how long
-/// the check's ping over UCX may take (see [`UcxConnection::ucx_stalled`]).
+/// How often a link's watchdog looks at its calls: when calls were waiting at its last look
+/// and none has finished since, it checks the UCX path (see [`Link::ucx_stalled`]); also how
+/// long the check's ping over UCX may take.
 const STALL_CHECK: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// What [`negotiate`] may do when UCX does not work.
@@ -66,7 +72,8 @@ pub async fn negotiate(
             })
         }
     };
-    Ok(UcxConnection {
+    let on_ucx = why.is_none();
+    let l = Arc::new(Link {
         tcp,
         hub,
         ep: RwLock::new(ep),
@@ -74,8 +81,39 @@ pub async fn negotiate(
         lanes,
         fallback: Mutex::new(why),
         secret,
-        checking: AtomicBool::new(false),
-    })
+        started: AtomicU64::new(0),
+        finished: AtomicU64::new(0),
+    });
+    if on_ucx {
+        tokio::spawn(watch(Arc::downgrade(&l)));
+    }
+    Ok(UcxConnection(l))
+}
+
+/// A link's watchdog, while UCX carries its calls: every [`STALL_CHECK`] it looks at the
+/// calls. When some were waiting at its last look and none has finished since, a call has
+/// waited at least that long: it checks the UCX path ([`Link::ucx_stalled`]), which sends
+/// the link over to TCP if UCX stopped carrying answers (a peer that stopped reading, a
+/// jammed queue); the calls in flight then go again over TCP. Costs a call two counter
+/// increments and no timer. Ends with the link, or when the link is on TCP.
+async fn watch(link: std::sync::Weak<Link>) {
+    let mut before = (0u64, 0u64);
+    loop {
+        tokio::time::sleep(STALL_CHECK).await;
+        let Some(l) = link.upgrade() else { return };
+        if lock(&l.fallback).is_some() {
+            return;
+        }
+        let now = (
+            l.started.load(Ordering::Acquire),
+            l.finished.load(Ordering::Acquire),
+        );
+        let waited = before.0 > before.1 && now.1 == before.1;
+        before = now;
+        if waited && l.ucx_stalled().await {
+            return;
+        }
+    }
 }
 
 async fn try_ucx(
@@ -133,7 +171,7 @@ async fn try_ucx(
     Ok((hub, ep, lanes, secret))
 }
 
-impl UcxConnection {
+impl Link {
     /// Sends a call over UCX if UCX carries this connection's calls.
     fn start_ucx(&self, header: Header, payload: &Bytes, crc: Option<u32>) -> Option<Waiting> {
         let hub = self.hub?;
@@ -156,7 +194,7 @@ impl UcxConnection {
     }
 }
 
-impl Drop for UcxConnection {
+impl Drop for Link {
     fn drop(&mut self) {
         self.stop_ucx("connection dropped");
     }
@@ -169,7 +207,7 @@ impl Connection for UcxConnection {
         payload: Bytes,
         crc: Option<u32>,
     ) -> BoxFuture<'_, Result<Frame, TransportError>> {
-        Box::pin(self.send(header, payload, crc))
+        Box::pin(self.0.send(header, payload, crc))
     }
 
     fn checks_payloads(&self) -> bool {
@@ -179,19 +217,19 @@ impl Connection for UcxConnection {
     }
 
     fn info(&self) -> ConnectionInfo {
-        self.info_now()
+        self.0.info_now()
     }
 
     fn is_closed(&self) -> bool {
-        self.tcp.is_closed()
+        self.0.tcp.is_closed()
     }
 
     fn fall_back(&self, why: &str) -> bool {
-        self.fall_back_now(why)
+        self.0.fall_back_now(why)
     }
 }
 
-impl UcxConnection {
+impl Link {
     /// A call over UCX while that path works, else over the TCP connection.
     async fn send(
         &self,
@@ -201,22 +239,16 @@ impl UcxConnection {
     ) -> Result<Frame, TransportError> {
         {
             if let Some(waiting) = self.start_ucx(header, &payload, crc) {
-                let mut answer = std::pin::pin!(waiting.answer());
-                let r = loop {
-                    // A dead node does not fail UCX calls (no peer-failure mode): its TCP
-                    // connection closing does. A UCX path that stopped carrying answers (a
-                    // peer that stopped reading, a flooded queue) is found by the check
-                    // below, and the call goes again over TCP.
-                    tokio::select! {
-                        r = &mut answer => break r,
-                        _ = self.tcp.closed() => break Err(closed("the node's TCP connection closed")),
-                        _ = tokio::time::sleep(STALL_CHECK) => {
-                            if let Some(why) = self.ucx_stalled().await {
-                                break Err(closed(&why));
-                            }
-                        }
-                    }
+                self.started.fetch_add(1, Ordering::AcqRel);
+                // A dead node does not fail UCX calls (no peer-failure mode): its TCP
+                // connection closing does. A UCX path that stopped carrying answers (a peer
+                // that stopped reading, a jammed queue) is found by the link's watchdog,
+                // which fails this call: it goes again over TCP.
+                let r = tokio::select! {
+                    r = waiting.answer() => r,
+                    _ = self.tcp.closed() => Err(closed("the node's TCP connection closed")),
                 };
+                self.finished.fetch_add(1, Ordering::AcqRel);
                 match r {
                     Ok(f) => return Ok(f),
                     // The node is gone: TCP will say so too; no point retrying. Close the
@@ -235,15 +267,12 @@ impl UcxConnection {
         self.tcp.call_crc(header, payload, crc).await
     }
 
-    /// Checks the UCX path of a call that has waited [`STALL_CHECK`]: a ping over UCX and
-    /// one over TCP. `Some(why)` when TCP answered and UCX did not within [`STALL_CHECK`]
-    /// more: UCX no longer carries this link, which has fallen back to TCP. `None` when UCX
-    /// answered (the call is just slow), neither did (the node is: its replica timeout
-    /// decides), or another call is checking already.
-    async fn ucx_stalled(&self) -> Option<String> {
-        if self.checking.swap(true, Ordering::AcqRel) {
-            return None;
-        }
+    /// Checks the UCX path of a link whose calls have waited [`STALL_CHECK`]: a ping over UCX
+    /// and one over TCP. True when TCP answered and UCX did not within [`STALL_CHECK`]: UCX
+    /// no longer carries this link, which has fallen back to TCP (its calls in flight fail
+    /// and go again over TCP). False when UCX answered (the calls are just slow) or neither
+    /// did (the node is: its replica timeout decides).
+    async fn ucx_stalled(&self) -> bool {
         let ucx = async {
             match self.start_ucx(Header::request(Op::Ping, 0), &Bytes::new(), None) {
                 Some(w) => tokio::time::timeout(STALL_CHECK, w.answer())
@@ -257,15 +286,12 @@ impl UcxConnection {
             self.tcp.call(Header::request(Op::Ping, 0), Bytes::new()),
         );
         let (ucx_ok, tcp_ok) = tokio::join!(ucx, tcp);
-        self.checking.store(false, Ordering::Release);
         if ucx_ok || !matches!(tcp_ok, Ok(Ok(_))) {
-            return None;
+            return false;
         }
-        let why = format!(
-            "a UCX call waited over {STALL_CHECK:?} and a UCX ping went unanswered while TCP answered"
-        );
-        self.fall_back_now(&why);
-        Some(why)
+        self.fall_back_now(&format!(
+            "UCX calls waited over {STALL_CHECK:?} and a UCX ping went unanswered while TCP answered"
+        ))
     }
 
     fn info_now(&self) -> ConnectionInfo {
