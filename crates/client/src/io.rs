@@ -1,0 +1,357 @@
+//! The I/O path: mirrored writes, write-zeroes and flushes to every write target, reads from
+//! one in-sync replica with fall-over, extents and checksums.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use bytes::Bytes;
+use trireme_proto::{decode_extents_within, Extent, Header, Op, FLAG_FUA, FLAG_MAY_TRIM};
+use trireme_replication::{check_io, Decision, Mirrored, ReplicaOutcome};
+use trireme_transport::Frame;
+
+use crate::error::outcome_of;
+use crate::{join_all, tiers, Volume, VolumeError, MAX_IO};
+
+impl Volume {
+    /// Sends `h` to every write target and acknowledges when every one holds it — or, with a
+    /// control plane, when the ones that failed have been durably taken out and the survivors
+    /// track what they missed. `h`'s range is held against overlapping writes until then.
+    async fn mirror(&self, h: Header, payload: Bytes) -> Result<(), VolumeError> {
+        {
+            // Too few copies in sync: new writes wait before they are sent (`copies.rs`), in
+            // the order they came (the gate is a fair lock), and take their places in the
+            // write order in that order too. Nearly always nothing waits, and a write takes
+            // its place at once.
+            let data = matches!(h.op, Op::Write | Op::WriteZeroes);
+            let (start, end) = (h.offset, h.offset + h.length);
+            let quick = match self.copies.at_gate.load(Ordering::Acquire) {
+                0 if data => self.core.register_if_enough(start, end).map(Some),
+                0 if self.core().enough() => Some(None),
+                _ => None,
+            };
+            let place = match quick {
+                Some(place) => place,
+                None => {
+                    // Counted until it has passed, even if the request is dropped while it waits.
+                    let _at = self.copies.at_gate();
+                    let _gate = self.copies_gate.lock().await;
+                    self.enough_copies().await?;
+                    data.then(|| self.core.register(start, end))
+                }
+            };
+            let _range = match place {
+                Some(p) => {
+                    let r = p.wait().await;
+                    self.activity.touch(h.offset, h.length);
+                    Some(r)
+                }
+                None => None,
+            };
+            self.mirror_held(h, payload).await?;
+        }
+        // One whose failure took a copy out below the minimum is acknowledged only once
+        // enough copies hold it again; it waits without its range, which the resync copies.
+        if self.core().enough() {
+            return Ok(());
+        }
+        self.enough_copies().await
+    }
+
+    /// [`Volume::mirror`] for a caller that already holds the range.
+    async fn mirror_held(&self, h: Header, payload: Bytes) -> Result<(), VolumeError> {
+        let targets = self.write_targets();
+        // The payload's checksum, once for every replica (a TLS link needs none).
+        let crc = (!payload.is_empty()
+            && targets.iter().any(|&i| {
+                self.conn(&self.slots[i])
+                    .is_some_and(|c| c.checks_payloads())
+            }))
+        .then(|| trireme_proto::payload_crc(&payload));
+        let replies = join_all(
+            targets
+                .iter()
+                .map(|&i| self.call_crc(i, h, payload.clone(), crc))
+                .collect(),
+        )
+        .await;
+        let outcomes: Vec<ReplicaOutcome> = replies
+            .into_iter()
+            .zip(&targets)
+            .map(|(r, &i)| match r.and_then(|f| self.expect_ok(i, f)) {
+                Ok(_) => ReplicaOutcome::Done,
+                Err(e) => {
+                    tracing::warn!(volume = %self.info.name, node = self.node(i), op = ?h.op, "replica failed: {e}");
+                    outcome_of(&e)
+                }
+            })
+            .collect();
+        let request = match h.op {
+            Op::Write | Op::WriteZeroes => Mirrored::Data {
+                offset: h.offset,
+                len: h.length,
+            },
+            op => {
+                debug_assert_eq!(op, Op::Flush, "only data and flushes are mirrored");
+                Mirrored::Flush
+            }
+        };
+        let decision = self.core().decide(request, &targets, &outcomes);
+        match decision {
+            Decision::Ack => Ok(()),
+            Decision::Fail(failure) => Err(VolumeError::Write {
+                volume: self.info.name.clone(),
+                failure,
+            }),
+            Decision::TakeOut {
+                replicas,
+                range,
+                lost_history,
+            } => self.take_out_with(&replicas, range, lost_history).await,
+        }
+    }
+
+    /// Sends a read-like request to one in-sync replica, falling over to the next on failure.
+    async fn read_one(&self, h: Header) -> Result<Frame, VolumeError> {
+        let overlapping = self.reads.fetch_add(1, Ordering::Relaxed) > 0;
+        let _turn = ReadTurn(&self.reads);
+        let mut plan = self.core().read_begin(overlapping);
+        let mut moved = false;
+        let mut last = VolumeError::NoReplicas(self.info.name.clone());
+        // The in-sync set may change while a read waits on a replica that stopped answering
+        // (another may finish its resync meanwhile), so the plan looks at it again each time.
+        // On tiered nodes: prefer a copy that holds the extent on flash, and tell the copies
+        // which reads belong to a scan (they see only the pieces they serve).
+        let tiered = h.op == Op::Read && self.tiers.active();
+        let extent = h.offset >> tiers::EXTENT_SHIFT;
+        let mut h = h;
+        if tiered && self.tiers.streams(h.offset, h.length) {
+            h.flags |= trireme_proto::FLAG_STREAM;
+        }
+        loop {
+            let next = if tiered {
+                let nodes: Vec<u32> = (0..self.replica_count()).map(|i| self.node(i)).collect();
+                plan.next_preferring(self.core().set(), |i| {
+                    nodes.get(i).is_some_and(|&n| self.tiers.avoid(n, extent))
+                })
+            } else {
+                plan.next(self.core().set())
+            };
+            let Some(i) = next else {
+                return Err(last);
+            };
+            match self
+                .call(i, h, Bytes::new())
+                .await
+                .and_then(|f| self.expect_ok(i, f))
+            {
+                Ok(f) => {
+                    if h.op == Op::Read {
+                        self.learn_tiers(i, extent, f.header.flags);
+                    }
+                    if !plan.to_repair().is_empty() && h.op == Op::Read {
+                        self.repair(plan.to_repair(), i, h.offset, h.length).await;
+                    }
+                    return Ok(f);
+                }
+                Err(e) if e.stops_writer() => return Err(e),
+                Err(e) => {
+                    tracing::warn!(volume = %self.info.name, node = self.node(i), "read failed, trying another replica: {e}");
+                    if !std::mem::replace(&mut moved, true) {
+                        self.core().read_moved();
+                    }
+                    plan.failed(i, e.is_bad_copy());
+                    last = e;
+                }
+            }
+        }
+    }
+
+    /// Learns from replica `i`'s read reply whether it is tiered and where it served the read
+    /// from, and sends the other in-sync copies the heat they are owed (without waiting).
+    fn learn_tiers(&self, i: usize, extent: u64, flags: u16) {
+        if flags & trireme_proto::FLAG_TIERED == 0 {
+            return;
+        }
+        let others: Vec<u32> = self.in_sync().into_iter().map(|j| self.node(j)).collect();
+        for (node, batch) in self.tiers.learned(self.node(i), extent, flags, &others) {
+            let Some(j) = (0..self.replica_count()).find(|&j| self.node(j) == node) else {
+                continue;
+            };
+            let Some(c) = self.conn(&self.slots[j]) else {
+                continue;
+            };
+            let h = self.header(Op::TierHeat, 0, 0);
+            let payload = Bytes::from(trireme_proto::encode_heat(&batch));
+            // Advisory: a copy that misses a batch is only a little colder.
+            tokio::spawn(async move {
+                let _ = c.call(h, payload).await;
+            });
+        }
+    }
+
+    pub async fn read(&self, offset: u64, len: u64) -> Result<Bytes, VolumeError> {
+        let t = self
+            .metrics
+            .as_ref()
+            .map(|m| (m, tokio::time::Instant::now()));
+        let r = self.read_uncounted(offset, len).await;
+        if let Some((m, t0)) = t {
+            m.record(trireme_metrics::Op::Read, len, t0.elapsed(), r.is_ok());
+        }
+        r
+    }
+
+    async fn read_uncounted(&self, offset: u64, len: u64) -> Result<Bytes, VolumeError> {
+        check_io(offset, len, self.info.size, MAX_IO)?;
+        if len == 0 {
+            return Ok(Bytes::new());
+        }
+        let f = self.read_one(self.header(Op::Read, offset, len)).await?;
+        if f.payload.len() as u64 != len {
+            return Err(VolumeError::Protocol {
+                node: 0,
+                what: format!("read returned {} of {len} bytes", f.payload.len()),
+            });
+        }
+        Ok(f.payload)
+    }
+
+    pub async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), VolumeError> {
+        check_io(offset, data.len() as u64, self.info.size, MAX_IO)?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let mut h = self.header(Op::Write, offset, data.len() as u64);
+        if fua {
+            h.flags |= FLAG_FUA;
+        }
+        self.mirror_counted(trireme_metrics::Op::Write, h, data)
+            .await
+    }
+
+    pub async fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u64,
+        may_trim: bool,
+        fua: bool,
+    ) -> Result<(), VolumeError> {
+        check_io(offset, len, self.info.size, u64::MAX)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let mut h = self.header(Op::WriteZeroes, offset, len);
+        if may_trim {
+            h.flags |= FLAG_MAY_TRIM;
+        }
+        if fua {
+            h.flags |= FLAG_FUA;
+        }
+        let op = if may_trim {
+            trireme_metrics::Op::Trim
+        } else {
+            trireme_metrics::Op::Zero
+        };
+        self.mirror_counted(op, h, Bytes::new()).await
+    }
+
+    pub async fn flush(&self) -> Result<(), VolumeError> {
+        self.mirror_counted(
+            trireme_metrics::Op::Flush,
+            self.header(Op::Flush, 0, 0),
+            Bytes::new(),
+        )
+        .await
+    }
+
+    /// A mirrored request on behalf of a client: counted in the metrics.
+    async fn mirror_counted(
+        &self,
+        op: trireme_metrics::Op,
+        h: Header,
+        data: Bytes,
+    ) -> Result<(), VolumeError> {
+        let Some(m) = &self.metrics else {
+            return self.mirror(h, data).await;
+        };
+        let t0 = tokio::time::Instant::now();
+        let len = h.length;
+        let r = self.mirror(h, data).await;
+        m.record(op, len, t0.elapsed(), r.is_ok());
+        r
+    }
+
+    /// Allocation extents of `[offset, offset+len)`, from one in-sync replica.
+    pub async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, VolumeError> {
+        check_io(offset, len, self.info.size, u64::MAX)?;
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let f = self
+            .read_one(self.header(Op::BlockStatus, offset, len))
+            .await?;
+        let ext = decode_extents_within(&f.payload, len).map_err(|e| VolumeError::Protocol {
+            node: 0,
+            what: e.to_string(),
+        })?;
+        let total: u64 = ext.iter().map(|e| e.length).sum();
+        if total != len {
+            return Err(VolumeError::Protocol {
+                node: 0,
+                what: format!("extents cover {total} of {len} bytes"),
+            });
+        }
+        Ok(ext)
+    }
+
+    /// crc32c of a range on every connected replica (index order), for verification.
+    pub async fn replica_checksums(
+        &self,
+        offset: u64,
+        len: u64,
+    ) -> Vec<Option<Result<u32, VolumeError>>> {
+        let n = self.replica_count();
+        let idx: Vec<usize> = (0..n)
+            .filter(|&i| self.conn(&self.slots[i]).is_some())
+            .collect();
+        let sums = self.checksums(&idx, offset, len).await;
+        let mut out: Vec<Option<Result<u32, VolumeError>>> = (0..n).map(|_| None).collect();
+        for (k, r) in sums.into_iter().enumerate() {
+            out[idx[k]] = Some(r.map(|c| c as u32));
+        }
+        out
+    }
+
+    /// crc32c of a range on each of `targets`, computed on the nodes, in `targets` order.
+    pub(crate) async fn checksums(
+        &self,
+        targets: &[usize],
+        offset: u64,
+        len: u64,
+    ) -> Vec<Result<u64, VolumeError>> {
+        let h = self.header(Op::Checksum, offset, len);
+        let replies = join_all(
+            targets
+                .iter()
+                .map(|&i| self.call(i, h, Bytes::new()))
+                .collect(),
+        )
+        .await;
+        replies
+            .into_iter()
+            .zip(targets)
+            .map(|(r, &i)| {
+                r.and_then(|f| self.expect_ok(i, f))
+                    .map(|f| f.header.length)
+            })
+            .collect()
+    }
+}
+
+/// Counts a foreground read out however `read_one` returns (a dropped future too).
+struct ReadTurn<'a>(&'a AtomicUsize);
+
+impl Drop for ReadTurn<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
