@@ -1,0 +1,586 @@
+//! The cluster manager: the one writer of the metadata store.
+//!
+//! Here: the manager's state, its links to nodes, writers registered in this process, and the
+//! dispatch of API requests. Volumes' lifecycle is in `volumes.rs`, what it reports in
+//! `status.rs`, what every writer records in `records.rs`, the control listener in `serve.rs`.
+
+mod records;
+mod serve;
+mod status;
+mod volumes;
+
+pub use records::{attach_info, record_detach, record_replica_state};
+#[cfg(test)]
+pub(crate) use serve::error_reply;
+pub use serve::{control_gate, serve, serve_conn, CONTROL_IDLE, CONTROL_LIMITS, REFUSED};
+
+use crate::error::{refused, ManagerError};
+use std::sync::Arc;
+use std::time::Duration;
+// tokio's clock: the real one in production, virtual in the simulator (heartbeats and
+// liveness then follow simulated time).
+use tokio::time::Instant;
+
+use bytes::Bytes;
+use trireme_meta::{ClusterMeta, NodeRecord, NodeState, VolumeRecord};
+use trireme_proto::{Header, Op, Status};
+use trireme_transport::TransportKind;
+
+use crate::api::{LinkStatus, Request};
+
+/// How long the manager waits for a node on the control path.
+const NODE_TIMEOUT: Duration = Duration::from_secs(3);
+/// Largest volume accepted (1 PiB, the replica format's limit).
+const MAX_VOLUME: u64 = 1 << 50;
+
+/// The cluster manager. Cheap to share (`Arc`); every method is safe to call concurrently.
+#[derive(Debug)]
+pub struct Manager {
+    pub(crate) meta: ClusterMeta,
+    /// Serialises volume creation and deletion (placement reads then writes the metadata).
+    volume_lock: tokio::sync::Mutex<()>,
+    /// Volume clients running in this process (the `up` NBD export), shown by `status`.
+    pub(crate) clients: std::sync::Mutex<Vec<Arc<trireme_client::Volume>>>,
+    /// When each node last answered a heartbeat.
+    last_seen: std::sync::Mutex<std::collections::HashMap<u32, Instant>>,
+    /// One link per node address, kept for the heartbeats and node operations (a new TCP and
+    /// TLS handshake every half second per node would cost more than the ping).
+    links: std::sync::Mutex<std::collections::HashMap<String, Link>>,
+    /// How nodes are dialled; `None`: TCP to their address. The simulator plugs its in-memory
+    /// network in here, so its heartbeats and node calls cross the same faults as the writer's.
+    connector: std::sync::Mutex<Option<Arc<dyn trireme_client::Connector>>>,
+    /// The process supervisor of `trireme up`, for `node stop` / `node start`.
+    supervisor: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedSender<NodeControl>>>,
+    /// `node drain` / `node remove` jobs, the latest per node.
+    pub(crate) moves: std::sync::Mutex<Vec<crate::moves::MoveStatus>>,
+    /// Node daemons register a lease-bound key while they run (a cluster on etcd): a node
+    /// without one is down at once, without waiting for pings to time out.
+    leases: std::sync::atomic::AtomicBool,
+    /// The node daemon this manager runs in (0: none, e.g. `trireme up`), and how it is asked
+    /// to hand the role over (a planned restart of its own node).
+    own_node: std::sync::atomic::AtomicU32,
+    pub(crate) resign: tokio::sync::Notify,
+    /// Planned restarts run one at a time.
+    pub(crate) restart_lock: tokio::sync::Mutex<()>,
+    /// The access list of a volume created without one: its creator's (see
+    /// [`Manager::set_default_access`]).
+    default_access: std::sync::Mutex<Vec<String>>,
+}
+
+/// A planned node operation for the process supervisor, with where to send its outcome.
+#[derive(Debug)]
+pub enum NodeControl {
+    Stop(u32, tokio::sync::oneshot::Sender<Result<String>>),
+    Start(u32, tokio::sync::oneshot::Sender<Result<String>>),
+    /// Whether a process of the node runs (a stopped one may take a moment to exit).
+    Running(u32, tokio::sync::oneshot::Sender<bool>),
+}
+
+pub(crate) type Result<T> = std::result::Result<T, ManagerError>;
+
+type Link = Arc<dyn trireme_transport::Connection>;
+
+impl Manager {
+    /// Sets the access list a volume gets when it is created without one: its creator's,
+    /// least privilege. `trireme up` gives its own client credentials (`local`), a cluster
+    /// on etcd none (clients are named with `--allow`, `*` for all), a cluster without TLS
+    /// every client (it has no identities to tell apart). Until set: every client.
+    pub fn set_default_access(&self, access: Vec<String>) {
+        *self
+            .default_access
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = access;
+    }
+
+    pub fn new(meta: ClusterMeta) -> Manager {
+        Manager {
+            meta,
+            volume_lock: tokio::sync::Mutex::new(()),
+            clients: std::sync::Mutex::default(),
+            last_seen: std::sync::Mutex::default(),
+            links: std::sync::Mutex::default(),
+            connector: std::sync::Mutex::default(),
+            supervisor: std::sync::Mutex::default(),
+            moves: std::sync::Mutex::default(),
+            leases: std::sync::atomic::AtomicBool::new(false),
+            own_node: std::sync::atomic::AtomicU32::new(0),
+            resign: tokio::sync::Notify::new(),
+            restart_lock: tokio::sync::Mutex::new(()),
+            default_access: std::sync::Mutex::new(trireme_meta::any_client()),
+        }
+    }
+
+    /// Dials nodes through `c` instead of TCP (see the field's doc).
+    pub fn set_connector(&self, c: Arc<dyn trireme_client::Connector>) {
+        *self.connector.lock().unwrap_or_else(|e| e.into_inner()) = Some(c);
+    }
+
+    /// Takes node liveness from the daemons' lease-bound keys (see the field's doc).
+    pub fn set_liveness_from_leases(&self, on: bool) {
+        self.leases.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Names the node daemon this manager runs in (see [`Manager::resigned`]).
+    pub fn set_own_node(&self, id: u32) {
+        self.own_node
+            .store(id, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub(crate) fn own_node(&self) -> u32 {
+        self.own_node.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Completes when this manager was asked to hand its role to another daemon (its own node
+    /// is to restart): the role's holder then gives it up.
+    pub async fn resigned(&self) {
+        self.resign.notified().await
+    }
+
+    /// A planned restart of the node this manager runs in is run by the next manager: this
+    /// one hands the role over (see [`Manager::resigned`]).
+    fn hands_over_for(&self, req: &Request) -> bool {
+        let own = self.own_node();
+        let yes = own != 0 && matches!(req, Request::NodeRestart { id } if *id == own);
+        if yes {
+            tracing::info!(
+                node = own,
+                "planned restart of this manager's node: handing the role over"
+            );
+            self.resign.notify_one();
+        }
+        yes
+    }
+
+    /// Whether node liveness comes from leases (a cluster on etcd).
+    pub(crate) fn leases_on(&self) -> bool {
+        self.leases.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The nodes whose daemon holds its lease, if liveness comes from leases.
+    async fn registered(
+        &self,
+    ) -> Option<std::collections::BTreeMap<u32, trireme_meta::AliveRecord>> {
+        if !self.leases.load(std::sync::atomic::Ordering::Relaxed) {
+            return None;
+        }
+        match self.meta.alive().await {
+            Ok(a) => Some(a),
+            Err(e) => {
+                tracing::warn!("reading node liveness: {e}");
+                None
+            }
+        }
+    }
+
+    /// Lets `node stop` / `node start` reach the process supervisor.
+    pub fn set_supervisor(&self, tx: tokio::sync::mpsc::UnboundedSender<NodeControl>) {
+        *self.supervisor.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+    }
+
+    /// Stops a node's process for good (a removed node), if the supervisor runs it.
+    pub(crate) async fn stop_node_process(&self, id: u32) -> Result<String> {
+        self.node_control(false, id).await
+    }
+
+    pub(crate) async fn node_control(&self, start: bool, id: u32) -> Result<String> {
+        if start && self.node(id).await?.state == NodeState::Removed {
+            return Err(refused(format!("node {id} was removed from the cluster")));
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let cmd = if start {
+            NodeControl::Start(id, tx)
+        } else {
+            NodeControl::Stop(id, tx)
+        };
+        let sent = self
+            .supervisor
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|s| s.send(cmd).is_ok());
+        if sent != Some(true) {
+            return Err(refused(
+                "this cluster has no process supervisor (nodes run on their own)",
+            ));
+        }
+        rx.await.map_err(|_| ManagerError::SupervisorStopped)?
+    }
+
+    pub(crate) async fn node_running(&self, id: u32) -> Result<bool> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let sent = self
+            .supervisor
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|s| s.send(NodeControl::Running(id, tx)).is_ok());
+        if sent != Some(true) {
+            return Err(refused(
+                "this cluster has no process supervisor (nodes run on their own)",
+            ));
+        }
+        rx.await.map_err(|_| ManagerError::SupervisorStopped)
+    }
+
+    /// Pings every node every `every`; a node silent for `down_after` is declared down (logged
+    /// once, and shown by `status`), and declared up again when it answers.
+    pub fn start_heartbeats(self: &Arc<Self>, every: Duration, down_after: Duration) {
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut down: std::collections::HashSet<u32> = Default::default();
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(m) = me.upgrade() else { return };
+                let Ok(nodes) = m.member_nodes().await else {
+                    continue;
+                };
+                for n in nodes {
+                    let ok = m
+                        .node_call_within(&n, Header::request(Op::Ping, 0), down_after)
+                        .await
+                        .is_ok();
+                    let now = Instant::now();
+                    let seen = {
+                        let mut ls = m.last_seen.lock().unwrap_or_else(|e| e.into_inner());
+                        if ok {
+                            ls.insert(n.id, now);
+                        }
+                        ls.get(&n.id).copied()
+                    };
+                    let silent = seen.is_none_or(|t| now - t >= down_after);
+                    if silent && down.insert(n.id) {
+                        tracing::warn!(
+                            node = n.id,
+                            "node declared down: no heartbeat for {down_after:?}"
+                        );
+                    } else if ok && down.remove(&n.id) {
+                        tracing::info!(node = n.id, "node answers heartbeats again");
+                    }
+                }
+            }
+        });
+    }
+
+    fn last_seen_ms(&self, node: u32) -> Option<u64> {
+        self.last_seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&node)
+            .map(|t| t.elapsed().as_millis() as u64)
+    }
+
+    /// The writer of `volume` attached in this process, if any.
+    pub(crate) fn writer(&self, volume: &str) -> Option<Arc<trireme_client::Volume>> {
+        let clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        clients
+            .iter()
+            .rev()
+            .find(|c| c.info().name == volume)
+            .cloned()
+    }
+
+    /// Live replica views of a writer attached in this process, if any.
+    fn writer_views(&self, volume: &str) -> Option<Vec<trireme_client::ReplicaView>> {
+        self.writer(volume).map(|c| c.replica_views())
+    }
+
+    pub(crate) fn unregister_client(&self, v: &Arc<trireme_client::Volume>) {
+        self.clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|c| !Arc::ptr_eq(c, v));
+    }
+
+    /// Lets `status` report the links of a volume client running in this process.
+    pub fn register_client(&self, v: Arc<trireme_client::Volume>) {
+        self.clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(v);
+    }
+
+    fn client_links(&self, volume: &str) -> Vec<LinkStatus> {
+        let clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = Vec::new();
+        for c in clients.iter().filter(|c| c.info().name == volume) {
+            for (node, link) in c.connections() {
+                if let Some(l) = link {
+                    out.push(LinkStatus {
+                        node,
+                        transport: l.transport,
+                        peer: l.peer,
+                        streams: l.streams,
+                        lanes: l.lanes,
+                        fallback: l.fallback,
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    pub fn meta(&self) -> &ClusterMeta {
+        &self.meta
+    }
+
+    pub(crate) async fn node_call(
+        &self,
+        node: &NodeRecord,
+        h: Header,
+    ) -> Result<trireme_transport::Frame> {
+        self.node_call_within(node, h, NODE_TIMEOUT).await
+    }
+
+    async fn node_call_within(
+        &self,
+        node: &NodeRecord,
+        h: Header,
+        limit: Duration,
+    ) -> Result<trireme_transport::Frame> {
+        let fut = async {
+            let cached = {
+                let links = self.links.lock().unwrap_or_else(|e| e.into_inner());
+                links.get(&node.addr).filter(|c| !c.is_closed()).cloned()
+            };
+            let c = match cached {
+                Some(c) => c,
+                None => {
+                    let dialer = self
+                        .connector
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .clone();
+                    let c = match dialer {
+                        Some(d) => {
+                            let target = trireme_client::ReplicaTarget {
+                                node: node.id,
+                                addr: node.addr.clone(),
+                                local_addr: None,
+                                state: trireme_replication::ReplicaState::InSync,
+                                incarnation: 0,
+                            };
+                            d.connect(&target).await.map_err(|e| e.to_string())?
+                        }
+                        None => trireme_transport::connect(TransportKind::Tcp, &node.addr, 1)
+                            .await
+                            .map_err(|e| e.to_string())?,
+                    };
+                    self.links
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(node.addr.clone(), c.clone());
+                    c
+                }
+            };
+            let r = c.call(h, Bytes::new()).await.map_err(|e| e.to_string());
+            if r.is_err() {
+                self.forget_link(&node.addr, &c);
+            }
+            r
+        };
+        tokio::time::timeout(limit, fut)
+            .await
+            .map_err(|_| {
+                // A node that does not answer may be frozen: the next call starts afresh.
+                // (The lock is released before `forget_link` takes it again: a guard in an
+                // `if let` scrutinee would live through the block, and deadlock.)
+                let stale = self
+                    .links
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&node.addr)
+                    .cloned();
+                if let Some(c) = stale {
+                    self.forget_link(&node.addr, &c);
+                }
+                ManagerError::Node {
+                    node: node.id,
+                    what: format!("at {} did not answer in {limit:?}", node.addr),
+                }
+            })?
+            .map_err(|what| ManagerError::Node {
+                node: node.id,
+                what,
+            })
+    }
+
+    fn forget_link(&self, addr: &str, c: &Link) {
+        let mut links = self.links.lock().unwrap_or_else(|e| e.into_inner());
+        if links.get(addr).is_some_and(|k| Arc::ptr_eq(k, c)) {
+            links.remove(addr);
+        }
+    }
+
+    pub(crate) async fn node(&self, id: u32) -> Result<NodeRecord> {
+        self.meta
+            .nodes()
+            .await?
+            .into_iter()
+            .find(|n| n.id == id)
+            .ok_or_else(|| refused(format!("node {id} is not registered")))
+    }
+
+    pub(crate) async fn replica_op(
+        &self,
+        node: &NodeRecord,
+        op: Op,
+        v: &VolumeRecord,
+    ) -> Result<Status> {
+        let h = Header {
+            volume: v.id,
+            length: v.size,
+            ..Header::request(op, 0)
+        };
+        let f = self.node_call(node, h).await?;
+        Ok(f.header.status)
+    }
+
+    /// Pins the volume's replica on `node` to the volume's tier. A volume left to heat on a
+    /// node without tiers is nothing to do; a pin there is refused with the node's reason.
+    pub(crate) async fn apply_tier(
+        &self,
+        node: &NodeRecord,
+        v: &VolumeRecord,
+    ) -> std::result::Result<(), String> {
+        let h = Header {
+            volume: v.id,
+            offset: v.tier.code(),
+            ..Header::request(Op::TierSet, 0)
+        };
+        match self.node_call(node, h).await {
+            Ok(f) if f.header.status == Status::Ok => Ok(()),
+            Ok(f) if f.header.status == Status::Unsupported && v.tier.is_auto() => Ok(()),
+            Ok(f) => Err(format!(
+                "node {}: {}: {}",
+                node.id,
+                f.header.status.as_str(),
+                String::from_utf8_lossy(&f.payload)
+            )),
+            Err(e) => Err(format!("node {}: {e}", node.id)),
+        }
+    }
+
+    /// A new replica of a pinned volume takes the pin; if its node cannot (a full fast tier,
+    /// no tiers), the copy stays where heat puts it and the operator is told.
+    pub(crate) async fn pin_new_replica(&self, node: &NodeRecord, v: &VolumeRecord) {
+        if v.tier.is_auto() {
+            return;
+        }
+        if let Err(why) = self.apply_tier(node, v).await {
+            tracing::warn!(volume = %v.name, node = node.id, tier = v.tier.as_str(), "the new replica is not on its volume's tier: {why}");
+        }
+    }
+
+    async fn handle(self: &Arc<Self>, req: Request) -> Result<serde_json::Value> {
+        fn to<T: serde::Serialize>(v: Result<T>) -> Result<serde_json::Value> {
+            v.map(|x| serde_json::to_value(x).expect("serializable"))
+        }
+        match req {
+            Request::NodeList => {
+                let vols = self.meta.volumes().await?;
+                let mut out = Vec::new();
+                let alive = self.registered().await;
+                for n in self.meta.nodes().await? {
+                    out.push(self.node_status(&n, &vols, alive.as_ref()).await);
+                }
+                to(Ok(out))
+            }
+            Request::VolumeCreate {
+                name,
+                size,
+                replicas,
+                access,
+                min_copies,
+                tier,
+            } => to(async {
+                let mut v = self.create_volume(&name, size, replicas, access).await?;
+                if let Some(n) = min_copies {
+                    v = self.set_min_copies(&name, n).await?;
+                }
+                if let Some(t) = tier.filter(|t| !t.is_auto()) {
+                    // A volume is created on its tier or not at all.
+                    if let Err(e) = self.set_tier(&name, t).await {
+                        if let Err(d) = self.delete_volume(&name).await {
+                            tracing::warn!(
+                                volume = name,
+                                "removing a volume whose tier was refused: {d}"
+                            );
+                        }
+                        return Err(e);
+                    }
+                    v = self.meta.volume(&name).await?;
+                }
+                Ok(v)
+            }
+            .await),
+            Request::VolumeSet {
+                name,
+                min_copies,
+                tier,
+            } => to(async {
+                if min_copies.is_none() && tier.is_none() {
+                    return Err(refused(
+                        "volume set: nothing to change (give a minimum of copies or a tier)",
+                    ));
+                }
+                if let Some(n) = min_copies {
+                    self.set_min_copies(&name, n).await?;
+                }
+                if let Some(t) = tier {
+                    self.set_tier(&name, t).await?;
+                }
+                Ok(self.meta.volume(&name).await?)
+            }
+            .await),
+            Request::VolumeAccess { name, allow, deny } => {
+                to(self.set_access(&name, &allow, &deny).await)
+            }
+            Request::VolumeList => to(self.meta.volumes().await.map_err(ManagerError::from)),
+            Request::VolumeInfo { name } => to(self.volume_info(&name).await),
+            Request::VolumeDelete { name } => to(self.delete_volume(&name).await),
+            Request::CaRevoke { fingerprint, role } => to(async {
+                let rec = trireme_meta::RevokedCert {
+                    fingerprint: fingerprint.to_ascii_lowercase(),
+                    role,
+                    at: std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_secs()),
+                };
+                self.meta.revoke(&rec).await?;
+                tracing::warn!(
+                    fingerprint = rec.fingerprint,
+                    role = rec.role,
+                    "certificate revoked"
+                );
+                Ok(rec)
+            }
+            .await),
+            Request::CaRevoked => to(self.meta.revoked().await.map_err(Into::into)),
+            Request::Attach { name } => to(self.attach(&name).await),
+            Request::Locate { name } => to(self.locate(&name).await),
+            Request::SetReplicaState {
+                name,
+                epoch,
+                node,
+                state,
+                incarnation,
+            } => to(self
+                .set_replica_state(&name, epoch, node, state, incarnation)
+                .await),
+            Request::Detach { name, epoch } => to(self.detach(&name, epoch).await),
+            Request::VolumeScrub { name, region } => {
+                let v = self.writer(&name).ok_or_else(|| {
+                    refused(format!("no writer of {name:?} runs in the cluster process; a scrub repairs through it"))
+                })?;
+                to(v.scrub(region).await.map_err(ManagerError::from))
+            }
+            Request::NodeStop { id } => to(self.node_control(false, id).await),
+            Request::NodeStart { id } => to(self.node_control(true, id).await),
+            Request::NodeRestart { id } => to(self.restart_node(id).await),
+            Request::NodeUndrain { id } => to(self.undrain(id).await),
+            Request::NodeDrain { id, rate } => to(self.start_move(id, false, rate).await),
+            Request::NodeRemove { id, rate } => to(self.start_move(id, true, rate).await),
+            Request::Status => to(self.status().await),
+        }
+    }
+}

@@ -1,0 +1,208 @@
+//! What the manager reports: a volume's record with its writer and tiers, the nodes', and the
+//! cluster's status.
+
+use tokio::time::Instant;
+
+use trireme_meta::{NodeRecord, NodeState, VolumeRecord};
+use trireme_proto::{Header, Op, Status};
+
+use crate::api::{NodeStatus, ReplicaStatus, ReplicaStatusState, StatusReport, VolumeStatus};
+
+use super::{Manager, Result};
+
+impl Manager {
+    /// A volume's record, with who is attached to it.
+    pub(super) async fn volume_info(&self, name: &str) -> Result<crate::api::VolumeInfo> {
+        let record = self.meta.volume(name).await?;
+        let mut tiers = Vec::new();
+        for r in &record.replicas {
+            let Ok(n) = self.node(r.node).await else {
+                continue;
+            };
+            if let Some(t) = self.tier_info(&n, record.id).await.and_then(|t| t.replica) {
+                tiers.push(crate::api::ReplicaTierStatus::new(n.id, t));
+            }
+        }
+        Ok(crate::api::VolumeInfo {
+            tiers,
+            writer: self.writer_text(name).await,
+            client_links: self.client_links(name),
+            record,
+        })
+    }
+
+    /// Who writes `volume`, from its attach record (a cluster on etcd): process, host,
+    /// identity, epoch and where it serves the volume.
+    async fn writer_text(&self, volume: &str) -> Option<String> {
+        let (a, _) = self.meta.attachment(volume).await.ok()??;
+        Some(format!(
+            "pid {} on {}{} (epoch {}){}",
+            a.pid,
+            a.host,
+            a.identity
+                .as_ref()
+                .map_or_else(String::new, |i| format!(" as {i}")),
+            a.epoch,
+            if a.exports.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", a.exports.join(" "))
+            }
+        ))
+    }
+
+    /// A node's tiers and its replica of `volume`'s (`None`: no tiers, or no answer).
+    async fn tier_info(&self, node: &NodeRecord, volume: u64) -> Option<trireme_proto::TierReport> {
+        let h = Header {
+            volume,
+            ..Header::request(Op::TierInfo, 0)
+        };
+        match self.node_call(node, h).await {
+            Ok(f) if f.header.status == Status::Ok => {
+                match trireme_proto::TierReport::decode(&f.payload) {
+                    Ok(t) => Some(t),
+                    Err(e) => {
+                        tracing::warn!(node = node.id, "a tier report that does not decode: {e}");
+                        None
+                    }
+                }
+            }
+            _ => None,
+        }
+    }
+
+    pub(super) async fn node_status(
+        &self,
+        n: &NodeRecord,
+        vols: &[VolumeRecord],
+        alive: Option<&std::collections::BTreeMap<u32, trireme_meta::AliveRecord>>,
+    ) -> NodeStatus {
+        let t0 = Instant::now();
+        let registered = alive.map(|a| a.contains_key(&n.id));
+        // A node whose lease expired is down at once; no ping to wait out.
+        let ping = match registered {
+            Some(false) => None,
+            _ => self.node_call(n, Header::request(Op::Ping, 0)).await.ok(),
+        };
+        let up = ping.is_some();
+        // Its reply carries the node's capacity (0 from a node that sets none).
+        let capacity = ping.as_ref().map(|f| f.header.length).filter(|&c| c > 0);
+        let tiers = match up {
+            true => self.tier_info(n, 0).await.map(|t| t.node.into()),
+            false => None,
+        };
+        NodeStatus {
+            tiers,
+            id: n.id,
+            addr: n.addr.clone(),
+            store: n.store.clone(),
+            up,
+            ping_us: up.then(|| t0.elapsed().as_micros() as u64),
+            transport: "tcp".into(),
+            state: n.state,
+            replicas: vols
+                .iter()
+                .filter(|v| v.replicas.iter().any(|r| r.node == n.id))
+                .count(),
+            last_seen_ms: self.last_seen_ms(n.id),
+            registered,
+            zone: n.zone.clone(),
+            capacity,
+        }
+    }
+
+    /// Every node still in the cluster (not removed).
+    pub(super) async fn member_nodes(&self) -> Result<Vec<NodeRecord>> {
+        Ok(self
+            .meta
+            .nodes()
+            .await?
+            .into_iter()
+            .filter(|n| n.state != NodeState::Removed)
+            .collect())
+    }
+
+    pub async fn status(&self) -> Result<StatusReport> {
+        let nodes = self.member_nodes().await?;
+        let vols = self.meta.volumes().await?;
+        let alive = self.registered().await;
+        let mut ns = Vec::new();
+        for n in &nodes {
+            ns.push(self.node_status(n, &vols, alive.as_ref()).await);
+        }
+        let tiered: Vec<u32> = ns
+            .iter()
+            .filter(|n| n.tiers.is_some())
+            .map(|n| n.id)
+            .collect();
+        let mut vs = Vec::new();
+        for v in &vols {
+            let views = self.writer_views(&v.name);
+            let mut reps = Vec::new();
+            for r in &v.replicas {
+                // The writer in this process knows better than the record (resyncing, progress).
+                let live = views
+                    .as_ref()
+                    .and_then(|vs| vs.iter().find(|x| x.node == r.node));
+                let mut st = ReplicaStatus {
+                    node: r.node,
+                    state: live.map_or(r.state, |l| l.state).into(),
+                    allocated_bytes: None,
+                    epoch: None,
+                    resync: live.and_then(|l| l.resync.clone()),
+                    tier: None,
+                };
+                let down = ns.iter().any(|x| x.id == r.node && !x.up);
+                match nodes.iter().find(|n| n.id == r.node) {
+                    None => st.state = ReplicaStatusState::Unreachable,
+                    // Down (no lease, or no answer to the ping just now): not asked again.
+                    Some(_) if down => st.state = ReplicaStatusState::Unreachable,
+                    Some(n) => {
+                        let h = Header {
+                            volume: v.id,
+                            ..Header::request(Op::ReplicaInfo, 0)
+                        };
+                        match self.node_call(n, h).await {
+                            Ok(f) if f.header.status == Status::Ok => {
+                                st.allocated_bytes = Some(f.header.offset);
+                                st.epoch = Some(f.header.epoch);
+                                if tiered.contains(&n.id) {
+                                    st.tier = self
+                                        .tier_info(n, v.id)
+                                        .await
+                                        .and_then(|t| t.replica)
+                                        .map(|t| crate::api::ReplicaTierStatus::new(n.id, t));
+                                }
+                            }
+                            Ok(f) if f.header.status == Status::NoReplica => {
+                                st.state = ReplicaStatusState::Missing
+                            }
+                            _ => st.state = ReplicaStatusState::Unreachable,
+                        }
+                    }
+                }
+                reps.push(st);
+            }
+            vs.push(VolumeStatus {
+                name: v.name.clone(),
+                id: v.id,
+                size: v.size,
+                epoch: v.epoch,
+                access: v.access.clone(),
+                replicas: reps,
+                client_links: self.client_links(&v.name),
+                writer: self.writer_text(&v.name).await,
+                min_copies: v.min_copies(),
+                writes_suspended: self.writer(&v.name).is_some_and(|w| w.writes_suspended()),
+                tier: v.tier,
+                scrub: self.writer(&v.name).and_then(|w| w.scrub_progress()),
+            });
+        }
+        Ok(StatusReport {
+            nodes: ns,
+            volumes: vs,
+            moves: self.moves(),
+            manager: self.meta.manager().await.ok().flatten().map(|(m, _)| m),
+        })
+    }
+}

@@ -1,0 +1,287 @@
+//! Volumes' lifecycle on the manager: create, tier, access, copies, delete, attach and detach
+//! for a writer in this process, replica states, and the replicas every volume should have.
+
+use crate::error::{refused, ManagerError};
+
+use trireme_client::AttachInfo;
+use trireme_meta::{NodeState, TierPolicy, VolumeRecord};
+use trireme_proto::{Header, Op, Status};
+use trireme_replication::{place, NodeLoad};
+
+use super::records::trireme_store_kind_is_volatile;
+use super::{attach_info, record_detach, record_replica_state, Manager, Result, MAX_VOLUME};
+
+impl Manager {
+    /// Puts a volume's extents on a tier (`fast`, `slow`) or lets heat place them (`auto`),
+    /// on every node holding a replica. A pin that one node refuses (its fast tier cannot hold
+    /// the volume) is undone on the others and the record keeps the old setting.
+    pub async fn set_tier(&self, name: &str, tier: TierPolicy) -> Result<VolumeRecord> {
+        let _g = self.volume_lock.lock().await;
+        let old = self.meta.volume(name).await?;
+        let mut v = old.clone();
+        v.tier = tier;
+        let mut done = Vec::new();
+        for r in &v.replicas {
+            let node = self.node(r.node).await?;
+            if let Err(why) = self.apply_tier(&node, &v).await {
+                for n in &done {
+                    if let Err(e) = self.apply_tier(n, &old).await {
+                        tracing::warn!(volume = name, node = n.id, "undoing a tier pin: {e}");
+                    }
+                }
+                return Err(refused(format!(
+                    "volume {name:?} cannot be put on the {} tier: {why}",
+                    tier.as_str()
+                )));
+            }
+            done.push(node);
+        }
+        let v = self
+            .meta
+            .update_volume(name, &mut |rec| {
+                rec.tier = tier;
+                Ok(())
+            })
+            .await?;
+        tracing::info!(volume = name, tier = tier.as_str(), "tier set");
+        Ok(v)
+    }
+
+    pub async fn create_volume(
+        &self,
+        name: &str,
+        size: u64,
+        replicas: usize,
+        access: Option<Vec<String>>,
+    ) -> Result<VolumeRecord> {
+        let access = access.unwrap_or_else(|| {
+            self.default_access
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+        });
+        if size == 0 || !size.is_multiple_of(4096) || size > MAX_VOLUME {
+            return Err(refused(format!(
+                "volume size {size} must be a non-zero multiple of 4096 up to {MAX_VOLUME}"
+            )));
+        }
+        let _g = self.volume_lock.lock().await;
+        let nodes = self.meta.nodes().await?;
+        let vols = self.meta.volumes().await?;
+        // On etcd, only nodes whose daemon runs now (holds its lease) take new replicas.
+        let alive = self.registered().await;
+        let loads: Vec<NodeLoad> = nodes
+            .iter()
+            .filter(|n| n.state == NodeState::Active)
+            .filter(|n| alive.as_ref().is_none_or(|a| a.contains_key(&n.id)))
+            .map(|n| NodeLoad {
+                node: n.id,
+                replicas: vols
+                    .iter()
+                    .filter(|v| v.replicas.iter().any(|r| r.node == n.id))
+                    .count(),
+                zone: n.zone.clone(),
+            })
+            .collect();
+        let chosen = place(&loads, replicas)?;
+        let v = self
+            .meta
+            .create_volume_for(name, size, &chosen, &access)
+            .await?;
+        let mut created = Vec::new();
+        for &id in &chosen {
+            let node = self.node(id).await?;
+            match self.replica_op(&node, Op::CreateReplica, &v).await {
+                Ok(Status::Ok) => created.push(node),
+                outcome => {
+                    // Undo: a volume exists with all its replicas or not at all.
+                    for n in &created {
+                        let _ = self.replica_op(n, Op::DeleteReplica, &v).await;
+                    }
+                    let _ = self.meta.delete_volume(name).await;
+                    let why = match outcome {
+                        Ok(s) => s.as_str().to_string(),
+                        Err(e) => e.to_string(),
+                    };
+                    return Err(refused(format!(
+                        "creating the replica of {name:?} on node {id} failed: {why}"
+                    )));
+                }
+            }
+        }
+        tracing::info!(volume = name, size, nodes = ?chosen, "volume created");
+        Ok(v)
+    }
+
+    /// Adds `allow` to a volume's access list and takes `deny` off it. Nodes on etcd apply it
+    /// within a second; links a denied client already has stay up until they close.
+    pub async fn set_access(
+        &self,
+        name: &str,
+        allow: &[String],
+        deny: &[String],
+    ) -> Result<VolumeRecord> {
+        for a in allow.iter().chain(deny) {
+            trireme_meta::check_access_entry(a)?;
+        }
+        let v = self
+            .meta
+            .update_volume(name, &mut |v| {
+                v.access.retain(|a| !deny.contains(a));
+                for a in allow {
+                    if !v.access.contains(a) {
+                        v.access.push(a.clone());
+                    }
+                }
+                Ok(())
+            })
+            .await?;
+        tracing::info!(volume = name, access = ?v.access, "access list changed");
+        Ok(v)
+    }
+
+    /// Sets the fewest in-sync copies the volume's writer goes on writing with. A writer in
+    /// this process hears at once; one elsewhere when it next reads the layout (at least once
+    /// a second while its writes wait).
+    pub async fn set_min_copies(&self, name: &str, n: u32) -> Result<VolumeRecord> {
+        let v = self
+            .meta
+            .update_volume(name, &mut |v| {
+                if n == 0 || n as usize > v.replicas.len() {
+                    return Err(trireme_meta::MetaError::Refused(format!(
+                        "min copies {n} must be from 1 to the volume's {} replicas",
+                        v.replicas.len()
+                    )));
+                }
+                v.min_copies = n;
+                Ok(())
+            })
+            .await?;
+        if let Some(w) = self.writer(name) {
+            w.set_min_copies(n);
+        }
+        tracing::info!(volume = name, min_copies = n, "min copies changed");
+        Ok(v)
+    }
+
+    pub async fn delete_volume(&self, name: &str) -> Result<VolumeRecord> {
+        let _g = self.volume_lock.lock().await;
+        let v = self.meta.volume(name).await?;
+        for r in &v.replicas {
+            let node = self.node(r.node).await?;
+            match self.replica_op(&node, Op::DeleteReplica, &v).await? {
+                Status::Ok | Status::NoReplica => {}
+                s => {
+                    return Err(refused(format!(
+                        "deleting the replica on node {}: {}",
+                        r.node,
+                        s.as_str()
+                    )))
+                }
+            }
+        }
+        self.meta
+            .delete_volume(name)
+            .await
+            .map_err(ManagerError::from)
+    }
+
+    async fn attach_info(&self, v: &VolumeRecord) -> Result<AttachInfo> {
+        attach_info(&self.meta, v).await
+    }
+
+    /// A new writer: bumps the epoch durably, then says where the replicas are, and whether the
+    /// previous writer left without detaching (then the new one reconciles the replicas).
+    pub async fn attach(&self, name: &str) -> Result<AttachInfo> {
+        let mut unclean = false;
+        let v = self
+            .meta
+            .update_volume(name, &mut |v| {
+                unclean = v.writer_open;
+                v.epoch += 1;
+                v.writer_open = true;
+                Ok(())
+            })
+            .await?;
+        let mut info = self.attach_info(&v).await?;
+        info.reconcile = unclean;
+        Ok(info)
+    }
+
+    /// Records a replica state for the writer of `epoch` (see `replication::transition`).
+    pub async fn set_replica_state(
+        &self,
+        name: &str,
+        epoch: u64,
+        node: u32,
+        state: trireme_replication::ReplicaState,
+        incarnation: u64,
+    ) -> Result<VolumeRecord> {
+        record_replica_state(&self.meta, name, epoch, node, state, incarnation)
+            .await
+            .map_err(ManagerError::from)
+    }
+
+    /// The writer of `epoch` left cleanly. A stale epoch changes nothing.
+    pub async fn detach(&self, name: &str, epoch: u64) -> Result<VolumeRecord> {
+        record_detach(&self.meta, name, epoch)
+            .await
+            .map_err(ManagerError::from)
+    }
+
+    pub async fn locate(&self, name: &str) -> Result<AttachInfo> {
+        let v = self.meta.volume(name).await?;
+        self.attach_info(&v).await
+    }
+
+    /// After a restart: replicas on volatile stores come back empty, so they are re-created.
+    /// A re-created replica whose volume still has data elsewhere is recorded as failed (it
+    /// needs a full resync and must never serve a read before); if every replica came back
+    /// empty, the volume simply starts empty, as a volatile store promises.
+    /// A replica missing from a persistent store is reported, never silently re-created empty.
+    /// Nodes that do not answer are skipped (they are handled when they come back).
+    pub async fn ensure_replicas(&self) -> Result<()> {
+        let nodes = self.member_nodes().await?;
+        for v in self.meta.volumes().await? {
+            let mut missing = Vec::new();
+            let mut present = 0;
+            for r in &v.replicas {
+                let Some(n) = nodes.iter().find(|n| n.id == r.node) else {
+                    continue;
+                };
+                let h = Header {
+                    volume: v.id,
+                    ..Header::request(Op::ReplicaInfo, 0)
+                };
+                match self.node_call(n, h).await {
+                    Ok(f) if f.header.status == Status::NoReplica => missing.push(n.clone()),
+                    Ok(_) => present += 1,
+                    Err(e) => {
+                        tracing::warn!(volume = %v.name, node = n.id, "cannot check replica: {e}")
+                    }
+                }
+            }
+            for n in missing {
+                if !trireme_store_kind_is_volatile(&n.store) {
+                    tracing::error!(volume = %v.name, node = n.id, "replica is missing from a persistent store; not re-creating it empty");
+                    continue;
+                }
+                if present > 0 {
+                    // Record first: a crash between the two leaves it failed, never falsely in sync.
+                    self.meta
+                        .update_volume(&v.name, &mut |rec| {
+                            if let Some(r) = rec.replicas.iter_mut().find(|r| r.node == n.id) {
+                                r.state = trireme_replication::ReplicaState::Failed;
+                            }
+                            Ok(())
+                        })
+                        .await?;
+                    tracing::warn!(volume = %v.name, node = n.id, "replica lost with its volatile store; re-created empty and marked failed until resynced");
+                }
+                self.replica_op(&n, Op::CreateReplica, &v).await?;
+                self.pin_new_replica(&n, &v).await;
+            }
+        }
+        Ok(())
+    }
+}
