@@ -1,0 +1,324 @@
+//! Who moves a volume's replica (its writer here, its writer on another host through a
+//! [`MoveRequest`], or a writer the manager attaches for the move), and the writer's half of a
+//! move ([`copy_then_retire`]).
+
+use crate::error::{refused, ManagerError};
+use std::sync::{Arc, Weak};
+
+use trireme_client::{
+    AttachInfo, BoxFut, Membership, MembershipError, ResyncProgress, Volume, VolumeOptions,
+};
+use trireme_meta::{AttachRecord, MoveRequest, MoveRequestState, VolumeRecord};
+use trireme_replication::ReplicaState;
+
+use crate::manager::{Manager, Result};
+
+use super::{POLL, REATTACH_GRACE, REMOTE_POLL};
+
+/// Who carries out a volume's move.
+enum Mover {
+    /// A writer in this process; `ours` if attached for the move (detach after), with the
+    /// epoch of the attach record it holds on etcd.
+    Here {
+        writer: Arc<Volume>,
+        ours: bool,
+        record: Option<u64>,
+    },
+    /// The writer of `epoch` on another host, asked through a [`MoveRequest`].
+    Remote { epoch: u64, host: String },
+}
+
+/// The metadata, as a writer attached by the manager itself needs it.
+#[derive(Debug)]
+struct ManagerMembership(Weak<Manager>);
+
+impl ManagerMembership {
+    fn get(&self) -> std::result::Result<Arc<Manager>, MembershipError> {
+        self.0.upgrade().ok_or_else(|| ManagerError::Stopped.into())
+    }
+}
+
+impl Membership for ManagerMembership {
+    fn set_state<'a>(
+        &'a self,
+        volume: &'a str,
+        epoch: u64,
+        node: u32,
+        state: ReplicaState,
+        incarnation: u64,
+    ) -> BoxFut<'a, std::result::Result<(), MembershipError>> {
+        Box::pin(async move {
+            self.get()?
+                .set_replica_state(volume, epoch, node, state, incarnation)
+                .await
+                .map(|_| ())
+                .map_err(MembershipError::from)
+        })
+    }
+    fn locate<'a>(
+        &'a self,
+        volume: &'a str,
+    ) -> BoxFut<'a, std::result::Result<AttachInfo, MembershipError>> {
+        Box::pin(async move { Ok(self.get()?.locate(volume).await?) })
+    }
+    fn detach<'a>(
+        &'a self,
+        volume: &'a str,
+        epoch: u64,
+    ) -> BoxFut<'a, std::result::Result<(), MembershipError>> {
+        Box::pin(async move {
+            self.get()?.detach(volume, epoch).await?;
+            Ok(())
+        })
+    }
+}
+
+impl Manager {
+    /// Who moves `v`'s replica: its writer here, its writer on another host, or a writer
+    /// attached here for the move.
+    async fn mover(self: &Arc<Self>, v: &VolumeRecord) -> Result<Mover> {
+        if let Some(w) = self.writer(&v.name) {
+            return Ok(Mover::Here {
+                writer: w,
+                ours: false,
+                record: None,
+            });
+        }
+        // A manager that holds its role by a lease (on etcd) works beside writers whose
+        // attach records are lease-bound too; `up`'s manager (no lease) beside writers that
+        // may hold none (`trireme nbd`).
+        let on_leases = self.meta().fence_lease().is_some();
+        let mut held = self.meta().attachment(&v.name).await?;
+        if held.is_none() && v.writer_open && on_leases {
+            // A live writer whose lease expired (etcd was out for longer than its TTL) puts
+            // its record back as soon as etcd answers: give it that time before taking the
+            // volume for a dead writer's.
+            tokio::time::sleep(REATTACH_GRACE).await;
+            held = self.meta().attachment(&v.name).await?;
+        }
+        if let Some((a, _)) = held {
+            return Ok(Mover::Remote {
+                epoch: a.epoch,
+                host: a.host,
+            });
+        }
+        // On etcd every writer holds an attach record: writer-open without one is a writer
+        // that died, and attaching reconciles first. Beside `up`, it may be `trireme nbd`.
+        if v.writer_open && !on_leases {
+            return Err(refused(format!(
+                "volume {} is attached by a writer outside the cluster process; detach it first (a move through another writer would fence it)",
+                v.name
+            )));
+        }
+        let (info, record) = match self.meta().fence_lease() {
+            Some(lease) => {
+                let rec = AttachRecord {
+                    epoch: 0,
+                    host: crate::hostname(),
+                    pid: std::process::id(),
+                    exports: vec![],
+                    identity: None,
+                };
+                let (v, unclean) = self.meta().attach(&v.name, &rec, lease, false).await?;
+                let mut info = crate::attach_info(self.meta(), &v).await?;
+                info.reconcile = unclean;
+                (info, Some(v.epoch))
+            }
+            None => (self.attach(&v.name).await?, None),
+        };
+        let membership: Arc<dyn Membership> = Arc::new(ManagerMembership(Arc::downgrade(self)));
+        let w = Volume::attach_managed(info, VolumeOptions::default(), membership).await?;
+        self.register_client(w.clone());
+        Ok(Mover::Here {
+            writer: w,
+            ours: true,
+            record,
+        })
+    }
+
+    pub(super) async fn move_volume(
+        self: &Arc<Self>,
+        v: &VolumeRecord,
+        from: u32,
+        rate: Option<u64>,
+    ) -> Result<()> {
+        match self.mover(v).await? {
+            Mover::Here {
+                writer,
+                ours,
+                record,
+            } => {
+                let r = self.move_with(&writer, v, from, rate).await;
+                if ours {
+                    self.unregister_client(&writer);
+                    if let Err(e) = writer.detach().await {
+                        tracing::warn!(volume = %v.name, "detaching the move's writer: {e}");
+                    }
+                    if let Some(epoch) = record {
+                        let _ = self.meta().release_attachment(&v.name, epoch).await;
+                    }
+                }
+                r
+            }
+            Mover::Remote { epoch, host } => self.move_remote(v, from, rate, epoch, &host).await,
+        }
+    }
+
+    async fn move_with(
+        &self,
+        writer: &Arc<Volume>,
+        v: &VolumeRecord,
+        from: u32,
+        rate: Option<u64>,
+    ) -> Result<()> {
+        let (to, v) = self.add_target(v, from).await?;
+        tracing::info!(volume = %v.name, from, to, "moving a replica");
+        copy_then_retire(self.meta(), writer, from, to, rate, &mut |p| {
+            self.update_move(from, |m| m.progress = p.cloned())
+        })
+        .await?;
+        self.finish_move(&v, from).await?;
+        tracing::info!(volume = %v.name, from, to, "replica moved");
+        Ok(())
+    }
+
+    /// Steps 2 and 3 by the writer of `epoch` on `host`, through a [`MoveRequest`]. A request
+    /// of this move already under way (a previous manager made it) is waited for, not made
+    /// again.
+    async fn move_remote(
+        &self,
+        v: &VolumeRecord,
+        from: u32,
+        rate: Option<u64>,
+        epoch: u64,
+        host: &str,
+    ) -> Result<()> {
+        let name = v.name.as_str();
+        let meta = self.meta();
+        let pending = meta.move_request(name).await?;
+        let to = match pending {
+            Some((r, _))
+                if r.from == from && r.epoch == epoch && r.state != MoveRequestState::Failed =>
+            {
+                tracing::info!(
+                    volume = name,
+                    from,
+                    to = r.to,
+                    "waiting for the move its writer is making"
+                );
+                self.update_move(from, |m| m.to = Some(r.to));
+                r.to
+            }
+            _ => {
+                let (to, _) = self.add_target(v, from).await?;
+                let req = MoveRequest {
+                    from,
+                    to,
+                    rate,
+                    epoch,
+                    state: MoveRequestState::Asked,
+                    progress: None,
+                    error: None,
+                };
+                meta.delete_move_request(name).await?;
+                if meta.put_move_request(name, &req, 0).await?.is_none() {
+                    return Err(refused("another move request was made meanwhile"));
+                }
+                tracing::info!(
+                    volume = name,
+                    from,
+                    to,
+                    host,
+                    "asked the volume's writer to move a replica"
+                );
+                to
+            }
+        };
+        let outcome = loop {
+            tokio::time::sleep(REMOTE_POLL).await;
+            let req = meta.move_request(name).await;
+            match req {
+                Ok(Some((r, _))) if r.from == from && r.to == to => match r.state {
+                    MoveRequestState::Done => break Ok(()),
+                    MoveRequestState::Failed => {
+                        break Err(refused(format!(
+                            "the writer on {host}: {}",
+                            r.error.unwrap_or_default()
+                        )))
+                    }
+                    MoveRequestState::Asked | MoveRequestState::Copying => {
+                        self.update_move(from, |m| m.progress = r.progress.clone())
+                    }
+                },
+                Ok(_) => break Err(refused("the move request was replaced or deleted")),
+                Err(e) => {
+                    tracing::debug!(volume = name, "reading the move request: {e}");
+                    continue;
+                }
+            }
+            match meta.attachment(name).await {
+                Ok(Some((a, _))) if a.epoch == epoch => {}
+                Ok(_) => {
+                    break Err(refused(format!(
+                        "the writer on {host} detached or was replaced during the move; run the command again"
+                    )))
+                }
+                Err(_) => {}
+            }
+        };
+        if let Err(e) = outcome {
+            let _ = meta.delete_move_request(name).await;
+            return Err(e);
+        }
+        let v = meta.volume(name).await?;
+        self.finish_move(&v, from).await?;
+        meta.delete_move_request(name).await?;
+        tracing::info!(
+            volume = name,
+            from,
+            to,
+            host,
+            "replica moved by the volume's writer"
+        );
+        Ok(())
+    }
+}
+
+/// Steps 2 and 3 as the writer does them: adds the replica on `to` (it takes new writes at
+/// once), waits while the resync fills it (`progress` sees each look), then retires `from`.
+/// Fails if the writer is fenced by a newer attach meanwhile.
+pub async fn copy_then_retire(
+    meta: &trireme_meta::ClusterMeta,
+    writer: &Volume,
+    from: u32,
+    to: u32,
+    rate: Option<u64>,
+    progress: &mut (dyn FnMut(Option<&ResyncProgress>) + Send),
+) -> Result<()> {
+    let name = writer.info().name.clone();
+    writer.add_replica(to, rate).await?;
+    loop {
+        let epoch = meta.volume(&name).await?.epoch;
+        if epoch != writer.info().epoch {
+            return Err(refused(
+                "the writer was fenced by a newer attach; run the command again",
+            ));
+        }
+        let view = writer.replica_views().into_iter().find(|r| r.node == to);
+        match view {
+            Some(r) if r.state == ReplicaState::InSync => break,
+            Some(r) => progress(r.resync.as_ref()),
+            None => {
+                return Err(refused(format!(
+                    "the writer dropped the new replica on node {to}"
+                )))
+            }
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    progress(None);
+    writer
+        .retire_replica(from)
+        .await
+        .map_err(ManagerError::from)
+}

@@ -1,0 +1,186 @@
+//! The replicas of a move in the metadata: choosing the target, recording and creating the
+//! new copy (resuming or discarding one an earlier attempt left), and dropping the old one.
+
+use crate::error::refused;
+
+use trireme_meta::{NodeState, ReplicaRecord, VolumeRecord};
+use trireme_proto::{Header, Op, Status};
+use trireme_replication::ReplicaState;
+
+use crate::manager::{Manager, Result};
+
+impl Manager {
+    /// The node a new replica of `v` goes to.
+    async fn pick_target(&self, v: &VolumeRecord) -> Result<u32> {
+        let vols = self.meta().volumes().await?;
+        let mut candidates: Vec<(usize, u32)> = Vec::new();
+        for n in self.meta().nodes().await? {
+            if n.state != NodeState::Active || v.replicas.iter().any(|r| r.node == n.id) {
+                continue;
+            }
+            if self
+                .node_call(&n, Header::request(Op::Ping, 0))
+                .await
+                .is_err()
+            {
+                continue;
+            }
+            let load = vols
+                .iter()
+                .filter(|x| x.replicas.iter().any(|r| r.node == n.id))
+                .count();
+            candidates.push((load, n.id));
+        }
+        candidates.sort_unstable();
+        candidates.first().map(|c| c.1).ok_or_else(|| {
+            refused(format!(
+                "no node can take a replica of {}: every active node that answers holds one already (add a node: `trireme up --nodes N+1`)",
+                v.name
+            ))
+        })
+    }
+
+    /// Step 1: picks a target, records the new replica failed and creates it there. A copy
+    /// an earlier attempt at this move left unfinished (the job failed, the manager
+    /// restarted) is resumed when its node answers — the resync compares what it holds and
+    /// copies the rest — and discarded when it does not.
+    pub(super) async fn add_target(
+        &self,
+        v: &VolumeRecord,
+        from: u32,
+    ) -> Result<(u32, VolumeRecord)> {
+        let earlier = v.replicas.iter().find(|r| r.moving_from == Some(from));
+        if let Some(r) = earlier.filter(|r| r.state == ReplicaState::InSync) {
+            // The writer finished the copy after the attempt ended: only the retirement is left.
+            tracing::info!(volume = %v.name, from, to = r.node, "the copy of an earlier attempt is in sync");
+            return Ok((r.node, v.clone()));
+        }
+        let unfinished = earlier.map(|r| r.node);
+        let mut v = v.clone();
+        if let Some(to) = unfinished {
+            let target = self.node(to).await?;
+            let resumed = match self.replica_op(&target, Op::CreateReplica, &v).await {
+                Ok(Status::Ok | Status::Exists) => true,
+                other => {
+                    tracing::info!(volume = %v.name, node = to, "the unfinished copy of an earlier attempt cannot be resumed ({other:?}); discarding it");
+                    false
+                }
+            };
+            if resumed {
+                self.pin_new_replica(&target, &v).await;
+                tracing::info!(volume = %v.name, from, to, "resuming the unfinished copy of an earlier attempt");
+                self.update_move(from, |m| m.to = Some(to));
+                self.save_job(from).await;
+                return Ok((to, v));
+            }
+            v = self.discard_replica(&v, to).await?;
+        }
+        let to = self.pick_target(&v).await?;
+        self.update_move(from, |m| m.to = Some(to));
+        self.save_job(from).await;
+        // Recorded failed first: a crash from here on leaves a copy that is never read.
+        let v = self
+            .meta()
+            .update_volume(&v.name, &mut |rec| {
+                if rec.replicas.iter().any(|r| r.node == to) {
+                    return Err(trireme_meta::MetaError::Refused(format!(
+                        "node {to} already holds a replica"
+                    )));
+                }
+                rec.replicas.push(ReplicaRecord {
+                    incarnation: 0,
+                    node: to,
+                    state: ReplicaState::Failed,
+                    moving_from: Some(from),
+                });
+                Ok(())
+            })
+            .await?;
+        let target = self.node(to).await?;
+        let mut created = self.replica_op(&target, Op::CreateReplica, &v).await;
+        if let Ok(Status::Exists) = created {
+            // Not in the layout until the update above: a copy left behind while the node
+            // was down (its replica re-created elsewhere then). Stale; replaced.
+            tracing::info!(volume = %v.name, node = to, "deleting a stale replica the node kept");
+            created = match self.replica_op(&target, Op::DeleteReplica, &v).await {
+                Ok(Status::Ok | Status::NoReplica) => {
+                    self.replica_op(&target, Op::CreateReplica, &v).await
+                }
+                other => other,
+            };
+        }
+        match created {
+            Ok(Status::Ok) => {
+                self.pin_new_replica(&target, &v).await;
+                Ok((to, v))
+            }
+            outcome => {
+                let _ = self
+                    .meta()
+                    .update_volume(&v.name, &mut |rec| {
+                        rec.replicas.retain(|r| r.node != to);
+                        Ok(())
+                    })
+                    .await;
+                Err(refused(format!(
+                    "creating the new replica on node {to}: {outcome:?}"
+                )))
+            }
+        }
+    }
+
+    /// Drops replica `node` (never an in-sync one) from the layout and deletes it there.
+    async fn discard_replica(&self, v: &VolumeRecord, node: u32) -> Result<VolumeRecord> {
+        let v = self
+            .meta()
+            .update_volume(&v.name, &mut |rec| {
+                if rec
+                    .replicas
+                    .iter()
+                    .any(|r| r.node == node && r.state == ReplicaState::InSync)
+                {
+                    return Err(trireme_meta::MetaError::Refused(format!(
+                        "the replica on node {node} is in sync"
+                    )));
+                }
+                rec.replicas.retain(|r| r.node != node);
+                Ok(())
+            })
+            .await?;
+        self.delete_old(&v, node).await;
+        Ok(v)
+    }
+
+    /// Step 3, after the writer retired `from`: the layout drops it, its node deletes it.
+    pub(super) async fn finish_move(&self, v: &VolumeRecord, from: u32) -> Result<()> {
+        let v = self
+            .meta()
+            .update_volume(&v.name, &mut |rec| {
+                let states: Vec<(u32, ReplicaState)> =
+                    rec.replicas.iter().map(|r| (r.node, r.state)).collect();
+                let i = trireme_replication::removal(&states, from)?;
+                rec.replicas.remove(i);
+                for r in &mut rec.replicas {
+                    if r.moving_from == Some(from) {
+                        r.moving_from = None;
+                    }
+                }
+                Ok(())
+            })
+            .await?;
+        self.delete_old(&v, from).await;
+        Ok(())
+    }
+
+    async fn delete_old(&self, v: &VolumeRecord, node: u32) {
+        match self.node(node).await {
+            Ok(n) => match self.replica_op(&n, Op::DeleteReplica, v).await {
+                Ok(Status::Ok | Status::NoReplica) => {}
+                other => {
+                    tracing::warn!(volume = %v.name, node, "old replica not deleted (the node may be down): {other:?}")
+                }
+            },
+            Err(e) => tracing::warn!(volume = %v.name, node, "{e}"),
+        }
+    }
+}
