@@ -5,11 +5,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::Bytes;
 use trireme_proto::{decode_extents_within, Extent, Header, Op, FLAG_FUA, FLAG_MAY_TRIM};
-use trireme_replication::{check_io, Decision, Mirrored, ReplicaOutcome};
+use trireme_replication::{check_io, Decision, Mirrored, ReplicaOutcome, WriteFailure};
 use trireme_transport::Frame;
 
 use crate::error::outcome_of;
 use crate::{join_all, tiers, Volume, VolumeError, MAX_IO};
+
+/// How many times a flush is sent again because the copies changed under it (each time takes
+/// a change of membership; the bound only keeps a pathological churn from holding it forever).
+const FLUSH_ROUNDS: usize = 8;
 
 impl Volume {
     /// Sends `h` to every write target and acknowledges when every one holds it — or, with a
@@ -57,8 +61,40 @@ impl Volume {
     }
 
     /// [`Volume::mirror`] for a caller that already holds the range.
+    ///
+    /// A flush holds no range, so the copies can change while it is out: one it went to may
+    /// be retired (a drain moving it) and one it never reached may come in sync (its resync
+    /// flushed what it copied, `resync.rs`). If it fails for want of a copy in sync that holds
+    /// it, and the copies that take writes are not those it went to, it goes to them again.
     async fn mirror_held(&self, h: Header, payload: Bytes) -> Result<(), VolumeError> {
-        let targets = self.write_targets();
+        let mut rounds = 0;
+        loop {
+            let targets = self.write_targets();
+            let r = self.mirror_to(h, payload.clone(), &targets).await;
+            match r {
+                Err(VolumeError::Write {
+                    failure: WriteFailure::ReplicaFailed { .. } | WriteFailure::NoReplicas,
+                    ..
+                }) if h.op == Op::Flush
+                    && rounds < FLUSH_ROUNDS
+                    && self.write_targets() != targets =>
+                {
+                    rounds += 1;
+                    tracing::info!(volume = %self.info.name, "the copies changed while a flush was out: sending it to them again");
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// Sends `h` to `targets` and decides, as the replication core says, what their answers
+    /// make of it.
+    async fn mirror_to(
+        &self,
+        h: Header,
+        payload: Bytes,
+        targets: &[usize],
+    ) -> Result<(), VolumeError> {
         // The payload's checksum, once for every replica (a TLS link needs none).
         let crc = (!payload.is_empty()
             && targets.iter().any(|&i| {
@@ -75,7 +111,7 @@ impl Volume {
         .await;
         let outcomes: Vec<ReplicaOutcome> = replies
             .into_iter()
-            .zip(&targets)
+            .zip(targets)
             .map(|(r, &i)| match r.and_then(|f| self.expect_ok(i, f)) {
                 Ok(_) => ReplicaOutcome::Done,
                 Err(e) => {
@@ -94,7 +130,7 @@ impl Volume {
                 Mirrored::Flush
             }
         };
-        let decision = self.core().decide(request, &targets, &outcomes);
+        let decision = self.core().decide(request, targets, &outcomes);
         match decision {
             Decision::Ack => Ok(()),
             Decision::Fail(failure) => Err(VolumeError::Write {

@@ -220,6 +220,10 @@ impl Volume {
     ) -> Result<(), VolumeError> {
         let peer = Bytes::from(encode_peer(self.node(i)));
         let full = plan.progress().full;
+        // Bytes copied since the replica last flushed: they are made durable before the
+        // survivors forget the regions and before the replica counts as in sync, or a power
+        // loss on it after a drain retires the old copy would lose acknowledged flushes.
+        let mut unflushed = false;
         loop {
             let rate = self.core().rate(i).or(self.opts.resync_rate);
             match plan.next(started.elapsed(), rate) {
@@ -245,12 +249,16 @@ impl Volume {
                     for c in copies {
                         copied += c?;
                     }
+                    unflushed |= copied > 0;
                     plan.copied(copied);
                     let mut shown = plan.progress().clone();
                     shown.elapsed_ms = started.elapsed().as_millis() as u64;
                     self.set_progress(i, Some(shown));
                 }
                 ResyncStep::Clear(regions) => {
+                    if std::mem::take(&mut unflushed) {
+                        self.flush_resynced(i).await?;
+                    }
                     // Under the membership lock, and only while the replica is still being
                     // resynced: a write it failed meanwhile has marked its range again, and
                     // that mark must not be cleared.
@@ -275,9 +283,34 @@ impl Volume {
                 ResyncStep::WaitUntil(t) => {
                     tokio::time::sleep(t.saturating_sub(started.elapsed())).await;
                 }
-                ResyncStep::Done => return Ok(()),
+                ResyncStep::Done => {
+                    if unflushed {
+                        self.flush_resynced(i).await?;
+                    }
+                    return Ok(());
+                }
             }
         }
+    }
+
+    /// Flushes resync target `i`. If it fails, what the replica holds of the copies is unknown:
+    /// it is taken out for a full resync.
+    async fn flush_resynced(&self, i: usize) -> Result<(), VolumeError> {
+        let r = self
+            .call(i, self.header(Op::Flush, 0, 0), Bytes::new())
+            .await
+            .and_then(|f| self.expect_ok(i, f));
+        let Err(e) = r else { return Ok(()) };
+        if e.stops_writer() {
+            return Err(e);
+        }
+        tracing::warn!(volume = %self.info.name, node = self.node(i), "resync target failed a flush: {e}");
+        if self.core().resyncing(i) {
+            if let Err(e2) = self.take_out_with(&[i], None, true).await {
+                tracing::warn!(volume = %self.info.name, "taking out a resync target that failed a flush: {e2}");
+            }
+        }
+        Err(e)
     }
 
     /// Copies one range from an in-sync replica to replica `i`, the caller holding the range.
