@@ -5,7 +5,8 @@
 
 /// Seeds beyond the default range that once failed, run with it every time.
 /// 2226: a flush out while a drain retired the one copy in sync that answered it.
-const REGRESSIONS: &[u64] = &[2226];
+/// 11421: a drain's own writer failed to start and its attach record outlived it.
+const REGRESSIONS: &[u64] = &[2226, 11421];
 
 fn seeds() -> Vec<u64> {
     match std::env::var("TRIREME_SIM_SEEDS") {

@@ -115,6 +115,15 @@ impl Manager {
         *self.connector.lock().unwrap_or_else(|e| e.into_inner()) = Some(c);
     }
 
+    /// How this manager dials nodes, if not through the transports (see the field's doc): a
+    /// writer it attaches itself dials the same way.
+    pub(crate) fn connector(&self) -> Option<Arc<dyn trireme_client::Connector>> {
+        self.connector
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// Takes node liveness from the daemons' lease-bound keys (see the field's doc).
     pub fn set_liveness_from_leases(&self, on: bool) {
         self.leases.store(on, std::sync::atomic::Ordering::Relaxed);

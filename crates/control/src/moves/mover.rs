@@ -120,20 +120,63 @@ impl Manager {
                     identity: None,
                 };
                 let (v, unclean) = self.meta().attach(&v.name, &rec, lease, false).await?;
-                let mut info = crate::attach_info(self.meta(), &v).await?;
-                info.reconcile = unclean;
-                (info, Some(v.epoch))
+                match crate::attach_info(self.meta(), &v).await {
+                    Ok(mut info) => {
+                        info.reconcile = unclean;
+                        (info, Some(v.epoch))
+                    }
+                    Err(e) => {
+                        self.undo_move_attach(&v.name, v.epoch, unclean, true).await;
+                        return Err(e);
+                    }
+                }
             }
             None => (self.attach(&v.name).await?, None),
         };
+        let (epoch, unclean) = (info.epoch, info.reconcile);
         let membership: Arc<dyn Membership> = Arc::new(ManagerMembership(Arc::downgrade(self)));
-        let w = Volume::attach_managed(info, VolumeOptions::default(), membership).await?;
+        let opts = VolumeOptions {
+            connector: self.connector(),
+            ..VolumeOptions::default()
+        };
+        let w = match Volume::attach_managed(info, opts, membership).await {
+            Ok(w) => w,
+            Err(e) => {
+                // Without this, what the attach above took would outlive the attempt: a record
+                // no writer holds (every later attach refused or fencing nobody) and a volume
+                // marked open by a writer that never wrote.
+                self.undo_move_attach(&v.name, epoch, unclean, record.is_some())
+                    .await;
+                return Err(e.into());
+            }
+        };
         self.register_client(w.clone());
         Ok(Mover::Here {
             writer: w,
             ours: true,
             record,
         })
+    }
+
+    /// Gives back the attach record taken for a move's own writer.
+    async fn release_move_record(&self, name: &str, epoch: u64) {
+        if let Err(e) = self.meta().release_attachment(name, epoch).await {
+            tracing::warn!(volume = %name, epoch, "releasing the move's attach record: {e}");
+        }
+    }
+
+    /// Undoes an attach for a move whose writer never started: the volume is recorded closed
+    /// again unless a dead writer had left it open (`unclean`: the next writer must still
+    /// reconcile), and the attach record is given back.
+    async fn undo_move_attach(&self, name: &str, epoch: u64, unclean: bool, record: bool) {
+        if !unclean {
+            if let Err(e) = self.detach(name, epoch).await {
+                tracing::warn!(volume = %name, epoch, "closing the move's attach: {e}");
+            }
+        }
+        if record {
+            self.release_move_record(name, epoch).await;
+        }
     }
 
     pub(super) async fn move_volume(
@@ -155,7 +198,7 @@ impl Manager {
                         tracing::warn!(volume = %v.name, "detaching the move's writer: {e}");
                     }
                     if let Some(epoch) = record {
-                        let _ = self.meta().release_attachment(&v.name, epoch).await;
+                        self.release_move_record(&v.name, epoch).await;
                     }
                 }
                 r
