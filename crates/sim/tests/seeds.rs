@@ -6,7 +6,9 @@
 /// Seeds beyond the default range that once failed, run with it every time.
 /// 2226: a flush out while a drain retired the one copy in sync that answered it.
 /// 11421: a drain's own writer failed to start and its attach record outlived it.
-const REGRESSIONS: &[u64] = &[2226, 11421];
+/// 30202: a writer attached between the old writer's retiring a drained copy and the layout
+/// dropping it, took the copy back, and the node deleted it under it.
+const REGRESSIONS: &[u64] = &[2226, 11421, 30202];
 
 fn seeds() -> Vec<u64> {
     match std::env::var("TRIREME_SIM_SEEDS") {

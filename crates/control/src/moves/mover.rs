@@ -8,12 +8,16 @@ use std::sync::{Arc, Weak};
 use trireme_client::{
     AttachInfo, BoxFut, Membership, MembershipError, ResyncProgress, Volume, VolumeOptions,
 };
+use trireme_meta::MetaError;
 use trireme_meta::{AttachRecord, MoveRequest, MoveRequestState, VolumeRecord};
-use trireme_replication::ReplicaState;
+use trireme_replication::{ReplicaState, TransitionError};
 
 use crate::manager::{Manager, Result};
 
 use super::{POLL, REATTACH_GRACE, REMOTE_POLL};
+
+/// How many writers in turn a volume's move goes through before the job gives up.
+const MOVE_ATTEMPTS: u32 = 4;
 
 /// Who carries out a volume's move.
 enum Mover {
@@ -179,7 +183,38 @@ impl Manager {
         }
     }
 
+    /// Moves `v`'s replica off `from` through whoever carries the move out. If the writer
+    /// changed between its retiring `from` and the layout dropping it, the move runs again
+    /// through the new writer (it finds the copy already made, `add_target`).
     pub(super) async fn move_volume(
+        self: &Arc<Self>,
+        v: &VolumeRecord,
+        from: u32,
+        rate: Option<u64>,
+    ) -> Result<()> {
+        let mut attempt = 1;
+        loop {
+            let v = self.meta().volume(&v.name).await?;
+            match self.move_once(&v, from, rate).await {
+                Err(ManagerError::Meta(MetaError::Transition(TransitionError::StaleEpoch {
+                    request,
+                    current,
+                }))) if attempt < MOVE_ATTEMPTS => {
+                    tracing::info!(
+                        volume = %v.name,
+                        from,
+                        request,
+                        current,
+                        "the volume's writer changed while it moved the replica: the move goes on through the new one"
+                    );
+                    attempt += 1;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    async fn move_once(
         self: &Arc<Self>,
         v: &VolumeRecord,
         from: u32,
@@ -220,7 +255,7 @@ impl Manager {
             self.update_move(from, |m| m.progress = p.cloned())
         })
         .await?;
-        self.finish_move(&v, from).await?;
+        self.finish_move(&v, from, writer.info().epoch).await?;
         tracing::info!(volume = %v.name, from, to, "replica moved");
         Ok(())
     }
@@ -314,7 +349,8 @@ impl Manager {
             return Err(e);
         }
         let v = meta.volume(name).await?;
-        self.finish_move(&v, from).await?;
+        // A newer writer meanwhile: the next attempt asks it anew (its request replaces this).
+        self.finish_move(&v, from, epoch).await?;
         meta.delete_move_request(name).await?;
         tracing::info!(
             volume = name,

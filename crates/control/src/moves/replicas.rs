@@ -5,7 +5,7 @@ use crate::error::refused;
 
 use trireme_meta::{NodeState, ReplicaRecord, VolumeRecord};
 use trireme_proto::{Header, Op, Status};
-use trireme_replication::ReplicaState;
+use trireme_replication::{ReplicaState, TransitionError};
 
 use crate::manager::{Manager, Result};
 
@@ -151,11 +151,21 @@ impl Manager {
         Ok(v)
     }
 
-    /// Step 3, after the writer retired `from`: the layout drops it, its node deletes it.
-    pub(super) async fn finish_move(&self, v: &VolumeRecord, from: u32) -> Result<()> {
+    /// Step 3, after the writer of `epoch` retired `from`: the layout drops it, its node
+    /// deletes it. Refused with [`TransitionError::StaleEpoch`] if another writer attached
+    /// since: it attached from a layout that still listed `from` and may be resyncing it back
+    /// into its set, so only that writer can retire it (the move runs again through it).
+    pub(super) async fn finish_move(&self, v: &VolumeRecord, from: u32, epoch: u64) -> Result<()> {
         let v = self
             .meta()
             .update_volume(&v.name, &mut |rec| {
+                if rec.epoch != epoch {
+                    return Err(TransitionError::StaleEpoch {
+                        request: epoch,
+                        current: rec.epoch,
+                    }
+                    .into());
+                }
                 let states: Vec<(u32, ReplicaState)> =
                     rec.replicas.iter().map(|r| (r.node, r.state)).collect();
                 let i = trireme_replication::removal(&states, from)?;
