@@ -24,7 +24,7 @@ mod tests;
 
 pub use cluster::{
     AliveRecord, AttachRecord, ClusterMeta, ManagerRecord, MoveRequest, MoveRequestState,
-    RestartOrder, RevokedCert, TakeOutRequest, TakeOutState, PREFIX,
+    RestartOrder, RevokedCert, TakeOutRequest, TakeOutState, TrashRecord, PREFIX,
 };
 pub use etcd::{parse_endpoints, EtcdMeta, EtcdTls};
 pub use kv::MetaStore;

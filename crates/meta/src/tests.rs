@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::kv::{CmpOp, Compare, MetaStore, Op, Target, Txn};
 use crate::{
     AliveRecord, AttachRecord, ClusterMeta, EmbeddedMeta, EtcdMeta, ManagerRecord, MetaError,
-    NodeRecord,
+    NodeRecord, VolumeRecord,
 };
 use trireme_replication::ReplicaState;
 
@@ -401,6 +401,38 @@ async fn cluster_records(s: Arc<dyn MetaStore>) {
     let v3 = m.create_volume("vol1", 4096, &[2]).await.unwrap();
     assert!(v3.id > v2.id, "ids are never reused");
     assert_eq!(m.volumes().await.unwrap().len(), 2);
+    // The trash keeps a deleted volume as it was, and gives it back under its name once the
+    // name is free again.
+    let before = m.volume("vol1").await.unwrap();
+    let stale = VolumeRecord {
+        epoch: before.epoch + 1,
+        ..before.clone()
+    };
+    assert!(matches!(
+        m.trash_volume(&stale, 1, 2, "").await,
+        Err(MetaError::Refused(_))
+    ));
+    let t = m.trash_volume(&before, 10, 20, "admin").await.unwrap();
+    assert_eq!((t.deleted_at, t.purge_at), (10, 20));
+    assert!(matches!(
+        m.volume("vol1").await,
+        Err(MetaError::NoVolume(_))
+    ));
+    assert_eq!(m.trashed().await.unwrap(), vec![t]);
+    let taken = m.create_volume("vol1", 4096, &[1]).await.unwrap();
+    assert!(taken.id > before.id);
+    assert!(matches!(
+        m.restore_volume(before.id).await,
+        Err(MetaError::VolumeExists(_))
+    ));
+    m.delete_volume("vol1").await.unwrap();
+    assert_eq!(m.restore_volume(before.id).await.unwrap(), before);
+    assert_eq!(m.volume("vol1").await.unwrap(), before);
+    assert!(m.trashed().await.unwrap().is_empty());
+    assert!(matches!(
+        m.restore_volume(before.id).await,
+        Err(MetaError::Refused(_))
+    ));
     m.set_setting("store", "memory").await.unwrap();
     assert_eq!(m.setting("store").await.unwrap().as_deref(), Some("memory"));
 

@@ -31,6 +31,7 @@ mod attach;
 mod members;
 mod records;
 mod requests;
+mod trash;
 mod volumes;
 
 use std::sync::Arc;
@@ -42,6 +43,7 @@ use crate::kv::{Compare, KeyValue, LeaseId, MetaStore, Op, Txn, TxnResult};
 use crate::MetaError;
 
 pub use records::*;
+pub use trash::TrashRecord;
 pub(crate) use volumes::layout_of;
 
 /// Where every trireme key lives; the version changes if the layout ever does.

@@ -44,6 +44,14 @@ pub(crate) fn record(spec: Spec, layout: Layout) -> VolumeRecord {
     }
 }
 
+pub(crate) fn spec_of(v: &VolumeRecord) -> Spec {
+    Spec {
+        id: v.id,
+        name: v.name.clone(),
+        size: v.size,
+    }
+}
+
 pub(crate) fn layout_of(v: &VolumeRecord) -> Layout {
     Layout {
         replicas: v.replicas.clone(),
