@@ -311,8 +311,20 @@ pub fn run(
         }
         Ok::<(), SuiteError>(())
     })();
+    // The benchmark's own scratch volumes: freed at once, not kept in the trash.
     for name in created {
-        let _ = control(data_dir, trireme_control::Request::VolumeDelete { name });
+        let _ = control(
+            data_dir,
+            trireme_control::Request::VolumeDelete {
+                name: name.clone(),
+                force: true,
+                keep_secs: Some(0),
+            },
+        );
+        let _ = control(
+            data_dir,
+            trireme_control::Request::TrashPurge { name: Some(name) },
+        );
     }
     drop(clusters);
     result?;

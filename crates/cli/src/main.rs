@@ -642,6 +642,23 @@ pub struct AttachArgs {
 }
 
 #[derive(Debug, Subcommand)]
+pub enum TrashCmd {
+    /// The volumes in the trash, oldest deletion first, with when each is purged.
+    List,
+    /// Put a deleted volume back under its name, byte for byte (NAME: its name, for its
+    /// newest deletion, or its id from `trash list`).
+    Restore { name: String },
+    /// Free a deleted volume's replicas now, for good (NAME as for restore); `--expired`:
+    /// every one whose time is up.
+    Purge {
+        #[arg(required_unless_present = "expired")]
+        name: Option<String>,
+        #[arg(long, conflicts_with = "name")]
+        expired: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
 pub enum VolumeCmd {
     /// Create a volume mirrored on REPLICAS nodes.
     Create {
@@ -694,8 +711,22 @@ pub enum VolumeCmd {
     List,
     /// Show one volume.
     Info { name: String },
-    /// Delete a volume and its replicas.
-    Delete { name: String },
+    /// Delete a volume: it goes to the trash (its replicas kept) and can be restored until
+    /// its time there is up. Refused while the volume is attached (the message says by whom).
+    Delete {
+        name: String,
+        /// Delete it even though a writer holds it: the writer is fenced first (its I/O fails
+        /// from then on).
+        #[arg(long)]
+        force: bool,
+        /// How long it stays in the trash before its replicas are freed: `0`, or e.g. `30m`,
+        /// `12h`, `7d`.
+        #[arg(long, default_value = "1d", value_parser = units::parse_keep)]
+        keep: std::time::Duration,
+    },
+    /// Deleted volumes: list them, restore one, or free their replicas now.
+    #[command(subcommand)]
+    Trash(TrashCmd),
     /// Compare the replicas of the volume `trireme up` serves and repair regions that differ
     /// from the copy a majority holds (online, region by region). Exit 1 if a region has no
     /// majority (two copies that differ).

@@ -34,6 +34,27 @@ pub fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
     parse_duration(s)
 }
 
+/// How long a deleted volume stays in the trash: `0` (purged at the manager's next look),
+/// or a whole number of seconds, minutes, hours or days (`90s`, `30m`, `12h`, `7d`; a bare
+/// number is seconds), up to a year.
+pub fn parse_keep(s: &str) -> Result<std::time::Duration, String> {
+    let t = s.trim();
+    let (num, scale) = match t.char_indices().last() {
+        Some((i, 'd')) => (&t[..i], 86400),
+        Some((i, 'h')) => (&t[..i], 3600),
+        Some((i, 'm')) => (&t[..i], 60),
+        Some((i, 's')) => (&t[..i], 1),
+        _ => (t, 1),
+    };
+    let v: u64 = num
+        .parse()
+        .map_err(|_| format!("invalid time {s:?}: expected e.g. 0, 30m, 12h or 7d"))?;
+    match v.checked_mul(scale) {
+        Some(secs) if secs <= 366 * 86400 => Ok(std::time::Duration::from_secs(secs)),
+        _ => Err(format!("time {s:?} is over a year")),
+    }
+}
+
 /// A dirty-tracking granularity: a size that is a power of two from 4 KiB to 64 MiB.
 pub fn parse_dirty_grain(s: &str) -> Result<u64, String> {
     let v = parse_size(s)?;
@@ -80,6 +101,28 @@ pub use trireme_daemon::local::human;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trash_times_parse() {
+        let secs = |s| parse_keep(s).map(|d| d.as_secs());
+        assert_eq!(secs("0"), Ok(0));
+        assert_eq!(secs("90"), Ok(90));
+        assert_eq!(secs("30m"), Ok(1800));
+        assert_eq!(secs("12h"), Ok(43200));
+        assert_eq!(secs("7d"), Ok(7 * 86400));
+        for bad in [
+            "",
+            "d",
+            "-1d",
+            "1.5d",
+            "1w",
+            "400d",
+            "99999999999999999999d",
+            "1dd",
+        ] {
+            assert!(parse_keep(bad).is_err(), "{bad}");
+        }
+    }
     #[test]
     fn sizes() {
         assert_eq!(parse_size("4096"), Ok(4096));

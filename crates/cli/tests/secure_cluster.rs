@@ -520,4 +520,24 @@ fn every_link_of_a_cluster_on_etcd_can_be_tls() {
             .arg(&back),
     );
     assert!(std::fs::read(&back).unwrap()[..4 << 20] == std::fs::read(&src).unwrap()[..]);
+
+    // A volume in use on etcd is not deleted by mistake: the refusal names its writer.
+    w.refused(
+        Some("admin"),
+        &["volume", "delete", "v"],
+        "in use: attached by pid",
+    );
+    w.refused(Some("admin"), &["volume", "delete", "v"], "as client alice");
+    // --force fences alice's writer first; the trash gives the volume back as it was.
+    w.ok(Some("admin"), &["volume", "delete", "v", "--force"]);
+    let fenced = Command::new("nbdcopy")
+        .arg(format!("nbd+unix:///v?socket={}", sock.display()))
+        .arg("null:")
+        .output()
+        .unwrap();
+    assert!(!fenced.status.success(), "a fenced writer still served reads");
+    let list = w.ok(Some("admin"), &["volume", "trash", "list"]);
+    assert!(list.contains("v ") && list.contains("admin"), "{list}");
+    w.ok(Some("admin"), &["volume", "trash", "restore", "v"]);
+    w.ok(Some("admin"), &["volume", "verify", "v"]);
 }

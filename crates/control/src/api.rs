@@ -51,8 +51,27 @@ pub enum Request {
     VolumeInfo {
         name: String,
     },
+    /// Moves a volume to the trash. Refused while a writer holds it, unless `force` (which
+    /// fences the writer first).
     VolumeDelete {
         name: String,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        force: bool,
+        /// How long it stays in the trash, in seconds; default a day.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        keep_secs: Option<u64>,
+    },
+    /// The volumes in the trash.
+    TrashList,
+    /// Puts a trashed volume back (`name`: its name, for the newest deletion, or its id).
+    TrashRestore {
+        name: String,
+    },
+    /// Frees a trashed volume's replicas for good (`name` as for restore); without a name,
+    /// every one whose time is up.
+    TrashPurge {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
     },
     /// Puts a certificate on the cluster's deny list (operators only).
     CaRevoke {

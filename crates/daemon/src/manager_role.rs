@@ -99,6 +99,7 @@ pub async fn campaign(
                     trireme_meta::any_client()
                 });
                 m.start_heartbeats(opts.heartbeat_every, opts.down_after);
+                m.start_trash_purge();
                 if let Some(after) = opts.down_out {
                     m.start_down_out(after, opts.rate);
                 }

@@ -257,13 +257,58 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 s
             });
         }
-        Cmd::Volume(VolumeCmd::Delete { name }) => {
-            let v: VolumeRecord = cc
-                .call(&Request::VolumeDelete { name: name.clone() })
+        Cmd::Volume(VolumeCmd::Delete { name, force, keep }) => {
+            let t: trireme_meta::TrashRecord = cc
+                .call(&Request::VolumeDelete {
+                    name: name.clone(),
+                    force: *force,
+                    keep_secs: Some(keep.as_secs()),
+                })
                 .await
                 .map_err(usage_if_remote)?;
             rbac_follow(cli).await;
-            print(out, &v, |v| format!("deleted {}\n", v.name));
+            print(out, &t, |t| {
+                format!(
+                    "deleted {} (id {}): in the trash until {}; `trireme volume trash restore {}` brings it back\n",
+                    t.volume.name,
+                    t.volume.id,
+                    utc_time(t.purge_at),
+                    t.volume.name
+                )
+            });
+        }
+        Cmd::Volume(VolumeCmd::Trash(TrashCmd::List)) => {
+            let l: Vec<trireme_meta::TrashRecord> = cc.call(&Request::TrashList).await?;
+            print(out, &l, |l| trash_table(l));
+        }
+        Cmd::Volume(VolumeCmd::Trash(TrashCmd::Restore { name })) => {
+            let v: VolumeRecord = cc
+                .call(&Request::TrashRestore { name: name.clone() })
+                .await
+                .map_err(usage_if_remote)?;
+            rbac_follow(cli).await;
+            print(out, &v, |v| {
+                format!("restored {} (id {}) from the trash\n", v.name, v.id)
+            });
+        }
+        Cmd::Volume(VolumeCmd::Trash(TrashCmd::Purge { name, .. })) => {
+            let l: Vec<trireme_meta::TrashRecord> = cc
+                .call(&Request::TrashPurge { name: name.clone() })
+                .await
+                .map_err(usage_if_remote)?;
+            print(out, &l, |l| {
+                if l.is_empty() {
+                    return "nothing to purge\n".to_string();
+                }
+                l.iter()
+                    .map(|t| {
+                        format!(
+                            "purged {} (id {}): its replicas are freed\n",
+                            t.volume.name, t.volume.id
+                        )
+                    })
+                    .collect()
+            });
         }
         Cmd::Volume(VolumeCmd::Scrub { name, region }) => {
             let req = Request::VolumeScrub {

@@ -10,7 +10,9 @@ use trireme_control::{
 use trireme_meta::VolumeRecord;
 
 use crate::units::human;
-use crate::{Cli, CliError, Cmd, MaintenanceCmd, NodeCmd, NodeServeArgs, Output, VolumeCmd};
+use crate::{
+    Cli, CliError, Cmd, MaintenanceCmd, NodeCmd, NodeServeArgs, Output, TrashCmd, VolumeCmd,
+};
 
 pub use trireme_daemon::local::control_path;
 

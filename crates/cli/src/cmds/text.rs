@@ -101,6 +101,38 @@ pub(crate) fn volumes_table(vs: &[VolumeRecord]) -> String {
     s
 }
 
+/// A time in seconds since the Unix epoch, as UTC to the minute.
+pub(crate) fn utc_time(secs: u64) -> String {
+    let fmt = time::macros::format_description!("[year]-[month]-[day] [hour]:[minute] UTC");
+    i64::try_from(secs)
+        .ok()
+        .and_then(|s| time::OffsetDateTime::from_unix_timestamp(s).ok())
+        .and_then(|t| t.format(&fmt).ok())
+        .unwrap_or_else(|| format!("{secs} s after 1970"))
+}
+
+pub(crate) fn trash_table(l: &[trireme_meta::TrashRecord]) -> String {
+    if l.is_empty() {
+        return "the trash is empty\n".to_string();
+    }
+    let mut s = format!(
+        "{:<16} {:<6} {:<10} {:<20} {:<20} {}\n",
+        "VOLUME", "ID", "SIZE", "DELETED", "PURGED AFTER", "BY"
+    );
+    for t in l {
+        s += &format!(
+            "{:<16} {:<6} {:<10} {:<20} {:<20} {}\n",
+            t.volume.name,
+            t.volume.id,
+            human(t.volume.size),
+            utc_time(t.deleted_at),
+            utc_time(t.purge_at),
+            t.deleted_by
+        );
+    }
+    s
+}
+
 pub(crate) fn status_text(s: &StatusReport) -> String {
     let up = s.nodes.iter().filter(|n| n.up).count();
     let mut out = format!("nodes: {up} of {} up\n", s.nodes.len());

@@ -7,6 +7,7 @@
 mod records;
 mod serve;
 mod status;
+mod trash;
 mod volumes;
 
 pub use records::{attach_info, record_detach, record_replica_state};
@@ -480,7 +481,11 @@ impl Manager {
         }
     }
 
-    async fn handle(self: &Arc<Self>, req: Request) -> Result<serde_json::Value> {
+    async fn handle(
+        self: &Arc<Self>,
+        req: Request,
+        peer: &trireme_transport::Peer,
+    ) -> Result<serde_json::Value> {
         fn to<T: serde::Serialize>(v: Result<T>) -> Result<serde_json::Value> {
             v.map(|x| serde_json::to_value(x).expect("serializable"))
         }
@@ -546,7 +551,24 @@ impl Manager {
             }
             Request::VolumeList => to(self.meta.volumes().await.map_err(ManagerError::from)),
             Request::VolumeInfo { name } => to(self.volume_info(&name).await),
-            Request::VolumeDelete { name } => to(self.delete_volume(&name).await),
+            Request::VolumeDelete {
+                name,
+                force,
+                keep_secs,
+            } => to(self
+                .delete_to_trash(
+                    &name,
+                    force,
+                    keep_secs.map(std::time::Duration::from_secs),
+                    &match peer {
+                        trireme_transport::Peer::Trusted => "the control socket".to_string(),
+                        p => p.to_string(),
+                    },
+                )
+                .await),
+            Request::TrashList => to(self.trash_list().await),
+            Request::TrashRestore { name } => to(self.trash_restore(&name).await),
+            Request::TrashPurge { name } => to(self.trash_purge(name.as_deref()).await),
             Request::CaRevoke { fingerprint, role } => to(async {
                 let rec = trireme_meta::RevokedCert {
                     fingerprint: fingerprint.to_ascii_lowercase(),

@@ -133,7 +133,7 @@ pub async fn serve_conn<S: crate::api::ControlStream>(sock: S, m: Arc<Manager>, 
                         "node {} holds the manager role: it hands the role to another daemon, which runs the restart",
                         m.own_node()
                     )),
-                    Ok(()) => match m.handle(req).await {
+                    Ok(()) => match m.handle(req, &peer).await {
                         Ok(v) => Reply::Ok(v),
                         Err(e) => error_reply(e),
                     },

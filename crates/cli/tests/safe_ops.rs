@@ -1,0 +1,154 @@
+//! Destructive commands ask for proof of intent, with real processes: a volume in use is not
+//! deleted by mistake, `--force` fences its writer first, and the trash gives a deleted volume
+//! back byte for byte until it is purged.
+
+mod common;
+use common::*;
+use std::process::Command;
+
+fn text(o: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// The files of volume `id`'s replicas under the nodes' directories (the file store's names).
+fn replica_files(c: &Cluster, id: u64) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut dirs = vec![c.path().to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&format!("replica-{id:016x}.")))
+            {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_volume_in_use_is_not_deleted_by_mistake_and_the_trash_gives_it_back() {
+    need("qemu-io");
+    let c = Cluster::start(&["--store", "file", "--size", "16M"]);
+
+    // The volume `up` serves itself: refused, naming the holder.
+    let out = c.cli(&["volume", "delete", "vol0"]);
+    assert!(!out.status.success(), "{}", text(&out));
+    let t = text(&out);
+    assert!(t.contains("in use") && t.contains("own process"), "{t}");
+
+    // A volume written through `trireme nbd`.
+    assert!(c
+        .cli(&["volume", "create", "data", "--size", "8M"])
+        .status
+        .success());
+    let sock = c.path().join("data.sock");
+    let (mut nbd, uri) = spawn_nbd(&c, "data", &sock);
+    run(Command::new("qemu-io").args([
+        "-f",
+        "raw",
+        "-c",
+        "write -P 0x5a 0 1M",
+        "-c",
+        "write -P 0x3c 4M 512K",
+        &uri,
+    ]));
+    let out = c.cli(&["volume", "delete", "data"]);
+    assert!(!out.status.success());
+    let t = text(&out);
+    assert!(
+        t.contains("in use") && t.contains("epoch") && t.contains("--force"),
+        "{t}"
+    );
+    assert!(c.cli(&["volume", "info", "data"]).status.success());
+
+    // --force fences the writer first: its I/O fails from then on.
+    let out = c.cli(&["volume", "delete", "data", "--force", "--keep", "1h"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("in the trash until"), "{}", text(&out));
+    let read = Command::new("qemu-io")
+        .args(["-f", "raw", "-c", "read -P 0x5a 0 4K", &uri])
+        .output()
+        .unwrap();
+    let t = text(&read);
+    assert!(
+        !read.status.success() || t.contains("failed"),
+        "a fenced writer still served a read: {t}"
+    );
+    // SAFETY: kill(2) on our child.
+    unsafe { libc::kill(nbd.id() as i32, libc::SIGTERM) };
+    let _ = nbd.wait();
+    assert_eq!(c.cli(&["volume", "info", "data"]).status.code(), Some(2));
+
+    let out = c.cli(&["--output", "json", "volume", "trash", "list"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let l: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(l.as_array().unwrap().len(), 1, "{l}");
+    assert_eq!(l[0]["volume"]["name"], "data");
+    let id = l[0]["volume"]["id"].as_u64().unwrap();
+    assert_eq!(
+        l[0]["purge_at"].as_u64().unwrap() - l[0]["deleted_at"].as_u64().unwrap(),
+        3600
+    );
+    assert!(
+        text(&c.cli(&["volume", "trash", "list"])).contains("data"),
+        "the table names it"
+    );
+    assert!(
+        !replica_files(&c, id).is_empty(),
+        "the trash keeps the replicas"
+    );
+
+    // Restored byte for byte, and writable again through a new writer.
+    let out = c.cli(&["volume", "trash", "restore", "data"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let (mut nbd, uri) = spawn_nbd(&c, "data", &sock);
+    run(Command::new("qemu-io").args([
+        "-f",
+        "raw",
+        "-c",
+        "read -P 0x5a 0 1M",
+        "-c",
+        "read -P 0x3c 4M 512K",
+        "-c",
+        "read -P 0 1M 3M",
+        "-c",
+        "write -P 0x11 2M 4K",
+        &uri,
+    ]));
+    // SAFETY: kill(2) on our child.
+    unsafe { libc::kill(nbd.id() as i32, libc::SIGTERM) };
+    assert!(nbd.wait().unwrap().success());
+    assert_replicas_identical(&c, "data");
+
+    // Detached, it deletes without --force; a purge frees the replicas for good.
+    let out = c.cli(&["volume", "delete", "data"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = c.cli(&["volume", "trash", "purge", "data"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("purged data"), "{}", text(&out));
+    assert!(
+        replica_files(&c, id).is_empty(),
+        "{:?}",
+        replica_files(&c, id)
+    );
+    assert!(text(&c.cli(&["volume", "trash", "list"])).contains("empty"));
+    assert!(!c
+        .cli(&["volume", "trash", "restore", "data"])
+        .status
+        .success());
+    // A typo is an error, not a no-op.
+    let out = c.cli(&["volume", "delete", "dta"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let out = c.cli(&["volume", "delete", "vol0", "--keep", "2y"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}
