@@ -8,6 +8,17 @@ use trireme_transport::TransportError;
 
 use crate::membership::{DegradeRefusal, MembershipError};
 
+/// A write failure in an operator's words: the node, not the replica's index in the set.
+fn failure_text(f: &WriteFailure, node: Option<u32>) -> String {
+    match (f, node) {
+        (WriteFailure::ReplicaFailed { .. }, Some(n)) => {
+            format!("the replica on node {n} failed it")
+        }
+        (WriteFailure::Refused { .. }, Some(n)) => format!("the replica on node {n} refused it"),
+        (f, _) => f.to_string(),
+    }
+}
+
 /// Errors of the volume client.
 #[derive(Debug, thiserror::Error)]
 pub enum VolumeError {
@@ -21,10 +32,14 @@ pub enum VolumeError {
         ours: u64,
         newer: u64,
     },
-    #[error("volume {volume}: {failure}")]
+    /// A mirrored request (`op`: write, flush, trim, zero) that cannot be acknowledged;
+    /// `node` is the node of the replica the failure names, if it names one.
+    #[error("volume {volume}: {op}: {}", failure_text(failure, *node))]
     Write {
         volume: String,
+        op: &'static str,
         failure: WriteFailure,
+        node: Option<u32>,
     },
     #[error("node {node}: {}: {message}", status.as_str())]
     Replica {

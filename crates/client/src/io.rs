@@ -135,6 +135,19 @@ impl Volume {
             Decision::Ack => Ok(()),
             Decision::Fail(failure) => Err(VolumeError::Write {
                 volume: self.info.name.clone(),
+                op: match h.op {
+                    Op::Write => "write",
+                    Op::Flush => "flush",
+                    Op::WriteZeroes if h.flags & FLAG_MAY_TRIM != 0 => "trim",
+                    Op::WriteZeroes => "write zeroes",
+                    _ => "request",
+                },
+                node: match failure {
+                    WriteFailure::ReplicaFailed { replica } | WriteFailure::Refused { replica } => {
+                        Some(self.node(replica))
+                    }
+                    _ => None,
+                },
                 failure,
             }),
             Decision::TakeOut {
