@@ -152,3 +152,75 @@ fn a_volume_in_use_is_not_deleted_by_mistake_and_the_trash_gives_it_back() {
     let out = c.cli(&["volume", "delete", "vol0", "--keep", "2y"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
 }
+
+/// The README's `trireme bench volume:vol0` beside `up`: another writer of `up`'s own volume
+/// fences the export while it holds the volume, `status` says so, and once it detaches the
+/// export takes the volume back and serves the same bytes.
+#[test]
+fn another_writer_of_ups_volume_fences_the_export_only_while_it_holds_it() {
+    need("qemu-io");
+    let c = Cluster::start(&["--store", "memory", "--size", "16M"]);
+    let qemu = |cmds: &[&str]| {
+        let mut cmd = Command::new("qemu-io");
+        cmd.args(["-f", "raw"]);
+        for x in cmds {
+            cmd.args(["-c", x]);
+        }
+        cmd.arg(&c.unix).output().unwrap()
+    };
+    let w = qemu(&["write -P 0x21 0 64K"]);
+    assert!(w.status.success(), "{}", text(&w));
+
+    let sock = c.path().join("other.sock");
+    let (mut nbd, _) = spawn_nbd(&c, "vol0", &sock);
+    let r = qemu(&["read -P 0x21 0 4K"]);
+    assert!(
+        !r.status.success() || text(&r).contains("failed"),
+        "the fenced export still served: {}",
+        text(&r)
+    );
+    let s = status(&c);
+    let writer = s["volumes"][0]["writer"].as_str().unwrap_or_default();
+    assert!(writer.contains("fenced"), "{s}");
+    // SAFETY: kill(2) on our child.
+    unsafe { libc::kill(nbd.id() as i32, libc::SIGTERM) };
+    assert!(nbd.wait().unwrap().success());
+
+    let serves = || {
+        let r = qemu(&["read -P 0x21 0 64K"]);
+        r.status.success() && !text(&r).contains("failed")
+    };
+    let t0 = std::time::Instant::now();
+    while !serves() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(15),
+            "the export never took the volume back:\n{}",
+            c.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    // The README's benchmark: the same, and the export serves again after it.
+    let b = c.cli(&[
+        "bench",
+        "-b4K",
+        "-r",
+        "-w0",
+        "-t1",
+        "-o1",
+        "-d1",
+        "volume:vol0",
+    ]);
+    assert!(b.status.success(), "{}", text(&b));
+    let t0 = std::time::Instant::now();
+    while !serves() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(15),
+            "the export never took the volume back after the bench:\n{}",
+            c.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    assert!(c.log().contains("took the volume back"));
+    let s = status(&c);
+    assert!(s["volumes"][0]["writer"].is_null(), "{s}");
+}

@@ -535,7 +535,10 @@ fn every_link_of_a_cluster_on_etcd_can_be_tls() {
         .arg("null:")
         .output()
         .unwrap();
-    assert!(!fenced.status.success(), "a fenced writer still served reads");
+    assert!(
+        !fenced.status.success(),
+        "a fenced writer still served reads"
+    );
     let list = w.ok(Some("admin"), &["volume", "trash", "list"]);
     assert!(list.contains("v ") && list.contains("admin"), "{list}");
     w.ok(Some("admin"), &["volume", "trash", "restore", "v"]);

@@ -512,7 +512,7 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
     };
     let tls = tls.map(|t| t.gated(&access));
     let sock = dir.join("nbd.sock");
-    let (vol, nbd_tasks) = crate::export::export_local(
+    let (slot, nbd_tasks) = crate::export::export_local(
         &ctl,
         &a.volume,
         Some(&sock),
@@ -522,7 +522,13 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
     )
     .await
     .map_err(DaemonError::Runtime)?;
-    manager.register_client(vol.clone());
+    manager.register_client(slot.current());
+    let take_back = tokio::spawn(crate::export::take_back(
+        slot.clone(),
+        manager.clone(),
+        ctl.clone(),
+        a.volume_opts.clone(),
+    ));
     let uris = crate::export::uris(&a.volume, Some(&sock), Some(tcp_addr), tls.as_ref());
     write_atomically(&dir.join("exports"), &(uris.join("\n") + "\n"))?;
     let http = match http {
@@ -543,7 +549,7 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
         None => None,
     };
 
-    let v = &vol.info();
+    let v = &slot.current().info().clone();
     println!(
         "trireme: {} node(s), store {store}, volume {} ({}, {} replica(s) on nodes {:?}, epoch {}), data in {}",
         a.nodes,
@@ -581,7 +587,7 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
                 let file = dir.join("ucx-teardown");
                 match std::fs::read_to_string(&file).map(|s| s.trim().parse::<u32>()) {
                     Ok(Ok(node)) => {
-                        let done = vol.drop_fast_path(node, "torn down on request (SIGUSR2)");
+                        let done = slot.current().drop_fast_path(node, "torn down on request (SIGUSR2)");
                         tracing::warn!(node, done, "UCX teardown requested");
                     }
                     _ => tracing::warn!(file = %file.display(), "SIGUSR2 without a node number in the file"),
@@ -628,10 +634,11 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
 
     println!("trireme: stopping");
     follow.abort();
+    take_back.abort();
     for t in nbd_tasks {
         t.abort();
     }
-    match tokio::time::timeout(Duration::from_secs(10), vol.detach()).await {
+    match tokio::time::timeout(Duration::from_secs(10), slot.current().detach()).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::error!("final flush and detach: {e}"),
         Err(_) => tracing::error!("final flush and detach did not finish in 10s"),

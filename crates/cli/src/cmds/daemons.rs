@@ -281,9 +281,9 @@ pub(crate) async fn attach(cli: &Cli, a: &crate::AttachArgs) -> Result<(), CliEr
     let att = trireme_daemon::attach::attach(meta, &cfg, uris.clone())
         .await
         .map_err(daemon_err)?;
-    let tasks =
-        trireme_daemon::export::serve(&att.volume, a.export.socket.as_deref(), tcp, tls.as_ref())
-            .map_err(CliError::Runtime)?;
+    let slot = trireme_daemon::export::WriterSlot::new(att.volume.clone());
+    let tasks = trireme_daemon::export::serve(&slot, a.export.socket.as_deref(), tcp, tls.as_ref())
+        .map_err(CliError::Runtime)?;
     let _http = writer_http(cli, &a.http, &att.volume, "attach").await?;
     for u in &uris {
         println!("{u}");
@@ -344,7 +344,7 @@ pub(crate) async fn nbd(cli: &Cli, a: &crate::NbdArgs) -> Result<(), CliError> {
         .map(|t| t.gated(&access));
     let tcp = bind_nbd(a.export.listen).await?;
     let tcp_addr = tcp.as_ref().and_then(|l| l.local_addr().ok());
-    let (vol, tasks) = trireme_daemon::export::export_local(
+    let (slot, tasks) = trireme_daemon::export::export_local(
         &control_path(&cli.data_dir),
         &a.volume,
         a.export.socket.as_deref(),
@@ -356,6 +356,7 @@ pub(crate) async fn nbd(cli: &Cli, a: &crate::NbdArgs) -> Result<(), CliError> {
     )
     .await
     .map_err(CliError::Runtime)?;
+    let vol = slot.current();
     let _http = writer_http(cli, &a.http, &vol, "nbd").await?;
     for u in trireme_daemon::export::uris(
         &a.volume,

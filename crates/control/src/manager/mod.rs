@@ -289,12 +289,8 @@ impl Manager {
             .cloned()
     }
 
-    /// Live replica views of a writer attached in this process, if any.
-    fn writer_views(&self, volume: &str) -> Option<Vec<trireme_client::ReplicaView>> {
-        self.writer(volume).map(|c| c.replica_views())
-    }
-
-    pub(crate) fn unregister_client(&self, v: &Arc<trireme_client::Volume>) {
+    /// Stops reporting `v` (a writer this process let go of).
+    pub fn unregister_client(&self, v: &Arc<trireme_client::Volume>) {
         self.clients
             .lock()
             .unwrap_or_else(|e| e.into_inner())

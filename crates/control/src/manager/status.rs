@@ -137,7 +137,10 @@ impl Manager {
             .collect();
         let mut vs = Vec::new();
         for v in &vols {
-            let views = self.writer_views(&v.name);
+            // A writer here that another has fenced knows nothing current.
+            let own = self.writer(&v.name);
+            let live = own.as_ref().filter(|w| w.info().epoch == v.epoch);
+            let views = live.map(|w| w.replica_views());
             let mut reps = Vec::new();
             for r in &v.replicas {
                 // The writer in this process knows better than the record (resyncing, progress).
@@ -190,12 +193,25 @@ impl Manager {
                 epoch: v.epoch,
                 access: v.access.clone(),
                 replicas: reps,
-                client_links: self.client_links(&v.name),
-                writer: self.writer_text(&v.name).await,
+                client_links: if live.is_some() {
+                    self.client_links(&v.name)
+                } else {
+                    Vec::new()
+                },
+                writer: match (self.writer_text(&v.name).await, &own) {
+                    (Some(t), _) => Some(t),
+                    (None, Some(w)) if live.is_none() => Some(format!(
+                        "fenced: this process's writer (epoch {}) was superseded by a writer of epoch {}{}",
+                        w.info().epoch,
+                        v.epoch,
+                        if v.writer_open { "" } else { " that has detached" }
+                    )),
+                    (None, _) => None,
+                },
                 min_copies: v.min_copies(),
-                writes_suspended: self.writer(&v.name).is_some_and(|w| w.writes_suspended()),
+                writes_suspended: live.is_some_and(|w| w.writes_suspended()),
                 tier: v.tier,
-                scrub: self.writer(&v.name).and_then(|w| w.scrub_progress()),
+                scrub: live.and_then(|w| w.scrub_progress()),
             });
         }
         Ok(StatusReport {

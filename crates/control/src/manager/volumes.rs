@@ -208,6 +208,28 @@ impl Manager {
         Ok(info)
     }
 
+    /// A new writer for the process that wrote `name` at epoch `ours` before another writer
+    /// fenced it: taken only if that writer has detached (the volume is not open) and no
+    /// other attached since (the epoch is still `theirs`), in the same transaction, so a
+    /// writer that attaches meanwhile is never fenced by the take-back.
+    pub async fn take_back(&self, name: &str, theirs: u64) -> Result<AttachInfo> {
+        let v = self
+            .meta
+            .update_volume(name, &mut |v| {
+                if v.epoch != theirs || v.writer_open {
+                    return Err(trireme_meta::MetaError::Refused(format!(
+                        "volume {name} is held by the writer of epoch {}",
+                        v.epoch
+                    )));
+                }
+                v.epoch += 1;
+                v.writer_open = true;
+                Ok(())
+            })
+            .await?;
+        self.attach_info(&v).await
+    }
+
     /// Records a replica state for the writer of `epoch` (see `replication::transition`).
     pub async fn set_replica_state(
         &self,
