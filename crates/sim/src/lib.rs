@@ -461,7 +461,7 @@ struct World {
     writer: Mutex<Option<Arc<Proc>>>,
     tokens: Arc<AtomicU64>,
     model: Arc<Mutex<Model>>,
-    log: Mutex<Vec<String>>,
+    log: Arc<Mutex<Vec<String>>>,
     volume_id: u64,
     size: u64,
     start: Instant,
@@ -1209,8 +1209,43 @@ pub fn run(cfg: &Config) -> Result<Outcome, SimFailure> {
         .start_paused(true)
         .build()
         .map_err(SimFailure::Runtime)?;
-    rt.block_on(run_async(cfg.clone()))
+    // A run that never ends fails with its events instead of hanging the test run: past a
+    // bound of virtual time (a loop that sleeps and never gets anywhere), or of real time (a
+    // loop that never lets virtual time pass).
+    let log: Arc<Mutex<Vec<String>>> = Arc::default();
+    let virtual_bound = Duration::from_secs(cfg.secs) + MAX_VIRTUAL_PAST_SCHEDULE;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (run_cfg, run_log) = (cfg.clone(), log.clone());
+    std::thread::Builder::new()
+        .name(format!("sim-{}", cfg.seed))
+        .spawn(move || {
+            let r = rt.block_on(async {
+                tokio::time::timeout(virtual_bound, run_async(run_cfg, run_log)).await
+            });
+            let _ = tx.send(r);
+        })
+        .map_err(SimFailure::Runtime)?;
+    let stuck = |what: String| SimFailure::Guarantee {
+        seed: cfg.seed,
+        what,
+        events: log.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+    };
+    match rx.recv_timeout(MAX_REAL) {
+        Ok(Ok(r)) => r,
+        Ok(Err(_)) => Err(stuck(format!(
+            "the run went on past {virtual_bound:?} of virtual time: something retries forever"
+        ))),
+        Err(_) => Err(stuck(format!(
+            "the run went on past {MAX_REAL:?} of real time without letting virtual time pass: something loops without pause"
+        ))),
+    }
 }
+
+/// How long a run may go on past its fault schedule (the checks at its end wait up to two
+/// minutes each) before it counts as stuck.
+const MAX_VIRTUAL_PAST_SCHEDULE: Duration = Duration::from_secs(600);
+/// Real time a run may take (a seed takes milliseconds; a debug build under load, a second).
+const MAX_REAL: Duration = Duration::from_secs(60);
 
 /// Why a simulated run failed.
 #[derive(Debug, thiserror::Error)]
@@ -1240,7 +1275,7 @@ enum FaultsEnd {
     Violated(String),
 }
 
-async fn run_async(cfg: Config) -> Result<Outcome, SimFailure> {
+async fn run_async(cfg: Config, log: Arc<Mutex<Vec<String>>>) -> Result<Outcome, SimFailure> {
     let meta = ClusterMeta::new(Arc::new(EmbeddedMeta::in_memory()));
     let size = cfg.blocks * BLOCK;
     // One node more than the volume has replicas: a spare a drain can move a replica to.
@@ -1301,7 +1336,7 @@ async fn run_async(cfg: Config) -> Result<Outcome, SimFailure> {
         rng,
         nodes,
         model: Arc::default(),
-        log: Mutex::default(),
+        log,
         volume_id: rec.id,
         size,
         start: Instant::now(),
