@@ -29,6 +29,9 @@ use trireme_transport::Frame;
 use crate::membership::{BoxFut, Membership, MembershipError, ReplicaView};
 use crate::{join_all, Volume, VolumeError};
 
+/// The longest a replica whose resyncs keep stopping waits before the next one.
+const RESYNC_BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Starts failure handling for a freshly attached volume: reconciles the replicas if the previous
 /// writer died with writes in flight, then spawns the resync task.
 pub(crate) async fn start(v: &Arc<Volume>) -> Result<(), VolumeError> {
@@ -51,6 +54,8 @@ pub(crate) async fn start(v: &Arc<Volume>) -> Result<(), VolumeError> {
     let weak = Arc::downgrade(v);
     tokio::spawn(async move {
         let mut last_error: Vec<Option<String>> = Vec::new();
+        // Per replica: resyncs that began and stopped in a row, and when to try again.
+        let mut backoff: Vec<(u32, std::time::Duration)> = Vec::new();
         loop {
             let Some(interval) = weak.upgrade().map(|v| v.opts.resync_interval) else {
                 return;
@@ -69,13 +74,33 @@ pub(crate) async fn start(v: &Arc<Volume>) -> Result<(), VolumeError> {
                 }
             }
             last_error.resize(v.replica_count(), None);
+            backoff.resize(v.replica_count(), (0, std::time::Duration::ZERO));
             let now = v.now();
             let due = v.core().to_resync(now);
             for (i, last) in last_error.iter_mut().enumerate() {
-                if !due.contains(&i) {
+                if !due.contains(&i) || now < backoff[i].1 {
                     continue;
                 }
-                match v.resync(i).await {
+                let begun = v.resyncs_begun.load(Ordering::Relaxed);
+                let r = v.resync(i).await;
+                // A resync that began and stopped (not a node that is simply not back yet)
+                // waits longer each time it stops again: a copy that cannot finish must not
+                // start over every tick, taking replicas out and logging each time.
+                backoff[i] = match &r {
+                    Err(e)
+                        if !e.stops_writer()
+                            && v.resyncs_begun.load(Ordering::Relaxed) != begun =>
+                    {
+                        let n = backoff[i].0.saturating_add(1);
+                        let wait = interval
+                            .saturating_mul(1 << n.min(16))
+                            .min(RESYNC_BACKOFF_MAX);
+                        (n, v.now() + wait)
+                    }
+                    Err(_) => backoff[i],
+                    Ok(()) => (0, std::time::Duration::ZERO),
+                };
+                match r {
                     Ok(()) => *last = None,
                     Err(e) if e.stops_writer() => {
                         tracing::info!(volume = %v.info.name, "resync stops: {e}");

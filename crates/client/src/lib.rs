@@ -196,6 +196,8 @@ pub struct Volume {
     metrics: Option<Arc<trireme_metrics::VolumeMetrics>>,
     /// Foreground reads in flight: whether the next one overlaps another (`read_one`).
     reads: AtomicUsize,
+    /// Resyncs begun (past the attach of the replica), for the resync task's backoff.
+    resyncs_begun: AtomicUsize,
     /// The progress of the scrub running now, if one is (`scrub.rs`).
     scrubbing: Mutex<Option<trireme_replication::ResyncProgress>>,
     membership: Option<Arc<dyn Membership>>,
@@ -329,6 +331,7 @@ impl Volume {
             slots,
             metrics,
             reads: AtomicUsize::new(0),
+            resyncs_begun: AtomicUsize::new(0),
             scrubbing: Mutex::new(None),
             opts,
             membership,

@@ -161,6 +161,8 @@ impl Volume {
             (plan, survivors)
         };
         let (full, total) = (plan.progress().full, plan.progress().total_bytes);
+        self.resyncs_begun
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tracing::info!(volume = %self.info.name, node, full, bytes = total, "resync started");
         let result = self.copy_chunks(i, &mut plan, &survivors, started).await;
         let mut progress = plan.progress().clone();
