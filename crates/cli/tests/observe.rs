@@ -193,6 +193,21 @@ fn prometheus_scrapes_the_cluster_and_sees_a_killed_node() {
     );
 
     grafana_board_queries_hold(&prom);
+    // One word per volume and for the cluster.
+    wait_promql(
+        &prom,
+        "trireme_volume_health{volume=\"vol0\",verdict=\"healthy\"} == 1",
+        within,
+        |r| r.len() == 1,
+        &log,
+    );
+    wait_promql(
+        &prom,
+        "trireme_cluster_health{verdict=\"healthy\"} == 1",
+        within,
+        |r| r.len() == 1,
+        &log,
+    );
 
     // Kill node 2: its replica leaves the in-sync state, and Prometheus sees it.
     signal(node_pid(&c, 2), libc::SIGKILL);
@@ -207,6 +222,13 @@ fn prometheus_scrapes_the_cluster_and_sees_a_killed_node() {
     wait_promql(
         &prom,
         "trireme_node_up{node=\"2\"} == 0",
+        Duration::from_secs(15),
+        |r| r.len() == 1,
+        &log,
+    );
+    wait_promql(
+        &prom,
+        "trireme_volume_health{volume=\"vol0\",verdict=~\"degraded|resyncing\"} == 1",
         Duration::from_secs(15),
         |r| r.len() == 1,
         &log,

@@ -182,6 +182,13 @@ fn another_writer_of_ups_volume_fences_the_export_only_while_it_holds_it() {
     let s = status(&c);
     let writer = s["volumes"][0]["writer"].as_str().unwrap_or_default();
     assert!(writer.contains("fenced"), "{s}");
+    assert_eq!(s["volumes"][0]["health"]["verdict"], "writer-fenced", "{s}");
+    assert_eq!(s["health"]["verdict"], "writer-fenced", "{s}");
+    let text_status = text(&c.cli(&["status"]));
+    assert!(
+        text_status.starts_with("health: WRITER-FENCED"),
+        "{text_status}"
+    );
     // SAFETY: kill(2) on our child.
     unsafe { libc::kill(nbd.id() as i32, libc::SIGTERM) };
     assert!(nbd.wait().unwrap().success());
@@ -219,4 +226,5 @@ fn another_writer_of_ups_volume_fences_the_export_only_while_it_holds_it() {
     assert!(c.log().contains("took the volume back"));
     let s = status(&c);
     assert!(s["volumes"][0]["writer"].is_null(), "{s}");
+    assert_eq!(s["health"]["verdict"], "healthy", "{s}");
 }

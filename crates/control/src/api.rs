@@ -345,6 +345,9 @@ pub struct VolumeStatus {
     /// (`copied_bytes`: bytes rewritten).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scrub: Option<trireme_client::ResyncProgress>,
+    /// Its health in one word, with the reasons (`health.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<crate::health::Health>,
 }
 
 /// What a planned node restart did.
@@ -407,6 +410,9 @@ pub struct StatusReport {
     /// Who holds the manager role (a cluster on etcd).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub manager: Option<trireme_meta::ManagerRecord>,
+    /// The cluster's health in one word, with the reasons.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<crate::health::Health>,
 }
 
 /// Errors seen by a control client.

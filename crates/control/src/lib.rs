@@ -11,6 +11,7 @@
 
 mod api;
 mod error;
+pub mod health;
 mod manager;
 mod membership;
 mod moves;

@@ -135,7 +135,15 @@ pub(crate) fn trash_table(l: &[trireme_meta::TrashRecord]) -> String {
 
 pub(crate) fn status_text(s: &StatusReport) -> String {
     let up = s.nodes.iter().filter(|n| n.up).count();
-    let mut out = format!("nodes: {up} of {} up\n", s.nodes.len());
+    let mut out = String::new();
+    if let Some(h) = &s.health {
+        out += &format!("health: {}\n", h.verdict.as_str().to_uppercase());
+        for r in &h.reasons {
+            out += &format!("  {r}\n");
+        }
+        out += "\n";
+    }
+    out += &format!("nodes: {up} of {} up\n", s.nodes.len());
     out += &nodes_table(&s.nodes);
     for m in &s.moves {
         out += &move_text(m);
@@ -173,8 +181,18 @@ pub(crate) fn status_text(s: &StatusReport) -> String {
             v.epoch,
             reps.join("; ")
         );
-        if let Some(w) = &v.writer {
-            out += &format!("{:<16} attached by {w}\n", "");
+        if let Some(h) = &v.health {
+            let why = if h.reasons.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", h.reasons.join("; "))
+            };
+            out += &format!("{:<16} health: {}{why}\n", "", h.verdict);
+        }
+        match &v.writer {
+            Some(w) if w.starts_with("fenced") => out += &format!("{:<16} writer {w}\n", ""),
+            Some(w) => out += &format!("{:<16} attached by {w}\n", ""),
+            None => {}
         }
         out += &format!("{:<16} access: {}\n", "", access_text(&v.access));
         if !v.tier.is_auto() {

@@ -212,13 +212,19 @@ impl Manager {
                 writes_suspended: live.is_some_and(|w| w.writes_suspended()),
                 tier: v.tier,
                 scrub: live.and_then(|w| w.scrub_progress()),
+                health: None,
             });
         }
+        for v in &mut vs {
+            v.health = Some(crate::health::volume_health(v, &ns));
+        }
+        let health = crate::health::cluster_health(&ns, &vs);
         Ok(StatusReport {
             nodes: ns,
             volumes: vs,
             moves: self.moves(),
             manager: self.meta.manager().await.ok().flatten().map(|(m, _)| m),
+            health: Some(health),
         })
     }
 }

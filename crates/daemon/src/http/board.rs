@@ -333,9 +333,11 @@ mod tests {
                 writes_suspended: false,
                 tier: Default::default(),
                 scrub: None,
+                health: None,
             }],
             moves: vec![],
             manager: None,
+            health: None,
         }
     }
 

@@ -183,6 +183,39 @@ fn cluster_families(e: &mut Exposition, st: &StatusReport) {
             .map(|v| (vol(&v.name), v.min_copies as f64))
             .collect(),
     );
+    let mut health = Vec::new();
+    for v in &st.volumes {
+        if let Some(h) = &v.health {
+            for verdict in trireme_control::health::Verdict::ALL {
+                health.push((
+                    vol(&v.name).with("verdict", verdict.as_str()),
+                    if h.verdict == verdict { 1.0 } else { 0.0 },
+                ));
+            }
+        }
+    }
+    e.family(
+        "trireme_volume_health",
+        "1 for the volume's health verdict (healthy, resyncing, degraded, writes-suspended, writer-fenced, unavailable), 0 for the others.",
+        Kind::Gauge,
+        health,
+    );
+    if let Some(h) = &st.health {
+        e.family(
+            "trireme_cluster_health",
+            "1 for the cluster's health verdict (its worst volume's, or degraded with a node down), 0 for the others.",
+            Kind::Gauge,
+            trireme_control::health::Verdict::ALL
+                .iter()
+                .map(|&verdict| {
+                    (
+                        Labels::new().with("verdict", verdict.as_str()),
+                        if h.verdict == verdict { 1.0 } else { 0.0 },
+                    )
+                })
+                .collect(),
+        );
+    }
     e.family(
         "trireme_volume_writes_suspended",
         "1 while the writer in the manager's process holds writes back for want of in-sync copies.",
