@@ -407,6 +407,7 @@ return {
   nodes: [...document.querySelectorAll('#nodes tr[data-node]')].map(r => [r.dataset.node, r.dataset.state]),
   replicas: [...document.querySelectorAll('#volumes tr[data-replica]')].map(r => [r.dataset.replica, r.dataset.state]),
   volume: !!q('#volumes td[data-volume="vol0"]'),
+  verdict: q('#health').dataset.verdict || null,
   iops_last: Number(chart.dataset.last || 0),
   iops_points: Number(chart.dataset.points || 0),
   chart: chart.toDataURL().length + ':' + chart.toDataURL().slice(-64),
@@ -449,6 +450,7 @@ fn the_dashboard_shows_the_cluster_live_in_a_real_browser() {
         std::thread::sleep(Duration::from_millis(200));
     };
     assert!(first["volume"].as_bool().unwrap(), "{first}");
+    assert_eq!(first["verdict"], "healthy", "{first}");
     for n in first["nodes"].as_array().unwrap() {
         assert_eq!(n[1], "up", "{first}");
     }
@@ -505,6 +507,7 @@ fn the_dashboard_shows_the_cluster_live_in_a_real_browser() {
     };
     let took = t0.elapsed();
     assert_eq!(seen["marker"], "same page", "the page was reloaded: {seen}");
+    assert_eq!(seen["verdict"], "degraded", "the cluster's word: {seen}");
     eprintln!("node 2 shown down after {took:?}: {seen}");
     // The events list says so too (it may take one more sample).
     let t1 = Instant::now();
