@@ -395,6 +395,11 @@ pub struct FailureArgs {
     /// Resync copy rate limit per second (e.g. 200M); unlimited if not given.
     #[arg(long, value_parser = units::parse_size)]
     pub resync_rate: Option<u64>,
+    /// When the writer has lost every copy at once (the cluster restarted), how long NBD
+    /// requests wait for this process to attach again before they fail with EIO; `0` fails
+    /// them at once.
+    #[arg(long, default_value = "30s", value_parser = units::parse_interval)]
+    pub reattach_wait: std::time::Duration,
 }
 
 impl FailureArgs {
@@ -407,6 +412,7 @@ impl FailureArgs {
         trireme_client::VolumeOptions {
             replica_timeout: self.replica_timeout,
             resync_rate: self.resync_rate,
+            reattach_wait: self.reattach_wait,
             streams: streams as usize,
             kind,
             ..Default::default()

@@ -228,3 +228,54 @@ fn another_writer_of_ups_volume_fences_the_export_only_while_it_holds_it() {
     assert!(s["volumes"][0]["writer"].is_null(), "{s}");
     assert_eq!(s["health"]["verdict"], "healthy", "{s}");
 }
+
+/// A `trireme nbd` writer outlives a full restart of `up` (every node with it): its requests
+/// wait while the cluster is away and succeed once it is back, on the same bytes, without a
+/// restart of the writer; the copies stay identical.
+#[test]
+fn a_writer_survives_a_restart_of_the_whole_cluster() {
+    need("qemu-io");
+    let args = ["--store", "file", "--size", "16M"];
+    let mut c = Cluster::start(&args);
+    assert!(c
+        .cli(&["volume", "create", "data", "--size", "8M"])
+        .status
+        .success());
+    let sock = c.path().join("data.sock");
+    let (mut nbd, uri) = spawn_nbd(&c, "data", &sock);
+    run(Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 0x44 0 1M", &uri]));
+    let dir = c.stop();
+    let c = Cluster::start_in(dir, &args);
+    let out = Command::new("qemu-io")
+        .args([
+            "-f",
+            "raw",
+            "-c",
+            "read -P 0x44 0 1M",
+            "-c",
+            "write -P 0x45 1M 64K",
+            "-c",
+            "read -P 0x45 1M 64K",
+            &uri,
+        ])
+        .output()
+        .unwrap();
+    let t = text(&out);
+    assert!(
+        out.status.success() && !t.contains("failed"),
+        "the writer did not come back: {t}\n{}",
+        c.log()
+    );
+    // SAFETY: kill(2) on our child.
+    unsafe { libc::kill(nbd.id() as i32, libc::SIGTERM) };
+    assert!(nbd.wait().unwrap().success());
+    assert_replicas_identical(&c, "data");
+    let s = status(&c);
+    let v = s["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "data")
+        .unwrap();
+    assert_eq!(v["health"]["verdict"], "healthy", "{s}");
+}

@@ -118,6 +118,10 @@ pub struct VolumeOptions {
     /// Count requests and their latency in this process's metrics (`trireme_metrics::volume`),
     /// for the `--http` endpoint. Relaxed atomic adds and two clock reads per request.
     pub metrics: bool,
+    /// How long a request of the process serving the volume waits, once the writer has lost
+    /// the link to every copy (the cluster restarted), for the process to attach again
+    /// before it fails with EIO; zero fails at once. Not used by the writer itself.
+    pub reattach_wait: Duration,
 }
 
 /// Opens a connection to a replica's node.
@@ -153,6 +157,7 @@ impl Default for VolumeOptions {
             activity_extents: 1024,
             activity_period: Duration::from_millis(500),
             metrics: true,
+            reattach_wait: Duration::from_secs(30),
         }
     }
 }
@@ -509,6 +514,20 @@ impl Volume {
 
     fn in_sync(&self) -> Vec<usize> {
         self.core().set().in_sync()
+    }
+
+    /// The options it was attached with.
+    pub fn options(&self) -> &VolumeOptions {
+        &self.opts
+    }
+
+    /// True when no copy in sync has a live link: every one was lost at once (the whole
+    /// cluster restarted, or this host lost its network), so no request can succeed and no
+    /// copy can be taken out. The process serving the volume attaches again.
+    pub fn lost_every_copy(&self) -> bool {
+        self.in_sync()
+            .iter()
+            .all(|&i| self.conn(&self.slots[i]).is_none_or(|c| c.is_closed()))
     }
 
     fn write_targets(&self) -> Vec<usize> {

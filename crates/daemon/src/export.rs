@@ -7,27 +7,7 @@ use trireme_client::{Volume, VolumeError};
 use trireme_nbd::consts::{EINVAL, EIO, ENOSPC};
 use trireme_nbd::{Backend, BackendError, Extent};
 
-/// The writer an export serves through. The process may put another in its place
-/// (`trireme up` takes its volume back once a writer that fenced it has detached); every
-/// request goes to the one there when it starts.
-#[derive(Debug)]
-pub struct WriterSlot(std::sync::RwLock<Arc<Volume>>);
-
-impl WriterSlot {
-    pub fn new(v: Arc<Volume>) -> Arc<WriterSlot> {
-        Arc::new(WriterSlot(std::sync::RwLock::new(v)))
-    }
-
-    /// The writer requests go to now.
-    pub fn current(&self) -> Arc<Volume> {
-        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    /// Puts `v` in place of the current writer, which it returns.
-    pub fn replace(&self, v: Arc<Volume>) -> Arc<Volume> {
-        std::mem::replace(&mut *self.0.write().unwrap_or_else(|e| e.into_inner()), v)
-    }
-}
+pub use crate::writer_slot::{reattach_when_lost, take_back, WriterSlot};
 
 /// A volume served over NBD.
 #[derive(Debug)]
@@ -45,6 +25,39 @@ fn to_nbd(e: VolumeError) -> BackendError {
     }
 }
 
+impl VolumeExport {
+    /// Runs `op` on the current writer. If it fails because that writer has lost every copy,
+    /// waits (up to the volume's `reattach_wait`) for the process to attach again and runs it
+    /// once more on the new writer: every request here is idempotent (a write or zeroes of
+    /// the same bytes at the same place, a flush, a read).
+    async fn run<T, F, Fut>(&self, op: F) -> Result<T, BackendError>
+    where
+        F: Fn(Arc<Volume>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, VolumeError>>,
+    {
+        let (v, generation) = self.0.current_with_generation();
+        let e = match op(v.clone()).await {
+            Ok(t) => return Ok(t),
+            Err(e) => e,
+        };
+        let wait = v.options().reattach_wait;
+        if e.is_invalid_request() || wait.is_zero() || !v.lost_every_copy() {
+            return Err(to_nbd(e));
+        }
+        match self.0.replaced_since(generation, wait).await {
+            Some(new) => op(new).await.map_err(to_nbd),
+            None => {
+                tracing::error!(
+                    volume = %v.info().name,
+                    waited_s = wait.as_secs_f64(),
+                    "no copy of the volume came back in time: the request fails with EIO ({e})"
+                );
+                Err(to_nbd(e))
+            }
+        }
+    }
+}
+
 impl Backend for VolumeExport {
     fn size(&self) -> u64 {
         self.0.current().size()
@@ -55,21 +68,18 @@ impl Backend for VolumeExport {
         true
     }
     async fn read(&self, offset: u64, len: u32) -> Result<Bytes, BackendError> {
-        self.0
-            .current()
-            .read(offset, u64::from(len))
+        self.run(|v| async move { v.read(offset, u64::from(len)).await })
             .await
-            .map_err(to_nbd)
     }
     async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), BackendError> {
-        self.0
-            .current()
-            .write(offset, data, fua)
-            .await
-            .map_err(to_nbd)
+        self.run(|v| {
+            let data = data.clone();
+            async move { v.write(offset, data, fua).await }
+        })
+        .await
     }
     async fn flush(&self) -> Result<(), BackendError> {
-        self.0.current().flush().await.map_err(to_nbd)
+        self.run(|v| async move { v.flush().await }).await
     }
     async fn write_zeroes(
         &self,
@@ -78,18 +88,12 @@ impl Backend for VolumeExport {
         may_trim: bool,
         fua: bool,
     ) -> Result<(), BackendError> {
-        self.0
-            .current()
-            .write_zeroes(offset, u64::from(len), may_trim, fua)
+        self.run(|v| async move { v.write_zeroes(offset, u64::from(len), may_trim, fua).await })
             .await
-            .map_err(to_nbd)
     }
     async fn block_status(&self, offset: u64, len: u32) -> Result<Vec<Extent>, BackendError> {
-        self.0
-            .current()
-            .block_status(offset, u64::from(len))
+        self.run(|v| async move { v.block_status(offset, u64::from(len)).await })
             .await
-            .map_err(to_nbd)
     }
 }
 
@@ -198,85 +202,8 @@ pub async fn export_local(
     ),
     String,
 > {
-    let mut cc = trireme_control::ControlClient::connect(control)
-        .await
-        .map_err(|e| e.to_string())?;
-    let info: trireme_client::AttachInfo = cc
-        .call(&trireme_control::Request::Attach {
-            name: volume.to_string(),
-        })
-        .await
-        .map_err(|e| e.to_string())?;
-    let membership = Arc::new(trireme_control::ControlMembership {
-        path: control.to_path_buf(),
-    });
-    let vol = Volume::attach_managed(info, opts, membership)
-        .await
-        .map_err(|e| e.to_string())?;
+    let vol = crate::writer_slot::attach(control, volume, opts).await?;
     let slot = WriterSlot::new(vol);
     let tasks = serve(&slot, socket, tcp, tls)?;
     Ok((slot, tasks))
-}
-
-/// How often `up` looks whether another writer has fenced its export's.
-const TAKE_BACK_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// `trireme up`'s own volume, when another writer attaches it (`trireme bench volume:vol0`, a
-/// `trireme nbd vol0`): that writer fences the export's, whose I/O fails while it holds the
-/// volume. Once it has detached, this task attaches again ([`Manager::take_back`]: only if no
-/// writer holds the volume) and the export serves through the new writer. A writer that died
-/// without detaching leaves the volume open, and the export waits: attach it once more and
-/// detach (or restart `up`, which attaches anew).
-///
-/// [`Manager::take_back`]: trireme_control::Manager::take_back
-pub async fn take_back(
-    slot: Arc<WriterSlot>,
-    manager: Arc<trireme_control::Manager>,
-    control: std::path::PathBuf,
-    opts: trireme_client::VolumeOptions,
-) {
-    let mut fenced_by = None;
-    loop {
-        tokio::time::sleep(TAKE_BACK_EVERY).await;
-        let ours = slot.current();
-        let name = ours.info().name.clone();
-        let Ok(rec) = manager.meta().volume(&name).await else {
-            continue;
-        };
-        if rec.epoch <= ours.info().epoch {
-            fenced_by = None;
-            continue;
-        }
-        if fenced_by != Some(rec.epoch) {
-            tracing::warn!(
-                volume = %name,
-                ours = ours.info().epoch,
-                theirs = rec.epoch,
-                "another writer attached the volume and fenced this export's: its I/O fails until that writer detaches, then the export takes the volume back"
-            );
-            fenced_by = Some(rec.epoch);
-        }
-        if rec.writer_open {
-            continue;
-        }
-        let info = match manager.take_back(&name, rec.epoch).await {
-            Ok(i) => i,
-            Err(e) => {
-                tracing::debug!(volume = %name, "take back: {e}");
-                continue;
-            }
-        };
-        let membership = Arc::new(trireme_control::ControlMembership {
-            path: control.clone(),
-        });
-        match Volume::attach_managed(info, opts.clone(), membership).await {
-            Ok(v) => {
-                let old = slot.replace(v.clone());
-                manager.unregister_client(&old);
-                manager.register_client(v.clone());
-                tracing::warn!(volume = %name, epoch = v.info().epoch, "took the volume back: the export serves again");
-            }
-            Err(e) => tracing::warn!(volume = %name, "taking the volume back: {e}"),
-        }
-    }
 }

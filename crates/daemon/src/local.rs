@@ -529,6 +529,12 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
         ctl.clone(),
         a.volume_opts.clone(),
     ));
+    let reattach = tokio::spawn(crate::export::reattach_when_lost(
+        slot.clone(),
+        ctl.clone(),
+        a.volume_opts.clone(),
+        Some(manager.clone()),
+    ));
     let uris = crate::export::uris(&a.volume, Some(&sock), Some(tcp_addr), tls.as_ref());
     write_atomically(&dir.join("exports"), &(uris.join("\n") + "\n"))?;
     let http = match http {
@@ -635,6 +641,7 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
     println!("trireme: stopping");
     follow.abort();
     take_back.abort();
+    reattach.abort();
     for t in nbd_tasks {
         t.abort();
     }

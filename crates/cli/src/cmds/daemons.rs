@@ -356,8 +356,15 @@ pub(crate) async fn nbd(cli: &Cli, a: &crate::NbdArgs) -> Result<(), CliError> {
     )
     .await
     .map_err(CliError::Runtime)?;
-    let vol = slot.current();
-    let _http = writer_http(cli, &a.http, &vol, "nbd").await?;
+    let reattach = tokio::spawn(trireme_daemon::export::reattach_when_lost(
+        slot.clone(),
+        control_path(&cli.data_dir),
+        a.export
+            .failure
+            .volume_options(a.export.streams, cli.transport.kind()),
+        None,
+    ));
+    let _http = writer_http(cli, &a.http, &slot.current(), "nbd").await?;
     for u in trireme_daemon::export::uris(
         &a.volume,
         a.export.socket.as_deref(),
@@ -368,10 +375,11 @@ pub(crate) async fn nbd(cli: &Cli, a: &crate::NbdArgs) -> Result<(), CliError> {
     }
     stop.wait().await;
     follow.abort();
+    reattach.abort();
     for t in tasks {
         t.abort();
     }
-    if let Err(e) = vol.detach().await {
+    if let Err(e) = slot.current().detach().await {
         tracing::error!("final flush and detach: {e}");
     }
     if let Some(p) = &a.export.socket {

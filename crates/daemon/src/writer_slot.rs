@@ -1,0 +1,189 @@
+//! The writer a process serves a volume through, and the two ways the process puts a new one
+//! in its place without a restart: attaching again after every copy was lost at once
+//! ([`reattach_when_lost`]: a whole-cluster restart under `trireme nbd`), and `up` taking its
+//! own volume back once a writer that fenced it has detached ([`take_back`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use trireme_client::{Volume, VolumeOptions};
+
+/// The writer an export serves through; every request goes to the one there when it starts.
+#[derive(Debug)]
+pub struct WriterSlot {
+    current: std::sync::RwLock<Arc<Volume>>,
+    /// Counts replacements, and wakes requests waiting for one.
+    generation: tokio::sync::watch::Sender<u64>,
+}
+
+impl WriterSlot {
+    pub fn new(v: Arc<Volume>) -> Arc<WriterSlot> {
+        Arc::new(WriterSlot {
+            current: std::sync::RwLock::new(v),
+            generation: tokio::sync::watch::Sender::new(0),
+        })
+    }
+
+    /// The writer requests go to now.
+    pub fn current(&self) -> Arc<Volume> {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The writer now and the count of replacements it came after.
+    pub fn current_with_generation(&self) -> (Arc<Volume>, u64) {
+        let g = *self.generation.borrow();
+        (self.current(), g)
+    }
+
+    /// Puts `v` in place of the current writer, which it returns.
+    pub fn replace(&self, v: Arc<Volume>) -> Arc<Volume> {
+        let old = std::mem::replace(
+            &mut *self.current.write().unwrap_or_else(|e| e.into_inner()),
+            v,
+        );
+        self.generation.send_modify(|g| *g += 1);
+        old
+    }
+
+    /// Waits up to `limit` for a writer newer than the `generation`th, and returns it.
+    pub async fn replaced_since(&self, generation: u64, limit: Duration) -> Option<Arc<Volume>> {
+        let mut rx = self.generation.subscribe();
+        let newer = tokio::time::timeout(limit, rx.wait_for(|g| *g > generation)).await;
+        matches!(newer, Ok(Ok(_))).then(|| self.current())
+    }
+}
+
+/// How often the tasks below look at the writer.
+const LOOK_EVERY: Duration = Duration::from_secs(1);
+
+/// Attaches `slot`'s volume again through the control socket at `control` whenever its writer
+/// has lost the link to every copy (`trireme up` restarted, every node with it): no request
+/// can succeed and no copy can be taken out, so the old writer can only fail. The new one
+/// takes a new epoch and, the old having been left open, reconciles the copies first (the
+/// regions its activity log names) before it serves; requests that failed meanwhile wait for
+/// it (`VolumeOptions::reattach_wait`). Tried every second until the cluster answers.
+/// `manager`: the cluster's own (`up`), told of the new writer for `status`.
+pub async fn reattach_when_lost(
+    slot: Arc<WriterSlot>,
+    control: std::path::PathBuf,
+    opts: VolumeOptions,
+    manager: Option<Arc<trireme_control::Manager>>,
+) {
+    let mut said = false;
+    loop {
+        tokio::time::sleep(LOOK_EVERY).await;
+        let old = slot.current();
+        if !old.lost_every_copy() {
+            said = false;
+            continue;
+        }
+        let name = old.info().name.clone();
+        if !said {
+            tracing::warn!(
+                volume = %name,
+                epoch = old.info().epoch,
+                "lost the link to every copy: attaching again as soon as the cluster answers"
+            );
+            said = true;
+        }
+        match attach(&control, &name, opts.clone()).await {
+            Ok(v) => {
+                let epoch = v.info().epoch;
+                let old = slot.replace(v.clone());
+                if let Some(m) = &manager {
+                    m.unregister_client(&old);
+                    m.register_client(v);
+                }
+                said = false;
+                tracing::warn!(volume = %name, epoch, "attached again: serving");
+            }
+            Err(e) => tracing::debug!(volume = %name, "attaching again: {e}"),
+        }
+    }
+}
+
+/// A writer of `name`, attached through the control socket of `trireme up` at `control`.
+pub(crate) async fn attach(
+    control: &std::path::Path,
+    name: &str,
+    opts: VolumeOptions,
+) -> Result<Arc<Volume>, String> {
+    let mut cc = trireme_control::ControlClient::connect(control)
+        .await
+        .map_err(|e| e.to_string())?;
+    let info: trireme_client::AttachInfo = cc
+        .call(&trireme_control::Request::Attach {
+            name: name.to_string(),
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    let membership = Arc::new(trireme_control::ControlMembership {
+        path: control.to_path_buf(),
+    });
+    Volume::attach_managed(info, opts, membership)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// `trireme up`'s own volume, when another writer attaches it (`trireme bench volume:vol0`, a
+/// `trireme nbd vol0`): that writer fences the export's, whose I/O fails while it holds the
+/// volume. Once it has detached, this task attaches again ([`Manager::take_back`]: only if no
+/// writer holds the volume) and the export serves through the new writer. A writer that died
+/// without detaching leaves the volume open, and the export waits: attach it once more and
+/// detach (or restart `up`, which attaches anew).
+///
+/// [`Manager::take_back`]: trireme_control::Manager::take_back
+pub async fn take_back(
+    slot: Arc<WriterSlot>,
+    manager: Arc<trireme_control::Manager>,
+    control: std::path::PathBuf,
+    opts: VolumeOptions,
+) {
+    let mut fenced_by = None;
+    loop {
+        tokio::time::sleep(LOOK_EVERY).await;
+        let ours = slot.current();
+        let name = ours.info().name.clone();
+        let Ok(rec) = manager.meta().volume(&name).await else {
+            continue;
+        };
+        if rec.epoch <= ours.info().epoch {
+            fenced_by = None;
+            continue;
+        }
+        if fenced_by != Some(rec.epoch) {
+            tracing::warn!(
+                volume = %name,
+                ours = ours.info().epoch,
+                theirs = rec.epoch,
+                "another writer attached the volume and fenced this export's: its I/O fails until that writer detaches, then the export takes the volume back"
+            );
+            fenced_by = Some(rec.epoch);
+        }
+        if rec.writer_open {
+            continue;
+        }
+        let info = match manager.take_back(&name, rec.epoch).await {
+            Ok(i) => i,
+            Err(e) => {
+                tracing::debug!(volume = %name, "take back: {e}");
+                continue;
+            }
+        };
+        let membership = Arc::new(trireme_control::ControlMembership {
+            path: control.clone(),
+        });
+        match Volume::attach_managed(info, opts.clone(), membership).await {
+            Ok(v) => {
+                let old = slot.replace(v.clone());
+                manager.unregister_client(&old);
+                manager.register_client(v.clone());
+                tracing::warn!(volume = %name, epoch = v.info().epoch, "took the volume back: the export serves again");
+            }
+            Err(e) => tracing::warn!(volume = %name, "taking the volume back: {e}"),
+        }
+    }
+}
