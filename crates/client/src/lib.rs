@@ -525,9 +525,11 @@ impl Volume {
     /// cluster restarted, or this host lost its network), so no request can succeed and no
     /// copy can be taken out. The process serving the volume attaches again.
     pub fn lost_every_copy(&self) -> bool {
-        self.in_sync()
-            .iter()
-            .all(|&i| self.conn(&self.slots[i]).is_none_or(|c| c.is_closed()))
+        let in_sync = self.in_sync();
+        !in_sync.is_empty()
+            && in_sync
+                .iter()
+                .all(|&i| self.conn(&self.slots[i]).is_none_or(|c| c.is_closed()))
     }
 
     fn write_targets(&self) -> Vec<usize> {

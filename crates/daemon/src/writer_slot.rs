@@ -73,11 +73,21 @@ pub async fn reattach_when_lost(
     manager: Option<Arc<trireme_control::Manager>>,
 ) {
     let mut said = false;
+    // A writer attached again that loses every copy at once too waits longer before the
+    // next attach (up to a minute): the cluster answers its control socket but not its data.
+    let mut pause = LOOK_EVERY;
+    let mut last_attach: Option<tokio::time::Instant> = None;
     loop {
         tokio::time::sleep(LOOK_EVERY).await;
         let old = slot.current();
         if !old.lost_every_copy() {
             said = false;
+            if last_attach.is_some_and(|t| t.elapsed() > Duration::from_secs(60)) {
+                pause = LOOK_EVERY;
+            }
+            continue;
+        }
+        if last_attach.is_some_and(|t| t.elapsed() < pause) {
             continue;
         }
         let name = old.info().name.clone();
@@ -91,6 +101,10 @@ pub async fn reattach_when_lost(
         }
         match attach(&control, &name, opts.clone()).await {
             Ok(v) => {
+                if last_attach.is_some() {
+                    pause = (pause * 2).min(Duration::from_secs(60));
+                }
+                last_attach = Some(tokio::time::Instant::now());
                 let epoch = v.info().epoch;
                 let old = slot.replace(v.clone());
                 if let Some(m) = &manager {
