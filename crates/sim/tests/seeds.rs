@@ -8,7 +8,9 @@
 /// 11421: a drain's own writer failed to start and its attach record outlived it.
 /// 30202: a writer attached between the old writer's retiring a drained copy and the layout
 /// dropping it, took the copy back, and the node deleted it under it.
-const REGRESSIONS: &[u64] = &[2226, 11421, 30202];
+/// 112805: a resync that could not finish started again every tick, and the run never ended.
+/// 118984: a crashed writer's attach record never expired.
+const REGRESSIONS: &[u64] = &[2226, 11421, 30202, 112805, 118984];
 
 fn seeds() -> Vec<u64> {
     match std::env::var("TRIREME_SIM_SEEDS") {
