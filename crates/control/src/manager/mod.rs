@@ -4,12 +4,14 @@
 //! dispatch of API requests. Volumes' lifecycle is in `volumes.rs`, what it reports in
 //! `status.rs`, what every writer records in `records.rs`, the control listener in `serve.rs`.
 
+mod own_writer;
 mod records;
 mod serve;
 mod status;
 mod trash;
 mod volumes;
 
+pub(crate) use own_writer::OwnWriter;
 pub use records::{attach_info, record_detach, record_replica_state};
 #[cfg(test)]
 pub(crate) use serve::error_reply;

@@ -3,16 +3,14 @@
 //! move ([`copy_then_retire`]).
 
 use crate::error::{refused, ManagerError};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
-use trireme_client::{
-    AttachInfo, BoxFut, Membership, MembershipError, ResyncProgress, Volume, VolumeOptions,
-};
+use trireme_client::{ResyncProgress, Volume};
 use trireme_meta::MetaError;
-use trireme_meta::{AttachRecord, MoveRequest, MoveRequestState, VolumeRecord};
+use trireme_meta::{MoveRequest, MoveRequestState, VolumeRecord};
 use trireme_replication::{ReplicaState, TransitionError};
 
-use crate::manager::{Manager, Result};
+use crate::manager::{Manager, OwnWriter, Result};
 
 use super::{POLL, REATTACH_GRACE, REMOTE_POLL};
 
@@ -21,60 +19,13 @@ const MOVE_ATTEMPTS: u32 = 4;
 
 /// Who carries out a volume's move.
 enum Mover {
-    /// A writer in this process; `ours` if attached for the move (detach after), with the
-    /// epoch of the attach record it holds on etcd.
+    /// A writer in this process; `own` if attached for the move (released after).
     Here {
         writer: Arc<Volume>,
-        ours: bool,
-        record: Option<u64>,
+        own: Option<OwnWriter>,
     },
     /// The writer of `epoch` on another host, asked through a [`MoveRequest`].
     Remote { epoch: u64, host: String },
-}
-
-/// The metadata, as a writer attached by the manager itself needs it.
-#[derive(Debug)]
-struct ManagerMembership(Weak<Manager>);
-
-impl ManagerMembership {
-    fn get(&self) -> std::result::Result<Arc<Manager>, MembershipError> {
-        self.0.upgrade().ok_or_else(|| ManagerError::Stopped.into())
-    }
-}
-
-impl Membership for ManagerMembership {
-    fn set_state<'a>(
-        &'a self,
-        volume: &'a str,
-        epoch: u64,
-        node: u32,
-        state: ReplicaState,
-        incarnation: u64,
-    ) -> BoxFut<'a, std::result::Result<(), MembershipError>> {
-        Box::pin(async move {
-            self.get()?
-                .set_replica_state(volume, epoch, node, state, incarnation)
-                .await
-                .map(|_| ())
-                .map_err(MembershipError::from)
-        })
-    }
-    fn locate<'a>(
-        &'a self,
-        volume: &'a str,
-    ) -> BoxFut<'a, std::result::Result<AttachInfo, MembershipError>> {
-        Box::pin(async move { Ok(self.get()?.locate(volume).await?) })
-    }
-    fn detach<'a>(
-        &'a self,
-        volume: &'a str,
-        epoch: u64,
-    ) -> BoxFut<'a, std::result::Result<(), MembershipError>> {
-        Box::pin(async move {
-            self.get()?.detach(volume, epoch).await?;
-            Ok(())
-        })
-    }
 }
 
 impl Manager {
@@ -84,8 +35,7 @@ impl Manager {
         if let Some(w) = self.writer(&v.name) {
             return Ok(Mover::Here {
                 writer: w,
-                ours: false,
-                record: None,
+                own: None,
             });
         }
         // A manager that holds its role by a lease (on etcd) works beside writers whose
@@ -114,73 +64,11 @@ impl Manager {
                 v.name
             )));
         }
-        let (info, record) = match self.meta().fence_lease() {
-            Some(lease) => {
-                let rec = AttachRecord {
-                    epoch: 0,
-                    host: crate::hostname(),
-                    pid: std::process::id(),
-                    exports: vec![],
-                    identity: None,
-                };
-                let (v, unclean) = self.meta().attach(&v.name, &rec, lease, false).await?;
-                match crate::attach_info(self.meta(), &v).await {
-                    Ok(mut info) => {
-                        info.reconcile = unclean;
-                        (info, Some(v.epoch))
-                    }
-                    Err(e) => {
-                        self.undo_move_attach(&v.name, v.epoch, unclean, true).await;
-                        return Err(e);
-                    }
-                }
-            }
-            None => (self.attach(&v.name).await?, None),
-        };
-        let (epoch, unclean) = (info.epoch, info.reconcile);
-        let membership: Arc<dyn Membership> = Arc::new(ManagerMembership(Arc::downgrade(self)));
-        let opts = VolumeOptions {
-            connector: self.connector(),
-            ..VolumeOptions::default()
-        };
-        let w = match Volume::attach_managed(info, opts, membership).await {
-            Ok(w) => w,
-            Err(e) => {
-                // Without this, what the attach above took would outlive the attempt: a record
-                // no writer holds (every later attach refused or fencing nobody) and a volume
-                // marked open by a writer that never wrote.
-                self.undo_move_attach(&v.name, epoch, unclean, record.is_some())
-                    .await;
-                return Err(e.into());
-            }
-        };
-        self.register_client(w.clone());
+        let own = self.attach_own(v).await?;
         Ok(Mover::Here {
-            writer: w,
-            ours: true,
-            record,
+            writer: own.writer.clone(),
+            own: Some(own),
         })
-    }
-
-    /// Gives back the attach record taken for a move's own writer.
-    async fn release_move_record(&self, name: &str, epoch: u64) {
-        if let Err(e) = self.meta().release_attachment(name, epoch).await {
-            tracing::warn!(volume = %name, epoch, "releasing the move's attach record: {e}");
-        }
-    }
-
-    /// Undoes an attach for a move whose writer never started: the volume is recorded closed
-    /// again unless a dead writer had left it open (`unclean`: the next writer must still
-    /// reconcile), and the attach record is given back.
-    async fn undo_move_attach(&self, name: &str, epoch: u64, unclean: bool, record: bool) {
-        if !unclean {
-            if let Err(e) = self.detach(name, epoch).await {
-                tracing::warn!(volume = %name, epoch, "closing the move's attach: {e}");
-            }
-        }
-        if record {
-            self.release_move_record(name, epoch).await;
-        }
     }
 
     /// Moves `v`'s replica off `from` through whoever carries the move out. If the writer
@@ -221,20 +109,10 @@ impl Manager {
         rate: Option<u64>,
     ) -> Result<()> {
         match self.mover(v).await? {
-            Mover::Here {
-                writer,
-                ours,
-                record,
-            } => {
+            Mover::Here { writer, own } => {
                 let r = self.move_with(&writer, v, from, rate).await;
-                if ours {
-                    self.unregister_client(&writer);
-                    if let Err(e) = writer.detach().await {
-                        tracing::warn!(volume = %v.name, "detaching the move's writer: {e}");
-                    }
-                    if let Some(epoch) = record {
-                        self.release_move_record(&v.name, epoch).await;
-                    }
+                if let Some(own) = own {
+                    self.release_own(own).await;
                 }
                 r
             }
