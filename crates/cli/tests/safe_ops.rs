@@ -279,3 +279,64 @@ fn a_writer_survives_a_restart_of_the_whole_cluster() {
         .unwrap();
     assert_eq!(v["health"]["verdict"], "healthy", "{s}");
 }
+
+/// `volume scrub` of a volume nobody writes: the manager attaches a writer of its own for the
+/// scrub, repairs the corrupted copy from the majority and lets go; while a writer elsewhere
+/// holds the volume, the scrub is refused, naming it.
+#[test]
+fn a_volume_nobody_writes_is_scrubbed_too() {
+    use std::os::unix::fs::FileExt;
+    need("qemu-io");
+    let c = Cluster::start(&["--store", "file", "--size", "16M"]);
+    assert!(c
+        .cli(&["volume", "create", "data", "--size", "4M"])
+        .status
+        .success());
+    let sock = c.path().join("data.sock");
+    let (mut nbd, uri) = spawn_nbd(&c, "data", &sock);
+    run(Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 0x5a 0 1M", &uri]));
+    let out = c.cli(&["volume", "scrub", "data"]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("has not detached"), "{}", text(&out));
+    // SAFETY: kill(2) on our child.
+    unsafe { libc::kill(nbd.id() as i32, libc::SIGTERM) };
+    assert!(nbd.wait().unwrap().success());
+
+    let info: serde_json::Value = serde_json::from_slice(
+        &c.cli(&["--output", "json", "volume", "info", "data"])
+            .stdout,
+    )
+    .unwrap();
+    let id = info["id"].as_u64().expect("volume id");
+    let node = info["replicas"][2]["node"].as_u64().unwrap();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(
+            c.path()
+                .join(format!("node-{node}"))
+                .join(format!("replica-{id:016x}.data")),
+        )
+        .unwrap();
+    f.write_all_at(&[0xff; 4096], 65536).unwrap();
+    f.sync_all().unwrap();
+    assert_eq!(c.cli(&["volume", "verify", "data"]).status.code(), Some(1));
+
+    let out = c.cli(&["--output", "json", "volume", "scrub", "data"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["mismatched_regions"], 1, "{r}");
+    assert_eq!(r["repaired"][0][1], node, "{r}");
+    assert_replicas_identical(&c, "data");
+    // The manager let go of it: nobody holds it, and it is healthy.
+    let s = status(&c);
+    let v = s["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "data")
+        .unwrap()
+        .clone();
+    assert!(v["writer"].is_null(), "{v}");
+    assert_eq!(v["health"]["verdict"], "healthy", "{v}");
+    assert!(c.cli(&["volume", "delete", "data"]).status.success());
+}

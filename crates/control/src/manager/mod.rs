@@ -597,12 +597,7 @@ impl Manager {
                 .set_replica_state(&name, epoch, node, state, incarnation)
                 .await),
             Request::Detach { name, epoch } => to(self.detach(&name, epoch).await),
-            Request::VolumeScrub { name, region } => {
-                let v = self.writer(&name).ok_or_else(|| {
-                    refused(format!("no writer of {name:?} runs in the cluster process; a scrub repairs through it"))
-                })?;
-                to(v.scrub(region).await.map_err(ManagerError::from))
-            }
+            Request::VolumeScrub { name, region } => to(self.scrub(&name, region).await),
             Request::NodeStop { id } => to(self.node_control(false, id).await),
             Request::NodeStart { id } => to(self.node_control(true, id).await),
             Request::NodeRestart { id } => to(self.restart_node(id).await),

@@ -112,6 +112,35 @@ impl Manager {
         Ok(OwnWriter { writer: w, record })
     }
 
+    /// `volume scrub`: through the writer in this process if there is one; for a volume
+    /// nobody writes, through a writer attached for the scrub (then released). A volume held
+    /// by a writer elsewhere is refused, naming it: the scrub must go through that writer, and
+    /// another would fence it.
+    pub async fn scrub(
+        self: &Arc<Self>,
+        name: &str,
+        region: u64,
+    ) -> Result<trireme_client::ScrubReport> {
+        let v = self.meta.volume(name).await?;
+        if let Some(w) = self.writer(name).filter(|w| w.info().epoch == v.epoch) {
+            return Ok(w.scrub(region).await?);
+        }
+        if let Some(who) = self.holder(&v).await? {
+            return Err(crate::error::refused(format!(
+                "volume {name} is attached by {who}: a scrub repairs through its writer, and only a writer in the cluster's process or none can be used; detach it first"
+            )));
+        }
+        let own = self.attach_own(&v).await?;
+        tracing::info!(
+            volume = name,
+            epoch = own.writer.info().epoch,
+            "scrubbing through a writer of the manager's own"
+        );
+        let r = own.writer.scrub(region).await;
+        self.release_own(own).await;
+        Ok(r?)
+    }
+
     /// Detaches a writer of the manager's own and gives its attach record back.
     pub(crate) async fn release_own(&self, own: OwnWriter) {
         let name = own.writer.info().name.clone();

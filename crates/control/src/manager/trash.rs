@@ -30,7 +30,7 @@ fn now_secs() -> u64 {
 impl Manager {
     /// Who holds `v` open, in words an operator can act on, if anyone does.
     pub(crate) async fn holder(&self, v: &VolumeRecord) -> Result<Option<String>> {
-        if let Some(w) = self.writer(&v.name) {
+        if let Some(w) = self.writer(&v.name).filter(|w| w.info().epoch == v.epoch) {
             return Ok(Some(format!(
                 "a writer in the cluster's own process (epoch {})",
                 w.info().epoch
