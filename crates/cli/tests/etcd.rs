@@ -263,7 +263,10 @@ impl World {
     /// `trireme` on `host`, pointed at the cluster's etcd.
     fn cmd_on(&self, host: &Host) -> Command {
         let mut c = host.cmd(BIN);
-        c.env("TRIREME_ETCD", self.etcd.endpoints())
+        // The default data directory (`trireme-data`, where a writer keeps its HTTP address)
+        // is this world's, never the source tree's.
+        c.current_dir(self.dir.path())
+            .env("TRIREME_ETCD", self.etcd.endpoints())
             .env("TRIREME_LOG", "info");
         if self.net.on {
             c.env("TRIREME_UCX_TLS", "tcp");
