@@ -340,3 +340,48 @@ fn a_volume_nobody_writes_is_scrubbed_too() {
     assert_eq!(v["health"]["verdict"], "healthy", "{v}");
     assert!(c.cli(&["volume", "delete", "data"]).status.success());
 }
+
+/// `node remove` of a node that is down and holds a volume's only copy in sync is refused at
+/// once, naming the volume, instead of starting a job that can only fail; the node stays.
+#[test]
+fn removing_a_dead_node_with_the_last_copy_is_refused() {
+    let c = Cluster::start(&["--store", "memory", "--size", "8M"]);
+    assert!(c
+        .cli(&[
+            "volume",
+            "create",
+            "solo",
+            "--size",
+            "4M",
+            "--replicas",
+            "1"
+        ])
+        .status
+        .success());
+    let info: serde_json::Value = serde_json::from_slice(
+        &c.cli(&["--output", "json", "volume", "info", "solo"])
+            .stdout,
+    )
+    .unwrap();
+    let node = info["replicas"][0]["node"].as_u64().unwrap().to_string();
+    let out = c.cli(&["node", "stop", &node]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = c.cli(&["node", "remove", &node]);
+    assert!(!out.status.success());
+    let t = text(&out);
+    assert!(
+        t.contains("holds the only copy in sync of solo") && t.contains("Bring the node back"),
+        "{t}"
+    );
+    let s = status(&c);
+    let n = s["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["id"].to_string() == node)
+        .unwrap()
+        .clone();
+    assert_eq!(n["state"], "active", "the node is left as it was: {n}");
+    // Back up, its copy can be moved off.
+    assert!(c.cli(&["node", "start", &node]).status.success());
+}

@@ -136,14 +136,41 @@ impl Manager {
             return Err(refused(format!("node {node} was removed from the cluster")));
         }
         let kind = MoveKind::of(remove);
-        let volumes: Vec<String> = self
+        let held: Vec<_> = self
             .meta()
             .volumes()
             .await?
             .into_iter()
             .filter(|v| v.replicas.iter().any(|r| r.node == node))
-            .map(|v| v.name)
             .collect();
+        // A copy is made from a copy in sync: a node that does not answer and holds the only
+        // one of a volume leaves nothing to copy from. Said now, not by a job that fails.
+        let only_here: Vec<&str> = held
+            .iter()
+            .filter(|v| {
+                let mut in_sync = v
+                    .replicas
+                    .iter()
+                    .filter(|r| r.state == trireme_replication::ReplicaState::InSync);
+                matches!((in_sync.next(), in_sync.next()), (Some(r), None) if r.node == node)
+            })
+            .map(|v| v.name.as_str())
+            .collect();
+        if !only_here.is_empty()
+            && self
+                .node_call(
+                    &rec,
+                    trireme_proto::Header::request(trireme_proto::Op::Ping, 0),
+                )
+                .await
+                .is_err()
+        {
+            return Err(refused(format!(
+                "node {node} does not answer and holds the only copy in sync of {}: a {kind} would have nothing to copy from, and its data would be lost. Bring the node back first (its copies are then moved off)",
+                only_here.join(", ")
+            )));
+        }
+        let volumes: Vec<String> = held.into_iter().map(|v| v.name).collect();
         let job = {
             let mut moves = self.moves.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(m) = moves
