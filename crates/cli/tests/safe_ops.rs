@@ -363,7 +363,8 @@ fn removing_a_dead_node_with_the_last_copy_is_refused() {
             .stdout,
     )
     .unwrap();
-    let node = info["replicas"][0]["node"].as_u64().unwrap().to_string();
+    let id = info["replicas"][0]["node"].as_u64().unwrap();
+    let node = id.to_string();
     let out = c.cli(&["node", "stop", &node]);
     assert!(out.status.success(), "{}", text(&out));
     let out = c.cli(&["node", "remove", &node]);
@@ -378,7 +379,7 @@ fn removing_a_dead_node_with_the_last_copy_is_refused() {
         .as_array()
         .unwrap()
         .iter()
-        .find(|n| n["id"].to_string() == node)
+        .find(|n| n["id"] == id)
         .unwrap()
         .clone();
     assert_eq!(n["state"], "active", "the node is left as it was: {n}");
