@@ -14,6 +14,13 @@ fn text(o: &std::process::Output) -> String {
     )
 }
 
+/// Creates volume `data` of `size` and serves it with `trireme nbd`: the writer and its URI.
+fn data_with_a_writer(c: &Cluster, size: &str) -> (std::process::Child, String) {
+    let out = c.cli(&["volume", "create", "data", "--size", size]);
+    assert!(out.status.success(), "{}", text(&out));
+    spawn_nbd(c, "data", &c.path().join("data.sock"))
+}
+
 /// The files of volume `id`'s replicas under the nodes' directories (the file store's names).
 fn replica_files(c: &Cluster, id: u64) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();
@@ -47,12 +54,7 @@ fn a_volume_in_use_is_not_deleted_by_mistake_and_the_trash_gives_it_back() {
     assert!(t.contains("in use") && t.contains("own process"), "{t}");
 
     // A volume written through `trireme nbd`.
-    assert!(c
-        .cli(&["volume", "create", "data", "--size", "8M"])
-        .status
-        .success());
-    let sock = c.path().join("data.sock");
-    let (mut nbd, uri) = spawn_nbd(&c, "data", &sock);
+    let (mut nbd, uri) = data_with_a_writer(&c, "8M");
     run(Command::new("qemu-io").args([
         "-f",
         "raw",
@@ -111,7 +113,7 @@ fn a_volume_in_use_is_not_deleted_by_mistake_and_the_trash_gives_it_back() {
     // Restored byte for byte, and writable again through a new writer.
     let out = c.cli(&["volume", "trash", "restore", "data"]);
     assert!(out.status.success(), "{}", text(&out));
-    let (mut nbd, uri) = spawn_nbd(&c, "data", &sock);
+    let (mut nbd, uri) = spawn_nbd(&c, "data", &c.path().join("data.sock"));
     run(Command::new("qemu-io").args([
         "-f",
         "raw",
@@ -237,12 +239,7 @@ fn a_writer_survives_a_restart_of_the_whole_cluster() {
     need("qemu-io");
     let args = ["--store", "file", "--size", "16M"];
     let mut c = Cluster::start(&args);
-    assert!(c
-        .cli(&["volume", "create", "data", "--size", "8M"])
-        .status
-        .success());
-    let sock = c.path().join("data.sock");
-    let (mut nbd, uri) = spawn_nbd(&c, "data", &sock);
+    let (mut nbd, uri) = data_with_a_writer(&c, "8M");
     run(Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 0x44 0 1M", &uri]));
     let dir = c.stop();
     let c = Cluster::start_in(dir, &args);
@@ -288,12 +285,7 @@ fn a_volume_nobody_writes_is_scrubbed_too() {
     use std::os::unix::fs::FileExt;
     need("qemu-io");
     let c = Cluster::start(&["--store", "file", "--size", "16M"]);
-    assert!(c
-        .cli(&["volume", "create", "data", "--size", "4M"])
-        .status
-        .success());
-    let sock = c.path().join("data.sock");
-    let (mut nbd, uri) = spawn_nbd(&c, "data", &sock);
+    let (mut nbd, uri) = data_with_a_writer(&c, "4M");
     run(Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 0x5a 0 1M", &uri]));
     let out = c.cli(&["volume", "scrub", "data"]);
     assert!(!out.status.success());

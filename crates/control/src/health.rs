@@ -74,21 +74,6 @@ impl Default for Health {
     }
 }
 
-fn bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
-}
-
 /// The health of volume `v`, given the nodes as `status` saw them.
 pub fn volume_health(v: &VolumeStatus, nodes: &[NodeStatus]) -> Health {
     let up = |id: u32| nodes.iter().any(|n| n.id == id && n.up);
@@ -120,8 +105,8 @@ pub fn volume_health(v: &VolumeStatus, nodes: &[NodeStatus]) -> Health {
                         format!(
                             "node {} resyncing: {} left at {}/s, ETA {eta}",
                             r.node,
-                            bytes(left),
-                            bytes(p.rate())
+                            crate::human(left),
+                            crate::human(p.rate())
                         )
                     }
                     None => format!("node {} resyncing", r.node),
