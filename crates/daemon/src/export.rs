@@ -35,7 +35,7 @@ impl VolumeExport {
         F: Fn(Arc<Volume>) -> Fut,
         Fut: std::future::Future<Output = Result<T, VolumeError>>,
     {
-        let (v, generation) = self.0.current_with_generation();
+        let v = self.0.current();
         let e = match op(v.clone()).await {
             Ok(t) => return Ok(t),
             Err(e) => e,
@@ -44,7 +44,7 @@ impl VolumeExport {
         if e.is_invalid_request() || wait.is_zero() || !v.lost_every_copy() {
             return Err(to_nbd(e));
         }
-        match self.0.replaced_since(generation, wait).await {
+        match self.0.replaced(&v, wait).await {
             Some(new) => op(new).await.map_err(to_nbd),
             None => {
                 tracing::error!(

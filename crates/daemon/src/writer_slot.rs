@@ -9,49 +9,35 @@ use std::time::Duration;
 use trireme_client::{Volume, VolumeOptions};
 
 /// The writer an export serves through; every request goes to the one there when it starts.
+/// A watch channel holds it, so a request reads it under one lock and one waiting for a
+/// replacement is woken by it.
 #[derive(Debug)]
-pub struct WriterSlot {
-    current: std::sync::RwLock<Arc<Volume>>,
-    /// Counts replacements, and wakes requests waiting for one.
-    generation: tokio::sync::watch::Sender<u64>,
-}
+pub struct WriterSlot(tokio::sync::watch::Sender<Arc<Volume>>);
 
 impl WriterSlot {
     pub fn new(v: Arc<Volume>) -> Arc<WriterSlot> {
-        Arc::new(WriterSlot {
-            current: std::sync::RwLock::new(v),
-            generation: tokio::sync::watch::Sender::new(0),
-        })
+        Arc::new(WriterSlot(tokio::sync::watch::Sender::new(v)))
     }
 
     /// The writer requests go to now.
     pub fn current(&self) -> Arc<Volume> {
-        self.current
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.0.borrow().clone()
     }
 
-    /// The writer now and the count of replacements it came after.
-    pub fn current_with_generation(&self) -> (Arc<Volume>, u64) {
-        let g = *self.generation.borrow();
-        (self.current(), g)
+    /// Puts `v` in place of the current writer; `manager` (the cluster's own, in `up`) reports
+    /// the new one in `status` instead of the old.
+    pub fn replace(&self, v: Arc<Volume>, manager: Option<&trireme_control::Manager>) {
+        let old = self.0.send_replace(v.clone());
+        if let Some(m) = manager {
+            m.unregister_client(&old);
+            m.register_client(v);
+        }
     }
 
-    /// Puts `v` in place of the current writer, which it returns.
-    pub fn replace(&self, v: Arc<Volume>) -> Arc<Volume> {
-        let old = std::mem::replace(
-            &mut *self.current.write().unwrap_or_else(|e| e.into_inner()),
-            v,
-        );
-        self.generation.send_modify(|g| *g += 1);
-        old
-    }
-
-    /// Waits up to `limit` for a writer newer than the `generation`th, and returns it.
-    pub async fn replaced_since(&self, generation: u64, limit: Duration) -> Option<Arc<Volume>> {
-        let mut rx = self.generation.subscribe();
-        let newer = tokio::time::timeout(limit, rx.wait_for(|g| *g > generation)).await;
+    /// Waits up to `limit` for a writer other than `old`, and returns it.
+    pub async fn replaced(&self, old: &Arc<Volume>, limit: Duration) -> Option<Arc<Volume>> {
+        let mut rx = self.0.subscribe();
+        let newer = tokio::time::timeout(limit, rx.wait_for(|v| !Arc::ptr_eq(v, old))).await;
         matches!(newer, Ok(Ok(_))).then(|| self.current())
     }
 }
@@ -106,11 +92,7 @@ pub async fn reattach_when_lost(
                 }
                 last_attach = Some(tokio::time::Instant::now());
                 let epoch = v.info().epoch;
-                let old = slot.replace(v.clone());
-                if let Some(m) = &manager {
-                    m.unregister_client(&old);
-                    m.register_client(v);
-                }
+                slot.replace(v, manager.as_deref());
                 said = false;
                 tracing::warn!(volume = %name, epoch, "attached again: serving");
             }
@@ -134,6 +116,16 @@ pub(crate) async fn attach(
         })
         .await
         .map_err(|e| e.to_string())?;
+    start(control, info, opts).await
+}
+
+/// Starts the writer `info` describes, recording its replica states through `up`'s control
+/// socket at `control`.
+async fn start(
+    control: &std::path::Path,
+    info: trireme_client::AttachInfo,
+    opts: VolumeOptions,
+) -> Result<Arc<Volume>, String> {
     let membership = Arc::new(trireme_control::ControlMembership {
         path: control.to_path_buf(),
     });
@@ -187,15 +179,11 @@ pub async fn take_back(
                 continue;
             }
         };
-        let membership = Arc::new(trireme_control::ControlMembership {
-            path: control.clone(),
-        });
-        match Volume::attach_managed(info, opts.clone(), membership).await {
+        match start(&control, info, opts.clone()).await {
             Ok(v) => {
-                let old = slot.replace(v.clone());
-                manager.unregister_client(&old);
-                manager.register_client(v.clone());
-                tracing::warn!(volume = %name, epoch = v.info().epoch, "took the volume back: the export serves again");
+                let epoch = v.info().epoch;
+                slot.replace(v, Some(&manager));
+                tracing::warn!(volume = %name, epoch, "took the volume back: the export serves again");
             }
             Err(e) => tracing::warn!(volume = %name, "taking the volume back: {e}"),
         }
