@@ -14,6 +14,18 @@ fn text(o: &std::process::Output) -> String {
     )
 }
 
+/// Volume `name` as `status --output json` shows it.
+fn volume_status(c: &Cluster, name: &str) -> serde_json::Value {
+    let s = status(c);
+    s["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == name)
+        .unwrap_or_else(|| panic!("no volume {name} in {s}"))
+        .clone()
+}
+
 /// Creates volume `data` of `size` and serves it with `trireme nbd`: the writer and its URI.
 fn data_with_a_writer(c: &Cluster, size: &str) -> (std::process::Child, String) {
     let out = c.cli(&["volume", "create", "data", "--size", size]);
@@ -267,14 +279,8 @@ fn a_writer_survives_a_restart_of_the_whole_cluster() {
     unsafe { libc::kill(nbd.id() as i32, libc::SIGTERM) };
     assert!(nbd.wait().unwrap().success());
     assert_replicas_identical(&c, "data");
-    let s = status(&c);
-    let v = s["volumes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|v| v["name"] == "data")
-        .unwrap();
-    assert_eq!(v["health"]["verdict"], "healthy", "{s}");
+    let v = volume_status(&c, "data");
+    assert_eq!(v["health"]["verdict"], "healthy", "{v}");
 }
 
 /// `volume scrub` of a volume nobody writes: the manager attaches a writer of its own for the
@@ -320,14 +326,7 @@ fn a_volume_nobody_writes_is_scrubbed_too() {
     assert_eq!(r["repaired"][0][1], node, "{r}");
     assert_replicas_identical(&c, "data");
     // The manager let go of it: nobody holds it, and it is healthy.
-    let s = status(&c);
-    let v = s["volumes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|v| v["name"] == "data")
-        .unwrap()
-        .clone();
+    let v = volume_status(&c, "data");
     assert!(v["writer"].is_null(), "{v}");
     assert_eq!(v["health"]["verdict"], "healthy", "{v}");
     assert!(c.cli(&["volume", "delete", "data"]).status.success());
