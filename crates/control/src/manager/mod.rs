@@ -571,9 +571,7 @@ impl Manager {
                 let rec = trireme_meta::RevokedCert {
                     fingerprint: fingerprint.to_ascii_lowercase(),
                     role,
-                    at: std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0, |d| d.as_secs()),
+                    at: trash::now_secs(),
                 };
                 self.meta.revoke(&rec).await?;
                 tracing::warn!(

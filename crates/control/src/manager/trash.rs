@@ -21,7 +21,7 @@ const PURGE_EVERY: Duration = Duration::from_secs(60);
 const FENCE_TRIES: u32 = 20;
 const FENCE_RETRY: Duration = Duration::from_millis(150);
 
-fn now_secs() -> u64 {
+pub(super) fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -226,25 +226,7 @@ impl Manager {
 
     async fn purge_one(&self, t: &TrashRecord) -> Result<()> {
         let v = &t.volume;
-        for r in &v.replicas {
-            let node = match self.node(r.node).await {
-                Ok(n) if n.state == trireme_meta::NodeState::Removed => continue,
-                Ok(n) => n,
-                // No longer a member: nothing of it to free.
-                Err(_) => continue,
-            };
-            match self.replica_op(&node, Op::DeleteReplica, v).await {
-                Ok(Status::Ok | Status::NoReplica) => {}
-                Ok(s) => {
-                    return Err(refused(format!(
-                        "node {} refused to delete its replica: {}",
-                        r.node,
-                        s.as_str()
-                    )))
-                }
-                Err(e) => return Err(refused(format!("node {}: {e}", r.node))),
-            }
-        }
+        self.delete_replicas(v).await?;
         self.meta.forget_trashed(v.id).await?;
         tracing::warn!(volume = %v.name, id = v.id, "trashed volume purged: its replicas are freed");
         Ok(())

@@ -167,23 +167,35 @@ impl Manager {
     pub async fn delete_volume(&self, name: &str) -> Result<VolumeRecord> {
         let _g = self.volume_lock.lock().await;
         let v = self.meta.volume(name).await?;
-        for r in &v.replicas {
-            let node = self.node(r.node).await?;
-            match self.replica_op(&node, Op::DeleteReplica, &v).await? {
-                Status::Ok | Status::NoReplica => {}
-                s => {
-                    return Err(refused(format!(
-                        "deleting the replica on node {}: {}",
-                        r.node,
-                        s.as_str()
-                    )))
-                }
-            }
-        }
+        self.delete_replicas(&v).await?;
         self.meta
             .delete_volume(name)
             .await
             .map_err(ManagerError::from)
+    }
+
+    /// Deletes every replica of `v` on its node; a node no longer a member (removed, or
+    /// gone from the records) holds nothing to free.
+    pub(super) async fn delete_replicas(&self, v: &VolumeRecord) -> Result<()> {
+        for r in &v.replicas {
+            let node = match self.node(r.node).await {
+                Ok(n) if n.state == trireme_meta::NodeState::Removed => continue,
+                Ok(n) => n,
+                Err(_) => continue,
+            };
+            match self.replica_op(&node, Op::DeleteReplica, v).await {
+                Ok(Status::Ok | Status::NoReplica) => {}
+                Ok(s) => {
+                    return Err(refused(format!(
+                        "node {} refused to delete its replica: {}",
+                        r.node,
+                        s.as_str()
+                    )))
+                }
+                Err(e) => return Err(refused(format!("node {}: {e}", r.node))),
+            }
+        }
+        Ok(())
     }
 
     async fn attach_info(&self, v: &VolumeRecord) -> Result<AttachInfo> {
