@@ -114,14 +114,12 @@ impl Cluster {
         std::fs::read_to_string(self.dir.path().join("up.log")).unwrap_or_default()
     }
 
-    /// Runs `trireme --data-dir DIR ARGS...`.
+    /// Runs `trireme --data-dir DIR ARGS...`; one that has not ended in two minutes fails the
+    /// test with `up`'s log.
     pub fn cli(&self, args: &[&str]) -> Output {
-        Command::new(BIN)
-            .arg("--data-dir")
-            .arg(self.dir.path())
-            .args(args)
-            .output()
-            .unwrap()
+        let mut cmd = Command::new(BIN);
+        cmd.arg("--data-dir").arg(self.dir.path()).args(args);
+        output_within(&mut cmd, CLI_LIMIT, &|| self.log())
     }
 
     /// Stops the cluster with SIGTERM and waits for a clean exit.
@@ -199,9 +197,75 @@ impl Drop for Cluster {
     }
 }
 
+/// How long a CLI command may take in a test before it counts as hung.
+pub const CLI_LIMIT: Duration = Duration::from_secs(120);
+
+/// Runs `cmd` to completion, at most `limit`: see [`wait_within`].
+pub fn output_within(cmd: &mut Command, limit: Duration, log: &dyn Fn() -> String) -> Output {
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    wait_within(child, limit, log)
+}
+
+/// Waits at most `limit` for `child` (its stdout and stderr piped) and returns its output. A
+/// child still running then is killed, and the test fails with what it printed and `log()`: a
+/// hang is a failure with its evidence, never a test run that ends on CI's overall timeout.
+pub fn wait_within(mut child: Child, limit: Duration, log: &dyn Fn() -> String) -> Output {
+    use std::io::Read;
+    let drain = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            let (o, e) = (out.join().unwrap(), err.join().unwrap());
+            panic!(
+                "pid {} still running after {limit:?}, killed:\nstdout: {}\nstderr: {}\n{}",
+                child.id(),
+                String::from_utf8_lossy(&o),
+                String::from_utf8_lossy(&e),
+                log()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+    }
+}
+
 /// Runs a command and asserts it succeeded, returning stdout.
 pub fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    let out = output_within(cmd, Duration::from_secs(300), &String::new);
     assert!(
         out.status.success(),
         "{cmd:?} failed ({}):\nstdout: {}\nstderr: {}",
@@ -367,7 +431,8 @@ pub fn finish_bench(c: &Cluster, b: Child) -> serde_json::Value {
 /// no lost, stale or corrupt block, and it must have checked more than `min_blocks`. `log`
 /// says what the cluster logged, for a failure's message.
 pub fn check_workload(b: Child, min_blocks: u64, log: &dyn Fn() -> String) -> serde_json::Value {
-    let out = b.wait_with_output().unwrap();
+    // The tests' workloads run for under a minute; two more drain what is in flight.
+    let out = wait_within(b, Duration::from_secs(180), log);
     assert!(
         out.status.success(),
         "workload failed ({}): {}\n{}",
