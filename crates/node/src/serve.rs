@@ -15,6 +15,9 @@ use crate::{
     activity, Node, Refusal, MAX_BLOCK_STATUS_RANGE, MAX_CHECKSUM_RANGE, MAX_DIRTY_QUERY_REGIONS,
 };
 
+/// An I/O request's turn on the node's writers (see [`Node::io_replica`]).
+type IoTurn<'a> = std::sync::RwLockReadGuard<'a, std::collections::HashMap<u64, u64>>;
+
 impl Node {
     fn check_epoch(r: &dyn Replica, h: &Header) -> Result<(), Refusal> {
         match fence(h.epoch, r.epoch(), false) {
@@ -32,11 +35,17 @@ impl Node {
     /// The replica an I/O request addresses, once it passed the epoch check and came on the
     /// connection that attached the replica (I/O from any other connection of the same epoch is
     /// refused: late frames of an abandoned connection). One lookup per request.
-    fn io_replica(&self, req: &Frame) -> Result<Arc<dyn Replica>, Refusal> {
+    ///
+    /// The returned turn is held while the request runs. An attach takes the same lock
+    /// exclusively, so it answers only once every request admitted before it has finished:
+    /// a write the writer gave up on (it timed out, or its link broke) can never land after
+    /// the writer attached again and wrote something newer in its place, nor one of a fenced
+    /// writer after the next writer's attach.
+    fn io_replica(&self, req: &Frame) -> Result<(Arc<dyn Replica>, IoTurn<'_>), Refusal> {
         let h = &req.header;
+        let owners = self.owners.read().unwrap_or_else(|e| e.into_inner());
         let r = self.replica(h.volume)?;
         Self::check_epoch(&*r, h)?;
-        let owners = self.owners.read().unwrap_or_else(|e| e.into_inner());
         match owners.get(&h.volume) {
             Some(&o) if o != req.origin => Err(Refusal(
                 Status::Superseded,
@@ -45,7 +54,7 @@ impl Node {
                     req.origin, h.volume
                 ),
             )),
-            _ => Ok(r),
+            _ => Ok((r, owners)),
         }
     }
 
@@ -80,6 +89,9 @@ impl Node {
             Op::Attach => {
                 let r = self.replica(h.volume)?;
                 let _g = self.attach_lock.lock().unwrap_or_else(|e| e.into_inner());
+                // Taken before anything changes: every I/O request admitted so far finishes
+                // first, and none starts until this attach is done (`io_replica`).
+                let mut owners = self.owners.write().unwrap_or_else(|e| e.into_inner());
                 match fence(h.epoch, r.epoch(), true) {
                     FenceDecision::Accept => {}
                     // Epochs grow by one per attach the metadata records; a leap past any
@@ -109,16 +121,14 @@ impl Node {
                     }
                 }
                 // Same epoch, new connection: the writer reconnected; the old one is abandoned.
-                self.owners
-                    .write()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(h.volume, req.origin);
+                owners.insert(h.volume, req.origin);
+                drop(owners);
                 resp.length = r.incarnation();
                 Bytes::new()
             }
             Op::Hello => return Err(Refusal(Status::Invalid, "hello is not a request".into())),
             Op::Read => {
-                let r = self.io_replica(req)?;
+                let (r, _turn) = self.io_replica(req)?;
                 trireme_store::check_range(h.offset, h.length, r.size())?;
                 let mut buf = BytesMut::zeroed(len_usize()?);
                 // Asked before the read heats anything: where it is served from, and whether
@@ -154,7 +164,7 @@ impl Node {
                 Bytes::new()
             }
             Op::Write => {
-                let r = self.io_replica(req)?;
+                let (r, _turn) = self.io_replica(req)?;
                 let len = req.payload.len() as u64;
                 // Checked before anything is marked: a bad range marks nothing.
                 trireme_store::check_range(h.offset, len, r.size())?;
@@ -166,12 +176,12 @@ impl Node {
                 Bytes::new()
             }
             Op::Flush => {
-                let r = self.io_replica(req)?;
+                let (r, _turn) = self.io_replica(req)?;
                 r.flush()?;
                 Bytes::new()
             }
             Op::WriteZeroes => {
-                let r = self.io_replica(req)?;
+                let (r, _turn) = self.io_replica(req)?;
                 trireme_store::check_range(h.offset, h.length, r.size())?;
                 self.dirty.on_write(h.volume, h.offset, h.length);
                 self.activity.on_write(h.volume, h.offset, h.length)?;
@@ -184,7 +194,7 @@ impl Node {
                 Bytes::new()
             }
             Op::BlockStatus => {
-                let r = self.io_replica(req)?;
+                let (r, _turn) = self.io_replica(req)?;
                 if h.length > MAX_BLOCK_STATUS_RANGE {
                     return Err(Refusal(
                         Status::Invalid,
@@ -294,7 +304,7 @@ impl Node {
                 Bytes::copy_from_slice(&r.incarnation().to_le_bytes())
             }
             Op::ActivityStart => {
-                let r = self.io_replica(req)?;
+                let (r, _turn) = self.io_replica(req)?;
                 let ledger = self.ledger_of(&*r);
                 if let Some(l) = &ledger {
                     // The new log starts empty on disk: what the old one covered must be
@@ -308,7 +318,7 @@ impl Node {
                 Bytes::new()
             }
             Op::ActivityClear => {
-                let r = self.io_replica(req)?;
+                let (r, _turn) = self.io_replica(req)?;
                 trireme_store::check_range(h.offset, h.length, r.size())?;
                 self.activity.clear(h.volume, h.offset, h.length);
                 Bytes::new()
@@ -329,7 +339,7 @@ impl Node {
                 Bytes::from(encode_extents(&v.extents))
             }
             Op::DirtyMark | Op::DirtyTrack | Op::DirtyClear | Op::DirtyQuery => {
-                let r = self.io_replica(req)?;
+                let (r, _turn) = self.io_replica(req)?;
                 trireme_store::check_range(h.offset, h.length, r.size())?;
                 let bad = |e: trireme_proto::DecodeError| Refusal(Status::Invalid, e.to_string());
                 match h.op {
