@@ -4,8 +4,11 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::Bytes;
+use tokio::time::Instant;
 use trireme_proto::{decode_extents_within, Extent, Header, Op, FLAG_FUA, FLAG_MAY_TRIM};
-use trireme_replication::{check_io, Decision, Mirrored, ReplicaOutcome, WriteFailure};
+use trireme_replication::{
+    check_io, Decision, Mirrored, ReplicaOutcome, ReplicaState, WriteFailure,
+};
 use trireme_transport::Frame;
 
 use crate::error::outcome_of;
@@ -68,33 +71,48 @@ impl Volume {
     /// it, and the copies that take writes are not those it went to, it goes to them again.
     async fn mirror_held(&self, h: Header, payload: Bytes) -> Result<(), VolumeError> {
         let mut rounds = 0;
+        let mut waiting: Option<Instant> = None;
         loop {
             let targets = self.write_targets();
-            let r = self.mirror_to(h, payload.clone(), &targets).await;
-            match r {
-                Err(VolumeError::Write {
+            let (e, unanswered) = match self.mirror_to(h, payload.clone(), &targets).await {
+                Ok(()) => return Ok(()),
+                Err(f) => f,
+            };
+            match e {
+                VolumeError::Write {
                     failure: WriteFailure::ReplicaFailed { .. } | WriteFailure::NoReplicas,
                     ..
-                }) if h.op == Op::Flush
+                } if h.op == Op::Flush
                     && rounds < FLUSH_ROUNDS
                     && self.write_targets() != targets =>
                 {
                     rounds += 1;
                     tracing::info!(volume = %self.info.name, "the copies changed while a flush was out: sending it to them again");
                 }
-                r => return r,
+                // No in-sync copy answered: it waits for one to answer again (`relink.rs`).
+                // The request still holds its range, so its retry cannot overtake a newer
+                // write, and the relink keeps the old one from landing late.
+                e if unanswered => {
+                    let since = *waiting.get_or_insert_with(Instant::now);
+                    if !self.copy_answers_again(since).await? {
+                        return Err(e);
+                    }
+                }
+                e => return Err(e),
             }
         }
     }
 
     /// Sends `h` to `targets` and decides, as the replication core says, what their answers
-    /// make of it.
+    /// make of it. A failure comes with whether it went unanswered: no in-sync target held
+    /// the request and each of them timed out or lost its link (none refused it or failed it
+    /// in its store).
     async fn mirror_to(
         &self,
         h: Header,
         payload: Bytes,
         targets: &[usize],
-    ) -> Result<(), VolumeError> {
+    ) -> Result<(), (VolumeError, bool)> {
         // The payload's checksum, once for every replica (a TLS link needs none).
         let crc = (!payload.is_empty()
             && targets.iter().any(|&i| {
@@ -109,17 +127,22 @@ impl Volume {
                 .collect(),
         )
         .await;
-        let outcomes: Vec<ReplicaOutcome> = replies
-            .into_iter()
-            .zip(targets)
-            .map(|(r, &i)| match r.and_then(|f| self.expect_ok(i, f)) {
-                Ok(_) => ReplicaOutcome::Done,
+        let mut unanswered = true;
+        let mut outcomes = Vec::with_capacity(targets.len());
+        for (r, &i) in replies.into_iter().zip(targets) {
+            let in_sync = self.state(i) == ReplicaState::InSync;
+            outcomes.push(match r.and_then(|f| self.expect_ok(i, f)) {
+                Ok(_) => {
+                    unanswered &= !in_sync;
+                    ReplicaOutcome::Done
+                }
                 Err(e) => {
                     tracing::warn!(volume = %self.info.name, node = self.node(i), op = ?h.op, "replica failed: {e}");
+                    unanswered &= !in_sync || e.unanswered();
                     outcome_of(&e)
                 }
-            })
-            .collect();
+            });
+        }
         let request = match h.op {
             Op::Write | Op::WriteZeroes => Mirrored::Data {
                 offset: h.offset,
@@ -133,28 +156,33 @@ impl Volume {
         let decision = self.core().decide(request, targets, &outcomes);
         match decision {
             Decision::Ack => Ok(()),
-            Decision::Fail(failure) => Err(VolumeError::Write {
-                volume: self.info.name.clone(),
-                op: match h.op {
-                    Op::Write => "write",
-                    Op::Flush => "flush",
-                    Op::WriteZeroes if h.flags & FLAG_MAY_TRIM != 0 => "trim",
-                    Op::WriteZeroes => "write zeroes",
-                    _ => "request",
+            Decision::Fail(failure) => Err((
+                VolumeError::Write {
+                    volume: self.info.name.clone(),
+                    op: match h.op {
+                        Op::Write => "write",
+                        Op::Flush => "flush",
+                        Op::WriteZeroes if h.flags & FLAG_MAY_TRIM != 0 => "trim",
+                        Op::WriteZeroes => "write zeroes",
+                        _ => "request",
+                    },
+                    node: match failure {
+                        WriteFailure::ReplicaFailed { replica }
+                        | WriteFailure::Refused { replica } => Some(self.node(replica)),
+                        _ => None,
+                    },
+                    failure,
                 },
-                node: match failure {
-                    WriteFailure::ReplicaFailed { replica } | WriteFailure::Refused { replica } => {
-                        Some(self.node(replica))
-                    }
-                    _ => None,
-                },
-                failure,
-            }),
+                unanswered && matches!(failure, WriteFailure::ReplicaFailed { .. }),
+            )),
             Decision::TakeOut {
                 replicas,
                 range,
                 lost_history,
-            } => self.take_out_with(&replicas, range, lost_history).await,
+            } => self
+                .take_out_with(&replicas, range, lost_history)
+                .await
+                .map_err(|e| (e, false)),
         }
     }
 
@@ -165,6 +193,9 @@ impl Volume {
         let mut plan = self.core().read_begin(overlapping);
         let mut moved = false;
         let mut last = VolumeError::NoReplicas(self.info.name.clone());
+        // Every copy tried went unanswered (`relink.rs`): the read waits for one to answer.
+        let mut unanswered = true;
+        let mut waiting: Option<Instant> = None;
         // The in-sync set may change while a read waits on a replica that stopped answering
         // (another may finish its resync meanwhile), so the plan looks at it again each time.
         // On tiered nodes: prefer a copy that holds the extent on flash, and tell the copies
@@ -185,7 +216,15 @@ impl Volume {
                 plan.next(self.core().set())
             };
             let Some(i) = next else {
-                return Err(last);
+                if !(unanswered && last.unanswered()) {
+                    return Err(last);
+                }
+                let since = *waiting.get_or_insert_with(Instant::now);
+                if !self.copy_answers_again(since).await? {
+                    return Err(last);
+                }
+                plan = self.core().read_begin(true);
+                continue;
             };
             match self
                 .call(i, h, Bytes::new())
@@ -208,6 +247,7 @@ impl Volume {
                         self.core().read_moved();
                     }
                     plan.failed(i, e.is_bad_copy());
+                    unanswered &= e.unanswered();
                     last = e;
                 }
             }

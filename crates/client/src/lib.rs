@@ -27,6 +27,7 @@ mod failover;
 mod io;
 mod membership;
 mod reconcile;
+mod relink;
 mod repair;
 mod resync;
 mod scrub;
@@ -118,9 +119,11 @@ pub struct VolumeOptions {
     /// Count requests and their latency in this process's metrics (`trireme_metrics::volume`),
     /// for the `--http` endpoint. Relaxed atomic adds and two clock reads per request.
     pub metrics: bool,
-    /// How long a request of the process serving the volume waits, once the writer has lost
-    /// the link to every copy (the cluster restarted), for the process to attach again
-    /// before it fails with EIO; zero fails at once. Not used by the writer itself.
+    /// How long a request waits for a copy to answer again before it fails with EIO; zero
+    /// fails at once. In the writer, a request no in-sync copy answered waits for one to
+    /// answer and be linked again (`relink.rs`); in the process serving the volume, a request
+    /// of a writer that lost the link to every copy (the cluster restarted) waits for the
+    /// process to attach again.
     pub reattach_wait: Duration,
 }
 
@@ -216,6 +219,10 @@ pub struct Volume {
     copies: copies::Copies,
     /// Writes pass it one at a time, in arrival order, on their way into the write order.
     copies_gate: tokio::sync::Mutex<()>,
+    /// One relink of an in-sync copy at a time (`relink.rs`).
+    relink_lock: tokio::sync::Mutex<()>,
+    /// Requests wait for an in-sync copy to answer again, and the log said so (`relink.rs`).
+    waiting_said: std::sync::atomic::AtomicBool,
     /// Which copies hold which extents on their slow tier, and heat owed to each (`tiers.rs`).
     tiers: tiers::TierView,
 }
@@ -329,6 +336,8 @@ impl Volume {
             reconciled: Mutex::new(None),
             copies: copies::Copies::default(),
             copies_gate: tokio::sync::Mutex::new(()),
+            relink_lock: tokio::sync::Mutex::new(()),
+            waiting_said: std::sync::atomic::AtomicBool::new(false),
             tiers: tiers::TierView::default(),
             core: core::Core::new(core),
             opened: tokio::time::Instant::now(),

@@ -206,6 +206,11 @@ impl VolumeCore {
         self.stopped = true;
     }
 
+    /// The writer was stopped (fenced or refused).
+    pub fn stopped(&self) -> bool {
+        self.stopped
+    }
+
     // ---- the write order --------------------------------------------------------------------
 
     /// Takes a place in the write order for `[start, end)`; true if it may hold the range now.

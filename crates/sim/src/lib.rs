@@ -1200,7 +1200,12 @@ pub fn run(cfg: &Config) -> Result<Outcome, SimFailure> {
     if std::env::var_os("TRIREME_SIM_TRACE").is_some() {
         // The client's and nodes' own logs, interleaved with the run (for replaying a seed).
         let _ = tracing_subscriber::fmt()
-            .with_env_filter("info")
+            .with_env_filter(
+                std::env::var("TRIREME_SIM_TRACE")
+                    .ok()
+                    .filter(|f| f.len() > 1)
+                    .unwrap_or_else(|| "info".into()),
+            )
             .with_writer(std::io::stderr)
             .try_init();
     }

@@ -1,0 +1,181 @@
+//! When no in-sync copy answers: the request waits for one to answer again, rather than fail.
+//!
+//! A request whose every in-sync copy went unanswered — each timed out or lost its link, none
+//! refused it or failed it in its store — cannot be acknowledged, and no copy can be taken out
+//! (that takes an in-sync copy that holds the request). Before, it failed with EIO at once: a
+//! node that restarted under a 2-way volume whose other copy was out, or a copy slow for one
+//! replica timeout while the others were out, cost the guest an I/O error. Now it waits, as
+//! DRBD's `suspend-io` and dm-multipath's `queue_if_no_path` do, up to the volume's
+//! `reattach_wait` (30 s by default), and tries again once a copy answers:
+//!
+//! * a copy whose link is closed is linked again: a new connection and an attach at this
+//!   writer's epoch (refused if the writer was fenced meanwhile, which stops the wait);
+//! * a copy whose link is open but did not answer in time is linked again once it answers a
+//!   cheap question (`ReplicaInfo`) again.
+//!
+//! Linking again is what makes trying again safe. The node answers the attach only after
+//! every request it admitted before has finished, and refuses any later one of the old
+//! connection (`node/src/serve.rs`, `io_replica`), so a write given up on can never land after
+//! its retry and a newer write in the same place. And the copy must answer with the
+//! incarnation recorded for it: the same history. A node that restarted after a power loss,
+//! or whose store failed a sync, has a new one; what it acknowledged may be gone, so it is
+//! never used again as in sync, and the request fails as before.
+//!
+//! One relink at a time per volume: the waiting requests share it.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::time::Instant;
+use trireme_proto::{Op, Status};
+
+use crate::{Volume, VolumeError};
+
+/// The first pause between two looks at the copies; it doubles up to [`MAX_PAUSE`].
+const FIRST_PAUSE: Duration = Duration::from_millis(50);
+const MAX_PAUSE: Duration = Duration::from_secs(1);
+
+/// What one look at an in-sync copy found.
+enum Look {
+    /// It answers, with its history: try the request again.
+    Answers,
+    /// It does not answer yet.
+    Silent,
+    /// It answers with another history than recorded: what it acknowledged may be lost.
+    LostHistory,
+}
+
+impl VolumeError {
+    /// The copy never answered the request: it timed out, its link broke, or the link was
+    /// replaced under it. It may answer a retry.
+    pub(crate) fn unanswered(&self) -> bool {
+        matches!(
+            self,
+            VolumeError::Timeout { .. }
+                | VolumeError::Transport { .. }
+                | VolumeError::Replica {
+                    status: Status::Superseded,
+                    ..
+                }
+        )
+    }
+}
+
+impl Volume {
+    /// Waits, after a request found no in-sync copy answering, until one answers again with
+    /// its history (see the module docs). `since`: when the request began to wait. `Ok(true)`:
+    /// try the request again; `Ok(false)`: give up (the wait is over, or no copy can serve);
+    /// `Err`: this writer was fenced meanwhile.
+    pub(crate) async fn copy_answers_again(&self, since: Instant) -> Result<bool, VolumeError> {
+        let limit = self.opts.reattach_wait;
+        if self.membership.is_none() || limit.is_zero() {
+            return Ok(false);
+        }
+        let mut pause = FIRST_PAUSE;
+        loop {
+            let in_sync = self.in_sync();
+            if in_sync.is_empty() || self.core().stopped() {
+                return Ok(false);
+            }
+            if !self.waiting_said.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    volume = %self.info.name,
+                    wait_s = limit.as_secs_f64(),
+                    "no in-sync copy answers: requests wait for one to answer again"
+                );
+            }
+            let mut lost = 0;
+            for &i in &in_sync {
+                match self.look(i).await? {
+                    Look::Answers => {
+                        if self.waiting_said.swap(false, Ordering::Relaxed) {
+                            tracing::warn!(volume = %self.info.name, node = self.node(i), "an in-sync copy answers again: requests go on");
+                        }
+                        return Ok(true);
+                    }
+                    Look::LostHistory => {
+                        // Out for a full resync, if it can be taken out (another copy in sync
+                        // tracks it); never used as in sync again either way.
+                        tracing::error!(volume = %self.info.name, node = self.node(i), "the in-sync copy came back with another history (a power loss, or a failed sync): what it acknowledged may be lost");
+                        if let Err(e) = self.take_out_with(&[i], None, true).await {
+                            if e.stops_writer() {
+                                return Err(e);
+                            }
+                        }
+                        lost += 1;
+                    }
+                    Look::Silent => {}
+                }
+            }
+            if lost == in_sync.len() {
+                // Every copy in sync lost its history: what they acknowledged may be gone.
+                self.waiting_said.store(false, Ordering::Relaxed);
+                return Ok(false);
+            }
+            let left = limit.saturating_sub(since.elapsed());
+            if left.is_zero() {
+                tracing::error!(
+                    volume = %self.info.name,
+                    waited_s = limit.as_secs_f64(),
+                    "no in-sync copy answered in time: the request fails"
+                );
+                self.waiting_said.store(false, Ordering::Relaxed);
+                return Ok(false);
+            }
+            tokio::time::sleep(pause.min(left)).await;
+            pause = (pause * 2).min(MAX_PAUSE);
+        }
+    }
+
+    /// One look at in-sync copy `i`: linked again if it answers.
+    async fn look(&self, i: usize) -> Result<Look, VolumeError> {
+        let seen = self.conn(&self.slots[i]);
+        if let Some(c) = seen.as_ref().filter(|c| !c.is_closed()) {
+            // Open but silent: linked again only once it answers at all.
+            let h = self.header(Op::ReplicaInfo, 0, 0);
+            let f = match tokio::time::timeout(self.opts.replica_timeout, c.call(h, Bytes::new()))
+                .await
+            {
+                Ok(Ok(f)) if f.header.status == Status::Ok => f,
+                _ => return Ok(Look::Silent),
+            };
+            if f.header.epoch > self.info.epoch {
+                return Err(VolumeError::Fenced {
+                    volume: self.info.name.clone(),
+                    ours: self.info.epoch,
+                    newer: f.header.epoch,
+                });
+            }
+        }
+        let _one = self.relink_lock.lock().await;
+        if self.state(i) != trireme_replication::ReplicaState::InSync {
+            // Taken out meanwhile: the resync brings it back.
+            return Ok(Look::Silent);
+        }
+        let now = self.conn(&self.slots[i]);
+        let relinked_meanwhile = match (&seen, &now) {
+            (Some(a), Some(b)) => !std::sync::Arc::ptr_eq(a, b) && !b.is_closed(),
+            (None, Some(b)) => !b.is_closed(),
+            _ => false,
+        };
+        if relinked_meanwhile {
+            return Ok(Look::Answers);
+        }
+        let (conn, incarnation) = match self.reattach(i).await {
+            Ok(r) => r,
+            Err(e) if e.stops_writer() => return Err(e),
+            Err(e) => {
+                tracing::debug!(volume = %self.info.name, node = self.node(i), "linking the in-sync copy again: {e}");
+                return Ok(Look::Silent);
+            }
+        };
+        let recorded = self.core().incarnation(i);
+        if recorded == 0 || incarnation != recorded {
+            return Ok(Look::LostHistory);
+        }
+        self.set_conn(i, Some(conn));
+        tracing::info!(volume = %self.info.name, node = self.node(i), "linked the in-sync copy again");
+        Ok(Look::Answers)
+    }
+}
