@@ -354,22 +354,37 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
             }
         }
         Cmd::Volume(VolumeCmd::Verify { name, region }) => {
-            let info: trireme_client::AttachInfo = cc
-                .call(&Request::Locate { name: name.clone() })
-                .await
-                .map_err(usage_if_remote)?;
-            let vol =
-                trireme_client::Volume::connect(info, trireme_transport::TransportKind::Tcp, 1)
-                    .await?;
-            let mut bar = crate::progress::Progress::new(
-                &format!("verify {name}"),
-                vol.size(),
-                out == Output::Text,
-            );
-            let r =
-                trireme_client::verify_replicas_with(&vol, *region, &mut |done, _| bar.set(done))
-                    .await?;
-            bar.finish();
+            // Checksums are asked at the volume's current epoch. A writer attaching right
+            // then (its epoch recorded, not yet on every node), or a newer one attaching
+            // during the scan, makes a node refuse it: the scan starts again, a few times.
+            let mut tries = 0;
+            let r = loop {
+                let info: trireme_client::AttachInfo = cc
+                    .call(&Request::Locate { name: name.clone() })
+                    .await
+                    .map_err(usage_if_remote)?;
+                let vol =
+                    trireme_client::Volume::connect(info, trireme_transport::TransportKind::Tcp, 1)
+                        .await?;
+                let mut bar = crate::progress::Progress::new(
+                    &format!("verify {name}"),
+                    vol.size(),
+                    out == Output::Text,
+                );
+                let r = trireme_client::verify_replicas_with(&vol, *region, &mut |done, _| {
+                    bar.set(done)
+                })
+                .await;
+                bar.finish();
+                match r {
+                    Err(e) if e.is_fenced() && tries < 5 => {
+                        tries += 1;
+                        tracing::info!("verify {name}: {e}; starting again");
+                        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    }
+                    r => break r?,
+                }
+            };
             print(out, &r, |r| {
                 let mut s = format!(
                     "volume {}: compared {} across replicas on nodes {:?}: {} mismatching region(s)\n",
