@@ -10,7 +10,9 @@
 /// dropping it, took the copy back, and the node deleted it under it.
 /// 112805: a resync that could not finish started again every tick, and the run never ended.
 /// 118984: a crashed writer's attach record never expired.
-const REGRESSIONS: &[u64] = &[2226, 11421, 30202, 112805, 118984];
+/// 114428: nodes restarted under the writer with data kept; the last in-sync copy's link was
+/// closed, and writes failed instead of linking it again.
+const REGRESSIONS: &[u64] = &[2226, 11421, 30202, 112805, 114428, 118984];
 
 fn seeds() -> Vec<u64> {
     match std::env::var("TRIREME_SIM_SEEDS") {
