@@ -119,7 +119,24 @@ impl Cluster {
     pub fn cli(&self, args: &[&str]) -> Output {
         let mut cmd = Command::new(BIN);
         cmd.arg("--data-dir").arg(self.dir.path()).args(args);
-        output_within(&mut cmd, CLI_LIMIT, &|| self.log())
+        output_within(&mut cmd, CLI_LIMIT, &|| self.evidence())
+    }
+
+    /// The threads' stacks of `up` and of its nodes, and `up`'s log: what a test that found
+    /// something hung prints.
+    pub fn evidence(&self) -> String {
+        let mut out = self
+            .child
+            .as_ref()
+            .map_or(String::new(), |c| stacks(c.id()));
+        let pids = std::fs::read_to_string(self.path().join("pids")).unwrap_or_default();
+        for pid in pids
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(1)?.parse().ok())
+        {
+            out += &stacks(pid);
+        }
+        format!("{out}\n{}", self.log())
     }
 
     /// Stops the cluster with SIGTERM and waits for a clean exit.
@@ -243,11 +260,12 @@ pub fn wait_within(mut child: Child, limit: Duration, log: &dyn Fn() -> String) 
             break st;
         }
         if t0.elapsed() > limit {
+            let stacks = stacks(child.id());
             let _ = child.kill();
             let _ = child.wait();
             let (o, e) = (out.join().unwrap(), err.join().unwrap());
             panic!(
-                "pid {} still running after {limit:?}, killed:\nstdout: {}\nstderr: {}\n{}",
+                "pid {} still running after {limit:?}, killed:\nstdout: {}\nstderr: {}\n{stacks}\n{}",
                 child.id(),
                 String::from_utf8_lossy(&o),
                 String::from_utf8_lossy(&e),
@@ -260,6 +278,24 @@ pub fn wait_within(mut child: Child, limit: Duration, log: &dyn Fn() -> String) 
         status,
         stdout: out.join().unwrap(),
         stderr: err.join().unwrap(),
+    }
+}
+
+/// The stacks of every thread of process `pid`, through gdb (installed by the setup script),
+/// for a test that found it hung; empty without gdb.
+pub fn stacks(pid: u32) -> String {
+    let out = Command::new("timeout")
+        .args(["60", "gdb", "-p", &pid.to_string(), "-batch", "-nx"])
+        .args(["-ex", "thread apply all bt 40"])
+        .stdin(Stdio::null())
+        .output();
+    match out {
+        Ok(o) if o.status.success() => {
+            let text = String::from_utf8_lossy(&o.stdout);
+            let keep: String = text.chars().take(60_000).collect();
+            format!("threads of pid {pid}:\n{keep}")
+        }
+        _ => String::new(),
     }
 }
 
@@ -424,7 +460,7 @@ pub fn start_bench(c: &Cluster, secs: u32) -> Child {
 
 /// Waits for the bench and checks it saw no error and the oracle found nothing.
 pub fn finish_bench(c: &Cluster, b: Child) -> serde_json::Value {
-    check_workload(b, 1000, &|| c.log())
+    check_workload(b, 1000, &|| c.evidence())
 }
 
 /// Waits for a `bench --verify --output json` workload: it must succeed, its oracle must find
