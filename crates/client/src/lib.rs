@@ -262,25 +262,32 @@ async fn connect_replica(
         return c.connect(r).await;
     }
     let (kind, streams) = (opts.kind, opts.streams);
+    let mut socket_failed = None;
     if let Some(local) = r.local_addr.as_ref().filter(|_| opts.same_host_socket) {
         let path = local.strip_prefix("unix:").unwrap_or(local);
         if std::path::Path::new(path).exists() {
             match trireme_transport::connect(kind, local, streams).await {
                 Ok(c) => return Ok(c),
-                Err(e) => tracing::warn!(
-                    node = r.node,
-                    "same-host socket failed, using {}: {e}",
-                    r.addr
-                ),
+                Err(e) => socket_failed = Some(e),
             }
         }
     }
-    trireme_transport::connect(kind, &r.addr, streams)
+    let c = trireme_transport::connect(kind, &r.addr, streams)
         .await
         .map_err(|source| VolumeError::Transport {
             node: r.node,
             source,
-        })
+        })?;
+    // Said only when the network address answers: a node that is down refuses both, and
+    // its writer tries again every moment.
+    if let Some(e) = socket_failed {
+        tracing::warn!(
+            node = r.node,
+            "same-host socket failed, using {}: {e}",
+            r.addr
+        );
+    }
+    Ok(c)
 }
 
 impl Volume {
@@ -523,6 +530,11 @@ impl Volume {
 
     fn in_sync(&self) -> Vec<usize> {
         self.core().set().in_sync()
+    }
+
+    /// Its request counters now, if it counts them (`VolumeOptions::metrics`).
+    pub fn metrics_snapshot(&self) -> Option<trireme_metrics::VolumeSnapshot> {
+        self.metrics.as_ref().map(|m| m.snapshot())
     }
 
     /// The options it was attached with.
