@@ -579,6 +579,21 @@ fn a_cluster_on_etcd_survives_node_manager_etcd_and_writer_failures() {
     // Faults, one at a time, under a verifying workload.
     let b = w.bench(if w.net.on { 42 } else { 36 });
     std::thread::sleep(Duration::from_secs(3));
+    // The writer runs on a client host, the manager on a server: `status` shows the writer's
+    // I/O from the report it writes to etcd (`reports/vol`).
+    let t0 = Instant::now();
+    loop {
+        let io = w.status()["volumes"][0]["io"].clone();
+        if io["write_iops"].as_f64().is_some_and(|x| x > 0.0) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "status never showed the writer's I/O: {io}\n{}",
+            w.log()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
     let reps = w.replica_nodes();
     let m = w.manager_node();
     let victim = *reps.iter().find(|&&n| n != m).unwrap();

@@ -341,13 +341,16 @@ pub struct VolumeStatus {
     /// The tier its extents live on, on tiered nodes.
     #[serde(default)]
     pub tier: trireme_meta::TierPolicy,
-    /// The progress of a scrub the writer in this cluster process runs now
+    /// The progress of a scrub its writer runs now
     /// (`copied_bytes`: bytes rewritten).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scrub: Option<trireme_client::ResyncProgress>,
     /// Its health in one word, with the reasons (`health.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<crate::health::Health>,
+    /// Its I/O over the last few seconds, as a writer on another host reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io: Option<trireme_meta::IoRates>,
 }
 
 /// What a planned node restart did.

@@ -218,6 +218,7 @@ mod tests {
             tier: Default::default(),
             scrub: None,
             health: None,
+            io: None,
         }
     }
 

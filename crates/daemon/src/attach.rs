@@ -137,6 +137,7 @@ pub struct Attached {
     lease: Arc<std::sync::atomic::AtomicI64>,
     keeper: tokio::task::JoinHandle<()>,
     mover: tokio::task::JoinHandle<()>,
+    reporter: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Attaches `cfg.volume` as its writer. `exports` (the NBD URIs it will be served at) go in
@@ -275,6 +276,7 @@ pub async fn attach(
         lease: lease_now,
         keeper,
         mover,
+        reporter: None,
     })
 }
 
@@ -286,6 +288,9 @@ impl Attached {
         let epoch = self.volume.info().epoch;
         let name = self.volume.info().name.clone();
         self.mover.abort();
+        if let Some(r) = &self.reporter {
+            r.abort();
+        }
         let r = match tokio::time::timeout(DETACH_TIMEOUT, self.volume.detach()).await {
             Ok(r) => r.map_err(|e| e.to_string()),
             Err(_) => Err(format!("no replica answered within {DETACH_TIMEOUT:?}")),
@@ -295,6 +300,73 @@ impl Attached {
         let lease = self.lease.load(std::sync::atomic::Ordering::Relaxed);
         let _ = self.meta.store().revoke(lease).await;
         r.map_err(|e| DaemonError::Runtime(format!("final flush and detach: {e}")))
+    }
+}
+
+/// How often the writer looks at what it reports, and the longest it goes without writing
+/// the report again (the rates age).
+const REPORT_EVERY: Duration = Duration::from_secs(1);
+const REPORT_AT_LEAST: Duration = Duration::from_secs(5);
+
+impl Attached {
+    /// Starts reporting the writer's view to the cluster (`trireme_meta::WriterReport`): its
+    /// replica states with a resync's progress, whether writes wait for copies, a scrub's
+    /// progress, its I/O rates, and `http`, where its metrics are served. Written when it
+    /// changes and at least every few seconds, bound to the attach lease.
+    pub fn report(&mut self, http: Option<String>) {
+        let (meta, volume, lease) = (self.meta.clone(), self.volume.clone(), self.lease.clone());
+        self.reporter = Some(tokio::spawn(report(meta, volume, lease, http)));
+    }
+}
+
+async fn report(
+    meta: ClusterMeta,
+    volume: Arc<Volume>,
+    lease: Arc<std::sync::atomic::AtomicI64>,
+    http: Option<String>,
+) {
+    let name = volume.info().name.clone();
+    let mut last: Option<(trireme_meta::WriterReport, std::time::Instant)> = None;
+    let mut counted = volume
+        .metrics_snapshot()
+        .map(|s| (s, std::time::Instant::now()));
+    loop {
+        tokio::time::sleep(REPORT_EVERY).await;
+        let report = trireme_meta::WriterReport {
+            epoch: volume.info().epoch,
+            replicas: volume
+                .replica_views()
+                .into_iter()
+                .map(|v| trireme_meta::ReportedReplica {
+                    node: v.node,
+                    state: v.state,
+                    resync: v.resync,
+                })
+                .collect(),
+            writes_suspended: volume.writes_suspended(),
+            scrub: volume.scrub_progress(),
+            io: None,
+            http: http.clone(),
+        };
+        let same = last.as_ref().is_some_and(|(l, at)| {
+            l.replicas == report.replicas
+                && l.writes_suspended == report.writes_suspended
+                && l.scrub == report.scrub
+                && at.elapsed() < REPORT_AT_LEAST
+        });
+        if same {
+            continue;
+        }
+        let mut report = report;
+        if let (Some((prev, t)), Some(now)) = (&counted, volume.metrics_snapshot()) {
+            report.io = Some(crate::http::board::rates(&now, prev, t.elapsed()));
+            counted = Some((now, std::time::Instant::now()));
+        }
+        let l = lease.load(std::sync::atomic::Ordering::Relaxed);
+        match meta.put_report(&name, &report, l).await {
+            Ok(()) => last = Some((report, std::time::Instant::now())),
+            Err(e) => tracing::debug!(volume = %name, "writing the writer's report: {e}"),
+        }
     }
 }
 

@@ -23,8 +23,9 @@ pub mod rbac;
 mod tests;
 
 pub use cluster::{
-    AliveRecord, AttachRecord, ClusterMeta, ManagerRecord, MoveRequest, MoveRequestState,
-    RestartOrder, RevokedCert, TakeOutRequest, TakeOutState, TrashRecord, PREFIX,
+    AliveRecord, AttachRecord, ClusterMeta, IoRates, ManagerRecord, MoveRequest, MoveRequestState,
+    ReportedReplica, RestartOrder, RevokedCert, TakeOutRequest, TakeOutState, TrashRecord,
+    WriterReport, PREFIX,
 };
 pub use etcd::{parse_endpoints, EtcdMeta, EtcdTls};
 pub use kv::MetaStore;

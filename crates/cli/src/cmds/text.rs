@@ -194,6 +194,24 @@ pub(crate) fn status_text(s: &StatusReport) -> String {
             Some(w) => out += &format!("{:<16} attached by {w}\n", ""),
             None => {}
         }
+        if let Some(io) = &v.io {
+            let ms = |s: Option<f64>| s.map_or("-".to_string(), |s| format!("{:.2} ms", s * 1e3));
+            out += &format!(
+                "{:<16} I/O: {:.0} reads/s {}/s (p99 {}), {:.0} writes/s {}/s (p99 {}){}\n",
+                "",
+                io.read_iops,
+                human(io.read_bytes_per_s as u64),
+                ms(io.read_p99_s),
+                io.write_iops,
+                human(io.write_bytes_per_s as u64),
+                ms(io.write_p99_s),
+                if io.errors > 0 {
+                    format!(", {} errors", io.errors)
+                } else {
+                    String::new()
+                }
+            );
+        }
         out += &format!("{:<16} access: {}\n", "", access_text(&v.access));
         if !v.tier.is_auto() {
             out += &format!("{:<16} pinned to the {} tier\n", "", v.tier.as_str());

@@ -140,10 +140,32 @@ impl Manager {
             // A writer here that another has fenced knows nothing current.
             let own = self.writer(&v.name);
             let live = own.as_ref().filter(|w| w.info().epoch == v.epoch);
-            let views = live.map(|w| w.replica_views());
+            // A writer on another host reports its view itself (`WriterReport`).
+            let report = match live {
+                Some(_) => None,
+                None => self
+                    .meta
+                    .report(&v.name)
+                    .await
+                    .ok()
+                    .flatten()
+                    .filter(|r| r.epoch == v.epoch),
+            };
+            let views = live.map(|w| w.replica_views()).or_else(|| {
+                report.as_ref().map(|r| {
+                    r.replicas
+                        .iter()
+                        .map(|x| trireme_client::ReplicaView {
+                            node: x.node,
+                            state: x.state,
+                            resync: x.resync.clone(),
+                        })
+                        .collect()
+                })
+            });
             let mut reps = Vec::new();
             for r in &v.replicas {
-                // The writer in this process knows better than the record (resyncing, progress).
+                // The writer knows better than the record (resyncing, progress).
                 let live = views
                     .as_ref()
                     .and_then(|vs| vs.iter().find(|x| x.node == r.node));
@@ -209,10 +231,14 @@ impl Manager {
                     (None, _) => None,
                 },
                 min_copies: v.min_copies(),
-                writes_suspended: live.is_some_and(|w| w.writes_suspended()),
+                writes_suspended: live.is_some_and(|w| w.writes_suspended())
+                    || report.as_ref().is_some_and(|r| r.writes_suspended),
                 tier: v.tier,
-                scrub: live.and_then(|w| w.scrub_progress()),
+                scrub: live
+                    .and_then(|w| w.scrub_progress())
+                    .or_else(|| report.as_ref().and_then(|r| r.scrub.clone())),
                 health: None,
+                io: report.as_ref().and_then(|r| r.io),
             });
         }
         for v in &mut vs {

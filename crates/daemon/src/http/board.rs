@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::sync::watch;
 use trireme_control::{Manager, ReplicaStatusState, StatusReport};
+use trireme_meta::IoRates;
 use trireme_metrics::{Op, VolumeSnapshot};
 
 /// How often the board is sampled while someone watches.
@@ -18,20 +19,13 @@ pub const PERIOD: Duration = Duration::from_secs(1);
 /// Events kept.
 const EVENTS: usize = 50;
 
-/// One volume's I/O over the last interval, as its writer in this process saw it.
+/// One volume's I/O over the last interval, as its writer saw it: the writer in this process,
+/// or one on another host through its report (`trireme_meta::WriterReport`).
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct VolumeRates {
     pub volume: String,
-    pub read_iops: f64,
-    pub write_iops: f64,
-    pub read_bytes_per_s: f64,
-    pub write_bytes_per_s: f64,
-    /// Latency quantiles in seconds over the interval (`None`: no request of that kind).
-    pub read_p50_s: Option<f64>,
-    pub read_p99_s: Option<f64>,
-    pub write_p50_s: Option<f64>,
-    pub write_p99_s: Option<f64>,
-    pub errors: u64,
+    #[serde(flatten)]
+    pub rates: IoRates,
 }
 
 /// Something that changed.
@@ -129,8 +123,10 @@ impl Board {
         let now = Instant::now();
         let volumes = trireme_metrics::volumes();
         let proc_ = trireme_metrics::process::stats().unwrap_or_default();
+        // Writers on other hosts (a cluster on etcd) report their own rates.
+        let reports = m.meta().reports().await.unwrap_or_default();
         let mut mem = self.0.memory.lock().unwrap_or_else(|e| e.into_inner());
-        let rates = volumes
+        let mut rates: Vec<VolumeRates> = volumes
             .iter()
             .map(|v| {
                 let r = match mem.volumes.get(&v.name) {
@@ -138,9 +134,20 @@ impl Board {
                     None => rates(v, v, Duration::ZERO),
                 };
                 mem.volumes.insert(v.name.clone(), (now, v.clone()));
-                r
+                VolumeRates {
+                    volume: v.name.clone(),
+                    rates: r,
+                }
             })
             .collect();
+        for (name, r) in reports {
+            if let Some(io) = r.io.filter(|_| !rates.iter().any(|x| x.volume == name)) {
+                rates.push(VolumeRates {
+                    volume: name,
+                    rates: io,
+                });
+            }
+        }
         let (status, error) = match status {
             Ok(st) => {
                 if let Some(prev) = &mem.status {
@@ -168,7 +175,8 @@ impl Board {
     }
 }
 
-fn rates(now: &VolumeSnapshot, prev: &VolumeSnapshot, over: Duration) -> VolumeRates {
+/// The I/O between two snapshots of a volume's counters taken `over` apart.
+pub(crate) fn rates(now: &VolumeSnapshot, prev: &VolumeSnapshot, over: Duration) -> IoRates {
     let secs = over.as_secs_f64();
     let d = |op: Op| {
         let (a, b) = (&now.ops[op as usize], &prev.ops[op as usize]);
@@ -182,8 +190,7 @@ fn rates(now: &VolumeSnapshot, prev: &VolumeSnapshot, over: Duration) -> VolumeR
     let per_s = |n: u64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
     let (r_ops, r_bytes, r_lat, r_err) = d(Op::Read);
     let (w_ops, w_bytes, w_lat, w_err) = d(Op::Write);
-    VolumeRates {
-        volume: now.name.clone(),
+    IoRates {
         read_iops: per_s(r_ops),
         write_iops: per_s(w_ops),
         read_bytes_per_s: per_s(r_bytes),
@@ -334,6 +341,7 @@ mod tests {
                 tier: Default::default(),
                 scrub: None,
                 health: None,
+                io: None,
             }],
             moves: vec![],
             manager: None,

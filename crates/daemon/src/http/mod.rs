@@ -1,7 +1,8 @@
 //! The HTTP endpoint of every long-running process (`--http ADDR`).
 //!
 //! * `/metrics` — Prometheus's OpenMetrics text: what this process knows (see [`scrape`]).
-//! * `/targets` — Prometheus HTTP service discovery: this process and every node's endpoint,
+//! * `/targets` — Prometheus HTTP service discovery: this process, every node's endpoint and
+//!   every writer's that reports one (`trireme attach --http`),
 //!   from the cluster metadata, so one `http_sd_configs` entry finds the whole cluster.
 //! * `/` — the dashboard, where this process holds the manager role (`trireme up`, or the node
 //!   daemon that is the manager); `/api/board` is its state as JSON, `/api/events` the same as
@@ -11,7 +12,7 @@
 //! that carry its token ([`Token`]: a file only its owner reads, as the control socket takes
 //! only its owner's processes). Its address is written to a file beside the process's data.
 
-mod board;
+pub(crate) mod board;
 mod scrape;
 mod token;
 
@@ -269,6 +270,23 @@ async fn targets(State(s): State<Arc<Shared>>) -> Response {
             groups.push(serde_json::json!({
                 "targets": nodes,
                 "labels": { "trireme_role": "node" },
+            }));
+        }
+        // Writers on other hosts (`trireme attach` with `--http`), from their reports.
+        let mut writers: Vec<String> = meta
+            .reports()
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|(_, r)| r.http)
+            .filter(|h| *h != s.addr.to_string())
+            .collect();
+        writers.sort();
+        writers.dedup();
+        if !writers.is_empty() {
+            groups.push(serde_json::json!({
+                "targets": writers,
+                "labels": { "trireme_role": "writer" },
             }));
         }
     }

@@ -30,6 +30,7 @@
 mod attach;
 mod members;
 mod records;
+mod reports;
 mod requests;
 mod trash;
 mod volumes;
@@ -43,6 +44,7 @@ use crate::kv::{Compare, KeyValue, LeaseId, MetaStore, Op, Txn, TxnResult};
 use crate::MetaError;
 
 pub use records::*;
+pub use reports::{IoRates, ReportedReplica, WriterReport};
 pub use trash::TrashRecord;
 pub(crate) use volumes::layout_of;
 

@@ -1,0 +1,107 @@
+//! What a volume's writer on another host reports of itself (`reports/<name>`): the replica
+//! states it sees (a resync's progress among them), whether its writes wait for copies, a
+//! scrub's progress, its I/O rates, and where its own metrics are served. The manager
+//! runs elsewhere; without it, `status` on a cluster on etcd showed a resyncing copy as
+//! outdated with no progress until the end, the dashboard's I/O charts stayed empty, and
+//! Prometheus's targets left the writer out. The key is bound to the writer's attach lease,
+//! so a report dies with its writer.
+
+use serde::{Deserialize, Serialize};
+use trireme_replication::{ReplicaState, ResyncProgress};
+
+use super::*;
+use crate::kv::Op;
+use crate::MetaError;
+
+/// One replica as the writer sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportedReplica {
+    pub node: u32,
+    pub state: ReplicaState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resync: Option<ResyncProgress>,
+}
+
+/// A volume's I/O over an interval, as its writer saw it (the dashboard's charts).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct IoRates {
+    pub read_iops: f64,
+    pub write_iops: f64,
+    pub read_bytes_per_s: f64,
+    pub write_bytes_per_s: f64,
+    /// Latency quantiles in seconds over the interval (`None`: no request of that kind).
+    pub read_p50_s: Option<f64>,
+    pub read_p99_s: Option<f64>,
+    pub write_p50_s: Option<f64>,
+    pub write_p99_s: Option<f64>,
+    pub errors: u64,
+}
+
+/// A writer's report of itself.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WriterReport {
+    /// The writer's epoch: a report of another epoch than the volume's is stale.
+    pub epoch: u64,
+    pub replicas: Vec<ReportedReplica>,
+    pub writes_suspended: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scrub: Option<ResyncProgress>,
+    /// Its I/O since its previous report, if it counts requests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io: Option<IoRates>,
+    /// `host:port` of its metrics endpoint, if it serves one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<String>,
+}
+
+impl ClusterMeta {
+    /// The key of `name`'s writer report.
+    pub fn report_key(name: &str) -> String {
+        key(&format!("reports/{name}"))
+    }
+
+    /// Puts the writer's report of `name`, bound to `lease` (its attach lease).
+    pub async fn put_report(
+        &self,
+        name: &str,
+        report: &WriterReport,
+        lease: LeaseId,
+    ) -> Result<(), MetaError> {
+        self.write(
+            vec![],
+            vec![Op::put_leased(
+                Self::report_key(name),
+                encode(report),
+                lease,
+            )],
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// The report of `name`'s writer, if one is alive.
+    pub async fn report(&self, name: &str) -> Result<Option<WriterReport>, MetaError> {
+        Ok(self
+            .get::<WriterReport>(&Self::report_key(name))
+            .await?
+            .map(|(r, _)| r))
+    }
+
+    /// Every writer's report, by volume.
+    pub async fn reports(&self) -> Result<Vec<(String, WriterReport)>, MetaError> {
+        let prefix = key("reports/");
+        let mut out = Vec::new();
+        for kv in self.store().range(&prefix).await?.0 {
+            let Some(name) = kv.key.strip_prefix(&prefix) else {
+                continue;
+            };
+            match serde_json::from_slice::<WriterReport>(&kv.value) {
+                Ok(r) => out.push((name.to_string(), r)),
+                Err(e) => {
+                    tracing::warn!(key = %kv.key, "a writer report that does not decode: {e}")
+                }
+            }
+        }
+        Ok(out)
+    }
+}
