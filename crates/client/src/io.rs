@@ -74,6 +74,7 @@ impl Volume {
         let mut waiting: Option<Instant> = None;
         loop {
             let targets = self.write_targets();
+            let sent_at = Instant::now();
             let (e, unanswered) = match self.mirror_to(h, payload.clone(), &targets).await {
                 Ok(()) => return Ok(()),
                 Err(f) => f,
@@ -94,7 +95,7 @@ impl Volume {
                 // write, and the relink keeps the old one from landing late.
                 e if unanswered => {
                     let since = *waiting.get_or_insert_with(Instant::now);
-                    if !self.copy_answers_again(since).await? {
+                    if !self.copy_answers_again(since, sent_at).await? {
                         return Err(e);
                     }
                 }
@@ -196,6 +197,7 @@ impl Volume {
         // Every copy tried went unanswered (`relink.rs`): the read waits for one to answer.
         let mut unanswered = true;
         let mut waiting: Option<Instant> = None;
+        let mut sent_at = Instant::now();
         // The in-sync set may change while a read waits on a replica that stopped answering
         // (another may finish its resync meanwhile), so the plan looks at it again each time.
         // On tiered nodes: prefer a copy that holds the extent on flash, and tell the copies
@@ -220,10 +222,11 @@ impl Volume {
                     return Err(last);
                 }
                 let since = *waiting.get_or_insert_with(Instant::now);
-                if !self.copy_answers_again(since).await? {
+                if !self.copy_answers_again(since, sent_at).await? {
                     return Err(last);
                 }
                 plan = self.core().read_begin(true);
+                sent_at = Instant::now();
                 continue;
             };
             match self

@@ -173,6 +173,9 @@ struct Slot {
     /// this index, readable without its lock.
     node: AtomicU32,
     conn: RwLock<Option<Arc<dyn Connection>>>,
+    /// One relink of this copy at a time (`relink.rs`): the requests waiting share it. It
+    /// holds when the copy was last linked again.
+    relink: tokio::sync::Mutex<Option<tokio::time::Instant>>,
 }
 
 impl Slot {
@@ -180,6 +183,7 @@ impl Slot {
         Slot {
             node: AtomicU32::new(node),
             conn: RwLock::new(conn),
+            relink: tokio::sync::Mutex::new(None),
         }
     }
 }
@@ -219,8 +223,6 @@ pub struct Volume {
     copies: copies::Copies,
     /// Writes pass it one at a time, in arrival order, on their way into the write order.
     copies_gate: tokio::sync::Mutex<()>,
-    /// One relink of an in-sync copy at a time (`relink.rs`).
-    relink_lock: tokio::sync::Mutex<()>,
     /// Requests wait for an in-sync copy to answer again, and the log said so (`relink.rs`).
     waiting_said: std::sync::atomic::AtomicBool,
     /// Which copies hold which extents on their slow tier, and heat owed to each (`tiers.rs`).
@@ -343,7 +345,6 @@ impl Volume {
             reconciled: Mutex::new(None),
             copies: copies::Copies::default(),
             copies_gate: tokio::sync::Mutex::new(()),
-            relink_lock: tokio::sync::Mutex::new(()),
             waiting_said: std::sync::atomic::AtomicBool::new(false),
             tiers: tiers::TierView::default(),
             core: core::Core::new(core),

@@ -21,7 +21,8 @@
 //! or whose store failed a sync, has a new one; what it acknowledged may be gone, so it is
 //! never used again as in sync, and the request fails as before.
 //!
-//! One relink at a time per volume: the waiting requests share it.
+//! Every in-sync copy is looked at, at once, so the retry reaches all that answer; one relink
+//! of a copy at a time, which the waiting requests share.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -64,10 +65,16 @@ impl VolumeError {
 
 impl Volume {
     /// Waits, after a request found no in-sync copy answering, until one answers again with
-    /// its history (see the module docs). `since`: when the request began to wait. `Ok(true)`:
-    /// try the request again; `Ok(false)`: give up (the wait is over, or no copy can serve);
+    /// its history (see the module docs). `since`: when the request began to wait; `sent_at`:
+    /// when it was last sent (a copy linked again after that, by any request, is tried at
+    /// once: the request may have failed only because its link was replaced). `Ok(true)`: try
+    /// the request again; `Ok(false)`: give up (the wait is over, or no copy can serve);
     /// `Err`: this writer was fenced meanwhile.
-    pub(crate) async fn copy_answers_again(&self, since: Instant) -> Result<bool, VolumeError> {
+    pub(crate) async fn copy_answers_again(
+        &self,
+        since: Instant,
+        sent_at: Instant,
+    ) -> Result<bool, VolumeError> {
         let limit = self.opts.reattach_wait;
         if self.membership.is_none() || limit.is_zero() {
             return Ok(false);
@@ -85,15 +92,23 @@ impl Volume {
                     "no in-sync copy answers: requests wait for one to answer again"
                 );
             }
+            // Every copy in sync is looked at (at once), so a retry goes to all that answer:
+            // one left out would be taken out by the retry and need a resync.
+            let looks = crate::join_all(
+                in_sync
+                    .iter()
+                    .map(|&i| {
+                        Box::pin(async move { (i, self.look(i, sent_at).await) })
+                            as crate::membership::BoxFut<'_, (usize, Result<Look, VolumeError>)>
+                    })
+                    .collect(),
+            )
+            .await;
             let mut lost = 0;
-            for &i in &in_sync {
-                match self.look(i).await? {
-                    Look::Answers => {
-                        if self.waiting_said.swap(false, Ordering::Relaxed) {
-                            tracing::warn!(volume = %self.info.name, node = self.node(i), "an in-sync copy answers again: requests go on");
-                        }
-                        return Ok(true);
-                    }
+            let mut answered = None;
+            for (i, look) in looks {
+                match look? {
+                    Look::Answers => answered = answered.or(Some(i)),
                     Look::LostHistory => {
                         // Out for a full resync, if it can be taken out (another copy in sync
                         // tracks it); never used as in sync again either way.
@@ -107,6 +122,12 @@ impl Volume {
                     }
                     Look::Silent => {}
                 }
+            }
+            if let Some(i) = answered {
+                if self.waiting_said.swap(false, Ordering::Relaxed) {
+                    tracing::warn!(volume = %self.info.name, node = self.node(i), "an in-sync copy answers again: requests go on");
+                }
+                return Ok(true);
             }
             if lost == in_sync.len() {
                 // Every copy in sync lost its history: what they acknowledged may be gone.
@@ -128,10 +149,10 @@ impl Volume {
         }
     }
 
-    /// One look at in-sync copy `i`: linked again if it answers.
-    async fn look(&self, i: usize) -> Result<Look, VolumeError> {
-        let seen = self.conn(&self.slots[i]);
-        if let Some(c) = seen.as_ref().filter(|c| !c.is_closed()) {
+    /// One look at in-sync copy `i` for a request sent at `sent_at`: linked again if it
+    /// answers, unless another request did so since.
+    async fn look(&self, i: usize, sent_at: Instant) -> Result<Look, VolumeError> {
+        if let Some(c) = self.conn(&self.slots[i]).filter(|c| !c.is_closed()) {
             // Open but silent: linked again only once it answers at all.
             let h = self.header(Op::ReplicaInfo, 0, 0);
             let f = match tokio::time::timeout(self.opts.replica_timeout, c.call(h, Bytes::new()))
@@ -148,18 +169,13 @@ impl Volume {
                 });
             }
         }
-        let _one = self.relink_lock.lock().await;
+        let mut last = self.slots[i].relink.lock().await;
         if self.state(i) != trireme_replication::ReplicaState::InSync {
             // Taken out meanwhile: the resync brings it back.
             return Ok(Look::Silent);
         }
-        let now = self.conn(&self.slots[i]);
-        let relinked_meanwhile = match (&seen, &now) {
-            (Some(a), Some(b)) => !std::sync::Arc::ptr_eq(a, b) && !b.is_closed(),
-            (None, Some(b)) => !b.is_closed(),
-            _ => false,
-        };
-        if relinked_meanwhile {
+        if last.is_some_and(|t| t >= sent_at) {
+            // Linked again after this request was sent: try the new link.
             return Ok(Look::Answers);
         }
         let (conn, incarnation) = match self.reattach(i).await {
@@ -175,6 +191,7 @@ impl Volume {
             return Ok(Look::LostHistory);
         }
         self.set_conn(i, Some(conn));
+        *last = Some(Instant::now());
         tracing::info!(volume = %self.info.name, node = self.node(i), "linked the in-sync copy again");
         Ok(Look::Answers)
     }
