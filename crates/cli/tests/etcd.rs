@@ -664,6 +664,18 @@ fn a_cluster_on_etcd_survives_node_manager_etcd_and_writer_failures() {
     );
     w.verify();
 
+    // A scrub of a volume written on a client host runs in that writer, at the manager's
+    // request, and reports back through etcd.
+    let out = w.cli_ok(&["--output", "json", "volume", "scrub", "vol"]);
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(r["bytes_compared"].as_u64(), Some(64 << 20), "{r}");
+    assert_eq!(r["replicas"].as_array().map(Vec::len), Some(3), "{r}");
+    let writer_log = std::fs::read_to_string(w.dir.path().join("attach-first.log")).unwrap();
+    assert!(
+        writer_log.contains("scrubbing at the manager's request"),
+        "{writer_log}"
+    );
+
     // A node dies for good: after the down-out grace its replica is re-created elsewhere.
     w.cli_ok(&["node", "undrain", &drained.to_string()]);
     let b = w.bench(8);

@@ -54,7 +54,7 @@ pub struct MetaMembership {
 }
 
 /// Retries `f` while the metadata store is unreachable.
-async fn until_reachable<T, F, Fut>(what: &str, mut f: F) -> Result<T, MetaError>
+pub(crate) async fn until_reachable<T, F, Fut>(what: &str, mut f: F) -> Result<T, MetaError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, MetaError>>,
@@ -261,11 +261,12 @@ pub async fn attach(
     tracing::info!(volume = %cfg.volume, epoch = v.epoch, "attached");
     let mover = {
         let (meta, volume) = (meta.clone(), volume.clone());
-        // The manager's requests: moves of a replica, and take-outs for planned restarts.
+        // The manager's requests: moves of a replica, take-outs for planned restarts, scrubs.
         tokio::spawn(async move {
             tokio::join!(
                 serve_moves(meta.clone(), volume.clone()),
                 serve_takeouts(meta.clone(), volume.clone()),
+                crate::scrubs::serve_scrubs(meta.clone(), volume.clone()),
                 follow_layout(meta, volume)
             );
         })

@@ -30,6 +30,7 @@ pub mod lease;
 pub mod local;
 pub mod manager_role;
 pub mod node;
+pub mod scrubs;
 pub mod writer_slot;
 
 /// A failure of a role, and whether it is the user's input (exit 2) or the system (exit 1).

@@ -24,8 +24,8 @@ mod tests;
 
 pub use cluster::{
     AliveRecord, AttachRecord, ClusterMeta, IoRates, ManagerRecord, MoveRequest, MoveRequestState,
-    ReportedReplica, RestartOrder, RevokedCert, TakeOutRequest, TakeOutState, TrashRecord,
-    WriterReport, PREFIX,
+    ReportedReplica, RestartOrder, RevokedCert, ScrubRequest, ScrubState, TakeOutRequest,
+    TakeOutState, TrashRecord, WriterReport, PREFIX,
 };
 pub use etcd::{parse_endpoints, EtcdMeta, EtcdTls};
 pub use kv::MetaStore;

@@ -82,6 +82,36 @@ pub enum MoveRequestState {
     Failed,
 }
 
+/// A scrub's request to the writer of a volume attached on another host (`scrubs/<name>`):
+/// compare the copies region by region and repair from the majority, through the writer (the
+/// only process that may write the volume). The writer reports its outcome in the same key;
+/// the manager, waiting for it, then deletes the key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScrubRequest {
+    /// The writer it is for: a writer of another epoch leaves it alone.
+    pub epoch: u64,
+    /// Bytes compared at a time.
+    pub region: u64,
+    pub state: ScrubState,
+    /// The writer's report (`trireme_client::ScrubReport`), once done.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub report: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Where a [`ScrubRequest`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ScrubState {
+    /// Written by the manager, not yet taken by the writer.
+    Asked,
+    /// The writer is scrubbing (its progress is in its report, `reports/<name>`).
+    Running,
+    Done,
+    Failed,
+}
+
 /// A planned restart's request to the writer of a volume attached on another host
 /// (`takeouts/<name>`): take the replica on `node` out cleanly before its node restarts, then
 /// bring it back. The manager and the writer take turns on the key; see [`TakeOutState`].

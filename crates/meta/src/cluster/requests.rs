@@ -84,6 +84,39 @@ impl ClusterMeta {
         Ok(())
     }
 
+    /// The key of `name`'s scrub request (for watches).
+    pub fn scrub_key(name: &str) -> String {
+        key(&format!("scrubs/{name}"))
+    }
+
+    /// Puts a scrub request for `name`: a new one (`rev` 0: only if there is none) or an
+    /// update of the one at revision `rev`. Its new revision, or `None`: it changed meanwhile.
+    pub async fn put_scrub(
+        &self,
+        name: &str,
+        req: &ScrubRequest,
+        rev: i64,
+    ) -> Result<Option<i64>, MetaError> {
+        self.put_at_revision(Self::scrub_key(name), encode(req), rev)
+            .await
+    }
+
+    pub async fn scrub_request(
+        &self,
+        name: &str,
+    ) -> Result<Option<(ScrubRequest, i64)>, MetaError> {
+        Ok(self
+            .get::<ScrubRequest>(&Self::scrub_key(name))
+            .await?
+            .map(|(r, kv)| (r, kv.mod_revision)))
+    }
+
+    pub async fn delete_scrub(&self, name: &str) -> Result<(), MetaError> {
+        self.write(vec![], vec![Op::delete(Self::scrub_key(name))])
+            .await?;
+        Ok(())
+    }
+
     /// The key of node `id`'s restart order (for watches).
     pub fn restart_key(id: u32) -> String {
         key(&format!("restarts/{id}"))
