@@ -371,3 +371,59 @@ async fn a_client_that_stops_reading_replies_pins_only_the_budget() {
         N as usize
     );
 }
+
+/// A backend whose flush panics: a bug in one request's handler.
+struct PanicsOnFlush(Mem);
+
+impl Backend for PanicsOnFlush {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn can_multi_conn(&self) -> bool {
+        true
+    }
+    async fn read(&self, offset: u64, len: u32) -> Result<Bytes, BackendError> {
+        self.0.read(offset, len).await
+    }
+    async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), BackendError> {
+        self.0.write(offset, data, fua).await
+    }
+    async fn flush(&self) -> Result<(), BackendError> {
+        panic!("a bug in the flush");
+    }
+    async fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u32,
+        may_trim: bool,
+        fua: bool,
+    ) -> Result<(), BackendError> {
+        self.0.write_zeroes(offset, len, may_trim, fua).await
+    }
+    async fn block_status(&self, offset: u64, len: u32) -> Result<Vec<Extent>, BackendError> {
+        self.0.block_status(offset, len).await
+    }
+}
+
+/// A request whose handler panics is answered EIO, and the connection keeps serving: the
+/// client never waits for a reply that will not come.
+#[tokio::test]
+async fn a_handler_that_panics_answers_eio() {
+    let (mut c, b) = tokio::io::duplex(1 << 20);
+    let mut ex = Exports::new();
+    ex.add(
+        "vol0",
+        "test volume",
+        Arc::new(PanicsOnFlush(Mem(Mutex::new(vec![0; 1 << 20])))),
+    );
+    tokio::spawn(serve_connection(b, Arc::new(ex)));
+    greet(&mut c).await;
+    send_opt(&mut c, OPT_GO, &go_payload("vol0", &[])).await;
+    while read_opt(&mut c).await.1 != REP_ACK {}
+    request(&mut c, CMD_FLUSH, 0, 1, 0, 0).await;
+    let r = tokio::time::timeout(std::time::Duration::from_secs(10), simple(&mut c)).await;
+    assert_eq!(r.expect("a reply, not a hang"), (EIO, 1));
+    request(&mut c, CMD_WRITE, 0, 2, 0, 3).await;
+    c.write_all(b"abc").await.unwrap();
+    assert_eq!(simple(&mut c).await, (0, 2));
+}

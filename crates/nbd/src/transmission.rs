@@ -170,7 +170,23 @@ where
         }
         let (s2, tx2) = (s.clone(), tx.clone());
         tokio::spawn(async move {
-            let reply = execute(&s2, req, payload).await;
+            let (cookie, command) = (req.cookie, req.command);
+            // A bug in one request's handler (a panic) answers that request EIO and says so,
+            // rather than leave the client waiting for a reply that never comes.
+            let reply = match (Unwinding(execute(&s2, req, payload))).await {
+                Ok(reply) => reply,
+                Err(why) => {
+                    tracing::error!(
+                        command,
+                        "an NBD request's handler failed ({why}): answered EIO"
+                    );
+                    let e = BackendError {
+                        errno: EIO,
+                        message: "internal error".into(),
+                    };
+                    error_reply(structured_read, cookie, &e)
+                }
+            };
             // The budget goes with the reply: released once it is written.
             let _ = tx2.send((reply, Some(permit)));
         });
@@ -179,6 +195,29 @@ where
     // Wait for in-flight requests to be answered before closing (a clean DISC completes them).
     let _ = writer.await;
     result
+}
+
+/// A future whose panic is caught: `Err` carries the panic's message.
+struct Unwinding<F>(F);
+
+impl<F: std::future::Future> std::future::Future for Unwinding<F> {
+    type Output = Result<F::Output, String>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        // SAFETY: the inner future is never moved out of the pinned wrapper.
+        let inner = unsafe { self.map_unchecked_mut(|u| &mut u.0) };
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| inner.poll(cx))) {
+            Ok(p) => p.map(Ok),
+            Err(panic) => std::task::Poll::Ready(Err(panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into()))),
+        }
+    }
 }
 
 /// Reads a write's `len` payload bytes (bounded by `MAX_REQUEST`) into spare capacity: nothing
