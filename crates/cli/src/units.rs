@@ -67,32 +67,39 @@ pub fn parse_dirty_grain(s: &str) -> Result<u64, String> {
     }
 }
 
+/// A size in bytes: a number with an optional suffix. `K`, `M`, `G`, `T`, `P` and `KiB`..`PiB`
+/// are powers of 1024 (as qemu-img and rbd read them); `KB`..`PB` are powers of 1000, as
+/// disks are sold. Case does not matter.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, suffix) = t.split_at(split);
     if num.is_empty() {
         return Err(format!(
-            "invalid size {s:?}: expected a number with an optional K/M/G/T suffix"
+            "invalid size {s:?}: expected a number with an optional K/M/G/T suffix (powers of 1024; KB/MB/GB/TB: powers of 1000)"
         ));
     }
     let n: u64 = num
         .parse()
         .map_err(|_| format!("invalid size {s:?}: number too large"))?;
-    let shift = match suffix
-        .to_ascii_uppercase()
-        .trim_end_matches('B')
-        .trim_end_matches('I')
-    {
+    let upper = suffix.to_ascii_uppercase();
+    let (unit, base): (&str, u64) = match upper.as_str() {
+        "" | "B" => ("", 1024),
+        u if u.ends_with("IB") => (&u[..u.len() - 2], 1024),
+        u if u.len() == 2 && u.ends_with('B') => (&u[..1], 1000),
+        u => (u, 1024),
+    };
+    let power = match unit {
         "" => 0,
-        "K" => 10,
-        "M" => 20,
-        "G" => 30,
-        "T" => 40,
-        "P" => 50,
+        "K" => 1,
+        "M" => 2,
+        "G" => 3,
+        "T" => 4,
+        "P" => 5,
         _ => return Err(format!("invalid size {s:?}: unknown suffix {suffix:?}")),
     };
-    n.checked_mul(1u64 << shift)
+    base.checked_pow(power)
+        .and_then(|m| n.checked_mul(m))
         .ok_or_else(|| format!("invalid size {s:?}: too large"))
 }
 
@@ -129,6 +136,11 @@ mod tests {
         assert_eq!(parse_size("1G"), Ok(1 << 30));
         assert_eq!(parse_size("512MiB"), Ok(512 << 20));
         assert_eq!(parse_size("64k"), Ok(64 << 10));
+        assert_eq!(parse_size("10GB"), Ok(10_000_000_000));
+        assert_eq!(parse_size("10gib"), Ok(10 << 30));
+        assert_eq!(parse_size("2TB"), Ok(2_000_000_000_000));
+        assert_eq!(parse_size("512B"), Ok(512));
+        assert!(parse_size("1GBB").is_err());
         assert!(parse_size("1X").is_err());
         assert!(parse_size("").is_err());
         assert!(parse_size("-1").is_err());
