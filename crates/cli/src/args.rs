@@ -1,0 +1,479 @@
+//! The arguments of the commands that run processes and manage volumes: `up`, `node`,
+//! `attach`, `nbd`, `volume` (clap's derive; `main.rs` holds the top of the command tree).
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+
+use super::*;
+
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    #[command(flatten)]
+    pub http: HttpArgs,
+    /// Number of storage node processes.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=7))]
+    pub nodes: u32,
+    /// Copies of the volume, each on a different node.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=3))]
+    pub replicas: u32,
+    /// Size of the volume (e.g. 1G, 512M).
+    #[arg(long, default_value = "1G", value_parser = units::parse_size)]
+    pub size: u64,
+    /// Where nodes keep replicas.
+    #[arg(long, value_enum, default_value_t = StoreArg::File)]
+    pub store: StoreArg,
+    #[command(flatten)]
+    pub tiers: TierArgs,
+    /// NBD TCP port on 127.0.0.1 (0 picks a free one).
+    #[arg(long, default_value_t = 10809)]
+    pub port: u16,
+    /// Name of the volume to create and export.
+    #[arg(long, default_value = "vol0")]
+    pub volume: String,
+    /// Streams from the volume client to each node.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub streams: u32,
+    /// Threads for the NBD frontend and volume client (1 is cheapest per IO on small hosts).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub threads: u32,
+    #[command(flatten)]
+    pub failure: FailureArgs,
+    /// Granularity of the regions replicas track for a peer that is out.
+    #[arg(long, default_value = "4K", value_parser = units::parse_dirty_grain)]
+    pub dirty_grain: u64,
+    /// Most bytes each node's replicas may hold together (see `node serve --capacity`).
+    #[arg(long, value_parser = units::parse_size)]
+    pub node_capacity: Option<u64>,
+    /// Fault tests: every node injects store errors at the rates in `<data-dir>/node-N.faults`
+    /// (see `node serve --inject-faults`).
+    #[arg(long)]
+    pub inject_faults: bool,
+    /// Wait before restarting a node process that died (doubles on quick repeated deaths, up
+    /// to 30s).
+    #[arg(long, default_value = "500ms", value_parser = units::parse_duration)]
+    pub restart_backoff: std::time::Duration,
+    /// Run node N (the N-th time this is given) inside network namespace NS, listening on
+    /// ADDR (an address NS holds), with no same-host socket: every link to it crosses that
+    /// namespace's network. For fault tests with partitions (`ip netns`, veth, iptables).
+    #[arg(long = "node-netns", value_name = "NS@ADDR", value_parser = parse_netns)]
+    pub node_netns: Vec<NodeNetns>,
+    /// Run node N with another `--transport` than the cluster's (e.g. `2=tcp`: node 2 offers
+    /// no UCX, so links to it use TCP while the others use UCX).
+    #[arg(long = "node-transport", value_name = "N=TRANSPORT", value_parser = parse_node_transport)]
+    pub node_transport: Vec<(u32, TransportArg)>,
+    /// Nodes do not seal blocks with checksums (to measure their cost; see `node serve`).
+    #[arg(long)]
+    pub no_block_checksums: bool,
+    /// Nodes keep their activity log and dirty records in memory only (to measure what
+    /// keeping them on disk costs; see `node serve`).
+    #[arg(long)]
+    pub volatile_bookkeeping: bool,
+    /// Plain text on every TCP link. Without it the NBD export on TCP speaks TLS only (NBD
+    /// STARTTLS, client certificates of the cluster's CA) and the links to the nodes are mutual
+    /// TLS; the credentials are in `<data-dir>/tls/`.
+    #[arg(long)]
+    pub insecure: bool,
+}
+
+/// How a writer handles replica failures.
+#[derive(Debug, Clone, Args)]
+pub struct FailureArgs {
+    /// A replica that does not answer a request within this time is taken out of the in-sync
+    /// set (writes go on with the others) and resynced when it is back.
+    #[arg(long, default_value = "1s", value_parser = units::parse_duration)]
+    pub replica_timeout: std::time::Duration,
+    /// Resync copy rate limit per second (e.g. 200M); unlimited if not given.
+    #[arg(long, value_parser = units::parse_size)]
+    pub resync_rate: Option<u64>,
+    /// When the writer has lost every copy at once (the cluster restarted), how long NBD
+    /// requests wait for this process to attach again before they fail with EIO; `0` fails
+    /// them at once.
+    #[arg(long, default_value = "30s", value_parser = units::parse_interval)]
+    pub reattach_wait: std::time::Duration,
+}
+
+impl FailureArgs {
+    /// The volume client's options for these flags.
+    pub fn volume_options(
+        &self,
+        streams: u32,
+        kind: trireme_transport::TransportKind,
+    ) -> trireme_client::VolumeOptions {
+        trireme_client::VolumeOptions {
+            replica_timeout: self.replica_timeout,
+            resync_rate: self.resync_rate,
+            reattach_wait: self.reattach_wait,
+            streams: streams as usize,
+            kind,
+            ..Default::default()
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum NodeCmd {
+    /// List registered nodes and whether they answer.
+    List,
+    /// Run one storage node in the foreground (`trireme up` starts these itself).
+    Serve(NodeServeArgs),
+    /// Run this server's node daemon in a cluster on etcd (needs --etcd): registers under a
+    /// lease (one daemon per id), serves its replicas, and takes the manager role when none
+    /// holds it.
+    Run(NodeRunArgs),
+    /// Stop a node of the running `trireme up` for planned maintenance (it is not restarted
+    /// until `node start`); its replicas go out of sync and resync when it is back.
+    Stop { id: u32 },
+    /// Start a node stopped with `node stop`.
+    Start { id: u32 },
+    /// Planned restart of a node (patch Tuesday): its replicas are taken out cleanly by their
+    /// writers (no write fails on them), the node stops — flushing — and starts again, and
+    /// the command returns once they are back in sync, resynced incrementally. In `trireme
+    /// up` the node process restarts; on etcd (`--etcd`) the node's daemon starts its binary
+    /// again in place (an upgraded one, if it was replaced). Refused when fewer in-sync
+    /// copies than a volume's minimum would remain.
+    Restart { id: u32 },
+    /// Move every replica off a node while volumes stay online (each volume's writer copies
+    /// it to another node, then drops the old copy). The node stays, empty, and takes no new
+    /// replicas. Prints progress until done.
+    Drain(MoveArgs),
+    /// Take a node out of the cluster, dead or alive: its replicas are re-created on other
+    /// nodes from the remaining copies, then it is stopped and forgotten.
+    Remove(MoveArgs),
+    /// Let a drained (or draining) node take new replicas again.
+    Undrain { id: u32 },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum MaintenanceCmd {
+    /// Restart every node in turn (`node restart`), waiting for every copy of every volume
+    /// to be in sync before the next, with the workload running; prints each node's downtime,
+    /// time back to in sync and bytes resynced.
+    Rolling,
+}
+
+pub use trireme_daemon::local::NodeNetns;
+
+fn parse_netns(s: &str) -> Result<NodeNetns, String> {
+    let (name, addr) = s
+        .split_once('@')
+        .ok_or_else(|| format!("{s:?}: expected NS@ADDR, e.g. trireme-n1@10.201.1.2"))?;
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if !ok {
+        return Err(format!("{name:?} is not a network namespace name"));
+    }
+    let addr = addr
+        .parse()
+        .map_err(|e| format!("{addr:?} is not an IP address: {e}"))?;
+    Ok(NodeNetns {
+        name: name.to_string(),
+        addr,
+    })
+}
+
+#[derive(Debug, Args)]
+pub struct MoveArgs {
+    pub id: u32,
+    /// Copy rate limit per second for each volume moved (e.g. 100M); unlimited if not given.
+    #[arg(long, value_parser = units::parse_size)]
+    pub rate: Option<u64>,
+    /// Start the job and return; `trireme status` shows its progress.
+    #[arg(long)]
+    pub no_wait: bool,
+}
+
+/// `--http ADDR|off`.
+#[derive(Debug, Args)]
+pub struct HttpArgs {
+    /// Serve Prometheus metrics at http://ADDR/metrics (and, where the manager runs, the
+    /// dashboard at http://ADDR/); port 0 picks a free one, printed and written to the file
+    /// `http` in the data directory; `off` serves nothing.
+    #[arg(long = "http", value_name = "ADDR|off", default_value = "127.0.0.1:0", value_parser = parse_http)]
+    pub addr: HttpAddr,
+    /// The token requests to the endpoint must carry (`Authorization: Bearer TOKEN`, or
+    /// `/?token=TOKEN` in a browser), read from FILE; default: the file `http-token` in the
+    /// data directory, made (mode 0600) if missing. Give every server of a cluster the same
+    /// file so one Prometheus job scrapes them all.
+    #[arg(long = "http-token-file", value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+}
+
+/// An `--http` address, or none (`off`).
+#[derive(Debug, Clone, Copy)]
+pub struct HttpAddr(pub Option<std::net::SocketAddr>);
+
+fn parse_http(s: &str) -> Result<HttpAddr, String> {
+    trireme_daemon::http::parse_addr(s).map(HttpAddr)
+}
+
+#[derive(Debug, Args)]
+pub struct NodeServeArgs {
+    #[command(flatten)]
+    pub http: HttpArgs,
+    #[arg(long)]
+    pub id: u32,
+    /// Directory of the node's store.
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// Data-path address; port 0 picks a free one, printed as `listening ADDR` on stdout.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: std::net::SocketAddr,
+    /// Also serve clients on this host through a unix socket at PATH (printed as `unix:PATH`).
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t = StoreArg::File)]
+    pub store: StoreArg,
+    #[command(flatten)]
+    pub tiers: TierArgs,
+    /// Granularity of the regions a replica tracks for a peer that is out (what an incremental
+    /// resync copies): a power of two from 4K to 64M.
+    #[arg(long, default_value = "4K", value_parser = units::parse_dirty_grain)]
+    pub dirty_grain: u64,
+    /// Fault tests: fail store reads/writes/flushes with EIO at the rates written in FILE
+    /// (`read=0.01 write=0.01 flush=0.1`), re-read when it changes.
+    #[arg(long, value_name = "FILE")]
+    pub inject_faults: Option<PathBuf>,
+    /// Do not seal blocks with checksums (for measuring what they cost; reads are then not
+    /// checked). Seals kept from earlier runs are dropped at the next sealed open.
+    #[arg(long)]
+    pub no_block_checksums: bool,
+    /// Keep the activity log and the peers' dirty records in memory only (for measuring what
+    /// keeping them on disk costs): after a restart, the next resync or reconcile compares
+    /// whole replicas. File stores keep them on disk by default.
+    #[arg(long)]
+    pub volatile_bookkeeping: bool,
+    /// Serve TCP peers over mutual TLS with the identity in DIR (`node-cert.pem`,
+    /// `node-key.pem`, `ca-cert.pem`; `trireme ca issue node N`): only peers with a certificate
+    /// of that CA get in. Required unless `--insecure`.
+    #[arg(long, value_name = "DIR")]
+    pub tls_dir: Option<PathBuf>,
+    /// Serve TCP in plain text, trusting every peer that reaches the port (a test cluster on
+    /// a network of its own).
+    #[arg(long, conflicts_with = "tls_dir")]
+    pub insecure: bool,
+    /// Most bytes this node's replicas may hold together (sizes summed); creating one past it
+    /// is refused. Default: half the host's memory for `--store memory`, the file system's
+    /// size for `--store file`.
+    #[arg(long, value_parser = units::parse_size)]
+    pub capacity: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+pub struct NodeRunArgs {
+    #[command(flatten)]
+    pub http: HttpArgs,
+    /// Most bytes this node's replicas may hold together (as `node serve --capacity`).
+    #[arg(long, value_parser = units::parse_size)]
+    pub capacity: Option<u64>,
+    /// Serve and reach peers over mutual TLS with the identity in DIR (as `node serve`).
+    /// Required unless `--insecure`.
+    #[arg(long, value_name = "DIR")]
+    pub tls_dir: Option<PathBuf>,
+    /// Serve TCP in plain text, trusting every peer that reaches the port, and accept an etcd
+    /// that lets any certificate write every key (a test cluster on a network of its own).
+    #[arg(long, conflicts_with = "tls_dir")]
+    pub insecure: bool,
+    /// This node's id in the cluster (unique; a second daemon with it is refused).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub id: u32,
+    /// Directory of the node's store.
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// Data-path address other servers and clients reach this node at (port 0 picks a free
+    /// one; the bound address is registered).
+    #[arg(long)]
+    pub listen: std::net::SocketAddr,
+    /// Control API address while this daemon holds the manager role (default: the --listen
+    /// host, a free port).
+    #[arg(long)]
+    pub control: Option<std::net::SocketAddr>,
+    /// Failure domain (rack, room): a volume's copies go to distinct zones when there are enough.
+    #[arg(long)]
+    pub zone: Option<String>,
+    #[arg(long, value_enum, default_value_t = StoreArg::File)]
+    pub store: StoreArg,
+    #[command(flatten)]
+    pub tiers: TierArgs,
+    /// How long after this daemon dies (or loses etcd) it is shown down, and the manager role
+    /// it held passes on.
+    #[arg(long, default_value = "5s", value_parser = units::parse_duration)]
+    pub lease_ttl: std::time::Duration,
+    /// While this daemon is the manager: a node down this long has its replicas re-created on
+    /// other nodes (like Ceph's mon_osd_down_out_interval); `0` never.
+    #[arg(long, default_value = "10m", value_parser = units::parse_interval)]
+    pub down_out_interval: std::time::Duration,
+    /// Copy rate limit for those re-creations, per second (e.g. 100M).
+    #[arg(long, value_parser = units::parse_size)]
+    pub recovery_rate: Option<u64>,
+    #[arg(long, default_value = "4K", value_parser = units::parse_dirty_grain)]
+    pub dirty_grain: u64,
+    /// Do not seal blocks with checksums.
+    #[arg(long)]
+    pub no_block_checksums: bool,
+    /// Keep the activity log and dirty records in memory only (see `node serve`).
+    #[arg(long)]
+    pub volatile_bookkeeping: bool,
+    /// Fault tests: fail store I/O at the rates in FILE (see `node serve --inject-faults`).
+    #[arg(long, value_name = "FILE")]
+    pub inject_faults: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct AttachArgs {
+    pub volume: String,
+    /// Fence the current writer (its host may be cut off, not dead) instead of refusing.
+    #[arg(long)]
+    pub force: bool,
+    /// How long after this process dies another host may attach without --force.
+    #[arg(long, default_value = "5s", value_parser = units::parse_duration)]
+    pub lease_ttl: std::time::Duration,
+    #[command(flatten)]
+    pub export: ExportArgs,
+    #[command(flatten)]
+    pub http: HttpArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TrashCmd {
+    /// The volumes in the trash, oldest deletion first, with when each is purged.
+    List,
+    /// Put a deleted volume back under its name, byte for byte (NAME: its name, for its
+    /// newest deletion, or its id from `trash list`).
+    Restore { name: String },
+    /// Free a deleted volume's replicas now, for good (NAME as for restore); `--expired`:
+    /// every one whose time is up.
+    Purge {
+        #[arg(required_unless_present = "expired")]
+        name: Option<String>,
+        #[arg(long, conflicts_with = "name")]
+        expired: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum VolumeCmd {
+    /// Create a volume mirrored on REPLICAS nodes.
+    Create {
+        name: String,
+        #[arg(long, value_parser = units::parse_size)]
+        size: u64,
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=3))]
+        replicas: u32,
+        /// A client identity (the NAME of `trireme ca issue client NAME`) that may attach the
+        /// volume and reach its replicas; repeat for several. Default: every client of the
+        /// cluster (`*`). Nodes and operators always may.
+        #[arg(long, value_name = "NAME")]
+        allow: Vec<String>,
+        /// Fewest in-sync copies writes go on with: with fewer, writes wait (not failed, not
+        /// acknowledged) until a copy is back in sync. Default: one fewer than the replicas
+        /// (2 of 3, 1 of 2).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=3))]
+        min_copies: Option<u32>,
+        /// On nodes with `--store tiered`: `auto` (hot extents on the fast tier, by heat),
+        /// `fast` (every extent on flash; refused if a node's fast tier cannot hold it) or
+        /// `slow`.
+        #[arg(long, value_enum, default_value_t = TierArg::Auto)]
+        tier: TierArg,
+    },
+    /// Change a volume's settings (one or more of them).
+    Set {
+        name: String,
+        /// Fewest in-sync copies writes go on with (1 to the number of replicas). Lowering it
+        /// lets writes suspended for want of copies go on.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=3))]
+        min_copies: Option<u32>,
+        /// Move every extent to a tier (`fast`, `slow`; within the migration rate) or let heat
+        /// place them (`auto`). A pin to fast reserves the room, and is refused if it does not
+        /// fit.
+        #[arg(long, value_enum)]
+        tier: Option<TierArg>,
+    },
+    /// Change who may use a volume: add client identities to its access list, take others
+    /// off. Links a removed client already has stay up until they close.
+    Access {
+        name: String,
+        /// Add NAME (`*`: every client of the cluster); repeat for several.
+        #[arg(long, value_name = "NAME")]
+        allow: Vec<String>,
+        /// Take NAME off; repeat for several.
+        #[arg(long, value_name = "NAME")]
+        deny: Vec<String>,
+    },
+    /// List volumes.
+    List,
+    /// Show one volume.
+    Info { name: String },
+    /// Delete a volume: it goes to the trash (its replicas kept) and can be restored until
+    /// its time there is up. Refused while the volume is attached (the message says by whom).
+    Delete {
+        name: String,
+        /// Delete it even though a writer holds it: the writer is fenced first (its I/O fails
+        /// from then on).
+        #[arg(long)]
+        force: bool,
+        /// How long it stays in the trash before its replicas are freed: `0`, or e.g. `30m`,
+        /// `12h`, `7d`.
+        #[arg(long, default_value = "1d", value_parser = units::parse_keep)]
+        keep: std::time::Duration,
+    },
+    /// Deleted volumes: list them, restore one, or free their replicas now.
+    #[command(subcommand)]
+    Trash(TrashCmd),
+    /// Compare the replicas of the volume `trireme up` serves and repair regions that differ
+    /// from the copy a majority holds (online, region by region). Exit 1 if a region has no
+    /// majority (two copies that differ).
+    Scrub {
+        name: String,
+        /// Bytes per compared region.
+        #[arg(long, default_value = "1M", value_parser = units::parse_size)]
+        region: u64,
+    },
+    /// Compare the replicas of a volume by checksum; exit 1 if any region differs.
+    Verify {
+        name: String,
+        /// Bytes per compared region.
+        #[arg(long, default_value = "4M", value_parser = units::parse_size)]
+        region: u64,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct NbdArgs {
+    pub volume: String,
+    #[command(flatten)]
+    pub export: ExportArgs,
+    #[command(flatten)]
+    pub http: HttpArgs,
+}
+
+/// Where and how a volume is served over NBD (`nbd`, `attach`).
+#[derive(Debug, Args)]
+#[group(required = true, multiple = true, id = "where")]
+pub struct ExportArgs {
+    /// Serve on a unix socket at PATH.
+    #[arg(long, group = "where")]
+    pub socket: Option<PathBuf>,
+    /// Serve on a TCP address (e.g. 127.0.0.1:10810); TLS only unless `--insecure`.
+    #[arg(long, group = "where")]
+    pub listen: Option<std::net::SocketAddr>,
+    /// The TCP export's TLS identity: a directory with `server-cert.pem`, `server-key.pem` and
+    /// `ca-cert.pem` (`trireme ca issue server`). Default for `nbd`: `<data-dir>/tls/server`.
+    #[arg(long, value_name = "DIR")]
+    pub tls_dir: Option<PathBuf>,
+    /// Serve NBD on TCP in plain text.
+    #[arg(long, conflicts_with = "tls_dir")]
+    pub insecure: bool,
+    /// Streams from the volume client to each node.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub streams: u32,
+    /// Threads for the NBD frontend and volume client.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub threads: u32,
+    #[command(flatten)]
+    pub failure: FailureArgs,
+}
