@@ -377,3 +377,26 @@ fn removing_a_dead_node_with_the_last_copy_is_refused() {
     // Back up, its copy can be moved off.
     assert!(c.cli(&["node", "start", &node]).status.success());
 }
+
+/// An export whose socket cannot be made is refused before the attach: the volume keeps its
+/// epoch and stays closed. A path that names an existing file is refused too, and the file is
+/// left alone (a mistyped `--socket` must not delete anything).
+#[test]
+fn a_bad_socket_path_changes_nothing() {
+    let c = Cluster::start(&["--store", "memory", "--size", "4M"]);
+    let out = c.cli(&["volume", "create", "data", "--size", "1M"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let before = volume_status(&c, "data");
+    let precious = c.path().join("precious.img");
+    std::fs::write(&precious, b"keep me").unwrap();
+    let missing = c.path().join("no-such-dir").join("data.sock");
+    for (path, says) in [(&missing, "no-such-dir"), (&precious, "is not a socket")] {
+        let out = c.cli(&["nbd", "data", "--socket", path.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+        assert!(text(&out).contains(says), "{}", text(&out));
+    }
+    assert_eq!(std::fs::read(&precious).unwrap(), b"keep me");
+    let after = volume_status(&c, "data");
+    assert_eq!(after["epoch"], before["epoch"], "{after}");
+    assert!(after["writer"].is_null(), "{after}");
+}

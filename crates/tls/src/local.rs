@@ -8,10 +8,59 @@ use std::path::Path;
 /// Binds a unix socket at `path` (replacing a stale one) with mode 0600.
 pub fn bind_private(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
     use std::os::unix::fs::PermissionsExt;
-    let _ = std::fs::remove_file(path);
+    check_socket_path(path)?;
+    // A socket left by a process that died; never anything else (a mistyped path must not
+    // delete a file).
+    if std::fs::symlink_metadata(path).is_ok() {
+        std::fs::remove_file(path)?;
+    }
     let l = tokio::net::UnixListener::bind(path)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     Ok(l)
+}
+
+/// Whether a unix socket can be made at `path`: its directory exists and this process may
+/// create files in it, and nothing but a socket is there already. Checked before anything
+/// that a failed bind would leave half done (an attach takes an epoch first).
+pub fn check_socket_path(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::FileTypeExt;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return Err(std::io::Error::other(format!(
+                "{} is not a directory",
+                dir.display()
+            )))
+        }
+        Err(e) => {
+            return Err(std::io::Error::new(
+                e.kind(),
+                format!("directory {}: {e}", dir.display()),
+            ))
+        }
+    }
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::other("a path with a NUL byte"))?;
+    // SAFETY: access(2) reads the NUL-terminated path and touches no other memory.
+    if unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(std::io::Error::new(
+            e.kind(),
+            format!("directory {}: {e}", dir.display()),
+        ));
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if !m.file_type().is_socket() => Err(std::io::Error::other(format!(
+            "{} exists and is not a socket; it is left alone",
+            path.display()
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// Makes `dir` a directory only its owner may enter: created 0700 if it does not exist. One

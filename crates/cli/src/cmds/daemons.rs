@@ -251,6 +251,7 @@ impl Stop {
 
 pub(crate) async fn attach(cli: &Cli, a: &crate::AttachArgs) -> Result<(), CliError> {
     let stop = Stop::catch()?;
+    check_socket(&a.export)?;
     let meta = etcd_meta(cli).await?;
     // TLS clients open the volume only if its access list names them.
     let access = trireme_daemon::access::AccessView::default();
@@ -305,6 +306,16 @@ pub(crate) async fn attach(cli: &Cli, a: &crate::AttachArgs) -> Result<(), CliEr
     r
 }
 
+/// Whether the export's `--socket` can be made, checked before the attach takes an epoch: an
+/// attach that then fails to bind would leave its record and a new epoch behind for nothing.
+fn check_socket(e: &crate::ExportArgs) -> Result<(), CliError> {
+    match &e.socket {
+        Some(p) => trireme_tls::local::check_socket_path(p)
+            .map_err(|err| CliError::Usage(format!("--socket {}: {err}", p.display()))),
+        None => Ok(()),
+    }
+}
+
 /// The HTTP endpoint of a process that writes a volume (`attach`, `nbd`): its metrics, at
 /// the address written to `<data-dir>/ROLE-VOLUME.http` and printed on stderr, behind the data
 /// directory's `http-token` unless `--http-token-file` names one.
@@ -337,6 +348,7 @@ pub(crate) async fn writer_http(
 
 pub(crate) async fn nbd(cli: &Cli, a: &crate::NbdArgs) -> Result<(), CliError> {
     let stop = Stop::catch()?;
+    check_socket(&a.export)?;
     // TLS clients open the volume only if its access list names them.
     let access = trireme_daemon::access::AccessView::default();
     let follow = tokio::spawn(trireme_daemon::access::follow_control(
