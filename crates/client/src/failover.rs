@@ -182,8 +182,17 @@ impl Volume {
         let Some(i) = self.slot_of(node) else {
             return Ok(());
         };
-        let must_record = self.core().may_retire(i);
-        if must_record.map_err(|r| self.degrade(node, r))? {
+        let must_record = self
+            .core()
+            .may_retire(i)
+            .map_err(|r| self.degrade(node, r))?;
+        if must_record && !self.another_copy_holds(i).await {
+            // A copy in sync in this writer's view may have died a moment ago (its node lost
+            // power after its resync): until a request fails on it, nothing says so. Retiring
+            // the old copy then would leave none (simulator seed 40182).
+            return Err(self.degrade(node, trireme_replication::Refusal::NoOtherAnswers));
+        }
+        if must_record {
             match m
                 .set_state(
                     &self.info.name,
@@ -205,6 +214,34 @@ impl Volume {
         self.drop_records(i).await;
         tracing::info!(volume = %self.info.name, node, "replica retired");
         Ok(())
+    }
+
+    /// Whether an in-sync copy other than `i` answers with the history on record and has made
+    /// what it holds durable (a flush): the copy that may go then has a successor.
+    async fn another_copy_holds(&self, i: usize) -> bool {
+        for j in self.in_sync().into_iter().filter(|&j| j != i) {
+            let info = self
+                .call(j, self.header(Op::ReplicaInfo, 0, 0), Bytes::new())
+                .await
+                .and_then(|f| self.expect_ok(j, f));
+            let same = info.is_ok_and(|f| {
+                f.payload
+                    .get(..8)
+                    .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+                    == Some(self.core().incarnation(j))
+            });
+            if !same {
+                continue;
+            }
+            let flushed = self
+                .call(j, self.header(Op::Flush, 0, 0), Bytes::new())
+                .await
+                .and_then(|f| self.expect_ok(j, f));
+            if flushed.is_ok() {
+                return true;
+            }
+        }
+        false
     }
 
     /// Planned take-out of the replica on `node` (its node is about to restart): with writes

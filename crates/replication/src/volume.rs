@@ -32,6 +32,8 @@ pub enum Refusal {
     BelowMinimum { left: usize, min: u32 },
     #[error("this writer has had {0} replicas; attach the volume again before moving more")]
     NoSlotLeft(usize),
+    #[error("no other in-sync copy answers with its history; it is kept")]
+    NoOtherAnswers,
 }
 
 /// Whether writes may go on.

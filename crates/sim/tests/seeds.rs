@@ -12,7 +12,9 @@
 /// 118984: a crashed writer's attach record never expired.
 /// 114428: nodes restarted under the writer with data kept; the last in-sync copy's link was
 /// closed, and writes failed instead of linking it again.
-const REGRESSIONS: &[u64] = &[2226, 11421, 30202, 112805, 114428, 118984];
+/// 40182: a drain retired the old copy a moment after the new one lost its data (its node
+/// lost power after its resync), leaving no copy that held the volume.
+const REGRESSIONS: &[u64] = &[2226, 11421, 30202, 40182, 112805, 114428, 118984];
 
 fn seeds() -> Vec<u64> {
     match std::env::var("TRIREME_SIM_SEEDS") {
