@@ -300,12 +300,21 @@ impl World {
         out
     }
 
+    /// Starts node `id`'s daemon: the first time with `--zone rack-ID`, later without (a
+    /// restart keeps the zone on record).
     fn start_node(&mut self, id: u32) {
+        let path = self.dir.path().join(format!("node-{id}.log"));
+        let first = !path.exists();
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.dir.path().join(format!("node-{id}.log")))
+            .open(&path)
             .unwrap();
+        let zone = format!("rack-{id}");
+        let zone_args: Vec<&str> = match first {
+            true => vec!["--zone", &zone],
+            false => vec![],
+        };
         let host = self.servers[id as usize - 1].clone();
         let child = self
             .cmd_on(&host)
@@ -318,7 +327,8 @@ impl World {
                 "--down-out-interval",
                 DOWN_OUT,
             ])
-            .args(["--store", "file", "--zone", &format!("rack-{id}")])
+            .args(["--store", "file"])
+            .args(&zone_args)
             .arg("--dir")
             .arg(self.dir.path().join(format!("node-{id}")))
             .stdout(Stdio::null())
@@ -675,6 +685,12 @@ fn a_cluster_on_etcd_survives_node_manager_etcd_and_writer_failures() {
         writer_log.contains("scrubbing at the manager's request"),
         "{writer_log}"
     );
+
+    // Every daemon restarted so far was started without --zone: each kept its zone.
+    let s = w.status();
+    for n in s["nodes"].as_array().unwrap() {
+        assert_eq!(n["zone"], format!("rack-{}", n["id"]), "{s}");
+    }
 
     // A node dies for good: after the down-out grace its replica is re-created elsewhere.
     w.cli_ok(&["node", "undrain", &drained.to_string()]);

@@ -452,9 +452,19 @@ async fn register(
             local_addr: None,
             store: cfg.store.as_str().to_string(),
             state,
-            zone: member.zone.clone(),
+            // A restart without --zone keeps the zone on record (a restart command that
+            // dropped the flag must not take the server out of its failure domain).
+            zone: member
+                .zone
+                .clone()
+                .or_else(|| known.as_ref().and_then(|n| n.zone.clone())),
             http: http.clone(),
         };
+        if member.zone.is_none() {
+            if let Some(z) = &rec.zone {
+                tracing::info!(zone = %z, "no --zone given: keeping the zone on record");
+            }
+        }
         match meta.register_alive(alive, &rec, lease).await {
             Ok(()) => return Ok(lease),
             Err(MetaError::Unavailable(m)) => {
