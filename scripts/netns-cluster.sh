@@ -116,7 +116,7 @@ Try:
   ip netns exec trireme-c nbdinfo "\$(sed -n 2p $D/attach.out)"   # over TCP with TLS
   \$T --etcd $ETCD --tls-identity $D/tls-admin maintenance rolling   # every server restarted in turn, I/O going on
   kill -9 \$(cat $D/server-2.pid)          # a server dies: I/O goes on, status shows it down
-  ip netns exec trireme-s2 \$T --etcd $ETCD node run --id 2 --listen 10.77.2.2:7000 --dir $D/server-2 --tls-dir $D/tls-s2 &
+  ip netns exec trireme-s2 env TRIREME_UCX_TLS=tcp \$T --etcd $ETCD node run --id 2 --listen 10.77.2.2:7000 --dir $D/server-2 --zone zone-2 --tls-dir $D/tls-s2 &   # as it was started
   sudo $0 down
 EOF
 }
