@@ -14,7 +14,12 @@
 /// closed, and writes failed instead of linking it again.
 /// 40182: a drain retired the old copy a moment after the new one lost its data (its node
 /// lost power after its resync), leaving no copy that held the volume.
-const REGRESSIONS: &[u64] = &[2226, 11421, 30202, 40182, 112805, 114428, 118984];
+/// 59382, 121292: a live writer's attach record lapsed while etcd came and went; the
+/// manager, resuming a drain, took the volume for a dead writer's after a grace that etcd's
+/// absences ate, attached a writer of its own and fenced the live one.
+const REGRESSIONS: &[u64] = &[
+    2226, 11421, 30202, 40182, 59382, 112805, 114428, 118984, 121292,
+];
 
 fn seeds() -> Vec<u64> {
     match std::env::var("TRIREME_SIM_SEEDS") {

@@ -112,9 +112,10 @@ impl std::fmt::Display for MoveState {
 
 /// How often a move looks at its copy's progress.
 const POLL: Duration = Duration::from_millis(200);
-/// How long a volume open for writing without an attach record is given for its writer to put
-/// the record back, before the manager attaches it itself.
-const REATTACH_GRACE: Duration = Duration::from_secs(5);
+/// How long, counting only while the metadata store answers, a volume open for writing
+/// without an attach record is given for its writer to put the record back, before the
+/// manager attaches it itself.
+const REATTACH_GRACE: Duration = Duration::from_secs(10);
 /// How often, and how many times, the manager tries to record a job while the metadata store
 /// is unreachable (two minutes).
 const SAVE_JOB_RETRY: Duration = Duration::from_millis(500);

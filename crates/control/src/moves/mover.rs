@@ -45,10 +45,21 @@ impl Manager {
         let mut held = self.meta().attachment(&v.name).await?;
         if held.is_none() && v.writer_open && on_leases {
             // A live writer whose lease expired (etcd was out for longer than its TTL) puts
-            // its record back as soon as etcd answers: give it that time before taking the
-            // volume for a dead writer's.
-            tokio::time::sleep(REATTACH_GRACE).await;
-            held = self.meta().attachment(&v.name).await?;
+            // its record back as soon as etcd answers it, and etcd may come and go meanwhile:
+            // give it REATTACH_GRACE of etcd answering before taking the volume for a dead
+            // writer's. Attaching over a live one fences it (simulator seeds 59382, 121292).
+            let mut answered = std::time::Duration::ZERO;
+            while held.is_none() && answered < REATTACH_GRACE {
+                tokio::time::sleep(POLL).await;
+                match self.meta().attachment(&v.name).await {
+                    Ok(h) => {
+                        held = h;
+                        answered += POLL;
+                    }
+                    Err(MetaError::Unavailable(_)) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
         }
         if let Some((a, _)) = held {
             return Ok(Mover::Remote {
