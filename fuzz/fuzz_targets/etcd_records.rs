@@ -22,4 +22,6 @@ fuzz_target!(|data: &[u8]| {
     round_trips::<trireme_meta::TakeOutRequest>(data);
     round_trips::<trireme_meta::RestartOrder>(data);
     round_trips::<trireme_meta::RevokedCert>(data);
+    round_trips::<trireme_meta::ScrubRequest>(data);
+    round_trips::<trireme_meta::WriterReport>(data);
 });
