@@ -128,18 +128,21 @@ impl Volume {
                 .collect(),
         )
         .await;
-        let mut unanswered = true;
+        // Targets (by position, fewer than 64: `MAX_SLOTS`) that answered: held it, or
+        // refused or failed it themselves. Only a failed request looks at which were in sync.
+        let mut answered = 0u64;
         let mut outcomes = Vec::with_capacity(targets.len());
-        for (r, &i) in replies.into_iter().zip(targets) {
-            let in_sync = self.state(i) == ReplicaState::InSync;
+        for (k, (r, &i)) in replies.into_iter().zip(targets).enumerate() {
             outcomes.push(match r.and_then(|f| self.expect_ok(i, f)) {
                 Ok(_) => {
-                    unanswered &= !in_sync;
+                    answered |= 1 << k;
                     ReplicaOutcome::Done
                 }
                 Err(e) => {
                     tracing::warn!(volume = %self.info.name, node = self.node(i), op = ?h.op, "replica failed: {e}");
-                    unanswered &= !in_sync || e.unanswered();
+                    if !e.unanswered() {
+                        answered |= 1 << k;
+                    }
                     outcome_of(&e)
                 }
             });
@@ -174,7 +177,12 @@ impl Volume {
                     },
                     failure,
                 },
-                unanswered && matches!(failure, WriteFailure::ReplicaFailed { .. }),
+                matches!(failure, WriteFailure::ReplicaFailed { .. }) && {
+                    let core = self.core();
+                    targets.iter().enumerate().all(|(k, &i)| {
+                        answered & (1 << k) == 0 || core.set().state(i) != ReplicaState::InSync
+                    })
+                },
             )),
             Decision::TakeOut {
                 replicas,
