@@ -228,6 +228,14 @@ pub enum Cmd {
         #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "1", value_parser = units::parse_duration)]
         watch: Option<std::time::Duration>,
     },
+    /// What changed in the cluster, oldest first: nodes down and up, replicas taken out and
+    /// resynced, health words, drains, the manager role moving. Kept in the cluster's metadata
+    /// (the newest 200), so they outlive the manager that saw them.
+    Events {
+        /// Only the last N.
+        #[arg(long, short = 'n', value_name = "N")]
+        last: Option<usize>,
+    },
     /// Attach a volume (new epoch: older writers are fenced) and serve it over NBD.
     Nbd(NbdArgs),
     /// On a client host of a cluster on etcd: become the volume's writer (a new epoch; refused

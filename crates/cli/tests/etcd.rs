@@ -505,6 +505,35 @@ impl World {
         m
     }
 
+    /// Waits until `trireme events` lists each of `texts`, in that order.
+    fn wait_for_events(&self, texts: &[&str]) {
+        let t0 = Instant::now();
+        loop {
+            let out = self.cli_ok(&["--output", "json", "events"]);
+            let evs: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
+            let listed: Vec<&str> = evs.iter().filter_map(|e| e["text"].as_str()).collect();
+            let mut at = 0;
+            let in_order = texts
+                .iter()
+                .all(|t| match listed[at..].iter().position(|l| l == t) {
+                    Some(i) => {
+                        at += i + 1;
+                        true
+                    }
+                    None => false,
+                });
+            if in_order {
+                return;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "events {texts:?} not listed in order: {listed:#?}\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+
     fn verify(&self) {
         let out = self.cli_ok(&["volume", "verify", "vol"]);
         assert!(out.contains("0 mismatching"), "{out}");
@@ -621,7 +650,15 @@ fn a_cluster_on_etcd_survives_node_manager_etcd_and_writer_failures() {
         std::thread::sleep(Duration::from_secs(3));
     }
     let m = w.kill_manager();
-    assert_ne!(w.manager_node(), m, "another daemon takes the manager role");
+    let m2 = w.manager_node();
+    assert_ne!(m2, m, "another daemon takes the manager role");
+    // The events are kept in etcd: the new manager shows those its predecessor recorded (the
+    // victim's death) and goes on from them (the old manager's own death, its taking over).
+    w.wait_for_events(&[
+        &format!("node {victim} is down"),
+        &format!("node {m} is down"),
+        &format!("node {m2} took the manager role"),
+    ]);
     std::thread::sleep(Duration::from_secs(2));
     w.etcd.kill(0);
     std::thread::sleep(Duration::from_secs(3));

@@ -144,6 +144,11 @@ pub enum Request {
         id: u32,
     },
     Status,
+    /// The cluster's events, oldest first: the last `limit` if given.
+    Events {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limit: Option<usize>,
+    },
 }
 
 /// A node as `status` and `node list` show it.

@@ -11,6 +11,7 @@
 
 mod api;
 mod error;
+pub mod events;
 pub mod health;
 mod manager;
 mod membership;

@@ -455,6 +455,7 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
     manager.ensure_replicas().await?;
     manager.start_heartbeats(Duration::from_millis(500), Duration::from_secs(3));
     manager.start_trash_purge();
+    manager.start_event_recorder();
     let (ctl_tx, mut ctl_rx) = tokio::sync::mpsc::unbounded_channel();
     manager.set_supervisor(ctl_tx);
     let ctl = control_path(&dir);

@@ -100,6 +100,7 @@ pub async fn campaign(
                 });
                 m.start_heartbeats(opts.heartbeat_every, opts.down_after);
                 m.start_trash_purge();
+                m.start_event_recorder();
                 if let Some(after) = opts.down_out {
                     m.start_down_out(after, opts.rate);
                 }

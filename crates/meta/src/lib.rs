@@ -23,9 +23,9 @@ pub mod rbac;
 mod tests;
 
 pub use cluster::{
-    AliveRecord, AttachRecord, ClusterMeta, IoRates, ManagerRecord, MoveRequest, MoveRequestState,
-    ReportedReplica, RestartOrder, RevokedCert, ScrubRequest, ScrubState, TakeOutRequest,
-    TakeOutState, TrashRecord, WriterReport, PREFIX,
+    AliveRecord, AttachRecord, ClusterEvent, ClusterMeta, IoRates, ManagerRecord, MoveRequest,
+    MoveRequestState, ReportedReplica, RestartOrder, RevokedCert, ScrubRequest, ScrubState,
+    TakeOutRequest, TakeOutState, TrashRecord, WriterReport, EVENTS_KEPT, EVENTS_PER_CALL, PREFIX,
 };
 pub use etcd::{parse_endpoints, EtcdMeta, EtcdTls};
 pub use kv::MetaStore;

@@ -109,6 +109,11 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 )));
             }
         }
+        Cmd::Events { last } => {
+            let l: Vec<trireme_meta::ClusterEvent> =
+                cc.call(&Request::Events { limit: *last }).await?;
+            print(out, &l, |l| events_text(l));
+        }
         Cmd::Status { watch: None } => {
             let s: StatusReport = cc.call(&Request::Status).await?;
             print(out, &s, status_text);

@@ -111,6 +111,27 @@ pub(crate) fn utc_time(secs: u64) -> String {
         .unwrap_or_else(|| format!("{secs} s after 1970"))
 }
 
+/// A time in milliseconds since the Unix epoch, as UTC to the second.
+pub(crate) fn utc_time_ms(ms: u64) -> String {
+    let fmt = time::macros::format_description!("[year]-[month]-[day] [hour]:[minute]:[second]");
+    i64::try_from(ms / 1000)
+        .ok()
+        .and_then(|s| time::OffsetDateTime::from_unix_timestamp(s).ok())
+        .and_then(|t| t.format(&fmt).ok())
+        .unwrap_or_else(|| format!("{ms} ms after 1970"))
+}
+
+pub(crate) fn events_text(l: &[trireme_meta::ClusterEvent]) -> String {
+    if l.is_empty() {
+        return "no events recorded\n".into();
+    }
+    let mut s = String::new();
+    for e in l {
+        s += &format!("{}  {:<11}  {}\n", utc_time_ms(e.time_ms), e.kind, e.text);
+    }
+    s
+}
+
 pub(crate) fn trash_table(l: &[trireme_meta::TrashRecord]) -> String {
     if l.is_empty() {
         return "the trash is empty\n".to_string();

@@ -61,7 +61,7 @@ pub struct Manager {
     leases: std::sync::atomic::AtomicBool,
     /// The node daemon this manager runs in (0: none, e.g. `trireme up`), and how it is asked
     /// to hand the role over (a planned restart of its own node).
-    own_node: std::sync::atomic::AtomicU32,
+    pub(crate) own_node: std::sync::atomic::AtomicU32,
     pub(crate) resign: tokio::sync::Notify,
     /// Planned restarts run one at a time.
     pub(crate) restart_lock: tokio::sync::Mutex<()>,
@@ -603,6 +603,7 @@ impl Manager {
             Request::NodeDrain { id, rate } => to(self.start_move(id, false, rate).await),
             Request::NodeRemove { id, rate } => to(self.start_move(id, true, rate).await),
             Request::Status => to(self.status().await),
+            Request::Events { limit } => to(self.meta.events(limit).await.map_err(Into::into)),
         }
     }
 }

@@ -89,6 +89,7 @@ fn authorize(peer: &Peer, req: &Request) -> Result<()> {
             | Request::VolumeInfo { .. }
             | Request::Locate { .. }
             | Request::Status
+            | Request::Events { .. }
     );
     match peer {
         Peer::Cert(r) if read_only && matches!(**r, trireme_tls::Role::Client(_)) => Ok(()),

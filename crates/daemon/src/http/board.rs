@@ -1,22 +1,23 @@
 //! The dashboard's state: the cluster's status, each volume's rates and latency over the last
-//! interval (from the writer's counters in this process), and the recent events, found by
-//! comparing one status with the one before. One sampler runs while a browser listens, once a
-//! second, whatever the number of browsers; none runs when nobody looks.
+//! interval (from the writer's counters in this process, or a writer's report from another
+//! host), and the recent events, as the manager's recorder keeps them in the metadata store
+//! (`trireme_control::events`: they outlive a manager move). One sampler runs while a browser
+//! listens, once a second, whatever the number of browsers; none runs when nobody looks.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use tokio::sync::watch;
-use trireme_control::{Manager, ReplicaStatusState, StatusReport};
-use trireme_meta::IoRates;
+use trireme_control::{Manager, StatusReport};
+use trireme_meta::{ClusterEvent, IoRates};
 use trireme_metrics::{Op, VolumeSnapshot};
 
 /// How often the board is sampled while someone watches.
 pub const PERIOD: Duration = Duration::from_secs(1);
-/// Events kept.
+/// Events shown.
 const EVENTS: usize = 50;
 
 /// One volume's I/O over the last interval, as its writer saw it: the writer in this process,
@@ -28,16 +29,6 @@ pub struct VolumeRates {
     pub rates: IoRates,
 }
 
-/// Something that changed.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct BoardEvent {
-    /// Milliseconds since the Unix epoch.
-    pub time_ms: u64,
-    /// `node-down`, `node-up`, `replica`, `resync-done`, `move`.
-    pub kind: String,
-    pub text: String,
-}
-
 /// What the page shows.
 #[derive(Debug, Clone, Serialize)]
 pub struct BoardState {
@@ -47,7 +38,7 @@ pub struct BoardState {
     pub error: Option<String>,
     pub rates: Vec<VolumeRates>,
     /// Newest last.
-    pub events: Vec<BoardEvent>,
+    pub events: Vec<ClusterEvent>,
     /// This process's CPU time and resident memory.
     pub process_cpu_seconds: f64,
     pub process_resident_bytes: u64,
@@ -56,8 +47,6 @@ pub struct BoardState {
 #[derive(Debug, Default)]
 struct Memory {
     volumes: HashMap<String, (Instant, VolumeSnapshot)>,
-    status: Option<StatusReport>,
-    events: VecDeque<BoardEvent>,
 }
 
 #[derive(Debug)]
@@ -125,6 +114,7 @@ impl Board {
         let proc_ = trireme_metrics::process::stats().unwrap_or_default();
         // Writers on other hosts (a cluster on etcd) report their own rates.
         let reports = m.meta().reports().await.unwrap_or_default();
+        let events = m.meta().events(Some(EVENTS)).await.unwrap_or_default();
         let mut mem = self.0.memory.lock().unwrap_or_else(|e| e.into_inner());
         let mut rates: Vec<VolumeRates> = volumes
             .iter()
@@ -148,19 +138,8 @@ impl Board {
                 });
             }
         }
-        let (status, error) = match status {
-            Ok(st) => {
-                if let Some(prev) = &mem.status {
-                    for ev in events(prev, &st) {
-                        mem.events.push_back(ev);
-                    }
-                    while mem.events.len() > EVENTS {
-                        mem.events.pop_front();
-                    }
-                }
-                mem.status = Some(st.clone());
-                (Some(st), None)
-            }
+        let (status, error): (Option<StatusReport>, _) = match status {
+            Ok(st) => (Some(st), None),
             Err(e) => (None, Some(e.to_string())),
         };
         BoardState {
@@ -168,7 +147,7 @@ impl Board {
             status,
             error,
             rates,
-            events: mem.events.iter().cloned().collect(),
+            events,
             process_cpu_seconds: proc_.cpu_seconds,
             process_resident_bytes: proc_.resident_bytes,
         }
@@ -203,167 +182,9 @@ pub(crate) fn rates(now: &VolumeSnapshot, prev: &VolumeSnapshot, over: Duration)
     }
 }
 
-/// What changed between two statuses.
-pub(crate) fn events(prev: &StatusReport, now: &StatusReport) -> Vec<BoardEvent> {
-    let t = now_ms();
-    let ev = |kind: &str, text: String| BoardEvent {
-        time_ms: t,
-        kind: kind.to_string(),
-        text,
-    };
-    let mut out = Vec::new();
-    for n in &now.nodes {
-        match prev.nodes.iter().find(|p| p.id == n.id) {
-            Some(p) if p.up && !n.up => out.push(ev("node-down", format!("node {} is down", n.id))),
-            Some(p) if !p.up && n.up => out.push(ev("node-up", format!("node {} is up", n.id))),
-            None => out.push(ev("node-up", format!("node {} joined", n.id))),
-            _ => {}
-        }
-    }
-    for v in &now.volumes {
-        let Some(pv) = prev.volumes.iter().find(|p| p.name == v.name) else {
-            out.push(ev("volume", format!("volume {} created", v.name)));
-            continue;
-        };
-        for r in &v.replicas {
-            let Some(pr) = pv.replicas.iter().find(|p| p.node == r.node) else {
-                out.push(ev(
-                    "replica",
-                    format!(
-                        "{}: a replica on node {} was added ({})",
-                        v.name, r.node, r.state
-                    ),
-                ));
-                continue;
-            };
-            if pr.state == r.state {
-                continue;
-            }
-            let text = match (pr.state, r.state) {
-                (ReplicaStatusState::Resyncing, ReplicaStatusState::InSync) => {
-                    let what = pr
-                        .resync
-                        .as_ref()
-                        .map(|p| format!(" ({} gone through)", crate::local::human(p.total_bytes)))
-                        .unwrap_or_default();
-                    out.push(ev(
-                        "resync-done",
-                        format!(
-                            "{}: the replica on node {} is resynced{what}",
-                            v.name, r.node
-                        ),
-                    ));
-                    continue;
-                }
-                (ReplicaStatusState::InSync, s) => {
-                    format!(
-                        "{}: the replica on node {} is taken out ({s})",
-                        v.name, r.node
-                    )
-                }
-                (a, b) => format!("{}: the replica on node {}: {a} → {b}", v.name, r.node),
-            };
-            out.push(ev("replica", text));
-        }
-        for pr in &pv.replicas {
-            if !v.replicas.iter().any(|r| r.node == pr.node) {
-                out.push(ev(
-                    "replica",
-                    format!("{}: the replica on node {} is gone", v.name, pr.node),
-                ));
-            }
-        }
-    }
-    for m in &now.moves {
-        let before = prev
-            .moves
-            .iter()
-            .find(|p| p.node == m.node && p.kind == m.kind);
-        if before.map(|p| p.state) != Some(m.state) {
-            let kind = match m.kind {
-                trireme_control::MoveKind::Drain => "drain",
-                trireme_control::MoveKind::Remove => "remove",
-            };
-            out.push(ev(
-                "move",
-                format!("{kind} of node {}: {}", m.node, m.state)
-                    + &m.error
-                        .as_ref()
-                        .map(|e| format!(": {e}"))
-                        .unwrap_or_default(),
-            ));
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use trireme_control::{NodeStatus, ReplicaStatus, VolumeStatus};
-
-    fn status(up2: bool, state: ReplicaStatusState) -> StatusReport {
-        let node = |id, up| NodeStatus {
-            id,
-            addr: String::new(),
-            store: "memory".into(),
-            up,
-            ping_us: None,
-            transport: "tcp".into(),
-            state: Default::default(),
-            replicas: 1,
-            last_seen_ms: None,
-            registered: None,
-            zone: None,
-            tiers: None,
-            capacity: None,
-        };
-        StatusReport {
-            nodes: vec![node(1, true), node(2, up2)],
-            volumes: vec![VolumeStatus {
-                name: "v".into(),
-                id: 1,
-                size: 1 << 20,
-                epoch: 1,
-                access: vec![],
-                replicas: vec![ReplicaStatus {
-                    node: 2,
-                    state,
-                    allocated_bytes: None,
-                    epoch: None,
-                    resync: None,
-                    tier: None,
-                }],
-                client_links: vec![],
-                writer: None,
-                min_copies: 1,
-                writes_suspended: false,
-                tier: Default::default(),
-                scrub: None,
-                health: None,
-                io: None,
-            }],
-            moves: vec![],
-            manager: None,
-            health: None,
-        }
-    }
-
-    #[test]
-    fn a_node_going_down_and_its_replica_taken_out_are_events() {
-        let a = status(true, ReplicaStatusState::InSync);
-        let b = status(false, ReplicaStatusState::Failed);
-        let evs = events(&a, &b);
-        let kinds: Vec<&str> = evs.iter().map(|e| e.kind.as_str()).collect();
-        assert_eq!(kinds, ["node-down", "replica"], "{evs:?}");
-        assert!(evs[1].text.contains("taken out"), "{evs:?}");
-        let c = status(true, ReplicaStatusState::Resyncing);
-        let d = status(true, ReplicaStatusState::InSync);
-        let evs = events(&c, &d);
-        assert_eq!(evs.len(), 1);
-        assert_eq!(evs[0].kind, "resync-done");
-        assert!(events(&d, &d).is_empty());
-    }
 
     #[test]
     fn rates_come_from_the_counters_difference() {

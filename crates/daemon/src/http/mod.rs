@@ -30,7 +30,7 @@ use trireme_control::Manager;
 
 use crate::DaemonError;
 
-pub use board::{Board, BoardEvent, BoardState, VolumeRates};
+pub use board::{Board, BoardState, VolumeRates};
 pub use token::Token;
 
 /// What a process shows on its endpoint.

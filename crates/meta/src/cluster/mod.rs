@@ -10,10 +10,14 @@
 //! | `manager` | [`ManagerRecord`]: who holds the manager role, where its API listens | yes |
 //! | `moves/<name>` | [`MoveRequest`]: the manager asks the volume's writer to move a replica | no |
 //! | `takeouts/<name>` | [`TakeOutRequest`]: a planned restart asks the volume's writer to take a replica out, then back | no |
+//! | `scrubs/<name>` | [`ScrubRequest`]: the manager asks the volume's writer to scrub it | no |
 //! | `restarts/<node>` | [`RestartOrder`]: the manager asks node `node`'s daemon to restart | no |
 //! | `jobs/<node>` | a drain/remove job of the manager, so its successor resumes it | no |
 //! | `settings/<key>` | cluster settings | no |
 //! | `revoked/<fingerprint>` | [`RevokedCert`]: a certificate refused at every handshake | no |
+//! | `events/<seq>`, `events-seen` | [`ClusterEvent`]: what changed, in words, the newest 200; what the recorder last compared | no |
+//! | `reports/<name>` | [`WriterReport`]: a writer's view of its volume, its I/O | yes |
+//! | `trash/<id>` | [`TrashRecord`]: a deleted volume waiting for its purge | no |
 //! | `next-volume-id` | the next volume id (ids are never reused) | no |
 //!
 //! Values are JSON. Every read-modify-write compares the `mod_revision` it read and retries on
@@ -28,6 +32,7 @@
 //! records and epochs), `requests.rs` (the manager's requests to writers and daemons).
 
 mod attach;
+mod events;
 mod members;
 mod records;
 mod reports;
@@ -43,6 +48,7 @@ use serde::Serialize;
 use crate::kv::{Compare, KeyValue, LeaseId, MetaStore, Op, Txn, TxnResult};
 use crate::MetaError;
 
+pub use events::{ClusterEvent, EVENTS_KEPT, EVENTS_PER_CALL};
 pub use records::*;
 pub use reports::{IoRates, ReportedReplica, WriterReport};
 pub use trash::TrashRecord;
