@@ -11,6 +11,8 @@ use super::*;
 pub struct UpArgs {
     #[command(flatten)]
     pub http: HttpArgs,
+    #[command(flatten)]
+    pub scrub: ScrubArgs,
     /// Number of storage node processes.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=7))]
     pub nodes: u32,
@@ -77,6 +79,29 @@ pub struct UpArgs {
 }
 
 /// How a writer handles replica failures.
+/// `--scrub-interval`, `--scrub-rate`: the manager's scrub schedule.
+#[derive(Debug, Args)]
+pub struct ScrubArgs {
+    /// While this process is the manager: scrub every volume this long after its last scrub
+    /// (compare its copies and repair from the majority, as Ceph's deep scrub), one volume
+    /// at a time; e.g. `12h`, `7d`; `0` never.
+    #[arg(long, default_value = "7d", value_parser = units::parse_keep)]
+    pub scrub_interval: std::time::Duration,
+    /// Most bytes a scheduled scrub compares per second (it reads every copy).
+    #[arg(long, default_value = "64M", value_parser = units::parse_size)]
+    pub scrub_rate: u64,
+}
+
+impl ScrubArgs {
+    pub fn schedule(&self) -> trireme_control::ScrubSchedule {
+        trireme_control::ScrubSchedule {
+            every: self.scrub_interval,
+            rate: Some(self.scrub_rate).filter(|&r| r > 0),
+            region: 1 << 20,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Args)]
 pub struct FailureArgs {
     /// A replica that does not answer a request within this time is taken out of the in-sync
@@ -310,6 +335,8 @@ pub struct NodeRunArgs {
     /// Copy rate limit for those re-creations, per second (e.g. 100M).
     #[arg(long, value_parser = units::parse_size)]
     pub recovery_rate: Option<u64>,
+    #[command(flatten)]
+    pub scrub: ScrubArgs,
     #[arg(long, default_value = "4K", value_parser = units::parse_dirty_grain)]
     pub dirty_grain: u64,
     /// Do not seal blocks with checksums.
@@ -424,14 +451,18 @@ pub enum VolumeCmd {
     /// Deleted volumes: list them, restore one, or free their replicas now.
     #[command(subcommand)]
     Trash(TrashCmd),
-    /// Compare the replicas of the volume `trireme up` serves and repair regions that differ
-    /// from the copy a majority holds (online, region by region). Exit 1 if a region has no
-    /// majority (two copies that differ).
+    /// Compare the replicas of a volume and repair regions that differ from the copy a
+    /// majority holds (online, region by region), through its writer, or a writer of the
+    /// manager's own if nobody writes it. Exit 1 if a region has no majority (two copies
+    /// that differ). The manager also scrubs every volume by itself (`--scrub-interval`).
     Scrub {
         name: String,
         /// Bytes per compared region.
         #[arg(long, default_value = "1M", value_parser = units::parse_size)]
         region: u64,
+        /// Most bytes compared per second (e.g. 100M); as fast as it goes if not given.
+        #[arg(long, value_parser = units::parse_size)]
+        rate: Option<u64>,
     },
     /// Compare the replicas of a volume by checksum; exit 1 if any region differs.
     Verify {

@@ -332,6 +332,90 @@ fn a_volume_nobody_writes_is_scrubbed_too() {
     assert!(c.cli(&["volume", "delete", "data"]).status.success());
 }
 
+/// The manager scrubs every volume by itself (`--scrub-interval`): a copy corrupted behind the
+/// system's back is repaired without anyone asking, and the outcome shows in `volume info`,
+/// the events and the metrics.
+#[test]
+fn scheduled_scrubs_repair_a_corrupted_copy_and_say_so() {
+    use std::os::unix::fs::FileExt;
+    need("qemu-io");
+    let c = Cluster::start(&[
+        "--store",
+        "file",
+        "--size",
+        "16M",
+        "--scrub-interval",
+        "3s",
+        "--scrub-rate",
+        "64M",
+    ]);
+    run(Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 0x5a 0 2M", &c.unix]));
+    let info = |c: &Cluster| -> serde_json::Value {
+        serde_json::from_slice(
+            &c.cli(&["--output", "json", "volume", "info", "vol0"])
+                .stdout,
+        )
+        .unwrap()
+    };
+    let v = info(&c);
+    assert!(v["next_scrub"].as_u64().is_some(), "{v}");
+    let id = v["id"].as_u64().unwrap();
+    let node = v["replicas"][1]["node"].as_u64().unwrap();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(
+            c.path()
+                .join(format!("node-{node}"))
+                .join(format!("replica-{id:016x}.data")),
+        )
+        .unwrap();
+    f.write_all_at(&[0xff; 4096], 1 << 20).unwrap();
+    f.sync_all().unwrap();
+    let want =
+        format!("vol0: scrubbed 16.0 MiB (3 copies): 1 region differed, 1 rewritten on node {node}");
+    let t0 = std::time::Instant::now();
+    loop {
+        let out = c.cli(&["--output", "json", "events"]);
+        let evs: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+        if evs
+            .iter()
+            .any(|e| e["kind"] == "scrub" && e["text"] == want.as_str())
+        {
+            break;
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(40),
+            "no scheduled scrub repaired the copy: {evs:#?}\n{}",
+            c.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    assert_replicas_identical(&c, "vol0");
+    let v = info(&c);
+    let last = &v["scrub"]["last"];
+    assert_eq!(last["by"], "schedule", "{v}");
+    assert_eq!(last["bytes_compared"], 16 << 20, "{v}");
+    let text = String::from_utf8_lossy(&c.cli(&["volume", "info", "vol0"]).stdout).into_owned();
+    assert!(
+        text.contains("last scrub: ") && text.contains("(schedule, "),
+        "{text}"
+    );
+    assert!(text.contains("next scheduled scrub: "), "{text}");
+    // The metrics say when and how it went.
+    let http = addr_in(&c.path().join("http"));
+    let token = std::fs::read_to_string(c.path().join("http-token")).unwrap();
+    let auth = format!("Bearer {}", token.trim());
+    let (code, body) = http_with(&http, "GET", "/metrics", &[("Authorization", &auth)]);
+    assert_eq!(code, 200);
+    let body = String::from_utf8_lossy(&body);
+    for m in [
+        "trireme_volume_last_scrub_timestamp_seconds{volume=\"vol0\"}",
+        "trireme_volume_last_scrub_ok{volume=\"vol0\"} 1",
+    ] {
+        assert!(body.contains(m), "{m} not in the metrics:\n{body}");
+    }
+}
+
 /// `node remove` of a node that is down and holds a volume's only copy in sync is refused at
 /// once, naming the volume, instead of starting a job that can only fail; the node stays.
 #[test]

@@ -34,6 +34,16 @@ impl Volume {
     /// the copy held by a majority is written over the others; with no majority (two copies
     /// that both pass their checksums) nothing is guessed: the region is reported.
     pub async fn scrub(&self, region: u64) -> Result<ScrubReport, VolumeError> {
+        self.scrub_at(region, None).await
+    }
+
+    /// [`Volume::scrub`] going through at most `rate` bytes a second (a scheduled scrub:
+    /// it reads every copy, and shares the disks with the volume's I/O).
+    pub async fn scrub_at(
+        &self,
+        region: u64,
+        rate: Option<u64>,
+    ) -> Result<ScrubReport, VolumeError> {
         let started = tokio::time::Instant::now();
         let progress = |done: u64, repaired: u64| {
             *self.scrubbing.lock().unwrap_or_else(|e| e.into_inner()) =
@@ -46,7 +56,7 @@ impl Volume {
                 });
         };
         progress(0, 0);
-        let r = self.scrub_regions(region, &progress).await;
+        let r = self.scrub_regions(region, rate, &progress).await;
         *self.scrubbing.lock().unwrap_or_else(|e| e.into_inner()) = None;
         r
     }
@@ -62,8 +72,10 @@ impl Volume {
     async fn scrub_regions(
         &self,
         region: u64,
+        rate: Option<u64>,
         progress: &(dyn Fn(u64, u64) + Sync),
     ) -> Result<ScrubReport, VolumeError> {
+        let started = tokio::time::Instant::now();
         let region = region.clamp(4096, CHUNK);
         let mut report = ScrubReport {
             volume: self.info.name.clone(),
@@ -107,6 +119,12 @@ impl Volume {
             }
             off += len;
             progress(off, report.repaired.len() as u64 * region);
+            drop(_r);
+            if let Some(rate) = rate.filter(|&r| r > 0) {
+                // Ahead of the rate: wait, holding no range.
+                let due = std::time::Duration::from_secs_f64(off as f64 / rate as f64);
+                tokio::time::sleep_until(started + due).await;
+            }
         }
         Ok(report)
     }

@@ -111,6 +111,9 @@ pub enum Request {
     VolumeScrub {
         name: String,
         region: u64,
+        /// Most bytes compared per second; none: as fast as it goes.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rate: Option<u64>,
     },
     /// Planned stop of a node process (not restarted until `NodeStart`).
     NodeStop {
@@ -356,6 +359,9 @@ pub struct VolumeStatus {
     /// Its I/O over the last few seconds, as a writer on another host reported it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub io: Option<trireme_meta::IoRates>,
+    /// How its last scrub went (asked or scheduled), if it had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scrub: Option<trireme_meta::ScrubOutcome>,
 }
 
 /// What a planned node restart did.
@@ -389,6 +395,12 @@ pub struct VolumeInfo {
     /// Each replica's tiers, from the tiered nodes that answered.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tiers: Vec<ReplicaTierStatus>,
+    /// Its scrubs: the last one's outcome, and when the schedule counts from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scrub: Option<trireme_meta::ScrubRecord>,
+    /// When the schedule scrubs it next, in seconds since the Unix epoch (none: no schedule).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_scrub: Option<u64>,
 }
 
 /// One data-path link of a volume client to a node.

@@ -329,6 +329,8 @@ mod tests {
                     reasons: vec!["the reason".into()],
                 }),
                 io: None,
+                last_scrub: None,
+                last_scrub: None,
             }],
             moves: vec![],
             manager: None,

@@ -219,6 +219,7 @@ mod tests {
             scrub: None,
             health: None,
             io: None,
+            last_scrub: None,
         }
     }
 

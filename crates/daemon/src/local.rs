@@ -39,6 +39,8 @@ pub struct NodeNetns {
 #[derive(Debug, Clone)]
 pub struct LocalConfig {
     pub data_dir: PathBuf,
+    /// The manager's scrub schedule.
+    pub scrub: trireme_control::ScrubSchedule,
     pub nodes: u32,
     pub replicas: u32,
     pub size: u64,
@@ -456,6 +458,7 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
     manager.start_heartbeats(Duration::from_millis(500), Duration::from_secs(3));
     manager.start_trash_purge();
     manager.start_event_recorder();
+    manager.start_scrub_schedule(a.scrub);
     let (ctl_tx, mut ctl_rx) = tokio::sync::mpsc::unbounded_channel();
     manager.set_supervisor(ctl_tx);
     let ctl = control_path(&dir);

@@ -27,6 +27,10 @@ pub struct ManagerOptions {
     pub down_out: Option<Duration>,
     /// Copy rate limit for those re-creations (bytes per second).
     pub rate: Option<u64>,
+    /// Whether the manager records the cluster's events (`trireme_control::events`).
+    pub events: bool,
+    /// The scrub schedule (an interval of zero: none).
+    pub scrub: trireme_control::ScrubSchedule,
     /// How the manager dials nodes (`None`: TCP to their address; the simulator's network).
     pub connector: Option<std::sync::Arc<dyn trireme_client::Connector>>,
     /// Node daemons hold lease-bound liveness keys, so a node without one is down at once
@@ -42,6 +46,8 @@ impl Default for ManagerOptions {
             down_after: Duration::from_secs(3),
             down_out: Some(Duration::from_secs(600)),
             rate: None,
+            events: true,
+            scrub: Default::default(),
             connector: None,
             node_leases: true,
         }
@@ -100,7 +106,10 @@ pub async fn campaign(
                 });
                 m.start_heartbeats(opts.heartbeat_every, opts.down_after);
                 m.start_trash_purge();
-                m.start_event_recorder();
+                if opts.events {
+                    m.start_event_recorder();
+                }
+                m.start_scrub_schedule(opts.scrub);
                 if let Some(after) = opts.down_out {
                     m.start_down_out(after, opts.rate);
                 }

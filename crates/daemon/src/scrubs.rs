@@ -27,7 +27,7 @@ pub async fn serve_scrubs(meta: ClusterMeta, volume: Arc<Volume>) {
                         continue;
                     };
                     tracing::info!(volume = %name, "scrubbing at the manager's request");
-                    match volume.scrub(req.region).await {
+                    match volume.scrub_at(req.region, req.rate).await {
                         Ok(r) => {
                             req.state = ScrubState::Done;
                             req.report = serde_json::to_value(&r).ok();

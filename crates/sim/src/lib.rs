@@ -622,6 +622,10 @@ impl World {
             down_after: DOWN_AFTER,
             down_out: None,
             rate: None,
+            // The event recorder and the scrub schedule are observers: they change no
+            // replica and no writer, and their status calls would only slow the runs.
+            events: false,
+            scrub: Default::default(),
             connector: Some(Arc::new(SimConnector {
                 nodes: self.nodes.clone(),
                 rng: self.rng.clone(),

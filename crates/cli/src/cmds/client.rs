@@ -259,6 +259,7 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 for t in &v.tiers {
                     s += &format!("{}\n", replica_tier_text(t));
                 }
+                s += &scrub_text(v.scrub.as_ref(), v.next_scrub);
                 s
             });
         }
@@ -315,10 +316,11 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                     .collect()
             });
         }
-        Cmd::Volume(VolumeCmd::Scrub { name, region }) => {
+        Cmd::Volume(VolumeCmd::Scrub { name, region, rate }) => {
             let req = Request::VolumeScrub {
                 name: name.clone(),
                 region: *region,
+                rate: *rate,
             };
             let call = cc.call::<trireme_client::ScrubReport>(&req);
             // The scrub runs in the writer's process: its progress comes through `status`.

@@ -201,6 +201,7 @@ pub(crate) async fn node_run(cli: &Cli, a: &crate::NodeRunArgs) -> Result<(), Cl
         manager: trireme_daemon::manager_role::ManagerOptions {
             down_out: (!a.down_out_interval.is_zero()).then_some(a.down_out_interval),
             rate: a.recovery_rate,
+            scrub: a.scrub.schedule(),
             ..Default::default()
         },
     };

@@ -59,6 +59,7 @@ pub(crate) fn local_config(
         .map_err(CliError::Usage)?;
     Ok(trireme_daemon::local::LocalConfig {
         http: a.http.addr.0,
+        scrub: a.scrub.schedule(),
         tiers,
         data_dir: cli.data_dir.clone(),
         nodes: a.nodes,

@@ -121,6 +121,38 @@ pub(crate) fn utc_time_ms(ms: u64) -> String {
         .unwrap_or_else(|| format!("{ms} ms after 1970"))
 }
 
+/// `volume info`'s scrub lines: the last scrub's outcome and the next one's time.
+pub(crate) fn scrub_text(r: Option<&trireme_meta::ScrubRecord>, next: Option<u64>) -> String {
+    let mut s = match r.and_then(|r| r.last.as_ref()) {
+        None => "last scrub: never\n".to_string(),
+        Some(o) => {
+            let what = match &o.error {
+                Some(e) => format!("failed: {e}"),
+                None if o.mismatched_regions == 0 => {
+                    format!("{} compared, the copies agree", human(o.bytes_compared))
+                }
+                None => format!(
+                    "{} compared, {} regions differed: {} repaired, {} with no majority",
+                    human(o.bytes_compared),
+                    o.mismatched_regions,
+                    o.repaired_regions,
+                    o.unresolved_regions
+                ),
+            };
+            format!(
+                "last scrub: {} ({}, {:.1} s): {what}\n",
+                utc_time(o.at),
+                o.by,
+                o.took_ms as f64 / 1000.0
+            )
+        }
+    };
+    if let Some(n) = next {
+        s += &format!("next scheduled scrub: {}\n", utc_time(n));
+    }
+    s
+}
+
 pub(crate) fn events_text(l: &[trireme_meta::ClusterEvent]) -> String {
     if l.is_empty() {
         return "no events recorded\n".into();

@@ -6,6 +6,7 @@
 
 mod own_writer;
 mod records;
+mod scrubs;
 mod serve;
 mod status;
 mod trash;
@@ -13,6 +14,7 @@ mod volumes;
 
 pub(crate) use own_writer::OwnWriter;
 pub use records::{attach_info, record_detach, record_replica_state};
+pub use scrubs::ScrubSchedule;
 #[cfg(test)]
 pub(crate) use serve::error_reply;
 pub use serve::{control_gate, serve, serve_conn, CONTROL_IDLE, CONTROL_LIMITS, REFUSED};
@@ -68,6 +70,8 @@ pub struct Manager {
     /// The access list of a volume created without one: its creator's (see
     /// [`Manager::set_default_access`]).
     default_access: std::sync::Mutex<Vec<String>>,
+    /// The scrub schedule's interval, once started.
+    scrub_every: std::sync::Mutex<Option<Duration>>,
 }
 
 /// A planned node operation for the process supervisor, with where to send its outcome.
@@ -110,6 +114,7 @@ impl Manager {
             resign: tokio::sync::Notify::new(),
             restart_lock: tokio::sync::Mutex::new(()),
             default_access: std::sync::Mutex::new(trireme_meta::any_client()),
+            scrub_every: std::sync::Mutex::new(None),
         }
     }
 
@@ -595,7 +600,9 @@ impl Manager {
                 .set_replica_state(&name, epoch, node, state, incarnation)
                 .await),
             Request::Detach { name, epoch } => to(self.detach(&name, epoch).await),
-            Request::VolumeScrub { name, region } => to(self.scrub(&name, region).await),
+            Request::VolumeScrub { name, region, rate } => {
+                to(self.scrub(&name, region, rate).await)
+            }
             Request::NodeStop { id } => to(self.node_control(false, id).await),
             Request::NodeStart { id } => to(self.node_control(true, id).await),
             Request::NodeRestart { id } => to(self.restart_node(id).await),

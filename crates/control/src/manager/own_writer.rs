@@ -1,5 +1,5 @@
 //! Writers the manager attaches itself: to move the replica of a volume nobody writes, or to
-//! scrub one. On etcd under an attach record of its own (so a client's attach meanwhile is
+//! scrub one (`scrubs.rs`). On etcd under an attach record of its own (so a client's attach meanwhile is
 //! refused rather than fenced); beside `up`, with a new epoch like any writer.
 
 use std::sync::{Arc, Weak};
@@ -110,120 +110,6 @@ impl Manager {
         self.register_client(w.clone());
         self.register_client(w.clone());
         Ok(OwnWriter { writer: w, record })
-    }
-
-    /// `volume scrub`: through the writer in this process if there is one; for a volume
-    /// nobody writes, through a writer attached for the scrub (then released). A volume held
-    /// by a writer elsewhere is refused, naming it: the scrub must go through that writer, and
-    /// another would fence it.
-    pub async fn scrub(
-        self: &Arc<Self>,
-        name: &str,
-        region: u64,
-    ) -> Result<trireme_client::ScrubReport> {
-        let v = self.meta.volume(name).await?;
-        if let Some(w) = self.writer(name).filter(|w| w.info().epoch == v.epoch) {
-            return Ok(w.scrub(region).await?);
-        }
-        // A writer on another host (its attach record names it): it scrubs at our request.
-        if let Some((a, _)) = self.meta.attachment(name).await? {
-            if a.epoch == v.epoch {
-                return self.scrub_remote(&v, region).await;
-            }
-        }
-        if let Some(who) = self.holder(&v).await? {
-            return Err(crate::error::refused(format!(
-                "volume {name} is attached by {who}: a scrub repairs through its writer, and that writer takes no requests (a `trireme nbd` beside `up`); detach it first"
-            )));
-        }
-        let own = self.attach_own(&v).await?;
-        tracing::info!(
-            volume = name,
-            epoch = own.writer.info().epoch,
-            "scrubbing through a writer of the manager's own"
-        );
-        let r = own.writer.scrub(region).await;
-        self.release_own(own).await;
-        Ok(r?)
-    }
-
-    /// `volume scrub` of a volume written on another host: asks its writer through the scrub
-    /// request (`daemon/src/scrubs.rs`) and waits for its report; its progress shows in
-    /// `status` meanwhile (the writer's report). One scrub per volume at a time.
-    async fn scrub_remote(
-        &self,
-        v: &trireme_meta::VolumeRecord,
-        region: u64,
-    ) -> Result<trireme_client::ScrubReport> {
-        use trireme_meta::{ScrubRequest, ScrubState};
-        let name = &v.name;
-        if let Some((old, _)) = self.meta.scrub_request(name).await? {
-            let live = old.epoch == v.epoch
-                && matches!(old.state, ScrubState::Asked | ScrubState::Running);
-            if live {
-                return Err(crate::error::refused(format!(
-                    "a scrub of volume {name} is already running (`trireme status` shows its progress)"
-                )));
-            }
-            // Left by a manager that stopped waiting (it crashed, or the role moved).
-            self.meta.delete_scrub(name).await?;
-        }
-        let req = ScrubRequest {
-            epoch: v.epoch,
-            region,
-            state: ScrubState::Asked,
-            report: None,
-            error: None,
-        };
-        if self.meta.put_scrub(name, &req, 0).await?.is_none() {
-            return Err(crate::error::refused(format!(
-                "a scrub of volume {name} was asked at the same moment by another operator"
-            )));
-        }
-        tracing::info!(volume = %name, epoch = v.epoch, "asked the volume's writer to scrub it");
-        let outcome = loop {
-            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-            let r = match self.meta.scrub_request(name).await {
-                Ok(Some((r, _))) => r,
-                Ok(None) => break Err(crate::error::refused("the scrub request was removed")),
-                // etcd away a moment: the writer goes on, and so does the wait.
-                Err(trireme_meta::MetaError::Unavailable(_)) => continue,
-                Err(e) => break Err(e.into()),
-            };
-            match r.state {
-                ScrubState::Done => {
-                    break r
-                        .report
-                        .and_then(|j| serde_json::from_value(j).ok())
-                        .ok_or_else(|| {
-                            crate::error::refused("the writer's scrub report does not decode")
-                        });
-                }
-                ScrubState::Failed => {
-                    break Err(crate::error::refused(format!(
-                        "the writer's scrub failed: {}",
-                        r.error.unwrap_or_default()
-                    )))
-                }
-                ScrubState::Asked | ScrubState::Running => {
-                    let writer = self.meta.attachment(name).await;
-                    if matches!(&writer, Ok(Some((a, _))) if a.epoch != v.epoch) {
-                        break Err(crate::error::refused(format!(
-                            "volume {name}'s writer changed during the scrub; run it again"
-                        )));
-                    }
-                    if matches!(&writer, Ok(None)) && !self.meta.volume(name).await?.writer_open {
-                        break Err(crate::error::refused(format!(
-                            "volume {name}'s writer detached during the scrub; run it again"
-                        )));
-                    }
-                }
-            }
-        };
-        if let Err(e) = self.meta.delete_scrub(name).await {
-            tracing::warn!(volume = %name, "removing the scrub request: {e}");
-        }
-        outcome
     }
 
     /// Detaches a writer of the manager's own and gives its attach record back.

@@ -23,7 +23,17 @@ impl Manager {
                 tiers.push(crate::api::ReplicaTierStatus::new(n.id, t));
             }
         }
+        let scrub = self.meta.scrub_record(name, record.id).await?;
+        let every = self.scrub_every();
         Ok(crate::api::VolumeInfo {
+            // A volume the schedule has not looked at yet counts from its first look, now.
+            next_scrub: every.map(|e| {
+                scrub
+                    .as_ref()
+                    .map_or_else(super::trash::now_secs, |r| r.since)
+                    .saturating_add(e.as_secs())
+            }),
+            scrub,
             tiers,
             writer: self.writer_text(name).await,
             client_links: self.client_links(name),
@@ -239,6 +249,13 @@ impl Manager {
                     .or_else(|| report.as_ref().and_then(|r| r.scrub.clone())),
                 health: None,
                 io: report.as_ref().and_then(|r| r.io),
+                last_scrub: self
+                    .meta
+                    .scrub_record(&v.name, v.id)
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|r| r.last),
             });
         }
         for v in &mut vs {

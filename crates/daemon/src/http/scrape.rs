@@ -216,6 +216,50 @@ fn cluster_families(e: &mut Exposition, st: &StatusReport) {
                 .collect(),
         );
     }
+    let scrubbed: Vec<_> = st
+        .volumes
+        .iter()
+        .filter_map(|v| v.last_scrub.as_ref().map(|o| (vol(&v.name), o)))
+        .collect();
+    e.family(
+        "trireme_volume_last_scrub_timestamp_seconds",
+        "When the volume's last scrub (asked or scheduled) ended, in seconds since the Unix epoch.",
+        Kind::Gauge,
+        scrubbed
+            .iter()
+            .map(|(l, o)| (l.clone(), o.at as f64))
+            .collect(),
+    );
+    e.family(
+        "trireme_volume_last_scrub_ok",
+        "1 if the volume's last scrub finished with every region agreeing or repaired, 0 if it failed or left regions with no majority.",
+        Kind::Gauge,
+        scrubbed
+            .iter()
+            .map(|(l, o)| {
+                let ok = o.error.is_none() && o.unresolved_regions == 0;
+                (l.clone(), if ok { 1.0 } else { 0.0 })
+            })
+            .collect(),
+    );
+    e.family(
+        "trireme_volume_last_scrub_mismatched_regions",
+        "Regions where the copies disagreed in the volume's last scrub.",
+        Kind::Gauge,
+        scrubbed
+            .iter()
+            .map(|(l, o)| (l.clone(), o.mismatched_regions as f64))
+            .collect(),
+    );
+    e.family(
+        "trireme_volume_last_scrub_repaired_regions",
+        "Regions the volume's last scrub rewrote from the majority copy.",
+        Kind::Gauge,
+        scrubbed
+            .iter()
+            .map(|(l, o)| (l.clone(), o.repaired_regions as f64))
+            .collect(),
+    );
     e.family(
         "trireme_volume_writes_suspended",
         "1 while the writer in the manager's process holds writes back for want of in-sync copies.",

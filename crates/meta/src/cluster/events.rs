@@ -91,6 +91,27 @@ impl ClusterMeta {
         seen: &[u8],
         seen_rev: i64,
     ) -> Result<Option<i64>, MetaError> {
+        self.append(events, Some((seen, seen_rev))).await
+    }
+
+    /// Appends `events` that are not the recorder's (a scrub's outcome), numbered after the
+    /// newest.
+    pub async fn append_events(&self, events: &[ClusterEvent]) -> Result<(), MetaError> {
+        for _ in 0..MAX_TRIES {
+            if self.append(events, None).await?.is_some() {
+                return Ok(());
+            }
+        }
+        Err(MetaError::Refused(
+            "events: too many conflicting writers".into(),
+        ))
+    }
+
+    async fn append(
+        &self,
+        events: &[ClusterEvent],
+        seen: Option<(&[u8], i64)>,
+    ) -> Result<Option<i64>, MetaError> {
         let mut events = events.to_vec();
         if events.len() > EVENTS_PER_CALL {
             let more = events.len() - (EVENTS_PER_CALL - 1);
@@ -120,9 +141,13 @@ impl ClusterMeta {
             let e = ClusterEvent { seq, ..e.clone() };
             ops.push(Op::put(event_key(seq), encode(&e)));
         }
-        ops.push(Op::put(seen_key(), seen.to_vec()));
-        // An absent key compares as revision 0.
-        let compare = Compare::mod_revision(seen_key(), seen_rev);
-        Ok(self.write(vec![compare], ops).await?.map(|r| r.revision))
+        // Two writers numbering events at once: the second finds its first number taken.
+        let mut compare = vec![Compare::absent(event_key(last + 1))];
+        if let Some((seen, seen_rev)) = seen {
+            ops.push(Op::put(seen_key(), seen.to_vec()));
+            // An absent key compares as revision 0.
+            compare.push(Compare::mod_revision(seen_key(), seen_rev));
+        }
+        Ok(self.write(compare, ops).await?.map(|r| r.revision))
     }
 }

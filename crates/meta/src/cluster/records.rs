@@ -98,6 +98,40 @@ pub struct ScrubRequest {
     pub report: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Most bytes compared per second (a scheduled scrub); none: as fast as it goes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<u64>,
+}
+
+/// A volume's scrubs (`scrubbed/<name>`): when its schedule counts from, and how its last
+/// scrub went. The manager writes it after every scrub, asked or scheduled.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScrubRecord {
+    /// The volume's id: a record left by a deleted volume of the same name is not its.
+    pub volume_id: u64,
+    /// Seconds since the Unix epoch the next scheduled scrub counts from: the last one's end,
+    /// or when the schedule first saw the volume.
+    pub since: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last: Option<ScrubOutcome>,
+}
+
+/// How one scrub went.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScrubOutcome {
+    /// When it ended, in seconds since the Unix epoch.
+    pub at: u64,
+    pub took_ms: u64,
+    /// `schedule` or `operator`.
+    pub by: String,
+    pub bytes_compared: u64,
+    /// Regions where the copies disagreed, of which repaired, and left alone (no majority).
+    pub mismatched_regions: u64,
+    pub repaired_regions: u64,
+    pub unresolved_regions: u64,
+    /// Why it did not finish, if it did not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// Where a [`ScrubRequest`] is.

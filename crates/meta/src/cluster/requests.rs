@@ -117,6 +117,30 @@ impl ClusterMeta {
         Ok(())
     }
 
+    fn scrubbed_key(name: &str) -> String {
+        key(&format!("scrubbed/{name}"))
+    }
+
+    /// Volume `id`'s scrub record, if it has one (under its name `name`).
+    pub async fn scrub_record(
+        &self,
+        name: &str,
+        id: u64,
+    ) -> Result<Option<ScrubRecord>, MetaError> {
+        Ok(self
+            .get::<ScrubRecord>(&Self::scrubbed_key(name))
+            .await?
+            .map(|(r, _)| r)
+            .filter(|r| r.volume_id == id))
+    }
+
+    pub async fn put_scrub_record(&self, name: &str, r: &ScrubRecord) -> Result<(), MetaError> {
+        self.write(vec![], vec![Op::put(Self::scrubbed_key(name), encode(r))])
+            .await?
+            .ok_or_else(|| MetaError::Refused("scrub record: conflicting write".into()))?;
+        Ok(())
+    }
+
     /// The key of node `id`'s restart order (for watches).
     pub fn restart_key(id: u32) -> String {
         key(&format!("restarts/{id}"))

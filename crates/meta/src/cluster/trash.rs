@@ -72,6 +72,8 @@ impl ClusterMeta {
                     Op::delete(key(&format!("attach/{name}"))),
                     Op::delete(key(&format!("moves/{name}"))),
                     Op::delete(key(&format!("takeouts/{name}"))),
+                    Op::delete(key(&format!("scrubs/{name}"))),
+                    Op::delete(key(&format!("scrubbed/{name}"))),
                 ],
             )
             .await?;
