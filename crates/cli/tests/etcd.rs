@@ -141,6 +141,12 @@ impl Drop for Net {
     }
 }
 
+/// One qemu-io command on volume `name` served at `sock`.
+fn qemu_io(sock: &std::path::Path, name: &str, cmd: &str) {
+    let uri = format!("nbd+unix:///{name}?socket={}", sock.display());
+    common::run(Command::new("qemu-io").args(["-f", "raw", "-c", cmd, &uri]));
+}
+
 /// An etcd cluster, one member per host.
 struct Etcd {
     dir: PathBuf,
@@ -534,6 +540,23 @@ impl World {
         }
     }
 
+    /// Changes a block of node `node`'s copy of volume `id` in its data file, behind the
+    /// system's back (the first 1 MiB must have been written).
+    fn corrupt(&self, node: u32, id: u64) {
+        use std::os::unix::fs::FileExt;
+        let path = self
+            .dir
+            .path()
+            .join(format!("node-{node}"))
+            .join(format!("replica-{id:016x}.data"));
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        f.write_all_at(&[0xee; 4096], 65536).unwrap();
+        f.sync_all().unwrap();
+    }
+
     fn verify(&self) {
         let out = self.cli_ok(&["volume", "verify", "vol"]);
         assert!(out.contains("0 mismatching"), "{out}");
@@ -712,16 +735,69 @@ fn a_cluster_on_etcd_survives_node_manager_etcd_and_writer_failures() {
     w.verify();
 
     // A scrub of a volume written on a client host runs in that writer, at the manager's
-    // request, and reports back through etcd.
+    // request, reports back through etcd, and repairs a copy corrupted behind its back.
+    qemu_io(&w.sock(), "vol", "write -P 0x33 0 1M");
+    let bad = w.replica_nodes()[1];
+    w.corrupt(bad, w.status()["volumes"][0]["id"].as_u64().unwrap());
     let out = w.cli_ok(&["--output", "json", "volume", "scrub", "vol"]);
     let r: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(r["bytes_compared"].as_u64(), Some(64 << 20), "{r}");
     assert_eq!(r["replicas"].as_array().map(Vec::len), Some(3), "{r}");
+    assert_eq!(r["repaired"], serde_json::json!([[0, bad]]), "{r}");
     let writer_log = std::fs::read_to_string(w.dir.path().join("attach-first.log")).unwrap();
     assert!(
         writer_log.contains("scrubbing at the manager's request"),
         "{writer_log}"
     );
+    w.verify();
+    // A volume nobody writes is scrubbed through a writer the manager attaches for it.
+    w.cli_ok(&[
+        "volume",
+        "create",
+        "cold",
+        "--size",
+        "8M",
+        "--replicas",
+        "3",
+    ]);
+    let cold_sock = w.dir.path().join("cold.sock");
+    let mut cold = w
+        .cmd_on(&w.clients[1])
+        .args(["attach", "cold", "--socket"])
+        .arg(&cold_sock)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Read;
+        let mut first = [0u8; 1];
+        let _ = cold.stdout.as_mut().unwrap().read(&mut first);
+    }
+    qemu_io(&cold_sock, "cold", "write -P 0x44 0 1M");
+    signal(cold.id() as i32, libc::SIGTERM);
+    assert!(cold.wait().unwrap().success());
+    let s = w.status();
+    let cold_v = s["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "cold")
+        .unwrap()
+        .clone();
+    let bad = cold_v["replicas"][2]["node"].as_u64().unwrap() as u32;
+    w.corrupt(bad, cold_v["id"].as_u64().unwrap());
+    let out = w.cli_ok(&["--output", "json", "volume", "scrub", "cold"]);
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(r["repaired"], serde_json::json!([[0, bad]]), "{r}");
+    let out = w.cli_ok(&["volume", "verify", "cold"]);
+    assert!(out.contains("0 mismatching"), "{out}");
+    let info = w.cli_ok(&["volume", "info", "cold"]);
+    assert!(
+        info.contains("last scrub: ") && info.contains("(operator, "),
+        "{info}"
+    );
+    w.cli_ok(&["volume", "delete", "cold", "--keep", "0"]);
 
     // Every daemon restarted so far was started without --zone: each kept its zone.
     let s = w.status();

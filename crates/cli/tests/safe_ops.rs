@@ -371,8 +371,9 @@ fn scheduled_scrubs_repair_a_corrupted_copy_and_say_so() {
         .unwrap();
     f.write_all_at(&[0xff; 4096], 1 << 20).unwrap();
     f.sync_all().unwrap();
-    let want =
-        format!("vol0: scrubbed 16.0 MiB (3 copies): 1 region differed, 1 rewritten on node {node}");
+    let want = format!(
+        "vol0: scrubbed 16.0 MiB (3 copies): 1 region differed, 1 rewritten on node {node}"
+    );
     let t0 = std::time::Instant::now();
     loop {
         let out = c.cli(&["--output", "json", "events"]);

@@ -330,7 +330,6 @@ mod tests {
                 }),
                 io: None,
                 last_scrub: None,
-                last_scrub: None,
             }],
             moves: vec![],
             manager: None,
