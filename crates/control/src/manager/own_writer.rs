@@ -11,6 +11,9 @@ use trireme_replication::ReplicaState;
 use super::{Manager, Result};
 use crate::error::ManagerError;
 
+/// How long nodes may take to learn a new epoch from the metadata.
+const EPOCH_PROPAGATION: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The metadata, as a writer attached by the manager itself needs it.
 #[derive(Debug)]
 struct ManagerMembership(Weak<Manager>);
@@ -96,7 +99,21 @@ impl Manager {
             connector: self.connector(),
             ..VolumeOptions::default()
         };
-        let w = match Volume::attach_managed(info, opts, membership).await {
+        // Nodes learn the new epoch within a moment (a watch of the metadata): until then
+        // they refuse an attach past the newest epoch they know. Tried again for a while, as
+        // a client's attach does.
+        let t0 = tokio::time::Instant::now();
+        let attached = loop {
+            match Volume::attach_managed(info.clone(), opts.clone(), membership.clone()).await {
+                Err(trireme_client::VolumeError::Denied { .. })
+                    if t0.elapsed() < EPOCH_PROPAGATION =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+                }
+                r => break r,
+            }
+        };
+        let w = match attached {
             Ok(w) => w,
             Err(e) => {
                 // Without this, what the attach above took would outlive the attempt: a record
