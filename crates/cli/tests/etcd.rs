@@ -711,7 +711,15 @@ fn a_cluster_on_etcd_survives_node_manager_etcd_and_writer_failures() {
         "12M",
         "--no-wait",
     ]);
-    std::thread::sleep(Duration::from_millis(1500));
+    // The copy's progress shows in `status`, from the writer's report on etcd (the writer
+    // runs on a client host, the manager on a server).
+    w.wait_for("the copy's progress", Duration::from_secs(10), &|s| {
+        s["volumes"][0]["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["state"] == "resyncing" && r["resync"]["done_bytes"].as_u64() > Some(0))
+    });
     w.kill_manager();
     w.wait_job_done(drained, Duration::from_secs(40));
     w.finish_bench(b);

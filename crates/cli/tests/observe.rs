@@ -531,3 +531,181 @@ fn the_dashboard_shows_the_cluster_live_in_a_real_browser() {
     drop(b);
     check_workload(bench, 1000, &|| c.log());
 }
+
+/// A cluster on etcd whose writer is a process of its own (`trireme attach`, as on a client
+/// host): the manager's dashboard charts that writer's I/O from the report it writes to etcd,
+/// and the events the page lists outlive the manager — the next one, in another daemon,
+/// shows them on its own dashboard.
+#[test]
+fn the_dashboard_charts_a_remote_writer_and_keeps_its_events_across_a_manager_kill() {
+    need("etcd");
+    need("chromedriver");
+    need("chromium");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (cport, pport) = (free_port(), free_port());
+    let etcd_url = format!("127.0.0.1:{cport}");
+    let mut procs = vec![Server(
+        Command::new("etcd")
+            .args([
+                "--name=m0".to_string(),
+                format!("--data-dir={}", d.join("etcd").display()),
+                format!("--listen-client-urls=http://127.0.0.1:{cport}"),
+                format!("--advertise-client-urls=http://127.0.0.1:{cport}"),
+                format!("--listen-peer-urls=http://127.0.0.1:{pport}"),
+                format!("--initial-advertise-peer-urls=http://127.0.0.1:{pport}"),
+                format!("--initial-cluster=m0=http://127.0.0.1:{pport}"),
+                "--log-level=warn".to_string(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(d.join("etcd.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    )];
+    let trireme = |args: &[&str]| {
+        let mut c = Command::new(BIN);
+        c.current_dir(d)
+            .env("TRIREME_ETCD", &etcd_url)
+            .env("TRIREME_LOG", "info")
+            .args(args);
+        c
+    };
+    let log = || {
+        let mut s = String::new();
+        for i in 1..=3 {
+            let p = d.join(format!("node-{i}.log"));
+            s += &format!("--- {}\n", p.display());
+            s += &std::fs::read_to_string(p).unwrap_or_default();
+        }
+        s
+    };
+    let node = |id: u32| {
+        Server(
+            trireme(&["node", "run", "--id", &id.to_string()])
+                .args(["--listen", "127.0.0.1:0", "--insecure", "--store", "memory"])
+                .args(["--lease-ttl", "2s", "--http", "127.0.0.1:0", "--dir"])
+                .arg(d.join(format!("node-{id}")))
+                .stdout(Stdio::null())
+                .stderr(
+                    std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(d.join(format!("node-{id}.log")))
+                        .unwrap(),
+                )
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let mut nodes: Vec<Option<Server>> = (1..=3).map(|i| Some(node(i))).collect();
+    let status = || -> Option<serde_json::Value> {
+        let o = trireme(&["--output", "json", "status"]).output().ok()?;
+        serde_json::from_slice(&o.stdout).ok()
+    };
+    let manager = |not: u32| -> u32 {
+        let t0 = Instant::now();
+        loop {
+            let m = status()
+                .filter(|s| s["nodes"].as_array().is_some_and(|n| n.len() == 3))
+                .and_then(|s| s["manager"]["node"].as_u64())
+                .map(|n| n as u32);
+            if let Some(m) = m.filter(|&m| m != not) {
+                return m;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "no manager:\n{}",
+                log()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let m1 = manager(0);
+    run(&mut trireme(&[
+        "volume",
+        "create",
+        "vol0",
+        "--size",
+        "64M",
+        "--replicas",
+        "2",
+    ]));
+    // The writer: a process of its own, like a client host's.
+    let sock = d.join("vol0.sock");
+    let mut writer = trireme(&["attach", "vol0", "--lease-ttl", "2s", "--socket"])
+        .arg(&sock)
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(d.join("attach.log")).unwrap())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Read;
+        let mut first = [0u8; 1];
+        let _ = writer.stdout.as_mut().unwrap().read(&mut first);
+    }
+    procs.push(Server(writer));
+    let bench = Command::new(BIN)
+        .args([
+            "--output", "json", "bench", "--verify", "-b4K", "-w30", "-r", "-t1", "-o4", "-d25",
+            "-W0",
+        ])
+        .arg(format!("nbd+unix:///vol0?socket={}", sock.display()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+
+    let board = |m: u32| -> String {
+        let nd = d.join(format!("node-{m}"));
+        let addr = addr_in(&nd.join("http"));
+        let token = std::fs::read_to_string(nd.join("http-token")).unwrap();
+        format!("http://{addr}/?token={}", token.trim())
+    };
+    let b = Browser::start();
+    b.open(&board(m1));
+    let t0 = Instant::now();
+    let first = loop {
+        let s = b.eval(PAGE_STATE);
+        if s["iops_last"].as_f64().unwrap_or(0.0) > 0.0 && s["volume"] == true {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the manager's page never charted the remote writer's I/O: {s}\n{}",
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let listed = |s: &serde_json::Value, kind: &str, text: &str| {
+        s["events"].as_array().unwrap().iter().any(|e| {
+            let e = e.as_str().unwrap_or("");
+            e.starts_with(kind) && e.ends_with(text)
+        })
+    };
+    assert!(listed(&first, "volume", "volume vol0 created"), "{first}");
+    let shot = b.screenshot("dashboard-remote-writer.png");
+    eprintln!("screenshot: {}", shot.display());
+
+    // The manager's daemon dies; the next manager's page lists the same events, and its own.
+    nodes[m1 as usize - 1] = None;
+    let m2 = manager(m1);
+    b.open(&board(m2));
+    let t0 = Instant::now();
+    loop {
+        let s = b.eval(PAGE_STATE);
+        let took = format!("node {m2} took the manager role");
+        if listed(&s, "volume", "volume vol0 created") && listed(&s, "manager", &took) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the next manager's page lost the events: {s}\n{}",
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    drop(b);
+    check_workload(bench, 300, &log);
+    drop(nodes);
+    drop(procs);
+}
