@@ -852,6 +852,26 @@ fn a_cluster_on_etcd_survives_node_manager_etcd_and_writer_failures() {
         "{s}"
     );
 
+    // Every server dies at once (the rack loses power; each disk keeps what it was given)
+    // and comes back: the writer on the client host holds its requests, links to each copy
+    // again under its new address, and goes on, with no I/O error and no new epoch.
+    let epoch = w.status()["volumes"][0]["epoch"].as_u64();
+    let b = w.bench(14);
+    std::thread::sleep(Duration::from_secs(2));
+    for id in 1..=4 {
+        w.kill_node(id);
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    for id in 1..=4 {
+        w.start_node(id);
+    }
+    w.finish_bench(b);
+    w.wait_converged();
+    assert_eq!(w.status()["volumes"][0]["epoch"].as_u64(), epoch);
+    w.verify();
+    let log = std::fs::read_to_string(w.dir.path().join("attach-second.log")).unwrap();
+    assert!(log.contains("linked the in-sync copy again"), "{log}");
+
     // Patch Tuesday on etcd (issue 17): every daemon restarted in turn — the manager's own
     // too, after it hands its role over — under the verifying workload. Each writer takes its
     // replica out before the daemon stops, so no write fails or waits for a timeout; each

@@ -73,6 +73,11 @@ pub enum VolumeError {
     Stopped(String),
     #[error("node {node} sent a malformed response: {what}")]
     Protocol { node: u32, what: String },
+    /// The copies that held a request stopped answering before they could track the copies
+    /// that failed it: those went out for a full resync, and these stay in sync. Nobody
+    /// answered the request; it may be tried again once one of them answers.
+    #[error("volume {volume}: the in-sync copies (nodes {nodes:?}) stopped answering before they could track the failed ones")]
+    Stranded { volume: String, nodes: Vec<u32> },
 }
 
 /// What a replica's failure of a mirrored request means to the write rule

@@ -12,6 +12,13 @@
 //! Concurrent writes that also fail on R each mark their own range, so every write R missed is
 //! either marked explicitly or arrives at a survivor already in auto mode.
 //!
+//! A survivor that cannot mark goes out too, unless no survivor would be left: then nobody
+//! tracks what R misses, so R is recorded failed (a full resync brings it back) and the
+//! silent survivors stay in sync; the request waits for one of them to answer again
+//! (`relink.rs`). Before, R stayed in sync in the writer but outdated in the metadata, and
+//! the next failure on the survivors found them "the last in-sync copy" there: a whole rack
+//! restarted one server at a time failed the writer's requests with EIO.
+//!
 //!
 //! Bringing replicas back is `resync.rs`; settling replicas after a writer died, `reconcile.rs`;
 //! rewriting a copy that failed its block checksums, `repair.rs`.
@@ -430,6 +437,19 @@ impl Volume {
                     );
                 }
                 TakeOutStep::Apply(out) => break out,
+                TakeOutStep::Stranded(out) => {
+                    self.core().apply(&out);
+                    for &(i, _) in &out {
+                        self.set_conn(i, None);
+                    }
+                    let nodes: Vec<u32> = self.in_sync().iter().map(|&i| self.node(i)).collect();
+                    let gone: Vec<u32> = out.iter().map(|&(i, _)| self.node(i)).collect();
+                    tracing::warn!(volume = %self.info.name, ?nodes, out = ?gone, "the copies left in sync stopped answering before they could track the failed ones: those go out for a full resync, and requests wait for these");
+                    return Err(VolumeError::Stranded {
+                        volume: self.info.name.clone(),
+                        nodes,
+                    });
+                }
             }
         };
         self.core().apply(&out);

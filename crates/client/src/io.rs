@@ -191,7 +191,11 @@ impl Volume {
             } => self
                 .take_out_with(&replicas, range, lost_history)
                 .await
-                .map_err(|e| (e, false)),
+                .map_err(|e| {
+                    // The copies that held it went silent too (`Stranded`): it waits for them.
+                    let unanswered = e.unanswered();
+                    (e, unanswered)
+                }),
         }
     }
 

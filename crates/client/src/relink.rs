@@ -55,6 +55,7 @@ impl VolumeError {
             self,
             VolumeError::Timeout { .. }
                 | VolumeError::Transport { .. }
+                | VolumeError::Stranded { .. }
                 | VolumeError::Replica {
                     status: Status::Superseded,
                     ..

@@ -34,6 +34,11 @@ pub enum Step {
     Apply(Vec<(usize, ReplicaState)>),
     /// No in-sync replica would remain: the request fails.
     NoneLeft,
+    /// Every survivor that held the request went silent before it could track what goes
+    /// out: the survivors stay in sync (the request waits for one to answer again), and what
+    /// goes out goes out failed, recorded so (nobody tracks what it misses: a full resync
+    /// brings it back). The replica set takes these states; the request is not acknowledged.
+    Stranded(Vec<(usize, ReplicaState)>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,6 +49,8 @@ enum Phase {
     Marking {
         silent: Vec<usize>,
     },
+    /// No survivor could track: recording what goes out as failed.
+    Stranding,
     Done,
 }
 
@@ -91,12 +98,29 @@ impl TakeOut {
                 self.phase = Phase::Done;
                 return Step::Apply(self.out.clone());
             }
-            // Survivors that could not be asked go out too; another round asks the rest.
             let silent = std::mem::take(silent);
-            self.newly_out.extend(silent.iter().copied());
-            self.out
-                .extend(silent.into_iter().map(|s| (s, ReplicaState::Outdated)));
-            self.phase = Phase::Recording;
+            let answering = self
+                .survivors()
+                .into_iter()
+                .filter(|s| !silent.contains(s))
+                .count();
+            if answering == 0 {
+                // Nobody is left to track what goes out: the silent survivors stay (the
+                // newest data is theirs), and what goes out is recorded failed instead.
+                for o in &mut self.out {
+                    if o.1 != ReplicaState::Failed {
+                        o.1 = ReplicaState::Failed;
+                        self.recorded.retain(|&r| r != o.0);
+                    }
+                }
+                self.phase = Phase::Stranding;
+            } else {
+                // Survivors that could not be asked go out too; another round asks the rest.
+                self.newly_out.extend(silent.iter().copied());
+                self.out
+                    .extend(silent.into_iter().map(|s| (s, ReplicaState::Outdated)));
+                self.phase = Phase::Recording;
+            }
         }
         if self.phase == Phase::Done {
             return Step::Apply(self.out.clone());
@@ -116,6 +140,10 @@ impl TakeOut {
         }
         if !to_record.is_empty() {
             return Step::Record(to_record);
+        }
+        if self.phase == Phase::Stranding {
+            self.phase = Phase::Done;
+            return Step::Stranded(self.out.clone());
         }
         let survivors = self.survivors();
         if survivors.is_empty() {
@@ -197,6 +225,16 @@ mod tests {
 
     #[test]
     fn a_survivor_that_cannot_track_goes_out_too_but_never_the_last() {
+        // Taking the failed one out when the only survivor cannot track: it goes out failed.
+        let mut t = TakeOut::new(&[InSync, InSync], &[0], false);
+        assert_eq!(t.step(), Step::Record(vec![(0, Outdated)]));
+        t.recorded(0);
+        assert!(matches!(t.step(), Step::Mark(_)));
+        t.marked(1, false);
+        assert_eq!(t.step(), Step::Record(vec![(0, Failed)]));
+        t.recorded(0);
+        assert_eq!(t.step(), Step::Stranded(vec![(0, Failed)]));
+
         let mut t = TakeOut::new(&[InSync, InSync, InSync], &[0], false);
         assert!(matches!(t.step(), Step::Record(_)));
         t.recorded(0);
@@ -209,10 +247,12 @@ mod tests {
             panic!("marks expected")
         };
         assert!(marks.iter().all(|m| m.survivor == 2));
+        // The last survivor cannot track either: it stays, and the others go out failed.
         t.marked(2, false);
-        assert_eq!(t.step(), Step::Record(vec![(2, Outdated)]));
-        t.recorded(2);
-        assert_eq!(t.step(), Step::NoneLeft);
+        assert_eq!(t.step(), Step::Record(vec![(0, Failed), (1, Failed)]));
+        t.recorded(0);
+        t.recorded(1);
+        assert_eq!(t.step(), Step::Stranded(vec![(0, Failed), (1, Failed)]));
     }
 
     #[test]
@@ -296,9 +336,30 @@ mod tests {
                         return Ok(());
                     }
                     Step::NoneLeft => {
-                        // Only when every in-sync replica failed the request or a mark.
+                        // Only when every in-sync replica failed the request.
                         for i in (0..states.len()).filter(|&i| states[i] == InSync) {
-                            prop_assert!(failed.contains(&i) || silent.contains(&i));
+                            prop_assert!(failed.contains(&i));
+                        }
+                        return Ok(());
+                    }
+                    Step::Stranded(out) => {
+                        // Every replica going out goes out failed (nobody tracks it), recorded
+                        // so after the last record of it; the in-sync ones left are exactly the
+                        // survivors that went silent in the last round.
+                        for &(i, to) in &out {
+                            prop_assert_eq!(to, Failed);
+                            prop_assert_eq!(recorded.iter().rev().position(|&r| r == i).is_some(), true);
+                        }
+                        for &i in &failed {
+                            prop_assert!(out.iter().any(|&(o, _)| o == i));
+                        }
+                        let left: Vec<usize> = (0..states.len())
+                            .filter(|&i| states[i] == InSync && !out.iter().any(|&(o, _)| o == i))
+                            .collect();
+                        prop_assert!(!left.is_empty(), "no in-sync replica left");
+                        for &s in &left {
+                            prop_assert!(!ok_in_round.contains(&s));
+                            prop_assert!(silent.contains(&s));
                         }
                         return Ok(());
                     }

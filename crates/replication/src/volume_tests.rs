@@ -93,6 +93,10 @@ fn run_take_out(core: &mut VolumeCore, failed: &[usize], lost: bool, marks: &[bo
                 return true;
             }
             TakeOutStep::NoneLeft => return false,
+            TakeOutStep::Stranded(out) => {
+                core.apply(&out);
+                return false;
+            }
         }
     }
 }
