@@ -24,4 +24,8 @@ fuzz_target!(|data: &[u8]| {
     round_trips::<trireme_meta::RevokedCert>(data);
     round_trips::<trireme_meta::ScrubRequest>(data);
     round_trips::<trireme_meta::WriterReport>(data);
+    round_trips::<trireme_meta::ClusterEvent>(data);
+    round_trips::<trireme_meta::ScrubRecord>(data);
+    // What the event recorder compared last (`events-seen`).
+    round_trips::<trireme_control::events::Seen>(data);
 });
