@@ -14,10 +14,10 @@ pub struct UpArgs {
     #[command(flatten)]
     pub scrub: ScrubArgs,
     /// Number of storage node processes.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=7))]
+    #[arg(long, default_value_t = 3, value_parser = units::count(1, 7))]
     pub nodes: u32,
     /// Copies of the volume, each on a different node.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=3))]
+    #[arg(long, default_value_t = 3, value_parser = units::count(1, 3))]
     pub replicas: u32,
     /// Size of the volume (e.g. 1G, 512M).
     #[arg(long, default_value = "1G", value_parser = units::parse_size)]
@@ -34,10 +34,10 @@ pub struct UpArgs {
     #[arg(long, default_value = "vol0")]
     pub volume: String,
     /// Streams from the volume client to each node.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=16))]
+    #[arg(long, default_value_t = 2, value_parser = units::count(1, 16))]
     pub streams: u32,
     /// Threads for the NBD frontend and volume client (1 is cheapest per IO on small hosts).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    #[arg(long, default_value_t = 1, value_parser = units::count(1, 64))]
     pub threads: u32,
     #[command(flatten)]
     pub failure: FailureArgs,
@@ -389,8 +389,10 @@ pub enum VolumeCmd {
         name: String,
         #[arg(long, value_parser = units::parse_size)]
         size: u64,
-        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=3))]
-        replicas: u32,
+        /// Copies, each on its own node (1 to 3). Default: 3, or as many as the cluster has
+        /// nodes that take replicas if that is fewer (the output says how many).
+        #[arg(long, value_parser = units::count(1, 3))]
+        replicas: Option<u32>,
         /// A client identity (the NAME of `trireme ca issue client NAME`) that may attach the
         /// volume and reach its replicas; repeat for several. Default: every client of the
         /// cluster (`*`). Nodes and operators always may.
@@ -399,7 +401,7 @@ pub enum VolumeCmd {
         /// Fewest in-sync copies writes go on with: with fewer, writes wait (not failed, not
         /// acknowledged) until a copy is back in sync. Default: one fewer than the replicas
         /// (2 of 3, 1 of 2).
-        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=3))]
+        #[arg(long, value_name = "N", value_parser = units::count(1, 3))]
         min_copies: Option<u32>,
         /// On nodes with `--store tiered`: `auto` (hot extents on the fast tier, by heat),
         /// `fast` (every extent on flash; refused if a node's fast tier cannot hold it) or
@@ -412,7 +414,7 @@ pub enum VolumeCmd {
         name: String,
         /// Fewest in-sync copies writes go on with (1 to the number of replicas). Lowering it
         /// lets writes suspended for want of copies go on.
-        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=3))]
+        #[arg(long, value_name = "N", value_parser = units::count(1, 3))]
         min_copies: Option<u32>,
         /// Move every extent to a tier (`fast`, `slow`; within the migration rate) or let heat
         /// place them (`auto`). A pin to fast reserves the room, and is refused if it does not
@@ -500,10 +502,10 @@ pub struct ExportArgs {
     #[arg(long, conflicts_with = "tls_dir")]
     pub insecure: bool,
     /// Streams from the volume client to each node.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=16))]
+    #[arg(long, default_value_t = 2, value_parser = units::count(1, 16))]
     pub streams: u32,
     /// Threads for the NBD frontend and volume client.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    #[arg(long, default_value_t = 1, value_parser = units::count(1, 64))]
     pub threads: u32,
     #[command(flatten)]
     pub failure: FailureArgs,

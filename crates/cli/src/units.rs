@@ -26,6 +26,14 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     Ok(std::time::Duration::from_secs_f64(secs))
 }
 
+/// A whole number from `lo` to `hi`, as a value parser (its error says so in words).
+pub fn count(lo: u32, hi: u32) -> impl Fn(&str) -> Result<u32, String> + Clone + Send + Sync {
+    move |s: &str| match s.trim().parse::<u32>() {
+        Ok(n) if (lo..=hi).contains(&n) => Ok(n),
+        _ => Err(format!("must be a whole number from {lo} to {hi}")),
+    }
+}
+
 /// A duration, or `0` for "never".
 pub fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
     if s.trim() == "0" {

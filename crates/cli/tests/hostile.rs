@@ -274,12 +274,17 @@ fn hostile_peers_stay_within_bounds() {
 
     // A volume past the nodes' capacity is refused, and leaves nothing behind.
     let out = c.cli(&["volume", "create", "big", "--size", "1G"]);
-    assert!(!out.status.success(), "a 1 GiB volume fit in 256 MiB nodes");
+    // Not the request's fault but the cluster's state: exit 1, with the numbers.
+    assert_eq!(out.status.code(), Some(1), "a 1 GiB volume fit in 256 MiB nodes");
+    let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("no space"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        err.contains("no space: a replica of 1.0 GiB does not fit")
+            && err.contains("of the node's 256.0 MiB are taken"),
+        "{err}"
     );
+    // A name taken: exit 1 as well.
+    let out = c.cli(&["volume", "create", "vol0", "--size", "1M"]);
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(!ok(&c, &["volume", "list"]).contains("big"));
 
     // Write-zeroes over the whole volume: the memory store frees, it does not allocate.

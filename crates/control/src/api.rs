@@ -18,6 +18,8 @@ pub enum Request {
     VolumeCreate {
         name: String,
         size: u64,
+        /// 0: the default, 3 or as many as there are nodes that take replicas if fewer.
+        #[serde(default)]
         replicas: usize,
         /// Client identities that may use it (`*`: all); default: all.
         #[serde(default)]
@@ -450,8 +452,13 @@ pub enum ControlError {
     },
     #[error("control connection: {0}")]
     Io(#[from] std::io::Error),
+    /// The manager refused the request as given (exit 2 at the CLI).
     #[error("{0}")]
     Remote(String),
+    /// The manager could not do it for the cluster's state, not the request's fault: no
+    /// space, a name taken (exit 1 at the CLI).
+    #[error("{0}")]
+    Failed(String),
     /// The manager refused because node `node` holds no replica of the volume on record (a
     /// writer leaves that copy out: `MembershipError::NotOnRecord`).
     #[error("{message}")]
@@ -469,6 +476,8 @@ pub enum ControlError {
 pub(crate) enum Reply {
     Ok(serde_json::Value),
     Error(String),
+    /// Not the request's fault: the cluster's state (see [`ControlError::Failed`]).
+    Failed(String),
     /// This manager hands its role to another daemon: ask the next one again.
     Elsewhere(String),
     /// Refused: node `node` holds no replica of the volume on record. Its own variant so a
@@ -572,6 +581,7 @@ pub fn decode_reply<T: DeserializeOwned>(line: &[u8]) -> Result<T, ControlError>
             serde_json::from_value(v).map_err(|e| ControlError::Malformed(e.to_string()))
         }
         Reply::Error(e) => Err(ControlError::Remote(e)),
+        Reply::Failed(e) => Err(ControlError::Failed(e)),
         Reply::Elsewhere(e) => Err(ControlError::Elsewhere(e)),
         Reply::NotOnRecord { node, message } => Err(ControlError::NotOnRecord { node, message }),
     }

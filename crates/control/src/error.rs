@@ -23,6 +23,9 @@ pub enum ManagerError {
     /// asking again unchanged does not help.
     #[error("{0}")]
     Refused(String),
+    /// A node has no room for a replica (its message gives the numbers).
+    #[error("{0}")]
+    NoSpace(String),
     /// The caller's identity may not make this request.
     #[error("{0}")]
     Denied(String),
@@ -32,6 +35,17 @@ pub enum ManagerError {
     /// The process supervisor of `up` (which runs the node processes) stopped.
     #[error("the supervisor stopped")]
     SupervisorStopped,
+}
+
+impl ManagerError {
+    /// Whether the cluster's state is at fault rather than the request as given (the CLI
+    /// exits 1 for these, 2 for a refused request).
+    pub fn is_state(&self) -> bool {
+        matches!(
+            self,
+            ManagerError::NoSpace(_) | ManagerError::Meta(MetaError::VolumeExists(_))
+        )
+    }
 }
 
 pub(crate) fn refused(what: impl Into<String>) -> ManagerError {

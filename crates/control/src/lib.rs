@@ -39,18 +39,4 @@ pub fn hostname() -> String {
         .unwrap_or_else(|_| "unknown-host".into())
 }
 
-/// Formats bytes with a binary unit, e.g. "1.0 GiB".
-pub fn human(bytes: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut v = bytes as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
-}
+pub use trireme_proto::human;

@@ -25,7 +25,7 @@ impl ControlMembership {
             .map_err(|e| MembershipError::Unreachable(e.to_string()))?;
         c.call(&req).await.map_err(|e| match e {
             // The manager answered: it refused.
-            ControlError::Remote(m) => MembershipError::Refused(m),
+            ControlError::Remote(m) | ControlError::Failed(m) => MembershipError::Refused(m),
             ControlError::NotOnRecord { node, .. } => MembershipError::NotOnRecord(node),
             e => MembershipError::Unreachable(e.to_string()),
         })

@@ -227,8 +227,11 @@ impl Node {
                     return Err(Refusal(
                         Status::NoSpace,
                         format!(
-                            "a {}-byte replica does not fit: {used} of the node's {cap} bytes are taken",
-                            h.length
+                            "no space: a replica of {} does not fit, {} of the node's {} are taken by its replicas ({} free)",
+                            trireme_proto::human(h.length),
+                            trireme_proto::human(used),
+                            trireme_proto::human(cap),
+                            trireme_proto::human(cap.saturating_sub(used))
                         ),
                     ));
                 }

@@ -40,6 +40,22 @@ pub use extent::{
     data_ranges, decode_extents, decode_extents_within, encode_extents, Extent, EXTENT_LEN,
 };
 pub use op::{Op, Status};
+
+/// Formats bytes with a binary unit, e.g. "1.0 GiB" (bytes below 1 KiB as such).
+pub fn human(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
 pub use tier::{
     decode_heat, encode_heat, NodeTiers, ReplicaTierInfo, TierReport, HEAT_ENTRY_LEN,
     MAX_HEAT_ENTRIES,

@@ -216,7 +216,7 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 .call(&Request::VolumeCreate {
                     name: name.clone(),
                     size: *size,
-                    replicas: *replicas as usize,
+                    replicas: replicas.map_or(0, |r| r as usize),
                     access: (!allow.is_empty()).then(|| allow.clone()),
                     min_copies: *min_copies,
                     tier: Some(tier.policy()),
@@ -226,10 +226,17 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
             rbac_follow(cli).await;
             print(out, &v, |v| {
                 format!(
-                    "created {} ({}), replicas on nodes {:?}\n",
+                    "created {} ({}), {} replica{} on node{} {}\n",
                     v.name,
                     human(v.size),
+                    v.replicas.len(),
+                    if v.replicas.len() == 1 { "" } else { "s" },
+                    if v.replicas.len() == 1 { "" } else { "s" },
                     nodes_of(v)
+                        .iter()
+                        .map(u32::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 )
             });
         }

@@ -157,6 +157,7 @@ pub(crate) fn error_reply(e: ManagerError) -> Reply {
                 message: e.to_string(),
             }
         }
+        e if e.is_state() => Reply::Failed(e.to_string()),
         e => Reply::Error(e.to_string()),
     }
 }

@@ -62,7 +62,8 @@ impl Manager {
         });
         if size == 0 || !size.is_multiple_of(4096) || size > MAX_VOLUME {
             return Err(refused(format!(
-                "volume size {size} must be a non-zero multiple of 4096 up to {MAX_VOLUME}"
+                "a volume's size must be a whole number of 4 KiB blocks, from 4 KiB to {} (asked: {size} bytes)",
+                crate::human(MAX_VOLUME)
             )));
         }
         let _g = self.volume_lock.lock().await;
@@ -83,6 +84,11 @@ impl Manager {
                 zone: n.zone.clone(),
             })
             .collect();
+        // Unsaid: three copies, or one per node that takes replicas on a smaller cluster.
+        let replicas = match replicas {
+            0 => loads.len().clamp(1, 3),
+            n => n,
+        };
         let chosen = place(&loads, replicas)?;
         let v = self
             .meta
@@ -91,21 +97,33 @@ impl Manager {
         let mut created = Vec::new();
         for &id in &chosen {
             let node = self.node(id).await?;
-            match self.replica_op(&node, Op::CreateReplica, &v).await {
-                Ok(Status::Ok) => created.push(node),
+            let h = Header {
+                volume: v.id,
+                length: v.size,
+                ..Header::request(Op::CreateReplica, 0)
+            };
+            match self.node_call(&node, h).await {
+                Ok(f) if f.header.status == Status::Ok => created.push(node),
                 outcome => {
                     // Undo: a volume exists with all its replicas or not at all.
                     for n in &created {
                         let _ = self.replica_op(n, Op::DeleteReplica, &v).await;
                     }
                     let _ = self.meta.delete_volume(name).await;
-                    let why = match outcome {
-                        Ok(s) => s.as_str().to_string(),
-                        Err(e) => e.to_string(),
+                    let (status, why) = match outcome {
+                        // The node says why (a refusal's message is its payload).
+                        Ok(f) if !f.payload.is_empty() => (
+                            Some(f.header.status),
+                            String::from_utf8_lossy(&f.payload).into_owned(),
+                        ),
+                        Ok(f) => (Some(f.header.status), f.header.status.as_str().to_string()),
+                        Err(e) => (None, e.to_string()),
                     };
-                    return Err(refused(format!(
-                        "creating the replica of {name:?} on node {id} failed: {why}"
-                    )));
+                    let msg = format!("creating the replica of {name:?} on node {id} failed: {why}");
+                    return Err(match status {
+                        Some(Status::NoSpace) => ManagerError::NoSpace(msg),
+                        _ => refused(msg),
+                    });
                 }
             }
         }
