@@ -80,8 +80,8 @@ up() {
   for i in $(seq 1 "$n"); do
     mkns "trireme-s$i" "$i" "$i"
     "$T" ca issue node "$i" --san "10.77.$i.2" --ca "$D/ca" --out "$D/tls-s$i" >/dev/null
-    # One server = one namespace; TRIREME_UCX_TLS=tcp as between real hosts without RDMA.
-    ip netns exec "trireme-s$i" env TRIREME_UCX_TLS=tcp "$T" --etcd "$ETCD" node run --id "$i" \
+    # One server = one namespace, with the default transport (UCX over its network lanes).
+    ip netns exec "trireme-s$i" "$T" --etcd "$ETCD" node run --id "$i" \
       --listen "10.77.$i.2:7000" --dir "$D/server-$i" --zone "zone-$i" --tls-dir "$D/tls-s$i" \
       >"$D/server-$i.out" 2>"$D/server-$i.log" &
     echo $! > "$D/server-$i.pid"
@@ -100,7 +100,7 @@ up() {
   "$T" ca issue server --san 10.77.99.2 --ca "$D/ca" --out "$D/nbd/server" >/dev/null
   "$T" ca issue client nbd-user --ca "$D/ca" --out "$D/nbd/client" >/dev/null
   "$T" ca issue client client-host --ca "$D/ca" --out "$D/tls-c" >/dev/null
-  ip netns exec trireme-c env TRIREME_UCX_TLS=tcp "$T" --etcd "$ETCD" --tls-identity "$D/tls-c" attach vol0 \
+  ip netns exec trireme-c "$T" --etcd "$ETCD" --tls-identity "$D/tls-c" attach vol0 \
     --listen 10.77.99.2:10809 --tls-dir "$D/nbd/server" --socket "$D/vol0.sock" \
     >"$D/attach.out" 2>"$D/attach.log" &
   echo $! > "$D/attach.pid"
@@ -116,7 +116,7 @@ Try:
   ip netns exec trireme-c nbdinfo "\$(sed -n 2p $D/attach.out)"   # over TCP with TLS
   \$T --etcd $ETCD --tls-identity $D/tls-admin maintenance rolling   # every server restarted in turn, I/O going on
   kill -9 \$(cat $D/server-2.pid)          # a server dies: I/O goes on, status shows it down
-  ip netns exec trireme-s2 env TRIREME_UCX_TLS=tcp \$T --etcd $ETCD node run --id 2 --listen 10.77.2.2:7000 --dir $D/server-2 --zone zone-2 --tls-dir $D/tls-s2 &   # as it was started
+  ip netns exec trireme-s2 \$T --etcd $ETCD node run --id 2 --listen 10.77.2.2:7000 --dir $D/server-2 --zone zone-2 --tls-dir $D/tls-s2 &   # as it was started
   sudo $0 down
 EOF
 }

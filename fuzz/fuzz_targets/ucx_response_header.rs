@@ -14,8 +14,8 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(&data[data.len() - SECRET_LEN..], &secret[..]);
         }
     }
-    if let Ok((address, secret)) = decode_offer(data) {
-        assert!(!address.is_empty() && address.len() <= trireme_transport::ucx::MAX_ADDRESS);
-        assert_eq!(encode_offer(address, &secret), data);
+    if let Ok(o) = decode_offer(data) {
+        assert!(!o.address.is_empty() && o.address.len() <= trireme_transport::ucx::MAX_ADDRESS);
+        assert_eq!(encode_offer(o.address, &o.secret, o.locality.as_ref()), data);
     }
 });

@@ -274,9 +274,6 @@ impl World {
         c.current_dir(self.dir.path())
             .env("TRIREME_ETCD", self.etcd.endpoints())
             .env("TRIREME_LOG", "info");
-        if self.net.on {
-            c.env("TRIREME_UCX_TLS", "tcp");
-        }
         c
     }
 
@@ -727,6 +724,12 @@ fn a_cluster_on_etcd_survives_node_manager_etcd_and_writer_failures() {
     assert!(!w.replica_nodes().contains(&drained));
     assert!(w.replica_nodes().contains(&spare));
     let writer_log = std::fs::read_to_string(w.dir.path().join("attach-first.log")).unwrap();
+    // The default transport between hosts: UCX over its network lanes, with no link falling
+    // back to TCP after a stall (shared memory does not reach across network namespaces).
+    assert!(
+        !writer_log.contains("UCX path stopped") && !writer_log.contains("UCX not used"),
+        "{writer_log}"
+    );
     assert!(
         writer_log.contains("moving a replica at the manager's request"),
         "the writer on the client host made the copy:\n{}",

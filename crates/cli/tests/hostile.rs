@@ -275,7 +275,11 @@ fn hostile_peers_stay_within_bounds() {
     // A volume past the nodes' capacity is refused, and leaves nothing behind.
     let out = c.cli(&["volume", "create", "big", "--size", "1G"]);
     // Not the request's fault but the cluster's state: exit 1, with the numbers.
-    assert_eq!(out.status.code(), Some(1), "a 1 GiB volume fit in 256 MiB nodes");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a 1 GiB volume fit in 256 MiB nodes"
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("no space: a replica of 1.0 GiB does not fit")
@@ -284,7 +288,12 @@ fn hostile_peers_stay_within_bounds() {
     );
     // A name taken: exit 1 as well.
     let out = c.cli(&["volume", "create", "vol0", "--size", "1M"]);
-    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(!ok(&c, &["volume", "list"]).contains("big"));
 
     // Write-zeroes over the whole volume: the memory store frees, it does not allocate.
@@ -379,8 +388,8 @@ fn ucx_requests_without_a_secret_or_over_the_limit_are_dropped_unread() {
         assert_eq!(f.header.status, trireme_proto::Status::Ok);
         (c, f.payload.to_vec())
     });
-    let (address, secret) = trireme_transport::ucx::decode_offer(&offer).unwrap();
-    let secret = &secret[..];
+    let o = trireme_transport::ucx::decode_offer(&offer).unwrap();
+    let (address, secret) = (o.address, &o.secret[..]);
     let n1 = node_pid(&c, 1);
     let before = rss(n1);
 

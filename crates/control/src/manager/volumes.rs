@@ -119,7 +119,8 @@ impl Manager {
                         Ok(f) => (Some(f.header.status), f.header.status.as_str().to_string()),
                         Err(e) => (None, e.to_string()),
                     };
-                    let msg = format!("creating the replica of {name:?} on node {id} failed: {why}");
+                    let msg =
+                        format!("creating the replica of {name:?} on node {id} failed: {why}");
                     return Err(match status {
                         Some(Status::NoSpace) => ManagerError::NoSpace(msg),
                         _ => refused(msg),

@@ -238,7 +238,12 @@ where
             let mut resp = handler.clone().handle(frame).await;
             if resp.header.status == trireme_proto::Status::Ok {
                 let secret = grants.grant(origin, peer.clone());
-                resp.payload = crate::ucx::encode_offer(&resp.payload, &secret).into();
+                resp.payload = crate::ucx::encode_offer(
+                    &resp.payload,
+                    &secret,
+                    crate::ucx::Locality::here().as_ref(),
+                )
+                .into();
             }
             let mut w = wr.lock().await;
             write_one(&mut w, &resp.header, &resp.payload, None)

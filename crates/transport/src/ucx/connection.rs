@@ -130,18 +130,31 @@ async fn try_ucx(
             String::from_utf8_lossy(&offer.payload)
         ));
     }
-    // The worker address, then this link's secret (see `grants.rs`).
-    let (address, secret) = super::decode_offer(&offer.payload)?;
+    // The worker address, where the node runs, this link's secret (see `grants.rs`).
+    let offer = super::decode_offer(&offer.payload)?;
+    let (address, secret) = (offer.address, offer.secret);
+    // A node in another network namespace of this host cannot be reached through shared
+    // memory (see `Locality`): unless told otherwise, this process's worker leaves it out.
+    let across = offer
+        .locality
+        .zip(super::Locality::here())
+        .is_some_and(|(node, me)| me.across_namespaces(&node));
+    let asked = std::env::var("TRIREME_UCX_TLS").ok();
     // This process's worker listens on the device that reaches the node, not on every one
     // (unless configured otherwise before: a node's own, or TRIREME_UCX_NET_DEVICES).
     super::configure(Config {
-        tls: std::env::var("TRIREME_UCX_TLS").ok(),
+        tls: asked
+            .clone()
+            .or_else(|| across.then(|| super::NETWORK_TLS.to_string())),
         net_devices: std::env::var("TRIREME_UCX_NET_DEVICES")
             .ok()
             .or_else(|| super::device_of(tcp.local_ip())),
         ..Default::default()
     });
     let hub = Hub::get().map_err(|e| format!("UCX cannot start here: {e}"))?;
+    if across && asked.is_none() && hub.config().tls.as_deref() != Some(super::NETWORK_TLS) {
+        return Err("the node runs in another network namespace of this host, which UCX's shared memory does not reach, and this process's UCX already uses shared memory (TRIREME_UCX_TLS=^sm,cma leaves it out)".into());
+    }
     hub.drive_here();
     let ep = hub
         .worker

@@ -44,8 +44,8 @@ pub use grants::Grants;
 pub use hub::Hub;
 pub use trireme_ucx::Config;
 pub use wire::{
-    decode_offer, encode_offer, parse_request_header, parse_response_header, MAX_ADDRESS,
-    OFFER_MAGIC,
+    decode_offer, encode_offer, parse_request_header, parse_response_header, Locality, Offer,
+    LOCALITY_LEN, MAX_ADDRESS, OFFER_MAGIC, OFFER_MAGIC_LOCAL,
 };
 
 use crate::{Frame, TransportError};
@@ -58,6 +58,9 @@ pub const AM_RESPONSE: u32 = 11;
 pub const SECRET_LEN: usize = 16;
 /// UCX transports when none are configured: everything but CMA (see [`Hub::start`]).
 pub const DEFAULT_TLS: &str = "^cma";
+/// UCX transports, unless configured, of a process whose first node is in another network
+/// namespace of this host: neither shared memory nor CMA (see [`Locality`]).
+pub const NETWORK_TLS: &str = "^sm,cma";
 /// How long the probe over a new UCX endpoint may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Progress calls the driver makes before it lets the runtime's other tasks run.

@@ -14,21 +14,101 @@ pub(super) const AM_HEADER: usize = HEADER_LEN + SECRET_LEN;
 /// older version), whose answers a client cannot tell from forged ones: it stays on TCP.
 pub const OFFER_MAGIC: [u8; 4] = *b"TRU2";
 
+/// What ends an offer that also says where the node runs ([`Locality`], between the address
+/// and the secret).
+pub const OFFER_MAGIC_LOCAL: [u8; 4] = *b"TRU3";
+
 /// Longest worker address a node may offer (UCX's are a few hundred bytes).
 pub const MAX_ADDRESS: usize = 16 << 10;
 
-/// A node's UCX offer: its worker address, the link's secret, [`OFFER_MAGIC`].
-pub fn encode_offer(address: &[u8], secret: &[u8; SECRET_LEN]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(address.len() + SECRET_LEN + OFFER_MAGIC.len());
+/// Where a process runs, as far as UCX's shared memory cares: the host (its boot id) and the
+/// network namespace. UCX joins peers with this host's machine id through shared memory,
+/// whose wake-ups go over abstract unix sockets, which do not cross network namespaces: a
+/// node in another namespace of the same host (a container, or the namespaces the tests use
+/// as hosts) never hears of a request until something else wakes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Locality {
+    pub boot: [u8; 16],
+    pub netns: u64,
+}
+
+/// Bytes of a [`Locality`] in an offer.
+pub const LOCALITY_LEN: usize = 24;
+
+impl Locality {
+    /// This process's, if the kernel says (`/proc`).
+    pub fn here() -> Option<Locality> {
+        static HERE: std::sync::OnceLock<Option<Locality>> = std::sync::OnceLock::new();
+        *HERE.get_or_init(|| {
+            use std::os::unix::fs::MetadataExt;
+            let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+            let hex: String = id.trim().chars().filter(|c| *c != '-').collect();
+            let mut boot = [0u8; 16];
+            for (i, b) in boot.iter_mut().enumerate() {
+                *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+            }
+            let netns = std::fs::metadata("/proc/self/ns/net").ok()?.ino();
+            Some(Locality { boot, netns })
+        })
+    }
+
+    /// Whether a peer at `other` is on this host but in another network namespace.
+    pub fn across_namespaces(&self, other: &Locality) -> bool {
+        self.boot == other.boot && self.netns != other.netns
+    }
+
+    fn encode(&self) -> [u8; LOCALITY_LEN] {
+        let mut b = [0u8; LOCALITY_LEN];
+        b[..16].copy_from_slice(&self.boot);
+        b[16..].copy_from_slice(&self.netns.to_le_bytes());
+        b
+    }
+
+    fn decode(b: &[u8]) -> Locality {
+        Locality {
+            boot: b[..16].try_into().expect("16 bytes"),
+            netns: u64::from_le_bytes(b[16..LOCALITY_LEN].try_into().expect("8 bytes")),
+        }
+    }
+}
+
+/// A node's UCX offer, decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Offer<'a> {
+    pub address: &'a [u8],
+    pub secret: [u8; SECRET_LEN],
+    /// Where the node runs (`None`: a node that does not say).
+    pub locality: Option<Locality>,
+}
+
+/// A node's UCX offer: its worker address, where it runs if known, the link's secret, and
+/// [`OFFER_MAGIC_LOCAL`] ([`OFFER_MAGIC`] without a locality).
+pub fn encode_offer(
+    address: &[u8],
+    secret: &[u8; SECRET_LEN],
+    locality: Option<&Locality>,
+) -> Vec<u8> {
+    let mut v = Vec::with_capacity(address.len() + LOCALITY_LEN + SECRET_LEN + 4);
     v.extend_from_slice(address);
+    if let Some(l) = locality {
+        v.extend_from_slice(&l.encode());
+    }
     v.extend_from_slice(secret);
-    v.extend_from_slice(&OFFER_MAGIC);
+    v.extend_from_slice(match locality {
+        Some(_) => &OFFER_MAGIC_LOCAL,
+        None => &OFFER_MAGIC,
+    });
     v
 }
 
-/// Splits a node's UCX offer into its worker address and the link's secret.
-pub fn decode_offer(offer: &[u8]) -> Result<(&[u8], [u8; SECRET_LEN]), String> {
-    let Some(rest) = offer.strip_suffix(&OFFER_MAGIC) else {
+/// Splits a node's UCX offer into its worker address, where the node runs, and the link's
+/// secret.
+pub fn decode_offer(offer: &[u8]) -> Result<Offer<'_>, String> {
+    let (rest, local) = if let Some(r) = offer.strip_suffix(&OFFER_MAGIC_LOCAL) {
+        (r, true)
+    } else if let Some(r) = offer.strip_suffix(&OFFER_MAGIC) {
+        (r, false)
+    } else {
         return Err(
             "the node does not authenticate its UCX answers (an older version): upgrade it".into(),
         );
@@ -36,17 +116,28 @@ pub fn decode_offer(offer: &[u8]) -> Result<(&[u8], [u8; SECRET_LEN]), String> {
     let Some(cut) = rest.len().checked_sub(SECRET_LEN) else {
         return Err("the node's UCX offer is too short to hold a secret".into());
     };
-    let (address, secret) = rest.split_at(cut);
+    let (rest, secret) = rest.split_at(cut);
+    let (address, locality) = match local {
+        true => {
+            let Some(cut) = rest.len().checked_sub(LOCALITY_LEN) else {
+                return Err("the node's UCX offer is too short to say where it runs".into());
+            };
+            let (a, l) = rest.split_at(cut);
+            (a, Some(Locality::decode(l)))
+        }
+        false => (rest, None),
+    };
     if address.is_empty() || address.len() > MAX_ADDRESS {
         return Err(format!(
             "the node's UCX address is {} bytes long, not 1 to {MAX_ADDRESS}",
             address.len()
         ));
     }
-    Ok((
+    Ok(Offer {
         address,
-        secret.try_into().expect("split at the secret's length"),
-    ))
+        secret: secret.try_into().expect("split at the secret's length"),
+        locality,
+    })
 }
 
 /// Compares two secrets in time that does not depend on where they differ.
@@ -165,16 +256,45 @@ mod tests {
 
     #[test]
     fn offers_name_address_and_secret_and_old_ones_are_told_apart() {
-        let offer = encode_offer(b"worker-address", &[3; SECRET_LEN]);
-        let (a, s) = decode_offer(&offer).unwrap();
-        assert_eq!((a, s), (&b"worker-address"[..], [3; SECRET_LEN]));
+        let here = Locality {
+            boot: [9; 16],
+            netns: 4026531840,
+        };
+        let offer = encode_offer(b"worker-address", &[3; SECRET_LEN], Some(&here));
+        let o = decode_offer(&offer).unwrap();
+        assert_eq!(
+            (o.address, o.secret, o.locality),
+            (&b"worker-address"[..], [3; SECRET_LEN], Some(here))
+        );
+        // A node that does not say where it runs.
+        let plain = encode_offer(b"worker-address", &[3; SECRET_LEN], None);
+        let o = decode_offer(&plain).unwrap();
+        assert_eq!((o.address, o.locality), (&b"worker-address"[..], None));
         // An older node's offer: address and secret, no magic.
-        let old = &offer[..offer.len() - OFFER_MAGIC.len()];
+        let old = &plain[..plain.len() - OFFER_MAGIC.len()];
         assert!(decode_offer(old).unwrap_err().contains("older version"));
-        // Too short for a secret, an empty address, an oversized one.
+        // Too short for a secret or a locality, an empty address, an oversized one.
         assert!(decode_offer(&OFFER_MAGIC).is_err());
-        assert!(decode_offer(&encode_offer(b"", &[0; SECRET_LEN])).is_err());
-        assert!(decode_offer(&encode_offer(&vec![1; MAX_ADDRESS + 1], &[0; SECRET_LEN])).is_err());
+        assert!(decode_offer(&[[0; SECRET_LEN].as_slice(), &OFFER_MAGIC_LOCAL].concat()).is_err());
+        assert!(decode_offer(&encode_offer(b"", &[0; SECRET_LEN], Some(&here))).is_err());
+        assert!(decode_offer(&encode_offer(
+            &vec![1; MAX_ADDRESS + 1],
+            &[0; SECRET_LEN],
+            None
+        ))
+        .is_err());
+        // Same host, another namespace; another host.
+        let mine = Locality { netns: 1, ..here };
+        assert!(mine.across_namespaces(&here));
+        assert!(!mine.across_namespaces(&mine));
+        assert!(!mine.across_namespaces(&Locality {
+            boot: [1; 16],
+            ..here
+        }));
+        assert!(
+            Locality::here().is_some(),
+            "/proc says where this process runs"
+        );
         assert!(same_secret(&[1; SECRET_LEN], &[1; SECRET_LEN]));
         assert!(!same_secret(
             &[1; SECRET_LEN],
