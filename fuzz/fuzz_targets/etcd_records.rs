@@ -25,6 +25,7 @@ fuzz_target!(|data: &[u8]| {
     round_trips::<trireme_meta::ScrubRequest>(data);
     round_trips::<trireme_meta::WriterReport>(data);
     round_trips::<trireme_meta::ClusterEvent>(data);
+    round_trips::<trireme_meta::ReportedLink>(data);
     round_trips::<trireme_meta::ScrubRecord>(data);
     // What the event recorder compared last (`events-seen`).
     round_trips::<trireme_control::events::Seen>(data);

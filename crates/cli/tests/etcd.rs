@@ -724,6 +724,22 @@ fn a_cluster_on_etcd_survives_node_manager_etcd_and_writer_failures() {
     assert!(!w.replica_nodes().contains(&drained));
     assert!(w.replica_nodes().contains(&spare));
     let writer_log = std::fs::read_to_string(w.dir.path().join("attach-first.log")).unwrap();
+    // `status` shows the remote writer's links: UCX, over the network (not shared memory).
+    let s = w.status();
+    let links = s["volumes"][0]["client_links"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(links.len(), 3, "{s}");
+    if w.net.on {
+        for l in &links {
+            assert_eq!(l["transport"], "ucx", "{s}");
+            assert!(
+                l["lanes"].as_str().is_some_and(|x| x.starts_with("tcp/")),
+                "{s}"
+            );
+        }
+    }
     // The default transport between hosts: UCX over its network lanes, with no link falling
     // back to TCP after a stall while TCP answered (shared memory does not reach across
     // network namespaces). A node killed takes its UCX path down with its TCP connection.

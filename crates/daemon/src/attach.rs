@@ -348,9 +348,24 @@ async fn report(
             scrub: volume.scrub_progress(),
             io: None,
             http: http.clone(),
+            links: volume
+                .connections()
+                .into_iter()
+                .filter_map(|(node, l)| {
+                    l.map(|l| trireme_meta::ReportedLink {
+                        node,
+                        transport: l.transport,
+                        peer: l.peer,
+                        streams: l.streams,
+                        lanes: l.lanes,
+                        fallback: l.fallback,
+                    })
+                })
+                .collect(),
         };
         let same = last.as_ref().is_some_and(|(l, at)| {
             l.replicas == report.replicas
+                && l.links == report.links
                 && l.writes_suspended == report.writes_suspended
                 && l.scrub == report.scrub
                 && at.elapsed() < REPORT_AT_LEAST

@@ -228,7 +228,23 @@ impl Manager {
                 client_links: if live.is_some() {
                     self.client_links(&v.name)
                 } else {
-                    Vec::new()
+                    // A writer on another host says what its links run on.
+                    report
+                        .as_ref()
+                        .map(|r| {
+                            r.links
+                                .iter()
+                                .map(|l| crate::api::LinkStatus {
+                                    node: l.node,
+                                    transport: l.transport.clone(),
+                                    peer: l.peer.clone(),
+                                    streams: l.streams,
+                                    lanes: l.lanes.clone(),
+                                    fallback: l.fallback.clone(),
+                                })
+                                .collect()
+                        })
+                        .unwrap_or_default()
                 },
                 writer: match (self.writer_text(&v.name).await, &own) {
                     (Some(t), _) => Some(t),

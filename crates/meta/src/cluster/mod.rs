@@ -51,7 +51,7 @@ use crate::MetaError;
 
 pub use events::{ClusterEvent, EVENTS_KEPT, EVENTS_PER_CALL};
 pub use records::*;
-pub use reports::{IoRates, ReportedReplica, WriterReport};
+pub use reports::{IoRates, ReportedLink, ReportedReplica, WriterReport};
 pub use trash::TrashRecord;
 pub(crate) use volumes::layout_of;
 

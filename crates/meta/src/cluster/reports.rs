@@ -22,6 +22,22 @@ pub struct ReportedReplica {
     pub resync: Option<ResyncProgress>,
 }
 
+/// One of the writer's data-path links to a node: the transport, and why not UCX if not.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportedLink {
+    pub node: u32,
+    /// `ucx`, `unix` (same host) or `tcp`.
+    pub transport: String,
+    pub peer: String,
+    /// Streams (of TCP) under it.
+    #[serde(default)]
+    pub streams: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lanes: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<String>,
+}
+
 /// A volume's I/O over an interval, as its writer saw it (the dashboard's charts).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct IoRates {
@@ -52,6 +68,9 @@ pub struct WriterReport {
     /// `host:port` of its metrics endpoint, if it serves one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http: Option<String>,
+    /// Its links to the nodes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub links: Vec<ReportedLink>,
 }
 
 impl ClusterMeta {
