@@ -485,3 +485,40 @@ fn a_bad_socket_path_changes_nothing() {
     assert_eq!(after["epoch"], before["epoch"], "{after}");
     assert!(after["writer"].is_null(), "{after}");
 }
+
+/// An attach that reaches no copy (every node stopped) fails and leaves every replica's state
+/// as it found it: nothing is taken out by a writer that could not reach anything. Once the
+/// nodes are back, the volume attaches, every copy in sync.
+#[test]
+fn an_attach_that_reaches_no_copy_changes_no_replica() {
+    let c = Cluster::start(&["--store", "file", "--size", "4M"]);
+    let out = c.cli(&["volume", "create", "data", "--size", "1M"]);
+    assert!(out.status.success(), "{}", text(&out));
+    for n in ["1", "2", "3"] {
+        let out = c.cli(&["node", "stop", n]);
+        assert!(out.status.success(), "{}", text(&out));
+    }
+    let sock = c.path().join("data.sock");
+    let out = c.cli(&["nbd", "data", "--socket", sock.to_str().unwrap()]);
+    assert!(!out.status.success(), "{}", text(&out));
+    let info: serde_json::Value = serde_json::from_slice(
+        &c.cli(&["--output", "json", "volume", "info", "data"])
+            .stdout,
+    )
+    .unwrap();
+    for r in info["replicas"].as_array().unwrap() {
+        assert_eq!(r["state"], "in-sync", "{info}\n{}", text(&out));
+    }
+    for n in ["1", "2", "3"] {
+        let out = c.cli(&["node", "start", n]);
+        assert!(out.status.success(), "{}", text(&out));
+    }
+    let (mut nbd, _) = spawn_nbd(&c, "data", &sock);
+    let v = volume_status(&c, "data");
+    for r in v["replicas"].as_array().unwrap() {
+        assert_eq!(r["state"], "in-sync", "{v}");
+    }
+    // SAFETY: kill(2) on our child.
+    unsafe { libc::kill(nbd.id() as i32, libc::SIGTERM) };
+    assert!(nbd.wait().unwrap().success());
+}

@@ -93,6 +93,13 @@ impl TakeOut {
 
     /// What to do now. Call again after reporting the results of the last step.
     pub fn step(&mut self) -> Step {
+        // Every in-sync replica is among those failing: nothing holds what they miss, so
+        // nothing is recorded either (a writer that reaches no copy, an attach that failed
+        // everywhere, leaves every replica's state as it found it).
+        if self.phase == Phase::Recording && self.survivors().is_empty() {
+            self.phase = Phase::Done;
+            return Step::NoneLeft;
+        }
         if let Phase::Marking { silent } = &mut self.phase {
             if silent.is_empty() {
                 self.phase = Phase::Done;
@@ -256,6 +263,14 @@ mod tests {
     }
 
     #[test]
+    fn with_no_survivor_nothing_is_recorded() {
+        let mut t = TakeOut::new(&[InSync, InSync, Outdated], &[0, 1], false);
+        assert_eq!(t.step(), Step::NoneLeft);
+        let mut t = TakeOut::new(&[InSync, Outdated], &[0], true);
+        assert_eq!(t.step(), Step::NoneLeft);
+    }
+
+    #[test]
     fn a_replica_already_out_is_recorded_again_only_to_fail_it() {
         let mut t = TakeOut::new(&[InSync, Resyncing], &[1], false);
         assert!(matches!(t.step(), Step::Mark(_)), "no record needed");
@@ -336,10 +351,12 @@ mod tests {
                         return Ok(());
                     }
                     Step::NoneLeft => {
-                        // Only when every in-sync replica failed the request.
+                        // Only when every in-sync replica failed the request, and then
+                        // before anything is recorded.
                         for i in (0..states.len()).filter(|&i| states[i] == InSync) {
                             prop_assert!(failed.contains(&i));
                         }
+                        prop_assert!(recorded.is_empty(), "recorded {:?} with none left", recorded);
                         return Ok(());
                     }
                     Step::Stranded(out) => {
