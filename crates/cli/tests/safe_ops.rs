@@ -34,6 +34,22 @@ fn data_with_a_writer(c: &Cluster, size: &str) -> (std::process::Child, String) 
 }
 
 /// The files of volume `id`'s replicas under the nodes' directories (the file store's names).
+/// Changes a block of node `node`'s copy of volume `id` at `offset` in its data file, behind
+/// the system's back.
+fn corrupt(c: &Cluster, node: u64, id: u64, offset: u64) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(
+            c.path()
+                .join(format!("node-{node}"))
+                .join(format!("replica-{id:016x}.data")),
+        )
+        .unwrap();
+    f.write_all_at(&[0xff; 4096], offset).unwrap();
+    f.sync_all().unwrap();
+}
+
 fn replica_files(c: &Cluster, id: u64) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();
     let mut dirs = vec![c.path().to_path_buf()];
@@ -288,7 +304,6 @@ fn a_writer_survives_a_restart_of_the_whole_cluster() {
 /// holds the volume, the scrub is refused, naming it.
 #[test]
 fn a_volume_nobody_writes_is_scrubbed_too() {
-    use std::os::unix::fs::FileExt;
     need("qemu-io");
     let c = Cluster::start(&["--store", "file", "--size", "16M"]);
     let (mut nbd, uri) = data_with_a_writer(&c, "4M");
@@ -307,16 +322,7 @@ fn a_volume_nobody_writes_is_scrubbed_too() {
     .unwrap();
     let id = info["id"].as_u64().expect("volume id");
     let node = info["replicas"][2]["node"].as_u64().unwrap();
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(
-            c.path()
-                .join(format!("node-{node}"))
-                .join(format!("replica-{id:016x}.data")),
-        )
-        .unwrap();
-    f.write_all_at(&[0xff; 4096], 65536).unwrap();
-    f.sync_all().unwrap();
+    corrupt(&c, node, id, 65536);
     assert_eq!(c.cli(&["volume", "verify", "data"]).status.code(), Some(1));
 
     let out = c.cli(&["--output", "json", "volume", "scrub", "data"]);
@@ -337,7 +343,6 @@ fn a_volume_nobody_writes_is_scrubbed_too() {
 /// the events and the metrics.
 #[test]
 fn scheduled_scrubs_repair_a_corrupted_copy_and_say_so() {
-    use std::os::unix::fs::FileExt;
     need("qemu-io");
     let c = Cluster::start(&[
         "--store",
@@ -361,16 +366,7 @@ fn scheduled_scrubs_repair_a_corrupted_copy_and_say_so() {
     assert!(v["next_scrub"].as_u64().is_some(), "{v}");
     let id = v["id"].as_u64().unwrap();
     let node = v["replicas"][1]["node"].as_u64().unwrap();
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(
-            c.path()
-                .join(format!("node-{node}"))
-                .join(format!("replica-{id:016x}.data")),
-        )
-        .unwrap();
-    f.write_all_at(&[0xff; 4096], 1 << 20).unwrap();
-    f.sync_all().unwrap();
+    corrupt(&c, node, id, 1 << 20);
     let want = format!(
         "vol0: scrubbed 16.0 MiB (3 copies): 1 region differed, 1 rewritten on node {node}"
     );
