@@ -1,5 +1,5 @@
 //! Runs the simulator over many seeds. `TRIREME_SIM_SEEDS=A..B` picks the range (default
-//! 0..5000 here, plus the seeds that once failed; `scripts/sim.sh` runs as many as you like in
+//! 0..4000 here, plus the seeds that once failed; `scripts/sim.sh` runs as many as you like in
 //! release mode). A failing seed is printed with its event log and replays with
 //! `TRIREME_SIM_SEEDS=N..N+1`.
 
@@ -27,7 +27,7 @@ fn seeds() -> Vec<u64> {
             let (a, b) = spec.split_once("..").expect("TRIREME_SIM_SEEDS=A..B");
             (a.parse().expect("start")..b.parse().expect("end")).collect()
         }
-        Err(_) => (0..5000).chain(REGRESSIONS.iter().copied()).collect(),
+        Err(_) => (0..4000).chain(REGRESSIONS.iter().copied()).collect(),
     }
 }
 
