@@ -419,6 +419,9 @@ pub struct LinkStatus {
     /// Why a link that could have used UCX runs over TCP.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fallback: Option<String>,
+    /// Reported by a writer on another host (its own process exports it as a metric).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reported: bool,
 }
 
 /// The answer to `status`.

@@ -325,6 +325,7 @@ impl Manager {
                         streams: l.streams,
                         lanes: l.lanes,
                         fallback: l.fallback,
+                        reported: false,
                     });
                 }
             }

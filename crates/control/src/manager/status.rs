@@ -241,6 +241,7 @@ impl Manager {
                                     streams: l.streams,
                                     lanes: l.lanes.clone(),
                                     fallback: l.fallback.clone(),
+                                    reported: true,
                                 })
                                 .collect()
                         })

@@ -24,7 +24,13 @@ pub(super) async fn scrape(src: &HttpSources) -> String {
             Ok(st) => {
                 cluster_families(&mut e, &st);
                 for v in &st.volumes {
-                    links.extend(v.client_links.iter().map(|l| (l.node, l.transport.clone())));
+                    // A writer on another host exports its own links.
+                    links.extend(
+                        v.client_links
+                            .iter()
+                            .filter(|l| !l.reported)
+                            .map(|l| (l.node, l.transport.clone())),
+                    );
                 }
             }
             Err(err) => tracing::warn!("metrics: cluster status: {err}"),
