@@ -31,6 +31,7 @@ pub use server::{
     serve_admitted, serve_admitted_tls, serve_connection, serve_connection_tls, Admission, Allow,
     NbdError, NbdTls, NEGOTIATION,
 };
+pub use transmission::{refusals, Refused};
 pub use trireme_proto::Extent;
 
 /// Largest READ or WRITE payload accepted; advertised as the maximum block size.

@@ -158,6 +158,16 @@ async fn write_read_and_block_status() {
 
 #[tokio::test]
 async fn bad_requests_get_errors_and_the_connection_keeps_serving() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let counts = || {
+        let r = crate::refusals();
+        (
+            r.oversize.load(Relaxed),
+            r.out_of_range.load(Relaxed),
+            r.invalid.load(Relaxed),
+        )
+    };
+    let before = counts();
     let (mut c, _) = connect().await;
     // Out of range read: structured error chunk with EINVAL.
     request(&mut c, CMD_READ, 0, 10, (1 << 20) - 2, 5).await;
@@ -176,6 +186,11 @@ async fn bad_requests_get_errors_and_the_connection_keeps_serving() {
     // Oversized read: EINVAL, no allocation.
     request(&mut c, CMD_READ, 0, 14, 0, u32::MAX).await;
     assert_eq!(chunk(&mut c).await.1, REPLY_TYPE_ERROR);
+    // Each refusal is counted (other tests run beside this one: at least these). The
+    // oversized read is past this 1 MiB export's end too, and counted so.
+    let after = counts();
+    assert!(after.1 >= before.1 + 3, "{before:?} {after:?}");
+    assert!(after.2 >= before.2 + 2, "{before:?} {after:?}");
     // Still serving.
     request(&mut c, CMD_FLUSH, 0, 15, 0, 0).await;
     assert_eq!(simple(&mut c).await, (0, 15));

@@ -20,6 +20,29 @@ pub(crate) const PAYLOAD_DEADLINE: std::time::Duration = std::time::Duration::fr
 
 static OVERSIZE: Throttle = Throttle::per_second();
 
+/// Requests this process's NBD server refused before they reached the volume, by reason:
+/// exported as `trireme_nbd_refused_requests_total` (a refusal is logged at most once a
+/// second; the count says how many there were).
+#[derive(Debug, Default)]
+pub struct Refused {
+    /// Over the 32 MiB request limit.
+    pub oversize: std::sync::atomic::AtomicU64,
+    /// Past the export's end.
+    pub out_of_range: std::sync::atomic::AtomicU64,
+    /// Unknown command or flags.
+    pub invalid: std::sync::atomic::AtomicU64,
+}
+
+/// The process's counts (see [`Refused`]).
+pub fn refusals() -> &'static Refused {
+    static R: std::sync::OnceLock<Refused> = std::sync::OnceLock::new();
+    R.get_or_init(Refused::default)
+}
+
+fn count(c: &std::sync::atomic::AtomicU64) {
+    c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// The process's share of every connection's in-flight budget (see [`PROCESS_UNITS`]).
 fn process_budget() -> &'static Arc<Semaphore> {
     static B: std::sync::OnceLock<Arc<Semaphore>> = std::sync::OnceLock::new();
@@ -88,11 +111,13 @@ where
         let structured_read = s.structured && req.command == CMD_READ;
         let end = req.offset.checked_add(u64::from(req.length));
         let refused = if req.flags & !KNOWN_CMD_FLAGS != 0 {
+            count(&refusals().invalid);
             Some(invalid(
                 EINVAL,
                 format!("unknown command flags {:#x}", req.flags),
             ))
         } else if !matches!(req.command, CMD_FLUSH) && end.is_none_or(|e| e > size) {
+            count(&refusals().out_of_range);
             let errno = if req.command == CMD_WRITE || req.command == CMD_WRITE_ZEROES {
                 ENOSPC
             } else {
@@ -106,6 +131,7 @@ where
                 ),
             ))
         } else if req.command == CMD_READ && req.length > MAX_REQUEST {
+            count(&refusals().oversize);
             warn_throttled!(
                 OVERSIZE,
                 length = req.length,
@@ -134,6 +160,7 @@ where
         let mut payload = Bytes::new();
         if req.command == CMD_WRITE {
             if req.length > MAX_REQUEST {
+                count(&refusals().oversize);
                 warn_throttled!(
                     OVERSIZE,
                     length = req.length,
@@ -319,10 +346,13 @@ pub(crate) async fn execute<B: Backend>(s: &Session<B>, req: Request, payload: B
                 Err(e) => error_reply(true, cookie, &e),
             }
         }
-        other => error_reply(
-            false,
-            cookie,
-            &invalid(EINVAL, format!("unknown command {other}")),
-        ),
+        other => {
+            count(&refusals().invalid);
+            error_reply(
+                false,
+                cookie,
+                &invalid(EINVAL, format!("unknown command {other}")),
+            )
+        }
     }
 }

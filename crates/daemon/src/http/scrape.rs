@@ -56,6 +56,18 @@ pub(super) async fn scrape(src: &HttpSources) -> String {
                 .collect(),
         );
     }
+    let r = trireme_nbd::refusals();
+    let n = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed) as f64;
+    e.family(
+        "trireme_nbd_refused_requests",
+        "NBD requests this process's server refused before they reached the volume, by reason: over the 32 MiB limit (oversize), past the export's end (out-of-range), unknown command or flags (invalid).",
+        Kind::Counter,
+        vec![
+            (Labels::new().with("reason", "oversize"), n(&r.oversize)),
+            (Labels::new().with("reason", "out-of-range"), n(&r.out_of_range)),
+            (Labels::new().with("reason", "invalid"), n(&r.invalid)),
+        ],
+    );
     trireme_metrics::process::expose(&mut e);
     e.encode()
 }
