@@ -188,7 +188,8 @@ pub fn changes(prev: &Seen, now: &StatusReport, time_ms: u64) -> Vec<ClusterEven
     out
 }
 
-pub(crate) fn now_ms() -> u64 {
+/// Milliseconds since the Unix epoch, as events and the dashboard stamp them.
+pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
@@ -196,7 +197,7 @@ pub(crate) fn now_ms() -> u64 {
 
 /// The recorder's memory between two looks: what it compared last and the revision of that
 /// mark in the store (`None`: read it from the store first).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Recorder {
     mark: Option<(Option<Seen>, i64)>,
     /// The manager role's own event is still to be recorded.

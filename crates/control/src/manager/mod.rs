@@ -440,13 +440,23 @@ impl Manager {
         op: Op,
         v: &VolumeRecord,
     ) -> Result<Status> {
+        Ok(self.replica_call(node, op, v).await?.header.status)
+    }
+
+    /// [`Manager::replica_op`], with the node's whole answer (a refusal's message is its
+    /// payload).
+    pub(crate) async fn replica_call(
+        &self,
+        node: &NodeRecord,
+        op: Op,
+        v: &VolumeRecord,
+    ) -> Result<trireme_transport::Frame> {
         let h = Header {
             volume: v.id,
             length: v.size,
             ..Header::request(op, 0)
         };
-        let f = self.node_call(node, h).await?;
-        Ok(f.header.status)
+        self.node_call(node, h).await
     }
 
     /// Pins the volume's replica on `node` to the volume's tier. A volume left to heat on a

@@ -112,13 +112,16 @@ impl Manager {
                 format!("{}: scrub failed: {e}", v.name)
             }
         };
-        let prev = self.meta.scrub_record(&v.name, v.id).await.ok().flatten();
         let since = match (&r, schedule) {
             (Ok(_), _) => at,
             (Err(_), Some(every)) => {
                 at.saturating_sub(every.as_secs()) + every.as_secs().min(RETRY_FAILED)
             }
-            (Err(_), None) => prev.as_ref().map_or(at, |p| p.since),
+            // An operator's scrub that failed leaves the schedule where it was.
+            (Err(_), None) => match self.meta.scrub_record(&v.name, v.id).await {
+                Ok(Some(p)) => p.since,
+                _ => at,
+            },
         };
         let rec = ScrubRecord {
             volume_id: v.id,
@@ -164,9 +167,10 @@ impl Manager {
 
     async fn scrub_due(self: &Arc<Self>, s: ScrubSchedule) -> Result<()> {
         let now = now_secs();
-        let mut due = Vec::new();
+        let mut oldest: Option<(u64, VolumeRecord)> = None;
+        let records = self.meta.scrub_records().await?;
         for v in self.meta.volumes().await? {
-            match self.meta.scrub_record(&v.name, v.id).await? {
+            match records.get(&v.name).filter(|r| r.volume_id == v.id) {
                 None => {
                     let rec = ScrubRecord {
                         volume_id: v.id,
@@ -176,13 +180,14 @@ impl Manager {
                     self.meta.put_scrub_record(&v.name, &rec).await?;
                 }
                 Some(r) if now >= r.since.saturating_add(s.every.as_secs()) => {
-                    due.push((r.since, v))
+                    if oldest.as_ref().is_none_or(|(since, _)| r.since < *since) {
+                        oldest = Some((r.since, v));
+                    }
                 }
                 Some(_) => {}
             }
         }
-        due.sort_by_key(|d| d.0);
-        if let Some((_, v)) = due.into_iter().next() {
+        if let Some((_, v)) = oldest {
             tracing::info!(volume = %v.name, "scheduled scrub");
             // Its outcome is recorded, an error included; the next look goes on.
             let _ = self

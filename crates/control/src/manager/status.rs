@@ -145,6 +145,16 @@ impl Manager {
             .filter(|n| n.tiers.is_some())
             .map(|n| n.id)
             .collect();
+        // Every volume's writer report and scrub record, one read each: the event recorder
+        // asks for the status every second.
+        let mut reports: std::collections::HashMap<String, trireme_meta::WriterReport> = self
+            .meta
+            .reports()
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+        let scrubbed = self.meta.scrub_records().await.unwrap_or_default();
         let mut vs = Vec::new();
         for v in &vols {
             // A writer here that another has fenced knows nothing current.
@@ -153,13 +163,7 @@ impl Manager {
             // A writer on another host reports its view itself (`WriterReport`).
             let report = match live {
                 Some(_) => None,
-                None => self
-                    .meta
-                    .report(&v.name)
-                    .await
-                    .ok()
-                    .flatten()
-                    .filter(|r| r.epoch == v.epoch),
+                None => reports.remove(&v.name).filter(|r| r.epoch == v.epoch),
             };
             let views = live.map(|w| w.replica_views()).or_else(|| {
                 report.as_ref().map(|r| {
@@ -266,13 +270,10 @@ impl Manager {
                     .or_else(|| report.as_ref().and_then(|r| r.scrub.clone())),
                 health: None,
                 io: report.as_ref().and_then(|r| r.io),
-                last_scrub: self
-                    .meta
-                    .scrub_record(&v.name, v.id)
-                    .await
-                    .ok()
-                    .flatten()
-                    .and_then(|r| r.last),
+                last_scrub: scrubbed
+                    .get(&v.name)
+                    .filter(|r| r.volume_id == v.id)
+                    .and_then(|r| r.last.clone()),
             });
         }
         for v in &mut vs {

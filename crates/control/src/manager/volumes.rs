@@ -97,12 +97,7 @@ impl Manager {
         let mut created = Vec::new();
         for &id in &chosen {
             let node = self.node(id).await?;
-            let h = Header {
-                volume: v.id,
-                length: v.size,
-                ..Header::request(Op::CreateReplica, 0)
-            };
-            match self.node_call(&node, h).await {
+            match self.replica_call(&node, Op::CreateReplica, &v).await {
                 Ok(f) if f.header.status == Status::Ok => created.push(node),
                 outcome => {
                     // Undo: a volume exists with all its replicas or not at all.

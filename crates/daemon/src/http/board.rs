@@ -66,12 +66,6 @@ impl Default for Board {
     }
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 impl Board {
     pub fn new() -> Board {
         Board(Arc::new(Inner {
@@ -143,7 +137,7 @@ impl Board {
             Err(e) => (None, Some(e.to_string())),
         };
         BoardState {
-            time_ms: now_ms(),
+            time_ms: trireme_control::events::now_ms(),
             status,
             error,
             rates,

@@ -134,6 +134,27 @@ impl ClusterMeta {
             .filter(|r| r.volume_id == id))
     }
 
+    /// Every scrub record, by volume name, in one read (a record that does not decode is
+    /// left out, with a warning). Match each to its volume by id.
+    pub async fn scrub_records(
+        &self,
+    ) -> Result<std::collections::HashMap<String, ScrubRecord>, MetaError> {
+        let prefix = key("scrubbed/");
+        let mut out = std::collections::HashMap::new();
+        for kv in self.store().range(&prefix).await?.0 {
+            let Some(name) = kv.key.strip_prefix(&prefix) else {
+                continue;
+            };
+            match decode::<ScrubRecord>(&kv) {
+                Ok(r) => {
+                    out.insert(name.to_string(), r);
+                }
+                Err(e) => tracing::warn!("{e}"),
+            }
+        }
+        Ok(out)
+    }
+
     pub async fn put_scrub_record(&self, name: &str, r: &ScrubRecord) -> Result<(), MetaError> {
         self.write(vec![], vec![Op::put(Self::scrubbed_key(name), encode(r))])
             .await?
