@@ -19,7 +19,6 @@
 //! the next failure on the survivors found them "the last in-sync copy" there: a whole rack
 //! restarted one server at a time failed the writer's requests with EIO.
 //!
-//!
 //! Bringing replicas back is `resync.rs`; settling replicas after a writer died, `reconcile.rs`;
 //! rewriting a copy that failed its block checksums, `repair.rs`.
 

@@ -152,11 +152,10 @@ impl TakeOut {
             self.phase = Phase::Done;
             return Step::Stranded(self.out.clone());
         }
+        // Not empty: checked on entering this phase, and a round that left none answering
+        // went to `Stranding` instead.
         let survivors = self.survivors();
-        if survivors.is_empty() {
-            self.phase = Phase::Done;
-            return Step::NoneLeft;
-        }
+        debug_assert!(!survivors.is_empty());
         let mut marks = Vec::with_capacity(survivors.len() * self.out.len());
         for &s in &survivors {
             for &(i, _) in &self.out {

@@ -103,22 +103,27 @@ pub(crate) fn volumes_table(vs: &[VolumeRecord]) -> String {
 
 /// A time in seconds since the Unix epoch, as UTC to the minute.
 pub(crate) fn utc_time(secs: u64) -> String {
-    let fmt = time::macros::format_description!("[year]-[month]-[day] [hour]:[minute] UTC");
-    i64::try_from(secs)
-        .ok()
-        .and_then(|s| time::OffsetDateTime::from_unix_timestamp(s).ok())
-        .and_then(|t| t.format(&fmt).ok())
-        .unwrap_or_else(|| format!("{secs} s after 1970"))
+    utc(
+        secs,
+        time::macros::format_description!("[year]-[month]-[day] [hour]:[minute] UTC"),
+    )
+    .unwrap_or_else(|| format!("{secs} s after 1970"))
 }
 
 /// A time in milliseconds since the Unix epoch, as UTC to the second.
 pub(crate) fn utc_time_ms(ms: u64) -> String {
-    let fmt = time::macros::format_description!("[year]-[month]-[day] [hour]:[minute]:[second]");
-    i64::try_from(ms / 1000)
+    utc(
+        ms / 1000,
+        time::macros::format_description!("[year]-[month]-[day] [hour]:[minute]:[second]"),
+    )
+    .unwrap_or_else(|| format!("{ms} ms after 1970"))
+}
+
+fn utc(secs: u64, fmt: &[time::format_description::BorrowedFormatItem<'_>]) -> Option<String> {
+    i64::try_from(secs)
         .ok()
         .and_then(|s| time::OffsetDateTime::from_unix_timestamp(s).ok())
         .and_then(|t| t.format(&fmt).ok())
-        .unwrap_or_else(|| format!("{ms} ms after 1970"))
 }
 
 /// `volume info`'s scrub lines: the last scrub's outcome and the next one's time.
