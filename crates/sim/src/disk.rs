@@ -264,6 +264,9 @@ impl Store for SimDisk {
             .insert(volume, r.clone());
         Ok(r)
     }
+    fn preallocate(&self, volume: u64) -> Result<(), StoreError> {
+        self.inner.preallocate(volume)
+    }
     fn open_all(&self) -> Vec<Result<Arc<dyn Replica>, StoreError>> {
         self.replicas
             .lock()

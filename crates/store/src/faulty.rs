@@ -173,6 +173,9 @@ impl Store for FaultyStore {
     fn create(&self, volume: u64, size: u64) -> Result<Arc<dyn Replica>, StoreError> {
         self.inner.create(volume, size).map(|r| self.wrap(r))
     }
+    fn preallocate(&self, volume: u64) -> Result<(), StoreError> {
+        self.inner.preallocate(volume)
+    }
     fn open_all(&self) -> Vec<Result<Arc<dyn Replica>, StoreError>> {
         self.inner
             .open_all()

@@ -1,10 +1,11 @@
-//! The file store: one preallocated data file per replica, opened with `O_DIRECT`, and a
-//! checksummed metadata file holding the replica's size, epoch and allocation map.
+//! The file store: one data file per replica, opened with `O_DIRECT`, and a checksummed
+//! metadata file holding the replica's size, epoch and allocation map.
 //!
 //! Files in the store's directory:
 //! * `LOCK` — held with `flock` while a node uses the directory (two nodes never share one).
-//! * `replica-<volume>.data` — the bytes, preallocated with `fallocate`. Regions never written
-//!   or trimmed read as zeros (fresh extents or punched holes).
+//! * `replica-<volume>.data` — the bytes: a sparse file that takes space as blocks are written
+//!   (thin), or reserved whole with `fallocate` ([`Store::preallocate`], thick). Regions never
+//!   written or trimmed read as zeros (holes, fresh extents or punched holes).
 //! * `replica-<volume>.meta` — [`crate::file::meta`] format, replaced atomically (write a temp
 //!   file, fsync, rename, fsync the directory).
 
@@ -29,7 +30,8 @@ const ZERO_CHUNK: usize = 1 << 20;
 #[derive(Debug)]
 pub struct FileStore {
     dir: PathBuf,
-    /// Space is taken on write, not reserved at create (the fast tier of a tiered store).
+    /// Never reserves a replica's space, even when asked (the fast tier of a tiered store,
+    /// whose room is taken extent by extent).
     thin: bool,
     _lock: File,
     replicas: Mutex<HashMap<u64, Arc<FileReplica>>>,
@@ -358,23 +360,8 @@ impl Store for FileStore {
             return Err(StoreError::Exists { volume });
         }
         let data = open_data(&data_path, true).map_err(io(volume, "create data file"))?;
-        if self.thin {
-            data.set_len(size).map_err(io(volume, "size data file"))?;
-        } else {
-            // SAFETY: fallocate on a file descriptor we own; no memory is passed.
-            let rc = unsafe { libc::fallocate(data.as_raw_fd(), 0, 0, size as libc::off_t) };
-            if rc != 0 {
-                let err = std::io::Error::last_os_error();
-                if err.raw_os_error() == Some(libc::ENOSPC) {
-                    let _ = std::fs::remove_file(&data_path);
-                    return Err(StoreError::NoSpace {
-                        size,
-                        what: err.to_string(),
-                    });
-                }
-                data.set_len(size).map_err(io(volume, "size data file"))?;
-            }
-        }
+        // Sparse: space is taken as blocks are written (`preallocate` reserves it all).
+        data.set_len(size).map_err(io(volume, "size data file"))?;
         data.sync_all().map_err(io(volume, "sync data file"))?;
         // A new history: bookkeeping left by an earlier replica of this volume id is not its.
         crate::FileLedger::remove(&self.dir, volume);
@@ -392,6 +379,46 @@ impl Store for FileStore {
         r.persist()?;
         reps.insert(volume, r.clone());
         Ok(r)
+    }
+
+    fn preallocate(&self, volume: u64) -> Result<(), StoreError> {
+        let r = self
+            .replicas
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&volume)
+            .cloned()
+            .ok_or(StoreError::NoReplica { volume })?;
+        if self.thin {
+            return Ok(());
+        }
+        // Mode 0 allocates the holes and keeps every byte already written.
+        // SAFETY: fallocate on a file descriptor we own; no memory is passed.
+        let rc = unsafe { libc::fallocate(r.data.as_raw_fd(), 0, 0, r.size as libc::off_t) };
+        if rc != 0 {
+            let err = std::io::Error::last_os_error();
+            return Err(match err.raw_os_error() {
+                Some(libc::ENOSPC) => StoreError::NoSpace {
+                    size: r.size,
+                    what: format!(
+                        "the file system of {} cannot reserve {}: {err}",
+                        self.dir.display(),
+                        trireme_proto::human(r.size)
+                    ),
+                },
+                // A file system without fallocate: the replica stays thin, and says so.
+                Some(libc::EOPNOTSUPP) => StoreError::Invalid(format!(
+                    "the file system of {} cannot reserve space (fallocate: {err}); create the volume without --preallocate",
+                    self.dir.display()
+                )),
+                _ => StoreError::Io {
+                    volume,
+                    op: "preallocate",
+                    source: err,
+                },
+            });
+        }
+        r.data.sync_all().map_err(io(volume, "sync data file"))
     }
 
     fn open_all(&self) -> Vec<Result<Arc<dyn Replica>, StoreError>> {

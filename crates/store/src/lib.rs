@@ -80,7 +80,7 @@ pub enum StoreError {
     #[error("replica metadata {path}: {what}")]
     Corrupt { path: String, what: String },
     /// Not enough space (or memory) for the replica.
-    #[error("no space for a replica of {size} bytes: {what}")]
+    #[error("no space for a replica of {}: {what}", trireme_proto::human(*size))]
     NoSpace { size: u64, what: String },
     /// The request is invalid (e.g. a zero-size replica).
     #[error("invalid: {0}")]
@@ -128,8 +128,13 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     fn kind(&self) -> StoreKind;
     /// True if methods do device I/O and must not run on an async executor thread.
     fn blocking(&self) -> bool;
-    /// Creates an empty (all-zero, all-hole) replica of `size` bytes.
+    /// Creates an empty (all-zero, all-hole) replica of `size` bytes. It is thin: a store that
+    /// keeps it on a device takes space only as blocks are written.
     fn create(&self, volume: u64, size: u64) -> Result<Arc<dyn Replica>, StoreError>;
+    /// Reserves the device space of the whole replica of `volume` now (a thick replica: writes
+    /// never find its device full), keeping every byte it holds; `NoSpace` if the device
+    /// cannot. Nothing to do for a store whose space is not taken on write (memory, null).
+    fn preallocate(&self, volume: u64) -> Result<(), StoreError>;
     /// Every replica found on the device; a replica that fails its checks is returned as an
     /// error and the rest still open.
     fn open_all(&self) -> Vec<Result<Arc<dyn Replica>, StoreError>>;
@@ -247,6 +252,21 @@ pub fn open_store(
             Arc::new(TieredStore::open(dir, cfg)?)
         }
     })
+}
+
+/// The size of the file system holding `dir` and the bytes of it free to an unprivileged
+/// writer (`statvfs`: blocks times fragment size; available, not free, blocks).
+pub fn fs_space(dir: &Path) -> std::io::Result<(u64, u64)> {
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "a NUL in the path"))?;
+    // SAFETY: a plain C struct of integers, for which all zeroes is a valid value.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: statvfs fills the struct we pass; `c` is a valid C string.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let frag = st.f_frsize as u64;
+    Ok((st.f_blocks as u64 * frag, st.f_bavail as u64 * frag))
 }
 
 #[cfg(test)]

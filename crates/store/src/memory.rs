@@ -53,6 +53,18 @@ impl Store for MemoryStore {
         m.insert(volume, r.clone());
         Ok(r)
     }
+    fn preallocate(&self, volume: u64) -> Result<(), StoreError> {
+        // Nothing is taken on write: a replica's room is what it is from its creation.
+        match self
+            .replicas
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&volume)
+        {
+            true => Ok(()),
+            false => Err(StoreError::NoReplica { volume }),
+        }
+    }
     fn open_all(&self) -> Vec<Result<Arc<dyn Replica>, StoreError>> {
         let m = self.replicas.lock().unwrap_or_else(|e| e.into_inner());
         m.values()

@@ -118,6 +118,9 @@ impl Store for SealedStore {
         let r = self.inner.create(volume, size)?;
         self.wrap(r, true)
     }
+    fn preallocate(&self, volume: u64) -> Result<(), StoreError> {
+        self.inner.preallocate(volume)
+    }
     fn open_all(&self) -> Vec<Result<Arc<dyn Replica>, StoreError>> {
         self.inner
             .open_all()

@@ -194,6 +194,41 @@ fn file_store_survives_reopen_with_epoch_and_map() {
     assert!(s.open_all().is_empty());
 }
 
+/// File replicas are thin: the data file takes disk blocks only where written. A preallocated
+/// one reserves every block and keeps what was written; the sealed wrapper passes it through.
+#[test]
+fn file_replicas_are_thin_until_preallocated() {
+    use std::os::unix::fs::MetadataExt;
+    let d = tempfile::tempdir().unwrap();
+    let s = sealed_file_store(d.path());
+    const BIG: u64 = 64 << 20;
+    let r = s.create(9, BIG).unwrap();
+    r.write(5 * GRAIN, &[7u8; 4096], true).unwrap();
+    let data = d.path().join(format!("replica-{:016x}.data", 9u64));
+    let on_disk = || std::fs::metadata(&data).unwrap().blocks() * 512;
+    assert!(
+        on_disk() < 1 << 20,
+        "a fresh replica took {} bytes",
+        on_disk()
+    );
+    s.preallocate(9).unwrap();
+    assert!(
+        on_disk() >= BIG,
+        "a thick replica took only {} bytes",
+        on_disk()
+    );
+    assert_eq!(read(&*r, 5 * GRAIN, 4096), vec![7u8; 4096]);
+    assert_eq!(
+        read(&*r, 0, 4096),
+        vec![0u8; 4096],
+        "reserved blocks read as zeros"
+    );
+    assert!(matches!(
+        s.preallocate(10),
+        Err(StoreError::NoReplica { volume: 10 })
+    ));
+}
+
 /// A process killed without flushing: the data written with O_DIRECT is on disk but the map is
 /// not. The replica must still return it (the map turns conservative), keep its incarnation,
 /// and stay the same history.

@@ -31,6 +31,9 @@ impl Store for Stalling {
             gate: self.gate.clone(),
         }))
     }
+    fn preallocate(&self, volume: u64) -> Result<(), StoreError> {
+        self.inner.preallocate(volume)
+    }
     fn open_all(&self) -> Vec<Result<Arc<dyn Replica>, StoreError>> {
         Vec::new()
     }

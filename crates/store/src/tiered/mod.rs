@@ -329,6 +329,12 @@ impl Store for TieredStore {
         Ok(r)
     }
 
+    /// The slow tier holds the whole replica; the fast tier takes room extent by extent, as
+    /// the mover promotes them (it is thin whatever the volume asks).
+    fn preallocate(&self, volume: u64) -> Result<(), StoreError> {
+        self.slow.preallocate(volume)
+    }
+
     fn open_all(&self) -> Vec<Result<Arc<dyn Replica>, StoreError>> {
         let (mut fast, mut out) = by_volume(self.fast.open_all());
         let (mut slow, bad) = by_volume(self.slow.open_all());
