@@ -115,9 +115,9 @@ impl Node {
             Peer::Trusted => return Ok(()),
             Peer::Cert(r) => &**r,
         };
-        // What any authenticated peer may send: a ping, the UCX offer, and the hello that
-        // names its link (no request of its own).
-        if matches!(h.op, Op::Ping | Op::UcxAddress | Op::Hello) {
+        // What any authenticated peer may send: a ping, the UCX offer, the node's room, and
+        // the hello that names its link (no request of its own).
+        if matches!(h.op, Op::Ping | Op::UcxAddress | Op::Hello | Op::Space) {
             return Ok(());
         }
         match role {

@@ -17,6 +17,7 @@ mod access;
 mod activity;
 pub mod books;
 mod dirty;
+mod room;
 mod serve;
 
 pub use access::VolumePolicy;
@@ -68,9 +69,9 @@ pub struct Node {
     policies: RwLock<Option<HashMap<u64, VolumePolicy>>>,
     /// The cluster's members, for node certificates (see `access.rs`); `None`: not known.
     members: RwLock<Option<std::collections::HashSet<u32>>>,
-    /// Most bytes the replicas of this node may hold together (their sizes); CreateReplica
-    /// past it is refused.
-    capacity: std::sync::atomic::AtomicU64,
+    /// Its capacity and over-commit limit: `CreateReplica` and `ResizeReplica` past them are
+    /// refused (`room.rs`).
+    room: room::Room,
     /// The activity log and dirty records are kept on disk for replicas with a ledger
     /// ([`Node::keep_books`]).
     books: std::sync::atomic::AtomicBool,
@@ -141,7 +142,7 @@ impl Node {
             ucx: RwLock::new(Err("the node runs without UCX".into())),
             policies: RwLock::new(None),
             members: RwLock::new(None),
-            capacity: std::sync::atomic::AtomicU64::new(u64::MAX),
+            room: room::Room::default(),
             books: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -235,10 +236,39 @@ impl Node {
         self.activity.marked_on_disk(volume)
     }
 
-    /// Sets the most bytes this node's replicas may hold together (their sizes summed).
+    /// Sets the bytes this node's replicas may hold: their sizes may sum to this times the
+    /// over-commit limit.
     pub fn set_capacity(&self, bytes: u64) {
-        self.capacity
-            .store(bytes, std::sync::atomic::Ordering::Relaxed);
+        self.room.set_capacity(bytes);
+    }
+
+    /// Sets the over-commit limit (at least 1): how many times its capacity the sizes of the
+    /// node's thin replicas may sum to.
+    pub fn set_overcommit(&self, ratio: f64) {
+        self.room.set_overcommit(ratio);
+    }
+
+    /// The directory of the node's store: its file system's size and free space are reported
+    /// with the node's room.
+    pub fn set_space_dir(&self, dir: std::path::PathBuf) {
+        self.room.set_dir(dir);
+    }
+
+    /// Measures the capacity on the file system of the node's directory (set first): what
+    /// the directory takes plus a `1/nodes` share of the free space, each time it is needed.
+    pub fn measure_capacity(&self, nodes: u32) {
+        self.room.measure_capacity(nodes);
+    }
+
+    /// The node's room now: capacity, over-commit limit, what its replicas provision and hold,
+    /// its file system.
+    pub fn space(&self) -> trireme_proto::NodeSpace {
+        let reps = self.all_replicas();
+        self.room.space(
+            reps.iter().map(|r| r.size()).sum(),
+            reps.iter().map(|r| r.allocated_bytes()).sum(),
+            reps.len() as u64,
+        )
     }
 
     pub fn id(&self) -> u32 {
@@ -270,7 +300,7 @@ impl Node {
             replicas: replicas.len(),
             provisioned: replicas.iter().map(|r| r.size()).sum(),
             allocated: replicas.iter().map(|r| r.allocated_bytes()).sum(),
-            capacity: self.capacity.load(std::sync::atomic::Ordering::Relaxed),
+            capacity: self.room.capacity(),
             tiers: self.store.tiers(),
             replica_tiers: replicas
                 .iter()

@@ -79,9 +79,10 @@ impl Node {
         let payload = match h.op {
             Op::Ping => {
                 // The most its replicas may hold, for `status` (0: no limit set).
-                resp.length = self.capacity.load(std::sync::atomic::Ordering::Relaxed);
+                resp.length = self.room.capacity();
                 Bytes::from(self.id.to_string())
             }
+            Op::Space => Bytes::from(self.space().encode()),
             Op::UcxAddress => match &*self.ucx.read().unwrap_or_else(|e| e.into_inner()) {
                 Ok(a) => a.clone(),
                 Err(why) => return Err(Refusal(Status::Unsupported, why.clone())),
@@ -222,20 +223,21 @@ impl Node {
                 // Under the map's lock: two creates cannot both fit in the room for one.
                 let mut reps = self.replicas.write().unwrap_or_else(|e| e.into_inner());
                 let used: u64 = reps.values().map(|r| r.size()).sum();
-                let cap = self.capacity.load(std::sync::atomic::Ordering::Relaxed);
-                if used.checked_add(h.length).is_none_or(|t| t > cap) {
+                let room = self.room.space(used, 0, reps.len() as u64);
+                if used.checked_add(h.length).is_none_or(|t| t > room.limit()) {
                     return Err(Refusal(
                         Status::NoSpace,
-                        format!(
-                            "no space: a replica of {} does not fit, {} of the node's {} are taken by its replicas ({} free)",
-                            trireme_proto::human(h.length),
-                            trireme_proto::human(used),
-                            trireme_proto::human(cap),
-                            trireme_proto::human(cap.saturating_sub(used))
-                        ),
+                        crate::room::refusal(&room, h.length),
                     ));
                 }
                 let r = self.store.create(h.volume, h.length)?;
+                if h.has_flag(trireme_proto::FLAG_PREALLOCATE) {
+                    if let Err(e) = self.store.preallocate(h.volume) {
+                        // All or nothing: a thick volume never gets a thin copy.
+                        let _ = self.store.delete(h.volume);
+                        return Err(e.into());
+                    }
+                }
                 reps.insert(h.volume, r);
                 drop(reps);
                 self.activity.forget(h.volume);
@@ -243,6 +245,7 @@ impl Node {
                     node = self.id,
                     volume = h.volume,
                     size = h.length,
+                    preallocated = h.has_flag(trireme_proto::FLAG_PREALLOCATE),
                     "created replica"
                 );
                 Bytes::new()
@@ -413,7 +416,12 @@ impl Handler for Node {
         !self.store.blocking()
             || matches!(
                 req.header.op,
-                Op::Ping | Op::ReplicaInfo | Op::UcxAddress | Op::TierInfo | Op::TierHeat
+                Op::Ping
+                    | Op::ReplicaInfo
+                    | Op::UcxAddress
+                    | Op::TierInfo
+                    | Op::TierHeat
+                    | Op::Space
             )
     }
 

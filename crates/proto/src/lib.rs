@@ -30,6 +30,7 @@
 mod dirty;
 mod extent;
 mod op;
+mod space;
 mod tier;
 
 pub use dirty::{
@@ -40,6 +41,7 @@ pub use extent::{
     data_ranges, decode_extents, decode_extents_within, encode_extents, Extent, EXTENT_LEN,
 };
 pub use op::{Op, Status};
+pub use space::{NodeSpace, NODE_SPACE_LEN};
 
 /// Formats bytes with a binary unit, e.g. "1.0 GiB" (bytes below 1 KiB as such).
 pub fn human(bytes: u64) -> String {
@@ -86,8 +88,17 @@ pub const FLAG_HEATED: u16 = 1 << 5;
 /// Request flag on reads: the writer saw this read continue a stream (a scan); a tiered node
 /// does not count it as heat.
 pub const FLAG_STREAM: u16 = 1 << 6;
-const KNOWN_FLAGS: u16 =
-    FLAG_RESPONSE | FLAG_FUA | FLAG_MAY_TRIM | FLAG_TIERED | FLAG_SLOW | FLAG_HEATED | FLAG_STREAM;
+/// Request flag on `CreateReplica`: reserve the replica's whole space on the node's device now
+/// (a thick volume); without it the replica takes space as it is written.
+pub const FLAG_PREALLOCATE: u16 = 1 << 7;
+const KNOWN_FLAGS: u16 = FLAG_RESPONSE
+    | FLAG_FUA
+    | FLAG_MAY_TRIM
+    | FLAG_TIERED
+    | FLAG_SLOW
+    | FLAG_HEATED
+    | FLAG_STREAM
+    | FLAG_PREALLOCATE;
 
 /// Why a frame was refused. Every variant means "drop the connection": after a bad header the
 /// byte stream can no longer be trusted to be in step.

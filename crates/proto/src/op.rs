@@ -76,6 +76,10 @@ pub enum Op {
     /// node adds to its extents' heat, so every copy keeps the same hot set. No epoch check
     /// (advisory); no response payload.
     TierHeat = 23,
+    /// The node's room for replicas: response payload a [`NodeSpace`](crate::NodeSpace)
+    /// (capacity, over-commit limit, what its replicas provision and hold, its file system).
+    /// Any authenticated peer may ask.
+    Space = 24,
 }
 
 impl Op {
@@ -104,6 +108,7 @@ impl Op {
             21 => Op::TierSet,
             22 => Op::TierInfo,
             23 => Op::TierHeat,
+            24 => Op::Space,
             _ => return None,
         })
     }

@@ -1,0 +1,188 @@
+//! A node's room for replicas: its capacity, the over-commit limit on the sum of their sizes,
+//! and the file system under its store. `CreateReplica` and `ResizeReplica` are checked
+//! against it; the `Space` op reports it (the pool view of `status` and `trireme pool`).
+//!
+//! Volumes on the file store are thin: a replica takes space as it is written. The capacity
+//! bounds what the replicas may *provision* (their sizes) times the over-commit limit: 1.0, the
+//! default, never promises more than the node has; 2.0 promises twice that, betting that
+//! volumes stay half full, as thin pools do. A replica that finds its file system full fails
+//! its write, and the writer takes it out like any failing copy.
+//!
+//! The capacity is `--capacity` when given. Otherwise a node on a file system counts what its
+//! directory takes on disk plus its share of what the file system has free (all of it, or a
+//! `1/N` share when `N` nodes live on it, as those of `trireme up` do): the room it really has,
+//! not the file system's size, which other files use too. It is measured when a replica is
+//! created and when the room is asked for.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::RwLock;
+
+use trireme_proto::{human, NodeSpace};
+
+#[derive(Debug)]
+pub(crate) struct Room {
+    /// Bytes the replicas may hold (`u64::MAX`: no limit set), as last measured.
+    capacity: AtomicU64,
+    /// Measured on the file system (`--capacity` not given): of how many nodes this one is.
+    fs_share: AtomicU64,
+    /// The over-commit limit in thousandths.
+    overcommit_milli: AtomicU64,
+    /// The directory of the node's store, for its file system's size and free space.
+    dir: RwLock<Option<PathBuf>>,
+}
+
+impl Default for Room {
+    fn default() -> Self {
+        Room {
+            capacity: AtomicU64::new(u64::MAX),
+            fs_share: AtomicU64::new(0),
+            overcommit_milli: AtomicU64::new(1000),
+            dir: RwLock::new(None),
+        }
+    }
+}
+
+impl Room {
+    pub(crate) fn set_capacity(&self, bytes: u64) {
+        self.fs_share.store(0, Ordering::Relaxed);
+        self.capacity.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Measures the capacity on the file system of the node's directory ([`Room::set_dir`]),
+    /// one of `nodes` nodes living on it.
+    pub(crate) fn measure_capacity(&self, nodes: u32) {
+        self.fs_share
+            .store(u64::from(nodes.max(1)), Ordering::Relaxed);
+        self.space(0, 0, 0);
+    }
+
+    /// The capacity as last measured (or as set).
+    pub(crate) fn capacity(&self) -> u64 {
+        self.capacity.load(Ordering::Relaxed)
+    }
+
+    /// `ratio` is checked by the caller (at least 1, finite).
+    pub(crate) fn set_overcommit(&self, ratio: f64) {
+        self.overcommit_milli
+            .store((ratio * 1000.0).round() as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_dir(&self, dir: PathBuf) {
+        *self.dir.write().unwrap_or_else(|e| e.into_inner()) = Some(dir);
+    }
+
+    /// The room now, with what the replicas provision and hold.
+    pub(crate) fn space(&self, provisioned: u64, allocated: u64, replicas: u64) -> NodeSpace {
+        let dir = self.dir.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let (fs_size, fs_free) = dir
+            .as_deref()
+            .and_then(|d| trireme_store::fs_space(d).ok())
+            .unwrap_or((0, 0));
+        let share = self.fs_share.load(Ordering::Relaxed);
+        if let (Some(d), true) = (&dir, share > 0) {
+            let taken = disk_usage(d);
+            self.capacity
+                .store(taken.saturating_add(fs_free / share), Ordering::Relaxed);
+        }
+        NodeSpace {
+            capacity: self.capacity(),
+            overcommit_milli: self.overcommit_milli.load(Ordering::Relaxed).max(1),
+            provisioned,
+            allocated,
+            replicas,
+            fs_size,
+            fs_free,
+        }
+    }
+}
+
+/// Bytes the files under `dir` take on disk (allocated blocks, so holes count nothing).
+fn disk_usage(dir: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut sum = 0u64;
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let Ok(m) = e.metadata() else { continue };
+            if m.is_dir() {
+                todo.push(e.path());
+            } else {
+                sum = sum.saturating_add(m.blocks() * 512);
+            }
+        }
+    }
+    sum
+}
+
+/// Why `more` bytes of replicas do not fit beside `s.provisioned`, with the numbers.
+pub(crate) fn refusal(s: &NodeSpace, more: u64) -> String {
+    let limit = s.limit();
+    let ratio = s.overcommit_milli as f64 / 1000.0;
+    let limit_text = match s.overcommit_milli {
+        1000 => format!("its capacity of {}", human(s.capacity)),
+        _ => format!(
+            "{} (its capacity of {} times its over-commit limit of {ratio:.2})",
+            human(limit),
+            human(s.capacity)
+        ),
+    };
+    format!(
+        "no space: a replica of {} does not fit, the node's replicas provision {} of {limit_text} ({} free to provision)",
+        human(more),
+        human(s.provisioned),
+        human(limit.saturating_sub(s.provisioned))
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_give_the_numbers() {
+        let r = Room::default();
+        r.set_capacity(256 << 20);
+        let s = r.space(64 << 20, 1 << 20, 1);
+        assert_eq!(
+            refusal(&s, 1 << 30),
+            "no space: a replica of 1.0 GiB does not fit, the node's replicas provision 64.0 MiB of its capacity of 256.0 MiB (192.0 MiB free to provision)"
+        );
+        r.set_overcommit(2.5);
+        let s = r.space(600 << 20, 0, 3);
+        assert_eq!(s.limit(), 640 << 20);
+        assert_eq!(
+            refusal(&s, 64 << 20),
+            "no space: a replica of 64.0 MiB does not fit, the node's replicas provision 600.0 MiB of 640.0 MiB (its capacity of 256.0 MiB times its over-commit limit of 2.50) (40.0 MiB free to provision)"
+        );
+    }
+
+    #[test]
+    fn a_measured_capacity_is_what_the_directory_takes_plus_a_share_of_the_free_space() {
+        let dir = std::env::temp_dir().join(format!("trireme-room-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        std::fs::write(dir.join("sub/f"), vec![1u8; 1 << 20]).unwrap();
+        let r = Room::default();
+        r.set_dir(dir.clone());
+        r.measure_capacity(1);
+        let (_, free1) = trireme_store::fs_space(&dir).unwrap();
+        let one = r.capacity();
+        r.measure_capacity(4);
+        let four = r.capacity();
+        let (_, free4) = trireme_store::fs_space(&dir).unwrap();
+        // The megabyte written counts; the free space is shared (other writers on this file
+        // system move it a little between the two reads).
+        assert!(
+            one >= (1 << 20) + free1.min(free4) && one <= (2 << 20) + free1.max(free4),
+            "{one}"
+        );
+        assert!(
+            four < one && four >= (1 << 20) + free4.min(free1) / 4 - (64 << 20),
+            "{four}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
