@@ -236,6 +236,7 @@ pub fn run(
                         access: None,
                         min_copies: None,
                         tier: None,
+                        preallocate: false,
                         name: name.clone(),
                         size,
                         replicas: v.parse().unwrap_or(1),

@@ -44,9 +44,17 @@ pub struct UpArgs {
     /// Granularity of the regions replicas track for a peer that is out.
     #[arg(long, default_value = "4K", value_parser = units::parse_dirty_grain)]
     pub dirty_grain: u64,
-    /// Most bytes each node's replicas may hold together (see `node serve --capacity`).
+    /// Bytes each node's replicas may hold (see `node serve --capacity`). Default: for the
+    /// file and tiered stores, what each node's directory takes plus an equal share of what
+    /// the file system has free (every node of `up` lives on the one under `--data-dir`).
     #[arg(long, value_parser = units::parse_size)]
     pub node_capacity: Option<u64>,
+    /// Reserve the volume's whole space on every node now (thick), rather than as it is written.
+    #[arg(long)]
+    pub preallocate: bool,
+    /// Over-commit limit of each node's thin volumes (see `node serve --overcommit`).
+    #[arg(long, default_value = "1", value_parser = units::parse_overcommit, value_name = "RATIO")]
+    pub overcommit: f64,
     /// Fault tests: every node injects store errors at the rates in `<data-dir>/node-N.faults`
     /// (see `node serve --inject-faults`).
     #[arg(long)]
@@ -281,20 +289,35 @@ pub struct NodeServeArgs {
     /// a network of its own).
     #[arg(long, conflicts_with = "tls_dir")]
     pub insecure: bool,
-    /// Most bytes this node's replicas may hold together (sizes summed); creating one past it
-    /// is refused. Default: half the host's memory for `--store memory`, the file system's
-    /// size for `--store file`.
+    #[command(flatten)]
+    pub room: RoomArgs,
+    /// This node's directory is on a file system N nodes share (those of `trireme up`): its
+    /// default capacity counts 1/N of the free space.
+    #[arg(long, default_value_t = 1, value_parser = units::count(1, 1024), hide = true)]
+    pub fs_share: u32,
+}
+
+/// How much a node's replicas may take.
+#[derive(Debug, Args)]
+pub struct RoomArgs {
+    /// Bytes this node's replicas may hold. Their sizes may sum to this times
+    /// `--overcommit`; creating or growing one past it is refused. Default: half the host's
+    /// memory for `--store memory`; for `--store file` and `tiered`, what the node's directory
+    /// takes on disk plus what its file system has free (measured each time).
     #[arg(long, value_parser = units::parse_size)]
     pub capacity: Option<u64>,
+    /// Over-commit limit of the node's thin volumes: their sizes may sum to this many times
+    /// its capacity (1 to 100; 1 never promises more than the node has).
+    #[arg(long, default_value = "1", value_parser = units::parse_overcommit, value_name = "RATIO")]
+    pub overcommit: f64,
 }
 
 #[derive(Debug, Args)]
 pub struct NodeRunArgs {
     #[command(flatten)]
     pub http: HttpArgs,
-    /// Most bytes this node's replicas may hold together (as `node serve --capacity`).
-    #[arg(long, value_parser = units::parse_size)]
-    pub capacity: Option<u64>,
+    #[command(flatten)]
+    pub room: RoomArgs,
     /// Serve and reach peers over mutual TLS with the identity in DIR (as `node serve`).
     /// Required unless `--insecure`.
     #[arg(long, value_name = "DIR")]
@@ -408,6 +431,10 @@ pub enum VolumeCmd {
         /// `slow`.
         #[arg(long, value_enum, default_value_t = TierArg::Auto)]
         tier: TierArg,
+        /// Thick: every copy reserves the volume's whole size on its node now (refused if a
+        /// file system cannot). Default: thin, space is taken as blocks are written.
+        #[arg(long)]
+        preallocate: bool,
     },
     /// Change a volume's settings (one or more of them).
     Set {

@@ -228,6 +228,10 @@ pub enum Cmd {
         #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "1", value_parser = units::parse_duration)]
         watch: Option<std::time::Duration>,
     },
+    /// Space, per node and in total: each node's capacity and over-commit limit, what the
+    /// volumes provision and what they hold (thin volumes take space as they are written),
+    /// each file system's free space, the room left for a new volume; then each volume.
+    Pool,
     /// What changed in the cluster, oldest first: nodes down and up, replicas taken out and
     /// resynced, health words, drains, the manager role moving. Kept in the cluster's metadata
     /// (the newest 200), so they outlive the manager that saw them.

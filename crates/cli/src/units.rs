@@ -2,6 +2,16 @@
 
 /// Parses a size with an optional binary suffix (K, M, G, T, with optional "i"/"iB"/"B").
 /// A duration: a number with `ms` or `s` (e.g. `500ms`, `2s`); a bare number is seconds.
+/// An over-commit limit: a number from 1 to 100 (`1.5`, `2`).
+pub fn parse_overcommit(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(r) if (1.0..=100.0).contains(&r) => Ok(r),
+        _ => Err(format!(
+            "invalid over-commit limit {s:?}: must be a number from 1 to 100 (1: never provision more than the capacity)"
+        )),
+    }
+}
+
 pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     let t = s.trim();
     let (num, scale) = if let Some(n) = t.strip_suffix("ms") {

@@ -30,6 +30,9 @@ pub enum Request {
         /// The tier its extents live on (tiered nodes); default: by heat.
         #[serde(default)]
         tier: Option<trireme_meta::TierPolicy>,
+        /// Thick: reserve every replica's whole size now; default thin.
+        #[serde(default)]
+        preallocate: bool,
     },
     /// Changes a volume's settings: each one given.
     VolumeSet {
@@ -157,7 +160,7 @@ pub enum Request {
 }
 
 /// A node as `status` and `node list` show it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NodeStatus {
     pub id: u32,
     pub addr: String,
@@ -183,9 +186,45 @@ pub struct NodeStatus {
     /// The node's tiers (a tiered store), if it answered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tiers: Option<NodeTierStatus>,
-    /// Most bytes its replicas may hold together (their sizes), if it answered and has a limit.
+    /// Bytes its replicas may hold, if it answered and has a limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity: Option<u64>,
+    /// Its room: over-commit limit, what its replicas provision and hold, its file system
+    /// (`None`: down, or a node from before the `Space` op).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub space: Option<NodeSpaceStatus>,
+}
+
+/// A node's room for replicas, as its `Space` answer gives it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeSpaceStatus {
+    /// Bytes its replicas may hold (`None`: no limit).
+    pub capacity: Option<u64>,
+    /// How many times its capacity the replicas' sizes may sum to.
+    pub overcommit: f64,
+    /// The replicas' sizes, summed.
+    pub provisioned: u64,
+    /// Bytes the replicas hold (written and not trimmed).
+    pub allocated: u64,
+    /// The file system under its directory (`None`: its store keeps nothing on one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fs_size: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fs_free: Option<u64>,
+}
+
+impl From<trireme_proto::NodeSpace> for NodeSpaceStatus {
+    fn from(s: trireme_proto::NodeSpace) -> Self {
+        let fs = s.fs_size > 0;
+        NodeSpaceStatus {
+            capacity: (s.capacity != u64::MAX).then_some(s.capacity),
+            overcommit: s.overcommit_milli as f64 / 1000.0,
+            provisioned: s.provisioned,
+            allocated: s.allocated,
+            fs_size: fs.then_some(s.fs_size),
+            fs_free: fs.then_some(s.fs_free),
+        }
+    }
 }
 
 /// A node's fast and slow tiers.
@@ -330,6 +369,9 @@ pub struct VolumeStatus {
     pub name: String,
     pub id: u64,
     pub size: u64,
+    /// Thick: its copies reserved their whole size at creation.
+    #[serde(default)]
+    pub preallocate: bool,
     pub epoch: u64,
     /// Client identities that may use it (`*`: every client of the cluster).
     #[serde(default)]

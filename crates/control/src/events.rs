@@ -302,6 +302,7 @@ mod tests {
             zone: None,
             tiers: None,
             capacity: None,
+            space: None,
         };
         StatusReport {
             nodes: vec![node(1, true), node(2, up2)],
@@ -309,6 +310,7 @@ mod tests {
                 name: "v".into(),
                 id: 1,
                 size: 1 << 20,
+                preallocate: false,
                 epoch: 1,
                 access: vec![],
                 replicas: vec![ReplicaStatus {

@@ -208,6 +208,7 @@ mod tests {
             name: "v".into(),
             id: 1,
             size: 1 << 30,
+            preallocate: false,
             epoch: 1,
             access: vec![],
             replicas,

@@ -16,6 +16,7 @@ pub mod health;
 mod manager;
 mod membership;
 mod moves;
+pub mod pool;
 mod restart;
 
 pub use api::{

@@ -39,9 +39,14 @@ pub struct NodeConfig {
     /// Keep the activity log and dirty records on disk (stores that can: the file store).
     pub books: bool,
     pub transport: TransportKind,
-    /// Most bytes the node's replicas may hold together; `None`: half the host's memory for a
-    /// memory store, the file system's size for a file store, no limit for the null store.
+    /// Bytes the node's replicas may hold; `None`: half the host's memory for a memory store,
+    /// what the directory takes plus its share of the file system's free space for a file or
+    /// tiered store (measured each time), no limit for the null store.
     pub capacity: Option<u64>,
+    /// How many times its capacity the sizes of the node's (thin) replicas may sum to.
+    pub overcommit: f64,
+    /// How many nodes share the file system of its directory (`trireme up`'s do).
+    pub fs_share: u32,
     /// Where it serves its metrics (and, while it is the manager, the dashboard); the bound
     /// address is written to `<dir>/http`.
     pub http: Option<SocketAddr>,
@@ -88,13 +93,19 @@ pub fn build_node(cfg: &NodeConfig) -> Result<Arc<trireme_node::Node>, DaemonErr
         store,
         cfg.dirty_grain,
     ));
-    let capacity = match cfg.capacity {
-        Some(c) => Some(c),
-        None => default_capacity(cfg.store, &cfg.dir)?,
-    };
-    if let Some(c) = capacity {
-        node.set_capacity(c);
+    if matches!(cfg.store, StoreKind::File | StoreKind::Tiered) {
+        node.set_space_dir(cfg.dir.clone());
     }
+    node.set_overcommit(cfg.overcommit);
+    match cfg.capacity {
+        Some(c) => node.set_capacity(c),
+        None => match cfg.store {
+            StoreKind::Null => {}
+            StoreKind::Memory => node.set_capacity(memory_capacity()?),
+            StoreKind::File | StoreKind::Tiered => node.measure_capacity(cfg.fs_share),
+        },
+    }
+    let space = node.space();
     if cfg.books {
         node.keep_books();
     } else if !cfg.store.volatile() {
@@ -106,50 +117,41 @@ pub fn build_node(cfg: &NodeConfig) -> Result<Arc<trireme_node::Node>, DaemonErr
         node = cfg.id,
         store = cfg.store.as_str(),
         replicas = node.replica_count(),
-        capacity = capacity.map_or_else(|| "unlimited".to_string(), crate::local::human),
+        capacity = match space.capacity {
+            u64::MAX => "unlimited".to_string(),
+            c if cfg.capacity.is_none() && space.fs_size > 0 => format!(
+                "{} (what its directory takes and {} of the file system's free space)",
+                crate::local::human(c),
+                match cfg.fs_share {
+                    1 => "all".to_string(),
+                    n => format!("1/{n}"),
+                }
+            ),
+            c => crate::local::human(c),
+        },
+        overcommit = cfg.overcommit,
         "node starting"
     );
     offer_ucx(&node, cfg.transport, cfg.listen.ip())?;
     Ok(node)
 }
 
-/// What a node may hold when no `--capacity` is given: half the host's memory for replicas in
-/// memory (the rest is the system's), the file system's size for files (their space is also
-/// reserved when they are created), nothing to bound for the null store.
-fn default_capacity(kind: StoreKind, dir: &std::path::Path) -> Result<Option<u64>, DaemonError> {
-    Ok(match kind {
-        StoreKind::Null => None,
-        StoreKind::Memory => {
-            // SAFETY: sysconf takes no pointers.
-            let (pages, page) = unsafe {
-                (
-                    libc::sysconf(libc::_SC_PHYS_PAGES),
-                    libc::sysconf(libc::_SC_PAGESIZE),
-                )
-            };
-            if pages <= 0 || page <= 0 {
-                return Err(DaemonError::Runtime(
-                    "cannot tell the host's memory size; give --capacity".into(),
-                ));
-            }
-            Some(pages as u64 * page as u64 / 2)
-        }
-        StoreKind::File | StoreKind::Tiered => {
-            let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
-                .map_err(|_| DaemonError::Usage(format!("{}: not a path", dir.display())))?;
-            // SAFETY: a plain C struct of integers, for which all zeroes is a valid value.
-            let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-            // SAFETY: statvfs fills the struct we pass; `c` is a valid C string.
-            if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-                return Err(DaemonError::Runtime(format!(
-                    "{}: statvfs: {}",
-                    dir.display(),
-                    std::io::Error::last_os_error()
-                )));
-            }
-            Some(st.f_blocks * st.f_frsize)
-        }
-    })
+/// Half the host's memory: what replicas in memory may hold when no `--capacity` is given
+/// (the rest is the system's).
+fn memory_capacity() -> Result<u64, DaemonError> {
+    // SAFETY: sysconf takes no pointers.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    if pages <= 0 || page <= 0 {
+        return Err(DaemonError::Runtime(
+            "cannot tell the host's memory size; give --capacity".into(),
+        ));
+    }
+    Ok(pages as u64 * page as u64 / 2)
 }
 
 /// Starts UCX for the node unless `--transport tcp`, and offers its worker address to clients.

@@ -156,6 +156,10 @@ pub struct VolumeRecord {
     pub id: u64,
     pub name: String,
     pub size: u64,
+    /// Thick: every replica reserves its whole size on its node at creation (`--preallocate`);
+    /// otherwise replicas take space as they are written.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub preallocate: bool,
     pub replicas: Vec<ReplicaRecord>,
     /// The epoch of the newest attach; 0 if never attached.
     pub epoch: u64,

@@ -338,6 +338,7 @@ mod tests {
             id: 1,
             name: name.into(),
             size: 4096,
+            preallocate: false,
             replicas: vec![],
             epoch: 0,
             writer_open: false,

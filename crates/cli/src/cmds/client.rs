@@ -109,6 +109,11 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 )));
             }
         }
+        Cmd::Pool => {
+            let s: StatusReport = cc.call(&Request::Status).await?;
+            let pool = trireme_control::pool::PoolReport::from_status(&s);
+            print(out, &pool, |p| p.text());
+        }
         Cmd::Events { last } => {
             let l: Vec<trireme_meta::ClusterEvent> =
                 cc.call(&Request::Events { limit: *last }).await?;
@@ -211,9 +216,11 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
             allow,
             min_copies,
             tier,
+            preallocate,
         }) => {
             let v: VolumeRecord = cc
                 .call(&Request::VolumeCreate {
+                    preallocate: *preallocate,
                     name: name.clone(),
                     size: *size,
                     replicas: replicas.map_or(0, |r| r as usize),
@@ -226,9 +233,10 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
             rbac_follow(cli).await;
             print(out, &v, |v| {
                 format!(
-                    "created {} ({}), {} replica{} on node{} {}\n",
+                    "created {} ({}, {}), {} replica{} on node{} {}\n",
                     v.name,
                     human(v.size),
+                    if v.preallocate { "thick" } else { "thin" },
                     v.replicas.len(),
                     if v.replicas.len() == 1 { "" } else { "s" },
                     if v.replicas.len() == 1 { "" } else { "s" },

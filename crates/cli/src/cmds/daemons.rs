@@ -19,7 +19,9 @@ pub(crate) fn node_config(
         block_checksums: !a.no_block_checksums,
         books: !a.volatile_bookkeeping,
         transport: cli.transport.kind(),
-        capacity: a.capacity,
+        capacity: a.room.capacity,
+        overcommit: a.room.overcommit,
+        fs_share: a.fs_share,
         http: a.http.addr.0,
         http_token: a.http.token_file.clone(),
     })
@@ -188,7 +190,9 @@ pub(crate) async fn node_run(cli: &Cli, a: &crate::NodeRunArgs) -> Result<(), Cl
         block_checksums: !a.no_block_checksums,
         books: !a.volatile_bookkeeping,
         transport: cli.transport.kind(),
-        capacity: a.capacity,
+        capacity: a.room.capacity,
+        overcommit: a.room.overcommit,
+        fs_share: 1,
         http: a.http.addr.0,
         http_token: a.http.token_file.clone(),
     };

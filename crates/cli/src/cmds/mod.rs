@@ -70,6 +70,8 @@ pub(crate) fn local_config(
         port: a.port,
         dirty_grain: a.dirty_grain,
         node_capacity: a.node_capacity,
+        overcommit: a.overcommit,
+        preallocate: a.preallocate,
         inject_faults: a.inject_faults,
         restart_backoff: a.restart_backoff,
         node_netns: a.node_netns.clone(),

@@ -203,6 +203,8 @@ pub(crate) fn status_text(s: &StatusReport) -> String {
     }
     out += &format!("nodes: {up} of {} up\n", s.nodes.len());
     out += &nodes_table(&s.nodes);
+    out += &trireme_control::pool::PoolReport::from_status(s).summary();
+    out += " (trireme pool)\n";
     for m in &s.moves {
         out += &move_text(m);
     }

@@ -451,11 +451,15 @@ impl Manager {
         op: Op,
         v: &VolumeRecord,
     ) -> Result<trireme_transport::Frame> {
-        let h = Header {
+        let mut h = Header {
             volume: v.id,
             length: v.size,
             ..Header::request(op, 0)
         };
+        // A thick volume's copies are thick wherever they are made (creation, moves, down-out).
+        if op == Op::CreateReplica && v.preallocate {
+            h.flags |= trireme_proto::FLAG_PREALLOCATE;
+        }
         self.node_call(node, h).await
     }
 
@@ -520,8 +524,11 @@ impl Manager {
                 access,
                 min_copies,
                 tier,
+                preallocate,
             } => to(async {
-                let mut v = self.create_volume(&name, size, replicas, access).await?;
+                let mut v = self
+                    .create_volume(&name, size, replicas, access, preallocate)
+                    .await?;
                 if let Some(n) = min_copies {
                     v = self.set_min_copies(&name, n).await?;
                 }

@@ -101,6 +101,10 @@ impl Manager {
             true => self.tier_info(n, 0).await.map(|t| t.node.into()),
             false => None,
         };
+        let space = match up {
+            true => self.space(n).await,
+            false => None,
+        };
         NodeStatus {
             tiers,
             id: n.id,
@@ -117,7 +121,24 @@ impl Manager {
             last_seen_ms: self.last_seen_ms(n.id),
             registered,
             zone: n.zone.clone(),
-            capacity,
+            capacity: space.as_ref().map_or(capacity, |s| s.capacity),
+            space,
+        }
+    }
+
+    /// A node's room (`None`: no answer, or a node from before the `Space` op).
+    async fn space(&self, node: &NodeRecord) -> Option<crate::api::NodeSpaceStatus> {
+        match self.node_call(node, Header::request(Op::Space, 0)).await {
+            Ok(f) if f.header.status == Status::Ok => {
+                match trireme_proto::NodeSpace::decode(&f.payload) {
+                    Ok(s) => Some(s.into()),
+                    Err(e) => {
+                        tracing::warn!(node = node.id, "a space report that does not decode: {e}");
+                        None
+                    }
+                }
+            }
+            _ => None,
         }
     }
 
@@ -226,6 +247,7 @@ impl Manager {
                 name: v.name.clone(),
                 id: v.id,
                 size: v.size,
+                preallocate: v.preallocate,
                 epoch: v.epoch,
                 access: v.access.clone(),
                 replicas: reps,

@@ -53,6 +53,7 @@ impl Manager {
         size: u64,
         replicas: usize,
         access: Option<Vec<String>>,
+        preallocate: bool,
     ) -> Result<VolumeRecord> {
         let access = access.unwrap_or_else(|| {
             self.default_access
@@ -92,7 +93,7 @@ impl Manager {
         let chosen = place(&loads, replicas)?;
         let v = self
             .meta
-            .create_volume_for(name, size, &chosen, &access)
+            .create_volume_with(name, size, &chosen, &access, preallocate)
             .await?;
         let mut created = Vec::new();
         for &id in &chosen {
@@ -123,7 +124,7 @@ impl Manager {
                 }
             }
         }
-        tracing::info!(volume = name, size, nodes = ?chosen, "volume created");
+        tracing::info!(volume = name, size, nodes = ?chosen, preallocate, "volume created");
         Ok(v)
     }
 

@@ -54,6 +54,10 @@ pub struct LocalConfig {
     pub dirty_grain: u64,
     /// Each node's `--capacity`.
     pub node_capacity: Option<u64>,
+    /// Each node's `--overcommit`.
+    pub overcommit: f64,
+    /// Reserve the volume's whole space at creation (thick).
+    pub preallocate: bool,
     pub inject_faults: bool,
     pub restart_backoff: Duration,
     /// Per node (index id-1): the network namespace it runs in; empty: none.
@@ -248,6 +252,9 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
         tiers: a.tiers,
         dirty_grain: a.dirty_grain,
         capacity: a.node_capacity,
+        overcommit: a.overcommit,
+        // A node in a network namespace still writes under --data-dir.
+        fs_share: a.nodes,
         inject_faults: a.inject_faults,
         backoff: a.restart_backoff,
         netns: a.node_netns.clone(),
@@ -314,7 +321,7 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
         }
         Err(trireme_meta::MetaError::NoVolume(_)) => {
             manager
-                .create_volume(&a.volume, a.size, a.replicas as usize, None)
+                .create_volume(&a.volume, a.size, a.replicas as usize, None, a.preallocate)
                 .await?;
         }
         Err(e) => return Err(e.into()),

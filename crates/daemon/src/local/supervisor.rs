@@ -64,9 +64,11 @@ pub(super) async fn spawn_node(
     if sup.volatile_bookkeeping {
         cmd.arg("--volatile-bookkeeping");
     }
-    if let Some(c) = sup.capacity {
-        cmd.arg("--capacity").arg(c.to_string());
-    }
+    match sup.capacity {
+        Some(c) => cmd.arg("--capacity").arg(c.to_string()),
+        None => cmd.arg("--fs-share").arg(sup.fs_share.to_string()),
+    };
+    cmd.arg("--overcommit").arg(sup.overcommit.to_string());
     if let Some(t) = &sup.tiers {
         cmd.arg("--fast-size")
             .arg(t.fast_capacity.to_string())
@@ -219,6 +221,9 @@ pub(super) struct Supervisor {
     pub(super) tiers: Option<trireme_store::TierConfig>,
     pub(super) dirty_grain: u64,
     pub(super) capacity: Option<u64>,
+    pub(super) overcommit: f64,
+    /// How many nodes live on the file system of `dir` (each counts its share of it).
+    pub(super) fs_share: u32,
     pub(super) inject_faults: bool,
     pub(super) backoff: Duration,
     /// Per node (index id-1): the network namespace it runs in, if any.

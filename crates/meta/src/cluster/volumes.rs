@@ -14,6 +14,9 @@ pub(crate) struct Spec {
     id: u64,
     name: String,
     size: u64,
+    /// Thick: every replica reserves its whole size at creation.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    preallocate: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -35,6 +38,7 @@ pub(crate) fn record(spec: Spec, layout: Layout) -> VolumeRecord {
         id: spec.id,
         name: spec.name,
         size: spec.size,
+        preallocate: spec.preallocate,
         replicas: layout.replicas,
         epoch: layout.epoch,
         writer_open: layout.writer_open,
@@ -49,6 +53,7 @@ pub(crate) fn spec_of(v: &VolumeRecord) -> Spec {
         id: v.id,
         name: v.name.clone(),
         size: v.size,
+        preallocate: v.preallocate,
     }
 }
 
@@ -80,13 +85,27 @@ impl ClusterMeta {
             .await
     }
 
-    /// Creates a volume whose replicas go on `nodes`, which the clients in `access` may use.
+    /// Creates a thin volume whose replicas go on `nodes`, which the clients in `access` may
+    /// use.
     pub async fn create_volume_for(
         &self,
         name: &str,
         size: u64,
         nodes: &[u32],
         access: &[String],
+    ) -> Result<VolumeRecord, MetaError> {
+        self.create_volume_with(name, size, nodes, access, false)
+            .await
+    }
+
+    /// [`Self::create_volume_for`], thick when `preallocate`.
+    pub async fn create_volume_with(
+        &self,
+        name: &str,
+        size: u64,
+        nodes: &[u32],
+        access: &[String],
+        preallocate: bool,
     ) -> Result<VolumeRecord, MetaError> {
         check_name(name)?;
         for a in access {
@@ -110,6 +129,7 @@ impl ClusterMeta {
                 id,
                 name: name.to_string(),
                 size,
+                preallocate,
             };
             let layout = Layout {
                 replicas: nodes
