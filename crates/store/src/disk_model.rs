@@ -260,6 +260,9 @@ impl Replica for ModeledReplica {
     fn allocated_bytes(&self) -> u64 {
         self.inner.allocated_bytes()
     }
+    fn resize(&self, size: u64) -> Result<(), StoreError> {
+        self.inner.resize(size)
+    }
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         let len = buf.len() as u64;
         self.disk

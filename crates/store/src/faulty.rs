@@ -227,6 +227,9 @@ impl Replica for FaultyReplica {
     fn allocated_bytes(&self) -> u64 {
         self.inner.allocated_bytes()
     }
+    fn resize(&self, size: u64) -> Result<(), StoreError> {
+        self.inner.resize(size)
+    }
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         if self.injector.fail("read") {
             return Err(self.eio("read"));

@@ -40,7 +40,8 @@ pub struct FileStore {
 #[derive(Debug)]
 struct FileReplica {
     volume: u64,
-    size: u64,
+    /// Changed only by `resize`, under `persist_lock` with the map.
+    size: AtomicU64,
     data: File,
     meta_path: PathBuf,
     dir: PathBuf,
@@ -121,7 +122,18 @@ impl FileStore {
             .metadata()
             .map_err(io(m.volume, "stat data file"))?
             .len();
-        if len != m.size {
+        if len > m.size {
+            // A resize that did not finish: a grow lengthens the data file before its
+            // metadata says so, a shrink shortens it after. The metadata decides.
+            tracing::warn!(
+                volume = m.volume,
+                "data file of {len} bytes, metadata says {}: an unfinished resize, undone",
+                m.size
+            );
+            data.set_len(m.size)
+                .and_then(|()| data.sync_all())
+                .map_err(io(m.volume, "undo an unfinished resize"))?;
+        } else if len != m.size {
             return Err(corrupt(format!(
                 "data file is {len} bytes, metadata says {}",
                 m.size
@@ -205,7 +217,7 @@ impl FileReplica {
     ) -> FileReplica {
         FileReplica {
             volume,
-            size,
+            size: AtomicU64::new(size),
             data,
             meta_path: meta_path.to_path_buf(),
             dir: meta_path
@@ -227,9 +239,14 @@ impl FileReplica {
 
     fn persist(&self) -> Result<(), StoreError> {
         let _g = self.persist_lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.persist_locked()
+    }
+
+    /// [`FileReplica::persist`], with `persist_lock` held by the caller.
+    fn persist_locked(&self) -> Result<(), StoreError> {
         let m = ReplicaMeta {
             volume: self.volume,
-            size: self.size,
+            size: self.size.load(Ordering::Acquire),
             grain: self.map.grain(),
             epoch: self.epoch.load(Ordering::Acquire),
             flags: if self.closed.load(Ordering::Acquire) {
@@ -394,16 +411,16 @@ impl Store for FileStore {
         }
         // Mode 0 allocates the holes and keeps every byte already written.
         // SAFETY: fallocate on a file descriptor we own; no memory is passed.
-        let rc = unsafe { libc::fallocate(r.data.as_raw_fd(), 0, 0, r.size as libc::off_t) };
+        let rc = unsafe { libc::fallocate(r.data.as_raw_fd(), 0, 0, r.size.load(Ordering::Acquire) as libc::off_t) };
         if rc != 0 {
             let err = std::io::Error::last_os_error();
             return Err(match err.raw_os_error() {
                 Some(libc::ENOSPC) => StoreError::NoSpace {
-                    size: r.size,
+                    size: r.size.load(Ordering::Acquire),
                     what: format!(
                         "the file system of {} cannot reserve {}: {err}",
                         self.dir.display(),
-                        trireme_proto::human(r.size)
+                        trireme_proto::human(r.size.load(Ordering::Acquire))
                     ),
                 },
                 // A file system without fallocate: the replica stays thin, and says so.
@@ -471,7 +488,7 @@ impl Replica for FileReplica {
         self.volume
     }
     fn size(&self) -> u64 {
-        self.size
+        self.size.load(Ordering::Acquire)
     }
     fn epoch(&self) -> u64 {
         self.epoch.load(Ordering::Acquire)
@@ -483,10 +500,44 @@ impl Replica for FileReplica {
     fn allocated_bytes(&self) -> u64 {
         self.map.allocated_grains() * self.map.grain()
     }
+    fn resize(&self, size: u64) -> Result<(), StoreError> {
+        if size == 0 || !size.is_multiple_of(ALIGN as u64) {
+            return Err(StoreError::Invalid(format!(
+                "replica size {size} must be a non-zero multiple of {ALIGN}"
+            )));
+        }
+        let _g = self.persist_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let old = self.size.load(Ordering::Acquire);
+        if size == old {
+            return Ok(());
+        }
+        let resize_data = |len: u64| {
+            self.data
+                .set_len(len)
+                .and_then(|()| self.data.sync_all())
+                .map_err(io(self.volume, "resize data file"))
+        };
+        // A crash at any step leaves the old size or the new (see `open_replica`): a grow
+        // lengthens the data file first, a shrink shortens it last. New bytes are a hole.
+        if size > old {
+            resize_data(size)?;
+        }
+        self.map.resize(size);
+        self.size.store(size, Ordering::Release);
+        if let Err(e) = self.persist_locked() {
+            self.map.resize(old);
+            self.size.store(old, Ordering::Release);
+            return Err(e);
+        }
+        if size < old {
+            resize_data(size)?;
+        }
+        Ok(())
+    }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         let len = buf.len() as u64;
-        check_range(offset, len, self.size)?;
+        check_range(offset, len, self.size.load(Ordering::Acquire))?;
         if len == 0 {
             return Ok(());
         }
@@ -509,7 +560,7 @@ impl Replica for FileReplica {
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), StoreError> {
         let len = data.len() as u64;
-        check_range(offset, len, self.size)?;
+        check_range(offset, len, self.size.load(Ordering::Acquire))?;
         if len == 0 {
             return Ok(());
         }
@@ -556,7 +607,7 @@ impl Replica for FileReplica {
         may_trim: bool,
         fua: bool,
     ) -> Result<(), StoreError> {
-        check_range(offset, len, self.size)?;
+        check_range(offset, len, self.size.load(Ordering::Acquire))?;
         if len == 0 {
             return Ok(());
         }
@@ -571,7 +622,7 @@ impl Replica for FileReplica {
                     self.map_dirty.store(true, Ordering::Release);
                 }
             }
-            let (s, e) = (whole.start * GRAIN, (whole.end * GRAIN).min(self.size));
+            let (s, e) = (whole.start * GRAIN, (whole.end * GRAIN).min(self.size.load(Ordering::Acquire)));
             self.punch(s, e - s)?;
             self.zero_allocated(offset, s - offset)?;
             self.zero_allocated(e, offset + len - e)?;
@@ -598,7 +649,7 @@ impl Replica for FileReplica {
     }
 
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, StoreError> {
-        check_range(offset, len, self.size)?;
+        check_range(offset, len, self.size.load(Ordering::Acquire))?;
         Ok(self.map.extents(offset, len))
     }
     fn incarnation(&self) -> u64 {

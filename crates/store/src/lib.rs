@@ -156,6 +156,11 @@ pub trait Replica: Send + Sync + std::fmt::Debug {
     fn set_epoch(&self, epoch: u64) -> Result<(), StoreError>;
     /// Bytes in allocated grains.
     fn allocated_bytes(&self) -> u64;
+    /// Makes the replica `size` bytes (a non-zero multiple of 4 KiB): bytes past the old end
+    /// read as zeros, bytes past a smaller end are dropped. Durable when it returns; a crash
+    /// meanwhile leaves the old size or the new. The caller keeps I/O to the replica out
+    /// while it runs.
+    fn resize(&self, size: u64) -> Result<(), StoreError>;
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError>;
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), StoreError>;
     /// Zeros `[offset, offset+len)`. With `may_trim`, whole grains are deallocated (holes).
@@ -231,6 +236,16 @@ pub fn check_range(offset: u64, len: u64, size: u64) -> Result<(), StoreError> {
     match offset.checked_add(len) {
         Some(end) if end <= size => Ok(()),
         _ => Err(StoreError::OutOfRange { offset, len, size }),
+    }
+}
+
+/// A replica's size must be a non-zero multiple of 4 KiB.
+pub fn check_size(size: u64) -> Result<(), StoreError> {
+    match size > 0 && size.is_multiple_of(4096) {
+        true => Ok(()),
+        false => Err(StoreError::Invalid(format!(
+            "replica size {size} must be a non-zero multiple of 4096"
+        ))),
     }
 }
 

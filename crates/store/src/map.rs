@@ -1,50 +1,90 @@
 //! The allocation map: one bit per [`GRAIN`](crate::GRAIN) of a replica.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::RwLock;
 
 use crate::Extent;
 
-/// A lock-free bitmap of allocated grains.
+/// A bitmap of allocated grains: bits change without a lock; the bitmap is behind a
+/// read-write lock only so that [`AllocMap::resize`] can replace it (taken shared by every
+/// other method, uncontended but for a resize).
 #[derive(Debug)]
 pub struct AllocMap {
     grain: u64,
+    bits: RwLock<Bits>,
+}
+
+#[derive(Debug)]
+struct Bits {
     grains: u64,
     words: Vec<AtomicU64>,
 }
 
+impl Bits {
+    fn new(size: u64, grain: u64) -> Bits {
+        let grains = size.div_ceil(grain);
+        Bits {
+            grains,
+            words: (0..grains.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+}
+
 impl AllocMap {
     pub fn new(size: u64, grain: u64) -> AllocMap {
-        let grains = size.div_ceil(grain);
-        let words = (0..grains.div_ceil(64))
-            .map(|_| AtomicU64::new(0))
-            .collect();
         AllocMap {
             grain,
-            grains,
-            words,
+            bits: RwLock::new(Bits::new(size, grain)),
         }
+    }
+
+    fn bits(&self) -> std::sync::RwLockReadGuard<'_, Bits> {
+        self.bits.read().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Rebuilds a map from bytes written by [`AllocMap::to_bytes`]; `None` if the length is wrong.
     pub fn from_bytes(size: u64, grain: u64, b: &[u8]) -> Option<AllocMap> {
         let m = AllocMap::new(size, grain);
-        if b.len() != m.words.len() * 8 {
-            return None;
-        }
-        for (w, c) in m.words.iter().zip(b.chunks_exact(8)) {
-            let mut a = [0u8; 8];
-            a.copy_from_slice(c);
-            w.store(u64::from_le_bytes(a), Ordering::Relaxed);
+        {
+            let bits = m.bits();
+            if b.len() != bits.words.len() * 8 {
+                return None;
+            }
+            for (w, c) in bits.words.iter().zip(b.chunks_exact(8)) {
+                let mut a = [0u8; 8];
+                a.copy_from_slice(c);
+                w.store(u64::from_le_bytes(a), Ordering::Relaxed);
+            }
         }
         Some(m)
     }
 
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.words.len() * 8);
-        for w in &self.words {
+        let bits = self.bits();
+        let mut out = Vec::with_capacity(bits.words.len() * 8);
+        for w in &bits.words {
             out.extend_from_slice(&w.load(Ordering::Acquire).to_le_bytes());
         }
         out
+    }
+
+    /// The map of a replica of `size` bytes: grains past the old end start free, grains past
+    /// the new end are forgotten. The caller keeps writes out meanwhile (they would land in
+    /// either map).
+    pub fn resize(&self, size: u64) {
+        let mut bits = self.bits.write().unwrap_or_else(|e| e.into_inner());
+        let new = Bits::new(size, self.grain);
+        for (i, w) in new.words.iter().enumerate() {
+            let mut v = bits.words.get(i).map_or(0, |o| o.load(Ordering::Acquire));
+            // Bits past the last grain stay clear (a shrink into this word).
+            let first = i as u64 * 64;
+            if new.grains < first + 64 {
+                let keep = new.grains.saturating_sub(first);
+                v &= (1u64 << keep).wrapping_sub(1);
+            }
+            w.store(v, Ordering::Relaxed);
+        }
+        *bits = new;
     }
 
     pub fn grain(&self) -> u64 {
@@ -52,8 +92,9 @@ impl AllocMap {
     }
 
     pub fn is_set(&self, g: u64) -> bool {
-        g < self.grains
-            && self.words[(g / 64) as usize].load(Ordering::Acquire) & (1 << (g % 64)) != 0
+        let bits = self.bits();
+        g < bits.grains
+            && bits.words[(g / 64) as usize].load(Ordering::Acquire) & (1 << (g % 64)) != 0
     }
 
     /// Marks every grain touching `[offset, offset+len)` allocated; true if any bit changed.
@@ -61,9 +102,11 @@ impl AllocMap {
         if len == 0 {
             return false;
         }
+        let bits = self.bits();
         let mut changed = false;
-        for g in offset / self.grain..=(offset + len - 1) / self.grain {
-            let prev = self.words[(g / 64) as usize].fetch_or(1 << (g % 64), Ordering::AcqRel);
+        let last = ((offset + len - 1) / self.grain).min(bits.grains.saturating_sub(1));
+        for g in offset / self.grain..=last {
+            let prev = bits.words[(g / 64) as usize].fetch_or(1 << (g % 64), Ordering::AcqRel);
             changed |= prev & (1 << (g % 64)) == 0;
         }
         changed
@@ -71,12 +114,17 @@ impl AllocMap {
 
     /// Clears grain `g`; true if it was set.
     pub fn clear(&self, g: u64) -> bool {
-        let prev = self.words[(g / 64) as usize].fetch_and(!(1 << (g % 64)), Ordering::AcqRel);
+        let bits = self.bits();
+        if g >= bits.grains {
+            return false;
+        }
+        let prev = bits.words[(g / 64) as usize].fetch_and(!(1 << (g % 64)), Ordering::AcqRel);
         prev & (1 << (g % 64)) != 0
     }
 
     pub fn allocated_grains(&self) -> u64 {
-        self.words
+        self.bits()
+            .words
             .iter()
             .map(|w| u64::from(w.load(Ordering::Relaxed).count_ones()))
             .sum()
@@ -84,6 +132,28 @@ impl AllocMap {
 
     pub fn extents(&self, offset: u64, len: u64) -> Vec<Extent> {
         extents_from(offset, len, self.grain, |g| self.is_set(g))
+    }
+}
+
+#[cfg(test)]
+mod resize_tests {
+    use super::*;
+
+    #[test]
+    fn resizing_keeps_the_bits_below_the_smaller_end() {
+        let m = AllocMap::new(100 * 4096, 4096);
+        m.set_range(0, 4096);
+        m.set_range(70 * 4096, 30 * 4096);
+        m.resize(1000 * 4096);
+        assert!(m.is_set(0) && m.is_set(99) && !m.is_set(100) && !m.is_set(999));
+        assert_eq!(m.allocated_grains(), 31);
+        m.set_range(999 * 4096, 4096);
+        m.resize(80 * 4096);
+        assert_eq!(m.allocated_grains(), 11, "grains 0 and 70..80");
+        assert!(!m.is_set(80) && !m.clear(999));
+        m.resize(200 * 4096);
+        assert!(!m.is_set(90), "a grain dropped by a shrink comes back free");
+        assert_eq!(m.to_bytes().len(), 4 * 8);
     }
 }
 

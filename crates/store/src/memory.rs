@@ -18,10 +18,22 @@ pub struct MemoryStore {
 #[derive(Debug)]
 struct MemoryReplica {
     volume: u64,
-    size: u64,
     epoch: AtomicU64,
     incarnation: u64,
+    /// Taken shared by every request, exclusively by `resize`.
+    state: RwLock<Grains>,
+}
+
+#[derive(Debug)]
+struct Grains {
+    size: u64,
     grains: Vec<RwLock<Option<Box<[u8]>>>>,
+}
+
+impl MemoryReplica {
+    fn state(&self) -> std::sync::RwLockReadGuard<'_, Grains> {
+        self.state.read().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl Store for MemoryStore {
@@ -45,9 +57,11 @@ impl Store for MemoryStore {
         let n = size.div_ceil(GRAIN) as usize;
         let r = Arc::new(MemoryReplica {
             volume,
-            size,
             epoch: AtomicU64::new(0),
-            grains: (0..n).map(|_| RwLock::new(None)).collect(),
+            state: RwLock::new(Grains {
+                size,
+                grains: (0..n).map(|_| RwLock::new(None)).collect(),
+            }),
             incarnation: crate::new_incarnation(),
         });
         m.insert(volume, r.clone());
@@ -100,7 +114,7 @@ impl Replica for MemoryReplica {
         self.volume
     }
     fn size(&self) -> u64 {
-        self.size
+        self.state().size
     }
     fn epoch(&self) -> u64 {
         self.epoch.load(Ordering::Acquire)
@@ -110,18 +124,41 @@ impl Replica for MemoryReplica {
         Ok(())
     }
     fn allocated_bytes(&self) -> u64 {
-        let n = self
+        let st = self.state();
+        let n = st
             .grains
             .iter()
             .filter(|g| g.read().unwrap_or_else(|e| e.into_inner()).is_some())
             .count();
         n as u64 * GRAIN
     }
+    fn resize(&self, size: u64) -> Result<(), StoreError> {
+        crate::check_size(size)?;
+        if size > MAX_MEMORY_REPLICA {
+            return Err(StoreError::NoSpace {
+                size,
+                what: format!("memory replicas are limited to {MAX_MEMORY_REPLICA} bytes"),
+            });
+        }
+        let mut st = self.state.write().unwrap_or_else(|e| e.into_inner());
+        st.grains
+            .resize_with(size.div_ceil(GRAIN) as usize, || RwLock::new(None));
+        // A shrink into a grain: its tail past the new end reads as zeros if it grows again.
+        let tail = (size % GRAIN) as usize;
+        if let (true, Some(last)) = (tail > 0, st.grains.last()) {
+            if let Some(d) = last.write().unwrap_or_else(|e| e.into_inner()).as_mut() {
+                d[tail..].fill(0);
+            }
+        }
+        st.size = size;
+        Ok(())
+    }
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
-        check_range(offset, buf.len() as u64, self.size)?;
+        let st = self.state();
+        check_range(offset, buf.len() as u64, st.size)?;
         let mut at = 0;
         for (g, within, n) in pieces(offset, buf.len() as u64) {
-            let slot = self.grains[g].read().unwrap_or_else(|e| e.into_inner());
+            let slot = st.grains[g].read().unwrap_or_else(|e| e.into_inner());
             match slot.as_ref() {
                 Some(d) => buf[at..at + n].copy_from_slice(&d[within..within + n]),
                 None => buf[at..at + n].fill(0),
@@ -131,10 +168,11 @@ impl Replica for MemoryReplica {
         Ok(())
     }
     fn write(&self, offset: u64, data: &[u8], _fua: bool) -> Result<(), StoreError> {
-        check_range(offset, data.len() as u64, self.size)?;
+        let st = self.state();
+        check_range(offset, data.len() as u64, st.size)?;
         let mut at = 0;
         for (g, within, n) in pieces(offset, data.len() as u64) {
-            let mut slot = self.grains[g].write().unwrap_or_else(|e| e.into_inner());
+            let mut slot = st.grains[g].write().unwrap_or_else(|e| e.into_inner());
             let d = slot.get_or_insert_with(|| vec![0u8; GRAIN as usize].into_boxed_slice());
             d[within..within + n].copy_from_slice(&data[at..at + n]);
             at += n;
@@ -148,14 +186,15 @@ impl Replica for MemoryReplica {
         may_trim: bool,
         _fua: bool,
     ) -> Result<(), StoreError> {
-        check_range(offset, len, self.size)?;
+        let st = self.state();
+        check_range(offset, len, st.size)?;
         let whole = if may_trim {
             whole_grains(offset, len, GRAIN)
         } else {
             0..0
         };
         for (g, within, n) in pieces(offset, len) {
-            let mut slot = self.grains[g].write().unwrap_or_else(|e| e.into_inner());
+            let mut slot = st.grains[g].write().unwrap_or_else(|e| e.into_inner());
             if whole.contains(&(g as u64)) {
                 *slot = None;
             } else if let Some(d) = slot.as_mut() {
@@ -168,9 +207,10 @@ impl Replica for MemoryReplica {
         Ok(())
     }
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, StoreError> {
-        check_range(offset, len, self.size)?;
+        let st = self.state();
+        check_range(offset, len, st.size)?;
         Ok(extents_from(offset, len, GRAIN, |g| {
-            self.grains
+            st.grains
                 .get(g as usize)
                 .is_some_and(|s| s.read().unwrap_or_else(|e| e.into_inner()).is_some())
         }))

@@ -15,7 +15,7 @@ pub struct NullStore {
 #[derive(Debug)]
 struct NullReplica {
     volume: u64,
-    size: u64,
+    size: AtomicU64,
     epoch: AtomicU64,
     incarnation: u64,
 }
@@ -34,7 +34,7 @@ impl Store for NullStore {
         }
         let r = Arc::new(NullReplica {
             volume,
-            size,
+            size: AtomicU64::new(size),
             epoch: AtomicU64::new(0),
             incarnation: crate::new_incarnation(),
         });
@@ -72,7 +72,7 @@ impl Replica for NullReplica {
         self.volume
     }
     fn size(&self) -> u64 {
-        self.size
+        self.size.load(Ordering::Acquire)
     }
     fn epoch(&self) -> u64 {
         self.epoch.load(Ordering::Acquire)
@@ -84,22 +84,27 @@ impl Replica for NullReplica {
     fn allocated_bytes(&self) -> u64 {
         0
     }
+    fn resize(&self, size: u64) -> Result<(), StoreError> {
+        crate::check_size(size)?;
+        self.size.store(size, Ordering::Release);
+        Ok(())
+    }
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
-        check_range(offset, buf.len() as u64, self.size)?;
+        check_range(offset, buf.len() as u64, self.size.load(Ordering::Acquire))?;
         buf.fill(0);
         Ok(())
     }
     fn write(&self, offset: u64, data: &[u8], _fua: bool) -> Result<(), StoreError> {
-        check_range(offset, data.len() as u64, self.size)
+        check_range(offset, data.len() as u64, self.size.load(Ordering::Acquire))
     }
     fn write_zeroes(&self, offset: u64, len: u64, _: bool, _: bool) -> Result<(), StoreError> {
-        check_range(offset, len, self.size)
+        check_range(offset, len, self.size.load(Ordering::Acquire))
     }
     fn flush(&self) -> Result<(), StoreError> {
         Ok(())
     }
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, StoreError> {
-        check_range(offset, len, self.size)?;
+        check_range(offset, len, self.size.load(Ordering::Acquire))?;
         if len == 0 {
             return Ok(Vec::new());
         }

@@ -24,7 +24,7 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use crate::{Extent, Replica, Store, StoreError, StoreKind};
 
@@ -92,8 +92,8 @@ impl SealedStore {
         let seals: Vec<AtomicU64> = (0..blocks).map(|_| AtomicU64::new(0)).collect();
         let pages = blocks.div_ceil(PAGE);
         let sealed = SealedReplica {
-            seals,
-            dirty: (0..pages).map(|_| AtomicBool::new(false)).collect(),
+            seals: RwLock::new(seals),
+            dirty: RwLock::new((0..pages).map(|_| AtomicBool::new(false)).collect()),
             locks: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             file: None,
             pending: Mutex::new(None),
@@ -143,9 +143,11 @@ impl Store for SealedStore {
 #[derive(Debug)]
 struct SealedReplica {
     inner: Arc<dyn Replica>,
-    seals: Vec<AtomicU64>,
+    /// Behind a lock only so that `resize` can replace them (taken shared everywhere else;
+    /// lock order: `file`, `seals`, `dirty`).
+    seals: RwLock<Vec<AtomicU64>>,
     /// Pages of `seals` changed since they were last persisted.
-    dirty: Vec<AtomicBool>,
+    dirty: RwLock<Vec<AtomicBool>>,
     locks: Vec<Mutex<()>>,
     file: Option<Mutex<std::fs::File>>,
     /// Seals read from the file of an unclean stop, held back until `recover_seals` says
@@ -228,7 +230,7 @@ impl SealedReplica {
     /// Loads the seals from `path` if the replica was closed cleanly, then marks the file open.
     fn attach_file(mut self, path: &Path, fresh: bool) -> Result<SealedReplica, StoreError> {
         let volume = self.inner.volume();
-        let blocks = self.seals.len() as u64;
+        let blocks = self.seals().len() as u64;
         let mut f = crate::private::options()
             .read(true)
             .write(true)
@@ -268,13 +270,13 @@ impl SealedReplica {
             }
         };
         if loaded {
-            for (s, v) in self.seals.iter().zip(read(&bytes)) {
+            for (s, v) in self.seals().iter().zip(read(&bytes)) {
                 s.store(v, Ordering::Relaxed);
             }
         } else {
             // Every page is written out at the next flush: the file then matches memory.
             f.set_len(want as u64).map_err(self.io("size seals"))?;
-            for d in &self.dirty {
+            for d in self.dirty().iter() {
                 d.store(true, Ordering::Relaxed);
             }
         }
@@ -293,15 +295,16 @@ impl SealedReplica {
     fn persist(&self, clean: bool) -> Result<(), StoreError> {
         let Some(f) = &self.file else { return Ok(()) };
         let f = f.lock().unwrap_or_else(|e| e.into_inner());
+        let (seals, dirty) = (self.seals(), self.dirty());
         let mut buf = Vec::with_capacity(PAGE * 8);
         let mut wrote = false;
-        for (p, d) in self.dirty.iter().enumerate() {
+        for (p, d) in dirty.iter().enumerate() {
             if !d.swap(false, Ordering::AcqRel) {
                 continue;
             }
             buf.clear();
-            let end = ((p + 1) * PAGE).min(self.seals.len());
-            for s in &self.seals[p * PAGE..end] {
+            let end = ((p + 1) * PAGE).min(seals.len());
+            for s in &seals[p * PAGE..end] {
                 buf.extend_from_slice(&s.load(Ordering::Acquire).to_le_bytes());
             }
             if let Err(e) = f.write_all_at(&buf, HEADER + (p * PAGE * 8) as u64) {
@@ -315,7 +318,7 @@ impl SealedReplica {
         }
         if clean {
             // Only after the seals are on disk may the header say they are complete.
-            let h = header(self.inner.volume(), self.seals.len() as u64, 0);
+            let h = header(self.inner.volume(), seals.len() as u64, 0);
             f.write_all_at(&h, 0).map_err(self.io("write seals"))?;
             f.sync_data().map_err(self.io("sync seals"))?;
         }
@@ -341,13 +344,21 @@ impl SealedReplica {
         held
     }
 
+    fn seals(&self) -> std::sync::RwLockReadGuard<'_, Vec<AtomicU64>> {
+        self.seals.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn dirty(&self) -> std::sync::RwLockReadGuard<'_, Vec<AtomicBool>> {
+        self.dirty.read().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn set_seal(&self, b: u64, v: u64) {
-        self.seals[b as usize].store(v, Ordering::Release);
-        self.dirty[b as usize / PAGE].store(true, Ordering::Release);
+        self.seals()[b as usize].store(v, Ordering::Release);
+        self.dirty()[b as usize / PAGE].store(true, Ordering::Release);
     }
 
     fn next_generation(&self, b: u64) -> u32 {
-        let g = (self.seals[b as usize].load(Ordering::Acquire) >> 32) as u32;
+        let g = (self.seals()[b as usize].load(Ordering::Acquire) >> 32) as u32;
         g.wrapping_add(1).max(1)
     }
 
@@ -357,7 +368,7 @@ impl SealedReplica {
         self.inner.read(a, buf)?;
         for (k, block) in buf.chunks(BLOCK as usize).enumerate() {
             let b = a / BLOCK + k as u64;
-            let s = self.seals[b as usize].load(Ordering::Acquire);
+            let s = self.seals()[b as usize].load(Ordering::Acquire);
             if s != 0 && seal(b, (s >> 32) as u32, block) != s {
                 return Ok(Some(b * BLOCK));
             }
@@ -417,6 +428,38 @@ impl Replica for SealedReplica {
     }
     fn allocated_bytes(&self) -> u64 {
         self.inner.allocated_bytes()
+    }
+    /// The replica first, then its seals: blocks past the old end start unsealed, blocks past
+    /// a smaller end are forgotten. The seal file is rewritten whole; a crash meanwhile leaves
+    /// a header whose block count does not match, and the next open drops the seals (reads go
+    /// unchecked until blocks are written again), never wrong ones.
+    fn resize(&self, size: u64) -> Result<(), StoreError> {
+        let file = self
+            .file
+            .as_ref()
+            .map(|f| f.lock().unwrap_or_else(|e| e.into_inner()));
+        self.inner.resize(size)?;
+        let blocks = size.div_ceil(BLOCK) as usize;
+        {
+            let mut seals = self.seals.write().unwrap_or_else(|e| e.into_inner());
+            let mut dirty = self.dirty.write().unwrap_or_else(|e| e.into_inner());
+            seals.resize_with(blocks, || AtomicU64::new(0));
+            dirty.resize_with(blocks.div_ceil(PAGE), || AtomicBool::new(false));
+            for d in dirty.iter() {
+                d.store(true, Ordering::Relaxed);
+            }
+        }
+        if let Some(f) = &file {
+            let want = HEADER + blocks as u64 * 8;
+            f.set_len(want)
+                .and_then(|()| {
+                    f.write_all_at(&header(self.inner.volume(), blocks as u64, FLAG_OPEN), 0)
+                })
+                .and_then(|()| f.sync_all())
+                .map_err(self.io("resize seals"))?;
+        }
+        drop(file);
+        self.persist(false)
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
@@ -479,7 +522,7 @@ impl Replica for SealedReplica {
             let be = (bs + BLOCK).min(self.size());
             if bs >= offset && be <= offset + len {
                 // Zeroed whole blocks are left unsealed (a trim of gigabytes stays cheap).
-                if self.seals[b as usize].load(Ordering::Acquire) != 0 {
+                if self.seals()[b as usize].load(Ordering::Acquire) != 0 {
                     self.set_seal(b, 0);
                 }
             } else {
@@ -527,7 +570,7 @@ impl Replica for SealedReplica {
         else {
             return;
         };
-        let mut out = vec![false; self.seals.len()];
+        let mut out = vec![false; self.seals().len()];
         for &(o, l) in suspect {
             let first = (o / BLOCK) as usize;
             let end = (o.saturating_add(l).div_ceil(BLOCK) as usize).min(out.len());
@@ -538,7 +581,7 @@ impl Replica for SealedReplica {
         let mut n = 0u64;
         for (b, v) in kept.into_iter().enumerate() {
             // Written since the open: its own new seal stands.
-            if v != 0 && !out[b] && self.seals[b].load(Ordering::Acquire) == 0 {
+            if v != 0 && !out[b] && self.seals()[b].load(Ordering::Acquire) == 0 {
                 self.set_seal(b as u64, v);
                 n += 1;
             }

@@ -194,6 +194,69 @@ fn file_store_survives_reopen_with_epoch_and_map() {
     assert!(s.open_all().is_empty());
 }
 
+/// Every store but the tiered one resizes a replica: the new bytes read as zeros and take
+/// writes, bytes past a smaller end are gone (zeros when it grows again), the rest stays.
+#[test]
+fn replicas_grow_and_shrink_keeping_their_bytes() {
+    for (s, _d) in stores() {
+        let r = s.create(1, SIZE).unwrap();
+        r.write(SIZE - 4096, &[3u8; 4096], true).unwrap();
+        if s.kind() == StoreKind::Tiered {
+            assert!(matches!(r.resize(2 * SIZE), Err(StoreError::Invalid(_))));
+            assert_eq!(r.size(), SIZE);
+            continue;
+        }
+        r.resize(2 * SIZE).unwrap();
+        assert_eq!(r.size(), 2 * SIZE, "{:?}", s.kind());
+        assert_eq!(read(&*r, SIZE - 4096, 4096), vec![3u8; 4096]);
+        assert_eq!(read(&*r, SIZE, 8192), vec![0u8; 8192], "{:?}", s.kind());
+        r.write(2 * SIZE - 4096, &[9u8; 4096], true).unwrap();
+        assert_eq!(read(&*r, 2 * SIZE - 4096, 4096), vec![9u8; 4096]);
+        assert!(r.write(2 * SIZE, &[1u8; 512], false).is_err());
+        r.flush().unwrap();
+        r.resize(SIZE - 8192).unwrap();
+        assert!(r.read(SIZE - 4096, &mut [0u8; 512]).is_err());
+        r.resize(SIZE).unwrap();
+        assert_eq!(read(&*r, SIZE - 4096, 4096), vec![0u8; 4096], "{:?}", s.kind());
+        assert!(r.resize(5).is_err(), "{:?}", s.kind());
+    }
+}
+
+/// A resized file replica (sealed, as nodes run it) reopens at its new size with its bytes
+/// and seals; a data file longer than its metadata (a grow cut short) is cut back.
+#[test]
+fn a_resized_file_replica_reopens_at_its_new_size() {
+    let d = tempfile::tempdir().unwrap();
+    {
+        let s = sealed_file_store(d.path());
+        let r = s.create(4, SIZE).unwrap();
+        r.resize(3 * SIZE).unwrap();
+        r.write(3 * SIZE - 4096, &[5u8; 4096], true).unwrap();
+        r.flush().unwrap();
+        r.close().unwrap();
+    }
+    {
+        let s = sealed_file_store(d.path());
+        let r = s.open_all().pop().unwrap().unwrap();
+        assert_eq!(r.size(), 3 * SIZE);
+        assert_eq!(read(&*r, 3 * SIZE - 4096, 4096), vec![5u8; 4096]);
+        r.close().unwrap();
+    }
+    // A grow that lengthened the data file and died before its metadata said so.
+    let data = d.path().join(format!("replica-{:016x}.data", 4u64));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&data)
+        .unwrap()
+        .set_len(5 * SIZE)
+        .unwrap();
+    let s = sealed_file_store(d.path());
+    let r = s.open_all().pop().unwrap().unwrap();
+    assert_eq!(r.size(), 3 * SIZE);
+    assert_eq!(std::fs::metadata(&data).unwrap().len(), 3 * SIZE);
+    assert_eq!(read(&*r, 3 * SIZE - 4096, 4096), vec![5u8; 4096]);
+}
+
 /// File replicas are thin: the data file takes disk blocks only where written. A preallocated
 /// one reserves every block and keeps what was written; the sealed wrapper passes it through.
 #[test]

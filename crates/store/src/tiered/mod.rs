@@ -835,6 +835,13 @@ impl Replica for TieredReplica {
     fn allocated_bytes(&self) -> u64 {
         self.fast.allocated_bytes() + self.slow.allocated_bytes()
     }
+    fn resize(&self, size: u64) -> Result<(), StoreError> {
+        // Its tier map, heat and locks are per extent of a fixed count.
+        Err(StoreError::Invalid(format!(
+            "replica {} is on a tiered store, whose replicas cannot be resized yet (asked: {size} bytes)",
+            self.volume
+        )))
+    }
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         let len = buf.len() as u64;
         check_range(offset, len, self.size)?;
