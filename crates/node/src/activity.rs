@@ -364,6 +364,62 @@ impl ActivityLogs {
         Ok(true)
     }
 
+    /// The log of `volume` for a replica resized to `size`: every mark is kept (new extents
+    /// start unmarked, extents past a smaller end go), the disk copy rewritten whole, header
+    /// and pages in one durable write, before this returns. The caller keeps writes out.
+    pub fn resize(&self, volume: u64, size: u64) -> Result<(), String> {
+        let Some(old) = self.get(volume) else {
+            return Ok(());
+        };
+        let n = size.div_ceil(1 << old.shift);
+        if n > MAX_EXTENTS {
+            return Err(format!(
+                "an activity log of {n} extents is too large (at most {MAX_EXTENTS})"
+            ));
+        }
+        let keep = |bits: &[AtomicU64]| -> Vec<u64> {
+            let mut words: Vec<u64> = (0..n.div_ceil(64) as usize)
+                .map(|w| bits.get(w).map_or(0, |b| b.load(Ordering::SeqCst)))
+                .collect();
+            if n % 64 != 0 {
+                if let Some(last) = words.last_mut() {
+                    *last &= (1u64 << (n % 64)) - 1;
+                }
+            }
+            words
+        };
+        let mut log = Log::new(old.epoch, old.shift, size, &keep(&old.bits));
+        if let Some(d) = &old.disk {
+            let _s = d.sync.lock().unwrap_or_else(|e| e.into_inner());
+            let _g = d.lock.lock().unwrap_or_else(|e| e.into_inner());
+            let words = keep(&d.bits);
+            let header = LogHeader {
+                volume,
+                size,
+                shift: old.shift,
+                epoch: old.epoch,
+            };
+            let mut b = books::encode_log_header(&header);
+            for (k, c) in words.chunks(WORDS_PER_PAGE).enumerate() {
+                b.extend(books::encode_log_page(old.epoch, k as u32 + 1, c));
+            }
+            d.ledger
+                .write_log(0, &b)
+                .map_err(|e| format!("rewriting the activity log on disk: {e}"))?;
+            log.disk = Some(Disk {
+                ledger: d.ledger.clone(),
+                bits: words.iter().map(|w| AtomicU64::new(*w)).collect(),
+                lock: Mutex::new(()),
+                sync: Mutex::new(()),
+            });
+        }
+        self.logs
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(volume, Arc::new(log));
+        Ok(())
+    }
+
     /// Extents marked on disk for `volume` (for tests and status).
     pub fn marked_on_disk(&self, volume: u64) -> Option<usize> {
         let log = self.get(volume)?;

@@ -118,8 +118,9 @@ fn disk_usage(dir: &std::path::Path) -> u64 {
     sum
 }
 
-/// Why `more` bytes of replicas do not fit beside `s.provisioned`, with the numbers.
-pub(crate) fn refusal(s: &NodeSpace, more: u64) -> String {
+/// Why `what` (`more` bytes of replicas) does not fit beside `s.provisioned`, with the
+/// numbers.
+pub(crate) fn refusal(s: &NodeSpace, what: &str, more: u64) -> String {
     let limit = s.limit();
     let ratio = s.overcommit_milli as f64 / 1000.0;
     let limit_text = match s.overcommit_milli {
@@ -131,7 +132,7 @@ pub(crate) fn refusal(s: &NodeSpace, more: u64) -> String {
         ),
     };
     format!(
-        "no space: a replica of {} does not fit, the node's replicas provision {} of {limit_text} ({} free to provision)",
+        "no space: {what} {} does not fit, the node's replicas provision {} of {limit_text} ({} free to provision)",
         human(more),
         human(s.provisioned),
         human(limit.saturating_sub(s.provisioned))
@@ -148,14 +149,14 @@ mod tests {
         r.set_capacity(256 << 20);
         let s = r.space(64 << 20, 1 << 20, 1);
         assert_eq!(
-            refusal(&s, 1 << 30),
+            refusal(&s, "a replica of", 1 << 30),
             "no space: a replica of 1.0 GiB does not fit, the node's replicas provision 64.0 MiB of its capacity of 256.0 MiB (192.0 MiB free to provision)"
         );
         r.set_overcommit(2.5);
         let s = r.space(600 << 20, 0, 3);
         assert_eq!(s.limit(), 640 << 20);
         assert_eq!(
-            refusal(&s, 64 << 20),
+            refusal(&s, "a replica of", 64 << 20),
             "no space: a replica of 64.0 MiB does not fit, the node's replicas provision 600.0 MiB of 640.0 MiB (its capacity of 256.0 MiB times its over-commit limit of 2.50) (40.0 MiB free to provision)"
         );
     }

@@ -227,7 +227,7 @@ impl Node {
                 if used.checked_add(h.length).is_none_or(|t| t > room.limit()) {
                     return Err(Refusal(
                         Status::NoSpace,
-                        crate::room::refusal(&room, h.length),
+                        crate::room::refusal(&room, "a replica of", h.length),
                     ));
                 }
                 let r = self.store.create(h.volume, h.length)?;
@@ -248,6 +248,10 @@ impl Node {
                     preallocated = h.has_flag(trireme_proto::FLAG_PREALLOCATE),
                     "created replica"
                 );
+                Bytes::new()
+            }
+            Op::ResizeReplica => {
+                self.resize_replica(h)?;
                 Bytes::new()
             }
             Op::DeleteReplica => {
@@ -406,6 +410,46 @@ fn checksum(r: &dyn Replica, offset: u64, len: u64) -> Result<u32, StoreError> {
         pos += n as u64;
     }
     Ok(crc)
+}
+
+impl Node {
+    /// `ResizeReplica`: with every request admitted so far finished and none let in until it
+    /// is done (as an attach), under the replica's epoch, within the node's room; the
+    /// replica's activity log follows its size.
+    fn resize_replica(&self, h: &Header) -> Result<(), Refusal> {
+        trireme_store::check_size(h.length)?;
+        let _a = self.attach_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let _turn = self.owners.write().unwrap_or_else(|e| e.into_inner());
+        let r = self.replica(h.volume)?;
+        Self::check_epoch(&*r, h)?;
+        let (old, size) = (r.size(), h.length);
+        if size > old {
+            let reps = self.replicas.read().unwrap_or_else(|e| e.into_inner());
+            let used: u64 = reps.values().map(|r| r.size()).sum();
+            let room = self.room.space(used, 0, reps.len() as u64);
+            if used.saturating_add(size - old) > room.limit() {
+                return Err(Refusal(
+                    Status::NoSpace,
+                    crate::room::refusal(&room, "growing a replica by", size - old),
+                ));
+            }
+        }
+        r.resize(size)?;
+        if size > old && h.has_flag(trireme_proto::FLAG_PREALLOCATE) {
+            self.store.preallocate(h.volume)?;
+        }
+        self.activity
+            .resize(h.volume, size)
+            .map_err(|e| Refusal(Status::Io, e))?;
+        tracing::info!(
+            node = self.id,
+            volume = h.volume,
+            old,
+            size,
+            "resized replica"
+        );
+        Ok(())
+    }
 }
 
 /// The largest step an attach may move a replica's epoch forward (see `Op::Attach`).

@@ -80,6 +80,11 @@ pub enum Op {
     /// (capacity, over-commit limit, what its replicas provision and hold, its file system).
     /// Any authenticated peer may ask.
     Space = 24,
+    /// Resize the replica of `volume` to `length` bytes, under the replica's epoch as a write
+    /// is (the writer sends it, with no request of its in flight): bytes past the old end read
+    /// as zeros. `FLAG_PREALLOCATE` reserves a grown thick replica's new space. Refused with
+    /// `NoSpace` when the larger size does not fit the node's room.
+    ResizeReplica = 25,
 }
 
 impl Op {
@@ -109,6 +114,7 @@ impl Op {
             22 => Op::TierInfo,
             23 => Op::TierHeat,
             24 => Op::Space,
+            25 => Op::ResizeReplica,
             _ => return None,
         })
     }
