@@ -411,7 +411,14 @@ impl Store for FileStore {
         }
         // Mode 0 allocates the holes and keeps every byte already written.
         // SAFETY: fallocate on a file descriptor we own; no memory is passed.
-        let rc = unsafe { libc::fallocate(r.data.as_raw_fd(), 0, 0, r.size.load(Ordering::Acquire) as libc::off_t) };
+        let rc = unsafe {
+            libc::fallocate(
+                r.data.as_raw_fd(),
+                0,
+                0,
+                r.size.load(Ordering::Acquire) as libc::off_t,
+            )
+        };
         if rc != 0 {
             let err = std::io::Error::last_os_error();
             return Err(match err.raw_os_error() {
@@ -622,7 +629,10 @@ impl Replica for FileReplica {
                     self.map_dirty.store(true, Ordering::Release);
                 }
             }
-            let (s, e) = (whole.start * GRAIN, (whole.end * GRAIN).min(self.size.load(Ordering::Acquire)));
+            let (s, e) = (
+                whole.start * GRAIN,
+                (whole.end * GRAIN).min(self.size.load(Ordering::Acquire)),
+            );
             self.punch(s, e - s)?;
             self.zero_allocated(offset, s - offset)?;
             self.zero_allocated(e, offset + len - e)?;

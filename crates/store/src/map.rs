@@ -25,7 +25,9 @@ impl Bits {
         let grains = size.div_ceil(grain);
         Bits {
             grains,
-            words: (0..grains.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+            words: (0..grains.div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
         }
     }
 }

@@ -217,7 +217,12 @@ fn replicas_grow_and_shrink_keeping_their_bytes() {
         r.resize(SIZE - 8192).unwrap();
         assert!(r.read(SIZE - 4096, &mut [0u8; 512]).is_err());
         r.resize(SIZE).unwrap();
-        assert_eq!(read(&*r, SIZE - 4096, 4096), vec![0u8; 4096], "{:?}", s.kind());
+        assert_eq!(
+            read(&*r, SIZE - 4096, 4096),
+            vec![0u8; 4096],
+            "{:?}",
+            s.kind()
+        );
         assert!(r.resize(5).is_err(), "{:?}", s.kind());
     }
 }
