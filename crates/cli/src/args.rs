@@ -436,6 +436,18 @@ pub enum VolumeCmd {
         #[arg(long)]
         preallocate: bool,
     },
+    /// Grow a volume, online: its writer gives every copy the new size while I/O pauses a
+    /// moment. New NBD connections see the new size; connected clients see it when they
+    /// reconnect (NBD has no way to tell them). Shrinking drops the bytes past the new end:
+    /// refused unless `--allow-shrink`, and only while nobody is attached.
+    Resize {
+        name: String,
+        /// The new size (K/M/G/T: powers of 1024; KB/MB/GB/TB: of 1000), a multiple of 4K.
+        #[arg(value_parser = units::parse_size)]
+        size: u64,
+        #[arg(long)]
+        allow_shrink: bool,
+    },
     /// Change a volume's settings (one or more of them).
     Set {
         name: String,

@@ -243,6 +243,22 @@ fn a_cluster_on_etcd_survives_node_manager_etcd_and_writer_failures() {
         "{writer_log}"
     );
     w.verify();
+
+    // `volume resize` of the volume the client host writes: its writer grows every copy at
+    // the manager's request (through etcd), and a new NBD connection sees the new size.
+    let out = w.cli_ok(&["volume", "resize", "vol", "96M"]);
+    assert!(out.contains("from 64.0 MiB to 96.0 MiB"), "{out}");
+    let writer_log = std::fs::read_to_string(w.dir.path().join("attach-first.log")).unwrap();
+    assert!(
+        writer_log.contains("resizing at the manager's request"),
+        "{writer_log}"
+    );
+    let info = w.cli_ok(&["--output", "json", "volume", "info", "vol"]);
+    let j: serde_json::Value = serde_json::from_str(&info).unwrap();
+    assert_eq!(j["record"]["size"], 96u64 << 20, "{j}");
+    qemu_io(&w.sock(), "vol", "write -P 0x55 95M 1M");
+    qemu_io(&w.sock(), "vol", "read -P 0x55 95M 1M");
+    w.verify();
     // A volume nobody writes is scrubbed through a writer the manager attaches for it.
     w.cli_ok(&[
         "volume",
@@ -290,6 +306,10 @@ fn a_cluster_on_etcd_survives_node_manager_etcd_and_writer_failures() {
         info.contains("last scrub: ") && info.contains("(operator, "),
         "{info}"
     );
+    // ... and resized through one too.
+    w.cli_ok(&["volume", "resize", "cold", "24M"]);
+    let out = w.cli_ok(&["volume", "verify", "cold"]);
+    assert!(out.contains("0 mismatching") && out.contains("24.0 MiB"), "{out}");
     w.cli_ok(&["volume", "delete", "cold", "--keep", "0"]);
 
     // Every daemon restarted so far was started without --zone: each kept its zone.

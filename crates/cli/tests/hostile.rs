@@ -283,7 +283,7 @@ fn hostile_peers_stay_within_bounds() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("no space: a replica of 1.0 GiB does not fit")
-            && err.contains("of the node's 256.0 MiB are taken"),
+            && err.contains("of its capacity of 256.0 MiB"),
         "{err}"
     );
     // A name taken: exit 1 as well.

@@ -9,7 +9,7 @@
 //! still has marked.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, RwLock, Weak};
 
 use bytes::Bytes;
 use trireme_proto::Op;
@@ -28,8 +28,8 @@ const RUN: u64 = 64;
 pub(crate) struct Activity {
     shift: u32,
     /// Per extent: the tick of its last write, 0 when clear on every replica as far as this
-    /// writer knows.
-    last: Vec<AtomicU64>,
+    /// writer knows. Behind a lock only so that a resize can lengthen it.
+    last: RwLock<Vec<AtomicU64>>,
     tick: AtomicU64,
 }
 
@@ -43,7 +43,7 @@ impl Activity {
         }
         Activity {
             shift: e.trailing_zeros(),
-            last: (0..size.div_ceil(e)).map(|_| AtomicU64::new(0)).collect(),
+            last: RwLock::new((0..size.div_ceil(e)).map(|_| AtomicU64::new(0)).collect()),
             tick: AtomicU64::new(1),
         }
     }
@@ -52,14 +52,30 @@ impl Activity {
         1 << self.shift
     }
 
+    fn last(&self) -> std::sync::RwLockReadGuard<'_, Vec<AtomicU64>> {
+        self.last.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The table for the volume grown to `size` (at most [`MAX_EXTENTS`]: writes past it are
+    /// marked on the replicas and never cleared, so a reconcile compares them: slower, never
+    /// wrong).
+    pub(crate) fn grow(&self, size: u64) {
+        let n = size.div_ceil(self.extent()).min(MAX_EXTENTS) as usize;
+        let mut last = self.last.write().unwrap_or_else(|e| e.into_inner());
+        if n > last.len() {
+            last.resize_with(n, || AtomicU64::new(0));
+        }
+    }
+
     /// A write of `[offset, offset+len)` is about to go out (its range is held).
     pub(crate) fn touch(&self, offset: u64, len: u64) {
         if len == 0 {
             return;
         }
         let t = self.tick.load(Ordering::Relaxed);
+        let last = self.last();
         for k in offset >> self.shift..=(offset + len - 1) >> self.shift {
-            if let Some(a) = self.last.get(k as usize) {
+            if let Some(a) = last.get(k as usize) {
                 a.store(t, Ordering::Relaxed);
             }
         }
@@ -68,7 +84,7 @@ impl Activity {
     /// Extents that may be marked on the replicas now.
     #[cfg(test)]
     fn marked(&self) -> usize {
-        self.last
+        self.last()
             .iter()
             .filter(|a| a.load(Ordering::Relaxed) != 0)
             .count()
@@ -80,7 +96,7 @@ impl Activity {
         let now = self.tick.fetch_add(1, Ordering::Relaxed) + 1;
         let mut quiet = Vec::new();
         let mut busy = Vec::new();
-        for (k, a) in self.last.iter().enumerate() {
+        for (k, a) in self.last().iter().enumerate() {
             match a.load(Ordering::Relaxed) {
                 0 => {}
                 t if t + 2 <= now => quiet.push(k as u64),
@@ -123,15 +139,18 @@ impl Volume {
         let extent = self.activity.extent();
         for (first, n) in runs(&due) {
             let start = first * extent;
-            let end = ((first + n) * extent).min(self.info.size);
+            let end = ((first + n) * extent).min(self.size());
             // No write is in flight in the run while it is held, so the replicas agree on it.
             let _r = self.core.acquire(start, end).await;
             let targets = self.write_targets();
             let h = self.header(Op::ActivityClear, start, end - start);
             match self.to_all(&targets, h, Bytes::new()).await {
                 Ok(()) => {
+                    let last = self.activity.last();
                     for k in first..first + n {
-                        self.activity.last[k as usize].store(0, Ordering::Relaxed);
+                        if let Some(a) = last.get(k as usize) {
+                            a.store(0, Ordering::Relaxed);
+                        }
                     }
                 }
                 // Left marked: the next tick tries again, and a failing replica is taken
@@ -173,7 +192,7 @@ mod tests {
                              // Tick 3: extents written in tick 1 have been quiet for the whole of tick 2.
         assert_eq!(a.due(10), vec![0, 5, 6]);
         for k in [0, 5, 6] {
-            a.last[k].store(0, Ordering::Relaxed);
+            a.last()[k].store(0, Ordering::Relaxed);
         }
         a.touch(20 << 20, 1);
         a.touch(30 << 20, 1);
@@ -187,7 +206,7 @@ mod tests {
     #[test]
     fn the_table_stays_bounded_and_runs_split() {
         let a = Activity::new(1 << 50, 4 << 20);
-        assert!(a.last.len() as u64 <= MAX_EXTENTS);
+        assert!(a.last().len() as u64 <= MAX_EXTENTS);
         assert_eq!(Activity::new(1 << 20, 4096).extent(), MIN_EXTENT);
         assert_eq!(runs(&[1, 2, 3, 7, 8]), vec![(1, 3), (7, 2)]);
         let long: Vec<u64> = (0..RUN + 1).collect();

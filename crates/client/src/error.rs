@@ -41,7 +41,7 @@ pub enum VolumeError {
         failure: WriteFailure,
         node: Option<u32>,
     },
-    #[error("node {node}: {}: {message}", status.as_str())]
+    #[error("node {node}: {}", status_message(*status, message))]
     Replica {
         node: u32,
         status: Status,
@@ -67,6 +67,8 @@ pub enum VolumeError {
     /// is at fault, so none is taken out; the writer stops as if fenced.
     #[error("node {node} refused this identity: {why}")]
     Denied { node: u32, why: String },
+    #[error("a volume's size must be a non-zero multiple of 4096 (asked: {0})")]
+    BadSize(u64),
     #[error("volume {0}: no in-sync replica can serve the request")]
     NoReplicas(String),
     #[error("volume {0}: the writer stopped (fenced or refused) while writes waited for copies")]
@@ -78,6 +80,15 @@ pub enum VolumeError {
     /// answered the request; it may be tried again once one of them answers.
     #[error("volume {volume}: the in-sync copies (nodes {nodes:?}) stopped answering before they could track the failed ones")]
     Stranded { volume: String, nodes: Vec<u32> },
+}
+
+/// A node's refusal with its status, which its message may already name ("no space: ...").
+fn status_message(status: Status, message: &str) -> String {
+    let s = status.as_str();
+    match message.strip_prefix(s) {
+        Some(rest) if rest.starts_with(':') => message.to_string(),
+        _ => format!("{s}: {message}"),
+    }
 }
 
 /// What a replica's failure of a mirrored request means to the write rule

@@ -183,7 +183,7 @@ impl Volume {
     /// for the last in-sync replica.
     pub async fn retire_replica(&self, node: u32) -> Result<(), VolumeError> {
         let m = self.membership()?;
-        let _all = self.core.acquire(0, self.info.size).await;
+        let _all = self.core.acquire(0, self.size()).await;
         let _g = self.membership_lock.lock().await;
         let Some(i) = self.slot_of(node) else {
             return Ok(());
@@ -258,7 +258,7 @@ impl Volume {
     /// there. Refused when fewer in-sync copies than the volume's minimum would remain.
     pub async fn take_out_node(&self, node: u32, hold: Duration) -> Result<bool, VolumeError> {
         self.membership()?;
-        let _all = self.core.acquire(0, self.info.size).await;
+        let _all = self.core.acquire(0, self.size()).await;
         let planned = self.core().planned_take_out(node);
         let Some(i) = planned.map_err(|r| self.degrade(node, r))? else {
             return Ok(false);

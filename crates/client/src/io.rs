@@ -305,7 +305,7 @@ impl Volume {
     }
 
     async fn read_uncounted(&self, offset: u64, len: u64) -> Result<Bytes, VolumeError> {
-        check_io(offset, len, self.info.size, MAX_IO)?;
+        check_io(offset, len, self.size(), MAX_IO)?;
         if len == 0 {
             return Ok(Bytes::new());
         }
@@ -320,7 +320,7 @@ impl Volume {
     }
 
     pub async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), VolumeError> {
-        check_io(offset, data.len() as u64, self.info.size, MAX_IO)?;
+        check_io(offset, data.len() as u64, self.size(), MAX_IO)?;
         if data.is_empty() {
             return Ok(());
         }
@@ -339,7 +339,7 @@ impl Volume {
         may_trim: bool,
         fua: bool,
     ) -> Result<(), VolumeError> {
-        check_io(offset, len, self.info.size, u64::MAX)?;
+        check_io(offset, len, self.size(), u64::MAX)?;
         if len == 0 {
             return Ok(());
         }
@@ -386,7 +386,7 @@ impl Volume {
 
     /// Allocation extents of `[offset, offset+len)`, from one in-sync replica.
     pub async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, VolumeError> {
-        check_io(offset, len, self.info.size, u64::MAX)?;
+        check_io(offset, len, self.size(), u64::MAX)?;
         if len == 0 {
             return Ok(Vec::new());
         }

@@ -29,6 +29,7 @@ mod membership;
 mod reconcile;
 mod relink;
 mod repair;
+mod resize;
 mod resync;
 mod scrub;
 mod tiers;
@@ -73,6 +74,9 @@ pub struct AttachInfo {
     /// less one, at least one); below it, writes wait (`copies.rs`).
     #[serde(default)]
     pub min_copies: u32,
+    /// Thick: a copy grown by a resize reserves its new space too.
+    #[serde(default)]
+    pub preallocate: bool,
 }
 
 /// One replica as the client reaches it.
@@ -196,6 +200,8 @@ const MAX_SLOTS: usize = 32;
 #[derive(Debug)]
 pub struct Volume {
     info: AttachInfo,
+    /// The size I/O is checked against: `info.size` until a resize.
+    size: std::sync::atomic::AtomicU64,
     /// `MAX_SLOTS` slots; the first `replica_count()` are in use.
     slots: Vec<Slot>,
     /// The replication state: replica states and histories, the write order, the minimum of
@@ -349,6 +355,7 @@ impl Volume {
             tiers: tiers::TierView::default(),
             core: core::Core::new(core),
             opened: tokio::time::Instant::now(),
+            size: std::sync::atomic::AtomicU64::new(info.size),
             info,
             slots,
             metrics,
@@ -492,8 +499,9 @@ impl Volume {
     pub fn info(&self) -> &AttachInfo {
         &self.info
     }
+    /// The volume's size now (it grows online: `resize.rs`).
     pub fn size(&self) -> u64 {
-        self.info.size
+        self.size.load(Ordering::Acquire)
     }
     /// Each replica's node and current data-path link (none while it is out).
     pub fn connections(&self) -> Vec<(u32, Option<ConnectionInfo>)> {

@@ -55,6 +55,14 @@ pub trait Membership: Send + Sync + std::fmt::Debug {
     /// The writer of `epoch` detached cleanly: nothing of it is in flight.
     fn detach<'a>(&'a self, volume: &'a str, epoch: u64)
         -> BoxFut<'a, Result<(), MembershipError>>;
+    /// Records the volume's new size, once every copy taking writes has it. Refused unless
+    /// `epoch` is the volume's current epoch.
+    fn record_size<'a>(
+        &'a self,
+        volume: &'a str,
+        epoch: u64,
+        size: u64,
+    ) -> BoxFut<'a, Result<(), MembershipError>>;
 }
 
 /// One replica as the writer sees it now.

@@ -21,8 +21,8 @@ impl Volume {
         let in_sync = self.in_sync();
         for t in in_sync {
             let mut off = 0;
-            while off < self.info.size {
-                let len = ACTIVITY_WINDOW.min(self.info.size - off);
+            while off < self.size() {
+                let len = ACTIVITY_WINDOW.min(self.size() - off);
                 let h = self.header(Op::ActivityQuery, off, len);
                 let f = match self
                     .call(t, h, Bytes::new())
@@ -63,7 +63,7 @@ impl Volume {
         let started = Instant::now();
         let (whole, chunks) = match self.activity_ranges().await? {
             Some(r) => (false, r),
-            None => (true, all_chunks(self.info.size)),
+            None => (true, all_chunks(self.size())),
         };
         if self.in_sync().len() < 2 {
             return Ok(());

@@ -20,7 +20,7 @@ impl Volume {
     pub(crate) fn block_span(&self, off: u64, len: u64) -> (u64, u64) {
         let a = off / 4096 * 4096;
         let e = (off + len).div_ceil(4096) * 4096;
-        (a, e.min(self.info.size))
+        (a, e.min(self.size()))
     }
 
     /// [`Volume::repair`] for a caller that holds the blocks' range already.

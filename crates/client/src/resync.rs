@@ -76,6 +76,7 @@ impl Volume {
             })?
             .map_err(|source| VolumeError::Transport { node, source })?;
         let f = self.expect_ok(i, f)?;
+        self.match_size(i, &*conn).await?;
         Ok((conn, f.header.length))
     }
 
@@ -93,8 +94,8 @@ impl Volume {
             let mut trusted = true;
             let mut mine = Vec::new();
             let mut off = 0;
-            while off < self.info.size && trusted {
-                let len = QUERY_WINDOW.min(self.info.size - off);
+            while off < self.size() && trusted {
+                let len = QUERY_WINDOW.min(self.size() - off);
                 let h = self.header(Op::DirtyQuery, off, len);
                 let f = self
                     .call(s, h, Bytes::from(encode_peer(self.node(i))))
@@ -131,7 +132,7 @@ impl Volume {
         let started = Instant::now();
         // 1. Pause writes, collect the survivors' regions, and let the replica take new writes.
         let (mut plan, survivors) = {
-            let _all = self.core.acquire(0, self.info.size).await;
+            let _all = self.core.acquire(0, self.size()).await;
             let _g = self.membership_lock.lock().await;
             let start = self.core().resync_start(i, incarnation);
             let (survivors, incremental) = match start.map_err(|r| self.degrade(node, r))? {
@@ -154,7 +155,7 @@ impl Volume {
             }
             let (full, chunks) = match regions {
                 Some(r) => (false, r),
-                None => (true, all_chunks(self.info.size)),
+                None => (true, all_chunks(self.size())),
             };
             let plan = ResyncPlan::new(chunks, full);
             self.core().resync_begun(i, plan.progress().clone());
@@ -178,7 +179,7 @@ impl Volume {
             return Err(e);
         }
         // 3. Pause writes again and make it in sync: on record first, then for reads.
-        let _all = self.core.acquire(0, self.info.size).await;
+        let _all = self.core.acquire(0, self.size()).await;
         let _g = self.membership_lock.lock().await;
         if !self.core().resyncing(i) {
             return Err(VolumeError::NoReplicas(self.info.name.clone()));

@@ -49,7 +49,7 @@ impl Volume {
             *self.scrubbing.lock().unwrap_or_else(|e| e.into_inner()) =
                 Some(trireme_replication::ResyncProgress {
                     full: true,
-                    total_bytes: self.info.size,
+                    total_bytes: self.size(),
                     done_bytes: done,
                     copied_bytes: repaired,
                     elapsed_ms: started.elapsed().as_millis() as u64,
@@ -84,8 +84,8 @@ impl Volume {
             ..ScrubReport::default()
         };
         let mut off = 0;
-        while off < self.info.size {
-            let len = region.min(self.info.size - off);
+        while off < self.size() {
+            let len = region.min(self.size() - off);
             let _r = self.core.acquire(off, off + len).await;
             let targets = self.in_sync();
             let replies = self.checksums(&targets, off, len).await;

@@ -106,6 +106,20 @@ pub enum Request {
         #[serde(default)]
         incarnation: u64,
     },
+    /// The writer of `epoch` resized the volume: its new size, recorded.
+    SetVolumeSize {
+        name: String,
+        epoch: u64,
+        size: u64,
+    },
+    /// Resize a volume through its writer: grow it (online), or shrink it when nobody writes
+    /// it and `allow_shrink`.
+    VolumeResize {
+        name: String,
+        size: u64,
+        #[serde(default)]
+        allow_shrink: bool,
+    },
     /// The writer of `epoch` detached cleanly.
     Detach {
         name: String,

@@ -43,7 +43,12 @@ impl ManagerError {
     pub fn is_state(&self) -> bool {
         matches!(
             self,
-            ManagerError::NoSpace(_) | ManagerError::Meta(MetaError::VolumeExists(_))
+            ManagerError::NoSpace(_)
+                | ManagerError::Meta(MetaError::VolumeExists(_))
+                | ManagerError::Volume(VolumeError::Replica {
+                    status: trireme_proto::Status::NoSpace,
+                    ..
+                })
         )
     }
 }

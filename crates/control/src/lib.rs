@@ -26,7 +26,7 @@ pub use api::{
 };
 pub use error::{membership_error, ManagerError};
 pub use manager::{
-    attach_info, control_gate, record_detach, record_replica_state, serve, serve_conn, Manager,
+    attach_info, control_gate, record_detach, record_replica_state, record_size, serve, serve_conn, Manager,
     NodeControl, ScrubSchedule, CONTROL_IDLE, CONTROL_LIMITS, REFUSED,
 };
 pub use membership::ControlMembership;

@@ -74,6 +74,23 @@ impl Membership for ControlMembership {
             .map(|_| ())
         })
     }
+
+    fn record_size<'a>(
+        &'a self,
+        volume: &'a str,
+        epoch: u64,
+        size: u64,
+    ) -> BoxFut<'a, Result<(), MembershipError>> {
+        Box::pin(async move {
+            self.call::<serde_json::Value>(Request::SetVolumeSize {
+                name: volume.to_string(),
+                epoch,
+                size,
+            })
+            .await
+            .map(|_| ())
+        })
+    }
 }
 
 #[cfg(test)]

@@ -126,6 +126,22 @@ impl Membership for MetaMembership {
                 .map_err(membership_error)
         })
     }
+
+    fn record_size<'a>(
+        &'a self,
+        volume: &'a str,
+        epoch: u64,
+        size: u64,
+    ) -> BoxFut<'a, Result<(), MembershipError>> {
+        Box::pin(async move {
+            until_reachable("recording a volume's size", || {
+                trireme_control::record_size(&self.meta, volume, epoch, size)
+            })
+            .await
+            .map(|_| ())
+            .map_err(membership_error)
+        })
+    }
 }
 
 /// An attached volume: the writer, its lease, and what keeps the lease.
@@ -261,12 +277,14 @@ pub async fn attach(
     tracing::info!(volume = %cfg.volume, epoch = v.epoch, "attached");
     let mover = {
         let (meta, volume) = (meta.clone(), volume.clone());
-        // The manager's requests: moves of a replica, take-outs for planned restarts, scrubs.
+        // The manager's requests: moves of a replica, take-outs for planned restarts, scrubs,
+        // resizes.
         tokio::spawn(async move {
             tokio::join!(
                 serve_moves(meta.clone(), volume.clone()),
                 serve_takeouts(meta.clone(), volume.clone()),
                 crate::scrubs::serve_scrubs(meta.clone(), volume.clone()),
+                crate::scrubs::serve_resizes(meta.clone(), volume.clone()),
                 follow_layout(meta, volume)
             );
         })

@@ -418,6 +418,14 @@ impl Node {
     /// replica's activity log follows its size.
     fn resize_replica(&self, h: &Header) -> Result<(), Refusal> {
         trireme_store::check_size(h.length)?;
+        {
+            // Already that size (a resync's check): nothing to pause I/O for.
+            let r = self.replica(h.volume)?;
+            Self::check_epoch(&*r, h)?;
+            if r.size() == h.length {
+                return Ok(());
+            }
+        }
         let _a = self.attach_lock.lock().unwrap_or_else(|e| e.into_inner());
         let _turn = self.owners.write().unwrap_or_else(|e| e.into_inner());
         let r = self.replica(h.volume)?;

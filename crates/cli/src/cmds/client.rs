@@ -248,6 +248,37 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 )
             });
         }
+        Cmd::Volume(VolumeCmd::Resize {
+            name,
+            size,
+            allow_shrink,
+        }) => {
+            let before: VolumeRecord = cc
+                .call(&Request::VolumeInfo { name: name.clone() })
+                .await
+                .map(|i: trireme_control::VolumeInfo| i.record)
+                .map_err(usage_if_remote)?;
+            let v: VolumeRecord = cc
+                .call(&Request::VolumeResize {
+                    name: name.clone(),
+                    size: *size,
+                    allow_shrink: *allow_shrink,
+                })
+                .await
+                .map_err(usage_if_remote)?;
+            print(out, &v, |v| {
+                if v.size == before.size {
+                    format!("{} is already {}\n", v.name, human(v.size))
+                } else {
+                    format!(
+                        "resized {} from {} to {}; new NBD connections see the new size (connected clients when they reconnect)\n",
+                        v.name,
+                        human(before.size),
+                        human(v.size)
+                    )
+                }
+            });
+        }
         Cmd::Volume(VolumeCmd::List) => {
             let vs: Vec<VolumeRecord> = cc.call(&Request::VolumeList).await?;
             print(out, &vs, |vs| volumes_table(vs));

@@ -6,6 +6,7 @@
 
 mod own_writer;
 mod records;
+mod resize;
 mod scrubs;
 mod serve;
 mod status;
@@ -13,7 +14,7 @@ mod trash;
 mod volumes;
 
 pub(crate) use own_writer::OwnWriter;
-pub use records::{attach_info, record_detach, record_replica_state};
+pub use records::{attach_info, record_detach, record_replica_state, record_size};
 pub use scrubs::ScrubSchedule;
 #[cfg(test)]
 pub(crate) use serve::error_reply;
@@ -618,6 +619,14 @@ impl Manager {
                 .set_replica_state(&name, epoch, node, state, incarnation)
                 .await),
             Request::Detach { name, epoch } => to(self.detach(&name, epoch).await),
+            Request::SetVolumeSize { name, epoch, size } => {
+                to(self.set_volume_size(&name, epoch, size).await)
+            }
+            Request::VolumeResize {
+                name,
+                size,
+                allow_shrink,
+            } => to(self.resize_volume(&name, size, allow_shrink).await),
             Request::VolumeScrub { name, region, rate } => {
                 to(self.scrub(&name, region, rate).await)
             }

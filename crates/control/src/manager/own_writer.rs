@@ -57,6 +57,17 @@ impl Membership for ManagerMembership {
             Ok(())
         })
     }
+    fn record_size<'a>(
+        &'a self,
+        volume: &'a str,
+        epoch: u64,
+        size: u64,
+    ) -> BoxFut<'a, std::result::Result<(), MembershipError>> {
+        Box::pin(async move {
+            self.get()?.set_volume_size(volume, epoch, size).await?;
+            Ok(())
+        })
+    }
 }
 
 /// A writer the manager attached for itself; give it back with [`Manager::release_own`].

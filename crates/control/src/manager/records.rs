@@ -33,6 +33,7 @@ pub async fn attach_info(meta: &ClusterMeta, v: &VolumeRecord) -> Result<AttachI
         replicas,
         reconcile: false,
         min_copies: v.min_copies(),
+        preallocate: v.preallocate,
     })
 }
 
@@ -59,6 +60,30 @@ pub async fn record_replica_state(
         })
         .await?;
     tracing::info!(volume = name, node, %state, epoch, "replica state recorded");
+    Ok(v)
+}
+
+/// The writer of `epoch` resized `name`: its new size, once every copy taking writes has it.
+/// A stale epoch is refused.
+pub async fn record_size(
+    meta: &ClusterMeta,
+    name: &str,
+    epoch: u64,
+    size: u64,
+) -> std::result::Result<VolumeRecord, trireme_meta::MetaError> {
+    let v = meta
+        .update_volume(name, &mut |v| {
+            if v.epoch != epoch {
+                return Err(trireme_meta::MetaError::Refused(format!(
+                    "the writer of epoch {epoch} is no longer volume {name}'s (epoch {})",
+                    v.epoch
+                )));
+            }
+            v.size = size;
+            Ok(())
+        })
+        .await?;
+    tracing::info!(volume = name, size, epoch, "volume size recorded");
     Ok(v)
 }
 

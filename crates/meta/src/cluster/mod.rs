@@ -11,6 +11,7 @@
 //! | `moves/<name>` | [`MoveRequest`]: the manager asks the volume's writer to move a replica | no |
 //! | `takeouts/<name>` | [`TakeOutRequest`]: a planned restart asks the volume's writer to take a replica out, then back | no |
 //! | `scrubs/<name>` | [`ScrubRequest`]: the manager asks the volume's writer to scrub it | no |
+//! | `resizes/<name>` | [`ResizeRequest`]: the manager asks the volume's writer to resize it | no |
 //! | `scrubbed/<name>` | [`ScrubRecord`]: when the volume's next scheduled scrub counts from, how its last one went | no |
 //! | `restarts/<node>` | [`RestartOrder`]: the manager asks node `node`'s daemon to restart | no |
 //! | `jobs/<node>` | a drain/remove job of the manager, so its successor resumes it | no |

@@ -103,6 +103,19 @@ pub struct ScrubRequest {
     pub rate: Option<u64>,
 }
 
+/// The manager's request to a volume's writer on another host to resize it
+/// (`resizes/<name>`): the writer grows every copy, records the size in the layout and serves
+/// it, then answers in the same key (as for a [`ScrubRequest`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResizeRequest {
+    /// The writer it is for: a writer of another epoch leaves it alone.
+    pub epoch: u64,
+    pub size: u64,
+    pub state: ScrubState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
 /// A volume's scrubs (`scrubbed/<name>`): when its schedule counts from, and how its last
 /// scrub went. The manager writes it after every scrub, asked or scheduled.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -85,6 +85,37 @@ impl ClusterMeta {
     }
 
     /// The key of `name`'s scrub request (for watches).
+    pub fn resize_key(name: &str) -> String {
+        key(&format!("resizes/{name}"))
+    }
+
+    /// Puts a resize request for `name` (as [`Self::put_scrub`]).
+    pub async fn put_resize(
+        &self,
+        name: &str,
+        req: &ResizeRequest,
+        rev: i64,
+    ) -> Result<Option<i64>, MetaError> {
+        self.put_at_revision(Self::resize_key(name), encode(req), rev)
+            .await
+    }
+
+    pub async fn resize_request(
+        &self,
+        name: &str,
+    ) -> Result<Option<(ResizeRequest, i64)>, MetaError> {
+        Ok(self
+            .get::<ResizeRequest>(&Self::resize_key(name))
+            .await?
+            .map(|(r, kv)| (r, kv.mod_revision)))
+    }
+
+    pub async fn delete_resize(&self, name: &str) -> Result<(), MetaError> {
+        self.write(vec![], vec![Op::delete(Self::resize_key(name))])
+            .await?;
+        Ok(())
+    }
+
     pub fn scrub_key(name: &str) -> String {
         key(&format!("scrubs/{name}"))
     }

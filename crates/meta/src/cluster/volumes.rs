@@ -1,4 +1,5 @@
-//! Volumes: a spec (never changes) and a layout (replicas, states, epoch, access).
+//! Volumes: a spec (never changes) and a layout (replicas, states, epoch, access, and the
+//! size once the volume was resized: the spec keeps the size it was created with).
 
 use std::collections::BTreeMap;
 
@@ -31,13 +32,17 @@ pub(crate) struct Layout {
     min_copies: u32,
     #[serde(default, skip_serializing_if = "crate::TierPolicy::is_auto")]
     tier: crate::TierPolicy,
+    /// The size now, if the volume was resized (a writer records it: the layout is what a
+    /// writer may write, and it is compared with every change).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    size: Option<u64>,
 }
 
 pub(crate) fn record(spec: Spec, layout: Layout) -> VolumeRecord {
     VolumeRecord {
         id: spec.id,
         name: spec.name,
-        size: spec.size,
+        size: layout.size.unwrap_or(spec.size),
         preallocate: spec.preallocate,
         replicas: layout.replicas,
         epoch: layout.epoch,
@@ -65,6 +70,7 @@ pub(crate) fn layout_of(v: &VolumeRecord) -> Layout {
         access: v.access.clone(),
         min_copies: v.min_copies,
         tier: v.tier,
+        size: Some(v.size),
     }
 }
 
@@ -146,6 +152,7 @@ impl ClusterMeta {
                 writer_open: false,
                 min_copies: 0,
                 tier: crate::TierPolicy::Auto,
+                size: None,
             };
             let done = self
                 .write(
@@ -248,11 +255,11 @@ impl ClusterMeta {
         let lk = key(&format!("layouts/{name}"));
         for _ in 0..MAX_TRIES {
             let (mut v, rev) = self.read_volume(name).await?;
-            let (id, size) = (v.id, v.size);
+            let (id, preallocate) = (v.id, v.preallocate);
             f(&mut v)?;
-            if (v.id, v.size, v.name.as_str()) != (id, size, name) {
+            if (v.id, v.preallocate, v.name.as_str()) != (id, preallocate, name) {
                 return Err(MetaError::Refused(
-                    "a volume's id, name and size never change".into(),
+                    "a volume's id, name and provisioning never change".into(),
                 ));
             }
             let done = self
