@@ -255,7 +255,7 @@ fn a_cluster_on_etcd_survives_node_manager_etcd_and_writer_failures() {
     );
     let info = w.cli_ok(&["--output", "json", "volume", "info", "vol"]);
     let j: serde_json::Value = serde_json::from_str(&info).unwrap();
-    assert_eq!(j["record"]["size"], 96u64 << 20, "{j}");
+    assert_eq!(j["size"], 96u64 << 20, "{j}");
     qemu_io(&w.sock(), "vol", "write -P 0x55 95M 1M");
     qemu_io(&w.sock(), "vol", "read -P 0x55 95M 1M");
     w.verify();

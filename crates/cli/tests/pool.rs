@@ -221,7 +221,7 @@ fn a_volume_grows_online_and_its_copies_follow() {
     assert!(!out.status.success() && text(&out).contains("attached"), "{}", text(&out));
     let info = ok(&c, &["--output", "json", "volume", "info", "vol0"]);
     let j: serde_json::Value = serde_json::from_str(&info).unwrap();
-    assert_eq!(j["record"]["size"], 192u64 << 20, "{j}");
+    assert_eq!(j["size"], 192u64 << 20, "{j}");
 
     // A volume nobody writes: grown and shrunk through a writer of the manager's own.
     ok(&c, &["volume", "create", "idle", "--size", "16M"]);
@@ -229,7 +229,7 @@ fn a_volume_grows_online_and_its_copies_follow() {
     ok(&c, &["volume", "resize", "idle", "8M", "--allow-shrink"]);
     let info = ok(&c, &["--output", "json", "volume", "info", "idle"]);
     let j: serde_json::Value = serde_json::from_str(&info).unwrap();
-    assert_eq!(j["record"]["size"], 8u64 << 20, "{j}");
+    assert_eq!(j["size"], 8u64 << 20, "{j}");
     let v = ok(&c, &["volume", "verify", "idle"]);
     assert!(v.contains("0 mismatching"), "{v}");
 
