@@ -309,7 +309,10 @@ fn a_cluster_on_etcd_survives_node_manager_etcd_and_writer_failures() {
     // ... and resized through one too.
     w.cli_ok(&["volume", "resize", "cold", "24M"]);
     let out = w.cli_ok(&["volume", "verify", "cold"]);
-    assert!(out.contains("0 mismatching") && out.contains("24.0 MiB"), "{out}");
+    assert!(
+        out.contains("0 mismatching") && out.contains("24.0 MiB"),
+        "{out}"
+    );
     w.cli_ok(&["volume", "delete", "cold", "--keep", "0"]);
 
     // Every daemon restarted so far was started without --zone: each kept its zone.

@@ -168,14 +168,7 @@ fn ok(c: &Cluster, args: &[&str]) -> String {
 fn a_volume_grows_online_and_its_copies_follow() {
     need("qemu-io");
     need("qemu-img");
-    let mut c = Cluster::start(&[
-        "--size",
-        "64M",
-        "--store",
-        "file",
-        "--node-capacity",
-        "1G",
-    ]);
+    let mut c = Cluster::start(&["--size", "64M", "--store", "file", "--node-capacity", "1G"]);
     let uri = c.unix.clone();
     qemu_io(&uri, "write -P 0x11 63M 1M");
     let out = ok(&c, &["volume", "resize", "vol0", "128M"]);
@@ -183,7 +176,11 @@ fn a_volume_grows_online_and_its_copies_follow() {
         out.contains("resized vol0 from 64.0 MiB to 128.0 MiB"),
         "{out}"
     );
-    assert_eq!(nbd_size(&uri), 128 << 20, "a new connection sees the new size");
+    assert_eq!(
+        nbd_size(&uri),
+        128 << 20,
+        "a new connection sees the new size"
+    );
     qemu_io(&uri, "write -P 0x22 100M 1M");
     let read = qemu_io(&uri, "read -P 0x11 63M 1M");
     assert!(!read.contains("Pattern verification failed"), "{read}");
@@ -216,9 +213,17 @@ fn a_volume_grows_online_and_its_copies_follow() {
     );
     // Shrinking: only when asked for, and never under a writer.
     let out = c.cli(&["volume", "resize", "vol0", "32M"]);
-    assert!(!out.status.success() && text(&out).contains("--allow-shrink"), "{}", text(&out));
+    assert!(
+        !out.status.success() && text(&out).contains("--allow-shrink"),
+        "{}",
+        text(&out)
+    );
     let out = c.cli(&["volume", "resize", "vol0", "32M", "--allow-shrink"]);
-    assert!(!out.status.success() && text(&out).contains("attached"), "{}", text(&out));
+    assert!(
+        !out.status.success() && text(&out).contains("attached"),
+        "{}",
+        text(&out)
+    );
     let info = ok(&c, &["--output", "json", "volume", "info", "vol0"]);
     let j: serde_json::Value = serde_json::from_str(&info).unwrap();
     assert_eq!(j["size"], 192u64 << 20, "{j}");

@@ -35,7 +35,10 @@ impl Volume {
         let _all = self.core.acquire(0, old).await;
         let _g = self.membership_lock.lock().await;
         let targets = self.write_targets();
-        if let Err(e) = self.to_all(&targets, self.resize_header(size), Bytes::new()).await {
+        if let Err(e) = self
+            .to_all(&targets, self.resize_header(size), Bytes::new())
+            .await
+        {
             self.undo_resize(&targets, old).await;
             return Err(e);
         }
@@ -49,8 +52,7 @@ impl Volume {
             }
         }
         self.activity.grow(size);
-        self.size
-            .store(size, std::sync::atomic::Ordering::Release);
+        self.size.store(size, std::sync::atomic::Ordering::Release);
         tracing::info!(
             volume = %self.info.name,
             old,

@@ -381,7 +381,7 @@ impl ActivityLogs {
             let mut words: Vec<u64> = (0..n.div_ceil(64) as usize)
                 .map(|w| bits.get(w).map_or(0, |b| b.load(Ordering::SeqCst)))
                 .collect();
-            if n % 64 != 0 {
+            if !n.is_multiple_of(64) {
                 if let Some(last) = words.last_mut() {
                     *last &= (1u64 << (n % 64)) - 1;
                 }

@@ -137,28 +137,6 @@ impl AllocMap {
     }
 }
 
-#[cfg(test)]
-mod resize_tests {
-    use super::*;
-
-    #[test]
-    fn resizing_keeps_the_bits_below_the_smaller_end() {
-        let m = AllocMap::new(100 * 4096, 4096);
-        m.set_range(0, 4096);
-        m.set_range(70 * 4096, 30 * 4096);
-        m.resize(1000 * 4096);
-        assert!(m.is_set(0) && m.is_set(99) && !m.is_set(100) && !m.is_set(999));
-        assert_eq!(m.allocated_grains(), 31);
-        m.set_range(999 * 4096, 4096);
-        m.resize(80 * 4096);
-        assert_eq!(m.allocated_grains(), 11, "grains 0 and 70..80");
-        assert!(!m.is_set(80) && !m.clear(999));
-        m.resize(200 * 4096);
-        assert!(!m.is_set(90), "a grain dropped by a shrink comes back free");
-        assert_eq!(m.to_bytes().len(), 4 * 8);
-    }
-}
-
 /// Builds the extent list of `[offset, offset+len)` from a per-grain allocation predicate,
 /// merging neighbours with the same state.
 pub fn extents_from(
@@ -198,5 +176,27 @@ pub fn whole_grains(offset: u64, len: u64, grain: u64) -> std::ops::Range<u64> {
         0..0
     } else {
         first..last
+    }
+}
+
+#[cfg(test)]
+mod resize_tests {
+    use super::*;
+
+    #[test]
+    fn resizing_keeps_the_bits_below_the_smaller_end() {
+        let m = AllocMap::new(100 * 4096, 4096);
+        m.set_range(0, 4096);
+        m.set_range(70 * 4096, 30 * 4096);
+        m.resize(1000 * 4096);
+        assert!(m.is_set(0) && m.is_set(99) && !m.is_set(100) && !m.is_set(999));
+        assert_eq!(m.allocated_grains(), 31);
+        m.set_range(999 * 4096, 4096);
+        m.resize(80 * 4096);
+        assert_eq!(m.allocated_grains(), 11, "grains 0 and 70..80");
+        assert!(!m.is_set(80) && !m.clear(999));
+        m.resize(200 * 4096);
+        assert!(!m.is_set(90), "a grain dropped by a shrink comes back free");
+        assert_eq!(m.to_bytes().len(), 4 * 8);
     }
 }

@@ -69,12 +69,12 @@ impl Store for MemoryStore {
     }
     fn preallocate(&self, volume: u64) -> Result<(), StoreError> {
         // Nothing is taken on write: a replica's room is what it is from its creation.
-        match self
+        let known = self
             .replicas
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .contains_key(&volume)
-        {
+            .contains_key(&volume);
+        match known {
             true => Ok(()),
             false => Err(StoreError::NoReplica { volume }),
         }
