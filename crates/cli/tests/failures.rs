@@ -9,8 +9,9 @@ mod common;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::netns::Netns;
 use common::{
-    assert_replicas_identical, finish_bench, node_pid, sh, signal, start_bench, status,
+    assert_replicas_identical, finish_bench, node_pid, signal, start_bench, status,
     wait_all_in_sync, wait_restarted, Cluster, BIN,
 };
 
@@ -505,119 +506,6 @@ fn drain_and_remove_move_replicas_while_io_goes_on() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("node 9"));
     cli_ok(&c, &["node", "undrain", &drained.to_string()]);
-}
-
-/// Network namespaces for nodes, one per node, each joined to this namespace by a veth pair
-/// (`10.NET.N.1` here, `10.NET.N.2` inside), with iptables rules that cut one off. Everything
-/// is undone on drop.
-struct Netns {
-    /// Second octet of this set's addresses (`10.NET.N.x`): distinct for each set a test
-    /// binary creates, and likely distinct between binaries running at once.
-    net: u32,
-    names: Vec<String>,
-    veths: Vec<String>,
-    rules: Vec<Vec<String>>,
-}
-
-impl Netns {
-    fn create(n: u32) -> Netns {
-        static SETS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let k = SETS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let pid = std::process::id();
-        let tag = format!("{}{k}", pid % 10_000);
-        let net = 200 + (pid % 25) * 2 + k % 2;
-        let mut ns = Netns {
-            net,
-            names: Vec::new(),
-            veths: Vec::new(),
-            rules: Vec::new(),
-        };
-        for i in 1..=n {
-            let name = format!("trireme-t{tag}-n{i}");
-            let veth = format!("trt{tag}v{i}");
-            let host = format!("10.{net}.{i}.1/24");
-            let inner = format!("10.{net}.{i}.2/24");
-            let steps: Vec<Vec<&str>> = vec![
-                vec!["ip", "netns", "add", &name],
-                vec![
-                    "ip", "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns",
-                    &name,
-                ],
-                vec!["ip", "addr", "add", &host, "dev", &veth],
-                vec!["ip", "link", "set", &veth, "up"],
-                vec!["ip", "-n", &name, "addr", "add", &inner, "dev", "eth0"],
-                vec!["ip", "-n", &name, "link", "set", "eth0", "up"],
-                vec!["ip", "-n", &name, "link", "set", "lo", "up"],
-            ];
-            for (k, s) in steps.iter().enumerate() {
-                if let Err(e) = sh(s) {
-                    panic!("creating network namespaces needs root and iproute2 (set TRIREME_SKIP_NETNS=1 to skip this test): {e}");
-                }
-                if k == 0 {
-                    ns.names.push(name.clone());
-                }
-                if k == 1 {
-                    ns.veths.push(veth.clone());
-                }
-            }
-        }
-        ns
-    }
-
-    fn addr(&self, i: u32) -> String {
-        format!("10.{}.{i}.2", self.net)
-    }
-
-    /// `trireme up ARGS` with node N in namespace N.
-    fn cluster(&self, args: &[&str]) -> Cluster {
-        self.cluster_env(args, &[])
-    }
-
-    /// As [`Netns::cluster`], with `env` set for `trireme up` and its nodes.
-    fn cluster_env(&self, args: &[&str], env: &[(&str, &str)]) -> Cluster {
-        let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-        for (k, name) in self.names.iter().enumerate() {
-            all.push("--node-netns".into());
-            all.push(format!("{name}@{}", self.addr(k as u32 + 1)));
-        }
-        let argv: Vec<&str> = all.iter().map(String::as_str).collect();
-        Cluster::start_env(tempfile::tempdir().unwrap(), &argv, env)
-    }
-
-    /// Drops every packet to and from node `i`'s namespace.
-    fn partition(&mut self, i: u32) {
-        let a = self.addr(i);
-        for rule in [
-            vec!["OUTPUT", "-d", &a, "-j", "DROP"],
-            vec!["INPUT", "-s", &a, "-j", "DROP"],
-        ] {
-            let mut args = vec!["iptables", "-I"];
-            args.extend(rule.iter().copied());
-            sh(&args).unwrap_or_else(|e| panic!("iptables is needed: {e}"));
-            self.rules
-                .push(rule.iter().map(|s| s.to_string()).collect());
-        }
-    }
-
-    fn heal(&mut self) {
-        for rule in self.rules.drain(..) {
-            let mut args = vec!["iptables", "-D"];
-            args.extend(rule.iter().map(String::as_str));
-            let _ = sh(&args);
-        }
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        self.heal();
-        for v in &self.veths {
-            let _ = sh(&["ip", "link", "del", v]);
-        }
-        for n in &self.names {
-            let _ = sh(&["ip", "netns", "del", n]);
-        }
-    }
 }
 
 /// Nodes in their own network namespaces, reached over veth and TCP only: a node cut off by

@@ -131,6 +131,18 @@ impl VolumeError {
         self.is_fenced() || matches!(self, VolumeError::Denied { .. })
     }
 
+    /// True if every in-sync copy failed to answer, so nothing could be taken out (an attach
+    /// that reached no copy: it changed nothing).
+    pub fn reached_no_copy(&self) -> bool {
+        matches!(
+            self,
+            VolumeError::Degrade {
+                why: DegradeRefusal::Core(trireme_replication::Refusal::NoneLeft),
+                ..
+            }
+        )
+    }
+
     pub fn is_fenced(&self) -> bool {
         matches!(
             self,

@@ -13,8 +13,8 @@
 //! 4. The writer takes the new size: new NBD connections see it (NBD has no way to tell a
 //!    connected client; it reconnects).
 //!
-//! A copy out of sync meanwhile is given the volume's size when its resync begins
-//! ([`Volume::match_size`]).
+//! A copy out of sync meanwhile is given the volume's size when its resync begins: its node
+//! tells its size in its answer to the attach ([`Volume::match_size`]).
 
 use bytes::Bytes;
 use trireme_proto::{Op, FLAG_PREALLOCATE};
@@ -83,13 +83,13 @@ impl Volume {
         }
     }
 
-    /// Replica `i` (reached on `conn`, attached) at the volume's size: a copy that was out
-    /// while the volume was resized gets the size before a resync fills it. Asked first, so
-    /// a node from before resizes is sent nothing it does not know.
+    /// Replica `i` (reached on `conn`, attached, `now` bytes long) at the volume's size: a
+    /// copy that was out while the volume was resized gets the size before a resync fills it.
     pub(crate) async fn match_size(
         &self,
         i: usize,
         conn: &dyn Connection,
+        now: u64,
     ) -> Result<(), VolumeError> {
         let node = self.node(i);
         let call = |h| async move {
@@ -102,18 +102,15 @@ impl Volume {
                 .map_err(|source| VolumeError::Transport { node, source })?;
             self.expect_ok(i, f)
         };
-        let info = call(self.header(Op::ReplicaInfo, 0, 0)).await?;
         let size = self.size();
-        if info.header.length != size {
-            tracing::info!(
-                volume = %self.info.name,
-                node,
-                from = info.header.length,
-                size,
-                "a copy of another size: resized before its resync"
-            );
-            call(self.resize_header(size)).await?;
-        }
+        tracing::info!(
+            volume = %self.info.name,
+            node,
+            from = now,
+            size,
+            "a copy of another size: resized before its resync"
+        );
+        call(self.resize_header(size)).await?;
         Ok(())
     }
 }

@@ -76,7 +76,11 @@ impl Volume {
             })?
             .map_err(|source| VolumeError::Transport { node, source })?;
         let f = self.expect_ok(i, f)?;
-        self.match_size(i, &*conn).await?;
+        // Its attach answer carries its size: a copy that missed a resize is given the size
+        // before a resync fills it.
+        if f.header.offset != 0 && f.header.offset != self.size() {
+            self.match_size(i, &*conn, f.header.offset).await?;
+        }
         Ok((conn, f.header.length))
     }
 

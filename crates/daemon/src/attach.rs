@@ -271,7 +271,10 @@ pub async fn attach(
         Err(e) => {
             keeper.abort();
             let _ = meta.store().revoke(lease).await;
-            return Err(DaemonError::Runtime(e.to_string()));
+            return Err(match e.reached_no_copy() {
+                true => DaemonError::NoCopy(e.to_string()),
+                false => DaemonError::Runtime(e.to_string()),
+            });
         }
     };
     tracing::info!(volume = %cfg.volume, epoch = v.epoch, "attached");

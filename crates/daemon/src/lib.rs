@@ -40,6 +40,10 @@ pub enum DaemonError {
     Usage(String),
     #[error("{0}")]
     Runtime(String),
+    /// An attach reached none of the volume's in-sync copies (their nodes are down or cut
+    /// off); it changed nothing, and may be tried again once one is back.
+    #[error("{0}")]
+    NoCopy(String),
     #[error(transparent)]
     Manager(#[from] trireme_control::ManagerError),
     #[error(transparent)]

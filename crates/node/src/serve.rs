@@ -125,6 +125,9 @@ impl Node {
                 owners.insert(h.volume, req.origin);
                 drop(owners);
                 resp.length = r.incarnation();
+                // And its size, so a writer sees a copy that missed a resize (0 from a node
+                // from before resizes).
+                resp.offset = r.size();
                 Bytes::new()
             }
             Op::Hello => return Err(Refusal(Status::Invalid, "hello is not a request".into())),

@@ -77,6 +77,9 @@ const LEASE_TTL: Duration = trireme_daemon::lease::MIN_TTL;
 /// How long past a lease's lapse a new writer or manager may take to appear (retry periods,
 /// the campaign's round trip).
 const TAKEOVER_SLACK: Duration = Duration::from_secs(1);
+/// How long a writer's host tries again an attach that reached no in-sync copy: crashed and
+/// powered-off nodes are back well within it.
+const NO_COPY_LIMIT: Duration = Duration::from_secs(30);
 /// The manager pings every node this often (production: 500 ms)...
 const HEARTBEAT_EVERY: Duration = Duration::from_millis(200);
 /// ...and logs one silent this long down (production: 3 s; shorter here, so that crashes of
@@ -386,6 +389,7 @@ impl World {
             },
         };
         let meta = self.meta_for(&p);
+        let began = Instant::now();
         let attached = loop {
             match trireme_daemon::attach::attach(meta.clone(), &cfg, vec![]).await {
                 Ok(a) => break a,
@@ -396,6 +400,15 @@ impl World {
                         return Err(format!(
                             "the dead writer's attach record outlived its lease: {e}"
                         ));
+                    }
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                // Every in-sync copy is down or cut off right now (crashes and power losses
+                // under a copy that is still resyncing): the attach changed nothing, and a
+                // writer's host tries again, as `up`'s export and an operator do.
+                Err(e @ DaemonError::NoCopy(_)) => {
+                    if began.elapsed() > NO_COPY_LIMIT {
+                        return Err(format!("no in-sync copy came back: {e}"));
                     }
                     tokio::time::sleep(Duration::from_millis(250)).await;
                 }

@@ -80,6 +80,28 @@ pub struct Config {
     pub mm_fifo_size: Option<u32>,
 }
 
+/// Sends UCX's own log lines (its warnings and errors) to stderr, once per process, unless
+/// `UCX_LOG_FILE` says where: UCX writes them to stdout by default, where `trireme nbd` and
+/// `attach` print what scripts read (their URIs). Done before the first context, while no UCX
+/// thread logs.
+fn log_to_stderr() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if std::env::var_os("UCX_LOG_FILE").is_some() {
+            return;
+        }
+        let (name, value) = (c"LOG_FILE", c"stderr");
+        // SAFETY: both are NUL-terminated strings that outlive the call; the log is closed and
+        // opened again on the option's new value before any worker exists.
+        unsafe {
+            if sys::ucs_global_opts_set_value(name.as_ptr(), value.as_ptr()) == sys::UCS_OK {
+                sys::ucs_log_cleanup();
+                sys::ucs_log_init();
+            }
+        }
+    });
+}
+
 /// The process's UCX context (`ucp_context_h`).
 #[derive(Debug)]
 pub struct Context {
@@ -94,6 +116,7 @@ unsafe impl Sync for Context {}
 
 impl Context {
     pub fn new(cfg: &Config) -> Result<Arc<Context>, Error> {
+        log_to_stderr();
         let mut conf: *mut sys::ucp_config_t = ptr::null_mut();
         // SAFETY: NULL prefix and file mean the defaults; `conf` receives a new descriptor.
         check("config read", unsafe {

@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod netns;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_trireme");
 
 #[derive(Debug)]

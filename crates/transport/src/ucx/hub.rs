@@ -81,7 +81,12 @@ impl Hub {
         // entries (freed to senders in halves) fill under a few dozen requests in flight to
         // a 3-way volume; a sender that finds it full must poll until the receiver drains
         // it, since nothing signals that. UCX_MM_FIFO_SIZE, when set, still wins.
-        if config.mm_fifo_size.is_none() && std::env::var_os("UCX_MM_FIFO_SIZE").is_none() {
+        // Without shared memory (a writer of nodes in other network namespaces) UCX calls the
+        // variable invalid and says so on stdout, where `trireme nbd` prints its URI.
+        if config.mm_fifo_size.is_none()
+            && std::env::var_os("UCX_MM_FIFO_SIZE").is_none()
+            && config.tls.as_deref().is_none_or(uses_shared_memory)
+        {
             config.mm_fifo_size = Some(MM_FIFO_SIZE);
         }
         let ctx = Context::new(&config)?;
@@ -522,4 +527,31 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 pub(super) fn next_id() -> u64 {
     NEXT_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Whether UCX's transport list `tls` (as `UCX_TLS`: names, or `^` and names left out) lets
+/// it use shared memory.
+fn uses_shared_memory(tls: &str) -> bool {
+    let shm = |t: &str| {
+        matches!(
+            t.trim(),
+            "sm" | "shm" | "mm" | "posix" | "sysv" | "xpmem" | "all"
+        )
+    };
+    match tls.strip_prefix('^') {
+        Some(out) => !out
+            .split(',')
+            .any(|t| matches!(t.trim(), "sm" | "shm" | "mm")),
+        None => tls.split(',').any(shm),
+    }
+}
+
+#[cfg(test)]
+mod shm_tests {
+    #[test]
+    fn shared_memory_in_a_transport_list() {
+        use super::uses_shared_memory as u;
+        assert!(u("sm,cma,tcp") && u("all") && u("^cma") && u("posix,tcp"));
+        assert!(!u("^sm,cma") && !u("tcp") && !u("rc,ud") && !u("^shm"));
+    }
 }

@@ -1,0 +1,91 @@
+//! UCX made to fail on purpose between "hosts" (nodes in network namespaces): a UCX path that
+//! stops answering in the middle of a workload falls back to TCP by itself, says why once,
+//! and no copy is taken out for it.
+
+mod common;
+use common::netns::Netns;
+use common::*;
+use std::time::Duration;
+
+fn link_to(s: &serde_json::Value, volume: &str, node: u64) -> serde_json::Value {
+    s["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == volume)
+        .unwrap_or_else(|| panic!("no volume {volume}: {s}"))["client_links"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["node"] == node)
+        .unwrap_or_else(|| panic!("no link to node {node}: {s}"))
+        .clone()
+}
+
+fn node_port(s: &serde_json::Value, node: u64) -> u16 {
+    let n = s["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["id"] == node)
+        .unwrap();
+    n["addr"]
+        .as_str()
+        .unwrap()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn a_ucx_path_that_stops_answering_falls_back_to_tcp_and_takes_no_copy_out() {
+    if std::env::var_os("TRIREME_SKIP_NETNS").is_some() {
+        eprintln!("TRIREME_SKIP_NETNS is set: skipping the network-namespace test");
+        return;
+    }
+    let mut ns = Netns::create(3);
+    let c = ns.cluster(&["--store", "file", "--size", "64M"]);
+    let s = status(&c);
+    for n in 1..=3 {
+        let l = link_to(&s, "vol0", n);
+        assert_eq!(l["transport"], "ucx", "{s}");
+        assert!(l["lanes"].as_str().unwrap().starts_with("tcp/"), "{s}");
+    }
+    let port = node_port(&s, 2);
+    let bench = start_bench(&c, 8);
+    std::thread::sleep(Duration::from_secs(2));
+    // Node 2's UCX lanes stop carrying anything; its TCP port still answers.
+    ns.cut_all_but_port(2, port);
+    std::thread::sleep(Duration::from_secs(3));
+    let s = status(&c);
+    let l = link_to(&s, "vol0", 2);
+    assert_eq!(l["transport"], "tcp", "{s}");
+    assert!(
+        l["fallback"]
+            .as_str()
+            .is_some_and(|w| w.contains("while TCP answered")),
+        "{s}"
+    );
+    assert_eq!(link_to(&s, "vol0", 1)["transport"], "ucx", "{s}");
+    // Not a single failed request: the writer took no copy out.
+    let v = finish_bench(&c, bench);
+    assert_eq!(v["errors"].as_u64().unwrap_or(0), 0, "{v}");
+    let info = c.cli(&["--output", "json", "volume", "info", "vol0"]);
+    let info: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
+    for r in info["replicas"].as_array().unwrap() {
+        assert_eq!(r["state"], "in-sync", "{info}");
+    }
+    let log = c.log();
+    assert!(!log.contains("replica taken out"), "{log}");
+    assert_eq!(
+        log.matches("UCX path stopped, going on over TCP").count(),
+        1,
+        "said once:\n{log}"
+    );
+
+    ns.heal();
+    assert_replicas_identical(&c, "vol0");
+    drop(c);
+}
