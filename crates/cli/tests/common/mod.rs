@@ -359,14 +359,22 @@ pub fn random_file(path: &PathBuf, len: usize, seed: u64) {
 /// Starts `trireme nbd VOLUME --socket SOCK` against `c` and returns it with the URI it prints.
 pub fn spawn_nbd(c: &Cluster, volume: &str, sock: &Path) -> (Child, String) {
     use std::io::Read;
-    let mut nbd = Command::new(BIN)
-        .arg("--data-dir")
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(BIN);
+    cmd.arg("--data-dir")
         .arg(c.path())
         .args(["nbd", volume, "--socket"])
         .arg(sock)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .stdout(Stdio::piped());
+    // A test that fails before it stops the writer takes it down with its thread.
+    // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    let mut nbd = cmd.spawn().unwrap();
     let mut out = nbd.stdout.take().unwrap();
     let (mut line, mut b) = (String::new(), [0u8; 1]);
     while !line.ends_with('\n') {
