@@ -508,11 +508,7 @@ impl Replica for FileReplica {
         self.map.allocated_grains() * self.map.grain()
     }
     fn resize(&self, size: u64) -> Result<(), StoreError> {
-        if size == 0 || !size.is_multiple_of(ALIGN as u64) {
-            return Err(StoreError::Invalid(format!(
-                "replica size {size} must be a non-zero multiple of {ALIGN}"
-            )));
-        }
+        crate::check_size(size)?;
         let _g = self.persist_lock.lock().unwrap_or_else(|e| e.into_inner());
         let old = self.size.load(Ordering::Acquire);
         if size == old {

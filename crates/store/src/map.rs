@@ -21,6 +21,11 @@ struct Bits {
 }
 
 impl Bits {
+    fn is_set(&self, g: u64) -> bool {
+        g < self.grains
+            && self.words[(g / 64) as usize].load(Ordering::Acquire) & (1 << (g % 64)) != 0
+    }
+
     fn new(size: u64, grain: u64) -> Bits {
         let grains = size.div_ceil(grain);
         Bits {
@@ -94,9 +99,7 @@ impl AllocMap {
     }
 
     pub fn is_set(&self, g: u64) -> bool {
-        let bits = self.bits();
-        g < bits.grains
-            && bits.words[(g / 64) as usize].load(Ordering::Acquire) & (1 << (g % 64)) != 0
+        self.bits().is_set(g)
     }
 
     /// Marks every grain touching `[offset, offset+len)` allocated; true if any bit changed.
@@ -133,7 +136,8 @@ impl AllocMap {
     }
 
     pub fn extents(&self, offset: u64, len: u64) -> Vec<Extent> {
-        extents_from(offset, len, self.grain, |g| self.is_set(g))
+        let bits = self.bits();
+        extents_from(offset, len, self.grain, |g| bits.is_set(g))
     }
 }
 

@@ -155,6 +155,26 @@ struct SealedReplica {
     pending: Mutex<Option<Vec<u64>>>,
 }
 
+/// A request's view of a replica's seals and their dirty pages (shared locks, held for the
+/// request; only `resize` takes them exclusively, with no request running).
+struct Table<'a> {
+    seals: std::sync::RwLockReadGuard<'a, Vec<AtomicU64>>,
+    dirty: std::sync::RwLockReadGuard<'a, Vec<AtomicBool>>,
+}
+
+impl Table<'_> {
+    fn set(&self, b: u64, v: u64) {
+        self.seals[b as usize].store(v, Ordering::Release);
+        self.dirty[b as usize / PAGE].store(true, Ordering::Release);
+    }
+
+    /// Seals block `b` as holding `block`, at its next generation.
+    fn reseal(&self, b: u64, block: &[u8]) {
+        let g = (self.seals[b as usize].load(Ordering::Acquire) >> 32) as u32;
+        self.set(b, seal(b, g.wrapping_add(1).max(1), block));
+    }
+}
+
 fn header(volume: u64, blocks: u64, flags: u32) -> [u8; HEADER as usize] {
     let mut h = [0u8; HEADER as usize];
     h[0..8].copy_from_slice(MAGIC);
@@ -352,23 +372,22 @@ impl SealedReplica {
         self.dirty.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn set_seal(&self, b: u64, v: u64) {
-        self.seals()[b as usize].store(v, Ordering::Release);
-        self.dirty()[b as usize / PAGE].store(true, Ordering::Release);
-    }
-
-    fn next_generation(&self, b: u64) -> u32 {
-        let g = (self.seals()[b as usize].load(Ordering::Acquire) >> 32) as u32;
-        g.wrapping_add(1).max(1)
+    /// The seal table, taken once for a whole request (not once per block).
+    fn table(&self) -> Table<'_> {
+        Table {
+            seals: self.seals(),
+            dirty: self.dirty(),
+        }
     }
 
     /// Reads whole blocks `[a, a+buf.len())` and checks them; the first bad block's offset on
     /// a mismatch.
     fn read_checked(&self, a: u64, buf: &mut [u8]) -> Result<Option<u64>, StoreError> {
         self.inner.read(a, buf)?;
+        let seals = self.seals();
         for (k, block) in buf.chunks(BLOCK as usize).enumerate() {
             let b = a / BLOCK + k as u64;
-            let s = self.seals()[b as usize].load(Ordering::Acquire);
+            let s = seals[b as usize].load(Ordering::Acquire);
             if s != 0 && seal(b, (s >> 32) as u32, block) != s {
                 return Ok(Some(b * BLOCK));
             }
@@ -403,12 +422,12 @@ impl SealedReplica {
     }
 
     /// Seals block `b` from what the store now holds (the edge of a partial write).
-    fn reseal_from_store(&self, b: u64) -> Result<(), StoreError> {
+    fn reseal_from_store(&self, t: &Table<'_>, b: u64) -> Result<(), StoreError> {
         let off = b * BLOCK;
         let n = BLOCK.min(self.inner.size() - off) as usize;
         let mut block = vec![0u8; n];
         self.inner.read(off, &mut block)?;
-        self.set_seal(b, seal(b, self.next_generation(b), &block));
+        t.reseal(b, &block);
         Ok(())
     }
 }
@@ -490,14 +509,14 @@ impl Replica for SealedReplica {
         let (first, last) = (offset / BLOCK, (offset + len - 1) / BLOCK);
         let _held = self.lock(first, last);
         self.inner.write(offset, data, fua)?;
+        let (t, size) = (self.table(), self.size());
         for b in first..=last {
             let bs = b * BLOCK;
-            let be = (bs + BLOCK).min(self.size());
+            let be = (bs + BLOCK).min(size);
             if bs >= offset && be <= offset + len {
-                let block = &data[(bs - offset) as usize..(be - offset) as usize];
-                self.set_seal(b, seal(b, self.next_generation(b), block));
+                t.reseal(b, &data[(bs - offset) as usize..(be - offset) as usize]);
             } else {
-                self.reseal_from_store(b)?;
+                self.reseal_from_store(&t, b)?;
             }
         }
         Ok(())
@@ -517,16 +536,17 @@ impl Replica for SealedReplica {
         let (first, last) = (offset / BLOCK, (offset + len - 1) / BLOCK);
         let _held = self.lock(first, last);
         self.inner.write_zeroes(offset, len, may_trim, fua)?;
+        let (t, size) = (self.table(), self.size());
         for b in first..=last {
             let bs = b * BLOCK;
-            let be = (bs + BLOCK).min(self.size());
+            let be = (bs + BLOCK).min(size);
             if bs >= offset && be <= offset + len {
                 // Zeroed whole blocks are left unsealed (a trim of gigabytes stays cheap).
-                if self.seals()[b as usize].load(Ordering::Acquire) != 0 {
-                    self.set_seal(b, 0);
+                if t.seals[b as usize].load(Ordering::Acquire) != 0 {
+                    t.set(b, 0);
                 }
             } else {
-                self.reseal_from_store(b)?;
+                self.reseal_from_store(&t, b)?;
             }
         }
         Ok(())
@@ -579,10 +599,11 @@ impl Replica for SealedReplica {
             }
         }
         let mut n = 0u64;
+        let t = self.table();
         for (b, v) in kept.into_iter().enumerate() {
             // Written since the open: its own new seal stands.
-            if v != 0 && !out[b] && self.seals()[b].load(Ordering::Acquire) == 0 {
-                self.set_seal(b as u64, v);
+            if v != 0 && !out[b] && t.seals[b].load(Ordering::Acquire) == 0 {
+                t.set(b as u64, v);
                 n += 1;
             }
         }
