@@ -91,26 +91,15 @@ impl Volume {
         conn: &dyn Connection,
         now: u64,
     ) -> Result<(), VolumeError> {
-        let node = self.node(i);
-        let call = |h| async move {
-            let f = tokio::time::timeout(self.opts.replica_timeout, conn.call(h, Bytes::new()))
-                .await
-                .map_err(|_| VolumeError::Timeout {
-                    node,
-                    timeout: self.opts.replica_timeout,
-                })?
-                .map_err(|source| VolumeError::Transport { node, source })?;
-            self.expect_ok(i, f)
-        };
         let size = self.size();
         tracing::info!(
             volume = %self.info.name,
-            node,
+            node = self.node(i),
             from = now,
             size,
             "a copy of another size: resized before its resync"
         );
-        call(self.resize_header(size)).await?;
+        self.call_on(i, conn, self.resize_header(size)).await?;
         Ok(())
     }
 }

@@ -67,7 +67,26 @@ impl Volume {
             node,
             timeout: self.opts.replica_timeout,
         })??;
-        let h = self.header(Op::Attach, 0, 0);
+        let f = self
+            .call_on(i, &*conn, self.header(Op::Attach, 0, 0))
+            .await?;
+        // Its attach answer carries its size: a copy that missed a resize is given the size
+        // before a resync fills it.
+        if f.header.offset != 0 && f.header.offset != self.size() {
+            self.match_size(i, &*conn, f.header.offset).await?;
+        }
+        Ok((conn, f.header.length))
+    }
+
+    /// Sends `h` to replica `i` on `conn`, a connection not (yet) in its slot: its answer,
+    /// checked, within the replica timeout.
+    pub(crate) async fn call_on(
+        &self,
+        i: usize,
+        conn: &dyn Connection,
+        h: trireme_proto::Header,
+    ) -> Result<trireme_transport::Frame, VolumeError> {
+        let node = self.node(i);
         let f = tokio::time::timeout(self.opts.replica_timeout, conn.call(h, Bytes::new()))
             .await
             .map_err(|_| VolumeError::Timeout {
@@ -75,13 +94,7 @@ impl Volume {
                 timeout: self.opts.replica_timeout,
             })?
             .map_err(|source| VolumeError::Transport { node, source })?;
-        let f = self.expect_ok(i, f)?;
-        // Its attach answer carries its size: a copy that missed a resize is given the size
-        // before a resync fills it.
-        if f.header.offset != 0 && f.header.offset != self.size() {
-            self.match_size(i, &*conn, f.header.offset).await?;
-        }
-        Ok((conn, f.header.length))
+        self.expect_ok(i, f)
     }
 
     /// The union of the survivors' dirty regions for replica `i`, or `None` if no survivor

@@ -67,6 +67,27 @@ struct Disk {
 }
 
 impl Disk {
+    /// Writes a whole log, header and pages of `words`, in one durable write (a crash midway
+    /// leaves pages that do not match the header, which read back as fully marked): the disk
+    /// copy that then says `words`.
+    fn write_whole(
+        ledger: Arc<dyn Ledger>,
+        header: &LogHeader,
+        words: &[u64],
+    ) -> Result<Disk, StoreError> {
+        let mut b = books::encode_log_header(header);
+        for (k, c) in words.chunks(WORDS_PER_PAGE).enumerate() {
+            b.extend(books::encode_log_page(header.epoch, k as u32 + 1, c));
+        }
+        ledger.write_log(0, &b)?;
+        Ok(Disk {
+            ledger,
+            bits: words.iter().map(|w| AtomicU64::new(*w)).collect(),
+            lock: Mutex::new(()),
+            sync: Mutex::new(()),
+        })
+    }
+
     /// Writes bitmap page `n` (1-based) from `bits`; the caller holds `lock`.
     fn write_page(&self, epoch: u64, n: usize) -> Result<(), StoreError> {
         let first = (n - 1) * WORDS_PER_PAGE;
@@ -168,21 +189,10 @@ impl ActivityLogs {
                 shift: log.shift,
                 epoch,
             };
-            // Header and zeroed pages in one durable write: a crash midway leaves pages that
-            // do not match the header, which read back as fully marked.
-            let mut b = books::encode_log_header(&header);
-            for (k, c) in words.chunks(WORDS_PER_PAGE).enumerate() {
-                b.extend(books::encode_log_page(epoch, k as u32 + 1, c));
-            }
-            ledger
-                .write_log(0, &b)
-                .map_err(|e| format!("starting the activity log on disk: {e}"))?;
-            log.disk = Some(Disk {
-                ledger,
-                bits: words.iter().map(|_| AtomicU64::new(0)).collect(),
-                lock: Mutex::new(()),
-                sync: Mutex::new(()),
-            });
+            log.disk = Some(
+                Disk::write_whole(ledger, &header, &words)
+                    .map_err(|e| format!("starting the activity log on disk: {e}"))?,
+            );
         }
         self.logs
             .write()
@@ -399,19 +409,10 @@ impl ActivityLogs {
                 shift: old.shift,
                 epoch: old.epoch,
             };
-            let mut b = books::encode_log_header(&header);
-            for (k, c) in words.chunks(WORDS_PER_PAGE).enumerate() {
-                b.extend(books::encode_log_page(old.epoch, k as u32 + 1, c));
-            }
-            d.ledger
-                .write_log(0, &b)
-                .map_err(|e| format!("rewriting the activity log on disk: {e}"))?;
-            log.disk = Some(Disk {
-                ledger: d.ledger.clone(),
-                bits: words.iter().map(|w| AtomicU64::new(*w)).collect(),
-                lock: Mutex::new(()),
-                sync: Mutex::new(()),
-            });
+            log.disk = Some(
+                Disk::write_whole(d.ledger.clone(), &header, &words)
+                    .map_err(|e| format!("rewriting the activity log on disk: {e}"))?,
+            );
         }
         self.logs
             .write()
