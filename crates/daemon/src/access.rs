@@ -187,6 +187,33 @@ pub async fn node_policies(
 /// certificates: afresh on each change of a layout, an attach record, a node record or the
 /// deny list (watches), and every few seconds in case a watch missed one. Until the first
 /// read, clients reach nothing (nodes and operators do). Runs until dropped.
+/// Reads the access rules into `node` once, before it serves: a writer that reached a node
+/// whose rules were not read yet would be refused for nothing. Tries for up to 10 s (etcd has
+/// just answered the node's registration); past that the node serves, refusing clients until
+/// [`follow_node`] reads them.
+pub async fn first_node_policies(meta: &ClusterMeta, node: &trireme_node::Node) {
+    let t0 = std::time::Instant::now();
+    loop {
+        match node_policies(meta).await {
+            Ok((policies, members)) => {
+                node.set_policies(policies);
+                node.set_members(Some(members));
+                return;
+            }
+            Err(e) if t0.elapsed() < Duration::from_secs(10) => {
+                tracing::debug!("reading the access rules: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "the access rules could not be read ({e}): clients are refused until they are"
+                );
+                return;
+            }
+        }
+    }
+}
+
 pub async fn follow_node(meta: ClusterMeta, node: std::sync::Arc<trireme_node::Node>) {
     let prefixes = [
         ClusterMeta::layouts_prefix(),

@@ -280,8 +280,10 @@ pub async fn run_member(
         let _ = writeln!(o, "listening {addr}");
         let _ = o.flush();
     }
-    // Every volume's access list, writer and epoch, and the cluster's members, kept current:
-    // until they are first read, clients reach nothing (nodes and operators still do).
+    // Every volume's access list, writer and epoch, and the cluster's members, read before
+    // the node serves and kept current: until they are read, clients reach nothing (nodes and
+    // operators still do).
+    crate::access::first_node_policies(&meta, &node).await;
     let access = tokio::spawn(crate::access::follow_node(meta.clone(), node.clone()));
     let serve = trireme_transport::tcp::serve(listener, node.clone());
 
