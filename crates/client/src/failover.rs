@@ -94,8 +94,7 @@ pub(crate) async fn start(v: &Arc<Volume>) -> Result<(), VolumeError> {
                 // start over every tick, taking replicas out and logging each time.
                 backoff[i] = match &r {
                     Err(e)
-                        if !e.stops_writer()
-                            && v.resyncs_begun.load(Ordering::Relaxed) != begun =>
+                        if !e.is_fenced() && v.resyncs_begun.load(Ordering::Relaxed) != begun =>
                     {
                         let n = backoff[i].0.saturating_add(1);
                         let wait = interval
@@ -108,7 +107,11 @@ pub(crate) async fn start(v: &Arc<Volume>) -> Result<(), VolumeError> {
                 };
                 match r {
                     Ok(()) => *last = None,
-                    Err(e) if e.stops_writer() => {
+                    // Fenced: a newer writer holds the volume. A node that refused this
+                    // identity is not that: it may not have read the volume's access list
+                    // yet (it just started), and if the list dropped this client the writes
+                    // are refused too, which stops the writer. Tried again next tick.
+                    Err(e) if e.is_fenced() => {
                         tracing::info!(volume = %v.info.name, "resync stops: {e}");
                         v.stop_writes();
                         return;
