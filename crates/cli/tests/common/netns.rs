@@ -137,3 +137,130 @@ impl Drop for Netns {
         }
     }
 }
+
+/// One host of the test: a network namespace and its address, or 127.0.0.1.
+#[derive(Debug, Clone)]
+pub struct Host {
+    pub ns: Option<String>,
+    pub ip: String,
+}
+
+impl Host {
+    /// `prog` run on this host.
+    pub fn cmd(&self, prog: &str) -> Command {
+        match &self.ns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, prog]);
+                c
+            }
+            None => Command::new(prog),
+        }
+    }
+
+    /// Drops every packet in and out of the host (`on == false` lets them through again).
+    pub fn cut(&self, on: bool) {
+        let ns = self.ns.as_deref().expect("only a namespace can be cut off");
+        let flag = if on { "-I" } else { "-D" };
+        for rule in [["INPUT", "-i"], ["OUTPUT", "-o"]] {
+            sh(&[
+                "ip", "netns", "exec", ns, "iptables", flag, rule[0], rule[1], "eth0", "-j", "DROP",
+            ])
+            .unwrap_or_else(|e| panic!("iptables is needed (scripts/setup.sh installs it): {e}"));
+        }
+    }
+}
+
+/// The test's hosts. In namespaces `tr<pid><tag>-<name>`, joined by bridge `br0` in
+/// namespace `tr<pid><tag>-sw` (one network of their own: its addresses exist nowhere else);
+/// all are deleted on drop (with whatever still runs in them).
+pub struct Net {
+    pub prefix: String,
+    pub names: Vec<String>,
+    pub on: bool,
+}
+
+impl Net {
+    pub fn new() -> Net {
+        Net::tagged("")
+    }
+
+    /// A network of its own for each `tag` a test binary uses (tests run at once).
+    pub fn tagged(tag: &str) -> Net {
+        let prefix = format!("tr{}{tag}", std::process::id() % 100_000);
+        let mut net = Net {
+            prefix: prefix.clone(),
+            names: Vec::new(),
+            on: false,
+        };
+        let sw = format!("{prefix}-sw");
+        let steps: [&[&str]; 3] = [
+            &["ip", "netns", "add", &sw],
+            &["ip", "-n", &sw, "link", "add", "br0", "type", "bridge"],
+            &["ip", "-n", &sw, "link", "set", "br0", "up"],
+        ];
+        for (i, s) in steps.iter().enumerate() {
+            if let Err(e) = sh(s) {
+                eprintln!("no network namespaces ({e}): every host runs on 127.0.0.1 and the partition step is skipped");
+                return net;
+            }
+            if i == 0 {
+                net.names.push(sw.clone());
+            }
+        }
+        net.on = true;
+        net
+    }
+
+    /// A new host `name` at 10.78.0.`k` (or 127.0.0.1).
+    pub fn host(&mut self, name: &str, k: u8) -> Host {
+        if !self.on {
+            return Host {
+                ns: None,
+                ip: "127.0.0.1".into(),
+            };
+        }
+        self.host_at(name, &format!("10.78.0.{k}"), 24)
+    }
+
+    /// A new host `name` at `ip`, on a network of `prefix_len` bits.
+    pub fn host_at(&mut self, name: &str, ip: &str, prefix_len: u8) -> Host {
+        assert!(self.on, "no network namespaces here");
+        let ns = format!("{}-{name}", self.prefix);
+        let sw = format!("{}-sw", self.prefix);
+        let veth = format!("v{name}");
+        let ip = ip.to_string();
+        let cidr = format!("{ip}/{prefix_len}");
+        sh(&["ip", "netns", "add", &ns]).unwrap();
+        self.names.push(ns.clone());
+        let steps: [&[&str]; 5] = [
+            &[
+                "ip", "link", "add", &veth, "netns", &sw, "type", "veth", "peer", "name", "eth0",
+                "netns", &ns,
+            ],
+            &["ip", "-n", &sw, "link", "set", &veth, "master", "br0", "up"],
+            &["ip", "-n", &ns, "addr", "add", &cidr, "dev", "eth0"],
+            &["ip", "-n", &ns, "link", "set", "eth0", "up"],
+            &["ip", "-n", &ns, "link", "set", "lo", "up"],
+        ];
+        for s in steps {
+            sh(s).unwrap();
+        }
+        Host { ns: Some(ns), ip }
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        for ns in self.names.iter().rev() {
+            if let Ok(o) = Command::new("ip").args(["netns", "pids", ns]).output() {
+                for pid in String::from_utf8_lossy(&o.stdout).split_whitespace() {
+                    if let Ok(p) = pid.parse::<i32>() {
+                        signal(p, libc::SIGKILL);
+                    }
+                }
+            }
+            let _ = sh(&["ip", "netns", "del", ns]);
+        }
+    }
+}
