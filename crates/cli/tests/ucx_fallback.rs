@@ -89,3 +89,39 @@ fn a_ucx_path_that_stops_answering_falls_back_to_tcp_and_takes_no_copy_out() {
     assert_replicas_identical(&c, "vol0");
     drop(c);
 }
+
+#[test]
+fn an_attach_while_a_ucx_path_drops_everything_goes_on_over_tcp_at_once() {
+    if std::env::var_os("TRIREME_SKIP_NETNS").is_some() {
+        eprintln!("TRIREME_SKIP_NETNS is set: skipping the network-namespace test");
+        return;
+    }
+    let mut ns = Netns::create(3);
+    let c = ns.cluster(&["--store", "file", "--size", "64M"]);
+    let port = node_port(&status(&c), 2);
+    // Node 2's UCX lanes drop every packet before a new writer links to it; its TCP port
+    // answers. The new writer (another epoch) must not wait out the kernel's connect timeout.
+    ns.cut_all_but_port(2, port);
+    let sock = c.path().join("second.sock");
+    let t0 = std::time::Instant::now();
+    let (mut nbd, uri) = spawn_nbd(&c, "vol0", &sock);
+    let took = t0.elapsed();
+    eprintln!("attach took {took:?}");
+    common::run(std::process::Command::new("qemu-io").args([
+        "-f",
+        "raw",
+        "-c",
+        "write -P 9 0 1M",
+        &uri,
+    ]));
+    let _ = nbd.kill();
+    let _ = nbd.wait();
+    assert!(took < Duration::from_secs(30), "attach took {took:?}");
+    let info = c.cli(&["--output", "json", "volume", "info", "vol0"]);
+    let info: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
+    for r in info["replicas"].as_array().unwrap() {
+        assert_eq!(r["state"], "in-sync", "{info}");
+    }
+    ns.heal();
+    drop(c);
+}

@@ -547,6 +547,11 @@ impl Worker {
         unsafe { sys::ucp_am_data_release(self.h, data.desc) };
     }
 
+    /// The context the worker was made in (for another worker of it).
+    pub fn context(&self) -> &Arc<Context> {
+        &self._ctx
+    }
+
     /// Connects to a peer worker by its address.
     /// The endpoint holds the worker: it cannot outlive it.
     pub fn connect(self: &Arc<Self>, address: &[u8]) -> Result<Endpoint, Error> {

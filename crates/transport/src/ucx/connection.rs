@@ -155,6 +155,7 @@ async fn try_ucx(
     if across && asked.is_none() && hub.config().tls.as_deref() != Some(super::NETWORK_TLS) {
         return Err("the node runs in another network namespace of this host, which UCX's shared memory does not reach, and this process's UCX already uses shared memory (TRIREME_UCX_TLS=^sm,cma leaves it out)".into());
     }
+    reach(hub, address).await?;
     hub.drive_here();
     let ep = hub
         .worker
@@ -182,6 +183,41 @@ async fn try_ucx(
         return Err(e);
     }
     Ok((hub, ep, lanes, secret))
+}
+
+/// Whether UCX reaches the node's worker at `address` at all, found out without risking this
+/// process's worker. `ucp_ep_create` connects UCX's TCP lanes itself, blocking, under the
+/// worker's lock: on a path that drops packets (a firewall that lets only the node's port
+/// through) it would hold every link of the process for the kernel's connect timeout, about
+/// two minutes. So an endpoint is first made on a worker of its own, on a thread of its own;
+/// if that takes longer than the probe may, the link stays on TCP, and the thread ends by
+/// itself later (not a runtime's blocking thread: a process that exits must not wait for it).
+async fn reach(hub: &Hub, address: &[u8]) -> Result<(), String> {
+    let ctx = hub.worker.context().clone();
+    let address = address.to_vec();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let spawned = std::thread::Builder::new()
+        .name("ucx-reach".into())
+        .spawn(move || {
+            let r = trireme_ucx::Worker::new(&ctx)
+                .map_err(|e| format!("UCX worker: {e}"))
+                .and_then(|w| {
+                    w.connect(&address)
+                        .map(|ep| ep.close(true))
+                        .map_err(|e| format!("UCX endpoint: {e}"))
+                });
+            let _ = tx.send(r);
+        });
+    if let Err(e) = spawned {
+        return Err(format!("no thread to check the UCX path: {e}"));
+    }
+    match tokio::time::timeout(PROBE_TIMEOUT, rx).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(_)) => Err("the UCX path check ended without an answer".into()),
+        Err(_) => Err(format!(
+            "UCX could not connect to the node within {PROBE_TIMEOUT:?} (its lanes' packets dropped on the way?)"
+        )),
+    }
 }
 
 impl Link {
