@@ -125,3 +125,46 @@ fn an_attach_while_a_ucx_path_drops_everything_goes_on_over_tcp_at_once() {
     ns.heal();
     drop(c);
 }
+
+#[test]
+fn nodes_that_refuse_the_writers_ucx_secret_are_reached_over_tcp() {
+    if std::env::var_os("TRIREME_SKIP_NETNS").is_some() {
+        eprintln!("TRIREME_SKIP_NETNS is set: skipping the network-namespace test");
+        return;
+    }
+    let ns = Netns::create(3);
+    // Every node refuses every UCX secret it hands out: the writer's probes go unanswered.
+    let c = ns.cluster_env(
+        &["--store", "file", "--size", "64M"],
+        &[("TRIREME_FAULT_REFUSE_UCX_SECRETS", "1")],
+    );
+    let s = status(&c);
+    for n in 1..=3 {
+        let l = link_to(&s, "vol0", n);
+        assert_eq!(l["transport"], "tcp", "{s}");
+        assert!(
+            l["fallback"]
+                .as_str()
+                .is_some_and(|w| w.contains("probe not answered")),
+            "{s}"
+        );
+    }
+    let v = finish_bench(&c, start_bench(&c, 3));
+    assert_eq!(v["errors"].as_u64().unwrap_or(0), 0, "{v}");
+    let info = c.cli(&["--output", "json", "volume", "info", "vol0"]);
+    let info: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
+    for r in info["replicas"].as_array().unwrap() {
+        assert_eq!(r["state"], "in-sync", "{info}");
+    }
+    // Each node said why it dropped them.
+    for n in 1..=3 {
+        let log = std::fs::read_to_string(c.path().join(format!("node-{n}.log"))).unwrap();
+        assert!(
+            log.contains("UCX request without a valid secret dropped unread"),
+            "node {n}: {log}"
+        );
+    }
+    let log = c.log();
+    assert!(!log.contains("replica taken out"), "{log}");
+    drop(c);
+}

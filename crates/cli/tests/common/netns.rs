@@ -8,8 +8,8 @@ use super::*;
 /// (`10.NET.N.1` here, `10.NET.N.2` inside), with iptables rules that cut one off. Everything
 /// is undone on drop.
 pub struct Netns {
-    /// Second octet of this set's addresses (`10.NET.N.x`): distinct for each set a test
-    /// binary creates, and likely distinct between binaries running at once.
+    /// Second octet of this set's addresses (`10.NET.N.x`): distinct for up to three sets a
+    /// test binary has at once, and likely distinct between binaries running at once.
     pub net: u32,
     pub names: Vec<String>,
     veths: Vec<String>,
@@ -22,7 +22,7 @@ impl Netns {
         let k = SETS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let pid = std::process::id();
         let tag = format!("{}{k}", pid % 10_000);
-        let net = 200 + (pid % 25) * 2 + k % 2;
+        let net = 200 + (pid % 18) * 3 + k % 3;
         let mut ns = Netns {
             net,
             names: Vec::new(),

@@ -14,12 +14,29 @@ type GrantMap = HashMap<[u8; SECRET_LEN], (u64, crate::Peer)>;
 
 /// The link a secret was handed out on, if it still is open.
 pub(super) fn granted(secret: &[u8; SECRET_LEN]) -> Option<(u64, crate::Peer)> {
+    if refusing_all() {
+        return None;
+    }
     GRANTED
         .read()
         .unwrap_or_else(|e| e.into_inner())
         .as_ref()?
         .get(secret)
         .cloned()
+}
+
+/// A fault to stage in tests: with `TRIREME_FAULT_REFUSE_UCX_SECRETS=1` this process refuses
+/// every secret it handed out, as a node that lost track of them would, so that what a writer
+/// does then (it stays on TCP) can be seen between real processes.
+fn refusing_all() -> bool {
+    static REFUSING: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *REFUSING.get_or_init(|| {
+        let on = std::env::var_os("TRIREME_FAULT_REFUSE_UCX_SECRETS").is_some_and(|v| v == "1");
+        if on {
+            tracing::warn!("TRIREME_FAULT_REFUSE_UCX_SECRETS=1: every UCX request is refused (a fault staged for tests)");
+        }
+        on
+    })
 }
 
 /// Logs UCX requests with an unknown secret, at most once a second.
