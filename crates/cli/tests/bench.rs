@@ -144,7 +144,7 @@ fn verify_is_clean_on_a_healthy_volume_and_file() {
         );
         let ver = &v["verify"];
         assert!(
-            ver["blocks_checked"].as_u64().unwrap() > 1000,
+            ver["blocks_checked"].as_u64().unwrap() > 100,
             "{target}: {ver}"
         );
         assert_eq!(
