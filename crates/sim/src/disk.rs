@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use trireme_store::{Extent, Ledger, MemoryStore, Replica, Store, StoreError, StoreKind};
+use trireme_store::{Ledger, MemoryStore, Replica, Store, StoreError};
 
 /// A replica's ledger on the simulated disk.
 #[derive(Debug, Default)]
@@ -158,27 +158,9 @@ impl SimReplica {
     }
 }
 
-impl Replica for SimReplica {
-    fn volume(&self) -> u64 {
-        self.inner.volume()
-    }
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn epoch(&self) -> u64 {
-        self.inner.epoch()
-    }
-    fn set_epoch(&self, epoch: u64) -> Result<(), StoreError> {
-        self.inner.set_epoch(epoch)
-    }
-    fn allocated_bytes(&self) -> u64 {
-        self.inner.allocated_bytes()
-    }
-    fn resize(&self, size: u64) -> Result<(), StoreError> {
-        self.inner.resize(size)
-    }
-    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
-        self.inner.read(offset, buf)
+impl trireme_store::filter::ReplicaFilter for SimReplica {
+    fn next(&self) -> &dyn Replica {
+        &*self.inner
     }
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), StoreError> {
         if fua {
@@ -212,14 +194,15 @@ impl Replica for SimReplica {
         self.cache.lock().unwrap_or_else(|e| e.into_inner()).clear();
         self.inner.flush()
     }
-    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, StoreError> {
-        self.inner.block_status(offset, len)
-    }
     fn incarnation(&self) -> u64 {
         self.incarnation.load(Ordering::Acquire)
     }
     fn ledger(&self) -> Option<Arc<dyn Ledger>> {
         Some(self.ledger.clone())
+    }
+    /// A clean shutdown writes the cache out, as a flush does.
+    fn close(&self) -> Result<(), StoreError> {
+        trireme_store::filter::ReplicaFilter::flush(self)
     }
 }
 
@@ -246,12 +229,9 @@ impl SimDisk {
     }
 }
 
-impl Store for SimDisk {
-    fn kind(&self) -> StoreKind {
-        StoreKind::Memory
-    }
-    fn blocking(&self) -> bool {
-        false
+impl trireme_store::filter::StoreFilter for SimDisk {
+    fn next(&self) -> &dyn Store {
+        &self.inner
     }
     fn create(&self, volume: u64, size: u64) -> Result<Arc<dyn Replica>, StoreError> {
         let inner = self.inner.create(volume, size)?;
@@ -266,9 +246,6 @@ impl Store for SimDisk {
             .unwrap_or_else(|e| e.into_inner())
             .insert(volume, r.clone());
         Ok(r)
-    }
-    fn preallocate(&self, volume: u64) -> Result<(), StoreError> {
-        self.inner.preallocate(volume)
     }
     fn open_all(&self) -> Vec<Result<Arc<dyn Replica>, StoreError>> {
         self.replicas

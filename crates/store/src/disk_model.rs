@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use crate::{Extent, Replica, Store, StoreError, StoreKind};
+use crate::{Replica, Store, StoreError};
 
 /// What the model charges.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -209,9 +209,9 @@ impl ModeledStore {
     }
 }
 
-impl Store for ModeledStore {
-    fn kind(&self) -> StoreKind {
-        self.inner.kind()
+impl crate::filter::StoreFilter for ModeledStore {
+    fn next(&self) -> &dyn Store {
+        &*self.inner
     }
     fn blocking(&self) -> bool {
         // The model sleeps: never on an executor thread.
@@ -220,21 +220,12 @@ impl Store for ModeledStore {
     fn create(&self, volume: u64, size: u64) -> Result<Arc<dyn Replica>, StoreError> {
         self.inner.create(volume, size).map(|r| self.wrap(r))
     }
-    fn preallocate(&self, volume: u64) -> Result<(), StoreError> {
-        self.inner.preallocate(volume)
-    }
     fn open_all(&self) -> Vec<Result<Arc<dyn Replica>, StoreError>> {
         self.inner
             .open_all()
             .into_iter()
             .map(|r| r.map(|r| self.wrap(r)))
             .collect()
-    }
-    fn delete(&self, volume: u64) -> Result<(), StoreError> {
-        self.inner.delete(volume)
-    }
-    fn tiers(&self) -> Option<crate::StoreTiers> {
-        self.inner.tiers()
     }
 }
 
@@ -244,33 +235,19 @@ struct ModeledReplica {
     disk: Arc<DiskModel>,
 }
 
-impl Replica for ModeledReplica {
-    fn volume(&self) -> u64 {
-        self.inner.volume()
-    }
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn epoch(&self) -> u64 {
-        self.inner.epoch()
-    }
-    fn set_epoch(&self, epoch: u64) -> Result<(), StoreError> {
-        self.inner.set_epoch(epoch)
-    }
-    fn allocated_bytes(&self) -> u64 {
-        self.inner.allocated_bytes()
-    }
-    fn resize(&self, size: u64) -> Result<(), StoreError> {
-        self.inner.resize(size)
+impl crate::filter::ReplicaFilter for ModeledReplica {
+    fn next(&self) -> &dyn Replica {
+        &*self.inner
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         let len = buf.len() as u64;
-        self.disk
-            .serve(self.volume(), offset, len, || self.inner.read(offset, buf))
+        self.disk.serve(self.inner.volume(), offset, len, || {
+            self.inner.read(offset, buf)
+        })
     }
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), StoreError> {
         self.disk
-            .serve(self.volume(), offset, data.len() as u64, || {
+            .serve(self.inner.volume(), offset, data.len() as u64, || {
                 self.inner.write(offset, data, fua)
             })
     }
@@ -285,39 +262,9 @@ impl Replica for ModeledReplica {
             // Whole grains become holes: metadata, no platter time. Partial edges are written.
             return self.inner.write_zeroes(offset, len, may_trim, fua);
         }
-        self.disk.serve(self.volume(), offset, len, || {
+        self.disk.serve(self.inner.volume(), offset, len, || {
             self.inner.write_zeroes(offset, len, may_trim, fua)
         })
-    }
-    fn flush(&self) -> Result<(), StoreError> {
-        self.inner.flush()
-    }
-    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, StoreError> {
-        self.inner.block_status(offset, len)
-    }
-    fn incarnation(&self) -> u64 {
-        self.inner.incarnation()
-    }
-    fn close(&self) -> Result<(), StoreError> {
-        self.inner.close()
-    }
-    fn ledger(&self) -> Option<Arc<dyn crate::Ledger>> {
-        self.inner.ledger()
-    }
-    fn recover_seals(&self, suspect: &[(u64, u64)]) {
-        self.inner.recover_seals(suspect)
-    }
-    fn tiers(&self) -> Option<crate::ReplicaTiers> {
-        self.inner.tiers()
-    }
-    fn set_pin(&self, pin: crate::Pin) -> Result<(), StoreError> {
-        self.inner.set_pin(pin)
-    }
-    fn tier_of(&self, offset: u64, len: u64) -> Option<crate::TierHint> {
-        self.inner.tier_of(offset, len)
-    }
-    fn add_heat(&self, offset: u64, count: u32) {
-        self.inner.add_heat(offset, count)
     }
 }
 

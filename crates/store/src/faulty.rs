@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::{Extent, Replica, Store, StoreError, StoreKind};
+use crate::{Replica, Store, StoreError};
 
 /// Injection rates, each a probability in `[0, 1]`.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -163,18 +163,12 @@ impl FaultyStore {
     }
 }
 
-impl Store for FaultyStore {
-    fn kind(&self) -> StoreKind {
-        self.inner.kind()
-    }
-    fn blocking(&self) -> bool {
-        self.inner.blocking()
+impl crate::filter::StoreFilter for FaultyStore {
+    fn next(&self) -> &dyn Store {
+        &*self.inner
     }
     fn create(&self, volume: u64, size: u64) -> Result<Arc<dyn Replica>, StoreError> {
         self.inner.create(volume, size).map(|r| self.wrap(r))
-    }
-    fn preallocate(&self, volume: u64) -> Result<(), StoreError> {
-        self.inner.preallocate(volume)
     }
     fn open_all(&self) -> Vec<Result<Arc<dyn Replica>, StoreError>> {
         self.inner
@@ -182,12 +176,6 @@ impl Store for FaultyStore {
             .into_iter()
             .map(|r| r.map(|r| self.wrap(r)))
             .collect()
-    }
-    fn delete(&self, volume: u64) -> Result<(), StoreError> {
-        self.inner.delete(volume)
-    }
-    fn tiers(&self) -> Option<crate::StoreTiers> {
-        self.inner.tiers()
     }
 }
 
@@ -211,24 +199,9 @@ impl FaultyReplica {
     }
 }
 
-impl Replica for FaultyReplica {
-    fn volume(&self) -> u64 {
-        self.inner.volume()
-    }
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn epoch(&self) -> u64 {
-        self.inner.epoch()
-    }
-    fn set_epoch(&self, epoch: u64) -> Result<(), StoreError> {
-        self.inner.set_epoch(epoch)
-    }
-    fn allocated_bytes(&self) -> u64 {
-        self.inner.allocated_bytes()
-    }
-    fn resize(&self, size: u64) -> Result<(), StoreError> {
-        self.inner.resize(size)
+impl crate::filter::ReplicaFilter for FaultyReplica {
+    fn next(&self) -> &dyn Replica {
+        &*self.inner
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         if self.injector.fail("read") {
@@ -268,35 +241,11 @@ impl Replica for FaultyReplica {
         }
         self.inner.flush()
     }
-    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, StoreError> {
-        self.inner.block_status(offset, len)
-    }
     fn incarnation(&self) -> u64 {
         match self.lost.load(std::sync::atomic::Ordering::Acquire) {
             0 => self.inner.incarnation(),
             lost => lost,
         }
-    }
-    fn ledger(&self) -> Option<Arc<dyn crate::Ledger>> {
-        self.inner.ledger()
-    }
-    fn recover_seals(&self, suspect: &[(u64, u64)]) {
-        self.inner.recover_seals(suspect)
-    }
-    fn close(&self) -> Result<(), StoreError> {
-        self.inner.close()
-    }
-    fn tiers(&self) -> Option<crate::ReplicaTiers> {
-        self.inner.tiers()
-    }
-    fn set_pin(&self, pin: crate::Pin) -> Result<(), StoreError> {
-        self.inner.set_pin(pin)
-    }
-    fn tier_of(&self, offset: u64, len: u64) -> Option<crate::TierHint> {
-        self.inner.tier_of(offset, len)
-    }
-    fn add_heat(&self, offset: u64, count: u32) {
-        self.inner.add_heat(offset, count)
     }
 }
 

@@ -28,6 +28,7 @@ pub mod aligned;
 pub mod disk_model;
 pub mod faulty;
 mod file;
+pub mod filter;
 pub mod ledger;
 mod map;
 mod memory;

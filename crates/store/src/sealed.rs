@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
-use crate::{Extent, Replica, Store, StoreError, StoreKind};
+use crate::{Replica, Store, StoreError};
 
 /// The sealed unit.
 pub const BLOCK: u64 = 4096;
@@ -107,19 +107,13 @@ impl SealedStore {
     }
 }
 
-impl Store for SealedStore {
-    fn kind(&self) -> StoreKind {
-        self.inner.kind()
-    }
-    fn blocking(&self) -> bool {
-        self.inner.blocking()
+impl crate::filter::StoreFilter for SealedStore {
+    fn next(&self) -> &dyn Store {
+        &*self.inner
     }
     fn create(&self, volume: u64, size: u64) -> Result<Arc<dyn Replica>, StoreError> {
         let r = self.inner.create(volume, size)?;
         self.wrap(r, true)
-    }
-    fn preallocate(&self, volume: u64) -> Result<(), StoreError> {
-        self.inner.preallocate(volume)
     }
     fn open_all(&self) -> Vec<Result<Arc<dyn Replica>, StoreError>> {
         self.inner
@@ -134,9 +128,6 @@ impl Store for SealedStore {
             let _ = std::fs::remove_file(p);
         }
         Ok(())
-    }
-    fn tiers(&self) -> Option<crate::StoreTiers> {
-        self.inner.tiers()
     }
 }
 
@@ -432,21 +423,9 @@ impl SealedReplica {
     }
 }
 
-impl Replica for SealedReplica {
-    fn volume(&self) -> u64 {
-        self.inner.volume()
-    }
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn epoch(&self) -> u64 {
-        self.inner.epoch()
-    }
-    fn set_epoch(&self, epoch: u64) -> Result<(), StoreError> {
-        self.inner.set_epoch(epoch)
-    }
-    fn allocated_bytes(&self) -> u64 {
-        self.inner.allocated_bytes()
+impl crate::filter::ReplicaFilter for SealedReplica {
+    fn next(&self) -> &dyn Replica {
+        &*self.inner
     }
     /// The replica first, then its seals: blocks past the old end start unsealed, blocks past
     /// a smaller end are forgotten. The seal file is rewritten whole; a crash meanwhile leaves
@@ -483,13 +462,13 @@ impl Replica for SealedReplica {
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         let len = buf.len() as u64;
-        crate::check_range(offset, len, self.size())?;
+        crate::check_range(offset, len, self.inner.size())?;
         if len == 0 {
             return Ok(());
         }
         let a = offset / BLOCK * BLOCK;
         let end = (offset + len).div_ceil(BLOCK) * BLOCK;
-        let end = end.min(self.size());
+        let end = end.min(self.inner.size());
         if a == offset && end == offset + len {
             return self.read_blocks(a, buf);
         }
@@ -502,14 +481,14 @@ impl Replica for SealedReplica {
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), StoreError> {
         let len = data.len() as u64;
-        crate::check_range(offset, len, self.size())?;
+        crate::check_range(offset, len, self.inner.size())?;
         if len == 0 {
             return self.inner.write(offset, data, fua);
         }
         let (first, last) = (offset / BLOCK, (offset + len - 1) / BLOCK);
         let _held = self.lock(first, last);
         self.inner.write(offset, data, fua)?;
-        let (t, size) = (self.table(), self.size());
+        let (t, size) = (self.table(), self.inner.size());
         for b in first..=last {
             let bs = b * BLOCK;
             let be = (bs + BLOCK).min(size);
@@ -529,14 +508,14 @@ impl Replica for SealedReplica {
         may_trim: bool,
         fua: bool,
     ) -> Result<(), StoreError> {
-        crate::check_range(offset, len, self.size())?;
+        crate::check_range(offset, len, self.inner.size())?;
         if len == 0 {
             return self.inner.write_zeroes(offset, len, may_trim, fua);
         }
         let (first, last) = (offset / BLOCK, (offset + len - 1) / BLOCK);
         let _held = self.lock(first, last);
         self.inner.write_zeroes(offset, len, may_trim, fua)?;
-        let (t, size) = (self.table(), self.size());
+        let (t, size) = (self.table(), self.inner.size());
         for b in first..=last {
             let bs = b * BLOCK;
             let be = (bs + BLOCK).min(size);
@@ -556,30 +535,9 @@ impl Replica for SealedReplica {
         self.inner.flush()?;
         self.persist(false)
     }
-    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, StoreError> {
-        self.inner.block_status(offset, len)
-    }
-    fn incarnation(&self) -> u64 {
-        self.inner.incarnation()
-    }
-    fn ledger(&self) -> Option<Arc<dyn crate::Ledger>> {
-        self.inner.ledger()
-    }
     fn close(&self) -> Result<(), StoreError> {
         self.inner.close()?;
         self.persist(true)
-    }
-    fn tiers(&self) -> Option<crate::ReplicaTiers> {
-        self.inner.tiers()
-    }
-    fn set_pin(&self, pin: crate::Pin) -> Result<(), StoreError> {
-        self.inner.set_pin(pin)
-    }
-    fn tier_of(&self, offset: u64, len: u64) -> Option<crate::TierHint> {
-        self.inner.tier_of(offset, len)
-    }
-    fn add_heat(&self, offset: u64, count: u32) {
-        self.inner.add_heat(offset, count)
     }
     fn recover_seals(&self, suspect: &[(u64, u64)]) {
         let Some(kept) = self

@@ -18,9 +18,9 @@ struct StallingReplica {
     gate: Arc<(std::sync::Mutex<(bool, bool)>, std::sync::Condvar)>,
 }
 
-impl Store for Stalling {
-    fn kind(&self) -> trireme_store::StoreKind {
-        self.inner.kind()
+impl trireme_store::filter::StoreFilter for Stalling {
+    fn next(&self) -> &dyn Store {
+        &self.inner
     }
     fn blocking(&self) -> bool {
         true
@@ -31,38 +31,14 @@ impl Store for Stalling {
             gate: self.gate.clone(),
         }))
     }
-    fn preallocate(&self, volume: u64) -> Result<(), StoreError> {
-        self.inner.preallocate(volume)
-    }
     fn open_all(&self) -> Vec<Result<Arc<dyn Replica>, StoreError>> {
         Vec::new()
     }
-    fn delete(&self, volume: u64) -> Result<(), StoreError> {
-        self.inner.delete(volume)
-    }
 }
 
-impl Replica for StallingReplica {
-    fn volume(&self) -> u64 {
-        self.inner.volume()
-    }
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn epoch(&self) -> u64 {
-        self.inner.epoch()
-    }
-    fn set_epoch(&self, epoch: u64) -> Result<(), StoreError> {
-        self.inner.set_epoch(epoch)
-    }
-    fn allocated_bytes(&self) -> u64 {
-        self.inner.allocated_bytes()
-    }
-    fn resize(&self, size: u64) -> Result<(), StoreError> {
-        self.inner.resize(size)
-    }
-    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
-        self.inner.read(offset, buf)
+impl trireme_store::filter::ReplicaFilter for StallingReplica {
+    fn next(&self) -> &dyn Replica {
+        &*self.inner
     }
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), StoreError> {
         if data == b"slow" {
@@ -75,28 +51,6 @@ impl Replica for StallingReplica {
             }
         }
         self.inner.write(offset, data, fua)
-    }
-    fn write_zeroes(
-        &self,
-        offset: u64,
-        len: u64,
-        may_trim: bool,
-        fua: bool,
-    ) -> Result<(), StoreError> {
-        self.inner.write_zeroes(offset, len, may_trim, fua)
-    }
-    fn flush(&self) -> Result<(), StoreError> {
-        self.inner.flush()
-    }
-    fn block_status(
-        &self,
-        offset: u64,
-        len: u64,
-    ) -> Result<Vec<trireme_proto::Extent>, StoreError> {
-        self.inner.block_status(offset, len)
-    }
-    fn incarnation(&self) -> u64 {
-        self.inner.incarnation()
     }
 }
 
