@@ -17,6 +17,7 @@ mod access;
 mod activity;
 pub mod books;
 mod dirty;
+mod ops;
 mod room;
 mod serve;
 

@@ -27,12 +27,16 @@
 //! | 56     | 4    | payload_crc   |
 //! | 60     | 4    | header_crc    |
 
+mod answers;
 mod dirty;
 mod extent;
 mod op;
 mod space;
 mod tier;
 
+pub use answers::{
+    ActivityAnswer, AttachAnswer, ChecksumAnswer, DirtyAnswer, PingAnswer, ReplicaInfoAnswer,
+};
 pub use dirty::{
     decode_peer, encode_peer, DirtyPeer, DIRTY_AUTO, DIRTY_DROP, DIRTY_MANUAL, DIRTY_PEER_LEN,
     DIRTY_START,

@@ -1,0 +1,127 @@
+//! Block I/O on an attached replica: read, write, write zeroes, flush, block status, and
+//! checksums of ranges (what `volume verify` and reconciliation compare).
+
+use bytes::{Bytes, BytesMut};
+use trireme_proto::{encode_extents, Header, Status, FLAG_FUA, FLAG_MAY_TRIM, MAX_PAYLOAD};
+use trireme_store::{Replica, StoreError};
+use trireme_transport::Frame;
+
+use crate::{Node, Refusal, MAX_BLOCK_STATUS_RANGE, MAX_CHECKSUM_RANGE};
+
+impl Node {
+    pub(crate) fn on_read(&self, req: &Frame, resp: &mut Header) -> Result<Bytes, Refusal> {
+        let h = &req.header;
+        let (r, _turn) = self.io_replica(req)?;
+        trireme_store::check_range(h.offset, h.length, r.size())?;
+        if h.length > u64::from(MAX_PAYLOAD) {
+            return Err(Refusal(
+                Status::Invalid,
+                format!("length {} over the frame limit", h.length),
+            ));
+        }
+        let mut buf = BytesMut::zeroed(h.length as usize);
+        // Asked before the read heats anything: where it is served from, and whether the
+        // other copies should hear of it (the writer's read preference and heat sharing,
+        // `client/src/tiers.rs`).
+        let mut read = || {
+            let hint = r.tier_of(h.offset, h.length);
+            r.read(h.offset, &mut buf).map(|()| hint)
+        };
+        let hint = if h.has_flag(trireme_proto::FLAG_STREAM) {
+            trireme_store::tiered::heat::as_stream(read)
+        } else {
+            read()
+        }?;
+        if let Some(t) = hint {
+            resp.flags |= trireme_proto::FLAG_TIERED;
+            if t.slow {
+                resp.flags |= trireme_proto::FLAG_SLOW;
+            }
+            if t.heated {
+                resp.flags |= trireme_proto::FLAG_HEATED;
+            }
+        }
+        Ok(buf.freeze())
+    }
+
+    pub(crate) fn on_write(&self, req: &Frame) -> Result<Bytes, Refusal> {
+        let h = &req.header;
+        let (r, _turn) = self.io_replica(req)?;
+        let len = req.payload.len() as u64;
+        // Checked before anything is marked: a bad range marks nothing.
+        trireme_store::check_range(h.offset, len, r.size())?;
+        // Marked before it is applied: in the dirty records, and in the activity log (on
+        // disk first if its extent is not marked there: `activity.rs`).
+        self.dirty.on_write(h.volume, h.offset, len);
+        self.activity.on_write(h.volume, h.offset, len)?;
+        r.write(h.offset, &req.payload, h.has_flag(FLAG_FUA))?;
+        Ok(Bytes::new())
+    }
+
+    pub(crate) fn on_flush(&self, req: &Frame) -> Result<Bytes, Refusal> {
+        let (r, _turn) = self.io_replica(req)?;
+        r.flush()?;
+        Ok(Bytes::new())
+    }
+
+    pub(crate) fn on_write_zeroes(&self, req: &Frame) -> Result<Bytes, Refusal> {
+        let h = &req.header;
+        let (r, _turn) = self.io_replica(req)?;
+        trireme_store::check_range(h.offset, h.length, r.size())?;
+        self.dirty.on_write(h.volume, h.offset, h.length);
+        self.activity.on_write(h.volume, h.offset, h.length)?;
+        r.write_zeroes(
+            h.offset,
+            h.length,
+            h.has_flag(FLAG_MAY_TRIM),
+            h.has_flag(FLAG_FUA),
+        )?;
+        Ok(Bytes::new())
+    }
+
+    pub(crate) fn on_block_status(&self, req: &Frame) -> Result<Bytes, Refusal> {
+        let h = &req.header;
+        let (r, _turn) = self.io_replica(req)?;
+        if h.length > MAX_BLOCK_STATUS_RANGE {
+            return Err(Refusal(
+                Status::Invalid,
+                format!("block status over {} bytes is too large", h.length),
+            ));
+        }
+        Ok(Bytes::from(encode_extents(
+            &r.block_status(h.offset, h.length)?,
+        )))
+    }
+
+    pub(crate) fn on_checksum(&self, h: &Header, resp: &mut Header) -> Result<Bytes, Refusal> {
+        // A checksum of a short range reveals the bytes in it: the epoch fence holds here
+        // too. Not tied to the attaching connection: `volume verify` asks from its own, at
+        // the current epoch.
+        let r = self.replica(h.volume)?;
+        Self::check_epoch(&*r, h)?;
+        if h.length > MAX_CHECKSUM_RANGE {
+            return Err(Refusal(
+                Status::Invalid,
+                format!("checksum range {} too large", h.length),
+            ));
+        }
+        let crc = checksum(&*r, h.offset, h.length)?;
+        trireme_proto::ChecksumAnswer { crc }.put(resp);
+        Ok(Bytes::new())
+    }
+}
+
+/// crc32c of `[offset, offset+len)`, read in 1 MiB pieces.
+fn checksum(r: &dyn Replica, offset: u64, len: u64) -> Result<u32, StoreError> {
+    trireme_store::check_range(offset, len, r.size())?;
+    let mut buf = vec![0u8; (1 << 20).min(len as usize)];
+    let mut crc = 0u32;
+    let mut pos = offset;
+    while pos < offset + len {
+        let n = (offset + len - pos).min(buf.len() as u64) as usize;
+        r.read(pos, &mut buf[..n])?;
+        crc = crc32c::crc32c_append(crc, &buf[..n]);
+        pos += n as u64;
+    }
+    Ok(crc)
+}
