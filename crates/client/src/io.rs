@@ -444,8 +444,13 @@ impl Volume {
             .into_iter()
             .zip(targets)
             .map(|(r, &i)| {
-                r.and_then(|f| self.expect_ok(i, f))
-                    .map(|f| f.header.length)
+                let f = r.and_then(|f| self.expect_ok(i, f))?;
+                trireme_proto::ChecksumAnswer::read(&f.header)
+                    .map(|a| u64::from(a.crc))
+                    .map_err(|e| VolumeError::Protocol {
+                        node: self.node(i),
+                        what: e.to_string(),
+                    })
             })
             .collect()
     }

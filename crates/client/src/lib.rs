@@ -418,7 +418,7 @@ impl Volume {
             let i = targets[k];
             match r.and_then(|f| self.expect_ok(i, f)) {
                 Ok(f) => {
-                    let now = f.header.length;
+                    let now = trireme_proto::AttachAnswer::read(&f.header).incarnation;
                     self.core().attached(i, now);
                     match self.info.replicas[i].incarnation {
                         0 => unrecorded.push((i, now)),

@@ -4,7 +4,7 @@ use tokio::time::Instant;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-use trireme_proto::{data_ranges, decode_extents_within, Op};
+use trireme_proto::{data_ranges, Op};
 use trireme_replication::{all_chunks, settle, union_chunks, Sum, Verdict};
 
 use crate::{Volume, VolumeError};
@@ -36,16 +36,17 @@ impl Volume {
                         break;
                     }
                 };
-                if f.header.epoch == 0 {
+                let a = trireme_proto::ActivityAnswer::read(&f.header, &f.payload, len).map_err(
+                    |e| VolumeError::Protocol {
+                        node: self.node(t),
+                        what: e.to_string(),
+                    },
+                )?;
+                if a.epoch == 0 {
                     tracing::info!(volume = %self.info.name, node = self.node(t), "replica has no activity log (its node restarted): reconciling the whole volume");
                     return Ok(None);
                 }
-                let ext =
-                    decode_extents_within(&f.payload, len).map_err(|e| VolumeError::Protocol {
-                        node: self.node(t),
-                        what: e.to_string(),
-                    })?;
-                ranges.extend(data_ranges(&ext, off));
+                ranges.extend(data_ranges(&a.extents, off));
                 off += len;
             }
         }

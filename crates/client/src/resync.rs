@@ -22,7 +22,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use bytes::Bytes;
-use trireme_proto::{data_ranges, decode_extents_within, encode_peer, Op, FLAG_MAY_TRIM};
+use trireme_proto::{data_ranges, encode_peer, Op, FLAG_MAY_TRIM};
 use trireme_replication::{
     all_chunks, union_chunks, ReplicaState, ResyncPlan, ResyncProgress, ResyncStart, ResyncStep,
 };
@@ -72,10 +72,11 @@ impl Volume {
             .await?;
         // Its attach answer carries its size: a copy that missed a resize is given the size
         // before a resync fills it.
-        if f.header.offset != 0 && f.header.offset != self.size() {
-            self.match_size(i, &*conn, f.header.offset).await?;
+        let a = trireme_proto::AttachAnswer::read(&f.header);
+        if let Some(size) = a.size.filter(|&s| s != self.size()) {
+            self.match_size(i, &*conn, size).await?;
         }
-        Ok((conn, f.header.length))
+        Ok((conn, a.incarnation))
     }
 
     /// Sends `h` to replica `i` on `conn`, a connection not (yet) in its slot: its answer,
@@ -118,16 +119,18 @@ impl Volume {
                     .call(s, h, Bytes::from(encode_peer(self.node(i))))
                     .await?;
                 let f = self.expect_ok(s, f)?;
-                if f.header.epoch != self.info.epoch || f.header.length != incarnation {
+                let a =
+                    trireme_proto::DirtyAnswer::read(&f.header, &f.payload, len).map_err(|e| {
+                        VolumeError::Protocol {
+                            node: self.node(s),
+                            what: e.to_string(),
+                        }
+                    })?;
+                if a.epoch != self.info.epoch || a.incarnation != incarnation {
                     trusted = false;
                     break;
                 }
-                let ext =
-                    decode_extents_within(&f.payload, len).map_err(|e| VolumeError::Protocol {
-                        node: self.node(s),
-                        what: e.to_string(),
-                    })?;
-                mine.extend(data_ranges(&ext, off));
+                mine.extend(data_ranges(&a.extents, off));
                 off += len;
             }
             if trusted {

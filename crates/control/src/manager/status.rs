@@ -95,8 +95,10 @@ impl Manager {
             _ => self.node_call(n, Header::request(Op::Ping, 0)).await.ok(),
         };
         let up = ping.is_some();
-        // Its reply carries the node's capacity (0 from a node that sets none).
-        let capacity = ping.as_ref().map(|f| f.header.length).filter(|&c| c > 0);
+        // Its reply carries the node's capacity, if it sets one.
+        let capacity = ping
+            .as_ref()
+            .and_then(|f| trireme_proto::PingAnswer::read(&f.header, &f.payload).capacity);
         let tiers = match up {
             true => self.tier_info(n, 0).await.map(|t| t.node.into()),
             false => None,
@@ -224,8 +226,10 @@ impl Manager {
                         };
                         match self.node_call(n, h).await {
                             Ok(f) if f.header.status == Status::Ok => {
-                                st.allocated_bytes = Some(f.header.offset);
-                                st.epoch = Some(f.header.epoch);
+                                let a =
+                                    trireme_proto::ReplicaInfoAnswer::read(&f.header, &f.payload);
+                                st.allocated_bytes = a.as_ref().ok().map(|a| a.allocated_bytes);
+                                st.epoch = a.as_ref().ok().map(|a| a.epoch);
                                 if tiered.contains(&n.id) {
                                     st.tier = self
                                         .tier_info(n, v.id)
