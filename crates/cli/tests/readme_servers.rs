@@ -551,13 +551,18 @@ impl World {
     }
 
     /// `trireme --output json ARGS` as the operator (the test's own look, not a README line).
-    fn admin_json(&self, args: &[&str]) -> serde_json::Value {
+    fn admin_argv(&self, args: &[&str]) -> Vec<String> {
         let mut w: Vec<String> = vec!["trireme".into(), "--output".into(), "json".into()];
         if self.tls {
             w.push("--tls-identity".into());
             w.push(self.dir("op").join("admin").display().to_string());
         }
         w.extend(args.iter().map(|a| a.to_string()));
+        w
+    }
+
+    fn admin_json(&self, args: &[&str]) -> serde_json::Value {
+        let w = self.admin_argv(args);
         let out = output_within(
             &mut self.command("op", Role::Operator, &w),
             CLI_LIMIT,
@@ -573,17 +578,24 @@ impl World {
     }
 
     fn try_admin_json(&self, args: &[&str]) -> Option<serde_json::Value> {
-        let mut w: Vec<String> = vec!["trireme".into(), "--output".into(), "json".into()];
-        if self.tls {
-            w.push("--tls-identity".into());
-            w.push(self.dir("op").join("admin").display().to_string());
-        }
-        w.extend(args.iter().map(|a| a.to_string()));
+        let w = self.admin_argv(args);
         let out = self.command("op", Role::Operator, &w).output().ok()?;
         match out.status.success() {
             true => serde_json::from_slice(&out.stdout).ok(),
             false => None,
         }
+    }
+
+    /// What `status` shows of volume db1.
+    fn db1_status(&self) -> serde_json::Value {
+        let s = self.admin_json(&["status"]);
+        s["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == "db1")
+            .cloned()
+            .unwrap_or_else(|| panic!("no db1 in status: {s}"))
     }
 
     fn nodes_up(&self) -> usize {
@@ -726,26 +738,14 @@ fn run_readme(tls: bool) {
         Duration::from_secs(20),
         "the writer's report after the move",
         |w| {
-            let s = w.admin_json(&["status"]);
-            let vol = s["volumes"]
+            let links = w.db1_status()["client_links"]
                 .as_array()
-                .unwrap()
-                .iter()
-                .find(|v| v["name"] == "db1")
                 .cloned()
-                .unwrap();
-            let links = vol["client_links"].as_array().cloned().unwrap_or_default();
+                .unwrap_or_default();
             links.len() == 3 && links.iter().all(|l| l["node"] != 3)
         },
     );
-    let s = w.admin_json(&["status"]);
-    let vol = s["volumes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|v| v["name"] == "db1")
-        .unwrap()
-        .clone();
+    let vol = w.db1_status();
     for l in vol["client_links"].as_array().unwrap() {
         assert_eq!(l["transport"], "ucx", "{vol}");
     }

@@ -7,6 +7,14 @@ use common::netns::Netns;
 use common::*;
 use std::time::Duration;
 
+fn skip_netns() -> bool {
+    let skip = std::env::var_os("TRIREME_SKIP_NETNS").is_some();
+    if skip {
+        eprintln!("TRIREME_SKIP_NETNS is set: skipping the network-namespace test");
+    }
+    skip
+}
+
 fn link_to(s: &serde_json::Value, volume: &str, node: u64) -> serde_json::Value {
     s["volumes"]
         .as_array()
@@ -41,8 +49,7 @@ fn node_port(s: &serde_json::Value, node: u64) -> u16 {
 
 #[test]
 fn a_ucx_path_that_stops_answering_falls_back_to_tcp_and_takes_no_copy_out() {
-    if std::env::var_os("TRIREME_SKIP_NETNS").is_some() {
-        eprintln!("TRIREME_SKIP_NETNS is set: skipping the network-namespace test");
+    if skip_netns() {
         return;
     }
     let mut ns = Netns::create(3);
@@ -92,8 +99,7 @@ fn a_ucx_path_that_stops_answering_falls_back_to_tcp_and_takes_no_copy_out() {
 
 #[test]
 fn an_attach_while_a_ucx_path_drops_everything_goes_on_over_tcp_at_once() {
-    if std::env::var_os("TRIREME_SKIP_NETNS").is_some() {
-        eprintln!("TRIREME_SKIP_NETNS is set: skipping the network-namespace test");
+    if skip_netns() {
         return;
     }
     let mut ns = Netns::create(3);
@@ -128,8 +134,7 @@ fn an_attach_while_a_ucx_path_drops_everything_goes_on_over_tcp_at_once() {
 
 #[test]
 fn nodes_that_refuse_the_writers_ucx_secret_are_reached_over_tcp() {
-    if std::env::var_os("TRIREME_SKIP_NETNS").is_some() {
-        eprintln!("TRIREME_SKIP_NETNS is set: skipping the network-namespace test");
+    if skip_netns() {
         return;
     }
     let ns = Netns::create(3);
