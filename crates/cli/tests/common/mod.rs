@@ -470,7 +470,8 @@ pub fn start_bench(c: &Cluster, secs: u32) -> Child {
 
 /// Waits for the bench and checks it saw no error and the oracle found nothing.
 pub fn finish_bench(c: &Cluster, b: Child) -> serde_json::Value {
-    check_workload(b, 1000, &|| c.evidence())
+    // That it ran and was checked, not how fast: faults stall it, and CI's host is shared.
+    check_workload(b, 200, &|| c.evidence())
 }
 
 /// Waits for a `bench --verify --output json` workload: it must succeed, its oracle must find
