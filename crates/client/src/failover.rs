@@ -216,6 +216,25 @@ impl Volume {
                 Ok(()) | Err(MembershipError::NotOnRecord(_)) => {}
                 Err(e) => return Err(self.degrade(node, e)),
             }
+            // The record may have waited for the metadata store, and the copies that were to
+            // hold the volume after this one may have died meanwhile (simulator seed 57077:
+            // the new copy of a move lost power and the third crashed while the store was
+            // away). Writes were held all along, so this copy missed none: if no other copy
+            // holds now, it goes back on record in sync and stays.
+            if !self.another_copy_holds(i).await {
+                let incarnation = self.core().incarnation(i);
+                m.set_state(
+                    &self.info.name,
+                    self.info.epoch,
+                    node,
+                    ReplicaState::InSync,
+                    incarnation,
+                )
+                .await
+                .map_err(|e| self.degrade(node, e))?;
+                tracing::warn!(volume = %self.info.name, node, "not retiring the copy: no other copy holds the volume now");
+                return Err(self.degrade(node, trireme_replication::Refusal::NoOtherAnswers));
+            }
         }
         self.core().retire(i);
         self.set_conn(i, None);
