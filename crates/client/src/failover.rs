@@ -253,10 +253,8 @@ impl Volume {
                 .await
                 .and_then(|f| self.expect_ok(j, f));
             let same = info.is_ok_and(|f| {
-                f.payload
-                    .get(..8)
-                    .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
-                    == Some(self.core().incarnation(j))
+                trireme_proto::ReplicaInfoAnswer::read(&f.header, &f.payload)
+                    .is_ok_and(|a| a.incarnation == self.core().incarnation(j))
             });
             if !same {
                 continue;

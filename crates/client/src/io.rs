@@ -447,10 +447,7 @@ impl Volume {
                 let f = r.and_then(|f| self.expect_ok(i, f))?;
                 trireme_proto::ChecksumAnswer::read(&f.header)
                     .map(|a| u64::from(a.crc))
-                    .map_err(|e| VolumeError::Protocol {
-                        node: self.node(i),
-                        what: e.to_string(),
-                    })
+                    .map_err(self.malformed(i))
             })
             .collect()
     }

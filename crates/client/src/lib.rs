@@ -633,6 +633,15 @@ impl Volume {
         })
     }
 
+    /// What an answer of replica `i` that does not decode is.
+    pub(crate) fn malformed(&self, i: usize) -> impl Fn(trireme_proto::DecodeError) -> VolumeError {
+        let node = self.node(i);
+        move |e| VolumeError::Protocol {
+            node,
+            what: e.to_string(),
+        }
+    }
+
     fn expect_ok(&self, i: usize, f: Frame) -> Result<Frame, VolumeError> {
         match f.header.status {
             Status::Ok => Ok(f),

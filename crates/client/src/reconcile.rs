@@ -36,12 +36,8 @@ impl Volume {
                         break;
                     }
                 };
-                let a = trireme_proto::ActivityAnswer::read(&f.header, &f.payload, len).map_err(
-                    |e| VolumeError::Protocol {
-                        node: self.node(t),
-                        what: e.to_string(),
-                    },
-                )?;
+                let a = trireme_proto::ActivityAnswer::read(&f.header, &f.payload, len)
+                    .map_err(self.malformed(t))?;
                 if a.epoch == 0 {
                     tracing::info!(volume = %self.info.name, node = self.node(t), "replica has no activity log (its node restarted): reconciling the whole volume");
                     return Ok(None);

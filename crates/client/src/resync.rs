@@ -119,13 +119,8 @@ impl Volume {
                     .call(s, h, Bytes::from(encode_peer(self.node(i))))
                     .await?;
                 let f = self.expect_ok(s, f)?;
-                let a =
-                    trireme_proto::DirtyAnswer::read(&f.header, &f.payload, len).map_err(|e| {
-                        VolumeError::Protocol {
-                            node: self.node(s),
-                            what: e.to_string(),
-                        }
-                    })?;
+                let a = trireme_proto::DirtyAnswer::read(&f.header, &f.payload, len)
+                    .map_err(self.malformed(s))?;
                 if a.epoch != self.info.epoch || a.incarnation != incarnation {
                     trusted = false;
                     break;
