@@ -102,7 +102,8 @@ impl From<StoreError> for Refusal {
     fn from(e: StoreError) -> Self {
         let s = match &e {
             StoreError::NoReplica { .. } => Status::NoReplica,
-            StoreError::Exists { .. } => Status::Exists,
+            StoreError::Exists { .. } | StoreError::SnapshotExists { .. } => Status::Exists,
+            StoreError::NoSnapshot { .. } => Status::Invalid,
             StoreError::OutOfRange { .. } => Status::OutOfRange,
             StoreError::NoSpace { .. } => Status::NoSpace,
             StoreError::Invalid(_) => Status::Invalid,

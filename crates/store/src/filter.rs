@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use crate::{Extent, Ledger, Pin, Replica, ReplicaTiers, Store, StoreError, StoreKind};
-use crate::{StoreTiers, TierHint};
+use crate::{SnapshotInfo, StoreTiers, TierHint};
 
 /// A replica that wraps [`ReplicaFilter::next`]. Each method's default passes the call on.
 pub trait ReplicaFilter: Send + Sync + std::fmt::Debug {
@@ -88,6 +88,26 @@ pub trait ReplicaFilter: Send + Sync + std::fmt::Debug {
     fn set_pin(&self, pin: Pin) -> Result<(), StoreError> {
         self.next().set_pin(pin)
     }
+
+    // Versions.
+    fn snapshot(&self, id: u64, created: u64) -> Result<(), StoreError> {
+        self.next().snapshot(id, created)
+    }
+    fn snapshots(&self) -> Result<Vec<SnapshotInfo>, StoreError> {
+        self.next().snapshots()
+    }
+    fn delete_snapshot(&self, id: u64) -> Result<(), StoreError> {
+        self.next().delete_snapshot(id)
+    }
+    fn rollback(&self, id: u64) -> Result<(), StoreError> {
+        self.next().rollback(id)
+    }
+    fn read_snapshot(&self, id: u64, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.next().read_snapshot(id, offset, buf)
+    }
+    fn changed_since(&self, id: u64, offset: u64, len: u64) -> Result<Vec<(u64, u64)>, StoreError> {
+        self.next().changed_since(id, offset, len)
+    }
 }
 
 impl<F: ReplicaFilter> Replica for F {
@@ -153,6 +173,24 @@ impl<F: ReplicaFilter> Replica for F {
     }
     fn set_pin(&self, pin: Pin) -> Result<(), StoreError> {
         ReplicaFilter::set_pin(self, pin)
+    }
+    fn snapshot(&self, id: u64, created: u64) -> Result<(), StoreError> {
+        ReplicaFilter::snapshot(self, id, created)
+    }
+    fn snapshots(&self) -> Result<Vec<SnapshotInfo>, StoreError> {
+        ReplicaFilter::snapshots(self)
+    }
+    fn delete_snapshot(&self, id: u64) -> Result<(), StoreError> {
+        ReplicaFilter::delete_snapshot(self, id)
+    }
+    fn rollback(&self, id: u64) -> Result<(), StoreError> {
+        ReplicaFilter::rollback(self, id)
+    }
+    fn read_snapshot(&self, id: u64, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        ReplicaFilter::read_snapshot(self, id, offset, buf)
+    }
+    fn changed_since(&self, id: u64, offset: u64, len: u64) -> Result<Vec<(u64, u64)>, StoreError> {
+        ReplicaFilter::changed_since(self, id, offset, len)
     }
 }
 

@@ -86,6 +86,12 @@ pub enum StoreError {
     /// The request is invalid (e.g. a zero-size replica).
     #[error("invalid: {0}")]
     Invalid(String),
+    /// No snapshot `id` of the volume here.
+    #[error("replica {volume} has no snapshot {id}")]
+    NoSnapshot { volume: u64, id: u64 },
+    /// A snapshot `id` of the volume exists already.
+    #[error("replica {volume} already has a snapshot {id}")]
+    SnapshotExists { volume: u64, id: u64 },
     /// A block's bytes do not match its checksum: this copy is bad there.
     #[error("replica {volume}: block at {offset} fails its checksum")]
     BadBlock { volume: u64, offset: u64 },
@@ -211,6 +217,67 @@ pub trait Replica: Send + Sync + std::fmt::Debug {
             "this store has no tiers (start the node with --store tiered)".into(),
         ))
     }
+
+    // Versions (`versions`): a store that keeps them wraps the others in a `VersionedStore`.
+    /// Takes snapshot `id` of what the replica holds now: every write that returned before
+    /// the call, none that started after it returned. Durable when it returns. `created` is
+    /// kept as given (seconds since the Unix epoch).
+    fn snapshot(&self, _id: u64, _created: u64) -> Result<(), StoreError> {
+        Err(no_versions())
+    }
+    /// The replica's snapshots, oldest first.
+    fn snapshots(&self) -> Result<Vec<SnapshotInfo>, StoreError> {
+        Ok(Vec::new())
+    }
+    /// Deletes snapshot `id`, freeing the blocks only it held. Durable when it returns.
+    fn delete_snapshot(&self, id: u64) -> Result<(), StoreError> {
+        Err(StoreError::NoSnapshot {
+            volume: self.volume(),
+            id,
+        })
+    }
+    /// Makes the replica hold what snapshot `id` holds (the snapshot stays). Durable when it
+    /// returns. The caller keeps I/O out while it runs.
+    fn rollback(&self, id: u64) -> Result<(), StoreError> {
+        Err(StoreError::NoSnapshot {
+            volume: self.volume(),
+            id,
+        })
+    }
+    /// Reads snapshot `id`.
+    fn read_snapshot(&self, id: u64, _offset: u64, _buf: &mut [u8]) -> Result<(), StoreError> {
+        Err(StoreError::NoSnapshot {
+            volume: self.volume(),
+            id,
+        })
+    }
+    /// The byte ranges of `[offset, offset+len)`, in order and merged, where the replica now
+    /// may differ from snapshot `id` (blocks written or trimmed since; 4 KiB granularity).
+    fn changed_since(
+        &self,
+        id: u64,
+        _offset: u64,
+        _len: u64,
+    ) -> Result<Vec<(u64, u64)>, StoreError> {
+        Err(StoreError::NoSnapshot {
+            volume: self.volume(),
+            id,
+        })
+    }
+}
+
+/// One snapshot of a replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    pub id: u64,
+    /// Seconds since the Unix epoch, as given when it was taken.
+    pub created: u64,
+    /// Bytes only this snapshot holds: what deleting it frees.
+    pub exclusive_bytes: u64,
+}
+
+fn no_versions() -> StoreError {
+    StoreError::Invalid("this store keeps no snapshots".into())
 }
 
 /// A fresh random incarnation (never 0, which means "unknown").
