@@ -36,6 +36,7 @@ mod null;
 pub mod private;
 pub mod sealed;
 pub mod tiered;
+pub mod versions;
 
 pub use faulty::FaultyStore;
 pub use file::meta as file_meta;
@@ -47,6 +48,7 @@ pub use null::NullStore;
 pub use sealed::SealedStore;
 pub use tiered::{Pin, ReplicaTiers, StoreTiers, Tier, TierConfig, TierHint, TieredStore};
 pub use trireme_proto::Extent;
+pub use versions::VersionedStore;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -1,0 +1,363 @@
+//! Where each version of a replica keeps each block: the pure bookkeeping of redirect-on-write,
+//! with no I/O (the filter in `mod.rs` does the reads and writes it decides).
+//!
+//! A replica's bytes live in the physical space of the replica it wraps, in 4 KiB blocks. Every
+//! version — the head (what the writer writes) and each snapshot — maps logical block `l` to
+//! an [`Entry`]: the physical block holding it and its birth (the head's generation when it was
+//! written there). A version with no entry for `l` holds it at physical block `l` (the
+//! identity: a replica never snapshotted is read and written in place, at no cost). A block
+//! trimmed since a snapshot maps to [`ZERO`].
+//!
+//! Maps are persistent (`imbl::OrdMap`): a snapshot is a clone of the head's map, sharing its
+//! structure, so taking one costs a pointer copy whatever the size.
+//!
+//! **When a write goes elsewhere.** Taking a snapshot gives it the head's generation and moves
+//! the head to the next. A snapshot holds only blocks born at or before its generation, so a
+//! head block born after the newest live snapshot is the head's alone and is written in place;
+//! any other is shared (or may be), and a write to it goes to a fresh block (redirect), the old
+//! one staying where the snapshots read it. Nothing is copied on the write path but the rest of
+//! a block a write covers only in part.
+//!
+//! **When a block is free.** A physical block is in use while some version's entry names it
+//! (the identity counts: block `l` is in use while a version has no entry for `l`). Redirects,
+//! trims, deletes and rollbacks check the blocks they drop against every version; the ones no
+//! version names go to `pending`, and become free for new writes only once the change is
+//! durable (a crash must not bring back a map naming a block already rewritten). Free blocks
+//! below the pool's end are reused; past it, the pool grows.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use imbl::OrdMap;
+
+/// The unit of redirect-on-write.
+pub const BLOCK: u64 = 4096;
+/// An entry's physical block for a block that reads as zeros (trimmed since a snapshot).
+pub const ZERO: u64 = u64::MAX;
+
+/// Where one version keeps one logical block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    /// The physical block, or [`ZERO`].
+    pub phys: u64,
+    /// The head's generation when the block was written there (0 for the identity).
+    pub birth: u64,
+}
+
+impl Entry {
+    /// The entry a version without one has for logical block `l`.
+    pub fn identity(l: u64) -> Entry {
+        Entry { phys: l, birth: 0 }
+    }
+}
+
+/// One version's map.
+pub type Map = OrdMap<u64, Entry>;
+
+/// The entry of `map` for `l`, the identity if it has none.
+pub fn entry(map: &Map, l: u64) -> Entry {
+    map.get(&l).copied().unwrap_or(Entry::identity(l))
+}
+
+/// A snapshot: a frozen map.
+#[derive(Debug, Clone)]
+pub struct Snap {
+    /// The head's generation when it was taken.
+    pub gen: u64,
+    /// Seconds since the Unix epoch, as the caller said.
+    pub created: u64,
+    pub map: Map,
+}
+
+/// What a write to one logical block does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    /// Write physical block `phys` where it is.
+    InPlace(u64),
+    /// Write the whole block to the fresh block `to`; bytes the write does not cover come from
+    /// `from` (an entry's block, or zeros).
+    Redirect { to: u64, from: Entry },
+    /// No free block: the pool must grow first.
+    Full,
+}
+
+/// What is wrong with a version operation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VersionError {
+    #[error("snapshot {0} already exists")]
+    Exists(u64),
+    #[error("no snapshot {0}")]
+    Missing(u64),
+    #[error("snapshot id 0 is reserved")]
+    ZeroId,
+}
+
+/// Every version of one replica, and its free blocks.
+#[derive(Debug, Clone)]
+pub struct Table {
+    /// Logical blocks (the replica's size in blocks).
+    pub blocks: u64,
+    /// Physical blocks (the wrapped replica's size in blocks; never fewer than `blocks`).
+    pub phys_blocks: u64,
+    /// The head's generation: the birth of blocks written now.
+    pub gen: u64,
+    pub head: Map,
+    /// By id.
+    pub snaps: BTreeMap<u64, Snap>,
+    /// Blocks free to take (below `phys_blocks`).
+    free: BTreeSet<u64>,
+    /// Blocks dropped by changes not yet durable.
+    pending: Vec<u64>,
+}
+
+impl Table {
+    /// The table of a replica that has never had a version: every block in place.
+    pub fn new(blocks: u64, phys_blocks: u64) -> Table {
+        Table {
+            blocks,
+            phys_blocks,
+            gen: 1,
+            head: Map::new(),
+            snaps: BTreeMap::new(),
+            free: (blocks..phys_blocks).collect(),
+            pending: Vec::new(),
+        }
+    }
+
+    /// A table read back from disk: finds the free blocks (every block no version names).
+    pub fn rebuilt(
+        blocks: u64,
+        phys_blocks: u64,
+        gen: u64,
+        head: Map,
+        snaps: BTreeMap<u64, Snap>,
+    ) -> Table {
+        let mut t = Table {
+            blocks,
+            phys_blocks,
+            gen,
+            head,
+            snaps,
+            free: BTreeSet::new(),
+            pending: Vec::new(),
+        };
+        let mut used: BTreeSet<u64> = BTreeSet::new();
+        for m in t.maps() {
+            used.extend(m.values().map(|e| e.phys).filter(|&p| p != ZERO));
+        }
+        // Identity blocks: in use unless every version has an entry of its own there.
+        let own_everywhere: Vec<u64> = t
+            .head
+            .keys()
+            .copied()
+            .filter(|&l| l < blocks && t.snaps.values().all(|s| s.map.contains_key(&l)))
+            .collect();
+        let mut free: BTreeSet<u64> = (blocks..phys_blocks)
+            .filter(|p| !used.contains(p))
+            .collect();
+        free.extend(own_everywhere.into_iter().filter(|p| !used.contains(p)));
+        t.free = free;
+        t
+    }
+
+    fn maps(&self) -> impl Iterator<Item = &Map> {
+        std::iter::once(&self.head).chain(self.snaps.values().map(|s| &s.map))
+    }
+
+    /// True while the table holds nothing but the identity (no snapshot, no block moved): the
+    /// replica is read and written in place.
+    pub fn is_identity(&self) -> bool {
+        self.snaps.is_empty() && self.head.is_empty()
+    }
+
+    /// The generation of the newest live snapshot.
+    pub fn newest_gen(&self) -> Option<u64> {
+        self.snaps.values().map(|s| s.gen).max()
+    }
+
+    /// The map of snapshot `id`, or the head's for `None`.
+    pub fn map(&self, id: Option<u64>) -> Result<&Map, VersionError> {
+        match id {
+            None => Ok(&self.head),
+            Some(id) => self
+                .snaps
+                .get(&id)
+                .map(|s| &s.map)
+                .ok_or(VersionError::Missing(id)),
+        }
+    }
+
+    /// True if a version other than the head names `e` for `l`. Only snapshots taken at or
+    /// after the block's birth can.
+    fn held_by_snapshot(&self, l: u64, e: Entry) -> bool {
+        self.snaps
+            .values()
+            .any(|s| s.gen >= e.birth && entry(&s.map, l).phys == e.phys)
+    }
+
+    /// True if any version names `e` for `l`.
+    fn in_use(&self, l: u64, e: Entry) -> bool {
+        entry(&self.head, l).phys == e.phys || self.held_by_snapshot(l, e)
+    }
+
+    /// Drops block `e` of `l` if no version names it any more.
+    fn release(&mut self, l: u64, e: Entry) {
+        if e.phys != ZERO && !self.in_use(l, e) {
+            self.pending.push(e.phys);
+        }
+    }
+
+    /// How a write to logical block `l` lands. A redirect takes its fresh block at once; the
+    /// caller writes it, then [`Table::redirected`].
+    pub fn place(&mut self, l: u64) -> Place {
+        let e = entry(&self.head, l);
+        let shared = self.newest_gen().is_some_and(|g| e.birth <= g);
+        if e.phys != ZERO && !shared {
+            return Place::InPlace(e.phys);
+        }
+        match self.free.pop_first() {
+            Some(to) => Place::Redirect { to, from: e },
+            None => Place::Full,
+        }
+    }
+
+    /// A redirect's block `to` holds `l` now (or, with `ok` false, the write failed and `to`
+    /// goes back free).
+    pub fn redirected(&mut self, l: u64, to: u64, from: Entry, ok: bool) {
+        if !ok {
+            self.free.insert(to);
+            return;
+        }
+        let birth = self.gen;
+        self.head.insert(l, Entry { phys: to, birth });
+        self.release(l, from);
+    }
+
+    /// Whole block `l` reads as zeros from now on in the head (a trim): its block is dropped.
+    pub fn zero(&mut self, l: u64) {
+        let e = entry(&self.head, l);
+        if e.phys == ZERO {
+            return;
+        }
+        let birth = self.gen;
+        self.head.insert(l, Entry { phys: ZERO, birth });
+        self.release(l, e);
+    }
+
+    /// Adds physical blocks up to `phys_blocks` (the pool grew).
+    pub fn grow(&mut self, phys_blocks: u64) {
+        self.free.extend(self.phys_blocks..phys_blocks);
+        self.phys_blocks = self.phys_blocks.max(phys_blocks);
+    }
+
+    /// Snapshot `id` of the head as it is now.
+    pub fn snapshot(&mut self, id: u64, created: u64) -> Result<(), VersionError> {
+        if id == 0 {
+            return Err(VersionError::ZeroId);
+        }
+        if self.snaps.contains_key(&id) {
+            return Err(VersionError::Exists(id));
+        }
+        let snap = Snap {
+            gen: self.gen,
+            created,
+            map: self.head.clone(),
+        };
+        self.snaps.insert(id, snap);
+        self.gen += 1;
+        Ok(())
+    }
+
+    /// Forgets snapshot `id`; the blocks only it held go to `pending`.
+    pub fn delete(&mut self, id: u64) -> Result<Snap, VersionError> {
+        let s = self.snaps.remove(&id).ok_or(VersionError::Missing(id))?;
+        self.drop_map(&s.map);
+        Ok(s)
+    }
+
+    /// The head becomes a copy of snapshot `id`; the blocks only the old head held go to
+    /// `pending`.
+    pub fn rollback(&mut self, id: u64) -> Result<(), VersionError> {
+        let map = self.map(Some(id))?.clone();
+        let old = std::mem::replace(&mut self.head, map);
+        self.drop_map(&old);
+        Ok(())
+    }
+
+    /// Releases every block `gone` (a map no version has now) named, and every identity block
+    /// it used where each remaining version has an entry of its own.
+    fn drop_map(&mut self, gone: &Map) {
+        for (&l, &e) in gone.iter() {
+            self.release(l, e);
+        }
+        // Identity blocks `gone` used (it had no entry) that may have no user left: only where
+        // the head has an entry (else the head uses it).
+        let candidates: Vec<u64> = self
+            .head
+            .keys()
+            .copied()
+            .filter(|l| *l < self.blocks && !gone.contains_key(l))
+            .collect();
+        for l in candidates {
+            self.release(l, Entry::identity(l));
+        }
+    }
+
+    /// Blocks whose content differs between snapshot `from` and version `to` (a snapshot, or
+    /// the head for `None`), in order. A block counts as changed if it was written, even with
+    /// the same bytes.
+    pub fn changed(&self, from: u64, to: Option<u64>) -> Result<Vec<u64>, VersionError> {
+        let a = self.map(Some(from))?;
+        let b = self.map(to)?;
+        let mut out: Vec<u64> = a
+            .diff(b)
+            .map(|d| match d {
+                imbl::ordmap::DiffItem::Add(k, _) => *k,
+                imbl::ordmap::DiffItem::Update { old: (k, _), .. } => *k,
+                imbl::ordmap::DiffItem::Remove(k, _) => *k,
+            })
+            .filter(|&l| entry(a, l).phys != entry(b, l).phys && l < self.blocks)
+            .collect();
+        out.dedup();
+        Ok(out)
+    }
+
+    /// Bytes held by snapshot `id` alone (what deleting it frees).
+    pub fn exclusive_bytes(&self, id: u64) -> Result<u64, VersionError> {
+        let s = self.snaps.get(&id).ok_or(VersionError::Missing(id))?;
+        let mut others = self.clone();
+        others.snaps.remove(&id);
+        let mut n = s
+            .map
+            .iter()
+            .filter(|(&l, &e)| e.phys != ZERO && !others.in_use(l, e))
+            .count() as u64;
+        n += others
+            .head
+            .keys()
+            .filter(|&&l| l < self.blocks && !s.map.contains_key(&l))
+            .filter(|&&l| !others.in_use(l, Entry::identity(l)))
+            .count() as u64;
+        Ok(n * BLOCK)
+    }
+
+    /// The blocks dropped since the last call, now that their drop is durable: free to take.
+    /// Returned so the caller can give their space back.
+    pub fn settle(&mut self) -> Vec<u64> {
+        let done = std::mem::take(&mut self.pending);
+        self.free.extend(done.iter().copied());
+        done
+    }
+
+    /// Blocks waiting for [`Table::settle`].
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Free blocks.
+    pub fn free_blocks(&self) -> usize {
+        self.free.len()
+    }
+}
+
+#[cfg(test)]
+mod tests;

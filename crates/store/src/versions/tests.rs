@@ -1,0 +1,344 @@
+//! The versioned store over memory, file and sealed file stores: what each version reads,
+//! through writes of every shape, trims, rollbacks and deletes, across a reopen and a crash.
+
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::{FileStore, MemoryStore, SealedStore};
+
+const SIZE: u64 = 1 << 20;
+
+/// A store stack, and how to open it again over the same directory.
+struct Stack {
+    name: &'static str,
+    dir: Option<tempfile::TempDir>,
+    store: Option<Arc<dyn Store>>,
+}
+
+impl Stack {
+    fn all() -> Vec<Stack> {
+        ["memory", "file", "sealed file"]
+            .into_iter()
+            .map(|name| {
+                let dir = (name != "memory").then(|| tempfile::tempdir().unwrap());
+                let mut s = Stack {
+                    name,
+                    dir,
+                    store: None,
+                };
+                s.store = Some(s.open());
+                s
+            })
+            .collect()
+    }
+
+    fn open(&self) -> Arc<dyn Store> {
+        let dir = self.dir.as_ref().map(|d| d.path());
+        let inner: Arc<dyn Store> = match self.name {
+            "memory" => Arc::new(MemoryStore::default()),
+            "file" => Arc::new(FileStore::open(dir.unwrap()).unwrap()),
+            _ => Arc::new(SealedStore::new(
+                Arc::new(FileStore::open(dir.unwrap()).unwrap()),
+                dir,
+            )),
+        };
+        Arc::new(VersionedStore::new(inner, dir))
+    }
+
+    fn store(&self) -> &Arc<dyn Store> {
+        self.store.as_ref().unwrap()
+    }
+
+    /// Drops the store (closing nothing: a process that died) and opens it again.
+    fn reopen(&mut self) -> Arc<dyn Replica> {
+        self.store = None;
+        let s = self.open();
+        let mut all = s.open_all();
+        self.store = Some(s);
+        assert_eq!(all.len(), 1, "{}", self.name);
+        all.pop().unwrap().unwrap()
+    }
+}
+
+fn read(r: &dyn Replica, id: Option<u64>, off: u64, len: usize) -> Vec<u8> {
+    let mut b = vec![0xEE; len];
+    match id {
+        None => r.read(off, &mut b).unwrap(),
+        Some(id) => r.read_snapshot(id, off, &mut b).unwrap(),
+    }
+    b
+}
+
+#[test]
+fn a_snapshot_keeps_what_the_head_had_and_the_head_moves_on() {
+    for s in Stack::all() {
+        let r = s.store().create(1, SIZE).unwrap();
+        r.write(0, &[1; 16384], false).unwrap();
+        r.snapshot(5, 1000).unwrap();
+        // A whole block, a part of one, one that spans two, a trim, and a fresh block.
+        r.write(0, &[2; 4096], false).unwrap();
+        r.write(4096 + 100, &[3; 200], false).unwrap();
+        r.write(8192 + 4000, &[4; 200], false).unwrap();
+        r.write_zeroes(12288, 4096, true, false).unwrap();
+        r.write(65536, &[5; 4096], false).unwrap();
+        let snap = read(&*r, Some(5), 0, 16384);
+        assert_eq!(snap, vec![1; 16384], "{}", s.name);
+        assert_eq!(read(&*r, Some(5), 65536, 4096), vec![0; 4096]);
+        let head = read(&*r, None, 0, 16384);
+        assert_eq!(&head[..4096], &[2; 4096][..]);
+        assert_eq!(&head[4096..4196], &[1; 100][..]);
+        assert_eq!(&head[4196..4396], &[3; 200][..]);
+        assert_eq!(&head[4396..8192 + 4000], &vec![1; 8192 + 4000 - 4396][..]);
+        assert_eq!(&head[12192..12288], &[4; 96][..]);
+        assert_eq!(&head[12288..], &[0; 4096][..]);
+        assert_eq!(read(&*r, None, 65536, 4096), vec![5; 4096]);
+        assert_eq!(
+            r.changed_since(5, 0, SIZE).unwrap(),
+            vec![(0, 16384), (65536, 4096)],
+            "{}",
+            s.name
+        );
+        let ext = r.block_status(0, SIZE).unwrap();
+        assert_eq!(ext.iter().map(|e| e.length).sum::<u64>(), SIZE);
+        // Block 3 is the head's own since the write across blocks 2 and 3: zeroed in place,
+        // it may read as data; past the new block at 64 KiB it is all hole.
+        assert_eq!(ext[0].flags, 0, "{}: {ext:?}", s.name);
+        assert!(ext[0].length >= 12288);
+        let last = ext.last().unwrap();
+        assert_eq!(
+            (last.length, last.flags),
+            (SIZE - 69632, Extent::HOLE | Extent::ZERO)
+        );
+        let list = r.snapshots().unwrap();
+        assert_eq!(list.len(), 1);
+        assert_eq!((list[0].id, list[0].created), (5, 1000));
+        // Blocks 0..4 and block 16, which the head moved off (never written there before:
+        // exclusive counts blocks, written or not).
+        assert_eq!(list[0].exclusive_bytes, 20480, "{}", s.name);
+        // Errors change nothing.
+        assert!(matches!(
+            r.snapshot(5, 0),
+            Err(StoreError::SnapshotExists { id: 5, .. })
+        ));
+        assert!(matches!(
+            r.delete_snapshot(6),
+            Err(StoreError::NoSnapshot { id: 6, .. })
+        ));
+        assert!(matches!(
+            r.rollback(6),
+            Err(StoreError::NoSnapshot { id: 6, .. })
+        ));
+        assert!(r.resize(2 * SIZE).is_err(), "resize with moved blocks");
+        assert_eq!(read(&*r, Some(5), 0, 16384), vec![1; 16384]);
+    }
+}
+
+#[test]
+fn rollback_and_delete_give_blocks_back_and_fold_the_replica_back() {
+    for s in Stack::all() {
+        let r = s.store().create(1, SIZE).unwrap();
+        r.write(0, &[1; 8192], false).unwrap();
+        r.snapshot(1, 0).unwrap();
+        r.write(0, &[2; 8192], false).unwrap();
+        r.snapshot(2, 0).unwrap();
+        r.write(0, &[3; 4096], false).unwrap();
+        r.rollback(1).unwrap();
+        assert_eq!(read(&*r, None, 0, 8192), vec![1; 8192], "{}", s.name);
+        assert_eq!(read(&*r, Some(2), 0, 8192), vec![2; 8192]);
+        r.write(4096, &[4; 4096], false).unwrap();
+        r.delete_snapshot(1).unwrap();
+        assert_eq!(read(&*r, Some(2), 0, 8192), vec![2; 8192]);
+        let head = read(&*r, None, 0, 8192);
+        assert_eq!(
+            (&head[..4096], &head[4096..]),
+            (&[1; 4096][..], &[4; 4096][..])
+        );
+        r.delete_snapshot(2).unwrap();
+        assert!(r.snapshots().unwrap().is_empty());
+        assert_eq!(read(&*r, None, 0, 4096), vec![1; 4096]);
+        // A snapshot with no write after it, deleted: the replica is plain again.
+        let r2 = s.store().create(2, SIZE).unwrap();
+        r2.write(0, &[9; 4096], false).unwrap();
+        r2.snapshot(1, 0).unwrap();
+        r2.delete_snapshot(1).unwrap();
+        r2.resize(2 * SIZE).unwrap();
+        assert_eq!(r2.size(), 2 * SIZE);
+        assert_eq!(read(&*r2, None, 0, 4096), vec![9; 4096], "{}", s.name);
+    }
+}
+
+#[test]
+fn versions_survive_a_reopen_and_a_crash_keeps_every_flushed_write() {
+    for mut s in Stack::all().into_iter().filter(|s| s.dir.is_some()) {
+        let r = s.store().create(7, SIZE).unwrap();
+        r.write(0, &[1; 8192], false).unwrap();
+        r.snapshot(10, 0).unwrap();
+        r.write(0, &[2; 4096], false).unwrap();
+        r.snapshot(11, 0).unwrap();
+        r.write(4096, &[3; 4096], false).unwrap();
+        r.flush().unwrap();
+        // Not flushed: may be lost, must not tear anything else.
+        r.write(0, &[4; 4096], false).unwrap();
+        drop(r);
+        let r = s.reopen();
+        assert_eq!(r.size(), SIZE, "{}", s.name);
+        assert_eq!(read(&*r, Some(10), 0, 8192), vec![1; 8192], "{}", s.name);
+        let s11 = read(&*r, Some(11), 0, 8192);
+        assert_eq!(
+            (&s11[..4096], &s11[4096..]),
+            (&[2; 4096][..], &[1; 4096][..])
+        );
+        let head = read(&*r, None, 0, 8192);
+        assert!(
+            head[..4096] == [2; 4096] || head[..4096] == [4; 4096],
+            "{}",
+            s.name
+        );
+        assert_eq!(&head[4096..], &[3; 4096][..]);
+        // Deleting the first snapshot rewrites the second's file against nothing.
+        r.delete_snapshot(10).unwrap();
+        r.close().unwrap();
+        drop(r);
+        let r = s.reopen();
+        assert_eq!(r.snapshots().unwrap().len(), 1);
+        let s11 = read(&*r, Some(11), 0, 8192);
+        assert_eq!(
+            (&s11[..4096], &s11[4096..]),
+            (&[2; 4096][..], &[1; 4096][..])
+        );
+        // A damaged file refuses the replica, loudly.
+        drop(r);
+        let main = s
+            .dir
+            .as_ref()
+            .unwrap()
+            .path()
+            .join("replica-0000000000000007.versions");
+        let mut b = std::fs::read(&main).unwrap();
+        b[20] ^= 1;
+        std::fs::write(&main, b).unwrap();
+        s.store = None;
+        let st = s.open();
+        let all = st.open_all();
+        assert!(
+            matches!(&all[0], Err(StoreError::Corrupt { .. })),
+            "{}",
+            s.name
+        );
+    }
+}
+
+#[test]
+fn the_pool_grows_and_freed_blocks_are_reused() {
+    for s in Stack::all() {
+        let r = s.store().create(3, SIZE).unwrap();
+        let blocks = SIZE / BLOCK;
+        for round in 0..3u8 {
+            r.snapshot(1, 0).unwrap();
+            for l in 0..blocks {
+                r.write(l * BLOCK, &[round + 1; 4096], false).unwrap();
+            }
+            r.flush().unwrap();
+            assert_eq!(read(&*r, Some(1), SIZE - 4096, 4096), vec![round; 4096]);
+            r.delete_snapshot(1).unwrap();
+        }
+        // Each round moved every block once; the freed ones were taken again, so the pool
+        // stayed one growth step.
+        let phys = r.allocated_bytes();
+        assert!(phys <= SIZE + GROW_MIN, "{}: {phys} bytes", s.name);
+        assert_eq!(read(&*r, None, 0, SIZE as usize), vec![3; SIZE as usize]);
+    }
+}
+
+#[test]
+fn writes_to_two_parts_of_one_shared_block_keep_both() {
+    for s in Stack::all() {
+        let r = s.store().create(4, SIZE).unwrap();
+        r.snapshot(1, 0).unwrap();
+        std::thread::scope(|sc| {
+            for i in 0..8u64 {
+                let r = &r;
+                sc.spawn(move || r.write(i * 512, &[i as u8 + 1; 512], false).unwrap());
+            }
+        });
+        let head = read(&*r, None, 0, 4096);
+        for i in 0..8 {
+            assert_eq!(head[i * 512], i as u8 + 1, "{}: sector {i}", s.name);
+        }
+    }
+}
+
+/// Random writes, trims, snapshots, rollbacks and deletes against a model of every version,
+/// with reopens of the file stacks.
+#[test]
+fn random_operations_match_a_model_of_every_version() {
+    for mut s in Stack::all() {
+        let mut rng = 0x9e3779b97f4a7c15u64;
+        let mut next = move |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        let size = 24 * 4096;
+        let mut r = s.store().create(9, size).unwrap();
+        let mut head = vec![0u8; size as usize];
+        let mut snaps: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+        let mut id = 1;
+        for step in 0..300 {
+            match next(20) {
+                0..=10 => {
+                    let off = next(size - 1);
+                    let len = (next(3 * 4096) + 1).min(size - off);
+                    let v = (step % 250) as u8 + 1;
+                    r.write(off, &vec![v; len as usize], false).unwrap();
+                    head[off as usize..(off + len) as usize].fill(v);
+                }
+                11 | 12 => {
+                    let off = next(size - 1);
+                    let len = (next(5 * 4096) + 1).min(size - off);
+                    r.write_zeroes(off, len, next(2) == 0, false).unwrap();
+                    head[off as usize..(off + len) as usize].fill(0);
+                }
+                13 | 14 => {
+                    r.snapshot(id, 0).unwrap();
+                    snaps.insert(id, head.clone());
+                    id += 1;
+                }
+                15 => {
+                    if let Some(&k) = snaps.keys().nth(next(4) as usize) {
+                        r.delete_snapshot(k).unwrap();
+                        snaps.remove(&k);
+                    }
+                }
+                16 => {
+                    if let Some(&k) = snaps.keys().nth(next(4) as usize) {
+                        r.rollback(k).unwrap();
+                        head = snaps[&k].clone();
+                    }
+                }
+                17 | 18 => r.flush().unwrap(),
+                _ if s.dir.is_some() => {
+                    r.flush().unwrap();
+                    drop(r);
+                    r = s.reopen();
+                }
+                _ => {}
+            }
+            assert_eq!(
+                read(&*r, None, 0, size as usize),
+                head,
+                "{} step {step}",
+                s.name
+            );
+            for (k, v) in &snaps {
+                assert_eq!(
+                    &read(&*r, Some(*k), 0, size as usize),
+                    v,
+                    "{} snap {k}",
+                    s.name
+                );
+            }
+        }
+    }
+}
