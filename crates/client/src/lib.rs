@@ -32,6 +32,7 @@ mod repair;
 mod resize;
 mod resync;
 mod scrub;
+mod snapshots;
 mod tiers;
 mod verify;
 

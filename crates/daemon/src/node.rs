@@ -84,6 +84,15 @@ pub fn build_node(cfg: &NodeConfig) -> Result<Arc<trireme_node::Node>, DaemonErr
             store = Arc::new(trireme_store::SealedStore::new(store, Some(&cfg.dir)))
         }
     }
+    // Snapshots keep their maps beside the replicas (in memory for a memory store); a
+    // replica never snapshotted passes straight through.
+    match cfg.store {
+        StoreKind::Null => {}
+        StoreKind::Memory => store = Arc::new(trireme_store::VersionedStore::new(store, None)),
+        StoreKind::File | StoreKind::Tiered => {
+            store = Arc::new(trireme_store::VersionedStore::new(store, Some(&cfg.dir)))
+        }
+    }
     if let Some(spec) = &cfg.inject_faults {
         tracing::warn!(spec = %spec.display(), "store errors will be injected (fault testing)");
         store = Arc::new(trireme_store::FaultyStore::new(store, spec));

@@ -135,9 +135,15 @@ impl Node {
                 denied("a server certificate (an NBD export's) is no node's nor client's".into())
             }
             trireme_tls::Role::Client(_)
-                if matches!(h.op, Op::CreateReplica | Op::DeleteReplica | Op::TierSet) =>
+                if matches!(
+                    h.op,
+                    Op::CreateReplica | Op::DeleteReplica | Op::TierSet | Op::SnapshotDelete
+                ) =>
             {
-                denied("only nodes and operators create, delete or place replicas".into())
+                denied(
+                    "only nodes and operators create, delete or place replicas or delete snapshots"
+                        .into(),
+                )
             }
             trireme_tls::Role::Client(name) => {
                 let Some(p) = policy else {
@@ -145,6 +151,10 @@ impl Node {
                 };
                 if !p.access.iter().any(|c| c == "*" || c == name) {
                     return denied("not on the volume's access list".into());
+                }
+                // Reading a snapshot is not writing the volume: no attach record needed.
+                if matches!(h.op, Op::SnapshotList | Op::SnapshotRead) {
+                    return Ok(());
                 }
                 let me = role.to_string();
                 match &p.writer {

@@ -103,7 +103,7 @@ impl From<StoreError> for Refusal {
         let s = match &e {
             StoreError::NoReplica { .. } => Status::NoReplica,
             StoreError::Exists { .. } | StoreError::SnapshotExists { .. } => Status::Exists,
-            StoreError::NoSnapshot { .. } => Status::Invalid,
+            StoreError::NoSnapshot { .. } => Status::NoSnapshot,
             StoreError::OutOfRange { .. } => Status::OutOfRange,
             StoreError::NoSpace { .. } => Status::NoSpace,
             StoreError::Invalid(_) => Status::Invalid,

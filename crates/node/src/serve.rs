@@ -102,6 +102,10 @@ impl Node {
             Op::DirtyMark | Op::DirtyTrack | Op::DirtyClear | Op::DirtyQuery => {
                 self.on_dirty(req, r)
             }
+            Op::Snapshot => self.on_snapshot(req),
+            Op::SnapshotDelete => self.on_snapshot_delete(h),
+            Op::SnapshotList => self.on_snapshot_list(h),
+            Op::SnapshotRead => self.on_snapshot_read(req),
         }?;
         Ok((resp, payload))
     }

@@ -31,6 +31,7 @@ mod answers;
 mod dirty;
 mod extent;
 mod op;
+mod snapshots;
 mod space;
 mod tier;
 
@@ -45,6 +46,10 @@ pub use extent::{
     data_ranges, decode_extents, decode_extents_within, encode_extents, Extent, EXTENT_LEN,
 };
 pub use op::{Op, Status};
+pub use snapshots::{
+    decode_snapshot_list, encode_snapshot_list, read_snapshot_id, snapshot_id_payload,
+    ListedSnapshot, SnapshotRequest,
+};
 pub use space::{NodeSpace, NODE_SPACE_LEN};
 
 /// Formats bytes with a binary unit, e.g. "1.0 GiB" (bytes below 1 KiB as such).

@@ -85,6 +85,22 @@ pub enum Op {
     /// as zeros. `FLAG_PREALLOCATE` reserves a grown thick replica's new space. Refused with
     /// `NoSpace` when the larger size does not fit the node's room.
     ResizeReplica = 25,
+    /// Take a snapshot of the replica ([`SnapshotRequest`](crate::SnapshotRequest): `offset` the
+    /// id, `length` when): every write answered before it is in it, durably. Epoch-checked as
+    /// a write is (the writer sends it with no write in flight). `Exists` for an id taken;
+    /// `Invalid` on a store without versions.
+    Snapshot = 26,
+    /// Delete snapshot `offset` of the replica, freeing what only it held. No epoch check (a
+    /// control op: nodes and operators only). `NoSnapshot` if the copy has none of that id.
+    SnapshotDelete = 27,
+    /// The replica's snapshots: payload [`encode_snapshot_list`](crate::encode_snapshot_list).
+    /// No epoch check; a client on the volume's access list may ask.
+    SnapshotList = 28,
+    /// Read `[offset, offset+length)` of the snapshot named in the payload
+    /// ([`snapshot_id_payload`](crate::snapshot_id_payload)). No epoch check, so reading a
+    /// snapshot never fences the writer; a client on the volume's access list may ask.
+    /// `NoSnapshot` if this copy lacks it.
+    SnapshotRead = 29,
 }
 
 impl Op {
@@ -115,6 +131,10 @@ impl Op {
             23 => Op::TierHeat,
             24 => Op::Space,
             25 => Op::ResizeReplica,
+            26 => Op::Snapshot,
+            27 => Op::SnapshotDelete,
+            28 => Op::SnapshotList,
+            29 => Op::SnapshotRead,
             _ => return None,
         })
     }
@@ -150,6 +170,8 @@ pub enum Status {
     /// The peer's identity may not do this (a client not on the volume's access list, or a
     /// client asking to create or delete a replica).
     Denied = 11,
+    /// The copy has no snapshot of that id.
+    NoSnapshot = 12,
     /// A status code this build does not know (sent by a newer peer).
     Unknown = 255,
 }
@@ -169,6 +191,7 @@ impl Status {
             9 => Status::Superseded,
             10 => Status::Corrupt,
             11 => Status::Denied,
+            12 => Status::NoSnapshot,
             _ => Status::Unknown,
         }
     }
@@ -187,6 +210,7 @@ impl Status {
             Status::Superseded => "superseded by a newer connection of the writer",
             Status::Corrupt => "bad copy: a block failed its checksum",
             Status::Denied => "not allowed for this identity",
+            Status::NoSnapshot => "no such snapshot on this copy",
             Status::Unknown => "unknown status",
         }
     }

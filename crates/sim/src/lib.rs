@@ -215,14 +215,16 @@ impl SimNode {
     }
 }
 
-/// A node's store as production runs it: every block sealed with its checksum (in memory, as
-/// on a store without a seals file: a restarted node is unsealed until blocks are written
-/// again), over the simulated disk.
+/// A node's store as production runs it: versions (none taken yet in the simulator: every
+/// call passes through) over every block sealed with its checksum (in memory, as on a store
+/// without a seals file: a restarted node is unsealed until blocks are written again), over
+/// the simulated disk.
 fn sealed(disk: &Arc<SimDisk>) -> Arc<dyn Store> {
-    Arc::new(trireme_store::SealedStore::new(
+    let sealed = Arc::new(trireme_store::SealedStore::new(
         disk.clone() as Arc<dyn Store>,
         None,
-    ))
+    ));
+    Arc::new(trireme_store::VersionedStore::new(sealed, None))
 }
 
 /// A self-describing block: (block, seq) repeated, so a torn, misplaced or stale block shows.

@@ -5,4 +5,5 @@
 mod books;
 mod io;
 mod replicas;
+mod snapshots;
 mod tiers;

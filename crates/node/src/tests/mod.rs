@@ -701,3 +701,4 @@ fn tiered_reads_are_flagged_and_shared_heat_promotes() {
 
 mod barrier;
 mod resize;
+mod snapshots;

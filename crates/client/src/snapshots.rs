@@ -1,0 +1,90 @@
+//! Taking a snapshot of the volume: a barrier in the write order, not a drain of the queue.
+//!
+//! 1. Hold the whole volume in the write order, then the membership lock (the order a resize
+//!    and a resync take them in): every write answered before is on every copy in sync, no
+//!    write is in flight, none starts, no copy goes out or comes back.
+//! 2. `Snapshot` to every copy in sync at once; each flushes and records it (a
+//!    redirect-on-write map: nothing is copied).
+//! 3. Release: writes go on. The pause is one round trip and each copy's flush.
+//!
+//! All or nothing: if a copy refuses or does not answer, the copies that took the snapshot
+//! delete it again and the snapshot fails (the volume goes on as before; asking again takes
+//! it). Copies out of sync or resyncing at the time do not get it; a snapshot is read only
+//! from a copy that has it (a node answers `NoSnapshot` otherwise).
+
+use bytes::Bytes;
+use trireme_proto::{Op, SnapshotRequest, Status};
+
+use crate::{join_all, Volume, VolumeError};
+
+impl Volume {
+    /// Takes snapshot `id` (never 0) of the volume, `created` seconds since the Unix epoch;
+    /// the nodes that hold it. See the module docs.
+    pub async fn snapshot(&self, id: u64, created: u64) -> Result<Vec<u32>, VolumeError> {
+        let t0 = tokio::time::Instant::now();
+        let _all = self.core.acquire(0, self.size()).await;
+        let _g = self.membership_lock.lock().await;
+        let held = t0.elapsed();
+        let targets = self.in_sync();
+        let mut h = self.header(Op::Snapshot, 0, 0);
+        SnapshotRequest { id, created }.put(&mut h);
+        let replies = join_all(
+            targets
+                .iter()
+                .map(|&i| self.call(i, h, Bytes::new()))
+                .collect(),
+        )
+        .await;
+        let mut took = Vec::new();
+        let mut failure = None;
+        for (k, r) in replies.into_iter().enumerate() {
+            let i = targets[k];
+            match r.and_then(|f| self.expect_ok(i, f)) {
+                Ok(_) => took.push(i),
+                Err(e) => {
+                    tracing::warn!(volume = %self.info.name, node = self.node(i), id, "snapshot failed on a copy: {e}");
+                    failure.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = failure {
+            self.undo_snapshot(&took, id).await;
+            return Err(e);
+        }
+        let nodes: Vec<u32> = took.iter().map(|&i| self.node(i)).collect();
+        tracing::info!(
+            volume = %self.info.name,
+            id,
+            nodes = ?nodes,
+            waited_ms = held.as_millis() as u64,
+            paused_ms = t0.elapsed().as_millis() as u64,
+            "snapshot taken"
+        );
+        Ok(nodes)
+    }
+
+    /// Deletes snapshot `id` from the copies that took it before another failed.
+    async fn undo_snapshot(&self, took: &[usize], id: u64) {
+        let mut h = self.header(Op::SnapshotDelete, 0, 0);
+        SnapshotRequest { id, created: 0 }.put(&mut h);
+        for &i in took {
+            let r = self.call(i, h, Bytes::new()).await;
+            match r {
+                Ok(f) if matches!(f.header.status, Status::Ok | Status::NoSnapshot) => {}
+                Ok(f) => tracing::warn!(
+                    volume = %self.info.name,
+                    node = self.node(i),
+                    id,
+                    "removing a snapshot that failed on another copy: {}",
+                    String::from_utf8_lossy(&f.payload)
+                ),
+                Err(e) => tracing::warn!(
+                    volume = %self.info.name,
+                    node = self.node(i),
+                    id,
+                    "removing a snapshot that failed on another copy: {e}"
+                ),
+            }
+        }
+    }
+}

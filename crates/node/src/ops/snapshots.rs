@@ -1,0 +1,71 @@
+//! A replica's snapshots: take one (the writer, under its epoch, with no write in flight),
+//! list them, read one (any client on the volume's access list: reading a snapshot never
+//! fences the writer), delete one (nodes and operators).
+
+use bytes::{Bytes, BytesMut};
+use trireme_proto::{Header, SnapshotRequest, Status, MAX_PAYLOAD};
+use trireme_transport::Frame;
+
+use crate::{Node, Refusal};
+
+fn malformed(e: trireme_proto::DecodeError) -> Refusal {
+    Refusal(Status::Invalid, e.to_string())
+}
+
+impl Node {
+    pub(crate) fn on_snapshot(&self, req: &Frame) -> Result<Bytes, Refusal> {
+        let (r, _turn) = self.io_replica(req)?;
+        let s = SnapshotRequest::read(&req.header).map_err(malformed)?;
+        r.snapshot(s.id, s.created)?;
+        tracing::info!(
+            node = self.id,
+            volume = r.volume(),
+            id = s.id,
+            "snapshot taken"
+        );
+        Ok(Bytes::new())
+    }
+
+    pub(crate) fn on_snapshot_delete(&self, h: &Header) -> Result<Bytes, Refusal> {
+        let r = self.replica(h.volume)?;
+        let s = SnapshotRequest::read(h).map_err(malformed)?;
+        r.delete_snapshot(s.id)?;
+        tracing::info!(
+            node = self.id,
+            volume = h.volume,
+            id = s.id,
+            "snapshot deleted"
+        );
+        Ok(Bytes::new())
+    }
+
+    pub(crate) fn on_snapshot_list(&self, h: &Header) -> Result<Bytes, Refusal> {
+        let r = self.replica(h.volume)?;
+        let list: Vec<trireme_proto::ListedSnapshot> = r
+            .snapshots()?
+            .into_iter()
+            .map(|s| trireme_proto::ListedSnapshot {
+                id: s.id,
+                created: s.created,
+                exclusive_bytes: s.exclusive_bytes,
+            })
+            .collect();
+        Ok(Bytes::from(trireme_proto::encode_snapshot_list(&list)))
+    }
+
+    pub(crate) fn on_snapshot_read(&self, req: &Frame) -> Result<Bytes, Refusal> {
+        let h = &req.header;
+        let r = self.replica(h.volume)?;
+        let id = trireme_proto::read_snapshot_id(&req.payload).map_err(malformed)?;
+        trireme_store::check_range(h.offset, h.length, r.size())?;
+        if h.length > u64::from(MAX_PAYLOAD) {
+            return Err(Refusal(
+                Status::Invalid,
+                format!("length {} over the frame limit", h.length),
+            ));
+        }
+        let mut buf = BytesMut::zeroed(h.length as usize);
+        r.read_snapshot(id, h.offset, &mut buf)?;
+        Ok(buf.freeze())
+    }
+}

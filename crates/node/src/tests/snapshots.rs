@@ -1,0 +1,78 @@
+//! The snapshot ops over TCP, on a versioned file store as the node daemon builds it.
+
+use super::*;
+
+#[tokio::test]
+async fn snapshots_are_taken_under_the_epoch_read_listed_and_deleted() {
+    let d = tempfile::tempdir().unwrap();
+    let file = trireme_store::open_store(trireme_store::StoreKind::File, d.path(), None).unwrap();
+    let store = Arc::new(trireme_store::VersionedStore::new(file, Some(d.path())));
+    let (_node, c) = start(store).await;
+    let call = |h: Header, p: &'static [u8]| c.call(h, Bytes::from_static(p));
+    let ok = |f: &Frame| {
+        assert_eq!(
+            f.header.status,
+            Status::Ok,
+            "{}",
+            String::from_utf8_lossy(&f.payload)
+        )
+    };
+    ok(&call(req(Op::CreateReplica, 1, 0, 0, 1 << 20), b"")
+        .await
+        .unwrap());
+    ok(&call(req(Op::Attach, 1, 3, 0, 0), b"").await.unwrap());
+    ok(&call(req(Op::Write, 1, 3, 0, 0), b"before").await.unwrap());
+    let snap = |epoch: u64, id: u64| {
+        let mut h = req(Op::Snapshot, 1, epoch, 0, 0);
+        trireme_proto::SnapshotRequest { id, created: 77 }.put(&mut h);
+        h
+    };
+    // A stale epoch is fenced; id 0 is malformed; a taken id is refused.
+    let r = call(snap(2, 5), b"").await.unwrap();
+    assert_eq!(r.header.status, Status::Fenced);
+    assert_eq!(
+        call(snap(3, 0), b"").await.unwrap().header.status,
+        Status::Invalid
+    );
+    ok(&call(snap(3, 5), b"").await.unwrap());
+    assert_eq!(
+        call(snap(3, 5), b"").await.unwrap().header.status,
+        Status::Exists
+    );
+    ok(&call(req(Op::Write, 1, 3, 0, 0), b"after!").await.unwrap());
+    // Read without an epoch (a reader never fences the writer).
+    let read_snap = |id: u64| {
+        c.call(
+            req(Op::SnapshotRead, 1, 0, 0, 6),
+            Bytes::from(trireme_proto::snapshot_id_payload(id)),
+        )
+    };
+    let r = read_snap(5).await.unwrap();
+    ok(&r);
+    assert_eq!(&r.payload[..], b"before");
+    assert_eq!(
+        read_snap(6).await.unwrap().header.status,
+        Status::NoSnapshot
+    );
+    let r = call(req(Op::Read, 1, 3, 0, 6), b"").await.unwrap();
+    assert_eq!(&r.payload[..], b"after!");
+    let r = call(req(Op::SnapshotList, 1, 0, 0, 0), b"").await.unwrap();
+    ok(&r);
+    let list = trireme_proto::decode_snapshot_list(&r.payload).unwrap();
+    assert_eq!(list.len(), 1);
+    assert_eq!(
+        (list[0].id, list[0].created, list[0].exclusive_bytes),
+        (5, 77, 4096)
+    );
+    let mut del = req(Op::SnapshotDelete, 1, 0, 0, 0);
+    trireme_proto::SnapshotRequest { id: 5, created: 0 }.put(&mut del);
+    ok(&call(del, b"").await.unwrap());
+    assert_eq!(
+        call(del, b"").await.unwrap().header.status,
+        Status::NoSnapshot
+    );
+    assert_eq!(
+        read_snap(5).await.unwrap().header.status,
+        Status::NoSnapshot
+    );
+}

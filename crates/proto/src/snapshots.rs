@@ -1,0 +1,128 @@
+//! Typed requests and answers of the snapshot ops: the writer or manager `put`s a request, the
+//! node `read`s it (and the other way for answers), and neither spells which field carries
+//! what.
+
+use crate::{DecodeError, Header};
+
+/// `Snapshot`: take snapshot `id` (never 0) of the replica; `created` in seconds since the
+/// Unix epoch. `Rollback` and `SnapshotDelete` name the snapshot the same way (`created` 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotRequest {
+    pub id: u64,
+    pub created: u64,
+}
+
+impl SnapshotRequest {
+    pub fn put(&self, h: &mut Header) {
+        h.offset = self.id;
+        h.length = self.created;
+    }
+    pub fn read(h: &Header) -> Result<SnapshotRequest, DecodeError> {
+        if h.offset == 0 {
+            return Err(DecodeError::MalformedPayload {
+                what: "snapshot id 0 is reserved",
+            });
+        }
+        Ok(SnapshotRequest {
+            id: h.offset,
+            created: h.length,
+        })
+    }
+}
+
+/// `SnapshotRead`: `[offset, offset+length)` of snapshot `id` (the payload, 8 bytes LE).
+pub fn snapshot_id_payload(id: u64) -> Vec<u8> {
+    id.to_le_bytes().to_vec()
+}
+
+/// The snapshot id a `SnapshotRead` names.
+pub fn read_snapshot_id(payload: &[u8]) -> Result<u64, DecodeError> {
+    match <[u8; 8]>::try_from(payload).map(u64::from_le_bytes) {
+        Ok(id) if id != 0 => Ok(id),
+        _ => Err(DecodeError::MalformedPayload {
+            what: "a snapshot id is 8 bytes, not 0",
+        }),
+    }
+}
+
+/// One snapshot as a node lists it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListedSnapshot {
+    pub id: u64,
+    pub created: u64,
+    /// Bytes only this snapshot holds on the node's copy.
+    pub exclusive_bytes: u64,
+}
+
+const LISTED_LEN: usize = 24;
+
+/// `SnapshotList`'s answer: the replica's snapshots, oldest first, 24 bytes each.
+pub fn encode_snapshot_list(list: &[ListedSnapshot]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(list.len() * LISTED_LEN);
+    for s in list {
+        b.extend_from_slice(&s.id.to_le_bytes());
+        b.extend_from_slice(&s.created.to_le_bytes());
+        b.extend_from_slice(&s.exclusive_bytes.to_le_bytes());
+    }
+    b
+}
+
+pub fn decode_snapshot_list(b: &[u8]) -> Result<Vec<ListedSnapshot>, DecodeError> {
+    if !b.len().is_multiple_of(LISTED_LEN) {
+        return Err(DecodeError::MalformedPayload {
+            what: "a snapshot list is a whole number of 24-byte entries",
+        });
+    }
+    let u = |c: &[u8], at: usize| {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(&c[at..at + 8]);
+        u64::from_le_bytes(a)
+    };
+    let list: Vec<ListedSnapshot> = b
+        .chunks_exact(LISTED_LEN)
+        .map(|c| ListedSnapshot {
+            id: u(c, 0),
+            created: u(c, 8),
+            exclusive_bytes: u(c, 16),
+        })
+        .collect();
+    if list.iter().any(|s| s.id == 0) {
+        return Err(DecodeError::MalformedPayload {
+            what: "snapshot id 0 in a list",
+        });
+    }
+    Ok(list)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_and_lists_round_trip_and_bad_ones_are_refused() {
+        let mut h = Header::default();
+        let r = SnapshotRequest { id: 7, created: 99 };
+        r.put(&mut h);
+        assert_eq!(SnapshotRequest::read(&h), Ok(r));
+        h.offset = 0;
+        assert!(SnapshotRequest::read(&h).is_err());
+        assert_eq!(read_snapshot_id(&snapshot_id_payload(5)), Ok(5));
+        assert!(read_snapshot_id(&[0; 8]).is_err() && read_snapshot_id(&[1; 7]).is_err());
+        let list = vec![
+            ListedSnapshot {
+                id: 1,
+                created: 2,
+                exclusive_bytes: 4096,
+            },
+            ListedSnapshot {
+                id: 9,
+                created: 3,
+                exclusive_bytes: 0,
+            },
+        ];
+        let b = encode_snapshot_list(&list);
+        assert_eq!(decode_snapshot_list(&b), Ok(list));
+        assert!(decode_snapshot_list(&b[..30]).is_err());
+        assert!(decode_snapshot_list(&[0; 24]).is_err());
+    }
+}
