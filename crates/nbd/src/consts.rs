@@ -45,6 +45,7 @@ pub const INFO_BLOCK_SIZE: u16 = 3;
 
 // Transmission flags.
 pub const TF_HAS_FLAGS: u16 = 1 << 0;
+pub const TF_READ_ONLY: u16 = 1 << 1;
 pub const TF_SEND_FLUSH: u16 = 1 << 2;
 pub const TF_SEND_FUA: u16 = 1 << 3;
 pub const TF_SEND_TRIM: u16 = 1 << 5;

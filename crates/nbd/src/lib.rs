@@ -53,6 +53,12 @@ pub trait Backend: Send + Sync + 'static {
     fn size(&self) -> u64;
     /// True if a flush on any connection makes every write completed on any connection durable.
     fn can_multi_conn(&self) -> bool;
+    /// True for an export that takes no write (a snapshot): the client is told
+    /// (`NBD_FLAG_READ_ONLY`), and a write, trim or write-zeroes it sends anyway fails with
+    /// `EPERM` without reaching the backend.
+    fn read_only(&self) -> bool {
+        false
+    }
     fn read(
         &self,
         offset: u64,

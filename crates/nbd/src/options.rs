@@ -45,6 +45,9 @@ pub(crate) fn transmission_flags<B: Backend>(b: &B, structured: bool) -> u16 {
     if b.can_multi_conn() {
         f |= TF_CAN_MULTI_CONN;
     }
+    if b.read_only() {
+        f |= TF_READ_ONLY;
+    }
     f
 }
 

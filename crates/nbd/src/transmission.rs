@@ -271,6 +271,10 @@ pub(crate) async fn execute<B: Backend>(s: &Session<B>, req: Request, payload: B
         Ok(()) => (simple_reply(cookie, 0), Bytes::new()),
         Err(e) => error_reply(false, cookie, &e),
     };
+    let writes = matches!(req.command, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
+    if writes && b.read_only() {
+        return done(Err(invalid(EPERM, "the export is read-only")));
+    }
     match req.command {
         CMD_READ => match b.read(req.offset, req.length).await {
             Ok(data) if s.structured => {
