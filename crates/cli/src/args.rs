@@ -389,6 +389,19 @@ pub struct AttachArgs {
 }
 
 #[derive(Debug, Subcommand)]
+pub enum SnapshotCmd {
+    /// Take snapshot NAME of VOLUME, online: crash-consistent across its copies (every write
+    /// answered before the command is in it, none started after it returned). Writes pause
+    /// only while the copies in sync record it. Read it with `trireme nbd VOLUME@NAME`.
+    Create { volume: String, name: String },
+    /// VOLUME's snapshots, oldest first: when each was taken, where, and the bytes only it
+    /// holds (what deleting it frees).
+    List { volume: String },
+    /// Delete snapshot NAME of VOLUME from every copy, freeing the blocks only it held.
+    Delete { volume: String, name: String },
+}
+
+#[derive(Debug, Subcommand)]
 pub enum TrashCmd {
     /// The volumes in the trash, oldest deletion first, with when each is purged.
     List,
@@ -492,6 +505,9 @@ pub enum VolumeCmd {
     /// Deleted volumes: list them, restore one, or free their replicas now.
     #[command(subcommand)]
     Trash(TrashCmd),
+    /// Snapshots of a volume: take one, list them, delete one.
+    #[command(subcommand)]
+    Snapshot(SnapshotCmd),
     /// Compare the replicas of a volume and repair regions that differ from the copy a
     /// majority holds (online, region by region), through its writer, or a writer of the
     /// manager's own if nobody writes it. Exit 1 if a region has no majority (two copies

@@ -120,6 +120,21 @@ pub enum Request {
         #[serde(default)]
         allow_shrink: bool,
     },
+    /// Takes snapshot `snapshot` of the volume through its writer (crash-consistent across
+    /// the copies in sync).
+    SnapshotCreate {
+        name: String,
+        snapshot: String,
+    },
+    /// The volume's snapshots, oldest first.
+    SnapshotList {
+        name: String,
+    },
+    /// Deletes snapshot `snapshot` of the volume from every copy.
+    SnapshotDelete {
+        name: String,
+        snapshot: String,
+    },
     /// The writer of `epoch` detached cleanly.
     Detach {
         name: String,

@@ -27,7 +27,7 @@ pub use api::{
 pub use error::{membership_error, ManagerError};
 pub use manager::{
     attach_info, control_gate, record_detach, record_replica_state, record_size, serve, serve_conn,
-    Manager, NodeControl, ScrubSchedule, CONTROL_IDLE, CONTROL_LIMITS, REFUSED,
+    Manager, NodeControl, ScrubSchedule, SnapshotInfo, CONTROL_IDLE, CONTROL_LIMITS, REFUSED,
 };
 pub use membership::ControlMembership;
 pub use moves::{copy_then_retire, MoveKind, MoveState, MoveStatus};

@@ -329,6 +329,47 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 )
             });
         }
+        Cmd::Volume(VolumeCmd::Snapshot(SnapshotCmd::Create { volume, name })) => {
+            let s: trireme_control::SnapshotInfo = cc
+                .call(&Request::SnapshotCreate {
+                    name: volume.clone(),
+                    snapshot: name.clone(),
+                })
+                .await
+                .map_err(usage_if_remote)?;
+            print(out, &s, |s| {
+                format!(
+                    "snapshot {volume}@{} taken (id {}) on node{} {}\n",
+                    s.name,
+                    s.id,
+                    if s.nodes.len() == 1 { "" } else { "s" },
+                    s.nodes
+                        .iter()
+                        .map(u32::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            });
+        }
+        Cmd::Volume(VolumeCmd::Snapshot(SnapshotCmd::List { volume })) => {
+            let l: Vec<trireme_control::SnapshotInfo> = cc
+                .call(&Request::SnapshotList {
+                    name: volume.clone(),
+                })
+                .await
+                .map_err(usage_if_remote)?;
+            print(out, &l, |l| snapshots_table(volume, l));
+        }
+        Cmd::Volume(VolumeCmd::Snapshot(SnapshotCmd::Delete { volume, name })) => {
+            let () = cc
+                .call(&Request::SnapshotDelete {
+                    name: volume.clone(),
+                    snapshot: name.clone(),
+                })
+                .await
+                .map_err(usage_if_remote)?;
+            print(out, &(), |_| format!("deleted snapshot {volume}@{name}\n"));
+        }
         Cmd::Volume(VolumeCmd::Trash(TrashCmd::List)) => {
             let l: Vec<trireme_meta::TrashRecord> = cc.call(&Request::TrashList).await?;
             print(out, &l, |l| trash_table(l));

@@ -364,6 +364,39 @@ pub(crate) async fn nbd(cli: &Cli, a: &crate::NbdArgs) -> Result<(), CliError> {
         .map(|t| t.gated(&access));
     let tcp = bind_nbd(a.export.listen).await?;
     let tcp_addr = tcp.as_ref().and_then(|l| l.local_addr().ok());
+    if let Some((volume, snap)) = a.volume.split_once('@') {
+        // A snapshot, read-only: no writer, so nothing to fence, detach or take back.
+        let tasks = trireme_daemon::export::export_snapshot(
+            &control_path(&cli.data_dir),
+            volume,
+            snap,
+            a.export.socket.as_deref(),
+            tcp,
+            tls.as_ref(),
+            a.export
+                .failure
+                .volume_options(a.export.streams, cli.transport.kind()),
+        )
+        .await
+        .map_err(CliError::Runtime)?;
+        for u in trireme_daemon::export::uris(
+            &a.volume,
+            a.export.socket.as_deref(),
+            tcp_addr,
+            tls.as_ref(),
+        ) {
+            println!("{u}");
+        }
+        stop.wait().await;
+        follow.abort();
+        for t in tasks {
+            t.abort();
+        }
+        if let Some(p) = &a.export.socket {
+            let _ = std::fs::remove_file(p);
+        }
+        return Ok(());
+    }
     let (slot, tasks) = trireme_daemon::export::export_local(
         &control_path(&cli.data_dir),
         &a.volume,

@@ -11,7 +11,8 @@ use trireme_meta::VolumeRecord;
 
 use crate::units::human;
 use crate::{
-    Cli, CliError, Cmd, MaintenanceCmd, NodeCmd, NodeServeArgs, Output, TrashCmd, VolumeCmd,
+    Cli, CliError, Cmd, MaintenanceCmd, NodeCmd, NodeServeArgs, Output, SnapshotCmd, TrashCmd,
+    VolumeCmd,
 };
 
 pub use trireme_daemon::local::control_path;

@@ -169,6 +169,32 @@ pub(crate) fn events_text(l: &[trireme_meta::ClusterEvent]) -> String {
     s
 }
 
+pub(crate) fn snapshots_table(volume: &str, l: &[trireme_control::SnapshotInfo]) -> String {
+    if l.is_empty() {
+        return format!("volume {volume} has no snapshot\n");
+    }
+    let mut s = format!(
+        "{:<20} {:<6} {:<20} {:<9} {:<12} {}\n",
+        "SNAPSHOT", "ID", "TAKEN", "STATE", "OWN BYTES", "NODES"
+    );
+    for t in l {
+        s += &format!(
+            "{:<20} {:<6} {:<20} {:<9} {:<12} {}\n",
+            t.name,
+            t.id,
+            utc_time(t.created),
+            t.state,
+            t.exclusive_bytes.map_or("-".into(), human),
+            t.nodes
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+    }
+    s
+}
+
 pub(crate) fn trash_table(l: &[trireme_meta::TrashRecord]) -> String {
     if l.is_empty() {
         return "the trash is empty\n".to_string();

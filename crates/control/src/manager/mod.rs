@@ -9,6 +9,7 @@ mod records;
 mod resize;
 mod scrubs;
 mod serve;
+mod snapshots;
 mod status;
 mod trash;
 mod volumes;
@@ -19,6 +20,7 @@ pub use scrubs::ScrubSchedule;
 #[cfg(test)]
 pub(crate) use serve::error_reply;
 pub use serve::{control_gate, serve, serve_conn, CONTROL_IDLE, CONTROL_LIMITS, REFUSED};
+pub use snapshots::SnapshotInfo;
 
 use crate::error::{refused, ManagerError};
 use std::sync::Arc;
@@ -627,6 +629,13 @@ impl Manager {
                 size,
                 allow_shrink,
             } => to(self.resize_volume(&name, size, allow_shrink).await),
+            Request::SnapshotCreate { name, snapshot } => {
+                to(self.snapshot_create(&name, &snapshot).await)
+            }
+            Request::SnapshotList { name } => to(self.snapshot_list(&name).await),
+            Request::SnapshotDelete { name, snapshot } => {
+                to(self.snapshot_delete(&name, &snapshot).await)
+            }
             Request::VolumeScrub { name, region, rate } => {
                 to(self.scrub(&name, region, rate).await)
             }

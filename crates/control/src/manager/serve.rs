@@ -88,6 +88,7 @@ fn authorize(peer: &Peer, req: &Request) -> Result<()> {
             | Request::VolumeList
             | Request::VolumeInfo { .. }
             | Request::Locate { .. }
+            | Request::SnapshotList { .. }
             | Request::Status
             | Request::Events { .. }
     );

@@ -1,0 +1,178 @@
+//! `volume snapshot create|list|delete`: the record (`snapshots/<volume>/<name>`, with an id
+//! from the metadata's counter) comes first, then the volume's writer takes the snapshot on
+//! every copy in sync (`trireme_client`'s `snapshots.rs`): the one in the cluster's process,
+//! or, for a volume nobody writes, one the manager attaches for itself. Deleting asks every
+//! node of the volume to drop it (the manager speaks for nodes: a client host may not), then
+//! the record goes.
+
+use std::sync::Arc;
+
+use trireme_meta::{SnapshotRecord, SnapshotState, VolumeRecord};
+use trireme_proto::{Header, Op, SnapshotRequest, Status};
+
+use super::{Manager, Result};
+use crate::error::refused;
+
+/// A snapshot as `volume snapshot list` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SnapshotInfo {
+    pub name: String,
+    pub id: u64,
+    /// Seconds since the Unix epoch.
+    pub created: u64,
+    /// `creating`, `ready` or `deleting`.
+    pub state: String,
+    pub nodes: Vec<u32>,
+    /// Bytes only it holds (what deleting it frees), on the copy that said most; `None` if no
+    /// node holding it answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exclusive_bytes: Option<u64>,
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl Manager {
+    /// Takes snapshot `snap` of volume `name`.
+    pub async fn snapshot_create(self: &Arc<Self>, name: &str, snap: &str) -> Result<SnapshotInfo> {
+        let v = self.meta.volume(name).await?;
+        let created = now_secs();
+        let mut rec = self.meta.create_snapshot_record(&v, snap, created).await?;
+        match self.take_snapshot(&v, rec.id, created).await {
+            Ok(nodes) => {
+                rec.state = SnapshotState::Ready;
+                rec.nodes = nodes;
+                self.meta.put_snapshot_record(name, &rec).await?;
+                tracing::info!(volume = name, snapshot = snap, id = rec.id, nodes = ?rec.nodes, "snapshot taken");
+                Ok(info(&rec, None))
+            }
+            Err(e) => {
+                // Copies that took it before another failed drop it again (the writer tried
+                // too; a client host's writer may not).
+                self.drop_on_nodes(&v, rec.id).await;
+                if let Err(d) = self.meta.delete_snapshot_record(name, snap).await {
+                    tracing::warn!(
+                        volume = name,
+                        snapshot = snap,
+                        "removing the record of a failed snapshot: {d}"
+                    );
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Takes snapshot `id` through the volume's writer; the nodes that hold it.
+    async fn take_snapshot(
+        self: &Arc<Self>,
+        v: &VolumeRecord,
+        id: u64,
+        created: u64,
+    ) -> Result<Vec<u32>> {
+        if let Some(w) = self.writer(&v.name).filter(|w| w.info().epoch == v.epoch) {
+            return Ok(w.snapshot(id, created).await?);
+        }
+        if let Some(who) = self.holder(v).await? {
+            return Err(refused(format!(
+                "volume {} is attached by {who}: a snapshot goes through the writer in the cluster's process or one of the manager's own; taking one through a writer on another host is not built yet (detach it, or take the snapshot from the process serving it)",
+                v.name
+            )));
+        }
+        let own = self.attach_own(v).await?;
+        let r = own.writer.snapshot(id, created).await;
+        self.release_own(own).await;
+        Ok(r?)
+    }
+
+    /// The snapshots of volume `name`, oldest first.
+    pub async fn snapshot_list(&self, name: &str) -> Result<Vec<SnapshotInfo>> {
+        let v = self.meta.volume(name).await?;
+        let recs = self.meta.snapshots(&v).await?;
+        // What each node says its copy's snapshots hold alone.
+        let mut exclusive: std::collections::HashMap<u64, u64> = Default::default();
+        for r in &v.replicas {
+            let Ok(node) = self.node(r.node).await else {
+                continue;
+            };
+            let h = Header {
+                volume: v.id,
+                ..Header::request(Op::SnapshotList, 0)
+            };
+            let Ok(f) = self.node_call(&node, h).await else {
+                continue;
+            };
+            if f.header.status != Status::Ok {
+                continue;
+            }
+            for s in trireme_proto::decode_snapshot_list(&f.payload).unwrap_or_default() {
+                let e = exclusive.entry(s.id).or_default();
+                *e = (*e).max(s.exclusive_bytes);
+            }
+        }
+        Ok(recs
+            .iter()
+            .map(|r| info(r, exclusive.get(&r.id).copied()))
+            .collect())
+    }
+
+    /// Deletes snapshot `snap` of volume `name` from every copy, then its record. A node that
+    /// does not answer leaves the record `deleting`; asking again finishes it.
+    pub async fn snapshot_delete(&self, name: &str, snap: &str) -> Result<()> {
+        let v = self.meta.volume(name).await?;
+        let mut rec = self.meta.snapshot(&v, snap).await?;
+        rec.state = SnapshotState::Deleting;
+        self.meta.put_snapshot_record(name, &rec).await?;
+        let missed = self.drop_on_nodes(&v, rec.id).await;
+        if !missed.is_empty() {
+            return Err(refused(format!(
+                "snapshot {snap} of volume {name} is still on nodes {missed:?}, which did not answer; it stays `deleting` until `volume snapshot delete` is asked again"
+            )));
+        }
+        self.meta.delete_snapshot_record(name, snap).await?;
+        tracing::info!(
+            volume = name,
+            snapshot = snap,
+            id = rec.id,
+            "snapshot deleted"
+        );
+        Ok(())
+    }
+
+    /// Asks every node of `v` to drop snapshot `id`; the nodes that did not.
+    async fn drop_on_nodes(&self, v: &VolumeRecord, id: u64) -> Vec<u32> {
+        let mut missed = Vec::new();
+        for r in &v.replicas {
+            let mut h = Header {
+                volume: v.id,
+                ..Header::request(Op::SnapshotDelete, 0)
+            };
+            SnapshotRequest { id, created: 0 }.put(&mut h);
+            let answer = match self.node(r.node).await {
+                Ok(node) => self.node_call(&node, h).await.map(|f| f.header.status),
+                Err(e) => Err(e),
+            };
+            match answer {
+                Ok(Status::Ok | Status::NoSnapshot | Status::NoReplica) => {}
+                other => {
+                    tracing::warn!(volume = %v.name, node = r.node, id, "deleting a snapshot: {other:?}");
+                    missed.push(r.node);
+                }
+            }
+        }
+        missed
+    }
+}
+
+fn info(r: &SnapshotRecord, exclusive_bytes: Option<u64>) -> SnapshotInfo {
+    SnapshotInfo {
+        name: r.name.clone(),
+        id: r.id,
+        created: r.created,
+        state: r.state.as_str().to_string(),
+        nodes: r.nodes.clone(),
+        exclusive_bytes,
+    }
+}
