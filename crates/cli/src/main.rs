@@ -240,7 +240,8 @@ pub enum Cmd {
         #[arg(long, short = 'n', value_name = "N")]
         last: Option<usize>,
     },
-    /// Attach a volume (new epoch: older writers are fenced) and serve it over NBD.
+    /// Attach a volume (new epoch: older writers are fenced) and serve it over NBD; or serve
+    /// a snapshot, VOLUME@NAME, read-only (the volume's writer is not touched).
     Nbd(NbdArgs),
     /// On a client host of a cluster on etcd: become the volume's writer (a new epoch; refused
     /// while another host holds it, unless --force) and serve it over NBD to local clients.

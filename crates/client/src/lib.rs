@@ -32,6 +32,7 @@ mod repair;
 mod resize;
 mod resync;
 mod scrub;
+mod snapshot_reader;
 mod snapshots;
 mod tiers;
 mod verify;
@@ -40,6 +41,7 @@ pub use error::VolumeError;
 pub use membership::{BoxFut, DegradeRefusal, Membership, MembershipError, ReplicaView};
 pub use reconcile::ReconcileReport;
 pub use scrub::ScrubReport;
+pub use snapshot_reader::SnapshotReader;
 pub use trireme_replication::ResyncProgress;
 pub use verify::{verify_replicas, verify_replicas_with, Mismatch, VerifyReport};
 

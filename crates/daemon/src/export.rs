@@ -97,6 +97,130 @@ impl Backend for VolumeExport {
     }
 }
 
+/// A snapshot served over NBD, read-only.
+#[derive(Debug)]
+pub struct SnapshotExport(pub Arc<trireme_client::SnapshotReader>);
+
+impl Backend for SnapshotExport {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    /// Nothing is written: every connection reads the same frozen bytes.
+    fn can_multi_conn(&self) -> bool {
+        true
+    }
+    fn read_only(&self) -> bool {
+        true
+    }
+    async fn read(&self, offset: u64, len: u32) -> Result<Bytes, BackendError> {
+        self.0.read(offset, u64::from(len)).await.map_err(to_nbd)
+    }
+    async fn write(&self, _: u64, _: Bytes, _: bool) -> Result<(), BackendError> {
+        Err(read_only())
+    }
+    async fn flush(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+    async fn write_zeroes(&self, _: u64, _: u32, _: bool, _: bool) -> Result<(), BackendError> {
+        Err(read_only())
+    }
+    /// All data: the copies do not yet say where a snapshot has holes.
+    async fn block_status(&self, _: u64, len: u32) -> Result<Vec<Extent>, BackendError> {
+        Ok(vec![Extent {
+            length: u64::from(len),
+            flags: 0,
+        }])
+    }
+}
+
+fn read_only() -> BackendError {
+    BackendError {
+        errno: trireme_nbd::consts::EPERM,
+        message: "a snapshot is read-only".into(),
+    }
+}
+
+/// Finds snapshot `snap` of `volume` through `up`'s control socket and serves it read-only
+/// over NBD, as export `VOLUME@SNAP`. Returns once the listeners are bound, with the tasks
+/// serving them. The volume's writer is not touched.
+pub async fn export_snapshot(
+    control: &std::path::Path,
+    volume: &str,
+    snap: &str,
+    socket: Option<&std::path::Path>,
+    tcp: Option<tokio::net::TcpListener>,
+    tls: Option<&ExportTls>,
+    opts: trireme_client::VolumeOptions,
+) -> Result<Vec<tokio::task::JoinHandle<std::io::Result<()>>>, String> {
+    let mut cc = trireme_control::ControlClient::connect(control)
+        .await
+        .map_err(|e| e.to_string())?;
+    let info: trireme_client::AttachInfo = cc
+        .call(&trireme_control::Request::Locate {
+            name: volume.to_string(),
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    let list: Vec<trireme_control::SnapshotInfo> = cc
+        .call(&trireme_control::Request::SnapshotList {
+            name: volume.to_string(),
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    let reader = snapshot_reader(&info, &list, snap, opts)?;
+    let label = format!("{volume}@{snap}");
+    let mut ex = trireme_nbd::Exports::new();
+    ex.add(
+        &label,
+        &format!("trireme snapshot {label} (read-only)"),
+        Arc::new(SnapshotExport(Arc::new(reader))),
+    );
+    listen(Arc::new(ex), socket, tcp, tls)
+}
+
+/// A reader of snapshot `snap`, given where the volume lives and its snapshots: the copies
+/// that hold it first.
+pub fn snapshot_reader(
+    info: &trireme_client::AttachInfo,
+    list: &[trireme_control::SnapshotInfo],
+    snap: &str,
+    opts: trireme_client::VolumeOptions,
+) -> Result<trireme_client::SnapshotReader, String> {
+    let volume = &info.name;
+    let s = list.iter().find(|s| s.name == snap).ok_or_else(|| {
+        format!(
+            "volume {volume} has no snapshot named {snap:?} (`trireme volume snapshot list {volume}`)"
+        )
+    })?;
+    if s.state != "ready" {
+        return Err(format!(
+            "snapshot {volume}@{snap} is {}, not ready",
+            s.state
+        ));
+    }
+    let mut copies: Vec<trireme_client::ReplicaTarget> = info
+        .replicas
+        .iter()
+        .filter(|r| s.nodes.contains(&r.node))
+        .cloned()
+        .collect();
+    if copies.is_empty() {
+        return Err(format!(
+            "no node that holds snapshot {volume}@{snap} (nodes {:?}) holds a copy of the volume now",
+            s.nodes
+        ));
+    }
+    copies.sort_by_key(|r| r.node);
+    Ok(trireme_client::SnapshotReader::new(
+        &format!("{volume}@{snap}"),
+        info.id,
+        s.id,
+        info.size,
+        copies,
+        opts,
+    ))
+}
+
 /// TLS for an NBD TCP listener.
 #[derive(Debug, Clone)]
 pub struct ExportTls {
@@ -166,7 +290,16 @@ pub fn serve(
         &format!("trireme volume {name}"),
         Arc::new(VolumeExport(slot.clone())),
     );
-    let ex = Arc::new(ex);
+    listen(Arc::new(ex), socket, tcp, tls)
+}
+
+/// Serves `ex` on the given listeners; the tasks serving them.
+fn listen<B: Backend>(
+    ex: Arc<trireme_nbd::Exports<B>>,
+    socket: Option<&std::path::Path>,
+    tcp: Option<tokio::net::TcpListener>,
+    tls: Option<&ExportTls>,
+) -> Result<Vec<tokio::task::JoinHandle<std::io::Result<()>>>, String> {
     let mut tasks = Vec::new();
     if let Some(p) = socket {
         let listener = trireme_tls::local::bind_private(p)

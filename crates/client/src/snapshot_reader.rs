@@ -1,0 +1,132 @@
+//! Reading a snapshot: from the copies that hold it, without attaching (no epoch is taken, so
+//! the volume's writer goes on undisturbed, and any number of readers may run at once).
+//!
+//! Each read goes to one copy; a copy that fails it, or says it lacks the snapshot
+//! (`NoSnapshot`: it was out of sync when the snapshot was taken), is left for the next, and
+//! reads stay on the copy that last answered. Links are opened on first use and again after
+//! they break.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::{Bytes, BytesMut};
+use trireme_proto::{Header, Op, Status};
+use trireme_transport::Connection;
+
+use crate::{connect_replica, ReplicaTarget, VolumeError, VolumeOptions, MAX_IO};
+
+/// A snapshot of a volume, read-only.
+#[derive(Debug)]
+pub struct SnapshotReader {
+    volume: u64,
+    label: String,
+    snapshot: u64,
+    size: u64,
+    copies: Vec<ReplicaTarget>,
+    links: Mutex<Vec<Option<Arc<dyn Connection>>>>,
+    /// The copy that served the last read.
+    current: AtomicUsize,
+    opts: VolumeOptions,
+}
+
+impl SnapshotReader {
+    /// Reads snapshot `snapshot` of volume `volume` (`size` bytes) from `copies` (the nodes
+    /// that hold it first). `label` names it in errors (`VOLUME@NAME`).
+    pub fn new(
+        label: &str,
+        volume: u64,
+        snapshot: u64,
+        size: u64,
+        copies: Vec<ReplicaTarget>,
+        opts: VolumeOptions,
+    ) -> SnapshotReader {
+        SnapshotReader {
+            volume,
+            label: label.to_string(),
+            snapshot,
+            size,
+            links: Mutex::new(vec![None; copies.len()]),
+            copies,
+            current: AtomicUsize::new(0),
+            opts,
+        }
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    async fn link(&self, k: usize) -> Result<Arc<dyn Connection>, VolumeError> {
+        let cached = self.links.lock().unwrap_or_else(|e| e.into_inner())[k]
+            .clone()
+            .filter(|c| !c.is_closed());
+        if let Some(c) = cached {
+            return Ok(c);
+        }
+        let c = connect_replica(&self.copies[k], &self.opts).await?;
+        self.links.lock().unwrap_or_else(|e| e.into_inner())[k] = Some(c.clone());
+        Ok(c)
+    }
+
+    /// One frame's read from copy `k`.
+    async fn read_from(&self, k: usize, offset: u64, len: u64) -> Result<Bytes, VolumeError> {
+        let node = self.copies[k].node;
+        let c = self.link(k).await?;
+        let h = Header {
+            volume: self.volume,
+            offset,
+            length: len,
+            ..Header::request(Op::SnapshotRead, 0)
+        };
+        let payload = Bytes::from(trireme_proto::snapshot_id_payload(self.snapshot));
+        let timeout = self.opts.replica_timeout;
+        let f = tokio::time::timeout(timeout, c.call(h, payload))
+            .await
+            .map_err(|_| VolumeError::Timeout { node, timeout })?
+            .map_err(|source| VolumeError::Transport { node, source })?;
+        match f.header.status {
+            Status::Ok if f.payload.len() as u64 == len => Ok(f.payload),
+            Status::Ok => Err(VolumeError::Protocol {
+                node,
+                what: format!("{} bytes read of {len}", f.payload.len()),
+            }),
+            status => Err(VolumeError::Replica {
+                node,
+                status,
+                message: String::from_utf8_lossy(&f.payload).into_owned(),
+            }),
+        }
+    }
+
+    /// Reads `len` bytes at `offset` of the snapshot.
+    pub async fn read(&self, offset: u64, len: u64) -> Result<Bytes, VolumeError> {
+        trireme_replication::check_io(offset, len, self.size, u64::MAX)?;
+        let mut out = BytesMut::with_capacity(len as usize);
+        let mut pos = offset;
+        while pos < offset + len {
+            let n = (offset + len - pos).min(MAX_IO);
+            out.extend_from_slice(&self.read_any(pos, n).await?);
+            pos += n;
+        }
+        Ok(out.freeze())
+    }
+
+    async fn read_any(&self, offset: u64, len: u64) -> Result<Bytes, VolumeError> {
+        let first = self.current.load(Ordering::Relaxed);
+        let mut last = None;
+        for step in 0..self.copies.len() {
+            let k = (first + step) % self.copies.len();
+            match self.read_from(k, offset, len).await {
+                Ok(b) => {
+                    self.current.store(k, Ordering::Relaxed);
+                    return Ok(b);
+                }
+                Err(e) => {
+                    tracing::debug!(snapshot = %self.label, node = self.copies[k].node, "snapshot read failed, trying the next copy: {e}");
+                    last = Some(e);
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| VolumeError::NoReplicas(self.label.clone())))
+    }
+}
