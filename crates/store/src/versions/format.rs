@@ -20,7 +20,7 @@
 //! |---:|---:|---|
 //! | 0 | 8 | magic `TRIRVERS` |
 //! | 8 | 4 | format version (1) |
-//! | 12 | 4 | flags (none yet: 0) |
+//! | 12 | 4 | flags (bit 0: open, not shut down clean) |
 //! | 16 | 8 | volume id |
 //! | 24 | 8 | logical size in bytes |
 //! | 32 | 8 | the head's generation |
@@ -41,6 +41,9 @@ const SNAP_MAGIC: &[u8; 8] = b"TRIRSNAP";
 const VERSION: u32 = 1;
 const HEADER: usize = 64;
 const RECORD: usize = 24;
+/// Main file flag: a process has the replica open (found at open: it died without closing,
+/// and the head's changes since the last flush are lost).
+pub const FLAG_OPEN: u32 = 1;
 /// A record's physical block for "no entry" (the identity).
 pub const IDENTITY: u64 = u64::MAX - 1;
 /// Largest physical block a record may name (a 1 PiB replica), so a corrupt record cannot
@@ -66,6 +69,7 @@ pub struct Listed {
 /// The main file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Main {
+    pub flags: u32,
     pub volume: u64,
     pub size: u64,
     pub gen: u64,
@@ -157,7 +161,7 @@ fn check_length(b: &[u8], expected: usize) -> Result<(), FormatError> {
     Ok(())
 }
 
-fn check_head(b: &[u8], magic: &[u8; 8]) -> Result<(), FormatError> {
+fn check_head(b: &[u8], magic: &[u8; 8], known_flags: u32) -> Result<(), FormatError> {
     if b.len() < HEADER {
         return Err(FormatError::Short(b.len()));
     }
@@ -168,7 +172,7 @@ fn check_head(b: &[u8], magic: &[u8; 8]) -> Result<(), FormatError> {
     if v != VERSION {
         return Err(FormatError::BadVersion(v));
     }
-    if u32_at(b, 12) != 0 {
+    if u32_at(b, 12) & !known_flags != 0 {
         return Err(FormatError::Reserved);
     }
     Ok(())
@@ -178,6 +182,7 @@ pub fn encode_main(m: &Main) -> Vec<u8> {
     let mut b = vec![0u8; HEADER];
     b[0..8].copy_from_slice(MAIN_MAGIC);
     b[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    b[12..16].copy_from_slice(&m.flags.to_le_bytes());
     b[16..24].copy_from_slice(&m.volume.to_le_bytes());
     b[24..32].copy_from_slice(&m.size.to_le_bytes());
     b[32..40].copy_from_slice(&m.gen.to_le_bytes());
@@ -197,7 +202,7 @@ pub fn encode_main(m: &Main) -> Vec<u8> {
 }
 
 pub fn decode_main(b: &[u8]) -> Result<Main, FormatError> {
-    check_head(b, MAIN_MAGIC)?;
+    check_head(b, MAIN_MAGIC, FLAG_OPEN)?;
     if u32_at(b, 60) != 0 {
         return Err(FormatError::Reserved);
     }
@@ -220,6 +225,7 @@ pub fn decode_main(b: &[u8]) -> Result<Main, FormatError> {
         snaps.push(s);
     }
     Ok(Main {
+        flags: u32_at(b, 12),
         volume: u64_at(b, 16),
         size: u64_at(b, 24),
         gen,
@@ -245,7 +251,7 @@ pub fn encode_snap(s: &SnapFile) -> Vec<u8> {
 }
 
 pub fn decode_snap(b: &[u8]) -> Result<SnapFile, FormatError> {
-    check_head(b, SNAP_MAGIC)?;
+    check_head(b, SNAP_MAGIC, 0)?;
     if b[48..64] != [0; 16] {
         return Err(FormatError::Reserved);
     }
@@ -317,6 +323,7 @@ mod tests {
     #[test]
     fn files_round_trip_and_every_damage_is_refused() {
         let m = Main {
+            flags: FLAG_OPEN,
             volume: 9,
             size: 1 << 20,
             gen: 4,

@@ -70,12 +70,26 @@ impl VersionedStore {
                 f.remove_all();
                 (r.size(), Table::new(phys_blocks, phys_blocks))
             }
-            Some(f) => f
-                .load(r.size())?
-                .unwrap_or((r.size(), Table::new(phys_blocks, phys_blocks))),
+            Some(f) => match f.load(r.size())? {
+                Some((size, table, open)) => {
+                    if open {
+                        // The process died holding it: the head's map of its last moments
+                        // (redirects since the last flush) is gone while the writes it
+                        // acknowledged are on disk. Peers must not trust their record of what
+                        // this copy missed: its next resync compares everything.
+                        tracing::warn!(
+                            volume = r.volume(),
+                            "versions were not closed cleanly: the copy's history is unknown"
+                        );
+                        r.forget_history()?;
+                    }
+                    (size, table)
+                }
+                None => (r.size(), Table::new(phys_blocks, phys_blocks)),
+            },
             None => (r.size(), Table::new(phys_blocks, phys_blocks)),
         };
-        Ok(Arc::new(VersionedReplica {
+        let r = Arc::new(VersionedReplica {
             plain: AtomicBool::new(table.is_identity()),
             size: AtomicU64::new(size),
             table: Mutex::new(table),
@@ -85,7 +99,13 @@ impl VersionedStore {
             dirty: AtomicBool::new(false),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             persist: Mutex::new(()),
-        }))
+            closed: AtomicBool::new(false),
+        });
+        // Marked open before anything is served, so a crash from here on is noticed.
+        if !r.plain.load(Ordering::Acquire) {
+            r.persist_main()?;
+        }
+        Ok(r)
     }
 }
 
@@ -171,7 +191,8 @@ impl Files {
 
     /// The logical size and table on disk, or `None` if the replica has no versions. Snapshot
     /// files the main file does not list (a snapshot or delete a crash cut short) are removed.
-    fn load(&self, phys_size: u64) -> Result<Option<(u64, Table)>, StoreError> {
+    /// With the table, whether it was open (not closed cleanly).
+    fn load(&self, phys_size: u64) -> Result<Option<(u64, Table, bool)>, StoreError> {
         let path = self.main();
         let bytes = match std::fs::read(&path) {
             Ok(b) => b,
@@ -254,7 +275,7 @@ impl Files {
             }
         }
         let t = Table::rebuilt(blocks, phys_blocks, m.gen, head, snaps);
-        Ok(Some((m.size, t)))
+        Ok(Some((m.size, t, m.flags & format::FLAG_OPEN != 0)))
     }
 }
 
@@ -275,6 +296,8 @@ struct VersionedReplica {
     stripes: Vec<Mutex<()>>,
     /// Serialises persisting.
     persist: Mutex<()>,
+    /// Set by `close`: the main file records a clean shutdown.
+    closed: AtomicBool,
 }
 
 fn version_error(volume: u64, e: VersionError) -> StoreError {
@@ -329,6 +352,10 @@ impl VersionedReplica {
             .last()
             .map_or((0, Map::new()), |(id, s)| (*id, s.map.clone()));
         let m = format::Main {
+            flags: match self.closed.load(Ordering::Acquire) {
+                true => 0,
+                false => format::FLAG_OPEN,
+            },
             volume: self.vol(),
             size: self.size.load(Ordering::Acquire),
             gen,
@@ -742,6 +769,10 @@ impl crate::filter::ReplicaFilter for VersionedReplica {
 
     fn close(&self) -> Result<(), StoreError> {
         Replica::flush(self)?;
+        if !self.plain.load(Ordering::Acquire) {
+            self.closed.store(true, Ordering::Release);
+            self.persist_main()?;
+        }
         self.inner.close()
     }
 

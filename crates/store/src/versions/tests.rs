@@ -179,8 +179,11 @@ fn versions_survive_a_reopen_and_a_crash_keeps_every_flushed_write() {
         r.flush().unwrap();
         // Not flushed: may be lost, must not tear anything else.
         r.write(0, &[4; 4096], false).unwrap();
+        let before = r.incarnation();
         drop(r);
         let r = s.reopen();
+        // A crash lost the head's newest map: the copy's history is unknown (a full resync).
+        assert_ne!(r.incarnation(), before, "{}", s.name);
         assert_eq!(r.size(), SIZE, "{}", s.name);
         assert_eq!(read(&*r, Some(10), 0, 8192), vec![1; 8192], "{}", s.name);
         let s11 = read(&*r, Some(11), 0, 8192);
@@ -198,8 +201,15 @@ fn versions_survive_a_reopen_and_a_crash_keeps_every_flushed_write() {
         // Deleting the first snapshot rewrites the second's file against nothing.
         r.delete_snapshot(10).unwrap();
         r.close().unwrap();
+        let before = r.incarnation();
         drop(r);
         let r = s.reopen();
+        assert_eq!(
+            r.incarnation(),
+            before,
+            "{}: a clean close keeps it",
+            s.name
+        );
         assert_eq!(r.snapshots().unwrap().len(), 1);
         let s11 = read(&*r, Some(11), 0, 8192);
         assert_eq!(
