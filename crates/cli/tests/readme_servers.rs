@@ -529,6 +529,11 @@ fn run_readme(tls: bool) {
     });
     let size = w.admin_json(&["volume", "info", "db1"])["size"].clone();
     assert_eq!(size, 2u64 << 30, "resized to 200G / 100");
+    // The snapshot was taken by the writer on the client host, on the three copies it had.
+    let snaps = w.admin_json(&["volume", "snapshot", "list", "db1"]);
+    assert_eq!(snaps[0]["name"], "nightly", "{snaps}");
+    assert_eq!(snaps[0]["state"], "ready", "{snaps}");
+    assert_eq!(snaps[0]["nodes"].as_array().unwrap().len(), 3, "{snaps}");
     let uri = format!("nbd+unix:///db1?socket={}", w.sock());
     let out = output_within(
         &mut w.command(

@@ -281,13 +281,14 @@ pub async fn attach(
     let mover = {
         let (meta, volume) = (meta.clone(), volume.clone());
         // The manager's requests: moves of a replica, take-outs for planned restarts, scrubs,
-        // resizes.
+        // resizes, snapshots.
         tokio::spawn(async move {
             tokio::join!(
                 serve_moves(meta.clone(), volume.clone()),
                 serve_takeouts(meta.clone(), volume.clone()),
                 crate::scrubs::serve_scrubs(meta.clone(), volume.clone()),
                 crate::scrubs::serve_resizes(meta.clone(), volume.clone()),
+                crate::scrubs::serve_snapshots(meta.clone(), volume.clone()),
                 follow_layout(meta, volume)
             );
         })

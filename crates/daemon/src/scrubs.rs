@@ -1,49 +1,178 @@
-//! The writer's side of `volume scrub` on a cluster on etcd: the manager cannot scrub a volume
-//! another host writes (a writer of its own would fence that one), so it asks the writer
-//! through the volume's scrub request (`scrubs/<name>`, [`ScrubRequest`]), and the writer runs
-//! the scrub itself — its progress shows in its report — and writes the outcome back. A
-//! resize (`resizes/<name>`) is asked for the same way.
+//! The writer's side of the manager's requests on a cluster on etcd: the manager cannot scrub,
+//! resize or snapshot a volume another host writes (a writer of its own would fence that one),
+//! so it asks the writer through a request record — `scrubs/<name>` ([`ScrubRequest`]),
+//! `resizes/<name>` ([`ResizeRequest`]), `snapshot-asks/<name>` ([`SnapshotAsk`]) — and the
+//! writer carries it out itself (a scrub's progress shows in its report) and writes the
+//! outcome back in place.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use trireme_client::Volume;
-use trireme_meta::{ClusterMeta, ResizeRequest, ScrubRequest, ScrubState};
+use trireme_meta::{ClusterMeta, MetaError, ResizeRequest, ScrubRequest, ScrubState, SnapshotAsk};
 
 use crate::attach::until_reachable;
 
-/// Serves `volume`'s scrub requests for as long as the writer lives.
-pub async fn serve_scrubs(meta: ClusterMeta, volume: Arc<Volume>) {
+type Fut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A request of the manager's that the writer carries out and answers in place.
+trait Ask: serde::de::DeserializeOwned + Clone + Send + Sync {
+    /// What it is, for the log: "a scrub request".
+    const WHAT: &'static str;
+    fn key(name: &str) -> String;
+    fn epoch(&self) -> u64;
+    fn state(&self) -> ScrubState;
+    fn set_state(&mut self, s: ScrubState);
+    /// Writes it at revision `at` (see `ClusterMeta::put_scrub`).
+    fn put<'a>(
+        &'a self,
+        meta: &'a ClusterMeta,
+        name: &'a str,
+        at: i64,
+    ) -> Fut<'a, Result<Option<i64>, MetaError>>;
+    /// Carries it out, recording the outcome in it.
+    fn run<'a>(&'a mut self, v: &'a Volume) -> Fut<'a, ()>;
+}
+
+impl Ask for ScrubRequest {
+    const WHAT: &'static str = "a scrub request";
+    fn key(name: &str) -> String {
+        ClusterMeta::scrub_key(name)
+    }
+    fn epoch(&self) -> u64 {
+        self.epoch
+    }
+    fn state(&self) -> ScrubState {
+        self.state
+    }
+    fn set_state(&mut self, s: ScrubState) {
+        self.state = s;
+    }
+    fn put<'a>(
+        &'a self,
+        meta: &'a ClusterMeta,
+        name: &'a str,
+        at: i64,
+    ) -> Fut<'a, Result<Option<i64>, MetaError>> {
+        Box::pin(meta.put_scrub(name, self, at))
+    }
+    fn run<'a>(&'a mut self, v: &'a Volume) -> Fut<'a, ()> {
+        Box::pin(async move {
+            tracing::info!(volume = %v.info().name, "scrubbing at the manager's request");
+            match v.scrub_at(self.region, self.rate).await {
+                Ok(r) => {
+                    self.state = ScrubState::Done;
+                    self.report = serde_json::to_value(&r).ok();
+                }
+                Err(e) => {
+                    self.state = ScrubState::Failed;
+                    self.error = Some(e.to_string());
+                }
+            }
+        })
+    }
+}
+
+impl Ask for ResizeRequest {
+    const WHAT: &'static str = "a resize request";
+    fn key(name: &str) -> String {
+        ClusterMeta::resize_key(name)
+    }
+    fn epoch(&self) -> u64 {
+        self.epoch
+    }
+    fn state(&self) -> ScrubState {
+        self.state
+    }
+    fn set_state(&mut self, s: ScrubState) {
+        self.state = s;
+    }
+    fn put<'a>(
+        &'a self,
+        meta: &'a ClusterMeta,
+        name: &'a str,
+        at: i64,
+    ) -> Fut<'a, Result<Option<i64>, MetaError>> {
+        Box::pin(meta.put_resize(name, self, at))
+    }
+    /// Grows every copy, records the size and serves it (`trireme_client`'s `resize.rs`).
+    fn run<'a>(&'a mut self, v: &'a Volume) -> Fut<'a, ()> {
+        Box::pin(async move {
+            tracing::info!(volume = %v.info().name, size = self.size, "resizing at the manager's request");
+            match v.resize(self.size).await {
+                Ok(()) => self.state = ScrubState::Done,
+                Err(e) => {
+                    self.state = ScrubState::Failed;
+                    self.error = Some(e.to_string());
+                }
+            }
+        })
+    }
+}
+
+impl Ask for SnapshotAsk {
+    const WHAT: &'static str = "a snapshot request";
+    fn key(name: &str) -> String {
+        ClusterMeta::snapshot_ask_key(name)
+    }
+    fn epoch(&self) -> u64 {
+        self.epoch
+    }
+    fn state(&self) -> ScrubState {
+        self.state
+    }
+    fn set_state(&mut self, s: ScrubState) {
+        self.state = s;
+    }
+    fn put<'a>(
+        &'a self,
+        meta: &'a ClusterMeta,
+        name: &'a str,
+        at: i64,
+    ) -> Fut<'a, Result<Option<i64>, MetaError>> {
+        Box::pin(meta.put_snapshot_ask(name, self, at))
+    }
+    /// The barrier on every copy in sync (`trireme_client`'s `snapshots.rs`).
+    fn run<'a>(&'a mut self, v: &'a Volume) -> Fut<'a, ()> {
+        Box::pin(async move {
+            tracing::info!(volume = %v.info().name, id = self.id, "taking a snapshot at the manager's request");
+            match v.snapshot(self.id, self.created).await {
+                Ok(nodes) => {
+                    self.state = ScrubState::Done;
+                    self.nodes = nodes;
+                }
+                Err(e) => {
+                    self.state = ScrubState::Failed;
+                    self.error = Some(e.to_string());
+                }
+            }
+        })
+    }
+}
+
+/// Serves `volume`'s requests of kind `A` for as long as the writer lives.
+async fn serve<A: Ask>(meta: ClusterMeta, volume: Arc<Volume>) {
     let name = volume.info().name.clone();
     let epoch = volume.info().epoch;
-    let key = ClusterMeta::scrub_key(&name);
+    let key = A::key(&name);
     loop {
         let (now, rev) = crate::keys::read(&meta, &key).await;
         if let Some(kv) = &now {
-            match serde_json::from_slice::<ScrubRequest>(&kv.value) {
-                Ok(mut req) if req.epoch == epoch && req.state == ScrubState::Asked => {
-                    let at = kv.mod_revision;
-                    req.state = ScrubState::Running;
-                    let Some(at) = answer(&meta, &name, &req, at).await else {
+            match serde_json::from_slice::<A>(&kv.value) {
+                Ok(mut req) if req.epoch() == epoch && req.state() == ScrubState::Asked => {
+                    req.set_state(ScrubState::Running);
+                    let Some(at) = answer(&meta, &name, &req, kv.mod_revision).await else {
                         crate::keys::changed(&meta, &key, rev).await;
                         continue;
                     };
-                    tracing::info!(volume = %name, "scrubbing at the manager's request");
-                    match volume.scrub_at(req.region, req.rate).await {
-                        Ok(r) => {
-                            req.state = ScrubState::Done;
-                            req.report = serde_json::to_value(&r).ok();
-                        }
-                        Err(e) => {
-                            req.state = ScrubState::Failed;
-                            req.error = Some(e.to_string());
-                        }
-                    }
+                    req.run(&volume).await;
                     answer(&meta, &name, &req, at).await;
                     continue;
                 }
                 Ok(_) => {}
                 Err(e) => {
-                    tracing::warn!(volume = %name, "ignoring a scrub request that does not decode: {e}")
+                    tracing::warn!(volume = %name, "ignoring {} that does not decode: {e}", A::WHAT)
                 }
             }
         }
@@ -51,74 +180,34 @@ pub async fn serve_scrubs(meta: ClusterMeta, volume: Arc<Volume>) {
     }
 }
 
-/// Writes the writer's answer to the scrub request read at revision `at`; its new revision,
-/// or `None` if the request changed or went meanwhile (the manager gave up waiting).
-async fn answer(meta: &ClusterMeta, name: &str, r: &ScrubRequest, at: i64) -> Option<i64> {
-    match until_reachable("answering a scrub request", || meta.put_scrub(name, r, at)).await {
+/// Writes the writer's answer to the request read at revision `at`; its new revision, or
+/// `None` if the request changed or went meanwhile (the manager gave up waiting).
+async fn answer<A: Ask>(meta: &ClusterMeta, name: &str, r: &A, at: i64) -> Option<i64> {
+    let what = format!("answering {}", A::WHAT);
+    match until_reachable(&what, || r.put(meta, name, at)).await {
         Ok(Some(rev)) => Some(rev),
         Ok(None) => {
-            tracing::warn!(volume = %name, "the scrub request changed before it was answered");
+            tracing::warn!(volume = %name, "{} changed before it was answered", A::WHAT);
             None
         }
         Err(e) => {
-            tracing::warn!(volume = %name, "answering a scrub request: {e}");
+            tracing::warn!(volume = %name, "{what}: {e}");
             None
         }
     }
 }
 
-/// Serves `volume`'s resize requests (`resizes/<name>`, [`ResizeRequest`]) for as long as the
-/// writer lives: the writer grows every copy, records the size and serves it
-/// (`trireme_client`'s `resize.rs`), then answers.
+/// Serves `volume`'s scrub requests for as long as the writer lives.
+pub async fn serve_scrubs(meta: ClusterMeta, volume: Arc<Volume>) {
+    serve::<ScrubRequest>(meta, volume).await
+}
+
+/// Serves `volume`'s resize requests for as long as the writer lives.
 pub async fn serve_resizes(meta: ClusterMeta, volume: Arc<Volume>) {
-    let name = volume.info().name.clone();
-    let epoch = volume.info().epoch;
-    let key = ClusterMeta::resize_key(&name);
-    loop {
-        let (now, rev) = crate::keys::read(&meta, &key).await;
-        if let Some(kv) = &now {
-            match serde_json::from_slice::<ResizeRequest>(&kv.value) {
-                Ok(mut req) if req.epoch == epoch && req.state == ScrubState::Asked => {
-                    let at = kv.mod_revision;
-                    req.state = ScrubState::Running;
-                    let put = |req: ResizeRequest, at: i64| {
-                        let meta = meta.clone();
-                        let name = name.clone();
-                        async move {
-                            match until_reachable("answering a resize request", || {
-                                meta.put_resize(&name, &req, at)
-                            })
-                            .await
-                            {
-                                Ok(rev) => rev,
-                                Err(e) => {
-                                    tracing::warn!(volume = %name, "answering a resize request: {e}");
-                                    None
-                                }
-                            }
-                        }
-                    };
-                    let Some(at) = put(req.clone(), at).await else {
-                        crate::keys::changed(&meta, &key, rev).await;
-                        continue;
-                    };
-                    tracing::info!(volume = %name, size = req.size, "resizing at the manager's request");
-                    match volume.resize(req.size).await {
-                        Ok(()) => req.state = ScrubState::Done,
-                        Err(e) => {
-                            req.state = ScrubState::Failed;
-                            req.error = Some(e.to_string());
-                        }
-                    }
-                    put(req, at).await;
-                    continue;
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(volume = %name, "ignoring a resize request that does not decode: {e}")
-                }
-            }
-        }
-        crate::keys::changed(&meta, &key, rev).await;
-    }
+    serve::<ResizeRequest>(meta, volume).await
+}
+
+/// Serves `volume`'s snapshot requests for as long as the writer lives.
+pub async fn serve_snapshots(meta: ClusterMeta, volume: Arc<Volume>) {
+    serve::<SnapshotAsk>(meta, volume).await
 }

@@ -25,8 +25,9 @@ mod tests;
 pub use cluster::{
     AliveRecord, AttachRecord, ClusterEvent, ClusterMeta, IoRates, ManagerRecord, MoveRequest,
     MoveRequestState, ReportedLink, ReportedReplica, ResizeRequest, RestartOrder, RevokedCert,
-    ScrubOutcome, ScrubRecord, ScrubRequest, ScrubState, SnapshotRecord, SnapshotState,
-    TakeOutRequest, TakeOutState, TrashRecord, WriterReport, EVENTS_KEPT, EVENTS_PER_CALL, PREFIX,
+    ScrubOutcome, ScrubRecord, ScrubRequest, ScrubState, SnapshotAsk, SnapshotRecord,
+    SnapshotState, TakeOutRequest, TakeOutState, TrashRecord, WriterReport, EVENTS_KEPT,
+    EVENTS_PER_CALL, PREFIX,
 };
 pub use etcd::{parse_endpoints, EtcdMeta, EtcdTls};
 pub use kv::MetaStore;

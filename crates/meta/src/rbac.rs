@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | `trireme node` (and `trireme node N` of older certificates) | `trireme-node` | read and write every trireme key (any node may hold the manager role) |
 //! | `trireme admin` | `root` | everything, etcd's users and roles included |
-//! | `trireme client NAME` | `trireme-clients`, `trireme-client-NAME` | read trireme's keys; write the seven keys of each volume it may attach (`attach/`, `layouts/`, `moves/`, `takeouts/`, `scrubs/`, `reports/`, `resizes/` of that volume): what its writer records |
+//! | `trireme client NAME` | `trireme-clients`, `trireme-client-NAME` | read trireme's keys; write the eight keys of each volume it may attach (`attach/`, `layouts/`, `moves/`, `takeouts/`, `scrubs/`, `reports/`, `resizes/`, `snapshot-asks/` of that volume): what its writer records |
 //! | `root` (no password, no certificate names it) | `root` | nothing: etcd requires it to exist before it turns access control on |
 //!
 //! [`plan`] computes that from the volumes (their access lists), the nodes and any client
@@ -55,11 +55,18 @@ pub fn client_role(name: &str) -> String {
 }
 
 /// The keys a volume's writer writes: its attach record, its layout (replica states, the
-/// epoch), the manager's move, take-out and scrub requests it answers, and its report of
+/// epoch), the manager's move, take-out, scrub, resize and snapshot requests it answers, and its report of
 /// itself.
-pub fn writer_keys(volume: &str) -> [String; 7] {
+pub fn writer_keys(volume: &str) -> [String; 8] {
     [
-        "attach", "layouts", "moves", "takeouts", "scrubs", "reports", "resizes",
+        "attach",
+        "layouts",
+        "moves",
+        "takeouts",
+        "scrubs",
+        "reports",
+        "resizes",
+        "snapshot-asks",
     ]
     .map(|d| format!("{PREFIX}{d}/{volume}"))
 }

@@ -664,17 +664,6 @@ impl Replica for FileReplica {
     fn ledger(&self) -> Option<Arc<dyn crate::Ledger>> {
         Some(self.ledger.clone())
     }
-    fn forget_history(&self) -> Result<(), StoreError> {
-        let new = crate::new_incarnation();
-        let old = self.incarnation.swap(new, Ordering::AcqRel);
-        tracing::warn!(
-            volume = self.volume,
-            old,
-            new,
-            "the replica's history is unknown: a new incarnation"
-        );
-        self.persist()
-    }
     fn close(&self) -> Result<(), StoreError> {
         self.data.sync_data().map_err(io(self.volume, "flush"))?;
         self.closed.store(true, Ordering::Release);

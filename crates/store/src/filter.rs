@@ -45,9 +45,6 @@ pub trait ReplicaFilter: Send + Sync + std::fmt::Debug {
     fn close(&self) -> Result<(), StoreError> {
         self.next().close()
     }
-    fn forget_history(&self) -> Result<(), StoreError> {
-        self.next().forget_history()
-    }
     fn ledger(&self) -> Option<Arc<dyn Ledger>> {
         self.next().ledger()
     }
@@ -137,9 +134,6 @@ impl<F: ReplicaFilter> Replica for F {
     }
     fn close(&self) -> Result<(), StoreError> {
         ReplicaFilter::close(self)
-    }
-    fn forget_history(&self) -> Result<(), StoreError> {
-        ReplicaFilter::forget_history(self)
     }
     fn ledger(&self) -> Option<Arc<dyn Ledger>> {
         ReplicaFilter::ledger(self)

@@ -187,14 +187,6 @@ pub trait Replica: Send + Sync + std::fmt::Debug {
     /// re-created (or wiped) since. Peers compare it before trusting their record of what this
     /// replica missed.
     fn incarnation(&self) -> u64;
-    /// The replica's history is unknown from now on (a layer above lost writes it had
-    /// acknowledged, as a crash of its process lost the versions' latest map): it takes a
-    /// new incarnation, durably, so its next resync compares everything.
-    fn forget_history(&self) -> Result<(), StoreError> {
-        Err(StoreError::Invalid(
-            "this store cannot renew its incarnation".into(),
-        ))
-    }
     /// Flushes and records a clean shutdown (the process is about to exit).
     fn close(&self) -> Result<(), StoreError> {
         self.flush()

@@ -1,17 +1,24 @@
 //! `volume snapshot create|list|delete`: the record (`snapshots/<volume>/<name>`, with an id
 //! from the metadata's counter) comes first, then the volume's writer takes the snapshot on
 //! every copy in sync (`trireme_client`'s `snapshots.rs`): the one in the cluster's process,
-//! or, for a volume nobody writes, one the manager attaches for itself. Deleting asks every
+//! the one on a client host (asked through the volume's snapshot request,
+//! `snapshot-asks/<name>`, as a resize is), or, for a volume nobody writes, one the manager
+//! attaches for itself. Deleting asks every
 //! node of the volume to drop it (the manager speaks for nodes: a client host may not), then
 //! the record goes.
 
 use std::sync::Arc;
 
-use trireme_meta::{SnapshotRecord, SnapshotState, VolumeRecord};
+use std::time::Duration;
+
+use trireme_meta::{ScrubState, SnapshotAsk, SnapshotRecord, SnapshotState, VolumeRecord};
 use trireme_proto::{Header, Op, SnapshotRequest, Status};
 
 use super::{Manager, Result};
 use crate::error::refused;
+
+/// How long a writer on another host may take to answer a snapshot request.
+const REMOTE_SNAPSHOT: Duration = Duration::from_secs(60);
 
 /// A snapshot as `volume snapshot list` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -75,9 +82,14 @@ impl Manager {
         if let Some(w) = self.writer(&v.name).filter(|w| w.info().epoch == v.epoch) {
             return Ok(w.snapshot(id, created).await?);
         }
+        if let Some((a, _)) = self.meta.attachment(&v.name).await? {
+            if a.epoch == v.epoch {
+                return self.snapshot_remote(v, id, created).await;
+            }
+        }
         if let Some(who) = self.holder(v).await? {
             return Err(refused(format!(
-                "volume {} is attached by {who}: a snapshot goes through the writer in the cluster's process or one of the manager's own; taking one through a writer on another host is not built yet (detach it, or take the snapshot from the process serving it)",
+                "volume {} is attached by {who}: a snapshot goes through its writer, and that writer takes no requests (a `trireme nbd` beside `up`); detach it first",
                 v.name
             )));
         }
@@ -85,6 +97,73 @@ impl Manager {
         let r = own.writer.snapshot(id, created).await;
         self.release_own(own).await;
         Ok(r?)
+    }
+
+    /// Asks the writer on another host (`trireme attach`, `daemon/src/scrubs.rs`) to take
+    /// snapshot `id` and waits for its answer: the nodes that took it.
+    async fn snapshot_remote(&self, v: &VolumeRecord, id: u64, created: u64) -> Result<Vec<u32>> {
+        let name = &v.name;
+        if let Some((old, _)) = self.meta.snapshot_ask(name).await? {
+            if old.epoch == v.epoch && matches!(old.state, ScrubState::Asked | ScrubState::Running)
+            {
+                return Err(refused(format!(
+                    "a snapshot of volume {name} is already being taken"
+                )));
+            }
+            self.meta.delete_snapshot_ask(name).await?;
+        }
+        let ask = SnapshotAsk {
+            epoch: v.epoch,
+            id,
+            created,
+            state: ScrubState::Asked,
+            nodes: Vec::new(),
+            error: None,
+        };
+        if self.meta.put_snapshot_ask(name, &ask, 0).await?.is_none() {
+            return Err(refused(format!(
+                "a snapshot of volume {name} was asked at the same moment by another operator"
+            )));
+        }
+        let t0 = std::time::Instant::now();
+        let outcome = loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let r = match self.meta.snapshot_ask(name).await {
+                Ok(Some((r, _))) => r,
+                Ok(None) => break Err(refused("the snapshot request was removed")),
+                Err(trireme_meta::MetaError::Unavailable(_)) => continue,
+                Err(e) => break Err(e.into()),
+            };
+            match r.state {
+                ScrubState::Done => break Ok(r.nodes),
+                ScrubState::Failed => {
+                    break Err(refused(format!(
+                        "the writer's snapshot failed: {}",
+                        r.error.unwrap_or_default()
+                    )))
+                }
+                _ if t0.elapsed() > REMOTE_SNAPSHOT => {
+                    break Err(refused(format!(
+                        "volume {name}'s writer did not answer the snapshot within {} s (a writer from before snapshots?)",
+                        REMOTE_SNAPSHOT.as_secs()
+                    )))
+                }
+                _ => {
+                    let writer = self.meta.attachment(name).await;
+                    if matches!(&writer, Ok(Some((a, _))) if a.epoch != v.epoch)
+                        || matches!(&writer, Ok(None))
+                    {
+                        break Err(refused(format!(
+                            "volume {name}'s writer changed or left while taking the snapshot"
+                        )));
+                    }
+                }
+            }
+        };
+        if let Err(e) = self.meta.delete_snapshot_ask(name).await {
+            tracing::warn!(volume = %name, "removing the snapshot request: {e}");
+        }
+        outcome
     }
 
     /// The snapshots of volume `name`, oldest first.

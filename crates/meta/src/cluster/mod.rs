@@ -20,6 +20,7 @@
 //! | `events/<seq>`, `events-seen` | [`ClusterEvent`]: what changed, in words, the newest 200; what the recorder last compared | no |
 //! | `reports/<name>` | [`WriterReport`]: a writer's view of its volume, its I/O | yes |
 //! | `snapshots/<volume>/<name>` | [`SnapshotRecord`]: a snapshot's id on the copies, when it was taken, which nodes hold it | no |
+//! | `snapshot-asks/<name>` | [`SnapshotAsk`]: the manager asks the volume's writer to take a snapshot | no |
 //! | `next-snapshot-id` | the next snapshot id (never reused) | no |
 //! | `trash/<id>` | [`TrashRecord`]: a deleted volume waiting for its purge | no |
 //! | `next-volume-id` | the next volume id (ids are never reused) | no |
@@ -56,7 +57,7 @@ use crate::MetaError;
 pub use events::{ClusterEvent, EVENTS_KEPT, EVENTS_PER_CALL};
 pub use records::*;
 pub use reports::{IoRates, ReportedLink, ReportedReplica, WriterReport};
-pub use snapshots::{SnapshotRecord, SnapshotState};
+pub use snapshots::{SnapshotAsk, SnapshotRecord, SnapshotState};
 pub use trash::TrashRecord;
 pub(crate) use volumes::layout_of;
 

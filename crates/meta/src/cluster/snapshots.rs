@@ -174,3 +174,51 @@ impl ClusterMeta {
         }
     }
 }
+
+/// The manager asks a volume's writer on another host to take a snapshot
+/// (`snapshot-asks/<volume>`), as it asks for a resize; the writer answers in place.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotAsk {
+    /// The writer it is for: a writer of another epoch leaves it alone.
+    pub epoch: u64,
+    pub id: u64,
+    pub created: u64,
+    pub state: crate::ScrubState,
+    /// With `Done`: the nodes that took it.
+    #[serde(default)]
+    pub nodes: Vec<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl ClusterMeta {
+    /// The key of `name`'s snapshot request (for watches).
+    pub fn snapshot_ask_key(name: &str) -> String {
+        key(&format!("snapshot-asks/{name}"))
+    }
+
+    /// Puts a snapshot request for `name` (`rev` 0: only if there is none; else an update of
+    /// the one at revision `rev`). Its new revision, or `None`: it changed meanwhile.
+    pub async fn put_snapshot_ask(
+        &self,
+        name: &str,
+        req: &SnapshotAsk,
+        rev: i64,
+    ) -> Result<Option<i64>, MetaError> {
+        self.put_at_revision(Self::snapshot_ask_key(name), encode(req), rev)
+            .await
+    }
+
+    pub async fn snapshot_ask(&self, name: &str) -> Result<Option<(SnapshotAsk, i64)>, MetaError> {
+        Ok(self
+            .get::<SnapshotAsk>(&Self::snapshot_ask_key(name))
+            .await?
+            .map(|(r, kv)| (r, kv.mod_revision)))
+    }
+
+    pub async fn delete_snapshot_ask(&self, name: &str) -> Result<(), MetaError> {
+        self.write(vec![], vec![Op::delete(Self::snapshot_ask_key(name))])
+            .await?;
+        Ok(())
+    }
+}

@@ -29,6 +29,7 @@
 //! | 52 | 4 | number of head diff records |
 //! | 56 | 4 | crc32c of the file with these four bytes zero |
 //! | 60 | 4 | reserved (0) |
+//! | 64 | 8 | the last redirect-log sequence the head's map holds |
 //!
 //! then per snapshot `(id, generation, created)` (24 bytes), then the head's records (24
 //! bytes each). A snapshot file has the header `TRIRSNAP`, version, flags, volume, id, base,
@@ -40,6 +41,8 @@ const MAIN_MAGIC: &[u8; 8] = b"TRIRVERS";
 const SNAP_MAGIC: &[u8; 8] = b"TRIRSNAP";
 const VERSION: u32 = 1;
 const HEADER: usize = 64;
+/// The main file's header: the common 64 bytes and the last redirect-log sequence it holds.
+const MAIN_HEADER: usize = 72;
 const RECORD: usize = 24;
 /// Main file flag: a process has the replica open (found at open: it died without closing,
 /// and the head's changes since the last flush are lost).
@@ -75,6 +78,8 @@ pub struct Main {
     pub gen: u64,
     pub base: u64,
     pub snaps: Vec<Listed>,
+    /// The sequence of the last redirect-log record the head below holds.
+    pub applied: u64,
     pub head: Vec<Record>,
 }
 
@@ -179,7 +184,7 @@ fn check_head(b: &[u8], magic: &[u8; 8], known_flags: u32) -> Result<(), FormatE
 }
 
 pub fn encode_main(m: &Main) -> Vec<u8> {
-    let mut b = vec![0u8; HEADER];
+    let mut b = vec![0u8; MAIN_HEADER];
     b[0..8].copy_from_slice(MAIN_MAGIC);
     b[8..12].copy_from_slice(&VERSION.to_le_bytes());
     b[12..16].copy_from_slice(&m.flags.to_le_bytes());
@@ -189,6 +194,7 @@ pub fn encode_main(m: &Main) -> Vec<u8> {
     b[40..48].copy_from_slice(&m.base.to_le_bytes());
     b[48..52].copy_from_slice(&(m.snaps.len() as u32).to_le_bytes());
     b[52..56].copy_from_slice(&(m.head.len() as u32).to_le_bytes());
+    b[64..72].copy_from_slice(&m.applied.to_le_bytes());
     for s in &m.snaps {
         b.extend_from_slice(&s.id.to_le_bytes());
         b.extend_from_slice(&s.gen.to_le_bytes());
@@ -203,17 +209,20 @@ pub fn encode_main(m: &Main) -> Vec<u8> {
 
 pub fn decode_main(b: &[u8]) -> Result<Main, FormatError> {
     check_head(b, MAIN_MAGIC, FLAG_OPEN)?;
+    if b.len() < MAIN_HEADER {
+        return Err(FormatError::Short(b.len()));
+    }
     if u32_at(b, 60) != 0 {
         return Err(FormatError::Reserved);
     }
     let (n_snaps, n_head) = (u32_at(b, 48) as usize, u32_at(b, 52) as usize);
-    check_length(b, HEADER + (n_snaps + n_head) * RECORD)?;
+    check_length(b, MAIN_HEADER + (n_snaps + n_head) * RECORD)?;
     if crc_of(b, 56) != u32_at(b, 56) {
         return Err(FormatError::Checksum);
     }
     let gen = u64_at(b, 32);
     let mut snaps: Vec<Listed> = Vec::with_capacity(n_snaps);
-    for c in b[HEADER..HEADER + n_snaps * RECORD].chunks_exact(RECORD) {
+    for c in b[MAIN_HEADER..MAIN_HEADER + n_snaps * RECORD].chunks_exact(RECORD) {
         let s = Listed {
             id: u64_at(c, 0),
             gen: u64_at(c, 8),
@@ -231,7 +240,8 @@ pub fn decode_main(b: &[u8]) -> Result<Main, FormatError> {
         gen,
         base: u64_at(b, 40),
         snaps,
-        head: get_records(&b[HEADER + n_snaps * RECORD..], n_head)?,
+        applied: u64_at(b, 64),
+        head: get_records(&b[MAIN_HEADER + n_snaps * RECORD..], n_head)?,
     })
 }
 
@@ -270,6 +280,53 @@ pub fn decode_snap(b: &[u8]) -> Result<SnapFile, FormatError> {
         base: u64_at(b, 32),
         records: get_records(&b[HEADER..], n)?,
     })
+}
+
+/// One record of the redirect log (`replica-<volume>.vlog`): the head's entry for a block
+/// changed, before the write that changed it was answered. 40 bytes: sequence, logical
+/// block, physical block, birth (u64 LE each), crc32c of those 32 bytes, 4 zero bytes.
+/// Written in place at slots, without a sync: a process crash keeps them (as it keeps the
+/// O_DIRECT writes they point at); a power loss gives the copy a new incarnation anyway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogRecord {
+    pub seq: u64,
+    pub block: u64,
+    pub entry: Entry,
+}
+
+pub const LOG_RECORD: usize = 40;
+
+pub fn encode_log(r: &LogRecord) -> [u8; LOG_RECORD] {
+    let mut b = [0u8; LOG_RECORD];
+    b[0..8].copy_from_slice(&r.seq.to_le_bytes());
+    b[8..16].copy_from_slice(&r.block.to_le_bytes());
+    b[16..24].copy_from_slice(&r.entry.phys.to_le_bytes());
+    b[24..32].copy_from_slice(&r.entry.birth.to_le_bytes());
+    let c = crc32c::crc32c(&b[..32]);
+    b[32..36].copy_from_slice(&c.to_le_bytes());
+    b
+}
+
+/// The valid records of a log file, by sequence (slots never written or torn are skipped).
+pub fn decode_log(b: &[u8]) -> Vec<LogRecord> {
+    let mut out: Vec<LogRecord> = b
+        .chunks_exact(LOG_RECORD)
+        .filter(|c| crc32c::crc32c(&c[..32]) == u32_at(c, 32) && u32_at(c, 36) == 0)
+        .map(|c| LogRecord {
+            seq: u64_at(c, 0),
+            block: u64_at(c, 8),
+            entry: Entry {
+                phys: u64_at(c, 16),
+                birth: u64_at(c, 24),
+            },
+        })
+        .filter(|r| {
+            r.seq != 0 && r.block < MAX_BLOCK && (r.entry.phys == ZERO || r.entry.phys < MAX_BLOCK)
+        })
+        .collect();
+    out.sort_unstable_by_key(|r| r.seq);
+    out.dedup_by_key(|r| r.seq);
+    out
 }
 
 /// The records that turn `base` into `map`.
@@ -328,6 +385,7 @@ mod tests {
             size: 1 << 20,
             gen: 4,
             base: 3,
+            applied: 77,
             snaps: vec![
                 Listed {
                     id: 2,

@@ -9,17 +9,21 @@
 //! entry per block whatever the number of snapshots. Because the layers below see physical
 //! blocks, the seals of a `SealedStore` underneath follow the blocks.
 //!
-//! **Durability.** With a directory, the maps persist in the files of [`format`]: the head's
-//! changes at the next flush (after the physical replica's flush, so a map never names a block
-//! whose bytes are not durable), a snapshot, delete or rollback before it returns. A crash
-//! keeps every flushed write and every snapshot: blocks a change freed are taken again only
-//! after the change is durable, and with no I/O in flight. Without a directory (a volatile
-//! store) the versions live as long as the process, like the bytes.
+//! **Durability.** With a directory, the maps persist in the files of [`format`]: a
+//! snapshot, delete or rollback before it returns; the head's changes at the next flush (after
+//! the physical replica's flush, so a map never names a block whose bytes are not durable),
+//! and before that, each one in the redirect log, written (not synced) before the write that
+//! made it is answered. So a process crash keeps every answered write, as the file store keeps
+//! O_DIRECT writes (the log is replayed at open), and a power loss keeps every flushed write
+//! and every snapshot (the copy takes a new incarnation then anyway). Blocks a change freed are
+//! taken again only after the change is in the main file, and with no I/O in flight. Without
+//! a directory (a volatile store) the versions live as long as the process, like the bytes.
 //!
 //! **Limits.** A replica whose blocks a snapshot moved cannot be resized (until its head is
 //! folded back: not built); a replica on a tiered store takes no snapshot (its physical
 //! replica does not grow).
 
+mod files;
 pub mod format;
 pub mod table;
 
@@ -28,6 +32,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use crate::{check_range, Extent, Replica, SnapshotInfo, Store, StoreError, GRAIN};
+use files::Files;
 use table::{entry, Map, Place, Table, VersionError, BLOCK, ZERO};
 
 /// The pool grows by at least this much, and by a sixteenth of the replica beyond it.
@@ -36,6 +41,8 @@ const GROW_MIN: u64 = 64 << 20;
 const STRIPES: usize = 64;
 /// Freed blocks waiting past this many make a flush wait for I/O to pause to reuse them.
 const SETTLE_AT: usize = 4096;
+/// Past this many records (1.6 MB), a flush folds the redirect log into the main file.
+const LOG_SLOTS: u64 = 40_000;
 /// Zeros written at once for a zeroing that must stay allocated.
 const ZERO_CHUNK: usize = 1 << 20;
 
@@ -56,38 +63,33 @@ impl VersionedStore {
     }
 
     fn files(&self, volume: u64) -> Option<Files> {
-        self.dir.as_ref().map(|d| Files {
-            dir: d.clone(),
-            volume,
-        })
+        self.dir.as_ref().map(|d| Files::new(d, volume))
     }
 
     fn wrap(&self, r: Arc<dyn Replica>, fresh: bool) -> Result<Arc<dyn Replica>, StoreError> {
         let files = self.files(r.volume());
         let phys_blocks = r.size() / BLOCK;
-        let (size, table) = match &files {
+        let (size, table, last_seq) = match &files {
             Some(f) if fresh => {
                 f.remove_all();
-                (r.size(), Table::new(phys_blocks, phys_blocks))
+                (r.size(), Table::new(phys_blocks, phys_blocks), 0)
             }
             Some(f) => match f.load(r.size())? {
-                Some((size, table, open)) => {
-                    if open {
-                        // The process died holding it: the head's map of its last moments
-                        // (redirects since the last flush) is gone while the writes it
-                        // acknowledged are on disk. Peers must not trust their record of what
-                        // this copy missed: its next resync compares everything.
+                Some(l) => {
+                    if l.open {
+                        // The process died holding it: the redirect log gave back what the
+                        // main file had not caught up with.
                         tracing::warn!(
                             volume = r.volume(),
-                            "versions were not closed cleanly: the copy's history is unknown"
+                            replayed = l.replayed,
+                            "versions were not closed cleanly: redirects replayed from the log"
                         );
-                        r.forget_history()?;
                     }
-                    (size, table)
+                    (l.size, l.table, l.last_seq)
                 }
-                None => (r.size(), Table::new(phys_blocks, phys_blocks)),
+                None => (r.size(), Table::new(phys_blocks, phys_blocks), 0),
             },
-            None => (r.size(), Table::new(phys_blocks, phys_blocks)),
+            None => (r.size(), Table::new(phys_blocks, phys_blocks), 0),
         };
         let r = Arc::new(VersionedReplica {
             plain: AtomicBool::new(table.is_identity()),
@@ -100,10 +102,12 @@ impl VersionedStore {
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             persist: Mutex::new(()),
             closed: AtomicBool::new(false),
+            seq: AtomicU64::new(last_seq),
+            slot: AtomicU64::new(0),
         });
-        // Marked open before anything is served, so a crash from here on is noticed.
+        // Marked open before anything is served, and the log folded in.
         if !r.plain.load(Ordering::Acquire) {
-            r.persist_main()?;
+            r.checkpoint_locked()?;
         }
         Ok(r)
     }
@@ -133,152 +137,6 @@ impl crate::filter::StoreFilter for VersionedStore {
     }
 }
 
-/// A replica's version files.
-#[derive(Debug)]
-struct Files {
-    dir: PathBuf,
-    volume: u64,
-}
-
-impl Files {
-    fn prefix(&self) -> String {
-        format!("replica-{:016x}.", self.volume)
-    }
-    fn main(&self) -> PathBuf {
-        self.dir.join(format!("{}versions", self.prefix()))
-    }
-    fn snap(&self, id: u64) -> PathBuf {
-        self.dir.join(format!("{}snap-{id:016x}", self.prefix()))
-    }
-
-    /// Every snapshot file of the replica, by id.
-    fn snap_files(&self) -> Vec<(u64, PathBuf)> {
-        let start = format!("{}snap-", self.prefix());
-        let Ok(entries) = std::fs::read_dir(&self.dir) else {
-            return Vec::new();
-        };
-        entries
-            .flatten()
-            .filter_map(|e| {
-                let name = e.file_name().to_string_lossy().into_owned();
-                let id = u64::from_str_radix(name.strip_prefix(&start)?, 16).ok()?;
-                Some((id, e.path()))
-            })
-            .collect()
-    }
-
-    fn remove_all(&self) {
-        let _ = std::fs::remove_file(self.main());
-        for (_, p) in self.snap_files() {
-            let _ = std::fs::remove_file(p);
-        }
-    }
-
-    fn save(&self, path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
-        crate::file::write_atomically(path, &self.dir, bytes).map_err(|source| StoreError::Io {
-            volume: self.volume,
-            op: "save versions",
-            source,
-        })
-    }
-
-    fn corrupt(&self, path: &Path, what: impl std::fmt::Display) -> StoreError {
-        StoreError::Corrupt {
-            path: path.display().to_string(),
-            what: what.to_string(),
-        }
-    }
-
-    /// The logical size and table on disk, or `None` if the replica has no versions. Snapshot
-    /// files the main file does not list (a snapshot or delete a crash cut short) are removed.
-    /// With the table, whether it was open (not closed cleanly).
-    fn load(&self, phys_size: u64) -> Result<Option<(u64, Table, bool)>, StoreError> {
-        let path = self.main();
-        let bytes = match std::fs::read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                self.remove_all();
-                return Ok(None);
-            }
-            Err(e) => return Err(self.corrupt(&path, e)),
-        };
-        let m = format::decode_main(&bytes).map_err(|e| self.corrupt(&path, e))?;
-        if m.volume != self.volume
-            || m.size == 0
-            || !m.size.is_multiple_of(BLOCK)
-            || m.size > phys_size
-            || !phys_size.is_multiple_of(BLOCK)
-        {
-            return Err(self.corrupt(
-                &path,
-                format!(
-                    "volume {} of {} bytes over {phys_size} physical bytes",
-                    m.volume, m.size
-                ),
-            ));
-        }
-        let (blocks, phys_blocks) = (m.size / BLOCK, phys_size / BLOCK);
-        let check = |map: &Map, path: &Path| -> Result<(), StoreError> {
-            match map
-                .iter()
-                .find(|(&l, e)| l >= blocks || (e.phys != ZERO && e.phys >= phys_blocks))
-            {
-                Some((l, e)) => Err(self.corrupt(
-                    path,
-                    format!("block {l} maps to {} outside the replica", e.phys),
-                )),
-                None => Ok(()),
-            }
-        };
-        let mut listed = m.snaps.clone();
-        listed.sort_by_key(|s| s.gen);
-        let mut snaps = std::collections::BTreeMap::new();
-        let mut prev: Option<(u64, Map)> = None;
-        for s in &listed {
-            let p = self.snap(s.id);
-            let b = std::fs::read(&p).map_err(|e| self.corrupt(&p, e))?;
-            let f = format::decode_snap(&b).map_err(|e| self.corrupt(&p, e))?;
-            let want_base = prev.as_ref().map_or(0, |(id, _)| *id);
-            if f.volume != self.volume || f.id != s.id || f.base != want_base {
-                return Err(self.corrupt(&p, format!("names base {}, not {want_base}", f.base)));
-            }
-            let base = prev.map(|(_, m)| m).unwrap_or_default();
-            let map = format::apply(&base, &f.records);
-            check(&map, &p)?;
-            snaps.insert(
-                s.id,
-                table::Snap {
-                    gen: s.gen,
-                    created: s.created,
-                    map: map.clone(),
-                },
-            );
-            prev = Some((s.id, map));
-        }
-        let base_id = prev.as_ref().map_or(0, |(id, _)| *id);
-        if m.base != base_id {
-            return Err(self.corrupt(
-                &path,
-                format!("head diff against {}, not {base_id}", m.base),
-            ));
-        }
-        let head = format::apply(&prev.map(|(_, m)| m).unwrap_or_default(), &m.head);
-        check(&head, &path)?;
-        for (id, p) in self.snap_files() {
-            if !snaps.contains_key(&id) {
-                tracing::warn!(
-                    volume = self.volume,
-                    id,
-                    "removing an unlisted snapshot file"
-                );
-                let _ = std::fs::remove_file(p);
-            }
-        }
-        let t = Table::rebuilt(blocks, phys_blocks, m.gen, head, snaps);
-        Ok(Some((m.size, t, m.flags & format::FLAG_OPEN != 0)))
-    }
-}
-
 #[derive(Debug)]
 struct VersionedReplica {
     inner: Arc<dyn Replica>,
@@ -298,6 +156,10 @@ struct VersionedReplica {
     persist: Mutex<()>,
     /// Set by `close`: the main file records a clean shutdown.
     closed: AtomicBool,
+    /// The last sequence given to a redirect-log record.
+    seq: AtomicU64,
+    /// The next free slot of the redirect log.
+    slot: AtomicU64,
 }
 
 fn version_error(volume: u64, e: VersionError) -> StoreError {
@@ -341,11 +203,17 @@ impl VersionedReplica {
         let Some(f) = &self.files else {
             return Ok(());
         };
-        let (gen, head, mut listed) = {
+        let (gen, head, mut listed, applied) = {
             let t = self.table();
             let listed: Vec<(u64, table::Snap)> =
                 t.snaps.iter().map(|(id, s)| (*id, s.clone())).collect();
-            (t.gen, t.head.clone(), listed)
+            // Under the table's lock: every record up to this one is in this head.
+            (
+                t.gen,
+                t.head.clone(),
+                listed,
+                self.seq.load(Ordering::Acquire),
+            )
         };
         listed.sort_by_key(|(_, s)| s.gen);
         let (base, base_map) = listed
@@ -360,6 +228,7 @@ impl VersionedReplica {
             size: self.size.load(Ordering::Acquire),
             gen,
             base,
+            applied,
             snaps: listed
                 .iter()
                 .map(|(id, s)| format::Listed {
@@ -405,14 +274,48 @@ impl VersionedReplica {
         f.save(&f.snap(id), &format::encode_snap(&file))
     }
 
+    /// With the gate held exclusive (or before anything is served): the physical flush, the
+    /// main file, then an empty redirect log (the main file holds all it held).
+    fn checkpoint_locked(&self) -> Result<(), StoreError> {
+        self.inner.flush()?;
+        self.persist_and_empty_log()
+    }
+
+    /// With the gate held exclusive, the physical replica flushed since the head last changed:
+    /// the main file, then an empty redirect log.
+    fn persist_and_empty_log(&self) -> Result<(), StoreError> {
+        self.persist_main()?;
+        if let Some(f) = &self.files {
+            f.truncate_log()?;
+        }
+        self.slot.store(0, Ordering::Release);
+        Ok(())
+    }
+
+    /// Records in the redirect log that the head's entry for `l` changed, before the write
+    /// that changed it is answered; `t` is the table just changed, still locked, so records
+    /// of one block go in the order its entry changed.
+    fn log_change(&self, t: MutexGuard<'_, Table>, l: u64) -> Result<(), StoreError> {
+        let rec = format::LogRecord {
+            seq: self.seq.fetch_add(1, Ordering::AcqRel) + 1,
+            block: l,
+            entry: entry(&t.head, l),
+        };
+        let slot = self.slot.fetch_add(1, Ordering::AcqRel);
+        drop(t);
+        match &self.files {
+            Some(f) => f.append(slot, &rec),
+            None => Ok(()),
+        }
+    }
+
     /// With the gate held exclusive: makes every change durable, then lets new writes take the
     /// blocks changes freed, giving their space back where they make whole grains.
     fn settle_locked(&self) -> Result<(), StoreError> {
         if self.table().pending() == 0 {
             return self.fold_back_if_identity();
         }
-        self.inner.flush()?;
-        self.persist_main()?;
+        self.checkpoint_locked()?;
         let mut done = self.table().settle();
         done.sort_unstable();
         let per_grain = GRAIN / BLOCK;
@@ -547,9 +450,12 @@ impl VersionedReplica {
                     block[within as usize..within as usize + piece.len()].copy_from_slice(piece);
                     r = self.inner.write(to * BLOCK, &block, false);
                 }
-                self.table().redirected(l, to, from, r.is_ok());
+                let mut t = self.table();
+                t.redirected(l, to, from, r.is_ok());
                 self.dirty.store(true, Ordering::Release);
-                r.map(|()| true)
+                r?;
+                self.log_change(t, l)?;
+                Ok(true)
             }
         }
     }
@@ -705,8 +611,10 @@ impl crate::filter::ReplicaFilter for VersionedReplica {
                 // Whole blocks: an entry that reads zeros; the block goes back to the pool.
                 for l in offset.div_ceil(BLOCK)..(offset + len) / BLOCK {
                     let _s = self.stripe(l);
-                    self.table().zero(l);
+                    let mut t = self.table();
+                    t.zero(l);
                     self.dirty.store(true, Ordering::Release);
+                    self.log_change(t, l)?;
                 }
             }
         }
@@ -744,8 +652,12 @@ impl crate::filter::ReplicaFilter for VersionedReplica {
             }
         }
         let pending = self.table().pending();
-        if pending >= SETTLE_AT {
+        let log_full = self.slot.load(Ordering::Acquire) >= LOG_SLOTS;
+        if pending >= SETTLE_AT || log_full {
             let _g = self.exclusive();
+            if log_full {
+                self.checkpoint_locked()?;
+            }
             self.settle_locked()?;
         } else if pending > 0 {
             if let Ok(_g) = self.gate.try_write() {
@@ -770,8 +682,9 @@ impl crate::filter::ReplicaFilter for VersionedReplica {
     fn close(&self) -> Result<(), StoreError> {
         Replica::flush(self)?;
         if !self.plain.load(Ordering::Acquire) {
+            let _g = self.exclusive();
             self.closed.store(true, Ordering::Release);
-            self.persist_main()?;
+            self.persist_and_empty_log()?;
         }
         self.inner.close()
     }
@@ -788,7 +701,9 @@ impl crate::filter::ReplicaFilter for VersionedReplica {
         self.table()
             .snapshot(id, created)
             .map_err(|e| version_error(self.vol(), e))?;
-        let r = self.persist_snap(id).and_then(|()| self.persist_main());
+        let r = self
+            .persist_snap(id)
+            .and_then(|()| self.persist_and_empty_log());
         if let Err(e) = r {
             // The snapshot shares every block with the head: dropping it frees nothing.
             let _ = self.table().delete(id);
@@ -842,7 +757,7 @@ impl crate::filter::ReplicaFilter for VersionedReplica {
         if let Some(next) = next {
             self.persist_snap(next)?;
         }
-        self.persist_main()?;
+        self.persist_and_empty_log()?;
         if let Some(f) = &self.files {
             let _ = std::fs::remove_file(f.snap(id));
         }
@@ -856,7 +771,7 @@ impl crate::filter::ReplicaFilter for VersionedReplica {
             .rollback(id)
             .map_err(|e| version_error(self.vol(), e))?;
         self.dirty.store(true, Ordering::Release);
-        self.persist_main()?;
+        self.persist_and_empty_log()?;
         self.plain.store(false, Ordering::Release);
         self.settle_locked()
     }

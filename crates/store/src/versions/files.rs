@@ -1,0 +1,252 @@
+//! A replica's version files (`format.rs` says what is in them): the main file, one file
+//! per snapshot, and the redirect log; reading them back at open.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use super::format;
+use super::table::{self, Map, Table, BLOCK, ZERO};
+use crate::StoreError;
+
+/// A replica's version files.
+#[derive(Debug)]
+pub(super) struct Files {
+    pub(super) dir: PathBuf,
+    pub(super) volume: u64,
+    /// The redirect log, opened at its first use.
+    log: Mutex<Option<File>>,
+}
+
+impl Files {
+    fn prefix(&self) -> String {
+        format!("replica-{:016x}.", self.volume)
+    }
+    pub(super) fn main(&self) -> PathBuf {
+        self.dir.join(format!("{}versions", self.prefix()))
+    }
+    pub(super) fn snap(&self, id: u64) -> PathBuf {
+        self.dir.join(format!("{}snap-{id:016x}", self.prefix()))
+    }
+
+    /// Every snapshot file of the replica, by id.
+    fn snap_files(&self) -> Vec<(u64, PathBuf)> {
+        let start = format!("{}snap-", self.prefix());
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let id = u64::from_str_radix(name.strip_prefix(&start)?, 16).ok()?;
+                Some((id, e.path()))
+            })
+            .collect()
+    }
+
+    pub(super) fn new(dir: &Path, volume: u64) -> Files {
+        Files {
+            dir: dir.to_path_buf(),
+            volume,
+            log: Mutex::new(None),
+        }
+    }
+
+    pub(super) fn remove_all(&self) {
+        let _ = std::fs::remove_file(self.main());
+        let _ = std::fs::remove_file(self.log_path());
+        for (_, p) in self.snap_files() {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+
+    pub(super) fn save(&self, path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+        crate::file::write_atomically(path, &self.dir, bytes).map_err(|source| StoreError::Io {
+            volume: self.volume,
+            op: "save versions",
+            source,
+        })
+    }
+
+    fn corrupt(&self, path: &Path, what: impl std::fmt::Display) -> StoreError {
+        StoreError::Corrupt {
+            path: path.display().to_string(),
+            what: what.to_string(),
+        }
+    }
+
+    /// The logical size and table on disk, or `None` if the replica has no versions. Snapshot
+    /// files the main file does not list (a snapshot or delete a crash cut short) are removed.
+    /// With the table, whether it was open (not closed cleanly).
+    pub(super) fn load(&self, phys_size: u64) -> Result<Option<Loaded>, StoreError> {
+        let path = self.main();
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.remove_all();
+                return Ok(None);
+            }
+            Err(e) => return Err(self.corrupt(&path, e)),
+        };
+        let m = format::decode_main(&bytes).map_err(|e| self.corrupt(&path, e))?;
+        if m.volume != self.volume
+            || m.size == 0
+            || !m.size.is_multiple_of(BLOCK)
+            || m.size > phys_size
+            || !phys_size.is_multiple_of(BLOCK)
+        {
+            return Err(self.corrupt(
+                &path,
+                format!(
+                    "volume {} of {} bytes over {phys_size} physical bytes",
+                    m.volume, m.size
+                ),
+            ));
+        }
+        let (blocks, phys_blocks) = (m.size / BLOCK, phys_size / BLOCK);
+        let check = |map: &Map, path: &Path| -> Result<(), StoreError> {
+            match map
+                .iter()
+                .find(|(&l, e)| l >= blocks || (e.phys != ZERO && e.phys >= phys_blocks))
+            {
+                Some((l, e)) => Err(self.corrupt(
+                    path,
+                    format!("block {l} maps to {} outside the replica", e.phys),
+                )),
+                None => Ok(()),
+            }
+        };
+        let mut listed = m.snaps.clone();
+        listed.sort_by_key(|s| s.gen);
+        let mut snaps = std::collections::BTreeMap::new();
+        let mut prev: Option<(u64, Map)> = None;
+        for s in &listed {
+            let p = self.snap(s.id);
+            let b = std::fs::read(&p).map_err(|e| self.corrupt(&p, e))?;
+            let f = format::decode_snap(&b).map_err(|e| self.corrupt(&p, e))?;
+            let want_base = prev.as_ref().map_or(0, |(id, _)| *id);
+            if f.volume != self.volume || f.id != s.id || f.base != want_base {
+                return Err(self.corrupt(&p, format!("names base {}, not {want_base}", f.base)));
+            }
+            let base = prev.map(|(_, m)| m).unwrap_or_default();
+            let map = format::apply(&base, &f.records);
+            check(&map, &p)?;
+            snaps.insert(
+                s.id,
+                table::Snap {
+                    gen: s.gen,
+                    created: s.created,
+                    map: map.clone(),
+                },
+            );
+            prev = Some((s.id, map));
+        }
+        let base_id = prev.as_ref().map_or(0, |(id, _)| *id);
+        if m.base != base_id {
+            return Err(self.corrupt(
+                &path,
+                format!("head diff against {}, not {base_id}", m.base),
+            ));
+        }
+        let mut head = format::apply(&prev.map(|(_, m)| m).unwrap_or_default(), &m.head);
+        // The redirects answered since the main file was written, in the order they were made.
+        let mut last_seq = m.applied;
+        let mut replayed = 0;
+        for r in self.read_log()? {
+            if r.seq <= m.applied {
+                continue;
+            }
+            head.insert(r.block, r.entry);
+            last_seq = r.seq;
+            replayed += 1;
+        }
+        check(&head, &self.log_path())?;
+        check(&head, &path)?;
+        for (id, p) in self.snap_files() {
+            if !snaps.contains_key(&id) {
+                tracing::warn!(
+                    volume = self.volume,
+                    id,
+                    "removing an unlisted snapshot file"
+                );
+                let _ = std::fs::remove_file(p);
+            }
+        }
+        let table = Table::rebuilt(blocks, phys_blocks, m.gen, head, snaps);
+        Ok(Some(Loaded {
+            size: m.size,
+            table,
+            last_seq,
+            replayed,
+            open: m.flags & format::FLAG_OPEN != 0,
+        }))
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.join(format!("{}vlog", self.prefix()))
+    }
+
+    fn read_log(&self) -> Result<Vec<format::LogRecord>, StoreError> {
+        match std::fs::read(self.log_path()) {
+            Ok(b) => Ok(format::decode_log(&b)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err(self.corrupt(&self.log_path(), e)),
+        }
+    }
+
+    /// Writes `r` at `slot` of the redirect log (no sync: see `format::LogRecord`).
+    pub(super) fn append(&self, slot: u64, r: &format::LogRecord) -> Result<(), StoreError> {
+        let io = |source| StoreError::Io {
+            volume: self.volume,
+            op: "write the redirect log",
+            source,
+        };
+        let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        if log.is_none() {
+            let f = crate::private::options()
+                .create(true)
+                .truncate(false)
+                .read(true)
+                .write(true)
+                .open(self.log_path())
+                .map_err(io)?;
+            *log = Some(f);
+        }
+        let f = log.as_ref().expect("opened above");
+        f.write_all_at(&format::encode_log(r), slot * format::LOG_RECORD as u64)
+            .map_err(io)
+    }
+
+    /// Empties the redirect log: the main file holds every record in it. The caller keeps
+    /// appends out meanwhile.
+    pub(super) fn truncate_log(&self) -> Result<(), StoreError> {
+        let log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        let r = match &*log {
+            Some(f) => f.set_len(0),
+            None => match std::fs::remove_file(self.log_path()) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            },
+        };
+        r.map_err(|source| StoreError::Io {
+            volume: self.volume,
+            op: "empty the redirect log",
+            source,
+        })
+    }
+}
+
+/// What [`Files::load`] found.
+#[derive(Debug)]
+pub(super) struct Loaded {
+    pub(super) size: u64,
+    pub(super) table: Table,
+    /// The last redirect-log sequence the table holds.
+    pub(super) last_seq: u64,
+    /// Log records applied over the main file (redirects answered after its last write).
+    pub(super) replayed: usize,
+    /// The main file said open: the last process did not close it.
+    pub(super) open: bool,
+}
