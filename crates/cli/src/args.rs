@@ -508,6 +508,15 @@ pub enum VolumeCmd {
     /// Snapshots of a volume: take one, list them, delete one.
     #[command(subcommand)]
     Snapshot(SnapshotCmd),
+    /// Make VOLUME hold what its snapshot NAME holds, on every copy (the snapshot stays; what
+    /// was written since is gone). Refused while the volume is attached, unless `--force`,
+    /// which fences its writer first; refused while a copy is out of sync.
+    Rollback {
+        volume: String,
+        name: String,
+        #[arg(long)]
+        force: bool,
+    },
     /// Compare the replicas of a volume and repair regions that differ from the copy a
     /// majority holds (online, region by region), through its writer, or a writer of the
     /// manager's own if nobody writes it. Exit 1 if a region has no majority (two copies

@@ -1,6 +1,7 @@
 //! Snapshots with real processes: taken online through `up`'s writer while a node is killed,
 //! kept through a whole-cluster kill -9, read back read-only over NBD byte for byte, deleted
-//! from the middle of the chain without disturbing the others; bad requests refused.
+//! from the middle of the chain without disturbing the others, rolled back to; bad requests
+//! refused.
 
 mod common;
 use common::*;
@@ -183,6 +184,25 @@ fn snapshots_are_taken_online_survive_crashes_and_read_back_exactly() {
         let _ = child.wait();
     }
     compare(&work.path().join("s5.img"), &c.unix);
+    // Rollback: refused while up's writer holds the volume; --force fences it, every copy
+    // then holds s3, and up's export, attached again, serves it.
+    refused(&c, &["volume", "rollback", "vol0", "s3"], "is in use");
+    refused(&c, &["volume", "rollback", "vol0", "nosuch", "--force"], "no snapshot named");
+    ok(&c, &["volume", "rollback", "vol0", "s3", "--force"]);
+    let s3 = work.path().join("s3.img");
+    let t0 = std::time::Instant::now();
+    while !Command::new("qemu-img")
+        .args(["compare", "-q", "-f", "raw", "-F", "raw"])
+        .arg(&s3)
+        .arg(&c.unix)
+        .status()
+        .unwrap()
+        .success()
+    {
+        assert!(t0.elapsed().as_secs() < 30, "vol0 does not hold s3 after the rollback:\n{}", c.log());
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    assert_replicas_identical(&c, "vol0");
 }
 
 /// A snapshot a second under `bench --verify`, with a copy killed (-9) in the middle: no

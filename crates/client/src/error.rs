@@ -67,6 +67,8 @@ pub enum VolumeError {
     /// is at fault, so none is taken out; the writer stops as if fenced.
     #[error("node {node} refused this identity: {why}")]
     Denied { node: u32, why: String },
+    #[error("volume {volume}: rollback refused: {why}")]
+    Rollback { volume: String, why: String },
     #[error("a volume's size must be a non-zero multiple of 4096 (asked: {0})")]
     BadSize(u64),
     #[error("volume {0}: no in-sync replica can serve the request")]

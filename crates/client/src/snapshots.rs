@@ -63,6 +63,55 @@ impl Volume {
         Ok(nodes)
     }
 
+    /// Makes the volume hold what snapshot `id` holds, on every copy at once (the snapshot
+    /// stays). Refused unless every copy is in sync: a copy out of sync would be brought back
+    /// from its peers' records of what it missed, which a rollback does not write. A copy that
+    /// fails it is taken out for a full resync (from the rolled-back ones); if none takes it,
+    /// the volume is as it was.
+    pub async fn rollback(&self, id: u64) -> Result<(), VolumeError> {
+        let _all = self.core.acquire(0, self.size()).await;
+        let (took, failed, first) = {
+            let _g = self.membership_lock.lock().await;
+            let targets = self.in_sync();
+            if targets.len() != self.replica_count() {
+                return Err(VolumeError::Rollback {
+                    volume: self.info.name.clone(),
+                    why: "not every copy is in sync: wait for the resync".into(),
+                });
+            }
+            let mut h = self.header(Op::Rollback, 0, 0);
+            SnapshotRequest { id, created: 0 }.put(&mut h);
+            let replies = join_all(
+                targets
+                    .iter()
+                    .map(|&i| self.call(i, h, Bytes::new()))
+                    .collect(),
+            )
+            .await;
+            let (mut took, mut failed, mut first) = (Vec::new(), Vec::new(), None);
+            for (k, r) in replies.into_iter().enumerate() {
+                let i = targets[k];
+                match r.and_then(|f| self.expect_ok(i, f)) {
+                    Ok(_) => took.push(i),
+                    Err(e) => {
+                        tracing::warn!(volume = %self.info.name, node = self.node(i), id, "rollback failed on a copy: {e}");
+                        failed.push(i);
+                        first.get_or_insert(e);
+                    }
+                }
+            }
+            (took, failed, first)
+        };
+        if took.is_empty() {
+            return Err(first.unwrap_or_else(|| VolumeError::NoReplicas(self.info.name.clone())));
+        }
+        if !failed.is_empty() {
+            self.take_out_with(&failed, None, true).await?;
+        }
+        tracing::warn!(volume = %self.info.name, id, copies = took.len(), "rolled back to a snapshot");
+        Ok(())
+    }
+
     /// Deletes snapshot `id` from the copies that took it before another failed.
     async fn undo_snapshot(&self, took: &[usize], id: u64) {
         let mut h = self.header(Op::SnapshotDelete, 0, 0);

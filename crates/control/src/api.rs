@@ -135,6 +135,14 @@ pub enum Request {
         name: String,
         snapshot: String,
     },
+    /// Makes the volume hold what snapshot `snapshot` holds. Refused while a writer holds it,
+    /// unless `force` (which fences the writer first).
+    VolumeRollback {
+        name: String,
+        snapshot: String,
+        #[serde(default)]
+        force: bool,
+    },
     /// The writer of `epoch` detached cleanly.
     Detach {
         name: String,

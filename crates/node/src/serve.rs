@@ -106,6 +106,7 @@ impl Node {
             Op::SnapshotDelete => self.on_snapshot_delete(h),
             Op::SnapshotList => self.on_snapshot_list(h),
             Op::SnapshotRead => self.on_snapshot_read(req),
+            Op::Rollback => self.on_rollback(req),
         }?;
         Ok((resp, payload))
     }

@@ -101,6 +101,10 @@ pub enum Op {
     /// snapshot never fences the writer; a client on the volume's access list may ask.
     /// `NoSnapshot` if this copy lacks it.
     SnapshotRead = 29,
+    /// Make the replica hold what snapshot `offset` holds ([`SnapshotRequest`](crate::SnapshotRequest));
+    /// the snapshot stays. Epoch-checked as a write is (the writer sends it with no request in
+    /// flight). `NoSnapshot` if the copy lacks it.
+    Rollback = 30,
 }
 
 impl Op {
@@ -135,6 +139,7 @@ impl Op {
             27 => Op::SnapshotDelete,
             28 => Op::SnapshotList,
             29 => Op::SnapshotRead,
+            30 => Op::Rollback,
             _ => return None,
         })
     }

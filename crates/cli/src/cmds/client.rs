@@ -370,6 +370,25 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 .map_err(usage_if_remote)?;
             print(out, &(), |_| format!("deleted snapshot {volume}@{name}\n"));
         }
+        Cmd::Volume(VolumeCmd::Rollback {
+            volume,
+            name,
+            force,
+        }) => {
+            let () = cc
+                .call(&Request::VolumeRollback {
+                    name: volume.clone(),
+                    snapshot: name.clone(),
+                    force: *force,
+                })
+                .await
+                .map_err(usage_if_remote)?;
+            print(out, &(), |_| {
+                format!(
+                    "{volume} rolled back to snapshot {name}; it holds what the snapshot holds\n"
+                )
+            });
+        }
         Cmd::Volume(VolumeCmd::Trash(TrashCmd::List)) => {
             let l: Vec<trireme_meta::TrashRecord> = cc.call(&Request::TrashList).await?;
             print(out, &l, |l| trash_table(l));

@@ -636,6 +636,11 @@ impl Manager {
             Request::SnapshotDelete { name, snapshot } => {
                 to(self.snapshot_delete(&name, &snapshot).await)
             }
+            Request::VolumeRollback {
+                name,
+                snapshot,
+                force,
+            } => to(self.snapshot_rollback(&name, &snapshot, force).await),
             Request::VolumeScrub { name, region, rate } => {
                 to(self.scrub(&name, region, rate).await)
             }

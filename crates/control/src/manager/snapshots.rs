@@ -166,6 +166,49 @@ impl Manager {
         outcome
     }
 
+    /// Makes volume `name` hold what its snapshot `snap` holds, through a writer of the
+    /// manager's own. Refused while a writer holds the volume (what it wrote would vanish under
+    /// it), unless `force`, which fences that writer first.
+    pub async fn snapshot_rollback(
+        self: &Arc<Self>,
+        name: &str,
+        snap: &str,
+        force: bool,
+    ) -> Result<()> {
+        let v = self.meta.volume(name).await?;
+        let rec = self.meta.snapshot(&v, snap).await?;
+        if rec.state != SnapshotState::Ready {
+            return Err(refused(format!(
+                "snapshot {snap} of volume {name} is {}, not ready",
+                rec.state.as_str()
+            )));
+        }
+        let v = match self.holder(&v).await? {
+            None => v,
+            Some(who) if !force => {
+                return Err(refused(format!(
+                    "volume {name} is in use: attached by {who}. A rollback replaces what it reads \
+                     under it: detach it first, or `trireme volume rollback {name} {snap} --force` \
+                     fences that writer (its I/O fails from then on)"
+                )))
+            }
+            Some(who) => {
+                tracing::warn!(
+                    volume = name,
+                    holder = who,
+                    "rollback --force: fencing the writer"
+                );
+                self.fence_writer(&v).await?
+            }
+        };
+        let own = self.attach_own(&v).await?;
+        let r = own.writer.rollback(rec.id).await;
+        self.release_own(own).await;
+        r?;
+        tracing::warn!(volume = name, snapshot = snap, "volume rolled back");
+        Ok(())
+    }
+
     /// The snapshots of volume `name`, oldest first.
     pub async fn snapshot_list(&self, name: &str) -> Result<Vec<SnapshotInfo>> {
         let v = self.meta.volume(name).await?;

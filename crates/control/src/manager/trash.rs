@@ -110,7 +110,7 @@ impl Manager {
     /// Fences whoever writes `v`: a writer in this process detaches; any other is fenced by
     /// a new epoch on record and an attach at that epoch on every replica that answers (its
     /// I/O is refused from then on). The volume as it is afterwards.
-    async fn fence_writer(&self, v: &VolumeRecord) -> Result<VolumeRecord> {
+    pub(crate) async fn fence_writer(&self, v: &VolumeRecord) -> Result<VolumeRecord> {
         if let Some(w) = self.writer(&v.name) {
             self.unregister_client(&w);
             if let Err(e) = w.detach().await {

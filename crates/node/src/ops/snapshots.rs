@@ -1,4 +1,5 @@
-//! A replica's snapshots: take one (the writer, under its epoch, with no write in flight),
+//! A replica's snapshots: take one or roll back to one (the writer, under its epoch, with no
+//! write in flight),
 //! list them, read one (any client on the volume's access list: reading a snapshot never
 //! fences the writer), delete one (nodes and operators).
 
@@ -22,6 +23,19 @@ impl Node {
             volume = r.volume(),
             id = s.id,
             "snapshot taken"
+        );
+        Ok(Bytes::new())
+    }
+
+    pub(crate) fn on_rollback(&self, req: &Frame) -> Result<Bytes, Refusal> {
+        let (r, _turn) = self.io_replica(req)?;
+        let s = SnapshotRequest::read(&req.header).map_err(malformed)?;
+        r.rollback(s.id)?;
+        tracing::warn!(
+            node = self.id,
+            volume = r.volume(),
+            id = s.id,
+            "rolled back to a snapshot"
         );
         Ok(Bytes::new())
     }
