@@ -534,6 +534,14 @@ fn run_readme(tls: bool) {
     assert_eq!(snaps[0]["name"], "nightly", "{snaps}");
     assert_eq!(snaps[0]["state"], "ready", "{snaps}");
     assert_eq!(snaps[0]["nodes"].as_array().unwrap().len(), 3, "{snaps}");
+    // The client host served it read-only beside the running writer.
+    let info = &w
+        .transcript
+        .iter()
+        .find(|(c, _)| c.contains("db1@nightly"))
+        .expect("the block reads the snapshot")
+        .1;
+    assert!(info.contains("is_read_only: true"), "{info}");
     let uri = format!("nbd+unix:///db1?socket={}", w.sock());
     let out = output_within(
         &mut w.command(

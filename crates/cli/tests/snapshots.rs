@@ -187,7 +187,11 @@ fn snapshots_are_taken_online_survive_crashes_and_read_back_exactly() {
     // Rollback: refused while up's writer holds the volume; --force fences it, every copy
     // then holds s3, and up's export, attached again, serves it.
     refused(&c, &["volume", "rollback", "vol0", "s3"], "is in use");
-    refused(&c, &["volume", "rollback", "vol0", "nosuch", "--force"], "no snapshot named");
+    refused(
+        &c,
+        &["volume", "rollback", "vol0", "nosuch", "--force"],
+        "no snapshot named",
+    );
     ok(&c, &["volume", "rollback", "vol0", "s3", "--force"]);
     let s3 = work.path().join("s3.img");
     let t0 = std::time::Instant::now();
@@ -199,7 +203,11 @@ fn snapshots_are_taken_online_survive_crashes_and_read_back_exactly() {
         .unwrap()
         .success()
     {
-        assert!(t0.elapsed().as_secs() < 30, "vol0 does not hold s3 after the rollback:\n{}", c.log());
+        assert!(
+            t0.elapsed().as_secs() < 30,
+            "vol0 does not hold s3 after the rollback:\n{}",
+            c.log()
+        );
         std::thread::sleep(std::time::Duration::from_millis(300));
     }
     assert_replicas_identical(&c, "vol0");

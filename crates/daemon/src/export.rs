@@ -167,8 +167,52 @@ pub async fn export_snapshot(
         })
         .await
         .map_err(|e| e.to_string())?;
-    let reader = snapshot_reader(&info, &list, snap, opts)?;
-    let label = format!("{volume}@{snap}");
+    serve_snapshot(&info, &list, snap, socket, tcp, tls, opts)
+}
+
+/// As [`export_snapshot`], on a cluster on etcd: where the volume lives and its snapshots come
+/// from the metadata (a client's identity may read them).
+pub async fn export_snapshot_etcd(
+    meta: &trireme_meta::ClusterMeta,
+    volume: &str,
+    snap: &str,
+    socket: Option<&std::path::Path>,
+    tcp: Option<tokio::net::TcpListener>,
+    tls: Option<&ExportTls>,
+    opts: trireme_client::VolumeOptions,
+) -> Result<Vec<tokio::task::JoinHandle<std::io::Result<()>>>, String> {
+    let v = meta.volume(volume).await.map_err(|e| e.to_string())?;
+    let info = trireme_control::attach_info(meta, &v)
+        .await
+        .map_err(|e| e.to_string())?;
+    let list: Vec<trireme_control::SnapshotInfo> = meta
+        .snapshots(&v)
+        .await
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .map(|r| trireme_control::SnapshotInfo {
+            name: r.name,
+            id: r.id,
+            created: r.created,
+            state: r.state.as_str().to_string(),
+            nodes: r.nodes,
+            exclusive_bytes: None,
+        })
+        .collect();
+    serve_snapshot(&info, &list, snap, socket, tcp, tls, opts)
+}
+
+fn serve_snapshot(
+    info: &trireme_client::AttachInfo,
+    list: &[trireme_control::SnapshotInfo],
+    snap: &str,
+    socket: Option<&std::path::Path>,
+    tcp: Option<tokio::net::TcpListener>,
+    tls: Option<&ExportTls>,
+    opts: trireme_client::VolumeOptions,
+) -> Result<Vec<tokio::task::JoinHandle<std::io::Result<()>>>, String> {
+    let reader = snapshot_reader(info, list, snap, opts)?;
+    let label = format!("{}@{snap}", info.name);
     let mut ex = trireme_nbd::Exports::new();
     ex.add(
         &label,

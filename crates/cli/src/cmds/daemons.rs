@@ -269,6 +269,26 @@ pub(crate) async fn attach(cli: &Cli, a: &crate::AttachArgs) -> Result<(), CliEr
     let tls = export_tls(&a.export, None)?.map(|t| t.gated(&access));
     let tcp = bind_nbd(a.export.listen).await?;
     let tcp_addr = tcp.as_ref().and_then(|l| l.local_addr().ok());
+    if let Some((volume, snap)) = a.volume.split_once('@') {
+        // A snapshot, read-only: no writer and no attach record, so nothing is fenced.
+        let tasks = trireme_daemon::export::export_snapshot_etcd(
+            &meta,
+            volume,
+            snap,
+            a.export.socket.as_deref(),
+            tcp,
+            tls.as_ref(),
+            a.export
+                .failure
+                .volume_options(a.export.streams, cli.transport.kind()),
+        )
+        .await
+        .map_err(CliError::Runtime)?;
+        serve_snapshot_until_stopped(stop, &a.export, &a.volume, tcp_addr, tls.as_ref(), tasks)
+            .await;
+        follow.abort();
+        return Ok(());
+    }
     let uris = trireme_daemon::export::uris(
         &a.volume,
         a.export.socket.as_deref(),
@@ -379,22 +399,9 @@ pub(crate) async fn nbd(cli: &Cli, a: &crate::NbdArgs) -> Result<(), CliError> {
         )
         .await
         .map_err(CliError::Runtime)?;
-        for u in trireme_daemon::export::uris(
-            &a.volume,
-            a.export.socket.as_deref(),
-            tcp_addr,
-            tls.as_ref(),
-        ) {
-            println!("{u}");
-        }
-        stop.wait().await;
+        serve_snapshot_until_stopped(stop, &a.export, &a.volume, tcp_addr, tls.as_ref(), tasks)
+            .await;
         follow.abort();
-        for t in tasks {
-            t.abort();
-        }
-        if let Some(p) = &a.export.socket {
-            let _ = std::fs::remove_file(p);
-        }
         return Ok(());
     }
     let (slot, tasks) = trireme_daemon::export::export_local(
@@ -439,4 +446,28 @@ pub(crate) async fn nbd(cli: &Cli, a: &crate::NbdArgs) -> Result<(), CliError> {
         let _ = std::fs::remove_file(p);
     }
     Ok(())
+}
+
+/// Serves a snapshot's export (`tasks`) until Ctrl-C or SIGTERM: prints its URIs, then stops
+/// the tasks and removes the socket.
+async fn serve_snapshot_until_stopped(
+    stop: Stop,
+    a: &crate::ExportArgs,
+    volume: &str,
+    tcp_addr: Option<std::net::SocketAddr>,
+    tls: Option<&trireme_daemon::export::ExportTls>,
+    tasks: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
+) {
+    for u in trireme_daemon::export::uris(volume, a.socket.as_deref(), tcp_addr, tls) {
+        println!("{u}");
+    }
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    stop.wait().await;
+    for t in tasks {
+        t.abort();
+    }
+    if let Some(p) = &a.socket {
+        let _ = std::fs::remove_file(p);
+    }
 }
