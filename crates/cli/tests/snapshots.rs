@@ -121,6 +121,21 @@ fn snapshots_are_taken_online_survive_crashes_and_read_back_exactly() {
         .iter()
         .all(|s| s["state"] == "ready"));
     assert_eq!(list[2]["nodes"], serde_json::json!([1, 3]), "{list}");
+    // `volume info` shows them too, each with when it was taken and what only it holds.
+    let info: serde_json::Value =
+        serde_json::from_str(&ok(&c, &["--output", "json", "volume", "info", "vol0"])).unwrap();
+    let shown = info["snapshots"].as_array().unwrap();
+    assert_eq!(shown.len(), 5, "{info}");
+    assert!(
+        shown.iter().all(|s| s["created"].as_u64().unwrap() > 0),
+        "{info}"
+    );
+    assert!(
+        shown
+            .iter()
+            .any(|s| s["exclusive_bytes"].as_u64().unwrap() > 0),
+        "{info}"
+    );
     compare(&work.path().join("s5.img"), &c.unix);
     let mut exports = Vec::new();
     for k in 1..=5 {

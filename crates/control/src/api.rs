@@ -482,6 +482,9 @@ pub struct VolumeInfo {
     /// When the schedule scrubs it next, in seconds since the Unix epoch (none: no schedule).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_scrub: Option<u64>,
+    /// Its snapshots, oldest first, with the bytes only each holds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub snapshots: Vec<crate::SnapshotInfo>,
 }
 
 /// One data-path link of a volume client to a node.

@@ -306,6 +306,9 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                     s += &format!("{}\n", replica_tier_text(t));
                 }
                 s += &scrub_text(v.scrub.as_ref(), v.next_scrub);
+                if !v.snapshots.is_empty() {
+                    s += &snapshots_table(&v.record.name, &v.snapshots);
+                }
                 s
             });
         }

@@ -25,7 +25,9 @@ impl Manager {
         }
         let scrub = self.meta.scrub_record(name, record.id).await?;
         let every = self.scrub_every();
+        let snapshots = self.snapshot_list(name).await?;
         Ok(crate::api::VolumeInfo {
+            snapshots,
             // A volume the schedule has not looked at yet counts from its first look, now.
             next_scrub: every.map(|e| {
                 scrub
