@@ -1,9 +1,11 @@
-//! The on-disk formats of a replica's versions (the main file and a snapshot's file): a
-//! corrupt file must be refused, never panic, and never drive a large allocation; what is
-//! accepted encodes back to the same bytes.
+//! The on-disk formats of a replica's versions (the main file, a snapshot's file, the redirect
+//! log): a corrupt file must be refused, never panic, and never drive a large allocation; what
+//! is accepted encodes back to the same bytes.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use trireme_store::versions::format::{decode_main, decode_snap, encode_main, encode_snap};
+use trireme_store::versions::format::{
+    decode_log, decode_main, decode_snap, encode_log, encode_main, encode_snap,
+};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(m) = decode_main(data) {
@@ -11,5 +13,13 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Ok(s) = decode_snap(data) {
         assert_eq!(encode_snap(&s), data);
+    }
+    let log = decode_log(data);
+    assert!(log.len() <= data.len() / 40);
+    for w in log.windows(2) {
+        assert!(w[0].seq < w[1].seq, "records come back in sequence order, once each");
+    }
+    for r in &log {
+        assert_eq!(decode_log(&encode_log(r)), vec![*r]);
     }
 });

@@ -28,25 +28,7 @@ impl Volume {
         let targets = self.in_sync();
         let mut h = self.header(Op::Snapshot, 0, 0);
         SnapshotRequest { id, created }.put(&mut h);
-        let replies = join_all(
-            targets
-                .iter()
-                .map(|&i| self.call(i, h, Bytes::new()))
-                .collect(),
-        )
-        .await;
-        let mut took = Vec::new();
-        let mut failure = None;
-        for (k, r) in replies.into_iter().enumerate() {
-            let i = targets[k];
-            match r.and_then(|f| self.expect_ok(i, f)) {
-                Ok(_) => took.push(i),
-                Err(e) => {
-                    tracing::warn!(volume = %self.info.name, node = self.node(i), id, "snapshot failed on a copy: {e}");
-                    failure.get_or_insert(e);
-                }
-            }
-        }
+        let (took, _, failure) = self.on_each(&targets, h, "snapshot").await;
         if let Some(e) = failure {
             self.undo_snapshot(&took, id).await;
             return Err(e);
@@ -81,26 +63,7 @@ impl Volume {
             }
             let mut h = self.header(Op::Rollback, 0, 0);
             SnapshotRequest { id, created: 0 }.put(&mut h);
-            let replies = join_all(
-                targets
-                    .iter()
-                    .map(|&i| self.call(i, h, Bytes::new()))
-                    .collect(),
-            )
-            .await;
-            let (mut took, mut failed, mut first) = (Vec::new(), Vec::new(), None);
-            for (k, r) in replies.into_iter().enumerate() {
-                let i = targets[k];
-                match r.and_then(|f| self.expect_ok(i, f)) {
-                    Ok(_) => took.push(i),
-                    Err(e) => {
-                        tracing::warn!(volume = %self.info.name, node = self.node(i), id, "rollback failed on a copy: {e}");
-                        failed.push(i);
-                        first.get_or_insert(e);
-                    }
-                }
-            }
-            (took, failed, first)
+            self.on_each(&targets, h, "rollback").await
         };
         if took.is_empty() {
             return Err(first.unwrap_or_else(|| VolumeError::NoReplicas(self.info.name.clone())));
@@ -110,6 +73,36 @@ impl Volume {
         }
         tracing::warn!(volume = %self.info.name, id, copies = took.len(), "rolled back to a snapshot");
         Ok(())
+    }
+
+    /// Sends `h` to every replica of `targets` at once: those that took it, those that did not,
+    /// and the first failure. `what` names it in the log.
+    async fn on_each(
+        &self,
+        targets: &[usize],
+        h: trireme_proto::Header,
+        what: &str,
+    ) -> (Vec<usize>, Vec<usize>, Option<VolumeError>) {
+        let replies = join_all(
+            targets
+                .iter()
+                .map(|&i| self.call(i, h, Bytes::new()))
+                .collect(),
+        )
+        .await;
+        let (mut took, mut failed, mut first) = (Vec::new(), Vec::new(), None);
+        for (k, r) in replies.into_iter().enumerate() {
+            let i = targets[k];
+            match r.and_then(|f| self.expect_ok(i, f)) {
+                Ok(_) => took.push(i),
+                Err(e) => {
+                    tracing::warn!(volume = %self.info.name, node = self.node(i), "{what} failed on a copy: {e}");
+                    failed.push(i);
+                    first.get_or_insert(e);
+                }
+            }
+        }
+        (took, failed, first)
     }
 
     /// Deletes snapshot `id` from the copies that took it before another failed.

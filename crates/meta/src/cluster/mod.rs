@@ -170,6 +170,21 @@ impl ClusterMeta {
     }
 }
 
+/// The next id a counter key (`next-volume-id`, `next-snapshot-id`) hands out: 1 while it is
+/// absent.
+pub(crate) fn counter_value(k: &str, kv: Option<&KeyValue>) -> Result<u64, MetaError> {
+    match kv {
+        Some(kv) => std::str::from_utf8(&kv.value)
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+            .ok_or_else(|| MetaError::Corrupt {
+                key: k.to_string(),
+                what: "not a number".into(),
+            }),
+        None => Ok(1),
+    }
+}
+
 /// The full key of `rel`.
 pub fn key(rel: &str) -> String {
     format!("{PREFIX}{rel}")

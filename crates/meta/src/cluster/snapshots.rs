@@ -78,16 +78,7 @@ impl ClusterMeta {
                 }
             }
             let c = self.store.get(&counter).await?;
-            let id = match &c {
-                Some(kv) => std::str::from_utf8(&kv.value)
-                    .ok()
-                    .and_then(|s| s.parse::<u64>().ok())
-                    .ok_or_else(|| MetaError::Corrupt {
-                        key: counter.clone(),
-                        what: "not a number".into(),
-                    })?,
-                None => 1,
-            };
+            let id = counter_value(&counter, c.as_ref())?;
             let rec = SnapshotRecord {
                 volume_id: volume.id,
                 name: name.to_string(),

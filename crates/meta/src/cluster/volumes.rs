@@ -121,16 +121,7 @@ impl ClusterMeta {
         let counter = key("next-volume-id");
         for _ in 0..MAX_TRIES {
             let c = self.store.get(&counter).await?;
-            let id = match &c {
-                Some(kv) => std::str::from_utf8(&kv.value)
-                    .ok()
-                    .and_then(|s| s.parse::<u64>().ok())
-                    .ok_or_else(|| MetaError::Corrupt {
-                        key: counter.clone(),
-                        what: "not a number".into(),
-                    })?,
-                None => 1,
-            };
+            let id = counter_value(&counter, c.as_ref())?;
             let spec = Spec {
                 id,
                 name: name.to_string(),
