@@ -68,15 +68,16 @@ impl SnapshotReader {
         Ok(c)
     }
 
-    /// One frame's read from copy `k`.
-    async fn read_from(&self, k: usize, offset: u64, len: u64) -> Result<Bytes, VolumeError> {
+    /// One request about `[offset, offset+len)` of the snapshot (`SnapshotRead` or
+    /// `SnapshotStatus`) to copy `k`: its answer's payload.
+    async fn ask(&self, k: usize, op: Op, offset: u64, len: u64) -> Result<Bytes, VolumeError> {
         let node = self.copies[k].node;
         let c = self.link(k).await?;
         let h = Header {
             volume: self.volume,
             offset,
             length: len,
-            ..Header::request(Op::SnapshotRead, 0)
+            ..Header::request(op, 0)
         };
         let payload = Bytes::from(trireme_proto::snapshot_id_payload(self.snapshot));
         let timeout = self.opts.replica_timeout;
@@ -85,7 +86,7 @@ impl SnapshotReader {
             .map_err(|_| VolumeError::Timeout { node, timeout })?
             .map_err(|source| VolumeError::Transport { node, source })?;
         match f.header.status {
-            Status::Ok if f.payload.len() as u64 == len => Ok(f.payload),
+            Status::Ok if op != Op::SnapshotRead || f.payload.len() as u64 == len => Ok(f.payload),
             Status::Ok => Err(VolumeError::Protocol {
                 node,
                 what: format!("{} bytes read of {len}", f.payload.len()),
@@ -96,6 +97,30 @@ impl SnapshotReader {
                 message: String::from_utf8_lossy(&f.payload).into_owned(),
             }),
         }
+    }
+
+    /// The allocation of `[offset, offset+len)` (up to 4 GiB) in the snapshot.
+    pub async fn block_status(
+        &self,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<trireme_proto::Extent>, VolumeError> {
+        trireme_replication::check_io(offset, len, self.size, 1 << 32)?;
+        let (k, b) = self.ask_any(Op::SnapshotStatus, offset, len).await?;
+        let node = self.copies[k].node;
+        let ext =
+            trireme_proto::decode_extents_within(&b, len).map_err(|e| VolumeError::Protocol {
+                node,
+                what: e.to_string(),
+            })?;
+        let total: u64 = ext.iter().map(|e| e.length).sum();
+        if total != len {
+            return Err(VolumeError::Protocol {
+                node,
+                what: format!("extents cover {total} of {len} bytes"),
+            });
+        }
+        Ok(ext)
     }
 
     /// Reads `len` bytes at `offset` of the snapshot.
@@ -112,17 +137,23 @@ impl SnapshotReader {
     }
 
     async fn read_any(&self, offset: u64, len: u64) -> Result<Bytes, VolumeError> {
+        Ok(self.ask_any(Op::SnapshotRead, offset, len).await?.1)
+    }
+
+    /// [`SnapshotReader::ask`] of the copy that answered last, then of each next one: which
+    /// copy answered, and its answer.
+    async fn ask_any(&self, op: Op, offset: u64, len: u64) -> Result<(usize, Bytes), VolumeError> {
         let first = self.current.load(Ordering::Relaxed);
         let mut last = None;
         for step in 0..self.copies.len() {
             let k = (first + step) % self.copies.len();
-            match self.read_from(k, offset, len).await {
+            match self.ask(k, op, offset, len).await {
                 Ok(b) => {
                     self.current.store(k, Ordering::Relaxed);
-                    return Ok(b);
+                    return Ok((k, b));
                 }
                 Err(e) => {
-                    tracing::debug!(snapshot = %self.label, node = self.copies[k].node, "snapshot read failed, trying the next copy: {e}");
+                    tracing::debug!(snapshot = %self.label, node = self.copies[k].node, "snapshot request failed, trying the next copy: {e}");
                     last = Some(e);
                 }
             }

@@ -124,12 +124,12 @@ impl Backend for SnapshotExport {
     async fn write_zeroes(&self, _: u64, _: u32, _: bool, _: bool) -> Result<(), BackendError> {
         Err(read_only())
     }
-    /// All data: the copies do not yet say where a snapshot has holes.
-    async fn block_status(&self, _: u64, len: u32) -> Result<Vec<Extent>, BackendError> {
-        Ok(vec![Extent {
-            length: u64::from(len),
-            flags: 0,
-        }])
+    /// Holes where the snapshot has them, so a copy of it skips them.
+    async fn block_status(&self, offset: u64, len: u32) -> Result<Vec<Extent>, BackendError> {
+        self.0
+            .block_status(offset, u64::from(len))
+            .await
+            .map_err(to_nbd)
     }
 }
 

@@ -153,7 +153,10 @@ impl Node {
                     return denied("not on the volume's access list".into());
                 }
                 // Reading a snapshot is not writing the volume: no attach record needed.
-                if matches!(h.op, Op::SnapshotList | Op::SnapshotRead) {
+                if matches!(
+                    h.op,
+                    Op::SnapshotList | Op::SnapshotRead | Op::SnapshotStatus
+                ) {
                     return Ok(());
                 }
                 let me = role.to_string();

@@ -107,6 +107,7 @@ impl Node {
             Op::SnapshotList => self.on_snapshot_list(h),
             Op::SnapshotRead => self.on_snapshot_read(req),
             Op::Rollback => self.on_rollback(req),
+            Op::SnapshotStatus => self.on_snapshot_status(req),
         }?;
         Ok((resp, payload))
     }

@@ -105,6 +105,9 @@ pub enum Op {
     /// the snapshot stays. Epoch-checked as a write is (the writer sends it with no request in
     /// flight). `NoSnapshot` if the copy lacks it.
     Rollback = 30,
+    /// Allocation of `[offset, offset+length)` in the snapshot named in the payload (as
+    /// `SnapshotRead`): response payload an extent list. No epoch check.
+    SnapshotStatus = 31,
 }
 
 impl Op {
@@ -140,6 +143,7 @@ impl Op {
             28 => Op::SnapshotList,
             29 => Op::SnapshotRead,
             30 => Op::Rollback,
+            31 => Op::SnapshotStatus,
             _ => return None,
         })
     }

@@ -105,6 +105,9 @@ pub trait ReplicaFilter: Send + Sync + std::fmt::Debug {
     fn read_snapshot(&self, id: u64, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         self.next().read_snapshot(id, offset, buf)
     }
+    fn snapshot_status(&self, id: u64, offset: u64, len: u64) -> Result<Vec<Extent>, StoreError> {
+        self.next().snapshot_status(id, offset, len)
+    }
     fn changed_since(&self, id: u64, offset: u64, len: u64) -> Result<Vec<(u64, u64)>, StoreError> {
         self.next().changed_since(id, offset, len)
     }
@@ -188,6 +191,9 @@ impl<F: ReplicaFilter> Replica for F {
     }
     fn read_snapshot(&self, id: u64, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         ReplicaFilter::read_snapshot(self, id, offset, buf)
+    }
+    fn snapshot_status(&self, id: u64, offset: u64, len: u64) -> Result<Vec<Extent>, StoreError> {
+        ReplicaFilter::snapshot_status(self, id, offset, len)
     }
     fn changed_since(&self, id: u64, offset: u64, len: u64) -> Result<Vec<(u64, u64)>, StoreError> {
         ReplicaFilter::changed_since(self, id, offset, len)

@@ -253,6 +253,13 @@ pub trait Replica: Send + Sync + std::fmt::Debug {
             id,
         })
     }
+    /// Allocation extents of snapshot `id` covering exactly `[offset, offset+len)`.
+    fn snapshot_status(&self, id: u64, _offset: u64, _len: u64) -> Result<Vec<Extent>, StoreError> {
+        Err(StoreError::NoSnapshot {
+            volume: self.volume(),
+            id,
+        })
+    }
     /// The byte ranges of `[offset, offset+len)`, in order and merged, where the replica now
     /// may differ from snapshot `id` (blocks written or trimmed since; 4 KiB granularity).
     fn changed_since(

@@ -67,6 +67,21 @@ impl Node {
         Ok(Bytes::from(trireme_proto::encode_snapshot_list(&list)))
     }
 
+    pub(crate) fn on_snapshot_status(&self, req: &Frame) -> Result<Bytes, Refusal> {
+        let h = &req.header;
+        let r = self.replica(h.volume)?;
+        let id = trireme_proto::read_snapshot_id(&req.payload).map_err(malformed)?;
+        if h.length > crate::MAX_BLOCK_STATUS_RANGE {
+            return Err(Refusal(
+                Status::Invalid,
+                format!("block status over {} bytes is too large", h.length),
+            ));
+        }
+        Ok(Bytes::from(trireme_proto::encode_extents(
+            &r.snapshot_status(id, h.offset, h.length)?,
+        )))
+    }
+
     pub(crate) fn on_snapshot_read(&self, req: &Frame) -> Result<Bytes, Refusal> {
         let h = &req.header;
         let r = self.replica(h.volume)?;

@@ -496,11 +496,20 @@ impl VersionedReplica {
         Ok(())
     }
 
-    /// Extents of the head over `[offset, offset+len)`: the identity's from the physical
-    /// replica, moved blocks as data, zeroed ones as holes.
-    fn head_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, StoreError> {
+    /// Extents of version `id` (the head for `None`) over `[offset, offset+len)`: the
+    /// identity's from the physical replica, moved blocks as data, zeroed ones as holes.
+    fn version_status(
+        &self,
+        id: Option<u64>,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<Extent>, StoreError> {
         let end = offset + len;
-        let head = self.table().head.clone();
+        let head = self
+            .table()
+            .map(id)
+            .map_err(|e| version_error(self.vol(), e))?
+            .clone();
         let mut out: Vec<Extent> = Vec::new();
         fn push(e: Extent, out: &mut Vec<Extent>) {
             match out.last_mut() {
@@ -676,7 +685,7 @@ impl crate::filter::ReplicaFilter for VersionedReplica {
         if len == 0 {
             return Ok(Vec::new());
         }
-        self.head_status(offset, len)
+        self.version_status(None, offset, len)
     }
 
     fn close(&self) -> Result<(), StoreError> {
@@ -779,6 +788,15 @@ impl crate::filter::ReplicaFilter for VersionedReplica {
     fn read_snapshot(&self, id: u64, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         let _g = self.shared();
         self.read_version(Some(id), offset, buf)
+    }
+
+    fn snapshot_status(&self, id: u64, offset: u64, len: u64) -> Result<Vec<Extent>, StoreError> {
+        let _g = self.shared();
+        check_range(offset, len, self.size.load(Ordering::Acquire))?;
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        self.version_status(Some(id), offset, len)
     }
 
     fn changed_since(&self, id: u64, offset: u64, len: u64) -> Result<Vec<(u64, u64)>, StoreError> {

@@ -109,6 +109,17 @@ fn a_snapshot_keeps_what_the_head_had_and_the_head_moves_on() {
             (last.length, last.flags),
             (SIZE - 69632, Extent::HOLE | Extent::ZERO)
         );
+        // The snapshot's own allocation: what was written before it, then holes (block 16
+        // was written after it).
+        let snap_ext = r.snapshot_status(5, 0, SIZE).unwrap();
+        assert_eq!(snap_ext.iter().map(|e| e.length).sum::<u64>(), SIZE);
+        assert_eq!(snap_ext[0].flags, 0, "{}: {snap_ext:?}", s.name);
+        assert!(snap_ext[0].length >= 16384);
+        assert_eq!(snap_ext.last().unwrap().flags, Extent::HOLE | Extent::ZERO);
+        assert!(matches!(
+            r.snapshot_status(6, 0, 4096),
+            Err(StoreError::NoSnapshot { id: 6, .. })
+        ));
         let list = r.snapshots().unwrap();
         assert_eq!(list.len(), 1);
         assert_eq!((list[0].id, list[0].created), (5, 1000));
