@@ -1,0 +1,200 @@
+//! Making a replica's versions durable: the main file and the snapshots' files, the redirect
+//! log's records and checkpoints, giving freed blocks back, folding back to plain, growing the
+//! pool (the module docs of `versions` say in which order, and why).
+
+use std::sync::atomic::Ordering;
+use std::sync::MutexGuard;
+
+use super::table::{self, entry, Map, Table, BLOCK};
+use super::{format, VersionedReplica, GROW_MIN};
+use crate::{StoreError, GRAIN};
+
+impl VersionedReplica {
+    /// Writes the main file (the head's map and the snapshot list). The physical replica must
+    /// have been flushed since the blocks the head names were written.
+    pub(super) fn persist_main(&self) -> Result<(), StoreError> {
+        let _p = self.persist.lock().unwrap_or_else(|e| e.into_inner());
+        self.dirty.store(false, Ordering::Release);
+        let Some(f) = &self.files else {
+            return Ok(());
+        };
+        let (gen, head, mut listed, applied) = {
+            let t = self.table();
+            let listed: Vec<(u64, table::Snap)> =
+                t.snaps.iter().map(|(id, s)| (*id, s.clone())).collect();
+            // Under the table's lock: every record up to this one is in this head.
+            (
+                t.gen,
+                t.head.clone(),
+                listed,
+                self.seq.load(Ordering::Acquire),
+            )
+        };
+        listed.sort_by_key(|(_, s)| s.gen);
+        let (base, base_map) = listed
+            .last()
+            .map_or((0, Map::new()), |(id, s)| (*id, s.map.clone()));
+        let m = format::Main {
+            flags: match self.closed.load(Ordering::Acquire) {
+                true => 0,
+                false => format::FLAG_OPEN,
+            },
+            volume: self.vol(),
+            size: self.size.load(Ordering::Acquire),
+            gen,
+            base,
+            applied,
+            snaps: listed
+                .iter()
+                .map(|(id, s)| format::Listed {
+                    id: *id,
+                    gen: s.gen,
+                    created: s.created,
+                })
+                .collect(),
+            head: format::diff(&base_map, &head),
+        };
+        let r = f.save(&f.main(), &format::encode_main(&m));
+        if r.is_err() {
+            self.dirty.store(true, Ordering::Release);
+        }
+        r
+    }
+
+    /// Writes snapshot `id`'s file as a diff against the snapshot before it.
+    pub(super) fn persist_snap(&self, id: u64) -> Result<(), StoreError> {
+        let Some(f) = &self.files else {
+            return Ok(());
+        };
+        let (base, base_map, map) = {
+            let t = self.table();
+            let s = t.snaps.get(&id).ok_or(StoreError::NoSnapshot {
+                volume: self.vol(),
+                id,
+            })?;
+            let before = t
+                .snaps
+                .iter()
+                .filter(|(_, o)| o.gen < s.gen)
+                .max_by_key(|(_, o)| o.gen)
+                .map_or((0, Map::new()), |(id, o)| (*id, o.map.clone()));
+            (before.0, before.1, s.map.clone())
+        };
+        let file = format::SnapFile {
+            volume: self.vol(),
+            id,
+            base,
+            records: format::diff(&base_map, &map),
+        };
+        f.save(&f.snap(id), &format::encode_snap(&file))
+    }
+
+    /// With the gate held exclusive (or before anything is served): the physical flush, the
+    /// main file, then an empty redirect log (the main file holds all it held).
+    pub(super) fn checkpoint_locked(&self) -> Result<(), StoreError> {
+        self.inner.flush()?;
+        self.persist_and_empty_log()
+    }
+
+    /// With the gate held exclusive, the physical replica flushed since the head last changed:
+    /// the main file, then an empty redirect log.
+    pub(super) fn persist_and_empty_log(&self) -> Result<(), StoreError> {
+        self.persist_main()?;
+        if let Some(f) = &self.files {
+            f.truncate_log()?;
+        }
+        self.slot.store(0, Ordering::Release);
+        Ok(())
+    }
+
+    /// Records in the redirect log that the head's entry for `l` changed, before the write
+    /// that changed it is answered; `t` is the table just changed, still locked, so records
+    /// of one block go in the order its entry changed.
+    pub(super) fn log_change(&self, t: MutexGuard<'_, Table>, l: u64) -> Result<(), StoreError> {
+        let rec = format::LogRecord {
+            seq: self.seq.fetch_add(1, Ordering::AcqRel) + 1,
+            block: l,
+            entry: entry(&t.head, l),
+        };
+        let slot = self.slot.fetch_add(1, Ordering::AcqRel);
+        drop(t);
+        match &self.files {
+            Some(f) => f.append(slot, &rec),
+            None => Ok(()),
+        }
+    }
+
+    /// With the gate held exclusive: makes every change durable, then lets new writes take the
+    /// blocks changes freed, giving their space back where they make whole grains.
+    pub(super) fn settle_locked(&self) -> Result<(), StoreError> {
+        if self.table().pending() == 0 {
+            return self.fold_back_if_identity();
+        }
+        self.checkpoint_locked()?;
+        let mut done = self.table().settle();
+        done.sort_unstable();
+        let per_grain = GRAIN / BLOCK;
+        let mut i = 0;
+        while i < done.len() {
+            let mut j = i + 1;
+            while j < done.len() && done[j] == done[j - 1] + 1 {
+                j += 1;
+            }
+            // Only whole grains give space back; smaller runs are overwritten before reuse.
+            let (a, b) = (done[i].div_ceil(per_grain), (done[j - 1] + 1) / per_grain);
+            if a < b {
+                let r = self
+                    .inner
+                    .write_zeroes(a * GRAIN, (b - a) * GRAIN, true, false);
+                if let Err(e) = r {
+                    tracing::warn!(volume = self.vol(), "giving freed blocks back: {e}");
+                }
+            }
+            i = j;
+        }
+        self.fold_back_if_identity()
+    }
+
+    pub(super) fn fold_back_if_identity(&self) -> Result<(), StoreError> {
+        let identity = self.table().is_identity();
+        if identity && !self.plain.load(Ordering::Acquire) {
+            return self.fold_back();
+        }
+        Ok(())
+    }
+
+    /// With the gate held exclusive and the table the identity: drops the pool and the files,
+    /// so the replica is plain again (and may be resized). A crash in between leaves the main
+    /// file naming the logical size, with the physical replica of that size or larger.
+    pub(super) fn fold_back(&self) -> Result<(), StoreError> {
+        let size = self.size.load(Ordering::Acquire);
+        if self.inner.size() != size {
+            self.inner.resize(size)?;
+        }
+        let blocks = size / BLOCK;
+        *self.table() = Table::new(blocks, blocks);
+        if let Some(f) = &self.files {
+            f.remove_all();
+        }
+        self.plain.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Grows the pool (or reuses freed blocks) so a redirect finds a free block.
+    pub(super) fn grow(&self) -> Result<(), StoreError> {
+        let _g = self.exclusive();
+        if self.table().free_blocks() > 0 {
+            return Ok(());
+        }
+        self.settle_locked()?;
+        if self.table().free_blocks() > 0 {
+            return Ok(());
+        }
+        let phys = self.inner.size();
+        let add = GROW_MIN.max(self.size.load(Ordering::Acquire) / 16) / BLOCK * BLOCK;
+        self.inner.resize(phys + add)?;
+        self.table().grow((phys + add) / BLOCK);
+        tracing::debug!(volume = self.vol(), pool = phys + add, "snapshot pool grew");
+        Ok(())
+    }
+}
