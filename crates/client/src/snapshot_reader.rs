@@ -20,7 +20,8 @@ use crate::{connect_replica, ReplicaTarget, VolumeError, VolumeOptions, MAX_IO};
 pub struct SnapshotReader {
     volume: u64,
     label: String,
-    snapshot: u64,
+    /// The snapshot's id, as every request carries it.
+    id_payload: Bytes,
     size: u64,
     copies: Vec<ReplicaTarget>,
     links: Mutex<Vec<Option<Arc<dyn Connection>>>>,
@@ -43,7 +44,7 @@ impl SnapshotReader {
         SnapshotReader {
             volume,
             label: label.to_string(),
-            snapshot,
+            id_payload: Bytes::from(trireme_proto::snapshot_id_payload(snapshot)),
             size,
             links: Mutex::new(vec![None; copies.len()]),
             copies,
@@ -79,9 +80,8 @@ impl SnapshotReader {
             length: len,
             ..Header::request(op, 0)
         };
-        let payload = Bytes::from(trireme_proto::snapshot_id_payload(self.snapshot));
         let timeout = self.opts.replica_timeout;
-        let f = tokio::time::timeout(timeout, c.call(h, payload))
+        let f = tokio::time::timeout(timeout, c.call(h, self.id_payload.clone()))
             .await
             .map_err(|_| VolumeError::Timeout { node, timeout })?
             .map_err(|source| VolumeError::Transport { node, source })?;

@@ -140,69 +140,62 @@ fn read_only() -> BackendError {
     }
 }
 
-/// Finds snapshot `snap` of `volume` through `up`'s control socket and serves it read-only
-/// over NBD, as export `VOLUME@SNAP`. Returns once the listeners are bound, with the tasks
-/// serving them. The volume's writer is not touched.
-pub async fn export_snapshot(
+/// Where `volume` lives and its snapshots, through `up`'s control socket.
+pub async fn snapshots_via_control(
     control: &std::path::Path,
     volume: &str,
-    snap: &str,
-    socket: Option<&std::path::Path>,
-    tcp: Option<tokio::net::TcpListener>,
-    tls: Option<&ExportTls>,
-    opts: trireme_client::VolumeOptions,
-) -> Result<Vec<tokio::task::JoinHandle<std::io::Result<()>>>, String> {
+) -> Result<
+    (
+        trireme_client::AttachInfo,
+        Vec<trireme_control::SnapshotInfo>,
+    ),
+    String,
+> {
     let mut cc = trireme_control::ControlClient::connect(control)
         .await
         .map_err(|e| e.to_string())?;
-    let info: trireme_client::AttachInfo = cc
-        .call(&trireme_control::Request::Locate {
-            name: volume.to_string(),
-        })
+    let name = volume.to_string();
+    let info = cc
+        .call(&trireme_control::Request::Locate { name: name.clone() })
         .await
         .map_err(|e| e.to_string())?;
-    let list: Vec<trireme_control::SnapshotInfo> = cc
-        .call(&trireme_control::Request::SnapshotList {
-            name: volume.to_string(),
-        })
+    let list = cc
+        .call(&trireme_control::Request::SnapshotList { name })
         .await
         .map_err(|e| e.to_string())?;
-    serve_snapshot(&info, &list, snap, socket, tcp, tls, opts)
+    Ok((info, list))
 }
 
-/// As [`export_snapshot`], on a cluster on etcd: where the volume lives and its snapshots come
-/// from the metadata (a client's identity may read them).
-pub async fn export_snapshot_etcd(
+/// Where `volume` lives and its snapshots, from the metadata of a cluster on etcd (a
+/// client's identity may read them).
+pub async fn snapshots_on_etcd(
     meta: &trireme_meta::ClusterMeta,
     volume: &str,
-    snap: &str,
-    socket: Option<&std::path::Path>,
-    tcp: Option<tokio::net::TcpListener>,
-    tls: Option<&ExportTls>,
-    opts: trireme_client::VolumeOptions,
-) -> Result<Vec<tokio::task::JoinHandle<std::io::Result<()>>>, String> {
+) -> Result<
+    (
+        trireme_client::AttachInfo,
+        Vec<trireme_control::SnapshotInfo>,
+    ),
+    String,
+> {
     let v = meta.volume(volume).await.map_err(|e| e.to_string())?;
     let info = trireme_control::attach_info(meta, &v)
         .await
         .map_err(|e| e.to_string())?;
-    let list: Vec<trireme_control::SnapshotInfo> = meta
+    let list = meta
         .snapshots(&v)
         .await
         .map_err(|e| e.to_string())?
-        .into_iter()
-        .map(|r| trireme_control::SnapshotInfo {
-            name: r.name,
-            id: r.id,
-            created: r.created,
-            state: r.state.as_str().to_string(),
-            nodes: r.nodes,
-            exclusive_bytes: None,
-        })
+        .iter()
+        .map(|r| trireme_control::SnapshotInfo::from_record(r, None))
         .collect();
-    serve_snapshot(&info, &list, snap, socket, tcp, tls, opts)
+    Ok((info, list))
 }
 
-fn serve_snapshot(
+/// Serves snapshot `snap` of the volume `info` describes (its snapshots: `list`) read-only
+/// over NBD, as export `VOLUME@SNAP`, from the copies that hold it: the volume's writer is not
+/// touched. Returns once the listeners are bound, with the tasks serving them.
+pub fn serve_snapshot(
     info: &trireme_client::AttachInfo,
     list: &[trireme_control::SnapshotInfo],
     snap: &str,

@@ -271,21 +271,10 @@ pub(crate) async fn attach(cli: &Cli, a: &crate::AttachArgs) -> Result<(), CliEr
     let tcp_addr = tcp.as_ref().and_then(|l| l.local_addr().ok());
     if let Some((volume, snap)) = a.volume.split_once('@') {
         // A snapshot, read-only: no writer and no attach record, so nothing is fenced.
-        let tasks = trireme_daemon::export::export_snapshot_etcd(
-            &meta,
-            volume,
-            snap,
-            a.export.socket.as_deref(),
-            tcp,
-            tls.as_ref(),
-            a.export
-                .failure
-                .volume_options(a.export.streams, cli.transport.kind()),
-        )
-        .await
-        .map_err(CliError::Runtime)?;
-        serve_snapshot_until_stopped(stop, &a.export, &a.volume, tcp_addr, tls.as_ref(), tasks)
-            .await;
+        let found = trireme_daemon::export::snapshots_on_etcd(&meta, volume)
+            .await
+            .map_err(CliError::Runtime)?;
+        serve_snapshot_until_stopped(stop, cli, &a.export, found, snap, tcp, tls.as_ref()).await?;
         follow.abort();
         return Ok(());
     }
@@ -386,21 +375,11 @@ pub(crate) async fn nbd(cli: &Cli, a: &crate::NbdArgs) -> Result<(), CliError> {
     let tcp_addr = tcp.as_ref().and_then(|l| l.local_addr().ok());
     if let Some((volume, snap)) = a.volume.split_once('@') {
         // A snapshot, read-only: no writer, so nothing to fence, detach or take back.
-        let tasks = trireme_daemon::export::export_snapshot(
-            &control_path(&cli.data_dir),
-            volume,
-            snap,
-            a.export.socket.as_deref(),
-            tcp,
-            tls.as_ref(),
-            a.export
-                .failure
-                .volume_options(a.export.streams, cli.transport.kind()),
-        )
-        .await
-        .map_err(CliError::Runtime)?;
-        serve_snapshot_until_stopped(stop, &a.export, &a.volume, tcp_addr, tls.as_ref(), tasks)
-            .await;
+        let found =
+            trireme_daemon::export::snapshots_via_control(&control_path(&cli.data_dir), volume)
+                .await
+                .map_err(CliError::Runtime)?;
+        serve_snapshot_until_stopped(stop, cli, &a.export, found, snap, tcp, tls.as_ref()).await?;
         follow.abort();
         return Ok(());
     }
@@ -448,17 +427,35 @@ pub(crate) async fn nbd(cli: &Cli, a: &crate::NbdArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Serves a snapshot's export (`tasks`) until Ctrl-C or SIGTERM: prints its URIs, then stops
-/// the tasks and removes the socket.
+/// Serves snapshot `snap` of the volume `found` describes (where it lives, its snapshots)
+/// read-only until Ctrl-C or SIGTERM: prints its URIs, then stops and removes the socket.
 async fn serve_snapshot_until_stopped(
     stop: Stop,
+    cli: &Cli,
     a: &crate::ExportArgs,
-    volume: &str,
-    tcp_addr: Option<std::net::SocketAddr>,
+    found: (
+        trireme_client::AttachInfo,
+        Vec<trireme_control::SnapshotInfo>,
+    ),
+    snap: &str,
+    tcp: Option<tokio::net::TcpListener>,
     tls: Option<&trireme_daemon::export::ExportTls>,
-    tasks: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
-) {
-    for u in trireme_daemon::export::uris(volume, a.socket.as_deref(), tcp_addr, tls) {
+) -> Result<(), CliError> {
+    let tcp_addr = tcp.as_ref().and_then(|l| l.local_addr().ok());
+    let (info, list) = found;
+    let opts = a.failure.volume_options(a.streams, cli.transport.kind());
+    let tasks = trireme_daemon::export::serve_snapshot(
+        &info,
+        &list,
+        snap,
+        a.socket.as_deref(),
+        tcp,
+        tls,
+        opts,
+    )
+    .map_err(CliError::Runtime)?;
+    let label = format!("{}@{snap}", info.name);
+    for u in trireme_daemon::export::uris(&label, a.socket.as_deref(), tcp_addr, tls) {
         println!("{u}");
     }
     use std::io::Write;
@@ -470,4 +467,5 @@ async fn serve_snapshot_until_stopped(
     if let Some(p) = &a.socket {
         let _ = std::fs::remove_file(p);
     }
+    Ok(())
 }

@@ -54,7 +54,7 @@ impl Manager {
                 rec.nodes = nodes;
                 self.meta.put_snapshot_record(name, &rec).await?;
                 tracing::info!(volume = name, snapshot = snap, id = rec.id, nodes = ?rec.nodes, "snapshot taken");
-                Ok(info(&rec, None))
+                Ok(SnapshotInfo::from_record(&rec, None))
             }
             Err(e) => {
                 // Copies that took it before another failed drop it again (the writer tried
@@ -236,7 +236,7 @@ impl Manager {
         }
         Ok(recs
             .iter()
-            .map(|r| info(r, exclusive.get(&r.id).copied()))
+            .map(|r| SnapshotInfo::from_record(r, exclusive.get(&r.id).copied()))
             .collect())
     }
 
@@ -288,13 +288,16 @@ impl Manager {
     }
 }
 
-fn info(r: &SnapshotRecord, exclusive_bytes: Option<u64>) -> SnapshotInfo {
-    SnapshotInfo {
-        name: r.name.clone(),
-        id: r.id,
-        created: r.created,
-        state: r.state.as_str().to_string(),
-        nodes: r.nodes.clone(),
-        exclusive_bytes,
+impl SnapshotInfo {
+    /// A snapshot's record as the list shows it, with what only it holds if a node said.
+    pub fn from_record(r: &SnapshotRecord, exclusive_bytes: Option<u64>) -> SnapshotInfo {
+        SnapshotInfo {
+            name: r.name.clone(),
+            id: r.id,
+            created: r.created,
+            state: r.state.as_str().to_string(),
+            nodes: r.nodes.clone(),
+            exclusive_bytes,
+        }
     }
 }

@@ -3,7 +3,6 @@
 //! pool (the module docs of `versions` say in which order, and why).
 
 use std::sync::atomic::Ordering;
-use std::sync::MutexGuard;
 
 use super::table::{self, entry, Map, Table, BLOCK};
 use super::{format, VersionedReplica, GROW_MIN};
@@ -107,19 +106,26 @@ impl VersionedReplica {
         Ok(())
     }
 
-    /// Records in the redirect log that the head's entry for `l` changed, before the write
-    /// that changed it is answered; `t` is the table just changed, still locked, so records
-    /// of one block go in the order its entry changed.
-    pub(super) fn log_change(&self, t: MutexGuard<'_, Table>, l: u64) -> Result<(), StoreError> {
-        let rec = format::LogRecord {
+    /// The redirect-log record of the head's change of `l`: `t` is the table just changed,
+    /// still locked, so one block's records get sequences in the order its entry changed.
+    /// [`VersionedReplica::log`] writes it before the write that made it is answered.
+    pub(super) fn record(&self, t: &Table, l: u64) -> format::LogRecord {
+        format::LogRecord {
             seq: self.seq.fetch_add(1, Ordering::AcqRel) + 1,
             block: l,
             entry: entry(&t.head, l),
-        };
-        let slot = self.slot.fetch_add(1, Ordering::AcqRel);
-        drop(t);
+        }
+    }
+
+    /// Writes `records` to the redirect log, in one write at slots of their own (replay
+    /// orders records by sequence, not by slot).
+    pub(super) fn log(&self, records: &[format::LogRecord]) -> Result<(), StoreError> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let slot = self.slot.fetch_add(records.len() as u64, Ordering::AcqRel);
         match &self.files {
-            Some(f) => f.append(slot, &rec),
+            Some(f) => f.append(slot, records),
             None => Ok(()),
         }
     }

@@ -4,7 +4,7 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use super::format;
 use super::table::{self, Map, Table, BLOCK, ZERO};
@@ -15,8 +15,8 @@ use crate::StoreError;
 pub(super) struct Files {
     pub(super) dir: PathBuf,
     pub(super) volume: u64,
-    /// The redirect log, opened at its first use.
-    log: Mutex<Option<File>>,
+    /// The redirect log, opened at its first use (the lock is held only to open it).
+    log: Mutex<Option<Arc<File>>>,
 }
 
 impl Files {
@@ -196,26 +196,39 @@ impl Files {
         }
     }
 
-    /// Writes `r` at `slot` of the redirect log (no sync: see `format::LogRecord`).
-    pub(super) fn append(&self, slot: u64, r: &format::LogRecord) -> Result<(), StoreError> {
+    /// Writes `records` from `slot` of the redirect log on, in one write (no sync: see
+    /// `format::LogRecord`).
+    pub(super) fn append(
+        &self,
+        slot: u64,
+        records: &[format::LogRecord],
+    ) -> Result<(), StoreError> {
         let io = |source| StoreError::Io {
             volume: self.volume,
             op: "write the redirect log",
             source,
         };
-        let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
-        if log.is_none() {
-            let f = crate::private::options()
-                .create(true)
-                .truncate(false)
-                .read(true)
-                .write(true)
-                .open(self.log_path())
-                .map_err(io)?;
-            *log = Some(f);
-        }
-        let f = log.as_ref().expect("opened above");
-        f.write_all_at(&format::encode_log(r), slot * format::LOG_RECORD as u64)
+        let f = {
+            let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+            match &*log {
+                Some(f) => f.clone(),
+                None => {
+                    let f = Arc::new(
+                        crate::private::options()
+                            .create(true)
+                            .truncate(false)
+                            .read(true)
+                            .write(true)
+                            .open(self.log_path())
+                            .map_err(io)?,
+                    );
+                    *log = Some(f.clone());
+                    f
+                }
+            }
+        };
+        let bytes: Vec<u8> = records.iter().flat_map(format::encode_log).collect();
+        f.write_all_at(&bytes, slot * format::LOG_RECORD as u64)
             .map_err(io)
     }
 

@@ -205,14 +205,27 @@ impl VersionedReplica {
         // Where each block is written in place, looked up at once; `None` to redirect.
         let places: Vec<Option<u64>> = {
             let t = self.table();
-            (first..=last)
-                .map(|l| {
-                    let e = entry(&t.head, l);
-                    let shared = t.newest_gen().is_some_and(|g| e.birth <= g);
-                    (e.phys != ZERO && !shared).then_some(e.phys)
-                })
-                .collect()
+            let newest = t.newest_gen();
+            (first..=last).map(|l| t.in_place(l, newest)).collect()
         };
+        // The head's changes, logged at once before the write is answered.
+        let mut changed = Vec::new();
+        let r = self.write_places(offset, data, &places, &mut changed);
+        self.log(&changed)?;
+        r
+    }
+
+    /// [`VersionedReplica::write_head`]'s writes, `places` looked up; each block redirected
+    /// adds its log record to `changed`.
+    fn write_places(
+        &self,
+        offset: u64,
+        data: &[u8],
+        places: &[Option<u64>],
+        changed: &mut Vec<format::LogRecord>,
+    ) -> Result<bool, StoreError> {
+        let end = offset + data.len() as u64;
+        let (first, last) = (offset / BLOCK, (end - 1) / BLOCK);
         let mut l = first;
         while l <= last {
             let at = |l: u64| (l * BLOCK).max(offset);
@@ -233,7 +246,7 @@ impl VersionedReplica {
                 None => {
                     let (a, b) = (at(l), piece_end(l));
                     let piece = &data[(a - offset) as usize..(b - offset) as usize];
-                    if !self.redirect(l, a - l * BLOCK, piece)? {
+                    if !self.redirect(l, a - l * BLOCK, piece, changed)? {
                         return Ok(false);
                     }
                     l += 1;
@@ -244,7 +257,13 @@ impl VersionedReplica {
     }
 
     /// Writes `piece` at `within` of logical block `l`, to a fresh block if it is shared.
-    fn redirect(&self, l: u64, within: u64, piece: &[u8]) -> Result<bool, StoreError> {
+    fn redirect(
+        &self,
+        l: u64,
+        within: u64,
+        piece: &[u8],
+        changed: &mut Vec<format::LogRecord>,
+    ) -> Result<bool, StoreError> {
         let _s = self.stripe(l);
         let place = self.table().place(l);
         match place {
@@ -267,7 +286,7 @@ impl VersionedReplica {
                 t.redirected(l, to, from, r.is_ok());
                 self.dirty.store(true, Ordering::Release);
                 r?;
-                self.log_change(t, l)?;
+                changed.push(self.record(&t, l));
                 Ok(true)
             }
         }
@@ -431,13 +450,16 @@ impl crate::filter::ReplicaFilter for VersionedReplica {
             check_range(offset, len, self.size.load(Ordering::Acquire))?;
             if may_trim {
                 // Whole blocks: an entry that reads zeros; the block goes back to the pool.
+                // Logged in one write, before the trim is answered.
+                let mut changed = Vec::new();
                 for l in offset.div_ceil(BLOCK)..(offset + len) / BLOCK {
                     let _s = self.stripe(l);
                     let mut t = self.table();
                     t.zero(l);
-                    self.dirty.store(true, Ordering::Release);
-                    self.log_change(t, l)?;
+                    changed.push(self.record(&t, l));
                 }
+                self.dirty.store(true, Ordering::Release);
+                self.log(&changed)?;
             }
         }
         // The rest (partial blocks, or all of it when the range must stay allocated): zeros

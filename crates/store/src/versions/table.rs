@@ -206,14 +206,22 @@ impl Table {
         }
     }
 
+    /// The block a write to `l` lands on in place: the head's own, born after `newest` (the
+    /// newest live snapshot's generation, [`Table::newest_gen`]); `None` if it must go
+    /// elsewhere.
+    pub fn in_place(&self, l: u64, newest: Option<u64>) -> Option<u64> {
+        let e = entry(&self.head, l);
+        let shared = newest.is_some_and(|g| e.birth <= g);
+        (e.phys != ZERO && !shared).then_some(e.phys)
+    }
+
     /// How a write to logical block `l` lands. A redirect takes its fresh block at once; the
     /// caller writes it, then [`Table::redirected`].
     pub fn place(&mut self, l: u64) -> Place {
-        let e = entry(&self.head, l);
-        let shared = self.newest_gen().is_some_and(|g| e.birth <= g);
-        if e.phys != ZERO && !shared {
-            return Place::InPlace(e.phys);
+        if let Some(p) = self.in_place(l, self.newest_gen()) {
+            return Place::InPlace(p);
         }
+        let e = entry(&self.head, l);
         match self.free.pop_first() {
             Some(to) => Place::Redirect { to, from: e },
             None => Place::Full,
