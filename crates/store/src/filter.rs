@@ -108,8 +108,14 @@ pub trait ReplicaFilter: Send + Sync + std::fmt::Debug {
     fn snapshot_status(&self, id: u64, offset: u64, len: u64) -> Result<Vec<Extent>, StoreError> {
         self.next().snapshot_status(id, offset, len)
     }
-    fn changed_since(&self, id: u64, offset: u64, len: u64) -> Result<Vec<(u64, u64)>, StoreError> {
-        self.next().changed_since(id, offset, len)
+    fn changed(
+        &self,
+        from: u64,
+        to: Option<u64>,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<(u64, u64)>, StoreError> {
+        self.next().changed(from, to, offset, len)
     }
 }
 
@@ -195,8 +201,14 @@ impl<F: ReplicaFilter> Replica for F {
     fn snapshot_status(&self, id: u64, offset: u64, len: u64) -> Result<Vec<Extent>, StoreError> {
         ReplicaFilter::snapshot_status(self, id, offset, len)
     }
-    fn changed_since(&self, id: u64, offset: u64, len: u64) -> Result<Vec<(u64, u64)>, StoreError> {
-        ReplicaFilter::changed_since(self, id, offset, len)
+    fn changed(
+        &self,
+        from: u64,
+        to: Option<u64>,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<(u64, u64)>, StoreError> {
+        ReplicaFilter::changed(self, from, to, offset, len)
     }
 }
 

@@ -260,17 +260,19 @@ pub trait Replica: Send + Sync + std::fmt::Debug {
             id,
         })
     }
-    /// The byte ranges of `[offset, offset+len)`, in order and merged, where the replica now
-    /// may differ from snapshot `id` (blocks written or trimmed since; 4 KiB granularity).
-    fn changed_since(
+    /// The byte ranges of `[offset, offset+len)`, in order and merged, where version `to` (a
+    /// snapshot, or the replica now for `None`) may differ from snapshot `from`: blocks
+    /// written or trimmed in between, at 4 KiB granularity.
+    fn changed(
         &self,
-        id: u64,
+        from: u64,
+        _to: Option<u64>,
         _offset: u64,
         _len: u64,
     ) -> Result<Vec<(u64, u64)>, StoreError> {
         Err(StoreError::NoSnapshot {
             volume: self.volume(),
-            id,
+            id: from,
         })
     }
 }

@@ -634,11 +634,17 @@ impl crate::filter::ReplicaFilter for VersionedReplica {
         self.version_status(Some(id), offset, len)
     }
 
-    fn changed_since(&self, id: u64, offset: u64, len: u64) -> Result<Vec<(u64, u64)>, StoreError> {
+    fn changed(
+        &self,
+        from: u64,
+        to: Option<u64>,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<(u64, u64)>, StoreError> {
         check_range(offset, len, self.size.load(Ordering::Acquire))?;
         let blocks = self
             .table()
-            .changed(id, None)
+            .changed(from, to, offset / BLOCK..(offset + len).div_ceil(BLOCK))
             .map_err(|e| version_error(self.vol(), e))?;
         let end = offset + len;
         let mut out: Vec<(u64, u64)> = Vec::new();

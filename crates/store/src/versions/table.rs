@@ -310,23 +310,29 @@ impl Table {
         }
     }
 
-    /// Blocks whose content differs between snapshot `from` and version `to` (a snapshot, or
-    /// the head for `None`), in order. A block counts as changed if it was written, even with
-    /// the same bytes.
-    pub fn changed(&self, from: u64, to: Option<u64>) -> Result<Vec<u64>, VersionError> {
+    /// Blocks in `blocks` whose content differs between snapshot `from` and version `to` (a
+    /// snapshot, or the head for `None`), in order. A block counts as changed if it was
+    /// written, even with the same bytes. Only the maps' keys within `blocks` are visited.
+    pub fn changed(
+        &self,
+        from: u64,
+        to: Option<u64>,
+        blocks: std::ops::Range<u64>,
+    ) -> Result<Vec<u64>, VersionError> {
         let a = self.map(Some(from))?;
         let b = self.map(to)?;
-        let mut out: Vec<u64> = a
-            .diff(b)
-            .map(|d| match d {
-                imbl::ordmap::DiffItem::Add(k, _) => *k,
-                imbl::ordmap::DiffItem::Update { old: (k, _), .. } => *k,
-                imbl::ordmap::DiffItem::Remove(k, _) => *k,
-            })
-            .filter(|&l| entry(a, l).phys != entry(b, l).phys && l < self.blocks)
-            .collect();
-        out.dedup();
-        Ok(out)
+        let end = blocks.end.min(self.blocks);
+        if blocks.start >= end {
+            return Ok(Vec::new());
+        }
+        let r = blocks.start..end;
+        // A block absent from both maps is where it always was in both: unchanged.
+        let mut keys: Vec<u64> = a.range(r.clone()).map(|(k, _)| *k).collect();
+        keys.extend(b.range(r).map(|(k, _)| *k));
+        keys.sort_unstable();
+        keys.dedup();
+        keys.retain(|&l| entry(a, l).phys != entry(b, l).phys);
+        Ok(keys)
     }
 
     /// Bytes held by snapshot `id` alone (what deleting it frees).

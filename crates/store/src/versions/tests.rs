@@ -93,7 +93,7 @@ fn a_snapshot_keeps_what_the_head_had_and_the_head_moves_on() {
         assert_eq!(&head[12288..], &[0; 4096][..]);
         assert_eq!(read(&*r, None, 65536, 4096), vec![5; 4096]);
         assert_eq!(
-            r.changed_since(5, 0, SIZE).unwrap(),
+            r.changed(5, None, 0, SIZE).unwrap(),
             vec![(0, 16384), (65536, 4096)],
             "{}",
             s.name
