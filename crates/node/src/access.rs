@@ -155,7 +155,7 @@ impl Node {
                 // Reading a snapshot is not writing the volume: no attach record needed.
                 if matches!(
                     h.op,
-                    Op::SnapshotList | Op::SnapshotRead | Op::SnapshotStatus
+                    Op::SnapshotList | Op::SnapshotRead | Op::SnapshotStatus | Op::SnapshotChanged
                 ) {
                     return Ok(());
                 }

@@ -108,6 +108,7 @@ impl Node {
             Op::SnapshotRead => self.on_snapshot_read(req),
             Op::Rollback => self.on_rollback(req),
             Op::SnapshotStatus => self.on_snapshot_status(req),
+            Op::SnapshotChanged => self.on_snapshot_changed(req),
         }?;
         Ok((resp, payload))
     }

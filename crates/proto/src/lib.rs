@@ -47,8 +47,8 @@ pub use extent::{
 };
 pub use op::{Op, Status};
 pub use snapshots::{
-    decode_snapshot_list, encode_snapshot_list, read_snapshot_id, snapshot_id_payload,
-    ListedSnapshot, SnapshotRequest,
+    changed_extents, decode_snapshot_list, encode_snapshot_list, read_snapshot_id,
+    snapshot_id_payload, ChangedRequest, ListedSnapshot, SnapshotRequest, EXTENT_CHANGED,
 };
 pub use space::{NodeSpace, NODE_SPACE_LEN};
 

@@ -108,6 +108,11 @@ pub enum Op {
     /// Allocation of `[offset, offset+length)` in the snapshot named in the payload (as
     /// `SnapshotRead`): response payload an extent list. No epoch check.
     SnapshotStatus = 31,
+    /// Which blocks of `[offset, offset+length)` differ between two versions
+    /// ([`ChangedRequest`](crate::ChangedRequest) in the payload): response payload an extent
+    /// list covering the range, flag [`EXTENT_CHANGED`](crate::EXTENT_CHANGED) where they
+    /// do. No epoch check; a client on the volume's access list may ask.
+    SnapshotChanged = 32,
 }
 
 impl Op {
@@ -144,6 +149,7 @@ impl Op {
             29 => Op::SnapshotRead,
             30 => Op::Rollback,
             31 => Op::SnapshotStatus,
+            32 => Op::SnapshotChanged,
             _ => return None,
         })
     }

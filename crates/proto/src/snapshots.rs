@@ -45,6 +45,76 @@ pub fn read_snapshot_id(payload: &[u8]) -> Result<u64, DecodeError> {
     }
 }
 
+/// `SnapshotChanged`: which blocks of `[offset, offset+length)` differ between snapshot `from`
+/// and version `to` (another snapshot, or the replica now for `None`). The payload is 16
+/// bytes LE: `from`, then `to` (0 for the replica now).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChangedRequest {
+    pub from: u64,
+    pub to: Option<u64>,
+}
+
+/// The flag of an extent `SnapshotChanged` answers with: its blocks changed.
+pub const EXTENT_CHANGED: u32 = 1;
+
+impl ChangedRequest {
+    pub fn payload(&self) -> Vec<u8> {
+        let mut b = self.from.to_le_bytes().to_vec();
+        b.extend_from_slice(&self.to.unwrap_or(0).to_le_bytes());
+        b
+    }
+    pub fn read(payload: &[u8]) -> Result<ChangedRequest, DecodeError> {
+        let Ok(b) = <[u8; 16]>::try_from(payload) else {
+            return Err(DecodeError::MalformedPayload {
+                what: "a changed-blocks request is 16 bytes",
+            });
+        };
+        let from = u64::from_le_bytes(b[..8].try_into().expect("8 bytes"));
+        let to = u64::from_le_bytes(b[8..].try_into().expect("8 bytes"));
+        if from == 0 {
+            return Err(DecodeError::MalformedPayload {
+                what: "snapshot id 0 is reserved",
+            });
+        }
+        Ok(ChangedRequest {
+            from,
+            to: (to != 0).then_some(to),
+        })
+    }
+}
+
+/// The extents covering exactly `[offset, offset+len)` that say which of it is in `changed`
+/// (byte ranges in order, within it): flag [`EXTENT_CHANGED`] or 0.
+pub fn changed_extents(offset: u64, len: u64, changed: &[(u64, u64)]) -> Vec<crate::Extent> {
+    let mut out = Vec::with_capacity(2 * changed.len() + 1);
+    let mut pos = offset;
+    let end = offset + len;
+    for &(a, n) in changed {
+        let (a, b) = (a.max(pos), (a + n).min(end));
+        if a >= b {
+            continue;
+        }
+        if a > pos {
+            out.push(crate::Extent {
+                length: a - pos,
+                flags: 0,
+            });
+        }
+        out.push(crate::Extent {
+            length: b - a,
+            flags: EXTENT_CHANGED,
+        });
+        pos = b;
+    }
+    if pos < end {
+        out.push(crate::Extent {
+            length: end - pos,
+            flags: 0,
+        });
+    }
+    out
+}
+
 /// One snapshot as a node lists it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ListedSnapshot {
@@ -124,5 +194,27 @@ mod tests {
         assert_eq!(decode_snapshot_list(&b), Ok(list));
         assert!(decode_snapshot_list(&b[..30]).is_err());
         assert!(decode_snapshot_list(&[0; 24]).is_err());
+        for c in [
+            ChangedRequest { from: 3, to: None },
+            ChangedRequest {
+                from: 3,
+                to: Some(8),
+            },
+        ] {
+            assert_eq!(ChangedRequest::read(&c.payload()), Ok(c));
+        }
+        assert!(ChangedRequest::read(&[0; 16]).is_err());
+        assert!(ChangedRequest::read(&[1; 15]).is_err());
+    }
+
+    #[test]
+    fn changed_extents_cover_the_range_exactly() {
+        let e = |length, flags| crate::Extent { length, flags };
+        assert_eq!(changed_extents(0, 100, &[]), vec![e(100, 0)]);
+        assert_eq!(
+            changed_extents(10, 100, &[(0, 20), (50, 10), (100, 50)]),
+            vec![e(10, 1), e(30, 0), e(10, 1), e(40, 0), e(10, 1)]
+        );
+        assert_eq!(changed_extents(0, 8, &[(0, 8)]), vec![e(8, 1)]);
     }
 }

@@ -82,6 +82,25 @@ impl Node {
         )))
     }
 
+    pub(crate) fn on_snapshot_changed(&self, req: &Frame) -> Result<Bytes, Refusal> {
+        let h = &req.header;
+        let r = self.replica(h.volume)?;
+        let c = trireme_proto::ChangedRequest::read(&req.payload).map_err(malformed)?;
+        if h.length > crate::MAX_BLOCK_STATUS_RANGE {
+            return Err(Refusal(
+                Status::Invalid,
+                format!(
+                    "a changed-blocks query over {} bytes is too large",
+                    h.length
+                ),
+            ));
+        }
+        let changed = r.changed(c.from, c.to, h.offset, h.length)?;
+        Ok(Bytes::from(trireme_proto::encode_extents(
+            &trireme_proto::changed_extents(h.offset, h.length, &changed),
+        )))
+    }
+
     pub(crate) fn on_snapshot_read(&self, req: &Frame) -> Result<Bytes, Refusal> {
         let h = &req.header;
         let r = self.replica(h.volume)?;

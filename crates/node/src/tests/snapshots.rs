@@ -56,6 +56,43 @@ async fn snapshots_are_taken_under_the_epoch_read_listed_and_deleted() {
     );
     let r = call(req(Op::Read, 1, 3, 0, 6), b"").await.unwrap();
     assert_eq!(&r.payload[..], b"after!");
+    // What changed since it: the first block, out of the first 64 KiB; without an epoch.
+    let changed = |from: u64, to: Option<u64>| {
+        c.call(
+            req(Op::SnapshotChanged, 1, 0, 0, 65536),
+            Bytes::from(trireme_proto::ChangedRequest { from, to }.payload()),
+        )
+    };
+    let r = changed(5, None).await.unwrap();
+    ok(&r);
+    assert_eq!(
+        trireme_proto::decode_extents(&r.payload).unwrap(),
+        vec![
+            trireme_proto::Extent {
+                length: 4096,
+                flags: trireme_proto::EXTENT_CHANGED
+            },
+            trireme_proto::Extent {
+                length: 61440,
+                flags: 0
+            }
+        ]
+    );
+    assert_eq!(
+        changed(6, None).await.unwrap().header.status,
+        Status::NoSnapshot
+    );
+    assert_eq!(
+        c.call(
+            req(Op::SnapshotChanged, 1, 0, 0, 4096),
+            Bytes::from_static(&[0; 16])
+        )
+        .await
+        .unwrap()
+        .header
+        .status,
+        Status::Invalid
+    );
     let r = call(req(Op::SnapshotList, 1, 0, 0, 0), b"").await.unwrap();
     ok(&r);
     let list = trireme_proto::decode_snapshot_list(&r.payload).unwrap();
