@@ -20,7 +20,8 @@ use crate::{connect_replica, ReplicaTarget, VolumeError, VolumeOptions, MAX_IO};
 pub struct SnapshotReader {
     volume: u64,
     label: String,
-    /// The snapshot's id, as every request carries it.
+    /// The snapshot's id, and as every request carries it.
+    id: u64,
     id_payload: Bytes,
     size: u64,
     copies: Vec<ReplicaTarget>,
@@ -44,6 +45,7 @@ impl SnapshotReader {
         SnapshotReader {
             volume,
             label: label.to_string(),
+            id: snapshot,
             id_payload: Bytes::from(trireme_proto::snapshot_id_payload(snapshot)),
             size,
             links: Mutex::new(vec![None; copies.len()]),
@@ -55,6 +57,11 @@ impl SnapshotReader {
 
     pub fn size(&self) -> u64 {
         self.size
+    }
+
+    /// The snapshot's id.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     async fn link(&self, k: usize) -> Result<Arc<dyn Connection>, VolumeError> {
@@ -69,9 +76,17 @@ impl SnapshotReader {
         Ok(c)
     }
 
-    /// One request about `[offset, offset+len)` of the snapshot (`SnapshotRead` or
-    /// `SnapshotStatus`) to copy `k`: its answer's payload.
-    async fn ask(&self, k: usize, op: Op, offset: u64, len: u64) -> Result<Bytes, VolumeError> {
+    /// One request about `[offset, offset+len)` of the snapshot (`SnapshotRead`,
+    /// `SnapshotStatus` or `SnapshotChanged`, with its payload) to copy `k`: its answer's
+    /// payload.
+    async fn ask(
+        &self,
+        k: usize,
+        op: Op,
+        offset: u64,
+        len: u64,
+        payload: &Bytes,
+    ) -> Result<Bytes, VolumeError> {
         let node = self.copies[k].node;
         let c = self.link(k).await?;
         let h = Header {
@@ -81,7 +96,7 @@ impl SnapshotReader {
             ..Header::request(op, 0)
         };
         let timeout = self.opts.replica_timeout;
-        let f = tokio::time::timeout(timeout, c.call(h, self.id_payload.clone()))
+        let f = tokio::time::timeout(timeout, c.call(h, payload.clone()))
             .await
             .map_err(|_| VolumeError::Timeout { node, timeout })?
             .map_err(|source| VolumeError::Transport { node, source })?;
@@ -106,10 +121,43 @@ impl SnapshotReader {
         len: u64,
     ) -> Result<Vec<trireme_proto::Extent>, VolumeError> {
         trireme_replication::check_io(offset, len, self.size, 1 << 32)?;
-        let (k, b) = self.ask_any(Op::SnapshotStatus, offset, len).await?;
+        let (k, b) = self
+            .ask_any(Op::SnapshotStatus, offset, len, &self.id_payload)
+            .await?;
+        self.extents(k, &b, len)
+    }
+
+    /// Which of `[offset, offset+len)` (up to 4 GiB) differs between snapshot `from` and this
+    /// one: extents covering it, flag [`trireme_proto::EXTENT_CHANGED`] where blocks were
+    /// written or trimmed in between (4 KiB granularity). Asked of a copy that holds both.
+    pub async fn changed(
+        &self,
+        from: u64,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<trireme_proto::Extent>, VolumeError> {
+        trireme_replication::check_io(offset, len, self.size, 1 << 32)?;
+        let q = Bytes::from(
+            trireme_proto::ChangedRequest {
+                from,
+                to: Some(self.id),
+            }
+            .payload(),
+        );
+        let (k, b) = self.ask_any(Op::SnapshotChanged, offset, len, &q).await?;
+        self.extents(k, &b, len)
+    }
+
+    /// Copy `k`'s extent list for a `len`-byte range, checked to cover it exactly.
+    fn extents(
+        &self,
+        k: usize,
+        b: &[u8],
+        len: u64,
+    ) -> Result<Vec<trireme_proto::Extent>, VolumeError> {
         let node = self.copies[k].node;
         let ext =
-            trireme_proto::decode_extents_within(&b, len).map_err(|e| VolumeError::Protocol {
+            trireme_proto::decode_extents_within(b, len).map_err(|e| VolumeError::Protocol {
                 node,
                 what: e.to_string(),
             })?;
@@ -137,17 +185,26 @@ impl SnapshotReader {
     }
 
     async fn read_any(&self, offset: u64, len: u64) -> Result<Bytes, VolumeError> {
-        Ok(self.ask_any(Op::SnapshotRead, offset, len).await?.1)
+        Ok(self
+            .ask_any(Op::SnapshotRead, offset, len, &self.id_payload)
+            .await?
+            .1)
     }
 
     /// [`SnapshotReader::ask`] of the copy that answered last, then of each next one: which
     /// copy answered, and its answer.
-    async fn ask_any(&self, op: Op, offset: u64, len: u64) -> Result<(usize, Bytes), VolumeError> {
+    async fn ask_any(
+        &self,
+        op: Op,
+        offset: u64,
+        len: u64,
+        payload: &Bytes,
+    ) -> Result<(usize, Bytes), VolumeError> {
         let first = self.current.load(Ordering::Relaxed);
         let mut last = None;
         for step in 0..self.copies.len() {
             let k = (first + step) % self.copies.len();
-            match self.ask(k, op, offset, len).await {
+            match self.ask(k, op, offset, len, payload).await {
                 Ok(b) => {
                     self.current.store(k, Ordering::Relaxed);
                     return Ok((k, b));

@@ -75,6 +75,44 @@ impl Volume {
         Ok(())
     }
 
+    /// Which of `[offset, offset+len)` (up to 4 GiB) the volume has changed since snapshot
+    /// `from`: extents covering it, flag [`trireme_proto::EXTENT_CHANGED`] where blocks were
+    /// written or trimmed since (4 KiB granularity). Asked of a copy in sync that holds the
+    /// snapshot: every write answered before the call is on it.
+    pub async fn changed_since(
+        &self,
+        from: u64,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<trireme_proto::Extent>, VolumeError> {
+        trireme_replication::check_io(offset, len, self.size(), 1 << 32)?;
+        let h = self.header(Op::SnapshotChanged, offset, len);
+        let q = Bytes::from(trireme_proto::ChangedRequest { from, to: None }.payload());
+        let mut last = VolumeError::NoReplicas(self.info.name.clone());
+        for i in self.in_sync() {
+            match self
+                .call(i, h, q.clone())
+                .await
+                .and_then(|f| self.expect_ok(i, f))
+            {
+                Ok(f) => {
+                    let node = self.node(i);
+                    let bad = |what: String| VolumeError::Protocol { node, what };
+                    let ext = trireme_proto::decode_extents_within(&f.payload, len)
+                        .map_err(|e| bad(e.to_string()))?;
+                    let total: u64 = ext.iter().map(|e| e.length).sum();
+                    if total != len {
+                        return Err(bad(format!("extents cover {total} of {len} bytes")));
+                    }
+                    return Ok(ext);
+                }
+                Err(e) if e.stops_writer() => return Err(e),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
     /// Sends `h` to every replica of `targets` at once: those that took it, those that did not,
     /// and the first failure. `what` names it in the log.
     async fn on_each(
