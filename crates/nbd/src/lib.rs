@@ -2,7 +2,8 @@
 //!
 //! Speaks the fixed-newstyle handshake (with `NO_ZEROES`), the options `EXPORT_NAME`, `ABORT`,
 //! `LIST`, `INFO`, `GO`, `STRUCTURED_REPLY`, `LIST_META_CONTEXT` and `SET_META_CONTEXT`
-//! (`base:allocation`), and answers every other option with `NBD_REP_ERR_UNSUP`. In transmission
+//! (`base:allocation`, and the contexts a backend offers, such as `qemu:dirty-bitmap:NAME`),
+//! and answers every other option with `NBD_REP_ERR_UNSUP`. In transmission
 //! it serves `READ`, `WRITE`, `FLUSH`, `TRIM`, `WRITE_ZEROES` (with `NO_HOLE` and `FAST_ZERO`),
 //! `BLOCK_STATUS` and `DISC`, with `FUA`; requests run concurrently and are answered as they
 //! complete, out of order.
@@ -18,7 +19,7 @@
 pub mod client;
 pub mod codec;
 pub mod consts;
-mod options;
+pub(crate) mod options;
 mod replies;
 mod server;
 mod transmission;
@@ -85,6 +86,28 @@ pub trait Backend: Send + Sync + 'static {
         offset: u64,
         len: u32,
     ) -> impl Future<Output = Result<Vec<Extent>, BackendError>> + Send;
+    /// The metadata contexts beyond `base:allocation` this export offers to `BLOCK_STATUS`,
+    /// by full name (`qemu:dirty-bitmap:NAME`), as of now: asked when a client lists or sets
+    /// contexts.
+    fn contexts(&self) -> impl Future<Output = Vec<String>> + Send {
+        async { Vec::new() }
+    }
+    /// The extents of context `name` (one [`Backend::contexts`] offered) covering exactly
+    /// `[offset, offset+len)`, with that context's flags (for a dirty bitmap, 1: dirty).
+    fn context_status(
+        &self,
+        name: &str,
+        _offset: u64,
+        _len: u32,
+    ) -> impl Future<Output = Result<Vec<Extent>, BackendError>> + Send {
+        let message = format!("no metadata context {name:?} on this export");
+        async move {
+            Err(BackendError {
+                errno: consts::EINVAL,
+                message,
+            })
+        }
+    }
 }
 
 /// The exports a server offers, by name. The first one is also the default export (the empty

@@ -81,7 +81,8 @@ where
     B: Backend,
 {
     let mut structured = false;
-    let mut meta_base_allocation = false;
+    // The contexts set, and for which export (a GO to another one drops them).
+    let mut meta: (String, Vec<(u32, String)>) = (String::new(), Vec::new());
     let mut warned = false;
     loop {
         s.flush().await?;
@@ -156,7 +157,7 @@ where
                 return Ok(Outcome::Go(Session {
                     backend: b.clone(),
                     structured,
-                    meta_base_allocation,
+                    contexts: contexts_for(&meta, &name, exports),
                 }));
             }
             OPT_ABORT => {
@@ -234,7 +235,7 @@ where
                     return Ok(Outcome::Go(Session {
                         backend: b.clone(),
                         structured,
-                        meta_base_allocation,
+                        contexts: contexts_for(&meta, &req.name, exports),
                     }));
                 }
             }
@@ -282,7 +283,7 @@ where
                     .await?;
                     continue;
                 }
-                if exports.get(&req.name).is_none() {
+                let Some((_, _, b)) = exports.get(&req.name) else {
                     opt_error(
                         s,
                         opt,
@@ -291,25 +292,33 @@ where
                     )
                     .await?;
                     continue;
-                }
-                let listing = opt == OPT_LIST_META_CONTEXT;
-                let matches =
-                    |q: &str| q == BASE_ALLOCATION || (listing && (q == "base:" || q.is_empty()));
-                let selected = if listing && req.queries.is_empty() {
-                    true
-                } else {
-                    req.queries.iter().any(|q| matches(q))
                 };
-                if !listing {
-                    meta_base_allocation = selected;
-                }
-                if selected {
-                    let mut d = Vec::new();
-                    d.extend_from_slice(
-                        &(if listing { 0 } else { BASE_ALLOCATION_ID }).to_be_bytes(),
-                    );
-                    d.extend_from_slice(BASE_ALLOCATION.as_bytes());
+                let listing = opt == OPT_LIST_META_CONTEXT;
+                let mut offered = vec![BASE_ALLOCATION.to_string()];
+                offered.extend(b.contexts().await);
+                let chosen = choose_contexts(&offered, &req.queries, listing);
+                let ids: Vec<(u32, String)> = chosen
+                    .into_iter()
+                    .enumerate()
+                    .map(|(k, name)| {
+                        let id = if listing {
+                            0
+                        } else if name == BASE_ALLOCATION {
+                            BASE_ALLOCATION_ID
+                        } else {
+                            BASE_ALLOCATION_ID + 1 + k as u32
+                        };
+                        (id, name)
+                    })
+                    .collect();
+                for (id, name) in &ids {
+                    let mut d = Vec::with_capacity(4 + name.len());
+                    d.extend_from_slice(&id.to_be_bytes());
+                    d.extend_from_slice(name.as_bytes());
                     opt_reply(s, opt, REP_META_CONTEXT, &d).await?;
+                }
+                if !listing {
+                    meta = (req.name.clone(), ids);
                 }
                 opt_reply(s, opt, REP_ACK, &[]).await?;
             }
@@ -335,5 +344,43 @@ where
             },
             _ => opt_error(s, opt, REP_ERR_UNSUP, "unsupported option").await?,
         }
+    }
+}
+
+/// The contexts of `offered` that `queries` pick. Setting takes exact names only; listing
+/// also takes a namespace (`base:`, `qemu:`) or a leading part ending in `:`
+/// (`qemu:dirty-bitmap:`), and no query at all lists everything.
+pub(crate) fn choose_contexts(
+    offered: &[String],
+    queries: &[String],
+    listing: bool,
+) -> Vec<String> {
+    offered
+        .iter()
+        .filter(|name| {
+            (listing && queries.is_empty())
+                || queries.iter().any(|q| {
+                    *q == **name
+                        || (listing
+                            && (q.is_empty() || q.ends_with(':'))
+                            && name.starts_with(q.as_str()))
+                })
+        })
+        .cloned()
+        .collect()
+}
+
+/// The contexts set for `export`, if the last `SET_META_CONTEXT` named it (the empty name and
+/// the default export's own name are the same export).
+fn contexts_for<B: Backend>(
+    meta: &(String, Vec<(u32, String)>),
+    export: &str,
+    exports: &Exports<B>,
+) -> Vec<(u32, String)> {
+    let name = |n: &str| exports.get(n).map(|e| e.0.to_string());
+    if name(&meta.0).is_some() && name(&meta.0) == name(export) {
+        meta.1.clone()
+    } else {
+        Vec::new()
     }
 }

@@ -102,7 +102,8 @@ pub(crate) enum Outcome<B> {
 pub(crate) struct Session<B> {
     pub(crate) backend: Arc<B>,
     pub(crate) structured: bool,
-    pub(crate) meta_base_allocation: bool,
+    /// The metadata contexts the client set, with the ids they were given.
+    pub(crate) contexts: Vec<(u32, String)>,
 }
 
 /// How long a client has from connecting to picking its export (TLS handshake included): a

@@ -442,3 +442,36 @@ async fn a_handler_that_panics_answers_eio() {
     c.write_all(b"abc").await.unwrap();
     assert_eq!(simple(&mut c).await, (0, 2));
 }
+
+#[test]
+fn meta_contexts_are_set_by_exact_name_and_listed_by_namespace() {
+    use crate::options::choose_contexts;
+    let offered: Vec<String> = [
+        "base:allocation",
+        "qemu:dirty-bitmap:a",
+        "qemu:dirty-bitmap:b",
+    ]
+    .map(String::from)
+    .to_vec();
+    let q = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(choose_contexts(&offered, &[], true), offered);
+    assert!(choose_contexts(&offered, &[], false).is_empty());
+    assert_eq!(
+        choose_contexts(&offered, &q(&["qemu:dirty-bitmap:"]), true),
+        offered[1..]
+    );
+    assert!(choose_contexts(&offered, &q(&["qemu:dirty-bitmap:"]), false).is_empty());
+    assert_eq!(
+        choose_contexts(&offered, &q(&["qemu:dirty-bitmap:b", "nope:x"]), false),
+        offered[2..]
+    );
+    assert_eq!(
+        choose_contexts(
+            &offered,
+            &q(&["base:allocation", "qemu:dirty-bitmap:a"]),
+            false
+        ),
+        offered[..2]
+    );
+    assert!(choose_contexts(&offered, &q(&["qemu:dirty-bitmap:c"]), false).is_empty());
+}

@@ -315,40 +315,62 @@ pub(crate) async fn execute<B: Backend>(s: &Session<B>, req: Request, payload: B
                     &invalid(EINVAL, "zero-length block status"),
                 );
             }
-            if !s.meta_base_allocation {
+            if s.contexts.is_empty() {
                 return error_reply(
                     s.structured,
                     cookie,
                     &invalid(EINVAL, "no metadata context negotiated"),
                 );
             }
-            match b.block_status(req.offset, req.length).await {
-                Ok(ext) => {
-                    let take = if req.flags & CMD_FLAG_REQ_ONE != 0 {
-                        1
-                    } else {
-                        ext.len()
-                    };
-                    let ext: Vec<_> = ext
-                        .into_iter()
-                        .filter(|e| e.length > 0)
-                        .take(take.max(1))
-                        .collect();
-                    let mut h = chunk_header(
+            // One chunk per context the client set, the last one marked done.
+            let mut out = BytesMut::new();
+            let last = s.contexts.len() - 1;
+            for (k, (id, name)) in s.contexts.iter().enumerate() {
+                let base = name == BASE_ALLOCATION;
+                let r = if base {
+                    b.block_status(req.offset, req.length).await
+                } else {
+                    b.context_status(name, req.offset, req.length).await
+                };
+                let ext = match r {
+                    Ok(ext) => ext,
+                    Err(e) => return error_reply(true, cookie, &e),
+                };
+                let take = if req.flags & CMD_FLAG_REQ_ONE != 0 {
+                    1
+                } else {
+                    ext.len()
+                };
+                let ext: Vec<_> = ext
+                    .into_iter()
+                    .filter(|e| e.length > 0)
+                    .take(take.max(1))
+                    .collect();
+                if ext.is_empty() {
+                    return error_reply(
+                        true,
                         cookie,
-                        REPLY_FLAG_DONE,
-                        REPLY_TYPE_BLOCK_STATUS,
-                        4 + 8 * ext.len() as u32,
+                        &invalid(EIO, format!("no extent for context {name}")),
                     );
-                    h.put_u32(BASE_ALLOCATION_ID);
-                    for e in ext {
-                        h.put_u32(e.length.min(u64::from(u32::MAX)) as u32);
-                        h.put_u32(e.flags & (STATE_HOLE | STATE_ZERO));
-                    }
-                    (h, Bytes::new())
                 }
-                Err(e) => error_reply(true, cookie, &e),
+                let flags = if k == last { REPLY_FLAG_DONE } else { 0 };
+                out.extend_from_slice(&chunk_header(
+                    cookie,
+                    flags,
+                    REPLY_TYPE_BLOCK_STATUS,
+                    4 + 8 * ext.len() as u32,
+                ));
+                out.put_u32(*id);
+                for e in ext {
+                    out.put_u32(e.length.min(u64::from(u32::MAX)) as u32);
+                    out.put_u32(if base {
+                        e.flags & (STATE_HOLE | STATE_ZERO)
+                    } else {
+                        e.flags
+                    });
+                }
             }
+            (out, Bytes::new())
         }
         other => {
             count(&refusals().invalid);
