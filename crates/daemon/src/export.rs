@@ -11,7 +11,71 @@ pub use crate::writer_slot::{reattach_when_lost, take_back, WriterSlot};
 
 /// A volume served over NBD.
 #[derive(Debug)]
-pub struct VolumeExport(pub Arc<WriterSlot>);
+pub struct VolumeExport {
+    pub slot: Arc<WriterSlot>,
+    /// Where its snapshots are listed, for the dirty bitmaps it offers.
+    pub snapshots: SnapshotSource,
+    /// The snapshot ids behind the bitmaps last offered, by name.
+    bitmaps: std::sync::Mutex<Vec<(String, u64)>>,
+}
+
+/// The NBD metadata context of the blocks changed since snapshot `name`, as qemu names its
+/// dirty bitmaps.
+pub const DIRTY_BITMAP: &str = "qemu:dirty-bitmap:";
+
+/// Where a volume's snapshots are listed.
+#[derive(Debug, Clone)]
+pub enum SnapshotSource {
+    /// `up`'s control socket.
+    Control(std::path::PathBuf),
+    /// The cluster's metadata on etcd.
+    Etcd(trireme_meta::ClusterMeta),
+}
+
+impl SnapshotSource {
+    /// The snapshots of `volume` that are ready, by name and id.
+    pub async fn ready(&self, volume: &str) -> Result<Vec<(String, u64)>, String> {
+        let list = match self {
+            SnapshotSource::Control(p) => snapshots_via_control(p, volume).await?.1,
+            SnapshotSource::Etcd(m) => snapshots_on_etcd(m, volume).await?.1,
+        };
+        Ok(list
+            .into_iter()
+            .filter(|s| s.state == "ready")
+            .map(|s| (s.name, s.id))
+            .collect())
+    }
+}
+
+/// The dirty bitmaps offered for `snaps` (name, id).
+fn bitmap_names(snaps: &[(String, u64)]) -> Vec<String> {
+    snaps
+        .iter()
+        .map(|(n, _)| format!("{DIRTY_BITMAP}{n}"))
+        .collect()
+}
+
+/// The snapshot id behind context `context`, among `snaps`.
+fn bitmap_id(snaps: &[(String, u64)], context: &str) -> Result<u64, BackendError> {
+    context
+        .strip_prefix(DIRTY_BITMAP)
+        .and_then(|n| snaps.iter().find(|(name, _)| name == n))
+        .map(|(_, id)| *id)
+        .ok_or_else(|| BackendError {
+            errno: EINVAL,
+            message: format!("no metadata context {context:?} on this export"),
+        })
+}
+
+/// A changed-blocks answer as NBD dirty-bitmap extents (flag 1: dirty).
+fn dirty_extents(ext: Vec<Extent>) -> Vec<Extent> {
+    ext.into_iter()
+        .map(|e| Extent {
+            length: e.length,
+            flags: u32::from(e.flags & trireme_proto::EXTENT_CHANGED != 0),
+        })
+        .collect()
+}
 
 fn to_nbd(e: VolumeError) -> BackendError {
     let errno = match &e {
@@ -26,6 +90,14 @@ fn to_nbd(e: VolumeError) -> BackendError {
 }
 
 impl VolumeExport {
+    pub fn new(slot: Arc<WriterSlot>, snapshots: SnapshotSource) -> VolumeExport {
+        VolumeExport {
+            slot,
+            snapshots,
+            bitmaps: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
     /// Runs `op` on the current writer. If it fails because that writer has lost every copy,
     /// waits (up to the volume's `reattach_wait`) for the process to attach again and runs it
     /// once more on the new writer: every request here is idempotent (a write or zeroes of
@@ -35,7 +107,7 @@ impl VolumeExport {
         F: Fn(Arc<Volume>) -> Fut,
         Fut: std::future::Future<Output = Result<T, VolumeError>>,
     {
-        let v = self.0.current();
+        let v = self.slot.current();
         let e = match op(v.clone()).await {
             Ok(t) => return Ok(t),
             Err(e) => e,
@@ -44,7 +116,7 @@ impl VolumeExport {
         if e.is_invalid_request() || wait.is_zero() || !v.lost_every_copy() {
             return Err(to_nbd(e));
         }
-        match self.0.replaced(&v, wait).await {
+        match self.slot.replaced(&v, wait).await {
             Some(new) => op(new).await.map_err(to_nbd),
             None => {
                 tracing::error!(
@@ -60,7 +132,7 @@ impl VolumeExport {
 
 impl Backend for VolumeExport {
     fn size(&self) -> u64 {
-        self.0.current().size()
+        self.slot.current().size()
     }
     /// Every connection of this process shares one volume client, and a flush reaches every
     /// replica and syncs the whole replica there, so a flush covers all connections' writes.
@@ -95,15 +167,50 @@ impl Backend for VolumeExport {
         self.run(|v| async move { v.block_status(offset, u64::from(len)).await })
             .await
     }
+    /// A dirty bitmap per snapshot ready now: the blocks written or trimmed since it.
+    async fn contexts(&self) -> Vec<String> {
+        let name = self.slot.current().info().name.clone();
+        match self.snapshots.ready(&name).await {
+            Ok(snaps) => {
+                let names = bitmap_names(&snaps);
+                *self.bitmaps.lock().unwrap_or_else(|e| e.into_inner()) = snaps;
+                names
+            }
+            Err(e) => {
+                tracing::warn!(volume = %name, "listing snapshots for the export's dirty bitmaps: {e}");
+                Vec::new()
+            }
+        }
+    }
+    async fn context_status(
+        &self,
+        context: &str,
+        offset: u64,
+        len: u32,
+    ) -> Result<Vec<Extent>, BackendError> {
+        let id = bitmap_id(
+            &self.bitmaps.lock().unwrap_or_else(|e| e.into_inner()),
+            context,
+        )?;
+        let ext = self
+            .run(|v| async move { v.changed_since(id, offset, u64::from(len)).await })
+            .await?;
+        Ok(dirty_extents(ext))
+    }
 }
 
 /// A snapshot served over NBD, read-only.
 #[derive(Debug)]
-pub struct SnapshotExport(pub Arc<trireme_client::SnapshotReader>);
+pub struct SnapshotExport {
+    pub reader: Arc<trireme_client::SnapshotReader>,
+    /// The older snapshots that were ready when the export started (name, id): each a dirty
+    /// bitmap of what changed from it to this one.
+    pub older: Vec<(String, u64)>,
+}
 
 impl Backend for SnapshotExport {
     fn size(&self) -> u64 {
-        self.0.size()
+        self.reader.size()
     }
     /// Nothing is written: every connection reads the same frozen bytes.
     fn can_multi_conn(&self) -> bool {
@@ -113,7 +220,10 @@ impl Backend for SnapshotExport {
         true
     }
     async fn read(&self, offset: u64, len: u32) -> Result<Bytes, BackendError> {
-        self.0.read(offset, u64::from(len)).await.map_err(to_nbd)
+        self.reader
+            .read(offset, u64::from(len))
+            .await
+            .map_err(to_nbd)
     }
     async fn write(&self, _: u64, _: Bytes, _: bool) -> Result<(), BackendError> {
         Err(read_only())
@@ -126,10 +236,28 @@ impl Backend for SnapshotExport {
     }
     /// Holes where the snapshot has them, so a copy of it skips them.
     async fn block_status(&self, offset: u64, len: u32) -> Result<Vec<Extent>, BackendError> {
-        self.0
+        self.reader
             .block_status(offset, u64::from(len))
             .await
             .map_err(to_nbd)
+    }
+    async fn contexts(&self) -> Vec<String> {
+        bitmap_names(&self.older)
+    }
+    /// What changed from an older snapshot to this one.
+    async fn context_status(
+        &self,
+        context: &str,
+        offset: u64,
+        len: u32,
+    ) -> Result<Vec<Extent>, BackendError> {
+        let id = bitmap_id(&self.older, context)?;
+        let ext = self
+            .reader
+            .changed(id, offset, u64::from(len))
+            .await
+            .map_err(to_nbd)?;
+        Ok(dirty_extents(ext))
     }
 }
 
@@ -206,11 +334,19 @@ pub fn serve_snapshot(
 ) -> Result<Vec<tokio::task::JoinHandle<std::io::Result<()>>>, String> {
     let reader = snapshot_reader(info, list, snap, opts)?;
     let label = format!("{}@{snap}", info.name);
+    let older = list
+        .iter()
+        .filter(|s| s.state == "ready" && s.id < reader.id())
+        .map(|s| (s.name.clone(), s.id))
+        .collect();
     let mut ex = trireme_nbd::Exports::new();
     ex.add(
         &label,
         &format!("trireme snapshot {label} (read-only)"),
-        Arc::new(SnapshotExport(Arc::new(reader))),
+        Arc::new(SnapshotExport {
+            reader: Arc::new(reader),
+            older,
+        }),
     );
     listen(Arc::new(ex), socket, tcp, tls)
 }
@@ -316,6 +452,7 @@ pub fn uris(
 /// Serves an attached volume over NBD on the given listeners. Returns the tasks serving them.
 pub fn serve(
     slot: &Arc<WriterSlot>,
+    snapshots: SnapshotSource,
     socket: Option<&std::path::Path>,
     tcp: Option<tokio::net::TcpListener>,
     tls: Option<&ExportTls>,
@@ -325,7 +462,7 @@ pub fn serve(
     ex.add(
         &name,
         &format!("trireme volume {name}"),
-        Arc::new(VolumeExport(slot.clone())),
+        Arc::new(VolumeExport::new(slot.clone(), snapshots)),
     );
     listen(Arc::new(ex), socket, tcp, tls)
 }
@@ -374,6 +511,7 @@ pub async fn export_local(
 > {
     let vol = crate::writer_slot::attach(control, volume, opts).await?;
     let slot = WriterSlot::new(vol);
-    let tasks = serve(&slot, socket, tcp, tls)?;
+    let source = SnapshotSource::Control(control.to_path_buf());
+    let tasks = serve(&slot, source, socket, tcp, tls)?;
     Ok((slot, tasks))
 }

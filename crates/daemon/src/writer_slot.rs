@@ -102,7 +102,7 @@ pub async fn reattach_when_lost(
 }
 
 /// A writer of `name`, attached through the control socket of `trireme up` at `control`.
-pub(crate) async fn attach(
+pub async fn attach(
     control: &std::path::Path,
     name: &str,
     opts: VolumeOptions,

@@ -293,12 +293,14 @@ pub(crate) async fn attach(cli: &Cli, a: &crate::AttachArgs) -> Result<(), CliEr
             .failure
             .volume_options(a.export.streams, cli.transport.kind()),
     };
-    let mut att = trireme_daemon::attach::attach(meta, &cfg, uris.clone())
+    let mut att = trireme_daemon::attach::attach(meta.clone(), &cfg, uris.clone())
         .await
         .map_err(daemon_err)?;
     let slot = trireme_daemon::export::WriterSlot::new(att.volume.clone());
-    let tasks = trireme_daemon::export::serve(&slot, a.export.socket.as_deref(), tcp, tls.as_ref())
-        .map_err(CliError::Runtime)?;
+    let source = trireme_daemon::export::SnapshotSource::Etcd(meta.clone());
+    let tasks =
+        trireme_daemon::export::serve(&slot, source, a.export.socket.as_deref(), tcp, tls.as_ref())
+            .map_err(CliError::Runtime)?;
     let http = writer_http(cli, &a.http, &att.volume, "attach").await?;
     // The manager runs elsewhere: `status`, the dashboard and Prometheus's targets learn the
     // writer's view from its report.
