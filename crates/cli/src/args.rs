@@ -517,6 +517,53 @@ pub enum VolumeCmd {
         #[arg(long)]
         force: bool,
     },
+    /// Write the blocks that changed between two snapshots as a diff file in Ceph's
+    /// `rbd export-diff` format (v2), which `rbd import-diff` and `trireme volume import-diff`
+    /// apply. Give only VOLUME@TO for the whole snapshot. Reads only the changed blocks, from
+    /// the copies that hold the snapshots; the writer is not disturbed.
+    Diff {
+        /// `VOLUME@FROM VOLUME@TO`, or `VOLUME@TO` alone.
+        #[arg(num_args = 1..=2, required = true, value_name = "VOLUME@SNAPSHOT")]
+        snapshots: Vec<String>,
+        /// Where to write it (`-`: standard output).
+        #[arg(short = 'o', long = "file", value_name = "FILE")]
+        file: PathBuf,
+    },
+    /// Apply a diff file (`rbd export-diff` v1 or v2, from Ceph or from `trireme volume
+    /// diff`) to VOLUME through a writer of its own: refused if it starts from a snapshot
+    /// VOLUME does not have, or is of another size. Then takes the snapshot the diff ends at,
+    /// as `rbd import-diff` does.
+    ImportDiff {
+        /// The diff (`-`: standard input).
+        file: PathBuf,
+        volume: String,
+        /// Fence the volume's writer if one is attached.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Back VOLUME up into DIR: takes a snapshot, and writes the blocks changed since the
+    /// last backup in DIR (the first, or with `--full`: every allocated block), with a
+    /// progress line. The newest backup's snapshot stays on the volume, the base of the next.
+    Backup {
+        volume: String,
+        #[arg(long, value_name = "DIR")]
+        to: PathBuf,
+        /// A full backup even if DIR has one to build on.
+        #[arg(long)]
+        full: bool,
+    },
+    /// Restore a backup from DIR as a new volume NAME: its chain of backups applied from the
+    /// full one, each file's checksum checked first.
+    Restore {
+        dir: PathBuf,
+        name: String,
+        /// Which backup (its snapshot's name); the newest if not given.
+        #[arg(long, value_name = "SNAPSHOT")]
+        at: Option<String>,
+        /// Copies, as for `volume create`.
+        #[arg(long, value_parser = units::count(1, 3))]
+        replicas: Option<u32>,
+    },
     /// Compare the replicas of a volume and repair regions that differ from the copy a
     /// majority holds (online, region by region), through its writer, or a writer of the
     /// manager's own if nobody writes it. Exit 1 if a region has no majority (two copies

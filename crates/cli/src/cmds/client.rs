@@ -531,6 +531,12 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 )));
             }
         }
+        Cmd::Volume(
+            VolumeCmd::Diff { .. }
+            | VolumeCmd::ImportDiff { .. }
+            | VolumeCmd::Backup { .. }
+            | VolumeCmd::Restore { .. },
+        ) => backup::run(cli, &mut cc).await?,
         Cmd::Up(_)
         | Cmd::Nbd(_)
         | Cmd::Attach(_)

@@ -17,6 +17,7 @@ use crate::{
 
 pub use trireme_daemon::local::control_path;
 
+mod backup;
 mod ca;
 mod client;
 mod daemons;

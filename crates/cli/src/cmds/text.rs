@@ -110,6 +110,15 @@ pub(crate) fn utc_time(secs: u64) -> String {
     .unwrap_or_else(|| format!("{secs} s after 1970"))
 }
 
+/// A time in seconds since the Unix epoch as a UTC stamp for names: `20261126-152849`.
+pub(crate) fn utc_stamp(secs: u64) -> String {
+    utc(
+        secs,
+        time::macros::format_description!("[year][month][day]-[hour][minute][second]"),
+    )
+    .unwrap_or_else(|| secs.to_string())
+}
+
 /// A time in milliseconds since the Unix epoch, as UTC to the second.
 pub(crate) fn utc_time_ms(ms: u64) -> String {
     utc(

@@ -1,0 +1,545 @@
+//! `volume diff`, `import-diff`, `backup` and `restore`: incremental backups in Ceph's
+//! `rbd export-diff` format (`trireme-backup`), read from snapshots without disturbing the
+//! writer, applied through a writer of their own.
+
+#[allow(unused_imports)]
+use super::*;
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+
+use trireme_backup::catalog::{self, Catalog, Entry};
+use trireme_backup::rbd_diff::DiffReader;
+use trireme_backup::{BackupError, DiffStats};
+use trireme_control::SnapshotInfo;
+
+fn diff_err(e: trireme_backup::rbd_diff::DiffError) -> CliError {
+    runtime_err(e.into())
+}
+
+fn runtime_err(e: BackupError) -> CliError {
+    match e {
+        BackupError::Invalid(m)
+        | BackupError::Diff(trireme_backup::rbd_diff::DiffError::Format(m)) => CliError::Usage(m),
+        e => CliError::Runtime(e.to_string()),
+    }
+}
+
+/// `VOLUME@SNAPSHOT` split.
+fn split(s: &str) -> Result<(&str, &str), CliError> {
+    match s.split_once('@') {
+        Some((v, n)) if !v.is_empty() && !n.is_empty() => Ok((v, n)),
+        _ => Err(CliError::Usage(format!(
+            "{s:?}: give a snapshot as VOLUME@SNAPSHOT"
+        ))),
+    }
+}
+
+/// Where `volume` lives, and its snapshots.
+async fn located(
+    cc: &mut ControlClient,
+    volume: &str,
+) -> Result<(trireme_client::AttachInfo, Vec<SnapshotInfo>), CliError> {
+    let info: trireme_client::AttachInfo = cc
+        .call(&Request::Locate {
+            name: volume.to_string(),
+        })
+        .await
+        .map_err(usage_if_remote)?;
+    let list: Vec<SnapshotInfo> = cc
+        .call(&Request::SnapshotList {
+            name: volume.to_string(),
+        })
+        .await
+        .map_err(usage_if_remote)?;
+    Ok((info, list))
+}
+
+fn ready<'a>(list: &'a [SnapshotInfo], name: &str) -> Option<&'a SnapshotInfo> {
+    list.iter().find(|s| s.name == name && s.state == "ready")
+}
+
+fn options(cli: &Cli) -> trireme_client::VolumeOptions {
+    trireme_client::VolumeOptions {
+        kind: cli.transport.kind(),
+        replica_timeout: std::time::Duration::from_secs(5),
+        ..Default::default()
+    }
+}
+
+/// Writes the diff from `from` (or nothing) to snapshot `to` of `volume` to `out`.
+async fn diff_to<W: Write>(
+    cli: &Cli,
+    cc: &mut ControlClient,
+    volume: &str,
+    from: Option<&str>,
+    to: &str,
+    out: W,
+    label: &str,
+) -> Result<(W, DiffStats), CliError> {
+    let (info, list) = located(cc, volume).await?;
+    let reader = trireme_daemon::export::snapshot_reader(&info, &list, to, options(cli))
+        .map_err(CliError::Usage)?;
+    let from = match from {
+        None => None,
+        Some(f) => {
+            let s = ready(&list, f).ok_or_else(|| {
+                CliError::Usage(format!(
+                    "volume {volume} has no snapshot named {f:?} ready (`trireme volume snapshot list {volume}`)"
+                ))
+            })?;
+            if s.id >= reader.id() {
+                return Err(CliError::Usage(format!(
+                    "snapshot {volume}@{f} is not older than {volume}@{to}: a diff goes from an older snapshot to a newer one"
+                )));
+            }
+            Some((f, s.id))
+        }
+    };
+    let mut bar = crate::progress::Progress::new(label, info.size, cli.output == Output::Text);
+    let r = trireme_backup::make_diff(&reader, to, from, out, &mut |done, _| bar.set(done)).await;
+    bar.finish();
+    r.map_err(runtime_err)
+}
+
+/// A writer of the volume for applying a diff: through `up`'s control socket, or attached
+/// on etcd with a lease, as `trireme attach` does.
+enum Writer {
+    Up(Arc<trireme_client::Volume>),
+    Etcd(trireme_daemon::attach::Attached),
+}
+
+impl Writer {
+    async fn attach(
+        cli: &Cli,
+        cc: &mut ControlClient,
+        volume: &str,
+        force: bool,
+    ) -> Result<Writer, CliError> {
+        if cli.etcd.is_some() {
+            let meta = etcd_meta(cli).await?;
+            let cfg = trireme_daemon::attach::AttachConfig {
+                volume: volume.to_string(),
+                force,
+                lease_ttl: std::time::Duration::from_secs(5),
+                opts: options(cli),
+            };
+            let att = trireme_daemon::attach::attach(meta, &cfg, Vec::new())
+                .await
+                .map_err(daemon_err)?;
+            return Ok(Writer::Etcd(att));
+        }
+        let v: trireme_control::VolumeInfo = cc
+            .call(&Request::VolumeInfo {
+                name: volume.to_string(),
+            })
+            .await
+            .map_err(usage_if_remote)?;
+        if !v.client_links.is_empty() && !force {
+            return Err(CliError::Usage(format!(
+                "volume {volume} is attached (its writer runs in `trireme up`): give --force to fence it while the diff is applied"
+            )));
+        }
+        let vol =
+            trireme_daemon::writer_slot::attach(&control_path(&cli.data_dir), volume, options(cli))
+                .await
+                .map_err(CliError::Runtime)?;
+        Ok(Writer::Up(vol))
+    }
+
+    fn volume(&self) -> &Arc<trireme_client::Volume> {
+        match self {
+            Writer::Up(v) => v,
+            Writer::Etcd(a) => &a.volume,
+        }
+    }
+
+    async fn detach(self) -> Result<(), CliError> {
+        match self {
+            Writer::Up(v) => v
+                .detach()
+                .await
+                .map_err(|e| CliError::Runtime(e.to_string())),
+            Writer::Etcd(a) => a.detach().await.map_err(daemon_err),
+        }
+    }
+}
+
+/// Applies the diff `r` to `volume` (after its checks), then takes the snapshot it ends at
+/// if `snapshot_to`. What was applied.
+async fn apply<R: std::io::Read>(
+    cli: &Cli,
+    cc: &mut ControlClient,
+    volume: &str,
+    mut r: DiffReader<R>,
+    force: bool,
+    label: &str,
+) -> Result<(trireme_backup::DiffHead, trireme_backup::Applied), CliError> {
+    let head = trireme_backup::read_head(&mut r).map_err(runtime_err)?;
+    let (info, list) = located(cc, volume).await?;
+    if let Some(f) = &head.from {
+        if ready(&list, f).is_none() {
+            return Err(CliError::Usage(format!(
+                "the diff starts from snapshot {f:?}, which volume {volume} does not have: apply the diffs before it first"
+            )));
+        }
+    }
+    if let Some(t) = &head.to {
+        if list.iter().any(|s| &s.name == t) {
+            return Err(CliError::Usage(format!(
+                "volume {volume} already has snapshot {t:?}, where the diff ends"
+            )));
+        }
+    }
+    if head.size != info.size {
+        return Err(CliError::Usage(format!(
+            "the diff is of a {}-byte image and volume {volume} has {} bytes: resize it first",
+            head.size, info.size
+        )));
+    }
+    let w = Writer::attach(cli, cc, volume, force).await?;
+    let mut bar = crate::progress::Progress::new(label, head.size, cli.output == Output::Text);
+    let r = trireme_backup::apply_diff(w.volume(), &mut r, head.clone(), &mut |done, _| {
+        bar.set(done)
+    })
+    .await;
+    bar.finish();
+    let detached = w.detach().await;
+    let applied = r.map_err(runtime_err)?;
+    detached?;
+    if let Some(t) = &head.to {
+        let _: SnapshotInfo = cc
+            .call(&Request::SnapshotCreate {
+                name: volume.to_string(),
+                snapshot: t.clone(),
+            })
+            .await
+            .map_err(usage_if_remote)?;
+    }
+    Ok((head, applied))
+}
+
+/// Opens FILE, or standard input for `-`.
+fn input(path: &Path) -> Result<Box<dyn std::io::Read>, CliError> {
+    if path == Path::new("-") {
+        return Ok(Box::new(std::io::BufReader::with_capacity(
+            1 << 20,
+            std::io::stdin(),
+        )));
+    }
+    let f = std::fs::File::open(path)
+        .map_err(|e| CliError::Usage(format!("{}: {e}", path.display())))?;
+    Ok(Box::new(std::io::BufReader::with_capacity(1 << 20, f)))
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+pub(crate) async fn run(cli: &Cli, cc: &mut ControlClient) -> Result<(), CliError> {
+    let out = cli.output;
+    match &cli.cmd {
+        Cmd::Volume(VolumeCmd::Diff {
+            snapshots,
+            file: output,
+        }) => {
+            let (volume, to) = split(snapshots.last().expect("clap: 1 or 2"))?;
+            let from = match &snapshots[..] {
+                [f, _] => {
+                    let (v, f) = split(f)?;
+                    if v != volume {
+                        return Err(CliError::Usage(format!(
+                            "{v}@{f} and {volume}@{to} are snapshots of different volumes"
+                        )));
+                    }
+                    Some(f)
+                }
+                _ => None,
+            };
+            let label = format!("diff {volume}@{to}");
+            let st = if output == Path::new("-") {
+                let o = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
+                diff_to(cli, cc, volume, from, to, o, &label).await?.1
+            } else {
+                // Written aside, synced, then renamed: a FILE is whole or absent.
+                let part = output.with_extension("part");
+                let f = std::fs::File::create(&part)
+                    .map_err(|e| CliError::Usage(format!("{}: {e}", part.display())))?;
+                let r = diff_to(
+                    cli,
+                    cc,
+                    volume,
+                    from,
+                    to,
+                    std::io::BufWriter::with_capacity(1 << 20, f),
+                    &label,
+                )
+                .await;
+                let (w, st) = match r {
+                    Ok(x) => x,
+                    Err(e) => {
+                        let _ = std::fs::remove_file(&part);
+                        return Err(e);
+                    }
+                };
+                let f = w
+                    .into_inner()
+                    .map_err(|e| CliError::Runtime(e.to_string()))?;
+                f.sync_all()?;
+                std::fs::rename(&part, output)?;
+                st
+            };
+            if output != Path::new("-") {
+                print(out, &st, |s| {
+                    format!(
+                        "wrote {} ({} changed: {} of data, {} zeroed; read {}) to {}\n",
+                        human(s.file_bytes),
+                        human(s.changed_bytes),
+                        human(s.data_bytes),
+                        human(s.zero_bytes),
+                        human(s.read_bytes),
+                        output.display()
+                    )
+                });
+            }
+        }
+        Cmd::Volume(VolumeCmd::ImportDiff {
+            file,
+            volume,
+            force,
+        }) => {
+            let r = DiffReader::new(input(file)?).map_err(diff_err)?;
+            let (head, applied) =
+                apply(cli, cc, volume, r, *force, &format!("import-diff {volume}")).await?;
+            print(out, &applied, |a| {
+                format!(
+                    "applied {} of data and {} of zeros to {volume}{}\n",
+                    human(a.written_bytes),
+                    human(a.zeroed_bytes),
+                    head.to
+                        .as_ref()
+                        .map(|t| format!("; took snapshot {volume}@{t}"))
+                        .unwrap_or_default()
+                )
+            });
+        }
+        Cmd::Volume(VolumeCmd::Backup { volume, to, full }) => {
+            std::fs::create_dir_all(to)
+                .map_err(|e| CliError::Usage(format!("{}: {e}", to.display())))?;
+            let e = backup(cli, cc, volume, to, *full).await?;
+            print(out, &e, |e| {
+                format!(
+                    "backed up {volume} as {} ({}, {} changed, read {}) to {}\n",
+                    e.snapshot,
+                    match &e.from {
+                        Some(f) => format!("incremental since {f}"),
+                        None => "full".into(),
+                    },
+                    human(e.stats.changed_bytes),
+                    human(e.stats.read_bytes),
+                    to.join(&e.file).display()
+                )
+            });
+        }
+        Cmd::Volume(VolumeCmd::Restore {
+            dir,
+            name,
+            at,
+            replicas,
+        }) => {
+            let chain = restore(cli, cc, dir, name, at.as_deref(), *replicas).await?;
+            print(out, &chain, |c| {
+                format!(
+                    "restored {name} from {} backup(s): {}\n",
+                    c.len(),
+                    c.join(", ")
+                )
+            });
+        }
+        _ => unreachable!("not a backup command"),
+    }
+    Ok(())
+}
+
+/// `volume backup`: the new catalog entry.
+async fn backup(
+    cli: &Cli,
+    cc: &mut ControlClient,
+    volume: &str,
+    dir: &Path,
+    full: bool,
+) -> Result<Entry, CliError> {
+    let mut cat = match Catalog::load(dir).map_err(runtime_err)? {
+        Some(c) if c.volume != volume => {
+            return Err(CliError::Usage(format!(
+                "{} holds backups of volume {}, not {volume}",
+                dir.display(),
+                c.volume
+            )))
+        }
+        Some(c) => c,
+        None => Catalog {
+            volume: volume.to_string(),
+            size: 0,
+            backups: Vec::new(),
+        },
+    };
+    let (info, list) = located(cc, volume).await?;
+    // The newest backup whose snapshot the volume still has is the base.
+    let base = (!full)
+        .then(|| {
+            cat.backups
+                .iter()
+                .rev()
+                .find(|e| ready(&list, &e.snapshot).is_some())
+                .map(|e| e.snapshot.clone())
+        })
+        .flatten()
+        .filter(|_| cat.size == info.size);
+    let created = now_secs();
+    let mut name = format!("backup-{}", utc_stamp(created));
+    while list.iter().any(|s| s.name == name) || cat.backups.iter().any(|e| e.snapshot == name) {
+        name.push('x');
+    }
+    let _: SnapshotInfo = cc
+        .call(&Request::SnapshotCreate {
+            name: volume.to_string(),
+            snapshot: name.clone(),
+        })
+        .await
+        .map_err(usage_if_remote)?;
+    let (file, path) = catalog::file_for(dir, &name);
+    let part = path.with_extension("part");
+    let written = async {
+        let f = std::fs::File::create(&part)?;
+        let w = catalog::Summed {
+            inner: std::io::BufWriter::with_capacity(1 << 20, f),
+            crc: 0,
+        };
+        let label = format!("backup {volume}");
+        let (w, st) = diff_to(cli, cc, volume, base.as_deref(), &name, w, &label).await?;
+        let crc = w.crc;
+        let f = w
+            .inner
+            .into_inner()
+            .map_err(|e| CliError::Runtime(e.to_string()))?;
+        f.sync_all()?;
+        std::fs::rename(&part, &path)?;
+        catalog::sync_dir(dir).map_err(runtime_err)?;
+        Ok::<_, CliError>((st, crc))
+    }
+    .await;
+    let (stats, crc) = match written {
+        Ok(x) => x,
+        Err(e) => {
+            // Nothing refers to the snapshot: it goes again.
+            let _ = std::fs::remove_file(&part);
+            let _: Result<(), _> = cc
+                .call(&Request::SnapshotDelete {
+                    name: volume.to_string(),
+                    snapshot: name.clone(),
+                })
+                .await;
+            return Err(e);
+        }
+    };
+    let entry = Entry {
+        snapshot: name,
+        from: base.clone(),
+        file,
+        created,
+        crc32c: crc,
+        stats,
+    };
+    cat.size = info.size;
+    cat.backups.push(entry.clone());
+    cat.save(dir).map_err(runtime_err)?;
+    // The new snapshot is the next backup's base: the one before it is no longer needed.
+    if let Some(b) = base {
+        let r: Result<(), _> = cc
+            .call(&Request::SnapshotDelete {
+                name: volume.to_string(),
+                snapshot: b.clone(),
+            })
+            .await;
+        if let Err(e) = r {
+            tracing::warn!("deleting the previous backup's snapshot {volume}@{b}: {e}");
+        }
+    }
+    Ok(entry)
+}
+
+/// `volume restore`: the backups applied, oldest first.
+async fn restore(
+    cli: &Cli,
+    cc: &mut ControlClient,
+    dir: &Path,
+    name: &str,
+    at: Option<&str>,
+    replicas: Option<u32>,
+) -> Result<Vec<String>, CliError> {
+    let cat = Catalog::load(dir)
+        .map_err(runtime_err)?
+        .ok_or_else(|| CliError::Usage(format!("{} has no backup catalog", dir.display())))?;
+    let chain = cat.chain(at).map_err(runtime_err)?;
+    // Every file whole before anything is created.
+    for e in &chain {
+        let p = dir.join(&e.file);
+        let crc = catalog::file_crc(&p)
+            .map_err(|err| CliError::Usage(format!("{}: {err}", p.display())))?;
+        if crc != e.crc32c {
+            return Err(CliError::Usage(format!(
+                "{} is damaged: its checksum is {crc:#010x}, the catalog says {:#010x}",
+                p.display(),
+                e.crc32c
+            )));
+        }
+    }
+    let last = dir.join(&chain.last().expect("a chain").file);
+    let size = trireme_backup::read_head(&mut DiffReader::new(input(&last)?).map_err(diff_err)?)
+        .map_err(runtime_err)?
+        .size;
+    let _: trireme_meta::VolumeRecord = cc
+        .call(&Request::VolumeCreate {
+            preallocate: false,
+            name: name.to_string(),
+            size,
+            replicas: replicas.map_or(0, |r| r as usize),
+            access: None,
+            min_copies: None,
+            tier: None,
+        })
+        .await
+        .map_err(usage_if_remote)?;
+    let mut done: Vec<String> = Vec::new();
+    for e in &chain {
+        let r = DiffReader::new(input(&dir.join(&e.file))?).map_err(diff_err)?;
+        let label = format!("restore {name} ({})", e.snapshot);
+        if let Err(CliError::Usage(err) | CliError::Runtime(err)) =
+            apply(cli, cc, name, r, false, &label).await
+        {
+            return Err(CliError::Runtime(format!(
+                "restoring {} into {name}: {err}; the partly restored volume {name} is left as it is (`trireme volume delete {name}`)",
+                e.snapshot
+            )));
+        }
+        // Only the newest backup's snapshot stays on the new volume: the base a further
+        // `import-diff` builds on.
+        if let Some(prev) = done.last() {
+            let r: Result<(), _> = cc
+                .call(&Request::SnapshotDelete {
+                    name: name.to_string(),
+                    snapshot: prev.clone(),
+                })
+                .await;
+            if let Err(err) = r {
+                tracing::warn!("deleting snapshot {name}@{prev} after the next was applied: {err}");
+            }
+        }
+        done.push(e.snapshot.clone());
+    }
+    Ok(done)
+}
