@@ -174,6 +174,15 @@ pub fn read_head<R: Read>(r: &mut DiffReader<R>) -> Result<DiffHead, BackupError
     }
 }
 
+/// Reads a whole diff, keeping nothing: an error if any of it is bad or it is cut short.
+/// Checked before a diff from a file is applied, so a damaged one changes nothing.
+pub fn validate<R: Read>(r: R) -> Result<(), BackupError> {
+    let mut r = DiffReader::new(r)?;
+    read_head(&mut r)?;
+    while r.next_record()? != Record::End {}
+    Ok(())
+}
+
 /// How much applying a diff wrote.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Applied {

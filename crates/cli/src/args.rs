@@ -534,7 +534,8 @@ pub enum VolumeCmd {
     /// VOLUME does not have, or is of another size. Then takes the snapshot the diff ends at,
     /// as `rbd import-diff` does.
     ImportDiff {
-        /// The diff (`-`: standard input).
+        /// The diff. A file is read whole first, so a damaged one changes nothing; `-`
+        /// (standard input) is applied as it streams in.
         file: PathBuf,
         volume: String,
         /// Fence the volume's writer if one is attached.

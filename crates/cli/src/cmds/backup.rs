@@ -311,6 +311,12 @@ pub(crate) async fn run(cli: &Cli, cc: &mut ControlClient) -> Result<(), CliErro
             volume,
             force,
         }) => {
+            if file != Path::new("-") {
+                // All of it is read first: a damaged or cut file changes nothing.
+                trireme_backup::validate(input(file)?).map_err(|e| {
+                    CliError::Usage(format!("{}: {e}; nothing was applied", file.display()))
+                })?;
+            }
             let r = DiffReader::new(input(file)?).map_err(diff_err)?;
             let (head, applied) =
                 apply(cli, cc, volume, r, *force, &format!("import-diff {volume}")).await?;
