@@ -542,6 +542,24 @@ fn run_readme(tls: bool) {
         .expect("the block reads the snapshot")
         .1;
     assert!(info.contains("is_read_only: true"), "{info}");
+    // The backup ran from the operator's machine, read the snapshot's blocks from the copies,
+    // and its chain became a new volume; the client host read what changed since `nightly`.
+    let said = |what: &str| {
+        w.transcript
+            .iter()
+            .find(|(c, _)| c.contains(what))
+            .unwrap_or_else(|| panic!("the block runs {what}"))
+            .1
+            .clone()
+    };
+    let b = said("volume backup db1");
+    assert!(b.contains("backed up db1") && b.contains("(full"), "{b}");
+    let r = said("volume restore");
+    assert!(r.contains("restored db1-copy from 1 backup(s)"), "{r}");
+    let copy = w.admin_json(&["volume", "info", "db1-copy"]);
+    assert_eq!(copy["size"], 2u64 << 30, "the backup was taken at 200G / 100: {copy}");
+    let m = said("qemu:dirty-bitmap:nightly");
+    assert!(m.contains("clean"), "{m}");
     let uri = format!("nbd+unix:///db1?socket={}", w.sock());
     let out = output_within(
         &mut w.command(
