@@ -49,12 +49,15 @@ const WINDOW: u64 = 256 << 20;
 /// Bytes read at once.
 const PIECE: u64 = 4 << 20;
 
+/// Reads in flight at once while making a diff.
+const READS_IN_FLIGHT: usize = 16;
+
 /// Writes to `out` the diff from snapshot `from` (name, id; `None`: from an empty image) to
-/// the snapshot `to` reads, named `to_name`. Only blocks that changed are read; a range that
-/// reads as zeros becomes a zero record (or, from an empty image, nothing). `progress` gets
-/// the bytes of the volume covered so far and its size.
+/// the snapshot `to` reads, named `to_name`. Only blocks that changed are read, a few reads in
+/// flight; a range that reads as zeros becomes a zero record (or, from an empty image,
+/// nothing). `progress` gets the bytes of the volume covered so far and its size.
 pub async fn make_diff<W: Write>(
-    to: &SnapshotReader,
+    to: &Arc<SnapshotReader>,
     to_name: &str,
     from: Option<(&str, u64)>,
     out: W,
@@ -63,6 +66,13 @@ pub async fn make_diff<W: Write>(
     let size = to.size();
     let mut w = DiffWriter::new(out, from.map(|f| f.0), Some(to_name), size)?;
     let mut st = DiffStats::default();
+    let incremental = from.is_some();
+    // Reads in flight, in the order their records go out.
+    let mut flying: std::collections::VecDeque<(
+        u64,
+        u64,
+        tokio::task::JoinHandle<Result<Bytes, VolumeError>>,
+    )> = std::collections::VecDeque::new();
     let mut pos = 0;
     while pos < size {
         let n = (size - pos).min(WINDOW);
@@ -76,7 +86,11 @@ pub async fn make_diff<W: Write>(
             let alloc = to.block_status(a, len).await?;
             for (b, blen, zero) in runs(a, &alloc) {
                 if zero {
-                    if from.is_some() {
+                    // Records go out in offset order: the reads before this range first.
+                    while let Some((at, k, h)) = flying.pop_front() {
+                        put(&mut w, &mut st, incremental, at, k, h).await?;
+                    }
+                    if incremental {
                         w.zero(b, blen)?;
                         st.changed_bytes += blen;
                         st.zero_bytes += blen;
@@ -87,17 +101,12 @@ pub async fn make_diff<W: Write>(
                 let mut at = b;
                 while at < b + blen {
                     let k = (b + blen - at).min(PIECE);
-                    let data = to.read(at, k).await?;
-                    st.read_bytes += k;
-                    if data.iter().all(|&x| x == 0) {
-                        if from.is_some() {
-                            w.zero(at, k)?;
-                            st.zero_bytes += k;
-                        }
-                    } else {
-                        w.write(at, &data)?;
-                        st.data_bytes += k;
+                    if flying.len() >= READS_IN_FLIGHT {
+                        let (x, y, h) = flying.pop_front().expect("in flight");
+                        put(&mut w, &mut st, incremental, x, y, h).await?;
                     }
+                    let r = to.clone();
+                    flying.push_back((at, k, tokio::spawn(async move { r.read(at, k).await })));
                     at += k;
                 }
             }
@@ -105,9 +114,37 @@ pub async fn make_diff<W: Write>(
         pos += n;
         progress(pos, size);
     }
+    while let Some((at, k, h)) = flying.pop_front() {
+        put(&mut w, &mut st, incremental, at, k, h).await?;
+    }
     st.file_bytes = w.bytes + 1;
     let out = w.finish()?;
     Ok((out, st))
+}
+
+/// The record for `k` bytes read at `at`: data, or zeros (nothing from an empty image).
+async fn put<W: Write>(
+    w: &mut DiffWriter<W>,
+    st: &mut DiffStats,
+    incremental: bool,
+    at: u64,
+    k: u64,
+    read: tokio::task::JoinHandle<Result<Bytes, VolumeError>>,
+) -> Result<(), BackupError> {
+    let data = read
+        .await
+        .map_err(|e| BackupError::Invalid(format!("a read task failed: {e}")))??;
+    st.read_bytes += k;
+    if data.iter().all(|&x| x == 0) {
+        if incremental {
+            w.zero(at, k)?;
+            st.zero_bytes += k;
+        }
+    } else {
+        w.write(at, &data)?;
+        st.data_bytes += k;
+    }
+    Ok(())
 }
 
 /// The ranges of extents (starting at `start`) that `pick` picks, merged.

@@ -557,7 +557,11 @@ fn run_readme(tls: bool) {
     let r = said("volume restore");
     assert!(r.contains("restored db1-copy from 1 backup(s)"), "{r}");
     let copy = w.admin_json(&["volume", "info", "db1-copy"]);
-    assert_eq!(copy["size"], 2u64 << 30, "the backup was taken at 200G / 100: {copy}");
+    assert_eq!(
+        copy["size"],
+        2u64 << 30,
+        "the backup was taken at 200G / 100: {copy}"
+    );
     let m = said("qemu:dirty-bitmap:nightly");
     assert!(m.contains("clean"), "{m}");
     let uri = format!("nbd+unix:///db1?socket={}", w.sock());

@@ -79,8 +79,10 @@ async fn diff_to<W: Write>(
     label: &str,
 ) -> Result<(W, DiffStats), CliError> {
     let (info, list) = located(cc, volume).await?;
-    let reader = trireme_daemon::export::snapshot_reader(&info, &list, to, options(cli))
-        .map_err(CliError::Usage)?;
+    let reader = Arc::new(
+        trireme_daemon::export::snapshot_reader(&info, &list, to, options(cli))
+            .map_err(CliError::Usage)?,
+    );
     let from = match from {
         None => None,
         Some(f) => {
