@@ -49,6 +49,9 @@ const WINDOW: u64 = 256 << 20;
 /// Bytes read at once.
 const PIECE: u64 = 4 << 20;
 
+/// A piece of a snapshot on its way.
+type PieceRead = tokio::task::JoinHandle<Result<Bytes, VolumeError>>;
+
 /// Reads in flight at once while making a diff.
 const READS_IN_FLIGHT: usize = 16;
 
@@ -68,11 +71,8 @@ pub async fn make_diff<W: Write>(
     let mut st = DiffStats::default();
     let incremental = from.is_some();
     // Reads in flight, in the order their records go out.
-    let mut flying: std::collections::VecDeque<(
-        u64,
-        u64,
-        tokio::task::JoinHandle<Result<Bytes, VolumeError>>,
-    )> = std::collections::VecDeque::new();
+    let mut flying: std::collections::VecDeque<(u64, u64, PieceRead)> =
+        std::collections::VecDeque::new();
     let mut pos = 0;
     while pos < size {
         let n = (size - pos).min(WINDOW);
@@ -129,7 +129,7 @@ async fn put<W: Write>(
     incremental: bool,
     at: u64,
     k: u64,
-    read: tokio::task::JoinHandle<Result<Bytes, VolumeError>>,
+    read: PieceRead,
 ) -> Result<(), BackupError> {
     let data = read
         .await

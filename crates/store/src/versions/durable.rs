@@ -5,8 +5,17 @@
 use std::sync::atomic::Ordering;
 
 use super::table::{self, entry, Map, Table, BLOCK};
-use super::{format, VersionedReplica, GROW_MIN};
+use super::{format, version_error, VersionedReplica, GROW_MIN};
 use crate::{StoreError, GRAIN};
+
+/// Grains given back to the file system per hold of the gate.
+const PUNCH_GRAINS: u64 = 32;
+
+/// Block ranges (whole grains) freed and held off the free list until their space is given
+/// back ([`VersionedReplica::give_back`]).
+#[derive(Debug, Default)]
+#[must_use]
+pub(super) struct Holes(Vec<(u64, u64)>);
 
 impl VersionedReplica {
     /// Writes the main file (the head's map and the snapshot list). The physical replica must
@@ -132,14 +141,20 @@ impl VersionedReplica {
 
     /// With the gate held exclusive: makes every change durable, then lets new writes take the
     /// blocks changes freed, giving their space back where they make whole grains.
-    pub(super) fn settle_locked(&self) -> Result<(), StoreError> {
+    /// With the gate held exclusive: makes the dropped blocks' changes durable and frees
+    /// them. Those in whole grains are held off the free list: the [`Holes`] returned give
+    /// their space back to the file system once the caller has let go of the gate
+    /// ([`VersionedReplica::give_back`]), so no I/O waits on it.
+    pub(super) fn settle_locked(&self) -> Result<Holes, StoreError> {
         if self.table().pending() == 0 {
-            return self.fold_back_if_identity();
+            self.fold_back_if_identity()?;
+            return Ok(Holes::default());
         }
         self.checkpoint_locked()?;
         let mut done = self.table().settle();
         done.sort_unstable();
         let per_grain = GRAIN / BLOCK;
+        let mut holes = Holes::default();
         let mut i = 0;
         while i < done.len() {
             let mut j = i + 1;
@@ -148,17 +163,73 @@ impl VersionedReplica {
             }
             // Only whole grains give space back; smaller runs are overwritten before reuse.
             let (a, b) = (done[i].div_ceil(per_grain), (done[j - 1] + 1) / per_grain);
-            if a < b {
-                let r = self
-                    .inner
-                    .write_zeroes(a * GRAIN, (b - a) * GRAIN, true, false);
-                if let Err(e) = r {
-                    tracing::warn!(volume = self.vol(), "giving freed blocks back: {e}");
-                }
+            let mut g = a;
+            while g < b {
+                let e = (g + PUNCH_GRAINS).min(b);
+                holes.0.push((g * per_grain, e * per_grain));
+                g = e;
             }
             i = j;
         }
-        self.fold_back_if_identity()
+        {
+            let mut t = self.table();
+            for &(a, b) in &holes.0 {
+                t.hold(a..b);
+            }
+        }
+        if self.table().is_identity() {
+            // The pool goes whole: nothing to punch.
+            self.fold_back()?;
+            return Ok(Holes::default());
+        }
+        Ok(holes)
+    }
+
+    /// Gives the space of `holes` back to the file system, a piece at a time under the gate
+    /// held shared: I/O goes on meanwhile, and a snapshot, delete or pool growth waits for one
+    /// piece at most. A piece the pool took back meanwhile (it needed the blocks) is skipped.
+    pub(super) fn give_back(&self, holes: Holes) {
+        for (a, b) in holes.0 {
+            let _g = self.shared();
+            if !self.table().held(a..b) {
+                continue;
+            }
+            let r = self
+                .inner
+                .write_zeroes(a * BLOCK, (b - a) * BLOCK, true, false);
+            if let Err(e) = r {
+                tracing::warn!(volume = self.vol(), "giving freed blocks back: {e}");
+            }
+            self.table().unhold(a..b);
+        }
+    }
+
+    /// Drops snapshot `id` under the gate held exclusive: its blocks' space to give back.
+    pub(super) fn delete_locked(&self, id: u64) -> Result<Holes, StoreError> {
+        let _g = self.exclusive();
+        let next = {
+            let mut t = self.table();
+            let gen = t.snaps.get(&id).map(|s| s.gen);
+            let next = gen.and_then(|g| {
+                t.snaps
+                    .iter()
+                    .filter(|(_, s)| s.gen > g)
+                    .min_by_key(|(_, s)| s.gen)
+                    .map(|(id, _)| *id)
+            });
+            t.delete(id).map_err(|e| version_error(self.vol(), e))?;
+            next
+        };
+        // The snapshot after it is a diff against it on disk: rewritten against the one
+        // before, then the list without it, then its file goes.
+        if let Some(next) = next {
+            self.persist_snap(next)?;
+        }
+        self.persist_and_empty_log()?;
+        if let Some(f) = &self.files {
+            let _ = std::fs::remove_file(f.snap(id));
+        }
+        self.settle_locked()
     }
 
     pub(super) fn fold_back_if_identity(&self) -> Result<(), StoreError> {
@@ -192,7 +263,9 @@ impl VersionedReplica {
         if self.table().free_blocks() > 0 {
             return Ok(());
         }
-        self.settle_locked()?;
+        // The blocks whose space was to go back are overwritten now instead: no punch.
+        let _overwritten = self.settle_locked()?;
+        self.table().unhold_all();
         if self.table().free_blocks() > 0 {
             return Ok(());
         }

@@ -107,6 +107,8 @@ pub struct Table {
     free: BTreeSet<u64>,
     /// Blocks dropped by changes not yet durable.
     pending: Vec<u64>,
+    /// Free blocks held off the free list while their space goes back to the file system.
+    punching: BTreeSet<u64>,
 }
 
 impl Table {
@@ -120,6 +122,7 @@ impl Table {
             snaps: BTreeMap::new(),
             free: (blocks..phys_blocks).collect(),
             pending: Vec::new(),
+            punching: BTreeSet::new(),
         }
     }
 
@@ -139,6 +142,7 @@ impl Table {
             snaps,
             free: BTreeSet::new(),
             pending: Vec::new(),
+            punching: BTreeSet::new(),
         };
         let mut used: BTreeSet<u64> = BTreeSet::new();
         for m in t.maps() {
@@ -360,6 +364,34 @@ impl Table {
         let done = std::mem::take(&mut self.pending);
         self.free.extend(done.iter().copied());
         done
+    }
+
+    /// Holds the free blocks of `r` off the free list while their space is given back.
+    pub fn hold(&mut self, r: std::ops::Range<u64>) {
+        for b in r {
+            if self.free.remove(&b) {
+                self.punching.insert(b);
+            }
+        }
+    }
+
+    /// True if every block of `r` is still held (nothing took them back meanwhile).
+    pub fn held(&self, r: std::ops::Range<u64>) -> bool {
+        self.punching.range(r.clone()).count() as u64 == r.end - r.start
+    }
+
+    /// The held blocks of `r` are free to take again.
+    pub fn unhold(&mut self, r: std::ops::Range<u64>) {
+        let back: Vec<u64> = self.punching.range(r).copied().collect();
+        for b in back {
+            self.punching.remove(&b);
+            self.free.insert(b);
+        }
+    }
+
+    /// Every held block free to take now (a write needs them; it overwrites them anyway).
+    pub fn unhold_all(&mut self) {
+        self.free.append(&mut self.punching);
     }
 
     /// Blocks waiting for [`Table::settle`].

@@ -64,7 +64,12 @@ fn check(t: &Table, disk: &Disk, head: &[u32], snaps: &BTreeMap<u64, Vec<u32>>) 
             used.insert(entry(&s.map, l).phys);
         }
     }
-    for f in t.free.iter().chain(t.pending.iter()) {
+    for f in t
+        .free
+        .iter()
+        .chain(t.pending.iter())
+        .chain(t.punching.iter())
+    {
         assert!(!used.contains(f), "block {f} is free but in use");
     }
     // What differs between two versions is reported changed (a backup built from `changed`
@@ -104,8 +109,15 @@ proptest! {
                     next_value += 1;
                     let place = match t.place(l) {
                         Place::Full => {
-                            t.grow(t.phys_blocks + 3);
-                            t.place(l)
+                            // As the pool's growth does: held blocks first, then more.
+                            t.unhold_all();
+                            match t.place(l) {
+                                Place::Full => {
+                                    t.grow(t.phys_blocks + 3);
+                                    t.place(l)
+                                }
+                                p => p,
+                            }
                         }
                         p => p,
                     };
@@ -146,10 +158,15 @@ proptest! {
                     }
                 }
                 Op::Settle => {
-                    // Freed blocks are overwritten with junk: nothing may read them.
+                    // Freed blocks are overwritten with junk: nothing may read them. Those of
+                    // the lower half are held (their space going back) until the next settle.
+                    t.unhold(0..t.phys_blocks);
                     for p in t.settle() {
                         disk.blocks.insert(p, u32::MAX);
                     }
+                    let half = t.phys_blocks / 2;
+                    t.hold(0..half);
+                    prop_assert!(t.held(0..0));
                 }
             }
             check(&t, &disk, &head, &snaps);
@@ -157,6 +174,7 @@ proptest! {
             let r = Table::rebuilt(t.blocks, t.phys_blocks, t.gen, t.head.clone(), t.snaps.clone());
             let mut free_now: BTreeSet<u64> = t.free.clone();
             free_now.extend(t.pending.iter().copied());
+            free_now.extend(t.punching.iter().copied());
             prop_assert_eq!(&r.free, &free_now, "rebuilt free set");
         }
     }
