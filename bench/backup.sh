@@ -57,7 +57,7 @@ t0=$(date +%s.%N)
 t volume restore "$dir/b" copy >/dev/null
 t1=$(date +%s.%N)
 echo "   restore: the chain of 3 into a new volume in $(python3 -c "print(f'{$t1-$t0:.2f}')") s"
-t nbd copy --socket "$dir/copy.sock" >/dev/null 2>&1 &
+"$T" --data-dir "$dir/c" nbd copy --socket "$dir/copy.sock" >/dev/null 2>&1 &
 exp=$!
 for _ in $(seq 50); do [ -S "$dir/copy.sock" ] && break; sleep 0.2; done
 qemu-img compare -f raw -F raw "$uri" "nbd+unix:///copy?socket=$dir/copy.sock"
