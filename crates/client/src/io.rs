@@ -432,11 +432,25 @@ impl Volume {
         offset: u64,
         len: u64,
     ) -> Vec<Result<u64, VolumeError>> {
+        self.checksums_of(None, targets, offset, len).await
+    }
+
+    /// [`Volume::checksums`] of snapshot `snapshot`'s bytes (the replica's now for `None`).
+    pub(crate) async fn checksums_of(
+        &self,
+        snapshot: Option<u64>,
+        targets: &[usize],
+        offset: u64,
+        len: u64,
+    ) -> Vec<Result<u64, VolumeError>> {
         let h = self.header(Op::Checksum, offset, len);
+        let payload = snapshot.map_or_else(Bytes::new, |id| {
+            Bytes::from(trireme_proto::snapshot_id_payload(id))
+        });
         let replies = join_all(
             targets
                 .iter()
-                .map(|&i| self.call(i, h, Bytes::new()))
+                .map(|&i| self.call(i, h, payload.clone()))
                 .collect(),
         )
         .await;

@@ -43,7 +43,9 @@ pub use reconcile::ReconcileReport;
 pub use scrub::ScrubReport;
 pub use snapshot_reader::SnapshotReader;
 pub use trireme_replication::ResyncProgress;
-pub use verify::{verify_replicas, verify_replicas_with, Mismatch, VerifyReport};
+pub use verify::{
+    verify_replicas, verify_replicas_with, verify_snapshot, Mismatch, SnapshotVerify, VerifyReport,
+};
 
 use std::future::Future;
 use std::pin::Pin;

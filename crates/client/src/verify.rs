@@ -23,6 +23,9 @@ pub struct VerifyReport {
     pub region_bytes: u64,
     pub replicas: Vec<u32>,
     pub mismatches: Vec<Mismatch>,
+    /// Each snapshot's copies compared (filled by the caller: see [`verify_snapshot`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub snapshots: Vec<SnapshotVerify>,
 }
 
 /// Compares the replicas of `vol` region by region (crc32c computed on each node, so only
@@ -46,6 +49,7 @@ pub async fn verify_replicas_with(
         region_bytes: region,
         replicas: vol.info().replicas.iter().map(|r| r.node).collect(),
         mismatches: Vec::new(),
+        snapshots: Vec::new(),
     };
     let mut offset = 0;
     while offset < size {
@@ -67,6 +71,72 @@ pub async fn verify_replicas_with(
         progress(report.bytes_compared, size);
     }
     Ok(report)
+}
+
+/// Whether the copies of one snapshot hold identical bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SnapshotVerify {
+    pub name: String,
+    pub id: u64,
+    /// The nodes compared: those that hold it among the volume's copies now.
+    pub nodes: Vec<u32>,
+    pub bytes_compared: u64,
+    pub mismatches: Vec<Mismatch>,
+}
+
+/// Compares the copies of snapshot `id` (`name`) on `nodes` region by region, as
+/// [`verify_replicas`] does the volume (a snapshot does not change, so a difference is one).
+/// Nodes that are not among the volume's copies now are left out.
+pub async fn verify_snapshot(
+    vol: &Volume,
+    name: &str,
+    id: u64,
+    nodes: &[u32],
+    region: u64,
+    progress: &mut (dyn FnMut(u64, u64) + Send),
+) -> Result<SnapshotVerify, VolumeError> {
+    let size = vol.size();
+    let region = region.clamp(4096, crate::MAX_IO);
+    let targets: Vec<usize> = (0..vol.replica_count())
+        .filter(|&i| nodes.contains(&vol.node(i)) && vol.conn(&vol.slots[i]).is_some())
+        .collect();
+    let mut out = SnapshotVerify {
+        name: name.to_string(),
+        id,
+        nodes: targets.iter().map(|&i| vol.node(i)).collect(),
+        bytes_compared: 0,
+        mismatches: Vec::new(),
+    };
+    let mut offset = 0;
+    while offset < size {
+        let len = region.min(size - offset);
+        let mut sums: Sums = (Vec::new(), Vec::new());
+        for (k, r) in vol
+            .checksums_of(Some(id), &targets, offset, len)
+            .await
+            .into_iter()
+            .enumerate()
+        {
+            let node = vol.node(targets[k]);
+            match r {
+                Ok(c) => sums.0.push((node, c as u32)),
+                Err(e) if e.is_bad_copy() => sums.1.push(node),
+                Err(e) => return Err(e),
+            }
+        }
+        if !all_equal(&sums) {
+            out.mismatches.push(Mismatch {
+                offset,
+                length: len,
+                checksums: sums.0,
+                bad_copies: sums.1,
+            });
+        }
+        out.bytes_compared += len;
+        offset += len;
+        progress(out.bytes_compared, size);
+    }
+    Ok(out)
 }
 
 /// Each replica's checksum, and the nodes whose copy failed its block checksums.

@@ -92,7 +92,7 @@ impl Node {
             Op::Flush => self.on_flush(req),
             Op::WriteZeroes => self.on_write_zeroes(req),
             Op::BlockStatus => self.on_block_status(req),
-            Op::Checksum => self.on_checksum(h, r),
+            Op::Checksum => self.on_checksum(req, r),
             Op::TierHeat => self.on_tier_heat(req),
             Op::TierSet => self.on_tier_set(h),
             Op::TierInfo => self.on_tier_info(h),

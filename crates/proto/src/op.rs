@@ -20,7 +20,9 @@ pub enum Op {
     WriteZeroes = 6,
     /// Allocation map of `[offset, offset+length)`. Response payload: an extent list.
     BlockStatus = 7,
-    /// crc32c of `[offset, offset+length)` (zeros for holes) in the response's `length` field.
+    /// crc32c of `[offset, offset+length)` (zeros for holes) in the response's `length` field;
+    /// of a snapshot's bytes if the payload names one
+    /// ([`snapshot_id_payload`](crate::snapshot_id_payload)), else of the replica now.
     Checksum = 8,
     /// Create a replica of `length` bytes. No epoch check.
     CreateReplica = 9,

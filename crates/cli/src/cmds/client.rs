@@ -492,6 +492,45 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 })
                 .await;
                 bar.finish();
+                let r = match r {
+                    Ok(mut r) => {
+                        // Then every snapshot, on the copies that hold it.
+                        let list: Vec<trireme_control::SnapshotInfo> = cc
+                            .call(&Request::SnapshotList { name: name.clone() })
+                            .await
+                            .map_err(usage_if_remote)?;
+                        let mut failed = None;
+                        for s in list.iter().filter(|s| s.state == "ready") {
+                            let mut bar = crate::progress::Progress::new(
+                                &format!("verify {name}@{}", s.name),
+                                vol.size(),
+                                out == Output::Text,
+                            );
+                            let v = trireme_client::verify_snapshot(
+                                &vol,
+                                &s.name,
+                                s.id,
+                                &s.nodes,
+                                *region,
+                                &mut |done, _| bar.set(done),
+                            )
+                            .await;
+                            bar.finish();
+                            match v {
+                                Ok(v) => r.snapshots.push(v),
+                                Err(e) => {
+                                    failed = Some(e);
+                                    break;
+                                }
+                            }
+                        }
+                        match failed {
+                            Some(e) => Err(e),
+                            None => Ok(r),
+                        }
+                    }
+                    Err(e) => Err(e),
+                };
                 match r {
                     Err(e) if e.is_fenced() && tries < 5 => {
                         tries += 1;
@@ -522,11 +561,26 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                     }
                     s += "\n";
                 }
+                for v in &r.snapshots {
+                    s += &format!(
+                        "  snapshot {}: compared on nodes {:?}: {} mismatching region(s)\n",
+                        v.name,
+                        v.nodes,
+                        v.mismatches.len()
+                    );
+                    for m in &v.mismatches {
+                        s += &format!(
+                            "    offset {} length {}: (node, crc32c) {:?}, bad copies {:?}\n",
+                            m.offset, m.length, m.checksums, m.bad_copies
+                        );
+                    }
+                }
                 s
             });
-            if !r.mismatches.is_empty() {
+            let in_snapshots: usize = r.snapshots.iter().map(|v| v.mismatches.len()).sum();
+            if !r.mismatches.is_empty() || in_snapshots > 0 {
                 return Err(CliError::Runtime(format!(
-                    "{} region(s) differ between replicas",
+                    "{} region(s) differ between replicas, {in_snapshots} between snapshot copies",
                     r.mismatches.len()
                 )));
             }

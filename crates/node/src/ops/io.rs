@@ -93,10 +93,11 @@ impl Node {
         )))
     }
 
-    pub(crate) fn on_checksum(&self, h: &Header, resp: &mut Header) -> Result<Bytes, Refusal> {
+    pub(crate) fn on_checksum(&self, req: &Frame, resp: &mut Header) -> Result<Bytes, Refusal> {
         // A checksum of a short range reveals the bytes in it: the epoch fence holds here
         // too. Not tied to the attaching connection: `volume verify` asks from its own, at
         // the current epoch.
+        let h = &req.header;
         let r = self.replica(h.volume)?;
         Self::check_epoch(&*r, h)?;
         if h.length > MAX_CHECKSUM_RANGE {
@@ -105,21 +106,38 @@ impl Node {
                 format!("checksum range {} too large", h.length),
             ));
         }
-        let crc = checksum(&*r, h.offset, h.length)?;
+        let snapshot = if req.payload.is_empty() {
+            None
+        } else {
+            Some(
+                trireme_proto::read_snapshot_id(&req.payload)
+                    .map_err(|e| Refusal(Status::Invalid, e.to_string()))?,
+            )
+        };
+        let crc = checksum(&*r, snapshot, h.offset, h.length)?;
         trireme_proto::ChecksumAnswer { crc }.put(resp);
         Ok(Bytes::new())
     }
 }
 
-/// crc32c of `[offset, offset+len)`, read in 1 MiB pieces.
-fn checksum(r: &dyn Replica, offset: u64, len: u64) -> Result<u32, StoreError> {
+/// crc32c of `[offset, offset+len)` of the replica, or of its snapshot `snapshot`, read in
+/// 1 MiB pieces.
+fn checksum(
+    r: &dyn Replica,
+    snapshot: Option<u64>,
+    offset: u64,
+    len: u64,
+) -> Result<u32, StoreError> {
     trireme_store::check_range(offset, len, r.size())?;
     let mut buf = vec![0u8; (1 << 20).min(len as usize)];
     let mut crc = 0u32;
     let mut pos = offset;
     while pos < offset + len {
         let n = (offset + len - pos).min(buf.len() as u64) as usize;
-        r.read(pos, &mut buf[..n])?;
+        match snapshot {
+            Some(id) => r.read_snapshot(id, pos, &mut buf[..n])?,
+            None => r.read(pos, &mut buf[..n])?,
+        }
         crc = crc32c::crc32c_append(crc, &buf[..n]);
         pos += n as u64;
     }
