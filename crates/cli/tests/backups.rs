@@ -106,12 +106,15 @@ fn libnbd_dirty(uri: &str, snap: &str) -> BTreeSet<usize> {
         r#"
 import nbd
 h = nbd.NBD()
+h.add_meta_context("base:allocation")
 h.add_meta_context("qemu:dirty-bitmap:{snap}")
 h.connect_uri({uri:?})
 assert h.can_meta_context("qemu:dirty-bitmap:{snap}")
-size, pos, out = h.get_size(), 0, []
+assert h.can_meta_context("base:allocation")
+size, pos, out, seen = h.get_size(), 0, [], set()
 def got(ctx, off, ents, err):
     global pos
+    seen.add(ctx)
     if ctx != "qemu:dirty-bitmap:{snap}":
         return 0
     for i in range(0, len(ents), 2):
@@ -122,6 +125,8 @@ def got(ctx, off, ents, err):
     return 0
 while pos < size:
     h.block_status(min(size - pos, 8 << 20), pos, got)
+# Both contexts answered each request (a chunk each).
+assert seen == {{"base:allocation", "qemu:dirty-bitmap:{snap}"}}, seen
 for a, n in out:
     print(a, n)
 "#

@@ -49,6 +49,29 @@ impl Backend for MemBackend {
             flags: 0,
         }])
     }
+    /// Two dirty bitmaps, so sessions negotiate several contexts and get a chunk per context.
+    async fn contexts(&self) -> Vec<String> {
+        vec!["qemu:dirty-bitmap:a".into(), "qemu:dirty-bitmap:b".into()]
+    }
+    async fn context_status(
+        &self,
+        name: &str,
+        _offset: u64,
+        len: u32,
+    ) -> Result<Vec<Extent>, BackendError> {
+        if name.ends_with(":b") {
+            return Err(BackendError {
+                errno: crate::consts::EIO,
+                message: "bitmap b fails".into(),
+            });
+        }
+        let half = u64::from(len) / 2;
+        Ok([(half, 1), (u64::from(len) - half, 0)]
+            .into_iter()
+            .filter(|&(n, _)| n > 0)
+            .map(|(length, flags)| Extent { length, flags })
+            .collect())
+    }
 }
 
 /// Serves one session of a 64 KiB memory export (`vol0`) whose client sends `input` and

@@ -475,3 +475,65 @@ fn meta_contexts_are_set_by_exact_name_and_listed_by_namespace() {
     );
     assert!(choose_contexts(&offered, &q(&["qemu:dirty-bitmap:c"]), false).is_empty());
 }
+
+/// Two contexts set: a block status gets a chunk for each, with the ids the server gave, the
+/// last one marked done; a context the export does not offer is not set.
+#[tokio::test]
+async fn block_status_answers_every_context_set() {
+    let mut c = server();
+    greet(&mut c).await;
+    send_opt(&mut c, OPT_STRUCTURED_REPLY, &[]).await;
+    assert_eq!(read_opt(&mut c).await.1, REP_ACK);
+    let mut m = go_payload("vol0", &[]);
+    m.truncate(8);
+    let queries = [
+        BASE_ALLOCATION,
+        "qemu:dirty-bitmap:a",
+        "qemu:dirty-bitmap:zz",
+    ];
+    m.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+    for q in queries {
+        m.extend_from_slice(&(q.len() as u32).to_be_bytes());
+        m.extend_from_slice(q.as_bytes());
+    }
+    send_opt(&mut c, OPT_SET_META_CONTEXT, &m).await;
+    let mut ids = Vec::new();
+    loop {
+        let (_, kind, d) = read_opt(&mut c).await;
+        if kind == REP_ACK {
+            break;
+        }
+        assert_eq!(kind, REP_META_CONTEXT);
+        let id = u32::from_be_bytes(d[..4].try_into().unwrap());
+        ids.push((id, String::from_utf8(d[4..].to_vec()).unwrap()));
+    }
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    assert_eq!(ids[0], (BASE_ALLOCATION_ID, BASE_ALLOCATION.to_string()));
+    assert_eq!(ids[1].1, "qemu:dirty-bitmap:a");
+    assert_ne!(ids[1].0, BASE_ALLOCATION_ID);
+    send_opt(&mut c, OPT_GO, &go_payload("vol0", &[])).await;
+    while read_opt(&mut c).await.1 != REP_ACK {}
+    request(&mut c, CMD_BLOCK_STATUS, 0, 9, 0, 8192).await;
+    let (f1, k1, cookie, d1) = chunk(&mut c).await;
+    assert_eq!(
+        (f1 & REPLY_FLAG_DONE, k1, cookie),
+        (0, REPLY_TYPE_BLOCK_STATUS, 9)
+    );
+    assert_eq!(u32::from_be_bytes(d1[..4].try_into().unwrap()), ids[0].0);
+    let (f2, k2, _, d2) = chunk(&mut c).await;
+    assert_eq!(
+        (f2 & REPLY_FLAG_DONE, k2),
+        (REPLY_FLAG_DONE, REPLY_TYPE_BLOCK_STATUS)
+    );
+    assert_eq!(u32::from_be_bytes(d2[..4].try_into().unwrap()), ids[1].0);
+    let ext: Vec<(u32, u32)> = d2[4..]
+        .chunks(8)
+        .map(|e| {
+            (
+                u32::from_be_bytes(e[..4].try_into().unwrap()),
+                u32::from_be_bytes(e[4..].try_into().unwrap()),
+            )
+        })
+        .collect();
+    assert_eq!(ext, vec![(4096, 1), (4096, 0)]);
+}
