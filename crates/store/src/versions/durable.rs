@@ -139,18 +139,21 @@ impl VersionedReplica {
         }
     }
 
-    /// With the gate held exclusive: makes every change durable, then lets new writes take the
-    /// blocks changes freed, giving their space back where they make whole grains.
     /// With the gate held exclusive: makes the dropped blocks' changes durable and frees
     /// them. Those in whole grains are held off the free list: the [`Holes`] returned give
     /// their space back to the file system once the caller has let go of the gate
     /// ([`VersionedReplica::give_back`]), so no I/O waits on it.
-    pub(super) fn settle_locked(&self) -> Result<Holes, StoreError> {
+    ///
+    /// `checkpointed`: the caller has just flushed the physical replica and written the main
+    /// file under the same hold of the gate, so the drops are durable already.
+    pub(super) fn settle_locked(&self, checkpointed: bool) -> Result<Holes, StoreError> {
         if self.table().pending() == 0 {
             self.fold_back_if_identity()?;
             return Ok(Holes::default());
         }
-        self.checkpoint_locked()?;
+        if !checkpointed {
+            self.checkpoint_locked()?;
+        }
         let mut done = self.table().settle();
         done.sort_unstable();
         let per_grain = GRAIN / BLOCK;
@@ -221,15 +224,16 @@ impl VersionedReplica {
             next
         };
         // The snapshot after it is a diff against it on disk: rewritten against the one
-        // before, then the list without it, then its file goes.
+        // before, then the list without it (and the head, its redirects' bytes flushed
+        // first), then its file goes.
         if let Some(next) = next {
             self.persist_snap(next)?;
         }
-        self.persist_and_empty_log()?;
+        self.checkpoint_locked()?;
         if let Some(f) = &self.files {
             let _ = std::fs::remove_file(f.snap(id));
         }
-        self.settle_locked()
+        self.settle_locked(true)
     }
 
     pub(super) fn fold_back_if_identity(&self) -> Result<(), StoreError> {
@@ -264,7 +268,7 @@ impl VersionedReplica {
             return Ok(());
         }
         // The blocks whose space was to go back are overwritten now instead: no punch.
-        let _overwritten = self.settle_locked()?;
+        let _overwritten = self.settle_locked(false)?;
         self.table().unhold_all();
         if self.table().free_blocks() > 0 {
             return Ok(());

@@ -502,10 +502,10 @@ impl crate::filter::ReplicaFilter for VersionedReplica {
             if log_full {
                 self.checkpoint_locked()?;
             }
-            self.settle_locked()?
+            self.settle_locked(false)?
         } else if pending > 0 {
             match self.gate.try_write() {
-                Ok(_g) => self.settle_locked()?,
+                Ok(_g) => self.settle_locked(false)?,
                 Err(_) => durable::Holes::default(),
             }
         } else {
@@ -603,7 +603,7 @@ impl crate::filter::ReplicaFilter for VersionedReplica {
             self.dirty.store(true, Ordering::Release);
             self.persist_and_empty_log()?;
             self.plain.store(false, Ordering::Release);
-            self.settle_locked()?
+            self.settle_locked(true)?
         };
         self.give_back(holes);
         Ok(())
