@@ -194,11 +194,25 @@ pub(crate) fn snapshots_table(volume: &str, l: &[trireme_control::SnapshotInfo])
             utc_time(t.created),
             t.state,
             t.exclusive_bytes.map_or("-".into(), human),
-            t.nodes
-                .iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(",")
+            {
+                let mut n = t
+                    .nodes
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",");
+                if !t.lost.is_empty() {
+                    n += &format!(
+                        " (lost on {}: snapshots do not move with a copy yet)",
+                        t.lost
+                            .iter()
+                            .map(u32::to_string)
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    );
+                }
+                n
+            }
         );
     }
     s

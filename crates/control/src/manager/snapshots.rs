@@ -34,6 +34,10 @@ pub struct SnapshotInfo {
     /// node holding it answered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exclusive_bytes: Option<u64>,
+    /// Nodes it was taken on that hold it no more: their copy of the volume moved away (a
+    /// drain, a removal) or lacks it. Snapshots do not move with a copy yet.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lost: Vec<u32>,
 }
 
 fn now_secs() -> u64 {
@@ -213,8 +217,9 @@ impl Manager {
     pub async fn snapshot_list(&self, name: &str) -> Result<Vec<SnapshotInfo>> {
         let v = self.meta.volume(name).await?;
         let recs = self.meta.snapshots(&v).await?;
-        // What each node says its copy's snapshots hold alone.
+        // What each node says its copy's snapshots hold alone, and which nodes answered.
         let mut exclusive: std::collections::HashMap<u64, u64> = Default::default();
+        let mut listed: std::collections::HashMap<u32, Vec<u64>> = Default::default();
         for r in &v.replicas {
             let Ok(node) = self.node(r.node).await else {
                 continue;
@@ -229,14 +234,31 @@ impl Manager {
             if f.header.status != Status::Ok {
                 continue;
             }
-            for s in trireme_proto::decode_snapshot_list(&f.payload).unwrap_or_default() {
+            let Ok(list) = trireme_proto::decode_snapshot_list(&f.payload) else {
+                continue;
+            };
+            for s in &list {
                 let e = exclusive.entry(s.id).or_default();
                 *e = (*e).max(s.exclusive_bytes);
             }
+            listed.insert(r.node, list.iter().map(|s| s.id).collect());
         }
         Ok(recs
             .iter()
-            .map(|r| SnapshotInfo::from_record(r, exclusive.get(&r.id).copied()))
+            .map(|r| {
+                let mut i = SnapshotInfo::from_record(r, exclusive.get(&r.id).copied());
+                if r.state == SnapshotState::Ready {
+                    // A node that holds no copy now, or said its copy lacks it, lost it; one
+                    // that did not answer is taken at its record's word.
+                    let (kept, lost) = r.nodes.iter().partition(|n| {
+                        v.replicas.iter().any(|x| x.node == **n)
+                            && listed.get(n).is_none_or(|ids| ids.contains(&r.id))
+                    });
+                    i.nodes = kept;
+                    i.lost = lost;
+                }
+                i
+            })
             .collect())
     }
 
@@ -298,6 +320,7 @@ impl SnapshotInfo {
             state: r.state.as_str().to_string(),
             nodes: r.nodes.clone(),
             exclusive_bytes,
+            lost: Vec::new(),
         }
     }
 }
