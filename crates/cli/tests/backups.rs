@@ -12,26 +12,6 @@ use std::process::Command;
 const SIZE: usize = 32 << 20;
 const BLOCK: usize = 4096;
 
-fn text(o: &std::process::Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn ok(c: &Cluster, args: &[&str]) -> String {
-    let o = c.cli(args);
-    assert!(o.status.success(), "{args:?}: {}\n{}", text(&o), c.log());
-    text(&o)
-}
-
-fn refused(c: &Cluster, args: &[&str], says: &str) {
-    let o = c.cli(args);
-    assert!(!o.status.success(), "{args:?} succeeded: {}", text(&o));
-    assert!(text(&o).contains(says), "{args:?}: {}", text(&o));
-}
-
 /// Writes `pattern` over `[at, at+len)` of the volume through qemu-io (0: a discard), and
 /// into the model; the 4 KiB blocks it touched.
 fn put(c: &Cluster, model: &mut [u8], at: usize, len: usize, pattern: u8) -> BTreeSet<usize> {
@@ -141,21 +121,6 @@ for a, n in out:
     dirty
 }
 
-fn compare(image: &Path, uri: &str) {
-    let o = Command::new("qemu-img")
-        .args(["compare", "-f", "raw", "-F", "raw"])
-        .arg(image)
-        .arg(uri)
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "{} differs from {uri}: {}",
-        image.display(),
-        text(&o)
-    );
-}
-
 fn stop(mut child: std::process::Child) {
     let _ = child.kill();
     let _ = child.wait();
@@ -262,7 +227,7 @@ fn dirty_bitmaps_diffs_and_backup_chains_are_exact() {
         "already has snapshot \"s2\"",
     );
     let (cp, uri) = spawn_nbd(&c, "copy", &w.join("copy.sock"));
-    compare(&w.join("s2.img"), &uri);
+    compare_image(&w.join("s2.img"), &uri);
     stop(cp);
     refused(
         &c,
@@ -315,7 +280,7 @@ fn dirty_bitmaps_diffs_and_backup_chains_are_exact() {
     // The newest restored, and one from the middle of the chain.
     ok(&c, &["volume", "restore", d, "r3"]);
     let (r, uri) = spawn_nbd(&c, "r3", &w.join("r3.sock"));
-    compare(&w.join("b3.img"), &uri);
+    compare_image(&w.join("b3.img"), &uri);
     stop(r);
     ok(
         &c,
@@ -329,7 +294,7 @@ fn dirty_bitmaps_diffs_and_backup_chains_are_exact() {
         ],
     );
     let (r, uri) = spawn_nbd(&c, "r2", &w.join("r2.sock"));
-    compare(&w.join("b2.img"), &uri);
+    compare_image(&w.join("b2.img"), &uri);
     stop(r);
     // A damaged file is found before anything is created.
     let f = dir.join(inc["file"].as_str().unwrap());

@@ -10,26 +10,6 @@ use std::process::Command;
 
 const SIZE: usize = 32 << 20;
 
-fn text(o: &std::process::Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn ok(c: &Cluster, args: &[&str]) -> String {
-    let o = c.cli(args);
-    assert!(o.status.success(), "{args:?}: {}\n{}", text(&o), c.log());
-    text(&o)
-}
-
-fn refused(c: &Cluster, args: &[&str], says: &str) {
-    let o = c.cli(args);
-    assert!(!o.status.success(), "{args:?} succeeded: {}", text(&o));
-    assert!(text(&o).contains(says), "{args:?}: {}", text(&o));
-}
-
 /// Changes a few random regions of `model` (seeded) and writes the whole image to the volume.
 fn change(c: &Cluster, model: &mut [u8], dir: &Path, seed: u64) {
     let mut x = seed | 1;
@@ -52,21 +32,6 @@ fn change(c: &Cluster, model: &mut [u8], dir: &Path, seed: u64) {
         .args(["convert", "-n", "-f", "raw", "-O", "raw"])
         .arg(&img)
         .arg(&c.unix));
-}
-
-fn compare(image: &Path, uri: &str) {
-    let o = Command::new("qemu-img")
-        .args(["compare", "-f", "raw", "-F", "raw"])
-        .arg(image)
-        .arg(uri)
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "{} differs from {uri}: {}",
-        image.display(),
-        text(&o)
-    );
 }
 
 #[test]
@@ -145,12 +110,12 @@ fn snapshots_are_taken_online_survive_crashes_and_read_back_exactly() {
             .any(|s| s["exclusive_bytes"].as_u64().unwrap() > 0),
         "{info}"
     );
-    compare(&work.path().join("s5.img"), &c.unix);
+    compare_image(&work.path().join("s5.img"), &c.unix);
     let mut exports = Vec::new();
     for k in 1..=5 {
         let sock = work.path().join(format!("s{k}.sock"));
         let (child, uri) = spawn_nbd(&c, &format!("vol0@s{k}"), &sock);
-        compare(&work.path().join(format!("s{k}.img")), &uri);
+        compare_image(&work.path().join(format!("s{k}.img")), &uri);
         exports.push((child, uri));
     }
     // Read-only, as NBD says it; a client that writes anyway (libnbd's checks off) gets
@@ -164,11 +129,11 @@ fn snapshots_are_taken_online_survive_crashes_and_read_back_exactly() {
     // Debian's python3, which has python3-libnbd.
     let out = run(Command::new("/usr/bin/python3").args(["-c", &py]));
     assert!(out.contains("refused EPERM"), "{out}");
-    compare(&work.path().join("s1.img"), &exports[0].1);
+    compare_image(&work.path().join("s1.img"), &exports[0].1);
     // Deleting one in the middle leaves the others whole (the next one's map is re-based).
     ok(&c, &["volume", "snapshot", "delete", "vol0", "s2"]);
     for k in [1, 3, 4, 5] {
-        compare(&work.path().join(format!("s{k}.img")), &exports[k - 1].1);
+        compare_image(&work.path().join(format!("s{k}.img")), &exports[k - 1].1);
     }
     // Bad requests change nothing.
     refused(
@@ -207,7 +172,7 @@ fn snapshots_are_taken_online_survive_crashes_and_read_back_exactly() {
         let _ = child.kill();
         let _ = child.wait();
     }
-    compare(&work.path().join("s5.img"), &c.unix);
+    compare_image(&work.path().join("s5.img"), &c.unix);
     // Rollback: refused while up's writer holds the volume; --force fences it, every copy
     // then holds s3, and up's export, attached again, serves it.
     refused(&c, &["volume", "rollback", "vol0", "s3"], "is in use");

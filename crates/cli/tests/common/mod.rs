@@ -719,3 +719,42 @@ impl Drop for Server {
         let _ = self.0.wait();
     }
 }
+
+/// A command's stdout and stderr together.
+pub fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// `trireme ARGS` against `c`, which must succeed: what it printed.
+pub fn ok(c: &Cluster, args: &[&str]) -> String {
+    let o = c.cli(args);
+    assert!(o.status.success(), "{args:?}: {}\n{}", text(&o), c.log());
+    text(&o)
+}
+
+/// `trireme ARGS` against `c`, which must fail saying `says`.
+pub fn refused(c: &Cluster, args: &[&str], says: &str) {
+    let o = c.cli(args);
+    assert!(!o.status.success(), "{args:?} succeeded: {}", text(&o));
+    assert!(text(&o).contains(says), "{args:?}: {}", text(&o));
+}
+
+/// `qemu-img compare` of a raw image file and an NBD URI: they must hold the same bytes.
+pub fn compare_image(image: &Path, uri: &str) {
+    let o = Command::new("qemu-img")
+        .args(["compare", "-f", "raw", "-F", "raw"])
+        .arg(image)
+        .arg(uri)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "{} differs from {uri}: {}",
+        image.display(),
+        text(&o)
+    );
+}
