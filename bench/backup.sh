@@ -12,16 +12,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 size="${SIZE:-1G}"
-cargo build --release --locked -q -p trireme
-T=$PWD/target/release/trireme
-dir=$(mktemp -d)
-up=
-trap '[ -n "$up" ] && kill $up 2>/dev/null; rm -rf "$dir"' EXIT
-mkdir "$dir/c"
-"$T" --data-dir "$dir/c" up --store file --size "$size" --port 0 >"$dir/up.log" 2>&1 &
-up=$!
-for _ in $(seq 150); do [ -f "$dir/c/exports" ] && break; sleep 0.2; done
-uri=$(head -1 "$dir/c/exports")
+. bench/lib.sh
+start_up --store file --size "$size"
 sock="$dir/c/nbd.sock"
 head -c "$size" /dev/urandom >"$dir/fill.img"
 qemu-img convert -n -f raw -O raw "$dir/fill.img" "$uri"
@@ -62,5 +54,4 @@ exp=$!
 for _ in $(seq 50); do [ -S "$dir/copy.sock" ] && break; sleep 0.2; done
 qemu-img compare -f raw -F raw "$uri" "nbd+unix:///copy?socket=$dir/copy.sock"
 kill "$exp"; wait "$exp" || true
-kill "$up"; wait "$up" || true
-up=
+stop_up

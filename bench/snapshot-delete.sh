@@ -12,19 +12,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-2}"
 size="${SIZE:-1G}"
-cargo build --release --locked -q -p trireme
-T=$PWD/target/release/trireme
-dir=$(mktemp -d)
-up=
-trap '[ -n "$up" ] && kill $up 2>/dev/null; rm -rf "$dir"' EXIT
+. bench/lib.sh
 head -c "$size" /dev/urandom >"$dir/fill.img"
 for round in $(seq "$rounds"); do
   for mode in none delete; do
-    rm -rf "$dir/c" && mkdir "$dir/c"
-    "$T" --data-dir "$dir/c" up --store file --size "$size" --port 0 >"$dir/up.log" 2>&1 &
-    up=$!
-    for _ in $(seq 150); do [ -f "$dir/c/exports" ] && break; sleep 0.2; done
-    uri=$(head -1 "$dir/c/exports")
+    start_up --store file --size "$size"
     qemu-img convert -n -f raw -O raw "$dir/fill.img" "$uri"
     "$T" --data-dir "$dir/c" volume snapshot create vol0 big >/dev/null
     qemu-img convert -n -f raw -O raw "$dir/fill.img" "$uri"
@@ -39,7 +31,6 @@ for round in $(seq "$rounds"); do
     [ -n "$deleter" ] && wait "$deleter"
     echo "$mode round $round: $(grep Summary <<<"$out")"
     grep -E '^ *(50th|99th|3-nines|max) ' <<<"$out" | sed 's/^/    /'
-    kill "$up"; wait "$up" || true
-    up=
+    stop_up
   done
 done

@@ -14,19 +14,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-2}"
 size="${SIZE:-1G}"
-cargo build --release --locked -q -p trireme
-T=$PWD/target/release/trireme
-dir=$(mktemp -d)
-up=
-trap '[ -n "$up" ] && kill $up 2>/dev/null; rm -rf "$dir"' EXIT
+. bench/lib.sh
 head -c "$size" /dev/urandom >"$dir/fill.img"
 for round in $(seq "$rounds"); do
   for mode in none chain10 first pause; do
-    rm -rf "$dir/c" && mkdir "$dir/c"
-    "$T" --data-dir "$dir/c" up --store file --size "$size" --port 0 >"$dir/up.log" 2>&1 &
-    up=$!
-    for _ in $(seq 150); do [ -f "$dir/c/exports" ] && break; sleep 0.2; done
-    uri=$(head -1 "$dir/c/exports")
+    start_up --store file --size "$size"
     qemu-img convert -n -f raw -O raw "$dir/fill.img" "$uri"
     snap() { "$T" --data-dir "$dir/c" volume snapshot create vol0 "$1" >/dev/null; }
     case $mode in
@@ -47,7 +39,6 @@ for round in $(seq "$rounds"); do
       wait "$snapper"
       echo "  I/O paused per snapshot (ms): $(grep -o 'paused_ms=[0-9]*' "$dir/up.log" | cut -d= -f2 | tr '\n' ' ')"
     fi
-    kill "$up"; wait "$up" || true
-    up=
+    stop_up
   done
 done
