@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::Bytes;
 use tokio::time::Instant;
-use trireme_proto::{decode_extents_within, Extent, Header, Op, FLAG_FUA, FLAG_MAY_TRIM};
+use trireme_proto::{Extent, Header, Op, FLAG_FUA, FLAG_MAY_TRIM};
 use trireme_replication::{
     check_io, Decision, Mirrored, ReplicaOutcome, ReplicaState, WriteFailure,
 };
@@ -393,36 +393,14 @@ impl Volume {
         let f = self
             .read_one(self.header(Op::BlockStatus, offset, len))
             .await?;
-        let ext = decode_extents_within(&f.payload, len).map_err(|e| VolumeError::Protocol {
-            node: 0,
-            what: e.to_string(),
-        })?;
-        let total: u64 = ext.iter().map(|e| e.length).sum();
-        if total != len {
-            return Err(VolumeError::Protocol {
-                node: 0,
-                what: format!("extents cover {total} of {len} bytes"),
-            });
-        }
-        Ok(ext)
+        crate::extents_covering(0, &f.payload, len)
     }
 
-    /// crc32c of a range on every connected replica (index order), for verification.
-    pub async fn replica_checksums(
-        &self,
-        offset: u64,
-        len: u64,
-    ) -> Vec<Option<Result<u32, VolumeError>>> {
-        let n = self.replica_count();
-        let idx: Vec<usize> = (0..n)
+    /// The replicas (indexes) this writer has a connection to now.
+    pub(crate) fn connected(&self) -> Vec<usize> {
+        (0..self.replica_count())
             .filter(|&i| self.conn(&self.slots[i]).is_some())
-            .collect();
-        let sums = self.checksums(&idx, offset, len).await;
-        let mut out: Vec<Option<Result<u32, VolumeError>>> = (0..n).map(|_| None).collect();
-        for (k, r) in sums.into_iter().enumerate() {
-            out[idx[k]] = Some(r.map(|c| c as u32));
-        }
-        out
+            .collect()
     }
 
     /// crc32c of a range on each of `targets`, computed on the nodes, in `targets` order.

@@ -667,3 +667,19 @@ impl Volume {
         }
     }
 }
+
+/// Node `node`'s extent list answering for a `len`-byte range: decoded, and checked to cover
+/// the range exactly.
+pub(crate) fn extents_covering(
+    node: u32,
+    payload: &[u8],
+    len: u64,
+) -> Result<Vec<trireme_proto::Extent>, VolumeError> {
+    let bad = |what: String| VolumeError::Protocol { node, what };
+    let ext = trireme_proto::decode_extents_within(payload, len).map_err(|e| bad(e.to_string()))?;
+    let total: u64 = ext.iter().map(|e| e.length).sum();
+    if total != len {
+        return Err(bad(format!("extents cover {total} of {len} bytes")));
+    }
+    Ok(ext)
+}

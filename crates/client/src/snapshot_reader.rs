@@ -124,7 +124,7 @@ impl SnapshotReader {
         let (k, b) = self
             .ask_any(Op::SnapshotStatus, offset, len, &self.id_payload)
             .await?;
-        self.extents(k, &b, len)
+        crate::extents_covering(self.copies[k].node, &b, len)
     }
 
     /// Which of `[offset, offset+len)` (up to 4 GiB) differs between snapshot `from` and this
@@ -145,30 +145,7 @@ impl SnapshotReader {
             .payload(),
         );
         let (k, b) = self.ask_any(Op::SnapshotChanged, offset, len, &q).await?;
-        self.extents(k, &b, len)
-    }
-
-    /// Copy `k`'s extent list for a `len`-byte range, checked to cover it exactly.
-    fn extents(
-        &self,
-        k: usize,
-        b: &[u8],
-        len: u64,
-    ) -> Result<Vec<trireme_proto::Extent>, VolumeError> {
-        let node = self.copies[k].node;
-        let ext =
-            trireme_proto::decode_extents_within(b, len).map_err(|e| VolumeError::Protocol {
-                node,
-                what: e.to_string(),
-            })?;
-        let total: u64 = ext.iter().map(|e| e.length).sum();
-        if total != len {
-            return Err(VolumeError::Protocol {
-                node,
-                what: format!("extents cover {total} of {len} bytes"),
-            });
-        }
-        Ok(ext)
+        crate::extents_covering(self.copies[k].node, &b, len)
     }
 
     /// Reads `len` bytes at `offset` of the snapshot.

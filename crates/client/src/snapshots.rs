@@ -95,17 +95,7 @@ impl Volume {
                 .await
                 .and_then(|f| self.expect_ok(i, f))
             {
-                Ok(f) => {
-                    let node = self.node(i);
-                    let bad = |what: String| VolumeError::Protocol { node, what };
-                    let ext = trireme_proto::decode_extents_within(&f.payload, len)
-                        .map_err(|e| bad(e.to_string()))?;
-                    let total: u64 = ext.iter().map(|e| e.length).sum();
-                    if total != len {
-                        return Err(bad(format!("extents cover {total} of {len} bytes")));
-                    }
-                    return Ok(ext);
-                }
+                Ok(f) => return crate::extents_covering(self.node(i), &f.payload, len),
                 Err(e) if e.stops_writer() => return Err(e),
                 Err(e) => last = e,
             }

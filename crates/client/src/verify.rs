@@ -54,9 +54,9 @@ pub async fn verify_replicas_with(
     let mut offset = 0;
     while offset < size {
         let len = region.min(size - offset);
-        let mut sums = collect(vol, offset, len).await?;
+        let mut sums = collect(vol, None, &vol.connected(), offset, len).await?;
         if !all_equal(&sums) {
-            sums = collect(vol, offset, len).await?;
+            sums = collect(vol, None, &vol.connected(), offset, len).await?;
             if !all_equal(&sums) {
                 report.mismatches.push(Mismatch {
                     offset,
@@ -97,8 +97,10 @@ pub async fn verify_snapshot(
 ) -> Result<SnapshotVerify, VolumeError> {
     let size = vol.size();
     let region = region.clamp(4096, crate::MAX_IO);
-    let targets: Vec<usize> = (0..vol.replica_count())
-        .filter(|&i| nodes.contains(&vol.node(i)) && vol.conn(&vol.slots[i]).is_some())
+    let targets: Vec<usize> = vol
+        .connected()
+        .into_iter()
+        .filter(|&i| nodes.contains(&vol.node(i)))
         .collect();
     let mut out = SnapshotVerify {
         name: name.to_string(),
@@ -110,20 +112,7 @@ pub async fn verify_snapshot(
     let mut offset = 0;
     while offset < size {
         let len = region.min(size - offset);
-        let mut sums: Sums = (Vec::new(), Vec::new());
-        for (k, r) in vol
-            .checksums_of(Some(id), &targets, offset, len)
-            .await
-            .into_iter()
-            .enumerate()
-        {
-            let node = vol.node(targets[k]);
-            match r {
-                Ok(c) => sums.0.push((node, c as u32)),
-                Err(e) if e.is_bad_copy() => sums.1.push(node),
-                Err(e) => return Err(e),
-            }
-        }
+        let sums = collect(vol, Some(id), &targets, offset, len).await?;
         if !all_equal(&sums) {
             out.mismatches.push(Mismatch {
                 offset,
@@ -142,24 +131,26 @@ pub async fn verify_snapshot(
 /// Each replica's checksum, and the nodes whose copy failed its block checksums.
 type Sums = (Vec<(u32, u32)>, Vec<u32>);
 
-async fn collect(vol: &Volume, offset: u64, len: u64) -> Result<Sums, VolumeError> {
-    let mut out = Vec::new();
-    let mut bad = Vec::new();
-    for (i, r) in vol
-        .replica_checksums(offset, len)
-        .await
-        .into_iter()
-        .enumerate()
-    {
-        let node = vol.info().replicas[i].node;
+/// The checksums of `[offset, offset+len)` on the replicas `targets` (of snapshot
+/// `snapshot`'s bytes, or the replica's now for `None`).
+async fn collect(
+    vol: &Volume,
+    snapshot: Option<u64>,
+    targets: &[usize],
+    offset: u64,
+    len: u64,
+) -> Result<Sums, VolumeError> {
+    let mut sums: Sums = (Vec::new(), Vec::new());
+    let answers = vol.checksums_of(snapshot, targets, offset, len).await;
+    for (k, r) in answers.into_iter().enumerate() {
+        let node = vol.node(targets[k]);
         match r {
-            Some(Ok(c)) => out.push((node, c)),
-            Some(Err(e)) if e.is_bad_copy() => bad.push(node),
-            Some(Err(e)) => return Err(e),
-            None => {}
+            Ok(c) => sums.0.push((node, c as u32)),
+            Err(e) if e.is_bad_copy() => sums.1.push(node),
+            Err(e) => return Err(e),
         }
     }
-    Ok((out, bad))
+    Ok(sums)
 }
 
 fn all_equal(s: &Sums) -> bool {
