@@ -222,6 +222,20 @@ async fn apply<R: std::io::Read>(
     Ok((head, applied))
 }
 
+/// Deletes snapshot `volume@snap`, the snapshot of `what`, which nothing needs any more; a
+/// failure is only logged (the snapshot stays, listed, for an operator to delete).
+async fn drop_snapshot(cc: &mut ControlClient, volume: &str, snap: &str, what: &str) {
+    let r: Result<(), _> = cc
+        .call(&Request::SnapshotDelete {
+            name: volume.to_string(),
+            snapshot: snap.to_string(),
+        })
+        .await;
+    if let Err(e) = r {
+        tracing::warn!("deleting snapshot {volume}@{snap}, of {what}: {e}");
+    }
+}
+
 /// Opens FILE, or standard input for `-`.
 fn input(path: &Path) -> Result<Box<dyn std::io::Read>, CliError> {
     if path == Path::new("-") {
@@ -445,12 +459,7 @@ async fn backup(
         Err(e) => {
             // Nothing refers to the snapshot: it goes again.
             let _ = std::fs::remove_file(&part);
-            let _: Result<(), _> = cc
-                .call(&Request::SnapshotDelete {
-                    name: volume.to_string(),
-                    snapshot: name.clone(),
-                })
-                .await;
+            drop_snapshot(cc, volume, &name, "a backup that failed").await;
             return Err(e);
         }
     };
@@ -467,15 +476,7 @@ async fn backup(
     cat.save(dir).map_err(runtime_err)?;
     // The new snapshot is the next backup's base: the one before it is no longer needed.
     if let Some(b) = base {
-        let r: Result<(), _> = cc
-            .call(&Request::SnapshotDelete {
-                name: volume.to_string(),
-                snapshot: b.clone(),
-            })
-            .await;
-        if let Err(e) = r {
-            tracing::warn!("deleting the previous backup's snapshot {volume}@{b}: {e}");
-        }
+        drop_snapshot(cc, volume, &b, "the previous backup").await;
     }
     Ok(entry)
 }
@@ -537,15 +538,7 @@ async fn restore(
         // Only the newest backup's snapshot stays on the new volume: the base a further
         // `import-diff` builds on.
         if let Some(prev) = done.last() {
-            let r: Result<(), _> = cc
-                .call(&Request::SnapshotDelete {
-                    name: name.to_string(),
-                    snapshot: prev.clone(),
-                })
-                .await;
-            if let Err(err) = r {
-                tracing::warn!("deleting snapshot {name}@{prev} after the next was applied: {err}");
-            }
+            drop_snapshot(cc, name, prev, "a backup the next one builds on").await;
         }
         done.push(e.snapshot.clone());
     }
