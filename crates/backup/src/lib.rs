@@ -82,33 +82,32 @@ pub async fn make_diff<W: Write>(
             }),
             None => vec![(pos, n)],
         };
-        for (a, len) in changed {
-            let alloc = to.block_status(a, len).await?;
-            for (b, blen, zero) in runs(a, &alloc) {
-                if zero {
-                    // Records go out in offset order: the reads before this range first.
-                    while let Some((at, k, h)) = flying.pop_front() {
-                        put(&mut w, &mut st, incremental, at, k, h).await?;
-                    }
-                    if incremental {
-                        w.zero(b, blen)?;
-                        st.changed_bytes += blen;
-                        st.zero_bytes += blen;
-                    }
-                    continue;
+        // The window's allocation, asked once, cut to the changed ranges.
+        let alloc = runs(pos, &to.block_status(pos, n).await?);
+        for (b, blen, zero) in within(&alloc, &changed) {
+            if zero {
+                // Records go out in offset order: the reads before this range first.
+                while let Some((at, k, h)) = flying.pop_front() {
+                    put(&mut w, &mut st, incremental, at, k, h).await?;
                 }
-                st.changed_bytes += blen;
-                let mut at = b;
-                while at < b + blen {
-                    let k = (b + blen - at).min(PIECE);
-                    if flying.len() >= READS_IN_FLIGHT {
-                        let (x, y, h) = flying.pop_front().expect("in flight");
-                        put(&mut w, &mut st, incremental, x, y, h).await?;
-                    }
-                    let r = to.clone();
-                    flying.push_back((at, k, tokio::spawn(async move { r.read(at, k).await })));
-                    at += k;
+                if incremental {
+                    w.zero(b, blen)?;
+                    st.changed_bytes += blen;
+                    st.zero_bytes += blen;
                 }
+                continue;
+            }
+            st.changed_bytes += blen;
+            let mut at = b;
+            while at < b + blen {
+                let k = (b + blen - at).min(PIECE);
+                if flying.len() >= READS_IN_FLIGHT {
+                    let (x, y, h) = flying.pop_front().expect("in flight");
+                    put(&mut w, &mut st, incremental, x, y, h).await?;
+                }
+                let r = to.clone();
+                flying.push_back((at, k, tokio::spawn(async move { r.read(at, k).await })));
+                at += k;
             }
         }
         pos += n;
@@ -159,6 +158,28 @@ fn ranges(start: u64, ext: &[Extent], pick: impl Fn(&Extent) -> bool) -> Vec<(u6
             }
         }
         pos += e.length;
+    }
+    out
+}
+
+/// The parts of `runs` (data or zeros, in order) inside `ranges` (in order, apart), in order.
+fn within(runs: &[(u64, u64, bool)], ranges: &[(u64, u64)]) -> Vec<(u64, u64, bool)> {
+    let mut out = Vec::new();
+    let mut r = 0;
+    for &(a, n) in ranges {
+        let end = a + n;
+        while r < runs.len() && runs[r].0 + runs[r].1 <= a {
+            r += 1;
+        }
+        let mut k = r;
+        while k < runs.len() && runs[k].0 < end {
+            let (s, l, zero) = runs[k];
+            let (x, y) = (s.max(a), (s + l).min(end));
+            if x < y {
+                out.push((x, y - x, zero));
+            }
+            k += 1;
+        }
     }
     out
 }
@@ -317,9 +338,12 @@ mod tests {
             vec![(100, 15), (135, 4)]
         );
         let alloc = [e(8, 0), e(8, 0), e(4, Extent::HOLE | Extent::ZERO), e(2, 0)];
+        let r = runs(0, &alloc);
+        assert_eq!(r, vec![(0, 16, false), (16, 4, true), (20, 2, false)]);
         assert_eq!(
-            runs(0, &alloc),
-            vec![(0, 16, false), (16, 4, true), (20, 2, false)]
+            within(&r, &[(2, 3), (15, 3), (21, 1)]),
+            vec![(2, 3, false), (15, 1, false), (16, 2, true), (21, 1, false)]
         );
+        assert!(within(&r, &[]).is_empty());
     }
 }
