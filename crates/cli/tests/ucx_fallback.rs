@@ -173,3 +173,35 @@ fn nodes_that_refuse_the_writers_ucx_secret_are_reached_over_tcp() {
     assert!(!log.contains("replica taken out"), "{log}");
     drop(c);
 }
+
+/// A copy whose node answers no UCX probe comes back after its node is killed: the resync's
+/// link falls back to TCP like an attach's. Before, the resync gave its link the replica
+/// timeout (1 s) to connect while the UCX probe alone may take 2 s, so the copy stayed
+/// outdated for good. CI saw the same on one host under load (a UCX negotiation slower than a
+/// second, every try cut short), and so would a firewall that drops UCX's ports.
+#[test]
+fn a_copy_whose_ucx_probe_goes_unanswered_is_resynced_over_tcp_after_its_node_restarts() {
+    if skip_netns() {
+        return;
+    }
+    let ns = Netns::create(3);
+    let c = ns.cluster_env(
+        &["--store", "file", "--size", "64M"],
+        &[("TRIREME_FAULT_REFUSE_UCX_SECRETS", "1")],
+    );
+    let bench = start_bench(&c, 6);
+    std::thread::sleep(Duration::from_secs(1));
+    let pid = node_pid(&c, 2);
+    signal(pid, libc::SIGKILL);
+    wait_restarted(&c, 2, pid);
+    let v = finish_bench(&c, bench);
+    assert_eq!(v["errors"].as_u64().unwrap_or(0), 0, "{v}");
+    wait_all_in_sync(&c);
+    let s = status(&c);
+    let l = link_to(&s, "vol0", 2);
+    assert_eq!(l["transport"], "tcp", "{s}");
+    let log = c.log();
+    assert!(log.contains("resync done"), "{log}");
+    assert_replicas_identical(&c, "vol0");
+    drop(c);
+}

@@ -37,6 +37,8 @@ use crate::{join_all, Volume, VolumeError};
 
 /// The longest a replica whose resyncs keep stopping waits before the next one.
 const RESYNC_BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+/// How often a resync that keeps failing the same way is said again.
+const RESYNC_RETOLD: Duration = Duration::from_secs(30);
 
 /// Starts failure handling for a freshly attached volume: reconciles the replicas if the previous
 /// writer died with writes in flight, then spawns the resync task.
@@ -59,7 +61,7 @@ pub(crate) async fn start(v: &Arc<Volume>) -> Result<(), VolumeError> {
     crate::activity::spawn_cleaner(v);
     let weak = Arc::downgrade(v);
     tokio::spawn(async move {
-        let mut last_error: Vec<Option<String>> = Vec::new();
+        let mut last_error: Vec<Option<(String, Duration, u32)>> = Vec::new();
         // Per replica: resyncs that began and stopped in a row, and when to try again.
         let mut backoff: Vec<(u32, std::time::Duration)> = Vec::new();
         loop {
@@ -117,11 +119,24 @@ pub(crate) async fn start(v: &Arc<Volume>) -> Result<(), VolumeError> {
                         return;
                     }
                     Err(e) => {
-                        // The node is usually just not back yet: say so once, not every tick.
+                        // The node is usually just not back yet: say so once, not every tick,
+                        // and again every RESYNC_RETOLD while it lasts, with the tries since:
+                        // a copy that never comes back must not look like one tried once.
                         let msg = e.to_string();
-                        if last.as_deref() != Some(&msg) {
-                            tracing::info!(volume = %v.info.name, node = v.node(i), "replica not resynced yet: {msg}");
-                            *last = Some(msg);
+                        match last {
+                            Some((said, at, tries))
+                                if *said == msg && now.saturating_sub(*at) < RESYNC_RETOLD =>
+                            {
+                                *tries += 1;
+                            }
+                            Some((said, at, tries)) if *said == msg => {
+                                tracing::warn!(volume = %v.info.name, node = v.node(i), "replica still not resynced after {} more tries: {msg}", *tries + 1);
+                                (*at, *tries) = (now, 0);
+                            }
+                            _ => {
+                                tracing::info!(volume = %v.info.name, node = v.node(i), "replica not resynced yet: {msg}");
+                                *last = Some((msg, now, 0));
+                            }
                         }
                     }
                 }

@@ -266,26 +266,37 @@ async fn join_all<T>(mut futs: Vec<Pin<Box<dyn Future<Output = T> + Send + '_>>>
 }
 
 /// Connects to a replica's node: through its same-host socket when that socket exists here,
-/// else over the network address.
+/// else over the network address. With a `limit`, the connection itself (TCP and TLS) gets at
+/// most that long; the UCX negotiation after it bounds itself and falls back to TCP (see
+/// [`trireme_transport::connect_within`]).
 async fn connect_replica(
     r: &ReplicaTarget,
     opts: &VolumeOptions,
+    limit: Option<Duration>,
 ) -> Result<Arc<dyn Connection>, VolumeError> {
     if let Some(c) = &opts.connector {
-        return c.connect(r).await;
+        return match limit {
+            Some(limit) => tokio::time::timeout(limit, c.connect(r))
+                .await
+                .map_err(|_| VolumeError::Timeout {
+                    node: r.node,
+                    timeout: limit,
+                })?,
+            None => c.connect(r).await,
+        };
     }
     let (kind, streams) = (opts.kind, opts.streams);
     let mut socket_failed = None;
     if let Some(local) = r.local_addr.as_ref().filter(|_| opts.same_host_socket) {
         let path = local.strip_prefix("unix:").unwrap_or(local);
         if std::path::Path::new(path).exists() {
-            match trireme_transport::connect(kind, local, streams).await {
+            match trireme_transport::connect_within(kind, local, streams, limit).await {
                 Ok(c) => return Ok(c),
                 Err(e) => socket_failed = Some(e),
             }
         }
     }
-    let c = trireme_transport::connect(kind, &r.addr, streams)
+    let c = trireme_transport::connect_within(kind, &r.addr, streams, limit)
         .await
         .map_err(|source| VolumeError::Transport {
             node: r.node,
@@ -325,7 +336,7 @@ impl Volume {
         for r in &info.replicas {
             let state = r.state;
             let conn = if r.state == ReplicaState::InSync {
-                match connect_replica(r, &opts).await {
+                match connect_replica(r, &opts, None).await {
                     Ok(c) => Some(c),
                     Err(e) if all_in_sync_needed => return Err(e),
                     Err(e) => {

@@ -58,15 +58,10 @@ impl Volume {
             .iter()
             .find(|r| r.node == node)
             .ok_or_else(|| VolumeError::NoReplicas(self.info.name.clone()))?;
-        let conn = tokio::time::timeout(
-            self.opts.replica_timeout,
-            connect_replica(target, &self.opts),
-        )
-        .await
-        .map_err(|_| VolumeError::Timeout {
-            node,
-            timeout: self.opts.replica_timeout,
-        })??;
+        // The replica timeout bounds the connection, not the UCX negotiation after it, which
+        // bounds itself and ends on TCP: cut short, it never let a copy whose UCX path is slow
+        // (a loaded host) or blocked (a firewall) come back.
+        let conn = connect_replica(target, &self.opts, Some(self.opts.replica_timeout)).await?;
         let f = self
             .call_on(i, &*conn, self.header(Op::Attach, 0, 0))
             .await?;

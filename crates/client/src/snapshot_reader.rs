@@ -71,7 +71,7 @@ impl SnapshotReader {
         if let Some(c) = cached {
             return Ok(c);
         }
-        let c = connect_replica(&self.copies[k], &self.opts).await?;
+        let c = connect_replica(&self.copies[k], &self.opts, None).await?;
         self.links.lock().unwrap_or_else(|e| e.into_inner())[k] = Some(c.clone());
         Ok(c)
     }

@@ -236,7 +236,35 @@ pub async fn connect(
     addr: &str,
     streams: usize,
 ) -> Result<Arc<dyn Connection>, TransportError> {
-    let tcp = tcp::TcpConnection::connect(addr, streams).await?;
+    connect_within(kind, addr, streams, None).await
+}
+
+/// As [`connect`], with the TCP connection (and its TLS handshake) given at most `limit`.
+/// The UCX negotiation that follows bounds each of its steps itself and ends on TCP when UCX
+/// is slow or blocked: a caller that cut it short with a bound of its own would never reach a
+/// node whose UCX path takes longer than that bound (a resync gave up after 1 s every time
+/// while the UCX probe may take 2 s).
+pub async fn connect_within(
+    kind: TransportKind,
+    addr: &str,
+    streams: usize,
+    limit: Option<std::time::Duration>,
+) -> Result<Arc<dyn Connection>, TransportError> {
+    let tcp = tcp::TcpConnection::connect(addr, streams);
+    let tcp = match limit {
+        Some(limit) => {
+            tokio::time::timeout(limit, tcp)
+                .await
+                .map_err(|_| TransportError::Connect {
+                    addr: addr.to_string(),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("no connection within {limit:?}"),
+                    ),
+                })??
+        }
+        None => tcp.await?,
+    };
     let fallback = match kind {
         TransportKind::Tcp => return Ok(Arc::new(tcp)),
         TransportKind::Auto => ucx::Fallback::Allowed,

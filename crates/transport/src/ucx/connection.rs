@@ -120,10 +120,15 @@ async fn try_ucx(
     tcp: &TcpConnection,
     link: u64,
 ) -> Result<(&'static Hub, Endpoint, String, [u8; SECRET_LEN]), String> {
-    let offer = tcp
-        .call(Header::request(Op::UcxAddress, 0), Bytes::new())
-        .await
-        .map_err(|e| format!("asking for the node's UCX address: {e}"))?;
+    // Bounded like the steps below: a node that accepted but does not answer (frozen) leaves
+    // the link on TCP, where the caller's own timeouts decide about the node.
+    let offer = tokio::time::timeout(
+        PROBE_TIMEOUT,
+        tcp.call(Header::request(Op::UcxAddress, 0), Bytes::new()),
+    )
+    .await
+    .map_err(|_| format!("the node did not give its UCX address within {PROBE_TIMEOUT:?}"))?
+    .map_err(|e| format!("asking for the node's UCX address: {e}"))?;
     if offer.header.status != Status::Ok {
         return Err(format!(
             "the node offers no UCX: {}",
