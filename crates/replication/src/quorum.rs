@@ -16,6 +16,8 @@ pub enum ReplicaOutcome {
     StoreFailed,
     /// The replica refused the request itself (out of range, malformed): a client bug.
     Refused,
+    /// The replica refused a write for want of space, before writing anything.
+    NoSpace,
 }
 
 /// Why a write cannot be acknowledged.
@@ -29,6 +31,8 @@ pub enum WriteFailure {
     Refused { replica: usize },
     #[error("no in-sync replica to write to")]
     NoReplicas,
+    #[error("no space left on replica {replica}")]
+    NoSpace { replica: usize },
 }
 
 /// Collects replies for one write. The write is acknowledged only when every target replica
@@ -81,7 +85,7 @@ impl WriteQuorum {
 /// A write's result from its targets' replies (`None`: no answer, counted as failed). Fenced
 /// wins (the writer must stop), then a refusal of the request itself (no replica may be taken
 /// out for a request it refused: it never wrote it, and would still count as holding the data),
-/// then a plain failure.
+/// then a refusal for want of space (likewise), then a plain failure.
 fn outcome(
     targets: &[usize],
     replies: impl Iterator<Item = Option<ReplicaOutcome>>,
@@ -90,6 +94,7 @@ fn outcome(
         return Err(WriteFailure::NoReplicas);
     }
     let mut refused = None;
+    let mut no_space = None;
     let mut failed = None;
     for (&replica, r) in targets.iter().zip(replies) {
         match r {
@@ -98,12 +103,15 @@ fn outcome(
             Some(ReplicaOutcome::Refused) => {
                 refused.get_or_insert(WriteFailure::Refused { replica });
             }
+            Some(ReplicaOutcome::NoSpace) => {
+                no_space.get_or_insert(WriteFailure::NoSpace { replica });
+            }
             Some(ReplicaOutcome::Failed | ReplicaOutcome::StoreFailed) | None => {
                 failed.get_or_insert(WriteFailure::ReplicaFailed { replica });
             }
         }
     }
-    refused.or(failed).map_or(Ok(()), Err)
+    refused.or(no_space).or(failed).map_or(Ok(()), Err)
 }
 
 /// A request mirrored to every write target, as [`decide`] needs to know it.
@@ -131,6 +139,12 @@ pub enum Decision {
         range: Option<(u64, u64)>,
         lost_history: bool,
     },
+    /// Send the request again to `replicas`, which refused it for want of space while an
+    /// in-sync replica wrote it, letting them use their reserve; then decide on every answer
+    /// again, the new ones in place of the refusals (a refusal again counts as a failure of
+    /// the store). The copies must not differ over a write answered either way: a guest that
+    /// gets ENOSPC may read the range back, and must read the same from every copy.
+    UseReserve { replicas: Vec<usize> },
 }
 
 /// The writer's rule for a mirrored request whose targets (`targets`, replica indexes into
@@ -138,6 +152,10 @@ pub enum Decision {
 /// than the request failed only if the writer can record that (`can_take_out`: it has a
 /// control plane), every failure is a plain one (no fencing, no refusal of the request
 /// itself), and an in-sync replica holds the request. Otherwise every target must hold it.
+/// Refusals for want of space are never taken out (the copy is well, its device full): if
+/// another target wrote the request they get it again with leave to use their reserve
+/// ([`Decision::UseReserve`]); if none did, the request fails with nothing written
+/// ([`WriteFailure::NoSpace`], ENOSPC to the guest).
 pub fn decide(
     request: Mirrored,
     targets: &[usize],
@@ -146,6 +164,19 @@ pub fn decide(
     can_take_out: bool,
 ) -> Decision {
     assert_eq!(targets.len(), replies.len(), "one reply per target");
+    let no_space: Vec<usize> = targets
+        .iter()
+        .zip(replies)
+        .filter(|(_, &r)| r == ReplicaOutcome::NoSpace)
+        .map(|(&i, _)| i)
+        .collect();
+    let written = replies.contains(&ReplicaOutcome::Done);
+    let refused = replies
+        .iter()
+        .any(|r| matches!(r, ReplicaOutcome::Fenced | ReplicaOutcome::Refused));
+    if !no_space.is_empty() && written && !refused {
+        return Decision::UseReserve { replicas: no_space };
+    }
     let failure = match outcome(targets, replies.iter().copied().map(Some)) {
         Ok(()) => return Decision::Ack,
         Err(f) => f,

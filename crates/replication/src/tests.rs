@@ -205,6 +205,7 @@ fn outcome() -> impl Strategy<Value = ReplicaOutcome> {
         1 => Just(ReplicaOutcome::StoreFailed),
         1 => Just(ReplicaOutcome::Fenced),
         1 => Just(ReplicaOutcome::Refused),
+        1 => Just(ReplicaOutcome::NoSpace),
     ]
 }
 
@@ -220,7 +221,9 @@ proptest! {
     /// The writer's rule after a mirrored request, against the guarantees: an acknowledged
     /// request is held by every target, or by an in-sync one while every target that failed
     /// is taken out; a fenced writer never acknowledges; a request the replicas refused is
-    /// never absorbed; nothing is taken out without a control plane to record it.
+    /// never absorbed; nothing is taken out without a control plane to record it; a copy that
+    /// refused for want of space is never taken out, and gets the request again (with its
+    /// reserve) exactly when another copy wrote it.
     #[test]
     fn a_mirrored_request_is_acked_only_where_the_guarantees_hold(
         states in prop::collection::vec(state(), 1..5),
@@ -239,15 +242,29 @@ proptest! {
         let d = decide(request, &targets, replies, &set, can_take_out);
         let all_done = replies.iter().all(|&r| r == ReplicaOutcome::Done);
         let fenced = replies.contains(&ReplicaOutcome::Fenced);
+        let refused = replies.contains(&ReplicaOutcome::Refused);
+        let no_space = replies.contains(&ReplicaOutcome::NoSpace);
+        let written = replies.contains(&ReplicaOutcome::Done);
         match &d {
             Decision::Ack => prop_assert!(all_done && !targets.is_empty()),
             Decision::Fail(f) => {
                 prop_assert!(!all_done || targets.is_empty());
                 prop_assert_eq!(fenced, *f == WriteFailure::Fenced);
+                prop_assert!(!no_space || !written || fenced || refused);
+                if no_space && !fenced && !refused {
+                    prop_assert!(matches!(f, WriteFailure::NoSpace { .. }), "{:?}", f);
+                }
+            }
+            Decision::UseReserve { replicas } => {
+                prop_assert!(written && !fenced && !refused);
+                let full: Vec<usize> = targets.iter().zip(replies)
+                    .filter(|(_, r)| **r == ReplicaOutcome::NoSpace)
+                    .map(|(&i, _)| i).collect();
+                prop_assert_eq!(replicas, &full);
             }
             Decision::TakeOut { replicas, range, lost_history } => {
                 prop_assert!(can_take_out && !fenced);
-                prop_assert!(!replies.contains(&ReplicaOutcome::Refused));
+                prop_assert!(!refused && !no_space);
                 // Exactly the targets that failed go out; one in sync holds the request.
                 let failed: Vec<usize> = targets.iter().zip(replies)
                     .filter(|(_, r)| !matches!(r, ReplicaOutcome::Done))
