@@ -5,8 +5,19 @@
 //! Volumes on the file store are thin: a replica takes space as it is written. The capacity
 //! bounds what the replicas may *provision* (their sizes) times the over-commit limit: 1.0, the
 //! default, never promises more than the node has; 2.0 promises twice that, betting that
-//! volumes stay half full, as thin pools do. A replica that finds its file system full fails
-//! its write, and the writer takes it out like any failing copy.
+//! volumes stay half full, as thin pools do. A file system that fills up anyway (thin
+//! volumes, snapshots) is met by the reserve below.
+//!
+//! **The reserve.** A full file system must not cost a copy: its metadata, maps and logs are
+//! replaced or appended as it works, and a replica that cannot write them loses track of its
+//! history. So a node keeps the last part of its file system in reserve (2% of it, at least
+//! 32 MiB, at most 4 GiB): once the free space is below that, a write or write-zeroes is
+//! refused with `NoSpace` before anything is marked or written, and trims (which give space
+//! back) still run. The writer never takes a copy out for that: with no copy written it fails
+//! the write (ENOSPC to the guest); if another copy wrote it (copies on one file system cross
+//! the line a moment apart) it sends it again with `FLAG_SPACE_RESERVE`, which may use the
+//! reserve, so the copies never differ. Before, the first copy to find its device full was
+//! taken out, then the next, and the writer waited for copies that could never come back.
 //!
 //! The capacity is `--capacity` when given. Otherwise a node on a file system counts what its
 //! directory takes on disk plus its share of what the file system has free (all of it, or a
@@ -30,6 +41,37 @@ pub(crate) struct Room {
     overcommit_milli: AtomicU64,
     /// The directory of the node's store, for its file system's size and free space.
     dir: RwLock<Option<PathBuf>>,
+    /// The file system's free space and size as last looked at, and when (nanoseconds since
+    /// `epoch`, plus one: 0 is never): writes look at most every [`FREE_CHECK`].
+    free: AtomicU64,
+    fs_size: AtomicU64,
+    checked: AtomicU64,
+    epoch: std::time::Instant,
+    /// What the writes admitted and not yet done may take (see [`Room::admit`]).
+    pending: AtomicU64,
+}
+
+/// A write admitted by [`Room::admit`]: pending until dropped.
+pub(crate) struct Admitted<'a>(Option<(&'a AtomicU64, u64)>);
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        if let Some((pending, len)) = self.0 {
+            pending.fetch_sub(len, Ordering::AcqRel);
+        }
+    }
+}
+
+/// How long a write may go by the free space another looked at.
+const FREE_CHECK: std::time::Duration = std::time::Duration::from_millis(5);
+/// The reserve: this share of the file system (in parts of 1000), within the bounds below.
+const RESERVE_MILLI: u64 = 20;
+const RESERVE_MIN: u64 = 32 << 20;
+const RESERVE_MAX: u64 = 4 << 30;
+
+/// The reserve of a file system of `fs_size` bytes.
+pub(crate) fn reserve_of(fs_size: u64) -> u64 {
+    (fs_size / 1000 * RESERVE_MILLI).clamp(RESERVE_MIN, RESERVE_MAX)
 }
 
 impl Default for Room {
@@ -39,6 +81,11 @@ impl Default for Room {
             fs_share: AtomicU64::new(0),
             overcommit_milli: AtomicU64::new(1000),
             dir: RwLock::new(None),
+            free: AtomicU64::new(0),
+            fs_size: AtomicU64::new(0),
+            checked: AtomicU64::new(0),
+            epoch: std::time::Instant::now(),
+            pending: AtomicU64::new(0),
         }
     }
 }
@@ -70,6 +117,64 @@ impl Room {
 
     pub(crate) fn set_dir(&self, dir: PathBuf) {
         *self.dir.write().unwrap_or_else(|e| e.into_inner()) = Some(dir);
+    }
+
+    /// Admits a write of `len` bytes, or says why it must be refused for want of space (see
+    /// the module's docs): what is free, less what writes admitted and not yet done may still
+    /// take, must leave the reserve whole, and as many times over as nodes share the file
+    /// system (`up`'s do, each admitting its own writes a moment apart). A write that may use
+    /// the reserve (`reserve`) and a node without a file system to look at are admitted. The
+    /// write counts as pending until the returned guard is dropped.
+    pub(crate) fn admit(&self, reserve: bool, len: u64) -> Result<Admitted<'_>, String> {
+        let Some((size, free)) = self.fs_now() else {
+            return Ok(Admitted(None));
+        };
+        // A write takes more than its bytes: the rest of partly written blocks, a redirect
+        // log record per block, the file system's own blocks.
+        let len = len.saturating_add(len / 8).saturating_add(16 << 10);
+        let pending = self
+            .pending
+            .fetch_add(len, Ordering::AcqRel)
+            .saturating_add(len);
+        let admitted = Admitted(Some((&self.pending, len)));
+        if reserve {
+            return Ok(admitted);
+        }
+        let share = self.fs_share.load(Ordering::Relaxed).max(1);
+        let keep = reserve_of(size);
+        let wanted = keep.saturating_add(pending.saturating_mul(share));
+        if free >= wanted {
+            return Ok(admitted);
+        }
+        let others = if share > 1 {
+            format!(", {share} nodes sharing it")
+        } else {
+            String::new()
+        };
+        Err(format!(
+            "no space: {} free on the node's file system, which keeps {} in reserve and {} for the writes under way{others}",
+            human(free),
+            human(keep),
+            human(wanted - keep),
+        ))
+    }
+
+    /// The file system's size and free space, looked at again if the last look is older than
+    /// [`FREE_CHECK`]; `None` without a directory or if it cannot be looked at.
+    fn fs_now(&self) -> Option<(u64, u64)> {
+        let now = self.epoch.elapsed().as_nanos() as u64 + 1;
+        let checked = self.checked.load(Ordering::Acquire);
+        if checked == 0 || now.saturating_sub(checked) > FREE_CHECK.as_nanos() as u64 {
+            let dir = self.dir.read().unwrap_or_else(|e| e.into_inner()).clone();
+            let (size, free) = trireme_store::fs_space(dir.as_deref()?).ok()?;
+            self.fs_size.store(size, Ordering::Relaxed);
+            self.free.store(free, Ordering::Relaxed);
+            self.checked.store(now, Ordering::Release);
+        }
+        Some((
+            self.fs_size.load(Ordering::Relaxed),
+            self.free.load(Ordering::Relaxed),
+        ))
     }
 
     /// The room now, with what the replicas provision and hold.

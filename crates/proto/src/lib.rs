@@ -100,6 +100,10 @@ pub const FLAG_STREAM: u16 = 1 << 6;
 /// Request flag on `CreateReplica`: reserve the replica's whole space on the node's device now
 /// (a thick volume); without it the replica takes space as it is written.
 pub const FLAG_PREALLOCATE: u16 = 1 << 7;
+/// Request flag on writes: the node may use the space it keeps in reserve. The writer sets it
+/// when it sends a write again to copies that refused it for want of space while another copy
+/// took it, so that the copies stay identical (see `node/src/room.rs`).
+pub const FLAG_SPACE_RESERVE: u16 = 1 << 8;
 const KNOWN_FLAGS: u16 = FLAG_RESPONSE
     | FLAG_FUA
     | FLAG_MAY_TRIM
@@ -107,7 +111,8 @@ const KNOWN_FLAGS: u16 = FLAG_RESPONSE
     | FLAG_SLOW
     | FLAG_HEATED
     | FLAG_STREAM
-    | FLAG_PREALLOCATE;
+    | FLAG_PREALLOCATE
+    | FLAG_SPACE_RESERVE;
 
 /// Why a frame was refused. Every variant means "drop the connection": after a bad header the
 /// byte stream can no longer be trusted to be in step.

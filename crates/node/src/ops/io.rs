@@ -2,7 +2,9 @@
 //! checksums of ranges (what `volume verify` and reconciliation compare).
 
 use bytes::{Bytes, BytesMut};
-use trireme_proto::{encode_extents, Header, Status, FLAG_FUA, FLAG_MAY_TRIM, MAX_PAYLOAD};
+use trireme_proto::{
+    encode_extents, Header, Status, FLAG_FUA, FLAG_MAY_TRIM, FLAG_SPACE_RESERVE, MAX_PAYLOAD,
+};
 use trireme_store::{Replica, StoreError};
 use trireme_transport::Frame;
 
@@ -48,14 +50,29 @@ impl Node {
         let h = &req.header;
         let (r, _turn) = self.io_replica(req)?;
         let len = req.payload.len() as u64;
-        // Checked before anything is marked: a bad range marks nothing.
+        // Checked before anything is marked: a bad range marks nothing, nor a write refused
+        // for want of space (`room.rs`).
         trireme_store::check_range(h.offset, len, r.size())?;
+        if len == 0 {
+            // No bytes: the writer asking whether a write of `h.length` bytes would be taken
+            // now (`client/src/space.rs`).
+            drop(self.admit(h, h.length)?);
+            return Ok(Bytes::new());
+        }
+        let _room = self.admit(h, len)?;
         // Marked before it is applied: in the dirty records, and in the activity log (on
         // disk first if its extent is not marked there: `activity.rs`).
         self.dirty.on_write(h.volume, h.offset, len);
         self.activity.on_write(h.volume, h.offset, len)?;
         r.write(h.offset, &req.payload, h.has_flag(FLAG_FUA))?;
         Ok(Bytes::new())
+    }
+
+    /// Admits a write of `len` bytes unless it would eat into the node's reserve (`room.rs`).
+    fn admit(&self, h: &Header, len: u64) -> Result<crate::room::Admitted<'_>, Refusal> {
+        self.room
+            .admit(h.has_flag(FLAG_SPACE_RESERVE), len)
+            .map_err(|why| Refusal(Status::NoSpace, why))
     }
 
     pub(crate) fn on_flush(&self, req: &Frame) -> Result<Bytes, Refusal> {
@@ -68,6 +85,12 @@ impl Node {
         let h = &req.header;
         let (r, _turn) = self.io_replica(req)?;
         trireme_store::check_range(h.offset, h.length, r.size())?;
+        // A trim gives space back; zeroes written take it.
+        let _room = if h.has_flag(FLAG_MAY_TRIM) {
+            None
+        } else {
+            Some(self.admit(h, h.length)?)
+        };
         self.dirty.on_write(h.volume, h.offset, h.length);
         self.activity.on_write(h.volume, h.offset, h.length)?;
         r.write_zeroes(
