@@ -15,6 +15,9 @@ fn failure_text(f: &WriteFailure, node: Option<u32>) -> String {
             format!("the replica on node {n} failed it")
         }
         (WriteFailure::Refused { .. }, Some(n)) => format!("the replica on node {n} refused it"),
+        (WriteFailure::NoSpace { .. }, Some(n)) => {
+            format!("no space left: node {n} keeps the rest of its device in reserve")
+        }
         (f, _) => f.to_string(),
     }
 }
@@ -73,6 +76,8 @@ pub enum VolumeError {
     BadSize(u64),
     #[error("volume {0}: no in-sync replica can serve the request")]
     NoReplicas(String),
+    #[error("volume {0}: no space left on its copies' nodes (writes resume once there is)")]
+    Full(String),
     #[error("volume {0}: the writer stopped (fenced or refused) while writes waited for copies")]
     Stopped(String),
     #[error("node {node} sent a malformed response: {what}")]
@@ -102,6 +107,10 @@ pub(crate) fn outcome_of(e: &VolumeError) -> ReplicaOutcome {
             status: Status::OutOfRange | Status::Invalid,
             ..
         } => ReplicaOutcome::Refused,
+        VolumeError::Replica {
+            status: Status::NoSpace,
+            ..
+        } => ReplicaOutcome::NoSpace,
         // The node's store answered with an error: what it holds is unknown. A superseded
         // connection's refusal says nothing about the store.
         VolumeError::Replica { status, .. } if *status != Status::Superseded => {
@@ -116,6 +125,17 @@ impl VolumeError {
     /// frontend reports as EINVAL rather than EIO.
     pub fn is_invalid_request(&self) -> bool {
         matches!(self, VolumeError::Range(_))
+    }
+    /// A write refused for want of space on the copies, with nothing written (ENOSPC).
+    pub fn is_no_space(&self) -> bool {
+        matches!(
+            self,
+            VolumeError::Full(_)
+                | VolumeError::Write {
+                    failure: WriteFailure::NoSpace { .. },
+                    ..
+                }
+        )
     }
     /// The replica's copy failed its block checksums (the node keeps serving other ranges).
     pub fn is_bad_copy(&self) -> bool {

@@ -81,6 +81,7 @@ pub(crate) async fn start(v: &Arc<Volume>) -> Result<(), VolumeError> {
                     tracing::warn!(volume = %v.info.name, "taking out replicas with closed links: {e}");
                 }
             }
+            v.check_space_again().await;
             last_error.resize(v.replica_count(), None);
             backoff.resize(v.replica_count(), (0, std::time::Duration::ZERO));
             let now = v.now();

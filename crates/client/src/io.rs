@@ -23,6 +23,7 @@ impl Volume {
     /// control plane, when the ones that failed have been durably taken out and the survivors
     /// track what they missed. `h`'s range is held against overlapping writes until then.
     async fn mirror(&self, h: Header, payload: Bytes) -> Result<(), VolumeError> {
+        self.check_space(&h)?;
         {
             // Too few copies in sync: new writes wait before they are sent (`copies.rs`), in
             // the order they came (the gate is a fair lock), and take their places in the
@@ -157,8 +158,70 @@ impl Volume {
                 Mirrored::Flush
             }
         };
-        let decision = self.core().decide(request, targets, &outcomes);
+        let mut decision = self.core().decide(request, targets, &outcomes);
+        let full: Vec<u32> = targets
+            .iter()
+            .zip(&outcomes)
+            .filter(|(_, &o)| o == ReplicaOutcome::NoSpace)
+            .map(|(&i, _)| self.node(i))
+            .collect();
+        if !full.is_empty() {
+            self.space_refused(&full, h.length);
+        }
+        if let Decision::UseReserve { replicas } = &decision {
+            // Written on one copy, refused for space on others: they get it again with leave
+            // to use their reserve, so the copies never differ over it.
+            tracing::warn!(volume = %self.info.name, nodes = ?replicas.iter().map(|&i| self.node(i)).collect::<Vec<_>>(), "copies refused a write for want of space while another wrote it: sending it to them again, from their reserve");
+            let mut again = h;
+            again.flags |= trireme_proto::FLAG_SPACE_RESERVE;
+            let retried = join_all(
+                replicas
+                    .iter()
+                    .map(|&i| self.call_crc(i, again, payload.clone(), crc))
+                    .collect(),
+            )
+            .await;
+            for (r, &i) in retried.into_iter().zip(replicas) {
+                let k = targets.iter().position(|&t| t == i).expect("a target");
+                outcomes[k] = match r.and_then(|f| self.expect_ok(i, f)) {
+                    Ok(_) => {
+                        answered |= 1 << k;
+                        ReplicaOutcome::Done
+                    }
+                    Err(e) => {
+                        tracing::warn!(volume = %self.info.name, node = self.node(i), op = ?h.op, "replica failed a write from its reserve: {e}");
+                        if !e.unanswered() {
+                            answered |= 1 << k;
+                        }
+                        // Full even so: what it holds is unknown, as for a store error.
+                        match outcome_of(&e) {
+                            ReplicaOutcome::NoSpace => ReplicaOutcome::StoreFailed,
+                            o => o,
+                        }
+                    }
+                };
+            }
+            let redecided = self.core().decide(request, targets, &outcomes);
+            decision = match redecided {
+                // Not again: no copy's answer is a refusal for space any more.
+                Decision::UseReserve { replicas } => Decision::Fail(WriteFailure::NoSpace {
+                    replica: replicas[0],
+                }),
+                d => d,
+            };
+        }
         match decision {
+            Decision::UseReserve { replicas } => Err((
+                VolumeError::Write {
+                    volume: self.info.name.clone(),
+                    op: "write",
+                    node: replicas.first().map(|&i| self.node(i)),
+                    failure: WriteFailure::NoSpace {
+                        replica: replicas.first().copied().unwrap_or(0),
+                    },
+                },
+                false,
+            )),
             Decision::Ack => Ok(()),
             Decision::Fail(failure) => Err((
                 VolumeError::Write {
@@ -172,7 +235,8 @@ impl Volume {
                     },
                     node: match failure {
                         WriteFailure::ReplicaFailed { replica }
-                        | WriteFailure::Refused { replica } => Some(self.node(replica)),
+                        | WriteFailure::Refused { replica }
+                        | WriteFailure::NoSpace { replica } => Some(self.node(replica)),
                         _ => None,
                     },
                     failure,

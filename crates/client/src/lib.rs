@@ -34,6 +34,7 @@ mod resync;
 mod scrub;
 mod snapshot_reader;
 mod snapshots;
+mod space;
 mod tiers;
 mod verify;
 
@@ -221,6 +222,11 @@ pub struct Volume {
     reads: AtomicUsize,
     /// Resyncs begun (past the attach of the replica), for the resync task's backoff.
     resyncs_begun: AtomicUsize,
+    /// A copy refused a write for want of space, and no probe since found room on every copy:
+    /// writes fail at once (`space.rs`).
+    full: std::sync::atomic::AtomicBool,
+    /// The largest write refused since the volume became full: the size the probe asks for.
+    full_len: std::sync::atomic::AtomicU64,
     /// The progress of the scrub running now, if one is (`scrub.rs`).
     scrubbing: Mutex<Option<trireme_replication::ResyncProgress>>,
     membership: Option<Arc<dyn Membership>>,
@@ -377,6 +383,8 @@ impl Volume {
             metrics,
             reads: AtomicUsize::new(0),
             resyncs_begun: AtomicUsize::new(0),
+            full: std::sync::atomic::AtomicBool::new(false),
+            full_len: std::sync::atomic::AtomicU64::new(0),
             scrubbing: Mutex::new(None),
             opts,
             membership,

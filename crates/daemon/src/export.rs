@@ -81,6 +81,7 @@ fn to_nbd(e: VolumeError) -> BackendError {
     let errno = match &e {
         VolumeError::Range(trireme_replication::RangeError::OutOfRange { .. }) => ENOSPC,
         e if e.is_invalid_request() => EINVAL,
+        e if e.is_no_space() => ENOSPC,
         _ => EIO,
     };
     BackendError {
@@ -113,7 +114,7 @@ impl VolumeExport {
             Err(e) => e,
         };
         let wait = v.options().reattach_wait;
-        if e.is_invalid_request() || wait.is_zero() || !v.lost_every_copy() {
+        if e.is_invalid_request() || e.is_no_space() || wait.is_zero() || !v.lost_every_copy() {
             return Err(to_nbd(e));
         }
         match self.slot.replaced(&v, wait).await {
