@@ -8,11 +8,12 @@
 # prometheus, chromium and chromium-driver: the observability tests scrape a cluster with a
 # real Prometheus and open its dashboard in headless Chromium over WebDriver.
 # gdb: a test that finds a process hung prints its threads' stacks.
+# e2fsprogs and mount: tests/full.rs fills a small ext4 file system on a loop device.
 set -euo pipefail
 pkgs=(fio nbdkit libnbd-bin nbdfuse python3-libnbd qemu-utils iproute2 iptables procps librsvg2-bin fonts-dejavu-core
       libucx-dev ucx-utils libclang-dev clang pkg-config
       etcd-server etcd-client protobuf-compiler libprotobuf-dev openssl bsdutils
-      prometheus chromium chromium-driver gdb)
+      prometheus chromium chromium-driver gdb e2fsprogs mount)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
