@@ -132,22 +132,16 @@ impl Volume {
         // Targets (by position, fewer than 64: `MAX_SLOTS`) that answered: held it, or
         // refused or failed it themselves. Only a failed request looks at which were in sync.
         let mut answered = 0u64;
-        let mut outcomes = Vec::with_capacity(targets.len());
-        for (k, (r, &i)) in replies.into_iter().zip(targets).enumerate() {
-            outcomes.push(match r.and_then(|f| self.expect_ok(i, f)) {
-                Ok(_) => {
-                    answered |= 1 << k;
-                    ReplicaOutcome::Done
-                }
-                Err(e) => {
-                    tracing::warn!(volume = %self.info.name, node = self.node(i), op = ?h.op, "replica failed: {e}");
-                    if !e.unanswered() {
-                        answered |= 1 << k;
-                    }
-                    outcome_of(&e)
-                }
-            });
-        }
+        let mut outcomes = vec![ReplicaOutcome::Failed; targets.len()];
+        self.note_answers(
+            &h,
+            targets,
+            targets,
+            replies,
+            &mut outcomes,
+            &mut answered,
+            false,
+        );
         let request = match h.op {
             Op::Write | Op::WriteZeroes => Mirrored::Data {
                 offset: h.offset,
@@ -181,31 +175,20 @@ impl Volume {
                     .collect(),
             )
             .await;
-            for (r, &i) in retried.into_iter().zip(replicas) {
-                let k = targets.iter().position(|&t| t == i).expect("a target");
-                outcomes[k] = match r.and_then(|f| self.expect_ok(i, f)) {
-                    Ok(_) => {
-                        answered |= 1 << k;
-                        ReplicaOutcome::Done
-                    }
-                    Err(e) => {
-                        tracing::warn!(volume = %self.info.name, node = self.node(i), op = ?h.op, "replica failed a write from its reserve: {e}");
-                        if !e.unanswered() {
-                            answered |= 1 << k;
-                        }
-                        // Full even so: what it holds is unknown, as for a store error.
-                        match outcome_of(&e) {
-                            ReplicaOutcome::NoSpace => ReplicaOutcome::StoreFailed,
-                            o => o,
-                        }
-                    }
-                };
-            }
+            self.note_answers(
+                &h,
+                targets,
+                replicas,
+                retried,
+                &mut outcomes,
+                &mut answered,
+                true,
+            );
             let redecided = self.core().decide(request, targets, &outcomes);
             decision = match redecided {
                 // Not again: no copy's answer is a refusal for space any more.
                 Decision::UseReserve { replicas } => Decision::Fail(WriteFailure::NoSpace {
-                    replica: replicas[0],
+                    replica: replicas.first().copied().unwrap_or(0),
                 }),
                 d => d,
             };
@@ -260,6 +243,49 @@ impl Volume {
                     let unanswered = e.unanswered();
                     (e, unanswered)
                 }),
+        }
+    }
+
+    /// Records the answers of `asked` (replicas among `targets`, in the order of `replies`)
+    /// in `outcomes` and `answered` (by position in `targets`). `from_reserve`: a second send
+    /// with leave to use the reserve, after which a refusal for space is a store's failure
+    /// (what the copy holds is unknown).
+    #[allow(clippy::too_many_arguments)]
+    fn note_answers(
+        &self,
+        h: &Header,
+        targets: &[usize],
+        asked: &[usize],
+        replies: Vec<Result<Frame, VolumeError>>,
+        outcomes: &mut [ReplicaOutcome],
+        answered: &mut u64,
+        from_reserve: bool,
+    ) {
+        for (r, &i) in replies.into_iter().zip(asked) {
+            let Some(k) = targets.iter().position(|&t| t == i) else {
+                continue;
+            };
+            outcomes[k] = match r.and_then(|f| self.expect_ok(i, f)) {
+                Ok(_) => {
+                    *answered |= 1 << k;
+                    ReplicaOutcome::Done
+                }
+                Err(e) => {
+                    let how = if from_reserve {
+                        " from its reserve"
+                    } else {
+                        ""
+                    };
+                    tracing::warn!(volume = %self.info.name, node = self.node(i), op = ?h.op, "replica failed{how}: {e}");
+                    if !e.unanswered() {
+                        *answered |= 1 << k;
+                    }
+                    match outcome_of(&e) {
+                        ReplicaOutcome::NoSpace if from_reserve => ReplicaOutcome::StoreFailed,
+                        o => o,
+                    }
+                }
+            };
         }
     }
 
