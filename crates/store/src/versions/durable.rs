@@ -10,6 +10,10 @@ use crate::{StoreError, GRAIN};
 
 /// Grains given back to the file system per hold of the gate.
 const PUNCH_GRAINS: u64 = 32;
+/// The most bytes of freed blocks given back to the file system per second: a snapshot
+/// holding 1 GiB of its own goes back in about two seconds, and a slow device is not handed
+/// a storm of deallocations all at once.
+pub(super) const GIVE_BACK_RATE: u64 = 512 << 20;
 
 /// Block ranges (whole grains) freed and held off the free list until their space is given
 /// back ([`VersionedReplica::give_back`]).
@@ -156,30 +160,7 @@ impl VersionedReplica {
         }
         let mut done = self.table().settle();
         done.sort_unstable();
-        let per_grain = GRAIN / BLOCK;
-        let mut holes = Holes::default();
-        let mut i = 0;
-        while i < done.len() {
-            let mut j = i + 1;
-            while j < done.len() && done[j] == done[j - 1] + 1 {
-                j += 1;
-            }
-            // Only whole grains give space back; smaller runs are overwritten before reuse.
-            let (a, b) = (done[i].div_ceil(per_grain), (done[j - 1] + 1) / per_grain);
-            let mut g = a;
-            while g < b {
-                let e = (g + PUNCH_GRAINS).min(b);
-                holes.0.push((g * per_grain, e * per_grain));
-                g = e;
-            }
-            i = j;
-        }
-        {
-            let mut t = self.table();
-            for &(a, b) in &holes.0 {
-                t.hold(a..b);
-            }
-        }
+        let holes = self.hold(&done);
         if self.table().is_identity() {
             // The pool goes whole: nothing to punch.
             self.fold_back()?;
@@ -188,22 +169,75 @@ impl VersionedReplica {
         Ok(holes)
     }
 
+    /// Holds the whole grains among the free blocks `blocks` (sorted) off the free list, in
+    /// pieces of [`PUNCH_GRAINS`]: their space to give back. Smaller runs are overwritten
+    /// before reuse.
+    pub(super) fn hold(&self, blocks: &[u64]) -> Holes {
+        let per_grain = GRAIN / BLOCK;
+        let mut holes = Holes::default();
+        let mut i = 0;
+        while i < blocks.len() {
+            let mut j = i + 1;
+            while j < blocks.len() && blocks[j] == blocks[j - 1] + 1 {
+                j += 1;
+            }
+            let (a, b) = (
+                blocks[i].div_ceil(per_grain),
+                (blocks[j - 1] + 1) / per_grain,
+            );
+            let mut g = a;
+            while g < b {
+                let e = (g + PUNCH_GRAINS).min(b);
+                holes.0.push((g * per_grain, e * per_grain));
+                g = e;
+            }
+            i = j;
+        }
+        let mut t = self.table();
+        for &(a, b) in &holes.0 {
+            t.hold(a..b);
+        }
+        holes
+    }
+
+    /// The free blocks' space, held to be given back: at open, where a crash may have left
+    /// some of it not given back yet (giving back twice costs a look at a hole).
+    pub(super) fn hold_free(&self) -> Holes {
+        let free = self.table().free_list();
+        self.hold(&free)
+    }
+
     /// Gives the space of `holes` back to the file system, a piece at a time under the gate
-    /// held shared: I/O goes on meanwhile, and a snapshot, delete or pool growth waits for one
-    /// piece at most. A piece the pool took back meanwhile (it needed the blocks) is skipped.
-    pub(super) fn give_back(&self, holes: Holes) {
+    /// held shared, at most `rate` bytes a second ([`GIVE_BACK_RATE`] once I/O is served):
+    /// I/O goes on meanwhile, and a snapshot, delete or pool growth waits for one piece at
+    /// most. A piece the pool took back meanwhile (it needed the blocks) is skipped, and so
+    /// is all that is left once the replica is closed.
+    pub(super) fn give_back(&self, holes: Holes, rate: Option<u64>) {
+        let started = std::time::Instant::now();
+        let mut given = 0u64;
         for (a, b) in holes.0 {
-            let _g = self.shared();
-            if !self.table().held(a..b) {
-                continue;
+            {
+                let _g = self.shared();
+                if self.closed.load(Ordering::Acquire) || !self.table().held(a..b) {
+                    continue;
+                }
+                let r = self
+                    .inner
+                    .write_zeroes(a * BLOCK, (b - a) * BLOCK, true, false);
+                self.table().unhold(a..b);
+                if let Err(e) = r {
+                    // Said once: the rest would fail alike (a replica deleted meanwhile).
+                    tracing::warn!(volume = self.vol(), "giving freed blocks back: {e}");
+                    self.table().unhold_all();
+                    return;
+                }
             }
-            let r = self
-                .inner
-                .write_zeroes(a * BLOCK, (b - a) * BLOCK, true, false);
-            if let Err(e) = r {
-                tracing::warn!(volume = self.vol(), "giving freed blocks back: {e}");
+            given += (b - a) * BLOCK;
+            let Some(rate) = rate else { continue };
+            let due = std::time::Duration::from_secs_f64(given as f64 / rate as f64);
+            if let Some(wait) = due.checked_sub(started.elapsed()) {
+                std::thread::sleep(wait);
             }
-            self.table().unhold(a..b);
         }
     }
 

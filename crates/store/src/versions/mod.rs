@@ -109,6 +109,11 @@ impl VersionedStore {
         // Marked open before anything is served, and the log folded in.
         if !r.plain.load(Ordering::Acquire) {
             r.checkpoint_locked()?;
+            // A crash while freed blocks went back (a snapshot deleted) left their space
+            // taken: it goes back now, before anything is served, at full speed (a range
+            // given back already costs a look at a hole).
+            let holes = r.hold_free();
+            r.give_back(holes, None);
         }
         Ok(r)
     }
@@ -511,7 +516,9 @@ impl crate::filter::ReplicaFilter for VersionedReplica {
         } else {
             durable::Holes::default()
         };
-        self.give_back(holes);
+        // Not rate-limited: a flush waits for it, and what a flush settles is what writes
+        // freed since the last one.
+        self.give_back(holes, None);
         Ok(())
     }
 
@@ -589,7 +596,7 @@ impl crate::filter::ReplicaFilter for VersionedReplica {
         let holes = self.delete_locked(id)?;
         // The freed blocks' space goes back with I/O going on (a snapshot that held a whole
         // volume froze I/O for a third of a second while it went back under the gate).
-        self.give_back(holes);
+        self.give_back(holes, Some(durable::GIVE_BACK_RATE));
         Ok(())
     }
 
@@ -605,7 +612,7 @@ impl crate::filter::ReplicaFilter for VersionedReplica {
             self.plain.store(false, Ordering::Release);
             self.settle_locked(true)?
         };
-        self.give_back(holes);
+        self.give_back(holes, Some(durable::GIVE_BACK_RATE));
         Ok(())
     }
 

@@ -399,6 +399,11 @@ impl Table {
         self.pending.len()
     }
 
+    /// The free blocks, in order.
+    pub fn free_list(&self) -> Vec<u64> {
+        self.free.iter().copied().collect()
+    }
+
     /// Free blocks.
     pub fn free_blocks(&self) -> usize {
         self.free.len()
