@@ -83,6 +83,9 @@ pub const MAX_PAYLOAD: u32 = 32 * 1024 * 1024;
 
 /// Header flag: this frame is a response to the request with the same `request_id`.
 pub const FLAG_RESPONSE: u16 = 1 << 0;
+/// The most bytes per second a node gives a deleted snapshot's freed space back to its file
+/// system at: a `SnapshotDelete` may take the volume's size over this to answer.
+pub const GIVE_BACK_RATE: u64 = 512 << 20;
 /// Header flag on writes: the data must be durable before the response (NBD FUA).
 pub const FLAG_FUA: u16 = 1 << 1;
 /// Header flag on write-zeroes: the range may be deallocated rather than written.

@@ -348,7 +348,7 @@ impl Manager {
         self.node_call_within(node, h, NODE_TIMEOUT).await
     }
 
-    async fn node_call_within(
+    pub(crate) async fn node_call_within(
         &self,
         node: &NodeRecord,
         h: Header,

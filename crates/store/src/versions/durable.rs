@@ -12,8 +12,8 @@ use crate::{StoreError, GRAIN};
 const PUNCH_GRAINS: u64 = 32;
 /// The most bytes of freed blocks given back to the file system per second: a snapshot
 /// holding 1 GiB of its own goes back in about two seconds, and a slow device is not handed
-/// a storm of deallocations all at once.
-pub(super) const GIVE_BACK_RATE: u64 = 512 << 20;
+/// a storm of deallocations all at once. The manager's wait for a delete counts on it.
+pub(super) const GIVE_BACK_RATE: u64 = trireme_proto::GIVE_BACK_RATE;
 
 /// Block ranges (whole grains) freed and held off the free list until their space is given
 /// back ([`VersionedReplica::give_back`]).
