@@ -8,13 +8,19 @@ use super::*;
 /// (`10.NET.N.1` here, `10.NET.N.2` inside), with iptables rules that cut one off. Everything
 /// is undone on drop.
 pub struct Netns {
-    /// Second octet of this set's addresses (`10.NET.N.x`): distinct for up to three sets a
-    /// test binary has at once, and likely distinct between binaries running at once.
+    /// Second octet of this set's addresses (`10.NET.N.x`): distinct for the sets a test
+    /// binary makes, up to [`SETS_APART`] of them (two alike would route to each other's
+    /// namespaces: `ucx_fallback.rs` makes four, and its first and fourth once ran together
+    /// with the same addresses when three were told apart), and likely distinct between
+    /// binaries running at once.
     pub net: u32,
     pub names: Vec<String>,
     veths: Vec<String>,
     rules: Vec<Vec<String>>,
 }
+
+/// How many sets of one test binary get addresses of their own.
+const SETS_APART: u32 = 4;
 
 impl Netns {
     pub fn create(n: u32) -> Netns {
@@ -22,7 +28,7 @@ impl Netns {
         let k = SETS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let pid = std::process::id();
         let tag = format!("{}{k}", pid % 10_000);
-        let net = 200 + (pid % 18) * 3 + k % 3;
+        let net = 200 + (pid % 13) * 4 + k % SETS_APART;
         let mut ns = Netns {
             net,
             names: Vec::new(),
