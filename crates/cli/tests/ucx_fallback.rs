@@ -47,6 +47,15 @@ fn node_port(s: &serde_json::Value, node: u64) -> u16 {
         .unwrap()
 }
 
+/// A cluster in `ns` whose nodes refuse every UCX secret they hand out: the writer's probes
+/// go unanswered.
+fn refusing_ucx(ns: &Netns) -> Cluster {
+    ns.cluster_env(
+        &["--store", "file", "--size", "64M"],
+        &[("TRIREME_FAULT_REFUSE_UCX_SECRETS", "1")],
+    )
+}
+
 #[test]
 fn a_ucx_path_that_stops_answering_falls_back_to_tcp_and_takes_no_copy_out() {
     if skip_netns() {
@@ -138,11 +147,7 @@ fn nodes_that_refuse_the_writers_ucx_secret_are_reached_over_tcp() {
         return;
     }
     let ns = Netns::create(3);
-    // Every node refuses every UCX secret it hands out: the writer's probes go unanswered.
-    let c = ns.cluster_env(
-        &["--store", "file", "--size", "64M"],
-        &[("TRIREME_FAULT_REFUSE_UCX_SECRETS", "1")],
-    );
+    let c = refusing_ucx(&ns);
     let s = status(&c);
     for n in 1..=3 {
         let l = link_to(&s, "vol0", n);
@@ -185,10 +190,7 @@ fn a_copy_whose_ucx_probe_goes_unanswered_is_resynced_over_tcp_after_its_node_re
         return;
     }
     let ns = Netns::create(3);
-    let c = ns.cluster_env(
-        &["--store", "file", "--size", "64M"],
-        &[("TRIREME_FAULT_REFUSE_UCX_SECRETS", "1")],
-    );
+    let c = refusing_ucx(&ns);
     let bench = start_bench(&c, 6);
     std::thread::sleep(Duration::from_secs(1));
     let pid = node_pid(&c, 2);
