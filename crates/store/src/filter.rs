@@ -12,8 +12,8 @@
 
 use std::sync::Arc;
 
+use crate::{BackingInfo, SnapshotInfo, StoreTiers, TierHint};
 use crate::{Extent, Ledger, Pin, Replica, ReplicaTiers, Store, StoreError, StoreKind};
-use crate::{SnapshotInfo, StoreTiers, TierHint};
 
 /// A replica that wraps [`ReplicaFilter::next`]. Each method's default passes the call on.
 pub trait ReplicaFilter: Send + Sync + std::fmt::Debug {
@@ -117,6 +117,20 @@ pub trait ReplicaFilter: Send + Sync + std::fmt::Debug {
     ) -> Result<Vec<(u64, u64)>, StoreError> {
         self.next().changed(from, to, offset, len)
     }
+
+    // Clones.
+    fn backing(&self) -> Option<BackingInfo> {
+        self.next().backing()
+    }
+    fn set_backing(&self, parent: Arc<dyn Replica>, snapshot: u64) -> Result<(), StoreError> {
+        self.next().set_backing(parent, snapshot)
+    }
+    fn link_backing(&self, parent: Arc<dyn Replica>) -> Result<(), StoreError> {
+        self.next().link_backing(parent)
+    }
+    fn flatten(&self) -> Result<(), StoreError> {
+        self.next().flatten()
+    }
 }
 
 impl<F: ReplicaFilter> Replica for F {
@@ -209,6 +223,18 @@ impl<F: ReplicaFilter> Replica for F {
         len: u64,
     ) -> Result<Vec<(u64, u64)>, StoreError> {
         ReplicaFilter::changed(self, from, to, offset, len)
+    }
+    fn backing(&self) -> Option<BackingInfo> {
+        ReplicaFilter::backing(self)
+    }
+    fn set_backing(&self, parent: Arc<dyn Replica>, snapshot: u64) -> Result<(), StoreError> {
+        ReplicaFilter::set_backing(self, parent, snapshot)
+    }
+    fn link_backing(&self, parent: Arc<dyn Replica>) -> Result<(), StoreError> {
+        ReplicaFilter::link_backing(self, parent)
+    }
+    fn flatten(&self) -> Result<(), StoreError> {
+        ReplicaFilter::flatten(self)
     }
 }
 

@@ -25,6 +25,7 @@
 //! API version: [`STORE_API_VERSION`].
 
 pub mod aligned;
+pub mod backing;
 pub mod disk_model;
 pub mod faulty;
 mod file;
@@ -38,6 +39,7 @@ pub mod sealed;
 pub mod tiered;
 pub mod versions;
 
+pub use backing::{BackedStore, BackingInfo};
 pub use faulty::FaultyStore;
 pub use file::meta as file_meta;
 pub use file::FileStore;
@@ -275,6 +277,28 @@ pub trait Replica: Send + Sync + std::fmt::Debug {
             id: from,
         })
     }
+
+    // Clones (`backing`): a store that has them wraps the others in a `BackedStore`.
+    /// For a clone's copy: the parent snapshot its blocks not yet written read from.
+    fn backing(&self) -> Option<BackingInfo> {
+        None
+    }
+    /// Makes this fresh, never written replica a clone of snapshot `snapshot` of `parent` (a
+    /// replica on this node): every block reads the parent's until written. Durable when it
+    /// returns.
+    fn set_backing(&self, _parent: Arc<dyn Replica>, _snapshot: u64) -> Result<(), StoreError> {
+        Err(no_clones())
+    }
+    /// Gives a clone found at start its parent's replica, once the node has opened it.
+    fn link_backing(&self, _parent: Arc<dyn Replica>) -> Result<(), StoreError> {
+        Err(no_clones())
+    }
+    /// Copies every block a clone still reads from its parent into it, then forgets the
+    /// parent. Durable when it returns; I/O may go on meanwhile. Nothing to do for a replica
+    /// that is no clone.
+    fn flatten(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 /// One snapshot of a replica.
@@ -285,6 +309,10 @@ pub struct SnapshotInfo {
     pub created: u64,
     /// Bytes only this snapshot holds: what deleting it frees.
     pub exclusive_bytes: u64,
+}
+
+fn no_clones() -> StoreError {
+    StoreError::Invalid("this store keeps no clones".into())
 }
 
 fn no_versions() -> StoreError {
