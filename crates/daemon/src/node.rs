@@ -84,14 +84,13 @@ pub fn build_node(cfg: &NodeConfig) -> Result<Arc<trireme_node::Node>, DaemonErr
             store = Arc::new(trireme_store::SealedStore::new(store, Some(&cfg.dir)))
         }
     }
-    // Snapshots keep their maps beside the replicas (in memory for a memory store); a
-    // replica never snapshotted passes straight through.
-    match cfg.store {
-        StoreKind::Null => {}
-        StoreKind::Memory => store = Arc::new(trireme_store::VersionedStore::new(store, None)),
-        StoreKind::File | StoreKind::Tiered => {
-            store = Arc::new(trireme_store::VersionedStore::new(store, Some(&cfg.dir)))
-        }
+    // Clones, then snapshots, keep their maps beside the replicas (in memory for a memory
+    // store); a replica that is no clone, and one never snapshotted, passes straight through.
+    // Clones sit under versions: they see physical blocks, so a clone's own snapshots work.
+    let dir = (!cfg.store.volatile()).then_some(cfg.dir.as_path());
+    if cfg.store != StoreKind::Null {
+        store = Arc::new(trireme_store::BackedStore::new(store, dir));
+        store = Arc::new(trireme_store::VersionedStore::new(store, dir));
     }
     if let Some(spec) = &cfg.inject_faults {
         tracing::warn!(spec = %spec.display(), "store errors will be injected (fault testing)");

@@ -137,11 +137,16 @@ impl Node {
             trireme_tls::Role::Client(_)
                 if matches!(
                     h.op,
-                    Op::CreateReplica | Op::DeleteReplica | Op::TierSet | Op::SnapshotDelete
+                    Op::CreateReplica
+                        | Op::CreateClone
+                        | Op::Flatten
+                        | Op::DeleteReplica
+                        | Op::TierSet
+                        | Op::SnapshotDelete
                 ) =>
             {
                 denied(
-                    "only nodes and operators create, delete or place replicas or delete snapshots"
+                    "only nodes and operators create, clone, flatten, delete or place replicas or delete snapshots"
                         .into(),
                 )
             }

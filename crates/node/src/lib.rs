@@ -132,7 +132,7 @@ impl Node {
                 Err(e) => tracing::error!(node = id, "not serving a replica: {e}"),
             }
         }
-        Node {
+        let node = Node {
             id,
             store,
             replicas: RwLock::new(replicas),
@@ -146,7 +146,9 @@ impl Node {
             members: RwLock::new(None),
             room: room::Room::default(),
             books: std::sync::atomic::AtomicBool::new(false),
-        }
+        };
+        node.link_clones();
+        node
     }
 
     /// Keeps the activity log and the peers' dirty records on disk from now on, for every

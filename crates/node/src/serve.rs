@@ -109,6 +109,8 @@ impl Node {
             Op::Rollback => self.on_rollback(req),
             Op::SnapshotStatus => self.on_snapshot_status(req),
             Op::SnapshotChanged => self.on_snapshot_changed(req),
+            Op::CreateClone => self.on_create_clone(req),
+            Op::Flatten => self.on_flatten(h),
         }?;
         Ok((resp, payload))
     }

@@ -48,7 +48,8 @@ pub use extent::{
 pub use op::{Op, Status};
 pub use snapshots::{
     changed_extents, decode_snapshot_list, encode_snapshot_list, read_snapshot_id,
-    snapshot_id_payload, ChangedRequest, ListedSnapshot, SnapshotRequest, EXTENT_CHANGED,
+    snapshot_id_payload, ChangedRequest, CloneRequest, ListedSnapshot, SnapshotRequest,
+    EXTENT_CHANGED,
 };
 pub use space::{NodeSpace, NODE_SPACE_LEN};
 

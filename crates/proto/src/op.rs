@@ -115,6 +115,15 @@ pub enum Op {
     /// list covering the range, flag [`EXTENT_CHANGED`](crate::EXTENT_CHANGED) where they
     /// do. No epoch check; a client on the volume's access list may ask.
     SnapshotChanged = 32,
+    /// Create the replica of `volume`, `length` bytes, as a clone of a snapshot of another
+    /// replica on this node ([`CloneRequest`](crate::CloneRequest) in the payload): its blocks
+    /// read the snapshot's until written. A control op (nodes and operators only).
+    /// `NoReplica` if the parent is not here, `NoSnapshot` if it lacks the snapshot.
+    CreateClone = 33,
+    /// Copy every block the clone of `volume` still reads from its parent into it, then
+    /// forget the parent; answered when done. No epoch check: I/O may go on meanwhile. A
+    /// control op. Nothing to do for a replica that is no clone.
+    Flatten = 34,
 }
 
 impl Op {
@@ -152,6 +161,8 @@ impl Op {
             30 => Op::Rollback,
             31 => Op::SnapshotStatus,
             32 => Op::SnapshotChanged,
+            33 => Op::CreateClone,
+            34 => Op::Flatten,
             _ => return None,
         })
     }
@@ -189,6 +200,9 @@ pub enum Status {
     Denied = 11,
     /// The copy has no snapshot of that id.
     NoSnapshot = 12,
+    /// Something on the node depends on what the request would remove (a clone reads the
+    /// snapshot, or the replica, a delete names).
+    InUse = 13,
     /// A status code this build does not know (sent by a newer peer).
     Unknown = 255,
 }
@@ -209,6 +223,7 @@ impl Status {
             10 => Status::Corrupt,
             11 => Status::Denied,
             12 => Status::NoSnapshot,
+            13 => Status::InUse,
             _ => Status::Unknown,
         }
     }
@@ -228,6 +243,7 @@ impl Status {
             Status::Corrupt => "bad copy: a block failed its checksum",
             Status::Denied => "not allowed for this identity",
             Status::NoSnapshot => "no such snapshot on this copy",
+            Status::InUse => "in use by a clone on this node",
             Status::Unknown => "unknown status",
         }
     }

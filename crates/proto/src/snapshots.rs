@@ -218,3 +218,32 @@ mod tests {
         assert_eq!(changed_extents(0, 8, &[(0, 8)]), vec![e(8, 1)]);
     }
 }
+
+/// `CreateClone`'s payload, 16 bytes LE: the parent's volume id, then its snapshot's id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CloneRequest {
+    pub parent: u64,
+    pub snapshot: u64,
+}
+
+impl CloneRequest {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = self.parent.to_le_bytes().to_vec();
+        v.extend_from_slice(&self.snapshot.to_le_bytes());
+        v
+    }
+    pub fn decode(payload: &[u8]) -> Result<CloneRequest, DecodeError> {
+        let bad = DecodeError::MalformedPayload {
+            what: "a clone request is 16 bytes: the parent's id, then a snapshot id not 0",
+        };
+        if payload.len() != 16 {
+            return Err(bad);
+        }
+        let u = |i: usize| u64::from_le_bytes(payload[i..i + 8].try_into().expect("8 bytes"));
+        let (parent, snapshot) = (u(0), u(8));
+        if snapshot == 0 {
+            return Err(bad);
+        }
+        Ok(CloneRequest { parent, snapshot })
+    }
+}

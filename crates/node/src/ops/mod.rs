@@ -3,6 +3,7 @@
 //! returns the answer's payload, or the refusal.
 
 mod books;
+mod clones;
 mod io;
 mod replicas;
 mod snapshots;

@@ -60,14 +60,7 @@ impl Node {
     pub(crate) fn on_create_replica(&self, h: &Header) -> Result<Bytes, Refusal> {
         // Under the map's lock: two creates cannot both fit in the room for one.
         let mut reps = self.replicas.write().unwrap_or_else(|e| e.into_inner());
-        let used: u64 = reps.values().map(|r| r.size()).sum();
-        let room = self.room.space(used, 0, reps.len() as u64);
-        if used.checked_add(h.length).is_none_or(|t| t > room.limit()) {
-            return Err(Refusal(
-                Status::NoSpace,
-                crate::room::refusal(&room, "a replica of", h.length),
-            ));
-        }
+        self.check_room(&reps, h.length)?;
         let r = self.store.create(h.volume, h.length)?;
         if h.has_flag(trireme_proto::FLAG_PREALLOCATE) {
             if let Err(e) = self.store.preallocate(h.volume) {
@@ -87,6 +80,23 @@ impl Node {
             "created replica"
         );
         Ok(Bytes::new())
+    }
+
+    /// Refuses a new replica of `len` bytes that does not fit the node's room beside `reps`.
+    pub(crate) fn check_room(
+        &self,
+        reps: &std::collections::HashMap<u64, std::sync::Arc<dyn trireme_store::Replica>>,
+        len: u64,
+    ) -> Result<(), Refusal> {
+        let used: u64 = reps.values().map(|r| r.size()).sum();
+        let room = self.room.space(used, 0, reps.len() as u64);
+        if used.checked_add(len).is_none_or(|t| t > room.limit()) {
+            return Err(Refusal(
+                Status::NoSpace,
+                crate::room::refusal(&room, "a replica of", len),
+            ));
+        }
+        Ok(())
     }
 
     /// `ResizeReplica`: with every request admitted so far finished and none let in until it
@@ -136,6 +146,7 @@ impl Node {
     }
 
     pub(crate) fn on_delete_replica(&self, h: &Header) -> Result<Bytes, Refusal> {
+        self.check_no_clone_reads(h.volume, None)?;
         self.replicas
             .write()
             .unwrap_or_else(|e| e.into_inner())

@@ -43,6 +43,7 @@ impl Node {
     pub(crate) fn on_snapshot_delete(&self, h: &Header) -> Result<Bytes, Refusal> {
         let r = self.replica(h.volume)?;
         let s = SnapshotRequest::read(h).map_err(malformed)?;
+        self.check_no_clone_reads(h.volume, Some(s.id))?;
         r.delete_snapshot(s.id)?;
         tracing::info!(
             node = self.id,

@@ -700,5 +700,6 @@ fn tiered_reads_are_flagged_and_shared_heat_promotes() {
 }
 
 mod barrier;
+mod clones;
 mod resize;
 mod snapshots;
