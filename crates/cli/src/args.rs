@@ -508,6 +508,18 @@ pub enum VolumeCmd {
     /// Snapshots of a volume: take one, list them, delete one.
     #[command(subcommand)]
     Snapshot(SnapshotCmd),
+    /// Make NAME, a new volume holding what snapshot VOLUME@SNAPSHOT holds, at once whatever
+    /// its size: it shares the snapshot's blocks until it writes them, on the nodes that hold
+    /// the snapshot, with VOLUME's access list. The snapshot (and VOLUME) cannot be deleted
+    /// while a clone reads from it: `volume flatten NAME` makes the clone independent.
+    Clone {
+        #[arg(value_name = "VOLUME@SNAPSHOT")]
+        snapshot: String,
+        name: String,
+    },
+    /// Copy every block clone NAME still shares with its parent's snapshot into it, with I/O
+    /// going on; then the snapshot may be deleted.
+    Flatten { name: String },
     /// Make VOLUME hold what its snapshot NAME holds, on every copy (the snapshot stays; what
     /// was written since is gone). Refused while the volume is attached, unless `--force`,
     /// which fences its writer first; refused while a copy is out of sync.

@@ -143,6 +143,17 @@ pub enum Request {
         #[serde(default)]
         force: bool,
     },
+    /// Makes volume `name` a clone of snapshot `snapshot` of volume `source` (instantly: it
+    /// shares the snapshot's blocks until it writes them).
+    VolumeClone {
+        source: String,
+        snapshot: String,
+        name: String,
+    },
+    /// Copies every block clone `name` still shares with its parent's snapshot into it.
+    VolumeFlatten {
+        name: String,
+    },
     /// The writer of `epoch` detached cleanly.
     Detach {
         name: String,

@@ -180,6 +180,21 @@ pub struct VolumeRecord {
     /// Which tier the volume's extents live on, on nodes with tiered stores.
     #[serde(default, skip_serializing_if = "TierPolicy::is_auto")]
     pub tier: TierPolicy,
+    /// For a clone not yet flattened: the snapshot its blocks not yet written read from, on
+    /// each of its nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<CloneOf>,
+}
+
+/// The snapshot a clone was made from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CloneOf {
+    /// The parent volume's name and id (a volume of that name created later is not it).
+    pub volume: String,
+    pub volume_id: u64,
+    /// The snapshot's name and id.
+    pub snapshot: String,
+    pub snapshot_id: u64,
 }
 
 /// Where a volume's extents live on tiered nodes: by heat (`auto`), or pinned to a tier.

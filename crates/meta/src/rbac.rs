@@ -352,6 +352,7 @@ mod tests {
             access: access.iter().map(|s| s.to_string()).collect(),
             min_copies: 0,
             tier: Default::default(),
+            parent: None,
         }
     }
 

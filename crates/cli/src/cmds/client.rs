@@ -248,6 +248,50 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 )
             });
         }
+        Cmd::Volume(VolumeCmd::Clone { snapshot, name }) => {
+            let (source, snap) = match snapshot.split_once('@') {
+                Some((v, n)) if !v.is_empty() && !n.is_empty() => (v, n),
+                _ => {
+                    return Err(CliError::Usage(format!(
+                        "{snapshot:?}: give the snapshot to clone as VOLUME@SNAPSHOT"
+                    )))
+                }
+            };
+            let v: VolumeRecord = cc
+                .call(&Request::VolumeClone {
+                    source: source.to_string(),
+                    snapshot: snap.to_string(),
+                    name: name.clone(),
+                })
+                .await
+                .map_err(usage_if_remote)?;
+            rbac_follow(cli).await;
+            print(out, &v, |v| {
+                format!(
+                    "created {} ({}), a clone of {snapshot} sharing its blocks, on node{} {}\n",
+                    v.name,
+                    human(v.size),
+                    if v.replicas.len() == 1 { "" } else { "s" },
+                    nodes_of(v)
+                        .iter()
+                        .map(u32::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            });
+        }
+        Cmd::Volume(VolumeCmd::Flatten { name }) => {
+            let v: VolumeRecord = cc
+                .call(&Request::VolumeFlatten { name: name.clone() })
+                .await
+                .map_err(usage_if_remote)?;
+            print(out, &v, |v| {
+                format!(
+                    "{} flattened: it shares no block with another volume\n",
+                    v.name
+                )
+            });
+        }
         Cmd::Volume(VolumeCmd::Resize {
             name,
             size,
@@ -297,6 +341,12 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                     s += &format!(
                         "attached by this cluster's process: link to node {} over {} ({})\n",
                         l.node, l.transport, l.peer
+                    );
+                }
+                if let Some(p) = &v.record.parent {
+                    s += &format!(
+                        "clone of {}@{}: blocks not written since read from it\n",
+                        p.volume, p.snapshot
                     );
                 }
                 if !v.record.tier.is_auto() || !v.tiers.is_empty() {

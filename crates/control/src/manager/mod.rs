@@ -4,6 +4,7 @@
 //! dispatch of API requests. Volumes' lifecycle is in `volumes.rs`, what it reports in
 //! `status.rs`, what every writer records in `records.rs`, the control listener in `serve.rs`.
 
+mod clones;
 mod own_writer;
 mod records;
 mod resize;
@@ -354,6 +355,17 @@ impl Manager {
         h: Header,
         limit: Duration,
     ) -> Result<trireme_transport::Frame> {
+        self.node_send_within(node, h, Bytes::new(), limit).await
+    }
+
+    /// [`Manager::node_call_within`] with a payload.
+    pub(crate) async fn node_send_within(
+        &self,
+        node: &NodeRecord,
+        h: Header,
+        payload: Bytes,
+        limit: Duration,
+    ) -> Result<trireme_transport::Frame> {
         let fut = async {
             let cached = {
                 let links = self.links.lock().unwrap_or_else(|e| e.into_inner());
@@ -389,7 +401,7 @@ impl Manager {
                     c
                 }
             };
-            let r = c.call(h, Bytes::new()).await.map_err(|e| e.to_string());
+            let r = c.call(h, payload).await.map_err(|e| e.to_string());
             if r.is_err() {
                 self.forget_link(&node.addr, &c);
             }
@@ -641,6 +653,12 @@ impl Manager {
                 snapshot,
                 force,
             } => to(self.snapshot_rollback(&name, &snapshot, force).await),
+            Request::VolumeClone {
+                source,
+                snapshot,
+                name,
+            } => to(self.clone_volume(&source, &snapshot, &name).await),
+            Request::VolumeFlatten { name } => to(self.flatten_volume(&name).await),
             Request::VolumeScrub { name, region, rate } => {
                 to(self.scrub(&name, region, rate).await)
             }

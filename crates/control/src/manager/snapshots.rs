@@ -267,6 +267,7 @@ impl Manager {
     pub async fn snapshot_delete(&self, name: &str, snap: &str) -> Result<()> {
         let v = self.meta.volume(name).await?;
         let mut rec = self.meta.snapshot(&v, snap).await?;
+        self.check_no_clones(&v, Some((snap, rec.id))).await?;
         rec.state = SnapshotState::Deleting;
         self.meta.put_snapshot_record(name, &rec).await?;
         let missed = self.drop_on_nodes(&v, rec.id).await;

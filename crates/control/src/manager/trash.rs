@@ -63,6 +63,7 @@ impl Manager {
     ) -> Result<TrashRecord> {
         let _g = self.volume_lock.lock().await;
         let v = self.meta.volume(name).await?;
+        self.check_no_clones(&v, None).await?;
         if let Some(m) = self
             .moves()
             .into_iter()

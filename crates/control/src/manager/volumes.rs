@@ -182,6 +182,7 @@ impl Manager {
     pub async fn delete_volume(&self, name: &str) -> Result<VolumeRecord> {
         let _g = self.volume_lock.lock().await;
         let v = self.meta.volume(name).await?;
+        self.check_no_clones(&v, None).await?;
         self.delete_replicas(&v).await?;
         self.meta
             .delete_volume(name)

@@ -36,6 +36,9 @@ pub(crate) struct Layout {
     /// writer may write, and it is compared with every change).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     size: Option<u64>,
+    /// A clone's parent snapshot, until it is flattened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    parent: Option<crate::CloneOf>,
 }
 
 pub(crate) fn record(spec: Spec, layout: Layout) -> VolumeRecord {
@@ -50,6 +53,7 @@ pub(crate) fn record(spec: Spec, layout: Layout) -> VolumeRecord {
         access: layout.access,
         min_copies: layout.min_copies,
         tier: layout.tier,
+        parent: layout.parent,
     }
 }
 
@@ -71,6 +75,7 @@ pub(crate) fn layout_of(v: &VolumeRecord) -> Layout {
         min_copies: v.min_copies,
         tier: v.tier,
         size: Some(v.size),
+        parent: v.parent.clone(),
     }
 }
 
@@ -113,6 +118,20 @@ impl ClusterMeta {
         access: &[String],
         preallocate: bool,
     ) -> Result<VolumeRecord, MetaError> {
+        self.create_volume_from(name, size, nodes, access, preallocate, None)
+            .await
+    }
+
+    /// [`Self::create_volume_with`], a clone of `parent` if given.
+    pub async fn create_volume_from(
+        &self,
+        name: &str,
+        size: u64,
+        nodes: &[u32],
+        access: &[String],
+        preallocate: bool,
+        parent: Option<crate::CloneOf>,
+    ) -> Result<VolumeRecord, MetaError> {
         check_name(name)?;
         for a in access {
             crate::check_access_entry(a)?;
@@ -144,6 +163,7 @@ impl ClusterMeta {
                 min_copies: 0,
                 tier: crate::TierPolicy::Auto,
                 size: None,
+                parent: parent.clone(),
             };
             let done = self
                 .write(

@@ -660,26 +660,47 @@ impl crate::filter::ReplicaFilter for BackedReplica {
             while end < b.blocks && end - start < FLATTEN_CHUNK / BLOCK && b.unfilled(end) {
                 end += 1;
             }
+            // Where the parent's snapshot reads zeros, the block below does too (a block not
+            // filled was never written): only marked. The rest is read at once and written.
+            let zeros = zero_blocks(
+                &parent.snapshot_status(b.snapshot, start * BLOCK, (end - start) * BLOCK)?,
+                start,
+            );
             let chunk = &mut buf[..((end - start) * BLOCK) as usize];
-            parent.read_snapshot(b.snapshot, start * BLOCK, chunk)?;
-            let _p = self.persist_shared();
-            let mut filled = Vec::new();
-            for k in start..end {
-                let _s = self.stripe(k);
-                // A write filled it meanwhile: its bytes win.
-                if b.unfilled(k) {
-                    let at = ((k - start) * BLOCK) as usize;
-                    let r = self
-                        .inner
-                        .write(k * BLOCK, &chunk[at..at + BLOCK as usize], false);
-                    if let Err(e) = r {
-                        self.log(&filled)?;
-                        return Err(e);
-                    }
-                    b.bits().clear(k);
-                    filled.push(k);
-                }
+            if zeros.len() as u64 != end - start {
+                parent.read_snapshot(b.snapshot, start * BLOCK, chunk)?;
             }
+            let _p = self.persist_shared();
+            // Every block lock at once, in order (a write holds one at most): the runs to
+            // copy are written whole, and a block a write filled meanwhile keeps its bytes.
+            let _all: Vec<MutexGuard<'_, ()>> = self
+                .stripes
+                .iter()
+                .map(|m| m.lock().unwrap_or_else(|e| e.into_inner()))
+                .collect();
+            let filled: Vec<u64> = (start..end).filter(|&k| b.unfilled(k)).collect();
+            let mut i = 0;
+            while i < filled.len() {
+                if zeros.contains(&filled[i]) {
+                    i += 1;
+                    continue;
+                }
+                let mut j = i + 1;
+                while j < filled.len()
+                    && filled[j] == filled[j - 1] + 1
+                    && !zeros.contains(&filled[j])
+                {
+                    j += 1;
+                }
+                let (a, z) = (
+                    (filled[i] - start) * BLOCK,
+                    (filled[j - 1] + 1 - start) * BLOCK,
+                );
+                self.inner
+                    .write(filled[i] * BLOCK, &chunk[a as usize..z as usize], false)?;
+                i = j;
+            }
+            self.clear(&b, &filled);
             self.log(&filled)?;
             l = end;
         }
@@ -694,6 +715,19 @@ impl crate::filter::ReplicaFilter for BackedReplica {
         );
         Ok(())
     }
+}
+
+/// The blocks from `first` on that `extents` (in order, from `first`'s start) say read zeros.
+fn zero_blocks(extents: &[Extent], first: u64) -> std::collections::BTreeSet<u64> {
+    let mut out = std::collections::BTreeSet::new();
+    let mut pos = first * BLOCK;
+    for e in extents {
+        if e.flags & Extent::ZERO != 0 {
+            out.extend(pos.div_ceil(BLOCK)..(pos + e.length) / BLOCK);
+        }
+        pos += e.length;
+    }
+    out
 }
 
 #[cfg(test)]

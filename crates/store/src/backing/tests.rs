@@ -233,3 +233,16 @@ fn a_map_file_that_fails_its_checks_is_refused_and_a_torn_log_record_is_skipped(
     log.truncate(40);
     assert_eq!(file::replay(5, &log), vec![1]);
 }
+
+#[test]
+fn a_flatten_copies_only_what_the_parent_holds_not_its_holes() {
+    for s in Stack::all().into_iter().filter(|s| s.name == "file") {
+        let store = s.open();
+        let (_p, c, model) = parent_and_clone(&store);
+        c.flatten().unwrap();
+        assert!(c.backing().is_none());
+        assert_eq!(read_all(&*c), model);
+        // The parent wrote its first half; its second half is a hole, and stays one here.
+        assert_eq!(c.allocated_bytes(), SIZE / 2, "{}", s.name);
+    }
+}

@@ -1,0 +1,198 @@
+//! `volume clone VOL@SNAP NEW` and `volume flatten NEW`. A clone is a volume whose copies sit
+//! on the nodes that hold the snapshot, each reading the snapshot's blocks from its parent's
+//! copy there until it writes them (`trireme_store::backing`): made in the time it takes to
+//! write a record and a small file per node, whatever the size. Its record names the parent
+//! snapshot until a flatten has copied every block on every node. While a clone reads it, the
+//! snapshot cannot be deleted, nor the parent volume.
+
+use bytes::Bytes;
+use std::time::Duration;
+
+use trireme_meta::{CloneOf, SnapshotState, VolumeRecord};
+use trireme_proto::{CloneRequest, Header, Op, Status};
+
+use super::{Manager, Result};
+use crate::error::refused;
+
+/// The least a node is waited for to flatten, before the time its copy takes.
+const FLATTEN_WAIT: Duration = Duration::from_secs(10);
+/// The slowest copy rate a flatten is waited for at (a node's disk, read and written).
+const FLATTEN_RATE: f64 = (64 << 20) as f64;
+
+impl Manager {
+    /// Makes volume `name`, a clone of snapshot `snap` of volume `source`: as large, with the
+    /// same access list, one copy on each node whose copy of `source` holds the snapshot.
+    pub async fn clone_volume(&self, source: &str, snap: &str, name: &str) -> Result<VolumeRecord> {
+        let _g = self.volume_lock.lock().await;
+        let v = self.meta.volume(source).await?;
+        let rec = self.meta.snapshot(&v, snap).await?;
+        if rec.state != SnapshotState::Ready {
+            return Err(refused(format!(
+                "snapshot {source}@{snap} is {}, not ready",
+                rec.state.as_str()
+            )));
+        }
+        let nodes: Vec<u32> = rec
+            .nodes
+            .iter()
+            .copied()
+            .filter(|n| v.replicas.iter().any(|r| r.node == *n))
+            .collect();
+        if nodes.is_empty() {
+            return Err(refused(format!(
+                "no copy of {source} holds snapshot {snap} any more (its copies moved)"
+            )));
+        }
+        let parent = CloneOf {
+            volume: v.name.clone(),
+            volume_id: v.id,
+            snapshot: snap.to_string(),
+            snapshot_id: rec.id,
+        };
+        let c = self
+            .meta
+            .create_volume_from(name, v.size, &nodes, &v.access, false, Some(parent))
+            .await?;
+        let ask = CloneRequest {
+            parent: v.id,
+            snapshot: rec.id,
+        };
+        let mut made = Vec::new();
+        for &id in &nodes {
+            let outcome = match self.node(id).await {
+                Ok(node) => {
+                    let h = Header {
+                        volume: c.id,
+                        length: c.size,
+                        ..Header::request(Op::CreateClone, 0)
+                    };
+                    let r = self
+                        .node_send_within(&node, h, Bytes::from(ask.encode()), super::NODE_TIMEOUT)
+                        .await;
+                    match r {
+                        Ok(f) if f.header.status == Status::Ok => {
+                            made.push(node);
+                            continue;
+                        }
+                        Ok(f) => format!(
+                            "{}: {}",
+                            f.header.status.as_str(),
+                            String::from_utf8_lossy(&f.payload)
+                        ),
+                        Err(e) => e.to_string(),
+                    }
+                }
+                Err(e) => e.to_string(),
+            };
+            // All or nothing, as a volume's creation.
+            for n in &made {
+                let _ = self.replica_op(n, Op::DeleteReplica, &c).await;
+            }
+            let _ = self.meta.delete_volume(name).await;
+            return Err(refused(format!(
+                "creating the clone {name} on node {id} failed: {outcome}"
+            )));
+        }
+        tracing::info!(volume = name, parent = source, snapshot = snap, nodes = ?nodes, "clone created");
+        Ok(c)
+    }
+
+    /// Copies every block clone `name` still reads from its parent, on every copy at once
+    /// (with I/O going on), then forgets the parent: its snapshot may be deleted after.
+    pub async fn flatten_volume(&self, name: &str) -> Result<VolumeRecord> {
+        let v = self.meta.volume(name).await?;
+        let Some(parent) = &v.parent else {
+            return Err(refused(format!(
+                "volume {name} is no clone (or was flattened already)"
+            )));
+        };
+        let limit = FLATTEN_WAIT + Duration::from_secs_f64(v.size as f64 / FLATTEN_RATE);
+        let calls = v
+            .replicas
+            .iter()
+            .map(|r| {
+                let h = Header {
+                    volume: v.id,
+                    ..Header::request(Op::Flatten, 0)
+                };
+                Box::pin(async move {
+                    let answer = match self.node(r.node).await {
+                        Ok(node) => self.node_call_within(&node, h, limit).await.map(|f| {
+                            (
+                                f.header.status,
+                                String::from_utf8_lossy(&f.payload).into_owned(),
+                            )
+                        }),
+                        Err(e) => Err(e),
+                    };
+                    (r.node, answer)
+                }) as trireme_client::BoxFut<'_, _>
+            })
+            .collect();
+        let mut failed = Vec::new();
+        for (node, answer) in trireme_client::join_all(calls).await {
+            match answer {
+                Ok((Status::Ok, _)) => {}
+                Ok((s, why)) => failed.push(format!("node {node}: {}: {why}", s.as_str())),
+                Err(e) => failed.push(format!("node {node}: {e}")),
+            }
+        }
+        if !failed.is_empty() {
+            return Err(refused(format!(
+                "flattening {name} failed on {}; it still reads from {}@{} (ask again)",
+                failed.join("; "),
+                parent.volume,
+                parent.snapshot
+            )));
+        }
+        let v = self
+            .meta
+            .update_volume(name, &mut |rec| {
+                rec.parent = None;
+                Ok(())
+            })
+            .await?;
+        tracing::info!(volume = name, "clone flattened");
+        Ok(v)
+    }
+
+    /// The clones that read from volume `v` (from its snapshot `snapshot_id` only, if given).
+    pub(super) async fn clones_of(
+        &self,
+        v: &VolumeRecord,
+        snapshot_id: Option<u64>,
+    ) -> Result<Vec<String>> {
+        Ok(self
+            .meta
+            .volumes()
+            .await?
+            .into_iter()
+            .filter(|c| {
+                c.parent.as_ref().is_some_and(|p| {
+                    p.volume_id == v.id && snapshot_id.is_none_or(|s| s == p.snapshot_id)
+                })
+            })
+            .map(|c| c.name)
+            .collect())
+    }
+
+    /// Refuses to take away what clones read: snapshot `snapshot` of `v`, or `v` itself.
+    pub(super) async fn check_no_clones(
+        &self,
+        v: &VolumeRecord,
+        snapshot: Option<(&str, u64)>,
+    ) -> Result<()> {
+        let clones = self.clones_of(v, snapshot.map(|s| s.1)).await?;
+        if clones.is_empty() {
+            return Ok(());
+        }
+        let what = match snapshot {
+            Some((name, _)) => format!("snapshot {}@{name}", v.name),
+            None => format!("volume {}", v.name),
+        };
+        Err(refused(format!(
+            "{what} has clones that read from it: {}. Flatten them first (`trireme volume flatten NAME`) or delete them",
+            clones.join(", ")
+        )))
+    }
+}
