@@ -156,24 +156,78 @@ impl Manager {
         Ok(v)
     }
 
+    /// Flattens the copies on `node` of every clone of `v` (so `v`'s copy there may go); the
+    /// clones' other copies still read from their parent.
+    pub(crate) async fn flatten_clones_on(
+        &self,
+        v: &VolumeRecord,
+        node: &trireme_meta::NodeRecord,
+    ) -> Result<()> {
+        for c in self.meta.volumes().await? {
+            if !c.parent.as_ref().is_some_and(|p| p.volume_id == v.id) {
+                continue;
+            }
+            if !c.replicas.iter().any(|r| r.node == node.id) {
+                continue;
+            }
+            let limit = FLATTEN_WAIT + Duration::from_secs_f64(c.size as f64 / FLATTEN_RATE);
+            let h = Header {
+                volume: c.id,
+                ..Header::request(Op::Flatten, 0)
+            };
+            let f = self.node_call_within(node, h, limit).await?;
+            match f.header.status {
+                Status::Ok | Status::NoReplica => {
+                    tracing::info!(clone = %c.name, parent = %v.name, node = node.id, "a clone's copy flattened: its parent's copy moves away")
+                }
+                s => {
+                    return Err(refused(format!(
+                        "flattening {}'s copy on node {}: {}: {}",
+                        c.name,
+                        node.id,
+                        s.as_str(),
+                        String::from_utf8_lossy(&f.payload)
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The clones that read from volume `v` (from its snapshot `snapshot_id` only, if given).
     pub(super) async fn clones_of(
         &self,
         v: &VolumeRecord,
         snapshot_id: Option<u64>,
     ) -> Result<Vec<String>> {
-        Ok(self
+        let reads = |c: &VolumeRecord| {
+            c.parent.as_ref().is_some_and(|p| {
+                p.volume_id == v.id && snapshot_id.is_none_or(|s| s == p.snapshot_id)
+            })
+        };
+        let mut out: Vec<String> = self
             .meta
             .volumes()
             .await?
             .into_iter()
-            .filter(|c| {
-                c.parent.as_ref().is_some_and(|p| {
-                    p.volume_id == v.id && snapshot_id.is_none_or(|s| s == p.snapshot_id)
-                })
-            })
+            .filter(|c| reads(c))
             .map(|c| c.name)
-            .collect())
+            .collect();
+        // A clone in the trash keeps its copies, which still read from the parent.
+        out.extend(
+            self.meta
+                .trashed()
+                .await?
+                .into_iter()
+                .filter(|t| reads(&t.volume))
+                .map(|t| {
+                    format!(
+                        "{} (in the trash: `trireme volume trash purge {}` frees it now)",
+                        t.volume.name, t.volume.name
+                    )
+                }),
+        );
+        Ok(out)
     }
 
     /// Refuses to take away what clones read: snapshot `snapshot` of `v`, or `v` itself.

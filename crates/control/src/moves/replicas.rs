@@ -186,6 +186,20 @@ impl Manager {
         match self.node(node).await {
             Ok(n) => match self.replica_op(&n, Op::DeleteReplica, v).await {
                 Ok(Status::Ok | Status::NoReplica) => {}
+                // Clones' copies on that node read from it: they take their blocks first.
+                Ok(Status::InUse) => match self.flatten_clones_on(v, &n).await {
+                    Ok(()) => match self.replica_op(&n, Op::DeleteReplica, v).await {
+                        Ok(Status::Ok | Status::NoReplica) => {}
+                        other => {
+                            tracing::warn!(volume = %v.name, node, "old replica not deleted after its clones' copies were flattened: {other:?}")
+                        }
+                    },
+                    Err(e) => tracing::warn!(
+                        volume = %v.name,
+                        node,
+                        "old replica not deleted: clones there read from it, and flattening them failed: {e}"
+                    ),
+                },
                 other => {
                     tracing::warn!(volume = %v.name, node, "old replica not deleted (the node may be down): {other:?}")
                 }
