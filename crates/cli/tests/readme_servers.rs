@@ -549,7 +549,7 @@ fn run_readme(tls: bool) {
     let info = &w
         .transcript
         .iter()
-        .find(|(c, _)| c.contains("db1@nightly"))
+        .find(|(c, _)| c.starts_with("nbdinfo") && c.contains("db1@nightly"))
         .expect("the block reads the snapshot")
         .1;
     assert!(info.contains("is_read_only: true"), "{info}");
@@ -573,6 +573,20 @@ fn run_readme(tls: bool) {
         2u64 << 30,
         "the backup was taken at 200G / 100: {copy}"
     );
+    // The clone was made on the servers holding the snapshot, moved off node 3 with db1 (its
+    // copy there took its blocks first), and reads what the snapshot holds.
+    let clone = w.admin_json(&["volume", "info", "db1-test"]);
+    assert_eq!(clone["parent"]["snapshot"], "nightly", "{clone}");
+    assert!(
+        clone["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["node"] != 3),
+        "{clone}"
+    );
+    let same = said("qemu-img compare");
+    assert!(same.contains("Images are identical"), "{same}");
     let m = said("qemu:dirty-bitmap:nightly");
     assert!(m.contains("clean"), "{m}");
     let uri = format!("nbd+unix:///db1?socket={}", w.sock());
