@@ -164,10 +164,8 @@ impl Manager {
         node: &trireme_meta::NodeRecord,
     ) -> Result<()> {
         for c in self.meta.volumes().await? {
-            if !c.parent.as_ref().is_some_and(|p| p.volume_id == v.id) {
-                continue;
-            }
-            if !c.replicas.iter().any(|r| r.node == node.id) {
+            let reads_v = c.parent.as_ref().is_some_and(|p| p.volume_id == v.id);
+            if !reads_v || !c.replicas.iter().any(|r| r.node == node.id) {
                 continue;
             }
             let limit = FLATTEN_WAIT + Duration::from_secs_f64(c.size as f64 / FLATTEN_RATE);

@@ -21,15 +21,15 @@ const HEADER: usize = 8 + 5 * 8;
 
 /// A clone's state as its files hold it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Saved {
-    pub(crate) volume: u64,
-    pub(crate) parent: u64,
-    pub(crate) snapshot: u64,
-    pub(crate) blocks: u64,
-    pub(crate) unfilled: Bits,
+pub struct Saved {
+    pub volume: u64,
+    pub parent: u64,
+    pub snapshot: u64,
+    pub blocks: u64,
+    pub unfilled: Bits,
 }
 
-pub(crate) fn encode(s: &Saved) -> Vec<u8> {
+pub fn encode(s: &Saved) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER + s.unfilled.words.len() * 8 + 4);
     out.extend_from_slice(MAGIC);
     for v in [s.volume, s.parent, s.snapshot, s.blocks, s.unfilled.count] {
@@ -43,7 +43,7 @@ pub(crate) fn encode(s: &Saved) -> Vec<u8> {
     out
 }
 
-pub(crate) fn decode(b: &[u8]) -> Result<Saved, String> {
+pub fn decode(b: &[u8]) -> Result<Saved, String> {
     if b.len() < HEADER + 4 || &b[..8] != MAGIC {
         return Err("not a clone map (bad magic or too short)".into());
     }
@@ -94,7 +94,7 @@ fn record(volume: u64, block: u64) -> [u8; 16] {
 }
 
 /// The blocks of the log's valid records.
-pub(crate) fn replay(volume: u64, log: &[u8]) -> Vec<u64> {
+pub fn replay(volume: u64, log: &[u8]) -> Vec<u64> {
     log.chunks_exact(16)
         .filter_map(|c| {
             let block = u64::from_le_bytes(c[..8].try_into().expect("8"));

@@ -25,7 +25,7 @@
 //! go. The node refuses to drop a parent's snapshot (or the parent) while a clone on it
 //! still reads from it.
 
-mod file;
+pub mod file;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -178,9 +178,10 @@ impl Backing {
 
 /// One bit per block.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Bits {
-    pub(crate) words: Vec<u64>,
-    pub(crate) count: u64,
+pub struct Bits {
+    pub words: Vec<u64>,
+    /// Bits set.
+    pub count: u64,
 }
 
 impl Bits {
