@@ -57,40 +57,53 @@ impl Manager {
             parent: v.id,
             snapshot: rec.id,
         };
-        let mut made = Vec::new();
-        for &id in &nodes {
-            let outcome = match self.node(id).await {
-                Ok(node) => {
-                    let h = Header {
-                        volume: c.id,
-                        length: c.size,
-                        ..Header::request(Op::CreateClone, 0)
+        // Every node at once: a clone is made in one round trip whatever its copies.
+        let calls = nodes
+            .iter()
+            .map(|&id| {
+                let h = Header {
+                    volume: c.id,
+                    length: c.size,
+                    ..Header::request(Op::CreateClone, 0)
+                };
+                let payload = Bytes::from(ask.encode());
+                Box::pin(async move {
+                    let node = match self.node(id).await {
+                        Ok(n) => n,
+                        Err(e) => return (id, None, e.to_string()),
                     };
-                    let r = self
-                        .node_send_within(&node, h, Bytes::from(ask.encode()), super::NODE_TIMEOUT)
-                        .await;
-                    match r {
-                        Ok(f) if f.header.status == Status::Ok => {
-                            made.push(node);
-                            continue;
-                        }
-                        Ok(f) => format!(
-                            "{}: {}",
-                            f.header.status.as_str(),
-                            String::from_utf8_lossy(&f.payload)
+                    match self
+                        .node_send_within(&node, h, payload, super::NODE_TIMEOUT)
+                        .await
+                    {
+                        Ok(f) if f.header.status == Status::Ok => (id, Some(node), String::new()),
+                        Ok(f) => (
+                            id,
+                            Some(node),
+                            format!(
+                                "{}: {}",
+                                f.header.status.as_str(),
+                                String::from_utf8_lossy(&f.payload)
+                            ),
                         ),
-                        Err(e) => e.to_string(),
+                        // It may have made it before the answer was lost: deleted too.
+                        Err(e) => (id, Some(node), e.to_string()),
                     }
-                }
-                Err(e) => e.to_string(),
-            };
+                }) as trireme_client::BoxFut<'_, _>
+            })
+            .collect();
+        let answers: Vec<(u32, Option<trireme_meta::NodeRecord>, String)> =
+            trireme_client::join_all(calls).await;
+        if let Some((id, _, why)) = answers.iter().find(|(_, _, why)| !why.is_empty()) {
             // All or nothing, as a volume's creation.
-            for n in &made {
-                let _ = self.replica_op(n, Op::DeleteReplica, &c).await;
+            for (_, node, _) in &answers {
+                if let Some(n) = node {
+                    let _ = self.replica_op(n, Op::DeleteReplica, &c).await;
+                }
             }
             let _ = self.meta.delete_volume(name).await;
             return Err(refused(format!(
-                "creating the clone {name} on node {id} failed: {outcome}"
+                "creating the clone {name} on node {id} failed: {why}"
             )));
         }
         tracing::info!(volume = name, parent = source, snapshot = snap, nodes = ?nodes, "clone created");

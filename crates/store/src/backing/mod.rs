@@ -428,14 +428,7 @@ impl BackedReplica {
         let _p = self.persist.write().unwrap_or_else(|e| e.into_inner());
         match b {
             Some(b) => {
-                let saved = Saved {
-                    volume: self.vol(),
-                    parent: b.parent_volume,
-                    snapshot: b.snapshot,
-                    blocks: b.blocks,
-                    unfilled: b.bits().clone(),
-                };
-                f.save(&saved)?;
+                f.save(&saved_of(self.vol(), b))?;
                 f.empty_log()?;
             }
             None => f.remove_all(),
@@ -618,8 +611,11 @@ impl crate::filter::ReplicaFilter for BackedReplica {
             unfilled: Mutex::new(Bits::all(blocks)),
             parent: RwLock::new(Some(parent)),
         };
-        // Durable before the clone is served: without its file it would read zeros.
-        self.checkpoint(Some(&b))?;
+        // Durable before the clone is served: without its file it would read zeros. (No log
+        // yet: the first fill opens it.)
+        if let Some(f) = &self.files {
+            f.save(&saved_of(self.vol(), &b))?;
+        }
         *slot = Some(Arc::new(b));
         Ok(())
     }
@@ -715,6 +711,17 @@ impl crate::filter::ReplicaFilter for BackedReplica {
             "clone flattened"
         );
         Ok(())
+    }
+}
+
+/// What a clone's map file holds of `b`.
+fn saved_of(volume: u64, b: &Backing) -> Saved {
+    Saved {
+        volume,
+        parent: b.parent_volume,
+        snapshot: b.snapshot,
+        blocks: b.blocks,
+        unfilled: b.bits().clone(),
     }
 }
 
