@@ -20,6 +20,7 @@
 //! and this crate only moves frames, waits, and logs. The I/O path itself is in `io.rs`.
 
 mod activity;
+mod catch_up;
 mod copies;
 mod core;
 mod error;

@@ -139,6 +139,13 @@ impl Volume {
     pub(crate) async fn resync(&self, i: usize) -> Result<(), VolumeError> {
         let (conn, incarnation) = self.reattach(i).await?;
         let node = self.node(i);
+        // 0. The snapshots it missed while out, before it takes any write (`catch_up.rs`).
+        if let Err(e) = self.catch_up_snapshots(i, &*conn, incarnation).await {
+            if e.stops_writer() {
+                return Err(e);
+            }
+            tracing::warn!(volume = %self.info.name, node, "giving a returning copy the snapshots it missed: {e}; it resyncs without them");
+        }
         let started = Instant::now();
         // 1. Pause writes, collect the survivors' regions, and let the replica take new writes.
         let (mut plan, survivors) = {

@@ -250,10 +250,18 @@ impl Manager {
                 if r.state == SnapshotState::Ready {
                     // A node that holds no copy now, or said its copy lacks it, lost it; one
                     // that did not answer is taken at its record's word.
-                    let (kept, lost) = r.nodes.iter().partition(|n| {
+                    let (mut kept, lost): (Vec<u32>, Vec<u32>) = r.nodes.iter().partition(|n| {
                         v.replicas.iter().any(|x| x.node == **n)
                             && listed.get(n).is_none_or(|ids| ids.contains(&r.id))
                     });
+                    // A copy that was out when it was taken and got it at its resync
+                    // (`trireme_client`'s `catch_up.rs`) holds it too.
+                    for (n, ids) in &listed {
+                        if ids.contains(&r.id) && !kept.contains(n) {
+                            kept.push(*n);
+                        }
+                    }
+                    kept.sort_unstable();
                     i.nodes = kept;
                     i.lost = lost;
                 }
