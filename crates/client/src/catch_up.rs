@@ -35,7 +35,10 @@ impl Volume {
         conn: &dyn Connection,
         incarnation: u64,
     ) -> Result<Vec<u64>, VolumeError> {
-        if incarnation != self.core().incarnation(i) {
+        // Only for a copy whose resync would be incremental (out with its history known):
+        // the one resync loop of the writer runs it, before the copy takes any write.
+        let (state, known) = (self.state(i), self.core().incarnation(i));
+        if !trireme_replication::incremental(state, known, incarnation) {
             return Ok(Vec::new());
         }
         let survivors: Vec<usize> = self.in_sync().into_iter().filter(|&s| s != i).collect();

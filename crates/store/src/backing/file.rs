@@ -136,10 +136,13 @@ impl CloneFiles {
 
     pub(crate) fn remove_all(&self) {
         *self.log.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        let _ = std::fs::remove_file(self.map_path());
-        let _ = std::fs::remove_file(self.log_path());
-        if let Ok(d) = File::open(&self.dir) {
-            let _ = d.sync_all();
+        let map = std::fs::remove_file(self.map_path()).is_ok();
+        let log = std::fs::remove_file(self.log_path()).is_ok();
+        // Durable only if something went (a fresh replica's creation has nothing to remove).
+        if map || log {
+            if let Ok(d) = File::open(&self.dir) {
+                let _ = d.sync_all();
+            }
         }
     }
 
