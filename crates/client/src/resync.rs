@@ -82,15 +82,7 @@ impl Volume {
         conn: &dyn Connection,
         h: trireme_proto::Header,
     ) -> Result<trireme_transport::Frame, VolumeError> {
-        let node = self.node(i);
-        let f = tokio::time::timeout(self.opts.replica_timeout, conn.call(h, Bytes::new()))
-            .await
-            .map_err(|_| VolumeError::Timeout {
-                node,
-                timeout: self.opts.replica_timeout,
-            })?
-            .map_err(|source| VolumeError::Transport { node, source })?;
-        self.expect_ok(i, f)
+        self.send_on(i, conn, h, Bytes::new()).await
     }
 
     /// The union of the survivors' dirty regions for replica `i`, or `None` if no survivor
