@@ -233,18 +233,13 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
             rbac_follow(cli).await;
             print(out, &v, |v| {
                 format!(
-                    "created {} ({}, {}), {} replica{} on node{} {}\n",
+                    "created {} ({}, {}), {} replica{} on {}\n",
                     v.name,
                     human(v.size),
                     if v.preallocate { "thick" } else { "thin" },
                     v.replicas.len(),
                     if v.replicas.len() == 1 { "" } else { "s" },
-                    if v.replicas.len() == 1 { "" } else { "s" },
-                    nodes_of(v)
-                        .iter()
-                        .map(u32::to_string)
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    on_nodes(v)
                 )
             });
         }
@@ -268,15 +263,10 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
             rbac_follow(cli).await;
             print(out, &v, |v| {
                 format!(
-                    "created {} ({}), a clone of {snapshot} sharing its blocks, on node{} {}\n",
+                    "created {} ({}), a clone of {snapshot} sharing its blocks, on {}\n",
                     v.name,
                     human(v.size),
-                    if v.replicas.len() == 1 { "" } else { "s" },
-                    nodes_of(v)
-                        .iter()
-                        .map(u32::to_string)
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    on_nodes(v)
                 )
             });
         }

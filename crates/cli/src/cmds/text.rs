@@ -7,6 +7,17 @@ pub(crate) fn nodes_of(v: &VolumeRecord) -> Vec<u32> {
     v.replicas.iter().map(|r| r.node).collect()
 }
 
+/// "node 1" or "nodes 1, 2, 3": where the volume's copies are.
+pub(crate) fn on_nodes(v: &VolumeRecord) -> String {
+    let n = nodes_of(v);
+    let list: Vec<String> = n.iter().map(u32::to_string).collect();
+    format!(
+        "node{} {}",
+        if n.len() == 1 { "" } else { "s" },
+        list.join(", ")
+    )
+}
+
 pub(crate) fn nodes_table(nodes: &[NodeStatus]) -> String {
     let mut s = format!(
         "{:<5} {:<22} {:<7} {:<13} {:<9} {:<9} {}\n",
