@@ -20,15 +20,15 @@
 //! when it grows long and at close. So a clone keeps every answered write through a crash
 //! of its process and every flushed write through a power loss.
 //!
-//! **Flatten** copies every block not filled from the parent, a block at a time under the
-//! same locks as writes, with I/O going on; then the clone forgets its parent and its files
-//! go. The node refuses to drop a parent's snapshot (or the parent) while a clone on it
+//! **Flatten** copies every block not filled from the parent, a megabyte at a time with the
+//! writes' block locks held, skipping what the parent's snapshot says reads zeros, with I/O
+//! going on; then the clone forgets its parent and its files go. The node refuses to drop a parent's snapshot (or the parent) while a clone on it
 //! still reads from it.
 
 pub mod file;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use crate::{check_range, Extent, Replica, Store, StoreError};
@@ -85,7 +85,7 @@ impl BackedStore {
             backing: RwLock::new(state.map(Arc::new)),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             persist: RwLock::new(()),
-            logged: std::sync::atomic::AtomicU64::new(0),
+            logged: AtomicU64::new(0),
             unsynced: AtomicBool::new(false),
         })
     }
@@ -174,6 +174,15 @@ impl Backing {
     fn unfilled(&self, l: u64) -> bool {
         l < self.blocks && self.bits().get(l)
     }
+    /// Whether each block of `first..=last` is not filled, under one hold of the lock. A block
+    /// seen filled stays filled; one seen not filled is looked at again under its own lock
+    /// before it is filled.
+    fn unfilled_in(&self, first: u64, last: u64) -> Vec<bool> {
+        let bits = self.bits();
+        (first..=last)
+            .map(|l| l < self.blocks && bits.get(l))
+            .collect()
+    }
 }
 
 /// One bit per block.
@@ -238,7 +247,7 @@ struct BackedReplica {
     /// the map file (so no record is lost between the two).
     persist: RwLock<()>,
     /// Records in the log since it was last emptied.
-    logged: std::sync::atomic::AtomicU64,
+    logged: AtomicU64,
     /// The log has records not synced yet.
     unsynced: AtomicBool,
 }
@@ -327,9 +336,10 @@ impl BackedReplica {
                 false,
             )
         };
+        let unfilled = b.unfilled_in(first, last);
         let mut r = Ok(());
         for l in first..=last {
-            if !b.unfilled(l) {
+            if !unfilled[(l - first) as usize] {
                 run.get_or_insert(l);
                 continue;
             }
@@ -366,12 +376,7 @@ impl BackedReplica {
     fn read_backed(&self, b: &Backing, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         let end = offset + buf.len() as u64;
         let (first, last) = (offset / BLOCK, (end - 1) / BLOCK);
-        let from_parent: Vec<bool> = {
-            let bits = b.bits();
-            (first..=last)
-                .map(|l| l < b.blocks && bits.get(l))
-                .collect()
-        };
+        let from_parent = b.unfilled_in(first, last);
         let mut l = first;
         while l <= last {
             let p = from_parent[(l - first) as usize];
@@ -397,12 +402,14 @@ impl BackedReplica {
             Some(last) if last.flags == e.flags => last.length += e.length,
             _ => out.push(e),
         };
+        let first = offset / BLOCK;
+        let from_parent = b.unfilled_in(first, (end - 1) / BLOCK);
         let mut pos = offset;
         while pos < end {
             let l = pos / BLOCK;
-            let p = b.unfilled(l);
+            let p = from_parent[(l - first) as usize];
             let mut k = l + 1;
-            while k * BLOCK < end && b.unfilled(k) == p {
+            while k * BLOCK < end && from_parent[(k - first) as usize] == p {
                 k += 1;
             }
             let z = (k * BLOCK).min(end);
@@ -486,7 +493,11 @@ impl crate::filter::ReplicaFilter for BackedReplica {
         if a < z {
             let _p = self.persist_shared();
             self.inner.write_zeroes(a, z - a, may_trim, false)?;
-            let filled: Vec<u64> = (a / BLOCK..z / BLOCK).filter(|&l| b.unfilled(l)).collect();
+            let (first, last) = (a / BLOCK, z / BLOCK - 1);
+            let filled: Vec<u64> = (first..=last)
+                .zip(b.unfilled_in(first, last))
+                .filter_map(|(l, u)| u.then_some(l))
+                .collect();
             self.clear(&b, &filled);
             self.log(&filled)?;
         }
@@ -653,10 +664,9 @@ impl crate::filter::ReplicaFilter for BackedReplica {
             let next = b.bits().next_set(l, b.blocks);
             let Some(start) = next else { break };
             // A run of blocks not filled, at most a chunk, read from the parent at once.
-            let mut end = start + 1;
-            while end < b.blocks && end - start < FLATTEN_CHUNK / BLOCK && b.unfilled(end) {
-                end += 1;
-            }
+            let most = (start + FLATTEN_CHUNK / BLOCK).min(b.blocks);
+            let run = b.unfilled_in(start, most - 1);
+            let end = start + run.iter().take_while(|&&u| u).count() as u64;
             // Where the parent's snapshot reads zeros, the block below does too (a block not
             // filled was never written): only marked. The rest is read at once and written.
             let zeros = zero_blocks(
@@ -675,7 +685,10 @@ impl crate::filter::ReplicaFilter for BackedReplica {
                 .iter()
                 .map(|m| m.lock().unwrap_or_else(|e| e.into_inner()))
                 .collect();
-            let filled: Vec<u64> = (start..end).filter(|&k| b.unfilled(k)).collect();
+            let filled: Vec<u64> = (start..end)
+                .zip(b.unfilled_in(start, end - 1))
+                .filter_map(|(k, u)| u.then_some(k))
+                .collect();
             let mut i = 0;
             while i < filled.len() {
                 if zeros.contains(&filled[i]) {
