@@ -119,37 +119,29 @@ impl Manager {
                 "volume {name} is no clone (or was flattened already)"
             )));
         };
-        let limit = FLATTEN_WAIT + Duration::from_secs_f64(v.size as f64 / FLATTEN_RATE);
         let calls = v
             .replicas
             .iter()
             .map(|r| {
-                let h = Header {
-                    volume: v.id,
-                    ..Header::request(Op::Flatten, 0)
-                };
+                let v = &v;
                 Box::pin(async move {
-                    let answer = match self.node(r.node).await {
-                        Ok(node) => self.node_call_within(&node, h, limit).await.map(|f| {
-                            (
-                                f.header.status,
-                                String::from_utf8_lossy(&f.payload).into_owned(),
-                            )
-                        }),
+                    let done = match self.node(r.node).await {
+                        Ok(node) => self.flatten_copy(v, &node).await,
                         Err(e) => Err(e),
                     };
-                    (r.node, answer)
+                    match done {
+                        Ok(Status::Ok) => Ok(()),
+                        Ok(s) => Err(format!("node {}: {}", r.node, s.as_str())),
+                        Err(e) => Err(e.to_string()),
+                    }
                 }) as trireme_client::BoxFut<'_, _>
             })
             .collect();
-        let mut failed = Vec::new();
-        for (node, answer) in trireme_client::join_all(calls).await {
-            match answer {
-                Ok((Status::Ok, _)) => {}
-                Ok((s, why)) => failed.push(format!("node {node}: {}: {why}", s.as_str())),
-                Err(e) => failed.push(format!("node {node}: {e}")),
-            }
-        }
+        let failed: Vec<String> = trireme_client::join_all(calls)
+            .await
+            .into_iter()
+            .filter_map(|r: std::result::Result<(), String>| r.err())
+            .collect();
         if !failed.is_empty() {
             return Err(refused(format!(
                 "flattening {name} failed on {}; it still reads from {}@{} (ask again)",
@@ -181,28 +173,37 @@ impl Manager {
             if !reads_v || !c.replicas.iter().any(|r| r.node == node.id) {
                 continue;
             }
-            let limit = FLATTEN_WAIT + Duration::from_secs_f64(c.size as f64 / FLATTEN_RATE);
-            let h = Header {
-                volume: c.id,
-                ..Header::request(Op::Flatten, 0)
-            };
-            let f = self.node_call_within(node, h, limit).await?;
-            match f.header.status {
-                Status::Ok | Status::NoReplica => {
-                    tracing::info!(clone = %c.name, parent = %v.name, node = node.id, "a clone's copy flattened: its parent's copy moves away")
-                }
-                s => {
-                    return Err(refused(format!(
-                        "flattening {}'s copy on node {}: {}: {}",
-                        c.name,
-                        node.id,
-                        s.as_str(),
-                        String::from_utf8_lossy(&f.payload)
-                    )))
-                }
-            }
+            self.flatten_copy(&c, node)
+                .await
+                .map_err(|e| refused(format!("{}'s copy: {e}", c.name)))?;
+            // (`NoReplica`: no copy there to flatten.)
+            tracing::info!(clone = %c.name, parent = %v.name, node = node.id, "a clone's copy flattened: its parent's copy moves away");
         }
         Ok(())
+    }
+
+    /// Flattens clone `c`'s copy on `node`, waited for as long as copying its size takes:
+    /// `Ok` or `NoReplica` (no copy there), or why not.
+    async fn flatten_copy(
+        &self,
+        c: &VolumeRecord,
+        node: &trireme_meta::NodeRecord,
+    ) -> Result<Status> {
+        let limit = FLATTEN_WAIT + Duration::from_secs_f64(c.size as f64 / FLATTEN_RATE);
+        let h = Header {
+            volume: c.id,
+            ..Header::request(Op::Flatten, 0)
+        };
+        let f = self.node_call_within(node, h, limit).await?;
+        match f.header.status {
+            s @ (Status::Ok | Status::NoReplica) => Ok(s),
+            s => Err(refused(format!(
+                "flattening on node {}: {}: {}",
+                node.id,
+                s.as_str(),
+                String::from_utf8_lossy(&f.payload)
+            ))),
+        }
     }
 
     /// The clones that read from volume `v` (from its snapshot `snapshot_id` only, if given).
