@@ -17,7 +17,7 @@
 
 use bytes::Bytes;
 use trireme_proto::{Op, SnapshotRequest, DIRTY_AUTO, EXTENT_CHANGED};
-use trireme_replication::union_chunks;
+use trireme_replication::{union_chunks, union_ranges};
 use trireme_transport::{Connection, Frame};
 
 use crate::membership::BoxFut;
@@ -28,22 +28,22 @@ const CHANGED_WINDOW: u64 = 1 << 30;
 
 impl Volume {
     /// Gives replica `i` (attached on `conn` with `incarnation`, not taking writes yet) the
-    /// snapshots it missed (see the module docs); the snapshots given.
+    /// snapshots it missed (see the module docs).
     pub(crate) async fn catch_up_snapshots(
         &self,
         i: usize,
         conn: &dyn Connection,
         incarnation: u64,
-    ) -> Result<Vec<u64>, VolumeError> {
+    ) -> Result<(), VolumeError> {
         // Only for a copy whose resync would be incremental (out with its history known):
         // the one resync loop of the writer runs it, before the copy takes any write.
         let (state, known) = (self.state(i), self.core().incarnation(i));
         if !trireme_replication::incremental(state, known, incarnation) {
-            return Ok(Vec::new());
+            return Ok(());
         }
         let survivors: Vec<usize> = self.in_sync().into_iter().filter(|&s| s != i).collect();
         let Some(&source) = survivors.first() else {
-            return Ok(Vec::new());
+            return Ok(());
         };
         let theirs = self.list_on(source, None).await?;
         let mine = self.list_on(i, Some(conn)).await?;
@@ -52,18 +52,17 @@ impl Volume {
             .filter(|s| !mine.iter().any(|m| m.id == s.id))
             .collect();
         if missed.is_empty() {
-            return Ok(Vec::new());
+            return Ok(());
         }
         let Some(dirty) = self.dirty_regions(i, &survivors).await? else {
-            return Ok(Vec::new());
+            return Ok(());
         };
         let mut regions = dirty;
-        let mut given = Vec::new();
         for snap in missed {
             regions.extend(self.changed_ranges(snap.id).await?);
-            regions = union_chunks(regions);
+            regions = union_ranges(regions);
             self.mark_for(i, &survivors, &regions).await?;
-            for &(off, len) in &regions {
+            for (off, len) in union_chunks(regions.clone()) {
                 let h = self.header(Op::SnapshotRead, off, len);
                 let f = self
                     .call(
@@ -86,9 +85,8 @@ impl Volume {
             .put(&mut h);
             self.send_on(i, conn, h, Bytes::new()).await?;
             tracing::info!(volume = %self.info.name, node = self.node(i), id = snap.id, bytes = regions.iter().map(|r| r.1).sum::<u64>(), "a snapshot the copy missed while out, given to it before its resync");
-            given.push(snap.id);
         }
-        Ok(given)
+        Ok(())
     }
 
     /// The snapshots replica `i` holds (on `conn` if given, else on its slot).
@@ -126,7 +124,8 @@ impl Volume {
         Ok(out)
     }
 
-    /// Marks `regions` on every survivor's record of what replica `i` misses.
+    /// Marks `regions` (whole runs: one call each) on every survivor's record of what replica
+    /// `i` misses.
     async fn mark_for(
         &self,
         i: usize,

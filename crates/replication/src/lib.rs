@@ -31,7 +31,8 @@ pub use order::{RangeOrder, Ticket};
 pub use quorum::{decide, Decision, Mirrored, ReplicaOutcome, WriteFailure, WriteQuorum};
 pub use read::ReadPlan;
 pub use resync::{
-    all_chunks, incremental, union_chunks, ResyncPlan, ResyncStep, CHUNK, CLEAR_BATCH, PARALLEL,
+    all_chunks, incremental, union_chunks, union_ranges, ResyncPlan, ResyncStep, CHUNK,
+    CLEAR_BATCH, PARALLEL,
 };
 pub use set::{default_min_copies, removal, transition, ReplicaSet, ReplicaState, TransitionError};
 pub use takeout::{Mark, Step as TakeOutStep, TakeOut};

@@ -31,8 +31,8 @@ pub fn all_chunks(size: u64) -> Vec<(u64, u64)> {
     union_chunks(vec![(0, size)])
 }
 
-/// The union of `(offset, len)` ranges, in order, split into regions of at most [`CHUNK`].
-pub fn union_chunks(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+/// The union of `(offset, len)` ranges, in order, each as long as it runs.
+pub fn union_ranges(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
     ranges.sort_unstable();
     let mut merged: Vec<(u64, u64)> = Vec::new();
     for (o, l) in ranges.into_iter().filter(|r| r.1 > 0) {
@@ -41,8 +41,13 @@ pub fn union_chunks(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
             _ => merged.push((o, l)),
         }
     }
+    merged
+}
+
+/// The union of `(offset, len)` ranges, in order, split into regions of at most [`CHUNK`].
+pub fn union_chunks(ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
     let mut out = Vec::new();
-    for (o, l) in merged {
+    for (o, l) in union_ranges(ranges) {
         let mut p = o;
         while p < o + l {
             let n = CHUNK.min(o + l - p);
