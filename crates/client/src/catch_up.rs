@@ -1,92 +1,189 @@
-//! Before a resync: the snapshots a returning copy missed. A copy out of sync when a snapshot is
-//! taken does not get it (the barrier goes to copies in sync). When it comes back with its
-//! history known (a survivor's record covers every write it missed), it gets each snapshot an
-//! in-sync copy holds and it lacks, oldest first, before it takes any write:
+//! Before a resync: the snapshots a returning or new copy lacks. A copy out of sync when a
+//! snapshot is taken does not get it (the barrier goes to copies in sync), and the new copy of
+//! a move starts with none. Before it takes any write, it gets each snapshot an in-sync copy
+//! holds and it lacks, oldest first, then takes it with the snapshot's id and time:
 //!
-//! 1. the regions where it may differ from snapshot X are those the survivors recorded for it
-//!    (`D`: outside them its head is the source's head) and those the source changed since X
-//!    (`C_X`, from the source's maps), and for a later snapshot also every region written for
-//!    an earlier one;
-//! 2. those regions are first marked on every survivor's record for it (so a catch-up cut
-//!    short leaves them to the resync: its head no longer matches the source's there), then
-//!    written from the source's snapshot X, flushed, and the copy takes X with its id and time;
-//! 3. the resync that follows copies the survivors' regions, which include all of these.
+//! - **Its history known** (it comes back with the incarnation it left with, and a survivor's
+//!   record covers every write it missed — an incremental resync follows): the regions where
+//!   it may differ from snapshot X are those the survivors recorded for it (`D`: outside them
+//!   its head is the source's head) and those the source changed since X (`C_X`, from the
+//!   source's maps), and for a later snapshot also every region written for an earlier one.
+//!   Those regions are first marked on every survivor's record for it (so a catch-up cut short
+//!   leaves them to the resync: its head no longer matches the source's there), then written
+//!   from the source's snapshot X; the resync that follows copies the survivors' regions,
+//!   which include all of these.
+//! - **Its history unknown** (a new copy, one re-created or wiped, or a writer change — a full
+//!   resync follows, comparing every region): for X, the copy is first rolled back to the
+//!   latest snapshot it holds before X (a snapshot is byte-identical on every copy) and given
+//!   the blocks that differ between that one and X (`SnapshotChanged` between two versions);
+//!   with none before X, it is given the whole of X. Its head is rebuilt by the full resync.
+//!   This is how snapshots move with a copy on a drain or a removal.
 //!
-//! Without a trusted record (a full resync follows), nothing is done: the snapshot stays on the
-//! copies that hold it, as before.
+//! Either way X is written as the source holds it: its data as data, its holes as trims, so
+//! a hole stays a hole. A writer retiring the old copy of a move checks that the new one holds
+//! every snapshot the old one did ([`Volume::snapshot_ids_on`]).
 
 use bytes::Bytes;
-use trireme_proto::{Op, SnapshotRequest, DIRTY_AUTO, EXTENT_CHANGED};
-use trireme_replication::{union_chunks, union_ranges};
+use trireme_proto::{
+    data_ranges, ListedSnapshot, Op, SnapshotRequest, DIRTY_AUTO, EXTENT_CHANGED, FLAG_MAY_TRIM,
+};
+use trireme_replication::{union_chunks, union_ranges, ReplicaState};
 use trireme_transport::{Connection, Frame};
 
 use crate::membership::BoxFut;
 use crate::{join_all, Volume, VolumeError};
 
-/// Range covered by one changed-blocks query (under the node's cap).
+/// Range covered by one changed-blocks or allocation query (under the node's cap), and the
+/// most one trim covers.
 const CHANGED_WINDOW: u64 = 1 << 30;
 
 impl Volume {
     /// Gives replica `i` (attached on `conn` with `incarnation`, not taking writes yet) the
-    /// snapshots it missed (see the module docs).
+    /// snapshots it lacks (see the module docs).
     pub(crate) async fn catch_up_snapshots(
         &self,
         i: usize,
         conn: &dyn Connection,
         incarnation: u64,
     ) -> Result<(), VolumeError> {
-        // Only for a copy whose resync would be incremental (out with its history known):
-        // the one resync loop of the writer runs it, before the copy takes any write.
+        // Only for a copy the resync loop is about to bring back, before it takes any write.
         let (state, known) = (self.state(i), self.core().incarnation(i));
-        if !trireme_replication::incremental(state, known, incarnation) {
+        if !matches!(state, ReplicaState::Outdated | ReplicaState::Failed) {
             return Ok(());
         }
         let survivors: Vec<usize> = self.in_sync().into_iter().filter(|&s| s != i).collect();
         let Some(&source) = survivors.first() else {
             return Ok(());
         };
-        let theirs = self.list_on(source, None).await?;
+        let mut theirs = self.list_on(source, None).await?;
+        theirs.sort_by_key(|s| s.id);
         let mine = self.list_on(i, Some(conn)).await?;
-        let missed: Vec<_> = theirs
+        let missed: Vec<ListedSnapshot> = theirs
             .into_iter()
             .filter(|s| !mine.iter().any(|m| m.id == s.id))
             .collect();
         if missed.is_empty() {
             return Ok(());
         }
-        let Some(dirty) = self.dirty_regions(i, &survivors).await? else {
-            return Ok(());
+        let dirty = if trireme_replication::incremental(state, known, incarnation) {
+            self.dirty_regions(i, &survivors).await?
+        } else {
+            None
         };
+        match dirty {
+            Some(dirty) => {
+                self.catch_up_known(i, conn, source, &survivors, dirty, missed)
+                    .await
+            }
+            None => {
+                let held = mine.iter().map(|m| m.id).collect();
+                self.catch_up_unknown(i, conn, source, held, missed).await
+            }
+        }
+    }
+
+    /// Its history known: see the module docs.
+    async fn catch_up_known(
+        &self,
+        i: usize,
+        conn: &dyn Connection,
+        source: usize,
+        survivors: &[usize],
+        dirty: Vec<(u64, u64)>,
+        missed: Vec<ListedSnapshot>,
+    ) -> Result<(), VolumeError> {
         let mut regions = dirty;
         for snap in missed {
-            regions.extend(self.changed_ranges(snap.id).await?);
+            regions.extend(self.changed_ranges(snap.id, None).await?);
             regions = union_ranges(regions);
-            self.mark_for(i, &survivors, &regions).await?;
-            for (off, len) in union_chunks(regions.clone()) {
-                let h = self.header(Op::SnapshotRead, off, len);
-                let f = self
-                    .call(
-                        source,
-                        h,
-                        Bytes::from(trireme_proto::snapshot_id_payload(snap.id)),
-                    )
-                    .await?;
-                let data = self.expect_ok(source, f)?.payload;
-                self.send_on(i, conn, self.header(Op::Write, off, len), data)
-                    .await?;
-            }
-            self.send_on(i, conn, self.header(Op::Flush, 0, 0), Bytes::new())
-                .await?;
-            let mut h = self.header(Op::Snapshot, 0, 0);
-            SnapshotRequest {
-                id: snap.id,
-                created: snap.created,
-            }
-            .put(&mut h);
-            self.send_on(i, conn, h, Bytes::new()).await?;
+            self.mark_for(i, survivors, &regions).await?;
+            self.give_snapshot(i, conn, source, &snap, &regions).await?;
             tracing::info!(volume = %self.info.name, node = self.node(i), id = snap.id, bytes = regions.iter().map(|r| r.1).sum::<u64>(), "a snapshot the copy missed while out, given to it before its resync");
         }
         Ok(())
+    }
+
+    /// Its history unknown: see the module docs. `held`: the ids it holds.
+    async fn catch_up_unknown(
+        &self,
+        i: usize,
+        conn: &dyn Connection,
+        source: usize,
+        mut held: Vec<u64>,
+        missed: Vec<ListedSnapshot>,
+    ) -> Result<(), VolumeError> {
+        for snap in missed {
+            let base = held.iter().copied().filter(|&h| h < snap.id).max();
+            let regions = match base {
+                Some(b) => {
+                    let mut h = self.header(Op::Rollback, 0, 0);
+                    SnapshotRequest { id: b, created: 0 }.put(&mut h);
+                    self.send_on(i, conn, h, Bytes::new()).await?;
+                    self.changed_ranges(b, Some(snap.id)).await?
+                }
+                None => vec![(0, self.size())],
+            };
+            self.give_snapshot(i, conn, source, &snap, &regions).await?;
+            held.push(snap.id);
+            tracing::info!(volume = %self.info.name, node = self.node(i), id = snap.id, from = ?base, bytes = regions.iter().map(|r| r.1).sum::<u64>(), "a snapshot the copy lacked, given to it before its full resync");
+        }
+        Ok(())
+    }
+
+    /// Writes `regions` of snapshot `snap` as `source` holds it (data as data, holes as
+    /// trims) to replica `i` on `conn`, flushes, and takes the snapshot there.
+    async fn give_snapshot(
+        &self,
+        i: usize,
+        conn: &dyn Connection,
+        source: usize,
+        snap: &ListedSnapshot,
+        regions: &[(u64, u64)],
+    ) -> Result<(), VolumeError> {
+        let id = Bytes::from(trireme_proto::snapshot_id_payload(snap.id));
+        for &(off, len) in regions {
+            let mut at = off;
+            while at < off + len {
+                let n = CHANGED_WINDOW.min(off + len - at);
+                let h = self.header(Op::SnapshotStatus, at, n);
+                let f = self.call(source, h, id.clone()).await?;
+                let f = self.expect_ok(source, f)?;
+                let extents = crate::extents_covering(self.node(source), &f.payload, n)?;
+                let data = data_ranges(&extents, at);
+                for (o, l) in holes_between(at, n, &data) {
+                    let mut h = self.header(Op::WriteZeroes, o, l);
+                    h.flags |= FLAG_MAY_TRIM;
+                    self.send_on(i, conn, h, Bytes::new()).await?;
+                }
+                for (o, l) in union_chunks(data) {
+                    let h = self.header(Op::SnapshotRead, o, l);
+                    let f = self.call(source, h, id.clone()).await?;
+                    let bytes = self.expect_ok(source, f)?.payload;
+                    self.send_on(i, conn, self.header(Op::Write, o, l), bytes)
+                        .await?;
+                }
+                at += n;
+            }
+        }
+        self.send_on(i, conn, self.header(Op::Flush, 0, 0), Bytes::new())
+            .await?;
+        let mut h = self.header(Op::Snapshot, 0, 0);
+        SnapshotRequest {
+            id: snap.id,
+            created: snap.created,
+        }
+        .put(&mut h);
+        self.send_on(i, conn, h, Bytes::new()).await?;
+        Ok(())
+    }
+
+    /// The ids of the snapshots the copy on `node` holds, asked of it (one of this writer's
+    /// copies, not moved off).
+    pub async fn snapshot_ids_on(&self, node: u32) -> Result<Vec<u64>, VolumeError> {
+        let i = self
+            .slot_of(node)
+            .ok_or_else(|| VolumeError::NoReplicas(self.info.name.clone()))?;
+        Ok(self.list_on(i, None).await?.iter().map(|s| s.id).collect())
     }
 
     /// The snapshots replica `i` holds (on `conn` if given, else on its slot).
@@ -106,14 +203,19 @@ impl Volume {
         trireme_proto::decode_snapshot_list(&f.payload).map_err(self.malformed(i))
     }
 
-    /// The ranges the volume changed since snapshot `id` (asked of a copy in sync holding it).
-    async fn changed_ranges(&self, id: u64) -> Result<Vec<(u64, u64)>, VolumeError> {
+    /// The ranges the volume changed since snapshot `id` (up to snapshot `to` if given; asked
+    /// of a copy in sync holding them).
+    async fn changed_ranges(
+        &self,
+        id: u64,
+        to: Option<u64>,
+    ) -> Result<Vec<(u64, u64)>, VolumeError> {
         let mut out = Vec::new();
         let mut off = 0;
         while off < self.size() {
             let len = CHANGED_WINDOW.min(self.size() - off);
             let mut at = off;
-            for e in self.changed_since(id, off, len).await? {
+            for e in self.changed_between(id, to, off, len).await? {
                 if e.flags & EXTENT_CHANGED != 0 {
                     out.push((at, e.length));
                 }
@@ -166,5 +268,36 @@ impl Volume {
             })?
             .map_err(|source| VolumeError::Transport { node, source })?;
         self.expect_ok(i, f)
+    }
+}
+
+/// The parts of `[at, at+len)` outside `data` (ranges in order, within it), in pieces of at
+/// most [`CHANGED_WINDOW`].
+fn holes_between(at: u64, len: u64, data: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut pos = at;
+    let ends = data.iter().copied().chain(std::iter::once((at + len, 0)));
+    for (o, l) in ends {
+        if o > pos {
+            out.push((pos, o - pos));
+        }
+        pos = pos.max(o + l);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::holes_between;
+
+    #[test]
+    fn holes_are_what_data_leaves() {
+        assert_eq!(holes_between(0, 100, &[]), vec![(0, 100)]);
+        assert_eq!(holes_between(10, 90, &[(10, 90)]), vec![]);
+        assert_eq!(
+            holes_between(0, 100, &[(10, 10), (50, 20)]),
+            vec![(0, 10), (20, 30), (70, 30)]
+        );
+        assert_eq!(holes_between(0, 100, &[(0, 10), (90, 10)]), vec![(10, 80)]);
     }
 }

@@ -85,9 +85,21 @@ impl Volume {
         offset: u64,
         len: u64,
     ) -> Result<Vec<trireme_proto::Extent>, VolumeError> {
+        self.changed_between(from, None, offset, len).await
+    }
+
+    /// As [`Volume::changed_since`], up to snapshot `to` if given (between two versions),
+    /// asked of a copy in sync that holds both.
+    pub(crate) async fn changed_between(
+        &self,
+        from: u64,
+        to: Option<u64>,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<trireme_proto::Extent>, VolumeError> {
         trireme_replication::check_io(offset, len, self.size(), 1 << 32)?;
         let h = self.header(Op::SnapshotChanged, offset, len);
-        let q = Bytes::from(trireme_proto::ChangedRequest { from, to: None }.payload());
+        let q = Bytes::from(trireme_proto::ChangedRequest { from, to }.payload());
         let mut last = VolumeError::NoReplicas(self.info.name.clone());
         for i in self.in_sync() {
             match self
