@@ -214,7 +214,7 @@ pub(crate) fn snapshots_table(volume: &str, l: &[trireme_control::SnapshotInfo])
                     .join(",");
                 if !t.lost.is_empty() {
                     n += &format!(
-                        " (lost on {}: snapshots do not move with a copy yet)",
+                        " (lost on {}: that copy went away or lacks it)",
                         t.lost
                             .iter()
                             .map(u32::to_string)

@@ -34,8 +34,9 @@ pub struct SnapshotInfo {
     /// node holding it answered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exclusive_bytes: Option<u64>,
-    /// Nodes it was taken on that hold it no more: their copy of the volume moved away (a
-    /// drain, a removal) or lacks it. Snapshots do not move with a copy yet.
+    /// Nodes it was taken on that hold it no more: their copy of the volume went away with no
+    /// copy of it made elsewhere (a removal of a dead node that held its last copy), or lacks
+    /// it (a copy resynced before snapshots moved with copies).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub lost: Vec<u32>,
 }
@@ -224,17 +225,7 @@ impl Manager {
             let Ok(node) = self.node(r.node).await else {
                 continue;
             };
-            let h = Header {
-                volume: v.id,
-                ..Header::request(Op::SnapshotList, 0)
-            };
-            let Ok(f) = self.node_call(&node, h).await else {
-                continue;
-            };
-            if f.header.status != Status::Ok {
-                continue;
-            }
-            let Ok(list) = trireme_proto::decode_snapshot_list(&f.payload) else {
+            let Ok(list) = self.snapshots_at(&v, &node).await else {
                 continue;
             };
             for s in &list {
@@ -268,6 +259,27 @@ impl Manager {
                 i
             })
             .collect())
+    }
+
+    /// The snapshots `node`'s copy of `v` holds, as it lists them.
+    pub(crate) async fn snapshots_at(
+        &self,
+        v: &VolumeRecord,
+        node: &trireme_meta::NodeRecord,
+    ) -> Result<Vec<trireme_proto::ListedSnapshot>> {
+        let h = Header {
+            volume: v.id,
+            ..Header::request(Op::SnapshotList, 0)
+        };
+        let f = self.node_call(node, h).await?;
+        if f.header.status != Status::Ok {
+            return Err(refused(format!(
+                "node {} lists no snapshots of {}: {:?}",
+                node.id, v.name, f.header.status
+            )));
+        }
+        trireme_proto::decode_snapshot_list(&f.payload)
+            .map_err(|e| refused(format!("node {}'s snapshot list: {e}", node.id)))
     }
 
     /// Deletes snapshot `snap` of volume `name` from every copy, then its record. A node that

@@ -171,31 +171,6 @@ impl Manager {
                 only_here.join(", ")
             )));
         }
-        // Snapshots do not move with a copy yet: a drain that takes away the last copy of one
-        // would destroy it without a word. Said now; the operator backs it up or deletes it.
-        // (A removal goes on: the node may be dead, and the volume needs its copies back.)
-        if !remove {
-            let mut last = Vec::new();
-            for v in &held {
-                for s in self.meta().snapshots(v).await? {
-                    let holders: Vec<u32> = s
-                        .nodes
-                        .iter()
-                        .copied()
-                        .filter(|n| v.replicas.iter().any(|r| r.node == *n))
-                        .collect();
-                    if s.state == trireme_meta::SnapshotState::Ready && holders == [node] {
-                        last.push(format!("{}@{}", v.name, s.name));
-                    }
-                }
-            }
-            if !last.is_empty() {
-                return Err(refused(format!(
-                    "node {node} holds the last copy of snapshot(s) {}, and snapshots do not move with a copy yet: a drain would destroy them. Back them up (`trireme volume backup`, `trireme volume diff`) and delete them (`trireme volume snapshot delete`), then drain",
-                    last.join(", ")
-                )));
-            }
-        }
         let volumes: Vec<String> = held.into_iter().map(|v| v.name).collect();
         let job = {
             let mut moves = self.moves.lock().unwrap_or_else(|e| e.into_inner());

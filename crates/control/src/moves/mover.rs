@@ -285,8 +285,44 @@ pub async fn copy_then_retire(
         tokio::time::sleep(POLL).await;
     }
     progress(None);
+    check_snapshots_moved(meta, writer, from, to).await?;
     writer
         .retire_replica(from)
         .await
         .map_err(ManagerError::from)
+}
+
+/// Snapshots move with a copy (the new one is given them before its resync, `trireme_client`'s
+/// `catch_up.rs`): the old copy is retired only if the new one holds every snapshot, ready on
+/// record, that the old one holds. An old copy that does not answer (a removal of a dead
+/// node) has nothing left to lose.
+async fn check_snapshots_moved(
+    meta: &trireme_meta::ClusterMeta,
+    writer: &Volume,
+    from: u32,
+    to: u32,
+) -> Result<()> {
+    let Ok(old) = writer.snapshot_ids_on(from).await else {
+        return Ok(());
+    };
+    if old.is_empty() {
+        return Ok(());
+    }
+    let new = writer.snapshot_ids_on(to).await?;
+    let v = meta.volume(&writer.info().name).await?;
+    let lacking: Vec<String> = meta
+        .snapshots(&v)
+        .await?
+        .into_iter()
+        .filter(|s| s.state == trireme_meta::SnapshotState::Ready)
+        .filter(|s| old.contains(&s.id) && !new.contains(&s.id))
+        .map(|s| format!("{}@{}", v.name, s.name))
+        .collect();
+    if lacking.is_empty() {
+        return Ok(());
+    }
+    Err(refused(format!(
+        "the new copy on node {to} lacks snapshot(s) {} that the copy on node {from} holds (giving them to it failed: see the writer's log); the old copy is kept",
+        lacking.join(", ")
+    )))
 }

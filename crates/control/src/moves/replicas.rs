@@ -156,6 +156,7 @@ impl Manager {
     /// since: it attached from a layout that still listed `from` and may be resyncing it back
     /// into its set, so only that writer can retire it (the move runs again through it).
     pub(super) async fn finish_move(&self, v: &VolumeRecord, from: u32, epoch: u64) -> Result<()> {
+        let mut to = None;
         let v = self
             .meta()
             .update_volume(&v.name, &mut |rec| {
@@ -173,13 +174,52 @@ impl Manager {
                 for r in &mut rec.replicas {
                     if r.moving_from == Some(from) {
                         r.moving_from = None;
+                        to = Some(r.node);
                     }
                 }
                 Ok(())
             })
             .await?;
+        if let Some(to) = to {
+            self.move_snapshot_records(&v, from, to).await;
+        }
         self.delete_old(&v, from).await;
         Ok(())
+    }
+
+    /// The snapshots' records name the node a copy moved to in place of the one it left, for
+    /// those its new copy holds (asked of it; the writer checked before retiring the old
+    /// one). Best effort: `snapshot list` asks the nodes anyway.
+    async fn move_snapshot_records(&self, v: &VolumeRecord, from: u32, to: u32) {
+        let held = match self.node(to).await {
+            Ok(n) => self.snapshots_at(v, &n).await,
+            Err(e) => Err(e),
+        };
+        let held: Vec<u64> = match held {
+            Ok(h) => h.iter().map(|s| s.id).collect(),
+            Err(e) => {
+                tracing::warn!(volume = %v.name, node = to, "asking the new copy for its snapshots: {e}");
+                return;
+            }
+        };
+        let recs = match self.meta().snapshots(v).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(volume = %v.name, "reading the snapshots' records: {e}");
+                return;
+            }
+        };
+        for mut rec in recs {
+            if !held.contains(&rec.id) || rec.nodes.contains(&to) {
+                continue;
+            }
+            rec.nodes.retain(|&n| n != from);
+            rec.nodes.push(to);
+            rec.nodes.sort_unstable();
+            if let Err(e) = self.meta().put_snapshot_record(&v.name, &rec).await {
+                tracing::warn!(volume = %v.name, snapshot = %rec.name, "recording where the snapshot moved: {e}");
+            }
+        }
     }
 
     async fn delete_old(&self, v: &VolumeRecord, node: u32) {
