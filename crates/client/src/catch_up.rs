@@ -20,7 +20,9 @@
 //!   This is how snapshots move with a copy on a drain or a removal.
 //!
 //! Either way X is written as the source holds it: its data as data, its holes as trims, so
-//! a hole stays a hole. A writer retiring the old copy of a move checks that the new one holds
+//! a hole stays a hole. A copy resyncing while a snapshot is taken does not get it; at the
+//! end of its resync it goes out again with its history known, and the next one gives it
+//! ([`Volume::lacks_snapshots`]). A writer retiring the old copy of a move checks that the new one holds
 //! every snapshot the old one did ([`Volume::snapshot_ids_on`]).
 
 use bytes::Bytes;
@@ -58,6 +60,7 @@ impl Volume {
         let mut theirs = self.list_on(source, None).await?;
         theirs.sort_by_key(|s| s.id);
         let mine = self.list_on(i, Some(conn)).await?;
+        let theirs_ids: Vec<u64> = theirs.iter().map(|s| s.id).collect();
         let missed: Vec<ListedSnapshot> = theirs
             .into_iter()
             .filter(|s| !mine.iter().any(|m| m.id == s.id))
@@ -76,7 +79,13 @@ impl Volume {
                     .await
             }
             None => {
-                let held = mine.iter().map(|m| m.id).collect();
+                // A base must be on the source too: a copy may keep a snapshot that failed
+                // and was dropped everywhere else (simulator seed 2296).
+                let held = mine
+                    .iter()
+                    .map(|m| m.id)
+                    .filter(|id| theirs_ids.contains(id))
+                    .collect();
                 self.catch_up_unknown(i, conn, source, held, missed).await
             }
         }
@@ -184,6 +193,24 @@ impl Volume {
             .slot_of(node)
             .ok_or_else(|| VolumeError::NoReplicas(self.info.name.clone()))?;
         Ok(self.list_on(i, None).await?.iter().map(|s| s.id).collect())
+    }
+
+    /// Whether an in-sync copy holds a snapshot replica `i` (at the end of its resync) lacks:
+    /// one taken while it resynced (the barrier goes to copies in sync only). A copy that
+    /// refuses to list them (a store without versions) lacks none.
+    pub(crate) async fn lacks_snapshots(&self, i: usize) -> Result<bool, VolumeError> {
+        let Some(source) = self.in_sync().into_iter().find(|&s| s != i) else {
+            return Ok(false);
+        };
+        let listed = async {
+            let theirs = self.list_on(source, None).await?;
+            let mine = self.list_on(i, None).await?;
+            Ok::<_, VolumeError>(theirs.iter().any(|t| !mine.iter().any(|m| m.id == t.id)))
+        };
+        match listed.await {
+            Err(VolumeError::Replica { .. }) => Ok(false),
+            r => r,
+        }
     }
 
     /// The snapshots replica `i` holds (on `conn` if given, else on its slot).

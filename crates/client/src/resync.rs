@@ -132,12 +132,17 @@ impl Volume {
         let (conn, incarnation) = self.reattach(i).await?;
         let node = self.node(i);
         // 0. The snapshots it missed while out, before it takes any write (`catch_up.rs`).
-        if let Err(e) = self.catch_up_snapshots(i, &*conn, incarnation).await {
-            if e.stops_writer() {
-                return Err(e);
+        // A copy that refuses them (a store without versions) resyncs without them; a copy or
+        // source that failed to answer is tried again later, as a failed resync is: a copy in
+        // sync without them would keep the old copy of a move from being retired.
+        let caught_up = match self.catch_up_snapshots(i, &*conn, incarnation).await {
+            Ok(()) => true,
+            Err(e @ VolumeError::Replica { .. }) => {
+                tracing::warn!(volume = %self.info.name, node, "giving a copy the snapshots it lacks: {e}; it resyncs without them");
+                false
             }
-            tracing::warn!(volume = %self.info.name, node, "giving a returning copy the snapshots it missed: {e}; it resyncs without them");
-        }
+            Err(e) => return Err(e),
+        };
         let started = Instant::now();
         // 1. Pause writes, collect the survivors' regions, and let the replica take new writes.
         let (mut plan, survivors) = {
@@ -192,6 +197,29 @@ impl Volume {
         let _g = self.membership_lock.lock().await;
         if !self.core().resyncing(i) {
             return Err(VolumeError::NoReplicas(self.info.name.clone()));
+        }
+        // A snapshot taken while it resynced is not on it: it goes out again with its history
+        // known (the survivors still track every write it took), and its next resync gives
+        // it the snapshot first (`catch_up.rs`). Without this, a copy in sync without a
+        // snapshot could outlive the copies that hold it (simulator seed 156).
+        // (Not if its catch-up was refused: it would be again.)
+        let lacking = match caught_up {
+            true => self.lacks_snapshots(i).await,
+            false => Ok(false),
+        };
+        if !matches!(lacking, Ok(false)) {
+            drop(_g);
+            let out = self.take_out_with(&[i], None, false).await;
+            self.core().resync_failed(i);
+            out?;
+            return Err(match lacking {
+                Err(e) => e,
+                Ok(_) => VolumeError::Replica {
+                    node,
+                    status: trireme_proto::Status::NoSnapshot,
+                    message: "a snapshot was taken while it resynced: it resyncs again, given the snapshot first".into(),
+                },
+            });
         }
         let m = self.membership()?;
         m.set_state(

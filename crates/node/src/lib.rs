@@ -313,6 +313,12 @@ impl Node {
         }
     }
 
+    /// The replica of `volume` this node serves, if it serves one (for the simulator's checks
+    /// at the end of a run, which read it through the node's whole store stack).
+    pub fn served(&self, volume: u64) -> Option<Arc<dyn Replica>> {
+        self.replica(volume).ok()
+    }
+
     pub fn replica_count(&self) -> usize {
         self.replicas
             .read()

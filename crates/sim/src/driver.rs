@@ -26,10 +26,20 @@ pub(crate) async fn run_async(
     let rec = meta
         .create_volume(VOLUME, size, &ids[..cfg.replicas])
         .await?;
+    // Versions persist in real files, on tmpfs where there is one (no disk I/O per seed).
+    let versions = match std::path::Path::new("/dev/shm").is_dir() {
+        true => tempfile::Builder::new()
+            .prefix("trireme-sim")
+            .tempdir_in("/dev/shm"),
+        false => tempfile::tempdir(),
+    }
+    .map_err(SimFailure::Runtime)?;
     let nodes: Vec<Arc<SimNode>> = ids
         .iter()
         .map(|&id| {
             let store = Arc::new(SimDisk::default());
+            let dir = versions.path().join(id.to_string());
+            std::fs::create_dir_all(&dir).expect("versions directory");
             if rec.replicas.iter().any(|r| r.node == id) {
                 store.create(rec.id, size).expect("create replica");
             }
@@ -37,7 +47,7 @@ pub(crate) async fn run_async(
                 id,
                 state: Mutex::new(NodeState {
                     node: {
-                        let n = Node::with_dirty_grain(id, sealed(&store), BLOCK);
+                        let n = Node::with_dirty_grain(id, sealed(&store, &dir), BLOCK);
                         n.keep_books();
                         Arc::new(n)
                     },
@@ -49,6 +59,7 @@ pub(crate) async fn run_async(
                     partitioned: false,
                     calm_after: None,
                 }),
+                versions: dir,
             })
         })
         .collect();
@@ -104,9 +115,12 @@ pub(crate) async fn run_async(
     let vol = Arc::new(Mutex::new(w.attach(None).await.map_err(|e| fail(&w, e))?));
     loop {
         let v = vol.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let tasks: Vec<_> = (0..cfg.tasks)
+        let mut tasks: Vec<_> = (0..cfg.tasks)
             .map(|_| tokio::spawn(w.clone().io_task(v.clone(), end)))
             .collect();
+        if cfg.snapshots {
+            tasks.push(tokio::spawn(w.clone().snapshot_task(v.clone(), end)));
+        }
         let faults = if cfg.faults {
             w.clone().faults(vol.clone(), end).await
         } else {
@@ -215,22 +229,23 @@ pub(crate) async fn run_async(
     // ...and on every replica, byte for byte.
     let rec = w.meta.volume(VOLUME).await?;
     let mut copies = Vec::new();
+    let mut replicas = Vec::new();
     for n in w
         .nodes
         .iter()
         .filter(|n| rec.replicas.iter().any(|r| r.node == n.id))
     {
-        let store = n.st().store.clone();
-        let r = store
-            .open_all()
-            .into_iter()
-            .flatten()
-            .find(|r| r.volume() == w.volume_id)
+        // Through the node's store stack (its versions map blocks that moved).
+        let node = n.st().node.clone();
+        let r = node
+            .served(w.volume_id)
             .ok_or_else(|| fail(&w, format!("node {} lost its replica", n.id)))?;
         let mut buf = vec![0u8; size as usize];
         r.read(0, &mut buf).map_err(|e| fail(&w, e.to_string()))?;
         copies.push((n.id, buf));
+        replicas.push((n.id, r));
     }
+    w.check_snapshots(&replicas);
     for (id, c) in &copies[1..] {
         if *c != copies[0].1 {
             let b = (0..cfg.blocks)

@@ -25,7 +25,9 @@
 //! without `--force` (must be refused); the manager's process dying (another candidate
 //! must take over within a TTL); and the manager draining a node onto the spare one (its
 //! writer adds the new copy, resyncs it and retires the old one while I/O goes on; a drain that
-//! fails is run again, as an operator would). Faults stay within the contract: one replica
+//! fails is run again, as an operator would); the writer taking snapshots now and then, a copy
+//! out, frozen, resyncing or crashing at the moment (`snapshots.rs`; nodes keep versions in
+//! real files, which a lost disk takes with it). Faults stay within the contract: one replica
 //! always stays in sync and healthy, so the workload must see no error at all. The manager
 //! pings every node over the simulated network (heartbeats).
 //!
@@ -37,7 +39,10 @@
 //! vacant role was filled within a lease TTL of the store answering again, and no two live
 //! processes held it for longer than a TTL; a node down longer than the heartbeats' limit
 //! shows down, and after the heal the manager sees every node; a drain reported done left no
-//! replica on its node and the volume its number of copies.
+//! replica on its node and the volume its number of copies; every snapshot the writer took is
+//! on a copy of the final layout, each block holding a write acknowledged no earlier than the
+//! last one before it was asked for and issued no later than its answer, and it is
+//! byte-identical on every copy that holds it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -65,6 +70,7 @@ mod faults;
 mod managers;
 mod net;
 mod procs;
+mod snapshots;
 use disk::SimDisk;
 use driver::run_async;
 use net::*;
@@ -116,6 +122,11 @@ pub struct Config {
     /// The writer's resync rate limit (bytes per virtual second), if any: its pacing reads
     /// the clock, which must be tokio's (virtual here) for a seed to replay.
     pub resync_rate: Option<u64>,
+    /// The writer takes snapshots now and then (`snapshots.rs`), each checked at the end.
+    pub snapshots: bool,
+    /// For the checker's own test: snapshots are taken on the copies directly, with writes
+    /// in flight, not through the writer's barrier.
+    pub sabotage_barrier: bool,
 }
 
 impl Config {
@@ -132,6 +143,8 @@ impl Config {
             sabotage: false,
             sabotage_power_loss: false,
             resync_rate: None,
+            snapshots: true,
+            sabotage_barrier: false,
         }
     }
 }
@@ -197,6 +210,9 @@ struct NodeState {
 #[derive(Debug)]
 struct SimNode {
     id: u32,
+    /// Where its replicas' versions (snapshots) persist: real files, which a process crash
+    /// keeps, and which go with the disk when it is lost.
+    versions: std::path::PathBuf,
     state: Mutex<NodeState>,
 }
 
@@ -223,12 +239,13 @@ impl SimNode {
 /// call passes through) over every block sealed with its checksum (in memory, as on a store
 /// without a seals file: a restarted node is unsealed until blocks are written again), over
 /// the simulated disk.
-fn sealed(disk: &Arc<SimDisk>) -> Arc<dyn Store> {
+fn sealed(disk: &Arc<SimDisk>, versions: &std::path::Path) -> Arc<dyn Store> {
     let sealed = Arc::new(trireme_store::SealedStore::new(
         disk.clone() as Arc<dyn Store>,
         None,
     ));
-    Arc::new(trireme_store::VersionedStore::new(sealed, None))
+    // The pool grows by 16 blocks, not 64 MiB: the volume is 64 blocks, the disk memory.
+    Arc::new(trireme_store::VersionedStore::new(sealed, Some(versions)).with_grow_min(16 * BLOCK))
 }
 
 /// A self-describing block: (block, seq) repeated, so a torn, misplaced or stale block shows.
@@ -271,6 +288,19 @@ struct Model {
     attach_waits: Vec<Duration>,
     takeovers: Vec<Duration>,
     violation: Option<String>,
+    /// The snapshots taken, and what each must hold.
+    snapshots: Vec<SnapshotOracle>,
+    next_snapshot: u64,
+}
+
+/// What a snapshot must hold, block by block: a seq acknowledged no earlier than `floor` (the
+/// last one acknowledged before it was asked for), issued no later than `ceiling` (the last
+/// one issued before it was answered).
+#[derive(Debug, Clone)]
+struct SnapshotOracle {
+    id: u64,
+    floor: HashMap<u64, u64>,
+    ceiling: u64,
 }
 
 /// A process that campaigns for the manager role (a node daemon's, in production).
@@ -474,8 +504,17 @@ impl World {
             }
             store
         };
+        if lose {
+            // The versions go with the disk.
+            let _ = std::fs::remove_dir_all(&n.versions);
+            let _ = std::fs::create_dir_all(&n.versions);
+        }
         let mut s = n.st();
-        s.node = Arc::new(Node::with_dirty_grain(id, sealed(&store), BLOCK));
+        s.node = Arc::new(Node::with_dirty_grain(
+            id,
+            sealed(&store, &n.versions),
+            BLOCK,
+        ));
         // Its activity log and dirty records come back from the disk's ledger (gone with the
         // data on an empty restart).
         s.node.keep_books();

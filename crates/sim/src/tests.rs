@@ -92,3 +92,25 @@ fn the_checker_sees_unnoticed_power_losses() {
     });
     assert!(caught, "forty runs with unnoticed power losses passed");
 }
+
+/// Nor to a snapshot taken without the writer's barrier (straight to each copy while writes
+/// go on): some seed must fail, and only by the snapshot checks.
+#[test]
+fn the_checker_sees_a_skipped_snapshot_barrier() {
+    let mut failed = Vec::new();
+    for seed in 0..40 {
+        let mut c = Config::new(seed);
+        c.sabotage_barrier = true;
+        if let Err(e) = run(&c) {
+            failed.push(e.to_string());
+        }
+    }
+    assert!(!failed.is_empty(), "forty runs without a barrier passed");
+    for e in &failed {
+        let what = e.lines().next().unwrap_or_default();
+        assert!(
+            what.contains("snapshot"),
+            "failed for another reason: {what}"
+        );
+    }
+}

@@ -49,6 +49,7 @@ fn guarantees_hold_for_every_seed() {
         ("refused attaches", "attach is refused"),
         ("manager crashes", "manager (candidate"),
         ("drains", "manager drains node"),
+        ("snapshots", "taken on nodes"),
     ];
     let mut by_kind = vec![0usize; kinds.len()];
     for seed in seeds() {

@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 
 use super::table::{self, entry, Map, Table, BLOCK};
-use super::{format, version_error, VersionedReplica, GROW_MIN};
+use super::{format, version_error, VersionedReplica};
 use crate::{StoreError, GRAIN};
 
 /// Grains given back to the file system per hold of the gate.
@@ -308,7 +308,7 @@ impl VersionedReplica {
             return Ok(());
         }
         let phys = self.inner.size();
-        let add = GROW_MIN.max(self.size.load(Ordering::Acquire) / 16) / BLOCK * BLOCK;
+        let add = self.grow_min.max(self.size.load(Ordering::Acquire) / 16) / BLOCK * BLOCK;
         self.inner.resize(phys + add)?;
         self.table().grow((phys + add) / BLOCK);
         tracing::debug!(volume = self.vol(), pool = phys + add, "snapshot pool grew");

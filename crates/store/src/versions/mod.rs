@@ -53,6 +53,8 @@ pub struct VersionedStore {
     inner: Arc<dyn Store>,
     /// Where versions persist; `None` keeps them in memory (a volatile store).
     dir: Option<PathBuf>,
+    /// The least the pool grows by.
+    grow_min: u64,
 }
 
 impl VersionedStore {
@@ -60,7 +62,16 @@ impl VersionedStore {
         VersionedStore {
             inner,
             dir: dir.map(Path::to_path_buf),
+            grow_min: GROW_MIN,
         }
+    }
+
+    /// Grows each replica's pool by at least `bytes` (a multiple of 4 KiB) at a time, not
+    /// [`GROW_MIN`]: for the simulator, whose volumes are a few blocks and whose disks are
+    /// memory.
+    pub fn with_grow_min(mut self, bytes: u64) -> VersionedStore {
+        self.grow_min = bytes.max(BLOCK) / BLOCK * BLOCK;
+        self
     }
 
     fn files(&self, volume: u64) -> Option<Files> {
@@ -105,6 +116,7 @@ impl VersionedStore {
             closed: AtomicBool::new(false),
             seq: AtomicU64::new(last_seq),
             slot: AtomicU64::new(0),
+            grow_min: self.grow_min,
         });
         // Marked open before anything is served, and the log folded in.
         if !r.plain.load(Ordering::Acquire) {
@@ -166,6 +178,8 @@ struct VersionedReplica {
     seq: AtomicU64,
     /// The next free slot of the redirect log.
     slot: AtomicU64,
+    /// The least the pool grows by ([`VersionedStore::with_grow_min`]).
+    grow_min: u64,
 }
 
 fn version_error(volume: u64, e: VersionError) -> StoreError {
