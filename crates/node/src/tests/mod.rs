@@ -333,6 +333,36 @@ async fn identities_reach_only_what_they_may() {
         as_peer(alice(), req(Op::DeleteReplica, 1, 0, 0, 0), b"").await,
         Status::Denied
     );
+    // Nor, even as the volume's writer, make a clone of its snapshot (a volume that would
+    // read it), flatten one or delete a snapshot: the manager does those. An operator's
+    // same request gets past the rule (and is refused by the store: memory keeps no versions).
+    // (Alice writes volume 2 too, which this node holds no copy of: only the op's rule
+    // stands between her and a clone of volume 1's snapshot there.)
+    const CLONE_OF_1: &[u8] = &[1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0];
+    let mut both = policy(&["alice", "bob"], 1, Some("client alice"));
+    both.insert(2, both[&1].clone());
+    node.set_policies(both);
+    for (op, volume, p) in [
+        (Op::CreateClone, 2, CLONE_OF_1),
+        (Op::Flatten, 1, &[][..]),
+        (Op::SnapshotDelete, 1, &[][..]),
+    ] {
+        assert_eq!(
+            as_peer(alice(), req(op, volume, 1, 0, 1 << 20), p).await,
+            Status::Denied,
+            "{op:?}"
+        );
+    }
+    assert_eq!(
+        as_peer(
+            Role::Admin,
+            req(Op::CreateClone, 2, 0, 0, 1 << 20),
+            CLONE_OF_1
+        )
+        .await,
+        Status::Invalid
+    );
+    node.set_policies(policy(&["alice", "bob"], 1, Some("client alice")));
     assert_eq!(
         as_peer(bob(), req(Op::Ping, 0, 0, 0, 0), b"").await,
         Status::Ok
