@@ -34,19 +34,6 @@ fn stop(mut child: std::process::Child) {
     let _ = child.wait();
 }
 
-fn nodes_of(c: &Cluster, volume: &str) -> Vec<u64> {
-    let info: serde_json::Value =
-        serde_json::from_str(&ok(c, &["--output", "json", "volume", "info", volume])).unwrap();
-    let mut n: Vec<u64> = info["replicas"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["node"].as_u64().unwrap())
-        .collect();
-    n.sort_unstable();
-    n
-}
-
 #[test]
 fn clones_share_a_snapshot_survive_kills_and_a_drain_and_flatten_to_stand_alone() {
     for t in ["qemu-img", "/usr/bin/python3"] {
@@ -74,7 +61,7 @@ fn clones_share_a_snapshot_survive_kills_and_a_drain_and_flatten_to_stand_alone(
         assert!(s.contains("a clone of vol0@gold"), "{s}");
     }
     eprintln!("3 clones of a 32 MiB volume in {:?}", t0.elapsed());
-    assert_eq!(nodes_of(&c, "web0"), nodes_of(&c, "vol0"));
+    assert_eq!(replica_nodes(&c, "web0"), replica_nodes(&c, "vol0"));
     let info: serde_json::Value =
         serde_json::from_str(&ok(&c, &["--output", "json", "volume", "info", "web0"])).unwrap();
     assert_eq!(info["parent"]["snapshot"], "gold", "{info}");
@@ -114,7 +101,7 @@ fn clones_share_a_snapshot_survive_kills_and_a_drain_and_flatten_to_stand_alone(
 
     // A node holding copies of both is killed (-9) and comes back: the clone there is tied
     // to its parent again.
-    let n = nodes_of(&c, "web0")[0] as u32;
+    let n = replica_nodes(&c, "web0")[0] as u32;
     let pid = node_pid(&c, n);
     signal(pid, libc::SIGKILL);
     wait_restarted(&c, n, pid);
@@ -134,11 +121,11 @@ fn clones_share_a_snapshot_survive_kills_and_a_drain_and_flatten_to_stand_alone(
 
     // Drain a node holding copies of the parent and of the clones: the clones' copies there
     // take their blocks before the parent's copy goes.
-    let drained = nodes_of(&c, "web0")[0];
+    let drained = replica_nodes(&c, "web0")[0];
     let out = ok(&c, &["node", "drain", &drained.to_string()]);
     assert!(out.contains("done"), "{out}");
     for v in ["vol0", "web0", "web2"] {
-        assert!(!nodes_of(&c, v).contains(&drained), "{v}");
+        assert!(!replica_nodes(&c, v).contains(&drained), "{v}");
     }
     // The parent's volume sorts first, so its copy moved while the clones' copies still
     // read from it there.

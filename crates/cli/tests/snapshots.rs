@@ -303,19 +303,7 @@ fn snapshots_move_with_their_copies_on_drains() {
     }
     change(&c, &mut model, work.path(), 7);
     std::fs::write(work.path().join("head.img"), &model).unwrap();
-    let holders = |c: &Cluster| -> Vec<u64> {
-        let info: serde_json::Value =
-            serde_json::from_str(&ok(c, &["--output", "json", "volume", "info", "vol0"])).unwrap();
-        let mut n: Vec<u64> = info["replicas"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| r["node"].as_u64().unwrap())
-            .collect();
-        n.sort_unstable();
-        n
-    };
-    let first = holders(&c);
+    let first = replica_nodes(&c, "vol0");
     assert_eq!(first, [1, 2, 3]);
     // Each drain moves the copy to the one node holding none; the node drained before is
     // taken back so that the next drain has somewhere to go.
@@ -325,7 +313,7 @@ fn snapshots_move_with_their_copies_on_drains() {
         }
         ok(&c, &["node", "drain", &node.to_string()]);
     }
-    let now = holders(&c);
+    let now = replica_nodes(&c, "vol0");
     assert_eq!(now, [1, 2, 4], "every copy moved at least once");
     wait_all_in_sync(&c);
     let list: serde_json::Value = serde_json::from_str(&ok(

@@ -384,6 +384,20 @@ pub fn spawn_nbd(c: &Cluster, volume: &str, sock: &Path) -> (Child, String) {
     (nbd, line.trim().to_string())
 }
 
+/// The nodes holding a copy of `volume`, in order.
+pub fn replica_nodes(c: &Cluster, volume: &str) -> Vec<u64> {
+    let info: serde_json::Value =
+        serde_json::from_str(&ok(c, &["--output", "json", "volume", "info", volume])).unwrap();
+    let mut n: Vec<u64> = info["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["node"].as_u64().unwrap())
+        .collect();
+    n.sort_unstable();
+    n
+}
+
 pub fn node_pid(c: &Cluster, id: u32) -> i32 {
     try_node_pid(c, id).unwrap_or_else(|| panic!("node {id} is not running:\n{}", c.log()))
 }
