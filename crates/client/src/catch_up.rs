@@ -103,10 +103,19 @@ impl Volume {
     ) -> Result<(), VolumeError> {
         let mut regions = dirty;
         for snap in missed {
-            regions.extend(self.changed_ranges(snap.id, None).await?);
+            let changed = match self.changed_ranges(snap.id, None).await {
+                Err(e) if deleted_meanwhile(&e) => continue,
+                r => r?,
+            };
+            regions.extend(changed);
             regions = union_ranges(regions);
             self.mark_for(i, survivors, &regions).await?;
-            self.give_snapshot(i, conn, source, &snap, &regions).await?;
+            // A later snapshot's regions hold these: what was written of one deleted
+            // meanwhile is overwritten.
+            match self.give_snapshot(i, conn, source, &snap, &regions).await {
+                Err(e) if deleted_meanwhile(&e) => continue,
+                r => r?,
+            }
             tracing::info!(volume = %self.info.name, node = self.node(i), id = snap.id, bytes = regions.iter().map(|r| r.1).sum::<u64>(), "a snapshot the copy missed while out, given to it before its resync");
         }
         Ok(())
@@ -123,16 +132,26 @@ impl Volume {
     ) -> Result<(), VolumeError> {
         for snap in missed {
             let base = held.iter().copied().filter(|&h| h < snap.id).max();
-            let regions = match base {
-                Some(b) => {
-                    let mut h = self.header(Op::Rollback, 0, 0);
-                    SnapshotRequest { id: b, created: 0 }.put(&mut h);
-                    self.send_on(i, conn, h, Bytes::new()).await?;
-                    self.changed_ranges(b, Some(snap.id)).await?
-                }
-                None => vec![(0, self.size())],
+            let given = async {
+                let regions = match base {
+                    Some(b) => {
+                        let mut h = self.header(Op::Rollback, 0, 0);
+                        SnapshotRequest { id: b, created: 0 }.put(&mut h);
+                        self.send_on(i, conn, h, Bytes::new()).await?;
+                        self.changed_ranges(b, Some(snap.id)).await?
+                    }
+                    None => vec![(0, self.size())],
+                };
+                self.give_snapshot(i, conn, source, &snap, &regions)
+                    .await
+                    .map(|()| regions)
             };
-            self.give_snapshot(i, conn, source, &snap, &regions).await?;
+            // One deleted meanwhile is skipped: the next starts from a base it holds, or
+            // writes its whole snapshot.
+            let regions = match given.await {
+                Err(e) if deleted_meanwhile(&e) => continue,
+                r => r?,
+            };
             held.push(snap.id);
             tracing::info!(volume = %self.info.name, node = self.node(i), id = snap.id, from = ?base, bytes = regions.iter().map(|r| r.1).sum::<u64>(), "a snapshot the copy lacked, given to it before its full resync");
         }
@@ -296,6 +315,17 @@ impl Volume {
             .map_err(|source| VolumeError::Transport { node, source })?;
         self.expect_ok(i, f)
     }
+}
+
+/// Whether `e` says a snapshot is gone (deleted while a catch-up used it).
+fn deleted_meanwhile(e: &VolumeError) -> bool {
+    matches!(
+        e,
+        VolumeError::Replica {
+            status: trireme_proto::Status::NoSnapshot,
+            ..
+        }
+    )
 }
 
 /// The parts of `[at, at+len)` outside `data` (ranges in order, within it), in pieces of at

@@ -78,6 +78,7 @@ pub(crate) async fn run_async(
         rng,
         nodes,
         model: Arc::default(),
+        io_gate: Default::default(),
         log,
         volume_id: rec.id,
         size,

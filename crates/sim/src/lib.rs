@@ -26,8 +26,9 @@
 //! must take over within a TTL); and the manager draining a node onto the spare one (its
 //! writer adds the new copy, resyncs it and retires the old one while I/O goes on; a drain that
 //! fails is run again, as an operator would); the writer taking snapshots now and then, a copy
-//! out, frozen, resyncing or crashing at the moment (`snapshots.rs`; nodes keep versions in
-//! real files, which a lost disk takes with it). Faults stay within the contract: one replica
+//! out, frozen, resyncing or crashing at the moment, and deleting one or rolling back to one
+//! now and then (`snapshots.rs`; nodes keep versions in real files, which a lost disk takes
+//! with it). Faults stay within the contract: one replica
 //! always stays in sync and healthy, so the workload must see no error at all. The manager
 //! pings every node over the simulated network (heartbeats).
 //!
@@ -339,6 +340,9 @@ struct World {
     writer: Mutex<Option<Arc<Proc>>>,
     tokens: Arc<AtomicU64>,
     model: Arc<Mutex<Model>>,
+    /// Held shared by each I/O of the workload, exclusive by a rollback: a read's floor is
+    /// taken before it is sent, and a rollback moves every floor back.
+    io_gate: tokio::sync::RwLock<()>,
     log: Arc<Mutex<Vec<String>>>,
     volume_id: u64,
     size: u64,
@@ -400,6 +404,7 @@ impl World {
                 let span = if write { self.cfg.hot } else { self.cfg.blocks };
                 (r.below(span), write, r.chance(0.05), r.below(20_000))
             };
+            let _io = self.io_gate.read().await;
             if flush {
                 if let Err(e) = vol.flush().await {
                     self.violate(format!("flush failed: {e}"));
@@ -429,6 +434,7 @@ impl World {
                 }
                 self.model().reads += 1;
             }
+            drop(_io);
             tokio::time::sleep(Duration::from_micros(pause)).await;
         }
     }

@@ -1,40 +1,99 @@
 //! Snapshots in the simulator: the writer takes one now and then, among the faults (a copy may
 //! be out, frozen or crashing at the moment; later its resync or a drain's new copy is given
-//! it, `trireme_client`'s `catch_up.rs`). Each one the writer said it took is remembered with
+//! it, `trireme_client`'s `catch_up.rs`); now and then one is deleted on the nodes up, or the
+//! volume is rolled back to one. Each one the writer said it took is remembered with
 //! what it must hold ([`SnapshotOracle`]); at the end every copy that holds it is read and
 //! checked against that, and the copies holding it must be byte-identical.
 
 use super::*;
 
 impl World {
-    /// Takes a snapshot every 0.3-1.5 virtual seconds until `until`.
+    /// Every 0.3-1.5 virtual seconds until `until`: takes a snapshot, or now and then deletes
+    /// one (on every node that answers, as the manager does) or rolls the volume back to one.
     pub(crate) async fn snapshot_task(self: Arc<Self>, vol: Arc<Volume>, until: Instant) {
         loop {
-            let pause = rand(&self.rng).below(1_200) + 300;
+            let (pause, action, pick) = {
+                let mut r = rand(&self.rng);
+                (r.below(1_200) + 300, r.below(10), r.below(1 << 16))
+            };
             tokio::time::sleep(Duration::from_millis(pause)).await;
             if Instant::now() >= until {
                 break;
             }
-            let (id, floor) = {
-                let mut m = self.model();
-                m.next_snapshot += 1;
-                (m.next_snapshot, m.acked.clone())
-            };
-            let taken = if self.cfg.sabotage_barrier {
-                self.snapshot_without_barrier(&vol, id).await
-            } else {
-                vol.snapshot(id, 0).await.map_err(|e| e.to_string())
-            };
-            match taken {
-                Ok(nodes) => {
-                    let mut m = self.model();
-                    let ceiling = m.next_seq;
-                    m.snapshots.push(SnapshotOracle { id, floor, ceiling });
-                    drop(m);
-                    self.note(format!("snapshot {id} taken on nodes {nodes:?}"));
+            let known = self.model().snapshots.len() as u64;
+            match action {
+                0 | 1 if known > 0 && !self.cfg.sabotage_barrier => {
+                    let o = self.model().snapshots[(pick % known) as usize].clone();
+                    if action == 0 {
+                        self.delete_snapshot(o.id).await;
+                    } else {
+                        self.rollback(&vol, &o).await;
+                    }
                 }
-                Err(e) => self.note(format!("snapshot {id} failed: {e}")),
+                _ => self.take_snapshot(&vol).await,
             }
+        }
+    }
+
+    async fn take_snapshot(&self, vol: &Volume) {
+        let (id, floor) = {
+            let mut m = self.model();
+            m.next_snapshot += 1;
+            (m.next_snapshot, m.acked.clone())
+        };
+        let taken = if self.cfg.sabotage_barrier {
+            self.snapshot_without_barrier(vol, id).await
+        } else {
+            vol.snapshot(id, 0).await.map_err(|e| e.to_string())
+        };
+        match taken {
+            Ok(nodes) => {
+                let mut m = self.model();
+                let ceiling = m.next_seq;
+                m.snapshots.push(SnapshotOracle { id, floor, ceiling });
+                drop(m);
+                self.note(format!("snapshot {id} taken on nodes {nodes:?}"));
+            }
+            Err(e) => self.note(format!("snapshot {id} failed: {e}")),
+        }
+    }
+
+    /// Deletes snapshot `id` on every node up now, as the manager does; a node down keeps it
+    /// (the manager's record would stay `deleting`). It is checked no more.
+    async fn delete_snapshot(&self, id: u64) {
+        self.model().snapshots.retain(|o| o.id != id);
+        let mut h = Header {
+            volume: self.volume_id,
+            ..Header::request(trireme_proto::Op::SnapshotDelete, 0)
+        };
+        trireme_proto::SnapshotRequest { id, created: 0 }.put(&mut h);
+        let mut on = Vec::new();
+        for n in &self.nodes {
+            let node = {
+                let s = n.st();
+                (!s.down).then(|| s.node.clone())
+            };
+            let Some(node) = node else { continue };
+            let Ok(f) = over_the_wire(&h, Bytes::new(), None) else {
+                continue;
+            };
+            if node.handle(f).await.header.status == trireme_proto::Status::Ok {
+                on.push(n.id);
+            }
+        }
+        self.note(format!("snapshot {id} deleted on nodes {on:?}"));
+    }
+
+    /// Rolls the volume back to snapshot `o` with the workload held; if any copy took it,
+    /// every block's floor becomes the snapshot's (what it holds is at or past it).
+    async fn rollback(&self, vol: &Volume, o: &SnapshotOracle) {
+        let _all = self.io_gate.write().await;
+        match vol.rollback(o.id).await {
+            Ok(()) => {
+                self.model().acked = o.floor.clone();
+                self.note(format!("rolled back to snapshot {}", o.id));
+            }
+            Err(e) => self.note(format!("rollback to snapshot {} refused: {e}", o.id)),
         }
     }
 

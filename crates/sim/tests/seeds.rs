@@ -50,6 +50,8 @@ fn guarantees_hold_for_every_seed() {
         ("manager crashes", "manager (candidate"),
         ("drains", "manager drains node"),
         ("snapshots", "taken on nodes"),
+        ("snapshot deletes", "deleted on nodes"),
+        ("rollbacks", "rolled back to snapshot"),
     ];
     let mut by_kind = vec![0usize; kinds.len()];
     for seed in seeds() {
