@@ -84,10 +84,21 @@ impl World {
         self.note(format!("snapshot {id} deleted on nodes {on:?}"));
     }
 
-    /// Rolls the volume back to snapshot `o` with the workload held; if any copy took it,
-    /// every block's floor becomes the snapshot's (what it holds is at or past it).
+    /// Rolls the volume back to snapshot `o` with the workload held. Each block's floor is
+    /// first the lower of its own and the snapshot's: a rollback cut short (the writer dies
+    /// with it under way, or a copy it failed on cannot be taken out) may leave either, and
+    /// the reconcile or resync after makes the copies agree on one. Done, it is the snapshot's
+    /// (simulator seed 2793: a rollback under way when the writer crashed).
     async fn rollback(&self, vol: &Volume, o: &SnapshotOracle) {
         let _all = self.io_gate.write().await;
+        {
+            let mut m = self.model();
+            let blocks: Vec<u64> = m.acked.keys().copied().collect();
+            for b in blocks {
+                let lower = m.acked[&b].min(o.floor.get(&b).copied().unwrap_or(0));
+                m.acked.insert(b, lower);
+            }
+        }
         match vol.rollback(o.id).await {
             Ok(()) => {
                 self.model().acked = o.floor.clone();
