@@ -41,14 +41,6 @@ bench() {
   grep -E '^ *(50th|99th) ' <<<"$out" | sed 's/^/      /'
 }
 
-# serve VOLUME: `trireme nbd VOLUME` on a socket of its own; sets $curi and $cpid.
-serve() {
-  "$T" --data-dir "$dir/c" nbd "$1" --socket "$dir/$1.sock" >"$dir/$1.uri" 2>"$dir/$1.log" &
-  cpid=$!
-  for _ in $(seq 100); do [ -s "$dir/$1.uri" ] && break; sleep 0.1; done
-  curi=$(head -1 "$dir/$1.uri")
-}
-
 reads=(-b4K -r -w0 -t4 -o4)
 for round in $(seq "$rounds"); do
   echo "round $round: 4K random reads"

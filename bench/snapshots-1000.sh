@@ -19,13 +19,6 @@ head -c "$size" /dev/urandom >"$dir/fill.img"
 qemu-img convert -n -f raw -O raw "$dir/fill.img" "$uri"
 "$T" --data-dir "$dir/c" volume create vol1 --size "$size" >/dev/null
 
-# serve VOLUME: `trireme nbd VOLUME` on a socket of its own; sets $curi and $cpid.
-serve() {
-  "$T" --data-dir "$dir/c" nbd "$1" --socket "$dir/$1.sock" >"$dir/$1.uri" 2>"$dir/$1.log" &
-  cpid=$!
-  for _ in $(seq 100); do [ -s "$dir/$1.uri" ] && break; sleep 0.1; done
-  curi=$(head -1 "$dir/$1.uri")
-}
 serve vol1
 plain_uri=$curi
 plain_pid=$cpid
