@@ -61,6 +61,9 @@ impl Volume {
                     why: "not every copy is in sync: wait for the resync".into(),
                 });
             }
+            // Each node marks the whole volume in its activity log (as a write of it all);
+            // the log's clearing leaves those marks for a full tick at least.
+            self.activity.touch(0, self.size());
             let mut h = self.header(Op::Rollback, 0, 0);
             SnapshotRequest { id, created: 0 }.put(&mut h);
             self.on_each(&targets, h, "rollback").await

@@ -30,6 +30,13 @@ impl Node {
     pub(crate) fn on_rollback(&self, req: &Frame) -> Result<Bytes, Refusal> {
         let (r, _turn) = self.io_replica(req)?;
         let s = SnapshotRequest::read(&req.header).map_err(malformed)?;
+        // Every block may change, as by a write of the whole volume: its activity log and its
+        // records for copies that are out say so first. A writer that dies with a rollback
+        // under way leaves some copies rolled back and others not, and its successor's
+        // reconcile compares only what the log marks (simulator seed 45943).
+        let size = r.size();
+        self.dirty.on_write(req.header.volume, 0, size);
+        self.activity.on_write(req.header.volume, 0, size)?;
         r.rollback(s.id)?;
         tracing::warn!(
             node = self.id,
