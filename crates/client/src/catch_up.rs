@@ -35,8 +35,8 @@ use trireme_transport::{Connection, Frame};
 use crate::membership::BoxFut;
 use crate::{join_all, Volume, VolumeError};
 
-/// Range covered by one changed-blocks or allocation query (under the node's cap), and the
-/// most one trim covers.
+/// Range covered by one changed-blocks or allocation query (under the node's cap), and so
+/// the most one trim of a catch-up covers.
 const CHANGED_WINDOW: u64 = 1 << 30;
 
 impl Volume {
@@ -328,8 +328,8 @@ fn deleted_meanwhile(e: &VolumeError) -> bool {
     )
 }
 
-/// The parts of `[at, at+len)` outside `data` (ranges in order, within it), in pieces of at
-/// most [`CHANGED_WINDOW`].
+/// The parts of `[at, at+len)` outside `data` (ranges in order, within it). The caller asks
+/// one window of at most [`CHANGED_WINDOW`] at a time, so no piece is longer.
 fn holes_between(at: u64, len: u64, data: &[(u64, u64)]) -> Vec<(u64, u64)> {
     let mut out = Vec::new();
     let mut pos = at;
