@@ -586,18 +586,22 @@ impl crate::filter::ReplicaFilter for VersionedReplica {
     }
 
     fn snapshots(&self) -> Result<Vec<SnapshotInfo>, StoreError> {
-        let t = self.table().clone();
-        let mut out: Vec<(u64, SnapshotInfo)> = t
-            .snaps
+        // The maps are persistent: a copy of the versions costs pointers, and the table's
+        // lock is not held while they are walked.
+        let (snaps, head, blocks) = {
+            let t = self.table();
+            (t.snaps.clone(), t.head.clone(), t.blocks)
+        };
+        let exclusive = Table::versions(blocks, head, snaps.clone()).exclusive_all();
+        let mut out: Vec<(u64, SnapshotInfo)> = snaps
             .iter()
             .map(|(&id, s)| {
-                let exclusive_bytes = t.exclusive_bytes(id).unwrap_or(0);
                 (
                     s.gen,
                     SnapshotInfo {
                         id,
                         created: s.created,
-                        exclusive_bytes,
+                        exclusive_bytes: exclusive.get(&id).copied().unwrap_or(0),
                     },
                 )
             })

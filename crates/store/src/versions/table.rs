@@ -27,6 +27,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use imbl::ordmap::DiffItem;
 use imbl::OrdMap;
 
 /// The unit of redirect-on-write.
@@ -161,6 +162,21 @@ impl Table {
         free.extend(own_everywhere.into_iter().filter(|p| !used.contains(p)));
         t.free = free;
         t
+    }
+
+    /// The versions alone, with no physical space (for questions about them, such as
+    /// [`Table::exclusive_all`], asked away from the replica's table).
+    pub fn versions(blocks: u64, head: Map, snaps: BTreeMap<u64, Snap>) -> Table {
+        Table {
+            blocks,
+            phys_blocks: blocks,
+            gen: 0,
+            head,
+            snaps,
+            free: BTreeSet::new(),
+            pending: Vec::new(),
+            punching: BTreeSet::new(),
+        }
     }
 
     fn maps(&self) -> impl Iterator<Item = &Map> {
@@ -339,23 +355,61 @@ impl Table {
         Ok(keys)
     }
 
-    /// Bytes held by snapshot `id` alone (what deleting it frees).
-    pub fn exclusive_bytes(&self, id: u64) -> Result<u64, VersionError> {
-        let s = self.snaps.get(&id).ok_or(VersionError::Missing(id))?;
-        let mut others = self.clone();
-        others.snaps.remove(&id);
-        let mut n = s
-            .map
+    /// Bytes each snapshot holds alone (what deleting it frees), by id.
+    ///
+    /// The versions are walked in the order they were taken (the head last), through the
+    /// differences between neighbours: persistent maps skip the subtrees they share, so the
+    /// cost follows what changed between snapshots, not their number times their size (asking
+    /// each snapshot in turn took 1.2 s for 1,000 snapshots of 8,000 entries). Each physical
+    /// block is named by runs of neighbouring versions (more than one run only after a
+    /// rollback); a snapshot holds it alone if the versions naming it add up to one, that
+    /// snapshot.
+    pub fn exclusive_all(&self) -> BTreeMap<u64, u64> {
+        let mut order: Vec<(u64, &Snap)> = self.snaps.iter().map(|(&id, s)| (id, s)).collect();
+        order.sort_by_key(|(_, s)| s.gen);
+        let maps: Vec<&Map> = order
             .iter()
-            .filter(|(&l, &e)| e.phys != ZERO && !others.in_use(l, e))
-            .count() as u64;
-        n += others
-            .head
-            .keys()
-            .filter(|&&l| l < self.blocks && !s.map.contains_key(&l))
-            .filter(|&&l| !others.in_use(l, Entry::identity(l)))
-            .count() as u64;
-        Ok(n * BLOCK)
+            .map(|(_, s)| &s.map)
+            .chain(std::iter::once(&self.head))
+            .collect();
+        let mut runs = Runs::default();
+        // Identity blocks the first version does not use: every version up to the first that
+        // lacks the entry again starts a run of them (`Runs::end` of one never seen).
+        for (&l, e) in maps[0].iter() {
+            if l < self.blocks {
+                runs.seen(l);
+            }
+            runs.start(e.phys, 0);
+        }
+        // What a version without an entry names: its identity block, or nothing past the end.
+        let identity = |l: u64| match l < self.blocks {
+            true => Entry::identity(l),
+            false => Entry {
+                phys: ZERO,
+                birth: 0,
+            },
+        };
+        for i in 1..maps.len() {
+            for d in maps[i - 1].diff(maps[i]) {
+                let (old, new) = match d {
+                    DiffItem::Add(&l, &e) => (identity(l), e),
+                    DiffItem::Remove(&l, &e) => (e, identity(l)),
+                    DiffItem::Update { old, new } => (*old.1, *new.1),
+                };
+                if old.phys != new.phys {
+                    runs.end(old.phys, i);
+                    runs.start(new.phys, i);
+                }
+            }
+        }
+        let mut out: BTreeMap<u64, u64> = order.iter().map(|(id, _)| (*id, 0)).collect();
+        for r in runs.by_phys.into_values() {
+            let named = r.count + r.open.map_or(0, |s| maps.len() - s);
+            if named == 1 && r.first < order.len() {
+                *out.entry(order[r.first].0).or_default() += BLOCK;
+            }
+        }
+        out
     }
 
     /// The blocks dropped since the last call, now that their drop is durable: free to take.
@@ -407,6 +461,61 @@ impl Table {
     /// Free blocks.
     pub fn free_blocks(&self) -> usize {
         self.free.len()
+    }
+}
+
+/// For [`Table::exclusive_all`]: per physical block, the versions (by index in the order they
+/// were taken) naming it.
+#[derive(Default)]
+struct Runs {
+    by_phys: std::collections::HashMap<u64, Run>,
+}
+
+#[derive(Clone, Copy)]
+struct Run {
+    /// Versions in the runs ended so far.
+    count: usize,
+    /// The first version of the run going on, if one is.
+    open: Option<usize>,
+    /// The first version naming the block.
+    first: usize,
+}
+
+impl Runs {
+    /// Identity block `l` has a record: the first version has an entry of its own there.
+    fn seen(&mut self, l: u64) {
+        self.by_phys.entry(l).or_insert(Run {
+            count: 0,
+            open: None,
+            first: usize::MAX,
+        });
+    }
+    fn start(&mut self, phys: u64, i: usize) {
+        if phys == ZERO {
+            return;
+        }
+        let r = self.by_phys.entry(phys).or_insert(Run {
+            count: 0,
+            open: None,
+            first: i,
+        });
+        r.first = r.first.min(i);
+        r.open = Some(i);
+    }
+    /// Version `i` no longer names `phys`. A block with no record is an identity block every
+    /// version before `i` used.
+    fn end(&mut self, phys: u64, i: usize) {
+        if phys == ZERO {
+            return;
+        }
+        let r = self.by_phys.entry(phys).or_insert(Run {
+            count: 0,
+            open: Some(0),
+            first: 0,
+        });
+        if let Some(s) = r.open.take() {
+            r.count += i - s;
+        }
     }
 }
 
