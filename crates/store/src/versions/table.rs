@@ -298,7 +298,22 @@ impl Table {
     /// Forgets snapshot `id`; the blocks only it held go to `pending`.
     pub fn delete(&mut self, id: u64) -> Result<Snap, VersionError> {
         let s = self.snaps.remove(&id).ok_or(VersionError::Missing(id))?;
-        self.drop_map(&s.map);
+        // Its neighbours in the order snapshots were taken: the one before, and the one after
+        // (or the head).
+        let before = self
+            .snaps
+            .values()
+            .filter(|x| x.gen < s.gen)
+            .max_by_key(|x| x.gen)
+            .map(|x| x.map.clone());
+        let after = self
+            .snaps
+            .values()
+            .filter(|x| x.gen > s.gen)
+            .min_by_key(|x| x.gen)
+            .map_or_else(|| self.head.clone(), |x| x.map.clone());
+        let neighbours: Vec<&Map> = before.iter().chain(std::iter::once(&after)).collect();
+        self.drop_map(&s.map, &neighbours);
         Ok(s)
     }
 
@@ -307,26 +322,50 @@ impl Table {
     pub fn rollback(&mut self, id: u64) -> Result<(), VersionError> {
         let map = self.map(Some(id))?.clone();
         let old = std::mem::replace(&mut self.head, map);
-        self.drop_map(&old);
+        let newest = self
+            .snaps
+            .values()
+            .max_by_key(|x| x.gen)
+            .map(|x| x.map.clone());
+        let head = self.head.clone();
+        let neighbours: Vec<&Map> = newest.iter().chain(std::iter::once(&head)).collect();
+        self.drop_map(&old, &neighbours);
         Ok(())
     }
 
-    /// Releases every block `gone` (a map no version has now) named, and every identity block
-    /// it used where each remaining version has an entry of its own.
-    fn drop_map(&mut self, gone: &Map) {
-        for (&l, &e) in gone.iter() {
-            self.release(l, e);
+    /// Releases every block `gone` (a map no version has now) named that no version names
+    /// any more, and every identity block it used (it had no entry) where each remaining
+    /// version has an entry of its own. Only the blocks where `gone` differs from every one of
+    /// `neighbours` (live versions) are checked against all versions: where a neighbour names
+    /// the same block, it is in use. Neighbours share most of their maps, and imbl's diff skips
+    /// what they share, so deleting one of 1,000 snapshots looks at what changed around it,
+    /// not at its whole map against every version.
+    fn drop_map(&mut self, gone: &Map, neighbours: &[&Map]) {
+        let mut candidates: Option<BTreeSet<u64>> = None;
+        for n in neighbours {
+            let differ: BTreeSet<u64> = gone
+                .diff(n)
+                .map(|d| match d {
+                    DiffItem::Add(&l, _) | DiffItem::Remove(&l, _) => l,
+                    DiffItem::Update { old, .. } => *old.0,
+                })
+                .collect();
+            candidates = Some(match candidates {
+                None => differ,
+                Some(c) => c.intersection(&differ).copied().collect(),
+            });
         }
-        // Identity blocks `gone` used (it had no entry) that may have no user left: only where
-        // the head has an entry (else the head uses it).
-        let candidates: Vec<u64> = self
-            .head
-            .keys()
-            .copied()
-            .filter(|l| *l < self.blocks && !gone.contains_key(l))
-            .collect();
+        let candidates =
+            candidates.unwrap_or_else(|| gone.keys().chain(self.head.keys()).copied().collect());
         for l in candidates {
-            self.release(l, Entry::identity(l));
+            match gone.get(&l) {
+                Some(&e) => self.release(l, e),
+                // An identity block: only where the head has an entry (else the head uses it).
+                None if l < self.blocks && self.head.contains_key(&l) => {
+                    self.release(l, Entry::identity(l))
+                }
+                None => {}
+            }
         }
     }
 

@@ -99,6 +99,16 @@ fn check(t: &Table, disk: &Disk, head: &[u32], snaps: &BTreeMap<u64, Vec<u32>>) 
     {
         assert!(!used.contains(f), "block {f} is free but in use");
     }
+    // And no block is lost: every one is in use or on its way back.
+    for p in 0..t.phys_blocks {
+        assert!(
+            used.contains(&p)
+                || t.free.contains(&p)
+                || t.pending.contains(&p)
+                || t.punching.contains(&p),
+            "block {p} is neither in use nor free"
+        );
+    }
     // What differs between two versions is reported changed (a backup built from `changed`
     // misses nothing), and a range asks only about itself.
     for (&from, old) in snaps {
