@@ -4,8 +4,9 @@
 # 8 random 4 KiB writes (so each holds blocks of its own): how long creating them takes (each
 # `volume snapshot create` a CLI process), how long `snapshot list` takes, and 4K random reads
 # at QD1 (10 s each), side by side with a volume of the same bytes and no snapshot on the same
-# cluster, before and after, ROUNDS times (default 2); then reads of the oldest and the newest
-# snapshot through their read-only exports. Links are unix sockets between processes (UCX over
+# cluster, before and after, ROUNDS times (default 2); then COUNT/50 deletes from the middle of
+# the chain with reads going on, and reads of the oldest and the newest snapshot through their
+# read-only exports. Links are unix sockets between processes (UCX over
 # shared memory where it loads); this host has no RDMA device.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +31,7 @@ bench() {
   local out
   out=$("$T" --data-dir "$dir/c" bench -b4K -r -w0 -t1 -o1 -d10 -W1 "$2" 2>&1)
   echo "  $1: $(grep Summary <<<"$out")"
-  grep -E '^ *(50th|99th) ' <<<"$out" | sed 's/^/      /'
+  grep -E '^ *(50th|99th|max) ' <<<"$out" | sed 's/^/      /'
 }
 
 for round in $(seq "$rounds"); do
@@ -76,6 +77,28 @@ for round in $(seq "$rounds"); do
   bench "no snapshot (vol1)   " "$plain_uri"
   bench "vol0, $count snapshots" "$uri"
 done
+# Deleting snapshots from the middle of the chain, one CLI process each, while QD1 reads run:
+# how long each takes, and the reads' tail next to the rounds above.
+half=$((count / 2))
+ndel=$((count / 50 > 0 ? count / 50 : 1))
+echo "deleting $ndel snapshots from the middle (s$((half + 1))..s$((half + ndel))) while 4K random reads run at QD1"
+( sleep 2
+  /usr/bin/python3 - "$T" "$dir/c" "$((half + 1))" "$ndel" <<'PY'
+import subprocess, sys, time
+t, data, first, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+took = []
+for k in range(first, first + n):
+    s = time.monotonic()
+    subprocess.run([t, "--data-dir", data, "volume", "snapshot", "delete", "vol0", f"s{k}"],
+                   check=True, stdout=subprocess.DEVNULL)
+    took.append(time.monotonic() - s)
+took.sort()
+print(f"  {n} deletes: p50 {took[len(took)//2]*1000:.1f} ms, max {took[-1]*1000:.1f} ms each")
+PY
+) &
+deleter=$!
+bench "vol0, deleting      " "$uri"
+wait "$deleter"
 for s in s1 "s$count"; do
   serve "vol0@$s"
   bench "snapshot $s (export) " "$curi"
