@@ -285,11 +285,13 @@ impl SealedReplica {
                 s.store(v, Ordering::Relaxed);
             }
         } else {
-            // Every page is written out at the next flush: the file then matches memory.
-            f.set_len(want as u64).map_err(self.io("size seals"))?;
-            for d in self.dirty().iter() {
-                d.store(true, Ordering::Relaxed);
-            }
+            // No seal is known yet (memory holds zeros): the file becomes all zeros by being
+            // cut to nothing and lengthened, a hole the file system reads as zeros. Writing
+            // every page instead cost a clone of a 4 GiB image 8 MiB written and synced on
+            // each node.
+            f.set_len(0)
+                .and_then(|()| f.set_len(want as u64))
+                .map_err(self.io("size seals"))?;
         }
         f.seek(SeekFrom::Start(0)).map_err(self.io("seek seals"))?;
         f.write_all(&header(volume, blocks, FLAG_OPEN))
