@@ -236,8 +236,8 @@ impl SimNode {
     }
 }
 
-/// A node's store as production runs it: versions (none taken yet in the simulator: every
-/// call passes through) over every block sealed with its checksum (in memory, as on a store
+/// A node's store as production runs it: versions (kept in a directory of the node's, taken,
+/// deleted and rolled back by the snapshot task of `snapshots.rs`) over every block sealed with its checksum (in memory, as on a store
 /// without a seals file: a restarted node is unsealed until blocks are written again), over
 /// the simulated disk.
 fn sealed(disk: &Arc<SimDisk>, versions: &std::path::Path) -> Arc<dyn Store> {
