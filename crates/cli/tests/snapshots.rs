@@ -362,3 +362,77 @@ fn snapshots_move_with_their_copies_on_drains() {
         c.log()
     );
 }
+
+/// Files under `dir` whose names end with `suffix`, at any depth.
+fn files_ending(dir: &Path, suffix: &str) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(files_ending(&p, suffix));
+        } else if p.to_string_lossy().ends_with(suffix) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// A node that misses a snapshot delete (stopped, then killed -9 and restarted by `up`) keeps
+/// the snapshot, and its record stays `deleting`; the manager finishes the delete by itself
+/// once the node is back: the record goes and so does the node's copy of the snapshot.
+#[test]
+fn a_delete_a_node_missed_is_finished_once_it_is_back() {
+    let c = Cluster::start(&["--store", "file", "--size", "32M"]);
+    ok(&c, &["volume", "snapshot", "create", "vol0", "s1"]);
+    let list: serde_json::Value = serde_json::from_str(&ok(
+        &c,
+        &["--output", "json", "volume", "snapshot", "list", "vol0"],
+    ))
+    .unwrap();
+    let id = list[0]["id"].as_u64().unwrap();
+    let file = format!("snap-{id:016x}");
+    let node2 = c.path().join("node-2");
+    assert_eq!(files_ending(&node2, &file).len(), 1, "node 2 holds s1");
+    let pid = node_pid(&c, 2);
+    signal(pid, libc::SIGSTOP);
+    refused(
+        &c,
+        &["volume", "snapshot", "delete", "vol0", "s1"],
+        "the manager finishes the delete once they answer",
+    );
+    let state = |c: &Cluster| -> Vec<String> {
+        let l: serde_json::Value = serde_json::from_str(&ok(
+            c,
+            &["--output", "json", "volume", "snapshot", "list", "vol0"],
+        ))
+        .unwrap();
+        l.as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["state"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(state(&c), ["deleting"]);
+    // Killed while stopped: the request it had not read is gone with it.
+    signal(pid, libc::SIGKILL);
+    wait_restarted(&c, 2, pid);
+    let t0 = std::time::Instant::now();
+    while !state(&c).is_empty() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(60),
+            "the delete was not finished:\n{}",
+            c.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    assert!(
+        files_ending(&node2, &file).is_empty(),
+        "node 2 still holds s1"
+    );
+    assert!(c
+        .log()
+        .contains("a snapshot delete that a node had missed is finished"));
+    // The name is free again, on every node.
+    let s = ok(&c, &["volume", "snapshot", "create", "vol0", "s1"]);
+    assert!(s.contains("on nodes 1, 2, 3"), "{s}");
+}

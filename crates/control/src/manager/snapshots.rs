@@ -283,7 +283,8 @@ impl Manager {
     }
 
     /// Deletes snapshot `snap` of volume `name` from every copy, then its record. A node that
-    /// does not answer leaves the record `deleting`; asking again finishes it.
+    /// does not answer leaves the record `deleting`; asking again finishes it, as the manager
+    /// does by itself ([`Manager::start_finishing_deletes`]).
     pub async fn snapshot_delete(&self, name: &str, snap: &str) -> Result<()> {
         let v = self.meta.volume(name).await?;
         let mut rec = self.meta.snapshot(&v, snap).await?;
@@ -293,7 +294,7 @@ impl Manager {
         let missed = self.drop_on_nodes(&v, rec.id).await;
         if !missed.is_empty() {
             return Err(refused(format!(
-                "snapshot {snap} of volume {name} is still on nodes {missed:?}, which did not answer; it stays `deleting` until `volume snapshot delete` is asked again"
+                "snapshot {snap} of volume {name} is still on nodes {missed:?}, which did not answer; it stays `deleting`, and the manager finishes the delete once they answer"
             )));
         }
         self.meta.delete_snapshot_record(name, snap).await?;
@@ -348,6 +349,52 @@ impl Manager {
             }
         }
         missed
+    }
+}
+
+/// How often the manager finishes the deletes that a node did not answer.
+const FINISH_DELETES_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl Manager {
+    /// Finishes, every [`FINISH_DELETES_EVERY`] while the manager lives, each snapshot delete
+    /// a node did not answer (its record stays `deleting`): asked again of every node, the
+    /// record goes once all have answered. Without it, a node down during a delete kept the
+    /// snapshot's blocks until someone asked again.
+    pub fn start_finishing_deletes(self: &Arc<Self>) {
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(FINISH_DELETES_EVERY).await;
+                let Some(m) = me.upgrade() else { return };
+                m.finish_deletes().await;
+            }
+        });
+    }
+
+    /// One pass of [`Manager::start_finishing_deletes`].
+    async fn finish_deletes(&self) {
+        let Ok(volumes) = self.meta.volumes().await else {
+            return;
+        };
+        for v in volumes {
+            let Ok(recs) = self.meta.snapshots(&v).await else {
+                continue;
+            };
+            for r in recs.iter().filter(|r| r.state == SnapshotState::Deleting) {
+                match self.snapshot_delete(&v.name, &r.name).await {
+                    Ok(()) => tracing::info!(
+                        volume = %v.name,
+                        snapshot = %r.name,
+                        "a snapshot delete that a node had missed is finished"
+                    ),
+                    Err(e) => tracing::debug!(
+                        volume = %v.name,
+                        snapshot = %r.name,
+                        "finishing a snapshot delete: {e}"
+                    ),
+                }
+            }
+        }
     }
 }
 
