@@ -7,7 +7,11 @@
 # cluster, before and after, ROUNDS times (default 2); then COUNT/50 deletes from the middle of
 # the chain with reads going on, and reads of the oldest and the newest snapshot through their
 # read-only exports. Links are unix sockets between processes (UCX over
-# shared memory where it loads); this host has no RDMA device.
+# shared memory where it loads); this host has no RDMA device. vol0's writer runs in `up` (a
+# snapshot goes through it; a `trireme nbd` beside `up` takes no snapshot request), vol1's in
+# a `trireme nbd` of its own: the "storage" CPU per I/O counts `up`'s processes, so vol0's
+# includes its writer and vol1's does not. Compare each volume's CPU with itself before and
+# after.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-2}"
