@@ -363,14 +363,14 @@ fn snapshots_move_with_their_copies_on_drains() {
     );
 }
 
-/// Files under `dir` whose names end with `suffix`, at any depth.
-fn files_ending(dir: &Path, suffix: &str) -> Vec<std::path::PathBuf> {
+/// Files under `dir` whose paths contain `part`, at any depth.
+fn files_named(dir: &Path, part: &str) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let p = e.path();
         if p.is_dir() {
-            out.extend(files_ending(&p, suffix));
-        } else if p.to_string_lossy().ends_with(suffix) {
+            out.extend(files_named(&p, part));
+        } else if p.to_string_lossy().contains(part) {
             out.push(p);
         }
     }
@@ -379,10 +379,11 @@ fn files_ending(dir: &Path, suffix: &str) -> Vec<std::path::PathBuf> {
 
 /// A node that misses a snapshot delete (stopped, then killed -9 and restarted by `up`) keeps
 /// the snapshot, and its record stays `deleting`; the manager finishes the delete by itself
-/// once the node is back: the record goes and so does the node's copy of the snapshot.
+/// once the node is back: the record goes and so does the node's copy of the snapshot. A
+/// delete left `deleting` when the whole cluster died is finished by the next `up`.
 #[test]
 fn a_delete_a_node_missed_is_finished_once_it_is_back() {
-    let c = Cluster::start(&["--store", "file", "--size", "32M"]);
+    let mut c = Cluster::start(&["--store", "file", "--size", "32M"]);
     ok(&c, &["volume", "snapshot", "create", "vol0", "s1"]);
     let list: serde_json::Value = serde_json::from_str(&ok(
         &c,
@@ -392,7 +393,7 @@ fn a_delete_a_node_missed_is_finished_once_it_is_back() {
     let id = list[0]["id"].as_u64().unwrap();
     let file = format!("snap-{id:016x}");
     let node2 = c.path().join("node-2");
-    assert_eq!(files_ending(&node2, &file).len(), 1, "node 2 holds s1");
+    assert_eq!(files_named(&node2, &file).len(), 1, "node 2 holds s1");
     let pid = node_pid(&c, 2);
     signal(pid, libc::SIGSTOP);
     refused(
@@ -426,7 +427,7 @@ fn a_delete_a_node_missed_is_finished_once_it_is_back() {
         std::thread::sleep(std::time::Duration::from_millis(300));
     }
     assert!(
-        files_ending(&node2, &file).is_empty(),
+        files_named(&node2, &file).is_empty(),
         "node 2 still holds s1"
     );
     assert!(c
@@ -435,4 +436,28 @@ fn a_delete_a_node_missed_is_finished_once_it_is_back() {
     // The name is free again, on every node.
     let s = ok(&c, &["volume", "snapshot", "create", "vol0", "s1"]);
     assert!(s.contains("on nodes 1, 2, 3"), "{s}");
+    // A delete missed under one manager is finished by the next: the whole cluster is killed
+    // -9 with the record `deleting`, and the new `up` finds it among the records.
+    let pid = node_pid(&c, 2);
+    signal(pid, libc::SIGSTOP);
+    refused(
+        &c,
+        &["volume", "snapshot", "delete", "vol0", "s1"],
+        "the manager finishes the delete once they answer",
+    );
+    let dir = c.crash();
+    let c = Cluster::start_in(dir, &["--store", "file", "--size", "32M"]);
+    let t0 = std::time::Instant::now();
+    while !state(&c).is_empty() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(60),
+            "the delete left by the last manager was not finished:\n{}",
+            c.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    assert!(
+        files_named(&c.path().join("node-2"), "snap-").is_empty(),
+        "node 2 still holds a snapshot"
+    );
 }

@@ -76,6 +76,9 @@ pub struct Manager {
     default_access: std::sync::Mutex<Vec<String>>,
     /// The scrub schedule's interval, once started.
     scrub_every: std::sync::Mutex<Option<Duration>>,
+    /// Snapshot deletes a node missed (volume, snapshot), finished by
+    /// [`Manager::start_finishing_deletes`].
+    pub(crate) missed_deletes: std::sync::Mutex<std::collections::BTreeSet<(String, String)>>,
 }
 
 /// A planned node operation for the process supervisor, with where to send its outcome.
@@ -119,6 +122,7 @@ impl Manager {
             restart_lock: tokio::sync::Mutex::new(()),
             default_access: std::sync::Mutex::new(trireme_meta::any_client()),
             scrub_every: std::sync::Mutex::new(None),
+            missed_deletes: std::sync::Mutex::default(),
         }
     }
 

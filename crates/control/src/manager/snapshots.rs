@@ -292,6 +292,18 @@ impl Manager {
         rec.state = SnapshotState::Deleting;
         self.meta.put_snapshot_record(name, &rec).await?;
         let missed = self.drop_on_nodes(&v, rec.id).await;
+        {
+            let key = (name.to_string(), snap.to_string());
+            let mut set = self
+                .missed_deletes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if missed.is_empty() {
+                set.remove(&key);
+            } else {
+                set.insert(key);
+            }
+        }
         if !missed.is_empty() {
             return Err(refused(format!(
                 "snapshot {snap} of volume {name} is still on nodes {missed:?}, which did not answer; it stays `deleting`, and the manager finishes the delete once they answer"
@@ -359,42 +371,86 @@ impl Manager {
     /// Finishes, every [`FINISH_DELETES_EVERY`] while the manager lives, each snapshot delete
     /// a node did not answer (its record stays `deleting`): asked again of every node, the
     /// record goes once all have answered. Without it, a node down during a delete kept the
-    /// snapshot's blocks until someone asked again.
+    /// snapshot's blocks until someone asked again. The deletes this manager saw missed are
+    /// remembered; those a manager before it left are found by one look over the records,
+    /// at its first pass.
     pub fn start_finishing_deletes(self: &Arc<Self>) {
         let me = Arc::downgrade(self);
         tokio::spawn(async move {
+            let mut looked = false;
             loop {
                 tokio::time::sleep(FINISH_DELETES_EVERY).await;
                 let Some(m) = me.upgrade() else { return };
+                if !looked {
+                    looked = m.find_missed_deletes().await;
+                }
                 m.finish_deletes().await;
             }
         });
     }
 
-    /// One pass of [`Manager::start_finishing_deletes`].
-    async fn finish_deletes(&self) {
+    /// Adds every `deleting` snapshot record to the deletes to finish; false if the records
+    /// could not be read.
+    async fn find_missed_deletes(&self) -> bool {
         let Ok(volumes) = self.meta.volumes().await else {
-            return;
+            return false;
         };
+        let mut found = Vec::new();
         for v in volumes {
             let Ok(recs) = self.meta.snapshots(&v).await else {
-                continue;
+                return false;
             };
-            for r in recs.iter().filter(|r| r.state == SnapshotState::Deleting) {
-                match self.snapshot_delete(&v.name, &r.name).await {
-                    Ok(()) => tracing::info!(
-                        volume = %v.name,
-                        snapshot = %r.name,
-                        "a snapshot delete that a node had missed is finished"
-                    ),
-                    Err(e) => tracing::debug!(
-                        volume = %v.name,
-                        snapshot = %r.name,
-                        "finishing a snapshot delete: {e}"
-                    ),
+            found.extend(
+                recs.into_iter()
+                    .filter(|r| r.state == SnapshotState::Deleting)
+                    .map(|r| (v.name.clone(), r.name)),
+            );
+        }
+        self.missed_deletes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(found);
+        true
+    }
+
+    /// One pass of [`Manager::start_finishing_deletes`].
+    async fn finish_deletes(&self) {
+        let todo: Vec<(String, String)> = self
+            .missed_deletes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .cloned()
+            .collect();
+        for (volume, snap) in todo {
+            match self.snapshot_delete(&volume, &snap).await {
+                Ok(()) => tracing::info!(
+                    volume = %volume,
+                    snapshot = %snap,
+                    "a snapshot delete that a node had missed is finished"
+                ),
+                Err(e) => {
+                    tracing::debug!(volume = %volume, snapshot = %snap, "finishing a snapshot delete: {e}");
+                    // Gone meanwhile (the volume, or the record): nothing left to finish.
+                    if let Ok(v) = self.meta.volume(&volume).await {
+                        if let Ok(recs) = self.meta.snapshots(&v).await {
+                            if !recs.iter().any(|r| r.name == snap) {
+                                self.forget_missed(&volume, &snap);
+                            }
+                        }
+                    } else if self.meta.volumes().await.is_ok() {
+                        self.forget_missed(&volume, &snap);
+                    }
                 }
             }
         }
+    }
+
+    fn forget_missed(&self, volume: &str, snap: &str) {
+        self.missed_deletes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(volume.to_string(), snap.to_string()));
     }
 }
 
