@@ -310,8 +310,6 @@ impl VersionedReplica {
         let phys = self.inner.size();
         let add = self.grow_min.max(self.size.load(Ordering::Acquire) / 16) / BLOCK * BLOCK;
         self.inner.resize(phys + add)?;
-        // Redirected writes land there next: allocated now, once, not by each of them.
-        self.inner.reserve(phys, add);
         self.table().grow((phys + add) / BLOCK);
         tracing::debug!(volume = self.vol(), pool = phys + add, "snapshot pool grew");
         Ok(())
