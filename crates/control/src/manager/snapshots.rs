@@ -292,24 +292,18 @@ impl Manager {
         rec.state = SnapshotState::Deleting;
         self.meta.put_snapshot_record(name, &rec).await?;
         let missed = self.drop_on_nodes(&v, rec.id).await;
-        {
-            let key = (name.to_string(), snap.to_string());
-            let mut set = self
-                .missed_deletes
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            if missed.is_empty() {
-                set.remove(&key);
-            } else {
-                set.insert(key);
-            }
-        }
         if !missed.is_empty() {
+            self.missed_deletes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert((name.to_string(), snap.to_string()));
             return Err(refused(format!(
                 "snapshot {snap} of volume {name} is still on nodes {missed:?}, which did not answer; it stays `deleting`, and the manager finishes the delete once they answer"
             )));
         }
         self.meta.delete_snapshot_record(name, snap).await?;
+        // Only once the record is gone: a record left `deleting` is still to finish.
+        self.forget_missed(name, snap);
         tracing::info!(
             volume = name,
             snapshot = snap,
