@@ -414,18 +414,22 @@ fn a_delete_a_node_missed_is_finished_once_it_is_back() {
             .collect()
     };
     assert_eq!(state(&c), ["deleting"]);
+    // Waits (a minute at most) until no snapshot record is left.
+    let finished = |c: &Cluster, what: &str| {
+        let t0 = std::time::Instant::now();
+        while !state(c).is_empty() {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(60),
+                "{what}:\n{}",
+                c.log()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
+    };
     // Killed while stopped: the request it had not read is gone with it.
     signal(pid, libc::SIGKILL);
     wait_restarted(&c, 2, pid);
-    let t0 = std::time::Instant::now();
-    while !state(&c).is_empty() {
-        assert!(
-            t0.elapsed() < std::time::Duration::from_secs(60),
-            "the delete was not finished:\n{}",
-            c.log()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(300));
-    }
+    finished(&c, "the delete was not finished");
     assert!(
         files_named(&node2, &file).is_empty(),
         "node 2 still holds s1"
@@ -447,15 +451,7 @@ fn a_delete_a_node_missed_is_finished_once_it_is_back() {
     );
     let dir = c.crash();
     let c = Cluster::start_in(dir, &["--store", "file", "--size", "32M"]);
-    let t0 = std::time::Instant::now();
-    while !state(&c).is_empty() {
-        assert!(
-            t0.elapsed() < std::time::Duration::from_secs(60),
-            "the delete left by the last manager was not finished:\n{}",
-            c.log()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(300));
-    }
+    finished(&c, "the delete left by the last manager was not finished");
     assert!(
         files_named(&c.path().join("node-2"), "snap-").is_empty(),
         "node 2 still holds a snapshot"
