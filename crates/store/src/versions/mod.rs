@@ -592,7 +592,7 @@ impl crate::filter::ReplicaFilter for VersionedReplica {
             let t = self.table();
             (t.snaps.clone(), t.head.clone(), t.blocks)
         };
-        let exclusive = Table::versions(blocks, head, snaps.clone()).exclusive_all();
+        let exclusive = table::exclusive_all(blocks, &head, &snaps);
         let mut out: Vec<(u64, SnapshotInfo)> = snaps
             .iter()
             .map(|(&id, s)| {

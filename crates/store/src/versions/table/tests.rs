@@ -63,7 +63,7 @@ fn exclusive_model(t: &Table, id: u64) -> u64 {
 }
 
 fn check(t: &Table, disk: &Disk, head: &[u32], snaps: &BTreeMap<u64, Vec<u32>>) {
-    let exclusive = t.exclusive_all();
+    let exclusive = exclusive_all(t.blocks, &t.head, &t.snaps);
     assert_eq!(exclusive.len(), t.snaps.len());
     for id in t.snaps.keys() {
         assert_eq!(
@@ -231,7 +231,10 @@ fn a_write_after_a_snapshot_goes_elsewhere_and_the_next_stays() {
     t.redirected(1, to, from, true);
     assert_eq!(t.place(1), Place::InPlace(to), "the head's own block");
     assert_eq!(t.changed(7, None, 0..4).unwrap(), vec![1]);
-    assert_eq!(t.exclusive_all(), BTreeMap::from([(7, BLOCK)]));
+    assert_eq!(
+        exclusive_all(t.blocks, &t.head, &t.snaps),
+        BTreeMap::from([(7, BLOCK)])
+    );
     t.delete(7).unwrap();
     assert_eq!(
         t.settle(),
