@@ -426,17 +426,24 @@ impl Manager {
                 Err(e) => {
                     tracing::debug!(volume = %volume, snapshot = %snap, "finishing a snapshot delete: {e}");
                     // Gone meanwhile (the volume, or the record): nothing left to finish.
-                    if let Ok(v) = self.meta.volume(&volume).await {
-                        if let Ok(recs) = self.meta.snapshots(&v).await {
-                            if !recs.iter().any(|r| r.name == snap) {
-                                self.forget_missed(&volume, &snap);
-                            }
-                        }
-                    } else if self.meta.volumes().await.is_ok() {
+                    if self.record_gone(&volume, &snap).await {
                         self.forget_missed(&volume, &snap);
                     }
                 }
             }
+        }
+    }
+
+    /// True if the metadata says snapshot `snap` of `volume` has no record (nor the volume);
+    /// false if it has one, or if the metadata cannot be read.
+    async fn record_gone(&self, volume: &str, snap: &str) -> bool {
+        match self.meta.volume(volume).await {
+            Ok(v) => self
+                .meta
+                .snapshots(&v)
+                .await
+                .is_ok_and(|recs| !recs.iter().any(|r| r.name == snap)),
+            Err(e) => matches!(e, trireme_meta::MetaError::NoVolume(_)),
         }
     }
 
