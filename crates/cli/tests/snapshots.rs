@@ -394,13 +394,18 @@ fn a_delete_a_node_missed_is_finished_once_it_is_back() {
     let file = format!("snap-{id:016x}");
     let node2 = c.path().join("node-2");
     assert_eq!(files_named(&node2, &file).len(), 1, "node 2 holds s1");
-    let pid = node_pid(&c, 2);
-    signal(pid, libc::SIGSTOP);
-    refused(
-        &c,
-        &["volume", "snapshot", "delete", "vol0", "s1"],
-        "the manager finishes the delete once they answer",
-    );
+    // Node 2 stops answering, and the delete of s1 misses it: its pid.
+    let miss_delete = |c: &Cluster| -> i32 {
+        let pid = node_pid(c, 2);
+        signal(pid, libc::SIGSTOP);
+        refused(
+            c,
+            &["volume", "snapshot", "delete", "vol0", "s1"],
+            "the manager finishes the delete once they answer",
+        );
+        pid
+    };
+    let pid = miss_delete(&c);
     let state = |c: &Cluster| -> Vec<String> {
         let l: serde_json::Value = serde_json::from_str(&ok(
             c,
@@ -442,13 +447,7 @@ fn a_delete_a_node_missed_is_finished_once_it_is_back() {
     assert!(s.contains("on nodes 1, 2, 3"), "{s}");
     // A delete missed under one manager is finished by the next: the whole cluster is killed
     // -9 with the record `deleting`, and the new `up` finds it among the records.
-    let pid = node_pid(&c, 2);
-    signal(pid, libc::SIGSTOP);
-    refused(
-        &c,
-        &["volume", "snapshot", "delete", "vol0", "s1"],
-        "the manager finishes the delete once they answer",
-    );
+    miss_delete(&c);
     let dir = c.crash();
     let c = Cluster::start_in(dir, &["--store", "file", "--size", "32M"]);
     finished(&c, "the delete left by the last manager was not finished");
