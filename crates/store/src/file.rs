@@ -491,6 +491,29 @@ impl Store for FileStore {
 }
 
 impl Replica for FileReplica {
+    fn reserve(&self, offset: u64, len: u64) {
+        // This allocates the holes (as unwritten extents: they still read zeros) and keeps
+        // every byte already written. An O_DIRECT write into a hole allocates under the
+        // file's exclusive lock; into an allocated extent, it shares the lock.
+        // SAFETY: fallocate on a file descriptor we own; no memory is passed.
+        let rc = unsafe {
+            libc::fallocate(
+                self.data.as_raw_fd(),
+                libc::FALLOC_FL_KEEP_SIZE,
+                offset as libc::off_t,
+                len as libc::off_t,
+            )
+        };
+        if rc != 0 {
+            tracing::debug!(
+                volume = self.volume,
+                offset,
+                len,
+                "reserving space: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
     fn volume(&self) -> u64 {
         self.volume
     }

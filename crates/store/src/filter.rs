@@ -39,6 +39,9 @@ pub trait ReplicaFilter: Send + Sync + std::fmt::Debug {
     fn resize(&self, size: u64) -> Result<(), StoreError> {
         self.next().resize(size)
     }
+    fn reserve(&self, offset: u64, len: u64) {
+        self.next().reserve(offset, len)
+    }
     fn incarnation(&self) -> u64 {
         self.next().incarnation()
     }
@@ -151,6 +154,9 @@ impl<F: ReplicaFilter> Replica for F {
     }
     fn resize(&self, size: u64) -> Result<(), StoreError> {
         ReplicaFilter::resize(self, size)
+    }
+    fn reserve(&self, offset: u64, len: u64) {
+        ReplicaFilter::reserve(self, offset, len)
     }
     fn incarnation(&self) -> u64 {
         ReplicaFilter::incarnation(self)

@@ -172,6 +172,10 @@ pub trait Replica: Send + Sync + std::fmt::Debug {
     /// meanwhile leaves the old size or the new. The caller keeps I/O to the replica out
     /// while it runs.
     fn resize(&self, size: u64) -> Result<(), StoreError>;
+    /// A hint: writes into `[offset, offset+len)` come soon. A store whose first write to a
+    /// region allocates (a sparse file) may allocate it now, so those writes find it ready;
+    /// what the bytes read stays as it was. No error: a store that cannot just does not.
+    fn reserve(&self, _offset: u64, _len: u64) {}
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError>;
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), StoreError>;
     /// Zeros `[offset, offset+len)`. With `may_trim`, whole grains are deallocated (holes).

@@ -351,6 +351,37 @@ fn file_replicas_are_thin_until_preallocated() {
     ));
 }
 
+/// `reserve` allocates a file replica's holes in a range (the snapshot pool asks it as it
+/// grows, so its first writes do not each allocate) and changes nothing a client sees: the
+/// bytes written stay, the rest reads zeros, and the map still says hole there.
+#[test]
+fn a_reserved_range_is_allocated_and_reads_as_before() {
+    use std::os::unix::fs::MetadataExt;
+    let d = tempfile::tempdir().unwrap();
+    let s = sealed_file_store(d.path());
+    const MIB: u64 = 1 << 20;
+    let r = s.create(9, 16 * MIB).unwrap();
+    r.write(6 * MIB, &[7u8; 4096], true).unwrap();
+    let data = d.path().join(format!("replica-{:016x}.data", 9u64));
+    let on_disk = || std::fs::metadata(&data).unwrap().blocks() * 512;
+    let before = on_disk();
+    r.reserve(4 * MIB, 8 * MIB);
+    assert!(
+        on_disk() >= before + 8 * MIB - 4096,
+        "reserving 8 MiB took {} bytes more",
+        on_disk() - before
+    );
+    assert_eq!(read(&*r, 6 * MIB, 4096), vec![7u8; 4096]);
+    assert_eq!(read(&*r, 5 * MIB, 4096), vec![0u8; 4096]);
+    let ext = r.block_status(4 * MIB, 2 * MIB).unwrap();
+    assert_eq!(ext.len(), 1, "{ext:?}");
+    assert_ne!(
+        ext[0].flags & Extent::HOLE,
+        0,
+        "a reserved range is still a hole to clients"
+    );
+}
+
 /// A process killed without flushing: the data written with O_DIRECT is on disk but the map is
 /// not. The replica must still return it (the map turns conservative), keep its incarnation,
 /// and stay the same history.
