@@ -288,6 +288,7 @@ impl VersionedReplica {
         }
         let blocks = size / BLOCK;
         *self.table() = Table::new(blocks, blocks);
+        *self.reserved.lock().unwrap_or_else(|e| e.into_inner()) = 0..0;
         if let Some(f) = &self.files {
             f.remove_all();
         }

@@ -117,6 +117,7 @@ impl VersionedStore {
             seq: AtomicU64::new(last_seq),
             slot: AtomicU64::new(0),
             grow_min: self.grow_min,
+            reserved: Mutex::new(0..0),
         });
         // Marked open before anything is served, and the log folded in.
         if !r.plain.load(Ordering::Acquire) {
@@ -180,7 +181,12 @@ struct VersionedReplica {
     slot: AtomicU64,
     /// The least the pool grows by ([`VersionedStore::with_grow_min`]).
     grow_min: u64,
+    /// The physical bytes of the pool last reserved ([`VersionedReplica::reserve_ahead`]).
+    reserved: Mutex<std::ops::Range<u64>>,
 }
+
+/// How far ahead of a redirect's block the pool's space is reserved.
+const RESERVE_AHEAD: u64 = 2 << 20;
 
 fn version_error(volume: u64, e: VersionError) -> StoreError {
     match e {
@@ -292,6 +298,7 @@ impl VersionedReplica {
                 .write(p * BLOCK + within, piece, false)
                 .map(|()| true),
             Place::Redirect { to, from } => {
+                self.reserve_ahead(to);
                 let mut block = vec![0u8; BLOCK as usize];
                 let mut r = Ok(());
                 if piece.len() < BLOCK as usize && from.phys != ZERO {
@@ -309,6 +316,25 @@ impl VersionedReplica {
                 Ok(true)
             }
         }
+    }
+
+    /// Before a redirect writes block `to`: if it lies outside the range last reserved, the
+    /// [`RESERVE_AHEAD`] bytes from it are reserved ([`Replica::reserve`]). The pool is a
+    /// sparse region and takes free blocks lowest first, so without this each redirect's
+    /// O_DIRECT write allocated, under the data file's exclusive lock; now one call in 512
+    /// does. The window, not the whole pool: reserved space stays taken until written, and a
+    /// full node must get back what a snapshot's delete frees (`full.rs`).
+    fn reserve_ahead(&self, to: u64) {
+        let at = to * BLOCK;
+        let mut window = self.reserved.lock().unwrap_or_else(|e| e.into_inner());
+        if window.contains(&at) {
+            return;
+        }
+        let upto = (at + RESERVE_AHEAD).min(self.inner.size());
+        if upto > at {
+            self.inner.reserve(at, upto - at);
+        }
+        *window = at..upto;
     }
 
     /// Reads `buf` at `offset` of version `id` (the head for `None`).

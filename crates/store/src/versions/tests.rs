@@ -407,3 +407,46 @@ fn space_a_crash_left_taken_goes_back_at_the_next_open() {
     assert!(taken() <= before, "{} {before}", taken());
     assert_eq!(read(&*r, None, 0, len), vec![2; len]);
 }
+
+/// The pool's space is reserved a window ahead of the redirects (so each first write after a
+/// snapshot does not allocate on its own), and only a window: it stays small beside a pool
+/// step, and what the volume and its snapshot read is unchanged.
+#[test]
+fn redirects_reserve_the_pool_a_window_ahead() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let s: Arc<dyn Store> = Arc::new(VersionedStore::new(
+        Arc::new(FileStore::open(dir.path()).unwrap()),
+        Some(dir.path()),
+    ));
+    let r = s.create(1, SIZE).unwrap();
+    let blocks = SIZE / BLOCK;
+    r.write(0, &vec![1; SIZE as usize], false).unwrap();
+    r.flush().unwrap();
+    let data = dir.path().join(format!("replica-{:016x}.data", 1u64));
+    let taken = || std::fs::metadata(&data).unwrap().blocks() * 512;
+    let before = taken();
+    r.snapshot(1, 0).unwrap();
+    r.write(0, &[2; 4096], false).unwrap();
+    let first = taken();
+    assert!(
+        first >= before + RESERVE_AHEAD,
+        "the first redirect reserved {} bytes",
+        first - before
+    );
+    assert!(
+        first <= before + 2 * RESERVE_AHEAD,
+        "the first redirect reserved {} bytes, more than a window",
+        first - before
+    );
+    // Every other block moves now, into the window: nothing more is allocated.
+    assert!(blocks * BLOCK <= RESERVE_AHEAD);
+    for l in 1..blocks {
+        r.write(l * BLOCK, &[2; 4096], false).unwrap();
+    }
+    assert_eq!(taken(), first, "the redirects allocated past the window");
+    assert_eq!(read(&*r, None, 0, SIZE as usize), vec![2; SIZE as usize]);
+    assert_eq!(read(&*r, Some(1), 0, SIZE as usize), vec![1; SIZE as usize]);
+    r.flush().unwrap();
+    assert_eq!(read(&*r, None, 0, SIZE as usize), vec![2; SIZE as usize]);
+}
