@@ -56,7 +56,12 @@ impl Files {
 
     pub(super) fn remove_all(&self) {
         let _ = std::fs::remove_file(self.main());
+        // The open log goes with its file: records appended to an unlinked file would be
+        // lost to the next open.
+        let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        *log = None;
         let _ = std::fs::remove_file(self.log_path());
+        drop(log);
         for (_, p) in self.snap_files() {
             let _ = std::fs::remove_file(p);
         }

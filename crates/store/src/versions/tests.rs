@@ -450,3 +450,24 @@ fn redirects_reserve_the_pool_a_window_ahead() {
     r.flush().unwrap();
     assert_eq!(read(&*r, None, 0, SIZE as usize), vec![2; SIZE as usize]);
 }
+
+/// A replica folded back to plain drops its open redirect log with the file: the next
+/// snapshot's redirects go to a log a reopen reads (they went to the unlinked file before).
+#[test]
+fn redirects_after_a_fold_back_reach_the_log_a_reopen_reads() {
+    for mut s in Stack::all().into_iter().filter(|s| s.dir.is_some()) {
+        let r = s.store().create(5, SIZE).unwrap();
+        r.write(0, &[1; 4096], false).unwrap();
+        r.snapshot(1, 0).unwrap();
+        r.write(0, &[2; 4096], false).unwrap();
+        r.rollback(1).unwrap();
+        r.delete_snapshot(1).unwrap();
+        assert!(r.snapshots().unwrap().is_empty(), "{}", s.name);
+        r.snapshot(2, 0).unwrap();
+        r.write(0, &[3; 4096], false).unwrap();
+        drop(r);
+        let r = s.reopen();
+        assert!(read(&*r, None, 0, 4096) == [3; 4096], "{}: the write is lost", s.name);
+        assert!(read(&*r, Some(2), 0, 4096) == [1; 4096], "{}", s.name);
+    }
+}
