@@ -17,7 +17,7 @@ fuzz_target!(|data: &[u8]| {
     let log = decode_log(data);
     assert!(log.len() <= data.len() / 40);
     for w in log.windows(2) {
-        assert!(w[0].seq < w[1].seq, "records come back in sequence order, once each");
+        assert!(w[0].seq() < w[1].seq(), "records come back in sequence order, once each");
     }
     for r in &log {
         assert_eq!(decode_log(&encode_log(r)), vec![*r]);

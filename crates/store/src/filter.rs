@@ -96,6 +96,9 @@ pub trait ReplicaFilter: Send + Sync + std::fmt::Debug {
     fn snapshot(&self, id: u64, created: u64) -> Result<(), StoreError> {
         self.next().snapshot(id, created)
     }
+    fn snapshot_unsynced(&self, id: u64, created: u64) -> Result<(), StoreError> {
+        self.next().snapshot_unsynced(id, created)
+    }
     fn snapshots(&self) -> Result<Vec<SnapshotInfo>, StoreError> {
         self.next().snapshots()
     }
@@ -205,6 +208,9 @@ impl<F: ReplicaFilter> Replica for F {
     }
     fn snapshot(&self, id: u64, created: u64) -> Result<(), StoreError> {
         ReplicaFilter::snapshot(self, id, created)
+    }
+    fn snapshot_unsynced(&self, id: u64, created: u64) -> Result<(), StoreError> {
+        ReplicaFilter::snapshot_unsynced(self, id, created)
     }
     fn snapshots(&self) -> Result<Vec<SnapshotInfo>, StoreError> {
         ReplicaFilter::snapshots(self)

@@ -233,6 +233,12 @@ pub trait Replica: Send + Sync + std::fmt::Debug {
     fn snapshot(&self, _id: u64, _created: u64) -> Result<(), StoreError> {
         Err(no_versions())
     }
+    /// As [`Replica::snapshot`], but durable only from the replica's next flush: a process
+    /// crash before it keeps the snapshot, a power loss may not. For a writer that pauses I/O
+    /// while the snapshot is taken and flushes once I/O goes on again.
+    fn snapshot_unsynced(&self, id: u64, created: u64) -> Result<(), StoreError> {
+        self.snapshot(id, created)
+    }
     /// The replica's snapshots, oldest first.
     fn snapshots(&self) -> Result<Vec<SnapshotInfo>, StoreError> {
         Ok(Vec::new())

@@ -3,7 +3,9 @@
 //! pool (the module docs of `versions` say in which order, and why).
 
 use std::sync::atomic::Ordering;
+use std::sync::MutexGuard;
 
+use super::files::Files;
 use super::table::{self, entry, Map, Table, BLOCK};
 use super::{format, version_error, VersionedReplica};
 use crate::{StoreError, GRAIN};
@@ -30,6 +32,24 @@ impl VersionedReplica {
         let Some(f) = &self.files else {
             return Ok(());
         };
+        // The snapshots only the log holds get their files first, oldest first: each is a
+        // diff against the one before it. One deleted meanwhile needs none.
+        let unsaved = std::mem::take(&mut *self.unsaved());
+        let mut by_gen: Vec<(u64, u64)> = {
+            let t = self.table();
+            unsaved
+                .iter()
+                .filter_map(|id| t.snaps.get(id).map(|s| (s.gen, *id)))
+                .collect()
+        };
+        by_gen.sort_unstable();
+        for (k, &(_, id)) in by_gen.iter().enumerate() {
+            if let Err(e) = self.persist_snap(id) {
+                self.unsaved().extend(by_gen[k..].iter().map(|&(_, id)| id));
+                self.dirty.store(true, Ordering::Release);
+                return Err(e);
+            }
+        }
         let (gen, head, mut listed, applied) = {
             let t = self.table();
             let listed: Vec<(u64, table::Snap)> =
@@ -123,11 +143,56 @@ impl VersionedReplica {
     /// still locked, so one block's records get sequences in the order its entry changed.
     /// [`VersionedReplica::log`] writes it before the write that made it is answered.
     pub(super) fn record(&self, t: &Table, l: u64) -> format::LogRecord {
-        format::LogRecord {
+        format::LogRecord::Block {
             seq: self.seq.fetch_add(1, Ordering::AcqRel) + 1,
             block: l,
             entry: entry(&t.head, l),
         }
+    }
+
+    /// Writes the main file if there is none (a plain replica: the identity, no snapshot),
+    /// so that a snapshot finds one to be logged against ([`VersionedReplica::log_snapshot`])
+    /// and does not write its files while I/O waits. Not fatal: without it, the first
+    /// snapshot writes them.
+    pub(super) fn ensure_main(&self) {
+        let Some(f) = &self.files else {
+            return;
+        };
+        if f.main().exists() {
+            return;
+        }
+        if let Err(e) = self.persist_main() {
+            tracing::warn!(volume = self.vol(), "writing the versions' main file: {e}");
+        }
+    }
+
+    pub(super) fn unsaved(&self) -> MutexGuard<'_, std::collections::BTreeSet<u64>> {
+        self.unsaved.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// With the gate held exclusive, snapshot `id` just taken in the table and a main file on
+    /// disk: the snapshot's record in the redirect log, synced with every record before it if
+    /// `synced` (the caller flushed the data). Its file and the main file listing it are
+    /// written at the next flush or checkpoint.
+    pub(super) fn log_snapshot(
+        &self,
+        f: &Files,
+        id: u64,
+        created: u64,
+        synced: bool,
+    ) -> Result<(), StoreError> {
+        let r = format::LogRecord::Snapshot {
+            seq: self.seq.fetch_add(1, Ordering::AcqRel) + 1,
+            id,
+            created,
+        };
+        self.log(&[r])?;
+        if synced {
+            f.sync_log()?;
+        }
+        self.unsaved().insert(id);
+        self.dirty.store(true, Ordering::Release);
+        Ok(())
     }
 
     /// Writes `records` to the redirect log, in one write at slots of their own (replay
@@ -293,6 +358,7 @@ impl VersionedReplica {
             f.remove_all();
         }
         self.plain.store(true, Ordering::Release);
+        self.ensure_main();
         Ok(())
     }
 

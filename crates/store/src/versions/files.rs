@@ -17,6 +17,8 @@ pub(super) struct Files {
     pub(super) volume: u64,
     /// The redirect log, opened at its first use (the lock is held only to open it).
     log: Mutex<Option<Arc<File>>>,
+    /// The log file was created since the directory was last synced for it.
+    log_created: std::sync::atomic::AtomicBool,
 }
 
 impl Files {
@@ -51,6 +53,7 @@ impl Files {
             dir: dir.to_path_buf(),
             volume,
             log: Mutex::new(None),
+            log_created: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -157,14 +160,33 @@ impl Files {
         }
         let mut head = format::apply(&prev.map(|(_, m)| m).unwrap_or_default(), &m.head);
         // The redirects answered since the main file was written, in the order they were made.
+        // A snapshot record takes the head those before it built, as the table did.
         let mut last_seq = m.applied;
         let mut replayed = 0;
+        let mut gen = m.gen;
+        let mut replayed_snaps = Vec::new();
         for r in self.read_log()? {
-            if r.seq <= m.applied {
+            if r.seq() <= m.applied {
                 continue;
             }
-            head.insert(r.block, r.entry);
-            last_seq = r.seq;
+            match r {
+                format::LogRecord::Block { block, entry, .. } => {
+                    head.insert(block, entry);
+                }
+                format::LogRecord::Snapshot { id, created, .. } => {
+                    check(&head, &self.log_path())?;
+                    if snaps.contains_key(&id) {
+                        return Err(
+                            self.corrupt(&self.log_path(), format!("snapshot {id} is taken twice"))
+                        );
+                    }
+                    let map = head.clone();
+                    snaps.insert(id, table::Snap { gen, created, map });
+                    gen += 1;
+                    replayed_snaps.push(id);
+                }
+            }
+            last_seq = r.seq();
             replayed += 1;
         }
         check(&head, &self.log_path())?;
@@ -179,12 +201,13 @@ impl Files {
                 let _ = std::fs::remove_file(p);
             }
         }
-        let table = Table::rebuilt(blocks, phys_blocks, m.gen, head, snaps);
+        let table = Table::rebuilt(blocks, phys_blocks, gen, head, snaps);
         Ok(Some(Loaded {
             size: m.size,
             table,
             last_seq,
             replayed,
+            replayed_snaps,
             open: m.flags & format::FLAG_OPEN != 0,
         }))
     }
@@ -237,6 +260,31 @@ impl Files {
             .map_err(io)
     }
 
+    /// Makes the redirect log durable, every record written so far (and its directory entry,
+    /// if the file is new).
+    pub(super) fn sync_log(&self) -> Result<(), StoreError> {
+        let io = |source| StoreError::Io {
+            volume: self.volume,
+            op: "sync the redirect log",
+            source,
+        };
+        let f = self.log.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(f) = f {
+            f.sync_data().map_err(io)?;
+        }
+        if self
+            .log_created
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+        {
+            if let Err(e) = File::open(&self.dir).and_then(|d| d.sync_all()) {
+                self.log_created
+                    .store(true, std::sync::atomic::Ordering::Release);
+                return Err(io(e));
+            }
+        }
+        Ok(())
+    }
+
     /// Empties the redirect log: the main file holds every record in it. The caller keeps
     /// appends out meanwhile.
     pub(super) fn truncate_log(&self) -> Result<(), StoreError> {
@@ -265,6 +313,9 @@ pub(super) struct Loaded {
     pub(super) last_seq: u64,
     /// Log records applied over the main file (redirects answered after its last write).
     pub(super) replayed: usize,
+    /// Snapshots the log holds and the main file does not list: their files are written at
+    /// the checkpoint that follows the open.
+    pub(super) replayed_snaps: Vec<u64>,
     /// The main file said open: the last process did not close it.
     pub(super) open: bool,
 }

@@ -6,9 +6,12 @@
 //!   at every snapshot, delete and rollback: the replica's logical size, the head's
 //!   generation, the list of live snapshots, and the head's map as a diff against the newest
 //!   snapshot's (`base`).
-//! * `replica-<volume>.snap-<id>`, written once when the snapshot is taken (and again when the
-//!   snapshot it was a diff against is deleted): its map as a diff against the snapshot taken
-//!   before it (`base`; 0 for none, the identity).
+//! * `replica-<volume>.snap-<id>`, written once, before the main file first lists the
+//!   snapshot (and again when the snapshot it was a diff against is deleted): its map as a
+//!   diff against the snapshot taken before it (`base`; 0 for none, the identity).
+//! * `replica-<volume>.vlog`, the redirect log ([`LogRecord`]): what changed since the main
+//!   file was written. A snapshot taken while a main file exists is made durable there, as
+//!   one synced record; its file and the main file listing it follow at the next flush.
 //!
 //! A diff is a list of records `(logical block, physical block, birth)`, by increasing logical
 //! block; a physical block [`IDENTITY`] means "no entry here" (the block is back where it
@@ -282,29 +285,47 @@ pub fn decode_snap(b: &[u8]) -> Result<SnapFile, FormatError> {
     })
 }
 
-/// One record of the redirect log (`replica-<volume>.vlog`): the head's entry for a block
-/// changed, before the write that changed it was answered. 40 bytes: sequence, logical
-/// block, physical block, birth (u64 LE each), crc32c of those 32 bytes, 4 zero bytes.
-/// Written in place at slots, without a sync: a process crash keeps them (as it keeps the
-/// O_DIRECT writes they point at); a power loss gives the copy a new incarnation anyway.
+/// One record of the redirect log (`replica-<volume>.vlog`). 40 bytes: sequence, then two
+/// kinds told apart by the second field, then crc32c of the first 32 bytes and 4 zero bytes:
+///
+/// * the head's entry for a block changed, before the write that changed it was answered:
+///   logical block, physical block, birth (u64 LE each). Written in place at slots, without a
+///   sync: a process crash keeps them (as it keeps the O_DIRECT writes they point at); a power
+///   loss gives the copy a new incarnation anyway.
+/// * a snapshot of the head taken at this point of the sequence: [`SNAPSHOT_MARK`], its id,
+///   its creation time. Synced, with every record before it, before the snapshot is answered:
+///   the snapshot's map is the head the records before it build, so it survives a power loss
+///   without its own file (written later, at the next checkpoint).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LogRecord {
-    pub seq: u64,
-    pub block: u64,
-    pub entry: Entry,
+pub enum LogRecord {
+    Block { seq: u64, block: u64, entry: Entry },
+    Snapshot { seq: u64, id: u64, created: u64 },
+}
+
+impl LogRecord {
+    pub fn seq(&self) -> u64 {
+        match *self {
+            LogRecord::Block { seq, .. } | LogRecord::Snapshot { seq, .. } => seq,
+        }
+    }
 }
 
 pub const LOG_RECORD: usize = 40;
+/// A log record's second field for a snapshot record (never a logical block).
+pub const SNAPSHOT_MARK: u64 = u64::MAX;
 
 pub fn encode_log(r: &LogRecord) -> [u8; LOG_RECORD] {
-    let mut b = [0u8; LOG_RECORD];
-    b[0..8].copy_from_slice(&r.seq.to_le_bytes());
-    b[8..16].copy_from_slice(&r.block.to_le_bytes());
-    b[16..24].copy_from_slice(&r.entry.phys.to_le_bytes());
-    b[24..32].copy_from_slice(&r.entry.birth.to_le_bytes());
-    let c = crc32c::crc32c(&b[..32]);
-    b[32..36].copy_from_slice(&c.to_le_bytes());
-    b
+    let (seq, a, b, c) = match *r {
+        LogRecord::Block { seq, block, entry } => (seq, block, entry.phys, entry.birth),
+        LogRecord::Snapshot { seq, id, created } => (seq, SNAPSHOT_MARK, id, created),
+    };
+    let mut out = [0u8; LOG_RECORD];
+    for (k, v) in [seq, a, b, c].into_iter().enumerate() {
+        out[k * 8..k * 8 + 8].copy_from_slice(&v.to_le_bytes());
+    }
+    let crc = crc32c::crc32c(&out[..32]);
+    out[32..36].copy_from_slice(&crc.to_le_bytes());
+    out
 }
 
 /// The valid records of a log file, by sequence (slots never written or torn are skipped).
@@ -312,20 +333,28 @@ pub fn decode_log(b: &[u8]) -> Vec<LogRecord> {
     let mut out: Vec<LogRecord> = b
         .chunks_exact(LOG_RECORD)
         .filter(|c| crc32c::crc32c(&c[..32]) == u32_at(c, 32) && u32_at(c, 36) == 0)
-        .map(|c| LogRecord {
-            seq: u64_at(c, 0),
-            block: u64_at(c, 8),
-            entry: Entry {
-                phys: u64_at(c, 16),
-                birth: u64_at(c, 24),
-            },
-        })
-        .filter(|r| {
-            r.seq != 0 && r.block < MAX_BLOCK && (r.entry.phys == ZERO || r.entry.phys < MAX_BLOCK)
+        .filter_map(|c| {
+            let (seq, a, b, c) = (u64_at(c, 0), u64_at(c, 8), u64_at(c, 16), u64_at(c, 24));
+            match a {
+                _ if seq == 0 => None,
+                SNAPSHOT_MARK if b != 0 => Some(LogRecord::Snapshot {
+                    seq,
+                    id: b,
+                    created: c,
+                }),
+                block if block < MAX_BLOCK && (b == ZERO || b < MAX_BLOCK) => {
+                    Some(LogRecord::Block {
+                        seq,
+                        block,
+                        entry: Entry { phys: b, birth: c },
+                    })
+                }
+                _ => None,
+            }
         })
         .collect();
-    out.sort_unstable_by_key(|r| r.seq);
-    out.dedup_by_key(|r| r.seq);
+    out.sort_unstable_by_key(|r| r.seq());
+    out.dedup_by_key(|r| r.seq());
     out
 }
 
@@ -376,6 +405,50 @@ pub fn apply(base: &Map, records: &[Record]) -> Map {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn log_records_round_trip_and_damaged_ones_are_skipped() {
+        let block = LogRecord::Block {
+            seq: 7,
+            block: 3,
+            entry: Entry { phys: 9, birth: 2 },
+        };
+        let zeroed = LogRecord::Block {
+            seq: 8,
+            block: 4,
+            entry: Entry {
+                phys: ZERO,
+                birth: 2,
+            },
+        };
+        let snap = LogRecord::Snapshot {
+            seq: 9,
+            id: 12,
+            created: 1_700_000_000,
+        };
+        // Written out of order, at slots of their own: read back by sequence.
+        let bytes: Vec<u8> = [snap, block, zeroed].iter().flat_map(encode_log).collect();
+        assert_eq!(decode_log(&bytes), vec![block, zeroed, snap]);
+        let mut torn = bytes.clone();
+        torn[LOG_RECORD + 5] ^= 1;
+        assert_eq!(decode_log(&torn), vec![zeroed, snap]);
+        // A snapshot record naming id 0, or a block record past any replica, is refused
+        // even with a good checksum.
+        for bad in [
+            LogRecord::Snapshot {
+                seq: 1,
+                id: 0,
+                created: 0,
+            },
+            LogRecord::Block {
+                seq: 1,
+                block: MAX_BLOCK,
+                entry: Entry { phys: 0, birth: 0 },
+            },
+        ] {
+            assert_eq!(decode_log(&encode_log(&bad)), vec![]);
+        }
+    }
 
     #[test]
     fn files_round_trip_and_every_damage_is_refused() {

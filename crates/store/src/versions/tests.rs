@@ -451,6 +451,82 @@ fn redirects_reserve_the_pool_a_window_ahead() {
     assert_eq!(read(&*r, None, 0, SIZE as usize), vec![2; SIZE as usize]);
 }
 
+/// A snapshot taken with a main file on disk is one record of the redirect log (synced, or
+/// not for `snapshot_unsynced`): no file of its own until the next flush. The files as they
+/// are right after it open to every version, the snapshot's file is written at that open,
+/// and a flush writes it on the running replica too.
+#[test]
+fn a_snapshot_is_one_log_record_until_the_next_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let open = |d: &std::path::Path| -> Arc<dyn Store> {
+        Arc::new(VersionedStore::new(
+            Arc::new(FileStore::open(d).unwrap()),
+            Some(d),
+        ))
+    };
+    let s = open(dir.path());
+    let r = s.create(4, SIZE).unwrap();
+    let snap_file =
+        |d: &std::path::Path, id: u64| d.join(format!("replica-{:016x}.snap-{id:016x}", 4u64));
+    // A new replica has its main file already (the identity), for the log to build on.
+    assert!(dir
+        .path()
+        .join("replica-0000000000000004.versions")
+        .exists());
+    r.write(0, &[1; 8192], false).unwrap();
+    r.snapshot(1, 0).unwrap();
+    r.write(0, &[2; 4096], false).unwrap();
+    r.snapshot(2, 0).unwrap();
+    for id in [1, 2] {
+        assert!(
+            !snap_file(dir.path(), id).exists(),
+            "snapshot {id} has a file already"
+        );
+    }
+    r.write(4096, &[3; 4096], false).unwrap();
+    // Not even synced: what a process crash leaves (the page cache keeps the log).
+    r.snapshot_unsynced(3, 0).unwrap();
+    r.write(0, &[4; 4096], false).unwrap();
+    // The files as they are now, opened elsewhere.
+    let copy = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(dir.path()).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, copy.path().join(p.file_name().unwrap())).unwrap();
+    }
+    let s2 = open(copy.path());
+    let r2 = s2.open_all().pop().unwrap().unwrap();
+    let versions =
+        |r: &dyn Replica| [Some(1), Some(2), Some(3), None].map(|id| read(r, id, 0, 8192));
+    let want = [
+        [vec![1; 4096], vec![1; 4096]].concat(),
+        [vec![2; 4096], vec![1; 4096]].concat(),
+        [vec![2; 4096], vec![3; 4096]].concat(),
+        [vec![4; 4096], vec![3; 4096]].concat(),
+    ];
+    assert_eq!(versions(&*r2), want);
+    let ids: Vec<u64> = r2.snapshots().unwrap().iter().map(|s| s.id).collect();
+    assert_eq!(ids, vec![1, 2, 3]);
+    assert!((1..=3).all(|id| snap_file(copy.path(), id).exists()));
+    // Opened again from the files that open wrote, without the log's help.
+    r2.close().unwrap();
+    drop((r2, s2));
+    let s2 = open(copy.path());
+    let r2 = s2.open_all().pop().unwrap().unwrap();
+    assert_eq!(versions(&*r2), want);
+    // The running replica writes the files at its next flush; deleting the oldest snapshot
+    // rewrites the next one's against nothing.
+    r.flush().unwrap();
+    assert!((1..=3).all(|id| snap_file(dir.path(), id).exists()));
+    r.delete_snapshot(1).unwrap();
+    r.close().unwrap();
+    drop((r, s));
+    let s = open(dir.path());
+    let r = s.open_all().pop().unwrap().unwrap();
+    for (k, id) in [Some(2), Some(3), None].into_iter().enumerate() {
+        assert_eq!(read(&*r, id, 0, 8192), want[k + 1]);
+    }
+}
+
 /// A replica folded back to plain drops its open redirect log with the file: the next
 /// snapshot's redirects go to a log a reopen reads (they went to the unlinked file before).
 #[test]
@@ -467,7 +543,11 @@ fn redirects_after_a_fold_back_reach_the_log_a_reopen_reads() {
         r.write(0, &[3; 4096], false).unwrap();
         drop(r);
         let r = s.reopen();
-        assert!(read(&*r, None, 0, 4096) == [3; 4096], "{}: the write is lost", s.name);
+        assert!(
+            read(&*r, None, 0, 4096) == [3; 4096],
+            "{}: the write is lost",
+            s.name
+        );
         assert!(read(&*r, Some(2), 0, 4096) == [1; 4096], "{}", s.name);
     }
 }
