@@ -3,9 +3,13 @@
 //! 1. Hold the whole volume in the write order, then the membership lock (the order a resize
 //!    and a resync take them in): every write answered before is on every copy in sync, no
 //!    write is in flight, none starts, no copy goes out or comes back.
-//! 2. `Snapshot` to every copy in sync at once; each flushes and records it (a
-//!    redirect-on-write map: nothing is copied).
-//! 3. Release: writes go on. The pause is one round trip and each copy's flush.
+//! 2. `Snapshot` to every copy in sync at once, with `FLAG_UNSYNCED`: each records it (a
+//!    redirect-on-write map: nothing is copied) in its redirect log, after the records of
+//!    every write before it, without a sync.
+//! 3. Release: writes go on. The pause is one round trip and each copy's log append.
+//! 4. Flush every copy: the data the snapshot holds and its record become durable (a
+//!    process crash before that keeps them already; a power loss may not). The command
+//!    returns after it.
 //!
 //! All or nothing: if a copy refuses or does not answer, the copies that took the snapshot
 //! delete it again and the snapshot fails (the volume goes on as before; asking again takes
@@ -22,14 +26,24 @@ impl Volume {
     /// the nodes that hold it. See the module docs.
     pub async fn snapshot(&self, id: u64, created: u64) -> Result<Vec<u32>, VolumeError> {
         let t0 = tokio::time::Instant::now();
-        let _all = self.core.acquire(0, self.size()).await;
-        let _g = self.membership_lock.lock().await;
-        let held = t0.elapsed();
-        let targets = self.in_sync();
-        let mut h = self.header(Op::Snapshot, 0, 0);
-        SnapshotRequest { id, created }.put(&mut h);
-        let (took, _, failure) = self.on_each(&targets, h, "snapshot").await;
-        if let Some(e) = failure {
+        let (took, held, paused) = {
+            let _all = self.core.acquire(0, self.size()).await;
+            let _g = self.membership_lock.lock().await;
+            let held = t0.elapsed();
+            let targets = self.in_sync();
+            let mut h = self.header(Op::Snapshot, 0, 0);
+            h.flags |= trireme_proto::FLAG_UNSYNCED;
+            SnapshotRequest { id, created }.put(&mut h);
+            let (took, _, failure) = self.on_each(&targets, h, "snapshot").await;
+            if let Some(e) = failure {
+                self.undo_snapshot(&took, id).await;
+                return Err(e);
+            }
+            (took, held, t0.elapsed())
+        };
+        // Writes go on; the flush makes the snapshot durable on every copy (one that fails
+        // it is taken out, as for any failed write).
+        if let Err(e) = self.flush().await {
             self.undo_snapshot(&took, id).await;
             return Err(e);
         }
@@ -39,7 +53,8 @@ impl Volume {
             id,
             nodes = ?nodes,
             waited_ms = held.as_millis() as u64,
-            paused_ms = t0.elapsed().as_millis() as u64,
+            paused_ms = paused.as_millis() as u64,
+            took_ms = t0.elapsed().as_millis() as u64,
             "snapshot taken"
         );
         Ok(nodes)

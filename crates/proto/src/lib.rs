@@ -108,6 +108,10 @@ pub const FLAG_PREALLOCATE: u16 = 1 << 7;
 /// when it sends a write again to copies that refused it for want of space while another copy
 /// took it, so that the copies stay identical (see `node/src/room.rs`).
 pub const FLAG_SPACE_RESERVE: u16 = 1 << 8;
+/// Request flag on `Snapshot`: the snapshot need only be durable from the copy's next flush,
+/// which the writer sends as soon as it lets writes go on again (the copy then does not flush
+/// and sync while every write waits).
+pub const FLAG_UNSYNCED: u16 = 1 << 9;
 const KNOWN_FLAGS: u16 = FLAG_RESPONSE
     | FLAG_FUA
     | FLAG_MAY_TRIM
@@ -116,7 +120,8 @@ const KNOWN_FLAGS: u16 = FLAG_RESPONSE
     | FLAG_HEATED
     | FLAG_STREAM
     | FLAG_PREALLOCATE
-    | FLAG_SPACE_RESERVE;
+    | FLAG_SPACE_RESERVE
+    | FLAG_UNSYNCED;
 
 /// Why a frame was refused. Every variant means "drop the connection": after a bad header the
 /// byte stream can no longer be trusted to be in step.

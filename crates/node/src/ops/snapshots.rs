@@ -15,13 +15,19 @@ fn malformed(e: trireme_proto::DecodeError) -> Refusal {
 
 impl Node {
     pub(crate) fn on_snapshot(&self, req: &Frame) -> Result<Bytes, Refusal> {
+        let t0 = std::time::Instant::now();
         let (r, _turn) = self.io_replica(req)?;
         let s = SnapshotRequest::read(&req.header).map_err(malformed)?;
-        r.snapshot(s.id, s.created)?;
+        if req.header.has_flag(trireme_proto::FLAG_UNSYNCED) {
+            r.snapshot_unsynced(s.id, s.created)?;
+        } else {
+            r.snapshot(s.id, s.created)?;
+        }
         tracing::info!(
             node = self.id,
             volume = r.volume(),
             id = s.id,
+            took_us = t0.elapsed().as_micros() as u64,
             "snapshot taken"
         );
         Ok(Bytes::new())
