@@ -5,7 +5,9 @@
 #   none     no snapshot
 #   chain10  ten snapshots, each after 1 s of the workload (so each holds blocks of its own),
 #            then measured
-#   first    one snapshot just before the run: every block's first write after it moves it
+#   first    one snapshot just before the runs: every block's first write after it moves it
+# In these three modes a QD1 run (the same mix, one thread, one I/O at a time, 5 s) comes
+# first and prints its IOPS and latency percentiles; then the S2D run.
 #   pause    a snapshot every second during the run; prints how long each paused I/O (the
 #            writer's log) next to the run's latency percentiles
 # Prints one summary line per run. Links are unix sockets between processes (UCX over shared
@@ -32,6 +34,13 @@ for round in $(seq "$rounds"); do
     if [ "$mode" = pause ]; then
       ( sleep 3; for k in $(seq 10); do snap "p$k"; sleep 1; done ) &
       snapper=$!
+    fi
+    if [ "$mode" != pause ]; then
+      out=$("$T" --data-dir "$dir/c" bench --profile s2d -t1 -o1 -d5 -W1 "$uri" 2>&1)
+      iops=$(grep Summary <<<"$out" | awk '{print $2}')
+      p50=$(grep -E '^ +50th' <<<"$out" | awk '{print $NF}')
+      p99=$(grep -E '^ +99th' <<<"$out" | awk '{print $NF}')
+      echo "$mode round $round: QD1 $iops IOPS, p50 $p50 ms, p99 $p99 ms"
     fi
     line=$("$T" --data-dir "$dir/c" bench --profile s2d -d15 -W2 "$uri" 2>&1 | grep Summary)
     echo "$mode round $round: $line"
