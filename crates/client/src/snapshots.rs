@@ -41,13 +41,24 @@ impl Volume {
             }
             (took, held, t0.elapsed())
         };
-        // Writes go on; the flush makes the snapshot durable on every copy (one that fails
-        // it is taken out, as for any failed write).
+        // Writes go on; the flush makes the snapshot durable on every copy. One that fails it
+        // is taken out, as for any failed write, and is not named as holding the snapshot:
+        // a copy that restarts before its flush drops an unsynced snapshot, and its resync
+        // gives it the snapshot again.
         if let Err(e) = self.flush().await {
             self.undo_snapshot(&took, id).await;
             return Err(e);
         }
-        let nodes: Vec<u32> = took.iter().map(|&i| self.node(i)).collect();
+        let in_sync = self.in_sync();
+        let nodes: Vec<u32> = took
+            .iter()
+            .filter(|i| in_sync.contains(i))
+            .map(|&i| self.node(i))
+            .collect();
+        if nodes.is_empty() {
+            self.undo_snapshot(&took, id).await;
+            return Err(VolumeError::NoReplicas(self.info.name.clone()));
+        }
         tracing::info!(
             volume = %self.info.name,
             id,

@@ -185,6 +185,7 @@ impl VersionedReplica {
             seq: self.seq.fetch_add(1, Ordering::AcqRel) + 1,
             id,
             created,
+            synced,
         };
         self.log(&[r])?;
         if synced {

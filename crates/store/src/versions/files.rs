@@ -173,6 +173,17 @@ impl Files {
                 format::LogRecord::Block { block, entry, .. } => {
                     head.insert(block, entry);
                 }
+                format::LogRecord::Snapshot {
+                    id, synced: false, ..
+                } => {
+                    // Never flushed: what it would hold may be gone (see `LogRecord`).
+                    tracing::warn!(
+                        volume = self.volume,
+                        id,
+                        "dropping a snapshot that was never flushed"
+                    );
+                    gen += 1;
+                }
                 format::LogRecord::Snapshot { id, created, .. } => {
                     check(&head, &self.log_path())?;
                     if snaps.contains_key(&id) {

@@ -292,14 +292,26 @@ pub fn decode_snap(b: &[u8]) -> Result<SnapFile, FormatError> {
 ///   logical block, physical block, birth (u64 LE each). Written in place at slots, without a
 ///   sync: a process crash keeps them (as it keeps the O_DIRECT writes they point at); a power
 ///   loss gives the copy a new incarnation anyway.
-/// * a snapshot of the head taken at this point of the sequence: [`SNAPSHOT_MARK`], its id,
-///   its creation time. Synced, with every record before it, before the snapshot is answered:
-///   the snapshot's map is the head the records before it build, so it survives a power loss
-///   without its own file (written later, at the next checkpoint).
+/// * a snapshot of the head taken at this point of the sequence: [`SNAPSHOT_MARK`] (or
+///   [`UNSYNCED_SNAPSHOT_MARK`]), its id, its creation time. Its map is the head the records
+///   before it build. A synced one was written after the data was flushed and synced with
+///   every record before it: a reopen takes it, without its own file (written later, at the
+///   next checkpoint). An unsynced one was not: the bytes it would hold may not have survived
+///   (a power loss), so a reopen drops it unless the main file lists it (a flush made it
+///   durable); it still counts as a generation, as the table counted it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogRecord {
-    Block { seq: u64, block: u64, entry: Entry },
-    Snapshot { seq: u64, id: u64, created: u64 },
+    Block {
+        seq: u64,
+        block: u64,
+        entry: Entry,
+    },
+    Snapshot {
+        seq: u64,
+        id: u64,
+        created: u64,
+        synced: bool,
+    },
 }
 
 impl LogRecord {
@@ -311,13 +323,26 @@ impl LogRecord {
 }
 
 pub const LOG_RECORD: usize = 40;
-/// A log record's second field for a snapshot record (never a logical block).
+/// A log record's second field for a synced snapshot record (never a logical block).
 pub const SNAPSHOT_MARK: u64 = u64::MAX;
+/// A log record's second field for an unsynced snapshot record.
+pub const UNSYNCED_SNAPSHOT_MARK: u64 = u64::MAX - 1;
 
 pub fn encode_log(r: &LogRecord) -> [u8; LOG_RECORD] {
     let (seq, a, b, c) = match *r {
         LogRecord::Block { seq, block, entry } => (seq, block, entry.phys, entry.birth),
-        LogRecord::Snapshot { seq, id, created } => (seq, SNAPSHOT_MARK, id, created),
+        LogRecord::Snapshot {
+            seq,
+            id,
+            created,
+            synced,
+        } => {
+            let mark = match synced {
+                true => SNAPSHOT_MARK,
+                false => UNSYNCED_SNAPSHOT_MARK,
+            };
+            (seq, mark, id, created)
+        }
     };
     let mut out = [0u8; LOG_RECORD];
     for (k, v) in [seq, a, b, c].into_iter().enumerate() {
@@ -337,10 +362,11 @@ pub fn decode_log(b: &[u8]) -> Vec<LogRecord> {
             let (seq, a, b, c) = (u64_at(c, 0), u64_at(c, 8), u64_at(c, 16), u64_at(c, 24));
             match a {
                 _ if seq == 0 => None,
-                SNAPSHOT_MARK if b != 0 => Some(LogRecord::Snapshot {
+                SNAPSHOT_MARK | UNSYNCED_SNAPSHOT_MARK if b != 0 => Some(LogRecord::Snapshot {
                     seq,
                     id: b,
                     created: c,
+                    synced: a == SNAPSHOT_MARK,
                 }),
                 block if block < MAX_BLOCK && (b == ZERO || b < MAX_BLOCK) => {
                     Some(LogRecord::Block {
@@ -425,13 +451,23 @@ mod tests {
             seq: 9,
             id: 12,
             created: 1_700_000_000,
+            synced: true,
+        };
+        let unsynced = LogRecord::Snapshot {
+            seq: 10,
+            id: 13,
+            created: 1_700_000_001,
+            synced: false,
         };
         // Written out of order, at slots of their own: read back by sequence.
-        let bytes: Vec<u8> = [snap, block, zeroed].iter().flat_map(encode_log).collect();
-        assert_eq!(decode_log(&bytes), vec![block, zeroed, snap]);
+        let bytes: Vec<u8> = [snap, block, unsynced, zeroed]
+            .iter()
+            .flat_map(encode_log)
+            .collect();
+        assert_eq!(decode_log(&bytes), vec![block, zeroed, snap, unsynced]);
         let mut torn = bytes.clone();
         torn[LOG_RECORD + 5] ^= 1;
-        assert_eq!(decode_log(&torn), vec![zeroed, snap]);
+        assert_eq!(decode_log(&torn), vec![zeroed, snap, unsynced]);
         // A snapshot record naming id 0, or a block record past any replica, is refused
         // even with a good checksum.
         for bad in [
@@ -439,6 +475,7 @@ mod tests {
                 seq: 1,
                 id: 0,
                 created: 0,
+                synced: true,
             },
             LogRecord::Block {
                 seq: 1,

@@ -451,10 +451,10 @@ fn redirects_reserve_the_pool_a_window_ahead() {
     assert_eq!(read(&*r, None, 0, SIZE as usize), vec![2; SIZE as usize]);
 }
 
-/// A snapshot taken with a main file on disk is one record of the redirect log (synced, or
-/// not for `snapshot_unsynced`): no file of its own until the next flush. The files as they
-/// are right after it open to every version, the snapshot's file is written at that open,
-/// and a flush writes it on the running replica too.
+/// A snapshot taken with a main file on disk is one record of the redirect log: no file of its
+/// own until the next flush. The files as they are right after it open to every synced
+/// snapshot, whose files that open writes; an unsynced one (`snapshot_unsynced`) is dropped
+/// there, its bytes never flushed, and survives once a flush has run.
 #[test]
 fn a_snapshot_is_one_log_record_until_the_next_flush() {
     let dir = tempfile::tempdir().unwrap();
@@ -484,47 +484,66 @@ fn a_snapshot_is_one_log_record_until_the_next_flush() {
         );
     }
     r.write(4096, &[3; 4096], false).unwrap();
-    // Not even synced: what a process crash leaves (the page cache keeps the log).
     r.snapshot_unsynced(3, 0).unwrap();
     r.write(0, &[4; 4096], false).unwrap();
     // The files as they are now, opened elsewhere.
-    let copy = tempfile::tempdir().unwrap();
-    for e in std::fs::read_dir(dir.path()).unwrap() {
-        let p = e.unwrap().path();
-        std::fs::copy(&p, copy.path().join(p.file_name().unwrap())).unwrap();
-    }
-    let s2 = open(copy.path());
+    let copy = |from: &std::path::Path| {
+        let to = tempfile::tempdir().unwrap();
+        for e in std::fs::read_dir(from).unwrap() {
+            let p = e.unwrap().path();
+            std::fs::copy(&p, to.path().join(p.file_name().unwrap())).unwrap();
+        }
+        to
+    };
+    let at = |r: &dyn Replica, id: Option<u64>| read(r, id, 0, 8192);
+    let v1 = [vec![1; 4096], vec![1; 4096]].concat();
+    let v2 = [vec![2; 4096], vec![1; 4096]].concat();
+    let v3 = [vec![2; 4096], vec![3; 4096]].concat();
+    let head = [vec![4; 4096], vec![3; 4096]].concat();
+    let ids =
+        |r: &dyn Replica| -> Vec<u64> { r.snapshots().unwrap().iter().map(|s| s.id).collect() };
+    let before = copy(dir.path());
+    let s2 = open(before.path());
     let r2 = s2.open_all().pop().unwrap().unwrap();
-    let versions =
-        |r: &dyn Replica| [Some(1), Some(2), Some(3), None].map(|id| read(r, id, 0, 8192));
-    let want = [
-        [vec![1; 4096], vec![1; 4096]].concat(),
-        [vec![2; 4096], vec![1; 4096]].concat(),
-        [vec![2; 4096], vec![3; 4096]].concat(),
-        [vec![4; 4096], vec![3; 4096]].concat(),
-    ];
-    assert_eq!(versions(&*r2), want);
-    let ids: Vec<u64> = r2.snapshots().unwrap().iter().map(|s| s.id).collect();
-    assert_eq!(ids, vec![1, 2, 3]);
-    assert!((1..=3).all(|id| snap_file(copy.path(), id).exists()));
-    // Opened again from the files that open wrote, without the log's help.
+    assert_eq!(ids(&*r2), vec![1, 2], "the unsynced snapshot is dropped");
+    assert_eq!(
+        [at(&*r2, Some(1)), at(&*r2, Some(2)), at(&*r2, None)],
+        [v1.clone(), v2.clone(), head.clone()]
+    );
+    assert!((1..=2).all(|id| snap_file(before.path(), id).exists()));
+    // Opened again from the files that open wrote, without the log's help; a snapshot taken
+    // now does not take the dropped one's place in the order of generations.
     r2.close().unwrap();
     drop((r2, s2));
-    let s2 = open(copy.path());
+    let s2 = open(before.path());
     let r2 = s2.open_all().pop().unwrap().unwrap();
-    assert_eq!(versions(&*r2), want);
-    // The running replica writes the files at its next flush; deleting the oldest snapshot
-    // rewrites the next one's against nothing.
+    assert_eq!(
+        [at(&*r2, Some(1)), at(&*r2, Some(2)), at(&*r2, None)],
+        [v1.clone(), v2.clone(), head.clone()]
+    );
+    r2.snapshot(5, 0).unwrap();
+    r2.write(0, &[6; 4096], false).unwrap();
+    assert_eq!(at(&*r2, Some(5)), head);
+    drop((r2, s2));
+    // A flush makes the unsynced snapshot durable: the files then hold all three.
     r.flush().unwrap();
     assert!((1..=3).all(|id| snap_file(dir.path(), id).exists()));
+    let after = copy(dir.path());
+    let s2 = open(after.path());
+    let r2 = s2.open_all().pop().unwrap().unwrap();
+    assert_eq!(ids(&*r2), vec![1, 2, 3]);
+    assert_eq!(at(&*r2, Some(3)), v3);
+    drop((r2, s2));
+    // Deleting the oldest snapshot rewrites the next one's file against nothing.
     r.delete_snapshot(1).unwrap();
     r.close().unwrap();
     drop((r, s));
     let s = open(dir.path());
     let r = s.open_all().pop().unwrap().unwrap();
-    for (k, id) in [Some(2), Some(3), None].into_iter().enumerate() {
-        assert_eq!(read(&*r, id, 0, 8192), want[k + 1]);
-    }
+    assert_eq!(
+        [at(&*r, Some(2)), at(&*r, Some(3)), at(&*r, None)],
+        [v2.clone(), v3.clone(), head.clone()]
+    );
 }
 
 /// A replica folded back to plain drops its open redirect log with the file: the next
