@@ -81,36 +81,27 @@ impl VersionedStore {
     fn wrap(&self, r: Arc<dyn Replica>, fresh: bool) -> Result<Arc<dyn Replica>, StoreError> {
         let files = self.files(r.volume());
         let phys_blocks = r.size() / BLOCK;
-        let (size, table, last_seq, unsaved) = match &files {
+        let loaded = match &files {
             Some(f) if fresh => {
                 f.remove_all();
-                (
-                    r.size(),
-                    Table::new(phys_blocks, phys_blocks),
-                    0,
-                    Vec::new(),
-                )
+                None
             }
-            Some(f) => match f.load(r.size())? {
-                Some(l) => {
-                    if l.open && l.replayed > 0 {
-                        // The process died holding it: the redirect log gave back what the
-                        // main file had not caught up with.
-                        tracing::warn!(
-                            volume = r.volume(),
-                            replayed = l.replayed,
-                            "versions were not closed cleanly: redirects replayed from the log"
-                        );
-                    }
-                    (l.size, l.table, l.last_seq, l.replayed_snaps)
+            Some(f) => f.load(r.size())?,
+            None => None,
+        };
+        let (size, table, last_seq, unsaved) = match loaded {
+            Some(l) => {
+                if l.open && l.replayed > 0 {
+                    // The process died holding it: the redirect log gave back what the
+                    // main file had not caught up with.
+                    tracing::warn!(
+                        volume = r.volume(),
+                        replayed = l.replayed,
+                        "versions were not closed cleanly: redirects replayed from the log"
+                    );
                 }
-                None => (
-                    r.size(),
-                    Table::new(phys_blocks, phys_blocks),
-                    0,
-                    Vec::new(),
-                ),
-            },
+                (l.size, l.table, l.last_seq, l.replayed_snaps)
+            }
             None => (
                 r.size(),
                 Table::new(phys_blocks, phys_blocks),
