@@ -6,10 +6,10 @@
 #   chain10  ten snapshots, each after 1 s of the workload (so each holds blocks of its own),
 #            then measured
 #   first    one snapshot just before the runs: every block's first write after it moves it
-# In these three modes a QD1 run (the same mix, one thread, one I/O at a time, 5 s) comes
-# first and prints its IOPS and latency percentiles; then the S2D run.
 #   pause    a snapshot every second during the run; prints how long each paused I/O (the
 #            writer's log) next to the run's latency percentiles
+# In the first three modes a QD1 run (the same mix, one thread, one I/O at a time, 5 s) comes
+# first and prints its IOPS and latency percentiles; then the S2D run.
 # Prints one summary line per run. Links are unix sockets between processes (UCX over shared
 # memory where it loads); this host has no RDMA device. SIZE (default 1G) sizes the volume.
 set -euo pipefail

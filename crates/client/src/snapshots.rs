@@ -7,9 +7,9 @@
 //!    redirect-on-write map: nothing is copied) in its redirect log, after the records of
 //!    every write before it, without a sync.
 //! 3. Release: writes go on. The pause is one round trip and each copy's log append.
-//! 4. Flush every copy: the data the snapshot holds and its record become durable (a
-//!    process crash before that keeps them already; a power loss may not). The command
-//!    returns after it.
+//! 4. Flush every copy: the data the snapshot holds and its record become durable (a copy
+//!    that restarts before that drops the snapshot, and its resync gives it back). The
+//!    command returns after it, naming the copies still in sync.
 //!
 //! All or nothing: if a copy refuses or does not answer, the copies that took the snapshot
 //! delete it again and the snapshot fails (the volume goes on as before; asking again takes

@@ -233,9 +233,9 @@ pub trait Replica: Send + Sync + std::fmt::Debug {
     fn snapshot(&self, _id: u64, _created: u64) -> Result<(), StoreError> {
         Err(no_versions())
     }
-    /// As [`Replica::snapshot`], but durable only from the replica's next flush: a process
-    /// crash before it keeps the snapshot, a power loss may not. For a writer that pauses I/O
-    /// while the snapshot is taken and flushes once I/O goes on again.
+    /// As [`Replica::snapshot`], but durable only from the replica's next flush: a restart
+    /// before it (a process crash or a power loss) drops the snapshot. For a writer that
+    /// pauses I/O while the snapshot is taken and flushes once I/O goes on again.
     fn snapshot_unsynced(&self, id: u64, created: u64) -> Result<(), StoreError> {
         self.snapshot(id, created)
     }

@@ -10,8 +10,9 @@
 //!   snapshot (and again when the snapshot it was a diff against is deleted): its map as a
 //!   diff against the snapshot taken before it (`base`; 0 for none, the identity).
 //! * `replica-<volume>.vlog`, the redirect log ([`LogRecord`]): what changed since the main
-//!   file was written. A snapshot taken while a main file exists is made durable there, as
-//!   one synced record; its file and the main file listing it follow at the next flush.
+//!   file was written. A snapshot taken while a main file exists is one record there (synced,
+//!   or not: see [`LogRecord`]); its file and the main file listing it follow at the next
+//!   flush.
 //!
 //! A diff is a list of records `(logical block, physical block, birth)`, by increasing logical
 //! block; a physical block [`IDENTITY`] means "no entry here" (the block is back where it

@@ -352,9 +352,10 @@ impl VersionedReplica {
     /// from the next flush ([`Replica::snapshot_unsynced`]).
     ///
     /// With a main file on disk to replay onto, the snapshot is one record of the redirect
-    /// log, after the records of every redirect before it: a process crash keeps it, and a
-    /// reopen takes it at the same point. `synced` flushes the data and syncs the log first;
-    /// either way its file and the main file listing it are written at the next flush. I/O
+    /// log, after the records of every redirect before it: a reopen takes it at the same
+    /// point if it is `synced` (the data flushed and the log synced first), and drops it
+    /// otherwise unless a flush came first. Its file and the main file listing it are
+    /// written at the next flush. I/O
     /// waits on this: the two files, each replaced atomically, took four fsyncs. Without a
     /// main file (the replica's first snapshot), they are written at once.
     fn take_snapshot(&self, id: u64, created: u64, synced: bool) -> Result<(), StoreError> {
