@@ -495,7 +495,15 @@ fn a_snapshot_is_one_log_record_until_the_next_flush() {
         }
         to
     };
-    let at = |r: &dyn Replica, id: Option<u64>| read(r, id, 0, 8192);
+    // The store over a directory and its one replica, opened.
+    let reopen = |d: &std::path::Path| {
+        let s = open(d);
+        let r = s.open_all().pop().unwrap().unwrap();
+        (s, r)
+    };
+    let at = |r: &dyn Replica, ids: &[Option<u64>]| -> Vec<Vec<u8>> {
+        ids.iter().map(|&id| read(r, id, 0, 8192)).collect()
+    };
     let v1 = [vec![1; 4096], vec![1; 4096]].concat();
     let v2 = [vec![2; 4096], vec![1; 4096]].concat();
     let v3 = [vec![2; 4096], vec![3; 4096]].concat();
@@ -503,47 +511,35 @@ fn a_snapshot_is_one_log_record_until_the_next_flush() {
     let ids =
         |r: &dyn Replica| -> Vec<u64> { r.snapshots().unwrap().iter().map(|s| s.id).collect() };
     let before = copy(dir.path());
-    let s2 = open(before.path());
-    let r2 = s2.open_all().pop().unwrap().unwrap();
+    let (s2, r2) = reopen(before.path());
     assert_eq!(ids(&*r2), vec![1, 2], "the unsynced snapshot is dropped");
-    assert_eq!(
-        [at(&*r2, Some(1)), at(&*r2, Some(2)), at(&*r2, None)],
-        [v1.clone(), v2.clone(), head.clone()]
-    );
+    let held = vec![v1.clone(), v2.clone(), head.clone()];
+    assert_eq!(at(&*r2, &[Some(1), Some(2), None]), held);
     assert!((1..=2).all(|id| snap_file(before.path(), id).exists()));
     // Opened again from the files that open wrote, without the log's help; a snapshot taken
     // now does not take the dropped one's place in the order of generations.
     r2.close().unwrap();
     drop((r2, s2));
-    let s2 = open(before.path());
-    let r2 = s2.open_all().pop().unwrap().unwrap();
-    assert_eq!(
-        [at(&*r2, Some(1)), at(&*r2, Some(2)), at(&*r2, None)],
-        [v1.clone(), v2.clone(), head.clone()]
-    );
+    let (s2, r2) = reopen(before.path());
+    assert_eq!(at(&*r2, &[Some(1), Some(2), None]), held);
     r2.snapshot(5, 0).unwrap();
     r2.write(0, &[6; 4096], false).unwrap();
-    assert_eq!(at(&*r2, Some(5)), head);
+    assert_eq!(at(&*r2, &[Some(5)])[0], head);
     drop((r2, s2));
     // A flush makes the unsynced snapshot durable: the files then hold all three.
     r.flush().unwrap();
     assert!((1..=3).all(|id| snap_file(dir.path(), id).exists()));
     let after = copy(dir.path());
-    let s2 = open(after.path());
-    let r2 = s2.open_all().pop().unwrap().unwrap();
+    let (s2, r2) = reopen(after.path());
     assert_eq!(ids(&*r2), vec![1, 2, 3]);
-    assert_eq!(at(&*r2, Some(3)), v3);
+    assert_eq!(at(&*r2, &[Some(3)])[0], v3);
     drop((r2, s2));
     // Deleting the oldest snapshot rewrites the next one's file against nothing.
     r.delete_snapshot(1).unwrap();
     r.close().unwrap();
     drop((r, s));
-    let s = open(dir.path());
-    let r = s.open_all().pop().unwrap().unwrap();
-    assert_eq!(
-        [at(&*r, Some(2)), at(&*r, Some(3)), at(&*r, None)],
-        [v2.clone(), v3.clone(), head.clone()]
-    );
+    let (_s, r) = reopen(dir.path());
+    assert_eq!(at(&*r, &[Some(2), Some(3), None]), [v2, v3, head]);
 }
 
 /// A replica folded back to plain drops its open redirect log with the file: the next
