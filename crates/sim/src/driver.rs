@@ -170,6 +170,9 @@ pub(crate) async fn run_async(
         }
         w.restart(n.id);
     }
+    // Clones left on nodes that were down at their delete go: each keeps its parent's copy
+    // on its node, which a drain off that node must delete.
+    w.delete_clones().await;
     let vol = vol.lock().unwrap_or_else(|e| e.into_inner()).clone();
     // A drain under way ends (its manager may have died: its successor resumes it), and one
     // that failed is run again until it is done.

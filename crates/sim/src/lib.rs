@@ -65,6 +65,7 @@ use trireme_proto::Header;
 use trireme_replication::ReplicaState;
 use trireme_store::Store;
 
+mod clones;
 mod disk;
 mod driver;
 mod faults;
@@ -128,6 +129,9 @@ pub struct Config {
     /// For the checker's own test: snapshots are taken on the copies directly, with writes
     /// in flight, not through the writer's barrier.
     pub sabotage_barrier: bool,
+    /// For the checker's own test: a clone is made of another snapshot than the one it is
+    /// checked against (`clones.rs`).
+    pub sabotage_clone: bool,
 }
 
 impl Config {
@@ -146,6 +150,7 @@ impl Config {
             resync_rate: None,
             snapshots: true,
             sabotage_barrier: false,
+            sabotage_clone: false,
         }
     }
 }
@@ -237,16 +242,18 @@ impl SimNode {
 }
 
 /// A node's store as production runs it: versions (kept in a directory of the node's, taken,
-/// deleted and rolled back by the snapshot task of `snapshots.rs`) over every block sealed with its checksum (in memory, as on a store
-/// without a seals file: a restarted node is unsealed until blocks are written again), over
-/// the simulated disk.
+/// deleted and rolled back by the snapshot task of `snapshots.rs`) over clones (their maps in
+/// the same directory; made, flattened and deleted by `clones.rs`) over every block sealed
+/// with its checksum (in memory, as on a store without a seals file: a restarted node is
+/// unsealed until blocks are written again), over the simulated disk.
 fn sealed(disk: &Arc<SimDisk>, versions: &std::path::Path) -> Arc<dyn Store> {
     let sealed = Arc::new(trireme_store::SealedStore::new(
         disk.clone() as Arc<dyn Store>,
         None,
     ));
+    let backed = Arc::new(trireme_store::BackedStore::new(sealed, Some(versions)));
     // The pool grows by 16 blocks, not 64 MiB: the volume is 64 blocks, the disk memory.
-    Arc::new(trireme_store::VersionedStore::new(sealed, Some(versions)).with_grow_min(16 * BLOCK))
+    Arc::new(trireme_store::VersionedStore::new(backed, Some(versions)).with_grow_min(16 * BLOCK))
 }
 
 /// A self-describing block: (block, seq) repeated, so a torn, misplaced or stale block shows.
@@ -292,6 +299,8 @@ struct Model {
     /// The snapshots taken, and what each must hold.
     snapshots: Vec<SnapshotOracle>,
     next_snapshot: u64,
+    /// Every clone made (`clones.rs`): a node down at its delete keeps it until the end.
+    clones: Vec<u64>,
 }
 
 /// What a snapshot must hold, block by block: a seq acknowledged no earlier than `floor` (the
@@ -302,6 +311,9 @@ struct SnapshotOracle {
     id: u64,
     floor: HashMap<u64, u64>,
     ceiling: u64,
+    /// The copies the writer named as holding it (flushed there): the ones a clone is made
+    /// on, as the manager makes it on the nodes of the snapshot's record.
+    nodes: Vec<u32>,
 }
 
 /// A process that campaigns for the manager role (a node daemon's, in production).

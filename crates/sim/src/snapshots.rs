@@ -22,12 +22,12 @@ impl World {
             }
             let known = self.model().snapshots.len() as u64;
             match action {
-                0 | 1 if known > 0 && !self.cfg.sabotage_barrier => {
+                0..=2 if known > 0 && !self.cfg.sabotage_barrier => {
                     let o = self.model().snapshots[(pick % known) as usize].clone();
-                    if action == 0 {
-                        self.delete_snapshot(o.id).await;
-                    } else {
-                        self.rollback(&vol, &o).await;
+                    match action {
+                        0 => self.delete_snapshot(o.id).await,
+                        1 => self.rollback(&vol, &o).await,
+                        _ => self.clone_and_check(&o).await,
                     }
                 }
                 _ => self.take_snapshot(&vol).await,
@@ -50,7 +50,12 @@ impl World {
             Ok(nodes) => {
                 let mut m = self.model();
                 let ceiling = m.next_seq;
-                m.snapshots.push(SnapshotOracle { id, floor, ceiling });
+                m.snapshots.push(SnapshotOracle {
+                    id,
+                    floor,
+                    ceiling,
+                    nodes: nodes.clone(),
+                });
                 drop(m);
                 self.note(format!("snapshot {id} taken on nodes {nodes:?}"));
             }
@@ -128,6 +133,29 @@ impl World {
         Ok(took)
     }
 
+    /// Each block of `buf` (the bytes of `what`, which must read as snapshot `o`) holds a
+    /// write acknowledged no earlier than the last one before `o` was asked for, and issued
+    /// no later than its answer.
+    pub(crate) fn check_holds(&self, what: &str, buf: &[u8], o: &SnapshotOracle) {
+        for b in 0..self.cfg.blocks {
+            let at = (b * BLOCK) as usize;
+            let data = &buf[at..at + BLOCK as usize];
+            let floor = o.floor.get(&b).copied().unwrap_or(0);
+            match parse(b, data) {
+                Err(e) => self.violate(format!("{what}: {e}")),
+                Ok(seq) if seq < floor => self.violate(format!(
+                    "{what}: block {b} holds seq {seq}, but seq {floor} was acknowledged before snapshot {} was asked for",
+                    o.id
+                )),
+                Ok(seq) if seq > o.ceiling => self.violate(format!(
+                    "{what}: block {b} holds seq {seq}, issued after snapshot {} was taken (last before: {})",
+                    o.id, o.ceiling
+                )),
+                Ok(_) => {}
+            }
+        }
+    }
+
     /// Every snapshot the writer took is on some copy of the final layout, reads back within
     /// its bounds on each copy holding it, and is byte-identical on all of them. `copies`: the
     /// final layout's replicas by node.
@@ -151,23 +179,7 @@ impl World {
                     self.violate(format!("node {node}: reading snapshot {}: {e}", o.id));
                     return;
                 }
-                for b in 0..self.cfg.blocks {
-                    let at = (b * BLOCK) as usize;
-                    let data = &buf[at..at + BLOCK as usize];
-                    let floor = o.floor.get(&b).copied().unwrap_or(0);
-                    match parse(b, data) {
-                        Err(e) => self.violate(format!("snapshot {} on node {node}: {e}", o.id)),
-                        Ok(seq) if seq < floor => self.violate(format!(
-                            "snapshot {} on node {node}: block {b} holds seq {seq}, but seq {floor} was acknowledged before it was asked for",
-                            o.id
-                        )),
-                        Ok(seq) if seq > o.ceiling => self.violate(format!(
-                            "snapshot {} on node {node}: block {b} holds seq {seq}, issued after it was taken (last before: {})",
-                            o.id, o.ceiling
-                        )),
-                        Ok(_) => {}
-                    }
-                }
+                self.check_holds(&format!("snapshot {} on node {node}", o.id), &buf, o);
                 match &first {
                     None => first = Some((*node, buf)),
                     Some((n0, b0)) if *b0 != buf => {

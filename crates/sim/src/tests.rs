@@ -114,3 +114,25 @@ fn the_checker_sees_a_skipped_snapshot_barrier() {
         );
     }
 }
+
+/// Nor to a clone that reads another snapshot than the one it was asked of: some seed must
+/// fail, and only by the clone checks.
+#[test]
+fn the_checker_sees_a_clone_of_the_wrong_snapshot() {
+    let mut failed = Vec::new();
+    for seed in 0..40 {
+        let mut c = Config::new(seed);
+        c.sabotage_clone = true;
+        if let Err(e) = run(&c) {
+            failed.push(e.to_string());
+        }
+    }
+    assert!(
+        !failed.is_empty(),
+        "forty runs with clones of the wrong snapshot passed"
+    );
+    for e in &failed {
+        let what = e.lines().next().unwrap_or_default();
+        assert!(what.contains("clone"), "failed for another reason: {what}");
+    }
+}

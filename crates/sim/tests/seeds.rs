@@ -56,6 +56,9 @@ fn guarantees_hold_for_every_seed() {
         ("snapshots", "taken on nodes"),
         ("snapshot deletes", "deleted on nodes"),
         ("rollbacks", "rolled back to snapshot"),
+        ("clones", "made on nodes"),
+        ("clone flattens", "flattened on nodes"),
+        ("clones read", "checked on nodes"),
     ];
     let mut by_kind = vec![0usize; kinds.len()];
     for seed in seeds() {
