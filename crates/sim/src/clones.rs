@@ -1,9 +1,11 @@
 //! Clones in the simulator: now and then the snapshot task makes a clone of a snapshot on the
 //! copies the writer named as holding it (as the manager makes one on the nodes of the
 //! snapshot's record), lets the faults run on (a node may crash, lose power or its disk, the
-//! volume may be rolled back or the snapshot's delete asked for), flattens it on some of them,
-//! and then reads it on every node still holding it: each must read exactly what the snapshot
-//! holds ([`SnapshotOracle`]), byte-identical on all of them. Then the clone is deleted; a
+//! volume may be rolled back or the snapshot's delete asked for), writes to it (partial
+//! blocks too: the rest is read from the parent), flattens it on some of them and writes
+//! again, and then reads it on every node still holding it. On each, the snapshot read when
+//! the clone was made must hold what the snapshot holds ([`SnapshotOracle`]), and the clone
+//! must read exactly those bytes with its writes laid over them. Then the clone is deleted; a
 //! node down at that moment keeps it until the end, where every clone goes before the checks
 //! (a clone on a node keeps its parent's copy and snapshot there: a drain off that node waits
 //! for it, as in production).
@@ -13,9 +15,17 @@ use super::*;
 /// Clones' volume ids start here (the volume's is small).
 const CLONE_IDS: u64 = 1 << 32;
 
+/// A clone's copy on one node, and the bytes it must read: its snapshot's there when it was
+/// made, with each write laid over them.
+struct CloneCopy {
+    node: u32,
+    expect: Vec<u8>,
+}
+
 impl World {
-    /// Makes a clone of snapshot `o` on the nodes up among those holding it, and checks it
-    /// after a while of faults, flattened on some of them; then deletes it.
+    /// Makes a clone of snapshot `o` on the nodes up among those holding it, writes to it,
+    /// flattens it on some of them, writes again, and checks it after a while of faults;
+    /// then deletes it.
     pub(crate) async fn clone_and_check(&self, o: &SnapshotOracle) {
         let (id, wait, flatten, later) = {
             let mut m = self.model();
@@ -36,24 +46,45 @@ impl World {
             parent: self.volume_id,
             snapshot,
         };
-        let mut made = Vec::new();
+        let mut copies = Vec::new();
         for &n in &o.nodes {
             let h = Header {
                 volume: id,
                 length: self.size,
                 ..Header::request(trireme_proto::Op::CreateClone, 0)
             };
-            if let Some(s) = self.node_op(n, &h, Bytes::from(ask.encode())).await {
-                match s {
-                    trireme_proto::Status::Ok => made.push(n),
-                    s => self.note(format!(
+            match self.node_op(n, &h, Bytes::from(ask.encode())).await {
+                Some(trireme_proto::Status::Ok) => {}
+                Some(s) => {
+                    self.note(format!(
                         "clone {id} of snapshot {} refused on node {n}: {}",
                         o.id,
                         s.as_str()
-                    )),
+                    ));
+                    continue;
                 }
+                None => continue,
             }
+            // What the clone must read: the snapshot on that node, now.
+            let Some(parent) = self.served(n, self.volume_id) else {
+                continue;
+            };
+            let mut expect = vec![0u8; self.size as usize];
+            if let Err(e) = parent.read_snapshot(o.id, 0, &mut expect) {
+                self.violate(format!(
+                    "node {n}: reading snapshot {} a clone was just made of: {e}",
+                    o.id
+                ));
+                return;
+            }
+            self.check_holds(
+                &format!("snapshot {} on node {n} when cloned", o.id),
+                &expect,
+                o,
+            );
+            copies.push(CloneCopy { node: n, expect });
         }
+        let made: Vec<u32> = copies.iter().map(|c| c.node).collect();
         self.note(format!(
             "clone {id} of snapshot {} made on nodes {made:?}",
             o.id
@@ -62,6 +93,7 @@ impl World {
             return;
         }
         tokio::time::sleep(Duration::from_millis(wait)).await;
+        self.write_clone(id, &mut copies);
         // Some copies flattened (each with its own chance), the others still reading through.
         let mut flat = Vec::new();
         for (k, &n) in made.iter().enumerate() {
@@ -79,47 +111,86 @@ impl World {
         if !flat.is_empty() {
             self.note(format!("clone {id} flattened on nodes {flat:?}"));
         }
+        self.write_clone(id, &mut copies);
         tokio::time::sleep(Duration::from_millis(later)).await;
-        self.check_clone(id, o, &made);
+        self.check_clone(id, &copies);
         self.delete_clone(id).await;
     }
 
-    /// Clone `id` of snapshot `o`, on each node of `made` up and still holding it, reads as
-    /// `o` must, and the same on all of them. A node whose disk was lost has none.
-    fn check_clone(&self, id: u64, o: &SnapshotOracle, made: &[u32]) {
-        let mut first: Option<(u32, Vec<u8>)> = None;
-        let mut read = Vec::new();
-        for &n in made {
-            let node = {
-                let s = self.node(n).st();
-                (!s.down).then(|| s.node.clone())
+    /// One to three writes of random bytes at random sectors of clone `id` (parts of blocks
+    /// as often as not), each on every copy up, flushed there; laid over what each must read.
+    fn write_clone(&self, id: u64, copies: &mut [CloneCopy]) {
+        let writes: Vec<(u64, Vec<u8>)> = {
+            let mut r = rand(&self.rng);
+            let sectors = self.size / 512;
+            (0..r.below(3) + 1)
+                .map(|_| {
+                    let at = r.below(sectors);
+                    let len = (r.below(16) + 1).min(sectors - at) * 512;
+                    let data = (0..len).map(|_| r.next() as u8).collect();
+                    (at * 512, data)
+                })
+                .collect()
+        };
+        for c in copies.iter_mut() {
+            let Some(r) = self.served(c.node, id) else {
+                continue;
             };
-            let Some(r) = node.and_then(|node| node.served(id)) else {
+            for (at, data) in &writes {
+                if let Err(e) = r.write(*at, data, false).and_then(|()| r.flush()) {
+                    self.violate(format!("node {}: writing clone {id}: {e}", c.node));
+                    return;
+                }
+                c.expect[*at as usize..*at as usize + data.len()].copy_from_slice(data);
+            }
+            self.note(format!(
+                "clone {id} written on node {}: {:?}",
+                c.node,
+                writes
+                    .iter()
+                    .map(|(at, d)| (*at, d.len()))
+                    .collect::<Vec<_>>()
+            ));
+        }
+    }
+
+    /// Clone `id`, on each node up and still holding it, reads exactly what that copy must.
+    /// A node whose disk was lost has none.
+    fn check_clone(&self, id: u64, copies: &[CloneCopy]) {
+        let mut read = Vec::new();
+        for c in copies {
+            let Some(r) = self.served(c.node, id) else {
                 continue;
             };
             let mut buf = vec![0u8; self.size as usize];
             if let Err(e) = r.read(0, &mut buf) {
-                self.violate(format!("node {n}: reading clone {id}: {e}"));
+                self.violate(format!("node {}: reading clone {id}: {e}", c.node));
                 return;
             }
-            self.check_holds(
-                &format!("clone {id} of snapshot {} on node {n}", o.id),
-                &buf,
-                o,
-            );
-            read.push(n);
-            match &first {
-                None => first = Some((n, buf)),
-                Some((n0, b0)) if *b0 != buf => self.violate(format!(
-                    "clone {id} of snapshot {} differs between nodes {n0} and {n}",
-                    o.id
-                )),
-                Some(_) => {}
+            if buf != c.expect {
+                let b = (0..self.cfg.blocks)
+                    .find(|&b| {
+                        let r = (b * BLOCK) as usize..((b + 1) * BLOCK) as usize;
+                        buf[r.clone()] != c.expect[r]
+                    })
+                    .unwrap_or(0);
+                self.violate(format!(
+                    "clone {id} on node {} reads other bytes at block {b} than its snapshot's with its writes over them",
+                    c.node
+                ));
+                return;
             }
+            read.push(c.node);
         }
         if !read.is_empty() {
             self.note(format!("clone {id} checked on nodes {read:?}"));
         }
+    }
+
+    /// Node `n`'s replica of `volume`, if the node is up and serves one.
+    fn served(&self, n: u32, volume: u64) -> Option<Arc<dyn trireme_store::Replica>> {
+        let s = self.node(n).st();
+        (!s.down).then(|| s.node.clone())?.served(volume)
     }
 
     /// Deletes clone `id` on every node up (one that has none answers so).

@@ -28,7 +28,9 @@
 //! fails is run again, as an operator would); the writer taking snapshots now and then, a copy
 //! out, frozen, resyncing or crashing at the moment, and deleting one or rolling back to one
 //! now and then (`snapshots.rs`; nodes keep versions in real files, which a lost disk takes
-//! with it). Faults stay within the contract: one replica
+//! with it); and a clone of a snapshot made on the copies holding it, written, flattened on
+//! some, written again, read and deleted, with the faults going on (`clones.rs`). Faults stay
+//! within the contract: one replica
 //! always stays in sync and healthy, so the workload must see no error at all. The manager
 //! pings every node over the simulated network (heartbeats).
 //!
@@ -43,7 +45,8 @@
 //! replica on its node and the volume its number of copies; every snapshot the writer took is
 //! on a copy of the final layout, each block holding a write acknowledged no earlier than the
 //! last one before it was asked for and issued no later than its answer, and it is
-//! byte-identical on every copy that holds it.
+//! byte-identical on every copy that holds it; a clone reads, on every node that still holds
+//! it, exactly the snapshot's bytes there with its own writes laid over them.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

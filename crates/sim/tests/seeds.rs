@@ -57,6 +57,7 @@ fn guarantees_hold_for_every_seed() {
         ("snapshot deletes", "deleted on nodes"),
         ("rollbacks", "rolled back to snapshot"),
         ("clones", "made on nodes"),
+        ("clone writes", "written on node"),
         ("clone flattens", "flattened on nodes"),
         ("clones read", "checked on nodes"),
     ];
