@@ -9,11 +9,12 @@
 # real Prometheus and open its dashboard in headless Chromium over WebDriver.
 # gdb: a test that finds a process hung prints its threads' stacks.
 # e2fsprogs and mount: tests/full.rs fills a small ext4 file system on a loop device.
+# ceph-common: Ceph's own `rbd merge-diff` (no cluster needed) reads what `volume diff` writes.
 set -euo pipefail
 pkgs=(fio nbdkit libnbd-bin nbdfuse python3-libnbd qemu-utils iproute2 iptables procps librsvg2-bin fonts-dejavu-core
       libucx-dev ucx-utils libclang-dev clang pkg-config
       etcd-server etcd-client protobuf-compiler libprotobuf-dev openssl bsdutils
-      prometheus chromium chromium-driver gdb e2fsprogs mount)
+      prometheus chromium chromium-driver gdb e2fsprogs mount ceph-common)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -55,8 +55,8 @@ type PieceRead = tokio::task::JoinHandle<Result<Bytes, VolumeError>>;
 /// Reads in flight at once while making a diff.
 const READS_IN_FLIGHT: usize = 16;
 
-/// Writes to `out` the diff from snapshot `from` (name, id; `None`: from an empty image) to
-/// the snapshot `to` reads, named `to_name`. Only blocks that changed are read, a few reads in
+/// Writes to `out` the diff (of `version`) from snapshot `from` (name, id; `None`: from an
+/// empty image) to the snapshot `to` reads, named `to_name`. Only blocks that changed are read, a few reads in
 /// flight; a range that reads as zeros becomes a zero record (or, from an empty image,
 /// nothing). `progress` gets the bytes of the volume covered so far and its size.
 pub async fn make_diff<W: Write>(
@@ -64,10 +64,11 @@ pub async fn make_diff<W: Write>(
     to_name: &str,
     from: Option<(&str, u64)>,
     out: W,
+    version: rbd_diff::Version,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<(W, DiffStats), BackupError> {
     let size = to.size();
-    let mut w = DiffWriter::new(out, from.map(|f| f.0), Some(to_name), size)?;
+    let mut w = DiffWriter::new(out, from.map(|f| f.0), Some(to_name), size, version)?;
     let mut st = DiffStats::default();
     let incremental = from.is_some();
     // Reads in flight, in the order their records go out.

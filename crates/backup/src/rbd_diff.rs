@@ -4,7 +4,9 @@
 //! A stream is a header line, metadata records (the snapshot it starts from, the one it ends
 //! at, the image size), data records (bytes written at an offset, or a range zeroed), and an
 //! end record. In version 2 each record's tag is followed by the length of what follows, so a
-//! reader skips tags it does not know. We write version 2; we read both.
+//! reader skips tags it does not know. We read both, and write version 1 unless asked for 2:
+//! version 1 is what `rbd export-diff` writes and the only one `rbd import-diff` and `rbd
+//! merge-diff` read (Ceph writes version 2 only inside `rbd export --export-format 2` images).
 //!
 //! The reader trusts nothing: names are bounded, every range is checked against the size
 //! before it is used, a write record's data is handed out in pieces of at most
@@ -50,29 +52,46 @@ pub enum Record {
     End,
 }
 
-/// Writes a version 2 diff.
+/// Which version of the stream to write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Version {
+    /// `rbd export-diff`'s, which `rbd import-diff` reads.
+    #[default]
+    V1,
+    /// With a length after each tag, as inside `rbd export --export-format 2`.
+    V2,
+}
+
+/// Writes a diff.
 #[derive(Debug)]
 pub struct DiffWriter<W: Write> {
     w: W,
     size: u64,
+    version: Version,
     /// Bytes written so far, header included.
     pub bytes: u64,
 }
 
 impl<W: Write> DiffWriter<W> {
-    /// Starts a diff from snapshot `from` (or an empty image) to `to` (or the head) of an image
-    /// of `size` bytes.
+    /// Starts a diff of `version` from snapshot `from` (or an empty image) to `to` (or the
+    /// head) of an image of `size` bytes.
     pub fn new(
         mut w: W,
         from: Option<&str>,
         to: Option<&str>,
         size: u64,
+        version: Version,
     ) -> Result<DiffWriter<W>, DiffError> {
-        w.write_all(HEADER_V2)?;
+        let header = match version {
+            Version::V1 => HEADER_V1,
+            Version::V2 => HEADER_V2,
+        };
+        w.write_all(header)?;
         let mut d = DiffWriter {
             w,
             size,
-            bytes: HEADER_V2.len() as u64,
+            version,
+            bytes: header.len() as u64,
         };
         for (tag, name) in [(b'f', from), (b't', to)] {
             if let Some(n) = name {
@@ -88,10 +107,13 @@ impl<W: Write> DiffWriter<W> {
     fn record(&mut self, tag: u8, head: &[u8], data: &[u8]) -> Result<(), DiffError> {
         let len = (head.len() + data.len()) as u64;
         self.w.write_all(&[tag])?;
-        self.w.write_all(&len.to_le_bytes())?;
+        self.bytes += 1 + len;
+        if self.version == Version::V2 {
+            self.w.write_all(&len.to_le_bytes())?;
+            self.bytes += 8;
+        }
         self.w.write_all(head)?;
         self.w.write_all(data)?;
-        self.bytes += 9 + len;
         Ok(())
     }
 
@@ -341,33 +363,39 @@ mod tests {
     }
 
     #[test]
-    fn a_written_diff_reads_back() {
-        let mut w = DiffWriter::new(Vec::new(), Some("a"), Some("bb"), 1 << 20).unwrap();
-        w.write(4096, &[7; 100]).unwrap();
-        w.zero(8192, 4096).unwrap();
-        assert!(w.write((1 << 20) - 10, &[1; 11]).is_err());
-        let b = w.finish().unwrap();
-        assert_eq!(
-            all(&b).unwrap(),
-            vec![
-                Record::From("a".into()),
-                Record::To("bb".into()),
-                Record::Size(1 << 20),
-                Record::Write {
-                    offset: 4096,
-                    data: vec![7; 100]
-                },
-                Record::Zero {
-                    offset: 8192,
-                    len: 4096
-                },
-            ]
-        );
+    fn a_written_diff_reads_back_in_either_version() {
+        for v in [Version::V1, Version::V2] {
+            let mut w = DiffWriter::new(Vec::new(), Some("a"), Some("bb"), 1 << 20, v).unwrap();
+            w.write(4096, &[7; 100]).unwrap();
+            w.zero(8192, 4096).unwrap();
+            assert!(w.write((1 << 20) - 10, &[1; 11]).is_err());
+            let counted = w.bytes + 1;
+            let b = w.finish().unwrap();
+            assert_eq!(counted, b.len() as u64, "{v:?}: bytes counted");
+            assert_eq!(
+                all(&b).unwrap(),
+                vec![
+                    Record::From("a".into()),
+                    Record::To("bb".into()),
+                    Record::Size(1 << 20),
+                    Record::Write {
+                        offset: 4096,
+                        data: vec![7; 100]
+                    },
+                    Record::Zero {
+                        offset: 8192,
+                        len: 4096
+                    },
+                ],
+                "{v:?}"
+            );
+        }
     }
 
-    /// A version 1 stream, laid out by hand from Ceph's description.
+    /// A version 1 stream, laid out by hand from Ceph's description: read, and written byte
+    /// for byte the same.
     #[test]
-    fn version_1_reads_too() {
+    fn version_1_is_ceph_s_layout() {
         let mut b = HEADER_V1.to_vec();
         b.push(b't');
         b.extend_from_slice(&2u32.to_le_bytes());
@@ -397,11 +425,15 @@ mod tests {
                 },
             ]
         );
+        let mut w = DiffWriter::new(Vec::new(), None, Some("s1"), 65536, Version::V1).unwrap();
+        w.write(512, b"abc").unwrap();
+        w.zero(0, 512).unwrap();
+        assert_eq!(w.finish().unwrap(), b);
     }
 
     #[test]
     fn long_writes_come_in_pieces_and_unknown_metadata_is_skipped() {
-        let mut w = DiffWriter::new(Vec::new(), None, None, 16 << 20).unwrap();
+        let mut w = DiffWriter::new(Vec::new(), None, None, 16 << 20, Version::V2).unwrap();
         let data: Vec<u8> = (0..(MAX_PIECE + 5)).map(|i| i as u8).collect();
         w.write(1, &data).unwrap();
         let mut b = w.finish().unwrap();
@@ -427,7 +459,7 @@ mod tests {
 
     #[test]
     fn damage_is_refused_with_a_reason() {
-        let mut w = DiffWriter::new(Vec::new(), None, Some("s"), 8192).unwrap();
+        let mut w = DiffWriter::new(Vec::new(), None, Some("s"), 8192, Version::default()).unwrap();
         w.write(0, &[1; 4096]).unwrap();
         let good = w.finish().unwrap();
         assert!(all(&good).is_ok());
@@ -439,7 +471,7 @@ mod tests {
         b[0] = b'x';
         assert!(all(&b).unwrap_err().to_string().contains("header"));
         // A write past the size.
-        let mut w = DiffWriter::new(Vec::new(), None, None, 1 << 30).unwrap();
+        let mut w = DiffWriter::new(Vec::new(), None, None, 1 << 30, Version::V1).unwrap();
         w.write((1 << 30) - 4096, &[1; 4096]).unwrap();
         let mut b = w.finish().unwrap();
         let at = b.len() - 1 - 4096 - 16;

@@ -530,7 +530,7 @@ pub enum VolumeCmd {
         force: bool,
     },
     /// Write the blocks that changed between two snapshots as a diff file in Ceph's
-    /// `rbd export-diff` format (v2), which `rbd import-diff` and `trireme volume import-diff`
+    /// `rbd export-diff` format, which `rbd import-diff` and `trireme volume import-diff`
     /// apply. Give only VOLUME@TO for the whole snapshot. Reads only the changed blocks, from
     /// the copies that hold the snapshots; the writer is not disturbed.
     Diff {
@@ -540,6 +540,11 @@ pub enum VolumeCmd {
         /// Where to write it (`-`: standard output).
         #[arg(short = 'o', long = "file", value_name = "FILE")]
         file: PathBuf,
+        /// The stream's version: 1 is what `rbd export-diff` writes and the only one `rbd
+        /// import-diff` reads; 2 has a length after each tag, as inside `rbd export
+        /// --export-format 2`.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+        export_format: u8,
     },
     /// Apply a diff file (`rbd export-diff` v1 or v2, from Ceph or from `trireme volume
     /// diff`) to VOLUME through a writer of its own: refused if it starts from a snapshot

@@ -189,7 +189,8 @@ fn dirty_bitmaps_diffs_and_backup_chains_are_exact() {
     );
     assert!(said.contains("wrote"), "{said}");
     let head_bytes = std::fs::read(&d12).unwrap();
-    assert!(head_bytes.starts_with(b"rbd diff v2\n"));
+    // Version 1: the only one `rbd import-diff` reads.
+    assert!(head_bytes.starts_with(b"rbd diff v1\n"));
     // Only the changed blocks are in it (with record headers and the names).
     assert!(
         (head_bytes.len() as usize) < b.len() * BLOCK + 4096,
@@ -229,6 +230,52 @@ fn dirty_bitmaps_diffs_and_backup_chains_are_exact() {
     let (cp, uri) = spawn_nbd(&c, "copy", &w.join("copy.sock"));
     compare_image(&w.join("s2.img"), &uri);
     stop(cp);
+    // Ceph's own code reads what `volume diff` writes: `rbd merge-diff` (it needs no cluster)
+    // merges the two into one diff to s2, which, applied to a new volume, gives s2.
+    let merged = w.join("merged.rbdiff");
+    let o = Command::new("rbd")
+        .args(["merge-diff", "--no-progress"])
+        .args([&full1, &d12, &merged])
+        .output()
+        .expect("rbd (ceph-common) runs");
+    assert!(o.status.success(), "rbd merge-diff: {}", text(&o));
+    ok(&c, &["volume", "create", "viaceph", "--size", "32M"]);
+    ok(
+        &c,
+        &["volume", "import-diff", merged.to_str().unwrap(), "viaceph"],
+    );
+    let (cp, uri) = spawn_nbd(&c, "viaceph", &w.join("viaceph.sock"));
+    compare_image(&w.join("s2.img"), &uri);
+    stop(cp);
+    // Version 2 on request.
+    let v2 = w.join("v2.rbdiff");
+    ok(
+        &c,
+        &[
+            "volume",
+            "diff",
+            "vol0@s1",
+            "vol0@s2",
+            "--export-format",
+            "2",
+            "-o",
+            v2.to_str().unwrap(),
+        ],
+    );
+    assert!(std::fs::read(&v2).unwrap().starts_with(b"rbd diff v2\n"));
+    refused(
+        &c,
+        &[
+            "volume",
+            "diff",
+            "vol0@s2",
+            "--export-format",
+            "3",
+            "-o",
+            "/dev/null",
+        ],
+        "3",
+    );
     refused(
         &c,
         &["volume", "diff", "vol0@s2", "vol0@s1", "-o", "/dev/null"],

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use trireme_backup::catalog::{self, Catalog, Entry};
-use trireme_backup::rbd_diff::DiffReader;
+use trireme_backup::rbd_diff::{DiffReader, Version};
 use trireme_backup::{BackupError, DiffStats};
 use trireme_control::SnapshotInfo;
 
@@ -68,7 +68,9 @@ fn options(cli: &Cli) -> trireme_client::VolumeOptions {
     }
 }
 
-/// Writes the diff from `from` (or nothing) to snapshot `to` of `volume` to `out`.
+/// Writes the diff (of `version`) from `from` (or nothing) to snapshot `to` of `volume` to
+/// `out`.
+#[allow(clippy::too_many_arguments)]
 async fn diff_to<W: Write>(
     cli: &Cli,
     cc: &mut ControlClient,
@@ -76,6 +78,7 @@ async fn diff_to<W: Write>(
     from: Option<&str>,
     to: &str,
     out: W,
+    version: Version,
     label: &str,
 ) -> Result<(W, DiffStats), CliError> {
     let (info, list) = located(cc, volume).await?;
@@ -100,7 +103,10 @@ async fn diff_to<W: Write>(
         }
     };
     let mut bar = crate::progress::Progress::new(label, info.size, cli.output == Output::Text);
-    let r = trireme_backup::make_diff(&reader, to, from, out, &mut |done, _| bar.set(done)).await;
+    let r = trireme_backup::make_diff(&reader, to, from, out, version, &mut |done, _| {
+        bar.set(done)
+    })
+    .await;
     bar.finish();
     r.map_err(runtime_err)
 }
@@ -261,7 +267,12 @@ pub(crate) async fn run(cli: &Cli, cc: &mut ControlClient) -> Result<(), CliErro
         Cmd::Volume(VolumeCmd::Diff {
             snapshots,
             file: output,
+            export_format,
         }) => {
+            let version = match export_format {
+                2 => Version::V2,
+                _ => Version::V1,
+            };
             let (volume, to) = split(snapshots.last().expect("clap: 1 or 2"))?;
             let from = match &snapshots[..] {
                 [f, _] => {
@@ -278,7 +289,9 @@ pub(crate) async fn run(cli: &Cli, cc: &mut ControlClient) -> Result<(), CliErro
             let label = format!("diff {volume}@{to}");
             let st = if output == Path::new("-") {
                 let o = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
-                diff_to(cli, cc, volume, from, to, o, &label).await?.1
+                diff_to(cli, cc, volume, from, to, o, version, &label)
+                    .await?
+                    .1
             } else {
                 // Written aside, synced, then renamed: a FILE is whole or absent.
                 let part = output.with_extension("part");
@@ -291,6 +304,7 @@ pub(crate) async fn run(cli: &Cli, cc: &mut ControlClient) -> Result<(), CliErro
                     from,
                     to,
                     std::io::BufWriter::with_capacity(1 << 20, f),
+                    version,
                     &label,
                 )
                 .await;
@@ -442,7 +456,17 @@ async fn backup(
             crc: 0,
         };
         let label = format!("backup {volume}");
-        let (w, st) = diff_to(cli, cc, volume, base.as_deref(), &name, w, &label).await?;
+        let (w, st) = diff_to(
+            cli,
+            cc,
+            volume,
+            base.as_deref(),
+            &name,
+            w,
+            Version::V1,
+            &label,
+        )
+        .await?;
         let crc = w.crc;
         let f = w
             .inner
