@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::MutexGuard;
 
 use super::files::Files;
-use super::table::{self, entry, Map, Table, BLOCK};
+use super::table::{self, entry, Entry, Map, Table, BLOCK};
 use super::{format, version_error, VersionedReplica};
 use crate::{StoreError, GRAIN};
 
@@ -143,10 +143,16 @@ impl VersionedReplica {
     /// still locked, so one block's records get sequences in the order its entry changed.
     /// [`VersionedReplica::log`] writes it before the write that made it is answered.
     pub(super) fn record(&self, t: &Table, l: u64) -> format::LogRecord {
+        self.record_entry(l, entry(&t.head, l))
+    }
+
+    /// As [`VersionedReplica::record`], with the head's new entry for `l` known; the caller
+    /// still holds the table's lock.
+    pub(super) fn record_entry(&self, l: u64, e: Entry) -> format::LogRecord {
         format::LogRecord::Block {
             seq: self.seq.fetch_add(1, Ordering::AcqRel) + 1,
             block: l,
-            entry: entry(&t.head, l),
+            entry: e,
         }
     }
 

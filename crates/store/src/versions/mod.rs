@@ -310,20 +310,28 @@ impl VersionedReplica {
                 .map(|()| true),
             Place::Redirect { to, from } => {
                 self.reserve_ahead(to);
-                let mut block = vec![0u8; BLOCK as usize];
-                let mut r = Ok(());
-                if piece.len() < BLOCK as usize && from.phys != ZERO {
-                    r = self.inner.read(from.phys * BLOCK, &mut block);
-                }
-                if r.is_ok() {
-                    block[within as usize..within as usize + piece.len()].copy_from_slice(piece);
-                    r = self.inner.write(to * BLOCK, &block, false);
-                }
+                let r = if piece.len() == BLOCK as usize {
+                    // The whole block: written as it came.
+                    self.inner.write(to * BLOCK, piece, false)
+                } else {
+                    let mut block = vec![0u8; BLOCK as usize];
+                    let mut r = Ok(());
+                    if from.phys != ZERO {
+                        r = self.inner.read(from.phys * BLOCK, &mut block);
+                    }
+                    r.and_then(|()| {
+                        block[within as usize..within as usize + piece.len()]
+                            .copy_from_slice(piece);
+                        self.inner.write(to * BLOCK, &block, false)
+                    })
+                };
                 let mut t = self.table();
-                t.redirected(l, to, from, r.is_ok());
+                let new = t.redirected(l, to, from, r.is_ok());
                 self.dirty.store(true, Ordering::Release);
                 r?;
-                changed.push(self.record(&t, l));
+                if let Some(e) = new {
+                    changed.push(self.record_entry(l, e));
+                }
                 Ok(true)
             }
         }

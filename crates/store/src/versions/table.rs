@@ -223,26 +223,36 @@ impl Table {
     /// How a write to logical block `l` lands. A redirect takes its fresh block at once; the
     /// caller writes it, then [`Table::redirected`].
     pub fn place(&mut self, l: u64) -> Place {
-        if let Some(p) = self.in_place(l, self.newest_gen()) {
-            return Place::InPlace(p);
-        }
+        // As `in_place`, with the entry looked up once.
         let e = entry(&self.head, l);
+        let shared = self.newest_gen().is_some_and(|g| e.birth <= g);
+        if e.phys != ZERO && !shared {
+            return Place::InPlace(e.phys);
+        }
         match self.free.pop_first() {
             Some(to) => Place::Redirect { to, from: e },
             None => Place::Full,
         }
     }
 
-    /// A redirect's block `to` holds `l` now (or, with `ok` false, the write failed and `to`
-    /// goes back free).
-    pub fn redirected(&mut self, l: u64, to: u64, from: Entry, ok: bool) {
+    /// A redirect's block `to` holds `l` now: the head's new entry (or, with `ok` false, the
+    /// write failed and `to` goes back free).
+    pub fn redirected(&mut self, l: u64, to: u64, from: Entry, ok: bool) -> Option<Entry> {
         if !ok {
             self.free.insert(to);
-            return;
+            return None;
         }
-        let birth = self.gen;
-        self.head.insert(l, Entry { phys: to, birth });
-        self.release(l, from);
+        let new = Entry {
+            phys: to,
+            birth: self.gen,
+        };
+        self.head.insert(l, new);
+        // `release` with the head's side known: it names `to` now, a block that was free,
+        // so never `from`'s.
+        if from.phys != ZERO && !self.held_by_snapshot(l, from) {
+            self.pending.push(from.phys);
+        }
+        Some(new)
     }
 
     /// Whole block `l` reads as zeros from now on in the head (a trim): its block is dropped.
