@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use crate::{check_range, Extent, Replica, SnapshotInfo, Store, StoreError};
 use files::Files;
-use table::{entry, Place, Table, VersionError, BLOCK, ZERO};
+use table::{entry, Entry, Place, Table, VersionError, BLOCK, ZERO};
 
 /// The pool grows by at least this much, and by a sixteenth of the replica beyond it.
 const GROW_MIN: u64 = 64 << 20;
@@ -310,21 +310,7 @@ impl VersionedReplica {
                 .map(|()| true),
             Place::Redirect { to, from } => {
                 self.reserve_ahead(to);
-                let r = if piece.len() == BLOCK as usize {
-                    // The whole block: written as it came.
-                    self.inner.write(to * BLOCK, piece, false)
-                } else {
-                    let mut block = vec![0u8; BLOCK as usize];
-                    let mut r = Ok(());
-                    if from.phys != ZERO {
-                        r = self.inner.read(from.phys * BLOCK, &mut block);
-                    }
-                    r.and_then(|()| {
-                        block[within as usize..within as usize + piece.len()]
-                            .copy_from_slice(piece);
-                        self.inner.write(to * BLOCK, &block, false)
-                    })
-                };
+                let r = self.write_fresh(to, from, within, piece);
                 let mut t = self.table();
                 let new = t.redirected(l, to, from, r.is_ok());
                 self.dirty.store(true, Ordering::Release);
@@ -335,6 +321,26 @@ impl VersionedReplica {
                 Ok(true)
             }
         }
+    }
+
+    /// Writes block `to` whole: `piece` at `within`, the rest from `from` (an entry's block, or
+    /// zeros). A piece that is the whole block is written as it came.
+    fn write_fresh(
+        &self,
+        to: u64,
+        from: Entry,
+        within: u64,
+        piece: &[u8],
+    ) -> Result<(), StoreError> {
+        if piece.len() == BLOCK as usize {
+            return self.inner.write(to * BLOCK, piece, false);
+        }
+        let mut block = vec![0u8; BLOCK as usize];
+        if from.phys != ZERO {
+            self.inner.read(from.phys * BLOCK, &mut block)?;
+        }
+        block[within as usize..within as usize + piece.len()].copy_from_slice(piece);
+        self.inner.write(to * BLOCK, &block, false)
     }
 
     /// Before a redirect writes block `to`: if it lies outside the range last reserved, the

@@ -59,6 +59,13 @@ pub fn entry(map: &Map, l: u64) -> Entry {
     map.get(&l).copied().unwrap_or(Entry::identity(l))
 }
 
+/// The block a head entry `e` is written in place at: its own, born after `newest` (the
+/// newest live snapshot's generation); `None` if a snapshot may share it, or it reads zeros.
+fn own_block(e: Entry, newest: Option<u64>) -> Option<u64> {
+    let shared = newest.is_some_and(|g| e.birth <= g);
+    (e.phys != ZERO && !shared).then_some(e.phys)
+}
+
 /// A snapshot: a frozen map.
 #[derive(Debug, Clone)]
 pub struct Snap {
@@ -199,14 +206,22 @@ impl Table {
             .any(|s| s.gen >= e.birth && entry(&s.map, l).phys == e.phys)
     }
 
-    /// True if any version names `e` for `l`.
+    /// True if any version names `e` for `l` (the tests' check of what `release` decides).
+    #[cfg(test)]
     fn in_use(&self, l: u64, e: Entry) -> bool {
         entry(&self.head, l).phys == e.phys || self.held_by_snapshot(l, e)
     }
 
     /// Drops block `e` of `l` if no version names it any more.
     fn release(&mut self, l: u64, e: Entry) {
-        if e.phys != ZERO && !self.in_use(l, e) {
+        if entry(&self.head, l).phys != e.phys {
+            self.release_unless_snapshotted(l, e);
+        }
+    }
+
+    /// Drops block `e` of `l`, which the head no longer names, if no snapshot does.
+    fn release_unless_snapshotted(&mut self, l: u64, e: Entry) {
+        if e.phys != ZERO && !self.held_by_snapshot(l, e) {
             self.pending.push(e.phys);
         }
     }
@@ -215,19 +230,15 @@ impl Table {
     /// newest live snapshot's generation, [`Table::newest_gen`]); `None` if it must go
     /// elsewhere.
     pub fn in_place(&self, l: u64, newest: Option<u64>) -> Option<u64> {
-        let e = entry(&self.head, l);
-        let shared = newest.is_some_and(|g| e.birth <= g);
-        (e.phys != ZERO && !shared).then_some(e.phys)
+        own_block(entry(&self.head, l), newest)
     }
 
     /// How a write to logical block `l` lands. A redirect takes its fresh block at once; the
     /// caller writes it, then [`Table::redirected`].
     pub fn place(&mut self, l: u64) -> Place {
-        // As `in_place`, with the entry looked up once.
         let e = entry(&self.head, l);
-        let shared = self.newest_gen().is_some_and(|g| e.birth <= g);
-        if e.phys != ZERO && !shared {
-            return Place::InPlace(e.phys);
+        if let Some(p) = own_block(e, self.newest_gen()) {
+            return Place::InPlace(p);
         }
         match self.free.pop_first() {
             Some(to) => Place::Redirect { to, from: e },
@@ -247,11 +258,8 @@ impl Table {
             birth: self.gen,
         };
         self.head.insert(l, new);
-        // `release` with the head's side known: it names `to` now, a block that was free,
-        // so never `from`'s.
-        if from.phys != ZERO && !self.held_by_snapshot(l, from) {
-            self.pending.push(from.phys);
-        }
+        // The head names `to` now, a block that was free, so never `from`'s.
+        self.release_unless_snapshotted(l, from);
         Some(new)
     }
 
