@@ -56,9 +56,9 @@ type PieceRead = tokio::task::JoinHandle<Result<Bytes, VolumeError>>;
 const READS_IN_FLIGHT: usize = 16;
 
 /// Writes to `out` the diff (of `version`) from snapshot `from` (name, id; `None`: from an
-/// empty image) to the snapshot `to` reads, named `to_name`. Only blocks that changed are read, a few reads in
-/// flight; a range that reads as zeros becomes a zero record (or, from an empty image,
-/// nothing). `progress` gets the bytes of the volume covered so far and its size.
+/// empty image) to the snapshot `to` reads, named `to_name`. Only blocks that changed are
+/// read, a few reads in flight; a range that reads as zeros becomes a zero record (or, from an
+/// empty image, nothing). `progress` gets the bytes of the volume covered so far and its size.
 pub async fn make_diff<W: Write>(
     to: &Arc<SnapshotReader>,
     to_name: &str,

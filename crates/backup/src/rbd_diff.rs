@@ -62,6 +62,17 @@ pub enum Version {
     V2,
 }
 
+impl Version {
+    /// Version `n` (1 or 2), as `rbd`'s `--export-format` numbers them.
+    pub fn numbered(n: u8) -> Option<Version> {
+        match n {
+            1 => Some(Version::V1),
+            2 => Some(Version::V2),
+            _ => None,
+        }
+    }
+}
+
 /// Writes a diff.
 #[derive(Debug)]
 pub struct DiffWriter<W: Write> {

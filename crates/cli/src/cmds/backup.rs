@@ -269,10 +269,9 @@ pub(crate) async fn run(cli: &Cli, cc: &mut ControlClient) -> Result<(), CliErro
             file: output,
             export_format,
         }) => {
-            let version = match export_format {
-                2 => Version::V2,
-                _ => Version::V1,
-            };
+            let version = Version::numbered(*export_format).ok_or_else(|| {
+                CliError::Usage(format!("no rbd diff version {export_format}: 1 or 2"))
+            })?;
             let (volume, to) = split(snapshots.last().expect("clap: 1 or 2"))?;
             let from = match &snapshots[..] {
                 [f, _] => {
@@ -463,7 +462,7 @@ async fn backup(
             base.as_deref(),
             &name,
             w,
-            Version::V1,
+            Version::default(),
             &label,
         )
         .await?;
