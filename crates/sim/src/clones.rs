@@ -29,8 +29,8 @@ impl World {
     pub(crate) async fn clone_and_check(&self, o: &SnapshotOracle) {
         let (id, wait, flatten, later) = {
             let mut m = self.model();
-            let id = CLONE_IDS + m.clones.len() as u64;
-            m.clones.push(id);
+            let id = CLONE_IDS + m.clones;
+            m.clones += 1;
             drop(m);
             let mut r = rand(&self.rng);
             (id, r.below(1_500), r.below(1 << 16), r.below(1_000))
@@ -189,8 +189,7 @@ impl World {
 
     /// Node `n`'s replica of `volume`, if the node is up and serves one.
     fn served(&self, n: u32, volume: u64) -> Option<Arc<dyn trireme_store::Replica>> {
-        let s = self.node(n).st();
-        (!s.down).then(|| s.node.clone())?.served(volume)
+        self.node(n).up()?.served(volume)
     }
 
     /// Deletes clone `id` on every node up (one that has none answers so).
@@ -199,30 +198,34 @@ impl World {
             volume: id,
             ..Header::request(trireme_proto::Op::DeleteReplica, 0)
         };
-        let mut on = Vec::new();
-        for n in &self.nodes {
-            if self.node_op(n.id, &h, Bytes::new()).await == Some(trireme_proto::Status::Ok) {
-                on.push(n.id);
-            }
-        }
+        let on = self.on_every_node_up(&h).await;
         self.note(format!("clone {id} gone from nodes {on:?}"));
     }
 
     /// Every clone made, deleted on every node (all up: the end of the run, after the heal).
     pub(crate) async fn delete_clones(&self) {
-        let ids = self.model().clones.clone();
-        for id in ids {
-            self.delete_clone(id).await;
+        let made = self.model().clones;
+        for k in 0..made {
+            self.delete_clone(CLONE_IDS + k).await;
         }
+    }
+
+    /// Sends `h` (no payload) to every node up, as the manager's calls land there; the nodes
+    /// that answered `Ok`.
+    pub(crate) async fn on_every_node_up(&self, h: &Header) -> Vec<u32> {
+        let mut on = Vec::new();
+        for n in &self.nodes {
+            if self.node_op(n.id, h, Bytes::new()).await == Some(trireme_proto::Status::Ok) {
+                on.push(n.id);
+            }
+        }
+        on
     }
 
     /// Sends `h` with `payload` straight to node `n`'s process (as the manager's calls land
     /// there); its status, or `None` if the node is down.
     async fn node_op(&self, n: u32, h: &Header, payload: Bytes) -> Option<trireme_proto::Status> {
-        let node = {
-            let s = self.node(n).st();
-            (!s.down).then(|| s.node.clone())
-        }?;
+        let node = self.node(n).up()?;
         let f = over_the_wire(h, payload, None).ok()?;
         Some(node.handle(f).await.header.status)
     }

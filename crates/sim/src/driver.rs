@@ -103,11 +103,7 @@ pub(crate) async fn run_async(
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(trireme_node::BOOKS_PERIOD).await;
-                let node = {
-                    let s = n.st();
-                    (!s.down).then(|| s.node.clone())
-                };
-                if let Some(node) = node {
+                if let Some(node) = n.up() {
                     node.sync_books();
                 }
             }

@@ -229,6 +229,11 @@ impl SimNode {
     fn st(&self) -> std::sync::MutexGuard<'_, NodeState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
+    /// Its process, if it is up.
+    fn up(&self) -> Option<Arc<Node>> {
+        let s = self.st();
+        (!s.down).then(|| s.node.clone())
+    }
     fn healthy(&self) -> bool {
         let s = self.st();
         let now = Instant::now();
@@ -302,8 +307,9 @@ struct Model {
     /// The snapshots taken, and what each must hold.
     snapshots: Vec<SnapshotOracle>,
     next_snapshot: u64,
-    /// Every clone made (`clones.rs`): a node down at its delete keeps it until the end.
-    clones: Vec<u64>,
+    /// Clones made (`clones.rs`; ids from `CLONE_IDS` up): a node down at a clone's delete
+    /// keeps it until the end.
+    clones: u64,
 }
 
 /// What a snapshot must hold, block by block: a seq acknowledged no earlier than `floor` (the

@@ -72,20 +72,7 @@ impl World {
             ..Header::request(trireme_proto::Op::SnapshotDelete, 0)
         };
         trireme_proto::SnapshotRequest { id, created: 0 }.put(&mut h);
-        let mut on = Vec::new();
-        for n in &self.nodes {
-            let node = {
-                let s = n.st();
-                (!s.down).then(|| s.node.clone())
-            };
-            let Some(node) = node else { continue };
-            let Ok(f) = over_the_wire(&h, Bytes::new(), None) else {
-                continue;
-            };
-            if node.handle(f).await.header.status == trireme_proto::Status::Ok {
-                on.push(n.id);
-            }
-        }
+        let on = self.on_every_node_up(&h).await;
         self.note(format!("snapshot {id} deleted on nodes {on:?}"));
     }
 
