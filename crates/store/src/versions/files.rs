@@ -117,7 +117,7 @@ impl Files {
         let check = |map: &Map, path: &Path| -> Result<(), StoreError> {
             match map
                 .iter()
-                .find(|(&l, e)| l >= blocks || (e.phys != ZERO && e.phys >= phys_blocks))
+                .find(|&(l, e)| l >= blocks || (e.phys != ZERO && e.phys >= phys_blocks))
             {
                 Some((l, e)) => Err(self.corrupt(
                     path,

@@ -387,19 +387,20 @@ pub fn decode_log(b: &[u8]) -> Vec<LogRecord> {
 
 /// The records that turn `base` into `map`.
 pub fn diff(base: &Map, map: &Map) -> Vec<Record> {
-    use imbl::ordmap::DiffItem;
+    use super::table::Change;
     let mut out: Vec<Record> = base
         .diff(map)
+        .into_iter()
         .map(|d| match d {
-            DiffItem::Add(&block, e)
-            | DiffItem::Update {
-                new: (&block, e), ..
+            Change::Add(block, e)
+            | Change::Update {
+                key: block, new: e, ..
             } => Record {
                 block,
                 phys: e.phys,
                 birth: e.birth,
             },
-            DiffItem::Remove(&block, _) => Record {
+            Change::Remove(block, _) => Record {
                 block,
                 phys: IDENTITY,
                 birth: 0,

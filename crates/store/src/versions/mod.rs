@@ -23,6 +23,7 @@
 //! folded back: not built); a replica on a tiered store takes no snapshot (its physical
 //! replica does not grow).
 
+pub mod blockmap;
 mod durable;
 mod files;
 pub mod format;
@@ -464,7 +465,7 @@ impl VersionedReplica {
             }
         }
         let mut pos = offset;
-        for (&l, e) in head.range(offset / BLOCK..=(end - 1) / BLOCK) {
+        for (l, e) in head.range(offset / BLOCK..=(end - 1) / BLOCK) {
             let (a, b) = ((l * BLOCK).max(offset), ((l + 1) * BLOCK).min(end));
             if pos < a {
                 for x in self.inner.block_status(pos, a - pos)? {

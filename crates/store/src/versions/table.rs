@@ -8,7 +8,7 @@
 //! identity: a replica never snapshotted is read and written in place, at no cost). A block
 //! trimmed since a snapshot maps to [`ZERO`].
 //!
-//! Maps are persistent (`imbl::OrdMap`): a snapshot is a clone of the head's map, sharing its
+//! Maps are persistent ([`BlockMap`]): a snapshot is a clone of the head's map, sharing its
 //! structure, so taking one costs a pointer copy whatever the size.
 //!
 //! **When a write goes elsewhere.** Taking a snapshot gives it the head's generation and moves
@@ -27,8 +27,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use imbl::ordmap::DiffItem;
-use imbl::OrdMap;
+pub use super::blockmap::{BlockMap, Change};
 
 /// The unit of redirect-on-write.
 pub const BLOCK: u64 = 4096;
@@ -52,7 +51,7 @@ impl Entry {
 }
 
 /// One version's map.
-pub type Map = OrdMap<u64, Entry>;
+pub type Map = BlockMap;
 
 /// The entry of `map` for `l`, the identity if it has none.
 pub fn entry(map: &Map, l: u64) -> Entry {
@@ -160,7 +159,6 @@ impl Table {
         let own_everywhere: Vec<u64> = t
             .head
             .keys()
-            .copied()
             .filter(|&l| l < blocks && t.snaps.values().all(|s| s.map.contains_key(&l)))
             .collect();
         let mut free: BTreeSet<u64> = (blocks..phys_blocks)
@@ -344,9 +342,9 @@ impl Table {
     fn drop_map(&mut self, gone: &Map, next: &Map, other: Option<&Map>) {
         let differ = |n: &Map| -> BTreeSet<u64> {
             gone.diff(n)
+                .into_iter()
                 .map(|d| match d {
-                    DiffItem::Add(&l, _) | DiffItem::Remove(&l, _) => l,
-                    DiffItem::Update { old, .. } => *old.0,
+                    Change::Add(l, _) | Change::Remove(l, _) | Change::Update { key: l, .. } => l,
                 })
                 .collect()
         };
@@ -383,8 +381,8 @@ impl Table {
         }
         let r = blocks.start..end;
         // A block absent from both maps is where it always was in both: unchanged.
-        let mut keys: Vec<u64> = a.range(r.clone()).map(|(k, _)| *k).collect();
-        keys.extend(b.range(r).map(|(k, _)| *k));
+        let mut keys: Vec<u64> = a.range(r.clone()).map(|(k, _)| k).collect();
+        keys.extend(b.range(r).map(|(k, _)| k));
         keys.sort_unstable();
         keys.dedup();
         keys.retain(|&l| entry(a, l).phys != entry(b, l).phys);
@@ -463,7 +461,7 @@ pub fn exclusive_all(blocks: u64, head: &Map, snaps: &BTreeMap<u64, Snap>) -> BT
     let mut runs = Runs::default();
     // Identity blocks the first version does not use: every version up to the first that
     // lacks the entry again starts a run of them (`Runs::end` of one never seen).
-    for (&l, e) in maps[0].iter() {
+    for (l, e) in maps[0].iter() {
         if l < blocks {
             runs.seen(l);
         }
@@ -480,9 +478,9 @@ pub fn exclusive_all(blocks: u64, head: &Map, snaps: &BTreeMap<u64, Snap>) -> BT
     for i in 1..maps.len() {
         for d in maps[i - 1].diff(maps[i]) {
             let (old, new) = match d {
-                DiffItem::Add(&l, &e) => (identity(l), e),
-                DiffItem::Remove(&l, &e) => (e, identity(l)),
-                DiffItem::Update { old, new } => (*old.1, *new.1),
+                Change::Add(l, e) => (identity(l), e),
+                Change::Remove(l, e) => (e, identity(l)),
+                Change::Update { old, new, .. } => (old, new),
             };
             if old.phys != new.phys {
                 runs.end(old.phys, i);

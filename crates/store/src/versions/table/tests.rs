@@ -53,7 +53,7 @@ fn exclusive_model(t: &Table, id: u64) -> u64 {
     let mut n = s
         .map
         .iter()
-        .filter(|(&l, &e)| e.phys != ZERO && !others.in_use(l, e))
+        .filter(|&(l, e)| e.phys != ZERO && !others.in_use(l, e))
         .count() as u64;
     n += (0..t.blocks)
         .filter(|l| !s.map.contains_key(l))
