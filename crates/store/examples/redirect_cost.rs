@@ -28,8 +28,9 @@ fn arg(args: &[String], i: usize, default: u64) -> u64 {
 
 /// CPU seconds of this process, user plus system.
 fn process_cpu() -> f64 {
-    // SAFETY: getrusage writes into the zeroed struct it is given.
+    // SAFETY: rusage is plain integers, for which all zeros is a valid value.
     let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes into the struct it is given, which lives through the call.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     tv(u.ru_utime) + tv(u.ru_stime)
@@ -53,7 +54,13 @@ fn machine_cpu() -> f64 {
 
 /// Random 4 KiB operations on `r` by `threads` threads for `secs`: (ops/s, process CPU µs
 /// per op, machine CPU µs per op).
-fn run(r: &Arc<dyn Replica>, threads: u64, secs: u64, write_pct: u64, seed: u64) -> (f64, f64, f64) {
+fn run(
+    r: &Arc<dyn Replica>,
+    threads: u64,
+    secs: u64,
+    write_pct: u64,
+    seed: u64,
+) -> (f64, f64, f64) {
     let blocks = r.size() / BLOCK;
     let stop = Arc::new(AtomicBool::new(false));
     let ops = Arc::new(AtomicU64::new(0));
@@ -88,7 +95,10 @@ fn run(r: &Arc<dyn Replica>, threads: u64, secs: u64, write_pct: u64, seed: u64)
     for w in workers {
         w.join().expect("worker");
     }
-    let (dt, n) = (t0.elapsed().as_secs_f64(), ops.load(Ordering::Relaxed) as f64);
+    let (dt, n) = (
+        t0.elapsed().as_secs_f64(),
+        ops.load(Ordering::Relaxed) as f64,
+    );
     (
         n / dt,
         (process_cpu() - p0) * 1e6 / n,

@@ -323,7 +323,13 @@ fn remove_at(node: &mut Arc<Node>, level: u32, key: u64) -> Option<Entry> {
 }
 
 /// Every entry under `node` (at `level`, its first block `base`) as `f` makes it a change.
-fn all_under(node: &Node, level: u32, base: u128, f: fn(u64, Entry) -> Change, out: &mut Vec<Change>) {
+fn all_under(
+    node: &Node,
+    level: u32,
+    base: u128,
+    f: fn(u64, Entry) -> Change,
+    out: &mut Vec<Change>,
+) {
     match node {
         Node::Leaf(s) => out.extend(s.iter().map(|(i, &e)| f((base + i as u128) as u64, e))),
         Node::Branch(s) => {
