@@ -266,7 +266,8 @@ impl Files {
                 }
             }
         };
-        let bytes: Vec<u8> = records.iter().flat_map(format::encode_log).collect();
+        let bytes: smallvec::SmallVec<[u8; 256]> =
+            records.iter().flat_map(format::encode_log).collect();
         f.write_all_at(&bytes, slot * format::LOG_RECORD as u64)
             .map_err(io)
     }

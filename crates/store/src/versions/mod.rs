@@ -33,6 +33,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
+use smallvec::SmallVec;
+
 use crate::{check_range, Extent, Replica, SnapshotInfo, Store, StoreError};
 use files::Files;
 use table::{entry, Entry, Place, Table, VersionError, BLOCK, ZERO};
@@ -47,6 +49,9 @@ const SETTLE_AT: usize = 4096;
 const LOG_SLOTS: u64 = 40_000;
 /// Zeros written at once for a zeroing that must stay allocated.
 const ZERO_CHUNK: usize = 1 << 20;
+
+/// The redirect-log records of one write, on the stack for a few.
+type Records = SmallVec<[format::LogRecord; 4]>;
 
 /// A store whose replicas keep versions (see the module docs).
 #[derive(Debug)]
@@ -239,14 +244,15 @@ impl VersionedReplica {
     fn write_head(&self, offset: u64, data: &[u8]) -> Result<bool, StoreError> {
         let end = offset + data.len() as u64;
         let (first, last) = (offset / BLOCK, (end - 1) / BLOCK);
-        // Where each block is written in place, looked up at once; `None` to redirect.
-        let places: Vec<Option<u64>> = {
+        // Where each block is written in place, looked up at once; `None` to redirect. Kept
+        // on the stack for writes of up to 32 KiB, as the log records of their redirects.
+        let places: SmallVec<[Option<u64>; 8]> = {
             let t = self.table();
             let newest = t.newest_gen();
             (first..=last).map(|l| t.in_place(l, newest)).collect()
         };
         // The head's changes, logged at once before the write is answered.
-        let mut changed = Vec::new();
+        let mut changed = SmallVec::new();
         let r = self.write_places(offset, data, &places, &mut changed);
         self.log(&changed)?;
         r
@@ -259,7 +265,7 @@ impl VersionedReplica {
         offset: u64,
         data: &[u8],
         places: &[Option<u64>],
-        changed: &mut Vec<format::LogRecord>,
+        changed: &mut Records,
     ) -> Result<bool, StoreError> {
         let end = offset + data.len() as u64;
         let (first, last) = (offset / BLOCK, (end - 1) / BLOCK);
@@ -299,7 +305,7 @@ impl VersionedReplica {
         l: u64,
         within: u64,
         piece: &[u8],
-        changed: &mut Vec<format::LogRecord>,
+        changed: &mut Records,
     ) -> Result<bool, StoreError> {
         let _s = self.stripe(l);
         let place = self.table().place(l);
@@ -416,7 +422,7 @@ impl VersionedReplica {
         }
         let end = offset + len;
         let (first, last) = (offset / BLOCK, (end - 1) / BLOCK);
-        let phys: Vec<u64> = {
+        let phys: SmallVec<[u64; 8]> = {
             let t = self.table();
             let map = t.map(id).map_err(|e| version_error(self.vol(), e))?;
             (first..=last).map(|l| entry(map, l).phys).collect()

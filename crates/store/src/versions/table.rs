@@ -110,6 +110,8 @@ pub struct Table {
     pub head: Map,
     /// By id.
     pub snaps: BTreeMap<u64, Snap>,
+    /// The generation of the newest snapshot in `snaps`: every write asks it.
+    newest: Option<u64>,
     /// Blocks free to take (below `phys_blocks`).
     free: BTreeSet<u64>,
     /// Blocks dropped by changes not yet durable.
@@ -127,6 +129,7 @@ impl Table {
             gen: 1,
             head: Map::new(),
             snaps: BTreeMap::new(),
+            newest: None,
             free: (blocks..phys_blocks).collect(),
             pending: Vec::new(),
             punching: BTreeSet::new(),
@@ -141,12 +144,14 @@ impl Table {
         head: Map,
         snaps: BTreeMap<u64, Snap>,
     ) -> Table {
+        let newest = snaps.values().map(|s| s.gen).max();
         let mut t = Table {
             blocks,
             phys_blocks,
             gen,
             head,
             snaps,
+            newest,
             free: BTreeSet::new(),
             pending: Vec::new(),
             punching: BTreeSet::new(),
@@ -181,7 +186,8 @@ impl Table {
 
     /// The generation of the newest live snapshot.
     pub fn newest_gen(&self) -> Option<u64> {
-        self.snaps.values().map(|s| s.gen).max()
+        debug_assert_eq!(self.newest, self.snaps.values().map(|s| s.gen).max());
+        self.newest
     }
 
     /// The map of snapshot `id`, or the head's for `None`.
@@ -292,6 +298,7 @@ impl Table {
             map: self.head.clone(),
         };
         self.snaps.insert(id, snap);
+        self.newest = Some(self.gen);
         self.gen += 1;
         Ok(())
     }
@@ -299,6 +306,7 @@ impl Table {
     /// Forgets snapshot `id`; the blocks only it held go to `pending`.
     pub fn delete(&mut self, id: u64) -> Result<Snap, VersionError> {
         let s = self.snaps.remove(&id).ok_or(VersionError::Missing(id))?;
+        self.newest = self.snaps.values().map(|x| x.gen).max();
         // Its neighbours in the order snapshots were taken: the one before, and the one after
         // (or the head).
         let before = self
