@@ -9,12 +9,14 @@
 # real Prometheus and open its dashboard in headless Chromium over WebDriver.
 # gdb: a test that finds a process hung prints its threads' stacks.
 # e2fsprogs and mount: tests/full.rs fills a small ext4 file system on a loop device.
-# ceph-common: Ceph's own `rbd merge-diff` (no cluster needed) reads what `volume diff` writes.
+# ceph-common, ceph-mon, ceph-osd: `rbd merge-diff` (no cluster needed) reads what `volume diff`
+# writes; tests/ceph.rs starts a one-monitor, one-OSD Ceph cluster for `rbd import-diff` and
+# `export-diff` both ways.
 set -euo pipefail
 pkgs=(fio nbdkit libnbd-bin nbdfuse python3-libnbd qemu-utils iproute2 iptables procps librsvg2-bin fonts-dejavu-core
       libucx-dev ucx-utils libclang-dev clang pkg-config
       etcd-server etcd-client protobuf-compiler libprotobuf-dev openssl bsdutils
-      prometheus chromium chromium-driver gdb e2fsprogs mount ceph-common)
+      prometheus chromium chromium-driver gdb e2fsprogs mount ceph-common ceph-mon ceph-osd)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
