@@ -153,6 +153,9 @@ fn main() {
         mark("none");
         let (a, ap, am) = run(&none, threads, secs, write_pct, round);
         snapped.snapshot(round, 0).expect("snapshot");
+        // The first redirect grows the pool: before the clock starts.
+        let warm = AlignedBuf::new(BLOCK as usize);
+        snapped.write(0, &warm, false).expect("write");
         mark("first");
         let (b, bp, bm) = run(&snapped, threads, secs, write_pct, round);
         println!(
