@@ -15,7 +15,7 @@
 //!   the ones held back, so a flood of bad peers cannot fill a disk with log lines.
 //! * [`limits::raise_nofile`]: the descriptor limit raised to its hard limit at start.
 //!
-//! Ports use these with numbers of their own (see `ARCHITECTURE.md`, "Bounds").
+//! Ports use these with numbers of their own (see `docs/security.md`, issue 16).
 
 pub mod accept;
 pub mod io;
