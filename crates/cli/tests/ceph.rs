@@ -247,23 +247,14 @@ fn diffs_move_between_trireme_and_a_ceph_cluster_both_ways() {
     io(&c, "write -P 17 12286 4");
     ok(&c, &["volume", "snapshot", "create", "vol0", "s2"]);
     io(&c, "write -P 19 0 4096"); // after s2: in neither diff
-    ok(&c, &["volume", "diff", "vol0@s1", "-o", &p("t1.rbdiff")]);
-    ok(
-        &c,
-        &[
-            "volume",
-            "diff",
-            "vol0@s1",
-            "vol0@s2",
-            "-o",
-            &p("t12.rbdiff"),
-        ],
-    );
+    let (t1, t12) = (p("t1.rbdiff"), p("t12.rbdiff"));
+    ok(&c, &["volume", "diff", "vol0@s1", "-o", &t1]);
+    ok(&c, &["volume", "diff", "vol0@s1", "vol0@s2", "-o", &t12]);
     ceph.ok("rbd", &["create", "--size", SIZE, "rbd/fromtrireme"]);
-    for f in ["t1.rbdiff", "t12.rbdiff"] {
+    for f in [&t1, &t12] {
         ceph.ok(
             "rbd",
-            &["import-diff", "--no-progress", &p(f), "rbd/fromtrireme"],
+            &["import-diff", "--no-progress", f, "rbd/fromtrireme"],
         );
     }
     let snaps = ceph.ok("rbd", &["snap", "ls", "rbd/fromtrireme"]);
