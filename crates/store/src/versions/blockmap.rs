@@ -77,6 +77,7 @@ impl<T> Slots<T> {
 }
 
 /// The set bits of a word, lowest first.
+#[derive(Debug)]
 struct SetBits(u64);
 
 impl Iterator for SetBits {
@@ -381,7 +382,7 @@ fn diff_nodes(
 #[derive(Debug)]
 pub struct Iter<'a> {
     /// Nodes being walked: the node, its level, its first block, its slots still to visit.
-    stack: Vec<(&'a Node, u32, u128, u64)>,
+    stack: Vec<(&'a Node, u32, u128, SetBits)>,
     lo: u64,
     hi: u64,
 }
@@ -402,7 +403,8 @@ impl<'a> Iter<'a> {
             return;
         }
         let wanted = (u64::MAX >> (63 - last)) & (u64::MAX << first);
-        self.stack.push((node, level, base, node.bits() & wanted));
+        self.stack
+            .push((node, level, base, SetBits(node.bits() & wanted)));
     }
 }
 
@@ -411,12 +413,10 @@ impl Iterator for Iter<'_> {
     fn next(&mut self) -> Option<(u64, Entry)> {
         loop {
             let (node, level, base, rest) = self.stack.last_mut()?;
-            if *rest == 0 {
+            let Some(i) = rest.next() else {
                 self.stack.pop();
                 continue;
-            }
-            let i = rest.trailing_zeros();
-            *rest &= *rest - 1;
+            };
             let (node, level, base) = (*node, *level, *base);
             match node {
                 Node::Leaf(s) => {
