@@ -217,9 +217,8 @@ fn io(c: &Cluster, cmd: &str) {
 fn snapshot_reads_as(c: &Cluster, volume: &str, name: &str, image: &Path) {
     let export = format!("{volume}@{name}");
     let sock = c.path().join(format!("{volume}-{name}.sock"));
-    let (nbd, uri) = spawn_nbd(c, &export, &sock);
+    let (mut nbd, uri) = spawn_nbd(c, &export, &sock);
     compare_image(image, &uri);
-    let mut nbd = nbd;
     let _ = nbd.kill();
     let _ = nbd.wait();
 }
