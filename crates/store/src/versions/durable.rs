@@ -1,6 +1,6 @@
 //! Making a replica's versions durable: the main file and the snapshots' files, the redirect
-//! log's records and checkpoints, giving freed blocks back, folding back to plain, growing the
-//! pool (the module docs of `versions` say in which order, and why).
+//! log's records and checkpoints, giving freed blocks back, folding back to plain (the
+//! pool's growth is in `grow`; the module docs of `versions` say in which order, and why).
 
 use std::sync::atomic::Ordering;
 use std::sync::MutexGuard;
@@ -366,26 +366,6 @@ impl VersionedReplica {
         }
         self.plain.store(true, Ordering::Release);
         self.ensure_main();
-        Ok(())
-    }
-
-    /// Grows the pool (or reuses freed blocks) so a redirect finds a free block.
-    pub(super) fn grow(&self) -> Result<(), StoreError> {
-        let _g = self.exclusive();
-        if self.table().free_blocks() > 0 {
-            return Ok(());
-        }
-        // The blocks whose space was to go back are overwritten now instead: no punch.
-        let _overwritten = self.settle_locked(false)?;
-        self.table().unhold_all();
-        if self.table().free_blocks() > 0 {
-            return Ok(());
-        }
-        let phys = self.inner.size();
-        let add = self.grow_min.max(self.size.load(Ordering::Acquire) / 16) / BLOCK * BLOCK;
-        self.inner.resize(phys + add)?;
-        self.table().grow((phys + add) / BLOCK);
-        tracing::debug!(volume = self.vol(), pool = phys + add, "snapshot pool grew");
         Ok(())
     }
 }
