@@ -494,7 +494,13 @@ impl Replica for FileReplica {
     fn reserve(&self, offset: u64, len: u64) {
         // This allocates the holes (as unwritten extents: they still read zeros) and keeps
         // every byte already written. An O_DIRECT write into a hole allocates under the
-        // file's exclusive lock; into an allocated extent, it shares the lock.
+        // file's exclusive lock; into an allocated extent, it shares the lock. A range whose
+        // grains were all written has no hole: no call, which would take the file's lock
+        // exclusive (and stall the reads and writes sharing it) to find that out.
+        let grain = self.map.grain();
+        if len > 0 && (offset / grain..(offset + len).div_ceil(grain)).all(|g| self.map.is_set(g)) {
+            return;
+        }
         // SAFETY: fallocate on a file descriptor we own; no memory is passed.
         let rc = unsafe {
             libc::fallocate(

@@ -353,7 +353,8 @@ fn file_replicas_are_thin_until_preallocated() {
 
 /// `reserve` allocates a file replica's holes in a range (the snapshot pool asks it as it
 /// grows, so its first writes do not each allocate) and changes nothing a client sees: the
-/// bytes written stay, the rest reads zeros, and the map still says hole there.
+/// bytes written stay, the rest reads zeros, and the map still says hole there. A range with
+/// no hole is passed over, and a trim makes one again.
 #[test]
 fn a_reserved_range_is_allocated_and_reads_as_before() {
     use std::os::unix::fs::MetadataExt;
@@ -380,6 +381,19 @@ fn a_reserved_range_is_allocated_and_reads_as_before() {
         0,
         "a reserved range is still a hole to clients"
     );
+    // A range written whole is passed over (no hole to allocate); one whose grain was trimmed
+    // since has a hole again, and reserving allocates it.
+    r.write(0, &vec![1u8; 2 * MIB as usize], false).unwrap();
+    r.write_zeroes(MIB, GRAIN, true, false).unwrap();
+    let trimmed = on_disk();
+    r.reserve(0, 2 * MIB);
+    assert!(
+        on_disk() >= trimmed + GRAIN,
+        "the trimmed grain was not reserved again: {} bytes more",
+        on_disk() - trimmed
+    );
+    assert_eq!(read(&*r, MIB, 4096), vec![0u8; 4096]);
+    assert_eq!(read(&*r, 0, 4096), vec![1u8; 4096]);
 }
 
 /// A process killed without flushing: the data written with O_DIRECT is on disk but the map is
