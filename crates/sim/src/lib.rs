@@ -260,13 +260,8 @@ fn sealed(disk: &Arc<SimDisk>, versions: &std::path::Path) -> Arc<dyn Store> {
         None,
     ));
     let backed = Arc::new(trireme_store::BackedStore::new(sealed, Some(versions)));
-    // The pool grows by 16 blocks, not 64 MiB: the volume is 64 blocks, the disk memory. It
-    // grows in the write that needs it: a thread growing it ahead would make seeds differ.
-    Arc::new(
-        trireme_store::VersionedStore::new(backed, Some(versions))
-            .with_grow_min(16 * BLOCK)
-            .with_foreground_growth(),
-    )
+    // The pool grows by 16 blocks, not 64 MiB: the volume is 64 blocks, the disk memory.
+    Arc::new(trireme_store::VersionedStore::new(backed, Some(versions)).with_grow_min(16 * BLOCK))
 }
 
 /// A self-describing block: (block, seq) repeated, so a torn, misplaced or stale block shows.

@@ -5,8 +5,7 @@
 //! lives. Until the first snapshot the table is the identity and every call passes straight
 //! through (the cost is one shared lock). After one, a write to a block a snapshot holds goes
 //! to a fresh block past the replica's logical end (the *pool*, grown in steps with
-//! `Replica::resize` of the physical replica, on files ahead of need and zeroed: `grow.rs`),
-//! and the head's map records it; reads look up one
+//! `Replica::resize` of the physical replica), and the head's map records it; reads look up one
 //! entry per block whatever the number of snapshots. Because the layers below see physical
 //! blocks, the seals of a `SealedStore` underneath follow the blocks.
 //!
@@ -34,7 +33,7 @@ mod writes;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use smallvec::SmallVec;
 
@@ -64,18 +63,6 @@ pub struct VersionedStore {
     dir: Option<PathBuf>,
     /// The least the pool grows by.
     grow_min: u64,
-    /// Pools grow when a write finds no free block, never ahead in a thread of their own.
-    foreground: bool,
-    /// The threads growing its replicas' pools.
-    growers: Arc<grow::Growers>,
-}
-
-impl Drop for VersionedStore {
-    /// Stops the threads growing pools, and waits for them: a store opened again over the
-    /// same files (as a test does) must not see a write of zeros land after it.
-    fn drop(&mut self) {
-        self.growers.stop_all();
-    }
 }
 
 impl VersionedStore {
@@ -84,17 +71,7 @@ impl VersionedStore {
             inner,
             dir: dir.map(Path::to_path_buf),
             grow_min: GROW_MIN,
-            foreground: false,
-            growers: Arc::default(),
         }
-    }
-
-    /// Grows each replica's pool only when a write finds no free block, in that write, never
-    /// ahead and zeroed in a thread of its own (`grow.rs`): for the simulator, whose seeds a
-    /// thread would make non-deterministic.
-    pub fn with_foreground_growth(mut self) -> VersionedStore {
-        self.foreground = true;
-        self
     }
 
     /// Grows each replica's pool by at least `bytes` (a multiple of 4 KiB) at a time, not
@@ -140,15 +117,7 @@ impl VersionedStore {
                 Vec::new(),
             ),
         };
-        let r = Arc::new_cyclic(|me| VersionedReplica {
-            me: me.clone(),
-            // Only a store whose versions persist is on files, where space never written
-            // costs a first write more (`grow.rs`).
-            zero_ahead: self.dir.is_some() && !self.foreground,
-            growing: AtomicBool::new(false),
-            growers: self.growers.clone(),
-            growth: Mutex::new(()),
-            grown: Condvar::new(),
+        let r = Arc::new(VersionedReplica {
             plain: AtomicBool::new(table.is_identity()),
             size: AtomicU64::new(size),
             table: Mutex::new(table),
@@ -205,8 +174,6 @@ impl crate::filter::StoreFilter for VersionedStore {
 
 #[derive(Debug)]
 struct VersionedReplica {
-    /// Itself, for the thread that grows its pool ahead.
-    me: Weak<VersionedReplica>,
     inner: Arc<dyn Replica>,
     files: Option<Files>,
     /// Held shared by every I/O; exclusive to take, delete or roll back to a snapshot, to grow
@@ -230,15 +197,6 @@ struct VersionedReplica {
     slot: AtomicU64,
     /// The least the pool grows by ([`VersionedStore::with_grow_min`]).
     grow_min: u64,
-    /// The pool grows ahead, zeroed, in a thread of its own (`grow.rs`).
-    zero_ahead: bool,
-    /// The pool is growing: a thread zeroing ahead, or a write in the foreground.
-    growing: AtomicBool,
-    /// The store's growing threads, and whether they are to stop.
-    growers: Arc<grow::Growers>,
-    /// Writes that found no free block wait on `grown` under it while the pool grows.
-    growth: Mutex<()>,
-    grown: Condvar,
     /// The physical bytes of the pool last reserved ([`VersionedReplica::reserve_ahead`]).
     reserved: Mutex<std::ops::Range<u64>>,
     /// Snapshots the redirect log holds whose files are not written yet: the next
@@ -580,15 +538,11 @@ impl crate::filter::ReplicaFilter for VersionedReplica {
     }
 
     fn snapshot(&self, id: u64, created: u64) -> Result<(), StoreError> {
-        self.take_snapshot(id, created, true)?;
-        self.grow_ahead_if_low();
-        Ok(())
+        self.take_snapshot(id, created, true)
     }
 
     fn snapshot_unsynced(&self, id: u64, created: u64) -> Result<(), StoreError> {
-        self.take_snapshot(id, created, false)?;
-        self.grow_ahead_if_low();
-        Ok(())
+        self.take_snapshot(id, created, false)
     }
 
     fn snapshots(&self) -> Result<Vec<SnapshotInfo>, StoreError> {

@@ -408,21 +408,17 @@ fn space_a_crash_left_taken_goes_back_at_the_next_open() {
     assert_eq!(read(&*r, None, 0, len), vec![2; len]);
 }
 
-/// Grown in the foreground (no zeroing ahead), the pool's space is reserved a window ahead of
-/// the redirects (so each first write after a snapshot does not allocate on its own), and
-/// only a window: it stays small beside a pool step, and what the volume and its snapshot
-/// read is unchanged.
+/// The pool's space is reserved a window ahead of the redirects (so each first write after a
+/// snapshot does not allocate on its own), and only a window: it stays small beside a pool
+/// step, and what the volume and its snapshot read is unchanged.
 #[test]
 fn redirects_reserve_the_pool_a_window_ahead() {
     use std::os::unix::fs::MetadataExt;
     let dir = tempfile::tempdir().unwrap();
-    let s: Arc<dyn Store> = Arc::new(
-        VersionedStore::new(
-            Arc::new(FileStore::open(dir.path()).unwrap()),
-            Some(dir.path()),
-        )
-        .with_foreground_growth(),
-    );
+    let s: Arc<dyn Store> = Arc::new(VersionedStore::new(
+        Arc::new(FileStore::open(dir.path()).unwrap()),
+        Some(dir.path()),
+    ));
     let r = s.create(1, SIZE).unwrap();
     let blocks = SIZE / BLOCK;
     r.write(0, &vec![1; SIZE as usize], false).unwrap();
@@ -569,124 +565,4 @@ fn redirects_after_a_fold_back_reach_the_log_a_reopen_reads() {
         );
         assert!(read(&*r, Some(2), 0, 4096) == [1; 4096], "{}", s.name);
     }
-}
-
-/// A sealed file stack whose pool grows by `grow_min` bytes at a time, zeroed ahead.
-fn zeroing_stack(dir: &std::path::Path, grow_min: u64) -> Arc<dyn Store> {
-    let file: Arc<dyn Store> = Arc::new(FileStore::open(dir).unwrap());
-    let sealed: Arc<dyn Store> = Arc::new(SealedStore::new(file, Some(dir)));
-    Arc::new(VersionedStore::new(sealed, Some(dir)).with_grow_min(grow_min))
-}
-
-/// On files, a snapshot starts the pool growing ahead in a thread of its own (`grow.rs`): its
-/// space is written (taken from the file system) before any redirect lands there, a step
-/// being no larger than the volume, and the redirects that follow take only the next step.
-#[test]
-fn a_snapshot_grows_the_pool_ahead_zeroed() {
-    use std::os::unix::fs::MetadataExt;
-    let dir = tempfile::tempdir().unwrap();
-    let size = 4u64 << 20;
-    let s = zeroing_stack(dir.path(), GROW_MIN);
-    let r = s.create(1, size).unwrap();
-    r.write(0, &vec![1; size as usize], false).unwrap();
-    r.flush().unwrap();
-    let data = dir.path().join(format!("replica-{:016x}.data", 1u64));
-    let taken = || std::fs::metadata(&data).unwrap().blocks() * 512;
-    let before = taken();
-    r.snapshot(1, 0).unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while taken() < before + size {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the pool was not zeroed ahead: {} bytes taken after the snapshot",
-            taken() - before
-        );
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    let zeroed = taken();
-    assert!(
-        zeroed <= before + size + RESERVE_AHEAD,
-        "{}",
-        zeroed - before
-    );
-    for l in 0..size / BLOCK {
-        r.write(l * BLOCK, &[2; 4096], false).unwrap();
-    }
-    // Half-way through the step, the next one started growing ahead: at most a step more.
-    assert!(
-        taken() <= zeroed + size,
-        "the redirects took {} bytes more",
-        taken() - zeroed
-    );
-    assert_eq!(read(&*r, None, 0, size as usize), vec![2; size as usize]);
-    assert_eq!(read(&*r, Some(1), 0, size as usize), vec![1; size as usize]);
-}
-
-/// Writers race the thread growing the pool (a 16-block step, so it grows hundreds of times
-/// and writes often wait for it or grow it themselves): after each round every thread has
-/// rewritten its blocks and a snapshot is taken; at the end the head and every snapshot read
-/// exactly their round's bytes, before and after a reopen (dropped unclosed, as by a crash;
-/// dropping the store stops its growing threads first).
-#[test]
-fn writes_racing_the_pool_growing_ahead_lose_nothing() {
-    const THREADS: u64 = 4;
-    const ROUNDS: u64 = 12;
-    let dir = tempfile::tempdir().unwrap();
-    let size = 1u64 << 20;
-    let blocks = size / BLOCK;
-    let per = blocks / THREADS;
-    let byte = |round: u64, l: u64| (round * 31 + l) as u8;
-    let s = zeroing_stack(dir.path(), 16 * BLOCK);
-    let r = s.create(2, size).unwrap();
-    let barrier = std::sync::Barrier::new(THREADS as usize + 1);
-    std::thread::scope(|scope| {
-        for t in 0..THREADS {
-            let (r, barrier) = (&r, &barrier);
-            scope.spawn(move || {
-                for round in 0..=ROUNDS {
-                    // Two blocks at a time on even rounds, one on odd ones.
-                    let step = if round % 2 == 0 { 2 } else { 1 };
-                    for l in (t * per..(t + 1) * per).step_by(step) {
-                        let mut buf = vec![0u8; (step as u64 * BLOCK) as usize];
-                        for (k, b) in buf.chunks_mut(BLOCK as usize).enumerate() {
-                            b.fill(byte(round, l + k as u64));
-                        }
-                        r.write(l * BLOCK, &buf, false).unwrap();
-                    }
-                    barrier.wait();
-                    barrier.wait();
-                }
-            });
-        }
-        for round in 0..=ROUNDS {
-            barrier.wait();
-            if round < ROUNDS {
-                r.snapshot(round + 1, 0).unwrap();
-            }
-            barrier.wait();
-        }
-    });
-    let check = |r: &dyn Replica| {
-        for (version, round) in (1..=ROUNDS)
-            .map(|k| (Some(k), k - 1))
-            .chain([(None, ROUNDS)])
-        {
-            let got = read(r, version, 0, size as usize);
-            for l in 0..blocks {
-                let b = &got[(l * BLOCK) as usize..((l + 1) * BLOCK) as usize];
-                assert!(
-                    b.iter().all(|&x| x == byte(round, l)),
-                    "version {version:?}, block {l}: {:?}, not round {round}'s",
-                    &b[..8]
-                );
-            }
-        }
-    };
-    check(&*r);
-    r.flush().unwrap();
-    drop(r);
-    drop(s);
-    let s = zeroing_stack(dir.path(), 16 * BLOCK);
-    let r = s.open_all().pop().unwrap().unwrap();
-    check(&*r);
 }

@@ -82,14 +82,7 @@ impl VersionedReplica {
         changed: &mut Records,
     ) -> Result<bool, StoreError> {
         let _s = self.stripe(l);
-        let (place, low) = {
-            let mut t = self.table();
-            let place = t.place(l);
-            (place, self.runs_low(t.free_blocks()))
-        };
-        if low {
-            self.grow_ahead();
-        }
+        let place = self.table().place(l);
         match place {
             Place::Full => Ok(false),
             Place::InPlace(p) => self
