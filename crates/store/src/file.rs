@@ -497,8 +497,7 @@ impl Replica for FileReplica {
         // file's exclusive lock; into an allocated extent, it shares the lock. A range whose
         // grains were all written has no hole: no call, which would take the file's lock
         // exclusive (and stall the reads and writes sharing it) to find that out.
-        let grain = self.map.grain();
-        if len > 0 && (offset / grain..(offset + len).div_ceil(grain)).all(|g| self.map.is_set(g)) {
+        if self.map.all_set(offset, len) {
             return;
         }
         // SAFETY: fallocate on a file descriptor we own; no memory is passed.

@@ -117,6 +117,12 @@ impl AllocMap {
         changed
     }
 
+    /// True if every grain touching `[offset, offset+len)` is allocated (an empty range is).
+    pub fn all_set(&self, offset: u64, len: u64) -> bool {
+        let bits = self.bits();
+        (offset / self.grain..(offset + len).div_ceil(self.grain)).all(|g| bits.is_set(g))
+    }
+
     /// Clears grain `g`; true if it was set.
     pub fn clear(&self, g: u64) -> bool {
         let bits = self.bits();
