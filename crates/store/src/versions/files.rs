@@ -252,6 +252,9 @@ impl Files {
             match &*log {
                 Some(f) => f.clone(),
                 None => {
+                    // Perhaps created: its directory entry is synced with its first sync.
+                    self.log_created
+                        .store(true, std::sync::atomic::Ordering::Release);
                     let f = Arc::new(
                         crate::private::options()
                             .create(true)
