@@ -430,9 +430,10 @@ impl crate::filter::ReplicaFilter for SealedReplica {
         &*self.inner
     }
     /// The replica first, then its seals: blocks past the old end start unsealed, blocks past
-    /// a smaller end are forgotten. The seal file is rewritten whole; a crash meanwhile leaves
-    /// a header whose block count does not match, and the next open drops the seals (reads go
-    /// unchecked until blocks are written again), never wrong ones.
+    /// a smaller end are forgotten. The seal file changes length, its header and the pages
+    /// from the old end on; a crash meanwhile leaves a header whose block count does not
+    /// match, and the next open drops the seals (reads go unchecked until blocks are written
+    /// again), never wrong ones.
     fn resize(&self, size: u64) -> Result<(), StoreError> {
         let file = self
             .file
@@ -443,9 +444,13 @@ impl crate::filter::ReplicaFilter for SealedReplica {
         {
             let mut seals = self.seals.write().unwrap_or_else(|e| e.into_inner());
             let mut dirty = self.dirty.write().unwrap_or_else(|e| e.into_inner());
+            // The pages before the old end keep their place in the file: only the page the
+            // old end falls in, and those after it, are written again (a pool that grows by a
+            // step writes its step's seals, not the volume's).
+            let from = seals.len().min(blocks) / PAGE;
             seals.resize_with(blocks, || AtomicU64::new(0));
             dirty.resize_with(blocks.div_ceil(PAGE), || AtomicBool::new(false));
-            for d in dirty.iter() {
+            for d in dirty.iter().skip(from) {
                 d.store(true, Ordering::Relaxed);
             }
         }

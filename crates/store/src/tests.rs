@@ -609,6 +609,46 @@ fn seals_survive_a_clean_restart_and_are_dropped_after_a_crash() {
     assert!(!d.path().join(format!("replica-{:016x}.seals", 4)).exists());
 }
 
+/// A grow writes the seals from the old end on and leaves the pages below it as they were
+/// persisted: after a clean restart, bytes changed behind the store below the old end and in
+/// the grown blocks are both caught, and the blocks around them read.
+#[test]
+fn a_grown_replica_keeps_its_seals_on_both_sides_of_the_old_end() {
+    let d = tempfile::tempdir().unwrap();
+    let blocks = SIZE / 4096;
+    {
+        let s = sealed_file_store(d.path());
+        let r = s.create(6, SIZE).unwrap();
+        for l in 0..blocks {
+            r.write(l * 4096, &[(l % 200) as u8 + 1; 4096], false)
+                .unwrap();
+        }
+        r.flush().unwrap();
+        r.resize(SIZE + 16 * 4096).unwrap();
+        r.write(SIZE, &[7u8; 4096], false).unwrap();
+        r.close().unwrap();
+    }
+    scribble(d.path(), 6, 3 * 4096 + 9, b"rot");
+    scribble(d.path(), 6, SIZE + 9, b"rot");
+    let s = sealed_file_store(d.path());
+    let r = s.open_all().pop().unwrap().unwrap();
+    for at in [3 * 4096, SIZE] {
+        assert!(
+            matches!(
+                r.read(at, &mut [0u8; 4096]),
+                Err(StoreError::BadBlock { .. })
+            ),
+            "the change at {at} is caught"
+        );
+    }
+    assert_eq!(read(&*r, 4 * 4096, 4096), vec![5u8; 4096]);
+    assert_eq!(
+        read(&*r, SIZE - 4096, 4096),
+        vec![((blocks - 1) % 200) as u8 + 1; 4096]
+    );
+    assert_eq!(read(&*r, SIZE + 4096, 4096), vec![0u8; 4096]);
+}
+
 /// A new replica's seals are all "none": its seal file is a hole, not pages of zeros written
 /// and synced (8 MiB on every node for each clone of a 4 GiB image), and a replica reopened
 /// after a crash starts from a hole too.
