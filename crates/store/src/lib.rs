@@ -170,7 +170,8 @@ pub trait Replica: Send + Sync + std::fmt::Debug {
     /// Makes the replica `size` bytes (a non-zero multiple of 4 KiB): bytes past the old end
     /// read as zeros, bytes past a smaller end are dropped. Durable when it returns; a crash
     /// meanwhile leaves the old size or the new. The caller keeps I/O to the replica out
-    /// while it runs.
+    /// while it shrinks; while it grows, I/O below the old end may go on (the versions' pool
+    /// grows ahead of its redirects so), and none may come past it before it returns.
     fn resize(&self, size: u64) -> Result<(), StoreError>;
     /// A hint: writes into `[offset, offset+len)` come soon. A store whose first write to a
     /// region allocates (a sparse file) may allocate it now, so those writes find it ready;

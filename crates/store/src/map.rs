@@ -76,8 +76,8 @@ impl AllocMap {
     }
 
     /// The map of a replica of `size` bytes: grains past the old end start free, grains past
-    /// the new end are forgotten. The caller keeps writes out meanwhile (they would land in
-    /// either map).
+    /// the new end are forgotten. Marks made meanwhile below both ends are kept: they are
+    /// made under the map's lock, which this holds while it copies.
     pub fn resize(&self, size: u64) {
         let mut bits = self.bits.write().unwrap_or_else(|e| e.into_inner());
         let new = Bits::new(size, self.grain);

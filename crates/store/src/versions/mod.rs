@@ -5,9 +5,10 @@
 //! lives. Until the first snapshot the table is the identity and every call passes straight
 //! through (the cost is one shared lock). After one, a write to a block a snapshot holds goes
 //! to a fresh block past the replica's logical end (the *pool*, grown in steps with
-//! `Replica::resize` of the physical replica), and the head's map records it; reads look up one
-//! entry per block whatever the number of snapshots. Because the layers below see physical
-//! blocks, the seals of a `SealedStore` underneath follow the blocks.
+//! `Replica::resize` of the physical replica, ahead of need: see `grow`), and the head's map
+//! records it; reads look up one entry per block whatever the number of snapshots. Because
+//! the layers below see physical blocks, the seals of a `SealedStore` underneath follow the
+//! blocks.
 //!
 //! **Durability.** With a directory, the maps persist in the files of [`format`]: a
 //! snapshot, delete or rollback before it returns; the head's changes at the next flush (after
@@ -132,6 +133,9 @@ impl VersionedStore {
             slot: AtomicU64::new(0),
             grow_min: self.grow_min,
             reserved: Mutex::new(0..0),
+            low: AtomicBool::new(false),
+            growing: Mutex::new(()),
+            ahead_failed: AtomicBool::new(false),
             unsaved: Mutex::new(unsaved.into_iter().collect()),
         });
         r.ensure_main();
@@ -199,6 +203,14 @@ struct VersionedReplica {
     grow_min: u64,
     /// The physical bytes of the pool last reserved ([`VersionedReplica::reserve_ahead`]).
     reserved: Mutex<std::ops::Range<u64>>,
+    /// Free blocks ran low at a redirect: the write grows the pool ahead
+    /// ([`VersionedReplica::grow_ahead`]).
+    low: AtomicBool,
+    /// Held by the one write growing the pool ahead.
+    growing: Mutex<()>,
+    /// A growth ahead failed: the next is left to a redirect that finds no free block
+    /// ([`VersionedReplica::grow`], which reports the error and clears this).
+    ahead_failed: AtomicBool,
     /// Snapshots the redirect log holds whose files are not written yet: the next
     /// [`VersionedReplica::persist_main`] writes them before the main file lists them.
     unsaved: Mutex<std::collections::BTreeSet<u64>>,
@@ -420,6 +432,9 @@ impl crate::filter::ReplicaFilter for VersionedReplica {
                 return Ok(());
             }
             let mut done = self.write_head(offset, data)?;
+            if done && self.low.load(Ordering::Acquire) {
+                self.grow_ahead();
+            }
             drop(g);
             while !done {
                 self.grow()?;

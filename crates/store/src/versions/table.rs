@@ -433,6 +433,12 @@ impl Table {
         self.free.append(&mut self.punching);
     }
 
+    /// Blocks a growth of the pool would take back first: dropped, or held while their space
+    /// goes back.
+    pub fn reusable(&self) -> usize {
+        self.pending.len() + self.punching.len()
+    }
+
     /// Blocks waiting for [`Table::settle`].
     pub fn pending(&self) -> usize {
         self.pending.len()

@@ -566,3 +566,89 @@ fn redirects_after_a_fold_back_reach_the_log_a_reopen_reads() {
         assert!(read(&*r, Some(2), 0, 4096) == [1; 4096], "{}", s.name);
     }
 }
+
+/// The pool grows a step ahead of its redirects: the write whose redirect leaves less than a
+/// quarter of a step free grows it, so the redirects after it find blocks free. Meanwhile
+/// writer threads redirecting blocks between snapshots (the growths running beside their
+/// I/O) keep every version's bytes, and a process that dies keeps them too.
+#[test]
+fn the_pool_grows_ahead_of_its_redirects_while_writers_go_on() {
+    const STEP: u64 = 16;
+    let dir = tempfile::tempdir().unwrap();
+    let open = || -> Arc<dyn Store> {
+        let file = Arc::new(FileStore::open(dir.path()).unwrap());
+        let sealed = Arc::new(SealedStore::new(file, Some(dir.path())));
+        Arc::new(VersionedStore::new(sealed, Some(dir.path())).with_grow_min(STEP * BLOCK))
+    };
+    let s = open();
+    let r = s.create(1, SIZE).unwrap();
+    let blocks = SIZE / BLOCK;
+    assert_eq!(blocks / 16, STEP, "a step is the minimum here");
+    r.write(0, &vec![0; SIZE as usize], false).unwrap();
+    r.flush().unwrap();
+    let data = dir.path().join(format!("replica-{:016x}.data", 1u64));
+    let phys = || std::fs::metadata(&data).unwrap().len();
+    r.snapshot(1, 0).unwrap();
+    // The first redirect finds the pool empty and grows it; the one that leaves fewer than a
+    // quarter of the step free grows it ahead.
+    let low = STEP - STEP / 4 + 1;
+    for l in 0..low - 1 {
+        r.write(l * BLOCK, &[1; 4096], false).unwrap();
+        assert_eq!(phys(), SIZE + STEP * BLOCK, "after {} redirects", l + 1);
+    }
+    r.write((low - 1) * BLOCK, &[1; 4096], false).unwrap();
+    assert_eq!(phys(), SIZE + 2 * STEP * BLOCK, "not grown ahead");
+    r.delete_snapshot(1).unwrap();
+    r.flush().unwrap();
+
+    // Four writers rewrite their blocks (every fourth) in each of twelve rounds; a snapshot
+    // between rounds holds the round before.
+    let fill = |round: u64, l: u64| {
+        let mut b = vec![0u8; BLOCK as usize];
+        for (i, w) in b.chunks_mut(8).enumerate() {
+            w.copy_from_slice(&(round << 48 | l << 16 | i as u64).to_le_bytes());
+        }
+        b
+    };
+    const ROUNDS: u64 = 12;
+    let barrier = std::sync::Barrier::new(5);
+    std::thread::scope(|sc| {
+        for k in 0..4 {
+            let (r, barrier) = (&r, &barrier);
+            sc.spawn(move || {
+                for round in 1..=ROUNDS {
+                    for l in (k..blocks).step_by(4) {
+                        r.write(l * BLOCK, &fill(round, l), false).unwrap();
+                    }
+                    barrier.wait();
+                    barrier.wait();
+                }
+            });
+        }
+        for round in 1..=ROUNDS {
+            barrier.wait();
+            r.snapshot(10 + round, 0).unwrap();
+            barrier.wait();
+        }
+    });
+    let check = |r: &dyn Replica, when: &str| {
+        for round in 1..=ROUNDS {
+            for l in 0..blocks {
+                let got = read(r, Some(10 + round), l * BLOCK, BLOCK as usize);
+                assert!(got == fill(round, l), "{when}: round {round}, block {l}");
+            }
+        }
+        for l in 0..blocks {
+            assert!(read(r, None, l * BLOCK, BLOCK as usize) == fill(ROUNDS, l));
+        }
+    };
+    check(&*r, "served");
+    assert!(
+        phys() > SIZE + (ROUNDS - 1) * SIZE,
+        "the pool holds every round"
+    );
+    drop((r, s));
+    let s = open();
+    let r = s.open_all().pop().unwrap().unwrap();
+    check(&*r, "reopened");
+}

@@ -94,6 +94,9 @@ impl VersionedReplica {
                 let r = self.write_fresh(to, from, within, piece);
                 let mut t = self.table();
                 let new = t.redirected(l, to, from, r.is_ok());
+                if (t.free_blocks() as u64) < self.grow_step() / 4 {
+                    self.low.store(true, Ordering::Release);
+                }
                 self.dirty.store(true, Ordering::Release);
                 r?;
                 if let Some(e) = new {
