@@ -281,8 +281,8 @@ impl VersionedReplica {
 
     /// Gives the space of `holes` back to the file system, a piece at a time under the gate
     /// held shared, at most `rate` bytes a second ([`GIVE_BACK_RATE`] once I/O is served):
-    /// I/O goes on meanwhile, and a snapshot, delete or pool growth waits for one piece at
-    /// most. A piece the pool took back meanwhile (it needed the blocks) is skipped, and so
+    /// I/O goes on meanwhile, and a snapshot, delete or reuse of freed blocks waits for one
+    /// piece at most. A piece the pool took back meanwhile (it needed the blocks) is skipped, and so
     /// is all that is left once the replica is closed.
     pub(super) fn give_back(&self, holes: Holes, rate: Option<u64>) {
         let started = std::time::Instant::now();

@@ -180,8 +180,9 @@ impl crate::filter::StoreFilter for VersionedStore {
 struct VersionedReplica {
     inner: Arc<dyn Replica>,
     files: Option<Files>,
-    /// Held shared by every I/O; exclusive to take, delete or roll back to a snapshot, to grow
-    /// the pool, and to reuse freed blocks (no read may still be on its way to one).
+    /// Held shared by every I/O, and by a growth of the pool; exclusive to take, delete or
+    /// roll back to a snapshot, and to reuse freed blocks (no read may still be on its way to
+    /// one).
     gate: RwLock<()>,
     table: Mutex<Table>,
     /// True while the table is the identity: I/O passes straight through.
