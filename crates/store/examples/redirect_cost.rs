@@ -1,9 +1,9 @@
 //! What a snapshot costs a node's store, without the network or the other copies: the node's
 //! stack (versions over clones over seals over the file store, O_DIRECT) in a directory, two
 //! volumes of SIZE written whole, then THREADS threads of 4 KiB random writes (and reads) for
-//! SECS seconds per phase (flushed each second, as a node does), alternating a volume never snapshotted ("none") with one just
-//! snapshotted ("first": nearly every write is a block's first overwrite, a redirect), ROUNDS
-//! times. Prints per phase the operations a second and the CPU time per operation: of this
+//! SECS seconds per phase (flushed each second, as a node does), alternating a volume never
+//! snapshotted ("none") with one just snapshotted ("first": nearly every write is a block's
+//! first overwrite, a redirect), ROUNDS times. Prints per phase the operations a second and the CPU time per operation: of this
 //! process (getrusage) and of the whole machine (/proc/stat, which counts the kernel's
 //! workers too: ext4's conversion of unwritten extents runs in one).
 //!

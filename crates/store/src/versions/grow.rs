@@ -24,6 +24,11 @@ impl VersionedReplica {
         self.grow_min.max(self.size.load(Ordering::Acquire) / 16) / BLOCK
     }
 
+    /// True if `free` blocks are fewer than a quarter of a step: the pool grows ahead.
+    pub(super) fn runs_low(&self, free: usize) -> bool {
+        (free as u64) < self.grow_step() / 4
+    }
+
     /// With the gate held shared, after a write that left free blocks low: grows the pool by
     /// a step. One write at a time grows it; the others go on. Its errors are not the
     /// write's: the growth a redirect makes when no block is free reports them.
@@ -34,7 +39,7 @@ impl VersionedReplica {
         if !self.low.swap(false, Ordering::AcqRel) || self.ahead_failed.load(Ordering::Acquire) {
             return;
         }
-        if self.table().free_blocks() as u64 >= self.grow_step() / 4 {
+        if !self.runs_low(self.table().free_blocks()) {
             return;
         }
         if let Err(e) = self.add_step() {

@@ -94,7 +94,7 @@ impl VersionedReplica {
                 let r = self.write_fresh(to, from, within, piece);
                 let mut t = self.table();
                 let new = t.redirected(l, to, from, r.is_ok());
-                if (t.free_blocks() as u64) < self.grow_step() / 4 {
+                if self.runs_low(t.free_blocks()) {
                     self.low.store(true, Ordering::Release);
                 }
                 self.dirty.store(true, Ordering::Release);
