@@ -2,8 +2,9 @@
 //!
 //! [`Node`] implements the transport [`Handler`]: it decodes nothing itself (the transport
 //! hands it checked frames), applies the fencing rule from the replication core to every I/O
-//! request, and runs store calls inline for in-memory stores or on the blocking pool for
-//! device-backed ones, so the async threads never wait on a disk.
+//! request, and runs store calls inline for in-memory stores, and for device-backed ones on
+//! its I/O threads (data requests: `io_threads.rs`) or tokio's blocking pool (the rest), so
+//! the async threads never wait on a disk.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -17,6 +18,7 @@ mod access;
 mod activity;
 pub mod books;
 mod dirty;
+mod io_threads;
 mod ops;
 mod room;
 mod serve;
@@ -24,6 +26,7 @@ mod serve;
 pub use access::VolumePolicy;
 pub use activity::{ActivityLogs, ActivityView};
 pub use dirty::{DirtyTracker, DirtyView, DEFAULT_GRAIN as DEFAULT_DIRTY_GRAIN};
+pub use io_threads::DEFAULT_IO_THREADS;
 
 /// Most tracking regions one `DirtyQuery` may cover (its answer stays under 12 MiB).
 pub const MAX_DIRTY_QUERY_REGIONS: u64 = 1 << 20;
@@ -76,6 +79,8 @@ pub struct Node {
     /// The activity log and dirty records are kept on disk for replicas with a ledger
     /// ([`Node::keep_books`]).
     books: std::sync::atomic::AtomicBool,
+    /// Where data requests run when the store blocks (`io_threads.rs`).
+    io: io_threads::IoThreads,
 }
 
 /// What a node holds ([`Node::usage`]).
@@ -146,9 +151,17 @@ impl Node {
             members: RwLock::new(None),
             room: room::Room::default(),
             books: std::sync::atomic::AtomicBool::new(false),
+            io: io_threads::IoThreads::new(DEFAULT_IO_THREADS, format!("node{id}-io")),
         };
         node.link_clones();
         node
+    }
+
+    /// Serves data requests on at most `n` threads of its own (at least one; default
+    /// [`DEFAULT_IO_THREADS`]) when the store blocks: the most requests it has on its disk
+    /// at once.
+    pub fn set_io_threads(&self, n: usize) {
+        self.io.set_limit(n);
     }
 
     /// Keeps the activity log and the peers' dirty records on disk from now on, for every

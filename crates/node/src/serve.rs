@@ -116,6 +116,15 @@ impl Node {
     }
 }
 
+/// The requests served on the node's I/O threads when the store blocks: reads and writes,
+/// bounded by the frame size and waiting on nothing but requests already running
+/// (`io_threads.rs`). The rest go to tokio's blocking pool: an attach waits for the I/O
+/// before it, a checksum may read a gigabyte, and a flush or a zeroing of a large range would
+/// hold a thread the reads behind it wait for.
+fn is_data(op: Op) -> bool {
+    matches!(op, Op::Read | Op::Write | Op::SnapshotRead)
+}
+
 impl Handler for Node {
     fn inline(&self, req: &Frame) -> bool {
         !self.store.blocking()
@@ -136,16 +145,21 @@ impl Handler for Node {
     }
 
     async fn handle(self: Arc<Self>, req: Frame) -> Frame {
-        let blocking = !self.inline(&req);
         let h = req.header;
-        let result = if blocking {
+        let result = if self.inline(&req) {
+            self.serve(&req)
+        } else if is_data(h.op) {
+            let me = self.clone();
+            match self.io.run(move || me.serve(&req)).await {
+                Ok(r) => r,
+                Err(e) => Err(Refusal(Status::Io, format!("store task failed: {}", e.0))),
+            }
+        } else {
             let me = self.clone();
             match tokio::task::spawn_blocking(move || me.serve(&req)).await {
                 Ok(r) => r,
                 Err(e) => Err(Refusal(Status::Io, format!("store task failed: {e}"))),
             }
-        } else {
-            self.serve(&req)
         };
         match result {
             Ok((header, payload)) => Frame::new(header, payload),

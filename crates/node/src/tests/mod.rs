@@ -731,5 +731,6 @@ fn tiered_reads_are_flagged_and_shared_heat_promotes() {
 
 mod barrier;
 mod clones;
+mod io_threads;
 mod resize;
 mod snapshots;
