@@ -289,6 +289,10 @@ pub struct NodeServeArgs {
     /// a network of its own).
     #[arg(long, conflicts_with = "tls_dir")]
     pub insecure: bool,
+    /// Threads serving reads and writes of a store on disk: the most I/Os the node has on
+    /// its disk at once. More than the disk's queue needs cost a thread wakeup per I/O.
+    #[arg(long, default_value_t = trireme_node::DEFAULT_IO_THREADS as u32, value_parser = units::count(1, 1024))]
+    pub io_threads: u32,
     #[command(flatten)]
     pub room: RoomArgs,
     /// This node's directory is on a file system N nodes share (those of `trireme up`): its
@@ -371,6 +375,9 @@ pub struct NodeRunArgs {
     /// Fault tests: fail store I/O at the rates in FILE (see `node serve --inject-faults`).
     #[arg(long, value_name = "FILE")]
     pub inject_faults: Option<PathBuf>,
+    /// Threads serving reads and writes (see `node serve --io-threads`).
+    #[arg(long, default_value_t = trireme_node::DEFAULT_IO_THREADS as u32, value_parser = units::count(1, 1024))]
+    pub io_threads: u32,
 }
 
 #[derive(Debug, Args)]

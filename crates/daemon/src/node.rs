@@ -47,6 +47,8 @@ pub struct NodeConfig {
     pub overcommit: f64,
     /// How many nodes share the file system of its directory (`trireme up`'s do).
     pub fs_share: u32,
+    /// Threads serving reads and writes of a store on disk ([`trireme_node::Node::set_io_threads`]).
+    pub io_threads: usize,
     /// Where it serves its metrics (and, while it is the manager, the dashboard); the bound
     /// address is written to `<dir>/http`.
     pub http: Option<SocketAddr>,
@@ -105,6 +107,7 @@ pub fn build_node(cfg: &NodeConfig) -> Result<Arc<trireme_node::Node>, DaemonErr
         node.set_space_dir(cfg.dir.clone());
     }
     node.set_overcommit(cfg.overcommit);
+    node.set_io_threads(cfg.io_threads);
     match cfg.capacity {
         Some(c) => node.set_capacity(c),
         None => match cfg.store {

@@ -22,6 +22,7 @@ pub(crate) fn node_config(
         capacity: a.room.capacity,
         overcommit: a.room.overcommit,
         fs_share: a.fs_share,
+        io_threads: a.io_threads as usize,
         http: a.http.addr.0,
         http_token: a.http.token_file.clone(),
     })
@@ -193,6 +194,7 @@ pub(crate) async fn node_run(cli: &Cli, a: &crate::NodeRunArgs) -> Result<(), Cl
         capacity: a.room.capacity,
         overcommit: a.room.overcommit,
         fs_share: 1,
+        io_threads: a.io_threads as usize,
         http: a.http.addr.0,
         http_token: a.http.token_file.clone(),
     };
