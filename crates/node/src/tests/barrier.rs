@@ -1,66 +1,16 @@
 //! The attach barrier (`serve.rs`, `io_replica`): a store whose writes stall until released
-//! stands for a write stuck in a device.
+//! (`stuck.rs`) stands for a write stuck in a device.
 
+use super::stuck::{release, wait_stuck, Stuck};
 use super::*;
-
-/// A memory store whose writes of the payload `b"slow"` wait until released: a write stuck in
-/// the device.
-#[derive(Debug, Default)]
-struct Stalling {
-    inner: trireme_store::MemoryStore,
-    /// (a slow write is in the store, it may finish)
-    gate: Arc<(std::sync::Mutex<(bool, bool)>, std::sync::Condvar)>,
-}
-
-#[derive(Debug)]
-struct StallingReplica {
-    inner: Arc<dyn Replica>,
-    gate: Arc<(std::sync::Mutex<(bool, bool)>, std::sync::Condvar)>,
-}
-
-impl trireme_store::filter::StoreFilter for Stalling {
-    fn next(&self) -> &dyn Store {
-        &self.inner
-    }
-    fn blocking(&self) -> bool {
-        true
-    }
-    fn create(&self, volume: u64, size: u64) -> Result<Arc<dyn Replica>, StoreError> {
-        Ok(Arc::new(StallingReplica {
-            inner: self.inner.create(volume, size)?,
-            gate: self.gate.clone(),
-        }))
-    }
-    fn open_all(&self) -> Vec<Result<Arc<dyn Replica>, StoreError>> {
-        Vec::new()
-    }
-}
-
-impl trireme_store::filter::ReplicaFilter for StallingReplica {
-    fn next(&self) -> &dyn Replica {
-        &*self.inner
-    }
-    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), StoreError> {
-        if data == b"slow" {
-            let (m, cv) = &*self.gate;
-            let mut g = m.lock().unwrap();
-            g.0 = true;
-            cv.notify_all();
-            while !g.1 {
-                g = cv.wait(g).unwrap();
-            }
-        }
-        self.inner.write(offset, data, fua)
-    }
-}
 
 /// A writer that gave up on a write (it timed out in the device) and attached again from a
 /// new connection gets the attach's answer only once that write has finished: the retry it
 /// sends next, and any newer write in the same place, cannot be overtaken by the old one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_attach_waits_for_the_writes_admitted_before_it() {
-    let store = Arc::new(Stalling::default());
-    let gate = store.gate.clone();
+    let store = Arc::new(Stuck::default());
+    let state = store.state.clone();
     let (node, old) = start(store).await;
     let ok = |f: Frame| assert_eq!(f.header.status, Status::Ok, "{f:?}");
     ok(old
@@ -78,18 +28,7 @@ async fn an_attach_waits_for_the_writes_admitted_before_it() {
             .await
     });
     // The old write is in the store, stuck.
-    tokio::task::spawn_blocking({
-        let gate = gate.clone();
-        move || {
-            let (m, cv) = &*gate;
-            let mut g = m.lock().unwrap();
-            while !g.0 {
-                g = cv.wait(g).unwrap();
-            }
-        }
-    })
-    .await
-    .unwrap();
+    wait_stuck(&state, 1).await;
     let addr = old.info().peer.to_string();
     let new = TcpConnection::connect(&addr, 1).await.unwrap();
     let attach = tokio::spawn(async move {
@@ -98,11 +37,7 @@ async fn an_attach_waits_for_the_writes_admitted_before_it() {
     });
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let early = attach.is_finished();
-    {
-        let (m, cv) = &*gate;
-        m.lock().unwrap().1 = true;
-        cv.notify_all();
-    }
+    release(&state);
     assert!(
         !early,
         "the attach answered while a write admitted before it was still in the store"

@@ -1,68 +1,8 @@
 //! The node's I/O threads (`io_threads.rs`): reads and writes of a blocking store run on a
 //! bounded set of threads; everything else does not queue behind them.
 
+use super::stuck::{release, wait_stuck, Stuck};
 use super::*;
-
-/// A blocking memory store whose writes of `b"slow"` wait until released: writes stuck in
-/// the device. Counts the stuck writes, and names the threads writes ran on.
-#[derive(Debug, Default)]
-struct Stuck {
-    inner: trireme_store::MemoryStore,
-    state: Arc<(std::sync::Mutex<StuckState>, std::sync::Condvar)>,
-}
-
-#[derive(Debug, Default)]
-struct StuckState {
-    stuck: usize,
-    released: bool,
-    threads: HashSet<String>,
-}
-
-#[derive(Debug)]
-struct StuckReplica {
-    inner: Arc<dyn Replica>,
-    state: Arc<(std::sync::Mutex<StuckState>, std::sync::Condvar)>,
-}
-
-impl trireme_store::filter::StoreFilter for Stuck {
-    fn next(&self) -> &dyn Store {
-        &self.inner
-    }
-    fn blocking(&self) -> bool {
-        true
-    }
-    fn create(&self, volume: u64, size: u64) -> Result<Arc<dyn Replica>, StoreError> {
-        Ok(Arc::new(StuckReplica {
-            inner: self.inner.create(volume, size)?,
-            state: self.state.clone(),
-        }))
-    }
-    fn open_all(&self) -> Vec<Result<Arc<dyn Replica>, StoreError>> {
-        Vec::new()
-    }
-}
-
-impl trireme_store::filter::ReplicaFilter for StuckReplica {
-    fn next(&self) -> &dyn Replica {
-        &*self.inner
-    }
-    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), StoreError> {
-        let (m, cv) = &*self.state;
-        let mut g = m.lock().unwrap();
-        let name = std::thread::current().name().unwrap_or("?").to_string();
-        g.threads.insert(name);
-        if data == b"slow" {
-            g.stuck += 1;
-            cv.notify_all();
-            while !g.released {
-                g = cv.wait(g).unwrap();
-            }
-            g.stuck -= 1;
-        }
-        drop(g);
-        self.inner.write(offset, data, fua)
-    }
-}
 
 /// With every I/O thread holding a stuck write, a read waits for one of them (the node has
 /// at most that many I/Os on its disk), while a flush and a snapshot listing, which run
@@ -96,17 +36,7 @@ async fn reads_and_writes_share_a_bounded_set_of_threads_that_nothing_else_waits
             })
         })
         .collect();
-    let wait_stuck = |n: usize| {
-        let state = state.clone();
-        tokio::task::spawn_blocking(move || {
-            let (m, cv) = &*state;
-            let mut g = m.lock().unwrap();
-            while g.stuck < n {
-                g = cv.wait(g).unwrap();
-            }
-        })
-    };
-    wait_stuck(2).await.unwrap();
+    wait_stuck(&state, 2).await;
     let c = conn.clone();
     let read =
         tokio::spawn(async move { c.call(req(Op::Read, 1, 4, 8192, 4096), Bytes::new()).await });
@@ -122,11 +52,7 @@ async fn reads_and_writes_share_a_bounded_set_of_threads_that_nothing_else_waits
     .await;
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let early = read.is_finished();
-    {
-        let (m, cv) = &*state;
-        m.lock().unwrap().released = true;
-        cv.notify_all();
-    }
+    release(&state);
     ok(flush
         .expect("a flush waited behind the stuck writes")
         .unwrap());

@@ -734,3 +734,4 @@ mod clones;
 mod io_threads;
 mod resize;
 mod snapshots;
+mod stuck;
