@@ -192,7 +192,7 @@ mod tests {
                     .unwrap()
                 }
             });
-            futures_join(jobs).await
+            spawn_all(jobs).await
         });
         assert_eq!(results, (0..40u64).map(|i| i * 2).collect::<Vec<_>>());
         assert_eq!(pool.threads(), 3, "never more threads than the limit");
@@ -230,8 +230,8 @@ mod tests {
         }
     }
 
-    /// Awaits every future, in order (the crate has no `futures` dependency).
-    async fn futures_join<F: std::future::Future<Output = u64> + Send + 'static>(
+    /// Spawns every future as a task, then awaits their outputs in order.
+    async fn spawn_all<F: std::future::Future<Output = u64> + Send + 'static>(
         jobs: impl Iterator<Item = F>,
     ) -> Vec<u64> {
         let handles: Vec<_> = jobs.map(tokio::spawn).collect();

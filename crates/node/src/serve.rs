@@ -148,18 +148,16 @@ impl Handler for Node {
         let h = req.header;
         let result = if self.inline(&req) {
             self.serve(&req)
-        } else if is_data(h.op) {
-            let me = self.clone();
-            match self.io.run(move || me.serve(&req)).await {
-                Ok(r) => r,
-                Err(e) => Err(Refusal(Status::Io, format!("store task failed: {}", e.0))),
-            }
         } else {
             let me = self.clone();
-            match tokio::task::spawn_blocking(move || me.serve(&req)).await {
-                Ok(r) => r,
-                Err(e) => Err(Refusal(Status::Io, format!("store task failed: {e}"))),
-            }
+            let job = move || me.serve(&req);
+            let ran = match is_data(h.op) {
+                true => self.io.run(job).await.map_err(|lost| lost.0),
+                false => tokio::task::spawn_blocking(job)
+                    .await
+                    .map_err(|e| e.to_string()),
+            };
+            ran.unwrap_or_else(|why| Err(Refusal(Status::Io, format!("store task failed: {why}"))))
         };
         match result {
             Ok((header, payload)) => Frame::new(header, payload),
