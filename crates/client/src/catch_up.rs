@@ -11,7 +11,10 @@
 //!   Those regions are first marked on every survivor's record for it (so a catch-up cut short
 //!   leaves them to the resync: its head no longer matches the source's there), then written
 //!   from the source's snapshot X; the resync that follows copies the survivors' regions,
-//!   which include all of these.
+//!   which include all of these. Once X is given, the copy's head is X everywhere, so the
+//!   next snapshot Y is given only the blocks that differ between X and Y (every region
+//!   again if X was deleted meanwhile): a copy that missed many snapshots is not given
+//!   its whole record once per snapshot.
 //! - **Its history unknown** (a new copy, one re-created or wiped, or a writer change — a full
 //!   resync follows, comparing every region): for X, the copy is first rolled back to the
 //!   latest snapshot it holds before X (a snapshot is byte-identical on every copy) and given
@@ -20,16 +23,19 @@
 //!   This is how snapshots move with a copy on a drain or a removal.
 //!
 //! Either way X is written as the source holds it: its data as data, its holes as trims, so
-//! a hole stays a hole. A copy resyncing while a snapshot is taken does not get it; at the
-//! end of its resync it goes out again with its history known, and the next one gives it
-//! ([`Volume::lacks_snapshots`]). A writer retiring the old copy of a move checks that the new one holds
+//! a hole stays a hole, and no faster than the resync's rate. A copy resyncing while a
+//! snapshot is taken does not get it; at the end of its resync it goes out again with its
+//! history known, and the next one gives it ([`Volume::lacks_snapshots`]; `resync.rs` says
+//! how snapshots taken often cannot keep it out). A writer retiring the old copy of a move checks that the new one holds
 //! every snapshot the old one did ([`Volume::snapshot_ids_on`]).
+
+use std::time::Duration;
 
 use bytes::Bytes;
 use trireme_proto::{
     data_ranges, ListedSnapshot, Op, SnapshotRequest, DIRTY_AUTO, EXTENT_CHANGED, FLAG_MAY_TRIM,
 };
-use trireme_replication::{union_chunks, union_ranges, ReplicaState};
+use trireme_replication::{union_chunks, union_ranges, ReplicaState, PARALLEL};
 use trireme_transport::{Connection, Frame};
 
 use crate::membership::BoxFut;
@@ -102,6 +108,8 @@ impl Volume {
         missed: Vec<ListedSnapshot>,
     ) -> Result<(), VolumeError> {
         let mut regions = dirty;
+        // The last snapshot given: the copy's head is now that snapshot everywhere.
+        let mut given: Option<u64> = None;
         for snap in missed {
             let changed = match self.changed_ranges(snap.id, None).await {
                 Err(e) if deleted_meanwhile(&e) => continue,
@@ -110,13 +118,27 @@ impl Volume {
             regions.extend(changed);
             regions = union_ranges(regions);
             self.mark_for(i, survivors, &regions).await?;
-            // A later snapshot's regions hold these: what was written of one deleted
-            // meanwhile is overwritten.
-            match self.give_snapshot(i, conn, source, &snap, &regions).await {
-                Err(e) if deleted_meanwhile(&e) => continue,
+            // After the first, only what changed between the one given and this one: the
+            // rest of the head already holds this one. A base deleted meanwhile: every region.
+            let to_give = match given {
+                Some(b) => match self.changed_ranges(b, Some(snap.id)).await {
+                    Err(e) if deleted_meanwhile(&e) => regions.clone(),
+                    r => union_ranges(r?),
+                },
+                None => regions.clone(),
+            };
+            let t0 = tokio::time::Instant::now();
+            match self.give_snapshot(i, conn, source, &snap, &to_give).await {
+                // Deleted meanwhile, part written: the next is given every region, which
+                // overwrites that part.
+                Err(e) if deleted_meanwhile(&e) => {
+                    given = None;
+                    continue;
+                }
                 r => r?,
             }
-            tracing::info!(volume = %self.info.name, node = self.node(i), id = snap.id, bytes = regions.iter().map(|r| r.1).sum::<u64>(), "a snapshot the copy missed while out, given to it before its resync");
+            given = Some(snap.id);
+            tracing::info!(volume = %self.info.name, node = self.node(i), id = snap.id, bytes = to_give.iter().map(|r| r.1).sum::<u64>(), ms = t0.elapsed().as_millis() as u64, "a snapshot the copy missed while out, given to it before its resync");
         }
         Ok(())
     }
@@ -148,12 +170,13 @@ impl Volume {
             };
             // One deleted meanwhile is skipped: the next starts from a base it holds, or
             // writes its whole snapshot.
+            let t0 = tokio::time::Instant::now();
             let regions = match given.await {
                 Err(e) if deleted_meanwhile(&e) => continue,
                 r => r?,
             };
             held.push(snap.id);
-            tracing::info!(volume = %self.info.name, node = self.node(i), id = snap.id, from = ?base, bytes = regions.iter().map(|r| r.1).sum::<u64>(), "a snapshot the copy lacked, given to it before its full resync");
+            tracing::info!(volume = %self.info.name, node = self.node(i), id = snap.id, from = ?base, bytes = regions.iter().map(|r| r.1).sum::<u64>(), ms = t0.elapsed().as_millis() as u64, "a snapshot the copy lacked, given to it before its full resync");
         }
         Ok(())
     }
@@ -168,29 +191,92 @@ impl Volume {
         snap: &ListedSnapshot,
         regions: &[(u64, u64)],
     ) -> Result<(), VolumeError> {
-        let id = Bytes::from(trireme_proto::snapshot_id_payload(snap.id));
+        let id = &Bytes::from(trireme_proto::snapshot_id_payload(snap.id));
+        // Where the snapshot holds data and where holes, asked of the source a window at a
+        // time, PARALLEL windows at once (a copy that missed many small writes has many).
+        let mut windows = Vec::new();
         for &(off, len) in regions {
             let mut at = off;
             while at < off + len {
                 let n = CHANGED_WINDOW.min(off + len - at);
-                let h = self.header(Op::SnapshotStatus, at, n);
-                let f = self.call(source, h, id.clone()).await?;
-                let f = self.expect_ok(source, f)?;
-                let extents = crate::extents_covering(self.node(source), &f.payload, n)?;
-                let data = data_ranges(&extents, at);
-                for (o, l) in holes_between(at, n, &data) {
-                    let mut h = self.header(Op::WriteZeroes, o, l);
-                    h.flags |= FLAG_MAY_TRIM;
-                    self.send_on(i, conn, h, Bytes::new()).await?;
-                }
-                for (o, l) in union_chunks(data) {
-                    let h = self.header(Op::SnapshotRead, o, l);
-                    let f = self.call(source, h, id.clone()).await?;
-                    let bytes = self.expect_ok(source, f)?.payload;
-                    self.send_on(i, conn, self.header(Op::Write, o, l), bytes)
-                        .await?;
-                }
+                windows.push((at, n));
                 at += n;
+            }
+        }
+        let (mut holes, mut data) = (Vec::new(), Vec::new());
+        for group in windows.chunks(PARALLEL) {
+            let asked = join_all(
+                group
+                    .iter()
+                    .map(|&(at, n)| {
+                        Box::pin(async move {
+                            let h = self.header(Op::SnapshotStatus, at, n);
+                            let f = self.call(source, h, id.clone()).await?;
+                            let f = self.expect_ok(source, f)?;
+                            let extents =
+                                crate::extents_covering(self.node(source), &f.payload, n)?;
+                            let data = data_ranges(&extents, at);
+                            Ok((holes_between(at, n, &data), data))
+                        })
+                            as BoxFut<'_, Result<(Vec<(u64, u64)>, Vec<(u64, u64)>), VolumeError>>
+                    })
+                    .collect(),
+            )
+            .await;
+            for a in asked {
+                let (h, d) = a?;
+                holes.extend(h);
+                data.extend(d);
+            }
+        }
+        for group in holes.chunks(PARALLEL) {
+            let trims = group
+                .iter()
+                .map(|&(o, l)| {
+                    Box::pin(async move {
+                        let mut h = self.header(Op::WriteZeroes, o, l);
+                        h.flags |= FLAG_MAY_TRIM;
+                        self.send_on(i, conn, h, Bytes::new()).await.map(|_| ())
+                    }) as BoxFut<'_, Result<(), VolumeError>>
+                })
+                .collect();
+            join_all(trims)
+                .await
+                .into_iter()
+                .collect::<Result<(), _>>()?;
+        }
+        // The data, PARALLEL regions at once, under the resync's rate: a catch-up copies as
+        // much as a resync may (a new copy of a move is given whole snapshots), and must not
+        // take the disks from the volume's I/O.
+        let rate = self
+            .core()
+            .rate(i)
+            .or(self.opts.resync_rate)
+            .filter(|&r| r > 0);
+        let started = tokio::time::Instant::now();
+        let mut sent = 0u64;
+        for group in union_chunks(data).chunks(PARALLEL) {
+            let copies = group
+                .iter()
+                .map(|&(o, l)| {
+                    Box::pin(async move {
+                        let h = self.header(Op::SnapshotRead, o, l);
+                        let f = self.call(source, h, id.clone()).await?;
+                        let bytes = self.expect_ok(source, f)?.payload;
+                        self.send_on(i, conn, self.header(Op::Write, o, l), bytes)
+                            .await
+                            .map(|_| ())
+                    }) as BoxFut<'_, Result<(), VolumeError>>
+                })
+                .collect();
+            join_all(copies)
+                .await
+                .into_iter()
+                .collect::<Result<(), _>>()?;
+            sent += group.iter().map(|c| c.1).sum::<u64>();
+            if let Some(r) = rate {
+                let due = Duration::from_secs_f64(sent as f64 / r as f64);
+                tokio::time::sleep_until(started + due).await;
             }
         }
         self.send_on(i, conn, self.header(Op::Flush, 0, 0), Bytes::new())
