@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::netns::Netns;
 use common::{
     assert_replicas_identical, finish_bench, node_pid, signal, start_bench, status,
-    wait_all_in_sync, wait_restarted, Cluster, BIN,
+    wait_all_in_sync, wait_restarted, wait_state, Cluster, BIN,
 };
 
 /// `(full, copied_bytes)` of every finished resync in the cluster log.
@@ -135,29 +135,6 @@ fn planned_stop_of_a_two_way_volume_and_a_lost_memory_replica() {
         "{r:?}\n{}",
         c.log()
     );
-}
-
-fn replica_state(c: &Cluster, node: u32) -> String {
-    let s = status(c);
-    s["volumes"][0]["replicas"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["node"] == node)
-        .map(|r| r["state"].as_str().unwrap().to_string())
-        .unwrap()
-}
-
-fn wait_state(c: &Cluster, node: u32, want: &str) {
-    let t0 = Instant::now();
-    while replica_state(c, node) != want {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "node {node} never became {want}:\n{}",
-            c.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// The resync target crashes midway, then (on the next attempt) a resync source does: each

@@ -456,3 +456,86 @@ fn a_delete_a_node_missed_is_finished_once_it_is_back() {
         "node 2 still holds a snapshot"
     );
 }
+
+/// A copy that resyncs while snapshots keep coming still gets back in sync, with every
+/// snapshot. Node 3 misses 3 s of writes scattered over the whole volume, and the load goes
+/// on, so each resync of it copies about 64 MiB at 32 MiB/s: longer than the snapshots' 1 s
+/// period. Its first resyncs end lacking the snapshots taken meanwhile and go out again; the
+/// third holds new snapshots off until it ends (without that, every resync ended lacking one
+/// for as long as the load ran). The snapshots a catch-up gives are copied no faster than the
+/// resync rate.
+#[test]
+fn a_copy_resyncing_while_snapshots_keep_coming_gets_back_with_them_all() {
+    const RATE: u64 = 32 << 20;
+    let c = Cluster::start(&["--store", "file", "--size", "64M", "--resync-rate", "32M"]);
+    let bench = start_bench(&c, 26);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let p3 = node_pid(&c, 3);
+    signal(p3, libc::SIGSTOP);
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    signal(p3, libc::SIGCONT);
+    wait_state(&c, 3, "resyncing");
+    let t0 = std::time::Instant::now();
+    let mut k = 0;
+    while replica_state(&c, 3) != "in-sync" {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(20),
+            "node 3 not back in sync after {k} snapshots:\n{}",
+            c.log()
+        );
+        k += 1;
+        ok(
+            &c,
+            &["volume", "snapshot", "create", "vol0", &format!("s{k}")],
+        );
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    }
+    let back = t0.elapsed();
+    let log = c.log();
+    assert!(
+        log.contains("a snapshot was taken while it resynced"),
+        "its first resync did not end lacking a snapshot ({k} taken): the test proves nothing\n{log}"
+    );
+    assert!(
+        log.contains("new snapshots wait until this one ends"),
+        "{log}"
+    );
+    finish_bench(&c, bench);
+    let list: serde_json::Value = serde_json::from_str(&ok(
+        &c,
+        &["--output", "json", "volume", "snapshot", "list", "vol0"],
+    ))
+    .unwrap();
+    assert_eq!(list.as_array().unwrap().len(), k, "{list}");
+    for s in list.as_array().unwrap() {
+        assert_eq!(s["nodes"].as_array().unwrap().len(), 3, "{list}");
+    }
+    assert_replicas_identical(&c, "vol0");
+    // Each snapshot given whole enough to measure took at least its bytes at the rate.
+    let given: Vec<(u64, u64)> = log
+        .lines()
+        .filter(|l| l.contains("given to it before its"))
+        .filter_map(|l| {
+            let field = |name: &str| -> Option<u64> {
+                l.split(&format!("{name}="))
+                    .nth(1)?
+                    .split_whitespace()
+                    .next()?
+                    .parse()
+                    .ok()
+            };
+            Some((field("bytes")?, field("ms")?))
+        })
+        .collect();
+    assert!(!given.is_empty(), "no snapshot given to node 3:\n{log}");
+    for &(bytes, ms) in &given {
+        assert!(
+            ms + 1 >= bytes * 1000 / RATE,
+            "{bytes} bytes given in {ms} ms: faster than the resync rate"
+        );
+    }
+    eprintln!(
+        "{k} snapshots while node 3 resynced, in sync after {} ms; catch-ups (bytes, ms): {given:?}",
+        back.as_millis()
+    );
+}

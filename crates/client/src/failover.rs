@@ -96,6 +96,9 @@ pub(crate) async fn start(v: &Arc<Volume>) -> Result<(), VolumeError> {
                 // waits longer each time it stops again: a copy that cannot finish must not
                 // start over every tick, taking replicas out and logging each time.
                 backoff[i] = match &r {
+                    // Not a failure: it lacks a snapshot taken while it resynced, and its next
+                    // resync, short, gives it (`resync.rs`).
+                    Err(_) if v.lacked_snapshot(i) > 0 => (0, std::time::Duration::ZERO),
                     Err(e)
                         if !e.is_fenced() && v.resyncs_begun.load(Ordering::Relaxed) != begun =>
                     {

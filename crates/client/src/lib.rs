@@ -233,6 +233,12 @@ pub struct Volume {
     membership: Option<Arc<dyn Membership>>,
     /// Serialises taking replicas out and bringing them back.
     membership_lock: tokio::sync::Mutex<()>,
+    /// Taken shared by a snapshot's barrier; held exclusive through a copy's resync when its
+    /// last two ended lacking a snapshot taken meanwhile (`resync.rs`), so that snapshots
+    /// taken more often than a resync lasts cannot keep a copy out for ever.
+    snapshot_hold: tokio::sync::RwLock<()>,
+    /// Per slot: how many resyncs in a row ended lacking a snapshot taken while they ran.
+    lacked_snapshot: Mutex<[u8; MAX_SLOTS]>,
     /// Which extents this writer may have writes in flight in (see `activity.rs`).
     activity: activity::Activity,
     /// What the reconciliation at attach did, if there was one.
@@ -390,6 +396,8 @@ impl Volume {
             opts,
             membership,
             membership_lock: tokio::sync::Mutex::new(()),
+            snapshot_hold: tokio::sync::RwLock::new(()),
+            lacked_snapshot: Mutex::new([0; MAX_SLOTS]),
         })
     }
 

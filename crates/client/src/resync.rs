@@ -17,6 +17,16 @@
 //! Otherwise (R re-created or wiped, survivors restarted, or the writer changed meanwhile) the
 //! resync compares every region by checksum and copies those that differ — full, never a guess.
 //! If R fails again midway, it goes back to outdated with its remaining regions still recorded.
+//!
+//! **Snapshots taken meanwhile.** A snapshot's barrier goes to the copies in sync, not to R: at
+//! step 3, R lacking one goes out again with its history known, and its next resync gives it
+//! the snapshot first (`catch_up.rs`). That next resync is shorter (what was written since R
+//! went out, and what changed since that snapshot), and usually done before another snapshot.
+//! If it too ends lacking one, the next runs with new snapshots held off
+//! (`Volume::snapshot_hold`): a snapshot asked meanwhile waits for it to end, at most the time
+//! to copy what changed since the last resync began. Without that, snapshots taken more often
+//! than a resync lasts would keep R out for ever; holding them off from the first retry would
+//! make hourly snapshots wait on a resync they would not have disturbed.
 
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -123,6 +133,19 @@ impl Volume {
         Ok((usable > 0).then(|| union_chunks(ranges)))
     }
 
+    /// How many resyncs of replica `i` in a row ended lacking a snapshot taken while they ran.
+    pub(crate) fn lacked_snapshot(&self, i: usize) -> u8 {
+        self.lacked_snapshot
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())[i]
+    }
+
+    fn set_lacked_snapshot(&self, i: usize, n: u8) {
+        self.lacked_snapshot
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())[i] = n;
+    }
+
     pub(crate) fn set_progress(&self, i: usize, p: Option<ResyncProgress>) {
         self.core().resync_progress(i, p);
     }
@@ -131,6 +154,15 @@ impl Volume {
     pub(crate) async fn resync(&self, i: usize) -> Result<(), VolumeError> {
         let (conn, incarnation) = self.reattach(i).await?;
         let node = self.node(i);
+        let lacked = self.lacked_snapshot(i);
+        self.set_lacked_snapshot(i, 0);
+        let _hold = match lacked >= 2 {
+            true => {
+                tracing::info!(volume = %self.info.name, node, lacked, "its last resyncs ended lacking snapshots taken meanwhile: new snapshots wait until this one ends");
+                Some(self.snapshot_hold.write().await)
+            }
+            false => None,
+        };
         // 0. The snapshots it missed while out, before it takes any write (`catch_up.rs`).
         // A copy that refuses them (a store without versions) resyncs without them; a copy or
         // source that failed to answer is tried again later, as a failed resync is: a copy in
@@ -212,6 +244,9 @@ impl Volume {
             let out = self.take_out_with(&[i], None, false).await;
             self.core().resync_failed(i);
             out?;
+            if lacking.is_ok() {
+                self.set_lacked_snapshot(i, lacked.saturating_add(1));
+            }
             return Err(match lacking {
                 Err(e) => e,
                 Ok(_) => VolumeError::Replica {

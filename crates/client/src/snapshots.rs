@@ -27,6 +27,8 @@ impl Volume {
     pub async fn snapshot(&self, id: u64, created: u64) -> Result<Vec<u32>, VolumeError> {
         let t0 = tokio::time::Instant::now();
         let (took, held, paused) = {
+            // A copy finishing a resync that lacked a snapshot holds new ones off (`resync.rs`).
+            let _hold = self.snapshot_hold.read().await;
             let _all = self.core.acquire(0, self.size()).await;
             let _g = self.membership_lock.lock().await;
             let held = t0.elapsed();

@@ -466,6 +466,31 @@ pub fn wait_all_in_sync(c: &Cluster) {
     }
 }
 
+/// The state of `node`'s replica of the first volume, as `status` shows it.
+pub fn replica_state(c: &Cluster, node: u32) -> String {
+    let s = status(c);
+    s["volumes"][0]["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["node"] == node)
+        .map(|r| r["state"].as_str().unwrap().to_string())
+        .unwrap()
+}
+
+/// Waits (30 s at most) until `node`'s replica of the first volume is in state `want`.
+pub fn wait_state(c: &Cluster, node: u32, want: &str) {
+    let t0 = Instant::now();
+    while replica_state(c, node) != want {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "node {node} never became {want}:\n{}",
+            c.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 pub fn start_bench(c: &Cluster, secs: u32) -> Child {
     Command::new(BIN)
         .arg("--data-dir")
