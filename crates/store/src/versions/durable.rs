@@ -209,10 +209,32 @@ impl VersionedReplica {
             return Ok(());
         }
         let slot = self.slot.fetch_add(records.len() as u64, Ordering::AcqRel);
-        match &self.files {
-            Some(f) => f.append(slot, records),
-            None => Ok(()),
+        if let Some(f) = &self.files {
+            f.append(slot, records)?;
         }
+        // After the append: a flush that finds the head clean has synced every record
+        // appended before it looked ([`VersionedReplica::persist_head`]).
+        self.dirty.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// After the physical flush, with the head changed since the last: makes its changes
+    /// durable. The redirect log holds each one, so syncing the log is enough, and costs
+    /// the same however many blocks the head has moved; the main file, which holds the whole
+    /// head, is written at checkpoints (a full log, a close, a snapshot's delete) and when
+    /// the log holds a snapshot the main file does not list (an unsynced snapshot's record
+    /// is dropped at a reopen unless the main file lists it).
+    pub(super) fn persist_head(&self) -> Result<(), StoreError> {
+        let Some(f) = &self.files else {
+            self.dirty.store(false, Ordering::Release);
+            return Ok(());
+        };
+        if !self.unsaved().is_empty() {
+            return self.persist_main();
+        }
+        self.dirty.store(false, Ordering::Release);
+        f.sync_log()
+            .inspect_err(|_| self.dirty.store(true, Ordering::Release))
     }
 
     /// With the gate held exclusive: makes the dropped blocks' changes durable and frees

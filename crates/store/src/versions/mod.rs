@@ -11,12 +11,15 @@
 //! blocks.
 //!
 //! **Durability.** With a directory, the maps persist in the files of [`format`]: a
-//! snapshot, delete or rollback before it returns; the head's changes at the next flush (after
-//! the physical replica's flush, so a map never names a block whose bytes are not durable),
-//! and before that, each one in the redirect log, written (not synced) before the write that
-//! made it is answered. So a process crash keeps every answered write, as the file store keeps
-//! O_DIRECT writes (the log is replayed at open), and a power loss keeps every flushed write
-//! and every snapshot (the copy takes a new incarnation then anyway). Blocks a change freed are
+//! snapshot, delete or rollback before it returns; each change of the head in the redirect
+//! log, written (not synced) before the write that made it is answered, and synced at the
+//! next flush (after the physical replica's flush, so a map never names a block whose bytes
+//! are not durable). The main file, the whole head, is written at checkpoints: a full log, a
+//! close, a delete or rollback, and a flush after a snapshot only the log holds. So a process
+//! crash keeps every answered write, as the file store keeps O_DIRECT writes (the log is
+//! replayed at open), and a power loss keeps every flushed write and every snapshot (the copy
+//! takes a new incarnation then anyway); a flush costs one sync of the log however many
+//! blocks have moved. Blocks a change freed are
 //! taken again only after the change is in the main file, and with no I/O in flight. Without
 //! a directory (a volatile store) the versions live as long as the process, like the bytes.
 //!
@@ -506,7 +509,7 @@ impl crate::filter::ReplicaFilter for VersionedReplica {
                 return Ok(());
             }
             if self.dirty.load(Ordering::Acquire) {
-                self.persist_main()?;
+                self.persist_head()?;
             }
         }
         let pending = self.table().pending();

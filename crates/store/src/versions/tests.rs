@@ -451,6 +451,46 @@ fn redirects_reserve_the_pool_a_window_ahead() {
     assert_eq!(read(&*r, None, 0, SIZE as usize), vec![2; SIZE as usize]);
 }
 
+/// A flush after writes that moved blocks syncs the redirect log and leaves the main file
+/// alone: the main file holds the whole head, and writing it at every flush cost in
+/// proportion to every block moved since the last snapshot. Files copied right after that
+/// flush open to every flushed write, the log replayed over the main file.
+#[test]
+fn a_flush_syncs_the_redirect_log_and_leaves_the_main_file_to_checkpoints() {
+    for mut s in Stack::all().into_iter().filter(|s| s.dir.is_some()) {
+        let r = s.store().create(9, SIZE).unwrap();
+        r.write(0, &[1; SIZE as usize], false).unwrap();
+        r.snapshot(1, 0).unwrap();
+        // The snapshot's record is in the log; this flush puts it in the main file.
+        r.flush().unwrap();
+        let dir = s.dir.as_ref().unwrap().path().to_path_buf();
+        let main = dir.join("replica-0000000000000009.versions");
+        let before = std::fs::read(&main).unwrap();
+        for k in 0..SIZE / 8192 {
+            r.write(k * 8192, &[2 + (k % 200) as u8; 4096], false)
+                .unwrap();
+        }
+        r.flush().unwrap();
+        assert_eq!(
+            std::fs::read(&main).unwrap(),
+            before,
+            "{}: the flush rewrote the main file",
+            s.name
+        );
+        drop(r);
+        let r = s.reopen();
+        for k in 0..SIZE / 8192 {
+            assert_eq!(
+                read(&*r, None, k * 8192, 8192),
+                [vec![2 + (k % 200) as u8; 4096], vec![1; 4096]].concat(),
+                "{}: block {k}",
+                s.name
+            );
+        }
+        assert_eq!(read(&*r, Some(1), 0, SIZE as usize), vec![1; SIZE as usize]);
+    }
+}
+
 /// A snapshot taken with a main file on disk is one record of the redirect log: no file of its
 /// own until the next flush. The files as they are right after it open to every synced
 /// snapshot, whose files that open writes; an unsynced one (`snapshot_unsynced`) is dropped
