@@ -87,8 +87,11 @@ impl VersionedReplica {
             head: format::diff(&base_map, &head),
         };
         let r = f.save(&f.main(), &format::encode_main(&m));
-        if r.is_err() {
-            self.dirty.store(true, Ordering::Release);
+        match &r {
+            Ok(()) => self
+                .main_entries
+                .store(m.head.len() as u64, Ordering::Release),
+            Err(_) => self.dirty.store(true, Ordering::Release),
         }
         r
     }

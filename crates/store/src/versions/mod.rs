@@ -51,7 +51,9 @@ const GROW_MIN: u64 = 64 << 20;
 const STRIPES: usize = 64;
 /// Freed blocks waiting past this many make a flush wait for I/O to pause to reuse them.
 const SETTLE_AT: usize = 4096;
-/// Past this many records (1.6 MB), a flush folds the redirect log into the main file.
+/// Past this many records (1.6 MB), or as many as the main file's head holds if more, a
+/// flush folds the redirect log into the main file: rewriting a head of N entries once
+/// every N records costs each redirect a constant share, however far the head has moved.
 const LOG_SLOTS: u64 = 40_000;
 /// Zeros written at once for a zeroing that must stay allocated.
 const ZERO_CHUNK: usize = 1 << 20;
@@ -67,6 +69,8 @@ pub struct VersionedStore {
     dir: Option<PathBuf>,
     /// The least the pool grows by.
     grow_min: u64,
+    /// The least number of redirect-log records a flush folds into the main file.
+    log_slots: u64,
 }
 
 impl VersionedStore {
@@ -75,7 +79,15 @@ impl VersionedStore {
             inner,
             dir: dir.map(Path::to_path_buf),
             grow_min: GROW_MIN,
+            log_slots: LOG_SLOTS,
         }
+    }
+
+    /// Folds the redirect log into the main file past `records` (at least 1), not
+    /// [`LOG_SLOTS`]: for tests, whose volumes are a few blocks.
+    pub fn with_log_slots(mut self, records: u64) -> VersionedStore {
+        self.log_slots = records.max(1);
+        self
     }
 
     /// Grows each replica's pool by at least `bytes` (a multiple of 4 KiB) at a time, not
@@ -134,6 +146,8 @@ impl VersionedStore {
             closed: AtomicBool::new(false),
             seq: AtomicU64::new(last_seq),
             slot: AtomicU64::new(0),
+            main_entries: AtomicU64::new(0),
+            log_slots: self.log_slots,
             grow_min: self.grow_min,
             reserved: Mutex::new(0..0),
             low: AtomicBool::new(false),
@@ -203,6 +217,11 @@ struct VersionedReplica {
     seq: AtomicU64,
     /// The next free slot of the redirect log.
     slot: AtomicU64,
+    /// The head's entries the main file held when last written: the log may hold as many
+    /// records before a flush folds it in ([`LOG_SLOTS`]).
+    main_entries: AtomicU64,
+    /// [`LOG_SLOTS`], or what [`VersionedStore::with_log_slots`] set.
+    log_slots: u64,
     /// The least the pool grows by ([`VersionedStore::with_grow_min`]).
     grow_min: u64,
     /// The physical bytes of the pool last reserved ([`VersionedReplica::reserve_ahead`]).
@@ -513,7 +532,10 @@ impl crate::filter::ReplicaFilter for VersionedReplica {
             }
         }
         let pending = self.table().pending();
-        let log_full = self.slot.load(Ordering::Acquire) >= LOG_SLOTS;
+        let log_full = self.slot.load(Ordering::Acquire)
+            >= self
+                .log_slots
+                .max(self.main_entries.load(Ordering::Acquire));
         let holes = if pending >= SETTLE_AT || log_full {
             let _g = self.exclusive();
             if log_full {

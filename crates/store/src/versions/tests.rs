@@ -491,6 +491,59 @@ fn a_flush_syncs_the_redirect_log_and_leaves_the_main_file_to_checkpoints() {
     }
 }
 
+/// The redirect log is folded into the main file (which holds the whole head) only once it
+/// holds as many records as that head has entries, or the least set: rewriting a head that
+/// has moved far at every few records would cost each redirect in proportion to it. 256
+/// redirects with a fold at 16 records at least: the folds come at heads of 16, 32, 64 and
+/// 128 entries (16 folds, one per 16 records, before), and a reopen gives every write back.
+#[test]
+fn the_log_is_folded_in_no_more_often_than_the_head_it_rewrites_grows() {
+    let dir = tempfile::tempdir().unwrap();
+    let open = || -> Arc<dyn Store> {
+        Arc::new(
+            VersionedStore::new(
+                Arc::new(FileStore::open(dir.path()).unwrap()),
+                Some(dir.path()),
+            )
+            .with_log_slots(16),
+        )
+    };
+    let s = open();
+    let r = s.create(5, SIZE).unwrap();
+    r.write(0, &[1; SIZE as usize], false).unwrap();
+    r.snapshot(1, 0).unwrap();
+    r.flush().unwrap();
+    let log = dir.path().join("replica-0000000000000005.vlog");
+    let len = || std::fs::metadata(&log).map_or(0, |m| m.len());
+    let (mut folds, mut last) = (0, len());
+    for b in 0..SIZE / 4096 {
+        r.write(b * 4096, &[2 + (b % 200) as u8; 4096], false)
+            .unwrap();
+        if b % 4 == 3 {
+            r.flush().unwrap();
+            let now = len();
+            if now < last {
+                folds += 1;
+            }
+            last = now;
+        }
+    }
+    assert!(
+        (3..=5).contains(&folds),
+        "{folds} folds of the log for 256 redirects"
+    );
+    drop((r, s));
+    let s = open();
+    let r = s.open_all().pop().unwrap().unwrap();
+    for b in 0..SIZE / 4096 {
+        assert_eq!(
+            read(&*r, None, b * 4096, 4096),
+            vec![2 + (b % 200) as u8; 4096]
+        );
+    }
+    assert_eq!(read(&*r, Some(1), 0, SIZE as usize), vec![1; SIZE as usize]);
+}
+
 /// A snapshot taken with a main file on disk is one record of the redirect log: no file of its
 /// own until the next flush. The files as they are right after it open to every synced
 /// snapshot, whose files that open writes; an unsynced one (`snapshot_unsynced`) is dropped
