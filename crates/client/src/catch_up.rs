@@ -193,7 +193,8 @@ impl Volume {
     ) -> Result<(), VolumeError> {
         let id = &Bytes::from(trireme_proto::snapshot_id_payload(snap.id));
         // Where the snapshot holds data and where holes, asked of the source a window at a
-        // time, PARALLEL windows at once (a copy that missed many small writes has many).
+        // time, PARALLEL windows at once (a copy that missed many small writes has many);
+        // then the holes trimmed and the data written, PARALLEL regions at once.
         let mut windows = Vec::new();
         for &(off, len) in regions {
             let mut at = off;
@@ -203,10 +204,21 @@ impl Volume {
                 at += n;
             }
         }
-        let (mut holes, mut data) = (Vec::new(), Vec::new());
-        for group in windows.chunks(PARALLEL) {
+        // The data under the resync's rate: a catch-up copies as much as a resync may (a new
+        // copy of a move is given whole snapshots), and must not take the disks from the
+        // volume's I/O.
+        let rate = self
+            .core()
+            .rate(i)
+            .or(self.opts.resync_rate)
+            .filter(|&r| r > 0);
+        let started = tokio::time::Instant::now();
+        let mut sent = 0u64;
+        // PARALLEL windows at a time (32 GiB at most), so that what is held of a whole
+        // snapshot's extents stays small however large the volume.
+        for windows in windows.chunks(PARALLEL) {
             let asked = join_all(
-                group
+                windows
                     .iter()
                     .map(|&(at, n)| {
                         Box::pin(async move {
@@ -223,60 +235,51 @@ impl Volume {
                     .collect(),
             )
             .await;
+            let (mut holes, mut data) = (Vec::new(), Vec::new());
             for a in asked {
                 let (h, d) = a?;
                 holes.extend(h);
                 data.extend(d);
             }
-        }
-        for group in holes.chunks(PARALLEL) {
-            let trims = group
-                .iter()
-                .map(|&(o, l)| {
-                    Box::pin(async move {
-                        let mut h = self.header(Op::WriteZeroes, o, l);
-                        h.flags |= FLAG_MAY_TRIM;
-                        self.send_on(i, conn, h, Bytes::new()).await.map(|_| ())
-                    }) as BoxFut<'_, Result<(), VolumeError>>
-                })
-                .collect();
-            join_all(trims)
-                .await
-                .into_iter()
-                .collect::<Result<(), _>>()?;
-        }
-        // The data, PARALLEL regions at once, under the resync's rate: a catch-up copies as
-        // much as a resync may (a new copy of a move is given whole snapshots), and must not
-        // take the disks from the volume's I/O.
-        let rate = self
-            .core()
-            .rate(i)
-            .or(self.opts.resync_rate)
-            .filter(|&r| r > 0);
-        let started = tokio::time::Instant::now();
-        let mut sent = 0u64;
-        for group in union_chunks(data).chunks(PARALLEL) {
-            let copies = group
-                .iter()
-                .map(|&(o, l)| {
-                    Box::pin(async move {
-                        let h = self.header(Op::SnapshotRead, o, l);
-                        let f = self.call(source, h, id.clone()).await?;
-                        let bytes = self.expect_ok(source, f)?.payload;
-                        self.send_on(i, conn, self.header(Op::Write, o, l), bytes)
-                            .await
-                            .map(|_| ())
-                    }) as BoxFut<'_, Result<(), VolumeError>>
-                })
-                .collect();
-            join_all(copies)
-                .await
-                .into_iter()
-                .collect::<Result<(), _>>()?;
-            sent += group.iter().map(|c| c.1).sum::<u64>();
-            if let Some(r) = rate {
-                let due = Duration::from_secs_f64(sent as f64 / r as f64);
-                tokio::time::sleep_until(started + due).await;
+            for group in holes.chunks(PARALLEL) {
+                let trims = group
+                    .iter()
+                    .map(|&(o, l)| {
+                        Box::pin(async move {
+                            let mut h = self.header(Op::WriteZeroes, o, l);
+                            h.flags |= FLAG_MAY_TRIM;
+                            self.send_on(i, conn, h, Bytes::new()).await.map(|_| ())
+                        }) as BoxFut<'_, Result<(), VolumeError>>
+                    })
+                    .collect();
+                join_all(trims)
+                    .await
+                    .into_iter()
+                    .collect::<Result<(), _>>()?;
+            }
+            for group in union_chunks(data).chunks(PARALLEL) {
+                let copies = group
+                    .iter()
+                    .map(|&(o, l)| {
+                        Box::pin(async move {
+                            let h = self.header(Op::SnapshotRead, o, l);
+                            let f = self.call(source, h, id.clone()).await?;
+                            let bytes = self.expect_ok(source, f)?.payload;
+                            self.send_on(i, conn, self.header(Op::Write, o, l), bytes)
+                                .await
+                                .map(|_| ())
+                        }) as BoxFut<'_, Result<(), VolumeError>>
+                    })
+                    .collect();
+                join_all(copies)
+                    .await
+                    .into_iter()
+                    .collect::<Result<(), _>>()?;
+                sent += group.iter().map(|c| c.1).sum::<u64>();
+                if let Some(r) = rate {
+                    let due = Duration::from_secs_f64(sent as f64 / r as f64);
+                    tokio::time::sleep_until(started + due).await;
+                }
             }
         }
         self.send_on(i, conn, self.header(Op::Flush, 0, 0), Bytes::new())
