@@ -1,6 +1,6 @@
-//! The node's I/O threads: the data requests of a store that blocks (reads, writes, flushes)
-//! run on a few threads of the node's own, each taking the next request from one queue when
-//! it finishes one.
+//! The node's I/O threads: the data requests of a store that blocks (reads, writes, snapshot
+//! reads; flushes and the rest go to tokio's pool) run on a few threads of the node's own,
+//! each taking the next request from one queue when it finishes one.
 //!
 //! Why not tokio's blocking pool: it keeps up to 512 threads and wakes an idle one for every
 //! task it is given. A wakeup is a futex call, a context switch and, across CPUs, an
