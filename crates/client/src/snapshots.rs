@@ -11,14 +11,20 @@
 //!    that restarts before that drops the snapshot, and its resync gives it back). The
 //!    command returns after it, naming the copies still in sync.
 //!
-//! All or nothing: if a copy refuses or does not answer, the copies that took the snapshot
-//! delete it again and the snapshot fails (the volume goes on as before; asking again takes
-//! it). Copies out of sync or resyncing at the time do not get it; a snapshot is read only
-//! from a copy that has it (a node answers `NoSnapshot` otherwise).
+//! A copy that fails the barrier (it does not answer, or its store fails) is taken out as
+//! for any failed write, before the barrier is released, so no write reaches it while it
+//! lacks the snapshot; its resync gives it the snapshot (`catch_up.rs`). The decision is the
+//! core's ([`trireme_replication::Mirrored::Snapshot`]). If a copy refuses the request (for
+//! space, or as invalid), the writer is fenced, or no copy in sync took it, the copies that
+//! took it delete it again and the snapshot fails (the volume goes on as before; asking again
+//! takes it). Copies out of sync or resyncing at the time do not get it; a snapshot is read
+//! only from a copy that has it (a node answers `NoSnapshot` otherwise).
 
 use bytes::Bytes;
 use trireme_proto::{Op, SnapshotRequest, Status};
+use trireme_replication::{Decision, Mirrored, ReplicaOutcome};
 
+use crate::error::outcome_of;
 use crate::{join_all, Volume, VolumeError};
 
 impl Volume {
@@ -30,16 +36,34 @@ impl Volume {
             // A copy finishing a resync that lacked a snapshot holds new ones off (`resync.rs`).
             let _hold = self.snapshot_hold.read().await;
             let _all = self.core.acquire(0, self.size()).await;
-            let _g = self.membership_lock.lock().await;
+            let g = self.membership_lock.lock().await;
             let held = t0.elapsed();
             let targets = self.in_sync();
             let mut h = self.header(Op::Snapshot, 0, 0);
             h.flags |= trireme_proto::FLAG_UNSYNCED;
             SnapshotRequest { id, created }.put(&mut h);
-            let (took, _, failure) = self.on_each(&targets, h, "snapshot").await;
-            if let Some(e) = failure {
-                self.undo_snapshot(&took, id).await;
-                return Err(e);
+            let (took, _, first, outcomes) = self.on_each(&targets, h, "snapshot").await;
+            let decision = self.core().decide(Mirrored::Snapshot, &targets, &outcomes);
+            match decision {
+                Decision::Ack => {}
+                Decision::TakeOut {
+                    replicas,
+                    lost_history,
+                    ..
+                } => {
+                    // Still under the barrier: no write reaches them before they are out.
+                    drop(g);
+                    if let Err(e) = self.take_out_with(&replicas, None, lost_history).await {
+                        self.undo_snapshot(&took, id).await;
+                        return Err(e);
+                    }
+                }
+                Decision::Fail(_) | Decision::UseReserve { .. } => {
+                    self.undo_snapshot(&took, id).await;
+                    return Err(
+                        first.unwrap_or_else(|| VolumeError::NoReplicas(self.info.name.clone()))
+                    );
+                }
             }
             (took, held, t0.elapsed())
         };
@@ -94,7 +118,8 @@ impl Volume {
             self.activity.touch(0, self.size());
             let mut h = self.header(Op::Rollback, 0, 0);
             SnapshotRequest { id, created: 0 }.put(&mut h);
-            self.on_each(&targets, h, "rollback").await
+            let (took, failed, first, _) = self.on_each(&targets, h, "rollback").await;
+            (took, failed, first)
         };
         if took.is_empty() {
             return Err(first.unwrap_or_else(|| VolumeError::NoReplicas(self.info.name.clone())));
@@ -147,13 +172,19 @@ impl Volume {
     }
 
     /// Sends `h` to every replica of `targets` at once: those that took it, those that did not,
-    /// and the first failure. `what` names it in the log.
+    /// the first failure, and each target's outcome (in the order of `targets`). `what` names
+    /// it in the log.
     async fn on_each(
         &self,
         targets: &[usize],
         h: trireme_proto::Header,
         what: &str,
-    ) -> (Vec<usize>, Vec<usize>, Option<VolumeError>) {
+    ) -> (
+        Vec<usize>,
+        Vec<usize>,
+        Option<VolumeError>,
+        Vec<ReplicaOutcome>,
+    ) {
         let replies = join_all(
             targets
                 .iter()
@@ -162,18 +193,23 @@ impl Volume {
         )
         .await;
         let (mut took, mut failed, mut first) = (Vec::new(), Vec::new(), None);
+        let mut outcomes = Vec::with_capacity(targets.len());
         for (k, r) in replies.into_iter().enumerate() {
             let i = targets[k];
             match r.and_then(|f| self.expect_ok(i, f)) {
-                Ok(_) => took.push(i),
+                Ok(_) => {
+                    took.push(i);
+                    outcomes.push(ReplicaOutcome::Done);
+                }
                 Err(e) => {
                     tracing::warn!(volume = %self.info.name, node = self.node(i), "{what} failed on a copy: {e}");
                     failed.push(i);
+                    outcomes.push(outcome_of(&e));
                     first.get_or_insert(e);
                 }
             }
         }
-        (took, failed, first)
+        (took, failed, first, outcomes)
     }
 
     /// Deletes snapshot `id` from the copies that took it before another failed.

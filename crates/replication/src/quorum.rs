@@ -121,6 +121,11 @@ pub enum Mirrored {
     Data { offset: u64, len: u64 },
     /// A flush: makes every completed write durable.
     Flush,
+    /// A snapshot's barrier: each target records a snapshot of what it holds, with every
+    /// write held. A target that fails it is taken out (its resync gives it the snapshot, as
+    /// to any copy out when one is taken); one refused for space fails the snapshot, as a
+    /// snapshot has no reserve to use.
+    Snapshot,
 }
 
 /// What the writer does once every target of a mirrored request has answered.
@@ -174,7 +179,7 @@ pub fn decide(
     let refused = replies
         .iter()
         .any(|r| matches!(r, ReplicaOutcome::Fenced | ReplicaOutcome::Refused));
-    if !no_space.is_empty() && written && !refused {
+    if !no_space.is_empty() && written && !refused && request != Mirrored::Snapshot {
         return Decision::UseReserve { replicas: no_space };
     }
     let failure = match outcome(targets, replies.iter().copied().map(Some)) {
@@ -197,7 +202,7 @@ pub fn decide(
     let store_failed = replies.contains(&ReplicaOutcome::StoreFailed);
     let (range, lost_history) = match request {
         Mirrored::Data { offset, len } => (Some((offset, len)), false),
-        Mirrored::Flush => (None, store_failed),
+        Mirrored::Flush | Mirrored::Snapshot => (None, store_failed),
     };
     Decision::TakeOut {
         replicas: failed,

@@ -223,21 +223,23 @@ proptest! {
     /// is taken out; a fenced writer never acknowledges; a request the replicas refused is
     /// never absorbed; nothing is taken out without a control plane to record it; a copy that
     /// refused for want of space is never taken out, and gets the request again (with its
-    /// reserve) exactly when another copy wrote it.
+    /// reserve) exactly when another copy wrote it, unless the request is a snapshot's
+    /// barrier (no reserve: it fails).
     #[test]
     fn a_mirrored_request_is_acked_only_where_the_guarantees_hold(
         states in prop::collection::vec(state(), 1..5),
         replies in prop::collection::vec(outcome(), 5),
-        flush in any::<bool>(),
+        kind in 0..3u8,
         can_take_out in any::<bool>(),
     ) {
         let set = ReplicaSet::new(states.clone(), None);
         let targets = set.write_targets();
         let replies = &replies[..targets.len()];
-        let request = if flush {
-            Mirrored::Flush
-        } else {
-            Mirrored::Data { offset: 4096, len: 8192 }
+        let (flush, snapshot) = (kind == 1, kind == 2);
+        let request = match kind {
+            1 => Mirrored::Flush,
+            2 => Mirrored::Snapshot,
+            _ => Mirrored::Data { offset: 4096, len: 8192 },
         };
         let d = decide(request, &targets, replies, &set, can_take_out);
         let all_done = replies.iter().all(|&r| r == ReplicaOutcome::Done);
@@ -250,13 +252,13 @@ proptest! {
             Decision::Fail(f) => {
                 prop_assert!(!all_done || targets.is_empty());
                 prop_assert_eq!(fenced, *f == WriteFailure::Fenced);
-                prop_assert!(!no_space || !written || fenced || refused);
+                prop_assert!(!no_space || !written || fenced || refused || snapshot);
                 if no_space && !fenced && !refused {
                     prop_assert!(matches!(f, WriteFailure::NoSpace { .. }), "{:?}", f);
                 }
             }
             Decision::UseReserve { replicas } => {
-                prop_assert!(written && !fenced && !refused);
+                prop_assert!(written && !fenced && !refused && !snapshot);
                 let full: Vec<usize> = targets.iter().zip(replies)
                     .filter(|(_, r)| **r == ReplicaOutcome::NoSpace)
                     .map(|(&i, _)| i).collect();
@@ -273,11 +275,11 @@ proptest! {
                 prop_assert!(!replicas.is_empty());
                 prop_assert!(targets.iter().zip(replies).any(|(&i, &r)|
                     r == ReplicaOutcome::Done && states[i] == ReplicaState::InSync));
-                // Survivors track the bytes of a data request; a flush their store failed
-                // leaves the copies' history unknown.
-                prop_assert_eq!(range.is_some(), !flush);
+                // Survivors track the bytes of a data request; a flush or a snapshot their
+                // store failed leaves the copies' history unknown.
+                prop_assert_eq!(range.is_some(), !flush && !snapshot);
                 prop_assert_eq!(*lost_history,
-                    flush && replies.contains(&ReplicaOutcome::StoreFailed));
+                    (flush || snapshot) && replies.contains(&ReplicaOutcome::StoreFailed));
             }
         }
     }
