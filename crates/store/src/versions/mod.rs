@@ -678,4 +678,6 @@ impl crate::filter::ReplicaFilter for VersionedReplica {
 }
 
 #[cfg(test)]
+mod log_tests;
+#[cfg(test)]
 mod tests;
