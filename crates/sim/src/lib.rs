@@ -260,8 +260,14 @@ fn sealed(disk: &Arc<SimDisk>, versions: &std::path::Path) -> Arc<dyn Store> {
         None,
     ));
     let backed = Arc::new(trireme_store::BackedStore::new(sealed, Some(versions)));
-    // The pool grows by 16 blocks, not 64 MiB: the volume is 64 blocks, the disk memory.
-    Arc::new(trireme_store::VersionedStore::new(backed, Some(versions)).with_grow_min(16 * BLOCK))
+    // The pool grows by 16 blocks, not 64 MiB: the volume is 64 blocks, the disk memory. The
+    // redirect log is folded into the main file past 16 records, not 40,000, so that runs
+    // fold it (and switch the two logs) among their crashes.
+    Arc::new(
+        trireme_store::VersionedStore::new(backed, Some(versions))
+            .with_grow_min(16 * BLOCK)
+            .with_log_slots(16),
+    )
 }
 
 /// A self-describing block: (block, seq) repeated, so a torn, misplaced or stale block shows.

@@ -27,6 +27,13 @@ impl VersionedReplica {
     /// Writes the main file (the head's map and the snapshot list). The physical replica must
     /// have been flushed since the blocks the head names were written.
     pub(super) fn persist_main(&self) -> Result<(), StoreError> {
+        self.persist_main_then(false)
+    }
+
+    /// As [`VersionedReplica::persist_main`]; with `flush`, the physical replica is flushed
+    /// after the head is taken and before the file is written, for a caller whose I/O goes
+    /// on (a fold): the head names only blocks whose writes were done when it was taken.
+    fn persist_main_then(&self, flush: bool) -> Result<(), StoreError> {
         let _p = self.persist.lock().unwrap_or_else(|e| e.into_inner());
         self.dirty.store(false, Ordering::Release);
         let Some(f) = &self.files else {
@@ -43,12 +50,14 @@ impl VersionedReplica {
                 .collect()
         };
         by_gen.sort_unstable();
-        for (k, &(_, id)) in by_gen.iter().enumerate() {
-            if let Err(e) = self.persist_snap(id) {
-                self.unsaved().extend(by_gen[k..].iter().map(|&(_, id)| id));
-                self.dirty.store(true, Ordering::Release);
-                return Err(e);
-            }
+        // Until the main file lists them, they stay to be saved.
+        let failed = |e: StoreError| {
+            self.unsaved().extend(by_gen.iter().map(|&(_, id)| id));
+            self.dirty.store(true, Ordering::Release);
+            e
+        };
+        for &(_, id) in &by_gen {
+            self.persist_snap(id).map_err(failed)?;
         }
         let (gen, head, mut listed, applied) = {
             let t = self.table();
@@ -62,6 +71,9 @@ impl VersionedReplica {
                 self.seq.load(Ordering::Acquire),
             )
         };
+        if flush {
+            self.inner.flush().map_err(failed)?;
+        }
         listed.sort_by_key(|(_, s)| s.gen);
         let (base, base_map) = listed
             .last()
@@ -86,14 +98,11 @@ impl VersionedReplica {
                 .collect(),
             head: format::diff(&base_map, &head),
         };
-        let r = f.save(&f.main(), &format::encode_main(&m));
-        match &r {
-            Ok(()) => self
-                .main_entries
-                .store(m.head.len() as u64, Ordering::Release),
-            Err(_) => self.dirty.store(true, Ordering::Release),
-        }
-        r
+        f.save(&f.main(), &format::encode_main(&m))
+            .map_err(failed)?;
+        self.main_entries
+            .store(m.head.len() as u64, Ordering::Release);
+        Ok(())
     }
 
     /// Writes snapshot `id`'s file as a diff against the snapshot before it.
@@ -132,13 +141,55 @@ impl VersionedReplica {
     }
 
     /// With the gate held exclusive, the physical replica flushed since the head last changed:
-    /// the main file, then an empty redirect log.
+    /// the main file, then both redirect logs empty.
     pub(super) fn persist_and_empty_log(&self) -> Result<(), StoreError> {
         self.persist_main()?;
+        let mut other_full = self.folding.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(f) = &self.files {
-            f.truncate_log()?;
+            f.truncate_log(0)?;
+            f.truncate_log(1)?;
         }
+        *other_full = false;
         self.slot.store(0, Ordering::Release);
+        Ok(())
+    }
+
+    /// Records in the log taking them past [`super::LOG_SLOTS`], or past the main file's
+    /// head if it holds more.
+    fn log_full(&self) -> bool {
+        self.slot.load(Ordering::Acquire)
+            >= self
+                .log_slots
+                .max(self.main_entries.load(Ordering::Acquire))
+    }
+
+    /// With the gate held shared (I/O going on), after the physical flush: if the log taking
+    /// records is full, folds it into the main file. Records go to the other log from the
+    /// switch on (which waits for the appends under way), so every record left in this one
+    /// is in the head the main file is then written from; once that file is written, this
+    /// log is emptied, ready for the next switch. A fold that fails keeps its log as it is,
+    /// and the next one writes the main file again before it switches back. One fold at a
+    /// time: a flush that finds one under way leaves it to it.
+    pub(super) fn fold(&self) -> Result<(), StoreError> {
+        let Some(f) = &self.files else {
+            return Ok(());
+        };
+        let Ok(mut other_full) = self.folding.try_lock() else {
+            return Ok(());
+        };
+        if !*other_full {
+            if !self.log_full() {
+                return Ok(());
+            }
+            let mut side = self.log_side.write().unwrap_or_else(|e| e.into_inner());
+            *side ^= 1;
+            self.slot.store(0, Ordering::Release);
+            *other_full = true;
+        }
+        let retired = *self.log_side.read().unwrap_or_else(|e| e.into_inner()) ^ 1;
+        self.persist_main_then(true)?;
+        f.truncate_log(retired)?;
+        *other_full = false;
         Ok(())
     }
 
@@ -211,10 +262,13 @@ impl VersionedReplica {
         if records.is_empty() {
             return Ok(());
         }
+        // Held through the append: a fold's switch waits for it.
+        let side = self.log_side.read().unwrap_or_else(|e| e.into_inner());
         let slot = self.slot.fetch_add(records.len() as u64, Ordering::AcqRel);
         if let Some(f) = &self.files {
-            f.append(slot, records)?;
+            f.append(*side, slot, records)?;
         }
+        drop(side);
         // After the append: a flush that finds the head clean has synced every record
         // appended before it looked ([`VersionedReplica::persist_head`]).
         self.dirty.store(true, Ordering::Release);
@@ -389,6 +443,7 @@ impl VersionedReplica {
         if let Some(f) = &self.files {
             f.remove_all();
         }
+        *self.folding.lock().unwrap_or_else(|e| e.into_inner()) = false;
         self.plain.store(true, Ordering::Release);
         self.ensure_main();
         Ok(())

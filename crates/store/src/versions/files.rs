@@ -15,9 +15,10 @@ use crate::StoreError;
 pub(super) struct Files {
     pub(super) dir: PathBuf,
     pub(super) volume: u64,
-    /// The redirect log, opened at its first use (the lock is held only to open it).
-    log: Mutex<Option<Arc<File>>>,
-    /// The log file was created since the directory was last synced for it.
+    /// The two redirect logs, each opened at its first use (the lock is held only to open
+    /// it). Records go to one at a time; a fold switches them (`durable.rs`).
+    log: [Mutex<Option<Arc<File>>>; 2],
+    /// A log file was created since the directory was last synced for it.
     log_created: std::sync::atomic::AtomicBool,
 }
 
@@ -52,19 +53,20 @@ impl Files {
         Files {
             dir: dir.to_path_buf(),
             volume,
-            log: Mutex::new(None),
+            log: [Mutex::new(None), Mutex::new(None)],
             log_created: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
     pub(super) fn remove_all(&self) {
         let _ = std::fs::remove_file(self.main());
-        // The open log goes with its file: records appended to an unlinked file would be
+        // An open log goes with its file: records appended to an unlinked file would be
         // lost to the next open.
-        let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
-        *log = None;
-        let _ = std::fs::remove_file(self.log_path());
-        drop(log);
+        for side in 0..2 {
+            let mut log = self.log[side].lock().unwrap_or_else(|e| e.into_inner());
+            *log = None;
+            let _ = std::fs::remove_file(self.log_path(side));
+        }
         for (_, p) in self.snap_files() {
             let _ = std::fs::remove_file(p);
         }
@@ -185,11 +187,10 @@ impl Files {
                     gen += 1;
                 }
                 format::LogRecord::Snapshot { id, created, .. } => {
-                    check(&head, &self.log_path())?;
+                    check(&head, &self.log_path(0))?;
                     if snaps.contains_key(&id) {
-                        return Err(
-                            self.corrupt(&self.log_path(), format!("snapshot {id} is taken twice"))
-                        );
+                        return Err(self
+                            .corrupt(&self.log_path(0), format!("snapshot {id} is taken twice")));
                     }
                     let map = head.clone();
                     snaps.insert(id, table::Snap { gen, created, map });
@@ -200,7 +201,7 @@ impl Files {
             last_seq = r.seq();
             replayed += 1;
         }
-        check(&head, &self.log_path())?;
+        check(&head, &self.log_path(0))?;
         check(&head, &path)?;
         for (id, p) in self.snap_files() {
             if !snaps.contains_key(&id) {
@@ -223,22 +224,34 @@ impl Files {
         }))
     }
 
-    fn log_path(&self) -> PathBuf {
-        self.dir.join(format!("{}vlog", self.prefix()))
-    }
-
-    fn read_log(&self) -> Result<Vec<format::LogRecord>, StoreError> {
-        match std::fs::read(self.log_path()) {
-            Ok(b) => Ok(format::decode_log(&b)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
-            Err(e) => Err(self.corrupt(&self.log_path(), e)),
+    /// Redirect log `side` (0 or 1).
+    fn log_path(&self, side: usize) -> PathBuf {
+        match side {
+            0 => self.dir.join(format!("{}vlog", self.prefix())),
+            _ => self.dir.join(format!("{}vlog2", self.prefix())),
         }
     }
 
-    /// Writes `records` from `slot` of the redirect log on, in one write (no sync: see
+    /// The valid records of both redirect logs, by sequence.
+    fn read_log(&self) -> Result<Vec<format::LogRecord>, StoreError> {
+        let mut out = Vec::new();
+        for side in 0..2 {
+            match std::fs::read(self.log_path(side)) {
+                Ok(b) => out.extend(format::decode_log(&b)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(self.corrupt(&self.log_path(side), e)),
+            }
+        }
+        out.sort_unstable_by_key(|r| r.seq());
+        out.dedup_by_key(|r| r.seq());
+        Ok(out)
+    }
+
+    /// Writes `records` from `slot` of redirect log `side` on, in one write (no sync: see
     /// `format::LogRecord`).
     pub(super) fn append(
         &self,
+        side: usize,
         slot: u64,
         records: &[format::LogRecord],
     ) -> Result<(), StoreError> {
@@ -248,7 +261,7 @@ impl Files {
             source,
         };
         let f = {
-            let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+            let mut log = self.log[side].lock().unwrap_or_else(|e| e.into_inner());
             match &*log {
                 Some(f) => f.clone(),
                 None => {
@@ -261,7 +274,7 @@ impl Files {
                             .truncate(false)
                             .read(true)
                             .write(true)
-                            .open(self.log_path())
+                            .open(self.log_path(side))
                             .map_err(io)?,
                     );
                     *log = Some(f.clone());
@@ -275,17 +288,21 @@ impl Files {
             .map_err(io)
     }
 
-    /// Makes the redirect log durable, every record written so far (and its directory entry,
-    /// if the file is new).
+    /// Makes both redirect logs durable, every record written so far (and their directory
+    /// entries, if a file is new). Both: while a fold writes the main file, records answered
+    /// before the switch are in the log it retired. A log with nothing written since its
+    /// last sync costs a system call.
     pub(super) fn sync_log(&self) -> Result<(), StoreError> {
         let io = |source| StoreError::Io {
             volume: self.volume,
             op: "sync the redirect log",
             source,
         };
-        let f = self.log.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        if let Some(f) = f {
-            f.sync_data().map_err(io)?;
+        for log in &self.log {
+            let f = log.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            if let Some(f) = f {
+                f.sync_data().map_err(io)?;
+            }
         }
         if self
             .log_created
@@ -300,13 +317,13 @@ impl Files {
         Ok(())
     }
 
-    /// Empties the redirect log: the main file holds every record in it. The caller keeps
-    /// appends out meanwhile.
-    pub(super) fn truncate_log(&self) -> Result<(), StoreError> {
-        let log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+    /// Empties redirect log `side`: the main file holds every record in it. The caller keeps
+    /// appends to it out meanwhile.
+    pub(super) fn truncate_log(&self, side: usize) -> Result<(), StoreError> {
+        let log = self.log[side].lock().unwrap_or_else(|e| e.into_inner());
         let r = match &*log {
             Some(f) => f.set_len(0),
-            None => match std::fs::remove_file(self.log_path()) {
+            None => match std::fs::remove_file(self.log_path(side)) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
                 _ => Ok(()),
             },

@@ -1,5 +1,8 @@
-//! The redirect log: what a flush syncs, when the log is folded into the main file, what a
-//! reopen replays from it.
+//! The redirect log: what a flush syncs, when the log is folded into the main file (with I/O
+//! going on: records go to a second log meanwhile), what a reopen replays from it.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 
 use super::tests::{read, Stack, SIZE};
 use super::*;
@@ -67,8 +70,14 @@ fn the_log_is_folded_in_no_more_often_than_the_head_it_rewrites_grows() {
     r.write(0, &[1; SIZE as usize], false).unwrap();
     r.snapshot(1, 0).unwrap();
     r.flush().unwrap();
-    let log = dir.path().join("replica-0000000000000005.vlog");
-    let len = || std::fs::metadata(&log).map_or(0, |m| m.len());
+    // Both logs: a fold empties the one it retires, and records go to the other.
+    let len = || {
+        ["vlog", "vlog2"]
+            .iter()
+            .map(|n| dir.path().join(format!("replica-0000000000000005.{n}")))
+            .map(|p| std::fs::metadata(p).map_or(0, |m| m.len()))
+            .sum::<u64>()
+    };
     let (mut folds, mut last) = (0, len());
     for b in 0..SIZE / 4096 {
         r.write(b * 4096, &[2 + (b % 200) as u8; 4096], false)
@@ -211,5 +220,188 @@ fn redirects_after_a_fold_back_reach_the_log_a_reopen_reads() {
             s.name
         );
         assert!(read(&*r, Some(2), 0, 4096) == [1; 4096], "{}", s.name);
+    }
+}
+
+/// A replica whose flushes, once armed, let `pass` through and then wait for the test.
+#[derive(Debug)]
+struct HeldFlush {
+    inner: Arc<dyn Replica>,
+    hold: Arc<Hold>,
+}
+
+#[derive(Debug, Default)]
+struct Hold {
+    /// (flushes still to let through while armed, armed, one waiting, released)
+    state: Mutex<(usize, bool, bool, bool)>,
+    cv: Condvar,
+}
+
+impl Hold {
+    fn arm(&self, pass: usize) {
+        *self.state.lock().unwrap() = (pass, true, false, false);
+    }
+    /// Waits until a flush is held.
+    fn wait_held(&self) {
+        let g = self.state.lock().unwrap();
+        let (g, t) = self
+            .cv
+            .wait_timeout_while(g, std::time::Duration::from_secs(10), |s| !s.2)
+            .unwrap();
+        assert!(!t.timed_out() && g.2, "no flush was held");
+    }
+    fn release(&self) {
+        self.state.lock().unwrap().3 = true;
+        self.cv.notify_all();
+    }
+    fn at_flush(&self) {
+        let mut g = self.state.lock().unwrap();
+        if !g.1 {
+            return;
+        }
+        if g.0 > 0 {
+            g.0 -= 1;
+            return;
+        }
+        g.2 = true;
+        self.cv.notify_all();
+        let _g = self.cv.wait_while(g, |s| !s.3).unwrap();
+    }
+}
+
+impl crate::filter::ReplicaFilter for HeldFlush {
+    fn next(&self) -> &dyn Replica {
+        &*self.inner
+    }
+    fn flush(&self) -> Result<(), StoreError> {
+        self.hold.at_flush();
+        self.inner.flush()
+    }
+}
+
+#[derive(Debug)]
+struct HeldStore {
+    inner: Arc<dyn Store>,
+    hold: Arc<Hold>,
+}
+
+impl crate::filter::StoreFilter for HeldStore {
+    fn next(&self) -> &dyn Store {
+        &*self.inner
+    }
+    fn create(&self, volume: u64, size: u64) -> Result<Arc<dyn Replica>, StoreError> {
+        Ok(Arc::new(HeldFlush {
+            inner: self.inner.create(volume, size)?,
+            hold: self.hold.clone(),
+        }))
+    }
+    fn open_all(&self) -> Vec<Result<Arc<dyn Replica>, StoreError>> {
+        self.inner
+            .open_all()
+            .into_iter()
+            .map(|r| {
+                r.map(|inner| {
+                    Arc::new(HeldFlush {
+                        inner,
+                        hold: self.hold.clone(),
+                    }) as Arc<dyn Replica>
+                })
+            })
+            .collect()
+    }
+}
+
+/// A fold writes the main file with I/O going on: while it is held in its physical flush
+/// (after the log's switch and the head's capture), writes that redirect blocks and reads
+/// are answered, their records going to the other log. A process that dies then (the main
+/// file not written) reopens to every write, from both logs; one that dies after the fold
+/// too, and the fold emptied the log it retired. Before, a fold held every I/O off until
+/// the main file was written.
+#[test]
+fn a_fold_lets_io_go_on_and_a_crash_on_either_side_of_it_loses_nothing() {
+    const BLOCKS: u64 = SIZE / 4096;
+    for crash_in_fold in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let hold = Arc::new(Hold::default());
+        let open = || -> Arc<dyn Store> {
+            Arc::new(
+                VersionedStore::new(
+                    Arc::new(HeldStore {
+                        inner: Arc::new(FileStore::open(dir.path()).unwrap()),
+                        hold: hold.clone(),
+                    }),
+                    Some(dir.path()),
+                )
+                .with_log_slots(16),
+            )
+        };
+        let s = open();
+        let r = s.create(5, SIZE).unwrap();
+        r.write(0, &[1; SIZE as usize], false).unwrap();
+        r.snapshot(1, 0).unwrap();
+        r.flush().unwrap();
+        // 64 redirects: the log is full.
+        for b in 0..64 {
+            r.write(b * 4096, &[2; 4096], false).unwrap();
+        }
+        let len = |n: &str| {
+            std::fs::metadata(dir.path().join(format!("replica-0000000000000005.{n}")))
+                .map_or(0, |m| m.len())
+        };
+        let first = len("vlog");
+        assert!(first > 0 && len("vlog2") == 0);
+        // The flush's own physical flush passes; the fold's is held.
+        hold.arm(1);
+        let done = Arc::new(AtomicBool::new(false));
+        let flusher = {
+            let (r, done) = (r.clone(), done.clone());
+            std::thread::spawn(move || {
+                r.flush().unwrap();
+                done.store(true, Ordering::Release);
+            })
+        };
+        hold.wait_held();
+        let during = AtomicUsize::new(0);
+        for b in 64..BLOCKS {
+            r.write(b * 4096, &[3; 4096], false).unwrap();
+            assert_eq!(read(&*r, None, b * 4096, 4096), vec![3; 4096]);
+            during.fetch_add(1, Ordering::Relaxed);
+        }
+        assert!(!done.load(Ordering::Acquire), "the fold did not wait");
+        assert_eq!(during.load(Ordering::Relaxed) as u64, BLOCKS - 64);
+        assert!(
+            len("vlog2") > 0,
+            "the writes during the fold went to the old log"
+        );
+        let check = |r: &dyn Replica| {
+            for b in 0..BLOCKS {
+                let want = if b < 64 { 2 } else { 3 };
+                assert_eq!(read(r, None, b * 4096, 4096), vec![want; 4096], "block {b}");
+            }
+            assert_eq!(read(r, Some(1), 0, SIZE as usize), vec![1; SIZE as usize]);
+        };
+        if crash_in_fold {
+            // Copies of the files as they are, mid-fold: a process that died there.
+            let copy = tempfile::tempdir().unwrap();
+            for e in std::fs::read_dir(dir.path()).unwrap().flatten() {
+                std::fs::copy(e.path(), copy.path().join(e.file_name())).unwrap();
+            }
+            hold.release();
+            flusher.join().unwrap();
+            let s2: Arc<dyn Store> = Arc::new(VersionedStore::new(
+                Arc::new(FileStore::open(copy.path()).unwrap()),
+                Some(copy.path()),
+            ));
+            let r2 = s2.open_all().pop().unwrap().unwrap();
+            check(&*r2);
+        } else {
+            hold.release();
+            flusher.join().unwrap();
+            assert_eq!(len("vlog"), 0, "the fold left the log it retired");
+            drop((r, s));
+            let s = open();
+            let r = s.open_all().pop().unwrap().unwrap();
+            check(&*r);
+        }
     }
 }

@@ -14,8 +14,9 @@
 //! snapshot, delete or rollback before it returns; each change of the head in the redirect
 //! log, written (not synced) before the write that made it is answered, and synced at the
 //! next flush (after the physical replica's flush, so a map never names a block whose bytes
-//! are not durable). The main file, the whole head, is written at checkpoints: a full log, a
-//! close, a delete or rollback, and a flush after a snapshot only the log holds. So a process
+//! are not durable). The main file, the whole head, is written at checkpoints: a full log
+//! (with I/O going on: records go to a second log meanwhile, see `durable.rs`), a close, a
+//! delete or rollback, and a flush after a snapshot only the log holds. So a process
 //! crash keeps every answered write, as the file store keeps O_DIRECT writes (the log is
 //! replayed at open), and a power loss keeps every flushed write and every snapshot (the copy
 //! takes a new incarnation then anyway); a flush costs one sync of the log however many
@@ -54,6 +55,8 @@ const SETTLE_AT: usize = 4096;
 /// Past this many records (1.6 MB), or as many as the main file's head holds if more, a
 /// flush folds the redirect log into the main file: rewriting a head of N entries once
 /// every N records costs each redirect a constant share, however far the head has moved.
+/// I/O goes on meanwhile: records go to a second log from the fold's start
+/// ([`VersionedReplica::fold`]).
 const LOG_SLOTS: u64 = 40_000;
 /// Zeros written at once for a zeroing that must stay allocated.
 const ZERO_CHUNK: usize = 1 << 20;
@@ -146,6 +149,8 @@ impl VersionedStore {
             closed: AtomicBool::new(false),
             seq: AtomicU64::new(last_seq),
             slot: AtomicU64::new(0),
+            log_side: RwLock::new(0),
+            folding: Mutex::new(false),
             main_entries: AtomicU64::new(0),
             log_slots: self.log_slots,
             grow_min: self.grow_min,
@@ -215,8 +220,15 @@ struct VersionedReplica {
     closed: AtomicBool,
     /// The last sequence given to a redirect-log record.
     seq: AtomicU64,
-    /// The next free slot of the redirect log.
+    /// The next free slot of the redirect log records go to.
     slot: AtomicU64,
+    /// Which of the two redirect logs records go to (0 or 1), held shared by each append
+    /// and exclusive by a fold's switch, which so waits for the appends under way.
+    log_side: RwLock<usize>,
+    /// Held by the one fold under way ([`VersionedReplica::fold`]); true while the log not
+    /// taking records holds some the main file may lack (a fold switched, and its main file
+    /// is not written yet, or failed).
+    folding: Mutex<bool>,
     /// The head's entries the main file held when last written: the log may hold as many
     /// records before a flush folds it in ([`LOG_SLOTS`]).
     main_entries: AtomicU64,
@@ -530,17 +542,12 @@ impl crate::filter::ReplicaFilter for VersionedReplica {
             if self.dirty.load(Ordering::Acquire) {
                 self.persist_head()?;
             }
+            // With I/O going on: records go to the other log meanwhile.
+            self.fold()?;
         }
         let pending = self.table().pending();
-        let log_full = self.slot.load(Ordering::Acquire)
-            >= self
-                .log_slots
-                .max(self.main_entries.load(Ordering::Acquire));
-        let holes = if pending >= SETTLE_AT || log_full {
+        let holes = if pending >= SETTLE_AT {
             let _g = self.exclusive();
-            if log_full {
-                self.checkpoint_locked()?;
-            }
             self.settle_locked(false)?
         } else if pending > 0 {
             match self.gate.try_write() {
