@@ -66,18 +66,9 @@ fn the_log_is_folded_in_no_more_often_than_the_head_it_rewrites_grows() {
         )
     };
     let s = open();
-    let r = s.create(5, SIZE).unwrap();
-    r.write(0, &[1; SIZE as usize], false).unwrap();
-    r.snapshot(1, 0).unwrap();
-    r.flush().unwrap();
+    let r = snapshotted(&s);
     // Both logs: a fold empties the one it retires, and records go to the other.
-    let len = || {
-        ["vlog", "vlog2"]
-            .iter()
-            .map(|n| dir.path().join(format!("replica-0000000000000005.{n}")))
-            .map(|p| std::fs::metadata(p).map_or(0, |m| m.len()))
-            .sum::<u64>()
-    };
+    let len = || log_len(dir.path(), "vlog") + log_len(dir.path(), "vlog2");
     let (mut folds, mut last) = (0, len());
     for b in 0..SIZE / 4096 {
         r.write(b * 4096, &[2 + (b % 200) as u8; 4096], false)
@@ -223,6 +214,21 @@ fn redirects_after_a_fold_back_reach_the_log_a_reopen_reads() {
     }
 }
 
+/// Volume 5 of `s`, written whole with ones, then snapshot 1 taken and flushed: every write
+/// after it is a redirect, one record of the log.
+fn snapshotted(s: &Arc<dyn Store>) -> Arc<dyn Replica> {
+    let r = s.create(5, SIZE).unwrap();
+    r.write(0, &[1; SIZE as usize], false).unwrap();
+    r.snapshot(1, 0).unwrap();
+    r.flush().unwrap();
+    r
+}
+
+/// The length of volume 5's file `name` in `dir` (0 if there is none).
+fn log_len(dir: &std::path::Path, name: &str) -> u64 {
+    std::fs::metadata(dir.join(format!("replica-0000000000000005.{name}"))).map_or(0, |m| m.len())
+}
+
 /// A replica whose flushes, once armed, let `pass` through and then wait for the test.
 #[derive(Debug)]
 struct HeldFlush {
@@ -336,18 +342,12 @@ fn a_fold_lets_io_go_on_and_a_crash_on_either_side_of_it_loses_nothing() {
             )
         };
         let s = open();
-        let r = s.create(5, SIZE).unwrap();
-        r.write(0, &[1; SIZE as usize], false).unwrap();
-        r.snapshot(1, 0).unwrap();
-        r.flush().unwrap();
+        let r = snapshotted(&s);
         // 64 redirects: the log is full.
         for b in 0..64 {
             r.write(b * 4096, &[2; 4096], false).unwrap();
         }
-        let len = |n: &str| {
-            std::fs::metadata(dir.path().join(format!("replica-0000000000000005.{n}")))
-                .map_or(0, |m| m.len())
-        };
+        let len = |n: &str| log_len(dir.path(), n);
         let first = len("vlog");
         assert!(first > 0 && len("vlog2") == 0);
         // The flush's own physical flush passes; the fold's is held.
