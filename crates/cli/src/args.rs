@@ -44,6 +44,9 @@ pub struct UpArgs {
     /// Granularity of the regions replicas track for a peer that is out.
     #[arg(long, default_value = "4K", value_parser = units::parse_dirty_grain)]
     pub dirty_grain: u64,
+    /// Threads serving each node's reads and writes (see `node serve --io-threads`).
+    #[arg(long, default_value_t = trireme_node::DEFAULT_IO_THREADS as u32, value_parser = units::count(1, 1024))]
+    pub io_threads: u32,
     /// Bytes each node's replicas may hold (see `node serve --capacity`). Default: for the
     /// file and tiered stores, what each node's directory takes plus an equal share of what
     /// the file system has free (every node of `up` lives on the one under `--data-dir`).

@@ -437,3 +437,34 @@ fn progress_on_a_terminal_none_through_a_pipe_and_status_watch() {
     w.kill().unwrap();
     w.wait().unwrap();
 }
+
+/// `up --io-threads N` gives each node N threads for its reads and writes: each node's command
+/// line says so, and after a bench with eight I/Os outstanding each runs one I/O thread.
+#[test]
+fn up_sets_each_nodes_io_threads() {
+    let c = Cluster::start(&["--store", "file", "--size", "32M", "--io-threads", "1"]);
+    let b = start_bench(&c, 2);
+    finish_bench(&c, b);
+    for id in 1..=3 {
+        let pid = node_pid(&c, id);
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+        let args: Vec<String> = cmdline
+            .split(|&b| b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        assert!(
+            args.windows(2)
+                .any(|w| w[0] == "--io-threads" && w[1] == "1"),
+            "{args:?}"
+        );
+        let name = format!("node{id}-io");
+        let io = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .flatten()
+            .filter(|t| {
+                std::fs::read_to_string(t.path().join("comm")).is_ok_and(|n| n.trim() == name)
+            })
+            .count();
+        assert_eq!(io, 1, "node {id} runs {io} I/O threads");
+    }
+}

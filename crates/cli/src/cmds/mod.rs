@@ -71,6 +71,7 @@ pub(crate) fn local_config(
         store: a.store.kind().as_str().to_string(),
         port: a.port,
         dirty_grain: a.dirty_grain,
+        io_threads: a.io_threads,
         node_capacity: a.node_capacity,
         overcommit: a.overcommit,
         preallocate: a.preallocate,

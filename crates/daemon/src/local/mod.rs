@@ -52,6 +52,8 @@ pub struct LocalConfig {
     /// NBD TCP port on 127.0.0.1.
     pub port: u16,
     pub dirty_grain: u64,
+    /// Each node's `--io-threads`.
+    pub io_threads: u32,
     /// Each node's `--capacity`.
     pub node_capacity: Option<u64>,
     /// Each node's `--overcommit`.
@@ -251,6 +253,7 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
         store: store.to_string(),
         tiers: a.tiers,
         dirty_grain: a.dirty_grain,
+        io_threads: a.io_threads,
         capacity: a.node_capacity,
         overcommit: a.overcommit,
         // A node in a network namespace still writes under --data-dir.
