@@ -187,9 +187,16 @@ impl VersionedReplica {
             *other_full = true;
         }
         let retired = *self.log_side.read().unwrap_or_else(|e| e.into_inner()) ^ 1;
+        let t0 = std::time::Instant::now();
         self.persist_main_then(true)?;
         f.truncate_log(retired)?;
         *other_full = false;
+        tracing::debug!(
+            volume = self.vol(),
+            entries = self.main_entries.load(Ordering::Acquire),
+            ms = t0.elapsed().as_millis() as u64,
+            "redirect log folded into the main file"
+        );
         Ok(())
     }
 
