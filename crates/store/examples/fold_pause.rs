@@ -27,22 +27,13 @@ fn arg(args: &[String], i: usize, default: u64) -> u64 {
     })
 }
 
-/// The length of the replica's data file, its pool included.
-fn data_len(dir: &std::path::Path) -> u64 {
+/// The summed lengths of the files in `dir` whose names `pick` takes: the data file (the
+/// pool included), or the redirect logs (both, if there are two).
+fn lengths(dir: &std::path::Path, pick: impl Fn(&str) -> bool) -> u64 {
     std::fs::read_dir(dir)
         .expect("read DIR")
         .flatten()
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".data"))
-        .map(|e| e.metadata().map_or(0, |m| m.len()))
-        .sum()
-}
-
-/// The bytes of the replica's redirect logs (both, if there are two).
-fn log_bytes(dir: &std::path::Path) -> u64 {
-    std::fs::read_dir(dir)
-        .expect("read DIR")
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().contains("vlog"))
+        .filter(|e| pick(&e.file_name().to_string_lossy()))
         .map(|e| e.metadata().map_or(0, |m| m.len()))
         .sum()
 }
@@ -96,20 +87,20 @@ fn main() {
         })
         .collect();
     let mut worst = 0;
-    let mut grown = data_len(dir);
+    let mut grown = lengths(dir, |n| n.ends_with(".data"));
     for s in 1..=secs {
         std::thread::sleep(Duration::from_secs(1));
-        let before = log_bytes(dir);
+        let before = lengths(dir, |n| n.contains("vlog"));
         let t = Instant::now();
         r.flush().expect("flush");
         let flush_ms = t.elapsed().as_secs_f64() * 1e3;
-        let folded = log_bytes(dir) < before;
+        let folded = lengths(dir, |n| n.contains("vlog")) < before;
         let (n, max) = (
             ops.swap(0, Ordering::Relaxed),
             longest.swap(0, Ordering::Relaxed),
         );
         worst = worst.max(max);
-        let len = data_len(dir);
+        let len = lengths(dir, |n| n.ends_with(".data"));
         println!(
             "{s:>3} s: {n:>6} writes, longest {:>7.1} ms, flush {flush_ms:>6.1} ms{}{}",
             max as f64 / 1e3,
