@@ -8,6 +8,8 @@
 # Usage: bench/snapshots-ab.sh ROUNDS BUILD... (paths to trireme binaries, e.g. copies of
 # target/release/trireme made at two commits). STORE (default file) picks the nodes' store:
 # `memory` leaves the file system out (its pool's fresh pages then cost what ext4 did).
+# Each line counts the requests nodes left past the replica timeout in that run; LOGS=DIR keeps
+# each run's `up` log there as MODE-BUILD-rROUND.log.
 set -euo pipefail
 rounds=$1; shift
 size="${SIZE:-1G}"
@@ -30,8 +32,14 @@ for round in $(seq "$rounds"); do
       first) snap s1 ;;
     esac
     line=$("$T" --data-dir "$dir/c" bench --profile s2d -d15 -W2 "$uri" 2>&1 | grep Summary)
-    echo "$mode $(basename "$T") r$round: $line" | tee -a "$dir/lines"
     kill "$up"; wait "$up" || true; up=
+    # Requests a node left unanswered past the replica timeout (the copy goes out and
+    # resyncs, and the run's numbers with it), anywhere in the run, the fill included.
+    timeouts=$(grep -c "did not answer" "$dir/up.log" || true)
+    echo "$mode $(basename "$T") r$round: $line; replica timeouts $timeouts" | tee -a "$dir/lines"
+    if [ -n "${LOGS:-}" ]; then
+      mkdir -p "$LOGS" && cp "$dir/up.log" "$LOGS/$mode-$(basename "$T")-r$round.log"
+    fi
   done
  done
 done
