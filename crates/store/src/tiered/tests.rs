@@ -3,6 +3,7 @@
 //! is in exactly one tier, and the fast tier's file holds no more than its extents.
 
 use super::*;
+use crate::Extent;
 use proptest::prelude::*;
 use std::os::unix::fs::MetadataExt;
 
