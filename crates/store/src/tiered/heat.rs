@@ -79,6 +79,14 @@ impl Heat {
         }
     }
 
+    /// Keeps heat for `extents` extents: those past it go, new ones start cold.
+    pub fn resize(&mut self, extents: u64) {
+        self.heat
+            .resize_with(extents as usize, || AtomicU32::new(0));
+        self.last
+            .resize_with(extents as usize, || AtomicU32::new(0));
+    }
+
     /// Counts one request of `len` bytes at `offset`; true if it heated (was not a stream).
     pub fn touch(&self, offset: u64, len: u64) -> bool {
         let Some(end) = offset.checked_add(len).filter(|_| len > 0) else {

@@ -20,6 +20,13 @@
 //! nothing leaks past a restart. Block checksums sit above this store (`SealedStore`) and
 //! cover the logical bytes, so they hold across moves.
 //!
+//! A resize ([`TieredReplica`]'s `resize_to`) holds every extent against I/O and moves
+//! while it lengthens or shortens both tiers and rewrites the map: a grow lengthens the tiers
+//! first and names the new size in the map last, a shrink the other way round, and opening
+//! the store cuts a tier longer than its map back to it. Grown extents start on the slow
+//! tier. So replicas grow with their volume, and with the pool of a snapshotted replica
+//! (`versions`).
+//!
 //! Heat, the migration plan and the mover thread: [`heat`], [`mover`].
 
 pub mod heat;
@@ -237,13 +244,26 @@ impl TieredStore {
                 m.volume
             )));
         };
-        if f.size() != m.size || s.size() != m.size {
+        if f.size() < m.size || s.size() < m.size {
             return Err(corrupt(format!(
                 "map is for {} bytes; the fast tier holds {}, the slow tier {}",
                 m.size,
                 f.size(),
                 s.size()
             )));
+        }
+        // A tier longer than the map: a grow cut short before the map named it, or a shrink
+        // after (see `TieredReplica::resize_to`). The map is the replica's size.
+        for t in [&f, &s] {
+            if t.size() > m.size {
+                tracing::info!(
+                    volume = m.volume,
+                    from = t.size(),
+                    to = m.size,
+                    "tiers: cutting a tier back to its map's size"
+                );
+                t.resize(m.size)?;
+            }
         }
         let r = TieredReplica::new(m, f, s, Arc::downgrade(&self.shared));
         r.reclaim()?;
@@ -316,7 +336,8 @@ impl Store for TieredStore {
             tiers: vec![Tier::Slow; extents as usize],
         };
         let r = Arc::new(TieredReplica::new(m, f, s, Arc::downgrade(&self.shared)));
-        if let Err(e) = r.persist() {
+        let persisted = r.persist(&r.ext());
+        if let Err(e) = persisted {
             let _ = self.fast.delete(volume);
             let _ = self.slow.delete(volume);
             return Err(e);

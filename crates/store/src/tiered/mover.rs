@@ -41,7 +41,7 @@ pub(super) fn run(shared: &Shared) {
         reps.sort_by_key(|r| r.volume);
         if now - last_decay >= DECAY_EVERY {
             for r in &reps {
-                r.heat.decay();
+                r.decay_heat();
             }
             let moved = shared.migrated_bytes.load(Ordering::Relaxed);
             let per_s = (moved - moved_then) as f64 / (now - last_decay).as_secs_f64();
@@ -52,19 +52,7 @@ pub(super) fn run(shared: &Shared) {
         if tokens < extent {
             continue;
         }
-        let views: Vec<View> = reps
-            .iter()
-            .flat_map(|r| {
-                let pin = r.pin();
-                (0..r.extents()).map(move |e| View {
-                    volume: r.volume,
-                    extent: e,
-                    heat: r.heat.get(e),
-                    tier: r.tier(e),
-                    pin,
-                })
-            })
-            .collect();
+        let views: Vec<View> = reps.iter().flat_map(|r| r.views()).collect();
         let moves = heat::plan(&views, shared.fast_places(), (tokens / extent) as usize);
         for m in moves {
             if shared.stop.load(Ordering::Acquire) {

@@ -1,14 +1,15 @@
 //! One replica over the two tiers: its extents, the lock each holds against a move, the move
 //! itself (copy, make durable, switch the map, free the old place) and the pin.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
-use super::heat::Heat;
+use super::heat::{Heat, View};
 use super::{io, map, map_path, Pin, ReplicaTiers, Shared, Tier, TierHint, TierMapFile};
 use crate::file::write_atomically;
-use crate::{check_range, Extent, Replica, StoreError};
+use crate::{check_range, check_size, Extent, Replica, StoreError};
 
 /// Where a move was cut short, for the crash tests: the move stops right after this step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,20 +40,60 @@ fn code(t: Tier) -> u8 {
     }
 }
 
+/// What a replica keeps per extent, and its size: held shared by I/O and moves, exclusive by a
+/// resize (which so waits for them, and they for it).
+#[derive(Debug)]
+pub(super) struct Extents {
+    size: u64,
+    extent: u64,
+    shift: u32,
+    tiers: Vec<AtomicU8>,
+    /// One per extent: I/O takes it shared, a move exclusive.
+    locks: Vec<RwLock<()>>,
+    heat: Heat,
+}
+
+impl Extents {
+    fn count(&self) -> u64 {
+        self.tiers.len() as u64
+    }
+
+    fn tier(&self, extent: u64) -> Tier {
+        match self.tiers[extent as usize].load(Ordering::Acquire) {
+            FAST => Tier::Fast,
+            _ => Tier::Slow,
+        }
+    }
+
+    fn on_tier(&self, t: Tier) -> u64 {
+        (0..self.count()).filter(|&e| self.tier(e) == t).count() as u64
+    }
+
+    /// The bytes of extent `extent`: (offset, length; the last may be short).
+    pub(super) fn range(&self, extent: u64) -> (u64, u64) {
+        let off = extent << self.shift;
+        (off, self.extent.min(self.size - off))
+    }
+
+    /// Sets the size: extents past it go, new ones start on the slow tier, cold.
+    fn set_size(&mut self, size: u64) {
+        let n = size.div_ceil(self.extent) as usize;
+        self.size = size;
+        self.tiers.resize_with(n, || AtomicU8::new(SLOW));
+        self.locks.resize_with(n, || RwLock::new(()));
+        self.heat.resize(n as u64);
+    }
+}
+
 /// One replica over the two tiers.
 #[derive(Debug)]
 pub struct TieredReplica {
     pub(super) volume: u64,
-    pub(super) size: u64,
     pub(super) extent: u64,
-    pub(super) shift: u32,
     pub(super) fast: Arc<dyn Replica>,
     pub(super) slow: Arc<dyn Replica>,
-    pub(super) tiers: Vec<AtomicU8>,
+    ext: RwLock<Extents>,
     pub(super) pin: AtomicU8,
-    /// One per extent: I/O takes it shared, a move exclusive.
-    pub(super) locks: Vec<RwLock<()>>,
-    pub(super) heat: Heat,
     counters: Counters,
     pub(super) map_path: PathBuf,
     pub(super) dir: PathBuf,
@@ -76,15 +117,18 @@ impl TieredReplica {
         let shift = m.extent.trailing_zeros();
         TieredReplica {
             volume: m.volume,
-            size: m.size,
             extent: m.extent,
-            shift,
             fast,
             slow,
-            tiers: m.tiers.iter().map(|t| AtomicU8::new(code(*t))).collect(),
+            ext: RwLock::new(Extents {
+                size: m.size,
+                extent: m.extent,
+                shift,
+                tiers: m.tiers.iter().map(|t| AtomicU8::new(code(*t))).collect(),
+                locks: m.tiers.iter().map(|_| RwLock::new(())).collect(),
+                heat: Heat::new(m.tiers.len() as u64, shift),
+            }),
             pin: AtomicU8::new(m.pin.code()),
-            locks: m.tiers.iter().map(|_| RwLock::new(())).collect(),
-            heat: Heat::new(m.tiers.len() as u64, shift),
             counters: Counters::default(),
             map_path: map_path(&dir, m.volume),
             dir,
@@ -95,32 +139,50 @@ impl TieredReplica {
         }
     }
 
+    /// The extents, held shared. Never taken twice by one thread: a resize waiting between
+    /// the two would hold both up.
+    pub(super) fn ext(&self) -> RwLockReadGuard<'_, Extents> {
+        self.ext.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn ext_mut(&self) -> RwLockWriteGuard<'_, Extents> {
+        self.ext.write().unwrap_or_else(|e| e.into_inner())
+    }
+
     pub fn extents(&self) -> u64 {
-        self.tiers.len() as u64
+        self.ext().count()
     }
 
     pub fn tier(&self, extent: u64) -> Tier {
-        match self.tiers[extent as usize].load(Ordering::Acquire) {
-            FAST => Tier::Fast,
-            _ => Tier::Slow,
-        }
+        self.ext().tier(extent)
     }
 
     pub fn pin(&self) -> Pin {
         Pin::from_code(self.pin.load(Ordering::Acquire)).unwrap_or_default()
     }
 
-    pub fn heat(&self) -> &Heat {
-        &self.heat
+    /// Halves every extent's heat (the mover, once a second).
+    pub(super) fn decay_heat(&self) {
+        self.ext().heat.decay();
+    }
+
+    /// Each extent as the planner sees it.
+    pub(super) fn views(&self) -> Vec<View> {
+        let x = self.ext();
+        let pin = self.pin();
+        (0..x.count())
+            .map(|e| View {
+                volume: self.volume,
+                extent: e,
+                heat: x.heat.get(e),
+                tier: x.tier(e),
+                pin,
+            })
+            .collect()
     }
 
     pub(super) fn count(&self, t: Tier) -> u64 {
-        (0..self.extents()).filter(|&e| self.tier(e) == t).count() as u64
-    }
-
-    pub(super) fn range(&self, extent: u64) -> (u64, u64) {
-        let off = extent << self.shift;
-        (off, self.extent.min(self.size - off))
+        self.ext().on_tier(t)
     }
 
     pub(super) fn on(&self, t: Tier) -> &Arc<dyn Replica> {
@@ -130,25 +192,29 @@ impl TieredReplica {
         }
     }
 
-    pub(super) fn snapshot(&self) -> TierMapFile {
+    fn map_of(&self, x: &Extents) -> TierMapFile {
         TierMapFile {
             volume: self.volume,
-            size: self.size,
+            size: x.size,
             extent: self.extent,
             pin: self.pin(),
-            tiers: (0..self.extents()).map(|e| self.tier(e)).collect(),
+            tiers: (0..x.count()).map(|e| x.tier(e)).collect(),
         }
     }
 
-    /// Writes the map from memory, atomically and durably.
-    pub(super) fn persist(&self) -> Result<(), StoreError> {
+    /// Writes the map from memory (`x`: the extents, held), atomically and durably.
+    pub(super) fn persist(&self, x: &Extents) -> Result<(), StoreError> {
+        self.write_map(&self.map_of(x))
+    }
+
+    fn write_map(&self, m: &TierMapFile) -> Result<(), StoreError> {
         let _g = self.persist_lock.lock().unwrap_or_else(|e| e.into_inner());
         if self.retired.load(Ordering::Acquire) {
             return Err(StoreError::NoReplica {
                 volume: self.volume,
             });
         }
-        write_atomically(&self.map_path, &self.dir, &map::encode(&self.snapshot()))
+        write_atomically(&self.map_path, &self.dir, &map::encode(m))
             .map_err(io(self.volume, "persist tier map"))
     }
 
@@ -160,9 +226,10 @@ impl TieredReplica {
     /// Frees every place the map does not point at: the stray copy of a move cut short before
     /// its switch, or the old place of one cut short after it.
     pub(super) fn reclaim(&self) -> Result<(), StoreError> {
-        for e in 0..self.extents() {
-            let (off, len) = self.range(e);
-            let other = self.on(match self.tier(e) {
+        let x = self.ext();
+        for e in 0..x.count() {
+            let (off, len) = x.range(e);
+            let other = self.on(match x.tier(e) {
                 Tier::Fast => Tier::Slow,
                 Tier::Slow => Tier::Fast,
             });
@@ -194,23 +261,24 @@ impl TieredReplica {
     /// Runs `f` on each piece of `[offset, offset+len)` that lies in one extent, under the
     /// extent's shared lock, with the tier that holds it: (tier, replica, piece offset,
     /// piece length, position in the request).
-    pub(super) fn each_piece(
+    fn each_piece(
         &self,
+        x: &Extents,
         offset: u64,
         len: u64,
         mut f: impl FnMut(Tier, &dyn Replica, u64, u64, usize) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
-        check_range(offset, len, self.size)?;
+        check_range(offset, len, x.size)?;
         self.check_usable()?;
         let mut pos = offset;
         let end = offset + len;
         while pos < end {
-            let e = pos >> self.shift;
-            let next = ((e + 1) << self.shift).min(end);
-            let _g = self.locks[e as usize]
+            let e = pos >> x.shift;
+            let next = ((e + 1) << x.shift).min(end);
+            let _g = x.locks[e as usize]
                 .read()
                 .unwrap_or_else(|e| e.into_inner());
-            let t = self.tier(e);
+            let t = x.tier(e);
             f(
                 t,
                 self.on(t).as_ref(),
@@ -232,17 +300,18 @@ impl TieredReplica {
         stop_after: Option<MoveStep>,
     ) -> Result<bool, StoreError> {
         self.check_usable()?;
-        if e >= self.extents() {
+        let x = self.ext();
+        if e >= x.count() {
             return Err(StoreError::Invalid(format!(
                 "extent {e} outside a replica of {} extents",
-                self.extents()
+                x.count()
             )));
         }
         let shared = self.shared.upgrade();
-        let _g = self.locks[e as usize]
+        let _g = x.locks[e as usize]
             .write()
             .unwrap_or_else(|e| e.into_inner());
-        let from = self.tier(e);
+        let from = x.tier(e);
         if from == to {
             return Ok(false);
         }
@@ -254,7 +323,7 @@ impl TieredReplica {
                 s.fast_used.fetch_sub(1, Ordering::AcqRel);
             }
         };
-        match self.copy_and_switch(e, from, to, stop_after) {
+        match self.copy_and_switch(&x, e, from, to, stop_after) {
             Ok(true) => {}
             Ok(false) => return Ok(false),
             Err(err) => {
@@ -264,7 +333,7 @@ impl TieredReplica {
                 return Err(err);
             }
         }
-        let (src, (off, len)) = (self.on(from), self.range(e));
+        let (src, (off, len)) = (self.on(from), x.range(e));
         match to {
             Tier::Fast => self.counters.promotions.fetch_add(1, Ordering::Relaxed),
             Tier::Slow => {
@@ -291,15 +360,16 @@ impl TieredReplica {
 
     /// The copy and the switch of a move, under the extent's exclusive lock. Ok(false): cut
     /// short by `stop_after` before the switch.
-    pub(super) fn copy_and_switch(
+    fn copy_and_switch(
         &self,
+        x: &Extents,
         e: u64,
         from: Tier,
         to: Tier,
         stop_after: Option<MoveStep>,
     ) -> Result<bool, StoreError> {
         let (src, dst) = (self.on(from), self.on(to));
-        let (off, len) = self.range(e);
+        let (off, len) = x.range(e);
         // The new place starts empty: a stray copy left there by an earlier move whose free
         // failed must not show through the source's holes.
         dst.write_zeroes(off, len, true, false)?;
@@ -323,15 +393,15 @@ impl TieredReplica {
         if stop_after == Some(MoveStep::Durable) {
             return Ok(false);
         }
-        self.tiers[e as usize].store(code(to), Ordering::Release);
-        if let Err(err) = self.persist() {
-            self.tiers[e as usize].store(code(from), Ordering::Release);
+        x.tiers[e as usize].store(code(to), Ordering::Release);
+        if let Err(err) = self.persist(x) {
+            x.tiers[e as usize].store(code(from), Ordering::Release);
             if self.retired.load(Ordering::Acquire) {
                 // Deleted meanwhile: nothing was written, nothing is left to serve.
                 return Err(err);
             }
             // Whether the new map reached the disk is unknown: try to record the old one.
-            if let Err(again) = self.persist() {
+            if let Err(again) = self.persist(x) {
                 tracing::error!(
                     volume = self.volume,
                     "tiers: {err}; then {again}: refusing I/O"
@@ -351,40 +421,121 @@ impl TieredReplica {
         })?;
         if pin == Pin::Fast {
             let reps = shared.replicas.lock().unwrap_or_else(|e| e.into_inner());
-            let claimed: u64 = reps
-                .values()
-                .filter(|r| r.volume != self.volume && r.pin() == Pin::Fast)
-                .map(|r| r.extents())
-                .sum();
-            let places = shared.fast_places();
-            if claimed + self.extents() > places {
-                return Err(StoreError::NoSpace {
-                    size: self.extents() * self.extent,
-                    what: format!(
-                        "pinning to fast needs {} extents of {} bytes; the fast tier has {} places, {} pinned by other volumes",
-                        self.extents(),
-                        self.extent,
-                        places,
-                        claimed
-                    ),
-                });
-            }
+            self.fits_fast(&shared, &reps, self.extents(), "pinning to fast")?;
         }
+        let x = self.ext();
         let old = self.pin.swap(pin.code(), Ordering::AcqRel);
-        if let Err(e) = self.persist() {
+        if let Err(e) = self.persist(&x) {
             self.pin.store(old, Ordering::Release);
             return Err(e);
         }
         Ok(())
     }
 
+    /// Whether the fast tier holds `extents` of this replica beside those other volumes pinned
+    /// to fast claim (`reps`: the store's replicas, held).
+    fn fits_fast(
+        &self,
+        shared: &Shared,
+        reps: &HashMap<u64, Arc<TieredReplica>>,
+        extents: u64,
+        what: &str,
+    ) -> Result<(), StoreError> {
+        let claimed: u64 = reps
+            .values()
+            .filter(|r| r.volume != self.volume && r.pin() == Pin::Fast)
+            .map(|r| r.extents())
+            .sum();
+        let places = shared.fast_places();
+        if claimed + extents <= places {
+            return Ok(());
+        }
+        Err(StoreError::NoSpace {
+            size: extents * self.extent,
+            what: format!(
+                "{what} needs {extents} extents of {} bytes; the fast tier has {places} places, {claimed} pinned by other volumes",
+                self.extent,
+            ),
+        })
+    }
+
+    /// Resizes the replica (see [`Replica::resize`]). A crash at any step leaves the old size
+    /// or the new one: a grow lengthens both tiers before the map names the new size, a
+    /// shrink writes the map first and shortens the tiers after; opening the store cuts a
+    /// tier longer than its map back to it. A volume pinned to fast grows only as far as the
+    /// fast tier can hold it.
+    fn resize_to(&self, size: u64) -> Result<(), StoreError> {
+        check_size(size)?;
+        self.check_usable()?;
+        let shared = self.shared.upgrade();
+        let extents = size.div_ceil(self.extent);
+        // The store's replicas before this one's extents, as `set_pin` takes them.
+        let reps = shared
+            .as_ref()
+            .filter(|_| self.pin() == Pin::Fast)
+            .map(|s| s.replicas.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut x = self.ext_mut();
+        let old = x.size;
+        if size == old {
+            return Ok(());
+        }
+        if let (Some(s), Some(reps)) = (&shared, &reps) {
+            if extents > x.count() {
+                self.fits_fast(s, reps, extents, "growing a volume pinned to fast")?;
+            }
+        }
+        if size > old {
+            self.grow_tiers(old, size)?;
+            x.set_size(size);
+            if let Err(e) = self.persist(&x) {
+                x.set_size(old);
+                let _ = self.slow.resize(old).and(self.fast.resize(old));
+                return Err(e);
+            }
+            return Ok(());
+        }
+        let gone_fast = (extents..x.count())
+            .filter(|&e| x.tier(e) == Tier::Fast)
+            .count() as u64;
+        let mut m = self.map_of(&x);
+        m.size = size;
+        m.tiers.truncate(extents as usize);
+        self.write_map(&m)?;
+        x.set_size(size);
+        if let Some(s) = &shared {
+            s.fast_used.fetch_sub(gone_fast, Ordering::AcqRel);
+        }
+        // The map names the new size: a tier left longer is cut at the next grow, or open.
+        self.slow.resize(size)?;
+        self.fast.resize(size)
+    }
+
+    /// Lengthens both tiers from `old` to `size` bytes: first cut back to `old` any tier a
+    /// shrink left longer (its bytes past `old` must not show again), then grow; on an error,
+    /// both go back to `old`.
+    fn grow_tiers(&self, old: u64, size: u64) -> Result<(), StoreError> {
+        let grow = |t: &Arc<dyn Replica>| -> Result<(), StoreError> {
+            if t.size() != old {
+                t.resize(old)?;
+            }
+            t.resize(size)
+        };
+        let r = grow(&self.slow).and_then(|()| grow(&self.fast));
+        if r.is_err() {
+            let _ = self.slow.resize(old);
+            let _ = self.fast.resize(old);
+        }
+        r
+    }
+
     pub fn tier_stats(&self) -> ReplicaTiers {
-        let fast = self.count(Tier::Fast);
+        let x = self.ext();
+        let fast = x.on_tier(Tier::Fast);
         ReplicaTiers {
             pin: self.pin(),
             extent: self.extent,
             fast_extents: fast,
-            slow_extents: self.extents() - fast,
+            slow_extents: x.count() - fast,
             reads_fast: self.counters.reads_fast.load(Ordering::Relaxed),
             reads_slow: self.counters.reads_slow.load(Ordering::Relaxed),
             promotions: self.counters.promotions.load(Ordering::Relaxed),
@@ -398,7 +549,7 @@ impl Replica for TieredReplica {
         self.volume
     }
     fn size(&self) -> u64 {
-        self.size
+        self.ext().size
     }
     fn epoch(&self) -> u64 {
         self.slow.epoch()
@@ -410,17 +561,14 @@ impl Replica for TieredReplica {
         self.fast.allocated_bytes() + self.slow.allocated_bytes()
     }
     fn resize(&self, size: u64) -> Result<(), StoreError> {
-        // Its tier map, heat and locks are per extent of a fixed count.
-        Err(StoreError::Invalid(format!(
-            "replica {} is on a tiered store, whose replicas cannot be resized yet (asked: {size} bytes)",
-            self.volume
-        )))
+        self.resize_to(size)
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         let len = buf.len() as u64;
-        check_range(offset, len, self.size)?;
-        self.heat.touch(offset, len);
-        self.each_piece(offset, len, |t, r, off, n, at| {
+        let x = self.ext();
+        check_range(offset, len, x.size)?;
+        x.heat.touch(offset, len);
+        self.each_piece(&x, offset, len, |t, r, off, n, at| {
             match t {
                 Tier::Fast => &self.counters.reads_fast,
                 Tier::Slow => &self.counters.reads_slow,
@@ -430,9 +578,10 @@ impl Replica for TieredReplica {
         })
     }
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), StoreError> {
-        check_range(offset, data.len() as u64, self.size)?;
-        self.heat.touch(offset, data.len() as u64);
-        self.each_piece(offset, data.len() as u64, |_, r, off, n, at| {
+        let x = self.ext();
+        check_range(offset, data.len() as u64, x.size)?;
+        x.heat.touch(offset, data.len() as u64);
+        self.each_piece(&x, offset, data.len() as u64, |_, r, off, n, at| {
             r.write(off, &data[at..at + n as usize], fua)
         })
     }
@@ -443,7 +592,7 @@ impl Replica for TieredReplica {
         may_trim: bool,
         fua: bool,
     ) -> Result<(), StoreError> {
-        self.each_piece(offset, len, |_, r, off, n, _| {
+        self.each_piece(&self.ext(), offset, len, |_, r, off, n, _| {
             r.write_zeroes(off, n, may_trim, fua)
         })
     }
@@ -454,7 +603,7 @@ impl Replica for TieredReplica {
     }
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, StoreError> {
         let mut out: Vec<Extent> = Vec::new();
-        self.each_piece(offset, len, |_, r, off, n, _| {
+        self.each_piece(&self.ext(), offset, len, |_, r, off, n, _| {
             for x in r.block_status(off, n)? {
                 match out.last_mut() {
                     Some(last) if last.flags == x.flags => last.length += x.length,
@@ -483,19 +632,20 @@ impl Replica for TieredReplica {
         TieredReplica::set_pin(self, pin)
     }
     fn tier_of(&self, offset: u64, len: u64) -> Option<TierHint> {
+        let x = self.ext();
         let end = offset
             .checked_add(len)
-            .filter(|&e| e <= self.size && len > 0)?;
-        let slow =
-            (offset >> self.shift..=(end - 1) >> self.shift).any(|e| self.tier(e) == Tier::Slow);
+            .filter(|&e| e <= x.size && len > 0)?;
+        let slow = (offset >> x.shift..=(end - 1) >> x.shift).any(|e| x.tier(e) == Tier::Slow);
         Some(TierHint {
             slow,
-            heated: self.heat.would_heat(offset, len),
+            heated: x.heat.would_heat(offset, len),
         })
     }
     fn add_heat(&self, offset: u64, count: u32) {
-        if offset < self.size {
-            self.heat.add(offset >> self.shift, count);
+        let x = self.ext();
+        if offset < x.size {
+            x.heat.add(offset >> x.shift, count);
         }
     }
 }

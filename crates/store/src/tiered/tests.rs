@@ -52,7 +52,7 @@ fn read_all(r: &dyn Replica) -> Vec<u8> {
 /// the extents on the fast tier.
 fn check_placement(dir: &Path, s: &TieredStore, r: &TieredReplica) {
     for e in 0..r.extents() {
-        let (off, len) = r.range(e);
+        let (off, len) = r.ext().range(e);
         let other = r.on(match r.tier(e) {
             Tier::Fast => Tier::Slow,
             Tier::Slow => Tier::Fast,
@@ -274,7 +274,7 @@ fn a_replica_deleted_while_its_extents_move_leaves_nothing_behind() {
     std::thread::sleep(std::time::Duration::from_millis(150));
     s.delete(1).unwrap();
     assert!(
-        r.persist().is_err(),
+        r.persist(&r.ext()).is_err(),
         "a deleted replica's map is never written again"
     );
     drop(r);
@@ -290,4 +290,130 @@ fn a_replica_deleted_while_its_extents_move_leaves_nothing_behind() {
         .collect();
     assert!(left.is_empty(), "{left:?}");
     assert_eq!(s.tiers().unwrap().fast_used, 0);
+}
+
+/// A resize keeps every extent where it was: grown extents start on the slow tier (and move
+/// like any other), a shrink gives back the fast places of the extents it drops, and the
+/// sizes, tiers and bytes hold across a reopen.
+#[test]
+fn a_replica_grows_and_shrinks_with_its_extents_in_place() {
+    let d = tempfile::tempdir().unwrap();
+    let s = TieredStore::open_still(d.path(), cfg()).unwrap();
+    s.create(1, SIZE).unwrap();
+    let r = s.replica(1).unwrap();
+    for e in 0..EXTENTS {
+        r.write(e * EXT, &[e as u8 + 1; 4096], false).unwrap();
+    }
+    assert!(r.move_extent(2, Tier::Fast, None).unwrap());
+    assert!(r.move_extent(11, Tier::Fast, None).unwrap());
+    r.resize(SIZE + 2 * EXT + 8192).unwrap();
+    assert_eq!(
+        (r.size(), r.extents()),
+        (SIZE + 2 * EXT + 8192, EXTENTS + 3)
+    );
+    assert_eq!(r.tier(EXTENTS + 2), Tier::Slow);
+    let mut b = vec![9u8; 8192];
+    r.read(SIZE + 2 * EXT, &mut b).unwrap();
+    assert_eq!(b, vec![0u8; 8192], "grown bytes read as zeros");
+    // The short last extent takes writes and moves.
+    r.write(SIZE + 2 * EXT, &[0xAB; 8192], false).unwrap();
+    assert!(r.move_extent(EXTENTS + 2, Tier::Fast, None).unwrap());
+    r.read(SIZE + 2 * EXT, &mut b).unwrap();
+    assert_eq!(b, vec![0xABu8; 8192]);
+    assert_eq!(s.tiers().unwrap().fast_used, 3 * EXT);
+    // Shrinking drops extent 11 and the short one: their places on flash go back.
+    r.resize(10 * EXT).unwrap();
+    assert_eq!((r.size(), r.extents()), (10 * EXT, 10));
+    assert_eq!(s.tiers().unwrap().fast_used, EXT);
+    assert!(r.read(10 * EXT, &mut b).is_err());
+    assert!(r.resize(4097).is_err(), "not a multiple of 4 KiB");
+    r.flush().unwrap();
+    drop(r);
+    drop(s);
+    let s = TieredStore::open_still(d.path(), cfg()).unwrap();
+    s.open_all().pop().unwrap().unwrap();
+    let r = s.replica(1).unwrap();
+    assert_eq!(
+        (r.size(), r.extents(), r.tier(2)),
+        (10 * EXT, 10, Tier::Fast)
+    );
+    assert_eq!(s.tiers().unwrap().fast_used, EXT);
+    for e in 0..10 {
+        let mut b = vec![0u8; 4096];
+        r.read(e * EXT, &mut b).unwrap();
+        assert_eq!(b, vec![e as u8 + 1; 4096], "extent {e}");
+    }
+    // Grown again, the dropped bytes do not come back.
+    r.resize(SIZE).unwrap();
+    let mut b = vec![9u8; 4096];
+    r.read(11 * EXT, &mut b).unwrap();
+    assert_eq!(b, vec![0u8; 4096]);
+}
+
+/// A crash between a resize's steps leaves a tier longer than the map (a grow before the map
+/// named the new size, a shrink after): the next open cuts it back, and what it held past the
+/// map's end never shows, even when the replica grows over it again.
+#[test]
+fn a_tier_longer_than_its_map_is_cut_back_at_open() {
+    let d = tempfile::tempdir().unwrap();
+    {
+        let s = TieredStore::open_still(d.path(), cfg()).unwrap();
+        s.create(1, SIZE).unwrap();
+        let r = s.replica(1).unwrap();
+        r.write(0, &[1u8; 4096], false).unwrap();
+        r.flush().unwrap();
+    }
+    // As a grow cut short leaves it: the slow tier grown, and written past the map's end.
+    {
+        let slow = FileStore::open(&d.path().join("slow")).unwrap();
+        let t = slow.open_all().pop().unwrap().unwrap();
+        t.resize(SIZE + EXT).unwrap();
+        t.write(SIZE, &[0xEE; 4096], false).unwrap();
+        t.flush().unwrap();
+        t.close().unwrap();
+    }
+    let (s, r) = open(d.path());
+    assert_eq!(r.size(), SIZE, "the map is the size");
+    assert_eq!(r.slow.size(), SIZE, "the slow tier is cut back");
+    r.resize(SIZE + EXT).unwrap();
+    let mut b = vec![9u8; 4096];
+    r.read(SIZE, &mut b).unwrap();
+    assert_eq!(b, vec![0u8; 4096], "bytes past the map's end are gone");
+    drop((s, r));
+    // A tier shorter than the map is not a step of any resize: refused, as corrupt.
+    {
+        let fast = FileStore::open_thin(&d.path().join("fast")).unwrap();
+        let t = fast.open_all().pop().unwrap().unwrap();
+        t.resize(SIZE).unwrap();
+        t.close().unwrap();
+    }
+    let s = TieredStore::open_still(d.path(), cfg()).unwrap();
+    let e = s.open_all().pop().unwrap().unwrap_err();
+    assert!(matches!(e, StoreError::Corrupt { .. }), "{e}");
+}
+
+/// A volume pinned to fast grows only as far as the fast tier holds it, beside what other
+/// volumes pinned to fast claim; the refused grow changes nothing.
+#[test]
+fn a_volume_pinned_to_fast_grows_only_as_far_as_the_fast_tier_holds_it() {
+    let d = tempfile::tempdir().unwrap();
+    let s = TieredStore::open_still(d.path(), cfg()).unwrap();
+    s.create(1, 2 * EXT).unwrap();
+    s.create(2, 2 * EXT).unwrap();
+    let (a, b) = (s.replica(1).unwrap(), s.replica(2).unwrap());
+    a.set_pin(Pin::Fast).unwrap();
+    b.set_pin(Pin::Fast).unwrap();
+    a.resize(3 * EXT).unwrap();
+    let e = a.resize(4 * EXT).unwrap_err();
+    assert!(matches!(e, StoreError::NoSpace { .. }), "{e}");
+    assert!(e.to_string().contains("pinned to fast"), "{e}");
+    assert_eq!((a.size(), a.extents()), (3 * EXT, 3));
+    // Unpinned, it grows past the fast tier: its extents are placed by heat.
+    a.set_pin(Pin::Auto).unwrap();
+    a.resize(8 * EXT).unwrap();
+    drop((a, b));
+    drop(s);
+    let s = TieredStore::open_still(d.path(), cfg()).unwrap();
+    assert_eq!(s.open_all().len(), 2);
+    assert_eq!(s.replica(1).unwrap().size(), 8 * EXT);
 }
