@@ -24,6 +24,16 @@ fn stores() -> Vec<(Arc<dyn Store>, Option<tempfile::TempDir>)> {
         extent: GRAIN,
     };
     let tiered = TieredStore::open(d3.path(), tiers).unwrap();
+    // Versions over tiers as a node stacks them, every write redirected: the pool grows the
+    // tiered replica.
+    let d5 = tempfile::tempdir().unwrap();
+    let versioned_tiered = Snapshotted(Arc::new(VersionedStore::new(
+        Arc::new(SealedStore::new(
+            Arc::new(TieredStore::open(d5.path(), tiers).unwrap()),
+            Some(d5.path()),
+        )),
+        Some(d5.path()),
+    )));
     let sealed_file = SealedStore::new(
         Arc::new(FileStore::open(d2.path()).unwrap()),
         Some(d2.path()),
@@ -49,6 +59,7 @@ fn stores() -> Vec<(Arc<dyn Store>, Option<tempfile::TempDir>)> {
             )))),
             None,
         ),
+        (Arc::new(versioned_tiered), Some(d5)),
     ]
 }
 

@@ -417,3 +417,61 @@ fn a_volume_pinned_to_fast_grows_only_as_far_as_the_fast_tier_holds_it() {
     assert_eq!(s.open_all().len(), 2);
     assert_eq!(s.replica(1).unwrap().size(), 8 * EXT);
 }
+
+/// Snapshots over a tiered replica, stacked as a node stacks them: the pool the redirects
+/// take grows the tiered replica, extents (the pool's too) move between the tiers under the
+/// versions, and every version reads back, before and after a reopen.
+#[test]
+fn snapshots_over_tiers_keep_every_version_while_extents_move() {
+    use crate::{SealedStore, VersionedStore};
+    let d = tempfile::tempdir().unwrap();
+    let stack = |t: Arc<TieredStore>| {
+        VersionedStore::new(
+            Arc::new(SealedStore::new(t, Some(d.path()))),
+            Some(d.path()),
+        )
+    };
+    let pattern = |v: u8, e: u64| vec![v ^ e as u8; 4096];
+    let check = |r: &dyn Replica, id: Option<u64>, v: u8| {
+        for e in 0..EXTENTS {
+            let mut b = vec![0u8; 4096];
+            match id {
+                Some(id) => r.read_snapshot(id, e * EXT + 4096, &mut b).unwrap(),
+                None => r.read(e * EXT + 4096, &mut b).unwrap(),
+            }
+            assert_eq!(b, pattern(v, e), "version {id:?}, extent {e}");
+        }
+    };
+    {
+        let t = Arc::new(TieredStore::open_still(d.path(), cfg()).unwrap());
+        let s = stack(t.clone());
+        let r = s.create(1, SIZE).unwrap();
+        for e in 0..EXTENTS {
+            r.write(e * EXT + 4096, &pattern(1, e), false).unwrap();
+        }
+        r.snapshot(7, 100).unwrap();
+        for e in 0..EXTENTS {
+            r.write(e * EXT + 4096, &pattern(2, e), false).unwrap();
+        }
+        r.flush().unwrap();
+        let tr = t.replica(1).unwrap();
+        assert!(tr.extents() > EXTENTS, "the pool grew the tiered replica");
+        // Every extent through the fast tier and back, a few at a time.
+        for e in 0..tr.extents() {
+            assert!(tr.move_extent(e, Tier::Fast, None).unwrap(), "extent {e}");
+            if e >= 2 {
+                assert!(tr.move_extent(e - 2, Tier::Slow, None).unwrap());
+            }
+        }
+        check(&*r, Some(7), 1);
+        check(&*r, None, 2);
+        r.flush().unwrap();
+        r.close().unwrap();
+    }
+    let t = Arc::new(TieredStore::open_still(d.path(), cfg()).unwrap());
+    let s = stack(t.clone());
+    let r = s.open_all().pop().unwrap().unwrap();
+    check(&*r, Some(7), 1);
+    check(&*r, None, 2);
+    assert_eq!(t.replica(1).unwrap().count(Tier::Fast), 2);
+}

@@ -25,8 +25,7 @@
 //! a directory (a volatile store) the versions live as long as the process, like the bytes.
 //!
 //! **Limits.** A replica whose blocks a snapshot moved cannot be resized (until its head is
-//! folded back: not built); a replica on a tiered store takes no snapshot (its physical
-//! replica does not grow).
+//! folded back: not built).
 
 pub mod blockmap;
 mod durable;
@@ -299,11 +298,6 @@ impl VersionedReplica {
     /// main file (the replica's first snapshot), they are written at once.
     fn take_snapshot(&self, id: u64, created: u64, synced: bool) -> Result<(), StoreError> {
         let _g = self.exclusive();
-        if self.inner.tiers().is_some() {
-            return Err(StoreError::Invalid(
-                "replicas on a tiered store take no snapshots yet".into(),
-            ));
-        }
         let logged = self.files.as_ref().filter(|f| f.main().exists());
         if synced || logged.is_none() {
             self.inner.flush()?;
