@@ -462,27 +462,19 @@ impl TieredReplica {
     /// Resizes the replica (see [`Replica::resize`]). A crash at any step leaves the old size
     /// or the new one: a grow lengthens both tiers before the map names the new size, a
     /// shrink writes the map first and shortens the tiers after; opening the store cuts a
-    /// tier longer than its map back to it. A volume pinned to fast grows only as far as the
-    /// fast tier can hold it.
+    /// tier longer than its map back to it. A volume pinned to fast may grow past what the
+    /// fast tier holds (a resize, or the pool of its snapshots' redirected blocks: refusing
+    /// would fail its writes for space): the extents that do not fit stay on the slow tier,
+    /// and the grow says so in the log.
     fn resize_to(&self, size: u64) -> Result<(), StoreError> {
         check_size(size)?;
         self.check_usable()?;
         let shared = self.shared.upgrade();
         let extents = size.div_ceil(self.extent);
-        // The store's replicas before this one's extents, as `set_pin` takes them.
-        let reps = shared
-            .as_ref()
-            .filter(|_| self.pin() == Pin::Fast)
-            .map(|s| s.replicas.lock().unwrap_or_else(|e| e.into_inner()));
         let mut x = self.ext_mut();
         let old = x.size;
         if size == old {
             return Ok(());
-        }
-        if let (Some(s), Some(reps)) = (&shared, &reps) {
-            if extents > x.count() {
-                self.fits_fast(s, reps, extents, "growing a volume pinned to fast")?;
-            }
         }
         if size > old {
             self.grow_tiers(old, size)?;
@@ -491,6 +483,17 @@ impl TieredReplica {
                 x.set_size(old);
                 let _ = self.slow.resize(old).and(self.fast.resize(old));
                 return Err(e);
+            }
+            drop(x);
+            // Outside the extents' lock: the store's replicas are taken before it (`set_pin`).
+            if let Some(s) = shared.filter(|_| self.pin() == Pin::Fast) {
+                let reps = s.replicas.lock().unwrap_or_else(|e| e.into_inner());
+                if let Err(e) = self.fits_fast(&s, &reps, extents, "a volume pinned to fast") {
+                    tracing::warn!(
+                        volume = self.volume,
+                        "tiers: grown past the fast tier, the rest stays on the slow tier: {e}"
+                    );
+                }
             }
             return Ok(());
         }

@@ -392,30 +392,41 @@ fn a_tier_longer_than_its_map_is_cut_back_at_open() {
     assert!(matches!(e, StoreError::Corrupt { .. }), "{e}");
 }
 
-/// A volume pinned to fast grows only as far as the fast tier holds it, beside what other
-/// volumes pinned to fast claim; the refused grow changes nothing.
+/// A volume pinned to fast grows past what the fast tier holds (its snapshots' pool grows it
+/// too, and refusing would fail its writes for space): the mover puts as many of its extents
+/// on flash as there are places, the rest stay on the slow tier, and every byte is kept.
 #[test]
-fn a_volume_pinned_to_fast_grows_only_as_far_as_the_fast_tier_holds_it() {
+fn a_volume_pinned_to_fast_grows_past_the_fast_tier_and_the_rest_stays_slow() {
     let d = tempfile::tempdir().unwrap();
-    let s = TieredStore::open_still(d.path(), cfg()).unwrap();
+    let s = with_mover(d.path(), 100);
     s.create(1, 2 * EXT).unwrap();
     s.create(2, 2 * EXT).unwrap();
     let (a, b) = (s.replica(1).unwrap(), s.replica(2).unwrap());
     a.set_pin(Pin::Fast).unwrap();
     b.set_pin(Pin::Fast).unwrap();
-    a.resize(3 * EXT).unwrap();
-    let e = a.resize(4 * EXT).unwrap_err();
-    assert!(matches!(e, StoreError::NoSpace { .. }), "{e}");
-    assert!(e.to_string().contains("pinned to fast"), "{e}");
-    assert_eq!((a.size(), a.extents()), (3 * EXT, 3));
-    // Unpinned, it grows past the fast tier: its extents are placed by heat.
-    a.set_pin(Pin::Auto).unwrap();
-    a.resize(8 * EXT).unwrap();
+    a.resize(6 * EXT).unwrap();
+    for e in 0..6 {
+        a.write(e * EXT, &[e as u8 + 1; 4096], false).unwrap();
+    }
+    let t = std::time::Instant::now();
+    while a.count(Tier::Fast) + b.count(Tier::Fast) < PLACES {
+        assert!(t.elapsed() < std::time::Duration::from_secs(10));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(a.count(Tier::Fast) + b.count(Tier::Fast), PLACES);
+    assert_eq!(s.tiers().unwrap().fast_used, PLACES * EXT);
+    for e in 0..6 {
+        let mut buf = vec![0u8; 4096];
+        a.read(e * EXT, &mut buf).unwrap();
+        assert_eq!(buf, vec![e as u8 + 1; 4096], "extent {e}");
+    }
     drop((a, b));
     drop(s);
     let s = TieredStore::open_still(d.path(), cfg()).unwrap();
     assert_eq!(s.open_all().len(), 2);
-    assert_eq!(s.replica(1).unwrap().size(), 8 * EXT);
+    assert_eq!(s.replica(1).unwrap().size(), 6 * EXT);
+    assert_eq!(s.replica(1).unwrap().pin(), Pin::Fast);
 }
 
 /// Snapshots over a tiered replica, stacked as a node stacks them: the pool the redirects
