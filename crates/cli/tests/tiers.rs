@@ -278,3 +278,88 @@ fn a_drained_copy_of_a_pinned_volume_is_pinned_on_its_new_node() {
     }
     assert_replicas_identical(&c, "vol0");
 }
+
+/// Versions on tiered nodes, end to end: the volume grows, takes a snapshot, is rewritten
+/// whole (every block redirected into a pool that grows each node's tiered replica), is
+/// cloned, and has its rewritten blocks promoted to flash by a read workload while a node is
+/// killed; then the snapshot, the clone and the volume each read back exactly, and the copies
+/// are identical, snapshots included.
+#[test]
+fn a_tiered_volume_grows_takes_snapshots_and_clones_and_keeps_them_through_a_kill() {
+    need("qemu-img");
+    let work = tempfile::tempdir().unwrap();
+    let c = Cluster::start(&[
+        "--store",
+        "tiered",
+        "--size",
+        "16M",
+        "--fast-size",
+        "24M",
+        "--migrate-rate",
+        "32M",
+    ]);
+    let size = 24 << 20;
+    ok(&c, &["volume", "resize", "vol0", "24M"]);
+    assert_eq!(tiers(&c, "vol0").iter().map(|t| t.1 + t.2).max(), Some(24));
+    let (one, two) = (work.path().join("one.img"), work.path().join("two.img"));
+    random_file(&one, size, 11);
+    random_file(&two, size, 22);
+    let fill = |img: &std::path::Path| {
+        run(std::process::Command::new("qemu-img")
+            .args(["convert", "-n", "-f", "raw", "-O", "raw"])
+            .arg(img)
+            .arg(&c.unix));
+    };
+    fill(&one);
+    let s = ok(&c, &["volume", "snapshot", "create", "vol0", "one"]);
+    assert!(s.contains("on nodes 1, 2, 3"), "{s}");
+    fill(&two);
+    ok(&c, &["volume", "clone", "vol0@one", "copy"]);
+    let grown = tiers(&c, "vol0");
+    assert!(
+        grown.iter().all(|t| t.1 + t.2 > 24),
+        "the pool grew no node's tiered replica: {grown:?}"
+    );
+    // Random reads over the volume heat its extents, the pool's among them (they hold what
+    // the head reads now); node 2 is killed once promotions have begun.
+    let bench = std::process::Command::new(env!("CARGO_BIN_EXE_trireme"))
+        .arg("--data-dir")
+        .arg(c.path())
+        .args(["bench", "-b4K", "-w0", "-t2", "-o4", "-d6", "-W0"])
+        .arg(&c.unix)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while tiers(&c, "vol0").iter().all(|t| t.3 == 0) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "nothing promoted: {:?}\n{}",
+            tiers(&c, "vol0"),
+            c.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let p2 = node_pid(&c, 2);
+    signal(p2, libc::SIGKILL);
+    wait_restarted(&c, 2, p2);
+    let out = wait_within(bench, Duration::from_secs(60), &|| c.log());
+    assert!(out.status.success(), "{}", text(&out));
+    wait_all_in_sync(&c);
+    compare_image(&two, &c.unix);
+    for (name, image) in [("vol0@one", &one), ("copy", &one)] {
+        let sock = work.path().join(format!("{}.sock", name.replace('@', "-")));
+        let (mut child, uri) = spawn_nbd(&c, name, &sock);
+        compare_image(image, &uri);
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(&c, &["--output", "json", "volume", "verify", "vol0"])).unwrap();
+    assert_eq!(v["mismatches"].as_array().unwrap().len(), 0, "{v}");
+    let snaps = v["snapshots"].as_array().unwrap();
+    assert_eq!(snaps.len(), 1, "{v}");
+    assert!(snaps[0]["mismatches"].as_array().unwrap().is_empty(), "{v}");
+    assert_eq!(snaps[0]["nodes"], serde_json::json!([1, 2, 3]), "{v}");
+}
