@@ -566,6 +566,21 @@ impl Replica for TieredReplica {
     fn resize(&self, size: u64) -> Result<(), StoreError> {
         self.resize_to(size)
     }
+    /// To the tier holding each extent of the range (the fast tier's thin store ignores it):
+    /// the versions' pool asks it ahead of its redirects.
+    fn reserve(&self, offset: u64, len: u64) {
+        let x = self.ext();
+        let Some(end) = offset.checked_add(len).filter(|&e| e <= x.size) else {
+            return;
+        };
+        let mut pos = offset;
+        while pos < end {
+            let e = pos >> x.shift;
+            let next = ((e + 1) << x.shift).min(end);
+            self.on(x.tier(e)).reserve(pos, next - pos);
+            pos = next;
+        }
+    }
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         let len = buf.len() as u64;
         let x = self.ext();

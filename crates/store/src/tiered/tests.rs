@@ -429,6 +429,25 @@ fn a_volume_pinned_to_fast_grows_past_the_fast_tier_and_the_rest_stays_slow() {
     assert_eq!(s.replica(1).unwrap().pin(), Pin::Fast);
 }
 
+/// A reservation (the versions' pool asks one ahead of its redirects) reaches the slow tier,
+/// whose file store allocates it; the bytes still read as zeros.
+#[test]
+fn a_reservation_reaches_the_slow_tier() {
+    let d = tempfile::tempdir().unwrap();
+    let s = TieredStore::open_still(d.path(), cfg()).unwrap();
+    s.create(1, SIZE).unwrap();
+    let r = s.replica(1).unwrap();
+    let data = d.path().join("slow").join("replica-0000000000000001.data");
+    let before = std::fs::metadata(&data).unwrap().blocks() * 512;
+    r.reserve(EXT, 2 * EXT);
+    let after = std::fs::metadata(&data).unwrap().blocks() * 512;
+    assert!(after >= before + 2 * EXT, "{before} then {after}");
+    let mut b = vec![9u8; 4096];
+    r.read(EXT, &mut b).unwrap();
+    assert_eq!(b, vec![0u8; 4096]);
+    r.reserve(SIZE - 4096, 8192); // past the end: ignored
+}
+
 /// Snapshots over a tiered replica, stacked as a node stacks them: the pool the redirects
 /// take grows the tiered replica, extents (the pool's too) move between the tiers under the
 /// versions, and every version reads back, before and after a reopen.
