@@ -7,21 +7,27 @@
 # are interleaved within each mode so that the machine's drift falls on all of them alike.
 # Usage: bench/snapshots-ab.sh ROUNDS BUILD... (paths to trireme binaries, e.g. copies of
 # target/release/trireme made at two commits). STORE (default file) picks the nodes' store:
-# `memory` leaves the file system out (its pool's fresh pages then cost what ext4 did).
+# `memory` leaves the file system out (its pool's fresh pages then cost what ext4 did);
+# `tiered` takes UP_ARGS too (e.g. UP_ARGS="--slow-disk real": a plain file for the slow tier
+# instead of the disk model, whose 8 ms per I/O would hide the rest). MODES (default
+# "none chain10 first") picks the modes, e.g. MODES=none to compare builds that cannot all
+# take snapshots.
 # Each line counts the requests nodes left past the replica timeout in that run; LOGS=DIR keeps
 # each run's `up` log there as MODE-BUILD-rROUND.log.
 set -euo pipefail
 rounds=$1; shift
 size="${SIZE:-1G}"
 store="${STORE:-file}"
+modes="${MODES:-none chain10 first}"
+read -r -a up_args <<<"${UP_ARGS:-}"
 dir=$(mktemp -d); up=
 trap '[ -n "$up" ] && kill $up 2>/dev/null; rm -rf "$dir"' EXIT
 head -c "$size" /dev/urandom >"$dir/fill.img"
 for round in $(seq "$rounds"); do
- for mode in none chain10 first; do
+ for mode in $modes; do
   for T in "$@"; do
     rm -rf "$dir/c" && mkdir "$dir/c"
-    "$T" --data-dir "$dir/c" up --store "$store" --size "$size" --port 0 >"$dir/up.log" 2>&1 &
+    "$T" --data-dir "$dir/c" up --store "$store" --size "$size" --port 0 "${up_args[@]}" >"$dir/up.log" 2>&1 &
     up=$!
     for _ in $(seq 150); do [ -f "$dir/c/exports" ] && break; sleep 0.2; done
     uri=$(head -1 "$dir/c/exports")
