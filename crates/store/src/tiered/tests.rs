@@ -505,3 +505,33 @@ fn snapshots_over_tiers_keep_every_version_while_extents_move() {
     check(&*r, None, 2);
     assert_eq!(t.replica(1).unwrap().count(Tier::Fast), 2);
 }
+
+/// A redirect places a block in the versions' pool: it heats nothing (else the pool's newest
+/// extent, which takes every first overwrite, would be promoted and demoted in turn). A later
+/// write to the same block, in place, heats as any write.
+#[test]
+fn redirects_into_the_pool_do_not_heat_and_later_writes_do() {
+    use crate::VersionedStore;
+    let d = tempfile::tempdir().unwrap();
+    let t = Arc::new(TieredStore::open_still(d.path(), cfg()).unwrap());
+    let s = VersionedStore::new(t.clone(), Some(d.path()));
+    let r = s.create(1, SIZE).unwrap();
+    r.write(0, &vec![1u8; 8 * 4096], false).unwrap();
+    r.snapshot(1, 1).unwrap();
+    let tr = t.replica(1).unwrap();
+    let heat = |tr: &TieredReplica| -> u32 { tr.views().iter().map(|v| v.heat).sum() };
+    let before = heat(&tr);
+    for k in 0..8 {
+        r.write(k * 4096, &[2u8; 4096], false).unwrap();
+    }
+    assert!(
+        tr.extents() > EXTENTS,
+        "the writes were redirected into the pool"
+    );
+    assert_eq!(heat(&tr), before, "redirects heated the pool");
+    r.write(4096, &[3u8; 4096], false).unwrap();
+    assert!(heat(&tr) > before, "a write in place heats");
+    let mut b = vec![0u8; 4096];
+    r.read_snapshot(1, 4096, &mut b).unwrap();
+    assert_eq!(b, vec![1u8; 4096]);
+}

@@ -109,7 +109,23 @@ impl VersionedReplica {
 
     /// Writes block `to` whole: `piece` at `within`, the rest from `from` (an entry's block, or
     /// zeros). A piece that is the whole block is written as it came.
+    ///
+    /// As a stream for a tiered store below: a redirect places a block, it is not an access
+    /// to the extent it lands in. The pool hands out blocks lowest first, so its newest extent
+    /// takes every first overwrite at once; counted as heat, it was promoted and then demoted
+    /// as the next one took over, a move per MiB of redirects (with the extent held against
+    /// I/O for each copy). Later writes to the block, in place, heat as any.
     fn write_fresh(
+        &self,
+        to: u64,
+        from: Entry,
+        within: u64,
+        piece: &[u8],
+    ) -> Result<(), StoreError> {
+        crate::tiered::heat::as_stream(|| self.write_fresh_block(to, from, within, piece))
+    }
+
+    fn write_fresh_block(
         &self,
         to: u64,
         from: Entry,
