@@ -20,10 +20,11 @@
 //! nothing leaks past a restart. Block checksums sit above this store (`SealedStore`) and
 //! cover the logical bytes, so they hold across moves.
 //!
-//! A resize ([`TieredReplica`]'s `resize_to`) holds every extent against I/O and moves
-//! while it lengthens or shortens both tiers and rewrites the map: a grow lengthens the tiers
-//! first and names the new size in the map last, a shrink the other way round, and opening
-//! the store cuts a tier longer than its map back to it. Grown extents start on the slow
+//! A resize ([`TieredReplica`]'s `resize_to`) lengthens or shortens both tiers and rewrites
+//! the map: a grow lengthens the tiers first and names the new size in the map last, with I/O
+//! and moves below the old end going on (it holds them only to add the new extents); a
+//! shrink writes the map first and holds every extent throughout. Opening the store cuts a
+//! tier longer than its map back to it. Grown extents start on the slow
 //! tier. So replicas grow with their volume, and with the pool of a snapshotted replica
 //! (`versions`).
 //!

@@ -85,6 +85,17 @@ impl Extents {
     }
 }
 
+/// A test's code run at a point of an operation.
+#[cfg(test)]
+pub(super) struct TestHook(pub(super) Box<dyn Fn() + Send>);
+
+#[cfg(test)]
+impl std::fmt::Debug for TestHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TestHook")
+    }
+}
+
 /// One replica over the two tiers.
 #[derive(Debug)]
 pub struct TieredReplica {
@@ -98,6 +109,11 @@ pub struct TieredReplica {
     pub(super) map_path: PathBuf,
     pub(super) dir: PathBuf,
     pub(super) persist_lock: Mutex<()>,
+    /// One resize at a time (a grow holds the extents' lock only to add extents).
+    resizing: Mutex<()>,
+    /// Runs between the two tiers' grows (tests: I/O must go on meanwhile).
+    #[cfg(test)]
+    pub(super) mid_grow: Mutex<Option<TestHook>>,
     /// Deleted: the map must not be written again.
     pub(super) retired: AtomicBool,
     /// A map switch could not be recorded either way: what the map on disk says is unknown,
@@ -133,6 +149,9 @@ impl TieredReplica {
             map_path: map_path(&dir, m.volume),
             dir,
             persist_lock: Mutex::new(()),
+            resizing: Mutex::new(()),
+            #[cfg(test)]
+            mid_grow: Mutex::new(None),
             retired: AtomicBool::new(false),
             broken: AtomicBool::new(false),
             shared,
@@ -462,7 +481,10 @@ impl TieredReplica {
     /// Resizes the replica (see [`Replica::resize`]). A crash at any step leaves the old size
     /// or the new one: a grow lengthens both tiers before the map names the new size, a
     /// shrink writes the map first and shortens the tiers after; opening the store cuts a
-    /// tier longer than its map back to it. A volume pinned to fast may grow past what the
+    /// tier longer than its map back to it. A grow lets I/O and moves below the old end go
+    /// on while the tiers grow and the map is written (the versions' pool grows ahead of its
+    /// redirects so; each step took six fsyncs with every request held), holding the
+    /// extents' lock exclusive only to add the new extents; a shrink holds it throughout. A volume pinned to fast may grow past what the
     /// fast tier holds (a resize, or the pool of its snapshots' redirected blocks: refusing
     /// would fail its writes for space): the extents that do not fit stay on the slow tier,
     /// and the grow says so in the log.
@@ -471,20 +493,17 @@ impl TieredReplica {
         self.check_usable()?;
         let shared = self.shared.upgrade();
         let extents = size.div_ceil(self.extent);
-        let mut x = self.ext_mut();
-        let old = x.size;
-        if size == old {
-            return Ok(());
-        }
+        let _one = self.resizing.lock().unwrap_or_else(|e| e.into_inner());
+        let old = self.ext().size;
         if size > old {
+            // No request comes past the old end before this returns (the trait's contract).
             self.grow_tiers(old, size)?;
-            x.set_size(size);
-            if let Err(e) = self.persist(&x) {
-                x.set_size(old);
-                let _ = self.slow.resize(old).and(self.fast.resize(old));
+            self.ext_mut().set_size(size);
+            let persisted = self.persist(&self.ext());
+            if let Err(e) = persisted {
+                self.ungrow(old, shared.as_deref());
                 return Err(e);
             }
-            drop(x);
             // Outside the extents' lock: the store's replicas are taken before it (`set_pin`).
             if let Some(s) = shared.filter(|_| self.pin() == Pin::Fast) {
                 let reps = s.replicas.lock().unwrap_or_else(|e| e.into_inner());
@@ -495,6 +514,10 @@ impl TieredReplica {
                     );
                 }
             }
+            return Ok(());
+        }
+        let mut x = self.ext_mut();
+        if size == old {
             return Ok(());
         }
         let gone_fast = (extents..x.count())
@@ -513,6 +536,34 @@ impl TieredReplica {
         self.fast.resize(size)
     }
 
+    /// A grow whose map could not be written: back to `old` bytes, the map recorded again at
+    /// that size (a move meanwhile may have recorded the new one), and the tiers cut back; if
+    /// even that cannot be recorded, the replica refuses I/O until the node restarts, as for
+    /// a move whose map is unknown.
+    fn ungrow(&self, old: u64, shared: Option<&Shared>) {
+        let mut x = self.ext_mut();
+        let extents = old.div_ceil(self.extent);
+        let gone_fast = (extents..x.count())
+            .filter(|&e| x.tier(e) == Tier::Fast)
+            .count() as u64;
+        x.set_size(old);
+        if let Some(s) = shared {
+            s.fast_used.fetch_sub(gone_fast, Ordering::AcqRel);
+        }
+        if let Err(e) = self.persist(&x) {
+            if !self.retired.load(Ordering::Acquire) {
+                tracing::error!(
+                    volume = self.volume,
+                    "tiers: a grow's map could not be written, nor the old one again: {e}; refusing I/O"
+                );
+                self.broken.store(true, Ordering::Release);
+            }
+            return;
+        }
+        let _ = self.slow.resize(old);
+        let _ = self.fast.resize(old);
+    }
+
     /// Lengthens both tiers from `old` to `size` bytes: first cut back to `old` any tier a
     /// shrink left longer (its bytes past `old` must not show again), then grow; on an error,
     /// both go back to `old`.
@@ -523,7 +574,13 @@ impl TieredReplica {
             }
             t.resize(size)
         };
-        let r = grow(&self.slow).and_then(|()| grow(&self.fast));
+        let r = grow(&self.slow).and_then(|()| {
+            #[cfg(test)]
+            if let Some(f) = &*self.mid_grow.lock().unwrap_or_else(|e| e.into_inner()) {
+                (f.0)();
+            }
+            grow(&self.fast)
+        });
         if r.is_err() {
             let _ = self.slow.resize(old);
             let _ = self.fast.resize(old);

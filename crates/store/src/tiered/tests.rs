@@ -350,6 +350,39 @@ fn a_replica_grows_and_shrinks_with_its_extents_in_place() {
     assert_eq!(b, vec![0u8; 4096]);
 }
 
+/// A grow lets I/O below the old end go on while the tiers grow (the versions' pool grows
+/// ahead of its redirects so): a read and a write from another thread, run while the grow is
+/// between its two tiers, are answered before it goes on.
+#[test]
+fn io_below_the_old_end_goes_on_while_a_replica_grows() {
+    let d = tempfile::tempdir().unwrap();
+    let s = TieredStore::open_still(d.path(), cfg()).unwrap();
+    s.create(1, SIZE).unwrap();
+    let r = s.replica(1).unwrap();
+    r.write(0, &[4u8; 4096], false).unwrap();
+    let io = r.clone();
+    *r.mid_grow.lock().unwrap() = Some(replica::TestHook(Box::new(move || {
+        let io = io.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut b = vec![0u8; 4096];
+            io.read(0, &mut b).unwrap();
+            io.write(EXT, &[5u8; 4096], false).unwrap();
+            let _ = tx.send(b);
+        });
+        let b = rx
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("I/O waited for the grow");
+        assert_eq!(b, vec![4u8; 4096]);
+    })));
+    r.resize(2 * SIZE).unwrap();
+    *r.mid_grow.lock().unwrap() = None;
+    assert_eq!(r.size(), 2 * SIZE);
+    let mut b = vec![0u8; 4096];
+    r.read(EXT, &mut b).unwrap();
+    assert_eq!(b, vec![5u8; 4096]);
+}
+
 /// A crash between a resize's steps leaves a tier longer than the map (a grow before the map
 /// named the new size, a shrink after): the next open cuts it back, and what it held past the
 /// map's end never shows, even when the replica grows over it again.
