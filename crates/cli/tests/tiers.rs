@@ -94,6 +94,24 @@ fn map_problems(c: &Cluster, extents: u64) -> Vec<String> {
     p
 }
 
+/// Waits (20 s at most) until a copy of vol0 has promoted an extent, then kills node 2 (-9)
+/// and waits for it to be restarted: the kill lands while extents migrate.
+fn kill_node_2_once_promoting(c: &Cluster) {
+    let t0 = Instant::now();
+    while tiers(c, "vol0").iter().all(|t| t.3 == 0) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "nothing promoted: {:?}\n{}",
+            tiers(c, "vol0"),
+            c.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let p2 = node_pid(c, 2);
+    signal(p2, libc::SIGKILL);
+    wait_restarted(c, 2, p2);
+}
+
 #[test]
 fn a_hot_zone_workload_loses_nothing_while_extents_migrate_and_a_node_dies() {
     // A 26-extent hot zone promoted at 4 MiB/s: migration runs for seconds, across the kill.
@@ -128,20 +146,8 @@ fn a_hot_zone_workload_loses_nothing_while_extents_migrate_and_a_node_dies() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let t0 = Instant::now();
-    while tiers(&c, "vol0").iter().all(|t| t.3 == 0) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "nothing promoted: {:?}\n{}",
-            tiers(&c, "vol0"),
-            c.log()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
     // Mid-migration: some hot extents are up, most are still to come.
-    let p2 = node_pid(&c, 2);
-    signal(p2, libc::SIGKILL);
-    wait_restarted(&c, 2, p2);
+    kill_node_2_once_promoting(&c);
     let v = check_workload(bench, 300, &|| c.log());
     wait_all_in_sync(&c);
     assert_replicas_identical(&c, "vol0");
@@ -331,19 +337,7 @@ fn a_tiered_volume_grows_takes_snapshots_and_clones_and_keeps_them_through_a_kil
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let t0 = Instant::now();
-    while tiers(&c, "vol0").iter().all(|t| t.3 == 0) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "nothing promoted: {:?}\n{}",
-            tiers(&c, "vol0"),
-            c.log()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let p2 = node_pid(&c, 2);
-    signal(p2, libc::SIGKILL);
-    wait_restarted(&c, 2, p2);
+    kill_node_2_once_promoting(&c);
     let out = wait_within(bench, Duration::from_secs(60), &|| c.log());
     assert!(out.status.success(), "{}", text(&out));
     wait_all_in_sync(&c);
