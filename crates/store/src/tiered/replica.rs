@@ -41,7 +41,8 @@ fn code(t: Tier) -> u8 {
 }
 
 /// What a replica keeps per extent, and its size: held shared by I/O and moves, exclusive by a
-/// resize (which so waits for them, and they for it).
+/// shrink throughout and by a grow only to add extents (each so waits for the I/O and moves
+/// under way, and they for it).
 #[derive(Debug)]
 pub(super) struct Extents {
     size: u64,
