@@ -24,9 +24,8 @@
 //! the map: a grow lengthens the tiers first and names the new size in the map last, with I/O
 //! and moves below the old end going on (it holds them only to add the new extents); a
 //! shrink writes the map first and holds every extent throughout. Opening the store cuts a
-//! tier longer than its map back to it. Grown extents start on the slow
-//! tier. So replicas grow with their volume, and with the pool of a snapshotted replica
-//! (`versions`).
+//! tier longer than its map back to it. Grown extents start on the slow tier. So replicas
+//! grow with their volume, and with the pool of a snapshotted replica (`versions`).
 //!
 //! Heat, the migration plan and the mover thread: [`heat`], [`mover`].
 
