@@ -163,3 +163,51 @@ fn clones_share_a_snapshot_survive_kills_and_a_drain_and_flatten_to_stand_alone(
     stop(web2);
     compare_image(&parent, &c.unix);
 }
+
+/// A volume written after a snapshot is refused a resize, before and after its snapshots are
+/// deleted, with a refusal that says what to do; what it says works: a flattened clone of a
+/// snapshot of it grows, keeps the volume's bytes and reads zeros past them.
+#[test]
+fn a_volume_written_after_a_snapshot_refuses_a_resize_and_its_flattened_clone_grows() {
+    need("qemu-img");
+    let w = tempfile::tempdir().unwrap();
+    let c = Cluster::start(&["--store", "file", "--size", "16M"]);
+    let img = w.path().join("vol.img");
+    random_file(&img, 16 << 20, 5);
+    let fill = |image: &std::path::Path| {
+        run(Command::new("qemu-img")
+            .args(["convert", "-n", "-f", "raw", "-O", "raw"])
+            .arg(image)
+            .arg(&c.unix));
+    };
+    fill(&img);
+    ok(&c, &["volume", "snapshot", "create", "vol0", "before"]);
+    random_file(&img, 16 << 20, 6);
+    fill(&img);
+    let how = "`volume clone VOLUME@S NEW`, `volume flatten NEW` and `volume resize NEW SIZE`";
+    refused(&c, &["volume", "resize", "vol0", "32M"], how);
+    ok(&c, &["volume", "snapshot", "delete", "vol0", "before"]);
+    refused(&c, &["volume", "resize", "vol0", "32M"], how);
+    let info = ok(&c, &["volume", "info", "vol0"]);
+    assert!(
+        info.contains("16.0 MiB"),
+        "the refusals changed its size: {info}"
+    );
+    compare_image(&img, &c.unix);
+    // What the refusal says to do.
+    ok(&c, &["volume", "snapshot", "create", "vol0", "s"]);
+    ok(&c, &["volume", "clone", "vol0@s", "big"]);
+    ok(&c, &["volume", "flatten", "big"]);
+    let out = ok(&c, &["volume", "resize", "big", "32M"]);
+    assert!(out.contains("to 32.0 MiB"), "{out}");
+    let grown = w.path().join("grown.img");
+    let mut bytes = std::fs::read(&img).unwrap();
+    bytes.resize(32 << 20, 0);
+    std::fs::write(&grown, &bytes).unwrap();
+    let (mut nbd, uri) = spawn_nbd(&c, "big", &w.path().join("big.sock"));
+    compare_image(&grown, &uri);
+    let _ = nbd.kill();
+    let _ = nbd.wait();
+    let v = ok(&c, &["volume", "verify", "big"]);
+    assert!(v.contains(" 0 mismatching"), "{v}");
+}

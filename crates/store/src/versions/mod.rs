@@ -426,7 +426,11 @@ impl crate::filter::ReplicaFilter for VersionedReplica {
         let _g = self.exclusive();
         if !self.plain.load(Ordering::Acquire) {
             return Err(StoreError::Invalid(
-                "a replica whose blocks snapshots moved cannot be resized yet".into(),
+                "a volume that has a snapshot, or was written after one, cannot be resized yet \
+                 (a write after a snapshot moves blocks, and deleting the snapshots does not \
+                 move them back); grow a copy instead: snapshot it as S, then `volume clone \
+                 VOLUME@S NEW`, `volume flatten NEW` and `volume resize NEW SIZE`"
+                    .into(),
             ));
         }
         // The main file names the old size: gone first, written again after (a crash in
