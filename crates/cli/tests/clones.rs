@@ -46,10 +46,7 @@ fn clones_share_a_snapshot_survive_kills_and_a_drain_and_flatten_to_stand_alone(
     // A golden image, snapshotted; the parent goes on after it.
     let gold = w.join("gold.img");
     random_file(&gold, SIZE, 1);
-    run(Command::new("qemu-img")
-        .args(["convert", "-n", "-f", "raw", "-O", "raw"])
-        .arg(&gold)
-        .arg(&c.unix));
+    write_image(&gold, &c.unix);
     ok(&c, &["volume", "snapshot", "create", "vol0", "gold"]);
     let parent = w.join("parent.img");
     std::fs::copy(&gold, &parent).unwrap();
@@ -174,16 +171,10 @@ fn a_volume_written_after_a_snapshot_refuses_a_resize_and_its_flattened_clone_gr
     let c = Cluster::start(&["--store", "file", "--size", "16M"]);
     let img = w.path().join("vol.img");
     random_file(&img, 16 << 20, 5);
-    let fill = |image: &std::path::Path| {
-        run(Command::new("qemu-img")
-            .args(["convert", "-n", "-f", "raw", "-O", "raw"])
-            .arg(image)
-            .arg(&c.unix));
-    };
-    fill(&img);
+    write_image(&img, &c.unix);
     ok(&c, &["volume", "snapshot", "create", "vol0", "before"]);
     random_file(&img, 16 << 20, 6);
-    fill(&img);
+    write_image(&img, &c.unix);
     let how = "`volume clone VOLUME@S NEW`, `volume flatten NEW` and `volume resize NEW SIZE`";
     refused(&c, &["volume", "resize", "vol0", "32M"], how);
     ok(&c, &["volume", "snapshot", "delete", "vol0", "before"]);

@@ -28,10 +28,7 @@ fn change(c: &Cluster, model: &mut [u8], dir: &Path, seed: u64) {
     }
     let img = dir.join("model.img");
     std::fs::write(&img, &*model).unwrap();
-    run(Command::new("qemu-img")
-        .args(["convert", "-n", "-f", "raw", "-O", "raw"])
-        .arg(&img)
-        .arg(&c.unix));
+    write_image(&img, &c.unix);
 }
 
 #[test]

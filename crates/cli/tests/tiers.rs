@@ -310,16 +310,10 @@ fn a_tiered_volume_grows_takes_snapshots_and_clones_and_keeps_them_through_a_kil
     let (one, two) = (work.path().join("one.img"), work.path().join("two.img"));
     random_file(&one, size, 11);
     random_file(&two, size, 22);
-    let fill = |img: &std::path::Path| {
-        run(std::process::Command::new("qemu-img")
-            .args(["convert", "-n", "-f", "raw", "-O", "raw"])
-            .arg(img)
-            .arg(&c.unix));
-    };
-    fill(&one);
+    write_image(&one, &c.unix);
     let s = ok(&c, &["volume", "snapshot", "create", "vol0", "one"]);
     assert!(s.contains("on nodes 1, 2, 3"), "{s}");
-    fill(&two);
+    write_image(&two, &c.unix);
     ok(&c, &["volume", "clone", "vol0@one", "copy"]);
     let grown = tiers(&c, "vol0");
     assert!(

@@ -782,6 +782,15 @@ pub fn refused(c: &Cluster, args: &[&str], says: &str) {
     assert!(text(&o).contains(says), "{args:?}: {}", text(&o));
 }
 
+/// `qemu-img convert` of a raw image file onto an NBD URI, in place (`-n`): the volume then
+/// holds the image's bytes from offset 0.
+pub fn write_image(image: &Path, uri: &str) {
+    run(Command::new("qemu-img")
+        .args(["convert", "-n", "-f", "raw", "-O", "raw"])
+        .arg(image)
+        .arg(uri));
+}
+
 /// `qemu-img compare` of a raw image file and an NBD URI: they must hold the same bytes.
 pub fn compare_image(image: &Path, uri: &str) {
     let o = Command::new("qemu-img")
