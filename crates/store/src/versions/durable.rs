@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::MutexGuard;
 
 use super::files::Files;
-use super::table::{self, entry, Entry, Map, Table, BLOCK};
+use super::table::{self, Entry, Map, Table, BLOCK};
 use super::{format, version_error, VersionedReplica};
 use crate::{StoreError, GRAIN};
 
@@ -59,7 +59,7 @@ impl VersionedReplica {
         for &(_, id) in &by_gen {
             self.persist_snap(id).map_err(failed)?;
         }
-        let (gen, head, mut listed, applied) = {
+        let (gen, head, mut listed, applied, blocks, homes) = {
             let t = self.table();
             let listed: Vec<(u64, table::Snap)> =
                 t.snaps.iter().map(|(id, s)| (*id, s.clone())).collect();
@@ -69,6 +69,8 @@ impl VersionedReplica {
                 t.head.clone(),
                 listed,
                 self.seq.load(Ordering::Acquire),
+                t.blocks,
+                t.homes,
             )
         };
         if flush {
@@ -84,7 +86,8 @@ impl VersionedReplica {
                 false => format::FLAG_OPEN,
             },
             volume: self.vol(),
-            size: self.size.load(Ordering::Acquire),
+            size: blocks * BLOCK,
+            homes: homes * BLOCK,
             gen,
             base,
             applied,
@@ -94,6 +97,7 @@ impl VersionedReplica {
                     id: *id,
                     gen: s.gen,
                     created: s.created,
+                    size: s.blocks * BLOCK,
                 })
                 .collect(),
             head: format::diff(&base_map, &head),
@@ -204,7 +208,7 @@ impl VersionedReplica {
     /// still locked, so one block's records get sequences in the order its entry changed.
     /// [`VersionedReplica::log`] writes it before the write that made it is answered.
     pub(super) fn record(&self, t: &Table, l: u64) -> format::LogRecord {
-        self.record_entry(l, entry(&t.head, l))
+        self.record_entry(l, t.entry(&t.head, l))
     }
 
     /// As [`VersionedReplica::record`], with the head's new entry for `l` known; the caller

@@ -104,6 +104,7 @@ impl Files {
         if m.volume != self.volume
             || m.size == 0
             || !m.size.is_multiple_of(BLOCK)
+            || !m.homes.is_multiple_of(BLOCK)
             || m.size > phys_size
             || !phys_size.is_multiple_of(BLOCK)
         {
@@ -115,8 +116,9 @@ impl Files {
                 ),
             ));
         }
-        let (blocks, phys_blocks) = (m.size / BLOCK, phys_size / BLOCK);
-        let check = |map: &Map, path: &Path| -> Result<(), StoreError> {
+        let (blocks, homes, phys_blocks) = (m.size / BLOCK, m.homes / BLOCK, phys_size / BLOCK);
+        // A version's entries lie below its own size; they name blocks inside the replica.
+        let check = |map: &Map, blocks: u64, path: &Path| -> Result<(), StoreError> {
             match map
                 .iter()
                 .find(|&(l, e)| l >= blocks || (e.phys != ZERO && e.phys >= phys_blocks))
@@ -128,6 +130,19 @@ impl Files {
                 None => Ok(()),
             }
         };
+        if let Some(s) = m
+            .snaps
+            .iter()
+            .find(|s| !s.size.is_multiple_of(BLOCK) || s.size > phys_size)
+        {
+            return Err(self.corrupt(
+                &path,
+                format!(
+                    "snapshot {} of {} bytes over {phys_size} physical bytes",
+                    s.id, s.size
+                ),
+            ));
+        }
         let mut listed = m.snaps.clone();
         listed.sort_by_key(|s| s.gen);
         let mut snaps = std::collections::BTreeMap::new();
@@ -142,12 +157,13 @@ impl Files {
             }
             let base = prev.map(|(_, m)| m).unwrap_or_default();
             let map = format::apply(&base, &f.records);
-            check(&map, &p)?;
+            check(&map, s.size / BLOCK, &p)?;
             snaps.insert(
                 s.id,
                 table::Snap {
                     gen: s.gen,
                     created: s.created,
+                    blocks: s.size / BLOCK,
                     map: map.clone(),
                 },
             );
@@ -187,13 +203,23 @@ impl Files {
                     gen += 1;
                 }
                 format::LogRecord::Snapshot { id, created, .. } => {
-                    check(&head, &self.log_path(0))?;
+                    // A resize writes the main file before any record follows it: the head
+                    // had the main file's size.
+                    check(&head, blocks, &self.log_path(0))?;
                     if snaps.contains_key(&id) {
                         return Err(self
                             .corrupt(&self.log_path(0), format!("snapshot {id} is taken twice")));
                     }
                     let map = head.clone();
-                    snaps.insert(id, table::Snap { gen, created, map });
+                    snaps.insert(
+                        id,
+                        table::Snap {
+                            gen,
+                            created,
+                            blocks,
+                            map,
+                        },
+                    );
                     gen += 1;
                     replayed_snaps.push(id);
                 }
@@ -201,8 +227,8 @@ impl Files {
             last_seq = r.seq();
             replayed += 1;
         }
-        check(&head, &self.log_path(0))?;
-        check(&head, &path)?;
+        check(&head, blocks, &self.log_path(0))?;
+        check(&head, blocks, &path)?;
         for (id, p) in self.snap_files() {
             if !snaps.contains_key(&id) {
                 tracing::warn!(
@@ -213,7 +239,7 @@ impl Files {
                 let _ = std::fs::remove_file(p);
             }
         }
-        let table = Table::rebuilt(blocks, phys_blocks, gen, head, snaps);
+        let table = Table::rebuilt(blocks, homes, phys_blocks, gen, head, snaps);
         Ok(Some(Loaded {
             size: m.size,
             table,

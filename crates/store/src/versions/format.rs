@@ -23,7 +23,7 @@
 //! | offset | size | field |
 //! |---:|---:|---|
 //! | 0 | 8 | magic `TRIRVERS` |
-//! | 8 | 4 | format version (1) |
+//! | 8 | 4 | format version (2; 1 is read too) |
 //! | 12 | 4 | flags (bit 0: open, not shut down clean) |
 //! | 16 | 8 | volume id |
 //! | 24 | 8 | logical size in bytes |
@@ -34,20 +34,29 @@
 //! | 56 | 4 | crc32c of the file with these four bytes zero |
 //! | 60 | 4 | reserved (0) |
 //! | 64 | 8 | the last redirect-log sequence the head's map holds |
+//! | 72 | 8 | homes: logical bytes below this start in place (version 2) |
 //!
-//! then per snapshot `(id, generation, created)` (24 bytes), then the head's records (24
-//! bytes each). A snapshot file has the header `TRIRSNAP`, version, flags, volume, id, base,
-//! record count (4), crc32c (4), 16 reserved bytes, then its records.
+//! then per snapshot `(id, generation, created, size in bytes)` (32 bytes), then the head's
+//! records (24 bytes each). Version 1, written before volumes with versions could be resized,
+//! has a 72-byte header and 24-byte snapshots without a size: every version has the logical
+//! size, and so do `homes`. A snapshot file (version 1) has the header `TRIRSNAP`, version,
+//! flags, volume, id, base, record count (4), crc32c (4), 16 reserved bytes, then its records.
 
 use super::table::{Entry, Map, ZERO};
 
 const MAIN_MAGIC: &[u8; 8] = b"TRIRVERS";
 const SNAP_MAGIC: &[u8; 8] = b"TRIRSNAP";
-const VERSION: u32 = 1;
+/// The main file's format; [`SNAP_VERSION`] the snapshot files'.
+const VERSION: u32 = 2;
+const SNAP_VERSION: u32 = 1;
 const HEADER: usize = 64;
-/// The main file's header: the common 64 bytes and the last redirect-log sequence it holds.
-const MAIN_HEADER: usize = 72;
+/// The main file's header: the common 64 bytes, the last redirect-log sequence it holds, and
+/// `homes`; version 1 stopped before `homes`.
+const MAIN_HEADER: usize = 80;
+const MAIN_HEADER_V1: usize = 72;
 const RECORD: usize = 24;
+/// A snapshot's entry in the main file; version 1 had no size.
+const LISTED: usize = 32;
 /// Main file flag: a process has the replica open (found at open: it died without closing,
 /// and the head's changes since the last flush are lost).
 pub const FLAG_OPEN: u32 = 1;
@@ -71,6 +80,8 @@ pub struct Listed {
     pub id: u64,
     pub gen: u64,
     pub created: u64,
+    /// Logical bytes.
+    pub size: u64,
 }
 
 /// The main file.
@@ -79,6 +90,8 @@ pub struct Main {
     pub flags: u32,
     pub volume: u64,
     pub size: u64,
+    /// Logical bytes below this start in place ([`super::table::Table::homes`]).
+    pub homes: u64,
     pub gen: u64,
     pub base: u64,
     pub snaps: Vec<Listed>,
@@ -112,8 +125,13 @@ pub enum FormatError {
     Reserved,
     #[error("record {0}: blocks out of order or out of range")]
     BadRecord(usize),
-    #[error("snapshot {0} is listed twice, has id 0, or a generation not below the head's")]
+    #[error(
+        "snapshot {0} is listed twice, has id 0, a generation not below the head's, or a size \
+         below the replica's homes"
+    )]
     BadSnapshot(u64),
+    #[error("homes {homes} past the logical size {size}")]
+    Homes { homes: u64, size: u64 },
 }
 
 fn u64_at(b: &[u8], at: usize) -> u64 {
@@ -170,7 +188,13 @@ fn check_length(b: &[u8], expected: usize) -> Result<(), FormatError> {
     Ok(())
 }
 
-fn check_head(b: &[u8], magic: &[u8; 8], known_flags: u32) -> Result<(), FormatError> {
+/// Checks the common header; returns the format version, one of `versions`.
+fn check_head(
+    b: &[u8],
+    magic: &[u8; 8],
+    known_flags: u32,
+    versions: &[u32],
+) -> Result<u32, FormatError> {
     if b.len() < HEADER {
         return Err(FormatError::Short(b.len()));
     }
@@ -178,13 +202,13 @@ fn check_head(b: &[u8], magic: &[u8; 8], known_flags: u32) -> Result<(), FormatE
         return Err(FormatError::BadMagic);
     }
     let v = u32_at(b, 8);
-    if v != VERSION {
+    if !versions.contains(&v) {
         return Err(FormatError::BadVersion(v));
     }
     if u32_at(b, 12) & !known_flags != 0 {
         return Err(FormatError::Reserved);
     }
-    Ok(())
+    Ok(v)
 }
 
 pub fn encode_main(m: &Main) -> Vec<u8> {
@@ -199,10 +223,12 @@ pub fn encode_main(m: &Main) -> Vec<u8> {
     b[48..52].copy_from_slice(&(m.snaps.len() as u32).to_le_bytes());
     b[52..56].copy_from_slice(&(m.head.len() as u32).to_le_bytes());
     b[64..72].copy_from_slice(&m.applied.to_le_bytes());
+    b[72..80].copy_from_slice(&m.homes.to_le_bytes());
     for s in &m.snaps {
         b.extend_from_slice(&s.id.to_le_bytes());
         b.extend_from_slice(&s.gen.to_le_bytes());
         b.extend_from_slice(&s.created.to_le_bytes());
+        b.extend_from_slice(&s.size.to_le_bytes());
     }
     put_records(&mut b, &m.head);
     let c = crc_of(&b, 56);
@@ -212,27 +238,46 @@ pub fn encode_main(m: &Main) -> Vec<u8> {
 }
 
 pub fn decode_main(b: &[u8]) -> Result<Main, FormatError> {
-    check_head(b, MAIN_MAGIC, FLAG_OPEN)?;
-    if b.len() < MAIN_HEADER {
+    let v1 = check_head(b, MAIN_MAGIC, FLAG_OPEN, &[1, VERSION])? == 1;
+    let (header, listed) = match v1 {
+        true => (MAIN_HEADER_V1, RECORD),
+        false => (MAIN_HEADER, LISTED),
+    };
+    if b.len() < header {
         return Err(FormatError::Short(b.len()));
     }
     if u32_at(b, 60) != 0 {
         return Err(FormatError::Reserved);
     }
     let (n_snaps, n_head) = (u32_at(b, 48) as usize, u32_at(b, 52) as usize);
-    check_length(b, MAIN_HEADER + (n_snaps + n_head) * RECORD)?;
+    check_length(b, header + n_snaps * listed + n_head * RECORD)?;
     if crc_of(b, 56) != u32_at(b, 56) {
         return Err(FormatError::Checksum);
     }
-    let gen = u64_at(b, 32);
+    let (gen, size) = (u64_at(b, 32), u64_at(b, 24));
+    let homes = match v1 {
+        true => size,
+        false => u64_at(b, 72),
+    };
+    if homes > size {
+        return Err(FormatError::Homes { homes, size });
+    }
     let mut snaps: Vec<Listed> = Vec::with_capacity(n_snaps);
-    for c in b[MAIN_HEADER..MAIN_HEADER + n_snaps * RECORD].chunks_exact(RECORD) {
+    for c in b[header..header + n_snaps * listed].chunks_exact(listed) {
         let s = Listed {
             id: u64_at(c, 0),
             gen: u64_at(c, 8),
             created: u64_at(c, 16),
+            size: match v1 {
+                true => size,
+                false => u64_at(c, 24),
+            },
         };
-        if s.id == 0 || s.gen >= gen || snaps.iter().any(|o| o.id == s.id || o.gen == s.gen) {
+        if s.id == 0
+            || s.gen >= gen
+            || s.size < homes
+            || snaps.iter().any(|o| o.id == s.id || o.gen == s.gen)
+        {
             return Err(FormatError::BadSnapshot(s.id));
         }
         snaps.push(s);
@@ -240,19 +285,20 @@ pub fn decode_main(b: &[u8]) -> Result<Main, FormatError> {
     Ok(Main {
         flags: u32_at(b, 12),
         volume: u64_at(b, 16),
-        size: u64_at(b, 24),
+        size,
+        homes,
         gen,
         base: u64_at(b, 40),
         snaps,
         applied: u64_at(b, 64),
-        head: get_records(&b[MAIN_HEADER + n_snaps * RECORD..], n_head)?,
+        head: get_records(&b[header + n_snaps * listed..], n_head)?,
     })
 }
 
 pub fn encode_snap(s: &SnapFile) -> Vec<u8> {
     let mut b = vec![0u8; HEADER];
     b[0..8].copy_from_slice(SNAP_MAGIC);
-    b[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    b[8..12].copy_from_slice(&SNAP_VERSION.to_le_bytes());
     b[16..24].copy_from_slice(&s.volume.to_le_bytes());
     b[24..32].copy_from_slice(&s.id.to_le_bytes());
     b[32..40].copy_from_slice(&s.base.to_le_bytes());
@@ -265,7 +311,7 @@ pub fn encode_snap(s: &SnapFile) -> Vec<u8> {
 }
 
 pub fn decode_snap(b: &[u8]) -> Result<SnapFile, FormatError> {
-    check_head(b, SNAP_MAGIC, 0)?;
+    check_head(b, SNAP_MAGIC, 0, &[SNAP_VERSION])?;
     if b[48..64] != [0; 16] {
         return Err(FormatError::Reserved);
     }
@@ -495,6 +541,7 @@ mod tests {
             flags: FLAG_OPEN,
             volume: 9,
             size: 1 << 20,
+            homes: 1 << 19,
             gen: 4,
             base: 3,
             applied: 77,
@@ -503,11 +550,13 @@ mod tests {
                     id: 2,
                     gen: 1,
                     created: 100,
+                    size: 3 << 19,
                 },
                 Listed {
                     id: 3,
                     gen: 3,
                     created: 200,
+                    size: 1 << 19,
                 },
             ],
             head: vec![
@@ -550,6 +599,75 @@ mod tests {
             x[i] ^= 0x01;
             assert!(decode_snap(&x).is_err(), "a flipped byte {i} was accepted");
         }
+    }
+
+    /// A main file as format version 1 wrote it: no `homes`, snapshots without a size.
+    fn encode_main_v1(m: &Main) -> Vec<u8> {
+        let mut b = vec![0u8; MAIN_HEADER_V1];
+        b[0..8].copy_from_slice(MAIN_MAGIC);
+        b[8..12].copy_from_slice(&1u32.to_le_bytes());
+        b[16..24].copy_from_slice(&m.volume.to_le_bytes());
+        b[24..32].copy_from_slice(&m.size.to_le_bytes());
+        b[32..40].copy_from_slice(&m.gen.to_le_bytes());
+        b[40..48].copy_from_slice(&m.base.to_le_bytes());
+        b[48..52].copy_from_slice(&(m.snaps.len() as u32).to_le_bytes());
+        b[52..56].copy_from_slice(&(m.head.len() as u32).to_le_bytes());
+        b[64..72].copy_from_slice(&m.applied.to_le_bytes());
+        for s in &m.snaps {
+            for v in [s.id, s.gen, s.created] {
+                b.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        put_records(&mut b, &m.head);
+        let c = crc_of(&b, 56);
+        b[56..60].copy_from_slice(&c.to_le_bytes());
+        b
+    }
+
+    #[test]
+    fn a_version_1_main_file_reads_with_every_size_the_logical_one() {
+        let listed = |id, gen| Listed {
+            id,
+            gen,
+            created: 100 * id,
+            size: 1 << 20,
+        };
+        let m = Main {
+            flags: 0,
+            volume: 4,
+            size: 1 << 20,
+            homes: 1 << 20,
+            gen: 3,
+            base: 2,
+            applied: 5,
+            snaps: vec![listed(1, 1), listed(2, 2)],
+            head: vec![Record {
+                block: 3,
+                phys: 256,
+                birth: 3,
+            }],
+        };
+        assert_eq!(decode_main(&encode_main_v1(&m)), Ok(m.clone()));
+        // A version 2 file with homes past the size is refused, as is a snapshot smaller
+        // than homes.
+        let patched = |at: usize, v: u64| {
+            let mut b = encode_main(&m);
+            b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+            let c = crc_of(&b, 56);
+            b[56..60].copy_from_slice(&c.to_le_bytes());
+            decode_main(&b)
+        };
+        assert_eq!(
+            patched(72, 2 << 20),
+            Err(FormatError::Homes {
+                homes: 2 << 20,
+                size: 1 << 20
+            })
+        );
+        assert_eq!(
+            patched(MAIN_HEADER + LISTED + 24, 1 << 19),
+            Err(FormatError::BadSnapshot(2))
+        );
     }
 
     #[test]

@@ -43,7 +43,7 @@ use smallvec::SmallVec;
 
 use crate::{check_range, Extent, Replica, SnapshotInfo, Store, StoreError};
 use files::Files;
-use table::{entry, Table, VersionError, BLOCK, ZERO};
+use table::{Table, VersionError, BLOCK, ZERO};
 
 /// The pool grows by at least this much, and by a sixteenth of the replica beyond it.
 const GROW_MIN: u64 = 64 << 20;
@@ -257,7 +257,9 @@ fn version_error(volume: u64, e: VersionError) -> StoreError {
     match e {
         VersionError::Exists(id) => StoreError::SnapshotExists { volume, id },
         VersionError::Missing(id) => StoreError::NoSnapshot { volume, id },
-        VersionError::ZeroId => StoreError::Invalid(e.to_string()),
+        VersionError::ZeroId
+        | VersionError::Size { .. }
+        | VersionError::ShrinkBelowHomes { .. } => StoreError::Invalid(e.to_string()),
     }
 }
 
@@ -284,6 +286,55 @@ impl VersionedReplica {
     }
     fn vol(&self) -> u64 {
         self.inner.volume()
+    }
+
+    /// A plain replica's resize, the gate held exclusive: the physical replica's, the table
+    /// made again.
+    fn resize_plain(&self, size: u64) -> Result<(), StoreError> {
+        // The main file names the old size: gone first, written again after (a crash in
+        // between leaves none, and the replica opens plain at its physical size).
+        if let Some(f) = &self.files {
+            f.remove_all();
+        }
+        self.inner.resize(size)?;
+        let blocks = size / BLOCK;
+        *self.table() = Table::new(blocks, blocks);
+        self.size.store(size, Ordering::Release);
+        self.ensure_main();
+        Ok(())
+    }
+
+    /// The resize of a replica with versions, the gate held exclusive: the head's size
+    /// changes, the snapshots keep theirs ([`Table::resize`]). A grow first grows the
+    /// physical replica to the new size if it is smaller (the pool's space is past `homes`
+    /// either way), then records the size; a shrink records it and drops the head's blocks
+    /// past it, whose space goes back as a snapshot's delete gives it (the caller gives the
+    /// holes returned back once it has let go of the gate). The main file is written before
+    /// this returns: a crash before it leaves the old size, and the redirect log holds no
+    /// record across a change of size.
+    fn resize_versions(&self, size: u64) -> Result<durable::Holes, StoreError> {
+        if size == 0 || !size.is_multiple_of(BLOCK) {
+            return Err(StoreError::Invalid(format!(
+                "a size of {size} bytes: a replica with versions is resized in whole 4 KiB blocks"
+            )));
+        }
+        let blocks = size / BLOCK;
+        // Refusals first: they change nothing.
+        self.table()
+            .check_resize(blocks)
+            .map_err(|e| version_error(self.vol(), e))?;
+        self.inner.flush()?;
+        if size > self.inner.size() {
+            self.inner.resize(size)?;
+            self.table().grow(size / BLOCK);
+        }
+        self.table()
+            .resize(blocks)
+            .map_err(|e| version_error(self.vol(), e))?;
+        self.size.store(size, Ordering::Release);
+        self.dirty.store(true, Ordering::Release);
+        self.persist_and_empty_log()?;
+        self.settle_locked(true)
     }
 
     /// Takes snapshot `id` under the gate held exclusive; durable on return if `synced`, else
@@ -328,17 +379,21 @@ impl VersionedReplica {
     /// Reads `buf` at `offset` of version `id` (the head for `None`).
     fn read_version(&self, id: Option<u64>, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         let len = buf.len() as u64;
-        check_range(offset, len, self.size.load(Ordering::Acquire))?;
-        if len == 0 {
-            return Ok(());
-        }
-        let end = offset + len;
-        let (first, last) = (offset / BLOCK, (end - 1) / BLOCK);
         let phys: SmallVec<[u64; 8]> = {
             let t = self.table();
             let map = t.map(id).map_err(|e| version_error(self.vol(), e))?;
-            (first..=last).map(|l| entry(map, l).phys).collect()
+            let blocks = t.blocks_of(id).map_err(|e| version_error(self.vol(), e))?;
+            // Checked first: with it, `offset + len` cannot overflow.
+            check_range(offset, len, blocks * BLOCK)?;
+            if len == 0 {
+                return Ok(());
+            }
+            (offset / BLOCK..=(offset + len - 1) / BLOCK)
+                .map(|l| t.entry(map, l).phys)
+                .collect()
         };
+        let end = offset + len;
+        let (first, last) = (offset / BLOCK, (end - 1) / BLOCK);
         let mut l = first;
         while l <= last {
             let p = phys[(l - first) as usize];
@@ -370,11 +425,11 @@ impl VersionedReplica {
         len: u64,
     ) -> Result<Vec<Extent>, StoreError> {
         let end = offset + len;
-        let head = self
-            .table()
-            .map(id)
-            .map_err(|e| version_error(self.vol(), e))?
-            .clone();
+        let (head, homes) = {
+            let t = self.table();
+            let map = t.map(id).map_err(|e| version_error(self.vol(), e))?.clone();
+            (map, t.homes * BLOCK)
+        };
         let mut out: Vec<Extent> = Vec::new();
         fn push(e: Extent, out: &mut Vec<Extent>) {
             match out.last_mut() {
@@ -382,13 +437,25 @@ impl VersionedReplica {
                 _ => out.push(e),
             }
         }
+        // Bytes no entry names: in place below `homes`, zeros past it.
+        let gap = |a: u64, b: u64, out: &mut Vec<Extent>| -> Result<(), StoreError> {
+            if a < b.min(homes) {
+                for x in self.inner.block_status(a, b.min(homes) - a)? {
+                    push(x, out);
+                }
+            }
+            if b > a.max(homes) {
+                let length = b - a.max(homes);
+                let flags = Extent::HOLE | Extent::ZERO;
+                push(Extent { length, flags }, out);
+            }
+            Ok(())
+        };
         let mut pos = offset;
         for (l, e) in head.range(offset / BLOCK..=(end - 1) / BLOCK) {
             let (a, b) = ((l * BLOCK).max(offset), ((l + 1) * BLOCK).min(end));
             if pos < a {
-                for x in self.inner.block_status(pos, a - pos)? {
-                    push(x, &mut out);
-                }
+                gap(pos, a, &mut out)?;
             }
             let flags = if e.phys == ZERO {
                 Extent::HOLE | Extent::ZERO
@@ -405,9 +472,7 @@ impl VersionedReplica {
             pos = b;
         }
         if pos < end {
-            for x in self.inner.block_status(pos, end - pos)? {
-                push(x, &mut out);
-            }
+            gap(pos, end, &mut out)?;
         }
         Ok(out)
     }
@@ -423,26 +488,14 @@ impl crate::filter::ReplicaFilter for VersionedReplica {
     }
 
     fn resize(&self, size: u64) -> Result<(), StoreError> {
-        let _g = self.exclusive();
-        if !self.plain.load(Ordering::Acquire) {
-            return Err(StoreError::Invalid(
-                "a volume that has a snapshot, or was written after one, cannot be resized yet \
-                 (a write after a snapshot moves blocks, and deleting the snapshots does not \
-                 move them back); grow a copy instead: snapshot it as S, then `volume clone \
-                 VOLUME@S NEW`, `volume flatten NEW` and `volume resize NEW SIZE`"
-                    .into(),
-            ));
-        }
-        // The main file names the old size: gone first, written again after (a crash in
-        // between leaves none, and the replica opens plain at its physical size).
-        if let Some(f) = &self.files {
-            f.remove_all();
-        }
-        self.inner.resize(size)?;
-        let blocks = size / BLOCK;
-        *self.table() = Table::new(blocks, blocks);
-        self.size.store(size, Ordering::Release);
-        self.ensure_main();
+        let holes = {
+            let _g = self.exclusive();
+            if self.plain.load(Ordering::Acquire) {
+                return self.resize_plain(size);
+            }
+            self.resize_versions(size)?
+        };
+        self.give_back(holes, Some(durable::GIVE_BACK_RATE));
         Ok(())
     }
 
@@ -594,11 +647,11 @@ impl crate::filter::ReplicaFilter for VersionedReplica {
     fn snapshots(&self) -> Result<Vec<SnapshotInfo>, StoreError> {
         // The maps are persistent: a copy of the versions costs pointers, and the table's
         // lock is not held while they are walked.
-        let (snaps, head, blocks) = {
+        let (snaps, head, homes) = {
             let t = self.table();
-            (t.snaps.clone(), t.head.clone(), t.blocks)
+            (t.snaps.clone(), t.head.clone(), t.homes)
         };
-        let exclusive = table::exclusive_all(blocks, &head, &snaps);
+        let exclusive = table::exclusive_all(homes, &head, &snaps);
         let mut out: Vec<(u64, SnapshotInfo)> = snaps
             .iter()
             .map(|(&id, s)| {
@@ -647,7 +700,11 @@ impl crate::filter::ReplicaFilter for VersionedReplica {
 
     fn snapshot_status(&self, id: u64, offset: u64, len: u64) -> Result<Vec<Extent>, StoreError> {
         let _g = self.shared();
-        check_range(offset, len, self.size.load(Ordering::Acquire))?;
+        let blocks = self
+            .table()
+            .blocks_of(Some(id))
+            .map_err(|e| version_error(self.vol(), e))?;
+        check_range(offset, len, blocks * BLOCK)?;
         if len == 0 {
             return Ok(Vec::new());
         }
@@ -661,7 +718,12 @@ impl crate::filter::ReplicaFilter for VersionedReplica {
         offset: u64,
         len: u64,
     ) -> Result<Vec<(u64, u64)>, StoreError> {
-        check_range(offset, len, self.size.load(Ordering::Acquire))?;
+        let size = {
+            let t = self.table();
+            let of = |id| t.blocks_of(id).map_err(|e| version_error(self.vol(), e));
+            of(Some(from))?.max(of(to)?) * BLOCK
+        };
+        check_range(offset, len, size)?;
         let blocks = self
             .table()
             .changed(from, to, offset / BLOCK..(offset + len).div_ceil(BLOCK))

@@ -5,8 +5,17 @@
 //! version — the head (what the writer writes) and each snapshot — maps logical block `l` to
 //! an [`Entry`]: the physical block holding it and its birth (the head's generation when it was
 //! written there). A version with no entry for `l` holds it at physical block `l` (the
-//! identity: a replica never snapshotted is read and written in place, at no cost). A block
-//! trimmed since a snapshot maps to [`ZERO`].
+//! identity: a replica never snapshotted is read and written in place, at no cost), if `l`
+//! is below the table's `homes`, and reads zeros past it. A block trimmed since a snapshot
+//! maps to [`ZERO`].
+//!
+//! **Sizes.** Each version has its own size: a snapshot keeps the one the head had when it was
+//! taken. `homes` is the size the replica had when its first version was taken, or less:
+//! blocks past it have no place of their own (the pool starts there), so a replica that grows
+//! maps its new blocks to nothing, zeros, until a write redirects them into the pool. A shrink
+//! drops the head's blocks past the new end; it lowers `homes` only when no snapshot is left
+//! to read the identity blocks past it, so every version agrees on where a missing entry
+//! points.
 //!
 //! Maps are persistent ([`BlockMap`]): a snapshot is a clone of the head's map, sharing its
 //! structure, so taking one costs a pointer copy whatever the size.
@@ -53,9 +62,24 @@ impl Entry {
 /// One version's map.
 pub type Map = BlockMap;
 
-/// The entry of `map` for `l`, the identity if it has none.
-pub fn entry(map: &Map, l: u64) -> Entry {
-    map.get(&l).copied().unwrap_or(Entry::identity(l))
+/// The entry of `map` for `l`: without one, the identity below `homes` and zeros past it.
+pub fn entry(map: &Map, homes: u64, l: u64) -> Entry {
+    match map.get(&l) {
+        Some(e) => *e,
+        None => no_entry(homes, l),
+    }
+}
+
+/// What a version without an entry for `l` names: its identity block below `homes`, zeros
+/// past it (blocks a grow added).
+pub fn no_entry(homes: u64, l: u64) -> Entry {
+    match l < homes {
+        true => Entry::identity(l),
+        false => Entry {
+            phys: ZERO,
+            birth: 0,
+        },
+    }
 }
 
 /// The block a head entry `e` is written in place at: its own, born after `newest` (the
@@ -72,6 +96,8 @@ pub struct Snap {
     pub gen: u64,
     /// Seconds since the Unix epoch, as the caller said.
     pub created: u64,
+    /// Logical blocks: the head's when it was taken.
+    pub blocks: u64,
     pub map: Map,
 }
 
@@ -96,6 +122,16 @@ pub enum VersionError {
     Missing(u64),
     #[error("snapshot id 0 is reserved")]
     ZeroId,
+    #[error(
+        "snapshot {id} is {snap} bytes and the volume {head}: resize the volume to the \
+         snapshot's size first, then roll back"
+    )]
+    Size { id: u64, snap: u64, head: u64 },
+    #[error(
+        "a volume with snapshots cannot shrink below {homes} bytes, the size it had when \
+         its first snapshot was taken: delete its snapshots first, or shrink a flattened clone"
+    )]
+    ShrinkBelowHomes { homes: u64 },
 }
 
 /// Every version of one replica, and its free blocks.
@@ -103,6 +139,9 @@ pub enum VersionError {
 pub struct Table {
     /// Logical blocks (the replica's size in blocks).
     pub blocks: u64,
+    /// Logical blocks below this one start at the physical block of their own number (see
+    /// the module docs); never more than `blocks` or any snapshot's.
+    pub homes: u64,
     /// Physical blocks (the wrapped replica's size in blocks; never fewer than `blocks`).
     pub phys_blocks: u64,
     /// The head's generation: the birth of blocks written now.
@@ -125,6 +164,7 @@ impl Table {
     pub fn new(blocks: u64, phys_blocks: u64) -> Table {
         Table {
             blocks,
+            homes: blocks,
             phys_blocks,
             gen: 1,
             head: Map::new(),
@@ -139,6 +179,7 @@ impl Table {
     /// A table read back from disk: finds the free blocks (every block no version names).
     pub fn rebuilt(
         blocks: u64,
+        homes: u64,
         phys_blocks: u64,
         gen: u64,
         head: Map,
@@ -147,6 +188,7 @@ impl Table {
         let newest = snaps.values().map(|s| s.gen).max();
         let mut t = Table {
             blocks,
+            homes,
             phys_blocks,
             gen,
             head,
@@ -164,11 +206,9 @@ impl Table {
         let own_everywhere: Vec<u64> = t
             .head
             .keys()
-            .filter(|&l| l < blocks && t.snaps.values().all(|s| s.map.contains_key(&l)))
+            .filter(|&l| l < homes && t.snaps.values().all(|s| s.map.contains_key(&l)))
             .collect();
-        let mut free: BTreeSet<u64> = (blocks..phys_blocks)
-            .filter(|p| !used.contains(p))
-            .collect();
+        let mut free: BTreeSet<u64> = (homes..phys_blocks).filter(|p| !used.contains(p)).collect();
         free.extend(own_everywhere.into_iter().filter(|p| !used.contains(p)));
         t.free = free;
         t
@@ -181,7 +221,24 @@ impl Table {
     /// True while the table holds nothing but the identity (no snapshot, no block moved): the
     /// replica is read and written in place.
     pub fn is_identity(&self) -> bool {
-        self.snaps.is_empty() && self.head.is_empty()
+        self.snaps.is_empty() && self.head.is_empty() && self.homes == self.blocks
+    }
+
+    /// The entry of version `map` for `l` ([`entry`] with this table's `homes`).
+    pub fn entry(&self, map: &Map, l: u64) -> Entry {
+        entry(map, self.homes, l)
+    }
+
+    /// The logical blocks of snapshot `id`, or the head's for `None`.
+    pub fn blocks_of(&self, id: Option<u64>) -> Result<u64, VersionError> {
+        match id {
+            None => Ok(self.blocks),
+            Some(id) => self
+                .snaps
+                .get(&id)
+                .map(|s| s.blocks)
+                .ok_or(VersionError::Missing(id)),
+        }
     }
 
     /// The generation of the newest live snapshot.
@@ -207,18 +264,18 @@ impl Table {
     fn held_by_snapshot(&self, l: u64, e: Entry) -> bool {
         self.snaps
             .values()
-            .any(|s| s.gen >= e.birth && entry(&s.map, l).phys == e.phys)
+            .any(|s| s.gen >= e.birth && self.entry(&s.map, l).phys == e.phys)
     }
 
     /// True if any version names `e` for `l` (the tests' check of what `release` decides).
     #[cfg(test)]
     fn in_use(&self, l: u64, e: Entry) -> bool {
-        entry(&self.head, l).phys == e.phys || self.held_by_snapshot(l, e)
+        self.entry(&self.head, l).phys == e.phys || self.held_by_snapshot(l, e)
     }
 
     /// Drops block `e` of `l` if no version names it any more.
     fn release(&mut self, l: u64, e: Entry) {
-        if entry(&self.head, l).phys != e.phys {
+        if self.entry(&self.head, l).phys != e.phys {
             self.release_unless_snapshotted(l, e);
         }
     }
@@ -234,13 +291,13 @@ impl Table {
     /// newest live snapshot's generation, [`Table::newest_gen`]); `None` if it must go
     /// elsewhere.
     pub fn in_place(&self, l: u64, newest: Option<u64>) -> Option<u64> {
-        own_block(entry(&self.head, l), newest)
+        own_block(self.entry(&self.head, l), newest)
     }
 
     /// How a write to logical block `l` lands. A redirect takes its fresh block at once; the
     /// caller writes it, then [`Table::redirected`].
     pub fn place(&mut self, l: u64) -> Place {
-        let e = entry(&self.head, l);
+        let e = self.entry(&self.head, l);
         if let Some(p) = own_block(e, self.newest_gen()) {
             return Place::InPlace(p);
         }
@@ -269,7 +326,7 @@ impl Table {
 
     /// Whole block `l` reads as zeros from now on in the head (a trim): its block is dropped.
     pub fn zero(&mut self, l: u64) {
-        let e = entry(&self.head, l);
+        let e = self.entry(&self.head, l);
         if e.phys == ZERO {
             return;
         }
@@ -284,6 +341,46 @@ impl Table {
         self.phys_blocks = self.phys_blocks.max(phys_blocks);
     }
 
+    /// The head's size becomes `blocks` logical blocks; the caller has grown the physical
+    /// blocks to at least that ([`Table::grow`]). A grow adds blocks that read zeros (past
+    /// `homes`: no place of their own). A shrink drops the head's blocks past the new end (to
+    /// `pending`, if no snapshot holds them); below `homes` only with no snapshot left, which
+    /// could still read the identity blocks there. Refused, it changes nothing.
+    pub fn resize(&mut self, blocks: u64) -> Result<(), VersionError> {
+        debug_assert!(blocks <= self.phys_blocks);
+        self.check_resize(blocks)?;
+        if blocks >= self.blocks {
+            self.blocks = blocks;
+            return Ok(());
+        }
+        let dropped: Vec<(u64, Entry)> = self.head.range(blocks..).collect();
+        let homes = self.homes;
+        for &(l, _) in &dropped {
+            self.head.remove(&l);
+        }
+        // The identity blocks the head used past the new end, with no snapshot left (the
+        // check above) to use them.
+        let had_entry: BTreeSet<u64> = dropped.iter().map(|&(l, _)| l).collect();
+        self.pending
+            .extend((blocks..homes).filter(|l| !had_entry.contains(l)));
+        self.homes = homes.min(blocks);
+        self.blocks = blocks;
+        for (l, e) in dropped {
+            self.release_unless_snapshotted(l, e);
+        }
+        Ok(())
+    }
+
+    /// Whether [`Table::resize`] to `blocks` would be refused.
+    pub fn check_resize(&self, blocks: u64) -> Result<(), VersionError> {
+        if blocks < self.blocks && blocks < self.homes && !self.snaps.is_empty() {
+            return Err(VersionError::ShrinkBelowHomes {
+                homes: self.homes * BLOCK,
+            });
+        }
+        Ok(())
+    }
+
     /// Snapshot `id` of the head as it is now.
     pub fn snapshot(&mut self, id: u64, created: u64) -> Result<(), VersionError> {
         if id == 0 {
@@ -295,6 +392,7 @@ impl Table {
         let snap = Snap {
             gen: self.gen,
             created,
+            blocks: self.blocks,
             map: self.head.clone(),
         };
         self.snaps.insert(id, snap);
@@ -329,6 +427,14 @@ impl Table {
     /// `pending`.
     pub fn rollback(&mut self, id: u64) -> Result<(), VersionError> {
         let map = self.map(Some(id))?.clone();
+        let blocks = self.blocks_of(Some(id))?;
+        if blocks != self.blocks {
+            return Err(VersionError::Size {
+                id,
+                snap: blocks * BLOCK,
+                head: self.blocks * BLOCK,
+            });
+        }
         let old = std::mem::replace(&mut self.head, map);
         let newest = self
             .snaps
@@ -364,7 +470,7 @@ impl Table {
             match gone.get(&l) {
                 Some(&e) => self.release(l, e),
                 // An identity block: only where the head has an entry (else the head uses it).
-                None if l < self.blocks && self.head.contains_key(&l) => {
+                None if l < self.homes && self.head.contains_key(&l) => {
                     self.release(l, Entry::identity(l))
                 }
                 None => {}
@@ -383,7 +489,9 @@ impl Table {
     ) -> Result<Vec<u64>, VersionError> {
         let a = self.map(Some(from))?;
         let b = self.map(to)?;
-        let end = blocks.end.min(self.blocks);
+        let end = blocks
+            .end
+            .min(self.blocks_of(Some(from))?.max(self.blocks_of(to)?));
         if blocks.start >= end {
             return Ok(Vec::new());
         }
@@ -393,7 +501,7 @@ impl Table {
         keys.extend(b.range(r).map(|(k, _)| k));
         keys.sort_unstable();
         keys.dedup();
-        keys.retain(|&l| entry(a, l).phys != entry(b, l).phys);
+        keys.retain(|&l| self.entry(a, l).phys != self.entry(b, l).phys);
         Ok(keys)
     }
 
@@ -464,7 +572,7 @@ impl Table {
 /// block is named by runs of neighbouring versions (more than one run only after a
 /// rollback); a snapshot holds it alone if the versions naming it add up to one, that
 /// snapshot.
-pub fn exclusive_all(blocks: u64, head: &Map, snaps: &BTreeMap<u64, Snap>) -> BTreeMap<u64, u64> {
+pub fn exclusive_all(homes: u64, head: &Map, snaps: &BTreeMap<u64, Snap>) -> BTreeMap<u64, u64> {
     let mut order: Vec<(u64, &Snap)> = snaps.iter().map(|(&id, s)| (id, s)).collect();
     order.sort_by_key(|(_, s)| s.gen);
     let maps: Vec<&Map> = order
@@ -476,19 +584,13 @@ pub fn exclusive_all(blocks: u64, head: &Map, snaps: &BTreeMap<u64, Snap>) -> BT
     // Identity blocks the first version does not use: every version up to the first that
     // lacks the entry again starts a run of them (`Runs::end` of one never seen).
     for (l, e) in maps[0].iter() {
-        if l < blocks {
+        if l < homes {
             runs.seen(l);
         }
         runs.start(e.phys, 0);
     }
-    // What a version without an entry names: its identity block, or nothing past the end.
-    let identity = |l: u64| match l < blocks {
-        true => Entry::identity(l),
-        false => Entry {
-            phys: ZERO,
-            birth: 0,
-        },
-    };
+    // What a version without an entry names: its identity block, or nothing past `homes`.
+    let identity = |l: u64| no_entry(homes, l);
     for i in 1..maps.len() {
         for d in maps[i - 1].diff(maps[i]) {
             let (old, new) = match d {

@@ -139,7 +139,6 @@ fn a_snapshot_keeps_what_the_head_had_and_the_head_moves_on() {
             r.rollback(6),
             Err(StoreError::NoSnapshot { id: 6, .. })
         ));
-        assert!(r.resize(2 * SIZE).is_err(), "resize with moved blocks");
         assert_eq!(read(&*r, Some(5), 0, 16384), vec![1; 16384]);
     }
 }
@@ -302,13 +301,15 @@ fn random_operations_match_a_model_of_every_version() {
             rng ^= rng << 17;
             rng % n
         };
-        let size = 24 * 4096;
+        let mut size = 24 * 4096;
         let mut r = s.store().create(9, size).unwrap();
         let mut head = vec![0u8; size as usize];
         let mut snaps: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
         let mut id = 1;
+        // Resizes of a replica holding snapshots: done, and refused.
+        let (mut resized, mut refused) = (0, 0);
         for step in 0..300 {
-            match next(20) {
+            match next(23) {
                 0..=10 => {
                     let off = next(size - 1);
                     let len = (next(3 * 4096) + 1).min(size - off);
@@ -335,9 +336,36 @@ fn random_operations_match_a_model_of_every_version() {
                 }
                 16 => {
                     if let Some(&k) = snaps.keys().nth(next(4) as usize) {
-                        r.rollback(k).unwrap();
-                        head = snaps[&k].clone();
+                        if snaps[&k].len() == head.len() {
+                            r.rollback(k).unwrap();
+                            head = snaps[&k].clone();
+                        } else {
+                            // Across sizes: refused, the volume is resized first.
+                            assert!(r.rollback(k).is_err(), "{} step {step}", s.name);
+                        }
                     }
+                }
+                20..=22 => {
+                    // Grows always go through; so does a shrink with no snapshot. One with
+                    // snapshots is refused below the size the first was taken at, and then
+                    // changes nothing.
+                    let new = (next(40) + 1) * 4096;
+                    match r.resize(new) {
+                        Ok(()) => {
+                            resized += usize::from(!snaps.is_empty());
+                            size = new;
+                            head.resize(new as usize, 0);
+                        }
+                        Err(e) => {
+                            refused += 1;
+                            assert!(
+                                new < size && !snaps.is_empty(),
+                                "{} step {step}: {new} refused: {e}",
+                                s.name
+                            );
+                        }
+                    }
+                    assert_eq!(r.size(), size, "{} step {step}", s.name);
                 }
                 17 | 18 => r.flush().unwrap(),
                 // The process dies (no flush, no close): every answered write is kept, as the
@@ -355,14 +383,14 @@ fn random_operations_match_a_model_of_every_version() {
                 s.name
             );
             for (k, v) in &snaps {
-                assert_eq!(
-                    &read(&*r, Some(*k), 0, size as usize),
-                    v,
-                    "{} snap {k}",
-                    s.name
-                );
+                assert_eq!(&read(&*r, Some(*k), 0, v.len()), v, "{} snap {k}", s.name);
             }
         }
+        assert!(
+            resized > 3 && refused > 0,
+            "{}: {resized} {refused}",
+            s.name
+        );
     }
 }
 

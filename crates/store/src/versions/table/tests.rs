@@ -1,6 +1,6 @@
 //! The table against a model that keeps every version's bytes: random writes, trims,
-//! snapshots, deletes and rollbacks over a small replica, with a physical space that records
-//! what each block holds.
+//! snapshots, deletes, rollbacks and resizes over a small replica, with a physical space that
+//! records what each block holds.
 
 use std::collections::HashMap;
 
@@ -16,6 +16,7 @@ enum Op {
     Delete(usize),
     Rollback(usize),
     Settle,
+    Resize(u64),
 }
 
 fn op(blocks: u64) -> impl Strategy<Value = Op> {
@@ -26,6 +27,7 @@ fn op(blocks: u64) -> impl Strategy<Value = Op> {
         1 => (0..8usize).prop_map(Op::Delete),
         1 => (0..8usize).prop_map(Op::Rollback),
         2 => Just(Op::Settle),
+        1 => (1..blocks * 3 / 2).prop_map(Op::Resize),
     ]
 }
 
@@ -55,7 +57,7 @@ fn exclusive_model(t: &Table, id: u64) -> u64 {
         .iter()
         .filter(|&(l, e)| e.phys != ZERO && !others.in_use(l, e))
         .count() as u64;
-    n += (0..t.blocks)
+    n += (0..t.homes)
         .filter(|l| !s.map.contains_key(l))
         .filter(|&l| !others.in_use(l, Entry::identity(l)))
         .count() as u64;
@@ -63,7 +65,7 @@ fn exclusive_model(t: &Table, id: u64) -> u64 {
 }
 
 fn check(t: &Table, disk: &Disk, head: &[u32], snaps: &BTreeMap<u64, Vec<u32>>) {
-    let exclusive = exclusive_all(t.blocks, &t.head, &t.snaps);
+    let exclusive = exclusive_all(t.homes, &t.head, &t.snaps);
     assert_eq!(exclusive.len(), t.snaps.len());
     for id in t.snaps.keys() {
         assert_eq!(
@@ -72,23 +74,36 @@ fn check(t: &Table, disk: &Disk, head: &[u32], snaps: &BTreeMap<u64, Vec<u32>>) 
             "snapshot {id} alone"
         );
     }
+    assert_eq!(t.blocks, head.len() as u64);
+    assert!(
+        t.head.range(t.blocks..).next().is_none(),
+        "head entries past its end"
+    );
     for l in 0..t.blocks {
         assert_eq!(
-            disk.read(entry(&t.head, l)),
+            disk.read(t.entry(&t.head, l)),
             head[l as usize],
             "head block {l}"
         );
-        for (id, want) in snaps {
-            let got = disk.read(entry(t.map(Some(*id)).unwrap(), l));
+    }
+    for (id, want) in snaps {
+        let s = &t.snaps[id];
+        assert_eq!(s.blocks, want.len() as u64, "snapshot {id}'s size");
+        assert!(t.homes <= s.blocks, "homes past snapshot {id}'s end");
+        assert!(s.map.range(s.blocks..).next().is_none());
+        for l in 0..s.blocks {
+            let got = disk.read(t.entry(&s.map, l));
             assert_eq!(got, want[l as usize], "snapshot {id} block {l}");
         }
     }
     // No free block is in use by any version.
     let mut used = BTreeSet::new();
     for l in 0..t.blocks {
-        used.insert(entry(&t.head, l).phys);
-        for s in t.snaps.values() {
-            used.insert(entry(&s.map, l).phys);
+        used.insert(t.entry(&t.head, l).phys);
+    }
+    for s in t.snaps.values() {
+        for l in 0..s.blocks {
+            used.insert(t.entry(&s.map, l).phys);
         }
     }
     for f in t
@@ -110,14 +125,16 @@ fn check(t: &Table, disk: &Disk, head: &[u32], snaps: &BTreeMap<u64, Vec<u32>>) 
         );
     }
     // What differs between two versions is reported changed (a backup built from `changed`
-    // misses nothing), and a range asks only about itself.
+    // misses nothing), and a range asks only about itself. Past a version's end, it reads
+    // zeros.
+    let at = |v: &[u32], l: u64| v.get(l as usize).copied().unwrap_or(0);
     for (&from, old) in snaps {
         let mut tos: Vec<(Option<u64>, &[u32])> = vec![(None, head)];
         tos.extend(snaps.iter().map(|(id, v)| (Some(*id), &v[..])));
         for (to, new) in tos {
-            let all = t.changed(from, to, 0..t.blocks).unwrap();
-            for l in 0..t.blocks {
-                if old[l as usize] != new[l as usize] {
+            let all = t.changed(from, to, 0..u64::MAX).unwrap();
+            for l in 0..old.len().max(new.len()) as u64 {
+                if at(old, l) != at(new, l) {
                     assert!(all.contains(&l), "block {l} differs from {from} to {to:?}");
                 }
             }
@@ -142,6 +159,7 @@ proptest! {
         for op in ops {
             match op {
                 Op::Write(l) => {
+                    let l = l % t.blocks;
                     let v = next_value;
                     next_value += 1;
                     let place = match t.place(l) {
@@ -174,6 +192,7 @@ proptest! {
                     head[l as usize] = v;
                 }
                 Op::Zero(l) => {
+                    let l = l % t.blocks;
                     t.zero(l);
                     head[l as usize] = 0;
                 }
@@ -190,8 +209,32 @@ proptest! {
                 }
                 Op::Rollback(i) => {
                     if let Some(&id) = snaps.keys().nth(i) {
-                        t.rollback(id).unwrap();
-                        head = snaps[&id].clone();
+                        if snaps[&id].len() == head.len() {
+                            t.rollback(id).unwrap();
+                            head = snaps[&id].clone();
+                        } else {
+                            // Refused: the volume is resized first. Nothing changes.
+                            let before = t.clone();
+                            let refused = matches!(t.rollback(id), Err(VersionError::Size { .. }));
+                            prop_assert!(refused, "a rollback across sizes");
+                            prop_assert_eq!(t.head.len(), before.head.len());
+                            prop_assert_eq!(t.blocks, before.blocks);
+                        }
+                    }
+                }
+                Op::Resize(n) => {
+                    let refused = (n as usize) < head.len() && n < t.homes && !snaps.is_empty();
+                    if refused {
+                        let said = matches!(t.check_resize(n), Err(VersionError::ShrinkBelowHomes { .. }));
+                        prop_assert!(said, "a shrink below homes");
+                        prop_assert!(t.resize(n).is_err());
+                    } else {
+                        // As the replica does: the physical space first, at least the size.
+                        if n > t.phys_blocks {
+                            t.grow(n);
+                        }
+                        t.resize(n).unwrap();
+                        head.resize(n as usize, 0);
                     }
                 }
                 Op::Settle => {
@@ -209,7 +252,7 @@ proptest! {
             }
             check(&t, &disk, &head, &snaps);
             // A table rebuilt from its maps finds the same blocks in use.
-            let r = Table::rebuilt(t.blocks, t.phys_blocks, t.gen, t.head.clone(), t.snaps.clone());
+            let r = Table::rebuilt(t.blocks, t.homes, t.phys_blocks, t.gen, t.head.clone(), t.snaps.clone());
             let mut free_now: BTreeSet<u64> = t.free.clone();
             free_now.extend(t.pending.iter().copied());
             free_now.extend(t.punching.iter().copied());
@@ -232,7 +275,7 @@ fn a_write_after_a_snapshot_goes_elsewhere_and_the_next_stays() {
     assert_eq!(t.place(1), Place::InPlace(to), "the head's own block");
     assert_eq!(t.changed(7, None, 0..4).unwrap(), vec![1]);
     assert_eq!(
-        exclusive_all(t.blocks, &t.head, &t.snaps),
+        exclusive_all(t.homes, &t.head, &t.snaps),
         BTreeMap::from([(7, BLOCK)])
     );
     t.delete(7).unwrap();
