@@ -161,44 +161,111 @@ fn clones_share_a_snapshot_survive_kills_and_a_drain_and_flatten_to_stand_alone(
     compare_image(&parent, &c.unix);
 }
 
-/// A volume written after a snapshot is refused a resize, before and after its snapshots are
-/// deleted, with a refusal that says what to do; what it says works: a flattened clone of a
-/// snapshot of it grows, keeps the volume's bytes and reads zeros past them.
+/// The virtual size `qemu-img info` finds behind an NBD URI.
+fn nbd_size(uri: &str) -> u64 {
+    let o = run(Command::new("qemu-img").args(["info", "--output=json", uri]));
+    let v: serde_json::Value = serde_json::from_str(&o).unwrap();
+    v["virtual-size"].as_u64().unwrap()
+}
+
+/// Exports `export` (a volume or `VOLUME@SNAP`) with `trireme nbd` and checks that it is
+/// `image` exactly: as large, the same bytes.
+fn export_is(c: &Cluster, export: &str, image: &std::path::Path, dir: &std::path::Path) {
+    let sock = dir.join(format!("{}.sock", export.replace('@', "-")));
+    let (mut nbd, uri) = spawn_nbd(c, export, &sock);
+    let want = std::fs::metadata(image).unwrap().len();
+    assert_eq!(nbd_size(&uri), want, "{export}'s size");
+    compare_image(image, &uri);
+    stop_nbd(nbd);
+}
+
+/// Stops a `trireme nbd` as an operator would (SIGTERM): a volume's writer detaches.
+fn stop_nbd(mut nbd: std::process::Child) {
+    signal(nbd.id() as i32, libc::SIGTERM);
+    let st = nbd.wait().unwrap();
+    assert!(st.success(), "trireme nbd exited with {st}");
+}
+
+/// Writes `image` onto volume `volume` through `trireme nbd`, which is its writer only
+/// meanwhile (a volume nobody writes may shrink and roll back).
+fn write_through_nbd(c: &Cluster, volume: &str, image: &std::path::Path, dir: &std::path::Path) {
+    let (mut nbd, uri) = spawn_nbd(c, volume, &dir.join("writer.sock"));
+    write_image(image, &uri);
+    stop_nbd(nbd);
+}
+
+/// A volume written after a snapshot grows, and is written past its old end; each snapshot
+/// keeps the size the volume had when it was taken (exported, cloned and listed at it); a
+/// shrink below the first snapshot's size and a rollback across sizes are refused with what
+/// to do, and change nothing; the sizes and every version's bytes survive a whole-cluster
+/// kill -9; then, shrunk back to the snapshot's size, the volume rolls back to it.
 #[test]
-fn a_volume_written_after_a_snapshot_refuses_a_resize_and_its_flattened_clone_grows() {
+fn a_volume_with_snapshots_resizes_and_each_snapshot_keeps_its_size() {
     need("qemu-img");
     let w = tempfile::tempdir().unwrap();
-    let c = Cluster::start(&["--store", "file", "--size", "16M"]);
-    let img = w.path().join("vol.img");
-    random_file(&img, 16 << 20, 5);
-    write_image(&img, &c.unix);
-    ok(&c, &["volume", "snapshot", "create", "vol0", "before"]);
-    random_file(&img, 16 << 20, 6);
-    write_image(&img, &c.unix);
-    let how = "`volume clone VOLUME@S NEW`, `volume flatten NEW` and `volume resize NEW SIZE`";
-    refused(&c, &["volume", "resize", "vol0", "32M"], how);
-    ok(&c, &["volume", "snapshot", "delete", "vol0", "before"]);
-    refused(&c, &["volume", "resize", "vol0", "32M"], how);
-    let info = ok(&c, &["volume", "info", "vol0"]);
-    assert!(
-        info.contains("16.0 MiB"),
-        "the refusals changed its size: {info}"
+    let args = ["--store", "file", "--size", "1M"];
+    let mut c = Cluster::start(&args);
+    ok(&c, &["volume", "create", "v", "--size", "16M"]);
+    let (small, old, grown) = (
+        w.path().join("small.img"),
+        w.path().join("old.img"),
+        w.path().join("grown.img"),
     );
-    compare_image(&img, &c.unix);
-    // What the refusal says to do.
-    ok(&c, &["volume", "snapshot", "create", "vol0", "s"]);
-    ok(&c, &["volume", "clone", "vol0@s", "big"]);
-    ok(&c, &["volume", "flatten", "big"]);
-    let out = ok(&c, &["volume", "resize", "big", "32M"]);
+    random_file(&small, 16 << 20, 5);
+    write_through_nbd(&c, "v", &small, w.path());
+    ok(&c, &["volume", "snapshot", "create", "v", "before"]);
+    // Every block moved: the pool past the old end holds the head now.
+    random_file(&old, 16 << 20, 6);
+    write_through_nbd(&c, "v", &old, w.path());
+    let out = ok(&c, &["volume", "resize", "v", "32M"]);
     assert!(out.contains("to 32.0 MiB"), "{out}");
-    let grown = w.path().join("grown.img");
-    let mut bytes = std::fs::read(&img).unwrap();
+    let mut bytes = std::fs::read(&old).unwrap();
     bytes.resize(32 << 20, 0);
     std::fs::write(&grown, &bytes).unwrap();
-    let (mut nbd, uri) = spawn_nbd(&c, "big", &w.path().join("big.sock"));
-    compare_image(&grown, &uri);
-    let _ = nbd.kill();
-    let _ = nbd.wait();
-    let v = ok(&c, &["volume", "verify", "big"]);
+    export_is(&c, "v", &grown, w.path());
+    // Rewritten, and written past the old end up to 24 MiB.
+    random_file(&grown, 24 << 20, 7);
+    let mut bytes = std::fs::read(&grown).unwrap();
+    bytes.resize(32 << 20, 0);
+    std::fs::write(&grown, &bytes).unwrap();
+    write_through_nbd(&c, "v", &grown, w.path());
+    ok(&c, &["volume", "snapshot", "create", "v", "after"]);
+    let list = ok(&c, &["volume", "snapshot", "list", "v"]);
+    assert!(
+        list.contains("16.0 MiB") && list.contains("32.0 MiB"),
+        "{list}"
+    );
+    // Refusals that say what to do, and change nothing.
+    refused(
+        &c,
+        &["volume", "resize", "v", "8M", "--allow-shrink"],
+        "delete its snapshots first",
+    );
+    refused(
+        &c,
+        &["volume", "rollback", "v", "before"],
+        "resize the volume to the snapshot's size first",
+    );
+    export_is(&c, "v", &grown, w.path());
+    export_is(&c, "v@before", &small, w.path());
+    export_is(&c, "v@after", &grown, w.path());
+    ok(&c, &["volume", "clone", "v@before", "copy"]);
+    export_is(&c, "copy", &small, w.path());
+    // The whole cluster killed -9: sizes, snapshots and bytes come back.
+    let dir = c.crash();
+    let mut c = Cluster::start_in(dir, &args);
+    wait_all_in_sync(&c);
+    export_is(&c, "v", &grown, w.path());
+    export_is(&c, "v@before", &small, w.path());
+    export_is(&c, "v@after", &grown, w.path());
+    let v = ok(&c, &["volume", "verify", "v"]);
     assert!(v.contains(" 0 mismatching"), "{v}");
+    // Back to the first snapshot's size, then to its bytes.
+    ok(&c, &["volume", "resize", "v", "16M", "--allow-shrink"]);
+    ok(&c, &["volume", "rollback", "v", "before"]);
+    export_is(&c, "v", &small, w.path());
+    export_is(&c, "v@after", &grown, w.path());
+    let v = ok(&c, &["volume", "verify", "v"]);
+    assert!(v.contains(" 0 mismatching"), "{v}");
+    c.stop();
 }

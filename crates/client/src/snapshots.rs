@@ -31,11 +31,31 @@ impl Volume {
     /// Takes snapshot `id` (never 0) of the volume, `created` seconds since the Unix epoch;
     /// the nodes that hold it. See the module docs.
     pub async fn snapshot(&self, id: u64, created: u64) -> Result<Vec<u32>, VolumeError> {
+        self.snapshot_sized(id, created)
+            .await
+            .map(|(nodes, _)| nodes)
+    }
+
+    /// As [`Volume::snapshot`]; with the nodes, the snapshot's size: the volume's under the
+    /// barrier (a resize holds the whole volume too, so none runs across it).
+    pub async fn snapshot_sized(
+        &self,
+        id: u64,
+        created: u64,
+    ) -> Result<(Vec<u32>, u64), VolumeError> {
         let t0 = tokio::time::Instant::now();
-        let (took, held, paused) = {
+        let (took, held, paused, size) = {
             // A copy finishing a resync that lacked a snapshot holds new ones off (`resync.rs`).
             let _hold = self.snapshot_hold.read().await;
-            let _all = self.core.acquire(0, self.size()).await;
+            // The whole volume: a resize that ran while this waited may have grown it past
+            // the range asked for, so it is asked again until it covers the size it holds.
+            let (_all, size) = loop {
+                let size = self.size();
+                let all = self.core.acquire(0, size).await;
+                if self.size() == size {
+                    break (all, size);
+                }
+            };
             let g = self.membership_lock.lock().await;
             let held = t0.elapsed();
             let targets = self.in_sync();
@@ -65,7 +85,7 @@ impl Volume {
                     );
                 }
             }
-            (took, held, t0.elapsed())
+            (took, held, t0.elapsed(), size)
         };
         // Writes go on; the flush makes the snapshot durable on every copy. One that fails it
         // is taken out, as for any failed write, and is not named as holding the snapshot:
@@ -94,7 +114,7 @@ impl Volume {
             took_ms = t0.elapsed().as_millis() as u64,
             "snapshot taken"
         );
-        Ok(nodes)
+        Ok((nodes, size))
     }
 
     /// Makes the volume hold what snapshot `id` holds, on every copy at once (the snapshot

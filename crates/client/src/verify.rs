@@ -84,18 +84,18 @@ pub struct SnapshotVerify {
     pub mismatches: Vec<Mismatch>,
 }
 
-/// Compares the copies of snapshot `id` (`name`) on `nodes` region by region, as
-/// [`verify_replicas`] does the volume (a snapshot does not change, so a difference is one).
-/// Nodes that are not among the volume's copies now are left out.
+/// Compares the copies of snapshot `id` (`name`, `size` bytes) on `nodes` region by region,
+/// as [`verify_replicas`] does the volume (a snapshot does not change, so a difference is
+/// one). Nodes that are not among the volume's copies now are left out.
 pub async fn verify_snapshot(
     vol: &Volume,
     name: &str,
     id: u64,
     nodes: &[u32],
+    size: u64,
     region: u64,
     progress: &mut (dyn FnMut(u64, u64) + Send),
 ) -> Result<SnapshotVerify, VolumeError> {
-    let size = vol.size();
     let region = region.clamp(4096, crate::MAX_IO);
     let targets: Vec<usize> = vol
         .connected()

@@ -316,7 +316,7 @@ pub async fn snapshots_on_etcd(
         .await
         .map_err(|e| e.to_string())?
         .iter()
-        .map(|r| trireme_control::SnapshotInfo::from_record(r, None))
+        .map(|r| trireme_control::SnapshotInfo::from_record(r, &v, None))
         .collect();
     Ok((info, list))
 }
@@ -389,7 +389,7 @@ pub fn snapshot_reader(
         &format!("{volume}@{snap}"),
         info.id,
         s.id,
-        info.size,
+        s.size,
         copies,
         opts,
     ))

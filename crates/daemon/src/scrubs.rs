@@ -137,10 +137,11 @@ impl Ask for SnapshotAsk {
     fn run<'a>(&'a mut self, v: &'a Volume) -> Fut<'a, ()> {
         Box::pin(async move {
             tracing::info!(volume = %v.info().name, id = self.id, "taking a snapshot at the manager's request");
-            match v.snapshot(self.id, self.created).await {
-                Ok(nodes) => {
+            match v.snapshot_sized(self.id, self.created).await {
+                Ok((nodes, size)) => {
                     self.state = ScrubState::Done;
                     self.nodes = nodes;
+                    self.size = size;
                 }
                 Err(e) => {
                     self.state = ScrubState::Failed;

@@ -320,6 +320,8 @@ pub struct SnapshotInfo {
     pub created: u64,
     /// Bytes only this snapshot holds: what deleting it frees.
     pub exclusive_bytes: u64,
+    /// Its size in bytes: the replica's when it was taken.
+    pub size: u64,
 }
 
 fn no_clones() -> StoreError {

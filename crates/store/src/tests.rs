@@ -273,10 +273,7 @@ fn replicas_grow_and_shrink_keeping_their_bytes() {
         r.flush().unwrap();
         if has_snapshots(&*r) {
             // Below the size its snapshot was taken at: refused, and nothing changes.
-            assert!(matches!(
-                r.resize(SIZE - 8192),
-                Err(StoreError::Invalid(_))
-            ));
+            assert!(matches!(r.resize(SIZE - 8192), Err(StoreError::Invalid(_))));
             assert_eq!(r.size(), 2 * SIZE);
             assert_eq!(read(&*r, 2 * SIZE - 4096, 4096), vec![9u8; 4096]);
             // Above it, bytes past the new end are gone: zeros when it grows again.

@@ -541,9 +541,14 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                             .map_err(usage_if_remote)?;
                         let mut failed = None;
                         for s in list.iter().filter(|s| s.state == "ready") {
+                            // Its own size (0 from a manager that did not say: the volume's).
+                            let size = match s.size {
+                                0 => vol.size(),
+                                n => n,
+                            };
                             let mut bar = crate::progress::Progress::new(
                                 &format!("verify {name}@{}", s.name),
-                                vol.size(),
+                                size,
                                 out == Output::Text,
                             );
                             let v = trireme_client::verify_snapshot(
@@ -551,6 +556,7 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                                 &s.name,
                                 s.id,
                                 &s.nodes,
+                                size,
                                 *region,
                                 &mut |done, _| bar.set(done),
                             )

@@ -194,16 +194,17 @@ pub(crate) fn snapshots_table(volume: &str, l: &[trireme_control::SnapshotInfo])
         return format!("volume {volume} has no snapshot\n");
     }
     let mut s = format!(
-        "{:<20} {:<6} {:<20} {:<9} {:<12} {}\n",
-        "SNAPSHOT", "ID", "TAKEN", "STATE", "OWN BYTES", "NODES"
+        "{:<20} {:<6} {:<20} {:<9} {:<10} {:<12} {}\n",
+        "SNAPSHOT", "ID", "TAKEN", "STATE", "SIZE", "OWN BYTES", "NODES"
     );
     for t in l {
         s += &format!(
-            "{:<20} {:<6} {:<20} {:<9} {:<12} {}\n",
+            "{:<20} {:<6} {:<20} {:<9} {:<10} {:<12} {}\n",
             t.name,
             t.id,
             utc_time(t.created),
             t.state,
+            human(t.size),
             t.exclusive_bytes.map_or("-".into(), human),
             {
                 let mut n = t

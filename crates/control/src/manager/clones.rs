@@ -20,8 +20,8 @@ const FLATTEN_WAIT: Duration = Duration::from_secs(10);
 const FLATTEN_RATE: f64 = (64 << 20) as f64;
 
 impl Manager {
-    /// Makes volume `name`, a clone of snapshot `snap` of volume `source`: as large, with the
-    /// same access list, one copy on each node whose copy of `source` holds the snapshot.
+    /// Makes volume `name`, a clone of snapshot `snap` of volume `source`: as large as the
+    /// snapshot, with the same access list, one copy on each node whose copy of `source` holds the snapshot.
     pub async fn clone_volume(&self, source: &str, snap: &str, name: &str) -> Result<VolumeRecord> {
         let _g = self.volume_lock.lock().await;
         let v = self.meta.volume(source).await?;
@@ -51,7 +51,14 @@ impl Manager {
         };
         let c = self
             .meta
-            .create_volume_from(name, v.size, &nodes, &v.access, false, Some(parent))
+            .create_volume_from(
+                name,
+                rec.size_of(&v),
+                &nodes,
+                &v.access,
+                false,
+                Some(parent),
+            )
             .await?;
         let ask = CloneRequest {
             parent: v.id,

@@ -30,6 +30,9 @@ pub struct SnapshotInfo {
     /// `creating`, `ready` or `deleting`.
     pub state: String,
     pub nodes: Vec<u32>,
+    /// Its size in bytes: the volume's when it was taken.
+    #[serde(default)]
+    pub size: u64,
     /// Bytes only it holds (what deleting it frees), on the copy that said most; `None` if no
     /// node holding it answered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -54,12 +57,13 @@ impl Manager {
         let created = now_secs();
         let mut rec = self.meta.create_snapshot_record(&v, snap, created).await?;
         match self.take_snapshot(&v, rec.id, created).await {
-            Ok(nodes) => {
+            Ok((nodes, size)) => {
                 rec.state = SnapshotState::Ready;
                 rec.nodes = nodes;
+                rec.size = size;
                 self.meta.put_snapshot_record(name, &rec).await?;
-                tracing::info!(volume = name, snapshot = snap, id = rec.id, nodes = ?rec.nodes, "snapshot taken");
-                Ok(SnapshotInfo::from_record(&rec, None))
+                tracing::info!(volume = name, snapshot = snap, id = rec.id, nodes = ?rec.nodes, size, "snapshot taken");
+                Ok(SnapshotInfo::from_record(&rec, &v, None))
             }
             Err(e) => {
                 // Copies that took it before another failed drop it again (the writer tried
@@ -77,15 +81,16 @@ impl Manager {
         }
     }
 
-    /// Takes snapshot `id` through the volume's writer; the nodes that hold it.
+    /// Takes snapshot `id` through the volume's writer; the nodes that hold it, and its size
+    /// (0 if a writer from before snapshots had sizes did not say).
     async fn take_snapshot(
         self: &Arc<Self>,
         v: &VolumeRecord,
         id: u64,
         created: u64,
-    ) -> Result<Vec<u32>> {
+    ) -> Result<(Vec<u32>, u64)> {
         if let Some(w) = self.writer(&v.name).filter(|w| w.info().epoch == v.epoch) {
-            return Ok(w.snapshot(id, created).await?);
+            return Ok(w.snapshot_sized(id, created).await?);
         }
         if let Some((a, _)) = self.meta.attachment(&v.name).await? {
             if a.epoch == v.epoch {
@@ -99,14 +104,19 @@ impl Manager {
             )));
         }
         let own = self.attach_own(v).await?;
-        let r = own.writer.snapshot(id, created).await;
+        let r = own.writer.snapshot_sized(id, created).await;
         self.release_own(own).await;
         Ok(r?)
     }
 
     /// Asks the writer on another host (`trireme attach`, `daemon/src/scrubs.rs`) to take
     /// snapshot `id` and waits for its answer: the nodes that took it.
-    async fn snapshot_remote(&self, v: &VolumeRecord, id: u64, created: u64) -> Result<Vec<u32>> {
+    async fn snapshot_remote(
+        &self,
+        v: &VolumeRecord,
+        id: u64,
+        created: u64,
+    ) -> Result<(Vec<u32>, u64)> {
         let name = &v.name;
         if let Some((old, _)) = self.meta.snapshot_ask(name).await? {
             if old.epoch == v.epoch && matches!(old.state, ScrubState::Asked | ScrubState::Running)
@@ -123,6 +133,7 @@ impl Manager {
             created,
             state: ScrubState::Asked,
             nodes: Vec::new(),
+            size: 0,
             error: None,
         };
         if self.meta.put_snapshot_ask(name, &ask, 0).await?.is_none() {
@@ -140,7 +151,7 @@ impl Manager {
                 Err(e) => break Err(e.into()),
             };
             match r.state {
-                ScrubState::Done => break Ok(r.nodes),
+                ScrubState::Done => break Ok((r.nodes, r.size)),
                 ScrubState::Failed => {
                     break Err(refused(format!(
                         "the writer's snapshot failed: {}",
@@ -186,6 +197,18 @@ impl Manager {
             return Err(refused(format!(
                 "snapshot {snap} of volume {name} is {}, not ready",
                 rec.state.as_str()
+            )));
+        }
+        // A rollback keeps the volume's size: the snapshot must have it. Refused before any
+        // writer is fenced.
+        let size = rec.size_of(&v);
+        if size != v.size {
+            let flag = if size < v.size { " --allow-shrink" } else { "" };
+            return Err(refused(format!(
+                "snapshot {snap} of volume {name} is {size} bytes and the volume {} bytes: \
+                 resize the volume to the snapshot's size first (`trireme volume resize \
+                 {name} {size}{flag}`), then roll back",
+                v.size
             )));
         }
         let v = match self.holder(&v).await? {
@@ -237,7 +260,7 @@ impl Manager {
         Ok(recs
             .iter()
             .map(|r| {
-                let mut i = SnapshotInfo::from_record(r, exclusive.get(&r.id).copied());
+                let mut i = SnapshotInfo::from_record(r, &v, exclusive.get(&r.id).copied());
                 if r.state == SnapshotState::Ready {
                     // A node that holds no copy now, or said its copy lacks it, lost it; one
                     // that did not answer is taken at its record's word.
@@ -459,14 +482,20 @@ impl Manager {
 const NODE_DELETE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl SnapshotInfo {
-    /// A snapshot's record as the list shows it, with what only it holds if a node said.
-    pub fn from_record(r: &SnapshotRecord, exclusive_bytes: Option<u64>) -> SnapshotInfo {
+    /// Volume `v`'s snapshot record as the list shows it, with what only it holds if a node
+    /// said.
+    pub fn from_record(
+        r: &SnapshotRecord,
+        v: &VolumeRecord,
+        exclusive_bytes: Option<u64>,
+    ) -> SnapshotInfo {
         SnapshotInfo {
             name: r.name.clone(),
             id: r.id,
             created: r.created,
             state: r.state.as_str().to_string(),
             nodes: r.nodes.clone(),
+            size: r.size_of(v),
             exclusive_bytes,
             lost: Vec::new(),
         }

@@ -45,6 +45,21 @@ pub struct SnapshotRecord {
     /// The nodes whose copies hold it.
     #[serde(default)]
     pub nodes: Vec<u32>,
+    /// Its size in bytes: the volume's when it was taken (0 in records from before volumes
+    /// with snapshots could be resized, whose snapshots all have the volume's size;
+    /// [`SnapshotRecord::size_of`]).
+    #[serde(default)]
+    pub size: u64,
+}
+
+impl SnapshotRecord {
+    /// Its size in bytes, of volume `v`'s snapshot.
+    pub fn size_of(&self, v: &crate::VolumeRecord) -> u64 {
+        match self.size {
+            0 => v.size,
+            s => s,
+        }
+    }
 }
 
 impl ClusterMeta {
@@ -86,6 +101,7 @@ impl ClusterMeta {
                 created,
                 state: SnapshotState::Creating,
                 nodes: Vec::new(),
+                size: 0,
             };
             let old_rev = self.store.get(&k).await?.map_or(0, |kv| kv.mod_revision);
             let done = self
@@ -178,6 +194,9 @@ pub struct SnapshotAsk {
     /// With `Done`: the nodes that took it.
     #[serde(default)]
     pub nodes: Vec<u32>,
+    /// With `Done`: its size (0 from a writer from before snapshots had sizes).
+    #[serde(default)]
+    pub size: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }

@@ -119,7 +119,8 @@ impl Node {
         let h = &req.header;
         let r = self.replica(h.volume)?;
         let id = trireme_proto::read_snapshot_id(&req.payload).map_err(malformed)?;
-        trireme_store::check_range(h.offset, h.length, r.size())?;
+        // A snapshot has its own size, which the store checks the range against.
+        trireme_store::check_range(h.offset, h.length, u64::MAX)?;
         if h.length > u64::from(MAX_PAYLOAD) {
             return Err(Refusal(
                 Status::Invalid,

@@ -599,20 +599,19 @@ impl crate::filter::ReplicaFilter for BackedReplica {
                 self.vol()
             )));
         }
-        // The parent must hold the snapshot, and be as large as the clone.
+        // The parent must hold the snapshot, as large as the clone.
         let size = self.inner.size();
-        if parent.size() < size {
-            return Err(StoreError::Invalid(format!(
-                "clone of {} bytes over a parent of {}",
-                size,
-                parent.size()
-            )));
-        }
-        if !parent.snapshots()?.iter().any(|s| s.id == snapshot) {
+        let Some(of) = parent.snapshots()?.into_iter().find(|s| s.id == snapshot) else {
             return Err(StoreError::NoSnapshot {
                 volume: parent.volume(),
                 id: snapshot,
             });
+        };
+        if of.size < size {
+            return Err(StoreError::Invalid(format!(
+                "clone of {size} bytes over a snapshot of {}",
+                of.size
+            )));
         }
         let blocks = size / BLOCK;
         let b = Backing {

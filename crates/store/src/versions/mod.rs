@@ -661,6 +661,7 @@ impl crate::filter::ReplicaFilter for VersionedReplica {
                         id,
                         created: s.created,
                         exclusive_bytes: exclusive.get(&id).copied().unwrap_or(0),
+                        size: s.blocks * BLOCK,
                     },
                 )
             })
