@@ -172,7 +172,7 @@ fn nbd_size(uri: &str) -> u64 {
 /// `image` exactly: as large, the same bytes.
 fn export_is(c: &Cluster, export: &str, image: &std::path::Path, dir: &std::path::Path) {
     let sock = dir.join(format!("{}.sock", export.replace('@', "-")));
-    let (mut nbd, uri) = spawn_nbd(c, export, &sock);
+    let (nbd, uri) = spawn_nbd(c, export, &sock);
     let want = std::fs::metadata(image).unwrap().len();
     assert_eq!(nbd_size(&uri), want, "{export}'s size");
     compare_image(image, &uri);
@@ -189,16 +189,16 @@ fn stop_nbd(mut nbd: std::process::Child) {
 /// Writes `image` onto volume `volume` through `trireme nbd`, which is its writer only
 /// meanwhile (a volume nobody writes may shrink and roll back).
 fn write_through_nbd(c: &Cluster, volume: &str, image: &std::path::Path, dir: &std::path::Path) {
-    let (mut nbd, uri) = spawn_nbd(c, volume, &dir.join("writer.sock"));
+    let (nbd, uri) = spawn_nbd(c, volume, &dir.join("writer.sock"));
     write_image(image, &uri);
     stop_nbd(nbd);
 }
 
-/// A volume written after a snapshot grows, and is written past its old end; each snapshot
-/// keeps the size the volume had when it was taken (exported, cloned and listed at it); a
-/// shrink below the first snapshot's size and a rollback across sizes are refused with what
-/// to do, and change nothing; the sizes and every version's bytes survive a whole-cluster
-/// kill -9; then, shrunk back to the snapshot's size, the volume rolls back to it.
+/// A volume written after a snapshot grows, and is written past its old end, and shrinks
+/// below the size of its first snapshot; each snapshot keeps the size the volume had when it
+/// was taken (exported, cloned and listed at it, its bytes intact); a rollback across sizes is
+/// refused with what to do, and changes nothing; sizes and bytes survive a whole-cluster kill
+/// -9; then, grown back to the snapshot's size, the volume rolls back to it.
 #[test]
 fn a_volume_with_snapshots_resizes_and_each_snapshot_keeps_its_size() {
     need("qemu-img");
@@ -235,18 +235,18 @@ fn a_volume_with_snapshots_resizes_and_each_snapshot_keeps_its_size() {
         list.contains("16.0 MiB") && list.contains("32.0 MiB"),
         "{list}"
     );
-    // Refusals that say what to do, and change nothing.
-    refused(
-        &c,
-        &["volume", "resize", "v", "8M", "--allow-shrink"],
-        "delete its snapshots first",
-    );
+    // A refusal that says what to do, and changes nothing.
     refused(
         &c,
         &["volume", "rollback", "v", "before"],
         "resize the volume to the snapshot's size first",
     );
     export_is(&c, "v", &grown, w.path());
+    // Below the size `before` was taken at: the snapshots keep every byte.
+    ok(&c, &["volume", "resize", "v", "8M", "--allow-shrink"]);
+    let head = w.path().join("head.img");
+    std::fs::write(&head, &std::fs::read(&grown).unwrap()[..8 << 20]).unwrap();
+    export_is(&c, "v", &head, w.path());
     export_is(&c, "v@before", &small, w.path());
     export_is(&c, "v@after", &grown, w.path());
     ok(&c, &["volume", "clone", "v@before", "copy"]);
@@ -255,13 +255,17 @@ fn a_volume_with_snapshots_resizes_and_each_snapshot_keeps_its_size() {
     let dir = c.crash();
     let mut c = Cluster::start_in(dir, &args);
     wait_all_in_sync(&c);
-    export_is(&c, "v", &grown, w.path());
+    export_is(&c, "v", &head, w.path());
     export_is(&c, "v@before", &small, w.path());
     export_is(&c, "v@after", &grown, w.path());
     let v = ok(&c, &["volume", "verify", "v"]);
     assert!(v.contains(" 0 mismatching"), "{v}");
     // Back to the first snapshot's size, then to its bytes.
-    ok(&c, &["volume", "resize", "v", "16M", "--allow-shrink"]);
+    ok(&c, &["volume", "resize", "v", "16M"]);
+    let mut bytes = std::fs::read(&head).unwrap();
+    bytes.resize(16 << 20, 0);
+    std::fs::write(&head, &bytes).unwrap();
+    export_is(&c, "v", &head, w.path());
     ok(&c, &["volume", "rollback", "v", "before"]);
     export_is(&c, "v", &small, w.path());
     export_is(&c, "v@after", &grown, w.path());

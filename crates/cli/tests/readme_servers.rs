@@ -533,6 +533,9 @@ fn run_readme(tls: bool) {
     let snaps = w.admin_json(&["volume", "snapshot", "list", "db1"]);
     assert_eq!(snaps[0]["name"], "nightly", "{snaps}");
     assert_eq!(snaps[0]["state"], "ready", "{snaps}");
+    // Taken before the resize, it keeps the size the writer had then (which the writer on the
+    // client host said through etcd).
+    assert_eq!(snaps[0]["size"], 1u64 << 30, "100G / 100: {snaps}");
     // Taken on three copies; the drain then moved node 3's copy, and the snapshot with it
     // (the writer on the client host gave the new copy the snapshot before its resync):
     // three nodes hold it, none of them node 3, none lost.
@@ -572,6 +575,11 @@ fn run_readme(tls: bool) {
     // copy there took its blocks first), and reads what the snapshot holds.
     let clone = w.admin_json(&["volume", "info", "db1-test"]);
     assert_eq!(clone["parent"]["snapshot"], "nightly", "{clone}");
+    assert_eq!(
+        clone["size"],
+        1u64 << 30,
+        "as large as the snapshot: {clone}"
+    );
     assert!(
         clone["replicas"]
             .as_array()

@@ -23,7 +23,11 @@
 //!   This is how snapshots move with a copy on a drain or a removal.
 //!
 //! Either way X is written as the source holds it: its data as data, its holes as trims, so
-//! a hole stays a hole, and no faster than the resync's rate. A copy resyncing while a
+//! a hole stays a hole, and no faster than the resync's rate. A snapshot has the size the
+//! volume had when it was taken: the copy is resized to it before it is given X (and before
+//! a rollback to a base, to the base's), and back to the volume's size at the end. With its
+//! history known, the head's bytes past a smaller snapshot's end are gone from the copy by
+//! then: that range is marked for the resync with the rest. A copy resyncing while a
 //! snapshot is taken does not get it; at the end of its resync it goes out again with its
 //! history known, and the next one gives it ([`Volume::lacks_snapshots`]; `resync.rs` says
 //! how snapshots taken often cannot keep it out). A writer retiring the old copy of a move checks that the new one holds
@@ -79,9 +83,11 @@ impl Volume {
         } else {
             None
         };
-        match dirty {
+        // The copy's size as the snapshots given need it; the volume's again at the end.
+        let mut now = self.size();
+        let r = match dirty {
             Some(dirty) => {
-                self.catch_up_known(i, conn, source, &survivors, dirty, missed)
+                self.catch_up_known(i, conn, &survivors, dirty, missed, &mut now)
                     .await
             }
             None => {
@@ -89,44 +95,72 @@ impl Volume {
                 // and was dropped everywhere else (simulator seed 2296).
                 let held = mine
                     .iter()
-                    .map(|m| m.id)
-                    .filter(|id| theirs_ids.contains(id))
+                    .filter(|m| theirs_ids.contains(&m.id))
+                    .map(|m| (m.id, m.size))
                     .collect();
-                self.catch_up_unknown(i, conn, source, held, missed).await
+                self.catch_up_unknown(i, conn, source, held, missed, &mut now)
+                    .await
             }
-        }
+        };
+        let back = self.size_copy(i, conn, &mut now, self.size()).await;
+        r.and(back)
     }
 
-    /// Its history known: see the module docs.
+    /// Resizes replica `i` (on `conn`, `now` bytes long) to `size`, if it is not.
+    async fn size_copy(
+        &self,
+        i: usize,
+        conn: &dyn Connection,
+        now: &mut u64,
+        size: u64,
+    ) -> Result<(), VolumeError> {
+        if *now != size {
+            self.call_on(i, conn, self.resize_header(size)).await?;
+            *now = size;
+        }
+        Ok(())
+    }
+
+    /// Its history known: see the module docs. The source is the first survivor.
     async fn catch_up_known(
         &self,
         i: usize,
         conn: &dyn Connection,
-        source: usize,
         survivors: &[usize],
         dirty: Vec<(u64, u64)>,
         missed: Vec<ListedSnapshot>,
+        now: &mut u64,
     ) -> Result<(), VolumeError> {
+        let source = survivors[0];
         let mut regions = dirty;
         // The last snapshot given: the copy's head is now that snapshot everywhere.
         let mut given: Option<u64> = None;
         for snap in missed {
-            let changed = match self.changed_ranges(snap.id, None).await {
+            let changed = match self
+                .changed_ranges(snap.id, None, snap.size.max(self.size()))
+                .await
+            {
                 Err(e) if deleted_meanwhile(&e) => continue,
                 r => r?,
             };
             regions.extend(changed);
+            // Resized to a smaller snapshot, the copy loses the head's bytes past its end.
+            if snap.size < self.size() {
+                regions.push((snap.size, self.size() - snap.size));
+            }
             regions = union_ranges(regions);
             self.mark_for(i, survivors, &regions).await?;
             // After the first, only what changed between the one given and this one: the
             // rest of the head already holds this one. A base deleted meanwhile: every region.
             let to_give = match given {
-                Some(b) => match self.changed_ranges(b, Some(snap.id)).await {
+                Some(b) => match self.changed_ranges(b, Some(snap.id), snap.size).await {
                     Err(e) if deleted_meanwhile(&e) => regions.clone(),
                     r => union_ranges(r?),
                 },
                 None => regions.clone(),
             };
+            let to_give = within(&to_give, snap.size);
+            self.size_copy(i, conn, now, snap.size).await?;
             let t0 = tokio::time::Instant::now();
             match self.give_snapshot(i, conn, source, &snap, &to_give).await {
                 // Deleted meanwhile, part written: the next is given every region, which
@@ -149,21 +183,30 @@ impl Volume {
         i: usize,
         conn: &dyn Connection,
         source: usize,
-        mut held: Vec<u64>,
+        mut held: Vec<(u64, u64)>,
         missed: Vec<ListedSnapshot>,
+        now: &mut u64,
     ) -> Result<(), VolumeError> {
         for snap in missed {
-            let base = held.iter().copied().filter(|&h| h < snap.id).max();
+            let base = held
+                .iter()
+                .copied()
+                .filter(|&(h, _)| h < snap.id)
+                .max_by_key(|&(h, _)| h);
             let given = async {
                 let regions = match base {
-                    Some(b) => {
+                    Some((b, size)) => {
+                        // A rollback keeps the copy's size: the base's first.
+                        self.size_copy(i, conn, now, size).await?;
                         let mut h = self.header(Op::Rollback, 0, 0);
                         SnapshotRequest { id: b, created: 0 }.put(&mut h);
                         self.send_on(i, conn, h, Bytes::new()).await?;
-                        self.changed_ranges(b, Some(snap.id)).await?
+                        self.changed_ranges(b, Some(snap.id), snap.size).await?
                     }
-                    None => vec![(0, self.size())],
+                    None => vec![(0, snap.size)],
                 };
+                let regions = within(&regions, snap.size);
+                self.size_copy(i, conn, now, snap.size).await?;
                 self.give_snapshot(i, conn, source, &snap, &regions)
                     .await
                     .map(|()| regions)
@@ -175,7 +218,7 @@ impl Volume {
                 Err(e) if deleted_meanwhile(&e) => continue,
                 r => r?,
             };
-            held.push(snap.id);
+            held.push((snap.id, snap.size));
             tracing::info!(volume = %self.info.name, node = self.node(i), id = snap.id, from = ?base, bytes = regions.iter().map(|r| r.1).sum::<u64>(), ms = t0.elapsed().as_millis() as u64, "a snapshot the copy lacked, given to it before its full resync");
         }
         Ok(())
@@ -327,7 +370,7 @@ impl Volume {
         i: usize,
         conn: Option<&dyn Connection>,
     ) -> Result<Vec<trireme_proto::ListedSnapshot>, VolumeError> {
-        let h = self.header(Op::SnapshotList, 0, 0);
+        let h = self.header(Op::SnapshotList, 0, trireme_proto::LIST_SIZED);
         let f = match conn {
             Some(c) => self.send_on(i, c, h, Bytes::new()).await?,
             None => {
@@ -335,20 +378,29 @@ impl Volume {
                 self.expect_ok(i, f)?
             }
         };
-        trireme_proto::decode_snapshot_list(&f.payload).map_err(self.malformed(i))
+        let mut list = trireme_proto::decode_snapshot_list(&f.payload, f.header.length)
+            .map_err(self.malformed(i))?;
+        // A node from before snapshots had sizes: each has the volume's.
+        for s in &mut list {
+            if s.size == 0 {
+                s.size = self.size();
+            }
+        }
+        Ok(list)
     }
 
     /// The ranges the volume changed since snapshot `id` (up to snapshot `to` if given; asked
-    /// of a copy in sync holding them).
+    /// of a copy in sync holding them), in the first `upto` bytes.
     async fn changed_ranges(
         &self,
         id: u64,
         to: Option<u64>,
+        upto: u64,
     ) -> Result<Vec<(u64, u64)>, VolumeError> {
         let mut out = Vec::new();
         let mut off = 0;
-        while off < self.size() {
-            let len = CHANGED_WINDOW.min(self.size() - off);
+        while off < upto {
+            let len = CHANGED_WINDOW.min(upto - off);
             let mut at = off;
             for e in self.changed_between(id, to, off, len).await? {
                 if e.flags & EXTENT_CHANGED != 0 {
@@ -419,6 +471,15 @@ fn deleted_meanwhile(e: &VolumeError) -> bool {
 
 /// The parts of `[at, at+len)` outside `data` (ranges in order, within it). The caller asks
 /// one window of at most [`CHANGED_WINDOW`] at a time, so no piece is longer.
+/// `ranges` cut to the first `size` bytes.
+fn within(ranges: &[(u64, u64)], size: u64) -> Vec<(u64, u64)> {
+    ranges
+        .iter()
+        .filter(|&&(o, _)| o < size)
+        .map(|&(o, l)| (o, l.min(size - o)))
+        .collect()
+}
+
 fn holes_between(at: u64, len: u64, data: &[(u64, u64)]) -> Vec<(u64, u64)> {
     let mut out = Vec::new();
     let mut pos = at;

@@ -63,7 +63,7 @@ impl Volume {
         Ok(())
     }
 
-    fn resize_header(&self, size: u64) -> trireme_proto::Header {
+    pub(crate) fn resize_header(&self, size: u64) -> trireme_proto::Header {
         let mut h = self.header(Op::ResizeReplica, 0, size);
         if self.info.preallocate {
             h.flags |= FLAG_PREALLOCATE;

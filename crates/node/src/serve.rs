@@ -104,7 +104,7 @@ impl Node {
             }
             Op::Snapshot => self.on_snapshot(req),
             Op::SnapshotDelete => self.on_snapshot_delete(h),
-            Op::SnapshotList => self.on_snapshot_list(h),
+            Op::SnapshotList => self.on_snapshot_list(h, r),
             Op::SnapshotRead => self.on_snapshot_read(req),
             Op::Rollback => self.on_rollback(req),
             Op::SnapshotStatus => self.on_snapshot_status(req),

@@ -49,7 +49,7 @@ pub use op::{Op, Status};
 pub use snapshots::{
     changed_extents, decode_snapshot_list, encode_snapshot_list, read_snapshot_id,
     snapshot_id_payload, ChangedRequest, CloneRequest, ListedSnapshot, SnapshotRequest,
-    EXTENT_CHANGED,
+    EXTENT_CHANGED, LIST_SIZED,
 };
 pub use space::{NodeSpace, NODE_SPACE_LEN};
 

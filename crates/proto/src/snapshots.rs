@@ -122,25 +122,41 @@ pub struct ListedSnapshot {
     pub created: u64,
     /// Bytes only this snapshot holds on the node's copy.
     pub exclusive_bytes: u64,
+    /// Its size in bytes; 0 from a node that did not say (one from before snapshots had
+    /// sizes, whose snapshots all have the replica's size).
+    pub size: u64,
 }
 
 const LISTED_LEN: usize = 24;
+/// A `SnapshotList` request with this `length` asks for entries with each snapshot's size
+/// ([`LISTED_SIZED_LEN`] bytes each); the answer's `length` is this when it holds them. A
+/// node from before answers 24-byte entries with `length` 0 (it ignores the request's).
+pub const LIST_SIZED: u64 = 32;
+const LISTED_SIZED_LEN: usize = 32;
 
-/// `SnapshotList`'s answer: the replica's snapshots, oldest first, 24 bytes each.
-pub fn encode_snapshot_list(list: &[ListedSnapshot]) -> Vec<u8> {
-    let mut b = Vec::with_capacity(list.len() * LISTED_LEN);
+/// `SnapshotList`'s answer: the replica's snapshots, oldest first, 24 bytes each, or 32 with
+/// their sizes if `sized`.
+pub fn encode_snapshot_list(list: &[ListedSnapshot], sized: bool) -> Vec<u8> {
+    let mut b = Vec::with_capacity(list.len() * LISTED_SIZED_LEN);
     for s in list {
         b.extend_from_slice(&s.id.to_le_bytes());
         b.extend_from_slice(&s.created.to_le_bytes());
         b.extend_from_slice(&s.exclusive_bytes.to_le_bytes());
+        if sized {
+            b.extend_from_slice(&s.size.to_le_bytes());
+        }
     }
     b
 }
 
-pub fn decode_snapshot_list(b: &[u8]) -> Result<Vec<ListedSnapshot>, DecodeError> {
-    if !b.len().is_multiple_of(LISTED_LEN) {
+/// Decodes a `SnapshotList` answer whose header's `length` is `length` ([`LIST_SIZED`]: with
+/// sizes).
+pub fn decode_snapshot_list(b: &[u8], length: u64) -> Result<Vec<ListedSnapshot>, DecodeError> {
+    let sized = length == LIST_SIZED;
+    let n = if sized { LISTED_SIZED_LEN } else { LISTED_LEN };
+    if !b.len().is_multiple_of(n) {
         return Err(DecodeError::MalformedPayload {
-            what: "a snapshot list is a whole number of 24-byte entries",
+            what: "a snapshot list is a whole number of 24- or 32-byte entries",
         });
     }
     let u = |c: &[u8], at: usize| {
@@ -149,13 +165,23 @@ pub fn decode_snapshot_list(b: &[u8]) -> Result<Vec<ListedSnapshot>, DecodeError
         u64::from_le_bytes(a)
     };
     let list: Vec<ListedSnapshot> = b
-        .chunks_exact(LISTED_LEN)
+        .chunks_exact(n)
         .map(|c| ListedSnapshot {
             id: u(c, 0),
             created: u(c, 8),
             exclusive_bytes: u(c, 16),
+            size: if sized { u(c, 24) } else { 0 },
         })
         .collect();
+    if sized
+        && list
+            .iter()
+            .any(|s| s.size == 0 || !s.size.is_multiple_of(4096))
+    {
+        return Err(DecodeError::MalformedPayload {
+            what: "a snapshot's size in a list is 0 or not a multiple of 4096",
+        });
+    }
     if list.iter().any(|s| s.id == 0) {
         return Err(DecodeError::MalformedPayload {
             what: "snapshot id 0 in a list",
@@ -178,22 +204,35 @@ mod tests {
         assert!(SnapshotRequest::read(&h).is_err());
         assert_eq!(read_snapshot_id(&snapshot_id_payload(5)), Ok(5));
         assert!(read_snapshot_id(&[0; 8]).is_err() && read_snapshot_id(&[1; 7]).is_err());
-        let list = vec![
+        let mut list = vec![
             ListedSnapshot {
                 id: 1,
                 created: 2,
                 exclusive_bytes: 4096,
+                size: 1 << 20,
             },
             ListedSnapshot {
                 id: 9,
                 created: 3,
                 exclusive_bytes: 0,
+                size: 2 << 20,
             },
         ];
-        let b = encode_snapshot_list(&list);
-        assert_eq!(decode_snapshot_list(&b), Ok(list));
-        assert!(decode_snapshot_list(&b[..30]).is_err());
-        assert!(decode_snapshot_list(&[0; 24]).is_err());
+        let b = encode_snapshot_list(&list, true);
+        assert_eq!(b.len(), 64);
+        assert_eq!(decode_snapshot_list(&b, LIST_SIZED), Ok(list.clone()));
+        assert!(decode_snapshot_list(&b[..40], LIST_SIZED).is_err());
+        let mut bad = b.clone();
+        bad[56..64].copy_from_slice(&4095u64.to_le_bytes());
+        assert!(decode_snapshot_list(&bad, LIST_SIZED).is_err());
+        // A node from before: 24-byte entries, sizes not said.
+        let old = encode_snapshot_list(&list, false);
+        for s in &mut list {
+            s.size = 0;
+        }
+        assert_eq!(decode_snapshot_list(&old, 0), Ok(list));
+        assert!(decode_snapshot_list(&old[..30], 0).is_err());
+        assert!(decode_snapshot_list(&[0; 24], 0).is_err());
         for c in [
             ChangedRequest { from: 3, to: None },
             ChangedRequest {

@@ -301,7 +301,7 @@ impl Manager {
                 node.id, v.name, f.header.status
             )));
         }
-        trireme_proto::decode_snapshot_list(&f.payload)
+        trireme_proto::decode_snapshot_list(&f.payload, f.header.length)
             .map_err(|e| refused(format!("node {}'s snapshot list: {e}", node.id)))
     }
 

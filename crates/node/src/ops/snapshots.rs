@@ -67,7 +67,9 @@ impl Node {
         Ok(Bytes::new())
     }
 
-    pub(crate) fn on_snapshot_list(&self, h: &Header) -> Result<Bytes, Refusal> {
+    /// With sizes if the request's `length` asks ([`trireme_proto::LIST_SIZED`]), and the
+    /// answer's says so.
+    pub(crate) fn on_snapshot_list(&self, h: &Header, resp: &mut Header) -> Result<Bytes, Refusal> {
         let r = self.replica(h.volume)?;
         let list: Vec<trireme_proto::ListedSnapshot> = r
             .snapshots()?
@@ -76,9 +78,16 @@ impl Node {
                 id: s.id,
                 created: s.created,
                 exclusive_bytes: s.exclusive_bytes,
+                size: s.size,
             })
             .collect();
-        Ok(Bytes::from(trireme_proto::encode_snapshot_list(&list)))
+        let sized = h.length == trireme_proto::LIST_SIZED;
+        if sized {
+            resp.length = trireme_proto::LIST_SIZED;
+        }
+        Ok(Bytes::from(trireme_proto::encode_snapshot_list(
+            &list, sized,
+        )))
     }
 
     pub(crate) fn on_snapshot_status(&self, req: &Frame) -> Result<Bytes, Refusal> {

@@ -95,7 +95,19 @@ async fn snapshots_are_taken_under_the_epoch_read_listed_and_deleted() {
     );
     let r = call(req(Op::SnapshotList, 1, 0, 0, 0), b"").await.unwrap();
     ok(&r);
-    let list = trireme_proto::decode_snapshot_list(&r.payload).unwrap();
+    let list = trireme_proto::decode_snapshot_list(&r.payload, r.header.length).unwrap();
+    assert_eq!(list[0].size, 0, "sizes only when asked");
+    let r = call(
+        req(Op::SnapshotList, 1, 0, 0, trireme_proto::LIST_SIZED),
+        b"",
+    )
+    .await
+    .unwrap();
+    ok(&r);
+    assert_eq!(r.header.length, trireme_proto::LIST_SIZED);
+    let sized = trireme_proto::decode_snapshot_list(&r.payload, r.header.length).unwrap();
+    assert_eq!(sized.len(), 1);
+    assert!(sized[0].size > 0, "{sized:?}");
     assert_eq!(list.len(), 1);
     assert_eq!(
         (list[0].id, list[0].created, list[0].exclusive_bytes),

@@ -257,9 +257,7 @@ fn version_error(volume: u64, e: VersionError) -> StoreError {
     match e {
         VersionError::Exists(id) => StoreError::SnapshotExists { volume, id },
         VersionError::Missing(id) => StoreError::NoSnapshot { volume, id },
-        VersionError::ZeroId
-        | VersionError::Size { .. }
-        | VersionError::ShrinkBelowHomes { .. } => StoreError::Invalid(e.to_string()),
+        VersionError::ZeroId | VersionError::Size { .. } => StoreError::Invalid(e.to_string()),
     }
 }
 
@@ -309,9 +307,11 @@ impl VersionedReplica {
     /// physical replica to the new size if it is smaller (the pool's space is past `homes`
     /// either way), then records the size; a shrink records it and drops the head's blocks
     /// past it, whose space goes back as a snapshot's delete gives it (the caller gives the
-    /// holes returned back once it has let go of the gate). The main file is written before
-    /// this returns: a crash before it leaves the old size, and the redirect log holds no
-    /// record across a change of size.
+    /// holes returned back once it has let go of the gate). The snapshot files a shrink
+    /// changed and the main file are written before this returns: a crash before the main
+    /// file leaves the old size (and the old snapshot files are equivalent: the entries added
+    /// name the blocks the old `homes` gave them), and the redirect log holds no record
+    /// across a change of size.
     fn resize_versions(&self, size: u64) -> Result<durable::Holes, StoreError> {
         if size == 0 || !size.is_multiple_of(BLOCK) {
             return Err(StoreError::Invalid(format!(
@@ -319,18 +319,14 @@ impl VersionedReplica {
             )));
         }
         let blocks = size / BLOCK;
-        // Refusals first: they change nothing.
-        self.table()
-            .check_resize(blocks)
-            .map_err(|e| version_error(self.vol(), e))?;
         self.inner.flush()?;
         if size > self.inner.size() {
             self.inner.resize(size)?;
             self.table().grow(size / BLOCK);
         }
-        self.table()
-            .resize(blocks)
-            .map_err(|e| version_error(self.vol(), e))?;
+        // Snapshots whose maps changed get their files again, before the main file.
+        let changed = self.table().resize(blocks);
+        self.unsaved().extend(changed);
         self.size.store(size, Ordering::Release);
         self.dirty.store(true, Ordering::Release);
         self.persist_and_empty_log()?;

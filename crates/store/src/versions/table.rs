@@ -13,9 +13,10 @@
 //! taken. `homes` is the size the replica had when its first version was taken, or less:
 //! blocks past it have no place of their own (the pool starts there), so a replica that grows
 //! maps its new blocks to nothing, zeros, until a write redirects them into the pool. A shrink
-//! drops the head's blocks past the new end; it lowers `homes` only when no snapshot is left
-//! to read the identity blocks past it, so every version agrees on where a missing entry
-//! points.
+//! drops the head's blocks past the new end; below `homes` it lowers `homes` to the new end,
+//! and the snapshots that still read identity blocks past it get entries that name them
+//! (one per block: a shrink with snapshots costs what a rewrite of the range would), so every
+//! version agrees on what a missing entry means.
 //!
 //! Maps are persistent ([`BlockMap`]): a snapshot is a clone of the head's map, sharing its
 //! structure, so taking one costs a pointer copy whatever the size.
@@ -127,11 +128,6 @@ pub enum VersionError {
          snapshot's size first, then roll back"
     )]
     Size { id: u64, snap: u64, head: u64 },
-    #[error(
-        "a volume with snapshots cannot shrink below {homes} bytes, the size it had when \
-         its first snapshot was taken: delete its snapshots first, or shrink a flattened clone"
-    )]
-    ShrinkBelowHomes { homes: u64 },
 }
 
 /// Every version of one replica, and its free blocks.
@@ -344,41 +340,45 @@ impl Table {
     /// The head's size becomes `blocks` logical blocks; the caller has grown the physical
     /// blocks to at least that ([`Table::grow`]). A grow adds blocks that read zeros (past
     /// `homes`: no place of their own). A shrink drops the head's blocks past the new end (to
-    /// `pending`, if no snapshot holds them); below `homes` only with no snapshot left, which
-    /// could still read the identity blocks there. Refused, it changes nothing.
-    pub fn resize(&mut self, blocks: u64) -> Result<(), VersionError> {
+    /// `pending`, if no snapshot holds them). Below `homes`, it moves `homes` down to the new
+    /// end: the snapshots that read identity blocks past it get entries naming those blocks,
+    /// so every version still agrees on what a missing entry means. Returns the snapshots
+    /// whose maps changed (their files are written again).
+    pub fn resize(&mut self, blocks: u64) -> Vec<u64> {
         debug_assert!(blocks <= self.phys_blocks);
-        self.check_resize(blocks)?;
         if blocks >= self.blocks {
             self.blocks = blocks;
-            return Ok(());
+            return Vec::new();
         }
         let dropped: Vec<(u64, Entry)> = self.head.range(blocks..).collect();
-        let homes = self.homes;
         for &(l, _) in &dropped {
             self.head.remove(&l);
         }
-        // The identity blocks the head used past the new end, with no snapshot left (the
-        // check above) to use them.
-        let had_entry: BTreeSet<u64> = dropped.iter().map(|&(l, _)| l).collect();
-        self.pending
-            .extend((blocks..homes).filter(|l| !had_entry.contains(l)));
-        self.homes = homes.min(blocks);
+        let (old, homes) = (self.homes, self.homes.min(blocks));
+        let mut changed = Vec::new();
+        for (id, s) in self.snaps.iter_mut() {
+            let mut any = false;
+            for l in homes..old {
+                if !s.map.contains_key(&l) {
+                    s.map.insert(l, Entry::identity(l));
+                    any = true;
+                }
+            }
+            if any {
+                changed.push(*id);
+            }
+        }
+        self.homes = homes;
         self.blocks = blocks;
+        // The identity blocks the head used past the new end, and its own blocks there.
+        let had_entry: BTreeSet<u64> = dropped.iter().map(|&(l, _)| l).collect();
+        for l in (homes..old).filter(|l| !had_entry.contains(l)) {
+            self.release_unless_snapshotted(l, Entry::identity(l));
+        }
         for (l, e) in dropped {
             self.release_unless_snapshotted(l, e);
         }
-        Ok(())
-    }
-
-    /// Whether [`Table::resize`] to `blocks` would be refused.
-    pub fn check_resize(&self, blocks: u64) -> Result<(), VersionError> {
-        if blocks < self.blocks && blocks < self.homes && !self.snaps.is_empty() {
-            return Err(VersionError::ShrinkBelowHomes {
-                homes: self.homes * BLOCK,
-            });
-        }
-        Ok(())
+        changed
     }
 
     /// Snapshot `id` of the head as it is now.
