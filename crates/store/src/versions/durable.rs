@@ -441,7 +441,7 @@ impl VersionedReplica {
     }
 
     /// With the gate held exclusive and the table the identity: drops the pool and the files,
-    /// so the replica is plain again (and may be resized). A crash in between leaves the main
+    /// so the replica is plain again. A crash in between leaves the main
     /// file naming the logical size, with the physical replica of that size or larger.
     pub(super) fn fold_back(&self) -> Result<(), StoreError> {
         let size = self.size.load(Ordering::Acquire);

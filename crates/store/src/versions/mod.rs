@@ -24,8 +24,12 @@
 //! taken again only after the change is in the main file, and with no I/O in flight. Without
 //! a directory (a volatile store) the versions live as long as the process, like the bytes.
 //!
-//! **Limits.** A replica whose blocks a snapshot moved cannot be resized (until its head is
-//! folded back: not built).
+//! **Sizes.** Each version has its own size: a snapshot keeps the head's when it was taken,
+//! and reads past it are refused. A resize changes the head's alone (the table's `homes`
+//! says below which a block with no entry lies in place: `table.rs`); a grow adds blocks that
+//! read zeros until written into the pool, and grows the physical replica to at least the
+//! new size; the main file is written before the resize returns. A rollback to a snapshot of
+//! another size is refused (the volume is resized first).
 
 pub mod blockmap;
 mod durable;
