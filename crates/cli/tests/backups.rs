@@ -404,3 +404,56 @@ fn dirty_bitmaps_diffs_and_backup_chains_are_exact() {
     assert_eq!(m["bad_copies"], serde_json::json!([1]), "{v}");
     assert!(text(&o).contains("between snapshot copies"), "{}", text(&o));
 }
+
+/// A backup after a resize is still incremental (a diff between snapshots of two sizes), and
+/// a restore resizes the new volume to each backup's size in turn: the newest comes back at
+/// the grown size, one from before the resize at the old.
+#[test]
+fn a_backup_chain_spans_a_resize() {
+    need("qemu-img");
+    need("qemu-io");
+    let w = tempfile::tempdir().unwrap();
+    let c = Cluster::start(&["--store", "file", "--size", "32M"]);
+    let mut model = vec![0u8; SIZE];
+    round(&c, &mut model, 1);
+    let dir = w.path().join("backups");
+    let d = dir.to_str().unwrap();
+    let backup = || -> serde_json::Value {
+        serde_json::from_str(&ok(
+            &c,
+            &["--output", "json", "volume", "backup", "vol0", "--to", d],
+        ))
+        .unwrap()
+    };
+    let full = backup();
+    std::fs::write(w.path().join("b1.img"), &model).unwrap();
+    // Grown online by half, then written in the old part and past the old end.
+    ok(&c, &["volume", "resize", "vol0", "48M"]);
+    model.resize(SIZE + SIZE / 2, 0);
+    let mut changed = round(&c, &mut model, 2);
+    changed.extend(put(&c, &mut model, SIZE + 4 * BLOCK, 3 * BLOCK, 77));
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let inc = backup();
+    std::fs::write(w.path().join("b2.img"), &model).unwrap();
+    assert_eq!(inc["from"], full["snapshot"], "incremental: {inc}");
+    assert_eq!(
+        inc["stats"]["changed_bytes"],
+        (changed.len() * BLOCK) as u64,
+        "{inc}"
+    );
+    for (name, at, image) in [
+        ("now", None, "b2.img"),
+        ("then", full["snapshot"].as_str(), "b1.img"),
+    ] {
+        let mut args = vec!["volume", "restore", d, name];
+        if let Some(s) = at {
+            args.extend(["--at", s]);
+        }
+        ok(&c, &args);
+        let (r, uri) = spawn_nbd(&c, name, &w.path().join(format!("{name}.sock")));
+        let want = std::fs::metadata(w.path().join(image)).unwrap().len();
+        assert_eq!(nbd_size(&uri), want, "{name}'s size");
+        compare_image(&w.path().join(image), &uri);
+        stop(r);
+    }
+}

@@ -551,6 +551,8 @@ fn run_readme(tls: bool) {
         .expect("the block reads the snapshot")
         .1;
     assert!(info.contains("is_read_only: true"), "{info}");
+    // At its own size: taken before the resize to 200G / 100.
+    assert!(info.contains("export-size: 1073741824"), "{info}");
     // The backup ran from the operator's machine, read the snapshot's blocks from the copies,
     // and its chain became a new volume; the client host read what changed since `nightly`.
     let said = |what: &str| {

@@ -591,3 +591,56 @@ fn a_copy_resyncing_while_snapshots_keep_coming_gets_back_with_them_all() {
         back.as_millis()
     );
 }
+
+/// A copy out while a snapshot is taken and the volume then grows comes back with its
+/// history known: it is given the snapshot at the snapshot's size (resized down to it, then
+/// back), the head's bytes past it resynced, so the snapshot and the volume read back exactly
+/// and every copy holds both, identical.
+#[test]
+fn a_copy_out_across_a_snapshot_and_a_grow_gets_the_snapshot_at_its_size() {
+    need("qemu-img");
+    let w = tempfile::tempdir().unwrap();
+    let c = Cluster::start(&["--store", "file", "--size", "16M"]);
+    let (a, b, g) = (
+        w.path().join("a.img"),
+        w.path().join("b.img"),
+        w.path().join("g.img"),
+    );
+    random_file(&a, 16 << 20, 11);
+    write_image(&a, &c.unix);
+    // Node 2 stops answering: the writer takes it out at the next writes.
+    let pid = node_pid(&c, 2);
+    signal(pid, libc::SIGSTOP);
+    random_file(&b, 16 << 20, 12);
+    write_image(&b, &c.unix);
+    let s = ok(&c, &["volume", "snapshot", "create", "vol0", "small"]);
+    assert!(s.contains("on nodes 1, 3"), "{s}");
+    ok(&c, &["volume", "resize", "vol0", "32M"]);
+    random_file(&g, 32 << 20, 13);
+    write_image(&g, &c.unix);
+    signal(pid, libc::SIGKILL);
+    wait_restarted(&c, 2, pid);
+    wait_all_in_sync(&c);
+    assert!(
+        c.log()
+            .contains("a snapshot the copy missed while out, given to it before its resync"),
+        "not the catch-up of a copy whose history is known:\n{}",
+        c.log()
+    );
+    let list: serde_json::Value = serde_json::from_str(&ok(
+        &c,
+        &["--output", "json", "volume", "snapshot", "list", "vol0"],
+    ))
+    .unwrap();
+    assert_eq!(list[0]["nodes"], serde_json::json!([1, 2, 3]), "{list}");
+    assert_eq!(list[0]["size"], 16u64 << 20, "{list}");
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(&c, &["--output", "json", "volume", "verify", "vol0"])).unwrap();
+    assert_eq!(v["mismatches"].as_array().unwrap().len(), 0, "{v}");
+    let snap = &v["snapshots"][0];
+    assert_eq!(snap["nodes"], serde_json::json!([1, 2, 3]), "{v}");
+    assert_eq!(snap["bytes_compared"], 16u64 << 20, "{v}");
+    assert!(snap["mismatches"].as_array().unwrap().is_empty(), "{v}");
+    export_is(&c, "vol0@small", &b, w.path());
+    compare_image(&g, &c.unix);
+}

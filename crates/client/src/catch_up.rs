@@ -469,8 +469,6 @@ fn deleted_meanwhile(e: &VolumeError) -> bool {
     )
 }
 
-/// The parts of `[at, at+len)` outside `data` (ranges in order, within it). The caller asks
-/// one window of at most [`CHANGED_WINDOW`] at a time, so no piece is longer.
 /// `ranges` cut to the first `size` bytes.
 fn within(ranges: &[(u64, u64)], size: u64) -> Vec<(u64, u64)> {
     ranges
@@ -480,6 +478,8 @@ fn within(ranges: &[(u64, u64)], size: u64) -> Vec<(u64, u64)> {
         .collect()
 }
 
+/// The parts of `[at, at+len)` outside `data` (ranges in order, within it). The caller asks
+/// one window of at most [`CHANGED_WINDOW`] at a time, so no piece is longer.
 fn holes_between(at: u64, len: u64, data: &[(u64, u64)]) -> Vec<(u64, u64)> {
     let mut out = Vec::new();
     let mut pos = at;

@@ -423,7 +423,8 @@ async fn backup(
         },
     };
     let (info, list) = located(cc, volume).await?;
-    // The newest backup whose snapshot the volume still has is the base.
+    // The newest backup whose snapshot the volume still has is the base, whatever the sizes
+    // (a diff says its image's size; a restore resizes to each in turn).
     let base = (!full)
         .then(|| {
             cat.backups
@@ -432,8 +433,7 @@ async fn backup(
                 .find(|e| ready(&list, &e.snapshot).is_some())
                 .map(|e| e.snapshot.clone())
         })
-        .flatten()
-        .filter(|_| cat.size == info.size);
+        .flatten();
     let created = now_secs();
     let mut name = format!("backup-{}", utc_stamp(created));
     while list.iter().any(|s| s.name == name) || cat.backups.iter().any(|e| e.snapshot == name) {
@@ -530,10 +530,13 @@ async fn restore(
             )));
         }
     }
-    let last = dir.join(&chain.last().expect("a chain").file);
-    let size = trireme_backup::read_head(&mut DiffReader::new(input(&last)?).map_err(diff_err)?)
-        .map_err(runtime_err)?
-        .size;
+    // The image's size at each backup: the volume is resized to it before the diff is applied
+    // (a backup after a resize is a diff between snapshots of two sizes).
+    let size_of = |e: &catalog::Entry| -> Result<u64, CliError> {
+        let mut r = DiffReader::new(input(&dir.join(&e.file))?).map_err(diff_err)?;
+        Ok(trireme_backup::read_head(&mut r).map_err(runtime_err)?.size)
+    };
+    let mut size = size_of(chain.first().expect("a chain"))?;
     let _: trireme_meta::VolumeRecord = cc
         .call(&Request::VolumeCreate {
             preallocate: false,
@@ -548,11 +551,30 @@ async fn restore(
         .map_err(usage_if_remote)?;
     let mut done: Vec<String> = Vec::new();
     for e in &chain {
-        let r = DiffReader::new(input(&dir.join(&e.file))?).map_err(diff_err)?;
         let label = format!("restore {name} ({})", e.snapshot);
-        if let Err(CliError::Usage(err) | CliError::Runtime(err)) =
-            apply(cli, cc, name, r, false, &label).await
-        {
+        let resized = async {
+            let want = size_of(e)?;
+            if want != size {
+                let _: trireme_meta::VolumeRecord = cc
+                    .call(&Request::VolumeResize {
+                        name: name.to_string(),
+                        size: want,
+                        allow_shrink: true,
+                    })
+                    .await
+                    .map_err(usage_if_remote)?;
+                size = want;
+            }
+            Ok::<_, CliError>(())
+        };
+        let applied = match resized.await {
+            Ok(()) => {
+                let r = DiffReader::new(input(&dir.join(&e.file))?).map_err(diff_err)?;
+                apply(cli, cc, name, r, false, &label).await.map(|_| ())
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(CliError::Usage(err) | CliError::Runtime(err)) = applied {
             return Err(CliError::Runtime(format!(
                 "restoring {} into {name}: {err}; the partly restored volume {name} is left as it is (`trireme volume delete {name}`)",
                 e.snapshot

@@ -806,3 +806,28 @@ pub fn compare_image(image: &Path, uri: &str) {
         text(&o)
     );
 }
+
+/// The virtual size `qemu-img info` finds behind an NBD URI.
+pub fn nbd_size(uri: &str) -> u64 {
+    let o = run(Command::new("qemu-img").args(["info", "--output=json", uri]));
+    let v: serde_json::Value = serde_json::from_str(&o).unwrap();
+    v["virtual-size"].as_u64().unwrap()
+}
+
+/// Exports `export` (a volume or `VOLUME@SNAP`) with `trireme nbd` and checks that it is
+/// `image` exactly: as large, the same bytes.
+pub fn export_is(c: &Cluster, export: &str, image: &std::path::Path, dir: &std::path::Path) {
+    let sock = dir.join(format!("{}.sock", export.replace('@', "-")));
+    let (nbd, uri) = spawn_nbd(c, export, &sock);
+    let want = std::fs::metadata(image).unwrap().len();
+    assert_eq!(nbd_size(&uri), want, "{export}'s size");
+    compare_image(image, &uri);
+    stop_nbd(nbd);
+}
+
+/// Stops a `trireme nbd` as an operator would (SIGTERM): a volume's writer detaches.
+pub fn stop_nbd(mut nbd: std::process::Child) {
+    signal(nbd.id() as i32, libc::SIGTERM);
+    let st = nbd.wait().unwrap();
+    assert!(st.success(), "trireme nbd exited with {st}");
+}
