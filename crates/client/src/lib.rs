@@ -447,11 +447,17 @@ impl Volume {
         let mut lost = Vec::new();
         // In sync, with no incarnation on record yet.
         let mut unrecorded = Vec::new();
+        // In sync, of another size than recorded.
+        let mut sized = Vec::new();
         for (k, r) in replies.into_iter().enumerate() {
             let i = targets[k];
             match r.and_then(|f| self.expect_ok(i, f)) {
                 Ok(f) => {
-                    let now = trireme_proto::AttachAnswer::read(&f.header).incarnation;
+                    let a = trireme_proto::AttachAnswer::read(&f.header);
+                    let now = a.incarnation;
+                    if a.size.is_some_and(|s| s != self.size()) {
+                        sized.push((i, a.size.unwrap_or_default()));
+                    }
                     self.core().attached(i, now);
                     match self.info.replicas[i].incarnation {
                         0 => unrecorded.push((i, now)),
@@ -463,6 +469,27 @@ impl Volume {
                 Err(e) if self.membership.is_none() => return Err(e),
                 Err(e) => {
                     tracing::warn!(volume = %self.info.name, node = self.node(i), "attach failed: {e}");
+                    failed.push(i);
+                }
+            }
+        }
+        // A writer that died between resizing the copies and recording the size left them
+        // of another size than the record, which is the volume's: before any write, each is
+        // given it (otherwise a snapshot taken there would have the copy's size, not the
+        // volume's, and differ between copies).
+        for (i, was) in sized {
+            let h = self.resize_header(self.size());
+            match self
+                .call(i, h, Bytes::new())
+                .await
+                .and_then(|f| self.expect_ok(i, f))
+            {
+                Ok(_) => {
+                    tracing::warn!(volume = %self.info.name, node = self.node(i), was, size = self.size(), "a copy of another size than recorded (a writer died resizing it): given the volume's");
+                }
+                Err(e) if e.stops_writer() => return Err(e),
+                Err(e) => {
+                    tracing::warn!(volume = %self.info.name, node = self.node(i), "resizing a copy of another size than recorded: {e}");
                     failed.push(i);
                 }
             }

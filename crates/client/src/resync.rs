@@ -193,6 +193,11 @@ impl Volume {
             } else {
                 None
             };
+            // The volume's size, under the locks a resize takes: one that ran while the copy
+            // was attached and given its snapshots did not reach it (it took no writes then).
+            // The node answers at once if it has the size.
+            self.call_on(i, &*conn, self.resize_header(self.size()))
+                .await?;
             self.set_conn(i, Some(conn));
             // Its log starts now, before it takes any write of this writer.
             if let Err(e) = self.start_activity(&[i]).await {

@@ -329,6 +329,9 @@ struct SnapshotOracle {
     /// The copies the writer named as holding it (flushed there): the ones a clone is made
     /// on, as the manager makes it on the nodes of the snapshot's record.
     nodes: Vec<u32>,
+    /// Its size: the volume's under the barrier (at least the workload's, which resizes
+    /// never go below).
+    size: u64,
 }
 
 /// A process that campaigns for the manager role (a node daemon's, in production).

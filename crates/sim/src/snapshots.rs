@@ -1,7 +1,9 @@
 //! Snapshots in the simulator: the writer takes one now and then, among the faults (a copy may
 //! be out, frozen or crashing at the moment; later its resync or a drain's new copy is given
-//! it, `trireme_client`'s `catch_up.rs`); now and then one is deleted on the nodes up, or the
-//! volume is rolled back to one. Each one the writer said it took is remembered with
+//! it, `trireme_client`'s `catch_up.rs`); now and then one is deleted on the nodes up, the
+//! volume is rolled back to one, or the volume is resized online, between its first size and
+//! twice that (the workload stays in the first, so the grown part reads zeros; snapshots then
+//! have sizes of their own, which catch-ups and rollbacks must respect). Each one the writer said it took is remembered with
 //! what it must hold ([`SnapshotOracle`]); at the end every copy that holds it is read and
 //! checked against that, and the copies holding it must be byte-identical.
 
@@ -30,8 +32,19 @@ impl World {
                         _ => self.clone_and_check(&o).await,
                     }
                 }
+                3 => self.resize(&vol, pick).await,
                 _ => self.take_snapshot(&vol).await,
             }
+        }
+    }
+
+    /// Resizes the volume online to between its first size and twice that, as the manager
+    /// has its writer do: I/O goes on (it stays below the first size).
+    async fn resize(&self, vol: &Volume, pick: u64) {
+        let size = self.size + (pick % (self.cfg.blocks + 1)) * BLOCK;
+        match vol.resize(size).await {
+            Ok(()) => self.note(format!("volume resized to {size} bytes")),
+            Err(e) => self.note(format!("resize to {size} bytes failed: {e}")),
         }
     }
 
@@ -44,10 +57,10 @@ impl World {
         let taken = if self.cfg.sabotage_barrier {
             self.snapshot_without_barrier(vol, id).await
         } else {
-            vol.snapshot(id, 0).await.map_err(|e| e.to_string())
+            vol.snapshot_sized(id, 0).await.map_err(|e| e.to_string())
         };
         match taken {
-            Ok(nodes) => {
+            Ok((nodes, size)) => {
                 let mut m = self.model();
                 let ceiling = m.next_seq;
                 m.snapshots.push(SnapshotOracle {
@@ -55,6 +68,7 @@ impl World {
                     floor,
                     ceiling,
                     nodes: nodes.clone(),
+                    size,
                 });
                 drop(m);
                 self.note(format!("snapshot {id} taken on nodes {nodes:?}"));
@@ -82,6 +96,10 @@ impl World {
     /// the reconcile or resync after makes the copies agree on one. Done, it is the snapshot's
     /// (simulator seed 2793: a rollback under way when the writer crashed).
     async fn rollback(&self, vol: &Volume, o: &SnapshotOracle) {
+        if o.size != vol.size() {
+            // The manager refuses it before any writer hears of it.
+            return;
+        }
         let _all = self.io_gate.write().await;
         {
             let mut m = self.model();
@@ -102,7 +120,11 @@ impl World {
 
     /// The checker's own test: each copy in sync takes the snapshot straight in its store, one
     /// after another, while writes go on.
-    async fn snapshot_without_barrier(&self, vol: &Volume, id: u64) -> Result<Vec<u32>, String> {
+    async fn snapshot_without_barrier(
+        &self,
+        vol: &Volume,
+        id: u64,
+    ) -> Result<(Vec<u32>, u64), String> {
         let mut took = Vec::new();
         for r in vol.replica_views() {
             if r.state != ReplicaState::InSync {
@@ -117,7 +139,7 @@ impl World {
             // Writes land between the copies' snapshots.
             tokio::time::sleep(Duration::from_micros(500)).await;
         }
-        Ok(took)
+        Ok((took, vol.size()))
     }
 
     /// Each block of `buf` (the bytes of `what`, which must read as snapshot `o`) holds a
@@ -151,15 +173,21 @@ impl World {
         for o in &oracles {
             let mut first: Option<(u32, Vec<u8>)> = None;
             for (node, r) in copies {
-                let holds = match r.snapshots() {
-                    Ok(l) => l.iter().any(|s| s.id == o.id),
+                let listed = match r.snapshots() {
+                    Ok(l) => l.into_iter().find(|s| s.id == o.id),
                     Err(e) => {
                         self.violate(format!("node {node}: listing snapshots: {e}"));
                         return;
                     }
                 };
-                if !holds {
+                let Some(listed) = listed else {
                     continue;
+                };
+                if listed.size != o.size {
+                    self.violate(format!(
+                        "snapshot {} on node {node} is {} bytes, taken at {}",
+                        o.id, listed.size, o.size
+                    ));
                 }
                 let mut buf = vec![0u8; self.size as usize];
                 if let Err(e) = r.read_snapshot(o.id, 0, &mut buf) {

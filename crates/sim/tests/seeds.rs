@@ -56,6 +56,8 @@ fn guarantees_hold_for_every_seed() {
         ("snapshots", "taken on nodes"),
         ("snapshot deletes", "deleted on nodes"),
         ("rollbacks", "rolled back to snapshot"),
+        ("resizes", "volume resized to"),
+        ("failed resizes", "resize to"),
         ("clones", "made on nodes"),
         ("clone writes", "written on node"),
         ("clone flattens", "flattened on nodes"),

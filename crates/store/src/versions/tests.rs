@@ -296,12 +296,16 @@ fn random_operations_match_a_model_of_every_version() {
     random_operations(0x9e3779b97f4a7c15);
 }
 
-/// The same over many seeds: `cargo test -p trireme-store --release -- --ignored
-/// random_operations_over_many_seeds`.
+/// The same over many seeds (`TRIREME_VERSIONS_SEEDS`, default 200): `cargo test -p
+/// trireme-store --release -- --ignored random_operations_over_many_seeds`.
 #[test]
 #[ignore]
 fn random_operations_over_many_seeds() {
-    for seed in 1..=500u64 {
+    let n = std::env::var("TRIREME_VERSIONS_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200u64);
+    for seed in 1..=n {
         random_operations(seed.wrapping_mul(0x9e3779b97f4a7c15));
     }
 }
