@@ -601,24 +601,16 @@ mod tests {
         }
     }
 
-    /// A main file as format version 1 wrote it: no `homes`, snapshots without a size.
+    /// A main file as format version 1 wrote it: the version 2 file without `homes` and
+    /// without the snapshots' sizes.
     fn encode_main_v1(m: &Main) -> Vec<u8> {
-        let mut b = vec![0u8; MAIN_HEADER_V1];
-        b[0..8].copy_from_slice(MAIN_MAGIC);
+        let v2 = encode_main(m);
+        let mut b = v2[..MAIN_HEADER_V1].to_vec();
         b[8..12].copy_from_slice(&1u32.to_le_bytes());
-        b[16..24].copy_from_slice(&m.volume.to_le_bytes());
-        b[24..32].copy_from_slice(&m.size.to_le_bytes());
-        b[32..40].copy_from_slice(&m.gen.to_le_bytes());
-        b[40..48].copy_from_slice(&m.base.to_le_bytes());
-        b[48..52].copy_from_slice(&(m.snaps.len() as u32).to_le_bytes());
-        b[52..56].copy_from_slice(&(m.head.len() as u32).to_le_bytes());
-        b[64..72].copy_from_slice(&m.applied.to_le_bytes());
-        for s in &m.snaps {
-            for v in [s.id, s.gen, s.created] {
-                b.extend_from_slice(&v.to_le_bytes());
-            }
+        for s in v2[MAIN_HEADER..].chunks(LISTED).take(m.snaps.len()) {
+            b.extend_from_slice(&s[..RECORD]);
         }
-        put_records(&mut b, &m.head);
+        b.extend_from_slice(&v2[MAIN_HEADER + m.snaps.len() * LISTED..]);
         let c = crc_of(&b, 56);
         b[56..60].copy_from_slice(&c.to_le_bytes());
         b
