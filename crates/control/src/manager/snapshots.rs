@@ -244,6 +244,8 @@ impl Manager {
         // What each node says its copy's snapshots hold alone, and which nodes answered.
         let mut exclusive: std::collections::HashMap<u64, u64> = Default::default();
         let mut listed: std::collections::HashMap<u32, Vec<u64>> = Default::default();
+        let size_of: std::collections::HashMap<u64, u64> =
+            recs.iter().map(|r| (r.id, r.size_of(&v))).collect();
         for r in &v.replicas {
             let Ok(node) = self.node(r.node).await else {
                 continue;
@@ -255,7 +257,13 @@ impl Manager {
                 let e = exclusive.entry(s.id).or_default();
                 *e = (*e).max(s.exclusive_bytes);
             }
-            listed.insert(r.node, list.iter().map(|s| s.id).collect());
+            // A copy that holds one at another size than it was taken at does not hold it
+            // (a node from before sizes says none: 0).
+            let held = list
+                .iter()
+                .filter(|s| s.size == 0 || size_of.get(&s.id).is_none_or(|&z| z == s.size))
+                .map(|s| s.id);
+            listed.insert(r.node, held.collect());
         }
         Ok(recs
             .iter()
@@ -292,6 +300,7 @@ impl Manager {
     ) -> Result<Vec<trireme_proto::ListedSnapshot>> {
         let h = Header {
             volume: v.id,
+            length: trireme_proto::LIST_SIZED,
             ..Header::request(Op::SnapshotList, 0)
         };
         let f = self.node_call(node, h).await?;
