@@ -1,12 +1,20 @@
-//! A real cluster for tests: `trireme up` in a temporary directory, stopped on drop.
+//! A real cluster for tests: `trireme up` in a temporary directory, stopped on drop; the CLI
+//! and process helpers around it (HTTP and TLS clients in `http`, image files and NBD exports
+//! in `images`, network namespaces in `netns`).
 
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod http;
+mod images;
 pub mod netns;
+#[allow(unused_imports)]
+pub use http::*;
+#[allow(unused_imports)]
+pub use images::*;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_trireme");
 
@@ -342,48 +350,6 @@ pub fn assert_replicas_identical(c: &Cluster, volume: &str) {
     assert!(v["bytes_compared"].as_u64().unwrap() > 0);
 }
 
-pub fn random_file(path: &PathBuf, len: usize, seed: u64) {
-    // xorshift: deterministic, seeded, no dependency.
-    let mut x = seed | 1;
-    let mut b = Vec::with_capacity(len);
-    while b.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        b.extend_from_slice(&x.to_le_bytes());
-    }
-    b.truncate(len);
-    std::fs::write(path, b).unwrap();
-}
-
-/// Starts `trireme nbd VOLUME --socket SOCK` against `c` and returns it with the URI it prints.
-pub fn spawn_nbd(c: &Cluster, volume: &str, sock: &Path) -> (Child, String) {
-    use std::io::Read;
-    use std::os::unix::process::CommandExt;
-    let mut cmd = Command::new(BIN);
-    cmd.arg("--data-dir")
-        .arg(c.path())
-        .args(["nbd", volume, "--socket"])
-        .arg(sock)
-        .stdout(Stdio::piped());
-    // A test that fails before it stops the writer takes it down with its thread.
-    // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
-    }
-    let mut nbd = cmd.spawn().unwrap();
-    let mut out = nbd.stdout.take().unwrap();
-    let (mut line, mut b) = (String::new(), [0u8; 1]);
-    while !line.ends_with('\n') {
-        assert_eq!(out.read(&mut b).unwrap(), 1, "trireme nbd exited");
-        line.push(b[0] as char);
-    }
-    (nbd, line.trim().to_string())
-}
-
 /// The nodes holding a copy of `volume`, in order.
 pub fn replica_nodes(c: &Cluster, volume: &str) -> Vec<u64> {
     let info: serde_json::Value =
@@ -554,36 +520,6 @@ pub fn sh(args: &[&str]) -> Result<(), String> {
     }
 }
 
-/// Sends `bytes` to `addr` over TLS with the client identity in `dir` (`openssl s_client`),
-/// and returns what came back within two seconds.
-pub fn tls_exchange(addr: &str, dir: &Path, bytes: &[u8]) -> Vec<u8> {
-    use std::io::{Read, Write};
-    let mut child = Command::new("openssl")
-        .args(["s_client", "-quiet", "-ign_eof", "-connect", addr])
-        .arg("-CAfile")
-        .arg(dir.join("ca-cert.pem"))
-        .arg("-cert")
-        .arg(dir.join("client-cert.pem"))
-        .arg("-key")
-        .arg(dir.join("client-key.pem"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(bytes).unwrap();
-    let mut out = child.stdout.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut got = Vec::new();
-        let _ = out.read_to_end(&mut got);
-        got
-    });
-    std::thread::sleep(Duration::from_secs(2));
-    let _ = child.kill();
-    let _ = child.wait();
-    reader.join().unwrap()
-}
-
 /// A TCP port on 127.0.0.1 free a moment ago (for servers that take a port number, as etcd).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -608,126 +544,6 @@ pub fn wait_logged(path: &std::path::Path, what: &str) {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-/// One HTTP/1.1 request to `addr` (`host:port`) on a connection closed after it: the status
-/// and the body (a chunked one put together).
-pub fn http(addr: &str, method: &str, path: &str, body: Option<&str>) -> (u16, Vec<u8>) {
-    http_full(addr, method, path, &[], body)
-}
-
-/// [`http`] with extra headers and no body.
-pub fn http_with(addr: &str, method: &str, path: &str, headers: &[(&str, &str)]) -> (u16, Vec<u8>) {
-    http_full(addr, method, path, headers, None)
-}
-
-fn http_full(
-    addr: &str,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: Option<&str>,
-) -> (u16, Vec<u8>) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("{addr}: {e}"));
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let body = body.unwrap_or("");
-    let extra: String = headers
-        .iter()
-        .map(|(k, v)| format!("{k}: {v}\r\n"))
-        .collect();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{extra}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    // Read until the body is whole (some servers keep the connection open regardless).
-    let mut out = Vec::new();
-    let mut buf = [0u8; 65536];
-    let (split, head) = loop {
-        if let Some(p) = out.windows(4).position(|w| w == b"\r\n\r\n") {
-            break (p, String::from_utf8_lossy(&out[..p]).to_string());
-        }
-        let n = s.read(&mut buf).unwrap();
-        assert!(
-            n > 0,
-            "{method} {path}: closed before the headers ended: {:?}",
-            String::from_utf8_lossy(&out)
-        );
-        out.extend_from_slice(&buf[..n]);
-    };
-    let lower = head.to_ascii_lowercase();
-    let length = lower
-        .lines()
-        .find_map(|l| l.strip_prefix("content-length:"))
-        .map(|v| v.trim().parse::<usize>().unwrap());
-    let chunked = lower.contains("transfer-encoding: chunked");
-    loop {
-        let have = out.len() - split - 4;
-        let done = match length {
-            Some(l) => have >= l,
-            None if chunked => out.ends_with(b"0\r\n\r\n"),
-            None => false,
-        };
-        if done {
-            break;
-        }
-        let n = s.read(&mut buf).unwrap();
-        if n == 0 {
-            break;
-        }
-        out.extend_from_slice(&buf[..n]);
-    }
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("{method} {path}: bad status line {head:?}"));
-    let mut body = out[split + 4..].to_vec();
-    if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        let mut whole = Vec::new();
-        let mut rest = &body[..];
-        loop {
-            let eol = rest
-                .windows(2)
-                .position(|w| w == b"\r\n")
-                .expect("chunk size line");
-            let size_text = String::from_utf8_lossy(&rest[..eol]).to_string();
-            let size = usize::from_str_radix(size_text.split(';').next().unwrap().trim(), 16)
-                .unwrap_or_else(|_| panic!("bad chunk size {size_text:?}"));
-            rest = &rest[eol + 2..];
-            if size == 0 {
-                break;
-            }
-            whole.extend_from_slice(&rest[..size]);
-            rest = &rest[size + 2..];
-        }
-        body = whole;
-    }
-    (code, body)
-}
-
-/// GET of a JSON document.
-pub fn http_json(addr: &str, path: &str) -> serde_json::Value {
-    let (code, body) = http(addr, "GET", path, None);
-    assert_eq!(code, 200, "GET {path}: {}", String::from_utf8_lossy(&body));
-    serde_json::from_slice(&body).unwrap_or_else(|e| panic!("GET {path}: {e}"))
-}
-
-/// Percent-encodes a query parameter.
-pub fn urlencode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 /// The address in a file a process wrote (`<data-dir>/http`, `node-N/http`).
@@ -780,54 +596,4 @@ pub fn refused(c: &Cluster, args: &[&str], says: &str) {
     let o = c.cli(args);
     assert!(!o.status.success(), "{args:?} succeeded: {}", text(&o));
     assert!(text(&o).contains(says), "{args:?}: {}", text(&o));
-}
-
-/// `qemu-img convert` of a raw image file onto an NBD URI, in place (`-n`): the volume then
-/// holds the image's bytes from offset 0.
-pub fn write_image(image: &Path, uri: &str) {
-    run(Command::new("qemu-img")
-        .args(["convert", "-n", "-f", "raw", "-O", "raw"])
-        .arg(image)
-        .arg(uri));
-}
-
-/// `qemu-img compare` of a raw image file and an NBD URI: they must hold the same bytes.
-pub fn compare_image(image: &Path, uri: &str) {
-    let o = Command::new("qemu-img")
-        .args(["compare", "-f", "raw", "-F", "raw"])
-        .arg(image)
-        .arg(uri)
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "{} differs from {uri}: {}",
-        image.display(),
-        text(&o)
-    );
-}
-
-/// The virtual size `qemu-img info` finds behind an NBD URI.
-pub fn nbd_size(uri: &str) -> u64 {
-    let o = run(Command::new("qemu-img").args(["info", "--output=json", uri]));
-    let v: serde_json::Value = serde_json::from_str(&o).unwrap();
-    v["virtual-size"].as_u64().unwrap()
-}
-
-/// Exports `export` (a volume or `VOLUME@SNAP`) with `trireme nbd` and checks that it is
-/// `image` exactly: as large, the same bytes.
-pub fn export_is(c: &Cluster, export: &str, image: &std::path::Path, dir: &std::path::Path) {
-    let sock = dir.join(format!("{}.sock", export.replace('@', "-")));
-    let (nbd, uri) = spawn_nbd(c, export, &sock);
-    let want = std::fs::metadata(image).unwrap().len();
-    assert_eq!(nbd_size(&uri), want, "{export}'s size");
-    compare_image(image, &uri);
-    stop_nbd(nbd);
-}
-
-/// Stops a `trireme nbd` as an operator would (SIGTERM): a volume's writer detaches.
-pub fn stop_nbd(mut nbd: std::process::Child) {
-    signal(nbd.id() as i32, libc::SIGTERM);
-    let st = nbd.wait().unwrap();
-    assert!(st.success(), "trireme nbd exited with {st}");
 }
