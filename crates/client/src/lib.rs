@@ -455,8 +455,8 @@ impl Volume {
                 Ok(f) => {
                     let a = trireme_proto::AttachAnswer::read(&f.header);
                     let now = a.incarnation;
-                    if a.size.is_some_and(|s| s != self.size()) {
-                        sized.push((i, a.size.unwrap_or_default()));
+                    if let Some(s) = a.size.filter(|&s| s != self.size()) {
+                        sized.push((i, s));
                     }
                     self.core().attached(i, now);
                     match self.info.replicas[i].incarnation {

@@ -552,7 +552,7 @@ async fn restore(
     let mut done: Vec<String> = Vec::new();
     for e in &chain {
         let label = format!("restore {name} ({})", e.snapshot);
-        let resized = async {
+        let applied = async {
             let want = size_of(e)?;
             if want != size {
                 let _: trireme_meta::VolumeRecord = cc
@@ -565,15 +565,10 @@ async fn restore(
                     .map_err(usage_if_remote)?;
                 size = want;
             }
-            Ok::<_, CliError>(())
-        };
-        let applied = match resized.await {
-            Ok(()) => {
-                let r = DiffReader::new(input(&dir.join(&e.file))?).map_err(diff_err)?;
-                apply(cli, cc, name, r, false, &label).await.map(|_| ())
-            }
-            Err(e) => Err(e),
-        };
+            let r = DiffReader::new(input(&dir.join(&e.file))?).map_err(diff_err)?;
+            apply(cli, cc, name, r, false, &label).await.map(|_| ())
+        }
+        .await;
         if let Err(CliError::Usage(err) | CliError::Runtime(err)) = applied {
             return Err(CliError::Runtime(format!(
                 "restoring {} into {name}: {err}; the partly restored volume {name} is left as it is (`trireme volume delete {name}`)",

@@ -317,16 +317,12 @@ impl VersionedReplica {
     /// name the blocks the old `homes` gave them), and the redirect log holds no record
     /// across a change of size.
     fn resize_versions(&self, size: u64) -> Result<durable::Holes, StoreError> {
-        if size == 0 || !size.is_multiple_of(BLOCK) {
-            return Err(StoreError::Invalid(format!(
-                "a size of {size} bytes: a replica with versions is resized in whole 4 KiB blocks"
-            )));
-        }
+        crate::check_size(size)?;
         let blocks = size / BLOCK;
         self.inner.flush()?;
         if size > self.inner.size() {
             self.inner.resize(size)?;
-            self.table().grow(size / BLOCK);
+            self.table().grow(blocks);
         }
         // Snapshots whose maps changed get their files again, before the main file.
         let changed = self.table().resize(blocks);
@@ -379,21 +375,18 @@ impl VersionedReplica {
     /// Reads `buf` at `offset` of version `id` (the head for `None`).
     fn read_version(&self, id: Option<u64>, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         let len = buf.len() as u64;
-        let phys: SmallVec<[u64; 8]> = {
-            let t = self.table();
-            let map = t.map(id).map_err(|e| version_error(self.vol(), e))?;
-            let blocks = t.blocks_of(id).map_err(|e| version_error(self.vol(), e))?;
-            // Checked first: with it, `offset + len` cannot overflow.
-            check_range(offset, len, blocks * BLOCK)?;
-            if len == 0 {
-                return Ok(());
-            }
-            (offset / BLOCK..=(offset + len - 1) / BLOCK)
-                .map(|l| t.entry(map, l).phys)
-                .collect()
-        };
+        let t = self.table();
+        let map = t.map(id).map_err(|e| version_error(self.vol(), e))?;
+        let blocks = t.blocks_of(id).map_err(|e| version_error(self.vol(), e))?;
+        // Checked first: with it, `offset + len` cannot overflow.
+        check_range(offset, len, blocks * BLOCK)?;
+        if len == 0 {
+            return Ok(());
+        }
         let end = offset + len;
         let (first, last) = (offset / BLOCK, (end - 1) / BLOCK);
+        let phys: SmallVec<[u64; 8]> = (first..=last).map(|l| t.entry(map, l).phys).collect();
+        drop(t);
         let mut l = first;
         while l <= last {
             let p = phys[(l - first) as usize];
@@ -719,16 +712,13 @@ impl crate::filter::ReplicaFilter for VersionedReplica {
         offset: u64,
         len: u64,
     ) -> Result<Vec<(u64, u64)>, StoreError> {
-        let size = {
+        let blocks = {
             let t = self.table();
             let of = |id| t.blocks_of(id).map_err(|e| version_error(self.vol(), e));
-            of(Some(from))?.max(of(to)?) * BLOCK
+            check_range(offset, len, of(Some(from))?.max(of(to)?) * BLOCK)?;
+            t.changed(from, to, offset / BLOCK..(offset + len).div_ceil(BLOCK))
+                .map_err(|e| version_error(self.vol(), e))?
         };
-        check_range(offset, len, size)?;
-        let blocks = self
-            .table()
-            .changed(from, to, offset / BLOCK..(offset + len).div_ceil(BLOCK))
-            .map_err(|e| version_error(self.vol(), e))?;
         let end = offset + len;
         let mut out: Vec<(u64, u64)> = Vec::new();
         for l in blocks {
