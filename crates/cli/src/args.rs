@@ -558,8 +558,8 @@ pub enum VolumeCmd {
     },
     /// Apply a diff file (`rbd export-diff` v1 or v2, from Ceph or from `trireme volume
     /// diff`) to VOLUME through a writer of its own: refused if it starts from a snapshot
-    /// VOLUME does not have, or is of another size. Then takes the snapshot the diff ends at,
-    /// as `rbd import-diff` does.
+    /// VOLUME does not have. VOLUME first takes the size of the image the diff ends at (grown
+    /// or shrunk), and then the snapshot the diff ends at, as `rbd import-diff` does.
     ImportDiff {
         /// The diff. A file is read whole first, so a damaged one changes nothing; `-`
         /// (standard input) is applied as it streams in.

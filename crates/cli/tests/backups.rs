@@ -407,9 +407,10 @@ fn dirty_bitmaps_diffs_and_backup_chains_are_exact() {
 
 /// A backup after a resize is still incremental (a diff between snapshots of two sizes), and
 /// a restore resizes the new volume to each backup's size in turn: the newest comes back at
-/// the grown size, one from before the resize at the old.
+/// the grown size, one from before the resize at the old. `import-diff` of the same files
+/// resizes the volume it applies them to, grown or shrunk.
 #[test]
-fn a_backup_chain_spans_a_resize() {
+fn a_backup_chain_and_its_diffs_span_a_resize() {
     need("qemu-img");
     need("qemu-io");
     let w = tempfile::tempdir().unwrap();
@@ -453,6 +454,28 @@ fn a_backup_chain_spans_a_resize() {
         let (r, uri) = spawn_nbd(&c, name, &w.path().join(format!("{name}.sock")));
         let want = std::fs::metadata(w.path().join(image)).unwrap().len();
         assert_eq!(nbd_size(&uri), want, "{name}'s size");
+        compare_image(&w.path().join(image), &uri);
+        stop(r);
+    }
+    // `import-diff` gives a volume the size of the image each diff ends at, as `rbd
+    // import-diff` does. The backups' files are rbd diffs: applied in turn to a smaller
+    // volume they grow it (16M, then 32M, then 48M); the full one shrinks a larger volume.
+    let file = |e: &serde_json::Value| dir.join(e["file"].as_str().unwrap());
+    ok(&c, &["volume", "create", "grown", "--size", "16M"]);
+    ok(&c, &["volume", "create", "shrunk", "--size", "64M"]);
+    for (vol, diffs, image) in [
+        ("grown", vec![&full, &inc], "b2.img"),
+        ("shrunk", vec![&full], "b1.img"),
+    ] {
+        for e in diffs {
+            ok(
+                &c,
+                &["volume", "import-diff", file(e).to_str().unwrap(), vol],
+            );
+        }
+        let (r, uri) = spawn_nbd(&c, vol, &w.path().join(format!("{vol}.sock")));
+        let want = std::fs::metadata(w.path().join(image)).unwrap().len();
+        assert_eq!(nbd_size(&uri), want, "{vol}'s size");
         compare_image(&w.path().join(image), &uri);
         stop(r);
     }

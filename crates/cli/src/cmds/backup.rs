@@ -200,13 +200,21 @@ async fn apply<R: std::io::Read>(
             )));
         }
     }
-    if head.size != info.size {
-        return Err(CliError::Usage(format!(
-            "the diff is of a {}-byte image and volume {volume} has {} bytes: resize it first",
-            head.size, info.size
-        )));
-    }
     let w = Writer::attach(cli, cc, volume, force).await?;
+    // The volume takes the size of the image the diff ends at, grown or shrunk, as `rbd
+    // import-diff` does (a diff between snapshots of two sizes, or a backup after a resize):
+    // through the writer just attached, before any byte of the diff. A shrink drops the
+    // head's bytes past the new end (the diff's image has none there); the snapshot the diff
+    // starts from keeps its own size and bytes.
+    if head.size != info.size {
+        if let Err(e) = w.volume().resize(head.size).await {
+            let _ = w.detach().await;
+            return Err(CliError::Runtime(format!(
+                "the diff is of a {}-byte image and volume {volume} has {} bytes; resizing it: {e}; nothing was applied",
+                head.size, info.size
+            )));
+        }
+    }
     let mut bar = crate::progress::Progress::new(label, head.size, cli.output == Output::Text);
     let r = trireme_backup::apply_diff(w.volume(), &mut r, head.clone(), &mut |done, _| {
         bar.set(done)
@@ -530,13 +538,13 @@ async fn restore(
             )));
         }
     }
-    // The image's size at each backup: the volume is resized to it before the diff is applied
-    // (a backup after a resize is a diff between snapshots of two sizes).
-    let size_of = |e: &catalog::Entry| -> Result<u64, CliError> {
-        let mut r = DiffReader::new(input(&dir.join(&e.file))?).map_err(diff_err)?;
-        Ok(trireme_backup::read_head(&mut r).map_err(runtime_err)?.size)
+    // Created at the first backup's size; each diff applied resizes it to its own (a backup
+    // after a resize is a diff between snapshots of two sizes).
+    let size = {
+        let first = chain.first().expect("a chain");
+        let mut r = DiffReader::new(input(&dir.join(&first.file))?).map_err(diff_err)?;
+        trireme_backup::read_head(&mut r).map_err(runtime_err)?.size
     };
-    let mut size = size_of(chain.first().expect("a chain"))?;
     let _: trireme_meta::VolumeRecord = cc
         .call(&Request::VolumeCreate {
             preallocate: false,
@@ -553,18 +561,6 @@ async fn restore(
     for e in &chain {
         let label = format!("restore {name} ({})", e.snapshot);
         let applied = async {
-            let want = size_of(e)?;
-            if want != size {
-                let _: trireme_meta::VolumeRecord = cc
-                    .call(&Request::VolumeResize {
-                        name: name.to_string(),
-                        size: want,
-                        allow_shrink: true,
-                    })
-                    .await
-                    .map_err(usage_if_remote)?;
-                size = want;
-            }
             let r = DiffReader::new(input(&dir.join(&e.file))?).map_err(diff_err)?;
             apply(cli, cc, name, r, false, &label).await.map(|_| ())
         }
