@@ -563,10 +563,19 @@ fn run_readme(tls: bool) {
             .1
             .clone()
     };
-    let b = said("volume backup db1");
-    assert!(b.contains("backed up db1") && b.contains("(full"), "{b}");
+    // Two backups, the second across the resize: incremental still, and the restore resized
+    // the new volume between them (through the writer it attached on etcd).
+    let backups: Vec<&String> = w
+        .transcript
+        .iter()
+        .filter(|(c, _)| c.contains("volume backup db1"))
+        .map(|(_, out)| out)
+        .collect();
+    assert_eq!(backups.len(), 2, "{backups:?}");
+    assert!(backups[0].contains("(full"), "{}", backups[0]);
+    assert!(backups[1].contains("(incremental since"), "{}", backups[1]);
     let r = said("volume restore");
-    assert!(r.contains("restored db1-copy from 1 backup(s)"), "{r}");
+    assert!(r.contains("restored db1-copy from 2 backup(s)"), "{r}");
     let copy = w.admin_json(&["volume", "info", "db1-copy"]);
     assert_eq!(
         copy["size"],
