@@ -61,6 +61,17 @@ pub const DEFAULT_TLS: &str = "^cma";
 /// UCX transports, unless configured, of a process whose first node is in another network
 /// namespace of this host: neither shared memory nor CMA (see [`Locality`]).
 pub const NETWORK_TLS: &str = "^sm,cma";
+/// UCX transports of the nodes `trireme up` runs on this host (unless configured): neither
+/// CMA nor tcp, so every endpoint to them is shared memory alone. With a tcp lane beside the
+/// shared memory (UCX's default), a peer that died failed that lane, and UCX 1.13's handling
+/// of the failure crashed live processes: a node answering a request late, on the reply
+/// endpoint UCX had just freed with the failed lane (SIGSEGV in `ucp_am_send_nbx`; reply
+/// endpoints are freed on failure, openucx/ucx#6722), and `up`'s own writer purging a wire-up
+/// message still pending on the failed lane (an assertion in `ucp_request_send_state_ff`,
+/// removed upstream in openucx/ucx#8175, after 1.13). Shared memory notices no death: the
+/// TCP link beside each endpoint does (see the module docs). Between hosts the tcp lanes
+/// stay, and so does this exposure (`docs/not-built.md`).
+pub const LOCAL_TLS: &str = "^cma,tcp";
 /// How long the probe over a new UCX endpoint may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Progress calls the driver makes before it lets the runtime's other tasks run.
