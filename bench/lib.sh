@@ -1,8 +1,11 @@
-# Sourced by the benchmark scripts that run `trireme up`: the release build ($T), a scratch
-# directory ($dir, removed at exit with the cluster), and a cluster started in "$dir/c".
+# Sourced by the benchmark scripts that run `trireme up`: the release build ($T, unless T names
+# one already), a scratch directory ($dir, removed at exit with the cluster), and a cluster
+# started in "$dir/c".
 # shellcheck shell=bash
-cargo build --release --locked -q -p trireme
-T=$PWD/target/release/trireme
+if [ -z "${T:-}" ]; then
+  cargo build --release --locked -q -p trireme
+  T=$PWD/target/release/trireme
+fi
 dir=$(mktemp -d)
 up=
 trap '[ -n "$up" ] && kill $up 2>/dev/null; rm -rf "$dir"' EXIT
