@@ -383,6 +383,53 @@ fn io_below_the_old_end_goes_on_while_a_replica_grows() {
     assert_eq!(b, vec![5u8; 4096]);
 }
 
+/// A grow whose map cannot be written goes back (`ungrow`): the resize fails, and if even the
+/// old map cannot be written again, the replica refuses I/O until the node restarts (what the
+/// map on disk says is not known in between). After the restart the replica has the old size
+/// and its bytes, and both tiers are cut back to it.
+#[test]
+fn a_grow_whose_map_cannot_be_written_goes_back() {
+    let d = tempfile::tempdir().unwrap();
+    {
+        let s = TieredStore::open_still(d.path(), cfg()).unwrap();
+        s.create(1, SIZE).unwrap();
+        let r = s.replica(1).unwrap();
+        r.write(0, &[3u8; 4096], false).unwrap();
+        r.flush().unwrap();
+        // Between the tiers' grows: a directory where the map's new copy is written, so every
+        // write of the map fails from then on.
+        let tmp = {
+            let mut t = r.map_path.clone().into_os_string();
+            t.push(".tmp");
+            std::path::PathBuf::from(t)
+        };
+        let blocker = tmp.clone();
+        *r.mid_grow.lock().unwrap() = Some(replica::TestHook(Box::new(move || {
+            std::fs::create_dir(&blocker).unwrap();
+        })));
+        let e = r.resize(2 * SIZE).unwrap_err();
+        assert!(e.to_string().contains("persist tier map"), "{e}");
+        assert_eq!(r.size(), SIZE, "back to the old size");
+        let mut b = vec![0u8; 4096];
+        let e = r.read(0, &mut b).unwrap_err();
+        assert!(e.to_string().contains("restart the node"), "{e}");
+        assert!(r.write(0, &[4u8; 4096], false).is_err());
+        std::fs::remove_dir(&tmp).unwrap();
+    }
+    let (s, r) = open(d.path());
+    assert_eq!(r.size(), SIZE, "the map on disk kept the old size");
+    assert_eq!(r.slow.size(), SIZE, "the slow tier is cut back");
+    assert_eq!(r.fast.size(), SIZE, "the fast tier is cut back");
+    let mut b = vec![0u8; 4096];
+    r.read(0, &mut b).unwrap();
+    assert_eq!(b, vec![3u8; 4096]);
+    // It grows once the map can be written.
+    r.resize(2 * SIZE).unwrap();
+    drop((s, r));
+    let (_s, r) = open(d.path());
+    assert_eq!(r.size(), 2 * SIZE);
+}
+
 /// A crash between a resize's steps leaves a tier longer than the map (a grow before the map
 /// named the new size, a shrink after): the next open cuts it back, and what it held past the
 /// map's end never shows, even when the replica grows over it again.
