@@ -494,7 +494,18 @@ struct Served<H: Handler> {
 impl<H: Handler> Server for Served<H> {
     fn take(&self, f: Frame, ep: ReplyEp, secret: [u8; SECRET_LEN]) -> Option<Frame> {
         let hub = self.hub;
-        let answer = move |resp: Frame| hub.send_answer(ep, resp, secret);
+        // An answer the handler gave later than the request's arrival goes out only while the
+        // link the request came on is open. A peer that died meanwhile failed its lanes, and
+        // UCX 1.13 frees the reply endpoint of a failed lane (openucx/ucx#6722): sending on it
+        // crashed the node. The link's closing is usually seen first, not always (see
+        // `docs/ucx.md`: nodes of `up` have no tcp lane for that reason).
+        let answer = move |resp: Frame| {
+            if super::grants::granted(&secret).is_some() {
+                hub.send_answer(ep, resp, secret);
+            } else {
+                tracing::debug!("UCX answer dropped: its link closed while it was handled");
+            }
+        };
         let h = self.handler.clone();
         if !h.inline(&f) {
             self.rt.spawn(async move { answer(h.handle(f).await) });
