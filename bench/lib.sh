@@ -28,9 +28,9 @@ stop_up() {
 }
 
 # serve VOLUME: `trireme nbd VOLUME` (a volume, or VOLUME@SNAPSHOT read-only) on a socket of its
-# own in "$dir"; sets $curi (its URI) and $cpid.
+# own in "$dir", its log appended to "$dir/VOLUME.log"; sets $curi (its URI) and $cpid.
 serve() {
-  "$T" --data-dir "$dir/c" nbd "$1" --socket "$dir/$1.sock" >"$dir/$1.uri" 2>"$dir/$1.log" &
+  "$T" --data-dir "$dir/c" nbd "$1" --socket "$dir/$1.sock" >"$dir/$1.uri" 2>>"$dir/$1.log" &
   cpid=$!
   for _ in $(seq 100); do [ -s "$dir/$1.uri" ] && break; sleep 0.1; done
   curi=$(head -1 "$dir/$1.uri")

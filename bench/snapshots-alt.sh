@@ -37,13 +37,10 @@ start_up --store file --size 64M
 vols="plain snapped"
 for v in $vols; do t volume create "$v" --size "$size" >/dev/null; done
 
-# serve V: a `trireme nbd V` on a socket of its own, its log appended to (bench/lib.sh's
-# starts it afresh); waits until it answers.
-serve() {
-  rm -f "$dir/$1.uri"
-  "$T" --data-dir "$dir/c" nbd "$1" --socket "$dir/$1.sock" >"$dir/$1.uri" 2>>"$dir/$1.log" &
-  nbd[$1]=$!
-  for _ in $(seq 100); do [ -s "$dir/$1.uri" ] && break; sleep 0.1; done
+# serve V: bench/lib.sh's, its pid kept per volume; the script ends if it did not start.
+serve_v() {
+  serve "$1"
+  nbd[$1]=$cpid
   [ -s "$dir/$1.uri" ] || { echo "trireme nbd $1 did not start:" >&2; cat "$dir/$1.log" >&2; exit 1; }
 }
 # unserve V: stops it (it detaches, so the manager takes the snapshot itself).
@@ -67,13 +64,13 @@ ticks() { awk '{print $14, $15}' "/proc/$1/stat"; }
 
 head -c "$size" /dev/urandom >"$dir/fill.img"
 for v in $vols; do
-  serve "$v"
+  serve_v "$v"
   qemu-img convert -n -f raw -O raw "$dir/fill.img" "$(uri "$v")"
 done
 for k in $(seq 10); do
   unserve snapped
   t volume snapshot create snapped "chain$k" >/dev/null
-  serve snapped
+  serve_v snapped
   bench snapped -d1 -W0 >/dev/null
 done
 
@@ -83,7 +80,7 @@ for round in $(seq "$rounds"); do
   # replica timeout at once): the round goes on with the snapshot before it.
   t volume snapshot create snapped "round$round" >/dev/null ||
     echo "r$round: the snapshot was refused; this round runs after the last one"
-  serve snapped
+  serve_v snapped
   order=$vols
   [ $((round % 2)) -eq 0 ] && order="snapped plain"
   for v in $order; do

@@ -34,8 +34,7 @@ serve v
 nbd=$cpid
 nodes() { awk '$1 ~ /^node-/ {print $2}' "$dir/c/pids"; }
 died() { grep -hE "SIGSEGV|SIGABRT|SIGBUS|Assertion|Caught signal" "$dir/up.log" "$dir"/c/*.log "$dir/v.log" 2>/dev/null; }
-# check ROUND: exit 1, saying what, if a process died (the writer's log is checked before each
-# restart, which starts it again).
+# check ROUND: exit 1, saying what, if a process died.
 check() {
   if died >/dev/null; then
     echo "round $1: a process died:"
