@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n="${1:-200}"
-TRIREME_SOAK_FAULTS="$n" exec cargo test --release --locked -p trireme --test failures \
+TRIREME_SOAK_FAULTS="$n" exec cargo test --release --locked -p trireme --test failures_between_hosts \
   soak_random_faults_under_load -- --nocapture

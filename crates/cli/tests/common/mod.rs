@@ -398,6 +398,39 @@ pub fn wait_restarted(c: &Cluster, id: u32, old: i32) -> i32 {
     }
 }
 
+/// `(full, copied_bytes)` of every finished resync in the cluster log.
+pub fn resyncs(c: &Cluster) -> Vec<(bool, u64)> {
+    c.log()
+        .lines()
+        .filter(|l| l.contains("resync done"))
+        .map(|l| {
+            let field = |k: &str| {
+                l.split_whitespace()
+                    .find_map(|w| w.strip_prefix(&format!("{k}=")))
+                    .unwrap_or_else(|| panic!("no {k} in {l}"))
+                    .to_string()
+            };
+            (
+                field("full") == "true",
+                field("copied_bytes").parse().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// `trireme ARGS` against `c`, which must succeed; its output.
+pub fn cli_ok(c: &Cluster, args: &[&str]) -> String {
+    let out = c.cli(args);
+    assert!(
+        out.status.success(),
+        "trireme {args:?} failed: {}{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        c.log()
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 pub fn status(c: &Cluster) -> serde_json::Value {
     let out = c.cli(&["--output", "json", "status"]);
     assert!(
