@@ -80,7 +80,7 @@ up() {
   for i in $(seq 1 "$n"); do
     mkns "trireme-s$i" "$i" "$i"
     "$T" ca issue node "$i" --san "10.77.$i.2" --ca "$D/ca" --out "$D/tls-s$i" >/dev/null
-    # One server = one namespace, with the default transport (UCX over its network lanes).
+    # One server = one namespace, with the default transport (TCP between hosts without RDMA).
     ip netns exec "trireme-s$i" "$T" --etcd "$ETCD" node run --id "$i" \
       --listen "10.77.$i.2:7000" --dir "$D/server-$i" --zone "zone-$i" --tls-dir "$D/tls-s$i" \
       >"$D/server-$i.out" 2>"$D/server-$i.log" &

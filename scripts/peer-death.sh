@@ -6,9 +6,10 @@
 # manager's own writer, and the writer started again. Stops at the first process that dies of
 # a signal or an assertion and exits 1; exit 0 if every process lived through every round.
 #
-# It found two crashes in UCX 1.13's handling of a failed tcp lane, both gone with the nodes
-# of `up` on shared memory alone (`transport/src/ucx/mod.rs`, `LOCAL_TLS`): with the tcp
-# lanes, a run died within 10 rounds in three runs of three; without, 95 rounds ran clean.
+# It found two crashes in UCX 1.13's handling of a failed tcp lane, both gone once UCX was
+# kept off its tcp lanes (`transport/src/ucx/mod.rs`, `DEFAULT_TLS`): with the tcp lanes, a
+# run died within 10 rounds in three runs of three; without, 95 rounds ran clean.
+# TRIREME_UCX_TLS=tcp puts the links back on the tcp lanes, as an operator may ask.
 # Usage: scripts/peer-death.sh [ROUNDS]; T=path/to/trireme (default: the release build);
 # TRIREME_UCX_TLS=... to try other UCX transports; KEEP=DIR keeps every log (and any core
 # the system writes into the work directory) there.

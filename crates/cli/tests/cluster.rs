@@ -113,7 +113,7 @@ fn cli_manages_volumes_and_reports_status() {
 
     // The writer reaches nodes on this host through their unix sockets, and moves the data path
     // to UCX (shared memory here) after the probe: shared memory alone, no tcp lane (whose
-    // failure when a peer died crashed live processes in UCX 1.13: `ucx::LOCAL_TLS`).
+    // failure when a peer died crashed live processes in UCX 1.13: `ucx::DEFAULT_TLS`).
     let links = s["volumes"]
         .as_array()
         .unwrap()

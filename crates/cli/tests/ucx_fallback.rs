@@ -1,6 +1,8 @@
 //! UCX made to fail on purpose between "hosts" (nodes in network namespaces): a UCX path that
 //! stops answering in the middle of a workload falls back to TCP by itself, says why once,
-//! and no copy is taken out for it.
+//! and no copy is taken out for it. Without RDMA, UCX reaches another host only over its tcp
+//! lanes, which trireme leaves alone unless asked (`ucx::DEFAULT_TLS`): these clusters ask
+//! (`TRIREME_UCX_TLS=tcp`), as an operator may.
 
 mod common;
 use common::netns::Netns;
@@ -47,12 +49,20 @@ fn node_port(s: &serde_json::Value, node: u64) -> u16 {
         .unwrap()
 }
 
+/// UCX's tcp lanes asked for, for `trireme up` and its nodes.
+const UCX_TCP: (&str, &str) = ("TRIREME_UCX_TLS", "tcp");
+
+/// A cluster in `ns` whose links use UCX's tcp lanes.
+fn on_ucx_tcp(ns: &Netns) -> Cluster {
+    ns.cluster_env(&["--store", "file", "--size", "64M"], &[UCX_TCP])
+}
+
 /// A cluster in `ns` whose nodes refuse every UCX secret they hand out: the writer's probes
 /// go unanswered.
 fn refusing_ucx(ns: &Netns) -> Cluster {
     ns.cluster_env(
         &["--store", "file", "--size", "64M"],
-        &[("TRIREME_FAULT_REFUSE_UCX_SECRETS", "1")],
+        &[("TRIREME_FAULT_REFUSE_UCX_SECRETS", "1"), UCX_TCP],
     )
 }
 
@@ -62,7 +72,7 @@ fn a_ucx_path_that_stops_answering_falls_back_to_tcp_and_takes_no_copy_out() {
         return;
     }
     let mut ns = Netns::create(3);
-    let c = ns.cluster(&["--store", "file", "--size", "64M"]);
+    let c = on_ucx_tcp(&ns);
     let s = status(&c);
     for n in 1..=3 {
         let l = link_to(&s, "vol0", n);
@@ -112,14 +122,14 @@ fn an_attach_while_a_ucx_path_drops_everything_goes_on_over_tcp_at_once() {
         return;
     }
     let mut ns = Netns::create(3);
-    let c = ns.cluster(&["--store", "file", "--size", "64M"]);
+    let c = on_ucx_tcp(&ns);
     let port = node_port(&status(&c), 2);
     // Node 2's UCX lanes drop every packet before a new writer links to it; its TCP port
     // answers. The new writer (another epoch) must not wait out the kernel's connect timeout.
     ns.cut_all_but_port(2, port);
     let sock = c.path().join("second.sock");
     let t0 = std::time::Instant::now();
-    let (mut nbd, uri) = spawn_nbd(&c, "vol0", &sock);
+    let (mut nbd, uri) = spawn_nbd_env(&c, "vol0", &sock, &[UCX_TCP]);
     let took = t0.elapsed();
     eprintln!("attach took {took:?}");
     common::run(std::process::Command::new("qemu-io").args([

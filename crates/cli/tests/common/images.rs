@@ -22,9 +22,20 @@ pub fn random_file(path: &PathBuf, len: usize, seed: u64) {
 
 /// Starts `trireme nbd VOLUME --socket SOCK` against `c` and returns it with the URI it prints.
 pub fn spawn_nbd(c: &Cluster, volume: &str, sock: &Path) -> (Child, String) {
+    spawn_nbd_env(c, volume, sock, &[])
+}
+
+/// As [`spawn_nbd`], with `env` set for the writer.
+pub fn spawn_nbd_env(
+    c: &Cluster,
+    volume: &str,
+    sock: &Path,
+    env: &[(&str, &str)],
+) -> (Child, String) {
     use std::io::Read;
     use std::os::unix::process::CommandExt;
     let mut cmd = Command::new(BIN);
+    cmd.envs(env.iter().copied());
     cmd.arg("--data-dir")
         .arg(c.path())
         .args(["nbd", volume, "--socket"])

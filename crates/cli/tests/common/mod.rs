@@ -127,7 +127,13 @@ impl Cluster {
     /// Runs `trireme --data-dir DIR ARGS...`; one that has not ended in two minutes fails the
     /// test with `up`'s log.
     pub fn cli(&self, args: &[&str]) -> Output {
+        self.cli_env(args, &[])
+    }
+
+    /// As [`Cluster::cli`], with `env` set for the command.
+    pub fn cli_env(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
         let mut cmd = Command::new(BIN);
+        cmd.envs(env.iter().copied());
         cmd.arg("--data-dir").arg(self.dir.path()).args(args);
         output_within(&mut cmd, CLI_LIMIT, &|| self.evidence())
     }
@@ -396,6 +402,23 @@ pub fn wait_restarted(c: &Cluster, id: u32, old: i32) -> i32 {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Asserts that a writer link `l` (of `status` output `ctx`) to a node on another host runs on
+/// trireme's TCP for want of RDMA here: UCX would have had only its tcp lanes, which carry no
+/// TLS (`ucx::DEFAULT_TLS`). On a host with RDMA, only that it is not on UCX's tcp lanes.
+pub fn assert_tcp_for_want_of_rdma(l: &serde_json::Value, ctx: &serde_json::Value) {
+    if trireme_transport::ucx::rdma_here() {
+        assert!(!l["lanes"].as_str().unwrap_or("").contains("tcp/"), "{ctx}");
+        return;
+    }
+    assert_eq!(l["transport"], "tcp", "{ctx}");
+    assert!(
+        l["fallback"]
+            .as_str()
+            .is_some_and(|w| w == trireme_transport::ucx::NO_RDMA),
+        "{ctx}"
+    );
 }
 
 /// `(full, copied_bytes)` of every finished resync in the cluster log.

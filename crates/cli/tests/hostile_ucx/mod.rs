@@ -321,6 +321,9 @@ fn read_back_for(c: &Cluster, src: &std::path::Path, secs: u64) -> usize {
 /// bytes, no replica is taken out, the writer's memory stays flat. Then a process of the
 /// cluster's own user, which may write into the writer's shared-memory queue, jams it: the
 /// writer's links stop getting UCX answers, go over to TCP by themselves, and I/O goes on.
+/// By default a process leaves UCX's tcp lanes out (`ucx::DEFAULT_TLS`) and another user
+/// cannot reach the writer's worker at all; this cluster asks for them (`^cma`, as an
+/// operator may), so the forgeries arrive and their checks are what holds.
 #[test]
 fn forged_ucx_answers_are_dropped_unread() {
     need("qemu-io");
@@ -334,7 +337,10 @@ fn forged_ucx_answers_are_dropped_unread() {
     let c = Cluster::start_env(
         tempfile::tempdir().unwrap(),
         &["--store", "memory", "--size", "64M", "--insecure"],
-        &[("TRIREME_LOG", "info,trireme_transport::ucx::hub=debug")],
+        &[
+            ("TRIREME_LOG", "info,trireme_transport::ucx::hub=debug"),
+            ("TRIREME_UCX_TLS", "^cma"),
+        ],
     );
     let transports = |c: &Cluster| -> Vec<String> {
         status(c)["volumes"][0]["client_links"]

@@ -88,19 +88,6 @@ pub(super) async fn spawn_node(
     if netns.is_none() {
         cmd.arg("--socket").arg(dir.join(format!("node-{id}.sock")));
     }
-    // The node's UCX transports, unless TRIREME_UCX_TLS names them. On this host, shared
-    // memory alone: every process reaches it so, UCX's tcp lanes to it would add nothing, and
-    // their failure handling in UCX 1.13 is what crashed processes when a peer died (see
-    // `ucx::LOCAL_TLS`). In a namespace of its own it stands for another host: UCX must
-    // reach it over the network (its veth), not through this host's shared memory, or a
-    // partition of the namespace would not cut UCX off.
-    if std::env::var_os("TRIREME_UCX_TLS").is_none() {
-        let tls = match netns {
-            None => trireme_transport::ucx::LOCAL_TLS,
-            Some(_) => "tcp",
-        };
-        cmd.env("TRIREME_UCX_TLS", tls);
-    }
     // Its metrics on the address it listens on, any port: where Prometheus can reach it,
     // behind the cluster's one token.
     match sup.http {

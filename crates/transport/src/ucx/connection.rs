@@ -138,13 +138,21 @@ async fn try_ucx(
     // The worker address, where the node runs, this link's secret (see `grants.rs`).
     let offer = super::decode_offer(&offer.payload)?;
     let (address, secret) = (offer.address, offer.secret);
+    let asked = std::env::var("TRIREME_UCX_TLS").ok();
+    // A node this process cannot reach through shared memory (another host, or another
+    // network namespace of this one: see `Locality`; or a node too old to say) is reached
+    // over RDMA or not at all: UCX's tcp lanes are left to trireme's TCP (`DEFAULT_TLS`).
+    let here = super::Locality::here();
+    let neighbour = offer.locality.is_some() && offer.locality == here;
+    if !neighbour && asked.is_none() && !super::rdma_here() {
+        return Err(super::NO_RDMA.into());
+    }
     // A node in another network namespace of this host cannot be reached through shared
     // memory (see `Locality`): unless told otherwise, this process's worker leaves it out.
     let across = offer
         .locality
-        .zip(super::Locality::here())
+        .zip(here)
         .is_some_and(|(node, me)| me.across_namespaces(&node));
-    let asked = std::env::var("TRIREME_UCX_TLS").ok();
     // This process's worker listens on the device that reaches the node, not on every one
     // (unless configured otherwise before: a node's own, or TRIREME_UCX_NET_DEVICES).
     super::configure(Config {

@@ -56,22 +56,39 @@ pub const AM_REQUEST: u32 = 10;
 pub const AM_RESPONSE: u32 = 11;
 /// Length of the per-link secret every UCX request carries (see [`Grants`]).
 pub const SECRET_LEN: usize = 16;
-/// UCX transports when none are configured: everything but CMA (see [`Hub::start`]).
-pub const DEFAULT_TLS: &str = "^cma";
+/// UCX transports when none are configured: neither CMA nor tcp (see [`Hub::start`]). So UCX
+/// carries a link only over shared memory (a node of this host) or RDMA, never over its own
+/// tcp lanes:
+/// - they are plain text, where trireme's TCP links are mutual TLS (the secret each request
+///   carries would cross the network in the clear, and so would the data);
+/// - UCX 1.13 crashes live processes when such a lane fails: a node answering a request late,
+///   on the reply endpoint UCX freed with the failed lane (SIGSEGV in `ucp_am_send_nbx`;
+///   openucx/ucx#6722), and a writer purging a wire-up message still pending on it (an
+///   assertion in `ucp_request_send_state_ff`, removed upstream after 1.13 in
+///   openucx/ucx#8175). `scripts/peer-death.sh` found both: with tcp lanes a process died
+///   within ten rounds in every run;
+/// - without RDMA they offer nothing trireme's TCP does not.
+///
+/// Shared memory notices no death: the TCP link beside each endpoint does (see the module
+/// docs). `TRIREME_UCX_TLS` overrides it (`tcp` to use the tcp lanes anyway).
+pub const DEFAULT_TLS: &str = "^cma,tcp";
 /// UCX transports, unless configured, of a process whose first node is in another network
-/// namespace of this host: neither shared memory nor CMA (see [`Locality`]).
-pub const NETWORK_TLS: &str = "^sm,cma";
-/// UCX transports of the nodes `trireme up` runs on this host (unless configured): neither
-/// CMA nor tcp, so every endpoint to them is shared memory alone. With a tcp lane beside the
-/// shared memory (UCX's default), a peer that died failed that lane, and UCX 1.13's handling
-/// of the failure crashed live processes: a node answering a request late, on the reply
-/// endpoint UCX had just freed with the failed lane (SIGSEGV in `ucp_am_send_nbx`; reply
-/// endpoints are freed on failure, openucx/ucx#6722), and `up`'s own writer purging a wire-up
-/// message still pending on the failed lane (an assertion in `ucp_request_send_state_ff`,
-/// removed upstream in openucx/ucx#8175, after 1.13). Shared memory notices no death: the
-/// TCP link beside each endpoint does (see the module docs). Between hosts the tcp lanes
-/// stay, and so does this exposure (`docs/not-built.md`).
-pub const LOCAL_TLS: &str = "^cma,tcp";
+/// namespace of this host, on a host with RDMA: no shared memory (see [`Locality`]), and
+/// neither CMA nor tcp ([`DEFAULT_TLS`]).
+pub const NETWORK_TLS: &str = "^sm,cma,tcp";
+/// Why a link to a node that is not this host's shared-memory neighbour stays on TCP when
+/// this host has no RDMA device and `TRIREME_UCX_TLS` is unset (see [`DEFAULT_TLS`]).
+pub const NO_RDMA: &str = "no RDMA device here and the node is not on this host's shared memory: UCX would have only its tcp lanes, which carry no TLS (and crash peers on a failed lane in UCX 1.13); TRIREME_UCX_TLS=tcp uses them anyway";
+
+/// Whether this host has an RDMA device (one the kernel lists in `/sys/class/infiniband`:
+/// InfiniBand, RoCE, iWARP, soft-RoCE). Without one UCX reaches another host only over tcp
+/// lanes, which trireme leaves to its own TCP ([`DEFAULT_TLS`]).
+pub fn rdma_here() -> bool {
+    static HERE: OnceLock<bool> = OnceLock::new();
+    *HERE.get_or_init(|| {
+        std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some())
+    })
+}
 /// How long the probe over a new UCX endpoint may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Progress calls the driver makes before it lets the runtime's other tasks run.
