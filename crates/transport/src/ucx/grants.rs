@@ -25,6 +25,17 @@ pub(super) fn granted(secret: &[u8; SECRET_LEN]) -> Option<(u64, crate::Peer)> {
         .cloned()
 }
 
+/// Whether the link `secret` was handed out on is still open: [`granted`] without a copy of
+/// the link's peer (an allocation for a certificate's role), for each late answer.
+pub(super) fn is_open(secret: &[u8; SECRET_LEN]) -> bool {
+    !refusing_all()
+        && GRANTED
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_some_and(|m| m.contains_key(secret))
+}
+
 /// A fault to stage in tests: with `TRIREME_FAULT_REFUSE_UCX_SECRETS=1` this process refuses
 /// every secret it handed out, as a node that lost track of them would, so that what a writer
 /// does then (it stays on TCP) can be seen between real processes.

@@ -498,9 +498,9 @@ impl<H: Handler> Server for Served<H> {
         // link the request came on is open. A peer that died meanwhile failed its lanes, and
         // UCX 1.13 frees the reply endpoint of a failed lane (openucx/ucx#6722): sending on it
         // crashed the node. The link's closing is usually seen first, not always (see
-        // `docs/ucx.md`: nodes of `up` have no tcp lane for that reason).
+        // `docs/ucx.md`: for that reason no tcp lane is opened unless asked, `DEFAULT_TLS`).
         let answer = move |resp: Frame| {
-            if super::grants::granted(&secret).is_some() {
+            if super::grants::is_open(&secret) {
                 hub.send_answer(ep, resp, secret);
             } else {
                 tracing::debug!("UCX answer dropped: its link closed while it was handled");
