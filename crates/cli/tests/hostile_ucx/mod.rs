@@ -312,6 +312,52 @@ fn read_back_for(c: &Cluster, src: &std::path::Path, secs: u64) -> usize {
     rounds
 }
 
+/// By default no UCX path leads to the writer from another user: its worker has no tcp lane
+/// (`ucx::DEFAULT_TLS`) and its shared memory is the cluster user's. A process of another user
+/// that holds the worker's address cannot so much as connect, over UCX's tcp lanes or over
+/// shared memory; and `up` listens on loopback only, on no port of UCX's.
+#[test]
+fn another_user_cannot_reach_the_writers_ucx_worker() {
+    need("setpriv");
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root to run the forger as another user");
+        return;
+    }
+    let c = Cluster::start_env(
+        tempfile::tempdir().unwrap(),
+        &["--store", "memory", "--size", "16M", "--insecure"],
+        &[("TRIREME_LOG", "info,trireme_transport::ucx::hub=debug")],
+    );
+    let writer = logged_worker_address(&c.path().join("up.log"));
+    let up = c.child.as_ref().unwrap().id() as i32;
+    let ports = listening(up);
+    for a in &ports {
+        assert!(a.ip().is_loopback(), "up listens on {a}");
+    }
+    // Over tcp the worker offers no lane; its shared memory refuses another user.
+    for (tls, why) in [
+        ("tcp", "Destination is unreachable"),
+        ("^cma", "Shared memory error"),
+    ] {
+        let out = start_forger(&writer, 1, tls).wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "the forger ({tls}) connected:\n{err}"
+        );
+        assert!(
+            err.contains(why),
+            "the forger ({tls}) failed otherwise:\n{err}"
+        );
+    }
+    // The cluster serves on, its links on shared memory.
+    for l in status(&c)["volumes"][0]["client_links"].as_array().unwrap() {
+        assert_eq!(l["transport"], "ucx", "{l}");
+        assert!(!l["lanes"].as_str().unwrap().contains("tcp"), "{l}");
+    }
+}
+
 /// The writer's UCX worker listens on the loopback device only (the device that reaches its
 /// nodes), not on every interface of the host. A process of another user that knows the
 /// worker's address (which an attacker can build from the host's address and that port)

@@ -166,7 +166,7 @@ async fn try_ucx(
     });
     let hub = Hub::get().map_err(|e| format!("UCX cannot start here: {e}"))?;
     if across && asked.is_none() && hub.config().tls.as_deref() != Some(super::NETWORK_TLS) {
-        return Err("the node runs in another network namespace of this host, which UCX's shared memory does not reach, and this process's UCX already uses shared memory (TRIREME_UCX_TLS=^sm,cma leaves it out)".into());
+        return Err(format!("the node runs in another network namespace of this host, which UCX's shared memory does not reach, and this process's UCX already uses shared memory (TRIREME_UCX_TLS={} leaves it out)", super::NETWORK_TLS));
     }
     reach(hub, address).await?;
     hub.drive_here();
