@@ -139,14 +139,8 @@ async fn try_ucx(
     let offer = super::decode_offer(&offer.payload)?;
     let (address, secret) = (offer.address, offer.secret);
     let asked = std::env::var("TRIREME_UCX_TLS").ok();
-    // A node this process cannot reach through shared memory (another host, or another
-    // network namespace of this one: see `Locality`; or a node too old to say) is reached
-    // over RDMA or not at all: UCX's tcp lanes are left to trireme's TCP (`DEFAULT_TLS`).
     let here = super::Locality::here();
-    let neighbour = offer.locality.is_some() && offer.locality == here;
-    if !neighbour && asked.is_none() && !super::rdma_here() {
-        return Err(super::NO_RDMA.into());
-    }
+    worth_trying(offer.locality, here, asked.is_some(), super::rdma_here())?;
     // A node in another network namespace of this host cannot be reached through shared
     // memory (see `Locality`): unless told otherwise, this process's worker leaves it out.
     let across = offer
@@ -196,6 +190,24 @@ async fn try_ucx(
         return Err(e);
     }
     Ok((hub, ep, lanes, secret))
+}
+
+/// Whether a link to a node at `node` may try UCX from a process at `here`: `Err` says why it
+/// stays on TCP. A node this process cannot reach through shared memory (another host, or
+/// another network namespace of this one: see `Locality`; or either end unknown, as with a
+/// node too old to say) is reached over RDMA or not at all: UCX's tcp lanes are left to
+/// trireme's TCP (`DEFAULT_TLS`), unless `TRIREME_UCX_TLS` was set (`asked`).
+fn worth_trying(
+    node: Option<super::Locality>,
+    here: Option<super::Locality>,
+    asked: bool,
+    rdma: bool,
+) -> Result<(), String> {
+    let neighbour = node.is_some() && node == here;
+    match neighbour || asked || rdma {
+        true => Ok(()),
+        false => Err(super::NO_RDMA.into()),
+    }
 }
 
 /// Whether UCX reaches the node's worker at `address` at all, found out without risking this
@@ -380,5 +392,40 @@ impl Link {
         // Calls in flight on the link fail now and are sent again over TCP.
         self.stop_ucx(why);
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Locality, NO_RDMA};
+    use super::worth_trying;
+
+    #[test]
+    fn ucx_is_tried_for_a_shared_memory_neighbour_over_rdma_or_when_asked() {
+        let here = Locality {
+            boot: [1; 16],
+            netns: 7,
+        };
+        let other_ns = Locality { netns: 8, ..here };
+        let other_host = Locality {
+            boot: [2; 16],
+            ..here
+        };
+        let no = Err(NO_RDMA.to_string());
+        // A neighbour: shared memory, whatever else.
+        assert_eq!(worth_trying(Some(here), Some(here), false, false), Ok(()));
+        // Not one (another host, another namespace, or unknown at either end): TCP
+        // without RDMA, UCX with it, or when asked.
+        for (node, me) in [
+            (Some(other_host), Some(here)),
+            (Some(other_ns), Some(here)),
+            (None, Some(here)),
+            (Some(here), None),
+            (None, None),
+        ] {
+            assert_eq!(worth_trying(node, me, false, false), no, "{node:?} {me:?}");
+            assert_eq!(worth_trying(node, me, false, true), Ok(()));
+            assert_eq!(worth_trying(node, me, true, false), Ok(()));
+        }
     }
 }
