@@ -39,9 +39,10 @@ pub struct Cli {
     /// Log filter (error, warn, info, debug, or a tracing filter).
     #[arg(long, global = true, default_value = "info", env = "TRIREME_LOG")]
     pub log: String,
-    /// Data-path transport: `auto` uses UCX (RDMA where the hardware has it, else shared
-    /// memory or UCX's tcp) on every connection where a probe works and TCP on the rest; `tcp`
-    /// never uses UCX (nodes do not offer it); `ucx` fails a connection that cannot use it.
+    /// Data-path transport: `auto` uses UCX where it reaches the node over RDMA (or shared
+    /// memory, on one host) and a probe works, and TCP on the rest (UCX's own tcp lanes, which
+    /// carry no TLS, only if `TRIREME_UCX_TLS` asks for them); `tcp` never uses UCX (nodes do
+    /// not offer it); `ucx` fails a connection that cannot use it.
     #[arg(long, global = true, value_enum, default_value_t = TransportArg::Auto, env = "TRIREME_TRANSPORT")]
     pub transport: TransportArg,
     /// The cluster's etcd endpoints (`HOST:PORT,...`): commands then reach the cluster of
