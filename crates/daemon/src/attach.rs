@@ -207,8 +207,11 @@ pub async fn attach(
         // A writer of this host that died (kill -9, then a restart) holds the record until
         // its lease expires: wait for that rather than refuse.
         if let Err(MetaError::Attached { .. }) = &r {
-            if let Ok(Some((h, _))) = meta.attachment(&cfg.volume).await {
-                if h.host == rec.host && !crate::node::pid_alive(h.pid) {
+            match meta.attachment(&cfg.volume).await {
+                // Its lease expired between the attach and this look: the record is gone, so
+                // the next attach takes the volume (refusing here refused a free volume).
+                Ok(None) => continue,
+                Ok(Some((h, _))) if h.host == rec.host && !crate::node::pid_alive(h.pid) => {
                     tracing::info!(
                         pid = h.pid,
                         "the previous writer on this host died; waiting for its lease to expire"
@@ -218,6 +221,7 @@ pub async fn attach(
                     let _ = meta.store().keep_alive(lease).await;
                     continue;
                 }
+                _ => {}
             }
         }
         break r;
