@@ -515,23 +515,23 @@ async fn register(
 
 /// Whether a process of this host with this pid exists.
 pub(crate) fn pid_alive(pid: u32) -> bool {
-    // A zombie (killed, not yet reaped by its parent) holds nothing any more.
-    if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        let state = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next());
-        if state == Some("Z") {
+    if let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
+        let field = |k: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(k))
+                .map(str::trim)
+        };
+        // A zombie (killed, not yet reaped by its parent) holds nothing any more.
+        if field("State:").is_some_and(|s| s.starts_with('Z')) {
             return false;
         }
-    }
-    // A thread of another process: it has a /proc entry and kill(2) accepts its id, but it
-    // is not the process that held the record (whose id went back to the pool).
-    if let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
-        let tgid = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Tgid:"))
-            .and_then(|t| t.trim().parse::<u32>().ok());
-        if tgid.is_some_and(|t| t != pid) {
+        // A thread of another process: it has a /proc entry and kill(2) accepts its id, but
+        // it is not the process that held the record (whose id went back to the pool).
+        if field("Tgid:")
+            .and_then(|t| t.parse::<u32>().ok())
+            .is_some_and(|t| t != pid)
+        {
             return false;
         }
     }

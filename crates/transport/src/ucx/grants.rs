@@ -14,6 +14,17 @@ type GrantMap = HashMap<[u8; SECRET_LEN], (u64, crate::Peer)>;
 
 /// The link a secret was handed out on, if it still is open.
 pub(super) fn granted(secret: &[u8; SECRET_LEN]) -> Option<(u64, crate::Peer)> {
+    look_up(secret, |link| link.clone())
+}
+
+/// Whether the link `secret` was handed out on is still open: [`granted`] without a copy of
+/// the link's peer (an allocation for a certificate's role), for each late answer.
+pub(super) fn is_open(secret: &[u8; SECRET_LEN]) -> bool {
+    look_up(secret, |_| ()).is_some()
+}
+
+/// `f` of the link `secret` was handed out on, if it still is open.
+fn look_up<T>(secret: &[u8; SECRET_LEN], f: impl FnOnce(&(u64, crate::Peer)) -> T) -> Option<T> {
     if refusing_all() {
         return None;
     }
@@ -22,18 +33,7 @@ pub(super) fn granted(secret: &[u8; SECRET_LEN]) -> Option<(u64, crate::Peer)> {
         .unwrap_or_else(|e| e.into_inner())
         .as_ref()?
         .get(secret)
-        .cloned()
-}
-
-/// Whether the link `secret` was handed out on is still open: [`granted`] without a copy of
-/// the link's peer (an allocation for a certificate's role), for each late answer.
-pub(super) fn is_open(secret: &[u8; SECRET_LEN]) -> bool {
-    !refusing_all()
-        && GRANTED
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .is_some_and(|m| m.contains_key(secret))
+        .map(f)
 }
 
 /// A fault to stage in tests: with `TRIREME_FAULT_REFUSE_UCX_SECRETS=1` this process refuses
