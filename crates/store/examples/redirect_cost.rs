@@ -5,7 +5,8 @@
 //! snapshotted ("none") with one just snapshotted ("first": nearly every write is a block's
 //! first overwrite, a redirect), ROUNDS times. Prints per phase the operations a second and the CPU time per operation: of this
 //! process (getrusage) and of the whole machine (/proc/stat, which counts the kernel's
-//! workers too: ext4's conversion of unwritten extents runs in one).
+//! workers too: ext4's conversion of unwritten extents runs in one), and the voluntary
+//! context switches per operation (a thread that blocked: on its I/O, or on a lock).
 //!
 //! Usage: cargo run --release -p trireme-store --example redirect_cost -- DIR
 //! [SIZE_MIB=1024] [THREADS=4] [SECS=5] [ROUNDS=3] [WRITE_PCT=100]
@@ -24,6 +25,15 @@ fn arg(args: &[String], i: usize, default: u64) -> u64 {
         s.parse()
             .unwrap_or_else(|_| panic!("argument {i}: not a number: {s}"))
     })
+}
+
+/// Voluntary context switches of this process's threads so far (each a thread that blocked).
+fn process_switches() -> f64 {
+    // SAFETY: rusage is plain integers, for which all zeros is a valid value.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes into the struct it is given, which lives through the call.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    u.ru_nvcsw as f64
 }
 
 /// CPU seconds of this process, user plus system.
@@ -53,18 +63,23 @@ fn machine_cpu() -> f64 {
 }
 
 /// Random 4 KiB operations on `r` by `threads` threads for `secs`, and a flush each second:
-/// (ops/s, process CPU µs per op, machine CPU µs per op).
+/// (ops/s, process CPU µs per op, machine CPU µs per op, voluntary switches per op).
 fn run(
     r: &Arc<dyn Replica>,
     threads: u64,
     secs: u64,
     write_pct: u64,
     seed: u64,
-) -> (f64, f64, f64) {
+) -> (f64, f64, f64, f64) {
     let blocks = r.size() / BLOCK;
     let stop = Arc::new(AtomicBool::new(false));
     let ops = Arc::new(AtomicU64::new(0));
-    let (p0, m0, t0) = (process_cpu(), machine_cpu(), Instant::now());
+    let (p0, m0, c0, t0) = (
+        process_cpu(),
+        machine_cpu(),
+        process_switches(),
+        Instant::now(),
+    );
     let workers: Vec<_> = (0..threads)
         .map(|k| {
             let (r, stop, ops) = (r.clone(), stop.clone(), ops.clone());
@@ -108,6 +123,7 @@ fn run(
         n / dt,
         (process_cpu() - p0) * 1e6 / n,
         (machine_cpu() - m0) * 1e6 / n,
+        (process_switches() - c0) / n,
     )
 }
 
@@ -156,16 +172,17 @@ fn main() {
     );
     for round in 1..=rounds {
         mark("none");
-        let (a, ap, am) = run(&none, threads, secs, write_pct, round);
+        let (a, ap, am, ac) = run(&none, threads, secs, write_pct, round);
         snapped.snapshot(round, 0).expect("snapshot");
         // The first redirect grows the pool: before the clock starts.
         let warm = AlignedBuf::new(BLOCK as usize);
         snapped.write(0, &warm, false).expect("write");
         mark("first");
-        let (b, bp, bm) = run(&snapped, threads, secs, write_pct, round);
+        let (b, bp, bm, bc) = run(&snapped, threads, secs, write_pct, round);
         println!(
-            "round {round}: none {a:.0} ops/s, {ap:.1} µs process / {am:.1} µs machine CPU per op; \
-             first {b:.0} ops/s, {bp:.1} / {bm:.1} µs; ratio {:.2}x ops/s, {:.2}x machine CPU",
+            "round {round}: none {a:.0} ops/s, {ap:.1} µs process / {am:.1} µs machine CPU, \
+             {ac:.2} blocking switches per op; first {b:.0} ops/s, {bp:.1} / {bm:.1} µs, {bc:.2}; \
+             ratio {:.2}x ops/s, {:.2}x machine CPU",
             b / a,
             bm / am
         );
