@@ -12,7 +12,8 @@
 # a block's first overwrite after a snapshot, the harder of the issue's two cases (ten
 # snapshots; first overwrites) at once.
 # Prints each run's summary, then per round the IOPS and storage CPU per I/O of `snapped` as a
-# ratio to `plain`, their median and mean. Storage CPU counts `up`, its nodes and the volume's
+# ratio to `plain`, their median and mean; and the nodes' voluntary context switches per I/O
+# (their threads' blocking, counted from /proc, warm-up included). Storage CPU counts `up`, its nodes and the volume's
 # `trireme nbd`. Links are unix sockets (UCX over shared memory where it loads); no RDMA here.
 # Usage: bench/snapshots-alt.sh [ROUNDS]; T=path/to/trireme to bench a given build; KEEP=DIR
 # keeps every process's log there at the end; PERF=DIR
@@ -61,6 +62,15 @@ roles() {
   echo "writer=${nbd[$1]}"
 }
 ticks() { awk '{print $14, $15}' "/proc/$1/stat"; }
+# switches: voluntary context switches so far of every thread of the cluster's nodes.
+switches() {
+  local n=0 pid
+  for pid in $(awk '$1 ~ /^node-/ {print $2}' "$dir/c/pids"); do
+    n=$((n + $(cat /proc/"$pid"/task/*/status 2>/dev/null |
+      awk '/^voluntary_ctxt_switches/ {s += $2} END {print s + 0}')))
+  done
+  echo "$n"
+}
 
 head -c "$size" /dev/urandom >"$dir/fill.img"
 for v in $vols; do
@@ -92,20 +102,22 @@ for round in $(seq "$rounds"); do
           -o "$PERF/$v-r$round.data" -- sleep "$secs" >/dev/null 2>&1 ) &
       perf_pid=$!
     fi
+    sw0=$(switches)
     line=$(bench "$v" -d"$secs" -W2 | grep Summary) || line="no summary (the run failed)"
+    sw=$(($(switches) - sw0))
     [ -n "${PERF:-}" ] && wait "$perf_pid"
     shares=
     for p in $(roles "$v"); do
       read -r u1 s1 < <(ticks "${p#*=}")
       shares+=" ${p%=*} $((u1 - ${u0[$p]})) $((s1 - ${s0[$p]}))"
     done
-    echo "$v r$round: $line; ticks$shares" | tee -a "$dir/lines"
+    echo "$v r$round: $line; switches $sw; ticks$shares" | tee -a "$dir/lines"
   done
 done
 timeouts=$(cat "$dir"/*.log | grep -c "did not answer" || true)
 echo "requests left past the replica timeout, whole run: $timeouts"
 
-python3 - "$dir/lines" <<'PY'
+python3 - "$dir/lines" "$secs" <<'PY'
 import collections, re, statistics, sys
 rows = collections.defaultdict(dict)
 for line in open(sys.argv[1]):
@@ -133,6 +145,17 @@ for line in open(sys.argv[1]):
         total = sum(t.values()) or 1
         for role, n in t.items():
             per[m.group(1)][role].append(float(m.group(2)) * n / total)
+# The nodes' voluntary context switches (threads that blocked) per I/O, warm-up included.
+secs = float(sys.argv[2]) + 2
+sw = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    m = re.match(r'(\w+) r\d+: Summary: (\d+) IOPS.*; switches (\d+);', line)
+    if m:
+        sw[m.group(1)].append(int(m.group(3)) / (int(m.group(2)) * secs))
+for v in ['plain', 'snapped']:
+    if sw[v]:
+        print(f"{v:8} node voluntary switches per I/O: "
+              f"{' '.join(f'{x:.2f}' for x in sw[v])}  median {statistics.median(sw[v]):.2f}")
 for v in ['plain', 'snapped']:
     print(f"{v:8} storage CPU us per I/O by process (median): " + ", ".join(
         f"{role} {statistics.median(xs):.1f}" for role, xs in sorted(per[v].items())
