@@ -121,6 +121,10 @@ impl IoThreads {
         let mut q = self.shared.lock();
         q.jobs.push_back(job);
         if q.idle > 0 {
+            // Woken after the lock is let go: woken under it, the thread ran straight into
+            // the lock still held and slept on it again (under s2d, most of the nodes'
+            // futex calls were that second sleep and its wake-up).
+            drop(q);
             self.shared.ready.notify_one();
             return Ok(());
         }
