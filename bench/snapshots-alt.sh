@@ -11,11 +11,17 @@
 # least eleven snapshots in its chain and starts just after its newest: nearly every write is
 # a block's first overwrite after a snapshot, the harder of the issue's two cases (ten
 # snapshots; first overwrites) at once.
+# With CHAIN=1, the other case alone: after its ten snapshots `snapped` is written whole once
+# more (every block moved off the blocks the chain holds) and no round takes a snapshot, so no
+# measured write is a first overwrite: what is left is the cost of ten snapshots in the chain
+# (a map lookup per block, the head's blocks in the pool).
+# With QD1=1 the measured runs are the same mix at queue depth 1 (one thread, one I/O at a
+# time): their IOPS ratio is the inverse of the ratio of mean latencies.
 # Prints each run's summary, then per round the IOPS and storage CPU per I/O of `snapped` as a
 # ratio to `plain`, their median and mean; and the nodes' voluntary context switches per I/O
 # (their threads' blocking, counted from /proc, warm-up included). Storage CPU counts `up`, its nodes and the volume's
 # `trireme nbd`. Links are unix sockets (UCX over shared memory where it loads); no RDMA here.
-# Usage: bench/snapshots-alt.sh [ROUNDS]; T=path/to/trireme to bench a given build; KEEP=DIR
+# Usage: bench/snapshots-alt.sh [ROUNDS]; CHAIN=1 and QD1=1 as above; T=path/to/trireme to bench a given build; KEEP=DIR
 # keeps every process's log there at the end; PERF=DIR
 # records node 1's profile of each measured run there (perf record -g), as MODE-rROUND.data.
 set -euo pipefail
@@ -84,13 +90,19 @@ for k in $(seq 10); do
   bench snapped -d1 -W0 >/dev/null
 done
 
+if [ -n "${CHAIN:-}" ]; then
+  qemu-img convert -n -f raw -O raw "$dir/fill.img" "$(uri snapped)"
+fi
+
 for round in $(seq "$rounds"); do
-  unserve snapped
-  # Refused while a copy is still out (this host sometimes stalls every node past the
-  # replica timeout at once): the round goes on with the snapshot before it.
-  t volume snapshot create snapped "round$round" >/dev/null ||
-    echo "r$round: the snapshot was refused; this round runs after the last one"
-  serve_v snapped
+  if [ -z "${CHAIN:-}" ]; then
+    unserve snapped
+    # Refused while a copy is still out (this host sometimes stalls every node past the
+    # replica timeout at once): the round goes on with the snapshot before it.
+    t volume snapshot create snapped "round$round" >/dev/null ||
+      echo "r$round: the snapshot was refused; this round runs after the last one"
+    serve_v snapped
+  fi
   order=$vols
   [ $((round % 2)) -eq 0 ] && order="snapped plain"
   for v in $order; do
@@ -103,7 +115,7 @@ for round in $(seq "$rounds"); do
       perf_pid=$!
     fi
     sw0=$(switches)
-    line=$(bench "$v" -d"$secs" -W2 | grep Summary) || line="no summary (the run failed)"
+    line=$(bench "$v" -d"$secs" -W2 ${QD1:+-t1 -o1} | grep Summary) || line="no summary (the run failed)"
     sw=$(($(switches) - sw0))
     [ -n "${PERF:-}" ] && wait "$perf_pid"
     shares=
