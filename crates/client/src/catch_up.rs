@@ -27,7 +27,9 @@
 //! volume had when it was taken: the copy is resized to it before it is given X (and before
 //! a rollback to a base, to the base's), and back to the volume's size at the end. With its
 //! history known, the head's bytes past a smaller snapshot's end are gone from the copy by
-//! then: that range is marked for the resync with the rest. A copy resyncing while a
+//! then: that range is marked for the resync with the rest; and a snapshot larger than the
+//! volume (taken before it shrank) is given whole past the volume's end, where the copy's
+//! head was cut. A copy resyncing while a
 //! snapshot is taken does not get it; at the end of its resync it goes out again with its
 //! history known, and the next one gives it ([`Volume::lacks_snapshots`]; `resync.rs` says
 //! how snapshots taken often cannot keep it out). A writer retiring the old copy of a move checks that the new one holds
@@ -136,8 +138,13 @@ impl Volume {
         // The last snapshot given: the copy's head is now that snapshot everywhere.
         let mut given: Option<u64> = None;
         for snap in missed {
+            let head = self.size();
+            // What changed from X to the head, where both have blocks: a source refuses to
+            // compare past the head's end (simulator seed 420005: a snapshot taken before the
+            // volume shrank; the catch-up failed on it, the copy came back in sync without
+            // the snapshot, and a drain then retired the last copy that held it).
             let changed = match self
-                .changed_ranges(snap.id, None, snap.size.max(self.size()))
+                .changed_ranges(snap.id, None, snap.size.min(head))
                 .await
             {
                 Err(e) if deleted_meanwhile(&e) => continue,
@@ -145,8 +152,8 @@ impl Volume {
             };
             regions.extend(changed);
             // Resized to a smaller snapshot, the copy loses the head's bytes past its end.
-            if snap.size < self.size() {
-                regions.push((snap.size, self.size() - snap.size));
+            if snap.size < head {
+                regions.push((snap.size, head - snap.size));
             }
             regions = union_ranges(regions);
             self.mark_for(i, survivors, &regions).await?;
@@ -159,7 +166,15 @@ impl Volume {
                 },
                 None => regions.clone(),
             };
-            let to_give = within(&to_give, snap.size);
+            // Past the head's end (the volume shrank since X), the copy holds nothing of X:
+            // its head was cut there. Those blocks are given whole; the resync that follows
+            // has nothing to copy there (the copy is cut back to the head's size first), so
+            // they are not marked.
+            let mut to_give = to_give;
+            if snap.size > head {
+                to_give.push((head, snap.size - head));
+            }
+            let to_give = within(&union_ranges(to_give), snap.size);
             self.size_copy(i, conn, now, snap.size).await?;
             let t0 = tokio::time::Instant::now();
             match self.give_snapshot(i, conn, source, &snap, &to_give).await {
