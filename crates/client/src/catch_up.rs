@@ -159,7 +159,7 @@ impl Volume {
             self.mark_for(i, survivors, &regions).await?;
             // After the first, only what changed between the one given and this one: the
             // rest of the head already holds this one. A base deleted meanwhile: every region.
-            let to_give = match given {
+            let mut to_give = match given {
                 Some(b) => match self.changed_ranges(b, Some(snap.id), snap.size).await {
                     Err(e) if deleted_meanwhile(&e) => regions.clone(),
                     r => union_ranges(r?),
@@ -170,7 +170,6 @@ impl Volume {
             // its head was cut there. Those blocks are given whole; the resync that follows
             // has nothing to copy there (the copy is cut back to the head's size first), so
             // they are not marked.
-            let mut to_give = to_give;
             if snap.size > head {
                 to_give.push((head, snap.size - head));
             }

@@ -27,21 +27,23 @@ fn arg(args: &[String], i: usize, default: u64) -> u64 {
     })
 }
 
-/// Voluntary context switches of this process's threads so far (each a thread that blocked).
-fn process_switches() -> f64 {
+/// This process's resource usage so far.
+fn rusage() -> libc::rusage {
     // SAFETY: rusage is plain integers, for which all zeros is a valid value.
     let mut u: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: getrusage writes into the struct it is given, which lives through the call.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
-    u.ru_nvcsw as f64
+    u
+}
+
+/// Voluntary context switches of this process's threads so far (each a thread that blocked).
+fn process_switches() -> f64 {
+    rusage().ru_nvcsw as f64
 }
 
 /// CPU seconds of this process, user plus system.
 fn process_cpu() -> f64 {
-    // SAFETY: rusage is plain integers, for which all zeros is a valid value.
-    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: getrusage writes into the struct it is given, which lives through the call.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    let u = rusage();
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     tv(u.ru_utime) + tv(u.ru_stime)
 }
