@@ -21,6 +21,8 @@
 # ratio to `plain`, their median and mean; and the nodes' voluntary context switches per I/O
 # (their threads' blocking, counted from /proc, warm-up included). Storage CPU counts `up`, its nodes and the volume's
 # `trireme nbd`. Links are unix sockets (UCX over shared memory where it loads); no RDMA here.
+# TRIREME_TRANSPORT=tcp runs the cluster on the stream transport instead of UCX (every `trireme`
+# the script starts takes it from the environment).
 # Usage: bench/snapshots-alt.sh [ROUNDS]; CHAIN=1 and QD1=1 as above; T=path/to/trireme to bench a given build; KEEP=DIR
 # keeps every process's log there at the end; PERF=DIR
 # records node 1's profile of each measured run there (perf record -g), as MODE-rROUND.data.
