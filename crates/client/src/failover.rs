@@ -382,6 +382,22 @@ impl Volume {
         }
     }
 
+    /// Sends `h` to each of `targets`, with no payload; the targets that failed it, with why.
+    pub(crate) async fn to_each(&self, targets: &[usize], h: Header) -> Vec<(usize, VolumeError)> {
+        let replies = join_all(
+            targets
+                .iter()
+                .map(|&i| self.call(i, h, Bytes::new()))
+                .collect(),
+        )
+        .await;
+        targets
+            .iter()
+            .zip(replies)
+            .filter_map(|(&i, r)| r.and_then(|f| self.expect_ok(i, f)).err().map(|e| (i, e)))
+            .collect()
+    }
+
     /// Sends one request to each of `targets`; fails if any fails.
     pub(crate) async fn to_all(
         &self,
