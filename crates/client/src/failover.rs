@@ -382,15 +382,26 @@ impl Volume {
         }
     }
 
-    /// Sends `h` to each of `targets`, with no payload; the targets that failed it, with why.
-    pub(crate) async fn to_each(&self, targets: &[usize], h: Header) -> Vec<(usize, VolumeError)> {
-        let replies = join_all(
+    /// Sends `h` (and `payload`) to each of `targets` at once: each one's answer, in the order
+    /// of `targets`, unchecked.
+    pub(crate) async fn call_each(
+        &self,
+        targets: &[usize],
+        h: Header,
+        payload: Bytes,
+    ) -> Vec<Result<Frame, VolumeError>> {
+        join_all(
             targets
                 .iter()
-                .map(|&i| self.call(i, h, Bytes::new()))
+                .map(|&i| self.call(i, h, payload.clone()))
                 .collect(),
         )
-        .await;
+        .await
+    }
+
+    /// Sends `h` to each of `targets`, with no payload; the targets that failed it, with why.
+    pub(crate) async fn to_each(&self, targets: &[usize], h: Header) -> Vec<(usize, VolumeError)> {
+        let replies = self.call_each(targets, h, Bytes::new()).await;
         targets
             .iter()
             .zip(replies)
@@ -405,13 +416,7 @@ impl Volume {
         h: Header,
         payload: Bytes,
     ) -> Result<(), VolumeError> {
-        let replies = join_all(
-            targets
-                .iter()
-                .map(|&i| self.call(i, h, payload.clone()))
-                .collect(),
-        )
-        .await;
+        let replies = self.call_each(targets, h, payload).await;
         for (k, r) in replies.into_iter().enumerate() {
             self.expect_ok(targets[k], r?)?;
         }

@@ -435,13 +435,7 @@ impl Volume {
     async fn attach_all(&self) -> Result<(), VolumeError> {
         let targets = self.in_sync();
         let h = self.header(Op::Attach, 0, 0);
-        let replies = join_all(
-            targets
-                .iter()
-                .map(|&i| self.call(i, h, Bytes::new()))
-                .collect(),
-        )
-        .await;
+        let replies = self.call_each(&targets, h, Bytes::new()).await;
         let mut failed = Vec::new();
         // In sync on record but with another incarnation than recorded: its history is lost.
         let mut lost = Vec::new();

@@ -25,7 +25,7 @@ use trireme_proto::{Op, SnapshotRequest, Status};
 use trireme_replication::{Decision, Mirrored, ReplicaOutcome};
 
 use crate::error::outcome_of;
-use crate::{join_all, Volume, VolumeError};
+use crate::{Volume, VolumeError};
 
 impl Volume {
     /// Takes snapshot `id` (never 0) of the volume, `created` seconds since the Unix epoch;
@@ -207,13 +207,7 @@ impl Volume {
         Option<VolumeError>,
         Vec<ReplicaOutcome>,
     ) {
-        let replies = join_all(
-            targets
-                .iter()
-                .map(|&i| self.call(i, h, Bytes::new()))
-                .collect(),
-        )
-        .await;
+        let replies = self.call_each(targets, h, Bytes::new()).await;
         let (mut took, mut failed, mut first) = (Vec::new(), Vec::new(), None);
         let mut outcomes = Vec::with_capacity(targets.len());
         for (k, r) in replies.into_iter().enumerate() {

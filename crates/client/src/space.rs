@@ -21,7 +21,7 @@ use std::sync::atomic::Ordering;
 use bytes::Bytes;
 use trireme_proto::{Header, Op, Status, FLAG_MAY_TRIM};
 
-use crate::{join_all, Volume, VolumeError};
+use crate::{Volume, VolumeError};
 
 impl Volume {
     /// Whether `h` would take space: a write, or zeroes written rather than trimmed.
@@ -59,13 +59,7 @@ impl Volume {
         // A write of no bytes: the node admits or refuses it as a write of the header's
         // length, the largest refused, and writes nothing.
         let h = self.header(Op::Write, 0, self.full_len.load(Ordering::Acquire));
-        let answers = join_all(
-            targets
-                .iter()
-                .map(|&i| self.call(i, h, Bytes::new()))
-                .collect(),
-        )
-        .await;
+        let answers = self.call_each(&targets, h, Bytes::new()).await;
         let room = answers
             .iter()
             .all(|a| a.as_ref().is_ok_and(|f| f.header.status == Status::Ok));
