@@ -12,12 +12,12 @@
 //! 3. The control plane records the size (compared with this writer's epoch). Only then do
 //!    requests past the old end pass: a crash before this leaves copies larger than the
 //!    record, whose tail nobody wrote, and the next writer gives them the recorded size.
+//! 4. The writer takes the new size: new NBD connections see it (NBD has no way to tell a
+//!    connected client; it reconnects).
 //!
 //! A shrink goes the other way: the size on record first, then the copies, and a copy that
 //! fails to shrink is taken out (what a shrink drops is meant to go; growing the others back
 //! would leave them zeros where that copy kept its bytes).
-//! 4. The writer takes the new size: new NBD connections see it (NBD has no way to tell a
-//!    connected client; it reconnects).
 //!
 //! A copy out of sync meanwhile is given the volume's size when its resync begins: its node
 //! tells its size in its answer to the attach ([`Volume::match_size`]).
@@ -42,7 +42,7 @@ impl Volume {
         let g = self.membership_lock.lock().await;
         let targets = self.write_targets();
         if size < old {
-            return self.shrink(size, &targets, g).await;
+            return self.shrink(old, size, &targets, g).await;
         }
         let failed = match self
             .to_all(&targets, self.resize_header(size), Bytes::new())
@@ -70,23 +70,22 @@ impl Volume {
     /// growing back would give them zeros where the copy that failed kept its bytes.
     async fn shrink(
         &self,
+        old: u64,
         size: u64,
         targets: &[usize],
         g: tokio::sync::MutexGuard<'_, ()>,
     ) -> Result<(), VolumeError> {
-        let old = self.size();
         self.record_size(size).await?;
         self.took_size(old, size, targets.len());
         let h = self.resize_header(size);
-        let failed = self.to_each(targets, h).await;
+        let failed = self.logged(
+            self.to_each(targets, h).await,
+            "a copy did not shrink; taken out, its resync gives it the size",
+        );
         drop(g);
         if failed.is_empty() {
             return Ok(());
         }
-        for (i, e) in &failed {
-            tracing::warn!(volume = %self.info.name, node = self.node(*i), "a copy did not shrink: {e}; taken out, its resync gives it the size");
-        }
-        let failed: Vec<usize> = failed.into_iter().map(|(i, _)| i).collect();
         self.take_out_with(&failed, None, false).await
     }
 
@@ -122,9 +121,16 @@ impl Volume {
     /// Gives the copies the old size back after a failed grow (those that did not take the
     /// new one answer at once). Returns those that did not answer so: their size is unknown.
     async fn undo_resize(&self, targets: &[usize], old: u64) -> Vec<usize> {
-        let failed = self.to_each(targets, self.resize_header(old)).await;
+        self.logged(
+            self.to_each(targets, self.resize_header(old)).await,
+            "giving a copy its size back after a failed resize",
+        )
+    }
+
+    /// The copies that failed `what`, each logged with why.
+    fn logged(&self, failed: Vec<(usize, VolumeError)>, what: &str) -> Vec<usize> {
         for (i, e) in &failed {
-            tracing::warn!(volume = %self.info.name, node = self.node(*i), "giving a copy its size back after a failed resize: {e}");
+            tracing::warn!(volume = %self.info.name, node = self.node(*i), "{what}: {e}");
         }
         failed.into_iter().map(|(i, _)| i).collect()
     }
