@@ -11,7 +11,9 @@
 //! re-created elsewhere after `--down-out-interval`, and the writer is killed and the volume
 //! attached from client 2, and last every daemon is restarted in turn (`maintenance
 //! rolling`). After each: no I/O error, no lost, stale or corrupt block, every replica in sync
-//! and identical, and the metadata's epoch is the one every replica holds.
+//! and identical, and the metadata's epoch is the one every replica holds. A second, smaller
+//! world (one etcd member, three servers) restarts the last copy in sync while writes wait
+//! below the minimum of copies.
 //!
 //! Needs `etcd` (Debian's etcd-server); `TRIREME_SKIP_ETCD=1` skips it.
 
@@ -418,4 +420,85 @@ fn a_cluster_on_etcd_survives_node_manager_etcd_and_writer_failures() {
     assert!(!bad.status.success());
     let why = String::from_utf8_lossy(&bad.stderr);
     assert!(why.contains("minimum"), "{why}");
+}
+
+/// Writes wait below the minimum of copies, and the last copy in sync restarts meanwhile: its
+/// link closes, and no request is left to link it again (every one waits on a write). The
+/// writer links it again itself; without that, every resync of the other copies failed on
+/// its old link, and the writes never resumed (once, in the test above, after the
+/// whole-cluster restart).
+#[test]
+fn the_last_copy_in_sync_restarting_while_writes_wait_is_linked_again() {
+    if std::env::var_os("TRIREME_SKIP_ETCD").is_some() {
+        eprintln!("TRIREME_SKIP_ETCD is set: skipping the etcd cluster test");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut net = Net::new();
+    let etcd = Etcd::start(dir.path(), vec![net.host("e1", 11)]);
+    let servers: Vec<Host> = (1..=3).map(|i| net.host(&format!("s{i}"), i)).collect();
+    let clients = vec![net.host("c1", 21)];
+    let mut w = World {
+        nodes: (0..3).map(|_| None).collect(),
+        attach: None,
+        etcd,
+        servers,
+        clients,
+        net,
+        dir,
+    };
+    for id in 1..=3 {
+        w.start_node(id);
+    }
+    let t0 = Instant::now();
+    while w.cli(&["status"]).status.code() != Some(0)
+        || w.status()["nodes"].as_array().map_or(0, |n| n.len()) < 3
+    {
+        assert!(t0.elapsed() < Duration::from_secs(30), "{}", w.log());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    w.cli_ok(&[
+        "volume",
+        "create",
+        "vol",
+        "--size",
+        "64M",
+        "--replicas",
+        "3",
+    ]);
+    w.attach(0, "first");
+    let suspended = |s: &serde_json::Value| s["volumes"][0]["writes_suspended"] == true;
+    let b = w.bench(30);
+    std::thread::sleep(Duration::from_secs(2));
+    // Two copies out (the manager's node kept): writes wait, reads soon wait behind them.
+    let m = w.manager_node();
+    let others: Vec<u32> = (1..=3).filter(|&n| n != m).collect();
+    for &n in &others {
+        w.kill_node(n);
+    }
+    w.wait_for("writes suspended", Duration::from_secs(15), &suspended);
+    std::thread::sleep(Duration::from_secs(2));
+    // The last copy in sync restarts.
+    w.kill_node(m);
+    std::thread::sleep(Duration::from_secs(1));
+    w.start_node(m);
+    // One copy back: its resync reads the last copy's record through the link made again.
+    w.start_node(others[0]);
+    w.wait_for("writes resumed", Duration::from_secs(40), &|s| {
+        !suspended(s)
+            && s["volumes"][0]["replicas"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|r| r["state"] == "in-sync")
+                .count()
+                >= 2
+    });
+    w.start_node(others[1]);
+    let v = w.finish_bench(b);
+    assert!(v["write"]["ios"].as_u64().unwrap() > 0);
+    w.wait_converged();
+    w.verify();
+    let log = std::fs::read_to_string(w.dir.path().join("attach-first.log")).unwrap();
+    assert!(log.contains("linked the in-sync copy again"), "{log}");
 }

@@ -81,6 +81,20 @@ pub(crate) async fn start(v: &Arc<Volume>) -> Result<(), VolumeError> {
                     tracing::warn!(volume = %v.info.name, "taking out replicas with closed links: {e}");
                 }
             }
+            // Those that could not be taken out (the last in sync) are linked again if they
+            // answer: the resyncs below read the survivors' records through their links.
+            let stranded: Vec<usize> = closed.into_iter().filter(|i| !dead.contains(i)).collect();
+            match v.relink_closed(&stranded).await {
+                Err(e) if e.is_fenced() => {
+                    tracing::info!(volume = %v.info.name, "resync stops: {e}");
+                    v.stop_writes();
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(volume = %v.info.name, "linking the last in-sync copies again: {e}")
+                }
+                Ok(()) => {}
+            }
             v.check_space_again().await;
             last_error.resize(v.replica_count(), None);
             backoff.resize(v.replica_count(), (0, std::time::Duration::ZERO));

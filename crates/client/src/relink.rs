@@ -23,6 +23,10 @@
 //!
 //! Every in-sync copy is looked at, at once, so the retry reaches all that answer; one relink
 //! of a copy at a time, which the waiting requests share.
+//!
+//! The resync task links again, every tick, the in-sync copies whose link closed and that
+//! could not be taken out (`relink_closed`): below the minimum of copies no request may reach
+//! them, and the resyncs that would end the wait read the survivors' records through them.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -111,14 +115,7 @@ impl Volume {
                 match look? {
                     Look::Answers => answered = answered.or(Some(i)),
                     Look::LostHistory => {
-                        // Out for a full resync, if it can be taken out (another copy in sync
-                        // tracks it); never used as in sync again either way.
-                        tracing::error!(volume = %self.info.name, node = self.node(i), "the in-sync copy came back with another history (a power loss, or a failed sync): what it acknowledged may be lost");
-                        if let Err(e) = self.take_out_with(&[i], None, true).await {
-                            if e.stops_writer() {
-                                return Err(e);
-                            }
-                        }
+                        self.lost_history(i).await?;
                         lost += 1;
                     }
                     Look::Silent => {}
@@ -147,6 +144,36 @@ impl Volume {
             }
             tokio::time::sleep(pause.min(left)).await;
             pause = (pause * 2).min(MAX_PAUSE);
+        }
+    }
+
+    /// Links again, from the resync task, each in-sync copy in `closed` (their links are
+    /// closed) that could not be taken out: the last copies in sync. No request would: below
+    /// the minimum of copies writes wait before they reach a copy, reads may all be waiting
+    /// behind them, and a resync asks the survivors for their records over their links. A
+    /// copy that restarted while the volume was in that state kept its old link, and every
+    /// resync failed on it until the wait of some read ran out (an etcd test, once).
+    pub(crate) async fn relink_closed(&self, closed: &[usize]) -> Result<(), VolumeError> {
+        for &i in closed {
+            if self.state(i) != trireme_replication::ReplicaState::InSync {
+                continue;
+            }
+            match self.look(i, Instant::now()).await? {
+                Look::LostHistory => self.lost_history(i).await?,
+                Look::Answers | Look::Silent => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// In-sync copy `i` answered with another history than recorded: out for a full resync, if
+    /// it can be taken out (another copy in sync tracks it); never used as in sync again
+    /// either way.
+    async fn lost_history(&self, i: usize) -> Result<(), VolumeError> {
+        tracing::error!(volume = %self.info.name, node = self.node(i), "the in-sync copy came back with another history (a power loss, or a failed sync): what it acknowledged may be lost");
+        match self.take_out_with(&[i], None, true).await {
+            Err(e) if e.stops_writer() => Err(e),
+            _ => Ok(()),
         }
     }
 
