@@ -62,7 +62,11 @@ pub async fn negotiate(
     let (hub, ep, lanes, why, secret) = match tried {
         Ok((hub, ep, lanes, secret)) => (Some(hub), Some(ep), lanes, None, secret),
         Err(why) if fallback == Fallback::Allowed => {
-            tracing::info!(peer = %tcp.peer(), "UCX not used, staying on TCP: {why}");
+            if first_telling(tcp.peer(), &why) {
+                tracing::info!(peer = %tcp.peer(), "UCX not used, staying on TCP: {why}");
+            } else {
+                tracing::debug!(peer = %tcp.peer(), "UCX not used, staying on TCP: {why}");
+            }
             (None, None, String::new(), Some(why), [0; SECRET_LEN])
         }
         Err(why) => {
@@ -88,6 +92,22 @@ pub async fn negotiate(
         tokio::spawn(watch(Arc::downgrade(&l)));
     }
     Ok(UcxConnection(l))
+}
+
+/// True the first time this process is told that links to `peer` stay on TCP for `why`: a
+/// writer linking again every half second to a node that is down said it at each try.
+fn first_telling(peer: &str, why: &str) -> bool {
+    static TOLD: Mutex<Vec<(String, String)>> = Mutex::new(Vec::new());
+    let mut told = lock(&TOLD);
+    if told.iter().any(|(p, w)| p == peer && w == why) {
+        return false;
+    }
+    // Bounded: a node that restarted many times has had as many addresses.
+    if told.len() >= 256 {
+        told.clear();
+    }
+    told.push((peer.to_string(), why.to_string()));
+    true
 }
 
 /// A link's watchdog, while UCX carries its calls: every [`STALL_CHECK`] it looks at the
