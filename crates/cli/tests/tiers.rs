@@ -80,11 +80,18 @@ fn map_problems(c: &Cluster, extents: u64) -> Vec<String> {
         if n["tiers"]["fast_used"].as_u64() != Some(fast * MIB) {
             p.push(format!("node {node}: accounting {n} for {fast} extents"));
         }
-        let data = c
-            .path()
-            .join(format!("node-{node}/fast/replica-0000000000000001.data"));
         use std::os::unix::fs::MetadataExt;
-        let used = std::fs::metadata(&data).unwrap().blocks() * 512;
+        // The data file and the pool file (what the replica grew by).
+        let used: u64 = ["data", "pool"]
+            .iter()
+            .filter_map(|x| {
+                let p = c
+                    .path()
+                    .join(format!("node-{node}/fast/replica-0000000000000001.{x}"));
+                std::fs::metadata(p).ok()
+            })
+            .map(|m| m.blocks() * 512)
+            .sum();
         if used > fast * MIB + 64 * 1024 {
             p.push(format!(
                 "node {node}: fast file takes {used} bytes for {fast} extents"

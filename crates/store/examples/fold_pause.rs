@@ -87,7 +87,7 @@ fn main() {
         })
         .collect();
     let mut worst = 0;
-    let mut grown = lengths(dir, |n| n.ends_with(".data"));
+    let mut grown = lengths(dir, |n| n.ends_with(".data") || n.ends_with(".pool"));
     for s in 1..=secs {
         std::thread::sleep(Duration::from_secs(1));
         let before = lengths(dir, |n| n.contains("vlog"));
@@ -100,7 +100,7 @@ fn main() {
             longest.swap(0, Ordering::Relaxed),
         );
         worst = worst.max(max);
-        let len = lengths(dir, |n| n.ends_with(".data"));
+        let len = lengths(dir, |n| n.ends_with(".data") || n.ends_with(".pool"));
         println!(
             "{s:>3} s: {n:>6} writes, longest {:>7.1} ms, flush {flush_ms:>6.1} ms{}{}",
             max as f64 / 1e3,

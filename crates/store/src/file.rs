@@ -1,14 +1,19 @@
-//! The file store: one data file per replica, opened with `O_DIRECT`, and a checksummed
-//! metadata file holding the replica's size, epoch and allocation map.
+//! The file store: a data file per replica, opened with `O_DIRECT`, a pool file for what the
+//! replica grew by, through the page cache, and a checksummed metadata file holding the
+//! replica's size, epoch and allocation map.
 //!
 //! Files in the store's directory:
 //! * `LOCK` — held with `flock` while a node uses the directory (two nodes never share one).
 //! * `replica-<volume>.data` — the bytes: a sparse file that takes space as blocks are written
 //!   (thin), or reserved whole with `fallocate` ([`Store::preallocate`], thick). Regions never
 //!   written or trimmed read as zeros (holes, fresh extents or punched holes).
+//! * `replica-<volume>.pool` — the bytes past the replica's size at creation (the snapshot
+//!   pool under versions), written through the cache and behind; see `file/data.rs` for why and how.
+//!   Replicas created before it existed have none.
 //! * `replica-<volume>.meta` — [`crate::file::meta`] format, replaced atomically (write a temp
 //!   file, fsync, rename, fsync the directory).
 
+mod data;
 pub mod meta;
 
 use std::collections::HashMap;
@@ -42,7 +47,7 @@ struct FileReplica {
     volume: u64,
     /// Changed only by `resize`, under `persist_lock` with the map.
     size: AtomicU64,
-    data: File,
+    data: data::Data,
     meta_path: PathBuf,
     dir: PathBuf,
     epoch: AtomicU64,
@@ -118,13 +123,11 @@ impl FileStore {
             )));
         }
         let data = open_data(&data_path, false).map_err(io(m.volume, "open data file"))?;
-        let len = data
-            .metadata()
-            .map_err(io(m.volume, "stat data file"))?
-            .len();
+        let data = data::Data::open(data, &data_path).map_err(io(m.volume, "open pool file"))?;
+        let len = data.len().map_err(io(m.volume, "stat data files"))?;
         if len > m.size {
-            // A resize that did not finish: a grow lengthens the data file before its
-            // metadata says so, a shrink shortens it after. The metadata decides.
+            // A resize that did not finish: a grow lengthens the files before the metadata
+            // says so, a shrink shortens them after. The metadata decides.
             tracing::warn!(
                 volume = m.volume,
                 "data file of {len} bytes, metadata says {}: an unfinished resize, undone",
@@ -211,7 +214,7 @@ impl FileReplica {
         size: u64,
         epoch: u64,
         incarnation: u64,
-        data: File,
+        data: data::Data,
         meta_path: &Path,
         map: AllocMap,
     ) -> FileReplica {
@@ -300,16 +303,12 @@ impl FileReplica {
     }
 
     fn punch(&self, offset: u64, len: u64) -> Result<(), StoreError> {
-        // SAFETY: fallocate on a file descriptor we own; no memory is passed.
-        let rc = unsafe {
-            libc::fallocate(
-                self.data.as_raw_fd(),
-                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                offset as libc::off_t,
-                len as libc::off_t,
-            )
-        };
-        if rc == 0 {
+        let punched = self.data.fallocate(
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset,
+            len,
+        );
+        if punched.is_ok() {
             return Ok(());
         }
         // No hole punching here: write real zeros so the bytes still read as zeros.
@@ -380,6 +379,8 @@ impl Store for FileStore {
         // Sparse: space is taken as blocks are written (`preallocate` reserves it all).
         data.set_len(size).map_err(io(volume, "size data file"))?;
         data.sync_all().map_err(io(volume, "sync data file"))?;
+        let data =
+            data::Data::create(data, &data_path, size).map_err(io(volume, "create pool file"))?;
         // A new history: bookkeeping left by an earlier replica of this volume id is not its.
         crate::FileLedger::remove(&self.dir, volume);
         let r = Arc::new(FileReplica::new(
@@ -410,17 +411,7 @@ impl Store for FileStore {
             return Ok(());
         }
         // Mode 0 allocates the holes and keeps every byte already written.
-        // SAFETY: fallocate on a file descriptor we own; no memory is passed.
-        let rc = unsafe {
-            libc::fallocate(
-                r.data.as_raw_fd(),
-                0,
-                0,
-                r.size.load(Ordering::Acquire) as libc::off_t,
-            )
-        };
-        if rc != 0 {
-            let err = std::io::Error::last_os_error();
+        if let Err(err) = r.data.fallocate(0, 0, r.size.load(Ordering::Acquire)) {
             return Err(match err.raw_os_error() {
                 Some(libc::ENOSPC) => StoreError::NoSpace {
                     size: r.size.load(Ordering::Acquire),
@@ -479,6 +470,7 @@ impl Store for FileStore {
         // Metadata first: a crash in between leaves an orphan data file, never a replica
         // without its bytes.
         std::fs::remove_file(&meta_path).map_err(io(volume, "delete metadata"))?;
+        let _ = std::fs::remove_file(data::pool_path(&data_path));
         let _ = std::fs::remove_file(&data_path);
         let _ = std::fs::remove_file(meta_path.with_extension("boot"));
         crate::FileLedger::remove(&self.dir, volume);
@@ -500,23 +492,8 @@ impl Replica for FileReplica {
         if self.map.all_set(offset, len) {
             return;
         }
-        // SAFETY: fallocate on a file descriptor we own; no memory is passed.
-        let rc = unsafe {
-            libc::fallocate(
-                self.data.as_raw_fd(),
-                libc::FALLOC_FL_KEEP_SIZE,
-                offset as libc::off_t,
-                len as libc::off_t,
-            )
-        };
-        if rc != 0 {
-            tracing::debug!(
-                volume = self.volume,
-                offset,
-                len,
-                "reserving space: {}",
-                std::io::Error::last_os_error()
-            );
+        if let Err(e) = self.data.fallocate(libc::FALLOC_FL_KEEP_SIZE, offset, len) {
+            tracing::debug!(volume = self.volume, offset, len, "reserving space: {e}");
         }
     }
     fn volume(&self) -> u64 {
@@ -549,7 +526,8 @@ impl Replica for FileReplica {
                 .map_err(io(self.volume, "resize data file"))
         };
         // A crash at any step leaves the old size or the new (see `open_replica`): a grow
-        // lengthens the data file first, a shrink shortens it last. New bytes are a hole.
+        // lengthens the files first, a shrink shortens them last (`data.rs` says in which
+        // order). New bytes are a hole.
         if size > old {
             resize_data(size)?;
         }

@@ -304,33 +304,151 @@ fn a_resized_file_replica_reopens_at_its_new_size() {
         assert_eq!(read(&*r, 3 * SIZE - 4096, 4096), vec![5u8; 4096]);
         r.close().unwrap();
     }
-    // A grow that lengthened the data file and died before its metadata said so.
-    let data = d.path().join(format!("replica-{:016x}.data", 4u64));
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&data)
-        .unwrap()
-        .set_len(5 * SIZE)
-        .unwrap();
+    // A grow that lengthened the pool file and died before its metadata said so.
+    let [data, pool] = replica_paths(d.path(), 4);
+    let set_len = |p: &std::path::Path, len: u64| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(p)
+            .unwrap()
+            .set_len(len)
+            .unwrap()
+    };
+    assert_eq!(
+        std::fs::metadata(&data).unwrap().len(),
+        SIZE,
+        "grown in the pool file"
+    );
+    set_len(&pool, 4 * SIZE);
+    {
+        let s = sealed_file_store(d.path());
+        let r = s.open_all().pop().unwrap().unwrap();
+        assert_eq!(r.size(), 3 * SIZE);
+        assert_eq!(replica_disk(d.path(), 4).1, 3 * SIZE);
+        assert_eq!(read(&*r, 3 * SIZE - 4096, 4096), vec![5u8; 4096]);
+        r.write(SIZE - 4096, &[6u8; 4096], false).unwrap();
+        // A shrink past the split: the pool file emptied, then the data file shortened.
+        r.resize(SIZE / 2).unwrap();
+        assert_eq!(std::fs::metadata(&pool).unwrap().len(), 0);
+        assert_eq!(std::fs::metadata(&data).unwrap().len(), SIZE / 2);
+        // Grown again: the new end is in the pool file, from the new split.
+        r.resize(2 * SIZE).unwrap();
+        r.write(2 * SIZE - 4096, &[8u8; 4096], true).unwrap();
+        r.close().unwrap();
+    }
+    assert_eq!(std::fs::metadata(&data).unwrap().len(), SIZE / 2);
     let s = sealed_file_store(d.path());
     let r = s.open_all().pop().unwrap().unwrap();
-    assert_eq!(r.size(), 3 * SIZE);
-    assert_eq!(std::fs::metadata(&data).unwrap().len(), 3 * SIZE);
-    assert_eq!(read(&*r, 3 * SIZE - 4096, 4096), vec![5u8; 4096]);
+    assert_eq!(r.size(), 2 * SIZE);
+    assert_eq!(read(&*r, 2 * SIZE - 4096, 4096), vec![8u8; 4096]);
+    assert_eq!(
+        read(&*r, SIZE - 4096, 4096),
+        vec![0u8; 4096],
+        "cut, then grown"
+    );
+    r.close().unwrap();
+    drop((r, s));
+    // A shrink past the split that died between emptying the pool file and shortening the
+    // data file (its metadata says the smaller size first).
+    let s = sealed_file_store(d.path());
+    let r = s.open_all().pop().unwrap().unwrap();
+    r.write(SIZE / 2 - 4096, &[9u8; 4096], true).unwrap();
+    r.resize(SIZE / 4).unwrap();
+    r.close().unwrap();
+    drop((r, s));
+    set_len(&data, SIZE / 2);
+    let s = sealed_file_store(d.path());
+    let r = s.open_all().pop().unwrap().unwrap();
+    assert_eq!(r.size(), SIZE / 4);
+    assert_eq!(replica_disk(d.path(), 4).1, SIZE / 4);
+    r.resize(SIZE / 2).unwrap();
+    assert_eq!(read(&*r, SIZE / 2 - 4096, 4096), vec![0u8; 4096]);
+}
+
+/// A replica created before the pool file existed (a data file and no pool file) keeps all
+/// of its bytes in its data file, grown or not.
+#[test]
+fn a_replica_without_a_pool_file_keeps_its_bytes_in_its_data_file() {
+    let d = tempfile::tempdir().unwrap();
+    let [data, pool] = replica_paths(d.path(), 4);
+    {
+        let s = FileStore::open(d.path()).unwrap();
+        let r = s.create(4, SIZE).unwrap();
+        r.write(0, &[1u8; 4096], true).unwrap();
+        r.close().unwrap();
+    }
+    std::fs::remove_file(&pool).unwrap();
+    {
+        let s = FileStore::open(d.path()).unwrap();
+        let r = s.open_all().pop().unwrap().unwrap();
+        r.resize(2 * SIZE).unwrap();
+        r.write(SIZE, &[2u8; 4096], true).unwrap();
+        r.close().unwrap();
+    }
+    assert!(!pool.exists());
+    assert_eq!(std::fs::metadata(&data).unwrap().len(), 2 * SIZE);
+    let s = FileStore::open(d.path()).unwrap();
+    let r = s.open_all().pop().unwrap().unwrap();
+    assert_eq!(read(&*r, 0, 4096), vec![1u8; 4096]);
+    assert_eq!(read(&*r, SIZE, 4096), vec![2u8; 4096]);
+    s.delete(4).unwrap();
+    assert!(!data.exists());
+}
+
+/// What a file replica grew by is in its pool file: written through the cache, read back
+/// across the split in one request, durable at a flush, removed with the replica, and
+/// readable by its owner only.
+#[test]
+fn the_pool_file_holds_what_a_replica_grew_by() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::tempdir().unwrap();
+    let [data, pool] = replica_paths(d.path(), 4);
+    let s = FileStore::open(d.path()).unwrap();
+    let r = s.create(4, SIZE).unwrap();
+    assert_eq!(std::fs::metadata(&pool).unwrap().len(), 0);
+    assert_eq!(
+        std::fs::metadata(&pool).unwrap().permissions().mode() & 0o077,
+        0
+    );
+    r.resize(SIZE + (3 << 20)).unwrap();
+    // In order across several MiB (written behind), and one write across the split.
+    let mib: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+    for m in 0..3u64 {
+        r.write(SIZE + (m << 20), &mib, false).unwrap();
+    }
+    r.write(SIZE - 4096, &[3u8; 8192], false).unwrap();
+    assert_eq!(read(&*r, SIZE - 4096, 8192), vec![3u8; 8192]);
+    assert!(read(&*r, SIZE + (2 << 20), 1 << 20) == mib);
+    r.flush().unwrap();
+    assert_eq!(std::fs::metadata(&data).unwrap().len(), SIZE);
+    assert_eq!(std::fs::metadata(&pool).unwrap().len(), 3 << 20);
+    // A trim in the pool file reads zeros and gives its space back.
+    let before = replica_disk(d.path(), 4).0;
+    r.write_zeroes(SIZE + (1 << 20), 1 << 20, true, true)
+        .unwrap();
+    assert_eq!(read(&*r, SIZE + (1 << 20), 4096), vec![0u8; 4096]);
+    assert!(replica_disk(d.path(), 4).0 <= before - (1 << 20));
+    r.close().unwrap();
+    drop((r, s));
+    let s = FileStore::open(d.path()).unwrap();
+    let r = s.open_all().pop().unwrap().unwrap();
+    assert!(read(&*r, SIZE + 4096, (1 << 20) - 4096) == mib[4096..]);
+    assert_eq!(read(&*r, SIZE - 4096, 8192), vec![3u8; 8192]);
+    drop(r);
+    s.delete(4).unwrap();
+    assert!(!pool.exists() && !data.exists());
 }
 
 /// File replicas are thin: the data file takes disk blocks only where written. A preallocated
 /// one reserves every block and keeps what was written; the sealed wrapper passes it through.
 #[test]
 fn file_replicas_are_thin_until_preallocated() {
-    use std::os::unix::fs::MetadataExt;
     let d = tempfile::tempdir().unwrap();
     let s = sealed_file_store(d.path());
     const BIG: u64 = 64 << 20;
     let r = s.create(9, BIG).unwrap();
     r.write(5 * GRAIN, &[7u8; 4096], true).unwrap();
-    let data = d.path().join(format!("replica-{:016x}.data", 9u64));
-    let on_disk = || std::fs::metadata(&data).unwrap().blocks() * 512;
+    let on_disk = || replica_disk(d.path(), 9).0;
     assert!(
         on_disk() < 1 << 20,
         "a fresh replica took {} bytes",
@@ -360,14 +478,12 @@ fn file_replicas_are_thin_until_preallocated() {
 /// no hole is passed over, and a trim makes one again.
 #[test]
 fn a_reserved_range_is_allocated_and_reads_as_before() {
-    use std::os::unix::fs::MetadataExt;
     let d = tempfile::tempdir().unwrap();
     let s = sealed_file_store(d.path());
     const MIB: u64 = 1 << 20;
     let r = s.create(9, 16 * MIB).unwrap();
     r.write(6 * MIB, &[7u8; 4096], true).unwrap();
-    let data = d.path().join(format!("replica-{:016x}.data", 9u64));
-    let on_disk = || std::fs::metadata(&data).unwrap().blocks() * 512;
+    let on_disk = || replica_disk(d.path(), 9).0;
     let before = on_disk();
     r.reserve(4 * MIB, 8 * MIB);
     assert!(
@@ -533,14 +649,33 @@ fn sealed_file_store(d: &std::path::Path) -> SealedStore {
 }
 
 /// Changes bytes of a file replica's data file behind the store's back.
+/// Changes bytes of file replica `volume` at `at`, behind the store's back: in its data file,
+/// or past that file's end in its pool file.
 fn scribble(d: &std::path::Path, volume: u64, at: u64, bytes: &[u8]) {
     use std::os::unix::fs::FileExt;
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(d.join(format!("replica-{volume:016x}.data")))
-        .unwrap();
+    let [data, pool] = replica_paths(d, volume);
+    let split = std::fs::metadata(&data).unwrap().len();
+    let (path, at) = match at < split {
+        true => (data, at),
+        false => (pool, at - split),
+    };
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
     f.write_all_at(bytes, at).unwrap();
     f.sync_all().unwrap();
+}
+
+/// File replica `volume`'s data file and pool file in `d`.
+pub(crate) fn replica_paths(d: &std::path::Path, volume: u64) -> [std::path::PathBuf; 2] {
+    ["data", "pool"].map(|x| d.join(format!("replica-{volume:016x}.{x}")))
+}
+
+/// What file replica `volume`'s files take on disk, and their length (both files).
+pub(crate) fn replica_disk(d: &std::path::Path, volume: u64) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    replica_paths(d, volume)
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .fold((0, 0), |(b, l), m| (b + m.blocks() * 512, l + m.len()))
 }
 
 #[test]

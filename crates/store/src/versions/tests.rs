@@ -445,7 +445,6 @@ fn space_a_crash_left_taken_goes_back_at_the_next_open() {
 /// step, and what the volume and its snapshot read is unchanged.
 #[test]
 fn redirects_reserve_the_pool_a_window_ahead() {
-    use std::os::unix::fs::MetadataExt;
     let dir = tempfile::tempdir().unwrap();
     let s: Arc<dyn Store> = Arc::new(VersionedStore::new(
         Arc::new(FileStore::open(dir.path()).unwrap()),
@@ -455,8 +454,7 @@ fn redirects_reserve_the_pool_a_window_ahead() {
     let blocks = SIZE / BLOCK;
     r.write(0, &vec![1; SIZE as usize], false).unwrap();
     r.flush().unwrap();
-    let data = dir.path().join(format!("replica-{:016x}.data", 1u64));
-    let taken = || std::fs::metadata(&data).unwrap().blocks() * 512;
+    let taken = || crate::tests::replica_disk(dir.path(), 1).0;
     let before = taken();
     r.snapshot(1, 0).unwrap();
     r.write(0, &[2; 4096], false).unwrap();
@@ -502,8 +500,7 @@ fn the_pool_grows_ahead_of_its_redirects_while_writers_go_on() {
     assert_eq!(blocks / 16, STEP, "a step is the minimum here");
     r.write(0, &vec![0; SIZE as usize], false).unwrap();
     r.flush().unwrap();
-    let data = dir.path().join(format!("replica-{:016x}.data", 1u64));
-    let phys = || std::fs::metadata(&data).unwrap().len();
+    let phys = || crate::tests::replica_disk(dir.path(), 1).1;
     r.snapshot(1, 0).unwrap();
     // The first redirect finds the pool empty and grows it; the one that leaves fewer than a
     // quarter of the step free grows it ahead.
