@@ -44,6 +44,9 @@ pub(crate) fn pool_path(data_path: &Path) -> PathBuf {
     data_path.with_extension("pool")
 }
 
+/// A piece of a range in the pool file: the file, the offset in it, the length.
+type PoolPiece<'a> = (&'a File, u64, u64);
+
 #[derive(Debug)]
 pub(crate) struct Data {
     main: File,
@@ -105,7 +108,7 @@ impl Data {
 
     /// The pieces of `[off, off+len)`: in the data file at its offset, then in the pool file at
     /// its own (offset from the split).
-    fn pieces(&self, off: u64, len: u64) -> (Option<(u64, u64)>, Option<(&File, u64, u64)>) {
+    fn pieces(&self, off: u64, len: u64) -> (Option<(u64, u64)>, Option<PoolPiece<'_>>) {
         let s = self.split.load(Ordering::Acquire);
         let end = off + len;
         let main = (off < s).then(|| (off, end.min(s) - off));
@@ -252,7 +255,7 @@ fn fallocate(f: &File, mode: libc::c_int, off: u64, len: u64) -> std::io::Result
 /// starts, and the MiB [`KEEP_CHUNKS`] before it leaves the cache. Advice only: a failure
 /// changes nothing (the data is in the cache, and a flush syncs it).
 fn write_behind(f: &File, end: u64) {
-    if end % CHUNK != 0 {
+    if !end.is_multiple_of(CHUNK) {
         return;
     }
     // SAFETY: on a descriptor we own; no memory is passed.
