@@ -138,7 +138,7 @@ impl FileStore {
                 .map_err(io(m.volume, "undo an unfinished resize"))?;
         } else if len != m.size {
             return Err(corrupt(format!(
-                "data file is {len} bytes, metadata says {}",
+                "its data (and pool) file hold {len} bytes, metadata says {}",
                 m.size
             )));
         }
