@@ -33,40 +33,8 @@ fn a_cluster_on_etcd_survives_node_manager_etcd_and_writer_failures() {
         eprintln!("TRIREME_SKIP_ETCD is set: skipping the etcd cluster test");
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let mut net = Net::new();
-    let etcd_hosts: Vec<Host> = (1..=3)
-        .map(|i| net.host(&format!("e{i}"), 10 + i))
-        .collect();
-    let servers: Vec<Host> = (1..=4).map(|i| net.host(&format!("s{i}"), i)).collect();
-    let clients: Vec<Host> = (1..=2)
-        .map(|i| net.host(&format!("c{i}"), 20 + i))
-        .collect();
-    let etcd = Etcd::start(dir.path(), etcd_hosts);
-    let mut w = World {
-        nodes: (0..4).map(|_| None).collect(),
-        attach: None,
-        etcd,
-        servers,
-        clients,
-        net,
-        dir,
-    };
-    for id in 1..=4 {
-        w.start_node(id);
-    }
     // Registered, and a manager elected.
-    let t0 = Instant::now();
-    while w.cli(&["status"]).status.code() != Some(0)
-        || w.status()["nodes"].as_array().map_or(0, |n| n.len()) < 4
-    {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "cluster did not form:\n{}",
-            w.log()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let mut w = World::start(3, 4, 2);
 
     // A second daemon with a taken id refuses to start, saying who holds it.
     let host = w.servers[1].clone();
@@ -433,30 +401,7 @@ fn the_last_copy_in_sync_restarting_while_writes_wait_is_linked_again() {
         eprintln!("TRIREME_SKIP_ETCD is set: skipping the etcd cluster test");
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let mut net = Net::new();
-    let etcd = Etcd::start(dir.path(), vec![net.host("e1", 11)]);
-    let servers: Vec<Host> = (1..=3).map(|i| net.host(&format!("s{i}"), i)).collect();
-    let clients = vec![net.host("c1", 21)];
-    let mut w = World {
-        nodes: (0..3).map(|_| None).collect(),
-        attach: None,
-        etcd,
-        servers,
-        clients,
-        net,
-        dir,
-    };
-    for id in 1..=3 {
-        w.start_node(id);
-    }
-    let t0 = Instant::now();
-    while w.cli(&["status"]).status.code() != Some(0)
-        || w.status()["nodes"].as_array().map_or(0, |n| n.len()) < 3
-    {
-        assert!(t0.elapsed() < Duration::from_secs(30), "{}", w.log());
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let mut w = World::start(1, 3, 1);
     w.cli_ok(&[
         "volume",
         "create",

@@ -136,6 +136,48 @@ impl Drop for World {
 }
 
 impl World {
+    /// A world of `etcd_members` etcd hosts, `servers` server hosts each running a node daemon,
+    /// and `clients` client hosts; returns once every node is registered and a manager is
+    /// elected.
+    pub fn start(etcd_members: u8, servers: u8, clients: u8) -> World {
+        let dir = tempfile::tempdir().unwrap();
+        let mut net = Net::new();
+        let etcd_hosts: Vec<Host> = (1..=etcd_members)
+            .map(|i| net.host(&format!("e{i}"), 10 + i))
+            .collect();
+        let server_hosts: Vec<Host> = (1..=servers)
+            .map(|i| net.host(&format!("s{i}"), i))
+            .collect();
+        let client_hosts: Vec<Host> = (1..=clients)
+            .map(|i| net.host(&format!("c{i}"), 20 + i))
+            .collect();
+        let etcd = Etcd::start(dir.path(), etcd_hosts);
+        let mut w = World {
+            nodes: (0..servers).map(|_| None).collect(),
+            attach: None,
+            etcd,
+            servers: server_hosts,
+            clients: client_hosts,
+            net,
+            dir,
+        };
+        for id in 1..=u32::from(servers) {
+            w.start_node(id);
+        }
+        let t0 = Instant::now();
+        while w.cli(&["status"]).status.code() != Some(0)
+            || w.status()["nodes"].as_array().map_or(0, |n| n.len()) < usize::from(servers)
+        {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "cluster did not form:\n{}",
+                w.log()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        w
+    }
+
     /// `trireme` on `host`, pointed at the cluster's etcd.
     pub fn cmd_on(&self, host: &Host) -> Command {
         let mut c = host.cmd(BIN);
