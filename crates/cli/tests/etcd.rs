@@ -29,8 +29,7 @@ use etcd_world::*;
 
 #[test]
 fn a_cluster_on_etcd_survives_node_manager_etcd_and_writer_failures() {
-    if std::env::var_os("TRIREME_SKIP_ETCD").is_some() {
-        eprintln!("TRIREME_SKIP_ETCD is set: skipping the etcd cluster test");
+    if skipped() {
         return;
     }
     // Registered, and a manager elected.
@@ -50,16 +49,7 @@ fn a_cluster_on_etcd_survives_node_manager_etcd_and_writer_failures() {
     let why = String::from_utf8_lossy(&dup.stderr);
     assert!(why.contains("node id 2 is already held"), "{why}");
 
-    w.cli_ok(&[
-        "volume",
-        "create",
-        "vol",
-        "--size",
-        "64M",
-        "--replicas",
-        "3",
-    ]);
-    w.attach(0, "first");
+    w.create_and_attach();
     // A second attach, from the other client host, is refused while the first holds its record.
     let second = w
         .cmd_on(&w.clients[1])
@@ -397,21 +387,11 @@ fn a_cluster_on_etcd_survives_node_manager_etcd_and_writer_failures() {
 /// whole-cluster restart).
 #[test]
 fn the_last_copy_in_sync_restarting_while_writes_wait_is_linked_again() {
-    if std::env::var_os("TRIREME_SKIP_ETCD").is_some() {
-        eprintln!("TRIREME_SKIP_ETCD is set: skipping the etcd cluster test");
+    if skipped() {
         return;
     }
     let mut w = World::start(1, 3, 1);
-    w.cli_ok(&[
-        "volume",
-        "create",
-        "vol",
-        "--size",
-        "64M",
-        "--replicas",
-        "3",
-    ]);
-    w.attach(0, "first");
+    w.create_and_attach();
     let suspended = |s: &serde_json::Value| s["volumes"][0]["writes_suspended"] == true;
     let b = w.bench(30);
     std::thread::sleep(Duration::from_secs(2));

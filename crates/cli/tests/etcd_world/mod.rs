@@ -135,7 +135,30 @@ impl Drop for World {
     }
 }
 
+/// True (and said) when `TRIREME_SKIP_ETCD` asks to skip the etcd tests.
+pub fn skipped() -> bool {
+    let skip = std::env::var_os("TRIREME_SKIP_ETCD").is_some();
+    if skip {
+        eprintln!("TRIREME_SKIP_ETCD is set: skipping the etcd cluster test");
+    }
+    skip
+}
+
 impl World {
+    /// Creates `vol`, 64 MiB and 3-way, and attaches it from client host 1 (`attach-first.log`).
+    pub fn create_and_attach(&mut self) {
+        self.cli_ok(&[
+            "volume",
+            "create",
+            "vol",
+            "--size",
+            "64M",
+            "--replicas",
+            "3",
+        ]);
+        self.attach(0, "first");
+    }
+
     /// A world of `etcd_members` etcd hosts, `servers` server hosts each running a node daemon,
     /// and `clients` client hosts; returns once every node is registered and a manager is
     /// elected.
