@@ -130,7 +130,7 @@ impl FileStore {
             // says so, a shrink shortens them after. The metadata decides.
             tracing::warn!(
                 volume = m.volume,
-                "data file of {len} bytes, metadata says {}: an unfinished resize, undone",
+                "data (and pool) file of {len} bytes, metadata says {}: an unfinished resize, undone",
                 m.size
             );
             data.set_len(m.size)

@@ -141,8 +141,7 @@ impl Data {
             self.main.write_all_at(a, o)?;
         }
         if let Some((p, o, l)) = pool {
-            self.pool_dirty.store(true, Ordering::Release);
-            p.write_all_at(b, o)?;
+            self.changed(p.write_all_at(b, o))?;
             write_behind(p, o + l);
         }
         Ok(())
@@ -155,8 +154,7 @@ impl Data {
             fallocate(&self.main, mode, o, l)?;
         }
         if let Some((p, o, l)) = pool {
-            self.pool_dirty.store(true, Ordering::Release);
-            fallocate(p, mode, o, l)?;
+            self.changed(fallocate(p, mode, o, l))?;
         }
         Ok(())
     }
@@ -166,16 +164,23 @@ impl Data {
         let Some(p) = &self.pool else {
             return self.main.set_len(total);
         };
-        self.pool_dirty.store(true, Ordering::Release);
         let s = self.split.load(Ordering::Acquire);
         if total >= s {
-            return p.set_len(total - s);
+            return self.changed(p.set_len(total - s));
         }
         p.set_len(0)?;
         p.sync_all()?;
         self.main.set_len(total)?;
         self.split.store(total, Ordering::Release);
         Ok(())
+    }
+
+    /// After a change to the pool file (done or failed: a failed write may have left dirty
+    /// pages): the next flush syncs it. Marked after the change, not before, so a flush that
+    /// swapped the mark while the change ran cannot leave it unsynced for every later flush.
+    fn changed<T>(&self, r: std::io::Result<T>) -> std::io::Result<T> {
+        self.pool_dirty.store(true, Ordering::Release);
+        r
     }
 
     pub(crate) fn sync_data(&self) -> std::io::Result<()> {
