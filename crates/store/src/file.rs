@@ -15,6 +15,8 @@
 
 mod data;
 pub mod meta;
+#[cfg(test)]
+pub(crate) mod tests;
 
 use std::collections::HashMap;
 use std::fs::File;

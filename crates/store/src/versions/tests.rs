@@ -454,7 +454,7 @@ fn redirects_reserve_the_pool_a_window_ahead() {
     let blocks = SIZE / BLOCK;
     r.write(0, &vec![1; SIZE as usize], false).unwrap();
     r.flush().unwrap();
-    let taken = || crate::tests::replica_disk(dir.path(), 1).0;
+    let taken = || crate::file::tests::replica_disk(dir.path(), 1).0;
     let before = taken();
     r.snapshot(1, 0).unwrap();
     r.write(0, &[2; 4096], false).unwrap();
@@ -500,7 +500,7 @@ fn the_pool_grows_ahead_of_its_redirects_while_writers_go_on() {
     assert_eq!(blocks / 16, STEP, "a step is the minimum here");
     r.write(0, &vec![0; SIZE as usize], false).unwrap();
     r.flush().unwrap();
-    let phys = || crate::tests::replica_disk(dir.path(), 1).1;
+    let phys = || crate::file::tests::replica_disk(dir.path(), 1).1;
     r.snapshot(1, 0).unwrap();
     // The first redirect finds the pool empty and grows it; the one that leaves fewer than a
     // quarter of the step free grows it ahead.
