@@ -241,7 +241,8 @@ pub(crate) async fn run_async(
             .served(w.volume_id)
             .ok_or_else(|| fail(&w, format!("node {} lost its replica", n.id)))?;
         let mut buf = vec![0u8; size as usize];
-        r.read(0, &mut buf).map_err(|e| fail(&w, e.to_string()))?;
+        r.read(0, &mut buf)
+            .map_err(|e| fail(&w, format!("node {}: {e}", n.id)))?;
         copies.push((n.id, buf));
         replicas.push((n.id, r));
     }

@@ -252,12 +252,14 @@ impl SimNode {
 /// A node's store as production runs it: versions (kept in a directory of the node's, taken,
 /// deleted and rolled back by the snapshot task of `snapshots.rs`) over clones (their maps in
 /// the same directory; made, flattened and deleted by `clones.rs`) over every block sealed
-/// with its checksum (in memory, as on a store without a seals file: a restarted node is
-/// unsealed until blocks are written again), over the simulated disk.
+/// with its checksum, over the simulated disk. The seals persist in the same directory, as
+/// the file store's do: after a crash, a node keeps the seals its activity log says still
+/// hold, and the end's read of every copy through its store checks them (with seals in
+/// memory only, a copy whose kept seals were wrong went unseen: issue 63).
 fn sealed(disk: &Arc<SimDisk>, versions: &std::path::Path) -> Arc<dyn Store> {
     let sealed = Arc::new(trireme_store::SealedStore::new(
         disk.clone() as Arc<dyn Store>,
-        None,
+        Some(versions),
     ));
     let backed = Arc::new(trireme_store::BackedStore::new(sealed, Some(versions)));
     // The pool grows by 16 blocks, not 64 MiB: the volume is 64 blocks, the disk memory. The

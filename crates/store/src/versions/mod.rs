@@ -257,6 +257,33 @@ struct VersionedReplica {
 /// How far ahead of a redirect's block the pool's space is reserved.
 const RESERVE_AHEAD: u64 = 2 << 20;
 
+/// The physical byte ranges where writes to the logical ranges `suspect` may have landed
+/// under the head's map: the ranges themselves (blocks in place), and every block the head's
+/// entries there name (blocks moved to the pool). Sorted and merged.
+fn physical_suspects(t: &Table, suspect: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = suspect.to_vec();
+    for &(offset, len) in suspect {
+        if len == 0 {
+            continue;
+        }
+        let (first, last) = (offset / BLOCK, (offset.saturating_add(len) - 1) / BLOCK);
+        for (_, e) in t.head.range(first..=last) {
+            if e.phys != ZERO {
+                out.push((e.phys * BLOCK, BLOCK));
+            }
+        }
+    }
+    out.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(out.len());
+    for (o, l) in out {
+        match merged.last_mut() {
+            Some((mo, ml)) if *mo + *ml >= o => *ml = (*ml).max(o + l - *mo),
+            _ => merged.push((o, l)),
+        }
+    }
+    merged
+}
+
 fn version_error(volume: u64, e: VersionError) -> StoreError {
     match e {
         VersionError::Exists(id) => StoreError::SnapshotExists { volume, id },
@@ -631,6 +658,21 @@ impl crate::filter::ReplicaFilter for VersionedReplica {
 
     fn snapshot(&self, id: u64, created: u64) -> Result<(), StoreError> {
         self.take_snapshot(id, created, true)
+    }
+
+    /// `suspect` is logical (the node's activity log); the seals below are physical. Each
+    /// logical block written since the last clean state was written where the head now maps
+    /// it: its own number, or a pool block its entry names (issue 63: a block rewritten in
+    /// place in the pool after a flush kept its old seal, and failed it).
+    fn recover_seals(&self, suspect: &[(u64, u64)]) {
+        if self.plain.load(Ordering::Acquire) {
+            return self.inner.recover_seals(suspect);
+        }
+        let physical = {
+            let t = self.table();
+            physical_suspects(&t, suspect)
+        };
+        self.inner.recover_seals(&physical)
     }
 
     fn snapshot_unsynced(&self, id: u64, created: u64) -> Result<(), StoreError> {
