@@ -144,16 +144,15 @@ impl FileStore {
                 m.size
             )));
         }
-        let map = AllocMap::from_bytes(m.size, m.grain, &m.map)
+        let mut map = AllocMap::from_bytes(m.size, m.grain, &m.map)
             .ok_or_else(|| corrupt("allocation map has the wrong length".into()))?;
         let boot_path = meta_path.with_extension("boot");
         let boot_now = boot_id();
         let mut incarnation = m.incarnation;
         if m.flags & meta::FLAG_OPEN != 0 {
             // The last process died without persisting the map: writes since its last flush may
-            // be on disk but not in the map. Holes in the data file read as zeros, so treating
-            // every grain as allocated is always correct; only sparseness is lost.
-            map.set_range(0, m.size);
+            // be on disk but not in the map. The files say where they hold data (`rebuild_map`).
+            map = rebuild_map(m.volume, m.size, m.grain, &data);
             // A process crash loses nothing written with O_DIRECT (the kernel and device have
             // it); a power loss or reboot may lose whatever was not flushed. So a replica that
             // was open in another boot is a new history: peers must not trust their record of
@@ -166,7 +165,8 @@ impl FileStore {
             tracing::warn!(
                 volume = m.volume,
                 same_boot,
-                "replica was not shut down cleanly; marking every grain allocated"
+                allocated = map.allocated_grains() * m.grain,
+                "replica was not shut down cleanly; its allocation map rebuilt from its files"
             );
         }
         if incarnation == 0 {
@@ -187,6 +187,40 @@ impl FileStore {
         r.persist()?;
         Ok(r)
     }
+}
+
+/// How long opening one replica after an unclean stop may spend asking its files where they
+/// hold data; what is left is counted as allocated.
+const REBUILD_BUDGET: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The allocation map of a replica whose last process died, from its files (`SEEK_DATA`):
+/// every grain holding data, so a read never skips bytes a write left, and none that holds
+/// none, so space is not overstated for ever (issue 63: a node counted each copy at its full
+/// size after any kill -9). Holes read as zeros, so a grain left out is never wrong. Past
+/// [`REBUILD_BUDGET`], or on a file system that cannot say, the rest counts as allocated.
+fn rebuild_map(volume: u64, size: u64, grain: u64, data: &data::Data) -> AllocMap {
+    let t0 = std::time::Instant::now();
+    let found = data.find_data(t0 + REBUILD_BUDGET);
+    let map = AllocMap::new(size, grain);
+    for &(o, l) in &found.ranges {
+        map.set_range(o, l.min(size.saturating_sub(o)));
+    }
+    if let Some(from) = found.unknown_from {
+        tracing::warn!(
+            volume,
+            from,
+            took_ms = t0.elapsed().as_millis() as u64,
+            "where the replica holds data is unknown past this offset (time ran out, or the file system cannot say): counted as allocated"
+        );
+        map.set_range(from, size.saturating_sub(from));
+    }
+    tracing::info!(
+        volume,
+        extents = found.ranges.len(),
+        took_ms = t0.elapsed().as_millis() as u64,
+        "allocation map rebuilt from the replica's files"
+    );
+    map
 }
 
 /// This boot of the kernel (a reboot, or a power loss, changes it).

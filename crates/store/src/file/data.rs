@@ -246,6 +246,77 @@ impl Data {
     }
 }
 
+/// Where a file holds data, as the file system says (`SEEK_DATA`/`SEEK_HOLE`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Found {
+    /// Byte ranges `(offset, len)` of the replica that hold data, in order.
+    pub(crate) ranges: Vec<(u64, u64)>,
+    /// From here on nothing was looked at (the time ran out, or the file system cannot say):
+    /// count it all as data.
+    pub(crate) unknown_from: Option<u64>,
+}
+
+impl Data {
+    /// Where the replica's files hold data, in the replica's offsets: what a write since the
+    /// last persisted map may have allocated is there too (written direct, or dirty in the
+    /// page cache, which the file system reports as data). Looks until `deadline`.
+    pub(crate) fn find_data(&self, deadline: std::time::Instant) -> Found {
+        let s = self.split.load(Ordering::Acquire);
+        let mut found = Found {
+            ranges: Vec::new(),
+            unknown_from: None,
+        };
+        let main_len = self.main.metadata().map_or(0, |m| m.len()).min(s);
+        let mut parts = vec![(&self.main, 0u64, main_len)];
+        if let Some(p) = &self.pool {
+            parts.push((p, s, p.metadata().map_or(0, |m| m.len())));
+        }
+        for (f, base, len) in parts {
+            match seek_data(f, len, deadline) {
+                Ok(r) => found.ranges.extend(r.iter().map(|&(o, l)| (base + o, l))),
+                Err(at) => {
+                    found.unknown_from = Some(base + at);
+                    break;
+                }
+            }
+        }
+        found
+    }
+}
+
+/// The data ranges of `f` below `len`; `Err(offset)` from where it could not say (the file
+/// system has no `SEEK_DATA`, or `deadline` passed).
+fn seek_data(f: &File, len: u64, deadline: std::time::Instant) -> Result<Vec<(u64, u64)>, u64> {
+    let fd = f.as_raw_fd();
+    let seek = |off: u64, whence: libc::c_int| -> std::io::Result<u64> {
+        // SAFETY: lseek on a descriptor we own; no memory is passed.
+        let r = unsafe { libc::lseek(fd, off as libc::off_t, whence) };
+        match r {
+            r if r >= 0 => Ok(r as u64),
+            _ => Err(std::io::Error::last_os_error()),
+        }
+    };
+    let mut out = Vec::new();
+    let mut off = 0;
+    while off < len {
+        if std::time::Instant::now() >= deadline {
+            return Err(off);
+        }
+        let start = match seek(off, libc::SEEK_DATA) {
+            Ok(x) => x,
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => break,
+            Err(_) => return Err(off),
+        };
+        if start >= len {
+            break;
+        }
+        let end = seek(start, libc::SEEK_HOLE).map_err(|_| start)?.min(len);
+        out.push((start, end - start));
+        off = end;
+    }
+    Ok(out)
+}
+
 fn fallocate(f: &File, mode: libc::c_int, off: u64, len: u64) -> std::io::Result<()> {
     // SAFETY: fallocate on a descriptor we own; no memory is passed.
     let rc =
