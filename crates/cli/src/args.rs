@@ -109,6 +109,7 @@ impl ScrubArgs {
             every: self.scrub_interval,
             rate: Some(self.scrub_rate).filter(|&r| r > 0),
             region: 1 << 20,
+            integrity: true,
         }
     }
 }

@@ -280,7 +280,7 @@ fn space_after_a_kill_is_what_the_files_hold() {
     }
     let on_disk = du(&c.path().join("node-2"));
     assert!(
-        on_disk >= 12 << 20 && on_disk < 32 << 20,
+        (12 << 20..32 << 20).contains(&on_disk),
         "node 2 holds {on_disk} bytes on disk; pool says 12 MiB: {p}"
     );
 }

@@ -518,3 +518,112 @@ fn an_attach_that_reaches_no_copy_changes_no_replica() {
     unsafe { libc::kill(nbd.id() as i32, libc::SIGTERM) };
     assert!(nbd.wait().unwrap().success());
 }
+
+/// Issue 63, defence in depth: a read that meets a block failing its checksum is repaired from
+/// a good copy, and never silently: the volume turns `degraded` naming the node, the node
+/// counts it in its metrics, the events say so, and the manager scrubs the volume by itself
+/// (no schedule here), after which the copy is verified and the volume healthy again.
+#[test]
+fn a_bad_block_read_is_never_silent_and_brings_a_scrub() {
+    need("qemu-io");
+    let c = Cluster::start(&["--store", "file", "--size", "16M", "--scrub-interval", "0"]);
+    run(Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 0x5a 0 4M", &c.unix]));
+    let id = volume_status(&c, "vol0")["id"].as_u64().unwrap();
+    // The events see the volume healthy first (they come from a look each second).
+    let events = |c: &Cluster| -> Vec<serde_json::Value> {
+        serde_json::from_slice(&c.cli(&["--output", "json", "events"]).stdout).unwrap()
+    };
+    let said = |evs: &[serde_json::Value], kind: &str, part: &str| {
+        evs.iter()
+            .any(|e| e["kind"] == kind && e["text"].as_str().unwrap().contains(part))
+    };
+    while !said(&events(&c), "volume", "volume vol0 created") {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    corrupt(&c, 3, id, 1 << 20);
+    // Reads in flight together rotate over the copies: read the block until node 3 has
+    // served it.
+    let t0 = std::time::Instant::now();
+    let health = loop {
+        let mut q = Command::new("qemu-io");
+        q.args(["-f", "raw"]);
+        for _ in 0..8 {
+            q.args(["-c", "aio_read -P 0x5a 1M 4K"]);
+        }
+        run(q.args(["-c", "aio_flush", &c.unix]));
+        let h = volume_status(&c, "vol0")["health"].clone();
+        if h["verdict"] != "healthy" {
+            break h;
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(30),
+            "no read met the bad block, or it stayed silent: {h}\n{}",
+            c.log()
+        );
+    };
+    assert_eq!(health["verdict"], "degraded", "{health}");
+    let why = health["reasons"].to_string();
+    assert!(
+        why.contains("node 3: ")
+            && why.contains("met blocks failing their checksums")
+            && why.contains("offset 1048576"),
+        "{why}"
+    );
+    // The node's metrics count it.
+    let http = addr_in(&c.path().join("http"));
+    let token = std::fs::read_to_string(c.path().join("http-token")).unwrap();
+    let auth = format!("Bearer {}", token.trim());
+    let (_, targets) = http_with(&http, "GET", "/targets", &[("Authorization", &auth)]);
+    let groups: serde_json::Value = serde_json::from_slice(&targets).unwrap();
+    let counted = groups
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|g| g["labels"]["trireme_role"] == "node")
+        .flat_map(|g| g["targets"].as_array().unwrap().clone())
+        .any(|t| {
+            let (_, m) = http_with(
+                t.as_str().unwrap(),
+                "GET",
+                "/metrics",
+                &[("Authorization", &auth)],
+            );
+            String::from_utf8_lossy(&m)
+                .lines()
+                .filter_map(|l| l.strip_prefix("trireme_store_bad_block_reads_total{node=\"3\"} "))
+                .any(|n| n.parse::<f64>().is_ok_and(|n| n >= 1.0))
+        });
+    assert!(counted, "no node's metrics count the bad block");
+    // A scrub comes by itself, repairs nothing more, verifies the copy: healthy again, and
+    // the events tell the story.
+    let t0 = std::time::Instant::now();
+    loop {
+        let h = volume_status(&c, "vol0")["health"].clone();
+        if h["verdict"] == "healthy" {
+            break;
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(40),
+            "no scrub cleared the note: {h}\n{}",
+            c.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    let t0 = std::time::Instant::now();
+    loop {
+        let evs = events(&c);
+        if said(&evs, "health", "vol0: healthy → degraded: node 3: ")
+            && said(&evs, "scrub", "node 1, 2, 3 verified")
+            && said(&evs, "health", "vol0: degraded → healthy")
+        {
+            break;
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(10),
+            "{evs:#?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    assert_replicas_identical(&c, "vol0");
+}

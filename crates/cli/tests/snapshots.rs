@@ -683,4 +683,27 @@ fn a_drained_copy_killed_after_its_drain_holds_no_bad_block() {
         node_log()
     );
     assert!(!node_log().contains("fails its checksum"), "{}", node_log());
+    // Defence in depth: the copy was `unverified` (never `healthy`) until the manager's own
+    // scrub compared it; then healthy again.
+    let t0 = std::time::Instant::now();
+    loop {
+        let evs: Vec<serde_json::Value> =
+            serde_json::from_str(&ok(&c, &["--output", "json", "events"])).unwrap();
+        let said = |kind: &str, part: &str| {
+            evs.iter()
+                .any(|e| e["kind"] == kind && e["text"].as_str().unwrap().contains(part))
+        };
+        if said("health", "→ unverified: node 4 stopped uncleanly")
+            && said("scrub", "node 2, 3, 4 verified")
+            && said("health", "unverified → healthy")
+        {
+            break;
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(40),
+            "{evs:#?}\n{}",
+            c.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
 }

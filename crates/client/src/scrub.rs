@@ -25,6 +25,11 @@ pub struct ScrubReport {
     /// when only one good copy is left).
     #[serde(default)]
     pub bad_copies: u64,
+    /// Nodes whose copy was compared in every region, and which cleared what they noted
+    /// against it (an unclean stop, bad blocks met) once the scrub ended with nothing left
+    /// unresolved (`node/src/integrity.rs`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub verified: Vec<u32>,
 }
 
 impl Volume {
@@ -83,11 +88,14 @@ impl Volume {
             replicas: self.in_sync().iter().map(|&i| self.node(i)).collect(),
             ..ScrubReport::default()
         };
+        // Copies compared in every region so far, with the node's token when the scrub began.
+        let mut always = self.integrity_tokens(&self.in_sync()).await;
         let mut off = 0;
         while off < self.size() {
             let len = region.min(self.size() - off);
             let _r = self.core.acquire(off, off + len).await;
             let targets = self.in_sync();
+            always.retain(|(i, _)| targets.contains(i));
             let replies = self.checksums(&targets, off, len).await;
             // A copy whose blocks fail their checksums is known bad: it gets no vote.
             let mut sums = Vec::with_capacity(targets.len());
@@ -126,6 +134,55 @@ impl Volume {
                 tokio::time::sleep_until(started + due).await;
             }
         }
+        if report.unresolved.is_empty() {
+            report.verified = self.mark_verified(&always).await;
+        }
         Ok(report)
+    }
+
+    /// Each copy's integrity token now (`ReplicaInfo`), for those whose node reports one.
+    async fn integrity_tokens(&self, copies: &[usize]) -> Vec<(usize, u64)> {
+        let mut out = Vec::new();
+        for &i in copies {
+            let h = self.header(Op::ReplicaInfo, 0, 0);
+            let answer = self
+                .call(i, h, bytes::Bytes::new())
+                .await
+                .and_then(|f| self.expect_ok(i, f))
+                .ok()
+                .and_then(|f| trireme_proto::ReplicaInfoAnswer::read(&f.header, &f.payload).ok());
+            if let Some(t) = answer.and_then(|a| a.integrity).map(|g| g.token) {
+                out.push((i, t));
+            }
+        }
+        out
+    }
+
+    /// Tells each copy compared in every region that a scrub verified it, with the token its
+    /// node gives now, if that node's process is the one the scrub began with (a copy whose
+    /// node restarted meanwhile stays noted). The nodes told; a refusal is logged, not an
+    /// error: the copy stays noted, and the next scrub tries again.
+    async fn mark_verified(&self, copies: &[(usize, u64)]) -> Vec<u32> {
+        let idx: Vec<usize> = copies.iter().map(|c| c.0).collect();
+        let now = self.integrity_tokens(&idx).await;
+        let mut told = Vec::new();
+        for (i, token) in now {
+            let began = copies.iter().find(|c| c.0 == i).map(|c| c.1);
+            if began.is_none_or(|b| b >> 32 != token >> 32) {
+                continue;
+            }
+            let h = self.header(Op::Verified, token, 0);
+            match self
+                .call(i, h, bytes::Bytes::new())
+                .await
+                .and_then(|f| self.expect_ok(i, f))
+            {
+                Ok(_) => told.push(self.node(i)),
+                Err(e) => {
+                    tracing::info!(volume = %self.info.name, node = self.node(i), "the copy stays unverified: {e}")
+                }
+            }
+        }
+        told
     }
 }

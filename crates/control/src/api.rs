@@ -409,6 +409,34 @@ pub struct ReplicaStatus {
     /// Where its extents live, on a tiered node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tier: Option<ReplicaTierStatus>,
+    /// What its node notes against its integrity until a scrub verifies it (absent: nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub integrity: Option<ReplicaIntegrityStatus>,
+}
+
+/// What a node notes against a copy until a scrub verifies it (issue 63).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaIntegrityStatus {
+    /// The node stopped uncleanly with the copy open.
+    #[serde(default)]
+    pub unclean: bool,
+    /// Reads that met a block failing its checksum.
+    #[serde(default)]
+    pub bad_blocks: u64,
+    /// The last such block's offset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_bad_offset: Option<u64>,
+}
+
+impl ReplicaIntegrityStatus {
+    /// `None` when nothing is noted.
+    pub fn new(i: &trireme_proto::ReplicaIntegrity) -> Option<ReplicaIntegrityStatus> {
+        (!i.is_clean()).then(|| ReplicaIntegrityStatus {
+            unclean: i.unclean,
+            bad_blocks: i.bad_blocks,
+            last_bad_offset: (i.bad_blocks > 0).then_some(i.last_bad_offset),
+        })
+    }
 }
 
 /// A volume as `status` shows it.

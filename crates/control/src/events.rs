@@ -320,6 +320,7 @@ mod tests {
                     epoch: None,
                     resync: None,
                     tier: None,
+                    integrity: None,
                 }],
                 client_links: vec![],
                 writer: None,

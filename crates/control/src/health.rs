@@ -4,8 +4,9 @@
 //! | verdict | the volume |
 //! |---|---|
 //! | `healthy` | every copy in sync on a node that answers |
+//! | `unverified` | every copy in sync, but one's node stopped uncleanly and no scrub has compared it since (a scrub is on its way) |
 //! | `resyncing` | a copy is being brought back (bytes left, rate, ETA in the reasons) |
-//! | `degraded` | fewer copies in sync than it has, none being brought back now |
+//! | `degraded` | fewer copies in sync than it has, none being brought back now; or a copy met blocks failing their checksums since its last scrub |
 //! | `writes-suspended` | fewer in sync than its minimum: writes wait |
 //! | `writer-fenced` | the writer in the cluster's process was superseded by another |
 //! | `unavailable` | no copy in sync on a node that answers: nothing can be read |
@@ -22,6 +23,7 @@ use crate::api::{NodeStatus, ReplicaStatusState, VolumeStatus};
 #[serde(rename_all = "kebab-case")]
 pub enum Verdict {
     Healthy,
+    Unverified,
     Resyncing,
     Degraded,
     WritesSuspended,
@@ -30,8 +32,9 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    pub const ALL: [Verdict; 6] = [
+    pub const ALL: [Verdict; 7] = [
         Verdict::Healthy,
+        Verdict::Unverified,
         Verdict::Resyncing,
         Verdict::Degraded,
         Verdict::WritesSuspended,
@@ -42,6 +45,7 @@ impl Verdict {
     pub fn as_str(self) -> &'static str {
         match self {
             Verdict::Healthy => "healthy",
+            Verdict::Unverified => "unverified",
             Verdict::Resyncing => "resyncing",
             Verdict::Degraded => "degraded",
             Verdict::WritesSuspended => "writes-suspended",
@@ -149,7 +153,45 @@ pub fn volume_health(v: &VolumeStatus, nodes: &[NodeStatus]) -> Health {
     } else {
         Verdict::Healthy
     };
-    Health { verdict, reasons }
+    let (worst, mut more) = integrity(&copies);
+    reasons.append(&mut more);
+    Health {
+        verdict: match worst {
+            // A word for the integrity only where the copies' states gave no worse one.
+            Some(w) if verdict < w => w,
+            _ => verdict,
+        },
+        reasons,
+    }
+}
+
+/// What the nodes note against the copies until a scrub verifies them: bad blocks make the
+/// volume `degraded`, an unclean stop `unverified` (issue 63: a bad copy must never hide
+/// behind `healthy`).
+fn integrity(copies: &[&crate::api::ReplicaStatus]) -> (Option<Verdict>, Vec<String>) {
+    let mut worst = None;
+    let mut reasons = Vec::new();
+    for r in copies {
+        let Some(i) = &r.integrity else { continue };
+        if i.bad_blocks > 0 {
+            worst = Some(Verdict::Degraded);
+            reasons.push(format!(
+                "node {}: {} read{} met blocks failing their checksums since its last scrub (the last at offset {}); a scrub checks and repairs the copy",
+                r.node,
+                i.bad_blocks,
+                if i.bad_blocks == 1 { "" } else { "s" },
+                i.last_bad_offset.unwrap_or(0)
+            ));
+        }
+        if i.unclean {
+            worst = worst.max(Some(Verdict::Unverified));
+            reasons.push(format!(
+                "node {} stopped uncleanly with its copy open: unverified until a scrub compares it",
+                r.node
+            ));
+        }
+    }
+    (worst, reasons)
 }
 
 /// The cluster's health: its worst volume's, with every volume's reasons, and member nodes
@@ -200,6 +242,7 @@ mod tests {
             epoch: None,
             resync: None,
             tier: None,
+            integrity: None,
         }
     }
 
@@ -284,5 +327,45 @@ mod tests {
         );
         assert!(Verdict::Unavailable > Verdict::WriterFenced);
         assert!(Verdict::Resyncing < Verdict::Degraded);
+    }
+
+    /// Issue 63: a copy in sync whose node stopped uncleanly makes the volume `unverified`,
+    /// one that met bad blocks `degraded`, each naming the node; neither hides a worse word.
+    #[test]
+    fn what_the_nodes_note_against_a_copy_is_never_healthy() {
+        use crate::api::ReplicaIntegrityStatus;
+        use ReplicaStatusState::*;
+        let nodes = [node(1, true), node(2, true)];
+        let noted = |n: u32, s, unclean: bool, bad: u64| {
+            let mut r = replica(n, s);
+            r.integrity = Some(ReplicaIntegrityStatus {
+                unclean,
+                bad_blocks: bad,
+                last_bad_offset: (bad > 0).then_some(8192),
+            });
+            r
+        };
+        let u = volume_health(
+            &volume(vec![replica(1, InSync), noted(2, InSync, true, 0)], 1),
+            &nodes,
+        );
+        assert_eq!(u.verdict, Verdict::Unverified);
+        assert!(u.reasons[0].contains("node 2 stopped uncleanly"), "{u:?}");
+        let b = volume_health(
+            &volume(vec![replica(1, InSync), noted(2, InSync, true, 3)], 1),
+            &nodes,
+        );
+        assert_eq!(b.verdict, Verdict::Degraded);
+        assert!(
+            b.reasons[0].contains("node 2: 3 reads met blocks failing their checksums")
+                && b.reasons[0].contains("offset 8192"),
+            "{b:?}"
+        );
+        let r = volume_health(
+            &volume(vec![replica(1, InSync), noted(2, Outdated, true, 0)], 2),
+            &nodes,
+        );
+        assert_eq!(r.verdict, Verdict::WritesSuspended, "{r:?}");
+        assert!(Verdict::Healthy < Verdict::Unverified && Verdict::Unverified < Verdict::Resyncing);
     }
 }

@@ -18,6 +18,7 @@ mod access;
 mod activity;
 pub mod books;
 mod dirty;
+mod integrity;
 mod io_threads;
 mod ops;
 mod room;
@@ -81,6 +82,8 @@ pub struct Node {
     books: std::sync::atomic::AtomicBool,
     /// Where data requests run when the store blocks (`io_threads.rs`).
     io: io_threads::IoThreads,
+    /// What is noted of each copy's integrity until a scrub verifies it (`integrity.rs`).
+    integrity: integrity::Integrity,
 }
 
 /// What a node holds ([`Node::usage`]).
@@ -98,6 +101,11 @@ pub struct NodeUsage {
     pub tiers: Option<trireme_store::StoreTiers>,
     /// Each tiered replica's extents and reads, by volume id.
     pub replica_tiers: Vec<(u64, trireme_store::ReplicaTiers)>,
+    /// Reads and checksums that met a block failing its checksum, since the node started
+    /// (summed over the replicas it serves).
+    pub bad_block_reads: u64,
+    /// Replicas opened after an unclean stop that no scrub has verified since.
+    pub unverified: usize,
 }
 
 /// Why serving a request failed: a status for the client and a message for the log.
@@ -152,7 +160,11 @@ impl Node {
             room: room::Room::default(),
             books: std::sync::atomic::AtomicBool::new(false),
             io: io_threads::IoThreads::new(DEFAULT_IO_THREADS, format!("node{id}-io")),
+            integrity: integrity::Integrity::default(),
         };
+        for r in node.all_replicas() {
+            node.integrity.opened(&*r);
+        }
         node.link_clones();
         node
     }
@@ -323,6 +335,11 @@ impl Node {
                 .iter()
                 .filter_map(|r| r.tiers().map(|t| (r.volume(), t)))
                 .collect(),
+            bad_block_reads: replicas.iter().map(|r| r.bad_blocks().seen).sum(),
+            unverified: replicas
+                .iter()
+                .filter(|r| self.integrity.report(&***r).unclean)
+                .count(),
         }
     }
 

@@ -111,6 +111,7 @@ impl Node {
             Op::SnapshotChanged => self.on_snapshot_changed(req),
             Op::CreateClone => self.on_create_clone(req),
             Op::Flatten => self.on_flatten(h),
+            Op::Verified => self.on_verified(h),
         }?;
         Ok((resp, payload))
     }

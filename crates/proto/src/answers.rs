@@ -31,6 +31,62 @@ pub struct ReplicaInfoAnswer {
     pub allocated_bytes: u64,
     pub epoch: u64,
     pub incarnation: u64,
+    /// `None` from a node from before it.
+    pub integrity: Option<ReplicaIntegrity>,
+}
+
+/// What a node knows of a copy's integrity until a scrub verifies it (issue 63).
+///
+/// | bytes | field |
+/// |---|---|
+/// | 0..4 | flags: bit 0 `unclean` |
+/// | 4..8 | zero |
+/// | 8..16 | `bad_blocks` |
+/// | 16..24 | `last_bad_offset` |
+/// | 24..32 | `token` |
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ReplicaIntegrity {
+    /// The node stopped uncleanly with the copy open; no scrub has verified it since.
+    pub unclean: bool,
+    /// Reads that met a block failing its checksum since the last scrub verified the copy.
+    pub bad_blocks: u64,
+    /// The last such block's offset.
+    pub last_bad_offset: u64,
+    /// Names this state: a scrub that ends hands it back in `Verified`.
+    pub token: u64,
+}
+
+const INTEGRITY_LEN: usize = 32;
+
+impl ReplicaIntegrity {
+    /// Nothing to verify.
+    pub fn is_clean(&self) -> bool {
+        !self.unclean && self.bad_blocks == 0
+    }
+
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&u32::from(self.unclean).to_le_bytes());
+        out.extend_from_slice(&[0; 4]);
+        out.extend_from_slice(&self.bad_blocks.to_le_bytes());
+        out.extend_from_slice(&self.last_bad_offset.to_le_bytes());
+        out.extend_from_slice(&self.token.to_le_bytes());
+    }
+
+    fn decode(b: &[u8; INTEGRITY_LEN]) -> Result<ReplicaIntegrity, DecodeError> {
+        let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        let flags = u32::from_le_bytes(b[0..4].try_into().expect("4 bytes"));
+        if flags > 1 || b[4..8] != [0; 4] {
+            return Err(DecodeError::MalformedPayload {
+                what: "a replica's integrity flags have unknown bits",
+            });
+        }
+        Ok(ReplicaIntegrity {
+            unclean: flags == 1,
+            bad_blocks: word(8),
+            last_bad_offset: word(16),
+            token: word(24),
+        })
+    }
 }
 
 impl ReplicaInfoAnswer {
@@ -38,19 +94,32 @@ impl ReplicaInfoAnswer {
         h.length = self.size;
         h.offset = self.allocated_bytes;
         h.epoch = self.epoch;
-        self.incarnation.to_le_bytes().to_vec()
+        let mut out = self.incarnation.to_le_bytes().to_vec();
+        if let Some(i) = &self.integrity {
+            i.encode(&mut out);
+        }
+        out
     }
     pub fn read(h: &Header, payload: &[u8]) -> Result<ReplicaInfoAnswer, DecodeError> {
-        let incarnation = <[u8; 8]>::try_from(payload)
-            .map(u64::from_le_bytes)
-            .map_err(|_| DecodeError::MalformedPayload {
-                what: "a replica's incarnation is 8 bytes",
-            })?;
+        let (inc, rest) = match payload.len() {
+            8 | 40 => payload.split_at(8),
+            _ => {
+                return Err(DecodeError::MalformedPayload {
+                    what: "a replica's info is 8 bytes, or 40 with its integrity",
+                })
+            }
+        };
+        let incarnation = u64::from_le_bytes(inc.try_into().expect("8 bytes"));
+        let integrity = match <&[u8; INTEGRITY_LEN]>::try_from(rest) {
+            Ok(b) => Some(ReplicaIntegrity::decode(b)?),
+            Err(_) => None,
+        };
         Ok(ReplicaInfoAnswer {
             size: h.length,
             allocated_bytes: h.offset,
             epoch: h.epoch,
             incarnation,
+            integrity,
         })
     }
 }
@@ -159,15 +228,28 @@ mod tests {
         };
         a.put(&mut h);
         assert_eq!(AttachAnswer::read(&h), a);
-        let i = ReplicaInfoAnswer {
+        let mut i = ReplicaInfoAnswer {
             size: 4096,
             allocated_bytes: 0,
             epoch: 3,
             incarnation: 9,
+            integrity: None,
         };
         let p = i.put(&mut h);
         assert_eq!(ReplicaInfoAnswer::read(&h, &p).unwrap(), i);
         assert!(ReplicaInfoAnswer::read(&h, &p[..7]).is_err());
+        i.integrity = Some(ReplicaIntegrity {
+            unclean: true,
+            bad_blocks: 2,
+            last_bad_offset: 1 << 20,
+            token: 77,
+        });
+        let mut p = i.put(&mut h);
+        assert_eq!(p.len(), 40);
+        assert_eq!(ReplicaInfoAnswer::read(&h, &p).unwrap(), i);
+        assert!(ReplicaInfoAnswer::read(&h, &p[..39]).is_err());
+        p[9] = 1;
+        assert!(ReplicaInfoAnswer::read(&h, &p).is_err(), "unknown flags");
         let d = DirtyAnswer {
             epoch: 2,
             incarnation: 5,

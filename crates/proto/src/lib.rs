@@ -37,6 +37,7 @@ mod tier;
 
 pub use answers::{
     ActivityAnswer, AttachAnswer, ChecksumAnswer, DirtyAnswer, PingAnswer, ReplicaInfoAnswer,
+    ReplicaIntegrity,
 };
 pub use dirty::{
     decode_peer, encode_peer, DirtyPeer, DIRTY_AUTO, DIRTY_DROP, DIRTY_MANUAL, DIRTY_PEER_LEN,

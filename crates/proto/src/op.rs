@@ -29,7 +29,9 @@ pub enum Op {
     /// Delete a replica. No epoch check.
     DeleteReplica = 10,
     /// Describe a replica: response `length` = size, `offset` = allocated bytes, `epoch` = epoch,
-    /// payload = the replica's incarnation (u64 LE; it changes when the replica's history is lost).
+    /// payload = the replica's incarnation (u64 LE; it changes when the replica's history is lost),
+    /// then what the node knows of its integrity ([`ReplicaIntegrity`](crate::ReplicaIntegrity);
+    /// absent from a node from before it).
     ReplicaInfo = 11,
     /// Dirty-region tracking for a peer replica that is out of the in-sync set. Payload:
     /// [`DirtyPeer`](crate::DirtyPeer). Marks `[offset, offset+length)` dirty for the peer and,
@@ -124,6 +126,11 @@ pub enum Op {
     /// forget the parent; answered when done. No epoch check: I/O may go on meanwhile. A
     /// control op. Nothing to do for a replica that is no clone.
     Flatten = 34,
+    /// A scrub compared every region of this copy and repaired what differed: what the node
+    /// noted of its integrity up to the state `offset` names (the
+    /// [`ReplicaIntegrity::token`](crate::ReplicaIntegrity) the scrub read at its end) is
+    /// cleared. Epoch-checked as a checksum is.
+    Verified = 35,
 }
 
 impl Op {
@@ -163,6 +170,7 @@ impl Op {
             32 => Op::SnapshotChanged,
             33 => Op::CreateClone,
             34 => Op::Flatten,
+            35 => Op::Verified,
             _ => return None,
         })
     }

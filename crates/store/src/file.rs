@@ -59,6 +59,8 @@ struct FileReplica {
     incarnation: AtomicU64,
     /// Set by `close`: the next persist records a clean shutdown.
     closed: AtomicBool,
+    /// Opened after its last process died with it open ([`Replica::unclean_stop`]).
+    unclean: AtomicBool,
     persist_lock: Mutex<()>,
     stripes: Vec<Mutex<()>>,
     ledger: Arc<crate::FileLedger>,
@@ -183,6 +185,8 @@ impl FileStore {
             meta_path,
             map,
         ));
+        r.unclean
+            .store(m.flags & meta::FLAG_OPEN != 0, Ordering::Release);
         // Record "open" before serving anything, so a crash from here on is noticed.
         r.persist()?;
         Ok(r)
@@ -267,6 +271,7 @@ impl FileReplica {
             map_dirty: AtomicBool::new(false),
             incarnation: AtomicU64::new(incarnation),
             closed: AtomicBool::new(false),
+            unclean: AtomicBool::new(false),
             persist_lock: Mutex::new(()),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             ledger: Arc::new(crate::FileLedger::new(
@@ -705,6 +710,9 @@ impl Replica for FileReplica {
     }
     fn ledger(&self) -> Option<Arc<dyn crate::Ledger>> {
         Some(self.ledger.clone())
+    }
+    fn unclean_stop(&self) -> bool {
+        self.unclean.load(Ordering::Acquire)
     }
     fn close(&self) -> Result<(), StoreError> {
         self.data.sync_data().map_err(io(self.volume, "flush"))?;

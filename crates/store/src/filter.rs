@@ -54,6 +54,12 @@ pub trait ReplicaFilter: Send + Sync + std::fmt::Debug {
     fn recover_seals(&self, suspect: &[(u64, u64)]) {
         self.next().recover_seals(suspect)
     }
+    fn unclean_stop(&self) -> bool {
+        self.next().unclean_stop()
+    }
+    fn bad_blocks(&self) -> crate::BadBlocks {
+        self.next().bad_blocks()
+    }
 
     // Block I/O.
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
@@ -172,6 +178,12 @@ impl<F: ReplicaFilter> Replica for F {
     }
     fn recover_seals(&self, suspect: &[(u64, u64)]) {
         ReplicaFilter::recover_seals(self, suspect)
+    }
+    fn unclean_stop(&self) -> bool {
+        ReplicaFilter::unclean_stop(self)
+    }
+    fn bad_blocks(&self) -> crate::BadBlocks {
+        ReplicaFilter::bad_blocks(self)
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         ReplicaFilter::read(self, offset, buf)

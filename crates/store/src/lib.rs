@@ -101,6 +101,15 @@ pub enum StoreError {
     BadBlock { volume: u64, offset: u64 },
 }
 
+/// Blocks a replica found failing their checksums ([`Replica::bad_blocks`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BadBlocks {
+    /// Reads that met one, since the process opened the replica.
+    pub seen: u64,
+    /// The offset of the last one.
+    pub last_offset: u64,
+}
+
 /// Which backend a store is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreKind {
@@ -209,6 +218,16 @@ pub trait Replica: Send + Sync + std::fmt::Debug {
     /// that dropped them may take them back outside `suspect`. Never called: they stay
     /// dropped.
     fn recover_seals(&self, _suspect: &[(u64, u64)]) {}
+    /// True when this process opened the replica after an unclean stop (its last process died
+    /// with it open): what it holds is unverified until a scrub has compared it (issue 63).
+    fn unclean_stop(&self) -> bool {
+        false
+    }
+    /// Reads (and checksums) that met a block failing its checksum since the process opened
+    /// the replica, and the offset of the last such block.
+    fn bad_blocks(&self) -> BadBlocks {
+        BadBlocks::default()
+    }
     /// Where this replica's extents live, for a store with tiers.
     fn tiers(&self) -> Option<ReplicaTiers> {
         None

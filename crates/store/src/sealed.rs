@@ -97,6 +97,8 @@ impl SealedStore {
             locks: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             file: None,
             pending: Mutex::new(None),
+            bad_seen: AtomicU64::new(0),
+            last_bad: AtomicU64::new(0),
             inner: r,
         };
         let sealed = match self.path(sealed.volume()) {
@@ -144,6 +146,9 @@ struct SealedReplica {
     /// Seals read from the file of an unclean stop, held back until `recover_seals` says
     /// where they still hold.
     pending: Mutex<Option<Vec<u64>>>,
+    /// Reads that met a block failing its seal, and the last one's offset.
+    bad_seen: AtomicU64,
+    last_bad: AtomicU64,
 }
 
 /// A request's view of a replica's seals and their dirty pages (shared locks, held for the
@@ -401,6 +406,8 @@ impl SealedReplica {
         match bad {
             None => Ok(()),
             Some(at) => {
+                self.last_bad.store(at, Ordering::Release);
+                self.bad_seen.fetch_add(1, Ordering::AcqRel);
                 tracing::error!(
                     volume = self.volume(),
                     offset = at,
@@ -545,6 +552,12 @@ impl crate::filter::ReplicaFilter for SealedReplica {
     fn close(&self) -> Result<(), StoreError> {
         self.inner.close()?;
         self.persist(true)
+    }
+    fn bad_blocks(&self) -> crate::BadBlocks {
+        crate::BadBlocks {
+            seen: self.bad_seen.load(Ordering::Acquire),
+            last_offset: self.last_bad.load(Ordering::Acquire),
+        }
     }
     fn recover_seals(&self, suspect: &[(u64, u64)]) {
         let Some(kept) = self

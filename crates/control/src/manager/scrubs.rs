@@ -23,7 +23,27 @@ pub struct ScrubSchedule {
     pub rate: Option<u64>,
     /// Bytes compared at a time.
     pub region: u64,
+    /// Also scrub, as soon as its copies are in sync, a volume whose nodes note something
+    /// against a copy (an unclean stop, bad blocks met), whatever `every` says.
+    pub integrity: bool,
 }
+
+/// Who asked for a scrub (its record's `by`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ScrubBy {
+    Operator,
+    /// The schedule, at this interval.
+    Schedule(Duration),
+    /// What a node noted against a copy (`scrub_noted`).
+    Integrity,
+}
+
+/// How often the manager looks for copies its nodes note something against.
+const INTEGRITY_LOOK: Duration = Duration::from_secs(5);
+/// The least time between two scrubs of one volume for what its nodes note: a scrub that
+/// could not clear it (a copy with no majority, a node that restarted meanwhile) is not
+/// run again at once.
+const INTEGRITY_AGAIN: Duration = Duration::from_secs(60);
 
 /// A scheduled scrub that failed is tried again this long after, or at its interval if shorter.
 const RETRY_FAILED: u64 = 3600;
@@ -37,28 +57,32 @@ impl Manager {
         rate: Option<u64>,
     ) -> Result<ScrubReport> {
         let v = self.meta.volume(name).await?;
-        self.scrub_recorded(&v, region, rate, None).await
+        self.scrub_recorded(&v, region, rate, ScrubBy::Operator)
+            .await
     }
 
-    /// Scrubs `v` and records how it went; `schedule`: the interval of the schedule that
-    /// asked for it (none: an operator did).
+    /// Scrubs `v` and records how it went, and who asked (`by`).
     async fn scrub_recorded(
         self: &Arc<Self>,
         v: &VolumeRecord,
         region: u64,
         rate: Option<u64>,
-        schedule: Option<Duration>,
+        by: ScrubBy,
     ) -> Result<ScrubReport> {
+        let schedule = match by {
+            ScrubBy::Schedule(every) => Some(every),
+            _ => None,
+        };
         let t0 = std::time::Instant::now();
         let r = self.scrub_any(v, region, rate).await;
         let at = now_secs();
         let mut out = ScrubOutcome {
             at,
             took_ms: t0.elapsed().as_millis() as u64,
-            by: if schedule.is_some() {
-                "schedule"
-            } else {
-                "operator"
+            by: match by {
+                ScrubBy::Operator => "operator",
+                ScrubBy::Schedule(_) => "schedule",
+                ScrubBy::Integrity => "integrity",
             }
             .into(),
             bytes_compared: 0,
@@ -105,6 +129,16 @@ impl Manager {
                         t += &format!(", {} with no majority (left alone)", rep.unresolved.len());
                     }
                 }
+                if !rep.verified.is_empty() && by == ScrubBy::Integrity {
+                    t += &format!(
+                        "; node {} verified",
+                        rep.verified
+                            .iter()
+                            .map(u32::to_string)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    );
+                }
                 t
             }
             Err(e) => {
@@ -147,6 +181,9 @@ impl Manager {
     /// first, while this manager lives. A volume the schedule has not seen before counts
     /// from now.
     pub fn start_scrub_schedule(self: &Arc<Self>, s: ScrubSchedule) {
+        if s.integrity {
+            self.start_integrity_scrubs(s);
+        }
         if s.every.is_zero() {
             return;
         }
@@ -191,9 +228,60 @@ impl Manager {
             tracing::info!(volume = %v.name, "scheduled scrub");
             // Its outcome is recorded, an error included; the next look goes on.
             let _ = self
-                .scrub_recorded(&v, s.region, s.rate, Some(s.every))
+                .scrub_recorded(&v, s.region, s.rate, ScrubBy::Schedule(s.every))
                 .await;
         }
+        Ok(())
+    }
+
+    /// Scrubs, one at a time, each volume whose nodes note something against a copy once
+    /// all its copies are in sync, while this manager lives: `status` says `unverified` or
+    /// `degraded` until a scrub has compared the copy (issue 63). The schedule's rate.
+    fn start_integrity_scrubs(self: &Arc<Self>, s: ScrubSchedule) {
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut last: std::collections::HashMap<u64, tokio::time::Instant> = Default::default();
+            loop {
+                tokio::time::sleep(INTEGRITY_LOOK).await;
+                let Some(m) = me.upgrade() else { return };
+                if let Err(e) = m.scrub_noted(s, &mut last).await {
+                    tracing::debug!("scrubs for what nodes noted: {e}");
+                }
+            }
+        });
+    }
+
+    async fn scrub_noted(
+        self: &Arc<Self>,
+        s: ScrubSchedule,
+        last: &mut std::collections::HashMap<u64, tokio::time::Instant>,
+    ) -> Result<()> {
+        let st = self.status().await?;
+        let now = tokio::time::Instant::now();
+        let due = st.volumes.iter().find(|v| {
+            let noted = v.replicas.iter().any(|r| r.integrity.is_some());
+            let ready = v.scrub.is_none()
+                && v.replicas
+                    .iter()
+                    .all(|r| r.state == crate::api::ReplicaStatusState::InSync);
+            let rested = last
+                .get(&v.id)
+                .is_none_or(|t| now.duration_since(*t) >= INTEGRITY_AGAIN);
+            noted && ready && rested
+        });
+        let Some(vs) = due else { return Ok(()) };
+        last.insert(vs.id, now);
+        let v = self.meta.volume(&vs.name).await?;
+        let why: Vec<String> = vs
+            .health
+            .iter()
+            .flat_map(|h| h.reasons.iter().cloned())
+            .collect();
+        tracing::warn!(volume = %v.name, why = %why.join("; "), "scrubbing a volume for what its nodes note against a copy");
+        // Its outcome is recorded, an error included.
+        let _ = self
+            .scrub_recorded(&v, s.region.max(4096), s.rate, ScrubBy::Integrity)
+            .await;
         Ok(())
     }
 

@@ -215,6 +215,7 @@ impl Manager {
                     epoch: None,
                     resync: live.and_then(|l| l.resync.clone()),
                     tier: None,
+                    integrity: None,
                 };
                 let down = ns.iter().any(|x| x.id == r.node && !x.up);
                 match nodes.iter().find(|n| n.id == r.node) {
@@ -232,6 +233,11 @@ impl Manager {
                                     trireme_proto::ReplicaInfoAnswer::read(&f.header, &f.payload);
                                 st.allocated_bytes = a.as_ref().ok().map(|a| a.allocated_bytes);
                                 st.epoch = a.as_ref().ok().map(|a| a.epoch);
+                                st.integrity = a.as_ref().ok().and_then(|a| {
+                                    a.integrity
+                                        .as_ref()
+                                        .and_then(crate::api::ReplicaIntegrityStatus::new)
+                                });
                                 if tiered.contains(&n.id) {
                                     st.tier = self
                                         .tier_info(n, v.id)

@@ -130,6 +130,8 @@ fn cluster_families(e: &mut Exposition, st: &StatusReport) {
     let mut replica_state = Vec::new();
     let mut remaining = Vec::new();
     let mut allocated = Vec::new();
+    let mut unverified = Vec::new();
+    let mut bad = Vec::new();
     for v in &st.volumes {
         for r in &v.replicas {
             let l = || Labels::new().with("volume", &v.name).with("node", r.node);
@@ -145,6 +147,10 @@ fn cluster_families(e: &mut Exposition, st: &StatusReport) {
             }
             if let Some(a) = r.allocated_bytes {
                 allocated.push((l(), a as f64));
+                let i = r.integrity.as_ref();
+                let unclean = i.is_some_and(|i| i.unclean);
+                unverified.push((l(), if unclean { 1.0 } else { 0.0 }));
+                bad.push((l(), i.map_or(0, |i| i.bad_blocks) as f64));
             }
         }
     }
@@ -165,6 +171,18 @@ fn cluster_families(e: &mut Exposition, st: &StatusReport) {
         "Bytes the replica holds in allocated grains, as its node reports.",
         Kind::Gauge,
         allocated,
+    );
+    e.family(
+        "trireme_replica_unverified",
+        "1 while the replica's node stopped uncleanly with it open and no scrub has compared it since (the volume's health says unverified).",
+        Kind::Gauge,
+        unverified,
+    );
+    e.family(
+        "trireme_replica_bad_blocks",
+        "Reads that met a block of the replica failing its checksum since a scrub last verified it (the volume's health says degraded).",
+        Kind::Gauge,
+        bad,
     );
     let vol = |name: &str| Labels::new().with("volume", name);
     e.family(
@@ -379,6 +397,20 @@ fn node_families(e: &mut Exposition, u: &trireme_node::NodeUsage) {
         Kind::Gauge,
         node(),
         u.replicas as f64,
+    );
+    e.sample(
+        "trireme_store_bad_block_reads",
+        "Reads and checksums that met a block failing its checksum since the node started (the writer repairs the block; a scrub checks the rest of the copy).",
+        Kind::Counter,
+        node(),
+        u.bad_block_reads as f64,
+    );
+    e.sample(
+        "trireme_store_unverified_replicas",
+        "Replicas the node opened after an unclean stop that no scrub has verified since.",
+        Kind::Gauge,
+        node(),
+        u.unverified as f64,
     );
     let Some(t) = &u.tiers else {
         return;

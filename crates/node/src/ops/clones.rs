@@ -34,6 +34,7 @@ impl Node {
         reps.insert(h.volume, r);
         drop(reps);
         self.activity.forget(h.volume);
+        self.integrity.forget(h.volume);
         tracing::info!(
             node = self.id,
             volume = h.volume,

@@ -72,6 +72,7 @@ impl Node {
         reps.insert(h.volume, r);
         drop(reps);
         self.activity.forget(h.volume);
+        self.integrity.forget(h.volume);
         tracing::info!(
             node = self.id,
             volume = h.volume,
@@ -153,6 +154,7 @@ impl Node {
             .remove(&h.volume);
         self.dirty.forget_volume(h.volume);
         self.activity.forget(h.volume);
+        self.integrity.forget(h.volume);
         self.owners
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -169,7 +171,19 @@ impl Node {
             allocated_bytes: r.allocated_bytes(),
             epoch: r.epoch(),
             incarnation: r.incarnation(),
+            integrity: Some(self.integrity.report(&*r)),
         };
         Ok(Bytes::from(a.put(resp)))
+    }
+
+    /// A scrub compared and repaired every region of the copy: what is noted of its
+    /// integrity up to the token in `offset` is cleared (`integrity.rs`).
+    pub(crate) fn on_verified(&self, h: &Header) -> Result<Bytes, Refusal> {
+        let r = self.replica(h.volume)?;
+        Self::check_epoch(&*r, h)?;
+        self.integrity
+            .verified(&*r, h.offset)
+            .map_err(|why| Refusal(Status::Invalid, why))?;
+        Ok(Bytes::new())
     }
 }

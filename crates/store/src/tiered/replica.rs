@@ -701,6 +701,9 @@ impl Replica for TieredReplica {
     fn ledger(&self) -> Option<Arc<dyn crate::Ledger>> {
         self.slow.ledger()
     }
+    fn unclean_stop(&self) -> bool {
+        self.slow.unclean_stop() || self.fast.unclean_stop()
+    }
     fn tiers(&self) -> Option<ReplicaTiers> {
         Some(self.tier_stats())
     }
