@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use rbd_diff::{DiffError, DiffReader, DiffWriter, Record};
-use trireme_client::{SnapshotReader, Volume, VolumeError};
+use trireme_client::{Extents, SnapshotReader, Volume, VolumeError};
 use trireme_proto::Extent;
 
 #[derive(Debug, thiserror::Error)]
@@ -78,13 +78,13 @@ pub async fn make_diff<W: Write>(
     while pos < size {
         let n = (size - pos).min(WINDOW);
         let changed: Vec<(u64, u64)> = match from {
-            Some((_, id)) => ranges(pos, &to.changed(id, pos, n).await?, |e| {
+            Some((_, id)) => ranges(pos, &to.changed(id, pos, n, Extents::All).await?, |e| {
                 e.flags & trireme_proto::EXTENT_CHANGED != 0
             }),
             None => vec![(pos, n)],
         };
         // The window's allocation, asked once, cut to the changed ranges.
-        let alloc = runs(pos, &to.block_status(pos, n).await?);
+        let alloc = runs(pos, &to.block_status(pos, n, Extents::All).await?);
         for (b, blen, zero) in within(&alloc, &changed) {
             if zero {
                 // Records go out in offset order: the reads before this range first.

@@ -416,7 +416,10 @@ impl Volume {
         while off < upto {
             let len = CHANGED_WINDOW.min(upto - off);
             let mut at = off;
-            for e in self.changed_between(id, to, off, len).await? {
+            for e in self
+                .changed_between(id, to, off, len, crate::Extents::All)
+                .await?
+            {
                 if e.flags & EXTENT_CHANGED != 0 {
                     out.push((at, e.length));
                 }

@@ -476,14 +476,24 @@ impl Volume {
 
     /// Allocation extents of `[offset, offset+len)`, from one in-sync replica.
     pub async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, VolumeError> {
+        self.block_status_of(offset, len, crate::Extents::All).await
+    }
+
+    /// [`Volume::block_status`], all of it or the first extents (`want`).
+    pub async fn block_status_of(
+        &self,
+        offset: u64,
+        len: u64,
+        want: crate::Extents,
+    ) -> Result<Vec<Extent>, VolumeError> {
         check_io(offset, len, self.size(), u64::MAX)?;
         if len == 0 {
             return Ok(Vec::new());
         }
-        let f = self
-            .read_one(self.header(Op::BlockStatus, offset, len))
-            .await?;
-        crate::extents_covering(0, &f.payload, len)
+        let mut h = self.header(Op::BlockStatus, offset, len);
+        h.flags |= want.flags();
+        let f = self.read_one(h).await?;
+        want.check(0, &f.payload, len)
     }
 
     /// The replicas (indexes) this writer has a connection to now.

@@ -717,6 +717,55 @@ impl Volume {
     }
 }
 
+/// How much of a range an extent query wants answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Extents {
+    /// Every extent of the range.
+    All,
+    /// The first ones, at most [`trireme_proto::FIRST_EXTENTS`], covering a prefix of it (what
+    /// an NBD reply carries).
+    First,
+    /// The first one (NBD's `REQ_ONE`).
+    One,
+}
+
+impl Extents {
+    /// The request flags that ask for it.
+    pub(crate) fn flags(self) -> u16 {
+        match self {
+            Extents::All => 0,
+            Extents::First => trireme_proto::FLAG_FIRST,
+            Extents::One => trireme_proto::FLAG_ONE,
+        }
+    }
+
+    /// Node `node`'s answer for a `len`-byte range: all of it covering the range exactly, or
+    /// the first ones covering a prefix (cut to as many as wanted: a node from before the
+    /// flags answers the whole range).
+    pub(crate) fn check(
+        self,
+        node: u32,
+        payload: &[u8],
+        len: u64,
+    ) -> Result<Vec<trireme_proto::Extent>, VolumeError> {
+        if self == Extents::All {
+            return extents_covering(node, payload, len);
+        }
+        let bad = |what: String| VolumeError::Protocol { node, what };
+        let mut ext =
+            trireme_proto::decode_extents_within(payload, len).map_err(|e| bad(e.to_string()))?;
+        ext.retain(|e| e.length > 0);
+        if ext.is_empty() {
+            return Err(bad(format!("no extent answers a {len}-byte range")));
+        }
+        ext.truncate(match self {
+            Extents::One => 1,
+            _ => trireme_proto::FIRST_EXTENTS,
+        });
+        Ok(ext)
+    }
+}
+
 /// Node `node`'s extent list answering for a `len`-byte range: decoded, and checked to cover
 /// the range exactly.
 pub(crate) fn extents_covering(

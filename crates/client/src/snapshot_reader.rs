@@ -86,6 +86,7 @@ impl SnapshotReader {
         offset: u64,
         len: u64,
         payload: &Bytes,
+        flags: u16,
     ) -> Result<Bytes, VolumeError> {
         let node = self.copies[k].node;
         let c = self.link(k).await?;
@@ -93,6 +94,7 @@ impl SnapshotReader {
             volume: self.volume,
             offset,
             length: len,
+            flags,
             ..Header::request(op, 0)
         };
         let timeout = self.opts.replica_timeout;
@@ -114,17 +116,25 @@ impl SnapshotReader {
         }
     }
 
-    /// The allocation of `[offset, offset+len)` (up to 4 GiB) in the snapshot.
+    /// The allocation of `[offset, offset+len)` (up to 4 GiB) in the snapshot: all of it, or
+    /// the first extents (`want`).
     pub async fn block_status(
         &self,
         offset: u64,
         len: u64,
+        want: crate::Extents,
     ) -> Result<Vec<trireme_proto::Extent>, VolumeError> {
         trireme_replication::check_io(offset, len, self.size, 1 << 32)?;
         let (k, b) = self
-            .ask_any(Op::SnapshotStatus, offset, len, &self.id_payload)
+            .ask_any(
+                Op::SnapshotStatus,
+                offset,
+                len,
+                &self.id_payload,
+                want.flags(),
+            )
             .await?;
-        crate::extents_covering(self.copies[k].node, &b, len)
+        want.check(self.copies[k].node, &b, len)
     }
 
     /// Which of `[offset, offset+len)` (up to 4 GiB) differs between snapshot `from` and this
@@ -135,6 +145,7 @@ impl SnapshotReader {
         from: u64,
         offset: u64,
         len: u64,
+        want: crate::Extents,
     ) -> Result<Vec<trireme_proto::Extent>, VolumeError> {
         trireme_replication::check_io(offset, len, self.size, 1 << 32)?;
         let q = Bytes::from(
@@ -144,8 +155,10 @@ impl SnapshotReader {
             }
             .payload(),
         );
-        let (k, b) = self.ask_any(Op::SnapshotChanged, offset, len, &q).await?;
-        crate::extents_covering(self.copies[k].node, &b, len)
+        let (k, b) = self
+            .ask_any(Op::SnapshotChanged, offset, len, &q, want.flags())
+            .await?;
+        want.check(self.copies[k].node, &b, len)
     }
 
     /// Reads `len` bytes at `offset` of the snapshot.
@@ -163,7 +176,7 @@ impl SnapshotReader {
 
     async fn read_any(&self, offset: u64, len: u64) -> Result<Bytes, VolumeError> {
         Ok(self
-            .ask_any(Op::SnapshotRead, offset, len, &self.id_payload)
+            .ask_any(Op::SnapshotRead, offset, len, &self.id_payload, 0)
             .await?
             .1)
     }
@@ -176,12 +189,13 @@ impl SnapshotReader {
         offset: u64,
         len: u64,
         payload: &Bytes,
+        flags: u16,
     ) -> Result<(usize, Bytes), VolumeError> {
         let first = self.current.load(Ordering::Relaxed);
         let mut last = None;
         for step in 0..self.copies.len() {
             let k = (first + step) % self.copies.len();
-            match self.ask(k, op, offset, len, payload).await {
+            match self.ask(k, op, offset, len, payload, flags).await {
                 Ok(b) => {
                     self.current.store(k, Ordering::Relaxed);
                     return Ok((k, b));

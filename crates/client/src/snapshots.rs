@@ -161,7 +161,20 @@ impl Volume {
         offset: u64,
         len: u64,
     ) -> Result<Vec<trireme_proto::Extent>, VolumeError> {
-        self.changed_between(from, None, offset, len).await
+        self.changed_between(from, None, offset, len, crate::Extents::All)
+            .await
+    }
+
+    /// [`Volume::changed_since`], all of it or the first extents (`want`: a dirty bitmap's
+    /// NBD reply).
+    pub async fn changed_since_of(
+        &self,
+        from: u64,
+        offset: u64,
+        len: u64,
+        want: crate::Extents,
+    ) -> Result<Vec<trireme_proto::Extent>, VolumeError> {
+        self.changed_between(from, None, offset, len, want).await
     }
 
     /// As [`Volume::changed_since`], up to snapshot `to` if given (between two versions),
@@ -172,11 +185,13 @@ impl Volume {
         to: Option<u64>,
         offset: u64,
         len: u64,
+        want: crate::Extents,
     ) -> Result<Vec<trireme_proto::Extent>, VolumeError> {
         // Versions have sizes of their own (a catch-up asks past the volume's end about a
         // snapshot taken before a shrink): the copy checks the range against theirs.
         trireme_replication::check_io(offset, len, u64::MAX, 1 << 32)?;
-        let h = self.header(Op::SnapshotChanged, offset, len);
+        let mut h = self.header(Op::SnapshotChanged, offset, len);
+        h.flags |= want.flags();
         let q = Bytes::from(trireme_proto::ChangedRequest { from, to }.payload());
         let mut last = VolumeError::NoReplicas(self.info.name.clone());
         for i in self.in_sync() {
@@ -185,7 +200,7 @@ impl Volume {
                 .await
                 .and_then(|f| self.expect_ok(i, f))
             {
-                Ok(f) => return crate::extents_covering(self.node(i), &f.payload, len),
+                Ok(f) => return want.check(self.node(i), &f.payload, len),
                 Err(e) if e.stops_writer() => return Err(e),
                 Err(e) => last = e,
             }

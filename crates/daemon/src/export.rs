@@ -164,8 +164,14 @@ impl Backend for VolumeExport {
         self.run(|v| async move { v.write_zeroes(offset, u64::from(len), may_trim, fua).await })
             .await
     }
-    async fn block_status(&self, offset: u64, len: u32) -> Result<Vec<Extent>, BackendError> {
-        self.run(|v| async move { v.block_status(offset, u64::from(len)).await })
+    async fn block_status(
+        &self,
+        offset: u64,
+        len: u32,
+        one: bool,
+    ) -> Result<Vec<Extent>, BackendError> {
+        let want = wanted(one);
+        self.run(|v| async move { v.block_status_of(offset, u64::from(len), want).await })
             .await
     }
     /// A dirty bitmap per snapshot ready now: the blocks written or trimmed since it.
@@ -188,13 +194,15 @@ impl Backend for VolumeExport {
         context: &str,
         offset: u64,
         len: u32,
+        one: bool,
     ) -> Result<Vec<Extent>, BackendError> {
         let id = bitmap_id(
             &self.bitmaps.lock().unwrap_or_else(|e| e.into_inner()),
             context,
         )?;
+        let want = wanted(one);
         let ext = self
-            .run(|v| async move { v.changed_since(id, offset, u64::from(len)).await })
+            .run(|v| async move { v.changed_since_of(id, offset, u64::from(len), want).await })
             .await?;
         Ok(dirty_extents(ext))
     }
@@ -236,9 +244,14 @@ impl Backend for SnapshotExport {
         Err(read_only())
     }
     /// Holes where the snapshot has them, so a copy of it skips them.
-    async fn block_status(&self, offset: u64, len: u32) -> Result<Vec<Extent>, BackendError> {
+    async fn block_status(
+        &self,
+        offset: u64,
+        len: u32,
+        one: bool,
+    ) -> Result<Vec<Extent>, BackendError> {
         self.reader
-            .block_status(offset, u64::from(len))
+            .block_status(offset, u64::from(len), wanted(one))
             .await
             .map_err(to_nbd)
     }
@@ -251,14 +264,24 @@ impl Backend for SnapshotExport {
         context: &str,
         offset: u64,
         len: u32,
+        one: bool,
     ) -> Result<Vec<Extent>, BackendError> {
         let id = bitmap_id(&self.older, context)?;
         let ext = self
             .reader
-            .changed(id, offset, u64::from(len))
+            .changed(id, offset, u64::from(len), wanted(one))
             .await
             .map_err(to_nbd)?;
         Ok(dirty_extents(ext))
+    }
+}
+
+/// What an NBD block-status reply carries: the first extents (a prefix of the range, in
+/// time that grows with what is answered), or one with `REQ_ONE`.
+fn wanted(one: bool) -> trireme_client::Extents {
+    match one {
+        true => trireme_client::Extents::One,
+        false => trireme_client::Extents::First,
     }
 }
 

@@ -80,11 +80,14 @@ pub trait Backend: Send + Sync + 'static {
         may_trim: bool,
         fua: bool,
     ) -> impl Future<Output = Result<(), BackendError>> + Send;
-    /// Allocation extents covering exactly `[offset, offset+len)`.
+    /// Allocation extents from `offset`: covering `[offset, offset+len)` or a prefix of it
+    /// (`len` is a hint, as the protocol says), one at most with `one` (`REQ_ONE`). A reply
+    /// carries what this returns: a backend answers in time that grows with it, not with `len`.
     fn block_status(
         &self,
         offset: u64,
         len: u32,
+        one: bool,
     ) -> impl Future<Output = Result<Vec<Extent>, BackendError>> + Send;
     /// The metadata contexts beyond `base:allocation` this export offers to `BLOCK_STATUS`,
     /// by full name (`qemu:dirty-bitmap:NAME`), as of now: asked when a client lists or sets
@@ -92,13 +95,15 @@ pub trait Backend: Send + Sync + 'static {
     fn contexts(&self) -> impl Future<Output = Vec<String>> + Send {
         async { Vec::new() }
     }
-    /// The extents of context `name` (one [`Backend::contexts`] offered) covering exactly
-    /// `[offset, offset+len)`, with that context's flags (for a dirty bitmap, 1: dirty).
+    /// The extents of context `name` (one [`Backend::contexts`] offered) from `offset`, as
+    /// [`Backend::block_status`] gives them, with that context's flags (for a dirty bitmap,
+    /// 1: dirty).
     fn context_status(
         &self,
         name: &str,
         _offset: u64,
         _len: u32,
+        _one: bool,
     ) -> impl Future<Output = Result<Vec<Extent>, BackendError>> + Send {
         let message = format!("no metadata context {name:?} on this export");
         async move {

@@ -43,7 +43,12 @@ impl Backend for MemBackend {
         self.0.lock().unwrap()[offset as usize..(offset + u64::from(len)) as usize].fill(0);
         Ok(())
     }
-    async fn block_status(&self, _offset: u64, len: u32) -> Result<Vec<Extent>, BackendError> {
+    async fn block_status(
+        &self,
+        _offset: u64,
+        len: u32,
+        _one: bool,
+    ) -> Result<Vec<Extent>, BackendError> {
         Ok(vec![Extent {
             length: u64::from(len),
             flags: 0,
@@ -58,6 +63,7 @@ impl Backend for MemBackend {
         name: &str,
         _offset: u64,
         len: u32,
+        _one: bool,
     ) -> Result<Vec<Extent>, BackendError> {
         if name.ends_with(":b") {
             return Err(BackendError {

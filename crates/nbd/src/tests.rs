@@ -340,7 +340,7 @@ impl Backend for Zeros {
     async fn write_zeroes(&self, _: u64, _: u32, _: bool, _: bool) -> Result<(), BackendError> {
         Ok(())
     }
-    async fn block_status(&self, _: u64, len: u32) -> Result<Vec<Extent>, BackendError> {
+    async fn block_status(&self, _: u64, len: u32, _: bool) -> Result<Vec<Extent>, BackendError> {
         Ok(vec![Extent {
             length: u64::from(len),
             flags: 0,
@@ -415,8 +415,13 @@ impl Backend for PanicsOnFlush {
     ) -> Result<(), BackendError> {
         self.0.write_zeroes(offset, len, may_trim, fua).await
     }
-    async fn block_status(&self, offset: u64, len: u32) -> Result<Vec<Extent>, BackendError> {
-        self.0.block_status(offset, len).await
+    async fn block_status(
+        &self,
+        offset: u64,
+        len: u32,
+        one: bool,
+    ) -> Result<Vec<Extent>, BackendError> {
+        self.0.block_status(offset, len, one).await
     }
 }
 
@@ -536,4 +541,29 @@ async fn block_status_answers_every_context_set() {
         })
         .collect();
     assert_eq!(ext, vec![(4096, 1), (4096, 0)]);
+    // With REQ_ONE: one extent per context, a prefix of the range.
+    request(&mut c, CMD_BLOCK_STATUS, CMD_FLAG_REQ_ONE, 10, 0, 8192).await;
+    let _ = chunk(&mut c).await;
+    let (_, _, _, d) = chunk(&mut c).await;
+    assert_eq!(&d[4..], &[0, 0, 16, 0, 0, 0, 0, 1][..], "4096 bytes, dirty");
+}
+
+/// A backend's extents as a reply carries them: empty ones dropped, one with `REQ_ONE`, none
+/// past the request's length (a prefix is what a backend may answer: the length is a hint).
+#[test]
+fn replies_carry_a_prefix_of_the_range() {
+    let e = |length: u64, flags: u32| crate::Extent { length, flags };
+    let ext = vec![e(0, 1), e(4096, 0), e(8192, 3), e(1 << 20, 0)];
+    assert_eq!(
+        crate::transmission::prefix_of(ext.clone(), 1 << 20, true),
+        vec![e(4096, 0)]
+    );
+    assert_eq!(
+        crate::transmission::prefix_of(ext.clone(), 16384, false),
+        vec![e(4096, 0), e(8192, 3), e(4096, 0)]
+    );
+    assert_eq!(
+        crate::transmission::prefix_of(ext, u32::MAX, false).len(),
+        3
+    );
 }

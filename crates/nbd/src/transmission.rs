@@ -322,30 +322,24 @@ pub(crate) async fn execute<B: Backend>(s: &Session<B>, req: Request, payload: B
                     &invalid(EINVAL, "no metadata context negotiated"),
                 );
             }
-            // One chunk per context the client set, the last one marked done.
+            // One chunk per context the client set, the last one marked done. Each covers
+            // the range or a prefix of it (the length is a hint): as many extents as the
+            // backend found without going through the whole range.
             let mut out = BytesMut::new();
             let last = s.contexts.len() - 1;
+            let one = req.flags & CMD_FLAG_REQ_ONE != 0;
             for (k, (id, name)) in s.contexts.iter().enumerate() {
                 let base = name == BASE_ALLOCATION;
                 let r = if base {
-                    b.block_status(req.offset, req.length).await
+                    b.block_status(req.offset, req.length, one).await
                 } else {
-                    b.context_status(name, req.offset, req.length).await
+                    b.context_status(name, req.offset, req.length, one).await
                 };
                 let ext = match r {
                     Ok(ext) => ext,
                     Err(e) => return error_reply(true, cookie, &e),
                 };
-                let take = if req.flags & CMD_FLAG_REQ_ONE != 0 {
-                    1
-                } else {
-                    ext.len()
-                };
-                let ext: Vec<_> = ext
-                    .into_iter()
-                    .filter(|e| e.length > 0)
-                    .take(take.max(1))
-                    .collect();
+                let ext = prefix_of(ext, req.length, one);
                 if ext.is_empty() {
                     return error_reply(
                         true,
@@ -381,4 +375,21 @@ pub(crate) async fn execute<B: Backend>(s: &Session<B>, req: Request, payload: B
             )
         }
     }
+}
+
+/// A backend's extents as a reply carries them: none empty, one at most with `REQ_ONE`, and
+/// no further than the request's length (the length is a hint to the server, not to what
+/// it answers past).
+pub(crate) fn prefix_of(ext: Vec<crate::Extent>, len: u32, one: bool) -> Vec<crate::Extent> {
+    let mut left = u64::from(len);
+    let mut out = Vec::with_capacity(ext.len().min(1024));
+    for mut e in ext.into_iter().filter(|e| e.length > 0) {
+        if left == 0 || (one && !out.is_empty()) {
+            break;
+        }
+        e.length = e.length.min(left);
+        left -= e.length;
+        out.push(e);
+    }
+    out
 }

@@ -113,6 +113,15 @@ pub const FLAG_SPACE_RESERVE: u16 = 1 << 8;
 /// which the writer sends as soon as it lets writes go on again (the copy then does not flush
 /// and sync while every write waits).
 pub const FLAG_UNSYNCED: u16 = 1 << 9;
+/// Request flag on extent queries (`BlockStatus`, `SnapshotStatus`, `SnapshotChanged`): answer
+/// with the first extents only, at most [`FIRST_EXTENTS`], covering a prefix of the range (the
+/// whole of it if it has no more), in time that grows with what is answered, not with the
+/// range. A node from before answers the whole range.
+pub const FLAG_FIRST: u16 = 1 << 10;
+/// Request flag on extent queries: as [`FLAG_FIRST`], one extent at most (NBD's `REQ_ONE`).
+pub const FLAG_ONE: u16 = 1 << 11;
+/// The most extents an answer to a query flagged [`FLAG_FIRST`] carries.
+pub const FIRST_EXTENTS: usize = 1024;
 const KNOWN_FLAGS: u16 = FLAG_RESPONSE
     | FLAG_FUA
     | FLAG_MAY_TRIM
@@ -122,7 +131,9 @@ const KNOWN_FLAGS: u16 = FLAG_RESPONSE
     | FLAG_STREAM
     | FLAG_PREALLOCATE
     | FLAG_SPACE_RESERVE
-    | FLAG_UNSYNCED;
+    | FLAG_UNSYNCED
+    | FLAG_FIRST
+    | FLAG_ONE;
 
 /// Why a frame was refused. Every variant means "drop the connection": after a bad header the
 /// byte stream can no longer be trusted to be in step.

@@ -3,7 +3,8 @@
 
 use bytes::{Bytes, BytesMut};
 use trireme_proto::{
-    encode_extents, Header, Status, FLAG_FUA, FLAG_MAY_TRIM, FLAG_SPACE_RESERVE, MAX_PAYLOAD,
+    encode_extents, Header, Status, FIRST_EXTENTS, FLAG_FIRST, FLAG_FUA, FLAG_MAY_TRIM, FLAG_ONE,
+    FLAG_SPACE_RESERVE, MAX_PAYLOAD,
 };
 use trireme_store::{Replica, StoreError};
 use trireme_transport::Frame;
@@ -111,9 +112,9 @@ impl Node {
                 format!("block status over {} bytes is too large", h.length),
             ));
         }
-        Ok(Bytes::from(encode_extents(
-            &r.block_status(h.offset, h.length)?,
-        )))
+        Ok(Bytes::from(encode_extents(&extents_answer(h, |o, l| {
+            r.block_status(o, l)
+        })?)))
     }
 
     pub(crate) fn on_checksum(&self, req: &Frame, resp: &mut Header) -> Result<Bytes, Refusal> {
@@ -141,6 +142,46 @@ impl Node {
         trireme_proto::ChecksumAnswer { crc }.put(resp);
         Ok(Bytes::new())
     }
+}
+
+/// The first window an extent query flagged `FLAG_FIRST` or `FLAG_ONE` asks of the store.
+const FIRST_WINDOW: u64 = 1 << 20;
+/// The largest window: each one asked is twice the one before, up to this.
+const LAST_WINDOW: u64 = 1 << 30;
+
+/// The extents of the request's range from `f` (which answers exactly the range it is given):
+/// all of them, or for a query flagged `FLAG_FIRST` (`FLAG_ONE`) the first
+/// [`FIRST_EXTENTS`] (one) covering a prefix of the range. Those are asked in windows from
+/// 1 MiB, each twice the last, until one more extent has begun (so the last kept is whole) or
+/// the range ends: the time grows with what is answered, not with the range (issue 63: one
+/// `REQ_ONE` request over 1 GiB of 74,467 extents took 6.4 ms, and `qemu-img map` minutes).
+pub(crate) fn extents_answer(
+    h: &trireme_proto::Header,
+    f: impl Fn(u64, u64) -> Result<Vec<trireme_proto::Extent>, StoreError>,
+) -> Result<Vec<trireme_proto::Extent>, StoreError> {
+    let max = if h.has_flag(FLAG_ONE) {
+        1
+    } else if h.has_flag(FLAG_FIRST) {
+        FIRST_EXTENTS
+    } else {
+        return f(h.offset, h.length);
+    };
+    let end = h.offset.saturating_add(h.length);
+    let mut out: Vec<trireme_proto::Extent> = Vec::new();
+    let (mut pos, mut window) = (h.offset, FIRST_WINDOW);
+    while pos < end && out.len() <= max {
+        let n = window.min(end - pos);
+        for e in f(pos, n)? {
+            match out.last_mut() {
+                Some(last) if last.flags == e.flags => last.length += e.length,
+                _ => out.push(e),
+            }
+        }
+        pos += n;
+        window = (window * 2).min(LAST_WINDOW);
+    }
+    out.truncate(max);
+    Ok(out)
 }
 
 /// crc32c of `[offset, offset+len)` of the replica, or of its snapshot `snapshot`, read in

@@ -101,7 +101,7 @@ impl Node {
             ));
         }
         Ok(Bytes::from(trireme_proto::encode_extents(
-            &r.snapshot_status(id, h.offset, h.length)?,
+            &super::io::extents_answer(h, |o, l| r.snapshot_status(id, o, l))?,
         )))
     }
 
@@ -118,10 +118,11 @@ impl Node {
                 ),
             ));
         }
-        let changed = r.changed(c.from, c.to, h.offset, h.length)?;
-        Ok(Bytes::from(trireme_proto::encode_extents(
-            &trireme_proto::changed_extents(h.offset, h.length, &changed),
-        )))
+        let ext = super::io::extents_answer(h, |o, l| {
+            let changed = r.changed(c.from, c.to, o, l)?;
+            Ok(trireme_proto::changed_extents(o, l, &changed))
+        })?;
+        Ok(Bytes::from(trireme_proto::encode_extents(&ext)))
     }
 
     pub(crate) fn on_snapshot_read(&self, req: &Frame) -> Result<Bytes, Refusal> {
