@@ -707,3 +707,44 @@ fn a_drained_copy_killed_after_its_drain_holds_no_bad_block() {
         std::thread::sleep(std::time::Duration::from_millis(300));
     }
 }
+
+/// Issue 63: a snapshot export under a deep queue. fio with 4 jobs of 256 requests in flight
+/// each (1,024 at once) reads back, verified, what 4 jobs wrote before the snapshot, while the
+/// volume is written over after it. Each request in flight used to open its own links to the
+/// nodes, until their handshake gate cut them and reads failed with EIO.
+#[test]
+fn a_snapshot_export_serves_1024_requests_in_flight() {
+    need("fio");
+    let work = tempfile::tempdir().unwrap();
+    let c = Cluster::start(&["--store", "file", "--size", "128M"]);
+    let job = |uri: &str, rw: &str, extra: &[&str]| {
+        let mut cmd = Command::new("fio");
+        cmd.args([
+            "--name=deep",
+            "--ioengine=nbd",
+            &format!("--uri={uri}"),
+            &format!("--rw={rw}"),
+            "--bs=4k",
+            "--numjobs=4",
+            "--size=8M",
+            "--offset_increment=32M",
+            "--verify=crc32c",
+            "--verify_fatal=1",
+            "--verify_state_save=0",
+            "--group_reporting",
+        ])
+        .args(extra);
+        let out = run(&mut cmd);
+        assert!(out.contains("err= 0"), "{out}\n{}", c.log());
+    };
+    job(&c.unix, "randwrite", &["--iodepth=16", "--do_verify=0"]);
+    ok(&c, &["volume", "snapshot", "create", "vol0", "deep"]);
+    // Written over after the snapshot: the export must still read the snapshot's bytes.
+    run(Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 0x77 0 100M", &c.unix]));
+    let (mut child, uri) = spawn_nbd(&c, "vol0@deep", &work.path().join("deep.sock"));
+    for _ in 0..2 {
+        job(&uri, "randread", &["--iodepth=256", "--verify_only"]);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}

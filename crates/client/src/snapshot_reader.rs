@@ -4,16 +4,33 @@
 //! Each read goes to one copy; a copy that fails it, or says it lacks the snapshot
 //! (`NoSnapshot`: it was out of sync when the snapshot was taken), is left for the next, and
 //! reads stay on the copy that last answered. Links are opened on first use and again after
-//! they break.
+//! they break, one at a time per copy: the requests in flight meanwhile wait for that one link
+//! and share it (issue 63: each opened its own, 1,024 at once under a deep queue, until the
+//! node's handshake gate cut them and reads failed with EIO). A link that failed to open is
+//! not tried again for [`RETRY_LINK`]: the requests waiting on it go to the next copy at once.
+//! At most [`IN_FLIGHT`] requests of one reader are on the nodes at once.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use trireme_proto::{Header, Op, Status};
 use trireme_transport::Connection;
 
 use crate::{connect_replica, ReplicaTarget, VolumeError, VolumeOptions, MAX_IO};
+
+/// A copy whose link failed to open is not tried again for this long.
+const RETRY_LINK: std::time::Duration = std::time::Duration::from_millis(500);
+/// Most requests one reader has on the nodes at once (as many as one NBD connection keeps in
+/// flight); the rest wait for a place.
+pub const IN_FLIGHT: usize = 256;
+
+/// One copy's link: open, or why it last failed to open and when.
+#[derive(Debug, Default)]
+struct Link {
+    conn: Option<Arc<dyn Connection>>,
+    failed: Option<(tokio::time::Instant, String)>,
+}
 
 /// A snapshot of a volume, read-only.
 #[derive(Debug)]
@@ -25,7 +42,10 @@ pub struct SnapshotReader {
     id_payload: Bytes,
     size: u64,
     copies: Vec<ReplicaTarget>,
-    links: Mutex<Vec<Option<Arc<dyn Connection>>>>,
+    /// One per copy, each opened by one request while the others wait (see the module docs).
+    links: Vec<tokio::sync::Mutex<Link>>,
+    /// Places for requests on the nodes ([`IN_FLIGHT`]).
+    places: tokio::sync::Semaphore,
     /// The copy that served the last read.
     current: AtomicUsize,
     opts: VolumeOptions,
@@ -48,7 +68,8 @@ impl SnapshotReader {
             id: snapshot,
             id_payload: Bytes::from(trireme_proto::snapshot_id_payload(snapshot)),
             size,
-            links: Mutex::new(vec![None; copies.len()]),
+            links: copies.iter().map(|_| Default::default()).collect(),
+            places: tokio::sync::Semaphore::new(IN_FLIGHT),
             copies,
             current: AtomicUsize::new(0),
             opts,
@@ -64,16 +85,34 @@ impl SnapshotReader {
         self.id
     }
 
+    /// Copy `k`'s link, opened if it has none open (by one request at a time).
     async fn link(&self, k: usize) -> Result<Arc<dyn Connection>, VolumeError> {
-        let cached = self.links.lock().unwrap_or_else(|e| e.into_inner())[k]
-            .clone()
-            .filter(|c| !c.is_closed());
-        if let Some(c) = cached {
-            return Ok(c);
+        let mut l = self.links[k].lock().await;
+        if let Some(c) = l.conn.as_ref().filter(|c| !c.is_closed()) {
+            return Ok(c.clone());
         }
-        let c = connect_replica(&self.copies[k], &self.opts, None).await?;
-        self.links.lock().unwrap_or_else(|e| e.into_inner())[k] = Some(c.clone());
-        Ok(c)
+        if let Some((at, why)) = &l.failed {
+            if at.elapsed() < RETRY_LINK {
+                return Err(VolumeError::Protocol {
+                    node: self.copies[k].node,
+                    what: format!("its link failed to open a moment ago: {why}"),
+                });
+            }
+        }
+        match connect_replica(&self.copies[k], &self.opts, None).await {
+            Ok(c) => {
+                *l = Link {
+                    conn: Some(c.clone()),
+                    failed: None,
+                };
+                Ok(c)
+            }
+            Err(e) => {
+                l.conn = None;
+                l.failed = Some((tokio::time::Instant::now(), e.to_string()));
+                Err(e)
+            }
+        }
     }
 
     /// One request about `[offset, offset+len)` of the snapshot (`SnapshotRead`,
@@ -89,6 +128,11 @@ impl SnapshotReader {
         flags: u16,
     ) -> Result<Bytes, VolumeError> {
         let node = self.copies[k].node;
+        let _place = self
+            .places
+            .acquire()
+            .await
+            .map_err(|_| VolumeError::NoReplicas(self.label.clone()))?;
         let c = self.link(k).await?;
         let h = Header {
             volume: self.volume,
