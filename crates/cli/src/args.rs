@@ -409,7 +409,14 @@ pub enum SnapshotCmd {
     /// holds (what deleting it frees).
     List { volume: String },
     /// Delete snapshot NAME of VOLUME from every copy, freeing the blocks only it held.
-    Delete { volume: String, name: String },
+    /// Refused while an export (`trireme nbd VOLUME@NAME`) serves it, naming the export.
+    Delete {
+        volume: String,
+        name: String,
+        /// Delete it even though an export serves it: its reads fail from then on.
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]

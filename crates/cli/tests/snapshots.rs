@@ -748,3 +748,77 @@ fn a_snapshot_export_serves_1024_requests_in_flight() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// Issue 63: a snapshot an export serves is not deleted by a mistyped command: the delete is
+/// refused, naming the export; with `--force` it goes, and the export says in its log why its
+/// reads fail from then on (it answered EIO with no word before).
+#[test]
+fn deleting_an_exported_snapshot_is_refused_unless_forced() {
+    use std::os::unix::process::CommandExt;
+    need("qemu-io");
+    let work = tempfile::tempdir().unwrap();
+    let c = Cluster::start(&["--store", "file", "--size", "16M"]);
+    run(Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 0x42 0 1M", &c.unix]));
+    ok(&c, &["volume", "snapshot", "create", "vol0", "s1"]);
+    let log = work.path().join("export.log");
+    let sock = work.path().join("s1.sock");
+    let mut cmd = Command::new(BIN);
+    cmd.arg("--data-dir")
+        .arg(c.path())
+        .args(["nbd", "vol0@s1", "--socket"])
+        .arg(&sock)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    let mut export = cmd.spawn().unwrap();
+    let uri = format!("nbd+unix:///vol0@s1?socket={}", sock.display());
+    // It holds the snapshot before it listens.
+    let t0 = std::time::Instant::now();
+    while !sock.exists() {
+        assert!(t0.elapsed().as_secs() < 10, "no export");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let o = c.cli(&["volume", "snapshot", "delete", "vol0", "s1"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let said = text(&o);
+    assert!(
+        said.contains("snapshot vol0@s1 is exported read-only by export vol0@s1 (pid ")
+            && said.contains("held on node 1, 2, 3")
+            && said.contains("--force"),
+        "{said}"
+    );
+    run(Command::new("qemu-io").args(["-r", "-f", "raw", "-c", "read -P 0x42 0 1M", &uri]));
+    ok(
+        &c,
+        &["volume", "snapshot", "delete", "vol0", "s1", "--force"],
+    );
+    let o = Command::new("qemu-io")
+        .args(["-r", "-f", "raw", "-c", "read 0 4K", &uri])
+        .output()
+        .unwrap();
+    assert!(
+        !o.status.success() || text(&o).contains("error"),
+        "{}",
+        text(&o)
+    );
+    let t0 = std::time::Instant::now();
+    while !std::fs::read_to_string(&log)
+        .unwrap()
+        .contains("gone from every copy")
+    {
+        assert!(
+            t0.elapsed().as_secs() < 10,
+            "{}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let _ = export.kill();
+    let _ = export.wait();
+}

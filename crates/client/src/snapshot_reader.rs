@@ -85,6 +85,32 @@ impl SnapshotReader {
         self.id
     }
 
+    /// Holds the snapshot on every copy in `who`'s name while this reader lives, so that a
+    /// delete of it is refused naming `who` (`node/src/holds.rs`): asked at once, then every
+    /// third of the hold's life. A copy that does not answer is asked again next time.
+    /// Returns once every copy was asked a first time.
+    pub async fn hold(self: &Arc<Self>, who: String) {
+        let who = Bytes::from(who.into_bytes());
+        self.hold_once(&who).await;
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(std::time::Duration::from_secs(trireme_proto::HOLD_SECS / 3))
+                    .await;
+                let Some(r) = me.upgrade() else { return };
+                r.hold_once(&who).await;
+            }
+        });
+    }
+
+    async fn hold_once(&self, who: &Bytes) {
+        for k in 0..self.copies.len() {
+            if let Err(e) = self.ask(k, Op::SnapshotHold, self.id, 0, who, 0).await {
+                tracing::debug!(snapshot = %self.label, node = self.copies[k].node, "holding the snapshot: {e}");
+            }
+        }
+    }
+
     /// Copy `k`'s link, opened if it has none open (by one request at a time).
     async fn link(&self, k: usize) -> Result<Arc<dyn Connection>, VolumeError> {
         let mut l = self.links[k].lock().await;

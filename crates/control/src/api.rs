@@ -130,10 +130,13 @@ pub enum Request {
     SnapshotList {
         name: String,
     },
-    /// Deletes snapshot `snapshot` of the volume from every copy.
+    /// Deletes snapshot `snapshot` of the volume from every copy. Refused while an export
+    /// holds it, naming the export, unless `force`.
     SnapshotDelete {
         name: String,
         snapshot: String,
+        #[serde(default)]
+        force: bool,
     },
     /// Makes the volume hold what snapshot `snapshot` holds. Refused while a writer holds it,
     /// unless `force` (which fences the writer first).

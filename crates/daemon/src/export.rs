@@ -215,6 +215,30 @@ pub struct SnapshotExport {
     /// The older snapshots that were ready when the export started (name, id): each a dirty
     /// bitmap of what changed from it to this one.
     pub older: Vec<(String, u64)>,
+    /// Set once the export has said that its snapshot is gone (said once, not per read).
+    pub gone: std::sync::atomic::AtomicBool,
+}
+
+impl SnapshotExport {
+    /// A failed request's error for the client; the first that finds the snapshot gone from
+    /// every copy says so in the log (it was deleted with `--force`, or behind the export's
+    /// back: its reads fail from now on).
+    fn failed(&self, e: trireme_client::VolumeError) -> BackendError {
+        let gone = matches!(
+            &e,
+            trireme_client::VolumeError::Replica {
+                status: trireme_proto::Status::NoSnapshot,
+                ..
+            }
+        );
+        if gone && !self.gone.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::error!(
+                snapshot = self.reader.id(),
+                "the snapshot this export serves is gone from every copy that held it (deleted with --force?): its reads fail from now on; stop the export"
+            );
+        }
+        to_nbd(e)
+    }
 }
 
 impl Backend for SnapshotExport {
@@ -232,7 +256,7 @@ impl Backend for SnapshotExport {
         self.reader
             .read(offset, u64::from(len))
             .await
-            .map_err(to_nbd)
+            .map_err(|e| self.failed(e))
     }
     async fn write(&self, _: u64, _: Bytes, _: bool) -> Result<(), BackendError> {
         Err(read_only())
@@ -253,7 +277,7 @@ impl Backend for SnapshotExport {
         self.reader
             .block_status(offset, u64::from(len), wanted(one))
             .await
-            .map_err(to_nbd)
+            .map_err(|e| self.failed(e))
     }
     async fn contexts(&self) -> Vec<String> {
         bitmap_names(&self.older)
@@ -271,7 +295,7 @@ impl Backend for SnapshotExport {
             .reader
             .changed(id, offset, u64::from(len), wanted(one))
             .await
-            .map_err(to_nbd)?;
+            .map_err(|e| self.failed(e))?;
         Ok(dirty_extents(ext))
     }
 }
@@ -346,8 +370,9 @@ pub async fn snapshots_on_etcd(
 
 /// Serves snapshot `snap` of the volume `info` describes (its snapshots: `list`) read-only
 /// over NBD, as export `VOLUME@SNAP`, from the copies that hold it: the volume's writer is not
-/// touched. Returns once the listeners are bound, with the tasks serving them.
-pub fn serve_snapshot(
+/// touched, and the snapshot held on its copies (a delete of it is refused while this serves).
+/// Returns once the listeners are bound, with the tasks serving them.
+pub async fn serve_snapshot(
     info: &trireme_client::AttachInfo,
     list: &[trireme_control::SnapshotInfo],
     snap: &str,
@@ -356,8 +381,16 @@ pub fn serve_snapshot(
     tls: Option<&ExportTls>,
     opts: trireme_client::VolumeOptions,
 ) -> Result<Vec<tokio::task::JoinHandle<std::io::Result<()>>>, String> {
-    let reader = snapshot_reader(info, list, snap, opts)?;
+    let reader = Arc::new(snapshot_reader(info, list, snap, opts)?);
     let label = format!("{}@{snap}", info.name);
+    // Held on every copy while it serves: a delete of it is refused, naming this export.
+    reader
+        .hold(format!(
+            "export {label} (pid {} on {})",
+            std::process::id(),
+            crate::hostname()
+        ))
+        .await;
     let older = list
         .iter()
         .filter(|s| s.state == "ready" && s.id < reader.id())
@@ -368,8 +401,9 @@ pub fn serve_snapshot(
         &label,
         &format!("trireme snapshot {label} (read-only)"),
         Arc::new(SnapshotExport {
-            reader: Arc::new(reader),
+            reader,
             older,
+            gone: Default::default(),
         }),
     );
     listen(Arc::new(ex), socket, tcp, tls)

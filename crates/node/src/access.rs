@@ -143,6 +143,7 @@ impl Node {
                         | Op::DeleteReplica
                         | Op::TierSet
                         | Op::SnapshotDelete
+                        | Op::SnapshotHolders
                 ) =>
             {
                 denied(
@@ -160,7 +161,11 @@ impl Node {
                 // Reading a snapshot is not writing the volume: no attach record needed.
                 if matches!(
                     h.op,
-                    Op::SnapshotList | Op::SnapshotRead | Op::SnapshotStatus | Op::SnapshotChanged
+                    Op::SnapshotList
+                        | Op::SnapshotRead
+                        | Op::SnapshotStatus
+                        | Op::SnapshotChanged
+                        | Op::SnapshotHold
                 ) {
                     return Ok(());
                 }

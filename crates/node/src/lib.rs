@@ -18,6 +18,7 @@ mod access;
 mod activity;
 pub mod books;
 mod dirty;
+mod holds;
 mod integrity;
 mod io_threads;
 mod ops;
@@ -84,6 +85,8 @@ pub struct Node {
     io: io_threads::IoThreads,
     /// What is noted of each copy's integrity until a scrub verifies it (`integrity.rs`).
     integrity: integrity::Integrity,
+    /// Readers' holds on snapshots (`holds.rs`).
+    holds: holds::Holds,
 }
 
 /// What a node holds ([`Node::usage`]).
@@ -161,6 +164,7 @@ impl Node {
             books: std::sync::atomic::AtomicBool::new(false),
             io: io_threads::IoThreads::new(DEFAULT_IO_THREADS, format!("node{id}-io")),
             integrity: integrity::Integrity::default(),
+            holds: holds::Holds::default(),
         };
         for r in node.all_replicas() {
             node.integrity.opened(&*r);

@@ -112,6 +112,8 @@ impl Node {
             Op::CreateClone => self.on_create_clone(req),
             Op::Flatten => self.on_flatten(h),
             Op::Verified => self.on_verified(h),
+            Op::SnapshotHold => self.on_snapshot_hold(req),
+            Op::SnapshotHolders => self.on_snapshot_holders(h),
         }?;
         Ok((resp, payload))
     }

@@ -120,6 +120,12 @@ pub const FLAG_UNSYNCED: u16 = 1 << 9;
 pub const FLAG_FIRST: u16 = 1 << 10;
 /// Request flag on extent queries: as [`FLAG_FIRST`], one extent at most (NBD's `REQ_ONE`).
 pub const FLAG_ONE: u16 = 1 << 11;
+/// Request flag on `SnapshotDelete`: delete it though a reader holds it (`SnapshotHold`).
+pub const FLAG_FORCE: u16 = 1 << 12;
+/// A reader's hold on a snapshot lasts this long unless asked again.
+pub const HOLD_SECS: u64 = 15;
+/// The most bytes a holder's name takes.
+pub const MAX_HOLDER: usize = 256;
 /// The most extents an answer to a query flagged [`FLAG_FIRST`] carries.
 pub const FIRST_EXTENTS: usize = 1024;
 const KNOWN_FLAGS: u16 = FLAG_RESPONSE
@@ -133,7 +139,8 @@ const KNOWN_FLAGS: u16 = FLAG_RESPONSE
     | FLAG_SPACE_RESERVE
     | FLAG_UNSYNCED
     | FLAG_FIRST
-    | FLAG_ONE;
+    | FLAG_ONE
+    | FLAG_FORCE;
 
 /// Why a frame was refused. Every variant means "drop the connection": after a bad header the
 /// byte stream can no longer be trusted to be in step.

@@ -131,6 +131,15 @@ pub enum Op {
     /// [`ReplicaIntegrity::token`](crate::ReplicaIntegrity) the scrub read at its end) is
     /// cleared. Epoch-checked as a checksum is.
     Verified = 35,
+    /// A reader (a `VOLUME@SNAP` export) holds snapshot `offset` of `volume` for
+    /// [`HOLD_SECS`](crate::HOLD_SECS) from now, and again each time it asks; payload: who it
+    /// is, UTF-8, at most [`MAX_HOLDER`](crate::MAX_HOLDER) bytes. A delete of a held snapshot
+    /// is refused (`InUse`) unless forced. No epoch check; a client on the volume's access list
+    /// may ask.
+    SnapshotHold = 36,
+    /// Who holds snapshot `offset` of `volume` now: answer payload the holders, one a line.
+    /// A control op (nodes and operators).
+    SnapshotHolders = 37,
 }
 
 impl Op {
@@ -171,6 +180,8 @@ impl Op {
             33 => Op::CreateClone,
             34 => Op::Flatten,
             35 => Op::Verified,
+            36 => Op::SnapshotHold,
+            37 => Op::SnapshotHolders,
             _ => return None,
         })
     }
@@ -251,7 +262,7 @@ impl Status {
             Status::Corrupt => "bad copy: a block failed its checksum",
             Status::Denied => "not allowed for this identity",
             Status::NoSnapshot => "no such snapshot on this copy",
-            Status::InUse => "in use by a clone on this node",
+            Status::InUse => "in use on this node (a clone reads it, or an export holds it)",
             Status::Unknown => "unknown status",
         }
     }

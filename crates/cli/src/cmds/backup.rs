@@ -243,6 +243,7 @@ async fn drop_snapshot(cc: &mut ControlClient, volume: &str, snap: &str, what: &
         .call(&Request::SnapshotDelete {
             name: volume.to_string(),
             snapshot: snap.to_string(),
+            force: false,
         })
         .await;
     if let Err(e) = r {

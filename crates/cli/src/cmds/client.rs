@@ -403,11 +403,16 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 .map_err(usage_if_remote)?;
             print(out, &l, |l| snapshots_table(volume, l));
         }
-        Cmd::Volume(VolumeCmd::Snapshot(SnapshotCmd::Delete { volume, name })) => {
+        Cmd::Volume(VolumeCmd::Snapshot(SnapshotCmd::Delete {
+            volume,
+            name,
+            force,
+        })) => {
             let () = cc
                 .call(&Request::SnapshotDelete {
                     name: volume.clone(),
                     snapshot: name.clone(),
+                    force: *force,
                 })
                 .await
                 .map_err(usage_if_remote)?;

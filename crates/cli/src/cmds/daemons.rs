@@ -457,6 +457,7 @@ async fn serve_snapshot_until_stopped(
         tls,
         opts,
     )
+    .await
     .map_err(CliError::Runtime)?;
     let label = format!("{}@{snap}", info.name);
     for u in trireme_daemon::export::uris(&label, a.socket.as_deref(), tcp_addr, tls) {

@@ -649,9 +649,11 @@ impl Manager {
                 to(self.snapshot_create(&name, &snapshot).await)
             }
             Request::SnapshotList { name } => to(self.snapshot_list(&name).await),
-            Request::SnapshotDelete { name, snapshot } => {
-                to(self.snapshot_delete(&name, &snapshot).await)
-            }
+            Request::SnapshotDelete {
+                name,
+                snapshot,
+                force,
+            } => to(self.snapshot_delete(&name, &snapshot, force).await),
             Request::VolumeRollback {
                 name,
                 snapshot,

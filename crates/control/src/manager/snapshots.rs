@@ -68,7 +68,7 @@ impl Manager {
             Err(e) => {
                 // Copies that took it before another failed drop it again (the writer tried
                 // too; a client host's writer may not).
-                self.drop_on_nodes(&v, rec.id).await;
+                self.drop_on_nodes(&v, rec.id, true).await;
                 if let Err(d) = self.meta.delete_snapshot_record(name, snap).await {
                     tracing::warn!(
                         volume = name,
@@ -314,16 +314,29 @@ impl Manager {
             .map_err(|e| refused(format!("node {}'s snapshot list: {e}", node.id)))
     }
 
-    /// Deletes snapshot `snap` of volume `name` from every copy, then its record. A node that
-    /// does not answer leaves the record `deleting`; asking again finishes it, as the manager
-    /// does by itself ([`Manager::start_finishing_deletes`]).
-    pub async fn snapshot_delete(&self, name: &str, snap: &str) -> Result<()> {
+    /// Deletes snapshot `snap` of volume `name` from every copy, then its record. Refused,
+    /// naming them, while exports hold it (`holds.rs` on the nodes), unless `force`. A node
+    /// that does not answer leaves the record `deleting`; asking again finishes it, as the
+    /// manager does by itself ([`Manager::start_finishing_deletes`]).
+    pub async fn snapshot_delete(&self, name: &str, snap: &str, force: bool) -> Result<()> {
         let v = self.meta.volume(name).await?;
         let mut rec = self.meta.snapshot(&v, snap).await?;
         self.check_no_clones(&v, Some((snap, rec.id))).await?;
+        // A delete already under way (its record `deleting`) was decided before.
+        let force = force || rec.state == SnapshotState::Deleting;
+        let holders = self.snapshot_holders(&v, rec.id).await;
+        if !holders.is_empty() {
+            if !force {
+                return Err(refused(format!(
+                    "snapshot {name}@{snap} is exported read-only by {}: stop that export first, or delete it with --force (its reads then fail)",
+                    holders.join("; ")
+                )));
+            }
+            tracing::warn!(volume = name, snapshot = snap, holders = %holders.join("; "), "deleting a snapshot an export holds (--force): its reads fail from now on");
+        }
         rec.state = SnapshotState::Deleting;
         self.meta.put_snapshot_record(name, &rec).await?;
-        let missed = self.drop_on_nodes(&v, rec.id).await;
+        let missed = self.drop_on_nodes(&v, rec.id, force).await;
         if !missed.is_empty() {
             self.missed_deletes
                 .lock()
@@ -345,12 +358,43 @@ impl Manager {
         Ok(())
     }
 
+    /// Who holds snapshot `id` of `v` on the nodes that answer, each named with its nodes.
+    async fn snapshot_holders(&self, v: &VolumeRecord, id: u64) -> Vec<String> {
+        let mut by: Vec<(String, Vec<u32>)> = Vec::new();
+        for r in &v.replicas {
+            let Ok(node) = self.node(r.node).await else {
+                continue;
+            };
+            let h = Header {
+                volume: v.id,
+                offset: id,
+                ..Header::request(Op::SnapshotHolders, 0)
+            };
+            if let Ok(f) = self.node_call(&node, h).await {
+                if f.header.status == Status::Ok {
+                    for who in String::from_utf8_lossy(&f.payload).lines() {
+                        match by.iter_mut().find(|(w, _)| w == who) {
+                            Some((_, nodes)) => nodes.push(r.node),
+                            None => by.push((who.to_string(), vec![r.node])),
+                        }
+                    }
+                }
+            }
+        }
+        by.into_iter()
+            .map(|(who, nodes)| {
+                let nodes: Vec<String> = nodes.iter().map(u32::to_string).collect();
+                format!("{who} (held on node {})", nodes.join(", "))
+            })
+            .collect()
+    }
+
     /// Asks every node of `v` to drop snapshot `id`, all at once; the nodes that did not. A
     /// node answers once it has given the snapshot's space back, at most
     /// [`trireme_proto::GIVE_BACK_RATE`] a second: each is waited for the time the volume's
     /// whole size takes at half that rate (the 3 s of other calls failed the delete of a
     /// snapshot holding more than about 1.5 GiB of its own).
-    async fn drop_on_nodes(&self, v: &VolumeRecord, id: u64) -> Vec<u32> {
+    async fn drop_on_nodes(&self, v: &VolumeRecord, id: u64, force: bool) -> Vec<u32> {
         let limit = NODE_DELETE_WAIT
             + std::time::Duration::from_secs_f64(
                 v.size as f64 / (trireme_proto::GIVE_BACK_RATE / 2) as f64,
@@ -361,6 +405,7 @@ impl Manager {
             .map(|r| {
                 let mut h = Header {
                     volume: v.id,
+                    flags: if force { trireme_proto::FLAG_FORCE } else { 0 },
                     ..Header::request(Op::SnapshotDelete, 0)
                 };
                 SnapshotRequest { id, created: 0 }.put(&mut h);
@@ -449,7 +494,7 @@ impl Manager {
             .cloned()
             .collect();
         for (volume, snap) in todo {
-            match self.snapshot_delete(&volume, &snap).await {
+            match self.snapshot_delete(&volume, &snap, true).await {
                 Ok(()) => tracing::info!(
                     volume = %volume,
                     snapshot = %snap,

@@ -155,6 +155,7 @@ impl Node {
         self.dirty.forget_volume(h.volume);
         self.activity.forget(h.volume);
         self.integrity.forget(h.volume);
+        self.holds.forget(h.volume, None);
         self.owners
             .write()
             .unwrap_or_else(|e| e.into_inner())

@@ -57,7 +57,24 @@ impl Node {
         let r = self.replica(h.volume)?;
         let s = SnapshotRequest::read(h).map_err(malformed)?;
         self.check_no_clone_reads(h.volume, Some(s.id))?;
+        let holders = self.holds.holders(h.volume, s.id);
+        let forced = h.has_flag(trireme_proto::FLAG_FORCE);
+        if !holders.is_empty() && !forced {
+            return Err(Refusal(
+                Status::InUse,
+                format!(
+                    "snapshot {} of volume {} is held by {}",
+                    s.id,
+                    h.volume,
+                    holders.join(", ")
+                ),
+            ));
+        }
         r.delete_snapshot(s.id)?;
+        self.holds.forget(h.volume, Some(s.id));
+        if !holders.is_empty() {
+            tracing::warn!(node = self.id, volume = h.volume, id = s.id, holders = %holders.join(", "), "snapshot deleted though held (forced): its readers fail from now on");
+        }
         tracing::info!(
             node = self.id,
             volume = h.volume,
@@ -65,6 +82,36 @@ impl Node {
             "snapshot deleted"
         );
         Ok(Bytes::new())
+    }
+
+    /// A reader holds a snapshot for a while (`holds.rs`).
+    pub(crate) fn on_snapshot_hold(&self, req: &Frame) -> Result<Bytes, Refusal> {
+        let h = &req.header;
+        let r = self.replica(h.volume)?;
+        if req.payload.is_empty() || req.payload.len() > trireme_proto::MAX_HOLDER {
+            return Err(Refusal(
+                Status::Invalid,
+                format!(
+                    "a holder's name is 1 to {} bytes, not {}",
+                    trireme_proto::MAX_HOLDER,
+                    req.payload.len()
+                ),
+            ));
+        }
+        let who = std::str::from_utf8(&req.payload)
+            .map_err(|_| Refusal(Status::Invalid, "a holder's name is UTF-8".into()))?;
+        // Asked of the snapshot's map (a list would count every snapshot's own bytes).
+        r.snapshot_status(h.offset, 0, 4096)?;
+        self.holds.hold(h.volume, h.offset, who);
+        Ok(Bytes::new())
+    }
+
+    /// Who holds a snapshot now, one a line.
+    pub(crate) fn on_snapshot_holders(&self, h: &Header) -> Result<Bytes, Refusal> {
+        self.replica(h.volume)?;
+        Ok(Bytes::from(
+            self.holds.holders(h.volume, h.offset).join("\n"),
+        ))
     }
 
     /// With sizes if the request's `length` asks ([`trireme_proto::LIST_SIZED`]), and the
