@@ -418,8 +418,11 @@ impl Volume {
         if fua {
             h.flags |= FLAG_FUA;
         }
-        self.mirror_counted(trireme_metrics::Op::Write, h, data)
-            .await
+        let r = self
+            .mirror_counted(trireme_metrics::Op::Write, h, data)
+            .await;
+        self.extents.changed();
+        r
     }
 
     pub async fn write_zeroes(
@@ -445,7 +448,9 @@ impl Volume {
         } else {
             trireme_metrics::Op::Zero
         };
-        self.mirror_counted(op, h, Bytes::new()).await
+        let r = self.mirror_counted(op, h, Bytes::new()).await;
+        self.extents.changed();
+        r
     }
 
     pub async fn flush(&self) -> Result<(), VolumeError> {
@@ -490,10 +495,30 @@ impl Volume {
         if len == 0 {
             return Ok(Vec::new());
         }
+        use crate::extent_cache::Kind;
+        if let Some(e) = self.extents.get(Kind::Allocation, offset, len, want) {
+            return Ok(e);
+        }
+        // A first-extents query asks for as many as a node gives at once, and keeps them for
+        // the next queries (`extent_cache.rs`).
+        let ask = match want {
+            crate::Extents::All => crate::Extents::All,
+            _ => crate::Extents::First,
+        };
+        let stamp = self.extents.stamp();
         let mut h = self.header(Op::BlockStatus, offset, len);
-        h.flags |= want.flags();
+        h.flags |= ask.flags();
         let f = self.read_one(h).await?;
-        want.check(0, &f.payload, len)
+        let mut e = ask.check(0, &f.payload, len)?;
+        if ask == crate::Extents::First {
+            self.extents.put(Kind::Allocation, stamp, offset, e.clone());
+        }
+        e.truncate(if want == crate::Extents::One {
+            1
+        } else {
+            e.len()
+        });
+        Ok(e)
     }
 
     /// The replicas (indexes) this writer has a connection to now.

@@ -24,6 +24,7 @@ mod catch_up;
 mod copies;
 mod core;
 mod error;
+mod extent_cache;
 mod failover;
 mod io;
 mod membership;
@@ -230,6 +231,9 @@ pub struct Volume {
     full_len: std::sync::atomic::AtomicU64,
     /// The progress of the scrub running now, if one is (`scrub.rs`).
     scrubbing: Mutex<Option<trireme_replication::ResyncProgress>>,
+    /// The last first-extents answer, for the block-status queries that follow it
+    /// (`extent_cache.rs`).
+    extents: extent_cache::ExtentCache,
     membership: Option<Arc<dyn Membership>>,
     /// Serialises taking replicas out and bringing them back.
     membership_lock: tokio::sync::Mutex<()>,
@@ -393,6 +397,7 @@ impl Volume {
             full: std::sync::atomic::AtomicBool::new(false),
             full_len: std::sync::atomic::AtomicU64::new(0),
             scrubbing: Mutex::new(None),
+            extents: Default::default(),
             opts,
             membership,
             membership_lock: tokio::sync::Mutex::new(()),

@@ -31,6 +31,12 @@ use crate::{Volume, VolumeError};
 impl Volume {
     /// Resizes the volume to `size` bytes (a non-zero multiple of 4 KiB; see the module docs).
     pub async fn resize(&self, size: u64) -> Result<(), VolumeError> {
+        let r = self.resize_to(size).await;
+        self.extents.changed();
+        r
+    }
+
+    async fn resize_to(&self, size: u64) -> Result<(), VolumeError> {
         if size == 0 || !size.is_multiple_of(4096) {
             return Err(VolumeError::BadSize(size));
         }

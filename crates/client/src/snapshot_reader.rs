@@ -46,6 +46,8 @@ pub struct SnapshotReader {
     links: Vec<tokio::sync::Mutex<Link>>,
     /// Places for requests on the nodes ([`IN_FLIGHT`]).
     places: tokio::sync::Semaphore,
+    /// The last first-extents answer (`extent_cache.rs`): a snapshot never changes.
+    extents: crate::extent_cache::ExtentCache,
     /// The copy that served the last read.
     current: AtomicUsize,
     opts: VolumeOptions,
@@ -70,6 +72,7 @@ impl SnapshotReader {
             size,
             links: copies.iter().map(|_| Default::default()).collect(),
             places: tokio::sync::Semaphore::new(IN_FLIGHT),
+            extents: Default::default(),
             copies,
             current: AtomicUsize::new(0),
             opts,
@@ -195,16 +198,55 @@ impl SnapshotReader {
         want: crate::Extents,
     ) -> Result<Vec<trireme_proto::Extent>, VolumeError> {
         trireme_replication::check_io(offset, len, self.size, 1 << 32)?;
-        let (k, b) = self
-            .ask_any(
-                Op::SnapshotStatus,
-                offset,
-                len,
-                &self.id_payload,
-                want.flags(),
-            )
-            .await?;
-        want.check(self.copies[k].node, &b, len)
+        self.cached(
+            crate::extent_cache::Kind::Allocation,
+            offset,
+            len,
+            want,
+            |ask| async move {
+                let (k, b) = self
+                    .ask_any(
+                        Op::SnapshotStatus,
+                        offset,
+                        len,
+                        &self.id_payload,
+                        ask.flags(),
+                    )
+                    .await?;
+                ask.check(self.copies[k].node, &b, len)
+            },
+        )
+        .await
+    }
+
+    /// Extents of `kind` as `want` asks: from the last first-extents answer if it covers
+    /// `offset`, else from `ask` (called with what to ask a node for), kept for the next.
+    async fn cached<F, Fut>(
+        &self,
+        kind: crate::extent_cache::Kind,
+        offset: u64,
+        len: u64,
+        want: crate::Extents,
+        ask: F,
+    ) -> Result<Vec<trireme_proto::Extent>, VolumeError>
+    where
+        F: FnOnce(crate::Extents) -> Fut,
+        Fut: std::future::Future<Output = Result<Vec<trireme_proto::Extent>, VolumeError>>,
+    {
+        if want == crate::Extents::All {
+            return ask(want).await;
+        }
+        if let Some(e) = self.extents.get(kind, offset, len, want) {
+            return Ok(e);
+        }
+        let mut e = ask(crate::Extents::First).await?;
+        self.extents.put(kind, 0, offset, e.clone());
+        e.truncate(if want == crate::Extents::One {
+            1
+        } else {
+            e.len()
+        });
+        Ok(e)
     }
 
     /// Which of `[offset, offset+len)` (up to 4 GiB) differs between snapshot `from` and this
@@ -225,10 +267,14 @@ impl SnapshotReader {
             }
             .payload(),
         );
-        let (k, b) = self
-            .ask_any(Op::SnapshotChanged, offset, len, &q, want.flags())
-            .await?;
-        want.check(self.copies[k].node, &b, len)
+        let kind = crate::extent_cache::Kind::ChangedSince(from);
+        self.cached(kind, offset, len, want, |ask| async move {
+            let (k, b) = self
+                .ask_any(Op::SnapshotChanged, offset, len, &q, ask.flags())
+                .await?;
+            ask.check(self.copies[k].node, &b, len)
+        })
+        .await
     }
 
     /// Reads `len` bytes at `offset` of the snapshot.

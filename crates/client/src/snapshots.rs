@@ -123,6 +123,12 @@ impl Volume {
     /// fails it is taken out for a full resync (from the rolled-back ones); if none takes it,
     /// the volume is as it was.
     pub async fn rollback(&self, id: u64) -> Result<(), VolumeError> {
+        let r = self.rollback_held(id).await;
+        self.extents.changed();
+        r
+    }
+
+    async fn rollback_held(&self, id: u64) -> Result<(), VolumeError> {
         let _all = self.core.acquire(0, self.size()).await;
         let (took, failed, first) = {
             let _g = self.membership_lock.lock().await;
@@ -174,7 +180,25 @@ impl Volume {
         len: u64,
         want: crate::Extents,
     ) -> Result<Vec<trireme_proto::Extent>, VolumeError> {
-        self.changed_between(from, None, offset, len, want).await
+        use crate::extent_cache::Kind;
+        let kind = Kind::ChangedSince(from);
+        if want == crate::Extents::All {
+            return self.changed_between(from, None, offset, len, want).await;
+        }
+        if let Some(e) = self.extents.get(kind, offset, len, want) {
+            return Ok(e);
+        }
+        let stamp = self.extents.stamp();
+        let mut e = self
+            .changed_between(from, None, offset, len, crate::Extents::First)
+            .await?;
+        self.extents.put(kind, stamp, offset, e.clone());
+        e.truncate(if want == crate::Extents::One {
+            1
+        } else {
+            e.len()
+        });
+        Ok(e)
     }
 
     /// As [`Volume::changed_since`], up to snapshot `to` if given (between two versions),
