@@ -225,7 +225,26 @@ fn parse_sweep(args: &[String]) -> Result<Sweep, String> {
     Ok(s)
 }
 
+/// `volume:NAME` attaches through `trireme up`'s control socket: on a cluster on etcd, say
+/// what works there instead of failing on a socket the reader never made.
+fn check_volume_target(cli: &Cli, a: &BenchArgs) -> Result<(), CliError> {
+    let Some(name) = a.target.as_deref().and_then(|t| t.strip_prefix("volume:")) else {
+        return Ok(());
+    };
+    let name = name.split('?').next().unwrap_or(name);
+    if cli.etcd.is_some() {
+        return Err(CliError::Usage(format!(
+            "volume:{name} benchmarks a volume through `trireme up`'s control socket, which a \
+             cluster on etcd has none of: attach it on this host (`trireme attach {name} \
+             --socket /tmp/{name}.sock`) and bench its export, \
+             `nbd+unix:///{name}?socket=/tmp/{name}.sock`"
+        )));
+    }
+    Ok(())
+}
+
 pub fn run(cli: &Cli, a: &BenchArgs) -> Result<(), CliError> {
+    check_volume_target(cli, a)?;
     let profile = a.to_profile().map_err(|e| CliError::Usage(e.to_string()))?;
     if let Some(c) = &a.compare {
         let cmp = trireme_bench::compare::parse(c).map_err(suite_error)?;

@@ -29,36 +29,61 @@ pub struct Cli {
     #[arg(
         long,
         global = true,
+        help_heading = "Global options",
         default_value = "./trireme-data",
         env = "TRIREME_DATA_DIR"
     )]
     pub data_dir: PathBuf,
     /// Output format for commands that report.
-    #[arg(long, global = true, value_enum, default_value_t = Output::Text)]
+    #[arg(long, global = true, help_heading = "Global options", value_enum, default_value_t = Output::Text)]
     pub output: Output,
     /// Log filter (error, warn, info, debug, or a tracing filter).
-    #[arg(long, global = true, default_value = "info", env = "TRIREME_LOG")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        default_value = "info",
+        env = "TRIREME_LOG"
+    )]
     pub log: String,
     /// Data-path transport: `auto` uses UCX where it reaches the node over RDMA (or shared
     /// memory, on one host) and a probe works, and TCP on the rest (UCX's own tcp lanes, which
     /// carry no TLS, only if `TRIREME_UCX_TLS` asks for them); `tcp` never uses UCX (nodes do
     /// not offer it); `ucx` fails a connection that cannot use it.
-    #[arg(long, global = true, value_enum, default_value_t = TransportArg::Auto, env = "TRIREME_TRANSPORT")]
+    #[arg(long, global = true, help_heading = "Global options", value_enum, default_value_t = TransportArg::Auto, env = "TRIREME_TRANSPORT")]
     pub transport: TransportArg,
     /// The cluster's etcd endpoints (`HOST:PORT,...`): commands then reach the cluster of
     /// several servers through etcd (and its elected manager) instead of `--data-dir`.
     /// `https://HOST:PORT` endpoints are reached over TLS with this process's identity
     /// (`--tls-identity`, or a node's `--tls-dir`) as the client certificate.
-    #[arg(long, global = true, env = "TRIREME_ETCD", value_name = "URLS")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        env = "TRIREME_ETCD",
+        value_name = "URLS"
+    )]
     pub etcd: Option<String>,
     /// The CA that issued etcd's server certificate, if not the cluster's (`ca-cert.pem` of the
     /// identity directory).
-    #[arg(long, global = true, env = "TRIREME_ETCD_CA", value_name = "FILE")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        env = "TRIREME_ETCD_CA",
+        value_name = "FILE"
+    )]
     pub etcd_ca: Option<PathBuf>,
     /// This process's identity for links to nodes that serve over mutual TLS: a directory with
     /// `client-cert.pem`, `client-key.pem` and `ca-cert.pem` (`trireme ca issue client NAME`).
     /// Beside a local cluster, `<data-dir>/tls/up` is used without asking.
-    #[arg(long, global = true, env = "TRIREME_TLS_IDENTITY", value_name = "DIR")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        env = "TRIREME_TLS_IDENTITY",
+        value_name = "DIR"
+    )]
     pub tls_identity: Option<PathBuf>,
     #[command(subcommand)]
     pub cmd: Cmd,
@@ -110,7 +135,8 @@ pub enum StoreArg {
     Null,
     /// In RAM; lost when the node stops.
     Memory,
-    /// Preallocated files with O_DIRECT; survive restarts.
+    /// Files with O_DIRECT, thin (space taken as written; `--preallocate` reserves it all);
+    /// survive restarts.
     File,
     /// A fast tier (flash) and a slow tier (disk) of files; extents move between them by heat
     /// or by pin (`--fast-size`, `--slow-disk`).
@@ -367,10 +393,17 @@ fn main() -> ExitCode {
     let _ = trireme_net::limits::raise_nofile();
     tune_allocator();
     // DISKSPD spells hot zones `-rdpct90/10`, which reads as `-r` with a value: say it long.
-    let args = std::env::args_os().map(|a| match a.to_str() {
-        Some(s) if s.starts_with("-rdpct") => format!("--rdpct={}", &s[6..]).into(),
-        _ => a,
-    });
+    let args: Vec<std::ffi::OsString> = std::env::args_os()
+        .map(|a| match a.to_str() {
+            Some(s) if s.starts_with("-rdpct") => format!("--rdpct={}", &s[6..]).into(),
+            _ => a,
+        })
+        .collect();
+    let log_asked = std::env::var_os("TRIREME_LOG").is_some()
+        || args.iter().any(|a| {
+            a.to_str()
+                .is_some_and(|s| s == "--log" || s.starts_with("--log="))
+        });
     let cli = match Cli::try_parse_from(args) {
         Ok(c) => c,
         Err(e) => {
@@ -395,16 +428,47 @@ fn main() -> ExitCode {
                 .skip_while(|l| l.is_empty())
                 .take_while(|l| !l.is_empty())
                 .collect();
-            eprintln!("{} (see trireme --help)", first.join(" "));
+            // And clap's tips (a similar command or flag), as "did you mean".
+            let tips: Vec<String> = msg
+                .lines()
+                .filter_map(|l| l.trim().strip_prefix("tip: "))
+                .map(|t| {
+                    t.replace("a similar subcommand exists: ", "did you mean ")
+                        .replace("a similar argument exists: ", "did you mean ")
+                        .replace("some similar subcommands exist: ", "did you mean one of ")
+                        .replace("some similar arguments exist: ", "did you mean one of ")
+                })
+                .collect();
+            let tips = match tips.is_empty() {
+                true => String::new(),
+                false => format!("; {}?", tips.join("; ")),
+            };
+            eprintln!("{}{tips} (see trireme --help)", first.join(" "));
             return ExitCode::from(2);
         }
     };
     // rustls warns of peers' harmless quirks (an NBD client that sends its server's IP address
     // as SNI, as qemu and libnbd do: "Illegal SNI extension"); a handshake that fails is
     // reported by trireme itself. Unless the filter names rustls, only its errors show.
-    let spec = match cli.log.contains("rustls") {
-        true => cli.log.clone(),
-        false => format!("{},rustls=error", cli.log),
+    // A command that runs a writer for a moment and reports what it did (backup, restore,
+    // diffs) says only warnings from the writer unless asked: its links and attach are noise
+    // on an operator's terminal.
+    let quiet = matches!(
+        &cli.cmd,
+        Cmd::Volume(
+            VolumeCmd::Backup { .. }
+                | VolumeCmd::Restore { .. }
+                | VolumeCmd::Diff { .. }
+                | VolumeCmd::ImportDiff { .. }
+        )
+    );
+    let level = match (quiet, log_asked) {
+        (true, false) => "warn".to_string(),
+        _ => cli.log.clone(),
+    };
+    let spec = match level.contains("rustls") {
+        true => level.clone(),
+        false => format!("{level},rustls=error"),
     };
     let filter = tracing_subscriber::EnvFilter::try_new(&spec);
     let Ok(filter) = filter else {

@@ -304,13 +304,9 @@ fn a_cluster_on_etcd_survives_node_manager_etcd_and_writer_failures() {
     w.wait_converged();
     w.verify();
     let s = w.status();
-    assert!(
-        s["volumes"][0]["writer"]
-            .as_str()
-            .unwrap_or("")
-            .contains("nbd+unix"),
-        "{s}"
-    );
+    let uris = s["volumes"][0]["writer"]["uris"].to_string();
+    assert!(uris.contains("nbd+unix"), "{s}");
+    assert!(s["volumes"][0]["writer"]["pid"].as_u64().is_some(), "{s}");
 
     // Every server dies at once (the rack loses power; each disk keeps what it was given)
     // and comes back: the writer on the client host holds its requests, links to each copy

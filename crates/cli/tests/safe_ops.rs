@@ -210,8 +210,12 @@ fn another_writer_of_ups_volume_fences_the_export_only_while_it_holds_it() {
         text(&r)
     );
     let s = status(&c);
-    let writer = s["volumes"][0]["writer"].as_str().unwrap_or_default();
-    assert!(writer.contains("fenced"), "{s}");
+    let writer = &s["volumes"][0]["writer"];
+    assert!(writer["fenced"].as_str().is_some(), "{s}");
+    assert!(
+        writer["text"].as_str().unwrap().starts_with("fenced: "),
+        "{s}"
+    );
     assert_eq!(s["volumes"][0]["health"]["verdict"], "writer-fenced", "{s}");
     assert_eq!(s["health"]["verdict"], "writer-fenced", "{s}");
     let text_status = text(&c.cli(&["status"]));

@@ -431,11 +431,12 @@ fn every_link_of_a_cluster_on_etcd_can_be_tls() {
     let info: serde_json::Value =
         serde_json::from_str(&w.ok(Some("admin"), &["--output", "json", "volume", "info", "v"]))
             .unwrap();
+    assert_eq!(info["writer"]["client"], "alice", "{info}");
     assert!(
-        info["writer"]
+        info["writer"]["text"]
             .as_str()
             .unwrap_or("")
-            .contains("as client alice"),
+            .contains("as alice"),
         "{info}"
     );
     assert_eq!(info["access"], serde_json::json!(["alice", "carol"]));

@@ -107,8 +107,19 @@ impl SnapshotReader {
     }
 
     async fn hold_once(&self, who: &Bytes) {
+        self.hold_all(who, 0).await
+    }
+
+    /// Lets go of the hold [`SnapshotReader::hold`] took in `who`'s name (the export stops:
+    /// a delete right after is not refused for it).
+    pub async fn release(&self, who: String) {
+        self.hold_all(&Bytes::from(who.into_bytes()), trireme_proto::RELEASE)
+            .await
+    }
+
+    async fn hold_all(&self, who: &Bytes, length: u64) {
         for k in 0..self.copies.len() {
-            if let Err(e) = self.ask(k, Op::SnapshotHold, self.id, 0, who, 0).await {
+            if let Err(e) = self.ask(k, Op::SnapshotHold, self.id, length, who, 0).await {
                 tracing::debug!(snapshot = %self.label, node = self.copies[k].node, "holding the snapshot: {e}");
             }
         }

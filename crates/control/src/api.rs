@@ -87,9 +87,12 @@ pub enum Request {
     },
     /// The deny list.
     CaRevoked,
-    /// Take a new epoch for a writer: fences every older writer of the volume.
+    /// Take a new epoch for a writer: fences every older writer of the volume. `writer`: who
+    /// it is, for `status` (absent from a writer from before it).
     Attach {
         name: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        writer: Option<WriterHello>,
     },
     /// Where a volume lives, without a new epoch (for verification).
     Locate {
@@ -399,6 +402,74 @@ impl std::fmt::Display for ReplicaStatusState {
     }
 }
 
+/// What a writer attaching through the control socket says of itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriterHello {
+    pub pid: u32,
+    /// Where it serves the volume (NBD URIs).
+    #[serde(default)]
+    pub uris: Vec<String>,
+}
+
+impl WriterHello {
+    /// This process, serving at `uris`.
+    pub fn me(uris: Vec<String>) -> WriterHello {
+        WriterHello {
+            pid: std::process::id(),
+            uris,
+        }
+    }
+}
+
+/// Who writes a volume, as `status` and `volume info` show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct WriterStatus {
+    /// The epoch it holds.
+    pub epoch: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// The client identity it reaches the nodes with (a cluster on etcd with TLS).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client: Option<String>,
+    /// Where it serves the volume (NBD URIs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub uris: Vec<String>,
+    /// Set when the writer in the cluster's process was superseded: by what.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fenced: Option<String>,
+    /// The same, in one line for a person.
+    pub text: String,
+}
+
+impl WriterStatus {
+    /// The one-line text from the fields.
+    pub fn describe(mut self) -> WriterStatus {
+        self.text = match &self.fenced {
+            Some(why) => format!("fenced: {why}"),
+            None => format!(
+                "{}{}{} (epoch {}){}",
+                self.pid
+                    .map_or("a writer".to_string(), |p| format!("pid {p}")),
+                self.host
+                    .as_ref()
+                    .map_or(String::new(), |h| format!(" on {h}")),
+                self.client
+                    .as_ref()
+                    .map_or(String::new(), |c| format!(" as {c}")),
+                self.epoch,
+                if self.uris.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", self.uris.join(" "))
+                }
+            ),
+        };
+        self
+    }
+}
+
 /// One replica as `status` shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReplicaStatus {
@@ -459,9 +530,10 @@ pub struct VolumeStatus {
     /// The data-path links of the writer attached in this cluster process, if any.
     #[serde(default)]
     pub client_links: Vec<LinkStatus>,
-    /// Who writes the volume, from its attach record (a cluster on etcd).
+    /// Who writes the volume: from its attach record (a cluster on etcd), or what a writer
+    /// attaching through the control socket said of itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub writer: Option<String>,
+    pub writer: Option<WriterStatus>,
     /// Fewest in-sync copies writes go on with.
     #[serde(default)]
     pub min_copies: u32,
@@ -509,9 +581,9 @@ pub struct NodeRestartReport {
 pub struct VolumeInfo {
     #[serde(flatten)]
     pub record: trireme_meta::VolumeRecord,
-    /// Who writes it, from its attach record (a cluster on etcd).
+    /// Who writes it (see [`VolumeStatus::writer`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub writer: Option<String>,
+    pub writer: Option<WriterStatus>,
     /// The data-path links of the writer attached in the cluster process (`trireme up`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub client_links: Vec<LinkStatus>,

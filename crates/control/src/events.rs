@@ -95,8 +95,9 @@ pub fn changes(prev: &Seen, now: &StatusReport, time_ms: u64) -> Vec<ClusterEven
         }
     }
     for v in &now.volumes {
+        // A volume's coming and going are the manager's own events (created, cloned,
+        // restored from the trash, deleted: `manager/`), which know which it was.
         let Some(pv) = prev.volumes.iter().find(|p| p.name == v.name) else {
-            out.push(ev("volume", format!("volume {} created", v.name)));
             continue;
         };
         for r in &v.replicas {
@@ -158,11 +159,6 @@ pub fn changes(prev: &Seen, now: &StatusReport, time_ms: u64) -> Vec<ClusterEven
                     format!("{}: {was} → {}{why}", v.name, h.verdict),
                 ));
             }
-        }
-    }
-    for pv in &prev.volumes {
-        if !now.volumes.iter().any(|v| v.name == pv.name) {
-            out.push(ev("volume", format!("volume {} deleted", pv.name)));
         }
     }
     for m in &now.moves {
@@ -369,6 +365,10 @@ mod tests {
         e.nodes.pop();
         let evs = changes(&Seen::of(&d), &e, 0);
         let texts: Vec<&str> = evs.iter().map(|e| e.text.as_str()).collect();
-        assert_eq!(texts, ["node 2 left the cluster", "volume v deleted"]);
+        assert_eq!(
+            texts,
+            ["node 2 left the cluster"],
+            "a volume's going is the manager's own event"
+        );
     }
 }

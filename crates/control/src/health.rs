@@ -126,9 +126,9 @@ pub fn volume_health(v: &VolumeStatus, nodes: &[NodeStatus]) -> Health {
     let n = copies.len();
     let fenced = v
         .writer
-        .as_deref()
-        .filter(|w| w.starts_with("fenced"))
-        .map(str::to_string);
+        .as_ref()
+        .filter(|w| w.fenced.is_some())
+        .map(|w| w.text.clone());
     let verdict = if in_sync == 0 {
         reasons.insert(0, format!("no copy of {n} in sync on a node that answers"));
         Verdict::Unavailable
@@ -304,7 +304,13 @@ mod tests {
         assert!(s.reasons[0].contains("minimum of 2"), "{s:?}");
 
         let mut f = volume(vec![replica(1, InSync), replica(2, InSync)], 1);
-        f.writer = Some("fenced: this process's writer (epoch 1) was superseded".into());
+        f.writer = Some(
+            crate::api::WriterStatus {
+                fenced: Some("this process's writer (epoch 1) was superseded".into()),
+                ..Default::default()
+            }
+            .describe(),
+        );
         assert_eq!(h(&f).verdict, Verdict::WriterFenced);
 
         let u = h(&volume(vec![replica(3, InSync), replica(2, Failed)], 1));

@@ -21,8 +21,8 @@ mod restart;
 
 pub use api::{
     decode_reply, ControlClient, ControlError, ControlStream, LinkStatus, NodeRestartReport,
-    NodeStatus, NodeTierStatus, ReplicaStatus, ReplicaStatusState, ReplicaTierStatus, Request,
-    StatusReport, VolumeInfo, VolumeStatus,
+    NodeStatus, NodeTierStatus, ReplicaIntegrityStatus, ReplicaStatus, ReplicaStatusState,
+    ReplicaTierStatus, Request, StatusReport, VolumeInfo, VolumeStatus, WriterHello, WriterStatus,
 };
 pub use error::{membership_error, ManagerError};
 pub use manager::{

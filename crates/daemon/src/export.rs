@@ -371,7 +371,8 @@ pub async fn snapshots_on_etcd(
 /// Serves snapshot `snap` of the volume `info` describes (its snapshots: `list`) read-only
 /// over NBD, as export `VOLUME@SNAP`, from the copies that hold it: the volume's writer is not
 /// touched, and the snapshot held on its copies (a delete of it is refused while this serves).
-/// Returns once the listeners are bound, with the tasks serving them.
+/// Returns once the listeners are bound, with the tasks serving them and the reader (whose
+/// hold the caller lets go when it stops: [`export_holder`] names it).
 pub async fn serve_snapshot(
     info: &trireme_client::AttachInfo,
     list: &[trireme_control::SnapshotInfo],
@@ -380,17 +381,17 @@ pub async fn serve_snapshot(
     tcp: Option<tokio::net::TcpListener>,
     tls: Option<&ExportTls>,
     opts: trireme_client::VolumeOptions,
-) -> Result<Vec<tokio::task::JoinHandle<std::io::Result<()>>>, String> {
+) -> Result<
+    (
+        Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
+        Arc<trireme_client::SnapshotReader>,
+    ),
+    String,
+> {
     let reader = Arc::new(snapshot_reader(info, list, snap, opts)?);
     let label = format!("{}@{snap}", info.name);
     // Held on every copy while it serves: a delete of it is refused, naming this export.
-    reader
-        .hold(format!(
-            "export {label} (pid {} on {})",
-            std::process::id(),
-            crate::hostname()
-        ))
-        .await;
+    reader.hold(export_holder(&label)).await;
     let older = list
         .iter()
         .filter(|s| s.state == "ready" && s.id < reader.id())
@@ -401,12 +402,21 @@ pub async fn serve_snapshot(
         &label,
         &format!("trireme snapshot {label} (read-only)"),
         Arc::new(SnapshotExport {
-            reader,
+            reader: reader.clone(),
             older,
             gone: Default::default(),
         }),
     );
-    listen(Arc::new(ex), socket, tcp, tls)
+    Ok((listen(Arc::new(ex), socket, tcp, tls)?, reader))
+}
+
+/// The name an export of snapshot `label` holds it in.
+pub fn export_holder(label: &str) -> String {
+    format!(
+        "export {label} (pid {} on {})",
+        std::process::id(),
+        crate::hostname()
+    )
 }
 
 /// A reader of snapshot `snap`, given where the volume lives and its snapshots: the copies
@@ -567,8 +577,15 @@ pub async fn export_local(
     ),
     String,
 > {
-    let vol = crate::writer_slot::attach(control, volume, opts).await?;
-    let slot = WriterSlot::new(vol);
+    let served = uris(
+        volume,
+        socket,
+        tcp.as_ref().and_then(|l| l.local_addr().ok()),
+        tls,
+    );
+    let hello = trireme_control::WriterHello::me(served.clone());
+    let vol = crate::writer_slot::attach(control, volume, opts, Some(hello)).await?;
+    let slot = WriterSlot::serving(vol, served);
     let source = SnapshotSource::Control(control.to_path_buf());
     let tasks = serve(&slot, source, socket, tcp, tls)?;
     Ok((slot, tasks))

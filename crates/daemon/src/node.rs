@@ -342,6 +342,7 @@ pub async fn run_member(
                 manager: Some(current),
                 writers: Vec::new(),
                 meta: Some(meta.clone()),
+                beside: None,
             },
             crate::http::Token::for_dir(cfg.http_token.as_deref(), &cfg.dir)?,
             Some(&cfg.dir.join("http")),

@@ -12,11 +12,25 @@ use trireme_client::{Volume, VolumeOptions};
 /// A watch channel holds it, so a request reads it under one lock and one waiting for a
 /// replacement is woken by it.
 #[derive(Debug)]
-pub struct WriterSlot(tokio::sync::watch::Sender<Arc<Volume>>);
+pub struct WriterSlot(
+    tokio::sync::watch::Sender<Arc<Volume>>,
+    /// Where the export serves the volume, said to the manager at each attach (`status`).
+    Vec<String>,
+);
 
 impl WriterSlot {
     pub fn new(v: Arc<Volume>) -> Arc<WriterSlot> {
-        Arc::new(WriterSlot(tokio::sync::watch::Sender::new(v)))
+        WriterSlot::serving(v, Vec::new())
+    }
+
+    /// A slot whose export serves the volume at `uris`.
+    pub fn serving(v: Arc<Volume>, uris: Vec<String>) -> Arc<WriterSlot> {
+        Arc::new(WriterSlot(tokio::sync::watch::Sender::new(v), uris))
+    }
+
+    /// Who this process is, for the manager.
+    fn hello(&self) -> trireme_control::WriterHello {
+        trireme_control::WriterHello::me(self.1.clone())
     }
 
     /// The writer requests go to now.
@@ -85,7 +99,7 @@ pub async fn reattach_when_lost(
             );
             said = true;
         }
-        match attach(&control, &name, opts.clone()).await {
+        match attach(&control, &name, opts.clone(), Some(slot.hello())).await {
             Ok(v) => {
                 if last_attach.is_some() {
                     pause = (pause * 2).min(Duration::from_secs(60));
@@ -106,6 +120,7 @@ pub async fn attach(
     control: &std::path::Path,
     name: &str,
     opts: VolumeOptions,
+    hello: Option<trireme_control::WriterHello>,
 ) -> Result<Arc<Volume>, String> {
     let mut cc = trireme_control::ControlClient::connect(control)
         .await
@@ -113,6 +128,7 @@ pub async fn attach(
     let info: trireme_client::AttachInfo = cc
         .call(&trireme_control::Request::Attach {
             name: name.to_string(),
+            writer: hello,
         })
         .await
         .map_err(|e| e.to_string())?;

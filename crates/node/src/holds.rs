@@ -36,6 +36,13 @@ impl Holds {
         }
     }
 
+    /// `who` lets snapshot `snap` of `volume` go.
+    pub(crate) fn release(&self, volume: u64, snap: u64, who: &str) {
+        if let Some(list) = self.map().get_mut(&(volume, snap)) {
+            list.retain(|(w, _)| w != who);
+        }
+    }
+
     /// Who holds snapshot `snap` of `volume` now (lapsed holds are dropped).
     pub(crate) fn holders(&self, volume: u64, snap: u64) -> Vec<String> {
         let now = Instant::now();
@@ -70,6 +77,9 @@ mod tests {
         h.hold(1, 5, "a");
         h.hold(1, 6, "c");
         assert_eq!(h.holders(1, 5), ["a", "b"]);
+        h.release(1, 5, "b");
+        assert_eq!(h.holders(1, 5), ["a"]);
+        h.hold(1, 5, "b");
         assert!(h.holders(2, 5).is_empty());
         h.forget(1, Some(5));
         assert!(h.holders(1, 5).is_empty());

@@ -124,6 +124,8 @@ pub const FLAG_ONE: u16 = 1 << 11;
 pub const FLAG_FORCE: u16 = 1 << 12;
 /// A reader's hold on a snapshot lasts this long unless asked again.
 pub const HOLD_SECS: u64 = 15;
+/// `SnapshotHold`'s `length` that lets the hold go (the export stops).
+pub const RELEASE: u64 = 1;
 /// The most bytes a holder's name takes.
 pub const MAX_HOLDER: usize = 256;
 /// The most extents an answer to a query flagged [`FLAG_FIRST`] carries.

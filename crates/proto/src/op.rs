@@ -132,10 +132,10 @@ pub enum Op {
     /// cleared. Epoch-checked as a checksum is.
     Verified = 35,
     /// A reader (a `VOLUME@SNAP` export) holds snapshot `offset` of `volume` for
-    /// [`HOLD_SECS`](crate::HOLD_SECS) from now, and again each time it asks; payload: who it
-    /// is, UTF-8, at most [`MAX_HOLDER`](crate::MAX_HOLDER) bytes. A delete of a held snapshot
-    /// is refused (`InUse`) unless forced. No epoch check; a client on the volume's access list
-    /// may ask.
+    /// [`HOLD_SECS`](crate::HOLD_SECS) from now, and again each time it asks, or lets it go
+    /// with `length` [`RELEASE`](crate::RELEASE); payload: who it is, UTF-8, at most
+    /// [`MAX_HOLDER`](crate::MAX_HOLDER) bytes. A delete of a held snapshot is refused
+    /// (`InUse`) unless forced. No epoch check; a client on the volume's access list may ask.
     SnapshotHold = 36,
     /// Who holds snapshot `offset` of `volume` now: answer payload the holders, one a line.
     /// A control op (nodes and operators).

@@ -66,6 +66,7 @@ impl VolumeTarget {
         let info: AttachInfo = cc
             .call(&Request::Attach {
                 name: name.to_string(),
+                writer: Some(trireme_control::WriterHello::me(Vec::new())),
             })
             .await
             .map_err(|x| e(x.to_string()))?;

@@ -149,10 +149,14 @@ impl Writer {
                 "volume {volume} is attached (its writer runs in `trireme up`): give --force to fence it while the diff is applied"
             )));
         }
-        let vol =
-            trireme_daemon::writer_slot::attach(&control_path(&cli.data_dir), volume, options(cli))
-                .await
-                .map_err(CliError::Runtime)?;
+        let vol = trireme_daemon::writer_slot::attach(
+            &control_path(&cli.data_dir),
+            volume,
+            options(cli),
+            Some(trireme_control::WriterHello::me(Vec::new())),
+        )
+        .await
+        .map_err(CliError::Runtime)?;
         Ok(Writer::Up(vol))
     }
 

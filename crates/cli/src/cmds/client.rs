@@ -325,7 +325,7 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
             print(out, &v, |v| {
                 let mut s = volumes_table(std::slice::from_ref(&v.record));
                 if let Some(w) = &v.writer {
-                    s += &format!("attached by {w}\n");
+                    s += &format!("attached by {}\n", w.text);
                 }
                 for l in &v.client_links {
                     s += &format!(

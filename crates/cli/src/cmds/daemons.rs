@@ -448,7 +448,7 @@ async fn serve_snapshot_until_stopped(
     let tcp_addr = tcp.as_ref().and_then(|l| l.local_addr().ok());
     let (info, list) = found;
     let opts = a.failure.volume_options(a.streams, cli.transport.kind());
-    let tasks = trireme_daemon::export::serve_snapshot(
+    let (tasks, reader) = trireme_daemon::export::serve_snapshot(
         &info,
         &list,
         snap,
@@ -469,6 +469,10 @@ async fn serve_snapshot_until_stopped(
     for t in tasks {
         t.abort();
     }
+    // A delete right after this stops is not refused for it.
+    reader
+        .release(trireme_daemon::export::export_holder(&label))
+        .await;
     if let Some(p) = &a.socket {
         let _ = std::fs::remove_file(p);
     }

@@ -18,30 +18,78 @@ pub(crate) fn on_nodes(v: &VolumeRecord) -> String {
     )
 }
 
+/// Rows under a head, each column as wide as its widest cell, two spaces apart (fixed widths
+/// lost their alignment on a long name or address); the last column is not padded.
+pub(crate) fn table(head: &[&str], rows: &[Vec<String>]) -> String {
+    let mut width: Vec<usize> = head.iter().map(|h| h.chars().count()).collect();
+    for r in rows {
+        for (w, c) in width.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let last = cells.len().saturating_sub(1);
+        let mut l = String::new();
+        for (k, c) in cells.into_iter().enumerate() {
+            l += c;
+            if k < last {
+                l += &" ".repeat(width[k] - c.chars().count() + 2);
+            }
+        }
+        l.trim_end().to_string() + "\n"
+    };
+    let mut s = line(head.to_vec());
+    for r in rows {
+        s += &line(r.iter().map(String::as_str).collect());
+    }
+    s
+}
+
 pub(crate) fn nodes_table(nodes: &[NodeStatus]) -> String {
-    let mut s = format!(
-        "{:<5} {:<22} {:<7} {:<13} {:<9} {:<9} {}\n",
-        "NODE", "ADDRESS", "STORE", "STATE", "TRANSPORT", "PING", "REPLICAS"
-    );
+    let mut rows = Vec::new();
+    let mut tiers = Vec::new();
     for n in nodes {
         let ping = n.ping_us.map_or("-".into(), |p| format!("{p} us"));
         let state = match (n.up, n.state) {
             (_, trireme_meta::NodeState::Removed) => "removed".to_string(),
-            (up, trireme_meta::NodeState::Draining) => {
-                format!("{}/draining", if up { "up" } else { "down" })
-            }
+            // Nothing left on it: the drain is over.
+            (up, trireme_meta::NodeState::Draining) => format!(
+                "{}/{}",
+                if up { "up" } else { "down" },
+                if n.replicas == 0 {
+                    "drained"
+                } else {
+                    "draining"
+                }
+            ),
             (true, _) => "up".to_string(),
             (false, _) => "down".to_string(),
         };
-        s += &format!(
-            "{:<5} {:<22} {:<7} {:<13} {:<9} {:<9} {}\n",
-            n.id, n.addr, n.store, state, n.transport, ping, n.replicas
-        );
+        rows.push(vec![
+            n.id.to_string(),
+            n.addr.clone(),
+            n.zone.clone().unwrap_or_else(|| "-".into()),
+            n.store.clone(),
+            state,
+            n.transport.clone(),
+            ping,
+            n.replicas.to_string(),
+        ]);
         if let Some(t) = &n.tiers {
-            s += &format!("      {}\n", node_tiers_text(t));
+            tiers.push(format!("node {}: {}\n", n.id, node_tiers_text(t)));
         }
     }
-    s
+    let head = [
+        "NODE",
+        "ADDRESS",
+        "ZONE",
+        "STORE",
+        "STATE",
+        "TRANSPORT",
+        "PING",
+        "REPLICAS",
+    ];
+    table(&head, &rows) + &tiers.concat()
 }
 
 /// A node's tiers in one line.
@@ -89,27 +137,33 @@ pub(crate) fn access_text(a: &[String]) -> String {
 }
 
 pub(crate) fn volumes_table(vs: &[VolumeRecord]) -> String {
-    let mut s = format!(
-        "{:<16} {:<6} {:<10} {:<6} {:<24} {}\n",
-        "VOLUME", "ID", "SIZE", "EPOCH", "REPLICAS (node: state)", "ACCESS"
-    );
-    for v in vs {
-        let reps: Vec<String> = v
-            .replicas
-            .iter()
-            .map(|r| format!("{}: {}", r.node, r.state))
-            .collect();
-        s += &format!(
-            "{:<16} {:<6} {:<10} {:<6} {:<24} {}\n",
-            v.name,
-            v.id,
-            human(v.size),
-            v.epoch,
-            reps.join(", "),
-            access_text(&v.access)
-        );
-    }
-    s
+    let rows: Vec<Vec<String>> = vs
+        .iter()
+        .map(|v| {
+            let reps: Vec<String> = v
+                .replicas
+                .iter()
+                .map(|r| format!("{}: {}", r.node, r.state))
+                .collect();
+            vec![
+                v.name.clone(),
+                v.id.to_string(),
+                human(v.size),
+                v.epoch.to_string(),
+                reps.join(", "),
+                access_text(&v.access),
+            ]
+        })
+        .collect();
+    let head = [
+        "VOLUME",
+        "ID",
+        "SIZE",
+        "EPOCH",
+        "REPLICAS (node: state)",
+        "ACCESS",
+    ];
+    table(&head, &rows)
 }
 
 /// A time in seconds since the Unix epoch, as UTC to the minute.
@@ -193,41 +247,38 @@ pub(crate) fn snapshots_table(volume: &str, l: &[trireme_control::SnapshotInfo])
     if l.is_empty() {
         return format!("volume {volume} has no snapshot\n");
     }
-    let mut s = format!(
-        "{:<20} {:<6} {:<20} {:<9} {:<10} {:<12} {}\n",
-        "SNAPSHOT", "ID", "TAKEN", "STATE", "SIZE", "OWN BYTES", "NODES"
-    );
-    for t in l {
-        s += &format!(
-            "{:<20} {:<6} {:<20} {:<9} {:<10} {:<12} {}\n",
-            t.name,
-            t.id,
-            utc_time(t.created),
-            t.state,
-            human(t.size),
-            t.exclusive_bytes.map_or("-".into(), human),
-            {
-                let mut n = t
-                    .nodes
-                    .iter()
-                    .map(u32::to_string)
-                    .collect::<Vec<_>>()
-                    .join(",");
-                if !t.lost.is_empty() {
-                    n += &format!(
-                        " (lost on {}: that copy went away or lacks it)",
-                        t.lost
-                            .iter()
-                            .map(u32::to_string)
-                            .collect::<Vec<_>>()
-                            .join(",")
-                    );
-                }
-                n
+    let rows: Vec<Vec<String>> = l
+        .iter()
+        .map(|t| {
+            let list = |n: &[u32]| n.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+            let mut nodes = list(&t.nodes);
+            if !t.lost.is_empty() {
+                nodes += &format!(
+                    " (lost on {}: that copy went away or lacks it)",
+                    list(&t.lost)
+                );
             }
-        );
-    }
-    s
+            vec![
+                t.name.clone(),
+                t.id.to_string(),
+                utc_time(t.created),
+                t.state.clone(),
+                human(t.size),
+                t.exclusive_bytes.map_or("-".into(), human),
+                nodes,
+            ]
+        })
+        .collect();
+    let head = [
+        "SNAPSHOT",
+        "ID",
+        "TAKEN",
+        "STATE",
+        "SIZE",
+        "OWN BYTES",
+        "NODES",
+    ];
+    table(&head, &rows)
 }
 
 pub(crate) fn trash_table(l: &[trireme_meta::TrashRecord]) -> String {
@@ -311,8 +362,8 @@ pub(crate) fn status_text(s: &StatusReport) -> String {
             out += &format!("{:<16} health: {}{why}\n", "", h.verdict);
         }
         match &v.writer {
-            Some(w) if w.starts_with("fenced") => out += &format!("{:<16} writer {w}\n", ""),
-            Some(w) => out += &format!("{:<16} attached by {w}\n", ""),
+            Some(w) if w.fenced.is_some() => out += &format!("{:<16} writer {}\n", "", w.text),
+            Some(w) => out += &format!("{:<16} attached by {}\n", "", w.text),
             None => {}
         }
         if let Some(io) = &v.io {
@@ -351,16 +402,28 @@ pub(crate) fn status_text(s: &StatusReport) -> String {
                 "", v.min_copies, v.name
             );
         }
+        // Why UCX is not used is said once, under the links it holds for: it is the same
+        // 250 characters for every link to another host without RDMA.
+        let mut why_not: Vec<&str> = Vec::new();
         for l in &v.client_links {
             let how = match (&l.lanes, &l.fallback) {
                 (Some(lanes), _) => format!(" over {lanes}"),
-                (None, Some(why)) => format!(" (UCX not used: {why})"),
+                (None, Some(why)) => {
+                    let k = why_not.iter().position(|w| w == why).unwrap_or_else(|| {
+                        why_not.push(why);
+                        why_not.len() - 1
+                    });
+                    format!(" (UCX not used: reason {})", k + 1)
+                }
                 (None, None) => String::new(),
             };
             out += &format!(
                 "{:<16} writer link to node {}: {} {} ({} streams){how}\n",
                 "", l.node, l.transport, l.peer, l.streams
             );
+        }
+        for (k, why) in why_not.iter().enumerate() {
+            out += &format!("{:<16} UCX not used, reason {}: {why}\n", "", k + 1);
         }
         for r in &v.replicas {
             if let Some(p) = &r.resync {

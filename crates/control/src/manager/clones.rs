@@ -114,6 +114,11 @@ impl Manager {
             )));
         }
         tracing::info!(volume = name, parent = source, snapshot = snap, nodes = ?nodes, "clone created");
+        self.event(
+            "volume",
+            format!("volume {name} created as a clone of {source}@{snap}"),
+        )
+        .await;
         Ok(c)
     }
 
@@ -165,6 +170,8 @@ impl Manager {
             })
             .await?;
         tracing::info!(volume = name, "clone flattened");
+        self.event("volume", format!("clone {name} flattened: it stands alone"))
+            .await;
         Ok(v)
     }
 

@@ -42,6 +42,17 @@ const NODE_TIMEOUT: Duration = Duration::from_secs(3);
 /// Largest volume accepted (1 PiB, the replica format's limit).
 const MAX_VOLUME: u64 = 1 << 50;
 
+/// What [`Manager::on_access_change`] calls.
+struct AccessHook(Box<AccessFn>);
+
+type AccessFn = dyn Fn(&[trireme_meta::VolumeRecord]) + Send + Sync;
+
+impl std::fmt::Debug for AccessHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AccessHook")
+    }
+}
+
 /// The cluster manager. Cheap to share (`Arc`); every method is safe to call concurrently.
 #[derive(Debug)]
 pub struct Manager {
@@ -50,6 +61,13 @@ pub struct Manager {
     volume_lock: tokio::sync::Mutex<()>,
     /// Volume clients running in this process (the `up` NBD export), shown by `status`.
     pub(crate) clients: std::sync::Mutex<Vec<Arc<trireme_client::Volume>>>,
+    /// Told every volume's record after an access list changed, before the change is
+    /// answered: `up`'s NBD server takes it at once ([`Manager::on_access_change`]).
+    access_hook: std::sync::Mutex<Option<AccessHook>>,
+    /// What each writer that attached through the control socket said of itself, by volume,
+    /// with the epoch it took (`status` shows who writes a volume `trireme nbd` serves).
+    local_writers:
+        std::sync::Mutex<std::collections::HashMap<String, (u64, crate::api::WriterHello)>>,
     /// When each node last answered a heartbeat.
     last_seen: std::sync::Mutex<std::collections::HashMap<u32, Instant>>,
     /// One link per node address, kept for the heartbeats and node operations (a new TCP and
@@ -111,6 +129,8 @@ impl Manager {
             meta,
             volume_lock: tokio::sync::Mutex::new(()),
             clients: std::sync::Mutex::default(),
+            access_hook: std::sync::Mutex::default(),
+            local_writers: std::sync::Mutex::default(),
             last_seen: std::sync::Mutex::default(),
             links: std::sync::Mutex::default(),
             connector: std::sync::Mutex::default(),
@@ -313,6 +333,44 @@ impl Manager {
     }
 
     /// Lets `status` report the links of a volume client running in this process.
+    /// `f` is told every volume's record after each access change, before the change is
+    /// answered (an NBD server in this process gates its TLS clients with it).
+    pub fn on_access_change(
+        &self,
+        f: impl Fn(&[trireme_meta::VolumeRecord]) + Send + Sync + 'static,
+    ) {
+        *self.access_hook.lock().unwrap_or_else(|e| e.into_inner()) = Some(AccessHook(Box::new(f)));
+    }
+
+    pub(crate) async fn access_changed(&self) {
+        if self
+            .access_hook
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_none()
+        {
+            return;
+        }
+        match self.meta.volumes().await {
+            Ok(vs) => {
+                if let Some(f) = &*self.access_hook.lock().unwrap_or_else(|e| e.into_inner()) {
+                    (f.0)(&vs);
+                }
+            }
+            Err(e) => tracing::warn!("access lists changed, but reading them back: {e}"),
+        }
+    }
+
+    /// Records event `text` of `kind` in the cluster's list (`trireme events`, the dashboard)
+    /// for what an operation did that no status shows: a snapshot, a rollback, the trash.
+    /// A failure is logged: the operation is done either way.
+    pub(crate) async fn event(&self, kind: &str, text: String) {
+        let ev = trireme_meta::ClusterEvent::new(crate::events::now_ms(), kind, text);
+        if let Err(e) = self.meta.append_events(&[ev]).await {
+            tracing::debug!("recording an event: {e}");
+        }
+    }
+
     pub fn register_client(&self, v: Arc<trireme_client::Volume>) {
         self.clients
             .lock()
@@ -625,7 +683,16 @@ impl Manager {
             }
             .await),
             Request::CaRevoked => to(self.meta.revoked().await.map_err(Into::into)),
-            Request::Attach { name } => to(self.attach(&name).await),
+            Request::Attach { name, writer } => {
+                let r = self.attach(&name).await;
+                if let (Ok(info), Some(w)) = (&r, writer) {
+                    self.local_writers
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(name.clone(), (info.epoch, w));
+                }
+                to(r)
+            }
             Request::Locate { name } => to(self.locate(&name).await),
             Request::SetReplicaState {
                 name,

@@ -63,6 +63,16 @@ impl Manager {
                 rec.size = size;
                 self.meta.put_snapshot_record(name, &rec).await?;
                 tracing::info!(volume = name, snapshot = snap, id = rec.id, nodes = ?rec.nodes, size, "snapshot taken");
+                let list: Vec<String> = rec.nodes.iter().map(u32::to_string).collect();
+                self.event(
+                    "snapshot",
+                    format!(
+                        "{name}@{snap} taken ({}, on node {})",
+                        crate::human(size),
+                        list.join(", ")
+                    ),
+                )
+                .await;
                 Ok(SnapshotInfo::from_record(&rec, &v, None))
             }
             Err(e) => {
@@ -234,6 +244,11 @@ impl Manager {
         self.release_own(own).await;
         r?;
         tracing::warn!(volume = name, snapshot = snap, "volume rolled back");
+        self.event(
+            "rollback",
+            format!("volume {name} rolled back to {name}@{snap}"),
+        )
+        .await;
         Ok(())
     }
 
@@ -355,6 +370,18 @@ impl Manager {
             id = rec.id,
             "snapshot deleted"
         );
+        self.event(
+            "snapshot",
+            format!(
+                "{name}@{snap} deleted{}",
+                if holders.is_empty() {
+                    String::new()
+                } else {
+                    format!(" though {} held it (--force)", holders.join("; "))
+                }
+            ),
+        )
+        .await;
         Ok(())
     }
 

@@ -37,30 +37,75 @@ impl Manager {
             }),
             scrub,
             tiers,
-            writer: self.writer_text(name).await,
+            writer: self.writer_status(&record).await,
             client_links: self.client_links(name),
             record,
         })
     }
 
-    /// Who writes `volume`, from its attach record (a cluster on etcd): process, host,
-    /// identity, epoch and where it serves the volume.
-    async fn writer_text(&self, volume: &str) -> Option<String> {
-        let (a, _) = self.meta.attachment(volume).await.ok()??;
-        Some(format!(
-            "pid {} on {}{} (epoch {}){}",
-            a.pid,
-            a.host,
-            a.identity
-                .as_ref()
-                .map_or_else(String::new, |i| format!(" as {i}")),
-            a.epoch,
-            if a.exports.is_empty() {
-                String::new()
-            } else {
-                format!(": {}", a.exports.join(" "))
+    /// Who writes `v`: its attach record (a cluster on etcd), or the writer in this process
+    /// superseded by another (fenced), or what a writer attaching through the control socket
+    /// said of itself, while it holds the volume's epoch and its process lives.
+    async fn writer_status(&self, v: &VolumeRecord) -> Option<crate::api::WriterStatus> {
+        use crate::api::WriterStatus;
+        if let Some((a, _)) = self.meta.attachment(&v.name).await.ok().flatten() {
+            return Some(
+                WriterStatus {
+                    epoch: a.epoch,
+                    pid: Some(a.pid),
+                    host: Some(a.host),
+                    client: a
+                        .identity
+                        .map(|i| i.trim_start_matches("client ").to_string()),
+                    uris: a.exports,
+                    ..WriterStatus::default()
+                }
+                .describe(),
+            );
+        }
+        if let Some(w) = self.writer(&v.name).filter(|w| w.info().epoch != v.epoch) {
+            return Some(
+                WriterStatus {
+                    epoch: w.info().epoch,
+                    pid: Some(std::process::id()),
+                    fenced: Some(format!(
+                        "this process's writer (epoch {}) was superseded by a writer of epoch {}{}",
+                        w.info().epoch,
+                        v.epoch,
+                        if v.writer_open {
+                            ""
+                        } else {
+                            " that has detached"
+                        }
+                    )),
+                    ..WriterStatus::default()
+                }
+                .describe(),
+            );
+        }
+        let local = self
+            .local_writers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&v.name)
+            .cloned();
+        // This process's own writer is shown by its links (`client_links`).
+        let (epoch, hello) = local.filter(|(e, h)| {
+            *e == v.epoch
+                && v.writer_open
+                && h.pid != std::process::id()
+                && std::path::Path::new(&format!("/proc/{}", h.pid)).exists()
+        })?;
+        Some(
+            WriterStatus {
+                epoch,
+                pid: Some(hello.pid),
+                host: Some(crate::hostname()),
+                uris: hello.uris,
+                ..WriterStatus::default()
             }
-        ))
+            .describe(),
+        )
     }
 
     /// A node's tiers and its replica of `volume`'s (`None`: no tiers, or no answer).
@@ -285,16 +330,7 @@ impl Manager {
                         })
                         .unwrap_or_default()
                 },
-                writer: match (self.writer_text(&v.name).await, &own) {
-                    (Some(t), _) => Some(t),
-                    (None, Some(w)) if live.is_none() => Some(format!(
-                        "fenced: this process's writer (epoch {}) was superseded by a writer of epoch {}{}",
-                        w.info().epoch,
-                        v.epoch,
-                        if v.writer_open { "" } else { " that has detached" }
-                    )),
-                    (None, _) => None,
-                },
+                writer: self.writer_status(v).await,
                 min_copies: v.min_copies(),
                 writes_suspended: live.is_some_and(|w| w.writes_suspended())
                     || report.as_ref().is_some_and(|r| r.writes_suspended),

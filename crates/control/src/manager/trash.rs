@@ -105,6 +105,14 @@ impl Manager {
             "volume moved to the trash for {}",
             humantime_secs(keep.as_secs())
         );
+        self.event(
+            "trash",
+            format!(
+                "volume {name} deleted by {by}: in the trash for {} (`volume trash restore {name}` until then)",
+                humantime_secs(keep.as_secs())
+            ),
+        )
+        .await;
         Ok(rec)
     }
 
@@ -189,6 +197,11 @@ impl Manager {
             e => e.into(),
         })?;
         tracing::warn!(volume = %v.name, id = v.id, "volume restored from the trash");
+        self.event(
+            "trash",
+            format!("volume {} restored from the trash", v.name),
+        )
+        .await;
         Ok(v)
     }
 
@@ -230,6 +243,14 @@ impl Manager {
         self.delete_replicas(v).await?;
         self.meta.forget_trashed(v.id).await?;
         tracing::warn!(volume = %v.name, id = v.id, "trashed volume purged: its replicas are freed");
+        self.event(
+            "trash",
+            format!(
+                "volume {} (id {}) purged from the trash: its replicas freed",
+                v.name, v.id
+            ),
+        )
+        .await;
         Ok(())
     }
 

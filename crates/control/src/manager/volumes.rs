@@ -125,6 +125,17 @@ impl Manager {
             }
         }
         tracing::info!(volume = name, size, nodes = ?chosen, preallocate, "volume created");
+        let list: Vec<String> = chosen.iter().map(u32::to_string).collect();
+        self.event(
+            "volume",
+            format!(
+                "volume {name} created ({}, {}, on node {})",
+                crate::human(size),
+                if preallocate { "thick" } else { "thin" },
+                list.join(", ")
+            ),
+        )
+        .await;
         Ok(v)
     }
 
@@ -152,6 +163,7 @@ impl Manager {
             })
             .await?;
         tracing::info!(volume = name, access = ?v.access, "access list changed");
+        self.access_changed().await;
         Ok(v)
     }
 
@@ -184,10 +196,17 @@ impl Manager {
         let v = self.meta.volume(name).await?;
         self.check_no_clones(&v, None).await?;
         self.delete_replicas(&v).await?;
-        self.meta
+        let v = self
+            .meta
             .delete_volume(name)
             .await
-            .map_err(ManagerError::from)
+            .map_err(ManagerError::from)?;
+        self.event(
+            "volume",
+            format!("volume {name} deleted (its replicas freed)"),
+        )
+        .await;
+        Ok(v)
     }
 
     /// Deletes every replica of `v` on its node; a node no longer a member (removed, or

@@ -171,6 +171,23 @@ impl Manager {
                 only_here.join(", ")
             )));
         }
+        // Each copy needs somewhere to go: said now, with the node left as it was (it stayed
+        // `draining` after a job that could only fail).
+        let mut stuck = Vec::new();
+        for v in &held {
+            // A copy an earlier attempt left is resumed, not made again.
+            let resumed = v.replicas.iter().any(|r| r.moving_from == Some(node));
+            if !resumed && !self.has_target(v, node).await? {
+                stuck.push(v.name.clone());
+            }
+        }
+        if !stuck.is_empty() {
+            return Err(refused(format!(
+                "no node can take the copies of {} on node {node}: every other active node that answers holds one already ({}); node {node} is left as it was",
+                stuck.join(", "),
+                self.add_a_node_hint()
+            )));
+        }
         let volumes: Vec<String> = held.into_iter().map(|v| v.name).collect();
         let job = {
             let mut moves = self.moves.lock().unwrap_or_else(|e| e.into_inner());
@@ -371,6 +388,14 @@ impl Manager {
             )));
         }
         self.set_node_state(node, NodeState::Active).await?;
+        // Its finished job goes with it: `status` said `drain: done` of an active node.
+        self.moves
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|m| m.node != node);
+        if let Err(e) = self.meta().delete_job(node).await {
+            tracing::warn!(node, "forgetting the finished job: {e}");
+        }
         Ok(format!("node {node} takes new replicas again"))
     }
 

@@ -10,6 +10,33 @@ use trireme_replication::{ReplicaState, TransitionError};
 use crate::manager::{Manager, Result};
 
 impl Manager {
+    /// What an operator does when no node can take a copy: add one, as this cluster adds
+    /// them.
+    pub(crate) fn add_a_node_hint(&self) -> &'static str {
+        match self.own_node() {
+            0 => "add a node: restart `trireme up` with `--nodes N+1`",
+            _ => "add a server: `trireme node run --id N ...` on a host that holds none",
+        }
+    }
+
+    /// Whether some active node that answers holds no copy of `v` (other than `but`).
+    pub(crate) async fn has_target(&self, v: &VolumeRecord, but: u32) -> Result<bool> {
+        for n in self.meta().nodes().await? {
+            let free = n.state == NodeState::Active
+                && n.id != but
+                && !v.replicas.iter().any(|r| r.node == n.id);
+            if free
+                && self
+                    .node_call(&n, Header::request(Op::Ping, 0))
+                    .await
+                    .is_ok()
+            {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     /// The node a new replica of `v` goes to.
     async fn pick_target(&self, v: &VolumeRecord) -> Result<u32> {
         let vols = self.meta().volumes().await?;
@@ -34,8 +61,9 @@ impl Manager {
         candidates.sort_unstable();
         candidates.first().map(|c| c.1).ok_or_else(|| {
             refused(format!(
-                "no node can take a replica of {}: every active node that answers holds one already (add a node: `trireme up --nodes N+1`)",
-                v.name
+                "no node can take a replica of {}: every active node that answers holds one already ({})",
+                v.name,
+                self.add_a_node_hint()
             ))
         })
     }

@@ -45,6 +45,9 @@ pub struct HttpSources {
     /// The cluster's metadata, where this process can read it while not the manager (a node
     /// daemon): `/targets` lists the cluster from it, and `/` sends a browser to the manager.
     pub meta: Option<trireme_meta::ClusterMeta>,
+    /// Where writers beside this process leave their endpoint files (`up`'s data directory,
+    /// for `trireme nbd`): `/targets` lists them too.
+    pub beside: Option<std::path::PathBuf>,
 }
 
 impl HttpSources {
@@ -75,12 +78,53 @@ struct Shared {
 pub struct HttpServer {
     pub addr: SocketAddr,
     task: tokio::task::JoinHandle<()>,
+    /// The file it wrote its address to: removed when it stops (a process killed leaves it,
+    /// and `/targets` drops it then, see [`beside`]).
+    file: Option<std::path::PathBuf>,
 }
 
 impl Drop for HttpServer {
     fn drop(&mut self) {
         self.task.abort();
+        if let Some(f) = &self.file {
+            let _ = std::fs::remove_file(f);
+        }
     }
+}
+
+/// The endpoints of the writers beside a cluster's process (`trireme nbd` next to `up`: each
+/// writes `nbd-VOLUME.http` in the data directory): those that take a connection. A file
+/// whose endpoint refuses one was left by a writer that was killed: it goes.
+async fn beside(dir: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in entries.flatten() {
+        let p = e.path();
+        let name = p.file_name().map(|n| n.to_string_lossy().into_owned());
+        if !name.is_some_and(|n| n.starts_with("nbd-") && n.ends_with(".http")) {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(&p) else {
+            continue;
+        };
+        let addr = text.trim().to_string();
+        let live = tokio::time::timeout(
+            std::time::Duration::from_millis(300),
+            tokio::net::TcpStream::connect(&addr),
+        )
+        .await;
+        match live {
+            Ok(Ok(_)) => out.push(addr),
+            Ok(Err(_)) => {
+                tracing::info!(file = %p.display(), "a writer's endpoint file its process left: removed");
+                let _ = std::fs::remove_file(&p);
+            }
+            Err(_) => {}
+        }
+    }
+    out
 }
 
 /// Parses `--http`: an address, or `off`.
@@ -146,7 +190,11 @@ pub fn serve(
         }
     });
     tracing::info!(%bound, "metrics on http://{bound}/metrics");
-    Ok(HttpServer { addr: bound, task })
+    Ok(HttpServer {
+        addr: bound,
+        task,
+        file: addr_file.map(Path::to_path_buf),
+    })
 }
 
 /// Connections the endpoint serves at once (Prometheus, a few browsers and scripts need a
@@ -281,6 +329,9 @@ async fn targets(State(s): State<Arc<Shared>>) -> Response {
             .filter_map(|(_, r)| r.http)
             .filter(|h| *h != s.addr.to_string())
             .collect();
+        if let Some(dir) = &s.sources.beside {
+            writers.extend(beside(dir).await);
+        }
         writers.sort();
         writers.dedup();
         if !writers.is_empty() {

@@ -337,6 +337,11 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
         let view = access.clone();
         tokio::spawn(crate::access::follow(meta.clone(), move |vs| view.set(&vs)))
     };
+    // A change made through this manager applies before it is answered.
+    {
+        let view = access.clone();
+        manager.on_access_change(move |vs| view.set(vs));
+    }
     let tls = tls.map(|t| t.gated(&access));
     let sock = dir.join("nbd.sock");
     let (slot, nbd_tasks) = crate::export::export_local(
@@ -373,6 +378,7 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
                     manager: Some(crate::http::always(manager.clone())),
                     writers: Vec::new(),
                     meta: None,
+                    beside: Some(dir.clone()),
                 },
                 token.clone(),
                 Some(&dir.join("http")),

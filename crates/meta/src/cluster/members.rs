@@ -120,6 +120,14 @@ impl ClusterMeta {
         self.list("jobs/").await
     }
 
+    /// Forgets the job of `node` (a finished drain the node was taken back from).
+    pub async fn delete_job(&self, node: u32) -> Result<(), MetaError> {
+        self.write(vec![], vec![Op::delete(key(&format!("jobs/{node}")))])
+            .await?
+            .ok_or_else(|| MetaError::Refused("job record: conflicting write".into()))?;
+        Ok(())
+    }
+
     pub async fn put_job<T: Serialize>(&self, node: u32, job: &T) -> Result<(), MetaError> {
         self.write(
             vec![],

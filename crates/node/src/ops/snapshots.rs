@@ -100,6 +100,10 @@ impl Node {
         }
         let who = std::str::from_utf8(&req.payload)
             .map_err(|_| Refusal(Status::Invalid, "a holder's name is UTF-8".into()))?;
+        if h.length == trireme_proto::RELEASE {
+            self.holds.release(h.volume, h.offset, who);
+            return Ok(Bytes::new());
+        }
         // Asked of the snapshot's map (a list would count every snapshot's own bytes).
         r.snapshot_status(h.offset, 0, 4096)?;
         self.holds.hold(h.volume, h.offset, who);
