@@ -120,8 +120,12 @@ impl Rng {
 
 /// Random faults, one after another, each under a `bench --verify` workload: SIGKILL, SIGSTOP,
 /// planned stop, an iptables partition, or a failing disk, on a random node of a 3-way volume
-/// whose nodes live in network namespaces (sometimes two nodes at once). After each: no error,
-/// nothing lost or stale, and every replica back in sync; at the end, byte-identical replicas.
+/// whose nodes live in network namespaces (sometimes two nodes at once); or a drain of a copy's
+/// node to the fourth node, after a snapshot, with the new copy's node killed -9 a moment
+/// after the drain ends (issue 63: the bad copy a drain then a crash left behind healthy). The
+/// volume is grown once, early, with a snapshot before the grow. After each: no error,
+/// nothing lost or stale, and every replica back in sync; at the end, byte-identical replicas,
+/// and `volume verify` finds no copy that differs (snapshots included).
 /// `TRIREME_SOAK_FAULTS` sets how many (10 by default, about a minute; `scripts/soak.sh` runs
 /// 200),
 /// `TRIREME_SOAK_SEED` replays a run.
@@ -147,26 +151,48 @@ fn soak_random_faults_under_load() {
         });
     eprintln!("soak: {faults} faults, TRIREME_SOAK_SEED={seed}");
     let mut rng = Rng(seed);
-    let mut ns = Netns::create(3);
+    let mut ns = Netns::create(4);
     let c = ns.cluster(&[
         "--store",
         "file",
         "--size",
         "64M",
+        "--nodes",
+        "4",
         "--inject-faults",
         "--restart-backoff",
         "200ms",
     ]);
-    let kinds = ["kill", "freeze", "stop", "partition", "disk"];
+    let kinds = ["kill", "freeze", "stop", "partition", "disk", "drain"];
     let mut written = 0;
     let mut disk_faults = false;
+    let mut drains = 0;
     for f in 0..faults {
-        let first = rng.below(3) as u32 + 1;
+        if f == 1 {
+            cli_ok(&c, &["volume", "snapshot", "create", "vol0", "before-grow"]);
+            cli_ok(&c, &["volume", "resize", "vol0", "96M"]);
+        }
+        let copies = replica_nodes(&c, "vol0");
+        let first = copies[rng.below(3) as usize] as u32;
         let mut victims = vec![first];
         if rng.below(5) == 0 {
-            victims.push((first + rng.below(2) as u32) % 3 + 1);
+            let other = copies[rng.below(3) as usize] as u32;
+            if other != first {
+                victims.push(other);
+            }
         }
         let kind = kinds[rng.below(kinds.len() as u64) as usize];
+        if kind == "drain" {
+            eprintln!("soak fault {f}: drain of node {first}, then a kill of the new copy's node (seed {seed})");
+            let bench = start_bench(&c, 6);
+            std::thread::sleep(Duration::from_millis(500));
+            drain_then_kill(&c, first, drains, rng.below(2000));
+            drains += 1;
+            let v = finish_bench(&c, bench);
+            written += v["write"]["bytes"].as_u64().unwrap();
+            wait_all_in_sync(&c);
+            continue;
+        }
         let hold = Duration::from_millis(800 + rng.below(1700));
         eprintln!("soak fault {f}: {kind} on nodes {victims:?} for {hold:?} (seed {seed})");
         let bench = start_bench(&c, 4);
@@ -207,10 +233,63 @@ fn soak_random_faults_under_load() {
         wait_all_in_sync(&c);
     }
     assert_replicas_identical(&c, "vol0");
-    for (full, copied) in resyncs(&c) {
+    let v: serde_json::Value = serde_json::from_str(&cli_ok(
+        &c,
+        &["--output", "json", "volume", "verify", "vol0"],
+    ))
+    .unwrap();
+    assert_eq!(
+        v["mismatches"].as_array().unwrap().len(),
+        0,
+        "{v} (seed {seed})"
+    );
+    for s in v["snapshots"].as_array().into_iter().flatten() {
         assert!(
-            full && disk_faults || copied <= written,
+            s["mismatches"].as_array().unwrap().is_empty(),
+            "{v} (seed {seed})"
+        );
+    }
+    eprintln!("soak: {faults} faults, {drains} drains, seed {seed}: clean");
+    for (full, copied) in resyncs(&c) {
+        // A drain's new copy is written whole by its full resync.
+        assert!(
+            full && (disk_faults || drains > 0) || copied <= written,
             "a resync copied {copied} bytes (full: {full}) with {written} written (seed {seed})"
         );
     }
+}
+
+/// Takes a snapshot, drains node `node` (its copy moves to the node holding none) under the
+/// running workload, lets the new copy take writes for `after_ms`, kills its node -9, and
+/// takes `node` back for a later drain. The oldest drain snapshots go, so a few stay.
+fn drain_then_kill(c: &Cluster, node: u32, k: u32, after_ms: u64) {
+    let before = replica_nodes(c, "vol0");
+    cli_ok(
+        c,
+        &["volume", "snapshot", "create", "vol0", &format!("drain{k}")],
+    );
+    if k >= 3 {
+        cli_ok(
+            c,
+            &[
+                "volume",
+                "snapshot",
+                "delete",
+                "vol0",
+                &format!("drain{}", k - 3),
+            ],
+        );
+    }
+    cli_ok(c, &["node", "drain", &node.to_string()]);
+    let after = replica_nodes(c, "vol0");
+    let new = *after
+        .iter()
+        .find(|n| !before.contains(n))
+        .unwrap_or_else(|| panic!("no new copy: {before:?} -> {after:?}"));
+    std::thread::sleep(Duration::from_millis(after_ms));
+    let pid = node_pid(c, new as u32);
+    signal(pid, libc::SIGKILL);
+    wait_restarted(c, new as u32, pid);
+    wait_all_in_sync(c);
+    cli_ok(c, &["node", "undrain", &node.to_string()]);
 }

@@ -131,10 +131,10 @@ fn a_full_node_fails_writes_with_enospc_and_loses_nothing() {
     compare_image(&image_now, &c.unix);
     let snap = scratch.path().join("s1.raw");
     std::fs::write(&snap, &held).unwrap();
-    let (mut nbd, uri) = spawn_nbd(&c, "vol0@s1", &scratch.path().join("s1.sock"));
+    let (nbd, uri) = spawn_nbd(&c, "vol0@s1", &scratch.path().join("s1.sock"));
     compare_image(&snap, &uri);
-    let _ = nbd.kill();
-    let _ = nbd.wait();
+    // Stopped as an operator would: it lets its snapshot go (a killed one holds it 15 s).
+    stop_nbd(nbd);
     let v = ok(&c, &["volume", "verify", "vol0"]);
     assert!(v.contains("0 mismatching"), "{v}");
     // The snapshot deleted gives the space back: writes resume by themselves.

@@ -56,16 +56,10 @@ fn the_access_list_decides_which_clients_reach_a_volume() {
         status(&c)["volumes"][0]["access"],
         serde_json::json!(["local"])
     );
-    // Opened to bob, he gets in; closed again, he is out.
+    // Opened to bob, he gets in; closed again, he is out: at once, the change applied to
+    // `up`'s NBD server before the command returned (it took about a second: issue 63).
     ok(&c, &["volume", "access", "vol0", "--allow", "bob"]);
-    let t0 = Instant::now();
-    while !nbdinfo_ok(&as_bob) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(5),
-            "bob is still refused"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    assert!(nbdinfo_ok(&as_bob), "bob is still refused");
     let v: serde_json::Value = serde_json::from_str(&ok(
         &c,
         &[
@@ -74,11 +68,7 @@ fn the_access_list_decides_which_clients_reach_a_volume() {
     ))
     .unwrap();
     assert_eq!(v["access"], serde_json::json!(["local"]));
-    let t0 = Instant::now();
-    while nbdinfo_ok(&as_bob) {
-        assert!(t0.elapsed() < Duration::from_secs(5), "bob still gets in");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    assert!(!nbdinfo_ok(&as_bob), "bob still gets in");
     wait_logged(&c.path().join("up.log"), "not on the volume's access list");
     assert!(nbdinfo_ok(&c.tcp), "the allowed client is refused");
     assert_eq!(

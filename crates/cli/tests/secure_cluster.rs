@@ -377,7 +377,7 @@ fn every_link_of_a_cluster_on_etcd_can_be_tls() {
     let uri = format!("nbd+unix:///v?socket={}", sock.display());
     common::run(Command::new("nbdcopy").arg(&src).arg(&uri));
     let status = w.ok(Some("admin"), &["status"]);
-    assert!(status.contains("as client alice"), "{status}");
+    assert!(status.contains("as alice"), "{status}");
     assert!(status.contains("access: alice, carol"), "{status}");
 
     // Carol is on the list too, but alice writes: straight at a node, with her certificate,

@@ -146,6 +146,14 @@ fn snapshots_are_taken_online_survive_crashes_and_read_back_exactly() {
     assert!(out.contains("refused EPERM"), "{out}");
     compare_image(&work.path().join("s1.img"), &exports[0].1);
     // Deleting one in the middle leaves the others whole (the next one's map is re-based).
+    // Its own export holds it: refused, until that export stops.
+    refused(
+        &c,
+        &["volume", "snapshot", "delete", "vol0", "s2"],
+        "is exported read-only by export vol0@s2",
+    );
+    signal(exports[1].0.id() as i32, libc::SIGTERM);
+    assert!(exports[1].0.wait().unwrap().success());
     ok(&c, &["volume", "snapshot", "delete", "vol0", "s2"]);
     for k in [1, 3, 4, 5] {
         compare_image(&work.path().join(format!("s{k}.img")), &exports[k - 1].1);

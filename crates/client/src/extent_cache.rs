@@ -90,6 +90,36 @@ impl ExtentCache {
         (!out.is_empty() && whole).then_some(out)
     }
 
+    /// The extents of `kind` from `offset` as `want` asks: all of them from `ask`, or the first
+    /// from the last answer if it covers `offset` and nothing changed since, else from `ask`
+    /// (called with what to ask a node for: as many as it gives at once), kept for the next.
+    pub(crate) async fn answer<F, Fut>(
+        &self,
+        kind: Kind,
+        offset: u64,
+        len: u64,
+        want: Extents,
+        ask: F,
+    ) -> Result<Vec<Extent>, crate::VolumeError>
+    where
+        F: FnOnce(Extents) -> Fut,
+        Fut: std::future::Future<Output = Result<Vec<Extent>, crate::VolumeError>>,
+    {
+        if want == Extents::All {
+            return ask(want).await;
+        }
+        if let Some(e) = self.get(kind, offset, len, want) {
+            return Ok(e);
+        }
+        let stamp = self.stamp();
+        let mut e = ask(Extents::First).await?;
+        self.put(kind, stamp, offset, e.clone());
+        if want == Extents::One {
+            e.truncate(1);
+        }
+        Ok(e)
+    }
+
     /// Keeps `extents` of `kind` from `start`, asked at `stamp`.
     pub(crate) fn put(&self, kind: Kind, stamp: u64, start: u64, extents: Vec<Extent>) {
         *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(Cached {

@@ -495,30 +495,17 @@ impl Volume {
         if len == 0 {
             return Ok(Vec::new());
         }
-        use crate::extent_cache::Kind;
-        if let Some(e) = self.extents.get(Kind::Allocation, offset, len, want) {
-            return Ok(e);
-        }
-        // A first-extents query asks for as many as a node gives at once, and keeps them for
-        // the next queries (`extent_cache.rs`).
-        let ask = match want {
-            crate::Extents::All => crate::Extents::All,
-            _ => crate::Extents::First,
-        };
-        let stamp = self.extents.stamp();
-        let mut h = self.header(Op::BlockStatus, offset, len);
-        h.flags |= ask.flags();
-        let f = self.read_one(h).await?;
-        let mut e = ask.check(0, &f.payload, len)?;
-        if ask == crate::Extents::First {
-            self.extents.put(Kind::Allocation, stamp, offset, e.clone());
-        }
-        e.truncate(if want == crate::Extents::One {
-            1
-        } else {
-            e.len()
-        });
-        Ok(e)
+        // A first-extents query asks a node for as many as it gives at once, and the next
+        // queries are answered from them (`extent_cache.rs`).
+        let kind = crate::extent_cache::Kind::Allocation;
+        self.extents
+            .answer(kind, offset, len, want, |ask| async move {
+                let mut h = self.header(Op::BlockStatus, offset, len);
+                h.flags |= ask.flags();
+                let f = self.read_one(h).await?;
+                ask.check(0, &f.payload, len)
+            })
+            .await
     }
 
     /// The replicas (indexes) this writer has a connection to now.

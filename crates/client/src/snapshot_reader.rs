@@ -209,12 +209,9 @@ impl SnapshotReader {
         want: crate::Extents,
     ) -> Result<Vec<trireme_proto::Extent>, VolumeError> {
         trireme_replication::check_io(offset, len, self.size, 1 << 32)?;
-        self.cached(
-            crate::extent_cache::Kind::Allocation,
-            offset,
-            len,
-            want,
-            |ask| async move {
+        let kind = crate::extent_cache::Kind::Allocation;
+        self.extents
+            .answer(kind, offset, len, want, |ask| async move {
                 let (k, b) = self
                     .ask_any(
                         Op::SnapshotStatus,
@@ -225,39 +222,8 @@ impl SnapshotReader {
                     )
                     .await?;
                 ask.check(self.copies[k].node, &b, len)
-            },
-        )
-        .await
-    }
-
-    /// Extents of `kind` as `want` asks: from the last first-extents answer if it covers
-    /// `offset`, else from `ask` (called with what to ask a node for), kept for the next.
-    async fn cached<F, Fut>(
-        &self,
-        kind: crate::extent_cache::Kind,
-        offset: u64,
-        len: u64,
-        want: crate::Extents,
-        ask: F,
-    ) -> Result<Vec<trireme_proto::Extent>, VolumeError>
-    where
-        F: FnOnce(crate::Extents) -> Fut,
-        Fut: std::future::Future<Output = Result<Vec<trireme_proto::Extent>, VolumeError>>,
-    {
-        if want == crate::Extents::All {
-            return ask(want).await;
-        }
-        if let Some(e) = self.extents.get(kind, offset, len, want) {
-            return Ok(e);
-        }
-        let mut e = ask(crate::Extents::First).await?;
-        self.extents.put(kind, 0, offset, e.clone());
-        e.truncate(if want == crate::Extents::One {
-            1
-        } else {
-            e.len()
-        });
-        Ok(e)
+            })
+            .await
     }
 
     /// Which of `[offset, offset+len)` (up to 4 GiB) differs between snapshot `from` and this
@@ -279,13 +245,14 @@ impl SnapshotReader {
             .payload(),
         );
         let kind = crate::extent_cache::Kind::ChangedSince(from);
-        self.cached(kind, offset, len, want, |ask| async move {
-            let (k, b) = self
-                .ask_any(Op::SnapshotChanged, offset, len, &q, ask.flags())
-                .await?;
-            ask.check(self.copies[k].node, &b, len)
-        })
-        .await
+        self.extents
+            .answer(kind, offset, len, want, |ask| async move {
+                let (k, b) = self
+                    .ask_any(Op::SnapshotChanged, offset, len, &q, ask.flags())
+                    .await?;
+                ask.check(self.copies[k].node, &b, len)
+            })
+            .await
     }
 
     /// Reads `len` bytes at `offset` of the snapshot.

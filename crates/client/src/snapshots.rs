@@ -180,25 +180,12 @@ impl Volume {
         len: u64,
         want: crate::Extents,
     ) -> Result<Vec<trireme_proto::Extent>, VolumeError> {
-        use crate::extent_cache::Kind;
-        let kind = Kind::ChangedSince(from);
-        if want == crate::Extents::All {
-            return self.changed_between(from, None, offset, len, want).await;
-        }
-        if let Some(e) = self.extents.get(kind, offset, len, want) {
-            return Ok(e);
-        }
-        let stamp = self.extents.stamp();
-        let mut e = self
-            .changed_between(from, None, offset, len, crate::Extents::First)
-            .await?;
-        self.extents.put(kind, stamp, offset, e.clone());
-        e.truncate(if want == crate::Extents::One {
-            1
-        } else {
-            e.len()
-        });
-        Ok(e)
+        let kind = crate::extent_cache::Kind::ChangedSince(from);
+        self.extents
+            .answer(kind, offset, len, want, |ask| {
+                self.changed_between(from, None, offset, len, ask)
+            })
+            .await
     }
 
     /// As [`Volume::changed_since`], up to snapshot `to` if given (between two versions),
