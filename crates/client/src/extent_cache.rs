@@ -112,6 +112,7 @@ impl ExtentCache {
             return Ok(e);
         }
         let stamp = self.stamp();
+        tracing::trace!(offset, len, ?kind, "extent cache miss");
         let mut e = ask(Extents::First).await?;
         self.put(kind, stamp, offset, e.clone());
         if want == Extents::One {

@@ -149,9 +149,12 @@ where
         };
         // The budget first, for the payload to come and the reply to go: error replies are
         // small, but a client that never reads them must not pile up a queue either.
-        let units = match refused {
-            Some(_) if req.command != CMD_WRITE => 1,
-            _ => (1 + req.length / (64 * 1024)).min(INFLIGHT_UNITS),
+        // Only a read's reply and a write's payload are as large as the request's length: a
+        // block status of 4 GiB answers a few KiB (it took the connection's whole budget).
+        let units = match (&refused, req.command) {
+            (Some(_), c) if c != CMD_WRITE => 1,
+            (_, CMD_READ | CMD_WRITE) => (1 + req.length / (64 * 1024)).min(INFLIGHT_UNITS),
+            _ => 1,
         };
         let Some(permit) = Held::take(&budget, units).await else {
             break Ok(());
