@@ -545,3 +545,176 @@ fn every_link_of_a_cluster_on_etcd_can_be_tls() {
     w.ok(Some("admin"), &["volume", "trash", "restore", "v"]);
     w.ok(Some("admin"), &["volume", "verify", "v"]);
 }
+
+/// One control exchange with the manager as the client in `dir`: the reply lines.
+fn control_as(w: &World, dir: &str, requests: &[serde_json::Value]) -> Vec<String> {
+    let s: serde_json::Value =
+        serde_json::from_str(&w.ok(Some("admin"), &["--output", "json", "status"])).unwrap();
+    let control = s["manager"]["control"].as_str().unwrap().to_string();
+    let mut lines = String::new();
+    for r in requests {
+        lines.push_str(&format!("{r}\n"));
+    }
+    let got = common::tls_exchange(&control, &w.p(dir), lines.as_bytes());
+    String::from_utf8_lossy(&got)
+        .lines()
+        .map(String::from)
+        .collect()
+}
+
+/// The volume's epoch and its replicas' nodes and states, as the metadata says.
+fn layout(w: &World, vol: &str) -> (u64, Vec<(u64, String)>) {
+    let info: serde_json::Value =
+        serde_json::from_str(&w.ok(Some("admin"), &["--output", "json", "volume", "info", vol]))
+            .unwrap();
+    let v = &info["volume"];
+    let v = if v.is_null() { &info } else { v };
+    let replicas = v["replicas"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no replicas in {info}"))
+        .iter()
+        .map(|r| {
+            (
+                r["node"].as_u64().unwrap(),
+                r["state"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    (v["epoch"].as_u64().unwrap(), replicas)
+}
+
+#[test]
+fn a_client_on_the_access_list_that_is_not_the_writer_changes_nothing() {
+    common::need("etcd");
+    common::need("etcdctl");
+    common::need("nbdcopy");
+    let mut w = start();
+    w.ok(
+        Some("admin"),
+        &[
+            "volume",
+            "create",
+            "v",
+            "--size",
+            "16M",
+            "--replicas",
+            "2",
+            "--allow",
+            "alice",
+            "--allow",
+            "carol",
+        ],
+    );
+    // Alice writes; every write nbdcopy saw acknowledged is in `src`.
+    let sock = attach(&mut w, "alice", "v").expect("alice attaches");
+    let src = w.p("src.img");
+    common::random_file(&src, 4 << 20, 7);
+    let uri = format!("nbd+unix:///v?socket={}", sock.display());
+    common::run(Command::new("nbdcopy").arg(&src).arg(&uri));
+    // Her writer went through the manager, and keeps its attach record past the lease's TTL.
+    std::thread::sleep(Duration::from_secs(5));
+    let (epoch, replicas) = layout(&w, "v");
+    assert!(replicas.iter().all(|(_, s)| s == "in-sync"), "{replicas:?}");
+    let status = w.ok(Some("admin"), &["status"]);
+    assert!(status.contains("as alice"), "{status}");
+
+    // Carol is on the list but does not write: etcd refuses her every record of the volume,
+    // the cluster's membership and its deny list. Her own report key is all she may write.
+    for k in [
+        "attach/v",
+        "layouts/v",
+        "volumes/v",
+        "moves/v",
+        "takeouts/v",
+        "scrubs/v",
+        "resizes/v",
+        "snapshot-asks/v",
+        "reports/v",
+        "reports/v/alice",
+        "nodes/9",
+        "revoked/00",
+        "restarts/1",
+        "next-snapshot-id",
+    ] {
+        assert!(
+            !etcd_put_as(&w, "carol", &format!("/trireme/v1/{k}")),
+            "etcd let carol write {k}"
+        );
+    }
+    assert!(etcd_put_as(&w, "carol", "/trireme/v1/reports/v/carol"));
+    // Alice herself writes no record straight either: the manager does it for her.
+    assert!(!etcd_put_as(&w, "alice", "/trireme/v1/layouts/v"));
+    assert!(!etcd_put_as(&w, "alice", "/trireme/v1/attach/v"));
+
+    // The take-out-then-mark-in-sync attack through the manager: refused, naming the writer.
+    let node = replicas[1].0;
+    let ask = |state: &str| {
+        serde_json::json!({"cmd": "set_replica_state", "name": "v", "epoch": epoch,
+            "node": node, "state": state})
+    };
+    let got = control_as(
+        &w,
+        "carol",
+        &[
+            ask("failed"),
+            ask("in-sync"),
+            serde_json::json!({"cmd": "set_volume_size", "name": "v", "epoch": epoch,
+                "size": 1u64 << 20}),
+            serde_json::json!({"cmd": "detach", "name": "v", "epoch": epoch}),
+            serde_json::json!({"cmd": "writer_release", "name": "v", "epoch": epoch}),
+            serde_json::json!({"cmd": "writer_attach", "name": "v", "lease": 1, "force": true,
+                "record": {"epoch": 0, "host": "x", "pid": 1, "exports": []}}),
+        ],
+    );
+    assert_eq!(got.len(), 6, "{got:?}");
+    for line in &got[..5] {
+        assert!(
+            line.contains("client carol is not volume v's writer")
+                && line.contains("client alice"),
+            "{line}"
+        );
+    }
+    assert!(
+        got[5].contains("may not fence") && got[5].contains("client alice"),
+        "{}",
+        got[5]
+    );
+    // Nor may alice shrink her own volume through a size record.
+    let got = control_as(
+        &w,
+        "alice",
+        &[serde_json::json!({"cmd": "set_volume_size", "name": "v", "epoch": epoch,
+            "size": 1u64 << 20})],
+    );
+    assert!(got[0].contains("does not shrink"), "{got:?}");
+    // Nothing moved: the epoch, the states, the writer.
+    assert_eq!(layout(&w, "v"), (epoch, replicas.clone()));
+    let status = w.ok(Some("admin"), &["status"]);
+    assert!(status.contains("as alice"), "{status}");
+
+    // A writer change (alice's writer killed -9, then a new one once its lease is gone):
+    // every acknowledged write reads back.
+    let mut a = w.procs.0.pop().unwrap();
+    let _ = a.kill();
+    let _ = a.wait();
+    let t0 = Instant::now();
+    let sock = loop {
+        match attach(&mut w, "alice", "v") {
+            Ok(s) => break s,
+            Err(e) => {
+                assert!(t0.elapsed() < Duration::from_secs(30), "{e}");
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        }
+    };
+    let back = w.p("back.img");
+    common::run(
+        Command::new("nbdcopy")
+            .arg(format!("nbd+unix:///v?socket={}", sock.display()))
+            .arg(&back),
+    );
+    assert!(std::fs::read(&back).unwrap()[..4 << 20] == std::fs::read(&src).unwrap()[..]);
+    w.ok(Some("admin"), &["volume", "verify", "v"]);
+    let (later, _) = layout(&w, "v");
+    assert_eq!(later, epoch + 1);
+}

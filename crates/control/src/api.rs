@@ -94,6 +94,39 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         writer: Option<WriterHello>,
     },
+    /// A writer on another host attaches through the manager (`daemon::attach` with a client
+    /// certificate): its attach record goes under `lease`, a lease it keeps alive itself.
+    /// The record's identity is the caller's certificate, whatever the request says. `force`
+    /// fences the holder only if it has the caller's identity (its own process, dead or
+    /// stuck); an operator fences anyone (`volume delete --force`).
+    WriterAttach {
+        name: String,
+        record: trireme_meta::AttachRecord,
+        lease: i64,
+        #[serde(default)]
+        force: bool,
+    },
+    /// The writer of `record.epoch` puts its attach record back under a new lease after
+    /// losing the old one (see `ClusterMeta::reattach`).
+    WriterReattach {
+        name: String,
+        record: trireme_meta::AttachRecord,
+        lease: i64,
+    },
+    /// The writer of `epoch` drops its attach record (a clean stop).
+    WriterRelease {
+        name: String,
+        epoch: u64,
+    },
+    /// The writer of `epoch` answers a request of the manager's (a move, a take-out, a scrub,
+    /// a resize, a snapshot) read at revision `at`: only the fields a writer answers with
+    /// are taken from it (see `WriterAnswer::merge`).
+    WriterAnswer {
+        name: String,
+        epoch: u64,
+        at: i64,
+        answer: trireme_meta::WriterAnswer,
+    },
     /// Where a volume lives, without a new epoch (for verification).
     Locate {
         name: String,
@@ -400,6 +433,36 @@ impl std::fmt::Display for ReplicaStatusState {
             ReplicaStatusState::Missing => "missing",
         })
     }
+}
+
+impl Request {
+    /// A volume writer's request (checked against the writer of record: `writers.rs`).
+    pub fn is_writer(&self) -> bool {
+        matches!(
+            self,
+            Request::WriterAttach { .. }
+                | Request::WriterReattach { .. }
+                | Request::WriterRelease { .. }
+                | Request::WriterAnswer { .. }
+                | Request::SetReplicaState { .. }
+                | Request::SetVolumeSize { .. }
+                | Request::Detach { .. }
+        )
+    }
+}
+
+/// The manager's answer to a [`Request::WriterAttach`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "kebab-case")]
+pub enum WriterAttached {
+    /// The caller writes the volume now, at `volume.epoch`; `unclean`: the previous writer did
+    /// not detach (reconcile first).
+    Attached {
+        volume: trireme_meta::VolumeRecord,
+        unclean: bool,
+    },
+    /// Another writer holds it (and `force` was not asked).
+    Held { pid: u32, host: String, epoch: u64 },
 }
 
 /// What a writer attaching through the control socket says of itself.

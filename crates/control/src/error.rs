@@ -53,6 +53,19 @@ impl ManagerError {
     }
 }
 
+impl ManagerError {
+    /// Whether asking again, of this manager or the next, may succeed: the metadata store did
+    /// not answer, the manager lost its role or is stopping.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            ManagerError::Meta(
+                MetaError::Unavailable(_) | MetaError::Deposed(_) | MetaError::Contended { .. }
+            ) | ManagerError::Stopped
+        )
+    }
+}
+
 pub(crate) fn refused(what: impl Into<String>) -> ManagerError {
     ManagerError::Refused(what.into())
 }

@@ -22,8 +22,10 @@ use trireme_client::{AttachInfo, BoxFut, Membership, MembershipError, Volume, Vo
 use trireme_control::membership_error;
 use trireme_meta::{
     AttachRecord, ClusterMeta, MetaError, MoveRequest, MoveRequestState, TakeOutRequest,
-    TakeOutState,
+    TakeOutState, WriterAnswer,
 };
+
+use crate::recorder::Recorder;
 use trireme_replication::ReplicaState;
 
 use crate::DaemonError;
@@ -47,10 +49,11 @@ pub struct AttachConfig {
     pub opts: VolumeOptions,
 }
 
-/// Replica states recorded straight in the cluster metadata by the writer.
+/// Replica states recorded by the writer: in the cluster metadata, or through the manager
+/// for a client ([`Recorder`]).
 #[derive(Debug, Clone)]
 pub struct MetaMembership {
-    pub meta: ClusterMeta,
+    pub rec: Recorder,
 }
 
 /// Retries `f` while the metadata store is unreachable.
@@ -90,27 +93,20 @@ impl Membership for MetaMembership {
     ) -> BoxFut<'a, Result<(), MembershipError>> {
         Box::pin(async move {
             until_reachable("recording a replica state", || {
-                trireme_control::record_replica_state(
-                    &self.meta,
-                    volume,
-                    epoch,
-                    node,
-                    state,
-                    incarnation,
-                )
+                self.rec.set_state(volume, epoch, node, state, incarnation)
             })
             .await
-            .map(|_| ())
             .map_err(membership_error)
         })
     }
 
     fn locate<'a>(&'a self, volume: &'a str) -> BoxFut<'a, Result<AttachInfo, MembershipError>> {
         Box::pin(async move {
-            let v = until_reachable("locating replicas", || self.meta.volume(volume))
+            let meta = self.rec.meta();
+            let v = until_reachable("locating replicas", || meta.volume(volume))
                 .await
                 .map_err(membership_error)?;
-            Ok(trireme_control::attach_info(&self.meta, &v).await?)
+            Ok(trireme_control::attach_info(meta, &v).await?)
         })
     }
 
@@ -120,9 +116,9 @@ impl Membership for MetaMembership {
         epoch: u64,
     ) -> BoxFut<'a, Result<(), MembershipError>> {
         Box::pin(async move {
-            trireme_control::record_detach(&self.meta, volume, epoch)
+            self.rec
+                .detach(volume, epoch)
                 .await
-                .map(|_| ())
                 .map_err(membership_error)
         })
     }
@@ -135,10 +131,9 @@ impl Membership for MetaMembership {
     ) -> BoxFut<'a, Result<(), MembershipError>> {
         Box::pin(async move {
             until_reachable("recording a volume's size", || {
-                trireme_control::record_size(&self.meta, volume, epoch, size)
+                self.rec.record_size(volume, epoch, size)
             })
             .await
-            .map(|_| ())
             .map_err(membership_error)
         })
     }
@@ -149,6 +144,8 @@ impl Membership for MetaMembership {
 pub struct Attached {
     pub volume: Arc<Volume>,
     pub meta: ClusterMeta,
+    /// Where it records (the metadata store, or the manager for a client).
+    rec: Recorder,
     /// The lease the attach record is bound to now (a new one after a loss).
     lease: Arc<std::sync::atomic::AtomicI64>,
     keeper: tokio::task::JoinHandle<()>,
@@ -191,6 +188,7 @@ pub async fn attach(
         }
     }
     let ttl = cfg.lease_ttl.max(crate::lease::MIN_TTL);
+    let recorder = Recorder::for_process(meta.clone());
     let lease = crate::lease::grant(&**meta.store(), ttl).await?;
     let rec = AttachRecord {
         epoch: 0,
@@ -201,7 +199,7 @@ pub async fn attach(
     };
     let attached = loop {
         let r = until_reachable("attaching", || {
-            meta.attach(&cfg.volume, &rec, lease, cfg.force)
+            recorder.attach(&cfg.volume, &rec, lease, cfg.force)
         })
         .await;
         // A writer of this host that died (kill -9, then a restart) holds the record until
@@ -235,7 +233,7 @@ pub async fn attach(
     };
     let lease_now = Arc::new(std::sync::atomic::AtomicI64::new(lease));
     let keeper = tokio::spawn(keep_attached(
-        meta.clone(),
+        recorder.clone(),
         cfg.volume.clone(),
         AttachRecord {
             epoch: v.epoch,
@@ -256,7 +254,9 @@ pub async fn attach(
     if unclean {
         tracing::warn!(volume = %cfg.volume, epoch = v.epoch, "the previous writer did not detach: reconciling the replicas first");
     }
-    let membership = Arc::new(MetaMembership { meta: meta.clone() });
+    let membership = Arc::new(MetaMembership {
+        rec: recorder.clone(),
+    });
     // Nodes learn a changed access list within a moment (a watch): a refusal right after the
     // list changed is tried again for a few seconds.
     let t0 = std::time::Instant::now();
@@ -283,23 +283,24 @@ pub async fn attach(
     };
     tracing::info!(volume = %cfg.volume, epoch = v.epoch, "attached");
     let mover = {
-        let (meta, volume) = (meta.clone(), volume.clone());
+        let (r, volume) = (recorder.clone(), volume.clone());
         // The manager's requests: moves of a replica, take-outs for planned restarts, scrubs,
         // resizes, snapshots.
         tokio::spawn(async move {
             tokio::join!(
-                serve_moves(meta.clone(), volume.clone()),
-                serve_takeouts(meta.clone(), volume.clone()),
-                crate::scrubs::serve_scrubs(meta.clone(), volume.clone()),
-                crate::scrubs::serve_resizes(meta.clone(), volume.clone()),
-                crate::scrubs::serve_snapshots(meta.clone(), volume.clone()),
-                follow_layout(meta, volume)
+                serve_moves(r.clone(), volume.clone()),
+                serve_takeouts(r.clone(), volume.clone()),
+                crate::scrubs::serve_scrubs(r.clone(), volume.clone()),
+                crate::scrubs::serve_resizes(r.clone(), volume.clone()),
+                crate::scrubs::serve_snapshots(r.clone(), volume.clone()),
+                follow_layout(r.meta().clone(), volume)
             );
         })
     };
     Ok(Attached {
         volume,
         meta,
+        rec: recorder,
         lease: lease_now,
         keeper,
         mover,
@@ -323,7 +324,7 @@ impl Attached {
             Err(_) => Err(format!("no replica answered within {DETACH_TIMEOUT:?}")),
         };
         self.keeper.abort();
-        let _ = self.meta.release_attachment(&name, epoch).await;
+        let _ = self.rec.release(&name, epoch).await;
         let lease = self.lease.load(std::sync::atomic::Ordering::Relaxed);
         let _ = self.meta.store().revoke(lease).await;
         r.map_err(|e| DaemonError::Runtime(format!("final flush and detach: {e}")))
@@ -341,18 +342,22 @@ impl Attached {
     /// progress, its I/O rates, and `http`, where its metrics are served. Written when it
     /// changes and at least every few seconds, bound to the attach lease.
     pub fn report(&mut self, http: Option<String>) {
-        let (meta, volume, lease) = (self.meta.clone(), self.volume.clone(), self.lease.clone());
-        self.reporter = Some(tokio::spawn(report(meta, volume, lease, http)));
+        let (rec, volume, lease) = (self.rec.clone(), self.volume.clone(), self.lease.clone());
+        self.reporter = Some(tokio::spawn(report(rec, volume, lease, http)));
     }
 }
 
 async fn report(
-    meta: ClusterMeta,
+    rec: Recorder,
     volume: Arc<Volume>,
     lease: Arc<std::sync::atomic::AtomicI64>,
     http: Option<String>,
 ) {
     let name = volume.info().name.clone();
+    let meta = rec.meta();
+    // A client's report goes under a lease of its own: etcd refuses a client a put under the
+    // attach lease, which holds the attach record the manager wrote.
+    let mut own_lease: Option<i64> = None;
     let mut last: Option<(trireme_meta::WriterReport, std::time::Instant)> = None;
     let mut counted = volume
         .metrics_snapshot()
@@ -404,27 +409,47 @@ async fn report(
             report.io = Some(crate::http::board::rates(&now, prev, t.elapsed()));
             counted = Some((now, std::time::Instant::now()));
         }
-        let l = lease.load(std::sync::atomic::Ordering::Relaxed);
-        match meta.put_report(&name, &report, l).await {
+        let l = match rec.client() {
+            None => lease.load(std::sync::atomic::Ordering::Relaxed),
+            Some(_) => match report_lease(meta, &mut own_lease).await {
+                Some(l) => l,
+                None => continue,
+            },
+        };
+        match meta.put_report(&name, rec.client(), &report, l).await {
             Ok(()) => last = Some((report, std::time::Instant::now())),
             Err(e) => tracing::debug!(volume = %name, "writing the writer's report: {e}"),
         }
     }
 }
 
+/// The lease a client's reports go under: kept alive at each report, a new one if it was lost.
+async fn report_lease(meta: &ClusterMeta, own: &mut Option<i64>) -> Option<i64> {
+    if let Some(l) = *own {
+        if meta.store().keep_alive(l).await.is_ok() {
+            return Some(l);
+        }
+    }
+    *own = crate::lease::grant(&**meta.store(), REPORT_LEASE).await.ok();
+    *own
+}
+
+/// How long a client writer's report outlives it.
+const REPORT_LEASE: Duration = Duration::from_secs(10);
+
 /// Keeps the attach record alive. When its lease is lost (etcd unreachable for longer than the
 /// TTL) the writer goes on serving, takes a new lease and puts the record back
 /// ([`ClusterMeta::reattach`]) as soon as etcd answers, unless another writer attached
 /// meanwhile: then this one is fenced at every replica, and says so.
 async fn keep_attached(
-    meta: ClusterMeta,
+    rec_at: Recorder,
     name: String,
     rec: AttachRecord,
     lease: Arc<std::sync::atomic::AtomicI64>,
     ttl: Duration,
 ) {
     use std::sync::atomic::Ordering;
-    let store = meta.store().clone();
+    let store = rec_at.meta().store().clone();
     loop {
         let old = lease.load(Ordering::Relaxed);
         crate::lease::keep(&*store, old, ttl).await;
@@ -440,7 +465,7 @@ async fn keep_attached(
             }
         };
         match until_reachable("putting the attach record back", || {
-            meta.reattach(&name, &rec, new)
+            rec_at.reattach(&name, &rec, new)
         })
         .await
         {
@@ -461,7 +486,8 @@ async fn keep_attached(
 /// Carries out the manager's move requests for `volume` (see [`MoveRequest`]): waits on the
 /// request key with a watch, takes a request made for this writer's epoch, and does the copy
 /// and the retirement, writing progress (every second) and the outcome back into the key.
-pub async fn serve_moves(meta: ClusterMeta, volume: Arc<Volume>) {
+pub async fn serve_moves(rec: Recorder, volume: Arc<Volume>) {
+    let meta = rec.meta().clone();
     let name = volume.info().name.clone();
     let epoch = volume.info().epoch;
     let key = ClusterMeta::move_request_key(&name);
@@ -470,7 +496,7 @@ pub async fn serve_moves(meta: ClusterMeta, volume: Arc<Volume>) {
         if let Some(kv) = &now {
             match serde_json::from_slice::<MoveRequest>(&kv.value) {
                 Ok(req) if req.epoch == epoch && req.state == MoveRequestState::Asked => {
-                    carry_out(&meta, &volume, req, kv.mod_revision).await;
+                    carry_out(&rec, &volume, req, kv.mod_revision).await;
                     continue;
                 }
                 Ok(_) => {}
@@ -524,7 +550,8 @@ async fn follow_layout(meta: ClusterMeta, volume: Arc<Volume>) {
 /// (or `refused`, below the volume's minimum of copies); on `return`, lets the resync bring it
 /// back and answers `back` with what it copied. A request deleted meanwhile (the restart was
 /// given up) releases the replica too.
-pub async fn serve_takeouts(meta: ClusterMeta, volume: Arc<Volume>) {
+pub async fn serve_takeouts(rec: Recorder, volume: Arc<Volume>) {
+    let meta = rec.meta().clone();
     let name = volume.info().name.clone();
     let epoch = volume.info().epoch;
     let key = ClusterMeta::takeout_key(&name);
@@ -567,7 +594,7 @@ pub async fn serve_takeouts(meta: ClusterMeta, volume: Arc<Volume>) {
                         tracing::warn!(volume = %name, node = r.node, "planned restart refused: {e}");
                     }
                 }
-                answer(&meta, &name, &r, at).await;
+                answer(&rec, &name, &r, at).await;
                 continue;
             }
             Some((mut r, at)) if r.state == TakeOutState::Return => {
@@ -579,7 +606,7 @@ pub async fn serve_takeouts(meta: ClusterMeta, volume: Arc<Volume>) {
                         r.full = p.full;
                     }
                     r.state = TakeOutState::Back;
-                    answer(&meta, &name, &r, at).await;
+                    answer(&rec, &name, &r, at).await;
                 }
                 continue;
             }
@@ -595,9 +622,9 @@ pub async fn serve_takeouts(meta: ClusterMeta, volume: Arc<Volume>) {
 }
 
 /// Writes the writer's answer to a take-out request read at revision `at`.
-async fn answer(meta: &ClusterMeta, name: &str, r: &TakeOutRequest, at: i64) {
+async fn answer(rec: &Recorder, name: &str, r: &TakeOutRequest, at: i64) {
     match until_reachable("answering a take-out request", || {
-        meta.put_takeout(name, r, at)
+        rec.answer(name, r.epoch, at, WriterAnswer::TakeOut(r.clone()))
     })
     .await
     {
@@ -630,13 +657,13 @@ async fn wait_back(meta: &ClusterMeta, volume: &Volume, node: u32, key: &str, at
     true
 }
 
-async fn carry_out(meta: &ClusterMeta, volume: &Volume, mut req: MoveRequest, mut rev: i64) {
+async fn carry_out(rec: &Recorder, volume: &Volume, mut req: MoveRequest, mut rev: i64) {
     let name = volume.info().name.clone();
+    let meta = rec.meta();
+    let put = |req: &MoveRequest, rev: i64| rec.answer(&name, req.epoch, rev, WriterAnswer::Move(req.clone()));
     // Taken: no one else will do it.
     req.state = MoveRequestState::Copying;
-    match until_reachable("taking a move request", || {
-        meta.put_move_request(&name, &req, rev)
-    })
+    match until_reachable("taking a move request", || put(&req, rev))
     .await
     {
         Ok(Some(r)) => rev = r,
@@ -662,7 +689,7 @@ async fn carry_out(meta: &ClusterMeta, volume: &Volume, mut req: MoveRequest, mu
             _ = tick.tick() => {
                 req.progress = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 // Best effort: progress is for `status`; the outcome is written below.
-                if let Ok(Some(r)) = meta.put_move_request(&name, &req, rev).await {
+                if let Ok(Some(r)) = put(&req, rev).await {
                     rev = r;
                 }
             }
@@ -680,9 +707,7 @@ async fn carry_out(meta: &ClusterMeta, volume: &Volume, mut req: MoveRequest, mu
             tracing::error!(volume = %name, from = req.from, to = req.to, "moving a replica: {e}");
         }
     }
-    match until_reachable("reporting a move", || {
-        meta.put_move_request(&name, &req, rev)
-    })
+    match until_reachable("reporting a move", || put(&req, rev))
     .await
     {
         Ok(Some(_)) => {}

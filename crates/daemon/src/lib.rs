@@ -26,6 +26,7 @@ pub mod attach;
 pub mod export;
 pub mod http;
 mod keys;
+pub mod recorder;
 pub mod lease;
 pub mod local;
 pub mod manager_role;

@@ -10,7 +10,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use trireme_client::Volume;
-use trireme_meta::{ClusterMeta, MetaError, ResizeRequest, ScrubRequest, ScrubState, SnapshotAsk};
+use trireme_meta::{ClusterMeta, ResizeRequest, ScrubRequest, ScrubState, SnapshotAsk, WriterAnswer};
+
+use crate::recorder::Recorder;
 
 use crate::attach::until_reachable;
 
@@ -24,13 +26,8 @@ trait Ask: serde::de::DeserializeOwned + Clone + Send + Sync {
     fn epoch(&self) -> u64;
     fn state(&self) -> ScrubState;
     fn set_state(&mut self, s: ScrubState);
-    /// Writes it at revision `at` (see `ClusterMeta::put_scrub`).
-    fn put<'a>(
-        &'a self,
-        meta: &'a ClusterMeta,
-        name: &'a str,
-        at: i64,
-    ) -> Fut<'a, Result<Option<i64>, MetaError>>;
+    /// It as the writer's answer.
+    fn as_answer(&self) -> WriterAnswer;
     /// Carries it out, recording the outcome in it.
     fn run<'a>(&'a mut self, v: &'a Volume) -> Fut<'a, ()>;
 }
@@ -49,13 +46,8 @@ impl Ask for ScrubRequest {
     fn set_state(&mut self, s: ScrubState) {
         self.state = s;
     }
-    fn put<'a>(
-        &'a self,
-        meta: &'a ClusterMeta,
-        name: &'a str,
-        at: i64,
-    ) -> Fut<'a, Result<Option<i64>, MetaError>> {
-        Box::pin(meta.put_scrub(name, self, at))
+    fn as_answer(&self) -> WriterAnswer {
+        WriterAnswer::Scrub(self.clone())
     }
     fn run<'a>(&'a mut self, v: &'a Volume) -> Fut<'a, ()> {
         Box::pin(async move {
@@ -88,13 +80,8 @@ impl Ask for ResizeRequest {
     fn set_state(&mut self, s: ScrubState) {
         self.state = s;
     }
-    fn put<'a>(
-        &'a self,
-        meta: &'a ClusterMeta,
-        name: &'a str,
-        at: i64,
-    ) -> Fut<'a, Result<Option<i64>, MetaError>> {
-        Box::pin(meta.put_resize(name, self, at))
+    fn as_answer(&self) -> WriterAnswer {
+        WriterAnswer::Resize(self.clone())
     }
     /// Grows every copy, records the size and serves it (`trireme_client`'s `resize.rs`).
     fn run<'a>(&'a mut self, v: &'a Volume) -> Fut<'a, ()> {
@@ -125,13 +112,8 @@ impl Ask for SnapshotAsk {
     fn set_state(&mut self, s: ScrubState) {
         self.state = s;
     }
-    fn put<'a>(
-        &'a self,
-        meta: &'a ClusterMeta,
-        name: &'a str,
-        at: i64,
-    ) -> Fut<'a, Result<Option<i64>, MetaError>> {
-        Box::pin(meta.put_snapshot_ask(name, self, at))
+    fn as_answer(&self) -> WriterAnswer {
+        WriterAnswer::Snapshot(self.clone())
     }
     /// The barrier on every copy in sync (`trireme_client`'s `snapshots.rs`).
     fn run<'a>(&'a mut self, v: &'a Volume) -> Fut<'a, ()> {
@@ -153,7 +135,8 @@ impl Ask for SnapshotAsk {
 }
 
 /// Serves `volume`'s requests of kind `A` for as long as the writer lives.
-async fn serve<A: Ask>(meta: ClusterMeta, volume: Arc<Volume>) {
+async fn serve<A: Ask>(rec: Recorder, volume: Arc<Volume>) {
+    let meta = rec.meta().clone();
     let name = volume.info().name.clone();
     let epoch = volume.info().epoch;
     let key = A::key(&name);
@@ -163,12 +146,12 @@ async fn serve<A: Ask>(meta: ClusterMeta, volume: Arc<Volume>) {
             match serde_json::from_slice::<A>(&kv.value) {
                 Ok(mut req) if req.epoch() == epoch && req.state() == ScrubState::Asked => {
                     req.set_state(ScrubState::Running);
-                    let Some(at) = answer(&meta, &name, &req, kv.mod_revision).await else {
+                    let Some(at) = answer(&rec, &name, &req, kv.mod_revision).await else {
                         crate::keys::changed(&meta, &key, rev).await;
                         continue;
                     };
                     req.run(&volume).await;
-                    answer(&meta, &name, &req, at).await;
+                    answer(&rec, &name, &req, at).await;
                     continue;
                 }
                 Ok(_) => {}
@@ -183,9 +166,9 @@ async fn serve<A: Ask>(meta: ClusterMeta, volume: Arc<Volume>) {
 
 /// Writes the writer's answer to the request read at revision `at`; its new revision, or
 /// `None` if the request changed or went meanwhile (the manager gave up waiting).
-async fn answer<A: Ask>(meta: &ClusterMeta, name: &str, r: &A, at: i64) -> Option<i64> {
+async fn answer<A: Ask>(rec: &Recorder, name: &str, r: &A, at: i64) -> Option<i64> {
     let what = format!("answering {}", A::WHAT);
-    match until_reachable(&what, || r.put(meta, name, at)).await {
+    match until_reachable(&what, || rec.answer(name, r.epoch(), at, r.as_answer())).await {
         Ok(Some(rev)) => Some(rev),
         Ok(None) => {
             tracing::warn!(volume = %name, "{} changed before it was answered", A::WHAT);
@@ -199,16 +182,16 @@ async fn answer<A: Ask>(meta: &ClusterMeta, name: &str, r: &A, at: i64) -> Optio
 }
 
 /// Serves `volume`'s scrub requests for as long as the writer lives.
-pub async fn serve_scrubs(meta: ClusterMeta, volume: Arc<Volume>) {
-    serve::<ScrubRequest>(meta, volume).await
+pub async fn serve_scrubs(rec: Recorder, volume: Arc<Volume>) {
+    serve::<ScrubRequest>(rec, volume).await
 }
 
 /// Serves `volume`'s resize requests for as long as the writer lives.
-pub async fn serve_resizes(meta: ClusterMeta, volume: Arc<Volume>) {
-    serve::<ResizeRequest>(meta, volume).await
+pub async fn serve_resizes(rec: Recorder, volume: Arc<Volume>) {
+    serve::<ResizeRequest>(rec, volume).await
 }
 
 /// Serves `volume`'s snapshot requests for as long as the writer lives.
-pub async fn serve_snapshots(meta: ClusterMeta, volume: Arc<Volume>) {
-    serve::<SnapshotAsk>(meta, volume).await
+pub async fn serve_snapshots(rec: Recorder, volume: Arc<Volume>) {
+    serve::<SnapshotAsk>(rec, volume).await
 }

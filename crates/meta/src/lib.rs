@@ -26,7 +26,7 @@ pub use cluster::{
     AliveRecord, AttachRecord, ClusterEvent, ClusterMeta, IoRates, ManagerRecord, MoveRequest,
     MoveRequestState, ReportedLink, ReportedReplica, ResizeRequest, RestartOrder, RevokedCert,
     ScrubOutcome, ScrubRecord, ScrubRequest, ScrubState, SnapshotAsk, SnapshotRecord,
-    SnapshotState, TakeOutRequest, TakeOutState, TrashRecord, WriterReport, EVENTS_KEPT,
+    SnapshotState, TakeOutRequest, TakeOutState, TrashRecord, WriterAnswer, WriterReport, EVENTS_KEPT,
     EVENTS_PER_CALL, PREFIX,
 };
 pub use etcd::{parse_endpoints, EtcdMeta, EtcdTls};

@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | `trireme node` (and `trireme node N` of older certificates) | `trireme-node` | read and write every trireme key (any node may hold the manager role) |
 //! | `trireme admin` | `root` | everything, etcd's users and roles included |
-//! | `trireme client NAME` | `trireme-clients`, `trireme-client-NAME` | read trireme's keys; write the eight keys of each volume it may attach (`attach/`, `layouts/`, `moves/`, `takeouts/`, `scrubs/`, `reports/`, `resizes/`, `snapshot-asks/` of that volume): what its writer records |
+//! | `trireme client NAME` | `trireme-clients`, `trireme-client-NAME` | read trireme's keys; write one key per volume it may attach, its own writer report (`reports/VOLUME/NAME`). Everything else a writer records (its attach record, replica states, answers to the manager's requests) goes through the manager's control API, which checks that the caller is the writer of record |
 //! | `root` (no password, no certificate names it) | `root` | nothing: etcd requires it to exist before it turns access control on |
 //!
 //! [`plan`] computes that from the volumes (their access lists), the nodes and any client
@@ -54,21 +54,12 @@ pub fn client_role(name: &str) -> String {
     format!("trireme-client-{name}")
 }
 
-/// The keys a volume's writer writes: its attach record, its layout (replica states, the
-/// epoch), the manager's move, take-out, scrub, resize and snapshot requests it answers, and its report of
-/// itself.
-pub fn writer_keys(volume: &str) -> [String; 8] {
-    [
-        "attach",
-        "layouts",
-        "moves",
-        "takeouts",
-        "scrubs",
-        "reports",
-        "resizes",
-        "snapshot-asks",
-    ]
-    .map(|d| format!("{PREFIX}{d}/{volume}"))
+/// The one key client `client` writes for a volume it may attach: its writer report. Before,
+/// a client wrote all eight of a volume's writer keys (attach record, layout, requests), so any
+/// client on the access list could rewrite the writer's records; those now go through the
+/// manager.
+pub fn client_keys(volume: &str, client: &str) -> [String; 1] {
+    [crate::ClusterMeta::report_key_of(volume, Some(client))]
 }
 
 /// The end of the key range of everything that starts with `prefix`.
@@ -139,21 +130,17 @@ pub fn plan(volumes: &[VolumeRecord], node_ids: &[u32], clients: &[String]) -> P
     user(&mut p, ROOT_USER.into(), ROOT_ROLE);
     let mut names: BTreeSet<String> = clients.iter().cloned().collect();
     for v in volumes {
-        for a in &v.access {
-            if a == ANY_CLIENT {
-                let grants = p.roles.entry(CLIENTS_ROLE.into()).or_default();
-                grants.extend(writer_keys(&v.name).into_iter().map(Grant::key));
-            } else {
-                names.insert(a.clone());
-            }
-        }
+        names.extend(v.access.iter().filter(|a| *a != ANY_CLIENT).cloned());
     }
     for name in names {
         let r = client_role(&name);
         role(&mut p, &r);
-        for v in volumes.iter().filter(|v| v.access.contains(&name)) {
+        let theirs = volumes
+            .iter()
+            .filter(|v| v.access.iter().any(|a| a == &name || a == ANY_CLIENT));
+        for v in theirs {
             let grants = p.roles.entry(r.clone()).or_default();
-            grants.extend(writer_keys(&v.name).into_iter().map(Grant::key));
+            grants.extend(client_keys(&v.name, &name).into_iter().map(Grant::key));
         }
         user(&mut p, client_user(&name), CLIENTS_ROLE);
         user(&mut p, client_user(&name), &r);
@@ -357,29 +344,43 @@ mod tests {
     }
 
     #[test]
-    fn clients_write_only_the_volumes_they_may_attach() {
+    fn clients_write_only_their_own_reports() {
         let p = plan(
             &[vol("db1", &["alice"]), vol("web", &["*"]), vol("ops", &[])],
             &[1, 2],
             &["carol".into()],
         );
         let alice = &p.roles[&client_role("alice")];
-        assert_eq!(alice.len(), writer_keys("db1").len());
-        assert!(alice.iter().all(|g| g.write && g.key.ends_with("/db1")));
-        // Nobody's role names ops; web's keys go to every client.
-        assert!(p.roles.values().flatten().all(|g| !g.key.ends_with("/ops")));
-        let all = &p.roles[CLIENTS_ROLE];
-        assert!(all.contains(&Grant::prefix(PREFIX, false)));
+        let keys: BTreeSet<&str> = alice.iter().map(|g| g.key.as_str()).collect();
         assert_eq!(
-            all.iter().filter(|g| g.key.ends_with("/web")).count(),
-            writer_keys("web").len()
+            keys,
+            BTreeSet::from(["/trireme/v1/reports/db1/alice", "/trireme/v1/reports/web/alice"])
         );
-        // A client named only on the command line reads, writes nothing of its own.
-        assert!(p.roles[&client_role("carol")].is_empty());
+        assert!(alice.iter().all(|g| g.write && g.range_end.is_none()));
+        // Nobody's role names ops; web, open to all, gives each named client its own key.
+        assert!(p.roles.values().flatten().all(|g| !g.key.contains("/ops")));
+        assert_eq!(
+            p.roles[CLIENTS_ROLE],
+            BTreeSet::from([Grant::prefix(PREFIX, false)])
+        );
+        let carol = &p.roles[&client_role("carol")];
+        assert_eq!(
+            carol.iter().map(|g| g.key.as_str()).collect::<Vec<_>>(),
+            vec!["/trireme/v1/reports/web/carol"]
+        );
         assert_eq!(
             p.users[&client_user("carol")],
             BTreeSet::from([CLIENTS_ROLE.to_string(), client_role("carol")])
         );
+        // No client writes an attach record, a layout or a request.
+        for d in ["attach", "layouts", "moves", "takeouts", "scrubs", "resizes", "snapshot-asks"] {
+            assert!(p
+                .roles
+                .iter()
+                .filter(|(r, _)| r.as_str() != NODE_ROLE)
+                .flat_map(|(_, g)| g)
+                .all(|g| !g.write || !g.key.contains(&format!("/{d}/"))));
+        }
         // Nodes: the shared common name and the older per-node ones; operators are root.
         for u in [
             NODE_USER.to_string(),

@@ -14,6 +14,7 @@ mod snapshots;
 mod status;
 mod trash;
 mod volumes;
+mod writers;
 
 pub(crate) use own_writer::OwnWriter;
 pub use records::{attach_info, record_detach, record_replica_state, record_size};
@@ -694,19 +695,13 @@ impl Manager {
                 to(r)
             }
             Request::Locate { name } => to(self.locate(&name).await),
-            Request::SetReplicaState {
-                name,
-                epoch,
-                node,
-                state,
-                incarnation,
-            } => to(self
-                .set_replica_state(&name, epoch, node, state, incarnation)
-                .await),
-            Request::Detach { name, epoch } => to(self.detach(&name, epoch).await),
-            Request::SetVolumeSize { name, epoch, size } => {
-                to(self.set_volume_size(&name, epoch, size).await)
-            }
+            req @ (Request::SetReplicaState { .. }
+            | Request::Detach { .. }
+            | Request::SetVolumeSize { .. }
+            | Request::WriterAttach { .. }
+            | Request::WriterReattach { .. }
+            | Request::WriterRelease { .. }
+            | Request::WriterAnswer { .. }) => self.handle_writer(req, peer).await,
             Request::VolumeResize {
                 name,
                 size,

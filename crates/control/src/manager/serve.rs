@@ -76,8 +76,9 @@ pub async fn serve(path: &Path, manager: Arc<Manager>) -> std::io::Result<()> {
     }
 }
 
-/// Refuses a request `peer` may not make: a client's certificate reads the cluster's state
-/// only; nodes, operators (`admin`) and trusted links may do everything.
+/// Refuses a request `peer` may not make: a client's certificate reads the cluster's state,
+/// and makes a writer's requests (checked against the volume's writer of record in
+/// `writers.rs`); nodes, operators (`admin`) and trusted links may do everything.
 fn authorize(peer: &Peer, req: &Request) -> Result<()> {
     if peer.is_cluster() {
         return Ok(());
@@ -91,7 +92,7 @@ fn authorize(peer: &Peer, req: &Request) -> Result<()> {
             | Request::SnapshotList { .. }
             | Request::Status
             | Request::Events { .. }
-    );
+    ) || req.is_writer();
     match peer {
         Peer::Cert(r) if read_only && matches!(**r, trireme_tls::Role::Client(_)) => Ok(()),
         _ => {
@@ -135,10 +136,15 @@ pub async fn serve_conn<S: crate::api::ControlStream>(sock: S, m: Arc<Manager>, 
                         "node {} holds the manager role: it hands the role to another daemon, which runs the restart",
                         m.own_node()
                     )),
-                    Ok(()) => match m.handle(req, &peer).await {
-                        Ok(v) => Reply::Ok(v),
-                        Err(e) => error_reply(e),
-                    },
+                    Ok(()) => {
+                        let writer = req.is_writer();
+                        match m.handle(req, &peer).await {
+                            Ok(v) => Reply::Ok(v),
+                            // A writer waits for a manager that can record it: it asks again.
+                            Err(e) if writer && e.is_transient() => Reply::Elsewhere(e.to_string()),
+                            Err(e) => error_reply(e),
+                        }
+                    }
                 },
                 Err(e) => Reply::Error(format!("bad request: {e}")),
             }

@@ -5,15 +5,23 @@ use crate::kv::{Compare, KeyValue, LeaseId, Op, Txn};
 use crate::{MetaError, VolumeRecord};
 
 impl ClusterMeta {
-    /// Every attach record, by volume name.
+    /// Every attach record, by volume name. One that does not decode is skipped, named in a
+    /// warning: one bad record must not hide every writer.
     pub async fn attachments(
         &self,
     ) -> Result<std::collections::BTreeMap<String, AttachRecord>, MetaError> {
         let dir = key("attach/");
         let (kvs, _) = self.store.range(&dir).await?;
-        kvs.iter()
-            .map(|kv| Ok((kv.key[dir.len()..].to_string(), decode(kv)?)))
-            .collect()
+        Ok(kvs
+            .iter()
+            .filter_map(|kv| match decode(kv) {
+                Ok(a) => Some((kv.key[dir.len()..].to_string(), a)),
+                Err(e) => {
+                    tracing::warn!("skipping an attach record: {e}");
+                    None
+                }
+            })
+            .collect())
     }
 
     /// Where the attach records live (for watches).

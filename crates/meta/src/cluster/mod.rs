@@ -36,6 +36,7 @@
 //! manager role and its jobs), `volumes.rs` (volumes and their layouts), `attach.rs` (attach
 //! records and epochs), `requests.rs` (the manager's requests to writers and daemons).
 
+mod answers;
 mod attach;
 mod events;
 mod members;
@@ -54,9 +55,10 @@ use serde::Serialize;
 use crate::kv::{Compare, KeyValue, LeaseId, MetaStore, Op, Txn, TxnResult};
 use crate::MetaError;
 
+pub use answers::WriterAnswer;
 pub use events::{ClusterEvent, EVENTS_KEPT, EVENTS_PER_CALL};
 pub use records::*;
-pub use reports::{IoRates, ReportedLink, ReportedReplica, WriterReport};
+pub use reports::{IoRates, ReportedLink, ReportedReplica, WriterReport, MAX_REPORT};
 pub use snapshots::{SnapshotAsk, SnapshotRecord, SnapshotState};
 pub use trash::TrashRecord;
 pub(crate) use volumes::layout_of;

@@ -73,24 +73,41 @@ pub struct WriterReport {
     pub links: Vec<ReportedLink>,
 }
 
+/// The most a writer's report may hold: a larger one is skipped with a warning.
+pub const MAX_REPORT: usize = 64 << 10;
+
 impl ClusterMeta {
-    /// The key of `name`'s writer report.
-    pub fn report_key(name: &str) -> String {
-        key(&format!("reports/{name}"))
+    /// The key of `name`'s writer report: `reports/<name>` for a writer of the cluster's own
+    /// (`up`, a node or an operator's identity), `reports/<name>/<client>` for a client's,
+    /// the one key etcd's access control lets that client write (`rbac.rs`).
+    pub fn report_key_of(name: &str, client: Option<&str>) -> String {
+        match client {
+            Some(c) => key(&format!("reports/{name}/{c}")),
+            None => key(&format!("reports/{name}")),
+        }
     }
 
-    /// Puts the writer's report of `name`, bound to `lease` (its attach lease).
+    /// Puts the writer's report of `name`, bound to `lease`. `client`: the writer's client
+    /// name, if a client certificate is its identity.
     pub async fn put_report(
         &self,
         name: &str,
+        client: Option<&str>,
         report: &WriterReport,
         lease: LeaseId,
     ) -> Result<(), MetaError> {
+        let value = encode(report);
+        if value.len() > MAX_REPORT {
+            return Err(MetaError::Refused(format!(
+                "a writer report of {} bytes (at most {MAX_REPORT})",
+                value.len()
+            )));
+        }
         self.write(
             vec![],
             vec![Op::put_leased(
-                Self::report_key(name),
-                encode(report),
+                Self::report_key_of(name, client),
+                value,
                 lease,
             )],
         )
@@ -101,25 +118,58 @@ impl ClusterMeta {
     /// The report of `name`'s writer, if one is alive.
     pub async fn report(&self, name: &str) -> Result<Option<WriterReport>, MetaError> {
         Ok(self
-            .get::<WriterReport>(&Self::report_key(name))
+            .reports()
             .await?
-            .map(|(r, _)| r))
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, r)| r))
     }
 
-    /// Every writer's report, by volume.
+    /// Every writer's report, by volume. A client's report counts only while that client is
+    /// the volume's writer of record (its attach record, which only the manager writes, names
+    /// it) and for its epoch: another client on the volume's access list may write a report
+    /// of its own, and it is not read. A report that does not decode or is too large is
+    /// skipped, named in a warning.
     pub async fn reports(&self) -> Result<Vec<(String, WriterReport)>, MetaError> {
         let prefix = key("reports/");
-        let mut out = Vec::new();
+        let writers = self.attachments().await?;
+        let mut out: Vec<(String, WriterReport)> = Vec::new();
         for kv in self.store().range(&prefix).await?.0 {
-            let Some(name) = kv.key.strip_prefix(&prefix) else {
+            let Some(rest) = kv.key.strip_prefix(&prefix) else {
                 continue;
             };
-            match serde_json::from_slice::<WriterReport>(&kv.value) {
-                Ok(r) => out.push((name.to_string(), r)),
+            let (name, client) = match rest.split_once('/') {
+                Some((n, c)) => (n, Some(c)),
+                None => (rest, None),
+            };
+            if kv.value.len() > MAX_REPORT {
+                tracing::warn!(key = %kv.key, bytes = kv.value.len(), "skipping a writer report over {MAX_REPORT} bytes");
+                continue;
+            }
+            let r = match serde_json::from_slice::<WriterReport>(&kv.value) {
+                Ok(r) => r,
                 Err(e) => {
-                    tracing::warn!(key = %kv.key, "a writer report that does not decode: {e}")
+                    tracing::warn!(key = %kv.key, "a writer report that does not decode: {e}");
+                    continue;
+                }
+            };
+            if let Some(c) = client {
+                let theirs = writers.get(name);
+                let of_record = theirs.is_some_and(|a| {
+                    a.epoch == r.epoch
+                        && a.identity.as_deref() == Some(format!("client {c}").as_str())
+                });
+                if !of_record {
+                    continue;
                 }
             }
+            // The client's report of the writer of record wins over a stale one of the
+            // cluster's own.
+            out.retain(|(n, _)| n != name || client.is_none());
+            if client.is_none() && out.iter().any(|(n, _)| n == name) {
+                continue;
+            }
+            out.push((name.to_string(), r));
         }
         Ok(out)
     }
