@@ -704,6 +704,18 @@ impl Volume {
     fn expect_ok(&self, i: usize, f: Frame) -> Result<Frame, VolumeError> {
         match f.header.status {
             Status::Ok => Ok(f),
+            // A replica behind this writer's epoch was not fenced by a newer writer: it was
+            // re-created (a move's new copy made again) or never attached at this epoch. A
+            // failure of that copy, not the end of this writer (taking it for a fence stopped
+            // the writer, and a drain with it).
+            Status::Fenced if f.header.epoch < self.info.epoch => Err(VolumeError::Replica {
+                node: self.node(i),
+                status: Status::Fenced,
+                message: format!(
+                    "the copy is at epoch {}, behind this writer's {}: re-created, or never attached by it",
+                    f.header.epoch, self.info.epoch
+                ),
+            }),
             Status::Fenced => Err(VolumeError::Fenced {
                 volume: self.info.name.clone(),
                 ours: self.info.epoch,
