@@ -79,6 +79,13 @@ fn prometheus_scrapes_the_cluster_and_sees_a_killed_node() {
         assert_eq!(code, 401, "GET {path} without the token");
     }
     let t = token(&c);
+    // The page's address may hold the token: no referrer carries it, no cache keeps a page.
+    for auth in [None, Some(format!("Bearer {t}"))] {
+        let h: Vec<(&str, &str)> = auth.iter().map(|a| ("Authorization", a.as_str())).collect();
+        let head = common::http_head(&http, "/", &h);
+        assert!(head.contains("referrer-policy: no-referrer"), "{head}");
+        assert!(head.contains("cache-control: no-store"), "{head}");
+    }
     let (code, _) = http_with(
         &http,
         "GET",

@@ -31,10 +31,14 @@ impl AccessView {
             .is_some_and(|l| l.iter().any(|c| c == ANY_CLIENT || c == client))
     }
 
-    /// The check an NBD listener makes when a TLS client opens an export.
+    /// The check an NBD listener makes when a TLS client opens an export: a snapshot's export
+    /// (`VOLUME@SNAPSHOT`) by its volume's access list.
     pub fn nbd_gate(&self) -> trireme_nbd::Allow {
         let me = self.clone();
-        Arc::new(move |export: &str, client: &str| me.allows(export, client))
+        Arc::new(move |export: &str, client: &str| {
+            let volume = export.split_once('@').map_or(export, |(v, _)| v);
+            me.allows(volume, client)
+        })
     }
 }
 
@@ -232,5 +236,26 @@ pub async fn follow_node(meta: ClusterMeta, node: std::sync::Arc<trireme_node::N
         }
         refresh_revoked(&meta).await;
         changes.next().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_snapshot_export_is_gated_by_its_volume_s_list() {
+        let view = AccessView::default();
+        let mut v: VolumeRecord = serde_json::from_value(serde_json::json!({
+            "id": 1, "name": "v", "size": 4096, "replicas": [], "epoch": 0, "writer_open": false
+        }))
+        .unwrap();
+        v.access = vec!["alice".into()];
+        view.set(&[v]);
+        let gate = view.nbd_gate();
+        assert!(gate("v", "alice"));
+        assert!(gate("v@nightly", "alice"));
+        assert!(!gate("v@nightly", "bob"));
+        assert!(!gate("w@nightly", "alice"));
     }
 }

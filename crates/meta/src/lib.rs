@@ -27,6 +27,7 @@ pub use cluster::{
     MoveRequestState, ReportedLink, ReportedReplica, ResizeRequest, RestartOrder, RevokedCert,
     ScrubOutcome, ScrubRecord, ScrubRequest, ScrubState, SnapshotAsk, SnapshotRecord,
     SnapshotState, TakeOutRequest, TakeOutState, TrashRecord, WriterAnswer, WriterReport, EVENTS_KEPT,
+    MAX_REPORT,
     EVENTS_PER_CALL, PREFIX,
 };
 pub use etcd::{parse_endpoints, EtcdMeta, EtcdTls};

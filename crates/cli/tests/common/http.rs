@@ -154,3 +154,29 @@ pub fn urlencode(s: &str) -> String {
         })
         .collect()
 }
+
+/// The status line and headers of `GET path` on `addr`, lowercased.
+pub fn http_head(addr: &str, path: &str, headers: &[(&str, &str)]) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("{addr}: {e}"));
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{extra}\r\n"
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !out.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = s.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&out).to_ascii_lowercase()
+}

@@ -249,6 +249,26 @@ async fn gate(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
+    let mut resp = authorized(&s, req, next).await;
+    // The page's address may carry its token (`/?token=`): no other site is told it, and no
+    // cache keeps a page, the metrics or the API's answers.
+    let h = resp.headers_mut();
+    h.insert(
+        header::REFERRER_POLICY,
+        axum::http::HeaderValue::from_static("no-referrer"),
+    );
+    h.insert(
+        header::CACHE_CONTROL,
+        axum::http::HeaderValue::from_static("no-store"),
+    );
+    resp
+}
+
+async fn authorized(
+    s: &Shared,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
     let cookie = token::cookie(s.addr.port());
     match Token::carried(&req, &cookie) {
         Some((t, from_query)) if s.token.matches(&t) => {
