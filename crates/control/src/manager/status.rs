@@ -204,7 +204,7 @@ impl Manager {
 
     pub async fn status(&self) -> Result<StatusReport> {
         let nodes = self.member_nodes().await?;
-        let vols = self.meta.volumes().await?;
+        let (vols, bad) = self.meta.volumes_checked().await?;
         let alive = self.registered().await;
         let mut ns = Vec::new();
         for n in &nodes {
@@ -349,7 +349,13 @@ impl Manager {
         for v in &mut vs {
             v.health = Some(crate::health::volume_health(v, &ns));
         }
-        let health = crate::health::cluster_health(&ns, &vs);
+        let mut health = crate::health::cluster_health(&ns, &vs);
+        // A record that does not decode hides its volume: said, never silent.
+        for e in bad {
+            tracing::warn!("status: {e}");
+            health.verdict = health.verdict.max(crate::health::Verdict::Degraded);
+            health.reasons.push(format!("a record is unreadable: {e}"));
+        }
         Ok(StatusReport {
             nodes: ns,
             volumes: vs,

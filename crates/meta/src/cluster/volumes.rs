@@ -217,8 +217,19 @@ impl ClusterMeta {
         Ok(self.read_volume(name).await?.0)
     }
 
-    /// Every volume, by name.
+    /// Every volume, by name. A volume whose records do not decode is left out, named in a
+    /// warning: one bad record must not take every listing, placement and attach down with
+    /// it ([`ClusterMeta::volumes_checked`] says which).
     pub async fn volumes(&self) -> Result<Vec<VolumeRecord>, MetaError> {
+        let (vs, bad) = self.volumes_checked().await?;
+        for e in bad {
+            tracing::warn!("skipping a volume: {e}");
+        }
+        Ok(vs)
+    }
+
+    /// Every volume whose records decode, and what is wrong with those that do not.
+    pub async fn volumes_checked(&self) -> Result<(Vec<VolumeRecord>, Vec<MetaError>), MetaError> {
         let (specs, _) = self.store.range(&key("volumes/")).await?;
         let (layouts, _) = self.store.range(&key("layouts/")).await?;
         let layouts: BTreeMap<&str, &KeyValue> = layouts
@@ -226,14 +237,24 @@ impl ClusterMeta {
             .map(|kv| (&kv.key[key("layouts/").len()..], kv))
             .collect();
         let mut out = Vec::with_capacity(specs.len());
+        let mut bad = Vec::new();
         for s in &specs {
-            let spec: Spec = decode(s)?;
+            let spec: Spec = match decode(s) {
+                Ok(spec) => spec,
+                Err(e) => {
+                    bad.push(e);
+                    continue;
+                }
+            };
             // A volume created between the two reads has no layout yet: not shown.
             if let Some(l) = layouts.get(spec.name.as_str()) {
-                out.push(record(spec, decode(l)?));
+                match decode(l) {
+                    Ok(l) => out.push(record(spec, l)),
+                    Err(e) => bad.push(e),
+                }
             }
         }
-        Ok(out)
+        Ok((out, bad))
     }
 
     pub async fn delete_volume(&self, name: &str) -> Result<VolumeRecord, MetaError> {

@@ -821,3 +821,28 @@ fn a_report_counts_only_from_the_writer_of_record() {
         assert!(m.put_report("v", Some("alice"), &big, 0).await.is_err());
     });
 }
+
+#[test]
+fn one_bad_layout_hides_only_its_volume() {
+    rt().block_on(async {
+        let s: Arc<dyn MetaStore> = Arc::new(EmbeddedMeta::in_memory());
+        let m = ClusterMeta::new(s.clone());
+        m.put_node(&node(1)).await.unwrap();
+        m.create_volume("a", 4096, &[1]).await.unwrap();
+        m.create_volume("b", 4096, &[1]).await.unwrap();
+        s.txn(Txn::when(vec![]).then(vec![Op::put(crate::cluster::key("layouts/a"), "not json")]))
+            .await
+            .unwrap();
+        let names: Vec<String> = m
+            .volumes()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|v| v.name)
+            .collect();
+        assert_eq!(names, ["b"]);
+        let (_, bad) = m.volumes_checked().await.unwrap();
+        assert_eq!(bad.len(), 1);
+        assert!(bad[0].to_string().contains("layouts/a"), "{}", bad[0]);
+    });
+}
