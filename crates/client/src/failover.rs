@@ -457,6 +457,7 @@ impl Volume {
                 TakeOutStep::Record(records) => {
                     for (i, to) in records {
                         let node = self.node(i);
+                        let t0 = std::time::Instant::now();
                         match m
                             .set_state(&self.info.name, self.info.epoch, node, to, 0)
                             .await
@@ -470,7 +471,7 @@ impl Volume {
                             }
                             Err(e) => return Err(self.degrade(node, e)),
                         }
-                        tracing::warn!(volume = %self.info.name, node, state = %to, "replica taken out; writes continue on the others");
+                        tracing::warn!(volume = %self.info.name, node, state = %to, recorded_ms = t0.elapsed().as_millis() as u64, "replica taken out; writes continue on the others");
                         plan.recorded(i);
                     }
                 }
