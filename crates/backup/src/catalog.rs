@@ -126,10 +126,54 @@ fn invalid(m: String) -> BackupError {
     BackupError::Invalid(m)
 }
 
-/// Writes `bytes` to `path` and syncs it.
+/// Creates `path` afresh for writing, mode 0600, refusing to follow a symbolic link or to
+/// open a file that is there already (a stale one of ours, `.part` or `.tmp`, is removed first: the
+/// directory is checked private by [`check_private_dir`]). Diffs and backups hold a volume's
+/// data: nobody else may read them, nor point their name at another file.
+pub fn create_private(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_file() && path.extension().is_some_and(|e| e == "part" || e == "tmp") => {
+            std::fs::remove_file(path)?
+        }
+        _ => {}
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
+
+/// Refuses an output directory that another user may write (they could swap or plant the
+/// files a diff or backup is written to, or read what lands there).
+pub fn check_private_dir(dir: &Path) -> Result<(), BackupError> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(dir)?;
+    let me = unsafe { libc::geteuid() };
+    if m.uid() != me && m.uid() != 0 {
+        return Err(invalid(format!(
+            "{} belongs to another user (uid {}): diffs and backups go in a directory of yours",
+            dir.display(),
+            m.uid()
+        )));
+    }
+    if m.mode() & 0o022 != 0 {
+        return Err(invalid(format!(
+            "{} may be written by other users (mode {:o}): diffs and backups go in a private directory (chmod go-w {})",
+            dir.display(),
+            m.mode() & 0o7777,
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Writes `bytes` to `path` (created afresh, 0600: [`create_private`]) and syncs it.
 pub fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), BackupError> {
     use std::io::Write;
-    let mut f = std::fs::File::create(path)?;
+    let mut f = create_private(path)?;
     f.write_all(bytes)?;
     f.sync_all()?;
     Ok(())
@@ -161,8 +205,11 @@ impl<W: std::io::Write> std::io::Write for Summed<W> {
 
 /// The crc32c of a file's contents.
 pub fn file_crc(path: &Path) -> Result<u32, BackupError> {
-    use std::io::Read;
-    let mut f = std::fs::File::open(path)?;
+    crc_of(std::fs::File::open(path)?)
+}
+
+/// The crc32c of everything `f` reads.
+pub fn crc_of(mut f: impl std::io::Read) -> Result<u32, BackupError> {
     let mut buf = vec![0u8; 1 << 20];
     let mut crc = 0;
     loop {

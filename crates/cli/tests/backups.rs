@@ -213,6 +213,26 @@ fn dirty_bitmaps_diffs_and_backup_chains_are_exact() {
         &["volume", "import-diff", cut.to_str().unwrap(), "copy"],
         "nothing was applied",
     );
+    // Read once, from one descriptor: a FIFO (read twice, it would differ) and a file other
+    // users may write (it could change between the check and the apply) are refused.
+    let fifo = w.join("fifo.rbdiff");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    refused(
+        &c,
+        &["volume", "import-diff", fifo.to_str().unwrap(), "copy"],
+        "not a regular file",
+    );
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let shared = w.join("shared.rbdiff");
+        std::fs::copy(&full1, &shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o666)).unwrap();
+        refused(
+            &c,
+            &["volume", "import-diff", shared.to_str().unwrap(), "copy"],
+            "other users may write it",
+        );
+    }
     let said = ok(
         &c,
         &["volume", "import-diff", full1.to_str().unwrap(), "copy"],
@@ -286,6 +306,29 @@ fn dirty_bitmaps_diffs_and_backup_chains_are_exact() {
         &["volume", "diff", "vol0@s1", "copy@s2", "-o", "/dev/null"],
         "different volumes",
     );
+    // A diff holds the volume's data: written 0600, never into a directory others may write,
+    // never through a link planted at its name.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&full1).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+        let open = w.join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let o = open.join("x.diff");
+        refused(
+            &c,
+            &["volume", "diff", "vol0@s2", "-o", o.to_str().unwrap()],
+            "may be written by other users",
+        );
+        let victim = w.join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        std::os::unix::fs::symlink(&victim, w.join("planted.part")).unwrap();
+        let o = w.join("planted.diff");
+        let out = c.cli(&["volume", "diff", "vol0@s2", "-o", o.to_str().unwrap()]);
+        assert!(!out.status.success(), "a diff wrote through a planted link");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+    }
 
     // Backups: a full one, then incrementals that read only what changed.
     let dir = w.join("backups");

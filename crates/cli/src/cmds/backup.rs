@@ -198,6 +198,11 @@ async fn apply<R: std::io::Read>(
         }
     }
     if let Some(t) = &head.to {
+        trireme_meta::check_name(t).map_err(|e| {
+            CliError::Usage(format!(
+                "the diff ends at a snapshot named {t:?}, which is not a valid name ({e}); nothing was applied"
+            ))
+        })?;
         if list.iter().any(|s| &s.name == t) {
             return Err(CliError::Usage(format!(
                 "volume {volume} already has snapshot {t:?}, where the diff ends"
@@ -256,16 +261,33 @@ async fn drop_snapshot(cc: &mut ControlClient, volume: &str, snap: &str, what: &
 }
 
 /// Opens FILE, or standard input for `-`.
-fn input(path: &Path) -> Result<Box<dyn std::io::Read>, CliError> {
-    if path == Path::new("-") {
-        return Ok(Box::new(std::io::BufReader::with_capacity(
-            1 << 20,
-            std::io::stdin(),
+/// Opens a diff to read, once: a regular file that no other user may write (what is checked
+/// is then what is applied, read again from the same descriptor after a rewind).
+fn open_input(path: &Path) -> Result<std::fs::File, CliError> {
+    use std::os::unix::fs::MetadataExt;
+    let bad = |e: String| CliError::Usage(format!("{}: {e}", path.display()));
+    let f = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+    let m = f.metadata().map_err(|e| bad(e.to_string()))?;
+    if !m.file_type().is_file() {
+        return Err(bad(
+            "not a regular file (a diff is read twice: checked whole, then applied; give a file, or - for standard input)".into(),
+        ));
+    }
+    if m.mode() & 0o022 != 0 {
+        return Err(bad(format!(
+            "other users may write it (mode {:o}): it could change between the check and the apply (chmod go-w)",
+            m.mode() & 0o7777
         )));
     }
-    let f = std::fs::File::open(path)
-        .map_err(|e| CliError::Usage(format!("{}: {e}", path.display())))?;
-    Ok(Box::new(std::io::BufReader::with_capacity(1 << 20, f)))
+    Ok(f)
+}
+
+/// `f` read from its start, buffered.
+fn from_start(f: &std::fs::File) -> Result<Box<dyn std::io::Read + '_>, CliError> {
+    use std::io::Seek;
+    let mut r = f;
+    r.seek(std::io::SeekFrom::Start(0))?;
+    Ok(Box::new(std::io::BufReader::with_capacity(1 << 20, r)))
 }
 
 fn now_secs() -> u64 {
@@ -305,9 +327,15 @@ pub(crate) async fn run(cli: &Cli, cc: &mut ControlClient) -> Result<(), CliErro
                     .await?
                     .1
             } else {
-                // Written aside, synced, then renamed: a FILE is whole or absent.
+                // Written aside, synced, then renamed: a FILE is whole or absent. In a
+                // directory only this user writes, created new and private (it holds data).
+                let dir = match output.parent() {
+                    Some(p) if !p.as_os_str().is_empty() => p,
+                    _ => Path::new("."),
+                };
+                catalog::check_private_dir(dir).map_err(|e| CliError::Usage(e.to_string()))?;
                 let part = output.with_extension("part");
-                let f = std::fs::File::create(&part)
+                let f = catalog::create_private(&part)
                     .map_err(|e| CliError::Usage(format!("{}: {e}", part.display())))?;
                 let r = diff_to(
                     cli,
@@ -353,15 +381,21 @@ pub(crate) async fn run(cli: &Cli, cc: &mut ControlClient) -> Result<(), CliErro
             volume,
             force,
         }) => {
-            if file != Path::new("-") {
-                // All of it is read first: a damaged or cut file changes nothing.
-                trireme_backup::validate(input(file)?).map_err(|e| {
+            let label = format!("import-diff {volume}");
+            let (head, applied) = if file == Path::new("-") {
+                let stdin = std::io::BufReader::with_capacity(1 << 20, std::io::stdin());
+                let r = DiffReader::new(stdin).map_err(diff_err)?;
+                apply(cli, cc, volume, r, *force, &label).await?
+            } else {
+                // All of it is read first, from the one descriptor it is applied from: a
+                // damaged or cut file changes nothing.
+                let f = open_input(file)?;
+                trireme_backup::validate(from_start(&f)?).map_err(|e| {
                     CliError::Usage(format!("{}: {e}; nothing was applied", file.display()))
                 })?;
-            }
-            let r = DiffReader::new(input(file)?).map_err(diff_err)?;
-            let (head, applied) =
-                apply(cli, cc, volume, r, *force, &format!("import-diff {volume}")).await?;
+                let r = DiffReader::new(from_start(&f)?).map_err(diff_err)?;
+                apply(cli, cc, volume, r, *force, &label).await?
+            };
             print(out, &applied, |a| {
                 format!(
                     "applied {} of data and {} of zeros to {volume}{}\n",
@@ -375,8 +409,15 @@ pub(crate) async fn run(cli: &Cli, cc: &mut ControlClient) -> Result<(), CliErro
             });
         }
         Cmd::Volume(VolumeCmd::Backup { volume, to, full }) => {
-            std::fs::create_dir_all(to)
-                .map_err(|e| CliError::Usage(format!("{}: {e}", to.display())))?;
+            {
+                use std::os::unix::fs::DirBuilderExt;
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(to)
+                    .map_err(|e| CliError::Usage(format!("{}: {e}", to.display())))?;
+            }
+            catalog::check_private_dir(to).map_err(|e| CliError::Usage(e.to_string()))?;
             let e = backup(cli, cc, volume, to, *full).await?;
             print(out, &e, |e| {
                 format!(
@@ -462,7 +503,7 @@ async fn backup(
     let (file, path) = catalog::file_for(dir, &name);
     let part = path.with_extension("part");
     let written = async {
-        let f = std::fs::File::create(&part)?;
+        let f = catalog::create_private(&part)?;
         let w = catalog::Summed {
             inner: std::io::BufWriter::with_capacity(1 << 20, f),
             crc: 0,
@@ -530,11 +571,15 @@ async fn restore(
         .map_err(runtime_err)?
         .ok_or_else(|| CliError::Usage(format!("{} has no backup catalog", dir.display())))?;
     let chain = cat.chain(at).map_err(runtime_err)?;
-    // Every file whole before anything is created.
+    // Every file whole before anything is created, each opened once: what is checked is
+    // what is applied.
+    let mut files = Vec::new();
     for e in &chain {
         let p = dir.join(&e.file);
-        let crc = catalog::file_crc(&p)
+        let f = open_input(&p)?;
+        let crc = catalog::crc_of(from_start(&f)?)
             .map_err(|err| CliError::Usage(format!("{}: {err}", p.display())))?;
+        files.push(f);
         if crc != e.crc32c {
             return Err(CliError::Usage(format!(
                 "{} is damaged: its checksum is {crc:#010x}, the catalog says {:#010x}",
@@ -546,8 +591,8 @@ async fn restore(
     // Created at the first backup's size; each diff applied resizes it to its own (a backup
     // after a resize is a diff between snapshots of two sizes).
     let size = {
-        let first = chain.first().expect("a chain");
-        let mut r = DiffReader::new(input(&dir.join(&first.file))?).map_err(diff_err)?;
+        let first = files.first().expect("a chain");
+        let mut r = DiffReader::new(from_start(first)?).map_err(diff_err)?;
         trireme_backup::read_head(&mut r).map_err(runtime_err)?.size
     };
     let _: trireme_meta::VolumeRecord = cc
@@ -563,10 +608,10 @@ async fn restore(
         .await
         .map_err(usage_if_remote)?;
     let mut done: Vec<String> = Vec::new();
-    for e in &chain {
+    for (e, f) in chain.iter().zip(&files) {
         let label = format!("restore {name} ({})", e.snapshot);
         let applied = async {
-            let r = DiffReader::new(input(&dir.join(&e.file))?).map_err(diff_err)?;
+            let r = DiffReader::new(from_start(f)?).map_err(diff_err)?;
             apply(cli, cc, name, r, false, &label).await.map(|_| ())
         }
         .await;
