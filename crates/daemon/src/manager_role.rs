@@ -259,7 +259,14 @@ async fn serve_control(
             let (sock, peer): (Box<dyn trireme_control::ControlStream>, _) = match acceptor {
                 None => (Box::new(sock), trireme_transport::Peer::Trusted),
                 Some(a) => match handshake
-                    .run(trireme_transport::tcp::accept_tls(&a, sock))
+                    .run(async {
+                        // Its ClientHello arrived: it goes after silent peers if the gate
+                        // must make room.
+                        if matches!(sock.peek(&mut [0u8; 1]).await, Ok(n) if n > 0) {
+                            handshake.spoke();
+                        }
+                        trireme_transport::tcp::accept_tls(&a, sock).await
+                    })
                     .await
                     .unwrap_or_else(|| Err("evicted to make room for another handshake".into()))
                 {

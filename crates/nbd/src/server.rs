@@ -126,6 +126,13 @@ impl Admission {
     }
 }
 
+/// The client answered the greeting: among handshakes to evict, it goes after silent ones.
+fn spoke(admission: Option<&Admission>) {
+    if let Some(a) = admission {
+        a.handshake.spoke();
+    }
+}
+
 /// Runs `f` (the negotiation) within [`NEGOTIATION`], unless the listener evicts the
 /// connection first to make room for another client's.
 async fn within<T>(
@@ -171,6 +178,7 @@ where
 {
     let outcome = within(admission.as_ref(), async {
         let no_zeroes = greet(&mut stream).await?;
+        spoke(admission.as_ref());
         options(&mut stream, &exports, no_zeroes, Tls::Off, None).await
     })
     .await?;
@@ -210,6 +218,7 @@ where
 {
     let negotiated = within(admission.as_ref(), async {
         let no_zeroes = greet(&mut stream).await?;
+        spoke(admission.as_ref());
         match options(&mut stream, &exports, no_zeroes, Tls::Required, None).await? {
             Outcome::StartTls => {}
             Outcome::Go(_) | Outcome::Quit => return Ok(None),

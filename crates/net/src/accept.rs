@@ -83,6 +83,8 @@ pub struct Limits {
 #[derive(Debug, Default)]
 pub struct Standing {
     evicted: std::sync::atomic::AtomicBool,
+    /// The peer sent its first bytes (a TLS ClientHello): evicted after the silent ones.
+    spoke: std::sync::atomic::AtomicBool,
     /// Milliseconds since the process's first use of a gate, at the last byte moved.
     active_ms: std::sync::atomic::AtomicU64,
     wake: Mutex<Option<std::task::Waker>>,
@@ -180,6 +182,14 @@ impl Handshaking {
         }
     }
 
+    /// Notes that the peer sent its first bytes: among handshakes to evict, the silent ones go
+    /// first (a redial loop that never speaks cannot push out clients that do).
+    pub fn spoke(&self) {
+        self.standing
+            .spoke
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Runs `f` (the handshake) unless the gate evicts this connection first (`None`).
     pub async fn run<T>(&self, f: impl std::future::Future<Output = T>) -> Option<T> {
         tokio::select! {
@@ -235,26 +245,39 @@ impl Gate {
     }
 
     /// A place among the handshakes in progress for a connection from `source` (`None`: a
-    /// same-host socket, counted in the total only). When they are all taken, or `source`
-    /// has its share, the oldest handshake of the busiest source (or of `source`) is evicted
-    /// for it (logged, throttled).
+    /// same-host socket, counted in the total only). When `source` has its share, its oldest
+    /// silent handshake (else its oldest) is evicted for it; when they are all taken, the
+    /// oldest silent handshake of any source (a peer that sent nothing yet: see
+    /// [`Handshaking::spoke`]), else the oldest of the busiest source (logged, throttled).
     pub fn handshake(self: &Arc<Self>, source: Option<IpAddr>) -> Option<Handshaking> {
         let mut p = self.places();
         let of =
             |p: &Places, s: IpAddr| p.handshakes.iter().filter(|e| e.source == Some(s)).count();
-        let victim_source = match source {
-            Some(s) if of(&p, s) >= self.limits.handshakes_per_source => Some(Some(s)),
+        let silent = |e: &Entry| !e.standing.spoke.load(std::sync::atomic::Ordering::Relaxed);
+        let victim = match source {
+            Some(s) if of(&p, s) >= self.limits.handshakes_per_source => {
+                let theirs = |e: &&Entry| e.source == Some(s);
+                let pick = p.handshakes.iter().filter(theirs).find(|e| silent(e));
+                pick.or_else(|| p.handshakes.iter().find(theirs))
+                    .map(|e| e.id)
+            }
             _ if p.handshakes.len() >= self.limits.handshakes => {
                 let mut counts: HashMap<Option<IpAddr>, usize> = HashMap::new();
                 for e in &p.handshakes {
                     *counts.entry(e.source).or_insert(0) += 1;
                 }
-                counts.into_iter().max_by_key(|(_, n)| *n).map(|(s, _)| s)
+                let busiest = counts.into_iter().max_by_key(|(_, n)| *n).map(|(s, _)| s);
+                p.handshakes
+                    .iter()
+                    .find(|e| silent(e))
+                    .or_else(|| p.handshakes.iter().find(|e| Some(e.source) == busiest))
+                    .map(|e| e.id)
             }
             _ => None,
         };
-        if let Some(vs) = victim_source {
-            if let Some(i) = p.handshakes.iter().position(|e| e.source == vs) {
+        if let Some(id) = victim {
+            if let Some(i) = p.handshakes.iter().position(|e| e.id == id) {
+                let vs = p.handshakes[i].source;
                 let e = p.handshakes.remove(i);
                 e.standing.evict();
                 drop(p);
@@ -401,6 +424,36 @@ mod tests {
         drop((e1, e2));
         assert_eq!(g.established(), 1);
         assert!(g.admit().is_some());
+    }
+
+    #[test]
+    fn silent_handshakes_are_evicted_before_those_that_spoke() {
+        let g = Gate::new(
+            "test",
+            Limits {
+                established: 8,
+                handshakes: 4,
+                handshakes_per_source: 3,
+            },
+        );
+        // A client that sent its ClientHello, then a redial loop that never speaks, from
+        // more sources than the gate holds.
+        let client = g.handshake(ip(1)).unwrap();
+        client.spoke();
+        let mut silent = Vec::new();
+        for k in 0..20u8 {
+            silent.push(g.handshake(ip(10 + k % 3)).unwrap());
+        }
+        assert!(!client.standing.is_evicted());
+        assert_eq!(g.in_handshake(), 4);
+        // Over its source's share, a client's own silent handshake goes before its spoken one.
+        let again = g.handshake(ip(1)).unwrap();
+        let third = g.handshake(ip(1)).unwrap();
+        let fourth = g.handshake(ip(1)).unwrap();
+        assert!(!client.standing.is_evicted());
+        assert!(again.standing.is_evicted() && !fourth.standing.is_evicted());
+        drop(third);
+        assert!(g.establish(client).is_some());
     }
 
     #[test]

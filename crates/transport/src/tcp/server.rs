@@ -69,10 +69,14 @@ pub async fn serve<H: Handler>(listener: TcpListener, handler: Arc<H>) -> std::i
                 }
                 Some(cfg) => {
                     let accepted = handshake
-                        .run(tokio::time::timeout(
-                            TLS_HANDSHAKE,
-                            crate::records::accept(sock, cfg),
-                        ))
+                        .run(tokio::time::timeout(TLS_HANDSHAKE, async {
+                            // Its ClientHello arrived: it goes after silent peers if the
+                            // gate must make room.
+                            if matches!(sock.peek(&mut [0u8; 1]).await, Ok(n) if n > 0) {
+                                handshake.spoke();
+                            }
+                            crate::records::accept(sock, cfg).await
+                        }))
                         .await;
                     // Evicted to make room for another peer's handshake: it ends here.
                     let Some(accepted) = accepted else {
