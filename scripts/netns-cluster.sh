@@ -68,6 +68,8 @@ up() {
     --initial-advertise-peer-urls http://10.77.0.2:2380 --initial-cluster e1=http://10.77.0.2:2380 \
     --cert-file "$D/tls-etcd/server-cert.pem" --key-file "$D/tls-etcd/server-key.pem" \
     --trusted-ca-file "$D/tls-etcd/ca-cert.pem" --client-cert-auth \
+    --auto-compaction-mode=periodic --auto-compaction-retention=1h \
+    --quota-backend-bytes=8589934592 \
     --log-level warn >"$D/etcd.log" 2>&1 &
   echo $! > "$D/etcd.pid"
   # Least privilege inside etcd too: each certificate's name becomes an etcd user whose role

@@ -133,7 +133,10 @@ fn invalid(m: String) -> BackupError {
 pub fn create_private(path: &Path) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
     match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_file() && path.extension().is_some_and(|e| e == "part" || e == "tmp") => {
+        Ok(m)
+            if m.file_type().is_file()
+                && path.extension().is_some_and(|e| e == "part" || e == "tmp") =>
+        {
             std::fs::remove_file(path)?
         }
         _ => {}

@@ -216,7 +216,11 @@ fn dirty_bitmaps_diffs_and_backup_chains_are_exact() {
     // Read once, from one descriptor: a FIFO (read twice, it would differ) and a file other
     // users may write (it could change between the check and the apply) are refused.
     let fifo = w.join("fifo.rbdiff");
-    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
     refused(
         &c,
         &["volume", "import-diff", fifo.to_str().unwrap(), "copy"],

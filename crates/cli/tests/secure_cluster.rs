@@ -669,8 +669,7 @@ fn a_client_on_the_access_list_that_is_not_the_writer_changes_nothing() {
     assert_eq!(got.len(), 6, "{got:?}");
     for line in &got[..5] {
         assert!(
-            line.contains("client carol is not volume v's writer")
-                && line.contains("client alice"),
+            line.contains("client carol is not volume v's writer") && line.contains("client alice"),
             "{line}"
         );
     }
@@ -683,8 +682,10 @@ fn a_client_on_the_access_list_that_is_not_the_writer_changes_nothing() {
     let got = control_as(
         &w,
         "alice",
-        &[serde_json::json!({"cmd": "set_volume_size", "name": "v", "epoch": epoch,
-            "size": 1u64 << 20})],
+        &[
+            serde_json::json!({"cmd": "set_volume_size", "name": "v", "epoch": epoch,
+            "size": 1u64 << 20}),
+        ],
     );
     assert!(got[0].contains("does not shrink"), "{got:?}");
     // Nothing moved: the epoch, the states, the writer.

@@ -22,8 +22,8 @@ mod restart;
 pub use api::{
     decode_reply, ControlClient, ControlError, ControlStream, LinkStatus, NodeRestartReport,
     NodeStatus, NodeTierStatus, ReplicaIntegrityStatus, ReplicaStatus, ReplicaStatusState,
-    ReplicaTierStatus, Request, StatusReport, VolumeInfo, VolumeStatus, WriterAttached, WriterHello,
-    WriterStatus,
+    ReplicaTierStatus, Request, StatusReport, VolumeInfo, VolumeStatus, WriterAttached,
+    WriterHello, WriterStatus,
 };
 pub use error::{membership_error, ManagerError};
 pub use manager::{

@@ -430,7 +430,9 @@ async fn report_lease(meta: &ClusterMeta, own: &mut Option<i64>) -> Option<i64> 
             return Some(l);
         }
     }
-    *own = crate::lease::grant(&**meta.store(), REPORT_LEASE).await.ok();
+    *own = crate::lease::grant(&**meta.store(), REPORT_LEASE)
+        .await
+        .ok();
     *own
 }
 
@@ -660,12 +662,12 @@ async fn wait_back(meta: &ClusterMeta, volume: &Volume, node: u32, key: &str, at
 async fn carry_out(rec: &Recorder, volume: &Volume, mut req: MoveRequest, mut rev: i64) {
     let name = volume.info().name.clone();
     let meta = rec.meta();
-    let put = |req: &MoveRequest, rev: i64| rec.answer(&name, req.epoch, rev, WriterAnswer::Move(req.clone()));
+    let put = |req: &MoveRequest, rev: i64| {
+        rec.answer(&name, req.epoch, rev, WriterAnswer::Move(req.clone()))
+    };
     // Taken: no one else will do it.
     req.state = MoveRequestState::Copying;
-    match until_reachable("taking a move request", || put(&req, rev))
-    .await
-    {
+    match until_reachable("taking a move request", || put(&req, rev)).await {
         Ok(Some(r)) => rev = r,
         Ok(None) => return, // changed meanwhile: read it again
         Err(e) => {
@@ -707,9 +709,7 @@ async fn carry_out(rec: &Recorder, volume: &Volume, mut req: MoveRequest, mut re
             tracing::error!(volume = %name, from = req.from, to = req.to, "moving a replica: {e}");
         }
     }
-    match until_reachable("reporting a move", || put(&req, rev))
-    .await
-    {
+    match until_reachable("reporting a move", || put(&req, rev)).await {
         Ok(Some(_)) => {}
         Ok(None) => {
             tracing::warn!(volume = %name, "the move request changed while it ran; outcome not reported")

@@ -26,11 +26,11 @@ pub mod attach;
 pub mod export;
 pub mod http;
 mod keys;
-pub mod recorder;
 pub mod lease;
 pub mod local;
 pub mod manager_role;
 pub mod node;
+pub mod recorder;
 pub mod scrubs;
 pub mod writer_slot;
 

@@ -65,11 +65,10 @@ impl Recorder {
 
     /// One request to the manager of the moment.
     async fn call<T: serde::de::DeserializeOwned>(&self, req: &Request) -> Result<T, MetaError> {
-        let (m, _) = self
-            .meta()
-            .manager()
-            .await?
-            .ok_or_else(|| MetaError::Unavailable("no process holds the manager role".into()))?;
+        let (m, _) =
+            self.meta().manager().await?.ok_or_else(|| {
+                MetaError::Unavailable("no process holds the manager role".into())
+            })?;
         let mut c = ControlClient::connect_tcp(&m.control)
             .await
             .map_err(meta_error)?;

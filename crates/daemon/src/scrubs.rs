@@ -10,7 +10,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use trireme_client::Volume;
-use trireme_meta::{ClusterMeta, ResizeRequest, ScrubRequest, ScrubState, SnapshotAsk, WriterAnswer};
+use trireme_meta::{
+    ClusterMeta, ResizeRequest, ScrubRequest, ScrubState, SnapshotAsk, WriterAnswer,
+};
 
 use crate::recorder::Recorder;
 

@@ -281,6 +281,33 @@ impl MetaStore for EtcdMeta {
         })
     }
 
+    fn compact(&self, revision: i64) -> MetaFut<'_, ()> {
+        Box::pin(async move {
+            let mut c = self.client.clone();
+            match timed(c.compact(revision, None)).await {
+                // Compacted there (or further) already, by etcd's own schedule.
+                Err(e) if e.to_string().contains("compacted") => Ok(()),
+                r => r.map(|_| ()),
+            }
+        })
+    }
+
+    fn alarms(&self) -> MetaFut<'_, Vec<String>> {
+        Box::pin(async move {
+            let mut c = self.client.clone();
+            let r = timed(c.alarm(
+                etcd_client::AlarmAction::Get,
+                etcd_client::AlarmType::None,
+                None,
+            ))
+            .await?;
+            Ok(r.alarms()
+                .iter()
+                .map(|a| format!("{:?} on member {:x}", a.alarm(), a.member_id()))
+                .collect())
+        })
+    }
+
     fn grant(&self, ttl: Duration) -> MetaFut<'_, LeaseId> {
         Box::pin(async move {
             let mut c = self.client.clone();

@@ -239,6 +239,18 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug {
     /// Changes under `prefix` with revisions from `from_revision` on.
     fn watch<'a>(&'a self, prefix: &'a str, from_revision: i64) -> MetaFut<'a, Watch>;
 
+    /// Drops the history of revisions before `revision` (etcd's compaction: what a store that
+    /// keeps every revision needs to stay within its quota). A no-op where no history is kept.
+    fn compact(&self, _revision: i64) -> MetaFut<'_, ()> {
+        Box::pin(async { Ok(()) })
+    }
+
+    /// What the store says is wrong with itself (etcd's alarms: `NOSPACE` when it is full and
+    /// refuses writes, `CORRUPT`). Empty where there is no such thing.
+    fn alarms(&self) -> MetaFut<'_, Vec<String>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
     /// One key, or `None`.
     fn get<'a>(&'a self, key: &'a str) -> MetaFut<'a, Option<KeyValue>> {
         Box::pin(async move {

@@ -26,9 +26,8 @@ pub use cluster::{
     AliveRecord, AttachRecord, ClusterEvent, ClusterMeta, IoRates, ManagerRecord, MoveRequest,
     MoveRequestState, ReportedLink, ReportedReplica, ResizeRequest, RestartOrder, RevokedCert,
     ScrubOutcome, ScrubRecord, ScrubRequest, ScrubState, SnapshotAsk, SnapshotRecord,
-    SnapshotState, TakeOutRequest, TakeOutState, TrashRecord, WriterAnswer, WriterReport, EVENTS_KEPT,
-    MAX_REPORT,
-    EVENTS_PER_CALL, PREFIX,
+    SnapshotState, TakeOutRequest, TakeOutState, TrashRecord, WriterAnswer, WriterReport,
+    EVENTS_KEPT, EVENTS_PER_CALL, MAX_REPORT, PREFIX,
 };
 pub use etcd::{parse_endpoints, EtcdMeta, EtcdTls};
 pub use kv::MetaStore;

@@ -354,7 +354,10 @@ mod tests {
         let keys: BTreeSet<&str> = alice.iter().map(|g| g.key.as_str()).collect();
         assert_eq!(
             keys,
-            BTreeSet::from(["/trireme/v1/reports/db1/alice", "/trireme/v1/reports/web/alice"])
+            BTreeSet::from([
+                "/trireme/v1/reports/db1/alice",
+                "/trireme/v1/reports/web/alice"
+            ])
         );
         assert!(alice.iter().all(|g| g.write && g.range_end.is_none()));
         // Nobody's role names ops; web, open to all, gives each named client its own key.
@@ -373,7 +376,15 @@ mod tests {
             BTreeSet::from([CLIENTS_ROLE.to_string(), client_role("carol")])
         );
         // No client writes an attach record, a layout or a request.
-        for d in ["attach", "layouts", "moves", "takeouts", "scrubs", "resizes", "snapshot-asks"] {
+        for d in [
+            "attach",
+            "layouts",
+            "moves",
+            "takeouts",
+            "scrubs",
+            "resizes",
+            "snapshot-asks",
+        ] {
             assert!(p
                 .roles
                 .iter()

@@ -5,6 +5,7 @@
 //! `status.rs`, what every writer records in `records.rs`, the control listener in `serve.rs`.
 
 mod clones;
+mod compact;
 mod own_writer;
 mod records;
 mod resize;

@@ -350,6 +350,10 @@ impl Manager {
             v.health = Some(crate::health::volume_health(v, &ns));
         }
         let mut health = crate::health::cluster_health(&ns, &vs);
+        for a in self.store_alarms().await {
+            health.verdict = health.verdict.max(crate::health::Verdict::Degraded);
+            health.reasons.push(a);
+        }
         // A record that does not decode hides its volume: said, never silent.
         for e in bad {
             tracing::warn!("status: {e}");

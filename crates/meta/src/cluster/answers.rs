@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 
 use super::*;
 use crate::{
-    MetaError, MoveRequest, MoveRequestState, ResizeRequest, ScrubRequest, ScrubState,
-    SnapshotAsk, TakeOutRequest, TakeOutState,
+    MetaError, MoveRequest, MoveRequestState, ResizeRequest, ScrubRequest, ScrubState, SnapshotAsk,
+    TakeOutRequest, TakeOutState,
 };
 
 /// A writer's answer to one of the manager's requests, the request as the writer would write
@@ -24,7 +24,9 @@ pub enum WriterAnswer {
 }
 
 fn refused(what: &str, state: impl std::fmt::Debug) -> MetaError {
-    MetaError::Refused(format!("a writer does not answer {what} with state {state:?}"))
+    MetaError::Refused(format!(
+        "a writer does not answer {what} with state {state:?}"
+    ))
 }
 
 /// A scrub, resize or snapshot request's states a writer may write.
@@ -195,6 +197,9 @@ mod tests {
         });
         let got: MoveRequest =
             serde_json::from_slice(&answer.merge(&stored(&moved), 7).unwrap()).unwrap();
-        assert_eq!((got.from, got.to, got.state), (1, 2, MoveRequestState::Done));
+        assert_eq!(
+            (got.from, got.to, got.state),
+            (1, 2, MoveRequestState::Done)
+        );
     }
 }
