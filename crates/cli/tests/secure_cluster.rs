@@ -187,17 +187,21 @@ fn node_cmd(w: &World, id: u32) -> Command {
 
 /// `etcdctl put KEY VALUE` as the client in `dir`: whether etcd took it.
 fn etcd_put_as(w: &World, dir: &str, key: &str) -> bool {
+    etcdctl(w, dir, "client", &["put", key, "{}"]).status.success()
+}
+
+/// `etcdctl ARGS` with the identity in `dir` (certificate `STEM-cert.pem`).
+fn etcdctl(w: &World, dir: &str, stem: &str, args: &[&str]) -> std::process::Output {
     let d = w.p(dir);
-    let out = Command::new("etcdctl")
+    Command::new("etcdctl")
         .env("ETCDCTL_API", "3")
         .arg(format!("--endpoints={}", w.etcd))
         .arg(format!("--cacert={}", d.join("ca-cert.pem").display()))
-        .arg(format!("--cert={}", d.join("client-cert.pem").display()))
-        .arg(format!("--key={}", d.join("client-key.pem").display()))
-        .args(["put", key, "{}"])
+        .arg(format!("--cert={}", d.join(format!("{stem}-cert.pem")).display()))
+        .arg(format!("--key={}", d.join(format!("{stem}-key.pem")).display()))
+        .args(args)
         .output()
-        .unwrap();
-    out.status.success()
+        .unwrap()
 }
 
 /// The statuses of the answers in `bytes` (frames back to back).
@@ -718,4 +722,23 @@ fn a_client_on_the_access_list_that_is_not_the_writer_changes_nothing() {
     w.ok(Some("admin"), &["volume", "verify", "v"]);
     let (later, _) = layout(&w, "v");
     assert_eq!(later, epoch + 1);
+
+    // A writer never shrinks its volume because a request says so, even one an operator
+    // wrote in etcd by hand: it answers with a refusal.
+    let ask = serde_json::json!({"epoch": later, "size": 1u64 << 20, "state": "asked"});
+    let put = etcdctl(
+        &w,
+        "admin",
+        "admin",
+        &["put", "/trireme/v1/resizes/v", &ask.to_string()],
+    );
+    assert!(put.status.success(), "{put:?}");
+    wait_for("the writer refuses to shrink", || {
+        let got = etcdctl(&w, "admin", "admin", &["get", "/trireme/v1/resizes/v"]);
+        String::from_utf8_lossy(&got.stdout).contains("does not shrink")
+    });
+    let info: serde_json::Value =
+        serde_json::from_str(&w.ok(Some("admin"), &["--output", "json", "volume", "info", "v"]))
+            .unwrap();
+    assert_eq!(info["size"], 16u64 << 20, "{info}");
 }

@@ -88,6 +88,18 @@ impl Ask for ResizeRequest {
     /// Grows every copy, records the size and serves it (`trireme_client`'s `resize.rs`).
     fn run<'a>(&'a mut self, v: &'a Volume) -> Fut<'a, ()> {
         Box::pin(async move {
+            // The manager shrinks a volume only while nobody writes it: a request to a writer
+            // to shrink is never the manager's, whoever wrote it.
+            if self.size < v.size() {
+                tracing::warn!(volume = %v.info().name, size = self.size, now = v.size(), "refused a request to shrink the volume: a writer only grows it");
+                self.state = ScrubState::Failed;
+                self.error = Some(format!(
+                    "a writer does not shrink its volume ({} to {} bytes)",
+                    v.size(),
+                    self.size
+                ));
+                return;
+            }
             tracing::info!(volume = %v.info().name, size = self.size, "resizing at the manager's request");
             match v.resize(self.size).await {
                 Ok(()) => self.state = ScrubState::Done,
