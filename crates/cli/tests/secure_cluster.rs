@@ -187,7 +187,9 @@ fn node_cmd(w: &World, id: u32) -> Command {
 
 /// `etcdctl put KEY VALUE` as the client in `dir`: whether etcd took it.
 fn etcd_put_as(w: &World, dir: &str, key: &str) -> bool {
-    etcdctl(w, dir, "client", &["put", key, "{}"]).status.success()
+    etcdctl(w, dir, "client", &["put", key, "{}"])
+        .status
+        .success()
 }
 
 /// `etcdctl ARGS` with the identity in `dir` (certificate `STEM-cert.pem`).
@@ -197,8 +199,14 @@ fn etcdctl(w: &World, dir: &str, stem: &str, args: &[&str]) -> std::process::Out
         .env("ETCDCTL_API", "3")
         .arg(format!("--endpoints={}", w.etcd))
         .arg(format!("--cacert={}", d.join("ca-cert.pem").display()))
-        .arg(format!("--cert={}", d.join(format!("{stem}-cert.pem")).display()))
-        .arg(format!("--key={}", d.join(format!("{stem}-key.pem")).display()))
+        .arg(format!(
+            "--cert={}",
+            d.join(format!("{stem}-cert.pem")).display()
+        ))
+        .arg(format!(
+            "--key={}",
+            d.join(format!("{stem}-key.pem")).display()
+        ))
         .args(args)
         .output()
         .unwrap()
