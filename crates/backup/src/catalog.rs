@@ -154,6 +154,7 @@ pub fn create_private(path: &Path) -> std::io::Result<std::fs::File> {
 pub fn check_private_dir(dir: &Path) -> Result<(), BackupError> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(dir)?;
+    // SAFETY: geteuid takes nothing and cannot fail.
     let me = unsafe { libc::geteuid() };
     if m.uid() != me && m.uid() != 0 {
         return Err(invalid(format!(

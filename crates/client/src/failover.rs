@@ -457,7 +457,7 @@ impl Volume {
                 TakeOutStep::Record(records) => {
                     for (i, to) in records {
                         let node = self.node(i);
-                        let t0 = std::time::Instant::now();
+                        let t0 = tokio::time::Instant::now();
                         match m
                             .set_state(&self.info.name, self.info.epoch, node, to, 0)
                             .await
