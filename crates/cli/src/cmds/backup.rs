@@ -266,7 +266,15 @@ async fn drop_snapshot(cc: &mut ControlClient, volume: &str, snap: &str, what: &
 fn open_input(path: &Path) -> Result<std::fs::File, CliError> {
     use std::os::unix::fs::MetadataExt;
     let bad = |e: String| CliError::Usage(format!("{}: {e}", path.display()));
-    let f = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+    // O_NONBLOCK: opening a FIFO must not wait for a writer (a regular file ignores it).
+    let f = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+            .map_err(|e| bad(e.to_string()))?
+    };
     let m = f.metadata().map_err(|e| bad(e.to_string()))?;
     if !m.file_type().is_file() {
         return Err(bad(
