@@ -314,6 +314,15 @@ impl World {
                 ));
                 args.push("--client-cert-auth".into());
             }
+            // The README's bounded history.
+            args.extend(
+                [
+                    "--auto-compaction-mode=periodic",
+                    "--auto-compaction-retention=1h",
+                    "--quota-backend-bytes=8589934592",
+                ]
+                .map(String::from),
+            );
             let log = self.new_log(&format!("e{i}"), "etcd");
             let child = self.hosts[&format!("e{i}")]
                 .cmd("etcd")
