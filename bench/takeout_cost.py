@@ -25,23 +25,14 @@ import os
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-T = os.environ.get("TRIREME_BIN", os.path.join(ROOT, "target/release/trireme"))
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from multiserver import T, free_port  # noqa: E402
 
 
 def run(args, **kw):

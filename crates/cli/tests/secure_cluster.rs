@@ -164,6 +164,26 @@ fn start() -> World {
     w
 }
 
+/// Volume `v`, 16 MiB, two copies, open to alice and carol.
+fn create_v(w: &World) {
+    w.ok(
+        Some("admin"),
+        &[
+            "volume",
+            "create",
+            "v",
+            "--size",
+            "16M",
+            "--replicas",
+            "2",
+            "--allow",
+            "alice",
+            "--allow",
+            "carol",
+        ],
+    );
+}
+
 /// `trireme node run` for node `id` of the test's cluster.
 fn node_cmd(w: &World, id: u32) -> Command {
     let mut c = Command::new(BIN);
@@ -267,22 +287,7 @@ fn every_link_of_a_cluster_on_etcd_can_be_tls() {
 
     // etcd over https needs an identity; the control port refuses what a role may not do.
     w.refused(None, &["status"], "needs a TLS identity");
-    w.ok(
-        Some("admin"),
-        &[
-            "volume",
-            "create",
-            "v",
-            "--size",
-            "16M",
-            "--replicas",
-            "2",
-            "--allow",
-            "alice",
-            "--allow",
-            "carol",
-        ],
-    );
+    create_v(&w);
     w.ok(
         Some("admin"),
         &[
@@ -601,22 +606,7 @@ fn a_client_on_the_access_list_that_is_not_the_writer_changes_nothing() {
     common::need("etcdctl");
     common::need("nbdcopy");
     let mut w = start();
-    w.ok(
-        Some("admin"),
-        &[
-            "volume",
-            "create",
-            "v",
-            "--size",
-            "16M",
-            "--replicas",
-            "2",
-            "--allow",
-            "alice",
-            "--allow",
-            "carol",
-        ],
-    );
+    create_v(&w);
     // Alice writes; every write nbdcopy saw acknowledged is in `src`.
     let sock = attach(&mut w, "alice", "v").expect("alice attaches");
     let src = w.p("src.img");
