@@ -147,6 +147,21 @@ impl VolumeError {
             }
         )
     }
+    /// True if a copy and this client disagree on the epoch either way: fenced by a newer
+    /// writer, or a copy behind ours (re-created, or not yet attached by the writer of the
+    /// epoch a reader located). A reader of the volume at the metadata's epoch (`volume
+    /// verify`) locates it again and starts over.
+    pub fn is_epoch_mismatch(&self) -> bool {
+        self.is_fenced()
+            || matches!(
+                self,
+                VolumeError::Replica {
+                    status: Status::Fenced,
+                    ..
+                }
+            )
+    }
+
     /// True if the writer may not go on at all (fenced by a newer epoch, or refused by a node
     /// for its identity): no replica is taken out for it.
     pub fn stops_writer(&self) -> bool {

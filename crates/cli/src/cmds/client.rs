@@ -583,7 +583,7 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                     Err(e) => Err(e),
                 };
                 match r {
-                    Err(e) if e.is_fenced() && tries < 5 => {
+                    Err(e) if e.is_epoch_mismatch() && tries < 5 => {
                         tries += 1;
                         tracing::info!("verify {name}: {e}; starting again");
                         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
