@@ -293,6 +293,10 @@ pub struct NodeServeArgs {
     /// a network of its own).
     #[arg(long, conflicts_with = "tls_dir")]
     pub insecure: bool,
+    /// The cluster's node ids (`1,2,3`): a node certificate of any other id gets nothing.
+    /// `trireme up` passes its own; without it, every node certificate of the CA counts.
+    #[arg(long, value_delimiter = ',', value_name = "IDS")]
+    pub members: Option<Vec<u32>>,
     /// Threads serving reads and writes of a store on disk: the most I/Os the node has on
     /// its disk at once. More than the disk's queue needs cost a thread wakeup per I/O.
     #[arg(long, default_value_t = trireme_node::DEFAULT_IO_THREADS as u32, value_parser = units::count(1, 1024))]

@@ -118,6 +118,32 @@ fn the_access_list_decides_which_clients_reach_a_volume() {
         "client bob may not DeleteReplica",
     );
 
+    // A node certificate of `up`'s CA for an id `up` does not run (node 9) is no member: the
+    // nodes refuse it everything.
+    let n9 = c.path().join("n9");
+    ok(
+        &c,
+        &["ca", "issue", "node", "9", "--out", n9.to_str().unwrap()],
+    );
+    for (from, to) in [
+        ("node-cert.pem", "client-cert.pem"),
+        ("node-key.pem", "client-key.pem"),
+    ] {
+        std::fs::copy(n9.join(from), n9.join(to)).unwrap();
+    }
+    let answers = common::tls_exchange(&node, &n9, &frames);
+    let mut rest = &answers[..];
+    let mut n9_statuses = Vec::new();
+    while let Ok(h) = trireme_proto::decode_header(rest.get(..64).unwrap_or_default()) {
+        n9_statuses.push(h.status as u32);
+        rest = rest.get(64 + h.payload_len as usize..).unwrap_or_default();
+    }
+    assert_eq!(n9_statuses, vec![denied, denied], "node 9's answers");
+    wait_logged(
+        &c.path().join("node-1.log"),
+        "node 9 is not a member of the cluster",
+    );
+
     // The manager's heartbeats reuse their links: no connection piles up at a node (each
     // ping used to leave a TLS connection open on both ends).
     let port: u16 = node.rsplit(':').next().unwrap().parse().unwrap();

@@ -54,6 +54,9 @@ pub(crate) fn node_tls(tls_dir: Option<&std::path::Path>, insecure: bool) -> Res
 pub(crate) async fn node_serve(cli: &Cli, a: &NodeServeArgs) -> Result<(), CliError> {
     node_tls(a.tls_dir.as_deref(), a.insecure)?;
     let node = trireme_daemon::node::build_node(&node_config(cli, a)?).map_err(daemon_err)?;
+    if let Some(ids) = &a.members {
+        node.set_members(Some(ids.iter().copied().collect()));
+    }
     let http = match a.http.addr.0 {
         Some(addr) => {
             let l = trireme_daemon::http::bind(addr).await.map_err(daemon_err)?;

@@ -258,6 +258,7 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
         overcommit: a.overcommit,
         // A node in a network namespace still writes under --data-dir.
         fs_share: a.nodes,
+        members: a.nodes,
         inject_faults: a.inject_faults,
         backoff: a.restart_backoff,
         netns: a.node_netns.clone(),

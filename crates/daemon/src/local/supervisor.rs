@@ -80,6 +80,8 @@ pub(super) async fn spawn_node(
             .arg(if t.disk.is_some() { "model" } else { "real" });
     }
     if sup.tls {
+        let members: Vec<String> = (1..=sup.members).map(|n| n.to_string()).collect();
+        cmd.arg("--members").arg(members.join(","));
         cmd.arg("--tls-dir")
             .arg(dir.join("tls").join(format!("node-{id}")));
     } else {
@@ -236,6 +238,8 @@ pub(super) struct Supervisor {
     pub(super) tls: bool,
     /// Nodes serve their metrics over HTTP.
     pub(super) http: bool,
+    /// How many nodes `up` runs (ids 1 to this): each admits only their certificates.
+    pub(super) members: u32,
 }
 
 pub(super) const MAX_BACKOFF: Duration = Duration::from_secs(30);
