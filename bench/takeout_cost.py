@@ -153,7 +153,7 @@ def main():
         w.stop()
     print(f"take-outs recorded over {rounds} rounds (node 3 killed -9 under a 4 KiB write; "
           "127.0.0.1, mutual TLS everywhere, file stores):")
-    print(f"{'writer':<34} {'n':>3} {'median ms':>10} {'max ms':>8}")
+    print(f"{'writer':<38} {'n':>3} {'median ms':>10} {'max ms':>8}")
     names = {"direct": "operator's certificate (etcd itself)",
              "managed": "client's certificate (the manager)"}
     med = {}
@@ -161,7 +161,7 @@ def main():
         if not xs:
             sys.exit(f"{v}: no take-out logged (see {d}/attach-{v}.log)")
         med[v] = statistics.median(xs)
-        print(f"{names[v]:<34} {len(xs):>3} {med[v]:>10.1f} {max(xs):>8}")
+        print(f"{names[v]:<38} {len(xs):>3} {med[v]:>10.1f} {max(xs):>8}")
     print(f"through the manager / straight to etcd (medians): {med['managed'] / max(med['direct'], 0.5):.2f}")
     shutil.rmtree(d, ignore_errors=True)
 
