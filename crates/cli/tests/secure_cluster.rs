@@ -164,6 +164,17 @@ fn start() -> World {
     w
 }
 
+/// Reads volume `v` whole through the export at `sock`: its first 4 MiB are `src`.
+fn assert_reads_back(w: &World, sock: &Path, src: &Path) {
+    let back = w.p("back.img");
+    common::run(
+        Command::new("nbdcopy")
+            .arg(format!("nbd+unix:///v?socket={}", sock.display()))
+            .arg(&back),
+    );
+    assert!(std::fs::read(&back).unwrap()[..4 << 20] == std::fs::read(src).unwrap()[..]);
+}
+
 /// Volume `v`, 16 MiB, two copies, open to alice and carol.
 fn create_v(w: &World) {
     w.ok(
@@ -531,13 +542,7 @@ fn every_link_of_a_cluster_on_etcd_can_be_tls() {
         w.p("alice").to_str().unwrap(),
     ]);
     let sock = attach(&mut w, "alice", "v").expect("alice attaches again");
-    let back = w.p("back.img");
-    common::run(
-        Command::new("nbdcopy")
-            .arg(format!("nbd+unix:///v?socket={}", sock.display()))
-            .arg(&back),
-    );
-    assert!(std::fs::read(&back).unwrap()[..4 << 20] == std::fs::read(&src).unwrap()[..]);
+    assert_reads_back(&w, &sock, &src);
 
     // A volume in use on etcd is not deleted by mistake: the refusal names its writer.
     w.refused(
@@ -710,13 +715,7 @@ fn a_client_on_the_access_list_that_is_not_the_writer_changes_nothing() {
             }
         }
     };
-    let back = w.p("back.img");
-    common::run(
-        Command::new("nbdcopy")
-            .arg(format!("nbd+unix:///v?socket={}", sock.display()))
-            .arg(&back),
-    );
-    assert!(std::fs::read(&back).unwrap()[..4 << 20] == std::fs::read(&src).unwrap()[..]);
+    assert_reads_back(&w, &sock, &src);
     w.ok(Some("admin"), &["volume", "verify", "v"]);
     let (later, _) = layout(&w, "v");
     assert_eq!(later, epoch + 1);

@@ -303,7 +303,14 @@ impl MetaStore for EtcdMeta {
             .await?;
             Ok(r.alarms()
                 .iter()
-                .map(|a| format!("{:?} on member {:x}", a.alarm(), a.member_id()))
+                .map(|a| {
+                    let what = match a.alarm() {
+                        etcd_client::AlarmType::Nospace => crate::kv::ALARM_NOSPACE,
+                        etcd_client::AlarmType::Corrupt => "CORRUPT",
+                        etcd_client::AlarmType::None => "NONE",
+                    };
+                    format!("{what} on member {:x}", a.member_id())
+                })
                 .collect())
         })
     }

@@ -44,6 +44,9 @@ pub struct KeyValue {
     pub lease: LeaseId,
 }
 
+/// How [`MetaStore::alarms`] names a store that is full and refuses writes.
+pub const ALARM_NOSPACE: &str = "NOSPACE";
+
 /// What a compare looks at.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {

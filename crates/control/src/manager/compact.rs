@@ -49,7 +49,7 @@ impl Manager {
             Ok(a) => a
                 .into_iter()
                 .map(|a| {
-                    if a.starts_with("Nospace") {
+                    if a.starts_with(trireme_meta::kv::ALARM_NOSPACE) {
                         format!("the metadata store is full ({a}): writes are refused until it is compacted and defragmented and the alarm disarmed (`etcdctl alarm disarm`)")
                     } else {
                         format!("the metadata store raises an alarm: {a}")

@@ -158,12 +158,16 @@ impl Manager {
                 self.check_writer(peer, &name, epoch).await?;
                 // A writer grows its volume online; only the manager shrinks one, while
                 // nobody writes it.
-                let now = self.meta.volume(&name).await?.size;
-                if client_of(peer).is_some() && size < now {
-                    return Err(denied(
-                        peer,
-                        format!("a writer does not shrink volume {name} ({now} to {size} bytes)"),
-                    ));
+                if client_of(peer).is_some() {
+                    let now = self.meta.volume(&name).await?.size;
+                    if size < now {
+                        return Err(denied(
+                            peer,
+                            format!(
+                                "a writer does not shrink volume {name} ({now} to {size} bytes)"
+                            ),
+                        ));
+                    }
                 }
                 self.set_volume_size(&name, epoch, size).await
             }

@@ -53,30 +53,17 @@ impl WriterAnswer {
     /// why not (the request is of another epoch, or the answer writes a state only the
     /// manager writes).
     pub fn merge(&self, asked: &KeyValue, epoch: u64) -> Result<Vec<u8>, MetaError> {
-        let stale = |theirs: u64| {
-            MetaError::Refused(format!(
-                "the request is for the writer of epoch {theirs}, not {epoch}"
-            ))
-        };
-        Ok(match self {
-            WriterAnswer::Move(a) => {
-                let mut r: MoveRequest = decode(asked)?;
-                if r.epoch != epoch {
-                    return Err(stale(r.epoch));
-                }
+        match self {
+            WriterAnswer::Move(a) => merged(asked, epoch, |r: &mut MoveRequest| {
                 if a.state == MoveRequestState::Asked {
                     return Err(refused("a move", a.state));
                 }
                 r.state = a.state;
                 r.progress = a.progress.clone();
                 r.error = a.error.clone();
-                encode(&r)
-            }
-            WriterAnswer::TakeOut(a) => {
-                let mut r: TakeOutRequest = decode(asked)?;
-                if r.epoch != epoch {
-                    return Err(stale(r.epoch));
-                }
+                Ok(r.epoch)
+            }),
+            WriterAnswer::TakeOut(a) => merged(asked, epoch, |r: &mut TakeOutRequest| {
                 if matches!(a.state, TakeOutState::Asked | TakeOutState::Return) {
                     return Err(refused("a take-out", a.state));
                 }
@@ -84,40 +71,45 @@ impl WriterAnswer {
                 r.error = a.error.clone();
                 r.resynced_bytes = a.resynced_bytes;
                 r.full = a.full;
-                encode(&r)
-            }
-            WriterAnswer::Scrub(a) => {
-                let mut r: ScrubRequest = decode(asked)?;
-                if r.epoch != epoch {
-                    return Err(stale(r.epoch));
-                }
+                Ok(r.epoch)
+            }),
+            WriterAnswer::Scrub(a) => merged(asked, epoch, |r: &mut ScrubRequest| {
                 r.state = worker_state("a scrub", a.state)?;
                 r.report = a.report.clone();
                 r.error = a.error.clone();
-                encode(&r)
-            }
-            WriterAnswer::Resize(a) => {
-                let mut r: ResizeRequest = decode(asked)?;
-                if r.epoch != epoch {
-                    return Err(stale(r.epoch));
-                }
+                Ok(r.epoch)
+            }),
+            WriterAnswer::Resize(a) => merged(asked, epoch, |r: &mut ResizeRequest| {
                 r.state = worker_state("a resize", a.state)?;
                 r.error = a.error.clone();
-                encode(&r)
-            }
-            WriterAnswer::Snapshot(a) => {
-                let mut r: SnapshotAsk = decode(asked)?;
-                if r.epoch != epoch {
-                    return Err(stale(r.epoch));
-                }
+                Ok(r.epoch)
+            }),
+            WriterAnswer::Snapshot(a) => merged(asked, epoch, |r: &mut SnapshotAsk| {
                 r.state = worker_state("a snapshot", a.state)?;
                 r.nodes = a.nodes.clone();
                 r.size = a.size;
                 r.error = a.error.clone();
-                encode(&r)
-            }
-        })
+                Ok(r.epoch)
+            }),
+        }
     }
+}
+
+/// The stored request with `answer` applied (which returns the request's epoch), refused
+/// unless that epoch is the writer's.
+fn merged<T: serde::de::DeserializeOwned + Serialize>(
+    asked: &KeyValue,
+    epoch: u64,
+    answer: impl FnOnce(&mut T) -> Result<u64, MetaError>,
+) -> Result<Vec<u8>, MetaError> {
+    let mut r: T = decode(asked)?;
+    let theirs = answer(&mut r)?;
+    if theirs != epoch {
+        return Err(MetaError::Refused(format!(
+            "the request is for the writer of epoch {theirs}, not {epoch}"
+        )));
+    }
+    Ok(encode(&r))
 }
 
 impl ClusterMeta {

@@ -133,7 +133,9 @@ impl ClusterMeta {
     pub async fn reports(&self) -> Result<Vec<(String, WriterReport)>, MetaError> {
         let prefix = key("reports/");
         let writers = self.attachments().await?;
-        let mut out: Vec<(String, WriterReport)> = Vec::new();
+        // By volume: the report, and whether a client wrote it (a client's report of the
+        // writer of record wins over a stale one of the cluster's own).
+        let mut out: std::collections::BTreeMap<String, (WriterReport, bool)> = Default::default();
         for kv in self.store().range(&prefix).await?.0 {
             let Some(rest) = kv.key.strip_prefix(&prefix) else {
                 continue;
@@ -154,8 +156,7 @@ impl ClusterMeta {
                 }
             };
             if let Some(c) = client {
-                let theirs = writers.get(name);
-                let of_record = theirs.is_some_and(|a| {
+                let of_record = writers.get(name).is_some_and(|a| {
                     a.epoch == r.epoch
                         && a.identity.as_deref() == Some(format!("client {c}").as_str())
                 });
@@ -163,14 +164,11 @@ impl ClusterMeta {
                     continue;
                 }
             }
-            // The client's report of the writer of record wins over a stale one of the
-            // cluster's own.
-            out.retain(|(n, _)| n != name || client.is_none());
-            if client.is_none() && out.iter().any(|(n, _)| n == name) {
-                continue;
+            if client.is_some() || !out.contains_key(name) {
+                out.insert(name.to_string(), (r, client.is_some()));
             }
-            out.push((name.to_string(), r));
         }
+        let out = out.into_iter().map(|(n, (r, _))| (n, r)).collect();
         Ok(out)
     }
 }
