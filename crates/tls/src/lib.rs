@@ -23,6 +23,7 @@ use rcgen::{
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
+pub mod crl;
 pub mod local;
 pub mod reload;
 pub mod revoke;
@@ -260,11 +261,15 @@ impl Ca {
         let cert_pem = cert.pem();
         write(&dir.join(CA_KEY), &key.serialize_pem(), true)?;
         write(&dir.join(CA_CERT), &cert_pem, false)?;
-        Ok(Ca {
+        let ca = Ca {
             cert_pem,
             key,
             dir: dir.to_path_buf(),
-        })
+        };
+        // An empty revocation list from the start: etcd refuses every connection while the
+        // file its `--client-crl-file` names is missing.
+        ca.write_crl()?;
+        Ok(ca)
     }
 
     /// Opens the CA in `dir`.
@@ -325,12 +330,12 @@ impl Ca {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::default();
         // The common name is the holder's etcd user (etcd's access control knows a client by
-        // it): one for all nodes, since any node may hold the manager role and etcd could not
-        // tell them apart anyway; one per client name, whose volumes differ.
+        // it): one per node, so that removing a node or revoking its certificate takes its
+        // etcd user away and no other node's; one per client name, whose volumes differ.
         params.distinguished_name.push(
             DnType::CommonName,
             match role {
-                Role::Node(_) => "trireme node".to_string(),
+                Role::Node(n) => format!("trireme node {n}"),
                 Role::Client(c) => format!("trireme client {c}"),
                 Role::Server => "trireme server".to_string(),
                 Role::Admin => "trireme admin".to_string(),
@@ -554,6 +559,11 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 pub fn cert_file(path: &Path) -> Result<(String, Option<Role>), TlsError> {
     let certs = load_certs(path)?;
     Ok((revoke::fingerprint(&certs[0]), role_of(&certs[0])))
+}
+
+/// The first certificate in the PEM file at `path`.
+pub fn load_first_cert(path: &Path) -> Result<CertificateDer<'static>, TlsError> {
+    Ok(load_certs(path)?.remove(0))
 }
 
 /// The role a certificate names, if it is a trireme certificate.
