@@ -72,7 +72,7 @@ class World:
                             f"--cert-file={d}/etcd/server-cert.pem", f"--key-file={d}/etcd/server-key.pem",
                             f"--trusted-ca-file={d}/etcd/ca-cert.pem", "--client-cert-auth",
                             "--log-level=warn"])
-        wait_for("etcd", lambda: self.cli("admin", ["etcd", "rbac", "--client", "alice"], check=False).returncode == 0)
+        wait_for("etcd", lambda: self.cli("admin", ["etcd", "rbac", "--client", "alice", "--node", "1,2,3"], check=False).returncode == 0)
         self.nodes = {}
         for n in (1, 2, 3):
             self.start_node(n)

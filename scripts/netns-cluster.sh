@@ -61,6 +61,8 @@ up() {
   # of it; each server gets a certificate for its address, the operator an admin one, the
   # client host one for its NBD export and one for its links to the servers.
   [ -f "$D/ca/ca-key.pem" ] || "$T" ca init --dir "$D/ca" >/dev/null
+  # etcd refuses every connection while its revocation list is missing (a CA of an older run).
+  [ -f "$D/ca/crl.pem" ] || "$T" ca crl --ca "$D/ca" >/dev/null
   "$T" ca issue server --san 10.77.0.2 --ca "$D/ca" --out "$D/tls-etcd" >/dev/null
   "$T" ca issue admin --ca "$D/ca" --out "$D/tls-admin" >/dev/null
   ip netns exec trireme-e etcd --name e1 --data-dir "$D/etcd" --listen-client-urls "$ETCD" \
@@ -68,15 +70,18 @@ up() {
     --initial-advertise-peer-urls http://10.77.0.2:2380 --initial-cluster e1=http://10.77.0.2:2380 \
     --cert-file "$D/tls-etcd/server-cert.pem" --key-file "$D/tls-etcd/server-key.pem" \
     --trusted-ca-file "$D/tls-etcd/ca-cert.pem" --client-cert-auth \
+    --client-crl-file "$D/ca/crl.pem" \
     --auto-compaction-mode=periodic --auto-compaction-retention=1h \
     --quota-backend-bytes=8589934592 \
     --log-level warn >"$D/etcd.log" 2>&1 &
   echo $! > "$D/etcd.pid"
   # Least privilege inside etcd too: each certificate's name becomes an etcd user whose role
-  # covers what it needs (nodes: trireme's keys; the client host: its volumes' records), then
-  # etcd's access control goes on. Nodes refuse to start on an etcd any certificate may write.
+  # covers what it needs (each node: trireme's keys; the client host: its volumes' records),
+  # then etcd's access control goes on. Nodes refuse to start on an etcd any certificate may
+  # write.
   for _ in $(seq 1 50); do
-    "$T" "${ADMIN[@]}" etcd rbac --client client-host >"$D/rbac.out" 2>&1 && break
+    "$T" "${ADMIN[@]}" etcd rbac --client client-host --node "$(seq -s, 1 "$n")" \
+      >"$D/rbac.out" 2>&1 && break
     sleep 0.2
   done
   for i in $(seq 1 "$n"); do

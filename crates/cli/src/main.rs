@@ -296,9 +296,18 @@ pub enum EtcdCmd {
         /// A client to give an etcd user, besides those the access lists name (repeat).
         #[arg(long = "client", value_name = "NAME")]
         clients: Vec<String>,
+        /// Nodes to give an etcd user each (`--node 1,2,3`; repeat or list), besides the
+        /// members already recorded: servers not started yet, or a node given a new
+        /// certificate after `ca revoke`. Removed nodes and revoked ones not named lose theirs.
+        #[arg(long = "node", value_name = "ID", value_delimiter = ',')]
+        nodes: Vec<u32>,
         /// Set up the users and roles, but leave etcd's access control as it is.
         #[arg(long)]
         no_enable: bool,
+        /// Delete the etcd user `trireme node` that node certificates of older releases share
+        /// (after every node has a certificate of its own).
+        #[arg(long)]
+        drop_shared_node_user: bool,
     },
 }
 
@@ -316,10 +325,21 @@ pub enum CaCmd {
     Issue(CaIssueArgs),
     /// Put a certificate on the cluster's deny list: every process of the cluster refuses it
     /// at its next handshake (an operator's identity; `up`'s cluster through its data
-    /// directory).
+    /// directory). With the CA at hand, its serial also goes on the CA's `crl.pem`, for
+    /// etcd's `--client-crl-file`; a node's certificate also loses its etcd user.
     Revoke {
         /// The certificate's PEM file (`<role>-cert.pem`).
         cert: PathBuf,
+        /// The CA that issued it (default: `<data-dir>/tls/ca` where there is one).
+        #[arg(long, value_name = "DIR")]
+        ca: Option<PathBuf>,
+    },
+    /// Write the CA's revocation list, `crl.pem` (empty until `ca revoke`), for etcd's
+    /// `--client-crl-file`: for a CA made before `ca init` wrote one.
+    Crl {
+        /// The CA (default: `<data-dir>/tls/ca`).
+        #[arg(long, value_name = "DIR")]
+        ca: Option<PathBuf>,
     },
     /// The cluster's deny list.
     Revoked,

@@ -313,6 +313,11 @@ impl World {
                     certs.join("ca-cert.pem").display()
                 ));
                 args.push("--client-cert-auth".into());
+                // The CA's revocation list (a copy of the operator's ./ca/crl.pem).
+                args.push(format!(
+                    "--client-crl-file={}",
+                    self.dir("op").join("ca").join("crl.pem").display()
+                ));
             }
             // The README's bounded history.
             args.extend(

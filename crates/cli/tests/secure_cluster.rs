@@ -100,6 +100,7 @@ fn start() -> World {
         trireme(&a);
     };
     issue(&["server", "--san", "127.0.0.1"], "etcd");
+    std::fs::copy(d("ca/crl.pem"), d("etcd/crl.pem")).unwrap();
     issue(&["node", "1", "--san", "127.0.0.1"], "node-1");
     issue(&["node", "2", "--san", "127.0.0.1"], "node-2");
     issue(&["admin"], "admin");
@@ -121,6 +122,8 @@ fn start() -> World {
             &format!("--key-file={}", d("etcd/server-key.pem")),
             &format!("--trusted-ca-file={}", d("etcd/ca-cert.pem")),
             "--client-cert-auth",
+            // The operator's copy of the CA's revocation list.
+            &format!("--client-crl-file={}", d("etcd/crl.pem")),
             "--log-level=warn",
         ])
         .stdout(Stdio::null())
@@ -139,8 +142,13 @@ fn start() -> World {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("etcd rbac"), "{err}");
     // The operator sets etcd's users and roles up and turns its access control on.
-    let out = w.ok(Some("admin"), &["etcd", "rbac", "--client", "bob"]);
+    let out = w.ok(
+        Some("admin"),
+        &["etcd", "rbac", "--client", "bob", "--node", "1,2"],
+    );
     assert!(out.contains("access control is on now"), "{out}");
+    assert!(out.contains("trireme node 1, trireme node 2"), "{out}");
+    assert!(!out.contains("shared"), "{out}");
     for id in 1..=2 {
         let log = std::fs::File::create(w.p(&format!("node-{id}.log"))).unwrap();
         let child = node_cmd(&w, id)
@@ -513,18 +521,55 @@ fn every_link_of_a_cluster_on_etcd_can_be_tls() {
     // Alice's certificate leaks: the operator revokes it. Her attach is refused before it
     // takes an epoch, and a node refuses the certificate at the handshake.
     let alice_cert = w.p("alice/client-cert.pem");
+    let alice_reads_etcd = |w: &World| {
+        etcdctl(
+            w,
+            "alice",
+            "client",
+            &["get", "--prefix", "/trireme/v1/nodes/"],
+        )
+        .status
+        .success()
+    };
+    assert!(alice_reads_etcd(&w));
     let out = w.ok(
         Some("admin"),
-        &["ca", "revoke", alice_cert.to_str().unwrap()],
+        &[
+            "ca",
+            "revoke",
+            alice_cert.to_str().unwrap(),
+            "--ca",
+            w.p("ca").to_str().unwrap(),
+        ],
     );
     assert!(
         out.contains("revoked the certificate of client alice"),
         "{out}"
     );
+    assert!(out.contains("on the CA's revocation list too"), "{out}");
     let listed = w.ok(Some("admin"), &["ca", "revoked"]);
     assert!(listed.contains("client alice"), "{listed}");
+    // Until the operator copies the new list to etcd, trireme's own deny list refuses her.
+    assert!(alice_reads_etcd(&w));
     let err = attach(&mut w, "alice", "v").expect_err("a revoked certificate attached");
     assert!(err.contains("is revoked"), "{err}");
+    // The copy made, etcd reads it at its next connection: the certificate is refused there
+    // too, and only that one.
+    std::fs::copy(w.p("ca/crl.pem"), w.p("etcd/crl.pem")).unwrap();
+    assert!(
+        !alice_reads_etcd(&w),
+        "etcd still takes a revoked certificate"
+    );
+    let bob = etcdctl(
+        &w,
+        "bob",
+        "client",
+        &["get", "--prefix", "/trireme/v1/nodes/"],
+    );
+    assert!(
+        bob.status.success(),
+        "etcd refuses a certificate nobody revoked"
+    );
     let ping = trireme_proto::Header::request(trireme_proto::Op::Ping, 9).encode(&[]);
     wait_for("the node refuses the revoked certificate", || {
         statuses(&common::tls_exchange(&node, &w.p("alice"), &ping)).is_empty()
@@ -738,4 +783,96 @@ fn a_client_on_the_access_list_that_is_not_the_writer_changes_nothing() {
         serde_json::from_str(&w.ok(Some("admin"), &["--output", "json", "volume", "info", "v"]))
             .unwrap();
     assert_eq!(info["size"], 16u64 << 20, "{info}");
+}
+
+/// Each node has an etcd user of its own: a certificate of a node that never joined writes
+/// nothing, a node removed loses its user, a revoked node certificate too, and `etcd rbac
+/// --node N` gives a node with a new certificate its user back.
+#[test]
+fn a_node_that_left_or_never_joined_writes_nothing_in_etcd() {
+    common::need("etcd");
+    common::need("etcdctl");
+    let w = start();
+    let ca = w.p("ca").display().to_string();
+    let node_put = |dir: &str, key: &str| {
+        etcdctl(&w, dir, "node", &["put", key, "{}"])
+            .status
+            .success()
+    };
+    let put_as_node = |id: u32| node_put(&format!("node-{id}"), &format!("/trireme/v1/nodes/{id}"));
+    // Node 1 is a member: it writes trireme's keys (here, a probe of its own).
+    assert!(node_put("node-1", "/trireme/v1/probe-node-1"));
+    // A certificate of the cluster's CA for node 9, which never joined: no etcd user.
+    let n9 = w.p("node-9").display().to_string();
+    trireme(&[
+        "ca",
+        "issue",
+        "node",
+        "9",
+        "--san",
+        "127.0.0.1",
+        "--ca",
+        &ca,
+        "--out",
+        &n9,
+    ]);
+    assert!(
+        !put_as_node(9),
+        "a node that never joined wrote its own record"
+    );
+
+    // Node 2 removed (it holds nothing): its user goes with it.
+    let out = w.cli(Some("admin"), &["node", "remove", "2"]);
+    assert!(out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("etcd users deleted: trireme node 2"), "{err}");
+    assert!(!put_as_node(2), "a removed node still writes etcd");
+    // Running `etcd rbac` again does not give it back (its record says removed).
+    let again = w.ok(Some("admin"), &["etcd", "rbac"]);
+    assert!(!again.contains("users added"), "{again}");
+    assert!(!put_as_node(2));
+    assert!(node_put("node-1", "/trireme/v1/probe-node-1"));
+
+    // Node 1's certificate revoked: its user goes, and the CRL names the certificate.
+    // (If node 2 held the manager role, it lost it with its etcd user: node 1 takes over
+    // within a lease, and answers.)
+    let cert = w.p("node-1/node-cert.pem").display().to_string();
+    let mut out = w.cli(Some("admin"), &["ca", "revoke", &cert, "--ca", &ca]);
+    let t0 = Instant::now();
+    while !out.status.success() && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(300));
+        out = w.cli(Some("admin"), &["ca", "revoke", &cert, "--ca", &ca]);
+    }
+    assert!(out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("etcd users deleted: trireme node 1"), "{err}");
+    assert!(
+        !put_as_node(1),
+        "a revoked node certificate still writes etcd"
+    );
+    // A new certificate for node 1, then `etcd rbac --node 1`: its user is back, and only
+    // the new certificate gets through (the CRL keeps the old one out).
+    let old = w.p("node-1-old");
+    std::fs::rename(w.p("node-1"), &old).unwrap();
+    let n1 = w.p("node-1").display().to_string();
+    trireme(&[
+        "ca",
+        "issue",
+        "node",
+        "1",
+        "--san",
+        "127.0.0.1",
+        "--ca",
+        &ca,
+        "--out",
+        &n1,
+    ]);
+    let out = w.ok(Some("admin"), &["etcd", "rbac", "--node", "1"]);
+    assert!(out.contains("etcd users added: trireme node 1"), "{out}");
+    assert!(put_as_node(1), "node 1's new certificate cannot write");
+    std::fs::copy(w.p("ca/crl.pem"), w.p("etcd/crl.pem")).unwrap();
+    assert!(
+        !node_put("node-1-old", "/trireme/v1/nodes/1"),
+        "the revoked certificate of node 1 got through etcd again"
+    );
 }

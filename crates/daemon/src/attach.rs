@@ -67,7 +67,10 @@ where
         match f().await {
             Err(MetaError::Unavailable(m)) => {
                 if !warned {
-                    tracing::warn!("{what}: metadata store unreachable, waiting for it: {m}");
+                    tracing::warn!(
+                        "{what}: metadata store unreachable, waiting for it (etcd also closes the \
+                         connections of a certificate its revocation list names): {m}"
+                    );
                     warned = true;
                 }
                 tokio::time::sleep(Duration::from_millis(250)).await;

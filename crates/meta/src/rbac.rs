@@ -6,13 +6,14 @@
 //!
 //! | etcd user (certificate CN) | etcd role | may |
 //! |---|---|---|
-//! | `trireme node` (and `trireme node N` of older certificates) | `trireme-node` | read and write every trireme key (any node may hold the manager role) |
+//! | `trireme node N`, one per member node | `trireme-node` | read and write every trireme key (any node may hold the manager role). Removed when node N is removed or a certificate of node N is revoked, so a node that left writes nothing |
 //! | `trireme admin` | `root` | everything, etcd's users and roles included |
 //! | `trireme client NAME` | `trireme-clients`, `trireme-client-NAME` | read trireme's keys; write one key per volume it may attach, its own writer report (`reports/VOLUME/NAME`). Everything else a writer records (its attach record, replica states, answers to the manager's requests) goes through the manager's control API, which checks that the caller is the writer of record |
 //! | `root` (no password, no certificate names it) | `root` | nothing: etcd requires it to exist before it turns access control on |
 //!
-//! [`plan`] computes that from the volumes (their access lists), the nodes and any client
-//! names given; [`apply`] makes etcd hold it (adding what is missing, taking back what is no
+//! [`plan`] computes that from the volumes (their access lists), the member nodes and any
+//! client names given, and names the node users to delete (nodes removed, or whose certificate
+//! was revoked); [`apply`] makes etcd hold it (adding what is missing, taking back what is no
 //! longer planned for trireme's own roles, never touching other users and roles) and turns
 //! access control on. Run by an operator (`trireme etcd rbac`) once, and again by the CLI each
 //! time an operator changes an access list. [`open_to_all`] is the check a node daemon makes
@@ -33,8 +34,10 @@ pub const CLIENTS_ROLE: &str = "trireme-clients";
 pub const ROOT_ROLE: &str = "root";
 /// The user etcd requires before it turns access control on.
 pub const ROOT_USER: &str = "root";
-/// The etcd user of node certificates (their common name).
-pub const NODE_USER: &str = "trireme node";
+/// The one etcd user all node certificates shared before each node had its own: any
+/// certificate of a node, removed or revoked included, wrote as it. Never planned; deleted on
+/// request once every node has a certificate of its own (`etcd rbac --drop-shared-node-user`).
+pub const SHARED_NODE_USER: &str = "trireme node";
 /// The etcd user of operator certificates.
 pub const ADMIN_USER: &str = "trireme admin";
 
@@ -43,9 +46,8 @@ pub fn client_user(name: &str) -> String {
     format!("trireme client {name}")
 }
 
-/// The etcd user of node `id`'s certificates issued before node certificates shared one
-/// common name.
-pub fn legacy_node_user(id: u32) -> String {
+/// The etcd user of node `id`'s certificates (their common name).
+pub fn node_user(id: u32) -> String {
     format!("trireme node {id}")
 }
 
@@ -97,16 +99,53 @@ impl Grant {
     }
 }
 
-/// What etcd should hold: roles with their permissions, users with their roles.
+/// What etcd should hold: roles with their permissions, users with their roles, and users
+/// that must be gone.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Plan {
     pub roles: BTreeMap<String, BTreeSet<Grant>>,
     pub users: BTreeMap<String, BTreeSet<String>>,
+    pub delete: BTreeSet<String>,
 }
 
-/// The plan for `volumes`, nodes `node_ids` (for certificates of the older, per-node common
-/// name) and clients `clients` (besides those the access lists name).
-pub fn plan(volumes: &[VolumeRecord], node_ids: &[u32], clients: &[String]) -> Plan {
+/// Which node ids get an etcd user: the member nodes (`records`, not removed) and those named
+/// (`named`, nodes whose records do not exist yet, or a node given a new certificate after a
+/// revocation), less nodes removed or revoked and not named. Returns (members, retired).
+pub fn node_ids(
+    records: &[crate::NodeRecord],
+    revoked: &[crate::RevokedCert],
+    named: &[u32],
+) -> (Vec<u32>, Vec<u32>) {
+    let named: BTreeSet<u32> = named.iter().copied().collect();
+    let revoked: BTreeSet<u32> = revoked
+        .iter()
+        .filter_map(|r| r.role.strip_prefix("node ")?.parse().ok())
+        .collect();
+    let removed = records
+        .iter()
+        .filter(|n| n.state == crate::NodeState::Removed)
+        .map(|n| n.id);
+    let retired: BTreeSet<u32> = removed
+        .chain(revoked.iter().copied())
+        .filter(|id| !named.contains(id))
+        .collect();
+    let members: BTreeSet<u32> = records
+        .iter()
+        .map(|n| n.id)
+        .chain(named.iter().copied())
+        .filter(|id| !retired.contains(id))
+        .collect();
+    (members.into_iter().collect(), retired.into_iter().collect())
+}
+
+/// The plan for `volumes`, member nodes `node_ids`, nodes `retired` whose users go, and
+/// clients `clients` (besides those the access lists name).
+pub fn plan(
+    volumes: &[VolumeRecord],
+    node_ids: &[u32],
+    retired: &[u32],
+    clients: &[String],
+) -> Plan {
     let mut p = Plan::default();
     let role = |p: &mut Plan, r: &str| {
         p.roles.entry(r.to_string()).or_default();
@@ -122,10 +161,10 @@ pub fn plan(volumes: &[VolumeRecord], node_ids: &[u32], clients: &[String]) -> P
     let user = |p: &mut Plan, u: String, r: &str| {
         p.users.entry(u).or_default().insert(r.to_string());
     };
-    user(&mut p, NODE_USER.into(), NODE_ROLE);
     for &id in node_ids {
-        user(&mut p, legacy_node_user(id), NODE_ROLE);
+        user(&mut p, node_user(id), NODE_ROLE);
     }
+    p.delete = retired.iter().map(|&id| node_user(id)).collect();
     user(&mut p, ADMIN_USER.into(), ROOT_ROLE);
     user(&mut p, ROOT_USER.into(), ROOT_ROLE);
     let mut names: BTreeSet<String> = clients.iter().cloned().collect();
@@ -152,6 +191,9 @@ pub fn plan(volumes: &[VolumeRecord], node_ids: &[u32], clients: &[String]) -> P
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Applied {
     pub users_added: Vec<String>,
+    pub users_deleted: Vec<String>,
+    /// The shared node user of older certificates is still there (see [`SHARED_NODE_USER`]).
+    pub shared_node_user: bool,
     pub roles_added: Vec<String>,
     pub granted: usize,
     pub revoked: usize,
@@ -282,6 +324,18 @@ pub async fn apply(
                 .map_err(denied)?;
         }
     }
+    for user in &plan.delete {
+        match client.user_delete(user.clone()).await {
+            Ok(_) => done.users_deleted.push(user.clone()),
+            Err(e) if not_found(&e) => {}
+            Err(e) => return Err(denied(e)),
+        }
+    }
+    done.shared_node_user = match client.user_get(SHARED_NODE_USER).await {
+        Ok(_) => true,
+        Err(e) if not_found(&e) => false,
+        Err(e) => return Err(denied(e)),
+    };
     if enable {
         match client.auth_enable().await {
             Ok(_) => done.enabled = true,
@@ -348,6 +402,7 @@ mod tests {
         let p = plan(
             &[vol("db1", &["alice"]), vol("web", &["*"]), vol("ops", &[])],
             &[1, 2],
+            &[3],
             &["carol".into()],
         );
         let alice = &p.roles[&client_role("alice")];
@@ -392,14 +447,13 @@ mod tests {
                 .flat_map(|(_, g)| g)
                 .all(|g| !g.write || !g.key.contains(&format!("/{d}/"))));
         }
-        // Nodes: the shared common name and the older per-node ones; operators are root.
-        for u in [
-            NODE_USER.to_string(),
-            legacy_node_user(1),
-            legacy_node_user(2),
-        ] {
+        // Nodes: one user each, none shared; a retired node's user goes; operators are root.
+        for u in [node_user(1), node_user(2)] {
             assert_eq!(p.users[&u], BTreeSet::from([NODE_ROLE.to_string()]));
         }
+        assert!(!p.users.contains_key(SHARED_NODE_USER));
+        assert!(!p.users.contains_key(&node_user(3)));
+        assert_eq!(p.delete, BTreeSet::from([node_user(3)]));
         assert_eq!(p.users[ADMIN_USER], BTreeSet::from([ROOT_ROLE.to_string()]));
         assert_eq!(
             p.roles[NODE_ROLE],

@@ -18,8 +18,31 @@ pub(crate) fn ca(cli: &Cli, c: &crate::CaCmd) -> Result<(), CliError> {
         files: Vec<String>,
     }
     let (w, what) = match c {
-        crate::CaCmd::Revoke { cert } => return revoke(cli, cert),
+        crate::CaCmd::Revoke { cert, ca } => {
+            return revoke(
+                cli,
+                cert,
+                ca.as_deref().unwrap_or(&default_ca),
+                ca.is_some(),
+            )
+        }
         crate::CaCmd::Revoked => return revoked(cli),
+        crate::CaCmd::Crl { ca } => {
+            let dir = ca.clone().unwrap_or(default_ca);
+            let path = open_ca(&dir)?.write_crl().map_err(usage)?;
+            let w = Written {
+                role: None,
+                dir: dir.display().to_string(),
+                files: vec![path.display().to_string()],
+            };
+            print(cli.output, &w, |w| {
+                format!(
+                    "the CA's revocation list: {} (copy it to each etcd member's --client-crl-file)\n",
+                    w.files[0]
+                )
+            });
+            return Ok(());
+        }
         crate::CaCmd::Init { dir } => {
             let dir = dir.clone().unwrap_or(default_ca);
             Ca::init(&dir).map_err(usage)?;
@@ -54,13 +77,7 @@ pub(crate) fn ca(cli: &Cli, c: &crate::CaCmd) -> Result<(), CliError> {
             let out = a.out.clone().ok_or_else(|| {
                 CliError::Usage("--out DIR: where to write the certificate and key".into())
             })?;
-            let ca_dir = a.ca.clone().unwrap_or(default_ca);
-            let ca = Ca::open(&ca_dir).map_err(|e| {
-                CliError::Usage(format!(
-                    "no usable CA in {} ({e}); create one with `trireme ca init`",
-                    ca_dir.display()
-                ))
-            })?;
+            let ca = open_ca(&a.ca.clone().unwrap_or(default_ca))?;
             ca.issue_for(&role, &sans, a.days)
                 .and_then(|i| i.write(&out))
                 .map_err(usage)?;
@@ -83,16 +100,44 @@ pub(crate) fn ca(cli: &Cli, c: &crate::CaCmd) -> Result<(), CliError> {
     Ok(())
 }
 
-/// `trireme ca revoke CERT`: the certificate goes on the cluster's deny list.
-fn revoke(cli: &Cli, cert: &Path) -> Result<(), CliError> {
-    let (fingerprint, role) = trireme_tls::cert_file(cert).map_err(|e| match e {
+fn open_ca(dir: &Path) -> Result<trireme_tls::Ca, CliError> {
+    trireme_tls::Ca::open(dir).map_err(|e| {
+        CliError::Usage(format!(
+            "no usable CA in {} ({e}); create one with `trireme ca init`",
+            dir.display()
+        ))
+    })
+}
+
+/// What `ca revoke` did.
+#[derive(Serialize)]
+struct Revoked {
+    #[serde(flatten)]
+    rec: trireme_meta::RevokedCert,
+    /// The CA's revocation list, rewritten with the certificate on it.
+    crl: Option<String>,
+}
+
+/// `trireme ca revoke CERT`: the certificate goes on the cluster's deny list, on the CA's
+/// revocation list for etcd (with the CA at hand), and a node's loses its etcd user.
+fn revoke(cli: &Cli, cert: &Path, ca_dir: &Path, ca_named: bool) -> Result<(), CliError> {
+    let bad = |e: trireme_tls::TlsError| match e {
         trireme_tls::TlsError::Io { .. } | trireme_tls::TlsError::Bad { .. } => {
             CliError::Usage(e.to_string())
         }
         e => CliError::Runtime(e.to_string()),
-    })?;
+    };
+    let (fingerprint, role) = trireme_tls::cert_file(cert).map_err(bad)?;
+    // The CA is opened before anything changes: a wrong --ca changes nothing.
+    let ca = if ca_named || ca_dir.join(trireme_tls::CA_KEY).exists() {
+        Some(open_ca(ca_dir)?)
+    } else {
+        None
+    };
+    let node = matches!(role, Some(trireme_tls::Role::Node(_)));
     let role = role.map_or_else(|| "no trireme role".to_string(), |r| r.to_string());
-    let rec: trireme_meta::RevokedCert = runtime(1)?.block_on(async {
+    let rt = runtime(1)?;
+    let rec: trireme_meta::RevokedCert = rt.block_on(async {
         control_client(cli)
             .await?
             .call(&Request::CaRevoke {
@@ -102,11 +147,31 @@ fn revoke(cli: &Cli, cert: &Path) -> Result<(), CliError> {
             .await
             .map_err(usage_if_remote)
     })?;
-    print(cli.output, &rec, |r| {
-        format!(
+    let crl = match &ca {
+        Some(ca) => {
+            let der = trireme_tls::load_first_cert(cert).map_err(bad)?;
+            Some(ca.revoke(&der).map_err(bad)?.display().to_string())
+        }
+        None => None,
+    };
+    if node {
+        rt.block_on(super::etcd::rbac_follow(cli));
+    }
+    print(cli.output, &Revoked { rec, crl }, |r| {
+        let mut s = format!(
             "revoked the certificate of {} (sha256 {}): refused at every handshake from now on\n",
-            r.role, r.fingerprint
-        )
+            r.rec.role, r.rec.fingerprint
+        );
+        s += &match &r.crl {
+            Some(p) => format!(
+                "on the CA's revocation list too: copy {p} to each etcd member's --client-crl-file\n"
+            ),
+            None => format!(
+                "no CA in {}: etcd's revocation list not written (--ca DIR)\n",
+                ca_dir.display()
+            ),
+        };
+        s
     });
     Ok(())
 }

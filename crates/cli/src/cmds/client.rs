@@ -100,6 +100,10 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
             };
             if job.state != MoveState::Failed {
                 print(out, &job, move_text);
+                // A node removed for good keeps no etcd user (with an operator's identity).
+                if remove && job.state == MoveState::Done {
+                    rbac_follow(cli).await;
+                }
             } else {
                 return Err(CliError::Runtime(format!(
                     "node {} {}: {}",
