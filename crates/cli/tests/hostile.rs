@@ -471,3 +471,76 @@ fn idle_connections_and_descriptor_exhaustion_never_stop_a_listener() {
     assert_all_nodes_up(&c);
     assert_replicas_identical(&c, "vol0");
 }
+
+/// A snapshot's export over TLS (`nbd VOLUME@SNAPSHOT --listen`) admits the clients its
+/// volume's access list names, and only them: it once looked `vol0@s1` up as a volume and
+/// refused everybody, allowed clients too.
+#[test]
+fn a_snapshot_export_over_tls_admits_its_volumes_clients_only() {
+    need("nbdinfo");
+    let c = Cluster::start(&["--store", "memory", "--size", "16M"]);
+    let bob = c.path().join("bob");
+    ok(
+        &c,
+        &[
+            "ca",
+            "issue",
+            "client",
+            "bob",
+            "--out",
+            bob.to_str().unwrap(),
+        ],
+    );
+    ok(&c, &["volume", "snapshot", "create", "vol0", "s1"]);
+    let mut nbd = Command::new(BIN)
+        .arg("--data-dir")
+        .arg(c.path())
+        .args(["nbd", "vol0@s1", "--listen", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // It prints its URIs once it serves: the TCP one is nbds://, with up's client credentials.
+    let mut out = nbd.stdout.take().unwrap();
+    let mut line = Vec::new();
+    let mut b = [0u8; 1];
+    while out.read(&mut b).unwrap_or(0) == 1 && b[0] != b'\n' {
+        line.push(b[0]);
+    }
+    let uri = String::from_utf8(line).unwrap();
+    let served = std::panic::catch_unwind(|| {
+        assert!(
+            uri.starts_with("nbds://") && uri.contains("/vol0@s1"),
+            "{uri}"
+        );
+        let addr = uri["nbds://".len()..]
+            .split('/')
+            .next()
+            .unwrap()
+            .to_string();
+        let local = c.tcp.split_once("tls-certificates=").unwrap().1.to_string();
+        let as_ = |creds: &str| format!("nbds://{addr}/vol0@s1?tls-certificates={creds}");
+        assert!(
+            nbdinfo_ok(&as_(&local)),
+            "the volume's own client is refused"
+        );
+        assert!(
+            !nbdinfo_ok(&as_(bob.to_str().unwrap())),
+            "bob reached a snapshot of a volume not open to him"
+        );
+        ok(&c, &["volume", "access", "vol0", "--allow", "bob"]);
+        let t0 = Instant::now();
+        while !nbdinfo_ok(&as_(bob.to_str().unwrap())) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(15),
+                "bob, now on the list, is still refused"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    });
+    let _ = nbd.kill();
+    let _ = nbd.wait();
+    if let Err(e) = served {
+        std::panic::resume_unwind(e);
+    }
+}
