@@ -669,9 +669,11 @@ fn a_client_on_the_access_list_that_is_not_the_writer_changes_nothing() {
     assert!(replicas.iter().all(|(_, s)| s == "in-sync"), "{replicas:?}");
     let status = w.ok(Some("admin"), &["status"]);
     assert!(status.contains("as alice"), "{status}");
+    // Her report (her links to the nodes) reached status through the manager.
+    assert!(status.contains("writer link to node"), "{status}");
 
     // Carol is on the list but does not write: etcd refuses her every record of the volume,
-    // the cluster's membership and its deny list. Her own report key is all she may write.
+    // the cluster's membership and its deny list, her own report key too.
     for k in [
         "attach/v",
         "layouts/v",
@@ -683,6 +685,7 @@ fn a_client_on_the_access_list_that_is_not_the_writer_changes_nothing() {
         "snapshot-asks/v",
         "reports/v",
         "reports/v/alice",
+        "reports/v/carol",
         "nodes/9",
         "revoked/00",
         "restarts/1",
@@ -693,10 +696,11 @@ fn a_client_on_the_access_list_that_is_not_the_writer_changes_nothing() {
             "etcd let carol write {k}"
         );
     }
-    assert!(etcd_put_as(&w, "carol", "/trireme/v1/reports/v/carol"));
-    // Alice herself writes no record straight either: the manager does it for her.
+    // Alice herself writes no record straight either, her report included: the manager does
+    // it for her.
     assert!(!etcd_put_as(&w, "alice", "/trireme/v1/layouts/v"));
     assert!(!etcd_put_as(&w, "alice", "/trireme/v1/attach/v"));
+    assert!(!etcd_put_as(&w, "alice", "/trireme/v1/reports/v/alice"));
 
     // The take-out-then-mark-in-sync attack through the manager: refused, naming the writer.
     let node = replicas[1].0;
@@ -714,21 +718,23 @@ fn a_client_on_the_access_list_that_is_not_the_writer_changes_nothing() {
                 "size": 1u64 << 20}),
             serde_json::json!({"cmd": "detach", "name": "v", "epoch": epoch}),
             serde_json::json!({"cmd": "writer_release", "name": "v", "epoch": epoch}),
+            serde_json::json!({"cmd": "writer_report", "name": "v", "epoch": epoch,
+                "report": {"epoch": epoch, "replicas": [], "writes_suspended": true}}),
             serde_json::json!({"cmd": "writer_attach", "name": "v", "lease": 1, "force": true,
                 "record": {"epoch": 0, "host": "x", "pid": 1, "exports": []}}),
         ],
     );
-    assert_eq!(got.len(), 6, "{got:?}");
-    for line in &got[..5] {
+    assert_eq!(got.len(), 7, "{got:?}");
+    for line in &got[..6] {
         assert!(
             line.contains("client carol is not volume v's writer") && line.contains("client alice"),
             "{line}"
         );
     }
     assert!(
-        got[5].contains("may not fence") && got[5].contains("client alice"),
+        got[6].contains("may not fence") && got[6].contains("client alice"),
         "{}",
-        got[5]
+        got[6]
     );
     // Nor may alice shrink her own volume through a size record.
     let got = control_as(
@@ -740,6 +746,22 @@ fn a_client_on_the_access_list_that_is_not_the_writer_changes_nothing() {
         ],
     );
     assert!(got[0].contains("does not shrink"), "{got:?}");
+    // Her reports are bounded: one each 500 ms at most per volume, 64 KiB at most.
+    let report = |http: String| {
+        serde_json::json!({"cmd": "writer_report", "name": "v", "epoch": epoch,
+            "report": {"epoch": epoch, "replicas": [], "writes_suspended": false, "http": http}})
+    };
+    let got = control_as(
+        &w,
+        "alice",
+        &[
+            report("x".repeat(70_000)),
+            report("a".into()),
+            report("b".into()),
+        ],
+    );
+    assert!(got[0].contains("at most 65536"), "{got:?}");
+    assert!(got[2].contains("reported less than"), "{got:?}");
     // Nothing moved: the epoch, the states, the writer.
     assert_eq!(layout(&w, "v"), (epoch, replicas.clone()));
     let status = w.ok(Some("admin"), &["status"]);

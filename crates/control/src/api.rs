@@ -11,7 +11,7 @@ use tokio::net::UnixStream;
 pub const MAX_LINE: u64 = 1 << 20;
 
 /// A control request.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Request {
     NodeList,
@@ -126,6 +126,14 @@ pub enum Request {
         epoch: u64,
         at: i64,
         answer: trireme_meta::WriterAnswer,
+    },
+    /// The writer of `epoch` reports how its volume is (replica states, links, I/O): written
+    /// under its attach record's lease, at most [`trireme_meta::MAX_REPORT`] bytes and one
+    /// each [`REPORT_EVERY`] per volume. A client writes nothing in etcd itself.
+    WriterReport {
+        name: String,
+        epoch: u64,
+        report: trireme_meta::WriterReport,
     },
     /// Where a volume lives, without a new epoch (for verification).
     Locate {
@@ -444,12 +452,17 @@ impl Request {
                 | Request::WriterReattach { .. }
                 | Request::WriterRelease { .. }
                 | Request::WriterAnswer { .. }
+                | Request::WriterReport { .. }
                 | Request::SetReplicaState { .. }
                 | Request::SetVolumeSize { .. }
                 | Request::Detach { .. }
         )
     }
 }
+
+/// The most often the manager writes one volume's report for its writer: a client that
+/// reports in a loop does not grow etcd's history faster than this.
+pub const REPORT_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// The manager's answer to a [`Request::WriterAttach`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

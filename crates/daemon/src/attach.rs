@@ -357,10 +357,6 @@ async fn report(
     http: Option<String>,
 ) {
     let name = volume.info().name.clone();
-    let meta = rec.meta();
-    // A client's report goes under a lease of its own: etcd refuses a client a put under the
-    // attach lease, which holds the attach record the manager wrote.
-    let mut own_lease: Option<i64> = None;
     let mut last: Option<(trireme_meta::WriterReport, std::time::Instant)> = None;
     let mut counted = volume
         .metrics_snapshot()
@@ -412,35 +408,15 @@ async fn report(
             report.io = Some(crate::http::board::rates(&now, prev, t.elapsed()));
             counted = Some((now, std::time::Instant::now()));
         }
-        let l = match rec.client() {
-            None => lease.load(std::sync::atomic::Ordering::Relaxed),
-            Some(_) => match report_lease(meta, &mut own_lease).await {
-                Some(l) => l,
-                None => continue,
-            },
-        };
-        match meta.put_report(&name, rec.client(), &report, l).await {
+        // A client's goes through the manager, which writes it under the attach record's
+        // lease (etcd lets a client write nothing).
+        let l = lease.load(std::sync::atomic::Ordering::Relaxed);
+        match rec.report(&name, &report, l).await {
             Ok(()) => last = Some((report, std::time::Instant::now())),
             Err(e) => tracing::debug!(volume = %name, "writing the writer's report: {e}"),
         }
     }
 }
-
-/// The lease a client's reports go under: kept alive at each report, a new one if it was lost.
-async fn report_lease(meta: &ClusterMeta, own: &mut Option<i64>) -> Option<i64> {
-    if let Some(l) = *own {
-        if meta.store().keep_alive(l).await.is_ok() {
-            return Some(l);
-        }
-    }
-    *own = crate::lease::grant(&**meta.store(), REPORT_LEASE)
-        .await
-        .ok();
-    *own
-}
-
-/// How long a client writer's report outlives it.
-const REPORT_LEASE: Duration = Duration::from_secs(10);
 
 /// Keeps the attach record alive. When its lease is lost (etcd unreachable for longer than the
 /// TTL) the writer goes on serving, takes a new lease and puts the record back

@@ -207,6 +207,28 @@ impl Recorder {
         Ok(())
     }
 
+    /// The writer's report of `name` (`lease`: the writer's attach lease, for a report
+    /// written straight in the store; through the manager, the attach record's).
+    pub async fn report(
+        &self,
+        name: &str,
+        report: &trireme_meta::WriterReport,
+        lease: i64,
+    ) -> Result<(), MetaError> {
+        match self {
+            Recorder::Direct(m) => m.put_report(name, None, report, lease).await,
+            Recorder::Manager { .. } => {
+                self.call::<serde_json::Value>(&Request::WriterReport {
+                    name: name.to_string(),
+                    epoch: report.epoch,
+                    report: report.clone(),
+                })
+                .await?;
+                Ok(())
+            }
+        }
+    }
+
     /// The writer of `epoch` left cleanly.
     pub async fn detach(&self, name: &str, epoch: u64) -> Result<(), MetaError> {
         match self {

@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | `trireme node N`, one per member node | `trireme-node` | read and write every trireme key (any node may hold the manager role). Removed when node N is removed or a certificate of node N is revoked, so a node that left writes nothing |
 //! | `trireme admin` | `root` | everything, etcd's users and roles included |
-//! | `trireme client NAME` | `trireme-clients`, `trireme-client-NAME` | read trireme's keys; write one key per volume it may attach, its own writer report (`reports/VOLUME/NAME`). Everything else a writer records (its attach record, replica states, answers to the manager's requests) goes through the manager's control API, which checks that the caller is the writer of record |
+//! | `trireme client NAME` | `trireme-clients`, `trireme-client-NAME` (empty) | read trireme's keys, write none. Everything a writer records (its attach record, replica states, answers to the manager's requests, its report) goes through the manager's control API, which checks that the caller is the writer of record and bounds what it writes. The empty role is kept so that [`apply`] takes back what older releases granted in it |
 //! | `root` (no password, no certificate names it) | `root` | nothing: etcd requires it to exist before it turns access control on |
 //!
 //! [`plan`] computes that from the volumes (their access lists), the member nodes and any
@@ -56,12 +56,13 @@ pub fn client_role(name: &str) -> String {
     format!("trireme-client-{name}")
 }
 
-/// The one key client `client` writes for a volume it may attach: its writer report. Before,
-/// a client wrote all eight of a volume's writer keys (attach record, layout, requests), so any
-/// client on the access list could rewrite the writer's records; those now go through the
-/// manager.
-pub fn client_keys(volume: &str, client: &str) -> [String; 1] {
-    [crate::ClusterMeta::report_key_of(volume, Some(client))]
+/// The keys client `client` writes for a volume it may attach: none. A client wrote all eight
+/// of a volume's writer keys once (attach record, layout, requests), so any client on the
+/// access list could rewrite the writer's records; then its own report alone, which a client
+/// could rewrite in a loop, as large as etcd takes, until etcd was full. Both now go through
+/// the manager.
+pub fn client_keys(_volume: &str, _client: &str) -> [String; 0] {
+    []
 }
 
 /// The end of the key range of everything that starts with `prefix`.
@@ -398,37 +399,25 @@ mod tests {
     }
 
     #[test]
-    fn clients_write_only_their_own_reports() {
+    fn clients_write_no_key() {
         let p = plan(
             &[vol("db1", &["alice"]), vol("web", &["*"]), vol("ops", &[])],
             &[1, 2],
             &[3],
             &["carol".into()],
         );
-        let alice = &p.roles[&client_role("alice")];
-        let keys: BTreeSet<&str> = alice.iter().map(|g| g.key.as_str()).collect();
-        assert_eq!(
-            keys,
-            BTreeSet::from([
-                "/trireme/v1/reports/db1/alice",
-                "/trireme/v1/reports/web/alice"
-            ])
-        );
-        assert!(alice.iter().all(|g| g.write && g.range_end.is_none()));
-        // Nobody's role names ops; web, open to all, gives each named client its own key.
-        assert!(p.roles.values().flatten().all(|g| !g.key.contains("/ops")));
+        // A client's role grants nothing: it writes no key (its report too goes through the
+        // manager); the role stays, empty, so that what older releases granted is taken back.
+        for c in ["alice", "carol"] {
+            assert!(p.roles[&client_role(c)].is_empty(), "{c}");
+            assert_eq!(
+                p.users[&client_user(c)],
+                BTreeSet::from([CLIENTS_ROLE.to_string(), client_role(c)])
+            );
+        }
         assert_eq!(
             p.roles[CLIENTS_ROLE],
             BTreeSet::from([Grant::prefix(PREFIX, false)])
-        );
-        let carol = &p.roles[&client_role("carol")];
-        assert_eq!(
-            carol.iter().map(|g| g.key.as_str()).collect::<Vec<_>>(),
-            vec!["/trireme/v1/reports/web/carol"]
-        );
-        assert_eq!(
-            p.users[&client_user("carol")],
-            BTreeSet::from([CLIENTS_ROLE.to_string(), client_role("carol")])
         );
         // No client writes an attach record, a layout or a request.
         for d in [

@@ -70,6 +70,9 @@ pub struct Manager {
     /// with the epoch it took (`status` shows who writes a volume `trireme nbd` serves).
     local_writers:
         std::sync::Mutex<std::collections::HashMap<String, (u64, crate::api::WriterHello)>>,
+    /// When the manager last wrote each volume's report for a client writer
+    /// ([`crate::api::REPORT_EVERY`]).
+    pub(crate) reported: std::sync::Mutex<std::collections::HashMap<String, Instant>>,
     /// When each node last answered a heartbeat.
     last_seen: std::sync::Mutex<std::collections::HashMap<u32, Instant>>,
     /// One link per node address, kept for the heartbeats and node operations (a new TCP and
@@ -133,6 +136,7 @@ impl Manager {
             clients: std::sync::Mutex::default(),
             access_hook: std::sync::Mutex::default(),
             local_writers: std::sync::Mutex::default(),
+            reported: std::sync::Mutex::default(),
             last_seen: std::sync::Mutex::default(),
             links: std::sync::Mutex::default(),
             connector: std::sync::Mutex::default(),
@@ -702,7 +706,8 @@ impl Manager {
             | Request::WriterAttach { .. }
             | Request::WriterReattach { .. }
             | Request::WriterRelease { .. }
-            | Request::WriterAnswer { .. }) => self.handle_writer(req, peer).await,
+            | Request::WriterAnswer { .. }
+            | Request::WriterReport { .. }) => self.handle_writer(req, peer).await,
             Request::VolumeResize {
                 name,
                 size,

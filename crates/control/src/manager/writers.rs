@@ -137,6 +137,11 @@ impl Manager {
                 Ok(self.meta.answer_request(&name, epoch, at, &answer).await?)
             }
             .await),
+            Request::WriterReport {
+                name,
+                epoch,
+                report,
+            } => to(self.writer_report(peer, &name, epoch, report).await),
             Request::SetReplicaState {
                 name,
                 epoch,
@@ -176,6 +181,60 @@ impl Manager {
                 "not a writer's request: {other:?}"
             ))),
         }
+    }
+
+    /// Writes the report of `name`'s writer at `epoch` (see `Request::WriterReport`): under
+    /// the attach record's lease, so it goes when the writer does.
+    async fn writer_report(
+        &self,
+        peer: &Peer,
+        name: &str,
+        epoch: u64,
+        report: trireme_meta::WriterReport,
+    ) -> Result<()> {
+        self.check_writer(peer, name, epoch).await?;
+        if report.epoch != epoch {
+            return Err(denied(
+                peer,
+                format!(
+                    "a report of epoch {} sent as the writer of epoch {epoch}",
+                    report.epoch
+                ),
+            ));
+        }
+        let size = serde_json::to_vec(&report).map_or(usize::MAX, |v| v.len());
+        if size > trireme_meta::MAX_REPORT {
+            return Err(denied(
+                peer,
+                format!(
+                    "a report of {size} bytes for volume {name} (at most {})",
+                    trireme_meta::MAX_REPORT
+                ),
+            ));
+        }
+        {
+            let mut last = self.reported.lock().unwrap_or_else(|e| e.into_inner());
+            let now = tokio::time::Instant::now();
+            if last
+                .get(name)
+                .is_some_and(|t| now.duration_since(*t) < crate::api::REPORT_EVERY)
+            {
+                return Err(ManagerError::Refused(format!(
+                    "volume {name}'s writer reported less than {:?} ago: try again later",
+                    crate::api::REPORT_EVERY
+                )));
+            }
+            last.insert(name.to_string(), now);
+        }
+        let Some((_, kv)) = self.meta.attachment(name).await? else {
+            return Err(ManagerError::Refused(format!(
+                "volume {name} has no writer attached"
+            )));
+        };
+        Ok(self
+            .meta
+            .put_report(name, client_of(peer), &report, kv.lease)
+            .await?)
     }
 
     /// Attaches a writer on another host (see `Request::WriterAttach`).
