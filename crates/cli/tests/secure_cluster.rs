@@ -767,6 +767,33 @@ fn a_client_on_the_access_list_that_is_not_the_writer_changes_nothing() {
     let status = w.ok(Some("admin"), &["status"]);
     assert!(status.contains("as alice"), "{status}");
 
+    // One record that does not decode (a second volume's layout, here an operator's typo)
+    // takes nothing else down: listings go on without it, status names it, and the attach
+    // below, of another volume, goes through.
+    w.ok(Some("admin"), &["volume", "create", "w2", "--size", "1M"]);
+    let put = etcdctl(
+        &w,
+        "admin",
+        "admin",
+        &["put", "/trireme/v1/layouts/w2", "not json"],
+    );
+    assert!(put.status.success(), "{put:?}");
+    let list: serde_json::Value =
+        serde_json::from_str(&w.ok(Some("admin"), &["--output", "json", "volume", "list"]))
+            .unwrap();
+    let names: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["name"].as_str())
+        .collect();
+    assert_eq!(names, vec!["v"], "{list}");
+    let status = w.ok(Some("admin"), &["status"]);
+    assert!(
+        status.contains("a record is unreadable") && status.contains("w2"),
+        "{status}"
+    );
+
     // A writer change (alice's writer killed -9, then a new one once its lease is gone):
     // every acknowledged write reads back.
     let mut a = w.procs.0.pop().unwrap();
