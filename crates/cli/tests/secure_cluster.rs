@@ -851,6 +851,17 @@ fn a_node_that_left_or_never_joined_writes_nothing_in_etcd() {
     let put_as_node = |id: u32| node_put(&format!("node-{id}"), &format!("/trireme/v1/nodes/{id}"));
     // Node 1 is a member: it writes trireme's keys (here, a probe of its own).
     assert!(node_put("node-1", "/trireme/v1/probe-node-1"));
+    // A revocation naming the wrong CA changes nothing: refused before the deny list.
+    let other = w.p("other-ca").display().to_string();
+    trireme(&["ca", "init", "--dir", &other]);
+    let n2 = w.p("node-2/node-cert.pem").display().to_string();
+    w.refused(
+        Some("admin"),
+        &["ca", "revoke", &n2, "--ca", &other],
+        "not by the CA",
+    );
+    let listed = w.ok(Some("admin"), &["ca", "revoked"]);
+    assert!(listed.contains("no certificate is revoked"), "{listed}");
     // A certificate of the cluster's CA for node 9, which never joined: no etcd user.
     let n9 = w.p("node-9").display().to_string();
     trireme(&[

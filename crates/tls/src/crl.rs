@@ -79,6 +79,12 @@ fn parse(path: &Path, text: &str) -> Result<Vec<Entry>, TlsError> {
     Ok(out)
 }
 
+/// How many serials a `revoked-serials` text holds, or what is wrong with it (for the fuzz
+/// target: every text is refused or read, never a panic).
+pub fn check_serials(text: &str) -> Result<usize, TlsError> {
+    parse(Path::new(REVOKED_SERIALS), text).map(|l| l.len())
+}
+
 impl Ca {
     fn serials(&self) -> Result<Vec<Entry>, TlsError> {
         let path = self.dir.join(REVOKED_SERIALS);
@@ -89,9 +95,8 @@ impl Ca {
         }
     }
 
-    /// Puts `cert`'s serial on the CA's revocation list (once) and rewrites `crl.pem`; returns
-    /// its path. The certificate must be one this CA issued.
-    pub fn revoke(&self, cert: &CertificateDer<'_>) -> Result<PathBuf, TlsError> {
+    /// Refuses a certificate this CA did not issue.
+    pub fn check_issued(&self, cert: &CertificateDer<'_>) -> Result<(), TlsError> {
         let (_, x) = x509_parser::parse_x509_certificate(cert).map_err(|e| TlsError::Bad {
             path: "the certificate".into(),
             what: e.to_string(),
@@ -110,7 +115,14 @@ impl Ca {
                 ca.subject()
             )));
         }
-        let serial = x.tbs_certificate.raw_serial().to_vec();
+        Ok(())
+    }
+
+    /// Puts `cert`'s serial on the CA's revocation list (once) and rewrites `crl.pem`; returns
+    /// its path. The certificate must be one this CA issued.
+    pub fn revoke(&self, cert: &CertificateDer<'_>) -> Result<PathBuf, TlsError> {
+        self.check_issued(cert)?;
+        let serial = unhex(&serial_of(cert)?).unwrap_or_default();
         let mut list = self.serials()?;
         if !list.iter().any(|e| e.serial == serial) {
             list.push(Entry {

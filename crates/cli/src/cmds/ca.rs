@@ -122,15 +122,18 @@ struct Revoked {
 /// revocation list for etcd (with the CA at hand), and a node's loses its etcd user.
 fn revoke(cli: &Cli, cert: &Path, ca_dir: &Path, ca_named: bool) -> Result<(), CliError> {
     let bad = |e: trireme_tls::TlsError| match e {
-        trireme_tls::TlsError::Io { .. } | trireme_tls::TlsError::Bad { .. } => {
-            CliError::Usage(e.to_string())
-        }
+        trireme_tls::TlsError::Io { .. }
+        | trireme_tls::TlsError::Bad { .. }
+        | trireme_tls::TlsError::Usage(_) => CliError::Usage(e.to_string()),
         e => CliError::Runtime(e.to_string()),
     };
     let (fingerprint, role) = trireme_tls::cert_file(cert).map_err(bad)?;
-    // The CA is opened before anything changes: a wrong --ca changes nothing.
+    // The CA is opened and checked before anything changes: a wrong --ca changes nothing.
+    let der = trireme_tls::load_first_cert(cert).map_err(bad)?;
     let ca = if ca_named || ca_dir.join(trireme_tls::CA_KEY).exists() {
-        Some(open_ca(ca_dir)?)
+        let ca = open_ca(ca_dir)?;
+        ca.check_issued(&der).map_err(bad)?;
+        Some(ca)
     } else {
         None
     };
@@ -148,10 +151,7 @@ fn revoke(cli: &Cli, cert: &Path, ca_dir: &Path, ca_named: bool) -> Result<(), C
             .map_err(usage_if_remote)
     })?;
     let crl = match &ca {
-        Some(ca) => {
-            let der = trireme_tls::load_first_cert(cert).map_err(bad)?;
-            Some(ca.revoke(&der).map_err(bad)?.display().to_string())
-        }
+        Some(ca) => Some(ca.revoke(&der).map_err(bad)?.display().to_string()),
         None => None,
     };
     if node {
