@@ -88,6 +88,11 @@ fn log_says(path: &Path, what: &str) -> bool {
 }
 
 fn start() -> World {
+    start_with(&[])
+}
+
+/// [`start`], etcd given `etcd_args` besides.
+fn start_with(etcd_args: &[&str]) -> World {
     let dir = tempfile::tempdir().unwrap();
     let d = |rel: &str| dir.path().join(rel).display().to_string();
     let ca = d("ca");
@@ -126,6 +131,7 @@ fn start() -> World {
             &format!("--client-crl-file={}", d("etcd/crl.pem")),
             "--log-level=warn",
         ])
+        .args(etcd_args)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.path().join("etcd.log")).unwrap())
         .spawn()
@@ -935,4 +941,57 @@ fn a_node_that_left_or_never_joined_writes_nothing_in_etcd() {
         !node_put("node-1-old", "/trireme/v1/nodes/1"),
         "the revoked certificate of node 1 got through etcd again"
     );
+}
+
+/// A full etcd (its quota reached: a NOSPACE alarm) is a health reason in `status`, and the
+/// data path goes on: an attached volume takes and reads back writes, which need no etcd.
+#[test]
+fn a_full_etcd_is_a_health_reason_and_writes_go_on() {
+    common::need("etcd");
+    common::need("etcdctl");
+    common::need("nbdcopy");
+    // 32 MiB: filled in a few seconds.
+    let mut w = start_with(&["--quota-backend-bytes=33554432"]);
+    create_v(&w);
+    let sock = attach(&mut w, "alice", "v").expect("alice attaches");
+    let uri = format!("nbd+unix:///v?socket={}", sock.display());
+    let src = w.p("src.img");
+    common::random_file(&src, 4 << 20, 11);
+    common::run(Command::new("nbdcopy").arg(&src).arg(&uri));
+    // An operator's (or a bug's) writes fill etcd: 1 MiB values until it refuses.
+    let value = vec![b'x'; 1 << 20];
+    let mut full = false;
+    for i in 0..200 {
+        let a = w.p("admin");
+        let mut put = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", w.etcd))
+            .arg(format!("--cacert={}", a.join("ca-cert.pem").display()))
+            .arg(format!("--cert={}", a.join("admin-cert.pem").display()))
+            .arg(format!("--key={}", a.join("admin-key.pem").display()))
+            .args(["put", &format!("/fill/{i}")])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        put.stdin.take().unwrap().write_all(&value).unwrap();
+        let out = put.wait_with_output().unwrap();
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains("database space exceeded"), "{err}");
+            full = true;
+            break;
+        }
+    }
+    assert!(full, "etcd never filled");
+    wait_for("status names the full metadata store", || {
+        let out = w.cli(Some("admin"), &["status"]);
+        String::from_utf8_lossy(&out.stdout).contains("the metadata store is full")
+    });
+    // The data path needs no etcd: new writes are taken, and read back.
+    common::random_file(&src, 4 << 20, 12);
+    common::run(Command::new("nbdcopy").arg(&src).arg(&uri));
+    assert_reads_back(&w, &sock, &src);
 }
