@@ -995,3 +995,51 @@ fn a_full_etcd_is_a_health_reason_and_writes_go_on() {
     common::run(Command::new("nbdcopy").arg(&src).arg(&uri));
     assert_reads_back(&w, &sock, &src);
 }
+
+/// The manager's node killed -9 under a client's writes: its copy must be taken out, and a
+/// client records a take-out only through the manager, which died with it. The write waits,
+/// never acknowledged unrecorded, until the other node takes the role over and records it;
+/// then every acknowledged write reads back.
+#[test]
+fn a_take_out_waits_for_a_new_manager_when_the_old_one_dies_with_the_copy() {
+    common::need("etcd");
+    common::need("nbdcopy");
+    let mut w = start();
+    create_v(&w);
+    let sock = attach(&mut w, "alice", "v").expect("alice attaches");
+    let uri = format!("nbd+unix:///v?socket={}", sock.display());
+    let src = w.p("src.img");
+    common::random_file(&src, 4 << 20, 21);
+    common::run(Command::new("nbdcopy").arg(&src).arg(&uri));
+    let s: serde_json::Value =
+        serde_json::from_str(&w.ok(Some("admin"), &["--output", "json", "status"])).unwrap();
+    let manager = s["manager"]["node"].as_u64().unwrap() as u32;
+    let (epoch, before) = layout(&w, "v");
+    assert!(before.iter().all(|(_, st)| st == "in-sync"), "{before:?}");
+    // procs: etcd, node 1, node 2, alice's writer.
+    let victim = &mut w.procs.0[manager as usize];
+    common::signal(victim.id() as i32, libc::SIGKILL);
+    let _ = victim.wait();
+    // New writes: the first to the dead copy fails, and its take-out waits for a manager.
+    let t0 = Instant::now();
+    common::random_file(&src, 4 << 20, 22);
+    common::run(Command::new("nbdcopy").arg(&src).arg(&uri));
+    let waited = t0.elapsed();
+    eprintln!("writes after the kill took {waited:?}");
+    assert_reads_back(&w, &sock, &src);
+    // Recorded by the new manager (the other node), at the writer's epoch.
+    let s: serde_json::Value =
+        serde_json::from_str(&w.ok(Some("admin"), &["--output", "json", "status"])).unwrap();
+    let new = s["manager"]["node"].as_u64().unwrap() as u32;
+    assert_ne!(new, manager, "{s}");
+    let (after_epoch, after) = layout(&w, "v");
+    assert_eq!(after_epoch, epoch);
+    let dead: Vec<_> = after
+        .iter()
+        .filter(|(n, _)| *n == u64::from(manager))
+        .collect();
+    assert!(
+        dead.iter().all(|(_, st)| st != "in-sync"),
+        "the dead node's copy is still in sync: {after:?} (writes waited {waited:?})"
+    );
+}
