@@ -544,3 +544,66 @@ fn a_snapshot_export_over_tls_admits_its_volumes_clients_only() {
         std::panic::resume_unwind(e);
     }
 }
+
+/// Another local user's redial loop against `up`'s NBD TLS port, connections that never
+/// speak, dialled again as soon as the port ends them, does not cost a client that speaks its
+/// session: on one host every peer is 127.0.0.1, so the gate shares its handshakes per local
+/// user too (the audit saw 9 of 20 TLS sessions fail; keyed by address alone, 18 of 20 did
+/// here).
+#[test]
+fn another_users_redial_loop_costs_no_tls_session() {
+    use std::os::unix::process::CommandExt;
+    need("nbdinfo");
+    let c = Cluster::start(&["--store", "memory", "--size", "16M"]);
+    let (host, port) = c
+        .tcp_addr()
+        .rsplit_once(':')
+        .map(|(h, p)| (h.to_string(), p.to_string()))
+        .unwrap();
+    // Sixteen threads of user nobody, each holding one silent connection until the port ends
+    // it, then dialling again: far over the port's 8 handshakes per source.
+    let script = r#"
+import socket, sys, threading, time
+host, port, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+end = time.time() + secs
+n = [0]
+def loop():
+    while time.time() < end:
+        try:
+            s = socket.create_connection((host, port))
+        except OSError:
+            continue
+        n[0] += 1
+        s.settimeout(0.5)
+        try:
+            while s.recv(4096):
+                pass
+        except OSError:
+            pass
+        s.close()
+ts = [threading.Thread(target=loop) for _ in range(16)]
+for t in ts: t.start()
+for t in ts: t.join()
+print(n[0])
+"#;
+    let dialler = Command::new("python3")
+        .args(["-c", script, &host, &port, "6"])
+        .uid(65534)
+        .gid(65534)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    let failed = (0..20).filter(|_| !nbdinfo_ok(&c.tcp)).count();
+    let out = dialler.wait_with_output().unwrap();
+    let n: u64 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(0);
+    eprintln!("{failed} of 20 sessions failed beside {n} silent dials of another user");
+    assert!(n > 1000, "the loop dialled only {n} connections");
+    assert_eq!(
+        failed, 0,
+        "{failed} of 20 TLS sessions failed beside {n} silent dials"
+    );
+}

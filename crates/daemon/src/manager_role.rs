@@ -249,7 +249,7 @@ async fn serve_control(
     let gate = trireme_control::control_gate();
     loop {
         let (sock, addr) = trireme_net::accept("control", || listener.accept()).await;
-        let Some(handshake) = gate.handshake(Some(addr.ip())) else {
+        let Some(handshake) = gate.handshake_tcp(sock.local_addr().ok(), addr) else {
             continue;
         };
         let _ = sock.set_nodelay(true);

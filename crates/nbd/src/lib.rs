@@ -218,7 +218,7 @@ pub async fn serve_tcp<B: Backend>(
 ) -> std::io::Result<()> {
     loop {
         let (sock, peer) = trireme_net::accept("nbd (tcp)", || listener.accept()).await;
-        let Some(handshake) = gate().handshake(Some(peer.ip())) else {
+        let Some(handshake) = gate().handshake_tcp(sock.local_addr().ok(), peer) else {
             continue;
         };
         let admission = Admission {

@@ -125,10 +125,35 @@ impl Standing {
     }
 }
 
+/// Where a connection comes from, as the gate shares its handshakes: the peer's address, and
+/// for a peer on this host the local user holding its socket (so one local user's redial
+/// loop has a share of its own, not every local client's: `peer_uid.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Source {
+    pub ip: IpAddr,
+    pub uid: Option<u32>,
+}
+
+impl Source {
+    /// The source of a TCP connection from `peer` accepted at `local`.
+    pub fn of_tcp(local: Option<std::net::SocketAddr>, peer: std::net::SocketAddr) -> Source {
+        Source {
+            ip: peer.ip(),
+            uid: local.and_then(|l| crate::peer_uid::loopback_peer_uid(l, peer)),
+        }
+    }
+}
+
+impl From<IpAddr> for Source {
+    fn from(ip: IpAddr) -> Source {
+        Source { ip, uid: None }
+    }
+}
+
 #[derive(Debug)]
 struct Entry {
     id: u64,
-    source: Option<IpAddr>,
+    source: Option<Source>,
     standing: Arc<Standing>,
 }
 
@@ -250,9 +275,23 @@ impl Gate {
     /// oldest silent handshake of any source (a peer that sent nothing yet: see
     /// [`Handshaking::spoke`]), else the oldest of the busiest source (logged, throttled).
     pub fn handshake(self: &Arc<Self>, source: Option<IpAddr>) -> Option<Handshaking> {
+        self.handshake_from(source.map(Source::from))
+    }
+
+    /// [`Gate::handshake`] for a TCP connection accepted at `local` from `peer`: a peer on
+    /// this host is told apart by its user ([`Source::of_tcp`]).
+    pub fn handshake_tcp(
+        self: &Arc<Self>,
+        local: Option<std::net::SocketAddr>,
+        peer: std::net::SocketAddr,
+    ) -> Option<Handshaking> {
+        self.handshake_from(Some(Source::of_tcp(local, peer)))
+    }
+
+    fn handshake_from(self: &Arc<Self>, source: Option<Source>) -> Option<Handshaking> {
         let mut p = self.places();
         let of =
-            |p: &Places, s: IpAddr| p.handshakes.iter().filter(|e| e.source == Some(s)).count();
+            |p: &Places, s: Source| p.handshakes.iter().filter(|e| e.source == Some(s)).count();
         let silent = |e: &Entry| !e.standing.spoke.load(std::sync::atomic::Ordering::Relaxed);
         let victim = match source {
             Some(s) if of(&p, s) >= self.limits.handshakes_per_source => {
@@ -262,7 +301,7 @@ impl Gate {
                     .map(|e| e.id)
             }
             _ if p.handshakes.len() >= self.limits.handshakes => {
-                let mut counts: HashMap<Option<IpAddr>, usize> = HashMap::new();
+                let mut counts: HashMap<Option<Source>, usize> = HashMap::new();
                 for e in &p.handshakes {
                     *counts.entry(e.source).or_insert(0) += 1;
                 }

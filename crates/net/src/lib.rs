@@ -20,8 +20,9 @@
 pub mod accept;
 pub mod io;
 pub mod limits;
+pub mod peer_uid;
 pub mod throttle;
 
-pub use accept::{accept, Admitted, Gate, Handshaking, Limits, Standing};
+pub use accept::{accept, Admitted, Gate, Handshaking, Limits, Source, Standing};
 pub use io::Guarded;
 pub use throttle::{Throttle, Throttles};

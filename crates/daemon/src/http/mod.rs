@@ -225,7 +225,7 @@ impl axum::serve::Listener for Guarded {
             let (sock, peer) = trireme_net::accept("http", || self.listener.accept()).await;
             let Some(place) = self
                 .gate
-                .handshake(Some(peer.ip()))
+                .handshake_tcp(sock.local_addr().ok(), peer)
                 .and_then(|h| self.gate.establish(h))
             else {
                 continue;

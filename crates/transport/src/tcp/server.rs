@@ -51,7 +51,7 @@ pub async fn serve<H: Handler>(listener: TcpListener, handler: Arc<H>) -> std::i
     let tls = data_tls().and_then(|t| t.server.clone());
     loop {
         let (sock, peer) = trireme_net::accept("node", || listener.accept()).await;
-        let Some(handshake) = gate().handshake(Some(peer.ip())) else {
+        let Some(handshake) = gate().handshake_tcp(sock.local_addr().ok(), peer) else {
             continue;
         };
         let _ = sock.set_nodelay(true);
