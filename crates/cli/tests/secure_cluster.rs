@@ -887,22 +887,45 @@ fn a_node_that_left_or_never_joined_writes_nothing_in_etcd() {
         "a node that never joined wrote its own record"
     );
 
-    // Node 2 removed (it holds nothing): its user goes with it.
-    let out = w.cli(Some("admin"), &["node", "remove", "2"]);
+    // The manager's node removed (it holds nothing): its user goes with it, its daemon
+    // stops for good, and the other node takes the manager role over.
+    let s: serde_json::Value =
+        serde_json::from_str(&w.ok(Some("admin"), &["--output", "json", "status"])).unwrap();
+    let m = s["manager"]["node"].as_u64().unwrap() as u32;
+    let o = 3 - m;
+    let out = w.cli(Some("admin"), &["node", "remove", &m.to_string()]);
     assert!(out.status.success(), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("etcd users deleted: trireme node 2"), "{err}");
-    assert!(!put_as_node(2), "a removed node still writes etcd");
+    assert!(
+        err.contains(&format!("etcd users deleted: trireme node {m}")),
+        "{err}"
+    );
+    assert!(!put_as_node(m), "a removed node still writes etcd");
+    let pid = w.procs.0[m as usize].id();
+    wait_for("the removed node's daemon stops", || {
+        // Gone, or a zombie the test has not reaped yet.
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map_or(true, |st| st.split_whitespace().nth(2) == Some("Z"))
+    });
+    let log = w.p(&format!("node-{m}.log"));
+    assert!(
+        log_says(&log, "removed from the cluster")
+            || log_says(&log, "refuses this node's identity"),
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
     // Running `etcd rbac` again does not give it back (its record says removed).
     let again = w.ok(Some("admin"), &["etcd", "rbac"]);
     assert!(!again.contains("users added"), "{again}");
-    assert!(!put_as_node(2));
-    assert!(node_put("node-1", "/trireme/v1/probe-node-1"));
+    assert!(!put_as_node(m));
+    assert!(node_put(&format!("node-{o}"), "/trireme/v1/probe"));
 
-    // Node 1's certificate revoked: its user goes, and the CRL names the certificate.
-    // (If node 2 held the manager role, it lost it with its etcd user: node 1 takes over
-    // within a lease, and answers.)
-    let cert = w.p("node-1/node-cert.pem").display().to_string();
+    // The other node's certificate revoked: its user goes, and the CRL names the
+    // certificate. (The manager role passed to it within a lease: it answers.)
+    let cert = w
+        .p(&format!("node-{o}/node-cert.pem"))
+        .display()
+        .to_string();
     let mut out = w.cli(Some("admin"), &["ca", "revoke", &cert, "--ca", &ca]);
     let t0 = Instant::now();
     while !out.status.success() && t0.elapsed() < Duration::from_secs(20) {
@@ -911,35 +934,44 @@ fn a_node_that_left_or_never_joined_writes_nothing_in_etcd() {
     }
     assert!(out.status.success(), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("etcd users deleted: trireme node 1"), "{err}");
     assert!(
-        !put_as_node(1),
+        err.contains(&format!("etcd users deleted: trireme node {o}")),
+        "{err}"
+    );
+    assert!(
+        !put_as_node(o),
         "a revoked node certificate still writes etcd"
     );
-    // A new certificate for node 1, then `etcd rbac --node 1`: its user is back, and only
-    // the new certificate gets through (the CRL keeps the old one out).
-    let old = w.p("node-1-old");
-    std::fs::rename(w.p("node-1"), &old).unwrap();
-    let n1 = w.p("node-1").display().to_string();
+    // A new certificate for it, then `etcd rbac --node N`: its user is back, and only the
+    // new certificate gets through (the CRL keeps the old one out).
+    let old = format!("node-{o}-old");
+    std::fs::rename(w.p(&format!("node-{o}")), w.p(&old)).unwrap();
+    let dir = w.p(&format!("node-{o}")).display().to_string();
     trireme(&[
         "ca",
         "issue",
         "node",
-        "1",
+        &o.to_string(),
         "--san",
         "127.0.0.1",
         "--ca",
         &ca,
         "--out",
-        &n1,
+        &dir,
     ]);
-    let out = w.ok(Some("admin"), &["etcd", "rbac", "--node", "1"]);
-    assert!(out.contains("etcd users added: trireme node 1"), "{out}");
-    assert!(put_as_node(1), "node 1's new certificate cannot write");
+    let out = w.ok(Some("admin"), &["etcd", "rbac", "--node", &o.to_string()]);
+    assert!(
+        out.contains(&format!("etcd users added: trireme node {o}")),
+        "{out}"
+    );
+    assert!(
+        node_put(&format!("node-{o}"), "/trireme/v1/probe"),
+        "node {o}'s new certificate cannot write"
+    );
     std::fs::copy(w.p("ca/crl.pem"), w.p("etcd/crl.pem")).unwrap();
     assert!(
-        !node_put("node-1-old", "/trireme/v1/nodes/1"),
-        "the revoked certificate of node 1 got through etcd again"
+        !node_put(&old, &format!("/trireme/v1/nodes/{o}")),
+        "the revoked certificate of node {o} got through etcd again"
     );
 }
 

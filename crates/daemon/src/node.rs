@@ -380,6 +380,10 @@ pub async fn run_member(
             restarting = true;
             Ok(())
         }
+        why = left_the_cluster(meta.clone(), cfg.id) => {
+            tracing::error!(node = cfg.id, "{why}");
+            Err(DaemonError::Runtime(why))
+        }
     };
     role.abort();
     access.abort();
@@ -397,6 +401,40 @@ pub async fn run_member(
         return Err(start_again(&exe));
     }
     outcome
+}
+
+/// How often a node daemon checks it is still a member ([`left_the_cluster`]).
+const MEMBERSHIP_CHECK: Duration = Duration::from_secs(2);
+
+/// Returns, saying why, once node `id` is no member any more: its record says removed, or
+/// etcd refuses its identity twice in a row (`node remove` and `ca revoke` delete its etcd
+/// user). A daemon that went on would keep its lease alive, and the manager role with it,
+/// while every write it tried was refused.
+async fn left_the_cluster(meta: ClusterMeta, id: u32) -> String {
+    let mut denied = 0;
+    loop {
+        tokio::time::sleep(MEMBERSHIP_CHECK).await;
+        match meta.nodes().await {
+            Ok(ns)
+                if ns
+                    .iter()
+                    .any(|n| n.id == id && n.state == NodeState::Removed) =>
+            {
+                return format!("node {id} was removed from the cluster: stopping for good");
+            }
+            Ok(_) => denied = 0,
+            Err(MetaError::Denied(m)) => {
+                denied += 1;
+                if denied >= 2 {
+                    return format!(
+                        "etcd refuses this node's identity ({m}): node {id} was removed or its \
+                         certificate revoked; stopping"
+                    );
+                }
+            }
+            Err(_) => {}
+        }
+    }
 }
 
 /// Returns when the manager orders this daemon (the one registered under the lease `lease`

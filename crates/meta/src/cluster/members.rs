@@ -22,9 +22,18 @@ impl ClusterMeta {
         key("nodes/")
     }
 
-    /// Every registered node, by id.
+    /// Every registered node, by id, whose record decodes; one that does not is skipped, named in a warning (one
+    /// bad record must not take every listing, status and placement down with it).
     pub async fn nodes(&self) -> Result<Vec<NodeRecord>, MetaError> {
-        let mut v: Vec<NodeRecord> = self.list("nodes/").await?;
+        let (kvs, _) = self.store.range(&key("nodes/")).await?;
+        let mut v: Vec<NodeRecord> = kvs
+            .iter()
+            .filter_map(|kv| {
+                decode(kv)
+                    .inspect_err(|e| tracing::warn!("skipping a node: {e}"))
+                    .ok()
+            })
+            .collect();
         v.sort_by_key(|n| n.id);
         Ok(v)
     }

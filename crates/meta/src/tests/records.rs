@@ -83,3 +83,18 @@ fn one_bad_layout_hides_only_its_volume() {
         assert!(bad[0].to_string().contains("layouts/a"), "{}", bad[0]);
     });
 }
+
+#[test]
+fn one_bad_node_record_hides_only_its_node() {
+    rt().block_on(async {
+        let s: Arc<dyn MetaStore> = Arc::new(EmbeddedMeta::in_memory());
+        let m = ClusterMeta::new(s.clone());
+        m.put_node(&node(1)).await.unwrap();
+        m.put_node(&node(2)).await.unwrap();
+        s.txn(Txn::when(vec![]).then(vec![Op::put(crate::cluster::key("nodes/2"), "{}")]))
+            .await
+            .unwrap();
+        let ids: Vec<u32> = m.nodes().await.unwrap().into_iter().map(|n| n.id).collect();
+        assert_eq!(ids, [1]);
+    });
+}
