@@ -9,7 +9,6 @@
 use std::net::SocketAddr;
 
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
-const NLMSG_ERROR: u16 = 2;
 const HEADER: usize = 16;
 /// `inet_diag_req_v2`: family, protocol, ext, pad, states, then the socket id (48 bytes).
 const REQUEST: usize = 8 + 48;
@@ -95,10 +94,10 @@ fn addr16(a: SocketAddr) -> [u8; 16] {
     b
 }
 
-/// The uid in the kernel's answer, if it found the socket.
+/// The uid in the kernel's answer, if it found the socket (not found: an error message).
 fn uid_of(b: &[u8]) -> Option<u32> {
     let kind = u16::from_ne_bytes(b.get(4..6)?.try_into().ok()?);
-    if kind != SOCK_DIAG_BY_FAMILY || kind == NLMSG_ERROR {
+    if kind != SOCK_DIAG_BY_FAMILY {
         return None;
     }
     let at = HEADER + UID_AT;

@@ -10,6 +10,7 @@
 use std::path::{Path, PathBuf};
 
 use rcgen::{CertificateRevocationListParams, KeyIdMethod, RevokedCertParams, SerialNumber};
+use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 
 use crate::{io, write, Ca, TlsError, LEAF_DAYS};
@@ -22,12 +23,21 @@ pub const REVOKED_SERIALS: &str = "revoked-serials";
 /// Most serials the list holds: a bound on what a corrupt or hostile file makes us read.
 const MAX_SERIALS: usize = 100_000;
 
+fn parse_x509<'a>(
+    der: &'a [u8],
+    what: impl FnOnce() -> String,
+) -> Result<x509_parser::certificate::X509Certificate<'a>, TlsError> {
+    x509_parser::parse_x509_certificate(der)
+        .map(|(_, x)| x)
+        .map_err(|e| TlsError::Bad {
+            path: what(),
+            what: e.to_string(),
+        })
+}
+
 /// A certificate's serial number, lower-case hex.
 pub fn serial_of(cert: &CertificateDer<'_>) -> Result<String, TlsError> {
-    let (_, x) = x509_parser::parse_x509_certificate(cert).map_err(|e| TlsError::Bad {
-        path: "the certificate".into(),
-        what: e.to_string(),
-    })?;
+    let x = parse_x509(cert, || "the certificate".into())?;
     Ok(hex(x.tbs_certificate.raw_serial()))
 }
 
@@ -97,15 +107,20 @@ impl Ca {
 
     /// Refuses a certificate this CA did not issue.
     pub fn check_issued(&self, cert: &CertificateDer<'_>) -> Result<(), TlsError> {
-        let (_, x) = x509_parser::parse_x509_certificate(cert).map_err(|e| TlsError::Bad {
-            path: "the certificate".into(),
-            what: e.to_string(),
+        self.issued_serial(cert).map(|_| ())
+    }
+
+    /// The serial of `cert`, if this CA issued it.
+    fn issued_serial(&self, cert: &CertificateDer<'_>) -> Result<Vec<u8>, TlsError> {
+        let x = parse_x509(cert, || "the certificate".into())?;
+        let ca_der = CertificateDer::from_pem_slice(self.cert_pem.as_bytes()).map_err(|e| {
+            TlsError::Bad {
+                path: self.dir.join(crate::CA_CERT).display().to_string(),
+                what: e.to_string(),
+            }
         })?;
-        let ca_path = self.dir.join(crate::CA_CERT);
-        let ca_der = crate::load_certs(&ca_path)?.remove(0);
-        let (_, ca) = x509_parser::parse_x509_certificate(&ca_der).map_err(|e| TlsError::Bad {
-            path: ca_path.display().to_string(),
-            what: e.to_string(),
+        let ca = parse_x509(&ca_der, || {
+            self.dir.join(crate::CA_CERT).display().to_string()
         })?;
         if x.issuer() != ca.subject() {
             return Err(TlsError::Usage(format!(
@@ -115,14 +130,13 @@ impl Ca {
                 ca.subject()
             )));
         }
-        Ok(())
+        Ok(x.tbs_certificate.raw_serial().to_vec())
     }
 
     /// Puts `cert`'s serial on the CA's revocation list (once) and rewrites `crl.pem`; returns
     /// its path. The certificate must be one this CA issued.
     pub fn revoke(&self, cert: &CertificateDer<'_>) -> Result<PathBuf, TlsError> {
-        self.check_issued(cert)?;
-        let serial = unhex(&serial_of(cert)?).unwrap_or_default();
+        let serial = self.issued_serial(cert)?;
         let mut list = self.serials()?;
         if !list.iter().any(|e| e.serial == serial) {
             list.push(Entry {

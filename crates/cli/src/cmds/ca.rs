@@ -127,9 +127,12 @@ fn revoke(cli: &Cli, cert: &Path, ca_dir: &Path, ca_named: bool) -> Result<(), C
         | trireme_tls::TlsError::Usage(_) => CliError::Usage(e.to_string()),
         e => CliError::Runtime(e.to_string()),
     };
-    let (fingerprint, role) = trireme_tls::cert_file(cert).map_err(bad)?;
-    // The CA is opened and checked before anything changes: a wrong --ca changes nothing.
     let der = trireme_tls::load_first_cert(cert).map_err(bad)?;
+    let (fingerprint, role) = (
+        trireme_tls::revoke::fingerprint(&der),
+        trireme_tls::role_of(&der),
+    );
+    // The CA is opened and checked before anything changes: a wrong --ca changes nothing.
     let ca = if ca_named || ca_dir.join(trireme_tls::CA_KEY).exists() {
         let ca = open_ca(ca_dir)?;
         ca.check_issued(&der).map_err(bad)?;
