@@ -1,308 +1,13 @@
 //! A cluster of several servers with every link on TLS: etcd with client-certificate
 //! authentication, node daemons on mutual TLS, the manager's control port on mutual TLS, and
-//! clients that reach only what their role and the volume's access list allow.
+//! clients that reach only what their role and the volume's access list allow (the cluster:
+//! `common/secure.rs`; etcd's own trust, members and outages: `etcd_boundary.rs`).
 
 mod common;
-use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{free_port, BIN};
-
-/// The processes of the test, killed when it ends.
-struct Procs(Vec<Child>);
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-struct World {
-    dir: tempfile::TempDir,
-    etcd: String,
-    procs: Procs,
-}
-
-impl World {
-    fn p(&self, rel: &str) -> PathBuf {
-        self.dir.path().join(rel)
-    }
-
-    /// `trireme --etcd https://... [--tls-identity DIR] ARGS`.
-    fn cli(&self, identity: Option<&str>, args: &[&str]) -> std::process::Output {
-        let mut c = Command::new(BIN);
-        c.arg("--etcd").arg(&self.etcd);
-        if let Some(id) = identity {
-            c.arg("--tls-identity").arg(self.p(id));
-        }
-        c.args(args).output().unwrap()
-    }
-
-    fn ok(&self, identity: Option<&str>, args: &[&str]) -> String {
-        let out = self.cli(identity, args);
-        assert!(
-            out.status.success(),
-            "trireme {args:?} as {identity:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn refused(&self, identity: Option<&str>, args: &[&str], why: &str) {
-        let out = self.cli(identity, args);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            !out.status.success(),
-            "trireme {args:?} as {identity:?} was let through"
-        );
-        assert!(err.contains(why), "trireme {args:?} as {identity:?}: {err}");
-    }
-}
-
-fn trireme(args: &[&str]) {
-    let out = Command::new(BIN).args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "trireme {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !f() {
-        assert!(t0.elapsed() < Duration::from_secs(30), "timed out: {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-fn log_says(path: &Path, what: &str) -> bool {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .contains(what)
-}
-
-fn start() -> World {
-    start_with(&[])
-}
-
-/// [`start`], etcd given `etcd_args` besides.
-fn start_with(etcd_args: &[&str]) -> World {
-    let dir = tempfile::tempdir().unwrap();
-    let d = |rel: &str| dir.path().join(rel).display().to_string();
-    let ca = d("ca");
-    trireme(&["ca", "init", "--dir", &ca]);
-    let issue = |what: &[&str], out: &str| {
-        let mut a = vec!["ca", "issue"];
-        a.extend_from_slice(what);
-        let o = d(out);
-        a.extend_from_slice(&["--ca", &ca, "--out", &o]);
-        trireme(&a);
-    };
-    issue(&["server", "--san", "127.0.0.1"], "etcd");
-    std::fs::copy(d("ca/crl.pem"), d("etcd/crl.pem")).unwrap();
-    issue(&["node", "1", "--san", "127.0.0.1"], "node-1");
-    issue(&["node", "2", "--san", "127.0.0.1"], "node-2");
-    issue(&["admin"], "admin");
-    issue(&["client", "alice"], "alice");
-    issue(&["client", "bob"], "bob");
-    issue(&["client", "carol"], "carol");
-
-    let (cport, pport) = (free_port(), free_port());
-    let etcd = Command::new("etcd")
-        .args([
-            "--name=m0",
-            &format!("--data-dir={}", d("etcd-data")),
-            &format!("--listen-client-urls=https://127.0.0.1:{cport}"),
-            &format!("--advertise-client-urls=https://127.0.0.1:{cport}"),
-            &format!("--listen-peer-urls=http://127.0.0.1:{pport}"),
-            &format!("--initial-advertise-peer-urls=http://127.0.0.1:{pport}"),
-            &format!("--initial-cluster=m0=http://127.0.0.1:{pport}"),
-            &format!("--cert-file={}", d("etcd/server-cert.pem")),
-            &format!("--key-file={}", d("etcd/server-key.pem")),
-            &format!("--trusted-ca-file={}", d("etcd/ca-cert.pem")),
-            "--client-cert-auth",
-            // The operator's copy of the CA's revocation list.
-            &format!("--client-crl-file={}", d("etcd/crl.pem")),
-            "--log-level=warn",
-        ])
-        .args(etcd_args)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.path().join("etcd.log")).unwrap())
-        .spawn()
-        .expect("etcd must be installed (apt-get install etcd-server)");
-    let mut w = World {
-        etcd: format!("https://127.0.0.1:{cport}"),
-        procs: Procs(vec![etcd]),
-        dir,
-    };
-    // As documented, etcd lets any certificate of its CA write every key: a node refuses to
-    // start on it, and says what to do.
-    let out = node_cmd(&w, 1).output().unwrap();
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("etcd rbac"), "{err}");
-    // The operator sets etcd's users and roles up and turns its access control on.
-    let out = w.ok(
-        Some("admin"),
-        &["etcd", "rbac", "--client", "bob", "--node", "1,2"],
-    );
-    assert!(out.contains("access control is on now"), "{out}");
-    assert!(out.contains("trireme node 1, trireme node 2"), "{out}");
-    assert!(!out.contains("shared"), "{out}");
-    for id in 1..=2 {
-        let log = std::fs::File::create(w.p(&format!("node-{id}.log"))).unwrap();
-        let child = node_cmd(&w, id)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        w.procs.0.push(child);
-    }
-    wait_for("both nodes up", || {
-        let out = w.cli(Some("admin"), &["--output", "json", "status"]);
-        out.status.success()
-            && serde_json::from_slice::<serde_json::Value>(&out.stdout)
-                .map(|s| {
-                    s["nodes"]
-                        .as_array()
-                        .is_some_and(|n| n.len() == 2 && n.iter().all(|n| n["up"] == true))
-                })
-                .unwrap_or(false)
-    });
-    w
-}
-
-/// Reads volume `v` whole through the export at `sock`: its first 4 MiB are `src`.
-fn assert_reads_back(w: &World, sock: &Path, src: &Path) {
-    let back = w.p("back.img");
-    common::run(
-        Command::new("nbdcopy")
-            .arg(format!("nbd+unix:///v?socket={}", sock.display()))
-            .arg(&back),
-    );
-    assert!(std::fs::read(&back).unwrap()[..4 << 20] == std::fs::read(src).unwrap()[..]);
-}
-
-/// Volume `v`, 16 MiB, two copies, open to alice and carol.
-fn create_v(w: &World) {
-    w.ok(
-        Some("admin"),
-        &[
-            "volume",
-            "create",
-            "v",
-            "--size",
-            "16M",
-            "--replicas",
-            "2",
-            "--allow",
-            "alice",
-            "--allow",
-            "carol",
-        ],
-    );
-}
-
-/// `trireme node run` for node `id` of the test's cluster.
-fn node_cmd(w: &World, id: u32) -> Command {
-    let mut c = Command::new(BIN);
-    c.arg("--etcd")
-        .arg(&w.etcd)
-        .args(["node", "run", "--id", &id.to_string()])
-        .args([
-            "--listen",
-            "127.0.0.1:0",
-            "--store",
-            "memory",
-            "--lease-ttl",
-            "2s",
-        ])
-        .arg("--dir")
-        .arg(w.p(&format!("n{id}")))
-        .arg("--tls-dir")
-        .arg(w.p(&format!("node-{id}")));
-    c
-}
-
-/// `etcdctl put KEY VALUE` as the client in `dir`: whether etcd took it.
-fn etcd_put_as(w: &World, dir: &str, key: &str) -> bool {
-    etcdctl(w, dir, "client", &["put", key, "{}"])
-        .status
-        .success()
-}
-
-/// `etcdctl ARGS` with the identity in `dir` (certificate `STEM-cert.pem`).
-fn etcdctl(w: &World, dir: &str, stem: &str, args: &[&str]) -> std::process::Output {
-    let d = w.p(dir);
-    Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints={}", w.etcd))
-        .arg(format!("--cacert={}", d.join("ca-cert.pem").display()))
-        .arg(format!(
-            "--cert={}",
-            d.join(format!("{stem}-cert.pem")).display()
-        ))
-        .arg(format!(
-            "--key={}",
-            d.join(format!("{stem}-key.pem")).display()
-        ))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-/// The statuses of the answers in `bytes` (frames back to back).
-fn statuses(bytes: &[u8]) -> Vec<trireme_proto::Status> {
-    let mut out = Vec::new();
-    let mut rest = bytes;
-    while let Ok(h) = trireme_proto::decode_header(rest.get(..64).unwrap_or_default()) {
-        out.push(h.status);
-        rest = rest.get(64 + h.payload_len as usize..).unwrap_or_default();
-    }
-    out
-}
-
-/// Attaches `vol` as `identity`; the child once it serves its socket, or its stderr.
-fn attach(w: &mut World, identity: &str, vol: &str) -> Result<PathBuf, String> {
-    let sock = w.p(&format!("{vol}-{identity}.sock"));
-    let log = w.p(&format!("attach-{identity}.log"));
-    let mut child = Command::new(BIN)
-        .arg("--etcd")
-        .arg(&w.etcd)
-        .arg("--tls-identity")
-        .arg(w.p(identity))
-        // Its own directory (the HTTP endpoint's address and token), not the test's cwd.
-        .arg("--data-dir")
-        .arg(w.p(&format!("attach-{identity}")))
-        .args(["attach", vol, "--lease-ttl", "2s", "--socket"])
-        .arg(&sock)
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    // It prints its URI once it serves; it exits (closing stdout) if it cannot.
-    let mut out = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut b = [0u8; 1];
-        while out.read(&mut b).unwrap_or(0) == 1 && b[0] != b'\n' {}
-        let _ = tx.send(());
-    });
-    let _ = rx.recv_timeout(Duration::from_secs(30));
-    if sock.exists() {
-        w.procs.0.push(child);
-        return Ok(sock);
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    Err(std::fs::read_to_string(&log).unwrap_or_default())
-}
+use common::secure::*;
 
 #[test]
 fn every_link_of_a_cluster_on_etcd_can_be_tls() {
@@ -373,8 +78,7 @@ fn every_link_of_a_cluster_on_etcd_can_be_tls() {
 
     // The control port itself: no certificate, or one of another CA, is refused before a
     // request is read.
-    let s: serde_json::Value =
-        serde_json::from_str(&w.ok(Some("admin"), &["--output", "json", "status"])).unwrap();
+    let s = w.admin_json(&["status"]);
     let (m, control) = (
         s["manager"]["node"].as_u64().unwrap(),
         s["manager"]["control"].as_str().unwrap().to_string(),
@@ -427,8 +131,7 @@ fn every_link_of_a_cluster_on_etcd_can_be_tls() {
     // (before, a same-epoch attach and one write left the copies different while the writer
     // recorded them in sync). Nor can alice herself move the epoch past the metadata's (a
     // 2^32 leap fenced a volume for good).
-    let s: serde_json::Value =
-        serde_json::from_str(&w.ok(Some("admin"), &["--output", "json", "status"])).unwrap();
+    let s = w.admin_json(&["status"]);
     let vol = s["volumes"]
         .as_array()
         .unwrap()
@@ -470,9 +173,7 @@ fn every_link_of_a_cluster_on_etcd_can_be_tls() {
     // Alice's writes go on; the copies agree.
     common::run(Command::new("nbdcopy").arg(&src).arg(&uri));
     w.ok(Some("admin"), &["volume", "verify", "v"]);
-    let info: serde_json::Value =
-        serde_json::from_str(&w.ok(Some("admin"), &["--output", "json", "volume", "info", "v"]))
-            .unwrap();
+    let info = w.admin_json(&["volume", "info", "v"]);
     assert_eq!(info["writer"]["client"], "alice", "{info}");
     assert!(
         info["writer"]["text"]
@@ -493,8 +194,7 @@ fn every_link_of_a_cluster_on_etcd_can_be_tls() {
     assert!(err.contains("not on volume v's access list"), "{err}");
     // The nodes refuse his certificate themselves, whatever a client does first: here, the
     // frames an attach would send, over TLS with bob's certificate.
-    let s: serde_json::Value =
-        serde_json::from_str(&w.ok(Some("admin"), &["--output", "json", "status"])).unwrap();
+    let s = w.admin_json(&["status"]);
     let node = s["nodes"][0]["addr"].as_str().unwrap().to_string();
     let id = s["volumes"]
         .as_array()
@@ -619,56 +319,14 @@ fn every_link_of_a_cluster_on_etcd_can_be_tls() {
     w.ok(Some("admin"), &["volume", "verify", "v"]);
 }
 
-/// One control exchange with the manager as the client in `dir`: the reply lines.
-fn control_as(w: &World, dir: &str, requests: &[serde_json::Value]) -> Vec<String> {
-    let s: serde_json::Value =
-        serde_json::from_str(&w.ok(Some("admin"), &["--output", "json", "status"])).unwrap();
-    let control = s["manager"]["control"].as_str().unwrap().to_string();
-    let mut lines = String::new();
-    for r in requests {
-        lines.push_str(&format!("{r}\n"));
-    }
-    let got = common::tls_exchange(&control, &w.p(dir), lines.as_bytes());
-    String::from_utf8_lossy(&got)
-        .lines()
-        .map(String::from)
-        .collect()
-}
-
-/// The volume's epoch and its replicas' nodes and states, as the metadata says.
-fn layout(w: &World, vol: &str) -> (u64, Vec<(u64, String)>) {
-    let info: serde_json::Value =
-        serde_json::from_str(&w.ok(Some("admin"), &["--output", "json", "volume", "info", vol]))
-            .unwrap();
-    let v = &info["volume"];
-    let v = if v.is_null() { &info } else { v };
-    let replicas = v["replicas"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no replicas in {info}"))
-        .iter()
-        .map(|r| {
-            (
-                r["node"].as_u64().unwrap(),
-                r["state"].as_str().unwrap_or_default().to_string(),
-            )
-        })
-        .collect();
-    (v["epoch"].as_u64().unwrap(), replicas)
-}
-
 #[test]
 fn a_client_on_the_access_list_that_is_not_the_writer_changes_nothing() {
     common::need("etcd");
     common::need("etcdctl");
     common::need("nbdcopy");
     let mut w = start();
-    create_v(&w);
     // Alice writes; every write nbdcopy saw acknowledged is in `src`.
-    let sock = attach(&mut w, "alice", "v").expect("alice attaches");
-    let src = w.p("src.img");
-    common::random_file(&src, 4 << 20, 7);
-    let uri = format!("nbd+unix:///v?socket={}", sock.display());
-    common::run(Command::new("nbdcopy").arg(&src).arg(&uri));
+    let (_, _, src) = alice_writes_v(&mut w, 7);
     // Her writer went through the manager, and keeps its attach record past the lease's TTL.
     std::thread::sleep(Duration::from_secs(5));
     let (epoch, replicas) = layout(&w, "v");
@@ -784,9 +442,7 @@ fn a_client_on_the_access_list_that_is_not_the_writer_changes_nothing() {
         &["put", "/trireme/v1/layouts/w2", "not json"],
     );
     assert!(put.status.success(), "{put:?}");
-    let list: serde_json::Value =
-        serde_json::from_str(&w.ok(Some("admin"), &["--output", "json", "volume", "list"]))
-            .unwrap();
+    let list = w.admin_json(&["volume", "list"]);
     let names: Vec<&str> = list
         .as_array()
         .unwrap()
@@ -834,244 +490,6 @@ fn a_client_on_the_access_list_that_is_not_the_writer_changes_nothing() {
         let got = etcdctl(&w, "admin", "admin", &["get", "/trireme/v1/resizes/v"]);
         String::from_utf8_lossy(&got.stdout).contains("does not shrink")
     });
-    let info: serde_json::Value =
-        serde_json::from_str(&w.ok(Some("admin"), &["--output", "json", "volume", "info", "v"]))
-            .unwrap();
+    let info = w.admin_json(&["volume", "info", "v"]);
     assert_eq!(info["size"], 16u64 << 20, "{info}");
-}
-
-/// Each node has an etcd user of its own: a certificate of a node that never joined writes
-/// nothing, a node removed loses its user, a revoked node certificate too, and `etcd rbac
-/// --node N` gives a node with a new certificate its user back.
-#[test]
-fn a_node_that_left_or_never_joined_writes_nothing_in_etcd() {
-    common::need("etcd");
-    common::need("etcdctl");
-    let w = start();
-    let ca = w.p("ca").display().to_string();
-    let node_put = |dir: &str, key: &str| {
-        etcdctl(&w, dir, "node", &["put", key, "{}"])
-            .status
-            .success()
-    };
-    let put_as_node = |id: u32| node_put(&format!("node-{id}"), &format!("/trireme/v1/nodes/{id}"));
-    // Node 1 is a member: it writes trireme's keys (here, a probe of its own).
-    assert!(node_put("node-1", "/trireme/v1/probe-node-1"));
-    // A revocation naming the wrong CA changes nothing: refused before the deny list.
-    let other = w.p("other-ca").display().to_string();
-    trireme(&["ca", "init", "--dir", &other]);
-    let n2 = w.p("node-2/node-cert.pem").display().to_string();
-    w.refused(
-        Some("admin"),
-        &["ca", "revoke", &n2, "--ca", &other],
-        "not by the CA",
-    );
-    let listed = w.ok(Some("admin"), &["ca", "revoked"]);
-    assert!(listed.contains("no certificate is revoked"), "{listed}");
-    // A certificate of the cluster's CA for node 9, which never joined: no etcd user.
-    let n9 = w.p("node-9").display().to_string();
-    trireme(&[
-        "ca",
-        "issue",
-        "node",
-        "9",
-        "--san",
-        "127.0.0.1",
-        "--ca",
-        &ca,
-        "--out",
-        &n9,
-    ]);
-    assert!(
-        !put_as_node(9),
-        "a node that never joined wrote its own record"
-    );
-
-    // The manager's node removed (it holds nothing): its user goes with it, its daemon
-    // stops for good, and the other node takes the manager role over.
-    let s: serde_json::Value =
-        serde_json::from_str(&w.ok(Some("admin"), &["--output", "json", "status"])).unwrap();
-    let m = s["manager"]["node"].as_u64().unwrap() as u32;
-    let o = 3 - m;
-    let out = w.cli(Some("admin"), &["node", "remove", &m.to_string()]);
-    assert!(out.status.success(), "{out:?}");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains(&format!("etcd users deleted: trireme node {m}")),
-        "{err}"
-    );
-    assert!(!put_as_node(m), "a removed node still writes etcd");
-    let pid = w.procs.0[m as usize].id();
-    wait_for("the removed node's daemon stops", || {
-        // Gone, or a zombie the test has not reaped yet.
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map_or(true, |st| st.split_whitespace().nth(2) == Some("Z"))
-    });
-    let log = w.p(&format!("node-{m}.log"));
-    assert!(
-        log_says(&log, "removed from the cluster")
-            || log_says(&log, "refuses this node's identity"),
-        "{}",
-        std::fs::read_to_string(&log).unwrap_or_default()
-    );
-    // Running `etcd rbac` again does not give it back (its record says removed).
-    let again = w.ok(Some("admin"), &["etcd", "rbac"]);
-    assert!(!again.contains("users added"), "{again}");
-    assert!(!put_as_node(m));
-    assert!(node_put(&format!("node-{o}"), "/trireme/v1/probe"));
-
-    // The other node's certificate revoked: its user goes, and the CRL names the
-    // certificate. (The manager role passed to it within a lease: it answers.)
-    let cert = w
-        .p(&format!("node-{o}/node-cert.pem"))
-        .display()
-        .to_string();
-    let mut out = w.cli(Some("admin"), &["ca", "revoke", &cert, "--ca", &ca]);
-    let t0 = Instant::now();
-    while !out.status.success() && t0.elapsed() < Duration::from_secs(20) {
-        std::thread::sleep(Duration::from_millis(300));
-        out = w.cli(Some("admin"), &["ca", "revoke", &cert, "--ca", &ca]);
-    }
-    assert!(out.status.success(), "{out:?}");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains(&format!("etcd users deleted: trireme node {o}")),
-        "{err}"
-    );
-    assert!(
-        !put_as_node(o),
-        "a revoked node certificate still writes etcd"
-    );
-    // A new certificate for it, then `etcd rbac --node N`: its user is back, and only the
-    // new certificate gets through (the CRL keeps the old one out).
-    let old = format!("node-{o}-old");
-    std::fs::rename(w.p(&format!("node-{o}")), w.p(&old)).unwrap();
-    let dir = w.p(&format!("node-{o}")).display().to_string();
-    trireme(&[
-        "ca",
-        "issue",
-        "node",
-        &o.to_string(),
-        "--san",
-        "127.0.0.1",
-        "--ca",
-        &ca,
-        "--out",
-        &dir,
-    ]);
-    let out = w.ok(Some("admin"), &["etcd", "rbac", "--node", &o.to_string()]);
-    assert!(
-        out.contains(&format!("etcd users added: trireme node {o}")),
-        "{out}"
-    );
-    assert!(
-        node_put(&format!("node-{o}"), "/trireme/v1/probe"),
-        "node {o}'s new certificate cannot write"
-    );
-    std::fs::copy(w.p("ca/crl.pem"), w.p("etcd/crl.pem")).unwrap();
-    assert!(
-        !node_put(&old, &format!("/trireme/v1/nodes/{o}")),
-        "the revoked certificate of node {o} got through etcd again"
-    );
-}
-
-/// A full etcd (its quota reached: a NOSPACE alarm) is a health reason in `status`, and the
-/// data path goes on: an attached volume takes and reads back writes, which need no etcd.
-#[test]
-fn a_full_etcd_is_a_health_reason_and_writes_go_on() {
-    common::need("etcd");
-    common::need("etcdctl");
-    common::need("nbdcopy");
-    // 32 MiB: filled in a few seconds.
-    let mut w = start_with(&["--quota-backend-bytes=33554432"]);
-    create_v(&w);
-    let sock = attach(&mut w, "alice", "v").expect("alice attaches");
-    let uri = format!("nbd+unix:///v?socket={}", sock.display());
-    let src = w.p("src.img");
-    common::random_file(&src, 4 << 20, 11);
-    common::run(Command::new("nbdcopy").arg(&src).arg(&uri));
-    // An operator's (or a bug's) writes fill etcd: 1 MiB values until it refuses.
-    let value = vec![b'x'; 1 << 20];
-    let mut full = false;
-    for i in 0..200 {
-        let a = w.p("admin");
-        let mut put = Command::new("etcdctl")
-            .env("ETCDCTL_API", "3")
-            .arg(format!("--endpoints={}", w.etcd))
-            .arg(format!("--cacert={}", a.join("ca-cert.pem").display()))
-            .arg(format!("--cert={}", a.join("admin-cert.pem").display()))
-            .arg(format!("--key={}", a.join("admin-key.pem").display()))
-            .args(["put", &format!("/fill/{i}")])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        use std::io::Write;
-        put.stdin.take().unwrap().write_all(&value).unwrap();
-        let out = put.wait_with_output().unwrap();
-        if !out.status.success() {
-            let err = String::from_utf8_lossy(&out.stderr);
-            assert!(err.contains("database space exceeded"), "{err}");
-            full = true;
-            break;
-        }
-    }
-    assert!(full, "etcd never filled");
-    wait_for("status names the full metadata store", || {
-        let out = w.cli(Some("admin"), &["status"]);
-        String::from_utf8_lossy(&out.stdout).contains("the metadata store is full")
-    });
-    // The data path needs no etcd: new writes are taken, and read back.
-    common::random_file(&src, 4 << 20, 12);
-    common::run(Command::new("nbdcopy").arg(&src).arg(&uri));
-    assert_reads_back(&w, &sock, &src);
-}
-
-/// The manager's node killed -9 under a client's writes: its copy must be taken out, and a
-/// client records a take-out only through the manager, which died with it. The write waits,
-/// never acknowledged unrecorded, until the other node takes the role over and records it;
-/// then every acknowledged write reads back.
-#[test]
-fn a_take_out_waits_for_a_new_manager_when_the_old_one_dies_with_the_copy() {
-    common::need("etcd");
-    common::need("nbdcopy");
-    let mut w = start();
-    create_v(&w);
-    let sock = attach(&mut w, "alice", "v").expect("alice attaches");
-    let uri = format!("nbd+unix:///v?socket={}", sock.display());
-    let src = w.p("src.img");
-    common::random_file(&src, 4 << 20, 21);
-    common::run(Command::new("nbdcopy").arg(&src).arg(&uri));
-    let s: serde_json::Value =
-        serde_json::from_str(&w.ok(Some("admin"), &["--output", "json", "status"])).unwrap();
-    let manager = s["manager"]["node"].as_u64().unwrap() as u32;
-    let (epoch, before) = layout(&w, "v");
-    assert!(before.iter().all(|(_, st)| st == "in-sync"), "{before:?}");
-    // procs: etcd, node 1, node 2, alice's writer.
-    let victim = &mut w.procs.0[manager as usize];
-    common::signal(victim.id() as i32, libc::SIGKILL);
-    let _ = victim.wait();
-    // New writes: the first to the dead copy fails, and its take-out waits for a manager.
-    let t0 = Instant::now();
-    common::random_file(&src, 4 << 20, 22);
-    common::run(Command::new("nbdcopy").arg(&src).arg(&uri));
-    let waited = t0.elapsed();
-    eprintln!("writes after the kill took {waited:?}");
-    assert_reads_back(&w, &sock, &src);
-    // Recorded by the new manager (the other node), at the writer's epoch.
-    let s: serde_json::Value =
-        serde_json::from_str(&w.ok(Some("admin"), &["--output", "json", "status"])).unwrap();
-    let new = s["manager"]["node"].as_u64().unwrap() as u32;
-    assert_ne!(new, manager, "{s}");
-    let (after_epoch, after) = layout(&w, "v");
-    assert_eq!(after_epoch, epoch);
-    let dead: Vec<_> = after
-        .iter()
-        .filter(|(n, _)| *n == u64::from(manager))
-        .collect();
-    assert!(
-        dead.iter().all(|(_, st)| st != "in-sync"),
-        "the dead node's copy is still in sync: {after:?} (writes waited {waited:?})"
-    );
 }

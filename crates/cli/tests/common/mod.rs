@@ -1,6 +1,6 @@
 //! A real cluster for tests: `trireme up` in a temporary directory, stopped on drop; the CLI
 //! and process helpers around it (HTTP and TLS clients in `http`, image files and NBD exports
-//! in `images`, network namespaces in `netns`).
+//! in `images`, network namespaces in `netns`, a TLS cluster on etcd in `secure`).
 
 #![allow(dead_code)]
 
@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 mod http;
 mod images;
 pub mod netns;
+pub mod secure;
 #[allow(unused_imports)]
 pub use http::*;
 #[allow(unused_imports)]
