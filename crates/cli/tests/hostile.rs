@@ -19,6 +19,23 @@ fn ok(c: &Cluster, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// A client certificate for `name`, issued by `up`'s CA: its directory.
+fn issue_client(c: &Cluster, name: &str) -> std::path::PathBuf {
+    let dir = c.path().join(name);
+    ok(
+        c,
+        &[
+            "ca",
+            "issue",
+            "client",
+            name,
+            "--out",
+            dir.to_str().unwrap(),
+        ],
+    );
+    dir
+}
+
 fn nbdinfo_ok(uri: &str) -> bool {
     Command::new("nbdinfo")
         .arg(uri)
@@ -32,18 +49,7 @@ fn nbdinfo_ok(uri: &str) -> bool {
 fn the_access_list_decides_which_clients_reach_a_volume() {
     need("nbdinfo");
     let c = Cluster::start(&["--store", "memory", "--size", "16M"]);
-    let bob = c.path().join("bob");
-    ok(
-        &c,
-        &[
-            "ca",
-            "issue",
-            "client",
-            "bob",
-            "--out",
-            bob.to_str().unwrap(),
-        ],
-    );
+    let bob = issue_client(&c, "bob");
     let addr = c.tcp_addr();
     let as_bob = format!("nbds://{addr}/vol0?tls-certificates={}", bob.display());
     // A new volume is open to its creator only: here `local`, the credentials `up` wrote.
@@ -479,18 +485,7 @@ fn idle_connections_and_descriptor_exhaustion_never_stop_a_listener() {
 fn a_snapshot_export_over_tls_admits_its_volumes_clients_only() {
     need("nbdinfo");
     let c = Cluster::start(&["--store", "memory", "--size", "16M"]);
-    let bob = c.path().join("bob");
-    ok(
-        &c,
-        &[
-            "ca",
-            "issue",
-            "client",
-            "bob",
-            "--out",
-            bob.to_str().unwrap(),
-        ],
-    );
+    let bob = issue_client(&c, "bob");
     ok(&c, &["volume", "snapshot", "create", "vol0", "s1"]);
     let mut nbd = Command::new(BIN)
         .arg("--data-dir")

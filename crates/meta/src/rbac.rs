@@ -51,18 +51,13 @@ pub fn node_user(id: u32) -> String {
     format!("trireme node {id}")
 }
 
-/// The role that lets client `name` write the volumes it may attach.
+/// Client `name`'s own role, which grants nothing now. A client wrote all eight of a volume's
+/// writer keys once (attach record, layout, requests), so any client on the access list could
+/// rewrite the writer's records; then its own report alone, which it could rewrite in a loop,
+/// as large as etcd takes, until etcd was full. Both go through the manager now; the role
+/// stays, empty, so that [`apply`] takes back what older releases granted in it.
 pub fn client_role(name: &str) -> String {
     format!("trireme-client-{name}")
-}
-
-/// The keys client `client` writes for a volume it may attach: none. A client wrote all eight
-/// of a volume's writer keys once (attach record, layout, requests), so any client on the
-/// access list could rewrite the writer's records; then its own report alone, which a client
-/// could rewrite in a loop, as large as etcd takes, until etcd was full. Both now go through
-/// the manager.
-pub fn client_keys(_volume: &str, _client: &str) -> [String; 0] {
-    []
 }
 
 /// The end of the key range of everything that starts with `prefix`.
@@ -88,14 +83,6 @@ impl Grant {
             key: prefix.to_string(),
             range_end: Some(prefix_end(prefix)),
             write,
-        }
-    }
-
-    fn key(key: String) -> Grant {
-        Grant {
-            key,
-            range_end: None,
-            write: true,
         }
     }
 }
@@ -175,13 +162,6 @@ pub fn plan(
     for name in names {
         let r = client_role(&name);
         role(&mut p, &r);
-        let theirs = volumes
-            .iter()
-            .filter(|v| v.access.iter().any(|a| a == &name || a == ANY_CLIENT));
-        for v in theirs {
-            let grants = p.roles.entry(r.clone()).or_default();
-            grants.extend(client_keys(&v.name, &name).into_iter().map(Grant::key));
-        }
         user(&mut p, client_user(&name), CLIENTS_ROLE);
         user(&mut p, client_user(&name), &r);
     }
