@@ -22,8 +22,8 @@ impl ClusterMeta {
         key("nodes/")
     }
 
-    /// Every registered node, by id, whose record decodes; one that does not is skipped, named in a warning (one
-    /// bad record must not take every listing, status and placement down with it).
+    /// Every registered node, by id, whose record decodes; one that does not is skipped, named
+    /// in a warning (one bad record must not take every listing, status and placement down).
     pub async fn nodes(&self) -> Result<Vec<NodeRecord>, MetaError> {
         let (kvs, _) = self.store.range(&key("nodes/")).await?;
         let mut v: Vec<NodeRecord> = kvs

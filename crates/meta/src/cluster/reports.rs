@@ -133,9 +133,9 @@ impl ClusterMeta {
     pub async fn reports(&self) -> Result<Vec<(String, WriterReport)>, MetaError> {
         let prefix = key("reports/");
         let writers = self.attachments().await?;
-        // By volume: the report, and whether a client wrote it (a client's report of the
-        // writer of record wins over a stale one of the cluster's own).
-        let mut out: std::collections::BTreeMap<String, (WriterReport, bool)> = Default::default();
+        // By volume: a client's report of the writer of record wins over a stale one of the
+        // cluster's own.
+        let mut out: std::collections::BTreeMap<String, WriterReport> = Default::default();
         for kv in self.store().range(&prefix).await?.0 {
             let Some(rest) = kv.key.strip_prefix(&prefix) else {
                 continue;
@@ -165,10 +165,9 @@ impl ClusterMeta {
                 }
             }
             if client.is_some() || !out.contains_key(name) {
-                out.insert(name.to_string(), (r, client.is_some()));
+                out.insert(name.to_string(), r);
             }
         }
-        let out = out.into_iter().map(|(n, (r, _))| (n, r)).collect();
-        Ok(out)
+        Ok(out.into_iter().collect())
     }
 }
