@@ -308,6 +308,11 @@ pub enum EtcdCmd {
         /// (after every node has a certificate of its own).
         #[arg(long)]
         drop_shared_node_user: bool,
+        /// The nodes that may hold the manager role (`--managers 1,2,3`, or `all`, the
+        /// default). The others write only their own liveness key and record in etcd. Kept
+        /// in etcd: later runs follow it until changed.
+        #[arg(long, value_name = "IDS|all")]
+        managers: Option<String>,
     },
 }
 

@@ -229,3 +229,125 @@ fn a_take_out_waits_for_a_new_manager_when_the_old_one_dies_with_the_copy() {
         "the dead node's copy is still in sync: {after:?} (writes waited {waited:?})"
     );
 }
+
+/// `etcd rbac --managers`: a node that may not hold the manager role writes in etcd only its
+/// own liveness key and record, etcd keeps it out of the election, a manager barred by a
+/// later run gives the role up, and `--managers all` lets the barred nodes back in.
+#[test]
+fn a_node_that_may_not_manage_writes_only_its_own_records() {
+    common::need("etcd");
+    common::need("etcdctl");
+    let mut w = start();
+    let ca = w.p("ca").display().to_string();
+    let n3 = w.p("node-3").display().to_string();
+    trireme(&[
+        "ca",
+        "issue",
+        "node",
+        "3",
+        "--san",
+        "127.0.0.1",
+        "--ca",
+        &ca,
+        "--out",
+        &n3,
+    ]);
+    // A typo names no member: refused, and nothing changes.
+    w.refused(
+        Some("admin"),
+        &["etcd", "rbac", "--node", "3", "--managers", "1,4"],
+        "node 4 that is no member",
+    );
+    // Who holds the manager role (`None` while nobody does, or status fails without one).
+    let manager = |w: &World| {
+        let out = w.cli(Some("admin"), &["--output", "json", "status"]);
+        serde_json::from_slice::<serde_json::Value>(&out.stdout)
+            .ok()
+            .and_then(|s| s["manager"]["node"].as_u64())
+    };
+    let m = manager(&w).unwrap() as u32;
+    let o = 3 - m;
+    // The manager's node barred: it gives the role up to the other.
+    let out = w.ok(
+        Some("admin"),
+        &["etcd", "rbac", "--node", "3", "--managers", &o.to_string()],
+    );
+    assert!(
+        out.contains(&format!("nodes that may hold the manager role: {o}")),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("node {m} held the manager role")),
+        "{out}"
+    );
+    wait_for("the other node takes the manager role", || {
+        manager(&w) == Some(o as u64)
+    });
+    // Node 3 joins, barred from the start (later runs follow the recorded list).
+    let again = w.ok(Some("admin"), &["etcd", "rbac"]);
+    assert!(
+        again.contains(&format!("may hold the manager role: {o}")),
+        "{again}"
+    );
+    let log3 = w.p("node-3.log");
+    let child = node_cmd(&w, 3)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log3).unwrap())
+        .spawn()
+        .unwrap();
+    w.procs.0.push(child);
+    wait_for("node 3 up", || {
+        w.admin_json(&["status"])["nodes"]
+            .as_array()
+            .is_some_and(|n| n.len() == 3 && n.iter().all(|n| n["up"] == true))
+    });
+    let put = |w: &World, dir: &str, key: &str| {
+        etcdctl(
+            w,
+            dir,
+            "node",
+            &["put", &format!("/trireme/v1/{key}"), "{}"],
+        )
+        .status
+        .success()
+    };
+    for barred in [m, 3] {
+        let dir = format!("node-{barred}");
+        for key in [
+            format!("nodes/{o}"),
+            format!("nodes/{barred}0"),
+            format!("alive/{o}"),
+            format!("restarts/{o}"),
+            "revoked/00".into(),
+            "manager".into(),
+            "settings/managers".into(),
+            "layouts/v".into(),
+            "attach/v".into(),
+            "jobs/1".into(),
+        ] {
+            assert!(!put(&w, &dir, &key), "node {barred} wrote {key}");
+        }
+    }
+    assert!(
+        put(&w, &format!("node-{o}"), "probe"),
+        "the manager's node is refused"
+    );
+
+    // etcd refuses node 3 the manager key even while it is taken (it checks both branches
+    // of the campaign's transaction).
+    wait_for("node 3 is refused the manager key", || {
+        log_says(&log3, "may not hold the manager role")
+    });
+    // The only node that may manage dies: the barred ones stay out of the election.
+    w.procs.0[o as usize].kill().unwrap();
+    let _ = w.procs.0[o as usize].wait();
+    std::thread::sleep(Duration::from_secs(4)); // the dead manager's lease (2 s) runs out
+    assert_eq!(manager(&w), None, "a barred node took the manager role");
+    // `--managers all` lets them back in: one of them takes the role.
+    let out = w.ok(Some("admin"), &["etcd", "rbac", "--managers", "all"]);
+    assert!(!out.contains("may hold the manager role"), "{out}");
+    wait_for(
+        "a node let back in takes the manager role",
+        || matches!(manager(&w), Some(n) if n == m as u64 || n == 3),
+    );
+}

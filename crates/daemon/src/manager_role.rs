@@ -14,7 +14,11 @@ use std::time::Duration;
 use tokio::sync::watch;
 use trireme_control::Manager;
 use trireme_meta::kv::LeaseId;
-use trireme_meta::{ClusterMeta, ManagerRecord};
+use trireme_meta::{ClusterMeta, ManagerRecord, MetaError};
+
+/// How often a node that etcd bars from the manager role asks again (an operator may let it
+/// in with `etcd rbac --managers`).
+const BARRED_RETRY: Duration = Duration::from_secs(5);
 
 /// How the manager watches nodes.
 #[derive(Debug, Clone)]
@@ -81,6 +85,7 @@ pub async fn campaign(
     opts: ManagerOptions,
     current: watch::Sender<Option<Arc<Manager>>>,
 ) {
+    let mut barred = false;
     loop {
         let Some(l) = *lease.borrow_and_update() else {
             if lease.changed().await.is_err() {
@@ -90,6 +95,7 @@ pub async fn campaign(
         };
         match meta.campaign(&rec, l).await {
             Ok(true) => {
+                barred = false;
                 tracing::info!(node = rec.node, control = %rec.control, "took the manager role");
                 let m = Arc::new(Manager::new(meta.fenced(l)));
                 m.set_liveness_from_leases(opts.node_leases);
@@ -133,6 +139,18 @@ pub async fn campaign(
                 }
             }
             Ok(false) => wait_for_vacancy(&meta, &mut lease).await,
+            Err(MetaError::Denied(e)) => {
+                if !barred {
+                    tracing::info!(
+                        node = rec.node,
+                        "this node may not hold the manager role (etcd refuses it the manager \
+                         key: `trireme etcd rbac --managers`); it serves its copies and stays \
+                         out of the election ({e})"
+                    );
+                    barred = true;
+                }
+                tokio::time::sleep(BARRED_RETRY).await;
+            }
             Err(e) => {
                 tracing::debug!("campaign: {e}");
                 tokio::time::sleep(Duration::from_millis(500)).await;

@@ -6,7 +6,8 @@
 //!
 //! | etcd user (certificate CN) | etcd role | may |
 //! |---|---|---|
-//! | `trireme node N`, one per member node | `trireme-node` | read and write every trireme key (any node may hold the manager role). Removed when node N is removed or a certificate of node N is revoked, so a node that left writes nothing |
+//! | `trireme node N`, one per member node that may hold the manager role | `trireme-node` | read and write every trireme key (the manager writes the cluster's records). Removed when node N is removed or a certificate of node N is revoked, so a node that left writes nothing |
+//! | `trireme node N`, a member node that may not (`etcd rbac --managers`) | `trireme-node-N` | read trireme's keys; write its liveness key `alive/N` and its own record `nodes/N`, nothing else: not the `manager` key, other nodes' records, `revoked/`, `restarts/`, `settings/` or any volume's |
 //! | `trireme admin` | `root` | everything, etcd's users and roles included |
 //! | `trireme client NAME` | `trireme-clients`, `trireme-client-NAME` (empty) | read trireme's keys, write none. Everything a writer records (its attach record, replica states, answers to the manager's requests, its report) goes through the manager's control API, which checks that the caller is the writer of record and bounds what it writes. The empty role is kept so that [`apply`] takes back what older releases granted in it |
 //! | `root` (no password, no certificate names it) | `root` | nothing: etcd requires it to exist before it turns access control on |
@@ -26,8 +27,11 @@ use etcd_client::{Permission, PermissionType, UserAddOptions};
 use crate::cluster::PREFIX;
 use crate::{MetaError, VolumeRecord, ANY_CLIENT};
 
-/// The role of every node daemon.
+/// The role of every node daemon that may hold the manager role.
 pub const NODE_ROLE: &str = "trireme-node";
+/// The setting (`settings/managers`) naming the nodes that may hold the manager role, as
+/// [`format_managers`] writes it; absent or `all`: every member node.
+pub const MANAGERS_SETTING: &str = "managers";
 /// The role of every client: reading trireme's keys, writing those of volumes open to all.
 pub const CLIENTS_ROLE: &str = "trireme-clients";
 /// etcd's built-in role of its administrators.
@@ -49,6 +53,38 @@ pub fn client_user(name: &str) -> String {
 /// The etcd user of node `id`'s certificates (their common name).
 pub fn node_user(id: u32) -> String {
     format!("trireme node {id}")
+}
+
+/// Node `id`'s own role when it may not hold the manager role: its liveness key and its own
+/// record, nothing else.
+pub fn member_role(id: u32) -> String {
+    format!("trireme-node-{id}")
+}
+
+/// The nodes that may hold the manager role, from [`MANAGERS_SETTING`]: `None` is every member.
+pub fn parse_managers(s: &str) -> Result<Option<BTreeSet<u32>>, MetaError> {
+    let s = s.trim();
+    if s == "all" {
+        return Ok(None);
+    }
+    let ids = s
+        .split(',')
+        .map(|t| t.trim().parse::<u32>())
+        .collect::<Result<BTreeSet<u32>, _>>()
+        .map_err(|_| {
+            MetaError::Refused(format!(
+                "{s:?} is not a list of node ids (1,2,3) or \"all\""
+            ))
+        })?;
+    Ok(Some(ids))
+}
+
+/// [`MANAGERS_SETTING`]'s value for `managers`.
+pub fn format_managers(managers: Option<&BTreeSet<u32>>) -> String {
+    match managers {
+        None => "all".into(),
+        Some(ids) => ids.iter().map(u32::to_string).collect::<Vec<_>>().join(","),
+    }
 }
 
 /// Client `name`'s own role, which grants nothing now. A client wrote all eight of a volume's
@@ -78,6 +114,14 @@ pub struct Grant {
 }
 
 impl Grant {
+    fn key(key: String, write: bool) -> Grant {
+        Grant {
+            key,
+            range_end: None,
+            write,
+        }
+    }
+
     fn prefix(prefix: &str, write: bool) -> Grant {
         Grant {
             key: prefix.to_string(),
@@ -126,14 +170,20 @@ pub fn node_ids(
     (members.into_iter().collect(), retired.into_iter().collect())
 }
 
-/// The plan for `volumes`, member nodes `node_ids`, nodes `retired` whose users go, and
-/// clients `clients` (besides those the access lists name).
-pub fn plan(
-    volumes: &[VolumeRecord],
-    node_ids: &[u32],
-    retired: &[u32],
-    clients: &[String],
-) -> Plan {
+/// Who among the nodes gets what.
+#[derive(Debug, Clone, Default)]
+pub struct Nodes<'a> {
+    /// The member nodes: one etcd user each.
+    pub members: &'a [u32],
+    /// Nodes whose users go (removed or revoked).
+    pub retired: &'a [u32],
+    /// The members that may hold the manager role (`None`: all of them).
+    pub managers: Option<&'a BTreeSet<u32>>,
+}
+
+/// The plan for `volumes`, `nodes` and clients `clients` (besides those the access lists
+/// name).
+pub fn plan(volumes: &[VolumeRecord], nodes: &Nodes<'_>, clients: &[String]) -> Plan {
     let mut p = Plan::default();
     let role = |p: &mut Plan, r: &str| {
         p.roles.entry(r.to_string()).or_default();
@@ -149,10 +199,19 @@ pub fn plan(
     let user = |p: &mut Plan, u: String, r: &str| {
         p.users.entry(u).or_default().insert(r.to_string());
     };
-    for &id in node_ids {
-        user(&mut p, node_user(id), NODE_ROLE);
+    for &id in nodes.members {
+        if nodes.managers.is_none_or(|m| m.contains(&id)) {
+            user(&mut p, node_user(id), NODE_ROLE);
+            continue;
+        }
+        let own = |k: &str| Grant::key(format!("{PREFIX}{k}/{id}"), true);
+        p.roles.insert(
+            member_role(id),
+            BTreeSet::from([Grant::prefix(PREFIX, false), own("alive"), own("nodes")]),
+        );
+        user(&mut p, node_user(id), &member_role(id));
     }
-    p.delete = retired.iter().map(|&id| node_user(id)).collect();
+    p.delete = nodes.retired.iter().map(|&id| node_user(id)).collect();
     user(&mut p, ADMIN_USER.into(), ROOT_ROLE);
     user(&mut p, ROOT_USER.into(), ROOT_ROLE);
     let mut names: BTreeSet<String> = clients.iter().cloned().collect();
@@ -180,11 +239,18 @@ pub struct Applied {
     pub revoked: usize,
     /// Access control was off and has been turned on.
     pub enabled: bool,
+    /// The nodes that may hold the manager role (`None`: every member).
+    pub managers: Option<Vec<u32>>,
+    /// The node that held the manager role and may no longer: its role was taken back.
+    pub manager_deposed: Option<u32>,
 }
 
 /// Whether `role` is one of trireme's own (whose permissions [`apply`] may take back).
 fn ours(role: &str) -> bool {
-    role == NODE_ROLE || role == CLIENTS_ROLE || role.starts_with("trireme-client-")
+    role == NODE_ROLE
+        || role == CLIENTS_ROLE
+        || role.starts_with("trireme-client-")
+        || role.starts_with("trireme-node-")
 }
 
 /// etcd's refusal of this identity (its access control), or an outage to wait out.
@@ -382,8 +448,11 @@ mod tests {
     fn clients_write_no_key() {
         let p = plan(
             &[vol("db1", &["alice"]), vol("web", &["*"]), vol("ops", &[])],
-            &[1, 2],
-            &[3],
+            &Nodes {
+                members: &[1, 2],
+                retired: &[3],
+                managers: None,
+            },
             &["carol".into()],
         );
         // A client's role grants nothing: it writes no key (its report too goes through the
@@ -432,5 +501,53 @@ mod tests {
                 write: true
             }])
         );
+    }
+
+    #[test]
+    fn a_node_that_may_not_manage_writes_only_its_own_records() {
+        let managers = BTreeSet::from([1, 2]);
+        let p = plan(
+            &[vol("db1", &["alice"])],
+            &Nodes {
+                members: &[1, 2, 3],
+                retired: &[],
+                managers: Some(&managers),
+            },
+            &[],
+        );
+        for u in [node_user(1), node_user(2)] {
+            assert_eq!(p.users[&u], BTreeSet::from([NODE_ROLE.to_string()]));
+        }
+        assert_eq!(
+            p.users[&node_user(3)],
+            BTreeSet::from([member_role(3)]),
+            "node 3 holds the manager's role"
+        );
+        let exact = |k: &str| Grant::key(format!("/trireme/v1/{k}"), true);
+        assert_eq!(
+            p.roles[&member_role(3)],
+            BTreeSet::from([
+                Grant::prefix(PREFIX, false),
+                exact("alive/3"),
+                exact("nodes/3"),
+            ])
+        );
+        // Exact keys, not prefixes: `nodes/3` must not reach `nodes/30`.
+        assert!(p.roles[&member_role(3)]
+            .iter()
+            .all(|g| !g.write || g.range_end.is_none()));
+    }
+
+    #[test]
+    fn the_managers_setting_reads_back_and_refuses_typos() {
+        let ids = BTreeSet::from([1, 3]);
+        let s = format_managers(Some(&ids));
+        assert_eq!(s, "1,3");
+        assert_eq!(parse_managers(&s).unwrap(), Some(ids));
+        assert_eq!(parse_managers("all").unwrap(), None);
+        assert_eq!(format_managers(None), "all");
+        for bad in ["", "1,,2", "one", "1;2", "-1"] {
+            assert!(parse_managers(bad).is_err(), "{bad:?}");
+        }
     }
 }

@@ -25,6 +25,9 @@ pub(crate) struct RbacAsk<'a> {
     pub nodes: &'a [u32],
     pub enable: bool,
     pub drop_shared_node_user: bool,
+    /// The nodes that may hold the manager role from now on (`--managers`; `None`: as
+    /// recorded).
+    pub managers: Option<&'a str>,
 }
 
 /// Brings etcd's users and roles in line with the volumes' access lists, the member nodes
@@ -39,11 +42,81 @@ pub(crate) async fn rbac_sync(
     let volumes = meta.volumes().await?;
     let (members, retired) =
         rbac::node_ids(&meta.nodes().await?, &meta.revoked().await?, ask.nodes);
-    let mut plan = rbac::plan(&volumes, &members, &retired, ask.clients);
+    let managers = managers(&meta, ask.managers, &members).await?;
+    let nodes = rbac::Nodes {
+        members: &members,
+        retired: &retired,
+        managers: managers.as_ref(),
+    };
+    let mut plan = rbac::plan(&volumes, &nodes, ask.clients);
     if ask.drop_shared_node_user {
         plan.delete.insert(rbac::SHARED_NODE_USER.to_string());
     }
-    Ok(rbac::apply(&mut store.client(), &plan, ask.enable).await?)
+    let mut done = rbac::apply(&mut store.client(), &plan, ask.enable).await?;
+    if ask.managers.is_some() {
+        meta.set_setting(
+            rbac::MANAGERS_SETTING,
+            &rbac::format_managers(managers.as_ref()),
+        )
+        .await?;
+    }
+    done.managers = managers.as_ref().map(|m| m.iter().copied().collect());
+    done.manager_deposed = depose(&meta, managers.as_ref()).await?;
+    Ok(done)
+}
+
+/// The nodes that may hold the manager role: `asked` (checked against the members: a typo
+/// must not leave the cluster without a manager), or as recorded.
+async fn managers(
+    meta: &trireme_meta::ClusterMeta,
+    asked: Option<&str>,
+    members: &[u32],
+) -> Result<Option<std::collections::BTreeSet<u32>>, CliError> {
+    use trireme_meta::rbac;
+    let Some(asked) = asked else {
+        return match meta.setting(rbac::MANAGERS_SETTING).await? {
+            None => Ok(None),
+            Some(s) => Ok(rbac::parse_managers(&s)?),
+        };
+    };
+    let ids = rbac::parse_managers(asked).map_err(|e| CliError::Usage(e.to_string()))?;
+    if let Some(ids) = &ids {
+        let strangers: Vec<String> = ids
+            .iter()
+            .filter(|id| !members.contains(id))
+            .map(u32::to_string)
+            .collect();
+        if !strangers.is_empty() {
+            return Err(CliError::Usage(format!(
+                "--managers names node {} that is no member (members: {}); name it with \
+                 --node too if its server has not started yet",
+                strangers.join(", "),
+                members
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+    }
+    Ok(ids)
+}
+
+/// Takes the manager role from a node that may no longer hold it (its writes are refused
+/// now): deletes the `manager` key, which its holder gives up at once, for a node that may
+/// hold it to take. Returns that node.
+async fn depose(
+    meta: &trireme_meta::ClusterMeta,
+    managers: Option<&std::collections::BTreeSet<u32>>,
+) -> Result<Option<u32>, CliError> {
+    let (Some(managers), Some((m, _))) = (managers, meta.manager().await?) else {
+        return Ok(None);
+    };
+    if managers.contains(&m.node) {
+        return Ok(None);
+    }
+    meta.depose_manager().await?;
+    Ok(Some(m.node))
 }
 
 /// After an operator changed an access list: etcd's roles follow it. Only an operator's
@@ -75,6 +148,7 @@ pub(crate) async fn etcd_cmd(cli: &Cli, c: &crate::EtcdCmd) -> Result<(), CliErr
             nodes,
             no_enable,
             drop_shared_node_user,
+            managers,
         } => {
             for c in clients {
                 trireme_tls::check_client_name(c).map_err(|e| CliError::Usage(e.to_string()))?;
@@ -84,6 +158,7 @@ pub(crate) async fn etcd_cmd(cli: &Cli, c: &crate::EtcdCmd) -> Result<(), CliErr
                 nodes,
                 enable: !no_enable,
                 drop_shared_node_user: *drop_shared_node_user,
+                managers: managers.as_deref(),
             };
             let done = rbac_sync(cli, &ask).await?;
             print(cli.output, &done, |d| {
@@ -104,6 +179,21 @@ pub(crate) async fn etcd_cmd(cli: &Cli, c: &crate::EtcdCmd) -> Result<(), CliErr
                          node a new certificate (`trireme ca issue node N`), then run `etcd rbac \
                          --drop-shared-node-user`\n",
                         trireme_meta::rbac::SHARED_NODE_USER
+                    );
+                }
+                if let Some(m) = &d.managers {
+                    s += &format!(
+                        "nodes that may hold the manager role: {} (the others write only their own records)\n",
+                        m.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+                    );
+                    if m.len() < 2 {
+                        s += "warning: with one node able to hold the manager role, nobody \
+                              takes failing copies out while it is down\n";
+                    }
+                }
+                if let Some(n) = d.manager_deposed {
+                    s += &format!(
+                        "node {n} held the manager role and may no longer: it was taken back\n"
                     );
                 }
                 if !d.roles_added.is_empty() {

@@ -101,6 +101,13 @@ impl ClusterMeta {
         self.get(&key("manager")).await
     }
 
+    /// Takes the manager role from whoever holds it (an operator's act: its node may no longer
+    /// hold it). The holder sees its key gone and gives the role up; the others campaign.
+    pub async fn depose_manager(&self) -> Result<(), MetaError> {
+        self.write(vec![], vec![Op::delete(key("manager"))]).await?;
+        Ok(())
+    }
+
     /// The manager key (for watches).
     pub fn manager_key() -> String {
         key("manager")
