@@ -1,20 +1,38 @@
-//! The NBD export of a volume: adapts the volume client to the NBD server's `Backend`.
+//! The NBD exports of a volume and of its snapshots: the block devices of
+//! `trireme-blockdev`, with a dirty bitmap per snapshot on top (a filter).
 
 use std::sync::Arc;
 
 use bytes::Bytes;
-use trireme_client::{Volume, VolumeError};
-use trireme_nbd::consts::{EINVAL, EIO, ENOSPC};
-use trireme_nbd::{Backend, BackendError, Extent};
+use trireme_blockdev::volume::{dev_error, extents};
+use trireme_blockdev::{
+    BlockDevice, Caps, DevError, ErrorKind, Filter, Filtered, ReadOnly, VolumeDevice, Want,
+};
+use trireme_nbd::Extent;
 
 pub use crate::writer_slot::{reattach_when_lost, take_back, WriterSlot};
 
-/// A volume served over NBD.
+/// A volume served over NBD: its device, with a dirty bitmap per snapshot.
+pub type VolumeExport = Filtered<DirtyBitmaps<VolumeDevice>>;
+
+/// The volume of `slot`'s writer as an export, its snapshots listed at `snapshots`.
+pub fn volume_export(slot: &WriterSlot, snapshots: SnapshotSource) -> VolumeExport {
+    Filtered(DirtyBitmaps {
+        next: VolumeDevice::new(slot.slot.clone()),
+        volume: slot.current().info().name.clone(),
+        snapshots,
+        bitmaps: std::sync::Mutex::new(Vec::new()),
+    })
+}
+
+/// A filter that offers the blocks changed since each ready snapshot of the volume below as
+/// an NBD metadata context (`qemu:dirty-bitmap:NAME`), as qemu names its dirty bitmaps.
 #[derive(Debug)]
-pub struct VolumeExport {
-    pub slot: Arc<WriterSlot>,
-    /// Where its snapshots are listed, for the dirty bitmaps it offers.
-    pub snapshots: SnapshotSource,
+pub struct DirtyBitmaps<D> {
+    next: D,
+    volume: String,
+    /// Where its snapshots are listed.
+    snapshots: SnapshotSource,
     /// The snapshot ids behind the bitmaps last offered, by name.
     bitmaps: std::sync::Mutex<Vec<(String, u64)>>,
 }
@@ -56,14 +74,16 @@ fn bitmap_names(snaps: &[(String, u64)]) -> Vec<String> {
 }
 
 /// The snapshot id behind context `context`, among `snaps`.
-fn bitmap_id(snaps: &[(String, u64)], context: &str) -> Result<u64, BackendError> {
+fn bitmap_id(snaps: &[(String, u64)], context: &str) -> Result<u64, DevError> {
     context
         .strip_prefix(DIRTY_BITMAP)
         .and_then(|n| snaps.iter().find(|(name, _)| name == n))
         .map(|(_, id)| *id)
-        .ok_or_else(|| BackendError {
-            errno: EINVAL,
-            message: format!("no metadata context {context:?} on this export"),
+        .ok_or_else(|| {
+            DevError::new(
+                ErrorKind::Invalid,
+                format!("no metadata context {context:?} on this export"),
+            )
         })
 }
 
@@ -77,114 +97,21 @@ fn dirty_extents(ext: Vec<Extent>) -> Vec<Extent> {
         .collect()
 }
 
-fn to_nbd(e: VolumeError) -> BackendError {
-    let errno = match &e {
-        VolumeError::Range(trireme_replication::RangeError::OutOfRange { .. }) => ENOSPC,
-        e if e.is_invalid_request() => EINVAL,
-        e if e.is_no_space() => ENOSPC,
-        _ => EIO,
-    };
-    BackendError {
-        errno,
-        message: e.to_string(),
-    }
-}
-
-impl VolumeExport {
-    pub fn new(slot: Arc<WriterSlot>, snapshots: SnapshotSource) -> VolumeExport {
-        VolumeExport {
-            slot,
-            snapshots,
-            bitmaps: std::sync::Mutex::new(Vec::new()),
-        }
-    }
-
-    /// Runs `op` on the current writer. If it fails because that writer has lost every copy,
-    /// waits (up to the volume's `reattach_wait`) for the process to attach again and runs it
-    /// once more on the new writer: every request here is idempotent (a write or zeroes of
-    /// the same bytes at the same place, a flush, a read).
-    async fn run<T, F, Fut>(&self, op: F) -> Result<T, BackendError>
-    where
-        F: Fn(Arc<Volume>) -> Fut,
-        Fut: std::future::Future<Output = Result<T, VolumeError>>,
-    {
-        let v = self.slot.current();
-        let e = match op(v.clone()).await {
-            Ok(t) => return Ok(t),
-            Err(e) => e,
-        };
-        let wait = v.options().reattach_wait;
-        if e.is_invalid_request() || e.is_no_space() || wait.is_zero() || !v.lost_every_copy() {
-            return Err(to_nbd(e));
-        }
-        match self.slot.replaced(&v, wait).await {
-            Some(new) => op(new).await.map_err(to_nbd),
-            None => {
-                tracing::error!(
-                    volume = %v.info().name,
-                    waited_s = wait.as_secs_f64(),
-                    "no copy of the volume came back in time: the request fails with EIO ({e})"
-                );
-                Err(to_nbd(e))
-            }
-        }
-    }
-}
-
-impl Backend for VolumeExport {
-    fn size(&self) -> u64 {
-        self.slot.current().size()
-    }
-    /// Every connection of this process shares one volume client, and a flush reaches every
-    /// replica and syncs the whole replica there, so a flush covers all connections' writes.
-    fn can_multi_conn(&self) -> bool {
-        true
-    }
-    async fn read(&self, offset: u64, len: u32) -> Result<Bytes, BackendError> {
-        self.run(|v| async move { v.read(offset, u64::from(len)).await })
-            .await
-    }
-    async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), BackendError> {
-        self.run(|v| {
-            let data = data.clone();
-            async move { v.write(offset, data, fua).await }
-        })
-        .await
-    }
-    async fn flush(&self) -> Result<(), BackendError> {
-        self.run(|v| async move { v.flush().await }).await
-    }
-    async fn write_zeroes(
-        &self,
-        offset: u64,
-        len: u32,
-        may_trim: bool,
-        fua: bool,
-    ) -> Result<(), BackendError> {
-        self.run(|v| async move { v.write_zeroes(offset, u64::from(len), may_trim, fua).await })
-            .await
-    }
-    async fn block_status(
-        &self,
-        offset: u64,
-        len: u32,
-        one: bool,
-    ) -> Result<Vec<Extent>, BackendError> {
-        let want = wanted(one);
-        self.run(|v| async move { v.block_status_of(offset, u64::from(len), want).await })
-            .await
+impl<D: BlockDevice> Filter for DirtyBitmaps<D> {
+    type Next = D;
+    fn next(&self) -> &D {
+        &self.next
     }
     /// A dirty bitmap per snapshot ready now: the blocks written or trimmed since it.
     async fn contexts(&self) -> Vec<String> {
-        let name = self.slot.current().info().name.clone();
-        match self.snapshots.ready(&name).await {
+        match self.snapshots.ready(&self.volume).await {
             Ok(snaps) => {
                 let names = bitmap_names(&snaps);
                 *self.bitmaps.lock().unwrap_or_else(|e| e.into_inner()) = snaps;
                 names
             }
             Err(e) => {
-                tracing::warn!(volume = %name, "listing snapshots for the export's dirty bitmaps: {e}");
+                tracing::warn!(volume = %self.volume, "listing snapshots for the export's dirty bitmaps: {e}");
                 Vec::new()
             }
         }
@@ -194,23 +121,23 @@ impl Backend for VolumeExport {
         context: &str,
         offset: u64,
         len: u32,
-        one: bool,
-    ) -> Result<Vec<Extent>, BackendError> {
+        want: Want,
+    ) -> Result<Vec<Extent>, DevError> {
         let id = bitmap_id(
             &self.bitmaps.lock().unwrap_or_else(|e| e.into_inner()),
             context,
         )?;
-        let want = wanted(one);
-        let ext = self
-            .run(|v| async move { v.changed_since_of(id, offset, u64::from(len), want).await })
-            .await?;
+        let ext = self.next.changed_since(id, offset, len, want).await?;
         Ok(dirty_extents(ext))
     }
 }
 
-/// A snapshot served over NBD, read-only.
+/// A snapshot served over NBD: read-only (a filter), with a dirty bitmap per older snapshot.
+pub type SnapshotExport = Filtered<ReadOnly<SnapshotDevice>>;
+
+/// A snapshot as a block device (writes never reach it: [`SnapshotExport`] is read-only).
 #[derive(Debug)]
-pub struct SnapshotExport {
+pub struct SnapshotDevice {
     pub reader: Arc<trireme_client::SnapshotReader>,
     /// The older snapshots that were ready when the export started (name, id): each a dirty
     /// bitmap of what changed from it to this one.
@@ -219,11 +146,11 @@ pub struct SnapshotExport {
     pub gone: std::sync::atomic::AtomicBool,
 }
 
-impl SnapshotExport {
+impl SnapshotDevice {
     /// A failed request's error for the client; the first that finds the snapshot gone from
     /// every copy says so in the log (it was deleted with `--force`, or behind the export's
     /// back: its reads fail from now on).
-    fn failed(&self, e: trireme_client::VolumeError) -> BackendError {
+    fn failed(&self, e: trireme_client::VolumeError) -> DevError {
         let gone = matches!(
             &e,
             trireme_client::VolumeError::Replica {
@@ -237,34 +164,34 @@ impl SnapshotExport {
                 "the snapshot this export serves is gone from every copy that held it (deleted with --force?): its reads fail from now on; stop the export"
             );
         }
-        to_nbd(e)
+        dev_error(e)
     }
 }
 
-impl Backend for SnapshotExport {
+impl BlockDevice for SnapshotDevice {
     fn size(&self) -> u64 {
         self.reader.size()
     }
-    /// Nothing is written: every connection reads the same frozen bytes.
-    fn can_multi_conn(&self) -> bool {
-        true
+    fn caps(&self) -> Caps {
+        Caps {
+            read_only: true,
+            shared_flush: true,
+            trim: false,
+        }
     }
-    fn read_only(&self) -> bool {
-        true
-    }
-    async fn read(&self, offset: u64, len: u32) -> Result<Bytes, BackendError> {
+    async fn read(&self, offset: u64, len: u32) -> Result<Bytes, DevError> {
         self.reader
             .read(offset, u64::from(len))
             .await
             .map_err(|e| self.failed(e))
     }
-    async fn write(&self, _: u64, _: Bytes, _: bool) -> Result<(), BackendError> {
+    async fn write(&self, _: u64, _: Bytes, _: bool) -> Result<(), DevError> {
         Err(read_only())
     }
-    async fn flush(&self) -> Result<(), BackendError> {
+    async fn flush(&self) -> Result<(), DevError> {
         Ok(())
     }
-    async fn write_zeroes(&self, _: u64, _: u32, _: bool, _: bool) -> Result<(), BackendError> {
+    async fn write_zeroes(&self, _: u64, _: u32, _: bool, _: bool) -> Result<(), DevError> {
         Err(read_only())
     }
     /// Holes where the snapshot has them, so a copy of it skips them.
@@ -272,10 +199,10 @@ impl Backend for SnapshotExport {
         &self,
         offset: u64,
         len: u32,
-        one: bool,
-    ) -> Result<Vec<Extent>, BackendError> {
+        want: Want,
+    ) -> Result<Vec<Extent>, DevError> {
         self.reader
-            .block_status(offset, u64::from(len), wanted(one))
+            .block_status(offset, u64::from(len), extents(want))
             .await
             .map_err(|e| self.failed(e))
     }
@@ -288,32 +215,20 @@ impl Backend for SnapshotExport {
         context: &str,
         offset: u64,
         len: u32,
-        one: bool,
-    ) -> Result<Vec<Extent>, BackendError> {
+        want: Want,
+    ) -> Result<Vec<Extent>, DevError> {
         let id = bitmap_id(&self.older, context)?;
         let ext = self
             .reader
-            .changed(id, offset, u64::from(len), wanted(one))
+            .changed(id, offset, u64::from(len), extents(want))
             .await
             .map_err(|e| self.failed(e))?;
         Ok(dirty_extents(ext))
     }
 }
 
-/// What an NBD block-status reply carries: the first extents (a prefix of the range, in
-/// time that grows with what is answered), or one with `REQ_ONE`.
-fn wanted(one: bool) -> trireme_client::Extents {
-    match one {
-        true => trireme_client::Extents::One,
-        false => trireme_client::Extents::First,
-    }
-}
-
-fn read_only() -> BackendError {
-    BackendError {
-        errno: trireme_nbd::consts::EPERM,
-        message: "a snapshot is read-only".into(),
-    }
+fn read_only() -> DevError {
+    DevError::new(ErrorKind::ReadOnly, "a snapshot is read-only")
 }
 
 /// Where `volume` lives and its snapshots, through `up`'s control socket.
@@ -401,11 +316,11 @@ pub async fn serve_snapshot(
     ex.add(
         &label,
         &format!("trireme snapshot {label} (read-only)"),
-        Arc::new(SnapshotExport {
+        Arc::new(Filtered(ReadOnly(SnapshotDevice {
             reader: reader.clone(),
             older,
             gone: Default::default(),
-        }),
+        }))),
     );
     Ok((listen(Arc::new(ex), socket, tcp, tls)?, reader))
 }
@@ -530,13 +445,13 @@ pub fn serve(
     ex.add(
         &name,
         &format!("trireme volume {name}"),
-        Arc::new(VolumeExport::new(slot.clone(), snapshots)),
+        Arc::new(volume_export(slot, snapshots)),
     );
     listen(Arc::new(ex), socket, tcp, tls)
 }
 
 /// Serves `ex` on the given listeners; the tasks serving them.
-fn listen<B: Backend>(
+fn listen<B: BlockDevice>(
     ex: Arc<trireme_nbd::Exports<B>>,
     socket: Option<&std::path::Path>,
     tcp: Option<tokio::net::TcpListener>,

@@ -8,15 +8,14 @@ use std::time::Duration;
 
 use trireme_client::{Volume, VolumeOptions};
 
-/// The writer an export serves through; every request goes to the one there when it starts.
-/// A watch channel holds it, so a request reads it under one lock and one waiting for a
-/// replacement is woken by it.
+/// The writer a process's exports serve through (`trireme_blockdev::Slot`: every request
+/// goes to the one there when it starts), and where they serve it.
 #[derive(Debug)]
-pub struct WriterSlot(
-    tokio::sync::watch::Sender<Arc<Volume>>,
+pub struct WriterSlot {
+    pub slot: Arc<trireme_blockdev::Slot>,
     /// Where the export serves the volume, said to the manager at each attach (`status`).
-    Vec<String>,
-);
+    uris: Vec<String>,
+}
 
 impl WriterSlot {
     pub fn new(v: Arc<Volume>) -> Arc<WriterSlot> {
@@ -25,34 +24,30 @@ impl WriterSlot {
 
     /// A slot whose export serves the volume at `uris`.
     pub fn serving(v: Arc<Volume>, uris: Vec<String>) -> Arc<WriterSlot> {
-        Arc::new(WriterSlot(tokio::sync::watch::Sender::new(v), uris))
+        Arc::new(WriterSlot {
+            slot: Arc::new(trireme_blockdev::Slot::new(v)),
+            uris,
+        })
     }
 
     /// Who this process is, for the manager.
     fn hello(&self) -> trireme_control::WriterHello {
-        trireme_control::WriterHello::me(self.1.clone())
+        trireme_control::WriterHello::me(self.uris.clone())
     }
 
     /// The writer requests go to now.
     pub fn current(&self) -> Arc<Volume> {
-        self.0.borrow().clone()
+        self.slot.current()
     }
 
     /// Puts `v` in place of the current writer; `manager` (the cluster's own, in `up`) reports
     /// the new one in `status` instead of the old.
     pub fn replace(&self, v: Arc<Volume>, manager: Option<&trireme_control::Manager>) {
-        let old = self.0.send_replace(v.clone());
+        let old = self.slot.replace(v.clone());
         if let Some(m) = manager {
             m.unregister_client(&old);
             m.register_client(v);
         }
-    }
-
-    /// Waits up to `limit` for a writer other than `old`, and returns it.
-    pub async fn replaced(&self, old: &Arc<Volume>, limit: Duration) -> Option<Arc<Volume>> {
-        let mut rx = self.0.subscribe();
-        let newer = tokio::time::timeout(limit, rx.wait_for(|v| !Arc::ptr_eq(v, old))).await;
-        matches!(newer, Ok(Ok(_))).then(|| self.current())
     }
 }
 

@@ -8,9 +8,10 @@
 //! `BLOCK_STATUS` and `DISC`, with `FUA`; requests run concurrently and are answered as they
 //! complete, out of order.
 //!
-//! The server knows nothing of replication: an export is anything implementing [`Backend`].
-//! `CAN_MULTI_CONN` is advertised only when the backend says a flush on one connection covers
-//! writes completed on every other ([`Backend::can_multi_conn`]).
+//! The server knows nothing of replication: an export is any [`BlockDevice`] (the crate
+//! `trireme-blockdev`, which every frontend shares). `CAN_MULTI_CONN` is advertised only when
+//! the device says a flush on one connection covers writes completed on every other
+//! ([`trireme_blockdev::Caps::shared_flush`]); `READ_ONLY` when it takes no write.
 //!
 //! Bad input never panics: option payloads and request headers go through the pure decoders in
 //! [`codec`] (fuzzed), lengths are checked before any allocation, and a protocol violation
@@ -24,23 +25,21 @@ mod replies;
 mod server;
 mod transmission;
 
-use std::future::Future;
 use std::sync::Arc;
 
-use bytes::Bytes;
 pub use server::{
     serve_admitted, serve_admitted_tls, serve_connection, serve_connection_tls, Admission, Allow,
     NbdError, NbdTls, NEGOTIATION,
 };
 pub use transmission::{refusals, Refused};
-pub use trireme_proto::Extent;
+pub use trireme_blockdev::{BlockDevice, DevError, ErrorKind, Extent, Want};
 
 /// Largest READ or WRITE payload accepted; advertised as the maximum block size.
 pub const MAX_REQUEST: u32 = 32 * 1024 * 1024;
 /// Preferred block size advertised to clients.
 pub const PREFERRED_BLOCK: u32 = 4096;
 
-/// An I/O error to report to the client: an errno value from [`consts`] and a message.
+/// An error to report to the client: an errno value from [`consts`] and a message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message} (errno {errno})")]
 pub struct BackendError {
@@ -48,69 +47,19 @@ pub struct BackendError {
     pub message: String,
 }
 
-/// What an export serves. Methods are called concurrently from many requests and connections.
-/// Ranges are checked against [`Backend::size`] before any call.
-pub trait Backend: Send + Sync + 'static {
-    fn size(&self) -> u64;
-    /// True if a flush on any connection makes every write completed on any connection durable.
-    fn can_multi_conn(&self) -> bool;
-    /// True for an export that takes no write (a snapshot): the client is told
-    /// (`NBD_FLAG_READ_ONLY`), and a write, trim or write-zeroes it sends anyway fails with
-    /// `EPERM` without reaching the backend.
-    fn read_only(&self) -> bool {
-        false
-    }
-    fn read(
-        &self,
-        offset: u64,
-        len: u32,
-    ) -> impl Future<Output = Result<Bytes, BackendError>> + Send;
-    fn write(
-        &self,
-        offset: u64,
-        data: Bytes,
-        fua: bool,
-    ) -> impl Future<Output = Result<(), BackendError>> + Send;
-    fn flush(&self) -> impl Future<Output = Result<(), BackendError>> + Send;
-    /// Zeroes a range; `may_trim` allows deallocating it.
-    fn write_zeroes(
-        &self,
-        offset: u64,
-        len: u32,
-        may_trim: bool,
-        fua: bool,
-    ) -> impl Future<Output = Result<(), BackendError>> + Send;
-    /// Allocation extents from `offset`: covering `[offset, offset+len)` or a prefix of it
-    /// (`len` is a hint, as the protocol says), one at most with `one` (`REQ_ONE`). A reply
-    /// carries what this returns: a backend answers in time that grows with it, not with `len`.
-    fn block_status(
-        &self,
-        offset: u64,
-        len: u32,
-        one: bool,
-    ) -> impl Future<Output = Result<Vec<Extent>, BackendError>> + Send;
-    /// The metadata contexts beyond `base:allocation` this export offers to `BLOCK_STATUS`,
-    /// by full name (`qemu:dirty-bitmap:NAME`), as of now: asked when a client lists or sets
-    /// contexts.
-    fn contexts(&self) -> impl Future<Output = Vec<String>> + Send {
-        async { Vec::new() }
-    }
-    /// The extents of context `name` (one [`Backend::contexts`] offered) from `offset`, as
-    /// [`Backend::block_status`] gives them, with that context's flags (for a dirty bitmap,
-    /// 1: dirty).
-    fn context_status(
-        &self,
-        name: &str,
-        _offset: u64,
-        _len: u32,
-        _one: bool,
-    ) -> impl Future<Output = Result<Vec<Extent>, BackendError>> + Send {
-        let message = format!("no metadata context {name:?} on this export");
-        async move {
-            Err(BackendError {
-                errno: consts::EINVAL,
-                message,
-            })
+/// A device's error as NBD's errno.
+impl From<DevError> for BackendError {
+    fn from(e: DevError) -> BackendError {
+        let errno = match e.kind {
+            ErrorKind::Io => consts::EIO,
+            ErrorKind::Invalid => consts::EINVAL,
+            ErrorKind::NoSpace => consts::ENOSPC,
+            ErrorKind::ReadOnly => consts::EPERM,
+            ErrorKind::Unsupported => consts::ENOTSUP,
+        };
+        BackendError {
+            errno,
+            message: e.message,
         }
     }
 }
@@ -122,7 +71,7 @@ pub struct Exports<B> {
     list: Vec<(String, String, Arc<B>)>,
 }
 
-impl<B: Backend> Exports<B> {
+impl<B: BlockDevice> Exports<B> {
     pub fn new() -> Exports<B> {
         Exports { list: Vec::new() }
     }
@@ -146,7 +95,7 @@ impl<B: Backend> Exports<B> {
     }
 }
 
-impl<B: Backend> Default for Exports<B> {
+impl<B: BlockDevice> Default for Exports<B> {
     fn default() -> Self {
         Self::new()
     }
@@ -171,7 +120,7 @@ static REFUSED: trireme_net::Throttles = trireme_net::Throttles::per_second();
 
 /// Serves `exports` on an already bound unix socket listener, for good: a failed accept is
 /// retried (see `trireme_net::accept`).
-pub async fn serve_unix<B: Backend>(
+pub async fn serve_unix<B: BlockDevice>(
     listener: tokio::net::UnixListener,
     exports: Arc<Exports<B>>,
 ) -> std::io::Result<()> {
@@ -211,7 +160,7 @@ pub async fn serve_unix<B: Backend>(
 
 /// Serves `exports` on an already bound TCP listener, over TLS when `tls` is given (see
 /// [`NbdTls`]; a client refused is logged with its address and why), for good.
-pub async fn serve_tcp<B: Backend>(
+pub async fn serve_tcp<B: BlockDevice>(
     listener: tokio::net::TcpListener,
     exports: Arc<Exports<B>>,
     tls: Option<NbdTls>,

@@ -5,7 +5,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use crate::codec::{decode_go, decode_meta};
 use crate::consts::*;
 use crate::server::{Allowed, Outcome, Session, Tls, MAX_OPTION, MAX_OPTION_SKIP};
-use crate::{Backend, Exports, NbdError, MAX_REQUEST, PREFERRED_BLOCK};
+use crate::{BlockDevice, Exports, NbdError, MAX_REQUEST, PREFERRED_BLOCK};
 
 pub(crate) async fn opt_reply<W: AsyncWrite + Unpin>(
     w: &mut W,
@@ -32,7 +32,7 @@ pub(crate) async fn opt_error<W: AsyncWrite + Unpin>(
     opt_reply(w, opt, kind, msg.as_bytes()).await
 }
 
-pub(crate) fn transmission_flags<B: Backend>(b: &B, structured: bool) -> u16 {
+pub(crate) fn transmission_flags<B: BlockDevice>(b: &B, structured: bool) -> u16 {
     let mut f = TF_HAS_FLAGS
         | TF_SEND_FLUSH
         | TF_SEND_FUA
@@ -42,10 +42,11 @@ pub(crate) fn transmission_flags<B: Backend>(b: &B, structured: bool) -> u16 {
     if structured {
         f |= TF_SEND_DF;
     }
-    if b.can_multi_conn() {
+    let caps = b.caps();
+    if caps.shared_flush {
         f |= TF_CAN_MULTI_CONN;
     }
-    if b.read_only() {
+    if caps.read_only {
         f |= TF_READ_ONLY;
     }
     f
@@ -78,7 +79,7 @@ pub(crate) async fn options<S, B>(
 ) -> Result<Outcome<B>, NbdError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
-    B: Backend,
+    B: BlockDevice,
 {
     let mut structured = false;
     // The contexts set, and for which export (a GO to another one drops them).
@@ -372,7 +373,7 @@ pub(crate) fn choose_contexts(
 
 /// The contexts set for `export`, if the last `SET_META_CONTEXT` named it (the empty name and
 /// the default export's own name are the same export).
-fn contexts_for<B: Backend>(
+fn contexts_for<B: BlockDevice>(
     meta: &(String, Vec<(u32, String)>),
     export: &str,
     exports: &Exports<B>,

@@ -6,7 +6,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::options::{greet, options};
 use crate::transmission::transmission;
-use crate::{Backend, Exports};
+use crate::{BlockDevice, Exports};
 
 /// Option payloads above this are refused with `NBD_REP_ERR_TOO_BIG`.
 pub(crate) const MAX_OPTION: u32 = 64 * 1024;
@@ -160,7 +160,7 @@ async fn within<T>(
 pub async fn serve_connection<S, B>(stream: S, exports: Arc<Exports<B>>) -> Result<(), NbdError>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    B: Backend,
+    B: BlockDevice,
 {
     serve_admitted(stream, exports, None).await
 }
@@ -174,7 +174,7 @@ pub async fn serve_admitted<S, B>(
 ) -> Result<(), NbdError>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    B: Backend,
+    B: BlockDevice,
 {
     let outcome = within(admission.as_ref(), async {
         let no_zeroes = greet(&mut stream).await?;
@@ -200,7 +200,7 @@ pub async fn serve_connection_tls<S, B>(
 ) -> Result<(), NbdError>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    B: Backend,
+    B: BlockDevice,
 {
     serve_admitted_tls(stream, exports, tls, None).await
 }
@@ -214,7 +214,7 @@ pub async fn serve_admitted_tls<S, B>(
 ) -> Result<(), NbdError>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    B: Backend,
+    B: BlockDevice,
 {
     let negotiated = within(admission.as_ref(), async {
         let no_zeroes = greet(&mut stream).await?;

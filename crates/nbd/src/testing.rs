@@ -1,60 +1,32 @@
 //! In-memory pieces for tests and fuzzing (`cfg(test)` or the `testing` feature): an export
 //! held in memory, and a whole NBD session driven with arbitrary client bytes.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use trireme_blockdev::mem::MemDevice;
+use trireme_blockdev::{DevError, ErrorKind, Filter, Filtered, Want};
 
-use crate::{serve_connection, Backend, BackendError, Exports, Extent};
+use crate::{serve_connection, Exports, Extent};
 
-/// An export held in memory.
+/// A device in memory that offers two dirty bitmaps, so sessions negotiate several contexts
+/// and get a chunk per context; bitmap `b` fails.
 #[derive(Debug)]
-pub struct MemBackend(pub Mutex<Vec<u8>>);
+pub struct TwoBitmaps(pub MemDevice);
 
-impl Backend for MemBackend {
-    fn size(&self) -> u64 {
-        self.0.lock().unwrap().len() as u64
+/// An export held in memory (see [`TwoBitmaps`]).
+pub type MemBackend = Filtered<TwoBitmaps>;
+
+/// A memory export of `size` bytes.
+pub fn mem(size: usize) -> MemBackend {
+    Filtered(TwoBitmaps(MemDevice::new(size)))
+}
+
+impl Filter for TwoBitmaps {
+    type Next = MemDevice;
+    fn next(&self) -> &MemDevice {
+        &self.0
     }
-    fn can_multi_conn(&self) -> bool {
-        true
-    }
-    async fn read(&self, offset: u64, len: u32) -> Result<Bytes, BackendError> {
-        let v = self.0.lock().unwrap();
-        Ok(Bytes::copy_from_slice(
-            &v[offset as usize..offset as usize + len as usize],
-        ))
-    }
-    async fn write(&self, offset: u64, data: Bytes, _fua: bool) -> Result<(), BackendError> {
-        self.0.lock().unwrap()[offset as usize..offset as usize + data.len()]
-            .copy_from_slice(&data);
-        Ok(())
-    }
-    async fn flush(&self) -> Result<(), BackendError> {
-        Ok(())
-    }
-    async fn write_zeroes(
-        &self,
-        offset: u64,
-        len: u32,
-        _: bool,
-        _: bool,
-    ) -> Result<(), BackendError> {
-        self.0.lock().unwrap()[offset as usize..(offset + u64::from(len)) as usize].fill(0);
-        Ok(())
-    }
-    async fn block_status(
-        &self,
-        _offset: u64,
-        len: u32,
-        _one: bool,
-    ) -> Result<Vec<Extent>, BackendError> {
-        Ok(vec![Extent {
-            length: u64::from(len),
-            flags: 0,
-        }])
-    }
-    /// Two dirty bitmaps, so sessions negotiate several contexts and get a chunk per context.
     async fn contexts(&self) -> Vec<String> {
         vec!["qemu:dirty-bitmap:a".into(), "qemu:dirty-bitmap:b".into()]
     }
@@ -63,13 +35,10 @@ impl Backend for MemBackend {
         name: &str,
         _offset: u64,
         len: u32,
-        _one: bool,
-    ) -> Result<Vec<Extent>, BackendError> {
+        _want: Want,
+    ) -> Result<Vec<Extent>, DevError> {
         if name.ends_with(":b") {
-            return Err(BackendError {
-                errno: crate::consts::EIO,
-                message: "bitmap b fails".into(),
-            });
+            return Err(DevError::new(ErrorKind::Io, "bitmap b fails"));
         }
         let half = u64::from(len) / 2;
         Ok([(half, 1), (u64::from(len) - half, 0)]
@@ -87,11 +56,7 @@ pub fn session_ends(input: Vec<u8>) -> bool {
     paused_runtime().block_on(async move {
         let (client, server) = tokio::io::duplex(1 << 16);
         let mut ex = Exports::new();
-        ex.add(
-            "vol0",
-            "in memory",
-            Arc::new(MemBackend(Mutex::new(vec![0; 1 << 16]))),
-        );
+        ex.add("vol0", "in memory", Arc::new(mem(1 << 16)));
         let srv = tokio::spawn(serve_connection(server, Arc::new(ex)));
         let (rd, wr) = tokio::io::split(client);
         talk(rd, wr, input);

@@ -4,19 +4,16 @@
 use super::*;
 use crate::codec::*;
 use crate::consts::*;
-use std::sync::Mutex;
+use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+use trireme_blockdev::{Caps, Filter, Filtered};
 
-use crate::testing::MemBackend as Mem;
+use crate::testing::{mem, MemBackend as Mem};
 
 fn server() -> DuplexStream {
     let (a, b) = tokio::io::duplex(1 << 20);
     let mut ex = Exports::new();
-    ex.add(
-        "vol0",
-        "test volume",
-        Arc::new(Mem(Mutex::new(vec![0; 1 << 20]))),
-    );
+    ex.add("vol0", "test volume", Arc::new(mem(1 << 20)));
     tokio::spawn(serve_connection(b, Arc::new(ex)));
     a
 }
@@ -320,27 +317,30 @@ mod props {
 /// Zeros, counting the reads it served.
 struct Zeros(std::sync::atomic::AtomicUsize);
 
-impl Backend for Zeros {
+impl BlockDevice for Zeros {
     fn size(&self) -> u64 {
         64 << 20
     }
-    fn can_multi_conn(&self) -> bool {
-        true
+    fn caps(&self) -> Caps {
+        Caps {
+            shared_flush: true,
+            ..Caps::default()
+        }
     }
-    async fn read(&self, _offset: u64, len: u32) -> Result<Bytes, BackendError> {
+    async fn read(&self, _offset: u64, len: u32) -> Result<Bytes, DevError> {
         self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Ok(Bytes::from(vec![0u8; len as usize]))
     }
-    async fn write(&self, _: u64, _: Bytes, _: bool) -> Result<(), BackendError> {
+    async fn write(&self, _: u64, _: Bytes, _: bool) -> Result<(), DevError> {
         Ok(())
     }
-    async fn flush(&self) -> Result<(), BackendError> {
+    async fn flush(&self) -> Result<(), DevError> {
         Ok(())
     }
-    async fn write_zeroes(&self, _: u64, _: u32, _: bool, _: bool) -> Result<(), BackendError> {
+    async fn write_zeroes(&self, _: u64, _: u32, _: bool, _: bool) -> Result<(), DevError> {
         Ok(())
     }
-    async fn block_status(&self, _: u64, len: u32, _: bool) -> Result<Vec<Extent>, BackendError> {
+    async fn block_status(&self, _: u64, len: u32, _: Want) -> Result<Vec<Extent>, DevError> {
         Ok(vec![Extent {
             length: u64::from(len),
             flags: 0,
@@ -390,38 +390,13 @@ async fn a_client_that_stops_reading_replies_pins_only_the_budget() {
 /// A backend whose flush panics: a bug in one request's handler.
 struct PanicsOnFlush(Mem);
 
-impl Backend for PanicsOnFlush {
-    fn size(&self) -> u64 {
-        self.0.size()
+impl Filter for PanicsOnFlush {
+    type Next = Mem;
+    fn next(&self) -> &Mem {
+        &self.0
     }
-    fn can_multi_conn(&self) -> bool {
-        true
-    }
-    async fn read(&self, offset: u64, len: u32) -> Result<Bytes, BackendError> {
-        self.0.read(offset, len).await
-    }
-    async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), BackendError> {
-        self.0.write(offset, data, fua).await
-    }
-    async fn flush(&self) -> Result<(), BackendError> {
+    async fn flush(&self) -> Result<(), DevError> {
         panic!("a bug in the flush");
-    }
-    async fn write_zeroes(
-        &self,
-        offset: u64,
-        len: u32,
-        may_trim: bool,
-        fua: bool,
-    ) -> Result<(), BackendError> {
-        self.0.write_zeroes(offset, len, may_trim, fua).await
-    }
-    async fn block_status(
-        &self,
-        offset: u64,
-        len: u32,
-        one: bool,
-    ) -> Result<Vec<Extent>, BackendError> {
-        self.0.block_status(offset, len, one).await
     }
 }
 
@@ -434,7 +409,7 @@ async fn a_handler_that_panics_answers_eio() {
     ex.add(
         "vol0",
         "test volume",
-        Arc::new(PanicsOnFlush(Mem(Mutex::new(vec![0; 1 << 20])))),
+        Arc::new(Filtered(PanicsOnFlush(mem(1 << 20)))),
     );
     tokio::spawn(serve_connection(b, Arc::new(ex)));
     greet(&mut c).await;

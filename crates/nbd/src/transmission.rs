@@ -10,7 +10,7 @@ use crate::codec::{decode_request, Request, REQUEST_LEN};
 use crate::consts::*;
 use crate::replies::*;
 use crate::server::{Session, INFLIGHT_UNITS, PROCESS_UNITS};
-use crate::{Backend, BackendError, NbdError, MAX_REQUEST};
+use crate::{BackendError, BlockDevice, NbdError, Want, MAX_REQUEST};
 use trireme_net::{warn_throttled, Throttle};
 
 /// How long a request that has begun may take to arrive whole: its header, and a write's
@@ -77,7 +77,7 @@ pub(crate) async fn transmission<R, W, B>(rd: R, wr: W, s: Session<B>) -> Result
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin + Send + 'static,
-    B: Backend,
+    B: BlockDevice,
 {
     let mut rd = tokio::io::BufReader::with_capacity(256 * 1024, rd);
     // Unbounded as a channel, bounded by the budget every queued reply holds.
@@ -266,7 +266,7 @@ pub(crate) async fn read_payload<R: AsyncRead + Unpin>(
     Ok(buf.freeze())
 }
 
-pub(crate) async fn execute<B: Backend>(s: &Session<B>, req: Request, payload: Bytes) -> Reply {
+pub(crate) async fn execute<B: BlockDevice>(s: &Session<B>, req: Request, payload: Bytes) -> Reply {
     let b = &*s.backend;
     let fua = req.flags & CMD_FLAG_FUA != 0;
     let cookie = req.cookie;
@@ -275,7 +275,7 @@ pub(crate) async fn execute<B: Backend>(s: &Session<B>, req: Request, payload: B
         Err(e) => error_reply(false, cookie, &e),
     };
     let writes = matches!(req.command, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
-    if writes && b.read_only() {
+    if writes && b.caps().read_only {
         return done(Err(invalid(EPERM, "the export is read-only")));
     }
     match req.command {
@@ -297,18 +297,26 @@ pub(crate) async fn execute<B: Backend>(s: &Session<B>, req: Request, payload: B
                 (h, data)
             }
             Ok(data) => (simple_reply(cookie, 0), data),
-            Err(e) => error_reply(s.structured, cookie, &e),
+            Err(e) => error_reply(s.structured, cookie, &e.into()),
         },
-        CMD_WRITE => done(b.write(req.offset, payload, fua).await),
-        CMD_FLUSH => done(b.flush().await),
-        CMD_TRIM => done(b.write_zeroes(req.offset, req.length, true, fua).await),
+        CMD_WRITE => done(b.write(req.offset, payload, fua).await.map_err(Into::into)),
+        CMD_FLUSH => done(b.flush().await.map_err(Into::into)),
+        CMD_TRIM => done(
+            b.trim(req.offset, req.length, fua)
+                .await
+                .map_err(Into::into),
+        ),
         CMD_WRITE_ZEROES => {
             let no_hole = req.flags & CMD_FLAG_NO_HOLE != 0;
             if req.flags & CMD_FLAG_FAST_ZERO != 0 && no_hole {
                 // Writing real zeros is not fast; say so, as FAST_ZERO asks.
                 return done(Err(invalid(ENOTSUP, "fast zero needs hole punching")));
             }
-            done(b.write_zeroes(req.offset, req.length, !no_hole, fua).await)
+            done(
+                b.write_zeroes(req.offset, req.length, !no_hole, fua)
+                    .await
+                    .map_err(Into::into),
+            )
         }
         CMD_BLOCK_STATUS => {
             if req.length == 0 {
@@ -331,16 +339,17 @@ pub(crate) async fn execute<B: Backend>(s: &Session<B>, req: Request, payload: B
             let mut out = BytesMut::new();
             let last = s.contexts.len() - 1;
             let one = req.flags & CMD_FLAG_REQ_ONE != 0;
+            let want = if one { Want::One } else { Want::First };
             for (k, (id, name)) in s.contexts.iter().enumerate() {
                 let base = name == BASE_ALLOCATION;
                 let r = if base {
-                    b.block_status(req.offset, req.length, one).await
+                    b.block_status(req.offset, req.length, want).await
                 } else {
-                    b.context_status(name, req.offset, req.length, one).await
+                    b.context_status(name, req.offset, req.length, want).await
                 };
                 let ext = match r {
                     Ok(ext) => ext,
-                    Err(e) => return error_reply(true, cookie, &e),
+                    Err(e) => return error_reply(true, cookie, &e.into()),
                 };
                 let ext = prefix_of(ext, req.length, one);
                 if ext.is_empty() {
