@@ -70,6 +70,28 @@ fn replica_files(c: &Cluster, id: u64) -> Vec<std::path::PathBuf> {
     out
 }
 
+/// The `code` of each answer to `requests` (JSON lines) on `c`'s control socket.
+fn control_codes(c: &Cluster, requests: &[&str]) -> Vec<String> {
+    use std::io::{BufRead, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(c.path().join("control.sock")).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    let mut r = std::io::BufReader::new(s.try_clone().unwrap());
+    requests
+        .iter()
+        .map(|q| {
+            writeln!(s, "{q}").unwrap();
+            let mut line = String::new();
+            r.read_line(&mut line).unwrap();
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+            let e = v.get("error").or(v.get("failed"));
+            e.and_then(|e| e["code"].as_str())
+                .unwrap_or_else(|| panic!("{q}: {line}"))
+                .to_string()
+        })
+        .collect()
+}
+
 #[test]
 fn a_volume_in_use_is_not_deleted_by_mistake_and_the_trash_gives_it_back() {
     need("qemu-io");
@@ -80,6 +102,30 @@ fn a_volume_in_use_is_not_deleted_by_mistake_and_the_trash_gives_it_back() {
     assert!(!out.status.success(), "{}", text(&out));
     let t = text(&out);
     assert!(t.contains("in use") && t.contains("own process"), "{t}");
+    // Programs (a CSI driver) decide on the control API's stable codes, never the text.
+    assert_eq!(
+        control_codes(
+            &c,
+            &[
+                r#"{"cmd":"volume_delete","name":"vol0"}"#,
+                r#"{"cmd":"volume_info","name":"nope"}"#,
+                r#"{"cmd":"volume_create","name":"vol0","size":4096}"#,
+                r#"{"cmd":"volume_create","name":"odd","size":1000}"#,
+                r#"{"cmd":"volume_create","name":"huge","size":1099511627776}"#,
+                r#"{"cmd":"snapshot_delete","name":"vol0","snapshot":"nope"}"#,
+                r#"{"cmd":"no_such_command"}"#,
+            ]
+        ),
+        [
+            "in_use",
+            "not_found",
+            "already_exists",
+            "invalid",
+            "no_space",
+            "not_found",
+            "invalid"
+        ]
+    );
 
     // A volume written through `trireme nbd`.
     let (mut nbd, uri) = data_with_a_writer(&c, "8M");

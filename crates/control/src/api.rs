@@ -10,7 +10,9 @@ use tokio::net::UnixStream;
 /// Longest request or response line.
 pub const MAX_LINE: u64 = 1 << 20;
 
+mod codes;
 mod status;
+pub use codes::{ErrorCode, Refusal};
 pub use status::*;
 
 /// A control request.
@@ -328,11 +330,11 @@ pub enum ControlError {
     Io(#[from] std::io::Error),
     /// The manager refused the request as given (exit 2 at the CLI).
     #[error("{0}")]
-    Remote(String),
+    Remote(Refusal),
     /// The manager could not do it for the cluster's state, not the request's fault: no
     /// space, a name taken (exit 1 at the CLI).
     #[error("{0}")]
-    Failed(String),
+    Failed(Refusal),
     /// The manager refused because node `node` holds no replica of the volume on record (a
     /// writer leaves that copy out: `MembershipError::NotOnRecord`).
     #[error("{message}")]
@@ -345,13 +347,36 @@ pub enum ControlError {
     Malformed(String),
 }
 
+impl ControlError {
+    /// The stable code of this failure (see [`ErrorCode`]).
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            ControlError::Remote(r) | ControlError::Failed(r) => r.code,
+            ControlError::NotOnRecord { .. } => ErrorCode::Busy,
+            ControlError::Connect { .. }
+            | ControlError::ConnectTcp { .. }
+            | ControlError::Io(_)
+            | ControlError::Elsewhere(_) => ErrorCode::Unavailable,
+            ControlError::Malformed(_) => ErrorCode::Internal,
+        }
+    }
+
+    /// The message alone.
+    pub fn message(&self) -> String {
+        match self {
+            ControlError::Remote(r) | ControlError::Failed(r) => r.message.clone(),
+            e => e.to_string(),
+        }
+    }
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum Reply {
     Ok(serde_json::Value),
-    Error(String),
+    Error(Refusal),
     /// Not the request's fault: the cluster's state (see [`ControlError::Failed`]).
-    Failed(String),
+    Failed(Refusal),
     /// This manager hands its role to another daemon: ask the next one again.
     Elsewhere(String),
     /// Refused: node `node` holds no replica of the volume on record. Its own variant so a

@@ -1,9 +1,12 @@
-//! What the manager's operations fail with. The control API carries the message to the CLI; code
-//! in this process decides on the variant.
+//! What the manager's operations fail with. The control API carries the message and a stable
+//! [`ErrorCode`] ([`ManagerError::code`]): programs (the CLI's exit status, a CSI driver's
+//! gRPC codes) decide on the code, never on the message.
 
 use trireme_client::{MembershipError, VolumeError};
 use trireme_meta::MetaError;
 use trireme_replication::TransitionError;
+
+pub use crate::api::ErrorCode;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ManagerError {
@@ -26,6 +29,16 @@ pub enum ManagerError {
     /// A node has no room for a replica (its message gives the numbers).
     #[error("{0}")]
     NoSpace(String),
+    /// What the request names is not there (a snapshot, a volume in the trash).
+    #[error("{0}")]
+    NotFound(String),
+    /// What the request names is in use (attached, exported, read by clones, being moved):
+    /// it may succeed once that ends.
+    #[error("{0}")]
+    InUse(String),
+    /// Another request on the same object runs now (a snapshot or resize already asked).
+    #[error("{0}")]
+    Busy(String),
     /// The caller's identity may not make this request.
     #[error("{0}")]
     Denied(String),
@@ -38,6 +51,28 @@ pub enum ManagerError {
 }
 
 impl ManagerError {
+    /// The stable code of this failure.
+    pub fn code(&self) -> ErrorCode {
+        use trireme_proto::Status;
+        match self {
+            ManagerError::Meta(e) => meta_code(e),
+            ManagerError::Volume(VolumeError::Replica {
+                status: Status::NoSpace,
+                ..
+            })
+            | ManagerError::NoSpace(_)
+            | ManagerError::Placement(_) => ErrorCode::NoSpace,
+            ManagerError::Volume(e) if e.is_invalid_request() => ErrorCode::Invalid,
+            ManagerError::Volume(_) | ManagerError::Node { .. } => ErrorCode::Unavailable,
+            ManagerError::Refused(_) => ErrorCode::Invalid,
+            ManagerError::NotFound(_) => ErrorCode::NotFound,
+            ManagerError::InUse(_) => ErrorCode::InUse,
+            ManagerError::Busy(_) => ErrorCode::Busy,
+            ManagerError::Denied(_) => ErrorCode::Denied,
+            ManagerError::Stopped | ManagerError::SupervisorStopped => ErrorCode::Unavailable,
+        }
+    }
+
     /// Whether the cluster's state is at fault rather than the request as given (the CLI
     /// exits 1 for these, 2 for a refused request).
     pub fn is_state(&self) -> bool {
@@ -66,8 +101,34 @@ impl ManagerError {
     }
 }
 
+/// The stable code of a metadata error.
+fn meta_code(e: &MetaError) -> ErrorCode {
+    match e {
+        MetaError::NoVolume(_) | MetaError::NoSnapshot { .. } => ErrorCode::NotFound,
+        MetaError::VolumeExists(_) => ErrorCode::AlreadyExists,
+        MetaError::BadName(_) | MetaError::Refused(_) => ErrorCode::Invalid,
+        MetaError::Attached { .. } => ErrorCode::InUse,
+        // A stale epoch, a replica not on record: the volume changed under the request.
+        MetaError::Transition(_) | MetaError::Contended { .. } => ErrorCode::Busy,
+        MetaError::Denied(_) => ErrorCode::Denied,
+        MetaError::Unavailable(_)
+        | MetaError::Deposed(_)
+        | MetaError::NoLease(_)
+        | MetaError::Compacted { .. } => ErrorCode::Unavailable,
+        _ => ErrorCode::Internal,
+    }
+}
+
 pub(crate) fn refused(what: impl Into<String>) -> ManagerError {
     ManagerError::Refused(what.into())
+}
+
+pub(crate) fn in_use(what: impl Into<String>) -> ManagerError {
+    ManagerError::InUse(what.into())
+}
+
+pub(crate) fn busy(what: impl Into<String>) -> ManagerError {
+    ManagerError::Busy(what.into())
 }
 
 impl From<ManagerError> for MembershipError {

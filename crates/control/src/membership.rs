@@ -25,7 +25,9 @@ impl ControlMembership {
             .map_err(|e| MembershipError::Unreachable(e.to_string()))?;
         c.call(&req).await.map_err(|e| match e {
             // The manager answered: it refused.
-            ControlError::Remote(m) | ControlError::Failed(m) => MembershipError::Refused(m),
+            ControlError::Remote(m) | ControlError::Failed(m) => {
+                MembershipError::Refused(m.message)
+            }
             ControlError::NotOnRecord { node, .. } => MembershipError::NotOnRecord(node),
             e => MembershipError::Unreachable(e.to_string()),
         })

@@ -28,7 +28,7 @@ pub enum Recorder {
 /// cannot be reached, or hands its role on, is an outage to wait out.
 fn meta_error(e: ControlError) -> MetaError {
     match e {
-        ControlError::Remote(m) | ControlError::Failed(m) => MetaError::Refused(m),
+        ControlError::Remote(m) | ControlError::Failed(m) => MetaError::Refused(m.message),
         ControlError::NotOnRecord { node, .. } => {
             MetaError::Transition(TransitionError::NoSuchReplica(node))
         }

@@ -45,6 +45,8 @@ pub enum MetaError {
     VolumeExists(String),
     #[error("invalid volume name {0:?}: use 1-64 characters from [A-Za-z0-9._-]")]
     BadName(String),
+    #[error("volume {volume} has no snapshot named {name:?}")]
+    NoSnapshot { volume: String, name: String },
     #[error("metadata file {path}: {what}")]
     Storage { path: String, what: String },
     #[error("{0}")]

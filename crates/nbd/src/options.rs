@@ -33,16 +33,15 @@ pub(crate) async fn opt_error<W: AsyncWrite + Unpin>(
 }
 
 pub(crate) fn transmission_flags<B: BlockDevice>(b: &B, structured: bool) -> u16 {
-    let mut f = TF_HAS_FLAGS
-        | TF_SEND_FLUSH
-        | TF_SEND_FUA
-        | TF_SEND_TRIM
-        | TF_SEND_WRITE_ZEROES
-        | TF_SEND_FAST_ZERO;
+    let mut f =
+        TF_HAS_FLAGS | TF_SEND_FLUSH | TF_SEND_FUA | TF_SEND_WRITE_ZEROES | TF_SEND_FAST_ZERO;
     if structured {
         f |= TF_SEND_DF;
     }
     let caps = b.caps();
+    if caps.trim {
+        f |= TF_SEND_TRIM;
+    }
     if caps.shared_flush {
         f |= TF_CAN_MULTI_CONN;
     }

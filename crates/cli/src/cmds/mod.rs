@@ -191,8 +191,8 @@ pub(crate) async fn control_client(cli: &Cli) -> Result<ControlClient, CliError>
 /// error; anything else is a runtime failure.
 pub(crate) fn usage_if_remote(e: trireme_control::ControlError) -> CliError {
     match e {
-        trireme_control::ControlError::Remote(m)
-        | trireme_control::ControlError::NotOnRecord { message: m, .. } => CliError::Usage(m),
+        trireme_control::ControlError::Remote(r) => CliError::Usage(r.message),
+        trireme_control::ControlError::NotOnRecord { message: m, .. } => CliError::Usage(m),
         e => CliError::Runtime(e.to_string()),
     }
 }

@@ -12,7 +12,7 @@ use trireme_meta::{CloneOf, SnapshotState, VolumeRecord};
 use trireme_proto::{CloneRequest, Header, Op, Status};
 
 use super::{Manager, Result};
-use crate::error::refused;
+use crate::error::{in_use, refused};
 
 /// The least a node is waited for to flatten, before the time its copy takes.
 const FLATTEN_WAIT: Duration = Duration::from_secs(10);
@@ -270,7 +270,7 @@ impl Manager {
             Some((name, _)) => format!("snapshot {}@{name}", v.name),
             None => format!("volume {}", v.name),
         };
-        Err(refused(format!(
+        Err(in_use(format!(
             "{what} has clones that read from it: {}. Flatten them first (`trireme volume flatten NAME`) or delete them",
             clones.join(", ")
         )))

@@ -10,7 +10,7 @@ use std::time::Duration;
 use trireme_meta::{ResizeRequest, ScrubState, VolumeRecord};
 
 use super::{Manager, Result, MAX_VOLUME};
-use crate::error::refused;
+use crate::error::{busy, in_use, refused};
 
 /// How long a writer on another host may take to answer a resize request.
 const REMOTE_RESIZE: Duration = Duration::from_secs(120);
@@ -59,7 +59,7 @@ impl Manager {
             }
         }
         if let Some(who) = self.holder(&v).await? {
-            return Err(refused(format!(
+            return Err(in_use(format!(
                 "volume {name} is attached by {who}: a resize goes through its writer, and that writer takes no requests (a `trireme nbd` beside `up`); detach it first"
             )));
         }
@@ -83,7 +83,7 @@ impl Manager {
             .ok()
             .flatten()
             .unwrap_or_else(|| "a writer".into());
-        refused(format!(
+        in_use(format!(
             "volume {} is attached by {who}: a volume shrinks only while nobody writes it (a \
              file system on it would lose what lies past the new end); detach it first",
             v.name
@@ -97,7 +97,7 @@ impl Manager {
         if let Some((old, _)) = self.meta.resize_request(name).await? {
             if old.epoch == v.epoch && matches!(old.state, ScrubState::Asked | ScrubState::Running)
             {
-                return Err(refused(format!(
+                return Err(busy(format!(
                     "a resize of volume {name} is already running"
                 )));
             }
@@ -110,7 +110,7 @@ impl Manager {
             error: None,
         };
         if self.meta.put_resize(name, &req, 0).await?.is_none() {
-            return Err(refused(format!(
+            return Err(busy(format!(
                 "a resize of volume {name} was asked at the same moment by another operator"
             )));
         }

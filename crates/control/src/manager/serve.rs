@@ -1,6 +1,6 @@
 //! The control API's listener: admission, who may ask what, one connection's request lines.
 
-use crate::error::{refused, ManagerError};
+use crate::error::ManagerError;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -9,7 +9,7 @@ use trireme_meta::MetaError;
 use trireme_replication::TransitionError;
 use trireme_transport::Peer;
 
-use crate::api::{Reply, Request, MAX_LINE};
+use crate::api::{ErrorCode, Refusal, Reply, Request, MAX_LINE};
 
 use super::{Manager, Result};
 
@@ -107,7 +107,7 @@ fn authorize(peer: &Peer, req: &Request) -> Result<()> {
                 cmd,
                 "refused a control request: only operators and nodes may"
             );
-            Err(refused(format!(
+            Err(ManagerError::Denied(format!(
                 "{peer} may not {cmd}: only an operator (`trireme ca issue admin`) or a node may"
             )))
         }
@@ -125,13 +125,16 @@ pub async fn serve_conn<S: crate::api::ControlStream>(sock: S, m: Arc<Manager>, 
             Ok(n) => n,
         };
         let reply = if n as u64 >= MAX_LINE && buf.last() != Some(&b'\n') {
-            let r = Reply::Error(format!("request line over {MAX_LINE} bytes"));
+            let r = Reply::Error(Refusal::new(
+                ErrorCode::Invalid,
+                format!("request line over {MAX_LINE} bytes"),
+            ));
             let _ = write_reply(&mut s, &r).await;
             return;
         } else {
             match serde_json::from_slice::<Request>(&buf) {
                 Ok(req) => match authorize(&peer, &req) {
-                    Err(e) => Reply::Error(e.to_string()),
+                    Err(e) => Reply::Error(Refusal::new(e.code(), e.to_string())),
                     Ok(()) if m.hands_over_for(&req) => Reply::Elsewhere(format!(
                         "node {} holds the manager role: it hands the role to another daemon, which runs the restart",
                         m.own_node()
@@ -146,7 +149,10 @@ pub async fn serve_conn<S: crate::api::ControlStream>(sock: S, m: Arc<Manager>, 
                         }
                     }
                 },
-                Err(e) => Reply::Error(format!("bad request: {e}")),
+                Err(e) => Reply::Error(Refusal::new(
+                    ErrorCode::Invalid,
+                    format!("bad request: {e}"),
+                )),
             }
         };
         if write_reply(&mut s, &reply).await.is_err() {
@@ -164,8 +170,8 @@ pub(crate) fn error_reply(e: ManagerError) -> Reply {
                 message: e.to_string(),
             }
         }
-        e if e.is_state() => Reply::Failed(e.to_string()),
-        e => Reply::Error(e.to_string()),
+        e if e.is_state() => Reply::Failed(Refusal::new(e.code(), e.to_string())),
+        e => Reply::Error(Refusal::new(e.code(), e.to_string())),
     }
 }
 

@@ -15,7 +15,7 @@ use trireme_meta::{ScrubState, SnapshotAsk, SnapshotRecord, SnapshotState, Volum
 use trireme_proto::{Header, Op, SnapshotRequest, Status};
 
 use super::{Manager, Result};
-use crate::error::refused;
+use crate::error::{busy, in_use, refused};
 
 /// How long a writer on another host may take to answer a snapshot request.
 const REMOTE_SNAPSHOT: Duration = Duration::from_secs(60);
@@ -108,7 +108,7 @@ impl Manager {
             }
         }
         if let Some(who) = self.holder(v).await? {
-            return Err(refused(format!(
+            return Err(in_use(format!(
                 "volume {} is attached by {who}: a snapshot goes through its writer, and that writer takes no requests (a `trireme nbd` beside `up`); detach it first",
                 v.name
             )));
@@ -131,7 +131,7 @@ impl Manager {
         if let Some((old, _)) = self.meta.snapshot_ask(name).await? {
             if old.epoch == v.epoch && matches!(old.state, ScrubState::Asked | ScrubState::Running)
             {
-                return Err(refused(format!(
+                return Err(busy(format!(
                     "a snapshot of volume {name} is already being taken"
                 )));
             }
@@ -147,7 +147,7 @@ impl Manager {
             error: None,
         };
         if self.meta.put_snapshot_ask(name, &ask, 0).await?.is_none() {
-            return Err(refused(format!(
+            return Err(busy(format!(
                 "a snapshot of volume {name} was asked at the same moment by another operator"
             )));
         }
@@ -224,7 +224,7 @@ impl Manager {
         let v = match self.holder(&v).await? {
             None => v,
             Some(who) if !force => {
-                return Err(refused(format!(
+                return Err(in_use(format!(
                     "volume {name} is in use: attached by {who}. A rollback replaces what it reads \
                      under it: detach it first, or `trireme volume rollback {name} {snap} --force` \
                      fences that writer (its I/O fails from then on)"
@@ -342,7 +342,7 @@ impl Manager {
         let holders = self.snapshot_holders(&v, rec.id).await;
         if !holders.is_empty() {
             if !force {
-                return Err(refused(format!(
+                return Err(in_use(format!(
                     "snapshot {name}@{snap} is exported read-only by {}: stop that export first, or delete it with --force (its reads then fail)",
                     holders.join("; ")
                 )));

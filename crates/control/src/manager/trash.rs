@@ -10,7 +10,7 @@ use trireme_meta::{TrashRecord, VolumeRecord};
 use trireme_proto::{Header, Op, Status};
 
 use super::{Manager, Result};
-use crate::error::refused;
+use crate::error::{in_use, refused};
 use crate::moves::MoveState;
 
 /// How long a deleted volume stays in the trash when the request names no time.
@@ -69,7 +69,7 @@ impl Manager {
             .into_iter()
             .find(|m| m.state == MoveState::Running && m.volume.as_deref() == Some(name))
         {
-            return Err(refused(format!(
+            return Err(in_use(format!(
                 "volume {name} is being moved off node {} (`node {}`): delete it once the job is done",
                 m.node, m.kind
             )));
@@ -77,7 +77,7 @@ impl Manager {
         let v = match self.holder(&v).await? {
             None => v,
             Some(who) if !force => {
-                return Err(refused(format!(
+                return Err(in_use(format!(
                     "volume {name} is in use: attached by {who}. Detach it there first, or \
                      `trireme volume delete {name} --force` fences that writer (its I/O fails \
                      from then on) and deletes the volume"
@@ -180,7 +180,7 @@ impl Manager {
             Err(_) => all.into_iter().rev().find(|t| t.volume.name == what),
         };
         found.ok_or_else(|| {
-            refused(format!(
+            crate::ManagerError::NotFound(format!(
                 "no volume {what:?} in the trash (`trireme volume trash list`)"
             ))
         })

@@ -219,7 +219,7 @@ impl Manager {
                 .get(name)
                 .is_some_and(|t| now.duration_since(*t) < crate::api::REPORT_EVERY)
             {
-                return Err(ManagerError::Refused(format!(
+                return Err(ManagerError::Busy(format!(
                     "volume {name}'s writer reported less than {:?} ago: try again later",
                     crate::api::REPORT_EVERY
                 )));

@@ -174,10 +174,10 @@ impl ClusterMeta {
             .await?
         {
             Some((s, _)) if s.volume_id == volume.id => Ok(s),
-            _ => Err(MetaError::Refused(format!(
-                "volume {} has no snapshot named {name:?}",
-                volume.name
-            ))),
+            _ => Err(MetaError::NoSnapshot {
+                volume: volume.name.clone(),
+                name: name.to_string(),
+            }),
         }
     }
 }
