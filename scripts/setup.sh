@@ -9,6 +9,9 @@
 # real Prometheus and open its dashboard in headless Chromium over WebDriver.
 # gdb: a test that finds a process hung prints its threads' stacks.
 # e2fsprogs and mount: tests/full.rs fills a small ext4 file system on a loop device.
+# cpio and busybox-static: tests/kernel_devices.rs boots a guest (qemu-system-x86 from
+# bookworm-backports, to match qemu-utils; Debian 12's 7.2 would replace it) whose kernel
+# has the NBD client and ublk: a Debian 6.12 kernel, unpacked (not installed) below.
 # ceph-common, ceph-mon, ceph-osd: `rbd merge-diff` (no cluster needed) reads what `volume diff`
 # writes; tests/ceph.rs starts a one-monitor, one-OSD Ceph cluster for `rbd import-diff` and
 # `export-diff` both ways.
@@ -27,6 +30,33 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# The guest's kernel and qemu: from bookworm-backports (qemu) and bookworm (linux 6.12).
+guest_dir=/var/cache/trireme-guest
+if [ ! -e "$guest_dir/ready" ]; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  if [ ! -e /etc/apt/sources.list.d/trireme-backports.sources ]; then
+    printf 'Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+      | $sudo tee /etc/apt/sources.list.d/trireme-backports.sources >/dev/null
+  fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+    -t bookworm-backports qemu-system-x86 >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+    busybox-static cpio xz-utils >/dev/null
+  kpkg=$(apt-cache search --names-only '^linux-image-6\.12\.[0-9]+\+deb12-amd64$' | awk '{print $1}' | sort -V | tail -1)
+  work=$(mktemp -d)
+  (cd "$work" && apt-get download "$kpkg" >/dev/null 2>&1 && dpkg-deb -x ./*.deb root)
+  kver=${kpkg#linux-image-}
+  $sudo mkdir -p "$guest_dir/modules"
+  $sudo cp "$work/root/boot/vmlinuz-$kver" "$guest_dir/vmlinuz"
+  for m in drivers/block/nbd drivers/block/ublk_drv fs/ext4/ext4 fs/jbd2/jbd2 fs/mbcache lib/crc16 \
+           crypto/crc32c_generic drivers/net/virtio_net drivers/net/net_failover net/core/failover; do
+    xz -dc "$work/root/lib/modules/$kver/kernel/$m.ko.xz" | $sudo tee "$guest_dir/modules/$(basename $m).ko" >/dev/null
+  done
+  echo "$kver" | $sudo tee "$guest_dir/ready" >/dev/null
+  rm -rf "$work"
 fi
 if ! command -v cargo >/dev/null 2>&1; then
   [ -x "$HOME/.cargo/bin/cargo" ] || { echo "setup: cargo not found; install Rust with rustup (rust-version 1.85+)" >&2; exit 1; }

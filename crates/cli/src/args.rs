@@ -626,6 +626,53 @@ pub enum VolumeCmd {
     },
 }
 
+/// Which kernel block device `map` gives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DeviceKind {
+    /// What this kernel has.
+    Auto,
+    /// The kernel's NBD client (`nbd.ko`).
+    Nbd,
+    /// ublk (`ublk_drv`).
+    Ublk,
+}
+
+#[derive(Debug, Args)]
+pub struct MapArgs {
+    pub volume: String,
+    /// Which kernel device (auto: what this kernel has).
+    #[arg(long, value_enum, default_value_t = DeviceKind::Auto)]
+    pub device: DeviceKind,
+    /// Fence the current writer (its host may be cut off, not dead) instead of refusing.
+    #[arg(long)]
+    pub force: bool,
+    /// How long after this process dies another host may attach without --force.
+    #[arg(long, default_value = "5s", value_parser = units::parse_duration)]
+    pub lease_ttl: std::time::Duration,
+    /// A request the device has not had answered this long is sent again (after this
+    /// process died: to the next `map`).
+    #[arg(long, default_value = "30s", value_parser = units::parse_duration)]
+    pub io_timeout: std::time::Duration,
+    /// How long a device whose process died keeps its requests for the next `map` before
+    /// they fail.
+    #[arg(long, default_value = "10m", value_parser = units::parse_duration)]
+    pub dead_timeout: std::time::Duration,
+    /// Streams from the volume client to each node.
+    #[arg(long, default_value_t = 2, value_parser = units::count(1, 16))]
+    pub streams: u32,
+    #[command(flatten)]
+    pub failure: FailureArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct UnmapArgs {
+    /// The volume, or its device (/dev/nbdN).
+    pub target: String,
+    /// End the device even while it is in use: a file system on it gets I/O errors.
+    #[arg(long)]
+    pub force: bool,
+}
+
 #[derive(Debug, Args)]
 pub struct NbdArgs {
     pub volume: String,

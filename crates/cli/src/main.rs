@@ -273,6 +273,17 @@ pub enum Cmd {
     /// On a client host of a cluster on etcd: become the volume's writer (a new epoch; refused
     /// while another host holds it, unless --force) and serve it over NBD to local clients.
     Attach(AttachArgs),
+    /// Become the volume's writer (a new epoch, as `attach`) and give this host a block
+    /// device for it (Linux, root): `/dev/nbdN` through the kernel's NBD client. The process
+    /// serves the device; kill it and `map` again, and the same device goes on, its queued
+    /// requests with it. `unmap` ends the device.
+    Map(MapArgs),
+    /// Flush and end a device `map` made (VOLUME or /dev/nbdN); refused while it is in use (a
+    /// mounted file system) unless --force.
+    Unmap(UnmapArgs),
+    /// The block devices this host has mapped.
+    #[command(subcommand)]
+    Device(DeviceCmd),
     /// Measure a target with DISKSPD's flags: IOPS, latency percentiles, CPU per IO.
     Bench(Box<bench::BenchArgs>),
     /// The cluster's certificate authority: create it, issue certificates for nodes, clients
@@ -282,6 +293,12 @@ pub enum Cmd {
     /// etcd's own access control for the cluster (`--etcd`, with an operator's identity).
     #[command(subcommand)]
     Etcd(EtcdCmd),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DeviceCmd {
+    /// Each mapped device: its volume, path, kind and why, and the process serving it.
+    List,
 }
 
 #[derive(Debug, Subcommand)]

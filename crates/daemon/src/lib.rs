@@ -25,6 +25,7 @@ pub mod access;
 pub mod attach;
 pub mod export;
 pub mod http;
+pub mod kernel_nbd;
 mod keys;
 pub mod lease;
 pub mod local;

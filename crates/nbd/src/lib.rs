@@ -28,8 +28,8 @@ mod transmission;
 use std::sync::Arc;
 
 pub use server::{
-    serve_admitted, serve_admitted_tls, serve_connection, serve_connection_tls, Admission, Allow,
-    NbdError, NbdTls, NEGOTIATION,
+    kernel_flags, serve_admitted, serve_admitted_tls, serve_connection, serve_connection_tls,
+    serve_kernel, Admission, Allow, NbdError, NbdTls, NEGOTIATION,
 };
 pub use transmission::{refusals, Refused};
 pub use trireme_blockdev::{BlockDevice, DevError, ErrorKind, Extent, Want};

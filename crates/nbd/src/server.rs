@@ -192,6 +192,29 @@ where
     }
 }
 
+/// Serves the transmission phase alone on `stream`, for the kernel's NBD client (`nbd.ko`),
+/// which negotiates nothing: its device was set up over netlink with the size of `device`
+/// and the flags [`kernel_flags`] gives. Simple replies, no metadata contexts. Returns when
+/// the kernel disconnects (`NBD_CMD_DISC`) or the stream ends.
+pub async fn serve_kernel<S, B>(stream: S, device: Arc<B>) -> Result<(), NbdError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    B: BlockDevice,
+{
+    let (rd, wr) = tokio::io::split(stream);
+    let session = Session {
+        backend: device,
+        structured: false,
+        contexts: Vec::new(),
+    };
+    transmission(rd, wr, session).await
+}
+
+/// The transmission flags to set a kernel device up with for `device`.
+pub fn kernel_flags<B: BlockDevice>(device: &B) -> u16 {
+    crate::options::transmission_flags(device, false)
+}
+
 /// Serves one client connection to the end over TLS (see [`NbdTls`]).
 pub async fn serve_connection_tls<S, B>(
     stream: S,

@@ -242,7 +242,7 @@ pub(crate) struct Stop {
 }
 
 impl Stop {
-    fn catch() -> Result<Stop, CliError> {
+    pub(crate) fn catch() -> Result<Stop, CliError> {
         use tokio::signal::unix::{signal, SignalKind};
         let err = |e: std::io::Error| CliError::Runtime(format!("signal handler: {e}"));
         Ok(Stop {
@@ -251,7 +251,7 @@ impl Stop {
         })
     }
 
-    async fn wait(mut self) {
+    pub(crate) async fn wait(mut self) {
         tokio::select! {
             _ = self.term.recv() => {}
             _ = self.int.recv() => {}

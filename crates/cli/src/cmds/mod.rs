@@ -23,6 +23,7 @@ mod client;
 mod daemons;
 mod etcd;
 mod jobs;
+mod map;
 mod text;
 
 use ca::*;
@@ -149,6 +150,9 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Cmd::Nbd(ref a) => runtime(a.export.threads as usize)?.block_on(nbd(&cli, a)),
         Cmd::Node(NodeCmd::Run(ref a)) => runtime(1)?.block_on(node_run(&cli, a)),
         Cmd::Attach(ref a) => runtime(a.export.threads as usize)?.block_on(attach(&cli, a)),
+        Cmd::Map(ref a) => runtime(1)?.block_on(map::map(&cli, a)),
+        Cmd::Unmap(ref a) => map::unmap(a),
+        Cmd::Device(crate::DeviceCmd::List) => map::device_list(&cli),
         Cmd::Bench(ref a) => crate::bench::run(&cli, a),
         Cmd::Ca(ref c) => ca(&cli, c),
         Cmd::Etcd(ref c) => runtime(1)?.block_on(etcd_cmd(&cli, c)),

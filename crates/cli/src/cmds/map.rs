@@ -1,0 +1,299 @@
+//! `trireme map`, `unmap` and `device list`: a volume as a kernel block device on this host
+//! (`trireme_daemon::kernel_nbd`).
+
+use std::path::Path;
+
+use super::*;
+use crate::{DeviceKind, MapArgs, UnmapArgs};
+use trireme_kernel::mapped::{self, Mapped};
+
+/// Which device `map` gives, and why (said in `device list`).
+fn pick(asked: DeviceKind) -> Result<String, CliError> {
+    let nbd = trireme_kernel::nbd::available();
+    let ublk = Path::new("/dev/ublk-control").exists();
+    match asked {
+        DeviceKind::Nbd if nbd => Ok("asked for (--device nbd)".into()),
+        DeviceKind::Nbd => Err(CliError::Usage(
+            "the kernel's NBD client is not loaded: `modprobe nbd` (kernel option \
+             CONFIG_BLK_DEV_NBD)"
+                .into(),
+        )),
+        DeviceKind::Ublk => Err(CliError::Usage(format!(
+            "a ublk device is not built yet in this release{}: map with --device nbd \
+             (`modprobe nbd`)",
+            if ublk {
+                " (this kernel has ublk_drv)"
+            } else {
+                ""
+            }
+        ))),
+        DeviceKind::Auto if nbd => Ok(format!(
+            "the kernel's NBD client is loaded{}",
+            if ublk {
+                "; ublk is not built yet in this release"
+            } else {
+                ""
+            }
+        )),
+        DeviceKind::Auto => Err(CliError::Usage(
+            "this kernel has neither block device driver loaded: `modprobe nbd` for the \
+             kernel's NBD client (CONFIG_BLK_DEV_NBD), or `modprobe ublk_drv` for ublk \
+             (Linux 6.1+, CONFIG_BLK_DEV_UBLK; not built yet in this release)"
+                .into(),
+        )),
+    }
+}
+
+/// The writer of `a.volume`: attached on the cluster on etcd, or through `up`'s control
+/// socket; and how to let it go.
+enum Writer {
+    Etcd(trireme_daemon::attach::Attached),
+    Local(tokio::task::JoinHandle<()>),
+}
+
+pub(crate) async fn map(cli: &Cli, a: &MapArgs) -> Result<(), CliError> {
+    let stop = Stop::catch()?;
+    if a.volume.contains('@') {
+        return Err(CliError::Usage(
+            "mapping a snapshot (VOLUME@NAME) is not built yet: serve it read-only with \
+             `trireme nbd VOLUME@NAME` or `attach VOLUME@NAME`"
+                .into(),
+        ));
+    }
+    trireme_meta::check_name(&a.volume).map_err(|e| CliError::Usage(e.to_string()))?;
+    let why = pick(a.device)?;
+    // Before the attach: a --force would otherwise fence the process that serves it.
+    if let Some(m) = mapped::get(Path::new(mapped::DIR), &a.volume)
+        .map_err(kernel_err)?
+        .filter(Mapped::serving)
+    {
+        return Err(CliError::Usage(format!(
+            "volume {} is mapped at {} already, served by pid {} on this host",
+            a.volume,
+            m.path().display(),
+            m.pid
+        )));
+    }
+    let opts = a.failure.volume_options(a.streams, cli.transport.kind());
+    let here = vec![format!("kernel nbd device of {}", a.volume)];
+    let (slot, writer) = match cli.etcd {
+        Some(_) => {
+            let meta = etcd_meta(cli).await?;
+            let cfg = trireme_daemon::attach::AttachConfig {
+                volume: a.volume.clone(),
+                force: a.force,
+                lease_ttl: a.lease_ttl,
+                opts,
+            };
+            let att = trireme_daemon::attach::attach(meta, &cfg, here)
+                .await
+                .map_err(daemon_err)?;
+            let slot = trireme_daemon::export::WriterSlot::new(att.volume.clone());
+            (slot, Writer::Etcd(att))
+        }
+        None => {
+            let control = control_path(&cli.data_dir);
+            let hello = trireme_control::WriterHello::me(here.clone());
+            let v =
+                trireme_daemon::writer_slot::attach(&control, &a.volume, opts.clone(), Some(hello))
+                    .await
+                    .map_err(CliError::Runtime)?;
+            let slot = trireme_daemon::export::WriterSlot::serving(v, here);
+            let reattach = tokio::spawn(trireme_daemon::export::reattach_when_lost(
+                slot.clone(),
+                control,
+                opts,
+                None,
+            ));
+            (slot, Writer::Local(reattach))
+        }
+    };
+    let kopts = trireme_daemon::kernel_nbd::KernelOptions {
+        dir: mapped::DIR.into(),
+        io_timeout: a.io_timeout,
+        dead_timeout: a.dead_timeout,
+        why,
+    };
+    let served = trireme_daemon::kernel_nbd::map(&slot, &a.volume, &kopts).await;
+    let mut writer = writer;
+    let unmapped = match served {
+        Ok((m, mut keep)) => {
+            if let Writer::Etcd(att) = &mut writer {
+                att.report(None);
+            }
+            println!("{}", m.path().display());
+            use std::io::Write;
+            let _ = std::io::stdout().flush();
+            tokio::select! {
+                _ = stop.wait() => {
+                    keep.abort();
+                    false
+                }
+                _ = &mut keep => true,
+            }
+        }
+        Err(e) => {
+            let _ = release(&slot, writer).await;
+            return Err(daemon_err(e));
+        }
+    };
+    if !unmapped {
+        tracing::warn!(
+            volume = %a.volume,
+            "stopping: the device stays, its requests queued, until `trireme map` serves it again (or `unmap`)"
+        );
+    }
+    release(&slot, writer).await
+}
+
+/// Flushes and detaches the writer.
+async fn release(
+    slot: &trireme_daemon::export::WriterSlot,
+    writer: Writer,
+) -> Result<(), CliError> {
+    match writer {
+        Writer::Etcd(att) => att.detach().await.map_err(daemon_err),
+        Writer::Local(reattach) => {
+            reattach.abort();
+            slot.current()
+                .detach()
+                .await
+                .map_err(|e| CliError::Runtime(format!("final flush and detach: {e}")))
+        }
+    }
+}
+
+fn kernel_err(e: trireme_kernel::KernelError) -> CliError {
+    CliError::Runtime(e.to_string())
+}
+
+/// The record `target` (a volume or a device path) names.
+fn find(target: &str) -> Result<Mapped, CliError> {
+    let dir = Path::new(mapped::DIR);
+    let found = if target.starts_with("/dev/") {
+        mapped::list(dir)
+            .into_iter()
+            .filter_map(Result::ok)
+            .find(|m| m.path() == Path::new(target))
+    } else {
+        mapped::get(dir, target).map_err(kernel_err)?
+    };
+    found.ok_or_else(|| {
+        CliError::Usage(format!(
+            "no device of {target} is mapped on this host (`trireme device list`)"
+        ))
+    })
+}
+
+pub(crate) fn unmap(a: &UnmapArgs) -> Result<(), CliError> {
+    let m = find(&a.target)?;
+    let path = m.path();
+    // An exclusive open fails while a file system (or anything else) holds the device.
+    let open = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags_excl()
+        .open(&path);
+    match open {
+        Ok(f) if m.serving() => f
+            .sync_all()
+            .map_err(|e| CliError::Runtime(format!("flushing {}: {e}", path.display())))?,
+        Ok(_) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) && !a.force => {
+            return Err(CliError::Usage(format!(
+                "{} (volume {}) is in use, a file system mounted on it?: unmount it first, \
+                 or --force (what uses it then gets I/O errors)",
+                path.display(),
+                m.volume
+            )))
+        }
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(CliError::Runtime(format!("{}: {e}", path.display()))),
+    }
+    // The record goes first: the server, disconnected, then finds none and detaches.
+    mapped::remove(Path::new(mapped::DIR), &m.volume);
+    match trireme_kernel::nbd::disconnect(m.index) {
+        Ok(()) => {}
+        Err(trireme_kernel::KernelError::Refused { errno, .. })
+            if errno == libc::ENOENT || errno == libc::EINVAL => {}
+        Err(e) => return Err(kernel_err(e)),
+    }
+    let t0 = std::time::Instant::now();
+    while m.serving() && t0.elapsed() < std::time::Duration::from_secs(30) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    if m.serving() {
+        return Err(CliError::Runtime(format!(
+            "{} is disconnected, but pid {} that served it has not ended within 30 s",
+            path.display(),
+            m.pid
+        )));
+    }
+    println!("unmapped {} (volume {})", path.display(), m.volume);
+    Ok(())
+}
+
+/// An exclusive open (`O_EXCL` on a block device: refused while it is mounted or held).
+trait Excl {
+    fn custom_flags_excl(&mut self) -> &mut Self;
+}
+
+impl Excl for std::fs::OpenOptions {
+    fn custom_flags_excl(&mut self) -> &mut Self {
+        use std::os::unix::fs::OpenOptionsExt;
+        self.custom_flags(libc::O_EXCL | libc::O_CLOEXEC)
+    }
+}
+
+#[derive(Serialize)]
+struct DeviceRow {
+    volume: String,
+    device: String,
+    kind: String,
+    pid: u32,
+    serving: bool,
+    epoch: u64,
+    why: String,
+}
+
+pub(crate) fn device_list(cli: &Cli) -> Result<(), CliError> {
+    let mut rows = Vec::new();
+    for r in mapped::list(Path::new(mapped::DIR)) {
+        match r {
+            Ok(m) => rows.push(DeviceRow {
+                device: m.path().display().to_string(),
+                serving: m.serving(),
+                volume: m.volume,
+                kind: m.kind,
+                pid: m.pid,
+                epoch: m.epoch,
+                why: m.why,
+            }),
+            Err(e) => eprintln!("warning: {e}"),
+        }
+    }
+    print(cli.output, &rows, |rows| {
+        if rows.is_empty() {
+            return "no device is mapped on this host\n".into();
+        }
+        let mut s = String::from("VOLUME  DEVICE  KIND  PID  SERVED  EPOCH  WHY\n");
+        for r in rows {
+            s += &format!(
+                "{}  {}  {}  {}  {}  {}  {}\n",
+                r.volume,
+                r.device,
+                r.kind,
+                r.pid,
+                if r.serving {
+                    "yes"
+                } else {
+                    "no: `trireme map` it again"
+                },
+                r.epoch,
+                r.why
+            );
+        }
+        s
+    });
+    Ok(())
+}

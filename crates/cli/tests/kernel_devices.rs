@@ -1,0 +1,230 @@
+//! A volume as a kernel block device (`trireme map`), in a Linux guest under qemu (this
+//! host's kernel has no NBD client): the guest maps a volume of a cluster on etcd running
+//! here, makes a file system on it, and keeps writing while a node is killed -9 and while
+//! `map` itself is killed -9 and started again. Nothing may fail, every file must read back
+//! after a remount, and the copies must be identical.
+
+mod common;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use common::guest::{self, Guest, GuestNet};
+use common::BIN;
+
+const ETCD: &str = "http://10.0.2.2:2379";
+
+/// Processes stopped on drop.
+struct Procs(Vec<Child>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn node(net: &GuestNet, dir: &std::path::Path, id: u32) -> Child {
+    net.cmd(BIN)
+        .args([
+            "--etcd",
+            ETCD,
+            "node",
+            "run",
+            "--insecure",
+            "--id",
+            &id.to_string(),
+        ])
+        .args([
+            "--listen",
+            "10.0.2.2:0",
+            "--store",
+            "file",
+            "--lease-ttl",
+            "2s",
+        ])
+        .arg("--dir")
+        .arg(dir.join(format!("n{id}")))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join(format!("node-{id}.log"))).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+fn cli(net: &GuestNet, args: &[&str]) -> String {
+    let o = net
+        .cmd(BIN)
+        .args(["--etcd", ETCD])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{args:?}: {o:?}");
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// What the guest runs: map, mkfs, mount, write; a node killed under a write (the host does
+/// it on `@@ KILL-NODE`); `map` killed -9 under a write and started again; remount and check.
+const SCRIPT: &str = r#"
+T="trireme --transport tcp --etcd http://10.0.2.2:2379"
+fail() { echo "@@ FAIL $*"; dmesg | tail -30; exit 1; }
+mapped() { i=0; until grep -q /dev/nbd "$1" 2>/dev/null; do i=$((i+1)); [ $i -gt 600 ] && fail "map: $(cat $1.log)"; sleep 0.2; done; }
+$T map v --io-timeout 5s --dead-timeout 300s >/tmp/map1 2>/tmp/map1.log &
+mapped /tmp/map1
+DEV=$(cat /tmp/map1)
+echo "@@ MAPPED $DEV"
+$T device list
+# Bad input changes nothing: a volume that does not exist, one this host maps already.
+$T map nope 2>/tmp/bad && fail "map of a volume that does not exist"
+grep -q "no volume" /tmp/bad || fail "map nope: $(cat /tmp/bad)"
+$T map v 2>/tmp/bad && fail "a second map of a mapped volume"
+grep -q "served by pid" /tmp/bad || fail "map v again: $(cat /tmp/bad)"
+trireme unmap /dev/nbd9 2>/tmp/bad && fail "unmap of a device never mapped"
+mkfs.ext4 -q -F $DEV || fail mkfs
+mount $DEV /mnt || fail mount
+dd if=/dev/urandom of=/mnt/a bs=64k count=32 conv=fsync 2>/dev/null || fail "write a"
+sha256sum /mnt/a > /tmp/sums
+echo "@@ KILL-NODE"
+# Files of 1 MiB (then 512 KiB), each fsynced: a node dies (the host kills it on the line above) under them.
+i=0; while [ $i -lt 40 ]; do dd if=/dev/urandom of=/mnt/b.$i bs=64k count=16 conv=fsync 2>/dev/null || fail "write b.$i under a node kill"; i=$((i+1)); done
+# The same until told to stop, while map is killed -9 and started again (/tmp is not on it).
+(i=0; while [ ! -e /tmp/stop ]; do echo $i > /tmp/c.at; dd if=/dev/urandom of=/mnt/c.$i bs=64k count=8 conv=fsync 2>/tmp/c.dd || { echo "c.$i: $(cat /tmp/c.dd)" > /tmp/c.err; break; }; i=$((i+1)); done; echo $i > /tmp/c.done) &
+sleep 2
+[ -e /tmp/c.done ] && fail "the writes ended before map was killed: $(cat /tmp/c.err)"
+kill -9 $(pidof trireme) || fail "no map process"
+# Nothing that may read the file system here: its reads wait for the next map.
+before=$(cat /tmp/c.at)
+echo "@@ MAP-KILLED after $before files"
+$T map v --io-timeout 5s --dead-timeout 300s >/tmp/map2 2>/tmp/map2.log &
+mapped /tmp/map2
+[ "$(cat /tmp/map2)" = "$DEV" ] || fail "the second map gave $(cat /tmp/map2), not $DEV"
+echo "@@ MAPPED-AGAIN"
+sleep 3
+touch /tmp/stop
+i=0; until [ -e /tmp/c.done ]; do i=$((i+1)); [ $i -gt 900 ] && fail "the writes never ended"; sleep 0.2; done
+[ -e /tmp/c.err ] && fail "write $(cat /tmp/c.err) under the map kill"
+after=$(cat /tmp/c.done)
+[ "$after" -gt "$before" ] || fail "no file was written after the kill ($before, then $after)"
+echo "@@ WRITES $before before the kill, $after in all"
+sha256sum /mnt/b.* /mnt/c.* >> /tmp/sums
+trireme unmap v 2>/tmp/busy && fail "unmap of a mounted device went through"
+grep -q "in use" /tmp/busy || fail "unmap of a mounted device: $(cat /tmp/busy)"
+umount /mnt || fail umount
+mount $DEV /mnt || fail remount
+sha256sum -c /tmp/sums || fail "checksums after a remount"
+umount /mnt
+trireme unmap v || fail unmap
+[ -e $DEV ] && [ -s /sys/block/$(basename $DEV)/size ] && [ "$(cat /sys/block/$(basename $DEV)/size)" != 0 ] && fail "the device is still there"
+dmesg | grep -i "i/o error" && fail "the kernel saw I/O errors"
+echo "@@ RESULT-OK"
+"#;
+
+#[test]
+fn a_mapped_device_survives_a_node_kill_and_its_own_restart() {
+    if let Some(why) = guest::unavailable() {
+        eprintln!("SKIPPED: no guest can run here (missing: {why})");
+        return;
+    }
+    common::need("etcd");
+    let dir = tempfile::tempdir().unwrap();
+    let net = GuestNet::create();
+    let mut procs = Procs(Vec::new());
+    procs.0.push(
+        net.cmd("etcd")
+            .args([
+                "--name=g0",
+                "--listen-client-urls",
+                ETCD,
+                "--advertise-client-urls",
+                ETCD,
+            ])
+            .args([
+                "--listen-peer-urls",
+                "http://10.0.2.2:2380",
+                "--log-level=warn",
+            ])
+            .args(["--initial-advertise-peer-urls", "http://10.0.2.2:2380"])
+            .args(["--initial-cluster", "g0=http://10.0.2.2:2380"])
+            .arg(format!("--data-dir={}", dir.path().join("etcd").display()))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("etcd.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    for id in 1..=2 {
+        procs.0.push(node(&net, dir.path(), id));
+    }
+    let t0 = Instant::now();
+    loop {
+        let o = net
+            .cmd(BIN)
+            .args(["--etcd", ETCD, "--output", "json", "status"])
+            .output()
+            .unwrap();
+        let up = serde_json::from_slice::<serde_json::Value>(&o.stdout).is_ok_and(|s| {
+            s["nodes"]
+                .as_array()
+                .is_some_and(|n| n.len() == 2 && n.iter().all(|n| n["up"] == true))
+        });
+        if up {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "nodes up: {o:?}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    cli(
+        &net,
+        &["volume", "create", "v", "--size", "128M", "--replicas", "2"],
+    );
+
+    let bin = std::path::Path::new(BIN);
+    let initrd = guest::initrd(
+        dir.path(),
+        SCRIPT,
+        &[
+            (bin, "/bin/trireme"),
+            (std::path::Path::new("/sbin/mkfs.ext4"), "/sbin/mkfs.ext4"),
+        ],
+    );
+    let mut g = Guest::boot(&net, &initrd);
+    g.expect("@@ GUEST-UP", Duration::from_secs(120));
+    let dev = g.expect("@@ MAPPED", Duration::from_secs(120));
+    assert!(dev.contains("/dev/nbd"), "{dev}");
+    g.expect("@@ KILL-NODE", Duration::from_secs(180));
+    // A node killed -9 under the write, back two seconds later.
+    procs.0[1].kill().unwrap();
+    let _ = procs.0[1].wait();
+    std::thread::sleep(Duration::from_secs(2));
+    procs.0[1] = node(&net, dir.path(), 1);
+    g.expect("@@ MAP-KILLED", Duration::from_secs(180));
+    g.expect("@@ MAPPED-AGAIN", Duration::from_secs(180));
+    g.expect("@@ WRITES", Duration::from_secs(300));
+    let done = g.expect("@@ ", Duration::from_secs(300));
+    assert!(
+        done.contains("RESULT-OK"),
+        "the guest said {done}; its console:\n{}",
+        g.log.join("\n")
+    );
+    // What happened, for `--nocapture`: the markers and the kernel's NBD lines.
+    for l in g.log.iter().filter(|l| l.contains("@@") || l.contains("nbd0")) {
+        eprintln!("guest: {l}");
+    }
+    drop(g);
+    // Every copy holds the same bytes, once resynced.
+    let t0 = Instant::now();
+    loop {
+        let o = net
+            .cmd(BIN)
+            .args(["--etcd", ETCD, "volume", "verify", "v"])
+            .output()
+            .unwrap();
+        if o.status.success() {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "volume verify: {o:?}"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}

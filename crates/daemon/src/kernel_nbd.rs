@@ -1,0 +1,170 @@
+//! A volume as a kernel block device through the kernel's NBD client (`trireme map`).
+//!
+//! The process is the device's server: the NBD frontend's transmission phase on one end of a
+//! socket pair (`trireme_nbd::serve_kernel`), the kernel's NBD client on the other, set up
+//! over netlink (`trireme_kernel::nbd`). The volume's device below it is the one every
+//! frontend uses (`trireme_blockdev::VolumeDevice`).
+//!
+//! What ends what:
+//! - The server's socket lost while the process lives (the kernel timed a request out and
+//!   dropped the socket): a new socket pair, handed to the same device.
+//! - The process killed: the device waits (`dead_conn_timeout`) with its requests queued; the
+//!   next `map` of the volume finds its record and hands the same device a new server
+//!   (reconfigure). The requests in flight are sent again at their timeout: safe, one fenced
+//!   writer at a time, and every request idempotent.
+//! - `unmap`: removes the record, then asks the kernel to disconnect; the kernel sends
+//!   `NBD_CMD_DISC`, the server returns and, finding no record, the process detaches.
+
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use trireme_blockdev::{BlockDevice, VolumeDevice};
+use trireme_kernel::mapped::{self, Mapped};
+use trireme_kernel::{nbd, KernelError};
+
+use crate::export::WriterSlot;
+use crate::DaemonError;
+
+/// How a device is set up.
+#[derive(Debug, Clone)]
+pub struct KernelOptions {
+    /// Where the records of mapped devices live.
+    pub dir: PathBuf,
+    /// A request unanswered this long is sent again (to this server's next socket, or to the
+    /// next server after this process died).
+    pub io_timeout: Duration,
+    /// How long a device without a server keeps its requests before they fail.
+    pub dead_timeout: Duration,
+    /// Why this kind of device, for `device list`.
+    pub why: String,
+}
+
+fn kernel(e: KernelError) -> DaemonError {
+    match e {
+        KernelError::NoDriver(m) => DaemonError::Usage(m),
+        e => DaemonError::Runtime(e.to_string()),
+    }
+}
+
+/// A new socket pair: the kernel's end, and this process's end served for `dev`.
+fn serve_pair(
+    dev: &Arc<VolumeDevice>,
+) -> Result<(std::os::unix::net::UnixStream, tokio::task::JoinHandle<()>), DaemonError> {
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+    ours.set_nonblocking(true)?;
+    let ours = tokio::net::UnixStream::from_std(ours)?;
+    let dev = dev.clone();
+    let task = tokio::spawn(async move {
+        if let Err(e) = trireme_nbd::serve_kernel(ours, dev).await {
+            tracing::warn!("the kernel's NBD connection: {e}");
+        }
+    });
+    Ok((theirs, task))
+}
+
+/// Serves the volume in `slot` as a kernel NBD device: the one `volume`'s record names if its
+/// server died (the same device, handed a new server), else a new one. Returns the record once
+/// the device serves, and the task that keeps serving it until `unmap`.
+pub async fn map(
+    slot: &WriterSlot,
+    volume: &str,
+    opts: &KernelOptions,
+) -> Result<(Mapped, tokio::task::JoinHandle<()>), DaemonError> {
+    let ident = Mapped::identifier(volume);
+    let existing = mapped::get(&opts.dir, volume).map_err(kernel)?;
+    if let Some(m) = existing.as_ref().filter(|m| m.serving()) {
+        return Err(DaemonError::Usage(format!(
+            "volume {volume} is mapped at {} and served by pid {} on this host",
+            m.path().display(),
+            m.pid
+        )));
+    }
+    let revive =
+        existing.filter(|m| m.kind == "nbd" && nbd::backend(m.index).as_deref() == Some(&ident));
+    let dev = Arc::new(VolumeDevice::new(slot.slot.clone()));
+    // Served before the kernel is told: it reads the partition table at once.
+    let (theirs, task) = serve_pair(&dev)?;
+    let fd = theirs.as_raw_fd();
+    let index = match &revive {
+        Some(m) => {
+            let (i, id) = (m.index, ident.clone());
+            tokio::task::spawn_blocking(move || nbd::reconfigure(i, &id, &[fd]).map(|()| i))
+                .await
+                .map_err(|e| DaemonError::Runtime(e.to_string()))?
+        }
+        None => {
+            let cfg = nbd::Config {
+                size: dev.size(),
+                block_size: 4096,
+                server_flags: trireme_nbd::kernel_flags(&*dev),
+                timeout_s: opts.io_timeout.as_secs().max(1),
+                dead_conn_timeout_s: opts.dead_timeout.as_secs().max(1),
+                identifier: ident.clone(),
+            };
+            tokio::task::spawn_blocking(move || nbd::connect(&cfg, &[fd]))
+                .await
+                .map_err(|e| DaemonError::Runtime(e.to_string()))?
+        }
+    };
+    drop(theirs);
+    let index = match index {
+        Ok(i) => i,
+        Err(e) => {
+            task.abort();
+            return Err(kernel(e));
+        }
+    };
+    let m = Mapped {
+        volume: volume.to_string(),
+        kind: "nbd".into(),
+        index,
+        pid: std::process::id(),
+        epoch: slot.current().info().epoch,
+        why: opts.why.clone(),
+    };
+    mapped::put(&opts.dir, &m).map_err(kernel)?;
+    if revive.is_some() {
+        tracing::warn!(device = %m.path().display(), "took over the device a dead server left: its queued requests go on");
+    }
+    let keep = tokio::spawn(keep_serving(task, dev, m.clone(), opts.dir.clone()));
+    Ok((m, keep))
+}
+
+/// Serves the device until `unmap` removed its record (then returns), handing the kernel a
+/// new socket whenever it dropped this one.
+async fn keep_serving(
+    mut task: tokio::task::JoinHandle<()>,
+    dev: Arc<VolumeDevice>,
+    m: Mapped,
+    dir: PathBuf,
+) {
+    loop {
+        let _ = (&mut task).await;
+        if !still_ours(&dir, &m) {
+            return;
+        }
+        tracing::warn!(device = %m.path().display(), "the kernel dropped the device's connection: handing it a new one");
+        let (theirs, t) = match serve_pair(&dev) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!("a new socket for {}: {e}", m.path().display());
+                return;
+            }
+        };
+        task = t;
+        let (i, id, fd) = (m.index, Mapped::identifier(&m.volume), theirs.as_raw_fd());
+        let r = tokio::task::spawn_blocking(move || nbd::reconfigure(i, &id, &[fd])).await;
+        drop(theirs);
+        if let Ok(Err(e)) | Err(e) = r.map_err(|e| KernelError::Record(e.to_string())) {
+            tracing::error!(device = %m.path().display(), "handing the device a new connection: {e}");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+}
+
+/// Whether `m`'s record is still there and names this process (`unmap` removes it first).
+fn still_ours(dir: &Path, m: &Mapped) -> bool {
+    matches!(mapped::get(dir, &m.volume), Ok(Some(r)) if r.pid == m.pid && r.index == m.index)
+}
