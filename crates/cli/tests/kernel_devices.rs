@@ -206,7 +206,11 @@ fn a_mapped_device_survives_a_node_kill_and_its_own_restart() {
         g.log.join("\n")
     );
     // What happened, for `--nocapture`: the markers and the kernel's NBD lines.
-    for l in g.log.iter().filter(|l| l.contains("@@") || l.contains("nbd0")) {
+    for l in g
+        .log
+        .iter()
+        .filter(|l| l.contains("@@") || l.contains("nbd0"))
+    {
         eprintln!("guest: {l}");
     }
     drop(g);

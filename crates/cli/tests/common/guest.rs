@@ -165,8 +165,7 @@ pub fn initrd(dir: &Path, script: &str, programs: &[(&Path, &str)]) -> PathBuf {
     for (bin, to) in programs {
         with_libs(&root, bin, to);
     }
-    let init = format!(
-        "#!/bin/busybox sh\n\
+    let init = "#!/bin/busybox sh\n\
          /bin/busybox --install -s /bin\n\
          mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev\n\
          mount -t tmpfs run /run\n\
@@ -178,8 +177,7 @@ pub fn initrd(dir: &Path, script: &str, programs: &[(&Path, &str)]) -> PathBuf {
          echo '@@ GUEST-UP'\n\
          sh /test.sh 2>&1\n\
          echo \"@@ GUEST-DONE $?\"\n\
-         poweroff -f\n"
-    );
+         poweroff -f\n";
     std::fs::write(root.join("init"), init).unwrap();
     std::fs::write(root.join("test.sh"), script).unwrap();
     let mut perm = std::fs::metadata(root.join("init")).unwrap().permissions();
