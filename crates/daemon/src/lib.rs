@@ -60,7 +60,10 @@ impl DaemonError {
             self,
             DaemonError::Usage(_)
                 | DaemonError::Meta(
-                    MetaError::NoVolume(_) | MetaError::Refused(_) | MetaError::Attached { .. }
+                    MetaError::NoVolume(_)
+                        | MetaError::NoSnapshot { .. }
+                        | MetaError::Refused(_)
+                        | MetaError::Attached { .. }
                 )
         )
     }
