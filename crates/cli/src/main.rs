@@ -276,7 +276,7 @@ pub enum Cmd {
     /// Become the volume's writer (a new epoch, as `attach`) and give this host a block
     /// device for it (Linux, root): `/dev/nbdN` through the kernel's NBD client. The process
     /// serves the device; kill it and `map` again, and the same device goes on, its queued
-    /// requests with it. `unmap` ends the device.
+    /// requests with it. `unmap` ends the device. VOLUME@NAME maps snapshot NAME read-only.
     Map(MapArgs),
     /// Flush and end a device `map` made (VOLUME or /dev/nbdN); refused while it is in use (a
     /// mounted file system) unless --force.

@@ -110,9 +110,25 @@ sha256sum /mnt/b.* /mnt/c.* >> /tmp/sums
 trireme unmap v 2>/tmp/busy && fail "unmap of a mounted device went through"
 grep -q "in use" /tmp/busy || fail "unmap of a mounted device: $(cat /tmp/busy)"
 umount /mnt || fail umount
+$T volume snapshot create v s1 || fail "snapshot"
 mount $DEV /mnt || fail remount
-sha256sum -c /tmp/sums || fail "checksums after a remount"
+sha256sum -c /tmp/sums >/dev/null || fail "checksums after a remount"
+dd if=/dev/urandom of=/mnt/after bs=64k count=4 conv=fsync 2>/dev/null || fail "write after the snapshot"
 umount /mnt
+# The snapshot, read-only: the files as they were, nothing written after, no write taken.
+$T map v@s1 >/tmp/map3 2>/tmp/map3.log &
+mapped /tmp/map3
+SDEV=$(cat /tmp/map3)
+[ "$SDEV" != "$DEV" ] || fail "the snapshot got the volume's device"
+echo "@@ MAPPED-SNAPSHOT $SDEV"
+mkdir -p /snap
+mount -o ro $SDEV /snap || fail "mount the snapshot"
+sed 's#/mnt/#/snap/#' /tmp/sums > /tmp/ssums
+sha256sum -c /tmp/ssums >/dev/null || fail "the snapshot's files"
+[ -e /snap/after ] && fail "the snapshot holds a file written after it"
+umount /snap
+dd if=/dev/zero of=$SDEV bs=4k count=1 2>/dev/null && fail "a write to the snapshot's device went through"
+trireme unmap v@s1 || fail "unmap the snapshot"
 trireme unmap v || fail unmap
 [ -e $DEV ] && [ -s /sys/block/$(basename $DEV)/size ] && [ "$(cat /sys/block/$(basename $DEV)/size)" != 0 ] && fail "the device is still there"
 dmesg | grep -i "i/o error" && fail "the kernel saw I/O errors"
@@ -199,7 +215,16 @@ fn a_mapped_device_survives_a_node_kill_and_its_own_restart() {
     g.expect("@@ MAP-KILLED", Duration::from_secs(180));
     g.expect("@@ MAPPED-AGAIN", Duration::from_secs(180));
     g.expect("@@ WRITES", Duration::from_secs(300));
-    let done = g.expect("@@ ", Duration::from_secs(300));
+    g.expect("@@ MAPPED-SNAPSHOT", Duration::from_secs(300));
+    let done = loop {
+        let l = g.expect("@@ ", Duration::from_secs(300));
+        if ["RESULT-OK", "FAIL", "GUEST-DONE"]
+            .iter()
+            .any(|w| l.contains(w))
+        {
+            break l;
+        }
+    };
     assert!(
         done.contains("RESULT-OK"),
         "the guest said {done}; its console:\n{}",

@@ -303,26 +303,41 @@ pub async fn serve_snapshot(
     ),
     String,
 > {
-    let reader = Arc::new(snapshot_reader(info, list, snap, opts)?);
+    let (dev, reader) = snapshot_export(info, list, snap, opts).await?;
     let label = format!("{}@{snap}", info.name);
-    // Held on every copy while it serves: a delete of it is refused, naming this export.
-    reader.hold(export_holder(&label)).await;
+    let mut ex = trireme_nbd::Exports::new();
+    ex.add(
+        &label,
+        &format!("trireme snapshot {label} (read-only)"),
+        dev,
+    );
+    Ok((listen(Arc::new(ex), socket, tcp, tls)?, reader))
+}
+
+/// Snapshot `snap` of the volume `info` describes (its snapshots: `list`) as a read-only
+/// device, held on its copies while it serves (a delete of it is refused, naming this
+/// process: [`export_holder`]); and its reader, whose hold the caller lets go when it stops.
+pub async fn snapshot_export(
+    info: &trireme_client::AttachInfo,
+    list: &[trireme_control::SnapshotInfo],
+    snap: &str,
+    opts: trireme_client::VolumeOptions,
+) -> Result<(Arc<SnapshotExport>, Arc<trireme_client::SnapshotReader>), String> {
+    let reader = Arc::new(snapshot_reader(info, list, snap, opts)?);
+    reader
+        .hold(export_holder(&format!("{}@{snap}", info.name)))
+        .await;
     let older = list
         .iter()
         .filter(|s| s.state == "ready" && s.id < reader.id())
         .map(|s| (s.name.clone(), s.id))
         .collect();
-    let mut ex = trireme_nbd::Exports::new();
-    ex.add(
-        &label,
-        &format!("trireme snapshot {label} (read-only)"),
-        Arc::new(Filtered(ReadOnly(SnapshotDevice {
-            reader: reader.clone(),
-            older,
-            gone: Default::default(),
-        }))),
-    );
-    Ok((listen(Arc::new(ex), socket, tcp, tls)?, reader))
+    let dev = Arc::new(Filtered(ReadOnly(SnapshotDevice {
+        reader: reader.clone(),
+        older,
+        gone: Default::default(),
+    })));
+    Ok((dev, reader))
 }
 
 /// The name an export of snapshot `label` holds it in.

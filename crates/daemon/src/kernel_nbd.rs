@@ -20,11 +20,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use trireme_blockdev::{BlockDevice, VolumeDevice};
+use trireme_blockdev::BlockDevice;
 use trireme_kernel::mapped::{self, Mapped};
 use trireme_kernel::{nbd, KernelError};
 
-use crate::export::WriterSlot;
 use crate::DaemonError;
 
 /// How a device is set up.
@@ -49,8 +48,8 @@ fn kernel(e: KernelError) -> DaemonError {
 }
 
 /// A new socket pair: the kernel's end, and this process's end served for `dev`.
-fn serve_pair(
-    dev: &Arc<VolumeDevice>,
+fn serve_pair<D: BlockDevice>(
+    dev: &Arc<D>,
 ) -> Result<(std::os::unix::net::UnixStream, tokio::task::JoinHandle<()>), DaemonError> {
     let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
     ours.set_nonblocking(true)?;
@@ -64,12 +63,14 @@ fn serve_pair(
     Ok((theirs, task))
 }
 
-/// Serves the volume in `slot` as a kernel NBD device: the one `volume`'s record names if its
-/// server died (the same device, handed a new server), else a new one. Returns the record once
-/// the device serves, and the task that keeps serving it until `unmap`.
-pub async fn map(
-    slot: &WriterSlot,
+/// Serves `dev` (volume `volume`, or a snapshot `VOLUME@NAME`, at epoch `epoch`) as a kernel
+/// NBD device: the one its record names if that device's server died (the same device,
+/// handed a new server), else a new one (read-only if `dev` is). Returns the record once the
+/// device serves, and the task that keeps serving it until `unmap`.
+pub async fn map<D: BlockDevice>(
+    dev: Arc<D>,
     volume: &str,
+    epoch: u64,
     opts: &KernelOptions,
 ) -> Result<(Mapped, tokio::task::JoinHandle<()>), DaemonError> {
     let ident = Mapped::identifier(volume);
@@ -83,7 +84,6 @@ pub async fn map(
     }
     let revive =
         existing.filter(|m| m.kind == "nbd" && nbd::backend(m.index).as_deref() == Some(&ident));
-    let dev = Arc::new(VolumeDevice::new(slot.slot.clone()));
     // Served before the kernel is told: it reads the partition table at once.
     let (theirs, task) = serve_pair(&dev)?;
     let fd = theirs.as_raw_fd();
@@ -121,7 +121,7 @@ pub async fn map(
         kind: "nbd".into(),
         index,
         pid: std::process::id(),
-        epoch: slot.current().info().epoch,
+        epoch,
         why: opts.why.clone(),
     };
     mapped::put(&opts.dir, &m).map_err(kernel)?;
@@ -134,9 +134,9 @@ pub async fn map(
 
 /// Serves the device until `unmap` removed its record (then returns), handing the kernel a
 /// new socket whenever it dropped this one.
-async fn keep_serving(
+async fn keep_serving<D: BlockDevice>(
     mut task: tokio::task::JoinHandle<()>,
-    dev: Arc<VolumeDevice>,
+    dev: Arc<D>,
     m: Mapped,
     dir: PathBuf,
 ) {

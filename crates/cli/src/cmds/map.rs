@@ -53,14 +53,11 @@ enum Writer {
 
 pub(crate) async fn map(cli: &Cli, a: &MapArgs) -> Result<(), CliError> {
     let stop = Stop::catch()?;
-    if a.volume.contains('@') {
-        return Err(CliError::Usage(
-            "mapping a snapshot (VOLUME@NAME) is not built yet: serve it read-only with \
-             `trireme nbd VOLUME@NAME` or `attach VOLUME@NAME`"
-                .into(),
-        ));
-    }
-    trireme_meta::check_name(&a.volume).map_err(|e| CliError::Usage(e.to_string()))?;
+    let (volume, snap) = match a.volume.split_once('@') {
+        Some((v, s)) => (v, Some(s)),
+        None => (a.volume.as_str(), None),
+    };
+    trireme_meta::check_name(volume).map_err(|e| CliError::Usage(e.to_string()))?;
     let why = pick(a.device)?;
     // Before the attach: a --force would otherwise fence the process that serves it.
     if let Some(m) = mapped::get(Path::new(mapped::DIR), &a.volume)
@@ -68,15 +65,94 @@ pub(crate) async fn map(cli: &Cli, a: &MapArgs) -> Result<(), CliError> {
         .filter(Mapped::serving)
     {
         return Err(CliError::Usage(format!(
-            "volume {} is mapped at {} already, served by pid {} on this host",
+            "{} is mapped at {} already, served by pid {} on this host",
             a.volume,
             m.path().display(),
             m.pid
         )));
     }
+    let kopts = trireme_daemon::kernel_nbd::KernelOptions {
+        dir: mapped::DIR.into(),
+        io_timeout: a.io_timeout,
+        dead_timeout: a.dead_timeout,
+        why,
+    };
+    match snap {
+        Some(snap) => map_snapshot(cli, a, volume, snap, &kopts, stop).await,
+        None => map_volume(cli, a, &kopts, stop).await,
+    }
+}
+
+/// Waits for `unmap` (`keep` ends) or a stop; whether it was `unmap`.
+async fn serve_until(m: &Mapped, mut keep: tokio::task::JoinHandle<()>, stop: Stop) -> bool {
+    println!("{}", m.path().display());
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let unmapped = tokio::select! {
+        _ = stop.wait() => {
+            keep.abort();
+            false
+        }
+        _ = &mut keep => true,
+    };
+    if !unmapped {
+        tracing::warn!(
+            volume = %m.volume,
+            "stopping: the device stays, its requests queued, until `trireme map` serves it again (or `unmap`)"
+        );
+    }
+    unmapped
+}
+
+/// `map VOLUME@SNAP`: the snapshot, read-only (the kernel is told); no writer, no epoch.
+async fn map_snapshot(
+    cli: &Cli,
+    a: &MapArgs,
+    volume: &str,
+    snap: &str,
+    kopts: &trireme_daemon::kernel_nbd::KernelOptions,
+    stop: Stop,
+) -> Result<(), CliError> {
+    let found = match cli.etcd {
+        Some(_) => {
+            let meta = etcd_meta(cli).await?;
+            trireme_daemon::export::snapshots_on_etcd(&meta, volume).await
+        }
+        None => {
+            trireme_daemon::export::snapshots_via_control(&control_path(&cli.data_dir), volume)
+                .await
+        }
+    }
+    .map_err(CliError::Usage)?;
+    let opts = a.failure.volume_options(a.streams, cli.transport.kind());
+    let (dev, reader) = trireme_daemon::export::snapshot_export(&found.0, &found.1, snap, opts)
+        .await
+        .map_err(CliError::Usage)?;
+    let served = trireme_daemon::kernel_nbd::map(dev, &a.volume, 0, kopts).await;
+    let r = match served {
+        Ok((m, keep)) => {
+            serve_until(&m, keep, stop).await;
+            Ok(())
+        }
+        Err(e) => Err(daemon_err(e)),
+    };
+    // A delete right after this stops is not refused for it.
+    reader
+        .release(trireme_daemon::export::export_holder(&a.volume))
+        .await;
+    r
+}
+
+/// `map VOLUME`: its writer, and the device.
+async fn map_volume(
+    cli: &Cli,
+    a: &MapArgs,
+    kopts: &trireme_daemon::kernel_nbd::KernelOptions,
+    stop: Stop,
+) -> Result<(), CliError> {
     let opts = a.failure.volume_options(a.streams, cli.transport.kind());
     let here = vec![format!("kernel nbd device of {}", a.volume)];
-    let (slot, writer) = match cli.etcd {
+    let (slot, mut writer) = match cli.etcd {
         Some(_) => {
             let meta = etcd_meta(cli).await?;
             let cfg = trireme_daemon::attach::AttachConfig {
@@ -108,40 +184,19 @@ pub(crate) async fn map(cli: &Cli, a: &MapArgs) -> Result<(), CliError> {
             (slot, Writer::Local(reattach))
         }
     };
-    let kopts = trireme_daemon::kernel_nbd::KernelOptions {
-        dir: mapped::DIR.into(),
-        io_timeout: a.io_timeout,
-        dead_timeout: a.dead_timeout,
-        why,
-    };
-    let served = trireme_daemon::kernel_nbd::map(&slot, &a.volume, &kopts).await;
-    let mut writer = writer;
-    let unmapped = match served {
-        Ok((m, mut keep)) => {
+    let dev = std::sync::Arc::new(trireme_blockdev::VolumeDevice::new(slot.slot.clone()));
+    let epoch = slot.current().info().epoch;
+    match trireme_daemon::kernel_nbd::map(dev, &a.volume, epoch, kopts).await {
+        Ok((m, keep)) => {
             if let Writer::Etcd(att) = &mut writer {
                 att.report(None);
             }
-            println!("{}", m.path().display());
-            use std::io::Write;
-            let _ = std::io::stdout().flush();
-            tokio::select! {
-                _ = stop.wait() => {
-                    keep.abort();
-                    false
-                }
-                _ = &mut keep => true,
-            }
+            serve_until(&m, keep, stop).await;
         }
         Err(e) => {
             let _ = release(&slot, writer).await;
             return Err(daemon_err(e));
         }
-    };
-    if !unmapped {
-        tracing::warn!(
-            volume = %a.volume,
-            "stopping: the device stays, its requests queued, until `trireme map` serves it again (or `unmap`)"
-        );
     }
     release(&slot, writer).await
 }
