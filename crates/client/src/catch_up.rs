@@ -432,7 +432,7 @@ impl Volume {
 
     /// Marks `regions` (whole runs: one call each) on every survivor's record of what replica
     /// `i` misses.
-    async fn mark_for(
+    pub(crate) async fn mark_for(
         &self,
         i: usize,
         survivors: &[usize],

@@ -269,11 +269,37 @@ impl Volume {
                 return Err(self.degrade(node, trireme_replication::Refusal::NoOtherAnswers));
             }
         }
+        if self.state(i) == ReplicaState::InSync {
+            self.hand_over_records(i).await?;
+        }
         self.core().retire(i);
         self.set_conn(i, None);
         // Survivors that track it for a resync can forget it.
         self.drop_records(i).await;
         tracing::info!(volume = %self.info.name, node, "replica retired");
+        Ok(())
+    }
+
+    /// Before copy `i` leaves: what it recorded of the writes each copy now out missed is
+    /// marked on the copies in sync that stay. An incremental resync trusts the union of the
+    /// survivors' records, and a survivor that was out for a while itself recorded nothing
+    /// then: the copy that leaves may be the only one that saw a write. (Simulator seed
+    /// 1164809: the new copy of a move and a third were out in turn while a write and a
+    /// snapshot were taken on the old copy alone; once the old copy was retired, the fourth,
+    /// back from a crash, was given the snapshot without that write.)
+    async fn hand_over_records(&self, i: usize) -> Result<(), VolumeError> {
+        let stay: Vec<usize> = self.in_sync().into_iter().filter(|&s| s != i).collect();
+        let out = (0..self.replica_count()).filter(|&j| {
+            j != i && matches!(self.state(j), ReplicaState::Outdated | ReplicaState::Failed)
+        });
+        for j in out.collect::<Vec<_>>() {
+            if let Some(regions) = self.dirty_regions(j, &[i]).await? {
+                if !regions.is_empty() {
+                    self.mark_for(j, &stay, &regions).await?;
+                    tracing::info!(volume = %self.info.name, leaving = self.node(i), peer = self.node(j), regions = regions.len(), "the leaving copy's record of what a copy out missed, handed to the copies that stay");
+                }
+            }
+        }
         Ok(())
     }
 

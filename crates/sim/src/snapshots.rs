@@ -204,9 +204,15 @@ impl World {
                                 b0[r.clone()] != buf[r]
                             })
                             .unwrap_or(0);
+                        let at = (b * BLOCK) as usize..((b + 1) * BLOCK) as usize;
+                        let seq = |d: &[u8]| parse(b, d).map_or_else(|e| e, |s| s.to_string());
                         self.violate(format!(
-                            "snapshot {} differs between nodes {n0} and {node} at block {b}",
-                            o.id
+                            "snapshot {} differs between nodes {n0} and {node} at block {b} (seq {} and {}; acknowledged before it was asked: {}, last issued before it was taken: {})",
+                            o.id,
+                            seq(&b0[at.clone()]),
+                            seq(&buf[at]),
+                            o.floor.get(&b).copied().unwrap_or(0),
+                            o.ceiling
                         ));
                     }
                     Some(_) => {}
