@@ -52,6 +52,24 @@ fn node(net: &GuestNet, dir: &std::path::Path, id: u32) -> Child {
         .unwrap()
 }
 
+/// Runs `trireme ARGS` on the cluster until `done` says so of its output (60 s at most).
+fn until(net: &GuestNet, args: &[&str], what: &str, done: impl Fn(&std::process::Output) -> bool) {
+    let t0 = Instant::now();
+    loop {
+        let o = net
+            .cmd(BIN)
+            .args(["--etcd", ETCD])
+            .args(args)
+            .output()
+            .unwrap();
+        if done(&o) {
+            return;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "{what}: {o:?}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
 fn cli(net: &GuestNet, args: &[&str]) -> String {
     let o = net
         .cmd(BIN)
@@ -170,24 +188,18 @@ fn a_mapped_device_survives_a_node_kill_and_its_own_restart() {
     for id in 1..=2 {
         procs.0.push(node(&net, dir.path(), id));
     }
-    let t0 = Instant::now();
-    loop {
-        let o = net
-            .cmd(BIN)
-            .args(["--etcd", ETCD, "--output", "json", "status"])
-            .output()
-            .unwrap();
-        let up = serde_json::from_slice::<serde_json::Value>(&o.stdout).is_ok_and(|s| {
-            s["nodes"]
-                .as_array()
-                .is_some_and(|n| n.len() == 2 && n.iter().all(|n| n["up"] == true))
-        });
-        if up {
-            break;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(60), "nodes up: {o:?}");
-        std::thread::sleep(Duration::from_millis(300));
-    }
+    until(
+        &net,
+        &["--output", "json", "status"],
+        "both nodes up",
+        |o| {
+            serde_json::from_slice::<serde_json::Value>(&o.stdout).is_ok_and(|s| {
+                s["nodes"]
+                    .as_array()
+                    .is_some_and(|n| n.len() == 2 && n.iter().all(|n| n["up"] == true))
+            })
+        },
+    );
     cli(
         &net,
         &["volume", "create", "v", "--size", "128M", "--replicas", "2"],
@@ -240,20 +252,7 @@ fn a_mapped_device_survives_a_node_kill_and_its_own_restart() {
     }
     drop(g);
     // Every copy holds the same bytes, once resynced.
-    let t0 = Instant::now();
-    loop {
-        let o = net
-            .cmd(BIN)
-            .args(["--etcd", ETCD, "volume", "verify", "v"])
-            .output()
-            .unwrap();
-        if o.status.success() {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "volume verify: {o:?}"
-        );
-        std::thread::sleep(Duration::from_secs(1));
-    }
+    until(&net, &["volume", "verify", "v"], "identical copies", |o| {
+        o.status.success()
+    });
 }
