@@ -52,33 +52,26 @@ fn node(net: &GuestNet, dir: &std::path::Path, id: u32) -> Child {
         .unwrap()
 }
 
-/// Runs `trireme ARGS` on the cluster until `done` says so of its output (60 s at most).
+/// `trireme ARGS` on the cluster, from the namespace.
+fn trireme(net: &GuestNet, args: &[&str]) -> std::process::Output {
+    net.cmd(BIN)
+        .args(["--etcd", ETCD])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// Runs `trireme ARGS` until `done` says so of its output (60 s at most).
 fn until(net: &GuestNet, args: &[&str], what: &str, done: impl Fn(&std::process::Output) -> bool) {
     let t0 = Instant::now();
     loop {
-        let o = net
-            .cmd(BIN)
-            .args(["--etcd", ETCD])
-            .args(args)
-            .output()
-            .unwrap();
+        let o = trireme(net, args);
         if done(&o) {
             return;
         }
         assert!(t0.elapsed() < Duration::from_secs(60), "{what}: {o:?}");
         std::thread::sleep(Duration::from_millis(500));
     }
-}
-
-fn cli(net: &GuestNet, args: &[&str]) -> String {
-    let o = net
-        .cmd(BIN)
-        .args(["--etcd", ETCD])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{args:?}: {o:?}");
-    String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
 /// What the guest runs: map, mkfs, mount, write; a node killed under a write (the host does
@@ -200,10 +193,11 @@ fn a_mapped_device_survives_a_node_kill_and_its_own_restart() {
             })
         },
     );
-    cli(
+    let o = trireme(
         &net,
         &["volume", "create", "v", "--size", "128M", "--replicas", "2"],
     );
+    assert!(o.status.success(), "volume create: {o:?}");
 
     let bin = std::path::Path::new(BIN);
     let initrd = guest::initrd(
