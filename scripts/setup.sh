@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what trireme needs on Debian 12 and checks the Rust toolchain.
 # The NBD clients are what the tests and the benchmark drive: fio (nbd engine), nbdkit (the
-# benchmark's baseline), libnbd tools (nbdinfo, nbdcopy, nbdfuse), qemu-img/qemu-io.
+# benchmark's baseline), libnbd tools (nbdinfo, nbdcopy, nbdfuse: all in libnbd-bin), qemu-img/qemu-io.
 # UCX (libucx-dev, ucx-utils for ucx_perftest) with clang/libclang for the bindgen step of
 # crates/ucx-sys, and pkg-config to find it. openssl: the TLS tests use s_client as a foreign TLS peer.
 # bsdutils: `script`, the pseudo-terminal the progress test runs commands in.
@@ -16,7 +16,7 @@
 # writes; tests/ceph.rs starts a one-monitor, one-OSD Ceph cluster for `rbd import-diff` and
 # `export-diff` both ways.
 set -euo pipefail
-pkgs=(fio nbdkit libnbd-bin nbdfuse python3-libnbd qemu-utils iproute2 iptables procps librsvg2-bin fonts-dejavu-core
+pkgs=(fio nbdkit libnbd-bin python3-libnbd qemu-utils iproute2 iptables procps librsvg2-bin fonts-dejavu-core
       libucx-dev ucx-utils libclang-dev clang pkg-config
       etcd-server etcd-client protobuf-compiler libprotobuf-dev openssl bsdutils
       prometheus chromium chromium-driver gdb e2fsprogs mount ceph-common ceph-mon ceph-osd)
