@@ -360,14 +360,6 @@ impl ControlError {
             ControlError::Malformed(_) => ErrorCode::Internal,
         }
     }
-
-    /// The message alone.
-    pub fn message(&self) -> String {
-        match self {
-            ControlError::Remote(r) | ControlError::Failed(r) => r.message.clone(),
-            e => e.to_string(),
-        }
-    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]

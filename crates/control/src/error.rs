@@ -73,6 +73,11 @@ impl ManagerError {
         }
     }
 
+    /// This failure as the control API carries it: its code and its message.
+    pub fn refusal(&self) -> crate::Refusal {
+        crate::Refusal::new(self.code(), self.to_string())
+    }
+
     /// Whether the cluster's state is at fault rather than the request as given (the CLI
     /// exits 1 for these, 2 for a refused request).
     pub fn is_state(&self) -> bool {

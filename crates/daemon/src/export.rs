@@ -303,7 +303,9 @@ pub async fn serve_snapshot(
     ),
     String,
 > {
-    let (dev, reader) = snapshot_export(info, list, snap, opts).await?;
+    let (dev, reader) = snapshot_export(info, list, snap, opts)
+        .await
+        .map_err(|e| e.to_string())?;
     let label = format!("{}@{snap}", info.name);
     let mut ex = trireme_nbd::Exports::new();
     ex.add(
@@ -322,8 +324,11 @@ pub async fn snapshot_export(
     list: &[trireme_control::SnapshotInfo],
     snap: &str,
     opts: trireme_client::VolumeOptions,
-) -> Result<(Arc<SnapshotExport>, Arc<trireme_client::SnapshotReader>), String> {
-    let reader = Arc::new(snapshot_reader(info, list, snap, opts)?);
+) -> Result<(Arc<SnapshotExport>, Arc<trireme_client::SnapshotReader>), crate::DaemonError> {
+    // Every refusal of `snapshot_reader` names what the caller asked for: no such snapshot,
+    // not ready, on no copy now.
+    let reader =
+        Arc::new(snapshot_reader(info, list, snap, opts).map_err(crate::DaemonError::Usage)?);
     reader
         .hold(export_holder(&format!("{}@{snap}", info.name)))
         .await;

@@ -63,10 +63,34 @@ fn serve_pair<D: BlockDevice>(
     Ok((theirs, task))
 }
 
+/// Refuses a map of `volume` while a process of this host serves its device: checked before
+/// the writer attaches, so that `--force` does not fence the process that serves it.
+pub fn check_not_served(volume: &str, opts: &KernelOptions) -> Result<(), DaemonError> {
+    match mapped::get(&opts.dir, volume).map_err(kernel)? {
+        Some(m) if m.serving() => Err(DaemonError::Usage(format!(
+            "{volume} is mapped at {} already, served by pid {} on this host",
+            m.path().display(),
+            m.pid
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Runs netlink call `f` off the runtime: it blocks until the kernel answers.
+async fn netlink<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, KernelError> + Send + 'static,
+) -> Result<T, DaemonError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| DaemonError::Runtime(e.to_string()))?
+        .map_err(kernel)
+}
+
 /// Serves `dev` (volume `volume`, or a snapshot `VOLUME@NAME`, at epoch `epoch`) as a kernel
 /// NBD device: the one its record names if that device's server died (the same device,
-/// handed a new server), else a new one (read-only if `dev` is). Returns the record once the
-/// device serves, and the task that keeps serving it until `unmap`.
+/// handed a new server), else a new one (read-only if `dev` is). The caller has checked that
+/// no process serves it ([`check_not_served`]). Returns the record once the device serves,
+/// and the task that keeps serving it until `unmap`.
 pub async fn map<D: BlockDevice>(
     dev: Arc<D>,
     volume: &str,
@@ -74,25 +98,16 @@ pub async fn map<D: BlockDevice>(
     opts: &KernelOptions,
 ) -> Result<(Mapped, tokio::task::JoinHandle<()>), DaemonError> {
     let ident = Mapped::identifier(volume);
-    let existing = mapped::get(&opts.dir, volume).map_err(kernel)?;
-    if let Some(m) = existing.as_ref().filter(|m| m.serving()) {
-        return Err(DaemonError::Usage(format!(
-            "volume {volume} is mapped at {} and served by pid {} on this host",
-            m.path().display(),
-            m.pid
-        )));
-    }
-    let revive =
-        existing.filter(|m| m.kind == "nbd" && nbd::backend(m.index).as_deref() == Some(&ident));
+    let revive = mapped::get(&opts.dir, volume)
+        .map_err(kernel)?
+        .filter(|m| m.kind == "nbd" && nbd::backend(m.index).as_deref() == Some(&ident));
     // Served before the kernel is told: it reads the partition table at once.
     let (theirs, task) = serve_pair(&dev)?;
     let fd = theirs.as_raw_fd();
     let index = match &revive {
         Some(m) => {
             let (i, id) = (m.index, ident.clone());
-            tokio::task::spawn_blocking(move || nbd::reconfigure(i, &id, &[fd]).map(|()| i))
-                .await
-                .map_err(|e| DaemonError::Runtime(e.to_string()))?
+            netlink(move || nbd::reconfigure(i, &id, &[fd]).map(|()| i)).await
         }
         None => {
             let cfg = nbd::Config {
@@ -103,19 +118,11 @@ pub async fn map<D: BlockDevice>(
                 dead_conn_timeout_s: opts.dead_timeout.as_secs().max(1),
                 identifier: ident.clone(),
             };
-            tokio::task::spawn_blocking(move || nbd::connect(&cfg, &[fd]))
-                .await
-                .map_err(|e| DaemonError::Runtime(e.to_string()))?
+            netlink(move || nbd::connect(&cfg, &[fd])).await
         }
     };
     drop(theirs);
-    let index = match index {
-        Ok(i) => i,
-        Err(e) => {
-            task.abort();
-            return Err(kernel(e));
-        }
-    };
+    let index = index.inspect_err(|_| task.abort())?;
     let m = Mapped {
         volume: volume.to_string(),
         kind: "nbd".into(),
@@ -155,9 +162,9 @@ async fn keep_serving<D: BlockDevice>(
         };
         task = t;
         let (i, id, fd) = (m.index, Mapped::identifier(&m.volume), theirs.as_raw_fd());
-        let r = tokio::task::spawn_blocking(move || nbd::reconfigure(i, &id, &[fd])).await;
+        let r = netlink(move || nbd::reconfigure(i, &id, &[fd])).await;
         drop(theirs);
-        if let Ok(Err(e)) | Err(e) = r.map_err(|e| KernelError::Record(e.to_string())) {
+        if let Err(e) = r {
             tracing::error!(device = %m.path().display(), "handing the device a new connection: {e}");
             tokio::time::sleep(Duration::from_secs(1)).await;
         }

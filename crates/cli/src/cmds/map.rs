@@ -59,24 +59,13 @@ pub(crate) async fn map(cli: &Cli, a: &MapArgs) -> Result<(), CliError> {
     };
     trireme_meta::check_name(volume).map_err(|e| CliError::Usage(e.to_string()))?;
     let why = pick(a.device)?;
-    // Before the attach: a --force would otherwise fence the process that serves it.
-    if let Some(m) = mapped::get(Path::new(mapped::DIR), &a.volume)
-        .map_err(kernel_err)?
-        .filter(Mapped::serving)
-    {
-        return Err(CliError::Usage(format!(
-            "{} is mapped at {} already, served by pid {} on this host",
-            a.volume,
-            m.path().display(),
-            m.pid
-        )));
-    }
     let kopts = trireme_daemon::kernel_nbd::KernelOptions {
         dir: mapped::DIR.into(),
         io_timeout: a.io_timeout,
         dead_timeout: a.dead_timeout,
         why,
     };
+    trireme_daemon::kernel_nbd::check_not_served(&a.volume, &kopts).map_err(daemon_err)?;
     match snap {
         Some(snap) => map_snapshot(cli, a, volume, snap, &kopts, stop).await,
         None => map_volume(cli, a, &kopts, stop).await,
@@ -127,7 +116,7 @@ async fn map_snapshot(
     let opts = a.failure.volume_options(a.streams, cli.transport.kind());
     let (dev, reader) = trireme_daemon::export::snapshot_export(&found.0, &found.1, snap, opts)
         .await
-        .map_err(CliError::Usage)?;
+        .map_err(daemon_err)?;
     let served = trireme_daemon::kernel_nbd::map(dev, &a.volume, 0, kopts).await;
     let r = match served {
         Ok((m, keep)) => {
@@ -244,10 +233,13 @@ pub(crate) fn unmap(a: &UnmapArgs) -> Result<(), CliError> {
     let m = find(&a.target)?;
     let path = m.path();
     // An exclusive open fails while a file system (or anything else) holds the device.
-    let open = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags_excl()
-        .open(&path);
+    let open = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_EXCL | libc::O_CLOEXEC)
+            .open(&path)
+    };
     match open {
         Ok(f) if m.serving() => f
             .sync_all()
@@ -286,18 +278,6 @@ pub(crate) fn unmap(a: &UnmapArgs) -> Result<(), CliError> {
     }
     println!("unmapped {} (volume {})", path.display(), m.volume);
     Ok(())
-}
-
-/// An exclusive open (`O_EXCL` on a block device: refused while it is mounted or held).
-trait Excl {
-    fn custom_flags_excl(&mut self) -> &mut Self;
-}
-
-impl Excl for std::fs::OpenOptions {
-    fn custom_flags_excl(&mut self) -> &mut Self {
-        use std::os::unix::fs::OpenOptionsExt;
-        self.custom_flags(libc::O_EXCL | libc::O_CLOEXEC)
-    }
 }
 
 #[derive(Serialize)]

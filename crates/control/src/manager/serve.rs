@@ -134,7 +134,7 @@ pub async fn serve_conn<S: crate::api::ControlStream>(sock: S, m: Arc<Manager>, 
         } else {
             match serde_json::from_slice::<Request>(&buf) {
                 Ok(req) => match authorize(&peer, &req) {
-                    Err(e) => Reply::Error(Refusal::new(e.code(), e.to_string())),
+                    Err(e) => Reply::Error(e.refusal()),
                     Ok(()) if m.hands_over_for(&req) => Reply::Elsewhere(format!(
                         "node {} holds the manager role: it hands the role to another daemon, which runs the restart",
                         m.own_node()
@@ -170,8 +170,8 @@ pub(crate) fn error_reply(e: ManagerError) -> Reply {
                 message: e.to_string(),
             }
         }
-        e if e.is_state() => Reply::Failed(Refusal::new(e.code(), e.to_string())),
-        e => Reply::Error(Refusal::new(e.code(), e.to_string())),
+        e if e.is_state() => Reply::Failed(e.refusal()),
+        e => Reply::Error(e.refusal()),
     }
 }
 
