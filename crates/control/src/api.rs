@@ -58,6 +58,14 @@ pub enum Request {
         deny: Vec<String>,
     },
     VolumeList,
+    /// Fences the volume's writer if it runs where `at` says (on a host, or on any host but
+    /// one) and drops its attach record: for a CSI controller moving a volume between hosts.
+    /// Answers a [`crate::Fenced`]; nobody matching changes nothing.
+    VolumeFence {
+        name: String,
+        #[serde(default)]
+        at: crate::FenceWhere,
+    },
     VolumeInfo {
         name: String,
     },

@@ -26,6 +26,7 @@ pub use api::{
     WriterAttached, WriterHello, WriterStatus,
 };
 pub use error::{membership_error, ManagerError};
+pub use manager::fence::{FenceWhere, Fenced};
 pub use manager::{
     attach_info, control_gate, record_detach, record_replica_state, record_size, serve, serve_conn,
     Manager, NodeControl, ScrubSchedule, SnapshotInfo, CONTROL_IDLE, CONTROL_LIMITS, REFUSED,
@@ -36,6 +37,10 @@ pub use restart::HOLD as RESTART_HOLD;
 
 /// This host's name, for the records that say who holds what.
 pub fn hostname() -> String {
+    // A CSI node plugin names its children's host as Kubernetes names the node.
+    if let Some(h) = std::env::var("TRIREME_HOST").ok().filter(|h| !h.is_empty()) {
+        return h;
+    }
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "unknown-host".into())

@@ -6,6 +6,7 @@
 
 mod clones;
 mod compact;
+pub(crate) mod fence;
 mod own_writer;
 mod records;
 mod resize;
@@ -654,6 +655,7 @@ impl Manager {
                 to(self.set_access(&name, &allow, &deny).await)
             }
             Request::VolumeList => to(self.meta.volumes().await.map_err(ManagerError::from)),
+            Request::VolumeFence { name, at } => to(self.fence_where(&name, &at).await),
             Request::VolumeInfo { name } => to(self.volume_info(&name).await),
             Request::VolumeDelete {
                 name,
