@@ -665,6 +665,32 @@ pub struct MapArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct CsiArgs {
+    /// Where to listen: unix:///PATH, the socket the CO's sidecars dial (tcp://ADDR:PORT is
+    /// for tests only: it asks nobody who they are).
+    #[arg(long, env = "CSI_ENDPOINT")]
+    pub endpoint: String,
+    /// Serve the controller service (one per cluster, beside the CO's provisioner,
+    /// attacher, resizer and snapshotter).
+    #[arg(long)]
+    pub controller: bool,
+    /// Serve the node service (on every host that runs pods; root).
+    #[arg(long)]
+    pub node: bool,
+    /// This node's name in the CO (Kubernetes: the node's name); the writers it starts
+    /// record it as their host. Default: the host name.
+    #[arg(long, env = "TRIREME_HOST")]
+    pub node_id: Option<String>,
+    /// The zone this node is in, given to the CO as its topology.
+    #[arg(long)]
+    pub zone: Option<String>,
+    /// How long a volume the CO deletes stays in the trash (default: a day; `0s` frees it
+    /// at once).
+    #[arg(long, value_parser = units::parse_keep)]
+    pub trash_keep: Option<std::time::Duration>,
+}
+
+#[derive(Debug, Args)]
 pub struct UnmapArgs {
     /// The volume, or its device (/dev/nbdN).
     pub target: String,

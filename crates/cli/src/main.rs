@@ -284,6 +284,10 @@ pub enum Cmd {
     /// The block devices this host has mapped.
     #[command(subcommand)]
     Device(DeviceCmd),
+    /// Serve the CSI driver (Kubernetes, or any CO speaking CSI 1.12) on a unix socket: the
+    /// controller (volumes, snapshots, clones, expansion, publishing) with an operator's
+    /// identity, and/or the node service (map, mkfs, mount) on each host that runs pods.
+    Csi(CsiArgs),
     /// Measure a target with DISKSPD's flags: IOPS, latency percentiles, CPU per IO.
     Bench(Box<bench::BenchArgs>),
     /// The cluster's certificate authority: create it, issue certificates for nodes, clients

@@ -652,6 +652,7 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
         | Cmd::Map(_)
         | Cmd::Unmap(_)
         | Cmd::Device(_)
+        | Cmd::Csi(_)
         | Cmd::Bench(_)
         | Cmd::Ca(_)
         | Cmd::Etcd(_)

@@ -20,6 +20,7 @@ pub use trireme_daemon::local::control_path;
 mod backup;
 mod ca;
 mod client;
+mod csi;
 mod daemons;
 mod etcd;
 mod jobs;
@@ -138,6 +139,9 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         trireme_daemon::use_tls(d, None, false).map_err(daemon_err)?;
     } else if cli.etcd.is_none() && local_id.join("admin-cert.pem").exists() {
         trireme_daemon::use_tls(&local_id, None, false).map_err(daemon_err)?;
+    }
+    if matches!(cli.cmd, Cmd::Csi(_)) {
+        return runtime(2)?.block_on(csi::csi(Arc::new(cli)));
     }
     match cli.cmd {
         Cmd::Up(ref a) => {

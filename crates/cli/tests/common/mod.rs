@@ -8,6 +8,7 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod csi;
 pub mod guest;
 mod http;
 mod images;

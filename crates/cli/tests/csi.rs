@@ -1,0 +1,507 @@
+//! The CSI driver's controller over its real gRPC socket, against a real cluster: the
+//! lifecycle a CO drives (create, snapshot, clone, expand, modify, delete), every call asked
+//! twice, wrong arguments and missing objects with the spec's codes, and nothing changed by a
+//! refused call. Publishing between hosts, which fences, is in `csi_publish` (on etcd).
+
+mod common;
+use common::csi::*;
+use common::*;
+
+use trireme_csi::pb;
+
+fn volumes(c: &Cluster) -> Vec<String> {
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(c, &["--output", "json", "volume", "list"])).unwrap();
+    let mut names: Vec<String> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap().to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+fn info(c: &Cluster, vol: &str) -> serde_json::Value {
+    serde_json::from_str(&ok(c, &["--output", "json", "volume", "info", vol])).unwrap()
+}
+
+/// Writes `pattern` over the first MiB of `vol` through an NBD export of it, or reads it back.
+fn io(c: &Cluster, vol: &str, op: &str, pattern: u8) {
+    let sock = c.path().join(format!("{vol}-io.sock"));
+    let (mut nbd, _) = spawn_nbd(c, vol, &sock);
+    let uri = format!("nbd+unix:///{vol}?socket={}", sock.display());
+    let cmd = format!("{op} -P {pattern:#x} 0 1M");
+    let o = std::process::Command::new("qemu-io")
+        .args(["-f", "raw", &uri, "-c", &cmd])
+        .output()
+        .unwrap();
+    let out = text(&o);
+    // A clean stop: the writer detaches (a snapshot next goes through the cluster's own).
+    signal(nbd.id() as i32, libc::SIGTERM);
+    let _ = nbd.wait();
+    assert!(
+        o.status.success() && !out.contains("Pattern verification failed"),
+        "{cmd} on {vol}: {out}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controller_lifecycle_with_the_specs_codes() {
+    need("qemu-io");
+    let c = Cluster::start(&["--size", "64M"]);
+    let sock = c.path().join("csi.sock");
+    let dd = c.path().display().to_string();
+    let _csi = start(&["--data-dir", &dd], &sock, &["--controller"], &[]);
+    let ch = channel(&sock).await;
+    let mut id = Identity::new(ch.clone());
+    let mut ctl = Controller::new(ch);
+
+    // Identity: the name, a controller, online expansion, ready.
+    let info_r = id
+        .get_plugin_info(pb::GetPluginInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info_r.name, "csi.trireme.io");
+    let caps = id
+        .get_plugin_capabilities(pb::GetPluginCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(caps.capabilities.len(), 2, "{caps:?}");
+    let probe = id.probe(pb::ProbeRequest {}).await.unwrap().into_inner();
+    assert_eq!(probe.ready, Some(true));
+    let ccaps = ctl
+        .controller_get_capabilities(pb::ControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(ccaps.capabilities.len() >= 9, "{ccaps:?}");
+
+    // Refused requests change nothing.
+    let before = volumes(&c);
+    let pvc = "pvc-0b6f3c0e-5d6e-4a49-8d4e-1f2a3b4c5d6e";
+    use tonic::Code;
+    assert_eq!(
+        code(
+            ctl.create_volume(create_req(pvc, 64 << 20, &[("replica", "2")]))
+                .await
+        ),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(
+            ctl.create_volume(create_req(pvc, 64 << 20, &[("tier", "warm")]))
+                .await
+        ),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(ctl.create_volume(create_req("", 64 << 20, &[])).await),
+        Code::InvalidArgument
+    );
+    let mut no_caps = create_req(pvc, 64 << 20, &[]);
+    no_caps.volume_capabilities.clear();
+    assert_eq!(
+        code(ctl.create_volume(no_caps).await),
+        Code::InvalidArgument
+    );
+    let mut multi = create_req(pvc, 64 << 20, &[]);
+    multi.volume_capabilities[0].access_mode = Some(pb::volume_capability::AccessMode {
+        mode: pb::volume_capability::access_mode::Mode::MultiNodeMultiWriter as i32,
+    });
+    assert_eq!(code(ctl.create_volume(multi).await), Code::InvalidArgument);
+    // More than any node has room for.
+    assert_eq!(
+        code(ctl.create_volume(create_req(pvc, 1 << 50, &[])).await),
+        Code::ResourceExhausted
+    );
+    assert_eq!(volumes(&c), before, "a refused CreateVolume left something");
+
+    // Create, twice: one volume, the same answer; another size for the name: ALREADY_EXISTS.
+    let req = create_req(
+        pvc,
+        10_000_000,
+        &[
+            ("replicas", "2"),
+            ("minCopies", "1"),
+            ("csi.storage.k8s.io/pvc/name", "data"),
+        ],
+    );
+    let a = ctl
+        .create_volume(req.clone())
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let b = ctl
+        .create_volume(req)
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(a, b);
+    assert_eq!(a.volume_id, pvc);
+    assert_eq!(a.capacity_bytes, 10_002_432, "rounded up to 4 KiB blocks");
+    let v = info(&c, pvc);
+    assert_eq!(v["replicas"].as_array().unwrap().len(), 2, "{v}");
+    assert_eq!(v["min_copies"], 1, "{v}");
+    assert_eq!(v["access"], serde_json::json!(["*"]), "{v}");
+    assert_eq!(
+        code(ctl.create_volume(create_req(pvc, 1 << 30, &[])).await),
+        Code::AlreadyExists
+    );
+    // A name trireme cannot take is hashed to one it can, the same way each time.
+    let odd = ctl
+        .create_volume(create_req("My Volume/1", 1 << 20, &[]))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert!(odd.volume_id.starts_with("csi-"), "{odd:?}");
+    let again = ctl
+        .create_volume(create_req("My Volume/1", 1 << 20, &[]))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(odd, again);
+
+    // Data, then a snapshot of it, twice; the name on another volume: ALREADY_EXISTS.
+    io(&c, pvc, "write", 0xa5);
+    let snap_req = pb::CreateSnapshotRequest {
+        source_volume_id: pvc.into(),
+        name: "snapshot-1".into(),
+        ..Default::default()
+    };
+    let s1 = ctl
+        .create_snapshot(snap_req.clone())
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    let s1b = ctl
+        .create_snapshot(snap_req)
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    assert_eq!(s1, s1b);
+    assert!(s1.ready_to_use);
+    assert_eq!(s1.snapshot_id, format!("{pvc}@snapshot-1"));
+    assert_eq!(s1.size_bytes, a.capacity_bytes);
+    let taken = pb::CreateSnapshotRequest {
+        source_volume_id: odd.volume_id.clone(),
+        name: "snapshot-1".into(),
+        ..Default::default()
+    };
+    assert_eq!(code(ctl.create_snapshot(taken).await), Code::AlreadyExists);
+    let nowhere = pb::CreateSnapshotRequest {
+        source_volume_id: "pvc-none".into(),
+        name: "snapshot-2".into(),
+        ..Default::default()
+    };
+    assert_eq!(code(ctl.create_snapshot(nowhere).await), Code::NotFound);
+    // The data changes after the snapshot.
+    io(&c, pvc, "write", 0x5a);
+
+    // A volume from the snapshot, bigger than it: the snapshot's bytes, the size asked.
+    let mut from_snap = create_req("pvc-from-snap", 32 << 20, &[]);
+    from_snap.volume_content_source = Some(pb::VolumeContentSource {
+        r#type: Some(pb::volume_content_source::Type::Snapshot(
+            pb::volume_content_source::SnapshotSource {
+                snapshot_id: s1.snapshot_id.clone(),
+            },
+        )),
+    });
+    let cl = ctl
+        .create_volume(from_snap.clone())
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(cl.capacity_bytes, 32 << 20);
+    assert_eq!(cl.content_source, from_snap.volume_content_source);
+    assert_eq!(
+        ctl.create_volume(from_snap)
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap(),
+        cl
+    );
+    io(&c, "pvc-from-snap", "read", 0xa5);
+    // Smaller than the snapshot: OUT_OF_RANGE... from a snapshot that is not there: NOT_FOUND.
+    let mut bad_src = create_req("pvc-bad-src", 32 << 20, &[]);
+    bad_src.volume_content_source = Some(pb::VolumeContentSource {
+        r#type: Some(pb::volume_content_source::Type::Snapshot(
+            pb::volume_content_source::SnapshotSource {
+                snapshot_id: format!("{pvc}@no-such"),
+            },
+        )),
+    });
+    assert_eq!(code(ctl.create_volume(bad_src).await), Code::NotFound);
+
+    // A volume from a volume: today's bytes; its snapshot is not the CO's.
+    let mut from_vol = create_req("pvc-from-vol", 16 << 20, &[]);
+    from_vol.volume_content_source = Some(pb::VolumeContentSource {
+        r#type: Some(pb::volume_content_source::Type::Volume(
+            pb::volume_content_source::VolumeSource {
+                volume_id: pvc.into(),
+            },
+        )),
+    });
+    let vc = ctl
+        .create_volume(from_vol.clone())
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(vc.content_source, from_vol.volume_content_source);
+    assert_eq!(
+        ctl.create_volume(from_vol)
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap(),
+        vc
+    );
+    io(&c, "pvc-from-vol", "read", 0x5a);
+    let all = ctl
+        .list_snapshots(pb::ListSnapshotsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let ids: Vec<&str> = all
+        .entries
+        .iter()
+        .map(|e| e.snapshot.as_ref().unwrap().snapshot_id.as_str())
+        .collect();
+    assert_eq!(ids, vec![s1.snapshot_id.as_str()], "{all:?}");
+    let by_id = ctl
+        .list_snapshots(pb::ListSnapshotsRequest {
+            snapshot_id: s1.snapshot_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(by_id.entries.len(), 1);
+    let unknown = ctl
+        .list_snapshots(pb::ListSnapshotsRequest {
+            snapshot_id: "nothing@here".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(unknown.entries.is_empty());
+
+    // Expand: online, twice; smaller than it is: the size it has.
+    let exp = |size: i64, fs: Option<&str>| pb::ControllerExpandVolumeRequest {
+        volume_id: pvc.into(),
+        capacity_range: Some(pb::CapacityRange {
+            required_bytes: size,
+            limit_bytes: 0,
+        }),
+        volume_capability: Some(cap(fs)),
+        ..Default::default()
+    };
+    let e = ctl
+        .controller_expand_volume(exp(48 << 20, Some("ext4")))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (e.capacity_bytes, e.node_expansion_required),
+        (48 << 20, true)
+    );
+    let e = ctl
+        .controller_expand_volume(exp(48 << 20, None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (e.capacity_bytes, e.node_expansion_required),
+        (48 << 20, false)
+    );
+    let e = ctl
+        .controller_expand_volume(exp(1 << 20, None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(e.capacity_bytes, 48 << 20);
+    assert_eq!(info(&c, pvc)["size"], 48 << 20);
+
+    // Modify: the mutable parameters; an unknown one refused.
+    let m = |k: &str, v: &str| pb::ControllerModifyVolumeRequest {
+        volume_id: pvc.into(),
+        mutable_parameters: kv(&[(k, v)]),
+        ..Default::default()
+    };
+    ctl.controller_modify_volume(m("minCopies", "2"))
+        .await
+        .unwrap();
+    assert_eq!(info(&c, pvc)["min_copies"], 2);
+    assert_eq!(
+        code(ctl.controller_modify_volume(m("replicas", "3")).await),
+        Code::InvalidArgument
+    );
+    let mut gone = m("minCopies", "1");
+    gone.volume_id = "pvc-none".into();
+    assert_eq!(
+        code(ctl.controller_modify_volume(gone).await),
+        Code::NotFound
+    );
+
+    // Get, validate, list, capacity.
+    let g = ctl
+        .controller_get_volume(pb::ControllerGetVolumeRequest {
+            volume_id: pvc.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let cond = g.status.unwrap().volume_condition.unwrap();
+    assert!(!cond.abnormal, "{cond:?}");
+    let val = |vol: &str, c: pb::VolumeCapability| pb::ValidateVolumeCapabilitiesRequest {
+        volume_id: vol.into(),
+        volume_capabilities: vec![c],
+        ..Default::default()
+    };
+    let ok_caps = ctl
+        .validate_volume_capabilities(val(pvc, cap(None)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(ok_caps.confirmed.is_some(), "{ok_caps:?}");
+    let mut many = cap(Some("ext4"));
+    many.access_mode = Some(pb::volume_capability::AccessMode {
+        mode: pb::volume_capability::access_mode::Mode::MultiNodeReaderOnly as i32,
+    });
+    let no = ctl
+        .validate_volume_capabilities(val(pvc, many))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        no.confirmed.is_none() && no.message.contains("one node"),
+        "{no:?}"
+    );
+    assert_eq!(
+        code(
+            ctl.validate_volume_capabilities(val("pvc-none", cap(None)))
+                .await
+        ),
+        Code::NotFound
+    );
+    let first = ctl
+        .list_volumes(pb::ListVolumesRequest {
+            max_entries: 2,
+            starting_token: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(first.entries.len(), 2);
+    let rest = ctl
+        .list_volumes(pb::ListVolumesRequest {
+            max_entries: 0,
+            starting_token: first.next_token.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(first.entries.len() + rest.entries.len(), volumes(&c).len());
+    assert!(rest.next_token.is_empty());
+    assert_eq!(
+        code(
+            ctl.list_volumes(pb::ListVolumesRequest {
+                max_entries: 1,
+                starting_token: "x".into()
+            })
+            .await
+        ),
+        Code::Aborted
+    );
+    let cap_r = ctl
+        .get_capacity(pb::GetCapacityRequest {
+            parameters: kv(&[("replicas", "2")]),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(cap_r.available_capacity > 64 << 20, "{cap_r:?}");
+
+    // Publish of a volume that is not there: NOT_FOUND; unpublish of one: done already.
+    let publish = pb::ControllerPublishVolumeRequest {
+        volume_id: "pvc-none".into(),
+        node_id: "node-a".into(),
+        volume_capability: Some(cap(Some("ext4"))),
+        ..Default::default()
+    };
+    assert_eq!(
+        code(ctl.controller_publish_volume(publish).await),
+        Code::NotFound
+    );
+    ctl.controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest {
+        volume_id: "pvc-none".into(),
+        node_id: "node-a".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+
+    // Deletes: a volume with snapshots, or whose snapshot a clone reads, is refused (its
+    // VolumeSnapshots first); a snapshot a clone reads too. Then in order, each twice.
+    let del = |v: &str| pb::DeleteVolumeRequest {
+        volume_id: v.into(),
+        ..Default::default()
+    };
+    let del_snap = pb::DeleteSnapshotRequest {
+        snapshot_id: s1.snapshot_id.clone(),
+        ..Default::default()
+    };
+    assert_eq!(
+        code(ctl.delete_volume(del(pvc)).await),
+        Code::FailedPrecondition
+    );
+    assert_eq!(
+        code(ctl.delete_snapshot(del_snap.clone()).await),
+        Code::FailedPrecondition
+    );
+    for v in ["pvc-from-snap", "pvc-from-vol"] {
+        ctl.delete_volume(del(v)).await.unwrap();
+        ctl.delete_volume(del(v)).await.unwrap();
+    }
+    // A clone in the trash still reads its snapshot (it may be restored): the snapshot and
+    // the source wait for the trash, whose time the operator may cut short.
+    let held = ctl.delete_snapshot(del_snap.clone()).await.unwrap_err();
+    assert_eq!(held.code(), Code::FailedPrecondition);
+    assert!(held.message().contains("in the trash"), "{held:?}");
+    for v in ["pvc-from-snap", "pvc-from-vol"] {
+        ok(&c, &["volume", "trash", "purge", v]);
+    }
+    ctl.delete_snapshot(del_snap.clone()).await.unwrap();
+    ctl.delete_snapshot(del_snap).await.unwrap();
+    ctl.delete_volume(del(pvc)).await.unwrap();
+    ctl.delete_volume(del(pvc)).await.unwrap();
+    ctl.delete_volume(del(&odd.volume_id)).await.unwrap();
+    ctl.delete_volume(del("no/such")).await.unwrap();
+    assert_eq!(volumes(&c), before);
+    // They wait in the trash: a deleted PVC's data is not gone by mistake.
+    let trash = ok(&c, &["volume", "trash", "list"]);
+    assert!(trash.contains(pvc), "{trash}");
+}

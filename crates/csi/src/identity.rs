@@ -1,0 +1,67 @@
+//! The identity service: the driver's name and version, what it serves, and whether it is
+//! ready (for a controller: whether the cluster's manager answers).
+
+use std::collections::HashMap;
+
+use tonic::{Request, Response, Status};
+
+use crate::pb::plugin_capability::{service, volume_expansion, Service, Type, VolumeExpansion};
+use crate::pb::{self, identity_server::Identity, PluginCapability};
+use crate::ControllerService;
+
+#[derive(Debug, Clone)]
+pub struct IdentityService {
+    controller: Option<ControllerService>,
+}
+
+impl IdentityService {
+    pub fn new(controller: Option<ControllerService>) -> IdentityService {
+        IdentityService { controller }
+    }
+}
+
+#[tonic::async_trait]
+impl Identity for IdentityService {
+    async fn get_plugin_info(
+        &self,
+        _: Request<pb::GetPluginInfoRequest>,
+    ) -> Result<Response<pb::GetPluginInfoResponse>, Status> {
+        Ok(Response::new(pb::GetPluginInfoResponse {
+            name: crate::DRIVER_NAME.into(),
+            vendor_version: env!("CARGO_PKG_VERSION").into(),
+            manifest: HashMap::new(),
+        }))
+    }
+
+    async fn get_plugin_capabilities(
+        &self,
+        _: Request<pb::GetPluginCapabilitiesRequest>,
+    ) -> Result<Response<pb::GetPluginCapabilitiesResponse>, Status> {
+        let mut capabilities = vec![PluginCapability {
+            // Grown while in use: the writer holds I/O a moment, the device sees the size.
+            r#type: Some(Type::VolumeExpansion(VolumeExpansion {
+                r#type: volume_expansion::Type::Online as i32,
+            })),
+        }];
+        if self.controller.is_some() {
+            capabilities.push(PluginCapability {
+                r#type: Some(Type::Service(Service {
+                    r#type: service::Type::ControllerService as i32,
+                })),
+            });
+        }
+        Ok(Response::new(pb::GetPluginCapabilitiesResponse {
+            capabilities,
+        }))
+    }
+
+    async fn probe(
+        &self,
+        _: Request<pb::ProbeRequest>,
+    ) -> Result<Response<pb::ProbeResponse>, Status> {
+        if let Some(c) = &self.controller {
+            c.reachable().await?;
+        }
+        Ok(Response::new(pb::ProbeResponse { ready: Some(true) }))
+    }
+}
