@@ -505,3 +505,121 @@ async fn the_controller_lifecycle_with_the_specs_codes() {
     let trash = ok(&c, &["volume", "trash", "list"]);
     assert!(trash.contains(pvc), "{trash}");
 }
+
+/// Writes `pattern` over the first MiB through a writer's socket; whether it worked.
+fn write_via(sock: &std::path::Path, pattern: u8) -> bool {
+    let uri = format!("nbd+unix:///v?socket={}", sock.display());
+    let o = std::process::Command::new("qemu-io")
+        .args([
+            "-f",
+            "raw",
+            &uri,
+            "-c",
+            &format!("write -P {pattern:#x} 0 1M"),
+        ])
+        .output()
+        .unwrap();
+    o.status.success() && !text(&o).contains("error")
+}
+
+/// Publishing moves a volume between hosts at once: to node B while node A's writer is
+/// stopped (unreachable), the publish fences A and B's writer attaches without --force; A,
+/// woken, writes nothing. Unpublish fences only the host named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_to_a_new_node_fences_the_old_writer_at_once() {
+    use common::secure::*;
+    need("etcd");
+    need("qemu-io");
+    let mut w = common::secure::start();
+    create_v(&w);
+    let a_sock = attach_env(&mut w, "alice", "v", &[("TRIREME_HOST", "node-a")]).unwrap();
+    assert!(write_via(&a_sock, 0x11));
+    let sock = w.p("csi.sock");
+    let (etcd, admin, dd) = (w.etcd.clone(), w.p("admin"), w.p("csi-data"));
+    let global = [
+        "--etcd",
+        &etcd,
+        "--tls-identity",
+        admin.to_str().unwrap(),
+        "--data-dir",
+        dd.to_str().unwrap(),
+    ];
+    let _csi = common::csi::start(&global, &sock, &["--controller"], &[]);
+    let mut ctl = Controller::new(channel(&sock).await);
+    let publish = |node: &str| pb::ControllerPublishVolumeRequest {
+        volume_id: "v".into(),
+        node_id: node.into(),
+        volume_capability: Some(cap(Some("ext4"))),
+        ..Default::default()
+    };
+    let unpublish = |node: &str| pb::ControllerUnpublishVolumeRequest {
+        volume_id: "v".into(),
+        node_id: node.into(),
+        ..Default::default()
+    };
+    // To the node that writes it: nothing fenced.
+    let p = ctl
+        .controller_publish_volume(publish("node-a"))
+        .await
+        .unwrap()
+        .into_inner();
+    let epoch_a: u64 = p.publish_context["epoch"].parse().unwrap();
+    assert!(
+        write_via(&a_sock, 0x12),
+        "publishing to its own node fenced the writer"
+    );
+
+    // Node A stops answering; the volume goes to node B.
+    let alice = w.procs.0.last().unwrap().id() as i32;
+    common::signal(alice, libc::SIGSTOP);
+    let t0 = std::time::Instant::now();
+    let p = ctl
+        .controller_publish_volume(publish("node-b"))
+        .await
+        .unwrap()
+        .into_inner();
+    let took = t0.elapsed();
+    let epoch_b: u64 = p.publish_context["epoch"].parse().unwrap();
+    assert!(epoch_b > epoch_a, "{epoch_a} -> {epoch_b}");
+    println!("publish to a new node with the old one stopped: {took:?}");
+    // Asked again: the same, nothing more fenced.
+    let again = ctl
+        .controller_publish_volume(publish("node-b"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again.publish_context["epoch"], epoch_b.to_string());
+    let b_sock = attach_env(&mut w, "carol", "v", &[("TRIREME_HOST", "node-b")])
+        .expect("node B attaches without --force once A is fenced");
+    assert!(write_via(&b_sock, 0x22));
+    // A wakes up: every write it tries is refused; B's bytes stay.
+    common::signal(alice, libc::SIGCONT);
+    assert!(!write_via(&a_sock, 0x13), "the fenced writer wrote");
+    let uri = format!("nbd+unix:///v?socket={}", b_sock.display());
+    let o = std::process::Command::new("qemu-io")
+        .args(["-f", "raw", &uri, "-c", "read -P 0x22 0 1M"])
+        .output()
+        .unwrap();
+    assert!(!text(&o).contains("verification failed"), "{}", text(&o));
+
+    // Unpublish from A (where nothing writes now): B goes on. From B: B is fenced.
+    ctl.controller_unpublish_volume(unpublish("node-a"))
+        .await
+        .unwrap();
+    assert!(
+        write_via(&b_sock, 0x23),
+        "unpublishing node A fenced node B"
+    );
+    ctl.controller_unpublish_volume(unpublish("node-b"))
+        .await
+        .unwrap();
+    ctl.controller_unpublish_volume(unpublish("node-b"))
+        .await
+        .unwrap();
+    assert!(
+        !write_via(&b_sock, 0x24),
+        "node B wrote after its unpublish"
+    );
+    let events = w.ok(Some("admin"), &["events"]);
+    assert!(events.contains("fenced"), "{events}");
+}

@@ -270,9 +270,20 @@ pub fn statuses(bytes: &[u8]) -> Vec<trireme_proto::Status> {
 
 /// Attaches `vol` as `identity`; the child once it serves its socket, or its stderr.
 pub fn attach(w: &mut World, identity: &str, vol: &str) -> Result<PathBuf, String> {
+    attach_env(w, identity, vol, &[])
+}
+
+/// [`attach`], with `env` set for the writer.
+pub fn attach_env(
+    w: &mut World,
+    identity: &str,
+    vol: &str,
+    env: &[(&str, &str)],
+) -> Result<PathBuf, String> {
     let sock = w.p(&format!("{vol}-{identity}.sock"));
     let log = w.p(&format!("attach-{identity}.log"));
     let mut child = Command::new(BIN)
+        .envs(env.iter().copied())
         .arg("--etcd")
         .arg(&w.etcd)
         .arg("--tls-identity")
