@@ -3,14 +3,14 @@
 //! is idempotent: asked twice, it does once and answers the same; a second call while the
 //! first runs on the same object is ABORTED, as the spec asks.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
 
 use serde::de::DeserializeOwned;
 use tonic::{Request, Response, Status};
 use trireme_control::{ControlError, FenceWhere, Fenced, Request as Ctl, VolumeInfo};
 use trireme_meta::VolumeRecord;
 
+use crate::busy::{Busy, Hold};
 use crate::errors::{invalid, not_found, status};
 use crate::params::{Changes, CreateParams};
 use crate::pb::{self, controller_server::Controller, volume_capability, volume_content_source};
@@ -25,8 +25,7 @@ const BLOCK: u64 = 4096;
 #[derive(Clone)]
 pub struct ControllerService {
     connect: Connect,
-    /// Objects a call works on now.
-    busy: Arc<Mutex<HashSet<String>>>,
+    busy: Busy,
     /// How long a deleted volume waits in the trash (none: the cluster's default, a day).
     trash_keep: Option<u64>,
 }
@@ -39,26 +38,11 @@ impl std::fmt::Debug for ControllerService {
     }
 }
 
-/// Marks an object busy while a call works on it.
-pub(crate) struct Hold {
-    busy: Arc<Mutex<HashSet<String>>>,
-    key: String,
-}
-
-impl Drop for Hold {
-    fn drop(&mut self) {
-        self.busy
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.key);
-    }
-}
-
 impl ControllerService {
     pub fn new(connect: Connect, trash_keep: Option<u64>) -> ControllerService {
         ControllerService {
             connect,
-            busy: Arc::default(),
+            busy: Busy::default(),
             trash_keep,
         }
     }
@@ -76,16 +60,7 @@ impl ControllerService {
 
     /// Marks `key` busy, or ABORTED if a call works on it now.
     pub(crate) fn hold(&self, key: &str) -> Result<Hold, Status> {
-        let mut b = self.busy.lock().unwrap_or_else(|e| e.into_inner());
-        if !b.insert(key.to_string()) {
-            return Err(Status::aborted(format!(
-                "an operation on {key} is under way"
-            )));
-        }
-        Ok(Hold {
-            busy: self.busy.clone(),
-            key: key.to_string(),
-        })
+        self.busy.hold(key)
     }
 
     /// The volume, if it exists.

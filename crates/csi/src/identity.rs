@@ -38,9 +38,10 @@ impl Identity for IdentityService {
         _: Request<pb::GetPluginCapabilitiesRequest>,
     ) -> Result<Response<pb::GetPluginCapabilitiesResponse>, Status> {
         let mut capabilities = vec![PluginCapability {
-            // Grown while in use: the writer holds I/O a moment, the device sees the size.
+            // Offline: the volume grows online, but a kernel NBD device cannot take a new
+            // size while mapped; the node's filesystem grows at the next stage.
             r#type: Some(Type::VolumeExpansion(VolumeExpansion {
-                r#type: volume_expansion::Type::Online as i32,
+                r#type: volume_expansion::Type::Offline as i32,
             })),
         }];
         if self.controller.is_some() {

@@ -17,15 +17,18 @@ use std::sync::Arc;
 
 use trireme_control::{ControlClient, ControlError};
 
+mod busy;
 mod controller;
 mod errors;
 mod identity;
 pub mod ids;
+mod node;
 pub mod params;
 mod snapshots;
 
 pub use controller::ControllerService;
 pub use identity::IdentityService;
+pub use node::{NodeConfig, NodeService, TOPOLOGY_ZONE};
 
 /// The messages and services generated from `proto/csi.proto`.
 #[allow(missing_debug_implementations, clippy::all, rust_2018_idioms)]
@@ -93,14 +96,17 @@ impl std::str::FromStr for Endpoint {
 pub async fn serve(
     endpoint: &Endpoint,
     controller: Option<ControllerService>,
+    node: Option<NodeService>,
     stop: impl Future<Output = ()> + Send,
 ) -> Result<(), CsiError> {
     use pb::controller_server::ControllerServer;
     use pb::identity_server::IdentityServer;
+    use pb::node_server::NodeServer;
     let identity = IdentityService::new(controller.clone());
     let router = tonic::transport::Server::builder()
         .add_service(IdentityServer::new(identity))
-        .add_optional_service(controller.map(ControllerServer::new));
+        .add_optional_service(controller.map(ControllerServer::new))
+        .add_optional_service(node.map(NodeServer::new));
     let listen_err = |source| CsiError::Listen {
         endpoint: format!("{endpoint:?}"),
         source,

@@ -42,6 +42,13 @@ pub(crate) async fn csi(cli: Arc<Cli>) -> Result<(), CliError> {
             a.trash_keep.map(|d| d.as_secs()),
         )
     });
+    let node = match a.node {
+        true => Some(trireme_csi::NodeService::new(
+            node_config(&cli, a)?,
+            connector(cli.clone()),
+        )),
+        false => None,
+    };
     let stop = Stop::catch()?;
     tracing::info!(
         endpoint = a.endpoint,
@@ -50,7 +57,46 @@ pub(crate) async fn csi(cli: Arc<Cli>) -> Result<(), CliError> {
         "CSI driver {} serving",
         trireme_csi::DRIVER_NAME
     );
-    trireme_csi::serve(&endpoint, controller, stop.wait())
+    trireme_csi::serve(&endpoint, controller, node, stop.wait())
         .await
         .map_err(|e| CliError::Runtime(e.to_string()))
+}
+
+/// The node service's settings: its `map` children get this command line's cluster (as
+/// environment variables) and record the node's name as their host.
+fn node_config(cli: &Cli, a: &CsiArgs) -> Result<trireme_csi::NodeConfig, CliError> {
+    use clap::ValueEnum;
+    let node_id = a.node_id.clone().unwrap_or_else(trireme_control::hostname);
+    let data_dir = std::path::absolute(&cli.data_dir)?;
+    let mut env = vec![
+        (
+            "TRIREME_DATA_DIR".to_string(),
+            data_dir.display().to_string(),
+        ),
+        ("TRIREME_HOST".to_string(), node_id.clone()),
+        ("TRIREME_LOG".to_string(), cli.log.clone()),
+    ];
+    if let Some(t) = cli.transport.to_possible_value() {
+        env.push(("TRIREME_TRANSPORT".into(), t.get_name().to_string()));
+    }
+    let paths = [
+        ("TRIREME_ETCD_CA", cli.etcd_ca.as_ref()),
+        ("TRIREME_TLS_IDENTITY", cli.tls_identity.as_ref()),
+    ];
+    for (k, p) in paths {
+        if let Some(p) = p {
+            env.push((k.into(), std::path::absolute(p)?.display().to_string()));
+        }
+    }
+    if let Some(e) = &cli.etcd {
+        env.push(("TRIREME_ETCD".into(), e.clone()));
+    }
+    Ok(trireme_csi::NodeConfig {
+        node_id,
+        zone: a.zone.clone(),
+        exe: std::env::current_exe()?,
+        env,
+        devices: trireme_kernel::mapped::DIR.into(),
+        logs: "/run/trireme/csi".into(),
+    })
 }

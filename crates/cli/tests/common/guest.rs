@@ -56,7 +56,9 @@ pub struct GuestNet {
 
 impl GuestNet {
     pub fn create() -> GuestNet {
-        let name = format!("trireme-g{}", std::process::id());
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("trireme-g{}-{n}", std::process::id());
         sh(&["ip", "netns", "add", &name]);
         let n = GuestNet { name };
         sh(&["ip", "-n", &n.name, "link", "set", "lo", "up"]);
@@ -90,6 +92,15 @@ impl GuestNet {
             "10.0.2.2",
         ]);
         n
+    }
+
+    /// Moves the calling thread into the namespace (its sockets from then on are there).
+    pub fn enter(&self) {
+        use std::os::unix::io::AsRawFd;
+        let f = std::fs::File::open(format!("/run/netns/{}", self.name)).unwrap();
+        // SAFETY: setns on a namespace file this thread opened; it changes only this thread.
+        let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
     }
 
     /// `program ARGS` inside the namespace.
@@ -200,6 +211,7 @@ pub fn initrd(dir: &Path, script: &str, programs: &[(&Path, &str)]) -> PathBuf {
 /// A running guest: its console lines, as they come.
 pub struct Guest {
     child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
     lines: mpsc::Receiver<String>,
     /// Every line so far, for failure messages.
     pub log: Vec<String>,
@@ -208,6 +220,15 @@ pub struct Guest {
 impl Guest {
     /// Boots `initrd` in `net`.
     pub fn boot(net: &GuestNet, initrd: &Path) -> Guest {
+        Self::boot_with(net, initrd, &[])
+    }
+
+    /// [`Guest::boot`], with guest TCP ports forwarded from 10.0.2.2 in `net`: (host, guest).
+    pub fn boot_with(net: &GuestNet, initrd: &Path, forward: &[(u16, u16)]) -> Guest {
+        let mut netdev = String::from("user,id=n0");
+        for (h, g) in forward {
+            netdev += &format!(",hostfwd=tcp:10.0.2.2:{h}-:{g}");
+        }
         let mut child = net
             .cmd("qemu-system-x86_64")
             .args([
@@ -225,13 +246,8 @@ impl Guest {
             .arg("-initrd")
             .arg(initrd)
             .args(["-append", "console=ttyS0 panic=-1 loglevel=4"])
-            .args([
-                "-netdev",
-                "user,id=n0",
-                "-device",
-                "virtio-net-pci,netdev=n0",
-            ])
-            .stdin(Stdio::null())
+            .args(["-netdev", &netdev, "-device", "virtio-net-pci,netdev=n0"])
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -246,11 +262,21 @@ impl Guest {
                 }
             }
         });
+        let stdin = child.stdin.take();
         Guest {
             child,
+            stdin,
             lines,
             log: Vec::new(),
         }
+    }
+
+    /// Types `line` on the guest's console (a script there that reads it runs it).
+    pub fn send(&mut self, line: &str) {
+        use std::io::Write;
+        let i = self.stdin.as_mut().expect("the console's input");
+        i.write_all(format!("{line}\n").as_bytes()).unwrap();
+        i.flush().unwrap();
     }
 
     /// Waits until a console line contains `what` (failing the test after `limit`); returns it.
