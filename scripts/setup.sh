@@ -12,6 +12,7 @@
 # cpio and busybox-static: tests/kernel_devices.rs boots a guest (qemu-system-x86 from
 # bookworm-backports, to match qemu-utils; Debian 12's 7.2 would replace it) whose kernel
 # has the NBD client and ublk: a Debian 6.12 kernel, unpacked (not installed) below.
+# python3-yaml: tests/csi.rs reads contrib/kubernetes/ and runs trireme with its arguments.
 # ceph-common, ceph-mon, ceph-osd: `rbd merge-diff` (no cluster needed) reads what `volume diff`
 # writes; tests/ceph.rs starts a one-monitor, one-OSD Ceph cluster for `rbd import-diff` and
 # `export-diff` both ways.
@@ -19,7 +20,8 @@ set -euo pipefail
 pkgs=(fio nbdkit libnbd-bin python3-libnbd qemu-utils iproute2 iptables procps librsvg2-bin fonts-dejavu-core
       libucx-dev ucx-utils libclang-dev clang pkg-config
       etcd-server etcd-client protobuf-compiler libprotobuf-dev openssl bsdutils
-      prometheus chromium chromium-driver gdb e2fsprogs mount ceph-common ceph-mon ceph-osd)
+      prometheus chromium chromium-driver gdb e2fsprogs mount ceph-common ceph-mon ceph-osd
+      python3-yaml)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -623,3 +623,140 @@ async fn publish_to_a_new_node_fences_the_old_writer_at_once() {
     let events = w.ok(Some("admin"), &["events"]);
     assert!(events.contains("fenced"), "{events}");
 }
+
+/// contrib/kubernetes/ as a CO would read it: every trireme container started with its
+/// manifest's arguments and environment serves its socket (a flag that does not exist, or a
+/// service left out, fails here), the driver's name is the one the driver gives, and the
+/// registrar points kubelet at the node plugin's socket.
+#[test]
+fn the_kubernetes_manifests_run_as_written() {
+    need("python3");
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../contrib/kubernetes");
+    // Each document's kind, names, and each container's image, args and literal env.
+    let o = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(
+            r#"
+import glob, json, sys, yaml
+out = []
+for f in sorted(glob.glob(sys.argv[1] + "/*.yaml")):
+    for d in yaml.safe_load_all(open(f)):
+        spec = d.get("spec", {}).get("template", {}).get("spec", {})
+        cs = [{"name": c["name"], "image": c["image"], "args": c.get("args", []),
+               "env": [e["name"] for e in c.get("env", [])]} for c in spec.get("containers", [])]
+        out.append({"kind": d["kind"], "name": d["metadata"]["name"],
+                    "driver": d.get("provisioner") or d.get("driver") or d.get("driverName"),
+                    "containers": cs})
+print(json.dumps(out))
+"#,
+        )
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let docs: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+    let driver = trireme_csi::DRIVER_NAME;
+    for d in &docs {
+        if d["kind"] == "CSIDriver" {
+            assert_eq!(d["name"], driver);
+        }
+        if let Some(name) = d["driver"].as_str() {
+            assert_eq!(name, driver, "{d}");
+        }
+    }
+    let work = tempfile::tempdir().unwrap();
+    // The Secrets the manifests name: an operator's identity and a client's.
+    let w = |rel: &str| work.path().join(rel).display().to_string();
+    let issue = |what: &[&str], out: &str| {
+        let mut a = vec!["ca", "issue"];
+        a.extend_from_slice(what);
+        let (ca, o) = (w("ca"), w(out));
+        a.extend_from_slice(&["--ca", &ca, "--out", &o]);
+        let r = std::process::Command::new(BIN).args(&a).output().unwrap();
+        assert!(r.status.success(), "{}", text(&r));
+    };
+    let r = std::process::Command::new(BIN)
+        .args(["ca", "init", "--dir", &w("ca")])
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", text(&r));
+    issue(&["admin"], "trireme-csi-controller-id");
+    issue(&["client", "k8s-nodes"], "trireme-csi-node-id");
+    let mut started = 0;
+    for d in docs
+        .iter()
+        .filter(|d| d["kind"] == "Deployment" || d["kind"] == "DaemonSet")
+    {
+        for c in d["containers"].as_array().unwrap() {
+            let args: Vec<String> = c["args"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a.as_str().unwrap().to_string())
+                .collect();
+            if c["name"] == "node-driver-registrar" {
+                let reg = args
+                    .iter()
+                    .find(|a| a.starts_with("--kubelet-registration-path="))
+                    .unwrap();
+                assert!(
+                    reg.contains(&format!("/plugins/{driver}/csi.sock")),
+                    "{reg}"
+                );
+            }
+            if c["name"] != "trireme" {
+                continue;
+            }
+            // Where the pod has /csi and its identity, the test has a directory of its own.
+            let sock = work
+                .path()
+                .join(format!("{}.sock", d["name"].as_str().unwrap()));
+            let args: Vec<String> = args
+                .iter()
+                .map(|a| match a.strip_prefix("--endpoint=") {
+                    Some(_) => format!("--endpoint=unix://{}", sock.display()),
+                    None => a
+                        .replace(
+                            "/identity",
+                            &w(&format!("{}-id", d["name"].as_str().unwrap())),
+                        )
+                        .replace("/var/lib/trireme", &work.path().display().to_string()),
+                })
+                .collect();
+            let env: Vec<String> = c["env"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e.as_str().unwrap().to_string())
+                .collect();
+            assert!(env.contains(&"TRIREME_ETCD".to_string()), "{c}");
+            let mut child = std::process::Command::new(BIN)
+                .args(&args)
+                // Nothing answers there: the driver serves its socket all the same.
+                .env("TRIREME_ETCD", "http://127.0.0.1:9")
+                .env("TRIREME_HOST", "k8s-node-1")
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let t0 = std::time::Instant::now();
+            while !sock.exists() {
+                if let Some(st) = child.try_wait().unwrap() {
+                    let mut err = String::new();
+                    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err)
+                        .unwrap();
+                    panic!("{} with {args:?} exited ({st}): {err}", d["name"]);
+                }
+                assert!(
+                    t0.elapsed() < std::time::Duration::from_secs(20),
+                    "{args:?}: no socket"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            started += 1;
+        }
+    }
+    assert_eq!(started, 2, "a controller and a node plugin");
+}
