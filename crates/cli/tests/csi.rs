@@ -28,10 +28,15 @@ fn info(c: &Cluster, vol: &str) -> serde_json::Value {
 
 /// Writes `pattern` over the first MiB of `vol` through an NBD export of it, or reads it back.
 fn io(c: &Cluster, vol: &str, op: &str, pattern: u8) {
+    io_at(c, vol, op, pattern, 0)
+}
+
+/// [`io`] on the MiB at `at`.
+fn io_at(c: &Cluster, vol: &str, op: &str, pattern: u8, at: u64) {
     let sock = c.path().join(format!("{vol}-io.sock"));
     let (mut nbd, _) = spawn_nbd(c, vol, &sock);
     let uri = format!("nbd+unix:///{vol}?socket={}", sock.display());
-    let cmd = format!("{op} -P {pattern:#x} 0 1M");
+    let cmd = format!("{op} -P {pattern:#x} {at} 1M");
     let o = std::process::Command::new("qemu-io")
         .args(["-f", "raw", &uri, "-c", &cmd])
         .output()
@@ -44,6 +49,118 @@ fn io(c: &Cluster, vol: &str, op: &str, pattern: u8) {
         o.status.success() && !out.contains("Pattern verification failed"),
         "{cmd} on {vol}: {out}"
     );
+}
+
+/// The ranges a SnapshotMetadata stream gives, and how many messages carried them.
+async fn ranges<T>(
+    r: Result<tonic::Response<tonic::Streaming<T>>, tonic::Status>,
+    blocks: fn(&T) -> &Vec<pb::BlockMetadata>,
+) -> Result<(Vec<(i64, i64)>, usize), tonic::Code> {
+    let mut s = r.map_err(|e| e.code())?.into_inner();
+    let (mut out, mut msgs) = (Vec::new(), 0);
+    while let Some(m) = s.message().await.map_err(|e| e.code())? {
+        msgs += 1;
+        out.extend(blocks(&m).iter().map(|b| (b.byte_offset, b.size_bytes)));
+    }
+    Ok((out, msgs))
+}
+
+/// Changed-block tracking: a second snapshot after writes at 0 and at 8 MiB; the allocated
+/// ranges of each, the delta between them (exactly what was written since, at 4 KiB), a
+/// start in the middle, one range to a message; wrong order and unknown ids refused. The
+/// second snapshot is deleted again.
+async fn changed_blocks(
+    ctl: &mut Controller,
+    sock: &std::path::Path,
+    c: &Cluster,
+    vol: &str,
+    s1: &str,
+) {
+    use pb::snapshot_metadata_client::SnapshotMetadataClient;
+    use tonic::Code;
+    io_at(c, vol, "write", 0x77, 8 << 20);
+    let s2 = ctl
+        .create_snapshot(pb::CreateSnapshotRequest {
+            source_volume_id: vol.into(),
+            name: "snapshot-2".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap()
+        .snapshot_id;
+    let mut md = SnapshotMetadataClient::new(channel(sock).await);
+    let alloc = |id: &str, start: i64, max: i32| pb::GetMetadataAllocatedRequest {
+        snapshot_id: id.into(),
+        starting_offset: start,
+        max_results: max,
+        ..Default::default()
+    };
+    let delta = |base: &str, target: &str| pb::GetMetadataDeltaRequest {
+        base_snapshot_id: base.into(),
+        target_snapshot_id: target.into(),
+        ..Default::default()
+    };
+    let a: fn(&pb::GetMetadataAllocatedResponse) -> &Vec<pb::BlockMetadata> = |m| &m.block_metadata;
+    let d: fn(&pb::GetMetadataDeltaResponse) -> &Vec<pb::BlockMetadata> = |m| &m.block_metadata;
+    let mib = 1i64 << 20;
+    // Allocation is the file store's, at its 64 KiB grain: every byte written is in it, and
+    // at most a grain more (the volume's last grain shares the file with the copies' log).
+    let grain = 64 << 10;
+    let total = |r: &[(i64, i64)]| r.iter().map(|x| x.1).sum::<i64>();
+    let (r1, _) = ranges(md.get_metadata_allocated(alloc(s1, 0, 0)).await, a)
+        .await
+        .unwrap();
+    assert_eq!(r1[0], (0, mib), "{r1:?}");
+    assert!(total(&r1) <= mib + grain, "{r1:?}");
+    let (r2, n) = ranges(md.get_metadata_allocated(alloc(&s2, 0, 1)).await, a)
+        .await
+        .unwrap();
+    assert_eq!(
+        (&r2[..2], n),
+        (&[(0, mib), (8 * mib, mib)][..], r2.len()),
+        "one range a message"
+    );
+    assert!(total(&r2) <= 2 * mib + grain, "{r2:?}");
+    let (from, _) = ranges(
+        md.get_metadata_allocated(alloc(&s2, 8 * mib + 4096, 0))
+            .await,
+        a,
+    )
+    .await
+    .unwrap();
+    assert_eq!(from[0], (8 * mib + 4096, mib - 4096), "{from:?}");
+    // Changes are the copies' own block maps: exactly what was written, at 4 KiB.
+    let (dl, _) = ranges(md.get_metadata_delta(delta(s1, &s2)).await, d)
+        .await
+        .unwrap();
+    assert_eq!(dl, vec![(0, mib), (8 * mib, mib)]);
+    assert_eq!(
+        ranges(md.get_metadata_delta(delta(&s2, s1)).await, d)
+            .await
+            .unwrap_err(),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        ranges(md.get_metadata_allocated(alloc("x@nothing", 0, 0)).await, a)
+            .await
+            .unwrap_err(),
+        Code::NotFound
+    );
+    assert_eq!(
+        ranges(md.get_metadata_allocated(alloc(s1, -1, 0)).await, a)
+            .await
+            .unwrap_err(),
+        Code::InvalidArgument
+    );
+    ctl.delete_snapshot(pb::DeleteSnapshotRequest {
+        snapshot_id: s2,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -69,7 +186,7 @@ async fn the_controller_lifecycle_with_the_specs_codes() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(caps.capabilities.len(), 2, "{caps:?}");
+    assert_eq!(caps.capabilities.len(), 3, "{caps:?}");
     let probe = id.probe(pb::ProbeRequest {}).await.unwrap().into_inner();
     assert_eq!(probe.ready, Some(true));
     let ccaps = ctl
@@ -211,6 +328,7 @@ async fn the_controller_lifecycle_with_the_specs_codes() {
     assert_eq!(code(ctl.create_snapshot(nowhere).await), Code::NotFound);
     // The data changes after the snapshot.
     io(&c, pvc, "write", 0x5a);
+    changed_blocks(&mut ctl, &sock, &c, pvc, &s1.snapshot_id).await;
 
     // A volume from the snapshot, bigger than it: the snapshot's bytes, the size asked.
     let mut from_snap = create_req("pvc-from-snap", 32 << 20, &[]);

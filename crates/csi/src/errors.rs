@@ -5,7 +5,7 @@ use tonic::{Code, Status};
 use trireme_control::{ControlError, ErrorCode};
 
 /// The status a CO gets for a control request's failure.
-pub(crate) fn status(e: ControlError) -> Status {
+pub fn status(e: ControlError) -> Status {
     let code = match e.code() {
         ErrorCode::NotFound => Code::NotFound,
         ErrorCode::AlreadyExists => Code::AlreadyExists,

@@ -45,11 +45,15 @@ impl Identity for IdentityService {
             })),
         }];
         if self.controller.is_some() {
-            capabilities.push(PluginCapability {
-                r#type: Some(Type::Service(Service {
-                    r#type: service::Type::ControllerService as i32,
-                })),
-            });
+            // The controller's process serves changed-block tracking too.
+            for t in [
+                service::Type::ControllerService,
+                service::Type::SnapshotMetadataService,
+            ] {
+                capabilities.push(PluginCapability {
+                    r#type: Some(Type::Service(Service { r#type: t as i32 })),
+                });
+            }
         }
         Ok(Response::new(pb::GetPluginCapabilitiesResponse {
             capabilities,

@@ -24,11 +24,14 @@ mod identity;
 pub mod ids;
 mod node;
 pub mod params;
+mod snapmeta;
 mod snapshots;
 
 pub use controller::ControllerService;
+pub use errors::status as control_status;
 pub use identity::IdentityService;
 pub use node::{NodeConfig, NodeService, TOPOLOGY_ZONE};
+pub use snapmeta::{BlockRanges, SnapshotBlocks, SnapshotMetadataService};
 
 /// The messages and services generated from `proto/csi.proto`.
 #[allow(missing_debug_implementations, clippy::all, rust_2018_idioms)]
@@ -95,17 +98,20 @@ impl std::str::FromStr for Endpoint {
 /// driver that died) is replaced; the socket is made 0600 before it is served.
 pub async fn serve(
     endpoint: &Endpoint,
-    controller: Option<ControllerService>,
+    controller: Option<(ControllerService, SnapshotMetadataService)>,
     node: Option<NodeService>,
     stop: impl Future<Output = ()> + Send,
 ) -> Result<(), CsiError> {
     use pb::controller_server::ControllerServer;
     use pb::identity_server::IdentityServer;
     use pb::node_server::NodeServer;
+    use pb::snapshot_metadata_server::SnapshotMetadataServer;
+    let (controller, metadata) = controller.unzip();
     let identity = IdentityService::new(controller.clone());
     let router = tonic::transport::Server::builder()
         .add_service(IdentityServer::new(identity))
         .add_optional_service(controller.map(ControllerServer::new))
+        .add_optional_service(metadata.map(SnapshotMetadataServer::new))
         .add_optional_service(node.map(NodeServer::new));
     let listen_err = |source| CsiError::Listen {
         endpoint: format!("{endpoint:?}"),

@@ -37,9 +37,21 @@ pub(crate) async fn csi(cli: Arc<Cli>) -> Result<(), CliError> {
         .parse()
         .map_err(|e: trireme_csi::CsiError| CliError::Usage(e.to_string()))?;
     let controller = a.controller.then(|| {
-        trireme_csi::ControllerService::new(
+        let c = trireme_csi::ControllerService::new(
             connector(cli.clone()),
             a.trash_keep.map(|d| d.as_secs()),
+        );
+        let copies = Copies {
+            connect: connector(cli.clone()),
+            opts: trireme_client::VolumeOptions {
+                kind: cli.transport.kind(),
+                replica_timeout: std::time::Duration::from_secs(5),
+                ..Default::default()
+            },
+        };
+        (
+            c,
+            trireme_csi::SnapshotMetadataService::new(Arc::new(copies)),
         )
     });
     let node = match a.node {
@@ -99,4 +111,94 @@ fn node_config(cli: &Cli, a: &CsiArgs) -> Result<trireme_csi::NodeConfig, CliErr
         devices: trireme_kernel::mapped::DIR.into(),
         logs: "/run/trireme/csi".into(),
     })
+}
+
+/// Changed-block tracking from the copies that hold a snapshot (as `volume diff` reads them).
+struct Copies {
+    connect: trireme_csi::Connect,
+    opts: trireme_client::VolumeOptions,
+}
+
+/// One snapshot's ranges: allocated, or changed since the snapshot of id `base`.
+struct Ranges {
+    reader: trireme_client::SnapshotReader,
+    base: Option<u64>,
+}
+
+#[tonic::async_trait]
+impl trireme_csi::SnapshotBlocks for Copies {
+    async fn open(
+        &self,
+        volume: &str,
+        snap: &str,
+        base: Option<&str>,
+    ) -> Result<Box<dyn trireme_csi::BlockRanges>, tonic::Status> {
+        use trireme_csi::control_status as status;
+        let mut c = (self.connect)().await.map_err(status)?;
+        let name = volume.to_string();
+        let info: trireme_client::AttachInfo = c
+            .call(&Request::Locate { name: name.clone() })
+            .await
+            .map_err(status)?;
+        let list: Vec<trireme_control::SnapshotInfo> = c
+            .call(&Request::SnapshotList { name })
+            .await
+            .map_err(status)?;
+        let find = |s: &str| {
+            list.iter().find(|x| x.name == s).ok_or_else(|| {
+                tonic::Status::not_found(format!("volume {volume} has no snapshot {s}"))
+            })
+        };
+        let target = find(snap)?;
+        let base = match base {
+            None => None,
+            Some(b) => {
+                let b = find(b)?;
+                if b.id >= target.id {
+                    return Err(tonic::Status::invalid_argument(format!(
+                        "{volume}@{} is not older than {volume}@{snap}",
+                        b.name
+                    )));
+                }
+                Some(b.id)
+            }
+        };
+        let reader = trireme_daemon::export::snapshot_reader(&info, &list, snap, self.opts.clone())
+            .map_err(tonic::Status::failed_precondition)?;
+        Ok(Box::new(Ranges { reader, base }))
+    }
+}
+
+#[tonic::async_trait]
+impl trireme_csi::BlockRanges for Ranges {
+    fn size(&self) -> u64 {
+        self.reader.size()
+    }
+
+    async fn ranges(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64)>, tonic::Status> {
+        use trireme_client::Extents;
+        let (ext, pick): (_, fn(u32) -> bool) = match self.base {
+            None => (
+                self.reader.block_status(offset, len, Extents::All).await,
+                |f| f & trireme_proto::Extent::HOLE == 0,
+            ),
+            Some(id) => (
+                self.reader.changed(id, offset, len, Extents::All).await,
+                |f| f & trireme_proto::EXTENT_CHANGED != 0,
+            ),
+        };
+        let ext = ext.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        let mut pos = offset;
+        for e in ext {
+            if pick(e.flags) {
+                match out.last_mut() {
+                    Some((a, n)) if *a + *n == pos => *n += e.length,
+                    _ => out.push((pos, e.length)),
+                }
+            }
+            pos += e.length;
+        }
+        Ok(out)
+    }
 }
