@@ -202,6 +202,16 @@ mod tests {
         assert_eq!(m[1].root, "/sub");
     }
 
+    proptest::proptest! {
+        /// Any text, a line cut anywhere, escapes half-written: parsed or skipped, no panic.
+        #[test]
+        fn mountinfo_of_any_text_parses_or_is_skipped(t in "(\\PC|\\\\[0-7]{0,3}| - |\n){0,80}") {
+            for m in parse(&t) {
+                proptest::prop_assert!(!m.fstype.contains(' '));
+            }
+        }
+    }
+
     #[test]
     fn flags_split_from_options() {
         let (f, d) = flags(&["noatime,discard".into(), "ro".into()], false);
