@@ -51,6 +51,26 @@ fn io_at(c: &Cluster, vol: &str, op: &str, pattern: u8, at: u64) {
     );
 }
 
+/// The volume a CreateVolume that must succeed gives.
+async fn created(ctl: &mut Controller, req: pb::CreateVolumeRequest) -> pb::Volume {
+    ctl.create_volume(req)
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+}
+
+/// The snapshot a CreateSnapshot that must succeed gives.
+async fn snapped(ctl: &mut Controller, req: pb::CreateSnapshotRequest) -> pb::Snapshot {
+    ctl.create_snapshot(req)
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap()
+}
+
 /// The ranges a SnapshotMetadata stream gives, and how many messages carried them.
 async fn ranges<T>(
     r: Result<tonic::Response<tonic::Streaming<T>>, tonic::Status>,
@@ -79,18 +99,16 @@ async fn changed_blocks(
     use pb::snapshot_metadata_client::SnapshotMetadataClient;
     use tonic::Code;
     io_at(c, vol, "write", 0x77, 8 << 20);
-    let s2 = ctl
-        .create_snapshot(pb::CreateSnapshotRequest {
+    let s2 = snapped(
+        ctl,
+        pb::CreateSnapshotRequest {
             source_volume_id: vol.into(),
             name: "snapshot-2".into(),
             ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .snapshot
-        .unwrap()
-        .snapshot_id;
+        },
+    )
+    .await
+    .snapshot_id;
     let mut md = SnapshotMetadataClient::new(channel(sock).await);
     let alloc = |id: &str, start: i64, max: i32| pb::GetMetadataAllocatedRequest {
         snapshot_id: id.into(),
@@ -246,20 +264,8 @@ async fn the_controller_lifecycle_with_the_specs_codes() {
             ("csi.storage.k8s.io/pvc/name", "data"),
         ],
     );
-    let a = ctl
-        .create_volume(req.clone())
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
-    let b = ctl
-        .create_volume(req)
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let a = created(&mut ctl, req.clone()).await;
+    let b = created(&mut ctl, req).await;
     assert_eq!(a, b);
     assert_eq!(a.volume_id, pvc);
     assert_eq!(a.capacity_bytes, 10_002_432, "rounded up to 4 KiB blocks");
@@ -272,21 +278,9 @@ async fn the_controller_lifecycle_with_the_specs_codes() {
         Code::AlreadyExists
     );
     // A name trireme cannot take is hashed to one it can, the same way each time.
-    let odd = ctl
-        .create_volume(create_req("My Volume/1", 1 << 20, &[]))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let odd = created(&mut ctl, create_req("My Volume/1", 1 << 20, &[])).await;
     assert!(odd.volume_id.starts_with("csi-"), "{odd:?}");
-    let again = ctl
-        .create_volume(create_req("My Volume/1", 1 << 20, &[]))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let again = created(&mut ctl, create_req("My Volume/1", 1 << 20, &[])).await;
     assert_eq!(odd, again);
 
     // Data, then a snapshot of it, twice; the name on another volume: ALREADY_EXISTS.
@@ -296,20 +290,8 @@ async fn the_controller_lifecycle_with_the_specs_codes() {
         name: "snapshot-1".into(),
         ..Default::default()
     };
-    let s1 = ctl
-        .create_snapshot(snap_req.clone())
-        .await
-        .unwrap()
-        .into_inner()
-        .snapshot
-        .unwrap();
-    let s1b = ctl
-        .create_snapshot(snap_req)
-        .await
-        .unwrap()
-        .into_inner()
-        .snapshot
-        .unwrap();
+    let s1 = snapped(&mut ctl, snap_req.clone()).await;
+    let s1b = snapped(&mut ctl, snap_req).await;
     assert_eq!(s1, s1b);
     assert!(s1.ready_to_use);
     assert_eq!(s1.snapshot_id, format!("{pvc}@snapshot-1"));
@@ -339,24 +321,10 @@ async fn the_controller_lifecycle_with_the_specs_codes() {
             },
         )),
     });
-    let cl = ctl
-        .create_volume(from_snap.clone())
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let cl = created(&mut ctl, from_snap.clone()).await;
     assert_eq!(cl.capacity_bytes, 32 << 20);
     assert_eq!(cl.content_source, from_snap.volume_content_source);
-    assert_eq!(
-        ctl.create_volume(from_snap)
-            .await
-            .unwrap()
-            .into_inner()
-            .volume
-            .unwrap(),
-        cl
-    );
+    assert_eq!(created(&mut ctl, from_snap).await, cl);
     io(&c, "pvc-from-snap", "read", 0xa5);
     // Smaller than the snapshot: OUT_OF_RANGE... from a snapshot that is not there: NOT_FOUND.
     let mut bad_src = create_req("pvc-bad-src", 32 << 20, &[]);
@@ -378,23 +346,9 @@ async fn the_controller_lifecycle_with_the_specs_codes() {
             },
         )),
     });
-    let vc = ctl
-        .create_volume(from_vol.clone())
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let vc = created(&mut ctl, from_vol.clone()).await;
     assert_eq!(vc.content_source, from_vol.volume_content_source);
-    assert_eq!(
-        ctl.create_volume(from_vol)
-            .await
-            .unwrap()
-            .into_inner()
-            .volume
-            .unwrap(),
-        vc
-    );
+    assert_eq!(created(&mut ctl, from_vol).await, vc);
     io(&c, "pvc-from-vol", "read", 0x5a);
     let all = ctl
         .list_snapshots(pb::ListSnapshotsRequest::default())

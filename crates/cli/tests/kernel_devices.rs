@@ -149,6 +149,16 @@ echo "@@ RESULT-OK"
 /// One guest at a time: two under emulation on two cores would starve each other.
 static ONE_GUEST: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// This test's turn at a guest, or `None` (said as SKIPPED) where none can run here.
+fn guest_turn() -> Option<std::sync::MutexGuard<'static, ()>> {
+    if let Some(why) = guest::unavailable() {
+        eprintln!("SKIPPED: no guest can run here (missing: {why})");
+        return None;
+    }
+    common::need("etcd");
+    Some(ONE_GUEST.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
 /// etcd and two nodes in `net`, both up.
 fn cluster(net: &GuestNet, dir: &std::path::Path) -> Procs {
     let mut procs = Procs(Vec::new());
@@ -189,12 +199,9 @@ fn cluster(net: &GuestNet, dir: &std::path::Path) -> Procs {
 
 #[test]
 fn a_mapped_device_survives_a_node_kill_and_its_own_restart() {
-    if let Some(why) = guest::unavailable() {
-        eprintln!("SKIPPED: no guest can run here (missing: {why})");
+    let Some(_one) = guest_turn() else {
         return;
-    }
-    common::need("etcd");
-    let _one = ONE_GUEST.lock().unwrap_or_else(|e| e.into_inner());
+    };
     let dir = tempfile::tempdir().unwrap();
     let net = GuestNet::create();
     let mut procs = cluster(&net, dir.path());
@@ -283,12 +290,9 @@ fn ok_in(g: &mut Guest, cmd: &str) {
 /// the files intact throughout; wrong calls get the spec's codes.
 #[test]
 fn the_csi_node_service_in_a_guest() {
-    if let Some(why) = guest::unavailable() {
-        eprintln!("SKIPPED: no guest can run here (missing: {why})");
+    let Some(_one) = guest_turn() else {
         return;
-    }
-    common::need("etcd");
-    let _one = ONE_GUEST.lock().unwrap_or_else(|e| e.into_inner());
+    };
     let dir = tempfile::tempdir().unwrap();
     let net = GuestNet::create();
     // This thread's sockets and children live in the guest's namespace from here on.
