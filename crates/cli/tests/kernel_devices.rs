@@ -95,9 +95,15 @@ mkfs.ext4 -q -F $DEV || fail mkfs
 mount $DEV /mnt || fail mount
 dd if=/dev/urandom of=/mnt/a bs=64k count=32 conv=fsync 2>/dev/null || fail "write a"
 sha256sum /mnt/a > /tmp/sums
+# A fio verify job (every block written with its checksum, then read back and checked) across the node kill.
+fio --name=verify --filename=/mnt/fio.dat --size=4M --rw=randwrite --bs=4k --direct=1 --ioengine=psync --verify=crc32c --do_verify=1 --randrepeat=0 >/tmp/fio.log 2>&1 &
+FIO=$!
 echo "@@ KILL-NODE"
 # Files of 1 MiB (then 512 KiB), each fsynced: a node dies (the host kills it on the line above) under them.
 i=0; while [ $i -lt 40 ]; do dd if=/dev/urandom of=/mnt/b.$i bs=64k count=16 conv=fsync 2>/dev/null || fail "write b.$i under a node kill"; i=$((i+1)); done
+wait $FIO || fail "fio verify under a node kill: $(tail -5 /tmp/fio.log)"
+grep -q "err= 0" /tmp/fio.log || fail "fio: $(cat /tmp/fio.log)"
+echo "@@ FIO-VERIFIED"
 # The same until told to stop, while map is killed -9 and started again (/tmp is not on it).
 (i=0; while [ ! -e /tmp/stop ]; do echo $i > /tmp/c.at; dd if=/dev/urandom of=/mnt/c.$i bs=64k count=8 conv=fsync 2>/tmp/c.dd || { echo "c.$i: $(cat /tmp/c.dd)" > /tmp/c.err; break; }; i=$((i+1)); done; echo $i > /tmp/c.done) &
 sleep 2
@@ -143,6 +149,13 @@ trireme unmap v@s1 || fail "unmap the snapshot"
 trireme unmap v || fail unmap
 [ -e $DEV ] && [ -s /sys/block/$(basename $DEV)/size ] && [ "$(cat /sys/block/$(basename $DEV)/size)" != 0 ] && fail "the device is still there"
 dmesg | grep -i "i/o error" && fail "the kernel saw I/O errors"
+# The kernel-device benchmark runs as shipped (one second a job: TCG times nothing).
+cat > /tmp/kd.sh <<'KD'
+@@KERNEL-DEVICES-SH@@
+KD
+SIZE=16M TRIREME="$T" sh /tmp/kd.sh v 1 >/tmp/kd.out 2>&1 || fail "bench/kernel-devices.sh: $(cat /tmp/kd.out)"
+cat /tmp/kd.out
+grep -q "^nbd-device  *randwrite  *128" /tmp/kd.out || fail "the benchmark's table: $(cat /tmp/kd.out)"
 echo "@@ RESULT-OK"
 "#;
 
@@ -212,12 +225,17 @@ fn a_mapped_device_survives_a_node_kill_and_its_own_restart() {
     assert!(o.status.success(), "volume create: {o:?}");
 
     let bin = std::path::Path::new(BIN);
+    let script = SCRIPT.replace(
+        "@@KERNEL-DEVICES-SH@@",
+        include_str!("../../../bench/kernel-devices.sh"),
+    );
     let initrd = guest::initrd(
         dir.path(),
-        SCRIPT,
+        &script,
         &[
             (bin, "/bin/trireme"),
             (std::path::Path::new("/sbin/mkfs.ext4"), "/sbin/mkfs.ext4"),
+            (std::path::Path::new("/usr/bin/fio"), "/usr/bin/fio"),
         ],
     );
     let mut g = Guest::boot(&net, &initrd);
