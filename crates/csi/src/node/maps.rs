@@ -17,6 +17,8 @@ use super::NodeConfig;
 
 /// How long a `map` may take to give its device (a guest under emulation is slow).
 const MAP_WAIT: Duration = Duration::from_secs(120);
+/// The exit code of a Rust process that panicked.
+const PANICKED: i32 = 101;
 /// Wait before serving again a device whose `map` died.
 const RESTART: Duration = Duration::from_secs(1);
 
@@ -163,10 +165,19 @@ impl Maps {
         Status::failed_precondition(format!("trireme map {vol}: {last}"))
     }
 
-    /// Waits for a `map` child; serves the device again if it dies while staged (each new
-    /// child has a watcher of its own).
+    /// Waits for a `map` child; serves the device again if it was killed (a signal, or a
+    /// panic) while staged, each new child with a watcher of its own. A child that exited on
+    /// its own said why in its log (fenced: another node writes the volume now) and is not
+    /// started again: that would take the volume back from the node it moved to.
     async fn watch(self, vol: String, mut child: tokio::process::Child) {
         let st = child.wait().await;
+        let killed = st
+            .as_ref()
+            .map_or(true, |s| s.code().is_none() || s.code() == Some(PANICKED));
+        if !killed {
+            tracing::error!(volume = vol, status = ?st, "its map process ended on its own: not started again (its log says why)");
+            return;
+        }
         loop {
             let still = self.is_staged(&vol) && matches!(self.record(&vol), Ok(Some(_)));
             if !still {
