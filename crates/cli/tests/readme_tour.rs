@@ -42,9 +42,10 @@ fn split_comment(l: &str) -> (&str, &str) {
 fn script(lines: &[String], bin: &str, port: u16, work: &Path) -> String {
     let tmp = work.join("tmp");
     std::fs::create_dir_all(&tmp).unwrap();
+    // `/tmp/` first: the binary may itself live under /tmp (a checkout there).
     let local = |s: &str| {
-        s.replace("./target/release/trireme", bin)
-            .replace("/tmp/", &format!("{}/", tmp.display()))
+        s.replace("/tmp/", &format!("{}/", tmp.display()))
+            .replace("./target/release/trireme", bin)
             .replace("10809", &port.to_string())
     };
     // Whatever the block leaves running goes when the script ends, failed or not (a process
