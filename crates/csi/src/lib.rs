@@ -60,6 +60,8 @@ pub enum CsiError {
         endpoint: String,
         source: std::io::Error,
     },
+    #[error("{0} exists and is not a socket: give --endpoint a path of its own")]
+    NotASocket(PathBuf),
     #[error("serving gRPC: {0}")]
     Serve(#[from] tonic::transport::Error),
 }
@@ -94,8 +96,24 @@ impl std::str::FromStr for Endpoint {
     }
 }
 
-/// Serves the services given until `stop` resolves. A stale socket file at the endpoint (a
-/// driver that died) is replaced; the socket is made 0600 before it is served.
+/// Removes what is at `path` if it is a socket (a driver that died left it); anything else
+/// there is refused, never removed: an endpoint mistyped onto a file must not delete it.
+fn clear_stale_socket(path: &std::path::Path) -> Result<(), CsiError> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => {
+            std::fs::remove_file(path).map_err(|source| CsiError::Listen {
+                endpoint: path.display().to_string(),
+                source,
+            })
+        }
+        Ok(_) => Err(CsiError::NotASocket(path.to_path_buf())),
+        Err(_) => Ok(()),
+    }
+}
+
+/// Serves the services given until `stop` resolves. A stale socket at the endpoint (a driver
+/// that died) is replaced; the socket is made 0600 before it is served.
 pub async fn serve(
     endpoint: &Endpoint,
     controller: Option<(ControllerService, SnapshotMetadataService)>,
@@ -122,10 +140,7 @@ pub async fn serve(
             if let Some(dir) = path.parent() {
                 std::fs::create_dir_all(dir).map_err(listen_err)?;
             }
-            match std::fs::remove_file(path) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(listen_err(e)),
-                _ => {}
-            }
+            clear_stale_socket(path)?;
             let l = tokio::net::UnixListener::bind(path).map_err(listen_err)?;
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
@@ -143,4 +158,35 @@ pub async fn serve(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_parse_and_a_file_in_the_way_is_kept() {
+        assert_eq!(
+            "unix:///run/csi.sock".parse::<Endpoint>().unwrap(),
+            Endpoint::Unix("/run/csi.sock".into())
+        );
+        assert!("unix://relative.sock".parse::<Endpoint>().is_err());
+        assert!("tcp://127.0.0.1:10000".parse::<Endpoint>().is_ok());
+        assert!("http://x".parse::<Endpoint>().is_err());
+        let d = std::env::temp_dir().join(format!("trireme-csi-ep-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let f = d.join("precious");
+        std::fs::write(&f, b"keep me").unwrap();
+        assert!(matches!(
+            clear_stale_socket(&f),
+            Err(CsiError::NotASocket(_))
+        ));
+        assert_eq!(std::fs::read(&f).unwrap(), b"keep me");
+        let s = d.join("old.sock");
+        drop(std::os::unix::net::UnixListener::bind(&s).unwrap());
+        clear_stale_socket(&s).unwrap();
+        assert!(!s.exists());
+        clear_stale_socket(&d.join("none")).unwrap();
+        std::fs::remove_dir_all(&d).unwrap();
+    }
 }
