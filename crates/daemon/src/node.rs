@@ -300,7 +300,7 @@ pub async fn run_member(
 
     // The lease, kept (and re-taken after a loss) in the background; the manager role follows it.
     let (lease_tx, lease_rx) = tokio::sync::watch::channel(Some(lease));
-    let keeper = {
+    let mut keeper = {
         let (meta, cfg, member, alive, http_addr) = (
             meta.clone(),
             cfg.clone(),
@@ -367,12 +367,16 @@ pub async fn run_member(
     let restart = follow_restart_orders(meta.clone(), cfg.id, lease_rx.clone());
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut restarting = false;
+    let mut keeper_ended = false;
     let outcome = tokio::select! {
         r = serve => r.map_err(|e| DaemonError::Runtime(format!("node {}: serving {addr}: {e}", cfg.id))),
-        r = keeper => Err(match r {
-            Ok(e) => e,
-            Err(e) => DaemonError::Runtime(format!("lease keeper: {e}")),
-        }),
+        r = &mut keeper => {
+            keeper_ended = true;
+            Err(match r {
+                Ok(e) => e,
+                Err(e) => DaemonError::Runtime(format!("lease keeper: {e}")),
+            })
+        }
         _ = term.recv() => Ok(()),
         _ = tokio::signal::ctrl_c() => Ok(()),
         _ = restart => {
@@ -387,6 +391,11 @@ pub async fn run_member(
     };
     role.abort();
     access.abort();
+    // No registration after this (one racing the stop would outlive it, under a new lease).
+    if !keeper_ended {
+        keeper.abort();
+        let _ = keeper.await;
+    }
     // Give the lease back at once: the node is shown down and the manager role (if this
     // daemon held it) passes on without waiting for the TTL.
     let held = *lease_rx.borrow();
@@ -535,6 +544,15 @@ async fn register(
                     .ok()
                     .and_then(|a| a.get(&cfg.id).cloned());
                 match holder {
+                    // This very process before it started its binary again in place (a planned
+                    // restart): nobody keeps that lease alive any more.
+                    Some(h) if h.host == alive.host && h.pid == alive.pid => {
+                        tracing::info!(
+                            node = cfg.id,
+                            "this daemon's registration from before its restart in place; waiting for its lease to expire"
+                        );
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
                     Some(h) if h.host == alive.host && !pid_alive(h.pid) => {
                         tracing::info!(
                             node = cfg.id,
