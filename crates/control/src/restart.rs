@@ -251,7 +251,7 @@ impl Manager {
             resynced_bytes: 0,
             full: false,
         };
-        let synced = async {
+        let resynced = async {
             wait_in_sync(&out, id, t0).await?;
             for (name, host) in &asked {
                 let left = RESTART_LIMIT.saturating_sub(t0.elapsed());
@@ -263,8 +263,13 @@ impl Manager {
                 report.full |= r.full;
             }
             Ok::<(), ManagerError>(())
-        }
-        .await;
+        };
+        // A daemon that died after it registered again (its restart failed) brings nothing
+        // back: the restart fails once it has been gone a while, not after an hour.
+        let synced = tokio::select! {
+            r = resynced => r,
+            e = gone_for(meta, id, ANSWER_LIMIT) => Err(e),
+        };
         for (name, _) in &asked {
             let _ = meta.delete_takeout(name).await;
         }
@@ -294,6 +299,27 @@ impl Manager {
                 return Err(refused(format!("no answer within {limit:?}")));
             }
             tokio::time::sleep(POLL).await;
+        }
+    }
+}
+
+/// Returns, as the error to give, once node `id`'s daemon has held no registration for
+/// `limit` without a break.
+async fn gone_for(meta: &trireme_meta::ClusterMeta, id: u32, limit: Duration) -> ManagerError {
+    let mut since: Option<Instant> = None;
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        match meta.alive_lease(id).await {
+            Ok(None) => {
+                let s = *since.get_or_insert_with(Instant::now);
+                if s.elapsed() > limit {
+                    return refused(format!(
+                        "node {id}'s daemon restarted, then went away: it has been down for {limit:?}"
+                    ));
+                }
+            }
+            Ok(Some(_)) => since = None,
+            Err(_) => {}
         }
     }
 }
