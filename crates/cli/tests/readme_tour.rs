@@ -119,7 +119,7 @@ fn script(lines: &[String], bin: &str, port: u16, work: &Path) -> String {
 }
 
 /// `trireme up ARGS` in `dir` on its default data directory, until its exports are written.
-fn up(dir: &Path, args: &[&str]) -> Child {
+fn up(dir: &Path, args: &[&str]) -> Up {
     let log = std::fs::File::create(dir.join("up.log")).unwrap();
     let mut child = Command::new(BIN)
         .current_dir(dir)
@@ -140,23 +140,31 @@ fn up(dir: &Path, args: &[&str]) -> Child {
         assert!(t0.elapsed() < Duration::from_secs(60), "{}", up_log(dir));
         std::thread::sleep(Duration::from_millis(100));
     }
-    child
+    Up(child)
 }
 
 fn up_log(dir: &Path) -> String {
     std::fs::read_to_string(dir.join("up.log")).unwrap_or_default()
 }
 
-fn stop(mut child: Child) {
-    // SAFETY: kill(2) on the `up` this test started.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let _ = wait_within(child_take(&mut child), Duration::from_secs(60), &|| {
-        String::new()
-    });
-}
+/// A started `up`, stopped as Ctrl-C stops it when dropped: at a test's end, and when it
+/// fails (nothing it started outlives it).
+struct Up(Child);
 
-fn child_take(c: &mut Child) -> Child {
-    std::mem::replace(c, Command::new("true").spawn().unwrap())
+impl Drop for Up {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on the `up` this test started.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGINT) };
+        let t0 = Instant::now();
+        while matches!(self.0.try_wait(), Ok(None)) {
+            if t0.elapsed() > Duration::from_secs(60) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }
 
 fn run_script(dir: &Path, s: &str) {
@@ -187,9 +195,8 @@ fn the_tour_runs_as_written() {
     let port = free_port();
     let lines = block_after("In another terminal:");
     let s = script(&lines, BIN, port, work.path());
-    let cluster = up(work.path(), &["--port", &port.to_string()]);
+    let _cluster = up(work.path(), &["--port", &port.to_string()]);
     run_script(work.path(), &s);
-    stop(cluster);
 }
 
 #[test]
@@ -210,7 +217,6 @@ fn the_space_example_runs_as_written() {
         0,
         work.path(),
     );
-    let cluster = up(work.path(), &all);
+    let _cluster = up(work.path(), &all);
     run_script(work.path(), &s);
-    stop(cluster);
 }
