@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use trireme_control::{ControlClient, ControlError};
 
+mod args;
 mod busy;
 mod controller;
 mod errors;

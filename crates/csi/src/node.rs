@@ -11,8 +11,8 @@ use std::time::Duration;
 use tonic::{Request, Response, Status};
 use trireme_control::Request as Ctl;
 
+use crate::args::check_caps;
 use crate::busy::Busy;
-use crate::controller::check_caps;
 use crate::errors::{invalid, not_found, status};
 use crate::pb::{self, node_server::Node, volume_capability::AccessType};
 use crate::{ids, Connect};

@@ -7,7 +7,7 @@ use tonic::Status;
 use trireme_control::{Request as Ctl, SnapshotInfo};
 use trireme_meta::VolumeRecord;
 
-use crate::controller::page;
+use crate::args::page;
 use crate::errors::{invalid, not_found, status};
 use crate::{ids, pb, ControllerService};
 
