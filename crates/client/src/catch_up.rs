@@ -52,13 +52,14 @@ use crate::{join_all, Volume, VolumeError};
 const CHANGED_WINDOW: u64 = 1 << 30;
 
 impl Volume {
-    /// Gives replica `i` (attached on `conn` with `incarnation`, not taking writes yet) the
-    /// snapshots it lacks (see the module docs).
+    /// Gives replica `i` (attached on `conn` with `incarnation`, not taking writes yet, `size`
+    /// bytes long) the snapshots it lacks (see the module docs).
     pub(crate) async fn catch_up_snapshots(
         &self,
         i: usize,
         conn: &dyn Connection,
         incarnation: u64,
+        size: u64,
     ) -> Result<(), VolumeError> {
         // Only for a copy the resync loop is about to bring back, before it takes any write.
         let (state, known) = (self.state(i), self.core().incarnation(i));
@@ -85,8 +86,9 @@ impl Volume {
         } else {
             None
         };
-        // The copy's size as the snapshots given need it; the volume's again at the end.
-        let mut now = self.size();
+        // The copy's size as the snapshots given need it; the volume's again at the end. Not
+        // the volume's size now: a resize may have run since the copy was attached.
+        let mut now = size;
         let r = match dirty {
             Some(dirty) => {
                 self.catch_up_known(i, conn, &survivors, dirty, missed, &mut now)

@@ -207,7 +207,7 @@ impl Volume {
             return Ok(Look::Answers);
         }
         let (conn, incarnation) = match self.reattach(i).await {
-            Ok(r) => r,
+            Ok(r) => (r.conn, r.incarnation),
             Err(e) if e.stops_writer() => return Err(e),
             Err(e) => {
                 tracing::debug!(volume = %self.info.name, node = self.node(i), "linking the in-sync copy again: {e}");

@@ -152,15 +152,15 @@ impl Volume {
         }
     }
 
-    /// Replica `i` (reached on `conn`, attached, `now` bytes long) at the volume's size: a
+    /// Replica `i` (reached on `conn`, attached, `now` bytes long) at `size`, the volume's: a
     /// copy that was out while the volume was resized gets the size before a resync fills it.
     pub(crate) async fn match_size(
         &self,
         i: usize,
         conn: &dyn Connection,
         now: u64,
+        size: u64,
     ) -> Result<(), VolumeError> {
-        let size = self.size();
         tracing::info!(
             volume = %self.info.name,
             node = self.node(i),

@@ -41,15 +41,20 @@ use trireme_transport::Connection;
 use crate::membership::BoxFut;
 use crate::{connect_replica, join_all, Volume, VolumeError};
 
+/// A returning replica, attached.
+pub(crate) struct Reattached {
+    pub(crate) conn: Arc<dyn Connection>,
+    pub(crate) incarnation: u64,
+    /// The size the copy has: the volume's when it was attached.
+    pub(crate) size: u64,
+}
+
 /// Range covered by one dirty-region query (at 4 KiB granularity: 1 Mi regions, the node's cap).
 const QUERY_WINDOW: u64 = 4 << 30;
 
 impl Volume {
-    /// Attaches a returning replica: its connection and incarnation.
-    pub(crate) async fn reattach(
-        &self,
-        i: usize,
-    ) -> Result<(Arc<dyn Connection>, u64), VolumeError> {
+    /// Attaches a returning replica: its connection, its incarnation and the size it has.
+    pub(crate) async fn reattach(&self, i: usize) -> Result<Reattached, VolumeError> {
         let m = self.membership()?;
         let node = self.node(i);
         let info = m
@@ -78,10 +83,17 @@ impl Volume {
         // Its attach answer carries its size: a copy that missed a resize is given the size
         // before a resync fills it.
         let a = trireme_proto::AttachAnswer::read(&f.header);
-        if let Some(size) = a.size.filter(|&s| s != self.size()) {
-            self.match_size(i, &*conn, size).await?;
+        // Read once: a resize of the copies in sync may change the volume's size meanwhile
+        // and does not reach this copy (simulator seed 1493452).
+        let size = self.size();
+        if let Some(had) = a.size.filter(|&s| s != size) {
+            self.match_size(i, &*conn, had, size).await?;
         }
-        Ok((conn, a.incarnation))
+        Ok(Reattached {
+            conn,
+            incarnation: a.incarnation,
+            size,
+        })
     }
 
     /// Sends `h` to replica `i` on `conn`, a connection not (yet) in its slot: its answer,
@@ -152,7 +164,11 @@ impl Volume {
 
     /// Brings replica `i` back (see the module docs).
     pub(crate) async fn resync(&self, i: usize) -> Result<(), VolumeError> {
-        let (conn, incarnation) = self.reattach(i).await?;
+        let Reattached {
+            conn,
+            incarnation,
+            size,
+        } = self.reattach(i).await?;
         let node = self.node(i);
         let lacked = self.lacked_snapshot(i);
         self.set_lacked_snapshot(i, 0);
@@ -167,7 +183,7 @@ impl Volume {
         // A copy that refuses them (a store without versions) resyncs without them; a copy or
         // source that failed to answer is tried again later, as a failed resync is: a copy in
         // sync without them would keep the old copy of a move from being retired.
-        let caught_up = match self.catch_up_snapshots(i, &*conn, incarnation).await {
+        let caught_up = match self.catch_up_snapshots(i, &*conn, incarnation, size).await {
             Ok(()) => true,
             Err(e @ VolumeError::Replica { .. }) => {
                 tracing::warn!(volume = %self.info.name, node, "giving a copy the snapshots it lacks: {e}; it resyncs without them");
