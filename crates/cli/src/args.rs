@@ -629,7 +629,7 @@ pub enum VolumeCmd {
 /// Which kernel block device `map` gives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum DeviceKind {
-    /// What this kernel has.
+    /// What this kernel has: ublk where `ublk_drv` is loaded, else the NBD client.
     Auto,
     /// The kernel's NBD client (`nbd.ko`).
     Nbd,
@@ -649,12 +649,12 @@ pub struct MapArgs {
     /// How long after this process dies another host may attach without --force.
     #[arg(long, default_value = "5s", value_parser = units::parse_duration)]
     pub lease_ttl: std::time::Duration,
-    /// A request the device has not had answered this long is sent again (after this
-    /// process died: to the next `map`).
+    /// NBD: a request the device has not had answered this long is sent again (after this
+    /// process died: to the next `map`). ublk re-issues them when the next `map` serves.
     #[arg(long, default_value = "30s", value_parser = units::parse_duration)]
     pub io_timeout: std::time::Duration,
-    /// How long a device whose process died keeps its requests for the next `map` before
-    /// they fail.
+    /// NBD: how long a device whose process died keeps its requests for the next `map`
+    /// before they fail. A ublk device keeps them until the next `map` or `unmap`.
     #[arg(long, default_value = "10m", value_parser = units::parse_duration)]
     pub dead_timeout: std::time::Duration,
     /// Streams from the volume client to each node.

@@ -1,6 +1,7 @@
 //! A volume as a kernel block device (`trireme map`), in a Linux guest under qemu (this
-//! host's kernel has no NBD client): the guest maps a volume of a cluster on etcd running
-//! here, makes a file system on it, and keeps writing while a node is killed -9 and while
+//! host's kernel has neither ublk nor an NBD client): the guest maps a volume of a cluster on
+//! etcd running here, as a ublk device and then (another volume) through the kernel's NBD
+//! client, makes a file system on it, and keeps writing while a node is killed -9 and while
 //! `map` itself is killed -9 and started again. Nothing may fail, every file must read back
 //! after a remount, and the copies must be identical.
 
@@ -78,18 +79,22 @@ fn until(net: &GuestNet, args: &[&str], what: &str, done: impl Fn(&std::process:
 /// it on `@@ KILL-NODE`); `map` killed -9 under a write and started again; remount and check.
 const SCRIPT: &str = r#"
 T="trireme --transport tcp --etcd http://10.0.2.2:2379"
-fail() { echo "@@ FAIL $*"; dmesg | tail -30; exit 1; }
-mapped() { i=0; until grep -q /dev/nbd "$1" 2>/dev/null; do i=$((i+1)); [ $i -gt 600 ] && fail "map: $(cat $1.log)"; sleep 0.2; done; }
-$T map v --io-timeout 5s --dead-timeout 300s >/tmp/map1 2>/tmp/map1.log &
+fail() { echo "@@ FAIL $*"; dmesg | tail -30; tail -20 /tmp/map*.log; exit 1; }
+mapped() { i=0; until grep -q /dev/ "$1" 2>/dev/null; do i=$((i+1)); [ $i -gt 600 ] && fail "map: $(cat $1.log)"; sleep 0.2; done; }
+# One round: device kind $1 for volume $2.
+round() {
+K=$1; V=$2
+rm -f /tmp/sums /tmp/stop /tmp/c.*
+$T map $V --device $K --io-timeout 5s --dead-timeout 300s >/tmp/map1 2>/tmp/map1.log &
 mapped /tmp/map1
 DEV=$(cat /tmp/map1)
-echo "@@ MAPPED $DEV"
+echo "@@ MAPPED $K $DEV"
 $T device list
 # Bad input changes nothing: a volume that does not exist, one this host maps already.
-$T map nope 2>/tmp/bad && fail "map of a volume that does not exist"
+$T map nope --device $K 2>/tmp/bad && fail "map of a volume that does not exist"
 grep -q "no volume" /tmp/bad || fail "map nope: $(cat /tmp/bad)"
-$T map v 2>/tmp/bad && fail "a second map of a mapped volume"
-grep -q "served by pid" /tmp/bad || fail "map v again: $(cat /tmp/bad)"
+$T map $V --device $K 2>/tmp/bad && fail "a second map of a mapped volume"
+grep -q "served by pid" /tmp/bad || fail "map $V again: $(cat /tmp/bad)"
 trireme unmap /dev/nbd9 2>/tmp/bad && fail "unmap of a device never mapped"
 mkfs.ext4 -q -F $DEV || fail mkfs
 mount $DEV /mnt || fail mount
@@ -99,8 +104,8 @@ sha256sum /mnt/a > /tmp/sums
 fio --name=verify --filename=/mnt/fio.dat --size=4M --rw=randwrite --bs=4k --direct=1 --ioengine=psync --verify=crc32c --do_verify=1 --randrepeat=0 >/tmp/fio.log 2>&1 &
 FIO=$!
 echo "@@ KILL-NODE"
-# Files of 1 MiB (then 512 KiB), each fsynced: a node dies (the host kills it on the line above) under them.
-i=0; while [ $i -lt 40 ]; do dd if=/dev/urandom of=/mnt/b.$i bs=64k count=16 conv=fsync 2>/dev/null || fail "write b.$i under a node kill"; i=$((i+1)); done
+# Files of 1 MiB, each fsynced: a node dies (the host kills it on the line above) under them.
+i=0; while [ $i -lt 24 ]; do dd if=/dev/urandom of=/mnt/b.$i bs=64k count=16 conv=fsync 2>/dev/null || fail "write b.$i under a node kill"; i=$((i+1)); done
 wait $FIO || fail "fio verify under a node kill: $(tail -5 /tmp/fio.log)"
 grep -q "err= 0" /tmp/fio.log || fail "fio: $(cat /tmp/fio.log)"
 echo "@@ FIO-VERIFIED"
@@ -112,7 +117,7 @@ kill -9 $(pidof trireme) || fail "no map process"
 # Nothing that may read the file system here: its reads wait for the next map.
 before=$(cat /tmp/c.at)
 echo "@@ MAP-KILLED after $before files"
-$T map v --io-timeout 5s --dead-timeout 300s >/tmp/map2 2>/tmp/map2.log &
+$T map $V --device $K --io-timeout 5s --dead-timeout 300s >/tmp/map2 2>/tmp/map2.log &
 mapped /tmp/map2
 [ "$(cat /tmp/map2)" = "$DEV" ] || fail "the second map gave $(cat /tmp/map2), not $DEV"
 echo "@@ MAPPED-AGAIN"
@@ -124,16 +129,16 @@ after=$(cat /tmp/c.done)
 [ "$after" -gt "$before" ] || fail "no file was written after the kill ($before, then $after)"
 echo "@@ WRITES $before before the kill, $after in all"
 sha256sum /mnt/b.* /mnt/c.* >> /tmp/sums
-trireme unmap v 2>/tmp/busy && fail "unmap of a mounted device went through"
+trireme unmap $V 2>/tmp/busy && fail "unmap of a mounted device went through"
 grep -q "in use" /tmp/busy || fail "unmap of a mounted device: $(cat /tmp/busy)"
 umount /mnt || fail umount
-$T volume snapshot create v s1 || fail "snapshot"
+$T volume snapshot create $V s1 || fail "snapshot"
 mount $DEV /mnt || fail remount
 sha256sum -c /tmp/sums >/dev/null || fail "checksums after a remount"
 dd if=/dev/urandom of=/mnt/after bs=64k count=4 conv=fsync 2>/dev/null || fail "write after the snapshot"
 umount /mnt
 # The snapshot, read-only: the files as they were, nothing written after, no write taken.
-$T map v@s1 >/tmp/map3 2>/tmp/map3.log &
+$T map $V@s1 --device $K >/tmp/map3 2>/tmp/map3.log &
 mapped /tmp/map3
 SDEV=$(cat /tmp/map3)
 [ "$SDEV" != "$DEV" ] || fail "the snapshot got the volume's device"
@@ -145,10 +150,14 @@ sha256sum -c /tmp/ssums >/dev/null || fail "the snapshot's files"
 [ -e /snap/after ] && fail "the snapshot holds a file written after it"
 umount /snap
 dd if=/dev/zero of=$SDEV bs=4k count=1 2>/dev/null && fail "a write to the snapshot's device went through"
-trireme unmap v@s1 || fail "unmap the snapshot"
-trireme unmap v || fail unmap
+trireme unmap $V@s1 || fail "unmap the snapshot"
+trireme unmap $V || fail unmap
 [ -e $DEV ] && [ -s /sys/block/$(basename $DEV)/size ] && [ "$(cat /sys/block/$(basename $DEV)/size)" != 0 ] && fail "the device is still there"
 dmesg | grep -i "i/o error" && fail "the kernel saw I/O errors"
+echo "@@ ROUND-OK $K"
+}
+round ublk v
+round nbd w
 # The kernel-device benchmark runs as shipped (one second a job: TCG times nothing).
 cat > /tmp/kd.sh <<'KD'
 @@KERNEL-DEVICES-SH@@
@@ -156,6 +165,7 @@ KD
 SIZE=16M TRIREME="$T" sh /tmp/kd.sh v 1 >/tmp/kd.out 2>&1 || fail "bench/kernel-devices.sh: $(cat /tmp/kd.out)"
 cat /tmp/kd.out
 grep -q "^nbd-device  *randwrite  *128" /tmp/kd.out || fail "the benchmark's table: $(cat /tmp/kd.out)"
+grep -q "^ublk-device  *randwrite  *128" /tmp/kd.out || fail "the benchmark's table: $(cat /tmp/kd.out)"
 echo "@@ RESULT-OK"
 "#;
 
@@ -218,11 +228,13 @@ fn a_mapped_device_survives_a_node_kill_and_its_own_restart() {
     let dir = tempfile::tempdir().unwrap();
     let net = GuestNet::create();
     let mut procs = cluster(&net, dir.path());
-    let o = trireme(
-        &net,
-        &["volume", "create", "v", "--size", "128M", "--replicas", "2"],
-    );
-    assert!(o.status.success(), "volume create: {o:?}");
+    for v in ["v", "w"] {
+        let o = trireme(
+            &net,
+            &["volume", "create", v, "--size", "128M", "--replicas", "2"],
+        );
+        assert!(o.status.success(), "volume create: {o:?}");
+    }
 
     let bin = std::path::Path::new(BIN);
     let script = SCRIPT.replace(
@@ -240,18 +252,21 @@ fn a_mapped_device_survives_a_node_kill_and_its_own_restart() {
     );
     let mut g = Guest::boot(&net, &initrd);
     g.expect("@@ GUEST-UP", Duration::from_secs(120));
-    let dev = g.expect("@@ MAPPED", Duration::from_secs(120));
-    assert!(dev.contains("/dev/nbd"), "{dev}");
-    g.expect("@@ KILL-NODE", Duration::from_secs(180));
-    // A node killed -9 under the write, back two seconds later.
-    procs.0[1].kill().unwrap();
-    let _ = procs.0[1].wait();
-    std::thread::sleep(Duration::from_secs(2));
-    procs.0[1] = node(&net, dir.path(), 1);
-    g.expect("@@ MAP-KILLED", Duration::from_secs(180));
-    g.expect("@@ MAPPED-AGAIN", Duration::from_secs(180));
-    g.expect("@@ WRITES", Duration::from_secs(300));
-    g.expect("@@ MAPPED-SNAPSHOT", Duration::from_secs(300));
+    for kind in ["ublk", "nbd"] {
+        let dev = g.expect("@@ MAPPED", Duration::from_secs(120));
+        assert!(dev.contains(&format!("/dev/{kind}")), "{dev}");
+        g.expect("@@ KILL-NODE", Duration::from_secs(180));
+        // A node killed -9 under the write, back two seconds later.
+        procs.0[1].kill().unwrap();
+        let _ = procs.0[1].wait();
+        std::thread::sleep(Duration::from_secs(2));
+        procs.0[1] = node(&net, dir.path(), 1);
+        g.expect("@@ MAP-KILLED", Duration::from_secs(180));
+        g.expect("@@ MAPPED-AGAIN", Duration::from_secs(180));
+        g.expect("@@ WRITES", Duration::from_secs(300));
+        g.expect("@@ MAPPED-SNAPSHOT", Duration::from_secs(300));
+        g.expect("@@ ROUND-OK", Duration::from_secs(300));
+    }
     let done = loop {
         let l = g.expect("@@ ", Duration::from_secs(300));
         if ["RESULT-OK", "FAIL", "GUEST-DONE"]
@@ -270,15 +285,17 @@ fn a_mapped_device_survives_a_node_kill_and_its_own_restart() {
     for l in g
         .log
         .iter()
-        .filter(|l| l.contains("@@") || l.contains("nbd0"))
+        .filter(|l| l.contains("@@") || l.contains("nbd0") || l.contains("ublk"))
     {
         eprintln!("guest: {l}");
     }
     drop(g);
     // Every copy holds the same bytes, once resynced.
-    until(&net, &["volume", "verify", "v"], "identical copies", |o| {
-        o.status.success()
-    });
+    for v in ["v", "w"] {
+        until(&net, &["volume", "verify", v], "identical copies", |o| {
+            o.status.success()
+        });
+    }
 }
 
 /// The guest of the CSI test: the node service, then each line typed on its console, run.
@@ -438,7 +455,7 @@ async fn csi_node_steps(net: &GuestNet, dir: &std::path::Path) {
     }
     ok_in(
         &mut g,
-        "grep -q /run/pods/p1/vol /proc/mounts && trireme device list",
+        "grep -q /run/pods/p1/vol /proc/mounts && trireme device list | grep -q /dev/ublkb",
     );
     // Files, each fsynced, while node 1 is killed -9 and comes back.
     g.send(&format!(

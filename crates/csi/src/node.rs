@@ -484,11 +484,15 @@ impl Node for NodeService {
         &self,
         _: Request<pb::NodeGetInfoRequest>,
     ) -> Answer<pb::NodeGetInfoResponse> {
-        // As many volumes as the kernel has NBD devices (nbds_max), when it says.
-        let max = std::fs::read_to_string("/sys/module/nbd/parameters/nbds_max")
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(0);
+        // Without ublk, as many volumes as the kernel has NBD devices (nbds_max), when it
+        // says; ublk has no such limit.
+        let max = match trireme_kernel::ublk::available() {
+            true => 0,
+            false => std::fs::read_to_string("/sys/module/nbd/parameters/nbds_max")
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(0),
+        };
         ok(pb::NodeGetInfoResponse {
             node_id: self.cfg.node_id.clone(),
             max_volumes_per_node: max,

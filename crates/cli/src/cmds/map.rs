@@ -1,5 +1,5 @@
 //! `trireme map`, `unmap` and `device list`: a volume as a kernel block device on this host
-//! (`trireme_daemon::kernel_nbd`).
+//! (`trireme_daemon::kernel_ublk`, `trireme_daemon::kernel_nbd`).
 
 use std::path::Path;
 
@@ -7,40 +7,50 @@ use super::*;
 use crate::{DeviceKind, MapArgs, UnmapArgs};
 use trireme_kernel::mapped::{self, Mapped};
 
-/// Which device `map` gives, and why (said in `device list`).
-fn pick(asked: DeviceKind) -> Result<String, CliError> {
+/// The kernel device `map` gives: its kind (`nbd` or `ublk`), and why (said in `device
+/// list`). ublk first where the kernel has it: no socket between the kernel and this process,
+/// and its requests wait for the next server without a timeout.
+fn pick(asked: DeviceKind) -> Result<(&'static str, String), CliError> {
     let nbd = trireme_kernel::nbd::available();
-    let ublk = Path::new("/dev/ublk-control").exists();
+    let ublk = trireme_kernel::ublk::available();
     match asked {
-        DeviceKind::Nbd if nbd => Ok("asked for (--device nbd)".into()),
+        DeviceKind::Nbd if nbd => Ok(("nbd", "asked for (--device nbd)".into())),
         DeviceKind::Nbd => Err(CliError::Usage(
             "the kernel's NBD client is not loaded: `modprobe nbd` (kernel option \
-             CONFIG_BLK_DEV_NBD)"
+             CONFIG_BLK_DEV_NBD), or map with --device ublk"
                 .into(),
         )),
-        DeviceKind::Ublk => Err(CliError::Usage(format!(
-            "a ublk device is not built yet in this release{}: map with --device nbd \
-             (`modprobe nbd`)",
-            if ublk {
-                " (this kernel has ublk_drv)"
-            } else {
-                ""
-            }
-        ))),
-        DeviceKind::Auto if nbd => Ok(format!(
-            "the kernel's NBD client is loaded{}",
-            if ublk {
-                "; ublk is not built yet in this release"
-            } else {
-                ""
-            }
+        DeviceKind::Ublk if ublk => Ok(("ublk", "asked for (--device ublk)".into())),
+        DeviceKind::Ublk => Err(CliError::Usage(
+            "this kernel has no ublk loaded: `modprobe ublk_drv` (Linux 6.1+, \
+             CONFIG_BLK_DEV_UBLK), or map with --device nbd"
+                .into(),
+        )),
+        DeviceKind::Auto if ublk => Ok(("ublk", "the kernel has ublk_drv".into())),
+        DeviceKind::Auto if nbd => Ok((
+            "nbd",
+            "the kernel has the NBD client and no ublk_drv".into(),
         )),
         DeviceKind::Auto => Err(CliError::Usage(
-            "this kernel has neither block device driver loaded: `modprobe nbd` for the \
-             kernel's NBD client (CONFIG_BLK_DEV_NBD), or `modprobe ublk_drv` for ublk \
-             (Linux 6.1+, CONFIG_BLK_DEV_UBLK; not built yet in this release)"
+            "this kernel has neither block device driver loaded: `modprobe ublk_drv` for ublk \
+             (Linux 6.1+, CONFIG_BLK_DEV_UBLK), or `modprobe nbd` for the kernel's NBD \
+             client (CONFIG_BLK_DEV_NBD)"
                 .into(),
         )),
+    }
+}
+
+/// Serves `dev` as a device of `kind` (`pick`).
+async fn map_device<D: trireme_blockdev::BlockDevice>(
+    kind: &str,
+    dev: std::sync::Arc<D>,
+    volume: &str,
+    epoch: u64,
+    kopts: &trireme_daemon::kernel_nbd::KernelOptions,
+) -> Result<(Mapped, tokio::task::JoinHandle<()>), trireme_daemon::DaemonError> {
+    match kind {
+        "ublk" => trireme_daemon::kernel_ublk::map(dev, volume, epoch, kopts).await,
+        _ => trireme_daemon::kernel_nbd::map(dev, volume, epoch, kopts).await,
     }
 }
 
@@ -58,7 +68,7 @@ pub(crate) async fn map(cli: &Cli, a: &MapArgs) -> Result<(), CliError> {
         None => (a.volume.as_str(), None),
     };
     trireme_meta::check_name(volume).map_err(|e| CliError::Usage(e.to_string()))?;
-    let why = pick(a.device)?;
+    let (kind, why) = pick(a.device)?;
     let kopts = trireme_daemon::kernel_nbd::KernelOptions {
         dir: mapped::DIR.into(),
         io_timeout: a.io_timeout,
@@ -67,8 +77,8 @@ pub(crate) async fn map(cli: &Cli, a: &MapArgs) -> Result<(), CliError> {
     };
     trireme_daemon::kernel_nbd::check_not_served(&a.volume, &kopts).map_err(daemon_err)?;
     match snap {
-        Some(snap) => map_snapshot(cli, a, volume, snap, &kopts, stop).await,
-        None => map_volume(cli, a, &kopts, stop).await,
+        Some(snap) => map_snapshot(cli, a, (volume, snap), kind, &kopts, stop).await,
+        None => map_volume(cli, a, kind, &kopts, stop).await,
     }
 }
 
@@ -97,8 +107,8 @@ async fn serve_until(m: &Mapped, mut keep: tokio::task::JoinHandle<()>, stop: St
 async fn map_snapshot(
     cli: &Cli,
     a: &MapArgs,
-    volume: &str,
-    snap: &str,
+    (volume, snap): (&str, &str),
+    kind: &str,
     kopts: &trireme_daemon::kernel_nbd::KernelOptions,
     stop: Stop,
 ) -> Result<(), CliError> {
@@ -117,7 +127,7 @@ async fn map_snapshot(
     let (dev, reader) = trireme_daemon::export::snapshot_export(&found.0, &found.1, snap, opts)
         .await
         .map_err(daemon_err)?;
-    let served = trireme_daemon::kernel_nbd::map(dev, &a.volume, 0, kopts).await;
+    let served = map_device(kind, dev, &a.volume, 0, kopts).await;
     let r = match served {
         Ok((m, keep)) => {
             serve_until(&m, keep, stop).await;
@@ -136,11 +146,12 @@ async fn map_snapshot(
 async fn map_volume(
     cli: &Cli,
     a: &MapArgs,
+    kind: &str,
     kopts: &trireme_daemon::kernel_nbd::KernelOptions,
     stop: Stop,
 ) -> Result<(), CliError> {
     let opts = a.failure.volume_options(a.streams, cli.transport.kind());
-    let here = vec![format!("kernel nbd device of {}", a.volume)];
+    let here = vec![format!("kernel {kind} device of {}", a.volume)];
     let (slot, mut writer) = match cli.etcd {
         Some(_) => {
             let meta = etcd_meta(cli).await?;
@@ -175,7 +186,7 @@ async fn map_volume(
     };
     let dev = std::sync::Arc::new(trireme_blockdev::VolumeDevice::new(slot.slot.clone()));
     let epoch = slot.current().info().epoch;
-    match trireme_daemon::kernel_nbd::map(dev, &a.volume, epoch, kopts).await {
+    match map_device(kind, dev, &a.volume, epoch, kopts).await {
         Ok((m, keep)) => {
             if let Writer::Etcd(att) = &mut writer {
                 att.report(None);
@@ -259,11 +270,17 @@ pub(crate) fn unmap(a: &UnmapArgs) -> Result<(), CliError> {
     }
     // The record goes first: the server, disconnected, then finds none and detaches.
     mapped::remove(Path::new(mapped::DIR), &m.volume);
-    match trireme_kernel::nbd::disconnect(m.index) {
-        Ok(()) => {}
-        Err(trireme_kernel::KernelError::Refused { errno, .. })
-            if errno == libc::ENOENT || errno == libc::EINVAL => {}
-        Err(e) => return Err(kernel_err(e)),
+    let gone = |e: &trireme_kernel::KernelError| {
+        matches!(e, trireme_kernel::KernelError::Refused { errno, .. }
+            if *errno == libc::ENOENT || *errno == libc::EINVAL || *errno == libc::ENODEV)
+    };
+    let r = match m.kind.as_str() {
+        "ublk" => trireme_kernel::ublk::stop(m.index),
+        _ => trireme_kernel::nbd::disconnect(m.index),
+    };
+    match r {
+        Err(e) if !gone(&e) => return Err(kernel_err(e)),
+        _ => {}
     }
     let t0 = std::time::Instant::now();
     while m.serving() && t0.elapsed() < std::time::Duration::from_secs(30) {
@@ -275,6 +292,13 @@ pub(crate) fn unmap(a: &UnmapArgs) -> Result<(), CliError> {
             path.display(),
             m.pid
         )));
+    }
+    // A ublk device stays until deleted, once its server has gone.
+    if m.kind == "ublk" {
+        match trireme_kernel::ublk::delete(m.index) {
+            Err(e) if !gone(&e) => return Err(kernel_err(e)),
+            _ => {}
+        }
     }
     println!("unmapped {} (volume {})", path.display(), m.volume);
     Ok(())
