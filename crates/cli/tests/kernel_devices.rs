@@ -129,6 +129,17 @@ after=$(cat /tmp/c.done)
 [ "$after" -gt "$before" ] || fail "no file was written after the kill ($before, then $after)"
 echo "@@ WRITES $before before the kill, $after in all"
 sha256sum /mnt/b.* /mnt/c.* >> /tmp/sums
+# Grown while mapped and mounted: the device follows (NBD: a reconfigure; ublk: Linux 6.16+).
+$T volume resize $V 160M || fail "resize"
+want=$((160*2048)); S=/sys/block/$(basename $DEV)/size
+i=0; until [ "$(cat $S)" = $want ] || grep -q "keeps its size" /tmp/map2.log; do i=$((i+1)); [ $i -gt 300 ] && fail "the device neither grew nor said why: $(cat $S) sectors"; sleep 0.2; done
+if [ "$(cat $S)" = $want ]; then
+  dd if=$DEV of=/dev/null bs=4k skip=$((150*256)) count=1 2>/dev/null || fail "a read past the old end"
+  echo "@@ GREW $K"
+else
+  [ $K = nbd ] && fail "the NBD device did not grow: $(grep 'keeps its size' /tmp/map2.log)"
+  echo "@@ KEPT-SIZE $K: $(grep -o 'keeps its size.*' /tmp/map2.log | head -1)"
+fi
 trireme unmap $V 2>/tmp/busy && fail "unmap of a mounted device went through"
 grep -q "in use" /tmp/busy || fail "unmap of a mounted device: $(cat /tmp/busy)"
 umount /mnt || fail umount
@@ -264,6 +275,11 @@ fn a_mapped_device_survives_a_node_kill_and_its_own_restart() {
         g.expect("@@ MAP-KILLED", Duration::from_secs(180));
         g.expect("@@ MAPPED-AGAIN", Duration::from_secs(180));
         g.expect("@@ WRITES", Duration::from_secs(300));
+        // NBD grows online; ublk where the kernel can (6.16+), else it says it keeps its size.
+        let size = g.expect("@@ ", Duration::from_secs(120));
+        let grew = size.contains("@@ GREW") || (kind == "ublk" && size.contains("@@ KEPT-SIZE"));
+        assert!(grew, "{kind}: {size}; its console:\n{}", g.log.join("\n"));
+        eprintln!("guest: {size}");
         g.expect("@@ MAPPED-SNAPSHOT", Duration::from_secs(300));
         g.expect("@@ ROUND-OK", Duration::from_secs(300));
     }

@@ -26,6 +26,7 @@ pub mod attach;
 pub mod export;
 pub mod http;
 pub mod kernel_nbd;
+pub mod kernel_size;
 pub mod kernel_ublk;
 mod keys;
 pub mod lease;

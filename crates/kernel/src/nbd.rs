@@ -107,6 +107,25 @@ pub fn reconfigure(index: u32, identifier: &str, fds: &[RawFd]) -> Result<(), Ke
     Ok(())
 }
 
+/// Gives device `index` (serving `identifier`) a new size, online (Linux 5.3+: a
+/// reconfigure that carries a size).
+pub fn resize(index: u32, identifier: &str, size: u64) -> Result<(), KernelError> {
+    let mut g = Genl::open()?;
+    let f = family(&mut g)?;
+    let attrs = Attrs::new()
+        .u32(ATTR_INDEX, index)
+        .str(ATTR_BACKEND_IDENTIFIER, identifier)
+        .u64(ATTR_SIZE_BYTES, size);
+    g.request(
+        f,
+        CMD_RECONFIGURE,
+        VERSION,
+        &attrs,
+        &format!("resizing /dev/nbd{index}"),
+    )?;
+    Ok(())
+}
+
 /// Disconnects device `index`: the kernel sends its server `NBD_CMD_DISC`, and the device
 /// goes.
 pub fn disconnect(index: u32) -> Result<(), KernelError> {

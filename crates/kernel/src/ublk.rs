@@ -357,6 +357,15 @@ pub fn stop(index: u32) -> Result<(), KernelError> {
         .map_err(ublk_err("stopping the ublk device"))
 }
 
+/// Gives device `index` a new size while it serves (Linux 6.16+: `UPDATE_SIZE`; an older
+/// kernel refuses it).
+pub fn resize(index: u32, size: u64) -> Result<(), KernelError> {
+    UblkCtrl::new_simple(index as i32)
+        .and_then(|c| c.update_size(size))
+        .map(|_| ())
+        .map_err(ublk_err("resizing the ublk device (Linux 6.16+)"))
+}
+
 /// Deletes device `index` (after [`stop`], once its server has gone).
 pub fn delete(index: u32) -> Result<(), KernelError> {
     UblkCtrl::new_simple(index as i32)

@@ -158,6 +158,7 @@ where
                     backend: b.clone(),
                     structured,
                     contexts: contexts_for(&meta, &name, exports),
+                    live_size: false,
                 }));
             }
             OPT_ABORT => {
@@ -236,6 +237,7 @@ where
                         backend: b.clone(),
                         structured,
                         contexts: contexts_for(&meta, &req.name, exports),
+                        live_size: false,
                     }));
                 }
             }

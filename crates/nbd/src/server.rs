@@ -104,6 +104,9 @@ pub(crate) struct Session<B> {
     pub(crate) structured: bool,
     /// The metadata contexts the client set, with the ids they were given.
     pub(crate) contexts: Vec<(u32, String)>,
+    /// Requests are checked against the device's size now, not the one negotiated: the
+    /// kernel's client, which `map` tells of a new size (`trireme_daemon::kernel_size`).
+    pub(crate) live_size: bool,
 }
 
 /// How long a client has from connecting to picking its export (TLS handshake included): a
@@ -206,6 +209,7 @@ where
         backend: device,
         structured: false,
         contexts: Vec::new(),
+        live_size: true,
     };
     transmission(rd, wr, session).await
 }

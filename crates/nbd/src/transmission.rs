@@ -85,7 +85,7 @@ where
     let writer = tokio::spawn(write_replies(wr, rx));
     let budget = Arc::new(Semaphore::new(INFLIGHT_UNITS as usize));
     let s = Arc::new(s);
-    let size = s.backend.size();
+    let negotiated = s.backend.size();
     let result = loop {
         // A session may idle as long as its client likes (a VM's disk that nobody uses), but
         // a request that has begun must arrive whole within REQUEST_DEADLINE.
@@ -109,6 +109,10 @@ where
             break Ok(());
         }
         let structured_read = s.structured && req.command == CMD_READ;
+        let size = match s.live_size {
+            true => s.backend.size(),
+            false => negotiated,
+        };
         let end = req.offset.checked_add(u64::from(req.length));
         let refused = if req.flags & !KNOWN_CMD_FLAGS != 0 {
             count(&refusals().invalid);

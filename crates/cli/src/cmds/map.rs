@@ -186,11 +186,12 @@ async fn map_volume(
     };
     let dev = std::sync::Arc::new(trireme_blockdev::VolumeDevice::new(slot.slot.clone()));
     let epoch = slot.current().info().epoch;
-    match map_device(kind, dev, &a.volume, epoch, kopts).await {
+    match map_device(kind, dev.clone(), &a.volume, epoch, kopts).await {
         Ok((m, keep)) => {
             if let Writer::Etcd(att) = &mut writer {
                 att.report(None);
             }
+            trireme_daemon::kernel_size::follow(dev, m.clone(), kopts.dir.clone());
             serve_until(&m, keep, stop).await;
         }
         Err(e) => {
