@@ -167,8 +167,40 @@ trireme unmap $V || fail unmap
 dmesg | grep -i "i/o error" && fail "the kernel saw I/O errors"
 echo "@@ ROUND-OK $K"
 }
+# Beside `up` (no etcd): `map` takes the writer from up's export through its control socket.
+round_up() {
+U="trireme --transport tcp --data-dir /up"
+$U up --size 64M --node-capacity 96M --port 0 >/tmp/up.out 2>/tmp/up.log &
+UP=$!
+i=0; until grep -q "Press Ctrl-C" /tmp/up.out 2>/dev/null; do i=$((i+1)); [ $i -gt 900 ] && fail "up: $(tail -5 /tmp/up.log)"; sleep 0.2; done
+$U map vol0 >/tmp/map1 2>/tmp/map1.log &
+MAP=$!
+mapped /tmp/map1
+DEV=$(cat /tmp/map1)
+echo "@@ UP-MAPPED $DEV"
+mkfs.ext4 -q -F $DEV || fail "mkfs beside up"
+mount $DEV /mnt || fail "mount beside up"
+i=0; while [ $i -lt 8 ]; do dd if=/dev/urandom of=/mnt/u.$i bs=64k count=8 conv=fsync 2>/dev/null || fail "write u.$i beside up"; i=$((i+1)); done
+(dd if=/dev/urandom of=/mnt/u.k bs=64k count=64 conv=fsync 2>/tmp/u.dd || echo "$(cat /tmp/u.dd)" > /tmp/u.err) &
+W=$!
+sleep 1
+kill -9 $MAP || fail "no map beside up"
+$U map vol0 >/tmp/map2 2>/tmp/map2.log &
+mapped /tmp/map2
+[ "$(cat /tmp/map2)" = "$DEV" ] || fail "the second map beside up gave $(cat /tmp/map2), not $DEV"
+wait $W
+[ -e /tmp/u.err ] && fail "a write across the map kill beside up: $(cat /tmp/u.err)"
+sha256sum /mnt/u.* > /tmp/usums
+umount /mnt && mount $DEV /mnt || fail "remount beside up"
+sha256sum -c /tmp/usums >/dev/null || fail "checksums beside up"
+umount /mnt
+trireme unmap vol0 || fail "unmap beside up"
+kill $UP; wait $UP
+echo "@@ UP-OK"
+}
 round ublk v
 round nbd w
+round_up
 # The kernel-device benchmark runs as shipped (one second a job: TCG times nothing).
 cat > /tmp/kd.sh <<'KD'
 @@KERNEL-DEVICES-SH@@

@@ -40,7 +40,7 @@ pub struct KernelOptions {
     pub why: String,
 }
 
-fn kernel(e: KernelError) -> DaemonError {
+pub(crate) fn kernel(e: KernelError) -> DaemonError {
     match e {
         KernelError::NoDriver(m) => DaemonError::Usage(m),
         e => DaemonError::Runtime(e.to_string()),
@@ -123,20 +123,32 @@ pub async fn map<D: BlockDevice>(
     };
     drop(theirs);
     let index = index.inspect_err(|_| task.abort())?;
+    let m = record(volume, "nbd", index, epoch, opts)?;
+    if revive.is_some() {
+        tracing::warn!(device = %m.path().display(), "took over the device a dead server left: its queued requests go on");
+    }
+    let keep = tokio::spawn(keep_serving(task, dev, m.clone(), opts.dir.clone()));
+    Ok((m, keep))
+}
+
+/// Records device `kind` `index` of `volume` as served by this process.
+pub(crate) fn record(
+    volume: &str,
+    kind: &str,
+    index: u32,
+    epoch: u64,
+    opts: &KernelOptions,
+) -> Result<Mapped, DaemonError> {
     let m = Mapped {
         volume: volume.to_string(),
-        kind: "nbd".into(),
+        kind: kind.into(),
         index,
         pid: std::process::id(),
         epoch,
         why: opts.why.clone(),
     };
     mapped::put(&opts.dir, &m).map_err(kernel)?;
-    if revive.is_some() {
-        tracing::warn!(device = %m.path().display(), "took over the device a dead server left: its queued requests go on");
-    }
-    let keep = tokio::spawn(keep_serving(task, dev, m.clone(), opts.dir.clone()));
-    Ok((m, keep))
+    Ok(m)
 }
 
 /// Serves the device until `unmap` removed its record (then returns), handing the kernel a

@@ -16,17 +16,9 @@ use std::sync::Arc;
 use trireme_blockdev::{BlockDevice, DevError, ErrorKind};
 use trireme_kernel::mapped::{self, Mapped};
 use trireme_kernel::ublk::{self, Answer, Done, Op};
-use trireme_kernel::KernelError;
 
-use crate::kernel_nbd::KernelOptions;
+use crate::kernel_nbd::{kernel, record, KernelOptions};
 use crate::DaemonError;
-
-fn kernel(e: KernelError) -> DaemonError {
-    match e {
-        KernelError::NoDriver(m) => DaemonError::Usage(m),
-        e => DaemonError::Runtime(e.to_string()),
-    }
-}
 
 /// The errno a device's error is to the kernel.
 fn errno(e: &DevError) -> i32 {
@@ -135,15 +127,7 @@ pub async fn map<D: BlockDevice>(
             });
         }
     };
-    let m = Mapped {
-        volume: volume.to_string(),
-        kind: "ublk".into(),
-        index,
-        pid: std::process::id(),
-        epoch,
-        why: opts.why.clone(),
-    };
-    mapped::put(&opts.dir, &m).map_err(kernel)?;
+    let m = record(volume, "ublk", index, epoch, opts)?;
     if recover.is_some() {
         tracing::warn!(device = %m.path().display(), "recovered the device a dead server left: its queued requests go on");
     }

@@ -4,10 +4,10 @@
 //! until a new process recovers it. Safe here: one fenced writer at a time, and every request
 //! at a fixed address.
 //!
-//! One queue, served by one thread: each request is handed to a [`Server`] (the volume's
-//! device, on the async runtime) and its answer comes back through a list and an eventfd the
-//! queue's ring reads. Data is copied between the kernel's buffer and the request on the
-//! queue's thread only.
+//! A queue per CPU (up to [`MAX_QUEUES`]), each served by a thread of its own: each request is
+//! handed to a [`Server`] (the volume's device, on the async runtime) and its answer comes
+//! back through a list and an eventfd the queue's ring reads. Data is copied between the
+//! kernel's buffer and the request on the queue's thread only.
 //!
 //! What ends what:
 //! - The process killed: the device stays, quiesced, its requests queued; the next [`serve`]
@@ -29,8 +29,16 @@ use crate::KernelError;
 
 /// The largest request the device takes (and the queue's buffer per tag).
 pub const MAX_IO: u32 = 512 << 10;
-/// Requests in flight on the queue.
+/// Requests in flight on each queue.
 pub const DEPTH: u16 = 128;
+/// The most queues a device gets.
+pub const MAX_QUEUES: u16 = 4;
+
+/// Queues of a new device: one per CPU, at most [`MAX_QUEUES`], each on a thread of its
+/// own (the kernel sends each CPU's requests to one queue).
+fn queues() -> u16 {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_QUEUES as usize) as u16)
+}
 
 /// Whether this kernel has ublk loaded.
 pub fn available() -> bool {
@@ -164,20 +172,23 @@ pub fn serve(
             "this kernel has no ublk: `modprobe ublk_drv` (Linux 6.1+, CONFIG_BLK_DEV_UBLK)".into(),
         ));
     }
-    let (id, flags) = match recover {
+    let (id, flags, queues) = match recover {
         Some(i) => {
-            // Waits (30 s at most) for the kernel to quiesce the device its server left.
-            UblkCtrl::new_simple(i as i32)
-                .and_then(|c| c.start_user_recover())
+            // Waits (30 s at most) for the kernel to quiesce the device its server left; the
+            // device keeps the queues it was made with.
+            let c = UblkCtrl::new_simple(i as i32)
+                .map_err(ublk_err("the ublk device its dead server left"))?;
+            let queues = c.dev_info().nr_hw_queues;
+            c.start_user_recover()
                 .map_err(ublk_err("recovering the ublk device its dead server left"))?;
-            (i as i32, UblkFlags::UBLK_DEV_F_RECOVER_DEV)
+            (i as i32, UblkFlags::UBLK_DEV_F_RECOVER_DEV, queues)
         }
-        None => (-1, UblkFlags::UBLK_DEV_F_ADD_DEV),
+        None => (-1, UblkFlags::UBLK_DEV_F_ADD_DEV, queues()),
     };
     let ctrl = UblkCtrlBuilder::default()
         .name("trireme")
         .id(id)
-        .nr_queues(1)
+        .nr_queues(queues)
         .depth(DEPTH)
         .io_buf_bytes(MAX_IO)
         .ctrl_flags((sys::UBLK_F_USER_RECOVERY | sys::UBLK_F_USER_RECOVERY_REISSUE) as u64)
