@@ -7,13 +7,14 @@
 //! | layer | what | where |
 //! |---|---|---|
 //! | frontends | decode requests, check ranges against [`BlockDevice::size`], encode replies, map [`ErrorKind`] to their codes | `trireme-nbd`, later ublk and NVMe/TCP |
-//! | filters | pass every call through to the device below, changing some: read-only, later limits or a cache | [`filter`] |
+//! | filters | pass every call through to the device below, changing some: read-only, a handover to the next server ([`handover`]), later limits or a cache | [`filter`] |
 //! | devices | a volume's writer that waits for a copy to come back ([`VolumeDevice`]), a snapshot (`trireme-daemon`), memory in tests | [`volume`] |
 //!
 //! Ranges are checked by the frontend before a call: a device may assume
 //! `offset + len <= size()` as of the call.
 
 pub mod filter;
+pub mod handover;
 #[cfg(any(test, feature = "testing"))]
 pub mod mem;
 pub mod volume;
@@ -22,6 +23,7 @@ use std::future::Future;
 
 use bytes::Bytes;
 pub use filter::{Filter, Filtered, ReadOnly};
+pub use handover::Handover;
 pub use trireme_proto::Extent;
 pub use volume::{Slot, VolumeDevice};
 

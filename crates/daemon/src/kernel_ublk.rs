@@ -131,11 +131,20 @@ pub async fn map<D: BlockDevice>(
     if recover.is_some() {
         tracing::warn!(device = %m.path().display(), "recovered the device a dead server left: its queued requests go on");
     }
+    // A plain thread waits for the queues: the runtime would wait for a blocking task at
+    // exit, and a process stopped by a signal must end while the device stays.
     let path = m.path();
-    let keep = tokio::task::spawn_blocking(move || match serving.join() {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::error!(device = %path.display(), "serving the ublk device: {e}"),
-        Err(_) => tracing::error!(device = %path.display(), "the ublk queue panicked"),
+    let (ended, end) = tokio::sync::oneshot::channel::<()>();
+    std::thread::spawn(move || {
+        match serving.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(device = %path.display(), "serving the ublk device: {e}"),
+            Err(_) => tracing::error!(device = %path.display(), "the ublk queue panicked"),
+        }
+        let _ = ended.send(());
+    });
+    let keep = tokio::spawn(async move {
+        let _ = end.await;
     });
     Ok((m, keep))
 }

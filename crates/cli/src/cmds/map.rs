@@ -5,6 +5,7 @@ use std::path::Path;
 
 use super::*;
 use crate::{DeviceKind, MapArgs, UnmapArgs};
+use trireme_blockdev::{Filtered, Handover};
 use trireme_kernel::mapped::{self, Mapped};
 
 /// The kernel device `map` gives: its kind (`nbd` or `ublk`), and why (said in `device
@@ -184,15 +185,21 @@ async fn map_volume(
             (slot, Writer::Local(reattach))
         }
     };
-    let dev = std::sync::Arc::new(trireme_blockdev::VolumeDevice::new(slot.slot.clone()));
+    let dev = std::sync::Arc::new(Filtered(Handover::new(
+        trireme_blockdev::VolumeDevice::new(slot.slot.clone()),
+    )));
     let epoch = slot.current().info().epoch;
     match map_device(kind, dev.clone(), &a.volume, epoch, kopts).await {
         Ok((m, keep)) => {
             if let Writer::Etcd(att) = &mut writer {
                 att.report(None);
             }
-            trireme_daemon::kernel_size::follow(dev, m.clone(), kopts.dir.clone());
-            serve_until(&m, keep, stop).await;
+            trireme_daemon::kernel_size::follow(dev.clone(), m.clone(), kopts.dir.clone());
+            if !serve_until(&m, keep, stop).await {
+                // What the kernel asks from now on waits for the next `map`, not for a
+                // writer that is letting go.
+                dev.0.close().await;
+            }
         }
         Err(e) => {
             let _ = release(&slot, writer).await;
