@@ -12,7 +12,7 @@ use trireme_meta::VolumeRecord;
 
 use crate::args::{check_caps, page, size_of, unsupported, BLOCK};
 use crate::busy::{Busy, Hold};
-use crate::errors::{invalid, not_found, status};
+use crate::errors::{invalid, not_found, ok, status, Answer};
 use crate::params::{Changes, CreateParams};
 use crate::pb::{self, controller_server::Controller, volume_capability, volume_content_source};
 use crate::{ids, Connect};
@@ -301,12 +301,6 @@ impl ControllerService {
         })
         .await
     }
-}
-
-type Answer<T> = Result<Response<T>, Status>;
-
-fn ok<T>(t: T) -> Answer<T> {
-    Ok(Response::new(t))
 }
 
 #[tonic::async_trait]

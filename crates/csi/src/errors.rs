@@ -1,10 +1,17 @@
 //! The spec's gRPC codes for the cluster's refusals, from their stable codes (never from a
 //! message's words).
 
-use tonic::{Code, Status};
+use tonic::{Code, Response, Status};
 use trireme_control::{ControlError, ErrorCode};
 
 /// The status a CO gets for a control request's failure.
+/// What every service's call answers.
+pub(crate) type Answer<T> = Result<Response<T>, Status>;
+
+pub(crate) fn ok<T>(t: T) -> Answer<T> {
+    Ok(Response::new(t))
+}
+
 pub fn status(e: ControlError) -> Status {
     let code = match e.code() {
         ErrorCode::NotFound => Code::NotFound,

@@ -8,12 +8,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tonic::{Request, Response, Status};
+use tonic::{Request, Status};
 use trireme_control::Request as Ctl;
 
 use crate::args::check_caps;
 use crate::busy::Busy;
-use crate::errors::{invalid, not_found, status};
+use crate::errors::{invalid, not_found, ok, status, Answer};
 use crate::pb::{self, node_server::Node, volume_capability::AccessType};
 use crate::{ids, Connect};
 
@@ -55,12 +55,6 @@ impl std::fmt::Debug for NodeService {
             .field("cfg", &self.cfg)
             .finish_non_exhaustive()
     }
-}
-
-type Answer<T> = Result<Response<T>, Status>;
-
-fn ok<T>(t: T) -> Answer<T> {
-    Ok(Response::new(t))
 }
 
 fn io_status(what: &str, e: std::io::Error) -> Status {
