@@ -85,6 +85,14 @@ mapped() { i=0; until grep -q /dev/ "$1" 2>/dev/null; do i=$((i+1)); [ $i -gt 60
 round() {
 K=$1; V=$2
 rm -f /tmp/sums /tmp/stop /tmp/c.*
+# A volume another process writes: refused, naming it, and nothing changed (it goes on).
+$T attach $V --socket /tmp/a.sock >/tmp/att 2>/tmp/att.log &
+ATT=$!
+i=0; until [ -S /tmp/a.sock ]; do i=$((i+1)); [ $i -gt 600 ] && fail "attach: $(cat /tmp/att.log)"; sleep 0.2; done
+$T map $V --device $K 2>/tmp/bad && fail "map of a volume attached elsewhere"
+grep -q "is attached by pid" /tmp/bad || fail "map of an attached volume: $(cat /tmp/bad)"
+kill -0 $ATT || fail "the refused map stopped the writer"
+kill $ATT; wait $ATT
 $T map $V --device $K --io-timeout 5s --dead-timeout 300s >/tmp/map1 2>/tmp/map1.log &
 mapped /tmp/map1
 DEV=$(cat /tmp/map1)
