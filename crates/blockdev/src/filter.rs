@@ -166,6 +166,17 @@ impl<F: Filter> BlockDevice for Filtered<F> {
     }
 }
 
+/// A device shared with others (an `Arc`), as the device below a filter: every call passes.
+#[derive(Debug)]
+pub struct Shared<D>(pub std::sync::Arc<D>);
+
+impl<D: BlockDevice> Filter for Shared<D> {
+    type Next = D;
+    fn next(&self) -> &D {
+        &self.0
+    }
+}
+
 /// Takes no write: says so in its caps, and refuses writes, zeroes and trims itself, should a
 /// frontend pass one down. A snapshot is served through it; a later `map VOL@SNAP` too.
 #[derive(Debug)]

@@ -22,7 +22,7 @@ pub mod volume;
 use std::future::Future;
 
 use bytes::Bytes;
-pub use filter::{Filter, Filtered, ReadOnly};
+pub use filter::{Filter, Filtered, ReadOnly, Shared};
 pub use handover::Handover;
 pub use trireme_proto::Extent;
 pub use volume::{Slot, VolumeDevice};

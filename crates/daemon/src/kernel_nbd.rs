@@ -101,13 +101,27 @@ pub async fn map<D: BlockDevice>(
     let revive = mapped::get(&opts.dir, volume)
         .map_err(kernel)?
         .filter(|m| m.kind == "nbd" && nbd::backend(m.index).as_deref() == Some(&ident));
-    // Served before the kernel is told: it reads the partition table at once.
-    let (theirs, task) = serve_pair(&dev)?;
-    let fd = theirs.as_raw_fd();
+    // One socket per CPU (at most 4; the kernel gives each a queue); a device revived keeps
+    // the number it was made with. Served before the kernel is told: it reads the partition
+    // table at once.
+    let conns = match &revive {
+        Some(m) => m.conns.max(1),
+        None => std::thread::available_parallelism().map_or(1, |n| n.get().min(4) as u32),
+    };
+    let mut theirs = Vec::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..conns {
+        let (t, task) = serve_pair(&dev)?;
+        theirs.push(t);
+        tasks.spawn(async move {
+            let _ = task.await;
+        });
+    }
+    let fds: Vec<i32> = theirs.iter().map(|t| t.as_raw_fd()).collect();
     let index = match &revive {
         Some(m) => {
             let (i, id) = (m.index, ident.clone());
-            netlink(move || nbd::reconfigure(i, &id, &[fd]).map(|()| i)).await
+            netlink(move || nbd::reconfigure(i, &id, &fds).map(|()| i)).await
         }
         None => {
             let cfg = nbd::Config {
@@ -118,16 +132,16 @@ pub async fn map<D: BlockDevice>(
                 dead_conn_timeout_s: opts.dead_timeout.as_secs().max(1),
                 identifier: ident.clone(),
             };
-            netlink(move || nbd::connect(&cfg, &[fd])).await
+            netlink(move || nbd::connect(&cfg, &fds)).await
         }
     };
     drop(theirs);
-    let index = index.inspect_err(|_| task.abort())?;
-    let m = record(volume, "nbd", index, epoch, opts)?;
+    let index = index?;
+    let m = record(volume, "nbd", index, epoch, opts, conns)?;
     if revive.is_some() {
         tracing::warn!(device = %m.path().display(), "took over the device a dead server left: its queued requests go on");
     }
-    let keep = tokio::spawn(keep_serving(task, dev, m.clone(), opts.dir.clone()));
+    let keep = tokio::spawn(keep_serving(tasks, dev, m.clone(), opts.dir.clone()));
     Ok((m, keep))
 }
 
@@ -138,6 +152,7 @@ pub(crate) fn record(
     index: u32,
     epoch: u64,
     opts: &KernelOptions,
+    conns: u32,
 ) -> Result<Mapped, DaemonError> {
     let m = Mapped {
         volume: volume.to_string(),
@@ -146,25 +161,27 @@ pub(crate) fn record(
         pid: std::process::id(),
         epoch,
         why: opts.why.clone(),
+        conns,
     };
     mapped::put(&opts.dir, &m).map_err(kernel)?;
     Ok(m)
 }
 
 /// Serves the device until `unmap` removed its record (then returns), handing the kernel a
-/// new socket whenever it dropped this one.
+/// new socket whenever it dropped one. Aborted, it stops serving (the sockets close).
 async fn keep_serving<D: BlockDevice>(
-    mut task: tokio::task::JoinHandle<()>,
+    mut tasks: tokio::task::JoinSet<()>,
     dev: Arc<D>,
     m: Mapped,
     dir: PathBuf,
 ) {
-    loop {
-        let _ = (&mut task).await;
+    while tasks.join_next().await.is_some() {
         if !still_ours(&dir, &m) {
             return;
         }
-        tracing::warn!(device = %m.path().display(), "the kernel dropped the device's connection: handing it a new one");
+        tracing::warn!(device = %m.path().display(), "the kernel dropped one of the device's connections: handing it a new one");
+        // Never faster than this, should a connection end that the kernel had not dropped.
+        tokio::time::sleep(Duration::from_millis(200)).await;
         let (theirs, t) = match serve_pair(&dev) {
             Ok(p) => p,
             Err(e) => {
@@ -172,7 +189,9 @@ async fn keep_serving<D: BlockDevice>(
                 return;
             }
         };
-        task = t;
+        tasks.spawn(async move {
+            let _ = t.await;
+        });
         let (i, id, fd) = (m.index, Mapped::identifier(&m.volume), theirs.as_raw_fd());
         let r = netlink(move || nbd::reconfigure(i, &id, &[fd])).await;
         drop(theirs);

@@ -127,7 +127,7 @@ pub async fn map<D: BlockDevice>(
             });
         }
     };
-    let m = record(volume, "ublk", index, epoch, opts)?;
+    let m = record(volume, "ublk", index, epoch, opts, 1)?;
     if recover.is_some() {
         tracing::warn!(device = %m.path().display(), "recovered the device a dead server left: its queued requests go on");
     }

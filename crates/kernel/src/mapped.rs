@@ -25,6 +25,14 @@ pub struct Mapped {
     pub epoch: u64,
     /// Why this kind of device (`--device`, or what the kernel has).
     pub why: String,
+    /// The sockets an NBD device was connected with (one per CPU, at most 4); a record from
+    /// before they were counted had one.
+    #[serde(default = "one")]
+    pub conns: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 impl Mapped {
@@ -132,11 +140,20 @@ mod tests {
             pid: std::process::id(),
             epoch: 7,
             why: "ublk_drv is not loaded".into(),
+            conns: 2,
         };
         put(&d, &m).unwrap();
         assert_eq!(get(&d, "v").unwrap(), Some(m.clone()));
         assert!(m.serving());
         assert_eq!(m.path(), PathBuf::from("/dev/nbd3"));
+        // A record from before sockets were counted: one.
+        std::fs::write(
+            d.join("u.json"),
+            br#"{"volume":"u","kind":"nbd","index":1,"pid":1,"epoch":1,"why":""}"#,
+        )
+        .unwrap();
+        assert_eq!(get(&d, "u").unwrap().unwrap().conns, 1);
+        remove(&d, "u");
         std::fs::write(d.join("w.json"), b"{not json").unwrap();
         let e = get(&d, "w").unwrap_err().to_string();
         assert!(e.contains("w.json"), "{e}");

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use super::*;
 use crate::{DeviceKind, MapArgs, UnmapArgs};
-use trireme_blockdev::{Filtered, Handover};
+use trireme_blockdev::{Filtered, Handover, Shared};
 use trireme_kernel::mapped::{self, Mapped};
 
 /// The kernel device `map` gives: its kind (`nbd` or `ublk`), and why (said in `device
@@ -128,10 +128,13 @@ async fn map_snapshot(
     let (dev, reader) = trireme_daemon::export::snapshot_export(&found.0, &found.1, snap, opts)
         .await
         .map_err(daemon_err)?;
-    let served = map_device(kind, dev, &a.volume, 0, kopts).await;
+    let dev = std::sync::Arc::new(Filtered(Handover::new(Filtered(Shared(dev)))));
+    let served = map_device(kind, dev.clone(), &a.volume, 0, kopts).await;
     let r = match served {
         Ok((m, keep)) => {
-            serve_until(&m, keep, stop).await;
+            if !serve_until(&m, keep, stop).await {
+                dev.0.close().await;
+            }
             Ok(())
         }
         Err(e) => Err(daemon_err(e)),
