@@ -81,9 +81,13 @@ const SCRIPT: &str = r#"
 T="trireme --transport tcp --etcd http://10.0.2.2:2379"
 fail() { echo "@@ FAIL $*"; dmesg | tail -30; tail -20 /tmp/map*.log; exit 1; }
 mapped() { i=0; until grep -q /dev/ "$1" 2>/dev/null; do i=$((i+1)); [ $i -gt 600 ] && fail "map: $(cat $1.log)"; sleep 0.2; done; }
+# Until no volume waits for the manager's scrub: it scrubs a volume nobody writes through a
+# writer of its own, and a map or attach meanwhile is refused naming it (see docs/not-built.md).
+calm() { i=0; while $T --output json status 2>/dev/null | grep -qi '"unverified"\|"resyncing"'; do i=$((i+1)); [ $i -gt 600 ] && fail "the volumes never settled"; sleep 0.5; done; sleep 1; }
 # One round: device kind $1 for volume $2.
 round() {
 K=$1; V=$2
+calm
 rm -f /tmp/sums /tmp/stop /tmp/c.*
 # A volume another process writes: refused, naming it, and nothing changed (it goes on).
 $T attach $V --socket /tmp/a.sock >/tmp/att 2>/tmp/att.log &
@@ -215,6 +219,7 @@ round_up
 cat > /tmp/kd.sh <<'KD'
 @@KERNEL-DEVICES-SH@@
 KD
+calm
 SIZE=16M TRIREME="$T" sh /tmp/kd.sh v 1 >/tmp/kd.out 2>&1 || fail "bench/kernel-devices.sh: $(cat /tmp/kd.out)"
 cat /tmp/kd.out
 grep -q "^nbd-device  *randwrite  *128" /tmp/kd.out || fail "the benchmark's table: $(cat /tmp/kd.out)"
