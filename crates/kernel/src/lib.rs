@@ -5,12 +5,14 @@
 //! | `netlink.rs` | generic netlink: a family's id, requests with attributes, replies parsed with every length checked (fuzzed: `netlink_replies`) |
 //! | `nbd.rs` | the kernel's NBD client (`nbd.ko`) over netlink: connect a device to a socket, hand it a new socket after the server died (reconfigure), disconnect, list |
 //! | `ublk.rs` | ublk (`ublk_drv`) through `libublk`: a device with user recovery, a queue per CPU (up to 4) whose requests go to a [`ublk::Server`] and come back through an eventfd |
+//! | `loopdev.rs` | a loop device over a FUSE file (`nbdfuse`, `losetup`), for a host with neither driver: no recovery |
 //! | `mapped.rs` | the devices this host has mapped, one small record each under `/run/trireme/devices`, so a second `map` finds the device the first one left, and `unmap` and `device list` find it |
 //!
 //! An NBD device's server is the NBD frontend's transmission phase
 //! (`trireme_nbd::serve_kernel`) on the other end of a socket pair: the kernel negotiates
 //! nothing. A ublk device's server is this process's queue thread.
 
+pub mod loopdev;
 pub mod mapped;
 pub mod nbd;
 pub mod netlink;
