@@ -635,6 +635,9 @@ pub enum DeviceKind {
     Nbd,
     /// ublk (`ublk_drv`).
     Ublk,
+    /// A loop device over a FUSE file (`nbdfuse`, `losetup`), for a host with neither
+    /// driver (a container, a CI runner): it does not survive this process, so never auto.
+    Loop,
 }
 
 #[derive(Debug, Args)]
@@ -688,6 +691,9 @@ pub struct CsiArgs {
     /// at once).
     #[arg(long, value_parser = units::parse_keep)]
     pub trash_keep: Option<std::time::Duration>,
+    /// Which kernel device the node service maps volumes as (`map --device`).
+    #[arg(long, value_enum, default_value_t = DeviceKind::Auto)]
+    pub device: DeviceKind,
 }
 
 #[derive(Debug, Args)]

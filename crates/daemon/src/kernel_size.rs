@@ -43,6 +43,9 @@ async fn tell(m: &Mapped, from: u64, size: u64) -> u64 {
     let (kind, i, id) = (m.kind.clone(), m.index, Mapped::identifier(&m.volume));
     let r = tokio::task::spawn_blocking(move || match kind.as_str() {
         "ublk" => ublk::resize(i, size),
+        "loop" => Err(trireme_kernel::KernelError::Record(
+            "a loop device over FUSE has the size nbdfuse saw at map".into(),
+        )),
         _ => nbd::resize(i, &id, size),
     })
     .await;

@@ -25,6 +25,7 @@ pub mod access;
 pub mod attach;
 pub mod export;
 pub mod http;
+pub mod kernel_loop;
 pub mod kernel_nbd;
 pub mod kernel_size;
 pub mod kernel_ublk;

@@ -8,9 +8,10 @@ use crate::{DeviceKind, MapArgs, UnmapArgs};
 use trireme_blockdev::{Filtered, Handover, Shared};
 use trireme_kernel::mapped::{self, Mapped};
 
-/// The kernel device `map` gives: its kind (`nbd` or `ublk`), and why (said in `device
-/// list`). ublk first where the kernel has it: no socket between the kernel and this process,
-/// and its requests wait for the next server without a timeout.
+/// The kernel device `map` gives: its kind (`nbd`, `ublk` or `loop`), and why (said in
+/// `device list`). ublk first where the kernel has it: no socket between the kernel and this
+/// process, and its requests wait for the next server without a timeout. A loop device only
+/// when asked: it does not survive this process.
 fn pick(asked: DeviceKind) -> Result<(&'static str, String), CliError> {
     let nbd = trireme_kernel::nbd::available();
     let ublk = trireme_kernel::ublk::available();
@@ -27,6 +28,10 @@ fn pick(asked: DeviceKind) -> Result<(&'static str, String), CliError> {
              CONFIG_BLK_DEV_UBLK), or map with --device nbd"
                 .into(),
         )),
+        DeviceKind::Loop => match trireme_kernel::loopdev::available() {
+            Ok(()) => Ok(("loop", "asked for (--device loop)".into())),
+            Err(e) => Err(CliError::Usage(e)),
+        },
         DeviceKind::Auto if ublk => Ok(("ublk", "the kernel has ublk_drv".into())),
         DeviceKind::Auto if nbd => Ok((
             "nbd",
@@ -35,7 +40,8 @@ fn pick(asked: DeviceKind) -> Result<(&'static str, String), CliError> {
         DeviceKind::Auto => Err(CliError::Usage(
             "this kernel has neither block device driver loaded: `modprobe ublk_drv` for ublk \
              (Linux 6.1+, CONFIG_BLK_DEV_UBLK), or `modprobe nbd` for the kernel's NBD \
-             client (CONFIG_BLK_DEV_NBD)"
+             client (CONFIG_BLK_DEV_NBD); `--device loop` gives a loop device over FUSE \
+             instead, which does not survive its `map` process"
                 .into(),
         )),
     }
@@ -51,6 +57,7 @@ async fn map_device<D: trireme_blockdev::BlockDevice>(
 ) -> Result<(Mapped, tokio::task::JoinHandle<()>), trireme_daemon::DaemonError> {
     match kind {
         "ublk" => trireme_daemon::kernel_ublk::map(dev, volume, epoch, kopts).await,
+        "loop" => trireme_daemon::kernel_loop::map(dev, volume, epoch, kopts).await,
         _ => trireme_daemon::kernel_nbd::map(dev, volume, epoch, kopts).await,
     }
 }
@@ -287,6 +294,10 @@ pub(crate) fn unmap(a: &UnmapArgs) -> Result<(), CliError> {
     };
     let r = match m.kind.as_str() {
         "ublk" => trireme_kernel::ublk::stop(m.index),
+        "loop" => trireme_kernel::loopdev::detach(
+            m.index,
+            &trireme_daemon::kernel_loop::work_dir(Path::new(mapped::DIR), &m.volume),
+        ),
         _ => trireme_kernel::nbd::disconnect(m.index),
     };
     match r {
@@ -304,12 +315,15 @@ pub(crate) fn unmap(a: &UnmapArgs) -> Result<(), CliError> {
             m.pid
         )));
     }
-    // A ublk device stays until deleted, once its server has gone.
-    if m.kind == "ublk" {
-        match trireme_kernel::ublk::delete(m.index) {
+    // A ublk device stays until deleted, once its server has gone; a loop device's FUSE
+    // file, if its server died.
+    match m.kind.as_str() {
+        "ublk" => match trireme_kernel::ublk::delete(m.index) {
             Err(e) if !gone(&e) => return Err(kernel_err(e)),
             _ => {}
-        }
+        },
+        "loop" => trireme_daemon::kernel_loop::tidy(Path::new(mapped::DIR), &m.volume),
+        _ => {}
     }
     println!("unmapped {} (volume {})", path.display(), m.volume);
     Ok(())
