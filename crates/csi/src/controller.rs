@@ -15,7 +15,7 @@ use crate::busy::{Busy, Hold};
 use crate::errors::{invalid, not_found, ok, status, Answer};
 use crate::params::{Changes, CreateParams};
 use crate::pb::{self, controller_server::Controller, volume_capability, volume_content_source};
-use crate::{ids, Connect};
+use crate::{ids, AccessChanged, Connect};
 
 /// The controller service (cheap to clone: one per connection is fine).
 #[derive(Clone)]
@@ -24,6 +24,7 @@ pub struct ControllerService {
     busy: Busy,
     /// How long a deleted volume waits in the trash (none: the cluster's default, a day).
     trash_keep: Option<u64>,
+    access_changed: Option<AccessChanged>,
 }
 
 impl std::fmt::Debug for ControllerService {
@@ -40,7 +41,14 @@ impl ControllerService {
             connect,
             busy: Busy::default(),
             trash_keep,
+            access_changed: None,
         }
+    }
+
+    /// Runs `f` after each volume it creates ([`AccessChanged`]).
+    pub fn on_access_change(mut self, f: AccessChanged) -> ControllerService {
+        self.access_changed = Some(f);
+        self
     }
 
     /// One control request.
@@ -322,7 +330,13 @@ impl Controller for ControllerService {
                 Self::same(&v.record, size, limit, &source)?;
                 v.record
             }
-            None => self.create(&name, size, &p, &source).await?,
+            None => {
+                let v = self.create(&name, size, &p, &source).await?;
+                if let Some(f) = &self.access_changed {
+                    f().await;
+                }
+                v
+            }
         };
         tracing::info!(
             volume = name,

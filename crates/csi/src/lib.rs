@@ -51,6 +51,11 @@ pub type Connect = Arc<
         + Sync,
 >;
 
+/// Run after the controller made a volume whose access list names clients: a cluster on etcd
+/// gives each client named its etcd user and role then (`etcd rbac`, as the CLI does after an
+/// access-list change), or its node service could not read the volume it is to stage.
+pub type AccessChanged = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
 /// Errors of the driver's process (a call's errors are gRPC statuses).
 #[derive(Debug, thiserror::Error)]
 pub enum CsiError {

@@ -39,6 +39,8 @@ pub struct NodeConfig {
     pub devices: PathBuf,
     /// Where each `map`'s log goes.
     pub logs: PathBuf,
+    /// Which kind of device `map` gives (`--device`: auto, ublk, nbd, loop).
+    pub device: String,
 }
 
 #[derive(Clone)]
@@ -429,7 +431,7 @@ impl Node for NodeService {
             .map_or(0, |c| c.required_bytes.max(0) as u64);
         if want > size {
             return Err(Status::failed_precondition(format!(
-                "{} is {size} bytes, not the {want} asked: a kernel NBD device does not grow while mapped; it has the new size when the volume is next staged",
+                "{} is {size} bytes, not the {want} asked: the device has not grown while mapped (ublk before Linux 6.16, a loop device); it has the new size when the volume is next staged",
                 dev.display()
             )));
         }
@@ -479,10 +481,11 @@ impl Node for NodeService {
         _: Request<pb::NodeGetInfoRequest>,
     ) -> Answer<pb::NodeGetInfoResponse> {
         // Without ublk, as many volumes as the kernel has NBD devices (nbds_max), when it
-        // says; ublk has no such limit.
-        let max = match trireme_kernel::ublk::available() {
-            true => 0,
-            false => std::fs::read_to_string("/sys/module/nbd/parameters/nbds_max")
+        // says; ublk and loop devices have no such limit.
+        let max = match self.cfg.device.as_str() {
+            "loop" | "ublk" => 0,
+            _ if trireme_kernel::ublk::available() => 0,
+            _ => std::fs::read_to_string("/sys/module/nbd/parameters/nbds_max")
                 .ok()
                 .and_then(|s| s.trim().parse().ok())
                 .unwrap_or(0),

@@ -37,10 +37,15 @@ pub(crate) async fn csi(cli: Arc<Cli>) -> Result<(), CliError> {
         .parse()
         .map_err(|e: trireme_csi::CsiError| CliError::Usage(e.to_string()))?;
     let controller = a.controller.then(|| {
+        let follow = cli.clone();
         let c = trireme_csi::ControllerService::new(
             connector(cli.clone()),
             a.trash_keep.map(|d| d.as_secs()),
-        );
+        )
+        .on_access_change(Arc::new(move || {
+            let cli = follow.clone();
+            Box::pin(async move { super::etcd::rbac_follow(&cli).await })
+        }));
         let copies = Copies {
             connect: connector(cli.clone()),
             opts: trireme_client::VolumeOptions {
@@ -110,6 +115,10 @@ fn node_config(cli: &Cli, a: &CsiArgs) -> Result<trireme_csi::NodeConfig, CliErr
         env,
         devices: trireme_kernel::mapped::DIR.into(),
         logs: "/run/trireme/csi".into(),
+        device: a
+            .device
+            .to_possible_value()
+            .map_or("auto".into(), |v| v.get_name().to_string()),
     })
 }
 

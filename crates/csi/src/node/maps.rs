@@ -122,7 +122,7 @@ impl Maps {
             .map_err(|e| internal("the map log", e))?;
         let mut cmd = tokio::process::Command::new(&self.cfg.exe);
         cmd.envs(self.cfg.env.iter().map(|(k, v)| (k, v)))
-            .args(["map", vol])
+            .args(["map", vol, "--device", &self.cfg.device])
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
             .stderr(log)
