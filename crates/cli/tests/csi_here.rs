@@ -259,3 +259,45 @@ async fn a_pods_volume_mounts_here_and_moves_to_another_node_when_its_node_dies(
     );
     println!("@@ unpublish-to-deleted {:.3}", deleted.as_secs_f64());
 }
+
+/// `map` on this host: with neither driver loaded, the error names both, how to load them,
+/// and the loop device; a loop device without its programs names what to install; an
+/// unmap of nothing says so. Exit 2 each, and nothing is attached.
+#[test]
+fn map_says_what_this_host_lacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str], path: Option<&str>| {
+        let mut c = std::process::Command::new(BIN);
+        c.arg("--data-dir").arg(dir.path()).args(args);
+        if let Some(p) = path {
+            c.env("PATH", p);
+        }
+        let o = c.output().unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let drivers = Path::new("/dev/ublk-control").exists() || Path::new("/sys/module/nbd").exists();
+    if !drivers {
+        let (code, err) = run(&["map", "vol0"], None);
+        assert_eq!(code, Some(2), "{err}");
+        for want in ["modprobe ublk_drv", "modprobe nbd", "--device loop"] {
+            assert!(err.contains(want), "{want}: {err}");
+        }
+    }
+    let empty = dir.path().join("bin");
+    std::fs::create_dir(&empty).unwrap();
+    let (code, err) = run(
+        &["map", "vol0", "--device", "loop"],
+        Some(empty.to_str().unwrap()),
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("nbdfuse (`apt install libnbd-bin`)"), "{err}");
+    let (code, err) = run(&["unmap", "no-such-volume"], None);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("no device of no-such-volume is mapped"),
+        "{err}"
+    );
+}
