@@ -74,10 +74,16 @@ impl Drop for Leftovers {
     }
 }
 
-/// `trireme csi --node --device loop` as `identity`, named `node`.
-fn node_service(w: &common::secure::World, identity: &str, node: &str) -> (Server, PathBuf) {
-    let sock = w.p(&format!("csi-{node}.sock"));
-    let (id, dd) = (w.p(identity), w.p(&format!("csi-{node}")));
+/// `trireme csi ARGS` on the test's cluster as `identity`, its socket and data directory
+/// named `name`.
+fn csi_as(
+    w: &common::secure::World,
+    identity: &str,
+    name: &str,
+    args: &[&str],
+) -> (Server, PathBuf) {
+    let sock = w.p(&format!("{name}.sock"));
+    let (id, dd) = (w.p(identity), w.p(name));
     let global = [
         "--etcd",
         &w.etcd,
@@ -86,13 +92,13 @@ fn node_service(w: &common::secure::World, identity: &str, node: &str) -> (Serve
         "--data-dir",
         dd.to_str().unwrap(),
     ];
-    let s = start(
-        &global,
-        &sock,
-        &["--node", "--node-id", node, "--device", "loop"],
-        &[],
-    );
-    (s, sock)
+    (start(&global, &sock, args, &[]), sock)
+}
+
+/// `trireme csi --node --device loop` as `identity`, named `node`.
+fn node_service(w: &common::secure::World, identity: &str, node: &str) -> (Server, PathBuf) {
+    let args = ["--node", "--node-id", node, "--device", "loop"];
+    csi_as(w, identity, &format!("csi-{node}"), &args)
 }
 
 struct Paths {
@@ -161,17 +167,7 @@ async fn a_pods_volume_mounts_here_and_moves_to_another_node_when_its_node_dies(
         dir: w.p(""),
         vol: vol.clone(),
     };
-    let (admin, dd) = (w.p("admin"), w.p("csi-ctl"));
-    let global = [
-        "--etcd",
-        &w.etcd,
-        "--tls-identity",
-        admin.to_str().unwrap(),
-        "--data-dir",
-        dd.to_str().unwrap(),
-    ];
-    let ctl_sock = w.p("csi-ctl.sock");
-    let _ctl = start(&global, &ctl_sock, &["--controller"], &[]);
+    let (_ctl, ctl_sock) = csi_as(&w, "admin", "csi-ctl", &["--controller"]);
     let mut ctl = Controller::new(channel(&ctl_sock).await);
     let (mut a_srv, a_sock) = node_service(&w, "alice", "node-a");
     let (_b_srv, b_sock) = node_service(&w, "carol", "node-b");
