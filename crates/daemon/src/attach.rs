@@ -212,7 +212,9 @@ pub async fn attach(
                 // Its lease expired between the attach and this look: the record is gone, so
                 // the next attach takes the volume (refusing here refused a free volume).
                 Ok(None) => continue,
-                Ok(Some((h, _))) if h.host == rec.host && !crate::node::pid_alive(h.pid) => {
+                Ok(Some((h, _)))
+                    if h.host == rec.host && !trireme_kernel::process::alive(h.pid) =>
+                {
                     tracing::info!(
                         pid = h.pid,
                         "the previous writer on this host died; waiting for its lease to expire"

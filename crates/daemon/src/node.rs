@@ -553,7 +553,7 @@ async fn register(
                         );
                         tokio::time::sleep(Duration::from_millis(500)).await;
                     }
-                    Some(h) if h.host == alive.host && !pid_alive(h.pid) => {
+                    Some(h) if h.host == alive.host && !trireme_kernel::process::alive(h.pid) => {
                         tracing::info!(
                             node = cfg.id,
                             pid = h.pid,
@@ -567,57 +567,5 @@ async fn register(
             }
             Err(e) => return Err(e.into()),
         }
-    }
-}
-
-/// Whether a process of this host with this pid exists.
-pub(crate) fn pid_alive(pid: u32) -> bool {
-    if let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
-        let field = |k: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(k))
-                .map(str::trim)
-        };
-        // A zombie (killed, not yet reaped by its parent) holds nothing any more.
-        if field("State:").is_some_and(|s| s.starts_with('Z')) {
-            return false;
-        }
-        // A thread of another process: it has a /proc entry and kill(2) accepts its id, but
-        // it is not the process that held the record (whose id went back to the pool).
-        if field("Tgid:")
-            .and_then(|t| t.parse::<u32>().ok())
-            .is_some_and(|t| t != pid)
-        {
-            return false;
-        }
-    }
-    // SAFETY: kill with signal 0 only checks that the process exists; nothing is sent.
-    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
-    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::pid_alive;
-
-    #[test]
-    fn a_live_process_is_alive_and_a_thread_of_one_is_not() {
-        assert!(pid_alive(std::process::id()));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
-        let t = std::thread::spawn(move || {
-            // SAFETY: gettid has no preconditions.
-            tx.send(unsafe { libc::gettid() } as u32).unwrap();
-            let _ = stop_rx.recv();
-        });
-        let tid = rx.recv().unwrap();
-        assert_ne!(tid, std::process::id());
-        // A dead writer's pid that went to a thread of another process is not that writer.
-        assert!(!pid_alive(tid));
-        stop_tx.send(()).unwrap();
-        t.join().unwrap();
-        // A pid nobody holds (past pid_max).
-        assert!(!pid_alive(u32::MAX / 2));
     }
 }

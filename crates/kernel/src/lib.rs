@@ -6,6 +6,7 @@
 //! | `nbd.rs` | the kernel's NBD client (`nbd.ko`) over netlink: connect a device to a socket, hand it a new socket after the server died (reconfigure), disconnect, list |
 //! | `ublk.rs` | ublk (`ublk_drv`) through `libublk`: a device with user recovery, a queue per CPU (up to 4) whose requests go to a [`ublk::Server`] and come back through an eventfd |
 //! | `loopdev.rs` | a loop device over a FUSE file (`nbdfuse`, `losetup`), for a host with neither driver: no recovery |
+//! | `process.rs` | whether a pid in a record is a live process (not a zombie, not a thread that took the id) |
 //! | `mapped.rs` | the devices this host has mapped, one small record each under `/run/trireme/devices`, so a second `map` finds the device the first one left, and `unmap` and `device list` find it |
 //!
 //! An NBD device's server is the NBD frontend's transmission phase
@@ -16,6 +17,7 @@ pub mod loopdev;
 pub mod mapped;
 pub mod nbd;
 pub mod netlink;
+pub mod process;
 pub mod ublk;
 
 /// What failed while setting a kernel device up or down.

@@ -53,19 +53,8 @@ impl Mapped {
     /// Whether the process that serves it runs: exists, and is no zombie (killed, and not
     /// reaped yet by a parent that died too, as in a container whose init reaps late).
     pub fn serving(&self) -> bool {
-        // SAFETY: kill(2) with signal 0 only checks that the process exists.
-        self.pid != 0 && unsafe { libc::kill(self.pid as i32, 0) } == 0 && !zombie(self.pid)
+        self.pid != 0 && crate::process::alive(self.pid)
     }
-}
-
-/// Whether process `pid` has ended and waits to be reaped (its state in `/proc/PID/stat`,
-/// after the command name in parentheses, is `Z`).
-fn zombie(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    stat.rsplit_once(')')
-        .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
 }
 
 fn file(dir: &Path, volume: &str) -> PathBuf {
@@ -141,35 +130,6 @@ pub fn list(dir: &Path) -> Vec<Result<Mapped, KernelError>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_killed_server_not_reaped_yet_serves_nothing() {
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap();
-        let mut m = Mapped {
-            volume: "z".into(),
-            kind: "loop".into(),
-            index: 0,
-            pid: child.id(),
-            epoch: 1,
-            why: String::new(),
-            conns: 1,
-        };
-        assert!(m.serving());
-        child.kill().unwrap();
-        // Not reaped: a zombie until wait().
-        let t0 = std::time::Instant::now();
-        while m.serving() {
-            assert!(t0.elapsed().as_secs() < 10, "a killed child still serves");
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        assert!(zombie(child.id()));
-        child.wait().unwrap();
-        m.pid = 0;
-        assert!(!m.serving());
-    }
 
     #[test]
     fn records_read_back_and_a_bad_one_is_named() {
