@@ -45,7 +45,8 @@ impl ControllerService {
         }
     }
 
-    /// Runs `f` after each volume it creates ([`AccessChanged`]).
+    /// Runs `f` after each volume it creates whose access list names clients
+    /// ([`AccessChanged`]).
     pub fn on_access_change(mut self, f: AccessChanged) -> ControllerService {
         self.access_changed = Some(f);
         self
@@ -332,7 +333,8 @@ impl Controller for ControllerService {
             }
             None => {
                 let v = self.create(&name, size, &p, &source).await?;
-                if let Some(f) = &self.access_changed {
+                let names_clients = p.access.iter().any(|a| a != "*");
+                if let (Some(f), true) = (&self.access_changed, names_clients) {
                     f().await;
                 }
                 v

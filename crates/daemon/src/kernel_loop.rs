@@ -23,7 +23,7 @@ use trireme_blockdev::BlockDevice;
 use trireme_kernel::loopdev;
 use trireme_kernel::mapped::{self, Mapped};
 
-use crate::kernel_nbd::{record, KernelOptions};
+use crate::kernel_nbd::{record, still_ours, KernelOptions};
 use crate::DaemonError;
 
 /// How long `nbdfuse` may take to show the file.
@@ -156,7 +156,6 @@ pub async fn map<D: BlockDevice>(
     epoch: u64,
     opts: &KernelOptions,
 ) -> Result<(Mapped, tokio::task::JoinHandle<()>), DaemonError> {
-    loopdev::available().map_err(DaemonError::Usage)?;
     clear_left(&opts.dir, volume)?;
     let work = work_dir(&opts.dir, volume);
     make_work(&work)?;
@@ -166,18 +165,16 @@ pub async fn map<D: BlockDevice>(
     let mut exports = trireme_nbd::Exports::new();
     exports.add(volume, "a trireme volume's loop device", dev);
     let serving = tokio::spawn(trireme_nbd::serve_unix(listener, Arc::new(exports)));
-    let fuse = start_fuse(&work, read_only).await;
-    let attached = match fuse {
-        Ok(fuse) => {
-            let file = work.join("fuse").join("nbd");
-            let r = tokio::task::spawn_blocking(move || loopdev::attach(&file, read_only))
-                .await
-                .map_err(|e| runtime("losetup", e))?
-                .map_err(crate::kernel_nbd::kernel);
-            r.map(|i| (i, fuse))
-        }
-        Err(e) => Err(e),
-    };
+    let attached = async {
+        let fuse = start_fuse(&work, read_only).await?;
+        let file = work.join("fuse").join("nbd");
+        let index = tokio::task::spawn_blocking(move || loopdev::attach(&file, read_only))
+            .await
+            .map_err(|e| runtime("losetup", e))?
+            .map_err(crate::kernel_nbd::kernel)?;
+        Ok::<_, DaemonError>((index, fuse))
+    }
+    .await;
     let (index, fuse) = match attached {
         Ok(a) => a,
         Err(e) => {
@@ -200,7 +197,6 @@ async fn keep(
     serving: tokio::task::JoinHandle<std::io::Result<()>>,
     dir: PathBuf,
 ) {
-    let ours = |dir: &Path| matches!(mapped::get(dir, &m.volume), Ok(Some(r)) if r.pid == m.pid && r.index == m.index);
     loop {
         tokio::select! {
             st = fuse.wait() => {
@@ -208,7 +204,7 @@ async fn keep(
                 break;
             }
             _ = tokio::time::sleep(Duration::from_millis(200)) => {
-                if !ours(&dir) {
+                if !still_ours(&dir, &m) {
                     break;
                 }
             }
@@ -218,7 +214,7 @@ async fn keep(
     unmount(&work.join("fuse"));
     let _ = tokio::time::timeout(Duration::from_secs(5), fuse.wait()).await;
     serving.abort();
-    if !ours(&dir) {
+    if !still_ours(&dir, &m) {
         let _ = std::fs::remove_dir_all(&work);
     }
 }

@@ -203,6 +203,6 @@ async fn keep_serving<D: BlockDevice>(
 }
 
 /// Whether `m`'s record is still there and names this process (`unmap` removes it first).
-fn still_ours(dir: &Path, m: &Mapped) -> bool {
+pub(crate) fn still_ours(dir: &Path, m: &Mapped) -> bool {
     matches!(mapped::get(dir, &m.volume), Ok(Some(r)) if r.pid == m.pid && r.index == m.index)
 }

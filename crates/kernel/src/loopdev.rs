@@ -18,7 +18,7 @@ pub const LOSETUP: &str = "losetup";
 
 /// Whether this host can make one: `/dev/fuse`, `/dev/loop-control`, and both programs.
 /// Otherwise what is missing and how to get it.
-pub fn available() -> Result<(), String> {
+pub fn available() -> Result<(), KernelError> {
     let mut missing = Vec::new();
     if !Path::new("/dev/fuse").exists() {
         missing.push("/dev/fuse (`modprobe fuse`; in a container, pass the device through)");
@@ -34,10 +34,10 @@ pub fn available() -> Result<(), String> {
     }
     match missing.is_empty() {
         true => Ok(()),
-        false => Err(format!(
+        false => Err(KernelError::NoDriver(format!(
             "a loop device over FUSE needs {}",
             missing.join(", ")
-        )),
+        ))),
     }
 }
 

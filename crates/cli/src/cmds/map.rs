@@ -30,7 +30,7 @@ fn pick(asked: DeviceKind) -> Result<(&'static str, String), CliError> {
         )),
         DeviceKind::Loop => match trireme_kernel::loopdev::available() {
             Ok(()) => Ok(("loop", "asked for (--device loop)".into())),
-            Err(e) => Err(CliError::Usage(e)),
+            Err(e) => Err(CliError::Usage(e.to_string())),
         },
         DeviceKind::Auto if ublk => Ok(("ublk", "the kernel has ublk_drv".into())),
         DeviceKind::Auto if nbd => Ok((
