@@ -667,6 +667,41 @@ pub struct MapArgs {
     pub failure: FailureArgs,
 }
 
+#[derive(Debug, Subcommand)]
+pub enum NvmfCmd {
+    /// Serve VOLUME over NVMe/TCP (namespace 1 of subsystem
+    /// nqn.2026-12.io.trireme:CLUSTER:VOLUME) on this server, for hosts with nothing of
+    /// trireme installed (`nvme connect -t tcp`). Run it on two or three servers with distinct
+    /// --port-id: the one that holds the volume's writer is the ANA optimized path, the others
+    /// wait as inaccessible standbys and take the writer when it dies or stops. Hosts may
+    /// connect if their NQN is on the volume's access list (`volume access VOL --allow NQN`).
+    /// No TLS and no in-band authentication: put the port on a storage network of its own.
+    Serve(NvmfServeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct NvmfServeArgs {
+    pub volume: String,
+    /// Address and port to listen on (4420 is NVMe/TCP's).
+    #[arg(long)]
+    pub listen: std::net::SocketAddr,
+    /// This server's port id for the volume, 1 to 15: distinct on each server that serves it
+    /// (it sets the range of controller ids, which a host's multipath requires to differ).
+    #[arg(long, default_value_t = 1, value_parser = units::count(1, 15))]
+    pub port_id: u32,
+    /// The cluster's name in the NQN: the same on every server.
+    #[arg(long, default_value = "trireme", env = "TRIREME_CLUSTER")]
+    pub cluster: String,
+    /// How long after this process dies a standby may take the writer.
+    #[arg(long, default_value = "5s", value_parser = units::parse_duration)]
+    pub lease_ttl: std::time::Duration,
+    /// Streams from the volume client to each node.
+    #[arg(long, default_value_t = 2, value_parser = units::count(1, 16))]
+    pub streams: u32,
+    #[command(flatten)]
+    pub failure: FailureArgs,
+}
+
 #[derive(Debug, Args)]
 pub struct CsiArgs {
     /// Where to listen: unix:///PATH, the socket the CO's sidecars dial (tcp://ADDR:PORT is

@@ -278,6 +278,10 @@ pub enum Cmd {
     /// serves the device; kill it and `map` again, and the same device goes on, its queued
     /// requests with it. `unmap` ends the device. VOLUME@NAME maps snapshot NAME read-only.
     Map(MapArgs),
+    /// NVMe over TCP exports: a volume for hosts that run nothing of trireme, with ANA
+    /// multipath across servers.
+    #[command(subcommand)]
+    Nvmf(NvmfCmd),
     /// Flush and end a device `map` made (VOLUME or /dev/nbdN); refused while it is in use (a
     /// mounted file system) unless --force.
     Unmap(UnmapArgs),

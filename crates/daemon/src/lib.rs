@@ -34,6 +34,7 @@ pub mod lease;
 pub mod local;
 pub mod manager_role;
 pub mod node;
+pub mod nvmf;
 pub mod recorder;
 pub mod scrubs;
 pub mod writer_slot;

@@ -252,8 +252,27 @@ pub fn any_client() -> Vec<String> {
 /// The access-list entry that stands for every client of the cluster.
 pub const ANY_CLIENT: &str = "*";
 
-/// Checks an access-list entry: a client name, or `*`.
+/// True for an access-list entry that names an NVMe host (its NQN) rather than a client
+/// certificate: NVMe/TCP exports check it at Connect; etcd gives it no user.
+pub fn is_host_nqn(entry: &str) -> bool {
+    entry.starts_with("nqn.")
+}
+
+/// Checks an access-list entry: a client name, an NVMe host NQN (`nqn.` and up to 223
+/// bytes of letters, digits, '.', '_', '-' and ':'), or `*`.
 pub fn check_access_entry(name: &str) -> Result<(), MetaError> {
+    if is_host_nqn(name) {
+        let ok = name.len() <= 223
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':'));
+        return match ok {
+            true => Ok(()),
+            false => Err(MetaError::Refused(format!(
+                "access entry {name:?}: an NVMe host NQN has at most 223 bytes of letters, digits, '.', '_', '-' and ':'"
+            ))),
+        };
+    }
     let ok = name == ANY_CLIENT
         || ((1..=64).contains(&name.len())
             && name

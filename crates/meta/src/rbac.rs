@@ -216,7 +216,12 @@ pub fn plan(volumes: &[VolumeRecord], nodes: &Nodes<'_>, clients: &[String]) -> 
     user(&mut p, ROOT_USER.into(), ROOT_ROLE);
     let mut names: BTreeSet<String> = clients.iter().cloned().collect();
     for v in volumes {
-        names.extend(v.access.iter().filter(|a| *a != ANY_CLIENT).cloned());
+        names.extend(
+            v.access
+                .iter()
+                .filter(|a| *a != ANY_CLIENT && !crate::is_host_nqn(a))
+                .cloned(),
+        );
     }
     for name in names {
         let r = client_role(&name);

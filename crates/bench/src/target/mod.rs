@@ -5,6 +5,7 @@
 mod file;
 mod nbd;
 mod null;
+mod nvmf;
 pub mod volume;
 
 use std::path::Path;
@@ -14,6 +15,7 @@ use bytes::Bytes;
 pub use file::FileTarget;
 pub use nbd::NbdTarget;
 pub use null::NullTarget;
+pub use nvmf::NvmfTarget;
 pub use volume::VolumeTarget;
 
 /// A failed I/O or an unusable target.
@@ -28,10 +30,12 @@ pub enum Target {
     File(FileTarget),
     Volume(VolumeTarget),
     Nbd(NbdTarget),
+    Nvmf(NvmfTarget),
 }
 
 impl Target {
-    /// Opens `spec`: `null`, `volume:NAME`, an `nbd://` or `nbd+unix://` URI, or a path.
+    /// Opens `spec`: `null`, `volume:NAME`, an `nbd://` or `nbd+unix://` URI, an
+    /// `nvme+tcp://` URI, or a path.
     /// `create` is DISKSPD's `-c`: create (or extend) a file target of that size first.
     /// `connections` is how many NBD connections to open (one per thread).
     pub async fn open(
@@ -49,6 +53,9 @@ impl Target {
         if spec.starts_with("nbd://") || spec.starts_with("nbd+unix://") {
             return Ok(Target::Nbd(NbdTarget::connect(spec, connections).await?));
         }
+        if spec.starts_with("nvme+tcp://") {
+            return Ok(Target::Nvmf(NvmfTarget::connect(spec, connections).await?));
+        }
         Ok(Target::File(FileTarget::open(Path::new(spec), create)?))
     }
 
@@ -58,6 +65,7 @@ impl Target {
             Target::File(t) => t.size(),
             Target::Volume(t) => t.size(),
             Target::Nbd(t) => t.size(),
+            Target::Nvmf(t) => t.size(),
         }
     }
 
@@ -68,6 +76,7 @@ impl Target {
             Target::File(t) => t.describe(),
             Target::Volume(t) => t.describe(),
             Target::Nbd(t) => t.describe(),
+            Target::Nvmf(t) => t.describe(),
         }
     }
 
@@ -84,6 +93,8 @@ impl Target {
     pub fn alignment(&self) -> u64 {
         match self {
             Target::File(t) => t.alignment(),
+            // NVMe namespaces of 4 KiB blocks.
+            Target::Nvmf(_) => 4096,
             _ => 1,
         }
     }
@@ -95,6 +106,7 @@ impl Target {
             Target::File(t) => t.read(offset, len).await,
             Target::Volume(t) => t.read(offset, len).await,
             Target::Nbd(t) => t.read(slot, offset, len).await,
+            Target::Nvmf(t) => t.read(offset, len).await,
         }
     }
 
@@ -104,6 +116,7 @@ impl Target {
             Target::File(t) => t.write(offset, data).await,
             Target::Volume(t) => t.write(offset, data).await,
             Target::Nbd(t) => t.write(slot, offset, data).await,
+            Target::Nvmf(t) => t.write(offset, data).await,
         }
     }
 
@@ -111,8 +124,10 @@ impl Target {
     /// blocks.
     /// Ends the run cleanly (a volume writer flushes and detaches).
     pub async fn close(&self) {
-        if let Target::Volume(t) = self {
-            t.close().await;
+        match self {
+            Target::Volume(t) => t.close().await,
+            Target::Nvmf(t) => t.close().await,
+            _ => {}
         }
     }
 

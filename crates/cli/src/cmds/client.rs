@@ -650,6 +650,7 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
         | Cmd::Nbd(_)
         | Cmd::Attach(_)
         | Cmd::Map(_)
+        | Cmd::Nvmf(_)
         | Cmd::Unmap(_)
         | Cmd::Device(_)
         | Cmd::Csi(_)

@@ -11,8 +11,8 @@ use trireme_meta::VolumeRecord;
 
 use crate::units::human;
 use crate::{
-    Cli, CliError, Cmd, MaintenanceCmd, NodeCmd, NodeServeArgs, Output, SnapshotCmd, TrashCmd,
-    VolumeCmd,
+    Cli, CliError, Cmd, MaintenanceCmd, NodeCmd, NodeServeArgs, NvmfCmd, Output, SnapshotCmd,
+    TrashCmd, VolumeCmd,
 };
 
 pub use trireme_daemon::local::control_path;
@@ -25,6 +25,7 @@ mod daemons;
 mod etcd;
 mod jobs;
 mod map;
+mod nvmf;
 mod text;
 
 use ca::*;
@@ -155,6 +156,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Cmd::Node(NodeCmd::Run(ref a)) => runtime(1)?.block_on(node_run(&cli, a)),
         Cmd::Attach(ref a) => runtime(a.export.threads as usize)?.block_on(attach(&cli, a)),
         Cmd::Map(ref a) => runtime(1)?.block_on(map::map(&cli, a)),
+        Cmd::Nvmf(NvmfCmd::Serve(ref a)) => runtime(2)?.block_on(nvmf::serve(&cli, a)),
         Cmd::Unmap(ref a) => map::unmap(a),
         Cmd::Device(crate::DeviceCmd::List) => map::device_list(&cli),
         Cmd::Bench(ref a) => crate::bench::run(&cli, a),

@@ -1,0 +1,172 @@
+//! NVMe/TCP between hosts: a volume served by `trireme nvmf serve` on two servers of a
+//! cluster on etcd (network namespaces on a bridge), a host that runs our NVMe/TCP initiator
+//! with multipath (`trireme bench nvme+tcp://A,B/NQN --verify`), the optimized server killed
+//! -9 mid-job and later the other stopped: the host sees no error and no write is lost, the
+//! copies stay identical, and a host not on the access list is refused at Connect.
+
+mod common;
+#[allow(dead_code)] // the etcd test uses the rest of the world
+mod etcd_world;
+
+use std::io::Read;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{signal, BIN};
+use etcd_world::*;
+
+const BENCH_HOST: &str = "nqn.2026-12.io.trireme:bench";
+const NQN: &str = "nqn.2026-12.io.trireme:trireme:vol";
+
+struct Target {
+    child: Child,
+    log: std::path::PathBuf,
+    addr: String,
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Target {
+    fn holds_writer(&self) -> bool {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .contains("its path is ANA optimized")
+    }
+}
+
+/// `nvmf serve vol` on client host `host` with port id `port_id`; returns once it listens.
+fn serve(w: &World, host: usize, port_id: u32, tag: &str) -> Target {
+    let h = w.clients[host].clone();
+    let addr = format!("{}:4420", h.ip);
+    let log = w.dir.path().join(format!("nvmf-{tag}.log"));
+    let mut child = w
+        .cmd_on(&h)
+        .args([
+            "nvmf",
+            "serve",
+            "vol",
+            "--listen",
+            &addr,
+            "--lease-ttl",
+            "3s",
+        ])
+        .args(["--port-id", &port_id.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let mut line = Vec::new();
+    let mut b = [0u8; 1];
+    while out.read(&mut b).unwrap_or(0) == 1 && b[0] != b'\n' {
+        line.push(b[0]);
+    }
+    let line = String::from_utf8_lossy(&line).to_string();
+    assert_eq!(line, format!("nvme/tcp {addr} {NQN}"), "{}", w.log());
+    Target { child, log, addr }
+}
+
+fn wait_for(what: &str, limit: Duration, w: &World, cond: &dyn Fn() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(t0.elapsed() < limit, "{what} within {limit:?}\n{}", w.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn nvme_tcp_multipath_fails_over_between_servers_without_an_error() {
+    if skipped() {
+        return;
+    }
+    let w = World::start(1, 3, 3);
+    w.cli_ok(&[
+        "volume",
+        "create",
+        "vol",
+        "--size",
+        "64M",
+        "--replicas",
+        "3",
+    ]);
+    w.cli_ok(&[
+        "volume", "access", "vol", "--allow", BENCH_HOST, "--deny", "*",
+    ]);
+    let info = w.cli_ok(&["--output", "json", "volume", "info", "vol"]);
+    assert!(info.contains(BENCH_HOST), "{info}");
+    let mut a = serve(&w, 0, 1, "a");
+    wait_for(
+        "server A takes the writer",
+        Duration::from_secs(20),
+        &w,
+        &|| a.holds_writer(),
+    );
+    let b = serve(&w, 1, 2, "b");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !b.holds_writer(),
+        "B is a standby while A holds the volume\n{}",
+        w.log()
+    );
+
+    // A host not on the access list is refused at Connect.
+    let stranger = w.clients[2]
+        .cmd(BIN)
+        .args(["bench", "-d1", "-W0", "-b4K"])
+        .arg(format!(
+            "nvme+tcp://{}/{NQN}?hostnqn=nqn.2014-08.org.nvmexpress:uuid:mallory",
+            a.addr
+        ))
+        .output()
+        .unwrap();
+    assert!(!stranger.status.success());
+    let err = String::from_utf8_lossy(&stranger.stderr);
+    assert!(err.contains("0x184") || err.contains("status"), "{err}");
+
+    let uri = format!("nvme+tcp://{},{}/{NQN}", a.addr, b.addr);
+    let bench = w.clients[2]
+        .cmd(BIN)
+        .args([
+            "--output", "json", "bench", "--verify", "-b4K", "-w40", "-r", "-t2", "-o8", "-d24",
+            "-W0",
+        ])
+        .arg(&uri)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(4));
+    // The optimized server dies mid-job: B takes the writer when A's lease expires.
+    signal(a.child.id() as i32, libc::SIGKILL);
+    let _ = a.child.wait();
+    wait_for(
+        "server B takes the writer",
+        Duration::from_secs(30),
+        &w,
+        &|| b.holds_writer(),
+    );
+    // A comes back as a standby; then B is stopped (a drain): A takes the writer at once.
+    drop(a);
+    let a2 = serve(&w, 0, 1, "a2");
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(!a2.holds_writer());
+    let t0 = Instant::now();
+    signal(b.child.id() as i32, libc::SIGTERM);
+    wait_for(
+        "server A takes the writer back",
+        Duration::from_secs(20),
+        &w,
+        &|| a2.holds_writer(),
+    );
+    eprintln!("handover after SIGTERM: {:?}", t0.elapsed());
+    let v = common::check_workload(bench, 500, &|| w.log());
+    eprintln!("{}", v["verify"]);
+    w.verify();
+    drop(b);
+    drop(a2);
+}
