@@ -30,6 +30,10 @@ pub struct UpArgs {
     /// NBD TCP port on 127.0.0.1 (0 picks a free one).
     #[arg(long, default_value_t = 10809)]
     pub port: u16,
+    /// Serve the volume over NVMe/TCP at ADDR:PORT too (subsystem
+    /// nqn.2026-12.io.trireme:local:VOLUME; hosts whose NQN is on its access list).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub nvmf: Option<std::net::SocketAddr>,
     /// Name of the volume to create and export.
     #[arg(long, default_value = "vol0")]
     pub volume: String,

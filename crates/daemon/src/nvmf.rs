@@ -128,21 +128,49 @@ pub async fn export(
     access: crate::access::AccessView,
 ) -> Result<(NvmfExport, tokio::net::TcpListener), DaemonError> {
     let volume = &cfg.attach.volume;
-    if !trireme_nvmf::PORT_IDS.contains(&cfg.port_id) {
+    bind(meta, volume, cfg.listen, cfg.port_id, &cfg.cluster, access).await
+}
+
+/// The export of `slot`'s volume by the writer this process already is (`up --nvmf`): the
+/// only path, always optimized.
+pub async fn export_writer(
+    meta: &ClusterMeta,
+    slot: &Arc<trireme_blockdev::Slot>,
+    listen: SocketAddr,
+    cluster: &str,
+    access: crate::access::AccessView,
+) -> Result<(NvmfExport, tokio::net::TcpListener), DaemonError> {
+    let volume = slot.current().info().name.clone();
+    let (ex, l) = bind(meta, &volume, listen, 1, cluster, access).await?;
+    ex.dev.set(Some(VolumeDevice::new(slot.clone())));
+    ex.ana.set(ana::OPTIMIZED);
+    Ok((ex, l))
+}
+
+async fn bind(
+    meta: &ClusterMeta,
+    volume: &String,
+    listen: SocketAddr,
+    port_id: u16,
+    cluster: &str,
+    access: crate::access::AccessView,
+) -> Result<(NvmfExport, tokio::net::TcpListener), DaemonError> {
+    let cfg = (listen, port_id, cluster);
+    let (listen, port_id, cluster) = cfg;
+    if !trireme_nvmf::PORT_IDS.contains(&port_id) {
         return Err(DaemonError::Usage(format!(
-            "--port-id {}: 1 to 15, distinct on each server that serves the volume",
-            cfg.port_id
+            "--port-id {port_id}: 1 to 15, distinct on each server that serves the volume"
         )));
     }
     let v = crate::attach::until_reachable("reading the volume", || meta.volume(volume)).await?;
-    let listener = tokio::net::TcpListener::bind(cfg.listen)
+    let listener = tokio::net::TcpListener::bind(listen)
         .await
-        .map_err(|e| DaemonError::Usage(format!("cannot listen on {}: {e}", cfg.listen)))?;
+        .map_err(|e| DaemonError::Usage(format!("cannot listen on {listen}: {e}")))?;
     let addr = listener
         .local_addr()
         .map_err(|e| DaemonError::Runtime(e.to_string()))?;
-    let nqn = trireme_nvmf::volume_nqn(&cfg.cluster, volume);
-    let (nguid, serial) = trireme_nvmf::volume_ids(&format!("{}:{}:{}", cfg.cluster, volume, v.id));
+    let nqn = trireme_nvmf::volume_nqn(cluster, volume);
+    let (nguid, serial) = trireme_nvmf::volume_ids(&format!("{cluster}:{volume}:{}", v.id));
     let dev = Arc::new(StandbyDevice::default());
     dev.size.store(v.size, std::sync::atomic::Ordering::Relaxed);
     let ana = Ana::new(ana::INACCESSIBLE);
@@ -155,7 +183,7 @@ pub async fn export(
         ana: ana.clone(),
         allow: Arc::new(move |host: &str| access.allows(&name, host)),
     });
-    let port = Arc::new(Port::new(cfg.port_id, addr, vec![sub]));
+    let port = Arc::new(Port::new(port_id, addr, vec![sub]));
     Ok((
         NvmfExport {
             port,

@@ -300,3 +300,32 @@ pub fn check_name(name: &str) -> Result<(), MetaError> {
         Err(MetaError::BadName(name.to_string()))
     }
 }
+
+#[cfg(test)]
+mod access_entry_tests {
+    use super::*;
+
+    #[test]
+    fn access_entries_take_client_names_and_host_nqns() {
+        for ok in [
+            "*",
+            "db-host",
+            "nqn.2014-08.org.nvmexpress:uuid:4c4c4544-0042-3510-8030-b4c04f4b4d32",
+        ] {
+            assert!(check_access_entry(ok).is_ok(), "{ok}");
+        }
+        let long = format!("nqn.{}", "a".repeat(220));
+        for bad in [
+            "",
+            "a b",
+            "nqn.x y",
+            "nqn.x/y",
+            long.as_str(),
+            "host:with:colons",
+        ] {
+            assert!(check_access_entry(bad).is_err(), "{bad}");
+        }
+        assert!(is_host_nqn("nqn.2014-08.org.nvmexpress:uuid:x"));
+        assert!(!is_host_nqn("db-host"));
+    }
+}

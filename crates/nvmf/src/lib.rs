@@ -36,6 +36,6 @@ mod tests;
 pub use admin::MAX_IO_QUEUES;
 pub use initiator::{ConnectOptions, Controller, HostError, HostId};
 pub use multipath::Multipath;
-pub use queue::{QueueError, MAXH2CDATA, MAX_TRANSFER};
+pub use queue::{serve as serve_queue, QueueError, MAXH2CDATA, MAX_TRANSFER};
 pub use subsystem::{volume_ids, volume_nqn, AllowHost, Ana, AnaState, Subsystem};
 pub use target::{Connected, Port, PORT_IDS};

@@ -15,9 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::tcp::OwnedReadHalf;
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use trireme_blockdev::BlockDevice;
 
 use crate::admin::Answer;
@@ -52,12 +50,12 @@ pub enum QueueError {
 
 /// Serves one connection of `port` until it closes, the host breaks the protocol, or its
 /// controller ends.
-pub(crate) async fn serve<D: BlockDevice>(
-    port: Arc<Port<D>>,
-    stream: TcpStream,
-    peer: SocketAddr,
-) -> Result<(), QueueError> {
-    let (rd, wr) = stream.into_split();
+pub async fn serve<D, S>(port: Arc<Port<D>>, stream: S, peer: SocketAddr) -> Result<(), QueueError>
+where
+    D: BlockDevice,
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let (rd, wr) = tokio::io::split(stream);
     let mut rd = BufReader::with_capacity(256 * 1024, rd);
     let (tx, rx) = tokio::sync::mpsc::channel(2 * ident::QUEUE_ENTRIES as usize + 8);
     let writer = tokio::spawn(write_all(wr, rx));
@@ -92,11 +90,9 @@ pub(crate) async fn serve<D: BlockDevice>(
 }
 
 /// Sends what the queue's requests queue up, in order; batches what is ready into one flush.
-async fn write_all(
-    wr: tokio::net::tcp::OwnedWriteHalf,
-    mut rx: tokio::sync::mpsc::Receiver<Vec<Bytes>>,
-) {
-    let mut wr = tokio::io::BufWriter::with_capacity(64 * 1024, wr);
+async fn write_all<W: AsyncWrite + Send>(wr: W, mut rx: tokio::sync::mpsc::Receiver<Vec<Bytes>>) {
+    let wr = tokio::io::BufWriter::with_capacity(64 * 1024, wr);
+    tokio::pin!(wr);
     while let Some(first) = rx.recv().await {
         let mut batch = Some(first);
         while let Some(pieces) = batch.take().or_else(|| rx.try_recv().ok()) {
@@ -149,7 +145,7 @@ fn protocol(why: impl Into<String>) -> QueueError {
 }
 
 impl<D: BlockDevice> Queue<D> {
-    async fn handshake(&mut self, rd: &mut BufReader<OwnedReadHalf>) -> Result<(), QueueError> {
+    async fn handshake(&mut self, rd: &mut (impl AsyncRead + Unpin)) -> Result<(), QueueError> {
         let read = async {
             let mut ch = [0u8; CH_LEN];
             rd.read_exact(&mut ch).await?;
@@ -197,7 +193,7 @@ impl<D: BlockDevice> Queue<D> {
         }
     }
 
-    async fn run(&mut self, rd: &mut BufReader<OwnedReadHalf>) -> Result<(), QueueError> {
+    async fn run(&mut self, rd: &mut (impl AsyncRead + Unpin)) -> Result<(), QueueError> {
         loop {
             let mut dead = self.conn.as_ref().map(|c| c.ctrl.dead_rx());
             let limit = match (&self.conn, self.transfers.is_empty()) {
@@ -255,7 +251,7 @@ impl<D: BlockDevice> Queue<D> {
 
     /// Reads the data of a PDU whose header was read (skipping a pad before it).
     async fn read_data(
-        rd: &mut BufReader<OwnedReadHalf>,
+        rd: &mut (impl AsyncRead + Unpin),
         c: &Common,
         into: &mut BytesMut,
     ) -> Result<(), QueueError> {
@@ -276,7 +272,7 @@ impl<D: BlockDevice> Queue<D> {
 
     async fn capsule(
         &mut self,
-        rd: &mut BufReader<OwnedReadHalf>,
+        rd: &mut (impl AsyncRead + Unpin),
         c: &Common,
         hdr: &[u8],
     ) -> Result<(), QueueError> {
@@ -370,7 +366,7 @@ impl<D: BlockDevice> Queue<D> {
 
     async fn h2c_data(
         &mut self,
-        rd: &mut BufReader<OwnedReadHalf>,
+        rd: &mut (impl AsyncRead + Unpin),
         c: &Common,
         hdr: &[u8],
     ) -> Result<(), QueueError> {

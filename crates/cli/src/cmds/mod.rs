@@ -91,6 +91,7 @@ pub(crate) fn local_config(
             .map(|(n, t)| (*n, t.as_str().to_string()))
             .collect(),
         volume_opts: a.failure.volume_options(a.streams, cli.transport.kind()),
+        nvmf: a.nvmf,
         insecure: a.insecure,
     })
 }

@@ -73,6 +73,8 @@ pub struct LocalConfig {
     pub node_transport: Vec<(u32, String)>,
     /// How the NBD export's volume client runs.
     pub volume_opts: trireme_client::VolumeOptions,
+    /// Serve the volume over NVMe/TCP here too (`up --nvmf`).
+    pub nvmf: Option<std::net::SocketAddr>,
     /// Plain text on every TCP link: the NBD export and the data path to the nodes (otherwise
     /// TLS only, with the credentials in `<data-dir>/tls/`).
     pub insecure: bool,
@@ -368,6 +370,16 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
         a.volume_opts.clone(),
         Some(manager.clone()),
     ));
+    let nvmf = match a.nvmf {
+        Some(listen) => {
+            let (ex, l) =
+                crate::nvmf::export_writer(&meta, &slot.slot, listen, "local", access.clone())
+                    .await?;
+            let line = format!("nvme/tcp {} {}", ex.port.addr, ex.nqn);
+            Some((line, tokio::spawn(ex.port.clone().serve(l)), ex))
+        }
+        None => None,
+    };
     let uris = crate::export::uris(&a.volume, Some(&sock), Some(tcp_addr), tls.as_ref());
     write_atomically(&dir.join("exports"), &(uris.join("\n") + "\n"))?;
     let http = match http {
@@ -403,6 +415,9 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
     println!("NBD exports:");
     for u in &uris {
         println!("  {u}");
+    }
+    if let Some((line, _, _)) = &nvmf {
+        println!("NVMe/TCP export (hosts whose NQN is on the volume's access list):\n  {line}");
     }
     if let Some((h, token)) = &http {
         println!(
@@ -476,6 +491,12 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
     follow.abort();
     take_back.abort();
     reattach.abort();
+    if let Some((_, task, ex)) = nvmf {
+        // Hosts hold their I/O (no usable path) rather than see it fail in the detach.
+        ex.ana.set(trireme_nvmf::ident::ana::INACCESSIBLE);
+        task.abort();
+        ex.port.shut();
+    }
     for t in nbd_tasks {
         t.abort();
     }
