@@ -58,6 +58,14 @@ pub async fn follow(meta: ClusterMeta, apply: impl Fn(Vec<VolumeRecord>)) {
     }
 }
 
+/// An access view kept current by [`follow`] on a task of its own (abort it to stop).
+pub fn followed(meta: ClusterMeta) -> (AccessView, tokio::task::JoinHandle<()>) {
+    let view = AccessView::default();
+    let v = view.clone();
+    let task = tokio::spawn(follow(meta, move |vs| v.set(&vs)));
+    (view, task)
+}
+
 /// Reads the cluster's deny list of certificates into this process's TLS (every handshake
 /// checks it: `trireme_tls::revoke`).
 pub async fn refresh_revoked(meta: &ClusterMeta) {

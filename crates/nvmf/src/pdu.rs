@@ -210,6 +210,38 @@ impl Common {
     }
 }
 
+/// The fields ICReq and ICResp share the layout of: a format version, a byte each for the
+/// data alignment and the digests, and a 32-bit limit.
+fn ic_decode(b: &[u8], what: &'static str) -> Result<(u16, u8, u8, u32), PduError> {
+    if b.len() < IC_LEN - CH_LEN {
+        return Err(PduError::Field(what));
+    }
+    Ok((
+        u16::from_le_bytes([b[0], b[1]]),
+        b[2],
+        b[3],
+        u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
+    ))
+}
+
+fn ic_encode(kind: u8, pfv: u16, align: u8, digest: u8, limit: u32) -> Bytes {
+    let mut out = BytesMut::with_capacity(IC_LEN);
+    Common {
+        kind,
+        flags: 0,
+        hlen: IC_LEN as u8,
+        pdo: 0,
+        plen: IC_LEN as u32,
+    }
+    .put(&mut out);
+    out.put_u16_le(pfv);
+    out.put_u8(align);
+    out.put_u8(digest);
+    out.put_u32_le(limit);
+    out.resize(IC_LEN, 0);
+    out.freeze()
+}
+
 /// Initialize connection request (host to controller).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IcReq {
@@ -223,33 +255,17 @@ pub struct IcReq {
 impl IcReq {
     /// From the 120 bytes after the common header.
     pub fn decode(b: &[u8]) -> Result<IcReq, PduError> {
-        if b.len() < IC_LEN - CH_LEN {
-            return Err(PduError::Field("ICReq too short"));
-        }
+        let (pfv, hpda, digest, maxr2t) = ic_decode(b, "ICReq too short")?;
         Ok(IcReq {
-            pfv: u16::from_le_bytes([b[0], b[1]]),
-            hpda: b[2],
-            digest: b[3],
-            maxr2t: u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
+            pfv,
+            hpda,
+            digest,
+            maxr2t,
         })
     }
 
     pub fn encode(&self) -> Bytes {
-        let mut out = BytesMut::with_capacity(IC_LEN);
-        Common {
-            kind: kind::IC_REQ,
-            flags: 0,
-            hlen: IC_LEN as u8,
-            pdo: 0,
-            plen: IC_LEN as u32,
-        }
-        .put(&mut out);
-        out.put_u16_le(self.pfv);
-        out.put_u8(self.hpda);
-        out.put_u8(self.digest);
-        out.put_u32_le(self.maxr2t);
-        out.resize(IC_LEN, 0);
-        out.freeze()
+        ic_encode(kind::IC_REQ, self.pfv, self.hpda, self.digest, self.maxr2t)
     }
 }
 
@@ -265,33 +281,23 @@ pub struct IcResp {
 
 impl IcResp {
     pub fn decode(b: &[u8]) -> Result<IcResp, PduError> {
-        if b.len() < IC_LEN - CH_LEN {
-            return Err(PduError::Field("ICResp too short"));
-        }
+        let (pfv, cpda, digest, maxh2cdata) = ic_decode(b, "ICResp too short")?;
         Ok(IcResp {
-            pfv: u16::from_le_bytes([b[0], b[1]]),
-            cpda: b[2],
-            digest: b[3],
-            maxh2cdata: u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
+            pfv,
+            cpda,
+            digest,
+            maxh2cdata,
         })
     }
 
     pub fn encode(&self) -> Bytes {
-        let mut out = BytesMut::with_capacity(IC_LEN);
-        Common {
-            kind: kind::IC_RESP,
-            flags: 0,
-            hlen: IC_LEN as u8,
-            pdo: 0,
-            plen: IC_LEN as u32,
-        }
-        .put(&mut out);
-        out.put_u16_le(self.pfv);
-        out.put_u8(self.cpda);
-        out.put_u8(self.digest);
-        out.put_u32_le(self.maxh2cdata);
-        out.resize(IC_LEN, 0);
-        out.freeze()
+        ic_encode(
+            kind::IC_RESP,
+            self.pfv,
+            self.cpda,
+            self.digest,
+            self.maxh2cdata,
+        )
     }
 }
 

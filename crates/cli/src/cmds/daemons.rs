@@ -264,13 +264,7 @@ pub(crate) async fn attach(cli: &Cli, a: &crate::AttachArgs) -> Result<(), CliEr
     check_socket(&a.export)?;
     let meta = etcd_meta(cli).await?;
     // TLS clients open the volume only if its access list names them.
-    let access = trireme_daemon::access::AccessView::default();
-    let follow = {
-        let view = access.clone();
-        tokio::spawn(trireme_daemon::access::follow(meta.clone(), move |vs| {
-            view.set(&vs)
-        }))
-    };
+    let (access, follow) = trireme_daemon::access::followed(meta.clone());
     let tls = export_tls(&a.export, None)?.map(|t| t.gated(&access));
     let tcp = bind_nbd(a.export.listen).await?;
     let tcp_addr = tcp.as_ref().and_then(|l| l.local_addr().ok());

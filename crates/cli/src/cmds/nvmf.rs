@@ -16,13 +16,7 @@ pub(crate) async fn serve(cli: &Cli, a: &NvmfServeArgs) -> Result<(), CliError> 
     }
     let meta = etcd_meta(cli).await?;
     // Hosts connect only if their NQN is on the volume's access list.
-    let access = trireme_daemon::access::AccessView::default();
-    let follow = {
-        let view = access.clone();
-        tokio::spawn(trireme_daemon::access::follow(meta.clone(), move |vs| {
-            view.set(&vs)
-        }))
-    };
+    let (access, follow) = trireme_daemon::access::followed(meta.clone());
     let cfg = trireme_daemon::nvmf::NvmfConfig {
         attach: trireme_daemon::attach::AttachConfig {
             volume: a.volume.clone(),
