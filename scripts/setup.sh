@@ -11,7 +11,7 @@
 # e2fsprogs and mount: tests/full.rs fills a small ext4 file system on a loop device.
 # cpio and busybox-static: tests/kernel_devices.rs boots a guest (qemu-system-x86 from
 # bookworm-backports, to match qemu-utils; Debian 12's 7.2 would replace it) whose kernel
-# has the NBD client and ublk: a Debian 6.12 kernel, unpacked (not installed) below.
+# has the NBD client, ublk and nvme-tcp: a Debian 6.12 kernel, unpacked (not installed) below.
 # python3-yaml: tests/csi.rs reads contrib/kubernetes/ and runs trireme with its arguments.
 # ceph-common, ceph-mon, ceph-osd: `rbd merge-diff` (no cluster needed) reads what `volume diff`
 # writes; tests/ceph.rs starts a one-monitor, one-OSD Ceph cluster for `rbd import-diff` and
@@ -37,7 +37,7 @@ fi
 # fatal: without them tests/kernel_devices.rs says SKIPPED and why.
 guest_setup() {
   local guest_dir=/var/cache/trireme-guest sudo="" kpkg kver work m
-  [ -e "$guest_dir/ready" ] && return 0
+  [ -e "$guest_dir/ready" ] && [ -e "$guest_dir/modules/nvme-tcp.ko" ] && return 0
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
   if [ ! -e /etc/apt/sources.list.d/trireme-backports.sources ]; then
     printf 'Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
@@ -56,7 +56,9 @@ guest_setup() {
   $sudo mkdir -p "$guest_dir/modules"
   $sudo cp "$work/root/boot/vmlinuz-$kver" "$guest_dir/vmlinuz" || return 1
   for m in drivers/block/nbd drivers/block/ublk_drv fs/ext4/ext4 fs/jbd2/jbd2 fs/mbcache lib/crc16 \
-           crypto/crc32c_generic drivers/net/virtio_net drivers/net/net_failover net/core/failover; do
+           crypto/crc32c_generic drivers/net/virtio_net drivers/net/net_failover net/core/failover \
+           drivers/nvme/common/nvme-auth drivers/nvme/common/nvme-keyring drivers/nvme/host/nvme-core \
+           drivers/nvme/host/nvme-fabrics drivers/nvme/host/nvme-tcp; do
     xz -dc "$work/root/lib/modules/$kver/kernel/$m.ko.xz" | $sudo tee "$guest_dir/modules/$(basename $m).ko" >/dev/null || return 1
   done
   echo "$kver" | $sudo tee "$guest_dir/ready" >/dev/null

@@ -183,6 +183,9 @@ pub fn initrd(dir: &Path, script: &str, programs: &[(&Path, &str)]) -> PathBuf {
          for m in failover net_failover virtio_net crc16 mbcache jbd2 crc32c_generic ext4 nbd ublk_drv; do\n\
            insmod /lib/modules/$m.ko || echo \"@@ insmod $m failed\"\n\
          done\n\
+         for m in nvme-auth nvme-keyring nvme-core nvme-fabrics nvme-tcp; do\n\
+           [ -e /lib/modules/$m.ko ] && { insmod /lib/modules/$m.ko || echo \"@@ insmod $m failed\"; }\n\
+         done\n\
          ip link set lo up; ip link set eth0 up\n\
          ip addr add 10.0.2.15/24 dev eth0; ip route add default via 10.0.2.2\n\
          echo '@@ GUEST-UP'\n\
