@@ -605,9 +605,23 @@ async fn csi_node_steps(net: &GuestNet, dir: &std::path::Path) {
     .await
     .unwrap();
     ctl.controller_publish_volume(publish(fs)).await.unwrap();
-    csi.node_stage_volume(stage(fs, cap(Some("ext4"))))
-        .await
-        .unwrap();
+    // The manager grew the volume through a writer of its own (nobody had it), and may
+    // still hold it (or scrub it next): the stage is refused, naming that writer, until it
+    // lets go. A CO retries a refused NodeStage; so does this test, for a minute.
+    let t0 = std::time::Instant::now();
+    loop {
+        match csi.node_stage_volume(stage(fs, cap(Some("ext4")))).await {
+            Ok(_) => break,
+            Err(e)
+                if e.code() == tonic::Code::FailedPrecondition
+                    && e.message().contains("is attached by")
+                    && t0.elapsed() < Duration::from_secs(60) =>
+            {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => panic!("stage after the expand: {e:?}"),
+        }
+    }
     let grown = csi
         .node_expand_volume(pb::NodeExpandVolumeRequest {
             volume_id: fs.into(),
