@@ -126,7 +126,10 @@ fn nvme_tcp_multipath_fails_over_between_servers_without_an_error() {
         .unwrap();
     assert!(!stranger.status.success());
     let err = String::from_utf8_lossy(&stranger.stderr);
-    assert!(err.contains("0x184") || err.contains("status"), "{err}");
+    assert!(
+        err.contains("status 0x4184"),
+        "Connect Invalid Host (with DNR): {err}"
+    );
 
     let uri = format!("nvme+tcp://{},{}/{NQN}", a.addr, b.addr);
     let bench = w.clients[2]

@@ -310,8 +310,10 @@ async fn read_loop(
         }
         let c = Common::decode(&ch);
         c.check_from_controller(crate::queue::MAX_TRANSFER as usize)?;
-        let mut hdr = vec![0u8; c.hlen as usize - CH_LEN];
-        rd.read_exact(&mut hdr).await?;
+        // Checked above: a header is at most an ICReq's 128 bytes; no allocation per PDU.
+        let mut hdr_buf = [0u8; pdu::IC_LEN - CH_LEN];
+        let hdr = &mut hdr_buf[..c.hlen as usize - CH_LEN];
+        rd.read_exact(hdr).await?;
         let pad = (c.pdo as usize).saturating_sub(c.hlen as usize);
         let mut skip = vec![0u8; pad];
         rd.read_exact(&mut skip).await?;
@@ -324,7 +326,7 @@ async fn read_loop(
                 }
             }
             kind::C2H_DATA => {
-                let h = DataHeader::decode(&hdr)?;
+                let h = DataHeader::decode(hdr)?;
                 let mut data = vec![0u8; c.data_len()];
                 rd.read_exact(&mut data).await?;
                 let mut map = lock(pending);
@@ -348,7 +350,7 @@ async fn read_loop(
                 }
             }
             kind::R2T => {
-                let h = DataHeader::decode(&hdr)?;
+                let h = DataHeader::decode(hdr)?;
                 let pieces = {
                     let map = lock(pending);
                     let Some(PendingSlot(p)) = map.get(&h.cccid) else {

@@ -236,11 +236,13 @@ impl<D: BlockDevice> Queue<D> {
                 _ => self.inline_max(),
             };
             c.check_from_host(max)?;
-            let mut hdr = vec![0u8; c.hlen as usize - CH_LEN];
-            rd.read_exact(&mut hdr).await?;
+            // Checked above: a header is at most an ICReq's 128 bytes; no allocation per PDU.
+            let mut hdr_buf = [0u8; pdu::IC_LEN - CH_LEN];
+            let hdr = &mut hdr_buf[..c.hlen as usize - CH_LEN];
+            rd.read_exact(hdr).await?;
             match c.kind {
-                kind::CAPSULE_CMD => self.capsule(rd, &c, &hdr).await?,
-                kind::H2C_DATA => self.h2c_data(rd, &c, &hdr).await?,
+                kind::CAPSULE_CMD => self.capsule(rd, &c, hdr).await?,
+                kind::H2C_DATA => self.h2c_data(rd, &c, hdr).await?,
                 kind::H2C_TERM => {
                     return Err(protocol("the host terminated the connection"));
                 }
