@@ -683,6 +683,9 @@ pub enum NvmfCmd {
     Serve(NvmfServeArgs),
 }
 
+/// The cluster's name in NQNs when none is given.
+pub const DEFAULT_CLUSTER: &str = "trireme";
+
 #[derive(Debug, Args)]
 pub struct NvmfServeArgs {
     pub volume: String,
@@ -694,7 +697,7 @@ pub struct NvmfServeArgs {
     #[arg(long, default_value_t = 1, value_parser = units::count(1, 15))]
     pub port_id: u32,
     /// The cluster's name in the NQN: the same on every server.
-    #[arg(long, default_value = "trireme", env = "TRIREME_CLUSTER")]
+    #[arg(long, default_value = DEFAULT_CLUSTER, env = "TRIREME_CLUSTER")]
     pub cluster: String,
     /// How long after this process dies a standby may take the writer.
     #[arg(long, default_value = "5s", value_parser = units::parse_duration)]

@@ -113,6 +113,47 @@ fn nvme_tcp_multipath_fails_over_between_servers_without_an_error() {
         "B is a standby while A holds the volume\n{}",
         w.log()
     );
+    // `status` shows both exports with their ANA states; `volume info` names the NQN.
+    wait_for(
+        "status shows both exports",
+        Duration::from_secs(10),
+        &w,
+        &|| {
+            exports(&w)
+                == [
+                    ana(1, &a.addr, "optimized"),
+                    ana(2, &b.addr, "inaccessible"),
+                ]
+        },
+    );
+    let info = w.cli_ok(&["volume", "info", "vol"]);
+    assert!(
+        info.contains(&format!("nvme/tcp {NQN}")) && info.contains("port 2"),
+        "{info}"
+    );
+    // Operators' mistakes that would break a host's multipath are refused at start: a port
+    // id another server holds, or another cluster name (another NQN) for the same volume.
+    let refused = |args: &[&str]| {
+        let o = w
+            .cmd_on(&w.clients[2])
+            .args(["nvmf", "serve", "vol", "--listen"])
+            .arg(format!("{}:4420", w.clients[2].ip))
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{o:?}");
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let why = refused(&["--port-id", "1"]);
+    assert!(
+        why.contains("port id 1 of volume vol is served by pid"),
+        "{why}"
+    );
+    let why = refused(&["--port-id", "3", "--cluster", "typo"]);
+    assert!(
+        why.contains(&format!("is exported as {NQN}")) && why.contains(":typo:vol"),
+        "{why}"
+    );
 
     // A host not on the access list is refused at Connect.
     let stranger = w.clients[2]
@@ -143,7 +184,13 @@ fn nvme_tcp_multipath_fails_over_between_servers_without_an_error() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_secs(4));
+    // Its host is connected on both paths, as status says.
+    wait_for("status shows the host", Duration::from_secs(4), &w, &|| {
+        w.status()["volumes"][0]["nvmf"]
+            .as_array()
+            .is_some_and(|l| l.iter().all(|e| e["hosts"][0] == BENCH_HOST))
+    });
+    std::thread::sleep(Duration::from_secs(2));
     // The optimized server dies mid-job: B takes the writer when A's lease expires.
     signal(a.child.id() as i32, libc::SIGKILL);
     let _ = a.child.wait();
@@ -171,5 +218,60 @@ fn nvme_tcp_multipath_fails_over_between_servers_without_an_error() {
     eprintln!("{}", v["verify"]);
     w.verify();
     drop(b);
+    wait_for(
+        "B's export goes with it",
+        Duration::from_secs(10),
+        &w,
+        &|| exports(&w) == [ana(1, &a2.addr, "optimized")],
+    );
+
+    // A writer that another supersedes (an operator's forced attach) turns its path
+    // inaccessible and is a standby again; it takes the writer back when the volume is free.
+    let mut forced = w
+        .cmd_on(&w.clients[2])
+        .args(["attach", "vol", "--force", "--socket"])
+        .arg(w.dir.path().join("forced.sock"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(w.dir.path().join("forced.log")).unwrap())
+        .spawn()
+        .unwrap();
+    wait_for("A turns inaccessible", Duration::from_secs(20), &w, &|| {
+        exports(&w) == [ana(1, &a2.addr, "inaccessible")]
+    });
+    assert!(std::fs::read_to_string(&a2.log)
+        .unwrap()
+        .contains("a standby again"));
+    signal(forced.id() as i32, libc::SIGTERM);
+    let _ = forced.wait();
+    wait_for(
+        "A takes the writer back",
+        Duration::from_secs(20),
+        &w,
+        &|| exports(&w) == [ana(1, &a2.addr, "optimized")],
+    );
+    w.verify();
     drop(a2);
+}
+
+/// `status`'s exports of the volume: (port id, address, ANA state).
+fn exports(w: &World) -> Vec<(u64, String, String)> {
+    let s = w.status();
+    s["volumes"][0]["nvmf"]
+        .as_array()
+        .map(|l| {
+            l.iter()
+                .map(|e| {
+                    (
+                        e["port_id"].as_u64().unwrap_or(0),
+                        e["addr"].as_str().unwrap_or("").to_string(),
+                        e["ana"].as_str().unwrap_or("").to_string(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn ana(port_id: u64, addr: &str, state: &str) -> (u64, String, String) {
+    (port_id, addr.to_string(), state.to_string())
 }

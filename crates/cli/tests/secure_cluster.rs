@@ -354,6 +354,7 @@ fn a_client_on_the_access_list_that_is_not_the_writer_changes_nothing() {
         "revoked/00",
         "restarts/1",
         "next-snapshot-id",
+        "nvmf/v/1",
     ] {
         assert!(
             !etcd_put_as(&w, "carol", &format!("/trireme/v1/{k}")),
@@ -410,6 +411,17 @@ fn a_client_on_the_access_list_that_is_not_the_writer_changes_nothing() {
         ],
     );
     assert!(got[0].contains("does not shrink"), "{got:?}");
+    // An NVMe/TCP export record goes through the manager too: only for a client on the access
+    // list, only within bounds.
+    let export = |ana: &str| {
+        serde_json::json!({"cmd": "nvmf_export", "lease": 1, "record": {"volume": "v",
+            "port_id": 1, "addr": "10.0.0.1:4420", "nqn": "nqn.2026-12.io.trireme:trireme:v",
+            "host": "x", "pid": 1, "ana": ana, "hosts": []}})
+    };
+    let got = control_as(&w, "bob", &[export("optimized")]);
+    assert!(got[0].contains("not on volume v's access list"), "{got:?}");
+    let got = control_as(&w, "carol", &[export("fast")]);
+    assert!(got[0].contains("ANA state"), "{got:?}");
     // Her reports are bounded: one each 500 ms at most per volume, 64 KiB at most.
     let report = |http: String| {
         serde_json::json!({"cmd": "writer_report", "name": "v", "epoch": epoch,

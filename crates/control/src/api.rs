@@ -148,6 +148,15 @@ pub enum Request {
         epoch: u64,
         report: trireme_meta::WriterReport,
     },
+    /// A server's NVMe/TCP export of a volume (`nvmf serve`): written under `lease`, the
+    /// serving process's own, if its port id is free or already held under that lease. A
+    /// client must be on the volume's access list; the record is bounded
+    /// (`NvmfExportRecord::check`) and its identity is the caller's certificate. Answers the
+    /// record of the process that holds the port id, if another does (nothing written).
+    NvmfExport {
+        record: trireme_meta::NvmfExportRecord,
+        lease: i64,
+    },
     /// Where a volume lives, without a new epoch (for verification).
     Locate {
         name: String,
@@ -277,6 +286,7 @@ impl Request {
                 | Request::WriterRelease { .. }
                 | Request::WriterAnswer { .. }
                 | Request::WriterReport { .. }
+                | Request::NvmfExport { .. }
                 | Request::SetReplicaState { .. }
                 | Request::SetVolumeSize { .. }
                 | Request::Detach { .. }

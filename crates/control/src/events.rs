@@ -330,6 +330,7 @@ mod tests {
                 }),
                 io: None,
                 last_scrub: None,
+                nvmf: vec![],
             }],
             moves: vec![],
             manager: None,

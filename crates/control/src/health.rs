@@ -264,6 +264,7 @@ mod tests {
             health: None,
             io: None,
             last_scrub: None,
+            nvmf: vec![],
         }
     }
 

@@ -336,6 +336,20 @@ impl Attached {
     }
 }
 
+impl Attached {
+    /// Lets go of a writer another one superseded: its tasks stop and its lease goes, and
+    /// nothing is recorded (the attach record and the epoch are the new writer's now).
+    pub async fn abandon(self) {
+        self.mover.abort();
+        if let Some(r) = &self.reporter {
+            r.abort();
+        }
+        self.keeper.abort();
+        let lease = self.lease.load(std::sync::atomic::Ordering::Relaxed);
+        let _ = self.meta.store().revoke(lease).await;
+    }
+}
+
 /// How often the writer looks at what it reports, and the longest it goes without writing
 /// the report again (the rates age).
 const REPORT_EVERY: Duration = Duration::from_secs(1);

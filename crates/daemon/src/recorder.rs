@@ -229,6 +229,26 @@ impl Recorder {
         }
     }
 
+    /// Records this process's NVMe/TCP export under `lease` (see
+    /// `ClusterMeta::put_nvmf_export`): the holder's record if another process holds its
+    /// port id.
+    pub async fn nvmf_export(
+        &self,
+        record: &trireme_meta::NvmfExportRecord,
+        lease: i64,
+    ) -> Result<Option<trireme_meta::NvmfExportRecord>, MetaError> {
+        match self {
+            Recorder::Direct(m) => m.put_nvmf_export(record, lease).await,
+            Recorder::Manager { .. } => {
+                self.call(&Request::NvmfExport {
+                    record: record.clone(),
+                    lease,
+                })
+                .await
+            }
+        }
+    }
+
     /// The writer of `epoch` left cleanly.
     pub async fn detach(&self, name: &str, epoch: u64) -> Result<(), MetaError> {
         match self {

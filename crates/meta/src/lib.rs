@@ -24,10 +24,10 @@ mod tests;
 
 pub use cluster::{
     AliveRecord, AttachRecord, ClusterEvent, ClusterMeta, IoRates, ManagerRecord, MoveRequest,
-    MoveRequestState, ReportedLink, ReportedReplica, ResizeRequest, RestartOrder, RevokedCert,
-    ScrubOutcome, ScrubRecord, ScrubRequest, ScrubState, SnapshotAsk, SnapshotRecord,
+    MoveRequestState, NvmfExportRecord, ReportedLink, ReportedReplica, ResizeRequest, RestartOrder,
+    RevokedCert, ScrubOutcome, ScrubRecord, ScrubRequest, ScrubState, SnapshotAsk, SnapshotRecord,
     SnapshotState, TakeOutRequest, TakeOutState, TrashRecord, WriterAnswer, WriterReport,
-    EVENTS_KEPT, EVENTS_PER_CALL, MAX_REPORT, PREFIX,
+    EVENTS_KEPT, EVENTS_PER_CALL, MAX_EXPORT_HOSTS, MAX_REPORT, PREFIX,
 };
 pub use etcd::{parse_endpoints, EtcdMeta, EtcdTls};
 pub use kv::MetaStore;

@@ -31,6 +31,17 @@ pub mod ana {
     pub const NON_OPTIMIZED: u8 = 0x02;
     pub const INACCESSIBLE: u8 = 0x03;
     pub const CHANGE: u8 = 0x0f;
+
+    /// A state's name, as `status` shows it.
+    pub fn name(state: u8) -> &'static str {
+        match state {
+            OPTIMIZED => "optimized",
+            NON_OPTIMIZED => "non-optimized",
+            INACCESSIBLE => "inaccessible",
+            CHANGE => "change",
+            _ => "unknown",
+        }
+    }
 }
 
 /// Log page identifiers.

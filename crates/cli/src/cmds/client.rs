@@ -337,6 +337,14 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                         l.node, l.transport, l.peer
                     );
                 }
+                s += &match v.nvmf.is_empty() {
+                    false => nvmf_text("", &v.nvmf),
+                    true => format!(
+                        "nvme/tcp: not served; `trireme nvmf serve {} --listen ADDR:4420` on a server serves it as {}\n",
+                        v.record.name,
+                        trireme_nvmf::volume_nqn(&nvmf_cluster(), &v.record.name)
+                    ),
+                };
                 if let Some(p) = &v.record.parent {
                     s += &format!(
                         "clone of {}@{}: blocks not written since read from it\n",

@@ -31,6 +31,12 @@ pub(crate) async fn serve(cli: &Cli, a: &NvmfServeArgs) -> Result<(), CliError> 
     let (ex, listener) = trireme_daemon::nvmf::export(&meta, &cfg, access)
         .await
         .map_err(daemon_err)?;
+    // Refused here, before any host connects, if another server holds this port id of the
+    // volume or presents it under another NQN.
+    let rec = trireme_daemon::recorder::Recorder::for_process(meta.clone());
+    let said = trireme_daemon::nvmf::announce(rec, &ex, &a.volume, a.lease_ttl)
+        .await
+        .map_err(daemon_err)?;
     println!("nvme/tcp {} {}", ex.port.addr, ex.nqn);
     use std::io::Write;
     let _ = std::io::stdout().flush();
@@ -38,5 +44,6 @@ pub(crate) async fn serve(cli: &Cli, a: &NvmfServeArgs) -> Result<(), CliError> 
     let r = trireme_daemon::nvmf::run(meta, cfg, ex, stop.wait()).await;
     server.abort();
     follow.abort();
+    said.end().await;
     r.map_err(daemon_err)
 }

@@ -303,6 +303,38 @@ pub(crate) fn trash_table(l: &[trireme_meta::TrashRecord]) -> String {
     s
 }
 
+/// The cluster name `nvmf serve` puts in NQNs when not told another (`TRIREME_CLUSTER`).
+pub(crate) fn nvmf_cluster() -> String {
+    std::env::var("TRIREME_CLUSTER").unwrap_or_else(|_| crate::args::DEFAULT_CLUSTER.into())
+}
+
+/// A volume's NVMe/TCP exports, a line per server under a line naming the subsystem (two
+/// NQNs, a misconfiguration `nvmf serve` refuses, would show as two), each line led by
+/// `indent`.
+pub(crate) fn nvmf_text(indent: &str, exports: &[trireme_meta::NvmfExportRecord]) -> String {
+    let mut out = String::new();
+    let mut nqn = "";
+    for e in exports {
+        if e.nqn != nqn {
+            nqn = &e.nqn;
+            out += &format!(
+                "{indent}nvme/tcp {nqn}
+"
+            );
+        }
+        let hosts = match (e.hosts.len(), e.more_hosts) {
+            (0, _) => "no host connected".to_string(),
+            (_, 0) => format!("hosts {}", e.hosts.join(", ")),
+            (_, more) => format!("hosts {} and {more} more", e.hosts.join(", ")),
+        };
+        out += &format!(
+            "{indent}  port {} {} {} (pid {} on {}), {hosts}\n",
+            e.port_id, e.addr, e.ana, e.pid, e.host
+        );
+    }
+    out
+}
+
 pub(crate) fn status_text(s: &StatusReport) -> String {
     let up = s.nodes.iter().filter(|n| n.up).count();
     let mut out = String::new();
@@ -385,6 +417,7 @@ pub(crate) fn status_text(s: &StatusReport) -> String {
             );
         }
         out += &format!("{:<16} access: {}\n", "", access_text(&v.access));
+        out += &nvmf_text(&" ".repeat(17), &v.nvmf);
         if !v.tier.is_auto() {
             out += &format!("{:<16} pinned to the {} tier\n", "", v.tier.as_str());
         }

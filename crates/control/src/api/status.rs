@@ -328,6 +328,9 @@ pub struct VolumeStatus {
     /// How its last scrub went (asked or scheduled), if it had one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_scrub: Option<trireme_meta::ScrubOutcome>,
+    /// Its NVMe/TCP exports (`nvmf serve`): one per server, with its ANA state and hosts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nvmf: Vec<trireme_meta::NvmfExportRecord>,
 }
 
 /// What a planned node restart did.
@@ -370,6 +373,9 @@ pub struct VolumeInfo {
     /// Its snapshots, oldest first, with the bytes only each holds.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub snapshots: Vec<crate::SnapshotInfo>,
+    /// Its NVMe/TCP exports (see [`VolumeStatus::nvmf`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nvmf: Vec<trireme_meta::NvmfExportRecord>,
 }
 
 /// One data-path link of a volume client to a node.

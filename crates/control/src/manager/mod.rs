@@ -709,7 +709,8 @@ impl Manager {
             | Request::WriterReattach { .. }
             | Request::WriterRelease { .. }
             | Request::WriterAnswer { .. }
-            | Request::WriterReport { .. }) => self.handle_writer(req, peer).await,
+            | Request::WriterReport { .. }
+            | Request::NvmfExport { .. }) => self.handle_writer(req, peer).await,
             Request::VolumeResize {
                 name,
                 size,

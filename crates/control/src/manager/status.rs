@@ -39,6 +39,7 @@ impl Manager {
             tiers,
             writer: self.writer_status(&record).await,
             client_links: self.client_links(name),
+            nvmf: self.meta.nvmf_exports_of(name).await.unwrap_or_default(),
             record,
         })
     }
@@ -225,6 +226,7 @@ impl Manager {
             .into_iter()
             .collect();
         let scrubbed = self.meta.scrub_records().await.unwrap_or_default();
+        let exports = self.meta.nvmf_exports().await.unwrap_or_default();
         let mut vs = Vec::new();
         for v in &vols {
             // A writer here that another has fenced knows nothing current.
@@ -344,6 +346,11 @@ impl Manager {
                     .get(&v.name)
                     .filter(|r| r.volume_id == v.id)
                     .and_then(|r| r.last.clone()),
+                nvmf: exports
+                    .iter()
+                    .filter(|e| e.volume == v.name)
+                    .cloned()
+                    .collect(),
             });
         }
         for v in &mut vs {

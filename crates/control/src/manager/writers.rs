@@ -142,6 +142,9 @@ impl Manager {
                 epoch,
                 report,
             } => to(self.writer_report(peer, &name, epoch, report).await),
+            Request::NvmfExport { record, lease } => {
+                to(self.nvmf_export(peer, record, lease).await)
+            }
             Request::SetReplicaState {
                 name,
                 epoch,
@@ -235,6 +238,39 @@ impl Manager {
             .meta
             .put_report(name, client_of(peer), &report, kv.lease)
             .await?)
+    }
+
+    /// Records a server's NVMe/TCP export (see `Request::NvmfExport`): at most one write per
+    /// export each [`crate::api::REPORT_EVERY`], like a writer's report.
+    async fn nvmf_export(
+        &self,
+        peer: &Peer,
+        mut record: trireme_meta::NvmfExportRecord,
+        lease: i64,
+    ) -> Result<Option<trireme_meta::NvmfExportRecord>> {
+        self.writable_by(peer, &record.volume).await?;
+        if let Err(e) = record.check() {
+            return Err(denied(peer, e.to_string()));
+        }
+        record.identity = client_of(peer).map(|c| format!("client {c}"));
+        {
+            let mut last = self.reported.lock().unwrap_or_else(|e| e.into_inner());
+            let now = tokio::time::Instant::now();
+            let k = format!("nvmf/{}/{}", record.volume, record.port_id);
+            if last
+                .get(&k)
+                .is_some_and(|t| now.duration_since(*t) < crate::api::REPORT_EVERY)
+            {
+                return Err(ManagerError::Busy(format!(
+                    "volume {}'s export {} was recorded less than {:?} ago: try again later",
+                    record.volume,
+                    record.port_id,
+                    crate::api::REPORT_EVERY
+                )));
+            }
+            last.insert(k, now);
+        }
+        Ok(self.meta.put_nvmf_export(&record, lease).await?)
     }
 
     /// Attaches a writer on another host (see `Request::WriterAttach`).

@@ -376,7 +376,9 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
                 crate::nvmf::export_writer(&meta, &slot.slot, listen, "local", access.clone())
                     .await?;
             let line = format!("nvme/tcp {} {}", ex.port.addr, ex.nqn);
-            Some((line, tokio::spawn(ex.port.clone().serve(l)), ex))
+            let rec = crate::recorder::Recorder::Direct(meta.clone());
+            let said = crate::nvmf::announce(rec, &ex, &a.volume, Duration::from_secs(10)).await?;
+            Some((line, tokio::spawn(ex.port.clone().serve(l)), ex, said))
         }
         None => None,
     };
@@ -416,7 +418,7 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
     for u in &uris {
         println!("  {u}");
     }
-    if let Some((line, _, _)) = &nvmf {
+    if let Some((line, ..)) = &nvmf {
         println!("NVMe/TCP export (hosts whose NQN is on the volume's access list):\n  {line}");
     }
     if let Some((h, token)) = &http {
@@ -491,11 +493,12 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
     follow.abort();
     take_back.abort();
     reattach.abort();
-    if let Some((_, task, ex)) = nvmf {
+    if let Some((_, task, ex, said)) = nvmf {
         // Hosts hold their I/O (no usable path) rather than see it fail in the detach.
         ex.ana.set(trireme_nvmf::ident::ana::INACCESSIBLE);
         task.abort();
         ex.port.shut();
+        said.end().await;
     }
     for t in nbd_tasks {
         t.abort();

@@ -19,6 +19,7 @@
 //! | `revoked/<fingerprint>` | [`RevokedCert`]: a certificate refused at every handshake | no |
 //! | `events/<seq>`, `events-seen` | [`ClusterEvent`]: what changed, in words, the newest 200; what the recorder last compared | no |
 //! | `reports/<name>` | [`WriterReport`]: a writer's view of its volume, its I/O | yes |
+//! | `nvmf/<name>/<port id>` | [`NvmfExportRecord`]: a server's NVMe/TCP export of the volume: address, NQN, ANA state, hosts | yes: the serving process's |
 //! | `snapshots/<volume>/<name>` | [`SnapshotRecord`]: a snapshot's id on the copies, when it was taken, which nodes hold it | no |
 //! | `snapshot-asks/<name>` | [`SnapshotAsk`]: the manager asks the volume's writer to take a snapshot | no |
 //! | `next-snapshot-id` | the next snapshot id (never reused) | no |
@@ -39,6 +40,7 @@
 mod answers;
 mod attach;
 mod events;
+mod exports;
 mod members;
 mod records;
 mod reports;
@@ -57,6 +59,7 @@ use crate::MetaError;
 
 pub use answers::WriterAnswer;
 pub use events::{ClusterEvent, EVENTS_KEPT, EVENTS_PER_CALL};
+pub use exports::{NvmfExportRecord, MAX_EXPORT_HOSTS};
 pub use records::*;
 pub use reports::{IoRates, ReportedLink, ReportedReplica, WriterReport, MAX_REPORT};
 pub use snapshots::{SnapshotAsk, SnapshotRecord, SnapshotState};

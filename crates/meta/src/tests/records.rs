@@ -98,3 +98,63 @@ fn one_bad_node_record_hides_only_its_node() {
         assert_eq!(ids, [1]);
     });
 }
+
+#[test]
+fn an_nvmf_port_id_is_held_by_one_process_and_goes_with_its_lease() {
+    rt().block_on(async {
+        let s: Arc<dyn MetaStore> = Arc::new(EmbeddedMeta::in_memory());
+        let m = ClusterMeta::new(s.clone());
+        let (a, b) = (
+            s.grant(Duration::from_secs(30)).await.unwrap(),
+            s.grant(Duration::from_secs(30)).await.unwrap(),
+        );
+        let rec = |pid, port_id| crate::NvmfExportRecord {
+            volume: "v".into(),
+            port_id,
+            addr: "10.0.0.1:4420".into(),
+            nqn: "nqn.2026-12.io.trireme:c:v".into(),
+            host: "h".into(),
+            pid,
+            ana: "inaccessible".into(),
+            hosts: vec![],
+            more_hosts: 0,
+            identity: None,
+        };
+        assert_eq!(m.put_nvmf_export(&rec(1, 1), a).await.unwrap(), None);
+        // Another process asking for the same port id is told who holds it, and writes nothing.
+        assert_eq!(
+            m.put_nvmf_export(&rec(2, 1), b).await.unwrap(),
+            Some(rec(1, 1))
+        );
+        assert_eq!(m.put_nvmf_export(&rec(2, 2), b).await.unwrap(), None);
+        // Its holder updates it.
+        let optimized = crate::NvmfExportRecord {
+            ana: "optimized".into(),
+            hosts: vec!["nqn.2014-08.org.nvmexpress:uuid:h1".into()],
+            ..rec(1, 1)
+        };
+        assert_eq!(m.put_nvmf_export(&optimized, a).await.unwrap(), None);
+        assert_eq!(
+            m.nvmf_exports_of("v").await.unwrap(),
+            vec![optimized, rec(2, 2)]
+        );
+        // Its process gone (the lease revoked), the port id is free again.
+        s.revoke(a).await.unwrap();
+        assert_eq!(m.nvmf_exports().await.unwrap(), vec![rec(2, 2)]);
+        assert_eq!(m.put_nvmf_export(&rec(3, 1), b).await.unwrap(), None);
+        // Records out of bounds are refused by their check.
+        assert!(rec(1, 0).check().is_err());
+        assert!(crate::NvmfExportRecord {
+            ana: "fast".into(),
+            ..rec(1, 1)
+        }
+        .check()
+        .is_err());
+        let crowd = crate::NvmfExportRecord {
+            hosts: vec!["nqn.x".into(); crate::MAX_EXPORT_HOSTS + 1],
+            ..rec(1, 1)
+        };
+        assert!(crowd.check().is_err());
+        assert!(rec(1, 1).check().is_ok());
+    });
+}

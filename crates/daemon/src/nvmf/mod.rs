@@ -20,6 +20,9 @@ use trireme_nvmf::{Ana, Port, Subsystem};
 use crate::attach::{AttachConfig, Attached};
 use crate::DaemonError;
 
+mod announce;
+pub use announce::{announce, Announced};
+
 /// How often a standby looks for the writer's attach record.
 const STANDBY_POLL: Duration = Duration::from_millis(250);
 
@@ -112,7 +115,7 @@ impl BlockDevice for StandbyDevice {
 }
 
 /// The export of one volume on this server: its port and its ANA state.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct NvmfExport {
     pub port: Arc<Port<StandbyDevice>>,
     pub ana: Ana,
@@ -238,7 +241,9 @@ async fn take_when_free(meta: &ClusterMeta, cfg: &NvmfConfig, ex: &NvmfExport) -
 }
 
 /// Serves `ex` until `stop`: a standby first, the writer once the volume is free; on stop
-/// the path turns inaccessible and the writer detaches, for a standby to take it at once.
+/// the path turns inaccessible and the writer detaches, for a standby to take it at once. A
+/// writer another one supersedes (a forced attach, or this process's lease lost to a
+/// partition) turns inaccessible and is a standby again.
 pub async fn run(
     meta: ClusterMeta,
     cfg: NvmfConfig,
@@ -246,24 +251,57 @@ pub async fn run(
     stop: impl std::future::Future<Output = ()>,
 ) -> Result<(), DaemonError> {
     tokio::pin!(stop);
-    let att = tokio::select! {
-        a = take_when_free(&meta, &cfg, &ex) => a,
-        _ = &mut stop => {
-            ex.port.shut();
-            return Ok(());
+    loop {
+        let att = tokio::select! {
+            a = take_when_free(&meta, &cfg, &ex) => a,
+            _ = &mut stop => {
+                ex.port.shut();
+                return Ok(());
+            }
+        };
+        let epoch = att.volume.info().epoch;
+        let slot = crate::export::WriterSlot::new(att.volume.clone());
+        ex.dev.set(Some(VolumeDevice::new(slot.slot.clone())));
+        ex.ana.set(ana::OPTIMIZED);
+        tracing::info!(volume = %cfg.attach.volume, epoch, nqn = %ex.nqn, "this server holds the volume's writer: its path is ANA optimized");
+        tokio::select! {
+            _ = &mut stop => return hand_over(&ex, att).await,
+            why = superseded(&meta, &cfg.attach.volume, epoch) => {
+                // Hosts move to the new writer's path; I/O here could only fail.
+                ex.ana.set(ana::INACCESSIBLE);
+                ex.dev.set(None);
+                att.abandon().await;
+                tracing::warn!(volume = %cfg.attach.volume, epoch, "{why}: this path is ANA inaccessible, a standby again");
+            }
         }
-    };
-    let slot = crate::export::WriterSlot::new(att.volume.clone());
-    ex.dev.set(Some(VolumeDevice::new(slot.slot.clone())));
-    ex.ana.set(ana::OPTIMIZED);
-    tracing::info!(volume = %cfg.attach.volume, epoch = att.volume.info().epoch, nqn = %ex.nqn, "this server holds the volume's writer: its path is ANA optimized");
-    stop.await;
-    // Hosts move their I/O off this path (queued while no path is usable); what is in
-    // flight here ends before the writer goes.
+    }
+}
+
+/// The stop of a writer: hosts move their I/O off this path (queued while no path is
+/// usable); what is in flight here ends before the writer detaches.
+async fn hand_over(ex: &NvmfExport, att: Attached) -> Result<(), DaemonError> {
     ex.ana.set(ana::INACCESSIBLE);
     tokio::time::sleep(Duration::from_millis(200)).await;
     let r = att.detach().await;
     ex.dev.set(None);
     ex.port.shut();
     r
+}
+
+/// Returns, saying why, once the volume's epoch is no longer `epoch`: another writer took
+/// it, and this one is fenced.
+async fn superseded(meta: &ClusterMeta, volume: &str, epoch: u64) -> String {
+    let key = format!("{}{volume}", ClusterMeta::layouts_prefix());
+    loop {
+        let (_, rev) = crate::keys::read(meta, &key).await;
+        match meta.volume(volume).await {
+            Ok(v) if v.epoch != epoch => {
+                return format!("a writer of epoch {} took the volume", v.epoch)
+            }
+            Ok(_) => {}
+            Err(trireme_meta::MetaError::NoVolume(_)) => return "the volume is gone".into(),
+            Err(e) => tracing::debug!(%volume, "reading the layout: {e}"),
+        }
+        crate::keys::changed(meta, &key, rev).await;
+    }
 }
