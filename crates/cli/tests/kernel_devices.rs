@@ -721,6 +721,17 @@ echo "@@ PATHS-AFTER $(cat /sys/block/nvme0c0n1/ana_state) $(cat /sys/block/nvme
 dmesg | grep -ci "I/O error" | sed 's/^/@@ IO-ERRORS /'
 for c in /sys/class/nvme/nvme*; do echo 1 > $c/delete_controller; done
 echo "@@ NVME-OK"
+# The kernel-initiator benchmark runs as shipped, on volume k, its target in the guest (one
+# second a job: TCG times nothing).
+cat > /tmp/nk.sh <<'NK'
+@@NVMF-KERNEL-SH@@
+NK
+T="trireme --transport tcp --etcd http://10.0.2.2:2379"
+i=0; while $T --output json status 2>/dev/null | grep -qi '"unverified"\|"resyncing"'; do i=$((i+1)); [ $i -gt 600 ] && fail "the volumes never settled"; sleep 0.5; done
+SIZE=16M HOSTNQN=nqn.2026-12.io.trireme:guest TRIREME="$T" sh /tmp/nk.sh k 1 >/tmp/nk.out 2>&1 || fail "bench/nvmf-kernel.sh: $(cat /tmp/nk.out)"
+cat /tmp/nk.out
+grep -q "^randwrite  *128" /tmp/nk.out || fail "the benchmark's table: $(cat /tmp/nk.out)"
+echo "@@ NVMF-KERNEL-OK"
 "#;
 
 /// `nvmf serve n` on port `port` (id `id`) in the guest's network, its log in `dir`.
@@ -769,6 +780,17 @@ fn linux_nvme_tcp_multipath_survives_the_writers_server_kill() {
         "*",
     ];
     assert!(trireme(&net, &allow).status.success());
+    // The benchmark's volume (bench/nvmf-kernel.sh, run in the guest at the end).
+    let create = ["volume", "create", "k", "--size", "64M", "--replicas", "2"];
+    assert!(trireme(&net, &create).status.success());
+    let allow_k = [
+        "volume",
+        "access",
+        "k",
+        "--allow",
+        "nqn.2026-12.io.trireme:guest",
+    ];
+    assert!(trireme(&net, &allow_k).status.success());
     let a = procs.0.len();
     procs.0.push(nvmf_target(&net, dir.path(), 4420, 1));
     let t0 = Instant::now();
@@ -782,10 +804,15 @@ fn linux_nvme_tcp_multipath_survives_the_writers_server_kill() {
     procs.0.push(nvmf_target(&net, dir.path(), 4421, 2));
     std::thread::sleep(Duration::from_secs(1));
 
+    let script = NVME_SCRIPT.replace(
+        "@@NVMF-KERNEL-SH@@",
+        include_str!("../../../bench/nvmf-kernel.sh"),
+    );
     let initrd = guest::initrd(
         dir.path(),
-        NVME_SCRIPT,
+        &script,
         &[
+            (std::path::Path::new(BIN), "/bin/trireme"),
             (std::path::Path::new("/sbin/mkfs.ext4"), "/sbin/mkfs.ext4"),
             (std::path::Path::new("/usr/bin/fio"), "/usr/bin/fio"),
         ],
@@ -807,6 +834,14 @@ fn linux_nvme_tcp_multipath_survives_the_writers_server_kill() {
     let errors = g.expect("@@ IO-ERRORS", Duration::from_secs(60));
     assert!(errors.ends_with(" 0"), "{errors}\n{}", g.log.join("\n"));
     g.expect("@@ NVME-OK", Duration::from_secs(60));
+    g.expect("@@ NVMF-KERNEL-OK", Duration::from_secs(600));
+    for l in g
+        .log
+        .iter()
+        .filter(|l| l.contains("nvme") || l.contains("rand"))
+    {
+        eprintln!("guest: {l}");
+    }
     let v = trireme(&net, &["volume", "verify", "n"]);
     let out = String::from_utf8_lossy(&v.stdout);
     assert!(out.contains("0 mismatching"), "{out}");

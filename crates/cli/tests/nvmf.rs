@@ -22,6 +22,7 @@ struct Target {
     child: Child,
     log: std::path::PathBuf,
     addr: String,
+    port_id: u64,
 }
 
 impl Drop for Target {
@@ -68,7 +69,12 @@ fn serve(w: &World, host: usize, port_id: u32, tag: &str) -> Target {
     }
     let line = String::from_utf8_lossy(&line).to_string();
     assert_eq!(line, format!("nvme/tcp {addr} {NQN}"), "{}", w.log());
-    Target { child, log, addr }
+    Target {
+        child,
+        log,
+        addr,
+        port_id: port_id.into(),
+    }
 }
 
 fn wait_for(what: &str, limit: Duration, w: &World, cond: &dyn Fn() -> bool) {
@@ -191,38 +197,45 @@ fn nvme_tcp_multipath_fails_over_between_servers_without_an_error() {
             .is_some_and(|l| l.iter().all(|e| e["hosts"][0] == BENCH_HOST))
     });
     std::thread::sleep(Duration::from_secs(2));
-    // The optimized server dies mid-job: B takes the writer when A's lease expires.
+    // The optimized server dies mid-job: a standby takes the writer when A's lease expires.
     signal(a.child.id() as i32, libc::SIGKILL);
     let _ = a.child.wait();
-    wait_for(
-        "server B takes the writer",
-        Duration::from_secs(30),
-        &w,
-        &|| b.holds_writer(),
-    );
-    // A comes back as a standby; then B is stopped (a drain): A takes the writer at once.
+    // Its service manager starts it again at once: it waits for the dead one's export record
+    // to go (not refused for its port id), then races B for the writer, as a standby.
     drop(a);
     let a2 = serve(&w, 0, 1, "a2");
-    std::thread::sleep(Duration::from_secs(2));
-    assert!(!a2.holds_writer());
-    let t0 = Instant::now();
-    signal(b.child.id() as i32, libc::SIGTERM);
     wait_for(
-        "server A takes the writer back",
+        "a standby takes the writer",
+        Duration::from_secs(30),
+        &w,
+        &|| b.holds_writer() || a2.holds_writer(),
+    );
+    let (first, second) = match b.holds_writer() {
+        true => (b, a2),
+        false => (a2, b),
+    };
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(!second.holds_writer());
+    // Then the writer is stopped (a drain): the other takes the writer at once.
+    let t0 = Instant::now();
+    signal(first.child.id() as i32, libc::SIGTERM);
+    wait_for(
+        "the other server takes the writer",
         Duration::from_secs(20),
         &w,
-        &|| a2.holds_writer(),
+        &|| second.holds_writer(),
     );
     eprintln!("handover after SIGTERM: {:?}", t0.elapsed());
     let v = common::check_workload(bench, 500, &|| w.log());
     eprintln!("{}", v["verify"]);
     w.verify();
-    drop(b);
+    drop(first);
+    let id = second.port_id;
     wait_for(
-        "B's export goes with it",
+        "the stopped one's export goes with it",
         Duration::from_secs(10),
         &w,
-        &|| exports(&w) == [ana(1, &a2.addr, "optimized")],
+        &|| exports(&w) == [ana(id, &second.addr, "optimized")],
     );
 
     // A writer that another supersedes (an operator's forced attach) turns its path
@@ -235,22 +248,25 @@ fn nvme_tcp_multipath_fails_over_between_servers_without_an_error() {
         .stderr(std::fs::File::create(w.dir.path().join("forced.log")).unwrap())
         .spawn()
         .unwrap();
-    wait_for("A turns inaccessible", Duration::from_secs(20), &w, &|| {
-        exports(&w) == [ana(1, &a2.addr, "inaccessible")]
-    });
-    assert!(std::fs::read_to_string(&a2.log)
+    wait_for(
+        "its path turns inaccessible",
+        Duration::from_secs(20),
+        &w,
+        &|| exports(&w) == [ana(id, &second.addr, "inaccessible")],
+    );
+    assert!(std::fs::read_to_string(&second.log)
         .unwrap()
         .contains("a standby again"));
     signal(forced.id() as i32, libc::SIGTERM);
     let _ = forced.wait();
     wait_for(
-        "A takes the writer back",
+        "it takes the writer back",
         Duration::from_secs(20),
         &w,
-        &|| exports(&w) == [ana(1, &a2.addr, "optimized")],
+        &|| exports(&w) == [ana(id, &second.addr, "optimized")],
     );
     w.verify();
-    drop(a2);
+    drop(second);
 }
 
 /// `status`'s exports of the volume: (port id, address, ANA state).

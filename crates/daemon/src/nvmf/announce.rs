@@ -85,20 +85,9 @@ pub async fn announce(
     let first = record(ex, volume);
     check_same_nqn(&rec, &first).await?;
     let lease = crate::lease::grant(&**rec.meta().store(), ttl).await?;
-    match until_reachable("recording the export", || rec.nvmf_export(&first, lease)).await {
-        Ok(None) => {}
-        Ok(Some(h)) => {
-            let _ = rec.meta().store().revoke(lease).await;
-            return Err(DaemonError::Usage(format!(
-                "port id {} of volume {volume} is served by pid {} on host {} ({}): give each \
-                 server of a volume its own --port-id (1 to 15)",
-                h.port_id, h.pid, h.host, h.addr
-            )));
-        }
-        Err(e) => {
-            let _ = rec.meta().store().revoke(lease).await;
-            return Err(e.into());
-        }
+    if let Err(e) = claim(&rec, &first, lease).await {
+        let _ = rec.meta().store().revoke(lease).await;
+        return Err(e);
     }
     let shared = Arc::new(std::sync::atomic::AtomicI64::new(lease));
     let task = tokio::spawn(keep_current(
@@ -114,6 +103,35 @@ pub async fn announce(
         lease: shared,
         rec,
     })
+}
+
+/// Writes the first record. A port id held by a process of this host that is gone (killed,
+/// and started again at once by its service manager) is waited for: its record goes when its
+/// lease expires. One held by a live process, or another host's, is refused.
+async fn claim(rec: &Recorder, first: &NvmfExportRecord, lease: i64) -> Result<(), DaemonError> {
+    let mut said = false;
+    loop {
+        let held =
+            until_reachable("recording the export", || rec.nvmf_export(first, lease)).await?;
+        let Some(h) = held else {
+            return Ok(());
+        };
+        let dead = h.host == first.host
+            && h.pid != first.pid
+            && !std::path::Path::new(&format!("/proc/{}", h.pid)).exists();
+        if !dead {
+            return Err(DaemonError::Usage(format!(
+                "port id {} of volume {} is served by pid {} on host {} ({}): give each \
+                 server of a volume its own --port-id (1 to 15)",
+                h.port_id, first.volume, h.pid, h.host, h.addr
+            )));
+        }
+        if !said {
+            tracing::info!(volume = %first.volume, pid = h.pid, "the previous server of this port id on this host died: waiting for its record's lease to expire");
+            said = true;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// Keeps the lease; writes the record again when the ANA state or the hosts change, and
