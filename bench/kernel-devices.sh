@@ -32,7 +32,8 @@ job() {
     echo "# $name failed: $(tail -3 "$dir/fio.err")" >&2
     exit 1
   fi
-  awk -F';' -v rw="$rw" '{ print (rw ~ /read/) ? $8 : $49 }' "$dir/fio.out"
+  # Terse lines only: fio's nbd engine says "connected" on standard output too.
+  awk -F';' -v rw="$rw" '$1 == 3 { print (rw ~ /read/) ? $8 : $49 }' "$dir/fio.out"
 }
 
 # The four jobs on one target: a line per job.

@@ -7,10 +7,12 @@
 #
 # Run it on a host of a cluster on etcd (TRIREME_ETCD, and TRIREME_TLS_IDENTITY where the
 # cluster uses TLS, as for `trireme attach`) whose kernel has nvme-tcp (`modprobe nvme-tcp`).
-# The volume's access list must name the host's NQN (HOSTNQN, else /etc/nvme/hostnqn):
+# The volume's access list must name the host's NQN (HOSTNQN, else /etc/nvme/hostnqn; its
+# id: HOSTID, else /etc/nvme/hostid):
 # `trireme volume access VOLUME --allow NQN`. In turn, each holding the volume's writer:
 #
-#   direct   `trireme bench volume:VOLUME` (the native client in the benchmark's process)
+#   direct   `trireme bench volume:VOLUME` (the native client in the benchmark's process,
+#            the volume's writer for the run)
 #   nbd      `trireme attach VOLUME --socket S`, fio's nbd engine on the socket
 #   nvme     `trireme nvmf serve VOLUME --listen LISTEN` (127.0.0.1:4420), the kernel
 #            connected to it (/dev/nvme-fabrics), fio's io_uring engine on /dev/nvmeXnY
@@ -30,6 +32,8 @@ size="${SIZE:-1G}"
 listen="${LISTEN:-127.0.0.1:4420}"
 hostnqn="${HOSTNQN:-$(cat /etc/nvme/hostnqn 2>/dev/null || true)}"
 [ -n "$hostnqn" ] || { echo "no host NQN: set HOSTNQN or write /etc/nvme/hostnqn" >&2; exit 2; }
+# The kernel refuses a host id it knows under another NQN: nvme-cli's, else a new one.
+hostid="${HOSTID:-$(cat /etc/nvme/hostid 2>/dev/null || cat /proc/sys/kernel/random/uuid)}"
 [ -w /dev/nvme-fabrics ] || { echo "no /dev/nvme-fabrics: modprobe nvme-tcp (as root)" >&2; exit 2; }
 dir=$(mktemp -d)
 served=""
@@ -52,7 +56,8 @@ job() {
     echo "# $name failed: $(tail -3 "$dir/fio.err")" >&2
     exit 1
   fi
-  awk -F';' -v rw="$rw" '{ print (rw ~ /read/) ? $8 : $49 }' "$dir/fio.out"
+  # Terse lines only: fio's nbd engine says "connected" on standard output too.
+  awk -F';' -v rw="$rw" '$1 == 3 { print (rw ~ /read/) ? $8 : $49 }' "$dir/fio.out"
 }
 
 # The same job through the native client: trireme bench's IOPS.
@@ -63,8 +68,9 @@ direct() {
   sed -n 's/.*"iops": *\([0-9.]*\).*/\1/p' "$dir/b.json" | head -1 | cut -d. -f1
 }
 
+# A job that fails ends the script (its exit status is the command substitution's).
 for rw in randread randwrite; do
-  for qd in 1 128; do echo "direct $rw $qd $(direct "$rw" "$qd")"; done
+  for qd in 1 128; do v=$(direct "$rw" "$qd") || exit 1; echo "direct $rw $qd $v"; done
 done >"$dir/results"
 
 # Waits for a line of $1 that matches $2 while process $served lives.
@@ -81,7 +87,8 @@ served=$!
 ready "$dir/attach" nbd
 for rw in randread randwrite; do
   for qd in 1 128; do
-    echo "nbd $rw $qd $(job "nbd-$rw-$qd" "$rw" "$qd" --ioengine=nbd --uri="nbd+unix:///$vol?socket=$dir/s.sock")"
+    v=$(job "nbd-$rw-$qd" "$rw" "$qd" --ioengine=nbd --uri="nbd+unix:///$vol?socket=$dir/s.sock") || exit 1
+    echo "nbd $rw $qd $v"
   done
 done >>"$dir/results"
 kill "$served"; wait "$served" 2>/dev/null || true; served=""
@@ -91,7 +98,7 @@ served=$!
 ready "$dir/nvmf" "^nvme/tcp"
 ready "$dir/nvmf.log" "ANA optimized"
 nqn=$(awk '{ print $3 }' "$dir/nvmf")
-echo "transport=tcp,traddr=${listen%:*},trsvcid=${listen##*:},nqn=$nqn,hostnqn=$hostnqn" >/dev/nvme-fabrics
+echo "transport=tcp,traddr=${listen%:*},trsvcid=${listen##*:},nqn=$nqn,hostnqn=$hostnqn,hostid=$hostid" >/dev/nvme-fabrics
 # The namespace's block device: the multipath head (native multipath) or the controller's own.
 dev=""
 i=0
@@ -104,7 +111,8 @@ while [ -z "$dev" ]; do
 done
 for rw in randread randwrite; do
   for qd in 1 128; do
-    echo "nvme $rw $qd $(job "nvme-$rw-$qd" "$rw" "$qd" --ioengine=io_uring --direct=1 --filename="$dev")"
+    v=$(job "nvme-$rw-$qd" "$rw" "$qd" --ioengine=io_uring --direct=1 --filename="$dev") || exit 1
+    echo "nvme $rw $qd $v"
   done
 done >>"$dir/results"
 

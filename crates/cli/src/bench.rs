@@ -225,26 +225,47 @@ fn parse_sweep(args: &[String]) -> Result<Sweep, String> {
     Ok(s)
 }
 
-/// `volume:NAME` attaches through `trireme up`'s control socket: on a cluster on etcd, say
-/// what works there instead of failing on a socket the reader never made.
-fn check_volume_target(cli: &Cli, a: &BenchArgs) -> Result<(), CliError> {
-    let Some(name) = a.target.as_deref().and_then(|t| t.strip_prefix("volume:")) else {
-        return Ok(());
-    };
-    let name = name.split('?').next().unwrap_or(name);
-    if cli.etcd.is_some() {
-        return Err(CliError::Usage(format!(
-            "volume:{name} benchmarks a volume through `trireme up`'s control socket, which a \
-             cluster on etcd has none of: attach it on this host (`trireme attach {name} \
-             --socket /tmp/{name}.sock`) and bench its export, \
-             `nbd+unix:///{name}?socket=/tmp/{name}.sock`"
-        )));
+/// `volume:NAME` on a cluster on etcd: the native client in this process becomes the
+/// volume's writer (a new epoch, an attach record under a lease, as `trireme attach`), and
+/// detaches cleanly when the run ends. On `trireme up` it attaches through up's control
+/// socket (`Target::open`).
+async fn open_on_etcd(cli: &Cli, spec: &str) -> Result<Target, String> {
+    let name = spec.trim_start_matches("volume:");
+    if name.contains('?') {
+        return Err(format!(
+            "{spec}: on a cluster on etcd, volume: takes no options (the transport is \
+             --transport's)"
+        ));
     }
-    Ok(())
+    let meta = crate::cmds::etcd_meta_of(cli).await.map_err(|e| match e {
+        CliError::Usage(m) | CliError::Runtime(m) => m,
+    })?;
+    let cfg = trireme_daemon::attach::AttachConfig {
+        volume: name.to_string(),
+        force: false,
+        lease_ttl: std::time::Duration::from_secs(5),
+        opts: trireme_client::VolumeOptions {
+            kind: cli.transport.kind(),
+            ..Default::default()
+        },
+    };
+    let att = trireme_daemon::attach::attach(meta, &cfg, Vec::new())
+        .await
+        .map_err(|e| e.to_string())?;
+    let vol = att.volume.clone();
+    let closer: trireme_bench::target::Closer = Box::new(move || {
+        Box::pin(async move {
+            if let Err(e) = att.detach().await {
+                eprintln!("volume: detach: {e}");
+            }
+        })
+    });
+    Ok(Target::Volume(
+        trireme_bench::target::VolumeTarget::with_writer(vol, Some(closer)),
+    ))
 }
 
 pub fn run(cli: &Cli, a: &BenchArgs) -> Result<(), CliError> {
-    check_volume_target(cli, a)?;
     let profile = a.to_profile().map_err(|e| CliError::Usage(e.to_string()))?;
     if let Some(c) = &a.compare {
         let cmp = trireme_bench::compare::parse(c).map_err(suite_error)?;
@@ -281,7 +302,11 @@ pub fn run(cli: &Cli, a: &BenchArgs) -> Result<(), CliError> {
     let connections = profile.threads as usize;
     let spec = a.target.clone().unwrap_or_default();
     let (data_dir, create) = (cli.data_dir.clone(), a.create);
+    let on_etcd = cli.etcd.is_some() && spec.starts_with("volume:");
     let open = async move {
+        if on_etcd {
+            return open_on_etcd(cli, &spec).await;
+        }
         Target::open(&spec, &data_dir, create, connections)
             .await
             .map_err(|e| e.to_string())

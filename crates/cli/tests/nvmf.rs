@@ -105,6 +105,20 @@ fn nvme_tcp_multipath_fails_over_between_servers_without_an_error() {
     ]);
     let info = w.cli_ok(&["--output", "json", "volume", "info", "vol"]);
     assert!(info.contains(BENCH_HOST), "{info}");
+    // The direct client (what NVMe/TCP's numbers compare with) benches the volume on etcd
+    // too, as its writer for the run; it detaches cleanly, leaving no writer behind.
+    let direct = w
+        .cmd_on(&w.clients[2])
+        .args([
+            "--output", "json", "bench", "-b4K", "-r", "-w50", "-d2", "-W0", "--verify",
+        ])
+        .arg("volume:vol")
+        .output()
+        .unwrap();
+    assert!(direct.status.success(), "{direct:?}\n{}", w.log());
+    let v: serde_json::Value = serde_json::from_slice(&direct.stdout).unwrap();
+    assert!(v["iops"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(w.status()["volumes"][0]["writer"].is_null());
     let mut a = serve(&w, 0, 1, "a");
     wait_for(
         "server A takes the writer",

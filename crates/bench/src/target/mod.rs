@@ -16,7 +16,7 @@ pub use file::FileTarget;
 pub use nbd::NbdTarget;
 pub use null::NullTarget;
 pub use nvmf::NvmfTarget;
-pub use volume::VolumeTarget;
+pub use volume::{Closer, VolumeTarget};
 
 /// A failed I/O or an unusable target.
 #[derive(Debug, Clone, thiserror::Error)]

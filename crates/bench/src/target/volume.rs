@@ -28,9 +28,22 @@ pub fn transport(name: &str) -> Option<(TransportKind, bool)> {
     }
 }
 
-#[derive(Debug)]
+/// How a writer attached by someone else ends (on a cluster on etcd: detaching, which drops
+/// its attach record and lease).
+pub type Closer =
+    Box<dyn FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send>;
+
 pub struct VolumeTarget {
     vol: Arc<Volume>,
+    closer: std::sync::Mutex<Option<Closer>>,
+}
+
+impl std::fmt::Debug for VolumeTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VolumeTarget")
+            .field("vol", &self.vol.info().name)
+            .finish()
+    }
 }
 
 impl VolumeTarget {
@@ -82,11 +95,24 @@ impl VolumeTarget {
         let vol = Volume::attach_managed(info, opts, membership)
             .await
             .map_err(|x| e(x.to_string()))?;
-        Ok(VolumeTarget { vol })
+        Ok(VolumeTarget::with_writer(vol, None))
+    }
+
+    /// A writer attached elsewhere (a cluster on etcd: the CLI attaches it), ended by `closer`
+    /// (else by a detach).
+    pub fn with_writer(vol: Arc<Volume>, closer: Option<Closer>) -> VolumeTarget {
+        VolumeTarget {
+            vol,
+            closer: std::sync::Mutex::new(closer),
+        }
     }
 
     /// Flushes and detaches, so the next writer need not reconcile.
     pub async fn close(&self) {
+        let closer = self.closer.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(c) = closer {
+            return c().await;
+        }
         if let Err(e) = self.vol.detach().await {
             eprintln!("volume: detach: {e}");
         }

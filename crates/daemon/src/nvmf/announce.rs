@@ -131,6 +131,8 @@ async fn claim(rec: &Recorder, first: &NvmfExportRecord, lease: i64) -> Result<(
             said = true;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
+        // This process's own lease lives on meanwhile.
+        let _ = rec.meta().store().keep_alive(lease).await;
     }
 }
 
