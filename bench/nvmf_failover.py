@@ -96,22 +96,29 @@ def settle(c):
     c.wait(lambda: not any(v.get("writer") for v in c.status()["volumes"]), 60)
 
 
-def nbd_run(c, a, fault):
-    """One NBD run with `fault` (node, kill, term) at --fault-at."""
-    sock = f"{c.d}/a.sock"
-    w = c.attach("v", sock)
-    r = Run(f"nbd+unix:///v?socket={sock}", a.secs)
+def run_with_fault(c, a, uri, fault, writer):
+    """`trireme bench` on `uri` with `fault` at --fault-at: node 2 killed -9 (and, after the
+    run, started again and resynced while the writer is still there), or the process
+    `writer` signalled (SIGKILL or SIGTERM). Returns the run's result."""
+    r = Run(uri, a.secs)
     time.sleep(a.fault_at)
     if fault == "node":
         c.nodes[2].kill()
         c.nodes[2].wait()
     else:
-        w.send_signal(signal.SIGKILL if fault == "kill" else signal.SIGTERM)
+        writer.send_signal(signal.SIGKILL if fault == "kill" else signal.SIGTERM)
     out = r.result()
     if fault == "node":
-        # Resynced by the writer, before it goes.
         c.start_node(2)
         c.wait(lambda: in_sync(c), 300)
+    return out
+
+
+def nbd_run(c, a, fault):
+    """One NBD run with `fault` (node, kill, term) at --fault-at."""
+    sock = f"{c.d}/a.sock"
+    w = c.attach("v", sock)
+    out = run_with_fault(c, a, f"nbd+unix:///v?socket={sock}", fault, w)
     if w.poll() is None:
         multiserver.detach(w)
     w.wait()
@@ -125,19 +132,10 @@ def nvmf_run(c, a, fault, ttl):
     c.wait(lambda: ana(c).get(1) == "optimized", 60)
     s2 = Nvmf(c, 2, ttl)
     c.wait(lambda: ana(c).get(2) == "inaccessible", 30)
-    r = Run(f"nvme+tcp://{s1.addr},{s2.addr}/{NQN}?hostnqn={HOSTNQN}", a.secs)
-    time.sleep(a.fault_at)
-    if fault == "node":
-        c.nodes[2].kill()
-        c.nodes[2].wait()
-    else:
-        s1.stop(signal.SIGKILL if fault == "kill" else signal.SIGTERM)
-    out = r.result()
+    uri = f"nvme+tcp://{s1.addr},{s2.addr}/{NQN}?hostnqn={HOSTNQN}"
+    out = run_with_fault(c, a, uri, fault, s1.p)
     if fault != "node" and out["errors"] == 0:
         out["taken_by_standby"] = ana(c).get(2) == "optimized"
-    if fault == "node":
-        c.start_node(2)
-        c.wait(lambda: in_sync(c), 300)
     for s in (s1, s2):
         s.stop(signal.SIGTERM)
     settle(c)

@@ -378,19 +378,16 @@ impl<D: BlockDevice> Queue<D> {
                 PduError::Field("H2CData for a transfer tag with no R2T outstanding").into(),
             );
         };
+        // An empty one would move nothing and could keep a transfer open for ever.
         let in_order = h.cccid == t.sqe.cid
+            && h.len > 0
             && h.offset as usize == t.buf.len()
             && h.len as usize == c.data_len()
             && t.buf.len() + h.len as usize <= t.want;
         if !in_order {
-            return Err(protocol(format!(
-                "H2CData of {} bytes at {} for command {} does not follow what came ({} of {})",
-                h.len,
-                h.offset,
-                h.cccid,
-                t.buf.len(),
-                t.want
-            )));
+            tracing::debug!(peer = %self.peer, "H2CData of {} bytes at {} for command {} does not follow what came ({} of {})", h.len, h.offset, h.cccid, t.buf.len(), t.want);
+            // A header field error: the host is told (a termination request).
+            return Err(PduError::Field("H2CData empty, or not following what came").into());
         }
         Self::read_data(rd, c, &mut t.buf).await?;
         if t.buf.len() < t.want {

@@ -436,7 +436,35 @@ async fn data_that_never_comes_closes_the_queue() {
     let e = q.submit(w, Some(pattern(1, 65536)), 0).await.unwrap_err();
     assert_eq!(e, HostError::Status(status::SEQUENCE_ERROR | status::DNR));
     // An I/O queue by hand: a write of 64 KiB on R2T, whose data is never sent.
-    let mut raw = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    let (mut raw, _) = awaiting_data(s.addr, cntlid).await;
+    let t0 = std::time::Instant::now();
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), raw.read_to_end(&mut rest)).await;
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "closed after the transfer timeout"
+    );
+    // Empty H2CData PDUs, which would keep the transfer open: a termination request at once.
+    let (mut raw, ttag) = awaiting_data(s.addr, cntlid).await;
+    let empty = pdu::DataHeader {
+        cccid: 5,
+        ttag,
+        offset: 0,
+        len: 0,
+    };
+    raw.write_all(&empty.encode(kind::H2C_DATA, 0))
+        .await
+        .unwrap();
+    let mut term = [0u8; 1];
+    raw.read_exact(&mut term).await.unwrap();
+    assert_eq!(term[0], kind::C2H_TERM);
+    c.write(0, pattern(3, 4096), false).await.unwrap();
+}
+
+/// A raw I/O queue of controller `cntlid` with a 64 KiB write (command id 5) sent and its R2T
+/// read: the queue and the R2T's transfer tag.
+async fn awaiting_data(addr: SocketAddr, cntlid: u16) -> (tokio::net::TcpStream, u16) {
+    let mut raw = tokio::net::TcpStream::connect(addr).await.unwrap();
     raw.write_all(
         &IcReq {
             pfv: 0,
@@ -469,14 +497,7 @@ async fn data_that_never_comes_closes_the_queue() {
     let mut r2t = [0u8; 24];
     raw.read_exact(&mut r2t).await.unwrap();
     assert_eq!(r2t[0], kind::R2T);
-    let t0 = std::time::Instant::now();
-    let mut rest = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(10), raw.read_to_end(&mut rest)).await;
-    assert!(
-        t0.elapsed() < Duration::from_secs(5),
-        "closed after the transfer timeout"
-    );
-    c.write(0, pattern(3, 4096), false).await.unwrap();
+    (raw, u16::from_le_bytes([r2t[10], r2t[11]]))
 }
 
 #[tokio::test]
