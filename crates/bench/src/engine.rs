@@ -3,9 +3,11 @@
 //! `threads x outstanding` loops run on a tokio runtime with `threads` workers (capped at the
 //! CPU count: async loops need no more). Each loop issues its next I/O the moment the previous
 //! one completes. Latency is taken around each I/O with the monotonic clock and recorded, in
-//! nanoseconds, into the loop's own HDR histogram, only for I/Os that complete inside the
-//! measured window (after warm-up, before cool-down), the way DISKSPD counts. The first I/O
-//! error stops the run: numbers from a failing target mean nothing.
+//! nanoseconds, into the loop's own HDR histogram, for I/Os that complete inside the measured
+//! window (after warm-up, before cool-down), the way DISKSPD counts them — and for I/Os that
+//! start inside it and complete after it ends, whose latency counts but not their bytes: a
+//! stall that outlasts the window (a failover near its end) shows in the tail instead of
+//! vanishing. The first I/O error stops the run: numbers from a failing target mean nothing.
 
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -24,6 +26,14 @@ use crate::verify::{Oracle, Stamp, VerifyReport};
 const MAX_LATENCY_NS: u64 = 60_000_000_000;
 /// Inline targets yield to the other loops every this many I/Os.
 const INLINE_YIELD: u32 = 64;
+
+/// Whether an I/O from `t0` to `now` counts in the window `[start, end)`: its bytes (it
+/// completed inside), and its latency (that, or it started inside and outlasted it).
+fn counted(t0: Instant, now: Instant, start: Instant, end: Instant) -> (bool, bool) {
+    let inside = |t: Instant| t >= start && t < end;
+    let done_inside = inside(now);
+    (done_inside, done_inside || (inside(t0) && now >= end))
+}
 
 /// Counters and latencies of one kind of I/O.
 #[derive(Debug, Clone)]
@@ -235,14 +245,17 @@ async fn io_loop(ctx: Arc<Ctx>, thread: usize, slot: usize) -> ThreadStats {
             break;
         }
         let ns = (now - t0).as_nanos().clamp(1, u128::from(MAX_LATENCY_NS)) as u64;
-        if now >= ctx.window_start && now < ctx.window_end {
+        let (done_inside, latency) = counted(t0, now, ctx.window_start, ctx.window_end);
+        if latency {
             let s = if is_write {
                 &mut stats.write
             } else {
                 &mut stats.read
             };
-            s.ios += 1;
-            s.bytes += bs;
+            if done_inside {
+                s.ios += 1;
+                s.bytes += bs;
+            }
             s.hist.saturating_record(ns);
         }
         if let (Some(pr), Some(h)) = (&ctx.progress, batch_hist.as_mut()) {
@@ -571,5 +584,26 @@ async fn final_pass(target: &Target, o: &Oracle) {
                 eprintln!("verify: re-read at {start} failed: {e}");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_io_that_outlasts_the_window_counts_its_latency_not_its_bytes() {
+        let s = Instant::now();
+        let at = |ms: u64| s + Duration::from_millis(ms);
+        let (start, end) = (at(100), at(200));
+        // Inside, and completed inside: both.
+        assert_eq!(counted(at(120), at(150), start, end), (true, true));
+        // Begun in the warm-up, completed inside: both (DISKSPD's rule).
+        assert_eq!(counted(at(50), at(150), start, end), (true, true));
+        // Begun inside, completed after the window (a stall at its end): the latency only.
+        assert_eq!(counted(at(150), at(2150), start, end), (false, true));
+        // Wholly before or after: neither.
+        assert_eq!(counted(at(10), at(50), start, end), (false, false));
+        assert_eq!(counted(at(200), at(250), start, end), (false, false));
     }
 }
