@@ -152,9 +152,11 @@ async fn keep_current(
         let l = lease.load(Ordering::Relaxed);
         let keep = crate::lease::keep(&*store, l, ttl);
         tokio::pin!(keep);
-        let lost = loop {
+        let mut warned = false;
+        // Until the lease is lost.
+        loop {
             tokio::select! {
-                _ = &mut keep => break true,
+                _ = &mut keep => break,
                 _ = tokio::time::sleep(LOOK_EVERY) => {}
             }
             let now = record(&ex, &volume);
@@ -163,22 +165,22 @@ async fn keep_current(
             }
             match rec.nvmf_export(&now, l).await {
                 Ok(None) => written = now,
-                Ok(Some(h)) => {
-                    tracing::warn!(%volume, port_id = now.port_id, holder = h.pid, host = %h.host, "the export's port id is held by another process now")
+                Ok(Some(h)) if !warned => {
+                    warned = true;
+                    tracing::warn!(%volume, port_id = now.port_id, holder = h.pid, host = %h.host, "the export's port id is held by another process now: status shows that one")
                 }
+                Ok(Some(_)) => {}
                 // Tried again at the next look (a busy manager, etcd away).
                 Err(e) => tracing::debug!(%volume, "recording the export: {e}"),
             }
-        };
-        if lost {
-            tracing::warn!(%volume, "the export record's lease is lost: taking a new one");
-            let Ok(new) = crate::lease::grant(&*store, ttl).await else {
-                return;
-            };
-            lease.store(new, Ordering::Relaxed);
-            let _ = store.revoke(l).await;
-            // Written again under the new lease at the next look.
-            written.ana.clear();
         }
+        tracing::warn!(%volume, "the export record's lease is lost: taking a new one");
+        let Ok(new) = crate::lease::grant(&*store, ttl).await else {
+            return;
+        };
+        lease.store(new, Ordering::Relaxed);
+        let _ = store.revoke(l).await;
+        // Written again under the new lease at the next look.
+        written.ana.clear();
     }
 }
