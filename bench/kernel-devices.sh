@@ -13,7 +13,7 @@
 #
 # Not run on the project's own host: its kernel has neither module, and the guest kernel the
 # tests boot runs under software emulation (TCG), which is for function, not time
-# (tests/kernel_devices.rs runs this script there, one second a job, to keep it working).
+# (tests/kernel_devices/ runs this script there, one second a job, to keep it working).
 set -eu
 vol="${1:?usage: bench/kernel-devices.sh VOLUME [SECONDS]}"
 secs="${2:-20}"

@@ -23,7 +23,7 @@
 #
 # Not run for numbers on the project's own host: its kernel has no nvme-tcp, and the guest
 # kernel the tests boot runs under software emulation (TCG), which is for function, not time
-# (tests/kernel_devices.rs runs this script there, one second a job, to keep it working).
+# (tests/kernel_devices/nvme.rs runs this script there, one second a job, to keep it working).
 set -eu
 vol="${1:?usage: bench/nvmf-kernel.sh VOLUME [SECONDS]}"
 secs="${2:-20}"

@@ -9,7 +9,7 @@
 # real Prometheus and open its dashboard in headless Chromium over WebDriver.
 # gdb: a test that finds a process hung prints its threads' stacks.
 # e2fsprogs and mount: tests/full.rs fills a small ext4 file system on a loop device.
-# cpio and busybox-static: tests/kernel_devices.rs boots a guest (qemu-system-x86 from
+# cpio and busybox-static: tests/kernel_devices/ boots a guest (qemu-system-x86 from
 # bookworm-backports, to match qemu-utils; Debian 12's 7.2 would replace it) whose kernel
 # has the NBD client, ublk and nvme-tcp: a Debian 6.12 kernel, unpacked (not installed) below.
 # python3-yaml: tests/csi.rs reads contrib/kubernetes/ and runs trireme with its arguments.
@@ -34,7 +34,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 # The guest's kernel and qemu: from bookworm-backports (qemu) and bookworm (linux 6.12). Not
-# fatal: without them tests/kernel_devices.rs says SKIPPED and why.
+# fatal: without them tests/kernel_devices/ says SKIPPED and why.
 guest_setup() {
   local guest_dir=/var/cache/trireme-guest sudo="" kpkg kver work m
   [ -e "$guest_dir/ready" ] && [ -e "$guest_dir/modules/nvme-tcp.ko" ] && return 0
