@@ -23,8 +23,9 @@ use crate::DaemonError;
 mod announce;
 pub use announce::{announce, Announced};
 
-/// How often a standby looks for the writer's attach record.
-const STANDBY_POLL: Duration = Duration::from_millis(250);
+/// How often a standby reads the volume again (its size) while it watches the writer's
+/// attach record, and how long it waits after a failed read.
+const STANDBY_POLL: Duration = Duration::from_secs(1);
 
 /// What `nvmf serve` was asked.
 #[derive(Debug, Clone)]
@@ -202,8 +203,12 @@ async fn bind(
 /// current meanwhile.
 async fn take_when_free(meta: &ClusterMeta, cfg: &NvmfConfig, ex: &NvmfExport) -> Attached {
     let volume = &cfg.attach.volume;
+    let key = format!("{}{volume}", ClusterMeta::attach_prefix());
     let mut said = false;
     loop {
+        // Watched from here: the record's end (its lease expired, or a detach) wakes this at
+        // once.
+        let (_, rev) = crate::keys::read(meta, &key).await;
         match meta.attachment(volume).await {
             Ok(Some((holder, _))) => {
                 if !said {
@@ -215,7 +220,8 @@ async fn take_when_free(meta: &ClusterMeta, cfg: &NvmfConfig, ex: &NvmfExport) -
                         .size
                         .store(v.size, std::sync::atomic::Ordering::Relaxed);
                 }
-                tokio::time::sleep(STANDBY_POLL).await;
+                let _ =
+                    tokio::time::timeout(STANDBY_POLL, crate::keys::changed(meta, &key, rev)).await;
                 continue;
             }
             Ok(None) => {}
