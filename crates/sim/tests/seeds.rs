@@ -1,6 +1,6 @@
-//! Runs the simulator over many seeds. `TRIREME_SIM_SEEDS=A..B` picks the range (default
-//! 0..4000 here, plus the seeds that once failed; `scripts/sim.sh` runs as many as you like in
-//! release mode). A failing seed is printed with its event log and replays with
+//! Runs the simulator over many seeds, one thread per CPU. `TRIREME_SIM_SEEDS=A..B` picks the
+//! range (default 0..4000 here, plus the seeds that once failed; `scripts/sim.sh` runs as many
+//! as you like in release mode). A failing seed is printed with its event log and replays with
 //! `TRIREME_SIM_SEEDS=N..N+1`.
 
 /// Seeds beyond the default range that once failed, run with it every time.
@@ -49,53 +49,113 @@ fn seeds() -> Vec<u64> {
     }
 }
 
+/// Faults by kind, as the event log words them (to keep their counts in view).
+const KINDS: [(&str, &str); 19] = [
+    ("crashes", "crashes ("),
+    ("power losses", "loses power"),
+    ("freezes", "freezes"),
+    ("partitions", "partitioned"),
+    ("stalls", "stalls"),
+    ("writer crashes", "writer crashes"),
+    ("store outages", "unreachable"),
+    ("refused attaches", "attach is refused"),
+    ("manager crashes", "manager (candidate"),
+    ("drains", "manager drains node"),
+    ("snapshots", "taken on nodes"),
+    ("snapshot deletes", "deleted on nodes"),
+    ("rollbacks", "rolled back to snapshot"),
+    ("resizes", "volume resized to"),
+    ("failed resizes", "resize to"),
+    ("clones", "made on nodes"),
+    ("clone writes", "written on node"),
+    ("clone flattens", "flattened on nodes"),
+    ("clones read", "checked on nodes"),
+];
+
+/// What one seed's run adds to the totals.
+struct Summary {
+    faults: usize,
+    writes: u64,
+    takeovers: Vec<std::time::Duration>,
+    waits: Vec<std::time::Duration>,
+    by_kind: [usize; KINDS.len()],
+}
+
+fn summarize(o: trireme_sim::Outcome) -> Summary {
+    let mut by_kind = [0; KINDS.len()];
+    for e in &o.faults {
+        for (k, (_, words)) in KINDS.iter().enumerate() {
+            by_kind[k] += usize::from(e.contains(words));
+        }
+    }
+    Summary {
+        faults: o.faults.len(),
+        writes: o.writes,
+        takeovers: o.takeovers,
+        waits: o.attach_waits,
+        by_kind,
+    }
+}
+
+/// Runs every seed, on as many threads as the machine has CPUs (each run is a runtime of its
+/// own in virtual time, so a seed replays alone as it ran here), and gives the outcomes back
+/// in seed order.
+fn run_all(seeds: &[u64]) -> Vec<(u64, Result<Summary, trireme_sim::SimFailure>)> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut out: Vec<_> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(&seed) = seeds.get(i) else {
+                            return mine;
+                        };
+                        let r = trireme_sim::run(&trireme_sim::Config::new(seed));
+                        mine.push((i, seed, r.map(summarize)));
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().expect("a simulator thread panicked"))
+            .collect()
+    });
+    out.sort_by_key(|(i, _, _)| *i);
+    out.into_iter().map(|(_, seed, r)| (seed, r)).collect()
+}
+
 #[test]
 fn guarantees_hold_for_every_seed() {
-    let mut faults = 0;
-    let mut writes = 0;
-    let mut takeovers = Vec::new();
-    let mut waits = Vec::new();
-    // Faults by kind, as the event log words them (to keep their counts in view).
-    let kinds = [
-        ("crashes", "crashes ("),
-        ("power losses", "loses power"),
-        ("freezes", "freezes"),
-        ("partitions", "partitioned"),
-        ("stalls", "stalls"),
-        ("writer crashes", "writer crashes"),
-        ("store outages", "unreachable"),
-        ("refused attaches", "attach is refused"),
-        ("manager crashes", "manager (candidate"),
-        ("drains", "manager drains node"),
-        ("snapshots", "taken on nodes"),
-        ("snapshot deletes", "deleted on nodes"),
-        ("rollbacks", "rolled back to snapshot"),
-        ("resizes", "volume resized to"),
-        ("failed resizes", "resize to"),
-        ("clones", "made on nodes"),
-        ("clone writes", "written on node"),
-        ("clone flattens", "flattened on nodes"),
-        ("clones read", "checked on nodes"),
-    ];
-    let mut by_kind = vec![0usize; kinds.len()];
-    for seed in seeds() {
-        match trireme_sim::run(&trireme_sim::Config::new(seed)) {
+    let (mut faults, mut writes) = (0, 0);
+    let (mut takeovers, mut waits) = (Vec::new(), Vec::new());
+    let mut by_kind = [0usize; KINDS.len()];
+    let mut failed = None;
+    for (seed, r) in run_all(&seeds()) {
+        match r {
             Ok(o) => {
-                faults += o.faults.len();
+                faults += o.faults;
                 writes += o.writes;
                 takeovers.extend(o.takeovers);
-                waits.extend(o.attach_waits);
-                for e in &o.faults {
-                    for (k, (_, words)) in kinds.iter().enumerate() {
-                        by_kind[k] += usize::from(e.contains(words));
-                    }
+                waits.extend(o.waits);
+                for (k, n) in o.by_kind.iter().enumerate() {
+                    by_kind[k] += n;
                 }
             }
-            Err(e) => panic!(
-                "{e}\nreplay: TRIREME_SIM_SEEDS={seed}..{} cargo test -p trireme-sim",
-                seed + 1
-            ),
+            // The first failing seed in seed order, whichever thread ran it.
+            Err(e) => {
+                failed.get_or_insert((seed, e));
+            }
         }
+    }
+    if let Some((seed, e)) = failed {
+        panic!(
+            "{e}\nreplay: TRIREME_SIM_SEEDS={seed}..{} cargo test -p trireme-sim",
+            seed + 1
+        );
     }
     let max = |v: &[std::time::Duration]| v.iter().max().copied().unwrap_or_default();
     eprintln!(
@@ -106,7 +166,7 @@ fn guarantees_hold_for_every_seed() {
         waits.len(),
         max(&waits)
     );
-    let counts: Vec<String> = kinds
+    let counts: Vec<String> = KINDS
         .iter()
         .zip(&by_kind)
         .map(|((name, _), n)| format!("{n} {name}"))
