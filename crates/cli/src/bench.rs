@@ -237,7 +237,7 @@ async fn open_on_etcd(cli: &Cli, spec: &str) -> Result<Target, String> {
              --transport's)"
         ));
     }
-    let meta = crate::cmds::etcd_meta_of(cli).await.map_err(|e| match e {
+    let meta = crate::cmds::etcd_meta(cli).await.map_err(|e| match e {
         CliError::Usage(m) | CliError::Runtime(m) => m,
     })?;
     let cfg = trireme_daemon::attach::AttachConfig {

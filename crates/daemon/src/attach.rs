@@ -314,16 +314,21 @@ pub async fn attach(
 }
 
 impl Attached {
+    /// Stops taking the manager's requests and reporting.
+    fn stop_serving_requests(&self) {
+        self.mover.abort();
+        if let Some(r) = &self.reporter {
+            r.abort();
+        }
+    }
+
     /// Flushes, detaches cleanly (the next writer need not reconcile) and gives the lease back.
     /// A flush that cannot finish (no replica answers) is given up after [`DETACH_TIMEOUT`]:
     /// the writer-open flag then stays set, so the next writer reconciles.
     pub async fn detach(self) -> Result<(), DaemonError> {
         let epoch = self.volume.info().epoch;
         let name = self.volume.info().name.clone();
-        self.mover.abort();
-        if let Some(r) = &self.reporter {
-            r.abort();
-        }
+        self.stop_serving_requests();
         let r = match tokio::time::timeout(DETACH_TIMEOUT, self.volume.detach()).await {
             Ok(r) => r.map_err(|e| e.to_string()),
             Err(_) => Err(format!("no replica answered within {DETACH_TIMEOUT:?}")),
@@ -334,16 +339,11 @@ impl Attached {
         let _ = self.meta.store().revoke(lease).await;
         r.map_err(|e| DaemonError::Runtime(format!("final flush and detach: {e}")))
     }
-}
 
-impl Attached {
     /// Lets go of a writer another one superseded: its tasks stop and its lease goes, and
     /// nothing is recorded (the attach record and the epoch are the new writer's now).
     pub async fn abandon(self) {
-        self.mover.abort();
-        if let Some(r) = &self.reporter {
-            r.abort();
-        }
+        self.stop_serving_requests();
         self.keeper.abort();
         let lease = self.lease.load(std::sync::atomic::Ordering::Relaxed);
         let _ = self.meta.store().revoke(lease).await;

@@ -30,7 +30,7 @@ mod text;
 
 use ca::*;
 use client::*;
-pub(crate) use daemons::etcd_meta as etcd_meta_of;
+pub(crate) use daemons::etcd_meta;
 use daemons::*;
 use etcd::*;
 use jobs::*;

@@ -317,10 +317,7 @@ pub(crate) fn nvmf_text(indent: &str, exports: &[trireme_meta::NvmfExportRecord]
     for e in exports {
         if e.nqn != nqn {
             nqn = &e.nqn;
-            out += &format!(
-                "{indent}nvme/tcp {nqn}
-"
-            );
+            out += &format!("{indent}nvme/tcp {nqn}\n");
         }
         let hosts = match (e.hosts.len(), e.more_hosts) {
             (0, _) => "no host connected".to_string(),

@@ -215,20 +215,7 @@ impl Manager {
                 ),
             ));
         }
-        {
-            let mut last = self.reported.lock().unwrap_or_else(|e| e.into_inner());
-            let now = tokio::time::Instant::now();
-            if last
-                .get(name)
-                .is_some_and(|t| now.duration_since(*t) < crate::api::REPORT_EVERY)
-            {
-                return Err(ManagerError::Busy(format!(
-                    "volume {name}'s writer reported less than {:?} ago: try again later",
-                    crate::api::REPORT_EVERY
-                )));
-            }
-            last.insert(name.to_string(), now);
-        }
+        self.paced(name, &format!("volume {name}'s writer reported"))?;
         let Some((_, kv)) = self.meta.attachment(name).await? else {
             return Err(ManagerError::Refused(format!(
                 "volume {name} has no writer attached"
@@ -238,6 +225,25 @@ impl Manager {
             .meta
             .put_report(name, client_of(peer), &report, kv.lease)
             .await?)
+    }
+
+    /// Refuses (busy) a second write of `key` within [`crate::api::REPORT_EVERY`]: a client
+    /// that writes in a loop grows etcd's history no faster than that. `what` says what was
+    /// written last.
+    fn paced(&self, key: &str, what: &str) -> Result<()> {
+        let mut last = self.reported.lock().unwrap_or_else(|e| e.into_inner());
+        let now = tokio::time::Instant::now();
+        if last
+            .get(key)
+            .is_some_and(|t| now.duration_since(*t) < crate::api::REPORT_EVERY)
+        {
+            return Err(ManagerError::Busy(format!(
+                "{what} less than {:?} ago: try again later",
+                crate::api::REPORT_EVERY
+            )));
+        }
+        last.insert(key.to_string(), now);
+        Ok(())
     }
 
     /// Records a server's NVMe/TCP export (see `Request::NvmfExport`): at most one write per
@@ -253,23 +259,13 @@ impl Manager {
             return Err(denied(peer, e.to_string()));
         }
         record.identity = client_of(peer).map(|c| format!("client {c}"));
-        {
-            let mut last = self.reported.lock().unwrap_or_else(|e| e.into_inner());
-            let now = tokio::time::Instant::now();
-            let k = format!("nvmf/{}/{}", record.volume, record.port_id);
-            if last
-                .get(&k)
-                .is_some_and(|t| now.duration_since(*t) < crate::api::REPORT_EVERY)
-            {
-                return Err(ManagerError::Busy(format!(
-                    "volume {}'s export {} was recorded less than {:?} ago: try again later",
-                    record.volume,
-                    record.port_id,
-                    crate::api::REPORT_EVERY
-                )));
-            }
-            last.insert(k, now);
-        }
+        self.paced(
+            &format!("nvmf/{}/{}", record.volume, record.port_id),
+            &format!(
+                "volume {}'s export {} was recorded",
+                record.volume, record.port_id
+            ),
+        )?;
         Ok(self.meta.put_nvmf_export(&record, lease).await?)
     }
 

@@ -94,7 +94,7 @@ pub async fn announce(
         rec.clone(),
         ex.clone(),
         volume.to_string(),
-        first,
+        Some(first),
         shared.clone(),
         ttl,
     ));
@@ -142,7 +142,8 @@ async fn keep_current(
     rec: Recorder,
     ex: NvmfExport,
     volume: String,
-    mut written: NvmfExportRecord,
+    // What the record holds now under the lease (none: to be written).
+    mut written: Option<NvmfExportRecord>,
     lease: Arc<std::sync::atomic::AtomicI64>,
     ttl: Duration,
 ) {
@@ -160,11 +161,11 @@ async fn keep_current(
                 _ = tokio::time::sleep(LOOK_EVERY) => {}
             }
             let now = record(&ex, &volume);
-            if now == written {
+            if written.as_ref() == Some(&now) {
                 continue;
             }
             match rec.nvmf_export(&now, l).await {
-                Ok(None) => written = now,
+                Ok(None) => written = Some(now),
                 Ok(Some(h)) if !warned => {
                     warned = true;
                     tracing::warn!(%volume, port_id = now.port_id, holder = h.pid, host = %h.host, "the export's port id is held by another process now: status shows that one")
@@ -181,6 +182,6 @@ async fn keep_current(
         lease.store(new, Ordering::Relaxed);
         let _ = store.revoke(l).await;
         // Written again under the new lease at the next look.
-        written.ana.clear();
+        written = None;
     }
 }

@@ -24,7 +24,7 @@ mod announce;
 pub use announce::{announce, Announced};
 
 /// How often a standby reads the volume again (its size) while it watches the writer's
-/// attach record, and how long it waits after a failed read.
+/// attach record.
 const STANDBY_POLL: Duration = Duration::from_secs(1);
 
 /// What `nvmf serve` was asked.
@@ -206,30 +206,27 @@ async fn take_when_free(meta: &ClusterMeta, cfg: &NvmfConfig, ex: &NvmfExport) -
     let key = format!("{}{volume}", ClusterMeta::attach_prefix());
     let mut said = false;
     loop {
-        // Watched from here: the record's end (its lease expired, or a detach) wakes this at
-        // once.
-        let (_, rev) = crate::keys::read(meta, &key).await;
-        match meta.attachment(volume).await {
-            Ok(Some((holder, _))) => {
-                if !said {
-                    tracing::info!(%volume, writer = %holder.host, pid = holder.pid, "standby: another server holds the volume's writer; this path is ANA inaccessible");
-                    said = true;
-                }
-                if let Ok(v) = meta.volume(volume).await {
-                    ex.dev
-                        .size
-                        .store(v.size, std::sync::atomic::Ordering::Relaxed);
-                }
-                let _ =
-                    tokio::time::timeout(STANDBY_POLL, crate::keys::changed(meta, &key, rev)).await;
-                continue;
+        // One read, watched from its revision: the record's end (its lease expired, or a
+        // detach) wakes this at once.
+        let (held, rev) = crate::keys::read(meta, &key).await;
+        if let Some(kv) = held {
+            if !said {
+                // A record that does not decode still holds the volume.
+                let holder = serde_json::from_slice::<trireme_meta::AttachRecord>(&kv.value)
+                    .map_or_else(
+                        |_| "an unreadable attach record".into(),
+                        |h| format!("pid {} on {}", h.pid, h.host),
+                    );
+                tracing::info!(%volume, writer = %holder, "standby: another server holds the volume's writer; this path is ANA inaccessible");
+                said = true;
             }
-            Ok(None) => {}
-            Err(e) => {
-                tracing::debug!("reading the attach record: {e}");
-                tokio::time::sleep(STANDBY_POLL).await;
-                continue;
+            if let Ok(v) = meta.volume(volume).await {
+                ex.dev
+                    .size
+                    .store(v.size, std::sync::atomic::Ordering::Relaxed);
             }
+            let _ = tokio::time::timeout(STANDBY_POLL, crate::keys::changed(meta, &key, rev)).await;
+            continue;
         }
         let exports = vec![format!("nvme/tcp {} {}", ex.port.addr, ex.nqn)];
         match crate::attach::attach(meta.clone(), &cfg.attach, exports).await {

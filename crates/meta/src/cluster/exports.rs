@@ -72,7 +72,7 @@ impl NvmfExportRecord {
             ));
         }
         for h in &self.hosts {
-            if crate::check_access_entry(h).is_err() || h.len() > 223 {
+            if crate::check_access_entry(h).is_err() {
                 return bad(format!("host {h:?}"));
             }
         }
