@@ -208,7 +208,7 @@ fn nvme_tcp_multipath_fails_over_between_servers_without_an_error() {
     wait_for("status shows the host", Duration::from_secs(4), &w, &|| {
         w.status()["volumes"][0]["nvmf"]
             .as_array()
-            .is_some_and(|l| l.iter().all(|e| e["hosts"][0] == BENCH_HOST))
+            .is_some_and(|l| l.len() == 2 && l.iter().all(|e| e["hosts"][0] == BENCH_HOST))
     });
     std::thread::sleep(Duration::from_secs(2));
     // The optimized server dies mid-job: a standby takes the writer when A's lease expires.
