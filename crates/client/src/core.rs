@@ -1,29 +1,35 @@
-//! The volume's [`VolumeCore`] behind one plain mutex, and the waiting the write order needs.
+//! The volume's [`VolumeCore`] behind one plain mutex: the executor of its steps, and the
+//! waiting the write order needs.
 //!
-//! Every decision about replicas lives in the core (`trireme-replication`); this file only
-//! keeps it behind a lock that is never held across an `.await`, and parks tasks whose range
-//! an earlier overlapping write holds. A write, resync step or pause registers its range; if
-//! it may not hold it yet, its task parks until a release names its ticket. Each release
-//! wakes exactly the tickets it freed, not every waiter.
+//! Every decision about replicas lives in the core (`trireme-replication`); this file keeps
+//! it behind a lock that is never held across an `.await`, steps it, and parks tasks whose
+//! range an earlier overlapping write holds. A write, resync step or pause takes a place; if
+//! it may not hold its range yet, its task parks until a step grants its place, which hands
+//! it the replicas to send to. Each release wakes exactly the places it freed, not every
+//! waiter. A write that meets no failure and no earlier overlapping write visits the lock
+//! twice: its submit and its answers (`io.rs`).
 
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use tokio::sync::oneshot;
-use trireme_replication::{Ticket, VolumeCore};
+use trireme_replication::{Action, Answers, Input, Mirrored, Ticket, VolumeCore};
 
 #[derive(Debug)]
 struct Inner {
     core: VolumeCore,
-    /// Parked waiters, by ticket.
-    parked: HashMap<Ticket, oneshot::Sender<()>>,
+    /// Parked waiters, by place: each is sent the replicas its request goes to.
+    parked: HashMap<Ticket, oneshot::Sender<Vec<usize>>>,
 }
 
 /// One volume's core, shared by its request tasks and background tasks.
 #[derive(Debug)]
 pub(crate) struct Core {
     inner: Mutex<Inner>,
+    /// Visits to the lock so far (what a write costs is counted, not assumed).
+    visits: AtomicU64,
 }
 
 /// The core, locked. Used within one statement or a short block, never across an `.await`.
@@ -42,12 +48,31 @@ impl DerefMut for Locked<'_> {
     }
 }
 
-/// A place in the write order, then (after [`RangeGuard::wait`]) the range itself, until
-/// dropped.
+/// A place in the write order, until dropped (or given up by the answers that acknowledge
+/// its request). Before [`Place::wait`] it may not hold its range yet.
 #[derive(Debug)]
-pub(crate) struct RangeGuard<'a> {
+pub(crate) struct Place<'a> {
     core: &'a Core,
-    ticket: Ticket,
+    ticket: Option<Ticket>,
+    /// Granted already: the replicas its request goes to.
+    targets: Option<Vec<usize>>,
+}
+
+/// What a submitted request does next.
+pub(crate) enum Submitted<'a> {
+    /// It goes, once its place is held (a flush holds none), to the targets the place gives.
+    Go(Place<'a>),
+    /// Too few copies in sync: nothing was taken.
+    Short,
+}
+
+/// What a request's answers made of it.
+pub(crate) enum Answered {
+    /// Done; its place is given up. `wait_copies`: acknowledged once enough copies are in
+    /// sync again.
+    Ack { wait_copies: bool },
+    /// Carry it out; the place stays held.
+    Carry(trireme_replication::Decision),
 }
 
 impl Core {
@@ -57,71 +82,146 @@ impl Core {
                 core,
                 parked: HashMap::new(),
             }),
+            visits: AtomicU64::new(0),
         }
+    }
+
+    fn inner(&self) -> MutexGuard<'_, Inner> {
+        self.visits.fetch_add(1, Ordering::Relaxed);
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub(crate) fn lock(&self) -> Locked<'_> {
-        Locked(self.inner.lock().unwrap_or_else(|e| e.into_inner()))
+        Locked(self.inner())
+    }
+
+    /// Visits to the core's lock so far.
+    #[cfg(test)]
+    pub(crate) fn visits(&self) -> u64 {
+        self.visits.load(Ordering::Relaxed)
+    }
+
+    /// Steps the core with `input` in one visit; grants go to the parked places they name.
+    fn step(&self, input: Input<'_>) -> Vec<Action> {
+        Core::step_in(&mut self.inner(), input)
+    }
+
+    fn step_in(inner: &mut Inner, input: Input<'_>) -> Vec<Action> {
+        let mut actions = inner.core.step(input);
+        actions.retain(|a| match a {
+            Action::Granted { places, targets } => {
+                for p in places {
+                    if let Some(tx) = inner.parked.remove(p) {
+                        let _ = tx.send(targets.clone());
+                    }
+                }
+                false
+            }
+            _ => true,
+        });
+        actions
+    }
+
+    /// A request arrives ([`Input::Submit`]): the copies are checked, a data request takes its
+    /// place, and the replicas it goes to come with the place once held.
+    pub(crate) fn submit(&self, request: Mirrored) -> Submitted<'_> {
+        match self.step(Input::Submit(request)).pop() {
+            Some(Action::Proceed { place, targets }) => Submitted::Go(Place {
+                core: self,
+                ticket: place,
+                targets: Some(targets),
+            }),
+            Some(Action::Wait { place }) => Submitted::Go(self.waiting(place)),
+            _ => Submitted::Short,
+        }
     }
 
     /// Waits until no earlier overlapping write is in flight, then holds `[start, end)`.
-    pub(crate) async fn acquire(&self, start: u64, end: u64) -> RangeGuard<'_> {
-        self.register(start, end).wait().await
+    pub(crate) async fn acquire(&self, start: u64, end: u64) -> Place<'_> {
+        self.register(start, end).wait().await.0
     }
 
-    /// Takes a place in the order for `[start, end)` now, without waiting: writes registered
-    /// in some order get their ranges in that order.
-    pub(crate) fn register(&self, start: u64, end: u64) -> RangeGuard<'_> {
-        let (ticket, _) = self.lock().register(start, end);
-        self.guard(ticket)
-    }
-
-    /// Like [`Core::register`], but only if writes may go on now (enough copies in sync), in
-    /// the same lock: the write path's one visit to the core before sending.
-    pub(crate) fn register_if_enough(&self, start: u64, end: u64) -> Option<RangeGuard<'_>> {
-        let mut c = self.lock();
-        if !c.enough() {
-            return None;
+    /// Takes a place in the order for `[start, end)` now, whatever the copies, without waiting:
+    /// places taken in some order hold their ranges in that order.
+    pub(crate) fn register(&self, start: u64, end: u64) -> Place<'_> {
+        match self.step(Input::Hold { start, end }).pop() {
+            Some(Action::Proceed { place, targets }) => Place {
+                core: self,
+                ticket: place,
+                targets: Some(targets),
+            },
+            Some(Action::Wait { place }) => self.waiting(place),
+            other => unreachable!("a hold always takes a place: {other:?}"),
         }
-        let (ticket, _) = c.register(start, end);
-        drop(c);
-        Some(self.guard(ticket))
     }
 
-    fn guard(&self, ticket: Ticket) -> RangeGuard<'_> {
-        // The guard exists from here on, so a cancelled wait still releases its place.
-        RangeGuard { core: self, ticket }
+    fn waiting(&self, ticket: Ticket) -> Place<'_> {
+        // The place exists from here on, so a cancelled wait still gives it up.
+        Place {
+            core: self,
+            ticket: Some(ticket),
+            targets: None,
+        }
+    }
+
+    /// Every target of a request answered ([`Input::Answered`]). An acknowledged request
+    /// gives its place up in the same visit.
+    pub(crate) fn answered(&self, place: Option<&mut Place<'_>>, answers: Answers<'_>) -> Answered {
+        let place = place.filter(|p| p.ticket.is_some());
+        let answers = Answers {
+            place: place.as_ref().and_then(|p| p.ticket),
+            ..answers
+        };
+        match self.step(Input::Answered(answers)).pop() {
+            Some(Action::Ack { wait_copies }) => {
+                if let Some(p) = place {
+                    p.ticket = None;
+                }
+                Answered::Ack { wait_copies }
+            }
+            Some(Action::Carry(d)) => Answered::Carry(d),
+            other => unreachable!("answers end in an acknowledgement or a decision: {other:?}"),
+        }
     }
 }
 
-impl<'a> RangeGuard<'a> {
+impl<'a> Place<'a> {
     /// Waits until no earlier overlapping write is in flight; the range is held from then on.
-    pub(crate) async fn wait(self) -> RangeGuard<'a> {
+    /// With it, the replicas its request goes to.
+    pub(crate) async fn wait(mut self) -> (Place<'a>, Vec<usize>) {
+        if let Some(targets) = self.targets.take() {
+            return (self, targets);
+        }
+        let Some(ticket) = self.ticket else {
+            return (self, Vec::new());
+        };
         let rx = {
-            let mut inner = self.core.inner.lock().unwrap_or_else(|e| e.into_inner());
-            if inner.core.may_hold(self.ticket) {
-                return self;
+            let mut inner = self.core.inner();
+            if inner.core.may_hold(ticket) {
+                // Granted between its submit and now.
+                let targets = inner.core.write_targets();
+                drop(inner);
+                return (self, targets);
             }
             let (tx, rx) = oneshot::channel();
-            inner.parked.insert(self.ticket, tx);
+            inner.parked.insert(ticket, tx);
             rx
         };
-        // Sent by the release that frees this ticket. Never dropped unsent while this guard
-        // lives: only this guard's own drop removes its ticket.
-        let _ = rx.await;
-        self
+        // Sent by the step that grants this place. Never dropped unsent while this place
+        // lives: only its own drop removes it.
+        let targets = rx.await.unwrap_or_default();
+        (self, targets)
     }
 }
 
-impl Drop for RangeGuard<'_> {
+impl Drop for Place<'_> {
     fn drop(&mut self) {
-        let mut inner = self.core.inner.lock().unwrap_or_else(|e| e.into_inner());
-        inner.parked.remove(&self.ticket);
-        for t in inner.core.release(self.ticket) {
-            if let Some(tx) = inner.parked.remove(&t) {
-                let _ = tx.send(());
-            }
-        }
+        let Some(ticket) = self.ticket.take() else {
+            return;
+        };
+        let mut inner = self.core.inner();
+        inner.parked.remove(&ticket);
+        Core::step_in(&mut inner, Input::Release(ticket));
     }
 }
 
@@ -165,5 +265,75 @@ mod tests {
         drop(b);
         let inner = o.inner.lock().unwrap();
         assert!(inner.core.places() == 0 && inner.parked.is_empty());
+    }
+}
+
+/// What the write path costs the core's lock, on a real volume: two nodes over memory stores,
+/// served over TCP on 127.0.0.1.
+#[cfg(test)]
+mod visits {
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+    use trireme_replication::ReplicaState;
+    use trireme_store::{MemoryStore, Store};
+    use trireme_transport::TransportKind;
+
+    use crate::{AttachInfo, ReplicaTarget, Volume};
+
+    const VOLUME: u64 = 7;
+    const SIZE: u64 = 1 << 20;
+
+    async fn node(id: u32) -> ReplicaTarget {
+        let store = Arc::new(MemoryStore::default());
+        store.create(VOLUME, SIZE).expect("create replica");
+        let node = Arc::new(trireme_node::Node::new(id, store));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(trireme_transport::tcp::serve(listener, node));
+        ReplicaTarget {
+            node: id,
+            addr,
+            local_addr: None,
+            state: ReplicaState::InSync,
+            incarnation: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_write_or_flush_visits_the_core_twice_and_an_overlapping_one_three_times() {
+        let info = AttachInfo {
+            name: "v".into(),
+            id: VOLUME,
+            size: SIZE,
+            epoch: 1,
+            replicas: vec![node(1).await, node(2).await],
+            reconcile: false,
+            min_copies: 0,
+            preallocate: false,
+        };
+        let v = Volume::attach(info, TransportKind::Tcp, 1).await.unwrap();
+        let block = |k: u64| Bytes::from(vec![k as u8; 4096]);
+        let before = v.core.visits();
+        for k in 0..64 {
+            v.write(k * 4096, block(k), false).await.unwrap();
+        }
+        v.flush().await.unwrap();
+        assert_eq!(
+            v.core.visits() - before,
+            2 * 65,
+            "visits for 64 writes and a flush"
+        );
+        // Two writes to one block at once: the second waits for the first, and parks once.
+        let before = v.core.visits();
+        let (a, b) = tokio::join!(v.write(0, block(1), false), v.write(0, block(2), false));
+        a.unwrap();
+        b.unwrap();
+        assert_eq!(v.core.visits() - before, 2 + 3);
+        assert_eq!(
+            v.read(0, 4096).await.unwrap(),
+            block(2),
+            "the later write landed last"
+        );
     }
 }

@@ -7,10 +7,11 @@ use bytes::Bytes;
 use tokio::time::Instant;
 use trireme_proto::{Extent, Header, Op, FLAG_FUA, FLAG_MAY_TRIM};
 use trireme_replication::{
-    check_io, Decision, Mirrored, ReplicaOutcome, ReplicaState, WriteFailure,
+    check_io, Answers, Decision, Mirrored, ReplicaOutcome, ReplicaState, WriteFailure,
 };
 use trireme_transport::Frame;
 
+use crate::core::{Answered, Place, Submitted};
 use crate::error::outcome_of;
 use crate::{join_all, tiers, Volume, VolumeError, MAX_IO};
 
@@ -24,16 +25,18 @@ impl Volume {
     /// track what they missed. `h`'s range is held against overlapping writes until then.
     async fn mirror(&self, h: Header, payload: Bytes) -> Result<(), VolumeError> {
         self.check_space(&h)?;
-        {
+        let request = mirrored(&h);
+        let wait_copies = {
             // Too few copies in sync: new writes wait before they are sent (`copies.rs`), in
             // the order they came (the gate is a fair lock), and take their places in the
-            // write order in that order too. Nearly always nothing waits, and a write takes
-            // its place at once.
-            let data = matches!(h.op, Op::Write | Op::WriteZeroes);
-            let (start, end) = (h.offset, h.offset + h.length);
+            // write order in that order too. Nearly always nothing waits, and the submit
+            // checks the copies, takes the place and names the targets in one visit to the
+            // core.
             let quick = match self.copies.at_gate.load(Ordering::Acquire) {
-                0 if data => self.core.register_if_enough(start, end).map(Some),
-                0 if self.core().enough() => Some(None),
+                0 => match self.core.submit(request) {
+                    Submitted::Go(place) => Some(place),
+                    Submitted::Short => None,
+                },
                 _ => None,
             };
             let place = match quick {
@@ -42,42 +45,49 @@ impl Volume {
                     // Counted until it has passed, even if the request is dropped while it waits.
                     let _at = self.copies.at_gate();
                     let _gate = self.copies_gate.lock().await;
-                    self.enough_copies().await?;
-                    data.then(|| self.core.register(start, end))
+                    loop {
+                        self.enough_copies().await?;
+                        if let Submitted::Go(place) = self.core.submit(request) {
+                            break place;
+                        }
+                    }
                 }
             };
-            let _range = match place {
-                Some(p) => {
-                    let r = p.wait().await;
-                    self.activity.touch(h.offset, h.length);
-                    Some(r)
-                }
-                None => None,
-            };
-            self.mirror_held(h, payload).await?;
-        }
+            let (mut place, targets) = place.wait().await;
+            if let Mirrored::Data { .. } = request {
+                self.activity.touch(h.offset, h.length);
+            }
+            self.mirror_held(h, payload, &mut place, targets).await?
+        };
         // One whose failure took a copy out below the minimum is acknowledged only once
         // enough copies hold it again; it waits without its range, which the resync copies.
-        if self.core().enough() {
+        if !wait_copies {
             return Ok(());
         }
         self.enough_copies().await
     }
 
-    /// [`Volume::mirror`] for a caller that already holds the range.
+    /// [`Volume::mirror`] once the request holds its `place`, first sent to `targets`. True
+    /// if its acknowledgement waits for enough copies in sync.
     ///
     /// A flush holds no range, so the copies can change while it is out: one it went to may
     /// be retired (a drain moving it) and one it never reached may come in sync (its resync
     /// flushed what it copied, `resync.rs`). If it fails for want of a copy in sync that holds
     /// it, and the copies that take writes are not those it went to, it goes to them again.
-    async fn mirror_held(&self, h: Header, payload: Bytes) -> Result<(), VolumeError> {
+    async fn mirror_held(
+        &self,
+        h: Header,
+        payload: Bytes,
+        place: &mut Place<'_>,
+        targets: Vec<usize>,
+    ) -> Result<bool, VolumeError> {
         let mut rounds = 0;
         let mut waiting: Option<Instant> = None;
+        let mut targets = targets;
         loop {
-            let targets = self.write_targets();
             let sent_at = Instant::now();
-            let (e, unanswered) = match self.mirror_to(h, payload.clone(), &targets).await {
-                Ok(()) => return Ok(()),
+            let (e, unanswered) = match self.mirror_to(h, payload.clone(), &targets, place).await {
+                Ok(wait_copies) => return Ok(wait_copies),
                 Err(f) => f,
             };
             match e {
@@ -102,19 +112,21 @@ impl Volume {
                 }
                 e => return Err(e),
             }
+            targets = self.write_targets();
         }
     }
 
-    /// Sends `h` to `targets` and decides, as the replication core says, what their answers
-    /// make of it. A failure comes with whether it went unanswered: no in-sync target held
-    /// the request and each of them timed out or lost its link (none refused it or failed it
-    /// in its store).
+    /// Sends `h` to `targets` and hands their answers to the replication core, which says
+    /// what they make of it; true if its acknowledgement waits for enough copies in sync. A
+    /// failure comes with whether it went unanswered: no in-sync target held the request and
+    /// each of them timed out or lost its link (none refused it or failed it in its store).
     async fn mirror_to(
         &self,
         h: Header,
         payload: Bytes,
         targets: &[usize],
-    ) -> Result<(), (VolumeError, bool)> {
+        place: &mut Place<'_>,
+    ) -> Result<bool, (VolumeError, bool)> {
         // The payload's checksum, once for every replica (a TLS link needs none).
         let crc = (!payload.is_empty()
             && targets.iter().any(|&i| {
@@ -142,17 +154,14 @@ impl Volume {
             &mut answered,
             false,
         );
-        let request = match h.op {
-            Op::Write | Op::WriteZeroes => Mirrored::Data {
-                offset: h.offset,
-                len: h.length,
-            },
-            op => {
-                debug_assert_eq!(op, Op::Flush, "only data and flushes are mirrored");
-                Mirrored::Flush
-            }
+        let request = mirrored(&h);
+        let mut answers = Answers {
+            place: None,
+            request,
+            targets,
+            outcomes: &outcomes,
+            from_reserve: false,
         };
-        let mut decision = self.core().decide(request, targets, &outcomes);
         let full: Vec<u32> = targets
             .iter()
             .zip(&outcomes)
@@ -162,6 +171,11 @@ impl Volume {
         if !full.is_empty() {
             self.space_refused(&full, h.length);
         }
+        let mut decision = match self.core.answered(Some(place), answers) {
+            Answered::Ack { wait_copies } => return Ok(wait_copies),
+            Answered::Carry(d) => d,
+        };
+        let mut retried_outcomes = outcomes.clone();
         if let Decision::UseReserve { replicas } = &decision {
             // Written on one copy, refused for space on others: they get it again with leave
             // to use their reserve, so the copies never differ over it.
@@ -180,20 +194,19 @@ impl Volume {
                 targets,
                 replicas,
                 retried,
-                &mut outcomes,
+                &mut retried_outcomes,
                 &mut answered,
                 true,
             );
-            let redecided = self.core().decide(request, targets, &outcomes);
-            decision = match redecided {
-                // Not again: no copy's answer is a refusal for space any more.
-                Decision::UseReserve { replicas } => Decision::Fail(WriteFailure::NoSpace {
-                    replica: replicas.first().copied().unwrap_or(0),
-                }),
-                d => d,
+            answers.outcomes = &retried_outcomes;
+            answers.from_reserve = true;
+            decision = match self.core.answered(Some(place), answers) {
+                Answered::Ack { wait_copies } => return Ok(wait_copies),
+                Answered::Carry(d) => d,
             };
         }
         match decision {
+            // Not after a send from the reserve: the core fails a second refusal.
             Decision::UseReserve { replicas } => Err((
                 VolumeError::Write {
                     volume: self.info.name.clone(),
@@ -205,7 +218,7 @@ impl Volume {
                 },
                 false,
             )),
-            Decision::Ack => Ok(()),
+            Decision::Ack => Ok(!self.core().enough()),
             Decision::Fail(failure) => Err((
                 VolumeError::Write {
                     volume: self.info.name.clone(),
@@ -235,14 +248,14 @@ impl Volume {
                 replicas,
                 range,
                 lost_history,
-            } => self
-                .take_out_with(&replicas, range, lost_history)
-                .await
-                .map_err(|e| {
-                    // The copies that held it went silent too (`Stranded`): it waits for them.
+            } => match self.take_out_with(&replicas, range, lost_history).await {
+                Ok(()) => Ok(!self.core().enough()),
+                // The copies that held it went silent too (`Stranded`): it waits for them.
+                Err(e) => {
                     let unanswered = e.unanswered();
-                    (e, unanswered)
-                }),
+                    Err((e, unanswered))
+                }
+            },
         }
     }
 
@@ -554,6 +567,20 @@ impl Volume {
                     .map_err(self.malformed(i))
             })
             .collect()
+    }
+}
+
+/// What the replication core knows a mirrored request as.
+fn mirrored(h: &Header) -> Mirrored {
+    match h.op {
+        Op::Write | Op::WriteZeroes => Mirrored::Data {
+            offset: h.offset,
+            len: h.length,
+        },
+        op => {
+            debug_assert_eq!(op, Op::Flush, "only data and flushes are mirrored");
+            Mirrored::Flush
+        }
     }
 }
 

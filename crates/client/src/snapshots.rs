@@ -22,8 +22,9 @@
 
 use bytes::Bytes;
 use trireme_proto::{Op, SnapshotRequest, Status};
-use trireme_replication::{Decision, Mirrored, ReplicaOutcome};
+use trireme_replication::{Answers, Decision, Mirrored, ReplicaOutcome};
 
+use crate::core::Answered;
 use crate::error::outcome_of;
 use crate::{Volume, VolumeError};
 
@@ -63,7 +64,17 @@ impl Volume {
             h.flags |= trireme_proto::FLAG_UNSYNCED;
             SnapshotRequest { id, created }.put(&mut h);
             let (took, _, first, outcomes) = self.on_each(&targets, h, "snapshot").await;
-            let decision = self.core().decide(Mirrored::Snapshot, &targets, &outcomes);
+            let answers = Answers {
+                place: None,
+                request: Mirrored::Snapshot,
+                targets: &targets,
+                outcomes: &outcomes,
+                from_reserve: false,
+            };
+            let decision = match self.core.answered(None, answers) {
+                Answered::Ack { .. } => Decision::Ack,
+                Answered::Carry(d) => d,
+            };
             match decision {
                 Decision::Ack => {}
                 Decision::TakeOut {

@@ -15,7 +15,8 @@
 //! * [`settle`] and [`majority`] — what to do with a region replicas hold differently, after a
 //!   writer died (reconcile) and during a scrub.
 //! * [`VolumeCore`] — one attached volume's state, owning all of the above: the writer's runtime
-//!   keeps one behind a mutex and only moves bytes.
+//!   keeps one behind a mutex and only moves bytes. Its request path is a step machine
+//!   ([`VolumeCore::step`]: an [`Input`] in, [`Action`]s out).
 
 mod compare;
 mod order;
@@ -23,6 +24,7 @@ mod quorum;
 mod read;
 mod resync;
 mod set;
+mod step;
 mod takeout;
 mod volume;
 
@@ -35,6 +37,7 @@ pub use resync::{
     CLEAR_BATCH, PARALLEL,
 };
 pub use set::{default_min_copies, removal, transition, ReplicaSet, ReplicaState, TransitionError};
+pub use step::{Action, Answers, Input};
 pub use takeout::{Mark, Step as TakeOutStep, TakeOut};
 pub use volume::{Copies, CopiesChange, Refusal, ResyncStart, VolumeCore};
 

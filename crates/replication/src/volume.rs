@@ -17,8 +17,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::{
-    decide, default_min_copies, incremental, Decision, Mirrored, RangeOrder, ReadPlan,
-    ReplicaOutcome, ReplicaSet, ReplicaState, ResyncProgress, TakeOut, Ticket,
+    default_min_copies, incremental, RangeOrder, ReadPlan, ReplicaSet, ReplicaState,
+    ResyncProgress, TakeOut, Ticket,
 };
 
 /// Why the core refuses a change of membership.
@@ -82,11 +82,11 @@ struct Record {
 /// The replication state of one attached volume (see the module docs).
 #[derive(Debug, Clone)]
 pub struct VolumeCore {
-    managed: bool,
+    pub(crate) managed: bool,
     max_replicas: usize,
-    set: ReplicaSet,
+    pub(crate) set: ReplicaSet,
     records: Vec<Record>,
-    order: RangeOrder,
+    pub(crate) order: RangeOrder,
     min_copies: u32,
     suspended: bool,
     stopped: bool,
@@ -213,20 +213,12 @@ impl VolumeCore {
         self.stopped
     }
 
-    // ---- the write order --------------------------------------------------------------------
+    // ---- the write order (taken and given up through `step`) --------------------------------
 
-    /// Takes a place in the write order for `[start, end)`; true if it may hold the range now.
-    pub fn register(&mut self, start: u64, end: u64) -> (Ticket, bool) {
-        self.order.register(start, end)
-    }
-
-    pub fn may_hold(&self, t: Ticket) -> bool {
-        self.order.may_hold(t)
-    }
-
-    /// Gives up a place (held or not); returns the tickets that may hold their ranges now.
-    pub fn release(&mut self, t: Ticket) -> Vec<Ticket> {
-        self.order.release(t)
+    /// Whether `place` may hold its range now (a waiter that parks after the release that
+    /// granted it finds out here).
+    pub fn may_hold(&self, place: Ticket) -> bool {
+        self.order.may_hold(place)
     }
 
     /// Places in the write order, held or waiting.
@@ -239,16 +231,6 @@ impl VolumeCore {
     /// Replicas a mirrored request goes to.
     pub fn write_targets(&self) -> Vec<usize> {
         self.set.write_targets()
-    }
-
-    /// What to do once every target of a mirrored request answered.
-    pub fn decide(
-        &self,
-        request: Mirrored,
-        targets: &[usize],
-        outcomes: &[ReplicaOutcome],
-    ) -> Decision {
-        decide(request, targets, outcomes, &self.set, self.managed)
     }
 
     /// The plan of one resync copy's choice of source: each starts at the next copy, so

@@ -1,7 +1,7 @@
 //! The volume core alone, under random requests, replies, failures, resyncs, moves and time.
 
 use super::*;
-use crate::TakeOutStep;
+use crate::{Action, Answers, Decision, Input, Mirrored, ReplicaOutcome, TakeOutStep};
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
@@ -187,61 +187,141 @@ impl World {
         Ok(())
     }
 
+    /// The answers `out` of a write that holds `place` go to the core.
+    fn answer(
+        &mut self,
+        place: Ticket,
+        req: Mirrored,
+        targets: &[usize],
+        out: &[ReplicaOutcome],
+    ) -> Result<(), TestCaseError> {
+        let c = &mut self.core;
+        let answers = Answers {
+            place: Some(place),
+            request: req,
+            targets,
+            outcomes: out,
+            from_reserve: false,
+        };
+        let actions = c.step(Input::Answered(answers));
+        match actions.last() {
+            Some(Action::Ack { wait_copies }) => {
+                prop_assert_eq!(*wait_copies, !c.enough());
+                prop_assert!(!c.may_hold(place), "an acknowledged write kept its place");
+                self.places.retain(|p| p.0 != place);
+            }
+            Some(Action::Carry(Decision::TakeOut {
+                replicas,
+                lost_history,
+                ..
+            })) => {
+                let done_in_sync = targets.iter().zip(out).any(|(&i, &o)| {
+                    o == ReplicaOutcome::Done && c.set().state(i) == ReplicaState::InSync
+                });
+                prop_assert!(
+                    done_in_sync,
+                    "take-out without an in-sync copy holding the write"
+                );
+                prop_assert!(
+                    c.may_hold(place),
+                    "a write lost its place before its take-out"
+                );
+                let marks = self.marks.clone();
+                run_take_out(c, replicas, *lost_history, &marks);
+            }
+            Some(Action::Carry(_)) => prop_assert!(c.may_hold(place)),
+            other => prop_assert!(false, "after answers: {:?}", other),
+        }
+        self.granted(actions)
+    }
+
+    /// Places a step says may hold their ranges now do, and go to the write targets.
+    fn granted(&mut self, actions: Vec<Action>) -> Result<(), TestCaseError> {
+        for a in actions {
+            if let Action::Granted { places, targets } = a {
+                prop_assert_eq!(&targets, &self.core.write_targets());
+                for p in places {
+                    prop_assert!(
+                        self.core.may_hold(p),
+                        "a granted place may not hold its range"
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn step(&mut self, op: Op) -> Result<(), TestCaseError> {
         let c = &mut self.core;
         match op {
             Op::Write { at, len, replies } => {
                 let (start, end) = (at * 4096, (at + len) * 4096);
-                let (t, now) = c.register(start, end);
-                self.places.push((t, start, end));
-                if now && c.enough() {
-                    let targets = c.write_targets();
-                    let out: Vec<_> = (0..targets.len())
-                        .map(|k| outcome(replies[k % replies.len()]))
-                        .collect();
-                    let req = Mirrored::Data {
-                        offset: start,
-                        len: end - start,
-                    };
-                    if let Decision::TakeOut {
-                        replicas,
-                        lost_history,
-                        ..
-                    } = c.decide(req, &targets, &out)
-                    {
-                        let done_in_sync = targets.iter().zip(&out).any(|(&i, &o)| {
-                            o == ReplicaOutcome::Done && c.set().state(i) == ReplicaState::InSync
-                        });
-                        prop_assert!(
-                            done_in_sync,
-                            "take-out without an in-sync copy holding the write"
-                        );
-                        let marks = self.marks.clone();
-                        run_take_out(c, &replicas, lost_history, &marks);
+                let req = Mirrored::Data {
+                    offset: start,
+                    len: end - start,
+                };
+                let enough = c.enough();
+                match c.step(Input::Submit(req)).as_slice() {
+                    [Action::Short] => prop_assert!(!enough, "short with enough copies"),
+                    [Action::Wait { place }] => {
+                        prop_assert!(enough && !c.may_hold(*place));
+                        self.places.push((*place, start, end));
                     }
+                    [Action::Proceed {
+                        place: Some(place),
+                        targets,
+                    }] => {
+                        prop_assert!(enough && c.may_hold(*place));
+                        prop_assert_eq!(targets, &c.write_targets());
+                        self.places.push((*place, start, end));
+                        let out: Vec<_> = (0..targets.len())
+                            .map(|k| outcome(replies[k % replies.len()]))
+                            .collect();
+                        let (place, targets) = (*place, targets.clone());
+                        self.answer(place, req, &targets, &out)?;
+                    }
+                    other => prop_assert!(false, "a write's submit: {:?}", other),
                 }
             }
             Op::Flush(replies) => {
-                let targets = c.write_targets();
+                let Some(Action::Proceed {
+                    place: None,
+                    targets,
+                }) = c.step(Input::Submit(Mirrored::Flush)).pop()
+                else {
+                    prop_assert!(!c.enough(), "a flush with enough copies did not go");
+                    return Ok(());
+                };
                 let out: Vec<_> = (0..targets.len())
                     .map(|k| outcome(replies[k % replies.len()]))
                     .collect();
-                if let Decision::TakeOut {
-                    replicas,
-                    lost_history,
-                    ..
-                } = c.decide(Mirrored::Flush, &targets, &out)
-                {
-                    let marks = self.marks.clone();
-                    run_take_out(c, &replicas, lost_history, &marks);
+                let answers = Answers {
+                    place: None,
+                    request: Mirrored::Flush,
+                    targets: &targets,
+                    outcomes: &out,
+                    from_reserve: false,
+                };
+                for a in c.step(Input::Answered(answers)) {
+                    match a {
+                        Action::Carry(Decision::TakeOut {
+                            replicas,
+                            lost_history,
+                            ..
+                        }) => {
+                            let marks = self.marks.clone();
+                            run_take_out(c, &replicas, lost_history, &marks);
+                        }
+                        Action::Granted { .. } => prop_assert!(false, "a flush freed a place"),
+                        _ => {}
+                    }
                 }
             }
             Op::Release(k) => {
                 if !self.places.is_empty() {
                     let (t, ..) = self.places.remove(k % self.places.len());
-                    for w in c.release(t) {
-                        prop_assert!(c.may_hold(w), "a woken place may not hold its range");
-                    }
+                    let out = c.step(Input::Release(t));
+                    self.granted(out)?;
                 }
             }
             Op::Read { fails, overlapping } => {
@@ -416,7 +496,7 @@ proptest! {
         }
         // Every place given up leaves an empty order.
         for (t, ..) in std::mem::take(&mut w.places) {
-            w.core.release(t);
+            w.core.step(Input::Release(t));
         }
         prop_assert_eq!(w.core.places(), 0);
     }
@@ -431,12 +511,17 @@ fn without_a_control_plane_writes_never_wait_and_failures_fail() {
         4,
     );
     assert_eq!(c.check_copies(), (Copies::Enough, None));
-    let d = c.decide(
-        Mirrored::Flush,
-        &[0, 1],
-        &[ReplicaOutcome::Done, ReplicaOutcome::Failed],
-    );
-    assert!(matches!(d, Decision::Fail(_)));
+    let answers = Answers {
+        place: None,
+        request: Mirrored::Flush,
+        targets: &[0, 1],
+        outcomes: &[ReplicaOutcome::Done, ReplicaOutcome::Failed],
+        from_reserve: false,
+    };
+    assert!(matches!(
+        c.step(Input::Answered(answers)).as_slice(),
+        [Action::Carry(Decision::Fail(_))]
+    ));
     c.stop();
     assert_eq!(c.check_copies().0, Copies::Stopped);
 }
