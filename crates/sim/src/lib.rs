@@ -69,6 +69,7 @@ use trireme_replication::ReplicaState;
 use trireme_store::Store;
 
 mod clones;
+pub mod core_steps;
 mod disk;
 mod driver;
 mod faults;

@@ -124,3 +124,28 @@ fn the_checker_sees_a_skipped_snapshot_barrier() {
 fn the_checker_sees_a_clone_of_the_wrong_snapshot() {
     sabotaged_seeds_fail(|c| c.sabotage_clone = true, "clone");
 }
+
+/// The core stepped alone keeps every copy the same over many interleavings...
+#[test]
+fn the_core_stepped_alone_keeps_the_copies_the_same() {
+    let mut writes = 0;
+    for seed in 0..300 {
+        writes += core_steps::run(seed, core_steps::Sabotage::None)
+            .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+    }
+    assert!(writes > 300 * 100, "only {writes} writes");
+}
+
+/// ...and its checker sees writes sent against the write order, and resyncs that copy
+/// without taking their place in it.
+#[test]
+fn the_core_steps_checker_sees_writes_and_copies_out_of_order() {
+    use core_steps::Sabotage::{CopyWithoutHold, IgnoreWait};
+    for sabotage in [IgnoreWait, CopyWithoutHold] {
+        let caught = (0..100)
+            .filter(|&seed| core_steps::run(seed, sabotage).is_err())
+            .count();
+        eprintln!("{sabotage:?}: {caught} of 100 seeds fail");
+        assert!(caught > 0, "a hundred runs with {sabotage:?} passed");
+    }
+}

@@ -1,7 +1,8 @@
 //! Runs the simulator over many seeds, one thread per CPU. `TRIREME_SIM_SEEDS=A..B` picks the
 //! range (default 0..4000 here, plus the seeds that once failed; `scripts/sim.sh` runs as many
 //! as you like in release mode). A failing seed is printed with its event log and replays with
-//! `TRIREME_SIM_SEEDS=N..N+1`.
+//! `TRIREME_SIM_SEEDS=N..N+1`. The second test steps the replication core alone over the same
+//! seeds.
 
 /// Seeds beyond the default range that once failed, run with it every time.
 /// 2226: a flush out while a drain retired the one copy in sync that answered it.
@@ -176,4 +177,23 @@ fn guarantees_hold_for_every_seed() {
         writes > 0 && faults > 0,
         "the runs did something: {writes} writes, {faults} faults"
     );
+}
+
+/// The replication core stepped alone (`trireme_sim::core_steps`), over the same seeds: writes
+/// landing on each copy in any order, copies going down and coming back, resyncs through the
+/// write order. Thousands of runs a second.
+#[test]
+fn the_core_stepped_alone_keeps_the_copies_the_same_for_every_seed() {
+    let seeds = seeds();
+    let mut writes = 0;
+    for &seed in &seeds {
+        match trireme_sim::core_steps::run(seed, trireme_sim::core_steps::Sabotage::None) {
+            Ok(n) => writes += n,
+            Err(e) => panic!(
+                "core steps, seed {seed}: {e}\nreplay: TRIREME_SIM_SEEDS={seed}..{} cargo test -p trireme-sim --test seeds core_stepped",
+                seed + 1
+            ),
+        }
+    }
+    eprintln!("core stepped alone: {} seeds, {writes} writes", seeds.len());
 }
