@@ -2,28 +2,22 @@
 //! new size), or shrink it (the manager does that only through a writer of its own, with
 //! nobody attached).
 //!
-//! 1. Hold the whole volume in the write order, then the membership lock (the order a resync
-//!    takes them in): no request is in flight, none starts, no copy goes out or comes back.
-//! 2. `ResizeReplica` to every copy taking writes (in sync or resyncing). If one refuses (no
-//!    room, say) or does not answer, those that took the new size get the old one back and
-//!    the resize fails: the volume is as it was. A copy that does not answer that either is
-//!    taken out, as for a failed write: its size is unknown, and a copy in sync at another
-//!    size would take a snapshot at it.
-//! 3. The control plane records the size (compared with this writer's epoch). Only then do
-//!    requests past the old end pass: a crash before this leaves copies larger than the
-//!    record, whose tail nobody wrote, and the next writer gives them the recorded size.
-//! 4. The writer takes the new size: new NBD connections see it (NBD has no way to tell a
-//!    connected client; it reconnects).
-//!
-//! A shrink goes the other way: the size on record first, then the copies, and a copy that
-//! fails to shrink is taken out (what a shrink drops is meant to go; growing the others back
-//! would leave them zeros where that copy kept its bytes).
+//! The writer holds the whole volume in the write order, then the membership lock (the order
+//! a resync takes them in): no request is in flight, none starts, no copy goes out or comes
+//! back. Then it carries out the replication core's [`ResizePlan`](trireme_replication::ResizePlan),
+//! which says in which order the copies (every copy taking writes, in sync or resyncing) and
+//! the record take the size, and what a failure undoes: a grow goes to the copies, then the
+//! record (compared with this writer's epoch), then the writer, whose requests past the old
+//! end pass only then; a failed grow gives every copy the old size back and takes out those
+//! that do not take it. A shrink goes the other way: the record, the writer, then the copies,
+//! and one that fails to shrink is taken out. New NBD connections see the new size (NBD has no
+//! way to tell a connected client; it reconnects).
 //!
 //! A copy out of sync meanwhile is given the volume's size when its resync begins: its node
 //! tells its size in its answer to the attach ([`Volume::match_size`]).
 
-use bytes::Bytes;
 use trireme_proto::{Op, FLAG_PREALLOCATE};
+use trireme_replication::{ResizeEnd, ResizeStep};
 use trireme_transport::Connection;
 
 use crate::{Volume, VolumeError};
@@ -36,6 +30,7 @@ impl Volume {
         r
     }
 
+    /// Carries out the core's [`ResizePlan`] (see the module docs for its order).
     async fn resize_to(&self, size: u64) -> Result<(), VolumeError> {
         if size == 0 || !size.is_multiple_of(4096) {
             return Err(VolumeError::BadSize(size));
@@ -45,54 +40,55 @@ impl Volume {
             return Ok(());
         }
         let _all = self.core.acquire(0, old).await;
-        let g = self.membership_lock.lock().await;
-        let targets = self.write_targets();
-        if size < old {
-            return self.shrink(old, size, &targets, g).await;
+        let mut g = Some(self.membership_lock.lock().await);
+        let mut plan = self.core().resize(old, size);
+        // The resize's failure, the first one.
+        let mut failure: Option<VolumeError> = None;
+        let mut copies = 0;
+        loop {
+            match plan.step() {
+                ResizeStep::Send { targets, size: to } => {
+                    copies = targets.len();
+                    let failed = self.to_each(&targets, self.resize_header(to)).await;
+                    let why = match (to == size, size > old) {
+                        (true, true) => "a copy did not grow",
+                        (true, false) => {
+                            "a copy did not shrink; taken out, its resync gives it the size"
+                        }
+                        (false, _) => "giving a copy its size back after a failed resize",
+                    };
+                    let failed = self.logged(failed, why, &mut failure);
+                    plan.answered(&failed);
+                }
+                ResizeStep::Record(to) => {
+                    let r = self.record_size(to).await;
+                    plan.recorded(r.is_ok());
+                    if let Err(e) = r {
+                        failure.get_or_insert(e);
+                    }
+                }
+                ResizeStep::Take(to) => self.took_size(old, to, copies),
+                ResizeStep::TakeOut(out) => {
+                    // Taking out takes the membership lock itself.
+                    drop(g.take());
+                    let r = self.take_out_with(&out, None, false).await;
+                    plan.taken_out(r.is_ok());
+                    match r {
+                        Err(e) if size > old => {
+                            tracing::warn!(volume = %self.info.name, "taking out copies of unknown size after a failed resize: {e}")
+                        }
+                        Err(e) => failure = Some(e),
+                        Ok(()) => {}
+                    }
+                }
+                ResizeStep::Done(ResizeEnd::Resized) => return Ok(()),
+                ResizeStep::Done(ResizeEnd::Failed | ResizeEnd::TakeOutFailed) => {
+                    return Err(
+                        failure.unwrap_or_else(|| VolumeError::NoReplicas(self.info.name.clone()))
+                    )
+                }
+            }
         }
-        let failed = match self
-            .to_all(&targets, self.resize_header(size), Bytes::new())
-            .await
-        {
-            Err(e) => Some(e),
-            Ok(()) => self.record_size(size).await.err(),
-        };
-        if let Some(e) = failed {
-            // Every copy at the old size again, or out: a copy left at the new size and kept
-            // in sync would give a snapshot taken next its size, not the volume's (simulator
-            // seed 530199).
-            let unsure = self.undo_resize(&targets, old).await;
-            drop(g);
-            self.take_out_unsure(&unsure).await;
-            return Err(e);
-        }
-        self.took_size(old, size, targets.len());
-        Ok(())
-    }
-
-    /// With the whole volume held and the membership lock (`g`): the size on record first,
-    /// then the copies. What a shrink drops is meant to go, so a copy that fails to shrink is
-    /// taken out (its resync gives it the size first) rather than the others grown back:
-    /// growing back would give them zeros where the copy that failed kept its bytes.
-    async fn shrink(
-        &self,
-        old: u64,
-        size: u64,
-        targets: &[usize],
-        g: tokio::sync::MutexGuard<'_, ()>,
-    ) -> Result<(), VolumeError> {
-        self.record_size(size).await?;
-        self.took_size(old, size, targets.len());
-        let h = self.resize_header(size);
-        let failed = self.logged(
-            self.to_each(targets, h).await,
-            "a copy did not shrink; taken out, its resync gives it the size",
-        );
-        drop(g);
-        if failed.is_empty() {
-            return Ok(());
-        }
-        self.take_out_with(&failed, None, false).await
     }
 
     /// Records `size` as the volume's, compared with this writer's epoch (none to record
@@ -124,32 +120,21 @@ impl Volume {
         h
     }
 
-    /// Gives the copies the old size back after a failed grow (those that did not take the
-    /// new one answer at once). Returns those that did not answer so: their size is unknown.
-    async fn undo_resize(&self, targets: &[usize], old: u64) -> Vec<usize> {
-        self.logged(
-            self.to_each(targets, self.resize_header(old)).await,
-            "giving a copy its size back after a failed resize",
-        )
-    }
-
-    /// The copies that failed `what`, each logged with why.
-    fn logged(&self, failed: Vec<(usize, VolumeError)>, what: &str) -> Vec<usize> {
-        for (i, e) in &failed {
-            tracing::warn!(volume = %self.info.name, node = self.node(*i), "{what}: {e}");
+    /// The copies that failed (each logged with why: `what`), the first failure kept in
+    /// `first`.
+    fn logged(
+        &self,
+        failed: Vec<(usize, VolumeError)>,
+        what: &str,
+        first: &mut Option<VolumeError>,
+    ) -> Vec<usize> {
+        let mut out = Vec::with_capacity(failed.len());
+        for (i, e) in failed {
+            tracing::warn!(volume = %self.info.name, node = self.node(i), "{what}: {e}");
+            out.push(i);
+            first.get_or_insert(e);
         }
-        failed.into_iter().map(|(i, _)| i).collect()
-    }
-
-    /// Takes out the copies whose size a failed grow left unknown: nothing was written past
-    /// the old end, so their history holds, and their resync gives them the size first.
-    async fn take_out_unsure(&self, unsure: &[usize]) {
-        if unsure.is_empty() {
-            return;
-        }
-        if let Err(e) = self.take_out_with(unsure, None, false).await {
-            tracing::warn!(volume = %self.info.name, "taking out copies of unknown size after a failed resize: {e}");
-        }
+        out
     }
 
     /// Replica `i` (reached on `conn`, attached, `now` bytes long) at `size`, the volume's: a

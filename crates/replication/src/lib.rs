@@ -10,6 +10,8 @@
 //! * [`WriteQuorum`] — when a mirrored write may be acknowledged (guarantee 1).
 //! * [`ResyncPlan`] — which regions a returning replica gets, in what order, at what pace.
 //! * [`TakeOut`] — taking failed replicas out while the survivors track what they miss.
+//! * [`ResizePlan`] — an online resize: who takes the new size in which order, what a failure
+//!   undoes.
 //! * [`ReplicaSet`] — which replicas take writes and which may serve reads (guarantee 3).
 //! * [`ReadPlan`] — which replica serves a read, falling over, and which copies to repair.
 //! * [`settle`] and [`majority`] — what to do with a region replicas hold differently, after a
@@ -22,6 +24,7 @@ mod compare;
 mod order;
 mod quorum;
 mod read;
+mod resize;
 mod resync;
 mod set;
 mod step;
@@ -32,6 +35,7 @@ pub use compare::{majority, settle, Sum, Verdict};
 pub use order::{RangeOrder, Ticket};
 pub use quorum::{decide, Decision, Mirrored, ReplicaOutcome, WriteFailure, WriteQuorum};
 pub use read::ReadPlan;
+pub use resize::{ResizeEnd, ResizePlan, ResizeStep};
 pub use resync::{
     all_chunks, incremental, union_chunks, union_ranges, ResyncPlan, ResyncStep, CHUNK,
     CLEAR_BATCH, PARALLEL,

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::{
-    default_min_copies, incremental, RangeOrder, ReadPlan, ReplicaSet, ReplicaState,
+    default_min_copies, incremental, RangeOrder, ReadPlan, ReplicaSet, ReplicaState, ResizePlan,
     ResyncProgress, TakeOut, Ticket,
 };
 
@@ -432,6 +432,12 @@ impl VolumeCore {
                 (r.node, self.set.state(i), r.resync.clone())
             })
             .collect()
+    }
+
+    /// The plan of a resize from `from` to `to` bytes (different), over the copies that take
+    /// writes now; see [`ResizePlan`]. The writer holds the whole volume and its membership.
+    pub fn resize(&self, from: u64, to: u64) -> ResizePlan {
+        ResizePlan::new(from, to, self.write_targets())
     }
 
     // ---- moves ------------------------------------------------------------------------------
