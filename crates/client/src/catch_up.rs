@@ -1,39 +1,17 @@
-//! Before a resync: the snapshots a returning or new copy lacks. A copy out of sync when a
-//! snapshot is taken does not get it (the barrier goes to copies in sync), and the new copy of
-//! a move starts with none. Before it takes any write, it gets each snapshot an in-sync copy
-//! holds and it lacks, oldest first, then takes it with the snapshot's id and time:
+//! Before a resync: the snapshots a returning or new copy lacks. Which it is given, from
+//! which base, which regions of each and at which size is the replication core's rule
+//! ([`CatchUp`], `replication/src/catch_up.rs`: a copy whose history is known is given what
+//! the survivors recorded for it and what changed since each snapshot, marked on their records
+//! first; one whose history is unknown is rolled back to a base it shares with the source and
+//! given the difference, or the whole snapshot). This file carries the plan's steps out.
 //!
-//! - **Its history known** (it comes back with the incarnation it left with, and a survivor's
-//!   record covers every write it missed — an incremental resync follows): the regions where
-//!   it may differ from snapshot X are those the survivors recorded for it (`D`: outside them
-//!   its head is the source's head) and those the source changed since X (`C_X`, from the
-//!   source's maps), and for a later snapshot also every region written for an earlier one.
-//!   Those regions are first marked on every survivor's record for it (so a catch-up cut short
-//!   leaves them to the resync: its head no longer matches the source's there), then written
-//!   from the source's snapshot X; the resync that follows copies the survivors' regions,
-//!   which include all of these. Once X is given, the copy's head is X everywhere, so the
-//!   next snapshot Y is given only the blocks that differ between X and Y (every region
-//!   again if X was deleted meanwhile): a copy that missed many snapshots is not given
-//!   its whole record once per snapshot.
-//! - **Its history unknown** (a new copy, one re-created or wiped, or a writer change — a full
-//!   resync follows, comparing every region): for X, the copy is first rolled back to the
-//!   latest snapshot it holds before X (a snapshot is byte-identical on every copy) and given
-//!   the blocks that differ between that one and X (`SnapshotChanged` between two versions);
-//!   with none before X, it is given the whole of X. Its head is rebuilt by the full resync.
-//!   This is how snapshots move with a copy on a drain or a removal.
-//!
-//! Either way X is written as the source holds it: its data as data, its holes as trims, so
-//! a hole stays a hole, and no faster than the resync's rate. A snapshot has the size the
-//! volume had when it was taken: the copy is resized to it before it is given X (and before
-//! a rollback to a base, to the base's), and back to the volume's size at the end. With its
-//! history known, the head's bytes past a smaller snapshot's end are gone from the copy by
-//! then: that range is marked for the resync with the rest; and a snapshot larger than the
-//! volume (taken before it shrank) is given whole past the volume's end, where the copy's
-//! head was cut. A copy resyncing while a
-//! snapshot is taken does not get it; at the end of its resync it goes out again with its
-//! history known, and the next one gives it ([`Volume::lacks_snapshots`]; `resync.rs` says
-//! how snapshots taken often cannot keep it out). A writer retiring the old copy of a move checks that the new one holds
-//! every snapshot the old one did ([`Volume::snapshot_ids_on`]).
+//! A snapshot is written as the source holds it: its data as data, its holes as trims, so a
+//! hole stays a hole, and no faster than the resync's rate. A snapshot deleted while it is
+//! used is reported to the plan, which skips it. A copy resyncing while a snapshot is taken
+//! does not get it; at the end of its resync it goes out again with its history known, and
+//! the next one gives it ([`Volume::lacks_snapshots`]; `resync.rs` says how snapshots taken
+//! often cannot keep it out). A writer retiring the old copy of a move checks that the new one
+//! holds every snapshot the old one did ([`Volume::snapshot_ids_on`]).
 
 use std::time::Duration;
 
@@ -41,7 +19,9 @@ use bytes::Bytes;
 use trireme_proto::{
     data_ranges, ListedSnapshot, Op, SnapshotRequest, DIRTY_AUTO, EXTENT_CHANGED, FLAG_MAY_TRIM,
 };
-use trireme_replication::{union_chunks, union_ranges, ReplicaState, PARALLEL};
+use trireme_replication::{
+    union_chunks, CatchUp, CatchUpReport as Report, CatchUpStep, ReplicaState, Snap, PARALLEL,
+};
 use trireme_transport::{Connection, Frame};
 
 use crate::membership::BoxFut;
@@ -53,7 +33,9 @@ const CHANGED_WINDOW: u64 = 1 << 30;
 
 impl Volume {
     /// Gives replica `i` (attached on `conn` with `incarnation`, not taking writes yet, `size`
-    /// bytes long) the snapshots it lacks (see the module docs).
+    /// bytes long) the snapshots it lacks: carries out the replication core's [`CatchUp`]
+    /// (see the module docs), then gives the copy the volume's size back, even after a
+    /// failure.
     pub(crate) async fn catch_up_snapshots(
         &self,
         i: usize,
@@ -70,44 +52,91 @@ impl Volume {
         let Some(&source) = survivors.first() else {
             return Ok(());
         };
-        let mut theirs = self.list_on(source, None).await?;
-        theirs.sort_by_key(|s| s.id);
+        let theirs = self.list_on(source, None).await?;
         let mine = self.list_on(i, Some(conn)).await?;
-        let theirs_ids: Vec<u64> = theirs.iter().map(|s| s.id).collect();
-        let missed: Vec<ListedSnapshot> = theirs
-            .into_iter()
-            .filter(|s| !mine.iter().any(|m| m.id == s.id))
-            .collect();
-        if missed.is_empty() {
+        let snap = |s: &ListedSnapshot| Snap {
+            id: s.id,
+            size: s.size,
+        };
+        let mut plan = CatchUp::new(
+            theirs.iter().map(snap).collect(),
+            &mine.iter().map(snap).collect::<Vec<_>>(),
+            trireme_replication::incremental(state, known, incarnation),
+            size,
+        );
+        if plan.step(self.size()) == CatchUpStep::Done {
+            // It lacks none.
             return Ok(());
         }
-        let dirty = if trireme_replication::incremental(state, known, incarnation) {
-            self.dirty_regions(i, &survivors).await?
-        } else {
-            None
-        };
-        // The copy's size as the snapshots given need it; the volume's again at the end. Not
-        // the volume's size now: a resize may have run since the copy was attached.
-        let mut now = size;
-        let r = match dirty {
-            Some(dirty) => {
-                self.catch_up_known(i, conn, &survivors, dirty, missed, &mut now)
-                    .await
-            }
-            None => {
-                // A base must be on the source too: a copy may keep a snapshot that failed
-                // and was dropped everywhere else (simulator seed 2296).
-                let held = mine
-                    .iter()
-                    .filter(|m| theirs_ids.contains(&m.id))
-                    .map(|m| (m.id, m.size))
-                    .collect();
-                self.catch_up_unknown(i, conn, source, held, missed, &mut now)
-                    .await
-            }
-        };
+        let r = self
+            .carry_out_catch_up(i, conn, &survivors, &theirs, &mut plan)
+            .await;
+        if r.is_err() && !plan.started() {
+            // Failed asking what it missed: the copy is as it was.
+            return r;
+        }
+        // The copy's size as the snapshots given needed it; the volume's again at the end.
+        // Not the volume's size then: a resize may have run since the copy was attached.
+        let mut now = plan.copy_size();
         let back = self.size_copy(i, conn, &mut now, self.size()).await;
         r.and(back)
+    }
+
+    /// Each step of `plan` for replica `i` on `conn`, reported, until it is done.
+    async fn carry_out_catch_up(
+        &self,
+        i: usize,
+        conn: &dyn Connection,
+        survivors: &[usize],
+        theirs: &[ListedSnapshot],
+        plan: &mut CatchUp,
+    ) -> Result<(), VolumeError> {
+        let source = survivors[0];
+        loop {
+            let step = plan.step(self.size());
+            let t0 = tokio::time::Instant::now();
+            let r = match &step {
+                CatchUpStep::Done => return Ok(()),
+                CatchUpStep::Dirty => match self.dirty_regions(i, survivors).await? {
+                    Some(dirty) => Ok(Report::Ranges(dirty)),
+                    None => Ok(Report::Unknown),
+                },
+                &CatchUpStep::Changed { from, to, upto } => self
+                    .changed_ranges(from, to, upto)
+                    .await
+                    .map(Report::Ranges),
+                CatchUpStep::Mark(regions) => self
+                    .mark_for(i, survivors, regions)
+                    .await
+                    .map(|()| Report::Ok),
+                &CatchUpStep::Resize(to) => self
+                    .call_on(i, conn, self.resize_header(to))
+                    .await
+                    .map(|_| Report::Ok),
+                &CatchUpStep::Rollback(id) => {
+                    let mut h = self.header(Op::Rollback, 0, 0);
+                    SnapshotRequest { id, created: 0 }.put(&mut h);
+                    self.send_on(i, conn, h, Bytes::new())
+                        .await
+                        .map(|_| Report::Ok)
+                }
+                CatchUpStep::Give { id, regions } => {
+                    let Some(snap) = theirs.iter().find(|s| s.id == *id) else {
+                        unreachable!("the plan gives only snapshots the source listed");
+                    };
+                    let r = self.give_snapshot(i, conn, source, snap, regions).await;
+                    if r.is_ok() {
+                        tracing::info!(volume = %self.info.name, node = self.node(i), id, bytes = regions.iter().map(|r| r.1).sum::<u64>(), ms = t0.elapsed().as_millis() as u64, "a snapshot the copy lacked, given to it before its resync");
+                    }
+                    r.map(|()| Report::Ok)
+                }
+            };
+            match r {
+                Ok(report) => plan.report(report),
+                Err(e) if deleted_meanwhile(&e) => plan.report(Report::Deleted),
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Resizes replica `i` (on `conn`, `now` bytes long) to `size`, if it is not.
@@ -121,121 +150,6 @@ impl Volume {
         if *now != size {
             self.call_on(i, conn, self.resize_header(size)).await?;
             *now = size;
-        }
-        Ok(())
-    }
-
-    /// Its history known: see the module docs. The source is the first survivor.
-    async fn catch_up_known(
-        &self,
-        i: usize,
-        conn: &dyn Connection,
-        survivors: &[usize],
-        dirty: Vec<(u64, u64)>,
-        missed: Vec<ListedSnapshot>,
-        now: &mut u64,
-    ) -> Result<(), VolumeError> {
-        let source = survivors[0];
-        let mut regions = dirty;
-        // The last snapshot given: the copy's head is now that snapshot everywhere.
-        let mut given: Option<u64> = None;
-        for snap in missed {
-            let head = self.size();
-            // What changed from X to the head, where both have blocks: a source refuses to
-            // compare past the head's end (simulator seed 420005: a snapshot taken before the
-            // volume shrank; the catch-up failed on it, the copy came back in sync without
-            // the snapshot, and a drain then retired the last copy that held it).
-            let changed = match self
-                .changed_ranges(snap.id, None, snap.size.min(head))
-                .await
-            {
-                Err(e) if deleted_meanwhile(&e) => continue,
-                r => r?,
-            };
-            regions.extend(changed);
-            // Resized to a smaller snapshot, the copy loses the head's bytes past its end.
-            if snap.size < head {
-                regions.push((snap.size, head - snap.size));
-            }
-            regions = union_ranges(regions);
-            self.mark_for(i, survivors, &regions).await?;
-            // After the first, only what changed between the one given and this one: the
-            // rest of the head already holds this one. A base deleted meanwhile: every region.
-            let mut to_give = match given {
-                Some(b) => match self.changed_ranges(b, Some(snap.id), snap.size).await {
-                    Err(e) if deleted_meanwhile(&e) => regions.clone(),
-                    r => union_ranges(r?),
-                },
-                None => regions.clone(),
-            };
-            // Past the head's end (the volume shrank since X), the copy holds nothing of X:
-            // its head was cut there. Those blocks are given whole; the resync that follows
-            // has nothing to copy there (the copy is cut back to the head's size first), so
-            // they are not marked.
-            if snap.size > head {
-                to_give.push((head, snap.size - head));
-            }
-            let to_give = within(&union_ranges(to_give), snap.size);
-            self.size_copy(i, conn, now, snap.size).await?;
-            let t0 = tokio::time::Instant::now();
-            match self.give_snapshot(i, conn, source, &snap, &to_give).await {
-                // Deleted meanwhile, part written: the next is given every region, which
-                // overwrites that part.
-                Err(e) if deleted_meanwhile(&e) => {
-                    given = None;
-                    continue;
-                }
-                r => r?,
-            }
-            given = Some(snap.id);
-            tracing::info!(volume = %self.info.name, node = self.node(i), id = snap.id, bytes = to_give.iter().map(|r| r.1).sum::<u64>(), ms = t0.elapsed().as_millis() as u64, "a snapshot the copy missed while out, given to it before its resync");
-        }
-        Ok(())
-    }
-
-    /// Its history unknown: see the module docs. `held`: the ids it holds.
-    async fn catch_up_unknown(
-        &self,
-        i: usize,
-        conn: &dyn Connection,
-        source: usize,
-        mut held: Vec<(u64, u64)>,
-        missed: Vec<ListedSnapshot>,
-        now: &mut u64,
-    ) -> Result<(), VolumeError> {
-        for snap in missed {
-            let base = held
-                .iter()
-                .copied()
-                .filter(|&(h, _)| h < snap.id)
-                .max_by_key(|&(h, _)| h);
-            let given = async {
-                let regions = match base {
-                    Some((b, size)) => {
-                        // A rollback keeps the copy's size: the base's first.
-                        self.size_copy(i, conn, now, size).await?;
-                        let mut h = self.header(Op::Rollback, 0, 0);
-                        SnapshotRequest { id: b, created: 0 }.put(&mut h);
-                        self.send_on(i, conn, h, Bytes::new()).await?;
-                        self.changed_ranges(b, Some(snap.id), snap.size).await?
-                    }
-                    None => vec![(0, snap.size)],
-                };
-                let regions = within(&regions, snap.size);
-                self.size_copy(i, conn, now, snap.size).await?;
-                self.give_snapshot(i, conn, source, &snap, &regions)
-                    .await
-                    .map(|()| regions)
-            };
-            // One deleted meanwhile is skipped: the next starts from a base it holds, or
-            // writes its whole snapshot.
-            let t0 = tokio::time::Instant::now();
-            let regions = match given.await {
-                Err(e) if deleted_meanwhile(&e) => continue,
-                r => r?,
-            };
-            held.push((snap.id, snap.size));
-            tracing::info!(volume = %self.info.name, node = self.node(i), id = snap.id, from = ?base, bytes = regions.iter().map(|r| r.1).sum::<u64>(), ms = t0.elapsed().as_millis() as u64, "a snapshot the copy lacked, given to it before its full resync");
         }
         Ok(())
     }
@@ -486,15 +400,6 @@ fn deleted_meanwhile(e: &VolumeError) -> bool {
             ..
         }
     )
-}
-
-/// `ranges` cut to the first `size` bytes.
-fn within(ranges: &[(u64, u64)], size: u64) -> Vec<(u64, u64)> {
-    ranges
-        .iter()
-        .filter(|&&(o, _)| o < size)
-        .map(|&(o, l)| (o, l.min(size - o)))
-        .collect()
 }
 
 /// The parts of `[at, at+len)` outside `data` (ranges in order, within it). The caller asks

@@ -10,6 +10,8 @@
 //! * [`WriteQuorum`] — when a mirrored write may be acknowledged (guarantee 1).
 //! * [`ResyncPlan`] — which regions a returning replica gets, in what order, at what pace.
 //! * [`TakeOut`] — taking failed replicas out while the survivors track what they miss.
+//! * [`CatchUp`] — the snapshots a returning or new copy lacks: which, from which base, which
+//!   regions, at which size.
 //! * [`ResizePlan`] — an online resize: who takes the new size in which order, what a failure
 //!   undoes.
 //! * [`ReplicaSet`] — which replicas take writes and which may serve reads (guarantee 3).
@@ -20,6 +22,7 @@
 //!   keeps one behind a mutex and only moves bytes. Its request path is a step machine
 //!   ([`VolumeCore::step`]: an [`Input`] in, [`Action`]s out).
 
+mod catch_up;
 mod compare;
 mod order;
 mod quorum;
@@ -31,6 +34,7 @@ mod step;
 mod takeout;
 mod volume;
 
+pub use catch_up::{within, CatchUp, CatchUpStep, Report as CatchUpReport, Snap};
 pub use compare::{majority, settle, Sum, Verdict};
 pub use order::{RangeOrder, Ticket};
 pub use quorum::{decide, Decision, Mirrored, ReplicaOutcome, WriteFailure, WriteQuorum};

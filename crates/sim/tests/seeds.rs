@@ -1,8 +1,9 @@
 //! Runs the simulator over many seeds, one thread per CPU. `TRIREME_SIM_SEEDS=A..B` picks the
 //! range (default 0..4000 here, plus the seeds that once failed; `scripts/sim.sh` runs as many
 //! as you like in release mode). A failing seed is printed with its event log and replays with
-//! `TRIREME_SIM_SEEDS=N..N+1`. The second test steps the replication core alone over the same
-//! seeds.
+//! `TRIREME_SIM_SEEDS=N..N+1`. `TRIREME_SIM_PER_SEED=1` prints each seed's writes: a refactor
+//! that changes nothing leaves every count as it was (runs are deterministic). The second test
+//! steps the replication core alone over the same seeds.
 
 /// Seeds beyond the default range that once failed, run with it every time.
 /// 2226: a flush out while a drain retired the one copy in sync that answered it.
@@ -104,6 +105,7 @@ fn summarize(o: trireme_sim::Outcome) -> Summary {
 fn run_all(seeds: &[u64]) -> Vec<(u64, Result<Summary, trireme_sim::SimFailure>)> {
     let next = std::sync::atomic::AtomicUsize::new(0);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per_seed = std::env::var_os("TRIREME_SIM_PER_SEED").is_some();
     let mut out: Vec<_> = std::thread::scope(|s| {
         let workers: Vec<_> = (0..threads)
             .map(|_| {
@@ -115,6 +117,9 @@ fn run_all(seeds: &[u64]) -> Vec<(u64, Result<Summary, trireme_sim::SimFailure>)
                             return mine;
                         };
                         let r = trireme_sim::run(&trireme_sim::Config::new(seed));
+                        if let (Ok(o), true) = (&r, per_seed) {
+                            eprintln!("seed {seed}: {} writes", o.writes);
+                        }
                         mine.push((i, seed, r.map(summarize)));
                     }
                 })
