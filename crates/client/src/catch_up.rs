@@ -126,7 +126,7 @@ impl Volume {
                     };
                     let r = self.give_snapshot(i, conn, source, snap, regions).await;
                     if r.is_ok() {
-                        tracing::info!(volume = %self.info.name, node = self.node(i), id, bytes = regions.iter().map(|r| r.1).sum::<u64>(), ms = t0.elapsed().as_millis() as u64, "a snapshot the copy lacked, given to it before its resync");
+                        self.log_given(i, plan, *id, regions, t0.elapsed());
                     }
                     r.map(|()| Report::Ok)
                 }
@@ -136,6 +136,20 @@ impl Volume {
                 Err(e) if deleted_meanwhile(&e) => plan.report(Report::Deleted),
                 Err(e) => return Err(e),
             }
+        }
+    }
+
+    /// Says that snapshot `id` was given to replica `i` (`regions` of it, in `took`): as the
+    /// catch-up of a copy whose history is known, or as one rebuilt from a base.
+    fn log_given(&self, i: usize, plan: &CatchUp, id: u64, regions: &[(u64, u64)], took: Duration) {
+        let (node, ms) = (self.node(i), took.as_millis() as u64);
+        let bytes = regions.iter().map(|r| r.1).sum::<u64>();
+        let name = &self.info.name;
+        if plan.known() {
+            tracing::info!(volume = %name, node, id, bytes, ms, "a snapshot the copy missed while out, given to it before its resync");
+        } else {
+            let from = plan.base();
+            tracing::info!(volume = %name, node, id, from = ?from, bytes, ms, "a snapshot the copy lacked, given to it before its full resync");
         }
     }
 

@@ -154,6 +154,17 @@ impl CatchUp {
         self.size
     }
 
+    /// Whether the copy's history is known: the survivors said what it missed (false before
+    /// they answered, and when they could not say).
+    pub fn known(&self) -> bool {
+        self.regions.is_some()
+    }
+
+    /// Unknown history: the base the snapshot at hand is given from (None: given whole).
+    pub fn base(&self) -> Option<u64> {
+        self.base.map(|b| b.id)
+    }
+
     /// Whether it got past asking what the copy missed (the copy may have changed since).
     pub fn started(&self) -> bool {
         !matches!(self.phase, Phase::Dirty)
