@@ -5,6 +5,8 @@
 //! today; the seeded simulator of the failure work drives the very same code.
 //!
 //! * [`place`] — which nodes hold a new volume's replicas.
+//! * [`Layout`] — how a volume's bytes are kept (a mirror; parity described, not served yet):
+//!   what it spans, survives and costs.
 //! * [`fence`] — what a replica does with a request's epoch (DESIGN.md guarantee 4).
 //! * [`RangeOrder`] — overlapping writes reach every replica in one order (guarantee 2).
 //! * [`WriteQuorum`] — when a mirrored write may be acknowledged (guarantee 1).
@@ -24,6 +26,7 @@
 
 mod catch_up;
 mod compare;
+mod layout;
 mod order;
 mod quorum;
 mod read;
@@ -36,6 +39,7 @@ mod volume;
 
 pub use catch_up::{within, CatchUp, CatchUpStep, Report as CatchUpReport, Snap};
 pub use compare::{majority, settle, Sum, Verdict};
+pub use layout::{Layout, LayoutError, Parity, DEFAULT_MIRROR_SHARE};
 pub use order::{RangeOrder, Ticket};
 pub use quorum::{decide, Decision, Mirrored, ReplicaOutcome, WriteFailure, WriteQuorum};
 pub use read::ReadPlan;

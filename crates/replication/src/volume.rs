@@ -17,8 +17,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::{
-    default_min_copies, incremental, RangeOrder, ReadPlan, ReplicaSet, ReplicaState, ResizePlan,
-    ResyncProgress, TakeOut, Ticket,
+    default_min_copies, incremental, Layout, LayoutError, RangeOrder, ReadPlan, ReplicaSet,
+    ReplicaState, ResizePlan, ResyncProgress, TakeOut, Ticket,
 };
 
 /// Why the core refuses a change of membership.
@@ -94,6 +94,8 @@ pub struct VolumeCore {
     finished: BTreeMap<u32, ResyncProgress>,
     /// Nodes taken out for a planned restart, until when (time since attach).
     held: BTreeMap<u32, Duration>,
+    /// How the volume's bytes are kept: which copies a request goes to follows from it.
+    layout: Layout,
 }
 
 impl VolumeCore {
@@ -128,7 +130,20 @@ impl VolumeCore {
             spread: 0,
             finished: BTreeMap::new(),
             held: BTreeMap::new(),
+            layout: Layout::Mirror,
         }
+    }
+
+    /// The core of a volume kept as `layout`, if this build serves it (a mirror; a parity
+    /// volume or a layout of a newer trireme is refused, never written as a mirror).
+    pub fn with_layout(mut self, layout: Layout) -> Result<VolumeCore, LayoutError> {
+        layout.served()?;
+        self.layout = layout;
+        Ok(self)
+    }
+
+    pub fn layout(&self) -> Layout {
+        self.layout
     }
 
     pub fn set(&self) -> &ReplicaSet {

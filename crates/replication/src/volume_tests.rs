@@ -562,3 +562,20 @@ fn reads_one_at_a_time_stay_on_a_copy_and_overlapping_reads_rotate() {
         assert_ne!(first(&mut c, overlapping), b);
     }
 }
+
+#[test]
+fn a_core_serves_a_mirror_and_refuses_a_layout_it_cannot_write() {
+    let r = [(1, ReplicaState::InSync), (2, ReplicaState::InSync)];
+    let c = VolumeCore::new(&r, 0, true, 4);
+    assert_eq!(c.layout(), crate::Layout::Mirror);
+    assert!(c.clone().with_layout(crate::Layout::Mirror).is_ok());
+    let parity = crate::Layout::Parity(crate::Parity::parse("2+1", None).unwrap());
+    assert!(matches!(
+        c.clone().with_layout(parity),
+        Err(crate::LayoutError::NotServed(_))
+    ));
+    assert_eq!(
+        c.with_layout(crate::Layout::Unknown).err(),
+        Some(crate::LayoutError::Unknown)
+    );
+}
