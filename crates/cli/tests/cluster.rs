@@ -83,6 +83,20 @@ fn cli_manages_volumes_and_reports_status() {
         .map(|r| r["node"].as_u64().unwrap())
         .collect();
     assert_eq!(nodes.len(), 3);
+    // How its bytes are kept, and what that costs and buys, in JSON and in text.
+    assert_eq!(v["resiliency"]["layout"]["kind"], "mirror", "{v}");
+    assert_eq!(v["resiliency"]["survives"], 2, "{v}");
+    assert_eq!(v["resiliency"]["usable_to_raw"], 0.333, "{v}");
+    let info = String::from_utf8(c.cli(&["volume", "info", "data1"]).stdout).unwrap();
+    assert!(
+        info.contains("layout: mirror, 3 copies, survives 2 lost nodes, 33% of raw usable"),
+        "{info}"
+    );
+    let text = String::from_utf8(c.cli(&["status"]).stdout).unwrap();
+    assert!(
+        text.contains("layout: mirror, 2 copies, survives 1 lost node, 50% of raw usable"),
+        "{text}"
+    );
     let list = String::from_utf8(c.cli(&["volume", "list"]).stdout).unwrap();
     assert!(list.contains("vol0") && list.contains("data1"), "{list}");
 

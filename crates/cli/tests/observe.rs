@@ -414,6 +414,8 @@ return {
   nodes: [...document.querySelectorAll('#nodes tr[data-node]')].map(r => [r.dataset.node, r.dataset.state]),
   replicas: [...document.querySelectorAll('#volumes tr[data-replica]')].map(r => [r.dataset.replica, r.dataset.state]),
   volume: !!q('#volumes td[data-volume="vol0"]'),
+  layout: (q('#volumes td[data-volume="vol0"]') || {dataset: {}}).dataset.layout || null,
+  layout_text: ((q('#volumes td[data-volume="vol0"] .legend') || {}).textContent) || null,
   verdict: q('#health').dataset.verdict || null,
   iops_last: Number(chart.dataset.last || 0),
   iops_points: Number(chart.dataset.points || 0),
@@ -457,6 +459,11 @@ fn the_dashboard_shows_the_cluster_live_in_a_real_browser() {
         std::thread::sleep(Duration::from_millis(200));
     };
     assert!(first["volume"].as_bool().unwrap(), "{first}");
+    assert_eq!(first["layout"], "mirror", "{first}");
+    assert_eq!(
+        first["layout_text"], "mirror, survives 2 lost, 33% usable",
+        "{first}"
+    );
     assert_eq!(first["verdict"], "healthy", "{first}");
     for n in first["nodes"].as_array().unwrap() {
         assert_eq!(n[1], "up", "{first}");

@@ -311,6 +311,7 @@ mod visits {
             reconcile: false,
             min_copies: 0,
             preallocate: false,
+            layout: Default::default(),
         };
         let v = Volume::attach(info, TransportKind::Tcp, 1).await.unwrap();
         let block = |k: u64| Bytes::from(vec![k as u8; 4096]);
@@ -335,5 +336,43 @@ mod visits {
             block(2),
             "the later write landed last"
         );
+    }
+
+    /// A volume kept as parity (or in a layout of a newer trireme) is not attached: this
+    /// writer would write it as a mirror. Refused before any node is reached (the addresses
+    /// here lead nowhere).
+    #[tokio::test]
+    async fn a_layout_this_writer_does_not_serve_is_refused_at_attach() {
+        let parity = trireme_replication::Parity::parse("2+1", None).unwrap();
+        for layout in [
+            trireme_replication::Layout::Parity(parity),
+            trireme_replication::Layout::Unknown,
+        ] {
+            let nowhere = |node| ReplicaTarget {
+                node,
+                addr: "127.0.0.1:1".into(),
+                local_addr: None,
+                state: ReplicaState::InSync,
+                incarnation: 0,
+            };
+            let info = AttachInfo {
+                name: "v".into(),
+                id: VOLUME,
+                size: SIZE,
+                epoch: 1,
+                replicas: vec![nowhere(1), nowhere(2), nowhere(3)],
+                reconcile: false,
+                min_copies: 0,
+                preallocate: false,
+                layout,
+            };
+            match Volume::attach(info, TransportKind::Tcp, 1).await {
+                Err(e @ crate::VolumeError::Layout { .. }) => {
+                    assert!(e.to_string().starts_with("volume v: "), "{e}")
+                }
+                Err(e) => panic!("{layout}: refused for another reason: {e}"),
+                Ok(_) => panic!("{layout}: attached"),
+            }
+        }
     }
 }

@@ -74,6 +74,13 @@ pub enum VolumeError {
     Rollback { volume: String, why: String },
     #[error("a volume's size must be a non-zero multiple of 4096 (asked: {0})")]
     BadSize(u64),
+    /// The volume is kept in a layout this writer does not serve (parity, or one of a newer
+    /// trireme): it is not attached rather than written as a mirror.
+    #[error("volume {volume}: {source}")]
+    Layout {
+        volume: String,
+        source: trireme_replication::LayoutError,
+    },
     #[error("volume {0}: no in-sync replica can serve the request")]
     NoReplicas(String),
     #[error("volume {0}: no space left on its copies' nodes (writes resume once there is)")]

@@ -85,6 +85,12 @@ pub struct AttachInfo {
     /// Thick: a copy grown by a resize reserves its new space too.
     #[serde(default)]
     pub preallocate: bool,
+    /// How the volume's bytes are kept (a mirror unless said).
+    #[serde(
+        default,
+        skip_serializing_if = "trireme_replication::Layout::is_mirror"
+    )]
+    pub layout: trireme_replication::Layout,
 }
 
 /// One replica as the client reaches it.
@@ -348,6 +354,12 @@ impl Volume {
         membership: Option<Arc<dyn Membership>>,
         all_in_sync_needed: bool,
     ) -> Result<Volume, VolumeError> {
+        // A layout it does not serve is refused before any replica is reached.
+        let refused = |source| VolumeError::Layout {
+            volume: info.name.clone(),
+            source,
+        };
+        info.layout.served().map_err(refused)?;
         let mut slots = Vec::with_capacity(MAX_SLOTS);
         let mut replicas = Vec::with_capacity(info.replicas.len());
         for r in &info.replicas {
@@ -377,7 +389,9 @@ impl Volume {
         }
         slots.resize_with(MAX_SLOTS, || Slot::new(0, None));
         let activity = activity::Activity::new(info.size, opts.activity_extent);
-        let core = VolumeCore::new(&replicas, info.min_copies, membership.is_some(), MAX_SLOTS);
+        let core = VolumeCore::new(&replicas, info.min_copies, membership.is_some(), MAX_SLOTS)
+            .with_layout(info.layout)
+            .map_err(refused)?;
         let metrics = opts.metrics.then(|| trireme_metrics::volume(&info.name));
         Ok(Volume {
             activity,

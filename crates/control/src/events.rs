@@ -324,6 +324,7 @@ mod tests {
                 writes_suspended: false,
                 tier: Default::default(),
                 scrub: None,
+                resiliency: None,
                 health: Some(Health {
                     verdict,
                     reasons: vec!["the reason".into()],

@@ -265,6 +265,7 @@ mod tests {
             io: None,
             last_scrub: None,
             nvmf: vec![],
+            resiliency: None,
         }
     }
 

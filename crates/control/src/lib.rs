@@ -20,7 +20,7 @@ pub mod pool;
 mod restart;
 
 pub use api::{
-    decode_reply, ControlClient, ControlError, ControlStream, ErrorCode, LinkStatus,
+    decode_reply, ControlClient, ControlError, ControlStream, ErrorCode, LayoutStatus, LinkStatus,
     NodeRestartReport, NodeStatus, NodeTierStatus, Refusal, ReplicaIntegrityStatus, ReplicaStatus,
     ReplicaStatusState, ReplicaTierStatus, Request, StatusReport, VolumeInfo, VolumeStatus,
     WriterAttached, WriterHello, WriterStatus,

@@ -186,6 +186,12 @@ pub struct VolumeRecord {
     /// each of its nodes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<CloneOf>,
+    /// How its bytes are kept: a mirror of its replicas unless said (set at creation).
+    #[serde(
+        default,
+        skip_serializing_if = "trireme_replication::Layout::is_mirror"
+    )]
+    pub layout: trireme_replication::Layout,
 }
 
 /// The snapshot a clone was made from.

@@ -446,6 +446,7 @@ mod tests {
             min_copies: 0,
             tier: Default::default(),
             parent: None,
+            layout: Default::default(),
         }
     }
 

@@ -328,6 +328,9 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 .map_err(usage_if_remote)?;
             print(out, &v, |v| {
                 let mut s = volumes_table(std::slice::from_ref(&v.record));
+                if let Some(l) = &v.resiliency {
+                    s += &format!("layout: {}\n", l.summary);
+                }
                 if let Some(w) = &v.writer {
                     s += &format!("attached by {}\n", w.text);
                 }

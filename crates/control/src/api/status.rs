@@ -284,6 +284,39 @@ impl ReplicaIntegrityStatus {
     }
 }
 
+/// How a volume's bytes are kept, and what that costs and buys (`status`, `volume info`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LayoutStatus {
+    /// `{"kind": "mirror"}`, or a parity layout with its K, M and mirrored share.
+    pub layout: trireme_replication::Layout,
+    /// The nodes it spans: the copies of a mirror, the K+M of a parity stripe.
+    pub nodes: usize,
+    /// The nodes it may lose at once and lose nothing.
+    pub survives: usize,
+    /// The fraction of raw space a user can fill (1/3 for a 3-way mirror).
+    pub usable_to_raw: f64,
+    /// All of the above in one line.
+    pub summary: String,
+}
+
+impl LayoutStatus {
+    /// Of a volume kept as `layout` on `copies` copies.
+    pub fn new(layout: trireme_replication::Layout, copies: usize) -> LayoutStatus {
+        LayoutStatus {
+            layout,
+            nodes: layout.nodes(copies),
+            survives: layout.losses_tolerated(copies),
+            usable_to_raw: (layout.usable_to_raw(copies) * 1000.0).round() / 1000.0,
+            summary: layout.summary(copies),
+        }
+    }
+
+    /// Of the volume `v`.
+    pub fn of(v: &trireme_meta::VolumeRecord) -> LayoutStatus {
+        LayoutStatus::new(v.layout, v.replicas.len())
+    }
+}
+
 /// A volume as `status` shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct VolumeStatus {
@@ -331,6 +364,9 @@ pub struct VolumeStatus {
     /// Its NVMe/TCP exports (`nvmf serve`): one per server, with its ANA state and hosts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nvmf: Vec<trireme_meta::NvmfExportRecord>,
+    /// How its bytes are kept (absent from a manager from before layouts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resiliency: Option<LayoutStatus>,
 }
 
 /// What a planned node restart did.
@@ -376,6 +412,9 @@ pub struct VolumeInfo {
     /// Its NVMe/TCP exports (see [`VolumeStatus::nvmf`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nvmf: Vec<trireme_meta::NvmfExportRecord>,
+    /// How its bytes are kept (see [`VolumeStatus::resiliency`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resiliency: Option<LayoutStatus>,
 }
 
 /// One data-path link of a volume client to a node.

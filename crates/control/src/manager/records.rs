@@ -9,7 +9,11 @@ use trireme_meta::{ClusterMeta, VolumeRecord};
 use super::Result;
 
 /// Where a volume's replicas are, for a writer (`reconcile` false: the caller decides).
+/// A volume kept in a layout this build does not serve is refused here, before any writer.
 pub async fn attach_info(meta: &ClusterMeta, v: &VolumeRecord) -> Result<AttachInfo> {
+    v.layout
+        .served()
+        .map_err(|e| refused(format!("volume {}: {e}", v.name)))?;
     let nodes = meta.nodes().await?;
     let mut replicas = Vec::new();
     for r in &v.replicas {
@@ -34,6 +38,7 @@ pub async fn attach_info(meta: &ClusterMeta, v: &VolumeRecord) -> Result<AttachI
         reconcile: false,
         min_copies: v.min_copies(),
         preallocate: v.preallocate,
+        layout: v.layout,
     })
 }
 

@@ -40,6 +40,7 @@ impl Manager {
             writer: self.writer_status(&record).await,
             client_links: self.client_links(name),
             nvmf: self.meta.nvmf_exports_of(name).await.unwrap_or_default(),
+            resiliency: Some(crate::api::LayoutStatus::of(&record)),
             record,
         })
     }
@@ -351,6 +352,7 @@ impl Manager {
                     .filter(|e| e.volume == v.name)
                     .cloned()
                     .collect(),
+                resiliency: Some(crate::api::LayoutStatus::of(v)),
             });
         }
         for v in &mut vs {

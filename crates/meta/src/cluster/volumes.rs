@@ -18,6 +18,12 @@ pub(crate) struct Spec {
     /// Thick: every replica reserves its whole size at creation.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     preallocate: bool,
+    /// How its bytes are kept; a mirror unless said. Part of the spec: written once.
+    #[serde(
+        default,
+        skip_serializing_if = "trireme_replication::Layout::is_mirror"
+    )]
+    layout: trireme_replication::Layout,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -54,6 +60,7 @@ pub(crate) fn record(spec: Spec, layout: Layout) -> VolumeRecord {
         min_copies: layout.min_copies,
         tier: layout.tier,
         parent: layout.parent,
+        layout: spec.layout,
     }
 }
 
@@ -63,6 +70,7 @@ pub(crate) fn spec_of(v: &VolumeRecord) -> Spec {
         name: v.name.clone(),
         size: v.size,
         preallocate: v.preallocate,
+        layout: v.layout,
     }
 }
 
@@ -146,6 +154,7 @@ impl ClusterMeta {
                 name: name.to_string(),
                 size,
                 preallocate,
+                layout: trireme_replication::Layout::Mirror,
             };
             let layout = Layout {
                 replicas: nodes
@@ -308,5 +317,39 @@ impl ClusterMeta {
             what: format!("updating volume {name:?}"),
             tries: MAX_TRIES,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A spec from before layouts is a mirror; a mirror's spec is written as before (a
+    /// reader from before layouts reads it); a parity spec reads back as parity; one of a
+    /// newer trireme reads back as unknown, never as a mirror.
+    #[test]
+    fn a_volume_spec_carries_its_layout() {
+        let layout = |spec: &str| {
+            let s: Spec = serde_json::from_str(spec).unwrap();
+            let l: Layout = serde_json::from_str(r#"{"replicas":[],"epoch":0}"#).unwrap();
+            record(s, l).layout
+        };
+        let old = r#"{"id":1,"name":"v","size":4096}"#;
+        assert_eq!(layout(old), trireme_replication::Layout::Mirror);
+        let again = serde_json::to_string(&spec_of(&record(
+            serde_json::from_str(old).unwrap(),
+            serde_json::from_str(r#"{"replicas":[],"epoch":0}"#).unwrap(),
+        )))
+        .unwrap();
+        assert_eq!(again, old);
+        let parity = r#"{"id":1,"name":"v","size":4096,"layout":{"kind":"parity","data":4,"parity":2,"mirror_share":20}}"#;
+        assert_eq!(
+            layout(parity),
+            trireme_replication::Layout::Parity(
+                trireme_replication::Parity::parse("4+2", Some(20)).unwrap()
+            )
+        );
+        let newer = r#"{"id":1,"name":"v","size":4096,"layout":{"kind":"striped"}}"#;
+        assert_eq!(layout(newer), trireme_replication::Layout::Unknown);
     }
 }
