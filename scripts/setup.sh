@@ -13,6 +13,8 @@
 # bookworm-backports, to match qemu-utils; Debian 12's 7.2 would replace it) whose kernel
 # has the NBD client, ublk and nvme-tcp: a Debian 6.12 kernel, unpacked (not installed) below.
 # python3-yaml: tests/csi.rs reads contrib/kubernetes/ and runs trireme with its arguments.
+# libisal-dev: crates/erasure codes parity stripes with ISA-L (linked from Debian's package,
+# so nothing is built with autotools).
 # ceph-common, ceph-mon, ceph-osd: `rbd merge-diff` (no cluster needed) reads what `volume diff`
 # writes; tests/ceph.rs starts a one-monitor, one-OSD Ceph cluster for `rbd import-diff` and
 # `export-diff` both ways.
@@ -21,7 +23,7 @@ pkgs=(fio nbdkit libnbd-bin python3-libnbd qemu-utils iproute2 iptables procps l
       libucx-dev ucx-utils libclang-dev clang pkg-config
       etcd-server etcd-client protobuf-compiler libprotobuf-dev openssl bsdutils
       prometheus chromium chromium-driver gdb e2fsprogs mount ceph-common ceph-mon ceph-osd
-      python3-yaml)
+      python3-yaml libisal-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
