@@ -7,6 +7,9 @@
 //! * [`place`] — which nodes hold a new volume's replicas.
 //! * [`Layout`] — how a volume's bytes are kept (a mirror; parity described, not served yet):
 //!   what it spans, survives and costs.
+//! * [`place_stripe`], [`RegionMap`] — a parity volume's nodes over zones, which regions are
+//!   mirrored or parity, where a write goes, how a block reads back (rebuilt from K chunks
+//!   when its own is down), and the encoder and fold-back as a plan of steps.
 //! * [`fence`] — what a replica does with a request's epoch (DESIGN.md guarantee 4).
 //! * [`RangeOrder`] — overlapping writes reach every replica in one order (guarantee 2).
 //! * [`WriteQuorum`] — when a mirrored write may be acknowledged (guarantee 1).
@@ -34,6 +37,7 @@ mod resize;
 mod resync;
 mod set;
 mod step;
+mod stripes;
 mod takeout;
 mod volume;
 
@@ -50,6 +54,10 @@ pub use resync::{
 };
 pub use set::{default_min_copies, removal, transition, ReplicaSet, ReplicaState, TransitionError};
 pub use step::{Action, Answers, Input};
+pub use stripes::{
+    place_stripe, ChunkAt, Discard, EncodeEnd, EncodeRefusal, EncodeStep, ReadFrom, Region,
+    RegionMap, Stripes, Unreadable, CHUNK_BLOCKS,
+};
 pub use takeout::{Mark, Step as TakeOutStep, TakeOut};
 pub use volume::{Copies, CopiesChange, Refusal, ResyncStart, VolumeCore};
 
@@ -88,6 +96,16 @@ pub enum PlacementError {
     NotEnoughNodes { replicas: usize, nodes: usize },
     #[error("replica count must be 1..=3, got {0}")]
     BadReplicaCount(usize),
+    #[error(
+        "parity {data}+{parity} keeps at most {parity} chunks of a stripe in one zone, so that \
+         a lost zone loses nothing: it needs {need} zones with nodes enough, the nodes are in {zones}"
+    )]
+    TooFewZones {
+        data: usize,
+        parity: usize,
+        need: usize,
+        zones: usize,
+    },
 }
 
 /// A candidate node: its id and how many replicas it already holds.
@@ -106,11 +124,7 @@ pub fn place(nodes: &[NodeLoad], replicas: usize) -> Result<Vec<u32>, PlacementE
     if !(1..=3).contains(&replicas) {
         return Err(PlacementError::BadReplicaCount(replicas));
     }
-    let mut c: Vec<NodeLoad> = nodes.to_vec();
-    // A node listed twice is one node: keep its highest load, then order by load.
-    c.sort_by_key(|n| (n.node, std::cmp::Reverse(n.replicas)));
-    c.dedup_by_key(|n| n.node);
-    c.sort_by_key(|n| (n.replicas, n.node));
+    let c = candidates(nodes);
     if c.len() < replicas {
         return Err(PlacementError::NotEnoughNodes {
             replicas,
@@ -140,6 +154,16 @@ pub fn place(nodes: &[NodeLoad], replicas: usize) -> Result<Vec<u32>, PlacementE
     }
     out.sort_unstable();
     Ok(out)
+}
+
+/// The nodes to place on, least loaded first (ties by lowest id). A node listed twice is one
+/// node, at its highest load.
+fn candidates(nodes: &[NodeLoad]) -> Vec<NodeLoad> {
+    let mut c: Vec<NodeLoad> = nodes.to_vec();
+    c.sort_by_key(|n| (n.node, std::cmp::Reverse(n.replicas)));
+    c.dedup_by_key(|n| n.node);
+    c.sort_by_key(|n| (n.replicas, n.node));
+    c
 }
 
 /// What a replica decides about a request's epoch.
