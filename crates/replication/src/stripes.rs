@@ -4,7 +4,8 @@
 //!
 //! - **Geometry** ([`Stripes`]): K+M nodes; a region is one stripe of K data chunks of
 //!   [`CHUNK_BLOCKS`] blocks. Chunk `c` of region `r` is on node `(r + c) mod (K+M)` of the
-//!   list, so parity is spread over every node. The mirrored copies are on the first M+1.
+//!   list, so parity is spread over every node. A region's mirrored copies are on the nodes
+//!   of its first M+1 chunks, so they rotate too.
 //! - **Writes** always land on the mirrored copies, whatever the region: a hot write costs
 //!   a mirror's write, never a read-modify-write of parity. A block of a parity region that
 //!   the mirrors hold is *overlay*: newer than the stripe, read from the mirrors.
@@ -144,9 +145,10 @@ impl Stripes {
         self.nodes[((region % w as u64) as usize + chunk) % w]
     }
 
-    /// The M+1 nodes that keep the mirrored copies.
-    pub fn mirrors(&self) -> &[u32] {
-        &self.nodes[..=self.parity]
+    /// The M+1 nodes that keep `region`'s mirrored copies: those of its first M+1 chunks, so
+    /// they rotate with the chunks and hot writes spread over every node.
+    pub fn mirrors_of(&self, region: u64) -> Vec<u32> {
+        (0..=self.parity).map(|c| self.node_of(region, c)).collect()
     }
 }
 
@@ -329,13 +331,13 @@ impl RegionMap {
         (mirrored * 100 / self.regions.len().max(1)) as u64
     }
 
-    /// A write of `block`: to the mirrored copies, always.
-    pub fn write(&mut self, block: u64) -> &[u32] {
+    /// A write of `block`: to its region's mirrored copies, always.
+    pub fn write(&mut self, block: u64) -> Vec<u32> {
         self.wrote(block);
         if let Some(Region::Parity { .. }) = self.region(block) {
             self.overlay.insert(block);
         }
-        self.stripes.mirrors()
+        self.stripes.mirrors_of(self.stripes.region_of(block))
     }
 
     fn wrote(&mut self, block: u64) {
@@ -350,7 +352,7 @@ impl RegionMap {
         let r = self.stripes.region_of(block);
         let beneath = self.encodes.contains_key(&r)
             || matches!(self.region(block), Some(Region::Parity { .. }));
-        let nodes = self.write(block).to_vec();
+        let nodes = self.write(block);
         match beneath {
             true => Discard::Zero(nodes),
             false => {
@@ -363,17 +365,18 @@ impl RegionMap {
     /// Where `block` reads from, with the nodes `up` says are up.
     pub fn read(&self, block: u64, up: impl Fn(u32) -> bool) -> Result<ReadFrom, Unreadable> {
         let s = &self.stripes;
+        let region = s.region_of(block);
         let slot = match self.region(block) {
             Some(Region::Parity { slot }) if !self.overlay.contains(&block) => slot,
             _ => {
-                let nodes: Vec<u32> = s.mirrors().iter().copied().filter(|&n| up(n)).collect();
+                let mut nodes = s.mirrors_of(region);
+                nodes.retain(|&n| up(n));
                 return match nodes.is_empty() {
                     true => Err(Unreadable::NoMirror),
                     false => Ok(ReadFrom::Mirror(nodes)),
                 };
             }
         };
-        let region = s.region_of(block);
         let (chunk, at) = s.chunk_of(block);
         let chunk_at = |c: usize| ChunkAt {
             node: s.node_of(region, c),
@@ -470,7 +473,7 @@ impl RegionMap {
                     .blocks_of(region)
                     .filter(|b| self.overlay.contains(b) && !e.written.contains(b))
                     .collect(),
-                nodes: s.mirrors().to_vec(),
+                nodes: s.mirrors_of(region),
             },
         })
     }

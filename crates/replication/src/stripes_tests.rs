@@ -63,19 +63,30 @@ fn a_stripe_keeps_at_most_m_chunks_in_a_zone() {
 }
 
 #[test]
-fn chunks_rotate_so_every_node_holds_parity_alike() {
+fn chunks_and_mirrors_rotate_so_every_node_holds_them_alike() {
     let p = Parity::parse("4+2", None).unwrap();
     let s = Stripes::new(&p, vec![6, 5, 4, 3, 2, 1]).unwrap();
-    let mut parity_of: BTreeMap<u32, usize> = BTreeMap::new();
+    let (mut parity_of, mut mirror_of) = (BTreeMap::new(), BTreeMap::new());
     for r in 0..6 {
         let nodes: BTreeSet<u32> = (0..6).map(|c| s.node_of(r, c)).collect();
         assert_eq!(nodes.len(), 6, "region {r}: one chunk a node");
         for c in 4..6 {
-            *parity_of.entry(s.node_of(r, c)).or_default() += 1;
+            *parity_of.entry(s.node_of(r, c)).or_insert(0) += 1;
+        }
+        let mirrors = s.mirrors_of(r);
+        assert_eq!(
+            mirrors.iter().collect::<BTreeSet<_>>().len(),
+            3,
+            "{mirrors:?}"
+        );
+        for n in mirrors {
+            *mirror_of.entry(n).or_insert(0) += 1;
         }
     }
     assert!(parity_of.values().all(|&n| n == 2), "{parity_of:?}");
-    assert_eq!(s.mirrors(), &[1, 2, 3]);
+    assert!(mirror_of.values().all(|&n| n == 3), "{mirror_of:?}");
+    assert_eq!(s.mirrors_of(0), vec![1, 2, 3]);
+    assert_eq!(s.mirrors_of(1), vec![2, 3, 4]);
     assert!(Stripes::new(&p, vec![1, 2, 3, 4, 5]).is_err());
     assert!(Stripes::new(&p, vec![1, 2, 3, 4, 5, 5]).is_err());
 }
@@ -186,7 +197,7 @@ impl World {
     }
 
     fn write(&mut self, block: u64, v: u64) {
-        for n in self.map.write(block).to_vec() {
+        for n in self.map.write(block) {
             let node = self.nodes.get_mut(&n).unwrap();
             if !node.lost {
                 node.mirror.insert(block, v);
@@ -285,12 +296,10 @@ impl World {
         self.pending.clear();
         self.began.clear();
         let held: BTreeSet<u64> = self
-            .map
-            .stripes()
-            .mirrors()
-            .iter()
-            .filter(|n| !self.nodes[n].lost)
-            .flat_map(|n| self.nodes[n].mirror.keys().copied())
+            .nodes
+            .values()
+            .filter(|n| !n.lost)
+            .flat_map(|n| n.mirror.keys().copied())
             .collect();
         let regions = self.map.regions().to_vec();
         self.map = RegionMap::restore(self.map.stripes().clone(), regions, held);
@@ -415,8 +424,8 @@ fn a_discard_over_a_stripe_writes_zeroes() {
     assert_eq!(map.discard(2), Discard::Zero(vec![1, 2]));
     assert_eq!(
         map.discard(4),
-        Discard::Trim(vec![1, 2]),
-        "region 1 is mirrored"
+        Discard::Trim(vec![2, 3]),
+        "region 1 is mirrored, on its own nodes"
     );
     assert_eq!(
         map.begin(0, |_| true),
