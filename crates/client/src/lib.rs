@@ -354,16 +354,24 @@ impl Volume {
         membership: Option<Arc<dyn Membership>>,
         all_in_sync_needed: bool,
     ) -> Result<Volume, VolumeError> {
-        // A layout it does not serve is refused before any replica is reached.
-        let refused = |source| VolumeError::Layout {
-            volume: info.name.clone(),
-            source,
-        };
-        info.layout.served().map_err(refused)?;
+        let n = info.replicas.len();
+        if n > MAX_SLOTS {
+            return Err(VolumeError::Protocol {
+                node: 0,
+                what: format!("{n} replicas, more than the {MAX_SLOTS} a volume may have"),
+            });
+        }
+        // The core first: a layout it does not serve is refused before any replica is reached.
+        let states: Vec<(u32, ReplicaState)> =
+            info.replicas.iter().map(|r| (r.node, r.state)).collect();
+        let core = VolumeCore::new(&states, info.min_copies, membership.is_some(), MAX_SLOTS)
+            .with_layout(info.layout)
+            .map_err(|source| VolumeError::Layout {
+                volume: info.name.clone(),
+                source,
+            })?;
         let mut slots = Vec::with_capacity(MAX_SLOTS);
-        let mut replicas = Vec::with_capacity(info.replicas.len());
         for r in &info.replicas {
-            let state = r.state;
             let conn = if r.state == ReplicaState::InSync {
                 match connect_replica(r, &opts, None).await {
                     Ok(c) => Some(c),
@@ -378,20 +386,9 @@ impl Volume {
                 None
             };
             slots.push(Slot::new(r.node, conn));
-            replicas.push((r.node, state));
-        }
-        let n = slots.len();
-        if n > MAX_SLOTS {
-            return Err(VolumeError::Protocol {
-                node: 0,
-                what: format!("{n} replicas, more than the {MAX_SLOTS} a volume may have"),
-            });
         }
         slots.resize_with(MAX_SLOTS, || Slot::new(0, None));
         let activity = activity::Activity::new(info.size, opts.activity_extent);
-        let core = VolumeCore::new(&replicas, info.min_copies, membership.is_some(), MAX_SLOTS)
-            .with_layout(info.layout)
-            .map_err(refused)?;
         let metrics = opts.metrics.then(|| trireme_metrics::volume(&info.name));
         Ok(Volume {
             activity,
