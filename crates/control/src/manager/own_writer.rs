@@ -136,7 +136,6 @@ impl Manager {
             }
         };
         self.register_client(w.clone());
-        self.register_client(w.clone());
         Ok(OwnWriter { writer: w, record })
     }
 

@@ -14,6 +14,8 @@ use crate::error::{busy, in_use, refused};
 
 /// How long a writer on another host may take to answer a resize request.
 const REMOTE_RESIZE: Duration = Duration::from_secs(120);
+/// How long a resize waits for a writer of the manager's own to start or to let go.
+const OWN_WRITER_WAIT: Duration = Duration::from_secs(60);
 
 impl Manager {
     /// Resizes volume `name` to `size` bytes; the volume as recorded after it.
@@ -42,30 +44,62 @@ impl Manager {
                 crate::human(size)
             )));
         }
+        let t0 = std::time::Instant::now();
+        loop {
+            let v = self.meta.volume(name).await?;
+            match self.resize_through(&v, size, shrink).await? {
+                Some(v) => return Ok(v),
+                None if t0.elapsed() < OWN_WRITER_WAIT => {
+                    tokio::time::sleep(Duration::from_millis(200)).await
+                }
+                None => {
+                    return Err(busy(format!(
+                        "volume {name} is held by a writer of the manager's own (a scrub, a move or a snapshot) for over {} s: try the resize again once it is done",
+                        OWN_WRITER_WAIT.as_secs()
+                    )))
+                }
+            }
+        }
+    }
+
+    /// Resizes `v` through its writer, whoever it is; `None` while the manager's own writer
+    /// of `v` is between its attach record and its start, or between its end and giving the
+    /// record back: it takes no resize requests, and asking it would read as "the writer
+    /// left" once it lets go.
+    async fn resize_through(
+        self: &Arc<Self>,
+        v: &VolumeRecord,
+        size: u64,
+        shrink: bool,
+    ) -> Result<Option<VolumeRecord>> {
+        let name = &v.name;
         if let Some(w) = self.writer(name).filter(|w| w.info().epoch == v.epoch) {
             if shrink {
-                return Err(self.attached_refusal(&v).await);
+                return Err(self.attached_refusal(v).await);
             }
             w.resize(size).await?;
-            return Ok(self.meta.volume(name).await?);
+            return Ok(Some(self.meta.volume(name).await?));
         }
         if let Some((a, _)) = self.meta.attachment(name).await? {
+            if a.host == crate::hostname() && a.pid == std::process::id() {
+                return Ok(None);
+            }
             if a.epoch == v.epoch {
                 if shrink {
-                    return Err(self.attached_refusal(&v).await);
+                    return Err(self.attached_refusal(v).await);
                 }
-                self.resize_remote(&v, size).await?;
-                return Ok(self.meta.volume(name).await?);
+                self.resize_remote(v, size).await?;
+                return Ok(Some(self.meta.volume(name).await?));
             }
         }
-        if let Some(who) = self.holder(&v).await? {
+        if let Some(who) = self.holder(v).await? {
             return Err(in_use(format!(
                 "volume {name} is attached by {who}: a resize goes through its writer, and that writer takes no requests (a `trireme nbd` beside `up`); detach it first"
             )));
         }
-        let own = self.attach_own(&v).await?;
+        let own = self.attach_own(v).await?;
         tracing::info!(
-            volume = name,
+            volume = %name,
             epoch = own.writer.info().epoch,
             size,
             "resizing through a writer of the manager's own"
@@ -73,7 +107,7 @@ impl Manager {
         let r = own.writer.resize(size).await;
         self.release_own(own).await;
         r?;
-        Ok(self.meta.volume(name).await?)
+        Ok(Some(self.meta.volume(name).await?))
     }
 
     async fn attached_refusal(&self, v: &VolumeRecord) -> crate::error::ManagerError {
