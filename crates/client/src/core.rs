@@ -15,7 +15,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use tokio::sync::oneshot;
-use trireme_replication::{Action, Answers, Input, Mirrored, Ticket, VolumeCore};
+use trireme_replication::{
+    Action, Answers, Decision, Input, Mirrored, Ticket, VolumeCore, WriteFailure,
+};
 
 #[derive(Debug)]
 struct Inner {
@@ -64,6 +66,8 @@ pub(crate) enum Submitted<'a> {
     Go(Place<'a>),
     /// Too few copies in sync: nothing was taken.
     Short,
+    /// Refused by the core before it took anything.
+    Refused(WriteFailure),
 }
 
 /// What a request's answers made of it.
@@ -109,8 +113,8 @@ impl Core {
     fn step_in(inner: &mut Inner, input: Input<'_>) -> Vec<Action> {
         let mut actions = inner.core.step(input);
         actions.retain(|a| match a {
-            Action::Granted { places, targets } => {
-                for p in places {
+            Action::Granted { places } => {
+                for (p, targets) in places {
                     if let Some(tx) = inner.parked.remove(p) {
                         let _ = tx.send(targets.clone());
                     }
@@ -132,6 +136,7 @@ impl Core {
                 targets: Some(targets),
             }),
             Some(Action::Wait { place }) => Submitted::Go(self.waiting(place)),
+            Some(Action::Carry(Decision::Fail(f))) => Submitted::Refused(f),
             _ => Submitted::Short,
         }
     }
@@ -199,7 +204,7 @@ impl<'a> Place<'a> {
             let mut inner = self.core.inner();
             if inner.core.may_hold(ticket) {
                 // Granted between its submit and now.
-                let targets = inner.core.write_targets();
+                let targets = inner.core.place_targets(ticket);
                 drop(inner);
                 return (self, targets);
             }

@@ -20,6 +20,27 @@ use crate::{join_all, tiers, Volume, VolumeError, MAX_IO};
 const FLUSH_ROUNDS: usize = 8;
 
 impl Volume {
+    /// The error of request `h` that failed with `failure`.
+    fn refused(&self, h: &Header, failure: WriteFailure) -> VolumeError {
+        VolumeError::Write {
+            volume: self.info.name.clone(),
+            op: match h.op {
+                Op::Write => "write",
+                Op::Flush => "flush",
+                Op::WriteZeroes if h.flags & FLAG_MAY_TRIM != 0 => "trim",
+                Op::WriteZeroes => "write zeroes",
+                _ => "request",
+            },
+            node: match failure {
+                WriteFailure::ReplicaFailed { replica }
+                | WriteFailure::Refused { replica }
+                | WriteFailure::NoSpace { replica } => Some(self.node(replica)),
+                _ => None,
+            },
+            failure,
+        }
+    }
+
     /// Sends `h` to every write target and acknowledges when every one holds it — or, with a
     /// control plane, when the ones that failed have been durably taken out and the survivors
     /// track what they missed. `h`'s range is held against overlapping writes until then.
@@ -36,6 +57,7 @@ impl Volume {
                 0 => match self.core.submit(request) {
                     Submitted::Go(place) => Some(place),
                     Submitted::Short => None,
+                    Submitted::Refused(f) => return Err(self.refused(&h, f)),
                 },
                 _ => None,
             };
@@ -47,8 +69,10 @@ impl Volume {
                     let _gate = self.copies_gate.lock().await;
                     loop {
                         self.enough_copies().await?;
-                        if let Submitted::Go(place) = self.core.submit(request) {
-                            break place;
+                        match self.core.submit(request) {
+                            Submitted::Go(place) => break place,
+                            Submitted::Short => {}
+                            Submitted::Refused(f) => return Err(self.refused(&h, f)),
                         }
                     }
                 }
@@ -220,23 +244,7 @@ impl Volume {
             )),
             Decision::Ack => Ok(!self.core().enough()),
             Decision::Fail(failure) => Err((
-                VolumeError::Write {
-                    volume: self.info.name.clone(),
-                    op: match h.op {
-                        Op::Write => "write",
-                        Op::Flush => "flush",
-                        Op::WriteZeroes if h.flags & FLAG_MAY_TRIM != 0 => "trim",
-                        Op::WriteZeroes => "write zeroes",
-                        _ => "request",
-                    },
-                    node: match failure {
-                        WriteFailure::ReplicaFailed { replica }
-                        | WriteFailure::Refused { replica }
-                        | WriteFailure::NoSpace { replica } => Some(self.node(replica)),
-                        _ => None,
-                    },
-                    failure,
-                },
+                self.refused(&h, failure),
                 matches!(failure, WriteFailure::ReplicaFailed { .. }) && {
                     let core = self.core();
                     targets.iter().enumerate().all(|(k, &i)| {

@@ -35,6 +35,7 @@ mod quorum;
 mod read;
 mod resize;
 mod resync;
+mod routes;
 mod set;
 mod step;
 mod stripes;

@@ -84,6 +84,14 @@ impl RangeOrder {
         woken
     }
 
+    /// The range `ticket` registered, while registered.
+    pub fn range(&self, ticket: Ticket) -> Option<(u64, u64)> {
+        self.entries
+            .iter()
+            .find(|e| e.ticket == ticket)
+            .map(|e| (e.start, e.end))
+    }
+
     /// Ranges registered and not released.
     pub fn len(&self) -> usize {
         self.entries.len()

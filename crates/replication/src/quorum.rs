@@ -33,6 +33,8 @@ pub enum WriteFailure {
     NoReplicas,
     #[error("no space left on replica {replica}")]
     NoSpace { replica: usize },
+    #[error("the request crosses the end of a parity region at byte {at}: each region's part goes on its own")]
+    CrossesRegion { at: u64 },
 }
 
 /// Collects replies for one write. The write is acknowledged only when every target replica

@@ -59,17 +59,16 @@ pub enum Action {
     Wait { place: Ticket },
     /// Too few copies are in sync: nothing was taken; the request waits for copies.
     Short,
-    /// These places, which waited, hold their ranges now; their requests go to `targets`.
-    Granted {
-        places: Vec<Ticket>,
-        targets: Vec<usize>,
-    },
+    /// These places, which waited, hold their ranges now; each one's request goes to the
+    /// targets beside it.
+    Granted { places: Vec<(Ticket, Vec<usize>)> },
     /// The request is done and its place given up: acknowledge it. With `wait_copies`,
     /// acknowledge only once enough copies are in sync again (its answers took copies out
     /// below the minimum earlier): it waits without its range.
     Ack { wait_copies: bool },
     /// Carry the decision out (fail, take out then acknowledge, send again from the
-    /// reserve); the place, if any, stays held until released.
+    /// reserve); the place, if any, stays held until released. At a submit, a refusal (a
+    /// data request across a parity region's end): nothing was taken.
     Carry(Decision),
 }
 
@@ -88,11 +87,17 @@ impl VolumeCore {
         if !self.enough() {
             return Action::Short;
         }
+        if let Some(refused) = self.misrouted(request) {
+            return Action::Carry(refused);
+        }
         match request {
-            Mirrored::Data { offset, len } => self.hold_range(offset, offset + len),
+            Mirrored::Data { offset, len } => {
+                self.writing(request);
+                self.hold_range(offset, offset + len)
+            }
             Mirrored::Flush | Mirrored::Snapshot => Action::Proceed {
                 place: None,
-                targets: self.write_targets(),
+                targets: self.targets_of(None),
             },
         }
     }
@@ -101,7 +106,7 @@ impl VolumeCore {
         match self.order.register(start, end) {
             (place, true) => Action::Proceed {
                 place: Some(place),
-                targets: self.write_targets(),
+                targets: self.targets_of(Some((start, end))),
             },
             (place, false) => Action::Wait { place },
         }
@@ -118,6 +123,9 @@ impl VolumeCore {
             }
             d => d,
         };
+        if matches!(decision, Decision::Ack | Decision::TakeOut { .. }) {
+            self.held(a.request);
+        }
         if decision != Decision::Ack {
             return vec![Action::Carry(decision)];
         }
@@ -133,11 +141,13 @@ impl VolumeCore {
     }
 
     fn release_place(&mut self, place: Ticket) -> Option<Action> {
-        let places = self.order.release(place);
-        (!places.is_empty()).then(|| Action::Granted {
-            places,
-            targets: self.write_targets(),
-        })
+        let places: Vec<(Ticket, Vec<usize>)> = self
+            .order
+            .release(place)
+            .into_iter()
+            .map(|p| (p, self.place_targets(p)))
+            .collect();
+        (!places.is_empty()).then_some(Action::Granted { places })
     }
 }
 
@@ -190,8 +200,7 @@ mod tests {
             c.step(answers(Some(a), data(0, 8192), &DONE)),
             vec![
                 Action::Granted {
-                    places: vec![b],
-                    targets: vec![0, 1]
+                    places: vec![(b, vec![0, 1])]
                 },
                 Action::Ack { wait_copies: false }
             ]

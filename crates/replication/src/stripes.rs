@@ -340,6 +340,12 @@ impl RegionMap {
         self.stripes.mirrors_of(self.stripes.region_of(block))
     }
 
+    /// A write of `block` is on its way: an encode of its region must not free it. (Its
+    /// overlay bit waits for [`RegionMap::write`], once a copy holds it.)
+    pub fn writing(&mut self, block: u64) {
+        self.wrote(block);
+    }
+
     fn wrote(&mut self, block: u64) {
         let r = self.stripes.region_of(block);
         if let Some(e) = self.encodes.get_mut(&r) {

@@ -95,7 +95,9 @@ pub struct VolumeCore {
     /// Nodes taken out for a planned restart, until when (time since attach).
     held: BTreeMap<u32, Duration>,
     /// How the volume's bytes are kept: which copies a request goes to follows from it.
-    layout: Layout,
+    pub(crate) layout: Layout,
+    /// A parity volume's regions (`routes.rs`).
+    pub(crate) regions: Option<crate::RegionMap>,
 }
 
 impl VolumeCore {
@@ -131,6 +133,7 @@ impl VolumeCore {
             finished: BTreeMap::new(),
             held: BTreeMap::new(),
             layout: Layout::Mirror,
+            regions: None,
         }
     }
 
@@ -246,6 +249,11 @@ impl VolumeCore {
     /// Replicas a mirrored request goes to.
     pub fn write_targets(&self) -> Vec<usize> {
         self.set.write_targets()
+    }
+
+    /// The replicas the request holding `place` goes to.
+    pub fn place_targets(&self, place: Ticket) -> Vec<usize> {
+        self.targets_of(self.order.range(place))
     }
 
     /// The plan of one resync copy's choice of source: each starts at the next copy, so

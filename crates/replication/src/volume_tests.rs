@@ -238,9 +238,9 @@ impl World {
     /// Places a step says may hold their ranges now do, and go to the write targets.
     fn granted(&mut self, actions: Vec<Action>) -> Result<(), TestCaseError> {
         for a in actions {
-            if let Action::Granted { places, targets } = a {
-                prop_assert_eq!(&targets, &self.core.write_targets());
-                for p in places {
+            if let Action::Granted { places } = a {
+                for (p, targets) in places {
+                    prop_assert_eq!(&targets, &self.core.write_targets());
                     prop_assert!(
                         self.core.may_hold(p),
                         "a granted place may not hold its range"

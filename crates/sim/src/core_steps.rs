@@ -144,7 +144,7 @@ impl Run {
                 targets,
             }) => self.go(place, (start, end), seq, targets),
             Some(Action::Wait { place }) if self.sabotage == Sabotage::IgnoreWait => {
-                let targets = self.core.write_targets();
+                let targets = self.core.place_targets(place);
                 self.go(place, (start, end), seq, targets)
             }
             Some(Action::Wait { place }) => {
@@ -267,7 +267,7 @@ impl Run {
         let mut release = true;
         for a in actions {
             match a {
-                Action::Granted { places, targets } => self.granted(places, targets)?,
+                Action::Granted { places } => self.granted(places)?,
                 Action::Ack { .. } => release = false,
                 Action::Carry(Decision::TakeOut { replicas, .. }) => {
                     self.take_out(&replicas, f.blocks)?
@@ -286,15 +286,15 @@ impl Run {
     fn apply_grants(&mut self, actions: Vec<Action>) -> Result<(), String> {
         for a in actions {
             match a {
-                Action::Granted { places, targets } => self.granted(places, targets)?,
+                Action::Granted { places } => self.granted(places)?,
                 other => return Err(format!("a release: {other:?}")),
             }
         }
         Ok(())
     }
 
-    fn granted(&mut self, places: Vec<Ticket>, targets: Vec<usize>) -> Result<(), String> {
-        for p in places {
+    fn granted(&mut self, places: Vec<(Ticket, Vec<usize>)>) -> Result<(), String> {
+        for (p, targets) in places {
             let Some(f) = self.flights.iter().find(|f| f.place == p) else {
                 continue;
             };
@@ -304,7 +304,7 @@ impl Run {
                 continue;
             }
             let (blocks, seq) = (f.blocks, f.seq);
-            self.go(p, blocks, seq, targets.clone())?;
+            self.go(p, blocks, seq, targets)?;
         }
         Ok(())
     }

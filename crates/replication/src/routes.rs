@@ -1,0 +1,121 @@
+//! Which replicas a request goes to and where a block reads back from, by layout.
+//!
+//! - A mirror: every copy that takes writes, for every request; reads follow
+//!   [`ReadPlan`](crate::ReadPlan).
+//! - Parity: the core keeps the volume's [`RegionMap`]. A data request goes to its region's
+//!   mirrored copies (M+1 of the K+M nodes, rotating by region), a flush or a snapshot to every
+//!   node. A data request stays within one region (the writer splits at
+//!   [`VolumeCore::region_end`]); one that crosses is refused, never sent half-routed.
+//! - A write marks its blocks as overlay only once a copy holds it (an ack, or a take-out
+//!   whose survivors hold it): until then a read of a parity block reads the stripe, which
+//!   holds the bytes from before the write, never the mirrors' empty space.
+//!
+//! No writer executes parity yet (`Layout::served` refuses it, and so does
+//! [`VolumeCore::with_layout`]): the core's tests build one with [`VolumeCore::with_stripes`].
+
+use crate::{
+    Decision, Layout, Mirrored, Parity, PlacementError, ReadFrom, Region, RegionMap, ReplicaState,
+    Stripes, Unreadable, VolumeCore,
+};
+
+/// Bytes per block of the region map.
+const BLOCK: u64 = 4096;
+
+impl VolumeCore {
+    /// The core of a parity volume of `size` bytes (whole blocks) whose replicas are its K+M
+    /// nodes: every region mirrored, as a new volume is.
+    pub fn with_stripes(mut self, parity: Parity, size: u64) -> Result<VolumeCore, PlacementError> {
+        let nodes = (0..self.set.len()).map(|i| self.node(i)).collect();
+        let stripes = Stripes::new(&parity, nodes)?;
+        self.regions = Some(RegionMap::new(stripes, size.div_ceil(BLOCK)));
+        self.layout = Layout::Parity(parity);
+        Ok(self)
+    }
+
+    /// A parity volume's region map (None: a mirror).
+    pub fn region_map(&self) -> Option<&RegionMap> {
+        self.regions.as_ref()
+    }
+
+    /// Where a data request starting at byte `offset` must end at the latest: its region's
+    /// end (a mirror: never).
+    pub fn region_end(&self, offset: u64) -> u64 {
+        match &self.regions {
+            Some(map) => {
+                let s = map.stripes();
+                (s.region_of(offset / BLOCK) + 1) * s.region_blocks() * BLOCK
+            }
+            None => u64::MAX,
+        }
+    }
+
+    /// The replicas a request over `range` (bytes; None: a flush or a snapshot, which go to
+    /// every copy) goes to.
+    pub fn targets_of(&self, range: Option<(u64, u64)>) -> Vec<usize> {
+        let all = self.set.write_targets();
+        let (Some(map), Some((start, _))) = (&self.regions, range) else {
+            return all;
+        };
+        let s = map.stripes();
+        let mirrors = s.mirrors_of(s.region_of(start / BLOCK));
+        all.into_iter()
+            .filter(|&i| mirrors.contains(&self.node(i)))
+            .collect()
+    }
+
+    /// Why a data request is refused before it takes a place: it crosses its region's end.
+    pub(crate) fn misrouted(&self, request: Mirrored) -> Option<Decision> {
+        let Mirrored::Data { offset, len } = request else {
+            return None;
+        };
+        let end = self.region_end(offset);
+        (offset + len > end).then_some(Decision::Fail(crate::WriteFailure::CrossesRegion {
+            at: end,
+        }))
+    }
+
+    /// A data request was submitted: an encode of its region must not free its blocks.
+    pub(crate) fn writing(&mut self, request: Mirrored) {
+        if let (Some(map), Mirrored::Data { offset, len }) = (&mut self.regions, request) {
+            for b in blocks(offset, len) {
+                map.writing(b);
+            }
+        }
+    }
+
+    /// A copy holds a data request: its blocks of parity regions read from the mirrors now.
+    pub(crate) fn held(&mut self, request: Mirrored) {
+        if let (Some(map), Mirrored::Data { offset, len }) = (&mut self.regions, request) {
+            for b in blocks(offset, len) {
+                map.write(b);
+            }
+        }
+    }
+
+    /// Where `block` of a parity volume reads from, with the nodes whose copies are in sync
+    /// (None: a mirror, which reads by [`ReadPlan`](crate::ReadPlan)).
+    pub fn parity_read(&self, block: u64) -> Option<Result<ReadFrom, Unreadable>> {
+        let map = self.regions.as_ref()?;
+        let up = |node: u32| {
+            self.slot_of(node)
+                .is_some_and(|i| self.set.state(i) == ReplicaState::InSync)
+        };
+        Some(map.read(block, up))
+    }
+
+    /// The regions as the record keeps them, and the blocks the mirrored copies hold, after
+    /// a restart (see [`RegionMap::restore`]).
+    pub fn restore_regions(&mut self, regions: Vec<Region>, held: impl IntoIterator<Item = u64>) {
+        if let Some(map) = &mut self.regions {
+            *map = RegionMap::restore(map.stripes().clone(), regions, held);
+        }
+    }
+}
+
+fn blocks(offset: u64, len: u64) -> std::ops::Range<u64> {
+    offset / BLOCK..(offset + len).div_ceil(BLOCK)
+}
+
+#[cfg(test)]
+#[path = "routes_tests.rs"]
+mod tests;

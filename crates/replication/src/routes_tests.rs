@@ -1,0 +1,163 @@
+use crate::{
+    Action, Answers, Decision, Input, Mirrored, Parity, ReadFrom, Region, ReplicaOutcome,
+    ReplicaState, Ticket, VolumeCore, WriteFailure,
+};
+
+/// 2+1 regions hold 2 chunks of 256 KiB.
+const REGION: u64 = 512 << 10;
+
+fn parity_core(states: [ReplicaState; 3]) -> VolumeCore {
+    let r: Vec<(u32, ReplicaState)> = (1..=3).zip(states).collect();
+    let p = Parity {
+        data: 2,
+        parity: 1,
+        mirror_share: 20,
+    };
+    VolumeCore::new(&r, 0, false, 4)
+        .with_stripes(p, 4 * REGION)
+        .unwrap()
+}
+
+fn healthy() -> VolumeCore {
+    parity_core([ReplicaState::InSync; 3])
+}
+
+fn data(offset: u64, len: u64) -> Mirrored {
+    Mirrored::Data { offset, len }
+}
+
+fn go(c: &mut VolumeCore, request: Mirrored) -> (Option<Ticket>, Vec<usize>) {
+    match c.step(Input::Submit(request)).pop() {
+        Some(Action::Proceed { place, targets }) => (place, targets),
+        other => panic!("{request:?}: {other:?}"),
+    }
+}
+
+fn answer(
+    c: &mut VolumeCore,
+    place: Option<Ticket>,
+    request: Mirrored,
+    targets: &[usize],
+    o: ReplicaOutcome,
+) -> Vec<Action> {
+    let outcomes = vec![o; targets.len()];
+    c.step(Input::Answered(Answers {
+        place,
+        request,
+        targets,
+        outcomes: &outcomes,
+        from_reserve: false,
+    }))
+}
+
+#[test]
+fn a_write_goes_to_its_regions_mirrors_and_a_flush_to_every_node() {
+    let mut c = healthy();
+    // Region r's mirrored copies are the nodes of its first M+1 = 2 chunks: r, r+1 (mod 3).
+    assert_eq!(go(&mut c, data(0, 4096)).1, vec![0, 1]);
+    assert_eq!(go(&mut c, data(REGION, 65536)).1, vec![1, 2]);
+    assert_eq!(go(&mut c, data(2 * REGION + 8192, 4096)).1, vec![0, 2]);
+    assert_eq!(go(&mut c, Mirrored::Flush).1, vec![0, 1, 2]);
+    assert_eq!(go(&mut c, Mirrored::Snapshot).1, vec![0, 1, 2]);
+    assert_eq!(c.region_end(REGION - 1), REGION);
+    assert_eq!(c.region_end(REGION), 2 * REGION);
+}
+
+#[test]
+fn a_write_across_a_regions_end_is_refused_before_it_takes_a_place() {
+    let mut c = healthy();
+    assert_eq!(
+        c.step(Input::Submit(data(REGION - 4096, 8192))),
+        vec![Action::Carry(Decision::Fail(WriteFailure::CrossesRegion {
+            at: REGION
+        }))]
+    );
+    assert_eq!(c.places(), 0);
+    let mirror = VolumeCore::new(&[(1, ReplicaState::InSync)], 0, false, 4);
+    assert_eq!(mirror.region_end(REGION - 1), u64::MAX);
+}
+
+#[test]
+fn a_waiting_write_is_granted_with_its_own_regions_targets() {
+    let mut c = healthy();
+    let (a, _) = go(&mut c, data(REGION, 8192));
+    let Some(Action::Wait { place: b }) = c.step(Input::Submit(data(REGION + 4096, 4096))).pop()
+    else {
+        panic!("an overlapping write waits");
+    };
+    let out = answer(&mut c, a, data(REGION, 8192), &[1, 2], ReplicaOutcome::Done);
+    assert_eq!(
+        out,
+        vec![
+            Action::Granted {
+                places: vec![(b, vec![1, 2])]
+            },
+            Action::Ack { wait_copies: false }
+        ]
+    );
+    assert_eq!(c.place_targets(b), vec![1, 2]);
+}
+
+#[test]
+fn a_parity_block_reads_from_the_mirrors_only_once_a_copy_holds_its_write() {
+    let mut c = healthy();
+    c.restore_regions(vec![Region::Parity { slot: 0 }, Region::Mirror], []);
+    let chunk = |c: &VolumeCore| matches!(c.parity_read(0), Some(Ok(ReadFrom::Chunk(_))));
+    assert!(chunk(&c));
+    // Failed everywhere (no control plane to take copies out): it stays on the stripe.
+    let (p, t) = go(&mut c, data(0, 4096));
+    let out = answer(&mut c, p, data(0, 4096), &t, ReplicaOutcome::Failed);
+    assert!(matches!(out.as_slice(), [Action::Carry(Decision::Fail(_))]));
+    c.step(Input::Release(p.unwrap()));
+    assert!(
+        chunk(&c),
+        "a write no copy holds leaves the block on the stripe"
+    );
+    // Sent, not answered: still the stripe (the mirrors may not hold it yet).
+    let (p, t) = go(&mut c, data(0, 4096));
+    assert!(chunk(&c));
+    answer(&mut c, p, data(0, 4096), &t, ReplicaOutcome::Done);
+    assert_eq!(c.parity_read(0), Some(Ok(ReadFrom::Mirror(vec![1, 2]))));
+    assert!(
+        matches!(c.parity_read(1), Some(Ok(ReadFrom::Chunk(_)))),
+        "only the blocks written"
+    );
+    assert_eq!(
+        c.parity_read(REGION / 4096),
+        Some(Ok(ReadFrom::Mirror(vec![2, 3])))
+    );
+}
+
+#[test]
+fn a_block_whose_chunk_is_out_is_rebuilt_from_k_others() {
+    let mut c = parity_core([
+        ReplicaState::Outdated,
+        ReplicaState::InSync,
+        ReplicaState::InSync,
+    ]);
+    c.restore_regions(vec![Region::Parity { slot: 1 }; 4], []);
+    let Some(Ok(ReadFrom::Rebuild { lost, from })) = c.parity_read(5) else {
+        panic!("{:?}", c.parity_read(5));
+    };
+    assert_eq!(lost, 0);
+    let nodes: Vec<u32> = from.iter().map(|f| f.node).collect();
+    assert_eq!(nodes, vec![2, 3]);
+    assert!(from.iter().all(|f| f.slot == 1 && f.block == 5));
+    // A mirror volume reads by its read plan.
+    let mirror = VolumeCore::new(&[(1, ReplicaState::InSync)], 0, false, 4);
+    assert_eq!(mirror.parity_read(0), None);
+}
+
+#[test]
+fn a_parity_core_needs_its_k_plus_m_nodes_and_no_writer_serves_it_yet() {
+    let p = Parity {
+        data: 2,
+        parity: 1,
+        mirror_share: 20,
+    };
+    let two = [(1, ReplicaState::InSync), (2, ReplicaState::InSync)];
+    assert!(VolumeCore::new(&two, 0, false, 4)
+        .with_stripes(p, REGION)
+        .is_err());
+    assert!(healthy().with_layout(crate::Layout::Parity(p)).is_err());
+}
