@@ -53,6 +53,7 @@ pub use resync::{
     all_chunks, incremental, union_chunks, union_ranges, ResyncPlan, ResyncStep, CHUNK,
     CLEAR_BATCH, PARALLEL,
 };
+pub use routes::EncodeAction;
 pub use set::{default_min_copies, removal, transition, ReplicaSet, ReplicaState, TransitionError};
 pub use step::{Action, Answers, Input};
 pub use stripes::{

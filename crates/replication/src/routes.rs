@@ -14,8 +14,8 @@
 //! [`VolumeCore::with_layout`]): the core's tests build one with [`VolumeCore::with_stripes`].
 
 use crate::{
-    Decision, Layout, Mirrored, Parity, PlacementError, ReadFrom, Region, RegionMap, ReplicaState,
-    Stripes, Unreadable, VolumeCore,
+    Decision, EncodeEnd, EncodeRefusal, EncodeStep, Layout, Mirrored, Parity, PlacementError,
+    ReadFrom, Region, RegionMap, ReplicaState, Stripes, Ticket, Unreadable, VolumeCore,
 };
 
 /// Bytes per block of the region map.
@@ -23,12 +23,14 @@ const BLOCK: u64 = 4096;
 
 impl VolumeCore {
     /// The core of a parity volume of `size` bytes (whole blocks) whose replicas are its K+M
-    /// nodes: every region mirrored, as a new volume is.
+    /// nodes: every region mirrored, as a new volume is. Writes go on while K nodes are in
+    /// sync: below that its stripes cannot be read.
     pub fn with_stripes(mut self, parity: Parity, size: u64) -> Result<VolumeCore, PlacementError> {
         let nodes = (0..self.set.len()).map(|i| self.node(i)).collect();
         let stripes = Stripes::new(&parity, nodes)?;
         self.regions = Some(RegionMap::new(stripes, size.div_ceil(BLOCK)));
         self.layout = Layout::Parity(parity);
+        self.min_copies = u32::from(parity.data);
         Ok(self)
     }
 
@@ -109,6 +111,77 @@ impl VolumeCore {
         if let Some(map) = &mut self.regions {
             *map = RegionMap::restore(map.stripes().clone(), regions, held);
         }
+    }
+}
+
+/// What an encode needs next, as the core hands it out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EncodeAction {
+    /// Hold the region's bytes through the write order first ([`Input::Hold`](crate::Input))
+    /// and ask again with the place: the mirrors are trimmed with no write to the region in
+    /// flight. Without it a write sent before the trim could land before it and be trimmed.
+    /// (The read needs no hold: a write acknowledged while the encode runs is never trimmed
+    /// by it, whichever copy the read met; the simulator's `parity_steps` checks both.)
+    Hold {
+        start: u64,
+        end: u64,
+    },
+    Do(EncodeStep),
+}
+
+impl VolumeCore {
+    /// Begins encoding `region` (a mirrored one into a stripe, or folding a parity one's
+    /// overlay back): every node of the stripe must be in sync.
+    pub fn encode_begin(&mut self, region: u64) -> Result<(), EncodeRefusal> {
+        let up: Vec<bool> = (0..self.set.len())
+            .map(|i| self.set.state(i) == ReplicaState::InSync)
+            .collect();
+        let nodes: Vec<u32> = (0..self.set.len()).map(|i| self.node(i)).collect();
+        let map = self.regions.as_mut().ok_or(EncodeRefusal::NotParity)?;
+        map.begin(region, |n| {
+            nodes.iter().position(|&m| m == n).is_some_and(|i| up[i])
+        })
+    }
+
+    /// What `region`'s encode needs done now; `place`: the place the executor holds for it.
+    /// A trim handed out is fixed: asked again, the same blocks.
+    pub fn encode_next(&mut self, region: u64, place: Option<Ticket>) -> Option<EncodeAction> {
+        let map = self.regions.as_ref()?;
+        let step = map.step(region)?;
+        if matches!(step, EncodeStep::Free { .. }) {
+            let blocks = map.stripes().blocks_of(region);
+            let (start, end) = (blocks.start * BLOCK, blocks.end * BLOCK);
+            let holds = place.is_some_and(|p| {
+                self.order.may_hold(p)
+                    && self
+                        .order
+                        .range(p)
+                        .is_some_and(|(a, b)| a <= start && end <= b)
+            });
+            if !holds {
+                return Some(EncodeAction::Hold { start, end });
+            }
+        }
+        if let (EncodeStep::Free { .. }, Some(map)) = (&step, &mut self.regions) {
+            map.fix_free(region);
+        }
+        Some(EncodeAction::Do(step))
+    }
+
+    /// The step [`VolumeCore::encode_next`] gave was carried out (`ok`) or failed.
+    pub fn encode_answered(&mut self, region: u64, ok: bool) -> EncodeEnd {
+        match &mut self.regions {
+            Some(map) => map.answered(region, ok),
+            None => EncodeEnd::Abandoned,
+        }
+    }
+
+    /// The regions being encoded.
+    pub fn encoding(&self) -> Vec<u64> {
+        self.regions
+            .as_ref()
+            .map(|m| m.encoding().collect())
+            .unwrap_or_default()
     }
 }
 

@@ -161,3 +161,57 @@ fn a_parity_core_needs_its_k_plus_m_nodes_and_no_writer_serves_it_yet() {
         .is_err());
     assert!(healthy().with_layout(crate::Layout::Parity(p)).is_err());
 }
+
+#[test]
+fn an_encode_trims_only_under_a_hold_of_its_region_and_the_list_stays_fixed() {
+    use crate::{EncodeAction, EncodeEnd, EncodeStep};
+    let mut c = healthy();
+    assert_eq!(c.encode_begin(1), Ok(()));
+    // Read, write the chunks, flush, switch: no hold needed.
+    for _ in 0..4 {
+        let Some(EncodeAction::Do(step)) = c.encode_next(1, None) else {
+            panic!("{:?}", c.encode_next(1, None));
+        };
+        assert!(!matches!(step, EncodeStep::Free { .. }), "{step:?}");
+        assert_eq!(c.encode_answered(1, true), EncodeEnd::Going);
+    }
+    assert_eq!(
+        c.encode_next(1, None),
+        Some(EncodeAction::Hold {
+            start: REGION,
+            end: 2 * REGION
+        })
+    );
+    let Some(Action::Proceed { place, .. }) = c
+        .step(Input::Hold {
+            start: REGION,
+            end: 2 * REGION,
+        })
+        .pop()
+    else {
+        panic!("an idle region is held at once");
+    };
+    let Some(EncodeAction::Do(EncodeStep::Free { blocks, .. })) = c.encode_next(1, place) else {
+        panic!("held, the trim goes");
+    };
+    assert_eq!(blocks.len() as u64, REGION / 4096);
+    // A write sent now waits for the hold, and the trim handed out stays the same.
+    let Some(Action::Wait { .. }) = c.step(Input::Submit(data(REGION, 4096))).pop() else {
+        panic!("a write waits for the trim's hold");
+    };
+    let Some(EncodeAction::Do(EncodeStep::Free { blocks: again, .. })) = c.encode_next(1, place)
+    else {
+        panic!()
+    };
+    assert_eq!(blocks, again);
+    assert_eq!(c.encode_answered(1, true), EncodeEnd::Done);
+    // Trimmed, the block reads from the stripe until a copy holds the waiting write.
+    assert!(matches!(
+        c.parity_read(REGION / 4096),
+        Some(Ok(ReadFrom::Chunk(_)))
+    ));
+    assert_eq!(
+        VolumeCore::new(&[(1, ReplicaState::InSync)], 0, false, 4).encode_begin(0),
+        Err(crate::EncodeRefusal::NotParity)
+    );
+}

@@ -214,6 +214,8 @@ pub enum EncodeRefusal {
     Nothing(u64),
     #[error("node {0} of the stripe is down: a stripe is made on all K+M nodes or not at all")]
     NodeDown(u32),
+    #[error("the volume is a mirror: it has no regions to encode")]
+    NotParity,
 }
 
 /// The next thing an encode needs done; [`RegionMap::answered`] says it was.
@@ -250,6 +252,10 @@ struct Encode {
     slot: u8,
     /// Blocks written (or discarded) since the read began: never trimmed by this encode.
     written: BTreeSet<u64>,
+    /// The blocks to trim, fixed once handed out ([`RegionMap::fix_free`]): a write sent
+    /// after that waits for the trim, and its block, trimmed, reads from the stripe until a
+    /// copy holds the write.
+    freeing: Option<Vec<u64>>,
 }
 
 /// What an encode's answer ended in.
@@ -437,6 +443,7 @@ impl RegionMap {
             phase: Phase::Read,
             slot,
             written: BTreeSet::new(),
+            freeing: None,
         };
         self.encodes.insert(region, encode);
         Ok(())
@@ -474,14 +481,34 @@ impl RegionMap {
                 to: Region::Parity { slot: e.slot },
             },
             Phase::Free => EncodeStep::Free {
-                blocks: self
-                    .stripes
-                    .blocks_of(region)
-                    .filter(|b| self.overlay.contains(b) && !e.written.contains(b))
-                    .collect(),
+                blocks: match &e.freeing {
+                    Some(blocks) => blocks.clone(),
+                    None => self.to_free(region, e),
+                },
                 nodes: s.mirrors_of(region),
             },
         })
+    }
+
+    fn to_free(&self, region: u64, e: &Encode) -> Vec<u64> {
+        self.stripes
+            .blocks_of(region)
+            .filter(|b| self.overlay.contains(b) && !e.written.contains(b))
+            .collect()
+    }
+
+    /// Fixes the blocks `region`'s trim frees, as they are now (an executor that holds the
+    /// region calls this as it sends the trim; see `Encode::freeing`).
+    pub fn fix_free(&mut self, region: u64) {
+        let Some(e) = self.encodes.get(&region) else {
+            return;
+        };
+        if e.phase == Phase::Free && e.freeing.is_none() {
+            let blocks = self.to_free(region, e);
+            if let Some(e) = self.encodes.get_mut(&region) {
+                e.freeing = Some(blocks);
+            }
+        }
     }
 
     /// The order of the phases: the switch only once the stripe is durable everywhere, the

@@ -87,7 +87,7 @@ pub struct VolumeCore {
     pub(crate) set: ReplicaSet,
     records: Vec<Record>,
     pub(crate) order: RangeOrder,
-    min_copies: u32,
+    pub(crate) min_copies: u32,
     suspended: bool,
     stopped: bool,
     spread: usize,
