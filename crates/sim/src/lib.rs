@@ -75,6 +75,7 @@ mod driver;
 mod faults;
 mod managers;
 mod net;
+pub mod parity_steps;
 mod procs;
 mod snapshots;
 use disk::SimDisk;

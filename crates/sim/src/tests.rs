@@ -149,3 +149,34 @@ fn the_core_steps_checker_sees_writes_and_copies_out_of_order() {
         assert!(caught > 0, "a hundred runs with {sabotage:?} passed");
     }
 }
+
+/// A parity volume's core stepped alone: no block reads older than its last acknowledged
+/// write through writes, encodes, fold-backs, lost nodes and writer restarts...
+#[test]
+fn a_parity_volumes_core_stepped_alone_reads_every_acknowledged_write() {
+    let mut counts = parity_steps::Counts::default();
+    for seed in 0..300 {
+        counts += parity_steps::run(seed, parity_steps::Sabotage::None)
+            .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+    }
+    eprintln!("{counts:?}");
+    assert!(counts.encodes > 100 && counts.fold_backs > 50, "{counts:?}");
+    assert!(
+        counts.rebuilt_reads > 100 && counts.restarts > 100,
+        "{counts:?}"
+    );
+}
+
+/// ...and its checker sees an encoder that trims its region with writes to it in flight, and
+/// one whose stripe lacks a chunk.
+#[test]
+fn the_parity_checker_sees_an_encoder_out_of_order() {
+    use parity_steps::Sabotage::{ChunkNotWritten, FreeWithoutHold};
+    for sabotage in [FreeWithoutHold, ChunkNotWritten] {
+        let caught = (0..300)
+            .filter(|&seed| parity_steps::run(seed, sabotage).is_err())
+            .count();
+        eprintln!("{sabotage:?}: {caught} of 300 seeds fail");
+        assert!(caught > 0, "300 runs with {sabotage:?} passed");
+    }
+}

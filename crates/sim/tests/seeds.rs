@@ -202,3 +202,34 @@ fn the_core_stepped_alone_keeps_the_copies_the_same_for_every_seed() {
     }
     eprintln!("core stepped alone: {} seeds, {writes} writes", seeds.len());
 }
+
+/// A parity volume's core stepped alone (`trireme_sim::parity_steps`), over the same seeds:
+/// writes to each region's mirrored copies, encodes and fold-backs carried out step by step,
+/// nodes lost up to M, the writer restarting; no block reads older than its last
+/// acknowledged write, and every stripe's chunks agree.
+#[test]
+fn a_parity_volumes_core_stepped_alone_reads_every_acknowledged_write_for_every_seed() {
+    use trireme_sim::parity_steps::{run, Counts, Sabotage};
+    let seeds = seeds();
+    let mut counts = Counts::default();
+    for &seed in &seeds {
+        match run(seed, Sabotage::None) {
+            Ok(c) => counts += c,
+            Err(e) => panic!(
+                "parity steps, seed {seed}: {e}\nreplay: TRIREME_SIM_TRACE=1 TRIREME_SIM_SEEDS={seed}..{} cargo test -p trireme-sim --test seeds parity -- --nocapture",
+                seed + 1
+            ),
+        }
+    }
+    eprintln!(
+        "parity stepped alone: {} seeds, {} writes, {} encodes, {} fold-backs, {} abandoned, {} rebuilt reads, {} writer restarts, {} nodes lost",
+        seeds.len(),
+        counts.writes,
+        counts.encodes,
+        counts.fold_backs,
+        counts.abandoned,
+        counts.rebuilt_reads,
+        counts.restarts,
+        counts.lost_nodes
+    );
+}

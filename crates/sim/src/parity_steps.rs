@@ -1,0 +1,724 @@
+//! A parity volume's core stepped directly: writes to each region's mirrored copies landing in
+//! any order, nodes lost for good (up to M, the layout's tolerance), the writer restarting,
+//! and the encoder and the fold-back carried out as the core hands them out, each step at a
+//! moment of the seed's choosing.
+//!
+//! The model of a node: its mirrored blocks (block → the write that last landed there; absent:
+//! never written, or trimmed) and its chunk slots ((region, slot, chunk, block) → the encode
+//! that wrote it and the K data values it coded). A data chunk reads its own value; a lost one
+//! is rebuilt from any K chunks in sync, which must come from one encode, or the rebuild is
+//! garbage. A restarted writer rebuilds its overlay from the blocks the mirrors hold and first
+//! makes the mirrors agree on them (as a mirror's writer reconciles after an unclean change).
+//!
+//! Checked, at every read the seed makes and for every block at the end: a block reads the
+//! last acknowledged write to it, or one sent after it (not yet answered, or failed: NBD leaves
+//! those undefined), never an older one; and at the end, the chunks of every stripe agree.
+//! The checker's self-tests plant flaws ([`Sabotage`]); each must fail seeds. (An encoder that
+//! reads its region with writes in flight fails none: a write acknowledged while the encode
+//! runs is never trimmed by it, so the core asks no hold for the read.)
+//!
+//! Not modelled: a lost node coming back (nodes are lost for good; its rebuild is not built),
+//! power loss of a node's unflushed chunks, discards.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use trireme_replication::{
+    Action, Answers, Decision, EncodeAction, EncodeEnd, EncodeStep, Input, Mirrored, Parity,
+    ReadFrom, Region, ReplicaOutcome, ReplicaState, TakeOutStep, Ticket, VolumeCore, CHUNK_BLOCKS,
+};
+
+use crate::Rng;
+
+const BLOCK: u64 = 4096;
+/// Events of the random part of a run.
+const EVENTS: usize = 500;
+/// Blocks written at the start of each chunk (few, so writes collide).
+const HOT: u64 = 3;
+
+/// A flaw planted on purpose, for the checker's own test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sabotage {
+    None,
+    /// The encoder trims the mirrors without holding the region against writes.
+    FreeWithoutHold,
+    /// The encoder answers its chunk writes with one node's chunk never written.
+    ChunkNotWritten,
+}
+
+/// What one run did.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Counts {
+    pub writes: u64,
+    pub encodes: u64,
+    pub fold_backs: u64,
+    pub abandoned: u64,
+    pub rebuilt_reads: u64,
+    pub restarts: u64,
+    pub lost_nodes: u64,
+}
+
+impl std::ops::AddAssign for Counts {
+    fn add_assign(&mut self, o: Counts) {
+        self.writes += o.writes;
+        self.encodes += o.encodes;
+        self.fold_backs += o.fold_backs;
+        self.abandoned += o.abandoned;
+        self.rebuilt_reads += o.rebuilt_reads;
+        self.restarts += o.restarts;
+        self.lost_nodes += o.lost_nodes;
+    }
+}
+
+/// One chunk block: the encode that wrote it and the K data values it coded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Cell {
+    encode: u64,
+    data: Vec<u64>,
+}
+
+#[derive(Debug, Default)]
+struct Node {
+    up: bool,
+    mirror: BTreeMap<u64, u64>,
+    slots: BTreeMap<(u64, u8, usize, u64), Cell>,
+}
+
+/// A write between its submit and its answers (`targets` empty while it waits).
+#[derive(Debug)]
+struct Write {
+    place: Ticket,
+    blocks: (u64, u64),
+    seq: u64,
+    targets: Vec<(usize, Option<ReplicaOutcome>)>,
+}
+
+#[derive(Debug)]
+struct Encoder {
+    region: u64,
+    id: u64,
+    place: Option<Ticket>,
+    /// Per hot block of a chunk, the K data values read.
+    read: Vec<Vec<u64>>,
+    fold_back: bool,
+    /// A trim of the mirrors sent (blocks, nodes), landing at the encoder's next event: writes
+    /// may come meanwhile, and only the region's hold keeps them from landing first.
+    trim: Option<(Vec<u64>, Vec<u32>)>,
+}
+
+struct Run {
+    rng: Rng,
+    sabotage: Sabotage,
+    parity: Parity,
+    regions: u64,
+    core: VolumeCore,
+    nodes: Vec<Node>,
+    writes: Vec<Write>,
+    gate: Vec<(u64, u64, u64)>,
+    encoder: Option<Encoder>,
+    /// The regions as the record keeps them (a switch writes here).
+    recorded: Vec<Region>,
+    seq: u64,
+    /// Per block, the last acknowledged write, and every write sent to it.
+    acked: BTreeMap<u64, u64>,
+    sent: BTreeMap<u64, BTreeSet<u64>>,
+    counts: Counts,
+    /// `TRIREME_SIM_TRACE` set: every step is printed.
+    trace: bool,
+}
+
+macro_rules! trace {
+    ($r:expr, $($a:tt)*) => {
+        if $r.trace {
+            eprintln!($($a)*);
+        }
+    };
+}
+
+/// One run of seed `seed`: what it did, or the first broken guarantee.
+pub fn run(seed: u64, sabotage: Sabotage) -> Result<Counts, String> {
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let parity = match rng.below(2) {
+        0 => Parity {
+            data: 2,
+            parity: 1,
+            mirror_share: 20,
+        },
+        _ => Parity {
+            data: 4,
+            parity: 2,
+            mirror_share: 20,
+        },
+    };
+    let regions = 2 + rng.below(2);
+    let width = usize::from(parity.data + parity.parity);
+    let nodes = (0..width)
+        .map(|_| Node {
+            up: true,
+            ..Node::default()
+        })
+        .collect();
+    let mut r = Run {
+        rng,
+        sabotage,
+        parity,
+        regions,
+        core: VolumeCore::new(&[], 0, true, 1),
+        nodes,
+        writes: Vec::new(),
+        gate: Vec::new(),
+        encoder: None,
+        recorded: vec![Region::Mirror; regions as usize],
+        seq: 0,
+        acked: BTreeMap::new(),
+        sent: BTreeMap::new(),
+        counts: Counts::default(),
+        trace: std::env::var_os("TRIREME_SIM_TRACE").is_some(),
+    };
+    r.core = r.new_core(|_| ReplicaState::InSync)?;
+    for _ in 0..EVENTS {
+        r.event()?;
+    }
+    r.settle()?;
+    Ok(r.counts)
+}
+
+impl Run {
+    fn region_blocks(&self) -> u64 {
+        u64::from(self.parity.data) * CHUNK_BLOCKS
+    }
+
+    fn new_core(&self, state: impl Fn(usize) -> ReplicaState) -> Result<VolumeCore, String> {
+        let states: Vec<(u32, ReplicaState)> = (0..self.nodes.len())
+            .map(|i| (i as u32 + 1, state(i)))
+            .collect();
+        let mut core = VolumeCore::new(&states, 0, true, 8)
+            .with_stripes(self.parity, self.regions * self.region_blocks() * BLOCK)
+            .map_err(|e| e.to_string())?;
+        for i in 0..states.len() {
+            core.attached(i, 1);
+        }
+        Ok(core)
+    }
+
+    fn event(&mut self) -> Result<(), String> {
+        // A lost node stops encodes (a stripe is made on all K+M nodes), so nodes are lost
+        // seldom: about two a run, the first one often late.
+        match self.rng.below(24) {
+            0..=5 => self.write(),
+            6..=12 => self.deliver(),
+            13..=17 => self.encode(),
+            18 | 19 => {
+                let b = self.hot_block();
+                let v = self.read(b)?;
+                self.check(b, v)
+            }
+            20 if self.rng.chance(0.1) => {
+                self.lose_node();
+                Ok(())
+            }
+            21 if self.rng.chance(0.25) => self.restart(),
+            _ => self.retry_gate(),
+        }
+    }
+
+    /// A block at the start of some chunk of some region.
+    fn hot_block(&mut self) -> u64 {
+        let region = self.rng.below(self.regions);
+        let chunk = self.rng.below(u64::from(self.parity.data));
+        region * self.region_blocks() + chunk * CHUNK_BLOCKS + self.rng.below(HOT)
+    }
+
+    fn write(&mut self) -> Result<(), String> {
+        let at = self.hot_block();
+        let len = 1 + self.rng.below(HOT - at % CHUNK_BLOCKS);
+        self.seq += 1;
+        self.submit(at, at + len, self.seq)
+    }
+
+    fn submit(&mut self, start: u64, end: u64, seq: u64) -> Result<(), String> {
+        let request = data(start, end);
+        let (place, targets) = match self.core.step(Input::Submit(request)).pop() {
+            Some(Action::Proceed {
+                place: Some(p),
+                targets,
+            }) => (p, targets),
+            Some(Action::Wait { place }) => (place, Vec::new()),
+            Some(Action::Short) => {
+                self.gate.push((start, end, seq));
+                return Ok(());
+            }
+            other => return Err(format!("a write's submit: {other:?}")),
+        };
+        for b in start..end {
+            self.sent.entry(b).or_default().insert(seq);
+        }
+        trace!(
+            self,
+            "write {seq} {start}..{end} place {place} -> {targets:?}"
+        );
+        self.writes.push(Write {
+            place,
+            blocks: (start, end),
+            seq,
+            targets: targets.into_iter().map(|t| (t, None)).collect(),
+        });
+        Ok(())
+    }
+
+    /// One target of one write in flight gets it, or fails it (its node is lost).
+    fn deliver(&mut self) -> Result<(), String> {
+        let open: Vec<(usize, usize)> = self
+            .writes
+            .iter()
+            .enumerate()
+            .flat_map(|(k, w)| {
+                w.targets
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, t)| t.1.is_none())
+                    .map(move |(j, _)| (k, j))
+            })
+            .collect();
+        let Some(&(k, j)) = open.get(self.rng.below(open.len() as u64) as usize) else {
+            return Ok(());
+        };
+        let (i, seq, blocks) = {
+            let w = &self.writes[k];
+            (w.targets[j].0, w.seq, w.blocks)
+        };
+        let up = self.nodes[i].up;
+        trace!(self, "write {seq} lands on {i}: {up}");
+        if up {
+            for b in blocks.0..blocks.1 {
+                self.nodes[i].mirror.insert(b, seq);
+            }
+        }
+        self.writes[k].targets[j].1 = Some(match up {
+            true => ReplicaOutcome::Done,
+            false => ReplicaOutcome::Failed,
+        });
+        if self.writes[k].targets.iter().all(|t| t.1.is_some()) {
+            let w = self.writes.remove(k);
+            self.answered(w)?;
+        }
+        Ok(())
+    }
+
+    fn answered(&mut self, w: Write) -> Result<(), String> {
+        let targets: Vec<usize> = w.targets.iter().map(|t| t.0).collect();
+        let outcomes: Vec<ReplicaOutcome> = w.targets.iter().filter_map(|t| t.1).collect();
+        let answers = Answers {
+            place: Some(w.place),
+            request: data(w.blocks.0, w.blocks.1),
+            targets: &targets,
+            outcomes: &outcomes,
+            from_reserve: false,
+        };
+        let mut release = false;
+        for a in self.core.step(Input::Answered(answers)) {
+            match a {
+                Action::Granted { places } => self.granted(places),
+                Action::Ack { .. } => {}
+                Action::Carry(Decision::TakeOut { replicas, .. }) => {
+                    self.take_out(&replicas)?;
+                    release = true;
+                }
+                other => return Err(format!("write {} answered: {other:?}", w.seq)),
+            }
+        }
+        for b in w.blocks.0..w.blocks.1 {
+            self.acked.insert(b, w.seq);
+        }
+        trace!(self, "write {} acked", w.seq);
+        self.counts.writes += 1;
+        if release {
+            self.release(w.place);
+        }
+        Ok(())
+    }
+
+    fn release(&mut self, place: Ticket) {
+        for a in self.core.step(Input::Release(place)) {
+            if let Action::Granted { places } = a {
+                self.granted(places);
+            }
+        }
+    }
+
+    /// Waiting writes go to the targets their grant names (a hold's grant sends nothing).
+    fn granted(&mut self, places: Vec<(Ticket, Vec<usize>)>) {
+        for (p, targets) in places {
+            if let Some(w) = self.writes.iter_mut().find(|w| w.place == p) {
+                w.targets = targets.into_iter().map(|t| (t, None)).collect();
+            }
+        }
+    }
+
+    /// Takes replica `i` out, recorded and marked, as a failed write does.
+    fn take_out(&mut self, failed: &[usize]) -> Result<(), String> {
+        let mut plan = self.core.take_out(failed, false);
+        loop {
+            match plan.step() {
+                TakeOutStep::Record(rs) => rs.into_iter().for_each(|(i, _)| plan.recorded(i)),
+                TakeOutStep::Mark(ms) => {
+                    for m in ms {
+                        plan.marked(m.survivor, self.nodes[m.survivor].up);
+                    }
+                }
+                TakeOutStep::Apply(out) | TakeOutStep::Stranded(out) => {
+                    self.core.apply(&out);
+                    return Ok(());
+                }
+                TakeOutStep::NoneLeft => return Err("no in-sync copy left".into()),
+            }
+        }
+    }
+
+    /// A node is lost for good, while fewer than M are.
+    fn lose_node(&mut self) {
+        let lost = self.nodes.iter().filter(|n| !n.up).count();
+        if lost < usize::from(self.parity.parity) {
+            let i = self.rng.below(self.nodes.len() as u64) as usize;
+            if self.nodes[i].up {
+                trace!(self, "node {i} lost");
+                self.nodes[i].up = false;
+                self.counts.lost_nodes += 1;
+            }
+        }
+    }
+
+    /// What block `b` reads now, as the core routes it; a node found lost is taken out and the
+    /// read routed again.
+    fn read(&mut self, b: u64) -> Result<u64, String> {
+        for _ in 0..=self.nodes.len() {
+            let route = match self.core.parity_read(b) {
+                Some(Ok(r)) => r,
+                other => return Err(format!("block {b} reads from nowhere: {other:?}")),
+            };
+            let sources: Vec<usize> = match &route {
+                ReadFrom::Mirror(nodes) => {
+                    let k = self.rng.below(nodes.len() as u64) as usize;
+                    vec![nodes[k] as usize - 1]
+                }
+                ReadFrom::Chunk(at) => vec![at.node as usize - 1],
+                ReadFrom::Rebuild { from, .. } => {
+                    from.iter().map(|c| c.node as usize - 1).collect()
+                }
+            };
+            if let Some(&down) = sources.iter().find(|&&i| !self.nodes[i].up) {
+                self.take_out(&[down])?;
+                continue;
+            }
+            let v = self.read_from(b, &route, sources[0]);
+            trace!(self, "read {b} via {route:?} from {}: {v:?}", sources[0]);
+            return v;
+        }
+        Err(format!("block {b}: every route met a lost node"))
+    }
+
+    fn read_from(&mut self, b: u64, route: &ReadFrom, first: usize) -> Result<u64, String> {
+        let cell = |c: &trireme_replication::ChunkAt| {
+            self.nodes[c.node as usize - 1]
+                .slots
+                .get(&(c.region, c.slot, c.chunk, c.block))
+                .cloned()
+        };
+        match route {
+            ReadFrom::Mirror(_) => Ok(self.nodes[first].mirror.get(&b).copied().unwrap_or(0)),
+            ReadFrom::Chunk(at) => Ok(cell(at).map_or(0, |c| c.data[at.chunk])),
+            ReadFrom::Rebuild { lost, from } => {
+                self.counts.rebuilt_reads += 1;
+                let cells: Vec<Option<Cell>> = from.iter().map(cell).collect();
+                let Some(Some(first)) = cells.first() else {
+                    return Ok(0);
+                };
+                if cells.iter().any(|c| c.as_ref() != Some(first)) {
+                    return Err(format!(
+                        "block {b} rebuilt from chunks of different encodes: {cells:?}"
+                    ));
+                }
+                Ok(first.data[*lost])
+            }
+        }
+    }
+
+    /// A read of `b` saw write `v`: the last acknowledged one, or one sent after it.
+    fn check(&self, b: u64, v: u64) -> Result<(), String> {
+        let acked = self.acked.get(&b).copied().unwrap_or(0);
+        let sent_after = v > acked && self.sent.get(&b).is_some_and(|s| s.contains(&v));
+        if v == acked || sent_after {
+            return Ok(());
+        }
+        Err(format!(
+            "block {b} read write {v}, but write {acked} was acknowledged there (regions {:?})",
+            self.recorded
+        ))
+    }
+
+    fn retry_gate(&mut self) -> Result<(), String> {
+        for (start, end, seq) in std::mem::take(&mut self.gate) {
+            self.submit(start, end, seq)?;
+        }
+        Ok(())
+    }
+
+    // ---- the encoder ----------------------------------------------------------------------
+
+    /// One step of the encoder: begins one, or carries out its next step.
+    fn encode(&mut self) -> Result<(), String> {
+        let Some(e) = &self.encoder else {
+            let region = self.rng.below(self.regions);
+            let fold_back = self.recorded[region as usize] != Region::Mirror;
+            if self.core.encode_begin(region).is_ok() {
+                self.encoder = Some(Encoder {
+                    region,
+                    id: self.seq * 1000 + region + 1,
+                    place: None,
+                    read: Vec::new(),
+                    fold_back,
+                    trim: None,
+                });
+            }
+            return Ok(());
+        };
+        let (region, place) = (e.region, e.place);
+        if let Some((blocks, nodes)) = self.encoder.as_mut().and_then(|e| e.trim.take()) {
+            for n in nodes {
+                let node = &mut self.nodes[n as usize - 1];
+                for b in &blocks {
+                    node.mirror.remove(b);
+                }
+            }
+            return self.answer_encode(region, true);
+        }
+        let step = match self.core.encode_next(region, place) {
+            None => return Err(format!("region {region}'s encode has no next step")),
+            Some(EncodeAction::Do(s)) => s,
+            Some(EncodeAction::Hold { start, end }) => {
+                if self.sabotage == Sabotage::FreeWithoutHold {
+                    self.core.region_map().and_then(|m| m.step(region)).unwrap()
+                } else {
+                    if place.is_none() {
+                        let p = match self.core.step(Input::Hold { start, end }).pop() {
+                            Some(Action::Proceed { place: Some(p), .. })
+                            | Some(Action::Wait { place: p }) => p,
+                            other => return Err(format!("an encode's hold: {other:?}")),
+                        };
+                        self.encoder.as_mut().unwrap().place = Some(p);
+                    }
+                    return Ok(());
+                }
+            }
+        };
+        if let EncodeStep::Free { blocks, nodes } = step {
+            trace!(self, "encode {region}: trim {blocks:?} on {nodes:?} sent");
+            self.encoder.as_mut().unwrap().trim = Some((blocks, nodes));
+            return Ok(());
+        }
+        trace!(self, "encode {region}: {step:?}");
+        let ok = self.carry(region, step)?;
+        self.answer_encode(region, ok)
+    }
+
+    /// The encode's step went well (`ok`) or failed; its hold, if any, is given up.
+    fn answer_encode(&mut self, region: u64, ok: bool) -> Result<(), String> {
+        let end = self.core.encode_answered(region, ok);
+        trace!(self, "encode {region} answered {ok}: {end:?}");
+        if let Some(p) = self.encoder.as_mut().and_then(|e| e.place.take()) {
+            self.release(p);
+        }
+        if end != EncodeEnd::Going {
+            let e = self.encoder.take().unwrap();
+            match (end, e.fold_back) {
+                (EncodeEnd::Done, false) => self.counts.encodes += 1,
+                (EncodeEnd::Done, true) => self.counts.fold_backs += 1,
+                _ => self.counts.abandoned += 1,
+            }
+        }
+        Ok(())
+    }
+
+    /// Carries out one step of the encode of `region`; whether it went well.
+    fn carry(&mut self, region: u64, step: EncodeStep) -> Result<bool, String> {
+        let k = usize::from(self.parity.data);
+        match step {
+            EncodeStep::Read { .. } => {
+                let first = region * self.region_blocks();
+                let mut read = Vec::new();
+                for at in 0..HOT {
+                    let mut values = Vec::with_capacity(k);
+                    for c in 0..k as u64 {
+                        values.push(self.read(first + c * CHUNK_BLOCKS + at)?);
+                    }
+                    read.push(values);
+                }
+                self.encoder.as_mut().unwrap().read = read;
+                Ok(true)
+            }
+            EncodeStep::Write { slot, chunks, .. } => {
+                let e = self.encoder.as_ref().unwrap();
+                let (id, read) = (e.id, e.read.clone());
+                let skip = (self.sabotage == Sabotage::ChunkNotWritten).then(|| chunks[0].node);
+                let mut ok = true;
+                for c in &chunks {
+                    let node = &mut self.nodes[c.node as usize - 1];
+                    ok &= node.up;
+                    if !node.up || skip == Some(c.node) {
+                        continue;
+                    }
+                    for (at, values) in read.iter().enumerate() {
+                        let cell = Cell {
+                            encode: id,
+                            data: values.clone(),
+                        };
+                        node.slots.insert((region, slot, c.chunk, at as u64), cell);
+                    }
+                }
+                Ok(ok)
+            }
+            EncodeStep::Flush { nodes } => Ok(nodes.iter().all(|&n| self.nodes[n as usize - 1].up)),
+            EncodeStep::Switch { to, .. } => {
+                // The record's write may fail (etcd away): the region reads as before.
+                if self.rng.chance(0.1) {
+                    return Ok(false);
+                }
+                self.recorded[region as usize] = to;
+                Ok(true)
+            }
+            EncodeStep::Free { .. } => Err("a trim is sent, not carried at once".into()),
+        }
+    }
+
+    // ---- the writer restarting --------------------------------------------------------------
+
+    /// The writer dies and a new one attaches: what was in flight may have landed on some
+    /// targets; the encode in flight is forgotten (its switch, if recorded, stays). The new
+    /// writer reads the regions from the record, makes the mirrors agree on what they hold,
+    /// and rebuilds its overlay from it.
+    fn restart(&mut self) -> Result<(), String> {
+        self.counts.restarts += 1;
+        trace!(self, "the writer restarts");
+        for w in std::mem::take(&mut self.writes) {
+            for (i, _) in w.targets {
+                if self.nodes[i].up && self.rng.chance(0.5) {
+                    for b in w.blocks.0..w.blocks.1 {
+                        self.nodes[i].mirror.insert(b, w.seq);
+                    }
+                }
+            }
+        }
+        self.gate.clear();
+        self.encoder = None;
+        let old = std::mem::replace(&mut self.core, VolumeCore::new(&[], 0, true, 1));
+        let up: Vec<bool> = (0..self.nodes.len())
+            .map(|i| self.nodes[i].up && old.set().state(i) == ReplicaState::InSync)
+            .collect();
+        self.core = self.new_core(|i| match up[i] {
+            true => ReplicaState::InSync,
+            false => ReplicaState::Outdated,
+        })?;
+        self.reconcile(&up);
+        let held: BTreeSet<u64> = (0..self.nodes.len())
+            .filter(|&i| up[i])
+            .flat_map(|i| self.nodes[i].mirror.keys().copied())
+            .collect();
+        self.core.restore_regions(self.recorded.clone(), held);
+        Ok(())
+    }
+
+    /// Every block a mirrored copy holds is copied from one copy that holds it to the other
+    /// copies of its region that are up.
+    fn reconcile(&mut self, up: &[bool]) {
+        let Some(map) = self.core.region_map() else {
+            return;
+        };
+        let stripes = map.stripes().clone();
+        let held: BTreeSet<u64> = (0..self.nodes.len())
+            .filter(|&i| up[i])
+            .flat_map(|i| self.nodes[i].mirror.keys().copied())
+            .collect();
+        for b in held {
+            let mirrors: Vec<usize> = stripes
+                .mirrors_of(stripes.region_of(b))
+                .into_iter()
+                .map(|n| n as usize - 1)
+                .filter(|&i| up[i])
+                .collect();
+            let Some(v) = mirrors
+                .iter()
+                .find_map(|&i| self.nodes[i].mirror.get(&b).copied())
+            else {
+                continue;
+            };
+            for i in mirrors {
+                self.nodes[i].mirror.insert(b, v);
+            }
+        }
+    }
+
+    // ---- the end ----------------------------------------------------------------------------
+
+    /// Everything lands and the encoder finishes; then every block reads right and every
+    /// stripe's chunks agree.
+    fn settle(&mut self) -> Result<(), String> {
+        for _ in 0..100_000 {
+            if self.writes.is_empty() && self.gate.is_empty() && self.encoder.is_none() {
+                return self.compare();
+            }
+            self.deliver()?;
+            self.retry_gate()?;
+            if self.encoder.is_some() {
+                self.encode()?;
+            }
+        }
+        Err(format!(
+            "never settled: {} writes in flight",
+            self.writes.len()
+        ))
+    }
+
+    fn compare(&mut self) -> Result<(), String> {
+        for region in 0..self.regions {
+            for c in 0..u64::from(self.parity.data) {
+                for at in 0..HOT {
+                    let b = region * self.region_blocks() + c * CHUNK_BLOCKS + at;
+                    let v = self.read(b)?;
+                    self.check(b, v)?;
+                }
+            }
+            let Region::Parity { slot } = self.recorded[region as usize] else {
+                continue;
+            };
+            let width = self.nodes.len();
+            for at in 0..HOT {
+                let cells: Vec<(usize, Option<&Cell>)> = (0..width)
+                    .filter(|&i| self.nodes[i].up)
+                    .map(|i| {
+                        let chunk = (i + width - (region as usize % width)) % width;
+                        (i, self.nodes[i].slots.get(&(region, slot, chunk, at)))
+                    })
+                    .collect();
+                let first = cells[0].1;
+                if first.is_none() || cells.iter().any(|c| c.1 != first) {
+                    return Err(format!(
+                        "region {region}'s stripe (slot {slot}) disagrees at block {at}: {cells:?}"
+                    ));
+                }
+            }
+        }
+        if self.core.places() != 0 {
+            return Err(format!(
+                "{} places left in the write order",
+                self.core.places()
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn data(start: u64, end: u64) -> Mirrored {
+    Mirrored::Data {
+        offset: start * BLOCK,
+        len: (end - start) * BLOCK,
+    }
+}
