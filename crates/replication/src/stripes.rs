@@ -544,15 +544,15 @@ impl RegionMap {
             self.encodes.remove(&region);
             return EncodeEnd::Abandoned;
         }
-        if ok {
-            match phase {
-                Phase::Switch => self.switched(region),
-                Phase::Free => self.freed(region),
-                _ => {}
-            }
+        match phase {
+            Phase::Switch if ok => self.switched(region),
+            // Failed or not, a trim may have reached some copies: its blocks read from the
+            // stripe, which holds them, never from a copy that may have lost them.
+            Phase::Free => self.freed(region),
+            _ => {}
         }
-        // After the switch a failed trim (or flush) is only space: the untrimmed blocks are
-        // overlay holding what the stripe holds, and a later fold-back frees them.
+        // After the switch a failed trim (or flush) is only space: a copy the trim missed
+        // holds what the stripe holds.
         match self.next(phase).filter(|_| ok) {
             Some(p) => {
                 if let Some(e) = self.encodes.get_mut(&region) {

@@ -483,13 +483,18 @@ impl Run {
         };
         let (region, place) = (e.region, e.place);
         if let Some((blocks, nodes)) = self.encoder.as_mut().and_then(|e| e.trim.take()) {
+            // A lost node misses it (and fails it).
+            let mut ok = true;
             for n in nodes {
                 let node = &mut self.nodes[n as usize - 1];
-                for b in &blocks {
-                    node.mirror.remove(b);
+                ok &= node.up;
+                if node.up {
+                    for b in &blocks {
+                        node.mirror.remove(b);
+                    }
                 }
             }
-            return self.answer_encode(region, true);
+            return self.answer_encode(region, ok);
         }
         let step = match self.core.encode_next(region, place) {
             None => return Err(format!("region {region}'s encode has no next step")),
