@@ -33,6 +33,7 @@ mod layout;
 mod order;
 mod quorum;
 mod read;
+mod rebuild;
 mod resize;
 mod resync;
 mod routes;
@@ -48,6 +49,7 @@ pub use layout::{Layout, LayoutError, Parity, DEFAULT_MIRROR_SHARE};
 pub use order::{RangeOrder, Ticket};
 pub use quorum::{decide, Decision, Mirrored, ReplicaOutcome, WriteFailure, WriteQuorum};
 pub use read::ReadPlan;
+pub use rebuild::{ChunkRebuild, MirrorCopy};
 pub use resize::{ResizeEnd, ResizePlan, ResizeStep};
 pub use resync::{
     all_chunks, incremental, union_chunks, union_ranges, ResyncPlan, ResyncStep, CHUNK,

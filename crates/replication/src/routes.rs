@@ -168,12 +168,18 @@ impl VolumeCore {
         Some(EncodeAction::Do(step))
     }
 
-    /// The step [`VolumeCore::encode_next`] gave was carried out (`ok`) or failed.
+    /// The step [`VolumeCore::encode_next`] gave was carried out (`ok`) or failed. Before the
+    /// switch, a node of the stripe out of sync fails it: the node may have lost its chunk.
     pub fn encode_answered(&mut self, region: u64, ok: bool) -> EncodeEnd {
-        match &mut self.regions {
-            Some(map) => map.answered(region, ok),
-            None => EncodeEnd::Abandoned,
-        }
+        let all_in_sync = (0..self.set.len()).all(|i| self.set.state(i) == ReplicaState::InSync);
+        let Some(map) = &mut self.regions else {
+            return EncodeEnd::Abandoned;
+        };
+        let before_switch = matches!(
+            map.step(region),
+            Some(EncodeStep::Read { .. } | EncodeStep::Write { .. } | EncodeStep::Flush { .. })
+        );
+        map.answered(region, ok && (all_in_sync || !before_switch))
     }
 
     /// The regions being encoded.

@@ -215,3 +215,73 @@ fn an_encode_trims_only_under_a_hold_of_its_region_and_the_list_stays_fixed() {
         Err(crate::EncodeRefusal::NotParity)
     );
 }
+
+#[test]
+fn a_returning_node_copies_its_regions_from_their_mirrors_and_rebuilds_its_chunks() {
+    use crate::MirrorCopy;
+    let mut c = parity_core([
+        ReplicaState::Outdated,
+        ReplicaState::InSync,
+        ReplicaState::InSync,
+    ]);
+    c.restore_regions(vec![Region::Parity { slot: 1 }, Region::Mirror], []);
+    // Region 0's copies are nodes 1 and 2; region 1's are 2 and 3: node 1 does not mirror it.
+    assert_eq!(c.parity_copy_source(0, 0), Some(MirrorCopy::From(1)));
+    assert_eq!(
+        c.parity_copy_source(REGION / 4096, 0),
+        Some(MirrorCopy::NotMirrored)
+    );
+    // Its chunk of the parity region (chunk 0 of region 0), from the other two.
+    let r = c.parity_rebuilds(0).unwrap();
+    assert_eq!(r.len(), 1);
+    assert_eq!((r[0].to.node, r[0].to.chunk, r[0].to.slot), (1, 0, 1));
+    let from: Vec<u32> = r[0].from.iter().map(|f| f.node).collect();
+    assert_eq!(from, vec![2, 3]);
+    // Node 2 out too: region 0 has no copy in sync, and the stripe too few chunks.
+    let c2 = parity_core([
+        ReplicaState::Outdated,
+        ReplicaState::Outdated,
+        ReplicaState::InSync,
+    ]);
+    assert_eq!(c2.parity_copy_source(0, 0), Some(MirrorCopy::NoSource));
+    let mirror = VolumeCore::new(&[(1, ReplicaState::InSync)], 0, false, 4);
+    assert_eq!(mirror.parity_copy_source(0, 0), None);
+}
+
+#[test]
+fn a_resync_waits_for_a_switch_being_recorded_and_abandons_encodes_before_theirs() {
+    use crate::{EncodeAction, EncodeEnd, EncodeStep, Refusal, ResyncProgress};
+    let progress = ResyncProgress {
+        full: true,
+        total_bytes: 0,
+        done_bytes: 0,
+        copied_bytes: 0,
+        elapsed_ms: 0,
+    };
+    let mut c = healthy();
+    c.encode_begin(0).unwrap();
+    c.encode_begin(1).unwrap();
+    // Region 0 to its switch; region 1 read only.
+    for _ in 0..3 {
+        c.encode_answered(0, true);
+    }
+    c.encode_answered(1, true);
+    assert!(matches!(
+        c.encode_next(0, None),
+        Some(EncodeAction::Do(EncodeStep::Switch { .. }))
+    ));
+    // Node 3 goes out; its resync waits while region 0's switch may be being recorded.
+    c.apply(&[(2, ReplicaState::Outdated)]);
+    assert_eq!(c.resync_start(2, 2), Err(Refusal::Switching));
+    // Region 1's write of chunks now fails: a node of its stripe is out of sync.
+    assert_eq!(c.encode_answered(1, true), EncodeEnd::Abandoned);
+    assert_eq!(c.encode_answered(0, true), EncodeEnd::Going);
+    assert!(c.resync_start(2, 2).is_ok());
+    c.encode_begin(1).unwrap_err();
+    c.resync_begun(2, progress);
+    assert_eq!(
+        c.encoding(),
+        vec![0],
+        "the switched encode goes on to its trim"
+    );
+}

@@ -416,6 +416,49 @@ impl RegionMap {
         Ok(ReadFrom::Rebuild { lost: chunk, from })
     }
 
+    /// Node `node`'s chunk of every parity region, each with K chunks on nodes `up` says are
+    /// up to rebuild it from.
+    pub fn chunks_of(
+        &self,
+        node: u32,
+        up: impl Fn(u32) -> bool,
+    ) -> Result<Vec<crate::ChunkRebuild>, Unreadable> {
+        let s = &self.stripes;
+        let Some(pos) = s.nodes.iter().position(|&n| n == node) else {
+            return Ok(Vec::new());
+        };
+        let width = s.width();
+        let mut out = Vec::new();
+        for (r, region) in self.regions.iter().enumerate() {
+            let Region::Parity { slot } = *region else {
+                continue;
+            };
+            let region = r as u64;
+            let at = |c: usize| ChunkAt {
+                node: s.node_of(region, c),
+                region,
+                slot,
+                chunk: c,
+                block: 0,
+            };
+            let own = (pos + width - (r % width)) % width;
+            let from: Vec<ChunkAt> = (0..width)
+                .filter(|&c| c != own)
+                .map(at)
+                .filter(|c| up(c.node))
+                .take(s.data)
+                .collect();
+            if from.len() < s.data {
+                return Err(Unreadable::TooFewChunks {
+                    up: from.len(),
+                    need: s.data,
+                });
+            }
+            out.push(crate::ChunkRebuild { to: at(own), from });
+        }
+        Ok(out)
+    }
+
     /// Begins encoding `region`: a mirrored one into a stripe, a parity one with overlay
     /// into a new stripe. Every node of the stripe must be up.
     pub fn begin(&mut self, region: u64, up: impl Fn(u32) -> bool) -> Result<(), EncodeRefusal> {
@@ -591,6 +634,18 @@ impl RegionMap {
         for b in blocks {
             self.overlay.remove(&b);
         }
+    }
+
+    /// Whether an encode's switch is handed out and not answered: the record may be changing.
+    pub fn switching(&self) -> bool {
+        self.encodes.values().any(|e| e.phase == Phase::Switch)
+    }
+
+    /// Abandons the encodes not yet at their switch (a node of their stripe is being brought
+    /// back: its chunk of them may be missing). Their slots are garbage no reader names.
+    pub fn abandon_unswitched(&mut self) {
+        self.encodes
+            .retain(|_, e| matches!(e.phase, Phase::Switch | Phase::Free));
     }
 
     /// Forgets the encodes in flight (the executor stopped; a restart reads the record).

@@ -34,6 +34,8 @@ pub enum Refusal {
     NoSlotLeft(usize),
     #[error("no other in-sync copy answers with its history; it is kept")]
     NoOtherAnswers,
+    #[error("a parity region's switch is being recorded; the resync begins once it is")]
+    Switching,
 }
 
 /// Whether writes may go on.
@@ -390,6 +392,10 @@ impl VolumeCore {
         if survivors.is_empty() {
             return Err(Refusal::NoneLeft);
         }
+        // Which chunks a full resync rebuilds follows from the regions: not while one changes.
+        if self.regions.as_ref().is_some_and(|m| m.switching()) {
+            return Err(Refusal::Switching);
+        }
         Ok(ResyncStart::From {
             survivors,
             incremental: incremental(state, self.records[i].incarnation, returned),
@@ -403,6 +409,9 @@ impl VolumeCore {
         }
         self.set.set_state(i, ReplicaState::Resyncing);
         self.records[i].resync = Some(progress);
+        if let Some(map) = &mut self.regions {
+            map.abandon_unswitched();
+        }
     }
 
     pub fn resync_progress(&mut self, i: usize, progress: Option<ResyncProgress>) {

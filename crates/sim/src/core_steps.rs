@@ -506,7 +506,7 @@ impl Run {
     }
 }
 
-fn progress() -> trireme_replication::ResyncProgress {
+pub(crate) fn progress() -> trireme_replication::ResyncProgress {
     trireme_replication::ResyncProgress {
         full: false,
         total_bytes: 0,

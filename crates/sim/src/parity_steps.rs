@@ -1,5 +1,7 @@
 //! A parity volume's core stepped directly: writes to each region's mirrored copies landing in
-//! any order, nodes lost for good (up to M, the layout's tolerance), the writer restarting,
+//! any order, nodes going down (up to M at once, the layout's tolerance) and coming back, some
+//! having lost their data, their resyncs (mirrored blocks copied from a copy of the same
+//! region, chunks of a node that lost its data rebuilt from K others), the writer restarting,
 //! and the encoder and the fold-back carried out as the core hands them out, each step at a
 //! moment of the seed's choosing.
 //!
@@ -17,16 +19,17 @@
 //! reads its region with writes in flight fails none: a write acknowledged while the encode
 //! runs is never trimmed by it, so the core asks no hold for the read.)
 //!
-//! Not modelled: a lost node coming back (nodes are lost for good; its rebuild is not built),
-//! power loss of a node's unflushed chunks, discards.
+//! Not modelled: power loss of a node's unflushed chunks, discards.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use trireme_replication::{
-    Action, Answers, Decision, EncodeAction, EncodeEnd, EncodeStep, Input, Mirrored, Parity,
-    ReadFrom, Region, ReplicaOutcome, ReplicaState, TakeOutStep, Ticket, VolumeCore, CHUNK_BLOCKS,
+    Action, Answers, ChunkRebuild, Decision, EncodeAction, EncodeEnd, EncodeStep, Input,
+    MirrorCopy, Mirrored, Parity, ReadFrom, Refusal, Region, ReplicaOutcome, ReplicaState,
+    ResyncStart, TakeOutStep, Ticket, VolumeCore, CHUNK_BLOCKS,
 };
 
+use crate::core_steps::progress;
 use crate::Rng;
 
 const BLOCK: u64 = 4096;
@@ -43,6 +46,8 @@ pub enum Sabotage {
     FreeWithoutHold,
     /// The encoder answers its chunk writes with one node's chunk never written.
     ChunkNotWritten,
+    /// A resync copies a block from any copy in sync, whatever region it mirrors.
+    CopyFromAnyNode,
 }
 
 /// What one run did.
@@ -55,6 +60,8 @@ pub struct Counts {
     pub rebuilt_reads: u64,
     pub restarts: u64,
     pub lost_nodes: u64,
+    pub resyncs: u64,
+    pub chunks_rebuilt: u64,
 }
 
 impl std::ops::AddAssign for Counts {
@@ -66,6 +73,8 @@ impl std::ops::AddAssign for Counts {
         self.rebuilt_reads += o.rebuilt_reads;
         self.restarts += o.restarts;
         self.lost_nodes += o.lost_nodes;
+        self.resyncs += o.resyncs;
+        self.chunks_rebuilt += o.chunks_rebuilt;
     }
 }
 
@@ -79,8 +88,25 @@ struct Cell {
 #[derive(Debug, Default)]
 struct Node {
     up: bool,
+    /// Changes when it comes back without its data.
+    incarnation: u64,
+    /// The incarnation the record names: the one last recorded in sync.
+    recorded: u64,
     mirror: BTreeMap<u64, u64>,
     slots: BTreeMap<(u64, u8, usize, u64), Cell>,
+    /// Blocks written while it was out (the survivors' marks for it).
+    missed: BTreeSet<u64>,
+    /// Its resync's blocks still to copy, and chunks still to rebuild.
+    to_copy: BTreeSet<u64>,
+    rebuilds: Vec<ChunkRebuild>,
+}
+
+/// A resync copy of one block, holding (or waiting for) the block's range.
+#[derive(Debug)]
+struct Copy {
+    place: Ticket,
+    replica: usize,
+    block: u64,
 }
 
 /// A write between its submit and its answers (`targets` empty while it waits).
@@ -113,6 +139,7 @@ struct Run {
     core: VolumeCore,
     nodes: Vec<Node>,
     writes: Vec<Write>,
+    copies: Vec<Copy>,
     gate: Vec<(u64, u64, u64)>,
     encoder: Option<Encoder>,
     /// The regions as the record keeps them (a switch writes here).
@@ -154,6 +181,8 @@ pub fn run(seed: u64, sabotage: Sabotage) -> Result<Counts, String> {
     let nodes = (0..width)
         .map(|_| Node {
             up: true,
+            incarnation: 1,
+            recorded: 1,
             ..Node::default()
         })
         .collect();
@@ -165,6 +194,7 @@ pub fn run(seed: u64, sabotage: Sabotage) -> Result<Counts, String> {
         core: VolumeCore::new(&[], 0, true, 1),
         nodes,
         writes: Vec::new(),
+        copies: Vec::new(),
         gate: Vec::new(),
         encoder: None,
         recorded: vec![Region::Mirror; regions as usize],
@@ -195,15 +225,15 @@ impl Run {
             .with_stripes(self.parity, self.regions * self.region_blocks() * BLOCK)
             .map_err(|e| e.to_string())?;
         for i in 0..states.len() {
-            core.attached(i, 1);
+            core.attached(i, self.nodes[i].recorded);
         }
         Ok(core)
     }
 
     fn event(&mut self) -> Result<(), String> {
-        // A lost node stops encodes (a stripe is made on all K+M nodes), so nodes are lost
-        // seldom: about two a run, the first one often late.
-        match self.rng.below(24) {
+        // A node down stops encodes (a stripe is made on all K+M nodes), so nodes go down
+        // seldom: about two a run.
+        match self.rng.below(28) {
             0..=5 => self.write(),
             6..=12 => self.deliver(),
             13..=17 => self.encode(),
@@ -217,6 +247,8 @@ impl Run {
                 Ok(())
             }
             21 if self.rng.chance(0.25) => self.restart(),
+            22..=24 => self.resync_step(),
+            25 if self.rng.chance(0.3) => self.come_back(),
             _ => self.retry_gate(),
         }
     }
@@ -251,6 +283,9 @@ impl Run {
         };
         for b in start..end {
             self.sent.entry(b).or_default().insert(seq);
+        }
+        if !targets.is_empty() {
+            self.mark_missed((start, end), &targets);
         }
         trace!(
             self,
@@ -320,6 +355,9 @@ impl Run {
                 Action::Granted { places } => self.granted(places),
                 Action::Ack { .. } => {}
                 Action::Carry(Decision::TakeOut { replicas, .. }) => {
+                    for &i in &replicas {
+                        self.nodes[i].missed.extend(w.blocks.0..w.blocks.1);
+                    }
                     self.take_out(&replicas)?;
                     release = true;
                 }
@@ -348,14 +386,38 @@ impl Run {
     /// Waiting writes go to the targets their grant names (a hold's grant sends nothing).
     fn granted(&mut self, places: Vec<(Ticket, Vec<usize>)>) {
         for (p, targets) in places {
-            if let Some(w) = self.writes.iter_mut().find(|w| w.place == p) {
-                w.targets = targets.into_iter().map(|t| (t, None)).collect();
+            if let Some(k) = self.writes.iter().position(|w| w.place == p) {
+                let blocks = self.writes[k].blocks;
+                self.mark_missed(blocks, &targets);
+                self.writes[k].targets = targets.into_iter().map(|t| (t, None)).collect();
             }
         }
     }
 
-    /// Takes replica `i` out, recorded and marked, as a failed write does.
+    /// The survivors mark a write for every copy it does not go to, and for every copy not
+    /// in sync even if it goes to it (so a resync cut short still finds it marked); copies not
+    /// mirroring its region skip it when they resync.
+    fn mark_missed(&mut self, blocks: (u64, u64), targets: &[usize]) {
+        for (i, node) in self.nodes.iter_mut().enumerate() {
+            if !targets.contains(&i) || self.core.set().state(i) != ReplicaState::InSync {
+                node.missed.extend(blocks.0..blocks.1);
+            }
+        }
+    }
+
+    /// Takes replicas out, recorded and marked, as a failed write does; a resync cut short
+    /// leaves what it had still to copy missed again.
     fn take_out(&mut self, failed: &[usize]) -> Result<(), String> {
+        trace!(self, "take out {failed:?}");
+        for &i in failed {
+            let node = &mut self.nodes[i];
+            let rest = std::mem::take(&mut node.to_copy);
+            node.missed.extend(rest);
+            node.rebuilds.clear();
+            if self.core.resyncing(i) {
+                self.core.resync_failed(i);
+            }
+        }
         let mut plan = self.core.take_out(failed, false);
         loop {
             match plan.step() {
@@ -374,16 +436,247 @@ impl Run {
         }
     }
 
-    /// A node is lost for good, while fewer than M are.
+    /// A node goes down, while fewer than M are out (the layout's tolerance): down, not in
+    /// sync, or about to be taken out (a write it failed is not answered yet).
     fn lose_node(&mut self) {
-        let lost = self.nodes.iter().filter(|n| !n.up).count();
-        if lost < usize::from(self.parity.parity) {
+        let failing = |i: usize| {
+            self.writes
+                .iter()
+                .any(|w| w.targets.contains(&(i, Some(ReplicaOutcome::Failed))))
+        };
+        let out = (0..self.nodes.len())
+            .filter(|&i| {
+                !self.nodes[i].up || self.core.set().state(i) != ReplicaState::InSync || failing(i)
+            })
+            .count();
+        if out < usize::from(self.parity.parity) {
             let i = self.rng.below(self.nodes.len() as u64) as usize;
             if self.nodes[i].up {
-                trace!(self, "node {i} lost");
+                trace!(self, "node {i} down");
                 self.nodes[i].up = false;
                 self.counts.lost_nodes += 1;
             }
+        }
+    }
+
+    /// A node that is down comes back, sometimes without its data; the resyncs due begin.
+    fn come_back(&mut self) -> Result<(), String> {
+        if let Some(i) = (0..self.nodes.len()).find(|&i| !self.nodes[i].up) {
+            let wiped = self.rng.chance(0.3);
+            trace!(self, "node {i} back (wiped: {wiped})");
+            let node = &mut self.nodes[i];
+            node.up = true;
+            if wiped {
+                node.incarnation += 1;
+                node.mirror.clear();
+                node.slots.clear();
+                // Its link answers as another incarnation: the writer takes it out at once,
+                // before any request reaches what it no longer holds.
+                if self.core.set().state(i) == ReplicaState::InSync {
+                    self.take_out(&[i])?;
+                }
+            }
+            // Its restart broke the links of a resync into it: that resync fails.
+            if self.core.resyncing(i) {
+                self.take_out(&[i])?;
+            }
+        }
+        self.start_resyncs()
+    }
+
+    fn start_resyncs(&mut self) -> Result<(), String> {
+        for i in self.core.to_resync(std::time::Duration::ZERO) {
+            if !self.nodes[i].up {
+                continue;
+            }
+            let incremental = match self.core.resync_start(i, self.nodes[i].incarnation) {
+                Ok(ResyncStart::From { incremental, .. }) => incremental,
+                Ok(ResyncStart::NotNeeded) | Err(Refusal::Switching) => continue,
+                Err(e) => return Err(format!("resync of {i}: {e}")),
+            };
+            let rebuilds = match incremental {
+                true => Vec::new(),
+                false => match self.core.parity_rebuilds(i) {
+                    Ok(r) => r,
+                    Err(_) => continue,
+                },
+            };
+            let all = self.hot_blocks();
+            let node = &mut self.nodes[i];
+            node.to_copy = match incremental {
+                true => std::mem::take(&mut node.missed),
+                false => all,
+            };
+            node.missed.clear();
+            node.rebuilds = rebuilds;
+            trace!(self, "resync of {i} begins (incremental: {incremental})");
+            self.core.resync_begun(i, progress());
+            self.counts.resyncs += 1;
+            self.maybe_done(i);
+        }
+        Ok(())
+    }
+
+    fn hot_blocks(&self) -> BTreeSet<u64> {
+        let mut out = BTreeSet::new();
+        for region in 0..self.regions {
+            for c in 0..u64::from(self.parity.data) {
+                let first = region * self.region_blocks() + c * CHUNK_BLOCKS;
+                out.extend(first..first + HOT);
+            }
+        }
+        out
+    }
+
+    /// One step of a resync: a copy holding its block lands; or a chunk is rebuilt; or a copy
+    /// takes its block's place in the write order.
+    fn resync_step(&mut self) -> Result<(), String> {
+        if let Some(k) = self.copies.iter().position(|c| self.core.may_hold(c.place)) {
+            let c = self.copies.remove(k);
+            self.copy(c.replica, c.block)?;
+            self.release(c.place);
+            self.maybe_done(c.replica);
+            return Ok(());
+        }
+        let busy: Vec<usize> = (0..self.nodes.len())
+            .filter(|&i| self.core.resyncing(i))
+            .filter(|&i| !self.nodes[i].to_copy.is_empty() || !self.nodes[i].rebuilds.is_empty())
+            .collect();
+        let Some(&i) = busy.get(self.rng.below(busy.len() as u64) as usize) else {
+            return Ok(());
+        };
+        if !self.nodes[i].rebuilds.is_empty() && self.rng.chance(0.5) {
+            return self.rebuild(i);
+        }
+        let pending: BTreeSet<u64> = self
+            .copies
+            .iter()
+            .filter(|c| c.replica == i)
+            .map(|c| c.block)
+            .collect();
+        let Some(&b) = self.nodes[i].to_copy.iter().find(|b| !pending.contains(b)) else {
+            return Ok(());
+        };
+        let place = match self
+            .core
+            .step(Input::Hold {
+                start: b * BLOCK,
+                end: (b + 1) * BLOCK,
+            })
+            .pop()
+        {
+            Some(Action::Proceed { place: Some(p), .. } | Action::Wait { place: p }) => p,
+            other => return Err(format!("a resync's hold: {other:?}")),
+        };
+        self.copies.push(Copy {
+            place,
+            replica: i,
+            block: b,
+        });
+        Ok(())
+    }
+
+    /// Replica `i`'s resync copies block `b` from a copy of its region in sync.
+    fn copy(&mut self, i: usize, b: u64) -> Result<(), String> {
+        if !self.core.resyncing(i) {
+            return Ok(());
+        }
+        if !self.nodes[i].up {
+            return self.take_out(&[i]);
+        }
+        let source = match self.sabotage {
+            Sabotage::CopyFromAnyNode => {
+                let s = self.core.set().in_sync().into_iter().find(|&s| s != i);
+                s.map_or(MirrorCopy::NoSource, MirrorCopy::From)
+            }
+            _ => match self.core.parity_copy_source(b, i) {
+                Some(c) => c,
+                None => return Err("a parity core without regions".into()),
+            },
+        };
+        match source {
+            MirrorCopy::NotMirrored => {}
+            MirrorCopy::NoSource => return Ok(()),
+            MirrorCopy::From(s) if !self.nodes[s].up => return self.take_out(&[s]),
+            MirrorCopy::From(s) => {
+                let v = self.nodes[s].mirror.get(&b).copied();
+                trace!(self, "resync of {i}: block {b} from {s}: {v:?}");
+                match v {
+                    Some(v) => self.nodes[i].mirror.insert(b, v),
+                    None => self.nodes[i].mirror.remove(&b),
+                };
+            }
+        }
+        self.nodes[i].to_copy.remove(&b);
+        Ok(())
+    }
+
+    /// Replica `i`'s resync rebuilds one of its chunks from K others in sync (no hold: chunks
+    /// change only by encodes, which wait for every node in sync). The sources are asked of
+    /// the core as the rebuild runs: one in sync when the resync began may be out now.
+    fn rebuild(&mut self, i: usize) -> Result<(), String> {
+        let to = self.nodes[i].rebuilds.last().expect("a rebuild").to;
+        let now = match self.core.parity_rebuilds(i) {
+            Ok(now) => now,
+            Err(_) => return Ok(()),
+        };
+        let Some(r) = now.into_iter().find(|r| r.to == to) else {
+            return Err(format!("chunk {to:?} is no longer to rebuild"));
+        };
+        if let Some(down) = r
+            .from
+            .iter()
+            .map(|c| c.node as usize - 1)
+            .find(|&n| !self.nodes[n].up)
+        {
+            return self.take_out(&[down]);
+        }
+        if !self.nodes[i].up {
+            return self.take_out(&[i]);
+        }
+        for at in 0..HOT {
+            let cells: Vec<Option<Cell>> = r
+                .from
+                .iter()
+                .map(|c| {
+                    self.nodes[c.node as usize - 1]
+                        .slots
+                        .get(&(c.region, c.slot, c.chunk, at))
+                        .cloned()
+                })
+                .collect();
+            let Some(first) = cells[0].clone() else {
+                continue;
+            };
+            if cells.iter().any(|c| c.as_ref() != Some(&first)) {
+                return Err(format!(
+                    "chunk {:?} rebuilt from different encodes: {cells:?} (from {:?})",
+                    r.to, r.from
+                ));
+            }
+            let to = &r.to;
+            self.nodes[i]
+                .slots
+                .insert((to.region, to.slot, to.chunk, at), first);
+        }
+        trace!(self, "resync of {i}: chunk {:?} rebuilt", r.to);
+        self.nodes[i].rebuilds.pop();
+        self.counts.chunks_rebuilt += 1;
+        self.maybe_done(i);
+        Ok(())
+    }
+
+    /// Replica `i`'s resync is done once nothing is left to copy or rebuild.
+    fn maybe_done(&mut self, i: usize) {
+        let node = &self.nodes[i];
+        let pending = self.copies.iter().any(|c| c.replica == i);
+        if self.core.resyncing(i) && node.to_copy.is_empty() && node.rebuilds.is_empty() && !pending
+        {
+            trace!(self, "resync of {i} done");
+            self.core.resync_done(i, node.incarnation, progress());
+            let node = &mut self.nodes[i];
+            node.recorded = node.incarnation;
+            node.missed.clear();
         }
     }
 
@@ -393,7 +686,13 @@ impl Run {
         for _ in 0..=self.nodes.len() {
             let route = match self.core.parity_read(b) {
                 Some(Ok(r)) => r,
-                other => return Err(format!("block {b} reads from nowhere: {other:?}")),
+                other => {
+                    return Err(format!(
+                        "block {b} reads from nowhere: {other:?}; states {:?}, up {:?}",
+                        self.core.set().states(),
+                        self.nodes.iter().map(|n| n.up).collect::<Vec<_>>()
+                    ))
+                }
             };
             let sources: Vec<usize> = match &route {
                 ReadFrom::Mirror(nodes) => {
@@ -497,7 +796,15 @@ impl Run {
             return self.answer_encode(region, ok);
         }
         let step = match self.core.encode_next(region, place) {
-            None => return Err(format!("region {region}'s encode has no next step")),
+            // The core abandoned it (a resync of one of its nodes began).
+            None => {
+                trace!(self, "encode {region} abandoned by the core");
+                if let Some(p) = self.encoder.take().and_then(|e| e.place) {
+                    self.release(p);
+                }
+                self.counts.abandoned += 1;
+                return Ok(());
+            }
             Some(EncodeAction::Do(s)) => s,
             Some(EncodeAction::Hold { start, end }) => {
                 if self.sabotage == Sabotage::FreeWithoutHold {
@@ -614,6 +921,14 @@ impl Run {
         }
         self.gate.clear();
         self.encoder = None;
+        self.copies.clear();
+        // A new writer's resyncs compare every block: the marks are the old writer's.
+        let all = self.hot_blocks();
+        for node in &mut self.nodes {
+            node.to_copy.clear();
+            node.rebuilds.clear();
+            node.missed = all.clone();
+        }
         let old = std::mem::replace(&mut self.core, VolumeCore::new(&[], 0, true, 1));
         let up: Vec<bool> = (0..self.nodes.len())
             .map(|i| self.nodes[i].up && old.set().state(i) == ReplicaState::InSync)
@@ -667,18 +982,30 @@ impl Run {
     /// stripe's chunks agree.
     fn settle(&mut self) -> Result<(), String> {
         for _ in 0..100_000 {
-            if self.writes.is_empty() && self.gate.is_empty() && self.encoder.is_none() {
+            let in_sync = self.core.set().in_sync().len() == self.nodes.len();
+            if self.writes.is_empty()
+                && self.gate.is_empty()
+                && self.encoder.is_none()
+                && self.copies.is_empty()
+                && in_sync
+            {
                 return self.compare();
             }
+            if let Some(i) = (0..self.nodes.len()).find(|&i| !self.nodes[i].up) {
+                self.nodes[i].up = true;
+            }
+            self.start_resyncs()?;
             self.deliver()?;
+            self.resync_step()?;
             self.retry_gate()?;
             if self.encoder.is_some() {
                 self.encode()?;
             }
         }
         Err(format!(
-            "never settled: {} writes in flight",
-            self.writes.len()
+            "never settled: {} writes in flight, states {:?}",
+            self.writes.len(),
+            self.core.set().states()
         ))
     }
 
@@ -692,6 +1019,7 @@ impl Run {
                 }
             }
             let Region::Parity { slot } = self.recorded[region as usize] else {
+                self.mirrors_agree(region)?;
                 continue;
             };
             let width = self.nodes.len();
@@ -716,6 +1044,27 @@ impl Run {
                 "{} places left in the write order",
                 self.core.places()
             ));
+        }
+        Ok(())
+    }
+}
+
+impl Run {
+    /// Every copy of mirrored region `region` holds the same blocks.
+    fn mirrors_agree(&self, region: u64) -> Result<(), String> {
+        let Some(map) = self.core.region_map() else {
+            return Ok(());
+        };
+        let mirrors = map.stripes().mirrors_of(region);
+        let first = region * self.region_blocks();
+        for b in first..first + self.region_blocks() {
+            let held: Vec<Option<u64>> = mirrors
+                .iter()
+                .map(|&n| self.nodes[n as usize - 1].mirror.get(&b).copied())
+                .collect();
+            if held.iter().any(|h| *h != held[0]) {
+                return Err(format!("mirrored block {b}: copies hold {held:?}"));
+            }
         }
         Ok(())
     }

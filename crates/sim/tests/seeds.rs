@@ -222,7 +222,7 @@ fn a_parity_volumes_core_stepped_alone_reads_every_acknowledged_write_for_every_
         }
     }
     eprintln!(
-        "parity stepped alone: {} seeds, {} writes, {} encodes, {} fold-backs, {} abandoned, {} rebuilt reads, {} writer restarts, {} nodes lost",
+        "parity stepped alone: {} seeds, {} writes, {} encodes, {} fold-backs, {} abandoned, {} rebuilt reads, {} writer restarts, {} nodes down, {} resyncs, {} chunks rebuilt",
         seeds.len(),
         counts.writes,
         counts.encodes,
@@ -230,6 +230,8 @@ fn a_parity_volumes_core_stepped_alone_reads_every_acknowledged_write_for_every_
         counts.abandoned,
         counts.rebuilt_reads,
         counts.restarts,
-        counts.lost_nodes
+        counts.lost_nodes,
+        counts.resyncs,
+        counts.chunks_rebuilt
     );
 }
