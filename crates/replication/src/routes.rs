@@ -76,6 +76,16 @@ impl VolumeCore {
         }))
     }
 
+    /// Whether a trim of `[offset, offset + len)` must be sent as zeroes: a stripe is beneath
+    /// a block of it, or being made (a trimmed copy would uncover the stripe's older data). The
+    /// writer asks in the same visit to the core as it submits the trim, so no encode begins
+    /// in between.
+    pub fn trim_needs_zeroes(&self, offset: u64, len: u64) -> bool {
+        self.regions
+            .as_ref()
+            .is_some_and(|map| blocks(offset, len).any(|b| map.beneath(b)))
+    }
+
     /// A data request was submitted: an encode of its region must not free its blocks.
     pub(crate) fn writing(&mut self, request: Mirrored) {
         if let (Some(map), Mirrored::Data { offset, len }) = (&mut self.regions, request) {
@@ -118,10 +128,12 @@ impl VolumeCore {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EncodeAction {
     /// Hold the region's bytes through the write order first ([`Input::Hold`](crate::Input))
-    /// and ask again with the place: the mirrors are trimmed with no write to the region in
-    /// flight. Without it a write sent before the trim could land before it and be trimmed.
-    /// (The read needs no hold: a write acknowledged while the encode runs is never trimmed
-    /// by it, whichever copy the read met; the simulator's `parity_steps` checks both.)
+    /// and ask again with the place: the region is read, and its mirrors trimmed, with no
+    /// request to it in flight. Without the hold, a write sent before the trim could land
+    /// before it and be trimmed; and a discard sent as a trim before the encode began (no
+    /// stripe beneath then) could land after the read, leaving the stripe with the bytes
+    /// it discarded and no overlay to say so once the writer restarts (the simulator's
+    /// `parity_steps` finds both).
     Hold {
         start: u64,
         end: u64,
@@ -148,7 +160,7 @@ impl VolumeCore {
     pub fn encode_next(&mut self, region: u64, place: Option<Ticket>) -> Option<EncodeAction> {
         let map = self.regions.as_ref()?;
         let step = map.step(region)?;
-        if matches!(step, EncodeStep::Free { .. }) {
+        if matches!(step, EncodeStep::Read { .. } | EncodeStep::Free { .. }) {
             let blocks = map.stripes().blocks_of(region);
             let (start, end) = (blocks.start * BLOCK, blocks.end * BLOCK);
             let holds = place.is_some_and(|p| {

@@ -163,12 +163,38 @@ fn a_parity_core_needs_its_k_plus_m_nodes_and_no_writer_serves_it_yet() {
 }
 
 #[test]
-fn an_encode_trims_only_under_a_hold_of_its_region_and_the_list_stays_fixed() {
+fn an_encode_reads_and_trims_only_under_a_hold_of_its_region_and_the_list_stays_fixed() {
     use crate::{EncodeAction, EncodeEnd, EncodeStep};
     let mut c = healthy();
     assert_eq!(c.encode_begin(1), Ok(()));
-    // Read, write the chunks, flush, switch: no hold needed.
-    for _ in 0..4 {
+    let hold = |c: &mut VolumeCore| {
+        let Some(Action::Proceed { place, .. }) = c
+            .step(Input::Hold {
+                start: REGION,
+                end: 2 * REGION,
+            })
+            .pop()
+        else {
+            panic!("an idle region is held at once");
+        };
+        place
+    };
+    // The read, under a hold; the chunks' write, the flush and the switch without one.
+    assert_eq!(
+        c.encode_next(1, None),
+        Some(EncodeAction::Hold {
+            start: REGION,
+            end: 2 * REGION
+        })
+    );
+    let place = hold(&mut c);
+    assert!(matches!(
+        c.encode_next(1, place),
+        Some(EncodeAction::Do(EncodeStep::Read { .. }))
+    ));
+    assert_eq!(c.encode_answered(1, true), EncodeEnd::Going);
+    c.step(Input::Release(place.unwrap()));
+    for _ in 0..3 {
         let Some(EncodeAction::Do(step)) = c.encode_next(1, None) else {
             panic!("{:?}", c.encode_next(1, None));
         };
@@ -284,4 +310,23 @@ fn a_resync_waits_for_a_switch_being_recorded_and_abandons_encodes_before_theirs
         vec![0],
         "the switched encode goes on to its trim"
     );
+}
+
+#[test]
+fn a_trim_over_a_stripe_or_an_encode_is_sent_as_zeroes() {
+    let mut c = healthy();
+    c.restore_regions(
+        vec![Region::Parity { slot: 0 }, Region::Mirror, Region::Mirror],
+        [],
+    );
+    assert!(c.trim_needs_zeroes(0, 4096), "a stripe beneath");
+    assert!(
+        !c.trim_needs_zeroes(REGION, 4096),
+        "nothing beneath a mirrored region"
+    );
+    c.encode_begin(1).unwrap();
+    assert!(c.trim_needs_zeroes(REGION, 4096), "a stripe being made");
+    assert!(!c.trim_needs_zeroes(2 * REGION, 8192));
+    let mirror = VolumeCore::new(&[(1, ReplicaState::InSync)], 0, false, 4);
+    assert!(!mirror.trim_needs_zeroes(0, 4096));
 }

@@ -359,11 +359,16 @@ impl RegionMap {
         }
     }
 
+    /// Whether a stripe is beneath `block`, or one is being made: a discard of it writes
+    /// zeroes (see [`Discard`]).
+    pub fn beneath(&self, block: u64) -> bool {
+        let r = self.stripes.region_of(block);
+        self.encodes.contains_key(&r) || matches!(self.region(block), Some(Region::Parity { .. }))
+    }
+
     /// A discard of `block` (see [`Discard`]).
     pub fn discard(&mut self, block: u64) -> Discard {
-        let r = self.stripes.region_of(block);
-        let beneath = self.encodes.contains_key(&r)
-            || matches!(self.region(block), Some(Region::Parity { .. }));
+        let beneath = self.beneath(block);
         let nodes = self.write(block);
         match beneath {
             true => Discard::Zero(nodes),

@@ -172,16 +172,23 @@ fn a_parity_volumes_core_stepped_alone_reads_every_acknowledged_write() {
     );
 }
 
-/// ...and its checker sees an encoder that trims its region with writes to it in flight, one
-/// whose stripe lacks a chunk, and a resync that copies from a node not mirroring the region.
+/// ...and its checker sees an encoder that reads or trims its region with requests to it in
+/// flight, one whose stripe lacks a chunk, a resync that copies from a node not mirroring the
+/// region, and a discard trimmed over a stripe.
 #[test]
 fn the_parity_checker_sees_an_encoder_out_of_order() {
-    use parity_steps::Sabotage::{ChunkNotWritten, CopyFromAnyNode, FreeWithoutHold};
-    for sabotage in [FreeWithoutHold, ChunkNotWritten, CopyFromAnyNode] {
-        let caught = (0..300)
+    use parity_steps::Sabotage::*;
+    for sabotage in [
+        FreeWithoutHold,
+        ReadWithoutHold,
+        ChunkNotWritten,
+        CopyFromAnyNode,
+        TrimOverStripe,
+    ] {
+        let caught = (0..1000)
             .filter(|&seed| parity_steps::run(seed, sabotage).is_err())
             .count();
-        eprintln!("{sabotage:?}: {caught} of 300 seeds fail");
-        assert!(caught > 0, "300 runs with {sabotage:?} passed");
+        eprintln!("{sabotage:?}: {caught} of 1000 seeds fail");
+        assert!(caught > 0, "1000 runs with {sabotage:?} passed");
     }
 }
