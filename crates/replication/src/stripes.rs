@@ -406,19 +406,31 @@ impl RegionMap {
         if up(own.node) {
             return Ok(ReadFrom::Chunk(own));
         }
+        let from = self.others(chunk, chunk_at, up)?;
+        Ok(ReadFrom::Rebuild { lost: chunk, from })
+    }
+
+    /// K chunks of a stripe besides chunk `own`, on nodes `up` says are up, as `at` places them.
+    fn others(
+        &self,
+        own: usize,
+        at: impl Fn(usize) -> ChunkAt,
+        up: impl Fn(u32) -> bool,
+    ) -> Result<Vec<ChunkAt>, Unreadable> {
+        let s = &self.stripes;
         let from: Vec<ChunkAt> = (0..s.width())
-            .filter(|&c| c != chunk)
-            .map(chunk_at)
+            .filter(|&c| c != own)
+            .map(at)
             .filter(|c| up(c.node))
             .take(s.data)
             .collect();
-        if from.len() < s.data {
-            return Err(Unreadable::TooFewChunks {
+        match from.len() < s.data {
+            true => Err(Unreadable::TooFewChunks {
                 up: from.len(),
                 need: s.data,
-            });
+            }),
+            false => Ok(from),
         }
-        Ok(ReadFrom::Rebuild { lost: chunk, from })
     }
 
     /// Node `node`'s chunk of every parity region, each with K chunks on nodes `up` says are
@@ -447,18 +459,7 @@ impl RegionMap {
                 block: 0,
             };
             let own = (pos + width - (r % width)) % width;
-            let from: Vec<ChunkAt> = (0..width)
-                .filter(|&c| c != own)
-                .map(at)
-                .filter(|c| up(c.node))
-                .take(s.data)
-                .collect();
-            if from.len() < s.data {
-                return Err(Unreadable::TooFewChunks {
-                    up: from.len(),
-                    need: s.data,
-                });
-            }
+            let from = self.others(own, at, &up)?;
             out.push(crate::ChunkRebuild { to: at(own), from });
         }
         Ok(out)

@@ -212,18 +212,7 @@ impl Run {
 
     /// One target of one write in flight gets it (or does not, if its replica is down).
     fn deliver(&mut self) -> Result<(), String> {
-        let open: Vec<(usize, usize)> = self
-            .flights
-            .iter()
-            .enumerate()
-            .flat_map(|(k, f)| {
-                f.targets
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, t)| t.1.is_none())
-                    .map(move |(j, _)| (k, j))
-            })
-            .collect();
+        let open = open_targets(&self.flights, |f| &f.targets);
         let Some(&(k, j)) = open.get(self.rng.below(open.len() as u64) as usize) else {
             return Ok(());
         };
@@ -321,22 +310,8 @@ impl Run {
                 self.core.resync_failed(i);
             }
         }
-        let mut plan = self.core.take_out(failed, false);
-        loop {
-            match plan.step() {
-                TakeOutStep::Record(rs) => rs.into_iter().for_each(|(i, _)| plan.recorded(i)),
-                TakeOutStep::Mark(ms) => {
-                    for m in ms {
-                        plan.marked(m.survivor, self.replicas[m.survivor].up);
-                    }
-                }
-                TakeOutStep::Apply(out) | TakeOutStep::Stranded(out) => {
-                    self.core.apply(&out);
-                    return Ok(());
-                }
-                TakeOutStep::NoneLeft => return Err("no in-sync copy left".into()),
-            }
-        }
+        let up: Vec<bool> = self.replicas.iter().map(|r| r.up).collect();
+        take_out(&mut self.core, failed, |i| up[i])
     }
 
     /// A replica goes down, unless it is the seed's steady one (the contract, as in the
@@ -504,6 +479,49 @@ impl Run {
         }
         Ok(())
     }
+}
+
+/// Takes `failed` out of `core` as a writer does: recorded, marked on the survivors `up`
+/// says answer, applied.
+pub(crate) fn take_out(
+    core: &mut VolumeCore,
+    failed: &[usize],
+    up: impl Fn(usize) -> bool,
+) -> Result<(), String> {
+    let mut plan = core.take_out(failed, false);
+    loop {
+        match plan.step() {
+            TakeOutStep::Record(rs) => rs.into_iter().for_each(|(i, _)| plan.recorded(i)),
+            TakeOutStep::Mark(ms) => {
+                for m in ms {
+                    plan.marked(m.survivor, up(m.survivor));
+                }
+            }
+            TakeOutStep::Apply(out) | TakeOutStep::Stranded(out) => {
+                core.apply(&out);
+                return Ok(());
+            }
+            TakeOutStep::NoneLeft => return Err("no in-sync copy left".into()),
+        }
+    }
+}
+
+/// The (request, target) pairs not answered yet, of requests whose targets `targets` gives.
+pub(crate) fn open_targets<T>(
+    requests: &[T],
+    targets: impl Fn(&T) -> &[(usize, Option<ReplicaOutcome>)],
+) -> Vec<(usize, usize)> {
+    requests
+        .iter()
+        .enumerate()
+        .flat_map(|(k, r)| {
+            targets(r)
+                .iter()
+                .enumerate()
+                .filter(|(_, t)| t.1.is_none())
+                .map(move |(j, _)| (k, j))
+        })
+        .collect()
 }
 
 pub(crate) fn progress() -> trireme_replication::ResyncProgress {

@@ -30,10 +30,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use trireme_replication::{
     Action, Answers, ChunkRebuild, Decision, EncodeAction, EncodeEnd, EncodeStep, Input,
     MirrorCopy, Mirrored, Parity, ReadFrom, Refusal, Region, ReplicaOutcome, ReplicaState,
-    ResyncStart, TakeOutStep, Ticket, VolumeCore, CHUNK_BLOCKS,
+    ResyncStart, Ticket, VolumeCore, CHUNK_BLOCKS,
 };
 
-use crate::core_steps::progress;
+use crate::core_steps::{open_targets, progress};
 use crate::Rng;
 
 const BLOCK: u64 = 4096;
@@ -322,18 +322,7 @@ impl Run {
 
     /// One target of one write in flight gets it, or fails it (its node is lost).
     fn deliver(&mut self) -> Result<(), String> {
-        let open: Vec<(usize, usize)> = self
-            .writes
-            .iter()
-            .enumerate()
-            .flat_map(|(k, w)| {
-                w.targets
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, t)| t.1.is_none())
-                    .map(move |(j, _)| (k, j))
-            })
-            .collect();
+        let open = open_targets(&self.writes, |w| &w.targets);
         let Some(&(k, j)) = open.get(self.rng.below(open.len() as u64) as usize) else {
             return Ok(());
         };
@@ -441,22 +430,8 @@ impl Run {
                 self.core.resync_failed(i);
             }
         }
-        let mut plan = self.core.take_out(failed, false);
-        loop {
-            match plan.step() {
-                TakeOutStep::Record(rs) => rs.into_iter().for_each(|(i, _)| plan.recorded(i)),
-                TakeOutStep::Mark(ms) => {
-                    for m in ms {
-                        plan.marked(m.survivor, self.nodes[m.survivor].up);
-                    }
-                }
-                TakeOutStep::Apply(out) | TakeOutStep::Stranded(out) => {
-                    self.core.apply(&out);
-                    return Ok(());
-                }
-                TakeOutStep::NoneLeft => return Err("no in-sync copy left".into()),
-            }
-        }
+        let up: Vec<bool> = self.nodes.iter().map(|n| n.up).collect();
+        crate::core_steps::take_out(&mut self.core, failed, |i| up[i])
     }
 
     /// A node goes down, while fewer than M are out (the layout's tolerance): down, not in
