@@ -63,6 +63,10 @@ pub enum LayoutError {
     NotServed(String),
     #[error("the volume's layout was written by a newer trireme; attach it with that version")]
     Unknown,
+    #[error("a parity {data}+{parity} volume needs {} copies, one per node; it lists {got}", data + parity)]
+    StripeNodes { data: u8, parity: u8, got: usize },
+    #[error("parity volumes: {0} is not built yet")]
+    NotBuilt(&'static str),
 }
 
 impl Parity {

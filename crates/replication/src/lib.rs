@@ -60,7 +60,7 @@ pub use set::{default_min_copies, removal, transition, ReplicaSet, ReplicaState,
 pub use step::{Action, Answers, Input};
 pub use stripes::{
     place_stripe, ChunkAt, Discard, EncodeEnd, EncodeRefusal, EncodeStep, ReadFrom, Region,
-    RegionMap, Stripes, Unreadable, CHUNK_BLOCKS,
+    RegionMap, Stripes, Unreadable, CHUNK_BLOCKS, CHUNK_SLOTS,
 };
 pub use takeout::{Mark, Step as TakeOutStep, TakeOut};
 pub use volume::{Copies, CopiesChange, Refusal, ResyncStart, VolumeCore};

@@ -107,10 +107,21 @@ impl VolumeCore {
     /// Where `block` of a parity volume reads from, with the nodes whose copies are in sync
     /// (None: a mirror, which reads by [`ReadPlan`](crate::ReadPlan)).
     pub fn parity_read(&self, block: u64) -> Option<Result<ReadFrom, Unreadable>> {
+        self.parity_read_avoiding(block, &[])
+    }
+
+    /// [`VolumeCore::parity_read`] without the nodes in `avoid` (a read from them just failed).
+    pub fn parity_read_avoiding(
+        &self,
+        block: u64,
+        avoid: &[u32],
+    ) -> Option<Result<ReadFrom, Unreadable>> {
         let map = self.regions.as_ref()?;
         let up = |node: u32| {
-            self.slot_of(node)
-                .is_some_and(|i| self.set.state(i) == ReplicaState::InSync)
+            !avoid.contains(&node)
+                && self
+                    .slot_of(node)
+                    .is_some_and(|i| self.set.state(i) == ReplicaState::InSync)
         };
         Some(map.read(block, up))
     }

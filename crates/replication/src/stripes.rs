@@ -150,7 +150,40 @@ impl Stripes {
     pub fn mirrors_of(&self, region: u64) -> Vec<u32> {
         (0..=self.parity).map(|c| self.node_of(region, c)).collect()
     }
+
+    /// Blocks a region takes on each node's replica (see [`Stripes::node_block`]).
+    pub fn stride_blocks(&self) -> u64 {
+        self.region_blocks() + CHUNK_SLOTS * self.chunk_blocks
+    }
+
+    /// Where a volume block is on a replica of the volume: every node's replica keeps, per
+    /// region, room for its mirrored blocks and then for its two chunk slots. Only the
+    /// region's M+1 mirrors write the first part and only one slot holds a chunk, so the
+    /// rest are holes in a sparse file; in exchange a block is at the same place on every
+    /// node, one request header serves all its targets, and a resync copies a range to the
+    /// same range.
+    pub fn node_block(&self, block: u64) -> u64 {
+        let (r, i) = (self.region_of(block), block % self.region_blocks());
+        r * self.stride_blocks() + i
+    }
+
+    /// Where block `at.block` of chunk `at` is on its node's replica.
+    pub fn chunk_block(&self, at: &ChunkAt) -> u64 {
+        at.region * self.stride_blocks()
+            + self.region_blocks()
+            + u64::from(at.slot) * self.chunk_blocks
+            + at.block
+    }
+
+    /// The size of each node's replica for a volume of `blocks` blocks, in blocks.
+    pub fn replica_blocks(&self, blocks: u64) -> u64 {
+        blocks.div_ceil(self.region_blocks()) * self.stride_blocks()
+    }
 }
+
+/// Chunk slots per region on a node: the stripe that serves reads and the one an encode
+/// writes before its switch.
+pub const CHUNK_SLOTS: u64 = 2;
 
 /// What a region is, as the record says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

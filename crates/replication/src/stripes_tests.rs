@@ -91,6 +91,44 @@ fn chunks_and_mirrors_rotate_so_every_node_holds_them_alike() {
     assert!(Stripes::new(&p, vec![1, 2, 3, 4, 5, 5]).is_err());
 }
 
+#[test]
+fn a_node_replica_keeps_every_region_and_both_slots_apart() {
+    let p = Parity::parse("4+2", None).unwrap();
+    let s = Stripes::new(&p, vec![1, 2, 3, 4, 5, 6]).unwrap();
+    let (rb, cb) = (s.region_blocks(), s.chunk_blocks);
+    assert_eq!(s.stride_blocks(), rb + 2 * cb);
+    // A volume of 2.5 regions takes 3 strides on every node.
+    assert_eq!(s.replica_blocks(2 * rb + rb / 2), 3 * s.stride_blocks());
+    assert_eq!(s.replica_blocks(0), 0);
+    // Every place a block or a chunk's block can be is distinct and inside the replica.
+    let regions = 3;
+    let size = s.replica_blocks(regions * rb);
+    let mut seen = BTreeSet::new();
+    for b in 0..regions * rb {
+        let at = s.node_block(b);
+        assert!(at < size && seen.insert(at), "block {b} at {at}");
+    }
+    for region in 0..regions {
+        for slot in 0..2 {
+            for block in 0..cb {
+                let at = s.chunk_block(&ChunkAt {
+                    node: 1,
+                    region,
+                    slot,
+                    chunk: 0,
+                    block,
+                });
+                assert!(at < size && seen.insert(at), "chunk block at {at}");
+            }
+        }
+    }
+    assert_eq!(seen.len() as u64, size, "no block of the replica unused");
+    // A region's blocks are contiguous on the node: one request per region.
+    assert_eq!(s.node_block(rb - 1), rb - 1);
+    assert_eq!(s.node_block(rb), s.stride_blocks());
+    assert_eq!(s.node_block(rb + 5), s.stride_blocks() + 5);
+}
+
 /// What a node holds in the model.
 #[derive(Debug, Default)]
 struct Node {
