@@ -128,8 +128,23 @@ impl Core {
 
     /// A request arrives ([`Input::Submit`]): the copies are checked, a data request takes its
     /// place, and the replicas it goes to come with the place once held.
-    pub(crate) fn submit(&self, request: Mirrored) -> Submitted<'_> {
-        match self.step(Input::Submit(request)).pop() {
+    ///
+    /// `trim`: a parity volume's discard, which comes back with whether it must be sent as
+    /// zeroes (a stripe is beneath it, or being made), asked in the same visit so that no
+    /// encode begins in between.
+    pub(crate) fn submit(&self, request: Mirrored, trim: bool) -> (Submitted<'_>, bool) {
+        let mut inner = self.inner();
+        let zeroes = match (trim, request) {
+            (true, Mirrored::Data { offset, len }) => inner.core.trim_needs_zeroes(offset, len),
+            _ => false,
+        };
+        let action = Core::step_in(&mut inner, Input::Submit(request)).pop();
+        drop(inner);
+        (self.submitted(action), zeroes)
+    }
+
+    fn submitted(&self, action: Option<Action>) -> Submitted<'_> {
+        match action {
             Some(Action::Proceed { place, targets }) => Submitted::Go(Place {
                 core: self,
                 ticket: place,
@@ -317,6 +332,7 @@ mod visits {
             min_copies: 0,
             preallocate: false,
             layout: Default::default(),
+            regions: Vec::new(),
         };
         let v = Volume::attach(info, TransportKind::Tcp, 1).await.unwrap();
         let block = |k: u64| Bytes::from(vec![k as u8; 4096]);
@@ -343,15 +359,16 @@ mod visits {
         );
     }
 
-    /// A volume kept as parity (or in a layout of a newer trireme) is not attached: this
-    /// writer would write it as a mirror. Refused before any node is reached (the addresses
-    /// here lead nowhere).
+    /// A volume kept in a layout of a newer trireme (or as parity with regions encoded, whose
+    /// overlay this writer cannot find again) is not attached: this writer would write it
+    /// as a mirror. Refused before any node is reached (the addresses here lead nowhere).
     #[tokio::test]
     async fn a_layout_this_writer_does_not_serve_is_refused_at_attach() {
         let parity = trireme_replication::Parity::parse("2+1", None).unwrap();
-        for layout in [
-            trireme_replication::Layout::Parity(parity),
-            trireme_replication::Layout::Unknown,
+        let encoded = vec![trireme_replication::Region::Parity { slot: 0 }];
+        for (layout, regions) in [
+            (trireme_replication::Layout::Parity(parity), encoded),
+            (trireme_replication::Layout::Unknown, Vec::new()),
         ] {
             let nowhere = |node| ReplicaTarget {
                 node,
@@ -370,6 +387,7 @@ mod visits {
                 min_copies: 0,
                 preallocate: false,
                 layout,
+                regions,
             };
             match Volume::attach(info, TransportKind::Tcp, 1).await {
                 Err(e @ crate::VolumeError::Layout { .. }) => {

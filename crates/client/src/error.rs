@@ -83,6 +83,21 @@ pub enum VolumeError {
     },
     #[error("volume {0}: no in-sync replica can serve the request")]
     NoReplicas(String),
+    /// A parity volume's data request in part blocks (see `parity.rs`).
+    #[error("volume {volume}: {op} of {len} bytes at {offset}: a parity volume takes whole 4096-byte blocks")]
+    Unaligned {
+        volume: String,
+        op: &'static str,
+        offset: u64,
+        len: u64,
+    },
+    /// More of a parity volume's nodes are out than it survives.
+    #[error("volume {volume}: cannot read at {offset}: {source}")]
+    Unreadable {
+        volume: String,
+        offset: u64,
+        source: trireme_replication::Unreadable,
+    },
     #[error("volume {0}: no space left on its copies' nodes (writes resume once there is)")]
     Full(String),
     #[error("volume {0}: the writer stopped (fenced or refused) while writes waited for copies")]

@@ -36,6 +36,9 @@ pub struct AttachInfo {
         skip_serializing_if = "trireme_replication::Layout::is_mirror"
     )]
     pub layout: trireme_replication::Layout,
+    /// A parity volume's regions as recorded (none yet: every region mirrored).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub regions: Vec<trireme_replication::Region>,
 }
 
 /// One replica as the client reaches it.

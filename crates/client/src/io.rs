@@ -41,12 +41,54 @@ impl Volume {
         }
     }
 
+    /// [`Volume::mirror`] for each piece of `h` within a region (a parity volume's data
+    /// request may span several; a mirror's is one piece), at once.
+    async fn mirror_pieces(&self, h: Header, payload: Bytes) -> Result<(), VolumeError> {
+        let pieces = match h.op {
+            Op::Flush => vec![(h.offset, h.length)],
+            _ => self.pieces(h.offset, h.length),
+        };
+        if pieces.len() == 1 {
+            return self.mirror(h, payload).await;
+        }
+        let sends = pieces
+            .into_iter()
+            .map(|(offset, length)| {
+                let at = (offset - h.offset) as usize;
+                let data = match payload.is_empty() {
+                    true => Bytes::new(),
+                    false => payload.slice(at..at + length as usize),
+                };
+                Box::pin(self.mirror(
+                    Header {
+                        offset,
+                        length,
+                        ..h
+                    },
+                    data,
+                )) as _
+            })
+            .collect();
+        join_all(sends).await.into_iter().collect()
+    }
+
     /// Sends `h` to every write target and acknowledges when every one holds it — or, with a
     /// control plane, when the ones that failed have been durably taken out and the survivors
     /// track what they missed. `h`'s range is held against overlapping writes until then.
     async fn mirror(&self, h: Header, payload: Bytes) -> Result<(), VolumeError> {
         self.check_space(&h)?;
         let request = mirrored(&h);
+        let trim = self.parity.is_some() && h.op == Op::WriteZeroes && h.flags & FLAG_MAY_TRIM != 0;
+        let mut h = h;
+        // A discard over a stripe is sent as zeroes: a trimmed block would read the stripe's
+        // older bytes (`Volume::parity_read`).
+        let mut submit = |request| {
+            let (submitted, zeroes) = self.core.submit(request, trim);
+            if zeroes {
+                h.flags &= !FLAG_MAY_TRIM;
+            }
+            submitted
+        };
         let wait_copies = {
             // Too few copies in sync: new writes wait before they are sent (`copies.rs`), in
             // the order they came (the gate is a fair lock), and take their places in the
@@ -54,7 +96,7 @@ impl Volume {
             // checks the copies, takes the place and names the targets in one visit to the
             // core.
             let quick = match self.copies.at_gate.load(Ordering::Acquire) {
-                0 => match self.core.submit(request) {
+                0 => match submit(request) {
                     Submitted::Go(place) => Some(place),
                     Submitted::Short => None,
                     Submitted::Refused(f) => return Err(self.refused(&h, f)),
@@ -69,7 +111,7 @@ impl Volume {
                     let _gate = self.copies_gate.lock().await;
                     loop {
                         self.enough_copies().await?;
-                        match self.core.submit(request) {
+                        match submit(request) {
                             Submitted::Go(place) => break place,
                             Submitted::Short => {}
                             Submitted::Refused(f) => return Err(self.refused(&h, f)),
@@ -158,10 +200,11 @@ impl Volume {
                     .is_some_and(|c| c.checks_payloads())
             }))
         .then(|| trireme_proto::payload_crc(&payload));
+        let sent = self.on_node(h);
         let replies = join_all(
             targets
                 .iter()
-                .map(|&i| self.call_crc(i, h, payload.clone(), crc))
+                .map(|&i| self.call_crc(i, sent, payload.clone(), crc))
                 .collect(),
         )
         .await;
@@ -204,7 +247,7 @@ impl Volume {
             // Written on one copy, refused for space on others: they get it again with leave
             // to use their reserve, so the copies never differ over it.
             tracing::warn!(volume = %self.info.name, nodes = ?replicas.iter().map(|&i| self.node(i)).collect::<Vec<_>>(), "copies refused a write for want of space while another wrote it: sending it to them again, from their reserve");
-            let mut again = h;
+            let mut again = sent;
             again.flags |= trireme_proto::FLAG_SPACE_RESERVE;
             let retried = join_all(
                 replicas
@@ -420,6 +463,9 @@ impl Volume {
         if len == 0 {
             return Ok(Bytes::new());
         }
+        if self.parity.is_some() {
+            return self.parity_read(offset, len).await;
+        }
         let f = self.read_one(self.header(Op::Read, offset, len)).await?;
         if f.payload.len() as u64 != len {
             return Err(VolumeError::Protocol {
@@ -435,6 +481,7 @@ impl Volume {
         if data.is_empty() {
             return Ok(());
         }
+        self.check_blocks("write", offset, data.len() as u64)?;
         let mut h = self.header(Op::Write, offset, data.len() as u64);
         if fua {
             h.flags |= FLAG_FUA;
@@ -457,6 +504,7 @@ impl Volume {
         if len == 0 {
             return Ok(());
         }
+        self.check_blocks(if may_trim { "trim" } else { "write zeroes" }, offset, len)?;
         let mut h = self.header(Op::WriteZeroes, offset, len);
         if may_trim {
             h.flags |= FLAG_MAY_TRIM;
@@ -491,11 +539,11 @@ impl Volume {
         data: Bytes,
     ) -> Result<(), VolumeError> {
         let Some(m) = &self.metrics else {
-            return self.mirror(h, data).await;
+            return self.mirror_pieces(h, data).await;
         };
         let t0 = tokio::time::Instant::now();
         let len = h.length;
-        let r = self.mirror(h, data).await;
+        let r = self.mirror_pieces(h, data).await;
         m.record(op, len, t0.elapsed(), r.is_ok());
         r
     }

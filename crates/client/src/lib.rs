@@ -29,6 +29,7 @@ mod failover;
 mod given;
 mod io;
 mod membership;
+mod parity;
 mod reconcile;
 mod relink;
 mod repair;
@@ -61,7 +62,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use trireme_proto::{Header, Op, Status, MAX_PAYLOAD};
-use trireme_replication::{ReplicaState, VolumeCore};
+use trireme_replication::ReplicaState;
 use trireme_transport::{Connection, ConnectionInfo, Frame, TransportKind};
 
 /// Largest read or write the client sends in one frame.
@@ -145,6 +146,8 @@ pub struct Volume {
     waiting_said: std::sync::atomic::AtomicBool,
     /// Which copies hold which extents on their slow tier, and heat owed to each (`tiers.rs`).
     tiers: tiers::TierView,
+    /// A parity volume's geometry and codec (`parity.rs`); None for a mirror.
+    parity: Option<parity::ParityIo>,
 }
 
 /// Joins futures without spawning them: the writer's fan-out stays on its own task.
@@ -248,12 +251,7 @@ impl Volume {
         // The core first: a layout it does not serve is refused before any replica is reached.
         let states: Vec<(u32, ReplicaState)> =
             info.replicas.iter().map(|r| (r.node, r.state)).collect();
-        let core = VolumeCore::new(&states, info.min_copies, membership.is_some(), MAX_SLOTS)
-            .with_layout(info.layout)
-            .map_err(|source| VolumeError::Layout {
-                volume: info.name.clone(),
-                source,
-            })?;
+        let (core, parity) = parity::core_of(&info, &states, membership.is_some(), MAX_SLOTS)?;
         let mut slots = Vec::with_capacity(MAX_SLOTS);
         for r in &info.replicas {
             let conn = if r.state == ReplicaState::InSync {
@@ -282,6 +280,7 @@ impl Volume {
             waiting_said: std::sync::atomic::AtomicBool::new(false),
             tiers: tiers::TierView::default(),
             core: core::Core::new(core),
+            parity,
             opened: tokio::time::Instant::now(),
             size: std::sync::atomic::AtomicU64::new(info.size),
             info,
@@ -349,7 +348,7 @@ impl Volume {
                 Ok(f) => {
                     let a = trireme_proto::AttachAnswer::read(&f.header);
                     let now = a.incarnation;
-                    if let Some(s) = a.size.filter(|&s| s != self.size()) {
+                    if let Some(s) = a.size.filter(|&s| s != self.replica_size(self.size())) {
                         sized.push((i, s));
                     }
                     self.core().attached(i, now);

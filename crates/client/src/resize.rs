@@ -32,6 +32,12 @@ impl Volume {
 
     /// Carries out the core's [`ResizePlan`] (see the module docs for its order).
     async fn resize_to(&self, size: u64) -> Result<(), VolumeError> {
+        if self.parity.is_some() {
+            return Err(VolumeError::Layout {
+                volume: self.info.name.clone(),
+                source: trireme_replication::LayoutError::NotBuilt("resizing"),
+            });
+        }
         if size == 0 || !size.is_multiple_of(4096) {
             return Err(VolumeError::BadSize(size));
         }
@@ -112,8 +118,9 @@ impl Volume {
         tracing::info!(volume = %self.info.name, old, size, copies, "resized");
     }
 
+    /// The header that gives a copy the size of a volume of `size` bytes.
     pub(crate) fn resize_header(&self, size: u64) -> trireme_proto::Header {
-        let mut h = self.header(Op::ResizeReplica, 0, size);
+        let mut h = self.header(Op::ResizeReplica, 0, self.replica_size(size));
         if self.info.preallocate {
             h.flags |= FLAG_PREALLOCATE;
         }

@@ -39,6 +39,7 @@ pub async fn attach_info(meta: &ClusterMeta, v: &VolumeRecord) -> Result<AttachI
         min_copies: v.min_copies(),
         preallocate: v.preallocate,
         layout: v.layout,
+        regions: Vec::new(),
     })
 }
 

@@ -1,0 +1,323 @@
+//! A parity volume's data path (issue 67): the core says where each request and block goes
+//! (`trireme_replication::routes`); this file sends them.
+//!
+//! - **Places on the nodes.** Every node's replica keeps, per region, its mirrored blocks
+//!   and two chunk slots ([`Stripes::node_block`]): a request's offset is the volume's,
+//!   translated once for all its targets ([`Volume::on_node`]).
+//! - **Writes** are split at region ends (the core refuses one that crosses) and go to the
+//!   region's mirrors as a mirror's do. Only whole 4 KiB blocks: a partial block of a parity
+//!   region would land beside the mirrors' empty space, not the stripe's bytes, and merging
+//!   them in the writer would race with the block's other writes. (An export of a parity
+//!   volume must say 4 KiB is its smallest block; none serves one yet.)
+//! - **Reads** ask the core, in one visit, where each block is: its mirrors, its chunk, or K
+//!   other chunks to rebuild it from (Reed-Solomon codes each byte position alone, so a
+//!   rebuild reads only the bytes asked for, at the same place in K chunks). A node that
+//!   fails a read is avoided and the run planned again: a mirror falls over to the next
+//!   copy, a chunk to a rebuild.
+
+use bytes::{Bytes, BytesMut};
+use trireme_erasure::{Codec, ReedSolomon};
+use trireme_proto::{Header, Op};
+use trireme_replication::{ChunkAt, ReadFrom, Stripes};
+
+use crate::{Volume, VolumeError};
+
+/// Bytes per block.
+const BLOCK: u64 = 4096;
+
+/// What a parity volume's writer keeps beside its core: the geometry, fixed at attach, and
+/// the codec.
+#[derive(Debug)]
+pub(crate) struct ParityIo {
+    pub(crate) stripes: Stripes,
+    pub(crate) codec: ReedSolomon,
+}
+
+impl ParityIo {
+    pub(crate) fn new(stripes: Stripes) -> Result<ParityIo, trireme_erasure::CodecError> {
+        let codec = ReedSolomon::new(stripes.data, stripes.parity)?;
+        Ok(ParityIo { stripes, codec })
+    }
+}
+
+/// A run of blocks that read from one place: `[start, start + len)` of the volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Run {
+    from: ReadFrom,
+    start: u64,
+    len: u64,
+}
+
+impl Run {
+    /// Whether block `b`'s place `from` continues this run.
+    fn continues(&self, from: &ReadFrom) -> bool {
+        let next = |a: &ChunkAt, b: &ChunkAt| {
+            a.node == b.node
+                && a.region == b.region
+                && a.slot == b.slot
+                && a.chunk == b.chunk
+                && b.block == a.block + self.blocks()
+        };
+        match (&self.from, from) {
+            (ReadFrom::Mirror(a), ReadFrom::Mirror(b)) => a == b,
+            (ReadFrom::Chunk(a), ReadFrom::Chunk(b)) => next(a, b),
+            (ReadFrom::Rebuild { lost: l, from: a }, ReadFrom::Rebuild { lost: m, from: b }) => {
+                l == m
+                    && a.len() == b.len()
+                    && a.iter()
+                        .zip(b)
+                        .all(|(x, y)| x.chunk == y.chunk && next(x, y))
+            }
+            _ => false,
+        }
+    }
+
+    /// Blocks the run has begun in so far (its first block and the whole ones after it).
+    fn blocks(&self) -> u64 {
+        (self.start % BLOCK + self.len).div_ceil(BLOCK)
+    }
+}
+
+impl Volume {
+    /// A parity volume's data request `h` as its targets see it: at its place in their
+    /// replicas. Anything else is sent as it is.
+    pub(crate) fn on_node(&self, mut h: Header) -> Header {
+        if let (Some(p), Op::Write | Op::WriteZeroes | Op::Read) = (&self.parity, h.op) {
+            h.offset = p.stripes.node_block(h.offset / BLOCK) * BLOCK + h.offset % BLOCK;
+        }
+        h
+    }
+
+    /// The size of each copy of a volume of `size` bytes: the same for a mirror; for parity,
+    /// every region's stride ([`Stripes::replica_blocks`]).
+    pub(crate) fn replica_size(&self, size: u64) -> u64 {
+        match &self.parity {
+            Some(p) => p.stripes.replica_blocks(size.div_ceil(BLOCK)) * BLOCK,
+            None => size,
+        }
+    }
+
+    /// Where a data request over `[offset, offset + len)` must be cut: at region ends.
+    pub(crate) fn pieces(&self, offset: u64, len: u64) -> Vec<(u64, u64)> {
+        let Some(p) = &self.parity else {
+            return vec![(offset, len)];
+        };
+        let region = p.stripes.region_blocks() * BLOCK;
+        let (mut at, end) = (offset, offset + len);
+        let mut out = Vec::new();
+        while at < end {
+            let cut = ((at / region + 1) * region).min(end);
+            out.push((at, cut - at));
+            at = cut;
+        }
+        out
+    }
+
+    /// Refuses a data request of a parity volume that is not in whole blocks.
+    pub(crate) fn check_blocks(
+        &self,
+        op: &'static str,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), VolumeError> {
+        match self.parity.is_some() && (!offset.is_multiple_of(BLOCK) || !len.is_multiple_of(BLOCK))
+        {
+            true => Err(VolumeError::Unaligned {
+                volume: self.info.name.clone(),
+                op,
+                offset,
+                len,
+            }),
+            false => Ok(()),
+        }
+    }
+
+    /// Reads `[offset, offset + len)` of a parity volume (see the module docs).
+    pub(crate) async fn parity_read(&self, offset: u64, len: u64) -> Result<Bytes, VolumeError> {
+        let mut out = BytesMut::with_capacity(len as usize);
+        for (start, len) in self.pieces(offset, len) {
+            let mut avoid = Vec::new();
+            let mut at = start;
+            while at < start + len {
+                let run = self.plan_run(at, start + len, &avoid)?;
+                match self.read_run(&run).await {
+                    Ok(bytes) => {
+                        out.extend_from_slice(&bytes);
+                        at += run.len;
+                    }
+                    Err((node, e)) if e.stops_writer() || avoid.contains(&node) => return Err(e),
+                    Err((node, e)) => {
+                        tracing::warn!(volume = %self.info.name, node, "parity read failed, reading around the node: {e}");
+                        avoid.push(node);
+                    }
+                }
+            }
+        }
+        Ok(out.freeze())
+    }
+
+    /// The run of blocks from byte `at` (before `end`) that read from one place, asked of the
+    /// core in one visit.
+    fn plan_run(&self, at: u64, end: u64, avoid: &[u32]) -> Result<Run, VolumeError> {
+        let core = self.core();
+        let unreadable = |source| VolumeError::Unreadable {
+            volume: self.info.name.clone(),
+            offset: at,
+            source,
+        };
+        let route = |b: u64| match core.parity_read_avoiding(b, avoid) {
+            Some(r) => r.map_err(unreadable),
+            None => unreachable!("only a parity volume plans runs"),
+        };
+        let mut run = Run {
+            from: route(at / BLOCK)?,
+            start: at,
+            len: (BLOCK - at % BLOCK).min(end - at),
+        };
+        while run.start + run.len < end {
+            let b = (run.start + run.len) / BLOCK;
+            match route(b) {
+                Ok(from) if run.continues(&from) => {
+                    run.len += BLOCK.min(end - run.start - run.len);
+                }
+                _ => break,
+            }
+        }
+        Ok(run)
+    }
+
+    /// Reads one run; a failure names the node that failed it.
+    async fn read_run(&self, run: &Run) -> Result<Bytes, (u32, VolumeError)> {
+        let p = self.parity.as_ref().expect("a parity volume");
+        let within = run.start % BLOCK;
+        match &run.from {
+            ReadFrom::Mirror(nodes) => {
+                let h = self.on_node(self.header(Op::Read, run.start, run.len));
+                self.read_node(nodes[0], h).await
+            }
+            ReadFrom::Chunk(at) => {
+                let offset = p.stripes.chunk_block(at) * BLOCK + within;
+                let h = self.header(Op::Read, offset, run.len);
+                self.read_node(at.node, h).await
+            }
+            ReadFrom::Rebuild { lost, from } => {
+                type Read<'a> = std::pin::Pin<
+                    Box<
+                        dyn std::future::Future<Output = Result<Bytes, (u32, VolumeError)>>
+                            + Send
+                            + 'a,
+                    >,
+                >;
+                let reads: Vec<Read<'_>> = from
+                    .iter()
+                    .map(|c| {
+                        let offset = p.stripes.chunk_block(c) * BLOCK + within;
+                        let h = self.header(Op::Read, offset, run.len);
+                        Box::pin(self.read_node(c.node, h)) as Read<'_>
+                    })
+                    .collect();
+                let mut chunks: Vec<Option<Vec<u8>>> = vec![None; p.stripes.width()];
+                for (c, r) in from.iter().zip(crate::join_all(reads).await) {
+                    chunks[c.chunk] = Some(r?.to_vec());
+                }
+                let node = from[0].node;
+                p.codec.reconstruct(&mut chunks).map_err(|e| {
+                    (
+                        node,
+                        VolumeError::Protocol {
+                            node,
+                            what: format!("rebuilding chunk {lost}: {e}"),
+                        },
+                    )
+                })?;
+                Ok(Bytes::from(chunks[*lost].take().unwrap_or_default()))
+            }
+        }
+    }
+
+    /// Reads `h` (on-node place and length) from `node`'s replica.
+    async fn read_node(&self, node: u32, h: Header) -> Result<Bytes, (u32, VolumeError)> {
+        let Some(i) = self.core().slot_of(node) else {
+            return Err((node, VolumeError::NoReplicas(self.info.name.clone())));
+        };
+        let f = self
+            .call(i, h, Bytes::new())
+            .await
+            .and_then(|f| self.expect_ok(i, f))
+            .map_err(|e| (node, e))?;
+        if f.payload.len() as u64 != h.length {
+            let what = format!("read returned {} of {} bytes", f.payload.len(), h.length);
+            return Err((node, VolumeError::Protocol { node, what }));
+        }
+        Ok(f.payload)
+    }
+}
+
+/// The core of the volume `info` describes, with its replicas in `states`, and a parity
+/// volume's geometry. A layout this writer does not serve is refused before any replica is
+/// reached.
+pub(crate) fn core_of(
+    info: &crate::AttachInfo,
+    states: &[(u32, trireme_replication::ReplicaState)],
+    managed: bool,
+    slots: usize,
+) -> Result<(trireme_replication::VolumeCore, Option<ParityIo>), VolumeError> {
+    use trireme_replication::{Layout, LayoutError, Region, VolumeCore};
+    let refused = |source| VolumeError::Layout {
+        volume: info.name.clone(),
+        source,
+    };
+    let core = VolumeCore::new(states, info.min_copies, managed, slots);
+    let Layout::Parity(p) = info.layout else {
+        return Ok((core.with_layout(info.layout).map_err(refused)?, None));
+    };
+    // Take-outs, resyncs and reconciliation copy a mirror's ranges between copies; a
+    // parity replica's ranges differ by node (chunks, and the regions it mirrors).
+    if managed {
+        return Err(refused(LayoutError::NotBuilt(
+            "a writer with a control plane (taking copies out, resyncs, encoding)",
+        )));
+    }
+    // The overlay of a parity region is what its mirrors hold, which needs the nodes to say
+    // exactly which blocks they hold.
+    if info.regions.iter().any(|r| *r != Region::Mirror) {
+        return Err(refused(LayoutError::NotBuilt(
+            "attaching a volume with regions in parity",
+        )));
+    }
+    let nodes = StripeNodes {
+        data: p.data,
+        parity: p.parity,
+        got: states.len(),
+    };
+    let core = core
+        .with_stripes(p, info.size)
+        .map_err(|_| refused(nodes.error()))?;
+    let stripes = core.region_map().map(|m| m.stripes().clone());
+    let io = stripes
+        .map(ParityIo::new)
+        .transpose()
+        .map_err(|_| refused(nodes.error()))?;
+    Ok((core, io))
+}
+
+/// The shape a parity volume's copies must have.
+struct StripeNodes {
+    data: u8,
+    parity: u8,
+    got: usize,
+}
+
+impl StripeNodes {
+    fn error(&self) -> trireme_replication::LayoutError {
+        trireme_replication::LayoutError::StripeNodes {
+            data: self.data,
+            parity: self.parity,
+            got: self.got,
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "parity_tests.rs"]
+mod tests;
