@@ -417,7 +417,11 @@ impl RegionMap {
         let s = &self.stripes;
         let region = s.region_of(block);
         let slot = match self.region(block) {
-            Some(Region::Parity { slot }) if !self.overlay.contains(&block) => slot,
+            Some(Region::Parity { slot })
+                if !self.overlay.contains(&block) || self.being_freed(block) =>
+            {
+                slot
+            }
             _ => {
                 let mut nodes = s.mirrors_of(region);
                 nodes.retain(|&n| up(n));
@@ -441,6 +445,17 @@ impl RegionMap {
         }
         let from = self.others(chunk, chunk_at, up)?;
         Ok(ReadFrom::Rebuild { lost: chunk, from })
+    }
+
+    /// Whether `block` is in a trim handed out: it reads from the stripe, which holds it, so
+    /// that a read planned from now on never reaches a copy the trim may have emptied. (An
+    /// executor lets the reads planned before the trim end before it sends it.)
+    fn being_freed(&self, block: u64) -> bool {
+        let r = self.stripes.region_of(block);
+        self.encodes
+            .get(&r)
+            .and_then(|e| e.freeing.as_ref())
+            .is_some_and(|f| f.binary_search(&block).is_ok())
     }
 
     /// K chunks of a stripe besides chunk `own`, on nodes `up` says are up, as `at` places them.
