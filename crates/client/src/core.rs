@@ -206,6 +206,11 @@ impl Core {
 }
 
 impl<'a> Place<'a> {
+    /// Its ticket in the write order, while it has one.
+    pub(crate) fn ticket(&self) -> Option<Ticket> {
+        self.ticket
+    }
+
     /// Waits until no earlier overlapping write is in flight; the range is held from then on.
     /// With it, the replicas its request goes to.
     pub(crate) async fn wait(mut self) -> (Place<'a>, Vec<usize>) {

@@ -23,6 +23,7 @@ mod activity;
 mod catch_up;
 mod copies;
 mod core;
+mod encode;
 mod error;
 mod extent_cache;
 mod failover;
@@ -42,6 +43,7 @@ mod space;
 mod tiers;
 mod verify;
 
+pub use encode::EncodeError;
 pub use error::VolumeError;
 pub use given::{AttachInfo, Connector, ReplicaTarget, VolumeOptions};
 pub use membership::{BoxFut, DegradeRefusal, Membership, MembershipError, ReplicaView};
@@ -148,6 +150,10 @@ pub struct Volume {
     tiers: tiers::TierView,
     /// A parity volume's geometry and codec (`parity.rs`); None for a mirror.
     parity: Option<parity::ParityIo>,
+    /// A parity volume's reads hold it shared from their plan to their answer; the encoder
+    /// takes it alone, briefly, before it writes a place reads planned earlier may name
+    /// (`encode.rs`).
+    read_gate: tokio::sync::RwLock<()>,
 }
 
 /// Joins futures without spawning them: the writer's fan-out stays on its own task.
@@ -281,6 +287,7 @@ impl Volume {
             tiers: tiers::TierView::default(),
             core: core::Core::new(core),
             parity,
+            read_gate: tokio::sync::RwLock::new(()),
             opened: tokio::time::Instant::now(),
             size: std::sync::atomic::AtomicU64::new(info.size),
             info,

@@ -14,6 +14,12 @@
 //!   rebuild reads only the bytes asked for, at the same place in K chunks). A node that
 //!   fails a read is avoided and the run planned again: a mirror falls over to the next
 //!   copy, a chunk to a rebuild.
+//! - **Reads and the encoder.** A read holds the read gate from its plan to its answer. The
+//!   encoder writes a chunk slot no reader is sent to now, and trims mirrored blocks that
+//!   read from the new stripe once the trim is handed out; but a read planned before may
+//!   still be on its way there, so the encoder waits for the gate before either. Without
+//!   the wait, `io_during_encodes_reads_the_last_write` (4 streams a node) read zeroes
+//!   from a mirror trimmed under the read in every run.
 
 use bytes::{Bytes, BytesMut};
 use trireme_erasure::{Codec, ReedSolomon};
@@ -139,6 +145,8 @@ impl Volume {
             let mut avoid = Vec::new();
             let mut at = start;
             while at < start + len {
+                // From its plan to its answer: the encoder does not reuse what it names.
+                let _gate = self.read_gate.read().await;
                 let run = self.plan_run(at, start + len, &avoid)?;
                 match self.read_run(&run).await {
                     Ok(bytes) => {

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use trireme_replication::{Layout, Parity, ReplicaState, Stripes};
+use trireme_replication::{Layout, Parity, Region, ReplicaState, Stripes};
 use trireme_store::{MemoryStore, Replica, Store};
 use trireme_transport::TransportKind;
 
@@ -173,4 +173,294 @@ async fn a_parity_volume_is_refused_where_it_cannot_be_served() {
         .await
         .unwrap_err();
     assert!(e.to_string().contains("not built yet"), "{e}");
+}
+
+/// A node whose store fails reads once `faults` says `read=1` (`FaultyStore`).
+async fn faulty_node(
+    id: u32,
+    replica_size: u64,
+    faults: &std::path::Path,
+) -> (ReplicaTarget, Arc<dyn Replica>) {
+    let inner: Arc<dyn Store> = Arc::new(MemoryStore::default());
+    let store = Arc::new(trireme_store::FaultyStore::new(inner, faults));
+    let replica = store.create(VOLUME, replica_size).expect("create replica");
+    let node = Arc::new(trireme_node::Node::new(id, store));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(trireme_transport::tcp::serve(listener, node));
+    let target = ReplicaTarget {
+        node: id,
+        addr,
+        local_addr: None,
+        state: ReplicaState::InSync,
+        incarnation: 0,
+    };
+    (target, replica)
+}
+
+/// Removes the fault spec however the test ends.
+struct Spec(std::path::PathBuf);
+
+impl Drop for Spec {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[tokio::test]
+async fn an_encoded_region_reads_from_its_chunks_and_around_a_failed_node() {
+    let mut c = cluster().await;
+    // Node 3's store fails reads when told to.
+    let spec = Spec(std::env::temp_dir().join(format!("trireme-parity-{}", std::process::id())));
+    let replica_size = c.stripes.replica_blocks(c.info.size / 4096) * 4096;
+    let (t, r) = faulty_node(3, replica_size, &spec.0).await;
+    c.info.replicas[2] = t;
+    c.replicas[2] = r;
+    let size = c.info.size;
+    let region = c.stripes.region_blocks() * 4096;
+    let v = Volume::attach(c.info.clone(), TransportKind::Tcp, 1)
+        .await
+        .unwrap();
+    let data = pattern(0, size as usize, 7);
+    v.write(0, data.clone(), false).await.unwrap();
+    let mut model = data.to_vec();
+    let records = std::sync::Mutex::new(Vec::new());
+    let record = |region, kind| {
+        records.lock().unwrap().push((region, kind));
+        async { Ok::<(), String>(()) }
+    };
+    // Region 1 into a stripe in slot 0: recorded, and its mirrors trimmed.
+    let kind = v.encode(1, &record).await.unwrap();
+    assert_eq!(kind, Region::Parity { slot: 0 });
+    assert_eq!(
+        *records.lock().unwrap(),
+        vec![(1, Region::Parity { slot: 0 })]
+    );
+    let at = c.stripes.node_block(c.stripes.region_blocks()) * 4096;
+    for (k, replica) in c.replicas.iter().enumerate() {
+        let mut buf = vec![0u8; region as usize];
+        replica.read(at, &mut buf).unwrap();
+        assert!(
+            buf.iter().all(|&b| b == 0),
+            "region 1's mirror on node {}",
+            k + 1
+        );
+    }
+    assert!(
+        v.read(0, size).await.unwrap()[..] == model[..],
+        "read from the stripe"
+    );
+    // Each chunk is where the geometry says, and the parity matches.
+    let chunk = (c.stripes.chunk_blocks * 4096) as usize;
+    let mut stripe = Vec::new();
+    for ch in 0..3 {
+        let node = c.stripes.node_of(1, ch);
+        let at = trireme_replication::ChunkAt {
+            node,
+            region: 1,
+            slot: 0,
+            chunk: ch,
+            block: 0,
+        };
+        let mut buf = vec![0u8; chunk];
+        c.replicas[node as usize - 1]
+            .read(c.stripes.chunk_block(&at) * 4096, &mut buf)
+            .unwrap();
+        stripe.push(buf);
+    }
+    let start = region as usize;
+    assert!(stripe[0] == model[start..start + chunk]);
+    assert!(stripe[1] == model[start + chunk..start + 2 * chunk]);
+    let codec = trireme_erasure::ReedSolomon::new(2, 1).unwrap();
+    use trireme_erasure::Codec;
+    let refs: Vec<&[u8]> = stripe.iter().map(|c| &c[..]).collect();
+    assert!(codec.verify(&refs).unwrap(), "the stripe's parity holds");
+    // A write over the stripe lands in the overlay and reads back over it.
+    let over = pattern(region + 8192, 8192, 9);
+    v.write(region + 8192, over.clone(), false).await.unwrap();
+    model[start + 8192..start + 16384].copy_from_slice(&over);
+    // A discard over the stripe goes as zeroes: a trim would uncover the stripe's bytes.
+    v.write_zeroes(region + 65536, 4096, true, false)
+        .await
+        .unwrap();
+    model[start + 65536..start + 69632].fill(0);
+    assert!(
+        v.read(0, size).await.unwrap()[..] == model[..],
+        "overlay over stripe"
+    );
+    // Node 3 fails every read: its chunks are rebuilt from the other two, its mirrored
+    // blocks read from their other copy.
+    std::fs::write(&spec.0, "read=1").unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    let mut buf = vec![0u8; 4096];
+    assert!(
+        c.replicas[2].read(0, &mut buf).is_err(),
+        "node 3 fails reads"
+    );
+    assert_eq!(
+        c.stripes.node_of(1, 1),
+        3,
+        "and holds data chunk 1 of region 1"
+    );
+    assert!(
+        v.read(0, size).await.unwrap()[..] == model[..],
+        "degraded read"
+    );
+    std::fs::remove_file(&spec.0).unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    // Folding the overlay back writes the other slot, and frees the overlay.
+    let kind = v.encode(1, &record).await.unwrap();
+    assert_eq!(kind, Region::Parity { slot: 1 });
+    assert!(
+        v.read(0, size).await.unwrap()[..] == model[..],
+        "after the fold-back"
+    );
+    for (k, replica) in c.replicas.iter().enumerate() {
+        let mut buf = vec![0u8; region as usize];
+        replica.read(at, &mut buf).unwrap();
+        assert!(
+            buf.iter().all(|&b| b == 0),
+            "overlay freed on node {}",
+            k + 1
+        );
+    }
+    // Nothing to fold back now, and no such region.
+    let e = v.encode(1, &record).await.unwrap_err();
+    assert!(e.to_string().contains("nothing to fold back"), "{e}");
+    let e = v.encode(3, &record).await.unwrap_err();
+    assert!(e.to_string().contains("past the volume's end"), "{e}");
+}
+
+#[tokio::test]
+async fn an_encode_whose_switch_is_not_recorded_changes_nothing() {
+    let c = cluster().await;
+    let size = c.info.size;
+    let v = Volume::attach(c.info.clone(), TransportKind::Tcp, 1)
+        .await
+        .unwrap();
+    let data = pattern(0, size as usize, 3);
+    v.write(0, data.clone(), false).await.unwrap();
+    let refuse = |_, _| async { Err::<(), String>("the record is fenced".into()) };
+    let e = v.encode(0, refuse).await.unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("abandoned at its switch step: the record is fenced"),
+        "{e}"
+    );
+    assert!(
+        v.read(0, size).await.unwrap() == data,
+        "still read from the mirrors"
+    );
+    // The mirrors keep every block; the next encode may go again.
+    let ok = |_, _| async { Ok::<(), String>(()) };
+    assert_eq!(v.encode(0, ok).await.unwrap(), Region::Parity { slot: 0 });
+    assert!(v.read(0, size).await.unwrap() == data);
+}
+
+/// Writes, discards and reads go on while regions are encoded and folded back over and
+/// over: every read returns the last write (one task writes, so the model is exact).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn io_during_encodes_reads_the_last_write() {
+    let c = cluster().await;
+    let size = c.info.size;
+    let blocks = size / 4096;
+    // Several streams per node: a read and a trim sent after it may land in either order.
+    let v = Arc::new(
+        Volume::attach(c.info.clone(), TransportKind::Tcp, 4)
+            .await
+            .unwrap(),
+    );
+    let io = {
+        let v = v.clone();
+        tokio::spawn(async move {
+            let mut model = vec![0u8; size as usize];
+            let mut x = 0x2545_f491_4f6c_dd1du64;
+            let mut next = move || {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x
+            };
+            for n in 0..600u64 {
+                let b = next() % (blocks * 2 / 3);
+                let len = (1 + next() % 4).min(blocks * 2 / 3 - b);
+                let (at, bytes) = (b * 4096, (len * 4096) as usize);
+                let range = at as usize..at as usize + bytes;
+                match n % 10 {
+                    0 => {
+                        v.write_zeroes(at, bytes as u64, true, false).await.unwrap();
+                        model[range].fill(0);
+                    }
+                    1..=3 => {
+                        let got = v.read(at, bytes as u64).await.unwrap();
+                        if got[..] != model[range.clone()] {
+                            let tags = |d: &[u8]| -> Vec<u8> {
+                                d.chunks(4096)
+                                    .enumerate()
+                                    .map(|(k, c)| c[0] ^ (b + k as u64) as u8)
+                                    .collect()
+                            };
+                            panic!(
+                                "read {n} at block {b}: got tags {:?}, want {:?}",
+                                tags(&got),
+                                tags(&model[range])
+                            );
+                        }
+                    }
+                    _ => {
+                        let data = pattern(at, bytes, n as u8);
+                        v.write(at, data.clone(), false).await.unwrap();
+                        model[range].copy_from_slice(&data);
+                    }
+                }
+            }
+            model
+        })
+    };
+    // Region 2 holds the same bytes throughout (rewritten with them, so it has overlay to
+    // fold back): reads of it, concurrent with everything, always see them.
+    let region = c.stripes.region_blocks() * 4096;
+    let fixed = pattern(2 * region, region as usize, 0xa5);
+    v.write(2 * region, fixed.clone(), false).await.unwrap();
+    let same = {
+        let (v, fixed) = (v.clone(), fixed.clone());
+        tokio::spawn(async move {
+            let mut reads = 0u64;
+            for n in 0..3000u64 {
+                let b = (n * 37) % (region / 4096 - 3);
+                let (at, len) = (b * 4096, 3 * 4096);
+                match n % 3 {
+                    0 => {
+                        let data = fixed.slice(at as usize..(at + len) as usize);
+                        v.write(2 * region + at, data, false).await.unwrap();
+                    }
+                    _ => {
+                        let got = v.read(2 * region + at, len).await.unwrap();
+                        assert!(
+                            got[..] == fixed[at as usize..(at + len) as usize],
+                            "read {n}"
+                        );
+                        reads += 1;
+                    }
+                }
+            }
+            reads
+        })
+    };
+    let ok = |_, _| async { Ok::<(), String>(()) };
+    let mut encoded = 0;
+    while !io.is_finished() || !same.is_finished() {
+        for r in 0..3 {
+            // Nothing to fold back is the only refusal expected.
+            match v.encode(r, ok).await {
+                Ok(_) => encoded += 1,
+                Err(e) => assert!(e.to_string().contains("nothing to fold back"), "{e}"),
+            }
+        }
+    }
+    assert!(same.await.unwrap() > 0);
+    let mut model = io.await.unwrap();
+    model[2 * region as usize..].copy_from_slice(&fixed);
+    assert!(encoded >= 3, "{encoded} encodes");
+    assert!(v.read(0, size).await.unwrap()[..] == model[..]);
 }

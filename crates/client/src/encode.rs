@@ -1,0 +1,206 @@
+//! The encoder's executor (issue 67): carries out, one step at a time, what the core hands
+//! out for an encode of a parity volume's region (`VolumeCore::encode_next`).
+//!
+//! | step | done here |
+//! |---|---|
+//! | hold | a place in the write order over the region, kept through the step that asked |
+//! | read | the region as it reads now (`parity.rs`), cut into K chunks and coded |
+//! | write | each of the K+M chunks to its node, in the slot the record does not name |
+//! | flush | every node of the stripe, so the chunks are durable before the switch |
+//! | switch | the region's new kind through the caller's recorder: the one step that changes what reads see |
+//! | free | the blocks the core fixed, trimmed from the region's mirrors |
+//!
+//! A step that fails before the switch abandons the encode (the written slot is garbage no
+//! reader names); after it, a failed trim is only space.
+
+use std::future::Future;
+
+use bytes::Bytes;
+use trireme_erasure::Codec;
+use trireme_proto::{Header, Op, FLAG_MAY_TRIM};
+use trireme_replication::{EncodeAction, EncodeEnd, EncodeRefusal, EncodeStep, Region};
+
+use crate::core::Place;
+use crate::{join_all, Volume, VolumeError};
+
+/// Bytes per block.
+const BLOCK: u64 = 4096;
+
+/// Why an encode did not end with its region in parity.
+#[derive(Debug, thiserror::Error)]
+pub enum EncodeError {
+    #[error("volume {volume}: region {region} not encoded: {source}")]
+    Refused {
+        volume: String,
+        region: u64,
+        source: EncodeRefusal,
+    },
+    /// A step before the switch failed: the region reads as before.
+    #[error("volume {volume}: encoding region {region} abandoned at its {step} step{}", why.as_ref().map(|w| format!(": {w}")).unwrap_or_default())]
+    Abandoned {
+        volume: String,
+        region: u64,
+        step: &'static str,
+        why: Option<String>,
+    },
+}
+
+impl Volume {
+    /// Encodes `region` of a parity volume into a stripe (a mirrored region), or folds its
+    /// overlay back into a new stripe (a parity one). `record` makes the switch durable: it
+    /// is called once, with the region and its new kind, after the stripe is durable on
+    /// every node, and must not return before the record holds it.
+    pub async fn encode<R, F>(&self, region: u64, record: R) -> Result<Region, EncodeError>
+    where
+        R: Fn(u64, Region) -> F,
+        F: Future<Output = Result<(), String>>,
+    {
+        let refused = |source| EncodeError::Refused {
+            volume: self.info.name.clone(),
+            region,
+            source,
+        };
+        self.core().encode_begin(region).map_err(refused)?;
+        let mut place: Option<Place<'_>> = None;
+        let mut chunks: Vec<Vec<u8>> = Vec::new();
+        loop {
+            let ticket = place.as_ref().and_then(Place::ticket);
+            let next = self.core().encode_next(region, ticket);
+            let step = match next {
+                Some(EncodeAction::Hold { start, end }) => {
+                    place = Some(self.core.acquire(start, end).await);
+                    continue;
+                }
+                Some(EncodeAction::Do(step)) => step,
+                None => unreachable!("an encode begun hands out steps until it ends"),
+            };
+            if matches!(step, EncodeStep::Write { .. } | EncodeStep::Free { .. }) {
+                // Reads planned before this step may name what it overwrites or trims.
+                drop(self.read_gate.write().await);
+            }
+            let (name, done) = self.encode_step(&step, &mut chunks, &record).await;
+            if let Err(why) = &done {
+                tracing::warn!(volume = %self.info.name, region, step = name, "encode step failed: {why}");
+            }
+            let end = self.core().encode_answered(region, done.is_ok());
+            // The hold served the read or the trim that asked for it.
+            place = None;
+            match end {
+                EncodeEnd::Going => {}
+                EncodeEnd::Done => {
+                    let kind = self
+                        .core()
+                        .region_map()
+                        .map(|m| m.regions()[region as usize]);
+                    return Ok(kind.unwrap_or(Region::Mirror));
+                }
+                EncodeEnd::Abandoned => {
+                    return Err(EncodeError::Abandoned {
+                        volume: self.info.name.clone(),
+                        region,
+                        step: name,
+                        why: done.err(),
+                    })
+                }
+            }
+        }
+    }
+
+    /// Carries out one step; its name, and why it failed.
+    async fn encode_step<R, F>(
+        &self,
+        step: &EncodeStep,
+        chunks: &mut Vec<Vec<u8>>,
+        record: &R,
+    ) -> (&'static str, Result<(), String>)
+    where
+        R: Fn(u64, Region) -> F,
+        F: Future<Output = Result<(), String>>,
+    {
+        match step {
+            EncodeStep::Read { region } => ("read", self.encode_read(*region, chunks).await),
+            EncodeStep::Write { chunks: at, .. } => {
+                let p = self.parity.as_ref().expect("a parity volume");
+                let writes = at.iter().map(|c| {
+                    let offset = p.stripes.chunk_block(c) * BLOCK;
+                    let data = Bytes::from(std::mem::take(&mut chunks[c.chunk]));
+                    let h = self.header(Op::Write, offset, data.len() as u64);
+                    (c.node, h, data)
+                });
+                ("write", self.to_nodes(writes.collect()).await)
+            }
+            EncodeStep::Flush { nodes } => {
+                let flushes = nodes
+                    .iter()
+                    .map(|&n| (n, self.header(Op::Flush, 0, 0), Bytes::new()))
+                    .collect();
+                ("flush", self.to_nodes(flushes).await)
+            }
+            EncodeStep::Switch { region, to } => ("switch", record(*region, *to).await),
+            EncodeStep::Free { blocks, nodes } => {
+                let mut trims = Vec::new();
+                for (start, len) in runs(blocks) {
+                    let mut h = self.header(Op::WriteZeroes, start * BLOCK, len * BLOCK);
+                    h.flags |= FLAG_MAY_TRIM;
+                    let h = self.on_node(h);
+                    trims.extend(nodes.iter().map(|&n| (n, h, Bytes::new())));
+                }
+                ("free", self.to_nodes(trims).await)
+            }
+        }
+    }
+
+    /// Reads `region` as it reads now and codes it into its K+M chunks.
+    async fn encode_read(&self, region: u64, chunks: &mut Vec<Vec<u8>>) -> Result<(), String> {
+        let p = self.parity.as_ref().expect("a parity volume");
+        let blocks = p.stripes.blocks_of(region);
+        let start = blocks.start * BLOCK;
+        // The volume's last region may be short: the rest of its stripe is zeroes.
+        let len = (blocks.end * BLOCK).min(self.size()).saturating_sub(start);
+        let mut data = self
+            .parity_read(start, len)
+            .await
+            .map_err(|e| e.to_string())?
+            .to_vec();
+        data.resize(((blocks.end - blocks.start) * BLOCK) as usize, 0);
+        let chunk = (p.stripes.chunk_blocks * BLOCK) as usize;
+        let data: Vec<&[u8]> = data.chunks(chunk).collect();
+        let parity = p.codec.encode(&data).map_err(|e| e.to_string())?;
+        *chunks = data.into_iter().map(<[u8]>::to_vec).chain(parity).collect();
+        Ok(())
+    }
+
+    /// Sends each request to its node at once; the first failure, if any.
+    async fn to_nodes(&self, sends: Vec<(u32, Header, Bytes)>) -> Result<(), String> {
+        let calls = sends
+            .into_iter()
+            .map(|(node, h, data)| {
+                Box::pin(async move {
+                    let i = self
+                        .core()
+                        .slot_of(node)
+                        .ok_or_else(|| VolumeError::NoReplicas(self.info.name.clone()))?;
+                    let f = self.call(i, h, data).await?;
+                    self.expect_ok(i, f).map(|_| ())
+                }) as _
+            })
+            .collect();
+        let results: Vec<Result<(), VolumeError>> = join_all(calls).await;
+        results
+            .into_iter()
+            .collect::<Result<(), _>>()
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// Sorted blocks as runs of (first block, count).
+fn runs(blocks: &[u64]) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &b in blocks {
+        match out.last_mut() {
+            Some((s, n)) if *s + *n == b => *n += 1,
+            _ => out.push((b, 1)),
+        }
+    }
+    out
+}
