@@ -12,6 +12,8 @@
 //! - **Overlay needs no record**: the mirrors' copies of a parity region are trimmed once its
 //!   stripe is in place, so whatever they still hold is overlay. After a crash the overlay
 //!   is what they hold ([`RegionMap::restore`]); the record names only each region's kind.
+//!   That needs the nodes to say exactly which blocks they hold, which no store does yet
+//!   (ARCHITECTURE.md, "The overlay after a crash").
 //! - **Encoding** (a mirrored region into a stripe, or a parity region with its overlay into
 //!   a new stripe, the fold-back): read, write the K+M chunks into the slot the map does not
 //!   name, make them durable on all K+M nodes, switch the region in the record, trim the
