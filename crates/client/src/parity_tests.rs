@@ -464,3 +464,65 @@ async fn io_during_encodes_reads_the_last_write() {
     assert!(encoded >= 3, "{encoded} encodes");
     assert!(v.read(0, size).await.unwrap()[..] == model[..]);
 }
+
+/// A node that fails the chunk writes abandons the encode: nothing recorded, the region
+/// reads from its mirrors as before. With two of three nodes failing reads, a stripe's block
+/// cannot be read and says so; nothing wrong is returned.
+#[tokio::test]
+async fn failures_abandon_an_encode_and_too_many_fail_a_read_cleanly() {
+    let mut c = cluster().await;
+    let dir = std::env::temp_dir();
+    let pid = std::process::id();
+    let specs: Vec<Spec> = (2..=3)
+        .map(|n| Spec(dir.join(format!("trireme-parity-f{n}-{pid}"))))
+        .collect();
+    let replica_size = c.stripes.replica_blocks(c.info.size / 4096) * 4096;
+    for (k, n) in (2..=3u32).enumerate() {
+        let (t, r) = faulty_node(n, replica_size, &specs[k].0).await;
+        c.info.replicas[n as usize - 1] = t;
+        c.replicas[n as usize - 1] = r;
+    }
+    let size = c.info.size;
+    let v = Volume::attach(c.info.clone(), TransportKind::Tcp, 1)
+        .await
+        .unwrap();
+    let data = pattern(0, size as usize, 5);
+    v.write(0, data.clone(), false).await.unwrap();
+    let recorded = std::sync::Mutex::new(0);
+    let record = |_, _| {
+        *recorded.lock().unwrap() += 1;
+        async { Ok::<(), String>(()) }
+    };
+    let wait = || tokio::time::sleep(std::time::Duration::from_millis(150));
+    std::fs::write(&specs[1].0, "write=1").unwrap();
+    wait().await;
+    let e = v.encode(0, &record).await.unwrap_err();
+    assert!(e.to_string().contains("abandoned at its write step"), "{e}");
+    assert_eq!(*recorded.lock().unwrap(), 0, "nothing recorded");
+    std::fs::remove_file(&specs[1].0).unwrap();
+    wait().await;
+    assert!(v.read(0, size).await.unwrap() == data, "read as before");
+    // Encoded, then two nodes fail every read: region 0's stripe cannot be read.
+    assert_eq!(
+        v.encode(0, &record).await.unwrap(),
+        Region::Parity { slot: 0 }
+    );
+    for s in &specs {
+        std::fs::write(&s.0, "read=1").unwrap();
+    }
+    wait().await;
+    // Block 0 is in chunk 0, on node 1: read as it is. Chunk 1 is on node 2.
+    assert!(v.read(0, 4096).await.unwrap()[..] == data[..4096]);
+    assert_eq!(c.stripes.node_of(0, 1), 2);
+    let at = c.stripes.chunk_blocks * 4096;
+    let Err(e) = v.read(at, 4096).await else {
+        panic!("a block with its chunk's node and one other out read back");
+    };
+    assert!(matches!(e, VolumeError::Unreadable { .. }), "{e}");
+    assert!(e.to_string().contains("fewer than the 2 it takes"), "{e}");
+    for s in &specs {
+        std::fs::remove_file(&s.0).unwrap();
+    }
+    wait().await;
+    assert!(v.read(0, size).await.unwrap() == data, "whole again");
+}
