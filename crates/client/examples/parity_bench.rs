@@ -1,10 +1,10 @@
 //! A parity volume against a 3-way mirror on the same three nodes, side by side (issue 67).
 //!
-//! `cargo run --release -p trireme-client --example parity_bench -- [SECONDS] [MIB] [DIR]`
+//! `cargo run --release -p trireme-client --example parity_bench -- [SECONDS] [MIB] [DIR] [K+M]`
 //!
-//! Three nodes in this process, each over a sparse file store (O_DIRECT) in DIR (default
-//! /var/tmp), served over TCP on 127.0.0.1. A 2+1 parity volume and a 3-way mirror of MIB
-//! MiB each (default 256). Each phase runs SECONDS seconds (default 5) per volume, the two
+//! K+M nodes (default 2+1) in this process, each over a sparse file store (O_DIRECT) in DIR
+//! (default /var/tmp), served over TCP on 127.0.0.1. A K+M parity volume on all of them and
+//! a 3-way mirror on the first three, of MIB MiB each (default 256). Each phase runs SECONDS seconds (default 5) per volume, the two
 //! volumes taking turns in two rounds so drift on a shared host hits both; the table gives
 //! each side's total and their ratio.
 //!
@@ -34,6 +34,7 @@ struct Args {
     seconds: u64,
     size: u64,
     dir: PathBuf,
+    parity: Parity,
 }
 
 fn args() -> Result<Args, String> {
@@ -52,6 +53,8 @@ fn args() -> Result<Args, String> {
         dir: a
             .get(2)
             .map_or_else(|| PathBuf::from("/var/tmp"), PathBuf::from),
+        parity: Parity::parse(a.get(3).map_or("2+1", String::as_str), None)
+            .map_err(|e| e.to_string())?,
     })
 }
 
@@ -207,7 +210,7 @@ async fn main() {
     let a = match args() {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("parity_bench: {e}\nusage: parity_bench [SECONDS] [MIB] [DIR]");
+            eprintln!("parity_bench: {e}\nusage: parity_bench [SECONDS] [MIB] [DIR] [K+M]");
             std::process::exit(2);
         }
     };
@@ -215,20 +218,22 @@ async fn main() {
         a.dir
             .join(format!("trireme-parity-bench-{}", std::process::id())),
     );
-    // Only node 3 reads this spec: the others' never exists.
+    // Only the last node reads this spec: the others' never exists.
     let faults = work.0.join("faults");
-    let parity = Parity::parse("2+1", None).unwrap();
-    let stripes = Stripes::new(&parity, vec![1, 2, 3]).unwrap();
+    let parity = a.parity;
+    let width = u32::from(parity.data + parity.parity);
+    let stripes = Stripes::new(&parity, (1..=width).collect()).unwrap();
     let size = a.size.div_ceil(stripes.region_blocks() * 4096) * stripes.region_blocks() * 4096;
     let replica = stripes.replica_blocks(size / 4096) * 4096;
     let sizes = [(PARITY, replica), (MIRROR, size)];
     let mut targets = Vec::new();
-    for id in 1..=3 {
+    for id in 1..=width {
         let spec = match id {
-            3 => faults.clone(),
+            n if n == width => faults.clone(),
             _ => work.0.join("no-faults"),
         };
-        targets.push(node(id, &work.0, &spec, &sizes).await);
+        let holds = if id <= 3 { &sizes[..] } else { &sizes[..1] };
+        targets.push(node(id, &work.0, &spec, holds).await);
     }
     let p = Arc::new(
         Volume::attach(
@@ -241,7 +246,7 @@ async fn main() {
     );
     let m = Arc::new(
         Volume::attach(
-            info(MIRROR, size, targets, Layout::Mirror),
+            info(MIRROR, size, targets[..3].to_vec(), Layout::Mirror),
             TransportKind::Tcp,
             1,
         )
@@ -260,7 +265,7 @@ async fn main() {
     let blocks = size / 4096;
     let region_blocks = stripes.region_blocks();
     let regions = blocks / region_blocks;
-    println!("parity 2+1 against a 3-way mirror, three nodes in one process (file stores in {}, TCP on 127.0.0.1), {} MiB each, {} s a phase", work.0.display(), size >> 20, a.seconds);
+    println!("parity {}+{} on {width} nodes against a 3-way mirror on three of them, all in one process (file stores in {}, TCP on 127.0.0.1), {} MiB each, {} s a phase", parity.data, parity.parity, work.0.display(), size >> 20, a.seconds);
     println!();
     println!("| 4 KiB random | mirror IOPS | parity IOPS | parity/mirror | mirror p50 us | parity p50 us |");
     println!("|---|---|---|---|---|---|");
@@ -302,8 +307,8 @@ async fn main() {
         "reads of stripes, QD1, healthy",
         side_by_side(&m, &p, Io::Read, 1, a.seconds, cold.clone()).await,
     );
-    // Healthy and with node 3 failing every read (a third of the blocks rebuilt from the
-    // other two chunks), taking turns.
+    // Healthy and with the last node failing every read (its chunks rebuilt from K
+    // others), taking turns.
     let (mut healthy, mut degraded) = (Tally::default(), Tally::default());
     for _ in 0..2 {
         healthy.add(run(&p, Io::Read, 1, a.seconds.div_ceil(2), cold.clone()).await);
@@ -318,7 +323,7 @@ async fn main() {
     println!("|---|---|---|---|");
     for (what, t) in [
         ("healthy", &mut healthy),
-        ("node 3 failing every read", &mut degraded),
+        ("the last node failing every read", &mut degraded),
     ] {
         println!(
             "| {what} | {:.0} | {:.0} | {:.0} |",
