@@ -25,6 +25,7 @@
 //! | `next-snapshot-id` | the next snapshot id (never reused) | no |
 //! | `trash/<id>` | [`TrashRecord`]: a deleted volume waiting for its purge | no |
 //! | `next-volume-id` | the next volume id (ids are never reused) | no |
+//! | `regions/<id>/<group>` | a parity volume's regions, 4096 a key, one character each (`regions.rs`) | no |
 //!
 //! Values are JSON. Every read-modify-write compares the `mod_revision` it read and retries on
 //! a conflict, so two writers on two hosts never lose each other's update. A [`ClusterMeta`]
@@ -43,6 +44,7 @@ mod events;
 mod exports;
 mod members;
 mod records;
+mod regions;
 mod reports;
 mod requests;
 mod snapshots;
@@ -61,6 +63,7 @@ pub use answers::WriterAnswer;
 pub use events::{ClusterEvent, EVENTS_KEPT, EVENTS_PER_CALL};
 pub use exports::{NvmfExportRecord, MAX_EXPORT_HOSTS};
 pub use records::*;
+
 pub use reports::{IoRates, ReportedLink, ReportedReplica, WriterReport, MAX_REPORT};
 pub use snapshots::{SnapshotAsk, SnapshotRecord, SnapshotState};
 pub use trash::TrashRecord;

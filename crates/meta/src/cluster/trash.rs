@@ -131,6 +131,7 @@ impl ClusterMeta {
 
     /// Forgets a trashed volume once its replicas are gone (the purge's last step).
     pub async fn forget_trashed(&self, id: u64) -> Result<(), MetaError> {
+        self.forget_regions(id).await?;
         self.write(vec![], vec![Op::delete(Self::trash_key(id))])
             .await?
             .ok_or_else(|| MetaError::Refused("trash: conflicting write".into()))?;

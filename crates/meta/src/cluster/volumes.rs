@@ -278,7 +278,11 @@ impl ClusterMeta {
             )
             .await?;
         match done {
-            Some(_) => Ok(v),
+            Some(_) => {
+                // Keyed by an id never reused: left behind, they would be only garbage.
+                self.forget_regions(v.id).await?;
+                Ok(v)
+            }
             None => Err(MetaError::Refused(format!(
                 "volume {name:?} changed while it was being deleted; try again"
             ))),

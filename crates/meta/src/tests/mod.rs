@@ -7,6 +7,7 @@ use std::time::Duration;
 
 mod events;
 mod records;
+mod regions;
 
 use crate::kv::{CmpOp, Compare, MetaStore, Op, Target, Txn};
 use crate::{
