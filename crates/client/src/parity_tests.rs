@@ -22,7 +22,15 @@ fn geometry() -> (Parity, Stripes, u64) {
 
 /// A node over a memory store holding the volume's replica, and that replica.
 async fn node(id: u32, replica_size: u64) -> (ReplicaTarget, Arc<dyn Replica>) {
-    let store = Arc::new(MemoryStore::default());
+    serve(id, Arc::new(MemoryStore::default()), replica_size).await
+}
+
+/// A node over `store`, served over TCP on 127.0.0.1, holding the volume's replica.
+async fn serve(
+    id: u32,
+    store: Arc<dyn Store>,
+    replica_size: u64,
+) -> (ReplicaTarget, Arc<dyn Replica>) {
     let replica = store.create(VOLUME, replica_size).expect("create replica");
     let node = Arc::new(trireme_node::Node::new(id, store));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -175,27 +183,19 @@ async fn a_parity_volume_is_refused_where_it_cannot_be_served() {
     assert!(e.to_string().contains("not built yet"), "{e}");
 }
 
-/// A node whose store fails reads once `faults` says `read=1` (`FaultyStore`).
+/// A node whose store fails what `faults` says (`FaultyStore`), e.g. `read=1`.
 async fn faulty_node(
     id: u32,
     replica_size: u64,
     faults: &std::path::Path,
 ) -> (ReplicaTarget, Arc<dyn Replica>) {
     let inner: Arc<dyn Store> = Arc::new(MemoryStore::default());
-    let store = Arc::new(trireme_store::FaultyStore::new(inner, faults));
-    let replica = store.create(VOLUME, replica_size).expect("create replica");
-    let node = Arc::new(trireme_node::Node::new(id, store));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    tokio::spawn(trireme_transport::tcp::serve(listener, node));
-    let target = ReplicaTarget {
-        node: id,
-        addr,
-        local_addr: None,
-        state: ReplicaState::InSync,
-        incarnation: 0,
-    };
-    (target, replica)
+    serve(
+        id,
+        Arc::new(trireme_store::FaultyStore::new(inner, faults)),
+        replica_size,
+    )
+    .await
 }
 
 /// Removes the fault spec however the test ends.
