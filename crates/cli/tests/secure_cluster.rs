@@ -381,6 +381,8 @@ fn a_client_on_the_access_list_that_is_not_the_writer_changes_nothing() {
             ask("in-sync"),
             serde_json::json!({"cmd": "set_volume_size", "name": "v", "epoch": epoch,
                 "size": 1u64 << 20}),
+            serde_json::json!({"cmd": "set_region", "name": "v", "id": 1, "epoch": epoch,
+                "region": 0, "to": {"kind": "parity", "slot": 0}}),
             serde_json::json!({"cmd": "detach", "name": "v", "epoch": epoch}),
             serde_json::json!({"cmd": "writer_release", "name": "v", "epoch": epoch}),
             serde_json::json!({"cmd": "writer_report", "name": "v", "epoch": epoch,
@@ -389,17 +391,17 @@ fn a_client_on_the_access_list_that_is_not_the_writer_changes_nothing() {
                 "record": {"epoch": 0, "host": "x", "pid": 1, "exports": []}}),
         ],
     );
-    assert_eq!(got.len(), 7, "{got:?}");
-    for line in &got[..6] {
+    assert_eq!(got.len(), 8, "{got:?}");
+    for line in &got[..7] {
         assert!(
             line.contains("client carol is not volume v's writer") && line.contains("client alice"),
             "{line}"
         );
     }
     assert!(
-        got[6].contains("may not fence") && got[6].contains("client alice"),
+        got[7].contains("may not fence") && got[7].contains("client alice"),
         "{}",
-        got[6]
+        got[7]
     );
     // Nor may alice shrink her own volume through a size record.
     let got = control_as(
@@ -408,9 +410,13 @@ fn a_client_on_the_access_list_that_is_not_the_writer_changes_nothing() {
         &[
             serde_json::json!({"cmd": "set_volume_size", "name": "v", "epoch": epoch,
             "size": 1u64 << 20}),
+            // Her region records reach the metadata, which refuses them for a mirror.
+            serde_json::json!({"cmd": "set_region", "name": "v", "id": 1, "epoch": epoch,
+                "region": 0, "to": {"kind": "parity", "slot": 0}}),
         ],
     );
     assert!(got[0].contains("does not shrink"), "{got:?}");
+    assert!(got[1].contains("not a parity volume"), "{got:?}");
     // An NVMe/TCP export record goes through the manager too: only for a client on the access
     // list, only within bounds.
     let export = |ana: &str| {

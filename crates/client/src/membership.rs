@@ -63,6 +63,16 @@ pub trait Membership: Send + Sync + std::fmt::Debug {
         epoch: u64,
         size: u64,
     ) -> BoxFut<'a, Result<(), MembershipError>>;
+    /// Records that a parity volume's `region` is `to` now (an encode's switch): durable
+    /// when it returns. Refused unless `epoch` is the current epoch of the volume of id `id`.
+    fn record_region<'a>(
+        &'a self,
+        volume: &'a str,
+        id: u64,
+        epoch: u64,
+        region: u64,
+        to: trireme_replication::Region,
+    ) -> BoxFut<'a, Result<(), MembershipError>>;
 }
 
 /// One replica as the writer sees it now.

@@ -178,6 +178,15 @@ pub enum Request {
         epoch: u64,
         size: u64,
     },
+    /// The writer of `epoch` on volume `id` switched a parity volume's `region` to `to`
+    /// (the encoder's one step that changes what reads see): recorded.
+    SetRegion {
+        name: String,
+        id: u64,
+        epoch: u64,
+        region: u64,
+        to: trireme_replication::Region,
+    },
     /// Resize a volume through its writer: grow it (online), or shrink it when nobody writes
     /// it and `allow_shrink`.
     VolumeResize {
@@ -289,6 +298,7 @@ impl Request {
                 | Request::NvmfExport { .. }
                 | Request::SetReplicaState { .. }
                 | Request::SetVolumeSize { .. }
+                | Request::SetRegion { .. }
                 | Request::Detach { .. }
         )
     }

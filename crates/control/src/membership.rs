@@ -93,6 +93,27 @@ impl Membership for ControlMembership {
             .map(|_| ())
         })
     }
+
+    fn record_region<'a>(
+        &'a self,
+        volume: &'a str,
+        id: u64,
+        epoch: u64,
+        region: u64,
+        to: trireme_replication::Region,
+    ) -> BoxFut<'a, Result<(), MembershipError>> {
+        Box::pin(async move {
+            self.call::<serde_json::Value>(Request::SetRegion {
+                name: volume.to_string(),
+                id,
+                epoch,
+                region,
+                to,
+            })
+            .await
+            .map(|_| ())
+        })
+    }
 }
 
 #[cfg(test)]

@@ -140,6 +140,23 @@ impl Membership for MetaMembership {
             .map_err(membership_error)
         })
     }
+
+    fn record_region<'a>(
+        &'a self,
+        volume: &'a str,
+        id: u64,
+        epoch: u64,
+        region: u64,
+        to: trireme_replication::Region,
+    ) -> BoxFut<'a, Result<(), MembershipError>> {
+        Box::pin(async move {
+            until_reachable("recording a parity region", || {
+                self.rec.record_region(volume, id, epoch, region, to)
+            })
+            .await
+            .map_err(membership_error)
+        })
+    }
 }
 
 /// An attached volume: the writer, its lease, and what keeps the lease.

@@ -207,6 +207,31 @@ impl Recorder {
         Ok(())
     }
 
+    /// Records a parity region the writer of `epoch` on volume `id` switched.
+    pub async fn record_region(
+        &self,
+        name: &str,
+        id: u64,
+        epoch: u64,
+        region: u64,
+        to: trireme_replication::Region,
+    ) -> Result<(), MetaError> {
+        match self {
+            Recorder::Direct(m) => m.record_region(name, id, epoch, region, to).await,
+            Recorder::Manager { .. } => {
+                self.call::<serde_json::Value>(&Request::SetRegion {
+                    name: name.to_string(),
+                    id,
+                    epoch,
+                    region,
+                    to,
+                })
+                .await?;
+                Ok(())
+            }
+        }
+    }
+
     /// The writer's report of `name` (`lease`: the writer's attach lease, for a report
     /// written straight in the store; through the manager, the attach record's).
     pub async fn report(

@@ -705,6 +705,7 @@ impl Manager {
             req @ (Request::SetReplicaState { .. }
             | Request::Detach { .. }
             | Request::SetVolumeSize { .. }
+            | Request::SetRegion { .. }
             | Request::WriterAttach { .. }
             | Request::WriterReattach { .. }
             | Request::WriterRelease { .. }

@@ -68,6 +68,21 @@ impl Membership for ManagerMembership {
             Ok(())
         })
     }
+    fn record_region<'a>(
+        &'a self,
+        volume: &'a str,
+        id: u64,
+        epoch: u64,
+        region: u64,
+        to: trireme_replication::Region,
+    ) -> BoxFut<'a, std::result::Result<(), MembershipError>> {
+        Box::pin(async move {
+            self.get()?
+                .set_region(volume, id, epoch, region, to)
+                .await?;
+            Ok(())
+        })
+    }
 }
 
 /// A writer the manager attached for itself; give it back with [`Manager::release_own`].

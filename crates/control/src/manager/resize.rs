@@ -192,6 +192,18 @@ impl Manager {
         outcome
     }
 
+    /// The writer of `epoch` on volume `id` records a parity region it switched.
+    pub async fn set_region(
+        &self,
+        name: &str,
+        id: u64,
+        epoch: u64,
+        region: u64,
+        to: trireme_replication::Region,
+    ) -> Result<()> {
+        Ok(self.meta.record_region(name, id, epoch, region, to).await?)
+    }
+
     /// The writer of `epoch` records the size it resized `name` to.
     pub async fn set_volume_size(&self, name: &str, epoch: u64, size: u64) -> Result<VolumeRecord> {
         Ok(super::records::record_size(&self.meta, name, epoch, size).await?)

@@ -180,6 +180,17 @@ impl Manager {
                 self.set_volume_size(&name, epoch, size).await
             }
             .await),
+            Request::SetRegion {
+                name,
+                id,
+                epoch,
+                region,
+                to: kind,
+            } => to(async {
+                self.check_writer(peer, &name, epoch).await?;
+                self.set_region(&name, id, epoch, region, kind).await
+            }
+            .await),
             other => Err(ManagerError::Refused(format!(
                 "not a writer's request: {other:?}"
             ))),
