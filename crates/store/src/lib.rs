@@ -30,6 +30,7 @@ pub mod disk_model;
 pub mod faulty;
 mod file;
 pub mod filter;
+pub mod held;
 pub mod ledger;
 mod map;
 mod memory;
