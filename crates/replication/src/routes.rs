@@ -205,6 +205,15 @@ impl VolumeCore {
         map.answered(region, ok && (all_in_sync || !before_switch))
     }
 
+    /// The region the encoder should take next, by each region's `heat` (see
+    /// [`RegionMap::to_encode`]), keeping the layout's mirrored share; None for a mirror.
+    pub fn region_to_encode(&self, heat: impl Fn(u64) -> u64) -> Option<u64> {
+        let Layout::Parity(p) = self.layout else {
+            return None;
+        };
+        self.regions.as_ref()?.to_encode(p.mirror_share, heat)
+    }
+
     /// The regions being encoded.
     pub fn encoding(&self) -> Vec<u64> {
         self.regions

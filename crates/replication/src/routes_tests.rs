@@ -330,3 +330,25 @@ fn a_trim_over_a_stripe_or_an_encode_is_sent_as_zeroes() {
     let mirror = VolumeCore::new(&[(1, ReplicaState::InSync)], 0, false, 4);
     assert!(!mirror.trim_needs_zeroes(0, 4096));
 }
+
+/// The core offers the coldest mirrored region while over the layout's share (20% here: one
+/// of four regions), and nothing to a mirror.
+#[test]
+fn the_core_offers_regions_to_encode_by_the_layouts_share() {
+    let mut c = healthy();
+    let heat = |r: u64| [3, 0, 2, 1][r as usize];
+    assert_eq!(c.region_to_encode(heat), Some(1));
+    c.restore_regions(
+        vec![
+            Region::Parity { slot: 0 },
+            Region::Parity { slot: 0 },
+            Region::Parity { slot: 0 },
+            Region::Mirror,
+        ],
+        [],
+    );
+    // 25% mirrored is over 20%: the last mirrored region goes too.
+    assert_eq!(c.region_to_encode(heat), Some(3));
+    let mirror = VolumeCore::new(&[(1, ReplicaState::InSync)], 0, false, 4);
+    assert_eq!(mirror.region_to_encode(heat), None);
+}

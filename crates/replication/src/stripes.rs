@@ -372,6 +372,32 @@ impl RegionMap {
         (mirrored * 100 / self.regions.len().max(1)) as u64
     }
 
+    /// The region the encoder should take next, by `heat` (a region's recent writes, as the
+    /// writer counts them): while more than `share` percent of the regions are mirrored,
+    /// the coldest mirrored one; else the parity region with the most overlay (the most
+    /// mirrored space a fold-back frees), the colder first among equals. None: nothing to do.
+    /// Regions being encoded are not offered again.
+    pub fn to_encode(&self, share: u8, heat: impl Fn(u64) -> u64) -> Option<u64> {
+        let free = |r: &u64| !self.encodes.contains_key(r);
+        let kind = |r: u64| self.regions[r as usize];
+        let all = 0..self.regions.len() as u64;
+        if self.mirrored_percent() > u64::from(share) {
+            return all
+                .filter(|&r| kind(r) == Region::Mirror)
+                .filter(free)
+                .min_by_key(|&r| (heat(r), r));
+        }
+        let mut overlay: BTreeMap<u64, u64> = BTreeMap::new();
+        for &b in &self.overlay {
+            *overlay.entry(self.stripes.region_of(b)).or_default() += 1;
+        }
+        overlay
+            .into_iter()
+            .filter(|(r, _)| free(r))
+            .min_by_key(|&(r, n)| (std::cmp::Reverse(n), heat(r), r))
+            .map(|(r, _)| r)
+    }
+
     /// A write of `block`: to its region's mirrored copies, always.
     pub fn write(&mut self, block: u64) -> Vec<u32> {
         self.wrote(block);

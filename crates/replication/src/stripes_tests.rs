@@ -472,3 +472,39 @@ fn a_discard_over_a_stripe_writes_zeroes() {
     );
     assert_eq!(map.begin(1, |n| n != 3), Err(EncodeRefusal::NodeDown(3)));
 }
+
+#[test]
+fn the_encoder_takes_the_coldest_mirror_then_the_largest_overlay() {
+    let p = Parity::parse("2+1", Some(50)).unwrap();
+    let s = Stripes::new(&p, vec![1, 2, 3]).unwrap();
+    let rb = s.region_blocks();
+    let mut map = RegionMap::new(s, 4 * rb);
+    let heat = |r: u64| [5, 1, 9, 1][r as usize];
+    // All four mirrored, over a half: the coldest, the lower one among equals.
+    assert_eq!(map.to_encode(50, heat), Some(1));
+    let up = |_: u32| true;
+    map.begin(1, up).unwrap();
+    assert_eq!(
+        map.to_encode(50, heat),
+        Some(3),
+        "one being encoded is not offered"
+    );
+    map.abandon_all();
+    // Two in parity: a half mirrored, so fold-backs: the region with the most overlay.
+    let restored = vec![
+        Region::Parity { slot: 0 },
+        Region::Mirror,
+        Region::Parity { slot: 1 },
+        Region::Mirror,
+    ];
+    let held = [1, 2, 2 * rb, 2 * rb + 1, 2 * rb + 2];
+    map = RegionMap::restore(map.stripes().clone(), restored, held);
+    assert_eq!(map.to_encode(50, heat), Some(2));
+    // Equal overlay: the colder.
+    let held = [1, 2 * rb];
+    map = RegionMap::restore(map.stripes().clone(), map.regions().to_vec(), held);
+    assert_eq!(map.to_encode(50, heat), Some(0));
+    // Nothing over any stripe, and a half mirrored: nothing to do.
+    map = RegionMap::restore(map.stripes().clone(), map.regions().to_vec(), []);
+    assert_eq!(map.to_encode(50, heat), None);
+}
