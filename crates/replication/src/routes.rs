@@ -99,7 +99,7 @@ impl VolumeCore {
     pub(crate) fn held(&mut self, request: Mirrored) {
         if let (Some(map), Mirrored::Data { offset, len }) = (&mut self.regions, request) {
             for b in blocks(offset, len) {
-                map.write(b);
+                map.held(b);
             }
         }
     }

@@ -400,15 +400,20 @@ impl RegionMap {
 
     /// A write of `block`: to its region's mirrored copies, always.
     pub fn write(&mut self, block: u64) -> Vec<u32> {
+        self.held(block);
+        self.stripes.mirrors_of(self.stripes.region_of(block))
+    }
+
+    /// A copy holds a write of `block`: of a parity region, it is overlay now.
+    pub fn held(&mut self, block: u64) {
         self.wrote(block);
         if let Some(Region::Parity { .. }) = self.region(block) {
             self.overlay.insert(block);
         }
-        self.stripes.mirrors_of(self.stripes.region_of(block))
     }
 
     /// A write of `block` is on its way: an encode of its region must not free it. (Its
-    /// overlay bit waits for [`RegionMap::write`], once a copy holds it.)
+    /// overlay bit waits for [`RegionMap::held`], once a copy holds it.)
     pub fn writing(&mut self, block: u64) {
         self.wrote(block);
     }
