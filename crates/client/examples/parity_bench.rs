@@ -1,14 +1,15 @@
 //! A parity volume against a 3-way mirror on the same three nodes, side by side (issue 67).
 //!
-//! `cargo run --release -p trireme-client --example parity_bench -- [SECONDS] [MIB] [DIR] [K+M]`
+//! `cargo run --release -p trireme-client --example parity_bench -- [SECONDS] [MIB] [DIR] [K+M] [same]`
 //!
 //! K+M nodes (default 2+1) in this process, each over a sparse file store (O_DIRECT) in DIR
 //! (default /var/tmp), served over TCP on 127.0.0.1. A K+M parity volume on all of them and
-//! a 3-way mirror on the first three, of MIB MiB each (default 256). Each phase runs SECONDS seconds (default 5) per volume, the two
-//! volumes taking turns in two rounds so drift on a shared host hits both; the table gives
-//! each side's total and their ratio.
+//! a 3-way mirror on the first three, of MIB MiB each (default 256). Each phase runs SECONDS
+//! seconds (default 5) per volume, the two volumes taking turns in two rounds so drift on a
+//! shared host hits both; the table gives each side's total and their ratio.
 //!
-//! 1. hot 4 KiB random writes into the part still mirrored (the first fifth), QD1 and QD16;
+//! 1. hot 4 KiB random writes into the part still mirrored (the first fifth), QD1 and QD16
+//!    (`same`: only into regions mirrored on nodes 1-3, the mirror's own nodes);
 //! 2. the encoder: every other region into a stripe (volume bytes a second);
 //! 3. cold 4 KiB random writes into encoded regions (the overlay), QD1 and QD16;
 //! 4. 4 KiB random reads of encoded regions, QD1: against the mirror; then the parity
@@ -35,6 +36,7 @@ struct Args {
     size: u64,
     dir: PathBuf,
     parity: Parity,
+    same_nodes: bool,
 }
 
 fn args() -> Result<Args, String> {
@@ -55,6 +57,15 @@ fn args() -> Result<Args, String> {
             .map_or_else(|| PathBuf::from("/var/tmp"), PathBuf::from),
         parity: Parity::parse(a.get(3).map_or("2+1", String::as_str), None)
             .map_err(|e| e.to_string())?,
+        same_nodes: match a.get(4).map(String::as_str) {
+            None => false,
+            Some("same") => true,
+            Some(other) => {
+                return Err(format!(
+                    "`{other}`: the fifth argument is `same` or nothing"
+                ))
+            }
+        },
     })
 }
 
@@ -210,7 +221,7 @@ async fn main() {
     let a = match args() {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("parity_bench: {e}\nusage: parity_bench [SECONDS] [MIB] [DIR] [K+M]");
+            eprintln!("parity_bench: {e}\nusage: parity_bench [SECONDS] [MIB] [DIR] [K+M] [same]");
             std::process::exit(2);
         }
     };
@@ -269,7 +280,15 @@ async fn main() {
     println!();
     println!("| 4 KiB random | mirror IOPS | parity IOPS | parity/mirror | mirror p50 us | parity p50 us |");
     println!("|---|---|---|---|---|---|");
-    let hot: Arc<dyn Fn(u64) -> u64 + Send + Sync> = Arc::new(move |x| x % (blocks / 5));
+    // `same`: hot writes only to regions mirrored on nodes 1-3, the mirror's own nodes.
+    let w = u64::from(width);
+    let hot: Arc<dyn Fn(u64) -> u64 + Send + Sync> = match a.same_nodes {
+        true => Arc::new(move |x| {
+            let r = w * ((x >> 20) % (regions / 5 / w).max(1));
+            r * region_blocks + x % region_blocks
+        }),
+        false => Arc::new(move |x| x % (blocks / 5)),
+    };
     row(
         "hot writes, QD1",
         side_by_side(&m, &p, Io::Write, 1, a.seconds, hot.clone()).await,
