@@ -41,11 +41,32 @@ pub enum Layout {
 }
 
 /// A parity layout: `data`+`parity` chunks per stripe, `mirror_share` percent mirrored.
+///
+/// A record is checked against the bounds as it is read: a corrupt or hand-edited record
+/// with K = 0 would otherwise reach the stripe arithmetic (a division by a zero-length
+/// region), so it fails to decode and the metadata reports the key as corrupt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "ParityRecord")]
 pub struct Parity {
     pub data: u8,
     pub parity: u8,
     pub mirror_share: u8,
+}
+
+/// A parity layout as stored, before its bounds are checked.
+#[derive(Deserialize)]
+struct ParityRecord {
+    data: u32,
+    parity: u32,
+    mirror_share: u32,
+}
+
+impl TryFrom<ParityRecord> for Parity {
+    type Error = LayoutError;
+
+    fn try_from(r: ParityRecord) -> Result<Parity, LayoutError> {
+        Parity::new(r.data, r.parity, r.mirror_share)
+    }
 }
 
 /// Why a layout is refused.
@@ -80,13 +101,17 @@ impl Parity {
             }
             _ => Err(syntax()),
         };
-        let (data, parity) = (number(k)?, number(m)?);
+        let share = mirror_share.unwrap_or(u32::from(DEFAULT_MIRROR_SHARE));
+        Parity::new(number(k)?, number(m)?, share)
+    }
+
+    /// K data and M parity chunks with `share` percent mirrored, each within its bounds.
+    pub fn new(data: u32, parity: u32, share: u32) -> Result<Parity, LayoutError> {
         let fits = |n: u32, r: &std::ops::RangeInclusive<u8>| {
             u8::try_from(n).ok().filter(|n| r.contains(n))
         };
         let d = fits(data, &DATA_CHUNKS).ok_or(LayoutError::DataChunks { data, parity })?;
         let p = fits(parity, &PARITY_CHUNKS).ok_or(LayoutError::ParityChunks { data, parity })?;
-        let share = mirror_share.unwrap_or(u32::from(DEFAULT_MIRROR_SHARE));
         let s = fits(share, &MIRROR_SHARE).ok_or(LayoutError::MirrorShare(share))?;
         Ok(Parity {
             data: d,
@@ -253,6 +278,27 @@ mod tests {
         // A message names what was asked.
         let e = Parity::parse("300+1", None).unwrap_err().to_string();
         assert!(e.contains("300+1"), "{e}");
+    }
+
+    #[test]
+    fn a_stored_parity_layout_out_of_bounds_fails_to_decode() {
+        let read = |json: &str| serde_json::from_str::<Layout>(json);
+        let good = r#"{"kind":"parity","data":4,"parity":2,"mirror_share":20}"#;
+        assert_eq!(read(good).unwrap(), parity("4+2", Some(20)));
+        for bad in [
+            r#"{"kind":"parity","data":0,"parity":2,"mirror_share":20}"#,
+            r#"{"kind":"parity","data":4,"parity":0,"mirror_share":20}"#,
+            r#"{"kind":"parity","data":4,"parity":9,"mirror_share":20}"#,
+            r#"{"kind":"parity","data":4,"parity":2,"mirror_share":0}"#,
+            r#"{"kind":"parity","data":4,"parity":2,"mirror_share":100}"#,
+            r#"{"kind":"parity","data":300,"parity":2,"mirror_share":20}"#,
+            r#"{"kind":"parity","data":4,"parity":2}"#,
+        ] {
+            let e = read(bad).expect_err(bad).to_string();
+            assert!(e.contains("must be") || e.contains("missing"), "{bad}: {e}");
+        }
+        // A layout this build does not know is still `Unknown`, not an error.
+        assert_eq!(read(r#"{"kind":"lrc","k":8}"#).unwrap(), Layout::Unknown);
     }
 
     #[test]

@@ -355,5 +355,21 @@ mod tests {
         );
         let newer = r#"{"id":1,"name":"v","size":4096,"layout":{"kind":"striped"}}"#;
         assert_eq!(layout(newer), trireme_replication::Layout::Unknown);
+        // A parity layout out of bounds is a corrupt key with a reason, not a volume.
+        let kv = KeyValue {
+            key: "/trireme/v1/volumes/v".into(),
+            value: br#"{"id":1,"name":"v","size":4096,"layout":{"kind":"parity","data":0,"parity":2,"mirror_share":20}}"#.to_vec(),
+            create_revision: 1,
+            mod_revision: 1,
+            version: 1,
+            lease: 0,
+        };
+        match super::super::decode::<Spec>(&kv) {
+            Err(MetaError::Corrupt { key, what }) => {
+                assert_eq!(key, kv.key);
+                assert!(what.contains("K (data chunks) must be 2..=16"), "{what}");
+            }
+            other => panic!("decoded a parity 0+2 record: {other:?}"),
+        }
     }
 }
