@@ -24,6 +24,7 @@ use trireme_store::{Ledger, MemoryStore, Replica, Store, StoreError};
 pub(crate) struct SimLedger {
     log: Mutex<Vec<u8>>,
     records: Mutex<Option<Vec<u8>>>,
+    held: Mutex<Option<Vec<u8>>>,
 }
 
 impl SimLedger {
@@ -64,6 +65,27 @@ impl Ledger for SimLedger {
     }
     fn save_records(&self, bytes: &[u8]) -> Result<(), StoreError> {
         *self.records.lock().unwrap_or_else(|e| e.into_inner()) = Some(bytes.to_vec());
+        Ok(())
+    }
+    fn read_held(&self) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.held.lock().unwrap_or_else(|e| e.into_inner()).clone())
+    }
+    fn create_held(&self, len: u64) -> Result<(), StoreError> {
+        *self.held.lock().unwrap_or_else(|e| e.into_inner()) = Some(vec![0; len as usize]);
+        Ok(())
+    }
+    fn write_held(&self, pages: &[(u64, &[u8])]) -> Result<(), StoreError> {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let map = held
+            .as_mut()
+            .ok_or_else(|| StoreError::Invalid("the replica keeps no held map".into()))?;
+        let page = trireme_store::held::PAGE;
+        for (at, bytes) in pages {
+            let at = *at as usize * page;
+            map.get_mut(at..at + bytes.len())
+                .ok_or_else(|| StoreError::Invalid("held map page past its end".into()))?
+                .copy_from_slice(bytes);
+        }
         Ok(())
     }
 }

@@ -136,6 +136,32 @@ impl HeldMap {
         }
     }
 
+    /// As [`HeldMap::pending`], and the pages are clean from now: marks made while they
+    /// are being written dirty them again, for the next flush. [`HeldMap::settled`] says
+    /// how the write went. One taker at a time (the node's flush lock): a second would
+    /// write the same slots.
+    pub fn take_pending(&mut self) -> Vec<(u64, Vec<u8>)> {
+        let pages = self.pending();
+        self.dirty.clear();
+        pages
+    }
+
+    /// The pages [`HeldMap::take_pending`] gave are durable (`ok`), or their write failed
+    /// and they go again with the next flush, to the same slots.
+    pub fn settled(&mut self, slots: &[u64], ok: bool) {
+        for &slot in slots {
+            let p = slot / 2;
+            let next = 2 * p + (self.seq[p as usize] + 1) % 2;
+            match ok {
+                true if slot == next => self.seq[p as usize] += 1,
+                true => {}
+                false => {
+                    self.dirty.insert(p);
+                }
+            }
+        }
+    }
+
     fn encode_page(&self, page: u64, seq: u64) -> Vec<u8> {
         let mut out = vec![0u8; PAGE];
         out[..4].copy_from_slice(MAGIC);
@@ -368,6 +394,44 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn marks_made_while_a_flush_is_written_go_with_the_next() {
+        let blocks = BLOCKS_PER_PAGE;
+        let mut m = HeldMap::new(blocks);
+        let mut disk = vec![0u8; m.disk_len()];
+        let write = |disk: &mut Vec<u8>, pages: &[(u64, Vec<u8>)]| {
+            for (slot, bytes) in pages {
+                let at = *slot as usize * PAGE;
+                disk[at..at + PAGE].copy_from_slice(bytes);
+            }
+            pages.iter().map(|(s, _)| *s).collect::<Vec<u64>>()
+        };
+        m.mark(1, 1, true);
+        let taken = m.take_pending();
+        assert!(!m.is_dirty());
+        m.mark(2, 1, true);
+        let slots = write(&mut disk, &taken);
+        m.settled(&slots, true);
+        assert!(m.is_dirty(), "the mark made meanwhile is still to write");
+        assert_eq!(
+            HeldMap::decode(&disk, blocks).unwrap().held(0, 8),
+            vec![(1, 1)]
+        );
+        // A failed write goes again, to the same slot.
+        let again = m.take_pending();
+        m.settled(&[again[0].0], false);
+        assert_eq!(m.pending()[0].0, again[0].0);
+        let slots = write(&mut disk, &m.take_pending());
+        m.settled(&slots, true);
+        assert_eq!(
+            HeldMap::decode(&disk, blocks).unwrap().held(0, 8),
+            vec![(1, 2)]
+        );
+        // The next write goes to the other slot.
+        m.mark(3, 1, true);
+        assert_ne!(m.pending()[0].0, slots[0]);
     }
 
     #[test]

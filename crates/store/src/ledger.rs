@@ -13,8 +13,13 @@
 //! * a **record blob** replaced atomically (a temporary file, `fsync`, rename, `fsync` of the
 //!   directory): the peers' dirty records, saved lazily.
 //!
-//! File store layout: `replica-<volume>.al` (the paged log) and `replica-<volume>.dirty` (the
-//! records), next to the replica's data and metadata files.
+//! A parity volume's replica has a third part, the **held map** (`held.rs`): pages written in
+//! place, several per call and durable when it returns. Its file exists only for such a
+//! replica: that it exists is how a restarted node knows to keep the map.
+//!
+//! File store layout: `replica-<volume>.al` (the paged log), `replica-<volume>.dirty` (the
+//! records) and `replica-<volume>.held` (the held map), next to the replica's data and
+//! metadata files.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -36,6 +41,13 @@ pub trait Ledger: Send + Sync + std::fmt::Debug {
     fn read_records(&self) -> Result<Option<Vec<u8>>, StoreError>;
     /// Replaces the record blob: after a crash, either the old or the new one is read back.
     fn save_records(&self, bytes: &[u8]) -> Result<(), StoreError>;
+    /// The held map as last written, or `None` if the replica keeps none.
+    fn read_held(&self) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Starts an empty held map of `len` bytes (zeroes), durably: from now on the replica
+    /// keeps one.
+    fn create_held(&self, len: u64) -> Result<(), StoreError>;
+    /// Writes whole pages of the held map, each at its page index; durable when this returns.
+    fn write_held(&self, pages: &[(u64, &[u8])]) -> Result<(), StoreError>;
 }
 
 /// The file store's ledger: two files beside the replica.
@@ -45,6 +57,7 @@ pub struct FileLedger {
     dir: PathBuf,
     log_path: PathBuf,
     records_path: PathBuf,
+    held_path: PathBuf,
     /// Opened at the first log access.
     log: Mutex<Option<File>>,
 }
@@ -57,6 +70,7 @@ impl FileLedger {
             dir: dir.to_path_buf(),
             log_path,
             records_path,
+            held_path: FileLedger::held_path(dir, volume),
             log: Mutex::new(None),
         }
     }
@@ -69,11 +83,17 @@ impl FileLedger {
         )
     }
 
+    /// The held map's file for `volume` in `dir` (a parity replica's only).
+    pub fn held_path(dir: &Path, volume: u64) -> PathBuf {
+        dir.join(format!("replica-{volume:016x}.held"))
+    }
+
     /// Removes the ledger files of `volume` (a deleted or re-created replica).
     pub fn remove(dir: &Path, volume: u64) {
         let (a, b) = FileLedger::paths(dir, volume);
         let _ = std::fs::remove_file(a);
         let _ = std::fs::remove_file(b);
+        let _ = std::fs::remove_file(FileLedger::held_path(dir, volume));
     }
 
     fn io(&self, op: &'static str) -> impl FnOnce(std::io::Error) -> StoreError {
@@ -141,6 +161,48 @@ impl Ledger for FileLedger {
         };
         write().map_err(self.io("save dirty records"))
     }
+
+    fn read_held(&self) -> Result<Option<Vec<u8>>, StoreError> {
+        match std::fs::read(&self.held_path) {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(self.io("read held map")(e)),
+        }
+    }
+
+    fn create_held(&self, len: u64) -> Result<(), StoreError> {
+        // Sized before it is named: a crash leaves no map, or a whole empty one.
+        let tmp = self.held_path.with_extension("held.tmp");
+        let create = || -> std::io::Result<()> {
+            {
+                let f = crate::private::create(&tmp)?;
+                f.set_len(len)?;
+                f.sync_all()?;
+            }
+            std::fs::rename(&tmp, &self.held_path)?;
+            File::open(&self.dir)?.sync_all()
+        };
+        create().map_err(self.io("create held map"))
+    }
+
+    fn write_held(&self, pages: &[(u64, &[u8])]) -> Result<(), StoreError> {
+        if let Some((_, p)) = pages.iter().find(|(_, p)| p.len() != PAGE) {
+            return Err(StoreError::Invalid(format!(
+                "held map writes are whole {PAGE}-byte pages, not {} bytes",
+                p.len()
+            )));
+        }
+        // Opened per flush: a flush that changes the map is rarer than a data write.
+        let f = crate::private::options()
+            .write(true)
+            .open(&self.held_path)
+            .map_err(self.io("open held map"))?;
+        for (page, bytes) in pages {
+            f.write_all_at(bytes, page * PAGE as u64)
+                .map_err(self.io("write held map"))?;
+        }
+        f.sync_data().map_err(self.io("sync held map"))
+    }
 }
 
 #[cfg(test)]
@@ -161,7 +223,29 @@ mod tests {
         let again = FileLedger::new(d.path(), 7);
         assert_eq!(again.read_log().unwrap(), vec![1u8; 2 * PAGE]);
         assert_eq!(again.read_records().unwrap().unwrap(), b"second");
+        assert_eq!(
+            l.read_held().unwrap(),
+            None,
+            "a mirror's replica keeps no held map"
+        );
+        assert!(
+            l.write_held(&[(0, &[1u8; PAGE])]).is_err(),
+            "no map to write"
+        );
+        l.create_held(3 * PAGE as u64).unwrap();
+        assert_eq!(l.read_held().unwrap().unwrap(), vec![0u8; 3 * PAGE]);
+        l.write_held(&[(2, &[7u8; PAGE]), (0, &[5u8; PAGE])])
+            .unwrap();
+        assert!(
+            l.write_held(&[(1, &[1u8; 10])]).is_err(),
+            "whole pages only"
+        );
+        let held = again.read_held().unwrap().unwrap();
+        assert_eq!(held[..PAGE], [5u8; PAGE]);
+        assert_eq!(held[PAGE..2 * PAGE], [0u8; PAGE]);
+        assert_eq!(held[2 * PAGE..], [7u8; PAGE]);
         FileLedger::remove(d.path(), 7);
+        assert_eq!(FileLedger::new(d.path(), 7).read_held().unwrap(), None);
         assert!(FileLedger::new(d.path(), 7).read_log().unwrap().is_empty());
         assert_eq!(FileLedger::new(d.path(), 7).read_records().unwrap(), None);
     }
