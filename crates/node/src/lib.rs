@@ -18,6 +18,7 @@ mod access;
 mod activity;
 pub mod books;
 mod dirty;
+mod held;
 mod holds;
 mod integrity;
 mod io_threads;
@@ -87,6 +88,8 @@ pub struct Node {
     integrity: integrity::Integrity,
     /// Readers' holds on snapshots (`holds.rs`).
     holds: holds::Holds,
+    /// Which blocks each parity replica holds (`held.rs`).
+    held: held::HeldMaps,
 }
 
 /// What a node holds ([`Node::usage`]).
@@ -165,9 +168,13 @@ impl Node {
             io: io_threads::IoThreads::new(DEFAULT_IO_THREADS, format!("node{id}-io")),
             integrity: integrity::Integrity::default(),
             holds: holds::Holds::default(),
+            held: held::HeldMaps::default(),
         };
         for r in node.all_replicas() {
             node.integrity.opened(&*r);
+            if let Some(l) = r.ledger() {
+                node.held.load(r.volume(), r.size(), l);
+            }
         }
         node.link_clones();
         node
@@ -393,6 +400,9 @@ impl Node {
                 if let Err(e) = self.dirty.save(r.volume(), r.size(), &*ledger) {
                     tracing::error!(node = self.id, "saving dirty records on shutdown: {e}");
                 }
+            }
+            if let Err(e) = self.held.flush(r.volume(), &*r) {
+                tracing::error!(node = self.id, "saving the held map on shutdown: {e}");
             }
             if let Err(e) = r.close() {
                 tracing::error!(node = self.id, "close on shutdown: {e}");

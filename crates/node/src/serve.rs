@@ -114,6 +114,7 @@ impl Node {
             Op::Verified => self.on_verified(h),
             Op::SnapshotHold => self.on_snapshot_hold(req),
             Op::SnapshotHolders => self.on_snapshot_holders(h),
+            Op::Held => self.on_held(h),
         }?;
         Ok((resp, payload))
     }

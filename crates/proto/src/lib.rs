@@ -122,6 +122,12 @@ pub const FLAG_FIRST: u16 = 1 << 10;
 pub const FLAG_ONE: u16 = 1 << 11;
 /// Request flag on `SnapshotDelete`: delete it though a reader holds it (`SnapshotHold`).
 pub const FLAG_FORCE: u16 = 1 << 12;
+/// Request flag on `CreateReplica`: the replica is a parity volume's; the node keeps which of
+/// its 4 KiB blocks are held ([`Op::Held`]), durably at each flush.
+pub const FLAG_HELD: u16 = 1 << 13;
+/// The longest range one `Held` query may cover: 256 Ki blocks, an answer of at most 128 Ki
+/// extents.
+pub const MAX_HELD_QUERY: u64 = 1 << 30;
 /// A reader's hold on a snapshot lasts this long unless asked again.
 pub const HOLD_SECS: u64 = 15;
 /// `SnapshotHold`'s `length` that lets the hold go (the export stops).
@@ -142,7 +148,8 @@ const KNOWN_FLAGS: u16 = FLAG_RESPONSE
     | FLAG_UNSYNCED
     | FLAG_FIRST
     | FLAG_ONE
-    | FLAG_FORCE;
+    | FLAG_FORCE
+    | FLAG_HELD;
 
 /// Why a frame was refused. Every variant means "drop the connection": after a bad header the
 /// byte stream can no longer be trusted to be in step.

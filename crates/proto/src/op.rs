@@ -140,6 +140,13 @@ pub enum Op {
     /// Who holds snapshot `offset` of `volume` now: answer payload the holders, one a line.
     /// A control op (nodes and operators).
     SnapshotHolders = 37,
+    /// Which 4 KiB blocks of `[offset, offset+length)` (whole blocks) a parity volume's
+    /// replica holds: written since they were last trimmed, with what the node answered
+    /// before its last crash only if a flush followed. Response payload: an extent list
+    /// covering the range, held blocks as data, the rest as holes. `Unsupported` for a replica
+    /// created without [`FLAG_HELD`](crate::FLAG_HELD), `Io` if its map read back corrupt.
+    /// Epoch-checked; the writer asks (it rebuilds a parity region's overlay from it).
+    Held = 38,
 }
 
 impl Op {
@@ -182,6 +189,7 @@ impl Op {
             35 => Op::Verified,
             36 => Op::SnapshotHold,
             37 => Op::SnapshotHolders,
+            38 => Op::Held,
             _ => return None,
         })
     }

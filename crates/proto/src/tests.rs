@@ -2,7 +2,7 @@ use super::*;
 use proptest::prelude::*;
 
 fn any_op() -> impl Strategy<Value = Op> {
-    (1u8..=20).prop_map(|v| Op::from_u8(v).unwrap())
+    (1u8..=38).prop_map(|v| Op::from_u8(v).unwrap())
 }
 
 prop_compose! {

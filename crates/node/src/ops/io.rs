@@ -66,7 +66,17 @@ impl Node {
         self.dirty.on_write(h.volume, h.offset, len);
         self.activity.on_write(h.volume, h.offset, len)?;
         r.write(h.offset, &req.payload, h.has_flag(FLAG_FUA))?;
+        self.held_after(h, &*r, len)?;
         Ok(Bytes::new())
+    }
+
+    /// A parity replica holds what the store just took; durably now for a FUA write.
+    fn held_after(&self, h: &Header, r: &dyn Replica, len: u64) -> Result<(), Refusal> {
+        self.held.wrote(h.volume, h.offset, len);
+        if h.has_flag(FLAG_FUA) && self.held.keeps(h.volume) {
+            self.held.flush(h.volume, r)?;
+        }
+        Ok(())
     }
 
     /// Admits a write of `len` bytes unless it would eat into the node's reserve (`room.rs`).
@@ -78,7 +88,7 @@ impl Node {
 
     pub(crate) fn on_flush(&self, req: &Frame) -> Result<Bytes, Refusal> {
         let (r, _turn) = self.io_replica(req)?;
-        r.flush()?;
+        self.held.flush(req.header.volume, &*r)?;
         Ok(Bytes::new())
     }
 
@@ -94,13 +104,26 @@ impl Node {
         };
         self.dirty.on_write(h.volume, h.offset, h.length);
         self.activity.on_write(h.volume, h.offset, h.length)?;
-        r.write_zeroes(
-            h.offset,
-            h.length,
-            h.has_flag(FLAG_MAY_TRIM),
-            h.has_flag(FLAG_FUA),
-        )?;
+        let trim = h.has_flag(FLAG_MAY_TRIM);
+        if trim {
+            // Not held, on disk, before a byte goes: a crash between reads the stripe.
+            self.held.trimming(h.volume, &*r, h.offset, h.length)?;
+        }
+        r.write_zeroes(h.offset, h.length, trim, h.has_flag(FLAG_FUA))?;
+        if !trim {
+            self.held_after(h, &*r, h.length)?;
+        }
         Ok(Bytes::new())
+    }
+
+    /// `Held`: which blocks of the range a parity replica holds (`held.rs`).
+    pub(crate) fn on_held(&self, h: &Header) -> Result<Bytes, Refusal> {
+        let r = self.replica(h.volume)?;
+        Self::check_epoch(&*r, h)?;
+        trireme_store::check_range(h.offset, h.length, r.size())?;
+        Ok(Bytes::from(encode_extents(
+            &self.held.query(h.volume, h.offset, h.length)?,
+        )))
     }
 
     pub(crate) fn on_block_status(&self, req: &Frame) -> Result<Bytes, Refusal> {

@@ -69,6 +69,14 @@ impl Node {
                 return Err(e.into());
             }
         }
+        self.held.forget(h.volume);
+        if h.has_flag(trireme_proto::FLAG_HELD) {
+            if let Err(e) = self.held.start(h.volume, h.length, r.ledger()) {
+                // All or nothing: a parity volume's copy never goes without its map.
+                let _ = self.store.delete(h.volume);
+                return Err(e.into());
+            }
+        }
         reps.insert(h.volume, r);
         drop(reps);
         self.activity.forget(h.volume);
@@ -78,6 +86,7 @@ impl Node {
             volume = h.volume,
             size = h.length,
             preallocated = h.has_flag(trireme_proto::FLAG_PREALLOCATE),
+            held_map = h.has_flag(trireme_proto::FLAG_HELD),
             "created replica"
         );
         Ok(Bytes::new())
@@ -112,6 +121,12 @@ impl Node {
             if r.size() == h.length {
                 return Ok(Bytes::new());
             }
+        }
+        if self.held.keeps(h.volume) {
+            return Err(Refusal(
+                Status::Unsupported,
+                format!("volume {}: a parity volume's copy is not resized", h.volume),
+            ));
         }
         let _a = self.attach_lock.lock().unwrap_or_else(|e| e.into_inner());
         let _turn = self.owners.write().unwrap_or_else(|e| e.into_inner());
@@ -156,6 +171,7 @@ impl Node {
         self.activity.forget(h.volume);
         self.integrity.forget(h.volume);
         self.holds.forget(h.volume, None);
+        self.held.forget(h.volume);
         self.owners
             .write()
             .unwrap_or_else(|e| e.into_inner())

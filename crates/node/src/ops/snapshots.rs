@@ -36,6 +36,16 @@ impl Node {
     pub(crate) fn on_rollback(&self, req: &Frame) -> Result<Bytes, Refusal> {
         let (r, _turn) = self.io_replica(req)?;
         let s = SnapshotRequest::read(&req.header).map_err(malformed)?;
+        if self.held.keeps(req.header.volume) {
+            // Its held map would have to follow every block the rollback changes.
+            return Err(Refusal(
+                Status::Unsupported,
+                format!(
+                    "volume {}: a parity volume's copy is not rolled back",
+                    req.header.volume
+                ),
+            ));
+        }
         // Every block may change, as by a write of the whole volume: its activity log and its
         // records for copies that are out say so first. A writer that dies with a rollback
         // under way leaves some copies rolled back and others not, and its successor's

@@ -311,6 +311,7 @@ async fn identities_reach_only_what_they_may() {
         Op::ReplicaInfo,
         Op::DirtyQuery,
         Op::ActivityQuery,
+        Op::Held,
     ] {
         assert_eq!(
             as_peer(bob(), req(op, 1, 1, 0, 4), b"").await,
@@ -731,6 +732,7 @@ fn tiered_reads_are_flagged_and_shared_heat_promotes() {
 
 mod barrier;
 mod clones;
+mod held;
 mod io_threads;
 mod resize;
 mod snapshots;

@@ -1,0 +1,234 @@
+//! The held maps of the node's parity replicas (issue 67): which 4 KiB blocks each holds,
+//! exactly, so that a writer that restarts rebuilds a parity region's overlay from what its
+//! mirrors say (`trireme_store::held`, ARCHITECTURE.md "The overlay after a crash").
+//!
+//! A replica keeps one when it was created with `FLAG_HELD`; its ledger's held file says so
+//! after a restart. The rules, each for a crash at the worst moment:
+//!
+//! | event | in memory | on disk |
+//! |---|---|---|
+//! | a write (or zeroes written) | its blocks set once the store took it | at the next flush |
+//! | a flush | — | the changed pages, after the data they describe is durable |
+//! | a trim | its whole blocks cleared | cleared before the bytes are punched |
+//!
+//! So a block read as held after a crash holds the data written to it; one not held reads
+//! the stripe, which has the bytes the block had when it was last acknowledged durable.
+//! A write whose flush never came may be lost with its bit: it was never durable.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+
+use trireme_proto::{Extent, Status, MAX_HELD_QUERY};
+use trireme_store::held::HeldMap;
+use trireme_store::{Ledger, Replica, StoreError};
+
+use crate::Refusal;
+
+/// The map's grain.
+const BLOCK: u64 = 4096;
+
+/// Every parity replica's held map, by volume.
+#[derive(Debug, Default)]
+pub(crate) struct HeldMaps {
+    kept: RwLock<HashMap<u64, Arc<Kept>>>,
+}
+
+#[derive(Debug)]
+struct Kept {
+    /// `Err`: the map read back corrupt; the node cannot say what the replica holds.
+    map: Mutex<Result<HeldMap, String>>,
+    /// One writer of the map's pages at a time (see `HeldMap::take_pending`).
+    flushing: Mutex<()>,
+    /// Where the map is durable; `None` on a volatile store.
+    ledger: Option<Arc<dyn Ledger>>,
+}
+
+fn blocks_of(size: u64) -> u64 {
+    size.div_ceil(BLOCK)
+}
+
+impl HeldMaps {
+    /// The replica of `volume` keeps a map from now, empty (a new replica).
+    pub(crate) fn start(
+        &self,
+        volume: u64,
+        size: u64,
+        ledger: Option<Arc<dyn Ledger>>,
+    ) -> Result<(), StoreError> {
+        let map = HeldMap::new(blocks_of(size));
+        if let Some(l) = &ledger {
+            l.create_held(map.disk_len() as u64)?;
+        }
+        self.insert(volume, Ok(map), ledger);
+        Ok(())
+    }
+
+    /// Reads back the map of a replica the node opened, if it keeps one. A map that does
+    /// not decode is kept as corrupt: its queries fail, so no writer trusts a guess.
+    pub(crate) fn load(&self, volume: u64, size: u64, ledger: Arc<dyn Ledger>) {
+        let map = match ledger.read_held() {
+            Ok(None) => return,
+            Ok(Some(bytes)) => HeldMap::decode(&bytes, blocks_of(size)).map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(e) = &map {
+            tracing::error!(volume, "held map not read: {e}");
+        }
+        self.insert(volume, map, Some(ledger));
+    }
+
+    fn insert(&self, volume: u64, map: Result<HeldMap, String>, ledger: Option<Arc<dyn Ledger>>) {
+        let kept = Arc::new(Kept {
+            map: Mutex::new(map),
+            flushing: Mutex::new(()),
+            ledger,
+        });
+        self.kept
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(volume, kept);
+    }
+
+    pub(crate) fn forget(&self, volume: u64) {
+        self.kept
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&volume);
+    }
+
+    pub(crate) fn keeps(&self, volume: u64) -> bool {
+        self.get(volume).is_some()
+    }
+
+    fn get(&self, volume: u64) -> Option<Arc<Kept>> {
+        self.kept
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&volume)
+            .cloned()
+    }
+
+    /// The store took a write of `[offset, offset+len)` (data or zeroes): its blocks are
+    /// held, any block it touches.
+    pub(crate) fn wrote(&self, volume: u64, offset: u64, len: u64) {
+        let Some(k) = self.get(volume) else { return };
+        let mut guard = k.map.lock().unwrap_or_else(|e| e.into_inner());
+        if let Ok(map) = &mut *guard {
+            let first = offset / BLOCK;
+            map.mark(first, blocks_of(offset + len) - first, true);
+        }
+    }
+
+    /// Before a trim of `[offset, offset+len)` is applied: its whole blocks are not held,
+    /// durably (a part block at either end is zeroed, not punched: a write, held).
+    pub(crate) fn trimming(
+        &self,
+        volume: u64,
+        r: &dyn Replica,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), StoreError> {
+        let Some(k) = self.get(volume) else {
+            return Ok(());
+        };
+        let (first, end) = (offset.div_ceil(BLOCK), (offset + len) / BLOCK);
+        if let Ok(map) = &mut *k.map.lock().unwrap_or_else(|e| e.into_inner()) {
+            map.mark(
+                offset / BLOCK,
+                blocks_of(offset + len) - offset / BLOCK,
+                true,
+            );
+            if end > first {
+                map.mark(first, end - first, false);
+            }
+        }
+        k.persist(r)
+    }
+
+    /// A flush of `r`: its data, then the pages of its map that changed.
+    pub(crate) fn flush(&self, volume: u64, r: &dyn Replica) -> Result<(), StoreError> {
+        match self.get(volume) {
+            Some(k) => k.persist(r),
+            None => r.flush(),
+        }
+    }
+
+    /// The held blocks of `[offset, offset+len)` as extents covering it (held: data).
+    pub(crate) fn query(&self, volume: u64, offset: u64, len: u64) -> Result<Vec<Extent>, Refusal> {
+        let k = self.get(volume).ok_or_else(|| {
+            Refusal(
+                Status::Unsupported,
+                format!("the replica of volume {volume} keeps no held map (not a parity volume's)"),
+            )
+        })?;
+        if !offset.is_multiple_of(BLOCK) || !len.is_multiple_of(BLOCK) || len > MAX_HELD_QUERY {
+            return Err(Refusal(
+                Status::Invalid,
+                format!(
+                    "held query {offset}+{len}: whole {BLOCK}-byte blocks, at most {MAX_HELD_QUERY} bytes"
+                ),
+            ));
+        }
+        let guard = k.map.lock().unwrap_or_else(|e| e.into_inner());
+        let map = guard.as_ref().map_err(|why| {
+            Refusal(
+                Status::Io,
+                format!("the held map of volume {volume} is unreadable: {why}"),
+            )
+        })?;
+        let (first, count) = (offset / BLOCK, len / BLOCK);
+        Ok(extents(&map.held(first, count), first, count))
+    }
+}
+
+impl Kept {
+    /// Makes what the map says durable: the pages taken before the data flush describe only
+    /// writes the store had taken, so each bit on disk has its data there first.
+    fn persist(&self, r: &dyn Replica) -> Result<(), StoreError> {
+        let _one = self.flushing.lock().unwrap_or_else(|e| e.into_inner());
+        let pages = {
+            let mut guard = self.map.lock().unwrap_or_else(|e| e.into_inner());
+            match &mut *guard {
+                Ok(map) => map.take_pending(),
+                Err(_) => Vec::new(),
+            }
+        };
+        let written = r.flush().and_then(|()| match &self.ledger {
+            Some(l) if !pages.is_empty() => {
+                let at: Vec<(u64, &[u8])> = pages.iter().map(|(s, b)| (*s, &b[..])).collect();
+                l.write_held(&at)
+            }
+            _ => Ok(()),
+        });
+        let slots: Vec<u64> = pages.iter().map(|(s, _)| *s).collect();
+        let mut guard = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        if let Ok(map) = &mut *guard {
+            map.settled(&slots, written.is_ok());
+        }
+        written
+    }
+}
+
+/// Held runs of `[first, first+count)` blocks as byte extents covering all of it.
+fn extents(held: &[(u64, u64)], first: u64, count: u64) -> Vec<Extent> {
+    let hole = |blocks: u64| Extent {
+        length: blocks * BLOCK,
+        flags: Extent::HOLE | Extent::ZERO,
+    };
+    let mut out = Vec::with_capacity(2 * held.len() + 1);
+    let mut at = first;
+    for &(start, n) in held {
+        if start > at {
+            out.push(hole(start - at));
+        }
+        out.push(Extent {
+            length: n * BLOCK,
+            flags: 0,
+        });
+        at = start + n;
+    }
+    if at < first + count {
+        out.push(hole(first + count - at));
+    }
+    out
+}

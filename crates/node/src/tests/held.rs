@@ -1,0 +1,133 @@
+//! A parity replica's held map on the node (`held.rs`): what it answers, what survives a
+//! crashed process, and what it refuses.
+
+use super::*;
+
+const MB: u64 = 1 << 20;
+const B: u64 = 4096;
+
+fn held(n: &Node, offset: u64, len: u64) -> Result<Vec<(u64, u64)>, Refusal> {
+    let h = req(Op::Held, 1, 3, offset, len);
+    let (_, payload) = n.serve(&Frame::new(h, Bytes::new()))?;
+    let extents = trireme_proto::decode_extents_within(&payload, len).unwrap();
+    assert_eq!(
+        extents.iter().map(|e| e.length).sum::<u64>(),
+        len,
+        "covers the range"
+    );
+    Ok(trireme_proto::data_ranges(&extents, offset))
+}
+
+fn held_ok(n: &Node, offset: u64, len: u64) -> Vec<(u64, u64)> {
+    held(n, offset, len).unwrap_or_else(|Refusal(s, m)| panic!("held refused: {s:?} {m}"))
+}
+
+fn open(d: &std::path::Path) -> Node {
+    let store = trireme_store::open_store(trireme_store::StoreKind::File, d, None).unwrap();
+    let n = Node::new(7, store);
+    serve_ok(&n, req(Op::Attach, 1, 3, 0, 0), &[]);
+    n
+}
+
+fn create_parity(d: &std::path::Path) -> Node {
+    let store = trireme_store::open_store(trireme_store::StoreKind::File, d, None).unwrap();
+    let n = Node::new(7, store);
+    let mut h = req(Op::CreateReplica, 1, 0, 0, 8 * MB);
+    h.flags |= trireme_proto::FLAG_HELD;
+    serve_ok(&n, h, &[]);
+    serve_ok(&n, req(Op::Attach, 1, 3, 0, 0), &[]);
+    n
+}
+
+/// Writes and zeroes are held at once; a trim lets its whole blocks go (a part block it
+/// zeroes stays held); a process that dies keeps what its last flush made durable, and
+/// loses the bits of writes no flush followed, never the other way round.
+#[test]
+fn the_map_answers_writes_and_trims_and_a_crash_keeps_the_last_flush() {
+    let d = tempfile::tempdir().unwrap();
+    let n = create_parity(d.path());
+    assert_eq!(held_ok(&n, 0, 8 * MB), vec![]);
+    serve_ok(&n, req(Op::Write, 1, 3, 5 * B, 0), &[1; 2 * B as usize]);
+    serve_ok(&n, req(Op::WriteZeroes, 1, 3, MB, 3 * B), &[]);
+    assert_eq!(held_ok(&n, 0, 8 * MB), vec![(5 * B, 2 * B), (MB, 3 * B)]);
+    serve_ok(&n, req(Op::Flush, 1, 3, 0, 0), &[]);
+    // A trim from the middle of block 5 to the end of block 6: block 6 goes, block 5 stays.
+    let mut trim = req(Op::WriteZeroes, 1, 3, 5 * B + 100, 2 * B - 100);
+    trim.flags |= trireme_proto::FLAG_MAY_TRIM;
+    serve_ok(&n, trim, &[]);
+    assert_eq!(held_ok(&n, 0, 8 * MB), vec![(5 * B, B), (MB, 3 * B)]);
+    // Written after the last flush: held until the process dies.
+    serve_ok(&n, req(Op::Write, 1, 3, 2 * MB, 0), &[2; B as usize]);
+    assert!(held_ok(&n, 2 * MB, MB).contains(&(2 * MB, B)));
+    drop(n);
+
+    let n = open(d.path());
+    assert_eq!(
+        held_ok(&n, 0, 8 * MB),
+        vec![(5 * B, B), (MB, 3 * B)],
+        "the trim was durable before its bytes went; the unflushed write is not held"
+    );
+    // A FUA write is durable with its bit; a clean close keeps the rest.
+    let mut fua = req(Op::Write, 1, 3, 3 * MB, 0);
+    fua.flags |= trireme_proto::FLAG_FUA;
+    serve_ok(&n, fua, &[3; B as usize]);
+    serve_ok(&n, req(Op::Write, 1, 3, 4 * MB, 0), &[4; B as usize]);
+    let after_fua = held_ok(&n, 0, 8 * MB);
+    n.close_all();
+    drop(n);
+    let n = open(d.path());
+    assert_eq!(held_ok(&n, 0, 8 * MB), after_fua);
+    assert!(after_fua.contains(&(3 * MB, B)) && after_fua.contains(&(4 * MB, B)));
+}
+
+/// Asked wrongly, or of a replica that keeps no map, or of a map that read back corrupt:
+/// a clear refusal, never an answer that would pass for "nothing held".
+#[test]
+fn bad_questions_and_unreadable_maps_are_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let n = create_parity(d.path());
+    let status =
+        |r: Result<Vec<(u64, u64)>, Refusal>| r.map_err(|Refusal(s, m)| (s, m)).unwrap_err();
+    assert_eq!(status(held(&n, 100, B)).0, Status::Invalid, "part blocks");
+    assert_eq!(status(held(&n, 0, 8 * MB + B)).0, Status::OutOfRange);
+    let stale = n.serve(&Frame::new(req(Op::Held, 1, 2, 0, B), Bytes::new()));
+    assert!(
+        matches!(stale, Err(Refusal(Status::Fenced, _))),
+        "epoch-checked"
+    );
+    // A parity copy keeps its size and its history.
+    let resize = n.serve(&Frame::new(
+        req(Op::ResizeReplica, 1, 3, 0, 16 * MB),
+        Bytes::new(),
+    ));
+    assert!(matches!(resize, Err(Refusal(Status::Unsupported, _))));
+    // A mirror's replica keeps no map.
+    serve_ok(&n, req(Op::CreateReplica, 2, 0, 0, MB), &[]);
+    let mirror = n.serve(&Frame::new(req(Op::Held, 2, 0, 0, B), Bytes::new()));
+    match mirror {
+        Err(Refusal(Status::Unsupported, m)) => assert!(m.contains("keeps no held map"), "{m}"),
+        Err(Refusal(s, m)) => panic!("{s:?} {m}"),
+        Ok(_) => panic!("a mirror's replica answered a held query"),
+    }
+    serve_ok(&n, req(Op::Write, 1, 3, 0, 0), &[1; B as usize]);
+    serve_ok(&n, req(Op::Flush, 1, 3, 0, 0), &[]);
+    serve_ok(&n, req(Op::Write, 1, 3, B, 0), &[1; B as usize]);
+    serve_ok(&n, req(Op::Flush, 1, 3, 0, 0), &[]);
+    drop(n);
+    // Both slots of page 0 spoiled: the map is unreadable, and says so.
+    let path = trireme_store::FileLedger::held_path(d.path(), 1);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[100] ^= 1;
+    bytes[4096 + 100] ^= 1;
+    std::fs::write(&path, &bytes).unwrap();
+    let n = open(d.path());
+    let (s, m) = status(held(&n, 0, B));
+    assert_eq!(s, Status::Io);
+    assert!(m.contains("unreadable"), "{m}");
+    // A deleted replica's map goes with it; a mirror made under its id keeps none.
+    serve_ok(&n, req(Op::DeleteReplica, 1, 0, 0, 0), &[]);
+    assert!(!path.exists());
+    serve_ok(&n, req(Op::CreateReplica, 1, 0, 0, MB), &[]);
+    serve_ok(&n, req(Op::Attach, 1, 3, 0, 0), &[]);
+    assert_eq!(status(held(&n, 0, B)).0, Status::Unsupported);
+}
