@@ -88,6 +88,8 @@ pub enum LayoutError {
     StripeNodes { data: u8, parity: u8, got: usize },
     #[error("parity volumes: {0} is not built yet")]
     NotBuilt(&'static str),
+    #[error("the volume's region record names {recorded} regions; the volume has {regions}")]
+    Regions { recorded: usize, regions: usize },
 }
 
 impl Parity {

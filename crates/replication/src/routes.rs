@@ -34,6 +34,32 @@ impl VolumeCore {
         Ok(self)
     }
 
+    /// A parity volume attached again: its regions as recorded (those past the record are
+    /// mirrored) and the overlay, the blocks of parity regions every in-sync copy of their
+    /// mirrors holds (the writer asks the nodes' held maps; `client/src/overlay.rs`). Before
+    /// any request; refused for a record with more regions than the volume has.
+    pub fn restore_regions(
+        &mut self,
+        recorded: &[Region],
+        overlay: impl IntoIterator<Item = u64>,
+    ) -> Result<(), crate::LayoutError> {
+        let map = self
+            .regions
+            .as_mut()
+            .ok_or(crate::LayoutError::NotBuilt("regions of a mirror"))?;
+        let count = map.regions().len();
+        if recorded.len() > count {
+            return Err(crate::LayoutError::Regions {
+                recorded: recorded.len(),
+                regions: count,
+            });
+        }
+        let mut regions = recorded.to_vec();
+        regions.resize(count, Region::Mirror);
+        *map = RegionMap::restore(map.stripes().clone(), regions, overlay);
+        Ok(())
+    }
+
     /// A parity volume's region map (None: a mirror).
     pub fn region_map(&self) -> Option<&RegionMap> {
         self.regions.as_ref()
@@ -124,14 +150,6 @@ impl VolumeCore {
                     .is_some_and(|i| self.set.state(i) == ReplicaState::InSync)
         };
         Some(map.read(block, up))
-    }
-
-    /// The regions as the record keeps them, and the blocks the mirrored copies hold, after
-    /// a restart (see [`RegionMap::restore`]).
-    pub fn restore_regions(&mut self, regions: Vec<Region>, held: impl IntoIterator<Item = u64>) {
-        if let Some(map) = &mut self.regions {
-            *map = RegionMap::restore(map.stripes().clone(), regions, held);
-        }
     }
 }
 

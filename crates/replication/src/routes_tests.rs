@@ -101,7 +101,8 @@ fn a_waiting_write_is_granted_with_its_own_regions_targets() {
 #[test]
 fn a_parity_block_reads_from_the_mirrors_only_once_a_copy_holds_its_write() {
     let mut c = healthy();
-    c.restore_regions(vec![Region::Parity { slot: 0 }, Region::Mirror], []);
+    c.restore_regions(&[Region::Parity { slot: 0 }, Region::Mirror], [])
+        .unwrap();
     let chunk = |c: &VolumeCore| matches!(c.parity_read(0), Some(Ok(ReadFrom::Chunk(_))));
     assert!(chunk(&c));
     // Failed everywhere (no control plane to take copies out): it stays on the stripe.
@@ -135,7 +136,8 @@ fn a_block_whose_chunk_is_out_is_rebuilt_from_k_others() {
         ReplicaState::InSync,
         ReplicaState::InSync,
     ]);
-    c.restore_regions(vec![Region::Parity { slot: 1 }; 4], []);
+    c.restore_regions(&[Region::Parity { slot: 1 }; 4], [])
+        .unwrap();
     let Some(Ok(ReadFrom::Rebuild { lost, from })) = c.parity_read(5) else {
         panic!("{:?}", c.parity_read(5));
     };
@@ -250,7 +252,8 @@ fn a_returning_node_copies_its_regions_from_their_mirrors_and_rebuilds_its_chunk
         ReplicaState::InSync,
         ReplicaState::InSync,
     ]);
-    c.restore_regions(vec![Region::Parity { slot: 1 }, Region::Mirror], []);
+    c.restore_regions(&[Region::Parity { slot: 1 }, Region::Mirror], [])
+        .unwrap();
     // Region 0's copies are nodes 1 and 2; region 1's are 2 and 3: node 1 does not mirror it.
     assert_eq!(c.parity_copy_source(0, 0), Some(MirrorCopy::From(1)));
     assert_eq!(
@@ -316,9 +319,10 @@ fn a_resync_waits_for_a_switch_being_recorded_and_abandons_encodes_before_theirs
 fn a_trim_over_a_stripe_or_an_encode_is_sent_as_zeroes() {
     let mut c = healthy();
     c.restore_regions(
-        vec![Region::Parity { slot: 0 }, Region::Mirror, Region::Mirror],
+        &[Region::Parity { slot: 0 }, Region::Mirror, Region::Mirror],
         [],
-    );
+    )
+    .unwrap();
     assert!(c.trim_needs_zeroes(0, 4096), "a stripe beneath");
     assert!(
         !c.trim_needs_zeroes(REGION, 4096),
@@ -339,16 +343,53 @@ fn the_core_offers_regions_to_encode_by_the_layouts_share() {
     let heat = |r: u64| [3, 0, 2, 1][r as usize];
     assert_eq!(c.region_to_encode(heat), Some(1));
     c.restore_regions(
-        vec![
+        &[
             Region::Parity { slot: 0 },
             Region::Parity { slot: 0 },
             Region::Parity { slot: 0 },
             Region::Mirror,
         ],
         [],
-    );
+    )
+    .unwrap();
     // 25% mirrored is over 20%: the last mirrored region goes too.
     assert_eq!(c.region_to_encode(heat), Some(3));
     let mirror = VolumeCore::new(&[(1, ReplicaState::InSync)], 0, false, 4);
     assert_eq!(mirror.region_to_encode(heat), None);
+}
+
+/// A writer attached again takes the recorded regions (the rest mirrored) and the overlay
+/// its nodes' held maps gave; a record naming more regions than the volume has is refused,
+/// as is a mirror asked to restore regions.
+#[test]
+fn a_restored_map_takes_the_record_and_the_overlay_and_refuses_a_longer_record() {
+    let mut c = healthy();
+    let regions = c.region_map().unwrap().regions().len();
+    c.restore_regions(
+        &[Region::Mirror, Region::Parity { slot: 1 }],
+        [REGION / 4096 + 3],
+    )
+    .unwrap();
+    let map = c.region_map().unwrap();
+    assert_eq!(map.regions().len(), regions);
+    assert_eq!(map.regions()[1], Region::Parity { slot: 1 });
+    assert!(map.regions()[2..].iter().all(|r| *r == Region::Mirror));
+    assert!(matches!(
+        c.parity_read(REGION / 4096 + 3),
+        Some(Ok(ReadFrom::Mirror(_)))
+    ));
+    assert!(matches!(
+        c.parity_read(REGION / 4096 + 4),
+        Some(Ok(ReadFrom::Chunk(_)))
+    ));
+    let longer = vec![Region::Mirror; regions + 1];
+    assert_eq!(
+        c.restore_regions(&longer, []),
+        Err(crate::LayoutError::Regions {
+            recorded: regions + 1,
+            regions
+        })
+    );
+    let mut mirror = VolumeCore::new(&[(1, ReplicaState::InSync)], 0, false, 4);
+    assert!(mirror.restore_regions(&[], []).is_err());
 }

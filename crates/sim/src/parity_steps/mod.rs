@@ -592,7 +592,9 @@ impl Run {
             .filter(|&i| up[i])
             .flat_map(|i| self.nodes[i].mirror.keys().copied())
             .collect();
-        self.core.restore_regions(self.recorded.clone(), held);
+        self.core
+            .restore_regions(&self.recorded, held)
+            .expect("the record has the volume's regions");
         Ok(())
     }
 
