@@ -26,7 +26,7 @@ use bytes::Bytes;
 use trireme_client::{AttachInfo, ReplicaTarget, Volume};
 use trireme_replication::{Layout, Parity, ReplicaState, Stripes};
 use trireme_store::{FaultyStore, FileStore, Store};
-use trireme_transport::TransportKind;
+use trireme_transport::{Handler, TransportKind};
 
 const PARITY: u64 = 1;
 const MIRROR: u64 = 2;
@@ -79,10 +79,23 @@ async fn node(
     let files: Arc<dyn Store> =
         Arc::new(FileStore::open_thin(&dir.join(format!("node{id}"))).unwrap());
     let store = Arc::new(FaultyStore::new(files, faults));
-    for &(volume, size) in sizes {
-        store.create(volume, size).expect("create replica");
-    }
     let node = Arc::new(trireme_node::Node::new(id, store));
+    for &(volume, size) in sizes {
+        // The parity volume's copies keep held maps, as they must (`node/src/held.rs`).
+        let mut h = trireme_proto::Header {
+            volume,
+            length: size,
+            ..trireme_proto::Header::request(trireme_proto::Op::CreateReplica, 0)
+        };
+        if volume == PARITY {
+            h.flags |= trireme_proto::FLAG_HELD;
+        }
+        let created = node
+            .clone()
+            .handle(trireme_transport::Frame::new(h, Bytes::new()))
+            .await;
+        assert_eq!(created.header.status, trireme_proto::Status::Ok, "create");
+    }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     tokio::spawn(trireme_transport::tcp::serve(listener, node));

@@ -30,6 +30,7 @@ mod failover;
 mod given;
 mod io;
 mod membership;
+mod overlay;
 mod parity;
 mod reconcile;
 mod relink;
@@ -317,6 +318,7 @@ impl Volume {
         let opts = VolumeOptions::over(kind, streams);
         let v = Volume::open(info, opts, None, true).await?;
         v.attach_all().await?;
+        v.restore_overlay().await?;
         let in_sync = v.in_sync();
         v.start_activity(&in_sync).await?;
         Ok(v)

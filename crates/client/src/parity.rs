@@ -270,7 +270,7 @@ pub(crate) fn core_of(
     managed: bool,
     slots: usize,
 ) -> Result<(trireme_replication::VolumeCore, Option<ParityIo>), VolumeError> {
-    use trireme_replication::{Layout, LayoutError, Region, VolumeCore};
+    use trireme_replication::{Layout, LayoutError, VolumeCore};
     let refused = |source| VolumeError::Layout {
         volume: info.name.clone(),
         source,
@@ -284,13 +284,6 @@ pub(crate) fn core_of(
     if managed {
         return Err(refused(LayoutError::NotBuilt(
             "a writer with a control plane (taking copies out, resyncs, encoding)",
-        )));
-    }
-    // The overlay of a parity region is what its mirrors hold, which needs the nodes to say
-    // exactly which blocks they hold.
-    if info.regions.iter().any(|r| *r != Region::Mirror) {
-        return Err(refused(LayoutError::NotBuilt(
-            "attaching a volume with regions in parity",
         )));
     }
     let nodes = StripeNodes {

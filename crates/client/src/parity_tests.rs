@@ -25,14 +25,39 @@ async fn node(id: u32, replica_size: u64) -> (ReplicaTarget, Arc<dyn Replica>) {
     serve(id, Arc::new(MemoryStore::default()), replica_size).await
 }
 
-/// A node over `store`, served over TCP on 127.0.0.1, holding the volume's replica.
+/// A node over `store`, served over TCP on 127.0.0.1, holding the volume's replica, which
+/// keeps a held map as a parity volume's must.
 async fn serve(
     id: u32,
     store: Arc<dyn Store>,
     replica_size: u64,
 ) -> (ReplicaTarget, Arc<dyn Replica>) {
-    let replica = store.create(VOLUME, replica_size).expect("create replica");
+    serve_with(id, store, replica_size, true).await
+}
+
+/// As [`serve`]; `held`: the replica is created as a parity volume's (`FLAG_HELD`).
+async fn serve_with(
+    id: u32,
+    store: Arc<dyn Store>,
+    replica_size: u64,
+    held: bool,
+) -> (ReplicaTarget, Arc<dyn Replica>) {
     let node = Arc::new(trireme_node::Node::new(id, store));
+    let mut h = trireme_proto::Header {
+        volume: VOLUME,
+        length: replica_size,
+        ..trireme_proto::Header::request(trireme_proto::Op::CreateReplica, 0)
+    };
+    if held {
+        h.flags |= trireme_proto::FLAG_HELD;
+    }
+    use trireme_transport::Handler;
+    let created = node
+        .clone()
+        .handle(trireme_transport::Frame::new(h, Bytes::new()))
+        .await;
+    assert_eq!(created.header.status, trireme_proto::Status::Ok, "create");
+    let replica = node.served(VOLUME).expect("created");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     tokio::spawn(trireme_transport::tcp::serve(listener, node));
@@ -170,17 +195,30 @@ async fn a_parity_volume_is_refused_where_it_cannot_be_served() {
         .await
         .unwrap_err();
     assert!(e.to_string().contains("needs 3 copies"), "{e}");
-    // Regions in parity: their overlay cannot be found again yet.
-    let mut encoded = c.info.clone();
-    encoded.regions = vec![
-        trireme_replication::Region::Mirror,
-        trireme_replication::Region::Parity { slot: 0 },
-        trireme_replication::Region::Mirror,
-    ];
-    let e = Volume::attach(encoded, TransportKind::Tcp, 1)
+    // A region record longer than the volume.
+    let mut longer = c.info.clone();
+    longer.regions = vec![Region::Mirror; 4];
+    let e = Volume::attach(longer, TransportKind::Tcp, 1)
         .await
         .unwrap_err();
-    assert!(e.to_string().contains("not built yet"), "{e}");
+    assert!(e.to_string().contains("names 4 regions"), "{e}");
+    // A copy made as a mirror's cannot say which blocks it holds: with regions in parity,
+    // its overlay could not be found again.
+    let replica_size = c.stripes.replica_blocks(c.info.size / 4096) * 4096;
+    let (target, _) = serve_with(4, Arc::new(MemoryStore::default()), replica_size, false).await;
+    let mut plain = c.info.clone();
+    plain.replicas[2] = ReplicaTarget { node: 3, ..target };
+    plain.regions = vec![Region::Mirror, Region::Parity { slot: 0 }];
+    let e = Volume::attach(plain.clone(), TransportKind::Tcp, 1)
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("cannot say which blocks it holds"),
+        "{e}"
+    );
+    // With every region mirrored, there is nothing to ask.
+    plain.regions = Vec::new();
+    Volume::attach(plain, TransportKind::Tcp, 1).await.unwrap();
 }
 
 /// A node whose store fails what `faults` says (`FaultyStore`), e.g. `read=1`.
@@ -525,4 +563,86 @@ async fn failures_abandon_an_encode_and_too_many_fail_a_read_cleanly() {
     }
     wait().await;
     assert!(v.read(0, size).await.unwrap() == data, "whole again");
+}
+
+/// A writer that goes away with regions in parity: the next one rebuilds the overlay from
+/// the nodes' held maps, so the blocks written over the stripe read back; a block only one
+/// mirror holds (a write no copy set finished) is trimmed there and reads the stripe.
+#[tokio::test]
+async fn a_new_writer_finds_the_overlay_in_the_nodes_held_maps() {
+    let mut c = cluster().await;
+    let size = c.info.size;
+    let rb = c.stripes.region_blocks();
+    let region = rb * 4096;
+    let v = Volume::attach(c.info.clone(), TransportKind::Tcp, 1)
+        .await
+        .unwrap();
+    let data = pattern(0, size as usize, 1);
+    v.write(0, data.clone(), false).await.unwrap();
+    let mut model = data.to_vec();
+    let record = |_, _| async { Ok::<(), String>(()) };
+    assert_eq!(
+        v.encode(1, &record).await.unwrap(),
+        Region::Parity { slot: 0 }
+    );
+    // Over the stripe: two blocks written and one discarded (sent as zeroes).
+    let over = pattern(region + 2 * 4096, 8192, 2);
+    v.write(region + 2 * 4096, over.clone(), false)
+        .await
+        .unwrap();
+    model[(region + 2 * 4096) as usize..(region + 4 * 4096) as usize].copy_from_slice(&over);
+    v.write_zeroes(region + 9 * 4096, 4096, true, false)
+        .await
+        .unwrap();
+    model[(region + 9 * 4096) as usize..(region + 10 * 4096) as usize].fill(0);
+    v.flush().await.unwrap();
+    drop(v);
+
+    // A write that reached one of region 1's mirrors only, from a writer that then died.
+    let mirror = c.stripes.mirrors_of(1)[0];
+    let addr = &c.info.replicas[mirror as usize - 1].addr;
+    let raw = trireme_transport::tcp::TcpConnection::connect(addr, 1)
+        .await
+        .unwrap();
+    use trireme_transport::Connection;
+    let req = |op, offset, length| trireme_proto::Header {
+        volume: VOLUME,
+        epoch: 2,
+        offset,
+        length,
+        ..trireme_proto::Header::request(op, 0)
+    };
+    let lone = c.stripes.node_block(rb + 5) * 4096;
+    for (h, payload) in [
+        (req(trireme_proto::Op::Attach, 0, 0), Bytes::new()),
+        (req(trireme_proto::Op::Write, lone, 0), pattern(0, 4096, 3)),
+        (req(trireme_proto::Op::Flush, 0, 0), Bytes::new()),
+    ] {
+        let f = raw.call(h, payload).await.unwrap();
+        assert_eq!(f.header.status, trireme_proto::Status::Ok, "{:?}", h.op);
+    }
+
+    c.info.epoch = 3;
+    c.info.regions = vec![Region::Mirror, Region::Parity { slot: 0 }];
+    let v = Volume::attach(c.info.clone(), TransportKind::Tcp, 1)
+        .await
+        .unwrap();
+    assert!(
+        v.read(0, size).await.unwrap()[..] == model[..],
+        "the overlay over the stripe, and the stripe under the lone write"
+    );
+    let mut buf = vec![0u8; 4096];
+    c.replicas[mirror as usize - 1]
+        .read(lone, &mut buf)
+        .unwrap();
+    assert!(buf.iter().all(|&b| b == 0), "the lone write was trimmed");
+    // The overlay folds back into the other slot and reads the same.
+    assert_eq!(
+        v.encode(1, &record).await.unwrap(),
+        Region::Parity { slot: 1 }
+    );
+    assert!(
+        v.read(0, size).await.unwrap()[..] == model[..],
+        "after the fold-back"
+    );
 }
