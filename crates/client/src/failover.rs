@@ -194,6 +194,7 @@ impl Volume {
     /// failed in the metadata). It starts failed: the resync task copies the volume to it with
     /// a full compare, at most `rate` bytes per second, and records it in sync when done.
     pub async fn add_replica(&self, node: u32, rate: Option<u64>) -> Result<(), VolumeError> {
+        self.mirror_only("moving a copy")?;
         let _g = self.membership_lock.lock().await;
         let mut core = self.core();
         let i = core.set().len();
@@ -218,6 +219,7 @@ impl Volume {
     /// recorded outdated (from now on it misses writes) and leaves the set for good. Refused
     /// for the last in-sync replica.
     pub async fn retire_replica(&self, node: u32) -> Result<(), VolumeError> {
+        self.mirror_only("moving a copy")?;
         let m = self.membership()?;
         let _all = self.core.acquire(0, self.size()).await;
         let _g = self.membership_lock.lock().await;

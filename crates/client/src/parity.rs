@@ -94,6 +94,19 @@ impl Volume {
         h
     }
 
+    /// Refuses `what` on a parity volume: it copies or compares a mirror's ranges between
+    /// copies, and a parity volume's copies differ by node (its chunks, the regions it
+    /// mirrors).
+    pub(crate) fn mirror_only(&self, what: &'static str) -> Result<(), VolumeError> {
+        match self.parity {
+            Some(_) => Err(VolumeError::Layout {
+                volume: self.info.name.clone(),
+                source: trireme_replication::LayoutError::NotBuilt(what),
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// The size of each copy of a volume of `size` bytes: the same for a mirror; for parity,
     /// every region's stride ([`Stripes::replica_blocks`]).
     pub(crate) fn replica_size(&self, size: u64) -> u64 {

@@ -646,3 +646,40 @@ async fn a_new_writer_finds_the_overlay_in_the_nodes_held_maps() {
         "after the fold-back"
     );
 }
+
+/// What copies or compares a mirror's ranges between copies is refused on a parity volume
+/// with a typed error, and a block status says all of it is data (no one copy holds it).
+#[tokio::test]
+async fn mirror_only_operations_are_refused_on_a_parity_volume() {
+    let c = cluster().await;
+    let size = c.info.size;
+    let v = Volume::attach(c.info.clone(), TransportKind::Tcp, 1)
+        .await
+        .unwrap();
+    let not_built = |r: Result<(), VolumeError>, what: &str| match r {
+        Err(VolumeError::Layout {
+            source: trireme_replication::LayoutError::NotBuilt(w),
+            ..
+        }) => assert_eq!(w, what),
+        other => panic!("{what}: {other:?}"),
+    };
+    not_built(v.scrub(1 << 20).await.map(drop), "scrubbing");
+    not_built(v.snapshot(1, 0).await.map(drop), "snapshots");
+    not_built(v.rollback(1).await, "snapshots");
+    not_built(v.changed_since(1, 0, 4096).await.map(drop), "snapshots");
+    not_built(v.resize(2 * size).await, "resizing");
+    not_built(v.add_replica(4, None).await, "moving a copy");
+    not_built(v.retire_replica(3).await, "moving a copy");
+    not_built(
+        crate::verify::verify_replicas(&v, 1 << 20).await.map(drop),
+        "verifying copies against each other",
+    );
+    let all = v.block_status(4096, size - 4096).await.unwrap();
+    assert_eq!(
+        all,
+        vec![trireme_proto::Extent {
+            length: size - 4096,
+            flags: 0
+        }]
+    );
+}

@@ -32,12 +32,7 @@ impl Volume {
 
     /// Carries out the core's [`ResizePlan`] (see the module docs for its order).
     async fn resize_to(&self, size: u64) -> Result<(), VolumeError> {
-        if self.parity.is_some() {
-            return Err(VolumeError::Layout {
-                volume: self.info.name.clone(),
-                source: trireme_replication::LayoutError::NotBuilt("resizing"),
-            });
-        }
+        self.mirror_only("resizing")?;
         if size == 0 || !size.is_multiple_of(4096) {
             return Err(VolumeError::BadSize(size));
         }

@@ -49,6 +49,7 @@ impl Volume {
         region: u64,
         rate: Option<u64>,
     ) -> Result<ScrubReport, VolumeError> {
+        self.mirror_only("scrubbing")?;
         let started = tokio::time::Instant::now();
         let progress = |done: u64, repaired: u64| {
             *self.scrubbing.lock().unwrap_or_else(|e| e.into_inner()) =

@@ -44,6 +44,7 @@ impl Volume {
         id: u64,
         created: u64,
     ) -> Result<(Vec<u32>, u64), VolumeError> {
+        self.mirror_only("snapshots")?;
         let t0 = tokio::time::Instant::now();
         let (took, held, paused, size) = {
             // A copy finishing a resync that lacked a snapshot holds new ones off (`resync.rs`).
@@ -134,6 +135,7 @@ impl Volume {
     /// fails it is taken out for a full resync (from the rolled-back ones); if none takes it,
     /// the volume is as it was.
     pub async fn rollback(&self, id: u64) -> Result<(), VolumeError> {
+        self.mirror_only("snapshots")?;
         let r = self.rollback_held(id).await;
         self.extents.changed();
         r
@@ -178,6 +180,7 @@ impl Volume {
         offset: u64,
         len: u64,
     ) -> Result<Vec<trireme_proto::Extent>, VolumeError> {
+        self.mirror_only("snapshots")?;
         self.changed_between(from, None, offset, len, crate::Extents::All)
             .await
     }
@@ -191,6 +194,7 @@ impl Volume {
         len: u64,
         want: crate::Extents,
     ) -> Result<Vec<trireme_proto::Extent>, VolumeError> {
+        self.mirror_only("snapshots")?;
         let kind = crate::extent_cache::Kind::ChangedSince(from);
         self.extents
             .answer(kind, offset, len, want, |ask| {

@@ -41,6 +41,7 @@ pub async fn verify_replicas_with(
     region: u64,
     progress: &mut (dyn FnMut(u64, u64) + Send),
 ) -> Result<VerifyReport, VolumeError> {
+    vol.mirror_only("verifying copies against each other")?;
     let size = vol.size();
     let region = region.clamp(4096, crate::MAX_IO);
     let mut report = VerifyReport {
