@@ -364,13 +364,13 @@ mod visits {
         );
     }
 
-    /// A volume kept in a layout of a newer trireme (or as parity with regions encoded, whose
-    /// overlay this writer cannot find again) is not attached: this writer would write it
-    /// as a mirror. Refused before any node is reached (the addresses here lead nowhere).
+    /// A volume kept in a layout of a newer trireme is not attached: this writer would
+    /// write it as a mirror; nor a parity volume whose region record names more regions
+    /// than it has. Refused before any node is reached (the addresses here lead nowhere).
     #[tokio::test]
     async fn a_layout_this_writer_does_not_serve_is_refused_at_attach() {
         let parity = trireme_replication::Parity::parse("2+1", None).unwrap();
-        let encoded = vec![trireme_replication::Region::Parity { slot: 0 }];
+        let encoded = vec![trireme_replication::Region::Parity { slot: 0 }; SIZE as usize];
         for (layout, regions) in [
             (trireme_replication::Layout::Parity(parity), encoded),
             (trireme_replication::Layout::Unknown, Vec::new()),

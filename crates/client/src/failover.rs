@@ -44,8 +44,10 @@ const RESYNC_RETOLD: Duration = Duration::from_secs(30);
 /// writer died with writes in flight, then spawns the resync task.
 pub(crate) async fn start(v: &Arc<Volume>) -> Result<(), VolumeError> {
     if v.info.reconcile {
+        v.mirror_only("reconciling the copies after a writer stopped uncleanly")?;
         v.reconcile().await?;
     }
+    v.restore_overlay().await?;
     // The replicas agree now: each starts this writer's activity log (one that cannot is taken
     // out, like one that fails its attach).
     let in_sync = v.in_sync();
@@ -504,7 +506,12 @@ impl Volume {
                     }
                 }
                 TakeOutStep::Mark(marks) => {
-                    let h = self.header(Op::DirtyMark, offset, length);
+                    // The write they missed, where it is on the nodes (a piece of a parity
+                    // volume's write is within one region, so its place is one range).
+                    let h = match length {
+                        0 => self.header(Op::DirtyMark, 0, 0),
+                        _ => self.node_range(self.header(Op::DirtyMark, offset, length)),
+                    };
                     let replies = join_all(
                         marks
                             .iter()

@@ -32,6 +32,7 @@ mod io;
 mod membership;
 mod overlay;
 mod parity;
+mod parity_resync;
 mod reconcile;
 mod relink;
 mod repair;

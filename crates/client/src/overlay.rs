@@ -28,16 +28,7 @@ impl Volume {
             return Ok(());
         };
         let recorded = self.info.regions.clone();
-        let regions = self.core().region_map().map_or(0, |m| m.regions().len());
-        if recorded.len() > regions {
-            return Err(VolumeError::Layout {
-                volume: self.info.name.clone(),
-                source: trireme_replication::LayoutError::Regions {
-                    recorded: recorded.len(),
-                    regions,
-                },
-            });
-        }
+        // Its length was checked when the core was made (`parity::core_of`).
         let stripes = &p.stripes;
         // Per block of a parity region: the slots whose copies hold it.
         let mut holders: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
@@ -114,7 +105,12 @@ impl Volume {
     }
 
     /// One `Held` query to slot `i`: the held byte ranges of the node's `[at, at + len)`.
-    async fn ask_held(&self, i: usize, at: u64, len: u64) -> Result<Vec<(u64, u64)>, VolumeError> {
+    pub(crate) async fn ask_held(
+        &self,
+        i: usize,
+        at: u64,
+        len: u64,
+    ) -> Result<Vec<(u64, u64)>, VolumeError> {
         let h = self.header(Op::Held, at, len);
         let reply = self.call_each(&[i], h, Bytes::new()).await.remove(0)?;
         let f = match self.expect_ok(i, reply) {

@@ -94,6 +94,14 @@ impl Volume {
         h
     }
 
+    /// As [`Volume::on_node`] for any request over a range within one region.
+    pub(crate) fn node_range(&self, mut h: Header) -> Header {
+        if let Some(p) = &self.parity {
+            h.offset = p.stripes.node_block(h.offset / BLOCK) * BLOCK + h.offset % BLOCK;
+        }
+        h
+    }
+
     /// Refuses `what` on a parity volume: it copies or compares a mirror's ranges between
     /// copies, and a parity volume's copies differ by node (its chunks, the regions it
     /// mirrors).
@@ -257,7 +265,11 @@ impl Volume {
     }
 
     /// Reads `h` (on-node place and length) from `node`'s replica.
-    async fn read_node(&self, node: u32, h: Header) -> Result<Bytes, (u32, VolumeError)> {
+    pub(crate) async fn read_node(
+        &self,
+        node: u32,
+        h: Header,
+    ) -> Result<Bytes, (u32, VolumeError)> {
         let Some(i) = self.core().slot_of(node) else {
             return Err((node, VolumeError::NoReplicas(self.info.name.clone())));
         };
@@ -283,7 +295,7 @@ pub(crate) fn core_of(
     managed: bool,
     slots: usize,
 ) -> Result<(trireme_replication::VolumeCore, Option<ParityIo>), VolumeError> {
-    use trireme_replication::{Layout, LayoutError, VolumeCore};
+    use trireme_replication::{Layout, VolumeCore};
     let refused = |source| VolumeError::Layout {
         volume: info.name.clone(),
         source,
@@ -292,13 +304,8 @@ pub(crate) fn core_of(
     let Layout::Parity(p) = info.layout else {
         return Ok((core.with_layout(info.layout).map_err(refused)?, None));
     };
-    // Take-outs, resyncs and reconciliation copy a mirror's ranges between copies; a
-    // parity replica's ranges differ by node (chunks, and the regions it mirrors).
-    if managed {
-        return Err(refused(LayoutError::NotBuilt(
-            "a writer with a control plane (taking copies out, resyncs, encoding)",
-        )));
-    }
+    // With a control plane, take-outs and resyncs are parity's own (`parity_resync.rs`);
+    // what copies a mirror's ranges between copies refuses it (`Volume::mirror_only`).
     let nodes = StripeNodes {
         data: p.data,
         parity: p.parity,
@@ -307,6 +314,9 @@ pub(crate) fn core_of(
     let core = core
         .with_stripes(p, info.size)
         .map_err(|_| refused(nodes.error()))?;
+    let mut core = core;
+    // The overlay is the nodes' to say (`overlay.rs`); the record's length is checked now.
+    core.restore_regions(&info.regions, []).map_err(refused)?;
     let stripes = core.region_map().map(|m| m.stripes().clone());
     let io = stripes
         .map(ParityIo::new)

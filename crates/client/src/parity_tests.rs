@@ -683,3 +683,223 @@ async fn mirror_only_operations_are_refused_on_a_parity_volume() {
         }]
     );
 }
+
+/// A control plane for tests: the record it keeps, as `locate` answers it.
+#[derive(Debug)]
+struct Records(std::sync::Mutex<AttachInfo>);
+
+impl Records {
+    fn state(&self, node: u32) -> ReplicaState {
+        let info = self.0.lock().unwrap();
+        info.replicas.iter().find(|r| r.node == node).unwrap().state
+    }
+}
+
+impl crate::Membership for Records {
+    fn set_state<'a>(
+        &'a self,
+        _volume: &'a str,
+        epoch: u64,
+        node: u32,
+        state: ReplicaState,
+        incarnation: u64,
+    ) -> crate::BoxFut<'a, Result<(), crate::MembershipError>> {
+        let mut info = self.0.lock().unwrap();
+        let r = match info.epoch == epoch {
+            false => Err(crate::MembershipError::Refused("stale epoch".into())),
+            true => {
+                let t = info.replicas.iter_mut().find(|r| r.node == node).unwrap();
+                t.state = state;
+                if state == ReplicaState::InSync && incarnation != 0 {
+                    t.incarnation = incarnation;
+                }
+                Ok(())
+            }
+        };
+        Box::pin(async move { r })
+    }
+    fn locate<'a>(
+        &'a self,
+        _volume: &'a str,
+    ) -> crate::BoxFut<'a, Result<AttachInfo, crate::MembershipError>> {
+        let info = self.0.lock().unwrap().clone();
+        Box::pin(async move { Ok(info) })
+    }
+    fn detach<'a>(
+        &'a self,
+        _volume: &'a str,
+        _epoch: u64,
+    ) -> crate::BoxFut<'a, Result<(), crate::MembershipError>> {
+        Box::pin(async { Ok(()) })
+    }
+    fn record_size<'a>(
+        &'a self,
+        _volume: &'a str,
+        _epoch: u64,
+        _size: u64,
+    ) -> crate::BoxFut<'a, Result<(), crate::MembershipError>> {
+        Box::pin(async { Err(crate::MembershipError::Refused("no resize".into())) })
+    }
+    fn record_region<'a>(
+        &'a self,
+        _volume: &'a str,
+        _id: u64,
+        _epoch: u64,
+        region: u64,
+        to: Region,
+    ) -> crate::BoxFut<'a, Result<(), crate::MembershipError>> {
+        let mut info = self.0.lock().unwrap();
+        let r = region as usize;
+        if info.regions.len() <= r {
+            info.regions.resize(r + 1, Region::Mirror);
+        }
+        info.regions[r] = to;
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// With a control plane: a node that fails writes is taken out and I/O goes on; once it
+/// works again the writer brings it back whole (its mirrored regions with what their other
+/// copy holds, its chunk rebuilt from the others), and then it serves reads for the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_node_is_taken_out_and_rebuilt_by_a_managed_writer() {
+    let mut c = cluster().await;
+    let replica_size = c.stripes.replica_blocks(c.info.size / 4096) * 4096;
+    let tag = format!("trireme-parity-managed-{}", std::process::id());
+    let specs: Vec<Spec> = (1..=3)
+        .map(|n| Spec(std::env::temp_dir().join(format!("{tag}-{n}"))))
+        .collect();
+    for (n, spec) in specs.iter().enumerate() {
+        let (t, r) = faulty_node(n as u32 + 1, replica_size, &spec.0).await;
+        c.info.replicas[n] = t;
+        c.replicas[n] = r;
+    }
+    let fault = |n: usize, what: &str| {
+        std::fs::write(&specs[n].0, what).unwrap();
+    };
+    let settle = || tokio::time::sleep(std::time::Duration::from_millis(150));
+    let size = c.info.size;
+    let region = c.stripes.region_blocks() * 4096;
+    let records = Arc::new(Records(std::sync::Mutex::new(c.info.clone())));
+    let mut opts = crate::VolumeOptions::over(TransportKind::Tcp, 1);
+    opts.resync_interval = std::time::Duration::from_millis(100);
+    let v = Volume::attach_managed(c.info.clone(), opts, records.clone())
+        .await
+        .unwrap();
+    let data = pattern(0, size as usize, 1);
+    v.write(0, data.clone(), false).await.unwrap();
+    let mut model = data.to_vec();
+    let m = records.clone();
+    let record = move |r: u64, kind: Region| {
+        let m = m.clone();
+        async move {
+            use crate::Membership;
+            m.record_region("p", VOLUME, 1, r, kind)
+                .await
+                .map_err(|e| e.to_string())
+        }
+    };
+    assert_eq!(
+        v.encode(1, &record).await.unwrap(),
+        Region::Parity { slot: 0 }
+    );
+
+    // Node 3 fails every write: taken out, and the writes go on.
+    fault(2, "write=1");
+    settle().await;
+    for (offset, len, t) in [
+        (0, region, 2u8),
+        (2 * region, region, 2),
+        (region + 4096, 8192, 3),
+    ] {
+        let d = pattern(offset, len as usize, t);
+        v.write(offset, d.clone(), false).await.unwrap();
+        model[offset as usize..(offset + len) as usize].copy_from_slice(&d);
+    }
+    v.write_zeroes(region + 5 * 4096, 4096, true, false)
+        .await
+        .unwrap();
+    model[(region + 5 * 4096) as usize..(region + 6 * 4096) as usize].fill(0);
+    assert_ne!(
+        records.state(3),
+        ReplicaState::InSync,
+        "taken out on record"
+    );
+    assert!(v.read(0, size).await.unwrap()[..] == model[..]);
+
+    // It works again: the resync task brings it back.
+    fault(2, "");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while records.state(3) != ReplicaState::InSync {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "node 3 never came back"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let done = v.last_resync(3).expect("a resync ran");
+    assert!(done.full && done.done_bytes == size, "{done:?}");
+    // Its mirrored regions' held blocks (two of three regions), and its one chunk.
+    let chunk = c.stripes.chunk_blocks * 4096;
+    assert!(
+        done.copied_bytes > region && done.copied_bytes <= 2 * region + chunk,
+        "{done:?}"
+    );
+
+    // Taken out for a planned restart, it comes back without its chunk of region 1 (as a
+    // disk that lost it): the whole resync rebuilds it from the other two.
+    assert!(v
+        .take_out_node(3, std::time::Duration::from_secs(60))
+        .await
+        .unwrap());
+    let d = pattern(2 * region, 4096, 4);
+    v.write(2 * region, d.clone(), false).await.unwrap();
+    model[2 * region as usize..(2 * region + 4096) as usize].copy_from_slice(&d);
+    let ch = (0..3).find(|&ch| c.stripes.node_of(1, ch) == 3).unwrap();
+    let at = trireme_replication::ChunkAt {
+        node: 3,
+        region: 1,
+        slot: 0,
+        chunk: ch,
+        block: 0,
+    };
+    let chunk_len = (c.stripes.chunk_blocks * 4096) as usize;
+    c.replicas[2]
+        .write(
+            c.stripes.chunk_block(&at) * 4096,
+            &vec![0xee; chunk_len],
+            false,
+        )
+        .unwrap();
+    assert_ne!(records.state(3), ReplicaState::InSync);
+    v.release_node(3);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while records.state(3) != ReplicaState::InSync {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "node 3 never came back again"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // Each of the others fails every read in turn: node 3's copies and chunk serve.
+    for n in [0, 1] {
+        fault(n, "read=1");
+        settle().await;
+        assert!(
+            v.read(0, size).await.unwrap()[..] == model[..],
+            "reads with node {} failing",
+            n + 1
+        );
+        fault(n, "");
+        settle().await;
+    }
+    // And a writer after this one finds the same overlay on every mirror.
+    drop(v);
+    let mut info = records.0.lock().unwrap().clone();
+    info.epoch = 2;
+    let v = Volume::attach(info, TransportKind::Tcp, 1).await.unwrap();
+    assert!(
+        v.read(0, size).await.unwrap()[..] == model[..],
+        "after a restart"
+    );
+}

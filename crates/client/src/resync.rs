@@ -86,7 +86,18 @@ impl Volume {
         // Read once: a resize of the copies in sync may change the volume's size meanwhile
         // and does not reach this copy (simulator seed 1493452).
         let size = self.size();
-        if let Some(had) = a.size.filter(|&s| s != size) {
+        if let Some(had) = a.size.filter(|&s| s != self.replica_size(size)) {
+            // A parity copy's size is fixed by its geometry: one of another size is not its.
+            if self.parity.is_some() {
+                return Err(VolumeError::Replica {
+                    node,
+                    status: trireme_proto::Status::Invalid,
+                    message: format!(
+                        "a copy of {had} bytes; this parity volume's copies have {}",
+                        self.replica_size(size)
+                    ),
+                });
+            }
             self.match_size(i, &*conn, had, size).await?;
         }
         Ok(Reattached {
@@ -164,6 +175,9 @@ impl Volume {
 
     /// Brings replica `i` back (see the module docs).
     pub(crate) async fn resync(&self, i: usize) -> Result<(), VolumeError> {
+        if self.parity.is_some() {
+            return self.resync_parity(i).await;
+        }
         let Reattached {
             conn,
             incarnation,
@@ -391,7 +405,7 @@ impl Volume {
 
     /// Flushes resync target `i`. If it fails, what the replica holds of the copies is unknown:
     /// it is taken out for a full resync.
-    async fn flush_resynced(&self, i: usize) -> Result<(), VolumeError> {
+    pub(crate) async fn flush_resynced(&self, i: usize) -> Result<(), VolumeError> {
         let r = self
             .call(i, self.header(Op::Flush, 0, 0), Bytes::new())
             .await
