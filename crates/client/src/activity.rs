@@ -17,7 +17,7 @@ use trireme_proto::Op;
 use crate::Volume;
 
 /// Smallest extent the nodes accept.
-const MIN_EXTENT: u64 = 64 << 10;
+pub(crate) const MIN_EXTENT: u64 = 64 << 10;
 /// Most extents a writer tracks (its table stays at 8 MiB or less).
 const MAX_EXTENTS: u64 = 1 << 20;
 /// Extents cleared under one range hold.
@@ -143,8 +143,7 @@ impl Volume {
             // No write is in flight in the run while it is held, so the replicas agree on it.
             let _r = self.core.acquire(start, end).await;
             let targets = self.write_targets();
-            let h = self.header(Op::ActivityClear, start, end - start);
-            match self.to_all(&targets, h, Bytes::new()).await {
+            match self.clear_activity(&targets, start, end).await {
                 Ok(()) => {
                     let last = self.activity.last();
                     for k in first..first + n {
@@ -161,6 +160,23 @@ impl Volume {
                 }
             }
         }
+    }
+}
+
+impl Volume {
+    /// Clears `[start, end)` of the volume on `targets`' logs: at its place on the nodes,
+    /// a region at a time for a parity volume (`Volume::pieces`).
+    async fn clear_activity(
+        &self,
+        targets: &[usize],
+        start: u64,
+        end: u64,
+    ) -> Result<(), crate::VolumeError> {
+        for (off, len) in self.pieces(start, end - start) {
+            let h = self.node_range(self.header(Op::ActivityClear, off, len));
+            self.to_all(targets, h, Bytes::new()).await?;
+        }
+        Ok(())
     }
 }
 

@@ -44,8 +44,10 @@ const RESYNC_RETOLD: Duration = Duration::from_secs(30);
 /// writer died with writes in flight, then spawns the resync task.
 pub(crate) async fn start(v: &Arc<Volume>) -> Result<(), VolumeError> {
     if v.info.reconcile {
-        v.mirror_only("reconciling the copies after a writer stopped uncleanly")?;
-        v.reconcile().await?;
+        match v.parity.is_some() {
+            true => v.reconcile_parity().await?,
+            false => v.reconcile().await?,
+        }
     }
     v.restore_overlay().await?;
     // The replicas agree now: each starts this writer's activity log (one that cannot is taken

@@ -32,6 +32,7 @@ mod io;
 mod membership;
 mod overlay;
 mod parity;
+mod parity_reconcile;
 mod parity_resync;
 mod reconcile;
 mod relink;
@@ -278,7 +279,14 @@ impl Volume {
             slots.push(Slot::new(r.node, conn));
         }
         slots.resize_with(MAX_SLOTS, || Slot::new(0, None));
-        let activity = activity::Activity::new(info.size, opts.activity_extent);
+        // A parity volume's extents are cleared at their place on the nodes, a region's
+        // mirrored part at a time: the nodes' extents must fit inside one (64 KiB divides
+        // every region's and stride's size).
+        let extent = match parity {
+            Some(_) => activity::MIN_EXTENT,
+            None => opts.activity_extent,
+        };
+        let activity = activity::Activity::new(info.size, extent);
         let metrics = opts.metrics.then(|| trireme_metrics::volume(&info.name));
         Ok(Volume {
             activity,

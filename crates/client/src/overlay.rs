@@ -68,7 +68,7 @@ impl Volume {
     }
 
     /// The slots of the in-sync copies among `region`'s mirrors.
-    fn in_sync_mirrors(&self, stripes: &Stripes, region: u64) -> Vec<usize> {
+    pub(crate) fn in_sync_mirrors(&self, stripes: &Stripes, region: u64) -> Vec<usize> {
         let mirrors = stripes.mirrors_of(region);
         self.in_sync()
             .into_iter()

@@ -161,18 +161,30 @@ impl Volume {
                 return Err(VolumeError::NoReplicas(self.info.name.clone()))
             }
         };
+        self.copy_held(src, i, off, len).await
+    }
+
+    /// Copies `[off, off + len)` of the volume (within one region's mirrored part) from
+    /// replica `src` to replica `dst` with what `src` holds: its held runs written (zeroes as
+    /// zeroes, so they stay held), the gaps trimmed. The bytes of held runs.
+    pub(crate) async fn copy_held(
+        &self,
+        src: usize,
+        dst: usize,
+        off: u64,
+        len: u64,
+    ) -> Result<u64, VolumeError> {
         let h = self.node_range(self.header(Op::Read, off, len));
         let held = self.ask_held(src, h.offset, len).await?;
         let data = self
             .read_node(self.node(src), h)
             .await
             .map_err(|(_, e)| e)?;
-        // The gaps between held runs are trimmed, the runs written.
         let mut at = h.offset;
         for (start, n) in held.iter().copied().chain([(h.offset + len, 0)]) {
             if start > at {
                 self.send_to(
-                    i,
+                    dst,
                     Op::WriteZeroes,
                     FLAG_MAY_TRIM,
                     at,
@@ -186,10 +198,10 @@ impl Volume {
                     data.slice((start - h.offset) as usize..(start - h.offset + n) as usize);
                 match bytes.iter().all(|&b| b == 0) {
                     true => {
-                        self.send_to(i, Op::WriteZeroes, 0, start, n, Bytes::new())
+                        self.send_to(dst, Op::WriteZeroes, 0, start, n, Bytes::new())
                             .await?
                     }
-                    false => self.send_to(i, Op::Write, 0, start, n, bytes).await?,
+                    false => self.send_to(dst, Op::Write, 0, start, n, bytes).await?,
                 }
             }
             at = start + n;
@@ -223,7 +235,8 @@ impl Volume {
             .await
     }
 
-    /// Sends one request at a node place to resync target `i`; a failure takes it out.
+    /// Sends one request at a node place to replica `i` (a resync or reconcile target); a
+    /// failure takes it out.
     async fn send_to(
         &self,
         i: usize,

@@ -903,3 +903,190 @@ async fn a_failed_node_is_taken_out_and_rebuilt_by_a_managed_writer() {
         "after a restart"
     );
 }
+
+/// A managed writer that dies with its mirrors differing (writes that reached one copy
+/// only, a trim that reached one): the next one, told to reconcile, makes every region's
+/// mirrors agree from one copy before any I/O, data and held blocks alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_managed_writer_reconciles_the_mirrors_a_dead_one_left_differing() {
+    let mut c = cluster().await;
+    let replica_size = c.stripes.replica_blocks(c.info.size / 4096) * 4096;
+    let tag = format!("trireme-parity-reconcile-{}", std::process::id());
+    let specs: Vec<Spec> = (1..=3)
+        .map(|n| Spec(std::env::temp_dir().join(format!("{tag}-{n}"))))
+        .collect();
+    for (n, spec) in specs.iter().enumerate() {
+        let (t, r) = faulty_node(n as u32 + 1, replica_size, &spec.0).await;
+        c.info.replicas[n] = t;
+        c.replicas[n] = r;
+    }
+    let size = c.info.size;
+    let rb = c.stripes.region_blocks();
+    let region = rb * 4096;
+    let records = Arc::new(Records(std::sync::Mutex::new(c.info.clone())));
+    let opts = crate::VolumeOptions::over(TransportKind::Tcp, 1);
+    let v = Volume::attach_managed(c.info.clone(), opts.clone(), records.clone())
+        .await
+        .unwrap();
+    let data = pattern(0, size as usize, 1);
+    v.write(0, data.clone(), false).await.unwrap();
+    let mut model = data.to_vec();
+    let m = records.clone();
+    let record = move |r: u64, kind: Region| {
+        let m = m.clone();
+        async move {
+            use crate::Membership;
+            m.record_region("p", VOLUME, 1, r, kind)
+                .await
+                .map_err(|e| e.to_string())
+        }
+    };
+    assert_eq!(
+        v.encode(1, &record).await.unwrap(),
+        Region::Parity { slot: 0 }
+    );
+    let over = pattern(region, 4 * 4096, 2);
+    v.write(region, over.clone(), false).await.unwrap();
+    model[region as usize..(region + 4 * 4096) as usize].copy_from_slice(&over);
+    v.flush().await.unwrap();
+    drop(v);
+
+    // What the dead writer left: on the second mirror of regions 0 and 1 only, a write
+    // (block 3; block rb + 7 over the stripe) and a trim of an overlay block (rb + 2).
+    let raw_to = |node: u32| {
+        let addr = c.info.replicas[node as usize - 1].addr.clone();
+        async move {
+            let raw = trireme_transport::tcp::TcpConnection::connect(&addr, 1)
+                .await
+                .unwrap();
+            use trireme_transport::Connection;
+            let h = trireme_proto::Header {
+                volume: VOLUME,
+                epoch: 2,
+                ..trireme_proto::Header::request(trireme_proto::Op::Attach, 0)
+            };
+            assert_eq!(
+                raw.call(h, Bytes::new()).await.unwrap().header.status,
+                trireme_proto::Status::Ok
+            );
+            raw
+        }
+    };
+    use trireme_proto::Op;
+    let (second0, second1) = (c.stripes.mirrors_of(0)[1], c.stripes.mirrors_of(1)[1]);
+    let raw = raw_to(second0).await;
+    send_raw(&raw, &c.stripes, Op::Write, 0, 3, pattern(0, 4096, 5)).await;
+    let raw = if second1 == second0 {
+        raw
+    } else {
+        raw_to(second1).await
+    };
+    send_raw(&raw, &c.stripes, Op::Write, 0, rb + 7, pattern(0, 4096, 6)).await;
+    send_raw(
+        &raw,
+        &c.stripes,
+        Op::WriteZeroes,
+        trireme_proto::FLAG_MAY_TRIM,
+        rb + 2,
+        Bytes::new(),
+    )
+    .await;
+    send_raw(&raw, &c.stripes, Op::Flush, 0, 0, Bytes::new()).await;
+
+    let mut info = records.0.lock().unwrap().clone();
+    info.epoch = 3;
+    info.reconcile = true;
+    records.0.lock().unwrap().epoch = 3;
+    let v = Volume::attach_managed(info, opts, records.clone())
+        .await
+        .unwrap();
+    let report = v.last_reconcile().expect("reconciled");
+    assert!(!report.whole && report.copied_bytes > 0, "{report:?}");
+    // Every copy answers the same, the first mirror's: each node failing reads in turn.
+    for (n, spec) in specs.iter().enumerate() {
+        std::fs::write(&spec.0, "read=1").unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+        assert!(
+            v.read(0, size).await.unwrap()[..] == model[..],
+            "node {} failing reads",
+            n + 1
+        );
+        std::fs::write(&spec.0, "").unwrap();
+    }
+}
+
+/// Sends one request of `op` over `raw` (attached at epoch 2) at volume block `block`'s
+/// place on the node; it must succeed.
+async fn send_raw(
+    raw: &trireme_transport::tcp::TcpConnection,
+    stripes: &Stripes,
+    op: trireme_proto::Op,
+    flags: u16,
+    block: u64,
+    payload: Bytes,
+) {
+    use trireme_transport::Connection;
+    let h = trireme_proto::Header {
+        volume: VOLUME,
+        epoch: 2,
+        flags,
+        offset: stripes.node_block(block) * 4096,
+        length: 4096,
+        ..trireme_proto::Header::request(op, 0)
+    };
+    let f = raw.call(h, payload).await.unwrap();
+    assert_eq!(f.header.status, trireme_proto::Status::Ok, "{op:?}");
+}
+
+/// The writer clears a parity volume's activity log where the nodes marked it, at each
+/// write's place on the node: once the volume is quiet, no mirrored part stays marked (a
+/// clear at the volume's own offsets would leave them, and clear other extents).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_activity_log_is_cleared_at_the_nodes_places() {
+    let c = cluster().await;
+    let size = c.info.size;
+    let records = Arc::new(Records(std::sync::Mutex::new(c.info.clone())));
+    let mut opts = crate::VolumeOptions::over(TransportKind::Tcp, 1);
+    opts.activity_period = std::time::Duration::from_millis(50);
+    let v = Volume::attach_managed(c.info.clone(), opts, records)
+        .await
+        .unwrap();
+    v.write(0, pattern(0, size as usize, 1), false)
+        .await
+        .unwrap();
+    let replica_size = c.stripes.replica_blocks(size / 4096) * 4096;
+    let marked = |node: u32| {
+        let addr = c.info.replicas[node as usize - 1].addr.clone();
+        async move {
+            use trireme_transport::Connection;
+            let raw = trireme_transport::tcp::TcpConnection::connect(&addr, 1)
+                .await
+                .unwrap();
+            let h = trireme_proto::Header {
+                volume: VOLUME,
+                length: replica_size,
+                ..trireme_proto::Header::request(trireme_proto::Op::ActivityQuery, 0)
+            };
+            let f = raw.call(h, Bytes::new()).await.unwrap();
+            let a =
+                trireme_proto::ActivityAnswer::read(&f.header, &f.payload, replica_size).unwrap();
+            assert_eq!(a.epoch, 1, "the writer's log");
+            trireme_proto::data_ranges(&a.extents, 0)
+        }
+    };
+    assert!(!marked(1).await.is_empty(), "the writes were marked");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    for node in 1..=3 {
+        loop {
+            let left = marked(node).await;
+            if left.is_empty() {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "node {node} still has {left:?} marked"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+}

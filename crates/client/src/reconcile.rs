@@ -19,10 +19,12 @@ impl Volume {
     pub(crate) async fn activity_ranges(&self) -> Result<Option<Vec<(u64, u64)>>, VolumeError> {
         let mut ranges = Vec::new();
         let in_sync = self.in_sync();
+        // The nodes' logs are over their copies: a parity volume's are larger than it.
+        let span = self.replica_size(self.size());
         for t in in_sync {
             let mut off = 0;
-            while off < self.size() {
-                let len = ACTIVITY_WINDOW.min(self.size() - off);
+            while off < span {
+                let len = ACTIVITY_WINDOW.min(span - off);
                 let h = self.header(Op::ActivityQuery, off, len);
                 let f = match self
                     .call(t, h, Bytes::new())

@@ -1,0 +1,141 @@
+//! After a parity volume's writer died with writes in flight: its mirrors made to agree
+//! before any I/O, a region at a time.
+//!
+//! - The nodes' activity logs are over their copies: a marked extent is at its node place
+//!   (the writer clears them there, `activity.rs`). Each marked range is cut into the
+//!   regions' mirrored parts; the chunk slots in it need nothing (a slot an unfinished
+//!   encode wrote is named by no record, and a switched one was durable on every node first).
+//! - Each region's part is copied from the first in-sync copy of its mirrors to the others
+//!   with what it holds (`Volume::copy_held`): data and held maps agree after it, so the
+//!   overlay restored next is the same on every mirror.
+//! - A copy is always made, with no checksums compared first: the logs bound the ranges to
+//!   the writes that were in flight. With a log missing (a node restarted), every region is.
+
+use std::collections::BTreeMap;
+
+use tokio::time::Instant;
+
+use crate::reconcile::ReconcileReport;
+use crate::{Volume, VolumeError};
+
+const BLOCK: u64 = 4096;
+
+impl Volume {
+    /// Reconciles a parity volume's mirrors (see the module docs).
+    pub(crate) async fn reconcile_parity(&self) -> Result<(), VolumeError> {
+        let p = self.parity.as_ref().expect("a parity volume");
+        let s = p.stripes.clone();
+        let started = Instant::now();
+        let blocks = self.size().div_ceil(BLOCK);
+        let (whole, parts) = match self.activity_ranges().await? {
+            Some(ranges) => (false, mirrored_parts(&s, &ranges, blocks)),
+            None => {
+                let all = [(0, s.replica_blocks(blocks) * BLOCK)];
+                (true, mirrored_parts(&s, &all, blocks))
+            }
+        };
+        let (mut compared, mut copied) = (0, 0);
+        for (first, end) in parts {
+            let (off, len) = (first * BLOCK, (end - first) * BLOCK);
+            let mirrors = self.in_sync_mirrors(&s, s.region_of(first));
+            let Some((&src, rest)) = mirrors.split_first() else {
+                continue;
+            };
+            for &t in rest {
+                match self.copy_held(src, t, off, len).await {
+                    Ok(n) => copied += n,
+                    Err(e) if e.stops_writer() => return Err(e),
+                    // The target was taken out for a full resync; the source failing is
+                    // the end of this attach, as for a mirror.
+                    Err(e) if !self.in_sync().contains(&t) => {
+                        tracing::warn!(volume = %self.info.name, node = self.node(t), "reconcile: {e}");
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            compared += len;
+        }
+        let report = ReconcileReport {
+            whole,
+            compared_bytes: compared,
+            copied_bytes: copied,
+            ms: started.elapsed().as_millis() as u64,
+            unreadable: Vec::new(),
+        };
+        tracing::info!(
+            volume = %self.info.name,
+            whole,
+            regions_bytes = compared,
+            copied_bytes = copied,
+            ms = report.ms,
+            "reconciled a parity volume's mirrors after an unclean writer change"
+        );
+        *self.reconciled.lock().unwrap_or_else(|e| e.into_inner()) = Some(report);
+        Ok(())
+    }
+}
+
+/// The volume block ranges `[first, end)` of regions' mirrored parts that node byte ranges
+/// `ranges` touch, each within one region, in order, merged.
+fn mirrored_parts(
+    s: &trireme_replication::Stripes,
+    ranges: &[(u64, u64)],
+    blocks: u64,
+) -> Vec<(u64, u64)> {
+    let (stride, rb) = (s.stride_blocks(), s.region_blocks());
+    let mut parts: BTreeMap<u64, u64> = BTreeMap::new();
+    for &(off, len) in ranges {
+        let (a, b) = (off / BLOCK, (off + len).div_ceil(BLOCK));
+        for r in a / stride..b.div_ceil(stride) {
+            let lo = a.max(r * stride) - r * stride;
+            let hi = (b.min(r * stride + rb)).saturating_sub(r * stride);
+            let (first, end) = (r * rb + lo, (r * rb + hi).min(blocks));
+            if lo < hi && first < end {
+                let e = parts.entry(first).or_insert(end);
+                *e = (*e).max(end);
+            }
+        }
+    }
+    // Merge overlapping pieces of one region.
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for (first, end) in parts {
+        match out.last_mut() {
+            Some((f, e)) if first <= *e && s.region_of(first) == s.region_of(*f) => {
+                *e = (*e).max(end)
+            }
+            _ => out.push((first, end)),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_ranges_cut_into_regions_mirrored_parts() {
+        let p = trireme_replication::Parity::parse("2+1", None).unwrap();
+        let s = trireme_replication::Stripes::new(&p, vec![1, 2, 3]).unwrap();
+        let (rb, stride) = (s.region_blocks(), s.stride_blocks());
+        let blocks = 3 * rb - 10;
+        let b = |n: u64| n * BLOCK;
+        // A range in region 0's mirrored part, one over its chunk slots into region 1's,
+        // and one in region 1's slots only.
+        let ranges = [
+            (b(4), b(8)),
+            (b(rb - 2), b(stride - rb + 4)),
+            (b(stride + rb), b(10)),
+        ];
+        assert_eq!(
+            mirrored_parts(&s, &ranges, blocks),
+            vec![(4, 12), (rb - 2, rb), (rb, rb + 2)]
+        );
+        // The whole replica: every region's part, the last one short.
+        let all = [(0, b(s.replica_blocks(blocks)))];
+        assert_eq!(
+            mirrored_parts(&s, &all, blocks),
+            vec![(0, rb), (rb, 2 * rb), (2 * rb, blocks)]
+        );
+    }
+}
