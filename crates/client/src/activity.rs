@@ -81,6 +81,27 @@ impl Activity {
         }
     }
 
+    /// Heat by region of `region` bytes, as of now: the last tick any of its extents was
+    /// written in (0: none since the cleaner last cleared them). The encoder's measure of
+    /// which regions are cold.
+    pub(crate) fn heat_by(&self, region: u64) -> impl Fn(u64) -> u64 {
+        let ticks: Vec<u64> = self
+            .last()
+            .iter()
+            .map(|a| a.load(Ordering::Relaxed))
+            .collect();
+        let shift = self.shift;
+        move |r: u64| {
+            let first = (r * region) >> shift;
+            let last = ((r + 1) * region - 1) >> shift;
+            (first..=last)
+                .filter_map(|k| ticks.get(k as usize))
+                .copied()
+                .max()
+                .unwrap_or(0)
+        }
+    }
+
     /// Extents that may be marked on the replicas now.
     #[cfg(test)]
     fn marked(&self) -> usize {

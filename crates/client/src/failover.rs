@@ -63,6 +63,7 @@ pub(crate) async fn start(v: &Arc<Volume>) -> Result<(), VolumeError> {
         }
     }
     crate::activity::spawn_cleaner(v);
+    crate::encoder::spawn(v);
     let weak = Arc::downgrade(v);
     tokio::spawn(async move {
         let mut last_error: Vec<Option<(String, Duration, u32)>> = Vec::new();

@@ -91,6 +91,9 @@ pub struct VolumeOptions {
     /// of a writer that lost the link to every copy (the cluster restarted) waits for the
     /// process to attach again.
     pub reattach_wait: Duration,
+    /// A parity volume's encoder, with a control plane: the most volume data it turns into
+    /// stripes a second; 0 runs none (`encoder.rs`).
+    pub encode_rate: u64,
 }
 
 /// Opens a connection to a replica's node.
@@ -127,6 +130,7 @@ impl Default for VolumeOptions {
             activity_period: Duration::from_millis(500),
             metrics: true,
             reattach_wait: Duration::from_secs(30),
+            encode_rate: crate::encoder::ENCODE_RATE,
         }
     }
 }

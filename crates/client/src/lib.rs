@@ -24,6 +24,7 @@ mod catch_up;
 mod copies;
 mod core;
 mod encode;
+mod encoder;
 mod error;
 mod extent_cache;
 mod failover;
@@ -47,6 +48,7 @@ mod tiers;
 mod verify;
 
 pub use encode::EncodeError;
+pub use encoder::ENCODE_RATE;
 pub use error::VolumeError;
 pub use given::{AttachInfo, Connector, ReplicaTarget, VolumeOptions};
 pub use membership::{BoxFut, DegradeRefusal, Membership, MembershipError, ReplicaView};

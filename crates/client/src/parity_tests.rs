@@ -783,6 +783,7 @@ async fn a_failed_node_is_taken_out_and_rebuilt_by_a_managed_writer() {
     let records = Arc::new(Records(std::sync::Mutex::new(c.info.clone())));
     let mut opts = crate::VolumeOptions::over(TransportKind::Tcp, 1);
     opts.resync_interval = std::time::Duration::from_millis(100);
+    opts.encode_rate = 0;
     let v = Volume::attach_managed(c.info.clone(), opts, records.clone())
         .await
         .unwrap();
@@ -924,7 +925,8 @@ async fn a_new_managed_writer_reconciles_the_mirrors_a_dead_one_left_differing()
     let rb = c.stripes.region_blocks();
     let region = rb * 4096;
     let records = Arc::new(Records(std::sync::Mutex::new(c.info.clone())));
-    let opts = crate::VolumeOptions::over(TransportKind::Tcp, 1);
+    let mut opts = crate::VolumeOptions::over(TransportKind::Tcp, 1);
+    opts.encode_rate = 0;
     let v = Volume::attach_managed(c.info.clone(), opts.clone(), records.clone())
         .await
         .unwrap();
@@ -1048,6 +1050,7 @@ async fn the_activity_log_is_cleared_at_the_nodes_places() {
     let records = Arc::new(Records(std::sync::Mutex::new(c.info.clone())));
     let mut opts = crate::VolumeOptions::over(TransportKind::Tcp, 1);
     opts.activity_period = std::time::Duration::from_millis(50);
+    opts.encode_rate = 0;
     let v = Volume::attach_managed(c.info.clone(), opts, records)
         .await
         .unwrap();
@@ -1088,5 +1091,69 @@ async fn the_activity_log_is_cleared_at_the_nodes_places() {
             );
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
+    }
+}
+
+/// With a control plane, the writer's encoder turns cold regions into stripes by itself,
+/// records each switch, and folds back an overlay written over one; the data never changes
+/// under the reads, and a writer after it finds it all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_encoder_task_encodes_cold_regions_and_folds_back_overlays() {
+    let c = cluster().await;
+    let size = c.info.size;
+    let region = c.stripes.region_blocks() * 4096;
+    let records = Arc::new(Records(std::sync::Mutex::new(c.info.clone())));
+    let mut opts = crate::VolumeOptions::over(TransportKind::Tcp, 1);
+    opts.activity_period = std::time::Duration::from_millis(50);
+    let v = Volume::attach_managed(c.info.clone(), opts, records.clone())
+        .await
+        .unwrap();
+    let data = pattern(0, size as usize, 1);
+    v.write(0, data.clone(), false).await.unwrap();
+    let mut model = data.to_vec();
+    // 2+1 with a fifth mirrored, three regions: every one goes to parity (a region
+    // written while it was encoded is folded back once more: either slot).
+    wait_regions(&records, "every region encoded", |r| {
+        r.len() == 3 && r.iter().all(|k| *k != Region::Mirror)
+    })
+    .await;
+    let settled = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
+    while tokio::time::Instant::now() < settled {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(v.read(0, size).await.unwrap()[..] == model[..]);
+    // A write over region 0's stripe is overlay, folded back into the other slot.
+    let was = records.0.lock().unwrap().regions[0];
+    let over = pattern(4096, 8192, 2);
+    v.write(4096, over.clone(), false).await.unwrap();
+    model[4096..4096 + 8192].copy_from_slice(&over);
+    wait_regions(&records, "the overlay folded back", |r| r[0] != was).await;
+    assert!(v.read(0, size).await.unwrap()[..] == model[..]);
+    assert!(
+        v.read(region, region).await.unwrap()[..] == model[region as usize..2 * region as usize]
+    );
+    drop(v);
+    let mut info = records.0.lock().unwrap().clone();
+    info.epoch = 2;
+    let v = Volume::attach(info, TransportKind::Tcp, 1).await.unwrap();
+    assert!(
+        v.read(0, size).await.unwrap()[..] == model[..],
+        "after a restart"
+    );
+}
+
+/// Waits (30 s at most) until the recorded regions are `done`.
+async fn wait_regions(records: &Records, what: &str, done: impl Fn(&[Region]) -> bool) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let regions = records.0.lock().unwrap().regions.clone();
+        if done(&regions) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: {regions:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
