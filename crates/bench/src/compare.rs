@@ -240,6 +240,7 @@ pub fn run(
                         name: name.clone(),
                         size,
                         replicas: v.parse().unwrap_or(1),
+                        layout: None,
                     },
                 )
                 .map_err(SuiteError::Usage)?;

@@ -474,6 +474,16 @@ pub enum VolumeCmd {
         /// file system cannot). Default: thin, space is taken as blocks are written.
         #[arg(long)]
         preallocate: bool,
+        /// Parity instead of a mirror: K data and M parity chunks per stripe on K+M nodes
+        /// (e.g. `2+1` on 3, `4+2` on 6), surviving M lost nodes. Hot writes land on M+1
+        /// mirrored copies of a share of the volume; cold regions are encoded in the
+        /// background.
+        #[arg(long, value_name = "K+M", conflicts_with_all = ["replicas", "min_copies", "preallocate"])]
+        parity: Option<String>,
+        /// The share of a parity volume kept mirrored for hot writes, in percent (1 to 99;
+        /// default 20).
+        #[arg(long, value_name = "PERCENT", requires = "parity", value_parser = units::count(1, 99))]
+        mirror_share: Option<u32>,
     },
     /// Grow a volume, online: its writer gives every copy the new size while I/O pauses a
     /// moment. New NBD connections see the new size; connected clients see it when they

@@ -38,6 +38,10 @@ pub enum Request {
         /// Thick: reserve every replica's whole size now; default thin.
         #[serde(default)]
         preallocate: bool,
+        /// How its bytes are kept; default a mirror of `replicas` copies. A parity layout
+        /// out of bounds is refused as the request is read.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        layout: Option<trireme_replication::Layout>,
     },
     /// Changes a volume's settings: each one given.
     VolumeSet {

@@ -185,6 +185,7 @@ impl ControllerService {
                         min_copies: p.changes.min_copies,
                         tier: p.changes.tier,
                         preallocate: p.preallocate,
+                        layout: None,
                     })
                     .await
                     .map_err(status)

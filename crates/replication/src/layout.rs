@@ -80,8 +80,6 @@ pub enum LayoutError {
     ParityChunks { data: u32, parity: u32 },
     #[error("mirror share {0}%: must be 1..=99 (a volume all mirrored is --replicas)")]
     MirrorShare(u32),
-    #[error("this build does not serve {0} volumes yet; attach it with a trireme that does")]
-    NotServed(String),
     #[error("the volume's layout was written by a newer trireme; attach it with that version")]
     Unknown,
     #[error("a parity {data}+{parity} volume needs {} copies, one per node; it lists {got}", data + parity)]
@@ -128,12 +126,26 @@ impl Layout {
         *self == Layout::Mirror
     }
 
-    /// Whether this build's writer serves it: a mirror only, for now.
+    /// Whether this build's writer serves it: a mirror and parity; not a layout of a newer
+    /// trireme.
     pub fn served(&self) -> Result<(), LayoutError> {
         match self {
-            Layout::Mirror => Ok(()),
-            Layout::Parity(_) => Err(LayoutError::NotServed(self.to_string())),
+            Layout::Mirror | Layout::Parity(_) => Ok(()),
             Layout::Unknown => Err(LayoutError::Unknown),
+        }
+    }
+
+    /// The size of each node's copy of a volume of `size` bytes: the volume's for a mirror;
+    /// for parity, a stride per region (its mirrored blocks and two chunk slots, see
+    /// [`Stripes::node_block`](crate::Stripes::node_block)).
+    pub fn replica_size(&self, size: u64) -> u64 {
+        match self {
+            Layout::Parity(p) => {
+                let region = crate::CHUNK_BLOCKS * u64::from(p.data);
+                let stride = region + crate::CHUNK_SLOTS * crate::CHUNK_BLOCKS;
+                size.div_ceil(4096).div_ceil(region) * stride * 4096
+            }
+            _ => size,
         }
     }
 
@@ -320,12 +332,26 @@ mod tests {
     }
 
     #[test]
-    fn only_a_mirror_is_served_and_an_unknown_layout_is_never_a_mirror() {
+    fn mirrors_and_parity_are_served_and_an_unknown_layout_is_never_a_mirror() {
         assert_eq!(Layout::Mirror.served(), Ok(()));
-        assert!(matches!(
-            parity("2+1", None).served(),
-            Err(LayoutError::NotServed(_))
-        ));
+        assert_eq!(parity("2+1", None).served(), Ok(()));
+        // A copy's size is the geometry's, for any volume size.
+        for (spec, size) in [
+            ("2+1", 4096),
+            ("4+2", 1 << 30),
+            ("3+2", 5 << 20),
+            ("16+3", 12288),
+        ] {
+            let p = Parity::parse(spec, None).unwrap();
+            let nodes = (1..=u32::from(p.data + p.parity)).collect();
+            let s = crate::Stripes::new(&p, nodes).unwrap();
+            assert_eq!(
+                Layout::Parity(p).replica_size(size),
+                s.replica_blocks(size / 4096) * 4096,
+                "{spec}"
+            );
+        }
+        assert_eq!(Layout::Mirror.replica_size(12288), 12288);
         let newer: Layout = serde_json::from_str(r#"{"kind":"striped","width":8}"#).unwrap();
         assert_eq!(newer, Layout::Unknown);
         assert_eq!(newer.served(), Err(LayoutError::Unknown));

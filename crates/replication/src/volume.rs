@@ -139,10 +139,14 @@ impl VolumeCore {
         }
     }
 
-    /// The core of a volume kept as `layout`, if this build serves it (a mirror; a parity
-    /// volume or a layout of a newer trireme is refused, never written as a mirror).
+    /// The core of a volume kept as `layout`, if this build serves it (a mirror; a layout of
+    /// a newer trireme is refused, never written as a mirror). A parity volume's core is
+    /// made with its geometry ([`VolumeCore::with_stripes`]), never here.
     pub fn with_layout(mut self, layout: Layout) -> Result<VolumeCore, LayoutError> {
         layout.served()?;
+        if let Layout::Parity(_) = layout {
+            return Err(LayoutError::NotBuilt("a parity core without its geometry"));
+        }
         self.layout = layout;
         Ok(self)
     }

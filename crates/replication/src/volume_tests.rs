@@ -572,7 +572,7 @@ fn a_core_serves_a_mirror_and_refuses_a_layout_it_cannot_write() {
     let parity = crate::Layout::Parity(crate::Parity::parse("2+1", None).unwrap());
     assert!(matches!(
         c.clone().with_layout(parity),
-        Err(crate::LayoutError::NotServed(_))
+        Err(crate::LayoutError::NotBuilt(_))
     ));
     assert_eq!(
         c.with_layout(crate::Layout::Unknown).err(),

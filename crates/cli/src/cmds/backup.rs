@@ -612,6 +612,7 @@ async fn restore(
             access: None,
             min_copies: None,
             tier: None,
+            layout: None,
         })
         .await
         .map_err(usage_if_remote)?;

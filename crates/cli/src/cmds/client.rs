@@ -221,9 +221,18 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
             min_copies,
             tier,
             preallocate,
+            parity,
+            mirror_share,
         }) => {
+            let layout = parity
+                .as_deref()
+                .map(|spec| trireme_replication::Parity::parse(spec, *mirror_share))
+                .transpose()
+                .map_err(|e| CliError::Usage(e.to_string()))?
+                .map(trireme_replication::Layout::Parity);
             let v: VolumeRecord = cc
                 .call(&Request::VolumeCreate {
+                    layout,
                     preallocate: *preallocate,
                     name: name.clone(),
                     size: *size,
@@ -235,8 +244,8 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 .await
                 .map_err(usage_if_remote)?;
             rbac_follow(cli).await;
-            print(out, &v, |v| {
-                format!(
+            print(out, &v, |v| match v.layout.is_mirror() {
+                true => format!(
                     "created {} ({}, {}), {} replica{} on {}\n",
                     v.name,
                     human(v.size),
@@ -244,7 +253,14 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                     v.replicas.len(),
                     if v.replicas.len() == 1 { "" } else { "s" },
                     on_nodes(v)
-                )
+                ),
+                false => format!(
+                    "created {} ({}, thin): {}; on {}\n",
+                    v.name,
+                    human(v.size),
+                    v.layout.summary(v.replicas.len()),
+                    on_nodes(v)
+                ),
             });
         }
         Cmd::Volume(VolumeCmd::Clone { snapshot, name }) => {

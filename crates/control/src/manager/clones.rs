@@ -58,6 +58,7 @@ impl Manager {
                 &v.access,
                 false,
                 Some(parent),
+                trireme_replication::Layout::Mirror,
             )
             .await?;
         let ask = CloneRequest {

@@ -537,12 +537,16 @@ impl Manager {
     ) -> Result<trireme_transport::Frame> {
         let mut h = Header {
             volume: v.id,
-            length: v.size,
+            length: v.layout.replica_size(v.size),
             ..Header::request(op, 0)
         };
         // A thick volume's copies are thick wherever they are made (creation, moves, down-out).
         if op == Op::CreateReplica && v.preallocate {
             h.flags |= trireme_proto::FLAG_PREALLOCATE;
+        }
+        // A parity volume's copies keep which blocks they hold (`node/src/held.rs`).
+        if op == Op::CreateReplica && !v.layout.is_mirror() {
+            h.flags |= trireme_proto::FLAG_HELD;
         }
         self.node_call(node, h).await
     }
@@ -609,9 +613,11 @@ impl Manager {
                 min_copies,
                 tier,
                 preallocate,
+                layout,
             } => to(async {
+                let layout = layout.unwrap_or_default();
                 let mut v = self
-                    .create_volume(&name, size, replicas, access, preallocate)
+                    .create_volume_as(&name, size, replicas, access, preallocate, layout)
                     .await?;
                 if let Some(n) = min_copies {
                     v = self.set_min_copies(&name, n).await?;

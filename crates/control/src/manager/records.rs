@@ -29,6 +29,11 @@ pub async fn attach_info(meta: &ClusterMeta, v: &VolumeRecord) -> Result<AttachI
             incarnation: r.incarnation,
         });
     }
+    // A parity volume's regions as its encodes switched them (the overlay is the nodes').
+    let regions = match v.layout.is_mirror() {
+        true => Vec::new(),
+        false => meta.regions(v.id).await?,
+    };
     Ok(AttachInfo {
         name: v.name.clone(),
         id: v.id,
@@ -39,7 +44,7 @@ pub async fn attach_info(meta: &ClusterMeta, v: &VolumeRecord) -> Result<AttachI
         min_copies: v.min_copies(),
         preallocate: v.preallocate,
         layout: v.layout,
-        regions: Vec::new(),
+        regions,
     })
 }
 

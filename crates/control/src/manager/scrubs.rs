@@ -57,6 +57,11 @@ impl Manager {
         rate: Option<u64>,
     ) -> Result<ScrubReport> {
         let v = self.meta.volume(name).await?;
+        if !v.layout.is_mirror() {
+            return Err(crate::error::refused(format!(
+                "volume {name}: scrubbing a parity volume is not built yet (its stripes are checked by nothing but reads)"
+            )));
+        }
         self.scrub_recorded(&v, region, rate, ScrubBy::Operator)
             .await
     }
@@ -206,7 +211,9 @@ impl Manager {
         let now = now_secs();
         let mut oldest: Option<(u64, VolumeRecord)> = None;
         let records = self.meta.scrub_records().await?;
-        for v in self.meta.volumes().await? {
+        // Parity volumes are not scrubbed yet: never the oldest that holds the others back.
+        let volumes = self.meta.volumes().await?;
+        for v in volumes.into_iter().filter(|v| v.layout.is_mirror()) {
             match records.get(&v.name).filter(|r| r.volume_id == v.id) {
                 None => {
                     let rec = ScrubRecord {
@@ -267,7 +274,8 @@ impl Manager {
             let rested = last
                 .get(&v.id)
                 .is_none_or(|t| now.duration_since(*t) >= INTEGRITY_AGAIN);
-            noted && ready && rested
+            let mirror = v.resiliency.as_ref().is_none_or(|r| r.layout.is_mirror());
+            noted && ready && rested && mirror
         });
         let Some(vs) = due else { return Ok(()) };
         last.insert(vs.id, now);

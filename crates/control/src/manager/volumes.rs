@@ -55,6 +55,33 @@ impl Manager {
         access: Option<Vec<String>>,
         preallocate: bool,
     ) -> Result<VolumeRecord> {
+        let mirror = trireme_replication::Layout::Mirror;
+        self.create_volume_as(name, size, replicas, access, preallocate, mirror)
+            .await
+    }
+
+    /// [`Manager::create_volume`] kept as `layout`: a parity volume is placed on its
+    /// stripe's K+M nodes (`replicas` must be 0 then: the layout says how many), thin, and
+    /// each copy keeps a held map (`FLAG_HELD`).
+    pub async fn create_volume_as(
+        &self,
+        name: &str,
+        size: u64,
+        replicas: usize,
+        access: Option<Vec<String>>,
+        preallocate: bool,
+        layout: trireme_replication::Layout,
+    ) -> Result<VolumeRecord> {
+        if let trireme_replication::Layout::Parity(p) = layout {
+            if replicas != 0 || preallocate {
+                return Err(refused(format!(
+                    "a parity {}+{} volume is on its {} nodes and thin: give no replica count and no preallocation",
+                    p.data,
+                    p.parity,
+                    p.data + p.parity
+                )));
+            }
+        }
         let access = access.unwrap_or_else(|| {
             self.default_access
                 .lock()
@@ -90,10 +117,17 @@ impl Manager {
             0 => loads.len().clamp(1, 3),
             n => n,
         };
-        let chosen = place(&loads, replicas)?;
+        let chosen = match layout {
+            trireme_replication::Layout::Parity(p) => trireme_replication::place_stripe(
+                &loads,
+                usize::from(p.data),
+                usize::from(p.parity),
+            )?,
+            _ => place(&loads, replicas)?,
+        };
         let v = self
             .meta
-            .create_volume_with(name, size, &chosen, &access, preallocate)
+            .create_volume_from(name, size, &chosen, &access, preallocate, None, layout)
             .await?;
         let mut created = Vec::new();
         for &id in &chosen {
@@ -124,12 +158,12 @@ impl Manager {
                 }
             }
         }
-        tracing::info!(volume = name, size, nodes = ?chosen, preallocate, "volume created");
+        tracing::info!(volume = name, size, nodes = ?chosen, preallocate, %layout, "volume created");
         let list: Vec<String> = chosen.iter().map(u32::to_string).collect();
         self.event(
             "volume",
             format!(
-                "volume {name} created ({}, {}, on node {})",
+                "volume {name} created ({}, {}, {layout}, on node {})",
                 crate::human(size),
                 if preallocate { "thick" } else { "thin" },
                 list.join(", ")
@@ -174,6 +208,12 @@ impl Manager {
         let v = self
             .meta
             .update_volume(name, &mut |v| {
+                if let trireme_replication::Layout::Parity(p) = v.layout {
+                    return Err(trireme_meta::MetaError::Refused(format!(
+                        "a parity {}+{} volume writes while {} of its nodes are in sync (its stripes need them): its minimum of copies is not set",
+                        p.data, p.parity, p.data
+                    )));
+                }
                 if n == 0 || n as usize > v.replicas.len() {
                     return Err(trireme_meta::MetaError::Refused(format!(
                         "min copies {n} must be from 1 to the volume's {} replicas",

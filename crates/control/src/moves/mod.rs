@@ -144,6 +144,18 @@ impl Manager {
             .into_iter()
             .filter(|v| v.replicas.iter().any(|r| r.node == node))
             .collect();
+        let parity: Vec<&str> = held
+            .iter()
+            .filter(|v| !v.layout.is_mirror())
+            .map(|v| v.name.as_str())
+            .collect();
+        if !parity.is_empty() {
+            return Err(refused(format!(
+                "node {node} holds a copy of the parity volume{} {}: moving a parity copy is not built yet; node {node} is left as it was",
+                if parity.len() == 1 { "" } else { "s" },
+                parity.join(", ")
+            )));
+        }
         // A copy is made from a copy in sync: a node that does not answer and holds the only
         // one of a volume leaves nothing to copy from. Said now, not by a job that fails.
         let only_here: Vec<&str> = held

@@ -126,11 +126,14 @@ impl ClusterMeta {
         access: &[String],
         preallocate: bool,
     ) -> Result<VolumeRecord, MetaError> {
-        self.create_volume_from(name, size, nodes, access, preallocate, None)
+        let mirror = trireme_replication::Layout::Mirror;
+        self.create_volume_from(name, size, nodes, access, preallocate, None, mirror)
             .await
     }
 
-    /// [`Self::create_volume_with`], a clone of `parent` if given.
+    /// [`Self::create_volume_with`], a clone of `parent` if given, kept as `layout` (a
+    /// parity volume's `nodes` are its stripe's K+M).
+    #[allow(clippy::too_many_arguments)]
     pub async fn create_volume_from(
         &self,
         name: &str,
@@ -139,7 +142,11 @@ impl ClusterMeta {
         access: &[String],
         preallocate: bool,
         parent: Option<crate::CloneOf>,
+        layout: trireme_replication::Layout,
     ) -> Result<VolumeRecord, MetaError> {
+        layout
+            .served()
+            .map_err(|e| MetaError::Refused(e.to_string()))?;
         check_name(name)?;
         for a in access {
             crate::check_access_entry(a)?;
@@ -154,7 +161,7 @@ impl ClusterMeta {
                 name: name.to_string(),
                 size,
                 preallocate,
-                layout: trireme_replication::Layout::Mirror,
+                layout,
             };
             let layout = Layout {
                 replicas: nodes
