@@ -78,7 +78,7 @@ impl Volume {
         };
         match self.encode(region, record).await {
             Ok(kind) => {
-                tracing::info!(volume = %self.info.name, region, ?kind, ms = started.elapsed().as_millis() as u64, "region encoded");
+                tracing::debug!(volume = %self.info.name, region, ?kind, ms = started.elapsed().as_millis() as u64, "region encoded");
             }
             Err(EncodeError::Refused { source, .. }) => {
                 tracing::debug!(volume = %self.info.name, region, "encode refused: {source}");

@@ -8,7 +8,9 @@
 //!   writer's overlay (`overlay.rs`).
 //! - **Chunks.** The node's chunk of every parity region, rebuilt from K chunks in sync. No
 //!   hold: chunks change only by encodes, which wait for every node in sync.
-//! - Then a flush of the node, and it is in sync: on record first, then for reads.
+//! - Then a flush of the node, and it is in sync: on record first, then for reads. What its
+//!   node noted against the copy before the resync began (an unclean stop) is cleared: every
+//!   block and chunk of it that is ever read was rewritten (a scrub's `Verified`).
 //!
 //! Always whole for now: the survivors' records of what the node missed are kept (in node
 //! places), but an incremental resync of a parity volume is not built. A copy rebuilt whole
@@ -55,6 +57,9 @@ impl Volume {
             self.core().resync_begun(i, progress);
         }
         tracing::info!(volume = %self.info.name, node, "parity resync started");
+        // What its node noted against the copy (an unclean stop) up to now: the resync
+        // rewrites every block and chunk of it that is ever read, so it verifies that much.
+        let tokens = self.integrity_tokens(&[i]).await;
         let mut progress = match self.parity_copies(i, started).await {
             Ok(p) => p,
             Err(e) => {
@@ -68,6 +73,7 @@ impl Volume {
             }
         };
         self.set_progress(i, None);
+        self.mark_verified(&tokens).await;
         let _all = self.core.acquire(0, self.size()).await;
         let _g = self.membership_lock.lock().await;
         if !self.core().resyncing(i) {

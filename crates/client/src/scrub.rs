@@ -142,7 +142,7 @@ impl Volume {
     }
 
     /// Each copy's integrity token now (`ReplicaInfo`), for those whose node reports one.
-    async fn integrity_tokens(&self, copies: &[usize]) -> Vec<(usize, u64)> {
+    pub(crate) async fn integrity_tokens(&self, copies: &[usize]) -> Vec<(usize, u64)> {
         let mut out = Vec::new();
         for &i in copies {
             let h = self.header(Op::ReplicaInfo, 0, 0);
@@ -163,7 +163,7 @@ impl Volume {
     /// node gives now, if that node's process is the one the scrub began with (a copy whose
     /// node restarted meanwhile stays noted). The nodes told; a refusal is logged, not an
     /// error: the copy stays noted, and the next scrub tries again.
-    async fn mark_verified(&self, copies: &[(usize, u64)]) -> Vec<u32> {
+    pub(crate) async fn mark_verified(&self, copies: &[(usize, u64)]) -> Vec<u32> {
         let idx: Vec<usize> = copies.iter().map(|c| c.0).collect();
         let now = self.integrity_tokens(&idx).await;
         let mut told = Vec::new();
