@@ -19,6 +19,13 @@ pub struct UpArgs {
     /// Copies of the volume, each on a different node.
     #[arg(long, default_value_t = 3, value_parser = units::count(1, 3))]
     pub replicas: u32,
+    /// Keep the volume as parity instead: K data and M parity chunks on K+M of the nodes
+    /// (`--nodes 3 --parity 2+1`, `--nodes 6 --parity 4+2`); see `volume create --parity`.
+    #[arg(long, value_name = "K+M", conflicts_with_all = ["replicas", "preallocate"])]
+    pub parity: Option<String>,
+    /// With `--parity`: the share of the volume kept mirrored for hot writes, in percent.
+    #[arg(long, value_name = "PERCENT", requires = "parity", value_parser = units::count(1, 99))]
+    pub mirror_share: Option<u32>,
     /// Size of the volume (e.g. 1G, 512M).
     #[arg(long, default_value = "1G", value_parser = units::parse_size)]
     pub size: u64,

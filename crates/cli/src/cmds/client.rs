@@ -346,6 +346,9 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 let mut s = volumes_table(std::slice::from_ref(&v.record));
                 if let Some(l) = &v.resiliency {
                     s += &format!("layout: {}\n", l.summary);
+                    if let Some(r) = &l.regions {
+                        s += &format!("regions: {}\n", r.line());
+                    }
                 }
                 if let Some(w) = &v.writer {
                     s += &format!("attached by {}\n", w.text);

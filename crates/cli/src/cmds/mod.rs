@@ -70,6 +70,13 @@ pub(crate) fn local_config(
         data_dir: cli.data_dir.clone(),
         nodes: a.nodes,
         replicas: a.replicas,
+        layout: match &a.parity {
+            Some(spec) => trireme_replication::Layout::Parity(
+                trireme_replication::Parity::parse(spec, a.mirror_share)
+                    .map_err(|e| CliError::Usage(e.to_string()))?,
+            ),
+            None => trireme_replication::Layout::Mirror,
+        },
         size: a.size,
         volume: a.volume.clone(),
         store: a.store.kind().as_str().to_string(),

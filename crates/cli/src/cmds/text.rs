@@ -415,6 +415,9 @@ pub(crate) fn status_text(s: &StatusReport) -> String {
         }
         if let Some(l) = &v.resiliency {
             out += &format!("{:<16} layout: {}\n", "", l.summary);
+            if let Some(r) = &l.regions {
+                out += &format!("{:<16} regions: {}\n", "", r.line());
+            }
         }
         out += &format!("{:<16} access: {}\n", "", access_text(&v.access));
         out += &nvmf_text(&" ".repeat(17), &v.nvmf);

@@ -297,6 +297,29 @@ pub struct LayoutStatus {
     pub usable_to_raw: f64,
     /// All of the above in one line.
     pub summary: String,
+    /// A parity volume's regions, and how many are stripes now (the rest mirrored).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regions: Option<RegionShare>,
+}
+
+/// How much of a parity volume is in stripes (`status`, `volume info`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionShare {
+    pub regions: u64,
+    pub parity: u64,
+}
+
+impl RegionShare {
+    /// `97 of 128 regions in parity (76%), 24% mirrored`.
+    pub fn line(&self) -> String {
+        let pct = (self.parity * 100).checked_div(self.regions).unwrap_or(0);
+        format!(
+            "{} of {} regions in parity ({pct}%), {}% mirrored",
+            self.parity,
+            self.regions,
+            100 - pct
+        )
+    }
 }
 
 impl LayoutStatus {
@@ -308,12 +331,32 @@ impl LayoutStatus {
             survives: layout.losses_tolerated(copies),
             usable_to_raw: (layout.usable_to_raw(copies) * 1000.0).round() / 1000.0,
             summary: layout.summary(copies),
+            regions: None,
         }
     }
 
     /// Of the volume `v`.
     pub fn of(v: &trireme_meta::VolumeRecord) -> LayoutStatus {
         LayoutStatus::new(v.layout, v.replicas.len())
+    }
+
+    /// As [`LayoutStatus::of`], with a parity volume's `recorded` regions counted.
+    pub fn with_regions(
+        v: &trireme_meta::VolumeRecord,
+        recorded: &[trireme_replication::Region],
+    ) -> LayoutStatus {
+        let mut s = LayoutStatus::of(v);
+        if let trireme_replication::Layout::Parity(p) = v.layout {
+            let region = trireme_replication::CHUNK_BLOCKS * u64::from(p.data) * 4096;
+            s.regions = Some(RegionShare {
+                regions: v.size.div_ceil(region),
+                parity: recorded
+                    .iter()
+                    .filter(|r| **r != trireme_replication::Region::Mirror)
+                    .count() as u64,
+            });
+        }
+        s
     }
 }
 

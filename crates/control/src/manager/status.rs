@@ -40,9 +40,24 @@ impl Manager {
             writer: self.writer_status(&record).await,
             client_links: self.client_links(name),
             nvmf: self.meta.nvmf_exports_of(name).await.unwrap_or_default(),
-            resiliency: Some(crate::api::LayoutStatus::of(&record)),
+            resiliency: Some(self.layout_status(&record).await),
             record,
         })
+    }
+
+    /// How `v` is kept, with a parity volume's regions as recorded (not counted if the
+    /// record cannot be read: never shown as all mirrored).
+    async fn layout_status(&self, v: &VolumeRecord) -> crate::api::LayoutStatus {
+        if v.layout.is_mirror() {
+            return crate::api::LayoutStatus::of(v);
+        }
+        match self.meta.regions(v.id).await {
+            Ok(recorded) => crate::api::LayoutStatus::with_regions(v, &recorded),
+            Err(e) => {
+                tracing::warn!(volume = %v.name, "reading the region record: {e}");
+                crate::api::LayoutStatus::of(v)
+            }
+        }
     }
 
     /// Who writes `v`: its attach record (a cluster on etcd), or the writer in this process
@@ -352,7 +367,7 @@ impl Manager {
                     .filter(|e| e.volume == v.name)
                     .cloned()
                     .collect(),
-                resiliency: Some(crate::api::LayoutStatus::of(v)),
+                resiliency: Some(self.layout_status(v).await),
             });
         }
         for v in &mut vs {

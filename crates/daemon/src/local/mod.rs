@@ -43,6 +43,8 @@ pub struct LocalConfig {
     pub scrub: trireme_control::ScrubSchedule,
     pub nodes: u32,
     pub replicas: u32,
+    /// How the volume is kept: a mirror of `replicas` copies, or parity.
+    pub layout: trireme_replication::Layout,
     pub size: u64,
     pub volume: String,
     /// The store kind every node uses (`file`, `memory`, ...).
@@ -167,10 +169,15 @@ fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
 /// Runs the cluster until SIGTERM or Ctrl-C, then stops it in order: the NBD export flushes and
 /// detaches, the nodes get SIGTERM.
 pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
-    if a.replicas > a.nodes {
+    let width = a.layout.nodes(a.replicas as usize) as u32;
+    if width > a.nodes {
+        let what = match a.layout {
+            trireme_replication::Layout::Parity(p) => format!("--parity {}+{}", p.data, p.parity),
+            _ => format!("--replicas {}", a.replicas),
+        };
         return Err(DaemonError::Usage(format!(
-            "--replicas {} needs at least {} nodes, but --nodes is {}",
-            a.replicas, a.replicas, a.nodes
+            "{what} needs at least {width} nodes, but --nodes is {}",
+            a.nodes
         )));
     }
     if a.size == 0 || !a.size.is_multiple_of(4096) {
@@ -317,18 +324,22 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
     // The volume.
     match meta.volume(&a.volume).await {
         Ok(v) => {
-            if v.size != a.size || v.replicas.len() != a.replicas as usize {
+            if v.size != a.size || v.replicas.len() != width as usize || v.layout != a.layout {
                 tracing::warn!(
-                    "volume {} already exists with {} and {} replicas; keeping it as it is",
+                    "volume {} already exists ({}, {}); keeping it as it is",
                     v.name,
                     human(v.size),
-                    v.replicas.len()
+                    v.layout.summary(v.replicas.len())
                 );
             }
         }
         Err(trireme_meta::MetaError::NoVolume(_)) => {
+            let replicas = match a.layout.is_mirror() {
+                true => a.replicas as usize,
+                false => 0,
+            };
             manager
-                .create_volume(&a.volume, a.size, a.replicas as usize, None, a.preallocate)
+                .create_volume_as(&a.volume, a.size, replicas, None, a.preallocate, a.layout)
                 .await?;
         }
         Err(e) => return Err(e.into()),
