@@ -2,12 +2,11 @@
 //!
 //! - **Mirror** (every volume today): every copy holds every byte; N copies survive N-1 lost
 //!   nodes and keep 1/N of the raw space usable.
-//! - **Parity** (issue 67, not served yet): mirror-accelerated parity. Stripes of K data and M
-//!   parity chunks on K+M nodes; hot data lands in a mirror of M+1 copies (as many losses as
-//!   the parity survives) covering a share of the volume, and cold regions are encoded in
-//!   the background. The type, its bounds and its arithmetic are here so that the record, the
-//!   placement and the reports carry it before the data path does; a writer refuses to
-//!   attach a layout it does not serve ([`Layout::served`]).
+//! - **Parity** (issue 67): mirror-accelerated parity. Stripes of K data and M parity chunks
+//!   on K+M nodes; hot data lands in a mirror of M+1 copies (as many losses as the parity
+//!   survives) covering a share of the volume, and cold regions are encoded in the
+//!   background. The type, its bounds and its arithmetic are here; the geometry is
+//!   `stripes.rs`'s.
 //!
 //! A record written by a newer trireme with a layout this build does not know reads back as
 //! [`Layout::Unknown`]: refused too, never taken for a mirror (a writer that mirrored into a
