@@ -24,6 +24,9 @@ pub trait Filter: Send + Sync + 'static {
     fn caps(&self) -> Caps {
         self.next().caps()
     }
+    fn min_block(&self) -> u32 {
+        self.next().min_block()
+    }
     fn read(&self, offset: u64, len: u32) -> impl Future<Output = Result<Bytes, DevError>> + Send {
         self.next().read(offset, len)
     }
@@ -103,6 +106,9 @@ impl<F: Filter> BlockDevice for Filtered<F> {
     }
     fn caps(&self) -> Caps {
         self.0.caps()
+    }
+    fn min_block(&self) -> u32 {
+        self.0.min_block()
     }
     fn read(&self, offset: u64, len: u32) -> impl Future<Output = Result<Bytes, DevError>> + Send {
         self.0.read(offset, len)

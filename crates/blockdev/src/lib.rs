@@ -100,6 +100,12 @@ pub trait BlockDevice: Send + Sync + 'static {
     /// Its size in bytes, now (a volume may grow while it serves).
     fn size(&self) -> u64;
     fn caps(&self) -> Caps;
+    /// The smallest request it takes whole, in bytes: 1 for any; 4096 for a parity volume,
+    /// which refuses part blocks. A frontend tells the host (NBD's block-size info), so the
+    /// host merges part blocks itself.
+    fn min_block(&self) -> u32 {
+        1
+    }
     fn read(&self, offset: u64, len: u32) -> impl Future<Output = Result<Bytes, DevError>> + Send;
     fn write(
         &self,

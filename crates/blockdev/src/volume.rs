@@ -125,6 +125,9 @@ impl BlockDevice for VolumeDevice {
             trim: true,
         }
     }
+    fn min_block(&self) -> u32 {
+        self.slot().current().min_block()
+    }
     async fn read(&self, offset: u64, len: u32) -> Result<Bytes, DevError> {
         self.run(|v| async move { v.read(offset, u64::from(len)).await })
             .await

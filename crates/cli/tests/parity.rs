@@ -61,4 +61,25 @@ fn a_parity_volume_loses_nothing_when_nodes_die_while_it_encodes() {
     }
     let text = cli_ok(&c, &["volume", "info", "vol0"]);
     assert!(text.contains("regions in parity"), "{text}");
+    // The export says 4 KiB is its smallest block, so a client merges a part block itself
+    // (the writer refuses part blocks): qemu writes 512 bytes and reads them back.
+    common::need("nbdinfo");
+    common::need("qemu-io");
+    let info = common::run(std::process::Command::new("nbdinfo").args(["--json", &c.unix]));
+    assert!(info.contains("\"block_size_minimum\": 4096"), "{info}");
+    let out = common::run(std::process::Command::new("qemu-io").args([
+        "-f",
+        "raw",
+        "-c",
+        "write -P 0x11 512 512",
+        "-c",
+        "read -P 0x11 512 512",
+        &c.unix,
+    ]));
+    // qemu-io exits 0 whatever its commands did: its report says.
+    assert!(
+        out.contains("wrote 512/512 bytes") && out.contains("read 512/512 bytes"),
+        "{out}"
+    );
+    assert!(!out.contains("failed"), "{out}");
 }

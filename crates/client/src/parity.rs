@@ -102,6 +102,15 @@ impl Volume {
         h
     }
 
+    /// The smallest request it takes whole: 4096 bytes for a parity volume (part blocks are
+    /// refused, `Volume::check_blocks`), 1 for a mirror.
+    pub fn min_block(&self) -> u32 {
+        match self.parity {
+            Some(_) => BLOCK as u32,
+            None => 1,
+        }
+    }
+
     /// Refuses `what` on a parity volume: it copies or compares a mirror's ranges between
     /// copies, and a parity volume's copies differ by node (its chunks, the regions it
     /// mirrors).

@@ -222,8 +222,9 @@ where
                         INFO_NAME => d.extend_from_slice(name.as_bytes()),
                         INFO_DESCRIPTION => d.extend_from_slice(desc.as_bytes()),
                         INFO_BLOCK_SIZE => {
-                            d.extend_from_slice(&1u32.to_be_bytes());
-                            d.extend_from_slice(&PREFERRED_BLOCK.to_be_bytes());
+                            let min = b.min_block();
+                            d.extend_from_slice(&min.to_be_bytes());
+                            d.extend_from_slice(&PREFERRED_BLOCK.max(min).to_be_bytes());
                             d.extend_from_slice(&MAX_REQUEST.to_be_bytes());
                         }
                         _ => continue,
