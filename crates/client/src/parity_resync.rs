@@ -20,7 +20,7 @@ use bytes::Bytes;
 use tokio::time::Instant;
 use trireme_erasure::Codec;
 use trireme_proto::{Op, FLAG_MAY_TRIM};
-use trireme_replication::{ChunkRebuild, MirrorCopy, ReplicaState, ResyncProgress, ResyncStart};
+use trireme_replication::{ChunkRebuild, MirrorCopy, ResyncProgress, ResyncStart};
 
 use crate::resync::Reattached;
 use crate::{Volume, VolumeError};
@@ -79,20 +79,8 @@ impl Volume {
         if !self.core().resyncing(i) {
             return Err(VolumeError::NoReplicas(self.info.name.clone()));
         }
-        let m = self.membership()?;
-        m.set_state(
-            &self.info.name,
-            self.info.epoch,
-            node,
-            ReplicaState::InSync,
-            incarnation,
-        )
-        .await
-        .map_err(|e| self.degrade(node, e))?;
         progress.elapsed_ms = started.elapsed().as_millis() as u64;
-        self.core().resync_done(i, incarnation, progress.clone());
-        self.copies.wake();
-        self.drop_records(i).await;
+        self.resynced(i, incarnation, &progress).await?;
         tracing::info!(
             volume = %self.info.name,
             node,

@@ -764,16 +764,7 @@ impl crate::Membership for Records {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_node_is_taken_out_and_rebuilt_by_a_managed_writer() {
     let mut c = cluster().await;
-    let replica_size = c.stripes.replica_blocks(c.info.size / 4096) * 4096;
-    let tag = format!("trireme-parity-managed-{}", std::process::id());
-    let specs: Vec<Spec> = (1..=3)
-        .map(|n| Spec(std::env::temp_dir().join(format!("{tag}-{n}"))))
-        .collect();
-    for (n, spec) in specs.iter().enumerate() {
-        let (t, r) = faulty_node(n as u32 + 1, replica_size, &spec.0).await;
-        c.info.replicas[n] = t;
-        c.replicas[n] = r;
-    }
+    let specs = faulty_nodes(&mut c, "managed").await;
     let fault = |n: usize, what: &str| {
         std::fs::write(&specs[n].0, what).unwrap();
     };
@@ -790,16 +781,7 @@ async fn a_failed_node_is_taken_out_and_rebuilt_by_a_managed_writer() {
     let data = pattern(0, size as usize, 1);
     v.write(0, data.clone(), false).await.unwrap();
     let mut model = data.to_vec();
-    let m = records.clone();
-    let record = move |r: u64, kind: Region| {
-        let m = m.clone();
-        async move {
-            use crate::Membership;
-            m.record_region("p", VOLUME, 1, r, kind)
-                .await
-                .map_err(|e| e.to_string())
-        }
-    };
+    let record = |r, kind| record_via(records.clone(), r, kind);
     assert_eq!(
         v.encode(1, &record).await.unwrap(),
         Region::Parity { slot: 0 }
@@ -911,16 +893,7 @@ async fn a_failed_node_is_taken_out_and_rebuilt_by_a_managed_writer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_managed_writer_reconciles_the_mirrors_a_dead_one_left_differing() {
     let mut c = cluster().await;
-    let replica_size = c.stripes.replica_blocks(c.info.size / 4096) * 4096;
-    let tag = format!("trireme-parity-reconcile-{}", std::process::id());
-    let specs: Vec<Spec> = (1..=3)
-        .map(|n| Spec(std::env::temp_dir().join(format!("{tag}-{n}"))))
-        .collect();
-    for (n, spec) in specs.iter().enumerate() {
-        let (t, r) = faulty_node(n as u32 + 1, replica_size, &spec.0).await;
-        c.info.replicas[n] = t;
-        c.replicas[n] = r;
-    }
+    let specs = faulty_nodes(&mut c, "reconcile").await;
     let size = c.info.size;
     let rb = c.stripes.region_blocks();
     let region = rb * 4096;
@@ -933,16 +906,7 @@ async fn a_new_managed_writer_reconciles_the_mirrors_a_dead_one_left_differing()
     let data = pattern(0, size as usize, 1);
     v.write(0, data.clone(), false).await.unwrap();
     let mut model = data.to_vec();
-    let m = records.clone();
-    let record = move |r: u64, kind: Region| {
-        let m = m.clone();
-        async move {
-            use crate::Membership;
-            m.record_region("p", VOLUME, 1, r, kind)
-                .await
-                .map_err(|e| e.to_string())
-        }
-    };
+    let record = |r, kind| record_via(records.clone(), r, kind);
     assert_eq!(
         v.encode(1, &record).await.unwrap(),
         Region::Parity { slot: 0 }
@@ -1156,4 +1120,29 @@ async fn wait_regions(records: &Records, what: &str, done: impl Fn(&[Region]) ->
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+}
+
+/// Puts each of `c`'s nodes over a store that fails what its spec file says (`FaultyStore`);
+/// the specs, removed however the test ends.
+async fn faulty_nodes(c: &mut Cluster, tag: &str) -> Vec<Spec> {
+    let replica_size = c.stripes.replica_blocks(c.info.size / 4096) * 4096;
+    let tag = format!("trireme-parity-{tag}-{}", std::process::id());
+    let specs: Vec<Spec> = (1..=3)
+        .map(|n| Spec(std::env::temp_dir().join(format!("{tag}-{n}"))))
+        .collect();
+    for (n, spec) in specs.iter().enumerate() {
+        let (t, r) = faulty_node(n as u32 + 1, replica_size, &spec.0).await;
+        c.info.replicas[n] = t;
+        c.replicas[n] = r;
+    }
+    specs
+}
+
+/// Records an encode's switch in `records`, as a writer's control plane does.
+async fn record_via(records: Arc<Records>, region: u64, kind: Region) -> Result<(), String> {
+    use crate::Membership;
+    records
+        .record_region("p", VOLUME, 1, region, kind)
+        .await
+        .map_err(|e| e.to_string())
 }

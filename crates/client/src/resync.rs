@@ -291,6 +291,30 @@ impl Volume {
                 },
             });
         }
+        progress.elapsed_ms = started.elapsed().as_millis() as u64;
+        self.resynced(i, incarnation, &progress).await?;
+        tracing::info!(
+            volume = %self.info.name,
+            node,
+            full,
+            copied_bytes = progress.copied_bytes,
+            scanned_bytes = progress.done_bytes,
+            ms = progress.elapsed_ms,
+            "resync done; replica in sync"
+        );
+        Ok(())
+    }
+
+    /// Replica `i`, resynced, is in sync: on record first, then for reads and writes; the
+    /// survivors drop their records of what it missed. The caller holds the whole volume and
+    /// the membership lock.
+    pub(crate) async fn resynced(
+        &self,
+        i: usize,
+        incarnation: u64,
+        progress: &ResyncProgress,
+    ) -> Result<(), VolumeError> {
+        let node = self.node(i);
         let m = self.membership()?;
         m.set_state(
             &self.info.name,
@@ -301,19 +325,9 @@ impl Volume {
         )
         .await
         .map_err(|e| self.degrade(node, e))?;
-        progress.elapsed_ms = started.elapsed().as_millis() as u64;
         self.core().resync_done(i, incarnation, progress.clone());
         self.copies.wake();
         self.drop_records(i).await;
-        tracing::info!(
-            volume = %self.info.name,
-            node,
-            full,
-            copied_bytes = progress.copied_bytes,
-            scanned_bytes = progress.done_bytes,
-            ms = started.elapsed().as_millis() as u64,
-            "resync done; replica in sync"
-        );
         Ok(())
     }
 
