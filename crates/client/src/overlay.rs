@@ -39,9 +39,13 @@ impl Volume {
         }
         let mut overlay = Vec::new();
         let mut trims: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
+        let in_sync = self.in_sync();
         for (block, slots) in holders {
-            let mirrors = self.in_sync_mirrors(stripes, stripes.region_of(block));
-            if mirrors.iter().all(|m| slots.contains(m)) {
+            let region = stripes.region_of(block);
+            let mut mirrors = in_sync
+                .iter()
+                .filter(|&&i| stripes.mirrors(region, self.node(i)));
+            if mirrors.all(|m| slots.contains(m)) {
                 overlay.push(block);
             } else {
                 for i in slots {
@@ -94,8 +98,8 @@ impl Volume {
                 for (start, n) in self.ask_held(i, at, len).await? {
                     out.extend(
                         (start / BLOCK..(start + n) / BLOCK)
-                            .filter_map(|b| volume_block(stripes, b))
-                            .filter(|&b| stripes.mirrors_of(stripes.region_of(b)).contains(&node)),
+                            .filter_map(|b| stripes.volume_block(b))
+                            .filter(|&b| stripes.mirrors(stripes.region_of(b), node)),
                     );
                 }
                 at += len;
@@ -173,13 +177,6 @@ fn parity_runs(recorded: &[Region]) -> Vec<(u64, u64)> {
     out
 }
 
-/// The volume block at node block `b`, if `b` is in a region's mirrored part (not a chunk
-/// slot).
-fn volume_block(stripes: &Stripes, b: u64) -> Option<u64> {
-    let (r, i) = (b / stripes.stride_blocks(), b % stripes.stride_blocks());
-    (i < stripes.region_blocks()).then(|| r * stripes.region_blocks() + i)
-}
-
 /// `blocks` (ascending) as runs of consecutive blocks, none crossing a region's end (a run
 /// is consecutive on the node too).
 fn runs_within_regions(stripes: &Stripes, blocks: &[u64]) -> Vec<(u64, u64)> {
@@ -205,10 +202,10 @@ mod tests {
         let s = Stripes::new(&p, vec![1, 2, 3]).unwrap();
         let rb = s.region_blocks();
         for b in [0, 1, rb - 1, rb, 5 * rb + 7] {
-            assert_eq!(volume_block(&s, s.node_block(b)), Some(b));
+            assert_eq!(s.volume_block(s.node_block(b)), Some(b));
         }
-        assert_eq!(volume_block(&s, rb), None, "region 0's first chunk slot");
-        assert_eq!(volume_block(&s, s.stride_blocks() - 1), None);
+        assert_eq!(s.volume_block(rb), None, "region 0's first chunk slot");
+        assert_eq!(s.volume_block(s.stride_blocks() - 1), None);
         assert_eq!(
             runs_within_regions(&s, &[1, 2, rb - 1, rb, rb + 1, rb + 5]),
             vec![(1, 2), (rb - 1, 1), (rb, 2), (rb + 5, 1)]

@@ -87,11 +87,11 @@ impl Run {
 impl Volume {
     /// A parity volume's data request `h` as its targets see it: at its place in their
     /// replicas. Anything else is sent as it is.
-    pub(crate) fn on_node(&self, mut h: Header) -> Header {
-        if let (Some(p), Op::Write | Op::WriteZeroes | Op::Read) = (&self.parity, h.op) {
-            h.offset = p.stripes.node_block(h.offset / BLOCK) * BLOCK + h.offset % BLOCK;
+    pub(crate) fn on_node(&self, h: Header) -> Header {
+        match h.op {
+            Op::Write | Op::WriteZeroes | Op::Read => self.node_range(h),
+            _ => h,
         }
-        h
     }
 
     /// As [`Volume::on_node`] for any request over a range within one region.

@@ -153,6 +153,12 @@ impl Stripes {
         (0..=self.parity).map(|c| self.node_of(region, c)).collect()
     }
 
+    /// Whether `node` keeps one of `region`'s mirrored copies ([`Stripes::mirrors_of`],
+    /// without building the list).
+    pub fn mirrors(&self, region: u64, node: u32) -> bool {
+        (0..=self.parity).any(|c| self.node_of(region, c) == node)
+    }
+
     /// Blocks a region takes on each node's replica (see [`Stripes::node_block`]).
     pub fn stride_blocks(&self) -> u64 {
         self.region_blocks() + CHUNK_SLOTS * self.chunk_blocks
@@ -167,6 +173,13 @@ impl Stripes {
     pub fn node_block(&self, block: u64) -> u64 {
         let (r, i) = (self.region_of(block), block % self.region_blocks());
         r * self.stride_blocks() + i
+    }
+
+    /// The volume block at block `b` of a node's replica, if `b` is in a region's mirrored
+    /// part (not a chunk slot): the inverse of [`Stripes::node_block`].
+    pub fn volume_block(&self, b: u64) -> Option<u64> {
+        let (r, i) = (b / self.stride_blocks(), b % self.stride_blocks());
+        (i < self.region_blocks()).then(|| r * self.region_blocks() + i)
     }
 
     /// Where block `at.block` of chunk `at` is on its node's replica.
