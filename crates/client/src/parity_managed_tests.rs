@@ -1,0 +1,468 @@
+//! A parity volume's writer with a control plane (a recording `Membership`) against real
+//! nodes: take-outs and whole resyncs, reconciliation after a writer dies, the activity log
+//! at the nodes' places, and the encoder as a task.
+
+use super::*;
+
+/// A control plane for tests: the record it keeps, as `locate` answers it.
+#[derive(Debug)]
+struct Records(std::sync::Mutex<AttachInfo>);
+
+impl Records {
+    fn state(&self, node: u32) -> ReplicaState {
+        let info = self.0.lock().unwrap();
+        info.replicas.iter().find(|r| r.node == node).unwrap().state
+    }
+}
+
+impl crate::Membership for Records {
+    fn set_state<'a>(
+        &'a self,
+        _volume: &'a str,
+        epoch: u64,
+        node: u32,
+        state: ReplicaState,
+        incarnation: u64,
+    ) -> crate::BoxFut<'a, Result<(), crate::MembershipError>> {
+        let mut info = self.0.lock().unwrap();
+        let r = match info.epoch == epoch {
+            false => Err(crate::MembershipError::Refused("stale epoch".into())),
+            true => {
+                let t = info.replicas.iter_mut().find(|r| r.node == node).unwrap();
+                t.state = state;
+                if state == ReplicaState::InSync && incarnation != 0 {
+                    t.incarnation = incarnation;
+                }
+                Ok(())
+            }
+        };
+        Box::pin(async move { r })
+    }
+    fn locate<'a>(
+        &'a self,
+        _volume: &'a str,
+    ) -> crate::BoxFut<'a, Result<AttachInfo, crate::MembershipError>> {
+        let info = self.0.lock().unwrap().clone();
+        Box::pin(async move { Ok(info) })
+    }
+    fn detach<'a>(
+        &'a self,
+        _volume: &'a str,
+        _epoch: u64,
+    ) -> crate::BoxFut<'a, Result<(), crate::MembershipError>> {
+        Box::pin(async { Ok(()) })
+    }
+    fn record_size<'a>(
+        &'a self,
+        _volume: &'a str,
+        _epoch: u64,
+        _size: u64,
+    ) -> crate::BoxFut<'a, Result<(), crate::MembershipError>> {
+        Box::pin(async { Err(crate::MembershipError::Refused("no resize".into())) })
+    }
+    fn record_region<'a>(
+        &'a self,
+        _volume: &'a str,
+        _id: u64,
+        _epoch: u64,
+        region: u64,
+        to: Region,
+    ) -> crate::BoxFut<'a, Result<(), crate::MembershipError>> {
+        let mut info = self.0.lock().unwrap();
+        let r = region as usize;
+        if info.regions.len() <= r {
+            info.regions.resize(r + 1, Region::Mirror);
+        }
+        info.regions[r] = to;
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// With a control plane: a node that fails writes is taken out and I/O goes on; once it
+/// works again the writer brings it back whole (its mirrored regions with what their other
+/// copy holds, its chunk rebuilt from the others), and then it serves reads for the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_node_is_taken_out_and_rebuilt_by_a_managed_writer() {
+    let mut c = cluster().await;
+    let specs = faulty_nodes(&mut c, "managed").await;
+    let fault = |n: usize, what: &str| {
+        std::fs::write(&specs[n].0, what).unwrap();
+    };
+    let settle = || tokio::time::sleep(std::time::Duration::from_millis(150));
+    let size = c.info.size;
+    let region = c.stripes.region_blocks() * 4096;
+    let records = Arc::new(Records(std::sync::Mutex::new(c.info.clone())));
+    let mut opts = crate::VolumeOptions::over(TransportKind::Tcp, 1);
+    opts.resync_interval = std::time::Duration::from_millis(100);
+    opts.encode_rate = 0;
+    let v = Volume::attach_managed(c.info.clone(), opts, records.clone())
+        .await
+        .unwrap();
+    let data = pattern(0, size as usize, 1);
+    v.write(0, data.clone(), false).await.unwrap();
+    let mut model = data.to_vec();
+    let record = |r, kind| record_via(records.clone(), r, kind);
+    assert_eq!(
+        v.encode(1, &record).await.unwrap(),
+        Region::Parity { slot: 0 }
+    );
+
+    // Node 3 fails every write: taken out, and the writes go on.
+    fault(2, "write=1");
+    settle().await;
+    for (offset, len, t) in [
+        (0, region, 2u8),
+        (2 * region, region, 2),
+        (region + 4096, 8192, 3),
+    ] {
+        let d = pattern(offset, len as usize, t);
+        v.write(offset, d.clone(), false).await.unwrap();
+        model[offset as usize..(offset + len) as usize].copy_from_slice(&d);
+    }
+    v.write_zeroes(region + 5 * 4096, 4096, true, false)
+        .await
+        .unwrap();
+    model[(region + 5 * 4096) as usize..(region + 6 * 4096) as usize].fill(0);
+    assert_ne!(
+        records.state(3),
+        ReplicaState::InSync,
+        "taken out on record"
+    );
+    assert!(v.read(0, size).await.unwrap()[..] == model[..]);
+
+    // It works again: the resync task brings it back.
+    fault(2, "");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while records.state(3) != ReplicaState::InSync {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "node 3 never came back"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let done = v.last_resync(3).expect("a resync ran");
+    assert!(done.full && done.done_bytes == size, "{done:?}");
+    // Its mirrored regions' held blocks (two of three regions), and its one chunk.
+    let chunk = c.stripes.chunk_blocks * 4096;
+    assert!(
+        done.copied_bytes > region && done.copied_bytes <= 2 * region + chunk,
+        "{done:?}"
+    );
+
+    // Taken out for a planned restart, it comes back without its chunk of region 1 (as a
+    // disk that lost it): the whole resync rebuilds it from the other two.
+    assert!(v
+        .take_out_node(3, std::time::Duration::from_secs(60))
+        .await
+        .unwrap());
+    let d = pattern(2 * region, 4096, 4);
+    v.write(2 * region, d.clone(), false).await.unwrap();
+    model[2 * region as usize..(2 * region + 4096) as usize].copy_from_slice(&d);
+    let ch = (0..3).find(|&ch| c.stripes.node_of(1, ch) == 3).unwrap();
+    let at = trireme_replication::ChunkAt {
+        node: 3,
+        region: 1,
+        slot: 0,
+        chunk: ch,
+        block: 0,
+    };
+    let chunk_len = (c.stripes.chunk_blocks * 4096) as usize;
+    c.replicas[2]
+        .write(
+            c.stripes.chunk_block(&at) * 4096,
+            &vec![0xee; chunk_len],
+            false,
+        )
+        .unwrap();
+    assert_ne!(records.state(3), ReplicaState::InSync);
+    v.release_node(3);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while records.state(3) != ReplicaState::InSync {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "node 3 never came back again"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // Each of the others fails every read in turn: node 3's copies and chunk serve.
+    for n in [0, 1] {
+        fault(n, "read=1");
+        settle().await;
+        assert!(
+            v.read(0, size).await.unwrap()[..] == model[..],
+            "reads with node {} failing",
+            n + 1
+        );
+        fault(n, "");
+        settle().await;
+    }
+    // And a writer after this one finds the same overlay on every mirror.
+    drop(v);
+    let mut info = records.0.lock().unwrap().clone();
+    info.epoch = 2;
+    let v = Volume::attach(info, TransportKind::Tcp, 1).await.unwrap();
+    assert!(
+        v.read(0, size).await.unwrap()[..] == model[..],
+        "after a restart"
+    );
+}
+
+/// A managed writer that dies with its mirrors differing (writes that reached one copy
+/// only, a trim that reached one): the next one, told to reconcile, makes every region's
+/// mirrors agree from one copy before any I/O, data and held blocks alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_managed_writer_reconciles_the_mirrors_a_dead_one_left_differing() {
+    let mut c = cluster().await;
+    let specs = faulty_nodes(&mut c, "reconcile").await;
+    let size = c.info.size;
+    let rb = c.stripes.region_blocks();
+    let region = rb * 4096;
+    let records = Arc::new(Records(std::sync::Mutex::new(c.info.clone())));
+    let mut opts = crate::VolumeOptions::over(TransportKind::Tcp, 1);
+    opts.encode_rate = 0;
+    let v = Volume::attach_managed(c.info.clone(), opts.clone(), records.clone())
+        .await
+        .unwrap();
+    let data = pattern(0, size as usize, 1);
+    v.write(0, data.clone(), false).await.unwrap();
+    let mut model = data.to_vec();
+    let record = |r, kind| record_via(records.clone(), r, kind);
+    assert_eq!(
+        v.encode(1, &record).await.unwrap(),
+        Region::Parity { slot: 0 }
+    );
+    let over = pattern(region, 4 * 4096, 2);
+    v.write(region, over.clone(), false).await.unwrap();
+    model[region as usize..(region + 4 * 4096) as usize].copy_from_slice(&over);
+    v.flush().await.unwrap();
+    drop(v);
+
+    // What the dead writer left: on the second mirror of regions 0 and 1 only, a write
+    // (block 3; block rb + 7 over the stripe) and a trim of an overlay block (rb + 2).
+    let raw_to = |node: u32| {
+        let addr = c.info.replicas[node as usize - 1].addr.clone();
+        async move {
+            let raw = trireme_transport::tcp::TcpConnection::connect(&addr, 1)
+                .await
+                .unwrap();
+            use trireme_transport::Connection;
+            let h = trireme_proto::Header {
+                volume: VOLUME,
+                epoch: 2,
+                ..trireme_proto::Header::request(trireme_proto::Op::Attach, 0)
+            };
+            assert_eq!(
+                raw.call(h, Bytes::new()).await.unwrap().header.status,
+                trireme_proto::Status::Ok
+            );
+            raw
+        }
+    };
+    use trireme_proto::Op;
+    let (second0, second1) = (c.stripes.mirrors_of(0)[1], c.stripes.mirrors_of(1)[1]);
+    let raw = raw_to(second0).await;
+    send_raw(&raw, &c.stripes, Op::Write, 0, 3, pattern(0, 4096, 5)).await;
+    let raw = if second1 == second0 {
+        raw
+    } else {
+        raw_to(second1).await
+    };
+    send_raw(&raw, &c.stripes, Op::Write, 0, rb + 7, pattern(0, 4096, 6)).await;
+    send_raw(
+        &raw,
+        &c.stripes,
+        Op::WriteZeroes,
+        trireme_proto::FLAG_MAY_TRIM,
+        rb + 2,
+        Bytes::new(),
+    )
+    .await;
+    send_raw(&raw, &c.stripes, Op::Flush, 0, 0, Bytes::new()).await;
+
+    let mut info = records.0.lock().unwrap().clone();
+    info.epoch = 3;
+    info.reconcile = true;
+    records.0.lock().unwrap().epoch = 3;
+    let v = Volume::attach_managed(info, opts, records.clone())
+        .await
+        .unwrap();
+    let report = v.last_reconcile().expect("reconciled");
+    assert!(!report.whole && report.copied_bytes > 0, "{report:?}");
+    // Every copy answers the same, the first mirror's: each node failing reads in turn.
+    for (n, spec) in specs.iter().enumerate() {
+        std::fs::write(&spec.0, "read=1").unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+        assert!(
+            v.read(0, size).await.unwrap()[..] == model[..],
+            "node {} failing reads",
+            n + 1
+        );
+        std::fs::write(&spec.0, "").unwrap();
+    }
+}
+
+/// Sends one request of `op` over `raw` (attached at epoch 2) at volume block `block`'s
+/// place on the node; it must succeed.
+async fn send_raw(
+    raw: &trireme_transport::tcp::TcpConnection,
+    stripes: &Stripes,
+    op: trireme_proto::Op,
+    flags: u16,
+    block: u64,
+    payload: Bytes,
+) {
+    use trireme_transport::Connection;
+    let h = trireme_proto::Header {
+        volume: VOLUME,
+        epoch: 2,
+        flags,
+        offset: stripes.node_block(block) * 4096,
+        length: 4096,
+        ..trireme_proto::Header::request(op, 0)
+    };
+    let f = raw.call(h, payload).await.unwrap();
+    assert_eq!(f.header.status, trireme_proto::Status::Ok, "{op:?}");
+}
+
+/// The writer clears a parity volume's activity log where the nodes marked it, at each
+/// write's place on the node: once the volume is quiet, no mirrored part stays marked (a
+/// clear at the volume's own offsets would leave them, and clear other extents).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_activity_log_is_cleared_at_the_nodes_places() {
+    let c = cluster().await;
+    let size = c.info.size;
+    let records = Arc::new(Records(std::sync::Mutex::new(c.info.clone())));
+    let mut opts = crate::VolumeOptions::over(TransportKind::Tcp, 1);
+    opts.activity_period = std::time::Duration::from_millis(50);
+    opts.encode_rate = 0;
+    let v = Volume::attach_managed(c.info.clone(), opts, records)
+        .await
+        .unwrap();
+    v.write(0, pattern(0, size as usize, 1), false)
+        .await
+        .unwrap();
+    let replica_size = c.stripes.replica_blocks(size / 4096) * 4096;
+    let marked = |node: u32| {
+        let addr = c.info.replicas[node as usize - 1].addr.clone();
+        async move {
+            use trireme_transport::Connection;
+            let raw = trireme_transport::tcp::TcpConnection::connect(&addr, 1)
+                .await
+                .unwrap();
+            let h = trireme_proto::Header {
+                volume: VOLUME,
+                length: replica_size,
+                ..trireme_proto::Header::request(trireme_proto::Op::ActivityQuery, 0)
+            };
+            let f = raw.call(h, Bytes::new()).await.unwrap();
+            let a =
+                trireme_proto::ActivityAnswer::read(&f.header, &f.payload, replica_size).unwrap();
+            assert_eq!(a.epoch, 1, "the writer's log");
+            trireme_proto::data_ranges(&a.extents, 0)
+        }
+    };
+    assert!(!marked(1).await.is_empty(), "the writes were marked");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    for node in 1..=3 {
+        loop {
+            let left = marked(node).await;
+            if left.is_empty() {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "node {node} still has {left:?} marked"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// With a control plane, the writer's encoder turns cold regions into stripes by itself,
+/// records each switch, and folds back an overlay written over one; the data never changes
+/// under the reads, and a writer after it finds it all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_encoder_task_encodes_cold_regions_and_folds_back_overlays() {
+    let c = cluster().await;
+    let size = c.info.size;
+    let region = c.stripes.region_blocks() * 4096;
+    let records = Arc::new(Records(std::sync::Mutex::new(c.info.clone())));
+    let mut opts = crate::VolumeOptions::over(TransportKind::Tcp, 1);
+    opts.activity_period = std::time::Duration::from_millis(50);
+    let v = Volume::attach_managed(c.info.clone(), opts, records.clone())
+        .await
+        .unwrap();
+    let data = pattern(0, size as usize, 1);
+    v.write(0, data.clone(), false).await.unwrap();
+    let mut model = data.to_vec();
+    // 2+1 with a fifth mirrored, three regions: every one goes to parity (a region
+    // written while it was encoded is folded back once more: either slot).
+    wait_regions(&records, "every region encoded", |r| {
+        r.len() == 3 && r.iter().all(|k| *k != Region::Mirror)
+    })
+    .await;
+    let settled = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
+    while tokio::time::Instant::now() < settled {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(v.read(0, size).await.unwrap()[..] == model[..]);
+    // A write over region 0's stripe is overlay, folded back into the other slot.
+    let was = records.0.lock().unwrap().regions[0];
+    let over = pattern(4096, 8192, 2);
+    v.write(4096, over.clone(), false).await.unwrap();
+    model[4096..4096 + 8192].copy_from_slice(&over);
+    wait_regions(&records, "the overlay folded back", |r| r[0] != was).await;
+    assert!(v.read(0, size).await.unwrap()[..] == model[..]);
+    assert!(
+        v.read(region, region).await.unwrap()[..] == model[region as usize..2 * region as usize]
+    );
+    drop(v);
+    let mut info = records.0.lock().unwrap().clone();
+    info.epoch = 2;
+    let v = Volume::attach(info, TransportKind::Tcp, 1).await.unwrap();
+    assert!(
+        v.read(0, size).await.unwrap()[..] == model[..],
+        "after a restart"
+    );
+}
+
+/// Waits (30 s at most) until the recorded regions are `done`.
+async fn wait_regions(records: &Records, what: &str, done: impl Fn(&[Region]) -> bool) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let regions = records.0.lock().unwrap().regions.clone();
+        if done(&regions) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: {regions:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// Puts each of `c`'s nodes over a store that fails what its spec file says (`FaultyStore`);
+/// the specs, removed however the test ends.
+async fn faulty_nodes(c: &mut Cluster, tag: &str) -> Vec<Spec> {
+    let replica_size = c.stripes.replica_blocks(c.info.size / 4096) * 4096;
+    let tag = format!("trireme-parity-{tag}-{}", std::process::id());
+    let specs: Vec<Spec> = (1..=3)
+        .map(|n| Spec(std::env::temp_dir().join(format!("{tag}-{n}"))))
+        .collect();
+    for (n, spec) in specs.iter().enumerate() {
+        let (t, r) = faulty_node(n as u32 + 1, replica_size, &spec.0).await;
+        c.info.replicas[n] = t;
+        c.replicas[n] = r;
+    }
+    specs
+}
+
+/// Records an encode's switch in `records`, as a writer's control plane does.
+async fn record_via(records: Arc<Records>, region: u64, kind: Region) -> Result<(), String> {
+    use crate::Membership;
+    records
+        .record_region("p", VOLUME, 1, region, kind)
+        .await
+        .map_err(|e| e.to_string())
+}
