@@ -170,10 +170,14 @@ impl Volume {
     ) -> Result<u64, VolumeError> {
         let h = self.node_range(self.header(Op::Read, off, len));
         let held = self.ask_held(src, h.offset, len).await?;
-        let data = self
-            .read_node(self.node(src), h)
-            .await
-            .map_err(|(_, e)| e)?;
+        // Nothing held (a region in parity with no overlay): nothing to read, one trim.
+        let data = match held.is_empty() {
+            true => Bytes::new(),
+            false => self
+                .read_node(self.node(src), h)
+                .await
+                .map_err(|(_, e)| e)?,
+        };
         let mut at = h.offset;
         for (start, n) in held.iter().copied().chain([(h.offset + len, 0)]) {
             if start > at {
