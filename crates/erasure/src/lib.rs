@@ -20,6 +20,9 @@ use std::num::NonZeroUsize;
 
 use erasure_isa_l::erasure::ErasureCode;
 
+mod check;
+pub use check::{check_stripe, Chunk, StripeCheck};
+
 /// Why coding failed. Every one is a caller's mistake or a stripe past saving; none loses
 /// what the caller holds (inputs are only read, and outputs are written only on success).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
