@@ -77,6 +77,48 @@ fn a_4_2_volume_loses_nothing_when_two_nodes_die_at_once() {
     finish_bench(&c, bench);
     wait_all_in_sync(&c);
     encoded_and_healthy(&c, 64);
+    scrub_finds_rotten_chunks(&c, 4, 4);
+}
+
+/// Rots one block of node `node`'s chunk of every region (both chunk slots, behind the
+/// node's back: bit rot) of a `k`+2 volume; `volume scrub` finds and rebuilds the chunk of
+/// each region in parity (the slot not in use is never read), and a second scrub finds
+/// nothing.
+fn scrub_finds_rotten_chunks(c: &Cluster, node: u32, k: u64) {
+    use std::os::unix::fs::FileExt;
+    let data = c
+        .path()
+        .join(format!("node-{node}"))
+        .join("replica-0000000000000001.data");
+    let f = std::fs::OpenOptions::new().write(true).open(&data).unwrap();
+    let (chunk, region) = (64 * 4096, k * 64 * 4096);
+    let stride = region + 2 * chunk;
+    let regions = status(c)["volumes"][0]["resiliency"]["regions"]["regions"]
+        .as_u64()
+        .unwrap();
+    for r in 0..regions {
+        for slot in 0..2 {
+            f.write_all_at(&[0xee; 4096], r * stride + region + slot * chunk + 8192)
+                .unwrap();
+        }
+    }
+    f.sync_all().unwrap();
+    let scrub = || {
+        let out = cli_ok(c, &["--output", "json", "volume", "scrub", "vol0"]);
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()
+    };
+    let r = scrub();
+    let in_parity = status(c)["volumes"][0]["resiliency"]["regions"]["parity"]
+        .as_u64()
+        .unwrap();
+    let repaired = r["repaired"].as_array().unwrap();
+    assert!(!repaired.is_empty(), "{r}");
+    assert!(repaired.len() as u64 <= in_parity, "{r}");
+    assert!(repaired.iter().all(|p| p[1] == node), "{r}");
+    assert_eq!(r["unresolved"].as_array().map(Vec::len), Some(0), "{r}");
+    assert!(r["stripes_checked"].as_u64().unwrap() > 0, "{r}");
+    let again = scrub();
+    assert_eq!(again["mismatched_regions"], 0, "{again}");
 }
 
 /// The encoder ran (some of the volume's `regions` are stripes), and the cluster is healthy

@@ -60,6 +60,9 @@ impl Volume {
             region,
             source,
         };
+        // A scrub of a region reads and repairs the chunks reads are sent to; not while an
+        // encode switches them.
+        let _work = self.stripe_work.lock().await;
         self.core().encode_begin(region).map_err(refused)?;
         let mut place: Option<Place<'_>> = None;
         let mut chunks: Vec<Vec<u8>> = Vec::new();

@@ -35,6 +35,7 @@ mod overlay;
 mod parity;
 mod parity_reconcile;
 mod parity_resync;
+mod parity_scrub;
 mod reconcile;
 mod relink;
 mod repair;
@@ -159,6 +160,10 @@ pub struct Volume {
     /// takes it alone, briefly, before it writes a place reads planned earlier may name
     /// (`encode.rs`).
     read_gate: tokio::sync::RwLock<()>,
+    /// Held through a whole encode and through a scrub's look at one region: chunks change
+    /// only by encodes, so what a scrub reads and repairs is the stripe reads are sent to
+    /// (`parity_scrub.rs`).
+    stripe_work: tokio::sync::Mutex<()>,
 }
 
 /// Joins futures without spawning them: the writer's fan-out stays on its own task.
@@ -300,6 +305,7 @@ impl Volume {
             core: core::Core::new(core),
             parity,
             read_gate: tokio::sync::RwLock::new(()),
+            stripe_work: tokio::sync::Mutex::new(()),
             opened: tokio::time::Instant::now(),
             size: std::sync::atomic::AtomicU64::new(info.size),
             info,

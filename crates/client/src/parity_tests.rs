@@ -12,10 +12,11 @@ use crate::{AttachInfo, ReplicaTarget, Volume, VolumeError};
 
 const VOLUME: u64 = 9;
 
-/// A 2+1 volume of three regions (512 KiB each).
-fn geometry() -> (Parity, Stripes, u64) {
-    let p = Parity::parse("2+1", None).unwrap();
-    let s = Stripes::new(&p, vec![1, 2, 3]).unwrap();
+/// A `spec` (K+M) volume of three regions over K+M nodes: 1, 2, ...
+fn geometry(spec: &str) -> (Parity, Stripes, u64) {
+    let p = Parity::parse(spec, None).unwrap();
+    let nodes = (1..=u32::from(p.data + p.parity)).collect();
+    let s = Stripes::new(&p, nodes).unwrap();
     let size = 3 * s.region_blocks() * 4096;
     (p, s, size)
 }
@@ -77,11 +78,17 @@ struct Cluster {
     stripes: Stripes,
 }
 
+/// A 2+1 volume of three regions (512 KiB each) on nodes 1, 2 and 3.
 async fn cluster() -> Cluster {
-    let (p, stripes, size) = geometry();
+    cluster_of("2+1").await
+}
+
+/// A `spec` volume of three regions ([`geometry`]).
+async fn cluster_of(spec: &str) -> Cluster {
+    let (p, stripes, size) = geometry(spec);
     let replica_size = stripes.replica_blocks(size / 4096) * 4096;
     let (mut targets, mut replicas) = (Vec::new(), Vec::new());
-    for id in 1..=3 {
+    for id in 1..=stripes.width() as u32 {
         let (t, r) = node(id, replica_size).await;
         targets.push(t);
         replicas.push(r);
@@ -663,7 +670,6 @@ async fn mirror_only_operations_are_refused_on_a_parity_volume() {
         }) => assert_eq!(w, what),
         other => panic!("{what}: {other:?}"),
     };
-    not_built(v.scrub(1 << 20).await.map(drop), "scrubbing");
     not_built(v.snapshot(1, 0).await.map(drop), "snapshots");
     not_built(v.rollback(1).await, "snapshots");
     not_built(v.changed_since(1, 0, 4096).await.map(drop), "snapshots");
@@ -686,3 +692,6 @@ async fn mirror_only_operations_are_refused_on_a_parity_volume() {
 
 #[path = "parity_managed_tests.rs"]
 mod managed;
+
+#[path = "parity_scrub_tests.rs"]
+mod scrub;

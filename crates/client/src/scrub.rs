@@ -30,6 +30,10 @@ pub struct ScrubReport {
     /// unresolved (`node/src/integrity.rs`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub verified: Vec<u32>,
+    /// A parity volume's stripes whose parity was checked against their data
+    /// (`parity_scrub.rs`).
+    #[serde(default)]
+    pub stripes_checked: u64,
 }
 
 impl Volume {
@@ -37,7 +41,8 @@ impl Volume {
     /// I/O goes on, each region under its write lock. A copy whose blocks fail their checksums
     /// (sealed stores) is known bad and rewritten from a good one. Where good copies differ,
     /// the copy held by a majority is written over the others; with no majority (two copies
-    /// that both pass their checksums) nothing is guessed: the region is reported.
+    /// that both pass their checksums) nothing is guessed: the region is reported. A parity
+    /// volume's stripes are checked against their data too (`parity_scrub.rs`).
     pub async fn scrub(&self, region: u64) -> Result<ScrubReport, VolumeError> {
         self.scrub_at(region, None).await
     }
@@ -49,7 +54,6 @@ impl Volume {
         region: u64,
         rate: Option<u64>,
     ) -> Result<ScrubReport, VolumeError> {
-        self.mirror_only("scrubbing")?;
         let started = tokio::time::Instant::now();
         let progress = |done: u64, repaired: u64| {
             *self.scrubbing.lock().unwrap_or_else(|e| e.into_inner()) =
@@ -81,6 +85,9 @@ impl Volume {
         rate: Option<u64>,
         progress: &(dyn Fn(u64, u64) + Sync),
     ) -> Result<ScrubReport, VolumeError> {
+        if self.parity.is_some() {
+            return self.scrub_parity(rate, progress).await;
+        }
         let started = tokio::time::Instant::now();
         let region = region.clamp(4096, CHUNK);
         let mut report = ScrubReport {

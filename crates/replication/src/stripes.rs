@@ -375,6 +375,15 @@ impl RegionMap {
         self.regions.get(r as usize).copied()
     }
 
+    /// The overlay's blocks in `region` (volume blocks, ascending): what its mirrors must
+    /// hold while it is in parity.
+    pub fn overlay_in(&self, region: u64) -> Vec<u64> {
+        self.overlay
+            .range(self.stripes.blocks_of(region))
+            .copied()
+            .collect()
+    }
+
     /// The share of regions mirrored, in percent (what the encoder keeps at the layout's).
     pub fn mirrored_percent(&self) -> u64 {
         let mirrored = self

@@ -533,6 +533,12 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                     r.repaired.len(),
                     r.unresolved.len()
                 );
+                if r.stripes_checked > 0 {
+                    s += &format!(
+                        "  {} parity stripe(s) checked against their data\n",
+                        r.stripes_checked
+                    );
+                }
                 for (off, node) in &r.repaired {
                     s += &format!("  repaired offset {off} on node {node}\n");
                 }

@@ -57,11 +57,6 @@ impl Manager {
         rate: Option<u64>,
     ) -> Result<ScrubReport> {
         let v = self.meta.volume(name).await?;
-        if !v.layout.is_mirror() {
-            return Err(crate::error::refused(format!(
-                "volume {name}: scrubbing a parity volume is not built yet (its stripes are checked by nothing but reads)"
-            )));
-        }
         self.scrub_recorded(&v, region, rate, ScrubBy::Operator)
             .await
     }
@@ -111,6 +106,9 @@ impl Manager {
                     crate::human(rep.bytes_compared),
                     rep.replicas.len()
                 );
+                if rep.stripes_checked > 0 {
+                    t += &format!(", {} stripes checked", rep.stripes_checked);
+                }
                 if rep.mismatched_regions == 0 {
                     t += ": the copies agree";
                 } else {
@@ -211,9 +209,7 @@ impl Manager {
         let now = now_secs();
         let mut oldest: Option<(u64, VolumeRecord)> = None;
         let records = self.meta.scrub_records().await?;
-        // Parity volumes are not scrubbed yet: never the oldest that holds the others back.
-        let volumes = self.meta.volumes().await?;
-        for v in volumes.into_iter().filter(|v| v.layout.is_mirror()) {
+        for v in self.meta.volumes().await? {
             match records.get(&v.name).filter(|r| r.volume_id == v.id) {
                 None => {
                     let rec = ScrubRecord {
@@ -274,8 +270,7 @@ impl Manager {
             let rested = last
                 .get(&v.id)
                 .is_none_or(|t| now.duration_since(*t) >= INTEGRITY_AGAIN);
-            let mirror = v.resiliency.as_ref().is_none_or(|r| r.layout.is_mirror());
-            noted && ready && rested && mirror
+            noted && ready && rested
         });
         let Some(vs) = due else { return Ok(()) };
         last.insert(vs.id, now);
