@@ -140,7 +140,7 @@ impl Volume {
     }
 
     /// Trims `blocks` (volume blocks, ascending) on slot `i`'s copy, in runs.
-    async fn trim_blocks(
+    pub(crate) async fn trim_blocks(
         &self,
         i: usize,
         stripes: &Stripes,

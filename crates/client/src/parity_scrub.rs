@@ -2,16 +2,17 @@
 //!
 //! | part of the region | compared | repaired from |
 //! |---|---|---|
-//! | mirrored blocks, on its M+1 mirrors in sync | crc32c on each node, and (in parity) which blocks each holds against the overlay | the copy a majority holds whose held blocks are the overlay (`copy_held`) |
+//! | mirrored blocks, on its M+1 mirrors in sync | crc32c on each node; in parity, which blocks each holds against the overlay | blocks held outside the overlay trimmed; a copy that differs, or lacks a block of the overlay, rewritten from the copy a majority holds (`copy_held`) |
 //! | its stripe (in parity), on the K+M nodes in sync | parity against data, in the writer | the rest of the stripe ([`trireme_erasure::check_stripe`]) |
 //!
 //! - **Holds.** Each region is looked at under a place in the write order over it (no write
 //!   lands meanwhile) and `stripe_work` (no encode switches its stripe meanwhile).
-//! - **Held blocks.** In a region in parity a mirror's held block reads over the stripe.
-//!   A copy holding a block outside the overlay, or missing one of it, reads the same now,
-//!   but a restarted writer would restore a different overlay (`overlay.rs`). So the held
-//!   blocks are compared too, against the writer's overlay, and a copy whose differ is
-//!   rewritten.
+//! - **Held blocks.** In a region in parity a mirror's held block reads over the stripe,
+//!   and the writer's overlay says which blocks those are. A block held outside it is
+//!   garbage no read is sent to (an encode's trim after its switch that failed on that copy,
+//!   or that the copy missed while out: its node marked nothing for it), and a restarted
+//!   writer would trim it (`overlay.rs`): the scrub trims it now, so copies compare equal.
+//!   A copy that lacks a block of the overlay lost a write: known bad, it gets no vote.
 //! - **Nothing guessed.** No majority among the mirrors, or no single chunk that explains
 //!   a stripe's mismatch (2+1, or two wrong chunks): the region is reported unresolved and
 //!   left alone, as a mirror scrub does.
@@ -92,7 +93,10 @@ impl Volume {
     }
 
     /// Compares the region's mirrored blocks across its mirrors in sync and rewrites the
-    /// copies that differ; whether any did.
+    /// copies that differ; whether any did. In parity, the overlay says which blocks every
+    /// mirror must hold: one held outside it is garbage (a trim after an encode's switch
+    /// that failed on that copy; reads go to the stripe) and is trimmed, and a copy that
+    /// lacks one of it lost a write: it gets no vote and is rewritten.
     async fn scrub_mirrored(
         &self,
         s: &Stripes,
@@ -106,51 +110,61 @@ impl Volume {
             .filter(|&i| s.mirrors(span.region, self.node(i)))
             .collect();
         let at = s.node_block(span.first) * BLOCK;
-        // In parity, the blocks every mirror must hold: the overlay's.
         let overlay = self.core().region_map().and_then(|m| {
             matches!(m.regions()[span.region as usize], Region::Parity { .. })
                 .then(|| m.overlay_in(span.region))
         });
+        let mut tidied = false;
+        let mut lacking = vec![false; mirrors.len()];
+        if let Some(want) = &overlay {
+            for (k, &i) in mirrors.iter().enumerate() {
+                let held = self.held_blocks(s, i, at, span.len).await?;
+                let extra: Vec<u64> = held
+                    .iter()
+                    .copied()
+                    .filter(|b| want.binary_search(b).is_err())
+                    .collect();
+                lacking[k] = want.iter().any(|b| held.binary_search(b).is_err());
+                if !extra.is_empty() {
+                    self.trim_blocks(i, s, &extra).await?;
+                    report.repaired.push((span.off, self.node(i)));
+                    tidied = true;
+                    tracing::info!(volume = %self.info.name, node = self.node(i), region = span.region, blocks = extra.len(), "scrub trimmed blocks a mirror held outside the overlay");
+                }
+            }
+        }
         let mut sums = Vec::with_capacity(mirrors.len());
-        let mut held_right = Vec::with_capacity(mirrors.len());
-        for (&i, r) in mirrors
+        for ((&i, r), lacks) in mirrors
             .iter()
             .zip(self.checksums(&mirrors, at, span.len).await)
+            .zip(&lacking)
         {
             match r {
+                Ok(_) if *lacks => sums.push((i, Sum::Bad)),
                 Ok(c) => sums.push((i, Sum::Good(c))),
                 Err(e) if e.is_bad_copy() => sums.push((i, Sum::Bad)),
                 Err(e) => return Err(e),
             }
-            held_right.push(match &overlay {
-                None => true,
-                Some(want) => self.held_blocks(s, i, at, span.len).await? == *want,
-            });
         }
-        let want = match majority(&sums) {
-            Verdict::Agree => sums.first().map(|s| s.1),
-            Verdict::Repair { source, .. } => sums.iter().find(|s| s.0 == source).map(|s| s.1),
-            Verdict::Unresolved => None,
-        };
-        let right: Vec<bool> = sums
-            .iter()
-            .zip(&held_right)
-            .map(|((_, sum), held)| Some(*sum) == want && *held)
-            .collect();
-        if right.iter().all(|&r| r) {
-            return Ok(false);
+        let verdict = majority(&sums);
+        if verdict != Verdict::Agree {
+            report.bad_copies += sums.iter().filter(|s| s.1 == Sum::Bad).count() as u64;
         }
-        report.bad_copies += sums.iter().filter(|s| s.1 == Sum::Bad).count() as u64;
-        let Some(source) = mirrors.iter().zip(&right).find(|r| *r.1).map(|r| *r.0) else {
-            report.unresolved.push(span.off);
-            return Ok(true);
-        };
-        for (&i, _) in mirrors.iter().zip(&right).filter(|r| !*r.1) {
-            self.copy_held(source, i, span.off, span.len).await?;
-            report.repaired.push((span.off, self.node(i)));
-            tracing::warn!(volume = %self.info.name, node = self.node(i), offset = span.off, "scrub rewrote a region's mirrored blocks from the majority copy");
+        match verdict {
+            Verdict::Agree => Ok(tidied),
+            Verdict::Unresolved => {
+                report.unresolved.push(span.off);
+                Ok(true)
+            }
+            Verdict::Repair { source, rewrite } => {
+                for i in rewrite {
+                    self.copy_held(source, i, span.off, span.len).await?;
+                    report.repaired.push((span.off, self.node(i)));
+                    tracing::warn!(volume = %self.info.name, node = self.node(i), offset = span.off, "scrub rewrote a region's mirrored blocks from the majority copy");
+                }
+                Ok(true)
+            }
         }
-        Ok(true)
     }
 
     /// The volume blocks slot `i`'s copy holds of the node's `[at, at + len)` (one region's

@@ -98,8 +98,12 @@ async fn a_scrub_rebuilds_a_wrong_chunk_and_rewrites_differing_mirrors() {
     assert_eq!(again.mismatched_regions, 0, "{again:?}");
 }
 
-/// A 2+1 stripe with one wrong chunk: any two of its three chunks agree, so nothing says
-/// which is wrong. The scrub reports the region and writes nothing.
+/// 2+1, where a region has two mirrors and a stripe one spare chunk. A stripe with one
+/// wrong chunk: any two of its three chunks agree, so nothing says which is wrong; the scrub
+/// reports the region and writes nothing there. But the overlay settles what two mirrors
+/// cannot: a mirror that lacks a block of it lost a write and is rewritten from the other,
+/// and a block a mirror holds outside it (an encode's trim it missed) is trimmed, old bytes
+/// and all.
 #[tokio::test]
 async fn a_scrub_guesses_nothing_when_no_single_chunk_explains_a_stripe() {
     let c = cluster().await;
@@ -109,9 +113,15 @@ async fn a_scrub_guesses_nothing_when_no_single_chunk_explains_a_stripe() {
     let v = Volume::attach(c.info.clone(), TransportKind::Tcp, 1)
         .await
         .unwrap();
-    let data = pattern(0, size as usize, 3);
-    v.write(0, data.clone(), false).await.unwrap();
+    let mut model = pattern(0, size as usize, 3).to_vec();
+    v.write(0, Bytes::from(model.clone()), false).await.unwrap();
+    v.encode(1, no_record).await.unwrap();
     v.encode(2, no_record).await.unwrap();
+    let over = region + 4 * 4096;
+    let d = pattern(over, 4096, 9);
+    v.write(over, d.clone(), false).await.unwrap();
+    model[over as usize..over as usize + 4096].copy_from_slice(&d);
+
     let parity = ChunkAt {
         node: s.node_of(2, 2),
         region: 2,
@@ -123,13 +133,56 @@ async fn a_scrub_guesses_nothing_when_no_single_chunk_explains_a_stripe() {
     let replica = &c.replicas[parity.node as usize - 1];
     rot(replica, place);
     let rotten = byte(replica, place);
+    // Region 1's first mirror loses the overlay's block; its second holds a block outside
+    // the overlay, with bytes in it.
+    let (a, b) = (s.mirrors_of(1)[0], s.mirrors_of(1)[1]);
+    let vol = &v;
+    let send = |node: u32, op, flags, block: u64, data: Bytes| {
+        let v = vol;
+        let i = v.core().slot_of(node).unwrap();
+        let mut h = v.header(op, s.node_block(block) * 4096, 4096);
+        h.flags |= flags;
+        async move { v.expect_ok(i, v.call(i, h, data).await.unwrap()).unwrap() }
+    };
+    send(
+        a,
+        trireme_proto::Op::WriteZeroes,
+        trireme_proto::FLAG_MAY_TRIM,
+        over / 4096,
+        Bytes::new(),
+    )
+    .await;
+    let stray = s.region_blocks() + 30;
+    send(
+        b,
+        trireme_proto::Op::Write,
+        0,
+        stray,
+        pattern(stray * 4096, 4096, 1),
+    )
+    .await;
+
     let r = v.scrub(1 << 20).await.unwrap();
-    assert_eq!(r.mismatched_regions, 1, "{r:?}");
+    assert_eq!(r.mismatched_regions, 2, "{r:?}");
     assert_eq!(r.unresolved, vec![2 * region]);
-    assert!(r.repaired.is_empty(), "{r:?}");
+    let mut repaired = r.repaired.clone();
+    repaired.sort_unstable();
+    let mut want = vec![(region, a), (region, b)];
+    want.sort_unstable();
+    assert_eq!(repaired, want, "{r:?}");
     assert_eq!(byte(replica, place), rotten, "left alone");
     assert!(
-        v.read(0, size).await.unwrap() == data,
-        "reads use the data chunks"
+        r.verified.is_empty(),
+        "nothing verified while a region is unresolved"
     );
+    assert!(v.read(0, size).await.unwrap()[..] == model[..]);
+    let at = s.node_block(s.region_blocks()) * 4096;
+    for node in [a, b] {
+        let i = v.core().slot_of(node).unwrap();
+        assert_eq!(
+            v.ask_held(i, at, region).await.unwrap(),
+            vec![(s.node_block(over / 4096) * 4096, 4096)],
+            "node {node} holds the overlay and only it"
+        );
+    }
 }
