@@ -140,8 +140,9 @@ fn encoded_and_healthy(c: &Cluster, regions: u64) {
         }
         assert!(
             t0.elapsed() < Duration::from_secs(60),
-            "not healthy: {}\n{}",
+            "not healthy: {}\n{}\n{}",
             s["health"],
+            cli_ok(c, &["--output", "json", "volume", "info", "vol0"]),
             c.log()
         );
         std::thread::sleep(Duration::from_millis(200));

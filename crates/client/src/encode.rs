@@ -140,17 +140,56 @@ impl Volume {
                 ("flush", self.to_nodes(flushes).await)
             }
             EncodeStep::Switch { region, to } => ("switch", record(*region, *to).await),
-            EncodeStep::Free { blocks, nodes } => {
-                let mut trims = Vec::new();
-                for (start, len) in runs(blocks) {
+            EncodeStep::Free { blocks, nodes } => ("free", self.free(blocks, nodes).await),
+        }
+    }
+
+    /// Trims `blocks` (one region's) from each of `nodes`, the region's mirrors. A mirror in
+    /// sync whose trim failed holds blocks the overlay no longer names, with bytes older than
+    /// the stripe's: were its region's other mirrors lost, a restarted writer would take
+    /// them for overlay and read them. So it is taken out with the region marked, as a
+    /// failed write's copy is, and its resync trims them. One already out is marked again:
+    /// the others' trims may have come before their record of it began.
+    async fn free(&self, blocks: &[u64], nodes: &[u32]) -> Result<(), String> {
+        let Some(&first) = blocks.first() else {
+            return Ok(());
+        };
+        let runs = runs(blocks);
+        let trims = nodes.iter().map(|&node| {
+            let runs = &runs;
+            Box::pin(async move {
+                for &(start, len) in runs {
                     let mut h = self.header(Op::WriteZeroes, start * BLOCK, len * BLOCK);
                     h.flags |= FLAG_MAY_TRIM;
-                    let h = self.on_node(h);
-                    trims.extend(nodes.iter().map(|&n| (n, h, Bytes::new())));
+                    self.to_nodes(vec![(node, self.on_node(h), Bytes::new())])
+                        .await?;
                 }
-                ("free", self.to_nodes(trims).await)
-            }
+                Ok::<(), String>(())
+            })
+                as std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>>
+        });
+        let results = join_all(trims.collect()).await;
+        let failed: Vec<(u32, String)> = nodes
+            .iter()
+            .zip(results)
+            .filter_map(|(&n, r)| r.err().map(|e| (n, e)))
+            .collect();
+        let Some((_, why)) = failed.first().cloned() else {
+            return Ok(());
+        };
+        let p = self.parity.as_ref().expect("a parity volume");
+        let region = p.stripes.blocks_of(p.stripes.region_of(first));
+        let range = (region.start * BLOCK, (region.end - region.start) * BLOCK);
+        let out: Vec<usize> = failed
+            .iter()
+            .filter_map(|&(n, _)| self.core().slot_of(n))
+            .collect();
+        if !out.is_empty() {
+            self.take_out_with(&out, Some(range), false)
+                .await
+                .map_err(|e| format!("{why}; taking its mirror out: {e}"))?;
         }
+        Err(why)
     }
 
     /// Reads `region` as it reads now and codes it into its K+M chunks.

@@ -140,24 +140,16 @@ async fn a_failed_node_is_taken_out_and_rebuilt_by_a_managed_writer() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+    // Incremental: what it missed of the regions it mirrors (1 and 2: region 2 whole, three
+    // blocks of region 1), not region 0 and not its chunk.
     let done = v.last_resync(3).expect("a resync ran");
-    assert!(done.full && done.done_bytes == size, "{done:?}");
-    // Its mirrored regions' held blocks (two of three regions), and its one chunk.
-    let chunk = c.stripes.chunk_blocks * 4096;
-    assert!(
-        done.copied_bytes > region && done.copied_bytes <= 2 * region + chunk,
-        "{done:?}"
-    );
+    assert!(!c.stripes.mirrors(0, 3) && c.stripes.mirrors(1, 3) && c.stripes.mirrors(2, 3));
+    assert!(!done.full, "{done:?}");
+    assert_eq!(done.copied_bytes, region + 3 * 4096, "{done:?}");
+    assert!(v.read(0, size).await.unwrap()[..] == model[..]);
 
-    // Taken out for a planned restart, it comes back without its chunk of region 1 (as a
-    // disk that lost it): the whole resync rebuilds it from the other two.
-    assert!(v
-        .take_out_node(3, std::time::Duration::from_secs(60))
-        .await
-        .unwrap());
-    let d = pattern(2 * region, 4096, 4);
-    v.write(2 * region, d.clone(), false).await.unwrap();
-    model[2 * region as usize..(2 * region + 4096) as usize].copy_from_slice(&d);
+    // It loses its chunk of region 1 (as a disk that lost it) and goes out with its history
+    // lost: the whole resync rebuilds the chunk from the other two.
     let ch = (0..3).find(|&ch| c.stripes.node_of(1, ch) == 3).unwrap();
     let at = trireme_replication::ChunkAt {
         node: 3,
@@ -174,8 +166,11 @@ async fn a_failed_node_is_taken_out_and_rebuilt_by_a_managed_writer() {
             false,
         )
         .unwrap();
-    assert_ne!(records.state(3), ReplicaState::InSync);
-    v.release_node(3);
+    let slot = v.core().slot_of(3).unwrap();
+    v.take_out_with(&[slot], None, true).await.unwrap();
+    let d = pattern(2 * region, 4096, 4);
+    v.write(2 * region, d.clone(), false).await.unwrap();
+    model[2 * region as usize..(2 * region + 4096) as usize].copy_from_slice(&d);
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
     while records.state(3) != ReplicaState::InSync {
         assert!(
@@ -184,6 +179,8 @@ async fn a_failed_node_is_taken_out_and_rebuilt_by_a_managed_writer() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+    let done = v.last_resync(3).expect("a resync ran");
+    assert!(done.full && done.done_bytes == size, "{done:?}");
     // Each of the others fails every read in turn: node 3's copies and chunk serve.
     for n in [0, 1] {
         fault(n, "read=1");
@@ -440,6 +437,55 @@ async fn wait_regions(records: &Records, what: &str, done: impl Fn(&[Region]) ->
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+}
+
+/// An encode's trim after its switch that fails on one of the region's mirrors: that mirror
+/// is taken out with the region marked (it holds blocks the overlay no longer names, with
+/// bytes older than the stripe's), and its incremental resync trims them, so its held
+/// blocks match its region's other mirror again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_that_fails_an_encodes_trim_goes_out_and_comes_back_trimmed() {
+    let mut c = cluster().await;
+    let specs = faulty_nodes(&mut c, "trim").await;
+    let size = c.info.size;
+    let region = c.stripes.region_blocks() * 4096;
+    let records = Arc::new(Records(std::sync::Mutex::new(c.info.clone())));
+    let mut opts = crate::VolumeOptions::over(TransportKind::Tcp, 1);
+    opts.resync_interval = std::time::Duration::from_millis(100);
+    opts.encode_rate = 0;
+    let v = Volume::attach_managed(c.info.clone(), opts, records.clone())
+        .await
+        .unwrap();
+    let data = pattern(0, size as usize, 5);
+    v.write(0, data.clone(), false).await.unwrap();
+    // The mirror's writes fail from the switch on: the trim is the first to meet it.
+    let m = c.stripes.mirrors_of(1)[1];
+    let spec = specs[m as usize - 1].0.clone();
+    let record = |r, kind| {
+        let (spec, records) = (spec.clone(), records.clone());
+        async move {
+            std::fs::write(&spec, "write=1").unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+            record_via(records, r, kind).await
+        }
+    };
+    assert_eq!(
+        v.encode(1, record).await.unwrap(),
+        Region::Parity { slot: 0 }
+    );
+    assert_ne!(records.state(m), ReplicaState::InSync, "taken out");
+    std::fs::write(&spec, "").unwrap();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while records.state(m) != ReplicaState::InSync {
+        assert!(tokio::time::Instant::now() < deadline, "never came back");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let done = v.last_resync(m).expect("a resync ran");
+    assert!(!done.full, "{done:?}");
+    let i = v.core().slot_of(m).unwrap();
+    let at = c.stripes.node_block(c.stripes.region_blocks()) * 4096;
+    assert_eq!(v.ask_held(i, at, region).await.unwrap(), vec![], "trimmed");
+    assert!(v.read(0, size).await.unwrap() == data);
 }
 
 /// Puts each of `c`'s nodes over a store that fails what its spec file says (`FaultyStore`);

@@ -77,7 +77,7 @@ impl Volume {
 
 /// The volume block ranges `[first, end)` of regions' mirrored parts that node byte ranges
 /// `ranges` touch, each within one region, in order, merged.
-fn mirrored_parts(
+pub(crate) fn mirrored_parts(
     s: &trireme_replication::Stripes,
     ranges: &[(u64, u64)],
     blocks: u64,

@@ -1,20 +1,25 @@
 //! A returning node of a parity volume, brought back by its writer, as the core says
 //! (`replication/src/rebuild.rs`):
 //!
-//! - **Mirrored parts.** Every region the node mirrors is copied from a copy of that region in
-//!   sync, under a hold of the region in the write order (as a mirror's resync holds its
-//!   ranges), with what the source holds: its held blocks written (zeroes as zeroes, so they
-//!   stay held), the others trimmed. The held maps then agree, and so does a restarted
-//!   writer's overlay (`overlay.rs`).
-//! - **Chunks.** The node's chunk of every parity region, rebuilt from K chunks in sync. No
-//!   hold: chunks change only by encodes, which wait for every node in sync.
-//! - Then a flush of the node, and it is in sync: on record first, then for reads. What its
-//!   node noted against the copy before the resync began (an unclean stop) is cleared: every
-//!   block and chunk of it that is ever read was rewritten (a scrub's `Verified`).
+//! | | incremental | whole |
+//! |---|---|---|
+//! | when | it comes back as the incarnation that went out, and every region it mirrors has another mirror in sync whose record of what it missed this writer trusts | otherwise (its data lost, a writer change, a record missing) |
+//! | mirrored blocks | the ranges the survivors marked, at node places, cut into the regions it mirrors | every region it mirrors |
+//! | chunks | none: an encode needs every node in sync, so its chunks did not change while it was out | its chunk of every parity region, rebuilt from K chunks in sync |
+//! | what its node noted against it (an unclean stop) | left for a scrub | cleared (`Verified`): every block and chunk of it that is ever read was rewritten |
 //!
-//! Always whole for now: the survivors' records of what the node missed are kept (in node
-//! places), but an incremental resync of a parity volume is not built. A copy rebuilt whole
-//! is never wrong, only slower.
+//! - **Copies.** A range is copied from another copy of its region in sync, under a hold of
+//!   the range in the write order (as a mirror's resync holds its ranges), with what the
+//!   source holds: its held blocks written (zeroes as zeroes, so they stay held), the others
+//!   trimmed. The held maps then agree, and so does a restarted writer's overlay
+//!   (`overlay.rs`).
+//! - **Chunks** need no hold: chunks change only by encodes, which wait for every node in
+//!   sync.
+//! - Then a flush of the node, and it is in sync: on record first, then for reads; the
+//!   survivors drop their records.
+//! - **Why a record per region.** A mirror's survivor sees every write, so one trusted
+//!   record is enough; a parity volume's survivor sees only the writes of the regions it
+//!   mirrors.
 
 use bytes::Bytes;
 use tokio::time::Instant;
@@ -35,32 +40,52 @@ impl Volume {
         } = self.reattach(i).await?;
         let node = self.node(i);
         let started = Instant::now();
-        {
+        let dirty = {
             let _all = self.core.acquire(0, self.size()).await;
             let _g = self.membership_lock.lock().await;
             let start = self.core().resync_start(i, incarnation);
-            if start.map_err(|r| self.degrade(node, r))? == ResyncStart::NotNeeded {
-                return Ok(());
-            }
+            let (survivors, incremental) = match start.map_err(|r| self.degrade(node, r))? {
+                ResyncStart::NotNeeded => return Ok(()),
+                ResyncStart::From {
+                    survivors,
+                    incremental,
+                } => (survivors, incremental),
+            };
+            let dirty = match incremental {
+                true => self.parity_dirty(i, &survivors).await?,
+                false => None,
+            };
             self.set_conn(i, Some(conn));
             if let Err(e) = self.start_activity(&[i]).await {
                 self.set_conn(i, None);
                 return Err(e);
             }
             let progress = ResyncProgress {
-                full: true,
-                total_bytes: self.size(),
+                full: dirty.is_none(),
+                total_bytes: dirty.as_ref().map_or(self.size(), |d| {
+                    d.iter().map(|(first, end)| (end - first) * BLOCK).sum()
+                }),
                 done_bytes: 0,
                 copied_bytes: 0,
                 elapsed_ms: 0,
             };
             self.core().resync_begun(i, progress);
-        }
-        tracing::info!(volume = %self.info.name, node, "parity resync started");
-        // What its node noted against the copy (an unclean stop) up to now: the resync
+            dirty
+        };
+        let full = dirty.is_none();
+        tracing::info!(volume = %self.info.name, node, full, "parity resync started");
+        // What its node noted against the copy (an unclean stop) up to now: a whole resync
         // rewrites every block and chunk of it that is ever read, so it verifies that much.
-        let tokens = self.integrity_tokens(&[i]).await;
-        let mut progress = match self.parity_copies(i, started).await {
+        // An incremental one rewrites only what the node missed: a scrub verifies the rest.
+        let tokens = match full {
+            true => self.integrity_tokens(&[i]).await,
+            false => Vec::new(),
+        };
+        let copied = match &dirty {
+            Some(parts) => self.parity_dirty_copies(i, parts, started).await,
+            None => self.parity_copies(i, started).await,
+        };
+        let mut progress = match copied {
             Ok(p) => p,
             Err(e) => {
                 if self.core().resyncing(i) {
@@ -73,7 +98,9 @@ impl Volume {
             }
         };
         self.set_progress(i, None);
-        self.mark_verified(&tokens).await;
+        if full {
+            self.mark_verified(&tokens).await;
+        }
         let _all = self.core.acquire(0, self.size()).await;
         let _g = self.membership_lock.lock().await;
         if !self.core().resyncing(i) {
@@ -84,11 +111,76 @@ impl Volume {
         tracing::info!(
             volume = %self.info.name,
             node,
+            full,
             copied_bytes = progress.copied_bytes,
             ms = progress.elapsed_ms,
             "parity resync done; replica in sync"
         );
         Ok(())
+    }
+
+    /// What replica `i` missed, if the survivors' records provably cover it: the volume block
+    /// ranges `[first, end)` of the regions it mirrors that they marked, each within one
+    /// region. A survivor sees only the writes of the regions it mirrors, so every region `i`
+    /// mirrors needs a record this writer trusts from another of its mirrors; else `None`,
+    /// and the resync is whole.
+    async fn parity_dirty(
+        &self,
+        i: usize,
+        survivors: &[usize],
+    ) -> Result<Option<Vec<(u64, u64)>>, VolumeError> {
+        let p = self.parity.as_ref().expect("a parity volume");
+        let s = &p.stripes;
+        let node = self.node(i);
+        let span = self.replica_size(self.size());
+        let (mut ranges, mut trusted) = (Vec::new(), Vec::new());
+        for &sv in survivors {
+            if let Some(marked) = self.survivor_record(sv, i, span).await? {
+                trusted.push(self.node(sv));
+                ranges.extend(marked);
+            }
+        }
+        let blocks = self.size().div_ceil(BLOCK);
+        let uncovered = (0..blocks.div_ceil(s.region_blocks()))
+            .find(|&r| s.mirrors(r, node) && !trusted.iter().any(|&n| s.mirrors(r, n)));
+        if let Some(r) = uncovered {
+            tracing::info!(volume = %self.info.name, node, region = r, "no survivor's record covers a region the copy mirrors: a whole resync");
+            return Ok(None);
+        }
+        // Marks in chunk slots are other nodes' chunks (a scrub's repair): this copy's chunks
+        // did not change while it was out, since an encode needs every node in sync.
+        let parts = crate::parity_reconcile::mirrored_parts(s, &ranges, blocks)
+            .into_iter()
+            .filter(|&(first, _)| s.mirrors(s.region_of(first), node))
+            .collect();
+        Ok(Some(parts))
+    }
+
+    /// Copies the parts `[first, end)` replica `i` missed (see [`Volume::parity_dirty`]),
+    /// each under a hold, then flushes it.
+    async fn parity_dirty_copies(
+        &self,
+        i: usize,
+        parts: &[(u64, u64)],
+        started: Instant,
+    ) -> Result<ResyncProgress, VolumeError> {
+        let mut progress = ResyncProgress {
+            full: false,
+            total_bytes: parts.iter().map(|(f, e)| (e - f) * BLOCK).sum(),
+            done_bytes: 0,
+            copied_bytes: 0,
+            elapsed_ms: 0,
+        };
+        for &(first, end) in parts {
+            let (off, len) = (first * BLOCK, (end - first) * BLOCK);
+            progress.copied_bytes += self.copy_region(i, first, off, len).await?;
+            progress.done_bytes += len;
+            progress.elapsed_ms = started.elapsed().as_millis() as u64;
+            self.set_progress(i, Some(progress.clone()));
+            self.keep_rate(i, &progress, started).await;
+        }
+        self.flush_resynced(i).await?;
+        Ok(progress)
     }
 
     /// Copies every region replica `i` mirrors, rebuilds its chunks, flushes it.

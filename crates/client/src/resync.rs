@@ -125,35 +125,45 @@ impl Volume {
         i: usize,
         survivors: &[usize],
     ) -> Result<Option<Vec<(u64, u64)>>, VolumeError> {
-        let incarnation = self.core().incarnation(i);
         let mut ranges = Vec::new();
         let mut usable = 0;
         for &s in survivors {
-            let mut trusted = true;
-            let mut mine = Vec::new();
-            let mut off = 0;
-            while off < self.size() && trusted {
-                let len = QUERY_WINDOW.min(self.size() - off);
-                let h = self.header(Op::DirtyQuery, off, len);
-                let f = self
-                    .call(s, h, Bytes::from(encode_peer(self.node(i))))
-                    .await?;
-                let f = self.expect_ok(s, f)?;
-                let a = trireme_proto::DirtyAnswer::read(&f.header, &f.payload, len)
-                    .map_err(self.malformed(s))?;
-                if a.epoch != self.info.epoch || a.incarnation != incarnation {
-                    trusted = false;
-                    break;
-                }
-                mine.extend(data_ranges(&a.extents, off));
-                off += len;
-            }
-            if trusted {
+            if let Some(mine) = self.survivor_record(s, i, self.size()).await? {
                 usable += 1;
                 ranges.extend(mine);
             }
         }
         Ok((usable > 0).then(|| union_chunks(ranges)))
+    }
+
+    /// What survivor `s` marked for replica `i` in `[0, span)` of its copy, or `None` if its
+    /// record is not one this writer can trust (another epoch, or kept for another
+    /// incarnation of `i`).
+    pub(crate) async fn survivor_record(
+        &self,
+        s: usize,
+        i: usize,
+        span: u64,
+    ) -> Result<Option<Vec<(u64, u64)>>, VolumeError> {
+        let incarnation = self.core().incarnation(i);
+        let mut mine = Vec::new();
+        let mut off = 0;
+        while off < span {
+            let len = QUERY_WINDOW.min(span - off);
+            let h = self.header(Op::DirtyQuery, off, len);
+            let f = self
+                .call(s, h, Bytes::from(encode_peer(self.node(i))))
+                .await?;
+            let f = self.expect_ok(s, f)?;
+            let a = trireme_proto::DirtyAnswer::read(&f.header, &f.payload, len)
+                .map_err(self.malformed(s))?;
+            if a.epoch != self.info.epoch || a.incarnation != incarnation {
+                return Ok(None);
+            }
+            mine.extend(data_ranges(&a.extents, off));
+            off += len;
+        }
+        Ok(Some(mine))
     }
 
     /// How many resyncs of replica `i` in a row ended lacking a snapshot taken while they ran.
