@@ -507,9 +507,10 @@ pub enum VolumeCmd {
     /// Change a volume's settings (one or more of them).
     Set {
         name: String,
-        /// Fewest in-sync copies writes go on with (1 to the number of replicas). Lowering it
-        /// lets writes suspended for want of copies go on.
-        #[arg(long, value_name = "N", value_parser = units::count(1, 3))]
+        /// Fewest in-sync copies writes go on with (1 to the number of replicas; for a parity
+        /// volume, of a region's M+1 mirrored copies, default M). Lowering it lets writes
+        /// suspended for want of copies go on.
+        #[arg(long, value_name = "N", value_parser = units::count(1, 4))]
         min_copies: Option<u32>,
         /// Move every extent to a tier (`fast`, `slow`; within the migration rate) or let heat
         /// place them (`auto`). A pin to fast reserves the room, and is refused if it does not

@@ -59,6 +59,14 @@ fn a_parity_volume_loses_nothing_when_nodes_die_while_it_encodes() {
         "{out}"
     );
     assert!(!out.contains("failed"), "{out}");
+    // The minimum of copies counts a region's mirrored copies: 2 of 2+1's two.
+    cli_ok(&c, &["volume", "set", "vol0", "--min-copies", "2"]);
+    let bad = c.cli(&["volume", "set", "vol0", "--min-copies", "3"]);
+    let said = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        !bad.status.success() && said.contains("from 1 to its 2"),
+        "{said}"
+    );
 }
 
 /// 4+2 on six node processes: two killed at once mid-encoding (as many as M) lose nothing.

@@ -308,7 +308,7 @@ async fn main() {
     );
     row(
         "hot writes, QD16",
-        side_by_side(&m, &p, Io::Write, 16, a.seconds, hot).await,
+        side_by_side(&m, &p, Io::Write, 16, a.seconds, hot.clone()).await,
     );
     // Encode every other region past the first fifth.
     let t0 = Instant::now();
@@ -369,6 +369,43 @@ async fn main() {
         degraded.pct(0.5) / healthy.pct(0.5).max(1.0),
         degraded.pct(0.99) / healthy.pct(0.99).max(1.0)
     );
+    // The encoder's cost to foreground writes: hot writes at QD1 alone, then beside fold-backs
+    // of cold regions at the encoder task's default rate, taking turns.
+    let (mut alone, mut beside) = (Tally::default(), Tally::default());
+    let mut folded = (0u64, 0.0f64);
+    for _ in 0..2 {
+        alone.add(run(&p, Io::Write, 1, a.seconds.div_ceil(2), hot.clone()).await);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let enc = tokio::spawn(fold_backs(p.clone(), stop.clone(), regions, region_blocks));
+        beside.add(run(&p, Io::Write, 1, a.seconds.div_ceil(2), hot.clone()).await);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let (n, s) = enc.await.unwrap();
+        folded = (folded.0 + n, folded.1 + s);
+    }
+    println!();
+    println!("| parity hot 4 KiB random writes, QD1 | IOPS | p50 us | p99 us |");
+    println!("|---|---|---|---|");
+    for (what, t) in [
+        ("encoder idle", &mut alone),
+        (
+            "beside fold-backs at the encoder's default rate",
+            &mut beside,
+        ),
+    ] {
+        println!(
+            "| {what} | {:.0} | {:.0} | {:.0} |",
+            t.iops(),
+            t.pct(0.5),
+            t.pct(0.99)
+        );
+    }
+    println!(
+        "with the encoder / idle: p50 {:.2}x, p99 {:.2}x; it folded back {} regions, {:.0} MiB/s",
+        beside.pct(0.5) / alone.pct(0.5).max(1.0),
+        beside.pct(0.99) / alone.pct(0.99).max(1.0),
+        folded.0,
+        (folded.0 * region_blocks * 4096) as f64 / folded.1.max(1e-9) / (1 << 20) as f64
+    );
     println!();
     println!(
         "encoder: {encoded} regions of {} KiB in {secs:.2} s: {:.0} MiB/s of volume data",
@@ -376,6 +413,33 @@ async fn main() {
         (encoded * region_blocks * 4096) as f64 / secs / (1 << 20) as f64
     );
     drop((p, m));
+}
+
+/// Until `stop`: a block written into a cold region in parity (past the first fifth), then
+/// the region folded back, one region after another at most at the encoder task's default
+/// rate, as the task does. Regions folded back, and the seconds it ran.
+async fn fold_backs(
+    p: Arc<Volume>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    regions: u64,
+    region_blocks: u64,
+) -> (u64, f64) {
+    let ok = |_, _| async { Ok::<(), String>(()) };
+    let t0 = Instant::now();
+    let mut n = 0u64;
+    let block = Bytes::from(vec![0xc3; 4096]);
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let r = regions / 5 + 2 * (n % (regions - regions / 5).div_ceil(2));
+        let at = (r * region_blocks + n % region_blocks) * 4096;
+        p.write(at, block.clone(), false).await.expect("I/O");
+        if p.encode(r, ok).await.is_ok() {
+            n += 1;
+        }
+        let rate = trireme_client::ENCODE_RATE as f64;
+        let due = Duration::from_secs_f64((n * region_blocks * 4096) as f64 / rate);
+        tokio::time::sleep(due.saturating_sub(t0.elapsed())).await;
+    }
+    (n, t0.elapsed().as_secs_f64())
 }
 
 /// The bench's directory, removed however the bench ends.

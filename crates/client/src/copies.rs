@@ -81,14 +81,18 @@ impl Volume {
         self.copies.wake();
     }
 
-    /// Returns once at least the minimum of copies is in sync (at once, nearly always).
-    pub(crate) async fn enough_copies(&self) -> Result<(), VolumeError> {
+    /// Returns once at least the minimum of copies `request` needs is in sync (at once,
+    /// nearly always; a parity volume's data counts its region's mirrors).
+    pub(crate) async fn enough_copies(
+        &self,
+        request: trireme_replication::Mirrored,
+    ) -> Result<(), VolumeError> {
         let mut reread = Instant::now();
         loop {
             let changed = self.copies.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            let (check, change) = self.core().check_copies();
+            let (check, change) = self.core().check_copies_for(request);
             match (check, change) {
                 (Check::Stopped, _) => return Err(VolumeError::Stopped(self.info.name.clone())),
                 (Check::Enough, change) => {

@@ -110,7 +110,7 @@ impl Volume {
                     let _at = self.copies.at_gate();
                     let _gate = self.copies_gate.lock().await;
                     loop {
-                        self.enough_copies().await?;
+                        self.enough_copies(request).await?;
                         match submit(request) {
                             Submitted::Go(place) => break place,
                             Submitted::Short => {}
@@ -130,7 +130,7 @@ impl Volume {
         if !wait_copies {
             return Ok(());
         }
-        self.enough_copies().await
+        self.enough_copies(request).await
     }
 
     /// [`Volume::mirror`] once the request holds its `place`, first sent to `targets`. True
@@ -285,7 +285,7 @@ impl Volume {
                 },
                 false,
             )),
-            Decision::Ack => Ok(!self.core().enough()),
+            Decision::Ack => Ok(!self.core().enough_for(mirrored(&h))),
             Decision::Fail(failure) => Err((
                 self.refused(&h, failure),
                 matches!(failure, WriteFailure::ReplicaFailed { .. }) && {
@@ -300,7 +300,7 @@ impl Volume {
                 range,
                 lost_history,
             } => match self.take_out_with(&replicas, range, lost_history).await {
-                Ok(()) => Ok(!self.core().enough()),
+                Ok(()) => Ok(!self.core().enough_for(mirrored(&h))),
                 // The copies that held it went silent too (`Stranded`): it waits for them.
                 Err(e) => {
                     let unanswered = e.unanswered();

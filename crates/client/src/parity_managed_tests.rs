@@ -488,6 +488,57 @@ async fn a_mirror_that_fails_an_encodes_trim_goes_out_and_comes_back_trimmed() {
     assert!(v.read(0, size).await.unwrap() == data);
 }
 
+/// With a minimum of two copies (both of a 2+1 region's mirrors), a node taken out holds up
+/// only the writes of the regions it mirrors: the write that took it out waits, not failed
+/// and not acknowledged, while a region it does not mirror takes writes; once the node is
+/// back, the write is acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_waits_while_its_region_has_too_few_mirrors_and_others_go_on() {
+    let mut c = cluster().await;
+    let specs = faulty_nodes(&mut c, "min").await;
+    c.info.min_copies = 2;
+    let size = c.info.size;
+    let region = c.stripes.region_blocks() * 4096;
+    let records = Arc::new(Records(std::sync::Mutex::new(c.info.clone())));
+    let mut opts = crate::VolumeOptions::over(TransportKind::Tcp, 1);
+    opts.resync_interval = std::time::Duration::from_millis(100);
+    opts.encode_rate = 0;
+    let v = Volume::attach_managed(c.info.clone(), opts, records.clone())
+        .await
+        .unwrap();
+    let mut model = pattern(0, size as usize, 6).to_vec();
+    v.write(0, Bytes::from(model.clone()), false).await.unwrap();
+    assert!(c.stripes.mirrors(1, 3) && !c.stripes.mirrors(0, 3));
+    std::fs::write(&specs[2].0, "write=1").unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    let d = pattern(region, 4096, 8);
+    let waiting = tokio::spawn({
+        let (v, d) = (v.clone(), d.clone());
+        async move { v.write(region, d, false).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    assert!(!waiting.is_finished(), "region 1 has one mirror in sync");
+    assert!(v.writes_suspended());
+    let e = pattern(0, 4096, 9);
+    tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        v.write(0, e.clone(), false),
+    )
+    .await
+    .expect("region 0's mirrors are both in sync")
+    .unwrap();
+    model[..4096].copy_from_slice(&e);
+    model[region as usize..region as usize + 4096].copy_from_slice(&d);
+    std::fs::write(&specs[2].0, "").unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(20), waiting)
+        .await
+        .expect("acknowledged once node 3 is back")
+        .unwrap()
+        .unwrap();
+    assert_eq!(records.state(3), ReplicaState::InSync);
+    assert!(v.read(0, size).await.unwrap()[..] == model[..]);
+}
+
 /// Puts each of `c`'s nodes over a store that fails what its spec file says (`FaultyStore`);
 /// the specs, removed however the test ends.
 async fn faulty_nodes(c: &mut Cluster, tag: &str) -> Vec<Spec> {

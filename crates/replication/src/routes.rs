@@ -30,7 +30,13 @@ impl VolumeCore {
         let stripes = Stripes::new(&parity, nodes)?;
         self.regions = Some(RegionMap::new(stripes, size.div_ceil(BLOCK)));
         self.layout = Layout::Parity(parity);
-        self.min_copies = u32::from(parity.data);
+        // Of a region's M+1 mirrors, by default M must hold each write (as a mirror's
+        // default is one fewer than its copies).
+        let mirrors = u32::from(parity.parity) + 1;
+        self.min_copies = match self.min_asked {
+            0 => mirrors - 1,
+            n => n.min(mirrors),
+        };
         Ok(self)
     }
 

@@ -393,3 +393,74 @@ fn a_restored_map_takes_the_record_and_the_overlay_and_refuses_a_longer_record()
     let mut mirror = VolumeCore::new(&[(1, ReplicaState::InSync)], 0, false, 4);
     assert!(mirror.restore_regions(&[], []).is_err());
 }
+
+/// The minimum of copies of a parity volume counts a write's region's mirrors (default M of
+/// M+1), beside K nodes in sync for the stripes: a write waits only if its own region is
+/// short, and a planned restart is refused if a region it mirrors would be.
+#[test]
+fn a_parity_write_waits_only_while_its_region_has_too_few_mirrors() {
+    let states = [
+        ReplicaState::InSync,
+        ReplicaState::InSync,
+        ReplicaState::Outdated,
+    ];
+    let r: Vec<(u32, ReplicaState)> = (1..=3).zip(states).collect();
+    let p = Parity {
+        data: 2,
+        parity: 1,
+        mirror_share: 20,
+    };
+    let managed = |min| {
+        VolumeCore::new(&r, min, true, 4)
+            .with_stripes(p, 4 * REGION)
+            .unwrap()
+    };
+    // Region 0 is mirrored on nodes 1 and 2, region 1 on 2 and 3 (out).
+    let c = managed(0);
+    assert_eq!(c.min_copies(), 1, "M of M+1 by default");
+    assert!(c.enough_for(data(0, 4096)) && c.enough_for(data(REGION, 4096)));
+    let mut c = managed(2);
+    assert_eq!(c.min_copies(), 2);
+    assert!(c.enough_for(data(0, 4096)));
+    assert!(
+        !c.enough_for(data(REGION, 4096)),
+        "one of its mirrors is out"
+    );
+    assert!(c.enough_for(Mirrored::Flush) && c.enough());
+    assert_eq!(
+        c.step(Input::Submit(data(REGION, 4096))),
+        vec![Action::Short]
+    );
+    assert!(matches!(
+        c.check_copies_for(data(REGION, 4096)).0,
+        crate::Copies::Short { have: 1, need: 2 }
+    ));
+    // Two nodes in sync are the K a stripe needs: neither may go for a planned restart.
+    assert!(c.planned_take_out(2).is_err());
+    assert!(managed(0).planned_take_out(1).is_err());
+    // At most a region's M+1 mirrors.
+    c.set_min_copies(9);
+    assert_eq!(c.min_copies(), 2);
+}
+
+/// 4+2: a planned restart keeps K nodes and, in every region the node mirrors, the minimum
+/// of mirrors.
+#[test]
+fn a_planned_restart_keeps_each_regions_minimum_of_mirrors() {
+    let r: Vec<(u32, ReplicaState)> = (1..=6).map(|n| (n, ReplicaState::InSync)).collect();
+    let p = Parity {
+        data: 4,
+        parity: 2,
+        mirror_share: 20,
+    };
+    let core = |min| {
+        VolumeCore::new(&r, min, true, 8)
+            .with_stripes(p, 64 << 20)
+            .unwrap()
+    };
+    assert_eq!(core(0).planned_take_out(3), Ok(Some(2)));
+    assert!(
+        core(3).planned_take_out(3).is_err(),
+        "every mirror of its regions must stay"
+    );
+}

@@ -84,7 +84,7 @@ impl VolumeCore {
     }
 
     fn submit(&mut self, request: Mirrored) -> Action {
-        if !self.enough() {
+        if !self.enough_for(request) {
             return Action::Short;
         }
         if let Some(refused) = self.misrouted(request) {
@@ -135,7 +135,7 @@ impl VolumeCore {
             .into_iter()
             .collect();
         out.push(Action::Ack {
-            wait_copies: !self.enough(),
+            wait_copies: !self.enough_for(a.request),
         });
         out
     }

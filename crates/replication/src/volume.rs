@@ -89,7 +89,11 @@ pub struct VolumeCore {
     pub(crate) set: ReplicaSet,
     records: Vec<Record>,
     pub(crate) order: RangeOrder,
+    /// A mirror's: in-sync copies. A parity volume's: in-sync mirrors of the region a write
+    /// lands in (its nodes in sync must be K besides; see [`VolumeCore::enough_for`]).
     pub(crate) min_copies: u32,
+    /// The minimum asked at attach (0: the layout's default), for a parity core's geometry.
+    pub(crate) min_asked: u32,
     suspended: bool,
     stopped: bool,
     spread: usize,
@@ -112,6 +116,7 @@ impl VolumeCore {
         managed: bool,
         max_replicas: usize,
     ) -> VolumeCore {
+        let min_copies_arg = min_copies;
         let min_copies = match min_copies {
             0 => default_min_copies(replicas.len()),
             n => n,
@@ -128,6 +133,7 @@ impl VolumeCore {
                 })
                 .collect(),
             order: RangeOrder::new(),
+            min_asked: min_copies_arg,
             min_copies,
             suspended: false,
             stopped: false,
@@ -189,9 +195,14 @@ impl VolumeCore {
         self.min_copies
     }
 
-    /// Sets the minimum (at least 1); true if it changed.
+    /// Sets the minimum (at least 1; for parity, at most a region's M+1 mirrors); true if it
+    /// changed.
     pub fn set_min_copies(&mut self, n: u32) -> bool {
-        let n = n.max(1);
+        let most = match &self.regions {
+            Some(map) => map.stripes().parity as u32 + 1,
+            None => u32::MAX,
+        };
+        let n = n.clamp(1, most);
         std::mem::replace(&mut self.min_copies, n) != n
     }
 
@@ -200,18 +211,61 @@ impl VolumeCore {
     }
 
     /// True if writes may go on now (the write path's quick check). Without a control plane
-    /// no copy is ever taken out, so always.
+    /// no copy is ever taken out, so always. A parity volume: K nodes in sync (below that
+    /// its stripes cannot be read); each write asks [`VolumeCore::enough_for`] besides.
     pub fn enough(&self) -> bool {
-        !self.managed || self.set.in_sync_count() >= self.min_copies as usize
+        !self.managed || self.set.in_sync_count() >= self.least_in_sync()
     }
 
-    /// Whether writes may go on, and whether that changed since the last check.
+    /// True if `request` may go on now: [`VolumeCore::enough`], and for a parity volume's
+    /// data, its region's in-sync mirrors at least the minimum.
+    pub fn enough_for(&self, request: crate::Mirrored) -> bool {
+        let (have, need) = self.copies_for(request);
+        !self.managed || have >= need
+    }
+
+    /// The in-sync copies that count for `request`, and the least it needs.
+    fn copies_for(&self, request: crate::Mirrored) -> (usize, usize) {
+        let nodes = (self.set.in_sync_count(), self.least_in_sync());
+        let (Some(map), crate::Mirrored::Data { offset, .. }) = (&self.regions, request) else {
+            return nodes;
+        };
+        if nodes.0 < nodes.1 {
+            return nodes;
+        }
+        let s = map.stripes();
+        let mirrors = s.mirrors_of(s.region_of(offset / 4096));
+        let have = mirrors
+            .iter()
+            .filter(|&&n| {
+                self.slot_of(n)
+                    .is_some_and(|i| self.set.state(i) == ReplicaState::InSync)
+            })
+            .count();
+        (have, self.min_copies as usize)
+    }
+
+    /// The least in-sync copies any write needs: the minimum for a mirror; K for parity.
+    fn least_in_sync(&self) -> usize {
+        match &self.regions {
+            Some(map) => map.stripes().data,
+            None => self.min_copies as usize,
+        }
+    }
+
+    /// Whether writes may go on, and whether that changed since the last check (`request`:
+    /// the write that asks, for a parity volume's rule per region; `None`: any).
     pub fn check_copies(&mut self) -> (Copies, Option<CopiesChange>) {
+        self.check_copies_for(crate::Mirrored::Flush)
+    }
+
+    /// [`VolumeCore::check_copies`] for `request`.
+    pub fn check_copies_for(&mut self, request: crate::Mirrored) -> (Copies, Option<CopiesChange>) {
         if self.stopped {
             return (Copies::Stopped, None);
         }
-        let have = self.set.in_sync_count();
-        if !self.managed || have >= self.min_copies as usize {
+        let (have, need) = self.copies_for(request);
+        if !self.managed || have >= need {
             let change =
                 std::mem::replace(&mut self.suspended, false).then_some(CopiesChange::Resumed);
             return (Copies::Enough, change);
@@ -221,7 +275,7 @@ impl VolumeCore {
         (
             Copies::Short {
                 have,
-                need: self.min_copies,
+                need: need as u32,
             },
             change,
         )
@@ -341,11 +395,32 @@ impl VolumeCore {
             return Ok(None);
         };
         let left = self.set.in_sync_count() - 1;
-        if left < self.min_copies as usize {
+        if left < self.least_in_sync() {
             return Err(Refusal::BelowMinimum {
                 left,
-                min: self.min_copies,
+                min: self.least_in_sync() as u32,
             });
+        }
+        // A parity volume: each region the node mirrors keeps its minimum of mirrors.
+        if let Some(map) = &self.regions {
+            let s = map.stripes();
+            let in_sync = |n: u32| {
+                n != node
+                    && self
+                        .slot_of(n)
+                        .is_some_and(|j| self.set.state(j) == ReplicaState::InSync)
+            };
+            let regions = map.regions().len() as u64;
+            let short = (0..regions.min(s.width() as u64))
+                .filter(|&r| s.mirrors(r, node))
+                .map(|r| s.mirrors_of(r).into_iter().filter(|&n| in_sync(n)).count())
+                .find(|&left| left < self.min_copies as usize);
+            if let Some(left) = short {
+                return Err(Refusal::BelowMinimum {
+                    left,
+                    min: self.min_copies,
+                });
+            }
         }
         Ok(Some(i))
     }

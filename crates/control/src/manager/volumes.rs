@@ -209,10 +209,15 @@ impl Manager {
             .meta
             .update_volume(name, &mut |v| {
                 if let trireme_replication::Layout::Parity(p) = v.layout {
-                    return Err(trireme_meta::MetaError::Refused(format!(
-                        "a parity {}+{} volume writes while {} of its nodes are in sync (its stripes need them): its minimum of copies is not set",
-                        p.data, p.parity, p.data
-                    )));
+                    let mirrors = u32::from(p.parity) + 1;
+                    if n == 0 || n > mirrors {
+                        return Err(trireme_meta::MetaError::Refused(format!(
+                            "min copies {n} of a parity {}+{} volume counts a region's mirrored copies: from 1 to its {mirrors} (besides, {} of its nodes must be in sync for its stripes)",
+                            p.data, p.parity, p.data
+                        )));
+                    }
+                    v.min_copies = n;
+                    return Ok(());
                 }
                 if n == 0 || n as usize > v.replicas.len() {
                     return Err(trireme_meta::MetaError::Refused(format!(
