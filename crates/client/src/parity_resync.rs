@@ -27,10 +27,14 @@ use trireme_erasure::Codec;
 use trireme_proto::{Op, FLAG_MAY_TRIM};
 use trireme_replication::{ChunkRebuild, MirrorCopy, ResyncProgress, ResyncStart};
 
+use crate::membership::BoxFut;
 use crate::resync::Reattached;
-use crate::{Volume, VolumeError};
+use crate::{join_all, Volume, VolumeError};
 
 const BLOCK: u64 = 4096;
+/// Regions copied, or chunks rebuilt, at once: a rebuild is bound by round trips and the
+/// nodes' disks, not by one stream.
+const AT_ONCE: usize = 4;
 
 impl Volume {
     /// Brings replica `i` of a parity volume back (see the module docs).
@@ -157,7 +161,7 @@ impl Volume {
     }
 
     /// Copies the parts `[first, end)` replica `i` missed (see [`Volume::parity_dirty`]),
-    /// each under a hold, then flushes it.
+    /// then flushes it.
     async fn parity_dirty_copies(
         &self,
         i: usize,
@@ -171,14 +175,7 @@ impl Volume {
             copied_bytes: 0,
             elapsed_ms: 0,
         };
-        for &(first, end) in parts {
-            let (off, len) = (first * BLOCK, (end - first) * BLOCK);
-            progress.copied_bytes += self.copy_region(i, first, off, len).await?;
-            progress.done_bytes += len;
-            progress.elapsed_ms = started.elapsed().as_millis() as u64;
-            self.set_progress(i, Some(progress.clone()));
-            self.keep_rate(i, &progress, started).await;
-        }
+        self.copy_parts(i, parts, &mut progress, started).await?;
         self.flush_resynced(i).await?;
         Ok(progress)
     }
@@ -199,17 +196,13 @@ impl Volume {
             copied_bytes: 0,
             elapsed_ms: 0,
         };
-        for r in 0..blocks.div_ceil(s.region_blocks()) {
-            let range = s.blocks_of(r);
-            let (first, end) = (range.start, range.end.min(blocks));
-            let (off, len) = (first * BLOCK, (end - first) * BLOCK);
-            let copied = self.copy_region(i, first, off, len).await?;
-            progress.done_bytes += len;
-            progress.copied_bytes += copied;
-            progress.elapsed_ms = started.elapsed().as_millis() as u64;
-            self.set_progress(i, Some(progress.clone()));
-            self.keep_rate(i, &progress, started).await;
-        }
+        let regions: Vec<(u64, u64)> = (0..blocks.div_ceil(s.region_blocks()))
+            .map(|r| {
+                let range = s.blocks_of(r);
+                (range.start, range.end.min(blocks))
+            })
+            .collect();
+        self.copy_parts(i, &regions, &mut progress, started).await?;
         let rebuilds = self
             .core()
             .parity_rebuilds(i)
@@ -218,12 +211,55 @@ impl Volume {
                 offset: 0,
                 source: e,
             })?;
-        for rb in &rebuilds {
-            self.rebuild_chunk(i, rb).await?;
-            progress.copied_bytes += s.chunk_blocks * BLOCK;
+        for group in rebuilds.chunks(AT_ONCE) {
+            let rebuilt = join_all(
+                group
+                    .iter()
+                    .map(|rb| {
+                        Box::pin(self.rebuild_chunk(i, rb)) as BoxFut<'_, Result<(), VolumeError>>
+                    })
+                    .collect(),
+            )
+            .await;
+            for r in rebuilt {
+                r?;
+                progress.copied_bytes += s.chunk_blocks * BLOCK;
+            }
         }
         self.flush_resynced(i).await?;
         Ok(progress)
+    }
+
+    /// Copies each part `[first, end)` (within one region) that replica `i` mirrors,
+    /// [`AT_ONCE`] at a time, each under its own hold, at the resync's rate.
+    async fn copy_parts(
+        &self,
+        i: usize,
+        parts: &[(u64, u64)],
+        progress: &mut ResyncProgress,
+        started: Instant,
+    ) -> Result<(), VolumeError> {
+        for group in parts.chunks(AT_ONCE) {
+            let copies = join_all(
+                group
+                    .iter()
+                    .map(|&(first, end)| {
+                        let (off, len) = (first * BLOCK, (end - first) * BLOCK);
+                        Box::pin(self.copy_region(i, first, off, len))
+                            as BoxFut<'_, Result<u64, VolumeError>>
+                    })
+                    .collect(),
+            )
+            .await;
+            for (c, &(first, end)) in copies.into_iter().zip(group) {
+                progress.copied_bytes += c?;
+                progress.done_bytes += (end - first) * BLOCK;
+            }
+            progress.elapsed_ms = started.elapsed().as_millis() as u64;
+            self.set_progress(i, Some(progress.clone()));
+            self.keep_rate(i, progress, started).await;
+        }
+        Ok(())
     }
 
     /// Copies one region's mirrored blocks `[off, off + len)` to replica `i` if it mirrors
