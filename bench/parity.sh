@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Parity against a 3-way mirror on one `trireme up --nodes 6` cluster (issue 67): vol0 is
-# 4+2 with a 20% mirrored share (served by `up`), m3 a 3-way mirror (served by `trireme nbd`),
+# 4+2 with a 20% mirrored share, m3 a 3-way mirror, each served by a `trireme nbd` process,
 # both 1 GiB, both filled with random bytes and vol0 encoded to its share first. Then, taking
 # turns over ROUNDS rounds (default 2), `trireme bench` through each one's NBD socket:
 #   hot writes   4K random writes, DISKSPD's -rdpct90/10, at QD1 and 10 x QD4
@@ -8,19 +8,24 @@
 #   s2d          DISKSPD's S2D mix (4K, 70:30 random, 10 x QD4) with the same hot zone
 # and last, a rebuild under load: node 6 killed (kill -9) while the s2d mix runs on vol0,
 # `up` restarts it, its resync's time and bytes, and the mix's p99 before and during.
-# Prints a Markdown table with parity/mirror ratios. File stores under a temporary directory,
+# ENCODE_RATE (e.g. 0) is vol0's writer's `--encode-rate` (default 64M). Prints a Markdown
+# table with parity/mirror ratios. File stores under a temporary directory,
 # unix sockets between processes (this host has no RDMA device).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-2}"
 secs="${SECS:-10}"
 . bench/lib.sh
+cpid=
+trap '[ -n "$cpid" ] && kill $cpid 2>/dev/null; [ -n "$up" ] && kill "$up" 2>/dev/null && wait "$up"; rm -rf "$dir"' EXIT
 start_up --nodes 6 --parity 4+2 --size 1G --store file --node-capacity 4G
 "$T" --data-dir "$dir/c" volume create m3 --size 1G --replicas 3 >/dev/null
 serve m3
+m3=$cpid
 head -c 1G /dev/urandom >"$dir/img"
-qemu-img convert -n -f raw -O raw "$dir/img" "$uri"
 qemu-img convert -n -f raw -O raw "$dir/img" "$curi"
+# vol0 filled and encoded to its share by `up`'s writer.
+qemu-img convert -n -f raw -O raw "$dir/img" "$uri"
 rm -f "$dir/img"
 
 # in_parity: vol0's regions in parity, in percent.
@@ -34,12 +39,21 @@ print(100 * r["parity"] // r["regions"])'
 }
 for _ in $(seq 120); do [ "$(in_parity)" -ge 75 ] && break; sleep 1; done
 echo "vol0: $(in_parity)% of its regions in parity before the runs"
+# Then served by a `trireme nbd` process as m3 is (it fences `up`'s writer).
+m3uri=$curi
+"$T" --data-dir "$dir/c" nbd vol0 --socket "$dir/vol0.sock" ${ENCODE_RATE:+--encode-rate "$ENCODE_RATE"} \
+  >"$dir/vol0.uri" 2>>"$dir/vol0.log" &
+cpid="$! $m3"
+for _ in $(seq 100); do [ -s "$dir/vol0.uri" ] && break; sleep 0.1; done
+uri=$(head -1 "$dir/vol0.uri")
+curi=$m3uri
 
 # run NAME URI ARGS...: one bench, its JSON kept as "$dir/NAME.json" (appended per round).
 run() {
   local name=$1 target=$2
   shift 2
-  "$T" --data-dir "$dir/c" --output json bench "$@" -d"$secs" -W2 "$target" >>"$dir/$name.jsonl"
+  "$T" --data-dir "$dir/c" --output json bench "$@" -d"$secs" -W2 "$target" |
+    python3 -c 'import json, sys; print(json.dumps(json.load(sys.stdin)))' >>"$dir/$name.jsonl"
 }
 for round in $(seq "$rounds"); do
   for vol in m3 vol0; do
@@ -86,5 +100,5 @@ print(f"under load (S2D mix on vol0, node 6 killed 5 s in, 40 s): {u['iops']:.0f
       f"p50 {u['total']['latency_us']['p50']:.0f} us, p99 {u['total']['latency_us']['p99']:.0f} us, "
       f"max {u['total']['latency_us']['max']/1000:.0f} ms")
 EOF
-grep -E "parity resync (started|done)" "$dir/up.log" | sed -e 's/^.*Z  *INFO //' || true
+grep -E "parity resync (started|done)" "$dir/vol0.log" | sed -e 's/^.*Z  *INFO //' || true
 echo "vol0: $(in_parity)% of its regions in parity at the end"

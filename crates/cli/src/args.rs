@@ -139,6 +139,10 @@ pub struct FailureArgs {
     /// them at once.
     #[arg(long, default_value = "30s", value_parser = units::parse_interval)]
     pub reattach_wait: std::time::Duration,
+    /// A parity volume's encoder: the most volume data it turns into stripes (or folds back)
+    /// a second; `0` runs no encoder (writes then stay on the mirrored copies).
+    #[arg(long, default_value = "64M", value_parser = units::parse_size)]
+    pub encode_rate: u64,
 }
 
 impl FailureArgs {
@@ -152,6 +156,7 @@ impl FailureArgs {
             replica_timeout: self.replica_timeout,
             resync_rate: self.resync_rate,
             reattach_wait: self.reattach_wait,
+            encode_rate: self.encode_rate,
             streams: streams as usize,
             kind,
             ..Default::default()
