@@ -91,13 +91,7 @@ async fn a_failed_node_is_taken_out_and_rebuilt_by_a_managed_writer() {
     let settle = || tokio::time::sleep(std::time::Duration::from_millis(150));
     let size = c.info.size;
     let region = c.stripes.region_blocks() * 4096;
-    let records = Arc::new(Records(std::sync::Mutex::new(c.info.clone())));
-    let mut opts = crate::VolumeOptions::over(TransportKind::Tcp, 1);
-    opts.resync_interval = std::time::Duration::from_millis(100);
-    opts.encode_rate = 0;
-    let v = Volume::attach_managed(c.info.clone(), opts, records.clone())
-        .await
-        .unwrap();
+    let (records, v) = managed_writer(&c.info).await;
     let data = pattern(0, size as usize, 1);
     v.write(0, data.clone(), false).await.unwrap();
     let mut model = data.to_vec();
@@ -132,14 +126,7 @@ async fn a_failed_node_is_taken_out_and_rebuilt_by_a_managed_writer() {
 
     // It works again: the resync task brings it back.
     fault(2, "");
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
-    while records.state(3) != ReplicaState::InSync {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "node 3 never came back"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    wait_in_sync(&records, 3, "node 3 never came back").await;
     // Incremental: what it missed of the regions it mirrors (1 and 2: region 2 whole, three
     // blocks of region 1), not region 0 and not its chunk.
     let done = v.last_resync(3).expect("a resync ran");
@@ -171,14 +158,7 @@ async fn a_failed_node_is_taken_out_and_rebuilt_by_a_managed_writer() {
     let d = pattern(2 * region, 4096, 4);
     v.write(2 * region, d.clone(), false).await.unwrap();
     model[2 * region as usize..(2 * region + 4096) as usize].copy_from_slice(&d);
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
-    while records.state(3) != ReplicaState::InSync {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "node 3 never came back again"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    wait_in_sync(&records, 3, "node 3 never came back again").await;
     let done = v.last_resync(3).expect("a resync ran");
     assert!(done.full && done.done_bytes == size, "{done:?}");
     // Each of the others fails every read in turn: node 3's copies and chunk serve.
@@ -449,13 +429,7 @@ async fn a_mirror_that_fails_an_encodes_trim_goes_out_and_comes_back_trimmed() {
     let specs = faulty_nodes(&mut c, "trim").await;
     let size = c.info.size;
     let region = c.stripes.region_blocks() * 4096;
-    let records = Arc::new(Records(std::sync::Mutex::new(c.info.clone())));
-    let mut opts = crate::VolumeOptions::over(TransportKind::Tcp, 1);
-    opts.resync_interval = std::time::Duration::from_millis(100);
-    opts.encode_rate = 0;
-    let v = Volume::attach_managed(c.info.clone(), opts, records.clone())
-        .await
-        .unwrap();
+    let (records, v) = managed_writer(&c.info).await;
     let data = pattern(0, size as usize, 5);
     v.write(0, data.clone(), false).await.unwrap();
     // The mirror's writes fail from the switch on: the trim is the first to meet it.
@@ -475,11 +449,7 @@ async fn a_mirror_that_fails_an_encodes_trim_goes_out_and_comes_back_trimmed() {
     );
     assert_ne!(records.state(m), ReplicaState::InSync, "taken out");
     std::fs::write(&spec, "").unwrap();
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
-    while records.state(m) != ReplicaState::InSync {
-        assert!(tokio::time::Instant::now() < deadline, "never came back");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    wait_in_sync(&records, m, "never came back").await;
     let done = v.last_resync(m).expect("a resync ran");
     assert!(!done.full, "{done:?}");
     let i = v.core().slot_of(m).unwrap();
@@ -499,13 +469,7 @@ async fn a_write_waits_while_its_region_has_too_few_mirrors_and_others_go_on() {
     c.info.min_copies = 2;
     let size = c.info.size;
     let region = c.stripes.region_blocks() * 4096;
-    let records = Arc::new(Records(std::sync::Mutex::new(c.info.clone())));
-    let mut opts = crate::VolumeOptions::over(TransportKind::Tcp, 1);
-    opts.resync_interval = std::time::Duration::from_millis(100);
-    opts.encode_rate = 0;
-    let v = Volume::attach_managed(c.info.clone(), opts, records.clone())
-        .await
-        .unwrap();
+    let (records, v) = managed_writer(&c.info).await;
     let mut model = pattern(0, size as usize, 6).to_vec();
     v.write(0, Bytes::from(model.clone()), false).await.unwrap();
     assert!(c.stripes.mirrors(1, 3) && !c.stripes.mirrors(0, 3));
@@ -537,6 +501,31 @@ async fn a_write_waits_while_its_region_has_too_few_mirrors_and_others_go_on() {
         .unwrap();
     assert_eq!(records.state(3), ReplicaState::InSync);
     assert!(v.read(0, size).await.unwrap()[..] == model[..]);
+}
+
+/// A managed writer of `info` over a recording control plane: resyncs tried every 100 ms,
+/// no encoder task (the tests encode themselves).
+async fn managed_writer(info: &AttachInfo) -> (Arc<Records>, Arc<Volume>) {
+    let records = Arc::new(Records(std::sync::Mutex::new(info.clone())));
+    let mut opts = crate::VolumeOptions::over(TransportKind::Tcp, 1);
+    opts.resync_interval = std::time::Duration::from_millis(100);
+    opts.encode_rate = 0;
+    let v = Volume::attach_managed(info.clone(), opts, records.clone())
+        .await
+        .unwrap();
+    (records, v)
+}
+
+/// Waits (at most 20 s) until `node` is in sync on record; `what` names a timeout.
+async fn wait_in_sync(records: &Records, node: u32, what: &str) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while records.state(node) != ReplicaState::InSync {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "node {node}: {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }
 
 /// Puts each of `c`'s nodes over a store that fails what its spec file says (`FaultyStore`);

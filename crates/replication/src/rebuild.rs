@@ -30,7 +30,7 @@ pub struct ChunkRebuild {
 }
 
 impl VolumeCore {
-    fn in_sync_node(&self, node: u32) -> bool {
+    pub(crate) fn in_sync_node(&self, node: u32) -> bool {
         self.slot_of(node)
             .is_some_and(|i| self.set.state(i) == ReplicaState::InSync)
     }

@@ -233,13 +233,12 @@ impl VolumeCore {
         if nodes.0 < nodes.1 {
             return nodes;
         }
+        // Per write: counted over the set, with no list built.
         let s = map.stripes();
-        let mirrors = s.mirrors_of(s.region_of(offset / 4096));
-        let have = mirrors
-            .iter()
-            .filter(|&&n| {
-                self.slot_of(n)
-                    .is_some_and(|i| self.set.state(i) == ReplicaState::InSync)
+        let region = s.region_of(offset / 4096);
+        let have = (0..self.set.len())
+            .filter(|&i| {
+                self.set.state(i) == ReplicaState::InSync && s.mirrors(region, self.node(i))
             })
             .count();
         (have, self.min_copies as usize)
@@ -404,12 +403,7 @@ impl VolumeCore {
         // A parity volume: each region the node mirrors keeps its minimum of mirrors.
         if let Some(map) = &self.regions {
             let s = map.stripes();
-            let in_sync = |n: u32| {
-                n != node
-                    && self
-                        .slot_of(n)
-                        .is_some_and(|j| self.set.state(j) == ReplicaState::InSync)
-            };
+            let in_sync = |n: u32| n != node && self.in_sync_node(n);
             let regions = map.regions().len() as u64;
             let short = (0..regions.min(s.width() as u64))
                 .filter(|&r| s.mirrors(r, node))
