@@ -220,6 +220,50 @@ impl Volume {
         }
     }
 
+    /// Replaces a parity volume's copy on `from` by the one on `to`, in its place: `to` keeps
+    /// the chunks and mirrored regions `from` kept ([`trireme_replication::RegionMap::replace_node`]).
+    /// Its copy is created and on record already (failed, in `from`'s place). A copy on `from`
+    /// that takes writes is first taken out as for a planned restart (refused when a region
+    /// would keep fewer mirrors than the minimum, or the stripes fewer than K nodes): until `to`
+    /// is in sync the volume tolerates one loss fewer. The resync task then rebuilds `to`
+    /// whole, at most `rate` bytes per second.
+    pub async fn replace_replica(
+        &self,
+        from: u32,
+        to: u32,
+        rate: Option<u64>,
+    ) -> Result<(), VolumeError> {
+        self.membership()?;
+        // Held out of resyncs until it is retired below (or, refused, until released).
+        if self.take_out_node(from, Duration::from_secs(3600)).await? {
+            tracing::info!(volume = %self.info.name, from, to, "copy taken out to be replaced");
+        }
+        let _g = self.membership_lock.lock().await;
+        let old = self.slot_of(from);
+        let mut core = self.core();
+        let next = core.set().len();
+        if next < self.slots.len() && core.slot_of(to).is_none() {
+            // The slot's node is set before the core can hand its index out.
+            self.slots[next].node.store(to, Ordering::Relaxed);
+        }
+        let replaced = core.replace(from, to, rate.unwrap_or(0));
+        drop(core);
+        self.release_node(from);
+        match replaced {
+            Ok((_, false)) => Ok(()),
+            Ok((i, true)) => {
+                if let Some(o) = old {
+                    self.set_conn(o, None);
+                    self.drop_records(o).await;
+                }
+                self.set_conn(i, None);
+                tracing::info!(volume = %self.info.name, from, to, "copy replaced in its place; a whole resync follows");
+                Ok(())
+            }
+            Err(r) => Err(self.degrade(to, r)),
+        }
+    }
+
     /// Stops using the replica on `node` (the old copy of a move): with writes paused, it is
     /// recorded outdated (from now on it misses writes) and leaves the set for good. Refused
     /// for the last in-sync replica.

@@ -24,12 +24,12 @@ impl Volume {
     /// Restores the regions recorded and the overlay (see the module docs): once, at
     /// attach, before any request.
     pub(crate) async fn restore_overlay(&self) -> Result<(), VolumeError> {
-        let Some(p) = &self.parity else {
+        if self.parity.is_none() {
             return Ok(());
-        };
+        }
         let recorded = self.info.regions.clone();
         // Its length was checked when the core was made (`parity::core_of`).
-        let stripes = &p.stripes;
+        let stripes = &self.stripes();
         // Per block of a parity region: the slots whose copies hold it.
         let mut holders: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
         for i in self.in_sync() {

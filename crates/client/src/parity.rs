@@ -35,6 +35,8 @@ const BLOCK: u64 = 4096;
 /// the codec.
 #[derive(Debug)]
 pub(crate) struct ParityIo {
+    /// Sizes and places on a node's copy only: which node keeps a chunk or a region's
+    /// mirrors is the core's ([`Volume::stripes`]), since a copy may be replaced.
     pub(crate) stripes: Stripes,
     pub(crate) codec: ReedSolomon,
 }
@@ -92,6 +94,17 @@ impl Volume {
             Op::Write | Op::WriteZeroes | Op::Read => self.node_range(h),
             _ => h,
         }
+    }
+
+    /// The stripes' geometry and which node keeps what, as the core holds them now (a
+    /// replaced copy's node takes the old one's place: [`Volume::replace_replica`]). Ask
+    /// this, not [`ParityIo`]'s geometry, for nodes.
+    pub(crate) fn stripes(&self) -> Stripes {
+        self.core()
+            .region_map()
+            .expect("a parity volume")
+            .stripes()
+            .clone()
     }
 
     /// As [`Volume::on_node`] for any request over a range within one region.

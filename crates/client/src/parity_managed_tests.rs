@@ -503,6 +503,65 @@ async fn a_write_waits_while_its_region_has_too_few_mirrors_and_others_go_on() {
     assert!(v.read(0, size).await.unwrap()[..] == model[..]);
 }
 
+/// A lost node's copy replaced by one on a new node, in its place: the new copy is rebuilt
+/// whole (the regions the old one mirrored, its chunks), no other node's place changes, and
+/// reads that need the new copy's chunks (another node failing) and a scrub find the
+/// volume's bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_copy_is_replaced_in_its_place_on_a_new_node() {
+    let mut c = cluster().await;
+    let specs = faulty_nodes(&mut c, "replace").await;
+    let size = c.info.size;
+    let region = c.stripes.region_blocks() * 4096;
+    let (records, v) = managed_writer(&c.info).await;
+    let mut model = pattern(0, size as usize, 11).to_vec();
+    v.write(0, Bytes::from(model.clone()), false).await.unwrap();
+    let record = |r, kind| record_via(records.clone(), r, kind);
+    for r in [0, 2] {
+        v.encode(r, &record).await.unwrap();
+    }
+    // Node 2 is lost: every request fails. A write in each region takes it out.
+    std::fs::write(&specs[1].0, "write=1 read=1 flush=1").unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    for r in 0..3 {
+        let d = pattern(r * region + 8192, 8192, 12);
+        v.write(r * region + 8192, d.clone(), false).await.unwrap();
+        let at = (r * region + 8192) as usize;
+        model[at..at + 8192].copy_from_slice(&d);
+    }
+    assert_ne!(records.state(2), ReplicaState::InSync);
+    // Node 4 takes its place: created, then on record in node 2's place, then the writer.
+    let replica_size = c.stripes.replica_blocks(size / 4096) * 4096;
+    let (mut t, _r4) = node(4, replica_size).await;
+    t.state = ReplicaState::Failed;
+    records.0.lock().unwrap().replicas[1] = t;
+    let refused = v.replace_replica(1, 4, None).await;
+    assert!(
+        refused.is_err(),
+        "node 1's copy is in sync and a planned take-out of it would leave region 0 no mirror"
+    );
+    v.replace_replica(2, 4, None).await.unwrap();
+    assert_eq!(v.stripes().nodes, vec![1, 4, 3]);
+    wait_in_sync(&records, 4, "the new copy was never rebuilt").await;
+    let done = v.last_resync(4).expect("a resync ran");
+    assert!(done.full, "{done:?}");
+    assert!(v.replica_views().iter().all(|r| r.node != 2));
+    assert!(v.read(0, size).await.unwrap()[..] == model[..]);
+    // Node 1 fails reads: region 0's blocks come from node 4's mirror, region 2's (parity)
+    // are rebuilt from node 4's and node 3's chunks.
+    std::fs::write(&specs[0].0, "read=1").unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    assert!(v.read(0, size).await.unwrap()[..] == model[..]);
+    std::fs::write(&specs[0].0, "").unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    let report = v.scrub(0).await.unwrap();
+    assert!(
+        report.repaired.is_empty() && report.unresolved.is_empty(),
+        "{report:?}"
+    );
+    assert!(report.stripes_checked >= 2, "{report:?}");
+}
+
 /// A managed writer of `info` over a recording control plane: resyncs tried every 100 ms,
 /// no encoder task (the tests encode themselves).
 async fn managed_writer(info: &AttachInfo) -> (Arc<Records>, Arc<Volume>) {

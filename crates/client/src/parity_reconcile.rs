@@ -23,8 +23,7 @@ const BLOCK: u64 = 4096;
 impl Volume {
     /// Reconciles a parity volume's mirrors (see the module docs).
     pub(crate) async fn reconcile_parity(&self) -> Result<(), VolumeError> {
-        let p = self.parity.as_ref().expect("a parity volume");
-        let s = p.stripes.clone();
+        let s = self.stripes();
         let started = Instant::now();
         let blocks = self.size().div_ceil(BLOCK);
         let (whole, parts) = match self.activity_ranges().await? {

@@ -133,8 +133,7 @@ impl Volume {
         i: usize,
         survivors: &[usize],
     ) -> Result<Option<Vec<(u64, u64)>>, VolumeError> {
-        let p = self.parity.as_ref().expect("a parity volume");
-        let s = &p.stripes;
+        let s = &self.stripes();
         let node = self.node(i);
         let span = self.replica_size(self.size());
         let (mut ranges, mut trusted) = (Vec::new(), Vec::new());
@@ -186,8 +185,7 @@ impl Volume {
         i: usize,
         started: Instant,
     ) -> Result<ResyncProgress, VolumeError> {
-        let p = self.parity.as_ref().expect("a parity volume");
-        let s = &p.stripes;
+        let s = &self.stripes();
         let blocks = self.size().div_ceil(BLOCK);
         let mut progress = ResyncProgress {
             full: true,
@@ -338,7 +336,7 @@ impl Volume {
     /// Rebuilds one of replica `i`'s chunks from the K chunks in sync the core names.
     async fn rebuild_chunk(&self, i: usize, rb: &ChunkRebuild) -> Result<(), VolumeError> {
         let p = self.parity.as_ref().expect("a parity volume");
-        let s = &p.stripes;
+        let s = &self.stripes();
         let len = s.chunk_blocks * BLOCK;
         let mut chunks: Vec<Option<Vec<u8>>> = vec![None; s.width()];
         for c in &rb.from {

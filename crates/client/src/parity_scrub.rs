@@ -46,8 +46,7 @@ impl Volume {
         rate: Option<u64>,
         progress: &(dyn Fn(u64, u64) + Sync),
     ) -> Result<ScrubReport, VolumeError> {
-        let p = self.parity.as_ref().expect("a parity volume");
-        let s = &p.stripes;
+        let s = &self.stripes();
         let started = tokio::time::Instant::now();
         let blocks = self.size().div_ceil(BLOCK);
         let mut report = ScrubReport {

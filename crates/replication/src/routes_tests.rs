@@ -464,3 +464,49 @@ fn a_planned_restart_keeps_each_regions_minimum_of_mirrors() {
         "every mirror of its regions must stay"
     );
 }
+
+/// A lost copy's replacement takes its place in every stripe: the regions it mirrored and its
+/// chunks are the new node's, the other nodes' places stay, and the new copy comes back whole.
+#[test]
+fn a_replaced_copy_takes_the_old_ones_place_and_nothing_else_moves() {
+    use crate::{MirrorCopy, Refusal};
+    let mut c = parity_core([
+        ReplicaState::InSync,
+        ReplicaState::Failed,
+        ReplicaState::InSync,
+    ]);
+    c.restore_regions(&[Region::Parity { slot: 0 }, Region::Mirror], [])
+        .unwrap();
+    let before = c.region_map().unwrap().stripes().nodes.clone();
+    // Not a copy that takes writes, not a node with a copy, not a node with no place.
+    assert_eq!(c.replace(1, 7, 0), Err(Refusal::TakesWrites(1)));
+    assert_eq!(c.replace(2, 3, 0), Err(Refusal::HoldsACopy(3)));
+    assert_eq!(c.replace(9, 7, 0), Err(Refusal::NoPlace(9)));
+    assert_eq!(c.replace(2, 7, 0), Ok((3, true)));
+    // Asked again (a manager that took over): the same slot, nothing changes.
+    assert_eq!(c.replace(2, 7, 5), Ok((3, false)));
+    assert_eq!(c.rate(3), Some(5));
+    let s = c.region_map().unwrap().stripes().clone();
+    assert_eq!(s.nodes, vec![before[0], 7, before[2]]);
+    assert_eq!(c.slot_of(2), None, "the old copy is retired");
+    assert_eq!(c.set().state(3), ReplicaState::Failed);
+    // Region 0's mirrors were nodes 1 and 2: now 1 and 7; its parity chunk, node 3's, stays.
+    assert_eq!(s.mirrors_of(0), vec![1, 7]);
+    assert_eq!(c.parity_copy_source(0, 3), Some(MirrorCopy::From(0)));
+    let r = c.parity_rebuilds(3).unwrap();
+    assert_eq!(r.len(), 1);
+    assert_eq!((r[0].to.node, r[0].to.chunk), (7, 1));
+    let from: Vec<u32> = r[0].from.iter().map(|f| f.node).collect();
+    assert_eq!(from, vec![1, 3]);
+    // A resync whole: the new copy has no history.
+    assert!(matches!(
+        c.resync_start(3, 42),
+        Ok(crate::ResyncStart::From {
+            incremental: false,
+            ..
+        })
+    ));
+    // A mirror's copy is added beside the others, never replaced.
+    let mut mirror = VolumeCore::new(&[(1, ReplicaState::Failed)], 0, false, 4);
+    assert_eq!(mirror.replace(1, 2, 0), Err(Refusal::NotParity));
+}

@@ -96,16 +96,19 @@ pub struct Stripes {
 }
 
 impl Stripes {
-    /// The geometry of `parity` over `nodes` (K+M distinct ones, as [`place_stripe`] chose).
-    pub fn new(parity: &Parity, mut nodes: Vec<u32>) -> Result<Stripes, PlacementError> {
+    /// The geometry of `parity` over `nodes` (K+M distinct ones), in chunk order: as the
+    /// volume's record lists them. [`place_stripe`] gives them sorted; a replaced copy's new
+    /// node takes the old one's place in the list ([`RegionMap::replace_node`]), so no
+    /// other node's chunks move.
+    pub fn new(parity: &Parity, nodes: Vec<u32>) -> Result<Stripes, PlacementError> {
         let (k, m) = (usize::from(parity.data), usize::from(parity.parity));
-        let given = nodes.len();
-        nodes.sort_unstable();
-        nodes.dedup();
-        if nodes.len() != k + m || given != k + m {
+        let mut distinct = nodes.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        if distinct.len() != k + m || nodes.len() != k + m {
             return Err(PlacementError::NotEnoughNodes {
                 replicas: k + m,
-                nodes: nodes.len(),
+                nodes: distinct.len(),
             });
         }
         Ok(Stripes {
@@ -755,6 +758,19 @@ impl RegionMap {
     pub fn abandon_unswitched(&mut self) {
         self.encodes
             .retain(|_, e| matches!(e.phase, Phase::Switch | Phase::Free));
+    }
+
+    /// The copy on `from` gives its place to one on `to`: the chunks and mirrored parts
+    /// `from` kept are `to`'s from now on (its resync rebuilds them), and no other node's
+    /// place changes. Encodes not at their switch are abandoned (their chunks were to go to
+    /// `from`). False if `from` has no place.
+    pub fn replace_node(&mut self, from: u32, to: u32) -> bool {
+        let Some(at) = self.stripes.nodes.iter().position(|&n| n == from) else {
+            return false;
+        };
+        self.abandon_unswitched();
+        self.stripes.nodes[at] = to;
+        true
     }
 
     /// Forgets the encodes in flight (the executor stopped; a restart reads the record).

@@ -36,6 +36,14 @@ pub enum Refusal {
     NoOtherAnswers,
     #[error("a parity region's switch is being recorded; the resync begins once it is")]
     Switching,
+    #[error("replacing a copy in its place is for parity volumes; a mirror's copy is added beside the others")]
+    NotParity,
+    #[error("node {0} holds a copy of this volume already")]
+    HoldsACopy(u32),
+    #[error("node {0} holds no place in this volume's stripes")]
+    NoPlace(u32),
+    #[error("the copy on node {0} takes writes: take it out first")]
+    TakesWrites(u32),
 }
 
 /// Whether writes may go on.
@@ -565,6 +573,47 @@ impl VolumeCore {
             ..Record::default()
         });
         self.set.push(ReplicaState::Failed);
+        Ok((i, true))
+    }
+
+    /// A parity volume's copy on `from`, out of sync, is replaced by a new one on `to` in its
+    /// place (a move or a lost server's replacement: a parity copy's place is its chunks, so
+    /// the new one takes the old one's place rather than joining beside it). The old one is
+    /// retired; the new one starts failed, for a whole resync at `rate` bytes per second
+    /// (0: the volume's). `Ok((i, false))` if `to` holds the place already.
+    pub fn replace(&mut self, from: u32, to: u32, rate: u64) -> Result<(usize, bool), Refusal> {
+        let Some(map) = &self.regions else {
+            return Err(Refusal::NotParity);
+        };
+        let placed = |n: u32| map.stripes().nodes.contains(&n);
+        match (placed(from), self.slot_of(to)) {
+            // Done already (asked again by a manager that took over).
+            (false, Some(i)) if placed(to) => {
+                self.records[i].rate = rate;
+                return Ok((i, false));
+            }
+            (_, Some(_)) => return Err(Refusal::HoldsACopy(to)),
+            (false, None) => return Err(Refusal::NoPlace(from)),
+            (true, None) => {}
+        }
+        let old = self.slot_of(from);
+        if let Some(i) = old {
+            if matches!(
+                self.set.state(i),
+                ReplicaState::InSync | ReplicaState::Resyncing
+            ) {
+                return Err(Refusal::TakesWrites(from));
+            }
+        }
+        if map.switching() {
+            return Err(Refusal::Switching);
+        }
+        let (i, _) = self.add(to, rate)?;
+        if let Some(o) = old {
+            self.retire(o);
+        }
+        let map = self.regions.as_mut().expect("checked above");
+        map.replace_node(from, to);
         Ok((i, true))
     }
 
