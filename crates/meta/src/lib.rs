@@ -241,11 +241,13 @@ pub(crate) fn is_zero32(n: &u32) -> bool {
 }
 
 impl VolumeRecord {
-    /// The minimum of in-sync copies in force.
+    /// The minimum of in-sync copies in force. Unset: one fewer than its copies for a mirror;
+    /// for parity, M of a region's M+1 mirrored copies (as the writer's core defaults).
     pub fn min_copies(&self) -> u32 {
-        match self.min_copies {
-            0 => trireme_replication::default_min_copies(self.replicas.len()),
-            n => n,
+        match (self.min_copies, self.layout) {
+            (0, trireme_replication::Layout::Parity(p)) => u32::from(p.parity),
+            (0, _) => trireme_replication::default_min_copies(self.replicas.len()),
+            (n, _) => n,
         }
     }
 }
