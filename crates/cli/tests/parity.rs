@@ -88,6 +88,51 @@ fn a_4_2_volume_loses_nothing_when_two_nodes_die_at_once() {
     scrub_finds_rotten_chunks(&c, 4, 4);
 }
 
+/// `node drain` of a node holding a 2+1 copy, under `bench --verify`: the spare node takes
+/// the copy's place in the stripes (the record's order), rebuilt whole; nothing is lost and
+/// the drained node keeps nothing. A typo'd drain of a node that does not exist changes
+/// nothing.
+#[test]
+fn a_drain_gives_a_parity_copys_place_to_another_node() {
+    let c = Cluster::start(&[
+        "--store", "file", "--size", "64M", "--nodes", "4", "--parity", "2+1",
+    ]);
+    let order = || -> Vec<u64> {
+        let info = cli_ok(&c, &["--output", "json", "volume", "info", "vol0"]);
+        let info: serde_json::Value = serde_json::from_str(&info).unwrap();
+        info["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["node"].as_u64().unwrap())
+            .collect()
+    };
+    let before = order();
+    assert_eq!(before.len(), 3, "{before:?}");
+    let spare = (1..=4).find(|n| !before.contains(n)).unwrap();
+    let bad = c.cli(&["node", "drain", "9"]);
+    assert!(!bad.status.success());
+    let bench = start_bench(&c, 10);
+    std::thread::sleep(Duration::from_secs(3));
+    let drained = before[1];
+    let out = cli_ok(&c, &["node", "drain", &drained.to_string()]);
+    assert!(out.contains("done"), "{out}\n{}", c.log());
+    let after = order();
+    assert_eq!(after, vec![before[0], spare, before[2]], "in its place");
+    finish_bench(&c, bench);
+    wait_all_in_sync(&c);
+    encoded_and_healthy(&c, 128);
+    let held = c
+        .path()
+        .join(format!("node-{drained}"))
+        .join("replica-0000000000000001.data");
+    assert!(!held.exists(), "the drained node deleted its copy");
+    let r = cli_ok(&c, &["--output", "json", "volume", "scrub", "vol0"]);
+    let r: serde_json::Value = serde_json::from_str(&r).unwrap();
+    assert_eq!(r["mismatched_regions"], 0, "{r}");
+    assert_eq!(r["unresolved"].as_array().map(Vec::len), Some(0), "{r}");
+}
+
 /// Rots one block of node `node`'s chunk of every region (both chunk slots, behind the
 /// node's back: bit rot) of a `k`+2 volume; `volume scrub` finds and rebuilds the chunk of
 /// each region in parity (the slot not in use is never read), and a second scrub finds

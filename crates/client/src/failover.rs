@@ -240,14 +240,15 @@ impl Volume {
         }
         let _g = self.membership_lock.lock().await;
         let old = self.slot_of(from);
-        let mut core = self.core();
-        let next = core.set().len();
-        if next < self.slots.len() && core.slot_of(to).is_none() {
-            // The slot's node is set before the core can hand its index out.
-            self.slots[next].node.store(to, Ordering::Relaxed);
-        }
-        let replaced = core.replace(from, to, rate.unwrap_or(0));
-        drop(core);
+        let replaced = {
+            let mut core = self.core();
+            let next = core.set().len();
+            if next < self.slots.len() && core.slot_of(to).is_none() {
+                // The slot's node is set before the core can hand its index out.
+                self.slots[next].node.store(to, Ordering::Relaxed);
+            }
+            core.replace(from, to, rate.unwrap_or(0))
+        };
         self.release_node(from);
         match replaced {
             Ok((_, false)) => Ok(()),

@@ -40,6 +40,7 @@ use trireme_meta::NodeState;
 use crate::manager::{Manager, Result};
 
 mod mover;
+mod parity;
 mod replicas;
 
 pub use mover::copy_then_retire;
@@ -144,18 +145,6 @@ impl Manager {
             .into_iter()
             .filter(|v| v.replicas.iter().any(|r| r.node == node))
             .collect();
-        let parity: Vec<&str> = held
-            .iter()
-            .filter(|v| !v.layout.is_mirror())
-            .map(|v| v.name.as_str())
-            .collect();
-        if !parity.is_empty() {
-            return Err(refused(format!(
-                "node {node} holds a copy of the parity volume{} {}: moving a parity copy is not built yet; node {node} is left as it was",
-                if parity.len() == 1 { "" } else { "s" },
-                parity.join(", ")
-            )));
-        }
         // A copy is made from a copy in sync: a node that does not answer and holds the only
         // one of a volume leaves nothing to copy from. Said now, not by a job that fails.
         let only_here: Vec<&str> = held
@@ -322,7 +311,11 @@ impl Manager {
             if running {
                 let volumes: Vec<String> = vols
                     .iter()
-                    .filter(|v| v.replicas.iter().any(|r| r.node == job.node))
+                    .filter(|v| {
+                        v.replicas
+                            .iter()
+                            .any(|r| r.node == job.node || r.moving_from == Some(job.node))
+                    })
                     .map(|v| v.name.clone())
                     .collect();
                 tracing::info!(node = job.node, kind = %job.kind, volumes = ?volumes, "resuming the job of the previous manager");
@@ -443,7 +436,12 @@ impl Manager {
                 Err(trireme_meta::MetaError::NoVolume(_)) => continue, // deleted meanwhile
                 Err(e) => return Err(e.into()),
             };
-            if v.replicas.iter().any(|r| r.node == node) {
+            // A parity copy's replacement takes the old one's place on record at once: until
+            // it is in sync, it names the node it replaces.
+            if v.replicas
+                .iter()
+                .any(|r| r.node == node || r.moving_from == Some(node))
+            {
                 self.update_move(node, |m| m.volume = Some(name.clone()));
                 self.move_volume(&v, node, rate)
                     .await

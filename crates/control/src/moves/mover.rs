@@ -121,12 +121,19 @@ impl Manager {
     ) -> Result<()> {
         match self.mover(v).await? {
             Mover::Here { writer, own } => {
-                let r = self.move_with(&writer, v, from, rate).await;
+                let r = match v.layout.is_mirror() {
+                    true => self.move_with(&writer, v, from, rate).await,
+                    false => self.replace_with(&writer, v, from, rate).await,
+                };
                 if let Some(own) = own {
                     self.release_own(own).await;
                 }
                 r
             }
+            Mover::Remote { host, .. } if !v.layout.is_mirror() => Err(refused(format!(
+                "volume {} is a parity volume attached on {host}: moving its copy through a writer on another host is not built; detach it there, and the manager moves it",
+                v.name
+            ))),
             Mover::Remote { epoch, host } => self.move_remote(v, from, rate, epoch, &host).await,
         }
     }

@@ -37,16 +37,44 @@ impl Manager {
         Ok(false)
     }
 
-    /// The node a new replica of `v` goes to.
-    async fn pick_target(&self, v: &VolumeRecord) -> Result<u32> {
+    /// The node a new replica of `v` goes to. `replacing`: a parity copy's replacement, for
+    /// which a node in a zone that holds M of the stripe's other chunks does not count (a
+    /// lost zone would lose more than M chunks of a stripe).
+    pub(super) async fn pick_target(
+        &self,
+        v: &VolumeRecord,
+        replacing: Option<u32>,
+    ) -> Result<u32> {
         let vols = self.meta().volumes().await?;
+        let nodes = self.meta().nodes().await?;
+        let zone_full = |zone: &Option<String>| -> bool {
+            let (Some(from), Some(z), trireme_replication::Layout::Parity(p)) =
+                (replacing, zone, v.layout)
+            else {
+                return false;
+            };
+            let in_zone = v
+                .replicas
+                .iter()
+                .filter(|r| r.node != from)
+                .filter(|r| {
+                    nodes
+                        .iter()
+                        .any(|n| n.id == r.node && n.zone.as_ref() == Some(z))
+                })
+                .count();
+            in_zone >= usize::from(p.parity)
+        };
         let mut candidates: Vec<(usize, u32)> = Vec::new();
-        for n in self.meta().nodes().await? {
-            if n.state != NodeState::Active || v.replicas.iter().any(|r| r.node == n.id) {
+        for n in &nodes {
+            if n.state != NodeState::Active
+                || v.replicas.iter().any(|r| r.node == n.id)
+                || zone_full(&n.zone)
+            {
                 continue;
             }
             if self
-                .node_call(&n, Header::request(Op::Ping, 0))
+                .node_call(n, Header::request(Op::Ping, 0))
                 .await
                 .is_err()
             {
@@ -103,7 +131,7 @@ impl Manager {
             }
             v = self.discard_replica(&v, to).await?;
         }
-        let to = self.pick_target(&v).await?;
+        let to = self.pick_target(&v, None).await?;
         self.update_move(from, |m| m.to = Some(to));
         self.save_job(from).await;
         // Recorded failed first: a crash from here on leaves a copy that is never read.
@@ -250,7 +278,7 @@ impl Manager {
         }
     }
 
-    async fn delete_old(&self, v: &VolumeRecord, node: u32) {
+    pub(super) async fn delete_old(&self, v: &VolumeRecord, node: u32) {
         match self.node(node).await {
             Ok(n) => match self.replica_op(&n, Op::DeleteReplica, v).await {
                 Ok(Status::Ok | Status::NoReplica) => {}
