@@ -170,11 +170,13 @@ fn a_parity_volumes_core_stepped_alone_reads_every_acknowledged_write() {
         counts.resyncs > 300 && counts.chunks_rebuilt > 100,
         "{counts:?}"
     );
+    assert!(counts.replaced > 20, "{counts:?}");
 }
 
 /// ...and its checker sees an encoder that reads or trims its region with requests to it in
 /// flight, one whose stripe lacks a chunk, a resync that copies from a node not mirroring the
-/// region, and a discard trimmed over a stripe.
+/// region, a discard trimmed over a stripe, and a restarted writer that orders the stripe's
+/// nodes by id after a replacement.
 #[test]
 fn the_parity_checker_sees_an_encoder_out_of_order() {
     use parity_steps::Sabotage::*;
@@ -184,6 +186,7 @@ fn the_parity_checker_sees_an_encoder_out_of_order() {
         ChunkNotWritten,
         CopyFromAnyNode,
         TrimOverStripe,
+        NodesById,
     ] {
         let caught = (0..1000)
             .filter(|&seed| parity_steps::run(seed, sabotage).is_err())

@@ -222,7 +222,7 @@ fn a_parity_volumes_core_stepped_alone_reads_every_acknowledged_write_for_every_
         }
     }
     eprintln!(
-        "parity stepped alone: {} seeds, {} writes, {} encodes, {} fold-backs, {} abandoned, {} rebuilt reads, {} writer restarts, {} nodes down, {} resyncs, {} chunks rebuilt",
+        "parity stepped alone: {} seeds, {} writes, {} encodes, {} fold-backs, {} abandoned, {} rebuilt reads, {} writer restarts, {} nodes down, {} resyncs, {} chunks rebuilt, {} copies replaced",
         seeds.len(),
         counts.writes,
         counts.encodes,
@@ -232,6 +232,7 @@ fn a_parity_volumes_core_stepped_alone_reads_every_acknowledged_write_for_every_
         counts.restarts,
         counts.lost_nodes,
         counts.resyncs,
-        counts.chunks_rebuilt
+        counts.chunks_rebuilt,
+        counts.replaced
     );
 }

@@ -23,6 +23,10 @@
 //! A discard is a trim (the copies drop the blocks) where no stripe is beneath, zeroes where
 //! one is or is being made; either reads back as zeroes.
 //!
+//! A copy out of sync is sometimes replaced by a new node's, in its place (`node remove`):
+//! the new node comes in empty and is rebuilt whole, and a restarted writer takes the
+//! stripe's nodes in the record's order (the places), not by node id.
+//!
 //! Not modelled: power loss of a node's unflushed chunks.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -41,6 +45,8 @@ const BLOCK: u64 = 4096;
 const EVENTS: usize = 500;
 /// Blocks written at the start of each chunk (few, so writes collide).
 const HOT: u64 = 3;
+/// The writer's slots: K+M and at most two replacements between restarts.
+const SLOTS: usize = 8;
 
 /// A flaw planted on purpose, for the checker's own test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +62,9 @@ pub enum Sabotage {
     TrimOverStripe,
     /// The encoder reads its region without holding it against requests in flight.
     ReadWithoutHold,
+    /// A restarted writer orders the stripe's nodes by id, not in the record's order: a
+    /// replacement's node then lands in another place.
+    NodesById,
 }
 
 /// What one run did.
@@ -70,6 +79,7 @@ pub struct Counts {
     pub lost_nodes: u64,
     pub resyncs: u64,
     pub chunks_rebuilt: u64,
+    pub replaced: u64,
 }
 
 impl std::ops::AddAssign for Counts {
@@ -83,6 +93,7 @@ impl std::ops::AddAssign for Counts {
         self.lost_nodes += o.lost_nodes;
         self.resyncs += o.resyncs;
         self.chunks_rebuilt += o.chunks_rebuilt;
+        self.replaced += o.replaced;
     }
 }
 
@@ -145,7 +156,11 @@ struct Run {
     parity: Parity,
     regions: u64,
     core: VolumeCore,
+    /// Indexed by the core's slots (node id: slot + 1); a replaced node stays, out of the
+    /// set, until a restart compacts them.
     nodes: Vec<Node>,
+    /// The nodes in the stripe's places (the record's order).
+    members: Vec<usize>,
     writes: Vec<Write>,
     copies: Vec<Copy>,
     gate: Vec<(u64, u64, u64)>,
@@ -207,6 +222,7 @@ pub fn run(seed: u64, sabotage: Sabotage) -> Result<Counts, String> {
         regions,
         core: VolumeCore::new(&[], 0, true, 1),
         nodes,
+        members: (0..width).collect(),
         writes: Vec::new(),
         copies: Vec::new(),
         gate: Vec::new(),
@@ -237,7 +253,7 @@ impl Run {
         let states: Vec<(u32, ReplicaState)> = (0..self.nodes.len())
             .map(|i| (i as u32 + 1, state(i)))
             .collect();
-        let mut core = VolumeCore::new(&states, 0, true, 8)
+        let mut core = VolumeCore::new(&states, 0, true, SLOTS)
             .with_stripes(self.parity, self.regions * self.region_blocks() * BLOCK)
             .map_err(|e| e.to_string())?;
         for i in 0..states.len() {
@@ -265,6 +281,7 @@ impl Run {
             21 if self.rng.chance(0.25) => self.restart(),
             22..=24 => self.resync_step(),
             25 if self.rng.chance(0.3) => self.come_back(),
+            26 if self.rng.chance(0.15) => self.replace(),
             _ => self.retry_gate(),
         }
     }
@@ -445,13 +462,15 @@ impl Run {
                 .iter()
                 .any(|w| w.targets.contains(&(i, Some(ReplicaOutcome::Failed))))
         };
-        let out = (0..self.nodes.len())
-            .filter(|&i| {
+        let out = self
+            .members
+            .iter()
+            .filter(|&&i| {
                 !self.nodes[i].up || self.core.set().state(i) != ReplicaState::InSync || failing(i)
             })
             .count();
         if out < usize::from(self.parity.parity) {
-            let i = self.rng.below(self.nodes.len() as u64) as usize;
+            let i = self.members[self.rng.below(self.members.len() as u64) as usize];
             if self.nodes[i].up {
                 trace!(self, "node {i} down");
                 self.nodes[i].up = false;
@@ -580,9 +599,21 @@ impl Run {
             node.missed = all.clone();
         }
         let old = std::mem::replace(&mut self.core, VolumeCore::new(&[], 0, true, 1));
-        let up: Vec<bool> = (0..self.nodes.len())
-            .map(|i| self.nodes[i].up && old.set().state(i) == ReplicaState::InSync)
+        // The new writer's slots are the record's replicas, in its order: the stripe's places.
+        let mut order = self.members.clone();
+        if self.sabotage == Sabotage::NodesById {
+            order.sort_unstable();
+        }
+        let up: Vec<bool> = order
+            .iter()
+            .map(|&i| self.nodes[i].up && old.set().state(i) == ReplicaState::InSync)
             .collect();
+        let mut nodes: Vec<Option<Node>> = std::mem::take(&mut self.nodes)
+            .into_iter()
+            .map(Some)
+            .collect();
+        self.nodes = order.iter().map(|&i| nodes[i].take().unwrap()).collect();
+        self.members = (0..self.nodes.len()).collect();
         self.core = self.new_core(|i| match up[i] {
             true => ReplicaState::InSync,
             false => ReplicaState::Outdated,
@@ -634,7 +665,7 @@ impl Run {
     /// stripe's chunks agree.
     fn settle(&mut self) -> Result<(), String> {
         for _ in 0..100_000 {
-            let in_sync = self.core.set().in_sync().len() == self.nodes.len();
+            let in_sync = self.core.set().in_sync().len() == self.members.len();
             if self.writes.is_empty()
                 && self.gate.is_empty()
                 && self.encoder.is_none()
@@ -643,7 +674,7 @@ impl Run {
             {
                 return self.compare();
             }
-            if let Some(i) = (0..self.nodes.len()).find(|&i| !self.nodes[i].up) {
+            if let Some(&i) = self.members.iter().find(|&&i| !self.nodes[i].up) {
                 self.nodes[i].up = true;
             }
             self.start_resyncs()?;
@@ -674,12 +705,14 @@ impl Run {
                 self.mirrors_agree(region)?;
                 continue;
             };
-            let width = self.nodes.len();
+            let width = self.members.len();
             for at in 0..HOT {
+                // The node in place p holds chunk p - region (mod K+M) of the stripe.
                 let cells: Vec<(usize, Option<&Cell>)> = (0..width)
-                    .filter(|&i| self.nodes[i].up)
-                    .map(|i| {
-                        let chunk = (i + width - (region as usize % width)) % width;
+                    .map(|p| (p, self.members[p]))
+                    .filter(|&(_, i)| self.nodes[i].up)
+                    .map(|(p, i)| {
+                        let chunk = (p + width - (region as usize % width)) % width;
                         (i, self.nodes[i].slots.get(&(region, slot, chunk, at)))
                     })
                     .collect();

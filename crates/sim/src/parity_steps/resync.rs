@@ -6,7 +6,7 @@ use super::*;
 impl Run {
     /// A node that is down comes back, sometimes without its data; the resyncs due begin.
     pub(super) fn come_back(&mut self) -> Result<(), String> {
-        if let Some(i) = (0..self.nodes.len()).find(|&i| !self.nodes[i].up) {
+        if let Some(&i) = self.members.iter().find(|&&i| !self.nodes[i].up) {
             let wiped = self.rng.chance(0.3);
             trace!(self, "node {i} back (wiped: {wiped})");
             let node = &mut self.nodes[i];
@@ -26,6 +26,45 @@ impl Run {
                 self.take_out(&[i])?;
             }
         }
+        self.start_resyncs()
+    }
+
+    /// A copy out of sync (not being resynced) gives its place to a new node's, empty
+    /// (`node remove` of a lost node): the core retires it and the new one is rebuilt whole.
+    /// At most the writer's slots (a restart compacts them).
+    pub(super) fn replace(&mut self) -> Result<(), String> {
+        let out: Vec<usize> = self
+            .members
+            .iter()
+            .copied()
+            .filter(|&i| {
+                matches!(
+                    self.core.set().state(i),
+                    ReplicaState::Outdated | ReplicaState::Failed
+                )
+            })
+            .collect();
+        let Some(&i) = out.get(self.rng.below(out.len().max(1) as u64) as usize) else {
+            return Ok(());
+        };
+        let j = self.nodes.len();
+        if j == SLOTS {
+            return Ok(());
+        }
+        match self.core.replace(i as u32 + 1, j as u32 + 1, 0) {
+            Ok((s, true)) if s == j => {}
+            Err(Refusal::Switching) => return Ok(()),
+            other => return Err(format!("replacing node {i} by {j}: {other:?}")),
+        }
+        trace!(self, "node {i} replaced by node {j}");
+        self.nodes.push(Node {
+            up: true,
+            incarnation: 1,
+            ..Node::default()
+        });
+        let at = self.members.iter().position(|&m| m == i).expect("a member");
+        self.members[at] = j;
+        self.counts.replaced += 1;
         self.start_resyncs()
     }
 
