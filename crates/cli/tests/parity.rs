@@ -131,6 +131,19 @@ fn a_drain_gives_a_parity_copys_place_to_another_node() {
     let r: serde_json::Value = serde_json::from_str(&r).unwrap();
     assert_eq!(r["mismatched_regions"], 0, "{r}");
     assert_eq!(r["unresolved"].as_array().map(Vec::len), Some(0), "{r}");
+    // A node that stopped answering (frozen) is removed: the drained node, back in service,
+    // takes its place, rebuilt from the other two while writes go on.
+    cli_ok(&c, &["node", "undrain", &drained.to_string()]);
+    let lost = after[2];
+    let bench = start_bench(&c, 8);
+    std::thread::sleep(Duration::from_secs(2));
+    signal(node_pid(&c, lost as u32), libc::SIGSTOP);
+    let out = cli_ok(&c, &["node", "remove", &lost.to_string()]);
+    assert!(out.contains("done"), "{out}\n{}", c.log());
+    assert_eq!(order(), vec![after[0], spare, drained], "in its place");
+    finish_bench(&c, bench);
+    wait_all_in_sync(&c);
+    encoded_and_healthy(&c, 128);
 }
 
 /// Rots one block of node `node`'s chunk of every region (both chunk slots, behind the
