@@ -112,7 +112,7 @@ fn a_drain_gives_a_parity_copys_place_to_another_node() {
     let spare = (1..=4).find(|n| !before.contains(n)).unwrap();
     let bad = c.cli(&["node", "drain", "9"]);
     assert!(!bad.status.success());
-    let bench = start_bench(&c, 10);
+    let bench = start_bench(&c, 7);
     std::thread::sleep(Duration::from_secs(3));
     let drained = before[1];
     let out = cli_ok(&c, &["node", "drain", &drained.to_string()]);
@@ -135,7 +135,7 @@ fn a_drain_gives_a_parity_copys_place_to_another_node() {
     // takes its place, rebuilt from the other two while writes go on.
     cli_ok(&c, &["node", "undrain", &drained.to_string()]);
     let lost = after[2];
-    let bench = start_bench(&c, 8);
+    let bench = start_bench(&c, 6);
     std::thread::sleep(Duration::from_secs(2));
     signal(node_pid(&c, lost as u32), libc::SIGSTOP);
     let out = cli_ok(&c, &["node", "remove", &lost.to_string()]);
@@ -143,6 +143,23 @@ fn a_drain_gives_a_parity_copys_place_to_another_node() {
     assert_eq!(order(), vec![after[0], spare, drained], "in its place");
     finish_bench(&c, bench);
     wait_all_in_sync(&c);
+    // With a copy out, a drain of another would leave fewer than K copies in sync: refused,
+    // nothing changes.
+    let bench = start_bench(&c, 4);
+    std::thread::sleep(Duration::from_secs(1));
+    let frozen = node_pid(&c, after[0] as u32);
+    signal(frozen, libc::SIGSTOP);
+    std::thread::sleep(Duration::from_millis(2500));
+    let bad = c.cli(&["node", "drain", &spare.to_string()]);
+    signal(frozen, libc::SIGCONT);
+    let said = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        !bad.status.success() && said.contains("would stop the writes of vol0"),
+        "{said}"
+    );
+    finish_bench(&c, bench);
+    wait_all_in_sync(&c);
+    assert_eq!(order(), vec![after[0], spare, drained]);
     encoded_and_healthy(&c, 128);
 }
 

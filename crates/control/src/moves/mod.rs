@@ -145,6 +145,35 @@ impl Manager {
             .into_iter()
             .filter(|v| v.replicas.iter().any(|r| r.node == node))
             .collect();
+        // A parity copy is rebuilt from K others in sync, and taken out first: fewer, and
+        // the volume's writes would stop. Said now, with the node left as it was.
+        let short: Vec<String> = held
+            .iter()
+            .filter_map(|v| {
+                let trireme_replication::Layout::Parity(p) = v.layout else {
+                    return None;
+                };
+                let others = v
+                    .replicas
+                    .iter()
+                    .filter(|r| {
+                        r.node != node && r.state == trireme_replication::ReplicaState::InSync
+                    })
+                    .count();
+                (others < usize::from(p.data)).then(|| {
+                    format!(
+                        "{} ({others} other copies in sync of the {} its stripes need)",
+                        v.name, p.data
+                    )
+                })
+            })
+            .collect();
+        if !short.is_empty() {
+            return Err(refused(format!(
+                "a {kind} of node {node} would stop the writes of {}: bring its other copies back in sync first; node {node} is left as it was",
+                short.join(", ")
+            )));
+        }
         // A copy is made from a copy in sync: a node that does not answer and holds the only
         // one of a volume leaves nothing to copy from. Said now, not by a job that fails.
         let only_here: Vec<&str> = held
