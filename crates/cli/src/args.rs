@@ -474,8 +474,8 @@ pub enum VolumeCmd {
         allow: Vec<String>,
         /// Fewest in-sync copies writes go on with: with fewer, writes wait (not failed, not
         /// acknowledged) until a copy is back in sync. Default: one fewer than the replicas
-        /// (2 of 3, 1 of 2).
-        #[arg(long, value_name = "N", value_parser = units::count(1, 3))]
+        /// (2 of 3, 1 of 2). Parity: of a region's M+1 mirrored copies (default M).
+        #[arg(long, value_name = "N", value_parser = units::count(1, 4))]
         min_copies: Option<u32>,
         /// On nodes with `--store tiered`: `auto` (hot extents on the fast tier, by heat),
         /// `fast` (every extent on flash; refused if a node's fast tier cannot hold it) or
@@ -490,7 +490,7 @@ pub enum VolumeCmd {
         /// (e.g. `2+1` on 3, `4+2` on 6), surviving M lost nodes. Hot writes land on M+1
         /// mirrored copies of a share of the volume; cold regions are encoded in the
         /// background.
-        #[arg(long, value_name = "K+M", conflicts_with_all = ["replicas", "min_copies", "preallocate"])]
+        #[arg(long, value_name = "K+M", conflicts_with_all = ["replicas", "preallocate"])]
         parity: Option<String>,
         /// The share of a parity volume kept mirrored for hot writes, in percent (1 to 99;
         /// default 20).

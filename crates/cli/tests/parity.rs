@@ -67,6 +67,31 @@ fn a_parity_volume_loses_nothing_when_nodes_die_while_it_encodes() {
         !bad.status.success() && said.contains("from 1 to its 2"),
         "{said}"
     );
+    // At creation too; a minimum refused leaves no volume behind.
+    let create = |min: &str| {
+        c.cli(&[
+            "volume",
+            "create",
+            "p2",
+            "--size",
+            "8M",
+            "--parity",
+            "2+1",
+            "--min-copies",
+            min,
+        ])
+    };
+    let bad = create("3");
+    let said = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        !bad.status.success() && said.contains("from 1 to its 2"),
+        "{said}"
+    );
+    assert!(!cli_ok(&c, &["volume", "list"]).contains("p2"));
+    assert!(create("2").status.success());
+    let info = cli_ok(&c, &["--output", "json", "volume", "info", "p2"]);
+    let info: serde_json::Value = serde_json::from_str(&info).unwrap();
+    assert_eq!(info["min_copies"], 2, "{info}");
 }
 
 /// 4+2 on six node processes: two killed at once mid-encoding (as many as M) lose nothing.

@@ -620,7 +620,19 @@ impl Manager {
                     .create_volume_as(&name, size, replicas, access, preallocate, layout)
                     .await?;
                 if let Some(n) = min_copies {
-                    v = self.set_min_copies(&name, n).await?;
+                    // A volume is created with its minimum or not at all.
+                    match self.set_min_copies(&name, n).await {
+                        Ok(set) => v = set,
+                        Err(e) => {
+                            if let Err(d) = self.delete_volume(&name).await {
+                                tracing::warn!(
+                                    volume = name,
+                                    "removing a volume whose minimum of copies was refused: {d}"
+                                );
+                            }
+                            return Err(e);
+                        }
+                    }
                 }
                 if let Some(t) = tier.filter(|t| !t.is_auto()) {
                     // A volume is created on its tier or not at all.
