@@ -447,6 +447,7 @@ impl Volume {
     }
 
     pub async fn read(&self, offset: u64, len: u64) -> Result<Bytes, VolumeError> {
+        self.foreground.fetch_add(1, Ordering::Relaxed);
         let t = self
             .metrics
             .as_ref()
@@ -482,6 +483,7 @@ impl Volume {
             return Ok(());
         }
         self.check_blocks("write", offset, data.len() as u64)?;
+        self.foreground.fetch_add(1, Ordering::Relaxed);
         let mut h = self.header(Op::Write, offset, data.len() as u64);
         if fua {
             h.flags |= FLAG_FUA;
@@ -505,6 +507,7 @@ impl Volume {
             return Ok(());
         }
         self.check_blocks(if may_trim { "trim" } else { "write zeroes" }, offset, len)?;
+        self.foreground.fetch_add(1, Ordering::Relaxed);
         let mut h = self.header(Op::WriteZeroes, offset, len);
         if may_trim {
             h.flags |= FLAG_MAY_TRIM;

@@ -121,6 +121,8 @@ pub struct Volume {
     metrics: Option<Arc<trireme_metrics::VolumeMetrics>>,
     /// Foreground reads in flight: whether the next one overlaps another (`read_one`).
     reads: AtomicUsize,
+    /// Foreground reads and writes begun: the encoder yields while it grows (`encoder.rs`).
+    foreground: std::sync::atomic::AtomicU64,
     /// Resyncs begun (past the attach of the replica), for the resync task's backoff.
     resyncs_begun: AtomicUsize,
     /// A copy refused a write for want of space, and no probe since found room on every copy:
@@ -312,6 +314,7 @@ impl Volume {
             slots,
             metrics,
             reads: AtomicUsize::new(0),
+            foreground: std::sync::atomic::AtomicU64::new(0),
             resyncs_begun: AtomicUsize::new(0),
             full: std::sync::atomic::AtomicBool::new(false),
             full_len: std::sync::atomic::AtomicU64::new(0),
