@@ -77,7 +77,13 @@ impl Manager {
         from: u32,
     ) -> Result<u32> {
         let to = self.pick_target(v, Some(from)).await?;
-        writer.take_out_node(from, HOLD).await?;
+        if writer.take_out_node(from, HOLD).await? {
+            let tolerated = match v.layout {
+                trireme_replication::Layout::Parity(p) => p.parity - 1,
+                _ => 0,
+            };
+            tracing::warn!(volume = %v.name, from, to, "the parity copy on node {from} is out until its replacement on node {to} is rebuilt: the volume survives {tolerated} more lost node(s) meanwhile");
+        }
         let recorded = self
             .meta()
             .update_volume(&v.name, &mut |rec| {
