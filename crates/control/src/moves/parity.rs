@@ -45,7 +45,10 @@ impl Manager {
         let to = match earlier {
             Some(r) => {
                 tracing::info!(volume = %v.name, from, to = r.node, "resuming the replacement of a parity copy");
-                self.create_on(v, r.node).await?;
+                // Never made anew: the writer may be rebuilding it, or have finished.
+                if r.state != ReplicaState::InSync {
+                    self.create_on(v, r.node, false).await?;
+                }
                 r.node
             }
             None => self.place_replacement(writer, v, from).await?,
@@ -120,7 +123,7 @@ impl Manager {
                 return Err(e.into());
             }
         };
-        if let Err(e) = self.create_on(&v, to).await {
+        if let Err(e) = self.create_on(&v, to, true).await {
             // Not told to the writer yet: the old copy goes back in its place, out of sync,
             // and its resync brings it back.
             let undone = self
@@ -146,11 +149,15 @@ impl Manager {
         Ok(to)
     }
 
-    /// Creates `v`'s copy on `to` (one left there by an earlier attempt, or a stale one the
-    /// node kept, is made anew: a replacement is rebuilt whole anyway).
-    async fn create_on(&self, v: &VolumeRecord, to: u32) -> Result<()> {
+    /// Creates `v`'s copy on `to`. `fresh`: the record named no copy there before this move,
+    /// so one the node kept is stale (left while the node was down) and made anew; else one
+    /// there is the move's own, kept (an earlier attempt's, resumed).
+    async fn create_on(&self, v: &VolumeRecord, to: u32, fresh: bool) -> Result<()> {
         let target = self.node(to).await?;
         let mut created = self.replica_op(&target, Op::CreateReplica, v).await;
+        if let (Ok(Status::Exists), false) = (&created, fresh) {
+            created = Ok(Status::Ok);
+        }
         if let Ok(Status::Exists) = created {
             created = match self.replica_op(&target, Op::DeleteReplica, v).await {
                 Ok(Status::Ok | Status::NoReplica) => {
