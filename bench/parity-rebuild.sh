@@ -12,6 +12,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${SECS:-40}"
 . bench/lib.sh
+# The cluster stopped (and waited for) before its directory goes.
+trap '[ -n "$up" ] && kill "$up" 2>/dev/null && wait "$up"; rm -rf "$dir"' EXIT
 start_up --nodes 7 --parity 4+2 --size 1G --store file --node-capacity 4G
 head -c 1G /dev/urandom >"$dir/img"
 qemu-img convert -n -f raw -O raw "$dir/img" "$uri"
