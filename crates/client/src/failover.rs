@@ -202,11 +202,7 @@ impl Volume {
         self.mirror_only("moving a copy")?;
         let _g = self.membership_lock.lock().await;
         let mut core = self.core();
-        let i = core.set().len();
-        if i < self.slots.len() {
-            // The slot's node is set before the core can hand its index out.
-            self.slots[i].node.store(node, Ordering::Relaxed);
-        }
+        self.name_next_slot(&core, node);
         let added = core.add(node, rate.unwrap_or(0));
         drop(core);
         match added {
@@ -217,6 +213,14 @@ impl Volume {
                 Ok(())
             }
             Err(r) => Err(self.degrade(node, r)),
+        }
+    }
+
+    /// Names `node` in the slot the core hands out next (a new replica's), before the core
+    /// can hand its index out. Left unused if the core refuses or has the node already.
+    fn name_next_slot(&self, core: &trireme_replication::VolumeCore, node: u32) {
+        if let Some(slot) = self.slots.get(core.set().len()) {
+            slot.node.store(node, Ordering::Relaxed);
         }
     }
 
@@ -242,11 +246,7 @@ impl Volume {
         let old = self.slot_of(from);
         let replaced = {
             let mut core = self.core();
-            let next = core.set().len();
-            if next < self.slots.len() && core.slot_of(to).is_none() {
-                // The slot's node is set before the core can hand its index out.
-                self.slots[next].node.store(to, Ordering::Relaxed);
-            }
+            self.name_next_slot(&core, to);
             core.replace(from, to, rate.unwrap_or(0))
         };
         self.release_node(from);

@@ -111,6 +111,15 @@ impl std::fmt::Display for MoveState {
     }
 }
 
+/// Whether `v` has a copy on `node` to move, or one moving off it still. A parity copy's
+/// replacement takes the old one's place on record at once: until it is in sync, it names the
+/// node it replaces (`moving_from`).
+fn has_a_move_off(v: &trireme_meta::VolumeRecord, node: u32) -> bool {
+    v.replicas
+        .iter()
+        .any(|r| r.node == node || r.moving_from == Some(node))
+}
+
 /// How often a move looks at its copy's progress.
 const POLL: Duration = Duration::from_millis(200);
 /// How long, counting only while the metadata store answers, a volume open for writing
@@ -353,11 +362,7 @@ impl Manager {
             if running {
                 let volumes: Vec<String> = vols
                     .iter()
-                    .filter(|v| {
-                        v.replicas
-                            .iter()
-                            .any(|r| r.node == job.node || r.moving_from == Some(job.node))
-                    })
+                    .filter(|v| has_a_move_off(v, job.node))
                     .map(|v| v.name.clone())
                     .collect();
                 tracing::info!(node = job.node, kind = %job.kind, volumes = ?volumes, "resuming the job of the previous manager");
@@ -478,12 +483,7 @@ impl Manager {
                 Err(trireme_meta::MetaError::NoVolume(_)) => continue, // deleted meanwhile
                 Err(e) => return Err(e.into()),
             };
-            // A parity copy's replacement takes the old one's place on record at once: until
-            // it is in sync, it names the node it replaces.
-            if v.replicas
-                .iter()
-                .any(|r| r.node == node || r.moving_from == Some(node))
-            {
+            if has_a_move_off(&v, node) {
                 self.update_move(node, |m| m.volume = Some(name.clone()));
                 self.move_volume(&v, node, rate)
                     .await

@@ -150,22 +150,17 @@ impl Manager {
     }
 
     /// Creates `v`'s copy on `to`. `fresh`: the record named no copy there before this move,
-    /// so one the node kept is stale (left while the node was down) and made anew; else one
-    /// there is the move's own, kept (an earlier attempt's, resumed).
+    /// so one the node kept is stale and made anew; else one there is the move's own, kept
+    /// (an earlier attempt's, resumed).
     async fn create_on(&self, v: &VolumeRecord, to: u32, fresh: bool) -> Result<()> {
         let target = self.node(to).await?;
-        let mut created = self.replica_op(&target, Op::CreateReplica, v).await;
-        if let (Ok(Status::Exists), false) = (&created, fresh) {
-            created = Ok(Status::Ok);
-        }
-        if let Ok(Status::Exists) = created {
-            created = match self.replica_op(&target, Op::DeleteReplica, v).await {
-                Ok(Status::Ok | Status::NoReplica) => {
-                    self.replica_op(&target, Op::CreateReplica, v).await
-                }
+        let created = match fresh {
+            true => self.create_fresh(&target, v).await,
+            false => match self.replica_op(&target, Op::CreateReplica, v).await {
+                Ok(Status::Exists) => Ok(Status::Ok),
                 other => other,
-            };
-        }
+            },
+        };
         match created {
             Ok(Status::Ok) => {
                 self.pin_new_replica(&target, v).await;

@@ -3,7 +3,7 @@
 
 use crate::error::refused;
 
-use trireme_meta::{NodeState, ReplicaRecord, VolumeRecord};
+use trireme_meta::{NodeRecord, NodeState, ReplicaRecord, VolumeRecord};
 use trireme_proto::{Header, Op, Status};
 use trireme_replication::{ReplicaState, TransitionError};
 
@@ -152,20 +152,9 @@ impl Manager {
                 Ok(())
             })
             .await?;
+        // Not in the layout until the update above: a copy the node kept is stale.
         let target = self.node(to).await?;
-        let mut created = self.replica_op(&target, Op::CreateReplica, &v).await;
-        if let Ok(Status::Exists) = created {
-            // Not in the layout until the update above: a copy left behind while the node
-            // was down (its replica re-created elsewhere then). Stale; replaced.
-            tracing::info!(volume = %v.name, node = to, "deleting a stale replica the node kept");
-            created = match self.replica_op(&target, Op::DeleteReplica, &v).await {
-                Ok(Status::Ok | Status::NoReplica) => {
-                    self.replica_op(&target, Op::CreateReplica, &v).await
-                }
-                other => other,
-            };
-        }
-        match created {
+        match self.create_fresh(&target, &v).await {
             Ok(Status::Ok) => {
                 self.pin_new_replica(&target, &v).await;
                 Ok((to, v))
@@ -182,6 +171,27 @@ impl Manager {
                     "creating the new replica on node {to}: {outcome:?}"
                 )))
             }
+        }
+    }
+
+    /// Creates `v`'s replica on `target`, which the layout did not name before: a copy the
+    /// node kept (left behind while it was down, its replica re-created elsewhere then) is
+    /// stale and made anew.
+    pub(super) async fn create_fresh(
+        &self,
+        target: &NodeRecord,
+        v: &VolumeRecord,
+    ) -> Result<Status> {
+        let created = self.replica_op(target, Op::CreateReplica, v).await;
+        if !matches!(created, Ok(Status::Exists)) {
+            return created;
+        }
+        tracing::info!(volume = %v.name, node = target.id, "deleting a stale replica the node kept");
+        match self.replica_op(target, Op::DeleteReplica, v).await {
+            Ok(Status::Ok | Status::NoReplica) => {
+                self.replica_op(target, Op::CreateReplica, v).await
+            }
+            other => other,
         }
     }
 
