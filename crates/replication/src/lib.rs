@@ -10,6 +10,7 @@
 //! * [`place_stripe`], [`RegionMap`] — a parity volume's nodes over zones, which regions are
 //!   mirrored or parity, where a write goes, how a block reads back (rebuilt from K chunks
 //!   when its own is down), and the encoder and fold-back as a plan of steps.
+//! * [`qos`] — a volume's I/O limits, and when each request may start under them.
 //! * [`fence`] — what a replica does with a request's epoch (DESIGN.md guarantee 4).
 //! * [`RangeOrder`] — overlapping writes reach every replica in one order (guarantee 2).
 //! * [`WriteQuorum`] — when a mirrored write may be acknowledged (guarantee 1).
@@ -31,6 +32,7 @@ mod catch_up;
 mod compare;
 mod layout;
 mod order;
+pub mod qos;
 mod quorum;
 mod read;
 mod rebuild;
