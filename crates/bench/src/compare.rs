@@ -241,6 +241,7 @@ pub fn run(
                         size,
                         replicas: v.parse().unwrap_or(1),
                         layout: None,
+                        limits: Default::default(),
                     },
                 )
                 .map_err(SuiteError::Usage)?;

@@ -456,6 +456,50 @@ pub enum TrashCmd {
     },
 }
 
+/// A volume's I/O limits, kept by its writer whatever the protocol or the number of
+/// connections (`volume create`, `volume set`). Each takes `none` to remove it.
+#[derive(Debug, Clone, Default, Args)]
+pub struct LimitArgs {
+    /// Most IOPS, reads and writes together, counted in 8 KiB units as S2D's Storage QoS (a
+    /// 64 KiB request counts 8): e.g. 5000 or 20k.
+    #[arg(long, value_name = "IOPS", value_parser = units::parse_iops_limit, allow_hyphen_values = true)]
+    pub iops_limit: Option<trireme_control::Rate>,
+    /// Most read IOPS (8 KiB units).
+    #[arg(long, value_name = "IOPS", value_parser = units::parse_iops_limit, allow_hyphen_values = true)]
+    pub read_iops_limit: Option<trireme_control::Rate>,
+    /// Most write IOPS (8 KiB units; a zeroing or trim counts 1).
+    #[arg(long, value_name = "IOPS", value_parser = units::parse_iops_limit, allow_hyphen_values = true)]
+    pub write_iops_limit: Option<trireme_control::Rate>,
+    /// Most bytes a second, reads and writes together: e.g. 100M (MiB/s) or 100MB/s.
+    #[arg(long, value_name = "RATE", value_parser = units::parse_bps_limit, allow_hyphen_values = true)]
+    pub bps_limit: Option<trireme_control::Rate>,
+    /// Most bytes read a second.
+    #[arg(long, value_name = "RATE", value_parser = units::parse_bps_limit, allow_hyphen_values = true)]
+    pub read_bps_limit: Option<trireme_control::Rate>,
+    /// Most bytes written a second.
+    #[arg(long, value_name = "RATE", value_parser = units::parse_bps_limit, allow_hyphen_values = true)]
+    pub write_bps_limit: Option<trireme_control::Rate>,
+    /// How long an idle volume may run above its limits: it saves up at most this much of
+    /// each (e.g. 500ms, 2s; at most 1h). Default 0: never above them.
+    #[arg(long, value_name = "DURATION", value_parser = units::parse_burst)]
+    pub burst: Option<u32>,
+}
+
+impl LimitArgs {
+    /// The change these flags ask for.
+    pub fn change(&self) -> trireme_control::LimitsChange {
+        trireme_control::LimitsChange {
+            iops: self.iops_limit,
+            read_iops: self.read_iops_limit,
+            write_iops: self.write_iops_limit,
+            bps: self.bps_limit,
+            read_bps: self.read_bps_limit,
+            write_bps: self.write_bps_limit,
+            burst_ms: self.burst,
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum VolumeCmd {
     /// Create a volume mirrored on REPLICAS nodes.
@@ -496,6 +540,8 @@ pub enum VolumeCmd {
         /// default 20).
         #[arg(long, value_name = "PERCENT", requires = "parity", value_parser = units::count(1, 99))]
         mirror_share: Option<u32>,
+        #[command(flatten)]
+        limits: LimitArgs,
     },
     /// Grow a volume, online: its writer gives every copy the new size while I/O pauses a
     /// moment. New NBD connections see the new size; connected clients see it when they
@@ -522,6 +568,9 @@ pub enum VolumeCmd {
         /// fit.
         #[arg(long, value_enum)]
         tier: Option<TierArg>,
+        /// Kept from the next request on, attached or not (within a second).
+        #[command(flatten)]
+        limits: LimitArgs,
     },
     /// Change who may use a volume: add client identities to its access list, take others
     /// off. Links a removed client already has stay up until they close.

@@ -1,5 +1,7 @@
 //! Sizes as people write them ("1G", "512MiB", "4096") and as people read them.
 
+use trireme_control::{NoLimit, Rate};
+
 /// Parses a size with an optional binary suffix (K, M, G, T, with optional "i"/"iB"/"B").
 /// A duration: a number with `ms` or `s` (e.g. `500ms`, `2s`); a bare number is seconds.
 /// An over-commit limit: a number from 1 to 100 (`1.5`, `2`).
@@ -123,9 +125,90 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 
 pub use trireme_daemon::local::human;
 
+/// `none`, or a positive number: the common part of the limits' parsers.
+fn limit(s: &str, what: &str, parse: impl Fn(&str) -> Result<u64, String>) -> Result<Rate, String> {
+    let t = s.trim();
+    if t.eq_ignore_ascii_case("none") {
+        return Ok(Rate::Remove(NoLimit::None));
+    }
+    if t.starts_with('-') {
+        return Err(format!(
+            "{what} limit of {s:?}: give a positive rate, or `none` to remove the limit"
+        ));
+    }
+    match parse(t)? {
+        0 => Err(format!(
+            "{what} limit of 0: give a positive rate, or `none` to remove the limit"
+        )),
+        n => Ok(Rate::Set(n)),
+    }
+}
+
+/// An IOPS limit: `none`, or a positive whole number with an optional `k` (thousands) or
+/// `m` (millions).
+pub fn parse_iops_limit(s: &str) -> Result<Rate, String> {
+    limit(s, "an IOPS", |t| {
+        let (num, scale) = match t.char_indices().last() {
+            Some((i, 'k' | 'K')) => (&t[..i], 1_000),
+            Some((i, 'm' | 'M')) => (&t[..i], 1_000_000),
+            _ => (t, 1),
+        };
+        num.parse::<u64>()
+            .ok()
+            .and_then(|n| n.checked_mul(scale))
+            .ok_or_else(|| format!("invalid IOPS limit {s:?}: expected a whole number such as 5000 or 20k, or `none`"))
+    })
+}
+
+/// A bytes-a-second limit: `none`, or a size (as `--size` reads them) with an optional
+/// `/s`: `100M` is 100 MiB/s, `100MB/s` 100 MB/s.
+pub fn parse_bps_limit(s: &str) -> Result<Rate, String> {
+    limit(s, "a bytes-a-second", |t| {
+        parse_size(t.strip_suffix("/s").unwrap_or(t))
+    })
+}
+
+/// A burst: `0`, or a duration such as `500ms` or `2s` up to an hour, in milliseconds.
+pub fn parse_burst(s: &str) -> Result<u32, String> {
+    if s.trim() == "0" {
+        return Ok(0);
+    }
+    let d = parse_duration(s)?;
+    match d.as_millis() {
+        ms if ms <= u128::from(trireme_replication::qos::MAX_BURST_MS) => Ok(ms as u32),
+        _ => Err(format!("a burst of {s:?} is longer than the longest, 1h")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn limits_parse() {
+        let set = |n| Ok(Rate::Set(n));
+        assert_eq!(parse_iops_limit("5000"), set(5000));
+        assert_eq!(parse_iops_limit("20k"), set(20_000));
+        assert_eq!(parse_iops_limit("1M"), set(1_000_000));
+        assert_eq!(parse_iops_limit("None"), Ok(Rate::Remove(NoLimit::None)));
+        assert_eq!(parse_bps_limit("100M"), set(100 << 20));
+        assert_eq!(parse_bps_limit("100MB/s"), set(100_000_000));
+        assert_eq!(parse_burst("0"), Ok(0));
+        assert_eq!(parse_burst("2s"), Ok(2000));
+        assert_eq!(parse_burst("500ms"), Ok(500));
+        for bad in ["0", "-5", "", "5x", "k", "1.5k", "99999999999999999999"] {
+            let e = parse_iops_limit(bad).unwrap_err();
+            assert!(e.contains("limit"), "{bad}: {e}");
+        }
+        assert!(parse_iops_limit("-5").unwrap_err().contains("of \"-5\""));
+        assert!(parse_iops_limit("0").unwrap_err().contains("of 0"));
+        for bad in ["0", "-1M", "10Q", "M/s"] {
+            assert!(parse_bps_limit(bad).is_err(), "{bad}");
+        }
+        for bad in ["2h", "-1s", "x"] {
+            assert!(parse_burst(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn trash_times_parse() {

@@ -120,6 +120,7 @@ fn info(id: u64, size: u64, replicas: Vec<ReplicaTarget>, layout: Layout) -> Att
         preallocate: false,
         layout,
         regions: Vec::new(),
+        limits: Default::default(),
     }
 }
 

@@ -75,6 +75,11 @@ impl Volume {
         self.core().suspended()
     }
 
+    /// True once the writer may not go on (fenced or refused).
+    pub fn is_stopped(&self) -> bool {
+        self.core().stopped()
+    }
+
     /// The writer may not go on (fenced or refused): writes waiting for copies fail.
     pub(crate) fn stop_writes(&self) {
         self.core().stop();

@@ -338,6 +338,7 @@ mod visits {
             preallocate: false,
             layout: Default::default(),
             regions: Vec::new(),
+            limits: Default::default(),
         };
         let v = Volume::attach(info, TransportKind::Tcp, 1).await.unwrap();
         let block = |k: u64| Bytes::from(vec![k as u8; 4096]);
@@ -393,6 +394,7 @@ mod visits {
                 preallocate: false,
                 layout,
                 regions,
+                limits: Default::default(),
             };
             match Volume::attach(info, TransportKind::Tcp, 1).await {
                 Err(e @ crate::VolumeError::Layout { .. }) => {

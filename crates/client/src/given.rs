@@ -39,6 +39,12 @@ pub struct AttachInfo {
     /// A parity volume's regions as recorded (none yet: every region mirrored).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub regions: Vec<trireme_replication::Region>,
+    /// The I/O limits the writer keeps (`volume set --iops-limit ...`).
+    #[serde(
+        default,
+        skip_serializing_if = "trireme_replication::qos::Limits::is_unlimited"
+    )]
+    pub limits: trireme_replication::qos::Limits,
 }
 
 /// One replica as the client reaches it.

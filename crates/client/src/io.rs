@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use bytes::Bytes;
 use tokio::time::Instant;
 use trireme_proto::{Extent, Header, Op, FLAG_FUA, FLAG_MAY_TRIM};
+use trireme_replication::qos::{Cost, Dir};
 use trireme_replication::{
     check_io, Answers, Decision, Mirrored, ReplicaOutcome, ReplicaState, WriteFailure,
 };
@@ -464,6 +465,7 @@ impl Volume {
         if len == 0 {
             return Ok(Bytes::new());
         }
+        self.throttle(Cost::io(Dir::Read, len)).await;
         if self.parity.is_some() {
             return self.parity_read(offset, len).await;
         }
@@ -488,8 +490,9 @@ impl Volume {
         if fua {
             h.flags |= FLAG_FUA;
         }
+        let cost = Cost::io(Dir::Write, data.len() as u64);
         let r = self
-            .mirror_counted(trireme_metrics::Op::Write, h, data)
+            .mirror_counted(trireme_metrics::Op::Write, h, data, Some(cost))
             .await;
         self.extents.changed();
         r
@@ -520,7 +523,9 @@ impl Volume {
         } else {
             trireme_metrics::Op::Zero
         };
-        let r = self.mirror_counted(op, h, Bytes::new()).await;
+        let r = self
+            .mirror_counted(op, h, Bytes::new(), Some(Cost::no_data()))
+            .await;
         self.extents.changed();
         r
     }
@@ -530,21 +535,27 @@ impl Volume {
             trireme_metrics::Op::Flush,
             self.header(Op::Flush, 0, 0),
             Bytes::new(),
+            None,
         )
         .await
     }
 
-    /// A mirrored request on behalf of a client: counted in the metrics.
+    /// A mirrored request on behalf of a client: held until the volume's limits let a
+    /// request of `cost` start (none: a flush), and counted in the metrics from its arrival.
     async fn mirror_counted(
         &self,
         op: trireme_metrics::Op,
         h: Header,
         data: Bytes,
+        cost: Option<Cost>,
     ) -> Result<(), VolumeError> {
+        let t0 = tokio::time::Instant::now();
+        if let Some(c) = cost {
+            self.throttle(c).await;
+        }
         let Some(m) = &self.metrics else {
             return self.mirror_pieces(h, data).await;
         };
-        let t0 = tokio::time::Instant::now();
         let len = h.length;
         let r = self.mirror_pieces(h, data).await;
         m.record(op, len, t0.elapsed(), r.is_ok());

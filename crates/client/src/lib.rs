@@ -36,6 +36,7 @@ mod parity;
 mod parity_reconcile;
 mod parity_resync;
 mod parity_scrub;
+mod qos;
 mod reconcile;
 mod relink;
 mod repair;
@@ -144,6 +145,8 @@ pub struct Volume {
     snapshot_hold: tokio::sync::RwLock<()>,
     /// Per slot: how many resyncs in a row ended lacking a snapshot taken while they ran.
     lacked_snapshot: Mutex<[u8; MAX_SLOTS]>,
+    /// The volume's I/O limits and the requests they held back (`qos.rs`).
+    qos: qos::Qos,
     /// Which extents this writer may have writes in flight in (see `activity.rs`).
     activity: activity::Activity,
     /// What the reconciliation at attach did, if there was one.
@@ -297,6 +300,7 @@ impl Volume {
         };
         let activity = activity::Activity::new(info.size, extent);
         let metrics = opts.metrics.then(|| trireme_metrics::volume(&info.name));
+        let qos = qos::Qos::new(info.limits);
         Ok(Volume {
             activity,
             reconciled: Mutex::new(None),
@@ -325,6 +329,7 @@ impl Volume {
             membership_lock: tokio::sync::Mutex::new(()),
             snapshot_hold: tokio::sync::RwLock::new(()),
             lacked_snapshot: Mutex::new([0; MAX_SLOTS]),
+            qos,
         })
     }
 

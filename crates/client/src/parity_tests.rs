@@ -104,6 +104,7 @@ async fn cluster_of(spec: &str) -> Cluster {
         preallocate: false,
         layout: Layout::Parity(p),
         regions: Vec::new(),
+        limits: Default::default(),
     };
     Cluster {
         info,

@@ -11,8 +11,10 @@ use tokio::net::UnixStream;
 pub const MAX_LINE: u64 = 1 << 20;
 
 mod codes;
+mod limits;
 mod status;
 pub use codes::{ErrorCode, Refusal};
+pub use limits::{LimitsChange, NoLimit, Rate};
 pub use status::*;
 
 /// A control request.
@@ -42,6 +44,9 @@ pub enum Request {
         /// out of bounds is refused as the request is read.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         layout: Option<trireme_replication::Layout>,
+        /// Its I/O limits; default none.
+        #[serde(default, skip_serializing_if = "LimitsChange::is_empty")]
+        limits: LimitsChange,
     },
     /// Changes a volume's settings: each one given.
     VolumeSet {
@@ -52,6 +57,10 @@ pub enum Request {
         /// The tier its extents live on.
         #[serde(default)]
         tier: Option<trireme_meta::TierPolicy>,
+        /// Its I/O limits: each one given is set or removed; its writer keeps them within a
+        /// second, attached or not.
+        #[serde(default, skip_serializing_if = "LimitsChange::is_empty")]
+        limits: LimitsChange,
     },
     /// Changes who may use a volume: `allow` added to its access list, `deny` taken off.
     VolumeAccess {
@@ -319,7 +328,7 @@ pub enum WriterAttached {
     /// The caller writes the volume now, at `volume.epoch`; `unclean`: the previous writer did
     /// not detach (reconcile first).
     Attached {
-        volume: trireme_meta::VolumeRecord,
+        volume: Box<trireme_meta::VolumeRecord>,
         unclean: bool,
     },
     /// Another writer holds it (and `force` was not asked).
@@ -512,7 +521,7 @@ pub fn decode_reply<T: DeserializeOwned>(line: &[u8]) -> Result<T, ControlError>
 
 #[cfg(test)]
 mod tests {
-    use super::Request;
+    use super::{LimitsChange, NoLimit, Rate, Request};
     use proptest::prelude::*;
 
     proptest! {
@@ -553,8 +562,18 @@ mod tests {
                 name: "v".into(),
                 min_copies: Some(1),
                 tier: None,
+                limits: LimitsChange::default(),
             }
         );
+        let r: Request = serde_json::from_str(
+            r#"{"cmd":"volume_set","name":"v","limits":{"iops":100,"bps":"none"}}"#,
+        )
+        .unwrap();
+        let Request::VolumeSet { limits, .. } = r else {
+            panic!("{r:?}")
+        };
+        assert_eq!(limits.iops, Some(Rate::Set(100)));
+        assert_eq!(limits.bps, Some(Rate::Remove(NoLimit::None)));
         let r: Request =
             serde_json::from_str(r#"{"cmd":"volume_set","name":"v","tier":"fast"}"#).unwrap();
         assert!(matches!(

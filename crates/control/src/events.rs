@@ -325,6 +325,8 @@ mod tests {
                 tier: Default::default(),
                 scrub: None,
                 resiliency: None,
+                limits: Default::default(),
+                throttled_seconds: None,
                 health: Some(Health {
                     verdict,
                     reasons: vec!["the reason".into()],

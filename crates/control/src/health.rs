@@ -266,6 +266,8 @@ mod tests {
             last_scrub: None,
             nvmf: vec![],
             resiliency: None,
+            limits: Default::default(),
+            throttled_seconds: None,
         }
     }
 

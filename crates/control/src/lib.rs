@@ -20,10 +20,10 @@ pub mod pool;
 mod restart;
 
 pub use api::{
-    decode_reply, ControlClient, ControlError, ControlStream, ErrorCode, LayoutStatus, LinkStatus,
-    NodeRestartReport, NodeStatus, NodeTierStatus, Refusal, ReplicaIntegrityStatus, ReplicaStatus,
-    ReplicaStatusState, ReplicaTierStatus, Request, StatusReport, VolumeInfo, VolumeStatus,
-    WriterAttached, WriterHello, WriterStatus,
+    decode_reply, ControlClient, ControlError, ControlStream, ErrorCode, LayoutStatus,
+    LimitsChange, LinkStatus, NoLimit, NodeRestartReport, NodeStatus, NodeTierStatus, Rate,
+    Refusal, ReplicaIntegrityStatus, ReplicaStatus, ReplicaStatusState, ReplicaTierStatus, Request,
+    StatusReport, VolumeInfo, VolumeStatus, WriterAttached, WriterHello, WriterStatus,
 };
 pub use error::{membership_error, ManagerError};
 pub use manager::fence::{FenceWhere, Fenced};

@@ -186,6 +186,7 @@ impl ControllerService {
                         tier: p.changes.tier,
                         preallocate: p.preallocate,
                         layout: None,
+                        limits: p.changes.limits,
                     })
                     .await
                     .map_err(status)
@@ -262,6 +263,7 @@ impl ControllerService {
                 name: name.into(),
                 min_copies: c.min_copies,
                 tier: c.tier,
+                limits: c.limits,
             })
             .await
             .map_err(status)?;

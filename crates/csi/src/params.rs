@@ -5,7 +5,9 @@
 use std::collections::HashMap;
 
 use tonic::Status;
+use trireme_control::{LimitsChange, NoLimit, Rate};
 use trireme_meta::TierPolicy;
+use trireme_replication::qos::Kind;
 
 use crate::errors::invalid;
 
@@ -27,6 +29,26 @@ pub struct CreateParams {
 pub struct Changes {
     pub min_copies: Option<u32>,
     pub tier: Option<TierPolicy>,
+    /// I/O limits: `iopsLimit` (8 KiB units), `bpsLimit` (bytes a second), their `read` and
+    /// `write` forms, each a positive whole number or `none`; `limitBurstMs`.
+    pub limits: LimitsChange,
+}
+
+/// The limits' parameter names, each with its kind.
+const LIMIT_KEYS: [(&str, Kind); 6] = [
+    ("iopsLimit", Kind::Iops),
+    ("readIopsLimit", Kind::ReadIops),
+    ("writeIopsLimit", Kind::WriteIops),
+    ("bpsLimit", Kind::Bps),
+    ("readBpsLimit", Kind::ReadBps),
+    ("writeBpsLimit", Kind::WriteBps),
+];
+
+fn rate(k: &str, v: &str) -> Result<Rate, Status> {
+    match v.trim() {
+        "none" => Ok(Rate::Remove(NoLimit::None)),
+        t => Ok(Rate::Set(number(k, t, 1u64, u64::MAX)?)),
+    }
 }
 
 /// Keys the CO's sidecars add on their own (external-provisioner's
@@ -60,7 +82,14 @@ impl Changes {
         match k {
             "minCopies" => self.min_copies = Some(number(k, v, 1u32, 3)?),
             "tier" => self.tier = Some(tier(v)?),
-            _ => return Ok(false),
+            "limitBurstMs" => {
+                let most = trireme_replication::qos::MAX_BURST_MS;
+                self.limits.burst_ms = Some(number(k, v, 0u32, most)?);
+            }
+            _ => match LIMIT_KEYS.iter().find(|(name, _)| *name == k) {
+                Some(&(_, kind)) => self.limits.set_rate(kind, Some(rate(k, v)?)),
+                None => return Ok(false),
+            },
         }
         Ok(true)
     }
@@ -71,7 +100,9 @@ impl Changes {
         for (k, v) in sorted(p) {
             if !c.take(k, v)? {
                 return Err(invalid(format!(
-                    "unknown mutable parameter {k:?}: trireme changes minCopies and tier"
+                    "unknown mutable parameter {k:?}: trireme changes minCopies, tier, \
+                     iopsLimit, readIopsLimit, writeIopsLimit, bpsLimit, readBpsLimit, \
+                     writeBpsLimit and limitBurstMs"
                 )));
             }
         }
@@ -79,7 +110,7 @@ impl Changes {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.min_copies.is_none() && self.tier.is_none()
+        self.min_copies.is_none() && self.tier.is_none() && self.limits.is_empty()
     }
 }
 
@@ -125,7 +156,7 @@ impl CreateParams {
                 _ => {
                     return Err(invalid(format!(
                         "unknown parameter {k:?}: trireme takes replicas, minCopies, tier, \
-                         access and preallocate"
+                         access, preallocate and the limits (iopsLimit, bpsLimit, ...)"
                     )))
                 }
             }
@@ -136,6 +167,14 @@ impl CreateParams {
         }
         if m.tier.is_some() {
             c.changes.tier = m.tier;
+        }
+        for k in Kind::ALL {
+            if let Some(r) = m.limits.rate(k) {
+                c.changes.limits.set_rate(k, Some(r));
+            }
+        }
+        if m.limits.burst_ms.is_some() {
+            c.changes.limits.burst_ms = m.limits.burst_ms;
         }
         if let Some(n) = c.changes.min_copies {
             if c.replicas != 0 && n as usize > c.replicas {

@@ -408,6 +408,7 @@ async fn report(
                 })
                 .collect(),
             writes_suspended: volume.writes_suspended(),
+            throttled_seconds: volume.throttled().as_secs_f64(),
             scrub: volume.scrub_progress(),
             io: None,
             http: http.clone(),
@@ -522,8 +523,9 @@ pub async fn serve_moves(rec: Recorder, volume: Arc<Volume>) {
     }
 }
 
-/// Keeps the writer's settings from the volume's layout current (`volume set --min-copies`
-/// made through the manager), with a watch on its key; and lets go of a replica the layout
+/// Keeps the writer's settings from the volume's layout current (`volume set --min-copies`,
+/// `--iops-limit` and the other limits, made through the manager), with a watch on its key;
+/// and lets go of a replica the layout
 /// dropped while the writer still held it. That happens when a move's old copy was retired
 /// by the previous writer, which died before the manager dropped it: the next writer attached
 /// with the copy on record (outdated, and maybe resynced since), then the manager dropped it
@@ -538,6 +540,7 @@ async fn follow_layout(meta: ClusterMeta, volume: Arc<Volume>) {
                 if v.min_copies > 0 {
                     volume.set_min_copies(v.min_copies);
                 }
+                volume.set_limits(v.limits);
                 let dropped = volume
                     .replica_views()
                     .into_iter()

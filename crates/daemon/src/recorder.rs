@@ -93,7 +93,7 @@ impl Recorder {
             force,
         };
         match self.call(&req).await? {
-            WriterAttached::Attached { volume, unclean } => Ok((volume, unclean)),
+            WriterAttached::Attached { volume, unclean } => Ok((*volume, unclean)),
             WriterAttached::Held { pid, host, epoch } => Err(MetaError::Attached {
                 volume: name.to_string(),
                 pid,

@@ -140,9 +140,41 @@ async fn start(
     let membership = Arc::new(trireme_control::ControlMembership {
         path: control.to_path_buf(),
     });
-    Volume::attach_managed(info, opts, membership)
+    let v = Volume::attach_managed(info, opts, membership.clone())
         .await
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())?;
+    follow_settings(membership, &v);
+    Ok(v)
+}
+
+/// How often a writer attached through `up`'s control socket asks for its volume's settings.
+const SETTINGS_EVERY: Duration = Duration::from_millis(400);
+
+/// Keeps a writer attached through `up`'s control socket at its volume's settings (`volume
+/// set`: the limits, the minimum of copies). The socket has no watch, so it asks every
+/// [`SETTINGS_EVERY`], for as long as the writer is in use.
+fn follow_settings(membership: Arc<trireme_control::ControlMembership>, v: &Arc<Volume>) {
+    use trireme_client::Membership;
+    let weak = Arc::downgrade(v);
+    let name = v.info().name.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(SETTINGS_EVERY).await;
+            let Some(v) = weak.upgrade() else { return };
+            if v.is_stopped() {
+                return;
+            }
+            match membership.locate(&name).await {
+                Ok(info) => {
+                    v.set_limits(info.limits);
+                    if info.min_copies > 0 {
+                        v.set_min_copies(info.min_copies);
+                    }
+                }
+                Err(e) => tracing::debug!(volume = %name, "reading the volume's settings: {e}"),
+            }
+        }
+    });
 }
 
 /// `trireme up`'s own volume, when another writer attaches it (`trireme bench volume:vol0`, a

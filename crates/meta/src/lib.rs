@@ -192,6 +192,12 @@ pub struct VolumeRecord {
         skip_serializing_if = "trireme_replication::Layout::is_mirror"
     )]
     pub layout: trireme_replication::Layout,
+    /// The I/O limits its writer keeps (none unless set).
+    #[serde(
+        default,
+        skip_serializing_if = "trireme_replication::qos::Limits::is_unlimited"
+    )]
+    pub limits: trireme_replication::qos::Limits,
 }
 
 /// The snapshot a clone was made from.

@@ -447,6 +447,7 @@ mod tests {
             tier: Default::default(),
             parent: None,
             layout: Default::default(),
+            limits: Default::default(),
         }
     }
 

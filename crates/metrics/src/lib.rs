@@ -84,6 +84,8 @@ thread_local! {
 pub struct VolumeMetrics {
     pub name: String,
     shards: Box<[Shard; SHARDS]>,
+    /// Time requests waited for the volume's limits (ns): only a throttled request adds.
+    throttled_ns: AtomicU64,
 }
 
 /// A volume's counts at one moment, indexed like [`Op::ALL`].
@@ -91,6 +93,8 @@ pub struct VolumeMetrics {
 pub struct VolumeSnapshot {
     pub name: String,
     pub ops: [OpSnapshot; 5],
+    /// Nanoseconds requests waited for the volume's limits, summed.
+    pub throttled_ns: u64,
 }
 
 impl VolumeMetrics {
@@ -98,7 +102,14 @@ impl VolumeMetrics {
         VolumeMetrics {
             name: name.to_string(),
             shards: Box::default(),
+            throttled_ns: AtomicU64::new(0),
         }
+    }
+
+    /// Counts time a request waited for the volume's limits.
+    pub fn throttled(&self, waited: Duration) {
+        self.throttled_ns
+            .fetch_add(waited.as_nanos() as u64, Relaxed);
     }
 
     /// Counts one completed request: `bytes` it moved (0 for a flush), how long it took, and
@@ -132,6 +143,7 @@ impl VolumeMetrics {
                 }
                 s
             }),
+            throttled_ns: self.throttled_ns.load(Relaxed),
         }
     }
 }
@@ -195,6 +207,20 @@ pub fn expose_volumes(e: &mut Exposition, volumes: &[VolumeSnapshot]) {
         "Requests the writer failed (an error returned to the client).",
         Kind::Counter,
         errors,
+    );
+    e.family(
+        "trireme_volume_throttled_seconds",
+        "Time the writer's requests waited for the volume's limits, summed over requests.",
+        Kind::Counter,
+        volumes
+            .iter()
+            .map(|v| {
+                (
+                    Labels::new().with("volume", &v.name),
+                    v.throttled_ns as f64 / 1e9,
+                )
+            })
+            .collect(),
     );
     e.histograms(
         "trireme_volume_op_duration_seconds",

@@ -613,6 +613,7 @@ async fn restore(
             min_copies: None,
             tier: None,
             layout: None,
+            limits: Default::default(),
         })
         .await
         .map_err(usage_if_remote)?;

@@ -190,10 +190,12 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
             name,
             min_copies,
             tier,
+            limits,
         }) => {
-            if min_copies.is_none() && tier.is_none() {
+            let limits = limits.change();
+            if min_copies.is_none() && tier.is_none() && limits.is_empty() {
                 return Err(CliError::Usage(
-                    "volume set: give --min-copies N or --tier auto|fast|slow".into(),
+                    "volume set: give --min-copies N, --tier auto|fast|slow or a limit (--iops-limit N, ...)".into(),
                 ));
             }
             let v: VolumeRecord = cc
@@ -201,15 +203,17 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                     name: name.clone(),
                     min_copies: *min_copies,
                     tier: tier.map(|t| t.policy()),
+                    limits,
                 })
                 .await
                 .map_err(usage_if_remote)?;
             print(out, &v, |v| {
                 format!(
-                    "volume {}: min copies {}, tier {}\n",
+                    "volume {}: min copies {}, tier {}, limits {}\n",
                     v.name,
                     v.min_copies(),
-                    v.tier.as_str()
+                    v.tier.as_str(),
+                    v.limits
                 )
             });
         }
@@ -223,6 +227,7 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
             preallocate,
             parity,
             mirror_share,
+            limits,
         }) => {
             let layout = parity
                 .as_deref()
@@ -240,6 +245,7 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                     access: (!allow.is_empty()).then(|| allow.clone()),
                     min_copies: *min_copies,
                     tier: Some(tier.policy()),
+                    limits: limits.change(),
                 })
                 .await
                 .map_err(usage_if_remote)?;
@@ -375,6 +381,9 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 }
                 if !v.record.tier.is_auto() || !v.tiers.is_empty() {
                     s += &format!("tier: {}\n", v.record.tier.as_str());
+                }
+                if !v.record.limits.is_unlimited() {
+                    s += &format!("limits: {}\n", v.record.limits);
                 }
                 for t in &v.tiers {
                     s += &format!("{}\n", replica_tier_text(t));

@@ -420,6 +420,12 @@ pub(crate) fn status_text(s: &StatusReport) -> String {
             }
         }
         out += &format!("{:<16} access: {}\n", "", access_text(&v.access));
+        if !v.limits.is_unlimited() {
+            let waited = v.throttled_seconds.map_or(String::new(), |s| {
+                format!(" (requests waited {s:.1} s for them)")
+            });
+            out += &format!("{:<16} limits: {}{waited}\n", "", v.limits);
+        }
         out += &nvmf_text(&" ".repeat(17), &v.nvmf);
         if !v.tier.is_auto() {
             out += &format!("{:<16} pinned to the {} tier\n", "", v.tier.as_str());

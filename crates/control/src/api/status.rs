@@ -410,6 +410,15 @@ pub struct VolumeStatus {
     /// How its bytes are kept (absent from a manager from before layouts).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resiliency: Option<LayoutStatus>,
+    /// Its I/O limits (none unless set).
+    #[serde(
+        default,
+        skip_serializing_if = "trireme_replication::qos::Limits::is_unlimited"
+    )]
+    pub limits: trireme_replication::qos::Limits,
+    /// Seconds its writer's requests waited for the limits, since that writer attached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub throttled_seconds: Option<f64>,
 }
 
 /// What a planned node restart did.

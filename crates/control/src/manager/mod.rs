@@ -12,6 +12,7 @@ mod records;
 mod resize;
 mod scrubs;
 mod serve;
+mod settings;
 mod snapshots;
 mod status;
 mod trash;
@@ -39,6 +40,7 @@ use trireme_proto::{Header, Op, Status};
 use trireme_transport::TransportKind;
 
 use crate::api::{LinkStatus, Request};
+use settings::Settings;
 
 /// How long the manager waits for a node on the control path.
 const NODE_TIMEOUT: Duration = Duration::from_secs(3);
@@ -614,61 +616,32 @@ impl Manager {
                 tier,
                 preallocate,
                 layout,
+                limits,
             } => to(async {
                 let layout = layout.unwrap_or_default();
-                let mut v = self
-                    .create_volume_as(&name, size, replicas, access, preallocate, layout)
+                self.create_volume_as(&name, size, replicas, access, preallocate, layout)
                     .await?;
-                if let Some(n) = min_copies {
-                    // A volume is created with its minimum or not at all.
-                    match self.set_min_copies(&name, n).await {
-                        Ok(set) => v = set,
-                        Err(e) => {
-                            if let Err(d) = self.delete_volume(&name).await {
-                                tracing::warn!(
-                                    volume = name,
-                                    "removing a volume whose minimum of copies was refused: {d}"
-                                );
-                            }
-                            return Err(e);
-                        }
-                    }
-                }
-                if let Some(t) = tier.filter(|t| !t.is_auto()) {
-                    // A volume is created on its tier or not at all.
-                    if let Err(e) = self.set_tier(&name, t).await {
-                        if let Err(d) = self.delete_volume(&name).await {
-                            tracing::warn!(
-                                volume = name,
-                                "removing a volume whose tier was refused: {d}"
-                            );
-                        }
-                        return Err(e);
-                    }
-                    v = self.meta.volume(&name).await?;
-                }
-                Ok(v)
+                let s = Settings {
+                    min_copies,
+                    tier,
+                    limits,
+                };
+                self.settle_new(&name, &s).await
             }
             .await),
             Request::VolumeSet {
                 name,
                 min_copies,
                 tier,
-            } => to(async {
-                if min_copies.is_none() && tier.is_none() {
-                    return Err(refused(
-                        "volume set: nothing to change (give a minimum of copies or a tier)",
-                    ));
-                }
-                if let Some(n) = min_copies {
-                    self.set_min_copies(&name, n).await?;
-                }
-                if let Some(t) = tier {
-                    self.set_tier(&name, t).await?;
-                }
-                Ok(self.meta.volume(&name).await?)
+                limits,
+            } => {
+                let s = Settings {
+                    min_copies,
+                    tier,
+                    limits,
+                };
+                to(self.change_settings(&name, &s).await)
             }
-            .await),
             Request::VolumeAccess { name, allow, deny } => {
                 to(self.set_access(&name, &allow, &deny).await)
             }

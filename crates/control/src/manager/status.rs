@@ -368,6 +368,10 @@ impl Manager {
                     .cloned()
                     .collect(),
                 resiliency: Some(self.layout_status(v).await),
+                limits: v.limits,
+                throttled_seconds: live
+                    .map(|w| w.throttled().as_secs_f64())
+                    .or_else(|| report.as_ref().map(|r| r.throttled_seconds)),
             });
         }
         for v in &mut vs {

@@ -316,7 +316,10 @@ impl Manager {
                     host = record.host,
                     "a writer attached through the manager"
                 );
-                Ok(WriterAttached::Attached { volume, unclean })
+                Ok(WriterAttached::Attached {
+                    volume: Box::new(volume),
+                    unclean,
+                })
             }
             Err(MetaError::Attached {
                 pid, host, epoch, ..

@@ -219,6 +219,20 @@ fn cluster_families(e: &mut Exposition, st: &StatusReport) {
             .map(|v| (vol(&v.name), v.min_copies as f64))
             .collect(),
     );
+    let mut limits = Vec::new();
+    for v in &st.volumes {
+        for k in trireme_replication::qos::Kind::ALL {
+            if let Some(n) = v.limits.get(k) {
+                limits.push((vol(&v.name).with("limit", k.name()), n as f64));
+            }
+        }
+    }
+    e.family(
+        "trireme_volume_limit",
+        "A volume's I/O limit, by kind: iops, read-iops, write-iops (8 KiB units a second), bps, read-bps, write-bps (bytes a second).",
+        Kind::Gauge,
+        limits,
+    );
     let mut health = Vec::new();
     for v in &st.volumes {
         if let Some(h) = &v.health {

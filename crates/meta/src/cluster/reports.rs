@@ -71,6 +71,13 @@ pub struct WriterReport {
     /// Its links to the nodes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub links: Vec<ReportedLink>,
+    /// Seconds its requests waited for the volume's limits, summed since it attached.
+    #[serde(default, skip_serializing_if = "is_zero_f64")]
+    pub throttled_seconds: f64,
+}
+
+fn is_zero_f64(x: &f64) -> bool {
+    *x == 0.0
 }
 
 /// The most a writer's report may hold: a larger one is skipped with a warning.

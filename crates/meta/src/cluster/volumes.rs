@@ -45,6 +45,12 @@ pub(crate) struct Layout {
     /// A clone's parent snapshot, until it is flattened.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     parent: Option<crate::CloneOf>,
+    /// Its I/O limits: in the layout, whose key its writer watches.
+    #[serde(
+        default,
+        skip_serializing_if = "trireme_replication::qos::Limits::is_unlimited"
+    )]
+    limits: trireme_replication::qos::Limits,
 }
 
 pub(crate) fn record(spec: Spec, layout: Layout) -> VolumeRecord {
@@ -61,6 +67,7 @@ pub(crate) fn record(spec: Spec, layout: Layout) -> VolumeRecord {
         tier: layout.tier,
         parent: layout.parent,
         layout: spec.layout,
+        limits: layout.limits,
     }
 }
 
@@ -84,6 +91,7 @@ pub(crate) fn layout_of(v: &VolumeRecord) -> Layout {
         tier: v.tier,
         size: Some(v.size),
         parent: v.parent.clone(),
+        limits: v.limits,
     }
 }
 
@@ -179,6 +187,7 @@ impl ClusterMeta {
                 min_copies: 0,
                 tier: crate::TierPolicy::Auto,
                 size: None,
+                limits: Default::default(),
                 parent: parent.clone(),
             };
             let done = self

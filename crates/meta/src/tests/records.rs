@@ -27,6 +27,7 @@ fn a_report_counts_only_from_the_writer_of_record() {
             io: None,
             http: None,
             links: vec![],
+            throttled_seconds: 0.0,
         };
         // Carol, on the access list but not the writer, writes a report of her own: unread.
         m.put_report("v", Some("carol"), &report(true), 0)

@@ -1,0 +1,97 @@
+//! A volume's I/O limits, kept by its writer: every read and write waits, before it goes to
+//! the copies, until its limits let it start (the schedule is `trireme_replication::qos`'s).
+//! The writer is the one place every frontend's requests pass, so the limits hold per volume
+//! whatever the number of connections, devices or protocols. A volume without limits pays
+//! one relaxed load per request.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use trireme_replication::qos::{Cost, Limiter, Limits};
+
+use crate::Volume;
+
+/// The writer's limiter and what it held back.
+#[derive(Debug, Default)]
+pub(crate) struct Qos {
+    /// Any limit set: requests ask the limiter.
+    limited: AtomicBool,
+    limiter: Mutex<Limiter>,
+    /// Woken when the limits change: waiting requests are admitted again under the new ones.
+    changed: tokio::sync::Notify,
+    /// Time requests spent waiting for their limits, summed (ns).
+    throttled_ns: AtomicU64,
+}
+
+impl Qos {
+    pub(crate) fn new(limits: Limits) -> Qos {
+        Qos {
+            limited: AtomicBool::new(!limits.is_unlimited()),
+            limiter: Mutex::new(Limiter::new(limits)),
+            ..Qos::default()
+        }
+    }
+
+    fn limiter(&self) -> std::sync::MutexGuard<'_, Limiter> {
+        self.limiter.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Volume {
+    /// The limits the writer keeps now.
+    pub fn limits(&self) -> Limits {
+        self.qos.limiter().limits()
+    }
+
+    /// Keeps `limits` from now on (requests waiting are admitted again under them); logs a
+    /// change.
+    pub fn set_limits(&self, limits: Limits) {
+        let now = self.nanos_open();
+        let changed = self.qos.limiter().set(limits, now);
+        if changed {
+            self.qos.limited.store(!limits.is_unlimited(), Relaxed);
+            self.qos.changed.notify_waiters();
+            tracing::info!(volume = %self.info.name, limits = %limits, "limits changed");
+        }
+    }
+
+    /// How long requests have waited for the volume's limits, in all, since it was opened.
+    pub fn throttled(&self) -> Duration {
+        Duration::from_nanos(self.qos.throttled_ns.load(Relaxed))
+    }
+
+    fn nanos_open(&self) -> u64 {
+        self.opened.elapsed().as_nanos() as u64
+    }
+
+    /// Waits until the volume's limits let a request of `cost` start.
+    pub(crate) async fn throttle(&self, cost: Cost) {
+        if !self.qos.limited.load(Relaxed) {
+            return;
+        }
+        let arrived = self.nanos_open();
+        loop {
+            let changed = self.qos.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let now = self.nanos_open();
+            let start = self.qos.limiter().admit(now, cost);
+            if start <= now {
+                break;
+            }
+            let at = self.opened + Duration::from_nanos(start);
+            tokio::select! {
+                _ = tokio::time::sleep_until(at) => break,
+                _ = changed => {}
+            }
+        }
+        let waited = self.nanos_open().saturating_sub(arrived);
+        if waited > 0 {
+            self.qos.throttled_ns.fetch_add(waited, Relaxed);
+            if let Some(m) = &self.metrics {
+                m.throttled(Duration::from_nanos(waited));
+            }
+        }
+    }
+}
