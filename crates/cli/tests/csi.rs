@@ -426,6 +426,35 @@ async fn the_controller_lifecycle_with_the_specs_codes() {
         .await
         .unwrap();
     assert_eq!(info(&c, pvc)["min_copies"], 2);
+    // Limits (a VolumeAttributesClass), kept by the volume's record for its writer.
+    ctl.controller_modify_volume(m("iopsLimit", "500"))
+        .await
+        .unwrap();
+    ctl.controller_modify_volume(m("writeBpsLimit", "1048576"))
+        .await
+        .unwrap();
+    assert_eq!(
+        info(&c, pvc)["limits"],
+        serde_json::json!({"iops": 500, "write_bps": 1048576})
+    );
+    ctl.controller_modify_volume(m("iopsLimit", "none"))
+        .await
+        .unwrap();
+    assert_eq!(
+        info(&c, pvc)["limits"],
+        serde_json::json!({"write_bps": 1048576})
+    );
+    for (k, v) in [
+        ("iopsLimit", "0"),
+        ("bpsLimit", "-1"),
+        ("limitBurstMs", "soon"),
+    ] {
+        assert_eq!(
+            code(ctl.controller_modify_volume(m(k, v)).await),
+            Code::InvalidArgument,
+            "{k}={v}"
+        );
+    }
     assert_eq!(
         code(ctl.controller_modify_volume(m("replicas", "3")).await),
         Code::InvalidArgument
