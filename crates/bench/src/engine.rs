@@ -92,6 +92,17 @@ pub struct RunResult {
     pub tier: Option<crate::tier::TierSection>,
     /// The data-path links of a native-client target (`node N: ucx over ...`).
     pub links: Vec<String>,
+    /// For a volume with I/O limits: them, and how long requests waited for them.
+    pub limits: Option<LimitsSection>,
+}
+
+/// A limited volume's part of a report.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LimitsSection {
+    pub limits: trireme_replication::qos::Limits,
+    /// Seconds the writer's requests waited for the limits in the measured window, summed
+    /// over requests (`None`: the writer behind the target does not say).
+    pub waited_s: Option<f64>,
 }
 
 impl RunResult {
@@ -416,14 +427,16 @@ where
         oracle,
     });
     let pids = storage_pids.to_vec();
-    let (threads, cpu_pair, links) = rt.block_on(async {
+    let (threads, cpu_pair, (links, limits)) = rt.block_on(async {
         let c = ctx.clone();
         let monitor = tokio::spawn(async move {
             tokio::time::sleep_until(c.window_start.into()).await;
             let a = cpu::sample(&pids);
+            let waited_a = c.target.throttled();
             tokio::time::sleep_until(c.window_end.into()).await;
             let b = cpu::sample(&pids);
-            (a, b, pids)
+            let waited = c.target.throttled().zip(waited_a).map(|(b, a)| b - a);
+            (a, b, pids, waited)
         });
         let prog = tokio::spawn(show_progress(ctx.clone(), t0));
         let mut threads: Vec<ThreadStats> =
@@ -512,14 +525,21 @@ where
             final_pass(&ctx.target, o).await;
         }
         let links = ctx.target.links();
+        let limits = ctx.target.limits();
         ctx.target.close().await;
-        (threads, cpu_pair, links)
+        (threads, cpu_pair, (links, limits))
     });
     let error = ctx.error.lock().unwrap_or_else(|e| e.into_inner()).clone();
     if let Some(e) = error {
         return Err(BenchError::Io(e));
     }
-    let (a, b, pids) = cpu_pair.ok_or(BenchError::Stopped)?;
+    let (a, b, pids, waited) = cpu_pair.ok_or(BenchError::Stopped)?;
+    let limits = limits
+        .filter(|l| !l.is_unlimited())
+        .map(|limits| LimitsSection {
+            limits,
+            waited_s: waited.map(|d| d.as_secs_f64()),
+        });
     Ok(RunResult {
         profile: profile.clone(),
         target: ctx.target.describe(),
@@ -531,6 +551,7 @@ where
         verify: ctx.oracle.as_ref().map(Oracle::report),
         tier: None,
         links,
+        limits,
     })
 }
 

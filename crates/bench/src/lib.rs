@@ -15,6 +15,7 @@ pub mod chart;
 pub mod compare;
 pub mod cpu;
 pub mod engine;
+pub mod limits;
 pub mod profile;
 pub mod report;
 pub mod suite;

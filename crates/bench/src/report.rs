@@ -15,6 +15,8 @@
 //!   "cpu_us_per_io": { "generator": f64, "storage": f64 | null },
 //!   "verify": { ... } | null,
 //!   "links": [ "node N: TRANSPORT[ over LANES]", ... ],
+//!   "limits": { "limits": { "iops"?, "read_iops"?, ..., "burst_ms"? },
+//!               "waited_s": f64 | null } | null,
 //!   "tier": { "hit_ratio": f64 | null, "reads_fast", "reads_slow", "promotions", "demotions",
 //!             "fast_extents": [[node, extents], ...], "disk_model"?: str } | null }
 //! ```
@@ -125,6 +127,10 @@ pub fn json(r: &RunResult) -> Value {
         "verify": r.verify,
         "tier": r.tier,
         "links": r.links,
+        "limits": r.limits.as_ref().map(|l| json!({
+            "limits": l.limits,
+            "waited_s": l.waited_s,
+        })),
     })
 }
 
@@ -328,6 +334,9 @@ pub fn text(r: &RunResult, command: &str) -> String {
     if let Some(t) = &r.tier {
         o.push_str(&tier_text(t));
     }
+    if let Some(l) = &r.limits {
+        o.push_str(&format!("\n{}\n", limits_text(l, r)));
+    }
     o.push_str(&format!(
         "\nSummary: {:.0} IOPS, {:.2} MiB/s, {:.0} IOPS per % kernel CPU, CPU us per IO: generator {:.2}, storage {}\n",
         h.iops,
@@ -337,6 +346,22 @@ pub fn text(r: &RunResult, command: &str) -> String {
         h.storage_us_per_io.map_or("n/a".to_string(), |v| format!("{v:.2}"))
     ));
     o
+}
+
+/// `Limits (the volume's): iops 1000; requests waited 9.1 s for them in the measured
+/// window, 0.91 ms a request`.
+fn limits_text(l: &crate::engine::LimitsSection, r: &RunResult) -> String {
+    let (rd, wr) = r.total();
+    let ios = rd.ios + wr.ios;
+    let waited = match l.waited_s {
+        Some(s) if ios > 0 => format!(
+            "; requests waited {s:.1} s for them in the measured window, {:.2} ms a request",
+            s * 1e3 / ios as f64
+        ),
+        Some(s) => format!("; requests waited {s:.1} s for them"),
+        None => "; how long requests waited for them: see the writer's trireme_volume_throttled_seconds_total".into(),
+    };
+    format!("Limits (the volume's): {}{waited}", l.limits)
 }
 
 fn tier_text(t: &crate::tier::TierSection) -> String {
@@ -424,6 +449,16 @@ pub fn markdown(r: &RunResult) -> String {
             format!(
                 "{} / {} / {} / {}",
                 v.blocks_checked, v.lost, v.stale, v.corrupt
+            ),
+        );
+    }
+    if let Some(l) = &r.limits {
+        row(
+            "limits / waited for them",
+            format!(
+                "{} / {}",
+                l.limits,
+                l.waited_s.map_or("n/a".into(), |s| format!("{s:.1} s"))
             ),
         );
     }

@@ -313,19 +313,28 @@ pub fn run(cli: &Cli, a: &BenchArgs) -> Result<(), CliError> {
     };
     // A volume on tiered nodes: its tier counters when the measured window opens and after.
     let tier_volume = a.target.as_deref().and_then(trireme_bench::tier::volume_of);
+    // And its limits with its writer's wait for them, when that writer is another process.
     let tier_before = tier_volume.clone().map(|v| {
         let (dir, warmup) = (cli.data_dir.clone(), profile.warmup_s);
         std::thread::spawn(move || {
             std::thread::sleep(std::time::Duration::from_secs(warmup));
-            trireme_bench::tier::snapshot(&dir, &v)
+            (
+                trireme_bench::tier::snapshot(&dir, &v),
+                trireme_bench::limits::snapshot(&dir, &v),
+            )
         })
     });
     let mut result = trireme_bench::run(&profile, open, &pids, cli.output == Output::Text)
         .map_err(|e| CliError::Usage(e.to_string()))?;
     if let (Some(v), Some(before)) = (&tier_volume, tier_before) {
         let after = trireme_bench::tier::snapshot(&cli.data_dir, v);
-        if let (Ok(Some(b)), Some(a)) = (before.join(), after) {
+        let (tier_b, limits_b) = before.join().unwrap_or((None, None));
+        if let (Some(b), Some(a)) = (tier_b, after) {
             result.tier = Some(trireme_bench::tier::section(&b, &a));
+        }
+        if result.limits.is_none() {
+            let after = trireme_bench::limits::snapshot(&cli.data_dir, v);
+            result.limits = trireme_bench::limits::section(limits_b, after);
         }
     }
     let command: Vec<String> = std::env::args().collect();

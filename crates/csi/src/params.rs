@@ -233,4 +233,26 @@ mod tests {
         assert!(e.is_err());
         assert!(Changes::parse(&map(&[("replicas", "2")])).is_err());
     }
+
+    #[test]
+    fn limits_are_parameters_and_mutable_ones_win() {
+        let p = CreateParams::parse(
+            &map(&[("iopsLimit", "5000"), ("writeBpsLimit", "1048576")]),
+            &map(&[("iopsLimit", "none"), ("limitBurstMs", "500")]),
+        )
+        .unwrap();
+        let l = p.changes.limits;
+        assert_eq!(l.iops, Some(Rate::Remove(NoLimit::None)));
+        assert_eq!(l.write_bps, Some(Rate::Set(1 << 20)));
+        assert_eq!(l.burst_ms, Some(500));
+        for bad in [
+            ("iopsLimit", "0"),
+            ("bpsLimit", "-1"),
+            ("readIopsLimit", "lots"),
+            ("limitBurstMs", "3600001"),
+        ] {
+            let e = Changes::parse(&map(&[bad])).unwrap_err();
+            assert!(e.message().contains(bad.0), "{bad:?}: {}", e.message());
+        }
+    }
 }

@@ -12,6 +12,12 @@ use serde::{Deserialize, Serialize};
 
 /// What one IOPS unit is: 8 KiB, as S2D's policies normalise.
 pub const IOPS_UNIT: u64 = 8192;
+/// How early a request may start before its time, whatever the burst: what a sleeping
+/// request can be woken to (tokio's timers tick each millisecond). Without it, at 50,000 IOPS
+/// (one request each 20 us) every request that waited woke up to a millisecond late, and a
+/// volume limited to 50,000 did 20,000. Over any longer window the rate is still the limit.
+pub const EARLY_NS: u64 = 1_000_000;
+
 /// The longest burst a limit may save up.
 pub const MAX_BURST_MS: u32 = 3_600_000;
 
@@ -243,13 +249,13 @@ impl Limiter {
     /// When a request of `cost` arriving at `now` may start (`now` or later), with each of
     /// its limits moved on by its cost. The caller waits until then.
     pub fn admit(&mut self, now: u64, cost: Cost) -> u64 {
-        let burst = u64::from(self.limits.burst_ms) * 1_000_000;
+        let burst = u64::from(self.limits.burst_ms) * 1_000_000 + EARLY_NS;
         let applies = |k: Kind| {
             let rate = self.limits.get(k)?;
             (k.counts(cost.dir) && cost.of(k) > 0).then_some(rate)
         };
         // The latest of the times its limits let it start: a limit lets a request go up to
-        // `burst` before its next unit is due.
+        // `burst` (and `EARLY_NS`) before its next unit is due.
         let mut start = now;
         for (i, k) in Kind::ALL.into_iter().enumerate() {
             if applies(k).is_some() {
@@ -292,8 +298,9 @@ mod tests {
             }
         }
         let last = *starts.last().unwrap();
-        // 10,000 requests at 1000 a second: 9.999 s from the first to the last.
-        assert_eq!(last, 9_999_000_000);
+        // 10,000 requests at 1000 a second: 9.999 s from the first to the last, less the
+        // millisecond a request may go early.
+        assert_eq!(last, 9_999_000_000 - EARLY_NS);
     }
 
     #[test]
@@ -307,7 +314,10 @@ mod tests {
             ..Limits::default()
         });
         assert_eq!(l.admit(0, Cost::io(Dir::Write, 1 << 20)), 0);
-        assert_eq!(l.admit(0, Cost::io(Dir::Write, 1 << 20)), 1_000_000_000);
+        assert_eq!(
+            l.admit(0, Cost::io(Dir::Write, 1 << 20)),
+            1_000_000_000 - EARLY_NS
+        );
         // Zeroes move no bytes: a bytes limit does not hold them.
         assert_eq!(l.admit(0, Cost::no_data()), 0);
     }
@@ -319,7 +329,10 @@ mod tests {
             ..Limits::default()
         });
         assert_eq!(l.admit(0, Cost::io(Dir::Read, 4096)), 0);
-        assert_eq!(l.admit(0, Cost::io(Dir::Read, 4096)), 100_000_000);
+        assert_eq!(
+            l.admit(0, Cost::io(Dir::Read, 4096)),
+            100_000_000 - EARLY_NS
+        );
         for _ in 0..100 {
             assert_eq!(l.admit(0, Cost::io(Dir::Write, 4096)), 0);
         }
@@ -333,12 +346,15 @@ mod tests {
             ..Limits::default()
         });
         // Idle for 10 s: one second's worth goes at once (and the one due now), then one each
-        // 10 ms.
+        // 10 ms (a millisecond early).
         let now = 10_000_000_000;
         for _ in 0..101 {
             assert_eq!(l.admit(now, Cost::io(Dir::Read, 4096)), now);
         }
-        assert_eq!(l.admit(now, Cost::io(Dir::Read, 4096)), now + 10_000_000);
+        assert_eq!(
+            l.admit(now, Cost::io(Dir::Read, 4096)),
+            now + 10_000_000 - EARLY_NS
+        );
     }
 
     #[test]
@@ -347,7 +363,10 @@ mod tests {
         for _ in 0..10 {
             l.admit(0, Cost::io(Dir::Read, 4096));
         }
-        assert_eq!(l.admit(0, Cost::io(Dir::Read, 4096)), 10_000_000_000);
+        assert_eq!(
+            l.admit(0, Cost::io(Dir::Read, 4096)),
+            10_000_000_000 - EARLY_NS
+        );
         assert!(l.set(iops(1000), 500_000_000));
         assert_eq!(l.admit(500_000_000, Cost::io(Dir::Read, 4096)), 500_000_000);
         assert!(!l.set(iops(1000), 600_000_000));
@@ -377,8 +396,9 @@ mod tests {
     }
 
     proptest! {
-        /// Over any window, what starts is at most the rate times the window, plus the burst,
-        /// plus one request (which may start at the window's edge).
+        /// Over any window, what starts is at most the rate times the window, plus the burst
+        /// (and the millisecond early), plus one request (which may start at the window's
+        /// edge).
         #[test]
         fn never_above_the_rate(
             rate in 1u64..100_000,
@@ -397,7 +417,7 @@ mod tests {
                 starts.push((s, c.units));
             }
             starts.sort();
-            let burst_units = u128::from(rate) * u128::from(burst_ms) / 1000;
+            let burst_units = u128::from(rate) * (u128::from(burst_ms) * 1_000_000 + u128::from(EARLY_NS)) / NS;
             for i in 0..starts.len() {
                 let mut units = 0u128;
                 for j in i..starts.len() {
@@ -410,7 +430,8 @@ mod tests {
         }
 
         /// A client that always has requests waiting loses nothing to the rule: the last one
-        /// starts when the work before it takes at the rate, less the burst.
+        /// starts when the work before it takes at the rate, less the burst and the
+        /// millisecond early.
         #[test]
         fn never_below_the_rate(
             rate in 1u64..100_000,
@@ -422,7 +443,8 @@ mod tests {
             for len in lens {
                 let c = Cost::io(Dir::Write, len);
                 let last = l.admit(0, c);
-                let exact = (before * NS / u128::from(rate)).saturating_sub(u128::from(burst_ms) * 1_000_000);
+                let exact = (before * NS / u128::from(rate))
+                    .saturating_sub(u128::from(burst_ms) * 1_000_000 + u128::from(EARLY_NS));
                 prop_assert!(u128::from(last) <= exact && exact - u128::from(last) <= 300, "{last} against {exact}");
                 before += u128::from(c.units);
             }

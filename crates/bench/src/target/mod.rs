@@ -89,6 +89,22 @@ impl Target {
         }
     }
 
+    /// The limits a native-client target's writer keeps.
+    pub fn limits(&self) -> Option<trireme_replication::qos::Limits> {
+        match self {
+            Target::Volume(t) => Some(t.vol.limits()),
+            _ => None,
+        }
+    }
+
+    /// How long a native-client target's requests have waited for their volume's limits.
+    pub fn throttled(&self) -> Option<std::time::Duration> {
+        match self {
+            Target::Volume(t) => Some(t.vol.throttled()),
+            _ => None,
+        }
+    }
+
     /// Alignment the target needs for offsets and lengths (O_DIRECT files: 4096).
     pub fn alignment(&self) -> u64 {
         match self {

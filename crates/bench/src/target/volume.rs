@@ -34,7 +34,7 @@ pub type Closer =
     Box<dyn FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send>;
 
 pub struct VolumeTarget {
-    vol: Arc<Volume>,
+    pub(crate) vol: Arc<Volume>,
     closer: std::sync::Mutex<Option<Closer>>,
 }
 
