@@ -168,14 +168,7 @@ impl CreateParams {
         if m.tier.is_some() {
             c.changes.tier = m.tier;
         }
-        for k in Kind::ALL {
-            if let Some(r) = m.limits.rate(k) {
-                c.changes.limits.set_rate(k, Some(r));
-            }
-        }
-        if m.limits.burst_ms.is_some() {
-            c.changes.limits.burst_ms = m.limits.burst_ms;
-        }
+        c.changes.limits.overlay(&m.limits);
         if let Some(n) = c.changes.min_copies {
             if c.replicas != 0 && n as usize > c.replicas {
                 return Err(invalid(format!(

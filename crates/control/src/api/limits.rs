@@ -79,6 +79,19 @@ impl LimitsChange {
         *self == LimitsChange::default()
     }
 
+    /// Takes every field `later` gives over this change's (CSI's mutable parameters over a
+    /// StorageClass's).
+    pub fn overlay(&mut self, later: &LimitsChange) {
+        for k in Kind::ALL {
+            if let Some(r) = later.rate(k) {
+                self.set_rate(k, Some(r));
+            }
+        }
+        if later.burst_ms.is_some() {
+            self.burst_ms = later.burst_ms;
+        }
+    }
+
     /// `limits` with this change made (not checked: see [`Limits::check`]).
     pub fn apply(&self, mut limits: Limits) -> Limits {
         for k in Kind::ALL {
