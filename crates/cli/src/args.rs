@@ -61,6 +61,10 @@ pub struct UpArgs {
     /// Threads serving each node's reads and writes (see `node serve --io-threads`).
     #[arg(long, default_value_t = trireme_node::DEFAULT_IO_THREADS as u32, value_parser = units::count(1, 1024))]
     pub io_threads: u32,
+    /// Each node's share of its disk for recovery while clients want it all (see `node serve
+    /// --recovery-share`).
+    #[arg(long, default_value_t = trireme_node::DEFAULT_RECOVERY_SHARE, value_name = "PERCENT", value_parser = units::count(1, 99))]
+    pub recovery_share: u32,
     /// Bytes each node's replicas may hold (see `node serve --capacity`). Default: for the
     /// file and tiered stores, what each node's directory takes plus an equal share of what
     /// the file system has free (every node of `up` lives on the one under `--data-dir`).
@@ -320,6 +324,11 @@ pub struct NodeServeArgs {
     /// its disk at once. More than the disk's queue needs cost a thread wakeup per I/O.
     #[arg(long, default_value_t = trireme_node::DEFAULT_IO_THREADS as u32, value_parser = units::count(1, 1024))]
     pub io_threads: u32,
+    /// Recovery's share of the node's disk while clients' requests wait too, in percent:
+    /// resyncs, repairs, scrubs, drains and the parity encoder get this much of what the node
+    /// serves when clients want it all, and all of it when they do not.
+    #[arg(long, default_value_t = trireme_node::DEFAULT_RECOVERY_SHARE, value_name = "PERCENT", value_parser = units::count(1, 99))]
+    pub recovery_share: u32,
     #[command(flatten)]
     pub room: RoomArgs,
     /// This node's directory is on a file system N nodes share (those of `trireme up`): its
@@ -405,6 +414,10 @@ pub struct NodeRunArgs {
     /// Threads serving reads and writes (see `node serve --io-threads`).
     #[arg(long, default_value_t = trireme_node::DEFAULT_IO_THREADS as u32, value_parser = units::count(1, 1024))]
     pub io_threads: u32,
+    /// Recovery's share of the disk while clients want it all (see `node serve
+    /// --recovery-share`).
+    #[arg(long, default_value_t = trireme_node::DEFAULT_RECOVERY_SHARE, value_name = "PERCENT", value_parser = units::count(1, 99))]
+    pub recovery_share: u32,
 }
 
 #[derive(Debug, Args)]

@@ -127,7 +127,7 @@ impl Volume {
                 let writes = at.iter().map(|c| {
                     let offset = p.stripes.chunk_block(c) * BLOCK;
                     let data = Bytes::from(std::mem::take(&mut chunks[c.chunk]));
-                    let h = self.header(Op::Write, offset, data.len() as u64);
+                    let h = self.recovery_header(Op::Write, offset, data.len() as u64);
                     (c.node, h, data)
                 });
                 ("write", self.to_nodes(writes.collect()).await)
@@ -159,7 +159,7 @@ impl Volume {
             let runs = &runs;
             Box::pin(async move {
                 for &(start, len) in runs {
-                    let mut h = self.header(Op::WriteZeroes, start * BLOCK, len * BLOCK);
+                    let mut h = self.recovery_header(Op::WriteZeroes, start * BLOCK, len * BLOCK);
                     h.flags |= FLAG_MAY_TRIM;
                     self.to_nodes(vec![(node, self.on_node(h), Bytes::new())])
                         .await?;

@@ -576,6 +576,14 @@ impl Volume {
         }
     }
 
+    /// As [`Volume::header`], for a request that copies or checks data for recovery (a
+    /// resync, a repair, a scrub, the encoder): nodes serve it within their recovery share.
+    fn recovery_header(&self, op: Op, offset: u64, length: u64) -> Header {
+        let mut h = self.header(op, offset, length);
+        h.flags |= trireme_proto::FLAG_RECOVERY;
+        h
+    }
+
     /// The error for a replica on `node` that cannot be taken out, and why.
     fn degrade(&self, node: u32, why: impl Into<DegradeRefusal>) -> VolumeError {
         VolumeError::Degrade {

@@ -294,7 +294,7 @@ impl Volume {
         off: u64,
         len: u64,
     ) -> Result<u64, VolumeError> {
-        let h = self.node_range(self.header(Op::Read, off, len));
+        let h = self.node_range(self.recovery_header(Op::Read, off, len));
         let held = self.ask_held(src, h.offset, len).await?;
         // Nothing held (a region in parity with no overlay): nothing to read, one trim.
         let data = match held.is_empty() {
@@ -340,7 +340,7 @@ impl Volume {
         let len = s.chunk_blocks * BLOCK;
         let mut chunks: Vec<Option<Vec<u8>>> = vec![None; s.width()];
         for c in &rb.from {
-            let h = self.header(Op::Read, s.chunk_block(c) * BLOCK, len);
+            let h = self.recovery_header(Op::Read, s.chunk_block(c) * BLOCK, len);
             let bytes = self.read_node(c.node, h).await.map_err(|(_, e)| e)?;
             chunks[c.chunk] = Some(bytes.to_vec());
         }
@@ -370,7 +370,7 @@ impl Volume {
         length: u64,
         payload: Bytes,
     ) -> Result<(), VolumeError> {
-        let mut h = self.header(op, offset, length);
+        let mut h = self.recovery_header(op, offset, length);
         h.flags |= flags;
         match self
             .call(i, h, payload)

@@ -228,7 +228,7 @@ impl Volume {
         for (chunk, bytes) in repairs {
             let c = at(chunk);
             let i = self.slot_on(c.node)?;
-            let h = self.header(Op::Write, s.chunk_block(&c) * BLOCK, bytes.len() as u64);
+            let h = self.recovery_header(Op::Write, s.chunk_block(&c) * BLOCK, bytes.len() as u64);
             self.expect_ok(i, self.call(i, h, Bytes::from(bytes)).await?)?;
             report.repaired.push((span.off, c.node));
             tracing::warn!(volume = %self.info.name, node = c.node, region = span.region, chunk, "scrub rebuilt a wrong chunk from the rest of its stripe");
@@ -254,7 +254,7 @@ impl Volume {
                     .core()
                     .slot_of(c.node)
                     .is_some_and(|i| targets.contains(&i));
-                let h = self.header(Op::Read, s.chunk_block(&c) * BLOCK, len);
+                let h = self.recovery_header(Op::Read, s.chunk_block(&c) * BLOCK, len);
                 Box::pin(async move {
                     match in_sync {
                         true => Some(self.read_node(c.node, h).await.map_err(|(_, e)| e)),

@@ -98,7 +98,7 @@ impl Volume {
                 }
                 Verdict::Repair { source, rewrite } => {
                     let data = self.read_from(source, off, len).await?;
-                    let h = self.header(Op::Write, off, len);
+                    let h = self.recovery_header(Op::Write, off, len);
                     for t in rewrite {
                         if let Err(e) = self.to_all(&[t], h, data.clone()).await {
                             self.take_out_with(&[t], None, true).await?;

@@ -38,7 +38,7 @@ impl Volume {
             if self.state(b) != ReplicaState::InSync {
                 continue;
             }
-            let h = self.header(Op::Write, a, e - a);
+            let h = self.recovery_header(Op::Write, a, e - a);
             match self
                 .call(b, h, data.clone())
                 .await
@@ -66,7 +66,7 @@ impl Volume {
         off: u64,
         len: u64,
     ) -> Result<Bytes, VolumeError> {
-        let h = self.header(Op::Read, off, len);
+        let h = self.recovery_header(Op::Read, off, len);
         Ok(self
             .expect_ok(src, self.call(src, h, Bytes::new()).await?)?
             .payload)

@@ -507,11 +507,11 @@ impl Volume {
         }
         let Some(data) = data else { return Ok(0) };
         let h = if data.iter().all(|&b| b == 0) {
-            let mut h = self.header(Op::WriteZeroes, off, len);
+            let mut h = self.recovery_header(Op::WriteZeroes, off, len);
             h.flags |= FLAG_MAY_TRIM;
             (h, Bytes::new())
         } else {
-            (self.header(Op::Write, off, len), data)
+            (self.recovery_header(Op::Write, off, len), data)
         };
         match self
             .call(i, h.0, h.1)

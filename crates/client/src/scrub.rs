@@ -126,7 +126,7 @@ impl Volume {
                 Verdict::Repair { source, rewrite } => {
                     let data = self.read_from(source, off, len).await?;
                     for t in rewrite {
-                        let w = self.header(Op::Write, off, len);
+                        let w = self.recovery_header(Op::Write, off, len);
                         self.expect_ok(t, self.call(t, w, data.clone()).await?)?;
                         report.repaired.push((off, self.node(t)));
                         tracing::warn!(volume = %self.info.name, node = self.node(t), offset = off, "scrub repaired a region from the majority copy");

@@ -49,6 +49,9 @@ pub struct NodeConfig {
     pub fs_share: u32,
     /// Threads serving reads and writes of a store on disk ([`trireme_node::Node::set_io_threads`]).
     pub io_threads: usize,
+    /// Recovery's share of the disk while clients want it all, in percent
+    /// ([`trireme_node::Node::set_recovery_share`]).
+    pub recovery_share: u32,
     /// Where it serves its metrics (and, while it is the manager, the dashboard); the bound
     /// address is written to `<dir>/http`.
     pub http: Option<SocketAddr>,
@@ -108,6 +111,7 @@ pub fn build_node(cfg: &NodeConfig) -> Result<Arc<trireme_node::Node>, DaemonErr
     }
     node.set_overcommit(cfg.overcommit);
     node.set_io_threads(cfg.io_threads);
+    node.set_recovery_share(cfg.recovery_share);
     match cfg.capacity {
         Some(c) => node.set_capacity(c),
         None => match cfg.store {

@@ -8,7 +8,7 @@
 //!   certificate of a node that was removed, or never joined, gets nothing).
 //! * A client certificate: requests on a volume whose access list names it (or `*`), and only
 //!   while it is that volume's writer — the identity its attach record names. A client never
-//!   creates, deletes or places replicas. So a listed client that is not the writer can
+//!   creates, deletes or places replicas, nor sets its volume's reserve or weight on the node. So a listed client that is not the writer can
 //!   neither take a replica over at the current epoch nor write, read or query it directly.
 //! * Whoever asks: an attach may not move a replica's epoch past the newest the metadata has
 //!   handed out (once this node knows it), so no epoch leap can fence a volume for good.
@@ -150,6 +150,9 @@ impl Node {
                     "only nodes and operators create, clone, flatten, delete or place replicas or delete snapshots"
                         .into(),
                 )
+            }
+            trireme_tls::Role::Client(_) if h.op == Op::Qos => {
+                denied("a client does not set its volume's claim on the node (its record does)".into())
             }
             trireme_tls::Role::Client(name) => {
                 let Some(p) = policy else {

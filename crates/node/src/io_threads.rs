@@ -1,6 +1,7 @@
 //! The node's I/O threads: the data requests of a store that blocks (reads, writes, snapshot
 //! reads; flushes and the rest go to tokio's pool) run on a few threads of the node's own,
-//! each taking the next request from one queue when it finishes one.
+//! each taking the next request from one queue when it finishes one. The queue's order is
+//! `schedule.rs`'s: reserves, then recovery against clients, then the volumes by weight.
 //!
 //! Why not tokio's blocking pool: it keeps up to 512 threads and wakes an idle one for every
 //! task it is given. A wakeup is a futex call, a context switch and, across CPUs, an
@@ -13,9 +14,11 @@
 //! thread waits): requests that wait on others' completion (an attach, a snapshot, a delete)
 //! run on tokio's pool, and a data request only waits for requests already running.
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Instant;
+
+use crate::schedule::{Class, Scheduler, Share};
 
 /// Threads of a node whose flag does not say.
 pub const DEFAULT_IO_THREADS: usize = 4;
@@ -30,10 +33,21 @@ pub(crate) struct IoThreads {
     name: String,
 }
 
-#[derive(Default)]
 struct Shared {
     queue: Mutex<Queue>,
     ready: Condvar,
+    /// The scheduler's clock counts from here.
+    started: Instant,
+}
+
+impl Default for Shared {
+    fn default() -> Shared {
+        Shared {
+            queue: Mutex::default(),
+            ready: Condvar::new(),
+            started: Instant::now(),
+        }
+    }
 }
 
 impl std::fmt::Debug for Shared {
@@ -49,7 +63,7 @@ impl std::fmt::Debug for Shared {
 
 #[derive(Default)]
 struct Queue {
-    jobs: VecDeque<Job>,
+    jobs: Scheduler<Job>,
     /// Threads started and not exited.
     threads: usize,
     /// Threads waiting for a job.
@@ -63,6 +77,10 @@ struct Queue {
 pub(crate) struct Lost(pub String);
 
 impl Shared {
+    fn now(&self) -> u64 {
+        self.started.elapsed().as_nanos() as u64
+    }
+
     fn lock(&self) -> MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -70,7 +88,7 @@ impl Shared {
     fn work(self: Arc<Self>) {
         let mut q = self.lock();
         loop {
-            if let Some(job) = q.jobs.pop_front() {
+            if let Some((job, _)) = q.jobs.pop(self.now()) {
                 drop(q);
                 // A panic is answered as a lost job (its sender is dropped) and leaves the
                 // thread serving.
@@ -104,22 +122,51 @@ impl IoThreads {
         self.limit.store(limit.max(1), Ordering::Relaxed);
     }
 
-    /// Runs `f` on a thread of the pool; its result, or why it was lost.
+    /// Recovery's share of the threads while clients wait too, in percent.
+    pub(crate) fn set_recovery_share(&self, percent: u32) {
+        self.shared.lock().jobs.set_recovery_share(percent);
+    }
+
+    /// `volume`'s reserve and weight from now on.
+    pub(crate) fn set_share(&self, volume: u64, share: Share) {
+        self.shared.lock().jobs.set_share(volume, share);
+    }
+
+    /// Every volume's reserve and weight (the rest get the default).
+    pub(crate) fn set_shares(&self, shares: std::collections::HashMap<u64, Share>) {
+        self.shared.lock().jobs.set_shares(shares);
+    }
+
+    pub(crate) fn share(&self, volume: u64) -> Share {
+        self.shared.lock().jobs.share(volume)
+    }
+
+    /// Forgets a deleted replica's volume.
+    pub(crate) fn forget(&self, volume: u64) {
+        self.shared.lock().jobs.forget(volume);
+    }
+
+    /// Runs `f`, which costs `cost` 8 KiB units, for `class` on a thread of the pool, in the
+    /// scheduler's turn; its result, or why it was lost.
     pub(crate) async fn run<R: Send + 'static>(
         &self,
+        class: Class,
+        cost: u64,
         f: impl FnOnce() -> R + Send + 'static,
     ) -> Result<R, Lost> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.push(Box::new(move || {
+        let job = Box::new(move || {
             let _ = tx.send(f());
-        }))?;
+        });
+        self.push(class, cost, job)?;
         rx.await
             .map_err(|_| Lost("the I/O thread serving it panicked".into()))
     }
 
-    fn push(&self, job: Job) -> Result<(), Lost> {
+    fn push(&self, class: Class, cost: u64, job: Job) -> Result<(), Lost> {
+        let now = self.shared.now();
         let mut q = self.shared.lock();
-        q.jobs.push_back(job);
+        q.jobs.push(class, cost, job, now);
         if q.idle > 0 {
             // Woken after the lock is let go: woken under it, the thread ran straight into
             // the lock still held and slept on it again (under s2d, most of the nodes'
@@ -140,8 +187,8 @@ impl IoThreads {
         if let Err(e) = started {
             q.threads -= 1;
             if q.threads == 0 {
-                // Nothing would ever take it.
-                q.jobs.pop_back();
+                // Nothing would ever take it (nor anything queued before it: none is).
+                let _ = q.jobs.pop(now);
                 return Err(Lost(format!("starting an I/O thread: {e}")));
             }
             tracing::warn!("starting an I/O thread: {e}; {} serve", q.threads);
@@ -185,7 +232,7 @@ mod tests {
             let jobs = (0..40u64).map(|i| {
                 let (running, most, pool) = (running.clone(), most.clone(), pool.clone());
                 async move {
-                    pool.run(move || {
+                    pool.run(Class::Client(1), 1, move || {
                         let now = running.fetch_add(1, Ordering::SeqCst) + 1;
                         most.fetch_max(now, Ordering::SeqCst);
                         std::thread::sleep(Duration::from_millis(2));
@@ -211,9 +258,11 @@ mod tests {
     fn a_panicking_job_is_reported_lost_and_its_thread_goes_on_serving() {
         let pool = IoThreads::new(1, "io-test");
         rt().block_on(async {
-            let lost = pool.run(|| -> u32 { panic!("a store bug") }).await;
+            let lost = pool
+                .run(Class::Client(1), 1, || -> u32 { panic!("a store bug") })
+                .await;
             assert!(matches!(lost, Err(Lost(m)) if m.contains("panicked")));
-            assert_eq!(pool.run(|| 7).await.unwrap(), 7);
+            assert_eq!(pool.run(Class::Client(1), 1, || 7).await.unwrap(), 7);
         });
         assert_eq!(pool.threads(), 1);
     }
@@ -221,7 +270,7 @@ mod tests {
     #[test]
     fn threads_exit_once_the_pool_is_dropped() {
         let pool = IoThreads::new(2, "io-test");
-        rt().block_on(async { pool.run(|| ()).await.unwrap() });
+        rt().block_on(async { pool.run(Class::Client(1), 1, || ()).await.unwrap() });
         let shared = pool.shared.clone();
         drop(pool);
         let deadline = std::time::Instant::now() + Duration::from_secs(10);

@@ -24,12 +24,14 @@ mod integrity;
 mod io_threads;
 mod ops;
 mod room;
+mod schedule;
 mod serve;
 
 pub use access::VolumePolicy;
 pub use activity::{ActivityLogs, ActivityView};
 pub use dirty::{DirtyTracker, DirtyView, DEFAULT_GRAIN as DEFAULT_DIRTY_GRAIN};
 pub use io_threads::DEFAULT_IO_THREADS;
+pub use schedule::{Share, DEFAULT_RECOVERY_SHARE, MAX_WEIGHT};
 
 /// Most tracking regions one `DirtyQuery` may cover (its answer stays under 12 MiB).
 pub const MAX_DIRTY_QUERY_REGIONS: u64 = 1 << 20;
@@ -185,6 +187,48 @@ impl Node {
     /// at once.
     pub fn set_io_threads(&self, n: usize) {
         self.io.set_limit(n);
+    }
+
+    /// Recovery's share of the I/O threads while clients' requests wait too, in percent
+    /// (1 to 99; `schedule.rs`).
+    pub fn set_recovery_share(&self, percent: u32) {
+        self.io.set_recovery_share(percent);
+    }
+
+    /// Every volume's reserve and weight, as the metadata says (volumes not named get the
+    /// default: no reserve, weight 1).
+    pub fn set_shares(&self, shares: HashMap<u64, Share>) {
+        self.io.set_shares(shares);
+    }
+
+    /// A volume's reserve and weight on this node now.
+    pub fn share(&self, volume: u64) -> Share {
+        self.io.share(volume)
+    }
+
+    fn on_qos(&self, h: &trireme_proto::Header) -> Result<Bytes, Refusal> {
+        let weight = u32::try_from(h.length)
+            .ok()
+            .filter(|w| (1..=MAX_WEIGHT).contains(w))
+            .ok_or_else(|| {
+                Refusal(
+                    Status::Invalid,
+                    format!("a weight of {}: give 1 to {MAX_WEIGHT}", h.length),
+                )
+            })?;
+        self.replica(h.volume)?;
+        let share = Share {
+            reserve: h.offset,
+            weight,
+        };
+        self.io.set_share(h.volume, share);
+        tracing::debug!(
+            node = self.id,
+            volume = h.volume,
+            ?share,
+            "volume's claim set"
+        );
+        Ok(Bytes::new())
     }
 
     /// Keeps the activity log and the peers' dirty records on disk from now on, for every

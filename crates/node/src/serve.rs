@@ -3,11 +3,13 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use trireme_proto::{Header, Op, Status};
+use trireme_proto::{Header, Op, Status, FLAG_RECOVERY};
+use trireme_replication::qos::IOPS_UNIT;
 use trireme_replication::{fence, FenceDecision};
 use trireme_store::Replica;
 use trireme_transport::{Frame, Handler};
 
+use crate::schedule::Class;
 use crate::{Node, Refusal};
 
 /// An I/O request's turn on the node's writers (see [`Node::io_replica`]).
@@ -115,6 +117,7 @@ impl Node {
             Op::SnapshotHold => self.on_snapshot_hold(req),
             Op::SnapshotHolders => self.on_snapshot_holders(h),
             Op::Held => self.on_held(h),
+            Op::Qos => self.on_qos(h),
         }?;
         Ok((resp, payload))
     }
@@ -129,6 +132,16 @@ fn is_data(op: Op) -> bool {
     matches!(op, Op::Read | Op::Write | Op::SnapshotRead)
 }
 
+/// Who a data request is for, and what it costs, for the I/O threads' schedule: recovery if
+/// flagged so, else its volume's client I/O; its length in 8 KiB units.
+fn schedule_class(h: &Header) -> (Class, u64) {
+    let class = match h.has_flag(FLAG_RECOVERY) {
+        true => Class::Recovery,
+        false => Class::Client(h.volume),
+    };
+    (class, h.length.div_ceil(IOPS_UNIT).max(1))
+}
+
 impl Handler for Node {
     fn inline(&self, req: &Frame) -> bool {
         !self.store.blocking()
@@ -140,6 +153,7 @@ impl Handler for Node {
                     | Op::TierInfo
                     | Op::TierHeat
                     | Op::Space
+                    | Op::Qos
             )
     }
 
@@ -156,7 +170,10 @@ impl Handler for Node {
             let me = self.clone();
             let job = move || me.serve(&req);
             let ran = match is_data(h.op) {
-                true => self.io.run(job).await.map_err(|lost| lost.0),
+                true => {
+                    let (class, cost) = schedule_class(&h);
+                    self.io.run(class, cost, job).await.map_err(|lost| lost.0)
+                }
                 false => tokio::task::spawn_blocking(job)
                     .await
                     .map_err(|e| e.to_string()),

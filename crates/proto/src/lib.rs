@@ -125,6 +125,10 @@ pub const FLAG_FORCE: u16 = 1 << 12;
 /// Request flag on `CreateReplica`: the replica is a parity volume's; the node keeps which of
 /// its 4 KiB blocks are held ([`Op::Held`]), durably at each flush.
 pub const FLAG_HELD: u16 = 1 << 13;
+/// Request flag on reads and writes: the request copies or checks data for recovery (a
+/// resync, a repair, a scrub, a drain), not for a client. A node serves such requests within
+/// its recovery share while clients' requests wait too.
+pub const FLAG_RECOVERY: u16 = 1 << 14;
 /// The longest range one `Held` query may cover: 256 Ki blocks, an answer of at most 128 Ki
 /// extents.
 pub const MAX_HELD_QUERY: u64 = 1 << 30;
@@ -147,6 +151,7 @@ const KNOWN_FLAGS: u16 = FLAG_RESPONSE
     | FLAG_SPACE_RESERVE
     | FLAG_UNSYNCED
     | FLAG_FIRST
+    | FLAG_RECOVERY
     | FLAG_ONE
     | FLAG_FORCE
     | FLAG_HELD;

@@ -147,6 +147,12 @@ pub enum Op {
     /// created without [`FLAG_HELD`](crate::FLAG_HELD), `Io` if its map read back corrupt.
     /// Epoch-checked; the writer asks (it rebuilds a parity region's overlay from it).
     Held = 38,
+    /// `volume`'s claim on this node's disk when requests wait for it: a reserve of `offset`
+    /// 8 KiB units a second (0: none) and a weight of `length` (1 to 1000) against the other
+    /// volumes. Kept in memory; the writer sends it after each attach and when it changes.
+    /// Trusted links, operators and nodes only: a client does not set its own claim (on a
+    /// cluster on etcd, nodes take it from the volume's record). No epoch check.
+    Qos = 39,
 }
 
 impl Op {
@@ -190,6 +196,7 @@ impl Op {
             36 => Op::SnapshotHold,
             37 => Op::SnapshotHolders,
             38 => Op::Held,
+            39 => Op::Qos,
             _ => return None,
         })
     }

@@ -23,6 +23,7 @@ pub(crate) fn node_config(
         overcommit: a.room.overcommit,
         fs_share: a.fs_share,
         io_threads: a.io_threads as usize,
+        recovery_share: a.recovery_share,
         http: a.http.addr.0,
         http_token: a.http.token_file.clone(),
     })
@@ -198,6 +199,7 @@ pub(crate) async fn node_run(cli: &Cli, a: &crate::NodeRunArgs) -> Result<(), Cl
         overcommit: a.room.overcommit,
         fs_share: 1,
         io_threads: a.io_threads as usize,
+        recovery_share: a.recovery_share,
         http: a.http.addr.0,
         http_token: a.http.token_file.clone(),
     };

@@ -83,6 +83,7 @@ pub(crate) fn local_config(
         port: a.port,
         dirty_grain: a.dirty_grain,
         io_threads: a.io_threads,
+        recovery_share: a.recovery_share,
         node_capacity: a.node_capacity,
         overcommit: a.overcommit,
         preallocate: a.preallocate,

@@ -56,6 +56,8 @@ pub struct LocalConfig {
     pub dirty_grain: u64,
     /// Each node's `--io-threads`.
     pub io_threads: u32,
+    /// Each node's `--recovery-share`.
+    pub recovery_share: u32,
     /// Each node's `--capacity`.
     pub node_capacity: Option<u64>,
     /// Each node's `--overcommit`.
@@ -263,6 +265,7 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
         tiers: a.tiers,
         dirty_grain: a.dirty_grain,
         io_threads: a.io_threads,
+        recovery_share: a.recovery_share,
         capacity: a.node_capacity,
         overcommit: a.overcommit,
         // A node in a network namespace still writes under --data-dir.

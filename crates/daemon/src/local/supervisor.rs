@@ -57,6 +57,8 @@ pub(super) async fn spawn_node(
             &sup.dirty_grain.to_string(),
             "--io-threads",
             &sup.io_threads.to_string(),
+            "--recovery-share",
+            &sup.recovery_share.to_string(),
             "--dir",
         ])
         .arg(dir.join(format!("node-{id}")));
@@ -220,6 +222,7 @@ pub(super) struct Supervisor {
     pub(super) tiers: Option<trireme_store::TierConfig>,
     pub(super) dirty_grain: u64,
     pub(super) io_threads: u32,
+    pub(super) recovery_share: u32,
     pub(super) capacity: Option<u64>,
     pub(super) overcommit: f64,
     /// How many nodes live on the file system of `dir` (each counts its share of it).

@@ -172,6 +172,7 @@ impl Node {
         self.integrity.forget(h.volume);
         self.holds.forget(h.volume, None);
         self.held.forget(h.volume);
+        self.io.forget(h.volume);
         self.owners
             .write()
             .unwrap_or_else(|e| e.into_inner())

@@ -286,6 +286,24 @@ async fn identities_reach_only_what_they_may() {
     assert_eq!(as_peer(alice(), create, b"").await, Status::Denied);
     assert_eq!(as_peer(Role::Server, create, b"").await, Status::Denied);
     assert_eq!(as_peer(Role::Admin, create, b"").await, Status::Ok);
+    // A volume's claim on the node: an operator sets it, its writer does not.
+    let qos = req(Op::Qos, 1, 0, 5_000, 3);
+    assert_eq!(as_peer(Role::Admin, qos, b"").await, Status::Ok);
+    assert_eq!(
+        node.share(1),
+        Share {
+            reserve: 5_000,
+            weight: 3
+        }
+    );
+    for bad_weight in [0, 1001, u64::MAX] {
+        let h = req(Op::Qos, 1, 0, 1, bad_weight);
+        assert_eq!(as_peer(Role::Admin, h, b"").await, Status::Invalid);
+    }
+    assert_eq!(
+        as_peer(Role::Admin, req(Op::Qos, 9, 0, 1, 1), b"").await,
+        Status::NoReplica
+    );
     // Until the node knows the volume, clients reach nothing.
     assert_eq!(
         as_peer(alice(), req(Op::Attach, 1, 1, 0, 0), b"").await,
@@ -302,6 +320,18 @@ async fn identities_reach_only_what_they_may() {
         as_peer(alice(), req(Op::Attach, 1, 1, 0, 0), b"").await,
         Status::Ok
     );
+    assert_eq!(
+        as_peer(alice(), req(Op::Qos, 1, 1, 1 << 40, 1000), b"").await,
+        Status::Denied,
+        "even its writer does not give a volume a claim"
+    );
+    assert_eq!(
+        node.share(1),
+        Share {
+            reserve: 5_000,
+            weight: 3
+        }
+    );
     // Bob is listed too, but alice writes: he may not take the replica at her epoch, nor
     // write, read or query it behind her back.
     for op in [
@@ -312,6 +342,7 @@ async fn identities_reach_only_what_they_may() {
         Op::DirtyQuery,
         Op::ActivityQuery,
         Op::Held,
+        Op::Qos,
     ] {
         assert_eq!(
             as_peer(bob(), req(op, 1, 1, 0, 4), b"").await,
@@ -735,5 +766,6 @@ mod clones;
 mod held;
 mod io_threads;
 mod resize;
+mod schedule;
 mod snapshots;
 mod stuck;
