@@ -160,6 +160,21 @@ pub fn parse_iops_limit(s: &str) -> Result<Rate, String> {
     })
 }
 
+/// A weight against other volumes on busy nodes: `none` (back to 1) or 1 to 1000.
+pub fn parse_weight(s: &str) -> Result<Rate, String> {
+    let max = trireme_replication::qos::MAX_WEIGHT;
+    let t = s.trim();
+    if t.eq_ignore_ascii_case("none") {
+        return Ok(Rate::Remove(NoLimit::None));
+    }
+    match t.parse::<u32>() {
+        Ok(w) if (1..=max).contains(&w) => Ok(Rate::Set(u64::from(w))),
+        _ => Err(format!(
+            "invalid weight {s:?}: expected a whole number from 1 to {max}, or `none`"
+        )),
+    }
+}
+
 /// A bytes-a-second limit: `none`, or a size (as `--size` reads them) with an optional
 /// `/s`: `100M` is 100 MiB/s, `100MB/s` 100 MB/s.
 pub fn parse_bps_limit(s: &str) -> Result<Rate, String> {
@@ -202,6 +217,14 @@ mod tests {
         }
         assert!(parse_iops_limit("-5").unwrap_err().contains("of \"-5\""));
         assert!(parse_iops_limit("0").unwrap_err().contains("of 0"));
+        assert_eq!(parse_weight("7"), set(7));
+        assert_eq!(parse_weight("none"), Ok(Rate::Remove(NoLimit::None)));
+        for bad in ["0", "1001", "-1", "2.5", "heavy", ""] {
+            assert!(
+                parse_weight(bad).unwrap_err().contains("invalid weight"),
+                "{bad}"
+            );
+        }
         for bad in ["0", "-1M", "10Q", "M/s"] {
             assert!(parse_bps_limit(bad).is_err(), "{bad}");
         }

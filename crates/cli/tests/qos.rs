@@ -3,7 +3,8 @@
 //! both driven at once by `trireme bench`. A limit on one holds within 5% whatever its
 //! writer, and the other goes faster; a change reaches a writer in another process within a
 //! second; the limit holds after a node's crash and after the writer itself is killed and
-//! another attaches; bad limits are refused with the volume left as it was.
+//! another attaches; bad limits are refused with the volume left as it was; a reserve and a
+//! weight are kept and shown.
 
 mod common;
 
@@ -171,6 +172,57 @@ fn a_volumes_limit_holds_whatever_its_writer_and_frees_the_others_share() {
     );
     refused(&c, &["volume", "set", "vol0", "--burst", "2h"], "longest");
     refused(&c, &["volume", "set", "vol0"], "give");
+    let over = (limit + 1).to_string();
+    refused(
+        &c,
+        &["volume", "set", "vol0", "--iops-reserve", &over],
+        "above the volume's iops limit",
+    );
+    refused(
+        &c,
+        &["volume", "set", "vol0", "--weight", "0"],
+        "invalid weight",
+    );
+    refused(
+        &c,
+        &["volume", "set", "vol0", "--weight", "1001"],
+        "invalid weight",
+    );
+    assert_eq!(limits(&c, "vol0"), serde_json::json!({ "iops": limit }));
+    // A reserve and a weight (the nodes serve by them when busy), shown, then removed.
+    let half = (limit / 2).to_string();
+    let out = ok(
+        &c,
+        &[
+            "volume",
+            "set",
+            "vol0",
+            "--iops-reserve",
+            &half,
+            "--weight",
+            "4",
+        ],
+    );
+    assert!(
+        out.contains(&format!("iops-reserve {half}, weight 4")),
+        "{out}"
+    );
+    assert_eq!(
+        limits(&c, "vol0"),
+        serde_json::json!({ "iops": limit, "iops_reserve": limit / 2, "weight": 4 })
+    );
+    ok(
+        &c,
+        &[
+            "volume",
+            "set",
+            "vol0",
+            "--iops-reserve",
+            "none",
+            "--weight",
+            "none",
+        ],
+    );
     assert_eq!(limits(&c, "vol0"), serde_json::json!({ "iops": limit }));
 
     // A node crashes and comes back: vol0's writer keeps its limit.

@@ -429,6 +429,7 @@ impl Volume {
                 .await?;
         }
         self.check_incarnations(&lost, &unrecorded).await?;
+        self.send_claims().await;
         tracing::info!(volume = %self.info.name, epoch = self.info.epoch, replicas = self.in_sync().len(), "attached");
         Ok(())
     }

@@ -22,6 +22,9 @@ pub(crate) struct Qos {
     changed: tokio::sync::Notify,
     /// Time requests spent waiting for their limits, summed (ns).
     throttled_ns: AtomicU64,
+    /// A node refused the volume's claim (this writer's identity may not set it; its nodes
+    /// take it from the metadata): not sent again.
+    claims_denied: AtomicBool,
 }
 
 impl Qos {
@@ -45,14 +48,60 @@ impl Volume {
     }
 
     /// Keeps `limits` from now on (requests waiting are admitted again under them); logs a
-    /// change.
-    pub fn set_limits(&self, limits: Limits) {
+    /// change, and tells the copies' nodes of a new reserve or weight.
+    pub async fn set_limits(&self, limits: Limits) {
         let now = self.nanos_open();
+        let was = self.limits();
         let changed = self.qos.limiter().set(limits, now);
         if changed {
             self.qos.limited.store(!limits.is_unlimited(), Relaxed);
             self.qos.changed.notify_waiters();
             tracing::info!(volume = %self.info.name, limits = %limits, "limits changed");
+        }
+        if was.claim() != limits.claim() {
+            self.send_claims().await;
+        }
+    }
+
+    /// Tells every in-sync copy's node the volume's reserve and weight ([`Volume::send_claim`]).
+    pub(crate) async fn send_claims(&self) {
+        let sends = self
+            .in_sync()
+            .into_iter()
+            .map(|i| Box::pin(self.send_claim(i)) as crate::BoxFut<'_, ()>)
+            .collect();
+        crate::join_all(sends).await;
+    }
+
+    /// The request that gives a node the volume's reserve and weight: none for the defaults,
+    /// nor once a node refused this writer's.
+    pub(crate) fn claim_request(&self) -> Option<trireme_proto::Header> {
+        let (reserve, weight) = self.limits().claim();
+        if (reserve, weight) == (0, 1) || self.qos.claims_denied.load(Relaxed) {
+            return None;
+        }
+        Some(self.header(trireme_proto::Op::Qos, reserve, u64::from(weight)))
+    }
+
+    /// Tells replica `i`'s node the volume's reserve and weight (its I/O threads serve by
+    /// them), unless they are the defaults. What the node answers changes nothing here: a
+    /// node that missed it serves the volume by the defaults until the next attach or change.
+    pub(crate) async fn send_claim(&self, i: usize) {
+        let Some(h) = self.claim_request() else {
+            return;
+        };
+        match self.call(i, h, bytes::Bytes::new()).await {
+            Ok(f) if f.header.status == trireme_proto::Status::Denied => {
+                // A client's writer: the nodes read the volume's claim from the metadata.
+                self.qos.claims_denied.store(true, Relaxed);
+            }
+            Ok(f) if f.header.status != trireme_proto::Status::Ok => {
+                tracing::debug!(volume = %self.info.name, node = self.node(i), status = ?f.header.status, "the node did not take the volume's claim");
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::debug!(volume = %self.info.name, node = self.node(i), "sending the volume's claim: {e}")
+            }
         }
     }
 

@@ -100,6 +100,12 @@ impl Volume {
             }
             self.match_size(i, &*conn, had, size).await?;
         }
+        // Its node may have restarted, forgetting the volume's claim.
+        if let Some(h) = self.claim_request() {
+            if let Err(e) = self.call_on(i, &*conn, h).await {
+                tracing::debug!(volume = %self.info.name, node, "sending the volume's claim: {e}");
+            }
+        }
         Ok(Reattached {
             conn,
             incarnation: a.incarnation,

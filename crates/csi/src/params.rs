@@ -30,7 +30,8 @@ pub struct Changes {
     pub min_copies: Option<u32>,
     pub tier: Option<TierPolicy>,
     /// I/O limits: `iopsLimit` (8 KiB units), `bpsLimit` (bytes a second), their `read` and
-    /// `write` forms, each a positive whole number or `none`; `limitBurstMs`.
+    /// `write` forms, each a positive whole number or `none`; `limitBurstMs`; `iopsReserve`
+    /// and `weight` (1 to 1000), what the volume gets of busy nodes.
     pub limits: LimitsChange,
 }
 
@@ -86,6 +87,14 @@ impl Changes {
                 let most = trireme_replication::qos::MAX_BURST_MS;
                 self.limits.burst_ms = Some(number(k, v, 0u32, most)?);
             }
+            "iopsReserve" => self.limits.iops_reserve = Some(rate(k, v)?),
+            "weight" => {
+                let most = u64::from(trireme_replication::qos::MAX_WEIGHT);
+                self.limits.weight = Some(match v.trim() {
+                    "none" => Rate::Remove(NoLimit::None),
+                    t => Rate::Set(number(k, t, 1u64, most)?),
+                });
+            }
             _ => match LIMIT_KEYS.iter().find(|(name, _)| *name == k) {
                 Some(&(_, kind)) => self.limits.set_rate(kind, Some(rate(k, v)?)),
                 None => return Ok(false),
@@ -102,7 +111,7 @@ impl Changes {
                 return Err(invalid(format!(
                     "unknown mutable parameter {k:?}: trireme changes minCopies, tier, \
                      iopsLimit, readIopsLimit, writeIopsLimit, bpsLimit, readBpsLimit, \
-                     writeBpsLimit and limitBurstMs"
+                     writeBpsLimit, limitBurstMs, iopsReserve and weight"
                 )));
             }
         }
@@ -231,14 +240,24 @@ mod tests {
     fn limits_are_parameters_and_mutable_ones_win() {
         let p = CreateParams::parse(
             &map(&[("iopsLimit", "5000"), ("writeBpsLimit", "1048576")]),
-            &map(&[("iopsLimit", "none"), ("limitBurstMs", "500")]),
+            &map(&[
+                ("iopsLimit", "none"),
+                ("limitBurstMs", "500"),
+                ("iopsReserve", "2000"),
+                ("weight", "5"),
+            ]),
         )
         .unwrap();
         let l = p.changes.limits;
         assert_eq!(l.iops, Some(Rate::Remove(NoLimit::None)));
         assert_eq!(l.write_bps, Some(Rate::Set(1 << 20)));
         assert_eq!(l.burst_ms, Some(500));
+        assert_eq!(l.iops_reserve, Some(Rate::Set(2000)));
+        assert_eq!(l.weight, Some(Rate::Set(5)));
         for bad in [
+            ("iopsReserve", "0"),
+            ("weight", "1001"),
+            ("weight", "0"),
             ("iopsLimit", "0"),
             ("bpsLimit", "-1"),
             ("readIopsLimit", "lots"),

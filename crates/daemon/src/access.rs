@@ -154,14 +154,16 @@ pub async fn follow_control(control: std::path::PathBuf, view: AccessView) {
 }
 
 /// What a node daemon's access rules need (see `trireme_node`'s `access.rs`): every volume's
-/// access list, newest epoch and writer (its attach record's identity), by volume id, and the
-/// cluster's members (nodes not removed).
+/// access list, newest epoch and writer (its attach record's identity), by volume id, the
+/// cluster's members (nodes not removed), and every volume's claim on busy nodes (its reserve
+/// and weight: the node's I/O threads serve by them).
 pub async fn node_policies(
     meta: &ClusterMeta,
 ) -> Result<
     (
         HashMap<u64, trireme_node::VolumePolicy>,
         std::collections::HashSet<u32>,
+        HashMap<u64, trireme_node::Share>,
     ),
     trireme_meta::MetaError,
 > {
@@ -173,6 +175,10 @@ pub async fn node_policies(
         .into_iter()
         .filter(|n| n.state != trireme_meta::NodeState::Removed)
         .map(|n| n.id)
+        .collect();
+    let shares = volumes
+        .iter()
+        .map(|v| (v.id, trireme_node::Share::of(&v.limits)))
         .collect();
     let policies = volumes
         .into_iter()
@@ -192,7 +198,7 @@ pub async fn node_policies(
             )
         })
         .collect();
-    Ok((policies, members))
+    Ok((policies, members, shares))
 }
 
 /// Keeps `node`'s access rules current ([`node_policies`]) and the process's deny list of
@@ -207,9 +213,10 @@ pub async fn first_node_policies(meta: &ClusterMeta, node: &trireme_node::Node) 
     let t0 = std::time::Instant::now();
     loop {
         match node_policies(meta).await {
-            Ok((policies, members)) => {
+            Ok((policies, members, shares)) => {
                 node.set_policies(policies);
                 node.set_members(Some(members));
+                node.set_shares(shares);
                 return;
             }
             Err(e) if t0.elapsed() < Duration::from_secs(10) => {
@@ -236,9 +243,10 @@ pub async fn follow_node(meta: ClusterMeta, node: std::sync::Arc<trireme_node::N
     loop {
         let mut changes = Changes::watch(&meta, &prefixes).await;
         match node_policies(&meta).await {
-            Ok((policies, members)) => {
+            Ok((policies, members, shares)) => {
                 node.set_policies(policies);
                 node.set_members(Some(members));
+                node.set_shares(shares);
             }
             Err(e) => tracing::debug!("reading the access rules: {e}"),
         }

@@ -540,7 +540,7 @@ async fn follow_layout(meta: ClusterMeta, volume: Arc<Volume>) {
                 if v.min_copies > 0 {
                     volume.set_min_copies(v.min_copies);
                 }
-                volume.set_limits(v.limits);
+                volume.set_limits(v.limits).await;
                 let dropped = volume
                     .replica_views()
                     .into_iter()

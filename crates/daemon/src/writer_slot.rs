@@ -166,7 +166,7 @@ fn follow_settings(membership: Arc<trireme_control::ControlMembership>, v: &Arc<
             }
             match membership.locate(&name).await {
                 Ok(info) => {
-                    v.set_limits(info.limits);
+                    v.set_limits(info.limits).await;
                     if info.min_copies > 0 {
                         v.set_min_copies(info.min_copies);
                     }

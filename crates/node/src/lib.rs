@@ -222,11 +222,12 @@ impl Node {
             weight,
         };
         self.io.set_share(h.volume, share);
-        tracing::debug!(
+        tracing::info!(
             node = self.id,
             volume = h.volume,
-            ?share,
-            "volume's claim set"
+            reserve = share.reserve,
+            weight = share.weight,
+            "the volume's claim on this node"
         );
         Ok(Bytes::new())
     }

@@ -34,8 +34,7 @@ pub(crate) const MAX_DEBT_NS: u64 = 100_000_000;
 /// The most one request costs here (a request's length comes from the wire before it is
 /// checked; a valid one is at most 32 MiB, 4,096 units).
 const MAX_COST: u64 = 1 << 16;
-/// The most weight a volume may have.
-pub const MAX_WEIGHT: u32 = 1000;
+pub use trireme_replication::qos::MAX_WEIGHT;
 /// Recovery's share of a busy node when its flag does not say, in percent.
 pub const DEFAULT_RECOVERY_SHARE: u32 = 20;
 
@@ -55,6 +54,14 @@ pub struct Share {
     pub reserve: u64,
     /// Its part of what is left, against the other volumes' (1 to [`MAX_WEIGHT`]).
     pub weight: u32,
+}
+
+impl Share {
+    /// The claim a volume's settings give it.
+    pub fn of(limits: &trireme_replication::qos::Limits) -> Share {
+        let (reserve, weight) = limits.claim();
+        Share { reserve, weight }
+    }
 }
 
 impl Default for Share {

@@ -18,6 +18,9 @@ pub const IOPS_UNIT: u64 = 8192;
 /// volume limited to 50,000 did 20,000. Over any longer window the rate is still the limit.
 pub const EARLY_NS: u64 = 1_000_000;
 
+/// The most weight a volume may have.
+pub const MAX_WEIGHT: u32 = 1000;
+
 /// The longest burst a limit may save up.
 pub const MAX_BURST_MS: u32 = 3_600_000;
 
@@ -44,6 +47,14 @@ pub struct Limits {
     /// most this much of each limit (0: never above them).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub burst_ms: u32,
+    /// What the volume gets of its nodes when they are busy, in 8 KiB units a second (the
+    /// nodes keep it: their I/O threads' schedule).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iops_reserve: Option<u64>,
+    /// Its part of a busy node against the other volumes' (1 to [`MAX_WEIGHT`]; 1 when not
+    /// set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -103,6 +114,10 @@ pub enum LimitError {
     Zero(&'static str),
     #[error("a burst of {0} ms is longer than the longest, {MAX_BURST_MS} ms (an hour)")]
     Burst(u32),
+    #[error("a weight of {0}: give 1 to {MAX_WEIGHT}")]
+    Weight(u32),
+    #[error("a reserve of {reserve} IOPS above the volume's iops limit of {limit}: the volume could never use it")]
+    ReserveAboveLimit { reserve: u64, limit: u64 },
 }
 
 impl Limits {
@@ -144,7 +159,23 @@ impl Limits {
         if self.burst_ms > MAX_BURST_MS {
             return Err(LimitError::Burst(self.burst_ms));
         }
-        Ok(())
+        if self.iops_reserve == Some(0) {
+            return Err(LimitError::Zero("iops-reserve"));
+        }
+        if let Some(w) = self.weight.filter(|w| !(1..=MAX_WEIGHT).contains(w)) {
+            return Err(LimitError::Weight(w));
+        }
+        match (self.iops_reserve, self.iops) {
+            (Some(reserve), Some(limit)) if reserve > limit => {
+                Err(LimitError::ReserveAboveLimit { reserve, limit })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Its claim on a busy node: the reserve (0: none) and the weight (1 unless set).
+    pub fn claim(&self) -> (u64, u32) {
+        (self.iops_reserve.unwrap_or(0), self.weight.unwrap_or(1))
     }
 }
 
@@ -160,11 +191,17 @@ impl std::fmt::Display for Limits {
                 });
             }
         }
+        if self.burst_ms != 0 && !parts.is_empty() {
+            parts.push(format!("burst {} ms", self.burst_ms));
+        }
+        if let Some(r) = self.iops_reserve {
+            parts.push(format!("iops-reserve {r}"));
+        }
+        if let Some(w) = self.weight {
+            parts.push(format!("weight {w}"));
+        }
         if parts.is_empty() {
             return f.write_str("none");
-        }
-        if self.burst_ms != 0 {
-            parts.push(format!("burst {} ms", self.burst_ms));
         }
         f.write_str(&parts.join(", "))
     }

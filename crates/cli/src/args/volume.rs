@@ -70,6 +70,14 @@ pub struct LimitArgs {
     /// each (e.g. 500ms, 2s; at most 1h). Default 0: never above them.
     #[arg(long, value_name = "DURATION", value_parser = units::parse_burst)]
     pub burst: Option<u32>,
+    /// IOPS (8 KiB units) the volume gets of its nodes when they are busy, whatever the other
+    /// volumes do; at most its --iops-limit. `none` removes it.
+    #[arg(long, value_name = "IOPS", value_parser = units::parse_iops_limit, allow_hyphen_values = true)]
+    pub iops_reserve: Option<trireme_control::Rate>,
+    /// Its part of busy nodes against the other volumes' (1 to 1000; default 1): with weight
+    /// 3 it gets three times what a volume of weight 1 gets, past the reserves.
+    #[arg(long, value_name = "N", value_parser = units::parse_weight, allow_hyphen_values = true)]
+    pub weight: Option<trireme_control::Rate>,
 }
 
 impl LimitArgs {
@@ -83,6 +91,8 @@ impl LimitArgs {
             read_bps: self.read_bps_limit,
             write_bps: self.write_bps_limit,
             burst_ms: self.burst,
+            iops_reserve: self.iops_reserve,
+            weight: self.weight,
         }
     }
 }

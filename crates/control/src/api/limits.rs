@@ -48,6 +48,12 @@ pub struct LimitsChange {
     /// How long an idle volume may run above its limits, in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub burst_ms: Option<u32>,
+    /// What the volume gets of busy nodes, in 8 KiB units a second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iops_reserve: Option<Rate>,
+    /// Its part of busy nodes against other volumes' (`none`: back to 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<Rate>,
 }
 
 impl LimitsChange {
@@ -90,6 +96,12 @@ impl LimitsChange {
         if later.burst_ms.is_some() {
             self.burst_ms = later.burst_ms;
         }
+        if later.iops_reserve.is_some() {
+            self.iops_reserve = later.iops_reserve;
+        }
+        if later.weight.is_some() {
+            self.weight = later.weight;
+        }
     }
 
     /// `limits` with this change made (not checked: see [`Limits::check`]).
@@ -102,6 +114,13 @@ impl LimitsChange {
         if let Some(b) = self.burst_ms {
             limits.burst_ms = b;
         }
+        if let Some(r) = self.iops_reserve {
+            limits.iops_reserve = r.value();
+        }
+        if let Some(w) = self.weight {
+            // Past u32 is past the largest weight: refused by `Limits::check` as it is.
+            limits.weight = w.value().map(|w| u32::try_from(w).unwrap_or(u32::MAX));
+        }
         limits
     }
 }
@@ -112,12 +131,15 @@ mod tests {
 
     #[test]
     fn a_number_sets_none_removes_and_the_rest_is_kept() {
-        let c: LimitsChange =
-            serde_json::from_str(r#"{"iops":500,"write_bps":"none","burst_ms":1000}"#).unwrap();
+        let c: LimitsChange = serde_json::from_str(
+            r#"{"iops":500,"write_bps":"none","burst_ms":1000,"iops_reserve":200,"weight":"none"}"#,
+        )
+        .unwrap();
         let was = Limits {
             iops: Some(10),
             write_bps: Some(1 << 20),
             read_iops: Some(7),
+            weight: Some(4),
             ..Limits::default()
         };
         let now = c.apply(was);
@@ -127,12 +149,13 @@ mod tests {
                 iops: Some(500),
                 read_iops: Some(7),
                 burst_ms: 1000,
+                iops_reserve: Some(200),
                 ..Limits::default()
             }
         );
         assert_eq!(
             serde_json::to_string(&c).unwrap(),
-            r#"{"iops":500,"write_bps":"none","burst_ms":1000}"#
+            r#"{"iops":500,"write_bps":"none","burst_ms":1000,"iops_reserve":200,"weight":"none"}"#
         );
         for bad in [
             r#"{"iops":-1}"#,

@@ -83,7 +83,7 @@ impl Manager {
             })
             .await?;
         if let Some(w) = self.writer(name) {
-            w.set_limits(v.limits);
+            w.set_limits(v.limits).await;
         }
         tracing::info!(volume = name, limits = %v.limits, "limits changed");
         self.event("volume", format!("volume {name}: limits {}", v.limits))

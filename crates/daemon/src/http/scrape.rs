@@ -233,6 +233,23 @@ fn cluster_families(e: &mut Exposition, st: &StatusReport) {
         Kind::Gauge,
         limits,
     );
+    let claims = st
+        .volumes
+        .iter()
+        .flat_map(|v| {
+            let (reserve, weight) = v.limits.claim();
+            [
+                (vol(&v.name).with("claim", "iops-reserve"), reserve as f64),
+                (vol(&v.name).with("claim", "weight"), f64::from(weight)),
+            ]
+        })
+        .collect();
+    e.family(
+        "trireme_volume_claim",
+        "A volume's claim on busy nodes: its iops-reserve (8 KiB units a second, 0 for none) and its weight against other volumes (1 by default).",
+        Kind::Gauge,
+        claims,
+    );
     let mut health = Vec::new();
     for v in &st.volumes {
         if let Some(h) = &v.health {
