@@ -535,7 +535,7 @@ where
     }
     let (a, b, pids, waited) = cpu_pair.ok_or(BenchError::Stopped)?;
     let limits = limits
-        .filter(|l| !l.is_unlimited())
+        .filter(|l| !l.is_default())
         .map(|limits| LimitsSection {
             limits,
             waited_s: waited.map(|d| d.as_secs_f64()),

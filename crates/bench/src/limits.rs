@@ -21,7 +21,7 @@ pub fn section(
     after: Option<(Limits, Option<f64>)>,
 ) -> Option<LimitsSection> {
     let (limits, end) = after?;
-    if limits.is_unlimited() {
+    if limits.is_default() {
         return None;
     }
     let start = before.and_then(|b| b.1);

@@ -42,7 +42,7 @@ pub struct AttachInfo {
     /// The I/O limits the writer keeps (`volume set --iops-limit ...`).
     #[serde(
         default,
-        skip_serializing_if = "trireme_replication::qos::Limits::is_unlimited"
+        skip_serializing_if = "trireme_replication::qos::Limits::is_default"
     )]
     pub limits: trireme_replication::qos::Limits,
 }

@@ -195,7 +195,7 @@ pub struct VolumeRecord {
     /// The I/O limits its writer keeps (none unless set).
     #[serde(
         default,
-        skip_serializing_if = "trireme_replication::qos::Limits::is_unlimited"
+        skip_serializing_if = "trireme_replication::qos::Limits::is_default"
     )]
     pub limits: trireme_replication::qos::Limits,
 }

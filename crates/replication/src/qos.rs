@@ -144,7 +144,12 @@ impl Limits {
         *slot = v;
     }
 
-    /// No limit at all (the burst alone limits nothing).
+    /// Nothing set: no limit, no reserve, no weight (what a record need not store).
+    pub fn is_default(&self) -> bool {
+        *self == Limits::default()
+    }
+
+    /// No limit at all (the burst alone limits nothing; a reserve and a weight are no limits).
     pub fn is_unlimited(&self) -> bool {
         Kind::ALL.iter().all(|&k| self.get(k).is_none())
     }

@@ -382,7 +382,7 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 if !v.record.tier.is_auto() || !v.tiers.is_empty() {
                     s += &format!("tier: {}\n", v.record.tier.as_str());
                 }
-                if !v.record.limits.is_unlimited() {
+                if !v.record.limits.is_default() {
                     s += &format!("limits: {}\n", v.record.limits);
                 }
                 for t in &v.tiers {

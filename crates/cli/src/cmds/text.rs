@@ -420,7 +420,7 @@ pub(crate) fn status_text(s: &StatusReport) -> String {
             }
         }
         out += &format!("{:<16} access: {}\n", "", access_text(&v.access));
-        if !v.limits.is_unlimited() {
+        if !v.limits.is_default() {
             let waited = v.throttled_seconds.map_or(String::new(), |s| {
                 format!(" (requests waited {s:.1} s for them)")
             });

@@ -413,7 +413,7 @@ pub struct VolumeStatus {
     /// Its I/O limits (none unless set).
     #[serde(
         default,
-        skip_serializing_if = "trireme_replication::qos::Limits::is_unlimited"
+        skip_serializing_if = "trireme_replication::qos::Limits::is_default"
     )]
     pub limits: trireme_replication::qos::Limits,
     /// Seconds its writer's requests waited for the limits, since that writer attached.

@@ -48,7 +48,7 @@ pub(crate) struct Layout {
     /// Its I/O limits: in the layout, whose key its writer watches.
     #[serde(
         default,
-        skip_serializing_if = "trireme_replication::qos::Limits::is_unlimited"
+        skip_serializing_if = "trireme_replication::qos::Limits::is_default"
     )]
     limits: trireme_replication::qos::Limits,
 }

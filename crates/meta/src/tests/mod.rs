@@ -385,6 +385,19 @@ async fn cluster_records(s: Arc<dyn MetaStore>) {
         .await
         .unwrap();
     assert_eq!((u.epoch, u.replicas[1].state), (1, ReplicaState::Outdated));
+    // A claim with no limit is kept (it once went unstored: the record skipped limits
+    // that limited nothing).
+    let claim = trireme_replication::qos::Limits {
+        weight: Some(9),
+        ..Default::default()
+    };
+    m.update_volume("vol1", &mut |v| {
+        v.limits = claim;
+        Ok(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(m.volume("vol1").await.unwrap().limits, claim);
     let refused = m
         .update_volume("vol0", &mut |v| {
             v.epoch = 99;
