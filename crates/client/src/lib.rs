@@ -77,6 +77,12 @@ use trireme_transport::{Connection, ConnectionInfo, Frame, TransportKind};
 /// Largest read or write the client sends in one frame.
 pub const MAX_IO: u64 = MAX_PAYLOAD as u64;
 
+/// How many replica timeouts a recovery request may take. Nodes serve recovery within their
+/// recovery share: behind a busy node's clients, a copy waits its turn, and taken for a dead
+/// node at one replica timeout, a resync beside a saturating client never finished (it failed
+/// and started over every 30 s).
+pub const RECOVERY_PATIENCE: u32 = 10;
+
 /// One replica slot: its node and current connection. What the writer knows about the
 /// replica's history and state is in the volume's core.
 #[derive(Debug)]
@@ -578,7 +584,8 @@ impl Volume {
     }
 
     /// As [`Volume::header`], for a request that copies or checks data for recovery (a
-    /// resync, a repair, a scrub, the encoder): nodes serve it within their recovery share.
+    /// resync, a repair, a scrub, the encoder): nodes serve it within their recovery share,
+    /// and it may take [`RECOVERY_PATIENCE`] times the replica timeout.
     fn recovery_header(&self, op: Op, offset: u64, length: u64) -> Header {
         let mut h = self.header(op, offset, length);
         h.flags |= trireme_proto::FLAG_RECOVERY;
@@ -621,7 +628,10 @@ impl Volume {
             let c = self
                 .conn(&self.slots[i])
                 .ok_or_else(|| VolumeError::NoReplicas(self.info.name.clone()))?;
-            let timeout = self.opts.replica_timeout;
+            let timeout = match h.has_flag(trireme_proto::FLAG_RECOVERY) {
+                true => self.opts.replica_timeout * RECOVERY_PATIENCE,
+                false => self.opts.replica_timeout,
+            };
             match tokio::time::timeout(timeout, c.call_crc(h, payload, crc)).await {
                 Ok(r) => r.map_err(|source| VolumeError::Transport { node, source }),
                 Err(_) => Err(VolumeError::Timeout { node, timeout }),

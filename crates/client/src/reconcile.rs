@@ -97,8 +97,13 @@ impl Volume {
                     unreadable.push((off, len));
                 }
                 Verdict::Repair { source, rewrite } => {
-                    let data = self.read_from(source, off, len).await?;
-                    let h = self.recovery_header(Op::Write, off, len);
+                    // Client requests, not recovery's: the volume serves nothing until this
+                    // is done.
+                    let read = self.header(Op::Read, off, len);
+                    let data = self
+                        .expect_ok(source, self.call(source, read, Bytes::new()).await?)?
+                        .payload;
+                    let h = self.header(Op::Write, off, len);
                     for t in rewrite {
                         if let Err(e) = self.to_all(&[t], h, data.clone()).await {
                             self.take_out_with(&[t], None, true).await?;
