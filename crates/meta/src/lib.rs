@@ -24,10 +24,10 @@ mod tests;
 
 pub use cluster::{
     AliveRecord, AttachRecord, ClusterEvent, ClusterMeta, IoRates, ManagerRecord, MoveRequest,
-    MoveRequestState, NvmfExportRecord, ReportedLink, ReportedReplica, ResizeRequest, RestartOrder,
-    RevokedCert, ScrubOutcome, ScrubRecord, ScrubRequest, ScrubState, SnapshotAsk, SnapshotRecord,
-    SnapshotState, TakeOutRequest, TakeOutState, TrashRecord, WriterAnswer, WriterReport,
-    EVENTS_KEPT, EVENTS_PER_CALL, MAX_EXPORT_HOSTS, MAX_REPORT, PREFIX,
+    MoveRequestState, NvmfExportRecord, QosPolicy, ReportedLink, ReportedReplica, ResizeRequest,
+    RestartOrder, RevokedCert, ScrubOutcome, ScrubRecord, ScrubRequest, ScrubState, SnapshotAsk,
+    SnapshotRecord, SnapshotState, TakeOutRequest, TakeOutState, TrashRecord, WriterAnswer,
+    WriterReport, EVENTS_KEPT, EVENTS_PER_CALL, MAX_EXPORT_HOSTS, MAX_REPORT, PREFIX,
 };
 pub use etcd::{parse_endpoints, EtcdMeta, EtcdTls};
 pub use kv::MetaStore;
@@ -198,6 +198,23 @@ pub struct VolumeRecord {
         skip_serializing_if = "trireme_replication::qos::Limits::is_default"
     )]
     pub limits: trireme_replication::qos::Limits,
+    /// The QoS policy it is under, with what the policy gives it (see [`PolicyShare`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos: Option<PolicyShare>,
+}
+
+/// A volume's place under a QoS policy (`trireme qos policy`): the policy's name and what the
+/// manager gives the volume of it — the policy's limits for a dedicated policy, a share of
+/// them for an aggregated one. Kept in the volume's layout, whose key its writer watches, so
+/// a writer needs nothing but its own record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyShare {
+    pub policy: String,
+    #[serde(
+        default,
+        skip_serializing_if = "trireme_replication::qos::Limits::is_default"
+    )]
+    pub limits: trireme_replication::qos::Limits,
 }
 
 /// The snapshot a clone was made from.
@@ -247,6 +264,14 @@ pub(crate) fn is_zero32(n: &u32) -> bool {
 }
 
 impl VolumeRecord {
+    /// The limits its writer keeps: its own, under its QoS policy's share if it has one.
+    pub fn limits_in_force(&self) -> trireme_replication::qos::Limits {
+        match &self.qos {
+            Some(q) => self.limits.under(&q.limits),
+            None => self.limits,
+        }
+    }
+
     /// The minimum of in-sync copies in force. Unset: one fewer than its copies for a mirror;
     /// for parity, M of a region's M+1 mirrored copies (as the writer's core defaults).
     pub fn min_copies(&self) -> u32 {

@@ -448,6 +448,7 @@ mod tests {
             parent: None,
             layout: Default::default(),
             limits: Default::default(),
+            qos: None,
         }
     }
 

@@ -178,6 +178,44 @@ impl Limits {
         }
     }
 
+    /// What a volume with these limits of its own keeps under a QoS policy's `policy`
+    /// (for an aggregated policy: its share of it): every rate of either holds (the lower
+    /// where both set one); its own burst, reserve and weight, where set, take the place of
+    /// the policy's.
+    pub fn under(&self, policy: &Limits) -> Limits {
+        let mut out = *policy;
+        for k in Kind::ALL {
+            let rate = match (self.get(k), policy.get(k)) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            out.set(k, rate);
+        }
+        if self.burst_ms != 0 {
+            out.burst_ms = self.burst_ms;
+        }
+        out.iops_reserve = self.iops_reserve.or(policy.iops_reserve);
+        out.weight = self.weight.or(policy.weight);
+        if let (Some(r), Some(l)) = (out.iops_reserve, out.iops) {
+            // The policy's share may have narrowed the limit below the volume's reserve.
+            out.iops_reserve = Some(r.min(l));
+        }
+        out
+    }
+
+    /// `fraction` (0 to 1) of every rate and of the reserve, at least 1 of each set: one
+    /// volume's share of an aggregated policy. Burst and weight stay.
+    pub fn scaled(&self, fraction: f64) -> Limits {
+        let f = fraction.clamp(0.0, 1.0);
+        let part = |v: Option<u64>| v.map(|v| ((v as f64 * f).round() as u64).clamp(1, v));
+        let mut out = *self;
+        for k in Kind::ALL {
+            out.set(k, part(self.get(k)));
+        }
+        out.iops_reserve = part(self.iops_reserve);
+        out
+    }
+
     /// Its claim on a busy node: the reserve (0: none) and the weight (1 unless set).
     pub fn claim(&self) -> (u64, u32) {
         (self.iops_reserve.unwrap_or(0), self.weight.unwrap_or(1))
@@ -324,6 +362,59 @@ mod tests {
             iops: Some(n),
             ..Limits::default()
         }
+    }
+
+    #[test]
+    fn a_volume_under_a_policy_keeps_the_lower_of_each_rate() {
+        let policy = Limits {
+            iops: Some(1000),
+            write_bps: Some(1 << 20),
+            burst_ms: 500,
+            iops_reserve: Some(200),
+            weight: Some(4),
+            ..Limits::default()
+        };
+        let own = Limits {
+            iops: Some(5000),
+            read_iops: Some(300),
+            iops_reserve: Some(100),
+            ..Limits::default()
+        };
+        let l = own.under(&policy);
+        assert_eq!(l.iops, Some(1000), "the policy's lower limit holds");
+        assert_eq!(l.read_iops, Some(300), "the volume's own holds too");
+        assert_eq!(l.write_bps, Some(1 << 20));
+        assert_eq!(
+            (l.burst_ms, l.iops_reserve, l.weight),
+            (500, Some(100), Some(4))
+        );
+        assert_eq!(Limits::default().under(&policy), policy);
+        assert_eq!(own.under(&Limits::default()), own);
+        // A share narrower than the volume's own reserve caps the reserve.
+        let tight = Limits {
+            iops_reserve: Some(900),
+            ..Limits::default()
+        };
+        assert_eq!(tight.under(&iops(500)).iops_reserve, Some(500));
+        assert!(tight.under(&iops(500)).check().is_ok());
+    }
+
+    #[test]
+    fn a_share_scales_every_rate_and_keeps_at_least_one() {
+        let policy = Limits {
+            iops: Some(1000),
+            bps: Some(100 << 20),
+            iops_reserve: Some(10),
+            weight: Some(2),
+            ..Limits::default()
+        };
+        let half = policy.scaled(0.5);
+        assert_eq!((half.iops, half.bps), (Some(500), Some(50 << 20)));
+        assert_eq!((half.iops_reserve, half.weight), (Some(5), Some(2)));
+        let none = policy.scaled(0.0);
+        assert_eq!((none.iops, none.iops_reserve), (Some(1), Some(1)));
+        assert_eq!(policy.scaled(3.0), policy);
+        assert!(policy.scaled(0.01).check().is_ok());
     }
 
     #[test]

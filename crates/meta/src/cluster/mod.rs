@@ -43,6 +43,7 @@ mod attach;
 mod events;
 mod exports;
 mod members;
+mod policies;
 mod records;
 mod regions;
 mod reports;
@@ -62,6 +63,7 @@ use crate::MetaError;
 pub use answers::WriterAnswer;
 pub use events::{ClusterEvent, EVENTS_KEPT, EVENTS_PER_CALL};
 pub use exports::{NvmfExportRecord, MAX_EXPORT_HOSTS};
+pub use policies::QosPolicy;
 pub use records::*;
 
 pub use reports::{IoRates, ReportedLink, ReportedReplica, WriterReport, MAX_REPORT};

@@ -74,6 +74,10 @@ pub struct WriterReport {
     /// Seconds its requests waited for the volume's limits, summed since it attached.
     #[serde(default, skip_serializing_if = "is_zero_f64")]
     pub throttled_seconds: f64,
+    /// Its I/O since its previous report, in 8 KiB units a second (a 64 KiB request is 8):
+    /// what an aggregated QoS policy shares out by.
+    #[serde(default, skip_serializing_if = "is_zero_f64")]
+    pub units_per_s: f64,
 }
 
 fn is_zero_f64(x: &f64) -> bool {

@@ -51,6 +51,9 @@ pub(crate) struct Layout {
         skip_serializing_if = "trireme_replication::qos::Limits::is_default"
     )]
     limits: trireme_replication::qos::Limits,
+    /// Its QoS policy and what it gives the volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    qos: Option<crate::PolicyShare>,
 }
 
 pub(crate) fn record(spec: Spec, layout: Layout) -> VolumeRecord {
@@ -68,6 +71,7 @@ pub(crate) fn record(spec: Spec, layout: Layout) -> VolumeRecord {
         parent: layout.parent,
         layout: spec.layout,
         limits: layout.limits,
+        qos: layout.qos,
     }
 }
 
@@ -92,6 +96,7 @@ pub(crate) fn layout_of(v: &VolumeRecord) -> Layout {
         size: Some(v.size),
         parent: v.parent.clone(),
         limits: v.limits,
+        qos: v.qos.clone(),
     }
 }
 
@@ -188,6 +193,7 @@ impl ClusterMeta {
                 tier: crate::TierPolicy::Auto,
                 size: None,
                 limits: Default::default(),
+                qos: None,
                 parent: parent.clone(),
             };
             let done = self

@@ -28,6 +28,7 @@ fn a_report_counts_only_from_the_writer_of_record() {
             http: None,
             links: vec![],
             throttled_seconds: 0.0,
+            units_per_s: 0.0,
         };
         // Carol, on the access list but not the writer, writes a report of her own: unread.
         m.put_report("v", Some("carol"), &report(true), 0)
@@ -157,5 +158,68 @@ fn an_nvmf_port_id_is_held_by_one_process_and_goes_with_its_lease() {
         };
         assert!(crowd.check().is_err());
         assert!(rec(1, 1).check().is_ok());
+    });
+}
+
+/// A QoS policy: created once under its name, changed only from the revision read, deleted;
+/// a volume's place under one is kept in its layout and gives its writer the lower limits.
+#[test]
+fn qos_policies_and_a_volumes_share_of_one() {
+    use trireme_replication::qos::Limits;
+    rt().block_on(async {
+        let m = ClusterMeta::new(Arc::new(EmbeddedMeta::in_memory()));
+        m.put_node(&node(1)).await.unwrap();
+        let iops = |n| Limits {
+            iops: Some(n),
+            ..Limits::default()
+        };
+        let mut p = crate::QosPolicy {
+            name: "gold".into(),
+            limits: iops(1000),
+            aggregated: true,
+        };
+        m.put_qos_policy(&p, 0).await.unwrap();
+        assert!(matches!(m.put_qos_policy(&p, 0).await, Err(MetaError::Refused(_))));
+        for bad in ["none", "a/b", ""] {
+            let q = crate::QosPolicy {
+                name: bad.into(),
+                ..p.clone()
+            };
+            assert!(m.put_qos_policy(&q, 0).await.is_err(), "{bad:?}");
+        }
+        let zero = crate::QosPolicy {
+            name: "zero".into(),
+            limits: iops(0),
+            aggregated: false,
+        };
+        assert!(m.put_qos_policy(&zero, 0).await.is_err());
+        let (read, rev) = m.qos_policy("gold").await.unwrap();
+        assert_eq!(read, p);
+        p.limits = iops(2000);
+        m.put_qos_policy(&p, rev).await.unwrap();
+        // A change from a revision no longer current is refused.
+        assert!(m.put_qos_policy(&p, rev).await.is_err());
+        assert_eq!(m.qos_policies().await.unwrap(), vec![p.clone()]);
+
+        m.create_volume("v", 1 << 20, &[1]).await.unwrap();
+        let v = m
+            .update_volume("v", &mut |v| {
+                v.limits = iops(300);
+                v.qos = Some(crate::PolicyShare {
+                    policy: "gold".into(),
+                    limits: iops(500),
+                });
+                Ok(())
+            })
+            .await
+            .unwrap();
+        let back = m.volume("v").await.unwrap();
+        assert_eq!(back.qos, v.qos);
+        assert_eq!(back.limits_in_force(), iops(300));
+
+        let (_, rev) = m.qos_policy("gold").await.unwrap();
+        m.delete_qos_policy("gold", rev).await.unwrap();
+        assert!(m.qos_policy("gold").await.is_err());
+        assert!(m.qos_policies().await.unwrap().is_empty());
     });
 }
