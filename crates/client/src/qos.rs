@@ -22,6 +22,9 @@ pub(crate) struct Qos {
     changed: tokio::sync::Notify,
     /// Time requests spent waiting for their limits, summed (ns).
     throttled_ns: AtomicU64,
+    /// 8 KiB units of the requests that went through, limited or not: the demand an
+    /// aggregated QoS policy shares out by.
+    units: AtomicU64,
     /// A node refused the volume's claim (this writer's identity may not set it; its nodes
     /// take it from the metadata): not sent again.
     claims_denied: AtomicBool,
@@ -110,12 +113,18 @@ impl Volume {
         Duration::from_nanos(self.qos.throttled_ns.load(Relaxed))
     }
 
+    /// 8 KiB units of I/O requests since it was opened (a 64 KiB request is 8).
+    pub fn io_units(&self) -> u64 {
+        self.qos.units.load(Relaxed)
+    }
+
     fn nanos_open(&self) -> u64 {
         self.opened.elapsed().as_nanos() as u64
     }
 
     /// Waits until the volume's limits let a request of `cost` start.
     pub(crate) async fn throttle(&self, cost: Cost) {
+        self.qos.units.fetch_add(cost.units, Relaxed);
         if !self.qos.limited.load(Relaxed) {
             return;
         }

@@ -47,6 +47,9 @@ pub enum Request {
         /// Its I/O limits; default none.
         #[serde(default, skip_serializing_if = "LimitsChange::is_empty")]
         limits: LimitsChange,
+        /// The QoS policy it is under; default none.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        qos_policy: Option<String>,
     },
     /// Changes a volume's settings: each one given.
     VolumeSet {
@@ -61,7 +64,38 @@ pub enum Request {
         /// second, attached or not.
         #[serde(default, skip_serializing_if = "LimitsChange::is_empty")]
         limits: LimitsChange,
+        /// The QoS policy it goes under (`none`: off its policy).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        qos_policy: Option<String>,
     },
+    /// What a writer attached through `up`'s control socket did so far (see
+    /// `ControlMembership::report_usage`); kept in the manager's memory.
+    WriterUsage {
+        name: String,
+        epoch: u64,
+        units: u64,
+        throttled_seconds: f64,
+    },
+    /// Creates a QoS policy: limits, a reserve and a weight for the volumes put under it,
+    /// each whole (dedicated) or all of them together (`aggregated`).
+    QosPolicyCreate {
+        name: String,
+        #[serde(default)]
+        limits: LimitsChange,
+        #[serde(default)]
+        aggregated: bool,
+    },
+    /// Changes a QoS policy's limits; its volumes' writers keep them within a second.
+    QosPolicySet {
+        name: String,
+        limits: LimitsChange,
+    },
+    /// Deletes a QoS policy no volume is under.
+    QosPolicyDelete {
+        name: String,
+    },
+    /// The QoS policies, with their volumes.
+    QosPolicyList,
     /// Changes who may use a volume: `allow` added to its access list, `deny` taken off.
     VolumeAccess {
         name: String,
@@ -563,6 +597,7 @@ mod tests {
                 min_copies: Some(1),
                 tier: None,
                 limits: LimitsChange::default(),
+                qos_policy: None,
             }
         );
         let r: Request = serde_json::from_str(

@@ -326,6 +326,7 @@ mod tests {
                 scrub: None,
                 resiliency: None,
                 limits: Default::default(),
+                qos_policy: None,
                 throttled_seconds: None,
                 health: Some(Health {
                     verdict,

@@ -267,6 +267,7 @@ mod tests {
             nvmf: vec![],
             resiliency: None,
             limits: Default::default(),
+            qos_policy: None,
             throttled_seconds: None,
         }
     }

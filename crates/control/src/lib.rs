@@ -29,7 +29,8 @@ pub use error::{membership_error, ManagerError};
 pub use manager::fence::{FenceWhere, Fenced};
 pub use manager::{
     attach_info, control_gate, record_detach, record_replica_state, record_size, serve, serve_conn,
-    Manager, NodeControl, ScrubSchedule, SnapshotInfo, CONTROL_IDLE, CONTROL_LIMITS, REFUSED,
+    Manager, NodeControl, PolicyInfo, PolicyMember, ScrubSchedule, SnapshotInfo, CONTROL_IDLE,
+    CONTROL_LIMITS, REFUSED,
 };
 pub use membership::ControlMembership;
 pub use moves::{copy_then_retire, MoveKind, MoveState, MoveStatus};

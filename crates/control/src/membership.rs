@@ -32,6 +32,26 @@ impl ControlMembership {
             e => MembershipError::Unreachable(e.to_string()),
         })
     }
+
+    /// Tells the manager what the writer of `name` at `epoch` did so far: the 8 KiB units of
+    /// its requests and the seconds they waited for its limits (an aggregated QoS policy
+    /// shares out by them). A writer beside `up` writes no report of its own.
+    pub async fn report_usage(
+        &self,
+        name: &str,
+        epoch: u64,
+        units: u64,
+        throttled_seconds: f64,
+    ) -> Result<(), MembershipError> {
+        self.call::<serde_json::Value>(Request::WriterUsage {
+            name: name.to_string(),
+            epoch,
+            units,
+            throttled_seconds,
+        })
+        .await
+        .map(|_| ())
+    }
 }
 
 impl Membership for ControlMembership {

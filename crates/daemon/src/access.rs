@@ -178,7 +178,7 @@ pub async fn node_policies(
         .collect();
     let shares = volumes
         .iter()
-        .map(|v| (v.id, trireme_node::Share::of(&v.limits)))
+        .map(|v| (v.id, trireme_node::Share::of(&v.limits_in_force())))
         .collect();
     let policies = volumes
         .into_iter()

@@ -394,6 +394,7 @@ async fn report(
     let mut counted = volume
         .metrics_snapshot()
         .map(|s| (s, std::time::Instant::now()));
+    let mut units = (volume.io_units(), std::time::Instant::now());
     loop {
         tokio::time::sleep(REPORT_EVERY).await;
         let report = trireme_meta::WriterReport {
@@ -409,6 +410,7 @@ async fn report(
                 .collect(),
             writes_suspended: volume.writes_suspended(),
             throttled_seconds: volume.throttled().as_secs_f64(),
+            units_per_s: 0.0,
             scrub: volume.scrub_progress(),
             io: None,
             http: http.clone(),
@@ -432,12 +434,17 @@ async fn report(
                 && l.links == report.links
                 && l.writes_suspended == report.writes_suspended
                 && l.scrub == report.scrub
+                // Held back by its limits: the manager may give it more of a shared policy.
+                && l.throttled_seconds == report.throttled_seconds
                 && at.elapsed() < REPORT_AT_LEAST
         });
         if same {
             continue;
         }
         let mut report = report;
+        let now = (volume.io_units(), std::time::Instant::now());
+        report.units_per_s = (now.0 - units.0) as f64 / now.1.duration_since(units.1).as_secs_f64();
+        units = now;
         if let (Some((prev, t)), Some(now)) = (&counted, volume.metrics_snapshot()) {
             report.io = Some(crate::http::board::rates(&now, prev, t.elapsed()));
             counted = Some((now, std::time::Instant::now()));
@@ -540,7 +547,7 @@ async fn follow_layout(meta: ClusterMeta, volume: Arc<Volume>) {
                 if v.min_copies > 0 {
                     volume.set_min_copies(v.min_copies);
                 }
-                volume.set_limits(v.limits).await;
+                volume.set_limits(v.limits_in_force()).await;
                 let dropped = volume
                     .replica_views()
                     .into_iter()

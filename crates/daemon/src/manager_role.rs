@@ -112,6 +112,7 @@ pub async fn campaign(
                 });
                 m.start_heartbeats(opts.heartbeat_every, opts.down_after);
                 m.start_trash_purge();
+                m.start_qos_shares();
                 m.start_compaction();
                 m.start_finishing_deletes();
                 if opts.events {

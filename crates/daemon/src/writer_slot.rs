@@ -152,17 +152,27 @@ const SETTINGS_EVERY: Duration = Duration::from_millis(400);
 
 /// Keeps a writer attached through `up`'s control socket at its volume's settings (`volume
 /// set`: the limits, the minimum of copies). The socket has no watch, so it asks every
-/// [`SETTINGS_EVERY`], for as long as the writer is in use.
+/// [`SETTINGS_EVERY`], for as long as the writer is in use; and tells the manager what the
+/// writer did each second (a volume under an aggregated QoS policy gets its share by it).
 fn follow_settings(membership: Arc<trireme_control::ControlMembership>, v: &Arc<Volume>) {
     use trireme_client::Membership;
     let weak = Arc::downgrade(v);
     let name = v.info().name.clone();
     tokio::spawn(async move {
+        let mut told = tokio::time::Instant::now();
         loop {
             tokio::time::sleep(SETTINGS_EVERY).await;
             let Some(v) = weak.upgrade() else { return };
             if v.is_stopped() {
                 return;
+            }
+            if told.elapsed() >= Duration::from_secs(1) {
+                told = tokio::time::Instant::now();
+                let (epoch, units) = (v.info().epoch, v.io_units());
+                let waited = v.throttled().as_secs_f64();
+                if let Err(e) = membership.report_usage(&name, epoch, units, waited).await {
+                    tracing::debug!(volume = %name, "telling the manager the writer's usage: {e}");
+                }
             }
             match membership.locate(&name).await {
                 Ok(info) => {

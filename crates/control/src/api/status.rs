@@ -416,6 +416,9 @@ pub struct VolumeStatus {
         skip_serializing_if = "trireme_replication::qos::Limits::is_default"
     )]
     pub limits: trireme_replication::qos::Limits,
+    /// The QoS policy it is under (its limits are in `limits`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos_policy: Option<String>,
     /// Seconds its writer's requests waited for the limits, since that writer attached.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub throttled_seconds: Option<f64>,

@@ -8,6 +8,7 @@ mod clones;
 mod compact;
 pub(crate) mod fence;
 mod own_writer;
+mod policies;
 mod records;
 mod resize;
 mod scrubs;
@@ -20,6 +21,7 @@ mod volumes;
 mod writers;
 
 pub(crate) use own_writer::OwnWriter;
+pub use policies::{PolicyInfo, PolicyMember};
 pub use records::{attach_info, record_detach, record_replica_state, record_size};
 pub use scrubs::ScrubSchedule;
 #[cfg(test)]
@@ -105,6 +107,8 @@ pub struct Manager {
     /// Snapshot deletes a node missed (volume, snapshot), finished by
     /// [`Manager::start_finishing_deletes`].
     pub(crate) missed_deletes: std::sync::Mutex<std::collections::BTreeSet<(String, String)>>,
+    /// What writers beside `up` said they did (`Request::WriterUsage`), by volume.
+    pub(crate) usage: std::sync::Mutex<std::collections::HashMap<String, policies::Usage>>,
 }
 
 /// A planned node operation for the process supervisor, with where to send its outcome.
@@ -152,6 +156,7 @@ impl Manager {
             default_access: std::sync::Mutex::new(trireme_meta::any_client()),
             scrub_every: std::sync::Mutex::new(None),
             missed_deletes: std::sync::Mutex::default(),
+            usage: std::sync::Mutex::default(),
         }
     }
 
@@ -617,6 +622,7 @@ impl Manager {
                 preallocate,
                 layout,
                 limits,
+                qos_policy,
             } => to(async {
                 let layout = layout.unwrap_or_default();
                 self.create_volume_as(&name, size, replicas, access, preallocate, layout)
@@ -625,6 +631,7 @@ impl Manager {
                     min_copies,
                     tier,
                     limits,
+                    qos_policy,
                 };
                 self.settle_new(&name, &s).await
             }
@@ -634,13 +641,32 @@ impl Manager {
                 min_copies,
                 tier,
                 limits,
+                qos_policy,
             } => {
                 let s = Settings {
                     min_copies,
                     tier,
                     limits,
+                    qos_policy,
                 };
                 to(self.change_settings(&name, &s).await)
+            }
+            Request::QosPolicyCreate {
+                name,
+                limits,
+                aggregated,
+            } => to(self.qos_policy_create(&name, &limits, aggregated).await),
+            Request::QosPolicySet { name, limits } => to(self.qos_policy_set(&name, &limits).await),
+            Request::QosPolicyDelete { name } => to(self.qos_policy_delete(&name).await),
+            Request::QosPolicyList => to(self.qos_policy_list().await),
+            Request::WriterUsage {
+                name,
+                epoch,
+                units,
+                throttled_seconds,
+            } => {
+                self.note_usage(&name, epoch, units, throttled_seconds);
+                to(Ok(()))
             }
             Request::VolumeAccess { name, allow, deny } => {
                 to(self.set_access(&name, &allow, &deny).await)

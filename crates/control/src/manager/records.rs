@@ -45,7 +45,7 @@ pub async fn attach_info(meta: &ClusterMeta, v: &VolumeRecord) -> Result<AttachI
         preallocate: v.preallocate,
         layout: v.layout,
         regions,
-        limits: v.limits,
+        limits: v.limits_in_force(),
     })
 }
 

@@ -92,6 +92,7 @@ fn authorize(peer: &Peer, req: &Request) -> Result<()> {
             | Request::SnapshotList { .. }
             | Request::Status
             | Request::Events { .. }
+            | Request::QosPolicyList
     ) || req.is_writer();
     match peer {
         Peer::Cert(r) if read_only && matches!(**r, trireme_tls::Role::Client(_)) => Ok(()),

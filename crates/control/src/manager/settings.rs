@@ -13,20 +13,25 @@ pub(crate) struct Settings {
     pub min_copies: Option<u32>,
     pub tier: Option<TierPolicy>,
     pub limits: LimitsChange,
+    /// The QoS policy it goes under (`none`: none).
+    pub qos_policy: Option<String>,
 }
 
 impl Settings {
     fn is_empty(&self) -> bool {
-        self.min_copies.is_none() && self.tier.is_none() && self.limits.is_empty()
+        self.min_copies.is_none()
+            && self.tier.is_none()
+            && self.limits.is_empty()
+            && self.qos_policy.is_none()
     }
 }
 
 impl Manager {
-    /// Makes each change `s` gives, in order: minimum of copies, tier, limits.
+    /// Makes each change `s` gives, in order: minimum of copies, tier, limits, QoS policy.
     pub(crate) async fn change_settings(&self, name: &str, s: &Settings) -> Result<VolumeRecord> {
         if s.is_empty() {
             return Err(refused(
-                "volume set: nothing to change (give a minimum of copies, a tier or a limit)",
+                "volume set: nothing to change (give a minimum of copies, a tier, a limit or a QoS policy)",
             ));
         }
         self.apply_settings(name, s).await
@@ -41,6 +46,9 @@ impl Manager {
         }
         if !s.limits.is_empty() {
             self.set_limits(name, &s.limits).await?;
+        }
+        if let Some(p) = &s.qos_policy {
+            self.set_qos_policy(name, p).await?;
         }
         Ok(self.meta.volume(name).await?)
     }
@@ -83,7 +91,7 @@ impl Manager {
             })
             .await?;
         if let Some(w) = self.writer(name) {
-            w.set_limits(v.limits).await;
+            w.set_limits(v.limits_in_force()).await;
         }
         tracing::info!(volume = name, limits = %v.limits, "limits changed");
         self.event("volume", format!("volume {name}: limits {}", v.limits))

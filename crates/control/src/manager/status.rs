@@ -368,7 +368,8 @@ impl Manager {
                     .cloned()
                     .collect(),
                 resiliency: Some(self.layout_status(v).await),
-                limits: v.limits,
+                limits: v.limits_in_force(),
+                qos_policy: v.qos.as_ref().map(|q| q.policy.clone()),
                 throttled_seconds: live
                     .map(|w| w.throttled().as_secs_f64())
                     .or_else(|| report.as_ref().map(|r| r.throttled_seconds)),

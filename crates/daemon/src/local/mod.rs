@@ -306,6 +306,7 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
     manager.ensure_replicas().await?;
     manager.start_heartbeats(Duration::from_millis(500), Duration::from_secs(3));
     manager.start_trash_purge();
+    manager.start_qos_shares();
     manager.start_finishing_deletes();
     manager.start_event_recorder();
     manager.start_scrub_schedule(a.scrub);
