@@ -242,6 +242,7 @@ pub fn run(
                         replicas: v.parse().unwrap_or(1),
                         layout: None,
                         limits: Default::default(),
+                        qos_policy: None,
                     },
                 )
                 .map_err(SuiteError::Usage)?;

@@ -245,6 +245,9 @@ pub enum Cmd {
     /// Volumes.
     #[command(subcommand)]
     Volume(VolumeCmd),
+    /// Quality of service: policies of limits shared by several volumes.
+    #[command(subcommand)]
+    Qos(QosCmd),
     /// Maintenance of the cluster (`trireme up`, or on etcd with `--etcd`).
     #[command(subcommand)]
     Maintenance(MaintenanceCmd),

@@ -187,6 +187,7 @@ impl ControllerService {
                         preallocate: p.preallocate,
                         layout: None,
                         limits: p.changes.limits,
+                        qos_policy: p.changes.qos_policy.clone(),
                     })
                     .await
                     .map_err(status)
@@ -264,6 +265,7 @@ impl ControllerService {
                 min_copies: c.min_copies,
                 tier: c.tier,
                 limits: c.limits,
+                qos_policy: c.qos_policy.clone(),
             })
             .await
             .map_err(status)?;

@@ -33,6 +33,9 @@ pub struct Changes {
     /// `write` forms, each a positive whole number or `none`; `limitBurstMs`; `iopsReserve`
     /// and `weight` (1 to 1000), what the volume gets of busy nodes.
     pub limits: LimitsChange,
+    /// `qosPolicy`: the QoS policy (`trireme qos policy create`) it goes under; `none` takes
+    /// it off its policy.
+    pub qos_policy: Option<String>,
 }
 
 /// The limits' parameter names, each with its kind.
@@ -83,6 +86,14 @@ impl Changes {
         match k {
             "minCopies" => self.min_copies = Some(number(k, v, 1u32, 3)?),
             "tier" => self.tier = Some(tier(v)?),
+            "qosPolicy" => {
+                let name = v.trim();
+                if name != "none" {
+                    trireme_meta::check_name(name)
+                        .map_err(|e| invalid(format!("parameter {k}={v:?}: {e}")))?;
+                }
+                self.qos_policy = Some(name.to_string());
+            }
             "limitBurstMs" => {
                 let most = trireme_replication::qos::MAX_BURST_MS;
                 self.limits.burst_ms = Some(number(k, v, 0u32, most)?);
@@ -111,7 +122,7 @@ impl Changes {
                 return Err(invalid(format!(
                     "unknown mutable parameter {k:?}: trireme changes minCopies, tier, \
                      iopsLimit, readIopsLimit, writeIopsLimit, bpsLimit, readBpsLimit, \
-                     writeBpsLimit, limitBurstMs, iopsReserve and weight"
+                     writeBpsLimit, limitBurstMs, iopsReserve, weight and qosPolicy"
                 )));
             }
         }
@@ -119,7 +130,10 @@ impl Changes {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.min_copies.is_none() && self.tier.is_none() && self.limits.is_empty()
+        self.min_copies.is_none()
+            && self.tier.is_none()
+            && self.limits.is_empty()
+            && self.qos_policy.is_none()
     }
 }
 
@@ -165,7 +179,7 @@ impl CreateParams {
                 _ => {
                     return Err(invalid(format!(
                         "unknown parameter {k:?}: trireme takes replicas, minCopies, tier, \
-                         access, preallocate and the limits (iopsLimit, bpsLimit, ...)"
+                         access, preallocate, the limits (iopsLimit, bpsLimit, ...) and qosPolicy"
                     )))
                 }
             }
@@ -178,6 +192,9 @@ impl CreateParams {
             c.changes.tier = m.tier;
         }
         c.changes.limits.overlay(&m.limits);
+        if m.qos_policy.is_some() {
+            c.changes.qos_policy = m.qos_policy;
+        }
         if let Some(n) = c.changes.min_copies {
             if c.replicas != 0 && n as usize > c.replicas {
                 return Err(invalid(format!(
@@ -262,9 +279,24 @@ mod tests {
             ("bpsLimit", "-1"),
             ("readIopsLimit", "lots"),
             ("limitBurstMs", "3600001"),
+            ("qosPolicy", "a/b"),
+            ("qosPolicy", ""),
         ] {
             let e = Changes::parse(&map(&[bad])).unwrap_err();
             assert!(e.message().contains(bad.0), "{bad:?}: {}", e.message());
         }
+    }
+
+    #[test]
+    fn a_qos_policy_is_a_parameter_and_a_mutable_one_wins() {
+        let p = CreateParams::parse(
+            &map(&[("qosPolicy", "gold")]),
+            &map(&[("qosPolicy", "silver")]),
+        )
+        .unwrap();
+        assert_eq!(p.changes.qos_policy.as_deref(), Some("silver"));
+        let c = Changes::parse(&map(&[("qosPolicy", "none")])).unwrap();
+        assert_eq!(c.qos_policy.as_deref(), Some("none"));
+        assert!(!c.is_empty());
     }
 }

@@ -139,6 +139,10 @@ pub enum VolumeCmd {
         mirror_share: Option<u32>,
         #[command(flatten)]
         limits: LimitArgs,
+        /// Put it under a QoS policy (`trireme qos policy create`): the policy's limits and
+        /// its own both hold.
+        #[arg(long, value_name = "POLICY")]
+        qos_policy: Option<String>,
     },
     /// Grow a volume, online: its writer gives every copy the new size while I/O pauses a
     /// moment. New NBD connections see the new size; connected clients see it when they
@@ -168,6 +172,11 @@ pub enum VolumeCmd {
         /// Kept from the next request on, attached or not (within a second).
         #[command(flatten)]
         limits: LimitArgs,
+        /// Put it under a QoS policy (`trireme qos policy create`), or `none`: off its policy.
+        /// The policy's limits and the volume's own both hold (the lower of each); its own
+        /// reserve and weight, if set, take the place of the policy's.
+        #[arg(long, value_name = "POLICY")]
+        qos_policy: Option<String>,
     },
     /// Change who may use a volume: add client identities to its access list, take others
     /// off. Links a removed client already has stay up until they close.
@@ -297,4 +306,36 @@ pub enum VolumeCmd {
         #[arg(long, default_value = "4M", value_parser = units::parse_size)]
         region: u64,
     },
+}
+
+/// `trireme qos`: quality of service shared by several volumes.
+#[derive(Debug, Subcommand)]
+pub enum QosCmd {
+    /// Policies: limits, a reserve and a weight for several volumes, as S2D's Storage QoS.
+    #[command(subcommand)]
+    Policy(PolicyCmd),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PolicyCmd {
+    /// Create policy NAME. Dedicated (the default): each volume under it keeps its limits
+    /// whole. `--aggregated`: its volumes keep them together, each getting a share by demand
+    /// (the manager moves the shares every second).
+    Create {
+        name: String,
+        #[command(flatten)]
+        limits: LimitArgs,
+        #[arg(long)]
+        aggregated: bool,
+    },
+    /// Change policy NAME's limits: its volumes keep the new ones within a second.
+    Set {
+        name: String,
+        #[command(flatten)]
+        limits: LimitArgs,
+    },
+    /// Delete policy NAME; refused while volumes are under it (the message names them).
+    Delete { name: String },
+    /// The policies, each with its volumes and what each keeps now.
+    List,
 }

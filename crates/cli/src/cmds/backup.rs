@@ -614,6 +614,7 @@ async fn restore(
             tier: None,
             layout: None,
             limits: Default::default(),
+            qos_policy: None,
         })
         .await
         .map_err(usage_if_remote)?;

@@ -191,11 +191,12 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
             min_copies,
             tier,
             limits,
+            qos_policy,
         }) => {
             let limits = limits.change();
-            if min_copies.is_none() && tier.is_none() && limits.is_empty() {
+            if min_copies.is_none() && tier.is_none() && limits.is_empty() && qos_policy.is_none() {
                 return Err(CliError::Usage(
-                    "volume set: give --min-copies N, --tier auto|fast|slow or a limit (--iops-limit N, ...)".into(),
+                    "volume set: give --min-copies N, --tier auto|fast|slow, a limit (--iops-limit N, ...) or --qos-policy NAME".into(),
                 ));
             }
             let v: VolumeRecord = cc
@@ -204,16 +205,18 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                     min_copies: *min_copies,
                     tier: tier.map(|t| t.policy()),
                     limits,
+                    qos_policy: qos_policy.clone(),
                 })
                 .await
                 .map_err(usage_if_remote)?;
             print(out, &v, |v| {
                 format!(
-                    "volume {}: min copies {}, tier {}, limits {}\n",
+                    "volume {}: min copies {}, tier {}, limits {}{}\n",
                     v.name,
                     v.min_copies(),
                     v.tier.as_str(),
-                    v.limits
+                    v.limits_in_force(),
+                    policy_text(v)
                 )
             });
         }
@@ -228,6 +231,7 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
             parity,
             mirror_share,
             limits,
+            qos_policy,
         }) => {
             let layout = parity
                 .as_deref()
@@ -246,6 +250,7 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                     min_copies: *min_copies,
                     tier: Some(tier.policy()),
                     limits: limits.change(),
+                    qos_policy: qos_policy.clone(),
                 })
                 .await
                 .map_err(usage_if_remote)?;
@@ -339,6 +344,7 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 }
             });
         }
+        Cmd::Qos(QosCmd::Policy(c)) => qos_policy_cmd(&mut cc, out, c).await?,
         Cmd::Volume(VolumeCmd::List) => {
             let vs: Vec<VolumeRecord> = cc.call(&Request::VolumeList).await?;
             print(out, &vs, |vs| volumes_table(vs));
@@ -382,8 +388,12 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 if !v.record.tier.is_auto() || !v.tiers.is_empty() {
                     s += &format!("tier: {}\n", v.record.tier.as_str());
                 }
-                if !v.record.limits.is_default() {
-                    s += &format!("limits: {}\n", v.record.limits);
+                if !v.record.limits_in_force().is_default() {
+                    s += &format!(
+                        "limits: {}{}\n",
+                        v.record.limits_in_force(),
+                        policy_text(&v.record)
+                    );
                 }
                 for t in &v.tiers {
                     s += &format!("{}\n", replica_tier_text(t));
@@ -705,6 +715,90 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
         | Cmd::Node(NodeCmd::Serve(_))
         | Cmd::Node(NodeCmd::Run(_)) => {
             unreachable!("dispatched in run()")
+        }
+    }
+    Ok(())
+}
+
+/// `, under QoS policy P` for a volume under one.
+fn policy_text(v: &VolumeRecord) -> String {
+    v.qos.as_ref().map_or(String::new(), |q| {
+        format!(" (under QoS policy {})", q.policy)
+    })
+}
+
+async fn qos_policy_cmd(
+    cc: &mut trireme_control::ControlClient,
+    out: Output,
+    c: &PolicyCmd,
+) -> Result<(), CliError> {
+    let policy_line = |p: &trireme_meta::QosPolicy| {
+        format!(
+            "QoS policy {}: {}{}\n",
+            p.name,
+            p.limits,
+            if p.aggregated {
+                ", aggregated over its volumes"
+            } else {
+                ", each volume"
+            }
+        )
+    };
+    match c {
+        PolicyCmd::Create {
+            name,
+            limits,
+            aggregated,
+        } => {
+            let p: trireme_meta::QosPolicy = cc
+                .call(&Request::QosPolicyCreate {
+                    name: name.clone(),
+                    limits: limits.change(),
+                    aggregated: *aggregated,
+                })
+                .await
+                .map_err(usage_if_remote)?;
+            print(out, &p, policy_line);
+        }
+        PolicyCmd::Set { name, limits } => {
+            let limits = limits.change();
+            if limits.is_empty() {
+                return Err(CliError::Usage(
+                    "qos policy set: give a limit (--iops-limit N, ...)".into(),
+                ));
+            }
+            let p: trireme_meta::QosPolicy = cc
+                .call(&Request::QosPolicySet {
+                    name: name.clone(),
+                    limits,
+                })
+                .await
+                .map_err(usage_if_remote)?;
+            print(out, &p, policy_line);
+        }
+        PolicyCmd::Delete { name } => {
+            let p: trireme_meta::QosPolicy = cc
+                .call(&Request::QosPolicyDelete { name: name.clone() })
+                .await
+                .map_err(usage_if_remote)?;
+            print(out, &p, |p| format!("deleted QoS policy {}\n", p.name));
+        }
+        PolicyCmd::List => {
+            let ps: Vec<trireme_control::PolicyInfo> = cc.call(&Request::QosPolicyList).await?;
+            print(out, &ps, |ps| {
+                if ps.is_empty() {
+                    return "no QoS policies (`trireme qos policy create NAME --iops-limit N`)\n"
+                        .to_string();
+                }
+                let mut s = String::new();
+                for p in ps {
+                    s += &policy_line(&p.policy);
+                    for v in &p.volumes {
+                        s += &format!("  {:<20} {}\n", v.name, v.limits);
+                    }
+                }
+                s
+            });
         }
     }
     Ok(())

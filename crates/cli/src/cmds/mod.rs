@@ -11,8 +11,8 @@ use trireme_meta::VolumeRecord;
 
 use crate::units::human;
 use crate::{
-    Cli, CliError, Cmd, MaintenanceCmd, NodeCmd, NodeServeArgs, NvmfCmd, Output, SnapshotCmd,
-    TrashCmd, VolumeCmd,
+    Cli, CliError, Cmd, MaintenanceCmd, NodeCmd, NodeServeArgs, NvmfCmd, Output, PolicyCmd, QosCmd,
+    SnapshotCmd, TrashCmd, VolumeCmd,
 };
 
 pub use trireme_daemon::local::control_path;

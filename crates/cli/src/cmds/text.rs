@@ -424,7 +424,11 @@ pub(crate) fn status_text(s: &StatusReport) -> String {
             let waited = v.throttled_seconds.map_or(String::new(), |s| {
                 format!(" (requests waited {s:.1} s for them)")
             });
-            out += &format!("{:<16} limits: {}{waited}\n", "", v.limits);
+            let policy = v
+                .qos_policy
+                .as_ref()
+                .map_or(String::new(), |p| format!(" under QoS policy {p}"));
+            out += &format!("{:<16} limits: {}{policy}{waited}\n", "", v.limits);
         }
         out += &nvmf_text(&" ".repeat(17), &v.nvmf);
         if !v.tier.is_auto() {
