@@ -323,10 +323,12 @@ fn policies(c: &Cluster, uri0: &str, uri1: &str, pool: u64) {
         "vol0 {a:.0} and vol1 {b:.0} IOPS under an aggregated policy of {pool}\n{}",
         c.log()
     );
-    let alone = iops(c, start(c, uri0, 5));
+    // Alone, vol0 takes what vol1 leaves within two seconds or so (half of it all along, were
+    // the shares fixed).
+    let alone = iops(c, start(c, uri0, 6));
     eprintln!("vol0 alone under it: {alone:.0}");
     assert!(
-        alone > 0.7 * pool as f64 && alone < 1.05 * pool as f64,
+        alone > 0.62 * pool as f64 && alone < 1.05 * pool as f64,
         "vol0 alone did {alone:.0} IOPS under an aggregated policy of {pool}\n{}",
         c.log()
     );
