@@ -416,6 +416,7 @@ return {
   volume: !!q('#volumes td[data-volume="vol0"]'),
   layout: (q('#volumes td[data-volume="vol0"]') || {dataset: {}}).dataset.layout || null,
   layout_text: ((q('#volumes td[data-volume="vol0"] .legend') || {}).textContent) || null,
+  limits: ((q('#volumes td[data-volume="vol0"] .limits') || {}).textContent) || null,
   verdict: q('#health').dataset.verdict || null,
   iops_last: Number(chart.dataset.last || 0),
   iops_points: Number(chart.dataset.points || 0),
@@ -429,6 +430,19 @@ fn the_dashboard_shows_the_cluster_live_in_a_real_browser() {
     need("chromedriver");
     need("chromium");
     let (c, bench, http_addr) = loaded_cluster(25);
+    // Limits the bench never reaches, to be shown.
+    ok(
+        &c,
+        &[
+            "volume",
+            "set",
+            "vol0",
+            "--iops-limit",
+            "1000000",
+            "--weight",
+            "2",
+        ],
+    );
     let b = Browser::start();
     // Without the token the page is refused; with it once in the URL, the page and its
     // event stream work (a cookie carries it).
@@ -465,6 +479,7 @@ fn the_dashboard_shows_the_cluster_live_in_a_real_browser() {
         "{first}"
     );
     assert_eq!(first["verdict"], "healthy", "{first}");
+    assert_eq!(first["limits"], "limits: iops 1000000, weight 2", "{first}");
     for n in first["nodes"].as_array().unwrap() {
         assert_eq!(n[1], "up", "{first}");
     }

@@ -179,7 +179,10 @@ fn qos_policies_and_a_volumes_share_of_one() {
             aggregated: true,
         };
         m.put_qos_policy(&p, 0).await.unwrap();
-        assert!(matches!(m.put_qos_policy(&p, 0).await, Err(MetaError::Refused(_))));
+        assert!(matches!(
+            m.put_qos_policy(&p, 0).await,
+            Err(MetaError::Refused(_))
+        ));
         for bad in ["none", "a/b", ""] {
             let q = crate::QosPolicy {
                 name: bad.into(),
