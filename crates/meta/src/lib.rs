@@ -264,6 +264,11 @@ pub(crate) fn is_zero32(n: &u32) -> bool {
 }
 
 impl VolumeRecord {
+    /// The name of the QoS policy it is under, if any.
+    pub fn qos_policy(&self) -> Option<&str> {
+        self.qos.as_ref().map(|q| q.policy.as_str())
+    }
+
     /// The limits its writer keeps: its own, under its QoS policy's share if it has one.
     pub fn limits_in_force(&self) -> trireme_replication::qos::Limits {
         match &self.qos {

@@ -216,7 +216,7 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                     v.min_copies(),
                     v.tier.as_str(),
                     v.limits_in_force(),
-                    policy_text(v)
+                    qos::policy_text(v)
                 )
             });
         }
@@ -344,7 +344,7 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 }
             });
         }
-        Cmd::Qos(QosCmd::Policy(c)) => qos_policy_cmd(&mut cc, out, c).await?,
+        Cmd::Qos(QosCmd::Policy(c)) => qos::policy_cmd(&mut cc, out, c).await?,
         Cmd::Volume(VolumeCmd::List) => {
             let vs: Vec<VolumeRecord> = cc.call(&Request::VolumeList).await?;
             print(out, &vs, |vs| volumes_table(vs));
@@ -392,7 +392,7 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                     s += &format!(
                         "limits: {}{}\n",
                         v.record.limits_in_force(),
-                        policy_text(&v.record)
+                        qos::policy_text(&v.record)
                     );
                 }
                 for t in &v.tiers {
@@ -715,90 +715,6 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
         | Cmd::Node(NodeCmd::Serve(_))
         | Cmd::Node(NodeCmd::Run(_)) => {
             unreachable!("dispatched in run()")
-        }
-    }
-    Ok(())
-}
-
-/// `, under QoS policy P` for a volume under one.
-fn policy_text(v: &VolumeRecord) -> String {
-    v.qos.as_ref().map_or(String::new(), |q| {
-        format!(" (under QoS policy {})", q.policy)
-    })
-}
-
-async fn qos_policy_cmd(
-    cc: &mut trireme_control::ControlClient,
-    out: Output,
-    c: &PolicyCmd,
-) -> Result<(), CliError> {
-    let policy_line = |p: &trireme_meta::QosPolicy| {
-        format!(
-            "QoS policy {}: {}{}\n",
-            p.name,
-            p.limits,
-            if p.aggregated {
-                ", aggregated over its volumes"
-            } else {
-                ", each volume"
-            }
-        )
-    };
-    match c {
-        PolicyCmd::Create {
-            name,
-            limits,
-            aggregated,
-        } => {
-            let p: trireme_meta::QosPolicy = cc
-                .call(&Request::QosPolicyCreate {
-                    name: name.clone(),
-                    limits: limits.change(),
-                    aggregated: *aggregated,
-                })
-                .await
-                .map_err(usage_if_remote)?;
-            print(out, &p, policy_line);
-        }
-        PolicyCmd::Set { name, limits } => {
-            let limits = limits.change();
-            if limits.is_empty() {
-                return Err(CliError::Usage(
-                    "qos policy set: give a limit (--iops-limit N, ...)".into(),
-                ));
-            }
-            let p: trireme_meta::QosPolicy = cc
-                .call(&Request::QosPolicySet {
-                    name: name.clone(),
-                    limits,
-                })
-                .await
-                .map_err(usage_if_remote)?;
-            print(out, &p, policy_line);
-        }
-        PolicyCmd::Delete { name } => {
-            let p: trireme_meta::QosPolicy = cc
-                .call(&Request::QosPolicyDelete { name: name.clone() })
-                .await
-                .map_err(usage_if_remote)?;
-            print(out, &p, |p| format!("deleted QoS policy {}\n", p.name));
-        }
-        PolicyCmd::List => {
-            let ps: Vec<trireme_control::PolicyInfo> = cc.call(&Request::QosPolicyList).await?;
-            print(out, &ps, |ps| {
-                if ps.is_empty() {
-                    return "no QoS policies (`trireme qos policy create NAME --iops-limit N`)\n"
-                        .to_string();
-                }
-                let mut s = String::new();
-                for p in ps {
-                    s += &policy_line(&p.policy);
-                    for v in &p.volumes {
-                        s += &format!("  {:<20} {}\n", v.name, v.limits);
-                    }
-                }
-                s
-            });
         }
     }
     Ok(())

@@ -26,6 +26,7 @@ mod etcd;
 mod jobs;
 mod map;
 mod nvmf;
+mod qos;
 mod text;
 
 use ca::*;

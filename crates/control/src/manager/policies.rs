@@ -239,7 +239,7 @@ impl Manager {
         for policy in self.meta.qos_policies().await? {
             let volumes = vols
                 .iter()
-                .filter(|v| v.qos.as_ref().is_some_and(|q| q.policy == policy.name))
+                .filter(|v| v.qos_policy() == Some(policy.name.as_str()))
                 .map(|v| PolicyMember {
                     name: v.name.clone(),
                     limits: v.limits_in_force(),
@@ -297,7 +297,7 @@ impl Manager {
             .volumes()
             .await?
             .into_iter()
-            .filter(|v| v.qos.as_ref().is_some_and(|q| q.policy == policy))
+            .filter(|v| v.qos_policy() == Some(policy))
             .collect())
     }
 
@@ -389,13 +389,7 @@ impl Manager {
             return Ok(());
         }
         let vols = self.meta.volumes().await?;
-        let reports: HashMap<String, trireme_meta::WriterReport> = self
-            .meta
-            .reports()
-            .await
-            .unwrap_or_default()
-            .into_iter()
-            .collect();
+        let reports = self.meta.reports_by_volume().await;
         let mut demands = HashMap::new();
         for v in &vols {
             let Some(q) = &v.qos else { continue };

@@ -234,13 +234,7 @@ impl Manager {
             .collect();
         // Every volume's writer report and scrub record, one read each: the event recorder
         // asks for the status every second.
-        let mut reports: std::collections::HashMap<String, trireme_meta::WriterReport> = self
-            .meta
-            .reports()
-            .await
-            .unwrap_or_default()
-            .into_iter()
-            .collect();
+        let mut reports = self.meta.reports_by_volume().await;
         let scrubbed = self.meta.scrub_records().await.unwrap_or_default();
         let exports = self.meta.nvmf_exports().await.unwrap_or_default();
         let mut vs = Vec::new();
@@ -369,7 +363,7 @@ impl Manager {
                     .collect(),
                 resiliency: Some(self.layout_status(v).await),
                 limits: v.limits_in_force(),
-                qos_policy: v.qos.as_ref().map(|q| q.policy.clone()),
+                qos_policy: v.qos_policy().map(String::from),
                 throttled_seconds: live
                     .map(|w| w.throttled().as_secs_f64())
                     .or_else(|| report.as_ref().map(|r| r.throttled_seconds)),

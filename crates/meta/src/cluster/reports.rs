@@ -136,6 +136,16 @@ impl ClusterMeta {
             .map(|(_, r)| r))
     }
 
+    /// [`Self::reports`] by volume name; empty if they cannot be read (they only add to
+    /// what the records say).
+    pub async fn reports_by_volume(&self) -> std::collections::HashMap<String, WriterReport> {
+        self.reports()
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .collect()
+    }
+
     /// Every writer's report, by volume. A client's report counts only while that client is
     /// the volume's writer of record (its attach record, which only the manager writes, names
     /// it) and for its epoch: another client on the volume's access list may write a report

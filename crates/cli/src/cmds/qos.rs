@@ -1,0 +1,87 @@
+//! `trireme qos policy`: QoS policies shared by several volumes.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// ` (under QoS policy P)` for a volume under one.
+pub(crate) fn policy_text(v: &VolumeRecord) -> String {
+    v.qos_policy()
+        .map_or(String::new(), |p| format!(" (under QoS policy {p})"))
+}
+
+pub(crate) async fn policy_cmd(
+    cc: &mut trireme_control::ControlClient,
+    out: Output,
+    c: &PolicyCmd,
+) -> Result<(), CliError> {
+    let policy_line = |p: &trireme_meta::QosPolicy| {
+        format!(
+            "QoS policy {}: {}{}\n",
+            p.name,
+            p.limits,
+            if p.aggregated {
+                ", aggregated over its volumes"
+            } else {
+                ", each volume"
+            }
+        )
+    };
+    match c {
+        PolicyCmd::Create {
+            name,
+            limits,
+            aggregated,
+        } => {
+            let p: trireme_meta::QosPolicy = cc
+                .call(&Request::QosPolicyCreate {
+                    name: name.clone(),
+                    limits: limits.change(),
+                    aggregated: *aggregated,
+                })
+                .await
+                .map_err(usage_if_remote)?;
+            print(out, &p, policy_line);
+        }
+        PolicyCmd::Set { name, limits } => {
+            let limits = limits.change();
+            if limits.is_empty() {
+                return Err(CliError::Usage(
+                    "qos policy set: give a limit (--iops-limit N, ...)".into(),
+                ));
+            }
+            let p: trireme_meta::QosPolicy = cc
+                .call(&Request::QosPolicySet {
+                    name: name.clone(),
+                    limits,
+                })
+                .await
+                .map_err(usage_if_remote)?;
+            print(out, &p, policy_line);
+        }
+        PolicyCmd::Delete { name } => {
+            let p: trireme_meta::QosPolicy = cc
+                .call(&Request::QosPolicyDelete { name: name.clone() })
+                .await
+                .map_err(usage_if_remote)?;
+            print(out, &p, |p| format!("deleted QoS policy {}\n", p.name));
+        }
+        PolicyCmd::List => {
+            let ps: Vec<trireme_control::PolicyInfo> = cc.call(&Request::QosPolicyList).await?;
+            print(out, &ps, |ps| {
+                if ps.is_empty() {
+                    return "no QoS policies (`trireme qos policy create NAME --iops-limit N`)\n"
+                        .to_string();
+                }
+                let mut s = String::new();
+                for p in ps {
+                    s += &policy_line(&p.policy);
+                    for v in &p.volumes {
+                        s += &format!("  {:<20} {}\n", v.name, v.limits);
+                    }
+                }
+                s
+            });
+        }
+    }
+    Ok(())
+}
