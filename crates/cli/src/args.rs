@@ -202,6 +202,15 @@ pub enum NodeCmd {
     Remove(MoveArgs),
     /// Let a drained (or draining) node take new replicas again.
     Undrain { id: u32 },
+    /// Change what the cluster knows of a node: its IOPS capacity, which the reserves of the
+    /// volumes on it are checked against.
+    Set {
+        id: u32,
+        /// What the node serves flat out, in 8 KiB units a second (measure it: `trireme bench`
+        /// of a one-copy volume on it, or fio on its drive); `none` forgets it.
+        #[arg(long, value_name = "IOPS", value_parser = units::parse_iops_capacity, allow_hyphen_values = true)]
+        iops_capacity: Option<trireme_control::Rate>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -383,6 +392,10 @@ pub struct NodeRunArgs {
     /// Failure domain (rack, room): a volume's copies go to distinct zones when there are enough.
     #[arg(long)]
     pub zone: Option<String>,
+    /// What this node serves flat out, in 8 KiB units a second: the reserves of the volumes
+    /// on it are checked against it (kept on record when not given; see `node set`).
+    #[arg(long, value_name = "IOPS", value_parser = units::parse_iops_count, allow_hyphen_values = true)]
+    pub iops_capacity: Option<u64>,
     #[arg(long, value_enum, default_value_t = StoreArg::File)]
     pub store: StoreArg,
     #[command(flatten)]

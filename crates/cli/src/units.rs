@@ -127,37 +127,63 @@ pub use trireme_daemon::local::human;
 
 /// `none`, or a positive number: the common part of the limits' parsers.
 fn limit(s: &str, what: &str, parse: impl Fn(&str) -> Result<u64, String>) -> Result<Rate, String> {
+    rate(s, &format!("{what} limit"), parse)
+}
+
+/// `none`, or a positive rate `parse` reads; `what` names it in errors ("an IOPS limit").
+fn rate(s: &str, what: &str, parse: impl Fn(&str) -> Result<u64, String>) -> Result<Rate, String> {
     let t = s.trim();
     if t.eq_ignore_ascii_case("none") {
         return Ok(Rate::Remove(NoLimit::None));
     }
     if t.starts_with('-') {
         return Err(format!(
-            "{what} limit of {s:?}: give a positive rate, or `none` to remove the limit"
+            "{what} of {s:?}: give a positive rate, or `none` to remove it"
         ));
     }
     match parse(t)? {
         0 => Err(format!(
-            "{what} limit of 0: give a positive rate, or `none` to remove the limit"
+            "{what} of 0: give a positive rate, or `none` to remove it"
         )),
         n => Ok(Rate::Set(n)),
     }
 }
 
+/// A whole number of IOPS with an optional `k` or `m`.
+fn iops_number(s: &str, what: &str) -> Result<u64, String> {
+    let (num, scale) = match s.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&s[..i], 1_000),
+        Some((i, 'm' | 'M')) => (&s[..i], 1_000_000),
+        _ => (s, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+        .ok_or_else(|| {
+            format!("invalid {what} {s:?}: expected a whole number such as 5000 or 20k, or `none`")
+        })
+}
+
+/// A node's IOPS capacity as a daemon declares it at start: a positive number (`none` is
+/// `node set`'s).
+pub fn parse_iops_count(s: &str) -> Result<u64, String> {
+    match parse_iops_capacity(s)? {
+        Rate::Set(n) => Ok(n),
+        Rate::Remove(_) => Err(
+            "`none` is not a capacity: leave the flag out (`trireme node set ID --iops-capacity none` forgets one)".into(),
+        ),
+    }
+}
+
+/// A node's IOPS capacity: `none`, or a positive whole number with an optional `k` or `m`.
+pub fn parse_iops_capacity(s: &str) -> Result<Rate, String> {
+    rate(s, "an IOPS capacity", |t| iops_number(t, "IOPS capacity"))
+}
+
 /// An IOPS limit: `none`, or a positive whole number with an optional `k` (thousands) or
 /// `m` (millions).
 pub fn parse_iops_limit(s: &str) -> Result<Rate, String> {
-    limit(s, "an IOPS", |t| {
-        let (num, scale) = match t.char_indices().last() {
-            Some((i, 'k' | 'K')) => (&t[..i], 1_000),
-            Some((i, 'm' | 'M')) => (&t[..i], 1_000_000),
-            _ => (t, 1),
-        };
-        num.parse::<u64>()
-            .ok()
-            .and_then(|n| n.checked_mul(scale))
-            .ok_or_else(|| format!("invalid IOPS limit {s:?}: expected a whole number such as 5000 or 20k, or `none`"))
-    })
+    limit(s, "an IOPS", |t| iops_number(t, "IOPS limit"))
 }
 
 /// A weight against other volumes on busy nodes: `none` (back to 1) or 1 to 1000.

@@ -280,10 +280,16 @@ fn a_cluster_on_etcd_survives_node_manager_etcd_and_writer_failures() {
     );
     w.cli_ok(&["volume", "delete", "cold", "--keep", "0"]);
 
-    // Every daemon restarted so far was started without --zone: each kept its zone.
+    // Every daemon restarted so far was started without --zone or --iops-capacity: each
+    // kept both.
     let s = w.status();
     for n in s["nodes"].as_array().unwrap() {
         assert_eq!(n["zone"], format!("rack-{}", n["id"]), "{s}");
+        assert_eq!(
+            n["iops_capacity"],
+            n["id"].as_u64().unwrap() * 10_000,
+            "{s}"
+        );
     }
 
     // A node dies for good: after the down-out grace its replica is re-created elsewhere.

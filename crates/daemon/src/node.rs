@@ -215,6 +215,8 @@ fn offer_ucx(
 pub struct MemberConfig {
     /// Failure domain; a volume's copies go to distinct zones when there are enough.
     pub zone: Option<String>,
+    /// What the node serves flat out, in 8 KiB units a second; reserves are checked against it.
+    pub iops_capacity: Option<u64>,
     /// TTL of the daemon's lease: how long after it dies (or loses etcd) it is shown down and
     /// another daemon may take over the manager role.
     pub lease_ttl: Duration,
@@ -526,6 +528,10 @@ async fn register(
                 .clone()
                 .or_else(|| known.as_ref().and_then(|n| n.zone.clone())),
             http: http.clone(),
+            // Likewise --iops-capacity (or what `node set` declared since).
+            iops_capacity: member
+                .iops_capacity
+                .or_else(|| known.as_ref().and_then(|n| n.iops_capacity)),
         };
         if member.zone.is_none() {
             if let Some(z) = &rec.zone {

@@ -106,6 +106,10 @@ pub struct NodeRecord {
     /// Where its process serves metrics over HTTP (`host:port`), if it does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http: Option<String>,
+    /// What it serves flat out, in 8 KiB units a second (`--iops-capacity`, `node set`): the
+    /// manager checks the reserves of the volumes on it against this. `None`: not declared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iops_capacity: Option<u64>,
 }
 
 /// A node's place in the cluster.

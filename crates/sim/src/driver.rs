@@ -20,6 +20,7 @@ pub(crate) async fn run_async(
             state: Default::default(),
             zone: None,
             http: None,
+            iops_capacity: None,
         })
         .await?;
     }

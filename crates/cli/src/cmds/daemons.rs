@@ -205,6 +205,7 @@ pub(crate) async fn node_run(cli: &Cli, a: &crate::NodeRunArgs) -> Result<(), Cl
     };
     let member = trireme_daemon::node::MemberConfig {
         zone: a.zone.clone(),
+        iops_capacity: a.iops_capacity,
         lease_ttl: a.lease_ttl,
         control: a
             .control

@@ -249,8 +249,9 @@ impl World {
             .open(&path)
             .unwrap();
         let zone = format!("rack-{id}");
+        let capacity = format!("{id}0k");
         let zone_args: Vec<&str> = match first {
-            true => vec!["--zone", &zone],
+            true => vec!["--zone", &zone, "--iops-capacity", &capacity],
             false => vec![],
         };
         let host = self.servers[id as usize - 1].clone();

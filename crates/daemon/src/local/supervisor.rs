@@ -252,21 +252,18 @@ pub(super) const STABLE: Duration = Duration::from_secs(10);
 impl Supervisor {
     pub(super) async fn spawn(&mut self, id: u32, meta: &ClusterMeta) -> Result<(), DaemonError> {
         let (mut child, p) = spawn_node(self, id).await?;
-        // A restart keeps what the cluster decided about the node (draining, say).
-        let state = meta
-            .nodes()
-            .await?
-            .into_iter()
-            .find(|n| n.id == id)
-            .map_or(NodeState::Active, |n| n.state);
+        // A restart keeps what the cluster decided about the node (draining, say) and what
+        // the operator declared of it (`node set --iops-capacity`).
+        let known = meta.nodes().await?.into_iter().find(|n| n.id == id);
         meta.put_node(&NodeRecord {
             id,
             addr: p.addr.clone(),
             local_addr: p.local_addr.clone(),
             store: self.store.clone(),
-            state,
+            state: known.as_ref().map_or(NodeState::Active, |n| n.state),
             zone: None,
             http: p.http.clone(),
+            iops_capacity: known.and_then(|n| n.iops_capacity),
         })
         .await?;
         let base = self.backoff;

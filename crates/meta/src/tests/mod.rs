@@ -348,6 +348,7 @@ fn node(id: u32) -> NodeRecord {
         state: Default::default(),
         zone: None,
         http: None,
+        iops_capacity: None,
     }
 }
 
