@@ -255,7 +255,84 @@ fn a_volumes_limit_holds_whatever_its_writer_and_frees_the_others_share() {
         &c,
     );
     policies(&c, &uri0, &uri1, limit);
+    reserves(&c);
     stop_nbd(nbd);
+}
+
+/// Reserves against what the nodes can serve: unchecked until a node's capacity is declared
+/// (`node set`), then a reserve past it is warned of, naming each node's total, in the reply,
+/// `status` and `node list`; bad capacities are refused.
+fn reserves(c: &Cluster) {
+    for (args, says) in [
+        (&["node", "set", "1", "--iops-capacity", "0"][..], "of 0"),
+        (&["node", "set", "1", "--iops-capacity", "-5"], "positive"),
+        (
+            &["node", "set", "1", "--iops-capacity", "lots"],
+            "invalid IOPS capacity",
+        ),
+        (
+            &["node", "set", "99", "--iops-capacity", "5k"],
+            "not registered",
+        ),
+        (&["node", "set", "1"], "give --iops-capacity"),
+    ] {
+        refused(c, args, says);
+    }
+    // Off the aggregated policy: its share would cap vol0's reserve.
+    ok(c, &["volume", "set", "vol0", "--qos-policy", "none"]);
+    let out = ok(c, &["volume", "set", "vol0", "--iops-reserve", "30"]);
+    assert!(
+        out.contains("warning: reserves not checked on nodes 1, 2, 3: no IOPS capacity declared"),
+        "{out}"
+    );
+    for n in ["1", "2", "3"] {
+        let out = ok(c, &["node", "set", n, "--iops-capacity", "50"]);
+        assert!(
+            out.contains("IOPS capacity 50") && !out.contains("warning"),
+            "{out}"
+        );
+    }
+    let reply: serde_json::Value = serde_json::from_str(&ok(
+        c,
+        &[
+            "--output",
+            "json",
+            "volume",
+            "set",
+            "vol1",
+            "--iops-reserve",
+            "30",
+        ],
+    ))
+    .unwrap();
+    let over = "reserves add up to 60 IOPS (vol0 30, vol1 30), above the 50 it can serve";
+    let warnings = reply["warnings"].as_array().cloned().unwrap_or_default();
+    assert_eq!(warnings.len(), 3, "{reply}");
+    assert!(
+        warnings[0]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("node 1: {over}")),
+        "{reply}"
+    );
+    let st = ok(c, &["status"]);
+    assert!(st.contains(&format!("warning: node 2: {over}")), "{st}");
+    assert!(ok(c, &["node", "list"]).contains("60/50 (over)"));
+    // More room on node 1: it no longer warns; the others still do.
+    ok(c, &["node", "set", "1", "--iops-capacity", "1k"]);
+    let st = ok(c, &["status"]);
+    assert!(
+        !st.contains("warning: node 1:") && st.contains("warning: node 3:"),
+        "{st}"
+    );
+    for n in ["1", "2", "3"] {
+        let out = ok(c, &["node", "set", n, "--iops-capacity", "none"]);
+        assert!(out.contains("no IOPS capacity declared"), "{out}");
+    }
+    for v in ["vol0", "vol1"] {
+        ok(c, &["volume", "set", v, "--iops-reserve", "none"]);
+    }
+    assert!(!ok(c, &["status"]).contains("warning:"));
 }
 
 /// QoS policies: an aggregated one holds vol0 (`up`'s own writer) and vol1 (a `trireme nbd`

@@ -17,6 +17,22 @@ pub use codes::{ErrorCode, Refusal};
 pub use limits::{LimitsChange, NoLimit, Rate};
 pub use status::*;
 
+/// An answer with what the caller should know of it (reserves past what nodes can serve):
+/// the answer's own fields, and `warnings` beside them when there are any.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Warned<T> {
+    #[serde(flatten)]
+    pub value: T,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+impl<T> Warned<T> {
+    pub fn new(value: T, warnings: Vec<String>) -> Warned<T> {
+        Warned { value, warnings }
+    }
+}
+
 /// A control request.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "snake_case", deny_unknown_fields)]
@@ -323,6 +339,13 @@ pub enum Request {
     /// A drained node takes new replicas again.
     NodeUndrain {
         id: u32,
+    },
+    /// Changes what the cluster knows of a node: its IOPS capacity (`none` forgets it).
+    /// Answered with its record and warnings for the reserves past it.
+    NodeSet {
+        id: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        iops_capacity: Option<Rate>,
     },
     Status,
     /// The cluster's events, oldest first: the last `limit` if given.

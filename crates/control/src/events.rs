@@ -299,6 +299,8 @@ mod tests {
             tiers: None,
             capacity: None,
             space: None,
+            iops_capacity: None,
+            reserved_iops: 0,
         };
         StatusReport {
             nodes: vec![node(1, true), node(2, up2)],
@@ -339,6 +341,7 @@ mod tests {
             moves: vec![],
             manager: None,
             health: None,
+            warnings: vec![],
         }
     }
 

@@ -17,13 +17,14 @@ mod manager;
 mod membership;
 mod moves;
 pub mod pool;
+pub mod reserves;
 mod restart;
 
 pub use api::{
     decode_reply, ControlClient, ControlError, ControlStream, ErrorCode, LayoutStatus,
     LimitsChange, LinkStatus, NoLimit, NodeRestartReport, NodeStatus, NodeTierStatus, Rate,
     Refusal, ReplicaIntegrityStatus, ReplicaStatus, ReplicaStatusState, ReplicaTierStatus, Request,
-    StatusReport, VolumeInfo, VolumeStatus, WriterAttached, WriterHello, WriterStatus,
+    StatusReport, VolumeInfo, VolumeStatus, Warned, WriterAttached, WriterHello, WriterStatus,
 };
 pub use error::{membership_error, ManagerError};
 pub use manager::fence::{FenceWhere, Fenced};

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use serde::de::DeserializeOwned;
 use tonic::{Request, Response, Status};
-use trireme_control::{ControlError, FenceWhere, Fenced, Request as Ctl, VolumeInfo};
+use trireme_control::{ControlError, FenceWhere, Fenced, Request as Ctl, VolumeInfo, Warned};
 use trireme_meta::VolumeRecord;
 
 use crate::args::{check_caps, page, size_of, unsupported, BLOCK};
@@ -176,7 +176,7 @@ impl ControllerService {
     ) -> Result<VolumeRecord, Status> {
         let v = match source {
             Source::Empty => {
-                return self
+                let v: Warned<VolumeRecord> = self
                     .call(&Ctl::VolumeCreate {
                         name: name.into(),
                         size,
@@ -190,7 +190,8 @@ impl ControllerService {
                         qos_policy: p.changes.qos_policy.clone(),
                     })
                     .await
-                    .map_err(status)
+                    .map_err(status)?;
+                return Ok(warn_of(v));
             }
             Source::Snapshot { volume, snapshot } => {
                 self.clone_from(volume, snapshot, name, size).await?
@@ -259,7 +260,7 @@ impl ControllerService {
         if c.is_empty() {
             return Ok(());
         }
-        let _: VolumeRecord = self
+        let v: Warned<VolumeRecord> = self
             .call(&Ctl::VolumeSet {
                 name: name.into(),
                 min_copies: c.min_copies,
@@ -269,6 +270,7 @@ impl ControllerService {
             })
             .await
             .map_err(status)?;
+        warn_of(v);
         Ok(())
     }
 
@@ -665,4 +667,13 @@ impl Controller for ControllerService {
         self.apply(name, &c).await?;
         ok(pb::ControllerModifyVolumeResponse {})
     }
+}
+
+/// The volume, its warnings logged (a CO has nowhere to show them: reserves past what its
+/// nodes serve are also in `trireme status`).
+fn warn_of(v: Warned<VolumeRecord>) -> VolumeRecord {
+    for w in &v.warnings {
+        tracing::warn!(volume = %v.value.name, "{w}");
+    }
+    v.value
 }

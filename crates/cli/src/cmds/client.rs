@@ -22,6 +22,9 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
             let msg: String = cc.call(&req).await.map_err(usage_if_remote)?;
             print(out, &msg, |m| format!("{m}\n"));
         }
+        Cmd::Node(NodeCmd::Set { id, iops_capacity }) => {
+            qos::node_set(&mut cc, out, *id, *iops_capacity).await?
+        }
         Cmd::Node(NodeCmd::Restart { id }) => {
             if matches!(out, Output::Text) {
                 eprintln!("restarting node {id}...");
@@ -199,7 +202,7 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                     "volume set: give --min-copies N, --tier auto|fast|slow, a limit (--iops-limit N, ...) or --qos-policy NAME".into(),
                 ));
             }
-            let v: VolumeRecord = cc
+            let v: Warned<VolumeRecord> = cc
                 .call(&Request::VolumeSet {
                     name: name.clone(),
                     min_copies: *min_copies,
@@ -209,7 +212,7 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 })
                 .await
                 .map_err(usage_if_remote)?;
-            print(out, &v, |v| {
+            qos::print_warned(out, &v, |v| {
                 format!(
                     "volume {}: min copies {}, tier {}, limits {}{}\n",
                     v.name,
@@ -239,7 +242,7 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 .transpose()
                 .map_err(|e| CliError::Usage(e.to_string()))?
                 .map(trireme_replication::Layout::Parity);
-            let v: VolumeRecord = cc
+            let v: Warned<VolumeRecord> = cc
                 .call(&Request::VolumeCreate {
                     layout,
                     preallocate: *preallocate,
@@ -255,7 +258,7 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
                 .await
                 .map_err(usage_if_remote)?;
             rbac_follow(cli).await;
-            print(out, &v, |v| match v.layout.is_mirror() {
+            qos::print_warned(out, &v, |v| match v.layout.is_mirror() {
                 true => format!(
                     "created {} ({}, {}), {} replica{} on {}\n",
                     v.name,

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use serde::Serialize;
 use trireme_control::{
     ControlClient, MoveState, MoveStatus, NodeRestartReport, NodeStatus, Request, StatusReport,
+    Warned,
 };
 use trireme_meta::VolumeRecord;
 

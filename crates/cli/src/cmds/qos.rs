@@ -49,14 +49,14 @@ pub(crate) async fn policy_cmd(
                     "qos policy set: give a limit (--iops-limit N, ...)".into(),
                 ));
             }
-            let p: trireme_meta::QosPolicy = cc
+            let p: Warned<trireme_meta::QosPolicy> = cc
                 .call(&Request::QosPolicySet {
                     name: name.clone(),
                     limits,
                 })
                 .await
                 .map_err(usage_if_remote)?;
-            print(out, &p, policy_line);
+            print_warned(out, &p, policy_line);
         }
         PolicyCmd::Delete { name } => {
             let p: trireme_meta::QosPolicy = cc
@@ -83,5 +83,50 @@ pub(crate) async fn policy_cmd(
             });
         }
     }
+    Ok(())
+}
+
+/// Prints an answer; in text, its warnings go to standard error (JSON keeps them in the
+/// object).
+pub(crate) fn print_warned<T: serde::Serialize>(
+    out: Output,
+    w: &Warned<T>,
+    text: impl FnOnce(&T) -> String,
+) {
+    print(out, w, |w| text(&w.value));
+    if !matches!(out, Output::Json) {
+        for line in &w.warnings {
+            eprintln!("warning: {line}");
+        }
+    }
+}
+
+/// `trireme node set ID --iops-capacity N|none`.
+pub(crate) async fn node_set(
+    cc: &mut trireme_control::ControlClient,
+    out: Output,
+    id: u32,
+    iops_capacity: Option<trireme_control::Rate>,
+) -> Result<(), CliError> {
+    if iops_capacity.is_none() {
+        return Err(CliError::Usage(
+            "node set: give --iops-capacity N (or none)".into(),
+        ));
+    }
+    let n: Warned<trireme_meta::NodeRecord> = cc
+        .call(&Request::NodeSet { id, iops_capacity })
+        .await
+        .map_err(usage_if_remote)?;
+    print_warned(out, &n, |n| match n.iops_capacity {
+        Some(c) => format!(
+            "node {}: IOPS capacity {} (8 KiB units a second)\n",
+            n.id,
+            trireme_control::reserves::grouped(c)
+        ),
+        None => format!(
+            "node {}: no IOPS capacity declared (its reserves are not checked)\n",
+            n.id
+        ),
+    });
     Ok(())
 }

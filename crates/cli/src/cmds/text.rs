@@ -74,6 +74,7 @@ pub(crate) fn nodes_table(nodes: &[NodeStatus]) -> String {
             n.transport.clone(),
             ping,
             n.replicas.to_string(),
+            reserved_text(n),
         ]);
         if let Some(t) = &n.tiers {
             tiers.push(format!("node {}: {}\n", n.id, node_tiers_text(t)));
@@ -88,8 +89,21 @@ pub(crate) fn nodes_table(nodes: &[NodeStatus]) -> String {
         "TRANSPORT",
         "PING",
         "REPLICAS",
+        "RESERVED/CAPACITY",
     ];
     table(&head, &rows) + &tiers.concat()
+}
+
+/// The IOPS its volumes reserve on the node against what it can serve: `1,600/1,000 (over)`,
+/// `1,600/?` when no capacity is declared, `-` for neither.
+fn reserved_text(n: &NodeStatus) -> String {
+    use trireme_control::reserves::grouped;
+    match (n.reserved_iops, n.iops_capacity) {
+        (0, None) => "-".into(),
+        (r, None) => format!("{}/?", grouped(r)),
+        (r, Some(c)) if r > c => format!("{}/{} (over)", grouped(r), grouped(c)),
+        (r, Some(c)) => format!("{}/{}", grouped(r), grouped(c)),
+    }
 }
 
 /// A node's tiers in one line.
@@ -339,6 +353,9 @@ pub(crate) fn status_text(s: &StatusReport) -> String {
         out += &format!("health: {}\n", h.verdict.as_str().to_uppercase());
         for r in &h.reasons {
             out += &format!("  {r}\n");
+        }
+        for w in &s.warnings {
+            out += &format!("  warning: {w}\n");
         }
         out += "\n";
     }

@@ -37,6 +37,16 @@ pub struct NodeStatus {
     /// (`None`: down, or a node from before the `Space` op).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub space: Option<NodeSpaceStatus>,
+    /// What it serves flat out, in 8 KiB units a second, as declared (`node set`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iops_capacity: Option<u64>,
+    /// The reserves of the volumes with a copy on it, added up (8 KiB units a second).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub reserved_iops: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A node's room for replicas, as its `Space` answer gives it.
@@ -505,4 +515,8 @@ pub struct StatusReport {
     /// The cluster's health in one word, with the reasons.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<crate::health::Health>,
+    /// What is wrong with no copy at risk: nodes whose volumes' reserves add up past their
+    /// IOPS capacity.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }

@@ -4,6 +4,7 @@
 //! dispatch of API requests. Volumes' lifecycle is in `volumes.rs`, what it reports in
 //! `status.rs`, what every writer records in `records.rs`, the control listener in `serve.rs`.
 
+mod capacity;
 mod clones;
 mod compact;
 pub(crate) mod fence;
@@ -41,7 +42,7 @@ use trireme_meta::{ClusterMeta, NodeRecord, NodeState, VolumeRecord};
 use trireme_proto::{Header, Op, Status};
 use trireme_transport::TransportKind;
 
-use crate::api::{LinkStatus, Request};
+use crate::api::{LinkStatus, Request, Warned};
 use settings::Settings;
 
 /// How long the manager waits for a node on the control path.
@@ -633,7 +634,8 @@ impl Manager {
                     limits,
                     qos_policy,
                 };
-                self.settle_new(&name, &s).await
+                let v = self.settle_new(&name, &s).await?;
+                Ok(Warned::new(v, self.settings_warnings(&name, &s).await))
             }
             .await),
             Request::VolumeSet {
@@ -649,14 +651,27 @@ impl Manager {
                     limits,
                     qos_policy,
                 };
-                to(self.change_settings(&name, &s).await)
+                to(async {
+                    let v = self.change_settings(&name, &s).await?;
+                    Ok(Warned::new(v, self.settings_warnings(&name, &s).await))
+                }
+                .await)
             }
             Request::QosPolicyCreate {
                 name,
                 limits,
                 aggregated,
             } => to(self.qos_policy_create(&name, &limits, aggregated).await),
-            Request::QosPolicySet { name, limits } => to(self.qos_policy_set(&name, &limits).await),
+            Request::QosPolicySet { name, limits } => to(async {
+                let p = self.qos_policy_set(&name, &limits).await?;
+                let members = match limits.iops_reserve {
+                    Some(_) => self.policy_members(&name).await?,
+                    None => vec![],
+                };
+                let names: Vec<&str> = members.iter().map(String::as_str).collect();
+                Ok(Warned::new(p, self.reserve_warnings(&names).await))
+            }
+            .await),
             Request::QosPolicyDelete { name } => to(self.qos_policy_delete(&name).await),
             Request::QosPolicyList => to(self.qos_policy_list().await),
             Request::WriterUsage {
@@ -761,6 +776,7 @@ impl Manager {
             Request::NodeStart { id } => to(self.node_control(true, id).await),
             Request::NodeRestart { id } => to(self.restart_node(id).await),
             Request::NodeUndrain { id } => to(self.undrain(id).await),
+            Request::NodeSet { id, iops_capacity } => to(self.node_set(id, iops_capacity).await),
             Request::NodeDrain { id, rate } => to(self.start_move(id, false, rate).await),
             Request::NodeRemove { id, rate } => to(self.start_move(id, true, rate).await),
             Request::Status => to(self.status().await),

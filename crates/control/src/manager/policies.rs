@@ -215,12 +215,7 @@ impl Manager {
     /// Deletes policy `name`; refused, naming them, while volumes are under it.
     pub(crate) async fn qos_policy_delete(&self, name: &str) -> Result<QosPolicy> {
         let (p, rev) = self.meta.qos_policy(name).await?;
-        let members: Vec<String> = self
-            .members(name)
-            .await?
-            .into_iter()
-            .map(|v| v.name)
-            .collect();
+        let members = self.policy_members(name).await?;
         if !members.is_empty() {
             return Err(refused(format!(
                 "QoS policy {name} has volumes under it: {} (`volume set VOLUME --qos-policy none` first)",
@@ -289,6 +284,16 @@ impl Manager {
             self.reshare(p, None).await?;
         }
         Ok(self.meta.volume(name).await.unwrap_or(v))
+    }
+
+    /// The names of the volumes under `policy`.
+    pub(crate) async fn policy_members(&self, policy: &str) -> Result<Vec<String>> {
+        Ok(self
+            .members(policy)
+            .await?
+            .into_iter()
+            .map(|v| v.name)
+            .collect())
     }
 
     async fn members(&self, policy: &str) -> Result<Vec<VolumeRecord>> {

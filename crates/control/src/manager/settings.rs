@@ -53,6 +53,15 @@ impl Manager {
         Ok(self.meta.volume(name).await?)
     }
 
+    /// What to tell of the reserves after `s` was given to volume `name` (nothing unless it
+    /// touched a reserve or a policy).
+    pub(crate) async fn settings_warnings(&self, name: &str, s: &Settings) -> Vec<String> {
+        match s.limits.iops_reserve.is_some() || s.qos_policy.is_some() {
+            true => self.reserve_warnings(&[name]).await,
+            false => Vec::new(),
+        }
+    }
+
     /// Gives a volume just created its settings; a setting refused deletes the volume (the
     /// caller gets the refusal and no volume).
     pub(crate) async fn settle_new(&self, name: &str, s: &Settings) -> Result<VolumeRecord> {

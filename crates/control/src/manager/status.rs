@@ -189,6 +189,10 @@ impl Manager {
             zone: n.zone.clone(),
             capacity: space.as_ref().map_or(capacity, |s| s.capacity),
             space,
+            iops_capacity: n.iops_capacity,
+            reserved_iops: crate::reserves::node_reserves(std::slice::from_ref(n), vols)
+                .first()
+                .map_or(0, |r| r.reserved),
         }
     }
 
@@ -389,6 +393,10 @@ impl Manager {
             moves: self.moves(),
             manager: self.meta.manager().await.ok().flatten().map(|(m, _)| m),
             health: Some(health),
+            warnings: crate::reserves::node_reserves(&nodes, &vols)
+                .iter()
+                .filter_map(|r| r.warning())
+                .collect(),
         })
     }
 }

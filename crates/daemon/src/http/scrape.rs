@@ -102,6 +102,24 @@ fn cluster_families(e: &mut Exposition, st: &StatusReport) {
             .filter_map(|n| n.ping_us.map(|p| (node(n.id), p as f64 / 1e6)))
             .collect(),
     );
+    e.family(
+        "trireme_node_iops_capacity",
+        "What the node serves flat out, in 8 KiB units a second, as declared (node set --iops-capacity).",
+        Kind::Gauge,
+        st.nodes
+            .iter()
+            .filter_map(|n| n.iops_capacity.map(|c| (node(n.id), c as f64)))
+            .collect(),
+    );
+    e.family(
+        "trireme_node_reserved_iops",
+        "The IOPS reserves of the volumes with a copy on the node, added up (8 KiB units a second).",
+        Kind::Gauge,
+        st.nodes
+            .iter()
+            .map(|n| (node(n.id), n.reserved_iops as f64))
+            .collect(),
+    );
     let mut states = Vec::new();
     for n in &st.nodes {
         for s in [
