@@ -205,6 +205,7 @@ pub enum NodeCmd {
     /// Change what the cluster knows of a node: its IOPS capacity, which the reserves of the
     /// volumes on it are checked against.
     Set {
+        /// The node's id (`trireme node list`).
         id: u32,
         /// What the node serves flat out, in 8 KiB units a second (measure it: `trireme bench`
         /// of a one-copy volume on it, or fio on its drive); `none` forgets it.
