@@ -166,7 +166,7 @@ fn iops_number(s: &str, what: &str) -> Result<u64, String> {
 
 /// A node's IOPS capacity as a daemon declares it at start: a positive number (`none` is
 /// `node set`'s).
-pub fn parse_iops_count(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_iops_count(s: &str) -> Result<u64, String> {
     match parse_iops_capacity(s)? {
         Rate::Set(n) => Ok(n),
         Rate::Remove(_) => Err(
@@ -176,7 +176,7 @@ pub fn parse_iops_count(s: &str) -> Result<u64, String> {
 }
 
 /// A node's IOPS capacity: `none`, or a positive whole number with an optional `k` or `m`.
-pub fn parse_iops_capacity(s: &str) -> Result<Rate, String> {
+pub(crate) fn parse_iops_capacity(s: &str) -> Result<Rate, String> {
     rate(s, "an IOPS capacity", |t| iops_number(t, "IOPS capacity"))
 }
 

@@ -608,8 +608,10 @@ impl Manager {
                 let vols = self.meta.volumes().await?;
                 let mut out = Vec::new();
                 let alive = self.registered().await;
-                for n in self.meta.nodes().await? {
-                    out.push(self.node_status(&n, &vols, alive.as_ref()).await);
+                let nodes = self.meta.nodes().await?;
+                let reserves = crate::reserves::node_reserves(&nodes, &vols);
+                for n in &nodes {
+                    out.push(self.node_status(n, &vols, alive.as_ref(), &reserves).await);
                 }
                 to(Ok(out))
             }

@@ -150,6 +150,7 @@ impl Manager {
         n: &NodeRecord,
         vols: &[VolumeRecord],
         alive: Option<&std::collections::BTreeMap<u32, trireme_meta::AliveRecord>>,
+        reserves: &[crate::reserves::NodeReserves],
     ) -> NodeStatus {
         let t0 = Instant::now();
         let registered = alive.map(|a| a.contains_key(&n.id));
@@ -190,8 +191,9 @@ impl Manager {
             capacity: space.as_ref().map_or(capacity, |s| s.capacity),
             space,
             iops_capacity: n.iops_capacity,
-            reserved_iops: crate::reserves::node_reserves(std::slice::from_ref(n), vols)
-                .first()
+            reserved_iops: reserves
+                .iter()
+                .find(|r| r.node == n.id)
                 .map_or(0, |r| r.reserved),
         }
     }
@@ -227,9 +229,10 @@ impl Manager {
         let nodes = self.member_nodes().await?;
         let (vols, bad) = self.meta.volumes_checked().await?;
         let alive = self.registered().await;
+        let reserves = crate::reserves::node_reserves(&nodes, &vols);
         let mut ns = Vec::new();
         for n in &nodes {
-            ns.push(self.node_status(n, &vols, alive.as_ref()).await);
+            ns.push(self.node_status(n, &vols, alive.as_ref(), &reserves).await);
         }
         let tiered: Vec<u32> = ns
             .iter()
@@ -393,10 +396,7 @@ impl Manager {
             moves: self.moves(),
             manager: self.meta.manager().await.ok().flatten().map(|(m, _)| m),
             health: Some(health),
-            warnings: crate::reserves::node_reserves(&nodes, &vols)
-                .iter()
-                .filter_map(|r| r.warning())
-                .collect(),
+            warnings: reserves.iter().filter_map(|r| r.warning()).collect(),
         })
     }
 }
