@@ -92,7 +92,9 @@ calm() { i=0; while $T --output json status 2>/dev/null | grep -qi '"unverified"
 round() {
 K=$1; V=$2
 calm
-rm -f /tmp/sums /tmp/stop /tmp/c.*
+# A map's output file is written by the background job's shell: one left by the last round
+# could be read before that shell truncates it.
+rm -f /tmp/sums /tmp/stop /tmp/c.* /tmp/map* /tmp/a.sock
 # A volume another process writes: refused, naming it, and nothing changed (it goes on).
 $T attach $V --socket /tmp/a.sock >/tmp/att 2>/tmp/att.log &
 ATT=$!
@@ -186,6 +188,7 @@ echo "@@ ROUND-OK $K"
 # Beside `up` (no etcd): `map` takes the writer from up's export through its control socket.
 round_up() {
 U="trireme --transport tcp --data-dir /up"
+rm -f /tmp/map*
 $U up --size 64M --node-capacity 96M --port 0 >/tmp/up.out 2>/tmp/up.log &
 UP=$!
 i=0; until grep -q "Press Ctrl-C" /tmp/up.out 2>/dev/null; do i=$((i+1)); [ $i -gt 900 ] && fail "up: $(tail -5 /tmp/up.log)"; sleep 0.2; done
