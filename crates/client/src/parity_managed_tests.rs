@@ -185,8 +185,9 @@ async fn a_failed_node_is_taken_out_and_rebuilt_by_a_managed_writer() {
 }
 
 /// A managed writer that dies with its mirrors differing (writes that reached one copy
-/// only, a trim that reached one): the next one, told to reconcile, makes every region's
-/// mirrors agree from one copy before any I/O, data and held blocks alike.
+/// only, a trim that reached one, bytes a power loss left on the first copy without their
+/// held bit): the next one, told to reconcile, makes every region's mirrors agree from one
+/// copy before any I/O, data and held blocks alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_managed_writer_reconciles_the_mirrors_a_dead_one_left_differing() {
     let mut c = cluster().await;
@@ -211,6 +212,8 @@ async fn a_new_managed_writer_reconciles_the_mirrors_a_dead_one_left_differing()
     let over = pattern(region, 4 * 4096, 2);
     v.write(region, over.clone(), false).await.unwrap();
     model[region as usize..(region + 4 * 4096) as usize].copy_from_slice(&over);
+    v.write_zeroes(6 * 4096, 4096, true, false).await.unwrap();
+    model[6 * 4096..7 * 4096].fill(0);
     v.flush().await.unwrap();
     drop(v);
 
@@ -255,6 +258,13 @@ async fn a_new_managed_writer_reconciles_the_mirrors_a_dead_one_left_differing()
     )
     .await;
     send_raw(&raw, &c.stripes, Op::Flush, 0, 0, Bytes::new()).await;
+    // On the first mirror of region 0, the trimmed block 6 has bytes again with its held bit
+    // clear: a power loss that undid the punch (its store written under the node's map).
+    let first0 = c.stripes.mirrors_of(0)[0] as usize - 1;
+    let at6 = c.stripes.node_block(6) * 4096;
+    c.replicas[first0]
+        .write(at6, &pattern(6 * 4096, 4096, 7), false)
+        .unwrap();
 
     let mut info = records.0.lock().unwrap().clone();
     info.epoch = 3;
@@ -265,6 +275,12 @@ async fn a_new_managed_writer_reconciles_the_mirrors_a_dead_one_left_differing()
         .unwrap();
     let report = v.last_reconcile().expect("reconciled");
     assert!(!report.whole && report.copied_bytes > 0, "{report:?}");
+    let mut on_first = vec![1; 4096];
+    c.replicas[first0].read(at6, &mut on_first).unwrap();
+    assert!(
+        on_first.iter().all(|&b| b == 0),
+        "the bytes without their held bit stayed on the reconcile's source"
+    );
     // Every copy answers the same, the first mirror's: each node failing reads in turn.
     for (n, spec) in specs.iter().enumerate() {
         std::fs::write(&spec.0, "read=1").unwrap();

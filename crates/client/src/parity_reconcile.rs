@@ -7,7 +7,10 @@
 //!   encode wrote is named by no record, and a switched one was durable on every node first).
 //! - Each region's part is copied from the first in-sync copy of its mirrors to the others
 //!   with what it holds (`Volume::copy_held`): data and held maps agree after it, so the
-//!   overlay restored next is the same on every mirror.
+//!   overlay restored next is the same on every mirror. What the source does not hold is
+//!   trimmed on it too (`Volume::trim_unheld`): after every node lost power it may keep
+//!   bytes whose held bit is clear (a write never flushed, a punch undone), which a mirrored
+//!   region would otherwise read from it alone (the simulator's `parity_steps` found it).
 //! - A copy is always made, with no checksums compared first: the logs bound the ranges to
 //!   the writes that were in flight. With a log missing (a node restarted), every region is.
 
@@ -40,6 +43,7 @@ impl Volume {
             let Some((&src, rest)) = mirrors.split_first() else {
                 continue;
             };
+            self.trim_unheld(src, off, len).await?;
             for &t in rest {
                 match self.copy_held(src, t, off, len).await {
                     Ok(n) => copied += n,

@@ -304,33 +304,41 @@ impl Volume {
                 .await
                 .map_err(|(_, e)| e)?,
         };
-        let mut at = h.offset;
-        for (start, n) in held.iter().copied().chain([(h.offset + len, 0)]) {
-            if start > at {
-                self.send_to(
-                    dst,
-                    Op::WriteZeroes,
-                    FLAG_MAY_TRIM,
-                    at,
-                    start - at,
-                    Bytes::new(),
-                )
+        for (start, n) in gaps(&held, h.offset, len) {
+            self.send_to(dst, Op::WriteZeroes, FLAG_MAY_TRIM, start, n, Bytes::new())
                 .await?;
-            }
-            if n > 0 {
-                let bytes =
-                    data.slice((start - h.offset) as usize..(start - h.offset + n) as usize);
-                match bytes.iter().all(|&b| b == 0) {
-                    true => {
-                        self.send_to(dst, Op::WriteZeroes, 0, start, n, Bytes::new())
-                            .await?
-                    }
-                    false => self.send_to(dst, Op::Write, 0, start, n, bytes).await?,
+        }
+        for &(start, n) in &held {
+            let bytes = data.slice((start - h.offset) as usize..(start - h.offset + n) as usize);
+            match bytes.iter().all(|&b| b == 0) {
+                true => {
+                    self.send_to(dst, Op::WriteZeroes, 0, start, n, Bytes::new())
+                        .await?
                 }
+                false => self.send_to(dst, Op::Write, 0, start, n, bytes).await?,
             }
-            at = start + n;
         }
         Ok(held.iter().map(|(_, n)| n).sum())
+    }
+
+    /// Trims, on replica `i`, the blocks of `[off, off + len)` (as [`Volume::copy_held`]) it
+    /// does not hold. After a power loss a copy may keep bytes whose held bit is clear (a
+    /// write never flushed, a punch undone): a region in parity reads the stripe there, but
+    /// a mirrored region would read those bytes from this copy alone once `copy_held` from it
+    /// trimmed them on the others.
+    pub(crate) async fn trim_unheld(
+        &self,
+        i: usize,
+        off: u64,
+        len: u64,
+    ) -> Result<(), VolumeError> {
+        let h = self.node_range(self.recovery_header(Op::Read, off, len));
+        let held = self.ask_held(i, h.offset, len).await?;
+        for (start, n) in gaps(&held, h.offset, len) {
+            self.send_to(i, Op::WriteZeroes, FLAG_MAY_TRIM, start, n, Bytes::new())
+                .await?;
+        }
+        Ok(())
     }
 
     /// Rebuilds one of replica `i`'s chunks from the K chunks in sync the core names.
@@ -403,4 +411,26 @@ impl Volume {
         let due = std::time::Duration::from_secs_f64(progress.done_bytes as f64 / rate as f64);
         tokio::time::sleep(due.saturating_sub(started.elapsed())).await;
     }
+}
+
+/// The runs of `[start, start + len)` the sorted runs `held` do not cover.
+fn gaps(held: &[(u64, u64)], start: u64, len: u64) -> Vec<(u64, u64)> {
+    let mut at = start;
+    let mut out = Vec::new();
+    for &(s, n) in held.iter().chain([(start + len, 0)].iter()) {
+        if s > at {
+            out.push((at, s - at));
+        }
+        at = at.max(s + n);
+    }
+    out
+}
+
+#[cfg(test)]
+#[test]
+fn gaps_are_what_the_held_runs_leave() {
+    assert_eq!(gaps(&[], 8, 4), vec![(8, 4)]);
+    assert_eq!(gaps(&[(8, 4)], 8, 4), vec![]);
+    assert_eq!(gaps(&[(9, 1), (11, 1)], 8, 4), vec![(8, 1), (10, 1)]);
+    assert_eq!(gaps(&[(8, 2)], 8, 4), vec![(10, 2)]);
 }
