@@ -152,7 +152,7 @@ fn the_core_steps_checker_sees_writes_and_copies_out_of_order() {
 
 /// A parity volume's core stepped alone: no block reads older than its last acknowledged
 /// write through writes, encodes, fold-backs, nodes down and back (some wiped), their
-/// resyncs and writer restarts...
+/// resyncs, writer restarts, client flushes and power losses...
 #[test]
 fn a_parity_volumes_core_stepped_alone_reads_every_acknowledged_write() {
     let mut counts = parity_steps::Counts::default();
@@ -171,12 +171,18 @@ fn a_parity_volumes_core_stepped_alone_reads_every_acknowledged_write() {
         "{counts:?}"
     );
     assert!(counts.replaced > 20, "{counts:?}");
+    assert!(
+        counts.flushes > 1000 && counts.power_losses > 100,
+        "{counts:?}"
+    );
 }
 
 /// ...and its checker sees an encoder that reads or trims its region with requests to it in
 /// flight, one whose stripe lacks a chunk, a resync that copies from a node not mirroring the
-/// region, a discard trimmed over a stripe, and a restarted writer that orders the stripe's
-/// nodes by id after a replacement.
+/// region, a discard trimmed over a stripe, a restarted writer that orders the stripe's
+/// nodes by id after a replacement, an encoder that switches and frees before its stripe is
+/// flushed, a node whose held bits are durable before their data, and a reconcile that
+/// leaves its source's bytes without held bits where they are.
 #[test]
 fn the_parity_checker_sees_an_encoder_out_of_order() {
     use parity_steps::Sabotage::*;
@@ -187,6 +193,9 @@ fn the_parity_checker_sees_an_encoder_out_of_order() {
         CopyFromAnyNode,
         TrimOverStripe,
         NodesById,
+        FlushSkipped,
+        HeldBeforeData,
+        SourceGapsKept,
     ] {
         let caught = (0..1000)
             .filter(|&seed| parity_steps::run(seed, sabotage).is_err())

@@ -205,8 +205,9 @@ fn the_core_stepped_alone_keeps_the_copies_the_same_for_every_seed() {
 
 /// A parity volume's core stepped alone (`trireme_sim::parity_steps`), over the same seeds:
 /// writes to each region's mirrored copies, encodes and fold-backs carried out step by step,
-/// nodes lost up to M, the writer restarting; no block reads older than its last
-/// acknowledged write, and every stripe's chunks agree.
+/// nodes lost up to M, the writer restarting, client flushes, power losses of one node and of
+/// all; no block reads older than its last acknowledged write (its last flushed one after
+/// every node lost power), and every stripe's chunks agree.
 #[test]
 fn a_parity_volumes_core_stepped_alone_reads_every_acknowledged_write_for_every_seed() {
     use trireme_sim::parity_steps::{run, Counts, Sabotage};
@@ -222,7 +223,7 @@ fn a_parity_volumes_core_stepped_alone_reads_every_acknowledged_write_for_every_
         }
     }
     eprintln!(
-        "parity stepped alone: {} seeds, {} writes, {} encodes, {} fold-backs, {} abandoned, {} rebuilt reads, {} writer restarts, {} nodes down, {} resyncs, {} chunks rebuilt, {} copies replaced",
+        "parity stepped alone: {} seeds, {} writes, {} encodes, {} fold-backs, {} abandoned, {} rebuilt reads, {} writer restarts, {} nodes down, {} resyncs, {} chunks rebuilt, {} copies replaced, {} flushes, {} power losses",
         seeds.len(),
         counts.writes,
         counts.encodes,
@@ -233,6 +234,8 @@ fn a_parity_volumes_core_stepped_alone_reads_every_acknowledged_write_for_every_
         counts.lost_nodes,
         counts.resyncs,
         counts.chunks_rebuilt,
-        counts.replaced
+        counts.replaced,
+        counts.flushes,
+        counts.power_losses
     );
 }

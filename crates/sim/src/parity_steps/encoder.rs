@@ -28,8 +28,8 @@ impl Run {
                 let node = &mut self.nodes[n as usize - 1];
                 ok &= node.up;
                 if node.up {
-                    for b in &blocks {
-                        node.mirror.remove(b);
+                    for &b in &blocks {
+                        node.trim(b);
                     }
                 }
             }
@@ -133,7 +133,17 @@ impl Run {
                 }
                 Ok(ok)
             }
-            EncodeStep::Flush { nodes } => Ok(nodes.iter().all(|&n| self.nodes[n as usize - 1].up)),
+            EncodeStep::Flush { nodes } => {
+                let mut ok = true;
+                for n in nodes {
+                    let node = &mut self.nodes[n as usize - 1];
+                    ok &= node.up;
+                    if node.up && self.sabotage != Sabotage::FlushSkipped {
+                        node.flush();
+                    }
+                }
+                Ok(ok)
+            }
             EncodeStep::Switch { to, .. } => {
                 // The record's write may fail (etcd away): the region reads as before.
                 if self.rng.chance(0.1) {

@@ -27,7 +27,10 @@
 //! the new node comes in empty and is rebuilt whole, and a restarted writer takes the
 //! stripe's nodes in the record's order (the places), not by node id.
 //!
-//! Not modelled: power loss of a node's unflushed chunks.
+//! Nodes also lose power, one at a time or all at once (`power.rs`): what was not flushed
+//! may be lost, torn block by block, and the held maps' rules decide what the overlay is
+//! after it. The client's flushes make every acknowledged write durable; after all nodes lost
+//! power, a block reads the last write acknowledged before the last flush, or one after it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -65,6 +68,14 @@ pub enum Sabotage {
     /// A restarted writer orders the stripe's nodes by id, not in the record's order: a
     /// replacement's node then lands in another place.
     NodesById,
+    /// The encoder's flush of the new chunks is answered without one: the map is switched and
+    /// the mirrors freed while the stripe is not durable.
+    FlushSkipped,
+    /// A node makes a block's held bit durable with its write, before the data.
+    HeldBeforeData,
+    /// A reconcile trims the blocks its source does not hold on the other copies only: bytes
+    /// the source kept without their held bit (a power loss) stay there alone.
+    SourceGapsKept,
 }
 
 /// What one run did.
@@ -80,6 +91,8 @@ pub struct Counts {
     pub resyncs: u64,
     pub chunks_rebuilt: u64,
     pub replaced: u64,
+    pub flushes: u64,
+    pub power_losses: u64,
 }
 
 impl std::ops::AddAssign for Counts {
@@ -94,6 +107,8 @@ impl std::ops::AddAssign for Counts {
         self.resyncs += o.resyncs;
         self.chunks_rebuilt += o.chunks_rebuilt;
         self.replaced += o.replaced;
+        self.flushes += o.flushes;
+        self.power_losses += o.power_losses;
     }
 }
 
@@ -112,7 +127,11 @@ struct Node {
     /// The incarnation the record names: the one last recorded in sync.
     recorded: u64,
     mirror: BTreeMap<u64, u64>,
-    slots: BTreeMap<(u64, u8, usize, u64), Cell>,
+    /// The blocks its held map sets (`power.rs`).
+    held: BTreeSet<u64>,
+    slots: BTreeMap<power::CellAt, Cell>,
+    /// What a power loss leaves (`power.rs`).
+    durable: power::Durable,
     /// Blocks written while it was out (the survivors' marks for it).
     missed: BTreeSet<u64>,
     /// Its resync's blocks still to copy, and chunks still to rebuild.
@@ -170,6 +189,8 @@ struct Run {
     seq: u64,
     /// Per block, the last acknowledged write, and every write sent to it.
     acked: BTreeMap<u64, u64>,
+    /// `acked` at the last client flush: what survives every node losing power.
+    floor: BTreeMap<u64, u64>,
     sent: BTreeMap<u64, BTreeSet<u64>>,
     /// Discards: all read back as zeroes; trims drop the blocks where they land.
     zeroes: BTreeSet<u64>,
@@ -188,6 +209,7 @@ macro_rules! trace {
 }
 
 mod encoder;
+mod power;
 mod resync;
 
 /// One run of seed `seed`: what it did, or the first broken guarantee.
@@ -230,6 +252,7 @@ pub fn run(seed: u64, sabotage: Sabotage) -> Result<Counts, String> {
         recorded: vec![Region::Mirror; regions as usize],
         seq: 0,
         acked: BTreeMap::new(),
+        floor: BTreeMap::new(),
         sent: BTreeMap::new(),
         zeroes: BTreeSet::new(),
         trims: BTreeSet::new(),
@@ -278,10 +301,14 @@ impl Run {
                 self.lose_node();
                 Ok(())
             }
-            21 if self.rng.chance(0.25) => self.restart(),
+            21 if self.rng.chance(0.25) => match self.rng.chance(0.3) {
+                true => self.power_loss_all(),
+                false => self.restart(),
+            },
             22..=24 => self.resync_step(),
             25 if self.rng.chance(0.3) => self.come_back(),
             26 if self.rng.chance(0.15) => self.replace(),
+            27 => self.client_flush(),
             _ => self.retry_gate(),
         }
     }
@@ -355,9 +382,9 @@ impl Run {
         if up {
             for b in blocks.0..blocks.1 {
                 match self.trims.contains(&seq) {
-                    true => self.nodes[i].mirror.remove(&b),
-                    false => self.nodes[i].mirror.insert(b, seq),
-                };
+                    true => self.nodes[i].trim(b),
+                    false => self.land(i, b, seq),
+                }
             }
         }
         self.writes[k].targets[j].1 = Some(match up {
@@ -475,6 +502,9 @@ impl Run {
                 trace!(self, "node {i} down");
                 self.nodes[i].up = false;
                 self.counts.lost_nodes += 1;
+                if self.rng.chance(0.5) {
+                    self.power_loss(i);
+                }
             }
         }
     }
@@ -579,15 +609,28 @@ impl Run {
     fn restart(&mut self) -> Result<(), String> {
         self.counts.restarts += 1;
         trace!(self, "the writer restarts");
+        self.land_in_flight();
+        self.restart_writer()
+    }
+
+    /// The writes in flight when the writer died land on some of their targets.
+    fn land_in_flight(&mut self) {
         for w in std::mem::take(&mut self.writes) {
             for (i, _) in w.targets {
                 if self.nodes[i].up && self.rng.chance(0.5) {
                     for b in w.blocks.0..w.blocks.1 {
-                        self.nodes[i].mirror.insert(b, w.seq);
+                        match self.trims.contains(&w.seq) {
+                            true => self.nodes[i].trim(b),
+                            false => self.land(i, b, w.seq),
+                        }
                     }
                 }
             }
         }
+    }
+
+    /// A new writer attaches (see [`Run::restart`]).
+    fn restart_writer(&mut self) -> Result<(), String> {
         self.gate.clear();
         self.encoder = None;
         self.copies.clear();
@@ -621,7 +664,7 @@ impl Run {
         self.reconcile(&up);
         let held: BTreeSet<u64> = (0..self.nodes.len())
             .filter(|&i| up[i])
-            .flat_map(|i| self.nodes[i].mirror.keys().copied())
+            .flat_map(|i| self.nodes[i].held.iter().copied())
             .collect();
         self.core
             .restore_regions(&self.recorded, held)
@@ -629,33 +672,43 @@ impl Run {
         Ok(())
     }
 
-    /// Every block a mirrored copy holds is copied from one copy that holds it to the other
-    /// copies of its region that are up.
+    /// Every block of the regions' mirrored parts is copied from its region's first mirror up
+    /// to the others, with what that one holds, and a block it does not hold is trimmed on it
+    /// too (the writer's `reconcile_parity`): after a power loss a node may have bytes of a
+    /// block whose held bit is clear (a write never flushed, a punch undone), which a read of
+    /// a mirrored region would return from that copy alone.
     fn reconcile(&mut self, up: &[bool]) {
         let Some(map) = self.core.region_map() else {
             return;
         };
         let stripes = map.stripes().clone();
-        let held: BTreeSet<u64> = (0..self.nodes.len())
-            .filter(|&i| up[i])
-            .flat_map(|i| self.nodes[i].mirror.keys().copied())
-            .collect();
-        for b in held {
+        for b in self.hot_blocks() {
             let mirrors: Vec<usize> = stripes
                 .mirrors_of(stripes.region_of(b))
                 .into_iter()
                 .map(|n| n as usize - 1)
                 .filter(|&i| up[i])
                 .collect();
-            let Some(v) = mirrors
-                .iter()
-                .find_map(|&i| self.nodes[i].mirror.get(&b).copied())
-            else {
-                continue;
-            };
-            for i in mirrors {
-                self.nodes[i].mirror.insert(b, v);
+            if let Some((&src, rest)) = mirrors.split_first() {
+                if !self.nodes[src].held.contains(&b) && self.sabotage != Sabotage::SourceGapsKept {
+                    self.nodes[src].trim(b);
+                }
+                for &t in rest {
+                    self.copy_held(src, t, b);
+                }
             }
+        }
+    }
+
+    /// Block `b` copied from node `src` to node `dst` as the writer's `copy_held` does:
+    /// written if `src` holds it, trimmed if not.
+    fn copy_held(&mut self, src: usize, dst: usize, b: u64) {
+        match self.nodes[src].held.contains(&b) {
+            true => {
+                let v = self.nodes[src].mirror.get(&b).copied().unwrap_or(0);
+                self.land(dst, b, v);
+            }
+            false => self.nodes[dst].trim(b),
         }
     }
 
@@ -675,7 +728,7 @@ impl Run {
                 return self.compare();
             }
             if let Some(&i) = self.members.iter().find(|&&i| !self.nodes[i].up) {
-                self.nodes[i].up = true;
+                self.back(i, false)?;
             }
             self.start_resyncs()?;
             self.deliver()?;

@@ -8,25 +8,34 @@ impl Run {
     pub(super) fn come_back(&mut self) -> Result<(), String> {
         if let Some(&i) = self.members.iter().find(|&&i| !self.nodes[i].up) {
             let wiped = self.rng.chance(0.3);
-            trace!(self, "node {i} back (wiped: {wiped})");
-            let node = &mut self.nodes[i];
-            node.up = true;
-            if wiped {
-                node.incarnation += 1;
-                node.mirror.clear();
-                node.slots.clear();
-                // Its link answers as another incarnation: the writer takes it out at once,
-                // before any request reaches what it no longer holds.
-                if self.core.set().state(i) == ReplicaState::InSync {
-                    self.take_out(&[i])?;
-                }
-            }
-            // Its restart broke the links of a resync into it: that resync fails.
-            if self.core.resyncing(i) {
-                self.take_out(&[i])?;
-            }
+            self.back(i, wiped)?;
         }
         self.start_resyncs()
+    }
+
+    /// Node `i` is up again, wiped or not.
+    pub(super) fn back(&mut self, i: usize, wiped: bool) -> Result<(), String> {
+        trace!(self, "node {i} back (wiped: {wiped})");
+        let node = &mut self.nodes[i];
+        node.up = true;
+        if wiped {
+            node.incarnation += 1;
+            node.mirror.clear();
+            node.held.clear();
+            node.slots.clear();
+            node.flush();
+        }
+        // Back as another incarnation (wiped, or after a power loss): the writer takes it
+        // out at once, before any request reaches what it no longer holds.
+        let node = &self.nodes[i];
+        if node.incarnation != node.recorded && self.core.set().state(i) == ReplicaState::InSync {
+            self.take_out(&[i])?;
+        }
+        // Its restart broke the links of a resync into it: that resync fails.
+        if self.core.resyncing(i) {
+            self.take_out(&[i])?;
+        }
+        Ok(())
     }
 
     /// A copy out of sync (not being resynced) gives its place to a new node's, empty
@@ -96,7 +105,7 @@ impl Run {
             trace!(self, "resync of {i} begins (incremental: {incremental})");
             self.core.resync_begun(i, progress());
             self.counts.resyncs += 1;
-            self.maybe_done(i);
+            self.maybe_done(i)?;
         }
         Ok(())
     }
@@ -119,8 +128,7 @@ impl Run {
             let c = self.copies.remove(k);
             self.copy(c.replica, c.block)?;
             self.release(c.place);
-            self.maybe_done(c.replica);
-            return Ok(());
+            return self.maybe_done(c.replica);
         }
         let busy: Vec<usize> = (0..self.nodes.len())
             .filter(|&i| self.core.resyncing(i))
@@ -183,12 +191,8 @@ impl Run {
             MirrorCopy::NoSource => return Ok(()),
             MirrorCopy::From(s) if !self.nodes[s].up => return self.take_out(&[s]),
             MirrorCopy::From(s) => {
-                let v = self.nodes[s].mirror.get(&b).copied();
-                trace!(self, "resync of {i}: block {b} from {s}: {v:?}");
-                match v {
-                    Some(v) => self.nodes[i].mirror.insert(b, v),
-                    None => self.nodes[i].mirror.remove(&b),
-                };
+                trace!(self, "resync of {i}: block {b} from {s}");
+                self.copy_held(s, i, b);
             }
         }
         self.nodes[i].to_copy.remove(&b);
@@ -246,21 +250,30 @@ impl Run {
         trace!(self, "resync of {i}: chunk {:?} rebuilt", r.to);
         self.nodes[i].rebuilds.pop();
         self.counts.chunks_rebuilt += 1;
-        self.maybe_done(i);
-        Ok(())
+        self.maybe_done(i)
     }
 
-    /// Replica `i`'s resync is done once nothing is left to copy or rebuild.
-    pub(super) fn maybe_done(&mut self, i: usize) {
+    /// Replica `i`'s resync is done once nothing is left to copy or rebuild, and a flush made
+    /// what it copied durable (a node down fails the flush, and is taken out).
+    pub(super) fn maybe_done(&mut self, i: usize) -> Result<(), String> {
         let node = &self.nodes[i];
         let pending = self.copies.iter().any(|c| c.replica == i);
-        if self.core.resyncing(i) && node.to_copy.is_empty() && node.rebuilds.is_empty() && !pending
+        if !self.core.resyncing(i)
+            || !node.to_copy.is_empty()
+            || !node.rebuilds.is_empty()
+            || pending
         {
-            trace!(self, "resync of {i} done");
-            self.core.resync_done(i, node.incarnation, progress());
-            let node = &mut self.nodes[i];
-            node.recorded = node.incarnation;
-            node.missed.clear();
+            return Ok(());
         }
+        if !node.up {
+            return self.take_out(&[i]);
+        }
+        trace!(self, "resync of {i} done");
+        let node = &mut self.nodes[i];
+        node.flush();
+        self.core.resync_done(i, node.incarnation, progress());
+        node.recorded = node.incarnation;
+        node.missed.clear();
+        Ok(())
     }
 }
