@@ -43,12 +43,15 @@ const RESYNC_RETOLD: Duration = Duration::from_secs(30);
 /// Starts failure handling for a freshly attached volume: reconciles the replicas if the previous
 /// writer died with writes in flight, then spawns the resync task.
 pub(crate) async fn start(v: &Arc<Volume>) -> Result<(), VolumeError> {
-    if v.info.reconcile {
-        match v.parity.is_some() {
-            true => v.reconcile_parity().await?,
-            false => v.reconcile().await?,
-        }
+    // A parity volume's copies kept in sync with their history lost may have lost unflushed
+    // writes to their mirrored parts: reconciled whatever the last writer did.
+    let kept_lost = !v.kept_lost().is_empty();
+    match v.parity.is_some() {
+        true if v.info.reconcile || kept_lost => v.reconcile_parity().await?,
+        false if v.info.reconcile => v.reconcile().await?,
+        _ => {}
     }
+    v.record_kept_lost().await;
     v.restore_overlay().await?;
     // The replicas agree now: each starts this writer's activity log (one that cannot is taken
     // out, like one that fails its attach).

@@ -157,6 +157,10 @@ pub struct Volume {
     activity: activity::Activity,
     /// What the reconciliation at attach did, if there was one.
     reconciled: Mutex<Option<ReconcileReport>>,
+    /// In-sync copies that came back at attach with another history than recorded and were
+    /// kept in sync all the same (`check_incarnations`): never a reconcile's source while
+    /// another copy of the region kept its history.
+    kept_lost: Mutex<Vec<usize>>,
     /// Writes waiting for enough copies (`copies.rs`).
     copies: copies::Copies,
     /// Writes pass it one at a time, in arrival order, on their way into the write order.
@@ -310,6 +314,7 @@ impl Volume {
         Ok(Volume {
             activity,
             reconciled: Mutex::new(None),
+            kept_lost: Mutex::new(Vec::new()),
             copies: copies::Copies::default(),
             copies_gate: tokio::sync::Mutex::new(()),
             waiting_said: std::sync::atomic::AtomicBool::new(false),
@@ -446,6 +451,13 @@ impl Volume {
     /// reads nor be a reconciliation's source: it is taken out with its history lost (a full
     /// compare resync), unless no in-sync replica kept its history, when none can be preferred
     /// and all stay. In-sync replicas with no incarnation on record get theirs recorded.
+    ///
+    /// A parity volume's copies also all stay when the others cannot serve every region
+    /// without them (more than M lost power at once): out, they could never be rebuilt, as a
+    /// chunk is rebuilt from K in sync. Their chunks hold: a stripe is flushed on every node
+    /// before its region is switched to it, and only an unswitched slot is written after. Their
+    /// mirrored parts may have lost unflushed writes: the reconcile that follows copies each
+    /// region's from a mirror that kept its history, where one did ([`Volume::kept_lost`]).
     async fn check_incarnations(
         &self,
         lost: &[usize],
@@ -461,13 +473,18 @@ impl Volume {
             .filter(|i| in_sync.contains(i))
             .collect();
         if !lost.is_empty() {
-            if lost.len() < in_sync.len() {
+            if lost.len() == in_sync.len() {
+                tracing::error!(volume = %self.info.name, "every in-sync replica has another incarnation than recorded: none kept its history, so none is preferred");
+                *self.kept_lost.lock().unwrap_or_else(|e| e.into_inner()) = lost;
+            } else if !self.core().serves_without(&lost) {
+                let nodes: Vec<u32> = lost.iter().map(|&i| self.node(i)).collect();
+                tracing::error!(volume = %self.info.name, ?nodes, "in-sync copies came back with another history than recorded (a power loss), more than the parity layout can rebuild: they stay in sync, their stripes' chunks serve, and their mirrored parts are reconciled from the copies that kept theirs");
+                *self.kept_lost.lock().unwrap_or_else(|e| e.into_inner()) = lost;
+            } else {
                 for &i in &lost {
                     tracing::warn!(volume = %self.info.name, node = self.node(i), "replica lost its history since it was last in sync (another incarnation): it gets a full resync");
                 }
                 self.take_out_with(&lost, None, true).await?;
-            } else {
-                tracing::error!(volume = %self.info.name, "every in-sync replica has another incarnation than recorded: none kept its history, so none is preferred");
             }
         }
         for &(i, inc) in unrecorded {
@@ -488,6 +505,41 @@ impl Volume {
             }
         }
         Ok(())
+    }
+
+    /// The in-sync copies kept at attach with their history lost (see `check_incarnations`).
+    pub(crate) fn kept_lost(&self) -> Vec<usize> {
+        self.kept_lost
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Once reconciled, the copies kept with their history lost have the new one recorded:
+    /// the next writer then finds them as they are, not lost again.
+    pub(crate) async fn record_kept_lost(&self) {
+        let Some(m) = self.membership.clone() else {
+            return;
+        };
+        let kept = std::mem::take(&mut *self.kept_lost.lock().unwrap_or_else(|e| e.into_inner()));
+        for i in kept {
+            if self.state(i) != ReplicaState::InSync {
+                continue;
+            }
+            let inc = self.core().incarnation(i);
+            if let Err(e) = m
+                .set_state(
+                    &self.info.name,
+                    self.info.epoch,
+                    self.node(i),
+                    ReplicaState::InSync,
+                    inc,
+                )
+                .await
+            {
+                tracing::warn!(volume = %self.info.name, node = self.node(i), "recording the replica's new incarnation: {e}");
+            }
+        }
     }
 
     pub fn info(&self) -> &AttachInfo {

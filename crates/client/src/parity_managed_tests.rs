@@ -219,25 +219,7 @@ async fn a_new_managed_writer_reconciles_the_mirrors_a_dead_one_left_differing()
 
     // What the dead writer left: on the second mirror of regions 0 and 1 only, a write
     // (block 3; block rb + 7 over the stripe) and a trim of an overlay block (rb + 2).
-    let raw_to = |node: u32| {
-        let addr = c.info.replicas[node as usize - 1].addr.clone();
-        async move {
-            let raw = trireme_transport::tcp::TcpConnection::connect(&addr, 1)
-                .await
-                .unwrap();
-            use trireme_transport::Connection;
-            let h = trireme_proto::Header {
-                volume: VOLUME,
-                epoch: 2,
-                ..trireme_proto::Header::request(trireme_proto::Op::Attach, 0)
-            };
-            assert_eq!(
-                raw.call(h, Bytes::new()).await.unwrap().header.status,
-                trireme_proto::Status::Ok
-            );
-            raw
-        }
-    };
+    let raw_to = |node: u32| raw_to(&c, node);
     use trireme_proto::Op;
     let (second0, second1) = (c.stripes.mirrors_of(0)[1], c.stripes.mirrors_of(1)[1]);
     let raw = raw_to(second0).await;
@@ -291,6 +273,133 @@ async fn a_new_managed_writer_reconciles_the_mirrors_a_dead_one_left_differing()
             n + 1
         );
         std::fs::write(&spec.0, "").unwrap();
+    }
+}
+
+/// A connection to node `node`, attached at epoch 2 (a writer that died at it).
+async fn raw_to(c: &Cluster, node: u32) -> trireme_transport::tcp::TcpConnection {
+    use trireme_transport::Connection;
+    let addr = &c.info.replicas[node as usize - 1].addr;
+    let raw = trireme_transport::tcp::TcpConnection::connect(addr, 1)
+        .await
+        .unwrap();
+    let h = trireme_proto::Header {
+        volume: VOLUME,
+        epoch: 2,
+        ..trireme_proto::Header::request(trireme_proto::Op::Attach, 0)
+    };
+    assert_eq!(
+        raw.call(h, Bytes::new()).await.unwrap().header.status,
+        trireme_proto::Status::Ok
+    );
+    raw
+}
+
+/// More than M copies of a parity volume come back with another history than recorded (a
+/// power loss; here a flush that failed) while no writer runs. Taken out, they could never be
+/// rebuilt, as a chunk is rebuilt from K in sync. The next writer keeps them in sync, reads
+/// every byte (their chunks, their mirrored parts reconciled), and records their new
+/// histories, so the writer after it finds them as they are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_that_lost_their_history_past_the_layouts_tolerance_are_kept() {
+    use trireme_transport::Connection;
+    let mut c = cluster().await;
+    let specs = faulty_nodes(&mut c, "lost").await;
+    let size = c.info.size;
+    let region = c.stripes.region_blocks() * 4096;
+    let records = Arc::new(Records(std::sync::Mutex::new(c.info.clone())));
+    let mut opts = crate::VolumeOptions::over(TransportKind::Tcp, 1);
+    opts.encode_rate = 0;
+    let v = Volume::attach_managed(c.info.clone(), opts.clone(), records.clone())
+        .await
+        .unwrap();
+    let data = pattern(0, size as usize, 1);
+    v.write(0, data.clone(), false).await.unwrap();
+    let mut model = data.to_vec();
+    let record = |r, kind| record_via(records.clone(), r, kind);
+    assert_eq!(
+        v.encode(1, &record).await.unwrap(),
+        Region::Parity { slot: 0 }
+    );
+    let over = pattern(region, 2 * 4096, 2);
+    v.write(region, over.clone(), false).await.unwrap();
+    model[region as usize..(region + 2 * 4096) as usize].copy_from_slice(&over);
+    v.flush().await.unwrap();
+    drop(v);
+    let recorded = |n: u32| {
+        let info = records.0.lock().unwrap();
+        let r = info.replicas.iter().find(|r| r.node == n).unwrap();
+        (r.state, r.incarnation)
+    };
+    let before: Vec<u64> = (1..=3).map(|n| recorded(n).1).collect();
+    assert!(
+        before.iter().all(|&i| i != 0),
+        "incarnations recorded: {before:?}"
+    );
+
+    // Nodes 1 and 2 lose their history: a flush fails on each.
+    for n in [1u32, 2] {
+        std::fs::write(&specs[n as usize - 1].0, "flush=1").unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+        let raw = raw_to(&c, n).await;
+        let h = trireme_proto::Header {
+            volume: VOLUME,
+            epoch: 2,
+            ..trireme_proto::Header::request(trireme_proto::Op::Flush, 0)
+        };
+        let f = raw.call(h, Bytes::new()).await.unwrap();
+        assert_ne!(
+            f.header.status,
+            trireme_proto::Status::Ok,
+            "an injected flush failure"
+        );
+        std::fs::write(&specs[n as usize - 1].0, "").unwrap();
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+
+    let mut info = records.0.lock().unwrap().clone();
+    info.epoch = 3;
+    info.reconcile = true;
+    records.0.lock().unwrap().epoch = 3;
+    let v = Volume::attach_managed(info, opts.clone(), records.clone())
+        .await
+        .unwrap();
+    assert!(
+        v.read(0, size).await.unwrap()[..] == model[..],
+        "kept copies read"
+    );
+    for n in 1..=3u32 {
+        let (state, inc) = recorded(n);
+        assert_eq!(state, ReplicaState::InSync, "node {n}");
+        match n {
+            3 => assert_eq!(inc, before[2], "node 3 kept its history"),
+            _ => assert_ne!(
+                inc,
+                before[n as usize - 1],
+                "node {n}'s new history recorded"
+            ),
+        }
+    }
+    let after: Vec<u64> = (1..=3).map(|n| recorded(n).1).collect();
+    drop(v);
+
+    // The next writer finds every copy as recorded: none lost, none taken out.
+    let mut info = records.0.lock().unwrap().clone();
+    info.epoch = 4;
+    records.0.lock().unwrap().epoch = 4;
+    let v = Volume::attach_managed(info, opts, records.clone())
+        .await
+        .unwrap();
+    assert!(
+        v.read(0, size).await.unwrap()[..] == model[..],
+        "the next writer reads"
+    );
+    for n in 1..=3u32 {
+        assert_eq!(
+            recorded(n),
+            (ReplicaState::InSync, after[n as usize - 1]),
+            "node {n}"
+        );
     }
 }
 

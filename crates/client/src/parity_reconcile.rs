@@ -36,10 +36,13 @@ impl Volume {
                 (true, mirrored_parts(&s, &all, blocks))
             }
         };
+        let lost = self.kept_lost();
         let (mut compared, mut copied) = (0, 0);
         for (first, end) in parts {
             let (off, len) = (first * BLOCK, (end - first) * BLOCK);
-            let mirrors = self.in_sync_mirrors(&s, s.region_of(first));
+            let mut mirrors = self.in_sync_mirrors(&s, s.region_of(first));
+            // A copy that kept its history is the source where one can be.
+            mirrors.sort_by_key(|i| lost.contains(i));
             let Some((&src, rest)) = mirrors.split_first() else {
                 continue;
             };

@@ -230,6 +230,10 @@ impl Volume {
             let i = self.slot_on(c.node)?;
             let h = self.recovery_header(Op::Write, s.chunk_block(&c) * BLOCK, bytes.len() as u64);
             self.expect_ok(i, self.call(i, h, Bytes::from(bytes)).await?)?;
+            // Durable before anything counts on it: a copy that later comes back from a power
+            // loss is trusted for its switched stripes' chunks (`check_incarnations`).
+            let f = self.header(Op::Flush, 0, 0);
+            self.expect_ok(i, self.call(i, f, Bytes::new()).await?)?;
             report.repaired.push((span.off, c.node));
             tracing::warn!(volume = %self.info.name, node = c.node, region = span.region, chunk, "scrub rebuilt a wrong chunk from the rest of its stripe");
         }

@@ -53,6 +53,18 @@ impl VolumeCore {
         )
     }
 
+    /// Whether the copies in sync other than `out` serve every region of a parity volume
+    /// (always, for a mirror volume: any copy in sync serves all of it).
+    pub fn serves_without(&self, out: &[usize]) -> bool {
+        let Some(map) = self.regions.as_ref() else {
+            return true;
+        };
+        map.servable(|n| {
+            self.slot_of(n)
+                .is_some_and(|i| !out.contains(&i) && self.set.state(i) == ReplicaState::InSync)
+        })
+    }
+
     /// The chunks of replica `target` that a full resync rebuilds: its chunk of every parity
     /// region, each from K chunks in sync (empty: a mirror volume).
     pub fn parity_rebuilds(&self, target: usize) -> Result<Vec<ChunkRebuild>, Unreadable> {

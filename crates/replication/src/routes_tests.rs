@@ -394,6 +394,47 @@ fn a_restored_map_takes_the_record_and_the_overlay_and_refuses_a_longer_record()
     assert!(mirror.restore_regions(&[], []).is_err());
 }
 
+/// Copies out of a 2+1 volume leave it served while each region keeps a mirror, and each
+/// region in parity K chunks: any one out, never two once a region is in parity (a mirror
+/// volume is served by any copy in sync).
+#[test]
+fn a_parity_volume_is_served_without_up_to_m_copies_once_a_region_is_in_parity() {
+    let mut c = healthy();
+    assert!(c.serves_without(&[0]) && c.serves_without(&[2]));
+    // Every region mirrored: the two mirrors of region 0 out leave it unserved.
+    let mirrors_of_0: Vec<usize> = c
+        .region_map()
+        .unwrap()
+        .stripes()
+        .mirrors_of(0)
+        .into_iter()
+        .map(|n| n as usize - 1)
+        .collect();
+    assert!(
+        !c.serves_without(&mirrors_of_0),
+        "region 0 loses both mirrors"
+    );
+    c.restore_regions(&[Region::Mirror, Region::Parity { slot: 0 }], [])
+        .unwrap();
+    for out in [[0, 1], [0, 2], [1, 2]] {
+        assert!(
+            !c.serves_without(&out),
+            "{out:?}: region 1 has one chunk of two"
+        );
+    }
+    assert!(c.serves_without(&[1]));
+    let mut down = parity_core([
+        ReplicaState::InSync,
+        ReplicaState::Outdated,
+        ReplicaState::InSync,
+    ]);
+    down.restore_regions(&[Region::Parity { slot: 0 }], [])
+        .unwrap();
+    assert!(down.serves_without(&[]) && !down.serves_without(&[0]));
+    let mirror = VolumeCore::new(&[(1, ReplicaState::InSync)], 0, false, 4);
+    assert!(mirror.serves_without(&[0]));
+}
+
 /// The minimum of copies of a parity volume counts a write's region's mirrors (default M of
 /// M+1), beside K nodes in sync for the stripes: a write waits only if its own region is
 /// short, and a planned restart is refused if a region it mirrors would be.

@@ -387,6 +387,17 @@ impl RegionMap {
             .collect()
     }
 
+    /// Whether the nodes `up` says are up serve every region: a mirror of each (its
+    /// mirrored part or its overlay), and K chunks of each region in parity.
+    pub fn servable(&self, up: impl Fn(u32) -> bool) -> bool {
+        let s = &self.stripes;
+        self.regions.iter().enumerate().all(|(r, region)| {
+            let r = r as u64;
+            let chunks = (0..s.width()).filter(|&c| up(s.node_of(r, c))).count();
+            s.mirrors_of(r).into_iter().any(&up) && (*region == Region::Mirror || chunks >= s.data)
+        })
+    }
+
     /// The share of regions mirrored, in percent (what the encoder keeps at the layout's).
     pub fn mirrored_percent(&self) -> u64 {
         let mirrored = self
