@@ -181,8 +181,10 @@ fn a_parity_volumes_core_stepped_alone_reads_every_acknowledged_write() {
 /// flight, one whose stripe lacks a chunk, a resync that copies from a node not mirroring the
 /// region, a discard trimmed over a stripe, a restarted writer that orders the stripe's
 /// nodes by id after a replacement, an encoder that switches and frees before its stripe is
-/// flushed, a node whose held bits are durable before their data, and a reconcile that
-/// leaves its source's bytes without held bits where they are.
+/// flushed, a node whose held bits are durable before their data, a reconcile that leaves
+/// its source's bytes without held bits where they are, one that takes a copy that lost
+/// power as its source where another kept its history, and a writer that takes out more
+/// copies that lost their history than the others can rebuild.
 #[test]
 fn the_parity_checker_sees_an_encoder_out_of_order() {
     use parity_steps::Sabotage::*;
@@ -196,6 +198,8 @@ fn the_parity_checker_sees_an_encoder_out_of_order() {
         FlushSkipped,
         HeldBeforeData,
         SourceGapsKept,
+        LostAsSource,
+        LostTakenOut,
     ] {
         let caught = (0..1000)
             .filter(|&seed| parity_steps::run(seed, sabotage).is_err())

@@ -76,6 +76,12 @@ pub enum Sabotage {
     /// A reconcile trims the blocks its source does not hold on the other copies only: bytes
     /// the source kept without their held bit (a power loss) stay there alone.
     SourceGapsKept,
+    /// A reconcile takes its source in the record's order, even a copy that lost power
+    /// where another kept its history.
+    LostAsSource,
+    /// The restarted writer takes out every copy that lost its history while one kept its
+    /// own, as for a mirror, even when the others cannot rebuild them.
+    LostTakenOut,
 }
 
 /// What one run did.
@@ -302,7 +308,7 @@ impl Run {
                 Ok(())
             }
             21 if self.rng.chance(0.25) => match self.rng.chance(0.3) {
-                true => self.power_loss_all(),
+                true => self.power_loss_many(),
                 false => self.restart(),
             },
             22..=24 => self.resync_step(),
@@ -647,7 +653,7 @@ impl Run {
         if self.sabotage == Sabotage::NodesById {
             order.sort_unstable();
         }
-        let up: Vec<bool> = order
+        let mut up: Vec<bool> = order
             .iter()
             .map(|&i| self.nodes[i].up && old.set().state(i) == ReplicaState::InSync)
             .collect();
@@ -661,7 +667,15 @@ impl Run {
             true => ReplicaState::InSync,
             false => ReplicaState::Outdated,
         })?;
-        self.reconcile(&up);
+        self.core
+            .restore_regions(&self.recorded, [])
+            .expect("the record has the volume's regions");
+        let kept = self.check_incarnations(&mut up)?;
+        self.reconcile(&up, &kept);
+        // Reconciled, the copies kept have their new history recorded.
+        for &i in &kept {
+            self.nodes[i].recorded = self.nodes[i].incarnation;
+        }
         let held: BTreeSet<u64> = (0..self.nodes.len())
             .filter(|&i| up[i])
             .flat_map(|i| self.nodes[i].held.iter().copied())
@@ -677,18 +691,22 @@ impl Run {
     /// too (the writer's `reconcile_parity`): after a power loss a node may have bytes of a
     /// block whose held bit is clear (a write never flushed, a punch undone), which a read of
     /// a mirrored region would return from that copy alone.
-    fn reconcile(&mut self, up: &[bool]) {
+    fn reconcile(&mut self, up: &[bool], lost: &[usize]) {
         let Some(map) = self.core.region_map() else {
             return;
         };
         let stripes = map.stripes().clone();
         for b in self.hot_blocks() {
-            let mirrors: Vec<usize> = stripes
+            let mut mirrors: Vec<usize> = stripes
                 .mirrors_of(stripes.region_of(b))
                 .into_iter()
                 .map(|n| n as usize - 1)
                 .filter(|&i| up[i])
                 .collect();
+            // A copy that kept its history is the source where one can be.
+            if self.sabotage != Sabotage::LostAsSource {
+                mirrors.sort_by_key(|i| lost.contains(i));
+            }
             if let Some((&src, rest)) = mirrors.split_first() {
                 if !self.nodes[src].held.contains(&b) && self.sabotage != Sabotage::SourceGapsKept {
                     self.nodes[src].trim(b);

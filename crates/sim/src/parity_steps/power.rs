@@ -9,9 +9,12 @@
 //! block), and the held bits on disk; the node comes back as another incarnation.
 //!
 //! What the checker then allows: a client's flush makes every write acknowledged before it
-//! durable (`Run::floor`); after all the nodes lost power, a block reads that write or one sent
-//! after it. After one node's power loss nothing is lost: it comes back with its history lost
-//! and is resynced whole from the others.
+//! durable (`Run::floor`); after every mirror of a block lost power, the block reads that
+//! write or one sent after it. After one node's power loss nothing is lost: it comes back with
+//! its history lost and is resynced whole from the others. After more than M (and the writer
+//! with them), the copies that lost their history are kept in sync where taking them out
+//! would leave a region unreadable: their chunks were durable before each switch, and their
+//! mirrored parts are reconciled from a copy that kept its history where one did.
 
 use super::*;
 
@@ -118,23 +121,68 @@ impl Run {
         self.counts.power_losses += 1;
     }
 
-    /// Every node loses power, and the writer with them. Each in-sync node comes back as
-    /// another incarnation: none kept its history, so none is preferred and all stay in sync
-    /// (the writer's `check_incarnations`); the new writer reconciles them. Writes not
-    /// flushed may be lost.
-    pub(super) fn power_loss_all(&mut self) -> Result<(), String> {
-        trace!(self, "every node loses power");
+    /// Nodes lose power, all or more than M of them, and the writer with them (its host is
+    /// one of them). A block whose every mirror in sync lost power may read any write after
+    /// the last one flushed; the restarted writer checks the copies' histories
+    /// ([`Run::check_incarnations`]) and reconciles them.
+    pub(super) fn power_loss_many(&mut self) -> Result<(), String> {
+        let all = self.rng.chance(0.5);
+        let out: Vec<usize> = (0..self.nodes.len())
+            .filter(|_| all || self.rng.chance(0.7))
+            .collect();
+        trace!(self, "nodes {out:?} lose power");
         self.counts.restarts += 1;
         self.land_in_flight();
-        for i in 0..self.nodes.len() {
-            self.power_loss(i);
-        }
-        for (i, node) in self.nodes.iter_mut().enumerate() {
-            if node.up && self.core.set().state(i) == ReplicaState::InSync {
-                node.recorded = node.incarnation;
+        if let Some(map) = self.core.region_map() {
+            let stripes = map.stripes().clone();
+            for b in self.hot_blocks() {
+                let mirrors: Vec<usize> = stripes
+                    .mirrors_of(stripes.region_of(b))
+                    .into_iter()
+                    .map(|n| n as usize - 1)
+                    .filter(|&i| {
+                        self.nodes[i].up && self.core.set().state(i) == ReplicaState::InSync
+                    })
+                    .collect();
+                if mirrors.iter().all(|i| out.contains(i)) {
+                    match self.floor.get(&b) {
+                        Some(&v) => self.acked.insert(b, v),
+                        None => self.acked.remove(&b),
+                    };
+                }
             }
         }
-        self.acked = self.floor.clone();
+        for &i in &out {
+            self.power_loss(i);
+        }
         self.restart_writer()
+    }
+
+    /// What the writer's `check_incarnations` does with the copies in sync (`up`) that came
+    /// back as another incarnation than recorded: all lost, or too many for the others to
+    /// serve every region, they are kept (the ones kept, returned); otherwise taken out for
+    /// a whole resync.
+    pub(super) fn check_incarnations(&mut self, up: &mut [bool]) -> Result<Vec<usize>, String> {
+        let lost: Vec<usize> = (0..self.nodes.len())
+            .filter(|&i| up[i] && self.nodes[i].incarnation != self.nodes[i].recorded)
+            .collect();
+        if lost.is_empty() {
+            return Ok(lost);
+        }
+        let all = lost.len() == up.iter().filter(|&&u| u).count();
+        let serves = self.sabotage == Sabotage::LostTakenOut || self.core.serves_without(&lost);
+        if all || !serves {
+            trace!(self, "kept in sync with their history lost: {lost:?}");
+            for &i in &lost {
+                self.core.attached(i, self.nodes[i].incarnation);
+            }
+            return Ok(lost);
+        }
+        trace!(self, "taken out with their history lost: {lost:?}");
+        self.take_out(&lost)?;
+        for &i in &lost {
+            up[i] = false;
+        }
+        Ok(Vec::new())
     }
 }
