@@ -487,7 +487,13 @@ impl Volume {
                 self.take_out_with(&lost, None, true).await?;
             }
         }
-        for &(i, inc) in unrecorded {
+        self.record_incarnations(&m, unrecorded).await;
+        Ok(())
+    }
+
+    /// Records each copy's incarnation beside its state in sync (those in sync still).
+    async fn record_incarnations(&self, m: &Arc<dyn Membership>, copies: &[(usize, u64)]) {
+        for &(i, inc) in copies {
             if self.state(i) != ReplicaState::InSync {
                 continue;
             }
@@ -504,7 +510,6 @@ impl Volume {
                 tracing::warn!(volume = %self.info.name, node = self.node(i), "recording the replica's incarnation: {e}");
             }
         }
-        Ok(())
     }
 
     /// The in-sync copies kept at attach with their history lost (see `check_incarnations`).
@@ -522,24 +527,11 @@ impl Volume {
             return;
         };
         let kept = std::mem::take(&mut *self.kept_lost.lock().unwrap_or_else(|e| e.into_inner()));
-        for i in kept {
-            if self.state(i) != ReplicaState::InSync {
-                continue;
-            }
-            let inc = self.core().incarnation(i);
-            if let Err(e) = m
-                .set_state(
-                    &self.info.name,
-                    self.info.epoch,
-                    self.node(i),
-                    ReplicaState::InSync,
-                    inc,
-                )
-                .await
-            {
-                tracing::warn!(volume = %self.info.name, node = self.node(i), "recording the replica's new incarnation: {e}");
-            }
-        }
+        let kept: Vec<(usize, u64)> = kept
+            .into_iter()
+            .map(|i| (i, self.core().incarnation(i)))
+            .collect();
+        self.record_incarnations(&m, &kept).await;
     }
 
     pub fn info(&self) -> &AttachInfo {

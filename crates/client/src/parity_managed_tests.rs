@@ -194,24 +194,7 @@ async fn a_new_managed_writer_reconciles_the_mirrors_a_dead_one_left_differing()
     let specs = faulty_nodes(&mut c, "reconcile").await;
     let size = c.info.size;
     let rb = c.stripes.region_blocks();
-    let region = rb * 4096;
-    let records = Arc::new(Records(std::sync::Mutex::new(c.info.clone())));
-    let mut opts = crate::VolumeOptions::over(TransportKind::Tcp, 1);
-    opts.encode_rate = 0;
-    let v = Volume::attach_managed(c.info.clone(), opts.clone(), records.clone())
-        .await
-        .unwrap();
-    let data = pattern(0, size as usize, 1);
-    v.write(0, data.clone(), false).await.unwrap();
-    let mut model = data.to_vec();
-    let record = |r, kind| record_via(records.clone(), r, kind);
-    assert_eq!(
-        v.encode(1, &record).await.unwrap(),
-        Region::Parity { slot: 0 }
-    );
-    let over = pattern(region, 4 * 4096, 2);
-    v.write(region, over.clone(), false).await.unwrap();
-    model[region as usize..(region + 4 * 4096) as usize].copy_from_slice(&over);
+    let (v, records, opts, mut model) = written_with_a_stripe(&c, 4).await;
     v.write_zeroes(6 * 4096, 4096, true, false).await.unwrap();
     model[6 * 4096..7 * 4096].fill(0);
     v.flush().await.unwrap();
@@ -276,6 +259,35 @@ async fn a_new_managed_writer_reconciles_the_mirrors_a_dead_one_left_differing()
     }
 }
 
+/// A managed writer (its encoder off) that wrote the whole volume, encoded region 1 and wrote
+/// `overlay` blocks over its stripe; its control plane, its options, and what the volume holds.
+async fn written_with_a_stripe(
+    c: &Cluster,
+    overlay: u64,
+) -> (Arc<Volume>, Arc<Records>, crate::VolumeOptions, Vec<u8>) {
+    let size = c.info.size;
+    let region = c.stripes.region_blocks() * 4096;
+    let records = Arc::new(Records(std::sync::Mutex::new(c.info.clone())));
+    let mut opts = crate::VolumeOptions::over(TransportKind::Tcp, 1);
+    opts.encode_rate = 0;
+    let v = Volume::attach_managed(c.info.clone(), opts.clone(), records.clone())
+        .await
+        .unwrap();
+    let data = pattern(0, size as usize, 1);
+    v.write(0, data.clone(), false).await.unwrap();
+    let mut model = data.to_vec();
+    let record = |r, kind| record_via(records.clone(), r, kind);
+    assert_eq!(
+        v.encode(1, &record).await.unwrap(),
+        Region::Parity { slot: 0 }
+    );
+    let len = overlay * 4096;
+    let over = pattern(region, len as usize, 2);
+    v.write(region, over.clone(), false).await.unwrap();
+    model[region as usize..(region + len) as usize].copy_from_slice(&over);
+    (v, records, opts, model)
+}
+
 /// A connection to node `node`, attached at epoch 2 (a writer that died at it).
 async fn raw_to(c: &Cluster, node: u32) -> trireme_transport::tcp::TcpConnection {
     use trireme_transport::Connection;
@@ -306,24 +318,7 @@ async fn copies_that_lost_their_history_past_the_layouts_tolerance_are_kept() {
     let mut c = cluster().await;
     let specs = faulty_nodes(&mut c, "lost").await;
     let size = c.info.size;
-    let region = c.stripes.region_blocks() * 4096;
-    let records = Arc::new(Records(std::sync::Mutex::new(c.info.clone())));
-    let mut opts = crate::VolumeOptions::over(TransportKind::Tcp, 1);
-    opts.encode_rate = 0;
-    let v = Volume::attach_managed(c.info.clone(), opts.clone(), records.clone())
-        .await
-        .unwrap();
-    let data = pattern(0, size as usize, 1);
-    v.write(0, data.clone(), false).await.unwrap();
-    let mut model = data.to_vec();
-    let record = |r, kind| record_via(records.clone(), r, kind);
-    assert_eq!(
-        v.encode(1, &record).await.unwrap(),
-        Region::Parity { slot: 0 }
-    );
-    let over = pattern(region, 2 * 4096, 2);
-    v.write(region, over.clone(), false).await.unwrap();
-    model[region as usize..(region + 2 * 4096) as usize].copy_from_slice(&over);
+    let (v, records, opts, model) = written_with_a_stripe(&c, 2).await;
     v.flush().await.unwrap();
     drop(v);
     let recorded = |n: u32| {
