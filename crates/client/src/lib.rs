@@ -301,14 +301,11 @@ impl Volume {
             slots.push(Slot::new(r.node, conn));
         }
         slots.resize_with(MAX_SLOTS, || Slot::new(0, None));
-        // A parity volume's extents are cleared at their place on the nodes, a region's
-        // mirrored part at a time: the nodes' extents must fit inside one (64 KiB divides
-        // every region's and stride's size).
-        let extent = match parity {
-            Some(_) => activity::MIN_EXTENT,
-            None => opts.activity_extent,
+        // A parity volume's table is at its blocks' places on the nodes (`activity.rs`).
+        let activity = match &parity {
+            Some(p) => p.activity(info.size, opts.activity_extent),
+            None => activity::Activity::new(info.size, opts.activity_extent, None),
         };
-        let activity = activity::Activity::new(info.size, extent);
         let metrics = opts.metrics.then(|| trireme_metrics::volume(&info.name));
         let qos = qos::Qos::new(info.limits);
         Ok(Volume {

@@ -46,6 +46,18 @@ impl ParityIo {
         let codec = ReedSolomon::new(stripes.data, stripes.parity)?;
         Ok(ParityIo { stripes, codec })
     }
+
+    /// The activity table of a volume of `size` bytes: at its blocks' places on the nodes,
+    /// where the nodes' logs are (`activity.rs`).
+    pub(crate) fn activity(&self, size: u64, extent: u64) -> crate::activity::Activity {
+        let s = &self.stripes;
+        let places = crate::activity::Places {
+            region: s.region_blocks() * BLOCK,
+            stride: s.stride_blocks() * BLOCK,
+        };
+        let copy = s.replica_blocks(size.div_ceil(BLOCK)) * BLOCK;
+        crate::activity::Activity::new(copy, extent, Some(places))
+    }
 }
 
 /// A run of blocks that read from one place: `[start, start + len)` of the volume.
