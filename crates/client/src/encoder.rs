@@ -1,10 +1,12 @@
 //! A parity volume's encoder as a task of its writer with a control plane (issue 67).
 //!
 //! - **What.** Each look, the core names the next region ([`VolumeCore::region_to_encode`]):
-//!   the coldest mirrored region while more than the layout's share is mirrored, else the
-//!   region with the most overlay to fold back. Heat is the writer's own record of writes
-//!   (the activity table's last tick per 64 KiB, its highest in the region): a region written
-//!   since the last tick or two is hot; one the cleaner cleared is cold.
+//!   while the mirrored regions and the overlay are over the layout's share of the volume,
+//!   the coldest of them (a mirrored region is encoded, a parity one's overlay folded back);
+//!   within it, nothing, so a hot set over parity stays overlay and is overwritten in place.
+//!   Heat is the writer's own record of writes (the activity table's last tick per extent,
+//!   its highest in the region): a region written since the last tick or two is hot; one
+//!   the cleaner cleared is cold.
 //! - **When.** Only with every copy in sync (an encode writes a chunk on each of the K+M
 //!   nodes), one region at a time, at most `encode_rate` bytes of volume data a second
 //!   ([`ENCODE_RATE`] by default).

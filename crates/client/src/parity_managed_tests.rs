@@ -476,7 +476,8 @@ async fn the_activity_log_is_cleared_at_the_nodes_places() {
 }
 
 /// With a control plane, the writer's encoder turns cold regions into stripes by itself,
-/// records each switch, and folds back an overlay written over one; the data never changes
+/// records each switch, and folds back an overlay written over one once it is past the
+/// mirrored share; the data never changes
 /// under the reads, and a writer after it finds it all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_encoder_task_encodes_cold_regions_and_folds_back_overlays() {
@@ -503,11 +504,22 @@ async fn the_encoder_task_encodes_cold_regions_and_folds_back_overlays() {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     assert!(v.read(0, size).await.unwrap()[..] == model[..]);
-    // A write over region 0's stripe is overlay, folded back into the other slot.
+    // A write over region 0's stripe is overlay. Within the mirrored share's budget (a
+    // fifth of three regions: 76 blocks) it stays; past it, it is folded back into the
+    // other slot.
     let was = records.0.lock().unwrap().regions[0];
     let over = pattern(4096, 8192, 2);
     v.write(4096, over.clone(), false).await.unwrap();
     model[4096..4096 + 8192].copy_from_slice(&over);
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    assert_eq!(
+        records.0.lock().unwrap().regions[0],
+        was,
+        "within the budget"
+    );
+    let over = pattern(3 * 4096, 96 * 4096, 3);
+    v.write(3 * 4096, over.clone(), false).await.unwrap();
+    model[3 * 4096..99 * 4096].copy_from_slice(&over);
     wait_regions(&records, "the overlay folded back", |r| r[0] != was).await;
     assert!(v.read(0, size).await.unwrap()[..] == model[..]);
     assert!(

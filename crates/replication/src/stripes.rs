@@ -398,7 +398,8 @@ impl RegionMap {
         })
     }
 
-    /// The share of regions mirrored, in percent (what the encoder keeps at the layout's).
+    /// The share of regions mirrored, in percent, as the record says (the encoder's budget
+    /// counts the overlay too: [`RegionMap::to_encode`]).
     pub fn mirrored_percent(&self) -> u64 {
         let mirrored = self
             .regions
@@ -409,28 +410,36 @@ impl RegionMap {
     }
 
     /// The region the encoder should take next, by `heat` (a region's recent writes, as the
-    /// writer counts them): while more than `share` percent of the regions are mirrored,
-    /// the coldest mirrored one; else the parity region with the most overlay (the most
-    /// mirrored space a fold-back frees), the colder first among equals. None: nothing to do.
-    /// Regions being encoded are not offered again.
+    /// writer counts them). The mirrored share is a budget of blocks: the mirrored regions'
+    /// and the overlay's (both are M+1 copies). While they are over `share` percent of the
+    /// volume, the coldest of the mirrored regions and of the parity regions with overlay:
+    /// a mirrored one is encoded, a parity one folded back; among equals, the one that
+    /// frees the most, then the lower. None: within the budget, nothing to do.
+    ///
+    /// An overlay within the budget stays: a hot set over data in parity (`-rdpct` over a
+    /// volume filled in order) is overwritten in place at a mirror's speed, where folding it
+    /// back would trim it and the next write would allocate its blocks again. Regions being
+    /// encoded are not offered again.
     pub fn to_encode(&self, share: u8, heat: impl Fn(u64) -> u64) -> Option<u64> {
-        let free = |r: &u64| !self.encodes.contains_key(r);
-        let kind = |r: u64| self.regions[r as usize];
-        let all = 0..self.regions.len() as u64;
-        if self.mirrored_percent() > u64::from(share) {
-            return all
-                .filter(|&r| kind(r) == Region::Mirror)
-                .filter(free)
-                .min_by_key(|&r| (heat(r), r));
+        let rb = self.stripes.region_blocks();
+        let mut mirrored: BTreeMap<u64, u64> = BTreeMap::new();
+        for (r, kind) in self.regions.iter().enumerate() {
+            if *kind == Region::Mirror {
+                mirrored.insert(r as u64, rb);
+            }
         }
-        let mut overlay: BTreeMap<u64, u64> = BTreeMap::new();
         for &b in &self.overlay {
-            *overlay.entry(self.stripes.region_of(b)).or_default() += 1;
+            *mirrored.entry(self.stripes.region_of(b)).or_default() += 1;
         }
-        overlay
+        let total = rb * self.regions.len() as u64;
+        let budget = total * u64::from(share) / 100;
+        if mirrored.values().sum::<u64>() <= budget {
+            return None;
+        }
+        mirrored
             .into_iter()
-            .filter(|(r, _)| free(r))
-            .min_by_key(|&(r, n)| (std::cmp::Reverse(n), heat(r), r))
+            .filter(|(r, _)| !self.encodes.contains_key(r))
+            .min_by_key(|&(r, n)| (heat(r), std::cmp::Reverse(n), r))
             .map(|(r, _)| r)
     }
 

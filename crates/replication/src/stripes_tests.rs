@@ -475,7 +475,7 @@ fn a_discard_over_a_stripe_writes_zeroes() {
 }
 
 #[test]
-fn the_encoder_takes_the_coldest_mirror_then_the_largest_overlay() {
+fn the_encoder_takes_the_coldest_of_the_mirrored_share_while_it_is_over_budget() {
     let p = Parity::parse("2+1", Some(50)).unwrap();
     let s = Stripes::new(&p, vec![1, 2, 3]).unwrap();
     let rb = s.region_blocks();
@@ -491,7 +491,7 @@ fn the_encoder_takes_the_coldest_mirror_then_the_largest_overlay() {
         "one being encoded is not offered"
     );
     map.abandon_all();
-    // Two in parity: a half mirrored, so fold-backs: the region with the most overlay.
+    // Two in parity with overlay over them, two mirrored: over a half by the overlay.
     let restored = vec![
         Region::Parity { slot: 0 },
         Region::Mirror,
@@ -499,13 +499,21 @@ fn the_encoder_takes_the_coldest_mirror_then_the_largest_overlay() {
         Region::Mirror,
     ];
     let held = [1, 2, 2 * rb, 2 * rb + 1, 2 * rb + 2];
-    map = RegionMap::restore(map.stripes().clone(), restored, held);
-    assert_eq!(map.to_encode(50, heat), Some(2));
-    // Equal overlay: the colder.
-    let held = [1, 2 * rb];
-    map = RegionMap::restore(map.stripes().clone(), map.regions().to_vec(), held);
-    assert_eq!(map.to_encode(50, heat), Some(0));
-    // Nothing over any stripe, and a half mirrored: nothing to do.
-    map = RegionMap::restore(map.stripes().clone(), map.regions().to_vec(), []);
+    map = RegionMap::restore(map.stripes().clone(), restored.clone(), held);
+    assert_eq!(map.to_encode(50, heat), Some(1), "a colder mirrored region");
+    let cold_overlay = |r: u64| [0, 4, 9, 4][r as usize];
+    assert_eq!(map.to_encode(50, cold_overlay), Some(0), "a colder overlay");
+    // Equally warm: the one that frees the most (a whole mirrored region).
+    assert_eq!(map.to_encode(50, |_| 3), Some(1));
+    // Within the budget: nothing, and an overlay within it stays (a hot set over parity).
+    map = RegionMap::restore(map.stripes().clone(), restored, []);
+    assert_eq!(map.to_encode(50, heat), None);
+    let one_mirrored = vec![
+        Region::Parity { slot: 0 },
+        Region::Parity { slot: 0 },
+        Region::Parity { slot: 1 },
+        Region::Mirror,
+    ];
+    map = RegionMap::restore(map.stripes().clone(), one_mirrored, held);
     assert_eq!(map.to_encode(50, heat), None);
 }
