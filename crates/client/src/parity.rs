@@ -119,6 +119,11 @@ impl Volume {
             .clone()
     }
 
+    /// A parity volume's overlay, in blocks (`RegionMap::overlay_len`); None for a mirror.
+    pub fn overlay_blocks(&self) -> Option<u64> {
+        self.core().region_map().map(|m| m.overlay_len())
+    }
+
     /// As [`Volume::on_node`] for any request over a range within one region.
     pub(crate) fn node_range(&self, mut h: Header) -> Header {
         if let Some(p) = &self.parity {

@@ -411,6 +411,7 @@ async fn report(
             writes_suspended: volume.writes_suspended(),
             throttled_seconds: volume.throttled().as_secs_f64(),
             units_per_s: 0.0,
+            overlay_blocks: volume.overlay_blocks(),
             scrub: volume.scrub_progress(),
             io: None,
             http: http.clone(),

@@ -387,6 +387,11 @@ impl RegionMap {
             .collect()
     }
 
+    /// Blocks in the overlay: kept on M+1 mirrors over a stripe, within the mirrored share.
+    pub fn overlay_len(&self) -> u64 {
+        self.overlay.len() as u64
+    }
+
     /// Whether the nodes `up` says are up serve every region: a mirror of each (its
     /// mirrored part or its overlay), and K chunks of each region in parity.
     pub fn servable(&self, up: impl Fn(u32) -> bool) -> bool {

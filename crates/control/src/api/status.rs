@@ -317,14 +317,25 @@ pub struct LayoutStatus {
 pub struct RegionShare {
     pub regions: u64,
     pub parity: u64,
+    /// The overlay over the stripes, as its writer last said (none: no writer said).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlay_blocks: Option<u64>,
+    /// The same as a share of the volume, in percent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlay_percent: Option<u64>,
 }
 
 impl RegionShare {
-    /// `97 of 128 regions in parity (76%), 24% mirrored`.
+    /// `97 of 128 regions in parity (76%), 24% mirrored, and 3% of the volume mirrored over
+    /// parity (the overlay)`.
     pub fn line(&self) -> String {
         let pct = (self.parity * 100).checked_div(self.regions).unwrap_or(0);
+        let overlay = match self.overlay_percent {
+            Some(o) => format!(", and {o}% of the volume mirrored over parity (the overlay)"),
+            None => String::new(),
+        };
         format!(
-            "{} of {} regions in parity ({pct}%), {}% mirrored",
+            "{} of {} regions in parity ({pct}%), {}% mirrored{overlay}",
             self.parity,
             self.regions,
             100 - pct
@@ -350,10 +361,12 @@ impl LayoutStatus {
         LayoutStatus::new(v.layout, v.replicas.len())
     }
 
-    /// As [`LayoutStatus::of`], with a parity volume's `recorded` regions counted.
+    /// As [`LayoutStatus::of`], with a parity volume's `recorded` regions counted, and the
+    /// `overlay` blocks its writer said it has.
     pub fn with_regions(
         v: &trireme_meta::VolumeRecord,
         recorded: &[trireme_replication::Region],
+        overlay: Option<u64>,
     ) -> LayoutStatus {
         let mut s = LayoutStatus::of(v);
         if let trireme_replication::Layout::Parity(p) = v.layout {
@@ -364,6 +377,8 @@ impl LayoutStatus {
                     .iter()
                     .filter(|r| **r != trireme_replication::Region::Mirror)
                     .count() as u64,
+                overlay_blocks: overlay,
+                overlay_percent: overlay.map(|b| (b * 4096 * 100).checked_div(v.size).unwrap_or(0)),
             });
         }
         s

@@ -52,12 +52,27 @@ impl Manager {
             return crate::api::LayoutStatus::of(v);
         }
         match self.meta.regions(v.id).await {
-            Ok(recorded) => crate::api::LayoutStatus::with_regions(v, &recorded),
+            Ok(recorded) => {
+                let overlay = self.overlay_of(v).await;
+                crate::api::LayoutStatus::with_regions(v, &recorded, overlay)
+            }
             Err(e) => {
                 tracing::warn!(volume = %v.name, "reading the region record: {e}");
                 crate::api::LayoutStatus::of(v)
             }
         }
+    }
+
+    /// A parity volume's overlay in blocks, as its writer of the volume's epoch says: this
+    /// process's, or the report of another's.
+    async fn overlay_of(&self, v: &VolumeRecord) -> Option<u64> {
+        if let Some(w) = self.writer(&v.name).filter(|w| w.info().epoch == v.epoch) {
+            return w.overlay_blocks();
+        }
+        let report = self.meta.report(&v.name).await.ok().flatten()?;
+        (report.epoch == v.epoch)
+            .then_some(report.overlay_blocks)
+            .flatten()
     }
 
     /// Who writes `v`: its attach record (a cluster on etcd), or the writer in this process

@@ -78,6 +78,10 @@ pub struct WriterReport {
     /// what an aggregated QoS policy shares out by.
     #[serde(default, skip_serializing_if = "is_zero_f64")]
     pub units_per_s: f64,
+    /// A parity volume's overlay: blocks kept on the mirrors over a stripe (they count in
+    /// the mirrored share with the mirrored regions). Only its writer knows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlay_blocks: Option<u64>,
 }
 
 fn is_zero_f64(x: &f64) -> bool {

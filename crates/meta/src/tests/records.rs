@@ -29,6 +29,7 @@ fn a_report_counts_only_from_the_writer_of_record() {
             links: vec![],
             throttled_seconds: 0.0,
             units_per_s: 0.0,
+            overlay_blocks: Some(7),
         };
         // Carol, on the access list but not the writer, writes a report of her own: unread.
         m.put_report("v", Some("carol"), &report(true), 0)
