@@ -37,6 +37,14 @@ v = [v for v in s["volumes"] if v["name"] == "vol0"][0]
 r = v["resiliency"]["regions"]
 print(100 * r["parity"] // r["regions"])'
 }
+# overlay: vol0's overlay as its writer says, in percent of the volume.
+overlay() {
+  "$T" --data-dir "$dir/c" --output json status | python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+v = [v for v in s["volumes"] if v["name"] == "vol0"][0]
+print(v["resiliency"]["regions"].get("overlay_percent", "?"))'
+}
 for _ in $(seq 120); do [ "$(in_parity)" -ge 75 ] && break; sleep 1; done
 echo "vol0: $(in_parity)% of its regions in parity before the runs"
 # Then served by a `trireme nbd` process as m3 is (it fences `up`'s writer).
@@ -101,4 +109,4 @@ print(f"under load (S2D mix on vol0, node 6 killed 5 s in, 40 s): {u['iops']:.0f
       f"max {u['total']['latency_us']['max']/1000:.0f} ms")
 EOF
 grep -E "parity resync (started|done)" "$dir/vol0.log" | sed -e 's/^.*Z  *INFO //' || true
-echo "vol0: $(in_parity)% of its regions in parity at the end"
+echo "vol0: $(in_parity)% of its regions in parity at the end, $(overlay)% of the volume overlay"

@@ -39,7 +39,10 @@ fn a_parity_volume_loses_nothing_when_nodes_die_while_it_encodes() {
     let text = cli_ok(&c, &["volume", "info", "vol0"]);
     assert!(text.contains("regions in parity"), "{text}");
     // The overlay `up`'s writer keeps counts in the mirrored share: shown beside it.
-    assert!(text.contains("of the volume mirrored over parity"), "{text}");
+    assert!(
+        text.contains("of the volume mirrored over parity"),
+        "{text}"
+    );
     // The export says 4 KiB is its smallest block, so a client merges a part block itself
     // (the writer refuses part blocks): qemu writes 512 bytes and reads them back.
     common::need("nbdinfo");

@@ -91,6 +91,9 @@ pub enum Request {
         epoch: u64,
         units: u64,
         throttled_seconds: f64,
+        /// A parity volume's overlay, in blocks (`status` shows it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        overlay_blocks: Option<u64>,
     },
     /// Creates a QoS policy: limits, a reserve and a weight for the volumes put under it,
     /// each whole (dedicated) or all of them together (`aggregated`).

@@ -33,7 +33,7 @@ pub use manager::{
     Manager, NodeControl, PolicyInfo, PolicyMember, ScrubSchedule, SnapshotInfo, CONTROL_IDLE,
     CONTROL_LIMITS, REFUSED,
 };
-pub use membership::ControlMembership;
+pub use membership::{ControlMembership, WriterUsage};
 pub use moves::{copy_then_retire, MoveKind, MoveState, MoveStatus};
 pub use restart::HOLD as RESTART_HOLD;
 

@@ -35,23 +35,35 @@ impl ControlMembership {
 
     /// Tells the manager what the writer of `name` at `epoch` did so far: the 8 KiB units of
     /// its requests and the seconds they waited for its limits (an aggregated QoS policy
-    /// shares out by them). A writer beside `up` writes no report of its own.
+    /// shares out by them), and a parity volume's overlay. A writer beside `up` writes no
+    /// report of its own.
     pub async fn report_usage(
         &self,
         name: &str,
         epoch: u64,
-        units: u64,
-        throttled_seconds: f64,
+        usage: WriterUsage,
     ) -> Result<(), MembershipError> {
         self.call::<serde_json::Value>(Request::WriterUsage {
             name: name.to_string(),
             epoch,
-            units,
-            throttled_seconds,
+            units: usage.units,
+            throttled_seconds: usage.throttled_seconds,
+            overlay_blocks: usage.overlay_blocks,
         })
         .await
         .map(|_| ())
     }
+}
+
+/// What a writer attached through `up`'s control socket tells the manager each second.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WriterUsage {
+    /// 8 KiB units of its requests so far.
+    pub units: u64,
+    /// Seconds its requests waited for the volume's limits, so far.
+    pub throttled_seconds: f64,
+    /// A parity volume's overlay, in blocks.
+    pub overlay_blocks: Option<u64>,
 }
 
 impl Membership for ControlMembership {

@@ -168,9 +168,13 @@ fn follow_settings(membership: Arc<trireme_control::ControlMembership>, v: &Arc<
             }
             if told.elapsed() >= Duration::from_secs(1) {
                 told = tokio::time::Instant::now();
-                let (epoch, units) = (v.info().epoch, v.io_units());
-                let waited = v.throttled().as_secs_f64();
-                if let Err(e) = membership.report_usage(&name, epoch, units, waited).await {
+                let usage = trireme_control::WriterUsage {
+                    units: v.io_units(),
+                    throttled_seconds: v.throttled().as_secs_f64(),
+                    overlay_blocks: v.overlay_blocks(),
+                };
+                let epoch = v.info().epoch;
+                if let Err(e) = membership.report_usage(&name, epoch, usage).await {
                     tracing::debug!(volume = %name, "telling the manager the writer's usage: {e}");
                 }
             }

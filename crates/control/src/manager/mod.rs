@@ -681,8 +681,18 @@ impl Manager {
                 epoch,
                 units,
                 throttled_seconds,
+                overlay_blocks,
             } => {
-                self.note_usage(&name, epoch, units, throttled_seconds);
+                // Only the writer of record's: one fenced (`up`'s own export, superseded by
+                // a `trireme nbd`) goes on telling, and would replace the live one's.
+                if self
+                    .meta
+                    .volume(&name)
+                    .await
+                    .is_ok_and(|v| v.epoch == epoch)
+                {
+                    self.note_usage(&name, epoch, units, throttled_seconds, overlay_blocks);
+                }
                 to(Ok(()))
             }
             Request::VolumeAccess { name, allow, deny } => {

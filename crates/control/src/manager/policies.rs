@@ -170,6 +170,8 @@ pub(crate) struct Usage {
     epoch: u64,
     units: u64,
     throttled: f64,
+    /// A parity volume's overlay, in blocks.
+    overlay: Option<u64>,
     at: Instant,
 }
 
@@ -454,11 +456,19 @@ impl Manager {
 
 impl Manager {
     /// Keeps what a writer beside `up` said it did (`Request::WriterUsage`).
-    pub(crate) fn note_usage(&self, name: &str, epoch: u64, units: u64, throttled: f64) {
+    pub(crate) fn note_usage(
+        &self,
+        name: &str,
+        epoch: u64,
+        units: u64,
+        throttled: f64,
+        overlay: Option<u64>,
+    ) {
         let u = Usage {
             epoch,
             units,
             throttled,
+            overlay,
             at: Instant::now(),
         };
         let mut m = self.usage.lock().unwrap_or_else(|e| e.into_inner());
@@ -472,6 +482,14 @@ impl Manager {
     fn usage_of(&self, name: &str) -> Option<Usage> {
         let m = self.usage.lock().unwrap_or_else(|e| e.into_inner());
         m.get(name).copied()
+    }
+
+    /// The overlay the writer of `name` at `epoch` attached through the control socket
+    /// last said it has.
+    pub(crate) fn said_overlay(&self, name: &str, epoch: u64) -> Option<u64> {
+        self.usage_of(name)
+            .filter(|u| u.epoch == epoch)
+            .and_then(|u| u.overlay)
     }
 }
 

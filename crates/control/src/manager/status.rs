@@ -64,10 +64,13 @@ impl Manager {
     }
 
     /// A parity volume's overlay in blocks, as its writer of the volume's epoch says: this
-    /// process's, or the report of another's.
+    /// process's, one attached through the control socket, or the report of another's.
     async fn overlay_of(&self, v: &VolumeRecord) -> Option<u64> {
         if let Some(w) = self.writer(&v.name).filter(|w| w.info().epoch == v.epoch) {
             return w.overlay_blocks();
+        }
+        if let Some(o) = self.said_overlay(&v.name, v.epoch) {
+            return Some(o);
         }
         let report = self.meta.report(&v.name).await.ok().flatten()?;
         (report.epoch == v.epoch)
