@@ -64,6 +64,17 @@ fn a_parity_volume_loses_nothing_when_nodes_die_while_it_encodes() {
         "{out}"
     );
     assert!(!out.contains("failed"), "{out}");
+    // A `trireme nbd` of vol0 fences `up`'s own writer, which goes on telling the manager
+    // its usage: status shows the live writer's overlay at every look.
+    let sock = c.path().join("vol0-nbd.sock");
+    let (nbd, _) = common::spawn_nbd(&c, "vol0", &sock);
+    std::thread::sleep(Duration::from_millis(2500));
+    for _ in 0..8 {
+        let r = &status(&c)["volumes"][0]["resiliency"]["regions"];
+        assert!(r["overlay_blocks"].as_u64().is_some(), "{r}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    common::stop_nbd(nbd);
     // The minimum of copies counts a region's mirrored copies: 2 of 2+1's two.
     cli_ok(&c, &["volume", "set", "vol0", "--min-copies", "2"]);
     let bad = c.cli(&["volume", "set", "vol0", "--min-copies", "3"]);
