@@ -403,17 +403,6 @@ impl RegionMap {
         })
     }
 
-    /// The share of regions mirrored, in percent, as the record says (the encoder's budget
-    /// counts the overlay too: [`RegionMap::to_encode`]).
-    pub fn mirrored_percent(&self) -> u64 {
-        let mirrored = self
-            .regions
-            .iter()
-            .filter(|r| **r == Region::Mirror)
-            .count();
-        (mirrored * 100 / self.regions.len().max(1)) as u64
-    }
-
     /// The region the encoder should take next, by `heat` (a region's recent writes, as the
     /// writer counts them). The mirrored share is a budget of blocks: the mirrored regions'
     /// and the overlay's (both are M+1 copies). While they are over `share` percent of the
