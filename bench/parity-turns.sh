@@ -4,7 +4,8 @@
 # turns, 10 s each: hot (-rdpct90/10) three times each, cold (uniform) twice. Prints
 # "NAME IOPS P50_US P99_US" per run. UP_ARGS adds to `up` (e.g. "--encode-rate 0": every
 # region stays mirrored); MIN_PARITY (default 75) is the share of regions in parity waited
-# for; ENCODE_RATE is vol0's writer's, as in bench/parity.sh.
+# for; ENCODE_RATE is vol0's writer's, as in bench/parity.sh. DEPTH (default "-t1 -o1") is
+# each run's threads and depth; HOT and COLD (default 3 and 2) its rounds of each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${SECS:-10}"
@@ -16,7 +17,8 @@ start_up --nodes 6 --parity 4+2 --size 1G --store file --node-capacity 4G ${UP_A
 serve m3
 m3=$cpid
 head -c 1G /dev/urandom >"$dir/img"
-qemu-img convert -n -f raw -O raw "$dir/img" "$curi"
+# M3_FILL=0 leaves m3 unwritten, so its writes allocate as those into vol0's trimmed blocks do.
+[ "${M3_FILL:-1}" = 0 ] || qemu-img convert -n -f raw -O raw "$dir/img" "$curi"
 # vol0 filled and encoded to its share by `up`'s writer.
 qemu-img convert -n -f raw -O raw "$dir/img" "$uri"
 rm -f "$dir/img"
@@ -47,11 +49,13 @@ run() {
   "$T" --data-dir "$dir/c" --output json bench "$@" -d"$secs" -W2 "$target" |
     python3 -c 'import json, sys; r=json.load(sys.stdin); print(sys.argv[1], round(r["iops"]), round(r["total"]["latency_us"]["p50"]), round(r["total"]["latency_us"]["p99"]))' "$name"
 }
-for round in 1 2 3; do
-  run m3-hot-qd1 "$curi" -b4K -w100 -r -rdpct90/10 -t1 -o1
-  run vol0-hot-qd1 "$uri" -b4K -w100 -r -rdpct90/10 -t1 -o1
+depth=(${DEPTH:--t1 -o1})
+tag=$(echo "${DEPTH:--t1 -o1}" | tr -d ' -' | sed 's/^t1o/qd/')
+for _ in $(seq "${HOT:-3}"); do
+  run "m3-hot-$tag" "$curi" -b4K -w100 -r -rdpct90/10 "${depth[@]}"
+  run "vol0-hot-$tag" "$uri" -b4K -w100 -r -rdpct90/10 "${depth[@]}"
 done
-for round in 1 2; do
-  run m3-cold-qd1 "$curi" -b4K -w100 -r -t1 -o1
-  run vol0-cold-qd1 "$uri" -b4K -w100 -r -t1 -o1
+for _ in $(seq "${COLD:-2}"); do
+  run "m3-cold-$tag" "$curi" -b4K -w100 -r "${depth[@]}"
+  run "vol0-cold-$tag" "$uri" -b4K -w100 -r "${depth[@]}"
 done
