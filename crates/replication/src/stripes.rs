@@ -28,6 +28,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::{candidates, NodeLoad, Parity, PlacementError};
 
+// The encode plan: its steps, phases and answers.
+#[path = "stripes_encode.rs"]
+mod encode;
+use encode::Encode;
+pub use encode::{EncodeEnd, EncodeRefusal, EncodeStep};
+
 /// Blocks of 4 KiB per chunk: 256 KiB, so a 4+2 stripe holds 1 MiB of data, the size the
 /// codec benchmark measured (18 GB/s a core). A degraded read rebuilds only the blocks it
 /// reads (Reed-Solomon codes each byte position alone), so the chunk size does not make
@@ -252,73 +258,6 @@ pub enum Unreadable {
 pub enum Discard {
     Trim(Vec<u32>),
     Zero(Vec<u32>),
-}
-
-/// Why an encode is not begun.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum EncodeRefusal {
-    #[error("region {0} is past the volume's end")]
-    NoSuchRegion(u64),
-    #[error("region {0} is being encoded already")]
-    Busy(u64),
-    #[error("region {0} is parity with nothing over it: nothing to fold back")]
-    Nothing(u64),
-    #[error("node {0} of the stripe is down: a stripe is made on all K+M nodes or not at all")]
-    NodeDown(u32),
-    #[error("the volume is a mirror: it has no regions to encode")]
-    NotParity,
-}
-
-/// The next thing an encode needs done; [`RegionMap::answered`] says it was.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EncodeStep {
-    /// Read the region's blocks as they read now ([`RegionMap::read`]) and code them.
-    Read { region: u64 },
-    /// Write the coded chunks into `slot` of their nodes (the slot the map does not name).
-    Write {
-        region: u64,
-        slot: u8,
-        chunks: Vec<ChunkAt>,
-    },
-    /// Make them durable on every one of these nodes.
-    Flush { nodes: Vec<u32> },
-    /// Record the region as `to` (the one step that changes what reads see).
-    Switch { region: u64, to: Region },
-    /// Trim these blocks from the mirrored copies: they read from the stripe now.
-    Free { blocks: Vec<u64>, nodes: Vec<u32> },
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Phase {
-    Read,
-    Write,
-    Flush,
-    Switch,
-    Free,
-}
-
-#[derive(Debug, Clone)]
-struct Encode {
-    phase: Phase,
-    slot: u8,
-    /// Blocks written (or discarded) since the read began: never trimmed by this encode.
-    written: BTreeSet<u64>,
-    /// The blocks to trim, fixed once handed out ([`RegionMap::fix_free`]): a write sent
-    /// after that waits for the trim, and its block, trimmed, reads from the stripe until a
-    /// copy holds the write.
-    freeing: Option<Vec<u64>>,
-}
-
-/// What an encode's answer ended in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EncodeEnd {
-    /// More steps to go.
-    Going,
-    /// The region is parity in its new stripe and the mirrors are trimmed.
-    Done,
-    /// A step failed before the switch: the region reads as before; the written slot is
-    /// garbage no reader names.
-    Abandoned,
 }
 
 /// A parity volume's regions and the encodes in flight (see the module docs).
@@ -585,195 +524,6 @@ impl RegionMap {
         Ok(out)
     }
 
-    /// Begins encoding `region`: a mirrored one into a stripe, a parity one with overlay
-    /// into a new stripe. Every node of the stripe must be up.
-    pub fn begin(&mut self, region: u64, up: impl Fn(u32) -> bool) -> Result<(), EncodeRefusal> {
-        let r = *self
-            .regions
-            .get(region as usize)
-            .ok_or(EncodeRefusal::NoSuchRegion(region))?;
-        if self.encodes.contains_key(&region) {
-            return Err(EncodeRefusal::Busy(region));
-        }
-        let slot = match r {
-            Region::Mirror => 0,
-            Region::Parity { slot } => {
-                let mut blocks = self.stripes.blocks_of(region);
-                if !blocks.any(|b| self.overlay.contains(&b)) {
-                    return Err(EncodeRefusal::Nothing(region));
-                }
-                1 - slot
-            }
-        };
-        if let Some(&n) = self.stripes.nodes.iter().find(|&&n| !up(n)) {
-            return Err(EncodeRefusal::NodeDown(n));
-        }
-        let encode = Encode {
-            phase: Phase::Read,
-            slot,
-            written: BTreeSet::new(),
-            freeing: None,
-        };
-        self.encodes.insert(region, encode);
-        Ok(())
-    }
-
-    /// The regions being encoded.
-    pub fn encoding(&self) -> impl Iterator<Item = u64> + '_ {
-        self.encodes.keys().copied()
-    }
-
-    /// What `region`'s encode needs done now (the same until it is answered).
-    pub fn step(&self, region: u64) -> Option<EncodeStep> {
-        let e = self.encodes.get(&region)?;
-        let s = &self.stripes;
-        Some(match e.phase {
-            Phase::Read => EncodeStep::Read { region },
-            Phase::Write => EncodeStep::Write {
-                region,
-                slot: e.slot,
-                chunks: (0..s.width())
-                    .map(|c| ChunkAt {
-                        node: s.node_of(region, c),
-                        region,
-                        slot: e.slot,
-                        chunk: c,
-                        block: 0,
-                    })
-                    .collect(),
-            },
-            Phase::Flush => EncodeStep::Flush {
-                nodes: s.nodes.clone(),
-            },
-            Phase::Switch => EncodeStep::Switch {
-                region,
-                to: Region::Parity { slot: e.slot },
-            },
-            Phase::Free => EncodeStep::Free {
-                blocks: match &e.freeing {
-                    Some(blocks) => blocks.clone(),
-                    None => self.to_free(region, e),
-                },
-                nodes: s.mirrors_of(region),
-            },
-        })
-    }
-
-    fn to_free(&self, region: u64, e: &Encode) -> Vec<u64> {
-        self.stripes
-            .blocks_of(region)
-            .filter(|b| self.overlay.contains(b) && !e.written.contains(b))
-            .collect()
-    }
-
-    /// Fixes the blocks `region`'s trim frees, as they are now (an executor that holds the
-    /// region calls this as it sends the trim; see `Encode::freeing`).
-    pub fn fix_free(&mut self, region: u64) {
-        let Some(e) = self.encodes.get(&region) else {
-            return;
-        };
-        if e.phase == Phase::Free && e.freeing.is_none() {
-            let blocks = self.to_free(region, e);
-            if let Some(e) = self.encodes.get_mut(&region) {
-                e.freeing = Some(blocks);
-            }
-        }
-    }
-
-    /// The order of the phases: the switch only once the stripe is durable everywhere, the
-    /// trim only after the switch.
-    fn next(&self, phase: Phase) -> Option<Phase> {
-        #[cfg(test)]
-        if self.unsafe_order {
-            return match phase {
-                Phase::Read => Some(Phase::Write),
-                Phase::Write => Some(Phase::Switch),
-                Phase::Switch => Some(Phase::Free),
-                Phase::Free => Some(Phase::Flush),
-                Phase::Flush => None,
-            };
-        }
-        match phase {
-            Phase::Read => Some(Phase::Write),
-            Phase::Write => Some(Phase::Flush),
-            Phase::Flush => Some(Phase::Switch),
-            Phase::Switch => Some(Phase::Free),
-            Phase::Free => None,
-        }
-    }
-
-    /// The step of `region`'s encode was carried out (`ok`) or failed.
-    pub fn answered(&mut self, region: u64, ok: bool) -> EncodeEnd {
-        let Some(e) = self.encodes.get(&region) else {
-            return EncodeEnd::Abandoned;
-        };
-        let phase = e.phase;
-        let switched = self.regions.get(region as usize) == Some(&Region::Parity { slot: e.slot });
-        if !ok && !switched {
-            self.encodes.remove(&region);
-            return EncodeEnd::Abandoned;
-        }
-        match phase {
-            Phase::Switch if ok => self.switched(region),
-            // Failed or not, a trim may have reached some copies: its blocks read from the
-            // stripe, which holds them, never from a copy that may have lost them.
-            Phase::Free => self.freed(region),
-            _ => {}
-        }
-        // After the switch a failed trim (or flush) is only space: a copy the trim missed
-        // holds what the stripe holds.
-        match self.next(phase).filter(|_| ok) {
-            Some(p) => {
-                if let Some(e) = self.encodes.get_mut(&region) {
-                    e.phase = p;
-                }
-                EncodeEnd::Going
-            }
-            None => {
-                self.encodes.remove(&region);
-                EncodeEnd::Done
-            }
-        }
-    }
-
-    /// The record says parity now. A region that was mirrored is overlay in every block until
-    /// trimmed (the mirrors may hold any of them, and what they hold is at least as new; a
-    /// block they do not hold is zeroes in the stripe too). A fold-back's overlay is as it was.
-    fn switched(&mut self, region: u64) {
-        let Some(e) = self.encodes.get(&region) else {
-            return;
-        };
-        let was = std::mem::replace(
-            &mut self.regions[region as usize],
-            Region::Parity { slot: e.slot },
-        );
-        if was == Region::Mirror {
-            let blocks = self.stripes.blocks_of(region);
-            self.overlay.extend(blocks);
-        }
-    }
-
-    fn freed(&mut self, region: u64) {
-        let Some(EncodeStep::Free { blocks, .. }) = self.step(region) else {
-            return;
-        };
-        for b in blocks {
-            self.overlay.remove(&b);
-        }
-    }
-
-    /// Whether an encode's switch is handed out and not answered: the record may be changing.
-    pub fn switching(&self) -> bool {
-        self.encodes.values().any(|e| e.phase == Phase::Switch)
-    }
-
-    /// Abandons the encodes not yet at their switch (a node of their stripe is being brought
-    /// back: its chunk of them may be missing). Their slots are garbage no reader names.
-    pub fn abandon_unswitched(&mut self) {
-        self.encodes
-            .retain(|_, e| matches!(e.phase, Phase::Switch | Phase::Free));
-    }
-
     /// The copy on `from` gives its place to one on `to`: the chunks and mirrored parts
     /// `from` kept are `to`'s from now on (its resync rebuilds them), and no other node's
     /// place changes. Encodes not at their switch are abandoned (their chunks were to go to
@@ -785,11 +535,6 @@ impl RegionMap {
         self.abandon_unswitched();
         self.stripes.nodes[at] = to;
         true
-    }
-
-    /// Forgets the encodes in flight (the executor stopped; a restart reads the record).
-    pub fn abandon_all(&mut self) {
-        self.encodes.clear();
     }
 }
 
