@@ -28,6 +28,7 @@ mod encoder;
 mod error;
 mod extent_cache;
 mod failover;
+mod fine_timer;
 mod given;
 mod io;
 mod membership;

@@ -139,8 +139,16 @@ impl Volume {
                 break;
             }
             let at = self.opened + Duration::from_nanos(start);
+            // Tokio's timer wakes a tick (1 ms) late: a short wait goes to the fine timer.
+            let fine = start - now <= crate::fine_timer::FINE_NS;
+            let sleep = async move {
+                match fine {
+                    true => crate::fine_timer::sleep_until(at).await,
+                    false => tokio::time::sleep_until(at).await,
+                }
+            };
             tokio::select! {
-                _ = tokio::time::sleep_until(at) => break,
+                _ = sleep => break,
                 _ = changed => {}
             }
         }
