@@ -164,12 +164,14 @@ mod tests {
             sleep_until(start + Duration::from_millis(5)),
         );
         let _ = cancelled.await;
-        tokio::time::timeout(
-            Duration::from_secs(10),
-            sleep_until(start + Duration::from_millis(2)),
-        )
-        .await
-        .expect("the next waiter still wakes");
+        let next = start + Duration::from_millis(20);
+        tokio::time::timeout(Duration::from_secs(10), sleep_until(next))
+            .await
+            .expect("the next waiter still wakes");
+        assert!(
+            tokio::time::Instant::now() >= next,
+            "woke before its deadline"
+        );
     }
 
     async fn futures_join<F: std::future::Future<Output = ()> + Send>(fs: [F; 8]) {
