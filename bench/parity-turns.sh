@@ -12,36 +12,9 @@ secs="${SECS:-10}"
 . bench/lib.sh
 cpid=
 trap '[ -n "$cpid" ] && kill $cpid 2>/dev/null; [ -n "$up" ] && kill "$up" 2>/dev/null && wait "$up"; rm -rf "$dir"' EXIT
-start_up --nodes 6 --parity 4+2 --size 1G --store file --node-capacity 4G ${UP_ARGS:-}
-"$T" --data-dir "$dir/c" volume create m3 --size 1G --replicas 3 >/dev/null
-serve m3
-m3=$cpid
-head -c 1G /dev/urandom >"$dir/img"
-# M3_FILL=0 leaves m3 unwritten, so its writes allocate as those into vol0's trimmed blocks do.
-[ "${M3_FILL:-1}" = 0 ] || qemu-img convert -n -f raw -O raw "$dir/img" "$curi"
-# vol0 filled and encoded to its share by `up`'s writer.
-qemu-img convert -n -f raw -O raw "$dir/img" "$uri"
-rm -f "$dir/img"
-
-# in_parity: vol0's regions in parity, in percent.
-in_parity() {
-  "$T" --data-dir "$dir/c" --output json status | python3 -c '
-import json, sys
-s = json.load(sys.stdin)
-v = [v for v in s["volumes"] if v["name"] == "vol0"][0]
-r = v["resiliency"]["regions"]
-print(100 * r["parity"] // r["regions"])'
-}
-for _ in $(seq 120); do [ "$(in_parity)" -ge "${MIN_PARITY:-75}" ] && break; sleep 1; done
-echo "vol0: $(in_parity)% of its regions in parity before the runs"
-# Then served by a `trireme nbd` process as m3 is (it fences `up`'s writer).
-m3uri=$curi
-"$T" --data-dir "$dir/c" nbd vol0 --socket "$dir/vol0.sock" ${ENCODE_RATE:+--encode-rate "$ENCODE_RATE"} \
-  >"$dir/vol0.uri" 2>>"$dir/vol0.log" &
-cpid="$! $m3"
-for _ in $(seq 100); do [ -s "$dir/vol0.uri" ] && break; sleep 0.1; done
-uri=$(head -1 "$dir/vol0.uri")
-curi=$m3uri
+. bench/parity-lib.sh
+# shellcheck disable=SC2086 # UP_ARGS: several arguments
+parity_volumes ${UP_ARGS:-}
 
 run() {
   local name=$1 target=$2

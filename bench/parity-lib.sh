@@ -1,0 +1,50 @@
+# Sourced by bench/parity.sh and bench/parity-turns.sh, after bench/lib.sh: their two volumes
+# on one `trireme up --nodes 6` (file stores): vol0 4+2 with a 20% mirrored share, m3 3-way,
+# 1 GiB each, filled with the same random bytes.
+# shellcheck shell=bash
+
+# in_parity: vol0's regions in parity, in percent.
+in_parity() {
+  "$T" --data-dir "$dir/c" --output json status | python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+v = [v for v in s["volumes"] if v["name"] == "vol0"][0]
+r = v["resiliency"]["regions"]
+print(100 * r["parity"] // r["regions"])'
+}
+
+# overlay: vol0's overlay as its writer says, in percent of the volume.
+overlay() {
+  "$T" --data-dir "$dir/c" --output json status | python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+v = [v for v in s["volumes"] if v["name"] == "vol0"][0]
+print(v["resiliency"]["regions"].get("overlay_percent", "?"))'
+}
+
+# parity_volumes [UP_ARGS...]: starts `up` (UP_ARGS added), makes and fills both volumes,
+# waits until MIN_PARITY percent (default 75) of vol0's regions are in parity, then serves
+# vol0 from a `trireme nbd` of its own (it fences `up`'s writer; ENCODE_RATE is its
+# `--encode-rate`) as m3 is. Sets $uri (vol0), $curi (m3) and $cpid (both writers' pids).
+# M3_FILL=0 leaves m3 unwritten, so its writes allocate as those into vol0's trimmed blocks do.
+parity_volumes() {
+  local m3 m3uri
+  start_up --nodes 6 --parity 4+2 --size 1G --store file --node-capacity 4G "$@"
+  "$T" --data-dir "$dir/c" volume create m3 --size 1G --replicas 3 >/dev/null
+  serve m3
+  m3=$cpid
+  head -c 1G /dev/urandom >"$dir/img"
+  [ "${M3_FILL:-1}" = 0 ] || qemu-img convert -n -f raw -O raw "$dir/img" "$curi"
+  # vol0 filled and encoded to its share by `up`'s writer.
+  qemu-img convert -n -f raw -O raw "$dir/img" "$uri"
+  rm -f "$dir/img"
+  for _ in $(seq 120); do [ "$(in_parity)" -ge "${MIN_PARITY:-75}" ] && break; sleep 1; done
+  echo "vol0: $(in_parity)% of its regions in parity before the runs"
+  m3uri=$curi
+  "$T" --data-dir "$dir/c" nbd vol0 --socket "$dir/vol0.sock" ${ENCODE_RATE:+--encode-rate "$ENCODE_RATE"} \
+    >"$dir/vol0.uri" 2>>"$dir/vol0.log" &
+  cpid="$! $m3"
+  for _ in $(seq 100); do [ -s "$dir/vol0.uri" ] && break; sleep 0.1; done
+  uri=$(head -1 "$dir/vol0.uri")
+  curi=$m3uri
+}
