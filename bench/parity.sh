@@ -8,7 +8,8 @@
 #   s2d          DISKSPD's S2D mix (4K, 70:30 random, 10 x QD4) with the same hot zone
 # and last, a rebuild under load: node 6 killed (kill -9) while the s2d mix runs on vol0,
 # `up` restarts it, its resync's time and bytes, and the mix's p99 before and during.
-# ENCODE_RATE (e.g. 0) is vol0's writer's `--encode-rate` (default 64M). Prints a Markdown
+# ENCODE_RATE (e.g. 0) is vol0's writer's `--encode-rate` (default 64M); MIN_PARITY and M3_FILL as in
+# bench/parity-lib.sh. Prints a Markdown
 # table with parity/mirror ratios. File stores under a temporary directory,
 # unix sockets between processes (this host has no RDMA device).
 set -euo pipefail
