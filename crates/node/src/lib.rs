@@ -303,7 +303,9 @@ impl Node {
             let (volume, size) = (r.volume(), r.size());
             let changed = self.dirty.is_changed(volume);
             let done = self.activity.sync(volume, || {
-                r.flush()?;
+                // The data, then a parity replica's held map (`held.rs`): an extent cleared
+                // on disk must not hide a held bit a crash would lose.
+                self.held.flush(volume, &*r)?;
                 self.dirty.save(volume, size, &*ledger)
             });
             let result = match done {

@@ -131,3 +131,28 @@ fn bad_questions_and_unreadable_maps_are_refused() {
     serve_ok(&n, req(Op::Attach, 1, 3, 0, 0), &[]);
     assert_eq!(status(held(&n, 0, B)).0, Status::Unsupported);
 }
+
+/// The bookkeeping's sync drops an extent from the activity log on disk only once the held
+/// bits of the writes in it are durable too: a crash after it keeps them, so whatever held
+/// bits a crash loses lie in extents the log still shows.
+#[test]
+fn an_extent_leaves_the_log_on_disk_only_with_its_held_bits_durable() {
+    let d = tempfile::tempdir().unwrap();
+    let n = create_parity(d.path());
+    n.keep_books();
+    serve_ok(&n, req(Op::ActivityStart, 1, 3, 0, MB), &[]);
+    serve_ok(&n, req(Op::Write, 1, 3, 3 * B, 0), &[7; B as usize]);
+    assert_eq!(n.log_extents_on_disk(1), Some(1));
+    // The writer clears the extent; the sync drops it on disk.
+    serve_ok(&n, req(Op::ActivityClear, 1, 3, 0, MB), &[]);
+    n.sync_books();
+    assert_eq!(n.log_extents_on_disk(1), Some(0));
+    drop(n); // the process dies: no flush came
+
+    let n = open(d.path());
+    assert_eq!(
+        held_ok(&n, 0, 8 * MB),
+        vec![(3 * B, B)],
+        "held: no extent on disk says otherwise"
+    );
+}
