@@ -407,6 +407,21 @@ impl Node {
         self.replica(volume).ok()
     }
 
+    /// Creates the replica of `volume`, `size` bytes, as a `CreateReplica` request with
+    /// `flags` does (`FLAG_HELD`: a parity volume's copy, with its held map): for the
+    /// simulator, which sets its nodes' disks up without a network. Why it was refused.
+    pub fn create_replica(&self, volume: u64, size: u64, flags: u16) -> Result<(), String> {
+        let h = trireme_proto::Header {
+            volume,
+            length: size,
+            flags,
+            ..trireme_proto::Header::request(trireme_proto::Op::CreateReplica, 0)
+        };
+        self.on_create_replica(&h)
+            .map(|_| ())
+            .map_err(|Refusal(s, why)| format!("{s:?}: {why}"))
+    }
+
     pub fn replica_count(&self) -> usize {
         self.replicas
             .read()

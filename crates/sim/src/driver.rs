@@ -24,8 +24,20 @@ pub(crate) async fn run_async(
         })
         .await?;
     }
+    let layout = match cfg.parity {
+        Some(p) => trireme_replication::Layout::Parity(p),
+        None => trireme_replication::Layout::Mirror,
+    };
     let rec = meta
-        .create_volume(VOLUME, size, &ids[..cfg.replicas])
+        .create_volume_from(
+            VOLUME,
+            size,
+            &ids[..cfg.replicas],
+            &trireme_meta::any_client(),
+            false,
+            None,
+            layout,
+        )
         .await?;
     // Versions persist in real files, on tmpfs where there is one (no disk I/O per seed).
     let versions = match std::path::Path::new("/dev/shm").is_dir() {
@@ -41,17 +53,15 @@ pub(crate) async fn run_async(
             let store = Arc::new(SimDisk::default());
             let dir = versions.path().join(id.to_string());
             std::fs::create_dir_all(&dir).expect("versions directory");
+            let node = Node::with_dirty_grain(id, sealed(&store, &dir), BLOCK);
             if rec.replicas.iter().any(|r| r.node == id) {
-                store.create(rec.id, size).expect("create replica");
+                create_replica(&cfg, &node, rec.id, size).expect("create replica");
             }
+            node.keep_books();
             Arc::new(SimNode {
                 id,
                 state: Mutex::new(NodeState {
-                    node: {
-                        let n = Node::with_dirty_grain(id, sealed(&store, &dir), BLOCK);
-                        n.keep_books();
-                        Arc::new(n)
-                    },
+                    node: Arc::new(node),
                     store,
                     generation: 0,
                     down: false,
@@ -227,40 +237,21 @@ pub(crate) async fn run_async(
             Err(e) => w.violate(format!("final read of block {b}: {e}")),
         }
     }
-    // ...and on every replica, byte for byte.
     let rec = w.meta.volume(VOLUME).await?;
-    let mut copies = Vec::new();
-    let mut replicas = Vec::new();
-    for n in w
-        .nodes
+    outcome.parity_regions = w
+        .meta
+        .regions(rec.id)
+        .await?
         .iter()
-        .filter(|n| rec.replicas.iter().any(|r| r.node == n.id))
-    {
-        // Through the node's store stack (its versions map blocks that moved).
-        let node = n.st().node.clone();
-        let r = node
-            .served(w.volume_id)
-            .ok_or_else(|| fail(&w, format!("node {} lost its replica", n.id)))?;
-        let mut buf = vec![0u8; size as usize];
-        r.read(0, &mut buf)
-            .map_err(|e| fail(&w, format!("node {}: {e}", n.id)))?;
-        copies.push((n.id, buf));
-        replicas.push((n.id, r));
-    }
-    w.check_snapshots(&replicas);
-    for (id, c) in &copies[1..] {
-        if *c != copies[0].1 {
-            let b = (0..cfg.blocks)
-                .find(|&b| {
-                    let r = (b * BLOCK) as usize..((b + 1) * BLOCK) as usize;
-                    c[r.clone()] != copies[0].1[r]
-                })
-                .unwrap_or(0);
-            w.violate(format!(
-                "replica on node {id} differs from node {} at block {b}",
-                copies[0].0
-            ));
-        }
+        .filter(|r| matches!(r, trireme_replication::Region::Parity { .. }))
+        .count() as u64;
+    outcome.overlay_blocks = vol.overlay_blocks().unwrap_or(0);
+    if cfg.parity.is_some() {
+        // A parity volume's copies differ by node: its scrub compares the mirrored blocks
+        // of each region on its mirrors and each stripe's parity against its data.
+        w.check_scrub(&vol).await;
+    } else {
+        w.check_copies_equal(&rec).await.map_err(|e| fail(&w, e))?;
     }
     if rec.replicas.iter().any(|r| r.state != ReplicaState::InSync) {
         w.violate(format!("metadata not all in sync: {:?}", rec.replicas));
@@ -341,4 +332,62 @@ pub(crate) async fn run_async(
             .cloned(),
     );
     Ok(outcome)
+}
+
+impl World {
+    /// Every mirror's replica, read through its node's store stack (its versions map blocks
+    /// that moved), is the same byte for byte; the snapshots on them hold what they must.
+    async fn check_copies_equal(&self, rec: &VolumeRecord) -> Result<(), String> {
+        let mut copies = Vec::new();
+        let mut replicas = Vec::new();
+        for n in self
+            .nodes
+            .iter()
+            .filter(|n| rec.replicas.iter().any(|r| r.node == n.id))
+        {
+            let node = n.st().node.clone();
+            let r = node
+                .served(self.volume_id)
+                .ok_or_else(|| format!("node {} lost its replica", n.id))?;
+            let mut buf = vec![0u8; self.size as usize];
+            r.read(0, &mut buf)
+                .map_err(|e| format!("node {}: {e}", n.id))?;
+            copies.push((n.id, buf));
+            replicas.push((n.id, r));
+        }
+        self.check_snapshots(&replicas);
+        for (id, c) in &copies[1..] {
+            if *c != copies[0].1 {
+                let b = (0..self.cfg.blocks)
+                    .find(|&b| {
+                        let r = (b * BLOCK) as usize..((b + 1) * BLOCK) as usize;
+                        c[r.clone()] != copies[0].1[r]
+                    })
+                    .unwrap_or(0);
+                self.violate(format!(
+                    "replica on node {id} differs from node {} at block {b}",
+                    copies[0].0
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// A parity volume's scrub, with every copy in sync, finds nothing to repair: each
+    /// region's mirrors hold the same blocks with the same bytes, and each stripe's parity
+    /// matches its data.
+    async fn check_scrub(&self, vol: &Volume) {
+        match vol.scrub(0).await {
+            Err(e) => self.violate(format!("the final scrub failed: {e}")),
+            Ok(r) if r.mismatched_regions > 0 || !r.unresolved.is_empty() => {
+                self.violate(format!(
+                    "the final scrub found copies that disagree after every copy was back in sync: {r:?}"
+                ))
+            }
+            Ok(r) => self.note(format!(
+                "final scrub: {} bytes compared on nodes {:?}, all agree",
+                r.bytes_compared, r.replicas
+            )),
+        }
+    }
 }

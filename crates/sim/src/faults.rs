@@ -98,7 +98,9 @@ impl World {
         }
     }
 
-    /// Injects faults until `until`, never taking the last healthy in-sync replica.
+    /// Injects faults until `until`, never taking more copies than the layout tolerates
+    /// ([`Config::tolerance`]): the last healthy in-sync copy of a mirror, the K-th of a
+    /// parity volume's.
     pub(crate) async fn faults(
         self: Arc<Self>,
         vol: Arc<Mutex<Arc<Volume>>>,
@@ -212,7 +214,9 @@ impl World {
                     continue;
                 }
                 9 => {
-                    self.drain(&v, pick).await;
+                    if self.cfg.parity.is_none() {
+                        self.drain(&v, pick).await;
+                    }
                     continue;
                 }
                 _ => {}
@@ -223,7 +227,8 @@ impl World {
                 .into_iter()
                 .filter(|&n| n != id)
                 .count();
-            if others == 0 {
+            // Those left must be enough: one copy of a mirror, K of a parity volume's.
+            if others < self.cfg.replicas - self.cfg.tolerance() {
                 continue;
             }
             let n = self.node(id).clone();

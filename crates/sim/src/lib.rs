@@ -137,6 +137,9 @@ pub struct Config {
     /// For the checker's own test: a clone is made of another snapshot than the one it is
     /// checked against (`clones.rs`).
     pub sabotage_clone: bool,
+    /// A parity volume of this layout (`K+M`, its mirrored share) instead of a mirror
+    /// ([`Config::parity`]).
+    pub parity: Option<trireme_replication::Parity>,
 }
 
 impl Config {
@@ -156,6 +159,35 @@ impl Config {
             snapshots: true,
             sabotage_barrier: false,
             sabotage_clone: false,
+            parity: None,
+        }
+    }
+
+    /// A 2+1 parity volume of four regions on three of four nodes, its writer's encoder
+    /// turning regions into stripes and folding the overlay back while the writes and the
+    /// faults go on: at most M (one) copy troubled at a time, as the layout tolerates. No
+    /// snapshots, clones or drains (a parity volume refuses the first two; a drain of a
+    /// parity copy takes the old one out first, one loss fewer meanwhile).
+    pub fn parity(seed: u64) -> Config {
+        let p = trireme_replication::Parity::parse("2+1", Some(25)).expect("a valid layout");
+        let stripes = trireme_replication::Stripes::new(&p, vec![1, 2, 3]).expect("three nodes");
+        let blocks = 4 * stripes.region_blocks();
+        Config {
+            blocks,
+            hot: blocks,
+            replicas: 3,
+            snapshots: false,
+            parity: Some(p),
+            ..Config::new(seed)
+        }
+    }
+
+    /// How many copies may be troubled at once: all but one of a mirror's, M of a parity
+    /// volume's.
+    fn tolerance(&self) -> usize {
+        match self.parity {
+            Some(p) => usize::from(p.parity),
+            None => self.replicas - 1,
         }
     }
 }
@@ -173,6 +205,10 @@ pub struct Outcome {
     pub takeovers: Vec<Duration>,
     /// The last writer's last finished resync of each replica.
     pub resyncs: Vec<trireme_replication::ResyncProgress>,
+    /// A parity volume's regions in parity at the end (on record), and its overlay then,
+    /// in blocks.
+    pub parity_regions: u64,
+    pub overlay_blocks: u64,
 }
 
 /// xorshift64*: small, seeded, and the same everywhere.
@@ -272,6 +308,21 @@ fn sealed(disk: &Arc<SimDisk>, versions: &std::path::Path) -> Arc<dyn Store> {
             .with_grow_min(16 * BLOCK)
             .with_log_slots(16),
     )
+}
+
+/// Creates the volume's replica on `node`: a parity volume's spans its strides and keeps a
+/// held map.
+fn create_replica(cfg: &Config, node: &Node, volume: u64, size: u64) -> Result<(), String> {
+    match cfg.parity {
+        None => node.create_replica(volume, size, 0),
+        Some(p) => {
+            let nodes = (1..=cfg.replicas as u32).collect();
+            let stripes =
+                trireme_replication::Stripes::new(&p, nodes).map_err(|e| e.to_string())?;
+            let len = stripes.replica_blocks(size.div_ceil(BLOCK)) * BLOCK;
+            node.create_replica(volume, len, trireme_proto::FLAG_HELD)
+        }
+    }
 }
 
 /// A self-describing block: (block, seq) repeated, so a torn, misplaced or stale block shows.
@@ -403,6 +454,7 @@ impl World {
     }
 
     fn violate(&self, what: String) {
+        self.note(format!("VIOLATION: {what}"));
         let mut m = self.model();
         if m.violation.is_none() {
             m.violation = Some(what);
@@ -532,7 +584,10 @@ impl World {
             }));
             let s = Arc::new(SimDisk::default());
             if holds {
-                s.create(self.volume_id, self.size).expect("create replica");
+                // Through a node over the new disk, as the manager asks it (gone with it).
+                let node = Node::with_dirty_grain(id, s.clone(), BLOCK);
+                create_replica(&self.cfg, &node, self.volume_id, self.size)
+                    .expect("create replica");
             }
             s
         } else {

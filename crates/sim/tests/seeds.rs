@@ -77,6 +77,8 @@ const KINDS: [(&str, &str); 19] = [
 /// What one seed's run adds to the totals.
 struct Summary {
     faults: usize,
+    parity_regions: u64,
+    overlay_blocks: u64,
     writes: u64,
     takeovers: Vec<std::time::Duration>,
     waits: Vec<std::time::Duration>,
@@ -92,6 +94,8 @@ fn summarize(o: trireme_sim::Outcome) -> Summary {
     }
     Summary {
         faults: o.faults.len(),
+        parity_regions: o.parity_regions,
+        overlay_blocks: o.overlay_blocks,
         writes: o.writes,
         takeovers: o.takeovers,
         waits: o.attach_waits,
@@ -102,7 +106,10 @@ fn summarize(o: trireme_sim::Outcome) -> Summary {
 /// Runs every seed, on as many threads as the machine has CPUs (each run is a runtime of its
 /// own in virtual time, so a seed replays alone as it ran here), and gives the outcomes back
 /// in seed order.
-fn run_all(seeds: &[u64]) -> Vec<(u64, Result<Summary, trireme_sim::SimFailure>)> {
+fn run_all(
+    seeds: &[u64],
+    config: fn(u64) -> trireme_sim::Config,
+) -> Vec<(u64, Result<Summary, trireme_sim::SimFailure>)> {
     let next = std::sync::atomic::AtomicUsize::new(0);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let per_seed = std::env::var_os("TRIREME_SIM_PER_SEED").is_some();
@@ -116,7 +123,7 @@ fn run_all(seeds: &[u64]) -> Vec<(u64, Result<Summary, trireme_sim::SimFailure>)
                         let Some(&seed) = seeds.get(i) else {
                             return mine;
                         };
-                        let r = trireme_sim::run(&trireme_sim::Config::new(seed));
+                        let r = trireme_sim::run(&config(seed));
                         if let (Ok(o), true) = (&r, per_seed) {
                             eprintln!("seed {seed}: {} writes", o.writes);
                         }
@@ -140,7 +147,7 @@ fn guarantees_hold_for_every_seed() {
     let (mut takeovers, mut waits) = (Vec::new(), Vec::new());
     let mut by_kind = [0usize; KINDS.len()];
     let mut failed = None;
-    for (seed, r) in run_all(&seeds()) {
+    for (seed, r) in run_all(&seeds(), trireme_sim::Config::new) {
         match r {
             Ok(o) => {
                 faults += o.faults;
@@ -181,6 +188,58 @@ fn guarantees_hold_for_every_seed() {
     assert!(
         writes > 0 && faults > 0,
         "the runs did something: {writes} writes, {faults} faults"
+    );
+}
+
+/// A 2+1 parity volume through its writer, over every fourth seed (a run costs more than a
+/// mirror's): the encoder turning regions into stripes and folding the overlay back while
+/// writes, reads and flushes go on and the faults come (one copy at a time, as 2+1
+/// tolerates: crashes, power losses, lost disks, freezes, partitions; writer and manager
+/// crashes, store outages). No read older than the last acknowledged write, no I/O error;
+/// at the end every copy in sync and the scrub finds nothing to repair.
+///
+/// Ignored by `cargo test` until what it found is fixed (docs/not-built.md, "Parity"): a
+/// node's process crash loses the held bits of its writes since its last flush, and a
+/// resync or a reconcile that takes that copy as its source then trims those blocks on
+/// the others (stale reads, and mirrors that differ). `scripts/sim.sh` runs it with
+/// `PARITY=1`.
+#[test]
+#[ignore = "finds lost held bits after a node's crash: docs/not-built.md, Parity"]
+fn a_parity_volume_through_its_writer_keeps_every_guarantee_for_every_fourth_seed() {
+    let seeds: Vec<u64> = seeds().into_iter().filter(|s| s % 4 == 0).collect();
+    let (mut writes, mut faults, mut in_parity, mut overlay) = (0, 0, 0, 0);
+    let mut by_kind = [0usize; KINDS.len()];
+    for (seed, r) in run_all(&seeds, trireme_sim::Config::parity) {
+        match r {
+            Ok(o) => {
+                writes += o.writes;
+                faults += o.faults;
+                in_parity += o.parity_regions;
+                overlay += o.overlay_blocks;
+                for (k, n) in o.by_kind.iter().enumerate() {
+                    by_kind[k] += n;
+                }
+            }
+            Err(e) => panic!(
+                "parity volume, {e}\nreplay: TRIREME_SIM_SEEDS={seed}..{} cargo test -p trireme-sim --test seeds through_its_writer",
+                seed + 1
+            ),
+        }
+    }
+    let counts: Vec<String> = KINDS
+        .iter()
+        .zip(&by_kind)
+        .filter(|(_, &n)| n > 0)
+        .map(|((name, _), n)| format!("{n} {name}"))
+        .collect();
+    eprintln!(
+        "parity through its writer: {} seeds, {writes} writes, {faults} events ({}); at the end {in_parity} regions in parity, {overlay} overlay blocks",
+        seeds.len(),
+        counts.join(", ")
+    );
+    assert!(
+        writes > 0 && in_parity > 0 && overlay > 0,
+        "the runs wrote, encoded and left an overlay: {writes} writes, {in_parity} regions in parity, {overlay} overlay blocks"
     );
 }
 
