@@ -4,7 +4,7 @@
 //! | | incremental | whole |
 //! |---|---|---|
 //! | when | it comes back as the incarnation that went out, and every region it mirrors has another mirror in sync whose record of what it missed this writer trusts | otherwise (its data lost, a writer change, a record missing) |
-//! | mirrored blocks | the ranges the survivors marked, at node places, cut into the regions it mirrors | every region it mirrors |
+//! | mirrored blocks | the ranges the survivors marked and its own activity log shows, at node places, cut into the regions it mirrors | every region it mirrors |
 //! | chunks | none: an encode needs every node in sync, so its chunks did not change while it was out | its chunk of every parity region, rebuilt from K chunks in sync |
 //! | what its node noted against it (an unclean stop) | left for a scrub | cleared (`Verified`): every block and chunk of it that is ever read was rewritten |
 //!
@@ -55,11 +55,19 @@ impl Volume {
                     incremental,
                 } => (survivors, incremental),
             };
-            let dirty = match incremental {
-                true => self.parity_dirty(i, &survivors).await?,
-                false => None,
-            };
+            // Its connection first: its own activity log is asked before it is started anew.
             self.set_conn(i, Some(conn));
+            let dirty = match incremental {
+                true => self.parity_dirty(i, &survivors).await,
+                false => Ok(None),
+            };
+            let dirty = match dirty {
+                Ok(d) => d,
+                Err(e) => {
+                    self.set_conn(i, None);
+                    return Err(e);
+                }
+            };
             if let Err(e) = self.start_activity(&[i]).await {
                 self.set_conn(i, None);
                 return Err(e);
@@ -141,6 +149,17 @@ impl Volume {
             if let Some(marked) = self.survivor_record(sv, i, span).await? {
                 trusted.push(self.node(sv));
                 ranges.extend(marked);
+            }
+        }
+        // And what its own log marks. A node whose process died keeps its data but not the
+        // held bits set since its last flush; its log on disk still shows their extents
+        // (`node/src/held.rs`), so those are copied again from another mirror, which sets
+        // the bits. Without a log, nothing bounds them: a whole resync.
+        match self.activity_of(i).await? {
+            Some(own) => ranges.extend(own),
+            None => {
+                tracing::info!(volume = %self.info.name, node, "the copy's node keeps no activity log for it: a whole resync");
+                return Ok(None);
             }
         }
         let blocks = self.size().div_ceil(BLOCK);

@@ -18,37 +18,45 @@ impl Volume {
     /// writer's writes went. A replica that cannot answer is taken out for a full resync.
     pub(crate) async fn activity_ranges(&self) -> Result<Option<Vec<(u64, u64)>>, VolumeError> {
         let mut ranges = Vec::new();
-        let in_sync = self.in_sync();
-        // The nodes' logs are over their copies: a parity volume's are larger than it.
-        let span = self.replica_size(self.size());
-        for t in in_sync {
-            let mut off = 0;
-            while off < span {
-                let len = ACTIVITY_WINDOW.min(span - off);
-                let h = self.header(Op::ActivityQuery, off, len);
-                let f = match self
-                    .call(t, h, Bytes::new())
-                    .await
-                    .and_then(|f| self.expect_ok(t, f))
-                {
-                    Ok(f) => f,
-                    Err(e) => {
-                        tracing::warn!(volume = %self.info.name, node = self.node(t), "reconcile: {e}");
-                        self.take_out_with(&[t], None, true).await?;
-                        break;
-                    }
-                };
-                let a = trireme_proto::ActivityAnswer::read(&f.header, &f.payload, len)
-                    .map_err(self.malformed(t))?;
-                if a.epoch == 0 {
+        for t in self.in_sync() {
+            match self.activity_of(t).await {
+                Ok(Some(marked)) => ranges.extend(marked),
+                Ok(None) => {
                     tracing::info!(volume = %self.info.name, node = self.node(t), "replica has no activity log (its node restarted): reconciling the whole volume");
                     return Ok(None);
                 }
-                ranges.extend(data_ranges(&a.extents, off));
-                off += len;
+                Err(e) => {
+                    tracing::warn!(volume = %self.info.name, node = self.node(t), "reconcile: {e}");
+                    self.take_out_with(&[t], None, true).await?;
+                }
             }
         }
         Ok(Some(union_chunks(ranges)))
+    }
+
+    /// The byte ranges replica `t`'s activity log marks, over its copy (a parity volume's
+    /// is larger than the volume); None if its node keeps no log for it (restarted without
+    /// one, or never started).
+    pub(crate) async fn activity_of(
+        &self,
+        t: usize,
+    ) -> Result<Option<Vec<(u64, u64)>>, VolumeError> {
+        let span = self.replica_size(self.size());
+        let (mut ranges, mut off) = (Vec::new(), 0);
+        while off < span {
+            let len = ACTIVITY_WINDOW.min(span - off);
+            let h = self.header(Op::ActivityQuery, off, len);
+            let f = self.call(t, h, Bytes::new()).await?;
+            let f = self.expect_ok(t, f)?;
+            let a = trireme_proto::ActivityAnswer::read(&f.header, &f.payload, len)
+                .map_err(self.malformed(t))?;
+            if a.epoch == 0 {
+                return Ok(None);
+            }
+            ranges.extend(data_ranges(&a.extents, off));
+            off += len;
+        }
+        Ok(Some(ranges))
     }
 
     /// After a writer died with writes in flight, replicas may differ where those writes went:
