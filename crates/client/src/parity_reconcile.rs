@@ -5,7 +5,8 @@
 //!   (the writer clears them there, `activity.rs`). Each marked range is cut into the
 //!   regions' mirrored parts; the chunk slots in it need nothing (a slot an unfinished
 //!   encode wrote is named by no record, and a switched one was durable on every node first).
-//! - Each region's part is copied from the first in-sync copy of its mirrors to the others
+//! - Each region's part is copied from the first in-sync copy of its mirrors (one that kept
+//!   its history, and whose node stopped cleanly, where there is one) to the others
 //!   with what it holds (`Volume::copy_held`): data and held maps agree after it, so the
 //!   overlay restored next is the same on every mirror. What the source does not hold is
 //!   trimmed on it too (`Volume::trim_unheld`): after every node lost power it may keep
@@ -37,12 +38,15 @@ impl Volume {
             }
         };
         let lost = self.kept_lost();
+        let unclean = self.unclean_copies(&self.in_sync()).await;
         let (mut compared, mut copied) = (0, 0);
         for (first, end) in parts {
             let (off, len) = (first * BLOCK, (end - first) * BLOCK);
             let mut mirrors = self.in_sync_mirrors(&s, s.region_of(first));
-            // A copy that kept its history is the source where one can be.
-            mirrors.sort_by_key(|i| lost.contains(i));
+            // A copy that kept its history is the source where one can be, and one whose
+            // node stopped cleanly before one that did not: a process that dies keeps its
+            // data but loses the held bits set since its last flush.
+            mirrors.sort_by_key(|i| (lost.contains(i), unclean.contains(i)));
             let Some((&src, rest)) = mirrors.split_first() else {
                 continue;
             };

@@ -166,6 +166,25 @@ impl Volume {
         out
     }
 
+    /// Which of `copies` their nodes note as stopped uncleanly since a scrub or a whole
+    /// resync last verified them (a copy that does not answer counts as one).
+    pub(crate) async fn unclean_copies(&self, copies: &[usize]) -> Vec<usize> {
+        let mut out = Vec::new();
+        for &i in copies {
+            let h = self.header(Op::ReplicaInfo, 0, 0);
+            let answer = self
+                .call(i, h, bytes::Bytes::new())
+                .await
+                .and_then(|f| self.expect_ok(i, f))
+                .ok()
+                .and_then(|f| trireme_proto::ReplicaInfoAnswer::read(&f.header, &f.payload).ok());
+            if answer.and_then(|a| a.integrity).is_none_or(|g| g.unclean) {
+                out.push(i);
+            }
+        }
+        out
+    }
+
     /// Tells each copy compared in every region that a scrub verified it, with the token its
     /// node gives now, if that node's process is the one the scrub began with (a copy whose
     /// node restarted meanwhile stays noted). The nodes told; a refusal is logged, not an
