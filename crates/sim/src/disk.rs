@@ -14,7 +14,7 @@
 //! page — a page write the node had in flight — which the node must read as fully marked.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use trireme_store::{Ledger, MemoryStore, Replica, Store, StoreError};
@@ -108,6 +108,9 @@ pub(crate) struct SimReplica {
     cache: Mutex<VecDeque<Unflushed>>,
     incarnation: AtomicU64,
     ledger: Arc<SimLedger>,
+    /// Its node died with it open (a crash or a power loss; the simulator never stops a
+    /// node cleanly): what the file store's open flag tells the next process.
+    unclean: AtomicBool,
 }
 
 impl SimReplica {
@@ -222,6 +225,9 @@ impl trireme_store::filter::ReplicaFilter for SimReplica {
     fn ledger(&self) -> Option<Arc<dyn Ledger>> {
         Some(self.ledger.clone())
     }
+    fn unclean_stop(&self) -> bool {
+        self.unclean.load(Ordering::Acquire)
+    }
     /// A clean shutdown writes the cache out, as a flush does.
     fn close(&self) -> Result<(), StoreError> {
         trireme_store::filter::ReplicaFilter::flush(self)
@@ -251,6 +257,21 @@ impl SimDisk {
     }
 }
 
+impl SimDisk {
+    /// Its node's process died (a crash, or a power loss): the next one opens every replica
+    /// as stopped uncleanly.
+    pub(crate) fn died(&self) {
+        for r in self
+            .replicas
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+        {
+            r.unclean.store(true, Ordering::Release);
+        }
+    }
+}
+
 impl trireme_store::filter::StoreFilter for SimDisk {
     fn next(&self) -> &dyn Store {
         &self.inner
@@ -262,6 +283,7 @@ impl trireme_store::filter::StoreFilter for SimDisk {
             inner,
             cache: Mutex::default(),
             ledger: Arc::default(),
+            unclean: AtomicBool::new(false),
         });
         self.replicas
             .lock()
