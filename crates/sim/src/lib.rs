@@ -163,19 +163,23 @@ impl Config {
         }
     }
 
-    /// A 2+1 parity volume of four regions on three of four nodes, its writer's encoder
-    /// turning regions into stripes and folding the overlay back while the writes and the
-    /// faults go on: at most M (one) copy troubled at a time, as the layout tolerates. No
-    /// snapshots, clones or drains (a parity volume refuses the first two; a drain of a
-    /// parity copy takes the old one out first, one loss fewer meanwhile).
+    /// A parity volume of four regions, 2+1 on three of four nodes or 4+2 on six of seven
+    /// (by the seed), its writer's encoder turning regions into stripes and folding the
+    /// overlay back while the writes and the faults go on: at most M copies troubled at a
+    /// time, as the layout tolerates. No snapshots, clones or drains (a parity volume
+    /// refuses the first two; a drain of a parity copy takes the old one out first, one
+    /// loss fewer meanwhile).
     pub fn parity(seed: u64) -> Config {
-        let p = trireme_replication::Parity::parse("2+1", Some(25)).expect("a valid layout");
-        let stripes = trireme_replication::Stripes::new(&p, vec![1, 2, 3]).expect("three nodes");
+        let spec = if (seed / 8) % 2 == 1 { "4+2" } else { "2+1" };
+        let p = trireme_replication::Parity::parse(spec, Some(25)).expect("a valid layout");
+        let width = usize::from(p.data + p.parity);
+        let nodes = (1..=width as u32).collect();
+        let stripes = trireme_replication::Stripes::new(&p, nodes).expect("K+M nodes");
         let blocks = 4 * stripes.region_blocks();
         Config {
             blocks,
             hot: blocks,
-            replicas: 3,
+            replicas: width,
             snapshots: false,
             parity: Some(p),
             ..Config::new(seed)
