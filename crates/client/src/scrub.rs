@@ -152,15 +152,8 @@ impl Volume {
     pub(crate) async fn integrity_tokens(&self, copies: &[usize]) -> Vec<(usize, u64)> {
         let mut out = Vec::new();
         for &i in copies {
-            let h = self.header(Op::ReplicaInfo, 0, 0);
-            let answer = self
-                .call(i, h, bytes::Bytes::new())
-                .await
-                .and_then(|f| self.expect_ok(i, f))
-                .ok()
-                .and_then(|f| trireme_proto::ReplicaInfoAnswer::read(&f.header, &f.payload).ok());
-            if let Some(t) = answer.and_then(|a| a.integrity).map(|g| g.token) {
-                out.push((i, t));
+            if let Some(g) = self.integrity_of(i).await {
+                out.push((i, g.token));
             }
         }
         out
@@ -171,18 +164,22 @@ impl Volume {
     pub(crate) async fn unclean_copies(&self, copies: &[usize]) -> Vec<usize> {
         let mut out = Vec::new();
         for &i in copies {
-            let h = self.header(Op::ReplicaInfo, 0, 0);
-            let answer = self
-                .call(i, h, bytes::Bytes::new())
-                .await
-                .and_then(|f| self.expect_ok(i, f))
-                .ok()
-                .and_then(|f| trireme_proto::ReplicaInfoAnswer::read(&f.header, &f.payload).ok());
-            if answer.and_then(|a| a.integrity).is_none_or(|g| g.unclean) {
+            if self.integrity_of(i).await.is_none_or(|g| g.unclean) {
                 out.push(i);
             }
         }
         out
+    }
+
+    /// What copy `i`'s node notes of its integrity, if it answers.
+    async fn integrity_of(&self, i: usize) -> Option<trireme_proto::ReplicaIntegrity> {
+        let h = self.header(Op::ReplicaInfo, 0, 0);
+        self.call(i, h, bytes::Bytes::new())
+            .await
+            .and_then(|f| self.expect_ok(i, f))
+            .ok()
+            .and_then(|f| trireme_proto::ReplicaInfoAnswer::read(&f.header, &f.payload).ok())
+            .and_then(|a| a.integrity)
     }
 
     /// Tells each copy compared in every region that a scrub verified it, with the token its
