@@ -117,7 +117,9 @@ pub struct NodeUsage {
 }
 
 /// Why serving a request failed: a status for the client and a message for the log.
-struct Refusal(Status, String);
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?}: {1}")]
+pub struct Refusal(pub Status, pub String);
 
 impl From<StoreError> for Refusal {
     fn from(e: StoreError) -> Self {
@@ -409,17 +411,15 @@ impl Node {
 
     /// Creates the replica of `volume`, `size` bytes, as a `CreateReplica` request with
     /// `flags` does (`FLAG_HELD`: a parity volume's copy, with its held map): for the
-    /// simulator, which sets its nodes' disks up without a network. Why it was refused.
-    pub fn create_replica(&self, volume: u64, size: u64, flags: u16) -> Result<(), String> {
+    /// simulator, which sets its nodes' disks up without a network.
+    pub fn create_replica(&self, volume: u64, size: u64, flags: u16) -> Result<(), Refusal> {
         let h = trireme_proto::Header {
             volume,
             length: size,
             flags,
             ..trireme_proto::Header::request(trireme_proto::Op::CreateReplica, 0)
         };
-        self.on_create_replica(&h)
-            .map(|_| ())
-            .map_err(|Refusal(s, why)| format!("{s:?}: {why}"))
+        self.on_create_replica(&h).map(|_| ())
     }
 
     pub fn replica_count(&self) -> usize {
