@@ -57,21 +57,21 @@ impl Volume {
             };
             // Its connection first: its own activity log is asked before it is started anew.
             self.set_conn(i, Some(conn));
-            let dirty = match incremental {
-                true => self.parity_dirty(i, &survivors).await,
-                false => Ok(None),
+            let dirty = async {
+                let dirty = match incremental {
+                    true => self.parity_dirty(i, &survivors).await?,
+                    false => None,
+                };
+                self.start_activity(&[i]).await?;
+                Ok(dirty)
             };
-            let dirty = match dirty {
+            let dirty = match dirty.await {
                 Ok(d) => d,
                 Err(e) => {
                     self.set_conn(i, None);
                     return Err(e);
                 }
             };
-            if let Err(e) = self.start_activity(&[i]).await {
-                self.set_conn(i, None);
-                return Err(e);
-            }
             let progress = ResyncProgress {
                 full: dirty.is_none(),
                 total_bytes: dirty.as_ref().map_or(self.size(), |d| {
@@ -132,8 +132,8 @@ impl Volume {
     }
 
     /// What replica `i` missed, if the survivors' records provably cover it: the volume block
-    /// ranges `[first, end)` of the regions it mirrors that they marked, each within one
-    /// region. A survivor sees only the writes of the regions it mirrors, so every region `i`
+    /// ranges `[first, end)` of the regions it mirrors that they marked, and that its own
+    /// activity log marks, each within one region. A survivor sees only the writes of the regions it mirrors, so every region `i`
     /// mirrors needs a record this writer trusts from another of its mirrors; else `None`,
     /// and the resync is whole.
     async fn parity_dirty(
@@ -151,6 +151,13 @@ impl Volume {
                 ranges.extend(marked);
             }
         }
+        let blocks = self.size().div_ceil(BLOCK);
+        let uncovered = (0..blocks.div_ceil(s.region_blocks()))
+            .find(|&r| s.mirrors(r, node) && !trusted.iter().any(|&n| s.mirrors(r, n)));
+        if let Some(r) = uncovered {
+            tracing::info!(volume = %self.info.name, node, region = r, "no survivor's record covers a region the copy mirrors: a whole resync");
+            return Ok(None);
+        }
         // And what its own log marks. A node whose process died keeps its data but not the
         // held bits set since its last flush; its log on disk still shows their extents
         // (`node/src/held.rs`), so those are copied again from another mirror, which sets
@@ -161,13 +168,6 @@ impl Volume {
                 tracing::info!(volume = %self.info.name, node, "the copy's node keeps no activity log for it: a whole resync");
                 return Ok(None);
             }
-        }
-        let blocks = self.size().div_ceil(BLOCK);
-        let uncovered = (0..blocks.div_ceil(s.region_blocks()))
-            .find(|&r| s.mirrors(r, node) && !trusted.iter().any(|&n| s.mirrors(r, n)));
-        if let Some(r) = uncovered {
-            tracing::info!(volume = %self.info.name, node, region = r, "no survivor's record covers a region the copy mirrors: a whole resync");
-            return Ok(None);
         }
         // Marks in chunk slots are other nodes' chunks (a scrub's repair): this copy's chunks
         // did not change while it was out, since an encode needs every node in sync.
