@@ -24,10 +24,6 @@ pub(crate) async fn run_async(
         })
         .await?;
     }
-    let layout = match cfg.parity {
-        Some(p) => trireme_replication::Layout::Parity(p),
-        None => trireme_replication::Layout::Mirror,
-    };
     let rec = meta
         .create_volume_from(
             VOLUME,
@@ -36,7 +32,7 @@ pub(crate) async fn run_async(
             &trireme_meta::any_client(),
             false,
             None,
-            layout,
+            cfg.layout(),
         )
         .await?;
     // Versions persist in real files, on tmpfs where there is one (no disk I/O per seed).

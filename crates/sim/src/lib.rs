@@ -172,17 +172,22 @@ impl Config {
     pub fn parity(seed: u64) -> Config {
         let spec = if (seed / 8) % 2 == 1 { "4+2" } else { "2+1" };
         let p = trireme_replication::Parity::parse(spec, Some(25)).expect("a valid layout");
-        let width = usize::from(p.data + p.parity);
-        let nodes = (1..=width as u32).collect();
-        let stripes = trireme_replication::Stripes::new(&p, nodes).expect("K+M nodes");
-        let blocks = 4 * stripes.region_blocks();
+        let blocks = 4 * trireme_replication::CHUNK_BLOCKS * u64::from(p.data);
         Config {
             blocks,
             hot: blocks,
-            replicas: width,
+            replicas: usize::from(p.data + p.parity),
             snapshots: false,
             parity: Some(p),
             ..Config::new(seed)
+        }
+    }
+
+    /// The volume's layout.
+    fn layout(&self) -> trireme_replication::Layout {
+        match self.parity {
+            Some(p) => trireme_replication::Layout::Parity(p),
+            None => trireme_replication::Layout::Mirror,
         }
     }
 
@@ -314,19 +319,19 @@ fn sealed(disk: &Arc<SimDisk>, versions: &std::path::Path) -> Arc<dyn Store> {
     )
 }
 
-/// Creates the volume's replica on `node`: a parity volume's spans its strides and keeps a
-/// held map.
-fn create_replica(cfg: &Config, node: &Node, volume: u64, size: u64) -> Result<(), String> {
-    match cfg.parity {
-        None => node.create_replica(volume, size, 0),
-        Some(p) => {
-            let nodes = (1..=cfg.replicas as u32).collect();
-            let stripes =
-                trireme_replication::Stripes::new(&p, nodes).map_err(|e| e.to_string())?;
-            let len = stripes.replica_blocks(size.div_ceil(BLOCK)) * BLOCK;
-            node.create_replica(volume, len, trireme_proto::FLAG_HELD)
-        }
-    }
+/// Creates the volume's replica on `node` as the manager asks it: a parity volume's spans
+/// its strides and keeps a held map.
+fn create_replica(
+    cfg: &Config,
+    node: &Node,
+    volume: u64,
+    size: u64,
+) -> Result<(), trireme_node::Refusal> {
+    let flags = match cfg.parity {
+        Some(_) => trireme_proto::FLAG_HELD,
+        None => 0,
+    };
+    node.create_replica(volume, cfg.layout().replica_size(size), flags)
 }
 
 /// A self-describing block: (block, seq) repeated, so a torn, misplaced or stale block shows.
@@ -577,8 +582,8 @@ impl World {
             "node {id} restarts{}",
             if lose { " empty" } else { "" }
         ));
+        let mut holds = false;
         let store: Arc<SimDisk> = if lose {
-            let mut holds = false;
             let _ = ready(self.meta.update_volume(VOLUME, &mut |v| {
                 if let Some(r) = v.replicas.iter_mut().find(|r| r.node == id) {
                     r.state = ReplicaState::Failed;
@@ -586,14 +591,7 @@ impl World {
                 }
                 Ok(())
             }));
-            let s = Arc::new(SimDisk::default());
-            if holds {
-                // Through a node over the new disk, as the manager asks it (gone with it).
-                let node = Node::with_dirty_grain(id, s.clone(), BLOCK);
-                create_replica(&self.cfg, &node, self.volume_id, self.size)
-                    .expect("create replica");
-            }
-            s
+            Arc::new(SimDisk::default())
         } else {
             let store = n.st().store.clone();
             if self.cfg.sabotage {
@@ -608,12 +606,13 @@ impl World {
             let _ = std::fs::remove_dir_all(&n.versions);
             let _ = std::fs::create_dir_all(&n.versions);
         }
+        let node = Node::with_dirty_grain(id, sealed(&store, &n.versions), BLOCK);
+        if holds {
+            // A new disk: its copy made again, empty, as the manager asks it.
+            create_replica(&self.cfg, &node, self.volume_id, self.size).expect("create replica");
+        }
         let mut s = n.st();
-        s.node = Arc::new(Node::with_dirty_grain(
-            id,
-            sealed(&store, &n.versions),
-            BLOCK,
-        ));
+        s.node = Arc::new(node);
         // Its activity log and dirty records come back from the disk's ledger (gone with the
         // data on an empty restart).
         s.node.keep_books();

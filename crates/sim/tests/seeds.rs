@@ -191,11 +191,11 @@ fn guarantees_hold_for_every_seed() {
     );
 }
 
-/// A 2+1 parity volume through its writer, over every eighth seed (a run costs more than a
-/// mirror's): the encoder turning regions into stripes and folding the overlay back while
-/// writes, reads and flushes go on and the faults come (one copy at a time, as 2+1
-/// tolerates: crashes, power losses, lost disks, freezes, partitions; writer and manager
-/// crashes, store outages). No read older than the last acknowledged write, no I/O error;
+/// A parity volume (2+1 or 4+2 by the seed) through its writer, over every eighth seed (a
+/// run costs more than a mirror's): the encoder turning regions into stripes and folding
+/// the overlay back while writes, reads and flushes go on and the faults come (at most M
+/// copies at a time, as the layout tolerates: crashes, power losses, lost disks, freezes,
+/// partitions; writer and manager crashes, store outages). No read older than the last acknowledged write, no I/O error;
 /// at the end every copy in sync and the scrub finds nothing to repair.
 ///
 /// It found (docs/not-built.md, "Parity"): a node's process crash kept its data but lost
