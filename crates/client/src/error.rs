@@ -83,6 +83,11 @@ pub enum VolumeError {
     },
     #[error("volume {0}: no in-sync replica can serve the request")]
     NoReplicas(String),
+    /// At attach, every in-sync copy that answered lost its history (a power loss), and one
+    /// that did not answer may hold what they lost: attaching would serve their bytes and
+    /// take it out. Nothing changed; the attach waits for it.
+    #[error("volume {volume}: the in-sync copies that answered lost their unflushed writes (another incarnation); waiting for one that kept them, on node(s) {waiting:?}")]
+    OnlyLostHistory { volume: String, waiting: Vec<u32> },
     /// A parity volume's data request in part blocks (see `parity.rs`).
     #[error("volume {volume}: {op} of {len} bytes at {offset}: a parity volume takes whole 4096-byte blocks")]
     Unaligned {
@@ -198,7 +203,7 @@ impl VolumeError {
             VolumeError::Degrade {
                 why: DegradeRefusal::Core(trireme_replication::Refusal::NoneLeft),
                 ..
-            }
+            } | VolumeError::OnlyLostHistory { .. }
         )
     }
 

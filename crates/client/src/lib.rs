@@ -430,6 +430,7 @@ impl Volume {
                 }
             }
         }
+        self.wait_for_history(&targets, &failed, &lost)?;
         if !failed.is_empty() {
             // After an unclean writer change, a replica that cannot be reached may hold a write
             // the dead writer had in flight that the others never got: what it missed is not
@@ -441,6 +442,30 @@ impl Volume {
         self.send_claims().await;
         tracing::info!(volume = %self.info.name, epoch = self.info.epoch, replicas = self.in_sync().len(), "attached");
         Ok(())
+    }
+
+    /// Refuses the attach, changing nothing, when every in-sync copy that answered lost its
+    /// history and one that did not answer may have kept it (a node that lost power came
+    /// back before the ones that merely crashed): taken out, those would take with them the
+    /// writes the others lost. An attach tried again once they are back keeps the copy that
+    /// kept its history; one that finds every copy lost it prefers none, as before.
+    fn wait_for_history(
+        &self,
+        targets: &[usize],
+        failed: &[usize],
+        lost: &[usize],
+    ) -> Result<(), VolumeError> {
+        let answered: Vec<&usize> = targets.iter().filter(|i| !failed.contains(i)).collect();
+        let only_lost = !answered.is_empty() && answered.iter().all(|i| lost.contains(i));
+        if failed.is_empty() || self.membership.is_none() || !only_lost {
+            return Ok(());
+        }
+        let waiting: Vec<u32> = failed.iter().map(|&i| self.node(i)).collect();
+        tracing::warn!(volume = %self.info.name, ?waiting, "every in-sync copy that answered lost its history: waiting for one that may have kept it");
+        Err(VolumeError::OnlyLostHistory {
+            volume: self.info.name.clone(),
+            waiting,
+        })
     }
 
     /// A replica in sync on record that comes back with another incarnation than the one
