@@ -5,17 +5,22 @@
 //! A replica keeps one when it was created with `FLAG_HELD`; its ledger's held file says so
 //! after a restart. The rules, each for a crash at the worst moment:
 //!
-//! | event | in memory | on disk |
+//! | event | in memory and in the live copy | on disk |
 //! |---|---|---|
 //! | a write (or zeroes written) | its blocks set once the store took it | at the next flush |
 //! | a flush | — | the changed pages, after the data they describe is durable |
 //! | a trim | its whole blocks cleared | cleared before the bytes are punched |
 //!
-//! So a block read as held after a crash holds the data written to it; one not held reads
-//! the stripe, which has the bytes the block had when it was last acknowledged durable.
-//! A write whose flush never came may be lost with its bit: it was never durable.
+//! The live copy (`Ledger::write_live_held`) is the map as memory holds it, written before
+//! the request is answered and never synced: after a crash of the node's process, the next
+//! one in the same boot takes it whole, so no acknowledged write loses its bit. After a power
+//! loss it is not read: a block read as held holds the data written to it at its last
+//! flush; one not held reads the stripe, which has the bytes the block had when it was last
+//! acknowledged durable. A write whose flush never came may be lost with its bit then: it was
+//! never durable.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use trireme_proto::{Extent, Status, MAX_HELD_QUERY};
@@ -41,6 +46,10 @@ struct Kept {
     flushing: Mutex<()>,
     /// Where the map is durable; `None` on a volatile store.
     ledger: Option<Arc<dyn Ledger>>,
+    /// A write of the live copy failed: it no longer follows the map, so every later change
+    /// fails its request (its writer takes the copy out) until the node opens the replica
+    /// again and starts the copy anew.
+    live_broken: AtomicBool,
 }
 
 fn blocks_of(size: u64) -> u64 {
@@ -58,35 +67,53 @@ impl HeldMaps {
         let map = HeldMap::new(blocks_of(size));
         if let Some(l) = &ledger {
             l.create_held(map.disk_len() as u64)?;
+            l.start_live_held(&map.live_image())?;
         }
         self.insert(volume, Ok(map), ledger);
         Ok(())
     }
 
-    /// Reads back the map of a replica the node opened, if it keeps one. A map that does
-    /// not decode is kept as corrupt: its queries fail, so no writer trusts a guess.
+    /// Reads back the map of a replica the node opened, if it keeps one: as its live copy
+    /// says, where the last process died in this boot, else as on disk. A map that does not
+    /// decode is kept as corrupt: its queries fail, so no writer trusts a guess.
     pub(crate) fn load(&self, volume: u64, size: u64, ledger: Arc<dyn Ledger>) {
-        let map = match ledger.read_held() {
+        let mut map = match ledger.read_held() {
             Ok(None) => return,
             Ok(Some(bytes)) => HeldMap::decode(&bytes, blocks_of(size)).map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
         };
-        if let Err(e) = &map {
-            tracing::error!(volume, "held map not read: {e}");
+        match &mut map {
+            Ok(m) => take_live(volume, m, &*ledger),
+            Err(e) => tracing::error!(volume, "held map not read: {e}"),
         }
-        self.insert(volume, map, Some(ledger));
+        let live = match &map {
+            Ok(m) => ledger.start_live_held(&m.live_image()),
+            Err(_) => Ok(()),
+        };
+        let kept = self.insert(volume, map, Some(ledger));
+        if let Err(e) = live {
+            tracing::error!(volume, "held map's live copy not started: {e}");
+            kept.live_broken.store(true, Ordering::Release);
+        }
     }
 
-    fn insert(&self, volume: u64, map: Result<HeldMap, String>, ledger: Option<Arc<dyn Ledger>>) {
+    fn insert(
+        &self,
+        volume: u64,
+        map: Result<HeldMap, String>,
+        ledger: Option<Arc<dyn Ledger>>,
+    ) -> Arc<Kept> {
         let kept = Arc::new(Kept {
             map: Mutex::new(map),
             flushing: Mutex::new(()),
             ledger,
+            live_broken: AtomicBool::new(false),
         });
         self.kept
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(volume, kept);
+            .insert(volume, kept.clone());
+        kept
     }
 
     pub(crate) fn forget(&self, volume: u64) {
@@ -109,13 +136,19 @@ impl HeldMaps {
     }
 
     /// The store took a write of `[offset, offset+len)` (data or zeroes): its blocks are
-    /// held, any block it touches.
-    pub(crate) fn wrote(&self, volume: u64, offset: u64, len: u64) {
-        let Some(k) = self.get(volume) else { return };
+    /// held, any block it touches, in memory and in the live copy before the write is
+    /// answered.
+    pub(crate) fn wrote(&self, volume: u64, offset: u64, len: u64) -> Result<(), StoreError> {
+        let Some(k) = self.get(volume) else {
+            return Ok(());
+        };
         let mut guard = k.map.lock().unwrap_or_else(|e| e.into_inner());
-        if let Ok(map) = &mut *guard {
-            let first = offset / BLOCK;
-            map.mark(first, blocks_of(offset + len) - first, true);
+        match &mut *guard {
+            Ok(map) => {
+                let first = offset / BLOCK;
+                k.live(map.mark(first, blocks_of(offset + len) - first, true))
+            }
+            Err(_) => Ok(()),
         }
     }
 
@@ -133,13 +166,13 @@ impl HeldMaps {
         };
         let (first, end) = (offset.div_ceil(BLOCK), (offset + len) / BLOCK);
         if let Ok(map) = &mut *k.map.lock().unwrap_or_else(|e| e.into_inner()) {
-            map.mark(
+            k.live(map.mark(
                 offset / BLOCK,
                 blocks_of(offset + len) - offset / BLOCK,
                 true,
-            );
+            ))?;
             if end > first {
-                map.mark(first, end - first, false);
+                k.live(map.mark(first, end - first, false))?;
             }
         }
         k.persist(r)
@@ -181,7 +214,41 @@ impl HeldMaps {
     }
 }
 
+/// Takes the live copy as `map`, where the node's last process left one in this boot.
+fn take_live(volume: u64, map: &mut HeldMap, ledger: &dyn Ledger) {
+    match ledger.read_live_held() {
+        Ok(Some(bits)) => match map.adopt_live(&bits) {
+            Ok(0) => {}
+            Ok(newer) => tracing::warn!(
+                volume,
+                pages = newer,
+                "held map taken from its live copy: the last process died before these pages were flushed"
+            ),
+            Err(e) => tracing::warn!(volume, "held map's live copy not taken: {e}"),
+        },
+        Ok(None) => {}
+        Err(e) => tracing::warn!(volume, "held map's live copy not read: {e}"),
+    }
+}
+
 impl Kept {
+    /// Writes what a mark changed (`HeldMap::mark`'s bytes) into the live copy, with the
+    /// map's lock held so that copies of one byte land in the order they were made.
+    fn live(&self, (at, bytes): (u64, Vec<u8>)) -> Result<(), StoreError> {
+        let Some(l) = self.ledger.as_ref().filter(|_| !bytes.is_empty()) else {
+            return Ok(());
+        };
+        if self.live_broken.load(Ordering::Acquire) {
+            return Err(StoreError::Invalid(
+                "the held map's live copy failed a write earlier; the replica must be opened again"
+                    .into(),
+            ));
+        }
+        l.write_live_held(at, &bytes).inspect_err(|_| {
+            self.live_broken.store(true, Ordering::Release);
+        })
+    }
+
     /// Makes what the map says durable: the pages taken before the data flush describe only
     /// writes the store had taken, so each bit on disk has its data there first.
     fn persist(&self, r: &dyn Replica) -> Result<(), StoreError> {

@@ -12,6 +12,8 @@
 //! log and the peers' dirty records across restarts, as on the file store. Its writes are
 //! durable when they return (the file ledger syncs each one); a power loss may tear one log
 //! page — a page write the node had in flight — which the node must read as fully marked.
+//! A parity replica's held map has a live copy there too, which outlives a crash of the
+//! node's process but not a power loss (the file ledger's is read back only in its boot).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -25,9 +27,16 @@ pub(crate) struct SimLedger {
     log: Mutex<Vec<u8>>,
     records: Mutex<Option<Vec<u8>>>,
     held: Mutex<Option<Vec<u8>>>,
+    /// The held map's live copy, until the power goes.
+    live: Mutex<Option<Vec<u8>>>,
 }
 
 impl SimLedger {
+    /// The machine restarts: the live copy, never synced, is gone.
+    fn reboot(&self) {
+        *self.live.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
     /// A power loss while a page was being written: one byte of page `page` (if the log
     /// has it) changes.
     fn tear(&self, page: u64) -> bool {
@@ -86,6 +95,24 @@ impl Ledger for SimLedger {
                 .ok_or_else(|| StoreError::Invalid("held map page past its end".into()))?
                 .copy_from_slice(bytes);
         }
+        Ok(())
+    }
+    fn read_live_held(&self) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.live.lock().unwrap_or_else(|e| e.into_inner()).clone())
+    }
+    fn start_live_held(&self, bits: &[u8]) -> Result<(), StoreError> {
+        *self.live.lock().unwrap_or_else(|e| e.into_inner()) = Some(bits.to_vec());
+        Ok(())
+    }
+    fn write_live_held(&self, at: u64, bytes: &[u8]) -> Result<(), StoreError> {
+        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        let at = at as usize;
+        live.as_mut()
+            .and_then(|l| l.get_mut(at..at + bytes.len()))
+            .ok_or_else(|| {
+                StoreError::Invalid("live copy not started, or written past its end".into())
+            })?
+            .copy_from_slice(bytes);
         Ok(())
     }
 }
@@ -178,6 +205,7 @@ impl SimReplica {
         if !unnoticed {
             self.incarnation
                 .store(trireme_store::new_incarnation(), Ordering::Release);
+            self.ledger.reboot();
         }
         lost
     }
@@ -259,8 +287,9 @@ impl SimDisk {
 
 impl SimDisk {
     /// Its node's process died (a crash, or a power loss): the next one opens every replica
-    /// as stopped uncleanly.
-    pub(crate) fn died(&self) {
+    /// as stopped uncleanly. With `forget_live` (the checker's own test), the held maps' live
+    /// copies go with the process, as if the node kept none.
+    pub(crate) fn died(&self, forget_live: bool) {
         for r in self
             .replicas
             .lock()
@@ -268,6 +297,9 @@ impl SimDisk {
             .values()
         {
             r.unclean.store(true, Ordering::Release);
+            if forget_live {
+                r.ledger.reboot();
+            }
         }
     }
 }

@@ -245,7 +245,7 @@ impl World {
                         s.lose_on_restart = Some(lose);
                         s.store.clone()
                     };
-                    disk.died();
+                    disk.died(self.cfg.sabotage_live_held);
                     if power {
                         // Nothing is applied after `down`, so the cache is final now.
                         let rng = self.rng.clone();

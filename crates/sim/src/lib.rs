@@ -140,6 +140,9 @@ pub struct Config {
     /// A parity volume of this layout (`K+M`, its mirrored share) instead of a mirror
     /// ([`Config::parity`]).
     pub parity: Option<trireme_replication::Parity>,
+    /// For the checker's own test: a node's process that dies takes its held maps' live
+    /// copies with it, so a parity replica comes back with the map of its last flush.
+    pub sabotage_live_held: bool,
 }
 
 impl Config {
@@ -160,6 +163,7 @@ impl Config {
             sabotage_barrier: false,
             sabotage_clone: false,
             parity: None,
+            sabotage_live_held: false,
         }
     }
 

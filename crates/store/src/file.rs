@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::aligned::{align_down, align_up, with_scratch, AlignedBuf, ALIGN};
+use crate::ledger::boot_id;
 use crate::map::{whole_grains, AllocMap};
 use crate::{check_range, Extent, Replica, Store, StoreError, StoreKind, GRAIN};
 use meta::ReplicaMeta;
@@ -159,7 +160,7 @@ impl FileStore {
             // it); a power loss or reboot may lose whatever was not flushed. So a replica that
             // was open in another boot is a new history: peers must not trust their record of
             // what it missed, and it gets a full (compare) resync.
-            let same_boot = boot_now != "unknown"
+            let same_boot = boot_now != crate::ledger::UNKNOWN_BOOT
                 && std::fs::read_to_string(&boot_path).ok().as_deref() == Some(&boot_now);
             if !same_boot {
                 incarnation = 0;
@@ -225,13 +226,6 @@ fn rebuild_map(volume: u64, size: u64, grain: u64, data: &data::Data) -> AllocMa
         "allocation map rebuilt from the replica's files"
     );
     map
-}
-
-/// This boot of the kernel (a reboot, or a power loss, changes it).
-fn boot_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "unknown".into())
 }
 
 fn open_data(path: &Path, create: bool) -> std::io::Result<File> {

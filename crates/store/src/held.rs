@@ -37,6 +37,10 @@ pub enum HeldError {
     Length { got: usize, want: usize, pages: u64 },
     #[error("held map: page {page} has no valid slot (both torn or overwritten)")]
     Corrupt { page: u64 },
+    #[error("held map's live copy: {got} bytes, not {want}")]
+    LiveLength { got: usize, want: usize },
+    #[error("held map's live copy: block {block} is past the replica's end")]
+    LivePastEnd { block: u64 },
 }
 
 /// The held blocks of one replica (see the module docs).
@@ -76,16 +80,71 @@ impl HeldMap {
     }
 
     /// Marks `count` blocks from `first` held (`on`) or not; blocks past the end are ignored.
-    pub fn mark(&mut self, first: u64, count: u64, on: bool) {
+    /// Returns the bytes of the [live image](HeldMap::live_image) that changed, as the offset
+    /// of the first and the bytes from there (empty when nothing changed).
+    pub fn mark(&mut self, first: u64, count: u64, on: bool) -> (u64, Vec<u8>) {
         let end = first.saturating_add(count).min(self.blocks);
+        let mut changed: Option<(usize, usize)> = None;
         for b in first..end {
             let (w, bit) = ((b / 64) as usize, 1u64 << (b % 64));
             let was = self.words[w] & bit != 0;
             if was != on {
                 self.words[w] ^= bit;
                 self.dirty.insert(b / BLOCKS_PER_PAGE);
+                changed = Some(changed.map_or((w, w), |(a, _)| (a, w)));
             }
         }
+        match changed {
+            Some((a, z)) => (8 * a as u64, words_le(&self.words[a..=z])),
+            None => (0, Vec::new()),
+        }
+    }
+
+    /// The map as the node holds it in memory, every block's bit (8 bytes per 64 blocks,
+    /// little-endian): what the node keeps in the replica's **live copy**, rewritten where a
+    /// mark changes it, so that the map outlives a crash of the node's process (not a power
+    /// loss: nothing syncs it). See ARCHITECTURE.md, "The overlay after a crash".
+    pub fn live_image(&self) -> Vec<u8> {
+        words_le(&self.words)
+    }
+
+    /// Takes the bits of a live copy read back after the node's process died (in the same
+    /// boot of the machine) as the map: the pages where it differs from what was durable are
+    /// dirty, so the next flush makes them durable after their data. Refused, the map
+    /// unchanged: a copy of another length, or with bits past the replica's end.
+    pub fn adopt_live(&mut self, bytes: &[u8]) -> Result<u64, HeldError> {
+        let want = 8 * self.words.len();
+        if bytes.len() != want {
+            return Err(HeldError::LiveLength {
+                got: bytes.len(),
+                want,
+            });
+        }
+        let words: Vec<u64> = bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect();
+        let tail = self.words.len() as u64 * 64;
+        if let Some(b) =
+            (self.blocks..tail).find(|&b| words[(b / 64) as usize] & (1 << (b % 64)) != 0)
+        {
+            return Err(HeldError::LivePastEnd { block: b });
+        }
+        let per_page = (BLOCKS_PER_PAGE / 64) as usize;
+        let mut newer = 0;
+        for (p, (now, live)) in self
+            .words
+            .chunks(per_page)
+            .zip(words.chunks(per_page))
+            .enumerate()
+        {
+            if now != live {
+                self.dirty.insert(p as u64);
+                newer += 1;
+            }
+        }
+        self.words = words;
+        Ok(newer)
     }
 
     pub fn is_held(&self, block: u64) -> bool {
@@ -222,6 +281,10 @@ impl HeldMap {
     }
 }
 
+fn words_le(words: &[u64]) -> Vec<u8> {
+    words.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
 /// The sequence number of slot `b` if it is a valid slot of page `page`.
 fn valid(b: &[u8], page: u64) -> Option<u64> {
     let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
@@ -283,6 +346,53 @@ mod tests {
             HeldMap::decode(&disk, blocks).unwrap().held(0, 10),
             vec![(5, 1), (7, 1)]
         );
+    }
+
+    #[test]
+    fn the_live_image_follows_every_mark_and_is_taken_back_after_a_crash() {
+        let blocks = 2 * BLOCKS_PER_PAGE + 5;
+        let mut m = HeldMap::new(blocks);
+        let mut disk = vec![0u8; m.disk_len()];
+        let mut live = m.live_image();
+        let apply = |live: &mut Vec<u8>, (at, bytes): (u64, Vec<u8>)| {
+            live[at as usize..at as usize + bytes.len()].copy_from_slice(&bytes);
+        };
+        apply(&mut live, m.mark(3, 2, true));
+        persist(&mut m, &mut disk);
+        apply(&mut live, m.mark(BLOCKS_PER_PAGE + 7, 70, true));
+        apply(&mut live, m.mark(4, 1, false));
+        assert_eq!(m.mark(3, 1, true), (0, Vec::new()), "nothing changed");
+        assert_eq!(live, m.live_image());
+        // The process dies: its disk has the first flush, its live copy every mark.
+        let mut back = HeldMap::decode(&disk, blocks).unwrap();
+        assert_eq!(back.held(0, blocks), vec![(3, 2)]);
+        assert_eq!(
+            back.adopt_live(&live),
+            Ok(2),
+            "two pages newer than on disk"
+        );
+        assert_eq!(back.held(0, blocks), m.held(0, blocks));
+        // Its next flush makes them durable.
+        persist(&mut back, &mut disk);
+        assert_eq!(
+            HeldMap::decode(&disk, blocks).unwrap().held(0, blocks),
+            m.held(0, blocks)
+        );
+        // A copy of another size, or holding a block past the end: refused, nothing taken.
+        assert_eq!(
+            back.adopt_live(&live[..8]),
+            Err(HeldError::LiveLength {
+                got: 8,
+                want: live.len()
+            })
+        );
+        let mut past = live.clone();
+        *past.last_mut().unwrap() |= 0x80;
+        assert!(matches!(
+            back.adopt_live(&past),
+            Err(HeldError::LivePastEnd { .. })
+        ));
+        assert_eq!(back.held(0, blocks), m.held(0, blocks));
     }
 
     #[test]

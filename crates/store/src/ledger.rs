@@ -15,10 +15,15 @@
 //!
 //! A parity volume's replica has a third part, the **held map** (`held.rs`): pages written in
 //! place, several per call and durable when it returns. Its file exists only for such a
-//! replica: that it exists is how a restarted node knows to keep the map.
+//! replica: that it exists is how a restarted node knows to keep the map. Beside it, the
+//! map's **live copy**: the map as the node holds it in memory, bytes rewritten in place on
+//! every change and never synced, so it outlives the node's process but not the machine. It
+//! is read back only in the boot of the machine that wrote it (the kernel's boot id, as the
+//! file store tells a process crash from a power loss).
 //!
 //! File store layout: `replica-<volume>.al` (the paged log), `replica-<volume>.dirty` (the
-//! records) and `replica-<volume>.held` (the held map), next to the replica's data and
+//! records), `replica-<volume>.held` (the held map) and `replica-<volume>.live` (its live
+//! copy: a header page naming the boot, then the bits), next to the replica's data and
 //! metadata files.
 
 use std::fs::File;
@@ -48,6 +53,58 @@ pub trait Ledger: Send + Sync + std::fmt::Debug {
     fn create_held(&self, len: u64) -> Result<(), StoreError>;
     /// Writes whole pages of the held map, each at its page index; durable when this returns.
     fn write_held(&self, pages: &[(u64, &[u8])]) -> Result<(), StoreError>;
+    /// The held map's live copy as the node's last process left it, if that process ran in
+    /// this boot of the machine; `None` after a reboot or a power loss (the copy is never
+    /// synced), or if none was started.
+    fn read_live_held(&self) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Starts the live copy as `bits`, of this boot from now (a crash meanwhile leaves none).
+    fn start_live_held(&self, bits: &[u8]) -> Result<(), StoreError>;
+    /// Writes `bytes` at byte `at` of the live copy's bits: they outlive the process once this
+    /// returns, not the machine.
+    fn write_live_held(&self, at: u64, bytes: &[u8]) -> Result<(), StoreError>;
+}
+
+const LIVE_MAGIC: &[u8; 4] = b"TRLV";
+const LIVE_VERSION: u32 = 1;
+/// Where the boot id sits in the live copy's header, and its room.
+const BOOT_AT: usize = 16;
+const BOOT_LEN: usize = 64;
+
+/// The live copy's header page: magic, version, the bits' length, the boot (empty: not
+/// started), crc32c of the rest.
+fn live_header(boot: &str, len: u64) -> Vec<u8> {
+    let mut h = vec![0u8; PAGE];
+    h[..4].copy_from_slice(LIVE_MAGIC);
+    h[4..8].copy_from_slice(&LIVE_VERSION.to_le_bytes());
+    h[8..16].copy_from_slice(&len.to_le_bytes());
+    let b = &boot.as_bytes()[..boot.len().min(BOOT_LEN)];
+    h[BOOT_AT..BOOT_AT + b.len()].copy_from_slice(b);
+    let crc = crc32c::crc32c(&h[..BOOT_AT + BOOT_LEN]);
+    h[BOOT_AT + BOOT_LEN..BOOT_AT + BOOT_LEN + 4].copy_from_slice(&crc.to_le_bytes());
+    h
+}
+
+/// The bits of a live copy's file if a process of boot `boot` started it (and wrote every
+/// byte it holds); `None` for any other bytes. An unknown boot trusts none.
+pub fn live_bits<'a>(file: &'a [u8], boot: &str) -> Option<&'a [u8]> {
+    let (h, bits) = (file.get(..PAGE)?, &file[PAGE.min(file.len())..]);
+    let len = u64::from_le_bytes(h[8..16].try_into().expect("8 bytes"));
+    let ok = boot != UNKNOWN_BOOT
+        && !boot.is_empty()
+        && boot.len() <= BOOT_LEN
+        && h == live_header(boot, len)
+        && bits.len() as u64 == len;
+    ok.then_some(bits)
+}
+
+/// What [`boot_id`] says where the kernel does not tell.
+pub const UNKNOWN_BOOT: &str = "unknown";
+
+/// This boot of the kernel: a reboot or a power loss changes it.
+pub fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| UNKNOWN_BOOT.into())
 }
 
 /// The file store's ledger: two files beside the replica.
@@ -60,6 +117,10 @@ pub struct FileLedger {
     held_path: PathBuf,
     /// Opened at the first log access.
     log: Mutex<Option<File>>,
+    /// The held map's live copy, open once started.
+    live: Mutex<Option<File>>,
+    /// This boot of the machine ([`boot_id`]).
+    boot: String,
 }
 
 impl FileLedger {
@@ -72,6 +133,16 @@ impl FileLedger {
             records_path,
             held_path: FileLedger::held_path(dir, volume),
             log: Mutex::new(None),
+            live: Mutex::new(None),
+            boot: boot_id(),
+        }
+    }
+
+    /// As [`FileLedger::new`], as if the machine ran boot `boot` (tests of a reboot).
+    pub fn in_boot(dir: &Path, volume: u64, boot: &str) -> FileLedger {
+        FileLedger {
+            boot: boot.into(),
+            ..FileLedger::new(dir, volume)
         }
     }
 
@@ -88,12 +159,18 @@ impl FileLedger {
         dir.join(format!("replica-{volume:016x}.held"))
     }
 
+    /// The held map's live copy for `volume` in `dir`.
+    pub fn live_path(dir: &Path, volume: u64) -> PathBuf {
+        dir.join(format!("replica-{volume:016x}.live"))
+    }
+
     /// Removes the ledger files of `volume` (a deleted or re-created replica).
     pub fn remove(dir: &Path, volume: u64) {
         let (a, b) = FileLedger::paths(dir, volume);
         let _ = std::fs::remove_file(a);
         let _ = std::fs::remove_file(b);
         let _ = std::fs::remove_file(FileLedger::held_path(dir, volume));
+        let _ = std::fs::remove_file(FileLedger::live_path(dir, volume));
     }
 
     fn io(&self, op: &'static str) -> impl FnOnce(std::io::Error) -> StoreError {
@@ -203,6 +280,45 @@ impl Ledger for FileLedger {
         }
         f.sync_data().map_err(self.io("sync held map"))
     }
+
+    fn read_live_held(&self) -> Result<Option<Vec<u8>>, StoreError> {
+        let path = FileLedger::live_path(&self.dir, self.volume);
+        match std::fs::read(path) {
+            Ok(b) => Ok(live_bits(&b, &self.boot).map(<[u8]>::to_vec)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(self.io("read held map's live copy")(e)),
+        }
+    }
+
+    fn start_live_held(&self, bits: &[u8]) -> Result<(), StoreError> {
+        let mut g = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        *g = None;
+        let f = crate::private::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(FileLedger::live_path(&self.dir, self.volume))
+            .map_err(self.io("open held map's live copy"))?;
+        // Not of this boot until every bit is in: a crash meanwhile leaves a copy no one takes.
+        let len = bits.len() as u64;
+        f.write_all_at(&live_header("", len), 0)
+            .and_then(|()| f.set_len(PAGE as u64 + len))
+            .and_then(|()| f.write_all_at(bits, PAGE as u64))
+            .and_then(|()| f.write_all_at(&live_header(&self.boot, len), 0))
+            .map_err(self.io("start held map's live copy"))?;
+        *g = Some(f);
+        Ok(())
+    }
+
+    fn write_live_held(&self, at: u64, bytes: &[u8]) -> Result<(), StoreError> {
+        let g = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        let f = g.as_ref().ok_or_else(|| {
+            StoreError::Invalid("the held map's live copy was not started".into())
+        })?;
+        f.write_all_at(bytes, PAGE as u64 + at)
+            .map_err(self.io("write held map's live copy"))
+    }
 }
 
 #[cfg(test)]
@@ -246,7 +362,66 @@ mod tests {
         assert_eq!(held[2 * PAGE..], [7u8; PAGE]);
         FileLedger::remove(d.path(), 7);
         assert_eq!(FileLedger::new(d.path(), 7).read_held().unwrap(), None);
+        assert!(!FileLedger::live_path(d.path(), 7).exists());
         assert!(FileLedger::new(d.path(), 7).read_log().unwrap().is_empty());
         assert_eq!(FileLedger::new(d.path(), 7).read_records().unwrap(), None);
+    }
+
+    #[test]
+    fn the_live_copy_is_read_back_in_its_boot_only() {
+        let d = tempfile::tempdir().unwrap();
+        let l = FileLedger::in_boot(d.path(), 7, "boot-a");
+        assert_eq!(l.read_live_held().unwrap(), None, "never started");
+        assert!(l.write_live_held(0, &[1]).is_err(), "not started");
+        l.start_live_held(&[0u8; 64]).unwrap();
+        l.write_live_held(8, &[0xff, 0x01]).unwrap();
+        let mut want = vec![0u8; 64];
+        want[8..10].copy_from_slice(&[0xff, 0x01]);
+        // The process dies; the next one in the same boot reads every byte written...
+        let again = FileLedger::in_boot(d.path(), 7, "boot-a");
+        assert_eq!(again.read_live_held().unwrap(), Some(want.clone()));
+        // ...and one after a reboot or a power loss, none.
+        assert_eq!(
+            FileLedger::in_boot(d.path(), 7, "boot-b")
+                .read_live_held()
+                .unwrap(),
+            None
+        );
+        assert_eq!(
+            FileLedger::in_boot(d.path(), 7, UNKNOWN_BOOT)
+                .read_live_held()
+                .unwrap(),
+            None,
+            "a machine that does not tell its boot trusts no live copy"
+        );
+        // Started again (a shorter map): what it started with.
+        again.start_live_held(&[3u8; 16]).unwrap();
+        assert_eq!(l.read_live_held().unwrap(), Some(vec![3u8; 16]));
+        // A start cut short (header not yet naming the boot) is no copy.
+        let path = FileLedger::live_path(d.path(), 7);
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[..PAGE].copy_from_slice(&live_header("", 16));
+        std::fs::write(&path, &bytes).unwrap();
+        assert_eq!(l.read_live_held().unwrap(), None);
+    }
+
+    proptest::proptest! {
+        /// Any bytes are refused or give bits of the length the header says, of this boot
+        /// only (`fuzz/held_live` searches deeper).
+        #[test]
+        fn any_bytes_are_refused_or_are_this_boots_copy(
+            noise in proptest::collection::vec((0usize..PAGE + 64, proptest::num::u8::ANY), 0..8),
+        ) {
+            let mut file = live_header("boot-a", 64);
+            file.extend_from_slice(&[0u8; 64]);
+            for (at, b) in noise {
+                file[at] ^= b;
+            }
+            proptest::prop_assert_eq!(live_bits(&file, "boot-b"), None);
+            if let Some(bits) = live_bits(&file, "boot-a") {
+                proptest::prop_assert_eq!(bits.len(), 64);
+                proptest::prop_assert_eq!(&file[..PAGE], &live_header("boot-a", 64)[..]);
+            }
+        }
     }
 }

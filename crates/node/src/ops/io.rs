@@ -72,7 +72,7 @@ impl Node {
 
     /// A parity replica holds what the store just took; durably now for a FUA write.
     fn held_after(&self, h: &Header, r: &dyn Replica, len: u64) -> Result<(), Refusal> {
-        self.held.wrote(h.volume, h.offset, len);
+        self.held.wrote(h.volume, h.offset, len)?;
         if h.has_flag(FLAG_FUA) && self.held.keeps(h.volume) {
             self.held.flush(h.volume, r)?;
         }

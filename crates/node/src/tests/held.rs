@@ -40,10 +40,11 @@ fn create_parity(d: &std::path::Path) -> Node {
 }
 
 /// Writes and zeroes are held at once; a trim lets its whole blocks go (a part block it
-/// zeroes stays held); a process that dies keeps what its last flush made durable, and
-/// loses the bits of writes no flush followed, never the other way round.
+/// zeroes stays held). A process that dies keeps every bit (the live copy); after a power
+/// loss or a reboot the node keeps what its last flush made durable, and loses the bits of
+/// writes no flush followed, never the other way round.
 #[test]
-fn the_map_answers_writes_and_trims_and_a_crash_keeps_the_last_flush() {
+fn the_map_answers_writes_and_trims_and_a_crash_keeps_every_bit() {
     let d = tempfile::tempdir().unwrap();
     let n = create_parity(d.path());
     assert_eq!(held_ok(&n, 0, 8 * MB), vec![]);
@@ -56,16 +57,27 @@ fn the_map_answers_writes_and_trims_and_a_crash_keeps_the_last_flush() {
     trim.flags |= trireme_proto::FLAG_MAY_TRIM;
     serve_ok(&n, trim, &[]);
     assert_eq!(held_ok(&n, 0, 8 * MB), vec![(5 * B, B), (MB, 3 * B)]);
-    // Written after the last flush: held until the process dies.
+    // Written after the last flush: held, in the live copy too.
     serve_ok(&n, req(Op::Write, 1, 3, 2 * MB, 0), &[2; B as usize]);
     assert!(held_ok(&n, 2 * MB, MB).contains(&(2 * MB, B)));
-    drop(n);
+    drop(n); // the process dies: no flush came
 
+    let n = open(d.path());
+    let flushed = vec![(5 * B, B), (MB, 3 * B)];
+    assert_eq!(
+        held_ok(&n, 0, 8 * MB),
+        [&flushed[..], &[(2 * MB, B)]].concat(),
+        "the next process in this boot takes the live copy: the unflushed write is held"
+    );
+    serve_ok(&n, req(Op::Write, 1, 3, 6 * MB, 0), &[6; B as usize]);
+    drop(n);
+    // A reboot or a power loss: the live copy is not read (here it is gone).
+    std::fs::remove_file(trireme_store::FileLedger::live_path(d.path(), 1)).unwrap();
     let n = open(d.path());
     assert_eq!(
         held_ok(&n, 0, 8 * MB),
-        vec![(5 * B, B), (MB, 3 * B)],
-        "the trim was durable before its bytes went; the unflushed write is not held"
+        flushed,
+        "the trim was durable before its bytes went; writes no flush followed are not held"
     );
     // A FUA write is durable with its bit; a clean close keeps the rest.
     let mut fua = req(Op::Write, 1, 3, 3 * MB, 0);
