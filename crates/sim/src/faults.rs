@@ -4,6 +4,30 @@
 use super::*;
 
 impl World {
+    /// Every node's process dies at once, with its data (kill -9 of the whole cluster; the
+    /// caller ends the writer's), each started again `ms` milliseconds later. Where a
+    /// write's bits live before a flush (a parity replica's held map) is what this tests.
+    fn crash_cluster(self: &Arc<Self>, ms: u64) {
+        self.note("the whole cluster crashes (every node, data kept)".into());
+        for n in &self.nodes {
+            let disk = {
+                let mut s = n.st();
+                if s.down {
+                    continue;
+                }
+                s.down = true;
+                s.lose_on_restart = Some(false);
+                s.store.clone()
+            };
+            disk.died(self.cfg.sabotage_live_held);
+            let (me, id) = (self.clone(), n.id);
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                me.restart(id);
+            });
+        }
+    }
+
     /// The manager drains a node that holds a replica, as `trireme node drain` asks it to:
     /// it creates a copy on the node with room (the spare, or a node an earlier drain
     /// emptied), the writer adds and resyncs it while I/O goes on, then retires the old one,
@@ -122,7 +146,11 @@ impl World {
                 )
             };
             if kind == 5 || self.cfg.only_writer_crashes {
-                // The writer's process dies with writes in flight; a new one attaches.
+                // The writer's process dies with writes in flight; a new one attaches. Now
+                // and then every node's process dies with it (kill -9 of the whole cluster).
+                if !self.cfg.only_writer_crashes && rand(&self.rng).chance(0.3) {
+                    self.crash_cluster(dur);
+                }
                 self.note("writer crashes".into());
                 let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
                 if let Some(p) = writer {

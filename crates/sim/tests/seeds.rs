@@ -52,13 +52,14 @@ fn seeds() -> Vec<u64> {
 }
 
 /// Faults by kind, as the event log words them (to keep their counts in view).
-const KINDS: [(&str, &str); 19] = [
+const KINDS: [(&str, &str); 20] = [
     ("crashes", "crashes ("),
     ("power losses", "loses power"),
     ("freezes", "freezes"),
     ("partitions", "partitioned"),
     ("stalls", "stalls"),
     ("writer crashes", "writer crashes"),
+    ("whole-cluster crashes", "the whole cluster crashes"),
     ("store outages", "unreachable"),
     ("refused attaches", "attach is refused"),
     ("manager crashes", "manager (candidate"),
