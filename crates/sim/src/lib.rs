@@ -19,7 +19,8 @@
 //! simulated links are in `net.rs`);
 //! writer crashes (the process dies with writes in flight: its links close, its metadata calls
 //! never return; a new writer is refused until the dead one's lease lapses, or fences it with
-//! `--force`); the metadata store unreachable from every process, sometimes for longer than a
+//! `--force`), three times in ten with every node's process (kill -9 of the whole cluster,
+//! data kept; the next writer waits for the nodes); the metadata store unreachable from every process, sometimes for longer than a
 //! lease TTL (take-outs wait and are never acknowledged without their record, leases lapse,
 //! the attach record is put back, the manager role changes hands); a second host attaching
 //! without `--force` (must be refused); the manager's process dying (another candidate

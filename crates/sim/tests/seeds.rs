@@ -199,9 +199,10 @@ fn guarantees_hold_for_every_seed() {
 /// partitions; writer and manager crashes, store outages). No read older than the last acknowledged write, no I/O error;
 /// at the end every copy in sync and the scrub finds nothing to repair.
 ///
-/// It found (docs/not-built.md, "Parity"): a node's process crash kept its data but lost
+/// It found (ARCHITECTURE.md, "Parity"): a node's process crash kept its data but lost
 /// the held bits set since its last flush, and a resync or reconcile that took that copy
-/// as its source trimmed those blocks on the others.
+/// as its source trimmed those blocks on the others; and a whole-cluster crash lost every
+/// mirror's bit of a region at once, until the held maps kept live copies.
 #[test]
 fn a_parity_volume_through_its_writer_keeps_every_guarantee_for_every_eighth_seed() {
     let seeds: Vec<u64> = seeds().into_iter().filter(|s| s % 8 == 0).collect();
