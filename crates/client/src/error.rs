@@ -83,11 +83,14 @@ pub enum VolumeError {
     },
     #[error("volume {0}: no in-sync replica can serve the request")]
     NoReplicas(String),
-    /// At attach, every in-sync copy that answered lost its history (a power loss), and one
-    /// that did not answer may hold what they lost: attaching would serve their bytes and
-    /// take it out. Nothing changed; the attach waits for it.
-    #[error("volume {volume}: the in-sync copies that answered lost their unflushed writes (another incarnation); waiting for one that kept them, on node(s) {waiting:?}")]
-    OnlyLostHistory { volume: String, waiting: Vec<u32> },
+    /// At attach, in-sync copies did not answer, and taking them out would lose what the
+    /// others cannot give (see [`WaitReason`]). Nothing changed; the attach waits for them.
+    #[error("volume {volume}: {why}; waiting for node(s) {waiting:?}")]
+    WaitForCopies {
+        volume: String,
+        waiting: Vec<u32>,
+        why: WaitReason,
+    },
     /// A parity volume's data request in part blocks (see `parity.rs`).
     #[error("volume {volume}: {op} of {len} bytes at {offset}: a parity volume takes whole 4096-byte blocks")]
     Unaligned {
@@ -203,7 +206,7 @@ impl VolumeError {
             VolumeError::Degrade {
                 why: DegradeRefusal::Core(trireme_replication::Refusal::NoneLeft),
                 ..
-            } | VolumeError::OnlyLostHistory { .. }
+            } | VolumeError::WaitForCopies { .. }
         )
     }
 
@@ -217,4 +220,18 @@ impl VolumeError {
                 }
         )
     }
+}
+
+/// Why an attach waits for in-sync copies that did not answer, rather than take them out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum WaitReason {
+    /// Every copy that answered lost its history (a power loss): one that did not may hold
+    /// the writes they lost.
+    #[error("the in-sync copies that answered lost their unflushed writes (another incarnation)")]
+    LostHistory,
+    /// Those that answered cannot serve every region of a parity volume (fewer than K
+    /// chunks of a stripe, or no mirror of a region): out, the others could never be
+    /// rebuilt, as a chunk is rebuilt from K in sync.
+    #[error("the in-sync copies that answered cannot serve every region (a stripe needs K chunks, a mirrored region one copy)")]
+    CannotServe,
 }

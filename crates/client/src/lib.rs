@@ -52,7 +52,7 @@ mod verify;
 
 pub use encode::EncodeError;
 pub use encoder::ENCODE_RATE;
-pub use error::VolumeError;
+pub use error::{VolumeError, WaitReason};
 pub use given::{AttachInfo, Connector, ReplicaTarget, VolumeOptions};
 pub use membership::{BoxFut, DegradeRefusal, Membership, MembershipError, ReplicaView};
 pub use reconcile::ReconcileReport;
@@ -430,7 +430,7 @@ impl Volume {
                 }
             }
         }
-        self.wait_for_history(&targets, &failed, &lost)?;
+        self.wait_for_copies(&targets, &failed, &lost)?;
         if !failed.is_empty() {
             // After an unclean writer change, a replica that cannot be reached may hold a write
             // the dead writer had in flight that the others never got: what it missed is not
@@ -444,27 +444,35 @@ impl Volume {
         Ok(())
     }
 
-    /// Refuses the attach, changing nothing, when every in-sync copy that answered lost its
-    /// history and one that did not answer may have kept it (a node that lost power came
-    /// back before the ones that merely crashed): taken out, those would take with them the
-    /// writes the others lost. An attach tried again once they are back keeps the copy that
-    /// kept its history; one that finds every copy lost it prefers none, as before.
-    fn wait_for_history(
+    /// Refuses the attach, changing nothing, when in-sync copies did not answer and taking
+    /// them out would lose what the others cannot give: every copy that answered lost its
+    /// history (a node that lost power came back before the ones that merely crashed), or
+    /// those that answered cannot serve every region of a parity volume (more than M nodes
+    /// still down after a crash of the whole cluster). The attach is tried again once they
+    /// are back, as one that reached no copy.
+    fn wait_for_copies(
         &self,
         targets: &[usize],
         failed: &[usize],
         lost: &[usize],
     ) -> Result<(), VolumeError> {
         let answered: Vec<&usize> = targets.iter().filter(|i| !failed.contains(i)).collect();
-        let only_lost = !answered.is_empty() && answered.iter().all(|i| lost.contains(i));
-        if failed.is_empty() || self.membership.is_none() || !only_lost {
+        if failed.is_empty() || answered.is_empty() || self.membership.is_none() {
             return Ok(());
         }
+        let why = if answered.iter().all(|i| lost.contains(i)) {
+            WaitReason::LostHistory
+        } else if !self.core().serves_without(failed) {
+            WaitReason::CannotServe
+        } else {
+            return Ok(());
+        };
         let waiting: Vec<u32> = failed.iter().map(|&i| self.node(i)).collect();
-        tracing::warn!(volume = %self.info.name, ?waiting, "every in-sync copy that answered lost its history: waiting for one that may have kept it");
-        Err(VolumeError::OnlyLostHistory {
+        tracing::warn!(volume = %self.info.name, ?waiting, "attach waits for copies that did not answer: {why}");
+        Err(VolumeError::WaitForCopies {
             volume: self.info.name.clone(),
             waiting,
+            why,
         })
     }
 
