@@ -10,22 +10,31 @@ impl World {
     fn crash_cluster(self: &Arc<Self>, ms: u64) {
         self.note("the whole cluster crashes (every node, data kept)".into());
         for n in &self.nodes {
-            let disk = {
-                let mut s = n.st();
-                if s.down {
-                    continue;
-                }
-                s.down = true;
-                s.lose_on_restart = Some(false);
-                s.store.clone()
-            };
-            disk.died(self.cfg.sabotage_live_held);
+            if self.take_down(n, false).is_none() {
+                continue;
+            }
             let (me, id) = (self.clone(), n.id);
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(ms)).await;
                 me.restart(id);
             });
         }
+    }
+
+    /// Node `n`'s process dies (`lose`: its disk with it, at the restart); its disk, or
+    /// `None` if it was down already.
+    fn take_down(&self, n: &SimNode, lose: bool) -> Option<Arc<SimDisk>> {
+        let disk = {
+            let mut s = n.st();
+            if s.down {
+                return None;
+            }
+            s.down = true;
+            s.lose_on_restart = Some(lose);
+            s.store.clone()
+        };
+        disk.died(self.cfg.sabotage_live_held);
+        Some(disk)
     }
 
     /// The manager drains a node that holds a replica, as `trireme node drain` asks it to:
@@ -264,16 +273,9 @@ impl World {
                 0 | 1 => {
                     let lose = kind == 1;
                     let power = !lose && rand(&self.rng).chance(0.5);
-                    let disk = {
-                        let mut s = n.st();
-                        if s.down {
-                            continue;
-                        }
-                        s.down = true;
-                        s.lose_on_restart = Some(lose);
-                        s.store.clone()
+                    let Some(disk) = self.take_down(&n, lose) else {
+                        continue;
                     };
-                    disk.died(self.cfg.sabotage_live_held);
                     if power {
                         // Nothing is applied after `down`, so the cache is final now.
                         let rng = self.rng.clone();
