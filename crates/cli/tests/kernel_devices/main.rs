@@ -127,8 +127,9 @@ i=0; while [ $i -lt 24 ]; do dd if=/dev/urandom of=/mnt/b.$i bs=64k count=16 con
 wait $FIO || fail "fio verify under a node kill: $(tail -5 /tmp/fio.log)"
 grep -q "err= 0" /tmp/fio.log || fail "fio: $(cat /tmp/fio.log)"
 echo "@@ FIO-VERIFIED"
-# The same until told to stop, while map is killed -9 and started again (/tmp is not on it).
-(i=0; while [ ! -e /tmp/stop ]; do echo $i > /tmp/c.at; dd if=/dev/urandom of=/mnt/c.$i bs=64k count=8 conv=fsync 2>/tmp/c.dd || { echo "c.$i: $(cat /tmp/c.dd)" > /tmp/c.err; break; }; i=$((i+1)); done; echo $i > /tmp/c.done) &
+# The same until told to stop, while map is killed -9 and started again (/tmp is not on it),
+# over 48 names in turn: however long the round, the file system never fills.
+(i=0; while [ ! -e /tmp/stop ]; do echo $i > /tmp/c.at; dd if=/dev/urandom of=/mnt/c.$((i % 48)) bs=64k count=8 conv=fsync 2>/tmp/c.dd || { echo "c.$i: $(cat /tmp/c.dd)" > /tmp/c.err; break; }; i=$((i+1)); done; echo $i > /tmp/c.done) &
 sleep 2
 [ -e /tmp/c.done ] && fail "the writes ended before map was killed: $(cat /tmp/c.err)"
 kill -9 $(pidof trireme) || fail "no map process"
