@@ -149,14 +149,53 @@ impl Volume {
     /// the stripe's: were its region's other mirrors lost, a restarted writer would take
     /// them for overlay and read them. So it is taken out with the region marked, as a
     /// failed write's copy is, and its resync trims them. One already out is marked again:
-    /// the others' trims may have come before their record of it began.
+    /// the others' trims may have come before their record of it began. One that cannot go
+    /// out (fewer than K would stay in sync: more than M nodes went silent) stays, and its
+    /// trims are sent again once it answers, still under the region's hold.
     async fn free(&self, blocks: &[u64], nodes: &[u32]) -> Result<(), String> {
         let Some(&first) = blocks.first() else {
             return Ok(());
         };
         let runs = runs(blocks);
+        let mut failed = self.trim_runs(&runs, nodes).await;
+        let mut waiting: Option<tokio::time::Instant> = None;
+        loop {
+            let Some((_, why)) = failed.first().cloned() else {
+                return Ok(());
+            };
+            let p = self.parity.as_ref().expect("a parity volume");
+            let region = p.stripes.blocks_of(p.stripes.region_of(first));
+            let range = (region.start * BLOCK, (region.end - region.start) * BLOCK);
+            let out: Vec<usize> = failed
+                .iter()
+                .filter_map(|&(n, _)| self.core().slot_of(n))
+                .collect();
+            if out.is_empty() {
+                return Err(why);
+            }
+            let sent_at = tokio::time::Instant::now();
+            match self.take_out_with(&out, Some(range), false).await {
+                // Too few would stay in sync without them (more than M nodes went silent):
+                // they stay, so their trims are sent again once one answers, still under the
+                // region's hold, before any write there.
+                Err(e @ VolumeError::WaitForCopies { .. }) => {
+                    let since = *waiting.get_or_insert_with(tokio::time::Instant::now);
+                    let again = self.copy_answers_again(since, sent_at, &out).await;
+                    if !again.map_err(|e| e.to_string())? {
+                        return Err(format!("{why}; its mirror stays in sync untrimmed: {e}"));
+                    }
+                    let left: Vec<u32> = failed.iter().map(|&(n, _)| n).collect();
+                    failed = self.trim_runs(&runs, &left).await;
+                }
+                Err(e) => return Err(format!("{why}; taking its mirror out: {e}")),
+                Ok(()) => return Err(why),
+            }
+        }
+    }
+
+    /// Trims block `runs` from each of `nodes` at once: the nodes that failed, with why.
+    async fn trim_runs(&self, runs: &[(u64, u64)], nodes: &[u32]) -> Vec<(u32, String)> {
         let trims = nodes.iter().map(|&node| {
-            let runs = &runs;
             Box::pin(async move {
                 for &(start, len) in runs {
                     let mut h = self.recovery_header(Op::WriteZeroes, start * BLOCK, len * BLOCK);
@@ -169,27 +208,11 @@ impl Volume {
                 as std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>>
         });
         let results = join_all(trims.collect()).await;
-        let failed: Vec<(u32, String)> = nodes
+        nodes
             .iter()
             .zip(results)
             .filter_map(|(&n, r)| r.err().map(|e| (n, e)))
-            .collect();
-        let Some((_, why)) = failed.first().cloned() else {
-            return Ok(());
-        };
-        let p = self.parity.as_ref().expect("a parity volume");
-        let region = p.stripes.blocks_of(p.stripes.region_of(first));
-        let range = (region.start * BLOCK, (region.end - region.start) * BLOCK);
-        let out: Vec<usize> = failed
-            .iter()
-            .filter_map(|&(n, _)| self.core().slot_of(n))
-            .collect();
-        if !out.is_empty() {
-            self.take_out_with(&out, Some(range), false)
-                .await
-                .map_err(|e| format!("{why}; taking its mirror out: {e}"))?;
-        }
-        Err(why)
+            .collect()
     }
 
     /// Reads `region` as it reads now and codes it into its K+M chunks.

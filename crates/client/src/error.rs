@@ -83,8 +83,9 @@ pub enum VolumeError {
     },
     #[error("volume {0}: no in-sync replica can serve the request")]
     NoReplicas(String),
-    /// At attach, in-sync copies did not answer, and taking them out would lose what the
-    /// others cannot give (see [`WaitReason`]). Nothing changed; the attach waits for them.
+    /// In-sync copies did not answer at attach, or failed a request of a running writer, and
+    /// taking them out would lose what the others cannot give (see [`WaitReason`]). Nothing
+    /// changed; the attach, or the request, waits for them.
     #[error("volume {volume}: {why}; waiting for node(s) {waiting:?}")]
     WaitForCopies {
         volume: String,
@@ -222,7 +223,7 @@ impl VolumeError {
     }
 }
 
-/// Why an attach waits for in-sync copies that did not answer, rather than take them out.
+/// Why an attach or a request waits for in-sync copies, rather than take them out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum WaitReason {
     /// Every copy that answered lost its history (a power loss): one that did not may hold

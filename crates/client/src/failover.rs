@@ -103,6 +103,14 @@ pub(crate) async fn start(v: &Arc<Volume>) -> Result<(), VolumeError> {
                 }
                 Ok(()) => {}
             }
+            // Copies kept in sync with their history lost whose mirrors could not be made
+            // to agree yet (`keep_lost_copies`).
+            let kept = v.kept_lost();
+            if !kept.is_empty() {
+                if let Err(e) = v.keep_lost_copies(&kept).await {
+                    tracing::warn!(volume = %v.info.name, "copies that lost their history are not reconciled yet: {e}");
+                }
+            }
             v.check_space_again().await;
             last_error.resize(v.replica_count(), None);
             backoff.resize(v.replica_count(), (0, std::time::Duration::ZERO));
@@ -477,6 +485,26 @@ impl Volume {
         }
     }
 
+    /// Why a take-out of `failed` took nothing out: no in-sync copy would remain, or (a parity
+    /// volume) fewer than K, which could rebuild no chunk: the request waits for `failed`.
+    fn none_left(&self, failed: &[usize]) -> VolumeError {
+        let left = self
+            .in_sync()
+            .iter()
+            .filter(|i| !failed.contains(i))
+            .count();
+        if left == 0 {
+            return self.degrade(self.node(failed[0]), trireme_replication::Refusal::NoneLeft);
+        }
+        let waiting: Vec<u32> = failed.iter().map(|&i| self.node(i)).collect();
+        tracing::warn!(volume = %self.info.name, ?waiting, left, "copies failed a request, and too few would stay in sync without them: nothing is taken out");
+        VolumeError::WaitForCopies {
+            volume: self.info.name.clone(),
+            waiting,
+            why: crate::WaitReason::CannotServe,
+        }
+    }
+
     /// Sends `h` (and `payload`) to each of `targets` at once: each one's answer, in the order
     /// of `targets`, unchecked.
     pub(crate) async fn call_each(
@@ -591,11 +619,7 @@ impl Volume {
                         }
                     }
                 }
-                TakeOutStep::NoneLeft => {
-                    return Err(
-                        self.degrade(self.node(failed[0]), trireme_replication::Refusal::NoneLeft)
-                    );
-                }
+                TakeOutStep::NoneLeft => return Err(self.none_left(&failed)),
                 TakeOutStep::Apply(out) => break out,
                 TakeOutStep::Stranded(out) => {
                     self.core().apply(&out);

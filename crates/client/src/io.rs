@@ -171,9 +171,12 @@ impl Volume {
                 // No in-sync copy answered: it waits for one to answer again (`relink.rs`).
                 // The request still holds its range, so its retry cannot overtake a newer
                 // write, and the relink keeps the old one from landing late.
+                // Too few would stay in sync without the ones that went silent: it waits
+                // for one of those.
                 e if unanswered => {
                     let since = *waiting.get_or_insert_with(Instant::now);
-                    if !self.copy_answers_again(since, sent_at).await? {
+                    let need = self.slots_of(&e);
+                    if !self.copy_answers_again(since, sent_at, &need).await? {
                         return Err(e);
                     }
                 }
@@ -303,6 +306,27 @@ impl Volume {
             } => match self.take_out_with(&replicas, range, lost_history).await {
                 Ok(()) => Ok(!self.core().enough_for(mirrored(&h))),
                 // The copies that held it went silent too (`Stranded`): it waits for them.
+                // Too few would stay in sync without the failed ones (a parity volume's K):
+                // it waits for them, if they only went silent.
+                Err(e @ VolumeError::WaitForCopies { .. }) => {
+                    let silent = targets
+                        .iter()
+                        .zip(&retried_outcomes)
+                        .all(|(i, &o)| !replicas.contains(i) || o == ReplicaOutcome::Failed);
+                    // Failed in their stores instead: kept, and made to agree (`keep_lost_copies`).
+                    let lost: Vec<usize> = targets
+                        .iter()
+                        .zip(&retried_outcomes)
+                        .filter(|&(_, &o)| o == ReplicaOutcome::StoreFailed)
+                        .map(|(&i, _)| i)
+                        .collect();
+                    if lost_history && !lost.is_empty() {
+                        if let Err(k) = self.keep_lost_copies(&lost).await {
+                            tracing::error!(volume = %self.info.name, "keeping copies that lost their history (tried again every tick): {k}");
+                        }
+                    }
+                    Err((e, silent))
+                }
                 Err(e) => {
                     let unanswered = e.unanswered();
                     Err((e, unanswered))
@@ -389,7 +413,7 @@ impl Volume {
                     return Err(last);
                 }
                 let since = *waiting.get_or_insert_with(Instant::now);
-                if !self.copy_answers_again(since, sent_at).await? {
+                if !self.copy_answers_again(since, sent_at, &[]).await? {
                     return Err(last);
                 }
                 plan = self.core().read_begin(true);

@@ -202,26 +202,61 @@ impl Volume {
     pub(crate) async fn parity_read(&self, offset: u64, len: u64) -> Result<Bytes, VolumeError> {
         let mut out = BytesMut::with_capacity(len as usize);
         for (start, len) in self.pieces(offset, len) {
-            let mut avoid = Vec::new();
-            let mut at = start;
-            while at < start + len {
-                // From its plan to its answer: the encoder does not reuse what it names.
-                let _gate = self.read_gate.read().await;
-                let run = self.plan_run(at, start + len, &avoid)?;
-                match self.read_run(&run).await {
-                    Ok(bytes) => {
-                        out.extend_from_slice(&bytes);
-                        at += run.len;
+            self.read_piece(start, len, &mut out).await?;
+        }
+        Ok(out.freeze())
+    }
+
+    /// Reads `[start, start + len)`, within one region, into `out`. A node that fails is
+    /// avoided and the rest planned again; when what is left cannot serve it (more than M
+    /// nodes went silent), the read waits for one of them to answer again, as a mirror's
+    /// read waits for a copy (`relink.rs`).
+    async fn read_piece(
+        &self,
+        start: u64,
+        len: u64,
+        out: &mut BytesMut,
+    ) -> Result<(), VolumeError> {
+        let mut avoid: Vec<u32> = Vec::new();
+        let mut silent = true;
+        let mut waiting: Option<tokio::time::Instant> = None;
+        let mut sent_at = tokio::time::Instant::now();
+        let mut at = start;
+        while at < start + len {
+            // From its plan to its answer: the encoder does not reuse what it names.
+            let gate = self.read_gate.read().await;
+            let run = match self.plan_run(at, start + len, &avoid) {
+                Ok(run) => run,
+                Err(e) if !silent || avoid.is_empty() => return Err(e),
+                Err(e) => {
+                    drop(gate);
+                    let since = *waiting.get_or_insert_with(tokio::time::Instant::now);
+                    let need: Vec<usize> = avoid
+                        .iter()
+                        .filter_map(|&n| self.core().slot_of(n))
+                        .collect();
+                    if !self.copy_answers_again(since, sent_at, &need).await? {
+                        return Err(e);
                     }
-                    Err((node, e)) if e.stops_writer() || avoid.contains(&node) => return Err(e),
-                    Err((node, e)) => {
-                        tracing::warn!(volume = %self.info.name, node, "parity read failed, reading around the node: {e}");
-                        avoid.push(node);
-                    }
+                    avoid.clear();
+                    sent_at = tokio::time::Instant::now();
+                    continue;
+                }
+            };
+            match self.read_run(&run).await {
+                Ok(bytes) => {
+                    out.extend_from_slice(&bytes);
+                    at += run.len;
+                }
+                Err((node, e)) if e.stops_writer() || avoid.contains(&node) => return Err(e),
+                Err((node, e)) => {
+                    tracing::warn!(volume = %self.info.name, node, "parity read failed, reading around the node: {e}");
+                    silent &= e.unanswered();
+                    avoid.push(node);
                 }
             }
         }
-        Ok(out.freeze())
+        Ok(())
     }
 
     /// The run of blocks from byte `at` (before `end`) that read from one place, asked of the

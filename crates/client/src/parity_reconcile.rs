@@ -27,10 +27,44 @@ const BLOCK: u64 = 4096;
 impl Volume {
     /// Reconciles a parity volume's mirrors (see the module docs).
     pub(crate) async fn reconcile_parity(&self) -> Result<(), VolumeError> {
+        let ranges = self.activity_ranges().await?;
+        self.reconcile_parity_over(ranges).await
+    }
+
+    /// In-sync copies `lost` failed a request in their stores (a failed sync: their history
+    /// is lost), and taking them out would leave fewer than K in sync (`TakeOut`'s floor):
+    /// they stay, as at an attach that finds such copies (`check_incarnations`). Under a hold
+    /// of the whole volume, every region's mirrored part is copied from a mirror that kept its
+    /// history where one did (what a lost copy acknowledged since its last good sync may be
+    /// gone, and no log says where: the activity log clears extents before they are synced),
+    /// and their new incarnations are learnt and recorded. The request that failed still fails.
+    /// If this fails too (a store that keeps failing its syncs fails the trims here, which
+    /// make its held map durable first), the copies stay listed (`Volume::kept_lost`) and the
+    /// resync task tries again every tick.
+    pub(crate) async fn keep_lost_copies(&self, lost: &[usize]) -> Result<(), VolumeError> {
+        let _all = self.core.acquire(0, self.size()).await;
+        let nodes: Vec<u32> = lost.iter().map(|&i| self.node(i)).collect();
+        tracing::error!(volume = %self.info.name, ?nodes, "copies failed a sync, more than the parity layout can take out: they stay in sync, and every region's mirrors are made to agree with a copy that kept its history");
+        *self.kept_lost.lock().unwrap_or_else(|e| e.into_inner()) = lost.to_vec();
+        for &i in lost {
+            let r = self.reattach(i).await?;
+            self.core().attached(i, r.incarnation);
+            self.set_conn(i, Some(r.conn));
+        }
+        self.reconcile_parity_over(None).await?;
+        self.record_kept_lost().await;
+        Ok(())
+    }
+
+    /// [`Volume::reconcile_parity`] over node byte `ranges` (`None`: the whole volume).
+    async fn reconcile_parity_over(
+        &self,
+        ranges: Option<Vec<(u64, u64)>>,
+    ) -> Result<(), VolumeError> {
         let s = self.stripes();
         let started = Instant::now();
         let blocks = self.size().div_ceil(BLOCK);
-        let (whole, parts) = match self.activity_ranges().await? {
+        let (whole, parts) = match ranges {
             Some(ranges) => (false, mirrored_parts(&s, &ranges, blocks)),
             None => {
                 let all = [(0, s.replica_blocks(blocks) * BLOCK)];

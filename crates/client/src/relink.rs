@@ -74,11 +74,14 @@ impl Volume {
     /// when it was last sent (a copy linked again after that, by any request, is tried at
     /// once: the request may have failed only because its link was replaced). `Ok(true)`: try
     /// the request again; `Ok(false)`: give up (the wait is over, or no copy can serve);
-    /// `Err`: this writer was fenced meanwhile.
+    /// `Err`: this writer was fenced meanwhile. `need`: the copies it waits for (those that
+    /// went silent when the rest cannot serve it without them: a parity volume's K); empty,
+    /// any copy in sync.
     pub(crate) async fn copy_answers_again(
         &self,
         since: Instant,
         sent_at: Instant,
+        need: &[usize],
     ) -> Result<bool, VolumeError> {
         let limit = self.opts.reattach_wait;
         if self.membership.is_none() || limit.is_zero() {
@@ -86,9 +89,16 @@ impl Volume {
         }
         let mut pause = FIRST_PAUSE;
         loop {
-            let in_sync = self.in_sync();
+            let mut in_sync = self.in_sync();
             if in_sync.is_empty() || self.core().stopped() {
                 return Ok(false);
+            }
+            if !need.is_empty() {
+                in_sync.retain(|i| need.contains(i));
+                if in_sync.is_empty() {
+                    // Taken out meanwhile (enough others came back): try again.
+                    return Ok(true);
+                }
             }
             if !self.waiting_said.swap(true, Ordering::Relaxed) {
                 tracing::warn!(
@@ -144,6 +154,18 @@ impl Volume {
             }
             tokio::time::sleep(pause.min(left)).await;
             pause = (pause * 2).min(MAX_PAUSE);
+        }
+    }
+
+    /// The copies a request's failure `e` says it waits for ([`Volume::copy_answers_again`]'s
+    /// `need`): those named by [`VolumeError::WaitForCopies`]; none (any copy) otherwise.
+    pub(crate) fn slots_of(&self, e: &VolumeError) -> Vec<usize> {
+        match e {
+            VolumeError::WaitForCopies { waiting, .. } => {
+                let core = self.core();
+                waiting.iter().filter_map(|&n| core.slot_of(n)).collect()
+            }
+            _ => Vec::new(),
         }
     }
 
