@@ -4,7 +4,10 @@
 //! the write: it records R out of sync in the metadata store, asks every surviving in-sync
 //! replica to track what R misses (the write's range and every later write), and only then
 //! acknowledges. A survivor that cannot be asked (it stopped answering too) is taken out as
-//! well, as long as one survivor remains. [`TakeOut`] is that procedure's bookkeeping: the
+//! well, as long as enough survivors remain: one for a mirror, K for a parity volume, whose
+//! chunks are rebuilt from K in sync (its floor, [`TakeOut::with_floor`]). Below it nothing is
+//! taken out: the request fails, or waits for the failed ones to answer again, as a mirror's
+//! request does when its last copy fails. [`TakeOut`] is that procedure's bookkeeping: the
 //! writer asks it for the next [`Step`] ([`TakeOut::step`]), carries the step out over the network and the
 //! metadata store, reports each result, and asks again, until it gets [`Step::Apply`] (the
 //! states its replica set takes now) or [`Step::NoneLeft`].
@@ -32,7 +35,8 @@ pub enum Step {
     Mark(Vec<Mark>),
     /// Done: the replica set takes these states, and the request may be acknowledged.
     Apply(Vec<(usize, ReplicaState)>),
-    /// No in-sync replica would remain: the request fails.
+    /// Fewer in-sync replicas would remain than the floor (none, for a mirror): nothing is
+    /// recorded, and the request fails (or waits for the failed ones to answer again).
     NoneLeft,
     /// Every survivor that held the request went silent before it could track what goes
     /// out: the survivors stay in sync (the request waits for one to answer again), and what
@@ -66,6 +70,8 @@ pub struct TakeOut {
     recorded: Vec<usize>,
     /// Replicas going out now, rather than failing again while already out.
     newly_out: Vec<usize>,
+    /// The fewest in-sync replicas that may remain.
+    floor: usize,
     phase: Phase,
 }
 
@@ -87,16 +93,26 @@ impl TakeOut {
                 .copied()
                 .filter(|&i| states[i] == ReplicaState::InSync)
                 .collect(),
+            floor: 1,
             phase: Phase::Recording,
         }
+    }
+
+    /// At least `floor` in-sync replicas must remain (1 by default; K for a parity volume):
+    /// a take-out that would leave fewer takes nothing out ([`Step::NoneLeft`]), and
+    /// survivors that cannot track stay when the rest would be too few ([`Step::Stranded`]).
+    pub fn with_floor(mut self, floor: usize) -> TakeOut {
+        self.floor = floor.max(1);
+        self
     }
 
     /// What to do now. Call again after reporting the results of the last step.
     pub fn step(&mut self) -> Step {
         // Every in-sync replica is among those failing: nothing holds what they miss, so
         // nothing is recorded either (a writer that reaches no copy, an attach that failed
-        // everywhere, leaves every replica's state as it found it).
-        if self.phase == Phase::Recording && self.survivors().is_empty() {
+        // everywhere, leaves every replica's state as it found it). Likewise below the
+        // floor: a parity volume's chunk needs K in sync to be rebuilt, so K stay.
+        if self.phase == Phase::Recording && self.survivors().len() < self.floor {
             self.phase = Phase::Done;
             return Step::NoneLeft;
         }
@@ -111,8 +127,8 @@ impl TakeOut {
                 .into_iter()
                 .filter(|s| !silent.contains(s))
                 .count();
-            if answering == 0 {
-                // Nobody is left to track what goes out: the silent survivors stay (the
+            if answering < self.floor {
+                // Too few are left to track what goes out: the silent survivors stay (the
                 // newest data is theirs), and what goes out is recorded failed instead.
                 for o in &mut self.out {
                     if o.1 != ReplicaState::Failed {
@@ -270,6 +286,24 @@ mod tests {
     }
 
     #[test]
+    fn a_parity_floor_keeps_k_in_sync() {
+        // 2+1: two of three fail a flush; one survivor is fewer than K = 2.
+        let mut t = TakeOut::new(&[InSync, InSync, InSync], &[0, 1], false).with_floor(2);
+        assert_eq!(t.step(), Step::NoneLeft);
+        // One fails; the second survivor cannot track: it stays, the failed one goes out
+        // failed (its chunks come back through a rebuild from the two in sync).
+        let mut t = TakeOut::new(&[InSync, InSync, InSync], &[0], false).with_floor(2);
+        assert_eq!(t.step(), Step::Record(vec![(0, Outdated)]));
+        t.recorded(0);
+        assert!(matches!(t.step(), Step::Mark(_)));
+        t.marked(1, true);
+        t.marked(2, false);
+        assert_eq!(t.step(), Step::Record(vec![(0, Failed)]));
+        t.recorded(0);
+        assert_eq!(t.step(), Step::Stranded(vec![(0, Failed)]));
+    }
+
+    #[test]
     fn a_replica_already_out_is_recorded_again_only_to_fail_it() {
         let mut t = TakeOut::new(&[InSync, Resyncing], &[1], false);
         assert!(matches!(t.step(), Step::Mark(_)), "no record needed");
@@ -287,19 +321,20 @@ mod tests {
 
     proptest! {
         /// Driven with random mark outcomes: the take-out ends; when it applies, every replica
-        /// that goes out from in sync was recorded first, an in-sync replica remains, and in
-        /// the last round every remaining survivor accepted a mark for every replica out;
-        /// when no survivor remains it says so rather than apply.
+        /// that goes out from in sync was recorded first, at least the floor of in-sync
+        /// replicas remains, and in the last round every remaining survivor accepted a mark
+        /// for every replica out; when fewer would remain it says so rather than apply.
         #[test]
         fn a_take_out_applies_only_what_the_guarantees_allow(
             states in prop::collection::vec(state(), 1..6),
             pick in prop::collection::vec(any::<bool>(), 6),
             lost in any::<bool>(),
             answers in prop::collection::vec(any::<bool>(), 64),
+            floor in 1usize..4,
         ) {
             let failed: Vec<usize> = (0..states.len()).filter(|&i| pick[i]).collect();
             prop_assume!(!failed.is_empty());
-            let mut t = TakeOut::new(&states, &failed, lost);
+            let mut t = TakeOut::new(&states, &failed, lost).with_floor(floor);
             let mut answers = answers.into_iter().cycle();
             let mut recorded = Vec::new();
             let mut last_round: Vec<Mark> = Vec::new();
@@ -340,7 +375,7 @@ mod tests {
                         let left: Vec<usize> = (0..states.len())
                             .filter(|&i| states[i] == InSync && !out.iter().any(|&(o, _)| o == i))
                             .collect();
-                        prop_assert!(!left.is_empty(), "no in-sync replica left");
+                        prop_assert!(left.len() >= floor, "{:?} left, below {}", left, floor);
                         for &s in &left {
                             prop_assert!(ok_in_round.contains(&s));
                             for &(i, _) in &out {
@@ -350,18 +385,19 @@ mod tests {
                         return Ok(());
                     }
                     Step::NoneLeft => {
-                        // Only when every in-sync replica failed the request, and then
-                        // before anything is recorded.
-                        for i in (0..states.len()).filter(|&i| states[i] == InSync) {
-                            prop_assert!(failed.contains(&i));
-                        }
+                        // Only when fewer in-sync replicas than the floor did not fail the
+                        // request, and then before anything is recorded.
+                        let well = (0..states.len())
+                            .filter(|&i| states[i] == InSync && !failed.contains(&i))
+                            .count();
+                        prop_assert!(well < floor);
                         prop_assert!(recorded.is_empty(), "recorded {:?} with none left", recorded);
                         return Ok(());
                     }
                     Step::Stranded(out) => {
                         // Every replica going out goes out failed (nobody tracks it), recorded
-                        // so after the last record of it; the in-sync ones left are exactly the
-                        // survivors that went silent in the last round.
+                        // so after the last record of it; the in-sync ones left are the floor at
+                        // least, each a survivor asked in the last round, and some went silent.
                         for &(i, to) in &out {
                             prop_assert_eq!(to, Failed);
                             prop_assert_eq!(recorded.iter().rev().position(|&r| r == i).is_some(), true);
@@ -372,11 +408,12 @@ mod tests {
                         let left: Vec<usize> = (0..states.len())
                             .filter(|&i| states[i] == InSync && !out.iter().any(|&(o, _)| o == i))
                             .collect();
-                        prop_assert!(!left.is_empty(), "no in-sync replica left");
+                        prop_assert!(left.len() >= floor, "{:?} left, below {}", left, floor);
                         for &s in &left {
-                            prop_assert!(!ok_in_round.contains(&s));
-                            prop_assert!(silent.contains(&s));
+                            prop_assert!(last_round.iter().any(|m| m.survivor == s));
                         }
+                        prop_assert!(left.iter().any(|s| silent.contains(s)));
+                        prop_assert!(left.iter().filter(|s| ok_in_round.contains(s)).count() < floor);
                         return Ok(());
                     }
                 }

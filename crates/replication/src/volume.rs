@@ -352,6 +352,8 @@ impl VolumeCore {
     // ---- taking out and bringing back -------------------------------------------------------
 
     /// The take-out of `failed`; see [`TakeOut`]. Its `Apply` goes to [`VolumeCore::apply`].
+    /// A parity volume keeps K in sync: fewer could rebuild no chunk, so no copy taken out
+    /// could ever come back.
     pub fn take_out(&self, failed: &[usize], lost_history: bool) -> TakeOut {
         // A replica retired meanwhile is out for good already.
         let failed: Vec<usize> = failed
@@ -359,7 +361,8 @@ impl VolumeCore {
             .copied()
             .filter(|&i| self.set.state(i) != ReplicaState::Removed)
             .collect();
-        TakeOut::new(self.set.states(), &failed, lost_history)
+        let floor = self.regions.as_ref().map_or(1, |m| m.stripes().data);
+        TakeOut::new(self.set.states(), &failed, lost_history).with_floor(floor)
     }
 
     /// The end of a take-out: the replicas take their new states; one whose history is lost
