@@ -21,6 +21,42 @@ impl World {
         }
     }
 
+    /// `count` nodes' processes die at once (data kept) while the writer runs: one more than
+    /// a parity volume tolerates. Requests that cannot do without them wait (a stripe needs K
+    /// chunks; the writer keeps K copies in sync rather than take one out that could never be
+    /// rebuilt), and go on once one is back, within the writer's wait. Only from a volume
+    /// whole and calm, so the copies left are exactly the ones not taken.
+    fn crash_past_tolerance(self: &Arc<Self>, v: &Volume, count: usize, ms: u64) {
+        let now = Instant::now();
+        let in_sync = self.healthy_in_sync(v);
+        let calm = self.nodes.iter().all(|n| {
+            let s = n.st();
+            !s.down && s.calm_after.is_none_or(|t| t <= now)
+        });
+        if in_sync.len() < self.cfg.replicas || !calm || now < self.meta_calm_after() {
+            return;
+        }
+        let mut picked = in_sync;
+        while picked.len() > count {
+            let k = rand(&self.rng).below(picked.len() as u64) as usize;
+            picked.remove(k);
+        }
+        self.note(format!(
+            "nodes {picked:?} crash at once (data kept), more than the layout tolerates"
+        ));
+        for id in picked {
+            let n = self.node(id).clone();
+            if self.take_down(&n, false).is_none() {
+                continue;
+            }
+            let (me, ms) = (self.clone(), ms.min(3_000));
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                me.restart(id);
+            });
+        }
+    }
+
     /// Node `n`'s process dies (`lose`: its disk with it, at the restart); its disk, or
     /// `None` if it was down already.
     fn take_down(&self, n: &SimNode, lose: bool) -> Option<Arc<SimDisk>> {
@@ -251,8 +287,12 @@ impl World {
                     continue;
                 }
                 9 => {
-                    if self.cfg.parity.is_none() {
-                        self.drain(&v, pick).await;
+                    match self.cfg.parity {
+                        None => self.drain(&v, pick).await,
+                        Some(p) => {
+                            let ms = dur.as_millis() as u64;
+                            self.crash_past_tolerance(&v, usize::from(p.parity) + 1, ms)
+                        }
                     }
                     continue;
                 }

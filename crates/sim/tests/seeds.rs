@@ -52,7 +52,7 @@ fn seeds() -> Vec<u64> {
 }
 
 /// Faults by kind, as the event log words them (to keep their counts in view).
-const KINDS: [(&str, &str); 20] = [
+const KINDS: [(&str, &str); 21] = [
     ("crashes", "crashes ("),
     ("power losses", "loses power"),
     ("freezes", "freezes"),
@@ -60,6 +60,7 @@ const KINDS: [(&str, &str); 20] = [
     ("stalls", "stalls"),
     ("writer crashes", "writer crashes"),
     ("whole-cluster crashes", "the whole cluster crashes"),
+    ("crashes past tolerance", "more than the layout tolerates"),
     ("store outages", "unreachable"),
     ("refused attaches", "attach is refused"),
     ("manager crashes", "manager (candidate"),
