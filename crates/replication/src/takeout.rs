@@ -43,6 +43,17 @@ pub enum Step {
     /// goes out goes out failed, recorded so (nobody tracks what it misses: a full resync
     /// brings it back). The replica set takes these states; the request is not acknowledged.
     Stranded(Vec<(usize, ReplicaState)>),
+    /// With a floor above one (a parity volume), fewer survivors than the floor could track
+    /// what goes out: the replicas that went out for this request alone (their history
+    /// kept) were recorded in sync again first, as they hold everything but this request,
+    /// which waits for `waiting` (them and the silent survivors) to answer again. Failed in
+    /// their stores, they could be the only copy that kept a region's newest data (the others
+    /// of a region may lose power meanwhile); going out failed, a whole resync would copy
+    /// over it. Those whose history is lost go out as `apply` says.
+    Short {
+        apply: Vec<(usize, ReplicaState)>,
+        waiting: Vec<usize>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,6 +66,11 @@ enum Phase {
     },
     /// No survivor could track: recording what goes out as failed.
     Stranding,
+    /// Fewer than the floor could track: recording in sync again those that went out for
+    /// this request alone; `waiting` for the request.
+    Restoring {
+        waiting: Vec<usize>,
+    },
     Done,
 }
 
@@ -127,7 +143,9 @@ impl TakeOut {
                 .into_iter()
                 .filter(|s| !silent.contains(s))
                 .count();
-            if answering < self.floor {
+            if answering < self.floor && self.floor > 1 {
+                self.restore(silent);
+            } else if answering < self.floor {
                 // Too few are left to track what goes out: the silent survivors stay (the
                 // newest data is theirs), and what goes out is recorded failed instead.
                 for o in &mut self.out {
@@ -168,6 +186,17 @@ impl TakeOut {
             self.phase = Phase::Done;
             return Step::Stranded(self.out.clone());
         }
+        if let Phase::Restoring { waiting } = &mut self.phase {
+            let waiting = std::mem::take(waiting);
+            self.phase = Phase::Done;
+            let apply = self
+                .out
+                .iter()
+                .copied()
+                .filter(|&(_, to)| to != ReplicaState::InSync)
+                .collect();
+            return Step::Short { apply, waiting };
+        }
         // Not empty: checked on entering this phase, and a round that left none answering
         // went to `Stranding` instead.
         let survivors = self.survivors();
@@ -184,6 +213,22 @@ impl TakeOut {
         }
         self.phase = Phase::Marking { silent: Vec::new() };
         Step::Mark(marks)
+    }
+
+    /// Fewer than the floor answered the marks (`silent` did not): every replica that went
+    /// out in sync with its history kept is recorded in sync again (see [`Step::Short`]).
+    fn restore(&mut self, silent: Vec<usize>) {
+        let mut waiting = silent;
+        for o in &mut self.out {
+            if self.newly_out.contains(&o.0) && o.1 == ReplicaState::Outdated {
+                o.1 = ReplicaState::InSync;
+                self.recorded.retain(|&r| r != o.0);
+                waiting.push(o.0);
+            }
+        }
+        waiting.sort_unstable();
+        waiting.dedup();
+        self.phase = Phase::Restoring { waiting };
     }
 
     /// `replica`'s state is recorded.
@@ -290,17 +335,38 @@ mod tests {
         // 2+1: two of three fail a flush; one survivor is fewer than K = 2.
         let mut t = TakeOut::new(&[InSync, InSync, InSync], &[0, 1], false).with_floor(2);
         assert_eq!(t.step(), Step::NoneLeft);
-        // One fails; the second survivor cannot track: it stays, the failed one goes out
-        // failed (its chunks come back through a rebuild from the two in sync).
+        // One fails; the second survivor cannot track: the failed one is recorded in sync
+        // again (its data may be the only whole copy of a region whose other mirror loses
+        // power meanwhile), and the request waits for both.
         let mut t = TakeOut::new(&[InSync, InSync, InSync], &[0], false).with_floor(2);
         assert_eq!(t.step(), Step::Record(vec![(0, Outdated)]));
         t.recorded(0);
         assert!(matches!(t.step(), Step::Mark(_)));
         t.marked(1, true);
         t.marked(2, false);
+        assert_eq!(t.step(), Step::Record(vec![(0, InSync)]));
+        t.recorded(0);
+        assert_eq!(
+            t.step(),
+            Step::Short {
+                apply: vec![],
+                waiting: vec![0, 2]
+            }
+        );
+        // Its history lost, it goes out failed all the same.
+        let mut t = TakeOut::new(&[InSync, InSync, InSync], &[0], true).with_floor(2);
         assert_eq!(t.step(), Step::Record(vec![(0, Failed)]));
         t.recorded(0);
-        assert_eq!(t.step(), Step::Stranded(vec![(0, Failed)]));
+        assert!(matches!(t.step(), Step::Mark(_)));
+        t.marked(1, false);
+        t.marked(2, true);
+        assert_eq!(
+            t.step(),
+            Step::Short {
+                apply: vec![(0, Failed)],
+                waiting: vec![1]
+            }
+        );
     }
 
     #[test]
@@ -392,6 +458,29 @@ mod tests {
                             .count();
                         prop_assert!(well < floor);
                         prop_assert!(recorded.is_empty(), "recorded {:?} with none left", recorded);
+                        return Ok(());
+                    }
+                    Step::Short { apply, waiting } => {
+                        // Above one only. What went out for this request with its history
+                        // kept was recorded in sync again (its last record says so), and
+                        // waits with the silent survivors; only failed ones go out; at least
+                        // the floor stays in sync.
+                        prop_assert!(floor > 1);
+                        for &(i, to) in &apply {
+                            prop_assert!(to != InSync);
+                            if states[i] == InSync {
+                                prop_assert_eq!(to, Failed);
+                            }
+                        }
+                        for &i in &waiting {
+                            let restored = recorded.contains(&i);
+                            prop_assert!(restored || silent.contains(&i), "{} waits for nothing", i);
+                            prop_assert!(!apply.iter().any(|&(o, _)| o == i));
+                        }
+                        let left = (0..states.len())
+                            .filter(|&i| states[i] == InSync && !apply.iter().any(|&(o, _)| o == i))
+                            .count();
+                        prop_assert!(left >= floor, "{} left, below {}", left, floor);
                         return Ok(());
                     }
                     Step::Stranded(out) => {

@@ -187,6 +187,20 @@ impl VolumeCore {
         self.records[i].incarnation
     }
 
+    /// Every replica out of sync now comes back whole: the in-sync copies' records of what
+    /// it missed are no longer trusted (one of them lost its history and stays in sync, so
+    /// its record may have lost marks with the rest).
+    pub fn forget_out_histories(&mut self) {
+        for i in 0..self.set.len() {
+            if !matches!(
+                self.set.state(i),
+                ReplicaState::InSync | ReplicaState::Removed
+            ) {
+                self.records[i].incarnation = 0;
+            }
+        }
+    }
+
     /// Replica `i` answered an attach as incarnation `incarnation`.
     pub fn attached(&mut self, i: usize, incarnation: u64) {
         self.records[i].incarnation = incarnation;

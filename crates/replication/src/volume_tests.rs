@@ -93,7 +93,7 @@ fn run_take_out(core: &mut VolumeCore, failed: &[usize], lost: bool, marks: &[bo
                 return true;
             }
             TakeOutStep::NoneLeft => return false,
-            TakeOutStep::Stranded(out) => {
+            TakeOutStep::Stranded(out) | TakeOutStep::Short { apply: out, .. } => {
                 core.apply(&out);
                 return false;
             }
