@@ -156,7 +156,11 @@ impl Volume {
     }
 
     /// Records each copy's incarnation beside its state in sync (those in sync still).
-    async fn record_incarnations(&self, m: &Arc<dyn Membership>, copies: &[(usize, u64)]) {
+    pub(crate) async fn record_incarnations(
+        &self,
+        m: &Arc<dyn Membership>,
+        copies: &[(usize, u64)],
+    ) {
         for &(i, inc) in copies {
             if self.state(i) != ReplicaState::InSync {
                 continue;

@@ -103,12 +103,13 @@ pub(crate) async fn start(v: &Arc<Volume>) -> Result<(), VolumeError> {
                 }
                 Ok(()) => {}
             }
-            // Copies kept in sync with their history lost whose mirrors could not be made
-            // to agree yet (`keep_lost_copies`).
+            // Copies kept in sync with their history lost (`keep_lost`): their mirrors are
+            // made to agree first, as no resync may copy from them before.
             let kept = v.kept_lost();
             if !kept.is_empty() {
                 if let Err(e) = v.keep_lost_copies(&kept).await {
                     tracing::warn!(volume = %v.info.name, "copies that lost their history are not reconciled yet: {e}");
+                    continue;
                 }
             }
             v.check_space_again().await;
@@ -621,6 +622,19 @@ impl Volume {
                 }
                 TakeOutStep::NoneLeft => return Err(self.none_left(&failed)),
                 TakeOutStep::Apply(out) => break out,
+                TakeOutStep::Short { apply, waiting } => {
+                    self.core().apply(&apply);
+                    for &(i, _) in &apply {
+                        self.set_conn(i, None);
+                    }
+                    let waiting: Vec<u32> = waiting.iter().map(|&i| self.node(i)).collect();
+                    tracing::warn!(volume = %self.info.name, ?waiting, "too few copies in sync could track the failed ones: those stay in sync, and the request waits");
+                    return Err(VolumeError::WaitForCopies {
+                        volume: self.info.name.clone(),
+                        waiting,
+                        why: crate::WaitReason::CannotServe,
+                    });
+                }
                 TakeOutStep::Stranded(out) => {
                     self.core().apply(&out);
                     for &(i, _) in &out {

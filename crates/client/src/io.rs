@@ -321,9 +321,7 @@ impl Volume {
                         .map(|(&i, _)| i)
                         .collect();
                     if lost_history && !lost.is_empty() {
-                        if let Err(k) = self.keep_lost_copies(&lost).await {
-                            tracing::error!(volume = %self.info.name, "keeping copies that lost their history (tried again every tick): {k}");
-                        }
+                        self.keep_failed_syncs(&lost).await;
                     }
                     Err((e, silent))
                 }

@@ -217,7 +217,10 @@ impl Volume {
         len: u64,
         out: &mut BytesMut,
     ) -> Result<(), VolumeError> {
-        let mut avoid: Vec<u32> = Vec::new();
+        // Copies kept with their history lost, not reconciled yet (`Volume::keep_lost`): read
+        // around them while the others can serve.
+        let mut shunned: Vec<u32> = self.kept_lost().iter().map(|&i| self.node(i)).collect();
+        let mut avoid: Vec<u32> = shunned.clone();
         let mut silent = true;
         let mut waiting: Option<tokio::time::Instant> = None;
         let mut sent_at = tokio::time::Instant::now();
@@ -227,6 +230,11 @@ impl Volume {
             let gate = self.read_gate.read().await;
             let run = match self.plan_run(at, start + len, &avoid) {
                 Ok(run) => run,
+                Err(_) if !shunned.is_empty() => {
+                    avoid.retain(|n| !shunned.contains(n));
+                    shunned.clear();
+                    continue;
+                }
                 Err(e) if !silent || avoid.is_empty() => return Err(e),
                 Err(e) => {
                     drop(gate);

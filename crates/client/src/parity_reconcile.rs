@@ -28,38 +28,82 @@ impl Volume {
     /// Reconciles a parity volume's mirrors (see the module docs).
     pub(crate) async fn reconcile_parity(&self) -> Result<(), VolumeError> {
         let ranges = self.activity_ranges().await?;
-        self.reconcile_parity_over(ranges).await
+        self.reconcile_parity_over(ranges, false).await
     }
 
-    /// In-sync copies `lost` failed a request in their stores (a failed sync: their history
-    /// is lost), and taking them out would leave fewer than K in sync (`TakeOut`'s floor):
-    /// they stay, as at an attach that finds such copies (`check_incarnations`). Under a hold
-    /// of the whole volume, every region's mirrored part is copied from a mirror that kept its
-    /// history where one did (what a lost copy acknowledged since its last good sync may be
-    /// gone, and no log says where: the activity log clears extents before they are synced),
-    /// and their new incarnations are learnt and recorded. The request that failed still fails.
-    /// If this fails too (a store that keeps failing its syncs fails the trims here, which
-    /// make its held map durable first), the copies stay listed (`Volume::kept_lost`) and the
-    /// resync task tries again every tick.
-    pub(crate) async fn keep_lost_copies(&self, lost: &[usize]) -> Result<(), VolumeError> {
-        let _all = self.core.acquire(0, self.size()).await;
-        let nodes: Vec<u32> = lost.iter().map(|&i| self.node(i)).collect();
-        tracing::error!(volume = %self.info.name, ?nodes, "copies failed a sync, more than the parity layout can take out: they stay in sync, and every region's mirrors are made to agree with a copy that kept its history");
-        *self.kept_lost.lock().unwrap_or_else(|e| e.into_inner()) = lost.to_vec();
-        for &i in lost {
-            let r = self.reattach(i).await?;
-            self.core().attached(i, r.incarnation);
-            self.set_conn(i, Some(r.conn));
+    /// In-sync copies came back with another history than recorded (their store failed a
+    /// sync, or their node lost power), and taking them out would leave fewer than K in sync
+    /// (`TakeOut`'s floor): they stay, as at an attach that finds such copies
+    /// (`check_incarnations`), each linked again as its `Reattached` says. Until the resync
+    /// task makes their mirrors agree ([`Volume::keep_lost_copies`]), reads go around them
+    /// where they can (`parity.rs`). Their records of what copies out of sync missed may
+    /// have lost marks with the rest, so every copy out now comes back whole.
+    pub(crate) fn keep_lost(&self, lost: &[(usize, crate::resync::Reattached)]) {
+        let nodes: Vec<u32> = lost.iter().map(|(i, _)| self.node(*i)).collect();
+        tracing::error!(volume = %self.info.name, ?nodes, "copies lost their history, more than the parity layout can take out: they stay in sync until every region's mirrors agree with a copy that kept its history");
+        let mut core = self.core();
+        core.forget_out_histories();
+        for (i, r) in lost {
+            core.attached(*i, r.incarnation);
         }
-        self.reconcile_parity_over(None).await?;
-        self.record_kept_lost().await;
+        drop(core);
+        let mut kept = self.kept_lost.lock().unwrap_or_else(|e| e.into_inner());
+        for (i, r) in lost {
+            self.set_conn(*i, Some(r.conn.clone()));
+            if !kept.contains(i) {
+                kept.push(*i);
+            }
+        }
+    }
+
+    /// In-sync copies `lost` failed a flush in their stores, and too few would stay in sync
+    /// without them: each is linked again to learn its new incarnation and kept
+    /// ([`Volume::keep_lost`]). One that does not answer now is met again at a relink.
+    pub(crate) async fn keep_failed_syncs(&self, lost: &[usize]) {
+        let mut kept = Vec::new();
+        let in_sync = self.in_sync();
+        for &i in lost.iter().filter(|i| in_sync.contains(i)) {
+            match self.reattach(i).await {
+                Ok(r) => kept.push((i, r)),
+                Err(e) => {
+                    tracing::warn!(volume = %self.info.name, node = self.node(i), "linking again a copy that failed a sync: {e}")
+                }
+            }
+        }
+        self.keep_lost(&kept);
+    }
+
+    /// Makes the mirrors of copies kept with their history lost ([`Volume::keep_lost`])
+    /// agree with copies that kept theirs: every region's mirrored part copied from a mirror
+    /// that kept its history where one did, each under a hold of its range (the whole
+    /// volume: the activity log clears extents before they are synced, so it does not bound
+    /// what a failed sync lost); then their new incarnations are recorded. From the resync
+    /// task, until it gets through (a store that keeps failing its syncs fails the trims
+    /// here, which make its held map durable first).
+    pub(crate) async fn keep_lost_copies(&self, lost: &[usize]) -> Result<(), VolumeError> {
+        self.reconcile_parity_over(None, true).await?;
+        self.kept_lost
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|i| !lost.contains(i));
+        let Some(m) = self.membership.clone() else {
+            return Ok(());
+        };
+        let kept: Vec<(usize, u64)> = lost
+            .iter()
+            .map(|&i| (i, self.core().incarnation(i)))
+            .collect();
+        self.record_incarnations(&m, &kept).await;
+        tracing::info!(volume = %self.info.name, nodes = ?lost.iter().map(|&i| self.node(i)).collect::<Vec<_>>(), "copies kept with their history lost agree with the others again");
         Ok(())
     }
 
-    /// [`Volume::reconcile_parity`] over node byte `ranges` (`None`: the whole volume).
+    /// [`Volume::reconcile_parity`] over node byte `ranges` (`None`: the whole volume);
+    /// `live`: while I/O runs, each part copied under a hold of its range.
     async fn reconcile_parity_over(
         &self,
         ranges: Option<Vec<(u64, u64)>>,
+        live: bool,
     ) -> Result<(), VolumeError> {
         let s = self.stripes();
         let started = Instant::now();
@@ -76,6 +120,10 @@ impl Volume {
         let (mut compared, mut copied) = (0, 0);
         for (first, end) in parts {
             let (off, len) = (first * BLOCK, (end - first) * BLOCK);
+            let _hold = match live {
+                true => Some(self.core.acquire(off, off + len).await),
+                false => None,
+            };
             let mut mirrors = self.in_sync_mirrors(&s, s.region_of(first));
             // A copy that kept its history is the source where one can be, and one whose
             // node stopped cleanly before one that did not: a process that dies keeps its

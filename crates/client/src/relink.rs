@@ -48,7 +48,8 @@ enum Look {
     /// It does not answer yet.
     Silent,
     /// It answers with another history than recorded: what it acknowledged may be lost.
-    LostHistory,
+    /// Its new link and incarnation, in case it must stay in sync all the same.
+    LostHistory(crate::resync::Reattached),
 }
 
 impl VolumeError {
@@ -124,10 +125,10 @@ impl Volume {
             for (i, look) in looks {
                 match look? {
                     Look::Answers => answered = answered.or(Some(i)),
-                    Look::LostHistory => {
-                        self.lost_history(i).await?;
-                        lost += 1;
-                    }
+                    Look::LostHistory(r) => match self.lost_history(i, r).await? {
+                        true => answered = answered.or(Some(i)),
+                        false => lost += 1,
+                    },
                     Look::Silent => {}
                 }
             }
@@ -181,7 +182,9 @@ impl Volume {
                 continue;
             }
             match self.look(i, Instant::now()).await? {
-                Look::LostHistory => self.lost_history(i).await?,
+                Look::LostHistory(r) => {
+                    self.lost_history(i, r).await?;
+                }
                 Look::Answers | Look::Silent => {}
             }
         }
@@ -190,12 +193,23 @@ impl Volume {
 
     /// In-sync copy `i` answered with another history than recorded: out for a full resync, if
     /// it can be taken out (another copy in sync tracks it); never used as in sync again
-    /// either way.
-    async fn lost_history(&self, i: usize) -> Result<(), VolumeError> {
+    /// either way — unless too few would stay in sync without it (a parity volume's K: more
+    /// than M copies lost power): then it stays, linked again as `r` says, until its mirrors
+    /// are made to agree with copies that kept their history ([`Volume::keep_lost`]). True if
+    /// it stays.
+    async fn lost_history(
+        &self,
+        i: usize,
+        r: crate::resync::Reattached,
+    ) -> Result<bool, VolumeError> {
         tracing::error!(volume = %self.info.name, node = self.node(i), "the in-sync copy came back with another history (a power loss, or a failed sync): what it acknowledged may be lost");
         match self.take_out_with(&[i], None, true).await {
+            Err(VolumeError::WaitForCopies { .. }) => {
+                self.keep_lost(&[(i, r)]);
+                Ok(true)
+            }
             Err(e) if e.stops_writer() => Err(e),
-            _ => Ok(()),
+            _ => Ok(false),
         }
     }
 
@@ -238,7 +252,12 @@ impl Volume {
         };
         let recorded = self.core().incarnation(i);
         if recorded == 0 || incarnation != recorded {
-            return Ok(Look::LostHistory);
+            let size = self.size();
+            return Ok(Look::LostHistory(crate::resync::Reattached {
+                conn,
+                incarnation,
+                size,
+            }));
         }
         self.set_conn(i, Some(conn));
         *last = Some(Instant::now());

@@ -497,7 +497,9 @@ pub(crate) fn take_out(
                     plan.marked(m.survivor, up(m.survivor));
                 }
             }
-            TakeOutStep::Apply(out) | TakeOutStep::Stranded(out) => {
+            TakeOutStep::Apply(out)
+            | TakeOutStep::Stranded(out)
+            | TakeOutStep::Short { apply: out, .. } => {
                 core.apply(&out);
                 return Ok(());
             }
