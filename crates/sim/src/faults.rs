@@ -21,8 +21,8 @@ impl World {
         }
     }
 
-    /// `count` nodes' processes die at once (data kept) while the writer runs: one more than
-    /// a parity volume tolerates. Requests that cannot do without them wait (a stripe needs K
+    /// `count` nodes' processes die at once while the writer runs, one more than a parity
+    /// volume tolerates, up to `count - 1` of them losing power (the others keep their data). Requests that cannot do without them wait (a stripe needs K
     /// chunks; the writer keeps K copies in sync rather than take one out that could never be
     /// rebuilt), and go on once one is back, within the writer's wait. Only from a volume
     /// whole and calm, so the copies left are exactly the ones not taken.
@@ -41,13 +41,24 @@ impl World {
             let k = rand(&self.rng).below(picked.len() as u64) as usize;
             picked.remove(k);
         }
+        // Up to M of them lose power: every region keeps a mirror (of M+1) that kept its
+        // history, so no acknowledged write may be lost.
+        let powers = rand(&self.rng).below(count as u64) as usize;
         self.note(format!(
-            "nodes {picked:?} crash at once (data kept), more than the layout tolerates"
+            "nodes {picked:?} crash at once ({powers} losing power), more than the layout tolerates"
         ));
-        for id in picked {
+        for (k, id) in picked.into_iter().enumerate() {
             let n = self.node(id).clone();
-            if self.take_down(&n, false).is_none() {
+            let Some(disk) = self.take_down(&n, false) else {
                 continue;
+            };
+            if k < powers {
+                let rng = self.rng.clone();
+                let lost =
+                    disk.lose_power(&mut |n| rand(&rng).below(n), self.cfg.sabotage_power_loss);
+                self.note(format!(
+                    "node {id} loses power ({lost} sectors lose their last write)"
+                ));
             }
             let (me, ms) = (self.clone(), ms.min(3_000));
             tokio::spawn(async move {
