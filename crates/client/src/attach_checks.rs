@@ -93,7 +93,7 @@ impl Volume {
         if failed.is_empty() || answered.is_empty() || self.membership.is_none() {
             return Ok(());
         }
-        let why = if answered.iter().all(|i| lost.contains(i)) {
+        let why = if answered.iter().all(|i| lost.contains(i)) || self.region_lost(failed, lost) {
             WaitReason::LostHistory
         } else if !self.core().serves_without(failed) {
             WaitReason::CannotServe
@@ -106,6 +106,33 @@ impl Volume {
             volume: self.info.name.clone(),
             waiting,
             why,
+        })
+    }
+
+    /// Whether some region of a parity volume has mirrors in sync that did not answer
+    /// (`failed`) while every one that answered lost its history (`lost`): the ones that
+    /// did not may hold that region's writes the others lost (a node that lost power came
+    /// back before one of the region's that merely crashed; simulator seed 17312).
+    fn region_lost(&self, failed: &[usize], lost: &[usize]) -> bool {
+        if self.parity.is_none() || lost.is_empty() {
+            return false;
+        }
+        let s = self.stripes();
+        let in_sync = self.in_sync();
+        let regions = self.size().div_ceil(s.region_blocks() * 4096);
+        // The mirrors' places rotate with the region: one turn of the stripe's width covers
+        // every pattern.
+        (0..regions.min(s.width() as u64)).any(|r| {
+            let mirrors: Vec<usize> = in_sync
+                .iter()
+                .copied()
+                .filter(|&i| s.mirrors(r, self.node(i)))
+                .collect();
+            let (silent, answering): (Vec<usize>, Vec<usize>) =
+                mirrors.iter().partition(|i| failed.contains(i));
+            !silent.is_empty()
+                && !answering.is_empty()
+                && answering.iter().all(|i| lost.contains(i))
         })
     }
 
