@@ -305,7 +305,6 @@ impl Volume {
                 lost_history,
             } => match self.take_out_with(&replicas, range, lost_history).await {
                 Ok(()) => Ok(!self.core().enough_for(mirrored(&h))),
-                // The copies that held it went silent too (`Stranded`): it waits for them.
                 // Too few would stay in sync without the failed ones (a parity volume's K):
                 // it waits for them, if they only went silent.
                 Err(e @ VolumeError::WaitForCopies { .. }) => {
@@ -325,6 +324,7 @@ impl Volume {
                     }
                     Err((e, silent))
                 }
+                // The copies that held it went silent too (`Stranded`): it waits for them.
                 Err(e) => {
                     let unanswered = e.unanswered();
                     Err((e, unanswered))

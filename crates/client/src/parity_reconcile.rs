@@ -38,22 +38,30 @@ impl Volume {
     /// task makes their mirrors agree ([`Volume::keep_lost_copies`]), reads go around them
     /// where they can (`parity.rs`). Their records of what copies out of sync missed may
     /// have lost marks with the rest, so every copy out now comes back whole.
-    pub(crate) fn keep_lost(&self, lost: &[(usize, crate::resync::Reattached)]) {
+    /// Only those still in sync are kept (one a take-out's `Short` step put out stays out):
+    /// how many.
+    pub(crate) fn keep_lost(&self, mut lost: Vec<(usize, crate::resync::Reattached)>) -> usize {
+        let in_sync = self.in_sync();
+        lost.retain(|(i, _)| in_sync.contains(i));
+        if lost.is_empty() {
+            return 0;
+        }
         let nodes: Vec<u32> = lost.iter().map(|(i, _)| self.node(*i)).collect();
         tracing::error!(volume = %self.info.name, ?nodes, "copies lost their history, more than the parity layout can take out: they stay in sync until every region's mirrors agree with a copy that kept its history");
         let mut core = self.core();
         core.forget_out_histories();
-        for (i, r) in lost {
+        for (i, r) in &lost {
             core.attached(*i, r.incarnation);
         }
         drop(core);
         let mut kept = self.kept_lost.lock().unwrap_or_else(|e| e.into_inner());
-        for (i, r) in lost {
+        for (i, r) in &lost {
             self.set_conn(*i, Some(r.conn.clone()));
             if !kept.contains(i) {
                 kept.push(*i);
             }
         }
+        lost.len()
     }
 
     /// In-sync copies `lost` failed a flush in their stores, and too few would stay in sync
@@ -70,7 +78,7 @@ impl Volume {
                 }
             }
         }
-        self.keep_lost(&kept);
+        self.keep_lost(kept);
     }
 
     /// Makes the mirrors of copies kept with their history lost ([`Volume::keep_lost`])

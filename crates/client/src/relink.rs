@@ -204,10 +204,7 @@ impl Volume {
     ) -> Result<bool, VolumeError> {
         tracing::error!(volume = %self.info.name, node = self.node(i), "the in-sync copy came back with another history (a power loss, or a failed sync): what it acknowledged may be lost");
         match self.take_out_with(&[i], None, true).await {
-            Err(VolumeError::WaitForCopies { .. }) => {
-                self.keep_lost(&[(i, r)]);
-                Ok(true)
-            }
+            Err(VolumeError::WaitForCopies { .. }) => Ok(self.keep_lost(vec![(i, r)]) > 0),
             Err(e) if e.stops_writer() => Err(e),
             _ => Ok(false),
         }
