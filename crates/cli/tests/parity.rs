@@ -40,11 +40,7 @@ fn a_parity_volume_loses_nothing_when_nodes_die_while_it_encodes() {
     // could never be rebuilt (a chunk needs two in sync); I/O waits for them and goes on.
     let bench = start_bench(&c, 8);
     std::thread::sleep(Duration::from_secs(2));
-    let (p1, p3) = (node_pid(&c, 1), node_pid(&c, 3));
-    signal(p1, libc::SIGKILL);
-    signal(p3, libc::SIGKILL);
-    wait_restarted(&c, 1, p1);
-    wait_restarted(&c, 3, p3);
+    kill_at_once(&c, &[1, 3]);
     finish_bench(&c, bench);
     wait_all_in_sync(&c);
     encoded_and_healthy(&c, 128);
@@ -133,16 +129,23 @@ fn a_4_2_volume_loses_nothing_when_two_nodes_die_at_once() {
     let c = Cluster::start(&ARGS);
     let bench = start_bench(&c, 10);
     std::thread::sleep(Duration::from_secs(3));
-    let (p2, p5) = (node_pid(&c, 2), node_pid(&c, 5));
-    signal(p2, libc::SIGKILL);
-    signal(p5, libc::SIGKILL);
-    wait_restarted(&c, 2, p2);
-    wait_restarted(&c, 5, p5);
+    kill_at_once(&c, &[2, 5]);
     finish_bench(&c, bench);
     wait_all_in_sync(&c);
     encoded_and_healthy(&c, 64);
     scrub_finds_rotten_chunks(&c, 4, 4);
     unflushed_writes_survive_a_whole_cluster_crash(c, &ARGS);
+}
+
+/// Kills `nodes`' processes at once (SIGKILL) and waits until `up` has restarted each.
+fn kill_at_once(c: &Cluster, nodes: &[u32]) {
+    let pids: Vec<i32> = nodes.iter().map(|&n| node_pid(c, n)).collect();
+    for &p in &pids {
+        signal(p, libc::SIGKILL);
+    }
+    for (&n, &p) in nodes.iter().zip(&pids) {
+        wait_restarted(c, n, p);
+    }
 }
 
 /// Writes a block in every 256 KiB of the volume through python libnbd, acknowledged and
