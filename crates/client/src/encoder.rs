@@ -8,7 +8,7 @@
 //!   its highest in the region): a region written since the last tick or two is hot; one
 //!   the cleaner cleared is cold.
 //! - **When.** Only with every copy in sync (an encode writes a chunk on each of the K+M
-//!   nodes), one region at a time, at most `encode_rate` bytes of volume data a second
+//!   nodes) and none kept with its history lost awaiting its reconcile, one region at a time, at most `encode_rate` bytes of volume data a second
 //!   ([`ENCODE_RATE`] by default).
 //! - **Yielding.** An encode reads a region and writes and flushes a chunk on every node:
 //!   beside foreground I/O it tripled hot writes' p99 and halved their IOPS (`bench/parity.sh`,
@@ -85,7 +85,12 @@ impl Volume {
     /// One encode if one is due: the time it may take at the rate, counted from its start;
     /// `None` if there was nothing to do, `Err` when this writer must stop (fenced).
     async fn encode_next(&self) -> Result<Option<Duration>, ()> {
-        if self.in_sync().len() < self.replica_count() || self.core().stopped() {
+        // Nor while copies kept with their history lost wait for their reconcile
+        // (`Volume::keep_lost`): an encode would read a region from what they hold.
+        if self.in_sync().len() < self.replica_count()
+            || self.core().stopped()
+            || !self.kept_lost().is_empty()
+        {
             return Ok(None);
         }
         let Some(p) = &self.parity else {
