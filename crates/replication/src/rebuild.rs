@@ -54,15 +54,21 @@ impl VolumeCore {
     }
 
     /// Whether the copies in sync other than `out` serve every region of a parity volume
-    /// (always, for a mirror volume: any copy in sync serves all of it).
+    /// (always, for a mirror volume: any copy in sync serves all of it), and are K at least,
+    /// the take-out's floor: fewer could rebuild no chunk, so a copy out could never come
+    /// back (with every region still mirrored, a mirror of each may be enough to serve).
     pub fn serves_without(&self, out: &[usize]) -> bool {
         let Some(map) = self.regions.as_ref() else {
             return true;
         };
-        map.servable(|n| {
-            self.slot_of(n)
-                .is_some_and(|i| !out.contains(&i) && self.set.state(i) == ReplicaState::InSync)
-        })
+        let left = (0..self.set.len())
+            .filter(|i| !out.contains(i) && self.set.state(*i) == ReplicaState::InSync)
+            .count();
+        left >= map.stripes().data
+            && map.servable(|n| {
+                self.slot_of(n)
+                    .is_some_and(|i| !out.contains(&i) && self.set.state(i) == ReplicaState::InSync)
+            })
     }
 
     /// The chunks of replica `target` that a full resync rebuilds: its chunk of every parity
