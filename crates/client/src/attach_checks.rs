@@ -183,11 +183,7 @@ impl Volume {
     }
 
     /// Records each copy's incarnation beside its state in sync (those in sync still).
-    pub(crate) async fn record_incarnations(
-        &self,
-        m: &Arc<dyn Membership>,
-        copies: &[(usize, u64)],
-    ) {
+    async fn record_incarnations(&self, m: &Arc<dyn Membership>, copies: &[(usize, u64)]) {
         for &(i, inc) in copies {
             if self.state(i) != ReplicaState::InSync {
                 continue;
@@ -218,13 +214,21 @@ impl Volume {
     /// Once reconciled, the copies kept with their history lost have the new one recorded:
     /// the next writer then finds them as they are, not lost again.
     pub(crate) async fn record_kept_lost(&self) {
+        self.record_kept(&self.kept_lost()).await;
+    }
+
+    /// [`Volume::record_kept_lost`] for `kept` alone (others may have been kept since).
+    pub(crate) async fn record_kept(&self, kept: &[usize]) {
+        self.kept_lost
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|i| !kept.contains(i));
         let Some(m) = self.membership.clone() else {
             return;
         };
-        let kept = std::mem::take(&mut *self.kept_lost.lock().unwrap_or_else(|e| e.into_inner()));
         let kept: Vec<(usize, u64)> = kept
-            .into_iter()
-            .map(|i| (i, self.core().incarnation(i)))
+            .iter()
+            .map(|&i| (i, self.core().incarnation(i)))
             .collect();
         self.record_incarnations(&m, &kept).await;
     }

@@ -8,8 +8,8 @@
 //!   its highest in the region): a region written since the last tick or two is hot; one
 //!   the cleaner cleared is cold.
 //! - **When.** Only with every copy in sync (an encode writes a chunk on each of the K+M
-//!   nodes) and none kept with its history lost awaiting its reconcile, one region at a time, at most `encode_rate` bytes of volume data a second
-//!   ([`ENCODE_RATE`] by default).
+//!   nodes) and none kept with its history lost awaiting its reconcile, one region at a
+//!   time, at most `encode_rate` bytes of volume data a second ([`ENCODE_RATE`] by default).
 //! - **Yielding.** An encode reads a region and writes and flushes a chunk on every node:
 //!   beside foreground I/O it tripled hot writes' p99 and halved their IOPS (`bench/parity.sh`,
 //!   2026-12-04). So while the volume serves reads or writes (any begun since the encoder

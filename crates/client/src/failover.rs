@@ -497,11 +497,16 @@ impl Volume {
         if left == 0 {
             return self.degrade(self.node(failed[0]), trireme_replication::Refusal::NoneLeft);
         }
-        let waiting: Vec<u32> = failed.iter().map(|&i| self.node(i)).collect();
-        tracing::warn!(volume = %self.info.name, ?waiting, left, "copies failed a request, and too few would stay in sync without them: nothing is taken out");
+        let e = self.waiting_for(failed);
+        tracing::warn!(volume = %self.info.name, left, "nothing is taken out: {e}");
+        e
+    }
+
+    /// A request's wait for copies `slots`, which too few in sync can do without.
+    fn waiting_for(&self, slots: &[usize]) -> VolumeError {
         VolumeError::WaitForCopies {
             volume: self.info.name.clone(),
-            waiting,
+            waiting: slots.iter().map(|&i| self.node(i)).collect(),
             why: crate::WaitReason::CannotServe,
         }
     }
@@ -627,13 +632,9 @@ impl Volume {
                     for &(i, _) in &apply {
                         self.set_conn(i, None);
                     }
-                    let waiting: Vec<u32> = waiting.iter().map(|&i| self.node(i)).collect();
-                    tracing::warn!(volume = %self.info.name, ?waiting, "too few copies in sync could track the failed ones: those stay in sync, and the request waits");
-                    return Err(VolumeError::WaitForCopies {
-                        volume: self.info.name.clone(),
-                        waiting,
-                        why: crate::WaitReason::CannotServe,
-                    });
+                    let e = self.waiting_for(&waiting);
+                    tracing::warn!(volume = %self.info.name, "too few copies in sync could track the failed ones, which stay in sync: {e}");
+                    return Err(e);
                 }
                 TakeOutStep::Stranded(out) => {
                     self.core().apply(&out);

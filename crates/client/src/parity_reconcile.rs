@@ -28,7 +28,7 @@ impl Volume {
     /// Reconciles a parity volume's mirrors (see the module docs).
     pub(crate) async fn reconcile_parity(&self) -> Result<(), VolumeError> {
         let ranges = self.activity_ranges().await?;
-        self.reconcile_parity_over(ranges, false).await
+        self.reconcile_parity_over(ranges).await
     }
 
     /// In-sync copies came back with another history than recorded (their store failed a
@@ -89,29 +89,18 @@ impl Volume {
     /// task, until it gets through (a store that keeps failing its syncs fails the trims
     /// here, which make its held map durable first).
     pub(crate) async fn keep_lost_copies(&self, lost: &[usize]) -> Result<(), VolumeError> {
-        self.reconcile_parity_over(None, true).await?;
-        self.kept_lost
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|i| !lost.contains(i));
-        let Some(m) = self.membership.clone() else {
-            return Ok(());
-        };
-        let kept: Vec<(usize, u64)> = lost
-            .iter()
-            .map(|&i| (i, self.core().incarnation(i)))
-            .collect();
-        self.record_incarnations(&m, &kept).await;
+        self.reconcile_parity_over(None).await?;
+        self.record_kept(lost).await;
         tracing::info!(volume = %self.info.name, nodes = ?lost.iter().map(|&i| self.node(i)).collect::<Vec<_>>(), "copies kept with their history lost agree with the others again");
         Ok(())
     }
 
-    /// [`Volume::reconcile_parity`] over node byte `ranges` (`None`: the whole volume);
-    /// `live`: while I/O runs, each part copied under a hold of its range.
+    /// [`Volume::reconcile_parity`] over node byte `ranges` (`None`: the whole volume), each
+    /// part copied under a hold of its range (at attach, before any I/O, nothing waits for
+    /// one; from the resync task, the writes there do).
     async fn reconcile_parity_over(
         &self,
         ranges: Option<Vec<(u64, u64)>>,
-        live: bool,
     ) -> Result<(), VolumeError> {
         let s = self.stripes();
         let started = Instant::now();
@@ -128,10 +117,7 @@ impl Volume {
         let (mut compared, mut copied) = (0, 0);
         for (first, end) in parts {
             let (off, len) = (first * BLOCK, (end - first) * BLOCK);
-            let _hold = match live {
-                true => Some(self.core.acquire(off, off + len).await),
-                false => None,
-            };
+            let _hold = self.core.acquire(off, off + len).await;
             let mut mirrors = self.in_sync_mirrors(&s, s.region_of(first));
             // A copy that kept its history is the source where one can be, and one whose
             // node stopped cleanly before one that did not: a process that dies keeps its

@@ -13,11 +13,7 @@ impl World {
             if self.take_down(n, false).is_none() {
                 continue;
             }
-            let (me, id) = (self.clone(), n.id);
-            tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(ms)).await;
-                me.restart(id);
-            });
+            self.restart_after(n.id, Duration::from_millis(ms));
         }
     }
 
@@ -60,12 +56,17 @@ impl World {
                     "node {id} loses power ({lost} sectors lose their last write)"
                 ));
             }
-            let (me, ms) = (self.clone(), ms.min(3_000));
-            tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(ms)).await;
-                me.restart(id);
-            });
+            self.restart_after(id, Duration::from_millis(ms.min(3_000)));
         }
+    }
+
+    /// Node `id` restarts after `dur`.
+    fn restart_after(self: &Arc<Self>, id: u32, dur: Duration) {
+        let me = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(dur).await;
+            me.restart(id);
+        });
     }
 
     /// Node `n`'s process dies (`lose`: its disk with it, at the restart); its disk, or
@@ -341,11 +342,7 @@ impl World {
                             if lose { "data lost" } else { "data kept" }
                         ));
                     }
-                    let me = self.clone();
-                    tokio::spawn(async move {
-                        tokio::time::sleep(dur).await;
-                        me.restart(id);
-                    });
+                    self.restart_after(id, dur);
                     // Long enough down for the manager's heartbeats to have missed it.
                     let look = DOWN_AFTER + HEARTBEAT_EVERY * 2;
                     if dur > look + Duration::from_millis(300) {
