@@ -200,17 +200,26 @@ impl Volume {
         for (first, n) in runs(&due) {
             let (start, end) = (first * extent, (first + n) * extent);
             // No write is in flight in the run while it is held, so the replicas agree on it.
+            // Past the end of a volume that shrank since, there is nothing left to clear.
+            let within = |a: u64, b: u64, size: u64| (a.min(size), b.min(size));
             let (hold, clear) = match self.activity.places {
                 Some(p) => {
                     let (a, b) = p.volume_over(start, end);
                     let size = self.replica_size(self.size());
-                    ((a, b.min(self.size())), (start, end.min(size)))
+                    (within(a, b, self.size()), within(start, end, size))
                 }
-                None => ((start, end.min(self.size())), (start, end.min(self.size()))),
+                None => {
+                    let r = within(start, end, self.size());
+                    (r, r)
+                }
             };
             let _r = self.core.acquire(hold.0, hold.1).await;
             let targets = self.write_targets();
-            match self.clear_activity(&targets, clear.0, clear.1).await {
+            let cleared = match clear.0 < clear.1 {
+                true => self.clear_activity(&targets, clear.0, clear.1).await,
+                false => Ok(()),
+            };
+            match cleared {
                 Ok(()) => {
                     let last = self.activity.last();
                     for k in first..first + n {
