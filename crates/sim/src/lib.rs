@@ -81,6 +81,8 @@ mod procs;
 mod snapshots;
 use disk::SimDisk;
 use driver::run_async;
+
+mod panics;
 use net::*;
 use procs::{MetaNet, Proc, SimMeta};
 use trireme_transport::{BoxFuture, Connection, ConnectionInfo, Frame, Handler, TransportError};
@@ -671,10 +673,13 @@ pub fn run(cfg: &Config) -> Result<Outcome, SimFailure> {
     std::thread::Builder::new()
         .name(format!("sim-{}", cfg.seed))
         .spawn(move || {
+            panics::watch();
             let r = rt.block_on(async {
                 tokio::time::timeout(virtual_bound, run_async(run_cfg, run_log)).await
             });
-            let _ = tx.send(r);
+            // Tasks' panics are caught by the runtime and would pass unseen.
+            drop(rt);
+            let _ = tx.send((r, panics::taken()));
         })
         .map_err(SimFailure::Runtime)?;
     let stuck = |what: String| SimFailure::Guarantee {
@@ -683,8 +688,11 @@ pub fn run(cfg: &Config) -> Result<Outcome, SimFailure> {
         events: log.lock().unwrap_or_else(|e| e.into_inner()).clone(),
     };
     match rx.recv_timeout(MAX_REAL) {
-        Ok(Ok(r)) => r,
-        Ok(Err(_)) => Err(stuck(format!(
+        Ok((Ok(Ok(_)), Some(panic))) => Err(stuck(format!(
+            "a task panicked, and the run went on without it: {panic}"
+        ))),
+        Ok((Ok(r), _)) => r,
+        Ok((Err(_), _)) => Err(stuck(format!(
             "the run went on past {virtual_bound:?} of virtual time: something retries forever"
         ))),
         Err(_) => Err(stuck(format!(
