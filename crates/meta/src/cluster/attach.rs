@@ -37,6 +37,58 @@ impl ClusterMeta {
         self.get(&key(&format!("attach/{name}"))).await
     }
 
+    /// Changes `name`'s layout while no writer holds it, as [`ClusterMeta::update_volume`]
+    /// does, comparing the attach record's absence in the same transaction and bumping the
+    /// epoch: a writer whose lease lapsed cannot come back ([`ClusterMeta::reattach`]) and
+    /// write its older view over the change. Refused ([`MetaError::Attached`]) while one
+    /// holds it.
+    pub async fn update_unattached(
+        &self,
+        name: &str,
+        f: &mut (dyn FnMut(&mut VolumeRecord) -> Result<(), MetaError> + Send),
+    ) -> Result<VolumeRecord, MetaError> {
+        let (ak, lk) = (
+            key(&format!("attach/{name}")),
+            key(&format!("layouts/{name}")),
+        );
+        for _ in 0..MAX_TRIES {
+            if let Some((a, _)) = self.attachment(name).await? {
+                return Err(MetaError::Attached {
+                    volume: name.to_string(),
+                    pid: a.pid,
+                    host: a.host,
+                    epoch: a.epoch,
+                    force_fences: false,
+                });
+            }
+            let (mut v, rev) = self.read_volume(name).await?;
+            let (id, preallocate) = (v.id, v.preallocate);
+            f(&mut v)?;
+            if (v.id, v.preallocate, v.name.as_str()) != (id, preallocate, name) {
+                return Err(MetaError::Refused(
+                    "a volume's id, name and provisioning never change".into(),
+                ));
+            }
+            v.epoch += 1;
+            let done = self
+                .write(
+                    vec![
+                        Compare::mod_revision(lk.clone(), rev),
+                        Compare::mod_revision(ak.clone(), 0),
+                    ],
+                    vec![Op::put(lk.clone(), encode(&layout_of(&v)))],
+                )
+                .await?;
+            if done.is_some() {
+                return Ok(v);
+            }
+        }
+        Err(MetaError::Contended {
+            what: format!("updating volume {name:?}"),
+            tries: MAX_TRIES,
+        })
+    }
+
     /// Becomes the writer of `name`: in one transaction, bumps the epoch, marks the writer
     /// open and puts `rec` (its epoch filled in) under `lease`, comparing the revisions of the
     /// layout and of the attach record it read — refused if an attach record exists, unless

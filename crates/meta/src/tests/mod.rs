@@ -328,8 +328,29 @@ async fn cluster_records(s: Arc<dyn MetaStore>) {
         m.attachment("vol0").await.unwrap().is_some(),
         "a stale epoch releases nothing"
     );
+    // A change while no writer holds it (`node lost`): refused while one does, and it
+    // fences the last one (no reattach at its epoch after it).
+    let lost = |v: &mut VolumeRecord| {
+        v.replicas[2].state = ReplicaState::Failed;
+        Ok(())
+    };
+    assert!(matches!(
+        m.update_unattached("vol0", &mut lost.clone()).await,
+        Err(MetaError::Attached { epoch: 3, .. })
+    ));
     m.release_attachment("vol0", 3).await.unwrap();
     assert!(m.attachment("vol0").await.unwrap().is_none());
+    let u = m
+        .update_unattached("vol0", &mut lost.clone())
+        .await
+        .unwrap();
+    assert_eq!((u.epoch, u.replicas[2].state), (4, ReplicaState::Failed));
+    let w5 = s.grant(Duration::from_secs(5)).await.unwrap();
+    assert!(
+        m.reattach("vol0", &mine, w5).await.is_err(),
+        "the writer of epoch 3 is fenced"
+    );
+    s.revoke(w5).await.unwrap();
 
     // Move requests: created only if absent, updated only at the revision read.
     let req = crate::MoveRequest {
@@ -444,7 +465,7 @@ fn embedded_backend_conforms_and_persists() {
     rt().block_on(async {
         let s = Arc::new(EmbeddedMeta::open(&p).unwrap());
         let m = ClusterMeta::new(s.clone());
-        assert_eq!(m.volume("vol0").await.unwrap().epoch, 3);
+        assert_eq!(m.volume("vol0").await.unwrap().epoch, 4);
         assert_eq!(m.setting("store").await.unwrap().as_deref(), Some("memory"));
         assert_eq!(
             s.get("/t/p/leased").await.unwrap(),
