@@ -200,6 +200,19 @@ pub enum NodeCmd {
     /// Take a node out of the cluster, dead or alive: its replicas are re-created on other
     /// nodes from the remaining copies, then it is stopped and forgotten.
     Remove(MoveArgs),
+    /// Say a node is gone for good (not running, never coming back): every volume waiting
+    /// for its copy in sync (the others lost their unflushed writes in a power loss, and
+    /// only it may hold them) accepts the others as they are, losing what only it held. A
+    /// dry run unless `--force`: it prints what it would do. Refused while the node answers;
+    /// a volume whose only copy in sync is there, or a parity volume left with fewer than K,
+    /// or one a writer holds, is left as it was. Then `node remove ID` replaces its copies.
+    Lost {
+        /// The node's id (`trireme node list`).
+        id: u32,
+        /// Change the records (without it, nothing changes).
+        #[arg(long)]
+        force: bool,
+    },
     /// Let a drained (or draining) node take new replicas again.
     Undrain { id: u32 },
     /// Change what the cluster knows of a node: its IOPS capacity, which the reserves of the

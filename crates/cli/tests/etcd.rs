@@ -13,7 +13,8 @@
 //! rolling`). After each: no I/O error, no lost, stale or corrupt block, every replica in sync
 //! and identical, and the metadata's epoch is the one every replica holds. A second, smaller
 //! world (one etcd member, three servers) restarts the last copy in sync while writes wait
-//! below the minimum of copies.
+//! below the minimum of copies; a third declares a node gone for good (`node lost`) so that
+//! a volume whose other copy lost power attaches without it.
 //!
 //! Needs `etcd` (Debian's etcd-server); `TRIREME_SKIP_ETCD=1` skips it.
 
@@ -441,4 +442,118 @@ fn the_last_copy_in_sync_restarting_while_writes_wait_is_linked_again() {
     w.verify();
     let log = std::fs::read_to_string(w.dir.path().join("attach-first.log")).unwrap();
     assert!(log.contains("linked the in-sync copy again"), "{log}");
+}
+
+/// A node gone for good while the copy that stayed lost its unflushed writes: a 2-way
+/// volume's writer is killed, both nodes of its copies crash, and the one that comes back
+/// lost power (another boot, so its copy has a new history). The attach then waits for the
+/// other, which may hold writes it lost, and says so; `node lost` of a node that answers is
+/// refused, a dry run changes nothing, and `node lost --force` accepts the copy that answered
+/// as it is: the next attach serves the volume's bytes, and the manager re-creates the second
+/// copy elsewhere.
+#[test]
+fn a_node_gone_for_good_is_declared_lost_and_its_volume_attaches_without_it() {
+    if skipped() {
+        return;
+    }
+    let mut w = World::start(1, 3, 1);
+    w.cli_ok(&[
+        "volume",
+        "create",
+        "vol",
+        "--size",
+        "64M",
+        "--replicas",
+        "2",
+    ]);
+    w.attach(0, "first");
+    qemu_io(&w.sock(), "vol", "write -P 0x5a 0 1M");
+    let nodes = w.replica_nodes();
+    let (kept, gone) = (nodes[0], nodes[1]);
+    // The writer dies, then both copies' nodes; the kept one's copy comes back from
+    // another boot (what a power loss looks like to it).
+    if let Some(mut a) = w.attach.take() {
+        let _ = a.kill();
+        let _ = a.wait();
+    }
+    w.kill_node(kept);
+    w.kill_node(gone);
+    let dir = w.dir.path().join(format!("node-{kept}"));
+    let mut boots = 0;
+    for e in std::fs::read_dir(&dir).unwrap().flatten() {
+        if e.path().extension().is_some_and(|x| x == "boot") {
+            std::fs::write(e.path(), "another-boot").unwrap();
+            boots += 1;
+        }
+    }
+    assert!(boots > 0, "no boot file in {}", dir.display());
+    w.start_node(kept);
+    w.wait_for(
+        "the gone node's lease lapsed",
+        Duration::from_secs(20),
+        &|s| {
+            s["nodes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|n| n["id"] == gone && n["up"] == false)
+                && s["nodes"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|n| n["id"] == kept && n["up"] == true)
+        },
+    );
+    let waits = w
+        .cmd()
+        .args(["attach", "vol", "--lease-ttl", "3s", "--socket"])
+        .arg(w.sock())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&waits.stderr).into_owned();
+    assert!(
+        !waits.status.success(),
+        "attached without the copy that may hold the writes"
+    );
+    assert!(said.contains("trireme node lost"), "{said}");
+
+    let up = w.cli(&["node", "lost", &kept.to_string(), "--force"]);
+    assert!(!up.status.success(), "a node that answers is not lost");
+    assert!(
+        String::from_utf8_lossy(&up.stderr).contains("is up"),
+        "{}",
+        String::from_utf8_lossy(&up.stderr)
+    );
+    let dry = w.cli_ok(&["node", "lost", &gone.to_string()]);
+    assert!(
+        dry.contains("dry run") && dry.contains("would accept  vol"),
+        "{dry}"
+    );
+    let still = w
+        .cmd()
+        .args(["attach", "vol", "--socket"])
+        .arg(w.sock())
+        .output()
+        .unwrap();
+    assert!(!still.status.success(), "a dry run changed nothing");
+
+    let done = w.cli_ok(&["node", "lost", &gone.to_string(), "--force"]);
+    assert!(done.contains("accepted  vol"), "{done}");
+    w.attach(0, "after");
+    qemu_io(&w.sock(), "vol", "read -P 0x5a 0 1M");
+    qemu_io(&w.sock(), "vol", "write -P 0x6b 1M 1M");
+    // The manager puts the second copy on the third node (down-out, or `node remove`).
+    w.cli_ok(&["node", "remove", &gone.to_string(), "--no-wait"]);
+    w.wait_for("two copies in sync again", Duration::from_secs(60), &|s| {
+        let reps = s["volumes"][0]["replicas"].as_array().unwrap();
+        reps.iter().filter(|r| r["state"] == "in-sync").count() == 2
+            && reps.iter().all(|r| r["node"] != gone)
+    });
+    qemu_io(&w.sock(), "vol", "read -P 0x6b 1M 1M");
+    w.verify();
+    let events = w.cli_ok(&["events"]);
+    assert!(
+        events.contains(&format!("node {gone} declared lost")),
+        "{events}"
+    );
 }

@@ -228,7 +228,7 @@ impl VolumeError {
 pub enum WaitReason {
     /// Every copy that answered lost its history (a power loss): one that did not may hold
     /// the writes they lost.
-    #[error("the in-sync copies that answered lost their unflushed writes (another incarnation)")]
+    #[error("the in-sync copies that answered lost their unflushed writes (another incarnation), which the silent ones may hold (if their node is gone for good, `trireme node lost ID` accepts the others as they are)")]
     LostHistory,
     /// Those that answered cannot serve every region of a parity volume (fewer than K
     /// chunks of a stripe, or no mirror of a region): out, the others could never be

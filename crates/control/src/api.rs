@@ -339,6 +339,15 @@ pub enum Request {
         #[serde(default)]
         rate: Option<u64>,
     },
+    /// A node gone for good (not registered, not answering): each volume that holds a copy
+    /// in sync there records it failed, accepting its other copies in sync as they are, even
+    /// if that copy alone held writes they lost (a power loss). Without `force`, a dry run:
+    /// the answer (a [`NodeLostReport`]) says what it would do, and nothing changes.
+    NodeLost {
+        id: u32,
+        #[serde(default)]
+        force: bool,
+    },
     /// A drained node takes new replicas again.
     NodeUndrain {
         id: u32,

@@ -22,9 +22,10 @@ mod restart;
 
 pub use api::{
     decode_reply, ControlClient, ControlError, ControlStream, ErrorCode, LayoutStatus,
-    LimitsChange, LinkStatus, NoLimit, NodeRestartReport, NodeStatus, NodeTierStatus, Rate,
-    Refusal, ReplicaIntegrityStatus, ReplicaStatus, ReplicaStatusState, ReplicaTierStatus, Request,
-    StatusReport, VolumeInfo, VolumeStatus, Warned, WriterAttached, WriterHello, WriterStatus,
+    LimitsChange, LinkStatus, LostVolume, NoLimit, NodeLostReport, NodeRestartReport, NodeStatus,
+    NodeTierStatus, Rate, Refusal, ReplicaIntegrityStatus, ReplicaStatus, ReplicaStatusState,
+    ReplicaTierStatus, Request, StatusReport, VolumeInfo, VolumeStatus, Warned, WriterAttached,
+    WriterHello, WriterStatus,
 };
 pub use error::{membership_error, ManagerError};
 pub use manager::fence::{FenceWhere, Fenced};

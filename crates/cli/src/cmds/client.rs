@@ -22,6 +22,20 @@ pub(crate) async fn client_cmd(cli: &Cli) -> Result<(), CliError> {
             let msg: String = cc.call(&req).await.map_err(usage_if_remote)?;
             print(out, &msg, |m| format!("{m}\n"));
         }
+        Cmd::Node(NodeCmd::Lost { id, force }) => {
+            let req = Request::NodeLost {
+                id: *id,
+                force: *force,
+            };
+            let r: NodeLostReport = cc.call(&req).await.map_err(usage_if_remote)?;
+            print(out, &r, lost_text);
+            if r.applied && !r.left.is_empty() {
+                return Err(CliError::Usage(format!(
+                    "node {id}: {} volume(s) left waiting for it",
+                    r.left.len()
+                )));
+            }
+        }
         Cmd::Node(NodeCmd::Set { id, iops_capacity }) => {
             qos::node_set(&mut cc, out, *id, *iops_capacity).await?
         }

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use serde::Serialize;
 use trireme_control::{
-    ControlClient, MoveState, MoveStatus, NodeRestartReport, NodeStatus, Request, StatusReport,
-    Warned,
+    ControlClient, MoveState, MoveStatus, NodeLostReport, NodeRestartReport, NodeStatus, Request,
+    StatusReport, Warned,
 };
 use trireme_meta::VolumeRecord;
 

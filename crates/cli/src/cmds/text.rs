@@ -532,6 +532,39 @@ pub(crate) fn restart_text(r: &NodeRestartReport) -> String {
     )
 }
 
+/// `node lost`: each volume accepted (or that would be) and each left, with why.
+pub(crate) fn lost_text(r: &NodeLostReport) -> String {
+    let mut s = match (r.applied, r.accepted.is_empty() && r.left.is_empty()) {
+        (_, true) => format!(
+            "node {}: no volume has a copy in sync there; nothing waits for it\n",
+            r.node
+        ),
+        (true, false) => format!("node {} recorded lost:\n", r.node),
+        (false, false) => format!(
+            "node {} lost, a dry run (nothing changed; `--force` does it):\n",
+            r.node
+        ),
+    };
+    let word = if r.applied {
+        "accepted"
+    } else {
+        "would accept"
+    };
+    for a in &r.accepted {
+        s += &format!("  {word}  {}: {}\n", a.volume, a.why);
+    }
+    for l in &r.left {
+        s += &format!("  left  {}: {}\n", l.volume, l.why);
+    }
+    if r.applied && !r.accepted.is_empty() {
+        s += &format!(
+            "what only node {} held of them is gone; `trireme node remove {}` re-creates their copies elsewhere\n",
+            r.node, r.node
+        );
+    }
+    s
+}
+
 pub(crate) fn move_text(m: &MoveStatus) -> String {
     let mut s = format!(
         "node {} {}: {} ({} of {} volumes moved",

@@ -449,6 +449,25 @@ pub struct VolumeStatus {
     pub throttled_seconds: Option<f64>,
 }
 
+/// What `node lost` did, or would do (`applied` false: a dry run).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeLostReport {
+    pub node: u32,
+    /// Whether the records were changed (`--force`), or this only says what would be.
+    pub applied: bool,
+    /// Volumes whose copies in sync elsewhere are (or would be) accepted as they are.
+    pub accepted: Vec<LostVolume>,
+    /// Volumes left as they were, and why.
+    pub left: Vec<LostVolume>,
+}
+
+/// One volume in a [`NodeLostReport`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LostVolume {
+    pub volume: String,
+    pub why: String,
+}
+
 /// What a planned node restart did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeRestartReport {

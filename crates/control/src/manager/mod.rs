@@ -8,6 +8,7 @@ mod capacity;
 mod clones;
 mod compact;
 pub(crate) mod fence;
+mod lost;
 mod own_writer;
 mod policies;
 mod records;
@@ -787,6 +788,7 @@ impl Manager {
             Request::NodeStop { id } => to(self.node_control(false, id).await),
             Request::NodeStart { id } => to(self.node_control(true, id).await),
             Request::NodeRestart { id } => to(self.restart_node(id).await),
+            Request::NodeLost { id, force } => to(self.node_lost(id, force).await),
             Request::NodeUndrain { id } => to(self.undrain(id).await),
             Request::NodeSet { id, iops_capacity } => to(self.node_set(id, iops_capacity).await),
             Request::NodeDrain { id, rate } => to(self.start_move(id, false, rate).await),
