@@ -14,7 +14,8 @@
 //! and identical, and the metadata's epoch is the one every replica holds. A second, smaller
 //! world (one etcd member, three servers) restarts the last copy in sync while writes wait
 //! below the minimum of copies; a third declares a node gone for good (`node lost`) so that
-//! a volume whose other copy lost power attaches without it.
+//! a volume whose other copy lost power attaches without it; a fourth drains a parity copy
+//! through the volume's writer on the client host.
 //!
 //! Needs `etcd` (Debian's etcd-server); `TRIREME_SKIP_ETCD=1` skips it.
 
@@ -556,4 +557,48 @@ fn a_node_gone_for_good_is_declared_lost_and_its_volume_attaches_without_it() {
         events.contains(&format!("node {gone} declared lost")),
         "{events}"
     );
+}
+
+/// A parity copy moves off a node while its volume is attached on a client host: the
+/// manager asks the writer there to take the old copy out, records the new one in its
+/// place, and asks the writer to rebuild it, all under a verifying workload; then the
+/// volume's stripes and mirrors check clean.
+#[test]
+fn a_parity_copy_moves_through_its_writer_on_another_host() {
+    if skipped() {
+        return;
+    }
+    let mut w = World::start(1, 4, 1);
+    w.cli_ok(&[
+        "volume", "create", "vol", "--size", "64M", "--parity", "2+1",
+    ]);
+    w.attach(0, "first");
+    let b = w.bench(16);
+    let in_parity = |s: &serde_json::Value| {
+        s["volumes"][0]["resiliency"]["regions"]["parity"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    w.wait_for("regions encoded", Duration::from_secs(15), &|s| {
+        in_parity(s) > 0
+    });
+    let before = w.replica_nodes();
+    let from = before[1];
+    let out = w.cli_ok(&["node", "drain", &from.to_string()]);
+    assert!(out.contains("done"), "{out}\n{}", w.log());
+    let v = w.finish_bench(b);
+    assert!(v["write"]["ios"].as_u64().unwrap() > 0);
+    let after = w.replica_nodes();
+    assert!(!after.contains(&from) && after.len() == 3, "{after:?}");
+    assert_eq!((after[0], after[2]), (before[0], before[2]), "in its place");
+    w.wait_converged();
+    let r = w.cli_ok(&["--output", "json", "volume", "scrub", "vol"]);
+    let r: serde_json::Value = serde_json::from_str(&r).unwrap();
+    assert_eq!(r["mismatched_regions"], 0, "{r}");
+    assert_eq!(r["unresolved"].as_array().map(Vec::len), Some(0), "{r}");
+    assert!(r["stripes_checked"].as_u64().unwrap() > 0, "{r}");
+    let log = std::fs::read_to_string(w.dir.path().join("attach-first.log")).unwrap();
+    assert!(log.contains("copy replaced in its place"), "{log}");
+    let all = w.log();
+    assert!(all.contains("through the volume's writer"), "{all}");
 }

@@ -27,7 +27,7 @@ use crate::manager::{Manager, Result};
 const RESTART_LIMIT: Duration = Duration::from_secs(3600);
 /// Longest a writer on another host may take to answer a take-out, and a daemon to stop and
 /// register again.
-const ANSWER_LIMIT: Duration = Duration::from_secs(30);
+pub(crate) const ANSWER_LIMIT: Duration = Duration::from_secs(30);
 /// How long a replica taken out stays out unless released: long enough for a daemon's restart;
 /// after it the writer's resync task tries it again, as for any replica that went away.
 pub const HOLD: Duration = Duration::from_secs(60);
@@ -281,7 +281,7 @@ impl Manager {
     }
 
     /// Waits until the take-out request of `name` is in a state `done` accepts.
-    async fn takeout_reaches(
+    pub(crate) async fn takeout_reaches(
         &self,
         name: &str,
         done: impl Fn(TakeOutState) -> bool,

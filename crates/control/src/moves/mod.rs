@@ -41,9 +41,10 @@ use crate::manager::{Manager, Result};
 
 mod mover;
 mod parity;
+mod parity_remote;
 mod replicas;
 
-pub use mover::copy_then_retire;
+pub use mover::{copy_then_retire, replace_then_rebuild};
 
 /// One `node drain` / `node remove` as `status` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -182,19 +183,6 @@ impl Manager {
                 "a {kind} of node {node} would stop the writes of {}: bring its other copies back in sync first; node {node} is left as it was",
                 short.join(", ")
             )));
-        }
-        // A parity copy is moved by a writer in this process (one attached for the move if
-        // none holds the volume); asking one on another host is not built.
-        for v in held.iter().filter(|v| !v.layout.is_mirror()) {
-            if self.writer(&v.name).is_some() {
-                continue;
-            }
-            if let Some((a, _)) = self.meta().attachment(&v.name).await? {
-                return Err(refused(format!(
-                    "node {node} holds a copy of the parity volume {}, attached on {}: moving a parity copy through a writer on another host is not built; detach it there and run the {kind} again; node {node} is left as it was",
-                    v.name, a.host
-                )));
-            }
         }
         // A copy is made from a copy in sync: a node that does not answer and holds the only
         // one of a volume leaves nothing to copy from. Said now, not by a job that fails.

@@ -130,11 +130,10 @@ impl Manager {
                 }
                 r
             }
-            Mover::Remote { host, .. } if !v.layout.is_mirror() => Err(refused(format!(
-                "volume {} is a parity volume attached on {host}: moving its copy through a writer on another host is not built; detach it there, and the manager moves it",
-                v.name
-            ))),
-            Mover::Remote { epoch, host } => self.move_remote(v, from, rate, epoch, &host).await,
+            Mover::Remote { epoch, host } => match v.layout.is_mirror() {
+                true => self.move_remote(v, from, rate, epoch, &host).await,
+                false => self.replace_remote(v, from, rate, epoch, &host).await,
+            },
         }
     }
 
@@ -168,9 +167,38 @@ impl Manager {
         host: &str,
     ) -> Result<()> {
         let name = v.name.as_str();
-        let meta = self.meta();
-        let pending = meta.move_request(name).await?;
-        let to = match pending {
+        let to = match self.pending_move(name, from, epoch).await? {
+            Some(to) => to,
+            None => {
+                let (to, _) = self.add_target(v, from).await?;
+                self.ask_move(name, from, to, rate, epoch, host).await?;
+                to
+            }
+        };
+        self.await_move(name, from, to, epoch, host).await?;
+        let v = self.meta().volume(name).await?;
+        // A newer writer meanwhile: the next attempt asks it anew (its request replaces this).
+        self.finish_move(&v, from, epoch).await?;
+        self.meta().delete_move_request(name).await?;
+        tracing::info!(
+            volume = name,
+            from,
+            to,
+            host,
+            "replica moved by the volume's writer"
+        );
+        Ok(())
+    }
+
+    /// The node a move of `name` off `from` by the writer of `epoch` is already making a
+    /// copy on (a previous manager asked it), if one is.
+    pub(super) async fn pending_move(
+        &self,
+        name: &str,
+        from: u32,
+        epoch: u64,
+    ) -> Result<Option<u32>> {
+        Ok(match self.meta().move_request(name).await? {
             Some((r, _))
                 if r.from == from && r.epoch == epoch && r.state != MoveRequestState::Failed =>
             {
@@ -181,33 +209,58 @@ impl Manager {
                     "waiting for the move its writer is making"
                 );
                 self.update_move(from, |m| m.to = Some(r.to));
-                r.to
+                Some(r.to)
             }
-            _ => {
-                let (to, _) = self.add_target(v, from).await?;
-                let req = MoveRequest {
-                    from,
-                    to,
-                    rate,
-                    epoch,
-                    state: MoveRequestState::Asked,
-                    progress: None,
-                    error: None,
-                };
-                meta.delete_move_request(name).await?;
-                if meta.put_move_request(name, &req, 0).await?.is_none() {
-                    return Err(refused("another move request was made meanwhile"));
-                }
-                tracing::info!(
-                    volume = name,
-                    from,
-                    to,
-                    host,
-                    "asked the volume's writer to move a replica"
-                );
-                to
-            }
+            _ => None,
+        })
+    }
+
+    /// Asks the writer of `epoch` on `host` to move `name`'s copy off `from` onto `to`.
+    pub(super) async fn ask_move(
+        &self,
+        name: &str,
+        from: u32,
+        to: u32,
+        rate: Option<u64>,
+        epoch: u64,
+        host: &str,
+    ) -> Result<()> {
+        let meta = self.meta();
+        let req = MoveRequest {
+            from,
+            to,
+            rate,
+            epoch,
+            state: MoveRequestState::Asked,
+            progress: None,
+            error: None,
         };
+        meta.delete_move_request(name).await?;
+        if meta.put_move_request(name, &req, 0).await?.is_none() {
+            return Err(refused("another move request was made meanwhile"));
+        }
+        self.update_move(from, |m| m.to = Some(to));
+        tracing::info!(
+            volume = name,
+            from,
+            to,
+            host,
+            "asked the volume's writer to move a replica"
+        );
+        Ok(())
+    }
+
+    /// Waits until the writer of `epoch` on `host` answers the move request `done` (its
+    /// progress shown meanwhile); a failure deletes the request.
+    pub(super) async fn await_move(
+        &self,
+        name: &str,
+        from: u32,
+        to: u32,
+        epoch: u64,
+        host: &str,
+    ) -> Result<()> {
+        let meta = self.meta();
         let outcome = loop {
             tokio::time::sleep(REMOTE_POLL).await;
             let req = meta.move_request(name).await;
@@ -240,22 +293,10 @@ impl Manager {
                 Err(_) => {}
             }
         };
-        if let Err(e) = outcome {
+        if outcome.is_err() {
             let _ = meta.delete_move_request(name).await;
-            return Err(e);
         }
-        let v = meta.volume(name).await?;
-        // A newer writer meanwhile: the next attempt asks it anew (its request replaces this).
-        self.finish_move(&v, from, epoch).await?;
-        meta.delete_move_request(name).await?;
-        tracing::info!(
-            volume = name,
-            from,
-            to,
-            host,
-            "replica moved by the volume's writer"
-        );
-        Ok(())
+        outcome
     }
 }
 
@@ -270,8 +311,41 @@ pub async fn copy_then_retire(
     rate: Option<u64>,
     progress: &mut (dyn FnMut(Option<&ResyncProgress>) + Send),
 ) -> Result<()> {
-    let name = writer.info().name.clone();
     writer.add_replica(to, rate).await?;
+    wait_in_sync(meta, writer, to, progress).await?;
+    check_snapshots_moved(meta, writer, from, to).await?;
+    writer
+        .retire_replica(from)
+        .await
+        .map_err(ManagerError::from)
+}
+
+/// A parity copy's step 3 as the writer does it (`parity.rs`): the copy on `to`, on record
+/// in `from`'s place, takes that place in the stripes, and the writer waits while its resync
+/// rebuilds it whole (`progress` sees each look). The same on a writer here and on another
+/// host (through a [`MoveRequest`]); one that finds `to` in place already (a move resumed
+/// through a newer writer) only waits. Fails if the writer is fenced meanwhile.
+pub async fn replace_then_rebuild(
+    meta: &trireme_meta::ClusterMeta,
+    writer: &Volume,
+    from: u32,
+    to: u32,
+    rate: Option<u64>,
+    progress: &mut (dyn FnMut(Option<&ResyncProgress>) + Send),
+) -> Result<()> {
+    writer.replace_replica(from, to, rate).await?;
+    wait_in_sync(meta, writer, to, progress).await
+}
+
+/// Waits until `writer` has its copy on `to` in sync (`progress` sees each look, and `None`
+/// at the end). Fails if the writer is fenced by a newer attach, or drops the copy.
+async fn wait_in_sync(
+    meta: &trireme_meta::ClusterMeta,
+    writer: &Volume,
+    to: u32,
+    progress: &mut (dyn FnMut(Option<&ResyncProgress>) + Send),
+) -> Result<()> {
+    let name = writer.info().name.clone();
     loop {
         let epoch = meta.volume(&name).await?.epoch;
         if epoch != writer.info().epoch {
@@ -285,18 +359,14 @@ pub async fn copy_then_retire(
             Some(r) => progress(r.resync.as_ref()),
             None => {
                 return Err(refused(format!(
-                    "the writer dropped the new replica on node {to}"
+                    "the writer dropped the new copy on node {to}"
                 )))
             }
         }
         tokio::time::sleep(POLL).await;
     }
     progress(None);
-    check_snapshots_moved(meta, writer, from, to).await?;
-    writer
-        .retire_replica(from)
-        .await
-        .map_err(ManagerError::from)
+    Ok(())
 }
 
 /// Snapshots move with a copy (the new one is given them before its resync, `trireme_client`'s

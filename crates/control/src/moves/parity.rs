@@ -12,8 +12,8 @@
 //!
 //! Until the new copy is in sync the volume tolerates one loss fewer: `status` shows it
 //! degraded meanwhile. A move run again finds the copy an earlier attempt recorded
-//! (`moving_from`) and goes on with it. A writer on another host is not asked (not built):
-//! the volume is detached first.
+//! (`moving_from`) and goes on with it. A writer on another host does steps 1 and 3 at the
+//! manager's request (`parity_remote.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,8 +25,6 @@ use trireme_replication::ReplicaState;
 
 use crate::error::refused;
 use crate::manager::{Manager, Result};
-
-use super::POLL;
 
 /// How long the old copy is held out of resyncs while it is replaced (the replacement lets
 /// it go at once; a refused one releases it).
@@ -56,20 +54,11 @@ impl Manager {
         self.update_move(from, |m| m.to = Some(to));
         self.save_job(from).await;
         tracing::info!(volume = %v.name, from, to, "replacing a parity copy in its place");
-        writer.replace_replica(from, to, rate).await?;
-        self.wait_rebuilt(writer, &v.name, from, to).await?;
-        let v = self
-            .meta()
-            .update_volume(&v.name, &mut |rec| {
-                for r in rec.replicas.iter_mut().filter(|r| r.node == to) {
-                    r.moving_from = None;
-                }
-                Ok(())
-            })
-            .await?;
-        self.delete_old(&v, from).await;
-        tracing::info!(volume = %v.name, from, to, "parity copy replaced");
-        Ok(())
+        super::replace_then_rebuild(self.meta(), writer, from, to, rate, &mut |p| {
+            self.update_move(from, |m| m.progress = p.cloned())
+        })
+        .await?;
+        self.finish_replacement(&v.name, from, to).await
     }
 
     /// Steps 1 and 2: the old copy out, the new one on record in its place and created.
@@ -81,13 +70,24 @@ impl Manager {
     ) -> Result<u32> {
         let to = self.pick_target(v, Some(from)).await?;
         if writer.take_out_node(from, HOLD).await? {
-            let tolerated = match v.layout {
-                trireme_replication::Layout::Parity(p) => p.parity - 1,
-                _ => 0,
-            };
-            tracing::warn!(volume = %v.name, from, to, "the parity copy on node {from} is out until its replacement on node {to} is rebuilt: the volume survives {tolerated} more lost node(s) meanwhile");
+            warn_meanwhile(v, from, to);
         }
-        let recorded = self
+        if let Err(e) = self.record_replacement(v, from, to).await {
+            writer.release_node(from);
+            return Err(e);
+        }
+        Ok(to)
+    }
+
+    /// Step 2: the copy on `to` on record in `from`'s place (failed, `moving_from`), once
+    /// the writer has the old copy out, and created; put back as it was if creating fails.
+    pub(super) async fn record_replacement(
+        &self,
+        v: &VolumeRecord,
+        from: u32,
+        to: u32,
+    ) -> Result<()> {
+        let v = self
             .meta()
             .update_volume(&v.name, &mut |rec| {
                 let Some(at) = rec.replicas.iter().position(|r| r.node == from) else {
@@ -115,14 +115,7 @@ impl Manager {
                 };
                 Ok(())
             })
-            .await;
-        let v = match recorded {
-            Ok(v) => v,
-            Err(e) => {
-                writer.release_node(from);
-                return Err(e.into());
-            }
-        };
+            .await?;
         if let Err(e) = self.create_on(&v, to, true).await {
             // Not told to the writer yet: the old copy goes back in its place, out of sync,
             // and its resync brings it back.
@@ -140,19 +133,35 @@ impl Manager {
                     Ok(())
                 })
                 .await;
-            writer.release_node(from);
             if let Err(u) = undone {
                 tracing::warn!(volume = %v.name, from, to, "putting the old copy back on record: {u}");
             }
             return Err(e);
         }
-        Ok(to)
+        Ok(())
+    }
+
+    /// The end of a replacement: the new copy in sync, the record forgets the move, and the
+    /// old node deletes its copy.
+    pub(super) async fn finish_replacement(&self, name: &str, from: u32, to: u32) -> Result<()> {
+        let v = self
+            .meta()
+            .update_volume(name, &mut |rec| {
+                for r in rec.replicas.iter_mut().filter(|r| r.node == to) {
+                    r.moving_from = None;
+                }
+                Ok(())
+            })
+            .await?;
+        self.delete_old(&v, from).await;
+        tracing::info!(volume = %name, from, to, "parity copy replaced");
+        Ok(())
     }
 
     /// Creates `v`'s copy on `to`. `fresh`: the record named no copy there before this move,
     /// so one the node kept is stale and made anew; else one there is the move's own, kept
     /// (an earlier attempt's, resumed).
-    async fn create_on(&self, v: &VolumeRecord, to: u32, fresh: bool) -> Result<()> {
+    pub(super) async fn create_on(&self, v: &VolumeRecord, to: u32, fresh: bool) -> Result<()> {
         let target = self.node(to).await?;
         let created = match fresh {
             true => self.create_fresh(&target, v).await,
@@ -171,31 +180,13 @@ impl Manager {
             ))),
         }
     }
+}
 
-    /// Step 3's wait: until the writer has the copy on `to` in sync. Fails if the writer is
-    /// fenced by a newer attach meanwhile (the move then runs again through the new one).
-    async fn wait_rebuilt(&self, writer: &Volume, name: &str, from: u32, to: u32) -> Result<()> {
-        loop {
-            let epoch = self.meta().volume(name).await?.epoch;
-            if epoch != writer.info().epoch {
-                return Err(refused(
-                    "the writer was fenced by a newer attach; run the command again",
-                ));
-            }
-            match writer.replica_views().into_iter().find(|r| r.node == to) {
-                Some(r) if r.state == ReplicaState::InSync => break,
-                Some(r) => {
-                    let p = r.resync.clone();
-                    self.update_move(from, |m| m.progress = p);
-                }
-                None => {
-                    return Err(refused(format!(
-                        "the writer dropped the new copy on node {to}"
-                    )))
-                }
-            }
-            tokio::time::sleep(POLL).await;
-        }
-        Ok(())
-    }
+/// Said when a parity copy goes out until its replacement is rebuilt.
+pub(super) fn warn_meanwhile(v: &VolumeRecord, from: u32, to: u32) {
+    let tolerated = match v.layout {
+        trireme_replication::Layout::Parity(p) => p.parity - 1,
+        _ => 0,
+    };
+    tracing::warn!(volume = %v.name, from, to, "the parity copy on node {from} is out until its replacement on node {to} is rebuilt: the volume survives {tolerated} more lost node(s) meanwhile");
 }
