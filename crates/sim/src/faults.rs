@@ -300,11 +300,11 @@ impl World {
                 }
                 9 => {
                     match self.cfg.parity {
-                        None => self.drain(&v, pick).await,
-                        Some(p) => {
+                        Some(p) if rand(&self.rng).chance(0.5) => {
                             let ms = dur.as_millis() as u64;
                             self.crash_past_tolerance(&v, usize::from(p.parity) + 1, ms)
                         }
+                        _ => self.drain(&v, pick).await,
                     }
                     continue;
                 }

@@ -173,9 +173,9 @@ impl Config {
     /// A parity volume of four regions, 2+1 on three of four nodes or 4+2 on six of seven
     /// (by the seed), its writer's encoder turning regions into stripes and folding the
     /// overlay back while the writes and the faults go on: at most M copies troubled at a
-    /// time, as the layout tolerates. No snapshots, clones or drains (a parity volume
-    /// refuses the first two; a drain of a parity copy takes the old one out first, one
-    /// loss fewer meanwhile).
+    /// time, as the layout tolerates; and now and then a drain (its copy replaced in its
+    /// place through the writer, one loss fewer meanwhile: the faults count the old copy
+    /// out) or more than M crashing at once. No snapshots or clones (refused).
     pub fn parity(seed: u64) -> Config {
         let spec = if (seed / 8) % 2 == 1 { "4+2" } else { "2+1" };
         let p = trireme_replication::Parity::parse(spec, Some(25)).expect("a valid layout");
