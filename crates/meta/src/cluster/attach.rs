@@ -47,46 +47,7 @@ impl ClusterMeta {
         name: &str,
         f: &mut (dyn FnMut(&mut VolumeRecord) -> Result<(), MetaError> + Send),
     ) -> Result<VolumeRecord, MetaError> {
-        let (ak, lk) = (
-            key(&format!("attach/{name}")),
-            key(&format!("layouts/{name}")),
-        );
-        for _ in 0..MAX_TRIES {
-            if let Some((a, _)) = self.attachment(name).await? {
-                return Err(MetaError::Attached {
-                    volume: name.to_string(),
-                    pid: a.pid,
-                    host: a.host,
-                    epoch: a.epoch,
-                    force_fences: false,
-                });
-            }
-            let (mut v, rev) = self.read_volume(name).await?;
-            let (id, preallocate) = (v.id, v.preallocate);
-            f(&mut v)?;
-            if (v.id, v.preallocate, v.name.as_str()) != (id, preallocate, name) {
-                return Err(MetaError::Refused(
-                    "a volume's id, name and provisioning never change".into(),
-                ));
-            }
-            v.epoch += 1;
-            let done = self
-                .write(
-                    vec![
-                        Compare::mod_revision(lk.clone(), rev),
-                        Compare::mod_revision(ak.clone(), 0),
-                    ],
-                    vec![Op::put(lk.clone(), encode(&layout_of(&v)))],
-                )
-                .await?;
-            if done.is_some() {
-                return Ok(v);
-            }
-        }
-        Err(MetaError::Contended {
-            what: format!("updating volume {name:?}"),
-            tries: MAX_TRIES,
-        })
+        self.update_layout(name, f, true).await
     }
 
     /// Becomes the writer of `name`: in one transaction, bumps the epoch, marks the writer
@@ -108,13 +69,7 @@ impl ClusterMeta {
         for _ in 0..MAX_TRIES {
             let held = self.attachment(name).await?;
             if let (Some((a, _)), false) = (&held, force) {
-                return Err(MetaError::Attached {
-                    volume: name.to_string(),
-                    pid: a.pid,
-                    host: a.host.clone(),
-                    epoch: a.epoch,
-                    force_fences: true,
-                });
+                return Err(attached(name, a, true));
             }
             let (mut v, rev) = self.read_volume(name).await?;
             let unclean = v.writer_open;
@@ -222,5 +177,17 @@ impl ClusterMeta {
             }
         }
         Ok(())
+    }
+}
+
+/// The refusal of a change `a`'s writer stands in the way of (`force_fences`: whether
+/// `--force` would take the volume over).
+pub(super) fn attached(name: &str, a: &AttachRecord, force_fences: bool) -> MetaError {
+    MetaError::Attached {
+        volume: name.to_string(),
+        pid: a.pid,
+        host: a.host.clone(),
+        epoch: a.epoch,
+        force_fences,
     }
 }

@@ -319,8 +319,28 @@ impl ClusterMeta {
         name: &str,
         f: &mut (dyn FnMut(&mut VolumeRecord) -> Result<(), MetaError> + Send),
     ) -> Result<VolumeRecord, MetaError> {
-        let lk = key(&format!("layouts/{name}"));
+        self.update_layout(name, f, false).await
+    }
+
+    /// [`ClusterMeta::update_volume`]'s loop; `unattached` as
+    /// [`ClusterMeta::update_unattached`] asks (no attach record, in the same transaction,
+    /// and a new epoch).
+    pub(super) async fn update_layout(
+        &self,
+        name: &str,
+        f: &mut (dyn FnMut(&mut VolumeRecord) -> Result<(), MetaError> + Send),
+        unattached: bool,
+    ) -> Result<VolumeRecord, MetaError> {
+        let (ak, lk) = (
+            key(&format!("attach/{name}")),
+            key(&format!("layouts/{name}")),
+        );
         for _ in 0..MAX_TRIES {
+            if unattached {
+                if let Some((a, _)) = self.attachment(name).await? {
+                    return Err(super::attach::attached(name, &a, false));
+                }
+            }
             let (mut v, rev) = self.read_volume(name).await?;
             let (id, preallocate) = (v.id, v.preallocate);
             f(&mut v)?;
@@ -329,11 +349,13 @@ impl ClusterMeta {
                     "a volume's id, name and provisioning never change".into(),
                 ));
             }
+            let mut when = vec![Compare::mod_revision(lk.clone(), rev)];
+            if unattached {
+                v.epoch += 1;
+                when.push(Compare::mod_revision(ak.clone(), 0));
+            }
             let done = self
-                .write(
-                    vec![Compare::mod_revision(lk.clone(), rev)],
-                    vec![Op::put(lk.clone(), encode(&layout_of(&v)))],
-                )
+                .write(when, vec![Op::put(lk.clone(), encode(&layout_of(&v)))])
                 .await?;
             if done.is_some() {
                 return Ok(v);
