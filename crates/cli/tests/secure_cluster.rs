@@ -71,6 +71,12 @@ fn every_link_of_a_cluster_on_etcd_can_be_tls() {
         &["volume", "access", "v", "--allow", "bob"],
         "may not volume_access",
     );
+    // Declaring a node lost gives up copies: an operator's alone.
+    w.refused(
+        Some("bob"),
+        &["node", "lost", "2", "--force"],
+        "may not node_lost",
+    );
 
     // `node` commands reach the manager's port with the operator's identity too.
     let nodes = w.ok(Some("admin"), &["node", "list"]);
