@@ -36,15 +36,18 @@ impl Manager {
         if rec.state == NodeState::Removed {
             return Err(refused(format!("node {node} was removed from the cluster")));
         }
-        let registered = self.meta.alive().await?.contains_key(&node);
-        if registered
-            || self
-                .node_call(&rec, Header::request(Op::Ping, 0))
-                .await
-                .is_ok()
+        if self
+            .node_call(&rec, Header::request(Op::Ping, 0))
+            .await
+            .is_ok()
         {
             return Err(refused(format!(
                 "node {node} is up: its copies are not lost (`trireme node remove {node}` moves them off it)"
+            )));
+        }
+        if self.meta.alive().await?.contains_key(&node) {
+            return Err(refused(format!(
+                "node {node} is still registered (its lease has not lapsed since it stopped answering): run this again once `trireme status` shows it down"
             )));
         }
         let mut report = NodeLostReport {
