@@ -251,13 +251,23 @@ impl Volume {
     ) -> Result<(), VolumeError> {
         self.membership()?;
         // Held out of resyncs until it is retired below (or, refused, until released).
-        if self.take_out_node(from, Duration::from_secs(3600)).await? {
+        let hold = Duration::from_secs(3600);
+        if self.take_out_node(from, hold).await? {
             tracing::info!(volume = %self.info.name, from, to, "copy taken out to be replaced");
         }
+        let _all = self.core.acquire(0, self.size()).await;
         let _g = self.membership_lock.lock().await;
         let old = self.slot_of(from);
         let replaced = {
             let mut core = self.core();
+            // A copy being resynced takes writes too (a take-out leaves it be): its resync
+            // stops here, at its next step, and none starts again before it is gone
+            // (simulator seed 9464: a drain of a node back from a power loss).
+            if let Some(o) = old.filter(|&o| core.resyncing(o)) {
+                core.hold(from, self.now() + hold);
+                core.resync_failed(o);
+                tracing::info!(volume = %self.info.name, from, to, "the resync of the copy to be replaced stops");
+            }
             self.name_next_slot(&core, to);
             core.replace(from, to, rate.unwrap_or(0))
         };
