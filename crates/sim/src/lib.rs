@@ -746,7 +746,12 @@ fn unfinished_drain(jobs: &[MoveStatus], nodes: &[NodeRecord], rec: &VolumeRecor
                 .iter()
                 .any(|x| x.id == n && x.state == trireme_meta::NodeState::Draining)
         })
-        .find(|&n| rec.replicas.iter().any(|r| r.node == n))
+        // A parity copy's replacement names the old node only as where it moves from.
+        .find(|&n| {
+            rec.replicas
+                .iter()
+                .any(|r| r.node == n || r.moving_from == Some(n))
+        })
 }
 
 /// Runs a call of the in-memory metadata store from code that cannot await: that store

@@ -153,7 +153,7 @@ impl Manager {
             .volumes()
             .await?
             .into_iter()
-            .filter(|v| v.replicas.iter().any(|r| r.node == node))
+            .filter(|v| has_a_move_off(v, node))
             .collect();
         // A parity copy is rebuilt from K others in sync, and taken out first: fewer, and
         // the volume's writes would stop. Said now, with the node left as it was.
