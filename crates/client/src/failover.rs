@@ -89,10 +89,12 @@ pub(crate) async fn start(v: &Arc<Volume>) -> Result<(), VolumeError> {
                     tracing::warn!(volume = %v.info.name, "taking out replicas with closed links: {e}");
                 }
             }
-            // Those that could not be taken out (the last in sync) are linked again if they
-            // answer: the resyncs below read the survivors' records through their links.
-            let stranded: Vec<usize> = closed.into_iter().filter(|i| !dead.contains(i)).collect();
-            match v.relink_closed(&stranded).await {
+            // Those that could not be taken out (the last in sync, or a parity volume's K:
+            // its floor refused) are linked again if they answer: the resyncs below read the
+            // survivors' records through their links. `relink_closed` passes over the ones
+            // taken out just now (simulator seed 128528: a 2+1 copy back from a crash was
+            // never linked again, its take-out refused, and every resync failed on it).
+            match v.relink_closed(&closed).await {
                 Err(e) if e.is_fenced() => {
                     tracing::info!(volume = %v.info.name, "resync stops: {e}");
                     v.stop_writes();

@@ -41,9 +41,11 @@
 /// 82128 (parity): the manager died between recording a 2+1 copy's replacement and asking
 /// the writer to make it; the drain run again found no volume on the node (the record names
 /// it only as `moving_from`) and ended at once, the writer never replacing the copy.
+/// 128528 (parity): two of a 2+1's nodes crashed at once, one losing power; the other, back,
+/// was never linked again (its take-out refused by the floor of K), and every resync failed.
 const REGRESSIONS: &[u64] = &[
     2226, 9464, 11421, 13820, 30202, 40182, 45943, 59382, 82128, 97881, 112805, 114428, 118984,
-    121292, 420005, 530199, 728829,
+    121292, 128528, 420005, 530199, 728829,
 ];
 
 fn seeds() -> Vec<u64> {
