@@ -35,7 +35,7 @@ pub use manager::{
     CONTROL_LIMITS, REFUSED,
 };
 pub use membership::{ControlMembership, WriterUsage};
-pub use moves::{copy_then_retire, replace_then_rebuild, MoveKind, MoveState, MoveStatus};
+pub use moves::{move_as_writer, MoveKind, MoveState, MoveStatus};
 pub use restart::HOLD as RESTART_HOLD;
 
 /// This host's name, for the records that say who holds what.

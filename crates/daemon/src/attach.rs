@@ -550,11 +550,13 @@ async fn follow_layout(meta: ClusterMeta, volume: Arc<Volume>) {
                 }
                 volume.set_limits(v.limits_in_force()).await;
                 // A parity copy dropped from the layout was replaced in its place: the
-                // writer lets it go in the replacement (`replace_then_rebuild`).
-                let dropped = volume
-                    .replica_views()
+                // writer lets it go in the replacement (`move_as_writer`).
+                let dropped: Vec<_> = match volume.info().layout.is_mirror() {
+                    true => volume.replica_views(),
+                    false => Vec::new(),
+                };
+                let dropped = dropped
                     .into_iter()
-                    .filter(|_| volume.info().layout.is_mirror())
                     .filter(|r| !v.replicas.iter().any(|x| x.node == r.node));
                 for r in dropped {
                     match volume.retire_replica(r.node).await {
@@ -706,24 +708,7 @@ async fn carry_out(rec: &Recorder, volume: &Volume, mut req: MoveRequest, mut re
     let mut note = |p: Option<&trireme_replication::ResyncProgress>| {
         *seen.lock().unwrap_or_else(|e| e.into_inner()) = p.cloned();
     };
-    // A parity copy takes the old one's place in the stripes (the manager recorded it
-    // there); a mirror's sits beside it until it is in sync.
-    let copy = async {
-        match volume.info().layout.is_mirror() {
-            true => {
-                trireme_control::copy_then_retire(
-                    meta, volume, req.from, req.to, req.rate, &mut note,
-                )
-                .await
-            }
-            false => {
-                trireme_control::replace_then_rebuild(
-                    meta, volume, req.from, req.to, req.rate, &mut note,
-                )
-                .await
-            }
-        }
-    };
+    let copy = trireme_control::move_as_writer(meta, volume, req.from, req.to, req.rate, &mut note);
     tokio::pin!(copy);
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let outcome = loop {

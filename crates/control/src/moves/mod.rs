@@ -44,7 +44,7 @@ mod parity;
 mod parity_remote;
 mod replicas;
 
-pub use mover::{copy_then_retire, replace_then_rebuild};
+pub use mover::move_as_writer;
 
 /// One `node drain` / `node remove` as `status` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -300,10 +300,27 @@ impl Manager {
     }
 }
 
+/// The writer's half of a move off `from` onto `to`, asked by the manager: a mirror's new
+/// copy sits beside the old one until it is in sync ([`copy_then_retire`]); a parity copy
+/// takes the old one's place, where the manager has recorded it ([`replace_then_rebuild`]).
+pub async fn move_as_writer(
+    meta: &trireme_meta::ClusterMeta,
+    writer: &Volume,
+    from: u32,
+    to: u32,
+    rate: Option<u64>,
+    progress: &mut (dyn FnMut(Option<&ResyncProgress>) + Send),
+) -> Result<()> {
+    match writer.info().layout.is_mirror() {
+        true => copy_then_retire(meta, writer, from, to, rate, progress).await,
+        false => replace_then_rebuild(meta, writer, from, to, rate, progress).await,
+    }
+}
+
 /// Steps 2 and 3 as the writer does them: adds the replica on `to` (it takes new writes at
 /// once), waits while the resync fills it (`progress` sees each look), then retires `from`.
 /// Fails if the writer is fenced by a newer attach meanwhile.
-pub async fn copy_then_retire(
+pub(super) async fn copy_then_retire(
     meta: &trireme_meta::ClusterMeta,
     writer: &Volume,
     from: u32,
@@ -325,7 +342,7 @@ pub async fn copy_then_retire(
 /// rebuilds it whole (`progress` sees each look). The same on a writer here and on another
 /// host (through a [`MoveRequest`]); one that finds `to` in place already (a move resumed
 /// through a newer writer) only waits. Fails if the writer is fenced meanwhile.
-pub async fn replace_then_rebuild(
+pub(super) async fn replace_then_rebuild(
     meta: &trireme_meta::ClusterMeta,
     writer: &Volume,
     from: u32,

@@ -39,26 +39,36 @@ impl Manager {
         from: u32,
         rate: Option<u64>,
     ) -> Result<()> {
-        let earlier = v.replicas.iter().find(|r| r.moving_from == Some(from));
-        let to = match earlier {
-            Some(r) => {
-                tracing::info!(volume = %v.name, from, to = r.node, "resuming the replacement of a parity copy");
-                // Never made anew: the writer may be rebuilding it, or have finished.
-                if r.state != ReplicaState::InSync {
-                    self.create_on(v, r.node, false).await?;
-                }
-                r.node
-            }
+        let to = match self.resume_replacement(v, from).await? {
+            Some(to) => to,
             None => self.place_replacement(writer, v, from).await?,
         };
         self.update_move(from, |m| m.to = Some(to));
         self.save_job(from).await;
         tracing::info!(volume = %v.name, from, to, "replacing a parity copy in its place");
-        super::replace_then_rebuild(self.meta(), writer, from, to, rate, &mut |p| {
+        super::mover::replace_then_rebuild(self.meta(), writer, from, to, rate, &mut |p| {
             self.update_move(from, |m| m.progress = p.cloned())
         })
         .await?;
         self.finish_replacement(&v.name, from, to).await
+    }
+
+    /// The copy an earlier attempt recorded in `from`'s place (`moving_from`), if any: its
+    /// node, the copy created again if it is not in sync (never made anew: the writer may be
+    /// rebuilding it, or have finished).
+    pub(super) async fn resume_replacement(
+        &self,
+        v: &VolumeRecord,
+        from: u32,
+    ) -> Result<Option<u32>> {
+        let Some(r) = v.replicas.iter().find(|r| r.moving_from == Some(from)) else {
+            return Ok(None);
+        };
+        tracing::info!(volume = %v.name, from, to = r.node, "resuming the replacement of a parity copy");
+        if r.state != ReplicaState::InSync {
+            self.create_on(v, r.node, false).await?;
+        }
+        Ok(Some(r.node))
     }
 
     /// Steps 1 and 2: the old copy out, the new one on record in its place and created.

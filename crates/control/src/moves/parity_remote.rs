@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | 1. the old copy out | the writer | a [`TakeOutRequest`], answered `out` (or `refused`, below the minimum of copies) |
 //! | 2. the new copy on record in the old one's place, created | the manager | `record_replacement` |
-//! | 3. the new copy in the old one's place in the stripes, rebuilt whole | the writer | a [`MoveRequest`] (`replace_then_rebuild`) |
+//! | 3. the new copy in the old one's place in the stripes, rebuilt whole | the writer | a [`MoveRequest`] (`move_as_writer`) |
 //! | 4. the move forgotten, the old copy deleted | the manager | `finish_replacement` |
 //!
 //! The take-out request holds the old copy out of the writer's resyncs from step 1 until the
@@ -15,7 +15,6 @@
 //! (`moving_from`) and asks the writer for step 3 alone.
 
 use trireme_meta::{TakeOutRequest, TakeOutState, VolumeRecord};
-use trireme_replication::ReplicaState;
 
 use crate::error::refused;
 use crate::manager::{Manager, Result};
@@ -60,12 +59,8 @@ impl Manager {
         epoch: u64,
         host: &str,
     ) -> Result<u32> {
-        if let Some(r) = v.replicas.iter().find(|r| r.moving_from == Some(from)) {
-            tracing::info!(volume = %v.name, from, to = r.node, "resuming the replacement of a parity copy");
-            if r.state != ReplicaState::InSync {
-                self.create_on(v, r.node, false).await?;
-            }
-            return Ok(r.node);
+        if let Some(to) = self.resume_replacement(v, from).await? {
+            return Ok(to);
         }
         let to = self.pick_target(v, Some(from)).await?;
         self.remote_take_out(&v.name, from, epoch, host).await?;
