@@ -561,7 +561,8 @@ fn a_node_gone_for_good_is_declared_lost_and_its_volume_attaches_without_it() {
 
 /// A parity copy moves off a node while its volume is attached on a client host: the
 /// manager asks the writer there to take the old copy out, records the new one in its
-/// place, and asks the writer to rebuild it, all under a verifying workload; then the
+/// place, and asks the writer to rebuild it, all under a verifying workload (a planned
+/// restart of another node meanwhile is refused: the writer is busy); then the
 /// volume's stripes and mirrors check clean.
 #[test]
 fn a_parity_copy_moves_through_its_writer_on_another_host() {
@@ -584,8 +585,29 @@ fn a_parity_copy_moves_through_its_writer_on_another_host() {
     });
     let before = w.replica_nodes();
     let from = before[1];
-    let out = w.cli_ok(&["node", "drain", &from.to_string()]);
-    assert!(out.contains("done"), "{out}\n{}", w.log());
+    // Slowed down, so a planned restart of another node comes while the writer moves the
+    // copy: the writer serves one request of each kind, and the restart must not replace
+    // the drain's.
+    w.cli_ok(&[
+        "node",
+        "drain",
+        &from.to_string(),
+        "--rate",
+        "8M",
+        "--no-wait",
+    ]);
+    w.wait_for("the copy moving", Duration::from_secs(30), &|s| {
+        s["moves"][0]["progress"].is_object()
+    });
+    let o = w.cli(&["node", "restart", &before[2].to_string()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains(&format!("busy with the move off node {from}")),
+        "{err}"
+    );
+    w.wait_for("the drain done", Duration::from_secs(90), &|s| {
+        s["moves"][0]["state"] == "done"
+    });
     let v = w.finish_bench(b);
     assert!(v["write"]["ios"].as_u64().unwrap() > 0);
     let after = w.replica_nodes();

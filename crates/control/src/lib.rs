@@ -10,6 +10,7 @@
 //! malformed JSON get an error line; the connection stays usable.
 
 mod api;
+mod asks;
 mod error;
 pub mod events;
 pub mod health;

@@ -132,6 +132,20 @@ impl Manager {
             }
         }
 
+        // Nobody else asks these writers anything meanwhile (`asks.rs`).
+        let what = format!("the planned restart of node {id}");
+        let mut claims = Vec::new();
+        for (name, _, _) in &remote {
+            match self.asks.try_claim(name, &what) {
+                Ok(c) => claims.push(c),
+                Err(holder) => {
+                    return Err(refused(format!(
+                        "volume {name}: its writer is busy with {holder}; run the restart once that ends (nothing was restarted)"
+                    )))
+                }
+            }
+        }
+
         // 1. Every writer takes its replica there out.
         let mut out = Vec::new();
         let mut asked = Vec::new();

@@ -101,6 +101,8 @@ pub struct Manager {
     pub(crate) resign: tokio::sync::Notify,
     /// Planned restarts run one at a time.
     pub(crate) restart_lock: tokio::sync::Mutex<()>,
+    /// The volumes whose writer on another host a job is asking something (`asks.rs`).
+    pub(crate) asks: crate::asks::WriterAsks,
     /// The access list of a volume created without one: its creator's (see
     /// [`Manager::set_default_access`]).
     default_access: std::sync::Mutex<Vec<String>>,
@@ -155,6 +157,7 @@ impl Manager {
             own_node: std::sync::atomic::AtomicU32::new(0),
             resign: tokio::sync::Notify::new(),
             restart_lock: tokio::sync::Mutex::new(()),
+            asks: Default::default(),
             default_access: std::sync::Mutex::new(trireme_meta::any_client()),
             scrub_every: std::sync::Mutex::new(None),
             missed_deletes: std::sync::Mutex::default(),

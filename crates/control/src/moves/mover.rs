@@ -130,10 +130,16 @@ impl Manager {
                 }
                 r
             }
-            Mover::Remote { epoch, host } => match v.layout.is_mirror() {
-                true => self.move_remote(v, from, rate, epoch, &host).await,
-                false => self.replace_remote(v, from, rate, epoch, &host).await,
-            },
+            Mover::Remote { epoch, host } => {
+                let _asking = self
+                    .asks
+                    .claim(&v.name, &format!("the move off node {from}"))
+                    .await;
+                match v.layout.is_mirror() {
+                    true => self.move_remote(v, from, rate, epoch, &host).await,
+                    false => self.replace_remote(v, from, rate, epoch, &host).await,
+                }
+            }
         }
     }
 
