@@ -359,6 +359,30 @@ impl FileReplica {
         Ok(())
     }
 
+    /// Zeroes `[offset, offset+len)`, a range within fewer than one whole grain's worth at
+    /// each end of a trim. With `may_trim`, its whole 4 KiB blocks in allocated grains are
+    /// punched, so their space is free again, and only the part blocks at either end are
+    /// written. The grains stay allocated in the map: their other blocks may hold data, and
+    /// a write to one of them may be under way (the map overstates, never understates).
+    /// Without it (or where punching is not supported), zeros are written.
+    ///
+    /// A parity volume's fold-backs trim scattered overlay blocks: written as zeros, each
+    /// stayed allocated, and under random writes its copies grew past a 3-way mirror's.
+    fn zero_part(&self, offset: u64, len: u64, may_trim: bool) -> Result<(), StoreError> {
+        let (a, b) = (align_up(offset), align_down(offset + len));
+        if !may_trim || a >= b {
+            return self.zero_allocated(offset, len);
+        }
+        self.zero_allocated(offset, a - offset)?;
+        for g in a / GRAIN..b.div_ceil(GRAIN) {
+            if self.map.is_set(g) {
+                let (s, e) = ((g * GRAIN).max(a), ((g + 1) * GRAIN).min(b));
+                self.punch(s, e - s)?;
+            }
+        }
+        self.zero_allocated(b, offset + len - b)
+    }
+
     /// Writes zeros over the allocated grains of `[offset, offset+len)`; holes already read zero.
     fn zero_allocated(&self, offset: u64, len: u64) -> Result<(), StoreError> {
         let zeros = vec![0u8; ZERO_CHUNK.min(len as usize)];
@@ -671,10 +695,10 @@ impl Replica for FileReplica {
                 (whole.end * GRAIN).min(self.size.load(Ordering::Acquire)),
             );
             self.punch(s, e - s)?;
-            self.zero_allocated(offset, s - offset)?;
-            self.zero_allocated(e, offset + len - e)?;
+            self.zero_part(offset, s - offset, may_trim)?;
+            self.zero_part(e, offset + len - e, may_trim)?;
         } else {
-            self.zero_allocated(offset, len)?;
+            self.zero_part(offset, len, may_trim)?;
         }
         if fua {
             self.flush()?;

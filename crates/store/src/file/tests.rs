@@ -408,3 +408,60 @@ fn after_a_crash_the_map_is_what_the_files_hold() {
         "block status follows the map"
     );
 }
+
+/// A trim of whole 4 KiB blocks inside a grain frees their space (a parity volume's
+/// fold-back trims scattered overlay blocks: written as zeros, each stayed allocated, and
+/// the copies grew past a 3-way mirror's). Part blocks at a trim's ends are written; a
+/// write of zeroes that may not trim frees nothing; the grain stays in the map.
+#[test]
+fn a_trim_of_blocks_inside_a_grain_frees_their_space() {
+    let d = tempfile::tempdir().unwrap();
+    let s = FileStore::open(d.path()).unwrap();
+    let r = s.create(7, SIZE).unwrap();
+    r.write(0, &vec![5u8; 4 * GRAIN as usize], false).unwrap();
+    r.flush().unwrap();
+    let on_disk = || replica_disk(d.path(), 7).0;
+    let full = on_disk();
+    // Every other block of the first three grains.
+    for b in (0..3 * GRAIN / 4096).step_by(2) {
+        r.write_zeroes(b * 4096, 4096, true, false).unwrap();
+    }
+    let freed = full - on_disk();
+    assert!(
+        freed >= 3 * GRAIN / 2 - 4096,
+        "trimming half the blocks of three grains freed {freed} bytes"
+    );
+    // Not at a block's edges: the two whole blocks within go, the part ones are zeroed.
+    let before = on_disk();
+    r.write_zeroes(3 * GRAIN + 100, 3 * 4096, true, false)
+        .unwrap();
+    assert!(
+        before - on_disk() >= 2 * 4096,
+        "{} bytes freed",
+        before - on_disk()
+    );
+    // Zeroes that may not trim take their space.
+    let before = on_disk();
+    r.write_zeroes(3 * GRAIN + 8 * 4096, 4 * 4096, false, false)
+        .unwrap();
+    assert_eq!(on_disk(), before);
+    for b in 0..4 * GRAIN / 4096 {
+        let want = match b {
+            _ if b < 3 * GRAIN / 4096 => [5u8, 0][(b % 2 == 0) as usize],
+            48 => 5,
+            49..=51 | 56..=59 => 0,
+            _ => 5,
+        };
+        let got = read(&*r, b * 4096, 4096);
+        // Block 48's first 100 bytes and block 51's last ones keep their data.
+        match b {
+            48 => assert!(got[..100] == [5; 100] && got[100..].iter().all(|&x| x == 0)),
+            51 => assert!(got[..100].iter().all(|&x| x == 0) && got[100..] == [5; 3996]),
+            _ => assert_eq!(got, vec![want; 4096], "block {b}"),
+        }
+    }
+    assert_eq!(r.allocated_bytes(), 4 * GRAIN, "the grains stay in the map");
+    // A whole grain still goes from the map.
+    r.write_zeroes(0, GRAIN, true, false).unwrap();
+    assert_eq!(r.allocated_bytes(), 3 * GRAIN);
+}
