@@ -18,7 +18,7 @@ use std::future::Future;
 use bytes::Bytes;
 use trireme_erasure::Codec;
 use trireme_proto::{Header, Op, FLAG_MAY_TRIM};
-use trireme_replication::{EncodeAction, EncodeEnd, EncodeRefusal, EncodeStep, Region};
+use trireme_replication::{ChunkAt, EncodeAction, EncodeEnd, EncodeRefusal, EncodeStep, Region};
 
 use crate::core::Place;
 use crate::{join_all, Volume, VolumeError};
@@ -140,7 +140,15 @@ impl Volume {
                 ("flush", self.to_nodes(flushes).await)
             }
             EncodeStep::Switch { region, to } => ("switch", record(*region, *to).await),
-            EncodeStep::Free { blocks, nodes } => ("free", self.free(blocks, nodes).await),
+            EncodeStep::Free {
+                blocks,
+                nodes,
+                stale,
+            } => {
+                let freed = self.free(blocks, nodes).await;
+                self.discard_stale(stale).await;
+                ("free", freed)
+            }
         }
     }
 
@@ -190,6 +198,27 @@ impl Volume {
                 Err(e) => return Err(format!("{why}; taking its mirror out: {e}")),
                 Ok(()) => return Err(why),
             }
+        }
+    }
+
+    /// Trims the chunks of the stripe a fold-back replaced: no reader names their slot any
+    /// more (reads planned before the switch are done: the read gate). One that fails is
+    /// only space, until the region's next fold-back writes that slot again.
+    async fn discard_stale(&self, stale: &[ChunkAt]) {
+        if stale.is_empty() {
+            return;
+        }
+        let p = self.parity.as_ref().expect("a parity volume");
+        let len = p.stripes.chunk_blocks * BLOCK;
+        let trims = stale.iter().map(|c| {
+            let mut h =
+                self.recovery_header(Op::WriteZeroes, p.stripes.chunk_block(c) * BLOCK, len);
+            h.flags |= FLAG_MAY_TRIM;
+            // At the chunk's place on its node already (as the chunks' writes are).
+            (c.node, h, Bytes::new())
+        });
+        if let Err(e) = self.to_nodes(trims.collect()).await {
+            tracing::debug!(volume = %self.info.name, region = stale[0].region, "the replaced stripe stays where a trim failed (only space): {e}");
         }
     }
 

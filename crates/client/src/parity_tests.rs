@@ -85,11 +85,16 @@ async fn cluster() -> Cluster {
 
 /// A `spec` volume of three regions ([`geometry`]).
 async fn cluster_of(spec: &str) -> Cluster {
+    cluster_over(spec, |_| Arc::new(MemoryStore::default())).await
+}
+
+/// A `spec` volume of three regions over node `id`'s store `store(id)`.
+async fn cluster_over(spec: &str, store: impl Fn(u32) -> Arc<dyn Store>) -> Cluster {
     let (p, stripes, size) = geometry(spec);
     let replica_size = stripes.replica_blocks(size / 4096) * 4096;
     let (mut targets, mut replicas) = (Vec::new(), Vec::new());
     for id in 1..=stripes.width() as u32 {
-        let (t, r) = node(id, replica_size).await;
+        let (t, r) = serve(id, store(id), replica_size).await;
         targets.push(t);
         replicas.push(r);
     }
@@ -191,6 +196,75 @@ async fn writes_land_on_their_regions_mirrors_only_and_read_back() {
             }
         }
     }
+}
+
+/// A fold-back gives back the space it no longer needs: the overlay's blocks on the
+/// region's mirrors and the stripe it replaced. Before, both stayed allocated (the
+/// overlay's 4 KiB trims were written as zeroes, the old slot was left as garbage), and a
+/// parity volume under random writes grew past a 3-way mirror's raw space. Over file
+/// stores: sparse files written with O_DIRECT, as nodes keep them.
+#[tokio::test]
+async fn a_fold_back_frees_the_overlay_and_the_stripe_it_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let store_dir = |id: u32| dir.path().join(format!("node-{id}"));
+    let c = cluster_over("2+1", |id| {
+        std::fs::create_dir(store_dir(id)).unwrap();
+        Arc::new(trireme_store::FileStore::open(&store_dir(id)).unwrap())
+    })
+    .await;
+    // What the replicas' data files take on disk, all three nodes.
+    let on_disk = || -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        (1..=3)
+            .flat_map(|id| std::fs::read_dir(store_dir(id)).unwrap())
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "data"))
+            .map(|p| std::fs::metadata(p).unwrap().blocks() * 512)
+            .sum()
+    };
+    let (size, rb) = (c.info.size, c.stripes.region_blocks());
+    let v = Volume::attach(c.info.clone(), TransportKind::Tcp, 1)
+        .await
+        .unwrap();
+    let mut model = pattern(0, size as usize, 7).to_vec();
+    v.write(0, Bytes::from(model.clone()), false).await.unwrap();
+    let record = |_, _| async { Ok::<(), String>(()) };
+    for region in 0..3 {
+        v.encode(region, &record).await.unwrap();
+    }
+    v.flush().await.unwrap();
+    let encoded = on_disk();
+    let stripes = size / 2 * 3;
+    assert!(
+        encoded <= stripes + (64 << 10),
+        "encoded: {encoded} bytes on disk for {stripes} of stripes"
+    );
+    // A quarter of region 1's blocks written over its stripe: overlay, on both mirrors.
+    let start = rb * 4096;
+    for b in (0..rb).step_by(4) {
+        let at = start + b * 4096;
+        let data = pattern(at, 4096, 9);
+        model[at as usize..at as usize + 4096].copy_from_slice(&data);
+        v.write(at, data, false).await.unwrap();
+    }
+    v.flush().await.unwrap();
+    let overlay = rb / 4 * 4096 * 2;
+    assert!(
+        on_disk() >= encoded + overlay,
+        "the overlay takes its space"
+    );
+    // Folded back: the new stripe in the other slot, the old one and the overlay gone.
+    assert_eq!(
+        v.encode(1, &record).await.unwrap(),
+        Region::Parity { slot: 1 }
+    );
+    v.flush().await.unwrap();
+    let folded = on_disk();
+    assert!(
+        folded <= encoded + (64 << 10),
+        "after the fold-back: {folded} bytes on disk, {encoded} before the overlay"
+    );
+    assert!(v.read(0, size).await.unwrap()[..] == model[..]);
 }
 
 #[tokio::test]

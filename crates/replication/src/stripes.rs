@@ -17,10 +17,12 @@
 //! - **Encoding** (a mirrored region into a stripe, or a parity region with its overlay into
 //!   a new stripe, the fold-back): read, write the K+M chunks into the slot the map does not
 //!   name, make them durable on all K+M nodes, switch the region in the record, trim the
-//!   mirrors. Until the switch the old place serves every read; after it the new stripe does,
-//!   and every block written meanwhile stays overlay. A crash anywhere loses nothing: before
-//!   the switch the written slot is garbage no reader names, after it the untrimmed blocks
-//!   are overlay that holds what the stripe holds.
+//!   mirrors (and a fold-back's old stripe). Until the switch the old place serves every
+//!   read; after it the new stripe does, and every block written meanwhile stays overlay. A
+//!   crash anywhere loses nothing: before the switch the written slot is garbage no reader
+//!   names, after it the untrimmed blocks are overlay that holds what the stripe holds, and
+//!   an untrimmed old stripe is garbage again (only space, until the next fold-back
+//!   overwrites it).
 
 use std::collections::{BTreeMap, BTreeSet};
 

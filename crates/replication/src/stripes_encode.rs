@@ -39,8 +39,14 @@ pub enum EncodeStep {
     Flush { nodes: Vec<u32> },
     /// Record the region as `to` (the one step that changes what reads see).
     Switch { region: u64, to: Region },
-    /// Trim these blocks from the mirrored copies: they read from the stripe now.
-    Free { blocks: Vec<u64>, nodes: Vec<u32> },
+    /// Trim these blocks from the mirrored copies: they read from the stripe now. And
+    /// trim the `stale` chunks, the stripe a fold-back replaced (no reader names their slot
+    /// any more; a trim that fails there is only space).
+    Free {
+        blocks: Vec<u64>,
+        nodes: Vec<u32>,
+        stale: Vec<ChunkAt>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +62,8 @@ pub(super) enum Phase {
 pub(super) struct Encode {
     pub(super) phase: Phase,
     pub(super) slot: u8,
+    /// A fold-back: the slot of the stripe it replaces, trimmed with the mirrors.
+    pub(super) replaces: Option<u8>,
     /// Blocks written (or discarded) since the read began: never trimmed by this encode.
     pub(super) written: BTreeSet<u64>,
     /// The blocks to trim, fixed once handed out ([`RegionMap::fix_free`]): a write sent
@@ -87,14 +95,14 @@ impl RegionMap {
         if self.encodes.contains_key(&region) {
             return Err(EncodeRefusal::Busy(region));
         }
-        let slot = match r {
-            Region::Mirror => 0,
+        let (slot, replaces) = match r {
+            Region::Mirror => (0, None),
             Region::Parity { slot } => {
                 let mut blocks = self.stripes.blocks_of(region);
                 if !blocks.any(|b| self.overlay.contains(&b)) {
                     return Err(EncodeRefusal::Nothing(region));
                 }
-                1 - slot
+                (1 - slot, Some(slot))
             }
         };
         if let Some(&n) = self.stripes.nodes.iter().find(|&&n| !up(n)) {
@@ -103,6 +111,7 @@ impl RegionMap {
         let encode = Encode {
             phase: Phase::Read,
             slot,
+            replaces,
             written: BTreeSet::new(),
             freeing: None,
         };
@@ -124,15 +133,7 @@ impl RegionMap {
             Phase::Write => EncodeStep::Write {
                 region,
                 slot: e.slot,
-                chunks: (0..s.width())
-                    .map(|c| ChunkAt {
-                        node: s.node_of(region, c),
-                        region,
-                        slot: e.slot,
-                        chunk: c,
-                        block: 0,
-                    })
-                    .collect(),
+                chunks: self.chunks_at(region, e.slot),
             },
             Phase::Flush => EncodeStep::Flush {
                 nodes: s.nodes.clone(),
@@ -147,8 +148,25 @@ impl RegionMap {
                     None => self.to_free(region, e),
                 },
                 nodes: s.mirrors_of(region),
+                stale: e
+                    .replaces
+                    .map_or_else(Vec::new, |old| self.chunks_at(region, old)),
             },
         })
+    }
+
+    /// The K+M chunks of `region`'s stripe in `slot`, each on its node.
+    fn chunks_at(&self, region: u64, slot: u8) -> Vec<ChunkAt> {
+        let s = &self.stripes;
+        (0..s.width())
+            .map(|c| ChunkAt {
+                node: s.node_of(region, c),
+                region,
+                slot,
+                chunk: c,
+                block: 0,
+            })
+            .collect()
     }
 
     fn to_free(&self, region: u64, e: &Encode) -> Vec<u64> {

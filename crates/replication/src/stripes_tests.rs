@@ -301,11 +301,22 @@ impl World {
                 all_up(self, &mut nodes.iter().copied())
             }
             EncodeStep::Switch { .. } => true,
-            EncodeStep::Free { blocks, nodes } => {
+            EncodeStep::Free {
+                blocks,
+                nodes,
+                stale,
+            } => {
                 for n in nodes {
                     let node = self.nodes.get_mut(&n).unwrap();
                     for b in &blocks {
                         node.mirror.remove(b);
+                    }
+                }
+                // The stripe a fold-back replaced: nothing may read it from now on.
+                for c in stale {
+                    let node = self.nodes.get_mut(&c.node).unwrap();
+                    if !node.lost {
+                        node.chunks.remove(&(c.region, c.slot));
                     }
                 }
                 true

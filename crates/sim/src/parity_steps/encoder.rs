@@ -21,7 +21,7 @@ impl Run {
             return Ok(());
         };
         let (region, place) = (e.region, e.place);
-        if let Some((blocks, nodes)) = self.encoder.as_mut().and_then(|e| e.trim.take()) {
+        if let Some((blocks, nodes, stale)) = self.encoder.as_mut().and_then(|e| e.trim.take()) {
             // A lost node misses it (and fails it).
             let mut ok = true;
             for n in nodes {
@@ -31,6 +31,15 @@ impl Run {
                     for &b in &blocks {
                         node.trim(b);
                     }
+                }
+            }
+            // The replaced stripe: nothing may read it now (a failure is only space).
+            for c in stale {
+                let node = &mut self.nodes[c.node as usize - 1];
+                if node.up {
+                    node.slots.retain(|&(r, slot, chunk, _), _| {
+                        (r, slot, chunk) != (c.region, c.slot, c.chunk)
+                    });
                 }
             }
             return self.answer_encode(region, ok);
@@ -67,9 +76,18 @@ impl Run {
                 }
             }
         };
-        if let EncodeStep::Free { blocks, nodes } = step {
-            trace!(self, "encode {region}: trim {blocks:?} on {nodes:?} sent");
-            self.encoder.as_mut().unwrap().trim = Some((blocks, nodes));
+        if let EncodeStep::Free {
+            blocks,
+            nodes,
+            stale,
+        } = step
+        {
+            trace!(
+                self,
+                "encode {region}: trim {blocks:?} on {nodes:?} sent, and {} stale chunks",
+                stale.len()
+            );
+            self.encoder.as_mut().unwrap().trim = Some((blocks, nodes, stale));
             return Ok(());
         }
         trace!(self, "encode {region}: {step:?}");

@@ -171,8 +171,9 @@ struct Encoder {
     read: Vec<Vec<u64>>,
     fold_back: bool,
     /// A trim of the mirrors sent (blocks, nodes), landing at the encoder's next event: writes
-    /// may come meanwhile, and only the region's hold keeps them from landing first.
-    trim: Option<(Vec<u64>, Vec<u32>)>,
+    /// may come meanwhile, and only the region's hold keeps them from landing first. With it,
+    /// a fold-back's trim of the stripe it replaced (dropped from the nodes).
+    trim: Option<(Vec<u64>, Vec<u32>, Vec<trireme_replication::ChunkAt>)>,
 }
 
 struct Run {
