@@ -3,6 +3,10 @@
 # 1 GiB each, filled with the same random bytes.
 # shellcheck shell=bash
 
+# Stops the writers `serve` started ($cpid) and waits for `up` before the directory goes.
+cpid=
+trap '[ -n "$cpid" ] && kill $cpid 2>/dev/null; [ -n "$up" ] && kill "$up" 2>/dev/null && wait "$up"; rm -rf "$dir"' EXIT
+
 # in_parity: vol0's regions in parity, in percent.
 in_parity() {
   "$T" --data-dir "$dir/c" --output json status | python3 -c '

@@ -12,8 +12,6 @@ cd "$(dirname "$0")/.."
 rounds="${1:-3}"
 size="${SIZE:-512M}"
 . bench/lib.sh
-cpid=
-trap '[ -n "$cpid" ] && kill $cpid 2>/dev/null; [ -n "$up" ] && kill "$up" 2>/dev/null && wait "$up"; rm -rf "$dir"' EXIT
 . bench/parity-lib.sh
 start_up --nodes 3 --parity 2+1 --size "$size" --store file --node-capacity 8G
 "$T" --data-dir "$dir/c" volume create m3 --size "$size" --replicas 3 >/dev/null

@@ -10,8 +10,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${SECS:-10}"
 . bench/lib.sh
-cpid=
-trap '[ -n "$cpid" ] && kill $cpid 2>/dev/null; [ -n "$up" ] && kill "$up" 2>/dev/null && wait "$up"; rm -rf "$dir"' EXIT
 . bench/parity-lib.sh
 # shellcheck disable=SC2086 # UP_ARGS: several arguments
 parity_volumes ${UP_ARGS:-}

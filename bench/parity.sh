@@ -17,8 +17,6 @@ cd "$(dirname "$0")/.."
 rounds="${1:-2}"
 secs="${SECS:-10}"
 . bench/lib.sh
-cpid=
-trap '[ -n "$cpid" ] && kill $cpid 2>/dev/null; [ -n "$up" ] && kill "$up" 2>/dev/null && wait "$up"; rm -rf "$dir"' EXIT
 . bench/parity-lib.sh
 parity_volumes
 
