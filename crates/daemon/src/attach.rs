@@ -549,29 +549,35 @@ async fn follow_layout(meta: ClusterMeta, volume: Arc<Volume>) {
                     volume.set_min_copies(v.min_copies);
                 }
                 volume.set_limits(v.limits_in_force()).await;
-                // A parity copy dropped from the layout was replaced in its place: the
-                // writer lets it go in the replacement (`move_as_writer`).
-                let dropped: Vec<_> = match volume.info().layout.is_mirror() {
-                    true => volume.replica_views(),
-                    false => Vec::new(),
-                };
-                let dropped = dropped
-                    .into_iter()
-                    .filter(|r| !v.replicas.iter().any(|x| x.node == r.node));
-                for r in dropped {
-                    match volume.retire_replica(r.node).await {
-                        Ok(()) => {
-                            tracing::info!(volume = %name, node = r.node, "replica dropped from the layout: the writer lets go of it")
-                        }
-                        Err(e) => {
-                            tracing::warn!(volume = %name, node = r.node, "letting go of a replica the layout dropped: {e}")
-                        }
-                    }
-                }
+                retire_dropped(&volume, &v.replicas).await;
             }
             Err(e) => tracing::debug!(volume = %name, "reading the layout: {e}"),
         }
         crate::keys::changed(&meta, &key, rev).await;
+    }
+}
+
+/// Lets go of the mirror's copies the layout no longer lists (`listed`). A parity copy
+/// dropped from the layout was replaced in its place: the writer lets it go in the
+/// replacement (`move_as_writer`).
+async fn retire_dropped(volume: &Volume, listed: &[trireme_meta::ReplicaRecord]) {
+    if !volume.info().layout.is_mirror() {
+        return;
+    }
+    let name = &volume.info().name;
+    let dropped = volume
+        .replica_views()
+        .into_iter()
+        .filter(|r| !listed.iter().any(|x| x.node == r.node));
+    for r in dropped {
+        match volume.retire_replica(r.node).await {
+            Ok(()) => {
+                tracing::info!(volume = %name, node = r.node, "replica dropped from the layout: the writer lets go of it")
+            }
+            Err(e) => {
+                tracing::warn!(volume = %name, node = r.node, "letting go of a replica the layout dropped: {e}")
+            }
+        }
     }
 }
 
