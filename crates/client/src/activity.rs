@@ -2,7 +2,7 @@
 //!
 //! Every replica marks the extent of each write it receives before applying it. This writer
 //! remembers, per extent, the tick of its last write there; a background task clears extents on
-//! the replicas once they have been quiet for a full tick, or the oldest ones when more than
+//! the replicas once they have been quiet for [`QUIET_TICKS`] full ticks, or the oldest ones when more than
 //! [`VolumeOptions::activity_extents`](crate::VolumeOptions) are marked. A clear is sent while
 //! holding the extent's range, so no write is in flight there: every replica that took part
 //! agrees on it. After this writer dies, the next one compares only the extents some replica
@@ -30,6 +30,14 @@ pub(crate) const MIN_EXTENT: u64 = 64 << 10;
 const MAX_EXTENTS: u64 = 1 << 20;
 /// Extents cleared under one range hold.
 const RUN: u64 = 64;
+/// Full ticks an extent stays unwritten before it is cleared. A clear costs the next write
+/// there a mark on every node's disk (a page and its `fdatasync`) before it is applied. With
+/// one tick, an extent written a few times a second (the cold part of a hot-zone load over a
+/// parity volume, whose node-space extents hold two thirds of what a mirror's do) was found
+/// quiet often enough to be cleared and marked again over and over: a 4+2 volume's hot-zone
+/// writes at QD1 had a p99 of 650-810 us against 310 us with four
+/// (`bench/results/parity-2026-12-06.txt`).
+const QUIET_TICKS: u64 = 4;
 
 /// Where a parity volume's mirrored blocks are on its nodes, in bytes: region `r`'s part
 /// at `r * stride`, `region` bytes long (`Stripes::node_block`).
@@ -151,7 +159,7 @@ impl Activity {
     }
 
     /// Starts a new tick and picks the extents to clear: those not written during the last
-    /// full tick, then the least recently written ones beyond `cap`. Sorted.
+    /// [`QUIET_TICKS`] full ticks, then the least recently written ones beyond `cap`. Sorted.
     fn due(&self, cap: usize) -> Vec<u64> {
         let now = self.tick.fetch_add(1, Ordering::Relaxed) + 1;
         let mut quiet = Vec::new();
@@ -159,7 +167,7 @@ impl Activity {
         for (k, a) in self.last().iter().enumerate() {
             match a.load(Ordering::Relaxed) {
                 0 => {}
-                t if t + 2 <= now => quiet.push(k as u64),
+                t if t + QUIET_TICKS < now => quiet.push(k as u64),
                 t => busy.push((t, k as u64)),
             }
         }
@@ -277,7 +285,10 @@ mod tests {
         a.touch(5 << 20, 2 << 20); // extents 5 and 6
         assert_eq!(a.due(10), Vec::<u64>::new(), "written this tick");
         a.touch(9 << 20, 1); // tick 2
-                             // Tick 3: extents written in tick 1 have been quiet for the whole of tick 2.
+        for _ in 0..QUIET_TICKS - 1 {
+            assert_eq!(a.due(10), Vec::<u64>::new(), "not quiet for long enough");
+        }
+        // Extents written in tick 1 have been quiet for QUIET_TICKS whole ticks.
         assert_eq!(a.due(10), vec![0, 5, 6]);
         for k in [0, 5, 6] {
             a.last()[k].store(0, Ordering::Relaxed);
@@ -285,7 +296,7 @@ mod tests {
         a.touch(20 << 20, 1);
         a.touch(30 << 20, 1);
         assert_eq!(a.marked(), 3);
-        // Tick 4: 9 is quiet; 20 and 30 are busy but the cap is 1: 20 and 30 tie, one goes.
+        // Next tick: 9 is quiet; 20 and 30 are busy but the cap is 1: 20 and 30 tie, one goes.
         let d = a.due(1);
         assert_eq!(d.len(), 2);
         assert_eq!(d[0], 9);

@@ -84,7 +84,7 @@ pub struct VolumeOptions {
     pub activity_extent: u64,
     /// Most extents left marked in the activity log; beyond it the least recently written are
     /// cleared. Bounds the reconciliation after a writer dies to this many extents plus those
-    /// written in the last two periods.
+    /// written in the last five periods.
     pub activity_extents: usize,
     /// How often quiet extents are cleared from the activity log.
     pub activity_period: Duration,
