@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# CPU per I/O of a parity volume against a 3-way one (issue 67), by process: the setup of
+# bench/parity.sh (vol0 4+2 with a 20% mirrored share, m3 3-way, 1 GiB each on one
+# `trireme up --nodes 6`, vol0 encoded to its share), then for each profile in PROFILES
+# (default "hot hot-qd1"), m3 then vol0, a `trireme bench` of SECS seconds (default 10) after
+# WARMUP seconds (default 2), and the CPU time each process took over both (/proc/PID/stat:
+# user + system) per I/O, counting the warm-up's I/O at the measured rate.
+#   hot      4K random writes, -rdpct90/10, 10 x QD4     hot-qd1   the same at QD1
+#   cold     4K random writes over the whole volume, 10 x QD4
+# ENCODE_RATE, MIN_PARITY, M3_FILL as in bench/parity-lib.sh; UP_ARGS are added to `up`
+# (e.g. --volatile-bookkeeping). Prints a Markdown table. On two cores the whole cluster
+# shares the machine: CPU per I/O says where the time goes, IOPS alone cannot.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs="${SECS:-10}"
+warmup="${WARMUP:-2}"
+. bench/lib.sh
+. bench/parity-lib.sh
+# shellcheck disable=SC2086 # UP_ARGS is a list of words
+parity_volumes ${UP_ARGS:-}
+read -r vol0_writer m3_writer <<<"$cpid"
+
+# ticks PID: CPU time the process has taken, in clock ticks.
+ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+hz=$(getconf CLK_TCK)
+nodes=$(awk '$1 ~ /^node-/ { print $2 }' "$dir/c/pids")
+
+echo "| profile | volume | IOPS | p99 us | CPU us/IO: writer | nodes | all (no bench) |"
+echo "|---|---|---|---|---|---|---|"
+for profile in ${PROFILES:-hot hot-qd1}; do
+  case $profile in
+    hot) args=(-b4K -w100 -r -rdpct90/10 -t10 -o4) ;;
+    hot-qd1) args=(-b4K -w100 -r -rdpct90/10 -t1 -o1) ;;
+    cold) args=(-b4K -w100 -r -t10 -o4) ;;
+    *) echo "unknown profile $profile (hot, hot-qd1, cold)" >&2; exit 2 ;;
+  esac
+  for vol in m3 vol0; do
+    target=$curi writer=$m3_writer
+    [ "$vol" = vol0 ] && target=$uri writer=$vol0_writer
+    w0=$(ticks "$writer") n0=0
+    for p in $nodes; do n0=$((n0 + $(ticks "$p"))); done
+    out=$("$T" --data-dir "$dir/c" --output json bench "${args[@]}" -d"$secs" -W"$warmup" "$target")
+    w1=$(ticks "$writer") n1=0
+    for p in $nodes; do n1=$((n1 + $(ticks "$p"))); done
+    python3 - "$profile" "$vol" "$secs" "$warmup" "$hz" $((w1 - w0)) $((n1 - n0)) "$out" <<'EOF'
+import json, sys
+profile, vol, secs, warmup, hz, w, n, out = sys.argv[1:]
+r = json.loads(out)
+ios = r["iops"] * (float(secs) + float(warmup))
+us = lambda t: 1e6 * int(t) / int(hz) / ios
+print(f"| {profile} | {vol} | {r['iops']:.0f} | {r['total']['latency_us']['p99']:.0f} | "
+      f"{us(w):.1f} | {us(n):.1f} | {us(int(w) + int(n)):.1f} |")
+EOF
+  done
+done
