@@ -2,7 +2,8 @@
 # Parity against a 3-way mirror on one `trireme up --nodes 6` cluster (issue 67): vol0 is
 # 4+2 with a 20% mirrored share, m3 a 3-way mirror, each served by a `trireme nbd` process,
 # both 1 GiB, both filled with random bytes and vol0 encoded to its share first. Then, taking
-# turns over ROUNDS rounds (default 2; 0: only the rebuild below), `trireme bench` through each one's NBD socket:
+# turns over ROUNDS rounds (default 2; 0: only the rebuild below), `trireme bench` through
+# each one's NBD socket:
 #   hot writes   4K random writes, DISKSPD's -rdpct90/10, at QD1 and 10 x QD4
 #   cold writes  4K random writes over the whole volume (80% of it in stripes), QD1, 10 x QD4
 #   s2d          DISKSPD's S2D mix (4K, 70:30 random, 10 x QD4) with the same hot zone
@@ -62,12 +63,10 @@ rows = [("hot writes (-rdpct90/10), QD1", "hot-qd1"),
         ("hot writes (-rdpct90/10), 10 x QD4", "hot-10x4"),
         ("cold writes (uniform), QD1", "cold-qd1"),
         ("cold writes (uniform), 10 x QD4", "cold-10x4"),
-        ("S2D mix 70:30 (-rdpct90/10), 10 x QD4", "s2d")]
-if glob.glob(f"{d}/*.jsonl"):
+        ("S2D mix 70:30 (-rdpct90/10), 10 x QD4", "s2d")] if glob.glob(f"{d}/*.jsonl") else []
+if rows:
     print("| 4K, 1 GiB volumes, `up --nodes 6` | 3-way IOPS | 4+2 IOPS | 4+2 / 3-way | 3-way p50 us | 4+2 p50 us | 3-way p99 us | 4+2 p99 us |")
     print("|---|---|---|---|---|---|---|---|")
-else:
-    rows = []
 for what, name in rows:
     m, p = load(f"m3-{name}"), load(f"vol0-{name}")
     print(f"| {what} | {m[0]:.0f} | {p[0]:.0f} | {p[0]/m[0]:.2f}x | {m[1]:.0f} | {p[1]:.0f} | {m[2]:.0f} | {p[2]:.0f} |")

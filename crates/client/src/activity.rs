@@ -2,8 +2,9 @@
 //!
 //! Every replica marks the extent of each write it receives before applying it. This writer
 //! remembers, per extent, the tick of its last write there; a background task clears extents on
-//! the replicas once they have been quiet for [`QUIET_TICKS`] full ticks, or the oldest ones when more than
-//! [`VolumeOptions::activity_extents`](crate::VolumeOptions) are marked. A clear is sent while
+//! the replicas once they have been quiet for [`QUIET_TICKS`] full ticks, or the oldest ones
+//! when more than [`VolumeOptions::activity_extents`](crate::VolumeOptions) are marked. A clear
+//! is sent while
 //! holding the extent's range, so no write is in flight there: every replica that took part
 //! agrees on it. After this writer dies, the next one compares only the extents some replica
 //! still has marked.
