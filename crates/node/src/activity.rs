@@ -58,8 +58,12 @@ struct Log {
 #[derive(Debug)]
 struct Disk {
     ledger: Arc<dyn Ledger>,
-    /// What the pages on disk say (or are being made to say, under `lock`).
+    /// What the pages on disk say, or are to say: a write sets its bit here before it takes
+    /// `lock`, so the page written next carries every mark asked for meanwhile.
     bits: Vec<AtomicU64>,
+    /// What the pages on disk are known to say (each word as its page was last written in
+    /// full). A write is applied only once its extent's bit is here.
+    durable: Vec<AtomicU64>,
     /// Held while pages are written, so two writers never interleave a page.
     lock: Mutex<()>,
     /// One sync at a time.
@@ -80,15 +84,24 @@ impl Disk {
             b.extend(books::encode_log_page(header.epoch, k as u32 + 1, c));
         }
         ledger.write_log(0, &b)?;
-        Ok(Disk {
-            ledger,
-            bits: words.iter().map(|w| AtomicU64::new(*w)).collect(),
-            lock: Mutex::new(()),
-            sync: Mutex::new(()),
-        })
+        Ok(Disk::new(ledger, words))
     }
 
-    /// Writes bitmap page `n` (1-based) from `bits`; the caller holds `lock`.
+    /// The disk copy of a log whose pages say `words`.
+    fn new(ledger: Arc<dyn Ledger>, words: &[u64]) -> Disk {
+        let atomic = || words.iter().map(|w| AtomicU64::new(*w)).collect();
+        Disk {
+            ledger,
+            bits: atomic(),
+            durable: atomic(),
+            lock: Mutex::new(()),
+            sync: Mutex::new(()),
+        }
+    }
+
+    /// Writes bitmap page `n` (1-based) from `bits`; the caller holds `lock`. After a failed
+    /// write the page may say the old words, the new ones or nothing readable (all marked):
+    /// `durable` keeps only what both say.
     fn write_page(&self, epoch: u64, n: usize) -> Result<(), StoreError> {
         let first = (n - 1) * WORDS_PER_PAGE;
         let last = (first + WORDS_PER_PAGE).min(self.bits.len());
@@ -96,8 +109,37 @@ impl Disk {
             .iter()
             .map(|w| w.load(Ordering::SeqCst))
             .collect();
-        self.ledger
-            .write_log(n as u64, &books::encode_log_page(epoch, n as u32, &words))
+        let written = self
+            .ledger
+            .write_log(n as u64, &books::encode_log_page(epoch, n as u32, &words));
+        for (d, w) in self.durable[first..last].iter().zip(&words) {
+            match written {
+                Ok(()) => d.store(*w, Ordering::SeqCst),
+                Err(_) => _ = d.fetch_and(*w, Ordering::SeqCst),
+            };
+        }
+        written
+    }
+
+    /// Makes extents `first..=last` marked on disk (they are set in `bits`): waits for the
+    /// page writer, then writes the pages that do not yet say so. Marks asked for while a page
+    /// was being written go out together in the next write, so a burst of writes to cold
+    /// extents costs a few syncs, not one each (a group commit).
+    fn mark(&self, epoch: u64, first: u64, last: u64) -> Result<(), StoreError> {
+        let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut pages = Vec::new();
+        for k in first..=last {
+            let (w, bit) = ((k / 64) as usize, 1u64 << (k % 64));
+            if w < self.durable.len() && self.durable[w].load(Ordering::SeqCst) & bit == 0 {
+                pages.push(w / WORDS_PER_PAGE + 1);
+            }
+        }
+        pages.dedup();
+        for n in pages {
+            // Not on disk after a failure: this write fails, and the next one here tries again.
+            self.write_page(epoch, n)?;
+        }
+        Ok(())
     }
 }
 
@@ -228,12 +270,7 @@ impl ActivityLogs {
             );
         }
         let mut log = Log::new(d.header.epoch, d.header.shift, size, &d.words);
-        log.disk = Some(Disk {
-            ledger,
-            bits: d.words.iter().map(|w| AtomicU64::new(*w)).collect(),
-            lock: Mutex::new(()),
-            sync: Mutex::new(()),
-        });
+        log.disk = Some(Disk::new(ledger, &d.words));
         let marked = log.marked();
         self.logs
             .write()
@@ -266,34 +303,14 @@ impl ActivityLogs {
                 // Touched before the disk bit is looked at: a sync that clears this extent
                 // on disk meanwhile sees the touch and puts it back before writing the page.
                 log.touched[w].fetch_or(bit, Ordering::SeqCst);
-                cold |= d.bits[w].load(Ordering::SeqCst) & bit == 0;
+                // Set in `bits` but not yet durable: another write's page is on its way
+                // and may not carry it; wait for it rather than run ahead of the disk.
+                let asked = d.bits[w].fetch_or(bit, Ordering::SeqCst);
+                cold |= asked & d.durable[w].load(Ordering::SeqCst) & bit == 0;
             }
         }
         match &log.disk {
-            Some(d) if cold => {
-                let _g = d.lock.lock().unwrap_or_else(|e| e.into_inner());
-                let mut pages = Vec::new();
-                for k in first..=last {
-                    let (w, bit) = ((k / 64) as usize, 1u64 << (k % 64));
-                    if w < d.bits.len() && d.bits[w].fetch_or(bit, Ordering::SeqCst) & bit == 0 {
-                        pages.push(w / WORDS_PER_PAGE + 1);
-                    }
-                }
-                pages.dedup();
-                for n in pages {
-                    if let Err(e) = d.write_page(log.epoch, n) {
-                        // Not on disk after all: the next write here tries again.
-                        for k in first..=last {
-                            let (w, bit) = ((k / 64) as usize, 1u64 << (k % 64));
-                            if w / WORDS_PER_PAGE + 1 == n {
-                                d.bits[w].fetch_and(!bit, Ordering::SeqCst);
-                            }
-                        }
-                        return Err(e);
-                    }
-                }
-                Ok(())
-            }
+            Some(d) if cold => d.mark(log.epoch, first, last),
             _ => Ok(()),
         }
     }
@@ -501,6 +518,150 @@ mod tests {
         assert_eq!(marked(&l, 11 * E), vec![(10 * E, E)], "not wholly inside");
         l.clear(1, 10 * E, 4096);
         assert_eq!(marked(&l, 11 * E), vec![]);
+    }
+
+    /// A log kept in memory whose page writes can be held at a gate, or fail.
+    #[derive(Debug, Default)]
+    struct GatedLedger {
+        log: Mutex<Vec<u8>>,
+        writes: AtomicU64,
+        closed: Mutex<bool>,
+        opened: std::sync::Condvar,
+        fail: std::sync::atomic::AtomicBool,
+    }
+
+    impl GatedLedger {
+        fn gate(&self, closed: bool) {
+            *self.closed.lock().unwrap() = closed;
+            self.opened.notify_all();
+        }
+    }
+
+    impl Ledger for GatedLedger {
+        fn read_log(&self) -> Result<Vec<u8>, StoreError> {
+            Ok(self.log.lock().unwrap().clone())
+        }
+        fn write_log(&self, first: u64, pages: &[u8]) -> Result<(), StoreError> {
+            let mut closed = self.closed.lock().unwrap();
+            while *closed {
+                closed = self.opened.wait(closed).unwrap();
+            }
+            self.writes.fetch_add(1, Ordering::SeqCst);
+            if self.fail.load(Ordering::SeqCst) {
+                return Err(StoreError::Invalid("injected".into()));
+            }
+            let mut log = self.log.lock().unwrap();
+            let at = first as usize * trireme_store::ledger::PAGE;
+            if log.len() < at + pages.len() {
+                log.resize(at + pages.len(), 0);
+            }
+            log[at..at + pages.len()].copy_from_slice(pages);
+            Ok(())
+        }
+        fn read_records(&self) -> Result<Option<Vec<u8>>, StoreError> {
+            Ok(None)
+        }
+        fn save_records(&self, _: &[u8]) -> Result<(), StoreError> {
+            Ok(())
+        }
+        fn read_held(&self) -> Result<Option<Vec<u8>>, StoreError> {
+            Ok(None)
+        }
+        fn create_held(&self, _: u64) -> Result<(), StoreError> {
+            Ok(())
+        }
+        fn write_held(&self, _: &[(u64, &[u8])]) -> Result<(), StoreError> {
+            Ok(())
+        }
+        fn read_live_held(&self) -> Result<Option<Vec<u8>>, StoreError> {
+            Ok(None)
+        }
+        fn start_live_held(&self, _: &[u8]) -> Result<(), StoreError> {
+            Ok(())
+        }
+        fn write_live_held(&self, _: u64, _: &[u8]) -> Result<(), StoreError> {
+            Ok(())
+        }
+    }
+
+    /// A log on `ledger` (100 extents), and the ledger's page writes so far.
+    fn gated() -> (Arc<ActivityLogs>, Arc<GatedLedger>) {
+        let (l, g) = (
+            Arc::new(ActivityLogs::default()),
+            Arc::new(GatedLedger::default()),
+        );
+        l.start(1, 7, E, 100 * E, Some(g.clone())).unwrap();
+        (l, g)
+    }
+
+    /// What a node restarted from `g` finds marked.
+    fn reloaded(g: &Arc<GatedLedger>) -> Vec<(u64, u64)> {
+        ActivityLogs::default()
+            .load(1, 100 * E, g.clone())
+            .unwrap()
+            .unwrap()
+    }
+
+    fn spawn_write(l: &Arc<ActivityLogs>, k: u64) -> std::thread::JoinHandle<()> {
+        let l = l.clone();
+        std::thread::spawn(move || l.on_write(1, k * E + 4096, 4096).unwrap())
+    }
+
+    #[test]
+    fn marks_asked_for_during_a_page_write_go_out_together() {
+        let (l, g) = gated();
+        let before = g.writes.load(Ordering::SeqCst);
+        g.gate(true);
+        let first = spawn_write(&l, 0);
+        let rest: Vec<_> = (1..=8).map(|k| spawn_write(&l, k)).collect();
+        // Every write has asked for its mark and waits behind the first page write.
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        g.gate(false);
+        first.join().unwrap();
+        rest.into_iter().for_each(|t| t.join().unwrap());
+        let writes = g.writes.load(Ordering::SeqCst) - before;
+        // One page write each would be 9; the first and then all the others together is 2.
+        assert!(writes <= 3, "{writes} page writes for 9 marks");
+        assert_eq!(reloaded(&g), (0..9).map(|k| (k * E, E)).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_write_waits_for_the_mark_another_write_is_making() {
+        let (l, g) = gated();
+        g.gate(true);
+        let first = spawn_write(&l, 3);
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let second = {
+            let (l, done) = (l.clone(), done.clone());
+            std::thread::spawn(move || {
+                l.on_write(1, 3 * E, 4096).unwrap();
+                done.store(true, Ordering::SeqCst);
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        assert!(
+            !done.load(Ordering::SeqCst),
+            "a write to an extent went ahead while its mark was not yet on disk"
+        );
+        g.gate(false);
+        first.join().unwrap();
+        second.join().unwrap();
+        assert_eq!(reloaded(&g), vec![(3 * E, E)]);
+    }
+
+    #[test]
+    fn a_failed_mark_fails_its_write_and_the_next_write_marks_again() {
+        let (l, g) = gated();
+        g.fail.store(true, Ordering::SeqCst);
+        assert!(l.on_write(1, 5 * E, 4096).is_err());
+        assert!(l.on_write(1, 5 * E, 4096).is_err(), "not taken as marked");
+        g.fail.store(false, Ordering::SeqCst);
+        let before = g.writes.load(Ordering::SeqCst);
+        l.on_write(1, 5 * E, 4096).unwrap();
+        l.on_write(1, 5 * E + 8192, 4096).unwrap();
+        assert_eq!(g.writes.load(Ordering::SeqCst) - before, 1, "marked once");
+        assert_eq!(reloaded(&g), vec![(5 * E, E)]);
     }
 
     #[test]
