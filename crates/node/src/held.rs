@@ -20,7 +20,7 @@
 //! never durable.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use trireme_proto::{Extent, Status, MAX_HELD_QUERY};
@@ -44,6 +44,11 @@ struct Kept {
     map: Mutex<Result<HeldMap, String>>,
     /// One writer of the map's pages at a time (see `HeldMap::take_pending`).
     flushing: Mutex<()>,
+    /// Trims marked in the map so far: a trim's number is its count after its mark.
+    trims: AtomicU64,
+    /// The highest trim number a successful flush of the map's pages took in: every trim
+    /// up to it is durable in the map.
+    trims_durable: AtomicU64,
     /// Where the map is durable; `None` on a volatile store.
     ledger: Option<Arc<dyn Ledger>>,
     /// A write of the live copy failed: it no longer follows the map, so every later change
@@ -106,6 +111,8 @@ impl HeldMaps {
         let kept = Arc::new(Kept {
             map: Mutex::new(map),
             flushing: Mutex::new(()),
+            trims: AtomicU64::new(0),
+            trims_durable: AtomicU64::new(0),
             ledger,
             live_broken: AtomicBool::new(false),
         });
@@ -165,17 +172,27 @@ impl HeldMaps {
             return Ok(());
         };
         let (first, end) = (offset.div_ceil(BLOCK), (offset + len) / BLOCK);
-        if let Ok(map) = &mut *k.map.lock().unwrap_or_else(|e| e.into_inner()) {
-            k.live(map.mark(
-                offset / BLOCK,
-                blocks_of(offset + len) - offset / BLOCK,
-                true,
-            ))?;
-            if end > first {
-                k.live(map.mark(first, end - first, false))?;
+        let mine = {
+            let mut guard = k.map.lock().unwrap_or_else(|e| e.into_inner());
+            if let Ok(map) = &mut *guard {
+                k.live(map.mark(
+                    offset / BLOCK,
+                    blocks_of(offset + len) - offset / BLOCK,
+                    true,
+                ))?;
+                if end > first {
+                    k.live(map.mark(first, end - first, false))?;
+                }
             }
+            k.trims.fetch_add(1, Ordering::SeqCst) + 1
+        };
+        // Trims sent together (a fold-back's) share one flush: the first to get the
+        // flush lock makes every mark made so far durable, and the others find theirs in it.
+        let _one = k.flushing.lock().unwrap_or_else(|e| e.into_inner());
+        if k.trims_durable.load(Ordering::SeqCst) >= mine {
+            return Ok(());
         }
-        k.persist(r)
+        k.persist_locked(r)
     }
 
     /// A flush of `r`: its data, then the pages of its map that changed.
@@ -253,11 +270,17 @@ impl Kept {
     /// writes the store had taken, so each bit on disk has its data there first.
     fn persist(&self, r: &dyn Replica) -> Result<(), StoreError> {
         let _one = self.flushing.lock().unwrap_or_else(|e| e.into_inner());
-        let pages = {
+        self.persist_locked(r)
+    }
+
+    /// [`Kept::persist`], the caller holding `flushing`.
+    fn persist_locked(&self, r: &dyn Replica) -> Result<(), StoreError> {
+        let (pages, trims) = {
             let mut guard = self.map.lock().unwrap_or_else(|e| e.into_inner());
+            let trims = self.trims.load(Ordering::SeqCst);
             match &mut *guard {
-                Ok(map) => map.take_pending(),
-                Err(_) => Vec::new(),
+                Ok(map) => (map.take_pending(), trims),
+                Err(_) => (Vec::new(), trims),
             }
         };
         let written = r.flush().and_then(|()| match &self.ledger {
@@ -271,6 +294,9 @@ impl Kept {
         let mut guard = self.map.lock().unwrap_or_else(|e| e.into_inner());
         if let Ok(map) = &mut *guard {
             map.settled(&slots, written.is_ok());
+        }
+        if written.is_ok() {
+            self.trims_durable.fetch_max(trims, Ordering::SeqCst);
         }
         written
     }

@@ -92,6 +92,41 @@ fn the_map_answers_writes_and_trims_and_a_crash_keeps_every_bit() {
     assert!(after_fua.contains(&(3 * MB, B)) && after_fua.contains(&(4 * MB, B)));
 }
 
+/// Trims sent together share their flushes (the first makes every mark so far durable):
+/// none of them may be answered before its own clear is durable. After a power loss, no
+/// block any of them trimmed is held, and every block they did not trim still is.
+#[test]
+fn trims_sent_together_are_each_durable_when_answered() {
+    let d = tempfile::tempdir().unwrap();
+    let n = std::sync::Arc::new(create_parity(d.path()));
+    serve_ok(&n, req(Op::Write, 1, 3, 0, 0), &[7; 64 * B as usize]);
+    serve_ok(&n, req(Op::Flush, 1, 3, 0, 0), &[]);
+    let trims: Vec<_> = (0..16u64)
+        .map(|k| {
+            let n = n.clone();
+            std::thread::spawn(move || {
+                // Every other block of the first 32, then one more each in a second round.
+                for b in [2 * k, 32 + 2 * k] {
+                    let mut trim = req(Op::WriteZeroes, 1, 3, b * B, B);
+                    trim.flags |= trireme_proto::FLAG_MAY_TRIM;
+                    serve_ok(&n, trim, &[]);
+                }
+            })
+        })
+        .collect();
+    trims.into_iter().for_each(|t| t.join().unwrap());
+    let kept: Vec<(u64, u64)> = (0..32).map(|k| ((2 * k + 1) * B, B)).collect();
+    assert_eq!(held_ok(&n, 0, MB), kept);
+    drop(std::sync::Arc::into_inner(n).expect("the threads are done"));
+    std::fs::remove_file(trireme_store::FileLedger::live_path(d.path(), 1)).unwrap();
+    let n = open(d.path());
+    assert_eq!(
+        held_ok(&n, 0, MB),
+        kept,
+        "each trim was durable when answered"
+    );
+}
+
 /// Asked wrongly, or of a replica that keeps no map, or of a map that read back corrupt:
 /// a clear refusal, never an answer that would pass for "nothing held".
 #[test]
