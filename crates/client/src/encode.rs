@@ -222,18 +222,17 @@ impl Volume {
         }
     }
 
-    /// Trims block `runs` from each of `nodes` at once: the nodes that failed, with why.
+    /// Trims block `runs` from each of `nodes`, every run at once (disjoint, under the
+    /// region's hold: a node that takes them together makes their clears durable in one
+    /// flush of its held map): the nodes that failed, with why.
     async fn trim_runs(&self, runs: &[(u64, u64)], nodes: &[u32]) -> Vec<(u32, String)> {
         let trims = nodes.iter().map(|&node| {
-            Box::pin(async move {
-                for &(start, len) in runs {
-                    let mut h = self.recovery_header(Op::WriteZeroes, start * BLOCK, len * BLOCK);
-                    h.flags |= FLAG_MAY_TRIM;
-                    self.to_nodes(vec![(node, self.on_node(h), Bytes::new())])
-                        .await?;
-                }
-                Ok::<(), String>(())
-            })
+            let sends = runs.iter().map(|&(start, len)| {
+                let mut h = self.recovery_header(Op::WriteZeroes, start * BLOCK, len * BLOCK);
+                h.flags |= FLAG_MAY_TRIM;
+                (node, self.on_node(h), Bytes::new())
+            });
+            Box::pin(self.to_nodes(sends.collect()))
                 as std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>>
         });
         let results = join_all(trims.collect()).await;
