@@ -550,12 +550,7 @@ mod tests {
             if self.fail.load(Ordering::SeqCst) {
                 return Err(StoreError::Invalid("injected".into()));
             }
-            let mut log = self.log.lock().unwrap();
-            let at = first as usize * trireme_store::ledger::PAGE;
-            if log.len() < at + pages.len() {
-                log.resize(at + pages.len(), 0);
-            }
-            log[at..at + pages.len()].copy_from_slice(pages);
+            trireme_store::ledger::put_pages(&mut self.log.lock().unwrap(), first, pages);
             Ok(())
         }
         fn read_records(&self) -> Result<Option<Vec<u8>>, StoreError> {

@@ -58,11 +58,7 @@ impl Ledger for SimLedger {
     }
     fn write_log(&self, first: u64, pages: &[u8]) -> Result<(), StoreError> {
         let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
-        let at = first as usize * trireme_store::ledger::PAGE;
-        if log.len() < at + pages.len() {
-            log.resize(at + pages.len(), 0);
-        }
-        log[at..at + pages.len()].copy_from_slice(pages);
+        trireme_store::ledger::put_pages(&mut log, first, pages);
         Ok(())
     }
     fn read_records(&self) -> Result<Option<Vec<u8>>, StoreError> {

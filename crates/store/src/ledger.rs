@@ -36,6 +36,16 @@ use crate::StoreError;
 /// Size of one page of the paged log.
 pub const PAGE: usize = 4096;
 
+/// Writes whole `pages` at page `first` of a log kept in memory (the simulator's ledgers,
+/// tests'), lengthening it as a file would.
+pub fn put_pages(log: &mut Vec<u8>, first: u64, pages: &[u8]) {
+    let at = first as usize * PAGE;
+    if log.len() < at + pages.len() {
+        log.resize(at + pages.len(), 0);
+    }
+    log[at..at + pages.len()].copy_from_slice(pages);
+}
+
 /// Durable bookkeeping of one replica (see the module docs).
 pub trait Ledger: Send + Sync + std::fmt::Debug {
     /// The whole paged log as last written (empty if it was never written).
