@@ -304,9 +304,16 @@ impl ActivityLogs {
                 // on disk meanwhile sees the touch and puts it back before writing the page.
                 log.touched[w].fetch_or(bit, Ordering::SeqCst);
                 // Set in `bits` but not yet durable: another write's page is on its way
-                // and may not carry it; wait for it rather than run ahead of the disk.
-                let asked = d.bits[w].fetch_or(bit, Ordering::SeqCst);
-                cold |= asked & d.durable[w].load(Ordering::SeqCst) & bit == 0;
+                // and may not carry it; wait for it rather than run ahead of the disk. A
+                // warm extent costs two loads, no store.
+                let on_disk =
+                    d.bits[w].load(Ordering::SeqCst) & d.durable[w].load(Ordering::SeqCst);
+                if on_disk & bit == 0 {
+                    // Asked for before the page writer is waited for, so a page written
+                    // meanwhile carries it.
+                    d.bits[w].fetch_or(bit, Ordering::SeqCst);
+                    cold = true;
+                }
             }
         }
         match &log.disk {

@@ -277,11 +277,11 @@ impl Kept {
     fn persist_locked(&self, r: &dyn Replica) -> Result<(), StoreError> {
         let (pages, trims) = {
             let mut guard = self.map.lock().unwrap_or_else(|e| e.into_inner());
-            let trims = self.trims.load(Ordering::SeqCst);
-            match &mut *guard {
-                Ok(map) => (map.take_pending(), trims),
-                Err(_) => (Vec::new(), trims),
-            }
+            let pages = guard
+                .as_mut()
+                .map(HeldMap::take_pending)
+                .unwrap_or_default();
+            (pages, self.trims.load(Ordering::SeqCst))
         };
         let written = r.flush().and_then(|()| match &self.ledger {
             Some(l) if !pages.is_empty() => {
