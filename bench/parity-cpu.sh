@@ -8,8 +8,11 @@
 #   hot      4K random writes, -rdpct90/10, 10 x QD4     hot-qd1   the same at QD1
 #   cold     4K random writes over the whole volume, 10 x QD4
 # ENCODE_RATE, MIN_PARITY, M3_FILL as in bench/parity-lib.sh; UP_ARGS are added to `up`
-# (e.g. --volatile-bookkeeping). Prints a Markdown table. On two cores the whole cluster
-# shares the machine: CPU per I/O says where the time goes, IOPS alone cannot.
+# (e.g. --volatile-bookkeeping). Prints a Markdown table, with the machine's idle share over
+# each run (/proc/stat): CPU that no process used while the run waited. On two cores the
+# whole cluster shares the machine: CPU per I/O says where the time goes, IOPS alone cannot.
+# SYSCALLS=1 also counts the nodes' fdatasync, fsync and fallocate calls by file (perf's
+# syscall tracepoints), and the activity-log syncs in each second of each run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${SECS:-10}"
@@ -22,11 +25,30 @@ read -r vol0_writer m3_writer <<<"$cpid"
 
 # ticks PID: CPU time the process has taken, in clock ticks.
 ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+# cpu_times: the machine's idle (with I/O wait) and total clock ticks so far.
+cpu_times() { awk '$1 == "cpu" { t = 0; for (i = 2; i <= NF; i++) t += $i; print $5 + $6, t }' /proc/stat; }
 hz=$(getconf CLK_TCK)
 nodes=$(awk '$1 ~ /^node-/ { print $2 }' "$dir/c/pids")
 
-echo "| profile | volume | IOPS | p99 us | CPU us/IO: writer | nodes | all (no bench) |"
-echo "|---|---|---|---|---|---|---|"
+# start_syscalls RUN: records the nodes' sync and fallocate calls until stop_syscalls, which
+# appends RUN's counts by file (names from /proc/PID/fd) to "$dir/syscalls.txt".
+start_syscalls() {
+  run=$1
+  for p in $nodes; do
+    find "/proc/$p/fd" -mindepth 1 -printf "$p %f %l\n"
+  done >"$dir/fds"
+  perf record -q -o "$dir/perf.data" -p "$(echo "$nodes" | paste -sd,)" \
+    -e syscalls:sys_enter_fdatasync,syscalls:sys_enter_fsync,syscalls:sys_enter_fallocate 2>/dev/null &
+  perf_pid=$!
+}
+stop_syscalls() {
+  kill -INT "$perf_pid" && wait "$perf_pid" || true
+  perf script -i "$dir/perf.data" -F pid,time,event,trace 2>/dev/null |
+    python3 bench/syscall_counts.py "$run" "$dir/fds" >>"$dir/syscalls.txt"
+}
+
+echo "| profile | volume | IOPS | p99 us | CPU us/IO: writer | nodes | all (no bench) | idle % |"
+echo "|---|---|---|---|---|---|---|---|"
 for profile in ${PROFILES:-hot hot-qd1}; do
   case $profile in
     hot) args=(-b4K -w100 -r -rdpct90/10 -t10 -o4) ;;
@@ -39,17 +61,23 @@ for profile in ${PROFILES:-hot hot-qd1}; do
     [ "$vol" = vol0 ] && target=$uri writer=$vol0_writer
     w0=$(ticks "$writer") n0=0
     for p in $nodes; do n0=$((n0 + $(ticks "$p"))); done
+    read -r i0 t0 < <(cpu_times)
+    [ -z "${SYSCALLS:-}" ] || start_syscalls "$profile $vol"
     out=$("$T" --data-dir "$dir/c" --output json bench "${args[@]}" -d"$secs" -W"$warmup" "$target")
     w1=$(ticks "$writer") n1=0
     for p in $nodes; do n1=$((n1 + $(ticks "$p"))); done
-    python3 - "$profile" "$vol" "$secs" "$warmup" "$hz" $((w1 - w0)) $((n1 - n0)) "$out" <<'EOF'
+    read -r i1 t1 < <(cpu_times)
+    [ -z "${SYSCALLS:-}" ] || stop_syscalls
+    python3 - "$profile" "$vol" "$secs" "$warmup" "$hz" $((w1 - w0)) $((n1 - n0)) "$out" \
+      $((100 * (i1 - i0) / (t1 - t0))) <<'EOF'
 import json, sys
-profile, vol, secs, warmup, hz, w, n, out = sys.argv[1:]
+profile, vol, secs, warmup, hz, w, n, out, idle = sys.argv[1:]
 r = json.loads(out)
 ios = r["iops"] * (float(secs) + float(warmup))
 us = lambda t: 1e6 * int(t) / int(hz) / ios
 print(f"| {profile} | {vol} | {r['iops']:.0f} | {r['total']['latency_us']['p99']:.0f} | "
-      f"{us(w):.1f} | {us(n):.1f} | {us(int(w) + int(n)):.1f} |")
+      f"{us(w):.1f} | {us(n):.1f} | {us(int(w) + int(n)):.1f} | {idle} |")
 EOF
   done
 done
+[ -z "${SYSCALLS:-}" ] || cat "$dir/syscalls.txt"
