@@ -22,7 +22,9 @@ raw() {
   local id
   id=$("$T" --data-dir "$dir/c" --output json status |
     python3 -c 'import json, sys; print("%016x" % [v for v in json.load(sys.stdin)["volumes"] if v["name"] == sys.argv[1]][0]["id"])' "$1")
-  find "$dir/c" -name "replica-$id.data" -exec du -k {} + | awk '{s += $1} END {printf "%.0f", s / 1024}'
+  # The data file, and the pool file past it (where a copy that keeps its trims' blocks grows).
+  find "$dir/c" \( -name "replica-$id.data" -o -name "replica-$id.pool" \) -exec du -k {} + |
+    awk '{s += $1} END {printf "%.0f", s / 1024}'
 }
 mib=$(numfmt --from=iec "$size" | awk '{print $1 / 1048576}')
 row() {
