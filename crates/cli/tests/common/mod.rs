@@ -78,7 +78,11 @@ impl Cluster {
         };
         while !exports.exists() {
             if let Some(st) = c.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("trireme up exited early ({st}):\n{}", c.log());
+                panic!(
+                    "trireme up exited early ({st}):\n{}{}",
+                    c.log(),
+                    c.node_log_tails()
+                );
             }
             assert!(
                 t0.elapsed() < Duration::from_secs(60),
@@ -125,6 +129,36 @@ impl Cluster {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("up.log")).unwrap_or_default()
+    }
+
+    /// The last lines of every node's log: why a node did not start, once the test's
+    /// directory is gone.
+    pub fn node_log_tails(&self) -> String {
+        let mut logs: Vec<_> = std::fs::read_dir(self.dir.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("node-") && n.ends_with(".log"))
+            })
+            .collect();
+        logs.sort();
+        let mut out = String::new();
+        for p in logs {
+            let text = std::fs::read_to_string(&p).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(30)..];
+            out += &format!(
+                "\n--- {} (last {} lines)\n{}\n",
+                p.display(),
+                tail.len(),
+                tail.join("\n")
+            );
+        }
+        out
     }
 
     /// Runs `trireme --data-dir DIR ARGS...`; one that has not ended in two minutes fails the
@@ -183,16 +217,28 @@ impl Cluster {
     /// waits until none of them runs. Returns the data directory, ready for `start_in` (the
     /// stale `exports` file is removed).
     pub fn crash(&mut self) -> tempfile::TempDir {
-        let pids = std::fs::read_to_string(self.path().join("pids")).unwrap_or_default();
-        let mut all: Vec<i32> = pids
-            .lines()
-            .filter_map(|l| l.split_whitespace().nth(1)?.parse().ok())
-            .collect();
-        if let Some(child) = &self.child {
-            all.push(child.id() as i32);
+        // Frozen first, `up` with its nodes, every process started on the cluster's directory:
+        // none flushes on its way out, and `up` starts no node again (it restarts one that
+        // dies). Killed one after another, `up` could restart a node in between, and that node,
+        // sent SIGTERM by its parent's death, could still hold its directory when the cluster
+        // started again (a suspect for "node 1 failed to start" in CI on 2026-12-06).
+        let mut all: Vec<i32> = self.child.iter().map(|c| c.id() as i32).collect();
+        loop {
+            let new: Vec<i32> = processes_naming(self.path())
+                .into_iter()
+                .filter(|p| !all.contains(p))
+                .collect();
+            if new.is_empty() {
+                break;
+            }
+            for &p in all.iter().chain(&new) {
+                // SAFETY: kill(2) on pids of processes this cluster spawned.
+                unsafe { libc::kill(p, libc::SIGSTOP) };
+            }
+            all.extend(new);
         }
         for &p in &all {
-            // SAFETY: kill(2) on pids of processes this cluster spawned.
+            // SAFETY: as above.
             unsafe { libc::kill(p, libc::SIGKILL) };
         }
         if let Some(mut child) = self.child.take() {
@@ -655,4 +701,23 @@ pub fn refused(c: &Cluster, args: &[&str], says: &str) {
     let o = c.cli(args);
     assert!(!o.status.success(), "{args:?} succeeded: {}", text(&o));
     assert!(text(&o).contains(says), "{args:?}: {}", text(&o));
+}
+
+/// The processes whose command line names `dir` or a path in it (`up --data-dir DIR`, its
+/// nodes' `--dir DIR/node-N`).
+fn processes_naming(dir: &std::path::Path) -> Vec<i32> {
+    let dir = dir.as_os_str().as_encoded_bytes();
+    let names = |c: &[u8]| {
+        c.windows(dir.len() + 1)
+            .any(|w| w.starts_with(dir) && matches!(w[dir.len()], b'/' | 0))
+    };
+    let me = std::process::id() as i32;
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&p| p != me)
+        .filter(|p| std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| names(&c)))
+        .collect()
 }
