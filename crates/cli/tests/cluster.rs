@@ -484,3 +484,42 @@ fn up_sets_each_nodes_io_threads() {
         assert_eq!(io, 1, "node {id} runs {io} I/O threads");
     }
 }
+
+/// A node whose directory another process still holds (a node of the last `up`, killed, still
+/// closing its replicas: its parent's death sent it SIGTERM) waits for it to let go, rather
+/// than failing the new `up`'s start.
+#[test]
+fn a_node_waits_for_its_directory_while_another_still_holds_it() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = tempfile::tempdir().unwrap();
+    let node1 = dir.path().join("node-1");
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&node1)
+        .unwrap();
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(node1.join("LOCK"))
+        .unwrap();
+    // SAFETY: flock on a descriptor this test owns.
+    let r = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    assert_eq!(r, 0, "the test could not take the lock");
+    let t0 = std::time::Instant::now();
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(2));
+        drop(lock);
+    });
+    let c = Cluster::start_in(dir, &["--store", "file", "--size", "16M"]);
+    release.join().unwrap();
+    assert!(t0.elapsed() >= Duration::from_secs(2), "started while held");
+    let log = std::fs::read_to_string(c.path().join("node-1.log")).unwrap();
+    assert!(
+        log.contains("waiting for another process to let the store directory go"),
+        "{log}"
+    );
+    let o = c.cli(&["volume", "list"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}

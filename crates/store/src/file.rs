@@ -71,6 +71,43 @@ fn io(volume: u64, op: &'static str) -> impl FnOnce(std::io::Error) -> StoreErro
     move |source| StoreError::Io { volume, op, source }
 }
 
+/// How long opening a store waits for its directory's lock held by another process: a node
+/// of the last `up`, killed, stops on its own (its parent's death sends it SIGTERM) and may
+/// still be closing its replicas when the next `up` starts it again.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Takes the store directory's lock (`LOCK`), waiting up to [`LOCK_WAIT`] for another process
+/// to let it go.
+fn lock_dir(lock: &std::fs::File, dir: &Path) -> Result<(), StoreError> {
+    let t0 = std::time::Instant::now();
+    let mut said = false;
+    loop {
+        // SAFETY: flock on a file descriptor we own; no memory is involved.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::WouldBlock {
+            return Err(StoreError::Io {
+                volume: 0,
+                op: "lock the store directory",
+                source: e,
+            });
+        }
+        if t0.elapsed() >= LOCK_WAIT {
+            return Err(StoreError::Invalid(format!(
+                "store directory {} is in use by another process (waited {} s for it to stop)",
+                dir.display(),
+                LOCK_WAIT.as_secs()
+            )));
+        }
+        if !std::mem::replace(&mut said, true) {
+            tracing::warn!(dir = %dir.display(), "waiting for another process to let the store directory go");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 impl FileStore {
     /// Opens (creating if needed) the store directory and locks it for this process.
     pub fn open(dir: &Path) -> Result<FileStore, StoreError> {
@@ -90,14 +127,7 @@ impl FileStore {
             .write(true)
             .open(dir.join("LOCK"))
             .map_err(io(0, "open LOCK"))?;
-        // SAFETY: flock on a file descriptor we own; no memory is involved.
-        let rc = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if rc != 0 {
-            return Err(StoreError::Invalid(format!(
-                "store directory {} is in use by another process",
-                dir.display()
-            )));
-        }
+        lock_dir(&lock, dir)?;
         Ok(FileStore {
             dir: dir.to_path_buf(),
             thin,
