@@ -15,7 +15,11 @@ for p in 4420 4421; do
 done
 # A host not on the access list is refused.
 echo "transport=tcp,traddr=10.0.2.2,trsvcid=4420,nqn=$NQN,hostnqn=nqn.2014-08.org.nvmexpress:uuid:mallory,hostid=0d9c3b1e-1111-4e6b-9b38-0c9f6d9a7a11" > /dev/nvme-fabrics 2>/dev/null && fail "a stranger connected"
-i=0; until [ -b /dev/nvme0n1 ]; do i=$((i+1)); [ $i -gt 100 ] && fail "no /dev/nvme0n1"; sleep 0.2; done
+# The device, and both paths under it: the second controller's namespace may come a moment
+# after the device does.
+i=0; until [ -b /dev/nvme0n1 ] && [ -e /sys/block/nvme0c0n1/ana_state ] && [ -e /sys/block/nvme0c1n1/ana_state ]; do
+  i=$((i+1)); [ $i -gt 100 ] && { ls /sys/block; fail "no /dev/nvme0n1 with two paths"; }; sleep 0.2
+done
 ls /sys/block
 echo "@@ PATHS $(cat /sys/block/nvme0c0n1/ana_state) $(cat /sys/block/nvme0c1n1/ana_state)"
 mkfs.ext4 -q -F /dev/nvme0n1 || fail mkfs
