@@ -129,7 +129,8 @@ grep -q "err= 0" /tmp/fio.log || fail "fio: $(cat /tmp/fio.log)"
 echo "@@ FIO-VERIFIED"
 # The same until told to stop, while map is killed -9 and started again (/tmp is not on it),
 # over 48 names in turn: however long the round, the file system never fills.
-(i=0; while [ ! -e /tmp/stop ]; do echo $i > /tmp/c.at; dd if=/dev/urandom of=/mnt/c.$((i % 48)) bs=64k count=8 conv=fsync 2>/tmp/c.dd || { echo "c.$i: $(cat /tmp/c.dd)" > /tmp/c.err; break; }; i=$((i+1)); done; echo $i > /tmp/c.done) &
+# The count goes in by a rename: read while a plain `>` had just emptied it, it was "".
+(i=0; while [ ! -e /tmp/stop ]; do echo $i > /tmp/c.at.new; mv /tmp/c.at.new /tmp/c.at; dd if=/dev/urandom of=/mnt/c.$((i % 48)) bs=64k count=8 conv=fsync 2>/tmp/c.dd || { echo "c.$i: $(cat /tmp/c.dd)" > /tmp/c.err; break; }; i=$((i+1)); done; echo $i > /tmp/c.done) &
 sleep 2
 [ -e /tmp/c.done ] && fail "the writes ended before map was killed: $(cat /tmp/c.err)"
 kill -9 $(pidof trireme) || fail "no map process"
