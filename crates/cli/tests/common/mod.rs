@@ -222,20 +222,18 @@ impl Cluster {
         // dies). Killed one after another, `up` could restart a node in between, and that node,
         // sent SIGTERM by its parent's death, could still hold its directory when the cluster
         // started again (a suspect for "node 1 failed to start" in CI on 2026-12-06).
-        let mut all: Vec<i32> = self.child.iter().map(|c| c.id() as i32).collect();
-        loop {
-            let new: Vec<i32> = processes_naming(self.path())
-                .into_iter()
-                .filter(|p| !all.contains(p))
-                .collect();
-            if new.is_empty() {
-                break;
-            }
-            for &p in all.iter().chain(&new) {
+        let mut all: Vec<i32> = Vec::new();
+        let mut new: Vec<i32> = self.child.iter().map(|c| c.id() as i32).collect();
+        while !new.is_empty() {
+            for &p in &new {
                 // SAFETY: kill(2) on pids of processes this cluster spawned.
                 unsafe { libc::kill(p, libc::SIGSTOP) };
             }
-            all.extend(new);
+            all.append(&mut new);
+            new = processes_naming(self.path())
+                .into_iter()
+                .filter(|p| !all.contains(p))
+                .collect();
         }
         for &p in &all {
             // SAFETY: as above.
