@@ -11,6 +11,7 @@
 # (e.g. --volatile-bookkeeping). Prints a Markdown table, with the machine's idle share over
 # each run (/proc/stat): CPU that no process used while the run waited. On two cores the
 # whole cluster shares the machine: CPU per I/O says where the time goes, IOPS alone cannot.
+# Before each run it waits for the cluster to settle (vol0's encoder idle).
 # SYSCALLS=1 also counts the nodes' fdatasync, fsync and fallocate calls by file (perf's
 # syscall tracepoints), and the activity-log syncs in each second of each run.
 set -euo pipefail
@@ -29,6 +30,28 @@ ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 cpu_times() { awk '$1 == "cpu" { t = 0; for (i = 2; i <= NF; i++) t += $i; print $5 + $6, t }' /proc/stat; }
 hz=$(getconf CLK_TCK)
 nodes=$(awk '$1 ~ /^node-/ { print $2 }' "$dir/c/pids")
+
+# settle: waits (at most 2 min) until the nodes and vol0's writer took under 5% of a core
+# for three seconds in a row. A volume left idle has its encoder work at its full rate (a
+# hot run's overlay folded back), and it ran on the nodes under the next run, the other
+# volume's: a 3-way run after a 4+2 one took 0.15-0.6x the IOPS of one before it.
+settle() {
+  local quiet=0 before after p
+  for _ in $(seq 120); do
+    before=$(ticks "$vol0_writer")
+    for p in $nodes; do before=$((before + $(ticks "$p"))); done
+    sleep 1
+    after=$(ticks "$vol0_writer")
+    for p in $nodes; do after=$((after + $(ticks "$p"))); done
+    if [ $((20 * (after - before))) -lt "$hz" ]; then
+      quiet=$((quiet + 1))
+      [ $quiet -ge 3 ] && return
+    else
+      quiet=0
+    fi
+  done
+  echo "vol0's encoder did not settle in 2 minutes" >&2
+}
 
 # start_syscalls RUN: records the nodes' sync and fallocate calls until stop_syscalls, which
 # appends RUN's counts by file (names from /proc/PID/fd) to "$dir/syscalls.txt".
@@ -57,6 +80,7 @@ for profile in ${PROFILES:-hot hot-qd1}; do
     *) echo "unknown profile $profile (hot, hot-qd1, cold)" >&2; exit 2 ;;
   esac
   for vol in m3 vol0; do
+    settle
     target=$curi writer=$m3_writer
     [ "$vol" = vol0 ] && target=$uri writer=$vol0_writer
     w0=$(ticks "$writer") n0=0

@@ -31,9 +31,11 @@ print(v["resiliency"]["regions"].get("overlay_percent", "?"))'
 # vol0 from a `trireme nbd` of its own (it fences `up`'s writer; ENCODE_RATE is its
 # `--encode-rate`) as m3 is. Sets $uri (vol0), $curi (m3) and $cpid (both writers' pids).
 # M3_FILL=0 leaves m3 unwritten, so its writes allocate as those into vol0's trimmed blocks do.
+# LAYOUT (default 4+2) is vol0's parity, on NODES nodes (default 6): 2+1 on 3 puts both
+# volumes on the same three nodes, so the spread of writes over more nodes drops out.
 parity_volumes() {
   local m3 m3uri
-  start_up --nodes 6 --parity 4+2 --size 1G --store file --node-capacity 4G "$@"
+  start_up --nodes "${NODES:-6}" --parity "${LAYOUT:-4+2}" --size 1G --store file --node-capacity 4G "$@"
   "$T" --data-dir "$dir/c" volume create m3 --size 1G --replicas 3 >/dev/null
   serve m3
   m3=$cpid
