@@ -193,6 +193,17 @@ impl VolumeCore {
     /// What `region`'s encode needs done now; `place`: the place the executor holds for it.
     /// A trim handed out is fixed: asked again, the same blocks.
     pub fn encode_next(&mut self, region: u64, place: Option<Ticket>) -> Option<EncodeAction> {
+        let next = self.encode_peek(region, place);
+        if let (Some(EncodeAction::Do(EncodeStep::Free { .. })), Some(map)) =
+            (&next, &mut self.regions)
+        {
+            map.fix_free(region);
+        }
+        next
+    }
+
+    /// What [`VolumeCore::encode_next`] would hand out now, without fixing a trim's blocks.
+    pub fn encode_peek(&self, region: u64, place: Option<Ticket>) -> Option<EncodeAction> {
         let map = self.regions.as_ref()?;
         let step = map.step(region)?;
         if matches!(step, EncodeStep::Read { .. } | EncodeStep::Free { .. }) {
@@ -208,9 +219,6 @@ impl VolumeCore {
             if !holds {
                 return Some(EncodeAction::Hold { start, end });
             }
-        }
-        if let (EncodeStep::Free { .. }, Some(map)) = (&step, &mut self.regions) {
-            map.fix_free(region);
         }
         Some(EncodeAction::Do(step))
     }
@@ -229,13 +237,12 @@ impl VolumeCore {
         map.answered(region, ok && (all_in_sync || !before_switch))
     }
 
-    /// The region the encoder should take next, by each region's `heat` (see
-    /// [`RegionMap::to_encode`]), keeping the layout's mirrored share; None for a mirror.
-    pub fn region_to_encode(&self, heat: impl Fn(u64) -> u64) -> Option<u64> {
-        let Layout::Parity(p) = self.layout else {
-            return None;
+    /// Up to `most` regions for the encoder to take together ([`RegionMap::to_encode_batch`]).
+    pub fn regions_to_encode(&self, heat: impl Fn(u64) -> u64, most: usize) -> Vec<u64> {
+        let (Layout::Parity(p), Some(map)) = (self.layout, self.regions.as_ref()) else {
+            return Vec::new();
         };
-        self.regions.as_ref()?.to_encode(p.mirror_share, heat)
+        map.to_encode_batch(p.mirror_share, heat, most)
     }
 
     /// The regions being encoded.

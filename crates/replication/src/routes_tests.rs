@@ -341,7 +341,12 @@ fn a_trim_over_a_stripe_or_an_encode_is_sent_as_zeroes() {
 fn the_core_offers_regions_to_encode_by_the_layouts_share() {
     let mut c = healthy();
     let heat = |r: u64| [3, 0, 2, 1][r as usize];
-    assert_eq!(c.region_to_encode(heat), Some(1));
+    assert_eq!(c.regions_to_encode(heat, 1), vec![1]);
+    assert_eq!(
+        c.regions_to_encode(heat, 8),
+        vec![1, 3, 2, 0],
+        "each counted as freed"
+    );
     c.restore_regions(
         &[
             Region::Parity { slot: 0 },
@@ -353,9 +358,9 @@ fn the_core_offers_regions_to_encode_by_the_layouts_share() {
     )
     .unwrap();
     // 25% mirrored is over 20%: the last mirrored region goes too.
-    assert_eq!(c.region_to_encode(heat), Some(3));
+    assert_eq!(c.regions_to_encode(heat, 8), vec![3]);
     let mirror = VolumeCore::new(&[(1, ReplicaState::InSync)], 0, false, 4);
-    assert_eq!(mirror.region_to_encode(heat), None);
+    assert_eq!(mirror.regions_to_encode(heat, 8), Vec::<u64>::new());
 }
 
 /// A writer attached again takes the recorded regions (the rest mirrored) and the overlay

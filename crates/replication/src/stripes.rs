@@ -356,6 +356,16 @@ impl RegionMap {
     /// back would trim it and the next write would allocate its blocks again. Regions being
     /// encoded are not offered again.
     pub fn to_encode(&self, share: u8, heat: impl Fn(u64) -> u64) -> Option<u64> {
+        self.to_encode_batch(share, heat, 1).pop()
+    }
+
+    /// Up to `most` regions to encode together, in the order [`RegionMap::to_encode`] would
+    /// take them one at a time, each counted as freed before the next is chosen. Begun only
+    /// over the budget, a batch goes on to a sixteenth under it (when that is a region or
+    /// more): at the budget's edge,
+    /// where writes push the share over a few blocks at a time, it would otherwise be one
+    /// region at a time, each with a flush of its own.
+    pub fn to_encode_batch(&self, share: u8, heat: impl Fn(u64) -> u64, most: usize) -> Vec<u64> {
         let rb = self.stripes.region_blocks();
         let mut mirrored: BTreeMap<u64, u64> = BTreeMap::new();
         for (r, kind) in self.regions.iter().enumerate() {
@@ -368,14 +378,30 @@ impl RegionMap {
         }
         let total = rb * self.regions.len() as u64;
         let budget = total * u64::from(share) / 100;
-        if mirrored.values().sum::<u64>() <= budget {
-            return None;
+        let mut over = mirrored.values().sum::<u64>();
+        if over <= budget {
+            return Vec::new();
         }
-        mirrored
+        let mut order: Vec<(u64, u64)> = mirrored
             .into_iter()
             .filter(|(r, _)| !self.encodes.contains_key(r))
-            .min_by_key(|&(r, n)| (heat(r), std::cmp::Reverse(n), r))
-            .map(|(r, _)| r)
+            .collect();
+        order.sort_by_cached_key(|&(r, n)| (heat(r), std::cmp::Reverse(n), r));
+        let mut batch = Vec::new();
+        // Not in a volume too small for a sixteenth to be a region: it would take one more.
+        let low = if budget / 16 >= rb {
+            budget - budget / 16
+        } else {
+            budget
+        };
+        for (r, n) in order {
+            if over <= low || batch.len() >= most {
+                break;
+            }
+            batch.push(r);
+            over -= n;
+        }
+        batch
     }
 
     /// A write of `block`: to its region's mirrored copies, always.

@@ -528,3 +528,43 @@ fn the_encoder_takes_the_coldest_of_the_mirrored_share_while_it_is_over_budget()
     map = RegionMap::restore(map.stripes().clone(), one_mirrored, held);
     assert_eq!(map.to_encode(50, heat), None);
 }
+
+/// A batch takes regions in the order they would be taken one at a time, counting each as
+/// freed before the next. Begun over the budget, it goes on to a sixteenth under it, so
+/// that writes pushing the share over a block at a time still meet full batches.
+#[test]
+fn a_batch_to_encode_goes_a_little_under_the_budget() {
+    let p = Parity::parse("2+1", None).unwrap();
+    let s = Stripes::new(&p, vec![1, 2, 3]).unwrap();
+    let rb = s.region_blocks();
+    let regions = 64;
+    let mut map = RegionMap::new(s, regions * rb);
+    let heat = |r: u64| (r * 37) % regions;
+    let coldest: Vec<u64> = {
+        let mut all: Vec<u64> = (0..regions).collect();
+        all.sort_by_key(|&r| heat(r));
+        all
+    };
+    // All mirrored, a half kept (32 regions): 32 to go, and two more to a sixteenth under.
+    assert_eq!(map.to_encode_batch(50, heat, 64), coldest[..34].to_vec());
+    assert_eq!(
+        map.to_encode_batch(50, heat, 8),
+        coldest[..8].to_vec(),
+        "at most as asked"
+    );
+    assert_eq!(map.to_encode(50, heat), Some(coldest[0]));
+    // One being encoded is not offered again, and still counts as mirrored.
+    map.begin(coldest[0], |_| true).unwrap();
+    assert_eq!(map.to_encode_batch(50, heat, 64), coldest[1..35].to_vec());
+    map.abandon_all();
+    // At the budget: nothing, however far from its low mark.
+    let mut kinds = vec![Region::Parity { slot: 0 }; 32];
+    kinds.extend(vec![Region::Mirror; 32]);
+    map = RegionMap::restore(map.stripes().clone(), kinds.clone(), []);
+    assert_eq!(map.to_encode_batch(50, heat, 8), Vec::<u64>::new());
+    // One block over it (overlay): to a sixteenth under, 2 regions and that block's.
+    map = RegionMap::restore(map.stripes().clone(), kinds, [5]);
+    let batch = map.to_encode_batch(50, heat, 8);
+    let mirrored = batch.iter().filter(|&&r| r >= 32).count();
+    assert_eq!((batch.len(), mirrored), (3, 2), "{batch:?}");
+}
