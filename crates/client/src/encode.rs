@@ -52,22 +52,155 @@ impl Volume {
     /// every node, and must not return before the record holds it.
     pub async fn encode<R, F>(&self, region: u64, record: R) -> Result<Region, EncodeError>
     where
-        R: Fn(u64, Region) -> F,
-        F: Future<Output = Result<(), String>>,
+        R: Fn(u64, Region) -> F + Sync,
+        F: Future<Output = Result<(), String>> + Send,
     {
-        let refused = |source| EncodeError::Refused {
-            volume: self.info.name.clone(),
-            region,
-            source,
-        };
+        let mut ends = self.encode_batch(&[region], record).await;
+        ends.pop().expect("an end for each region")
+    }
+
+    /// Encodes `regions` together, as [`Volume::encode`] does one, with one flush of the
+    /// stripe's nodes for all of them: each region's read and chunk writes in turn, the
+    /// flush, each switch in turn, then every region's trims at once (a node makes trims
+    /// that come together durable in one flush of its held map). A flush is the costly
+    /// part of an encode beside client I/O: one per region stalled the writes around it
+    /// (see ARCHITECTURE.md, "Parity"). The end of each region, in the order given.
+    pub async fn encode_batch<R, F>(
+        &self,
+        regions: &[u64],
+        record: R,
+    ) -> Vec<Result<Region, EncodeError>>
+    where
+        R: Fn(u64, Region) -> F + Sync,
+        F: Future<Output = Result<(), String>> + Send,
+    {
         // A scrub of a region reads and repairs the chunks reads are sent to; not while an
         // encode switches them.
         let _work = self.stripe_work.lock().await;
-        self.core().encode_begin(region).map_err(refused)?;
+        let mut ends: Vec<Option<Result<Region, EncodeError>>> = regions
+            .iter()
+            .map(|&region| {
+                let begun = self.core().encode_begin(region);
+                begun.err().map(|source| {
+                    Err(EncodeError::Refused {
+                        volume: self.info.name.clone(),
+                        region,
+                        source,
+                    })
+                })
+            })
+            .collect();
+        // Each region's read and chunk writes, up to its flush.
+        let at_flush = |a: &EncodeAction| matches!(a, EncodeAction::Do(EncodeStep::Flush { .. }));
+        for (i, &region) in regions.iter().enumerate() {
+            if ends[i].is_none() {
+                ends[i] = self
+                    .encode_until(region, &record, at_flush)
+                    .await
+                    .transpose();
+            }
+        }
+        self.batch_flush(regions, &mut ends).await;
+        // Each switch in turn (a record each), then the trims of all at once.
+        let past_switch = |a: &EncodeAction| {
+            matches!(
+                a,
+                EncodeAction::Hold { .. } | EncodeAction::Do(EncodeStep::Free { .. })
+            )
+        };
+        for (i, &region) in regions.iter().enumerate() {
+            if ends[i].is_none() {
+                ends[i] = self
+                    .encode_until(region, &record, past_switch)
+                    .await
+                    .transpose();
+            }
+        }
+        let frees = regions
+            .iter()
+            .zip(&ends)
+            .filter(|(_, e)| e.is_none())
+            .map(|(&region, _)| {
+                let record = &record;
+                Box::pin(
+                    async move { (region, self.encode_until(region, record, |_| false).await) },
+                ) as std::pin::Pin<Box<dyn Future<Output = _> + Send + '_>>
+            });
+        let frees: Vec<_> = frees.collect();
+        for (region, end) in join_all::<(u64, Result<Option<Region>, EncodeError>)>(frees).await {
+            let i = regions
+                .iter()
+                .position(|&r| r == region)
+                .expect("a region of the batch");
+            ends[i] = end.transpose();
+        }
+        ends.into_iter()
+            .zip(regions)
+            .map(|(end, &region)| end.unwrap_or_else(|| Ok(self.region_kind(region))))
+            .collect()
+    }
+
+    /// The one flush of a batch: every node of the stripe, answered for each region that
+    /// waits for it.
+    async fn batch_flush(&self, regions: &[u64], ends: &mut [Option<Result<Region, EncodeError>>]) {
+        let waiting: Vec<usize> = (0..regions.len()).filter(|&i| ends[i].is_none()).collect();
+        if waiting.is_empty() {
+            return;
+        }
+        // The same nodes for every region: the stripe's.
+        let step = self
+            .core()
+            .region_map()
+            .and_then(|m| waiting.iter().find_map(|&i| m.step(regions[i])));
+        let done = match step {
+            Some(EncodeStep::Flush { nodes }) => {
+                let flushes = nodes
+                    .iter()
+                    .map(|&n| (n, self.header(Op::Flush, 0, 0), Bytes::new()))
+                    .collect();
+                self.to_nodes(flushes).await
+            }
+            other => Err(format!("the encode was at {other:?}, not its flush")),
+        };
+        if let Err(why) = &done {
+            tracing::warn!(volume = %self.info.name, "an encode's flush failed: {why}");
+        }
+        for i in waiting {
+            let end = self.core().encode_answered(regions[i], done.is_ok());
+            ends[i] = self.ended(regions[i], end, "flush", done.clone());
+        }
+    }
+
+    /// Carries out `region`'s steps as the core hands them out, until the next is one
+    /// `stop` names (left undone: `None`) or the encode ends (its end).
+    async fn encode_until<R, F>(
+        &self,
+        region: u64,
+        record: &R,
+        stop: impl Fn(&EncodeAction) -> bool,
+    ) -> Result<Option<Region>, EncodeError>
+    where
+        R: Fn(u64, Region) -> F + Sync,
+        F: Future<Output = Result<(), String>> + Send,
+    {
         let mut place: Option<Place<'_>> = None;
         let mut chunks: Vec<Vec<u8>> = Vec::new();
         loop {
             let ticket = place.as_ref().and_then(Place::ticket);
+            // None: the core dropped the encode (a resync of one of its nodes began) while
+            // it waited for the rest of its batch.
+            let dropped = || EncodeError::Abandoned {
+                volume: self.info.name.clone(),
+                region,
+                step: "batch",
+                why: Some("the writer's core dropped it".into()),
+            };
+            let Some(next) = self.core().encode_peek(region, ticket) else {
+                return Err(dropped());
+            };
+            if stop(&next) {
+                return Ok(None);
+            }
             let next = self.core().encode_next(region, ticket);
             let step = match next {
                 Some(EncodeAction::Hold { start, end }) => {
@@ -75,38 +208,52 @@ impl Volume {
                     continue;
                 }
                 Some(EncodeAction::Do(step)) => step,
-                None => unreachable!("an encode begun hands out steps until it ends"),
+                None => return Err(dropped()),
             };
             if matches!(step, EncodeStep::Write { .. } | EncodeStep::Free { .. }) {
                 // Reads planned before this step may name what it overwrites or trims.
                 drop(self.read_gate.write().await);
             }
-            let (name, done) = self.encode_step(&step, &mut chunks, &record).await;
+            let (name, done) = self.encode_step(&step, &mut chunks, record).await;
             if let Err(why) = &done {
                 tracing::warn!(volume = %self.info.name, region, step = name, "encode step failed: {why}");
             }
             let end = self.core().encode_answered(region, done.is_ok());
             // The hold served the read or the trim that asked for it.
             place = None;
-            match end {
-                EncodeEnd::Going => {}
-                EncodeEnd::Done => {
-                    let kind = self
-                        .core()
-                        .region_map()
-                        .map(|m| m.regions()[region as usize]);
-                    return Ok(kind.unwrap_or(Region::Mirror));
-                }
-                EncodeEnd::Abandoned => {
-                    return Err(EncodeError::Abandoned {
-                        volume: self.info.name.clone(),
-                        region,
-                        step: name,
-                        why: done.err(),
-                    })
-                }
+            if let Some(end) = self.ended(region, end, name, done) {
+                return end.map(Some);
             }
         }
+    }
+
+    /// What an answered step ended in: `None` while the encode goes on.
+    fn ended(
+        &self,
+        region: u64,
+        end: EncodeEnd,
+        step: &'static str,
+        done: Result<(), String>,
+    ) -> Option<Result<Region, EncodeError>> {
+        match end {
+            EncodeEnd::Going => None,
+            EncodeEnd::Done => Some(Ok(self.region_kind(region))),
+            EncodeEnd::Abandoned => Some(Err(EncodeError::Abandoned {
+                volume: self.info.name.clone(),
+                region,
+                step,
+                why: done.err(),
+            })),
+        }
+    }
+
+    /// `region`'s kind as the core records it now.
+    fn region_kind(&self, region: u64) -> Region {
+        let kind = self
+            .core()
+            .region_map()
+            .map(|m| m.regions()[region as usize]);
+        kind.unwrap_or(Region::Mirror)
     }
 
     /// Carries out one step; its name, and why it failed.
@@ -117,8 +264,8 @@ impl Volume {
         record: &R,
     ) -> (&'static str, Result<(), String>)
     where
-        R: Fn(u64, Region) -> F,
-        F: Future<Output = Result<(), String>>,
+        R: Fn(u64, Region) -> F + Sync,
+        F: Future<Output = Result<(), String>> + Send,
     {
         match step {
             EncodeStep::Read { region } => ("read", self.encode_read(*region, chunks).await),
