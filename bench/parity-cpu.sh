@@ -13,7 +13,9 @@
 # whole cluster shares the machine: CPU per I/O says where the time goes, IOPS alone cannot.
 # Before each run it waits for the cluster to settle (vol0's encoder idle).
 # SYSCALLS=1 also counts the nodes' fdatasync, fsync and fallocate calls by file (perf's
-# syscall tracepoints), and the activity-log syncs in each second of each run.
+# syscall tracepoints), and the activity-log syncs in each second of each run. It slowed
+# some runs several times over (3-way at 3.1-3.8k IOPS against 21-24k): count with it,
+# never time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${SECS:-10}"
@@ -34,7 +36,7 @@ nodes=$(awk '$1 ~ /^node-/ { print $2 }' "$dir/c/pids")
 # settle: waits (at most 2 min) until the nodes and vol0's writer took under 5% of a core
 # for three seconds in a row. A volume left idle has its encoder work at its full rate (a
 # hot run's overlay folded back), and it ran on the nodes under the next run, the other
-# volume's: a 3-way run after a 4+2 one took 0.15-0.6x the IOPS of one before it.
+# volume's: 2,710 data-file syncs of vol0 during a 25 s 3-way run.
 settle() {
   local quiet=0 before after p
   for _ in $(seq 120); do
