@@ -784,12 +784,9 @@ struct CountingReplica {
     flushes: Arc<std::sync::atomic::AtomicU64>,
 }
 
-impl Store for CountingStore {
-    fn kind(&self) -> trireme_store::StoreKind {
-        self.inner.kind()
-    }
-    fn blocking(&self) -> bool {
-        self.inner.blocking()
+impl trireme_store::filter::StoreFilter for CountingStore {
+    fn next(&self) -> &dyn Store {
+        &self.inner
     }
     fn create(
         &self,
@@ -800,65 +797,19 @@ impl Store for CountingStore {
         let flushes = self.flushes.clone();
         Ok(Arc::new(CountingReplica { inner, flushes }))
     }
-    fn preallocate(&self, volume: u64) -> Result<(), trireme_store::StoreError> {
-        self.inner.preallocate(volume)
-    }
     fn open_all(&self) -> Vec<Result<Arc<dyn Replica>, trireme_store::StoreError>> {
         Vec::new()
     }
-    fn delete(&self, volume: u64) -> Result<(), trireme_store::StoreError> {
-        self.inner.delete(volume)
-    }
 }
 
-impl Replica for CountingReplica {
-    fn volume(&self) -> u64 {
-        self.inner.volume()
-    }
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn epoch(&self) -> u64 {
-        self.inner.epoch()
-    }
-    fn set_epoch(&self, epoch: u64) -> Result<(), trireme_store::StoreError> {
-        self.inner.set_epoch(epoch)
-    }
-    fn allocated_bytes(&self) -> u64 {
-        self.inner.allocated_bytes()
-    }
-    fn resize(&self, size: u64) -> Result<(), trireme_store::StoreError> {
-        self.inner.resize(size)
-    }
-    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), trireme_store::StoreError> {
-        self.inner.read(offset, buf)
-    }
-    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), trireme_store::StoreError> {
-        self.inner.write(offset, data, fua)
-    }
-    fn write_zeroes(
-        &self,
-        offset: u64,
-        len: u64,
-        may_trim: bool,
-        fua: bool,
-    ) -> Result<(), trireme_store::StoreError> {
-        self.inner.write_zeroes(offset, len, may_trim, fua)
+impl trireme_store::filter::ReplicaFilter for CountingReplica {
+    fn next(&self) -> &dyn Replica {
+        &*self.inner
     }
     fn flush(&self) -> Result<(), trireme_store::StoreError> {
         self.flushes
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.inner.flush()
-    }
-    fn block_status(
-        &self,
-        offset: u64,
-        len: u64,
-    ) -> Result<Vec<trireme_proto::Extent>, trireme_store::StoreError> {
-        self.inner.block_status(offset, len)
-    }
-    fn incarnation(&self) -> u64 {
-        self.inner.incarnation()
     }
 }
 
