@@ -92,14 +92,7 @@ impl Volume {
             .collect();
         // Each region's read and chunk writes, up to its flush.
         let at_flush = |a: &EncodeAction| matches!(a, EncodeAction::Do(EncodeStep::Flush { .. }));
-        for (i, &region) in regions.iter().enumerate() {
-            if ends[i].is_none() {
-                ends[i] = self
-                    .encode_until(region, &record, at_flush)
-                    .await
-                    .transpose();
-            }
-        }
+        self.each_until(regions, &mut ends, &record, at_flush).await;
         self.batch_flush(regions, &mut ends).await;
         // Each switch in turn (a record each), then the trims of all at once.
         let past_switch = |a: &EncodeAction| {
@@ -108,36 +101,41 @@ impl Volume {
                 EncodeAction::Hold { .. } | EncodeAction::Do(EncodeStep::Free { .. })
             )
         };
-        for (i, &region) in regions.iter().enumerate() {
-            if ends[i].is_none() {
-                ends[i] = self
-                    .encode_until(region, &record, past_switch)
-                    .await
-                    .transpose();
-            }
-        }
-        let frees = regions
-            .iter()
-            .zip(&ends)
-            .filter(|(_, e)| e.is_none())
-            .map(|(&region, _)| {
+        self.each_until(regions, &mut ends, &record, past_switch)
+            .await;
+        let frees: Vec<_> = (0..regions.len())
+            .filter(|&i| ends[i].is_none())
+            .map(|i| {
                 let record = &record;
-                Box::pin(
-                    async move { (region, self.encode_until(region, record, |_| false).await) },
-                ) as std::pin::Pin<Box<dyn Future<Output = _> + Send + '_>>
-            });
-        let frees: Vec<_> = frees.collect();
-        for (region, end) in join_all::<(u64, Result<Option<Region>, EncodeError>)>(frees).await {
-            let i = regions
-                .iter()
-                .position(|&r| r == region)
-                .expect("a region of the batch");
+                Box::pin(async move { (i, self.encode_until(regions[i], record, |_| false).await) })
+                    as std::pin::Pin<Box<dyn Future<Output = _> + Send + '_>>
+            })
+            .collect();
+        for (i, end) in join_all::<(usize, Result<Option<Region>, EncodeError>)>(frees).await {
             ends[i] = end.transpose();
         }
         ends.into_iter()
-            .zip(regions)
-            .map(|(end, &region)| end.unwrap_or_else(|| Ok(self.region_kind(region))))
+            .map(|end| end.expect("an encode goes on until it ends"))
             .collect()
+    }
+
+    /// Carries out each region's steps in turn, those still going, up to the next `stop`
+    /// names.
+    async fn each_until<R, F>(
+        &self,
+        regions: &[u64],
+        ends: &mut [Option<Result<Region, EncodeError>>],
+        record: &R,
+        stop: impl Fn(&EncodeAction) -> bool + Copy,
+    ) where
+        R: Fn(u64, Region) -> F + Sync,
+        F: Future<Output = Result<(), String>> + Send,
+    {
+        for (i, &region) in regions.iter().enumerate() {
+            if ends[i].is_none() {
+                ends[i] = self.encode_until(region, record, stop).await.transpose();
+            }
+        }
     }
 
     /// The one flush of a batch: every node of the stripe, answered for each region that
@@ -183,18 +181,18 @@ impl Volume {
         R: Fn(u64, Region) -> F + Sync,
         F: Future<Output = Result<(), String>> + Send,
     {
+        // None from the core: it dropped the encode (a resync of one of its nodes began)
+        // while it waited for the rest of its batch.
+        let dropped = || EncodeError::Abandoned {
+            volume: self.info.name.clone(),
+            region,
+            step: "batch",
+            why: Some("the writer's core dropped it".into()),
+        };
         let mut place: Option<Place<'_>> = None;
         let mut chunks: Vec<Vec<u8>> = Vec::new();
         loop {
             let ticket = place.as_ref().and_then(Place::ticket);
-            // None: the core dropped the encode (a resync of one of its nodes began) while
-            // it waited for the rest of its batch.
-            let dropped = || EncodeError::Abandoned {
-                volume: self.info.name.clone(),
-                region,
-                step: "batch",
-                why: Some("the writer's core dropped it".into()),
-            };
             let Some(next) = self.core().encode_peek(region, ticket) else {
                 return Err(dropped());
             };

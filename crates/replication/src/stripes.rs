@@ -362,9 +362,8 @@ impl RegionMap {
     /// Up to `most` regions to encode together, in the order [`RegionMap::to_encode`] would
     /// take them one at a time, each counted as freed before the next is chosen. Begun only
     /// over the budget, a batch goes on to a sixteenth under it (when that is a region or
-    /// more): at the budget's edge,
-    /// where writes push the share over a few blocks at a time, it would otherwise be one
-    /// region at a time, each with a flush of its own.
+    /// more): at the budget's edge, where writes push the share over a few blocks at a
+    /// time, it would otherwise be one region at a time, each with a flush of its own.
     pub fn to_encode_batch(&self, share: u8, heat: impl Fn(u64) -> u64, most: usize) -> Vec<u64> {
         let rb = self.stripes.region_blocks();
         let mut mirrored: BTreeMap<u64, u64> = BTreeMap::new();
