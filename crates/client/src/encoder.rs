@@ -95,7 +95,7 @@ impl Volume {
     async fn encode_next(&self) -> Result<Option<Duration>, ()> {
         // Nor while copies kept with their history lost wait for their reconcile
         // (`Volume::keep_lost`): an encode would read a region from what they hold.
-        if self.in_sync().len() < self.replica_count()
+        if !self.core().every_copy_in_sync()
             || self.core().stopped()
             || !self.kept_lost().is_empty()
         {

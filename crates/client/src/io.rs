@@ -454,7 +454,7 @@ impl Volume {
         }
         let others: Vec<u32> = self.in_sync().into_iter().map(|j| self.node(j)).collect();
         for (node, batch) in self.tiers.learned(self.node(i), extent, flags, &others) {
-            let Some(j) = (0..self.replica_count()).find(|&j| self.node(j) == node) else {
+            let Some(j) = self.slot_of(node) else {
                 continue;
             };
             let Some(c) = self.conn(&self.slots[j]) else {

@@ -591,6 +591,12 @@ async fn a_lost_copy_is_replaced_in_its_place_on_a_new_node() {
     assert!(done.full, "{done:?}");
     assert!(v.replica_views().iter().all(|r| r.node != 2));
     assert!(v.read(0, size).await.unwrap()[..] == model[..]);
+    // The old copy's slot stays in the set, moved off: encodes go on over the new one
+    // (every one was abandoned until the writer attached again).
+    assert!(matches!(
+        v.encode(1, &record).await,
+        Ok(Region::Parity { .. })
+    ));
     // Node 1 fails reads: region 0's blocks come from node 4's mirror, region 2's (parity)
     // are rebuilt from node 4's and node 3's chunks.
     std::fs::write(&specs[0].0, "read=1").unwrap();

@@ -146,7 +146,7 @@ impl Volume {
         let (took, failed, first) = {
             let _g = self.membership_lock.lock().await;
             let targets = self.in_sync();
-            if targets.len() != self.replica_count() {
+            if !self.core().every_copy_in_sync() {
                 return Err(VolumeError::Rollback {
                     volume: self.info.name.clone(),
                     why: "not every copy is in sync: wait for the resync".into(),

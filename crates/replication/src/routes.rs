@@ -180,14 +180,13 @@ impl VolumeCore {
     /// Begins encoding `region` (a mirrored one into a stripe, or folding a parity one's
     /// overlay back): every node of the stripe must be in sync.
     pub fn encode_begin(&mut self, region: u64) -> Result<(), EncodeRefusal> {
-        let up: Vec<bool> = (0..self.set.len())
-            .map(|i| self.set.state(i) == ReplicaState::InSync)
+        // By its copy not moved off: a node drained and back again has an old slot too.
+        let up: Vec<u32> = (0..self.set.len())
+            .filter(|&i| self.set.state(i) == ReplicaState::InSync)
+            .map(|i| self.node(i))
             .collect();
-        let nodes: Vec<u32> = (0..self.set.len()).map(|i| self.node(i)).collect();
         let map = self.regions.as_mut().ok_or(EncodeRefusal::NotParity)?;
-        map.begin(region, |n| {
-            nodes.iter().position(|&m| m == n).is_some_and(|i| up[i])
-        })
+        map.begin(region, |n| up.contains(&n))
     }
 
     /// What `region`'s encode needs done now; `place`: the place the executor holds for it.
@@ -226,7 +225,7 @@ impl VolumeCore {
     /// The step [`VolumeCore::encode_next`] gave was carried out (`ok`) or failed. Before the
     /// switch, a node of the stripe out of sync fails it: the node may have lost its chunk.
     pub fn encode_answered(&mut self, region: u64, ok: bool) -> EncodeEnd {
-        let all_in_sync = (0..self.set.len()).all(|i| self.set.state(i) == ReplicaState::InSync);
+        let all_in_sync = self.every_copy_in_sync();
         let Some(map) = &mut self.regions else {
             return EncodeEnd::Abandoned;
         };

@@ -556,3 +556,68 @@ fn a_replaced_copy_takes_the_old_ones_place_and_nothing_else_moves() {
     let mut mirror = VolumeCore::new(&[(1, ReplicaState::Failed)], 0, false, 4);
     assert_eq!(mirror.replace(1, 2, 0), Err(Refusal::NotParity));
 }
+
+/// Encodes a region from its begin to its end, holding what the core asks to hold.
+fn encode_through(c: &mut VolumeCore, region: u64) -> crate::EncodeEnd {
+    use crate::{EncodeAction, EncodeEnd};
+    if let Err(e) = c.encode_begin(region) {
+        panic!("region {region}: {e}");
+    }
+    let mut place = None;
+    loop {
+        match c.encode_next(region, place) {
+            Some(EncodeAction::Hold { start, end }) => {
+                let Some(Action::Proceed { place: p, .. }) =
+                    c.step(Input::Hold { start, end }).pop()
+                else {
+                    panic!("an idle region is held at once");
+                };
+                place = p;
+            }
+            Some(EncodeAction::Do(_)) => match c.encode_answered(region, true) {
+                EncodeEnd::Going => {}
+                end => return end,
+            },
+            None => panic!("region {region}: no step"),
+        }
+    }
+}
+
+/// A replaced copy's old slot stays in the set, moved off: it must not stop the encodes that
+/// follow once the new copy is in sync (they were all abandoned until the writer attached
+/// again), nor a node that comes back to its place later.
+#[test]
+fn encodes_go_on_after_a_copy_is_replaced_and_its_node_comes_back() {
+    use crate::{EncodeEnd, ResyncProgress};
+    let progress = ResyncProgress {
+        full: true,
+        total_bytes: 0,
+        done_bytes: 0,
+        copied_bytes: 0,
+        elapsed_ms: 0,
+    };
+    let r = [
+        (1, ReplicaState::InSync),
+        (2, ReplicaState::Failed),
+        (3, ReplicaState::InSync),
+    ];
+    let p = Parity {
+        data: 2,
+        parity: 1,
+        mirror_share: 20,
+    };
+    let mut c = VolumeCore::new(&r, 0, false, 5)
+        .with_stripes(p, 4 * REGION)
+        .unwrap();
+    assert_eq!(c.replace(2, 7, 0), Ok((3, true)));
+    c.resync_begun(3, progress.clone());
+    c.resync_done(3, 9, progress.clone());
+    assert_eq!(encode_through(&mut c, 1), EncodeEnd::Done);
+    // Node 2 takes the place back: its first slot is moved off, its new one in sync.
+    let out = c.planned_take_out(7).unwrap().unwrap();
+    c.apply(&[(out, ReplicaState::Outdated)]);
+    assert_eq!(c.replace(7, 2, 0), Ok((4, true)));
+    c.resync_begun(4, progress.clone());
+    c.resync_done(4, 10, progress);
+    assert_eq!(encode_through(&mut c, 2), EncodeEnd::Done);
+}

@@ -183,6 +183,16 @@ impl VolumeCore {
             .find(|&i| self.records[i].node == node && self.set.state(i) != ReplicaState::Removed)
     }
 
+    /// Whether every copy is in sync. Copies moved off (a drained mirror's, a replaced parity
+    /// copy's old slot) stay in the set as removed and take no part: counted, they kept a
+    /// writer from encoding and rolling back until it attached again.
+    pub fn every_copy_in_sync(&self) -> bool {
+        self.set
+            .states()
+            .iter()
+            .all(|s| matches!(s, ReplicaState::InSync | ReplicaState::Removed))
+    }
+
     pub fn incarnation(&self, i: usize) -> u64 {
         self.records[i].incarnation
     }
