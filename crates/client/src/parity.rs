@@ -124,6 +124,18 @@ impl Volume {
         self.core().region_map().map(|m| m.overlay_len())
     }
 
+    /// Whether a parity volume's mirrored part (regions and overlay) is over its share, with
+    /// regions for the encoder to take (false for a mirror). Idle and in sync, its encoder
+    /// brings it under within a batch or two.
+    pub fn over_share(&self) -> bool {
+        !self.core().regions_to_encode(|_| 0, 1).is_empty()
+    }
+
+    /// The regions being encoded now.
+    pub fn encoding(&self) -> Vec<u64> {
+        self.core().encoding()
+    }
+
     /// As [`Volume::on_node`] for any request over a range within one region.
     pub(crate) fn node_range(&self, mut h: Header) -> Header {
         if let Some(p) = &self.parity {

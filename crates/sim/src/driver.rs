@@ -220,6 +220,21 @@ pub(crate) async fn run_async(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // ...and, idle and in sync, a parity volume's encoder brings it within its share: one
+    // that stopped encoding (a drained copy's old slot once stopped it for good) would leave
+    // the volume's mirrored part growing with nothing said.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while vol.over_share() {
+        if Instant::now() > deadline {
+            w.violate(format!(
+                "idle and in sync, the encoder left the volume over its mirrored share: {} overlay blocks, encoding {:?}",
+                vol.overlay_blocks().unwrap_or(0),
+                vol.encoding()
+            ));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     outcome.resyncs = w
         .nodes
         .iter()
