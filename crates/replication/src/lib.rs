@@ -30,6 +30,7 @@
 
 mod catch_up;
 mod compare;
+mod follow;
 mod layout;
 mod order;
 pub mod qos;

@@ -41,9 +41,12 @@ impl VolumeCore {
         let map = self.regions.as_ref()?;
         let s = map.stripes();
         let mirrors = s.mirrors_of(s.region_of(block));
-        if !mirrors.contains(&self.node(target)) {
+        let place = self.place_node(target);
+        if !mirrors.contains(&place) {
             return Some(MirrorCopy::NotMirrored);
         }
+        // A follower's place node is a source like any other mirror in sync; a returning
+        // copy's is itself.
         Some(
             mirrors
                 .iter()
@@ -77,6 +80,6 @@ impl VolumeCore {
         let Some(map) = self.regions.as_ref() else {
             return Ok(Vec::new());
         };
-        map.chunks_of(self.node(target), |n| self.in_sync_node(n))
+        map.chunks_of(self.place_node(target), |n| self.in_sync_node(n))
     }
 }

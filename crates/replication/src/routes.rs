@@ -93,7 +93,7 @@ impl VolumeCore {
         let s = map.stripes();
         let mirrors = s.mirrors_of(s.region_of(start / BLOCK));
         all.into_iter()
-            .filter(|&i| mirrors.contains(&self.node(i)))
+            .filter(|&i| mirrors.contains(&self.place_node(i)))
             .collect()
     }
 

@@ -277,6 +277,14 @@ impl RegionMap {
         self.encodes.values().any(|e| e.phase == Phase::Switch)
     }
 
+    /// Whether an encode is at its switch or past it: its trims name the mirrors as the
+    /// stripes are now.
+    pub fn past_flush(&self) -> bool {
+        self.encodes
+            .values()
+            .any(|e| matches!(e.phase, Phase::Switch | Phase::Free))
+    }
+
     /// Abandons the encodes not yet at their switch (a node of their stripe is being brought
     /// back: its chunk of them may be missing). Their slots are garbage no reader names.
     pub fn abandon_unswitched(&mut self) {

@@ -44,6 +44,12 @@ pub enum Refusal {
     NoPlace(u32),
     #[error("the copy on node {0} takes writes: take it out first")]
     TakesWrites(u32),
+    #[error("the copy on node {0} is being moved in already: one parity copy moves at a time")]
+    Following(u32),
+    #[error("the copy on node {0} follows no copy's place")]
+    NotFollowing(u32),
+    #[error("the copy on node {0} is not whole yet")]
+    NotCaughtUp(u32),
 }
 
 /// Whether writes may go on.
@@ -79,14 +85,20 @@ pub enum ResyncStart {
 
 /// What the writer knows about one replica besides its state.
 #[derive(Debug, Clone, Default)]
-struct Record {
-    node: u32,
+pub(crate) struct Record {
+    pub(crate) node: u32,
     /// The incarnation of the copy that was last in sync (0: unknown). Survivors track what
     /// this copy misses; a replica that comes back as another incarnation needs a full resync.
-    incarnation: u64,
+    pub(crate) incarnation: u64,
     /// This replica's resync copy rate in bytes per second (a move sets it); 0: the volume's.
-    rate: u64,
-    resync: Option<ResyncProgress>,
+    pub(crate) rate: u64,
+    pub(crate) resync: Option<ResyncProgress>,
+    /// A parity copy's follower: the node whose place it follows (`follow.rs`). It takes
+    /// every write that place takes and serves nothing until it takes the place.
+    pub(crate) follows: Option<u32>,
+    /// A follower whose whole resync is done, as the incarnation it had then: it stays
+    /// resyncing (taking writes, counted nowhere) until it takes the place.
+    pub(crate) caught_up: Option<u64>,
 }
 
 /// The replication state of one attached volume (see the module docs).
@@ -95,7 +107,7 @@ pub struct VolumeCore {
     pub(crate) managed: bool,
     max_replicas: usize,
     pub(crate) set: ReplicaSet,
-    records: Vec<Record>,
+    pub(crate) records: Vec<Record>,
     pub(crate) order: RangeOrder,
     /// A mirror's: in-sync copies. A parity volume's: in-sync mirrors of the region a write
     /// lands in (its nodes in sync must be K besides; see [`VolumeCore::enough_for`]).
@@ -105,7 +117,7 @@ pub struct VolumeCore {
     suspended: bool,
     stopped: bool,
     spread: usize,
-    finished: BTreeMap<u32, ResyncProgress>,
+    pub(crate) finished: BTreeMap<u32, ResyncProgress>,
     /// Nodes taken out for a planned restart, until when (time since attach).
     held: BTreeMap<u32, Duration>,
     /// How the volume's bytes are kept: which copies a request goes to follows from it.
@@ -175,6 +187,12 @@ impl VolumeCore {
 
     pub fn node(&self, i: usize) -> u32 {
         self.records[i].node
+    }
+
+    /// The node whose place in the stripes replica `i` fills: its own, or for a follower the
+    /// node it follows. Requests to a place go to both.
+    pub fn place_node(&self, i: usize) -> u32 {
+        self.records[i].follows.unwrap_or(self.records[i].node)
     }
 
     /// The replica on `node`, unless it was moved off.
@@ -552,6 +570,10 @@ impl VolumeCore {
         if self.set.state(i) == ReplicaState::Removed {
             return;
         }
+        if self.records[i].follows.is_some() {
+            self.caught_up(i, incarnation, progress);
+            return;
+        }
         self.set.set_state(i, ReplicaState::InSync);
         self.records[i].incarnation = incarnation;
         self.records[i].resync = None;
@@ -634,6 +656,9 @@ impl VolumeCore {
         }
         if map.switching() {
             return Err(Refusal::Switching);
+        }
+        if let Some(f) = self.follower() {
+            return Err(Refusal::Following(self.records[f].node));
         }
         let (i, _) = self.add(to, rate)?;
         if let Some(o) = old {
