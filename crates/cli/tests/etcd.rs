@@ -620,7 +620,13 @@ fn a_parity_copy_moves_through_its_writer_on_another_host() {
     assert_eq!(r["unresolved"].as_array().map(Vec::len), Some(0), "{r}");
     assert!(r["stripes_checked"].as_u64().unwrap() > 0, "{r}");
     let log = std::fs::read_to_string(w.dir.path().join("attach-first.log")).unwrap();
-    assert!(log.contains("copy replaced in its place"), "{log}");
+    assert!(
+        log.contains("the new copy took the old one's place"),
+        "{log}"
+    );
     let all = w.log();
-    assert!(all.contains("through the volume's writer"), "{all}");
+    assert!(
+        all.contains("asked the volume's writer to move a replica"),
+        "{all}"
+    );
 }

@@ -185,8 +185,9 @@ fn unflushed_writes_survive_a_whole_cluster_crash(mut c: Cluster, args: &[&str])
 }
 
 /// `node drain` of a node holding a 2+1 copy, under `bench --verify`: the spare node takes
-/// the copy's place in the stripes (the record's order), rebuilt whole; nothing is lost and
-/// the drained node keeps nothing. A typo'd drain of a node that does not exist changes
+/// the copy's place in the stripes (the record's order), rebuilt whole while the old copy
+/// stays in sync and serves, so a third node frozen meanwhile stops nothing; nothing is lost
+/// and the drained node keeps nothing. A typo'd drain of a node that does not exist changes
 /// nothing.
 #[test]
 fn a_drain_gives_a_parity_copys_place_to_another_node() {
@@ -208,11 +209,40 @@ fn a_drain_gives_a_parity_copys_place_to_another_node() {
     let spare = (1..=4).find(|n| !before.contains(n)).unwrap();
     let bad = c.cli(&["node", "drain", "9"]);
     assert!(!bad.status.success());
-    let bench = start_bench(&c, 7);
-    std::thread::sleep(Duration::from_secs(3));
+    // The old copy serves until the new one is whole: with a third node frozen meanwhile,
+    // the volume (2+1) still has two in sync, and reads and writes go on.
+    let bench = start_bench(&c, 12);
+    std::thread::sleep(Duration::from_secs(2));
     let drained = before[1];
-    let out = cli_ok(&c, &["node", "drain", &drained.to_string()]);
-    assert!(out.contains("done"), "{out}\n{}", c.log());
+    let d = drained.to_string();
+    cli_ok(&c, &["node", "drain", &d, "--rate", "4M", "--no-wait"]);
+    let t0 = std::time::Instant::now();
+    while !status(&c)["moves"][0]["progress"].is_object() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "{}", c.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let info = cli_ok(&c, &["--output", "json", "volume", "info", "vol0"]);
+    let info: serde_json::Value = serde_json::from_str(&info).unwrap();
+    let old = info["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["node"] == drained)
+        .unwrap()
+        .clone();
+    assert_eq!(
+        old["state"], "in-sync",
+        "the old copy stays in sync: {info}"
+    );
+    let frozen = node_pid(&c, before[2] as u32);
+    signal(frozen, libc::SIGSTOP);
+    std::thread::sleep(Duration::from_secs(4));
+    signal(frozen, libc::SIGCONT);
+    let t0 = std::time::Instant::now();
+    while status(&c)["moves"][0]["state"] != "done" {
+        assert!(t0.elapsed() < Duration::from_secs(90), "{}", c.log());
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let after = order();
     assert_eq!(after, vec![before[0], spare, before[2]], "in its place");
     finish_bench(&c, bench);
@@ -250,7 +280,7 @@ fn a_drain_gives_a_parity_copys_place_to_another_node() {
     signal(frozen, libc::SIGCONT);
     let said = String::from_utf8_lossy(&bad.stderr);
     assert!(
-        !bad.status.success() && said.contains("would stop the writes of vol0"),
+        !bad.status.success() && said.contains("could not make the new copies of vol0"),
         "{said}"
     );
     finish_bench(&c, bench);

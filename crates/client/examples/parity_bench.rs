@@ -105,6 +105,7 @@ async fn node(
         local_addr: None,
         state: ReplicaState::InSync,
         incarnation: 0,
+        follows: None,
     }
 }
 

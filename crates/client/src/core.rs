@@ -322,6 +322,7 @@ mod visits {
             local_addr: None,
             state: ReplicaState::InSync,
             incarnation: 0,
+            follows: None,
         }
     }
 
@@ -382,6 +383,7 @@ mod visits {
                 local_addr: None,
                 state: ReplicaState::InSync,
                 incarnation: 0,
+                follows: None,
             };
             let info = AttachInfo {
                 name: "v".into(),

@@ -232,60 +232,9 @@ impl Volume {
 
     /// Names `node` in the slot the core hands out next (a new replica's), before the core
     /// can hand its index out. Left unused if the core refuses or has the node already.
-    fn name_next_slot(&self, core: &trireme_replication::VolumeCore, node: u32) {
+    pub(crate) fn name_next_slot(&self, core: &trireme_replication::VolumeCore, node: u32) {
         if let Some(slot) = self.slots.get(core.set().len()) {
             slot.node.store(node, Ordering::Relaxed);
-        }
-    }
-
-    /// Replaces a parity volume's copy on `from` by the one on `to`, in its place: `to` keeps
-    /// the chunks and mirrored regions `from` kept ([`trireme_replication::RegionMap::replace_node`]).
-    /// Its copy is created and on record already (failed, in `from`'s place). A copy on `from`
-    /// that takes writes is first taken out as for a planned restart (refused when a region
-    /// would keep fewer mirrors than the minimum, or the stripes fewer than K nodes): until `to`
-    /// is in sync the volume tolerates one loss fewer. The resync task then rebuilds `to`
-    /// whole, at most `rate` bytes per second.
-    pub async fn replace_replica(
-        &self,
-        from: u32,
-        to: u32,
-        rate: Option<u64>,
-    ) -> Result<(), VolumeError> {
-        self.membership()?;
-        // Held out of resyncs until it is retired below (or, refused, until released).
-        let hold = Duration::from_secs(3600);
-        if self.take_out_node(from, hold).await? {
-            tracing::info!(volume = %self.info.name, from, to, "copy taken out to be replaced");
-        }
-        let _all = self.core.acquire(0, self.size()).await;
-        let _g = self.membership_lock.lock().await;
-        let old = self.slot_of(from);
-        let replaced = {
-            let mut core = self.core();
-            // A copy being resynced takes writes too (a take-out leaves it be): its resync
-            // stops here, at its next step, and none starts again before it is gone
-            // (simulator seed 9464: a drain of a node back from a power loss).
-            if let Some(o) = old.filter(|&o| core.resyncing(o)) {
-                core.hold(from, self.now() + hold);
-                core.resync_failed(o);
-                tracing::info!(volume = %self.info.name, from, to, "the resync of the copy to be replaced stops");
-            }
-            self.name_next_slot(&core, to);
-            core.replace(from, to, rate.unwrap_or(0))
-        };
-        self.release_node(from);
-        match replaced {
-            Ok((_, false)) => Ok(()),
-            Ok((i, true)) => {
-                if let Some(o) = old {
-                    self.set_conn(o, None);
-                    self.drop_records(o).await;
-                }
-                self.set_conn(i, None);
-                tracing::info!(volume = %self.info.name, from, to, "copy replaced in its place; a whole resync follows");
-                Ok(())
-            }
-            Err(r) => Err(self.degrade(to, r)),
         }
     }
 

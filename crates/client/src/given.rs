@@ -59,6 +59,10 @@ pub struct ReplicaTarget {
     /// The incarnation recorded when it was last in sync (0: unknown).
     #[serde(default)]
     pub incarnation: u64,
+    /// A parity copy's move: the node whose place this new copy follows until it takes it
+    /// (`follow.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub follows: Option<u32>,
 }
 
 /// Tuning of failure handling.

@@ -30,6 +30,7 @@ mod error;
 mod extent_cache;
 mod failover;
 mod fine_timer;
+mod follow;
 mod given;
 mod io;
 mod membership;
@@ -54,6 +55,7 @@ mod verify;
 pub use encode::EncodeError;
 pub use encoder::ENCODE_RATE;
 pub use error::{VolumeError, WaitReason};
+pub use follow::Following;
 pub use given::{AttachInfo, Connector, ReplicaTarget, VolumeOptions};
 pub use membership::{BoxFut, DegradeRefusal, Membership, MembershipError, ReplicaView};
 pub use reconcile::ReconcileReport;
@@ -274,6 +276,7 @@ impl Volume {
         membership: Option<Arc<dyn Membership>>,
         all_in_sync_needed: bool,
     ) -> Result<Volume, VolumeError> {
+        let info = follow::resolve_followers(info);
         let n = info.replicas.len();
         if n > MAX_SLOTS {
             return Err(VolumeError::Protocol {

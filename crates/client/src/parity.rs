@@ -109,7 +109,7 @@ impl Volume {
     }
 
     /// The stripes' geometry and which node keeps what, as the core holds them now (a
-    /// replaced copy's node takes the old one's place: [`Volume::replace_replica`]). Ask
+    /// moved copy's new node takes the old one's place: [`Volume::promote_replica`]). Ask
     /// this, not [`ParityIo`]'s geometry, for nodes.
     pub(crate) fn stripes(&self) -> Stripes {
         self.core()

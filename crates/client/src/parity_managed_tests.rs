@@ -547,10 +547,10 @@ async fn a_write_waits_while_its_region_has_too_few_mirrors_and_others_go_on() {
     assert!(v.read(0, size).await.unwrap()[..] == model[..]);
 }
 
-/// A lost node's copy replaced by one on a new node, in its place: the new copy is rebuilt
-/// whole (the regions the old one mirrored, its chunks), no other node's place changes, and
-/// reads that need the new copy's chunks (another node failing) and a scrub find the
-/// volume's bytes.
+/// A lost node's copy replaced by one on a new node, in its place: the new copy follows the
+/// lost one's place while it is rebuilt whole (the regions the old one mirrored, its chunks),
+/// then takes it; no other node's place changes, and reads that need the new copy's chunks
+/// (another node failing), a scrub, and an encode after it find the volume's bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_copy_is_replaced_in_its_place_on_a_new_node() {
     let mut c = cluster().await;
@@ -574,19 +574,37 @@ async fn a_lost_copy_is_replaced_in_its_place_on_a_new_node() {
         model[at..at + 8192].copy_from_slice(&d);
     }
     assert_ne!(records.state(2), ReplicaState::InSync);
-    // Node 4 takes its place: created, then on record in node 2's place, then the writer.
+    // Node 4's copy: created, then on record beside node 2's (following it), then the writer.
     let replica_size = c.stripes.replica_blocks(size / 4096) * 4096;
     let (mut t, _r4) = node(4, replica_size).await;
     t.state = ReplicaState::Failed;
-    records.0.lock().unwrap().replicas[1] = t;
-    let refused = v.replace_replica(1, 4, None).await;
+    t.follows = Some(2);
+    records.0.lock().unwrap().replicas.push(t);
     assert!(
-        refused.is_err(),
-        "node 1's copy is in sync and a planned take-out of it would leave region 0 no mirror"
+        v.follow_replica(9, 4, None).await.is_err(),
+        "node 9 holds no place"
     );
-    v.replace_replica(2, 4, None).await.unwrap();
+    v.follow_replica(2, 4, None).await.unwrap();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while v.caught_up(4) != Some(crate::Following::CaughtUp) {
+        assert!(tokio::time::Instant::now() < deadline, "never caught up");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        v.stripes().nodes,
+        vec![1, 2, 3],
+        "not in place before its promotion"
+    );
+    assert_ne!(
+        records.state(4),
+        ReplicaState::InSync,
+        "recorded at its promotion"
+    );
+    v.promote_replica(2, 4).await.unwrap();
     assert_eq!(v.stripes().nodes, vec![1, 4, 3]);
-    wait_in_sync(&records, 4, "the new copy was never rebuilt").await;
+    assert_eq!(records.state(4), ReplicaState::InSync);
+    assert_eq!(v.caught_up(4), Some(crate::Following::InPlace));
+    v.promote_replica(2, 4).await.unwrap();
     let done = v.last_resync(4).expect("a resync ran");
     assert!(done.full, "{done:?}");
     assert!(v.replica_views().iter().all(|r| r.node != 2));

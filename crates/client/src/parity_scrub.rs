@@ -22,7 +22,7 @@
 use bytes::Bytes;
 use trireme_erasure::{check_stripe, Chunk, StripeCheck};
 use trireme_proto::Op;
-use trireme_replication::{majority, ChunkAt, Region, Stripes, Sum, Verdict};
+use trireme_replication::{majority, ChunkAt, Refusal, Region, Stripes, Sum, Verdict};
 
 use crate::scrub::ScrubReport;
 use crate::{join_all, Volume, VolumeError};
@@ -68,6 +68,12 @@ impl Volume {
             {
                 let _work = self.stripe_work.lock().await;
                 let _hold = self.core.acquire(span.off, span.off + span.len).await;
+                // A move's new copy takes what its place takes, but a repair is sent to the
+                // copies in sync alone: it would miss it.
+                let moving = self.core().follower().map(|f| self.node(f));
+                if let Some(to) = moving {
+                    return Err(self.degrade(to, Refusal::ScrubWhileMoving(to)));
+                }
                 let targets = self.in_sync();
                 always.retain(|(i, _)| targets.contains(i));
                 let mirrored = self.scrub_mirrored(s, span, &targets, &mut report).await?;

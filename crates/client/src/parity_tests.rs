@@ -68,6 +68,7 @@ async fn serve_with(
         local_addr: None,
         state: ReplicaState::InSync,
         incarnation: 0,
+        follows: None,
     };
     (target, replica)
 }

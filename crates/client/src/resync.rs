@@ -332,6 +332,13 @@ impl Volume {
     ) -> Result<(), VolumeError> {
         let node = self.node(i);
         let m = self.membership()?;
+        // A follower is recorded when it takes its place (`Volume::promote_replica`).
+        if self.core().follower() == Some(i) {
+            self.core().resync_done(i, incarnation, progress.clone());
+            self.drop_records(i).await;
+            tracing::info!(volume = %self.info.name, node, "the new copy is whole; it takes the place next");
+            return Ok(());
+        }
         m.set_state(
             &self.info.name,
             self.info.epoch,

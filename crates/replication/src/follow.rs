@@ -66,6 +66,12 @@ impl VolumeCore {
         self.records[i].caught_up.is_some() && self.set.state(i) == ReplicaState::Resyncing
     }
 
+    /// The incarnation a caught-up follower had when its resync was done (None: not a
+    /// follower, or not caught up).
+    pub fn caught_up_as(&self, i: usize) -> Option<u64> {
+        self.records[i].caught_up.filter(|_| self.is_caught_up(i))
+    }
+
     /// A follower's resync is done (`resync_done`): it holds its place's data as
     /// `incarnation`, and keeps taking writes until it takes the place.
     pub(crate) fn caught_up(&mut self, i: usize, incarnation: u64, progress: ResyncProgress) {
@@ -89,7 +95,7 @@ impl VolumeCore {
                 .is_some_and(|m| m.stripes().nodes.contains(&to));
             return placed.then_some(None).ok_or(Refusal::NotFollowing(to));
         };
-        let Some(incarnation) = self.records[i].caught_up.filter(|_| self.is_caught_up(i)) else {
+        let Some(incarnation) = self.caught_up_as(i) else {
             return Err(Refusal::NotCaughtUp(to));
         };
         let old = self.slot_of(from);

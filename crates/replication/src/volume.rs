@@ -50,6 +50,8 @@ pub enum Refusal {
     NotFollowing(u32),
     #[error("the copy on node {0} is not whole yet")]
     NotCaughtUp(u32),
+    #[error("a copy is being moved onto node {0}: a parity scrub's repairs would miss it, so it waits until the copy has taken its place")]
+    ScrubWhileMoving(u32),
 }
 
 /// Whether writes may go on.

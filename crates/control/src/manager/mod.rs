@@ -468,6 +468,7 @@ impl Manager {
                                 local_addr: None,
                                 state: trireme_replication::ReplicaState::InSync,
                                 incarnation: 0,
+                                follows: None,
                             };
                             d.connect(&target).await.map_err(|e| e.to_string())?
                         }

@@ -27,6 +27,11 @@ pub async fn attach_info(meta: &ClusterMeta, v: &VolumeRecord) -> Result<AttachI
             local_addr: n.local_addr.clone(),
             state: r.state,
             incarnation: r.incarnation,
+            // A parity copy's move keeps the old copy in its place until the new one
+            // takes it (a mirror's new copy is one more beside the others).
+            follows: r
+                .moving_from
+                .filter(|x| !v.layout.is_mirror() && v.replicas.iter().any(|o| o.node == *x)),
         });
     }
     // A parity volume's regions as its encodes switched them (the overlay is the nodes').

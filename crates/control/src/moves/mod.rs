@@ -41,7 +41,6 @@ use crate::manager::{Manager, Result};
 
 mod mover;
 mod parity;
-mod parity_remote;
 mod replicas;
 
 pub use mover::move_as_writer;
@@ -112,9 +111,8 @@ impl std::fmt::Display for MoveState {
     }
 }
 
-/// Whether `v` has a copy on `node` to move, or one moving off it still. A parity copy's
-/// replacement takes the old one's place on record at once: until it is in sync, it names the
-/// node it replaces (`moving_from`).
+/// Whether `v` has a copy on `node` to move, or one moving off it still (a new copy on
+/// record names the node it moves from, `moving_from`, until the move ends).
 fn has_a_move_off(v: &trireme_meta::VolumeRecord, node: u32) -> bool {
     v.replicas
         .iter()
@@ -155,8 +153,8 @@ impl Manager {
             .into_iter()
             .filter(|v| has_a_move_off(v, node))
             .collect();
-        // A parity copy is rebuilt from K others in sync, and taken out first: fewer, and
-        // the volume's writes would stop. Said now, with the node left as it was.
+        // A parity copy's new copy rebuilds its chunks from K others in sync: with fewer,
+        // it could not be made. Said now, with the node left as it was.
         let short: Vec<String> = held
             .iter()
             .filter_map(|v| {
@@ -180,7 +178,7 @@ impl Manager {
             .collect();
         if !short.is_empty() {
             return Err(refused(format!(
-                "a {kind} of node {node} would stop the writes of {}: bring its other copies back in sync first; node {node} is left as it was",
+                "a {kind} of node {node} could not make the new copies of {}: they are rebuilt from the copies in sync, and too few are. Bring its other copies back in sync first; node {node} is left as it was",
                 short.join(", ")
             )));
         }

@@ -5,7 +5,7 @@
 use crate::error::{refused, ManagerError};
 use std::sync::Arc;
 
-use trireme_client::{ResyncProgress, Volume};
+use trireme_client::{Following, ResyncProgress, Volume};
 use trireme_meta::MetaError;
 use trireme_meta::{MoveRequest, MoveRequestState, VolumeRecord};
 use trireme_replication::{ReplicaState, TransitionError};
@@ -121,10 +121,7 @@ impl Manager {
     ) -> Result<()> {
         match self.mover(v).await? {
             Mover::Here { writer, own } => {
-                let r = match v.layout.is_mirror() {
-                    true => self.move_with(&writer, v, from, rate).await,
-                    false => self.replace_with(&writer, v, from, rate).await,
-                };
+                let r = self.move_with(&writer, v, from, rate).await;
                 if let Some(own) = own {
                     self.release_own(own).await;
                 }
@@ -135,10 +132,7 @@ impl Manager {
                     .asks
                     .claim(&v.name, &format!("the move off node {from}"))
                     .await;
-                match v.layout.is_mirror() {
-                    true => self.move_remote(v, from, rate, epoch, &host).await,
-                    false => self.replace_remote(v, from, rate, epoch, &host).await,
-                }
+                self.move_remote(v, from, rate, epoch, &host).await
             }
         }
     }
@@ -152,11 +146,11 @@ impl Manager {
     ) -> Result<()> {
         let (to, v) = self.add_target(v, from).await?;
         tracing::info!(volume = %v.name, from, to, "moving a replica");
-        copy_then_retire(self.meta(), writer, from, to, rate, &mut |p| {
+        move_as_writer(self.meta(), writer, from, to, rate, &mut |p| {
             self.update_move(from, |m| m.progress = p.cloned())
         })
         .await?;
-        self.finish_move(&v, from, writer.info().epoch).await?;
+        self.finish(&v, from, writer.info().epoch).await?;
         tracing::info!(volume = %v.name, from, to, "replica moved");
         Ok(())
     }
@@ -184,7 +178,7 @@ impl Manager {
         self.await_move(name, from, to, epoch, host).await?;
         let v = self.meta().volume(name).await?;
         // A newer writer meanwhile: the next attempt asks it anew (its request replaces this).
-        self.finish_move(&v, from, epoch).await?;
+        self.finish(&v, from, epoch).await?;
         self.meta().delete_move_request(name).await?;
         tracing::info!(
             volume = name,
@@ -308,7 +302,8 @@ impl Manager {
 
 /// The writer's half of a move off `from` onto `to`, asked by the manager: a mirror's new
 /// copy sits beside the old one until it is in sync ([`copy_then_retire`]); a parity copy
-/// takes the old one's place, where the manager has recorded it ([`replace_then_rebuild`]).
+/// follows the old one's place until it is whole, then takes it ([`follow_then_promote`]).
+/// Either way the old copy serves until the new one can.
 pub async fn move_as_writer(
     meta: &trireme_meta::ClusterMeta,
     writer: &Volume,
@@ -319,7 +314,7 @@ pub async fn move_as_writer(
 ) -> Result<()> {
     match writer.info().layout.is_mirror() {
         true => copy_then_retire(meta, writer, from, to, rate, progress).await,
-        false => replace_then_rebuild(meta, writer, from, to, rate, progress).await,
+        false => follow_then_promote(meta, writer, from, to, rate, progress).await,
     }
 }
 
@@ -343,12 +338,13 @@ pub(super) async fn copy_then_retire(
         .map_err(ManagerError::from)
 }
 
-/// A parity copy's step 3 as the writer does it (`parity.rs`): the copy on `to`, on record
-/// in `from`'s place, takes that place in the stripes, and the writer waits while its resync
-/// rebuilds it whole (`progress` sees each look). The same on a writer here and on another
-/// host (through a [`MoveRequest`]); one that finds `to` in place already (a move resumed
-/// through a newer writer) only waits. Fails if the writer is fenced meanwhile.
-pub(super) async fn replace_then_rebuild(
+/// A parity copy's move as the writer does it (`parity.rs`): the copy on `to`, on record
+/// beside the one on `from` (`moving_from` it), follows `from`'s place while its resync
+/// rebuilds it whole (`progress` sees each look), then takes the place; the old copy serves
+/// until then. The same on a writer here and on another host (through a [`MoveRequest`]); one
+/// that finds `to` in place already (a move resumed through a newer writer) has nothing to
+/// do. Fails if the writer is fenced meanwhile, or drops the new copy.
+pub(super) async fn follow_then_promote(
     meta: &trireme_meta::ClusterMeta,
     writer: &Volume,
     from: u32,
@@ -356,8 +352,34 @@ pub(super) async fn replace_then_rebuild(
     rate: Option<u64>,
     progress: &mut (dyn FnMut(Option<&ResyncProgress>) + Send),
 ) -> Result<()> {
-    writer.replace_replica(from, to, rate).await?;
-    wait_in_sync(meta, writer, to, progress).await
+    writer.follow_replica(from, to, rate).await?;
+    let name = writer.info().name.clone();
+    loop {
+        let epoch = meta.volume(&name).await?.epoch;
+        if epoch != writer.info().epoch {
+            return Err(refused(
+                "the writer was fenced by a newer attach; run the command again",
+            ));
+        }
+        match writer.caught_up(to) {
+            Some(Following::CaughtUp | Following::InPlace) => break,
+            Some(Following::Filling) => {
+                let view = writer.replica_views().into_iter().find(|r| r.node == to);
+                progress(view.and_then(|r| r.resync).as_ref());
+            }
+            None => {
+                return Err(refused(format!(
+                    "the writer dropped the new copy on node {to}"
+                )))
+            }
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    progress(None);
+    writer
+        .promote_replica(from, to)
+        .await
+        .map_err(ManagerError::from)
 }
 
 /// Waits until `writer` has its copy on `to` in sync (`progress` sees each look, and `None`

@@ -131,7 +131,10 @@ impl Manager {
             }
             v = self.discard_replica(&v, to).await?;
         }
-        let to = self.pick_target(&v, None).await?;
+        // A parity copy's new copy takes the old one's place in the stripes: the zones of
+        // the stripe's other chunks count.
+        let replacing = (!v.layout.is_mirror()).then_some(from);
+        let to = self.pick_target(&v, replacing).await?;
         self.update_move(from, |m| m.to = Some(to));
         self.save_job(from).await;
         // Recorded failed first: a crash from here on leaves a copy that is never read.
