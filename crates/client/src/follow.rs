@@ -46,6 +46,7 @@ impl Volume {
         loop {
             let _all = self.core.acquire(0, self.size()).await;
             let _g = self.membership_lock.lock().await;
+            self.drop_stale_follower(from, to).await;
             let followed = {
                 let mut core = self.core();
                 self.name_next_slot(&core, to);
@@ -64,6 +65,22 @@ impl Volume {
             }
             drop((_all, _g));
             tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// A follower of `from`'s place on another node than `to` is an earlier attempt's the
+    /// manager gave up (its node did not answer, and the record dropped it): it goes, or it
+    /// would refuse this move and keep every encode waiting.
+    async fn drop_stale_follower(&self, from: u32, to: u32) {
+        let stale = {
+            let core = self.core();
+            core.follower()
+                .filter(|&f| core.place_node(f) == from && core.node(f) != to)
+                .map(|f| core.node(f))
+        };
+        if let Some(node) = stale {
+            tracing::info!(volume = %self.info.name, from, node, to, "an earlier attempt's copy no longer follows");
+            self.drop_follower(node).await;
         }
     }
 
@@ -131,9 +148,15 @@ impl Volume {
         Ok(())
     }
 
-    /// Drops the follower on `to` (its move was given up): it takes nothing from now on.
+    /// Drops the follower on `to` (its move was given up, and the record dropped it): it
+    /// takes nothing from now on.
     pub async fn unfollow_replica(&self, to: u32) {
         let _g = self.membership_lock.lock().await;
+        self.drop_follower(to).await;
+    }
+
+    /// [`Volume::unfollow_replica`], the membership lock held.
+    async fn drop_follower(&self, to: u32) {
         let dropped = self.core().unfollow(to);
         if let Some(i) = dropped {
             self.set_conn(i, None);

@@ -584,7 +584,12 @@ async fn a_lost_copy_is_replaced_in_its_place_on_a_new_node() {
         v.follow_replica(9, 4, None).await.is_err(),
         "node 9 holds no place"
     );
+    // An earlier attempt's copy on node 5, whose node never answered (the record dropped
+    // it): the next attempt's follow replaces it.
+    v.follow_replica(2, 5, None).await.unwrap();
+    assert_eq!(v.caught_up(5), Some(crate::Following::Filling));
     v.follow_replica(2, 4, None).await.unwrap();
+    assert_eq!(v.caught_up(5), None);
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
     while v.caught_up(4) != Some(crate::Following::CaughtUp) {
         assert!(tokio::time::Instant::now() < deadline, "never caught up");

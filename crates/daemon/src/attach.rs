@@ -558,13 +558,25 @@ async fn follow_layout(meta: ClusterMeta, volume: Arc<Volume>) {
 }
 
 /// Lets go of the mirror's copies the layout no longer lists (`listed`). A parity copy
-/// dropped from the layout was replaced in its place: the writer lets it go in the
-/// replacement (`move_as_writer`).
+/// dropped from the layout gave its place to a new one: the writer lets it go when the new
+/// one takes it (`move_as_writer`); a new one dropped (its move given up) stops following.
 async fn retire_dropped(volume: &Volume, listed: &[trireme_meta::ReplicaRecord]) {
+    let name = &volume.info().name;
     if !volume.info().layout.is_mirror() {
+        let dropped = volume
+            .replica_views()
+            .into_iter()
+            .filter(|r| !listed.iter().any(|x| x.node == r.node));
+        for r in dropped {
+            if volume
+                .caught_up(r.node)
+                .is_some_and(|f| f != trireme_client::Following::InPlace)
+            {
+                volume.unfollow_replica(r.node).await;
+            }
+        }
         return;
     }
-    let name = &volume.info().name;
     let dropped = volume
         .replica_views()
         .into_iter()
