@@ -353,14 +353,8 @@ pub(super) async fn follow_then_promote(
     progress: &mut (dyn FnMut(Option<&ResyncProgress>) + Send),
 ) -> Result<()> {
     writer.follow_replica(from, to, rate).await?;
-    let name = writer.info().name.clone();
     loop {
-        let epoch = meta.volume(&name).await?.epoch;
-        if epoch != writer.info().epoch {
-            return Err(refused(
-                "the writer was fenced by a newer attach; run the command again",
-            ));
-        }
+        still_the_writer(meta, writer).await?;
         match writer.caught_up(to) {
             Some(Following::CaughtUp | Following::InPlace) => break,
             Some(Following::Filling) => {
@@ -382,6 +376,18 @@ pub(super) async fn follow_then_promote(
         .map_err(ManagerError::from)
 }
 
+/// Refused once a newer attach has fenced `writer`: a move goes on only through the
+/// volume's writer.
+async fn still_the_writer(meta: &trireme_meta::ClusterMeta, writer: &Volume) -> Result<()> {
+    let epoch = meta.volume(&writer.info().name).await?.epoch;
+    match epoch == writer.info().epoch {
+        true => Ok(()),
+        false => Err(refused(
+            "the writer was fenced by a newer attach; run the command again",
+        )),
+    }
+}
+
 /// Waits until `writer` has its copy on `to` in sync (`progress` sees each look, and `None`
 /// at the end). Fails if the writer is fenced by a newer attach, or drops the copy.
 async fn wait_in_sync(
@@ -390,14 +396,8 @@ async fn wait_in_sync(
     to: u32,
     progress: &mut (dyn FnMut(Option<&ResyncProgress>) + Send),
 ) -> Result<()> {
-    let name = writer.info().name.clone();
     loop {
-        let epoch = meta.volume(&name).await?.epoch;
-        if epoch != writer.info().epoch {
-            return Err(refused(
-                "the writer was fenced by a newer attach; run the command again",
-            ));
-        }
+        still_the_writer(meta, writer).await?;
         let view = writer.replica_views().into_iter().find(|r| r.node == to);
         match view {
             Some(r) if r.state == ReplicaState::InSync => break,
