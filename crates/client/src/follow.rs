@@ -104,26 +104,28 @@ impl Volume {
     /// Done already: nothing to do.
     pub async fn promote_replica(&self, from: u32, to: u32) -> Result<(), VolumeError> {
         let m = self.membership()?;
+        let i = match (self.caught_up(to), self.slot_of(to)) {
+            (Some(Following::InPlace), _) => return Ok(()),
+            (Some(Following::CaughtUp), Some(i)) => i,
+            _ => return Err(self.degrade(to, Refusal::NotCaughtUp(to))),
+        };
+        // What it acknowledged is durable before it counts. Before the holds: a failed
+        // flush takes it out, and a take-out takes the membership lock (simulator seed
+        // 5928: the writer stopped for good, the flush's take-out waiting on its caller).
+        self.flush_resynced(i).await?;
         let _all = self.core.acquire(0, self.size()).await;
         let _g = self.membership_lock.lock().await;
-        let (i, incarnation, old_in_sync) = {
+        let (incarnation, old_in_sync) = {
             let core = self.core();
-            let Some(i) = core.slot_of(to) else {
-                return Err(self.degrade(to, Refusal::NotFollowing(to)));
-            };
             let old_in_sync = core
                 .slot_of(from)
                 .is_some_and(|o| core.set().state(o) == ReplicaState::InSync);
-            (i, core.caught_up_as(i), old_in_sync)
+            (core.caught_up_as(i), old_in_sync)
         };
+        // Taken out since the flush: it fills again.
         let Some(incarnation) = incarnation else {
-            return match self.caught_up(to) {
-                Some(Following::InPlace) => Ok(()),
-                _ => Err(self.degrade(to, Refusal::NotCaughtUp(to))),
-            };
+            return Err(self.degrade(to, Refusal::NotCaughtUp(to)));
         };
-        // What it acknowledged is durable before it counts (a failed flush takes it out).
-        self.flush_resynced(i).await?;
         let (name, epoch) = (&self.info.name, self.info.epoch);
         m.set_state(name, epoch, to, ReplicaState::InSync, incarnation)
             .await
