@@ -150,4 +150,8 @@ fn a_follower_that_fails_comes_back_whole() {
             ..
         })
     ));
+    // Filling again, it is not whole: what it missed while out is not copied yet.
+    c.resync_begun(3, progress());
+    assert!(!c.is_caught_up(3));
+    assert_eq!(c.promote(7), Err(Refusal::NotCaughtUp(7)));
 }

@@ -537,6 +537,9 @@ impl VolumeCore {
         }
         self.set.set_state(i, ReplicaState::Resyncing);
         self.records[i].resync = Some(progress);
+        // A follower filling again (it went out after it was whole) is whole only once
+        // this resync is done.
+        self.records[i].caught_up = None;
         if let Some(map) = &mut self.regions {
             map.abandon_unswitched();
         }
