@@ -245,26 +245,21 @@ mod tests {
             parity: 1,
             mirror_share: 20,
         });
-        let filling = info(
-            &[(1, InSync), (2, InSync), (3, InSync), (4, Failed)]
-                .map(|(n, s)| (n, s, (n == 4).then_some(2))),
-            parity,
-        );
-        let r = resolve_followers(filling);
+        // Node 4's copy follows node 2's place.
+        let moving = |states: [(u32, ReplicaState); 4]| {
+            info(&states.map(|(n, s)| (n, s, (n == 4).then_some(2))), parity)
+        };
+        let r = resolve_followers(moving([(1, InSync), (2, InSync), (3, InSync), (4, Failed)]));
         assert_eq!(nodes(&r), vec![(1, InSync), (2, InSync), (3, InSync)]);
         // The writer stopped between its two records: both in sync, the old one holds.
-        let half = info(
-            &[(1, InSync), (2, InSync), (3, InSync), (4, InSync)]
-                .map(|(n, s)| (n, s, (n == 4).then_some(2))),
-            parity,
-        );
+        let half = moving([(1, InSync), (2, InSync), (3, InSync), (4, InSync)]);
         assert_eq!(nodes(&resolve_followers(half))[1], (2, InSync));
-        let promoted = info(
-            &[(1, InSync), (2, Outdated), (3, InSync), (4, InSync)]
-                .map(|(n, s)| (n, s, (n == 4).then_some(2))),
-            parity,
-        );
-        let r = resolve_followers(promoted);
+        let r = resolve_followers(moving([
+            (1, InSync),
+            (2, Outdated),
+            (3, InSync),
+            (4, InSync),
+        ]));
         assert_eq!(nodes(&r), vec![(1, InSync), (4, InSync), (3, InSync)]);
         assert_eq!(r.replicas[1].follows, None);
         // A mirror's new copy is one more beside the others.

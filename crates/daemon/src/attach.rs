@@ -562,26 +562,18 @@ async fn follow_layout(meta: ClusterMeta, volume: Arc<Volume>) {
 /// one takes it (`move_as_writer`); a new one dropped (its move given up) stops following.
 async fn retire_dropped(volume: &Volume, listed: &[trireme_meta::ReplicaRecord]) {
     let name = &volume.info().name;
-    if !volume.info().layout.is_mirror() {
-        let dropped = volume
-            .replica_views()
-            .into_iter()
-            .filter(|r| !listed.iter().any(|x| x.node == r.node));
-        for r in dropped {
-            if volume
-                .caught_up(r.node)
-                .is_some_and(|f| f != trireme_client::Following::InPlace)
-            {
-                volume.unfollow_replica(r.node).await;
-            }
-        }
-        return;
-    }
+    let mirror = volume.info().layout.is_mirror();
     let dropped = volume
         .replica_views()
         .into_iter()
         .filter(|r| !listed.iter().any(|x| x.node == r.node));
     for r in dropped {
+        // Only a follower stops here (a parity copy in place goes when its successor
+        // takes the place).
+        if !mirror {
+            volume.unfollow_replica(r.node).await;
+            continue;
+        }
         match volume.retire_replica(r.node).await {
             Ok(()) => {
                 tracing::info!(volume = %name, node = r.node, "replica dropped from the layout: the writer lets go of it")

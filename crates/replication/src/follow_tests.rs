@@ -23,13 +23,7 @@ fn core() -> VolumeCore {
 }
 
 fn progress() -> ResyncProgress {
-    ResyncProgress {
-        full: true,
-        total_bytes: 0,
-        done_bytes: 0,
-        copied_bytes: 0,
-        elapsed_ms: 0,
-    }
+    ResyncProgress::begun()
 }
 
 fn targets(c: &mut VolumeCore, request: Mirrored) -> Vec<usize> {

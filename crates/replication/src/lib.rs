@@ -85,6 +85,18 @@ pub struct ResyncProgress {
 }
 
 impl ResyncProgress {
+    /// A whole resync with nothing done yet (tests).
+    #[cfg(test)]
+    pub(crate) fn begun() -> ResyncProgress {
+        ResyncProgress {
+            full: true,
+            total_bytes: 0,
+            done_bytes: 0,
+            copied_bytes: 0,
+            elapsed_ms: 0,
+        }
+    }
+
     /// Bytes per second so far.
     pub fn rate(&self) -> u64 {
         self.done_bytes * 1000 / self.elapsed_ms.max(1)

@@ -280,13 +280,7 @@ fn a_returning_node_copies_its_regions_from_their_mirrors_and_rebuilds_its_chunk
 #[test]
 fn a_resync_waits_for_a_switch_being_recorded_and_abandons_encodes_before_theirs() {
     use crate::{EncodeAction, EncodeEnd, EncodeStep, Refusal, ResyncProgress};
-    let progress = ResyncProgress {
-        full: true,
-        total_bytes: 0,
-        done_bytes: 0,
-        copied_bytes: 0,
-        elapsed_ms: 0,
-    };
+    let progress = ResyncProgress::begun();
     let mut c = healthy();
     c.encode_begin(0).unwrap();
     c.encode_begin(1).unwrap();
@@ -589,13 +583,7 @@ fn encode_through(c: &mut VolumeCore, region: u64) -> crate::EncodeEnd {
 #[test]
 fn encodes_go_on_after_a_copy_is_replaced_and_its_node_comes_back() {
     use crate::{EncodeEnd, ResyncProgress};
-    let progress = ResyncProgress {
-        full: true,
-        total_bytes: 0,
-        done_bytes: 0,
-        copied_bytes: 0,
-        elapsed_ms: 0,
-    };
+    let progress = ResyncProgress::begun();
     let r = [
         (1, ReplicaState::InSync),
         (2, ReplicaState::Failed),
