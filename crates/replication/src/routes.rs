@@ -244,6 +244,16 @@ impl VolumeCore {
         map.to_encode_batch(p.mirror_share, heat, most)
     }
 
+    /// Whether a parity volume's mirrored part is over its share by more than `headroom`
+    /// percent of the volume (false for a mirror): how far busy writes may take it before
+    /// the encoder goes on beside them (`client/src/encoder.rs`).
+    pub fn mirrored_past(&self, headroom: u8) -> bool {
+        let (Layout::Parity(p), Some(map)) = (self.layout, self.regions.as_ref()) else {
+            return false;
+        };
+        map.mirrored_over(p.mirror_share.saturating_add(headroom))
+    }
+
     /// The regions being encoded.
     pub fn encoding(&self) -> Vec<u64> {
         self.regions

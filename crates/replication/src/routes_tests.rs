@@ -353,8 +353,12 @@ fn the_core_offers_regions_to_encode_by_the_layouts_share() {
     .unwrap();
     // 25% mirrored is over 20%: the last mirrored region goes too.
     assert_eq!(c.regions_to_encode(heat, 8), vec![3]);
+    // Past the share by how much: 25% against 20% and a headroom of 4 or 5 points.
+    assert!(c.mirrored_past(0) && c.mirrored_past(4));
+    assert!(!c.mirrored_past(5) && !c.mirrored_past(u8::MAX));
     let mirror = VolumeCore::new(&[(1, ReplicaState::InSync)], 0, false, 4);
     assert_eq!(mirror.regions_to_encode(heat, 8), Vec::<u64>::new());
+    assert!(!mirror.mirrored_past(0));
 }
 
 /// A writer attached again takes the recorded regions (the rest mirrored) and the overlay

@@ -366,17 +366,8 @@ impl RegionMap {
     /// time, it would otherwise be one region at a time, each with a flush of its own.
     pub fn to_encode_batch(&self, share: u8, heat: impl Fn(u64) -> u64, most: usize) -> Vec<u64> {
         let rb = self.stripes.region_blocks();
-        let mut mirrored: BTreeMap<u64, u64> = BTreeMap::new();
-        for (r, kind) in self.regions.iter().enumerate() {
-            if *kind == Region::Mirror {
-                mirrored.insert(r as u64, rb);
-            }
-        }
-        for &b in &self.overlay {
-            *mirrored.entry(self.stripes.region_of(b)).or_default() += 1;
-        }
-        let total = rb * self.regions.len() as u64;
-        let budget = total * u64::from(share) / 100;
+        let mirrored = self.mirrored_by_region();
+        let budget = self.percent_of_volume(share);
         let mut over = mirrored.values().sum::<u64>();
         if over <= budget {
             return Vec::new();
@@ -401,6 +392,41 @@ impl RegionMap {
             over -= n;
         }
         batch
+    }
+
+    /// Blocks on M+1 mirrored copies, by region: a mirrored region's all, a parity region's
+    /// overlay.
+    fn mirrored_by_region(&self) -> BTreeMap<u64, u64> {
+        let rb = self.stripes.region_blocks();
+        let mut mirrored: BTreeMap<u64, u64> = BTreeMap::new();
+        for (r, kind) in self.regions.iter().enumerate() {
+            if *kind == Region::Mirror {
+                mirrored.insert(r as u64, rb);
+            }
+        }
+        for &b in &self.overlay {
+            *mirrored.entry(self.stripes.region_of(b)).or_default() += 1;
+        }
+        mirrored
+    }
+
+    /// `percent` of the volume, in blocks.
+    fn percent_of_volume(&self, percent: u8) -> u64 {
+        let total = self.stripes.region_blocks() * self.regions.len() as u64;
+        total * u64::from(percent.min(100)) / 100
+    }
+
+    /// Whether the mirrored part (mirrored regions and overlay, as
+    /// [`RegionMap::to_encode_batch`] counts it) is over `percent` of the volume.
+    pub fn mirrored_over(&self, percent: u8) -> bool {
+        let mirrored = self
+            .regions
+            .iter()
+            .filter(|k| **k == Region::Mirror)
+            .count() as u64
+            * self.stripes.region_blocks()
+            + self.overlay_len();
+        mirrored > self.percent_of_volume(percent)
     }
 
     /// A write of `block`: to its region's mirrored copies, always.
