@@ -150,6 +150,11 @@ pub struct FailureArgs {
     /// a second; `0` runs no encoder (writes then stay on the mirrored copies).
     #[arg(long, default_value = "64M", value_parser = units::parse_size)]
     pub encode_rate: u64,
+    /// A parity volume's encoder: how far past its mirrored share, in percent of the volume,
+    /// writes without a pause may take the mirrored part before the encoder goes on beside
+    /// them (within it, it waits for a pause); `0` encodes beside them at once.
+    #[arg(long, default_value_t = trireme_client::ENCODE_HEADROOM, value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub encode_headroom: u8,
 }
 
 impl FailureArgs {
@@ -164,6 +169,7 @@ impl FailureArgs {
             resync_rate: self.resync_rate,
             reattach_wait: self.reattach_wait,
             encode_rate: self.encode_rate,
+            encode_headroom: self.encode_headroom,
             streams: streams as usize,
             kind,
             ..Default::default()

@@ -15,16 +15,21 @@
 //!   flushes ([`Volume::encode_batch`]): a flush stalls the writes around it.
 //! - **Yielding.** An encode reads a region and writes and flushes a chunk on every node:
 //!   beside foreground I/O it tripled hot writes' p99 and halved their IOPS (`bench/parity.sh`,
-//!   2026-12-04). So while the volume serves reads or writes (any begun since the encoder
-//!   last looked), the encoder waits for a pause of [`QUIET`], for at most [`BUSY_SLOWDOWN`]
-//!   times its usual gap: a volume busy without a pause still has its cold regions encoded,
-//!   at 1/16 of the rate, and the mirrored share cannot grow for ever.
+//!   2026-12-04). So each batch waits for a pause in the volume's reads and writes: none
+//!   in flight or begun for [`QUIET`] (a stall, every request waiting on a disk that
+//!   flushes, is not a pause). Under writes without a pause
+//!   the mirrored part grows past the share as S2D's mirror tier fills: the encoder goes on
+//!   beside them only once it is past the share by the headroom
+//!   ([`VolumeOptions::encode_headroom`](crate::VolumeOptions), [`ENCODE_HEADROOM`] by
+//!   default), then at 1/16 of its rate ([`BUSY_SLOWDOWN`]), so it cannot grow for ever. Below
+//!   that it did little but cost: at 1/16 of the rate a fold-back frees a few blocks a region
+//!   while writes spread over parity add thousands a second (4+2's hot writes: 0.69x a 3-way
+//!   volume with it, 0.84x without, `bench/parity-cpu.sh`).
 //! - **The switch** is recorded through the writer's control plane
 //!   ([`Membership::record_region`](crate::Membership::record_region)), fenced by its epoch.
 //!
 //! [`VolumeCore::regions_to_encode`]: trireme_replication::VolumeCore::regions_to_encode
 
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -44,9 +49,14 @@ pub const ENCODE_RATE: u64 = 64 << 20;
 pub(crate) const BATCH: usize = 8;
 /// A pause in foreground I/O this long lets the encoder go on at once.
 const QUIET: Duration = Duration::from_millis(20);
-/// While foreground I/O goes on without such a pause, the encoder waits at most this many
-/// times its usual gap between regions (so it runs at 1/16 of its rate at the least).
+/// While foreground I/O goes on without such a pause and the mirrored part is past the
+/// headroom, the encoder waits at most this many times its usual gap between batches (so it
+/// runs at 1/16 of its rate at the least).
 const BUSY_SLOWDOWN: u32 = 16;
+/// How far past its share (in percent of the volume) writes without a pause may take a
+/// parity volume's mirrored part before the encoder goes on beside them: with the default
+/// share of 20%, up to 40% of the volume on M+1 copies.
+pub const ENCODE_HEADROOM: u8 = 20;
 
 /// Runs the encoder of a parity volume's writer until the volume is dropped.
 pub(crate) fn spawn(v: &Arc<Volume>) {
@@ -57,8 +67,17 @@ pub(crate) fn spawn(v: &Arc<Volume>) {
     tokio::spawn(async move {
         // Not while the writer attaches and its first requests come.
         tokio::time::sleep(LOOK).await;
-        let mut seen = 0;
+        let mut turn = Turn::default();
         loop {
+            // A pause in foreground I/O, or past the headroom the end of the slowed gap.
+            match weak.upgrade().map(|v| turn.now(&v)) {
+                None => return,
+                Some(false) => {
+                    tokio::time::sleep(QUIET).await;
+                    continue;
+                }
+                Some(true) => {}
+            }
             let began = tokio::time::Instant::now();
             let due = match weak.upgrade() {
                 Some(v) => match v.encode_next().await {
@@ -71,22 +90,48 @@ pub(crate) fn spawn(v: &Arc<Volume>) {
                 },
                 None => return,
             };
+            turn.busy_after = Some(began + due * BUSY_SLOWDOWN);
             tokio::time::sleep_until(began + due).await;
-            // Then a pause in foreground I/O, or the longest wait while it goes on.
-            let deadline = began + due * BUSY_SLOWDOWN;
-            loop {
-                let Some(now) = weak.upgrade().map(|v| v.foreground.load(Ordering::Relaxed)) else {
-                    return;
-                };
-                if std::mem::replace(&mut seen, now) == now
-                    || tokio::time::Instant::now() >= deadline
-                {
-                    break;
-                }
-                tokio::time::sleep(QUIET).await;
-            }
         }
     });
+}
+
+/// When the encoder may take its next batch.
+#[derive(Default)]
+struct Turn {
+    /// The foreground requests begun as of the last look, if none was in flight then.
+    idle_at: Option<u64>,
+    /// Under foreground I/O without a pause, the earliest a batch may begin.
+    busy_after: Option<tokio::time::Instant>,
+}
+
+impl Turn {
+    /// Whether a batch of `v`'s may begin now ([`Turn::may_begin`]).
+    fn now(&mut self, v: &Volume) -> bool {
+        let idle_at = v.foreground.idle_at();
+        let now = tokio::time::Instant::now();
+        self.may_begin(idle_at, now, || {
+            v.core().mirrored_past(v.opts.encode_headroom)
+        })
+    }
+
+    /// Whether a batch may begin at `now`, `idle_at` being the foreground requests begun so
+    /// far if none is in flight: if none was in flight at this look and the last (a
+    /// [`QUIET`] ago, or longer) and none began between, or if the mirrored part is
+    /// `past_headroom` and the slowed gap after the last batch is over. Requests that all
+    /// wait (on a disk that flushes) are a stall, not a pause.
+    fn may_begin(
+        &mut self,
+        idle_at: Option<u64>,
+        now: tokio::time::Instant,
+        past_headroom: impl FnOnce() -> bool,
+    ) -> bool {
+        let last = std::mem::replace(&mut self.idle_at, idle_at);
+        if idle_at.is_some() && last == idle_at {
+            return true;
+        }
+        self.busy_after.is_none_or(|t| now >= t) && past_headroom()
+    }
 }
 
 impl Volume {
@@ -151,5 +196,33 @@ impl Volume {
         Ok(Some(Duration::from_secs_f64(
             (batch.len() as u64 * region_blocks * 4096) as f64 / rate as f64,
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_waits_for_a_pause_until_past_the_headroom_then_for_its_slowed_gap() {
+        let t0 = tokio::time::Instant::now();
+        let mut turn = Turn::default();
+        // Requests began since the last look: not within the headroom...
+        assert!(!turn.may_begin(Some(5), t0, || false));
+        assert!(!turn.may_begin(Some(6), t0, || false));
+        // ...nor while one is in flight, even if none began since (a stall)...
+        assert!(!turn.may_begin(None, t0, || false));
+        assert!(!turn.may_begin(None, t0, || false));
+        // ...but at a pause, wherever the mirrored part is.
+        assert!(!turn.may_begin(Some(6), t0, || false));
+        assert!(turn.may_begin(Some(6), t0, || false));
+        // Past the headroom, under load: at once after no batch, then once its gap is over.
+        assert!(turn.may_begin(None, t0, || true));
+        turn.busy_after = Some(t0 + Duration::from_secs(2));
+        assert!(!turn.may_begin(Some(8), t0 + Duration::from_secs(1), || true));
+        assert!(turn.may_begin(Some(9), t0 + Duration::from_secs(2), || true));
+        assert!(!turn.may_begin(Some(10), t0 + Duration::from_secs(3), || false));
+        // A pause lets it go before the gap is over.
+        assert!(turn.may_begin(Some(10), t0 + Duration::from_secs(1), || false));
     }
 }

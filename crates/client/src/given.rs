@@ -104,6 +104,9 @@ pub struct VolumeOptions {
     /// A parity volume's encoder, with a control plane: the most volume data it turns into
     /// stripes a second; 0 runs none (`encoder.rs`).
     pub encode_rate: u64,
+    /// How far past its share, in percent of the volume, a parity volume's mirrored part may
+    /// grow under writes without a pause before the encoder goes on beside them (`encoder.rs`).
+    pub encode_headroom: u8,
 }
 
 /// Opens a connection to a replica's node.
@@ -141,6 +144,7 @@ impl Default for VolumeOptions {
             metrics: true,
             reattach_wait: Duration::from_secs(30),
             encode_rate: crate::encoder::ENCODE_RATE,
+            encode_headroom: crate::encoder::ENCODE_HEADROOM,
         }
     }
 }

@@ -470,7 +470,7 @@ impl Volume {
     }
 
     pub async fn read(&self, offset: u64, len: u64) -> Result<Bytes, VolumeError> {
-        self.foreground.fetch_add(1, Ordering::Relaxed);
+        let _fg = self.foreground.begin();
         let t = self
             .metrics
             .as_ref()
@@ -507,7 +507,7 @@ impl Volume {
             return Ok(());
         }
         self.check_blocks("write", offset, data.len() as u64)?;
-        self.foreground.fetch_add(1, Ordering::Relaxed);
+        let _fg = self.foreground.begin();
         let mut h = self.header(Op::Write, offset, data.len() as u64);
         if fua {
             h.flags |= FLAG_FUA;
@@ -532,7 +532,7 @@ impl Volume {
             return Ok(());
         }
         self.check_blocks(if may_trim { "trim" } else { "write zeroes" }, offset, len)?;
-        self.foreground.fetch_add(1, Ordering::Relaxed);
+        let _fg = self.foreground.begin();
         let mut h = self.header(Op::WriteZeroes, offset, len);
         if may_trim {
             h.flags |= FLAG_MAY_TRIM;
@@ -680,6 +680,39 @@ fn mirrored(h: &Header) -> Mirrored {
             debug_assert_eq!(op, Op::Flush, "only data and flushes are mirrored");
             Mirrored::Flush
         }
+    }
+}
+
+/// A volume's foreground reads and writes: how many began, how many are in flight. A pause
+/// is none in flight and none begun for a while; a stall (every request waiting on a disk
+/// that flushes) is not one.
+#[derive(Debug, Default)]
+pub(crate) struct Foreground {
+    begun: std::sync::atomic::AtomicU64,
+    in_flight: AtomicUsize,
+}
+
+impl Foreground {
+    /// A request begins; it is in flight until the turn is dropped (a dropped future too).
+    fn begin(&self) -> ForegroundTurn<'_> {
+        self.begun.fetch_add(1, Ordering::Relaxed);
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        ForegroundTurn(&self.in_flight)
+    }
+
+    /// The requests begun so far, or None while one is in flight.
+    pub(crate) fn idle_at(&self) -> Option<u64> {
+        let begun = self.begun.load(Ordering::Relaxed);
+        (self.in_flight.load(Ordering::Relaxed) == 0).then_some(begun)
+    }
+}
+
+/// A foreground request in flight ([`Foreground::begin`]).
+struct ForegroundTurn<'a>(&'a AtomicUsize);
+
+impl Drop for ForegroundTurn<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -53,7 +53,7 @@ mod tiers;
 mod verify;
 
 pub use encode::EncodeError;
-pub use encoder::ENCODE_RATE;
+pub use encoder::{ENCODE_HEADROOM, ENCODE_RATE};
 pub use error::{VolumeError, WaitReason};
 pub use follow::Following;
 pub use given::{AttachInfo, Connector, ReplicaTarget, VolumeOptions};
@@ -132,8 +132,9 @@ pub struct Volume {
     metrics: Option<Arc<trireme_metrics::VolumeMetrics>>,
     /// Foreground reads in flight: whether the next one overlaps another (`read_one`).
     reads: AtomicUsize,
-    /// Foreground reads and writes begun: the encoder yields while it grows (`encoder.rs`).
-    foreground: std::sync::atomic::AtomicU64,
+    /// Foreground reads and writes, begun and in flight: the encoder waits for a pause
+    /// (`encoder.rs`).
+    foreground: io::Foreground,
     /// Resyncs begun (past the attach of the replica), for the resync task's backoff.
     resyncs_begun: AtomicUsize,
     /// A copy refused a write for want of space, and no probe since found room on every copy:
@@ -331,7 +332,7 @@ impl Volume {
             slots,
             metrics,
             reads: AtomicUsize::new(0),
-            foreground: std::sync::atomic::AtomicU64::new(0),
+            foreground: io::Foreground::default(),
             resyncs_begun: AtomicUsize::new(0),
             full: std::sync::atomic::AtomicBool::new(false),
             full_len: std::sync::atomic::AtomicU64::new(0),

@@ -143,6 +143,10 @@ pub struct Config {
     /// A parity volume of this layout (`K+M`, its mirrored share) instead of a mirror
     /// ([`Config::parity`]).
     pub parity: Option<trireme_replication::Parity>,
+    /// How far past its share busy writes may take a parity volume's mirrored part before
+    /// its encoder goes on beside them ([`VolumeOptions::encode_headroom`]): half the parity
+    /// seeds take 0, so encodes race the writes from the first region over the share.
+    pub encode_headroom: u8,
     /// For the checker's own test: a node's process that dies takes its held maps' live
     /// copies with it, so a parity replica comes back with the map of its last flush.
     pub sabotage_live_held: bool,
@@ -166,6 +170,7 @@ impl Config {
             sabotage_barrier: false,
             sabotage_clone: false,
             parity: None,
+            encode_headroom: trireme_client::ENCODE_HEADROOM,
             sabotage_live_held: false,
         }
     }
@@ -186,6 +191,11 @@ impl Config {
             replicas: usize::from(p.data + p.parity),
             snapshots: false,
             parity: Some(p),
+            encode_headroom: if (seed / 16) % 2 == 1 {
+                0
+            } else {
+                trireme_client::ENCODE_HEADROOM
+            },
             ..Config::new(seed)
         }
     }

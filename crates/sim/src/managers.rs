@@ -34,6 +34,7 @@ impl World {
                 resync_rate: self.cfg.resync_rate,
                 // The seeds' volumes are counted by nobody: no metrics to update.
                 metrics: false,
+                encode_headroom: self.cfg.encode_headroom,
                 ..VolumeOptions::default()
             },
         };
