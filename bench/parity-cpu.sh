@@ -7,9 +7,11 @@
 # user + system) per I/O, counting the warm-up's I/O at the measured rate.
 #   hot      4K random writes, -rdpct90/10, 10 x QD4     hot-qd1   the same at QD1
 #   cold     4K random writes over the whole volume, 10 x QD4
-# ENCODE_RATE, MIN_PARITY, M3_FILL as in bench/parity-lib.sh; UP_ARGS are added to `up`
-# (e.g. --volatile-bookkeeping). Prints a Markdown table, with the machine's idle share over
-# each run (/proc/stat): CPU that no process used while the run waited. On two cores the
+# ENCODE_RATE, ENCODE_HEADROOM, MIN_PARITY, M3_FILL as in bench/parity-lib.sh; UP_ARGS are
+# added to `up` (e.g. --volatile-bookkeeping). Prints a Markdown table, with the machine's
+# idle share over each run (/proc/stat): CPU that no process used while the run waited, the
+# regions vol0's encoder encoded or folded back during the run (warm-up included), and its
+# overlay right after (percent of the volume; its share is 20%). On two cores the
 # whole cluster shares the machine: CPU per I/O says where the time goes, IOPS alone cannot.
 # Before each run it waits for the cluster to settle (vol0's encoder idle).
 # SYSCALLS=1 also counts the nodes' fdatasync, fsync and fallocate calls by file (perf's
@@ -28,6 +30,8 @@ read -r vol0_writer m3_writer <<<"$cpid"
 
 # ticks PID: CPU time the process has taken, in clock ticks.
 ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+# encoded: the regions vol0's writer encoded or folded back so far (its log's lines).
+encoded() { grep -c "region encoded" "$dir/vol0.log" || true; }
 # cpu_times: the machine's idle (with I/O wait) and total clock ticks so far.
 cpu_times() { awk '$1 == "cpu" { t = 0; for (i = 2; i <= NF; i++) t += $i; print $5 + $6, t }' /proc/stat; }
 hz=$(getconf CLK_TCK)
@@ -72,8 +76,8 @@ stop_syscalls() {
     python3 bench/syscall_counts.py "$run" "$dir/fds" >>"$dir/syscalls.txt"
 }
 
-echo "| profile | volume | IOPS | p99 us | CPU us/IO: writer | nodes | all (no bench) | idle % |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| profile | volume | IOPS | p99 us | CPU us/IO: writer | nodes | all (no bench) | idle % | regions encoded | overlay % after |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 for profile in ${PROFILES:-hot hot-qd1}; do
   case $profile in
     hot) args=(-b4K -w100 -r -rdpct90/10 -t10 -o4) ;;
@@ -88,21 +92,24 @@ for profile in ${PROFILES:-hot hot-qd1}; do
     w0=$(ticks "$writer") n0=0
     for p in $nodes; do n0=$((n0 + $(ticks "$p"))); done
     read -r i0 t0 < <(cpu_times)
+    e0=$(encoded)
     [ -z "${SYSCALLS:-}" ] || start_syscalls "$profile $vol"
     out=$("$T" --data-dir "$dir/c" --output json bench "${args[@]}" -d"$secs" -W"$warmup" "$target")
     w1=$(ticks "$writer") n1=0
     for p in $nodes; do n1=$((n1 + $(ticks "$p"))); done
     read -r i1 t1 < <(cpu_times)
     [ -z "${SYSCALLS:-}" ] || stop_syscalls
+    after=- encodes=-
+    [ "$vol" = vol0 ] && encodes=$(($(encoded) - e0)) && after=$(overlay)
     python3 - "$profile" "$vol" "$secs" "$warmup" "$hz" $((w1 - w0)) $((n1 - n0)) "$out" \
-      $((100 * (i1 - i0) / (t1 - t0))) <<'EOF'
+      $((100 * (i1 - i0) / (t1 - t0))) "$encodes" "$after" <<'EOF'
 import json, sys
-profile, vol, secs, warmup, hz, w, n, out, idle = sys.argv[1:]
+profile, vol, secs, warmup, hz, w, n, out, idle, encodes, after = sys.argv[1:]
 r = json.loads(out)
 ios = r["iops"] * (float(secs) + float(warmup))
 us = lambda t: 1e6 * int(t) / int(hz) / ios
 print(f"| {profile} | {vol} | {r['iops']:.0f} | {r['total']['latency_us']['p99']:.0f} | "
-      f"{us(w):.1f} | {us(n):.1f} | {us(int(w) + int(n)):.1f} | {idle} |")
+      f"{us(w):.1f} | {us(n):.1f} | {us(int(w) + int(n)):.1f} | {idle} | {encodes} | {after} |")
 EOF
   done
 done

@@ -28,8 +28,10 @@ print(v["resiliency"]["regions"].get("overlay_percent", "?"))'
 
 # parity_volumes [UP_ARGS...]: starts `up` (UP_ARGS added), makes and fills both volumes,
 # waits until MIN_PARITY percent (default 75) of vol0's regions are in parity, then serves
-# vol0 from a `trireme nbd` of its own (it fences `up`'s writer; ENCODE_RATE is its
-# `--encode-rate`) as m3 is. Sets $uri (vol0), $curi (m3) and $cpid (both writers' pids).
+# vol0 from a `trireme nbd` of its own (it fences `up`'s writer; ENCODE_RATE and
+# ENCODE_HEADROOM are its `--encode-rate` and `--encode-headroom`; its log in
+# "$dir/vol0.log" has a line for each region encoded) as m3 is. Sets $uri (vol0), $curi
+# (m3) and $cpid (both writers' pids).
 # M3_FILL=0 leaves m3 unwritten, so its writes allocate as those into vol0's trimmed blocks do.
 # LAYOUT (default 4+2) is vol0's parity, on NODES nodes (default 6): 2+1 on 3 puts both
 # volumes on the same three nodes, so the spread of writes over more nodes drops out.
@@ -47,7 +49,9 @@ parity_volumes() {
   for _ in $(seq 120); do [ "$(in_parity)" -ge "${MIN_PARITY:-75}" ] && break; sleep 1; done
   echo "vol0: $(in_parity)% of its regions in parity before the runs"
   m3uri=$curi
-  "$T" --data-dir "$dir/c" nbd vol0 --socket "$dir/vol0.sock" ${ENCODE_RATE:+--encode-rate "$ENCODE_RATE"} \
+  "$T" --data-dir "$dir/c" --log info,trireme_client::encoder=debug \
+    nbd vol0 --socket "$dir/vol0.sock" ${ENCODE_RATE:+--encode-rate "$ENCODE_RATE"} \
+    ${ENCODE_HEADROOM:+--encode-headroom "$ENCODE_HEADROOM"} \
     >"$dir/vol0.uri" 2>>"$dir/vol0.log" &
   cpid="$! $m3"
   for _ in $(seq 100); do [ -s "$dir/vol0.uri" ] && break; sleep 0.1; done
