@@ -24,7 +24,7 @@
 //!   default), then at 1/16 of its rate ([`BUSY_SLOWDOWN`]), so it cannot grow for ever. Below
 //!   that it did little but cost: at 1/16 of the rate a fold-back frees a few blocks a region
 //!   while writes spread over parity add thousands a second (4+2's hot writes: 0.69x a 3-way
-//!   volume with it, 0.84x without, `bench/parity-cpu.sh`).
+//!   volume with it, 0.79x without, `bench/results/parity-2026-12-07-headroom.txt`).
 //! - **The switch** is recorded through the writer's control plane
 //!   ([`Membership::record_region`](crate::Membership::record_region)), fenced by its epoch.
 //!

@@ -1,7 +1,7 @@
 //! The I/O path: mirrored writes, write-zeroes and flushes to every write target, reads from
 //! one in-sync replica with fall-over, extents and checksums.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use bytes::Bytes;
 use tokio::time::Instant;
@@ -683,36 +683,37 @@ fn mirrored(h: &Header) -> Mirrored {
     }
 }
 
-/// A volume's foreground reads and writes: how many began, how many are in flight. A pause
-/// is none in flight and none begun for a while; a stall (every request waiting on a disk
-/// that flushes) is not one.
+/// A volume's foreground reads and writes: how many began, how many ended. A pause is none
+/// in flight and none begun for a while; a stall (every request waiting on a disk that
+/// flushes) is not one.
 #[derive(Debug, Default)]
 pub(crate) struct Foreground {
-    begun: std::sync::atomic::AtomicU64,
-    in_flight: AtomicUsize,
+    begun: AtomicU64,
+    ended: AtomicU64,
 }
 
 impl Foreground {
     /// A request begins; it is in flight until the turn is dropped (a dropped future too).
     fn begin(&self) -> ForegroundTurn<'_> {
         self.begun.fetch_add(1, Ordering::Relaxed);
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
-        ForegroundTurn(&self.in_flight)
+        ForegroundTurn(&self.ended)
     }
 
-    /// The requests begun so far, or None while one is in flight.
+    /// The requests begun so far, or None while one is in flight. (`ended` is read first:
+    /// equal to `begun` read after it, every request begun by then had ended.)
     pub(crate) fn idle_at(&self) -> Option<u64> {
+        let ended = self.ended.load(Ordering::Relaxed);
         let begun = self.begun.load(Ordering::Relaxed);
-        (self.in_flight.load(Ordering::Relaxed) == 0).then_some(begun)
+        (begun == ended).then_some(begun)
     }
 }
 
 /// A foreground request in flight ([`Foreground::begin`]).
-struct ForegroundTurn<'a>(&'a AtomicUsize);
+struct ForegroundTurn<'a>(&'a AtomicU64);
 
 impl Drop for ForegroundTurn<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.0.fetch_add(1, Ordering::Relaxed);
     }
 }
 
