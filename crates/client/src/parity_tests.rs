@@ -249,12 +249,16 @@ async fn a_fold_back_frees_the_overlay_and_the_stripe_it_replaced() {
         v.write(at, data, false).await.unwrap();
     }
     v.flush().await.unwrap();
-    let overlay = rb / 4 * 4096 * 2;
+    // Each block's grain is reserved whole on the mirrors before the write (the node's
+    // `reserve_grains`): a block in four written, the region's whole mirrored place taken.
+    let reserved = rb * 4096 * 2;
     assert!(
-        on_disk() >= encoded + overlay,
-        "the overlay takes its space"
+        on_disk() >= encoded + reserved,
+        "the overlay's grains are reserved: {} bytes for {reserved}",
+        on_disk() - encoded
     );
-    // Folded back: the new stripe in the other slot, the old one and the overlay gone.
+    // Folded back: the new stripe in the other slot, the old one and the overlay gone, its
+    // grains punched whole by the trims that left them with nothing held.
     assert_eq!(
         v.encode(1, &record).await.unwrap(),
         Region::Parity { slot: 1 }

@@ -10,6 +10,7 @@
 //! | a write (or zeroes written) | its blocks set once the store took it | at the next flush |
 //! | a flush | — | the changed pages, after the data they describe is durable |
 //! | a trim | its whole blocks cleared | cleared before the bytes are punched |
+//! | a trim that leaves its store grain with no block held | widened over the whole grain | the same |
 //!
 //! The live copy (`Ledger::write_live_held`) is the map as memory holds it, written before
 //! the request is answered and never synced: after a crash of the node's process, the next
@@ -19,9 +20,9 @@
 //! acknowledged durable. A write whose flush never came may be lost with its bit then: it was
 //! never durable.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 
 use trireme_proto::{Extent, Status, MAX_HELD_QUERY};
 use trireme_store::held::HeldMap;
@@ -31,6 +32,8 @@ use crate::Refusal;
 
 /// The map's grain.
 const BLOCK: u64 = 4096;
+/// The store's grain: what a trim punches whole once none of its blocks is held.
+const GRAIN: u64 = trireme_store::GRAIN;
 
 /// Every parity replica's held map, by volume.
 #[derive(Debug, Default)]
@@ -55,6 +58,54 @@ struct Kept {
     /// fails its request (its writer takes the copy out) until the node opens the replica
     /// again and starts the copy anew.
     live_broken: AtomicBool,
+    /// Store grains with a write between its data and its bits, and grains a trim punches
+    /// whole ([`HeldMaps::writing`], [`HeldMaps::trimming`]).
+    grains: Mutex<Grains>,
+    /// Told when a trim is done punching its grains.
+    punched: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct Grains {
+    /// Writes under way, by grain.
+    writing: HashMap<u64, u32>,
+    punching: HashSet<u64>,
+}
+
+/// A write's or a trim's hold on store grains of a parity replica, let go when dropped.
+#[derive(Debug)]
+pub(crate) struct GrainTurn {
+    kept: Arc<Kept>,
+    grains: Vec<u64>,
+    punch: bool,
+}
+
+impl Drop for GrainTurn {
+    fn drop(&mut self) {
+        let mut g = self.kept.grains.lock().unwrap_or_else(|e| e.into_inner());
+        for grain in &self.grains {
+            if self.punch {
+                g.punching.remove(grain);
+            } else if let Some(n) = g.writing.get_mut(grain) {
+                *n -= 1;
+                if *n == 0 {
+                    g.writing.remove(grain);
+                }
+            }
+        }
+        if self.punch {
+            self.kept.punched.notify_all();
+        }
+    }
+}
+
+/// A trim as the store applies it: the range asked, widened to whole grains at an end whose
+/// grain holds nothing else, and the hold that keeps writes out of those grains meanwhile.
+#[derive(Debug)]
+pub(crate) struct Trim {
+    pub(crate) offset: u64,
+    pub(crate) len: u64,
+    _turn: Option<GrainTurn>,
 }
 
 fn blocks_of(size: u64) -> u64 {
@@ -115,6 +166,8 @@ impl HeldMaps {
             trims_durable: AtomicU64::new(0),
             ledger,
             live_broken: AtomicBool::new(false),
+            grains: Mutex::default(),
+            punched: Condvar::new(),
         });
         self.kept
             .write()
@@ -159,21 +212,56 @@ impl HeldMaps {
         }
     }
 
+    /// A write of `[offset, offset+len)` to a parity replica's store is about to begin: its
+    /// grains are held until the returned turn drops, after its bits are set
+    /// ([`HeldMaps::wrote`]), so no trim takes them for empty and punches the write away.
+    /// Waits while a trim punches one of them. `None`: the replica keeps no map.
+    pub(crate) fn writing(&self, volume: u64, offset: u64, len: u64) -> Option<GrainTurn> {
+        let k = self.get(volume)?;
+        let grains: Vec<u64> = (offset / GRAIN..(offset + len.max(1)).div_ceil(GRAIN)).collect();
+        let mut g = k.grains.lock().unwrap_or_else(|e| e.into_inner());
+        while grains.iter().any(|x| g.punching.contains(x)) {
+            g = k.punched.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+        for x in &grains {
+            *g.writing.entry(*x).or_default() += 1;
+        }
+        drop(g);
+        Some(GrainTurn {
+            kept: k,
+            grains,
+            punch: false,
+        })
+    }
+
     /// Before a trim of `[offset, offset+len)` is applied: its whole blocks are not held,
-    /// durably (a part block at either end is zeroed, not punched: a write, held).
+    /// durably (a part block at either end is zeroed, not punched: a write, held). Returns
+    /// the range to trim: where the trim leaves a grain at either end with no block held and
+    /// no write under way, the whole grain, so the store punches it whole. A fold-back trims
+    /// an overlay block by block; punched one 4 KiB block at a time, its grain kept what an
+    /// overlay write reserved around it (`ops/io.rs`, `reserve_grains`) for good.
     pub(crate) fn trimming(
         &self,
         volume: u64,
         r: &dyn Replica,
         offset: u64,
         len: u64,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Trim, StoreError> {
         let Some(k) = self.get(volume) else {
-            return Ok(());
+            return Ok(Trim {
+                offset,
+                len,
+                _turn: None,
+            });
         };
         let (first, end) = (offset.div_ceil(BLOCK), (offset + len) / BLOCK);
-        let mine = {
+        let (mine, trim) = {
             let mut guard = k.map.lock().unwrap_or_else(|e| e.into_inner());
+            let mut trim = Trim {
+                offset,
+                len,
+                _turn: None,
+            };
             if let Ok(map) = &mut *guard {
                 k.live(map.mark(
                     offset / BLOCK,
@@ -183,16 +271,19 @@ impl HeldMaps {
                 if end > first {
                     k.live(map.mark(first, end - first, false))?;
                 }
+                trim = k.widen(map, trim, r.size());
             }
-            k.trims.fetch_add(1, Ordering::SeqCst) + 1
+            // Numbered after the widening looked at the map: the flush that makes this trim
+            // durable takes every bit cleared before, those of the grains widened over too.
+            (k.trims.fetch_add(1, Ordering::SeqCst) + 1, trim)
         };
         // Trims sent together (a fold-back's) share one flush: the first to get the
         // flush lock makes every mark made so far durable, and the others find theirs in it.
         let _one = k.flushing.lock().unwrap_or_else(|e| e.into_inner());
-        if k.trims_durable.load(Ordering::SeqCst) >= mine {
-            return Ok(());
+        if k.trims_durable.load(Ordering::SeqCst) < mine {
+            k.persist_locked(r)?;
         }
-        k.persist_locked(r)
+        Ok(trim)
     }
 
     /// A flush of `r`: its data, then the pages of its map that changed.
@@ -249,6 +340,56 @@ fn take_live(volume: u64, map: &mut HeldMap, ledger: &dyn Ledger) {
 }
 
 impl Kept {
+    /// Widens a block-aligned trim to the whole grain at either end where no block is held
+    /// and no write is under way, and takes those grains (the map's lock held).
+    fn widen(self: &Arc<Self>, map: &HeldMap, trim: Trim, size: u64) -> Trim {
+        let (offset, end) = (trim.offset, trim.offset + trim.len);
+        if !offset.is_multiple_of(BLOCK) || !end.is_multiple_of(BLOCK) || trim.len == 0 {
+            return trim;
+        }
+        let edges = [
+            (!offset.is_multiple_of(GRAIN)).then_some(offset / GRAIN),
+            (!end.is_multiple_of(GRAIN)).then_some(end / GRAIN),
+        ];
+        let mut g = self.grains.lock().unwrap_or_else(|e| e.into_inner());
+        let mut taken = Vec::new();
+        for grain in edges.into_iter().flatten() {
+            let blocks = grain * (GRAIN / BLOCK)..((grain + 1) * (GRAIN / BLOCK)).min(map.blocks());
+            let empty = !blocks.clone().any(|b| map.is_held(b));
+            if empty
+                && (grain + 1) * GRAIN <= size
+                && !g.writing.contains_key(&grain)
+                && !g.punching.contains(&grain)
+                && !taken.contains(&grain)
+            {
+                g.punching.insert(grain);
+                taken.push(grain);
+            }
+        }
+        if taken.is_empty() {
+            return trim;
+        }
+        let a = if taken.contains(&(offset / GRAIN)) {
+            offset / GRAIN * GRAIN
+        } else {
+            offset
+        };
+        let b = if taken.contains(&(end / GRAIN)) && !end.is_multiple_of(GRAIN) {
+            (end / GRAIN + 1) * GRAIN
+        } else {
+            end
+        };
+        Trim {
+            offset: a,
+            len: b - a,
+            _turn: Some(GrainTurn {
+                kept: self.clone(),
+                grains: taken,
+                punch: true,
+            }),
+        }
+    }
+
     /// Writes what a mark changed (`HeldMap::mark`'s bytes) into the live copy, with the
     /// map's lock held so that copies of one byte land in the order they were made.
     fn live(&self, (at, bytes): (u64, Vec<u8>)) -> Result<(), StoreError> {

@@ -127,6 +127,81 @@ fn trims_sent_together_are_each_durable_when_answered() {
     );
 }
 
+/// Bytes the replica's data file takes on disk.
+fn on_disk(d: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(d.join(format!("replica-{:016x}.data", 1)))
+        .unwrap()
+        .blocks()
+        * 512
+}
+
+fn trim(n: &Node, offset: u64, len: u64) {
+    let mut t = req(Op::WriteZeroes, 1, 3, offset, len);
+    t.flags |= trireme_proto::FLAG_MAY_TRIM;
+    serve_ok(n, t, &[]);
+}
+
+/// An overlay write into a punched grain reserves the whole grain, so the grain's other
+/// blocks take their first writes without allocating; the trim that leaves the grain with
+/// nothing held punches it whole, so the reserve is given back. A write under way in the
+/// grain (between its data and its bit) keeps the grain: a trim never punches it away.
+#[test]
+fn an_overlay_write_reserves_its_grain_and_the_last_trim_gives_it_back() {
+    const G: u64 = trireme_store::GRAIN;
+    let d = tempfile::tempdir().unwrap();
+    let n = create_parity(d.path());
+    let empty = on_disk(d.path());
+    serve_ok(&n, req(Op::Write, 1, 3, G + 2 * B, 0), &[1; B as usize]);
+    let one = on_disk(d.path()) - empty;
+    assert!(one >= G, "the grain is reserved whole: {one} bytes");
+    // Beside the first: the file system's extents stay as many (no extent block to count).
+    serve_ok(&n, req(Op::Write, 1, 3, G + 3 * B, 0), &[2; B as usize]);
+    assert_eq!(
+        on_disk(d.path()) - empty,
+        one,
+        "the second block was reserved"
+    );
+    trim(&n, G + 2 * B, B);
+    assert_eq!(held_ok(&n, G, G), vec![(G + 3 * B, B)]);
+    assert!(
+        on_disk(d.path()) - empty >= one - B,
+        "a block still held keeps its grain"
+    );
+    trim(&n, G + 3 * B, B);
+    assert_eq!(held_ok(&n, 0, MB), vec![]);
+    assert_eq!(
+        on_disk(d.path()),
+        empty,
+        "the last trim punched the grain whole"
+    );
+    let read = |offset: u64| {
+        let (_, data) = n
+            .serve(&Frame::new(req(Op::Read, 1, 3, offset, B), Bytes::new()))
+            .unwrap_or_else(|Refusal(s, m)| panic!("read refused: {s:?} {m}"));
+        data
+    };
+    assert_eq!(&read(G + 3 * B)[..], &[0; B as usize][..]);
+
+    // A write under way in grain 3 (its data taken, its bit not yet set): the trim of the
+    // grain's only held block punches that block alone.
+    serve_ok(&n, req(Op::Write, 1, 3, 3 * G, 0), &[3; B as usize]);
+    let turn = n
+        .held
+        .writing(1, 3 * G + 7 * B, B)
+        .expect("a parity replica");
+    n.held.wrote(1, 3 * G + 7 * B, 0).unwrap();
+    trim(&n, 3 * G, B);
+    assert!(on_disk(d.path()) - empty >= G - B, "the grain was kept");
+    drop(turn);
+    trim(&n, 3 * G, B);
+    assert_eq!(
+        on_disk(d.path()),
+        empty,
+        "with the write done, punched whole"
+    );
+}
+
 /// Asked wrongly, or of a replica that keeps no map, or of a map that read back corrupt:
 /// a clear refusal, never an answer that would pass for "nothing held".
 #[test]
