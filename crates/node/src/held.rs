@@ -76,27 +76,49 @@ struct Grains {
 #[derive(Debug)]
 pub(crate) struct GrainTurn {
     kept: Arc<Kept>,
-    grains: Vec<u64>,
-    punch: bool,
+    hold: Hold,
+}
+
+#[derive(Debug)]
+enum Hold {
+    /// A write's grains, one after another.
+    Writing(std::ops::Range<u64>),
+    /// The grains a trim punches whole: at most one at either end.
+    Punching(Vec<u64>),
 }
 
 impl Drop for GrainTurn {
     fn drop(&mut self) {
         let mut g = self.kept.grains.lock().unwrap_or_else(|e| e.into_inner());
-        for grain in &self.grains {
-            if self.punch {
-                g.punching.remove(grain);
-            } else if let Some(n) = g.writing.get_mut(grain) {
-                *n -= 1;
-                if *n == 0 {
-                    g.writing.remove(grain);
+        match &self.hold {
+            Hold::Writing(grains) => {
+                for grain in grains.clone() {
+                    if let Some(n) = g.writing.get_mut(&grain) {
+                        *n -= 1;
+                        if *n == 0 {
+                            g.writing.remove(&grain);
+                        }
+                    }
                 }
             }
-        }
-        if self.punch {
-            self.kept.punched.notify_all();
+            Hold::Punching(grains) => {
+                for grain in grains {
+                    g.punching.remove(grain);
+                }
+                self.kept.punched.notify_all();
+            }
         }
     }
+}
+
+/// The store grains the range `[offset, end)` covers only in part: at most one at
+/// either end, one if both ends lie in the same grain.
+pub(crate) fn part_grains(offset: u64, end: u64) -> impl Iterator<Item = u64> {
+    let head = (!offset.is_multiple_of(GRAIN)).then_some(offset / GRAIN);
+    let tail = (!end.is_multiple_of(GRAIN))
+        .then_some(end / GRAIN)
+        .filter(|&t| Some(t) != head);
+    head.into_iter().chain(tail)
 }
 
 /// A trim as the store applies it: the range asked, widened to whole grains at an end whose
@@ -218,19 +240,18 @@ impl HeldMaps {
     /// Waits while a trim punches one of them. `None`: the replica keeps no map.
     pub(crate) fn writing(&self, volume: u64, offset: u64, len: u64) -> Option<GrainTurn> {
         let k = self.get(volume)?;
-        let grains: Vec<u64> = (offset / GRAIN..(offset + len.max(1)).div_ceil(GRAIN)).collect();
+        let grains = offset / GRAIN..(offset + len.max(1)).div_ceil(GRAIN);
         let mut g = k.grains.lock().unwrap_or_else(|e| e.into_inner());
-        while grains.iter().any(|x| g.punching.contains(x)) {
+        while grains.clone().any(|x| g.punching.contains(&x)) {
             g = k.punched.wait(g).unwrap_or_else(|e| e.into_inner());
         }
-        for x in &grains {
-            *g.writing.entry(*x).or_default() += 1;
+        for x in grains.clone() {
+            *g.writing.entry(x).or_default() += 1;
         }
         drop(g);
         Some(GrainTurn {
             kept: k,
-            grains,
-            punch: false,
+            hold: Hold::Writing(grains),
         })
     }
 
@@ -347,45 +368,30 @@ impl Kept {
         if !offset.is_multiple_of(BLOCK) || !end.is_multiple_of(BLOCK) || trim.len == 0 {
             return trim;
         }
-        let edges = [
-            (!offset.is_multiple_of(GRAIN)).then_some(offset / GRAIN),
-            (!end.is_multiple_of(GRAIN)).then_some(end / GRAIN),
-        ];
         let mut g = self.grains.lock().unwrap_or_else(|e| e.into_inner());
         let mut taken = Vec::new();
-        for grain in edges.into_iter().flatten() {
+        let (mut a, mut b) = (offset, end);
+        for grain in part_grains(offset, end) {
             let blocks = grain * (GRAIN / BLOCK)..((grain + 1) * (GRAIN / BLOCK)).min(map.blocks());
-            let empty = !blocks.clone().any(|b| map.is_held(b));
-            if empty
+            if !blocks.into_iter().any(|x| map.is_held(x))
                 && (grain + 1) * GRAIN <= size
                 && !g.writing.contains_key(&grain)
-                && !g.punching.contains(&grain)
-                && !taken.contains(&grain)
+                && g.punching.insert(grain)
             {
-                g.punching.insert(grain);
                 taken.push(grain);
+                a = a.min(grain * GRAIN);
+                b = b.max((grain + 1) * GRAIN);
             }
         }
         if taken.is_empty() {
             return trim;
         }
-        let a = if taken.contains(&(offset / GRAIN)) {
-            offset / GRAIN * GRAIN
-        } else {
-            offset
-        };
-        let b = if taken.contains(&(end / GRAIN)) && !end.is_multiple_of(GRAIN) {
-            (end / GRAIN + 1) * GRAIN
-        } else {
-            end
-        };
         Trim {
             offset: a,
             len: b - a,
             _turn: Some(GrainTurn {
                 kept: self.clone(),
-                grains: taken,
-                punch: true,
+                hold: Hold::Punching(taken),
             }),
         }
     }

@@ -261,15 +261,10 @@ fn checksum(
 /// as overwrites. A grain whose blocks are all trimmed again is punched whole
 /// (`HeldMaps::trimming`), so what this reserves comes back with the overlay.
 fn reserve_grains(r: &dyn Replica, offset: u64, len: u64) {
-    let end = offset + len;
-    let head = (!offset.is_multiple_of(GRAIN)).then_some(offset / GRAIN);
-    let tail = (!end.is_multiple_of(GRAIN)).then_some(end / GRAIN);
-    let mut last = None;
-    for g in [head, tail].into_iter().flatten() {
-        if last != Some(g) && (g + 1) * GRAIN <= r.size() {
+    for g in crate::held::part_grains(offset, offset + len) {
+        if (g + 1) * GRAIN <= r.size() {
             r.reserve(g * GRAIN, GRAIN);
         }
-        last = Some(g);
     }
 }
 
