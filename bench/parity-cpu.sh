@@ -17,7 +17,8 @@
 # SYSCALLS=1 also counts the nodes' fdatasync, fsync and fallocate calls by file (perf's
 # syscall tracepoints), and the activity-log syncs in each second of each run. It slowed
 # some runs several times over (3-way at 3.1-3.8k IOPS against 21-24k): count with it,
-# never time.
+# never time. PERF=1 records a flat profile of the nodes over each run (`perf record -F 499`)
+# and prints its top functions; it slows the runs too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${SECS:-10}"
@@ -70,6 +71,19 @@ start_syscalls() {
     -e syscalls:sys_enter_fdatasync,syscalls:sys_enter_fsync,syscalls:sys_enter_fallocate 2>/dev/null &
   perf_pid=$!
 }
+# start_profile RUN / stop_profile: the nodes' flat profile over RUN, its top functions
+# appended to "$dir/profile.txt".
+start_profile() {
+  run=$1
+  perf record -q -F 499 -o "$dir/profile.data" -p "$(echo "$nodes" | paste -sd,)" 2>/dev/null &
+  prof_pid=$!
+}
+stop_profile() {
+  kill -INT "$prof_pid" && wait "$prof_pid" || true
+  { echo "### nodes' profile: $run"
+    perf report -i "$dir/profile.data" --no-children --sort dso,sym --stdio 2>/dev/null |
+      grep -v -e '^#' -e '^$' | head -15 || true; } >>"$dir/profile.txt"
+}
 stop_syscalls() {
   kill -INT "$perf_pid" && wait "$perf_pid" || true
   perf script -i "$dir/perf.data" -F pid,time,event,trace 2>/dev/null |
@@ -94,11 +108,13 @@ for profile in ${PROFILES:-hot hot-qd1}; do
     read -r i0 t0 < <(cpu_times)
     e0=$(encoded)
     [ -z "${SYSCALLS:-}" ] || start_syscalls "$profile $vol"
+    [ -z "${PERF:-}" ] || start_profile "$profile $vol"
     out=$("$T" --data-dir "$dir/c" --output json bench "${args[@]}" -d"$secs" -W"$warmup" "$target")
     w1=$(ticks "$writer") n1=0
     for p in $nodes; do n1=$((n1 + $(ticks "$p"))); done
     read -r i1 t1 < <(cpu_times)
     [ -z "${SYSCALLS:-}" ] || stop_syscalls
+    [ -z "${PERF:-}" ] || stop_profile
     after=- encodes=-
     [ "$vol" = vol0 ] && encodes=$(($(encoded) - e0)) && after=$(overlay)
     python3 - "$profile" "$vol" "$secs" "$warmup" "$hz" $((w1 - w0)) $((n1 - n0)) "$out" \
@@ -114,3 +130,4 @@ EOF
   done
 done
 [ -z "${SYSCALLS:-}" ] || cat "$dir/syscalls.txt"
+[ -z "${PERF:-}" ] || cat "$dir/profile.txt"
