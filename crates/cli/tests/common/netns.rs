@@ -8,19 +8,55 @@ use super::*;
 /// (`10.NET.N.1` here, `10.NET.N.2` inside), with iptables rules that cut one off. Everything
 /// is undone on drop.
 pub struct Netns {
-    /// Second octet of this set's addresses (`10.NET.N.x`): distinct for the sets a test
-    /// binary makes, up to [`SETS_APART`] of them (two alike would route to each other's
-    /// namespaces: `ucx_fallback.rs` makes four, and its first and fourth once ran together
-    /// with the same addresses when three were told apart), and likely distinct between
-    /// binaries running at once.
+    /// Second octet of this set's addresses (`10.NET.N.x`): distinct for every set alive on
+    /// this host, in this binary or another (two alike would route to each other's namespaces:
+    /// `ucx_fallback.rs` makes four, and its first and fourth once ran together with the same
+    /// addresses). Held by a lock on a file of its own until the set is dropped.
     pub net: u32,
     pub names: Vec<String>,
     veths: Vec<String>,
     rules: Vec<Vec<String>>,
+    /// The lock that holds `net` (released last, after the veths are gone).
+    _claim: std::fs::File,
 }
 
-/// How many sets of one test binary get addresses of their own.
-const SETS_APART: u32 = 4;
+/// The second octets sets may take: 10.200.0.0 to 10.251.255.255.
+const NETS: std::ops::RangeInclusive<u32> = 200..=251;
+
+/// A second octet no other set on this host holds and no address here uses, with the lock
+/// that holds it: `flock` on `trireme-net-NET` in the temporary directory, which the kernel lets go when the
+/// holder exits, even by kill -9.
+fn claim_net() -> (u32, std::fs::File) {
+    use std::os::fd::AsRawFd;
+    let span = NETS.end() - NETS.start() + 1;
+    let first = std::process::id() % span;
+    for k in 0..span {
+        let net = NETS.start() + (first + k) % span;
+        let path = std::env::temp_dir().join(format!("trireme-net-{net}"));
+        let Ok(f) = std::fs::File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+        else {
+            continue;
+        };
+        // SAFETY: flock on a descriptor this function owns.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            continue;
+        }
+        // A set a killed run left behind keeps its addresses without its lock.
+        let used = Command::new("ip")
+            .args(["-o", "addr", "show", "to", &format!("10.{net}.0.0/16")])
+            .output()
+            .map(|o| !o.stdout.is_empty())
+            .unwrap_or(false);
+        if !used {
+            return (net, f);
+        }
+    }
+    panic!("no free 10.NET.0.0/16 for network namespaces ({NETS:?}): all held or in use");
+}
 
 impl Netns {
     pub fn create(n: u32) -> Netns {
@@ -28,12 +64,13 @@ impl Netns {
         let k = SETS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let pid = std::process::id();
         let tag = format!("{}{k}", pid % 10_000);
-        let net = 200 + (pid % 13) * 4 + k % SETS_APART;
+        let (net, claim) = claim_net();
         let mut ns = Netns {
             net,
             names: Vec::new(),
             veths: Vec::new(),
             rules: Vec::new(),
+            _claim: claim,
         };
         for i in 1..=n {
             let name = format!("trireme-t{tag}-n{i}");
