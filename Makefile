@@ -15,9 +15,10 @@ build: setup
 demo: build
 	./target/release/trireme up $(DEMO_ARGS)
 
-## Lints and every test (unit, property, process-level, interop with real NBD clients).
+## Lints and every test (unit, property, process-level, interop with real NBD clients), two
+## test binaries at a time (scripts/test.py; TEST_LANES=1 runs them one by one, as cargo does).
 test: setup lint
-	cargo test --workspace --locked
+	scripts/test.py
 
 lint:
 	cargo fmt --all -- --check

@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""Runs every test of the workspace, as `cargo test --workspace` does, two test binaries at a time.
+
+    scripts/test.py               # what `make test` runs after the lints
+    TEST_LANES=1 scripts/test.py  # one binary at a time, as cargo runs them
+    scripts/test.py parity etcd   # only the binaries whose names hold one of these words
+
+Why two at a time: most of the slow binaries wait rather than compute. A kernel-device test
+runs one guest at a time under qemu's emulation (one core), the etcd tests wait out elections
+and leases, the failure tests wait out heartbeats and timeouts. Run one after another they left
+a core of this two-core machine idle for most of the suite. Each binary still runs its own tests
+as cargo does (as many at once as there are cores), so a test is never alone on the machine
+in either mode: a test that needs the machine to itself does not belong in this suite.
+
+The slowest binaries start first (the times of the last run, kept in target/test-times.json,
+else the list below), so the suite ends about when its longest binary does. Each binary's
+output is printed whole when it ends; a summary of every binary, slowest first, comes last.
+Exits non-zero when a binary failed (or a test in it did), naming them.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMES = ROOT / "target" / "test-times.json"
+# Seconds each of the slow binaries took on a fresh clone, run one at a time (stop 99's CI).
+# Only their order matters: the slowest go first.
+KNOWN = {
+    "kernel_devices": 202, "etcd": 152, "failures": 109, "seeds": 106, "parity": 104,
+    "snapshots": 73, "failures_between_hosts": 73, "readme_servers": 59, "hostile": 57,
+    "observe": 51, "qos": 34, "nvmf": 33, "ucx_fallback": 27, "etcd_boundary": 24,
+}
+
+
+def build():
+    """Builds every test binary; returns them as (name, executable, package directory)."""
+    cmd = ["cargo", "test", "--workspace", "--locked", "--no-run",
+           "--message-format=json-render-diagnostics"]
+    out = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    if out.returncode != 0:
+        sys.exit(f"test.py: building the tests failed ({' '.join(cmd)})")
+    found = []
+    for line in out.stdout.splitlines():
+        msg = json.loads(line)
+        if msg.get("reason") != "compiler-artifact" or not msg.get("executable"):
+            continue
+        if not msg["profile"]["test"]:
+            continue
+        target = msg["target"]
+        kind = "lib" if target["kind"] == ["lib"] else target["kind"][0]
+        pkg = Path(msg["manifest_path"]).parent
+        name = target["name"] if kind == "test" else f"{pkg.name}:{kind}:{target['name']}"
+        found.append((name, msg["executable"], pkg))
+    return found
+
+
+def weight(name, last):
+    return last.get(name, KNOWN.get(name, 0))
+
+
+class Lanes:
+    """A pool that runs jobs `lanes` at a time and prints each job's output when it ends."""
+
+    def __init__(self, jobs, lanes):
+        self.jobs = list(jobs)
+        self.lanes = lanes
+        self.lock = threading.Lock()
+        self.results = []
+
+    def run(self):
+        threads = [threading.Thread(target=self.lane) for _ in range(self.lanes)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return self.results
+
+    def lane(self):
+        while True:
+            with self.lock:
+                if not self.jobs:
+                    return
+                name, argv, cwd = self.jobs.pop(0)
+                print(f"----- {name}: started", flush=True)
+            env = dict(os.environ, CARGO_MANIFEST_DIR=str(cwd))
+            start = time.monotonic()
+            p = subprocess.run(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            secs = time.monotonic() - start
+            text = p.stdout.decode("utf-8", "replace")
+            with self.lock:
+                print(f"\n===== {name}: {'ok' if p.returncode == 0 else 'FAILED'}, "
+                      f"{secs:.1f} s =====", flush=True)
+                sys.stdout.write(text)
+                sys.stdout.flush()
+                self.results.append((name, secs, p.returncode, text))
+
+
+def counts(text):
+    """The passed and failed counts of a libtest output."""
+    passed = failed = 0
+    for line in text.splitlines():
+        if line.startswith("test result:"):
+            words = line.replace(";", "").split()
+            passed += int(words[words.index("passed") - 1])
+            failed += int(words[words.index("failed") - 1])
+    return passed, failed
+
+
+def main():
+    words = sys.argv[1:]
+    lanes = int(os.environ.get("TEST_LANES", "2"))
+    if lanes < 1:
+        sys.exit("test.py: TEST_LANES must be 1 or more")
+    binaries = build()
+    if words:
+        binaries = [b for b in binaries if any(w in b[0] for w in words)]
+    try:
+        last = json.loads(TIMES.read_text())
+    except (OSError, ValueError):
+        last = {}
+    binaries.sort(key=lambda b: -weight(b[0], last))
+    jobs = [(name, [exe], cwd) for name, exe, cwd in binaries]
+    if not words:
+        # The workspace's doc tests (none today), so that a new one runs too.
+        jobs.append(("doc-tests", ["cargo", "test", "--workspace", "--locked", "--doc", "-q"],
+                     ROOT))
+    start = time.monotonic()
+    results = Lanes(jobs, lanes).run()
+    wall = time.monotonic() - start
+    last.update({name: round(secs, 1) for name, secs, _, _ in results})
+    TIMES.parent.mkdir(exist_ok=True)
+    TIMES.write_text(json.dumps(last, indent=1, sort_keys=True))
+
+    print(f"\n===== summary: {len(results)} binaries, {lanes} at a time =====")
+    print(f"{'binary':<40} {'seconds':>8} {'passed':>7} {'failed':>7}")
+    total_pass = total_fail = 0
+    bad = []
+    for name, secs, code, text in sorted(results, key=lambda r: -r[1]):
+        passed, failed = counts(text)
+        total_pass += passed
+        total_fail += failed
+        if code != 0:
+            bad.append(name)
+        print(f"{name:<40} {secs:8.1f} {passed:7} {failed:7}{'' if code == 0 else '  FAILED'}")
+    busy = sum(r[1] for r in results)
+    print(f"\n{total_pass} passed, {total_fail} failed; {wall:.0f} s of wall time "
+          f"for {busy:.0f} s of binaries")
+    if bad:
+        sys.exit(f"test.py: failed: {', '.join(bad)}")
+
+
+if __name__ == "__main__":
+    main()
