@@ -6,7 +6,7 @@ time unless TEST_LANES says more.
     TEST_LANES=2 scripts/test.py  # two binaries at a time (not safe yet: below)
     scripts/test.py parity etcd   # only the binaries whose names hold one of these words
 
-Two at a time took the tests from 22 to 13-15 min here: most slow binaries wait (guests under
+Two at a time took the tests from 22 to 12.5-15 min here: most slow binaries wait (guests under
 qemu's emulation on one core, etcd elections, leases, timeouts). It is not the default: two of
 five such runs failed. In one, etcd could not bind the port `tests/common::free_port` had found
 free a moment before (another binary took it), and the CSI test then waited forever; the other
@@ -15,8 +15,8 @@ Ports must be claimed across binaries, as the namespace sets' addresses are
 (`tests/common/netns.rs`), before two lanes can be the default.
 
 The slowest binaries start first (the times of the last run, kept in target/test-times.json,
-else the list below). Each binary's output is printed whole when it ends; a summary of every
-binary, slowest first, comes last. Exits non-zero when a binary failed (or a test in it did),
+else the list below). Each binary's output is printed as it comes (with two lanes, whole when
+the binary ends); a summary of every binary, slowest first, comes last. Exits non-zero when a binary failed (or a test in it did),
 naming them.
 """
 
@@ -30,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMES = ROOT / "target" / "test-times.json"
-# Seconds each of the slow binaries took on a fresh clone, run one at a time (stop 99's CI).
+# Seconds each of the slow binaries took in `.ci/run` on a fresh clone of 8eae9bc, one at a time.
 # Only their order matters: the slowest go first.
 KNOWN = {
     "kernel_devices": 202, "etcd": 152, "failures": 109, "seeds": 106, "parity": 104,
@@ -86,7 +86,7 @@ def weight(name, last):
 
 
 class Lanes:
-    """A pool that runs jobs `lanes` at a time and prints each job's output when it ends."""
+    """A pool that runs jobs `lanes` at a time and prints each job's output."""
 
     def __init__(self, jobs, lanes):
         self.jobs = list(jobs)
@@ -109,18 +109,32 @@ class Lanes:
                     return
                 name, argv, cwd = self.jobs.pop(0)
                 print(f"----- {name}: started", flush=True)
-            env = dict(os.environ, CARGO_MANIFEST_DIR=str(cwd))
             start = time.monotonic()
-            p = subprocess.run(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            code, text = self.run_one(argv, cwd)
             secs = time.monotonic() - start
-            text = p.stdout.decode("utf-8", "replace")
             with self.lock:
-                print(f"\n===== {name}: {'ok' if p.returncode == 0 else 'FAILED'}, "
+                print(f"\n===== {name}: {'ok' if code == 0 else 'FAILED'}, "
                       f"{secs:.1f} s =====", flush=True)
-                sys.stdout.write(text)
+                if self.lanes > 1:
+                    sys.stdout.write(text)
+                    sys.stdout.flush()
+                self.results.append((name, secs, code, text))
+
+    def run_one(self, argv, cwd):
+        """Runs one binary; returns its exit code and output. Alone in its lane, its output
+        is printed as it comes (a hung test shows how far it got); beside others, kept for
+        the end so that two binaries' lines do not mix."""
+        env = dict(os.environ, CARGO_MANIFEST_DIR=str(cwd))
+        p = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        lines = []
+        for raw in p.stdout:
+            line = raw.decode("utf-8", "replace")
+            lines.append(line)
+            if self.lanes == 1:
+                sys.stdout.write(line)
                 sys.stdout.flush()
-                self.results.append((name, secs, p.returncode, text))
+        return p.wait(), "".join(lines)
 
 
 def counts(text):

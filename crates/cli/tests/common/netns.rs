@@ -24,8 +24,8 @@ pub struct Netns {
 const NETS: std::ops::RangeInclusive<u32> = 200..=251;
 
 /// A second octet no other set on this host holds and no address here uses, with the lock
-/// that holds it: `flock` on `trireme-net-NET` in the temporary directory, which the kernel lets go when the
-/// holder exits, even by kill -9.
+/// that holds it: `flock` on `trireme-net-NET` in the temporary directory, which the kernel
+/// lets go when the holder exits, even by kill -9.
 fn claim_net() -> (u32, std::fs::File) {
     use std::os::fd::AsRawFd;
     let span = NETS.end() - NETS.start() + 1;
