@@ -591,6 +591,7 @@ fn the_dashboard_charts_a_remote_writer_and_keeps_its_events_across_a_manager_ki
             .spawn()
             .unwrap(),
     )];
+    common::wait_listening(&mut procs[0].0, cport, &d.join("etcd.log"));
     let trireme = |args: &[&str]| {
         let mut c = Command::new(BIN);
         c.current_dir(d)

@@ -623,13 +623,34 @@ pub fn sh(args: &[&str]) -> Result<(), String> {
     }
 }
 
-/// A TCP port on 127.0.0.1 free a moment ago (for servers that take a port number, as etcd).
+/// A TCP port on 127.0.0.1 for a server that takes a port number, as etcd: claimed for this
+/// process, so a test binary running beside this one cannot take it first
+/// (`trireme_testkit::port`).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    trireme_testkit::port()
+}
+
+/// Waits until `child`, a server told to listen on `port` of 127.0.0.1, accepts a connection.
+/// Panics with its log if it exits first (a port taken from under it, say) or takes over
+/// 60 s, so that a test fails instead of waiting on a server that is not there.
+pub fn wait_listening(child: &mut std::process::Child, port: u16, log: &std::path::Path) {
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        let said = || std::fs::read_to_string(log).unwrap_or_default();
+        if let Ok(Some(st)) = child.try_wait() {
+            panic!(
+                "{} exited ({st}) before listening on {port}:\n{}",
+                log.display(),
+                said()
+            );
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "nothing listens on {port} after 60 s:\n{}",
+            said()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// Waits for `what` in `path`.

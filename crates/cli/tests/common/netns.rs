@@ -27,24 +27,13 @@ const NETS: std::ops::RangeInclusive<u32> = 200..=251;
 /// that holds it: `flock` on `trireme-net-NET` in the temporary directory, which the kernel
 /// lets go when the holder exits, even by kill -9.
 fn claim_net() -> (u32, std::fs::File) {
-    use std::os::fd::AsRawFd;
     let span = NETS.end() - NETS.start() + 1;
     let first = std::process::id() % span;
     for k in 0..span {
         let net = NETS.start() + (first + k) % span;
-        let path = std::env::temp_dir().join(format!("trireme-net-{net}"));
-        let Ok(f) = std::fs::File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-        else {
+        let Some(f) = trireme_testkit::lock(&format!("net-{net}")) else {
             continue;
         };
-        // SAFETY: flock on a descriptor this function owns.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            continue;
-        }
         // A set a killed run left behind keeps its addresses without its lock.
         let used = Command::new("ip")
             .args(["-o", "addr", "show", "to", &format!("10.{net}.0.0/16")])

@@ -136,6 +136,8 @@ pub fn start_with(etcd_args: &[&str]) -> World {
         .stderr(std::fs::File::create(dir.path().join("etcd.log")).unwrap())
         .spawn()
         .expect("etcd must be installed (apt-get install etcd-server)");
+    let mut etcd = etcd;
+    super::wait_listening(&mut etcd, cport, &dir.path().join("etcd.log"));
     let mut w = World {
         etcd: format!("https://127.0.0.1:{cport}"),
         procs: Procs(vec![etcd]),

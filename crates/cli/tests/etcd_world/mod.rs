@@ -80,6 +80,12 @@ impl Etcd {
             .stderr(log)
             .spawn()
             .expect("etcd must be installed (apt-get install etcd-server), or TRIREME_SKIP_ETCD=1");
+        let mut child = child;
+        if h.ns.is_none() {
+            // Its ports were claimed (`free_port`); a member that cannot bind fails the test.
+            let log = self.dir.join(format!("etcd-{name}.log"));
+            common::wait_listening(&mut child, *c, &log);
+        }
         self.procs[i] = Some(child);
     }
 

@@ -31,12 +31,9 @@ impl Drop for EtcdServer {
     }
 }
 
+/// A port claimed for this process (see `trireme_testkit::port`).
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    trireme_testkit::port()
 }
 
 impl EtcdServer {
