@@ -139,7 +139,7 @@ fn crashes_during_resync_of_target_and_source() {
     wait_all_in_sync(&c);
     assert_replicas_identical(&c, "vol0");
     let r = resyncs(&c);
-    assert!(r.iter().all(|(full, _)| !full), "{r:?}");
+    assert!(r.iter().all(|(full, _)| !full), "{r:?}\n{}", c.log());
 }
 
 /// A writer frozen while another host attaches: the new writer reconciles (the old one left
