@@ -15,8 +15,8 @@ build: setup
 demo: build
 	./target/release/trireme up $(DEMO_ARGS)
 
-## Lints and every test (unit, property, process-level, interop with real NBD clients), one test
-## binary at a time with a summary per binary (scripts/test.py; TEST_LANES=2: two at a time).
+## Lints and every test (unit, property, process-level, interop with real NBD clients), two test
+## binaries at a time with a summary per binary (scripts/test.py; TEST_LANES=1: one at a time).
 test: setup lint
 	scripts/test.py
 
