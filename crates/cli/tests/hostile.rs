@@ -432,13 +432,17 @@ fn idle_connections_and_descriptor_exhaustion_never_stop_a_listener() {
         let t = Instant::now();
         let flood = idle(addr, 2000);
         println!("{port}: 2000 connections in {:?}", t.elapsed());
-        // (The listener takes a moment to work through the 2,000 in its backlog.)
-        std::thread::sleep(Duration::from_secs(1));
+        // The listener works through the 2,000 in its backlog first: a real client is served
+        // within seconds, or the listener stopped. (One try after a fixed second failed once
+        // for the node's unix socket on a host shared with another test binary.)
         let t0 = Instant::now();
-        assert!(
-            served(port),
-            "{port}: a real client was refused under 2,000 idle ones"
-        );
+        while !served(port) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "{port}: a real client was refused for 20 s under 2,000 idle ones"
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
         let took = t0.elapsed();
         let (u, n) = (rss(up), rss(n1));
         println!(
