@@ -6,6 +6,8 @@
 # WARMUP seconds (default 2), and the CPU time each process took over both (/proc/PID/stat:
 # user + system) per I/O, counting the warm-up's I/O at the measured rate.
 #   hot      4K random writes, -rdpct90/10, 10 x QD4     hot-qd1   the same at QD1
+#   hot-zone every write in hot's zone (-rdpct100/10), 10 x QD4: none of the cold tail
+#   hot-zone-qd1  the same at QD1
 #   cold     4K random writes over the whole volume, 10 x QD4
 # ENCODE_RATE, ENCODE_HEADROOM, MIN_PARITY, M3_FILL as in bench/parity-lib.sh; UP_ARGS are
 # added to `up` (e.g. --volatile-bookkeeping). Prints a Markdown table, with the machine's
@@ -96,8 +98,10 @@ for profile in ${PROFILES:-hot hot-qd1}; do
   case $profile in
     hot) args=(-b4K -w100 -r -rdpct90/10 -t10 -o4) ;;
     hot-qd1) args=(-b4K -w100 -r -rdpct90/10 -t1 -o1) ;;
+    hot-zone) args=(-b4K -w100 -r -rdpct100/10 -t10 -o4) ;;
+    hot-zone-qd1) args=(-b4K -w100 -r -rdpct100/10 -t1 -o1) ;;
     cold) args=(-b4K -w100 -r -t10 -o4) ;;
-    *) echo "unknown profile $profile (hot, hot-qd1, cold)" >&2; exit 2 ;;
+    *) echo "unknown profile $profile (hot, hot-qd1, hot-zone, hot-zone-qd1, cold)" >&2; exit 2 ;;
   esac
   for vol in m3 vol0; do
     settle
