@@ -397,6 +397,12 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
         }
         None => None,
     };
+    // Before `exports` says the cluster is up: a SIGTERM from then on stops it cleanly (one
+    // that came right after, before these, killed `up` with the default action).
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    // Fault tests: SIGUSR2 tears down the writer's UCX path to the node named in
+    // `<data-dir>/ucx-teardown` (calls in flight go on over TCP).
+    let mut usr2 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined2())?;
     let uris = crate::export::uris(&a.volume, Some(&sock), Some(tcp_addr), tls.as_ref());
     write_atomically(&dir.join("exports"), &(uris.join("\n") + "\n"))?;
     let http = match http {
@@ -446,10 +452,6 @@ pub async fn run(a: &LocalConfig) -> Result<(), DaemonError> {
     }
     println!("Press Ctrl-C to stop.");
 
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    // Fault tests: SIGUSR2 tears down the writer's UCX path to the node named in
-    // `<data-dir>/ucx-teardown` (calls in flight go on over TCP).
-    let mut usr2 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined2())?;
     let (respawn_tx, mut respawn_rx) = tokio::sync::mpsc::unbounded_channel::<(u32, u64)>();
     loop {
         tokio::select! {
