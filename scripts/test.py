@@ -32,13 +32,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMES = ROOT / "target" / "test-times.json"
-# Seconds each of the slow binaries took in `.ci/run` on a fresh clone of 8eae9bc, one at a time.
-# Only their order matters: the slowest go first.
 # Binaries that measure rates against each other (a limited volume's IOPS beside an unlimited
 # one's): they run alone, after the rest, since a neighbour's load moves their numbers.
 ALONE = {"qos"}
 # Marks where a binary's output run again alone begins.
 RERUN = "\n----- run again alone -----\n"
+# Seconds each of the slow binaries took in `.ci/run` on a fresh clone of 8eae9bc, one at a time.
+# Only their order matters: the slowest go first.
 KNOWN = {
     "kernel_devices": 202, "etcd": 152, "failures": 109, "seeds": 106, "parity": 104,
     "snapshots": 73, "failures_between_hosts": 73, "readme_servers": 59, "hostile": 57,
@@ -117,7 +117,7 @@ class Lanes:
                 name, argv, cwd = self.jobs.pop(0)
                 print(f"----- {name}: started", flush=True)
             start = time.monotonic()
-            code, text = self.run_one(argv, cwd)
+            code, text = run_binary(argv, cwd, stream=self.lanes == 1)
             secs = time.monotonic() - start
             with self.lock:
                 print(f"\n===== {name}: {'ok' if code == 0 else 'FAILED'}, "
@@ -127,21 +127,22 @@ class Lanes:
                     sys.stdout.flush()
                 self.results.append((name, secs, code, text))
 
-    def run_one(self, argv, cwd):
-        """Runs one binary; returns its exit code and output. Alone in its lane, its output
-        is printed as it comes (a hung test shows how far it got); beside others, kept for
-        the end so that two binaries' lines do not mix."""
-        env = dict(os.environ, CARGO_MANIFEST_DIR=str(cwd))
-        p = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        lines = []
-        for raw in p.stdout:
-            line = raw.decode("utf-8", "replace")
-            lines.append(line)
-            if self.lanes == 1:
-                sys.stdout.write(line)
-                sys.stdout.flush()
-        return p.wait(), "".join(lines)
+
+def run_binary(argv, cwd, stream):
+    """Runs one binary; returns its exit code and output. With `stream` (alone in its lane)
+    its output is printed as it comes (a hung test shows how far it got); beside others, kept
+    for the end so that two binaries' lines do not mix."""
+    env = dict(os.environ, CARGO_MANIFEST_DIR=str(cwd))
+    p = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    lines = []
+    for raw in p.stdout:
+        line = raw.decode("utf-8", "replace")
+        lines.append(line)
+        if stream:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+    return p.wait(), "".join(lines)
 
 
 def counts(text):
@@ -155,7 +156,7 @@ def counts(text):
     return passed, failed
 
 
-def outcome(text, code):
+def outcome(text):
     """Passed and failed counts of a binary's output, reruns included: after a rerun of its
     failed tests alone, the first run's failures that passed count as passed."""
     runs = text.split(RERUN)
@@ -176,14 +177,15 @@ def failed_tests(text):
 
 
 def rerun_alone(results, jobs):
-    """Runs again, one at a time, the tests that failed beside another binary: their failed
-    tests by name, or the whole binary if none was named (a crash). Returns the results with
-    each failure that passed alone marked, and the names of those tests."""
+    """Runs again, one at a time, the tests that failed beside another binary (not those of
+    ALONE, which ran alone already): their failed tests by name, or the whole binary if none
+    was named (a crash). Returns the results with each failure that passed alone marked, and
+    the names of those tests."""
     by_name = {name: (argv, cwd) for name, argv, cwd in jobs}
     flaky = []
     out = []
     for name, secs, code, text in results:
-        if code == 0:
+        if code == 0 or name in ALONE:
             out.append((name, secs, code, text))
             continue
         argv, cwd = by_name[name]
@@ -191,7 +193,7 @@ def rerun_alone(results, jobs):
         again = argv + (names + ["--exact"] if names else [])
         print(f"\n----- {name}: failed beside another binary; again alone: "
               f"{', '.join(names) or 'every test'}", flush=True)
-        code2, text2 = Lanes([], 1).run_one(again, cwd)
+        code2, text2 = run_binary(again, cwd, stream=True)
         text2 = RERUN + text2
         if code2 == 0:
             flaky += [f"{name}::{t}" for t in names] or [name]
@@ -234,7 +236,7 @@ def main():
     total_pass = total_fail = 0
     bad = []
     for name, secs, code, text in sorted(results, key=lambda r: -r[1]):
-        passed, failed = outcome(text, code)
+        passed, failed = outcome(text)
         total_pass += passed
         total_fail += failed
         if code != 0:

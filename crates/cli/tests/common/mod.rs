@@ -634,9 +634,9 @@ pub fn free_port() -> u16 {
 /// Panics with its log if it exits first (a port taken from under it, say) or takes over
 /// 60 s, so that a test fails instead of waiting on a server that is not there.
 pub fn wait_listening(child: &mut std::process::Child, port: u16, log: &std::path::Path) {
+    let said = || std::fs::read_to_string(log).unwrap_or_default();
     let t0 = Instant::now();
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        let said = || std::fs::read_to_string(log).unwrap_or_default();
         if let Ok(Some(st)) = child.try_wait() {
             panic!(
                 "{} exited ({st}) before listening on {port}:\n{}",

@@ -114,7 +114,7 @@ pub fn start_with(etcd_args: &[&str]) -> World {
     issue(&["client", "carol"], "carol");
 
     let (cport, pport) = (free_port(), free_port());
-    let etcd = Command::new("etcd")
+    let mut etcd = Command::new("etcd")
         .args([
             "--name=m0",
             &format!("--data-dir={}", d("etcd-data")),
@@ -136,7 +136,6 @@ pub fn start_with(etcd_args: &[&str]) -> World {
         .stderr(std::fs::File::create(dir.path().join("etcd.log")).unwrap())
         .spawn()
         .expect("etcd must be installed (apt-get install etcd-server)");
-    let mut etcd = etcd;
     super::wait_listening(&mut etcd, cport, &dir.path().join("etcd.log"));
     let mut w = World {
         etcd: format!("https://127.0.0.1:{cport}"),

@@ -58,7 +58,7 @@ impl Etcd {
             .collect();
         let (name, h, c, p) = &self.members[i];
         let log = std::fs::File::create(self.dir.join(format!("etcd-{name}.log"))).unwrap();
-        let child = h
+        let mut child = h
             .cmd("etcd")
             .args([
                 &format!("--name={name}"),
@@ -80,7 +80,6 @@ impl Etcd {
             .stderr(log)
             .spawn()
             .expect("etcd must be installed (apt-get install etcd-server), or TRIREME_SKIP_ETCD=1");
-        let mut child = child;
         if h.ns.is_none() {
             // Its ports were claimed (`free_port`); a member that cannot bind fails the test.
             let log = self.dir.join(format!("etcd-{name}.log"));

@@ -31,11 +31,6 @@ impl Drop for EtcdServer {
     }
 }
 
-/// A port claimed for this process (see `trireme_testkit::port`).
-fn free_port() -> u16 {
-    trireme_testkit::port()
-}
-
 impl EtcdServer {
     pub(crate) fn start() -> Option<EtcdServer> {
         if std::env::var_os("TRIREME_SKIP_ETCD").is_some() {
@@ -43,7 +38,7 @@ impl EtcdServer {
             return None;
         }
         let dir = tempfile::tempdir().unwrap();
-        let (c, p) = (free_port(), free_port());
+        let (c, p) = (trireme_testkit::port(), trireme_testkit::port());
         let url = format!("http://127.0.0.1:{c}");
         let child = std::process::Command::new("etcd")
             .args([
@@ -494,7 +489,7 @@ fn etcd_backend_conforms() {
 #[test]
 fn etcd_unreachable_is_an_error_not_a_hang() {
     rt().block_on(async {
-        let port = free_port();
+        let port = trireme_testkit::port();
         let t0 = std::time::Instant::now();
         let r = match EtcdMeta::connect(&[format!("http://127.0.0.1:{port}")], None).await {
             Ok(m) => m.range("/").await.map(|_| ()),
