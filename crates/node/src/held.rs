@@ -70,6 +70,15 @@ struct Grains {
     /// Writes under way, by grain.
     writing: HashMap<u64, u32>,
     punching: HashSet<u64>,
+    /// Grains a write fills whole ([`HeldMaps::filling`]): one of the writes counted.
+    filling: HashSet<u64>,
+}
+
+impl Grains {
+    /// Whether a write must wait before it takes `grain`: a trim punches it or a write fills it.
+    fn busy(&self, grain: u64) -> bool {
+        self.punching.contains(&grain) || self.filling.contains(&grain)
+    }
 }
 
 /// A write's or a trim's hold on store grains of a parity replica, let go when dropped.
@@ -85,6 +94,18 @@ enum Hold {
     Writing(std::ops::Range<u64>),
     /// The grains a trim punches whole: at most one at either end.
     Punching(Vec<u64>),
+    /// The one grain a write fills whole, alone.
+    Filling(u64),
+}
+
+impl GrainTurn {
+    /// The grain this turn fills whole, if it is a fill's.
+    pub(crate) fn filled(&self) -> Option<u64> {
+        match self.hold {
+            Hold::Filling(grain) => Some(grain),
+            _ => None,
+        }
+    }
 }
 
 impl Drop for GrainTurn {
@@ -105,6 +126,11 @@ impl Drop for GrainTurn {
                 for grain in grains {
                     g.punching.remove(grain);
                 }
+                self.kept.punched.notify_all();
+            }
+            Hold::Filling(grain) => {
+                g.filling.remove(grain);
+                g.writing.remove(grain);
                 self.kept.punched.notify_all();
             }
         }
@@ -242,7 +268,7 @@ impl HeldMaps {
         let k = self.get(volume)?;
         let grains = offset / GRAIN..(offset + len.max(1)).div_ceil(GRAIN);
         let mut g = k.grains.lock().unwrap_or_else(|e| e.into_inner());
-        while grains.clone().any(|x| g.punching.contains(&x)) {
+        while grains.clone().any(|x| g.busy(x)) {
             g = k.punched.wait(g).unwrap_or_else(|e| e.into_inner());
         }
         for x in grains.clone() {
@@ -252,6 +278,48 @@ impl HeldMaps {
         Some(GrainTurn {
             kept: k,
             hold: Hold::Writing(grains),
+        })
+    }
+
+    /// A write of `[offset, offset+len)` to a parity replica's store, within one store grain
+    /// and less than all of it, that may write the grain whole: the grain is a hole in the
+    /// store and no other write, trim or fill has it. The returned turn holds the grain alone
+    /// (other writes to it wait, and no trim widens over it) until it drops, after the bits
+    /// are set. `None`: write as [`HeldMaps::writing`] says.
+    ///
+    /// Why whole: a write into a reserved grain (`ops/io.rs`, `reserve_grains`) lands in an
+    /// unwritten extent, which the file system converts at the write's end, block by block,
+    /// a journal update each; the grain's other blocks convert at their own first writes. A
+    /// grain written whole at its first write takes every later one as an overwrite (fio
+    /// here, 4K random writes at 10 x QD4 over 8 GiB: 11 us of CPU a write into a written
+    /// file, 30 into a reserved one, 62 into a sparse one; 64K writes into a sparse one at
+    /// 18.6k a second against 22.6k for 4K).
+    pub(crate) fn filling(
+        &self,
+        volume: u64,
+        r: &dyn Replica,
+        offset: u64,
+        len: u64,
+    ) -> Option<GrainTurn> {
+        let grain = offset / GRAIN;
+        let whole = offset.is_multiple_of(GRAIN) && len == GRAIN;
+        if len == 0 || whole || (offset + len).div_ceil(GRAIN) != grain + 1 {
+            return None;
+        }
+        if (grain + 1) * GRAIN > r.size() {
+            return None;
+        }
+        let k = self.get(volume)?;
+        let mut g = k.grains.lock().unwrap_or_else(|e| e.into_inner());
+        if g.busy(grain) || g.writing.contains_key(&grain) || !r.hole(grain * GRAIN, GRAIN) {
+            return None;
+        }
+        g.filling.insert(grain);
+        g.writing.insert(grain, 1);
+        drop(g);
+        Some(GrainTurn {
+            kept: k,
+            hold: Hold::Filling(grain),
         })
     }
 

@@ -203,6 +203,9 @@ impl crate::filter::ReplicaFilter for FaultyReplica {
     fn next(&self) -> &dyn Replica {
         &*self.inner
     }
+    fn hole(&self, offset: u64, len: u64) -> bool {
+        self.inner.hole(offset, len)
+    }
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         if self.injector.fail("read") {
             return Err(self.eio("read"));

@@ -585,6 +585,9 @@ impl Replica for FileReplica {
             tracing::debug!(volume = self.volume, offset, len, "reserving space: {e}");
         }
     }
+    fn hole(&self, offset: u64, len: u64) -> bool {
+        !self.map.any_set(offset, len)
+    }
     fn volume(&self) -> u64 {
         self.volume
     }

@@ -42,6 +42,12 @@ pub trait ReplicaFilter: Send + Sync + std::fmt::Debug {
     fn reserve(&self, offset: u64, len: u64) {
         self.next().reserve(offset, len)
     }
+    /// Not passed on: a wrapper that keeps bytes of its own (a cache, a clone's backing, a
+    /// redirect) reads other than zeros where the store below has a hole. One whose reads are
+    /// the store's below says so itself.
+    fn hole(&self, _offset: u64, _len: u64) -> bool {
+        false
+    }
     fn incarnation(&self) -> u64 {
         self.next().incarnation()
     }
@@ -166,6 +172,9 @@ impl<F: ReplicaFilter> Replica for F {
     }
     fn reserve(&self, offset: u64, len: u64) {
         ReplicaFilter::reserve(self, offset, len)
+    }
+    fn hole(&self, offset: u64, len: u64) -> bool {
+        ReplicaFilter::hole(self, offset, len)
     }
     fn incarnation(&self) -> u64 {
         ReplicaFilter::incarnation(self)

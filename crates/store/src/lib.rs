@@ -187,6 +187,11 @@ pub trait Replica: Send + Sync + std::fmt::Debug {
     /// region allocates (a sparse file) may allocate it now, so those writes find it ready;
     /// what the bytes read stays as it was. No error: a store that cannot just does not.
     fn reserve(&self, _offset: u64, _len: u64) {}
+    /// Whether `[offset, offset+len)` is a hole: no grain touching it holds anything on disk,
+    /// so all of it reads as zeros. A store that cannot tell says false.
+    fn hole(&self, _offset: u64, _len: u64) -> bool {
+        false
+    }
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError>;
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), StoreError>;
     /// Zeros `[offset, offset+len)`. With `may_trim`, whole grains are deallocated (holes).

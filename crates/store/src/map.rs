@@ -123,6 +123,12 @@ impl AllocMap {
         (offset / self.grain..(offset + len).div_ceil(self.grain)).all(|g| bits.is_set(g))
     }
 
+    /// True if any grain touching `[offset, offset+len)` is allocated.
+    pub fn any_set(&self, offset: u64, len: u64) -> bool {
+        let bits = self.bits();
+        (offset / self.grain..(offset + len).div_ceil(self.grain)).any(|g| bits.is_set(g))
+    }
+
     /// Clears grain `g`; true if it was set.
     pub fn clear(&self, g: u64) -> bool {
         let bits = self.bits();

@@ -436,6 +436,9 @@ impl crate::filter::ReplicaFilter for SealedReplica {
     fn next(&self) -> &dyn Replica {
         &*self.inner
     }
+    fn hole(&self, offset: u64, len: u64) -> bool {
+        self.inner.hole(offset, len)
+    }
     /// The replica first, then its seals: blocks past the old end start unsealed, blocks past
     /// a smaller end are forgotten. The seal file changes length, its header and the pages
     /// from the old end on; a crash meanwhile leaves a header whose block count does not

@@ -60,9 +60,13 @@ impl Node {
             drop(self.admit(h, h.length)?);
             return Ok(Bytes::new());
         }
-        // A parity replica's write holds its grains until its bits are set, and may reserve
-        // them (`reserve_grains`): admitted at their size.
-        let turn = self.held.writing(h.volume, h.offset, len);
+        // A parity replica's write holds its grains until its bits are set, and may fill a
+        // hole's grain whole (`HeldMaps::filling`) or reserve its grains (`reserve_grains`):
+        // admitted at their size.
+        let turn = self
+            .held
+            .filling(h.volume, &*r, h.offset, len)
+            .or_else(|| self.held.writing(h.volume, h.offset, len));
         let room = match turn {
             Some(_) => grains_len(h.offset, len),
             None => len,
@@ -72,10 +76,15 @@ impl Node {
         // disk first if its extent is not marked there: `activity.rs`).
         self.dirty.on_write(h.volume, h.offset, len);
         self.activity.on_write(h.volume, h.offset, len)?;
-        if turn.is_some() {
-            reserve_grains(&*r, h.offset, len);
+        let fua = h.has_flag(FLAG_FUA);
+        match turn.as_ref().map(|t| t.filled()) {
+            Some(Some(grain)) => fill_grain(&*r, grain, h.offset, &req.payload, fua)?,
+            Some(None) => {
+                reserve_grains(&*r, h.offset, len);
+                r.write(h.offset, &req.payload, fua)?;
+            }
+            None => r.write(h.offset, &req.payload, fua)?,
         }
-        r.write(h.offset, &req.payload, h.has_flag(FLAG_FUA))?;
         self.held_after(h, &*r, len)?;
         Ok(Bytes::new())
     }
@@ -266,6 +275,22 @@ fn reserve_grains(r: &dyn Replica, offset: u64, len: u64) {
             r.reserve(g * GRAIN, GRAIN);
         }
     }
+}
+
+/// Writes `data` at `offset` as the whole of store grain `grain`, a hole (every other byte
+/// reads zeros either way), so that the grain's later writes are overwrites
+/// (`HeldMaps::filling`). Only `data`'s blocks become held: the zeros around it are not.
+fn fill_grain(
+    r: &dyn Replica,
+    grain: u64,
+    offset: u64,
+    data: &[u8],
+    fua: bool,
+) -> Result<(), StoreError> {
+    let mut whole = vec![0u8; GRAIN as usize];
+    let at = (offset - grain * GRAIN) as usize;
+    whole[at..at + data.len()].copy_from_slice(data);
+    r.write(grain * GRAIN, &whole, fua)
 }
 
 /// The bytes of the grains a write of `[offset, offset+len)` touches.

@@ -278,3 +278,77 @@ fn an_extent_leaves_the_log_on_disk_only_with_its_held_bits_durable() {
         "held: no extent on disk says otherwise"
     );
 }
+
+/// A write into a grain that is a hole in the store fills the grain whole, so its later
+/// writes are overwrites: its data where it was written, zeros around it (as the hole read),
+/// only its own block held. While the fill is under way another write to the grain waits and
+/// a trim leaves the grain alone. Not filled: a grain with anything on disk, one another write
+/// is in, and a write that is not within one grain and less than all of it.
+#[test]
+fn a_write_into_a_hole_fills_its_grain_and_holds_only_its_own_blocks() {
+    const G: u64 = trireme_store::GRAIN;
+    let d = tempfile::tempdir().unwrap();
+    let n = create_parity(d.path());
+    let r = n.replica(1).unwrap();
+    let turn = n.held.filling(1, &*r, G + 2 * B, B).expect("a hole");
+    assert_eq!(turn.filled(), Some(1));
+    assert!(
+        n.held.filling(1, &*r, G + 5 * B, B).is_none(),
+        "one fill a grain"
+    );
+    // A trim beside it meanwhile is not widened over the grain (it would punch the fill).
+    let empty = on_disk(d.path());
+    let t = n.held.trimming(1, &*r, G + 9 * B, B).unwrap();
+    assert_eq!((t.offset, t.len), (G + 9 * B, B));
+    drop(t);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let t = n.held.writing(1, G + 5 * B, B);
+            tx.send(t.is_some()).unwrap();
+        });
+        let waited = rx.recv_timeout(std::time::Duration::from_millis(300));
+        assert!(waited.is_err(), "a write to the grain waits for the fill");
+        drop(turn);
+        let went = rx.recv_timeout(std::time::Duration::from_secs(10));
+        assert_eq!(went, Ok(true), "and goes on once it is done");
+    });
+    assert_eq!(on_disk(d.path()), empty, "nothing was written yet");
+
+    serve_ok(&n, req(Op::Write, 1, 3, G + 2 * B, 0), &[7; B as usize]);
+    assert!(
+        on_disk(d.path()) - empty >= G,
+        "the grain was written whole"
+    );
+    assert_eq!(
+        held_ok(&n, 0, MB),
+        vec![(G + 2 * B, B)],
+        "only its block is held"
+    );
+    let (_, data) = n
+        .serve(&Frame::new(req(Op::Read, 1, 3, G, G), Bytes::new()))
+        .unwrap_or_else(|Refusal(s, m)| panic!("read refused: {s:?} {m}"));
+    let mut want = vec![0u8; G as usize];
+    want[2 * B as usize..3 * B as usize].fill(7);
+    assert!(data[..] == want[..], "its data, zeros around it");
+    assert!(
+        n.held.filling(1, &*r, G + 5 * B, B).is_none(),
+        "a grain with bytes on disk"
+    );
+    // Whole grains, writes across two grains, and a grain with a write under way.
+    assert!(n.held.filling(1, &*r, 4 * G, G).is_none(), "a whole grain");
+    assert!(
+        n.held.filling(1, &*r, 5 * G - B, 2 * B).is_none(),
+        "across two"
+    );
+    let w = n.held.writing(1, 6 * G, B).expect("a parity replica");
+    assert!(
+        n.held.filling(1, &*r, 6 * G + B, B).is_none(),
+        "a write in it"
+    );
+    drop(w);
+    assert!(
+        n.held.filling(1, &*r, 6 * G + B, B).is_some(),
+        "then a hole again"
+    );
+}

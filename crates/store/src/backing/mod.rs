@@ -450,6 +450,10 @@ impl crate::filter::ReplicaFilter for BackedReplica {
     fn next(&self) -> &dyn Replica {
         &*self.inner
     }
+    /// A clone's hole reads its backing; only a replica that is no clone reads the store's.
+    fn hole(&self, offset: u64, len: u64) -> bool {
+        self.state().is_none() && self.inner.hole(offset, len)
+    }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         match self.state() {

@@ -3,7 +3,7 @@
 //! clone's own snapshots, a crash, a flatten; and a map file that fails its checks.
 
 use super::*;
-use crate::{FileStore, MemoryStore, SealedStore, VersionedStore};
+use crate::{FileStore, MemoryStore, SealedStore, VersionedStore, GRAIN};
 
 const SIZE: u64 = 1 << 20;
 const PARENT: u64 = 1;
@@ -244,5 +244,41 @@ fn a_flatten_copies_only_what_the_parent_holds_not_its_holes() {
         assert_eq!(read_all(&*c), model);
         // The parent wrote its first half; its second half is a hole, and stays one here.
         assert_eq!(c.allocated_bytes(), SIZE / 2, "{}", s.name);
+    }
+}
+
+/// `hole` through the stack a node opens: a replica that is no clone and has no snapshot
+/// says hole where the file has nothing (a grain never written, or trimmed whole), and never
+/// where a byte was written; a clone says no hole anywhere (its holes read the parent), nor
+/// does a replica with a snapshot (its holes may be redirects). The memory store cannot tell.
+#[test]
+fn a_hole_is_told_only_where_it_reads_zeros_from_the_file() {
+    for s in Stack::all() {
+        let store = s.open();
+        let (p, c, _) = parent_and_clone(&store);
+        let r = store.create(3, SIZE).unwrap();
+        let file = s.name != "memory";
+        assert_eq!(r.hole(0, SIZE), file, "{}: a new replica", s.name);
+        r.write(GRAIN + 5 * BLOCK, &[1; BLOCK as usize], false)
+            .unwrap();
+        assert!(!r.hole(GRAIN, GRAIN), "{}: a written grain", s.name);
+        assert!(
+            !r.hole(0, 2 * GRAIN),
+            "{}: a range with a written grain",
+            s.name
+        );
+        assert_eq!(r.hole(2 * GRAIN, GRAIN), file, "{}: the next grain", s.name);
+        r.write_zeroes(GRAIN, GRAIN, true, false).unwrap();
+        assert_eq!(r.hole(GRAIN, GRAIN), file, "{}: trimmed whole", s.name);
+        assert!(
+            !c.hole(SIZE / 2, GRAIN),
+            "{}: a clone's hole reads its parent",
+            s.name
+        );
+        assert!(
+            !p.hole(SIZE / 2, GRAIN),
+            "{}: a snapshotted replica",
+            s.name
+        );
     }
 }

@@ -502,6 +502,12 @@ impl crate::filter::ReplicaFilter for VersionedReplica {
     fn next(&self) -> &dyn Replica {
         &*self.inner
     }
+    /// While the table is the identity, the store's holes are the head's. (A snapshot taken
+    /// right after the answer keeps the hole's zeros as its own: what was asked still reads
+    /// zeros in both.)
+    fn hole(&self, offset: u64, len: u64) -> bool {
+        self.plain.load(Ordering::Acquire) && self.inner.hole(offset, len)
+    }
 
     fn size(&self) -> u64 {
         self.size.load(Ordering::Acquire)
