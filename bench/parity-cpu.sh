@@ -9,6 +9,8 @@
 #   hot-zone every write in hot's zone (-rdpct100/10), 10 x QD4: none of the cold tail
 #   hot-zone-qd1  the same at QD1
 #   cold     4K random writes over the whole volume, 10 x QD4
+#   region / region-qd1  4K random writes over the volume's first MiB only (10 x QD4 / QD1):
+#            one region of vol0, so the same three nodes take every write, as m3's do
 # ENCODE_RATE, ENCODE_HEADROOM, MIN_PARITY, M3_FILL as in bench/parity-lib.sh; UP_ARGS are
 # added to `up` (e.g. --volatile-bookkeeping). Prints a Markdown table, with the machine's
 # idle share over each run (/proc/stat): CPU that no process used while the run waited, the
@@ -101,7 +103,9 @@ for profile in ${PROFILES:-hot hot-qd1}; do
     hot-zone) args=(-b4K -w100 -r -rdpct100/10 -t10 -o4) ;;
     hot-zone-qd1) args=(-b4K -w100 -r -rdpct100/10 -t1 -o1) ;;
     cold) args=(-b4K -w100 -r -t10 -o4) ;;
-    *) echo "unknown profile $profile (hot, hot-qd1, hot-zone, hot-zone-qd1, cold)" >&2; exit 2 ;;
+    region) args=(-b4K -w100 -r -t10 -o4 --span 1M) ;;
+    region-qd1) args=(-b4K -w100 -r -t1 -o1 --span 1M) ;;
+    *) echo "unknown profile $profile (hot, hot-qd1, hot-zone, hot-zone-qd1, cold, region, region-qd1)" >&2; exit 2 ;;
   esac
   for vol in m3 vol0; do
     settle
