@@ -266,9 +266,11 @@ fn checksum(
 /// write goes where an encode or a fold-back punched whole grains; into such a hole each
 /// 4 KiB `O_DIRECT` write allocated under the data file's exclusive lock (fio on this host,
 /// 10 x QD4: 26k random writes a second into a sparse file, 90k into a written one, 93k into
-/// one reserved with `fallocate`). Reserved, the grain's other blocks take their first writes
-/// as overwrites. A grain whose blocks are all trimmed again is punched whole
-/// (`HeldMaps::trimming`), so what this reserves comes back with the overlay.
+/// one reserved with `fallocate`). Reserved, the grain's other blocks allocate nothing at
+/// their first writes, but each is converted from an unwritten extent then; a write that may
+/// fill its grain whole does that instead (`HeldMaps::filling`). A grain whose blocks are all
+/// trimmed again is punched whole (`HeldMaps::trimming`), so what this reserves comes back
+/// with the overlay.
 fn reserve_grains(r: &dyn Replica, offset: u64, len: u64) {
     for g in crate::held::part_grains(offset, offset + len) {
         if (g + 1) * GRAIN <= r.size() {
