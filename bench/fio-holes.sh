@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# What an O_DIRECT 4K random write costs into a written file, a sparse one and one reserved
-# with `fallocate` (issue 67: overlay writes land where an encode punched holes). fio,
+# What an O_DIRECT random write of BS bytes (default 4k) costs into a written file, a sparse
+# one and one reserved with `fallocate` (issue 67: overlay writes land where an encode
+# punched holes; a first write into a hole's grain writes it whole, BS=64k). fio,
 # io_uring, 10 jobs x QD4, SECS seconds (default 15) each, SIZE (default 1G) files in DIR
 # (default a temporary directory under /var/tmp: the disk the nodes' stores use, not tmpfs).
 # Prints, twice in turn, each file kind's IOPS and the machine's CPU time per write
@@ -9,6 +10,7 @@
 # into the reserved file is its block's first, and converts an unwritten extent.
 set -euo pipefail
 secs="${SECS:-15}"
+bs="${BS:-4k}"
 size="${SIZE:-1G}"
 dir="${DIR:-$(mktemp -d /var/tmp/fio-holes.XXXXXX)}"
 trap 'rm -rf "$dir"' EXIT
@@ -16,7 +18,7 @@ busy() { awk '$1 == "cpu" { t = 0; for (i = 2; i <= NF; i++) t += $i; print t - 
 run() {
   local b0 b1 out
   b0=$(busy)
-  out=$(fio --name="$1" --filename="$dir/$1" --rw=randwrite --bs=4k --direct=1 \
+  out=$(fio --name="$1" --filename="$dir/$1" --rw=randwrite --bs="$bs" --direct=1 \
     --ioengine=io_uring --iodepth=4 --numjobs=10 --size="$size" --runtime="$secs" \
     --time_based --group_reporting --output-format=json)
   b1=$(busy)

@@ -70,7 +70,7 @@ struct Grains {
     /// Writes under way, by grain.
     writing: HashMap<u64, u32>,
     punching: HashSet<u64>,
-    /// Grains a write fills whole ([`HeldMaps::filling`]): one of the writes counted.
+    /// Grains a write fills whole ([`Kept::filling`]): one of the writes counted.
     filling: HashSet<u64>,
 }
 
@@ -265,35 +265,27 @@ impl HeldMaps {
     /// ([`HeldMaps::wrote`]), so no trim takes them for empty and punches the write away.
     /// Waits while a trim punches one of them. `None`: the replica keeps no map.
     pub(crate) fn writing(&self, volume: u64, offset: u64, len: u64) -> Option<GrainTurn> {
-        let k = self.get(volume)?;
-        let grains = offset / GRAIN..(offset + len.max(1)).div_ceil(GRAIN);
-        let mut g = k.grains.lock().unwrap_or_else(|e| e.into_inner());
-        while grains.clone().any(|x| g.busy(x)) {
-            g = k.punched.wait(g).unwrap_or_else(|e| e.into_inner());
-        }
-        for x in grains.clone() {
-            *g.writing.entry(x).or_default() += 1;
-        }
-        drop(g);
-        Some(GrainTurn {
-            kept: k,
-            hold: Hold::Writing(grains),
-        })
+        Some(self.get(volume)?.writing(offset, len))
     }
 
-    /// A write of `[offset, offset+len)` to a parity replica's store, within one store grain
-    /// and less than all of it, that may write the grain whole: the grain is a hole in the
-    /// store and no other write, trim or fill has it. The returned turn holds the grain alone
-    /// (other writes to it wait, and no trim widens over it) until it drops, after the bits
-    /// are set. `None`: write as [`HeldMaps::writing`] says.
-    ///
-    /// Why whole: a write into a reserved grain (`ops/io.rs`, `reserve_grains`) lands in an
-    /// unwritten extent, which the file system converts at the write's end, block by block,
-    /// a journal update each; the grain's other blocks convert at their own first writes. A
-    /// grain written whole at its first write takes every later one as an overwrite (fio
-    /// here, 4K random writes at 10 x QD4 over 8 GiB: 11 us of CPU a write into a written
-    /// file, 30 into a reserved one, 62 into a sparse one; 64K writes into a sparse one at
-    /// 18.6k a second against 22.6k for 4K).
+    /// A data write's turn: a fill's where the write may fill its grain whole
+    /// ([`Kept::filling`]), else [`HeldMaps::writing`]'s. `None`: the replica keeps no map.
+    pub(crate) fn write_turn(
+        &self,
+        volume: u64,
+        r: &dyn Replica,
+        offset: u64,
+        len: u64,
+    ) -> Option<GrainTurn> {
+        let k = self.get(volume)?;
+        Some(
+            k.filling(r, offset, len)
+                .unwrap_or_else(|| k.writing(offset, len)),
+        )
+    }
+
+    /// [`Kept::filling`] alone: `None` where the write may not fill, or the replica keeps no map.
+    #[cfg(test)]
     pub(crate) fn filling(
         &self,
         volume: u64,
@@ -301,26 +293,7 @@ impl HeldMaps {
         offset: u64,
         len: u64,
     ) -> Option<GrainTurn> {
-        let grain = offset / GRAIN;
-        let whole = offset.is_multiple_of(GRAIN) && len == GRAIN;
-        if len == 0 || whole || (offset + len).div_ceil(GRAIN) != grain + 1 {
-            return None;
-        }
-        if (grain + 1) * GRAIN > r.size() {
-            return None;
-        }
-        let k = self.get(volume)?;
-        let mut g = k.grains.lock().unwrap_or_else(|e| e.into_inner());
-        if g.busy(grain) || g.writing.contains_key(&grain) || !r.hole(grain * GRAIN, GRAIN) {
-            return None;
-        }
-        g.filling.insert(grain);
-        g.writing.insert(grain, 1);
-        drop(g);
-        Some(GrainTurn {
-            kept: k,
-            hold: Hold::Filling(grain),
-        })
+        self.get(volume)?.filling(r, offset, len)
     }
 
     /// Before a trim of `[offset, offset+len)` is applied: its whole blocks are not held,
@@ -429,6 +402,58 @@ fn take_live(volume: u64, map: &mut HeldMap, ledger: &dyn Ledger) {
 }
 
 impl Kept {
+    /// [`HeldMaps::writing`] on this map.
+    fn writing(self: &Arc<Self>, offset: u64, len: u64) -> GrainTurn {
+        let grains = offset / GRAIN..(offset + len.max(1)).div_ceil(GRAIN);
+        let mut g = self.grains.lock().unwrap_or_else(|e| e.into_inner());
+        while grains.clone().any(|x| g.busy(x)) {
+            g = self.punched.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+        for x in grains.clone() {
+            *g.writing.entry(x).or_default() += 1;
+        }
+        drop(g);
+        GrainTurn {
+            kept: self.clone(),
+            hold: Hold::Writing(grains),
+        }
+    }
+
+    /// A write of `[offset, offset+len)`, within one store grain and less than all of it,
+    /// that may write the grain whole: the grain is a hole in the store and no other write,
+    /// trim or fill has it. The returned turn holds the grain alone (other writes to it wait,
+    /// and no trim widens over it) until it drops, after the bits are set. `None`: write as
+    /// [`Kept::writing`] says. Never waits.
+    ///
+    /// Why whole: a write into a reserved grain (`ops/io.rs`, `reserve_grains`) lands in an
+    /// unwritten extent, which the file system converts at the write's end, block by block,
+    /// a journal update each; the grain's other blocks convert at their own first writes. A
+    /// grain written whole at its first write takes every later one as an overwrite.
+    /// `SIZE=8G SECS=5 bench/fio-holes.sh` here, 4K random writes at 10 x QD4: 7.6 us of CPU
+    /// a write into a written file, 21.3 into a reserved one, 50.4 into a sparse one; with
+    /// `BS=64k`, 52.5 into a sparse one, about a 4K write's.
+    fn filling(self: &Arc<Self>, r: &dyn Replica, offset: u64, len: u64) -> Option<GrainTurn> {
+        let grain = offset / GRAIN;
+        let whole = offset.is_multiple_of(GRAIN) && len == GRAIN;
+        if len == 0 || whole || (offset + len).div_ceil(GRAIN) != grain + 1 {
+            return None;
+        }
+        if (grain + 1) * GRAIN > r.size() {
+            return None;
+        }
+        let mut g = self.grains.lock().unwrap_or_else(|e| e.into_inner());
+        if g.busy(grain) || g.writing.contains_key(&grain) || !r.hole(grain * GRAIN, GRAIN) {
+            return None;
+        }
+        g.filling.insert(grain);
+        g.writing.insert(grain, 1);
+        drop(g);
+        Some(GrainTurn {
+            kept: self.clone(),
+            hold: Hold::Filling(grain),
+        })
+    }
+
     /// Widens a block-aligned trim to the whole grain at either end where no block is held
     /// and no write is under way, and takes those grains (the map's lock held).
     fn widen(self: &Arc<Self>, map: &HeldMap, trim: Trim, size: u64) -> Trim {

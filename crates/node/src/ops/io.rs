@@ -61,12 +61,9 @@ impl Node {
             return Ok(Bytes::new());
         }
         // A parity replica's write holds its grains until its bits are set, and may fill a
-        // hole's grain whole (`HeldMaps::filling`) or reserve its grains (`reserve_grains`):
-        // admitted at their size.
-        let turn = self
-            .held
-            .filling(h.volume, &*r, h.offset, len)
-            .or_else(|| self.held.writing(h.volume, h.offset, len));
+        // hole's grain whole (`HeldMaps::write_turn`) or reserve its grains
+        // (`reserve_grains`): admitted at their size.
+        let turn = self.held.write_turn(h.volume, &*r, h.offset, len);
         let room = match turn {
             Some(_) => grains_len(h.offset, len),
             None => len,
@@ -268,7 +265,7 @@ fn checksum(
 /// 10 x QD4: 26k random writes a second into a sparse file, 90k into a written one, 93k into
 /// one reserved with `fallocate`). Reserved, the grain's other blocks allocate nothing at
 /// their first writes, but each is converted from an unwritten extent then; a write that may
-/// fill its grain whole does that instead (`HeldMaps::filling`). A grain whose blocks are all
+/// fill its grain whole does that instead (`HeldMaps::write_turn`). A grain whose blocks are all
 /// trimmed again is punched whole (`HeldMaps::trimming`), so what this reserves comes back
 /// with the overlay.
 fn reserve_grains(r: &dyn Replica, offset: u64, len: u64) {
@@ -281,7 +278,7 @@ fn reserve_grains(r: &dyn Replica, offset: u64, len: u64) {
 
 /// Writes `data` at `offset` as the whole of store grain `grain`, a hole (every other byte
 /// reads zeros either way), so that the grain's later writes are overwrites
-/// (`HeldMaps::filling`). Only `data`'s blocks become held: the zeros around it are not.
+/// (`HeldMaps::write_turn`). Only `data`'s blocks become held: the zeros around it are not.
 fn fill_grain(
     r: &dyn Replica,
     grain: u64,
